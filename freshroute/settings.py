@@ -1,0 +1,40 @@
+"""Settings shared by every role: where the broker and Redis are.
+
+Each role extends these with its own typed settings (``pipeline.settings``,
+``store_node.settings``, ``router.settings``), read from flags and ``FRESHROUTE_*``
+environment variables; a wrong value fails naming the key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from freshroute.errors import ConfigError
+
+
+class CommonSettings(BaseSettings):
+    """Broker and Redis coordinates, the same for every process of one deployment."""
+
+    model_config = SettingsConfigDict(env_prefix="FRESHROUTE_", frozen=True, extra="forbid")
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    namespace: str = "freshroute"
+    # Extra librdkafka settings (e.g. SASL/TLS for a real cluster), as a JSON object.
+    kafka_config: dict[str, Any] = {}
+
+    def kafka(self, **overrides: Any) -> dict[str, Any]:
+        """A librdkafka config dict for this deployment."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.kafka_config, **overrides}
+
+
+def load(cls: type[BaseSettings], **values: Any) -> Any:
+    """Build settings from explicit values (flags) over the environment; fail naming the key."""
+    try:
+        return cls(**{k: v for k, v in values.items() if v is not None})
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or '?'}: {err['msg']}" for err in e.errors())
+        raise ConfigError(f"invalid {cls.__name__}: {problems}") from None

@@ -1,0 +1,218 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Bound(_message.Message):
+    __slots__ = ("max_lag", "max_staleness_ms", "min_position")
+    MAX_LAG_FIELD_NUMBER: _ClassVar[int]
+    MAX_STALENESS_MS_FIELD_NUMBER: _ClassVar[int]
+    MIN_POSITION_FIELD_NUMBER: _ClassVar[int]
+    max_lag: int
+    max_staleness_ms: int
+    min_position: str
+    def __init__(self, max_lag: _Optional[int] = ..., max_staleness_ms: _Optional[int] = ..., min_position: _Optional[str] = ...) -> None: ...
+
+class Lag(_message.Message):
+    __slots__ = ("offsets", "ms")
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    MS_FIELD_NUMBER: _ClassVar[int]
+    offsets: int
+    ms: int
+    def __init__(self, offsets: _Optional[int] = ..., ms: _Optional[int] = ...) -> None: ...
+
+class ServedBy(_message.Message):
+    __slots__ = ("node", "role")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    role: str
+    def __init__(self, node: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
+
+class GetRequest(_message.Message):
+    __slots__ = ("table", "key", "bound")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    key: str
+    bound: Bound
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., bound: _Optional[_Union[Bound, _Mapping]] = ...) -> None: ...
+
+class GetResponse(_message.Message):
+    __slots__ = ("table", "key", "value_json", "partition", "served_by", "lag", "position", "found")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_JSON_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    SERVED_BY_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    key: str
+    value_json: str
+    partition: int
+    served_by: ServedBy
+    lag: Lag
+    position: str
+    found: bool
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., found: _Optional[bool] = ...) -> None: ...
+
+class BatchGetRequest(_message.Message):
+    __slots__ = ("table", "keys", "bound")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    bound: Bound
+    def __init__(self, table: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., bound: _Optional[_Union[Bound, _Mapping]] = ...) -> None: ...
+
+class BatchGetResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[GetResponse]
+    def __init__(self, results: _Optional[_Iterable[_Union[GetResponse, _Mapping]]] = ...) -> None: ...
+
+class ScanRequest(_message.Message):
+    __slots__ = ("table", "prefix", "start", "end", "limit", "page_token", "bound")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    prefix: str
+    start: str
+    end: str
+    limit: int
+    page_token: str
+    bound: Bound
+    def __init__(self, table: _Optional[str] = ..., prefix: _Optional[str] = ..., start: _Optional[str] = ..., end: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ..., bound: _Optional[_Union[Bound, _Mapping]] = ...) -> None: ...
+
+class ScanItem(_message.Message):
+    __slots__ = ("key", "value_json", "partition")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_JSON_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value_json: str
+    partition: int
+    def __init__(self, key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ...) -> None: ...
+
+class KeyMetadataRequest(_message.Message):
+    __slots__ = ("table", "key")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    key: str
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
+
+class ReplicaInfo(_message.Message):
+    __slots__ = ("node", "address", "role", "state", "alive", "lag", "applied_offset", "end_offset")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    address: str
+    role: str
+    state: str
+    alive: bool
+    lag: Lag
+    applied_offset: int
+    end_offset: int
+    def __init__(self, node: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., alive: _Optional[bool] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., applied_offset: _Optional[int] = ..., end_offset: _Optional[int] = ...) -> None: ...
+
+class KeyMetadataResponse(_message.Message):
+    __slots__ = ("table", "key", "partition", "active", "standbys")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    STANDBYS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    key: str
+    partition: int
+    active: ReplicaInfo
+    standbys: _containers.RepeatedCompositeFieldContainer[ReplicaInfo]
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., partition: _Optional[int] = ..., active: _Optional[_Union[ReplicaInfo, _Mapping]] = ..., standbys: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ...) -> None: ...
+
+class ListTablesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TableInfo(_message.Message):
+    __slots__ = ("name", "topic", "partitions", "standby_replicas", "key_column", "schema")
+    class SchemaEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    KEY_COLUMN_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    topic: str
+    partitions: int
+    standby_replicas: int
+    key_column: str
+    schema: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., partitions: _Optional[int] = ..., standby_replicas: _Optional[int] = ..., key_column: _Optional[str] = ..., schema: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ListTablesResponse(_message.Message):
+    __slots__ = ("tables",)
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    tables: _containers.RepeatedCompositeFieldContainer[TableInfo]
+    def __init__(self, tables: _Optional[_Iterable[_Union[TableInfo, _Mapping]]] = ...) -> None: ...
+
+class ClusterRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeInfo(_message.Message):
+    __slots__ = ("node", "address", "alive", "heartbeat_age_ms", "replicas")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    address: str
+    alive: bool
+    heartbeat_age_ms: int
+    replicas: _containers.RepeatedCompositeFieldContainer[PartitionReplica]
+    def __init__(self, node: _Optional[str] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., heartbeat_age_ms: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[PartitionReplica, _Mapping]]] = ...) -> None: ...
+
+class PartitionReplica(_message.Message):
+    __slots__ = ("table", "partition", "replica")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    partition: int
+    replica: ReplicaInfo
+    def __init__(self, table: _Optional[str] = ..., partition: _Optional[int] = ..., replica: _Optional[_Union[ReplicaInfo, _Mapping]] = ...) -> None: ...
+
+class ClusterResponse(_message.Message):
+    __slots__ = ("nodes", "assignment_generation")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
+    assignment_generation: int
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., assignment_generation: _Optional[int] = ...) -> None: ...

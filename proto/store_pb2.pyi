@@ -1,0 +1,161 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROLE_UNSPECIFIED: _ClassVar[Role]
+    ACTIVE: _ClassVar[Role]
+    STANDBY: _ClassVar[Role]
+
+class ReplicaState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STATE_UNSPECIFIED: _ClassVar[ReplicaState]
+    RESTORING: _ClassVar[ReplicaState]
+    SERVING_ACTIVE: _ClassVar[ReplicaState]
+    SERVING_STANDBY: _ClassVar[ReplicaState]
+
+class ReadStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OK: _ClassVar[ReadStatus]
+    NOT_FOUND: _ClassVar[ReadStatus]
+    TOO_STALE: _ClassVar[ReadStatus]
+    NOT_HOSTED: _ClassVar[ReadStatus]
+    ERROR: _ClassVar[ReadStatus]
+ROLE_UNSPECIFIED: Role
+ACTIVE: Role
+STANDBY: Role
+STATE_UNSPECIFIED: ReplicaState
+RESTORING: ReplicaState
+SERVING_ACTIVE: ReplicaState
+SERVING_STANDBY: ReplicaState
+OK: ReadStatus
+NOT_FOUND: ReadStatus
+TOO_STALE: ReadStatus
+NOT_HOSTED: ReadStatus
+ERROR: ReadStatus
+
+class ReadBound(_message.Message):
+    __slots__ = ("max_lag", "max_staleness_ms", "min_offset")
+    MAX_LAG_FIELD_NUMBER: _ClassVar[int]
+    MAX_STALENESS_MS_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    max_lag: int
+    max_staleness_ms: int
+    min_offset: int
+    def __init__(self, max_lag: _Optional[int] = ..., max_staleness_ms: _Optional[int] = ..., min_offset: _Optional[int] = ...) -> None: ...
+
+class ReplicaStatus(_message.Message):
+    __slots__ = ("node", "role", "state", "applied_offset", "end_offset", "lag_offsets", "staleness_ms")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAG_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_MS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    role: Role
+    state: ReplicaState
+    applied_offset: int
+    end_offset: int
+    lag_offsets: int
+    staleness_ms: int
+    def __init__(self, node: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., applied_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., lag_offsets: _Optional[int] = ..., staleness_ms: _Optional[int] = ...) -> None: ...
+
+class KeyRead(_message.Message):
+    __slots__ = ("id", "table", "partition", "key", "bound")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    table: str
+    partition: int
+    key: bytes
+    bound: ReadBound
+    def __init__(self, id: _Optional[int] = ..., table: _Optional[str] = ..., partition: _Optional[int] = ..., key: _Optional[bytes] = ..., bound: _Optional[_Union[ReadBound, _Mapping]] = ...) -> None: ...
+
+class KeyResult(_message.Message):
+    __slots__ = ("id", "status", "value", "replica", "message")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    status: ReadStatus
+    value: bytes
+    replica: ReplicaStatus
+    message: str
+    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[ReadStatus, str]] = ..., value: _Optional[bytes] = ..., replica: _Optional[_Union[ReplicaStatus, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ReadBatch(_message.Message):
+    __slots__ = ("reads",)
+    READS_FIELD_NUMBER: _ClassVar[int]
+    reads: _containers.RepeatedCompositeFieldContainer[KeyRead]
+    def __init__(self, reads: _Optional[_Iterable[_Union[KeyRead, _Mapping]]] = ...) -> None: ...
+
+class ResultBatch(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[KeyResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ...) -> None: ...
+
+class ScanRequest(_message.Message):
+    __slots__ = ("table", "partition", "prefix", "start", "end", "limit", "bound")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    partition: int
+    prefix: bytes
+    start: bytes
+    end: bytes
+    limit: int
+    bound: ReadBound
+    def __init__(self, table: _Optional[str] = ..., partition: _Optional[int] = ..., prefix: _Optional[bytes] = ..., start: _Optional[bytes] = ..., end: _Optional[bytes] = ..., limit: _Optional[int] = ..., bound: _Optional[_Union[ReadBound, _Mapping]] = ...) -> None: ...
+
+class ScanEntry(_message.Message):
+    __slots__ = ("key", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    value: bytes
+    def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ...) -> None: ...
+
+class ScanChunk(_message.Message):
+    __slots__ = ("status", "entries", "replica", "message")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    status: ReadStatus
+    entries: _containers.RepeatedCompositeFieldContainer[ScanEntry]
+    replica: ReplicaStatus
+    message: str
+    def __init__(self, status: _Optional[_Union[ReadStatus, str]] = ..., entries: _Optional[_Iterable[_Union[ScanEntry, _Mapping]]] = ..., replica: _Optional[_Union[ReplicaStatus, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeStatus(_message.Message):
+    __slots__ = ("node", "replicas", "tables")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
+    tables: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., tables: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -1,0 +1,47 @@
+"""Real services for integration tests: one Tansu broker and one redis-server per session.
+
+Each test gets its own Redis namespace and its own topic names, so tests never see
+each other's data even though they share the services.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from freshroute.local.services import start_broker, start_redis
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="session")
+def services_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("services")
+
+
+@pytest.fixture(scope="session")
+def broker(services_dir):
+    """Bootstrap address of a memory-only Tansu broker on loopback."""
+    svc = start_broker(services_dir)
+    yield svc.address
+    svc.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_service(services_dir):
+    svc = start_redis(services_dir)
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture
+def redis_url(redis_service) -> str:
+    return redis_service.address
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A Redis namespace and topic prefix of this test's own."""
+    return f"t{uuid.uuid4().hex[:10]}"
