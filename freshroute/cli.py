@@ -1,0 +1,135 @@
+"""The one entry point: ``freshroute <command>``.
+
+Each component runs as its own process (``broker``, ``pipeline``, ``store-node``,
+``router``); ``local up|status|down`` runs the whole embedded stack for a demo; ``lookup``
+asks a router for a key. Component flags are generated from the component's typed
+settings, so every setting is a flag (``--node-id``) and an environment variable
+(``FRESHROUTE_NODE_ID``), and a wrong value fails naming the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import Any, Callable
+
+from freshroute.errors import ConfigError
+
+# command → (settings class, run function), imported lazily: the router should not pay
+# for importing pyspark, nor the pipeline for FastAPI.
+COMPONENTS: dict[str, tuple[str, str, str]] = {
+    "pipeline": ("pipeline.settings:PipelineSettings", "pipeline.job:run", "Run the streaming pipeline (tables → changelogs)."),
+    "store-node": ("store_node.settings:StoreNodeSettings", "store_node.node:run", "Run a store node (changelogs → RocksDB, internal gRPC)."),
+    "router": ("router.settings:RouterSettings", "router.main:run", "Run the router (REST + gRPC)."),
+}
+
+
+def _resolve(ref: str) -> Any:
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _add_settings_flags(parser: argparse.ArgumentParser, settings_cls: Any) -> None:
+    for name, field in settings_cls.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, dest=name, default=None, metavar=name.upper(),
+                            help=f"{field.description or name} (env FRESHROUTE_{name.upper()}; default {field.default!r})")
+
+
+def _run_component(command: str, args: argparse.Namespace) -> int:
+    from freshroute.settings import load
+
+    settings_ref, run_ref, _ = COMPONENTS[command]
+    settings_cls = _resolve(settings_ref)
+    values = {k: v for k, v in vars(args).items() if k in settings_cls.model_fields and v is not None}
+    settings = load(settings_cls, **values)
+    _resolve(run_ref)(settings)
+    return 0
+
+
+def _run_broker(args: argparse.Namespace) -> int:
+    from freshroute.local.services import broker_command
+
+    cmd = broker_command(int(args.port), args.host)
+    os.execv(cmd[0], cmd)  # the broker is the process: signals reach it directly
+    return 0
+
+
+def _lookup(args: argparse.Namespace) -> int:
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    params = {k: v for k, v in (("max_lag", args.max_lag), ("max_staleness_ms", args.max_staleness_ms),
+                                ("min_position", args.min_position)) if v is not None}
+    url = (f"{args.router.rstrip('/')}/v1/tables/{urllib.parse.quote(args.table, safe='')}/keys/"
+           f"{urllib.parse.quote(args.key, safe='')}")
+    if params:
+        url += "?" + urllib.parse.urlencode(params)
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            print(resp.read().decode())
+            return 0
+    except urllib.error.HTTPError as e:
+        print(e.read().decode(), file=sys.stderr)
+        return 1
+    except urllib.error.URLError as e:
+        print(f"router at {args.router} is not reachable: {e.reason}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="freshroute", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    broker = sub.add_parser("broker", help="Run the local Kafka-compatible broker (Tansu, memory-only) on loopback.")
+    broker.add_argument("--host", default="127.0.0.1")
+    broker.add_argument("--port", default="19092")
+
+    for command, (settings_ref, _, help_text) in COMPONENTS.items():
+        p = sub.add_parser(command, help=help_text)
+        try:
+            _add_settings_flags(p, _resolve(settings_ref))
+        except ImportError as e:  # a component's optional dependency is missing
+            p.set_defaults(import_error=str(e))
+
+    local = sub.add_parser("local", help="The embedded local stack with demo data.")
+    local_sub = local.add_subparsers(dest="local_command", required=True)
+    from freshroute.local import stack
+
+    stack.add_arguments(local_sub)
+
+    lookup = sub.add_parser("lookup", help="Look up one key through a router's REST API.")
+    lookup.add_argument("table")
+    lookup.add_argument("key")
+    lookup.add_argument("--router", default=os.environ.get("FRESHROUTE_ROUTER_URL", "http://127.0.0.1:8080"))
+    lookup.add_argument("--max-lag", dest="max_lag")
+    lookup.add_argument("--max-staleness-ms", dest="max_staleness_ms")
+    lookup.add_argument("--min-position", dest="min_position")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers: dict[str, Callable[[argparse.Namespace], int]] = {"broker": _run_broker, "lookup": _lookup}
+    try:
+        if args.command in COMPONENTS:
+            if getattr(args, "import_error", None):
+                raise ConfigError(f"{args.command} cannot start: {args.import_error}")
+            return _run_component(args.command, args)
+        if args.command == "local":
+            from freshroute.local import stack
+
+            return stack.dispatch(args)
+        return handlers[args.command](args)
+    except ConfigError as e:
+        print(f"freshroute: {e.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

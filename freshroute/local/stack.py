@@ -1,0 +1,400 @@
+"""The embedded local stack: broker, Redis, pipeline, store nodes, router and a demo producer.
+
+``freshroute local up`` starts every component as its own process on loopback, shows
+progress, waits until a demo key can be looked up through the router, and records each
+process's pid, role and addresses in ``.freshroute/local/state.json`` under the working
+directory, so that ``status``, ``down`` and tests can find, stop or kill one component.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import orjson
+
+from freshroute.local.services import free_port, wait_for_port
+
+STATE_FILE = "state.json"
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """Where the local stack lives and which ports it uses (0 = pick a free port)."""
+
+    home: Path = Path(".freshroute/local")
+    host: str = "127.0.0.1"
+    broker_port: int = 19092
+    redis_port: int = 16379
+    rest_port: int = 8080
+    grpc_port: int = 50051
+    store_ports: tuple[int, ...] = (7101, 7102, 7103)
+    namespace: str = "freshroute"
+    topic_prefix: str = ""
+    trigger_ms: int = 500
+    standby_replicas: int = 1
+    demo_rate: float = 50.0
+    demo_sensors: int = 100
+    demo_duration_s: float = 3600.0
+    demo: bool = True
+    startup_timeout_s: float = 180.0
+
+    def resolved(self) -> "StackConfig":
+        """Replace 0 ports by free ones, so tests can run stacks side by side."""
+        pick = lambda p: p or free_port(self.host)  # noqa: E731
+        return replace(self, home=self.home.resolve(), broker_port=pick(self.broker_port),
+                       redis_port=pick(self.redis_port), rest_port=pick(self.rest_port),
+                       grpc_port=pick(self.grpc_port), store_ports=tuple(pick(p) for p in self.store_ports))
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.broker_port}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://{self.host}:{self.redis_port}/0"
+
+    @property
+    def rest_url(self) -> str:
+        return f"http://{self.host}:{self.rest_port}"
+
+    @property
+    def grpc_address(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+
+@dataclass
+class Component:
+    """One process of the stack as recorded in the state file."""
+
+    name: str
+    role: str
+    pid: int
+    command: list[str]
+    log: str
+    addresses: dict[str, str] = field(default_factory=dict)
+
+    def alive(self) -> bool:
+        return _pid_runs(self.pid, self.command)
+
+
+def _pid_runs(pid: int, command: list[str]) -> bool:
+    """True if ``pid`` still runs the command we started (guards against pid reuse)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    if Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z"):
+        return False
+    return bool(cmdline) and cmdline[0].decode(errors="replace") == command[0]
+
+
+class Stack:
+    """A running (or recorded) local stack rooted at ``config.home``."""
+
+    def __init__(self, config: StackConfig, progress: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        self.components: dict[str, Component] = {}
+        self._progress = progress or (lambda _msg: None)
+        self._t0 = time.monotonic()
+
+    # --- state file -------------------------------------------------------------------
+    @property
+    def state_path(self) -> Path:
+        return self.config.home / STATE_FILE
+
+    def save(self) -> None:
+        self.config.home.mkdir(parents=True, exist_ok=True)
+        doc = {"config": {**asdict(self.config), "home": str(self.config.home)},
+               "components": [asdict(c) for c in self.components.values()]}
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        os.replace(tmp, self.state_path)
+
+    @classmethod
+    def load(cls, home: Path) -> "Stack":
+        doc = orjson.loads((home / STATE_FILE).read_bytes())
+        cfg = doc["config"]
+        cfg["home"] = Path(cfg["home"])
+        cfg["store_ports"] = tuple(cfg["store_ports"])
+        stack = cls(StackConfig(**cfg))
+        for c in doc["components"]:
+            stack.components[c["name"]] = Component(**c)
+        return stack
+
+    # --- processes --------------------------------------------------------------------
+    def _say(self, msg: str) -> None:
+        self._progress(f"[{time.monotonic() - self._t0:6.1f}s] {msg}")
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({"FRESHROUTE_BOOTSTRAP_SERVERS": self.config.bootstrap,
+                    "FRESHROUTE_REDIS_URL": self.config.redis_url,
+                    "FRESHROUTE_NAMESPACE": self.config.namespace,
+                    "PYSPARK_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"})
+        return env
+
+    def _spawn(self, name: str, role: str, command: list[str], addresses: dict[str, str]) -> Component:
+        logs = self.config.home / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log_path = logs / f"{name}.log"
+        with open(log_path, "ab") as log:
+            # A session of its own: the stack outlives `local up`, and a signal to one
+            # component never reaches the others.
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=self._env(), cwd=os.getcwd(), start_new_session=True)
+        comp = Component(name, role, proc.pid, command, str(log_path), addresses)
+        self.components[name] = comp
+        self.save()
+        return comp
+
+    def _freshroute(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "freshroute.cli", *args]
+
+    def command_for(self, name: str) -> tuple[str, list[str], dict[str, str]]:
+        """Role, command line and addresses of a named component (for start and restart)."""
+        c = self.config
+        if name == "broker":
+            from freshroute.local.services import broker_command
+
+            return "broker", broker_command(c.broker_port, c.host), {"bootstrap": c.bootstrap}
+        if name == "redis":
+            from freshroute.local.services import redis_command
+
+            data = c.home / "redis"
+            data.mkdir(parents=True, exist_ok=True)
+            return "redis", redis_command(c.redis_port, data, c.host), {"url": c.redis_url}
+        if name == "pipeline":
+            return "pipeline", self._freshroute(
+                "pipeline", "--checkpoint-dir", str(c.home / "pipeline" / "checkpoints"),
+                "--trigger-ms", str(c.trigger_ms), "--topic-prefix", c.topic_prefix), {}
+        if name.startswith("store-node-"):
+            i = int(name.rsplit("-", 1)[1])
+            port = c.store_ports[i - 1]
+            node_id = f"node-{i}"
+            return "store-node", self._freshroute(
+                "store-node", "--node-id", node_id, "--host", c.host, "--port", str(port),
+                "--data-dir", str(c.home / "data" / node_id)), {"node_id": node_id, "address": f"{c.host}:{port}"}
+        if name == "router":
+            return "router", self._freshroute(
+                "router", "--host", c.host, "--rest-port", str(c.rest_port), "--grpc-port", str(c.grpc_port)), \
+                {"rest": c.rest_url, "grpc": c.grpc_address}
+        if name == "demo-producer":
+            return "demo-producer", [sys.executable, "-m", "freshroute.local.demo", "--bootstrap", c.bootstrap,
+                                     "--topic", f"{c.topic_prefix}readings", "--rate", str(c.demo_rate),
+                                     "--sensors", str(c.demo_sensors), "--duration-s", str(c.demo_duration_s)], {}
+        raise KeyError(f"no component named {name!r}")
+
+    def start(self, name: str) -> Component:
+        """Start (or restart) one component by name."""
+        role, command, addresses = self.command_for(name)
+        return self._spawn(name, role, command, addresses)
+
+    def store_node_names(self) -> list[str]:
+        return [f"store-node-{i}" for i in range(1, len(self.config.store_ports) + 1)]
+
+    def up(self) -> "Stack":
+        """Start every component in dependency order and wait until lookups work."""
+        from freshroute.local.demo import ensure_topic
+        from freshroute.local.services import wait_for_port as wait
+
+        c = self.config
+        self.save()
+        comp = self.start("broker")
+        wait(c.host, c.broker_port, 30, None)
+        self._say(f"broker (Tansu, memory-only) on {c.bootstrap}  pid {comp.pid}")
+        comp = self.start("redis")
+        wait(c.host, c.redis_port, 15, None)
+        self._say(f"redis on {c.redis_url}  pid {comp.pid}")
+        ensure_topic(c.bootstrap, f"{c.topic_prefix}readings")
+        if c.demo:
+            comp = self.start("demo-producer")
+            self._say(f"demo producer → topic {c.topic_prefix}readings at {c.demo_rate:g} readings/s  pid {comp.pid}")
+        comp = self.start("pipeline")
+        self._say(f"pipeline (PySpark) starting  pid {comp.pid}")
+        for name in self.store_node_names():
+            comp = self.start(name)
+        for name in self.store_node_names():
+            comp = self.components[name]
+            host, port = comp.addresses["address"].rsplit(":", 1)
+            self._wait_alive(comp, lambda: _port_open(host, int(port)), 60)
+            self._say(f"{name} ({comp.addresses['node_id']}) on {comp.addresses['address']}  pid {comp.pid}")
+        comp = self.start("router")
+        self._wait_alive(comp, lambda: _http_ok(f"{c.rest_url}/healthz"), 60)
+        self._say(f"router REST {c.rest_url}  gRPC {c.grpc_address}  pid {comp.pid}")
+        if c.demo:
+            self._say("waiting for the first micro-batches to reach the store nodes …")
+            self._wait_alive(self.components["pipeline"],
+                             lambda: _http_ok(f"{c.rest_url}/v1/tables/sensor_stats/keys/sensor-1"), c.startup_timeout_s,
+                             tick=lambda waited: self._say(f"  … still waiting ({waited:.0f}s): Spark starts in 10–30 s"))
+            self._say("demo data is served: lookups are ready")
+        return self
+
+    def _wait_alive(self, comp: Component, ready: Callable[[], bool], timeout_s: float,
+                    tick: Callable[[float], None] | None = None) -> None:
+        start = time.monotonic()
+        last_tick = start
+        while time.monotonic() - start < timeout_s:
+            if ready():
+                return
+            for other in self.components.values():
+                if not other.alive() and other.role != "demo-producer":
+                    raise RuntimeError(f"{other.name} exited during start-up; see {other.log}")
+            if tick and time.monotonic() - last_tick > 10:
+                last_tick = time.monotonic()
+                tick(last_tick - start)
+            time.sleep(0.2)
+        raise TimeoutError(f"{comp.name} was not ready after {timeout_s:.0f}s; see {comp.log}")
+
+    def signal(self, name: str, sig: int) -> None:
+        """Send a signal to one component we started (kill -9, SIGSTOP, SIGCONT …)."""
+        comp = self.components[name]
+        if comp.alive():
+            os.kill(comp.pid, sig)
+
+    def stop(self, name: str, timeout_s: float = 15.0) -> None:
+        comp = self.components[name]
+        if not comp.alive():
+            return
+        os.kill(comp.pid, signal.SIGCONT)  # a paused process cannot handle SIGTERM
+        os.kill(comp.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while comp.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if comp.alive():
+            os.kill(comp.pid, signal.SIGKILL)
+        _reap(comp.pid)
+
+    def down(self) -> None:
+        """Stop every component, newest first (the router before the nodes before Kafka)."""
+        for name in reversed(list(self.components)):
+            self.stop(name)
+            self._say(f"stopped {name}")
+        self.save()
+
+    def status(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "home": str(c.home),
+            "broker": {"bootstrap": c.bootstrap},
+            "redis": {"url": c.redis_url},
+            "router": {"rest": c.rest_url, "grpc": c.grpc_address},
+            "components": [{"name": x.name, "role": x.role, "pid": x.pid, "alive": x.alive(), "log": x.log,
+                            **x.addresses} for x in self.components.values()],
+        }
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        wait_for_port(host, port, 0.01)
+        return True
+    except TimeoutError:
+        return False
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+# --- CLI -------------------------------------------------------------------------------
+def add_arguments(sub: argparse._SubParsersAction) -> None:
+    up = sub.add_parser("up", help="Start the whole stack with demo data and wait until lookups work.")
+    up.add_argument("--home", default=".freshroute/local")
+    up.add_argument("--rest-port", type=int, default=8080)
+    up.add_argument("--grpc-port", type=int, default=50051)
+    up.add_argument("--broker-port", type=int, default=19092)
+    up.add_argument("--redis-port", type=int, default=16379)
+    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--demo-rate", type=float, default=50.0)
+    up.add_argument("--no-demo", action="store_true")
+    up.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops the stack")
+    st = sub.add_parser("status", help="List every component with pid, role and addresses.")
+    st.add_argument("--home", default=".freshroute/local")
+    st.add_argument("--json", action="store_true")
+    dn = sub.add_parser("down", help="Stop every component of the stack.")
+    dn.add_argument("--home", default=".freshroute/local")
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    home = Path(args.home)
+    say = lambda m: print(m, flush=True)  # noqa: E731
+    if args.local_command == "up":
+        if (home / STATE_FILE).exists() and any(c.alive() for c in Stack.load(home).components.values()):
+            print(f"a local stack is already running from {home}; `freshroute local down` first", file=sys.stderr)
+            return 1
+        config = StackConfig(home=home, rest_port=args.rest_port, grpc_port=args.grpc_port,
+                             broker_port=args.broker_port, redis_port=args.redis_port,
+                             store_ports=tuple(7100 + i for i in range(1, args.nodes + 1)),
+                             demo_rate=args.demo_rate, demo=not args.no_demo).resolved()
+        stack = Stack(config, say)
+        try:
+            stack.up()
+        except (RuntimeError, TimeoutError) as e:
+            print(f"start-up failed: {e}", file=sys.stderr)
+            stack.down()
+            return 1
+        _print_examples(config)
+        if args.foreground:
+            try:
+                while True:
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                stack.down()
+        return 0
+    if not (home / STATE_FILE).exists():
+        print(f"no local stack recorded under {home}", file=sys.stderr)
+        return 1
+    stack = Stack.load(home)
+    stack._progress = say
+    if args.local_command == "status":
+        st = stack.status()
+        if args.json:
+            print(orjson.dumps(st, option=orjson.OPT_INDENT_2).decode())
+        else:
+            for comp in st["components"]:
+                extra = " ".join(f"{k}={v}" for k, v in comp.items() if k not in {"name", "role", "pid", "alive", "log"})
+                print(f"{comp['name']:<16} {'up' if comp['alive'] else 'DOWN':<5} pid {comp['pid']:<8} {extra}")
+        return 0
+    if args.local_command == "down":
+        stack.down()
+        return 0
+    return 2
+
+
+def _print_examples(c: StackConfig) -> None:
+    print(f"""
+freshroute is up. Try:
+
+  curl -s {c.rest_url}/v1/tables
+  curl -s {c.rest_url}/v1/tables/sensor_stats/keys/sensor-1
+  curl -s '{c.rest_url}/v1/tables/sensor_stats/keys/sensor-1?max_lag=0'
+  curl -s {c.rest_url}/v1/tables/sensor_stats/keys/sensor-1/metadata
+  curl -s {c.rest_url}/v1/cluster
+  .venv/bin/freshroute lookup sensor_stats sensor-1
+  .venv/bin/python -m grpc_tools.protoc --version >/dev/null && \\
+    .venv/bin/python -c "import grpc; from proto import router_pb2 as m, router_pb2_grpc as g; \\
+print(g.RouterStub(grpc.insecure_channel('{c.grpc_address}')).Get(m.GetRequest(table='sensor_stats', key='sensor-1')))"
+
+  OpenAPI docs: {c.rest_url}/docs
+  .venv/bin/freshroute local status      .venv/bin/freshroute local down
+""", flush=True)
