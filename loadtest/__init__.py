@@ -1,0 +1,1 @@
+"""Load tests, benchmarks and measurements that drive freshroute from outside."""
