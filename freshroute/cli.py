@@ -80,6 +80,35 @@ def _lookup(args: argparse.Namespace) -> int:
         return 2
 
 
+def _lookup_grpc(args: argparse.Namespace) -> int:
+    import grpc
+    from google.protobuf.json_format import MessageToJson
+
+    from proto import router_pb2, router_pb2_grpc
+
+    bound = router_pb2.Bound(min_position=args.min_position or "")
+    if args.max_lag is not None:
+        bound.max_lag = int(args.max_lag)
+    if args.max_staleness_ms is not None:
+        bound.max_staleness_ms = int(args.max_staleness_ms)
+    with grpc.insecure_channel(args.grpc) as channel:
+        try:
+            resp = router_pb2_grpc.RouterStub(channel).Get(
+                router_pb2.GetRequest(table=args.table, key=args.key, bound=bound), timeout=10)
+        except grpc.RpcError as e:
+            trailer = dict(e.trailing_metadata() or ()).get("freshroute-error")
+            print(trailer or f"{e.code().name}: {e.details()}", file=sys.stderr)
+            return 1
+    print(MessageToJson(resp, preserving_proto_field_name=True, indent=None))
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from loadtest.bench import main as bench_main
+
+    return bench_main(args.bench_args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="freshroute", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,12 +137,18 @@ def build_parser() -> argparse.ArgumentParser:
     lookup.add_argument("--max-lag", dest="max_lag")
     lookup.add_argument("--max-staleness-ms", dest="max_staleness_ms")
     lookup.add_argument("--min-position", dest="min_position")
+    lookup.add_argument("--grpc", metavar="HOST:PORT", help="use the router's gRPC API at this address instead of REST")
+
+    bench = sub.add_parser("bench", help="Side-by-side benchmarks against the local stack (last line: JSON).")
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers: dict[str, Callable[[argparse.Namespace], int]] = {"broker": _run_broker, "lookup": _lookup}
+    handlers: dict[str, Callable[[argparse.Namespace], int]] = {
+        "broker": _run_broker, "bench": _bench,
+        "lookup": lambda a: _lookup_grpc(a) if a.grpc else _lookup(a)}
     try:
         if args.command in COMPONENTS:
             if getattr(args, "import_error", None):

@@ -391,9 +391,7 @@ freshroute is up. Try:
   curl -s {c.rest_url}/v1/tables/sensor_stats/keys/sensor-1/metadata
   curl -s {c.rest_url}/v1/cluster
   .venv/bin/freshroute lookup sensor_stats sensor-1
-  .venv/bin/python -m grpc_tools.protoc --version >/dev/null && \\
-    .venv/bin/python -c "import grpc; from proto import router_pb2 as m, router_pb2_grpc as g; \\
-print(g.RouterStub(grpc.insecure_channel('{c.grpc_address}')).Get(m.GetRequest(table='sensor_stats', key='sensor-1')))"
+  .venv/bin/freshroute lookup sensor_stats sensor-1 --grpc {c.grpc_address}
 
   OpenAPI docs: {c.rest_url}/docs
   .venv/bin/freshroute local status      .venv/bin/freshroute local down
