@@ -1,1 +1,43 @@
 """Fixtures shared by unit and integration tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+
+def _live_children() -> set[int]:
+    """Pids of this process's children that are still running (not zombies)."""
+    me = os.getpid()
+    out: set[int] = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me and fields[0] != "Z":
+            out.add(int(stat.parent.name))
+    return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_leftover_processes(request):
+    """Fail a test module that leaves processes of its own behind (and end them)."""
+    before = _live_children()
+    yield
+    leftover = _live_children() - before
+    if leftover:
+        # Session-scoped services (the broker, redis) may start inside this module's first
+        # test; they belong to the session, not to the module.
+        session_pids = set(getattr(request.config, "_freshroute_session_pids", set()))
+        leftover -= session_pids
+    if leftover:
+        for pid in leftover:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        pytest.fail(f"{request.module.__name__} left processes behind: {sorted(leftover)}")

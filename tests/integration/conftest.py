@@ -21,17 +21,25 @@ def services_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("services")
 
 
+def _own(request, svc):
+    """Mark a service process as the session's, so module leak checks ignore it."""
+    pids = getattr(request.config, "_freshroute_session_pids", set())
+    pids.add(svc.proc.pid)
+    request.config._freshroute_session_pids = pids
+    return svc
+
+
 @pytest.fixture(scope="session")
-def broker(services_dir):
+def broker(request, services_dir):
     """Bootstrap address of a memory-only Tansu broker on loopback."""
-    svc = start_broker(services_dir)
+    svc = _own(request, start_broker(services_dir))
     yield svc.address
     svc.stop()
 
 
 @pytest.fixture(scope="session")
-def redis_service(services_dir):
-    svc = start_redis(services_dir)
+def redis_service(request, services_dir):
+    svc = _own(request, start_redis(services_dir))
     yield svc
     svc.stop()
 

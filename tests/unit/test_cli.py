@@ -1,0 +1,48 @@
+import pytest
+
+from freshroute import cli
+from freshroute.errors import ConfigError
+from freshroute.local.stack import Component, Stack, StackConfig
+from freshroute.settings import CommonSettings, load
+
+
+def test_settings_errors_name_the_key():
+    with pytest.raises(ConfigError) as e:
+        load(CommonSettings, kafka_config="not-json-object")
+    assert "kafka_config" in e.value.message
+
+
+def test_settings_read_environment(monkeypatch):
+    monkeypatch.setenv("FRESHROUTE_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    s = load(CommonSettings)
+    assert s.kafka(**{"group.id": "g"}) == {"bootstrap.servers": "127.0.0.1:1", "group.id": "g"}
+
+
+def test_every_component_has_a_subcommand():
+    parser = cli.build_parser()
+    for command in ("broker", "pipeline", "store-node", "router", "local", "lookup", "bench"):
+        assert parser.parse_args([command] + (["t", "k"] if command == "lookup" else
+                                              ["up"] if command == "local" else [])).command == command
+
+
+def test_lookup_reports_unreachable_router(capsys):
+    assert cli.main(["lookup", "sensor_stats", "sensor-1", "--router", "http://127.0.0.1:9"]) == 2
+    assert "not reachable" in capsys.readouterr().err
+
+
+def test_state_file_round_trip(tmp_path):
+    cfg = StackConfig(home=tmp_path, store_ports=(1, 2))
+    stack = Stack(cfg)
+    stack.components["router"] = Component("router", "router", 999999, ["/bin/true"], "log", {"rest": "http://x"})
+    stack.save()
+    back = Stack.load(tmp_path)
+    assert back.config == cfg
+    assert back.components["router"].addresses == {"rest": "http://x"}
+    assert not back.components["router"].alive()  # no such pid
+    assert back.store_node_names() == ["store-node-1", "store-node-2"]
+
+
+def test_resolved_config_picks_free_ports(tmp_path):
+    cfg = StackConfig(home=tmp_path, broker_port=0, redis_port=0, rest_port=0, grpc_port=0, store_ports=(0, 0)).resolved()
+    ports = [cfg.broker_port, cfg.redis_port, cfg.rest_port, cfg.grpc_port, *cfg.store_ports]
+    assert all(p > 0 for p in ports)
