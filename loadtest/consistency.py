@@ -1,0 +1,383 @@
+"""Consistency checker: proves a recording of lookups against the table's changelog read back from Kafka.
+
+For every answered lookup of the recording it checks that
+
+(a) the value equals the table's state at the position the response reported: the latest
+    changelog record for the key with offset < the position's offset in the key's partition
+    (a ``not_found`` answer ⇒ no live value there; a null value is a tombstone);
+(b) the answer met the bound it asked for: ``lag.offsets <= max_lag``,
+    ``lag.ms <= max_staleness_ms``, position >= ``min_position`` in the key's partition;
+(c) a session never read backwards: an answer that asked for ``min_position`` is at least as
+    fresh, partition by partition, as every answer the same session saw before it.
+
+Failed lookups (503, timeouts …) assert nothing and are only counted. Any violation makes
+the CLI exit non-zero and lists the offending requests.
+
+    python -m loadtest.consistency --recording report/requests.jsonl --home .freshroute/local
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import math
+import sys
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import orjson
+
+from freshroute.errors import InvalidArgument
+from freshroute.keys import partition_for, serialize_key
+from freshroute.position import Position
+
+ANSWERED = ("ok", "not_found")
+
+
+@dataclass
+class Changelog:
+    """A table's changelog as read back: per partition, per key, the records in offset order."""
+
+    topic: str
+    partitions: int
+    end_offsets: dict[int, int] = field(default_factory=dict)
+    _history: dict[tuple[int, str], tuple[list[int], list[Any]]] = field(default_factory=dict)
+
+    @classmethod
+    def from_records(cls, topic: str, partitions: int,
+                     records: Iterable[tuple[int, int, str, Any]],
+                     end_offsets: dict[int, int] | None = None) -> "Changelog":
+        """Build from ``(partition, offset, key, value)``; value is JSON bytes/str, a parsed value, or None."""
+        log = cls(topic, partitions)
+        ends: dict[int, int] = defaultdict(int)
+        for p, offset, key, value in sorted(records, key=lambda r: (r[0], r[1])):
+            if isinstance(value, (bytes, str)):
+                value = orjson.loads(value)
+            offsets, values = log._history.setdefault((p, key), ([], []))
+            offsets.append(offset)
+            values.append(value)
+            ends[p] = max(ends[p], offset + 1)
+        # Records read after a partition's EOF (the topic kept growing) only move its end forward.
+        log.end_offsets = {p: max((end_offsets or {}).get(p, 0), ends.get(p, 0)) for p in range(partitions)}
+        return log
+
+    def partition_of(self, key: str) -> int:
+        return partition_for(serialize_key(key), self.partitions)
+
+    def state_at(self, key: str, partition: int, position: int) -> tuple[bool, Any, int | None]:
+        """(live?, value, offset of the deciding record) of ``key`` after applying offsets [0, position)."""
+        offsets, values = self._history.get((partition, key), ((), ()))
+        i = bisect.bisect_left(offsets, position)
+        if i == 0:
+            return False, None, None
+        value = values[i - 1]
+        return value is not None, value, offsets[i - 1]
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One request that broke a guarantee."""
+
+    index: int
+    kind: str
+    message: str
+    record: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.record
+        return {"index": self.index, "kind": self.kind, "message": self.message,
+                **{k: r.get(k) for k in ("t", "proto", "session", "seq", "key", "bound", "outcome", "status",
+                                         "served_by", "lag", "position")}}
+
+
+@dataclass
+class CheckReport:
+    """What was checked, and every violation found."""
+
+    table: str
+    requests: int = 0
+    answered: int = 0
+    failed: int = 0
+    values_checked: int = 0
+    absences_checked: int = 0
+    bounds_checked: int = 0
+    session_reads_checked: int = 0
+    unverifiable: int = 0
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and (self.values_checked + self.absences_checked) > 0
+
+    def to_dict(self, max_listed: int = 50) -> dict[str, Any]:
+        kinds: dict[str, int] = defaultdict(int)
+        for v in self.violations:
+            kinds[v.kind] += 1
+        return {"ok": self.ok, "table": self.table, "requests": self.requests, "answered": self.answered,
+                "failed": self.failed, "values_checked": self.values_checked,
+                "absences_checked": self.absences_checked, "bounds_checked": self.bounds_checked,
+                "session_reads_checked": self.session_reads_checked, "unverifiable": self.unverifiable,
+                "violations": len(self.violations), "violations_by_kind": dict(kinds),
+                "offending": [v.to_dict() for v in self.violations[:max_listed]]}
+
+
+def same_value(a: Any, b: Any, rel_tol: float = 1e-9) -> bool:
+    """JSON equality that tolerates float re-encoding (``41`` == ``41.0``, last-digit rounding)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=rel_tol, abs_tol=1e-12)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k], rel_tol) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_value(x, y, rel_tol) for x, y in zip(a, b))
+    return a == b
+
+
+def _position_offset(rec: dict[str, Any], table: str, partition: int) -> tuple[int | None, str | None]:
+    """The response's position in the key's partition, or why it has none."""
+    token = rec.get("position")
+    if not token:
+        return None, "the answer carries no position"
+    try:
+        pos = Position.decode(token)
+    except InvalidArgument:
+        return None, f"the answer's position {token!r} does not parse"
+    if pos.table != table:
+        return None, f"the answer's position is for table {pos.table!r}"
+    if partition not in pos.offsets:
+        return None, f"the answer's position does not cover partition {partition}"
+    return pos.offsets[partition], None
+
+
+def check(records: list[dict[str, Any]], changelog: Changelog, table: str) -> CheckReport:
+    """Check (a) values, (b) bounds and (c) monotonic sessions of ``records`` against ``changelog``."""
+    report = CheckReport(table)
+    sessions: dict[str, list[tuple[int, int, dict[str, Any]]]] = defaultdict(list)
+
+    def bad(i: int, kind: str, message: str) -> None:
+        report.violations.append(Violation(i, kind, message, records[i]))
+
+    for i, rec in enumerate(records):
+        if rec.get("table") != table:
+            continue
+        report.requests += 1
+        if rec.get("outcome") not in ANSWERED:
+            report.failed += 1
+            continue
+        report.answered += 1
+        key = rec["key"]
+        partition = changelog.partition_of(key)
+        if rec.get("partition") is not None and rec["partition"] != partition:
+            bad(i, "partition", f"answered from partition {rec['partition']}, but {key!r} lives in {partition}")
+        offset, why = _position_offset(rec, table, partition)
+
+        # (a) the value is the table's state at the reported position
+        if offset is None:
+            if rec["outcome"] == "ok":
+                bad(i, "position", why or "no position")
+            else:
+                report.unverifiable += 1  # a 404 without a position cannot be placed in the changelog
+        elif offset > changelog.end_offsets.get(partition, 0):
+            bad(i, "position", f"position {offset} is beyond the changelog end {changelog.end_offsets.get(partition, 0)}"
+                               f" of partition {partition}")
+        else:
+            live, want, at = changelog.state_at(key, partition, offset)
+            if rec["outcome"] == "ok":
+                report.values_checked += 1
+                if not live:
+                    bad(i, "value", f"returned a value, but {key!r} had no live value before offset {offset}"
+                                    f" of partition {partition}")
+                elif not same_value(rec.get("value"), want):
+                    bad(i, "value", f"returned {rec.get('value')!r}, but the state before offset {offset} of "
+                                    f"partition {partition} is {want!r} (changelog offset {at})")
+            else:
+                report.absences_checked += 1
+                if live:
+                    bad(i, "value", f"answered not found, but {key!r} was {want!r} before offset {offset} of "
+                                    f"partition {partition} (changelog offset {at})")
+
+        # (b) the answer met the bound it asked for
+        bound = rec.get("bound") or {}
+        lag = rec.get("lag")
+        if bound:
+            report.bounds_checked += 1
+        if "max_lag" in bound or "max_staleness_ms" in bound:
+            if not lag:
+                bad(i, "bound", "asked for a bound, but the answer carries no lag")
+            else:
+                if "max_lag" in bound and lag["offsets"] > bound["max_lag"]:
+                    bad(i, "bound", f"lag {lag['offsets']} offsets exceeds max_lag {bound['max_lag']}")
+                if "max_staleness_ms" in bound and lag["ms"] > bound["max_staleness_ms"]:
+                    bad(i, "bound", f"staleness {lag['ms']} ms exceeds max_staleness_ms {bound['max_staleness_ms']}")
+        if bound.get("min_position"):
+            try:
+                wanted = Position.decode(bound["min_position"]).offset_for(partition)
+            except InvalidArgument:
+                wanted = None
+                bad(i, "bound", "the request's min_position does not parse")
+            if wanted is not None:
+                if offset is None:
+                    if wanted > 0:
+                        report.unverifiable += 1
+                elif offset < wanted:
+                    bad(i, "bound", f"position {offset} is below min_position {wanted} in partition {partition}")
+
+        if rec.get("session") is not None and rec.get("seq") is not None:
+            sessions[str(rec["session"])].append((int(rec["seq"]), i, rec))
+
+    # (c) sessions: an answer that asked for min_position never goes back behind what the session saw
+    for name, seen in sessions.items():
+        high: dict[int, tuple[int, int]] = {}  # partition → (highest offset seen, its request index)
+        for _seq, i, rec in sorted(seen, key=lambda x: x[0]):
+            token = rec.get("position")
+            try:
+                pos = Position.decode(token) if token else None
+            except InvalidArgument:
+                pos = None
+            if pos is None or pos.table != table:
+                continue
+            if (rec.get("bound") or {}).get("min_position"):
+                report.session_reads_checked += 1
+                for p, o in pos.offsets.items():
+                    if p in high and o < high[p][0]:
+                        bad(i, "session", f"session {name} read partition {p} at {o} after having seen "
+                                          f"{high[p][0]} (request #{high[p][1]})")
+            for p, o in pos.offsets.items():
+                if p not in high or o > high[p][0]:
+                    high[p] = (o, i)
+
+    report.violations.sort(key=lambda v: v.index)
+    return report
+
+
+# --- reading the changelog back ------------------------------------------------------------
+def changelog_topic(table: str, redis_url: str | None = None, namespace: str = "freshroute",
+                    topic_prefix: str = "") -> str:
+    """The table's changelog topic from its spec in Redis, else ``{prefix}{table}-changelog``."""
+    if redis_url:
+        try:
+            from freshroute.metadata import MetadataStore
+
+            spec = MetadataStore.from_url(redis_url, namespace).tables().get(table)
+            if spec is not None:
+                return spec.topic
+        except Exception:  # noqa: BLE001 - Redis holds soft state only; the naming convention still works
+            pass
+    return f"{topic_prefix}{table}-changelog"
+
+
+def read_changelog(bootstrap: str, topic: str, timeout_s: float = 120.0,
+                   kafka_config: dict[str, Any] | None = None, progress=None) -> Changelog:
+    """Read every partition of ``topic`` from offset 0 to its true end.
+
+    ListOffsets "latest" can be below the true end on some brokers, so the end is where a
+    partition reports EOF at or above the high watermark cached from the fetch responses.
+    """
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"freshroute-check-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "earliest",
+                         "fetch.queue.backoff.ms": 0, "max.partition.fetch.bytes": 1 << 20, **(kafka_config or {})})
+    try:
+        meta = consumer.list_topics(topic, timeout=10)
+        tmeta = meta.topics.get(topic)
+        if tmeta is None or tmeta.error is not None or not tmeta.partitions:
+            raise RuntimeError(f"changelog topic {topic!r} not found: {tmeta.error if tmeta else 'missing'}")
+        partitions = sorted(tmeta.partitions)
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        rows: list[tuple[int, int, str, Any]] = []
+        ends: dict[int, int] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(ends) < len(partitions):
+            if time.monotonic() > deadline:
+                missing = sorted(set(partitions) - set(ends))
+                raise TimeoutError(f"changelog {topic!r}: partitions {missing} did not reach their end in {timeout_s:.0f}s")
+            for m in consumer.consume(2000, 0.5):
+                p = m.partition()
+                if m.error() is not None:
+                    if m.error().code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(f"reading {topic!r}[{p}]: {m.error()}")
+                    _lo, high = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
+                    if m.offset() >= high:
+                        ends[p] = m.offset()
+                    continue
+                key = m.key().decode("utf-8") if m.key() is not None else ""
+                rows.append((p, m.offset(), key, m.value()))
+            if progress:
+                progress(len(rows), len(ends), len(partitions))
+        return Changelog.from_records(topic, len(partitions), rows, ends)
+    finally:
+        consumer.close()
+
+
+def load_recording(path: Path) -> list[dict[str, Any]]:
+    with open(path, "rb") as f:
+        return [orjson.loads(line) for line in f if line.strip()]
+
+
+def check_recording(recording: Path | list[dict[str, Any]], bootstrap: str, table: str = "sensor_stats",
+                    topic: str | None = None, redis_url: str | None = None, namespace: str = "freshroute",
+                    topic_prefix: str = "") -> CheckReport:
+    """Read the changelog back and check a recording (a JSONL path or loaded records) against it."""
+    records = load_recording(recording) if isinstance(recording, Path) else recording
+    topic = topic or changelog_topic(table, redis_url, namespace, topic_prefix)
+    return check(records, read_changelog(bootstrap, topic), table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.consistency", description=__doc__.splitlines()[0])
+    p.add_argument("--recording", required=True, type=Path, help="JSONL recording written by loadtest.scenario")
+    p.add_argument("--home", default=".freshroute/local", help="local stack whose state file gives broker and Redis")
+    p.add_argument("--bootstrap", help="Kafka bootstrap servers (default: from the state file)")
+    p.add_argument("--redis-url", help="Redis holding the table specs (default: from the state file)")
+    p.add_argument("--namespace", help="metadata namespace in Redis (default: from the state file)")
+    p.add_argument("--table", default="sensor_stats")
+    p.add_argument("--topic", help="changelog topic (default: the table spec's, else {prefix}{table}-changelog)")
+    p.add_argument("--max-listed", type=int, default=50, help="how many offending requests to print")
+    p.add_argument("--json-out", type=Path, help="also write the report as JSON here")
+    a = p.parse_args(argv)
+    bootstrap, redis_url, namespace, prefix = a.bootstrap, a.redis_url, a.namespace, ""
+    state = Path(a.home) / "state.json"
+    if state.exists():
+        from freshroute.local.stack import Stack
+
+        cfg = Stack.load(Path(a.home)).config
+        bootstrap = bootstrap or cfg.bootstrap
+        redis_url = redis_url or cfg.redis_url
+        namespace = namespace or cfg.namespace
+        prefix = cfg.topic_prefix
+    if not bootstrap:
+        print("no --bootstrap and no local stack state file under --home", file=sys.stderr)
+        return 2
+    records = load_recording(a.recording)
+    topic = a.topic or changelog_topic(a.table, redis_url, namespace or "freshroute", prefix)
+    print(f"reading changelog {topic} from {bootstrap} …", file=sys.stderr)
+    changelog = read_changelog(bootstrap, topic, progress=lambda n, done, total: print(
+        f"\r  {n} records, {done}/{total} partitions at end", end="", file=sys.stderr))
+    print(file=sys.stderr)
+    report = check(records, changelog, a.table)
+    doc = report.to_dict(a.max_listed)
+    if a.json_out:
+        a.json_out.write_bytes(orjson.dumps(report.to_dict(len(report.violations)), option=orjson.OPT_INDENT_2))
+    for v in doc["offending"]:
+        print(f"VIOLATION #{v['index']} [{v['kind']}] {v['message']}  "
+              f"(t={v['t']}, {v['proto']}, key={v['key']}, bound={v['bound']}, served_by={v['served_by']})")
+    if len(report.violations) > a.max_listed:
+        print(f"… and {len(report.violations) - a.max_listed} more", file=sys.stderr)
+    print(orjson.dumps({k: v for k, v in doc.items() if k != "offending"}).decode())
+    if not report.ok:
+        why = "violations found" if report.violations else "no answered lookup to check"
+        print(f"CONSISTENCY CHECK FAILED: {why}", file=sys.stderr)
+        return 1
+    print(f"consistency check passed: {report.values_checked} values, {report.absences_checked} absences, "
+          f"{report.bounds_checked} bounds, {report.session_reads_checked} session reads", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""The consistency checker on synthetic changelogs and recordings, including ones that must fail."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from freshroute.keys import partition_for, serialize_key
+from freshroute.position import Position, single
+from loadtest.consistency import Changelog, check, same_value
+
+P = 4
+TABLE = "t"
+
+
+def part(key: str) -> int:
+    return partition_for(serialize_key(key), P)
+
+
+def log_of(*writes: tuple[str, object]) -> Changelog:
+    """A changelog from writes in order; each key's records get consecutive offsets in its partition."""
+    next_offset = {p: 0 for p in range(P)}
+    rows = []
+    for key, value in writes:
+        p = part(key)
+        rows.append((p, next_offset[p], key, None if value is None else orjson.dumps(value)))
+        next_offset[p] += 1
+    return Changelog.from_records("t-changelog", P, rows)
+
+
+def rec(key: str, offset: int | None, value=None, outcome: str = "ok", bound=None, lag=(0, 0), session=None,
+        seq=None, t: float = 0.0) -> dict:
+    p = part(key)
+    return {"t": t, "proto": "rest", "table": TABLE, "key": key, "outcome": outcome, "status": 200,
+            "value": value, "partition": p, "served_by": {"node": "node-1", "role": "active"},
+            "lag": {"offsets": lag[0], "ms": lag[1]}, "position": single(TABLE, p, offset) if offset is not None else None,
+            "bound": bound or {}, "bound_kind": "none", "session": session, "seq": seq, "latency_ms": 1.0}
+
+
+# Two keys in one partition so that offsets of one key interleave with the other's.
+A, B = "sensor-1", next(f"sensor-{i}" for i in range(2, 500) if part(f"sensor-{i}") == part("sensor-1"))
+
+
+@pytest.fixture
+def log() -> Changelog:
+    # partition of A: offset 0 A=1, 1 B=10, 2 A=2, 3 A=None (deleted), 4 A=3
+    return log_of((A, {"v": 1}), (B, {"v": 10}), (A, {"v": 2}), (A, None), (A, {"v": 3}))
+
+
+def test_state_at_is_the_latest_record_before_the_position(log):
+    p = part(A)
+    assert log.state_at(A, p, 0) == (False, None, None)
+    assert log.state_at(A, p, 1) == (True, {"v": 1}, 0)
+    assert log.state_at(A, p, 2) == (True, {"v": 1}, 0)
+    assert log.state_at(A, p, 3) == (True, {"v": 2}, 2)
+    assert log.state_at(A, p, 4)[0] is False  # tombstone
+    assert log.state_at(A, p, 5) == (True, {"v": 3}, 4)
+    assert log.end_offsets[p] == 5
+
+
+def test_consistent_recording_passes(log):
+    records = [rec(A, 1, {"v": 1}), rec(A, 3, {"v": 2}), rec(A, 4, outcome="not_found"), rec(A, 5, {"v": 3}),
+               rec(B, 2, {"v": 10}), rec(A, 0, outcome="not_found")]
+    report = check(records, log, TABLE)
+    assert report.ok, report.to_dict()
+    assert report.values_checked == 4 and report.absences_checked == 2
+
+
+def test_value_that_does_not_match_the_position_fails(log):
+    # {"v": 2} was written at offset 2, so a response at position 2 cannot have seen it.
+    report = check([rec(A, 2, {"v": 2})], log, TABLE)
+    assert not report.ok
+    assert [v.kind for v in report.violations] == ["value"]
+
+
+def test_value_of_a_deleted_key_fails(log):
+    report = check([rec(A, 4, {"v": 2})], log, TABLE)
+    assert [v.kind for v in report.violations] == ["value"]
+
+
+def test_not_found_while_the_key_was_live_fails(log):
+    report = check([rec(A, 3, outcome="not_found")], log, TABLE)
+    assert [v.kind for v in report.violations] == ["value"]
+
+
+def test_position_beyond_the_changelog_end_fails(log):
+    report = check([rec(A, 99, {"v": 3})], log, TABLE)
+    assert [v.kind for v in report.violations] == ["position"]
+
+
+def test_answer_without_position_fails_but_a_404_without_one_is_only_unverifiable(log):
+    no_pos = rec(A, None, {"v": 3})
+    report = check([no_pos], log, TABLE)
+    assert [v.kind for v in report.violations] == ["position"]
+    report = check([rec(A, None, outcome="not_found"), rec(A, 5, {"v": 3})], log, TABLE)
+    assert report.ok and report.unverifiable == 1
+
+
+def test_position_of_another_partition_fails(log):
+    other = (part(A) + 1) % P
+    r = rec(A, 5, {"v": 3})
+    r["position"] = single(TABLE, other, 5)
+    report = check([r], log, TABLE)
+    assert [v.kind for v in report.violations] == ["position"]
+
+
+def test_float_re_encoding_is_tolerated():
+    assert same_value({"sum": 0.1 + 0.2, "count": 3}, {"sum": 0.3, "count": 3.0})
+    assert not same_value({"sum": 0.31}, {"sum": 0.3})
+    assert not same_value({"a": 1}, {"a": 1, "b": 2})
+    assert not same_value(True, 1)
+
+
+def test_answers_out_of_their_bound_fail(log):
+    records = [rec(A, 5, {"v": 3}, bound={"max_lag": 2}, lag=(3, 0)),
+               rec(A, 5, {"v": 3}, bound={"max_staleness_ms": 100}, lag=(0, 101)),
+               rec(A, 3, {"v": 2}, bound={"min_position": single(TABLE, part(A), 4)}),
+               rec(A, 5, {"v": 3}, bound={"max_lag": 3, "max_staleness_ms": 101}, lag=(3, 101))]
+    report = check(records, log, TABLE)
+    assert [(v.index, v.kind) for v in report.violations] == [(0, "bound"), (1, "bound"), (2, "bound")]
+
+
+def test_min_position_of_other_partitions_does_not_constrain(log):
+    other = (part(A) + 1) % P
+    token = Position(TABLE, {other: 1000, part(A): 1}).encode()
+    report = check([rec(A, 1, {"v": 1}, bound={"min_position": token})], log, TABLE)
+    assert report.ok, report.to_dict()
+
+
+def test_session_that_reads_backwards_fails(log):
+    p = part(A)
+    first = rec(A, 5, {"v": 3}, session="w1", seq=1)
+    # The client passed a stale token, so the bound check alone would not notice the step back.
+    backwards = rec(A, 3, {"v": 2}, session="w1", seq=2, bound={"min_position": single(TABLE, p, 1)})
+    report = check([first, backwards], log, TABLE)
+    assert [v.kind for v in report.violations] == ["session"]
+    assert report.violations[0].index == 1
+
+
+def test_sessions_are_independent_and_ordered_by_seq(log):
+    p = part(A)
+    token = single(TABLE, p, 3)
+    records = [rec(A, 5, {"v": 3}, session="w1", seq=1),
+               rec(A, 3, {"v": 2}, session="w2", seq=1, bound={"min_position": token}),
+               # sent later by w1 but recorded first: ordering follows seq, not file order
+               rec(A, 5, {"v": 3}, session="w1", seq=3, bound={"min_position": single(TABLE, p, 5)}),
+               rec(A, 5, {"v": 3}, session="w1", seq=2, bound={"min_position": single(TABLE, p, 5)})]
+    report = check(records, log, TABLE)
+    assert report.ok, report.to_dict()
+    assert report.session_reads_checked == 3
+
+
+def test_a_session_read_without_min_position_may_be_older(log):
+    records = [rec(A, 5, {"v": 3}, session="w1", seq=1), rec(A, 1, {"v": 1}, session="w1", seq=2)]
+    assert check(records, log, TABLE).ok
+
+
+def test_failed_lookups_are_counted_not_checked(log):
+    failed = rec(A, None, outcome="unavailable")
+    report = check([failed, rec(A, 5, {"v": 3})], log, TABLE)
+    assert report.ok and report.failed == 1 and report.answered == 1
+
+
+def test_empty_or_all_failed_recording_does_not_pass(log):
+    assert not check([], log, TABLE).ok
+    assert not check([rec(A, None, outcome="unavailable")], log, TABLE).ok
+
+
+def test_report_lists_offending_requests(log):
+    report = check([rec(A, 2, {"v": 2}, t=1.5)], log, TABLE)
+    doc = report.to_dict()
+    assert doc["ok"] is False and doc["violations"] == 1
+    assert doc["offending"][0]["t"] == 1.5 and doc["offending"][0]["key"] == A
