@@ -150,12 +150,28 @@ class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ReplicaCounters(_message.Message):
+    __slots__ = ("records_applied", "records_skipped", "restores", "resumed_from")
+    RECORDS_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    RESTORES_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FROM_FIELD_NUMBER: _ClassVar[int]
+    records_applied: int
+    records_skipped: int
+    restores: int
+    resumed_from: int
+    def __init__(self, records_applied: _Optional[int] = ..., records_skipped: _Optional[int] = ..., restores: _Optional[int] = ..., resumed_from: _Optional[int] = ...) -> None: ...
+
 class NodeStatus(_message.Message):
-    __slots__ = ("node", "replicas", "tables")
+    __slots__ = ("node", "replicas", "tables", "counters", "draining")
     NODE_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     node: str
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
     tables: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., tables: _Optional[_Iterable[str]] = ...) -> None: ...
+    counters: _containers.RepeatedCompositeFieldContainer[ReplicaCounters]
+    draining: bool
+    def __init__(self, node: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., tables: _Optional[_Iterable[str]] = ..., counters: _Optional[_Iterable[_Union[ReplicaCounters, _Mapping]]] = ..., draining: _Optional[bool] = ...) -> None: ...
