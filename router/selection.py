@@ -1,0 +1,173 @@
+"""Which replicas to ask, in which order: freshest first, then least loaded.
+
+The router's view of a replica's lag may be a few hundred milliseconds old. It is used to
+order replicas and to skip those it knows cannot meet the caller's bound, but a replica is
+never excluded by a view older than ``view_trust_ms``: the store node checks the bound
+itself and refuses a read it cannot serve, so asking costs one round trip, never a wrong
+answer.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+from freshroute.metadata import now_ms
+
+from router.bounds import Bound
+from router.snapshot import LagOverlay, ReplicaView
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A replica with its best-known lag at selection time."""
+
+    replica: ReplicaView
+    lag_offsets: int
+    staleness_ms: int
+    applied: int
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Replicas to try in order, and the freshest live replica seen (for error details)."""
+
+    candidates: list[Candidate]
+    freshest: Candidate | None
+    live: int
+
+
+class ReplicaSelector(Protocol):
+    """Orders the replicas of one partition for a read with the given bound."""
+
+    def select(self, replicas: Sequence[ReplicaView], bound: Bound, min_offset: int) -> Selection: ...
+
+
+@dataclass(slots=True)
+class NodeLoad:
+    """Requests outstanding on a node, its latency EWMA, and until when it counts as failing."""
+
+    in_flight: int = 0
+    ewma_ms: float = 1.0
+    failing_until_ms: int = 0
+
+    def score(self) -> float:
+        # Expected wait if one more request joins the queue.
+        return (self.in_flight + 1) * self.ewma_ms
+
+
+class LoadTracker:
+    """Per-node load, fed by every attempt; one per router."""
+
+    def __init__(self, failure_backoff_ms: int = 1000, alpha: float = 0.2,
+                 clock_ms: Callable[[], int] = now_ms) -> None:
+        self._nodes: dict[str, NodeLoad] = {}
+        self._backoff_ms = failure_backoff_ms
+        self._alpha = alpha
+        self._clock_ms = clock_ms
+
+    def of(self, node: str) -> NodeLoad:
+        load = self._nodes.get(node)
+        if load is None:
+            load = self._nodes[node] = NodeLoad()
+        return load
+
+    def started(self, node: str) -> None:
+        self.of(node).in_flight += 1
+
+    def finished(self, node: str, latency_ms: float | None) -> None:
+        """An attempt ended; ``latency_ms`` is given when the node answered (any status)."""
+        load = self.of(node)
+        load.in_flight = max(0, load.in_flight - 1)
+        if latency_ms is not None:
+            load.ewma_ms += self._alpha * (latency_ms - load.ewma_ms)
+            load.failing_until_ms = 0
+
+    def failed(self, node: str) -> None:
+        """The node could not be reached: move it to the back of the line for a while."""
+        self.of(node).failing_until_ms = self._clock_ms() + self._backoff_ms
+
+    def failing(self, node: str, now: int) -> bool:
+        load = self._nodes.get(node)
+        return load is not None and load.failing_until_ms > now
+
+    def snapshot(self) -> dict[str, NodeLoad]:
+        return dict(self._nodes)
+
+
+@dataclass
+class FreshestFirst:
+    """Freshest replicas first (offset lag, then staleness); equally fresh ones by load."""
+
+    load: LoadTracker
+    overlay: LagOverlay = field(default_factory=LagOverlay)
+    tolerance_offsets: int = 0
+    tolerance_ms: int = 0
+    view_trust_ms: int = 1000
+    clock_ms: Callable[[], int] = now_ms
+    rng: random.Random = field(default_factory=random.Random)
+
+    def estimate(self, r: ReplicaView, now: int) -> tuple[Candidate, int]:
+        """The replica's best-known lag (heartbeat or a newer response) and that view's age."""
+        o = self.overlay.get(r.node, r.table, r.partition)
+        if o is not None and o.observed_ms >= r.observed_ms:
+            applied, end, staleness, observed = o.applied, o.end, o.staleness_ms, o.observed_ms
+        else:
+            applied, end, staleness, observed = r.applied, r.end, r.staleness_ms, r.observed_ms
+        lag = end - applied if end > applied else 0
+        age = now - observed if now > observed else 0
+        # A replica that was behind keeps getting staler until it catches up.
+        if lag > 0:
+            staleness += age
+        return Candidate(r, lag, staleness, applied), age
+
+    def select(self, replicas: Sequence[ReplicaView], bound: Bound, min_offset: int) -> Selection:
+        now = self.clock_ms()
+        reported = [r for r in replicas if r.reported]
+        live = [r for r in reported if r.alive]
+        # Liveness is a view too: with no replica believed alive, the dead-looking ones are
+        # still worth one try each rather than a certain failure.
+        pool = live or reported
+        within: list[Candidate] = []
+        unsure: list[Candidate] = []
+        freshest: Candidate | None = None
+        for r in pool:
+            c, age = self.estimate(r, now)
+            if freshest is None or (c.lag_offsets, c.staleness_ms) < (freshest.lag_offsets, freshest.staleness_ms):
+                freshest = c
+            if self._meets(c, bound, min_offset):
+                within.append(c)
+            elif age > self.view_trust_ms:
+                unsure.append(c)
+        ordered = self._order(within, now)
+        if unsure:
+            ordered.extend(self._order(unsure, now))
+        return Selection(ordered, freshest, len(live))
+
+    @staticmethod
+    def _meets(c: Candidate, bound: Bound, min_offset: int) -> bool:
+        if bound.max_lag is not None and c.lag_offsets > bound.max_lag:
+            return False
+        if bound.max_staleness_ms is not None and c.staleness_ms > bound.max_staleness_ms:
+            return False
+        return c.applied >= min_offset
+
+    def _order(self, cands: list[Candidate], now: int) -> list[Candidate]:
+        if len(cands) < 2:
+            return cands
+        best_lag = min(c.lag_offsets for c in cands)
+        best_ms = min(c.staleness_ms for c in cands)
+        lag_cut = best_lag + self.tolerance_offsets
+        ms_cut = best_ms + self.tolerance_ms
+        load, rnd = self.load, self.rng.random
+
+        def key(c: Candidate) -> tuple:
+            r = c.replica
+            backoff = r.draining or load.failing(r.node, now)
+            if c.lag_offsets <= lag_cut and c.staleness_ms <= ms_cut:
+                # Equally fresh: least loaded first, random among equals so they share.
+                return (backoff, 0, 0, 0, load.of(r.node).score(), rnd())
+            return (backoff, 1, c.lag_offsets, c.staleness_ms, load.of(r.node).score(), rnd())
+
+        return sorted(cands, key=key)

@@ -1,0 +1,287 @@
+"""The router's view of the cluster: an immutable snapshot rebuilt whole from Redis, plus lag overlay.
+
+The hot path only reads ``MetadataRefresher.current``; a refresh builds a new
+:class:`Snapshot` and swaps it in with one assignment. Liveness is judged when a snapshot
+is built, so while Redis is unreachable the last good snapshot keeps serving with the
+liveness it had then — heartbeat ages that only grow because the router cannot read them
+never mark a node dead. Per-request failures and the store nodes' own bound checks cover
+what the frozen view misses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Iterable, Mapping, Protocol
+
+import orjson
+
+from freshroute.metadata import Assignment, Keys, NodeReport, ReplicaState, Role, TableSpec, now_ms
+
+log = logging.getLogger("freshroute.router.snapshot")
+
+TablePartition = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    """One replica of a table-partition as the router last learned it."""
+
+    node: str
+    address: str
+    table: str
+    partition: int
+    role: Role
+    # None: the assignment names this node but its heartbeat does not report the replica
+    # (yet), so the replica cannot serve and is shown only for metadata.
+    state: ReplicaState | None
+    applied: int
+    end: int
+    staleness_ms: int
+    observed_ms: int  # wall-clock ms at which applied/end/staleness were true
+    alive: bool
+    draining: bool = False
+
+    @property
+    def reported(self) -> bool:
+        return self.state is not None
+
+    @property
+    def lag_offsets(self) -> int:
+        return max(0, self.end - self.applied)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A store node's last heartbeat, with liveness judged when the snapshot was built."""
+
+    node: str
+    address: str
+    heartbeat_ms: int
+    heartbeat_age_ms: int
+    alive: bool
+    draining: bool = False
+    rack: str | None = None
+
+
+_EMPTY: Mapping[Any, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Tables, replicas per table-partition, nodes and assignment generation at one instant."""
+
+    tables: Mapping[str, TableSpec] = field(default_factory=lambda: _EMPTY)
+    replicas: Mapping[TablePartition, tuple[ReplicaView, ...]] = field(default_factory=lambda: _EMPTY)
+    nodes: Mapping[str, NodeView] = field(default_factory=lambda: _EMPTY)
+    assignment: Assignment | None = None
+    built_ms: int = 0
+    loaded: bool = False  # False until the first successful read from Redis
+
+    @property
+    def generation(self) -> int | None:
+        return self.assignment.generation if self.assignment else None
+
+    def replicas_of(self, table: str, partition: int) -> tuple[ReplicaView, ...]:
+        return self.replicas.get((table, partition), ())
+
+
+def build_snapshot(tables: Mapping[str, TableSpec], reports: Iterable[NodeReport],
+                   assignment: Assignment | None, now: int, node_expiry_ms: int) -> Snapshot:
+    """Combine table specs, node heartbeats and the assignment into one snapshot.
+
+    Replicas come from what nodes report (role, state, lag); replicas the assignment names
+    but no heartbeat reports are kept, unreported, for metadata. Liveness is decided here.
+    """
+    nodes: dict[str, NodeView] = {}
+    by_tp: dict[TablePartition, dict[str, ReplicaView]] = {}
+    for report in reports:
+        age = max(0, now - report.heartbeat_ms)
+        alive = age <= node_expiry_ms
+        nodes[report.node_id] = NodeView(report.node_id, report.address, report.heartbeat_ms, age, alive,
+                                         report.draining, report.rack)
+        for r in report.replicas:
+            by_tp.setdefault((r.table, r.partition), {})[report.node_id] = ReplicaView(
+                report.node_id, report.address, r.table, r.partition, r.role, r.state, r.applied, r.end,
+                r.staleness_ms, report.heartbeat_ms, alive, report.draining)
+    if assignment is not None:
+        for (table, partition), node_ids in assignment.replicas.items():
+            known = by_tp.setdefault((table, partition), {})
+            for i, node_id in enumerate(node_ids):
+                if node_id in known:
+                    continue
+                node = nodes.get(node_id)
+                known[node_id] = ReplicaView(node_id, node.address if node else "", table, partition,
+                                             Role.ACTIVE if i == 0 else Role.STANDBY, None, 0, 0, 0, 0,
+                                             bool(node and node.alive), bool(node and node.draining))
+    replicas = {tp: tuple(sorted(views.values(), key=lambda v: (v.role is not Role.ACTIVE, v.node)))
+                for tp, views in by_tp.items()}
+    return Snapshot(MappingProxyType(dict(tables)), MappingProxyType(replicas), MappingProxyType(nodes),
+                    assignment, now, True)
+
+
+@dataclass(slots=True)
+class LagObservation:
+    """A replica's lag as its own latest response reported it."""
+
+    applied: int
+    end: int
+    staleness_ms: int
+    observed_ms: int
+    state: ReplicaState | None = None
+
+
+class LagOverlay:
+    """Per-replica lag piggy-backed on store responses; newer than heartbeats between refreshes."""
+
+    def __init__(self) -> None:
+        self._by_replica: dict[tuple[str, str, int], LagObservation] = {}
+
+    def observe(self, node: str, table: str, partition: int, applied: int, end: int, staleness_ms: int,
+                observed_ms: int, state: ReplicaState | None = None) -> None:
+        self._by_replica[(node, table, partition)] = LagObservation(applied, end, staleness_ms, observed_ms, state)
+
+    def get(self, node: str, table: str, partition: int) -> LagObservation | None:
+        return self._by_replica.get((node, table, partition))
+
+    def prune(self, older_than_ms: int) -> None:
+        """Forget observations that every heartbeat since has superseded."""
+        stale = [k for k, o in self._by_replica.items() if o.observed_ms < older_than_ms]
+        for k in stale:
+            del self._by_replica[k]
+
+    def __len__(self) -> int:
+        return len(self._by_replica)
+
+
+class SnapshotSource(Protocol):
+    """Anything that holds the current snapshot (the refresher, or a fixed one in tests)."""
+
+    @property
+    def current(self) -> Snapshot: ...
+
+
+@dataclass
+class FixedSnapshot:
+    """A snapshot that never changes (tests, tools)."""
+
+    current: Snapshot = field(default_factory=Snapshot)
+
+
+class MetadataRefresher:
+    """Rebuilds the snapshot from Redis every ``refresh_ms`` and swaps it in atomically."""
+
+    def __init__(self, redis: Any, namespace: str, refresh_ms: int, node_expiry_ms: int,
+                 timeout_ms: int = 500, reset_grace_ms: int = 5000,
+                 on_swap: Callable[[Snapshot], None] | None = None,
+                 clock_ms: Callable[[], int] = now_ms) -> None:
+        self._redis = redis
+        self._keys = Keys(namespace)
+        self._refresh_s = refresh_ms / 1000
+        self._node_expiry_ms = node_expiry_ms
+        self._timeout_s = timeout_ms / 1000
+        self._reset_grace_ms = reset_grace_ms
+        self._on_swap = on_swap
+        self._clock_ms = clock_ms
+        self.current = Snapshot()
+        self.redis_ok = False
+        self.last_ok_ms = 0
+        self._failing_since: int | None = None
+        self._reset_since: int | None = None
+        self._warned: set[str] = set()
+
+    async def refresh_once(self) -> bool:
+        """Read Redis and swap in a new snapshot; on any failure keep the current one."""
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                tables, reports, assignment = await self._read()
+        except Exception as e:  # noqa: BLE001 — any Redis or decode failure means "keep the last view"
+            self._note_failure(e)
+            return False
+        now = self._clock_ms()
+        if self._failing_since is not None:
+            log.warning("metadata: Redis reachable again after %d ms; serving a fresh snapshot",
+                        now - self._failing_since)
+            self._failing_since = None
+        self.redis_ok = True
+        self.last_ok_ms = now
+        if self._looks_reset(tables, reports, now):
+            return False
+        self.current = build_snapshot(tables, reports, assignment, now, self._node_expiry_ms)
+        if self._on_swap is not None:
+            self._on_swap(self.current)
+        return True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Refresh until ``stop`` is set."""
+        while not stop.is_set():
+            await self.refresh_once()
+            try:
+                await asyncio.wait_for(stop.wait(), self._refresh_s)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _read(self) -> tuple[dict[str, TableSpec], list[NodeReport], Assignment | None]:
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hgetall(self._keys.tables)
+        pipe.smembers(self._keys.nodes)
+        pipe.get(self._keys.assignment)
+        raw_tables, raw_ids, raw_assignment = await pipe.execute()
+        ids = sorted(_text(i) for i in raw_ids)
+        raw_reports = await self._redis.mget([self._keys.node(i) for i in ids]) if ids else []
+        tables: dict[str, TableSpec] = {}
+        for name, raw in raw_tables.items():
+            spec = self._decode(TableSpec.from_json, raw, "table spec")
+            if spec is not None:
+                tables[_text(name)] = spec
+        # A missing node key means its heartbeat TTL ran out: the node is gone.
+        reports = [r for r in (self._decode(NodeReport.from_json, raw, "node report")
+                               for raw in raw_reports if raw is not None) if r is not None]
+        assignment = self._decode(Assignment.from_json, raw_assignment, "assignment") if raw_assignment else None
+        return tables, reports, assignment
+
+    def _looks_reset(self, tables: Mapping[str, TableSpec], reports: list[NodeReport], now: int) -> bool:
+        """True while a Redis that lost its state (restart) should not replace a populated view.
+
+        Redis holds soft state only; after a restart it is empty until the pipeline and the
+        store nodes republish. Serving "no such table" meanwhile would turn a metadata blip
+        into client errors, so an emptied view is believed only once it has lasted the grace.
+        """
+        prev = self.current
+        emptied = prev.loaded and ((bool(prev.tables) and not tables) or (bool(prev.nodes) and not reports))
+        if not emptied:
+            self._reset_since = None
+            return False
+        if self._reset_since is None:
+            self._reset_since = now
+            log.warning("metadata: Redis returned no tables or no nodes; keeping the last snapshot for up to %d ms",
+                        self._reset_grace_ms)
+        return now - self._reset_since < self._reset_grace_ms
+
+    def _decode(self, fn: Callable[[Any], Any], raw: Any, what: str) -> Any:
+        """Decode one entry; a malformed entry is skipped rather than failing the whole refresh."""
+        try:
+            return fn(raw)
+        except (ValueError, KeyError, TypeError, orjson.JSONDecodeError) as e:
+            # Warn once per distinct problem: the same bad entry is re-read every refresh.
+            problem = f"{what}: {e}"
+            if problem not in self._warned and len(self._warned) < 100:
+                self._warned.add(problem)
+                log.warning("metadata: skipping malformed %s", problem)
+            return None
+
+    def _note_failure(self, e: BaseException) -> None:
+        self.redis_ok = False
+        if self._failing_since is None:
+            self._failing_since = self._clock_ms()
+            # One line per outage, not per refresh.
+            log.warning("metadata: cannot read Redis (%s: %s); serving the last snapshot with liveness frozen",
+                        type(e).__name__, e)
+
+
+def _text(v: bytes | str) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+

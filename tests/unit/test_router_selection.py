@@ -1,0 +1,137 @@
+import random
+
+from freshroute.metadata import ReplicaState, Role
+
+from router.bounds import Bound
+from router.selection import FreshestFirst, LoadTracker
+from router.snapshot import LagOverlay, ReplicaView
+
+NOW = 1_000_000
+
+
+def replica(node, lag=0, staleness=0, applied=100, role=Role.STANDBY, alive=True, observed=NOW, reported=True,
+            draining=False):
+    state = (ReplicaState.ACTIVE if role is Role.ACTIVE else ReplicaState.STANDBY) if reported else None
+    return ReplicaView(node, f"{node}:1", "t", 0, role, state, applied, applied + lag, staleness, observed, alive,
+                       draining)
+
+
+def selector(**kw):
+    load = LoadTracker(failure_backoff_ms=1000, clock_ms=lambda: NOW)
+    return FreshestFirst(load, LagOverlay(), clock_ms=lambda: NOW, rng=random.Random(7), **kw)
+
+
+def order(sel, replicas, bound=Bound(), min_offset=0):
+    return [c.replica.node for c in sel.select(replicas, bound, min_offset).candidates]
+
+
+def test_freshest_offset_lag_first_then_staleness():
+    sel = selector()
+    reps = [replica("a", lag=5), replica("b", lag=0), replica("c", lag=2)]
+    assert order(sel, reps) == ["b", "c", "a"]
+    reps = [replica("a", lag=1, staleness=900), replica("b", lag=1, staleness=100)]
+    assert order(sel, reps) == ["b", "a"]
+
+
+def test_bound_excludes_replicas_the_recent_view_puts_beyond_it():
+    sel = selector()
+    reps = [replica("a", lag=50), replica("b", lag=3), replica("c", lag=80)]
+    result = sel.select(reps, Bound(max_lag=10), 0)
+    assert [c.replica.node for c in result.candidates] == ["b"]
+    assert result.freshest.replica.node == "b" and result.freshest.lag_offsets == 3
+    # staleness bound
+    assert order(sel, [replica("a", lag=1, staleness=6000), replica("b", lag=1, staleness=10)],
+                 Bound(max_staleness_ms=5000)) == ["b"]
+    # min_position: applied offset must have reached it
+    assert order(sel, [replica("a", applied=90), replica("b", applied=120)], Bound(), min_offset=100) == ["b"]
+
+
+def test_no_replica_within_bound_reports_the_freshest():
+    sel = selector()
+    result = sel.select([replica("a", lag=50), replica("b", lag=80)], Bound(max_lag=10), 0)
+    assert result.candidates == []
+    assert (result.freshest.replica.node, result.freshest.lag_offsets) == ("a", 50)
+    assert result.live == 2
+
+
+def test_old_view_never_excludes_but_orders_last():
+    sel = selector(view_trust_ms=1000)
+    old = replica("a", lag=50, observed=NOW - 5000)
+    fresh = replica("b", lag=3)
+    # "a" looks beyond max_lag=10, but that view is 5 s old: the store will decide.
+    assert order(sel, [old, fresh], Bound(max_lag=10)) == ["b", "a"]
+
+
+def test_lagging_replica_gets_staler_with_time():
+    sel = selector()
+    c, age = sel.estimate(replica("a", lag=4, staleness=100, observed=NOW - 300), NOW)
+    assert (c.lag_offsets, c.staleness_ms, age) == (4, 400, 300)
+    c, _ = sel.estimate(replica("b", lag=0, staleness=0, observed=NOW - 300), NOW)
+    assert c.staleness_ms == 0  # caught up stays caught up
+
+
+def test_piggybacked_lag_overrides_an_older_heartbeat():
+    sel = selector()
+    r = replica("a", lag=50, observed=NOW - 100)
+    sel.overlay.observe("a", "t", 0, applied=200, end=200, staleness_ms=0, observed_ms=NOW - 10)
+    c, _ = sel.estimate(r, NOW)
+    assert (c.lag_offsets, c.applied) == (0, 200)
+    # An overlay older than the heartbeat is ignored.
+    sel.overlay.observe("a", "t", 0, applied=1, end=500, staleness_ms=0, observed_ms=NOW - 1000)
+    assert sel.estimate(r, NOW)[0].lag_offsets == 50
+
+
+def test_equally_fresh_replicas_least_loaded_first():
+    sel = selector()
+    reps = [replica("a", role=Role.ACTIVE), replica("b")]
+    for _ in range(3):
+        sel.load.started("a")
+    assert order(sel, reps) == ["b", "a"]
+    for _ in range(3):
+        sel.load.finished("a", 1.0)
+    sel.load.started("b")
+    assert order(sel, reps) == ["a", "b"]
+
+
+def test_equally_fresh_idle_replicas_share_load():
+    sel = selector()
+    reps = [replica("a", role=Role.ACTIVE), replica("b")]
+    firsts = [order(sel, reps)[0] for _ in range(200)]
+    assert 60 < firsts.count("a") < 140 and firsts.count("a") + firsts.count("b") == 200
+
+
+def test_load_does_not_beat_freshness_unless_within_tolerance():
+    strict = selector()
+    reps = [replica("a", lag=0), replica("b", lag=2)]
+    for _ in range(10):
+        strict.load.started("a")
+    assert order(strict, reps) == ["a", "b"]
+    tolerant = selector(tolerance_offsets=2)
+    for _ in range(10):
+        tolerant.load.started("a")
+    assert order(tolerant, reps) == ["b", "a"]
+
+
+def test_dead_and_unreported_replicas_are_not_candidates():
+    sel = selector()
+    reps = [replica("a", alive=False), replica("b", lag=9), replica("c", reported=False)]
+    result = sel.select(reps, Bound(), 0)
+    assert [c.replica.node for c in result.candidates] == ["b"]
+    assert result.live == 1
+
+
+def test_with_no_live_replica_the_dead_looking_ones_are_still_tried():
+    sel = selector()
+    reps = [replica("a", alive=False, lag=3), replica("b", alive=False, lag=1)]
+    result = sel.select(reps, Bound(), 0)
+    assert [c.replica.node for c in result.candidates] == ["b", "a"]
+    assert result.live == 0
+
+
+def test_recently_failed_and_draining_nodes_go_to_the_back():
+    sel = selector()
+    reps = [replica("a", lag=0), replica("b", lag=5), replica("c", lag=9, draining=True)]
+    sel.load.failed("a")
+    assert order(sel, reps) == ["b", "a", "c"]
+    sel.load.finished("a", 1.0)  # an answer clears the failure
+    assert order(sel, reps)[0] == "a"
