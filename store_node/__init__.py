@@ -1,0 +1,1 @@
+"""Store nodes: tail changelog partitions into local RocksDB, report lag, serve bounded reads."""

@@ -1,0 +1,250 @@
+"""Who hosts what: a pure assignment function, and the lease-holding loop that publishes it.
+
+Every table-partition gets one active and ``standby_replicas`` standbys on distinct live
+nodes (fewer when there are not enough nodes). The assignment is
+
+- sticky: a replica stays where it is while its node lives and the balance allows it;
+- balanced: every node's count of replicas, and of actives, is within one of every other's
+  (quotas of floor/ceil of the fair share; the extra slots go to the nodes that already hold
+  the most, so that balancing moves as little as possible);
+- warm: an active moves only to a caught-up standby (like Kafka Streams' warm-up replicas),
+  except when the active's node is gone — then the most caught-up surviving replica takes
+  over at once, by the lag the nodes report;
+- rack-aware: replicas of one partition go to different racks when the quotas allow.
+
+The loop runs on every node; only the holder of the assignor lease (a Redis key with a
+fencing generation) computes and writes, through a write that fails once the lease is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Protocol
+
+from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
+
+log = logging.getLogger(__name__)
+
+ReplicaKey = tuple[str, int]
+_COLD = (2, float("inf"), float("inf"))
+
+
+@dataclass(frozen=True)
+class _Lags:
+    """Per (table-partition, node): what that node reports about its replica."""
+
+    by_key: Mapping[ReplicaKey, Mapping[str, ReplicaReport]]
+    threshold: int
+
+    def freshness(self, key: ReplicaKey, node: str) -> tuple:
+        """Sort key, most caught-up first: serving replicas, then restoring ones, then unknown."""
+        r = self.by_key.get(key, {}).get(node)
+        if r is None:
+            return _COLD
+        return (1 if r.state is ReplicaState.RESTORING else 0, r.lag.offsets, r.staleness_ms)
+
+    def warm(self, key: ReplicaKey, node: str) -> bool:
+        r = self.by_key.get(key, {}).get(node)
+        return r is not None and r.state is not ReplicaState.RESTORING and r.lag.offsets <= self.threshold
+
+
+def _quotas(total: int, nodes: list[str], current: Mapping[str, int]) -> dict[str, int]:
+    """floor(total/n) each, +1 for ``total % n`` nodes: those already holding the most (then by id)."""
+    base, extra = divmod(total, len(nodes))
+    ranked = sorted(nodes, key=lambda n: (-current.get(n, 0), n))
+    return {n: base + (1 if i < extra else 0) for i, n in enumerate(ranked)}
+
+
+def _previous_from_reports(reports: Iterable[NodeReport], lags: _Lags) -> dict[ReplicaKey, tuple[str, ...]]:
+    """Rebuild placements from what nodes say they host (the stored assignment was lost with Redis)."""
+    holders: dict[ReplicaKey, list[tuple[bool, str]]] = {}
+    for report in reports:
+        for r in report.replicas:
+            holders.setdefault((r.table, r.partition), []).append((r.role is Role.ACTIVE, report.node_id))
+    out = {}
+    for key, hs in holders.items():
+        ordered = sorted(hs, key=lambda h: (not h[0], lags.freshness(key, h[1]), h[1]))
+        out[key] = tuple(n for _, n in ordered)
+    return out
+
+
+def assign(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], previous: Assignment | None,
+           generation: int, caught_up_threshold: int = 100) -> Assignment:
+    """Place one active and ``standby_replicas`` standbys of every table-partition on live nodes."""
+    reports = {n.node_id: n for n in live_nodes if not n.draining}
+    nodes = sorted(reports)
+    if not nodes:
+        return Assignment(generation, {})
+    rack = {n: reports[n].rack for n in nodes}
+    by_key: dict[ReplicaKey, dict[str, ReplicaReport]] = {}
+    for report in reports.values():
+        for r in report.replicas:
+            by_key.setdefault((r.table, r.partition), {})[report.node_id] = r
+    lags = _Lags(by_key, caught_up_threshold)
+    keys = sorted((t, p) for t, spec in tables.items() for p in range(spec.partitions))
+    want = {(t, p): min(1 + max(0, tables[t].standby_replicas), len(nodes)) for t, p in keys}
+    prev = previous.replicas if previous is not None else _previous_from_reports(reports.values(), lags)
+
+    # 1. Keep what is still on live nodes. A dead active's partition goes to its most caught-up survivor.
+    placement: dict[ReplicaKey, list[str]] = {}
+    for key in keys:
+        before = list(dict.fromkeys(prev.get(key, ())))
+        kept = [n for n in before if n in reports]
+        if kept and before[0] not in reports:
+            kept.sort(key=lambda n: (lags.freshness(key, n), n))
+        placement[key] = kept
+
+    def loads() -> tuple[dict[str, int], dict[str, int]]:
+        total = {n: 0 for n in nodes}
+        active = {n: 0 for n in nodes}
+        for ns in placement.values():
+            for i, n in enumerate(ns):
+                total[n] += 1
+                if i == 0:
+                    active[n] += 1
+        return total, active
+
+    # 2. Fewer replicas wanted than kept (standby_replicas lowered): drop standbys on the busiest nodes.
+    total, _ = loads()
+    for key in keys:
+        ns = placement[key]
+        while len(ns) > want[key]:
+            victim = max(ns[1:], key=lambda n: (total[n], lags.freshness(key, n), n))
+            ns.remove(victim)
+            total[victim] -= 1
+
+    # 3. Even out actives among warm replicas, before shedding: a demoted active becomes a
+    #    standby that step 4 may then move.
+    _balance_actives(keys, nodes, placement, lags)
+
+    # 4. Shed standbys from nodes above their quota of replicas, the coldest first.
+    total, _ = loads()
+    quota = _quotas(sum(want.values()), nodes, total)
+    for n in nodes:
+        if total[n] <= quota[n]:
+            continue
+        held = [k for k in keys if n in placement[k][1:]]
+        held.sort(key=lambda k: (lags.freshness(k, n), k), reverse=True)
+        for k in held:
+            if total[n] <= quota[n]:
+                break
+            placement[k].remove(n)
+            total[n] -= 1
+
+    # 5. Fill every partition up to its replica count: below-quota nodes first, a new rack first,
+    #    then the least loaded; a partition's first replica goes to the node with the fewest actives.
+    total, active = loads()
+    active_quota = _quotas(len(keys), nodes, active)
+    for key in sorted(keys, key=lambda k: (len(placement[k]), k)):
+        ns = placement[key]
+        while len(ns) < want[key]:
+            used_racks = {rack[n] for n in ns if rack[n] is not None}
+            candidates = [n for n in nodes if n not in ns]
+            if not ns:
+                best = min(candidates, key=lambda n: (active[n] >= active_quota[n], total[n] >= quota[n],
+                                                      active[n], total[n], lags.freshness(key, n), n))
+                active[best] += 1
+            else:
+                best = min(candidates, key=lambda n: (total[n] >= quota[n],
+                                                      rack[n] is not None and rack[n] in used_racks,
+                                                      total[n], lags.freshness(key, n), n))
+            ns.append(best)
+            total[best] += 1
+
+    # 6. New placements may have unbalanced actives again (only warm swaps, so this converges
+    #    over later rounds as new standbys catch up).
+    _balance_actives(keys, nodes, placement, lags)
+    return Assignment(generation, {k: tuple(ns) for k, ns in placement.items() if ns})
+
+
+def _balance_actives(keys: list[ReplicaKey], nodes: list[str], placement: dict[ReplicaKey, list[str]],
+                     lags: _Lags) -> None:
+    """Hand actives from nodes above their quota to warm standbys on nodes below theirs."""
+    active = {n: 0 for n in nodes}
+    for k in keys:
+        if placement[k]:
+            active[placement[k][0]] += 1
+    quota = _quotas(sum(active.values()), nodes, active)
+    for hi in sorted(nodes, key=lambda n: (-active[n], n)):
+        if active[hi] <= quota[hi]:
+            continue
+        for k in keys:
+            ns = placement[k]
+            if not ns or ns[0] != hi:
+                continue
+            takers = [m for m in ns[1:] if active[m] < quota[m] and lags.warm(k, m)]
+            if not takers:
+                continue
+            m = min(takers, key=lambda n: (lags.freshness(k, n), active[n], n))
+            ns.remove(m)
+            ns.insert(0, m)
+            active[hi] -= 1
+            active[m] += 1
+            if active[hi] <= quota[hi]:
+                break
+
+
+class AssignorStore(Protocol):
+    """The slice of :class:`freshroute.metadata.MetadataStore` the assignor loop needs."""
+
+    def try_acquire_assignor(self, node_id: str, lease_ms: int) -> int | None: ...
+    def tables(self) -> dict[str, TableSpec]: ...
+    def nodes(self) -> dict[str, NodeReport]: ...
+    def assignment(self) -> Assignment | None: ...
+    def write_assignment(self, assignment: Assignment, node_id: str, generation: int) -> bool: ...
+    def release_assignor(self, node_id: str, generation: int) -> None: ...
+
+
+class AssignorLoop:
+    """Run by every node: takes the lease when it is free; the holder keeps the assignment current."""
+
+    def __init__(self, store: AssignorStore, node_id: str, lease_ms: int, node_expiry_ms: int,
+                 caught_up_threshold: int) -> None:
+        self._store = store
+        self._node_id = node_id
+        self._lease_ms = lease_ms
+        self._expiry_ms = node_expiry_ms
+        self._threshold = caught_up_threshold
+        self.generation: int | None = None
+
+    def step(self, now_ms: int) -> Assignment | None:
+        """Hold or take the lease; if held, recompute and write when the result differs. Returns what it wrote."""
+        generation = self._store.try_acquire_assignor(self._node_id, self._lease_ms)
+        if generation != self.generation:
+            if generation is not None:
+                log.info("node %s holds the assignor lease (generation %d)", self._node_id, generation)
+            elif self.generation is not None:
+                log.info("node %s lost the assignor lease (generation %d)", self._node_id, self.generation)
+            self.generation = generation
+        if generation is None:
+            return None
+        tables = self._store.tables()
+        live = [r for r in self._store.nodes().values() if now_ms - r.heartbeat_ms <= self._expiry_ms]
+        previous = self._store.assignment()
+        proposed = assign(tables, live, previous, generation, self._threshold)
+        if previous is not None and previous.replicas == proposed.replicas:
+            return None
+        if not self._store.write_assignment(proposed, self._node_id, generation):
+            log.info("node %s: assignment write fenced off (generation %d is no longer the lease)",
+                     self._node_id, generation)
+            self.generation = None
+            return None
+        moved = _moves(previous, proposed)
+        log.info("assignment generation %d: %d table-partitions on %d live nodes; %d replica placements changed",
+                 generation, len(proposed.replicas), len({r.node_id for r in live if not r.draining}), moved)
+        return proposed
+
+    def release(self) -> None:
+        if self.generation is not None:
+            self._store.release_assignor(self._node_id, self.generation)
+            self.generation = None
+
+
+def _moves(before: Assignment | None, after: Assignment) -> int:
+    """Replica placements (partition, node, role) that differ between two assignments."""
+    def placements(a: Assignment | None) -> set[tuple[str, int, str, bool]]:
+        if a is None:
+            return set()
+        return {(t, p, n, i == 0) for (t, p), ns in a.replicas.items() for i, n in enumerate(ns)}
+    return len(placements(before) ^ placements(after))

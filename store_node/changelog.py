@@ -1,0 +1,587 @@
+"""The changelog tailer: one consumer per node that keeps every hosted replica up to date.
+
+It owns the replicas' lifecycle on its own thread: opens a replica's store when the
+assignment gives it to this node, assigns its changelog partition at the stored applied
+offset (``assign()`` with explicit offsets; no consumer-group rebalancing, no commits),
+applies records in one WriteBatch per partition per poll, and closes the store when the
+partition moves away (its files are deleted after a grace period, in case it comes back).
+
+It is also where the replica learns its lag: the statistics callback carries each
+partition's high watermark from Fetch responses and each broker's state and response count,
+which together are the fresh evidence a caught-up confirmation needs.
+
+And it is where the changelog's surprises are handled, never silently:
+- an end offset below the applied offset, an out-of-range position, or a changelog topic with
+  a new topic id (a memory-only broker restarted, or the topic was recreated) wipes the
+  replica and restores it from the start;
+- a poison record (null or non-UTF-8 key, value that is not JSON) is skipped with a counted,
+  rate-limited warning, and the partition moves on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+from urllib.parse import unquote
+
+import orjson
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from freshroute.errors import StoreCorrupt
+from freshroute.metadata import Role, TableSpec, now_ms
+from store_node.lag import Clock
+from store_node.replica import Replica, replica_path
+from store_node.replica_store import ReplicaStore
+from store_node.settings import StoreNodeSettings
+
+log = logging.getLogger(__name__)
+
+ReplicaKey = tuple[str, int]
+Desired = Mapping[ReplicaKey, tuple[TableSpec, Role]]
+
+_MISSING_TOPIC = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
+_OUT_OF_RANGE = {KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE}
+_BROKER_DOWN = {KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE}
+_POISON_LOG_INTERVAL_S = 10.0
+_RETRY_S = 1.0
+# Retired replica files are deleted only while the assignment is known to be current.
+_ASSIGNMENT_FRESH_S = 5.0
+
+
+@dataclass
+class _BrokerSeen:
+    state: str
+    rx: int
+    last_response_ms: int
+
+
+class _RateLimiter:
+    """Records per second, as a virtual clock that sleeps the applying thread when ahead."""
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self._next = time.monotonic()
+
+    def batch_size(self, maximum: int) -> int:
+        return maximum if not self.rate else max(1, min(maximum, self.rate // 10))
+
+    def spend(self, records: int, stop: threading.Event) -> None:
+        if not self.rate or not records:
+            return
+        now = time.monotonic()
+        self._next = max(self._next, now - 1.0) + records / self.rate
+        if self._next > now:
+            stop.wait(min(self._next - now, 1.0))
+
+
+class ChangelogTailer:
+    """Tails the changelog partitions of every replica this node hosts, on one thread."""
+
+    def __init__(self, settings: StoreNodeSettings, clock: Clock = now_ms,
+                 consumer_factory: Callable[[dict[str, Any]], Any] = Consumer,
+                 admin_factory: Callable[[dict[str, Any]], Any] = AdminClient) -> None:
+        self._settings = settings
+        self._root: Path = settings.replica_root
+        self._clock = clock
+        self._consumer_factory = consumer_factory
+        self._admin_factory = admin_factory
+        self._replicas: dict[ReplicaKey, Replica] = {}
+        self._by_tp: dict[tuple[str, int], Replica] = {}
+        # What the event loop reads: swapped whole, never mutated in place.
+        self.serving: Mapping[ReplicaKey, Replica] = MappingProxyType({})
+        self._lock = threading.Lock()
+        self._wanted: Desired = {}
+        self._wanted_changed = False
+        self._wanted_at = 0.0
+        self._failed: set[ReplicaKey] = set()
+        self._retry_at = 0.0
+        self._retired: dict[ReplicaKey, float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._consumer: Any = None
+        self._admin: Any = None
+        self._brokers: dict[int, _BrokerSeen] = {}
+        self._broker_outage = False
+        self._pending_resets: list[tuple[Replica, str]] = []
+        self._topic_ids: dict[str, str] = {}
+        self._topic_futures: dict[str, Any] | None = None
+        self._topic_check_at = 0.0
+        self._missing_topics: set[str] = set()
+        self._poison_logged: dict[ReplicaKey, float] = {}
+        self._limiter = _RateLimiter(settings.apply_rate_limit)
+        self._progress_at = time.monotonic()
+        self._progress_applied: dict[str, int] = {}
+        self._cleanup_at = 0.0
+        self.records_skipped = 0
+        self.started = threading.Event()
+        self.failed = False
+
+    # --- control, from other threads --------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="changelog-tailer", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop tailing and close every store cleanly."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.error("changelog tailer did not stop within %.0fs", timeout_s)
+
+    def set_desired(self, desired: Desired) -> None:
+        """The replicas this node should host, with their roles (from a fresh read of the assignment)."""
+        with self._lock:
+            self._wanted_at = time.monotonic()
+            if desired != self._wanted:
+                self._wanted = dict(desired)
+                self._wanted_changed = True
+
+    def reports(self, now: int | None = None):
+        now = self._clock() if now is None else now
+        return tuple(rep.report(now) for rep in self.serving.values())
+
+    # --- the thread -------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._consumer = self._consumer_factory(self._settings.consumer_config(
+                stats_cb=self._on_stats, error_cb=self._on_client_error,
+                logger=logging.getLogger("store_node.kafka"), log_level=4))
+            self._admin = self._admin_factory(self._settings.kafka(
+                **{"client.id": f"freshroute-store-{self._settings.node_id}-admin"},
+                logger=logging.getLogger("store_node.kafka"), log_level=4))
+            self._note_local_replicas()
+        except Exception:
+            log.exception("cannot create the changelog consumer")
+            self.failed = True
+            self.started.set()
+            return
+        self.started.set()
+        failures = 0
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._step()
+                    failures = 0
+                except Exception:
+                    # A bug must not freeze the replicas silently, nor spin: log, back off, carry on.
+                    failures += 1
+                    if failures <= 3 or failures % 100 == 0:
+                        log.exception("changelog tailer step failed (%d in a row)", failures)
+                    self._stop.wait(min(0.1 * failures, 2.0))
+        finally:
+            self._shutdown()
+
+    def _step(self) -> None:
+        self._reconcile()
+        consumer = self._consumer
+        batch_max = self._limiter.batch_size(self._settings.apply_batch_max)
+        # poll() returns as soon as one message is there; consume(…, 0) then drains what is queued
+        # without waiting to fill the batch, so an idle replica applies a new record at once.
+        first = consumer.poll(0.1)
+        msgs = [first] if first is not None else []
+        if first is not None and batch_max > 1:
+            msgs.extend(consumer.consume(batch_max - 1, 0))
+        applied = self._handle(msgs) if msgs else 0
+        self._after_poll()
+        self._limiter.spend(applied, self._stop)
+
+    def _shutdown(self) -> None:
+        for rep in list(self._replicas.values()):
+            try:
+                rep.close()
+            except Exception:
+                log.exception("closing replica %s/%d failed", rep.table, rep.partition)
+        self.serving = MappingProxyType({})
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            except Exception:
+                log.exception("closing the changelog consumer failed")
+        log.info("changelog tailer stopped; %d replica stores closed", len(self._replicas))
+        self._replicas.clear()
+        self._by_tp.clear()
+
+    # --- assignment -------------------------------------------------------------------------------
+
+    def _note_local_replicas(self) -> None:
+        """Replicas on disk from an earlier run are kept for the grace period, then deleted if unassigned."""
+        if not self._root.is_dir():
+            return
+        deadline = time.monotonic() + self._settings.removed_replica_grace_ms / 1000
+        for table_dir in self._root.iterdir():
+            if not table_dir.is_dir():
+                continue
+            for part_dir in table_dir.iterdir():
+                if part_dir.is_dir() and part_dir.name.isdigit():
+                    self._retired[(unquote(table_dir.name), int(part_dir.name))] = deadline
+
+    def _reconcile(self) -> None:
+        with self._lock:
+            changed, self._wanted_changed = self._wanted_changed, False
+            wanted = self._wanted
+        if not changed and not (self._failed and time.monotonic() >= self._retry_at):
+            return
+        self._failed.clear()
+        for key in [k for k in self._replicas if k not in wanted]:
+            self._remove(key)
+        for key, (spec, role) in wanted.items():
+            rep = self._replicas.get(key)
+            if rep is not None and rep.topic != spec.topic:
+                self._remove(key)
+                rep = None
+            if rep is None:
+                try:
+                    self._add(spec, key[1], role)
+                except Exception as e:
+                    self._failed.add(key)
+                    self._retry_at = time.monotonic() + _RETRY_S
+                    log.error("cannot open replica %s/%d: %s; retrying", key[0], key[1], e)
+            elif rep.role is not role:
+                log.info("replica %s/%d: role %s → %s", rep.table, rep.partition, rep.role.value, role.value)
+                rep.role = role
+        self._publish()
+
+    def _publish(self) -> None:
+        self.serving = MappingProxyType(dict(self._replicas))
+
+    def _open_store(self, table: str, partition: int) -> ReplicaStore:
+        path = replica_path(self._root, table, partition)
+        try:
+            return ReplicaStore.open(path)
+        except StoreCorrupt as e:
+            log.warning("replica %s/%d: local store is unreadable (%s); wiping it, it restores from the changelog",
+                        table, partition, e.message)
+            ReplicaStore.destroy(path)
+            return ReplicaStore.open(path)
+
+    def _add(self, spec: TableSpec, partition: int, role: Role) -> None:
+        store = self._open_store(spec.name, partition)
+        s = self._settings
+        rep = Replica(spec, partition, role, store, self._clock, s.evidence_window_ms, s.caught_up_threshold)
+        known_id = self._topic_ids.get(spec.topic)
+        if known_id and store.topic_id and store.topic_id != known_id:
+            log.warning("replica %s/%d: stored rows come from an earlier changelog topic (id %s, now %s); "
+                        "wiping it and restoring from the start", spec.name, partition, store.topic_id, known_id)
+            rep.wipe(self._root)
+        self._replicas[rep.key] = rep
+        self._by_tp[(rep.topic, partition)] = rep
+        self._retired.pop(rep.key, None)
+        applied = rep.lag.applied
+        self._consumer.incremental_assign([TopicPartition(rep.topic, partition, applied or OFFSET_BEGINNING)])
+        if applied:
+            log.info("replica %s/%d (%s): resuming changelog %s at stored offset %d",
+                     spec.name, partition, role.value, spec.topic, applied)
+        else:
+            log.info("replica %s/%d (%s): restoring from the start of changelog %s",
+                     spec.name, partition, role.value, spec.topic)
+
+    def _remove(self, key: ReplicaKey) -> None:
+        rep = self._replicas.pop(key)
+        self._by_tp.pop((rep.topic, rep.partition), None)
+        self._publish()  # stop serving it before its store closes
+        try:
+            self._consumer.incremental_unassign([TopicPartition(rep.topic, rep.partition)])
+        except KafkaException as e:
+            log.warning("unassigning %s/%d failed: %s", rep.topic, rep.partition, e)
+        rep.close()
+        grace_ms = self._settings.removed_replica_grace_ms
+        self._retired[key] = time.monotonic() + grace_ms / 1000
+        log.info("replica %s/%d: no longer assigned here; its files are kept %.0fs in case it returns",
+                 rep.table, rep.partition, grace_ms / 1000)
+
+    def _reset(self, rep: Replica, reason: str) -> None:
+        """Wipe a replica and restore it from the start of its changelog."""
+        if self._replicas.get(rep.key) is not rep:
+            return
+        log.warning("replica %s/%d: %s; wiping it and restoring from the start of the changelog (applied was %d)",
+                    rep.table, rep.partition, reason, rep.lag.applied)
+        tp = TopicPartition(rep.topic, rep.partition)
+        try:
+            self._consumer.incremental_unassign([tp])
+        except KafkaException as e:
+            log.warning("unassigning %s/%d failed: %s", rep.topic, rep.partition, e)
+        try:
+            rep.wipe(self._root)
+        except StoreCorrupt as e:
+            # The directory cannot even be recreated (disk?): drop the replica and let reconcile retry.
+            log.error("replica %s/%d: cannot recreate its store: %s", rep.table, rep.partition, e.message)
+            self._replicas.pop(rep.key, None)
+            self._by_tp.pop((rep.topic, rep.partition), None)
+            self._publish()
+            self._failed.add(rep.key)
+            self._retry_at = time.monotonic() + _RETRY_S
+            return
+        self._consumer.incremental_assign([TopicPartition(rep.topic, rep.partition, OFFSET_BEGINNING)])
+
+    # --- records ----------------------------------------------------------------------------------
+
+    def _handle(self, msgs: list) -> int:
+        """Apply a polled batch, one WriteBatch per partition; returns how many records were applied."""
+        now = self._clock()
+        by_tp = self._by_tp
+        pending: dict[Replica, list] = {}
+        reset_now: set[Replica] = set()
+        applied = 0
+        for m in msgs:
+            err = m.error()
+            rep = by_tp.get((m.topic(), m.partition()))
+            if err is None:
+                if rep is None or rep in reset_now:
+                    continue  # a partition unassigned or reset since this record was fetched
+                batch = pending.get(rep)
+                if batch is None:
+                    pending[rep] = batch = []
+                batch.append(m)
+                continue
+            if rep is not None and rep in pending:
+                # Events follow the partition's records in order: apply those first.
+                applied += self._apply(rep, pending.pop(rep))
+            if self._on_event(m, err, rep, now) and rep is not None:
+                reset_now.add(rep)
+        for rep, batch in pending.items():
+            applied += self._apply(rep, batch)
+        return applied
+
+    def _apply(self, rep: Replica, batch: list) -> int:
+        if rep.store is None:
+            return 0
+        changes: list[tuple[bytes, bytes | None]] = []
+        skipped = 0
+        floor = rep.lag.applied
+        loads = orjson.loads
+        for m in batch:
+            if m.offset() < floor:
+                continue  # already applied (a re-delivery after a re-assign)
+            key = m.key()
+            value = m.value()
+            problem = None
+            if key is None:
+                problem = "null key"
+            else:
+                try:
+                    key.decode("utf-8")
+                    if value is not None:
+                        loads(value)
+                except UnicodeDecodeError:
+                    problem = "key is not UTF-8"
+                except orjson.JSONDecodeError:
+                    problem = "value is not JSON"
+            if problem is not None:
+                skipped += 1
+                self._poison(rep, m.offset(), problem)
+                continue
+            changes.append((key, value))
+        last = batch[-1].offset()
+        if last < floor:
+            return 0
+        rep.apply(changes, last + 1, skipped)
+        return len(changes)
+
+    def _poison(self, rep: Replica, offset: int, problem: str) -> None:
+        self.records_skipped += 1
+        now = time.monotonic()
+        last = self._poison_logged.get(rep.key)
+        if last is None or now - last >= _POISON_LOG_INTERVAL_S:
+            self._poison_logged[rep.key] = now
+            log.warning("replica %s/%d: skipping poison record at offset %d (%s); %d skipped so far",
+                        rep.table, rep.partition, offset, problem, rep.counters.records_skipped + 1)
+
+    def _on_event(self, m: Any, err: KafkaError, rep: Replica | None, now: int) -> bool:
+        """Handle a consumer event; True if it reset ``rep``."""
+        code = err.code()
+        if code == KafkaError._PARTITION_EOF:
+            if rep is None or rep.store is None:
+                return False
+            end = m.offset()
+            if end < rep.lag.applied:
+                self._reset(rep, f"the changelog ends at offset {end}, below the applied offset "
+                                 "(the broker lost it: restarted memory-only, or the topic was recreated)")
+                return True
+            if end > rep.lag.applied:
+                # Nothing between: offsets skipped by compaction or control records.
+                rep.apply([], end, 0)
+            rep.lag.observe_end(end, now)  # an EOF is a Fetch response just received
+            return False
+        if code in _OUT_OF_RANGE:
+            if rep is not None:
+                self._reset(rep, f"its position is out of range ({err.str()})")
+                return True
+            return False
+        if code in _MISSING_TOPIC:
+            topic = m.topic() or "?"
+            if topic not in self._missing_topics:
+                self._missing_topics.add(topic)
+                log.warning("changelog topic %s does not exist (yet); its replicas wait for it", topic)
+            return False
+        log.warning("changelog consumer error on %s/%s: %s", m.topic(), m.partition(), err.str())
+        return False
+
+    # --- evidence from the broker ------------------------------------------------------------------
+
+    def _on_client_error(self, err: KafkaError) -> None:
+        if err.code() in _BROKER_DOWN:
+            if not self._broker_outage:
+                self._broker_outage = True
+                log.warning("changelog broker unreachable (%s); replicas keep serving and their staleness grows",
+                            err.str())
+            return
+        log.warning("changelog consumer: %s", err.str())
+
+    def _on_stats(self, raw: str) -> None:
+        now = self._clock()
+        stats = orjson.loads(raw)
+        window = self._settings.evidence_window_ms
+        brokers = self._brokers
+        responding = False
+        for b in stats.get("brokers", {}).values():
+            nid = b.get("nodeid", -1)
+            if nid < 0:
+                continue  # bootstrap and coordinator pseudo-brokers
+            rx = b.get("rx", 0)
+            seen = brokers.get(nid)
+            if seen is None:
+                brokers[nid] = seen = _BrokerSeen(b.get("state", ""), rx, now if rx else 0)
+            elif rx > seen.rx:
+                seen.last_response_ms = now
+            seen.state = b.get("state", "")
+            seen.rx = rx
+            if seen.state == "UP" and now - seen.last_response_ms <= window:
+                responding = True
+        if responding and self._broker_outage:
+            self._broker_outage = False
+            log.info("changelog broker reachable again")
+        by_tp = self._by_tp
+        for topic, t in stats.get("topics", {}).items():
+            for pid, p in t.get("partitions", {}).items():
+                rep = by_tp.get((topic, int(pid)))
+                if rep is None or rep.store is None:
+                    continue
+                hi = p.get("hi_offset", -1)
+                if hi < 0 or p.get("fetch_state") != "active":
+                    continue
+                leader = brokers.get(p.get("leader", -1))
+                if leader is None or leader.state != "UP" or now - leader.last_response_ms > window:
+                    continue
+                if hi < rep.lag.applied:
+                    # Every applied record came from a Fetch that reported hi ≥ its offset; a lower
+                    # high watermark now means the broker lost the partition's records.
+                    self._pending_resets.append((rep, f"the changelog's high watermark {hi} is below the applied "
+                                                      "offset (the broker lost it: restarted memory-only, or "
+                                                      "the topic was recreated)"))
+                    continue
+                rep.lag.observe_end(hi, leader.last_response_ms)
+
+    def _check_topic_ids(self) -> None:
+        """Compare each changelog's topic id with the one its replicas' rows came from."""
+        now = time.monotonic()
+        futures = self._topic_futures
+        if futures is not None:
+            if not all(f.done() for f in futures.values()):
+                if now - self._topic_check_at < 30:
+                    return
+            self._topic_futures = None
+            for topic, f in futures.items():
+                if not f.done():
+                    continue
+                try:
+                    desc = f.result(0)
+                except Exception:
+                    continue  # missing topic or broker down: nothing learned
+                topic_id = str(desc.topic_id)
+                self._missing_topics.discard(topic)
+                self._topic_ids[topic] = topic_id
+                for rep in [r for r in self._replicas.values() if r.topic == topic and r.store is not None]:
+                    if rep.store.topic_id is None:
+                        rep.store.set_topic_id(topic_id)
+                    elif rep.store.topic_id != topic_id:
+                        self._reset(rep, f"changelog topic {topic} was recreated (topic id {rep.store.topic_id} "
+                                         f"→ {topic_id})")
+            return
+        if now - self._topic_check_at < self._settings.topic_check_ms / 1000:
+            return
+        self._topic_check_at = now
+        topics = sorted({r.topic for r in self._replicas.values()})
+        if topics:
+            try:
+                self._topic_futures = self._admin.describe_topics(TopicCollection(topics), request_timeout=5)
+            except Exception as e:
+                log.debug("describe_topics failed: %s", e)
+
+    # --- housekeeping after every poll --------------------------------------------------------------
+
+    def _after_poll(self) -> None:
+        if self._pending_resets:
+            resets, self._pending_resets = self._pending_resets, []
+            done: set[ReplicaKey] = set()
+            for rep, reason in resets:
+                if rep.key not in done:
+                    done.add(rep.key)
+                    self._reset(rep, reason)
+        now = self._clock()
+        for rep in self._replicas.values():
+            if rep.corrupt_reason is not None:
+                self._reset(rep, f"its store failed a read ({rep.corrupt_reason})")
+            elif rep.check_restored(now):
+                self._log_restored(rep)
+        self._check_topic_ids()
+        mono = time.monotonic()
+        if mono - self._progress_at >= self._settings.restore_log_interval_ms / 1000:
+            self._log_progress(mono)
+        if mono >= self._cleanup_at:
+            self._cleanup_at = mono + 1.0
+            self._delete_retired(mono)
+
+    def _log_restored(self, rep: Replica) -> None:
+        records = rep.lag.applied - rep.restore_from
+        secs = max(time.monotonic() - rep.restore_started, 1e-6)
+        log.info("replica %s/%d: caught up at offset %d after %d offsets in %.1fs (%.0f/s), now %s",
+                 rep.table, rep.partition, rep.lag.applied, records, secs, records / secs, rep.state.value)
+
+    def _log_progress(self, mono: float) -> None:
+        elapsed = mono - self._progress_at
+        self._progress_at = mono
+        per_table: dict[str, list[Replica]] = defaultdict(list)
+        for rep in self._replicas.values():
+            if rep.restoring:
+                per_table[rep.table].append(rep)
+        seen: dict[str, int] = {}
+        for table, reps in sorted(per_table.items()):
+            done = sum(r.lag.applied - r.restore_from for r in reps)
+            total = sum(max(r.lag.end or 0, r.lag.applied) - r.restore_from for r in reps)
+            remaining = max(0, total - done)
+            seen[table] = done
+            rate = max(0, done - self._progress_applied.get(table, done)) / elapsed if elapsed > 0 else 0.0
+            eta = f"{remaining / rate:.0f}s" if rate > 0 else "unknown"
+            pct = 100.0 * done / total if total > 0 else 0.0
+            log.info("restoring %s: %d partition(s), %d/%d offsets (%.0f%%), %.0f/s, ETA %s",
+                     table, len(reps), done, total, pct, rate, eta)
+        self._progress_applied = seen
+
+    def _delete_retired(self, mono: float) -> None:
+        if not self._retired:
+            return
+        with self._lock:
+            fresh = mono - self._wanted_at <= _ASSIGNMENT_FRESH_S and self._wanted_at > 0
+        if not fresh:
+            return  # never delete on an outdated view of the assignment
+        for key, deadline in list(self._retired.items()):
+            if mono < deadline or key in self._replicas:
+                continue
+            del self._retired[key]
+            path = replica_path(self._root, *key)
+            ReplicaStore.destroy(path)
+            try:
+                path.parent.rmdir()  # the table's directory, once its last partition is gone
+            except OSError:
+                pass
+            log.info("replica %s/%d: deleted its files (not assigned here for the grace period)", *key)

@@ -1,0 +1,140 @@
+"""One store node process: wiring, start-up, and a graceful stop.
+
+Three threads of work: the asyncio event loop serves gRPC reads; the changelog tailer's
+thread applies records and owns the replicas' stores; the membership thread talks to Redis
+(heartbeats, assignor lease, assignment). ``run(settings)`` blocks until SIGTERM/SIGINT,
+then drains: announce draining (health NOT_SERVING, the assignor moves the node's actives
+to their standbys), keep answering for ``drain_timeout_ms``, stop the server, leave the
+cluster, close every store cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import IO, Mapping
+
+from freshroute.errors import ConfigError
+from freshroute.metadata import MetadataStore, now_ms
+from store_node.changelog import ChangelogTailer
+from store_node.lag import Clock
+from store_node.membership import Membership
+from store_node.replica import Replica
+from store_node.service import HealthReporter, create_server
+from store_node.settings import StoreNodeSettings
+
+log = logging.getLogger(__name__)
+
+
+class StoreNode:
+    """The replicas this node hosts, and its place in the cluster."""
+
+    def __init__(self, settings: StoreNodeSettings, clock: Clock = now_ms) -> None:
+        self.settings = settings
+        self.node_id = settings.node_id
+        self.tailer = ChangelogTailer(settings, clock)
+        self.health = HealthReporter(self.ready)
+        self.membership: Membership | None = None
+        self.draining = False
+        self._clock = clock
+        self._dir_lock: IO[bytes] | None = None
+
+    @property
+    def serving(self) -> Mapping[tuple[str, int], Replica]:
+        """Hosted replicas by (table, partition): an immutable snapshot, swapped on every change."""
+        return self.tailer.serving
+
+    def ready(self) -> bool:
+        """Serving: not draining, and no hosted replica still restoring."""
+        return not self.draining and self.tailer.started.is_set() and \
+            not any(rep.restoring for rep in self.serving.values())
+
+    def open(self, timeout_s: float = 30.0) -> None:
+        """Claim the data directory and start tailing (nothing is assigned yet)."""
+        root = self.settings.replica_root
+        root.mkdir(parents=True, exist_ok=True)
+        self._dir_lock = _lock_dir(root)
+        self.tailer.start()
+        if not self.tailer.started.wait(timeout_s) or self.tailer.failed:
+            raise RuntimeError("the changelog tailer did not start; see the log above")
+
+    def join(self, address: str) -> None:
+        """Start heartbeating as ``address`` and following the assignment."""
+        metadata = MetadataStore.from_url(self.settings.redis_url, self.settings.namespace)
+        self.membership = Membership(self.settings, metadata, address, self.tailer.reports, self.tailer.set_desired,
+                                     self._clock)
+        self.membership.start()
+
+    def drain(self) -> None:
+        self.draining = True
+        if self.membership is not None:
+            self.membership.drain()
+
+    def close(self) -> None:
+        if self.membership is not None:
+            self.membership.stop()
+        self.tailer.stop()
+        if self._dir_lock is not None:
+            self._dir_lock.close()
+            self._dir_lock = None
+
+
+def _lock_dir(root: Path) -> IO[bytes]:
+    """An exclusive lock on the data directory: two nodes sharing one would corrupt each other."""
+    f = open(root / ".lock", "ab")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise ConfigError(f"data_dir {root} is in use by another store node", key="data_dir") from None
+    return f
+
+
+async def serve(settings: StoreNodeSettings, stop: asyncio.Event | None = None) -> None:
+    """Run a node until ``stop`` is set (or SIGTERM/SIGINT when ``stop`` is None), then drain and close."""
+    loop = asyncio.get_running_loop()
+    if stop is None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    node = StoreNode(settings)
+    await loop.run_in_executor(None, node.open)
+    server, port = create_server(settings, node)
+    health_task: asyncio.Task | None = None
+    try:
+        await node.health.update()
+        await server.start()
+        address = f"{settings.advertise_host or settings.host}:{port}"
+        log.info("store node %s serving on %s (data in %s)", settings.node_id, address, settings.replica_root)
+        print(f"store-node {settings.node_id} listening on {address}", flush=True)
+        await loop.run_in_executor(None, node.join, address)
+        health_task = asyncio.create_task(node.health.run())
+        await stop.wait()
+        log.info("store node %s draining", settings.node_id)
+        node.draining = True
+        await node.health.update()
+        await loop.run_in_executor(None, node.drain)
+        await asyncio.sleep(settings.drain_timeout_ms / 1000)
+    finally:
+        if health_task is not None:
+            health_task.cancel()
+        await server.stop(grace=1.0)
+        await loop.run_in_executor(None, node.close)
+        log.info("store node %s stopped", settings.node_id)
+
+
+def configure_logging() -> None:
+    """Plain line logs on stderr, unless the embedding process configured logging already."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=os.environ.get("FRESHROUTE_LOG_LEVEL", "INFO").upper(),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def run(settings: StoreNodeSettings) -> None:
+    """Run one store node until SIGTERM/SIGINT (blocking); the CLI's ``store-node`` command."""
+    configure_logging()
+    asyncio.run(serve(settings))

@@ -1,0 +1,121 @@
+"""A hosted replica: its store, its lag, its role and state, and what it has done.
+
+The changelog tailer's thread owns a replica's lifecycle (open, apply, wipe, close); reads on
+the event loop only take a reference to the current store and check the bound first. The
+tailer publishes the applied offset after the WriteBatch commits, so a read never reports a
+position ahead of the data it returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+from freshroute.errors import StoreCorrupt
+from freshroute.metadata import ReplicaReport, ReplicaState, Role, TableSpec
+from store_node.lag import Clock, LagSnapshot, LagTracker
+from store_node.replica_store import ReplicaStore
+
+log = logging.getLogger(__name__)
+
+
+def replica_path(root: Path, table: str, partition: int) -> Path:
+    """``root/{table}/{partition}``; a table name that is not a safe file name is percent-encoded."""
+    safe = table if table not in (".", "..") and quote(table, safe="-_.") == table else quote(table, safe="")
+    if safe in (".", ".."):
+        safe = safe.replace(".", "%2E")
+    return root / safe / str(partition)
+
+
+@dataclass
+class ReplicaCounters:
+    """What a replica did since this process opened it."""
+
+    records_applied: int = 0
+    records_skipped: int = 0  # poison records: null key, non-UTF-8 key, non-JSON value
+    restores: int = 0  # wipes followed by a restore from the changelog's start
+    resumed_from: int = 0  # the applied offset read from disk when the replica was opened
+
+
+class Replica:
+    """One table-partition hosted by this node."""
+
+    def __init__(self, spec: TableSpec, partition: int, role: Role, store: ReplicaStore, clock: Clock,
+                 evidence_window_ms: int, caught_up_threshold: int) -> None:
+        self.spec = spec
+        self.table = spec.name
+        self.topic = spec.topic
+        self.partition = partition
+        self.key = (spec.name, partition)
+        self.role = role
+        self.store: ReplicaStore | None = store
+        self.lag = LagTracker(store.applied_offset, store.caught_up_at_ms, clock, evidence_window_ms)
+        self.restoring = True  # until the first time it catches up
+        self.epoch = 0  # bumped by every wipe, so a multi-chunk scan can notice it
+        self.corrupt_reason: str | None = None  # set by a failed read; the tailer then wipes
+        self.counters = ReplicaCounters(resumed_from=store.applied_offset)
+        self._clock = clock
+        self._threshold = caught_up_threshold
+        self.restore_started = time.monotonic()
+        self.restore_from = store.applied_offset
+
+    @property
+    def state(self) -> ReplicaState:
+        if self.restoring:
+            return ReplicaState.RESTORING
+        return ReplicaState.ACTIVE if self.role is Role.ACTIVE else ReplicaState.STANDBY
+
+    def snapshot(self, now_ms: int | None = None) -> LagSnapshot:
+        return self.lag.snapshot(now_ms)
+
+    def report(self, now_ms: int) -> ReplicaReport:
+        lag = self.lag.snapshot(now_ms)
+        end = lag.applied if lag.end is None else max(lag.end, lag.applied)
+        return ReplicaReport(self.table, self.partition, self.role, self.state, lag.applied, end, lag.staleness_ms)
+
+    def check_restored(self, now_ms: int) -> bool:
+        """Leave RESTORING once within the threshold of a fresh end offset; True on that transition."""
+        if self.restoring and self.lag.within(self._threshold, now_ms):
+            self.restoring = False
+            return True
+        return False
+
+    def mark_corrupt(self, reason: str) -> None:
+        if self.corrupt_reason is None:
+            self.corrupt_reason = reason
+
+    # --- lifecycle, called only from the tailer's thread -----------------------------------------
+
+    def apply(self, changes: list[tuple[bytes, bytes | None]], next_offset: int, skipped: int) -> None:
+        store = self.store
+        if store is None:
+            raise StoreCorrupt(f"replica {self.table}/{self.partition} has no open store")
+        caught_up_at = self.lag.caught_up_at_after(next_offset)
+        store.apply(changes, next_offset, caught_up_at or None)
+        # Publish the position only after the batch is durable in the store.
+        self.lag.advance(next_offset)
+        self.counters.records_applied += len(changes)
+        self.counters.records_skipped += skipped
+
+    def close(self) -> None:
+        store, self.store = self.store, None
+        if store is not None:
+            store.close()
+
+    def wipe(self, root: Path) -> None:
+        """Delete the local copy and start over from an empty store (restore from offset 0)."""
+        path = replica_path(root, self.table, self.partition)
+        self.close()
+        self.lag.reset()
+        ReplicaStore.destroy(path)
+        store = ReplicaStore.open(path)  # a fresh directory cannot be corrupt; if it is, the caller retries
+        self.restoring = True
+        self.corrupt_reason = None
+        self.counters.restores += 1
+        self.restore_started = time.monotonic()
+        self.restore_from = 0
+        self.epoch += 1
+        self.store = store

@@ -1,0 +1,204 @@
+"""One table-partition's local RocksDB: a cache of its changelog that can always be rebuilt.
+
+Rows live in the default column family (raw UTF-8 key bytes → JSON value bytes, ordered
+bytewise for scans); the replica's checkpoint lives in the ``meta`` column family. The
+applied offset (next changelog offset to apply) is written in the same WriteBatch as the
+rows it covers, so a crash can never leave data and checkpoint apart.
+
+rocksdict keeps a database open while any handle derived from it lives, so this class owns
+every handle and iterators never outlive one call.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Iterable
+
+from rocksdict import Options, Rdict, ReadOptions, WriteBatch
+
+from freshroute.errors import StoreCorrupt
+
+META_CF = "meta"
+_APPLIED = b"applied"
+_TOPIC_ID = b"topic_id"
+_CAUGHT_UP_AT = b"caught_up_at"
+_FORMAT = b"format"
+_FORMAT_VERSION = b"1"
+
+
+def _int(raw: bytes) -> int:
+    if len(raw) != 8:
+        raise ValueError(f"expected 8 bytes, got {len(raw)}")
+    return int.from_bytes(raw, "big", signed=True)
+
+
+def _bytes(value: int) -> bytes:
+    return value.to_bytes(8, "big", signed=True)
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with ``prefix`` (None: unbounded)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+def scan_range(prefix: bytes, start: bytes, end: bytes) -> tuple[bytes, bytes | None]:
+    """Intersect a prefix with ``[start, end)``; an empty ``end`` is unbounded."""
+    lower = max(prefix, start)
+    upper = end or None
+    if prefix:
+        p_end = prefix_end(prefix)
+        if p_end is not None and (upper is None or p_end < upper):
+            upper = p_end
+    return lower, upper
+
+
+def _options() -> Options:
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    return opts
+
+
+class ReplicaStore:
+    """Rows and checkpoint of one replica; every failure to open or read is a :class:`StoreCorrupt`."""
+
+    def __init__(self, path: Path, db: Rdict) -> None:
+        self.path = path
+        self._db: Rdict | None = db
+        self._meta_cf = db.get_column_family_handle(META_CF)
+        self._meta: Rdict | None = db.get_column_family(META_CF)
+        self.applied_offset = 0
+        self.topic_id: str | None = None
+        self.caught_up_at_ms = 0
+        try:
+            self._load_meta()
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def open(cls, path: Path) -> "ReplicaStore":
+        """Open (or create) the replica at ``path``; an unreadable database raises StoreCorrupt."""
+        path.mkdir(parents=True, exist_ok=True)
+        try:
+            db = Rdict(str(path), _options(), column_families={META_CF: Options(raw_mode=True)})
+        except Exception as e:  # rocksdict raises bare Exception for every RocksDB status
+            raise StoreCorrupt(f"cannot open replica store {path}: {e}", path=str(path)) from None
+        return cls(path, db)
+
+    @staticmethod
+    def destroy(path: Path) -> None:
+        """Delete a (closed) replica's files; the changelog can rebuild it."""
+        shutil.rmtree(path, ignore_errors=True)
+
+    def _load_meta(self) -> None:
+        assert self._meta is not None and self._db is not None
+        try:
+            fmt = self._meta.get(_FORMAT)
+            applied = self._meta.get(_APPLIED)
+            topic_id = self._meta.get(_TOPIC_ID)
+            caught_up = self._meta.get(_CAUGHT_UP_AT)
+            if fmt is None:
+                # A store without a format marker is either brand new or was never checkpointed:
+                # rows without a checkpoint cannot be trusted.
+                it = self._db.iter()
+                it.seek_to_first()
+                has_rows = it.valid()
+                del it
+                if has_rows or applied is not None:
+                    raise StoreCorrupt(f"replica store {self.path} has rows but no checkpoint", path=str(self.path))
+                self._meta.put(_FORMAT, _FORMAT_VERSION)
+                return
+            if fmt != _FORMAT_VERSION:
+                raise StoreCorrupt(f"replica store {self.path} has unknown format {fmt!r}", path=str(self.path))
+            self.applied_offset = _int(applied) if applied is not None else 0
+            self.topic_id = topic_id.decode() if topic_id else None
+            self.caught_up_at_ms = _int(caught_up) if caught_up is not None else 0
+        except StoreCorrupt:
+            raise
+        except Exception as e:
+            raise StoreCorrupt(f"cannot read checkpoint of {self.path}: {e}", path=str(self.path)) from None
+        if self.applied_offset < 0:
+            raise StoreCorrupt(f"replica store {self.path} has a negative checkpoint", path=str(self.path))
+
+    @property
+    def closed(self) -> bool:
+        return self._db is None
+
+    def apply(self, changes: Iterable[tuple[bytes, bytes | None]], next_offset: int,
+              caught_up_at_ms: int | None = None) -> None:
+        """Upsert/delete rows (None = tombstone) and move the checkpoint to ``next_offset``, atomically."""
+        db = self._db
+        if db is None:
+            raise StoreCorrupt(f"replica store {self.path} is closed", path=str(self.path))
+        batch = WriteBatch(raw_mode=True)
+        for key, value in changes:
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        batch.put(_APPLIED, _bytes(next_offset), self._meta_cf)
+        if caught_up_at_ms is not None:
+            batch.put(_CAUGHT_UP_AT, _bytes(caught_up_at_ms), self._meta_cf)
+        try:
+            db.write(batch)
+        except Exception as e:
+            raise StoreCorrupt(f"cannot write replica store {self.path}: {e}", path=str(self.path)) from None
+        self.applied_offset = next_offset
+        if caught_up_at_ms is not None:
+            self.caught_up_at_ms = caught_up_at_ms
+
+    def set_topic_id(self, topic_id: str) -> None:
+        """Remember which incarnation of the changelog topic these rows came from."""
+        assert self._meta is not None
+        self._meta.put(_TOPIC_ID, topic_id.encode())
+        self.topic_id = topic_id
+
+    def get(self, key: bytes) -> bytes | None:
+        db = self._db
+        if db is None:
+            raise StoreCorrupt(f"replica store {self.path} is closed", path=str(self.path))
+        try:
+            return db.get(key)
+        except Exception as e:
+            raise StoreCorrupt(f"cannot read replica store {self.path}: {e}", path=str(self.path)) from None
+
+    def scan(self, lower: bytes, upper: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
+        """Up to ``limit`` rows with ``lower <= key < upper`` in key order."""
+        db = self._db
+        if db is None:
+            raise StoreCorrupt(f"replica store {self.path} is closed", path=str(self.path))
+        read_opts = ReadOptions()
+        if upper is not None:
+            read_opts.set_iterate_upper_bound(upper)
+        out: list[tuple[bytes, bytes]] = []
+        try:
+            it = db.iter(read_opts)
+            it.seek(lower)
+            while len(out) < limit and it.valid():
+                out.append((it.key(), it.value()))
+                it.next()
+            del it
+        except Exception as e:
+            raise StoreCorrupt(f"cannot scan replica store {self.path}: {e}", path=str(self.path)) from None
+        return out
+
+    def flush(self) -> None:
+        if self._db is not None:
+            self._db.flush_wal(True)
+
+    def close(self) -> None:
+        """Close the database; drops every handle first so that RocksDB releases its lock."""
+        db, self._db = self._db, None
+        self._meta = None
+        self._meta_cf = None  # type: ignore[assignment]
+        if db is not None:
+            try:
+                db.flush_wal(True)
+            except Exception:
+                pass  # a store that cannot flush is about to be wiped or was cleanly written already
+            db.close()

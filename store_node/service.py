@@ -1,0 +1,217 @@
+"""The store node's internal gRPC API: reads of the table-partitions it hosts.
+
+Every answer carries the answering replica's status (role, state, position, lag); a read
+the replica cannot answer within the caller's bound is refused with TOO_STALE, never
+answered out of bound. ``Read`` is the router's hot path — a long-lived stream of batches —
+so it computes each replica's status once per batch and logs nothing on success. RocksDB
+point reads take microseconds, so they run directly on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, AsyncIterator, Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from freshroute.errors import StoreCorrupt
+from freshroute.metadata import ReplicaState, Role, now_ms
+from proto import store_pb2, store_pb2_grpc
+from store_node.bounds import refusal
+from store_node.lag import LagSnapshot
+from store_node.replica_store import scan_range
+
+if TYPE_CHECKING:
+    from store_node.node import StoreNode
+    from store_node.replica import Replica
+    from store_node.settings import StoreNodeSettings
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = store_pb2.DESCRIPTOR.services_by_name["StoreNode"].full_name
+SCAN_CHUNK = 512
+
+_ROLE = {Role.ACTIVE: store_pb2.ACTIVE, Role.STANDBY: store_pb2.STANDBY}
+_STATE = {ReplicaState.RESTORING: store_pb2.RESTORING, ReplicaState.ACTIVE: store_pb2.SERVING_ACTIVE,
+          ReplicaState.STANDBY: store_pb2.SERVING_STANDBY}
+_OK, _NOT_FOUND, _TOO_STALE, _NOT_HOSTED, _ERROR = (store_pb2.OK, store_pb2.NOT_FOUND, store_pb2.TOO_STALE,
+                                                     store_pb2.NOT_HOSTED, store_pb2.ERROR)
+
+
+def replica_status(node_id: str, rep: "Replica", lag: LagSnapshot) -> store_pb2.ReplicaStatus:
+    end = lag.applied if lag.end is None else max(lag.end, lag.applied)
+    return store_pb2.ReplicaStatus(node=node_id, role=_ROLE[rep.role], state=_STATE[rep.state],
+                                   applied_offset=lag.applied, end_offset=end,
+                                   lag_offsets=end - lag.applied, staleness_ms=lag.staleness_ms)
+
+
+class _Reader:
+    """Answers key reads against one snapshot of the hosted replicas, caching each replica's status."""
+
+    __slots__ = ("node_id", "serving", "now", "cache")
+
+    def __init__(self, node_id: str, serving, now: int) -> None:
+        self.node_id = node_id
+        self.serving = serving
+        self.now = now
+        self.cache: dict = {}
+
+    def read(self, read: store_pb2.KeyRead) -> store_pb2.KeyResult:
+        rep = self.serving.get((read.table, read.partition))
+        if rep is None:
+            return store_pb2.KeyResult(id=read.id, status=_NOT_HOSTED,
+                                       message=f"{read.table}/{read.partition} is not hosted by {self.node_id}")
+        cached = self.cache.get(rep)
+        if cached is None:
+            # Take the store before the lag: the store can only be newer than the lag says.
+            store = rep.store
+            lag = rep.lag.snapshot(self.now)
+            cached = self.cache[rep] = (store, lag, replica_status(self.node_id, rep, lag))
+        store, lag, status = cached
+        if store is None:
+            return store_pb2.KeyResult(id=read.id, status=_TOO_STALE, replica=status,
+                                       message="replica is being rebuilt from its changelog")
+        bound = read.bound
+        why = refusal(lag, bound.max_lag if bound.HasField("max_lag") else None,
+                      bound.max_staleness_ms if bound.HasField("max_staleness_ms") else None, bound.min_offset)
+        if why is not None:
+            return store_pb2.KeyResult(id=read.id, status=_TOO_STALE, replica=status, message=why)
+        try:
+            value = store.get(read.key)
+        except StoreCorrupt as e:
+            return self._failed(read, rep, store, status, e)
+        if value is None:
+            return store_pb2.KeyResult(id=read.id, status=_NOT_FOUND, replica=status)
+        return store_pb2.KeyResult(id=read.id, status=_OK, value=value, replica=status)
+
+    def _failed(self, read, rep: "Replica", store, status, e: StoreCorrupt) -> store_pb2.KeyResult:
+        if rep.store is not store:
+            # Closed under us: moved away or being rebuilt. Not a failure of the data.
+            hosted = self.serving.get(rep.key) is rep
+            return store_pb2.KeyResult(id=read.id, status=_TOO_STALE if hosted else _NOT_HOSTED, replica=status,
+                                       message="replica is being rebuilt" if hosted else "replica moved away")
+        rep.mark_corrupt(e.message)
+        log.error("replica %s/%d: read failed, it will be rebuilt: %s", rep.table, rep.partition, e.message)
+        return store_pb2.KeyResult(id=read.id, status=_ERROR, replica=status, message="replica store failed a read")
+
+
+class StoreNodeService(store_pb2_grpc.StoreNodeServicer):
+    """Reads of hosted replicas, bounded by each caller's freshness bound."""
+
+    def __init__(self, node: "StoreNode", clock: Callable[[], int] = now_ms) -> None:
+        self._node = node
+        self._node_id = node.node_id
+        self._clock = clock
+
+    def _reader(self) -> _Reader:
+        return _Reader(self._node_id, self._node.serving, self._clock())
+
+    async def Get(self, request: store_pb2.KeyRead, context) -> store_pb2.KeyResult:
+        return self._reader().read(request)
+
+    async def BatchGet(self, request: store_pb2.ReadBatch, context) -> store_pb2.ResultBatch:
+        reader = self._reader()
+        return store_pb2.ResultBatch(results=[reader.read(r) for r in request.reads])
+
+    async def Read(self, request_iterator: AsyncIterator[store_pb2.ReadBatch], context) -> AsyncIterator[store_pb2.ResultBatch]:
+        async for batch in request_iterator:
+            reader = self._reader()
+            yield store_pb2.ResultBatch(results=[reader.read(r) for r in batch.reads])
+
+    async def Scan(self, request: store_pb2.ScanRequest, context) -> AsyncIterator[store_pb2.ScanChunk]:
+        rep = self._node.serving.get((request.table, request.partition))
+        if rep is None:
+            yield store_pb2.ScanChunk(status=_NOT_HOSTED,
+                                      message=f"{request.table}/{request.partition} is not hosted by {self._node_id}")
+            return
+        store = rep.store
+        epoch = rep.epoch
+        lag = rep.lag.snapshot(self._clock())
+        status = replica_status(self._node_id, rep, lag)
+        if store is None:
+            yield store_pb2.ScanChunk(status=_TOO_STALE, replica=status, message="replica is being rebuilt")
+            return
+        b = request.bound
+        why = refusal(lag, b.max_lag if b.HasField("max_lag") else None,
+                      b.max_staleness_ms if b.HasField("max_staleness_ms") else None, b.min_offset)
+        if why is not None:
+            yield store_pb2.ScanChunk(status=_TOO_STALE, replica=status, message=why)
+            return
+        lower, upper = scan_range(request.prefix, request.start, request.end)
+        remaining = request.limit or None
+        sent_any = False
+        while True:
+            n = SCAN_CHUNK if remaining is None else min(SCAN_CHUNK, remaining)
+            if rep.store is not store or rep.epoch != epoch:
+                # Chunks after the first would mix two incarnations of the replica.
+                yield store_pb2.ScanChunk(status=_ERROR, replica=status,
+                                          message="replica was rebuilt or moved during the scan; retry")
+                return
+            try:
+                rows = store.scan(lower, upper, n) if n > 0 else []
+            except StoreCorrupt as e:
+                yield store_pb2.ScanChunk(status=_ERROR, replica=status, message=f"scan failed: {e.message}")
+                return
+            if rows or not sent_any:
+                yield store_pb2.ScanChunk(status=_OK, replica=status,
+                                          entries=[store_pb2.ScanEntry(key=k, value=v) for k, v in rows])
+                sent_any = True
+            if remaining is not None:
+                remaining -= len(rows)
+            if len(rows) < n or (remaining is not None and remaining <= 0):
+                return
+            lower = rows[-1][0] + b"\x00"
+            # Later chunks report the replica as it is when they are read (it only moves forward).
+            status = replica_status(self._node_id, rep, rep.lag.snapshot(self._clock()))
+
+    async def Status(self, request: store_pb2.StatusRequest, context) -> store_pb2.NodeStatus:
+        now = self._clock()
+        out = store_pb2.NodeStatus(node=self._node_id, draining=self._node.draining)
+        for key, rep in sorted(self._node.serving.items()):
+            out.replicas.append(replica_status(self._node_id, rep, rep.lag.snapshot(now)))
+            out.tables.append(f"{key[0]}/{key[1]}")
+            c = rep.counters
+            out.counters.append(store_pb2.ReplicaCounters(records_applied=c.records_applied,
+                                                          records_skipped=c.records_skipped,
+                                                          restores=c.restores, resumed_from=c.resumed_from))
+        return out
+
+
+class HealthReporter:
+    """Keeps the standard health service in step with the node: NOT_SERVING while restoring or draining."""
+
+    def __init__(self, ready: Callable[[], bool], period_s: float = 0.2) -> None:
+        self.servicer = health.aio.HealthServicer()
+        self._ready = ready
+        self._period = period_s
+        self._last: int | None = None
+
+    async def run(self) -> None:
+        while True:
+            await self.update()
+            await asyncio.sleep(self._period)
+
+    async def update(self) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if self._ready() else \
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        if status != self._last:
+            self._last = status
+            await self.servicer.set("", status)
+            await self.servicer.set(SERVICE_NAME, status)
+
+
+def create_server(settings: "StoreNodeSettings", node: "StoreNode") -> tuple[grpc.aio.Server, int]:
+    """Wire the gRPC server (store API, the node's health service, reflection) and bind it; port 0 picks one."""
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 16 << 20),
+                                      ("grpc.max_send_message_length", 64 << 20)])
+    store_pb2_grpc.add_StoreNodeServicer_to_server(StoreNodeService(node), server)
+    health_pb2_grpc.add_HealthServicer_to_server(node.health.servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    if port == 0:
+        raise OSError(f"cannot bind {settings.host}:{settings.port}")
+    return server, port
