@@ -1,0 +1,143 @@
+"""An in-memory :class:`StoreClient`: the router's test seam, and a way to measure the router alone.
+
+Fake nodes host replicas with a lag of their choosing, enforce bounds the way a store node
+does, and can be taken down or slowed down to exercise failover and hedging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Awaitable
+
+from freshroute.errors import ReplicaUnavailable
+from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
+
+from router.snapshot import Snapshot, build_snapshot
+from router.store_client import ReadResult, ReadStatus, ReplicaStatus, ScanResult, StoreBound
+
+
+@dataclass
+class FakeReplica:
+    role: Role = Role.ACTIVE
+    applied: int = 0
+    end: int = 0
+    staleness_ms: int = 0
+    restoring: bool = False
+    data: dict[bytes, bytes] = field(default_factory=dict)
+
+    @property
+    def state(self) -> ReplicaState:
+        if self.restoring:
+            return ReplicaState.RESTORING
+        return ReplicaState.ACTIVE if self.role is Role.ACTIVE else ReplicaState.STANDBY
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.end - self.applied)
+
+
+@dataclass
+class FakeNode:
+    node: str
+    address: str
+    replicas: dict[tuple[str, int], FakeReplica] = field(default_factory=dict)
+    down: bool = False
+    delay_s: float = 0.0
+    reads: int = 0
+    scans: int = 0
+
+    def host(self, table: str, partition: int, **kw) -> FakeReplica:
+        replica = self.replicas[(table, partition)] = FakeReplica(**kw)
+        return replica
+
+    def report(self, heartbeat_ms: int) -> NodeReport:
+        """The heartbeat this node would publish."""
+        return NodeReport(self.node, self.address, heartbeat_ms, tuple(
+            ReplicaReport(t, p, r.role, r.state, r.applied, r.end, r.staleness_ms)
+            for (t, p), r in sorted(self.replicas.items())))
+
+    def status(self, table: str, partition: int) -> ReplicaStatus:
+        r = self.replicas[(table, partition)]
+        return ReplicaStatus(self.node, r.role, r.state, r.applied, r.end, r.lag, r.staleness_ms)
+
+    def answer(self, table: str, partition: int, key: bytes, bound: StoreBound) -> ReadResult:
+        replica = self.replicas.get((table, partition))
+        if replica is None:
+            return ReadResult(ReadStatus.NOT_HOSTED, message=f"{self.node} does not host {table}/{partition}")
+        status = self.status(table, partition)
+        if not _meets(replica, bound):
+            return ReadResult(ReadStatus.TOO_STALE, replica=status, message="behind the bound")
+        value = replica.data.get(key)
+        if value is None:
+            return ReadResult(ReadStatus.NOT_FOUND, replica=status)
+        return ReadResult(ReadStatus.OK, value, status)
+
+
+def _meets(r: FakeReplica, bound: StoreBound) -> bool:
+    if bound.max_lag is not None and r.lag > bound.max_lag:
+        return False
+    if bound.max_staleness_ms is not None and r.staleness_ms > bound.max_staleness_ms:
+        return False
+    return r.applied >= bound.min_offset
+
+
+class InMemoryStoreClient:
+    """A :class:`StoreClient` whose nodes live in a dict, keyed by address."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, FakeNode] = {}
+
+    def add_node(self, node: str, address: str | None = None) -> FakeNode:
+        fake = self.nodes[address or f"{node}:0"] = FakeNode(node, address or f"{node}:0")
+        return fake
+
+    def reports(self, heartbeat_ms: int) -> list[NodeReport]:
+        return [n.report(heartbeat_ms) for n in self.nodes.values()]
+
+    def read(self, address: str, table: str, partition: int, key: bytes, bound: StoreBound) -> Awaitable[ReadResult]:
+        node = self.nodes.get(address)
+        if node is None or node.down or node.delay_s:
+            return self._slow_read(node, address, table, partition, key, bound)
+        node.reads += 1
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(node.answer(table, partition, key, bound))
+        return fut
+
+    async def _slow_read(self, node: FakeNode | None, address: str, table: str, partition: int, key: bytes,
+                         bound: StoreBound) -> ReadResult:
+        if node is None or node.down:
+            raise ReplicaUnavailable(f"store node {address}: connection refused", node_address=address)
+        node.reads += 1
+        await asyncio.sleep(node.delay_s)
+        if node.down:
+            raise ReplicaUnavailable(f"store node {address}: stream closed", node_address=address)
+        return node.answer(table, partition, key, bound)
+
+    async def scan(self, address: str, table: str, partition: int, prefix: bytes, start: bytes, end: bytes,
+                   limit: int, bound: StoreBound, timeout_s: float) -> ScanResult:
+        node = self.nodes.get(address)
+        if node is None or node.down:
+            raise ReplicaUnavailable(f"store node {address}: connection refused", node_address=address)
+        node.scans += 1
+        replica = node.replicas.get((table, partition))
+        if replica is None:
+            return ScanResult(ReadStatus.NOT_HOSTED, [])
+        status = node.status(table, partition)
+        if not _meets(replica, bound):
+            return ScanResult(ReadStatus.TOO_STALE, [], status)
+        keys = sorted(k for k in replica.data
+                      if k.startswith(prefix) and k >= start and (not end or k < end))
+        return ScanResult(ReadStatus.OK, [(k, replica.data[k]) for k in keys[:limit or None]], status)
+
+    def forget(self, live_addresses: set[str]) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+def fake_snapshot(store: InMemoryStoreClient, tables: list[TableSpec], now: int, node_expiry_ms: int = 2000,
+                  assignment: Assignment | None = None) -> Snapshot:
+    """The snapshot the router would build from these fake nodes' heartbeats at ``now``."""
+    return build_snapshot({t.name: t for t in tables}, store.reports(now), assignment, now, node_expiry_ms)

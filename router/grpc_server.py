@@ -1,0 +1,195 @@
+"""gRPC surface of the router (grpc.aio): the Router service, health, and server reflection.
+
+Errors leave through :func:`abort` only: the status code comes from the error class, and
+the trailing metadata ``freshroute-error`` carries the same JSON body REST returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, AsyncIterator, NoReturn
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from freshroute.errors import FreshrouteError, InvalidArgument
+from proto import router_pb2, router_pb2_grpc
+
+from router.bounds import NO_BOUND, Bound, parse_bound
+from router.routing import LookupResult, ReplicaInfo, Router, key_not_found
+from router.settings import RouterSettings
+
+log = logging.getLogger("freshroute.router.grpc")
+
+ERROR_TRAILER = "freshroute-error"
+SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
+
+# Every page of a gRPC Scan stream is one router scan; a stream ends after this many pages
+# even if the client asked for everything (it can resume from the last key it received).
+_MAX_SCAN_PAGES = 10_000
+
+
+async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
+    """The single translation of errors to gRPC: status from the error class, JSON body in the trailer."""
+    if not isinstance(exc, FreshrouteError):
+        log.error("unexpected error serving a gRPC call", exc_info=exc)
+        exc = FreshrouteError("internal error")
+    # Metadata values must be ASCII; the JSON body escapes anything else.
+    body = json.dumps(exc.to_body(), ensure_ascii=True, separators=(",", ":"), default=str)
+    await context.abort(exc.grpc_status, exc.message, trailing_metadata=((ERROR_TRAILER, body),))
+    raise AssertionError("context.abort returned")  # pragma: no cover — abort always raises
+
+
+def _bound(table: str, request: Any) -> Bound:
+    if not request.HasField("bound"):
+        return NO_BOUND
+    b = request.bound
+    return parse_bound(table, b.max_lag if b.HasField("max_lag") else None,
+                       b.max_staleness_ms if b.HasField("max_staleness_ms") else None, b.min_position or None)
+
+
+def _get_response(r: LookupResult) -> router_pb2.GetResponse:
+    return router_pb2.GetResponse(
+        table=r.table, key=r.key, value_json=r.value.decode("utf-8") if r.found else "", partition=r.partition,
+        served_by=router_pb2.ServedBy(node=r.node, role=r.role),
+        lag=router_pb2.Lag(offsets=r.lag_offsets, ms=r.lag_ms), position=r.position, found=r.found)
+
+
+def _replica_info(i: ReplicaInfo) -> router_pb2.ReplicaInfo:
+    return router_pb2.ReplicaInfo(node=i.node, address=i.address, role=i.role, state=i.state or "", alive=i.alive,
+                                  lag=router_pb2.Lag(offsets=i.lag_offsets, ms=i.lag_ms), applied_offset=i.applied,
+                                  end_offset=i.end)
+
+
+class RouterServicer(router_pb2_grpc.RouterServicer):
+    """The public Router service over :class:`Router`."""
+
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    def _parse_bound(self, table: str, request: Any) -> Bound:
+        try:
+            return _bound(table, request)
+        except InvalidArgument:
+            self._router.metrics.lookup("invalid", "none", 0.0)
+            raise
+
+    async def Get(self, request: router_pb2.GetRequest, context: grpc.aio.ServicerContext) -> router_pb2.GetResponse:
+        try:
+            result = await self._router.get(request.table, request.key, self._parse_bound(request.table, request))
+            if not result.found:
+                raise key_not_found(result)
+            return _get_response(result)
+        except Exception as e:  # noqa: BLE001 — every error leaves through abort()
+            await abort(context, e)
+
+    async def BatchGet(self, request: router_pb2.BatchGetRequest,
+                       context: grpc.aio.ServicerContext) -> router_pb2.BatchGetResponse:
+        try:
+            keys = list(request.keys)
+            results = await self._router.batch_get(request.table, keys, self._parse_bound(request.table, request))
+            failed = [r for r in results if isinstance(r, FreshrouteError)]
+            if failed:
+                # The response has no per-key error field: the first failure fails the call,
+                # saying how many keys could not be read.
+                err = failed[0]
+                err.details["keys_failed"] = len(failed)
+                raise err
+            return router_pb2.BatchGetResponse(results=[_get_response(r) for r in results])  # type: ignore[arg-type]
+        except Exception as e:  # noqa: BLE001
+            await abort(context, e)
+
+    async def Scan(self, request: router_pb2.ScanRequest,
+                   context: grpc.aio.ServicerContext) -> AsyncIterator[router_pb2.ScanItem]:
+        try:
+            bound = self._parse_bound(request.table, request)
+            wanted = request.limit or None  # 0: everything
+            page_size = self._router.settings.scan_max_limit
+            token = request.page_token or None
+            sent = 0
+            for _ in range(_MAX_SCAN_PAGES):
+                size = page_size if wanted is None else min(page_size, wanted - sent)
+                page = await self._router.scan(request.table, request.prefix, request.start, request.end, size,
+                                               token, bound)
+                for key, value, partition in page.items:
+                    yield router_pb2.ScanItem(key=key, value_json=value.decode("utf-8"), partition=partition)
+                sent += len(page.items)
+                token = page.next_page_token
+                if token is None or (wanted is not None and sent >= wanted):
+                    return
+        except Exception as e:  # noqa: BLE001
+            await abort(context, e)
+
+    async def KeyMetadata(self, request: router_pb2.KeyMetadataRequest,
+                          context: grpc.aio.ServicerContext) -> router_pb2.KeyMetadataResponse:
+        try:
+            loc = self._router.key_metadata(request.table, request.key)
+            return router_pb2.KeyMetadataResponse(
+                table=loc.table, key=loc.key, partition=loc.partition,
+                active=_replica_info(loc.active) if loc.active else None,
+                standbys=[_replica_info(s) for s in loc.standbys])
+        except Exception as e:  # noqa: BLE001
+            await abort(context, e)
+
+    async def ListTables(self, request: router_pb2.ListTablesRequest,
+                         context: grpc.aio.ServicerContext) -> router_pb2.ListTablesResponse:
+        try:
+            return router_pb2.ListTablesResponse(tables=[
+                router_pb2.TableInfo(name=t.spec.name, topic=t.spec.topic, partitions=t.spec.partitions,
+                                     standby_replicas=t.spec.standby_replicas, key_column=t.spec.key_column,
+                                     schema=dict(t.spec.value_schema))
+                for t in self._router.list_tables()])
+        except Exception as e:  # noqa: BLE001
+            await abort(context, e)
+
+    async def Cluster(self, request: router_pb2.ClusterRequest,
+                      context: grpc.aio.ServicerContext) -> router_pb2.ClusterResponse:
+        try:
+            view = self._router.cluster()
+            nodes = []
+            for n in view["nodes"]:
+                replicas = [router_pb2.PartitionReplica(
+                    table=r["table"], partition=r["partition"],
+                    replica=router_pb2.ReplicaInfo(
+                        node=r["node"], address=r["address"], role=r["role"], state=r["state"] or "",
+                        alive=r["alive"], lag=router_pb2.Lag(offsets=r["lag"]["offsets"], ms=r["lag"]["ms"]),
+                        applied_offset=r["applied_offset"], end_offset=r["end_offset"]))
+                    for r in n["replicas"]]
+                nodes.append(router_pb2.NodeInfo(node=n["node"], address=n["address"], alive=n["alive"],
+                                                 heartbeat_age_ms=n["heartbeat_age_ms"] or 0, replicas=replicas))
+            return router_pb2.ClusterResponse(nodes=nodes, assignment_generation=view["assignment_generation"] or 0)
+        except Exception as e:  # noqa: BLE001
+            await abort(context, e)
+
+
+def create_grpc_server(settings: RouterSettings, router: Router) -> tuple[grpc.aio.Server, int]:
+    """A grpc.aio server (not started) with Router, health and reflection, bound to ``settings.grpc_port``.
+
+    Call from a running event loop. Returns the bound port, so ``grpc_port=0`` lets the OS pick.
+    """
+    loop = asyncio.get_running_loop()
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(router), server)
+
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    pending: set[asyncio.Task[None]] = set()
+
+    def on_ready(ready: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            task = loop.create_task(health.set(name, status))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+
+    router.add_ready_listener(on_ready)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
+    if not port:
+        raise RuntimeError(f"cannot bind gRPC to {settings.host}:{settings.grpc_port}")
+    return server, port

@@ -1,0 +1,132 @@
+"""Wiring of the router process: one event loop serving REST and gRPC over one :class:`Router`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from typing import Any, Iterator
+
+import uvicorn
+
+from router.grpc_server import create_grpc_server
+from router.rest import create_app
+from router.routing import Router
+from router.settings import RouterSettings
+from router.snapshot import MetadataRefresher, Snapshot
+from router.store_client import GrpcStoreClient, StoreClient
+
+log = logging.getLogger("freshroute.router")
+
+
+class RouterRuntime:
+    """Redis client, metadata refresher, store client and :class:`Router` of one process."""
+
+    def __init__(self, settings: RouterSettings, *, store: StoreClient | None = None, redis_client: Any = None) -> None:
+        self.settings = settings
+        self.redis = redis_client if redis_client is not None else _redis(settings)
+        self.store = store if store is not None else GrpcStoreClient()
+        self.refresher = MetadataRefresher(self.redis, settings.namespace, settings.refresh_ms, settings.node_expiry_ms,
+                                           settings.redis_timeout_ms, settings.redis_reset_grace_ms,
+                                           on_swap=self._on_swap)
+        self.router = Router(settings, self.refresher, self.store)
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def _on_swap(self, snap: Snapshot) -> None:
+        self.router.on_snapshot(snap)
+
+    async def start(self) -> None:
+        """Load a first snapshot (if Redis answers) and keep refreshing in the background."""
+        await self.refresher.refresh_once()
+        self._task = asyncio.create_task(self.refresher.run(self._stop), name="metadata-refresh")
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+        await self.store.close()
+        await self.redis.aclose()
+
+
+def _redis(settings: RouterSettings) -> Any:
+    import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    timeout_s = settings.redis_timeout_ms / 1000
+    # No client-side retries: a failed refresh is simply retried at the next tick, and
+    # retries with backoff would only stretch one refresh across several.
+    return aioredis.Redis.from_url(settings.redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                   retry=Retry(NoBackoff(), 0))
+
+
+class _RestServer(uvicorn.Server):
+    """uvicorn without its own signal handling: :func:`serve` stops REST and gRPC together."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> None:
+    """Serve REST and gRPC until ``stop`` is set or SIGTERM/SIGINT arrives, then stop gracefully."""
+    stop = stop if stop is not None else asyncio.Event()
+    loop = asyncio.get_running_loop()
+    runtime = RouterRuntime(settings)
+    rest_sock = _listen(settings.host, settings.rest_port)
+    grpc_server = None
+    rest_task: asyncio.Task[None] | None = None
+    handled: list[int] = []
+    try:
+        await runtime.start()
+        grpc_server, grpc_port = create_grpc_server(settings, runtime.router)
+        rest = _RestServer(uvicorn.Config(create_app(settings, runtime.router), http="httptools", access_log=False,
+                                          lifespan="on", log_level=settings.log_level.lower(),
+                                          timeout_graceful_shutdown=max(1, int(settings.graceful_shutdown_s))))
+        await grpc_server.start()
+        rest_task = asyncio.create_task(rest.serve(sockets=[rest_sock]), name="rest")
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+                handled.append(sig)
+        rest_port = rest_sock.getsockname()[1]
+        log.info("router serving REST on http://%s:%d and gRPC on %s:%d", settings.host, rest_port, settings.host,
+                 grpc_port)
+        stop_wait = asyncio.create_task(stop.wait())
+        await asyncio.wait({stop_wait, rest_task}, return_when=asyncio.FIRST_COMPLETED)
+        stop_wait.cancel()
+        if rest_task.done():
+            log.error("REST server ended on its own; stopping")
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+        log.info("router stopping")
+        if rest_task is not None:
+            rest.should_exit = True
+        if grpc_server is not None:
+            await grpc_server.stop(settings.graceful_shutdown_s)
+        if rest_task is not None:
+            await asyncio.gather(rest_task, return_exceptions=True)
+        rest_sock.close()
+        await runtime.stop()
+        log.info("router stopped")
+
+
+def run(settings: RouterSettings) -> None:
+    """Serve REST and gRPC in this process until SIGTERM/SIGINT (blocking)."""
+    import uvloop
+
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvloop.run(serve(settings))

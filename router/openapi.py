@@ -1,0 +1,106 @@
+"""Models that document the REST surface in OpenAPI.
+
+They describe what the handlers write; the handlers themselves build responses with
+orjson and never validate through these models, which keeps the lookup path lean.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class ServedBy(BaseModel):
+    node: str
+    role: str = Field(description='"active" or "standby"')
+
+
+class Lag(BaseModel):
+    offsets: int = Field(description="offsets behind the changelog end")
+    ms: int = Field(description="ms since the serving replica was caught up")
+
+
+class KeyValue(BaseModel):
+    table: str
+    key: str
+    value: Any = Field(description="the table row, as the changelog holds it")
+    partition: int
+    served_by: ServedBy
+    lag: Lag
+    position: str = Field(description="pass back as min_position for monotonic reads")
+
+
+class ErrorDetail(BaseModel, extra="allow"):
+    code: str = Field(description="stable code, e.g. KEY_NOT_FOUND, TABLE_NOT_FOUND, NO_REPLICA_WITHIN_BOUND")
+    message: str
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class BatchGetRequest(BaseModel):
+    keys: list[str]
+    max_lag: int | None = Field(default=None, ge=0)
+    max_staleness_ms: int | None = Field(default=None, ge=0)
+    min_position: str | None = None
+
+
+class BatchItem(BaseModel):
+    key: str
+    found: bool
+    value: Any = None
+    partition: int | None = None
+    served_by: ServedBy | None = None
+    lag: Lag | None = None
+    position: str | None = None
+    error: ErrorDetail | None = None
+
+
+class BatchGetResponse(BaseModel):
+    table: str
+    results: list[BatchItem]
+    position: str | None = Field(default=None, description="the latest position of every partition read")
+
+
+class ScanItem(BaseModel):
+    key: str
+    value: Any
+    partition: int
+
+
+class ScanPartition(BaseModel):
+    partition: int
+    served_by: ServedBy
+    lag: Lag
+    position: str
+
+
+class ScanResponse(BaseModel):
+    table: str
+    items: list[ScanItem]
+    next_page_token: str | None
+    partitions: list[ScanPartition]
+
+
+def bound_parameters(query: bool = True) -> list[dict[str, Any]]:
+    """The freshness-bound query parameters, documented by hand because they are parsed by hand."""
+    return [
+        {"name": "max_lag", "in": "query", "required": False,
+         "schema": {"type": "integer", "minimum": 0},
+         "description": "at most this many changelog offsets behind (default: the table's)"},
+        {"name": "max_staleness_ms", "in": "query", "required": False,
+         "schema": {"type": "integer", "minimum": 0},
+         "description": "at most this many ms since the replica was caught up (default: the table's)"},
+        {"name": "min_position", "in": "query", "required": False, "schema": {"type": "string"},
+         "description": "a position token from an earlier response: answer at least that fresh"},
+    ]
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "malformed bound, token or argument (INVALID_ARGUMENT)"},
+    404: {"model": ErrorBody, "description": "TABLE_NOT_FOUND or KEY_NOT_FOUND (the latter with partition, served_by, lag)"},
+    503: {"model": ErrorBody, "description": "NO_REPLICA_WITHIN_BOUND (with the freshest lag available) or REPLICA_UNAVAILABLE"},
+    504: {"model": ErrorBody, "description": "no replica answered before the deadline (TIMEOUT)"},
+}

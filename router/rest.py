@@ -1,0 +1,298 @@
+"""REST surface of the router (FastAPI), documented in OpenAPI, with a lean key-lookup path.
+
+Every route is a FastAPI route, so ``/docs`` and ``/openapi.json`` describe them all. The
+two key routes (lookup and key metadata) are also answered by a raw ASGI layer in front
+of FastAPI's routing, with the same handler functions: it skips per-request dependency
+solving and model validation, and it splits the *raw* path, so keys containing ``/``
+(sent as ``%2F``) work.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+from urllib.parse import parse_qsl, unquote_to_bytes
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from freshroute.errors import FreshrouteError, InvalidArgument
+from freshroute.position import Position
+
+from router.bounds import NO_BOUND, Bound, parse_bound, parse_limit, parse_query_bound
+from router.openapi import (ERROR_RESPONSES, BatchGetRequest, BatchGetResponse, ErrorBody, KeyValue, ScanResponse,
+                            bound_parameters)
+from router.routing import LookupResult, Router, key_not_found
+from router.settings import RouterSettings
+
+log = logging.getLogger("freshroute.router.rest")
+
+_JSON = "application/json"
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+# ---- the one translation of errors to HTTP ------------------------------------------------
+
+def as_freshroute_error(exc: BaseException) -> FreshrouteError:
+    """Any exception as the project's error: ours as is, framework ones mapped, the rest INTERNAL."""
+    if isinstance(exc, FreshrouteError):
+        return exc
+    if isinstance(exc, RequestValidationError):
+        return InvalidArgument("invalid request", errors=[
+            {"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg", "")} for e in exc.errors()])
+    if isinstance(exc, StarletteHTTPException):
+        err = FreshrouteError(str(exc.detail))
+        err.code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "HTTP_ERROR")
+        err.http_status = exc.status_code
+        return err
+    log.error("unexpected error serving a request", exc_info=exc)
+    return FreshrouteError("internal error")
+
+
+def error_response(exc: BaseException) -> tuple[int, bytes]:
+    err = as_freshroute_error(exc)
+    return err.http_status, orjson.dumps(err.to_body())
+
+
+async def handle_error(request: Request, exc: Exception) -> Response:
+    """The single exception handler of the app (every error class is routed here)."""
+    status, body = error_response(exc)
+    return Response(body, status, media_type=_JSON)
+
+
+# ---- rendering ----------------------------------------------------------------------------
+
+def _value(raw: bytes) -> Any:
+    # The store's JSON bytes go into the response as they are: no decode, no re-encode.
+    return orjson.Fragment(raw) if raw else None
+
+
+def render_lookup(r: LookupResult) -> dict[str, Any]:
+    return {"table": r.table, "key": r.key, "value": _value(r.value), "partition": r.partition,
+            "served_by": {"node": r.node, "role": r.role}, "lag": {"offsets": r.lag_offsets, "ms": r.lag_ms},
+            "position": r.position}
+
+
+def _where(r: LookupResult) -> dict[str, Any]:
+    return {"served_by": {"node": r.node, "role": r.role}, "lag": {"offsets": r.lag_offsets, "ms": r.lag_ms},
+            "position": r.position}
+
+
+def _query(raw: bytes) -> dict[str, str]:
+    return dict(parse_qsl(raw.decode("utf-8", "replace"), keep_blank_values=True)) if raw else {}
+
+
+# ---- handlers shared by the FastAPI routes and the raw key routes -------------------------
+
+class KeyHandlers:
+    """The two key routes as plain functions of (table, key, query) → (status, body)."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    async def lookup(self, table: str, key: str, query: bytes) -> tuple[int, bytes]:
+        try:
+            try:
+                bound = parse_query_bound(table, _query(query)) if query else NO_BOUND
+            except InvalidArgument:
+                self.router.metrics.lookup("invalid", "none", 0.0)
+                raise
+            result = await self.router.get(table, key, bound)
+            if not result.found:
+                raise key_not_found(result)
+            return 200, orjson.dumps(render_lookup(result))
+        except FreshrouteError as e:
+            return error_response(e)
+
+    def metadata(self, table: str, key: str) -> tuple[int, bytes]:
+        try:
+            return 200, orjson.dumps(self.router.key_metadata(table, key).to_dict())
+        except FreshrouteError as e:
+            return error_response(e)
+
+
+def _segment(raw: bytes) -> str:
+    try:
+        return (unquote_to_bytes(raw) if b"%" in raw else raw).decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidArgument("path segments must be UTF-8") from None
+
+
+_PREFIX = b"/v1/tables/"
+
+
+def match_key_path(raw_path: bytes) -> tuple[bytes, bytes, bool] | None:
+    """``/v1/tables/{table}/keys/{key}[/metadata]`` split on the raw (still encoded) path."""
+    if not raw_path.startswith(_PREFIX):
+        return None
+    parts = raw_path[len(_PREFIX):].split(b"/")
+    if len(parts) == 3 and parts[1] == b"keys" and parts[0] and parts[2]:
+        return parts[0], parts[2], False
+    if len(parts) == 4 and parts[1] == b"keys" and parts[3] == b"metadata" and parts[0] and parts[2]:
+        return parts[0], parts[2], True
+    return None
+
+
+class KeyRoutes:
+    """Raw ASGI front for the key routes; everything else passes through to FastAPI."""
+
+    def __init__(self, app: ASGIApp, handlers: KeyHandlers) -> None:
+        self.app = app
+        self.handlers = handlers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "GET":
+            match = match_key_path(scope.get("raw_path") or scope["path"].encode())
+            if match is not None:
+                table_raw, key_raw, is_metadata = match
+                try:
+                    table, key = _segment(table_raw), _segment(key_raw)
+                except InvalidArgument as e:
+                    status, body = error_response(e)
+                else:
+                    if is_metadata:
+                        status, body = self.handlers.metadata(table, key)
+                    else:
+                        status, body = await self.handlers.lookup(table, key, scope.get("query_string", b""))
+                await send({"type": "http.response.start", "status": status,
+                            "headers": [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+# ---- the app ------------------------------------------------------------------------------
+
+def create_app(settings: RouterSettings, router: Router | None = None, *, fast_key_routes: bool = True) -> FastAPI:
+    """The REST app over ``router``; without one, the app builds and runs its own (Redis, gRPC store client)."""
+    runtime = None
+    if router is None:
+        from router.main import RouterRuntime  # wiring lives in main; imported here only when asked for
+
+        runtime = RouterRuntime(settings)
+        router = runtime.router
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if runtime is not None:
+            await runtime.start()
+        try:
+            yield
+        finally:
+            if runtime is not None:
+                await runtime.stop()
+
+    app = FastAPI(title="freshroute router", version="1.0",
+                  description="Key lookups on stream-materialized tables, served by the freshest replica "
+                              "within the caller's staleness bound.", lifespan=lifespan)
+    for exc_class in (FreshrouteError, RequestValidationError, StarletteHTTPException, Exception):
+        app.add_exception_handler(exc_class, handle_error)
+    handlers = KeyHandlers(router)
+    if fast_key_routes:
+        app.add_middleware(KeyRoutes, handlers=handlers)
+    app.state.router = router
+
+    def json(body: Any, status: int = 200) -> Response:
+        return Response(orjson.dumps(body), status, media_type=_JSON)
+
+    @app.get("/v1/tables", tags=["tables"], summary="Tables with partition count, replicas and schema")
+    async def list_tables() -> Response:
+        return json({"tables": [t.to_dict() for t in router.list_tables()]})
+
+    @app.get("/v1/tables/{table}/keys/{key}", tags=["lookups"], summary="Look up one key",
+             responses={200: {"model": KeyValue}, **ERROR_RESPONSES},
+             openapi_extra={"parameters": bound_parameters()})
+    async def get_key(table: str, key: str, request: Request) -> Response:
+        status, body = await handlers.lookup(table, key, request.scope.get("query_string", b""))
+        return Response(body, status, media_type=_JSON)
+
+    @app.get("/v1/tables/{table}/keys/{key}/metadata", tags=["lookups"],
+             summary="Where a key lives: partition, active and standbys with lag",
+             responses={404: {"model": ErrorBody}})
+    async def key_metadata(table: str, key: str) -> Response:
+        status, body = handlers.metadata(table, key)
+        return Response(body, status, media_type=_JSON)
+
+    @app.post("/v1/tables/{table}/keys:batchGet", tags=["lookups"], summary="Look up many keys",
+              responses={200: {"model": BatchGetResponse}, **ERROR_RESPONSES},
+              openapi_extra={"requestBody": {"required": True, "content": {_JSON: {
+                  "schema": BatchGetRequest.model_json_schema()}}}})
+    async def batch_get(table: str, request: Request) -> Response:
+        return json(await _batch_get(router, table, await request.body()))
+
+    @app.get("/v1/tables/{table}/scan", tags=["lookups"], summary="Keys in order across partitions, paged",
+             responses={200: {"model": ScanResponse}, **ERROR_RESPONSES},
+             openapi_extra={"parameters": [
+                 *({"name": n, "in": "query", "required": False, "schema": {"type": "string"}, "description": d}
+                   for n, d in (("prefix", "keys starting with this"), ("start", "first key (inclusive)"),
+                                ("end", "last key (exclusive)"), ("page_token", "from the previous page"))),
+                 {"name": "limit", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1},
+                  "description": f"page size (default {settings.scan_default_limit}, at most {settings.scan_max_limit})"},
+                 *bound_parameters()]})
+    async def scan(table: str, request: Request) -> Response:
+        q = _query(request.scope.get("query_string", b""))
+        limit = parse_limit("limit", q.get("limit"))
+        page = await router.scan(table, q.get("prefix", ""), q.get("start", ""), q.get("end", ""), limit,
+                                 q.get("page_token") or None, parse_query_bound(table, q))
+        return json({"table": page.table,
+                     "items": [{"key": k, "value": _value(v), "partition": p} for k, v, p in page.items],
+                     "next_page_token": page.next_page_token,
+                     "partitions": [{"partition": p, **_where(who)} for p, who in sorted(page.served_by.items())]})
+
+    @app.get("/v1/cluster", tags=["cluster"], summary="Nodes, liveness, assignment and per-replica lag")
+    async def cluster() -> Response:
+        return json(router.cluster())
+
+    @app.get("/healthz", tags=["ops"], summary="The process is up")
+    async def healthz() -> Response:
+        return json({"status": "ok"})
+
+    @app.get("/readyz", tags=["ops"], summary="Ready once routing metadata with tables is loaded")
+    async def readyz() -> Response:
+        snap = router.metadata.current
+        if router.ready:
+            return json({"status": "ready", "tables": len(snap.tables), "nodes": len(snap.nodes)})
+        reason = "no routing metadata loaded yet" if not snap.loaded else "no tables registered yet"
+        return json({"status": "not ready", "reason": reason}, 503)
+
+    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(router.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def _batch_get(router: Router, table: str, raw_body: bytes) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(raw_body or b"{}")
+    except orjson.JSONDecodeError:
+        raise InvalidArgument("the body must be a JSON object") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgument("the body must be a JSON object")
+    keys = doc.get("keys")
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise InvalidArgument("keys must be a list of strings", field="keys")
+    min_position = doc.get("min_position")
+    if min_position is not None and not isinstance(min_position, str):
+        raise InvalidArgument("min_position must be a position token", field="min_position")
+    bound: Bound = parse_bound(table, doc.get("max_lag"), doc.get("max_staleness_ms"), min_position)
+    results = await router.batch_get(table, keys, bound)
+    items: list[dict[str, Any]] = []
+    position: Position | None = None
+    for key, r in zip(keys, results):
+        if isinstance(r, LookupResult):
+            item = {"key": key, "found": r.found, "partition": r.partition, **_where(r)}
+            if r.found:
+                item["value"] = _value(r.value)
+            p = Position(table, {r.partition: r.applied})
+            position = p if position is None else position.merge(p)
+            items.append(item)
+        else:
+            items.append({"key": key, "found": False, **as_freshroute_error(r).to_body()})
+    return {"table": table, "results": items, "position": position.encode() if position else None}

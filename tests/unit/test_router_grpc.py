@@ -1,0 +1,153 @@
+import json
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from freshroute.position import Position
+from proto import router_pb2, router_pb2_grpc
+
+from router.grpc_server import ERROR_TRAILER, create_grpc_server
+from router.routing import Router
+from router.settings import RouterSettings
+from router.snapshot import FixedSnapshot, Snapshot
+from router.fake_store import InMemoryStoreClient
+
+from .test_router_rest import KEYS, TABLE, Cluster, part
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture
+async def grpc_cluster():
+    cluster = Cluster(RouterSettings(grpc_port=0, request_timeout_ms=500, attempt_timeout_ms=200, hedge=False))
+    server, port = create_grpc_server(cluster.settings, cluster.router)
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield cluster, router_pb2_grpc.RouterStub(channel), channel
+    finally:
+        await channel.close()
+        await server.stop(None)
+
+
+def trailer(err: grpc.aio.AioRpcError) -> dict:
+    md = dict(err.trailing_metadata() or ())
+    return json.loads(md[ERROR_TRAILER])["error"]
+
+
+async def test_get_found(grpc_cluster):
+    cluster, stub, _ = grpc_cluster
+    r = await stub.Get(router_pb2.GetRequest(table=TABLE, key="sensor-3"))
+    assert r.found and r.table == TABLE and r.key == "sensor-3" and r.partition == part("sensor-3")
+    assert json.loads(r.value_json) == {"count": 3, "avg": 1.5}
+    assert r.served_by.node in {"n1", "n2"} and r.served_by.role in {"active", "standby"}
+    assert (r.lag.offsets, r.lag.ms) == (0, 0)
+    assert Position.decode(r.position).offset_for(r.partition) == 100
+
+
+async def test_get_missing_key_not_found_with_trailer(grpc_cluster):
+    _, stub, _ = grpc_cluster
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.Get(router_pb2.GetRequest(table=TABLE, key="nope"))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    body = trailer(e.value)
+    assert body["code"] == "KEY_NOT_FOUND" and body["partition"] == part("nope")
+    assert body["served_by"]["node"] in {"n1", "n2"} and body["lag"] == {"offsets": 0, "ms": 0}
+
+
+async def test_unknown_table_not_found(grpc_cluster):
+    _, stub, _ = grpc_cluster
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.Get(router_pb2.GetRequest(table="nope", key="k"))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND and trailer(e.value)["code"] == "TABLE_NOT_FOUND"
+
+
+@pytest.mark.parametrize("bound,field", [(router_pb2.Bound(max_lag=-1), "max_lag"),
+                                         (router_pb2.Bound(max_staleness_ms=-5), "max_staleness_ms"),
+                                         (router_pb2.Bound(min_position="garbage"), "min_position")])
+async def test_invalid_bound_invalid_argument(grpc_cluster, bound, field):
+    _, stub, _ = grpc_cluster
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.Get(router_pb2.GetRequest(table=TABLE, key="sensor-1", bound=bound))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert trailer(e.value) == {**trailer(e.value), "code": "INVALID_ARGUMENT", "field": field}
+
+
+async def test_no_replica_within_bound_unavailable_with_freshest_lag(grpc_cluster):
+    cluster, stub, _ = grpc_cluster
+    key = "sensor-7"
+    cluster.n1.replicas[(TABLE, part(key))].end = 150
+    cluster.n2.replicas[(TABLE, part(key))].end = 170
+    cluster.refresh()
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.Get(router_pb2.GetRequest(table=TABLE, key=key, bound=router_pb2.Bound(max_lag=10)))
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    body = trailer(e.value)
+    assert body["code"] == "NO_REPLICA_WITHIN_BOUND" and body["freshest_lag"]["offsets"] == 50
+
+
+async def test_batch_get_found_false_for_missing(grpc_cluster):
+    _, stub, _ = grpc_cluster
+    r = await stub.BatchGet(router_pb2.BatchGetRequest(table=TABLE, keys=["sensor-1", "nope", "sensor-2"]))
+    assert [x.key for x in r.results] == ["sensor-1", "nope", "sensor-2"]
+    assert [x.found for x in r.results] == [True, False, True]
+    assert r.results[1].partition == part("nope") and r.results[1].value_json == ""
+    assert json.loads(r.results[2].value_json)["count"] == 2
+
+
+async def test_scan_streams_in_key_order(grpc_cluster):
+    _, stub, _ = grpc_cluster
+    items = [i async for i in stub.Scan(router_pb2.ScanRequest(table=TABLE, prefix="sensor-"))]
+    assert [i.key for i in items] == sorted(KEYS)
+    assert all(i.partition == part(i.key) for i in items)
+    few = [i.key async for i in stub.Scan(router_pb2.ScanRequest(table=TABLE, limit=5))]
+    assert few == sorted(KEYS)[:5]
+
+
+async def test_metadata_tables_cluster(grpc_cluster):
+    _, stub, _ = grpc_cluster
+    m = await stub.KeyMetadata(router_pb2.KeyMetadataRequest(table=TABLE, key="sensor-2"))
+    assert m.partition == part("sensor-2") and m.active.role == "active" and len(m.standbys) == 1
+    assert m.active.alive and m.active.applied_offset == 100
+    t = await stub.ListTables(router_pb2.ListTablesRequest())
+    assert [(x.name, x.partitions, x.standby_replicas, x.schema["count"]) for x in t.tables] == [(TABLE, 4, 1, "long")]
+    c = await stub.Cluster(router_pb2.ClusterRequest())
+    assert [n.node for n in c.nodes] == ["n1", "n2"] and all(len(n.replicas) == 4 for n in c.nodes)
+
+
+async def test_health_and_reflection(grpc_cluster):
+    _, _, channel = grpc_cluster
+    health = health_pb2_grpc.HealthStub(channel)
+    for service in ("", "freshroute.v1.Router"):
+        r = await health.Check(health_pb2.HealthCheckRequest(service=service))
+        assert r.status == health_pb2.HealthCheckResponse.SERVING
+    refl = reflection_pb2_grpc.ServerReflectionStub(channel)
+    call = refl.ServerReflectionInfo()
+    await call.write(reflection_pb2.ServerReflectionRequest(list_services=""))
+    resp = await call.read()
+    await call.done_writing()
+    names = {s.name for s in resp.list_services_response.service}
+    assert {"freshroute.v1.Router", "grpc.health.v1.Health"} <= names
+
+
+async def test_health_not_serving_without_metadata():
+    settings = RouterSettings(grpc_port=0)
+    router = Router(settings, FixedSnapshot(Snapshot()), InMemoryStoreClient())
+    server, port = create_grpc_server(settings, router)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            r = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
+            assert r.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await router_pb2_grpc.RouterStub(channel).Get(router_pb2.GetRequest(table=TABLE, key="k"))
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await server.stop(None)

@@ -1,0 +1,378 @@
+import asyncio
+
+import httpx
+import orjson
+import pytest
+
+from freshroute.keys import partition_for, serialize_key
+from freshroute.metadata import Role, TableSpec, now_ms
+from freshroute.position import Position
+
+from router.fake_store import InMemoryStoreClient, fake_snapshot
+from router.rest import create_app
+from router.routing import Router
+from router.settings import RouterSettings
+from router.snapshot import FixedSnapshot, Snapshot
+
+pytestmark = pytest.mark.anyio
+
+TABLE = "sensor_stats"
+SPEC = TableSpec(TABLE, f"{TABLE}-changelog", 4, "sensor_id", {"count": "long", "avg": "double"}, 1)
+KEYS = [f"sensor-{i}" for i in range(24)]
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def part(key):
+    return partition_for(serialize_key(key), SPEC.partitions)
+
+
+class Cluster:
+    """Two fake nodes; n1 active for even partitions, n2 for odd; every key on both."""
+
+    def __init__(self, settings=None, tables=(SPEC,)):
+        self.settings = settings or RouterSettings(request_timeout_ms=500, attempt_timeout_ms=200, hedge=False)
+        self.store = InMemoryStoreClient()
+        self.n1 = self.store.add_node("n1")
+        self.n2 = self.store.add_node("n2")
+        for p in range(SPEC.partitions):
+            for node, active in ((self.n1, p % 2 == 0), (self.n2, p % 2 == 1)):
+                node.host(TABLE, p, role=Role.ACTIVE if active else Role.STANDBY, applied=100, end=100)
+        for i, key in enumerate(KEYS):
+            for node in (self.n1, self.n2):
+                node.replicas[(TABLE, part(key))].data[serialize_key(key)] = orjson.dumps({"count": i, "avg": i / 2})
+        self.tables = list(tables)
+        self.metadata = FixedSnapshot(Snapshot())
+        self.refresh()
+        self.router = Router(self.settings, self.metadata, self.store)
+
+    def refresh(self):
+        self.metadata.current = fake_snapshot(self.store, self.tables, now_ms())
+
+    def node_for(self, key, role):
+        p = part(key)
+        return self.n1 if (p % 2 == 0) == (role is Role.ACTIVE) else self.n2
+
+    def client(self, **kw):
+        app = create_app(self.settings, self.router, **kw)
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router")
+
+
+@pytest.fixture
+def cluster():
+    return Cluster()
+
+
+async def test_lookup_200_body_shape(cluster):
+    key = "sensor-3"
+    async with cluster.client() as c:
+        r = await c.get(f"/v1/tables/{TABLE}/keys/{key}")
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    body = r.json()
+    assert set(body) == {"table", "key", "value", "partition", "served_by", "lag", "position"}
+    assert body["table"] == TABLE and body["key"] == key and body["value"] == {"count": 3, "avg": 1.5}
+    assert body["partition"] == part(key)
+    assert body["served_by"]["node"] in {"n1", "n2"} and body["served_by"]["role"] in {"active", "standby"}
+    assert body["lag"] == {"offsets": 0, "ms": 0}
+    assert Position.decode(body["position"]) == Position(TABLE, {part(key): 100})
+    # The store's JSON bytes are embedded as they are.
+    stored = cluster.n1.replicas[(TABLE, part(key))].data[serialize_key(key)]
+    assert stored in r.content
+
+
+async def test_fast_path_and_documented_route_answer_alike(cluster):
+    async with cluster.client() as fast, cluster.client(fast_key_routes=False) as slow:
+        for path in (f"/v1/tables/{TABLE}/keys/sensor-5", f"/v1/tables/{TABLE}/keys/nope",
+                     f"/v1/tables/{TABLE}/keys/sensor-5?max_lag=-1", "/v1/tables/none/keys/x",
+                     f"/v1/tables/{TABLE}/keys/sensor-5/metadata"):
+            a, b = await fast.get(path), await slow.get(path)
+            assert a.status_code == b.status_code
+            ja, jb = a.json(), b.json()
+            for j in (ja, jb):  # load sharing may pick a different replica each time
+                j.pop("served_by", None)
+                if "error" in j:
+                    j["error"].pop("served_by", None)
+            assert ja == jb
+
+
+async def test_key_not_found_404_still_says_where(cluster):
+    async with cluster.client() as c:
+        r = await c.get(f"/v1/tables/{TABLE}/keys/no-such-sensor")
+    assert r.status_code == 404
+    err = r.json()["error"]
+    assert err["code"] == "KEY_NOT_FOUND"
+    assert err["partition"] == part("no-such-sensor") and err["key"] == "no-such-sensor"
+    assert err["served_by"]["node"] in {"n1", "n2"} and err["lag"] == {"offsets": 0, "ms": 0}
+    assert "position" in err and err["message"]
+
+
+async def test_table_not_found_404(cluster):
+    async with cluster.client() as c:
+        r = await c.get("/v1/tables/nope/keys/sensor-1")
+        m = await c.get("/v1/tables/nope/keys/sensor-1/metadata")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "TABLE_NOT_FOUND"
+    assert r.json()["error"]["table"] == "nope"
+    assert m.status_code == 404 and m.json()["error"]["code"] == "TABLE_NOT_FOUND"
+
+
+@pytest.mark.parametrize("query,field", [("max_lag=-1", "max_lag"), ("max_lag=abc", "max_lag"),
+                                         ("max_staleness_ms=1.5", "max_staleness_ms"), ("max_lag=", "max_lag"),
+                                         ("min_position=garbage", "min_position"),
+                                         ("min_position=p1.bm90LWpzb24", "min_position")])
+async def test_malformed_bounds_400(cluster, query, field):
+    async with cluster.client() as c:
+        r = await c.get(f"/v1/tables/{TABLE}/keys/sensor-1?{query}")
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "INVALID_ARGUMENT" and r.json()["error"]["field"] == field
+    assert cluster.n1.reads + cluster.n2.reads == 0  # rejected before any store was asked
+
+
+async def test_503_no_replica_within_bound_with_freshest_lag(cluster):
+    key = "sensor-7"
+    p = part(key)
+    cluster.n1.replicas[(TABLE, p)].end = 150  # lag 50
+    cluster.n2.replicas[(TABLE, p)].end = 180  # lag 80
+    cluster.refresh()
+    async with cluster.client() as c:
+        r = await c.get(f"/v1/tables/{TABLE}/keys/{key}?max_lag=10")
+    assert r.status_code == 503
+    err = r.json()["error"]
+    assert err["code"] == "NO_REPLICA_WITHIN_BOUND" and err["partition"] == p
+    assert err["freshest_lag"]["offsets"] == 50 and err["freshest_lag"]["node"] == "n1"
+    assert err["bound"]["max_lag"] == 10 and err["live_replicas"] == 2
+    assert cluster.n1.reads + cluster.n2.reads == 0  # the recent view was enough to know
+
+
+async def test_store_enforces_bound_router_view_was_stale(cluster):
+    # The router thinks both replicas are caught up; the stores know better.
+    key = "sensor-2"
+    p = part(key)
+    cluster.n1.replicas[(TABLE, p)].end = 130
+    cluster.n2.replicas[(TABLE, p)].end = 140
+    async with cluster.client() as c:
+        r = await c.get(f"/v1/tables/{TABLE}/keys/{key}?max_lag=5")
+    assert r.status_code == 503
+    err = r.json()["error"]
+    assert err["code"] == "NO_REPLICA_WITHIN_BOUND" and err["freshest_lag"]["offsets"] == 30
+    assert cluster.n1.reads == 1 and cluster.n2.reads == 1
+
+
+async def test_failover_to_next_replica_when_first_fails(cluster):
+    key = "sensor-4"
+    active = cluster.node_for(key, Role.ACTIVE)
+    standby = cluster.node_for(key, Role.STANDBY)
+    cluster.store.nodes[standby.address].replicas[(TABLE, part(key))].end = 101  # active strictly freshest
+    cluster.refresh()
+    active.down = True
+    async with cluster.client() as c:
+        r = await c.get(f"/v1/tables/{TABLE}/keys/{key}")
+        assert r.status_code == 200
+        assert r.json()["served_by"] == {"node": standby.node, "role": "standby"}
+        assert r.json()["lag"]["offsets"] == 1
+        # The failed node now goes to the back of the line: the next lookup asks the standby first.
+        standby_reads = standby.reads
+        r2 = await c.get(f"/v1/tables/{TABLE}/keys/{key}")
+    assert r2.status_code == 200 and standby.reads == standby_reads + 1
+    metrics = (await create_metrics_text(cluster))
+    assert 'freshroute_router_retries_total{reason="unavailable"} 1.0' in metrics
+
+
+async def create_metrics_text(cluster):
+    async with cluster.client() as c:
+        return (await c.get("/metrics")).text
+
+
+async def test_failover_on_not_hosted(cluster):
+    key = "sensor-9"
+    p = part(key)
+    active = cluster.node_for(key, Role.ACTIVE)
+    standby = cluster.node_for(key, Role.STANDBY)
+    standby.replicas[(TABLE, p)].end = 101
+    cluster.refresh()
+    del active.replicas[(TABLE, p)]  # moved away since the snapshot was built
+    async with cluster.client() as c:
+        r = await c.get(f"/v1/tables/{TABLE}/keys/{key}")
+    assert r.status_code == 200 and r.json()["served_by"]["node"] == standby.node
+
+
+async def test_all_replicas_unreachable_503(cluster):
+    cluster.n1.down = cluster.n2.down = True
+    async with cluster.client() as c:
+        r = await c.get(f"/v1/tables/{TABLE}/keys/sensor-1")
+    assert r.status_code == 503
+    err = r.json()["error"]
+    assert err["code"] == "REPLICA_UNAVAILABLE" and len(err["attempts"]) == 2
+
+
+async def test_deadline_504():
+    cluster = Cluster(RouterSettings(request_timeout_ms=100, attempt_timeout_ms=40, hedge=False))
+    cluster.n1.delay_s = cluster.n2.delay_s = 1.0
+    async with cluster.client() as c:
+        r = await c.get(f"/v1/tables/{TABLE}/keys/sensor-1")
+    assert r.status_code == 504 and r.json()["error"]["code"] == "TIMEOUT"
+
+
+async def test_table_default_bound_from_settings():
+    settings = RouterSettings(table_bounds={TABLE: {"max_lag": 10}}, hedge=False)
+    cluster = Cluster(settings)
+    key = "sensor-1"
+    for node in (cluster.n1, cluster.n2):
+        node.replicas[(TABLE, part(key))].end = 200
+    cluster.refresh()
+    async with cluster.client() as c:
+        r = await c.get(f"/v1/tables/{TABLE}/keys/{key}")
+        loose = await c.get(f"/v1/tables/{TABLE}/keys/{key}?max_lag=1000")
+    assert r.status_code == 503 and r.json()["error"]["bound"]["max_lag"] == 10
+    assert loose.status_code == 200 and loose.json()["lag"]["offsets"] == 100
+
+
+async def test_min_position_routes_to_a_replica_that_far(cluster):
+    key = "sensor-6"
+    p = part(key)
+    cluster.n1.replicas[(TABLE, p)].applied = cluster.n1.replicas[(TABLE, p)].end = 120
+    cluster.refresh()
+    token = Position(TABLE, {p: 120}).encode()
+    async with cluster.client() as c:
+        for _ in range(5):
+            r = await c.get(f"/v1/tables/{TABLE}/keys/{key}", params={"min_position": token})
+            assert r.status_code == 200 and r.json()["served_by"]["node"] == "n1"
+            assert Position.decode(r.json()["position"]).offset_for(p) >= 120
+
+
+async def test_key_with_slash_and_unicode(cluster):
+    key = "site/α-1"
+    p = part(key)
+    for node in (cluster.n1, cluster.n2):
+        node.replicas[(TABLE, p)].data[serialize_key(key)] = b'{"count":1}'
+    async with cluster.client() as c:
+        r = await c.get(f"/v1/tables/{TABLE}/keys/site%2F%CE%B1-1")
+        m = await c.get(f"/v1/tables/{TABLE}/keys/site%2F%CE%B1-1/metadata")
+    assert r.status_code == 200 and r.json()["key"] == key and r.json()["value"] == {"count": 1}
+    assert m.status_code == 200 and m.json()["partition"] == p
+
+
+async def test_batch_get_fans_out_by_partition(cluster):
+    keys = ["sensor-1", "missing-1", "sensor-2", "sensor-17", "sensor-1"]
+    async with cluster.client() as c:
+        r = await c.post(f"/v1/tables/{TABLE}/keys:batchGet", json={"keys": keys})
+    assert r.status_code == 200
+    body = r.json()
+    assert [x["key"] for x in body["results"]] == keys
+    assert [x["found"] for x in body["results"]] == [True, False, True, True, True]
+    assert body["results"][0]["value"] == {"count": 1, "avg": 0.5}
+    assert body["results"][1]["partition"] == part("missing-1") and "value" not in body["results"][1]
+    assert body["results"][3]["value"]["count"] == 17
+    merged = Position.decode(body["position"])
+    assert set(merged.offsets) == {part(k) for k in keys}
+    assert cluster.n1.reads + cluster.n2.reads == len(keys)
+
+
+async def test_batch_get_partial_failure_is_per_key(cluster):
+    bad = "sensor-5"
+    p = part(bad)
+    for node in (cluster.n1, cluster.n2):
+        node.replicas[(TABLE, p)].end = 500
+    cluster.refresh()
+    good = next(k for k in KEYS if part(k) != p)
+    async with cluster.client() as c:
+        r = await c.post(f"/v1/tables/{TABLE}/keys:batchGet", json={"keys": [good, bad], "max_lag": 5})
+    assert r.status_code == 200
+    ok, failed = r.json()["results"]
+    assert ok["found"] is True
+    assert failed["found"] is False and failed["error"]["code"] == "NO_REPLICA_WITHIN_BOUND"
+
+
+@pytest.mark.parametrize("body", [b"not json", b"[1]", b'{"keys": "a"}', b'{"keys": [1]}',
+                                  b'{"keys": ["a"], "max_lag": -1}', b'{"keys": ["a"], "min_position": 3}'])
+async def test_batch_get_bad_body_400(cluster, body):
+    async with cluster.client() as c:
+        r = await c.post(f"/v1/tables/{TABLE}/keys:batchGet", content=body)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "INVALID_ARGUMENT"
+
+
+async def test_scan_is_ordered_across_partitions_and_paged(cluster):
+    expected = sorted(KEYS)
+    got = []
+    token = None
+    async with cluster.client() as c:
+        for _ in range(10):
+            params = {"limit": 7, "prefix": "sensor-", **({"page_token": token} if token else {})}
+            r = await c.get(f"/v1/tables/{TABLE}/scan", params=params)
+            assert r.status_code == 200
+            body = r.json()
+            got += [i["key"] for i in body["items"]]
+            assert all(i["partition"] == part(i["key"]) for i in body["items"])
+            assert [p["partition"] for p in body["partitions"]] == [0, 1, 2, 3]
+            token = body["next_page_token"]
+            if token is None:
+                break
+        assert got == expected
+        r = await c.get(f"/v1/tables/{TABLE}/scan", params={"start": "sensor-2", "end": "sensor-3"})
+        assert [i["key"] for i in r.json()["items"]] == [k for k in expected if "sensor-2" <= k < "sensor-3"]
+        assert r.json()["items"][0]["value"]["count"] == 2
+        bad = await c.get(f"/v1/tables/{TABLE}/scan", params={"page_token": "xyz"})
+        assert bad.status_code == 400 and bad.json()["error"]["field"] == "page_token"
+        big = await c.get(f"/v1/tables/{TABLE}/scan", params={"limit": 100000})
+        assert big.status_code == 400
+
+
+async def test_key_metadata_tables_cluster(cluster):
+    key = "sensor-8"
+    async with cluster.client() as c:
+        m = (await c.get(f"/v1/tables/{TABLE}/keys/{key}/metadata")).json()
+        tables = (await c.get("/v1/tables")).json()["tables"]
+        view = (await c.get("/v1/cluster")).json()
+    assert m["partition"] == part(key)
+    assert m["active"]["node"] == cluster.node_for(key, Role.ACTIVE).node and m["active"]["role"] == "active"
+    assert [s["node"] for s in m["standbys"]] == [cluster.node_for(key, Role.STANDBY).node]
+    assert m["active"]["lag"] == {"offsets": 0, "ms": 0} and m["active"]["alive"] is True
+    assert tables == [{"name": TABLE, "topic": f"{TABLE}-changelog", "partitions": 4, "replicas": 2,
+                       "standby_replicas": 1, "key_column": "sensor_id", "schema": {"count": "long", "avg": "double"},
+                       "default_bound": {"max_lag": None, "max_staleness_ms": None}}]
+    assert [n["node"] for n in view["nodes"]] == ["n1", "n2"]
+    assert all(n["alive"] and len(n["replicas"]) == 4 for n in view["nodes"])
+    assert view["metadata"]["loaded"] is True
+
+
+async def test_health_ready_metrics_docs(cluster):
+    async with cluster.client() as c:
+        assert (await c.get("/healthz")).json() == {"status": "ok"}
+        assert (await c.get("/readyz")).status_code == 200
+        await c.get(f"/v1/tables/{TABLE}/keys/sensor-1")
+        await c.get(f"/v1/tables/{TABLE}/keys/none-such")
+        text = (await c.get("/metrics")).text
+        spec = (await c.get("/openapi.json")).json()
+        docs = await c.get("/docs")
+        unknown = await c.get("/v2/nothing")
+    assert 'freshroute_router_lookups_total{outcome="not_found",role=' in text
+    ok_lines = [line for line in text.splitlines() if line.startswith('freshroute_router_lookups_total{outcome="ok"')]
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in ok_lines) == 1.0
+    assert 'freshroute_router_replica_lag_offsets{node="n1",partition="0",role="active",table="sensor_stats"} 0.0' in text
+    assert "freshroute_router_lookup_seconds_bucket" in text
+    op = spec["paths"]["/v1/tables/{table}/keys/{key}"]["get"]
+    assert {"table", "key", "max_lag", "max_staleness_ms", "min_position"} <= {p["name"] for p in op["parameters"]}
+    assert "/v1/tables/{table}/keys:batchGet" in spec["paths"] and "/v1/tables/{table}/scan" in spec["paths"]
+    assert docs.status_code == 200
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "NOT_FOUND"
+
+
+async def test_not_ready_without_metadata():
+    settings = RouterSettings()
+    router = Router(settings, FixedSnapshot(Snapshot()), InMemoryStoreClient())
+    app = create_app(settings, router)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r") as c:
+        ready = await c.get("/readyz")
+        r = await c.get(f"/v1/tables/{TABLE}/keys/x")
+    assert ready.status_code == 503 and ready.json()["status"] == "not ready"
+    assert r.status_code == 503 and r.json()["error"]["code"] == "REPLICA_UNAVAILABLE"
+
+
+async def test_concurrent_lookups_share_equally_fresh_replicas(cluster):
+    async with cluster.client() as c:
+        rs = await asyncio.gather(*(c.get(f"/v1/tables/{TABLE}/keys/sensor-{i % 20}") for i in range(200)))
+    assert all(r.status_code == 200 for r in rs)
+    roles = [r.json()["served_by"]["role"] for r in rs]
+    assert roles.count("standby") > 40 and roles.count("active") > 40

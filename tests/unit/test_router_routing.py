@@ -1,0 +1,133 @@
+import asyncio
+import time
+
+import pytest
+
+from freshroute.errors import LookupTimeout, NoReplicaWithinBound
+from freshroute.metadata import Role
+
+from router.bounds import Bound
+from router.routing import LatencyWindow, decode_page_token, encode_page_token
+from router.settings import RouterSettings
+
+from .test_router_rest import TABLE, Cluster, part
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def strictly_ordered(cluster, key):
+    """Make the active strictly fresher than the standby so it is always tried first."""
+    standby = cluster.node_for(key, Role.STANDBY)
+    standby.replicas[(TABLE, part(key))].end += 1
+    cluster.refresh()
+    return cluster.node_for(key, Role.ACTIVE), standby
+
+
+def retries(cluster, reason):
+    return cluster.router.metrics.registry.get_sample_value("freshroute_router_retries_total", {"reason": reason}) or 0
+
+
+async def test_hedge_goes_to_the_next_replica_when_the_first_is_slower_than_usual():
+    cluster = Cluster(RouterSettings(request_timeout_ms=2000, attempt_timeout_ms=1000, hedge=True, hedge_min_ms=5,
+                                     hedge_budget=1.0))
+    key = "sensor-11"
+    first, second = strictly_ordered(cluster, key)
+    for _ in range(64):  # learn what "usual" latency is
+        assert (await cluster.router.get(TABLE, key)).node == first.node
+    first.delay_s = 0.5
+    t0 = time.perf_counter()
+    result = await cluster.router.get(TABLE, key)
+    elapsed = time.perf_counter() - t0
+    assert result.node == second.node and result.found
+    assert elapsed < 0.2  # hedged after ~5 ms, not after the 500 ms the first replica takes
+    assert retries(cluster, "hedge") == 1
+
+
+async def test_without_hedging_a_slow_attempt_is_overtaken_after_the_attempt_timeout():
+    cluster = Cluster(RouterSettings(request_timeout_ms=2000, attempt_timeout_ms=50, hedge=False))
+    key = "sensor-12"
+    first, second = strictly_ordered(cluster, key)
+    first.delay_s = 1.0
+    t0 = time.perf_counter()
+    result = await cluster.router.get(TABLE, key)
+    elapsed = time.perf_counter() - t0
+    assert result.node == second.node and 0.04 < elapsed < 0.5
+    assert retries(cluster, "slow") == 1 and retries(cluster, "hedge") == 0
+
+
+async def test_slow_last_replica_is_waited_for_until_the_deadline():
+    cluster = Cluster(RouterSettings(request_timeout_ms=1000, attempt_timeout_ms=30, hedge=False))
+    key = "sensor-13"
+    cluster.n1.delay_s = cluster.n2.delay_s = 0.1
+    result = await cluster.router.get(TABLE, key)
+    assert result.found  # both were slower than the attempt timeout; the first to answer won
+
+
+async def test_deadline_raises_lookup_timeout_and_releases_in_flight_counts():
+    cluster = Cluster(RouterSettings(request_timeout_ms=80, attempt_timeout_ms=20, hedge=False))
+    cluster.n1.delay_s = cluster.n2.delay_s = 1.0
+    with pytest.raises(LookupTimeout) as e:
+        await cluster.router.get(TABLE, "sensor-1")
+    assert e.value.http_status == 504 and e.value.details["partition"] == part("sensor-1")
+    assert all(load.in_flight == 0 for load in cluster.router.load.snapshot().values())
+
+
+async def test_response_lag_updates_the_overlay():
+    cluster = Cluster()
+    key = "sensor-14"
+    p = part(key)
+    active = cluster.node_for(key, Role.ACTIVE)
+    active.replicas[(TABLE, p)].end = 160  # the store now reports lag 60; heartbeats don't know yet
+    result = await cluster.router.get(TABLE, key, Bound())
+    if result.node == active.node:
+        assert result.lag_offsets == 60
+    else:
+        result = await cluster.router.get(TABLE, key, Bound())
+    obs = cluster.router.overlay.get(active.node, TABLE, p)
+    assert obs is not None and obs.end - obs.applied == 60
+    # With max_lag=10 the router now knows the active is too far behind and goes to the standby directly.
+    reads = active.reads
+    result = await cluster.router.get(TABLE, key, Bound(max_lag=10))
+    assert result.node != active.node and active.reads == reads
+
+
+async def test_no_candidates_raises_without_asking_anyone():
+    cluster = Cluster()
+    key = "sensor-15"
+    for node in (cluster.n1, cluster.n2):
+        node.replicas[(TABLE, part(key))].end = 400
+    cluster.refresh()
+    with pytest.raises(NoReplicaWithinBound) as e:
+        await cluster.router.get(TABLE, key, Bound(max_lag=3))
+    assert e.value.details["freshest_lag"]["offsets"] == 300
+    assert cluster.n1.reads + cluster.n2.reads == 0
+
+
+async def test_failover_keeps_working_under_concurrency_when_a_node_dies():
+    cluster = Cluster(RouterSettings(hedge=False))
+    cluster.n1.down = True
+    results = await asyncio.gather(*(cluster.router.get(TABLE, f"sensor-{i % 24}") for i in range(300)))
+    assert all(r.found and r.node == "n2" for r in results)
+
+
+def test_latency_window_quantile():
+    w = LatencyWindow(0.95, size=100, every=10, min_samples=20)
+    for i in range(19):
+        w.record(float(i))
+    assert w.value_ms is None
+    for i in range(81):
+        w.record(float(i + 19))
+    assert w.value_ms == 95.0
+
+
+def test_page_token_round_trip_and_table_binding():
+    token = encode_page_token("t", b"sensor-\x00\xff")
+    assert decode_page_token("t", token) == b"sensor-\x00\xff"
+    from freshroute.errors import InvalidArgument
+    with pytest.raises(InvalidArgument):
+        decode_page_token("other", token)
