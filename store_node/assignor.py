@@ -19,8 +19,9 @@ fencing generation) computes and writes, through a write that fails once the lea
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Protocol
+from typing import Callable, Iterable, Mapping, Protocol
 
 from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
 
@@ -105,36 +106,36 @@ def assign(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], pr
                     active[n] += 1
         return total, active
 
-    # 2. Fewer replicas wanted than kept (standby_replicas lowered): drop standbys on the busiest nodes.
+    def promote_freshest(key: ReplicaKey) -> None:
+        ns = placement[key]
+        if ns:
+            # Among equally fresh replicas the longest-standing one (earliest in the list) wins.
+            best = min(ns, key=lambda n: (lags.freshness(key, n), ns.index(n)))
+            ns.remove(best)
+            ns.insert(0, best)
+
+    # 2. More replicas than wanted (warm-up extras, or standby_replicas lowered): drop the ones on
+    #    the busiest nodes, standbys before actives, the coldest first.
     total, _ = loads()
     for key in keys:
         ns = placement[key]
         while len(ns) > want[key]:
-            victim = max(ns[1:], key=lambda n: (total[n], lags.freshness(key, n), n))
+            victim = max(ns, key=lambda n: (total[n], n != ns[0], lags.freshness(key, n), n))
+            was_active = victim == ns[0]
             ns.remove(victim)
             total[victim] -= 1
+            if was_active:
+                promote_freshest(key)
 
-    # 3. Even out actives among warm replicas, before shedding: a demoted active becomes a
-    #    standby that step 4 may then move.
+    # 3. Even out actives among warm replicas first: a demoted active becomes a standby, which
+    #    is cheaper to move in step 5.
     _balance_actives(keys, nodes, placement, lags)
 
-    # 4. Shed standbys from nodes above their quota of replicas, the coldest first.
-    total, _ = loads()
-    quota = _quotas(sum(want.values()), nodes, total)
-    for n in nodes:
-        if total[n] <= quota[n]:
-            continue
-        held = [k for k in keys if n in placement[k][1:]]
-        held.sort(key=lambda k: (lags.freshness(k, n), k), reverse=True)
-        for k in held:
-            if total[n] <= quota[n]:
-                break
-            placement[k].remove(n)
-            total[n] -= 1
-
-    # 5. Fill every partition up to its replica count: below-quota nodes first, a new rack first,
-    #    then the least loaded; a partition's first replica goes to the node with the fewest actives.
+    # 4. Fill every partition up to its replica count (new tables, replicas of dead nodes):
+    #    below-quota nodes first, a new rack first, then the least loaded; a partition with no
+    #    replica left gets its active on the node with the fewest actives.
     total, active = loads()
+    quota = _quotas(sum(want.values()), nodes, total)
     active_quota = _quotas(len(keys), nodes, active)
     for key in sorted(keys, key=lambda k: (len(placement[k]), k)):
         ns = placement[key]
@@ -143,7 +144,7 @@ def assign(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], pr
             candidates = [n for n in nodes if n not in ns]
             if not ns:
                 best = min(candidates, key=lambda n: (active[n] >= active_quota[n], total[n] >= quota[n],
-                                                      active[n], total[n], lags.freshness(key, n), n))
+                                                      lags.freshness(key, n), active[n], total[n], n))
                 active[best] += 1
             else:
                 best = min(candidates, key=lambda n: (total[n] >= quota[n],
@@ -152,37 +153,137 @@ def assign(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], pr
             ns.append(best)
             total[best] += 1
 
-    # 6. New placements may have unbalanced actives again (only warm swaps, so this converges
-    #    over later rounds as new standbys catch up).
-    _balance_actives(keys, nodes, placement, lags)
+    # 5. Move replicas from nodes above their quota to nodes below it: standbys first, the
+    #    coldest first; then actives, preferring partitions whose warm standby can take over.
+    for n in sorted(nodes, key=lambda x: (-(total[x] - quota[x]), x)):
+        if total[n] <= quota[n]:
+            continue
+        standbys = sorted((k for k in keys if n in placement[k][1:]),
+                          key=lambda k: (lags.freshness(k, n), k), reverse=True)
+        actives = sorted((k for k in keys if placement[k] and placement[k][0] == n),
+                         key=lambda k: (not any(lags.warm(k, m) for m in placement[k][1:]), k))
+        for k in standbys + actives:
+            if total[n] <= quota[n]:
+                break
+            ns = placement[k]
+            used_racks = {rack[x] for x in ns if x != n and rack[x] is not None}
+            takers = [m for m in nodes if total[m] < quota[m] and m not in ns]
+            if not takers:
+                continue
+            m = min(takers, key=lambda x: (rack[x] is not None and rack[x] in used_racks, total[x],
+                                           lags.freshness(k, x), x))
+            was_active = ns[0] == n
+            ns.remove(n)
+            ns.append(m)
+            total[n] -= 1
+            total[m] += 1
+            if was_active:
+                promote_freshest(k)
+
+    # 6. Moves may have unbalanced actives again: hand actives to warm standbys, and where no
+    #    chain of warm standbys can fix it (partitions without standbys), trade an active for a
+    #    standby between the two nodes; step 7 keeps the moved active where it was until its
+    #    new replica catches up.
+    if not _balance_actives(keys, nodes, placement, lags):
+        # Trade only if waiting for the standbys to catch up could never fix it.
+        hypothetical = {k: list(ns) for k, ns in placement.items()}
+        if not _balance_actives(keys, nodes, hypothetical, lags, warm=lambda k, n: True):
+            _trade_actives(keys, nodes, placement)
+
+    # 7. Warm-up: an active never moves to a replica that has not caught up while a caught-up
+    #    one survives. The warm one stays active (an extra replica if the target dropped it) until
+    #    the new one catches up; a later round then drops it in step 2.
+    for key in keys:
+        ns = placement[key]
+        if not ns or lags.warm(key, ns[0]):
+            continue
+        warm = [n for n in dict.fromkeys(prev.get(key, ())) if n in reports and lags.warm(key, n)]
+        if warm:
+            keeper = min(warm, key=lambda n: (lags.freshness(key, n), n))
+            if keeper in ns:
+                ns.remove(keeper)
+            ns.insert(0, keeper)
     return Assignment(generation, {k: tuple(ns) for k, ns in placement.items() if ns})
 
 
 def _balance_actives(keys: list[ReplicaKey], nodes: list[str], placement: dict[ReplicaKey, list[str]],
-                     lags: _Lags) -> None:
-    """Hand actives from nodes above their quota to warm standbys on nodes below theirs."""
-    active = {n: 0 for n in nodes}
-    for k in keys:
-        if placement[k]:
-            active[placement[k][0]] += 1
-    quota = _quotas(sum(active.values()), nodes, active)
-    for hi in sorted(nodes, key=lambda n: (-active[n], n)):
-        if active[hi] <= quota[hi]:
-            continue
+                     lags: _Lags, warm: Callable[[ReplicaKey, str], bool] | None = None) -> bool:
+    """Hand actives to warm standbys until every node's active count is within one of every other's.
+
+    Returns whether the counts ended within one. ``warm`` overrides which standbys may take over.
+    Each round finds the shortest chain of hand-overs (x's active to a warm standby on y, y's to
+    one on z, …) from a node with the most actives to one with at least two fewer, and shifts
+    it: the ends change by one, the nodes in between keep their count. Every shift lowers the
+    sum of squared counts, so the loop ends.
+    """
+    warm = warm or lags.warm
+    for _ in range(len(keys) + 1):
+        active = {n: 0 for n in nodes}
+        hand_over: dict[str, list[tuple[ReplicaKey, str]]] = {n: [] for n in nodes}
         for k in keys:
             ns = placement[k]
-            if not ns or ns[0] != hi:
+            if not ns:
                 continue
-            takers = [m for m in ns[1:] if active[m] < quota[m] and lags.warm(k, m)]
-            if not takers:
-                continue
-            m = min(takers, key=lambda n: (lags.freshness(k, n), active[n], n))
-            ns.remove(m)
-            ns.insert(0, m)
-            active[hi] -= 1
-            active[m] += 1
-            if active[hi] <= quota[hi]:
+            active[ns[0]] += 1
+            for m in ns[1:]:
+                if warm(k, m):
+                    hand_over[ns[0]].append((k, m))
+        top, low = max(active.values()), min(active.values())
+        if top - low <= 1:
+            return True
+        sources = [n for n in nodes if active[n] == top]
+        parent: dict[str, tuple[str, ReplicaKey]] = {}
+        seen = set(sources)
+        queue = deque(sources)
+        found = None
+        while queue:
+            x = queue.popleft()
+            if active[x] <= top - 2:
+                found = x
                 break
+            for k, y in hand_over[x]:
+                if y not in seen:
+                    seen.add(y)
+                    parent[y] = (x, k)
+                    queue.append(y)
+        if found is None:
+            return False
+        y = found
+        while y in parent:
+            x, k = parent[y]
+            ns = placement[k]
+            ns.remove(y)
+            ns.insert(0, y)
+            y = x
+    return False
+
+
+def _trade_actives(keys: list[ReplicaKey], nodes: list[str], placement: dict[ReplicaKey, list[str]]) -> None:
+    """Move an active from the node with the most to the one with the fewest, and a standby back."""
+    for _ in range(len(keys) + 1):
+        active = {n: 0 for n in nodes}
+        total = {n: 0 for n in nodes}
+        for k in keys:
+            for i, n in enumerate(placement[k]):
+                total[n] += 1
+                active[n] += i == 0
+        x = min(nodes, key=lambda n: (-active[n], n))
+        y = min(nodes, key=lambda n: (active[n], n))
+        if active[x] - active[y] <= 1:
+            return
+        give = next((k for k in keys if placement[k] and placement[k][0] == x and y not in placement[k]), None)
+        if give is None:
+            return
+        take = None
+        if total[y] >= total[x]:
+            take = next((k for k in keys if y in placement[k][1:] and x not in placement[k]), None)
+            if take is None:
+                return
+        placement[give].remove(x)
+        placement[give].insert(0, y)
+        if take is not None:
+            ns = placement[take]
+            ns[ns.index(y)] = x
 
 
 class AssignorStore(Protocol):

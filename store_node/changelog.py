@@ -254,18 +254,11 @@ class ChangelogTailer:
     def _publish(self) -> None:
         self.serving = MappingProxyType(dict(self._replicas))
 
-    def _open_store(self, table: str, partition: int) -> ReplicaStore:
-        path = replica_path(self._root, table, partition)
-        try:
-            return ReplicaStore.open(path)
-        except StoreCorrupt as e:
-            log.warning("replica %s/%d: local store is unreadable (%s); wiping it, it restores from the changelog",
-                        table, partition, e.message)
-            ReplicaStore.destroy(path)
-            return ReplicaStore.open(path)
-
     def _add(self, spec: TableSpec, partition: int, role: Role) -> None:
-        store = self._open_store(spec.name, partition)
+        store, wiped = ReplicaStore.open_or_wipe(replica_path(self._root, spec.name, partition))
+        if wiped is not None:
+            log.warning("replica %s/%d: local store was unreadable (%s); wiped it, it restores from the changelog",
+                        spec.name, partition, wiped)
         s = self._settings
         rep = Replica(spec, partition, role, store, self._clock, s.evidence_window_ms, s.caught_up_threshold)
         known_id = self._topic_ids.get(spec.topic)

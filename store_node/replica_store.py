@@ -90,6 +90,15 @@ class ReplicaStore:
             raise StoreCorrupt(f"cannot open replica store {path}: {e}", path=str(path)) from None
         return cls(path, db)
 
+    @classmethod
+    def open_or_wipe(cls, path: Path) -> tuple["ReplicaStore", str | None]:
+        """Open the replica, or wipe an unreadable one and start empty; returns why it was wiped."""
+        try:
+            return cls.open(path), None
+        except StoreCorrupt as e:
+            cls.destroy(path)
+            return cls.open(path), e.message
+
     @staticmethod
     def destroy(path: Path) -> None:
         """Delete a (closed) replica's files; the changelog can rebuild it."""

@@ -1,0 +1,277 @@
+import random
+from collections import Counter
+
+import pytest
+
+from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
+from store_node.assignor import AssignorLoop, assign
+
+
+def spec(name="t", partitions=8, standby=1) -> TableSpec:
+    return TableSpec(name, f"{name}.changelog", partitions, "k", standby_replicas=standby)
+
+
+def node(node_id, rack=None, replicas=(), draining=False) -> NodeReport:
+    return NodeReport(node_id, f"127.0.0.1:{abs(hash(node_id)) % 1000 + 7000}", 0, tuple(replicas), rack, draining)
+
+
+def reports_for(assignment: Assignment, lag: dict | None = None, state=None) -> list[NodeReport]:
+    """Node reports as the nodes would publish them under ``assignment``, all warm unless lag says otherwise."""
+    lag = lag or {}
+    by_node: dict[str, list[ReplicaReport]] = {}
+    for (t, p), ns in assignment.replicas.items():
+        for i, n in enumerate(ns):
+            behind = lag.get((t, p, n), 0)
+            role = Role.ACTIVE if i == 0 else Role.STANDBY
+            st = state or (ReplicaState.ACTIVE if i == 0 else ReplicaState.STANDBY)
+            by_node.setdefault(n, []).append(ReplicaReport(t, p, role, st, 1000 - behind, 1000, behind))
+    return [node(n, replicas=r) for n, r in sorted(by_node.items())]
+
+
+def with_nodes(reports: list[NodeReport], ids: list[str]) -> list[NodeReport]:
+    have = {r.node_id: r for r in reports}
+    return [have.get(i, node(i)) for i in ids]
+
+
+def loads(a: Assignment) -> tuple[Counter, Counter]:
+    total, active = Counter(), Counter()
+    for ns in a.replicas.values():
+        total.update(ns)
+        active[ns[0]] += 1
+    return total, active
+
+
+def placements(a: Assignment) -> set[tuple]:
+    return {(k, n) for k, ns in a.replicas.items() for n in ns}
+
+
+def assert_valid(a: Assignment, tables: dict, nodes: list[str], warming: bool = False) -> None:
+    """Distinct live nodes, as many as wanted (one more while a warm active waits for its successor)."""
+    for name, s in tables.items():
+        for p in range(s.partitions):
+            ns = a.replicas[(name, p)]
+            assert len(ns) == len(set(ns)), "replicas of one partition must be on distinct nodes"
+            want = min(1 + s.standby_replicas, len(nodes))
+            assert want <= len(ns) <= want + (1 if warming else 0)
+            assert set(ns) <= set(nodes)
+
+
+def assert_balanced(a: Assignment, nodes: list[str]) -> None:
+    total, active = loads(a)
+    assert max(total[n] for n in nodes) - min(total[n] for n in nodes) <= 1, total
+    assert max(active[n] for n in nodes) - min(active[n] for n in nodes) <= 1, active
+
+
+def test_fresh_assignment_is_valid_and_balanced():
+    tables = {"t": spec(partitions=8, standby=1)}
+    ids = ["a", "b", "c"]
+    a = assign(tables, [node(i) for i in ids], None, generation=7)
+    assert a.generation == 7
+    assert_valid(a, tables, ids)
+    assert_balanced(a, ids)
+
+
+def test_fewer_nodes_than_replicas_means_fewer_standbys():
+    tables = {"t": spec(partitions=4, standby=2)}
+    a = assign(tables, [node("a"), node("b")], None, 1)
+    assert all(len(ns) == 2 for ns in a.replicas.values())
+    assert assign(tables, [], None, 1).replicas == {}
+
+
+def test_assignment_is_a_fixed_point():
+    tables = {"t": spec(partitions=12, standby=1), "u": spec("u", partitions=5, standby=2)}
+    ids = ["a", "b", "c", "d"]
+    a = assign(tables, [node(i) for i in ids], None, 1)
+    again = assign(tables, reports_for(a), a, 2)
+    assert again.replicas == a.replicas
+
+
+def test_adding_a_node_moves_few_replicas_and_no_cold_active():
+    tables = {"t": spec(partitions=8, standby=1)}
+    a = assign(tables, [node(i) for i in "abc"], None, 1)
+    ids = ["a", "b", "c", "d"]
+    b = assign(tables, with_nodes(reports_for(a), ids), a, 2)
+    assert_valid(b, tables, ids)
+    moved = len(placements(a) - placements(b))
+    assert moved == loads(b)[0]["d"] == 4  # exactly the new node's fair share moves, nothing else
+    # The new node's replicas are cold: it gets no active until they catch up.
+    assert loads(b)[1]["d"] == 0
+    # Once they report caught up, actives even out without moving any more data.
+    c = assign(tables, reports_for(b), b, 3)
+    assert placements(c) == placements(b)
+    assert_balanced(c, ids)
+
+
+def test_losing_a_node_promotes_the_most_caught_up_standby():
+    tables = {"t": spec(partitions=6, standby=2)}
+    ids = ["a", "b", "c", "d"]
+    a = assign(tables, [node(i) for i in ids], None, 1)
+    dead = a.replicas[("t", 0)][0]
+    survivors = [n for n in a.replicas[("t", 0)] if n != dead]
+    # The second standby is fresher than the first.
+    lag = {("t", 0, survivors[0]): 500, ("t", 0, survivors[1]): 3}
+    reports = [r for r in reports_for(a, lag) if r.node_id != dead]
+    live = [i for i in ids if i != dead]
+    b = assign(tables, with_nodes(reports, live), a, 2)
+    assert b.replicas[("t", 0)][0] == survivors[1]
+    assert_valid(b, tables, live)
+    # Every partition whose active died now has a surviving replica as its active, and no data
+    # moved away from a live node: only the dead node's replicas are re-created elsewhere.
+    for key, ns in a.replicas.items():
+        if ns[0] == dead:
+            assert b.replicas[key][0] in ns
+    assert {(k, n) for k, n in placements(a) if n != dead} <= placements(b)
+    assert_balanced(b, live)
+
+
+def test_restoring_standby_ranks_below_a_serving_one():
+    tables = {"t": spec(partitions=1, standby=2)}
+    prev = Assignment(1, {("t", 0): ("a", "b", "c")})
+    reports = [
+        node("b", replicas=[ReplicaReport("t", 0, Role.STANDBY, ReplicaState.RESTORING, 999, 1000, 10)]),
+        node("c", replicas=[ReplicaReport("t", 0, Role.STANDBY, ReplicaState.STANDBY, 900, 1000, 50)]),
+    ]
+    b = assign(tables, reports, prev, 2)
+    assert b.replicas[("t", 0)][0] == "c"
+
+
+def test_draining_nodes_get_nothing():
+    tables = {"t": spec(partitions=4, standby=1)}
+    a = assign(tables, [node(i) for i in "abc"], None, 1)
+    reports = reports_for(a)
+    reports = [NodeReport(r.node_id, r.address, 0, r.replicas, None, r.node_id == "a") for r in reports]
+    b = assign(tables, reports, a, 2)
+    assert "a" not in {n for ns in b.replicas.values() for n in ns}
+    assert_valid(b, tables, ["b", "c"])
+
+
+def test_racks_are_honoured_when_possible():
+    tables = {"t": spec(partitions=8, standby=1)}
+    nodes = [node("a", "r1"), node("b", "r1"), node("c", "r2"), node("d", "r2")]
+    a = assign(tables, nodes, None, 1)
+    rack = {"a": "r1", "b": "r1", "c": "r2", "d": "r2"}
+    for ns in a.replicas.values():
+        assert rack[ns[0]] != rack[ns[1]]
+    assert_balanced(a, list("abcd"))
+
+
+def test_lost_assignment_is_rebuilt_from_node_reports():
+    tables = {"t": spec(partitions=8, standby=1)}
+    a = assign(tables, [node(i) for i in "abc"], None, 1)
+    rebuilt = assign(tables, reports_for(a), None, 5)
+    assert rebuilt.replicas == a.replicas
+
+
+def test_lowering_standbys_drops_replicas_not_actives():
+    a = assign({"t": spec(partitions=6, standby=2)}, [node(i) for i in "abc"], None, 1)
+    b = assign({"t": spec(partitions=6, standby=1)}, reports_for(a), a, 2)
+    for key, ns in b.replicas.items():
+        assert len(ns) == 2 and ns[0] == a.replicas[key][0]
+    assert_balanced(b, list("abc"))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_histories_stay_valid_and_converge_to_balance(seed):
+    rng = random.Random(seed)
+    tables = {f"t{i}": spec(f"t{i}", partitions=rng.randint(1, 12), standby=rng.randint(0, 2))
+              for i in range(rng.randint(1, 3))}
+    pool = [f"n{i}" for i in range(8)]
+    ids = sorted(rng.sample(pool, rng.randint(1, 5)))
+    a = assign(tables, [node(i) for i in ids], None, 1)
+    for gen in range(2, 8):
+        # A node joins or leaves, then nodes catch up and the assignor runs a few more rounds.
+        if rng.random() < 0.5 and len(ids) > 1:
+            ids.remove(rng.choice(ids))
+        else:
+            ids = sorted(set(ids) | {rng.choice(pool)})
+        reports = [r for r in reports_for(a) if r.node_id in ids]
+        a = assign(tables, with_nodes(reports, ids), a, gen)
+        assert_valid(a, tables, ids, warming=True)
+        for _ in range(3):
+            a = assign(tables, reports_for(a), a, gen)
+        assert_valid(a, tables, ids)
+        assert_balanced(a, ids)
+
+
+class FakeLeaseStore:
+    """The assignor's view of Redis: one lease with a fencing generation."""
+
+    def __init__(self, tables):
+        self._tables = tables
+        self.holder: tuple[str, int] | None = None
+        self.generation = 0
+        self.stored: Assignment | None = None
+        self.reports: dict[str, NodeReport] = {}
+
+    def try_acquire_assignor(self, node_id, lease_ms):
+        if self.holder is None:
+            self.generation += 1
+            self.holder = (node_id, self.generation)
+            return self.generation
+        return self.holder[1] if self.holder[0] == node_id else None
+
+    def tables(self):
+        return dict(self._tables)
+
+    def nodes(self):
+        return dict(self.reports)
+
+    def assignment(self):
+        return self.stored
+
+    def write_assignment(self, assignment, node_id, generation):
+        if self.holder != (node_id, generation):
+            return False
+        self.stored = assignment
+        return True
+
+    def release_assignor(self, node_id, generation):
+        if self.holder == (node_id, generation):
+            self.holder = None
+
+
+def test_only_the_lease_holder_writes_and_a_deposed_holder_is_fenced():
+    store = FakeLeaseStore({"t": spec(partitions=4)})
+    store.reports = {n: NodeReport(n, "x:1", 1000) for n in "ab"}
+    a = AssignorLoop(store, "a", 2000, 2000, 100)
+    b = AssignorLoop(store, "b", 2000, 2000, 100)
+    assert a.step(1000) is not None and a.generation == 1
+    assert b.step(1000) is None and b.generation is None
+    assert a.step(1000) is None  # nothing changed: no rewrite
+
+    # a's lease expires (a paused); b takes over with a higher generation.
+    store.holder = None
+    store.reports["c"] = NodeReport("c", "x:1", 1000)
+    written = b.step(1000)
+    assert written is not None and written.generation == 2
+    # a wakes up thinking it still holds generation 1: its write is fenced off.
+    stale = assign(store.tables(), [store.reports["a"]], None, 1)
+    assert not store.write_assignment(stale, "a", 1)
+    assert a.step(1000) is None and a.generation is None
+    assert store.stored.generation == 2
+
+
+def test_expired_nodes_are_not_live():
+    store = FakeLeaseStore({"t": spec(partitions=4)})
+    store.reports = {"a": NodeReport("a", "x:1", 10_000), "b": NodeReport("b", "x:2", 7_000)}
+    loop = AssignorLoop(store, "a", 2000, node_expiry_ms=2000, caught_up_threshold=100)
+    written = loop.step(10_500)
+    assert {n for ns in written.replicas.values() for n in ns} == {"a"}
+
+
+def test_partition_without_standbys_moves_through_a_warm_up_replica():
+    tables = {"t": spec(partitions=4, standby=0)}
+    a = assign(tables, [node("a")], None, 1)
+    b = assign(tables, with_nodes(reports_for(a), ["a", "b"]), a, 2)
+    moving = [k for k, ns in b.replicas.items() if len(ns) == 2]
+    assert len(moving) == 2
+    for k in moving:
+        assert b.replicas[k] == ("a", "b")  # a keeps serving as active while b restores
+    # b still restoring: nothing changes.
+    lag = {(k[0], k[1], "b"): 10_000 for k in moving}
+    assert assign(tables, reports_for(b, lag), b, 3).replicas == b.replicas
+    # b caught up: the active moves and a's copy is dropped.
+    c = assign(tables, reports_for(b), b, 4)
+    assert all(c.replicas[k] == ("b",) for k in moving)
+    assert_valid(c, tables, ["a", "b"])
+    assert_balanced(c, ["a", "b"])

@@ -1,0 +1,174 @@
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from freshroute.errors import StoreCorrupt
+from store_node.replica_store import ReplicaStore, prefix_end, scan_range
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_new_store_starts_at_offset_zero(tmp_path):
+    store = ReplicaStore.open(tmp_path / "t" / "0")
+    assert store.applied_offset == 0
+    assert store.caught_up_at_ms == 0
+    assert store.get(b"k") is None
+    store.close()
+
+
+def test_apply_writes_rows_and_offset_and_reopen_resumes(tmp_path):
+    path = tmp_path / "t" / "0"
+    store = ReplicaStore.open(path)
+    store.apply([(b"a", b'{"v":1}'), (b"b", b'{"v":2}')], next_offset=2, caught_up_at_ms=1234)
+    store.apply([(b"a", b'{"v":3}')], next_offset=3)
+    assert store.get(b"a") == b'{"v":3}'
+    store.close()
+
+    again = ReplicaStore.open(path)
+    assert again.applied_offset == 3
+    assert again.caught_up_at_ms == 1234
+    assert again.get(b"a") == b'{"v":3}'
+    assert again.get(b"b") == b'{"v":2}'
+    again.close()
+
+
+def test_tombstone_deletes(tmp_path):
+    store = ReplicaStore.open(tmp_path / "t" / "0")
+    store.apply([(b"a", b"1"), (b"b", b"2")], 2)
+    store.apply([(b"a", None)], 3)
+    assert store.get(b"a") is None
+    assert store.get(b"b") == b"2"
+    assert store.scan(b"", None, 10) == [(b"b", b"2")]
+    assert store.applied_offset == 3
+    store.close()
+
+
+def test_checkpoint_is_not_a_row(tmp_path):
+    store = ReplicaStore.open(tmp_path / "t" / "0")
+    store.apply([(b"applied", b"1")], 7)  # a row whose key collides with a checkpoint name
+    assert store.get(b"applied") == b"1"
+    assert store.applied_offset == 7
+    assert store.scan(b"", None, 10) == [(b"applied", b"1")]
+    store.close()
+
+
+def test_scan_honours_prefix_start_end_and_limit(tmp_path):
+    store = ReplicaStore.open(tmp_path / "t" / "0")
+    rows = [(f"user-{i:02d}".encode(), b"{}") for i in range(20)] + [(b"zz", b"{}"), (b"user", b"{}")]
+    store.apply(rows, len(rows))
+    lower, upper = scan_range(b"user-", b"", b"")
+    keys = [k for k, _ in store.scan(lower, upper, 100)]
+    assert keys == [f"user-{i:02d}".encode() for i in range(20)]
+    lower, upper = scan_range(b"user-", b"user-05", b"user-08")
+    assert [k for k, _ in store.scan(lower, upper, 100)] == [b"user-05", b"user-06", b"user-07"]
+    assert len(store.scan(*scan_range(b"", b"", b""), 3)) == 3
+    store.close()
+
+
+def test_prefix_end():
+    assert prefix_end(b"ab") == b"ac"
+    assert prefix_end(b"a\xff") == b"b"
+    assert prefix_end(b"\xff\xff") is None
+
+
+def test_close_releases_the_database_so_it_reopens(tmp_path):
+    path = tmp_path / "t" / "0"
+    store = ReplicaStore.open(path)
+    store.apply([(b"a", b"1")], 1)
+    store.scan(b"", None, 10)
+    store.close()
+    with pytest.raises(StoreCorrupt):
+        store.get(b"a")
+    ReplicaStore.open(path).close()
+
+
+def test_corrupt_store_is_detected_and_wiped(tmp_path):
+    path = tmp_path / "t" / "0"
+    store = ReplicaStore.open(path)
+    store.apply([(b"a", b"1")], 5)
+    store.close()
+    (path / "CURRENT").write_text("garbage\n")
+
+    with pytest.raises(StoreCorrupt):
+        ReplicaStore.open(path)
+    fresh, reason = ReplicaStore.open_or_wipe(path)
+    assert reason is not None and "CURRENT" in reason
+    assert fresh.applied_offset == 0
+    assert fresh.get(b"a") is None
+    fresh.close()
+
+
+def test_corrupt_table_file_is_detected(tmp_path):
+    path = tmp_path / "t" / "0"
+    store = ReplicaStore.open(path)
+    store.apply([(f"k{i}".encode(), b"x" * 100) for i in range(500)], 500)
+    store.close()
+    # Reopen once so the rows are flushed into a table file, then damage it.
+    ReplicaStore.open(path).close()
+    for sst in path.glob("*.sst"):
+        data = bytearray(sst.read_bytes())
+        for i in range(64, len(data) - 64, 7):
+            data[i] ^= 0xFF
+        sst.write_bytes(bytes(data))
+    if not list(path.glob("*.sst")):
+        pytest.skip("rows stayed in the write-ahead log")
+    with pytest.raises(StoreCorrupt):
+        store = ReplicaStore.open(path)
+        store.get(b"k1")
+        store.scan(b"", None, 1000)
+
+
+def test_rows_without_checkpoint_are_not_trusted(tmp_path):
+    from rocksdict import Options, Rdict
+
+    path = tmp_path / "t" / "0"
+    path.mkdir(parents=True)
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    db = Rdict(str(path), opts)
+    db.put(b"a", b"1")
+    db.close()
+    del db
+    with pytest.raises(StoreCorrupt):
+        ReplicaStore.open(path)
+
+
+_WRITER = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from store_node.replica_store import ReplicaStore
+    store = ReplicaStore.open(Path(sys.argv[1]))
+    i = store.applied_offset
+    print("ready", flush=True)
+    while True:
+        # Every batch rewrites all 50 rows with the batch's own offset: a torn batch would
+        # leave rows from two batches, or rows ahead of (or behind) the checkpoint.
+        store.apply([(f"k{j}".encode(), str(i).encode()) for j in range(50)], i + 1)
+        i += 1
+""")
+
+
+def test_batch_is_atomic_across_a_kill(tmp_path):
+    """Kill a writer mid-stream: the rows always match the checkpoint written with them."""
+    path = tmp_path / "t" / "0"
+    for _ in range(3):
+        proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], cwd=REPO, stdout=subprocess.PIPE,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
+        try:
+            assert proc.stdout.readline().strip() == b"ready"
+            time.sleep(0.3)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        store = ReplicaStore.open(path)
+        applied = store.applied_offset
+        values = {store.get(f"k{j}".encode()) for j in range(50)}
+        store.close()
+        assert applied > 0
+        assert values == {str(applied - 1).encode()}
