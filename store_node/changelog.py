@@ -118,7 +118,6 @@ class ChangelogTailer:
         self._limiter = _RateLimiter(settings.apply_rate_limit)
         self._progress_at = time.monotonic()
         self._progress_applied: dict[str, int] = {}
-        self._cleanup_at = 0.0
         self.records_skipped = 0
         self.started = threading.Event()
         self.failed = False
@@ -152,6 +151,25 @@ class ChangelogTailer:
     # --- the thread -------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        if not self.open():
+            return
+        failures = 0
+        try:
+            while not self._stop.is_set():
+                try:
+                    self.step()
+                    failures = 0
+                except Exception:
+                    # A bug must not freeze the replicas silently, nor spin: log, back off, carry on.
+                    failures += 1
+                    if failures <= 3 or failures % 100 == 0:
+                        log.exception("changelog tailer step failed (%d in a row)", failures)
+                    self._stop.wait(min(0.1 * failures, 2.0))
+        finally:
+            self.close()
+
+    def open(self) -> bool:
+        """Create the consumer and note replicas left on disk; False (logged) if the consumer cannot be made."""
         try:
             self._consumer = self._consumer_factory(self._settings.consumer_config(
                 stats_cb=self._on_stats, error_cb=self._on_client_error,
@@ -163,25 +181,13 @@ class ChangelogTailer:
         except Exception:
             log.exception("cannot create the changelog consumer")
             self.failed = True
-            self.started.set()
-            return
-        self.started.set()
-        failures = 0
-        try:
-            while not self._stop.is_set():
-                try:
-                    self._step()
-                    failures = 0
-                except Exception:
-                    # A bug must not freeze the replicas silently, nor spin: log, back off, carry on.
-                    failures += 1
-                    if failures <= 3 or failures % 100 == 0:
-                        log.exception("changelog tailer step failed (%d in a row)", failures)
-                    self._stop.wait(min(0.1 * failures, 2.0))
+            return False
         finally:
-            self._shutdown()
+            self.started.set()
+        return True
 
-    def _step(self) -> None:
+    def step(self) -> None:
+        """One round: follow the assignment, poll, apply, housekeeping."""
         self._reconcile()
         consumer = self._consumer
         batch_max = self._limiter.batch_size(self._settings.apply_batch_max)
@@ -195,7 +201,8 @@ class ChangelogTailer:
         self._after_poll()
         self._limiter.spend(applied, self._stop)
 
-    def _shutdown(self) -> None:
+    def close(self) -> None:
+        """Close every replica's store and the consumer."""
         for rep in list(self._replicas.values()):
             try:
                 rep.close()
@@ -530,8 +537,7 @@ class ChangelogTailer:
         mono = time.monotonic()
         if mono - self._progress_at >= self._settings.restore_log_interval_ms / 1000:
             self._log_progress(mono)
-        if mono >= self._cleanup_at:
-            self._cleanup_at = mono + 1.0
+        if self._retired:
             self._delete_retired(mono)
 
     def _log_restored(self, rep: Replica) -> None:

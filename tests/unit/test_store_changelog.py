@@ -1,0 +1,364 @@
+"""The changelog tailer against an in-memory consumer: what it applies, skips, resumes and resets."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import Future
+from types import SimpleNamespace
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, KafkaError
+
+from freshroute.metadata import ReplicaState, Role, TableSpec
+from store_node.changelog import ChangelogTailer
+from store_node.replica import replica_path
+from store_node.replica_store import ReplicaStore
+from store_node.settings import StoreNodeSettings
+
+SPEC = TableSpec("counts", "counts-changelog", 2, "k")
+KEY = ("counts", 0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class Msg:
+    def __init__(self, offset, key=None, value=None, partition=0, topic=SPEC.topic, error=None):
+        self._offset, self._key, self._value = offset, key, value
+        self._partition, self._topic, self._error = partition, topic, error
+
+    def error(self):
+        return self._error
+
+    def topic(self):
+        return self._topic
+
+    def partition(self):
+        return self._partition
+
+    def offset(self):
+        return self._offset
+
+    def key(self):
+        return self._key
+
+    def value(self):
+        return self._value
+
+
+class Err:
+    def __init__(self, code, text="x"):
+        self._code, self._text = code, text
+
+    def code(self):
+        return self._code
+
+    def str(self):
+        return self._text
+
+
+def record(offset, key, value, partition=0):
+    return Msg(offset, key.encode() if isinstance(key, str) else key,
+               None if value is None else (value if isinstance(value, bytes) else json.dumps(value).encode()),
+               partition)
+
+
+def eof(offset, partition=0):
+    return Msg(offset, partition=partition, error=Err(KafkaError._PARTITION_EOF))
+
+
+class FakeConsumer:
+    def __init__(self, config):
+        self.config = config
+        self.queue: list = []
+        self.assigned: dict[tuple[str, int], int] = {}
+        self.assign_calls: list[tuple[str, int, int]] = []
+        self.closed = False
+        self.pending_stats: list[str] = []
+
+    def incremental_assign(self, tps):
+        for tp in tps:
+            self.assigned[(tp.topic, tp.partition)] = tp.offset
+            self.assign_calls.append((tp.topic, tp.partition, tp.offset))
+
+    def incremental_unassign(self, tps):
+        for tp in tps:
+            self.assigned.pop((tp.topic, tp.partition), None)
+
+    def _serve_stats(self):
+        while self.pending_stats:
+            self.config["stats_cb"](self.pending_stats.pop(0))
+
+    def poll(self, timeout):
+        self._serve_stats()
+        return self.queue.pop(0) if self.queue else None
+
+    def consume(self, n, timeout):
+        out, self.queue = self.queue[:n], self.queue[n:]
+        return out
+
+    def close(self):
+        self.closed = True
+
+
+class FakeAdmin:
+    def __init__(self, config):
+        self.topic_ids: dict[str, str] = {}
+
+    def describe_topics(self, collection, request_timeout=None):
+        out = {}
+        for topic in collection.topic_names:
+            f: Future = Future()
+            if topic in self.topic_ids:
+                f.set_result(SimpleNamespace(topic_id=self.topic_ids[topic]))
+            else:
+                f.set_exception(RuntimeError("unknown topic"))
+            out[topic] = f
+        return out
+
+
+def stats(hi: dict[int, int], rx: int, state="UP", topic=SPEC.topic) -> str:
+    return json.dumps({
+        "brokers": {"b/1": {"nodeid": 1, "state": state, "rx": rx}, "bootstrap": {"nodeid": -1, "state": "UP", "rx": 1}},
+        "topics": {topic: {"partitions": {str(p): {"leader": 1, "fetch_state": "active", "hi_offset": h}
+                                          for p, h in hi.items()} | {"-1": {"leader": -1, "hi_offset": -1001}}}},
+    })
+
+
+@pytest.fixture
+def env(tmp_path):
+    clock = Clock()
+    made = {}
+
+    def consumer_factory(config):
+        made["consumer"] = FakeConsumer(config)
+        return made["consumer"]
+
+    def admin_factory(config):
+        made["admin"] = FakeAdmin(config)
+        return made["admin"]
+
+    settings = StoreNodeSettings(node_id="n1", data_dir=tmp_path, removed_replica_grace_ms=0, topic_check_ms=1,
+                                 caught_up_threshold=0)
+    tailer = ChangelogTailer(settings, clock, consumer_factory, admin_factory)
+    assert tailer.open()
+    yield SimpleNamespace(tailer=tailer, clock=clock, consumer=made["consumer"], admin=made["admin"], root=tmp_path)
+    tailer.close()
+
+
+def host(env, *partitions, role=Role.ACTIVE):
+    env.tailer.set_desired({("counts", p): (SPEC, role) for p in partitions})
+    env.tailer.step()
+
+
+def steps_until(env, condition, limit=200):
+    for _ in range(limit):
+        env.tailer.step()
+        if condition():
+            return
+        time.sleep(0.002)
+    raise AssertionError("condition not reached")
+
+
+def test_new_replica_restores_from_the_beginning(env):
+    host(env, 0)
+    assert env.consumer.assigned == {(SPEC.topic, 0): OFFSET_BEGINNING}
+    rep = env.tailer.serving[KEY]
+    assert rep.state is ReplicaState.RESTORING and rep.role is Role.ACTIVE
+
+
+def test_restart_resumes_from_the_stored_offset(env):
+    store = ReplicaStore.open(replica_path(env.root, "counts", 0))
+    store.apply([(b"a", b"1")], 42)
+    store.close()
+    host(env, 0)
+    assert env.consumer.assigned == {(SPEC.topic, 0): 42}
+    rep = env.tailer.serving[KEY]
+    assert rep.counters.resumed_from == 42 and rep.store.get(b"a") == b"1"
+
+
+def test_records_are_applied_latest_wins_tombstones_delete_poison_is_skipped(env):
+    host(env, 0)
+    env.consumer.queue += [
+        record(0, "a", {"n": 1}), record(1, "b", {"n": 2}), record(2, "a", {"n": 3}),
+        record(3, "b", None),  # tombstone
+        Msg(4, None, b'{"n": 9}'),  # null key
+        record(5, "c", b"not json"),
+        record(6, b"\xff\xfe", {"n": 1}),  # not UTF-8
+        record(7, "d", {"n": 4}),
+    ]
+    env.tailer.step()
+    rep = env.tailer.serving[KEY]
+    assert rep.store.get(b"a") == b'{"n": 3}'
+    assert rep.store.get(b"b") is None
+    assert rep.store.get(b"c") is None
+    assert rep.store.get(b"d") == b'{"n": 4}'
+    assert rep.lag.applied == 8  # the poison records are behind the replica, not blocking it
+    assert rep.counters.records_skipped == 3 and env.tailer.records_skipped == 3
+    assert rep.counters.records_applied == 5
+
+
+def test_records_of_several_partitions_go_to_their_own_replicas(env):
+    host(env, 0, 1)
+    env.consumer.queue += [record(0, "a", 1, partition=0), record(0, "b", 2, partition=1),
+                           record(1, "c", 3, partition=0)]
+    env.tailer.step()
+    r0, r1 = env.tailer.serving[("counts", 0)], env.tailer.serving[("counts", 1)]
+    assert (r0.lag.applied, r1.lag.applied) == (2, 1)
+    assert r1.store.get(b"b") == b"2" and r0.store.get(b"b") is None
+
+
+def test_eof_is_fresh_evidence_and_skips_gaps(env):
+    host(env, 0)
+    env.consumer.queue += [record(0, "a", 1), eof(5)]  # offsets 1..4 were compacted away / control records
+    env.tailer.step()
+    rep = env.tailer.serving[KEY]
+    assert rep.lag.applied == 5
+    assert rep.state is ReplicaState.ACTIVE  # caught up, with evidence from that fetch
+    assert rep.snapshot().staleness_ms == 0
+
+
+def test_stats_evidence_needs_a_responding_broker(env):
+    host(env, 0)
+    rep = env.tailer.serving[KEY]
+    env.consumer.queue += [record(i, f"k{i}", i) for i in range(10)]
+    env.tailer.step()
+    env.consumer.pending_stats.append(stats({0: 10}, rx=5))
+    env.tailer.step()
+    assert rep.state is ReplicaState.ACTIVE
+    assert rep.snapshot().lag_offsets == 0
+    caught_up_at = env.clock.now
+    # The broker stops answering: rx stays put, so there is no new evidence.
+    for _ in range(5):
+        env.clock.now += 1000
+        env.consumer.pending_stats.append(stats({0: 10}, rx=5))
+        env.tailer.step()
+    assert rep.snapshot().staleness_ms == env.clock.now - caught_up_at
+    # It answers again.
+    env.clock.now += 100
+    env.consumer.pending_stats.append(stats({0: 10}, rx=6))
+    env.tailer.step()
+    assert rep.snapshot().staleness_ms == 0
+
+
+def test_broker_down_gives_no_evidence(env):
+    host(env, 0)
+    env.consumer.pending_stats.append(stats({0: 0}, rx=3, state="DOWN"))
+    env.tailer.step()
+    assert env.tailer.serving[KEY].state is ReplicaState.RESTORING
+
+
+def test_high_watermark_below_applied_wipes_and_restores(env):
+    host(env, 0)
+    env.consumer.queue += [record(i, f"k{i}", i) for i in range(20)]
+    env.tailer.step()
+    rep = env.tailer.serving[KEY]
+    assert rep.lag.applied == 20
+    # A memory-only broker restarted: the recreated changelog has only 3 records.
+    env.consumer.pending_stats.append(stats({0: 3}, rx=9))
+    env.tailer.step()
+    assert rep.counters.restores == 1
+    assert rep.lag.applied == 0 and rep.state is ReplicaState.RESTORING
+    assert rep.store.get(b"k5") is None
+    assert env.consumer.assigned[(SPEC.topic, 0)] == OFFSET_BEGINNING
+    env.consumer.queue += [record(0, "x", 1), record(1, "y", 2), record(2, "z", 3), eof(3)]
+    env.tailer.step()
+    assert rep.lag.applied == 3 and rep.store.get(b"z") == b"3" and rep.state is ReplicaState.ACTIVE
+
+
+def test_out_of_range_wipes_and_restores(env):
+    host(env, 0)
+    env.consumer.queue += [record(0, "a", 1)]
+    env.tailer.step()
+    env.consumer.queue += [Msg(1, topic=SPEC.topic, partition=0, error=Err(KafkaError._AUTO_OFFSET_RESET))]
+    env.tailer.step()
+    rep = env.tailer.serving[KEY]
+    assert rep.counters.restores == 1 and rep.store.get(b"a") is None
+    assert env.consumer.assign_calls[-1] == (SPEC.topic, 0, OFFSET_BEGINNING)
+
+
+def test_records_after_a_reset_in_the_same_batch_are_dropped(env):
+    host(env, 0)
+    env.consumer.queue += [record(0, "a", 1),
+                           Msg(1, topic=SPEC.topic, partition=0, error=Err(KafkaError._AUTO_OFFSET_RESET)),
+                           record(7, "stale", 1)]
+    env.tailer.step()
+    rep = env.tailer.serving[KEY]
+    assert rep.store.get(b"stale") is None and rep.lag.applied == 0
+
+
+def test_recreated_topic_is_detected_by_its_id(env):
+    env.admin.topic_ids[SPEC.topic] = "id-1"
+    host(env, 0)
+    env.consumer.queue += [record(0, "a", 1)]
+    rep = env.tailer.serving[KEY]
+    steps_until(env, lambda: rep.store.topic_id == "id-1")
+    env.admin.topic_ids[SPEC.topic] = "id-2"
+    steps_until(env, lambda: rep.counters.restores == 1)
+    assert rep.store.get(b"a") is None
+    steps_until(env, lambda: rep.store.topic_id == "id-2")
+    assert rep.counters.restores == 1
+
+
+def test_corrupt_store_on_open_is_wiped(env):
+    path = replica_path(env.root, "counts", 0)
+    store = ReplicaStore.open(path)
+    store.apply([(b"a", b"1")], 9)
+    store.close()
+    (path / "CURRENT").write_text("garbage\n")
+    host(env, 0)
+    rep = env.tailer.serving[KEY]
+    assert rep.lag.applied == 0 and rep.store.get(b"a") is None
+    assert env.consumer.assigned[(SPEC.topic, 0)] == OFFSET_BEGINNING
+
+
+def test_failed_read_marks_the_replica_for_rebuild(env):
+    host(env, 0)
+    env.consumer.queue += [record(0, "a", 1)]
+    env.tailer.step()
+    rep = env.tailer.serving[KEY]
+    rep.mark_corrupt("checksum mismatch")
+    env.tailer.step()
+    assert rep.counters.restores == 1 and rep.corrupt_reason is None
+
+
+def test_role_changes_and_removal(env):
+    host(env, 0, 1, role=Role.STANDBY)
+    env.consumer.queue += [record(0, "a", 1), eof(1)]
+    env.tailer.step()
+    rep = env.tailer.serving[KEY]
+    assert rep.state is ReplicaState.STANDBY
+    host(env, 0, 1, role=Role.ACTIVE)
+    assert rep.state is ReplicaState.ACTIVE and env.tailer.serving[KEY] is rep
+
+    host(env, 1)  # partition 0 moves away
+    assert KEY not in env.tailer.serving and rep.store is None
+    assert (SPEC.topic, 0) not in env.consumer.assigned
+    path = replica_path(env.root, "counts", 0)
+    env.tailer.step()  # grace period 0 and a fresh assignment: the files go
+    assert not path.exists()
+
+
+def test_moved_back_within_grace_resumes_from_its_files(env, tmp_path):
+    env.tailer._settings = env.tailer._settings.model_copy(update={"removed_replica_grace_ms": 60_000})
+    host(env, 0)
+    env.consumer.queue += [record(0, "a", 1), record(1, "b", 2)]
+    env.tailer.step()
+    host(env)
+    host(env, 0)
+    assert env.consumer.assigned[(SPEC.topic, 0)] == 2
+    assert env.tailer.serving[KEY].store.get(b"b") == b"2"
+
+
+def test_rate_limit_caps_the_batch_size():
+    settings = StoreNodeSettings(node_id="n1", apply_rate_limit=200)
+    from store_node.changelog import _RateLimiter
+
+    assert _RateLimiter(settings.apply_rate_limit).batch_size(5000) == 20
+    assert _RateLimiter(0).batch_size(5000) == 5000

@@ -1,0 +1,193 @@
+"""Bounded reads through the store node's gRPC servicer, called in-process on real replica stores."""
+
+from __future__ import annotations
+
+import asyncio
+from types import MappingProxyType, SimpleNamespace
+
+import pytest
+
+from freshroute.metadata import Role, TableSpec
+from proto import store_pb2
+from store_node.bounds import ReadBound, check, refusal
+from store_node.lag import LagSnapshot
+from store_node.replica import Replica
+from store_node.replica_store import ReplicaStore
+from store_node.service import SCAN_CHUNK, StoreNodeService
+
+SPEC = TableSpec("users", "users-changelog", 4, "id")
+
+
+class Clock:
+    now = 5_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def world(tmp_path):
+    clock = Clock()
+    store = ReplicaStore.open(tmp_path / "users" / "1")
+    store.apply([(b"alice", b'{"age":31}'), (b"bob", b'{"age":40}')], 10)
+    rep = Replica(SPEC, 1, Role.STANDBY, store, clock, evidence_window_ms=1000, caught_up_threshold=0)
+    node = SimpleNamespace(node_id="n7", serving=MappingProxyType({("users", 1): rep}), draining=False)
+    service = StoreNodeService(node, clock)
+    yield SimpleNamespace(clock=clock, rep=rep, node=node, service=service, store=store)
+    rep.close()
+
+
+def get(world, key: bytes, partition=1, table="users", **bound) -> store_pb2.KeyResult:
+    read = store_pb2.KeyRead(id=99, table=table, partition=partition, key=key, bound=store_pb2.ReadBound(**bound))
+    return asyncio.run(world.service.Get(read, None))
+
+
+def caught_up(world, end=10):
+    world.rep.lag.observe_end(end, world.clock.now)
+    world.rep.check_restored(world.clock.now)
+
+
+def test_ok_read_carries_the_replica_status(world):
+    caught_up(world)
+    res = get(world, b"alice", max_lag=0, max_staleness_ms=0)
+    assert res.id == 99 and res.status == store_pb2.OK and res.value == b'{"age":31}'
+    r = res.replica
+    assert (r.node, r.role, r.state) == ("n7", store_pb2.STANDBY, store_pb2.SERVING_STANDBY)
+    assert (r.applied_offset, r.end_offset, r.lag_offsets, r.staleness_ms) == (10, 10, 0, 0)
+
+
+def test_missing_key_is_not_found_with_status(world):
+    caught_up(world)
+    res = get(world, b"carol")
+    assert res.status == store_pb2.NOT_FOUND and res.replica.applied_offset == 10 and not res.value
+
+
+def test_not_hosted(world):
+    assert get(world, b"alice", partition=2).status == store_pb2.NOT_HOSTED
+    assert get(world, b"alice", table="other").status == store_pb2.NOT_HOSTED
+
+
+def test_lagging_replica_refuses_a_tight_bound(world):
+    world.rep.lag.observe_end(25, world.clock.now)  # 15 offsets behind
+    res = get(world, b"alice", max_lag=0)
+    assert res.status == store_pb2.TOO_STALE and not res.value
+    assert res.replica.lag_offsets == 15 and "15 offsets behind" in res.message
+    assert get(world, b"alice", max_lag=14).status == store_pb2.TOO_STALE
+    assert get(world, b"alice", max_lag=15).status == store_pb2.OK
+    assert get(world, b"alice").status == store_pb2.OK  # no bound: answered, honestly labelled
+    assert get(world, b"alice").replica.state == store_pb2.RESTORING
+
+
+def test_unknown_end_offset_fails_any_lag_bound(world):
+    assert get(world, b"alice", max_lag=1_000_000).status == store_pb2.TOO_STALE
+    assert get(world, b"alice").status == store_pb2.OK
+
+
+def test_staleness_bound(world):
+    caught_up(world)
+    world.clock.now += 5000  # no evidence since: 5 s stale
+    res = get(world, b"alice", max_staleness_ms=4999)
+    assert res.status == store_pb2.TOO_STALE and res.replica.staleness_ms == 5000
+    assert get(world, b"alice", max_staleness_ms=5000).status == store_pb2.OK
+
+
+def test_position_bound(world):
+    caught_up(world)
+    assert get(world, b"alice", min_offset=10).status == store_pb2.OK
+    res = get(world, b"alice", min_offset=11)
+    assert res.status == store_pb2.TOO_STALE and "position 11" in res.message
+
+
+def test_replica_being_rebuilt_refuses(world):
+    world.rep.store = None
+    assert get(world, b"alice").status == store_pb2.TOO_STALE
+    world.rep.store = world.store
+
+
+def test_closed_store_under_a_read_is_not_an_error(world):
+    caught_up(world)
+    world.store.close()  # closed by the tailer while the reader held it
+    world.rep.store = None
+    res = get(world, b"alice")
+    assert res.status == store_pb2.TOO_STALE
+
+
+def test_batch_get_answers_each_read(world):
+    caught_up(world)
+    batch = store_pb2.ReadBatch(reads=[
+        store_pb2.KeyRead(id=1, table="users", partition=1, key=b"alice"),
+        store_pb2.KeyRead(id=2, table="users", partition=1, key=b"nobody"),
+        store_pb2.KeyRead(id=3, table="users", partition=3, key=b"bob"),
+        store_pb2.KeyRead(id=4, table="users", partition=1, key=b"bob", bound=store_pb2.ReadBound(min_offset=99)),
+    ])
+    res = asyncio.run(world.service.BatchGet(batch, None))
+    assert [(r.id, r.status) for r in res.results] == [
+        (1, store_pb2.OK), (2, store_pb2.NOT_FOUND), (3, store_pb2.NOT_HOSTED), (4, store_pb2.TOO_STALE)]
+
+
+def test_read_stream_matches_results_by_id(world):
+    caught_up(world)
+
+    async def requests():
+        for i in range(3):
+            yield store_pb2.ReadBatch(reads=[store_pb2.KeyRead(id=i * 10 + j, table="users", partition=1,
+                                                               key=b"alice" if j else b"bob") for j in range(2)])
+
+    async def run():
+        return [b async for b in world.service.Read(requests(), None)]
+
+    out = asyncio.run(run())
+    assert [[(r.id, r.value) for r in b.results] for b in out] == [
+        [(i * 10, b'{"age":40}'), (i * 10 + 1, b'{"age":31}')] for i in range(3)]
+
+
+def scan(world, **kw) -> list[store_pb2.ScanChunk]:
+    async def run():
+        return [c async for c in world.service.Scan(store_pb2.ScanRequest(table="users", partition=1, **kw), None)]
+    return asyncio.run(run())
+
+
+def test_scan_is_ordered_and_chunked(world):
+    n = SCAN_CHUNK * 2 + 7
+    world.rep.apply([(f"u{i:05d}".encode(), b"{}") for i in range(n)], 11, 0)
+    caught_up(world, 11)
+    chunks = scan(world)
+    keys = [e.key for c in chunks for e in c.entries]
+    assert keys == sorted(keys) and len(keys) == n + 2
+    assert len(chunks) == 3 and all(c.status == store_pb2.OK for c in chunks)
+    assert chunks[0].replica.applied_offset == 11
+    limited = [e.key for c in scan(world, prefix=b"u", limit=SCAN_CHUNK + 3) for e in c.entries]
+    assert limited == [f"u{i:05d}".encode() for i in range(SCAN_CHUNK + 3)]
+    ranged = [e.key for c in scan(world, start=b"u00005", end=b"u00008") for e in c.entries]
+    assert ranged == [b"u00005", b"u00006", b"u00007"]
+
+
+def test_scan_refuses_out_of_bound_and_not_hosted(world):
+    world.rep.lag.observe_end(30, world.clock.now)
+    [chunk] = scan(world, bound=store_pb2.ReadBound(max_lag=5))
+    assert chunk.status == store_pb2.TOO_STALE and not chunk.entries
+    empty = scan(world, prefix=b"zzz")
+    assert len(empty) == 1 and empty[0].status == store_pb2.OK and not empty[0].entries
+
+    async def other():
+        return [c async for c in world.service.Scan(store_pb2.ScanRequest(table="users", partition=0), None)]
+    assert asyncio.run(other())[0].status == store_pb2.NOT_HOSTED
+
+
+def test_status_lists_replicas_with_counters(world):
+    caught_up(world)
+    st = asyncio.run(world.service.Status(store_pb2.StatusRequest(), None))
+    assert st.node == "n7" and list(st.tables) == ["users/1"]
+    assert st.replicas[0].applied_offset == 10 and st.counters[0].resumed_from == 10
+
+
+def test_refusal_rules():
+    lag = LagSnapshot(applied=100, end=110, staleness_ms=300, caught_up=False)
+    assert refusal(lag, None, None, 0) is None
+    assert refusal(lag, 10, 300, 100) is None
+    assert refusal(lag, 9, None, 0) is not None
+    assert refusal(lag, None, 299, 0) is not None
+    assert refusal(lag, None, None, 101) is not None
+    assert check(LagSnapshot(5, None, 0, False), ReadBound(max_lag=100)) is not None
+    bound = ReadBound.from_proto(store_pb2.ReadBound(max_lag=0, min_offset=3))
+    assert bound == ReadBound(max_lag=0, max_staleness_ms=None, min_offset=3)
