@@ -52,10 +52,6 @@ class NodeLoad:
     ewma_ms: float = 1.0
     failing_until_ms: int = 0
 
-    def score(self) -> float:
-        # Expected wait if one more request joins the queue.
-        return (self.in_flight + 1) * self.ewma_ms
-
 
 class LoadTracker:
     """Per-node load, fed by every attempt; one per router."""
@@ -98,7 +94,11 @@ class LoadTracker:
 
 @dataclass
 class FreshestFirst:
-    """Freshest replicas first (offset lag, then staleness); equally fresh ones by load."""
+    """Freshest replicas first (offset lag, then staleness); equally fresh ones by load.
+
+    Load is requests in flight first (least outstanding wins), then, among equally busy
+    replicas, a random pick weighted by the inverse of their latency EWMA.
+    """
 
     load: LoadTracker
     overlay: LagOverlay = field(default_factory=LagOverlay)
@@ -156,18 +156,47 @@ class FreshestFirst:
     def _order(self, cands: list[Candidate], now: int) -> list[Candidate]:
         if len(cands) < 2:
             return cands
-        best_lag = min(c.lag_offsets for c in cands)
-        best_ms = min(c.staleness_ms for c in cands)
-        lag_cut = best_lag + self.tolerance_offsets
-        ms_cut = best_ms + self.tolerance_ms
-        load, rnd = self.load, self.rng.random
+        lag_cut = min(c.lag_offsets for c in cands) + self.tolerance_offsets
+        ms_cut = min(c.staleness_ms for c in cands) + self.tolerance_ms
+        load = self.load
 
-        def key(c: Candidate) -> tuple:
+        def freshness(c: Candidate) -> tuple:
             r = c.replica
             backoff = r.draining or load.failing(r.node, now)
             if c.lag_offsets <= lag_cut and c.staleness_ms <= ms_cut:
-                # Equally fresh: least loaded first, random among equals so they share.
-                return (backoff, 0, 0, 0, load.of(r.node).score(), rnd())
-            return (backoff, 1, c.lag_offsets, c.staleness_ms, load.of(r.node).score(), rnd())
+                return (backoff, 0, 0, 0)  # equally fresh
+            return (backoff, 1, c.lag_offsets, c.staleness_ms)
 
-        return sorted(cands, key=key)
+        keyed = sorted(((freshness(c), load.of(c.replica.node).in_flight, c) for c in cands),
+                       key=lambda t: (t[0], t[1]))
+        out: list[Candidate] = []
+        i = 0
+        while i < len(keyed):
+            j = i + 1
+            while j < len(keyed) and keyed[j][0] == keyed[i][0] and keyed[j][1] == keyed[i][1]:
+                j += 1
+            run = [t[2] for t in keyed[i:j]]
+            out.extend(run if len(run) == 1 else self._shuffle_by_latency(run))
+            i = j
+        return out
+
+    def _shuffle_by_latency(self, run: list[Candidate]) -> list[Candidate]:
+        """Equally fresh, equally busy: a random order, faster replicas more likely first.
+
+        Randomness (rather than "lowest EWMA first") keeps every replica's latency estimate
+        current: a replica that is never picked would keep a stale estimate forever.
+        """
+        items = list(run)
+        out: list[Candidate] = []
+        while len(items) > 1:
+            weights = [1.0 / max(self.load.of(c.replica.node).ewma_ms, 0.01) for c in items]
+            x = self.rng.random() * sum(weights)
+            pick = len(items) - 1
+            for k, w in enumerate(weights):
+                x -= w
+                if x < 0:
+                    pick = k
+                    break
+            out.append(items.pop(pick))
+        out.extend(items)
+        return out

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from freshroute.settings import CommonSettings
 
@@ -24,46 +27,59 @@ class RouterSettings(CommonSettings):
     A request's own ``max_lag`` / ``max_staleness_ms`` override both.
     """
 
-    host: str = "127.0.0.1"
-    rest_port: int = Field(default=8080, ge=0, le=65535)
-    grpc_port: int = Field(default=50051, ge=0, le=65535)  # 0 = let the OS pick
+    host: str = Field(default="127.0.0.1", description="interface for REST and gRPC")
+    rest_port: int = Field(default=8080, ge=0, le=65535, description="REST port (0 = let the OS pick)")
+    grpc_port: int = Field(default=50051, ge=0, le=65535, description="gRPC port (0 = let the OS pick)")
 
-    # Metadata: rebuilt whole from Redis this often; a node whose last heartbeat is older
-    # than node_expiry_ms is dead. A refresh that suddenly finds no tables or no nodes is
-    # taken for a restarted (empty) Redis and ignored for redis_reset_grace_ms, while the
-    # store nodes and the pipeline republish their soft state.
-    refresh_ms: int = Field(default=150, ge=10)
-    node_expiry_ms: int = Field(default=2000, ge=100)
-    redis_timeout_ms: int = Field(default=500, ge=10)
-    redis_reset_grace_ms: int = Field(default=5000, ge=0)
+    # A refresh that suddenly finds no tables or no nodes is taken for a restarted (empty)
+    # Redis and ignored for redis_reset_grace_ms, while store nodes and the pipeline
+    # republish their soft state.
+    refresh_ms: int = Field(default=150, ge=10, description="rebuild the metadata snapshot from Redis this often")
+    node_expiry_ms: int = Field(default=2000, ge=100, description="a node whose heartbeat is older is dead")
+    redis_timeout_ms: int = Field(default=500, ge=10, description="timeout of one metadata read from Redis")
+    redis_reset_grace_ms: int = Field(default=5000, ge=0,
+                                      description="how long an emptied Redis is not believed")
 
-    # Deadlines: one overall per request, one per attempt on a replica.
-    request_timeout_ms: int = Field(default=2000, ge=1)
-    attempt_timeout_ms: int = Field(default=500, ge=1)
-    scan_timeout_ms: int = Field(default=5000, ge=1)
+    request_timeout_ms: int = Field(default=2000, ge=1, description="overall deadline of one lookup")
+    attempt_timeout_ms: int = Field(default=500, ge=1,
+                                    description="after this, a slow replica is joined by the next one")
+    scan_timeout_ms: int = Field(default=5000, ge=1, description="overall deadline of one scan page")
 
     # Hedging: a second replica is asked when the first is slower than the recent
-    # hedge_quantile of attempt latencies (clamped to [hedge_min_ms, attempt_timeout_ms]),
-    # at most hedge_budget extra requests per request on average.
-    hedge: bool = True
-    hedge_quantile: float = Field(default=0.95, gt=0.0, lt=1.0)
-    hedge_min_ms: float = Field(default=5.0, ge=0.0)
-    hedge_budget: float = Field(default=0.1, ge=0.0, le=1.0)
+    # hedge_quantile of attempt latencies (clamped to [hedge_min_ms, attempt_timeout_ms]).
+    hedge: bool = Field(default=True, description="hedge slow lookups to a second replica")
+    hedge_quantile: float = Field(default=0.95, gt=0.0, lt=1.0, description="latency quantile that triggers a hedge")
+    hedge_min_ms: float = Field(default=5.0, ge=0.0, description="never hedge sooner than this")
+    hedge_budget: float = Field(default=0.1, ge=0.0, le=1.0,
+                                description="at most this many hedges per lookup on average")
 
-    # Selection: replicas whose lag is within these of the freshest count as equally
-    # fresh and share load; a replica whose lag the router saw longer ago than
-    # view_trust_ms is never excluded by that old view (the store enforces the bound);
-    # a replica that just failed goes to the back of the line for failure_backoff_ms.
-    freshness_tolerance_offsets: int = Field(default=0, ge=0)
-    freshness_tolerance_ms: int = Field(default=0, ge=0)
-    view_trust_ms: int = Field(default=1000, ge=0)
-    failure_backoff_ms: int = Field(default=1000, ge=0)
+    # A replica whose lag the router saw longer ago than view_trust_ms is never excluded
+    # by that old view: the store node enforces the bound itself.
+    freshness_tolerance_offsets: int = Field(default=0, ge=0,
+                                             description="lag differences up to this count as equally fresh")
+    freshness_tolerance_ms: int = Field(default=0, ge=0,
+                                        description="staleness differences up to this count as equally fresh")
+    view_trust_ms: int = Field(default=1000, ge=0, description="older lag views never exclude a replica")
+    failure_backoff_ms: int = Field(default=1000, ge=0,
+                                    description="a replica that just failed is tried last for this long")
 
-    table_bounds: dict[str, TableBound] = {}
+    table_bounds: dict[str, TableBound] = Field(
+        default={}, description='per-table default bounds, JSON: {"table": {"max_lag": n, "max_staleness_ms": n}}')
 
-    batch_max_keys: int = Field(default=1000, ge=1)
-    scan_default_limit: int = Field(default=100, ge=1)
-    scan_max_limit: int = Field(default=1000, ge=1)
+    batch_max_keys: int = Field(default=1000, ge=1, description="most keys in one batchGet")
+    scan_default_limit: int = Field(default=100, ge=1, description="scan page size when none is given")
+    scan_max_limit: int = Field(default=1000, ge=1, description="largest scan page")
 
-    graceful_shutdown_s: float = Field(default=5.0, ge=0.0)
-    log_level: str = "INFO"
+    graceful_shutdown_s: float = Field(default=5.0, ge=0.0, description="time in-flight requests get on SIGTERM")
+    log_level: str = Field(default="INFO", description="logging level")
+
+    @field_validator("table_bounds", mode="before")
+    @classmethod
+    def _json_table_bounds(cls, value: Any) -> Any:
+        # A flag arrives as a JSON string (the environment variable is decoded by pydantic-settings).
+        if isinstance(value, (str, bytes)):
+            try:
+                return orjson.loads(value) if value else {}
+            except orjson.JSONDecodeError as e:
+                raise ValueError(f"not JSON: {e}") from None
+        return value

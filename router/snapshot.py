@@ -190,6 +190,7 @@ class MetadataRefresher:
         self.last_ok_ms = 0
         self._failing_since: int | None = None
         self._reset_since: int | None = None
+        self._tables_lost = False
         self._warned: set[str] = set()
 
     async def refresh_once(self) -> bool:
@@ -207,7 +208,17 @@ class MetadataRefresher:
             self._failing_since = None
         self.redis_ok = True
         self.last_ok_ms = now
-        if self._looks_reset(tables, reports, now):
+        prev = self.current
+        if not tables and prev.tables:
+            # No table is ever dropped by emptying the whole hash: an empty one means Redis
+            # lost its state. Keep routing the tables we know until they are registered again.
+            if not self._tables_lost:
+                self._tables_lost = True
+                log.warning("metadata: Redis has no table specs; keeping the %d known tables", len(prev.tables))
+            tables = dict(prev.tables)
+        else:
+            self._tables_lost = False
+        if self._looks_reset(reports, now):
             return False
         self.current = build_snapshot(tables, reports, assignment, now, self._node_expiry_ms)
         if self._on_swap is not None:
@@ -242,21 +253,22 @@ class MetadataRefresher:
         assignment = self._decode(Assignment.from_json, raw_assignment, "assignment") if raw_assignment else None
         return tables, reports, assignment
 
-    def _looks_reset(self, tables: Mapping[str, TableSpec], reports: list[NodeReport], now: int) -> bool:
+    def _looks_reset(self, reports: list[NodeReport], now: int) -> bool:
         """True while a Redis that lost its state (restart) should not replace a populated view.
 
-        Redis holds soft state only; after a restart it is empty until the pipeline and the
-        store nodes republish. Serving "no such table" meanwhile would turn a metadata blip
-        into client errors, so an emptied view is believed only once it has lasted the grace.
+        Redis holds soft state only; after a restart it has no heartbeats until the store
+        nodes republish (within a heartbeat interval). Every node vanishing at once is far
+        more likely that than a whole cluster dying, so it is believed only once it has
+        lasted the grace period.
         """
         prev = self.current
-        emptied = prev.loaded and ((bool(prev.tables) and not tables) or (bool(prev.nodes) and not reports))
+        emptied = prev.loaded and bool(prev.nodes) and not reports
         if not emptied:
             self._reset_since = None
             return False
         if self._reset_since is None:
             self._reset_since = now
-            log.warning("metadata: Redis returned no tables or no nodes; keeping the last snapshot for up to %d ms",
+            log.warning("metadata: Redis has no node heartbeats; keeping the last snapshot for up to %d ms",
                         self._reset_grace_ms)
         return now - self._reset_since < self._reset_grace_ms
 

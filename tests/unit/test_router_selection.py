@@ -100,6 +100,16 @@ def test_equally_fresh_idle_replicas_share_load():
     assert 60 < firsts.count("a") < 140 and firsts.count("a") + firsts.count("b") == 200
 
 
+def test_idle_replicas_share_by_latency_and_the_slow_one_still_gets_some():
+    sel = selector()
+    reps = [replica("a"), replica("b")]
+    sel.load.of("a").ewma_ms = 1.0
+    sel.load.of("b").ewma_ms = 3.0
+    firsts = [order(sel, reps)[0] for _ in range(400)]
+    # weights 1 : 1/3 → "a" first about 75% of the time
+    assert 250 < firsts.count("a") < 350 and firsts.count("b") > 50
+
+
 def test_load_does_not_beat_freshness_unless_within_tolerance():
     strict = selector()
     reps = [replica("a", lag=0), replica("b", lag=2)]

@@ -163,9 +163,25 @@ def test_emptied_redis_is_ignored_for_the_grace_period():
     assert asyncio.run(r.refresh_once()) is False and r.current is before
     clock.t = T0 + 2500
     assert asyncio.run(r.refresh_once()) is False and r.current is before
-    clock.t = T0 + 4500  # still empty past the grace: believe it
+    clock.t = T0 + 4500  # still no heartbeat past the grace: believe the nodes are gone
     assert asyncio.run(r.refresh_once()) is True
-    assert r.current.loaded and not r.current.tables
+    assert r.current.loaded and not r.current.nodes
+    assert set(r.current.tables) == {"sensor_stats"}  # tables are kept until registered again
+
+
+def test_tables_survive_a_redis_restart_while_nodes_republish():
+    fake, clock = FakeRedis("ns"), Clock(T0)
+    fake.load(T0)
+    r, _ = refresher(fake, clock)
+    asyncio.run(r.refresh_once())
+    # Restarted Redis: the nodes have heartbeated again, the pipeline has not re-registered yet.
+    clock.t = T0 + 1000
+    fake.load(T0 + 1000)
+    del fake.data[fake.keys.tables]
+    del fake.data[fake.keys.assignment]
+    assert asyncio.run(r.refresh_once()) is True
+    assert set(r.current.tables) == {"sensor_stats"} and r.current.generation is None
+    assert all(n.alive for n in r.current.nodes.values())
 
 
 def test_malformed_entries_are_skipped_not_fatal():

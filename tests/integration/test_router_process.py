@@ -1,0 +1,356 @@
+"""The router as a real process, over real Redis, in front of small in-memory store nodes.
+
+The store nodes here are a few lines of grpc.aio implementing ``proto.StoreNode`` from a
+dict and heartbeating to Redis like a real node; each runs as its own process (started
+with ``python -m tests.integration.test_router_process store ...``) so a test can kill it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import orjson
+import pytest
+import redis
+
+from freshroute.keys import partition_for, serialize_key
+from freshroute.local.services import free_port, start_redis, wait_for_port
+from freshroute.metadata import Assignment, Keys, MetadataStore, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
+from proto import router_pb2, router_pb2_grpc
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLE = "sensor_stats"
+PARTITIONS = 4
+KEYS = 40
+APPLIED = 1000
+
+
+def value_of(i: int) -> dict:
+    return {"count": i, "sum": i * 1.5}
+
+
+# ---- the in-memory store node (runs in its own process) -----------------------------------
+
+async def serve_store(node: str, port: int, redis_url: str, namespace: str, active: set[int]) -> None:
+    from proto import store_pb2, store_pb2_grpc
+    import redis.asyncio as aioredis
+
+    rows = {}
+    for i in range(KEYS):
+        key = serialize_key(f"sensor-{i}")
+        rows.setdefault(partition_for(key, PARTITIONS), {})[key] = orjson.dumps(value_of(i))
+
+    def status(p: int) -> store_pb2.ReplicaStatus:
+        act = p in active
+        return store_pb2.ReplicaStatus(node=node, role=store_pb2.ACTIVE if act else store_pb2.STANDBY,
+                                       state=store_pb2.SERVING_ACTIVE if act else store_pb2.SERVING_STANDBY,
+                                       applied_offset=APPLIED, end_offset=APPLIED, lag_offsets=0, staleness_ms=0)
+
+    def answer(r: store_pb2.KeyRead) -> store_pb2.KeyResult:
+        if r.table != TABLE or r.partition not in rows:
+            return store_pb2.KeyResult(id=r.id, status=store_pb2.NOT_HOSTED)
+        if r.bound.min_offset > APPLIED:
+            return store_pb2.KeyResult(id=r.id, status=store_pb2.TOO_STALE, replica=status(r.partition))
+        value = rows[r.partition].get(r.key)
+        if value is None:
+            return store_pb2.KeyResult(id=r.id, status=store_pb2.NOT_FOUND, replica=status(r.partition))
+        return store_pb2.KeyResult(id=r.id, status=store_pb2.OK, value=value, replica=status(r.partition))
+
+    class Store(store_pb2_grpc.StoreNodeServicer):
+        async def Get(self, request, context):
+            return answer(request)
+
+        async def BatchGet(self, request, context):
+            return store_pb2.ResultBatch(results=[answer(r) for r in request.reads])
+
+        async def Read(self, request_iterator, context):
+            async for batch in request_iterator:
+                yield store_pb2.ResultBatch(results=[answer(r) for r in batch.reads])
+
+        async def Scan(self, request, context):
+            entries = sorted((k, v) for k, v in rows.get(request.partition, {}).items()
+                             if k.startswith(request.prefix) and k >= request.start
+                             and (not request.end or k < request.end))
+            entries = entries[: request.limit or None]
+            yield store_pb2.ScanChunk(status=store_pb2.OK, replica=status(request.partition),
+                                      entries=[store_pb2.ScanEntry(key=k, value=v) for k, v in entries])
+
+    server = grpc.aio.server()
+    store_pb2_grpc.add_StoreNodeServicer_to_server(Store(), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    keys = Keys(namespace)
+    r = aioredis.Redis.from_url(redis_url, socket_timeout=0.3, socket_connect_timeout=0.3)
+    while True:
+        report = NodeReport(node, f"127.0.0.1:{port}", int(time.time() * 1000), tuple(
+            ReplicaReport(TABLE, p, Role.ACTIVE if p in active else Role.STANDBY,
+                          ReplicaState.ACTIVE if p in active else ReplicaState.STANDBY, APPLIED, APPLIED, 0)
+            for p in range(PARTITIONS)))
+        try:
+            async with r.pipeline(transaction=False) as pipe:
+                pipe.sadd(keys.nodes, node)
+                pipe.set(keys.node(node), report.to_json(), px=2000)
+                await pipe.execute()
+        except Exception:  # noqa: BLE001 — Redis may be down; a real node keeps serving too
+            pass
+        await asyncio.sleep(0.1)
+
+
+def _store_main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--node")
+    p.add_argument("--port", type=int)
+    p.add_argument("--redis-url")
+    p.add_argument("--namespace")
+    p.add_argument("--active", default="")
+    a = p.parse_args(argv)
+    asyncio.run(serve_store(a.node, a.port, a.redis_url, a.namespace, {int(x) for x in a.active.split(",") if x}))
+
+
+# ---- fixtures -----------------------------------------------------------------------------
+
+class Procs:
+    """Processes this test started, each ended by its own handle."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "ab")
+        proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+        self.procs[name] = proc
+        return proc
+
+    def log(self, name: str) -> str:
+        return (self.log_dir / f"{name}.log").read_text(errors="replace")
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+class Deployment:
+    def __init__(self, procs: Procs, redis_url: str, namespace: str) -> None:
+        self.procs = procs
+        self.redis_url = redis_url
+        self.namespace = namespace
+        self.store_ports: dict[str, int] = {}
+        self.rest_port = free_port()
+        self.grpc_port = free_port()
+        self.rest = f"http://127.0.0.1:{self.rest_port}"
+
+    def register(self) -> None:
+        """What the pipeline and the assignor would publish."""
+        meta = MetadataStore.from_url(self.redis_url, self.namespace)
+        meta.register_tables([TableSpec(TABLE, f"{TABLE}-changelog", PARTITIONS, "sensor_id",
+                                        {"count": "long", "sum": "double"}, 1)])
+        assignment = Assignment(3, {(TABLE, p): ("n1", "n2") if p % 2 == 0 else ("n2", "n1")
+                                    for p in range(PARTITIONS)})
+        meta.redis.set(meta.keys.assignment, assignment.to_json())
+        meta.redis.close()
+
+    def start_store(self, node: str, active: list[int]) -> None:
+        port = self.store_ports.setdefault(node, free_port())
+        proc = self.procs.start(node, ["-m", "tests.integration.test_router_process", "store", "--node", node,
+                                       "--port", str(port), "--redis-url", self.redis_url,
+                                       "--namespace", self.namespace, "--active", ",".join(map(str, active))])
+        wait_for_port("127.0.0.1", port, 20, proc)
+
+    def start_router(self) -> subprocess.Popen:
+        env = {"FRESHROUTE_REDIS_URL": self.redis_url, "FRESHROUTE_NAMESPACE": self.namespace,
+               "FRESHROUTE_HOST": "127.0.0.1", "FRESHROUTE_REST_PORT": str(self.rest_port),
+               "FRESHROUTE_GRPC_PORT": str(self.grpc_port), "FRESHROUTE_REFRESH_MS": "100",
+               "FRESHROUTE_NODE_EXPIRY_MS": "2000", "FRESHROUTE_REDIS_TIMEOUT_MS": "300"}
+        proc = self.procs.start("router", ["-m", "router"], env)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, self.procs.log("router")
+            try:
+                r = httpx.get(f"{self.rest}/readyz", timeout=1)
+                if r.status_code == 200 and r.json()["nodes"] >= len(self.store_ports):
+                    return proc
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("router never became ready:\n" + self.procs.log("router"))
+
+    def up(self) -> None:
+        self.register()
+        self.start_store("n1", [p for p in range(PARTITIONS) if p % 2 == 0])
+        self.start_store("n2", [p for p in range(PARTITIONS) if p % 2 == 1])
+        self.start_router()
+
+    def stop_router(self) -> int:
+        proc = self.procs.procs["router"]
+        proc.send_signal(signal.SIGTERM)
+        return proc.wait(15)
+
+
+@pytest.fixture
+def deployment(tmp_path, redis_url, namespace):
+    procs = Procs(tmp_path)
+    d = Deployment(procs, redis_url, namespace)
+    try:
+        yield d
+    finally:
+        procs.stop_all()
+
+
+def lookup_loop(d: Deployment, seconds: float, grpc_stub=None, during=None) -> tuple[int, list[str], dict[str, int]]:
+    """Look keys up for ``seconds``; returns (lookups, failures, lookups per serving node)."""
+    failures: list[str] = []
+    served: dict[str, int] = {}
+    n = 0
+    end = time.monotonic() + seconds
+    with httpx.Client(base_url=d.rest, timeout=10) as client:
+        while time.monotonic() < end:
+            i = n % KEYS
+            n += 1
+            if during:
+                during(n)
+            try:
+                if grpc_stub is not None and n % 2:
+                    resp = grpc_stub.Get(router_pb2.GetRequest(table=TABLE, key=f"sensor-{i}"), timeout=10)
+                    ok, value, node = resp.found, json.loads(resp.value_json), resp.served_by.node
+                else:
+                    r = client.get(f"/v1/tables/{TABLE}/keys/sensor-{i}")
+                    body = r.json()
+                    ok = r.status_code == 200
+                    value, node = (body["value"], body["served_by"]["node"]) if ok else (body, "")
+                if not ok or value != value_of(i):
+                    failures.append(f"sensor-{i}: {value}")
+                else:
+                    served[node] = served.get(node, 0) + 1
+            except (httpx.HTTPError, grpc.RpcError) as e:
+                failures.append(f"sensor-{i}: {e}")
+    return n, failures, served
+
+
+# ---- tests --------------------------------------------------------------------------------
+
+def test_router_process_serves_rest_and_grpc(deployment):
+    d = deployment
+    d.up()
+    with httpx.Client(base_url=d.rest, timeout=5) as c:
+        for i in range(KEYS):
+            r = c.get(f"/v1/tables/{TABLE}/keys/sensor-{i}")
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert body["value"] == value_of(i)
+            assert body["partition"] == partition_for(serialize_key(f"sensor-{i}"), PARTITIONS)
+            assert body["served_by"]["node"] in {"n1", "n2"} and body["lag"] == {"offsets": 0, "ms": 0}
+        missing = c.get(f"/v1/tables/{TABLE}/keys/nope")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "KEY_NOT_FOUND"
+        assert missing.json()["error"]["partition"] == partition_for(b"nope", PARTITIONS)
+        batch = c.post(f"/v1/tables/{TABLE}/keys:batchGet", json={"keys": ["sensor-1", "nope", "sensor-30"]}).json()
+        assert [x["found"] for x in batch["results"]] == [True, False, True]
+        assert batch["results"][2]["value"] == value_of(30)
+        scan = c.get(f"/v1/tables/{TABLE}/scan", params={"limit": 1000}).json()
+        assert [x["key"] for x in scan["items"]] == sorted(f"sensor-{i}" for i in range(KEYS))
+        cluster = c.get("/v1/cluster").json()
+        assert [(n["node"], n["alive"]) for n in cluster["nodes"]] == [("n1", True), ("n2", True)]
+        assert cluster["assignment_generation"] == 3
+        assert "freshroute_router_lookups_total" in c.get("/metrics").text
+    with grpc.insecure_channel(f"127.0.0.1:{d.grpc_port}") as channel:
+        stub = router_pb2_grpc.RouterStub(channel)
+        for i in range(KEYS):
+            resp = stub.Get(router_pb2.GetRequest(table=TABLE, key=f"sensor-{i}"), timeout=5)
+            assert resp.found and json.loads(resp.value_json) == value_of(i)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Get(router_pb2.GetRequest(table=TABLE, key="nope"), timeout=5)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        trailer = dict(e.value.trailing_metadata())["freshroute-error"]
+        assert json.loads(trailer)["error"]["code"] == "KEY_NOT_FOUND"
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Get(router_pb2.GetRequest(table=TABLE, key="k", bound=router_pb2.Bound(max_lag=-2)), timeout=5)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert d.stop_router() == 0  # SIGTERM: graceful, clean exit
+    assert "Traceback" not in d.procs.log("router")
+
+
+def test_lookups_fail_over_when_a_store_node_is_killed(deployment):
+    d = deployment
+    d.up()
+    killed_at = 150
+
+    def kill_n1(n):
+        if n == killed_at:
+            d.procs.procs["n1"].kill()
+
+    with grpc.insecure_channel(f"127.0.0.1:{d.grpc_port}") as channel:
+        n, failures, served = lookup_loop(d, 4.0, router_pb2_grpc.RouterStub(channel), during=kill_n1)
+    assert n > killed_at + 100, "too few lookups after the kill to say anything"
+    assert failures == []
+    assert served.get("n1", 0) > 0 and served["n2"] > n - killed_at - 1
+    # The dead node's heartbeat has expired by now: the router no longer lists it as alive.
+    cluster = httpx.get(f"{d.rest}/v1/cluster", timeout=5).json()
+    assert {x["node"]: x["alive"] for x in cluster["nodes"]}.get("n1", False) is False
+    d.procs.procs["n1"].wait(5)
+
+
+def test_redis_outage_fails_no_lookup(tmp_path, namespace):
+    own_redis = start_redis(tmp_path / "redis")
+    port = int(own_redis.address.rsplit(":", 1)[1].split("/")[0])
+    procs = Procs(tmp_path)
+    d = Deployment(procs, own_redis.address, namespace)
+    restarted = None
+    try:
+        d.up()
+        # 1. Redis hangs (SIGSTOP) for 3 s — longer than node_expiry_ms — then resumes.
+        n, failures, _ = lookup_loop(d, 0.5)
+        os.kill(own_redis.proc.pid, signal.SIGSTOP)
+        try:
+            n_a, failures_a, served_a = lookup_loop(d, 3.0)
+            # Liveness was frozen at the last good refresh: nobody was declared dead.
+            cluster = httpx.get(f"{d.rest}/v1/cluster", timeout=5).json()
+            assert all(x["alive"] for x in cluster["nodes"]) and cluster["metadata"]["redis_ok"] is False
+        finally:
+            os.kill(own_redis.proc.pid, signal.SIGCONT)
+        n_b, failures_b, _ = lookup_loop(d, 1.0)
+        # 2. Redis dies and comes back empty on the same port; the nodes republish their
+        #    heartbeats, the tables are registered again a second later.
+        own_redis.stop()
+        n_c, failures_c, _ = lookup_loop(d, 2.0)
+        restarted = start_redis(tmp_path / "redis-again", port=port)
+
+        def reregister(i, done=[]):
+            if not done and time.monotonic() > reregister_at:
+                done.append(True)
+                d.register()
+
+        reregister_at = time.monotonic() + 1.0
+        n_d, failures_d, served_d = lookup_loop(d, 3.0, during=reregister)
+        assert failures + failures_a + failures_b + failures_c + failures_d == []
+        assert min(n_a, n_c, n_d) > 50
+        assert set(served_a) == {"n1", "n2"} and set(served_d) == {"n1", "n2"}
+        r = redis.Redis.from_url(restarted.address)
+        assert r.scard(Keys(namespace).nodes) == 2  # the nodes did republish
+        r.close()
+        assert httpx.get(f"{d.rest}/readyz", timeout=5).status_code == 200
+    finally:
+        procs.stop_all()
+        for svc in (own_redis, restarted):
+            if svc is not None:
+                if svc.proc.poll() is None:
+                    os.kill(svc.proc.pid, signal.SIGCONT)
+                svc.stop()
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "store":
+    _store_main(sys.argv[2:])
