@@ -105,10 +105,10 @@ async def grpc_lookup(stub: Any, table: str, key: str, bound_kind: str, bound: d
         code = e.code().name
         rec["status"] = code
         err: dict[str, Any] = {}
-        for md in e.trailing_metadata() or ():
-            if md.key == "freshroute-error":
+        for md_key, md_value in e.trailing_metadata() or ():
+            if md_key == "freshroute-error":
                 try:
-                    err = orjson.loads(md.value).get("error", {})
+                    err = orjson.loads(md_value).get("error", {})
                 except (orjson.JSONDecodeError, AttributeError):
                     err = {}
         rec["code"] = err.get("code")

@@ -44,8 +44,8 @@ class KeyChooser:
 
     @classmethod
     def for_keyspace(cls, prefix: str = "sensor-", count: int = 100, distribution: str = "uniform",
-                     zipf_s: float = 1.1, seed: int | None = None) -> "KeyChooser":
-        return cls([f"{prefix}{i}" for i in range(count)], distribution, zipf_s, random.Random(seed))
+                     zipf_s: float = 1.1, seed: int | None = None, rng: random.Random | None = None) -> "KeyChooser":
+        return cls([f"{prefix}{i}" for i in range(count)], distribution, zipf_s, rng or random.Random(seed))
 
     def probability(self, index: int) -> float:
         """Probability of choosing ``keys[index]``."""
