@@ -21,6 +21,7 @@ And it is where the changelog's surprises are handled, never silently:
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import defaultdict
@@ -60,6 +61,26 @@ class _BrokerSeen:
     state: str
     rx: int
     last_response_ms: int
+
+
+class _QuietRepeats(logging.Filter):
+    """librdkafka logs the same connection failure on every reconnect attempt; pass one per interval."""
+
+    def __init__(self, interval_s: float = 60.0) -> None:
+        super().__init__()
+        self._interval = interval_s
+        self._seen: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = re.sub(r"\d+", "#", record.getMessage())[:200]
+        now = time.monotonic()
+        last = self._seen.get(key)
+        if last is not None and now - last < self._interval:
+            return False
+        if len(self._seen) > 1000:
+            self._seen.clear()
+        self._seen[key] = now
+        return True
 
 
 class _RateLimiter:
@@ -121,6 +142,8 @@ class ChangelogTailer:
         self.records_skipped = 0
         self.started = threading.Event()
         self.failed = False
+        self._kafka_log = logging.getLogger(f"store_node.kafka.{settings.node_id}")
+        self._kafka_log.addFilter(_QuietRepeats())
 
     # --- control, from other threads --------------------------------------------------------------
 
@@ -172,11 +195,10 @@ class ChangelogTailer:
         """Create the consumer and note replicas left on disk; False (logged) if the consumer cannot be made."""
         try:
             self._consumer = self._consumer_factory(self._settings.consumer_config(
-                stats_cb=self._on_stats, error_cb=self._on_client_error,
-                logger=logging.getLogger("store_node.kafka"), log_level=4))
+                stats_cb=self._on_stats, error_cb=self._on_client_error, logger=self._kafka_log, log_level=4))
             self._admin = self._admin_factory(self._settings.kafka(
                 **{"client.id": f"freshroute-store-{self._settings.node_id}-admin"},
-                logger=logging.getLogger("store_node.kafka"), log_level=4))
+                logger=self._kafka_log, log_level=4))
             self._note_local_replicas()
         except Exception:
             log.exception("cannot create the changelog consumer")
@@ -335,9 +357,11 @@ class ChangelogTailer:
         for m in msgs:
             err = m.error()
             rep = by_tp.get((m.topic(), m.partition()))
+            if rep is not None and rep in reset_now:
+                continue  # fetched before this batch reset the replica: records and EOFs are void
             if err is None:
-                if rep is None or rep in reset_now:
-                    continue  # a partition unassigned or reset since this record was fetched
+                if rep is None:
+                    continue  # a partition unassigned since this record was fetched
                 batch = pending.get(rep)
                 if batch is None:
                     pending[rep] = batch = []

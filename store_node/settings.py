@@ -13,41 +13,42 @@ from freshroute.settings import CommonSettings
 class StoreNodeSettings(CommonSettings):
     """Where a store node serves, where it keeps its replicas, and how it paces its loops."""
 
-    node_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
-    host: str = "127.0.0.1"
-    port: int = Field(0, ge=0, le=65535)  # 0: the OS picks; the bound port is logged and printed
-    # The host other processes dial; defaults to ``host`` (set it when binding 0.0.0.0).
-    advertise_host: str | None = None
-    # Defaults to .freshroute/store/{node_id}: two nodes must never share a directory.
-    data_dir: Path | None = None
-    rack: str | None = None
+    node_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="this node's unique id")
+    host: str = Field("127.0.0.1", description="interface the gRPC server binds")
+    port: int = Field(0, ge=0, le=65535, description="gRPC port; 0 lets the OS pick (the bound port is printed)")
+    advertise_host: str | None = Field(None, description="host other processes dial (default: host)")
+    data_dir: Path | None = Field(None, description="replica stores (default .freshroute/store/NODE_ID); "
+                                                    "never shared by two nodes")
+    rack: str | None = Field(None, description="rack tag; replicas of a partition are spread across racks")
 
-    heartbeat_ms: int = Field(200, gt=0)
-    node_expiry_ms: int = Field(2000, gt=0)  # a node whose heartbeat is older is dead
-    node_report_ttl_ms: int = Field(5000, gt=0)  # Redis TTL of a heartbeat; a killed node's key disappears
-    assignor_lease_ms: int = Field(2000, gt=0)
-    assignment_poll_ms: int = Field(200, gt=0)
+    heartbeat_ms: int = Field(200, gt=0, description="how often the node publishes its heartbeat and lag")
+    node_expiry_ms: int = Field(2000, gt=0, description="a node whose heartbeat is older is dead")
+    node_report_ttl_ms: int = Field(5000, gt=0, description="Redis TTL of a heartbeat")
+    assignor_lease_ms: int = Field(2000, gt=0, description="assignor lease; another node takes over after it")
+    assignment_poll_ms: int = Field(200, gt=0, description="how often the node reads the assignment")
 
-    apply_batch_max: int = Field(5000, gt=0)  # records per consume() call, applied per partition in one batch
-    # A replica within this many offsets of the end, with fresh evidence from the broker, has caught up:
-    # it leaves RESTORING, and the assignor treats it as warm enough to take the active role.
-    caught_up_threshold: int = Field(100, ge=0)
-    # Records per second this node applies at most (0 = unlimited), so a restore cannot starve reads.
-    apply_rate_limit: int = Field(0, ge=0)
+    apply_batch_max: int = Field(5000, gt=0, description="records per poll, applied in one WriteBatch per partition")
+    # Within this many offsets of a fresh end offset a replica has caught up: it leaves
+    # RESTORING, and the assignor treats it as warm enough to take the active role.
+    caught_up_threshold: int = Field(100, ge=0, description="offsets from the end that count as caught up")
+    apply_rate_limit: int = Field(0, ge=0, description="records/s this node applies at most (0 = unlimited), "
+                                                       "so a restore cannot starve reads")
 
     # Bounded per-partition fetches: the broker fills a Fetch partition by partition up to the
     # byte limit, so one partition far behind would otherwise starve the others.
-    max_partition_fetch_bytes: int = Field(256 * 1024, gt=0)
-    fetch_max_bytes: int = Field(4 * 1024 * 1024, gt=0)
-    fetch_wait_max_ms: int = Field(100, gt=0)
-    statistics_interval_ms: int = Field(100, gt=0)
-    # A caught-up confirmation needs a broker response at most this old.
-    evidence_window_ms: int = Field(1000, gt=0)
-    topic_check_ms: int = Field(2000, gt=0)  # how often changelog topic ids are compared to the stored ones
+    max_partition_fetch_bytes: int = Field(256 * 1024, gt=0, description="fetch bytes per partition")
+    fetch_max_bytes: int = Field(4 * 1024 * 1024, gt=0, description="fetch bytes per request")
+    fetch_wait_max_ms: int = Field(100, gt=0, description="broker long-poll; bounds how old the end offset can be")
+    statistics_interval_ms: int = Field(100, gt=0, description="consumer statistics (end offsets, broker state)")
+    evidence_window_ms: int = Field(1000, gt=0, description="a caught-up confirmation needs a broker response "
+                                                            "at most this old")
+    topic_check_ms: int = Field(2000, gt=0, description="how often changelog topic ids are checked for a "
+                                                        "recreated topic")
 
-    removed_replica_grace_ms: int = Field(30_000, ge=0)  # data of a replica moved away is deleted after this
-    drain_timeout_ms: int = Field(1500, ge=0)  # on SIGTERM: announce draining, then keep answering this long
-    restore_log_interval_ms: int = Field(5000, gt=0)
+    removed_replica_grace_ms: int = Field(30_000, ge=0, description="files of a replica moved away are deleted "
+                                                                    "after this")
+    drain_timeout_ms: int = Field(1500, ge=0, description="on SIGTERM: announce draining, keep answering this long")
+    restore_log_interval_ms: int = Field(5000, gt=0, description="restore progress log period")
 
     @model_validator(mode="after")
     def _default_data_dir(self) -> "StoreNodeSettings":
@@ -80,5 +81,8 @@ class StoreNodeSettings(CommonSettings):
             "queued.max.messages.kbytes": 16 * 1024,
             "topic.metadata.refresh.interval.ms": 5000,
             "socket.keepalive.enable": True,
+            # Reconnect quickly to a restarted broker; the repeated failures are logged once.
+            "reconnect.backoff.ms": 200,
+            "reconnect.backoff.max.ms": 2000,
             **overrides,
         })

@@ -287,7 +287,7 @@ def test_records_after_a_reset_in_the_same_batch_are_dropped(env):
     host(env, 0)
     env.consumer.queue += [record(0, "a", 1),
                            Msg(1, topic=SPEC.topic, partition=0, error=Err(KafkaError._AUTO_OFFSET_RESET)),
-                           record(7, "stale", 1)]
+                           record(7, "stale", 1), eof(8)]
     env.tailer.step()
     rep = env.tailer.serving[KEY]
     assert rep.store.get(b"stale") is None and rep.lag.applied == 0

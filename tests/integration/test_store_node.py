@@ -1,0 +1,409 @@
+"""Store nodes as real processes against the real broker and Redis, queried over gRPC.
+
+Each test registers its own table in its own namespace, creates its changelog topic with 8
+partitions, produces the changelog itself (keys placed with ``partition_for``, as the
+pipeline does), starts store nodes with ``python -m store_node`` and checks what they serve.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable
+
+import grpc
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from freshroute.keys import partition_for, serialize_key
+from freshroute.local.services import start_broker
+from freshroute.metadata import MetadataStore, TableSpec
+from proto import store_pb2, store_pb2_grpc
+
+REPO = Path(__file__).resolve().parents[2]
+PARTITIONS = 8
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            result = predicate()
+            if result:
+                return result
+        except grpc.RpcError as e:  # a node still starting
+            last_error = e
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (last error: {last_error})")
+
+
+class Changelog:
+    """One table's changelog topic, and what a correct replica should hold."""
+
+    def __init__(self, bootstrap: str, redis_url: str, namespace: str, standby_replicas: int = 1) -> None:
+        self.spec = TableSpec("counts", f"{namespace}.counts.changelog", PARTITIONS, "key",
+                              standby_replicas=standby_replicas)
+        self.bootstrap = bootstrap
+        self.metadata = MetadataStore.from_url(redis_url, namespace)
+        self.expected: dict[str, bytes | None] = {}
+        self.per_partition: dict[int, int] = defaultdict(int)  # records produced per partition
+        self.create_topic()
+        self.metadata.register_tables([self.spec])
+        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+
+    def create_topic(self) -> None:
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        futures = admin.create_topics([NewTopic(self.spec.topic, PARTITIONS, 1, config={"cleanup.policy": "compact"})])
+        futures[self.spec.topic].result(30)
+
+    def produce(self, key: str, value: dict | None | bytes) -> None:
+        raw = value if isinstance(value, bytes) or value is None else json.dumps(value).encode()
+        p = self.partition(key)
+        self._producer.produce(self.spec.topic, key=serialize_key(key), value=raw, partition=p)
+        self.per_partition[p] += 1
+        if raw is None or isinstance(value, dict):
+            self.expected[key] = raw
+
+    def flush(self) -> None:
+        assert self._producer.flush(30) == 0
+
+    @staticmethod
+    def partition(key: str) -> int:
+        return partition_for(serialize_key(key), PARTITIONS)
+
+
+class NodeProcess:
+    """One ``python -m store_node`` process this test started (stopped by its own pid only)."""
+
+    def __init__(self, node_id: str, data_dir: Path, env: dict[str, str], log_dir: Path,
+                 command: list[str] | None = None) -> None:
+        self.node_id = node_id
+        self.command = command or [sys.executable, "-m", "store_node"]
+        self.data_dir = data_dir
+        self.env = env
+        self.log_path = log_dir / f"{node_id}.log"
+        self.proc: subprocess.Popen | None = None
+        self.address: str | None = None
+        self._channel: grpc.Channel | None = None
+
+    def start(self, timeout_s: float = 60.0) -> "NodeProcess":
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.command, cwd=REPO, env=self.env,
+                                     stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
+        log.close()
+        line: list[bytes] = []
+        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout_s)
+        text = line[0].decode() if line else ""
+        if "listening on" not in text:
+            self.stop()
+            raise AssertionError(f"{self.node_id} did not start: {text!r}; log:\n{self.log()[-3000:]}")
+        self.address = text.split()[-1]
+        self._channel = grpc.insecure_channel(self.address)
+        return self
+
+    @property
+    def stub(self) -> store_pb2_grpc.StoreNodeStub:
+        return store_pb2_grpc.StoreNodeStub(self._channel)
+
+    def status(self) -> store_pb2.NodeStatus:
+        return self.stub.Status(store_pb2.StatusRequest(), timeout=5)
+
+    def health(self) -> int:
+        return health_pb2_grpc.HealthStub(self._channel).Check(health_pb2.HealthCheckRequest(service=""),
+                                                                timeout=5).status
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def cluster(broker, redis_url, namespace, tmp_path):
+    """Starts store nodes on demand; stops every one it started, by pid, at the end."""
+    started: list[NodeProcess] = []
+
+    class Cluster:
+        def changelog(self, standby_replicas: int = 1, bootstrap: str | None = None) -> Changelog:
+            return Changelog(bootstrap or broker, redis_url, namespace, standby_replicas)
+
+        def node(self, node_id: str, bootstrap: str | None = None, command: list[str] | None = None,
+                 **settings) -> NodeProcess:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("FRESHROUTE_")}
+            env.update({"FRESHROUTE_NODE_ID": node_id, "FRESHROUTE_BOOTSTRAP_SERVERS": bootstrap or broker,
+                        "FRESHROUTE_REDIS_URL": redis_url, "FRESHROUTE_NAMESPACE": namespace,
+                        "FRESHROUTE_DATA_DIR": str(tmp_path / node_id), "FRESHROUTE_PORT": "0",
+                        "PYTHONPATH": str(REPO)})
+            env.update({f"FRESHROUTE_{k.upper()}": str(v) for k, v in settings.items()})
+            proc = NodeProcess(node_id, tmp_path / node_id, env, tmp_path, command)
+            started.append(proc)
+            return proc.start()
+
+    yield Cluster()
+    for proc in started:
+        proc.stop()
+
+
+def caught_up(node: NodeProcess, changelog: Changelog, replicas: int = PARTITIONS):
+    """The node's Status if it hosts ``replicas`` replicas, all serving and at the changelog's end."""
+    st = node.status()
+    if len(st.replicas) != replicas:
+        return None
+    ends = {int(t.split("/")[1]): r for t, r in zip(st.tables, st.replicas)}
+    for p, r in ends.items():
+        if r.state == store_pb2.RESTORING or r.lag_offsets != 0 or r.applied_offset < changelog.per_partition[p]:
+            return None
+    return st
+
+
+def read_all(node: NodeProcess, keys: list[str], **bound) -> dict[str, store_pb2.KeyResult]:
+    reads = [store_pb2.KeyRead(id=i, table="counts", partition=Changelog.partition(k), key=serialize_key(k),
+                               bound=store_pb2.ReadBound(**bound)) for i, k in enumerate(keys)]
+    results = node.stub.BatchGet(store_pb2.ReadBatch(reads=reads), timeout=30).results
+    return {keys[r.id]: r for r in results}
+
+
+def test_serves_latest_values_tombstones_and_scans(cluster):
+    changelog = cluster.changelog(standby_replicas=0)
+    keys = [f"user-{i}" for i in range(400)]
+    for round_ in range(5):
+        for i, k in enumerate(keys):
+            changelog.produce(k, {"key": k, "round": round_, "n": i})
+    for k in keys[::7]:
+        changelog.produce(k, None)  # deleted
+    changelog.produce("poison", b"{not json")
+    changelog.flush()
+
+    node = cluster.node("solo")
+    st = wait_until(lambda: caught_up(node, changelog), 90, "the node to restore every partition")
+    assert node.health() == health_pb2.HealthCheckResponse.SERVING
+    assert all(r.role == store_pb2.ACTIVE and r.state == store_pb2.SERVING_ACTIVE for r in st.replicas)
+    assert sum(c.records_skipped for c in st.counters) == 1
+    assert sum(c.records_applied for c in st.counters) == sum(changelog.per_partition.values()) - 1
+
+    results = read_all(node, keys + ["poison", "never-written"], max_lag=0)
+    for k in keys:
+        want = changelog.expected[k]
+        got = results[k]
+        if want is None:
+            assert got.status == store_pb2.NOT_FOUND, k
+        else:
+            assert got.status == store_pb2.OK and json.loads(got.value) == json.loads(want), k
+        assert got.replica.node == "solo" and got.replica.lag_offsets == 0
+        assert got.replica.applied_offset == changelog.per_partition[Changelog.partition(k)]
+    assert results["poison"].status == store_pb2.NOT_FOUND
+    assert results["never-written"].status == store_pb2.NOT_FOUND
+
+    # The Read stream: results matched by id across several batches.
+    def batches():
+        for start in range(0, 60, 20):
+            yield store_pb2.ReadBatch(reads=[
+                store_pb2.KeyRead(id=j, table="counts", partition=Changelog.partition(keys[j]),
+                                  key=serialize_key(keys[j])) for j in range(start, start + 20)])
+    streamed = {r.id: r for batch in node.stub.Read(batches(), timeout=30) for r in batch.results}
+    assert sorted(streamed) == list(range(60))
+    for j, r in streamed.items():
+        want = changelog.expected[keys[j]]
+        assert (r.status == store_pb2.NOT_FOUND) if want is None else (r.value == want)
+
+    # Scan one partition in key order, with a prefix and a limit.
+    p = Changelog.partition("user-1")
+    live = sorted(k.encode() for k, v in changelog.expected.items() if v is not None and Changelog.partition(k) == p)
+    chunks = list(node.stub.Scan(store_pb2.ScanRequest(table="counts", partition=p, prefix=b"user-"), timeout=30))
+    assert all(c.status == store_pb2.OK for c in chunks)
+    assert [e.key for c in chunks for e in c.entries] == live
+    limited = list(node.stub.Scan(store_pb2.ScanRequest(table="counts", partition=p, limit=3), timeout=30))
+    assert [e.key for c in limited for e in c.entries] == live[:3]
+
+    not_hosted = node.stub.Get(store_pb2.KeyRead(table="other", partition=0, key=b"x"), timeout=5)
+    assert not_hosted.status == store_pb2.NOT_HOSTED
+    assert node.stop() == 0  # SIGTERM: drained and closed cleanly
+    assert "stopped" in node.log()
+
+
+def test_empty_changelog_is_served_at_once_via_the_cli(cluster):
+    changelog = cluster.changelog(standby_replicas=0)
+    node = cluster.node("cli", command=[sys.executable, "-m", "freshroute.cli", "store-node", "--heartbeat-ms", "150"])
+    wait_until(lambda: caught_up(node, changelog), 60, "every (empty) replica to serve")
+    wait_until(lambda: node.health() == health_pb2.HealthCheckResponse.SERVING, 10, "health SERVING")
+    r = read_all(node, ["anything"], max_lag=0, max_staleness_ms=2000)["anything"]
+    assert r.status == store_pb2.NOT_FOUND and r.replica.end_offset == 0 and r.replica.staleness_ms == 0
+
+
+def test_restart_resumes_from_the_stored_offset(cluster):
+    changelog = cluster.changelog(standby_replicas=0)
+    keys = [f"k{i}" for i in range(300)]
+    for k in keys:
+        changelog.produce(k, {"v": 1})
+    changelog.flush()
+    node = cluster.node("n1")
+    before = wait_until(lambda: caught_up(node, changelog), 90, "the first restore")
+    applied_before = {t: r.applied_offset for t, r in zip(before.tables, before.replicas)}
+    assert node.stop() == 0
+
+    produced_before = dict(changelog.per_partition)
+    for k in keys[:100]:
+        changelog.produce(k, {"v": 2})
+    for k in keys[100:120]:
+        changelog.produce(k, None)
+    changelog.flush()
+    new_records = {p: changelog.per_partition[p] - produced_before.get(p, 0) for p in range(PARTITIONS)}
+
+    node = cluster.node("n1")
+    after = wait_until(lambda: caught_up(node, changelog), 90, "the node to catch up after its restart")
+    for table, r, c in zip(after.tables, after.replicas, after.counters):
+        p = int(table.split("/")[1])
+        assert c.resumed_from == applied_before[table]  # resumed from its checkpoint, not from 0
+        assert c.records_applied == new_records[p]  # and applied only what was new
+        assert c.restores == 0
+        assert r.applied_offset == changelog.per_partition[p]
+    results = read_all(node, keys, max_lag=0)
+    for k in keys:
+        want = changelog.expected[k]
+        assert (results[k].status == store_pb2.NOT_FOUND) if want is None else (results[k].value == want)
+    assert "resuming changelog" in node.log()
+
+
+def test_lagging_replica_refuses_a_zero_lag_bound(cluster):
+    changelog = cluster.changelog(standby_replicas=0)
+    for i in range(4000):
+        changelog.produce(f"k{i % 500}", {"i": i})
+    changelog.flush()
+    # Throttled restore: the replicas stay far behind for many seconds.
+    node = cluster.node("slow", apply_rate_limit=200)
+
+    def lagging():
+        st = node.status()
+        return len(st.replicas) == PARTITIONS and all(r.lag_offsets > 0 for r in st.replicas) and st
+
+    wait_until(lagging, 60, "the replicas to know their end offsets")
+    assert node.health() == health_pb2.HealthCheckResponse.NOT_SERVING  # still restoring
+    keys = [f"k{i}" for i in range(500)]
+    tight = read_all(node, keys, max_lag=0)
+    assert all(r.status == store_pb2.TOO_STALE for r in tight.values())
+    assert all(r.replica.lag_offsets > 0 and r.replica.state == store_pb2.RESTORING for r in tight.values())
+    assert all(not r.value for r in tight.values())
+    # A caller without a bound gets an answer, labelled with how far behind it is.
+    loose = read_all(node, keys)
+    assert all(r.status in (store_pb2.OK, store_pb2.NOT_FOUND) for r in loose.values())
+    assert all(r.replica.lag_offsets > 0 for r in loose.values())
+    # A position beyond what the replica applied is refused too.
+    r = read_all(node, ["k1"], min_offset=changelog.per_partition[Changelog.partition("k1")])["k1"]
+    assert r.status == store_pb2.TOO_STALE
+
+
+def test_two_nodes_place_active_and_standby_apart_and_fail_over(cluster, redis_url, namespace):
+    changelog = cluster.changelog(standby_replicas=1)
+    keys = [f"item-{i}" for i in range(200)]
+    for k in keys:
+        changelog.produce(k, {"k": k})
+    changelog.flush()
+    a = cluster.node("a")
+    b = cluster.node("b")
+    metadata = MetadataStore.from_url(redis_url, namespace)
+
+    def balanced():
+        assignment = metadata.assignment()
+        if assignment is None or len(assignment.replicas) != PARTITIONS:
+            return False
+        if any(len(set(ns)) != 2 for ns in assignment.replicas.values()):
+            return False
+        actives = [ns[0] for ns in assignment.replicas.values()]
+        if abs(actives.count("a") - actives.count("b")) > 1:
+            return False
+        return caught_up(a, changelog) and caught_up(b, changelog) and assignment
+
+    assignment = wait_until(balanced, 120, "an active and a standby of every partition on distinct nodes")
+    for node in (a, b):
+        st = node.status()
+        roles = {t: r.role for t, r in zip(st.tables, st.replicas)}
+        for (table, p), ns in assignment.replicas.items():
+            want = store_pb2.ACTIVE if ns[0] == node.node_id else store_pb2.STANDBY
+            assert roles[f"{table}/{p}"] == want
+    # The standby answers too, with its own status.
+    for node in (a, b):
+        results = read_all(node, keys, max_lag=0)
+        assert all(results[k].value == changelog.expected[k] for k in keys)
+        assert {r.replica.node for r in results.values()} == {node.node_id}
+        assert {r.replica.role for r in results.values()} == {store_pb2.ACTIVE, store_pb2.STANDBY}
+
+    # Kill a (no drain, no goodbye): its heartbeat expires and b takes every active.
+    a.stop(signal.SIGKILL)
+    t0 = time.monotonic()
+
+    def b_has_everything():
+        st = b.status()
+        return len(st.replicas) == PARTITIONS and all(r.role == store_pb2.ACTIVE for r in st.replicas)
+
+    wait_until(b_has_everything, 60, "b to take over every active")
+    failover_s = time.monotonic() - t0
+    assert failover_s < 30
+    results = read_all(b, keys, max_lag=0)
+    assert all(results[k].value == changelog.expected[k] for k in keys)
+    print(f"failover after SIGKILL took {failover_s:.1f}s")
+
+
+def test_broker_restart_wipes_and_restores(cluster, tmp_path):
+    """A memory-only broker restarts empty: replicas must not keep serving the lost incarnation."""
+    from freshroute.local.services import free_port
+
+    port = free_port()
+    own = start_broker(tmp_path / "own-broker", port=port)
+    try:
+        changelog = cluster.changelog(standby_replicas=0, bootstrap=own.address)
+        for i in range(200):
+            changelog.produce(f"old-{i}", {"gen": 1})
+        changelog.flush()
+        node = cluster.node("n1", bootstrap=own.address)
+        wait_until(lambda: caught_up(node, changelog), 90, "the first restore")
+
+        own.stop()
+        own = start_broker(tmp_path / "own-broker", port=port)
+        changelog.create_topic()
+        changelog.expected.clear()
+        changelog.per_partition.clear()
+        changelog._producer = Producer({"bootstrap.servers": own.address, "linger.ms": 5})
+        for i in range(20):
+            changelog.produce(f"new-{i}", {"gen": 2})
+        changelog.flush()
+
+        def restored():
+            st = caught_up(node, changelog)
+            return st and all(c.restores >= 1 for c in st.counters) and st
+
+        st = wait_until(restored, 120, "every replica to be wiped and restored from the new changelog")
+        assert all(r.applied_offset == changelog.per_partition[int(t.split("/")[1])]
+                   for t, r in zip(st.tables, st.replicas))
+        results = read_all(node, [f"old-{i}" for i in range(200)] + [f"new-{i}" for i in range(20)])
+        assert all(results[f"old-{i}"].status == store_pb2.NOT_FOUND for i in range(200))
+        assert all(results[f"new-{i}"].value == b'{"gen": 2}' for i in range(20))
+        assert "wiping it and restoring" in node.log()
+    finally:
+        own.stop()
