@@ -22,8 +22,6 @@ import argparse
 import bisect
 import math
 import sys
-import time
-import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -273,46 +271,17 @@ def changelog_topic(table: str, redis_url: str | None = None, namespace: str = "
 
 def read_changelog(bootstrap: str, topic: str, timeout_s: float = 120.0,
                    kafka_config: dict[str, Any] | None = None, progress=None) -> Changelog:
-    """Read every partition of ``topic`` from offset 0 to its true end.
+    """Read every partition of ``topic`` from offset 0 to its true end (see ``loadtest.changelog_reader``)."""
+    from loadtest.changelog_reader import consume_to_end
 
-    ListOffsets "latest" can be below the true end on some brokers, so the end is where a
-    partition reports EOF at or above the high watermark cached from the fetch responses.
-    """
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    rows: list[tuple[int, int, str, Any]] = []
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"freshroute-check-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "earliest",
-                         "fetch.queue.backoff.ms": 0, "max.partition.fetch.bytes": 1 << 20, **(kafka_config or {})})
-    try:
-        meta = consumer.list_topics(topic, timeout=10)
-        tmeta = meta.topics.get(topic)
-        if tmeta is None or tmeta.error is not None or not tmeta.partitions:
-            raise RuntimeError(f"changelog topic {topic!r} not found: {tmeta.error if tmeta else 'missing'}")
-        partitions = sorted(tmeta.partitions)
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        rows: list[tuple[int, int, str, Any]] = []
-        ends: dict[int, int] = {}
-        deadline = time.monotonic() + timeout_s
-        while len(ends) < len(partitions):
-            if time.monotonic() > deadline:
-                missing = sorted(set(partitions) - set(ends))
-                raise TimeoutError(f"changelog {topic!r}: partitions {missing} did not reach their end in {timeout_s:.0f}s")
-            for m in consumer.consume(2000, 0.5):
-                p = m.partition()
-                if m.error() is not None:
-                    if m.error().code() != KafkaError._PARTITION_EOF:
-                        raise RuntimeError(f"reading {topic!r}[{p}]: {m.error()}")
-                    _lo, high = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
-                    if m.offset() >= high:
-                        ends[p] = m.offset()
-                    continue
-                key = m.key().decode("utf-8") if m.key() is not None else ""
-                rows.append((p, m.offset(), key, m.value()))
-            if progress:
-                progress(len(rows), len(ends), len(partitions))
-        return Changelog.from_records(topic, len(partitions), rows, ends)
-    finally:
-        consumer.close()
+    def keep(m: Any) -> None:
+        key = m.key().decode("utf-8") if m.key() is not None else ""
+        rows.append((m.partition(), m.offset(), key, m.value()))
+
+    _count, _secs, ends = consume_to_end(bootstrap, topic, keep, timeout_s, kafka_config, progress)
+    return Changelog.from_records(topic, len(ends), rows, ends)
 
 
 def load_recording(path: Path) -> list[dict[str, Any]]:

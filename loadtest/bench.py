@@ -1,0 +1,437 @@
+"""Side-by-side benchmarks against the local stack, all in one run; the last line printed is one JSON object.
+
+Throughput (saturation, the same number of requests in flight for every target):
+
+- ``router_rest_rps``     wrk (1 thread, Lua script rotating keys) → router REST
+- ``router_grpc_rps``     h2load (1 thread, gRPC frames over h2c) → router ``Router.Get``
+- ``baseline_grpc_rps``   the same h2load → a minimal grpc.aio ``Router.Get`` answering from a dict
+- ``direct_store_rps``    the same h2load → a store node's internal ``StoreNode.Get`` (no router)
+- ``redis_get_rps``       redis-benchmark GET, no pipelining → the stack's Redis
+
+Latency at a fixed moderate rate (not saturation), from h2load's per-request log:
+``router_grpc_p50/p99_ms``, ``router_rest_p50/p99_ms`` (h2load --h1, keys rotating) and
+``direct_store_p50_ms``. Freshness (event → visible in a lookup): ``loadtest.freshness``.
+Restore: a store node is stopped, its data directory wiped and the node started again; its
+restore rate (changelog → RocksDB) is read from its ``Status`` counters and its log, and
+compared with a plain confluent-kafka consumer reading the same changelog (``raw_consume_rps``).
+
+    .venv/bin/freshroute bench            (or: .venv/bin/python -m loadtest.bench)
+
+The load clients are single-threaded C programs so that they take one core at most; on a
+2-core machine the server side keeps the other one — the ratios matter more than the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import orjson
+
+from loadtest import loadclients as lc
+from loadtest.stats import percentile
+
+FIGURES = ("router_grpc_rps", "router_rest_rps", "direct_store_rps", "baseline_grpc_rps", "redis_get_rps",
+           "router_grpc_p50_ms", "router_grpc_p99_ms", "router_rest_p50_ms", "router_rest_p99_ms",
+           "direct_store_p50_ms", "freshness_p50_ms", "freshness_p99_ms", "restore_rps", "raw_consume_rps")
+
+# (name, numerator, denominator or None, comparison, limit)
+TARGETS = (
+    ("router_rest_rps / redis_get_rps", "router_rest_rps", "redis_get_rps", ">=", 0.15),
+    ("router_grpc_rps / baseline_grpc_rps", "router_grpc_rps", "baseline_grpc_rps", ">=", 0.75),
+    ("router_grpc_p50_ms / direct_store_p50_ms", "router_grpc_p50_ms", "direct_store_p50_ms", "<=", 1.5),
+    ("freshness_p99_ms", "freshness_p99_ms", None, "<=", 1500.0),
+    ("restore_rps / raw_consume_rps", "restore_rps", "raw_consume_rps", ">=", 0.6),
+)
+
+LOAD_CLIENTS = {"router_rest_rps": "wrk -t1 (Lua: rotating keys)", "router_grpc_rps": "h2load -t1 (gRPC frames, h2c)",
+                "baseline_grpc_rps": "h2load -t1 (gRPC frames, h2c)", "direct_store_rps": "h2load -t1 (gRPC frames, h2c)",
+                "redis_get_rps": "redis-benchmark -P 1",
+                "latency": "h2load -t1 --rps (fixed rate) --log-file; REST with --h1 and rotating keys",
+                "freshness": "loadtest.freshness (confluent-kafka producer + httpx polling)",
+                "restore_rps": "store node Status counters / log after wipe + restart",
+                "raw_consume_rps": "confluent-kafka Consumer, all partitions, offset 0 → end"}
+
+
+def evaluate_targets(fig: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target ratio with its value and whether it is met (None when a figure is missing)."""
+    out = []
+    for name, num, den, op, limit in TARGETS:
+        a = fig.get(num)
+        b = fig.get(den) if den else 1.0
+        value = a / b if a is not None and b not in (None, 0) else None
+        met = None if value is None else (value >= limit if op == ">=" else value <= limit)
+        out.append({"target": f"{name} {op} {limit:g}", "value": None if value is None else round(value, 3), "met": met})
+    return out
+
+
+# --- the steps --------------------------------------------------------------------------------
+class Bench:
+    """One benchmark run against a loaded local stack."""
+
+    def __init__(self, stack: Any, args: argparse.Namespace, say: Callable[[str], None]) -> None:
+        self.stack = stack
+        self.a = args
+        self.say = say
+        self.c = stack.config
+        self.work = Path(tempfile.mkdtemp(prefix="freshroute-bench-"))
+        self.fig: dict[str, Any] = {k: None for k in FIGURES}
+        self.notes: dict[str, Any] = {}
+        self.keys: list[str] = []
+
+    # keys ------------------------------------------------------------------------------------
+    def find_keys(self) -> None:
+        """The leading keys of the keyspace that answer 200 (so that no load client counts 404s)."""
+        import httpx
+
+        a = self.a
+        deadline = time.monotonic() + 30
+        with httpx.Client(base_url=self.c.rest_url, timeout=5) as client:
+            while True:
+                keys = []
+                for i in range(a.keys):
+                    key = f"{a.key_prefix}{i}"
+                    if client.get(f"/v1/tables/{a.table}/keys/{key}").status_code != 200:
+                        break
+                    keys.append(key)
+                if len(keys) == a.keys or time.monotonic() > deadline:
+                    break
+                time.sleep(1)
+        if not keys:
+            raise RuntimeError(f"{a.key_prefix}0 is not served by {self.c.rest_url}: is the demo producer running?")
+        self.keys = keys
+        self.say(f"  {len(keys)} keys answer: {keys[0]} … {keys[-1]}")
+
+    # gRPC bodies -------------------------------------------------------------------------------
+    def grpc_body(self) -> Path:
+        """h2load body for Router.Get of one served key (h2load posts the same body every time)."""
+        from proto import router_pb2
+
+        req = router_pb2.GetRequest(table=self.a.table, key=self.keys[min(1, len(self.keys) - 1)])
+        path = self.work / "router_get.bin"
+        path.write_bytes(lc.grpc_frame(req.SerializeToString()))
+        return path
+
+    def ok_size(self, address: str, body: Path) -> int:
+        """Bytes of one OK Router.Get answer as it travels (message + 5-byte frame header)."""
+        import grpc
+
+        from proto import router_pb2, router_pb2_grpc
+
+        req = router_pb2.GetRequest.FromString(lc.grpc_unframe(body.read_bytes())[0])
+        with grpc.insecure_channel(address) as ch:
+            resp = router_pb2_grpc.RouterStub(ch).Get(req, timeout=5)
+        if not resp.found:
+            raise RuntimeError(f"Router.Get({req.key}) at {address} found nothing")
+        return len(resp.SerializeToString()) + 5
+
+    def store_body(self) -> tuple[str, Path, int]:
+        """(address, h2load body, OK response size) of StoreNode.Get on a node serving the key's partition."""
+        import grpc
+
+        from freshroute.keys import partition_for, serialize_key
+        from proto import router_pb2, router_pb2_grpc, store_pb2, store_pb2_grpc
+
+        key = self.keys[min(1, len(self.keys) - 1)]
+        with grpc.insecure_channel(self.c.grpc_address) as ch:
+            tables = router_pb2_grpc.RouterStub(ch).ListTables(router_pb2.ListTablesRequest(), timeout=5).tables
+        partitions = next(t.partitions for t in tables if t.name == self.a.table)
+        read = store_pb2.KeyRead(id=1, table=self.a.table, partition=partition_for(serialize_key(key), partitions),
+                                 key=serialize_key(key), bound=store_pb2.ReadBound())
+        found: list[tuple[int, str, int]] = []
+        for name in self.stack.store_node_names():
+            comp = self.stack.components.get(name)
+            if comp is None or not comp.alive():
+                continue
+            address = comp.addresses["address"]
+            with grpc.insecure_channel(address) as ch:
+                try:
+                    res = store_pb2_grpc.StoreNodeStub(ch).Get(read, timeout=5)
+                except grpc.RpcError:
+                    continue
+            if res.status == store_pb2.OK:
+                # The active replica first: that is where the router sends a bound-less read too.
+                found.append((0 if res.replica.role == store_pb2.ACTIVE else 1, address, len(res.SerializeToString())))
+        if not found:
+            raise RuntimeError(f"no store node answers Get({key}) in partition {read.partition}")
+        _, address, size = min(found)
+        path = self.work / "store_get.bin"
+        path.write_bytes(lc.grpc_frame(read.SerializeToString()))
+        self.notes["direct_store"] = {"node": address, "key": key, "partition": read.partition}
+        return address, path, size + 5
+
+    def run_h2load(self, label: str, url: str, body: Path | None, ok_size: int | None, clients: int, streams: int,
+                   duration_s: float, rps_per_client: float | None = None, http1: bool = False,
+                   input_file: Path | None = None, warm_up_s: float = 1.0) -> tuple[lc.H2loadResult, list[float]]:
+        log = self.work / f"{label}.log" if rps_per_client else None
+        cmd = lc.h2load_command(url, clients, streams, duration_s, body_file=body,
+                                headers=lc.GRPC_HEADERS if body is not None else (), rps_per_client=rps_per_client,
+                                log_file=log, http1=http1, warm_up_s=warm_up_s, input_file=input_file)
+        res = lc.parse_h2load(lc.run(cmd, duration_s + warm_up_s + 30))
+        problems = []
+        if res.failed or res.errored or res.timeout or res.status_2xx != res.done:
+            problems.append(f"{res.failed} failed, {res.errored} errored, {res.timeout} timeout, "
+                            f"{res.status_2xx}/{res.done} 2xx")
+        if ok_size and res.done:
+            # h2load does not read gRPC trailers; an error answer has no data frame, an OK one
+            # has about ok_size bytes, so the bytes received tell how many answers were OK.
+            per = res.data_bytes / res.done
+            if per < 0.9 * ok_size:
+                problems.append(f"{per:.0f} data bytes per answer, an OK answer has ~{ok_size}: gRPC errors")
+        if problems:
+            self.notes[f"{label}_problems"] = "; ".join(problems)
+            self.say(f"  ! {label}: {'; '.join(problems)}")
+        latencies = lc.parse_h2load_log(log)[0] if log else []
+        return res, latencies
+
+    # throughput --------------------------------------------------------------------------------
+    def grpc_shape(self) -> tuple[int, int]:
+        """(connections, streams per connection) giving ``concurrency`` requests in flight."""
+        conns = max(1, min(self.a.grpc_connections, self.a.concurrency))
+        return conns, math.ceil(self.a.concurrency / conns)
+
+    def throughput_grpc(self, label: str, url: str, body: Path, ok_size: int) -> float:
+        conns, streams = self.grpc_shape()
+        res, _ = self.run_h2load(label, url, body, ok_size, conns, streams, self.a.duration)
+        self.say(f"  {label}: {res.rps:,.0f} req/s ({res.succeeded} ok in {res.seconds:.1f}s, "
+                 f"{conns} conns × {streams} streams)")
+        return round(res.rps, 1)
+
+    def throughput_rest(self) -> float:
+        cmd = lc.wrk_command(self.c.rest_url + "/", self.a.concurrency, self.a.duration)
+        out = lc.parse_wrk(lc.run(cmd, self.a.duration + 30, lc.wrk_env(self.a.table, self.a.key_prefix, len(self.keys))))
+        if out["errors"]:
+            self.notes["router_rest_problems"] = f"{out['errors']} errors (non-2xx or socket) of {out['requests']}"
+            self.say(f"  ! router_rest: {self.notes['router_rest_problems']}")
+        self.say(f"  router_rest: {out['rps']:,.0f} req/s ({out['requests']} requests, {self.a.concurrency} connections)")
+        return round(out["rps"], 1)
+
+    def throughput_redis(self) -> float:
+        host, port = self.c.host, self.c.redis_port
+        import redis
+
+        redis.Redis(host=host, port=port, socket_timeout=2).ping()  # redis-benchmark spins on a dead server
+        n = self.a.redis_requests
+        rps = lc.parse_redis_benchmark(lc.run(lc.redis_benchmark_command(host, port, self.a.concurrency, n), 120))
+        self.say(f"  redis GET: {rps:,.0f} req/s ({n} requests, {self.a.concurrency} clients)")
+        return round(rps, 1)
+
+    # latency at a fixed rate ----------------------------------------------------------------------
+    def latency(self, label: str, url: str, body: Path | None, ok_size: int | None, http1: bool = False,
+                input_file: Path | None = None) -> tuple[float | None, float | None]:
+        clients = max(1, self.a.latency_clients)
+        res, lat = self.run_h2load(label, url, body, ok_size, clients, 1, self.a.latency_duration,
+                                   rps_per_client=self.a.latency_rate / clients, http1=http1, input_file=input_file)
+        p50, p99 = percentile(lat, 50), percentile(lat, 99)
+        self.say(f"  {label}: p50 {p50 or 0:.2f} ms  p99 {p99 or 0:.2f} ms at {res.rps:,.0f} req/s ({len(lat)} samples)")
+        return (round(p50, 3) if p50 is not None else None), (round(p99, 3) if p99 is not None else None)
+
+    # freshness, restore, raw consume --------------------------------------------------------------
+    def freshness(self) -> tuple[float | None, float | None]:
+        from loadtest.freshness import measure
+
+        out = asyncio.run(measure(self.c.bootstrap, self.c.rest_url, f"{self.c.topic_prefix}readings", self.a.table,
+                                  probes=self.a.freshness_probes, spacing_s=0.25, timeout_s=20))
+        self.say(f"  freshness: p50 {out['freshness_p50_ms']} ms  p99 {out['freshness_p99_ms']} ms "
+                 f"({out['visible']}/{out['probes']} probes visible)")
+        self.notes["freshness"] = out
+        if out["visible"] < out["probes"]:
+            self.notes["freshness_problems"] = f"{out['probes'] - out['visible']} probes never became visible"
+        return out["freshness_p50_ms"], out["freshness_p99_ms"]
+
+    def changelog_topic(self) -> str:
+        from loadtest.consistency import changelog_topic
+
+        return changelog_topic(self.a.table, self.c.redis_url, self.c.namespace, self.c.topic_prefix)
+
+    def raw_consume(self) -> float:
+        from loadtest.changelog_reader import consume_to_end
+
+        records, seconds = consume_to_end(self.c.bootstrap, self.changelog_topic())
+        rps = records / seconds if seconds > 0 else 0.0
+        self.say(f"  raw consume: {rps:,.0f} records/s ({records} records in {seconds:.2f}s)")
+        self.notes["changelog_records"] = records
+        return round(rps, 1)
+
+    def restore(self) -> float | None:
+        from loadtest.restore import measure_restore
+
+        out = measure_restore(self.stack, self.a.restore_node, self.a.table, timeout_s=self.a.restore_timeout,
+                              say=self.say)
+        self.notes["restore"] = out
+        return out.get("restore_rps")
+
+
+def _step(bench: Bench, n: int, total: int, what: str, fn: Callable[[], Any]) -> Any:
+    bench.say(f"[{n}/{total}] {what}")
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - one failed measurement must not lose the others
+        bench.say(f"  ! {what} failed: {type(e).__name__}: {e}")
+        bench.notes.setdefault("errors", {})[what] = f"{type(e).__name__}: {e}"
+        return None
+
+
+def start_baseline(table: str, keys: int, work: Path) -> tuple[subprocess.Popen, int]:
+    """The baseline gRPC server as a process of its own (like the router), and its port."""
+    log = open(work / "baseline.log", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "loadtest.baseline_server", "--port", "0", "--table", table,
+                             "--keys", str(keys), "--max-seconds", "900"], stdout=subprocess.PIPE, stderr=log,
+                            stdin=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline() if proc.stdout else ""
+        m = re.match(r"PORT (\d+)", line or "")
+        if m:
+            return proc, int(m.group(1))
+        if proc.poll() is not None:
+            break
+    proc.kill()
+    proc.wait(5)
+    log.seek(0)
+    raise RuntimeError(f"the baseline gRPC server did not start: {log.read()[-500:]}")
+
+
+def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
+    """Every measurement in turn; returns {figures, targets, notes}."""
+    b = Bench(stack, a, say)
+    c = stack.config
+    grpc_url = f"http://{c.grpc_address}/freshroute.v1.Router/Get"
+    total = 13
+    fig = b.fig
+    baseline: subprocess.Popen | None = None
+    try:
+        _step(b, 1, total, "keys the router serves", b.find_keys)
+        if not b.keys:
+            raise RuntimeError("no keys to benchmark with")
+        body = b.grpc_body()
+        router_ok = _step(b, 2, total, "router gRPC answer", lambda: b.ok_size(c.grpc_address, body))
+        router_body = (body, router_ok) if router_ok else None
+        store = _step(b, 3, total, "store node for direct reads", b.store_body)
+        started = _step(b, 4, total, "baseline gRPC server", lambda: start_baseline(a.table, len(b.keys), b.work))
+        if started:
+            baseline = started[0]
+            base_address = f"{c.host}:{started[1]}"
+            base_ok = _step(b, 4, total, "baseline gRPC answer", lambda: b.ok_size(base_address, body))
+        say(f"throughput at {a.concurrency} requests in flight, {a.duration:g}s each:")
+        fig["router_rest_rps"] = _step(b, 5, total, "router REST throughput (wrk)", b.throughput_rest)
+        if router_body:
+            fig["router_grpc_rps"] = _step(b, 6, total, "router gRPC throughput (h2load)",
+                                           lambda: b.throughput_grpc("router_grpc", grpc_url, *router_body))
+        if started:
+            # The baseline answers the same request with a response of the same shape.
+            base_url = f"http://{base_address}/freshroute.v1.Router/Get"
+            fig["baseline_grpc_rps"] = _step(b, 7, total, "baseline gRPC throughput (h2load)",
+                                             lambda: b.throughput_grpc("baseline_grpc", base_url, body, base_ok))
+        if store:
+            store_url = f"http://{store[0]}/freshroute.store.v1.StoreNode/Get"
+            fig["direct_store_rps"] = _step(b, 8, total, "direct store node throughput (h2load)",
+                                            lambda: b.throughput_grpc("direct_store", store_url, store[1], store[2]))
+        fig["redis_get_rps"] = _step(b, 9, total, "Redis GET throughput (redis-benchmark)", b.throughput_redis)
+
+        say(f"latency at a fixed {a.latency_rate:g} req/s, {a.latency_duration:g}s each:")
+
+        def latencies() -> None:
+            if router_body:
+                fig["router_grpc_p50_ms"], fig["router_grpc_p99_ms"] = b.latency("router_grpc_latency", grpc_url,
+                                                                                  *router_body)
+            uris = b.work / "rest_uris.txt"
+            uris.write_text("".join(f"{c.rest_url}/v1/tables/{a.table}/keys/{k}\n" for k in b.keys))
+            fig["router_rest_p50_ms"], fig["router_rest_p99_ms"] = b.latency("router_rest_latency", "", None, None,
+                                                                              http1=True, input_file=uris)
+            if store:
+                fig["direct_store_p50_ms"], b.notes["direct_store_p99_ms"] = b.latency(
+                    "direct_store_latency", f"http://{store[0]}/freshroute.store.v1.StoreNode/Get", store[1], store[2])
+
+        _step(b, 10, total, "latencies (h2load --rps)", latencies)
+        if baseline is not None:
+            baseline.terminate()
+        fr = _step(b, 11, total, "freshness (event → visible)", b.freshness)
+        if fr:
+            fig["freshness_p50_ms"], fig["freshness_p99_ms"] = fr
+        fig["raw_consume_rps"] = _step(b, 12, total, "raw changelog consume (confluent-kafka)", b.raw_consume)
+        if a.no_restore:
+            say("restore: skipped (--no-restore)")
+        else:
+            fig["restore_rps"] = _step(b, 13, total, f"restore of {a.restore_node} (wipe + restart)", b.restore)
+    finally:
+        if baseline is not None:
+            baseline.terminate()
+            try:
+                baseline.wait(10)
+            except subprocess.TimeoutExpired:
+                baseline.kill()
+                baseline.wait(5)
+        shutil.rmtree(b.work, ignore_errors=True)
+    return {"figures": fig, "targets": evaluate_targets(fig), "notes": b.notes}
+
+
+def format_table(fig: dict[str, Any], targets: list[dict[str, Any]]) -> str:
+    lines = ["", f"{'figure':<22} {'value':>12}  load client", "-" * 72]
+    for k in FIGURES:
+        v = fig.get(k)
+        client = LOAD_CLIENTS.get(k) or (LOAD_CLIENTS["latency"] if k.endswith("_ms") and "fresh" not in k
+                                         else LOAD_CLIENTS["freshness"] if "fresh" in k else "")
+        lines.append(f"{k:<22} {'n/a' if v is None else f'{v:,.2f}':>12}  {client}")
+    lines += ["", "targets:"]
+    for t in targets:
+        mark = "MET " if t["met"] else ("n/a " if t["met"] is None else "MISS")
+        lines.append(f"  [{mark}] {t['target']:<48} value {t['value']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``freshroute bench``: every figure against the local stack; the last line is one JSON object."""
+    p = argparse.ArgumentParser(prog="freshroute bench", description=__doc__.splitlines()[0])
+    p.add_argument("--home", default=".freshroute/local", help="the local stack's directory (holds state.json)")
+    p.add_argument("--table", default="sensor_stats")
+    p.add_argument("--keys", type=int, default=100, help="keyspace: {prefix}0 .. {prefix}{keys-1}")
+    p.add_argument("--key-prefix", default="sensor-")
+    p.add_argument("--concurrency", type=int, default=64, help="requests in flight for every throughput run")
+    p.add_argument("--grpc-connections", type=int, default=4, help="h2load connections; streams = concurrency / this")
+    p.add_argument("--duration", type=float, default=8.0, help="seconds per throughput run")
+    p.add_argument("--latency-rate", type=float, default=200.0, help="fixed total req/s of the latency runs")
+    p.add_argument("--latency-clients", type=int, default=4)
+    p.add_argument("--latency-duration", type=float, default=8.0)
+    p.add_argument("--redis-requests", type=int, default=200_000)
+    p.add_argument("--freshness-probes", type=int, default=20)
+    p.add_argument("--restore-node", default="store-node-3")
+    p.add_argument("--restore-timeout", type=float, default=180.0)
+    p.add_argument("--no-restore", action="store_true", help="do not wipe and restart a store node")
+    p.add_argument("--json-out", type=Path, help="also write {figures, targets, notes} here")
+    a = p.parse_args(argv)
+    if not (0 < a.duration <= 120 and 0 < a.latency_duration <= 120 and 1 <= a.concurrency <= 1024):
+        p.error("durations must be within (0, 120] s and concurrency within [1, 1024]")
+    home = Path(a.home)
+    if not (home / "state.json").exists():
+        print(f"no local stack recorded under {home}: start one with `freshroute local up`", file=sys.stderr)
+        return 2
+    from freshroute.local.stack import Stack
+
+    stack = Stack.load(home)
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    stack._progress = say
+    if not stack.components.get("router") or not stack.components["router"].alive():
+        print("the local stack's router is not running", file=sys.stderr)
+        return 2
+    out = run_bench(stack, a, say)
+    say(format_table(out["figures"], out["targets"]))
+    if a.json_out:
+        a.json_out.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+    last = {**out["figures"], "targets": {t["target"]: t["met"] for t in out["targets"]},
+            "load_clients": {"rest": "wrk", "grpc": "h2load", "redis": "redis-benchmark", "latency": "h2load --rps"}}
+    print(orjson.dumps(last).decode(), flush=True)
+    return 0 if all(out["figures"][k] is not None for k in FIGURES if not (a.no_restore and k == "restore_rps")) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

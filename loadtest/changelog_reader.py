@@ -1,0 +1,63 @@
+"""Read a changelog topic from offset 0 to its true end with a plain confluent-kafka consumer.
+
+The end of a partition is where the consumer reports EOF at or above the high watermark
+cached from the fetch responses: ListOffsets "latest" can be below the true end on some
+brokers (Tansu returns the last batch's base offset + 1), so it is never trusted here.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Callable
+
+
+def consume_to_end(bootstrap: str, topic: str, on_message: Callable[[Any], None] | None = None,
+                   timeout_s: float = 120.0, kafka_config: dict[str, Any] | None = None,
+                   progress: Callable[[int, int, int], None] | None = None) -> tuple[int, float, dict[int, int]]:
+    """Consume every partition of ``topic`` from 0 to its end.
+
+    Returns (records, seconds from the first record to the last partition's end, end offset per
+    partition). ``on_message`` sees each record message (none when only counting).
+    """
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"freshroute-read-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "earliest",
+                         "fetch.queue.backoff.ms": 0, "max.partition.fetch.bytes": 1 << 20, **(kafka_config or {})})
+    try:
+        meta = consumer.list_topics(topic, timeout=10)
+        tmeta = meta.topics.get(topic)
+        if tmeta is None or tmeta.error is not None or not tmeta.partitions:
+            raise RuntimeError(f"changelog topic {topic!r} not found ({tmeta.error if tmeta else 'no such topic'})")
+        partitions = sorted(tmeta.partitions)
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        ends: dict[int, int] = {}
+        count = 0
+        first: float | None = None
+        last_end = time.monotonic()
+        deadline = time.monotonic() + timeout_s
+        while len(ends) < len(partitions):
+            if time.monotonic() > deadline:
+                missing = sorted(set(partitions) - set(ends))
+                raise TimeoutError(f"{topic}: partitions {missing} did not reach their end within {timeout_s:.0f}s")
+            for m in consumer.consume(5000, 0.5):
+                err = m.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(f"reading {topic}[{m.partition()}]: {err}")
+                    _lo, high = consumer.get_watermark_offsets(TopicPartition(topic, m.partition()), cached=True)
+                    if m.offset() >= high and m.partition() not in ends:
+                        ends[m.partition()] = m.offset()
+                        last_end = time.monotonic()
+                    continue
+                if first is None:
+                    first = time.monotonic()
+                count += 1
+                if on_message is not None:
+                    on_message(m)
+            if progress:
+                progress(count, len(ends), len(partitions))
+        return count, (last_end - first) if first is not None else 0.0, ends
+    finally:
+        consumer.close()

@@ -1,0 +1,48 @@
+"""Benchmark bookkeeping: target ratios, and the restore rate read from a store node's log."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadtest.bench import FIGURES, evaluate_targets, format_table
+from loadtest.restore import data_dir_of, restore_rate_from_log
+
+
+def test_targets_are_ratios_with_their_direction():
+    fig = {k: None for k in FIGURES}
+    fig.update(router_rest_rps=3000, redis_get_rps=40000, router_grpc_rps=1800, baseline_grpc_rps=2000,
+               router_grpc_p50_ms=3.0, direct_store_p50_ms=1.5, freshness_p99_ms=1400, restore_rps=None,
+               raw_consume_rps=50000)
+    got = {t["target"]: (t["value"], t["met"]) for t in evaluate_targets(fig)}
+    assert got["router_rest_rps / redis_get_rps >= 0.15"] == (0.075, False)
+    assert got["router_grpc_rps / baseline_grpc_rps >= 0.75"] == (0.9, True)
+    assert got["router_grpc_p50_ms / direct_store_p50_ms <= 1.5"] == (2.0, False)
+    assert got["freshness_p99_ms <= 1500"] == (1400.0, True)
+    assert got["restore_rps / raw_consume_rps >= 0.6"] == (None, None)
+    table = format_table(fig, evaluate_targets(fig))
+    assert "[MISS]" in table and "[MET ]" in table and "[n/a ]" in table
+
+
+LOG = """2026-11-22 00:30:00,000 INFO store_node.changelog: replica sensor_stats/0 (standby): restoring from the start of changelog x
+2026-11-22 00:30:02,500 INFO store_node.changelog: replica sensor_stats/0: caught up at offset 5000 after 5000 offsets in 2.5s (2000/s), now STANDBY
+2026-11-22 00:30:03,000 INFO store_node.changelog: replica sensor_stats/3: caught up at offset 4000 after 4000 offsets in 2.0s (2000/s), now ACTIVE
+2026-11-22 00:30:03,000 INFO store_node.changelog: replica other_table/3: caught up at offset 9 after 9 offsets in 0.1s (90/s), now ACTIVE
+"""
+
+
+def test_restore_rate_spans_the_earliest_start_to_the_last_catch_up():
+    out = restore_rate_from_log(LOG, "sensor_stats")
+    # starts at 00:30:00.0 and 00:30:01.0, last catch-up at 00:30:03.0: 9000 offsets in 3 s
+    assert out == {"records": 9000, "seconds": 3.0, "replicas": 2, "restore_rps": 3000.0}
+    assert restore_rate_from_log(LOG, "missing") is None
+
+
+def test_data_dir_comes_from_the_recorded_command():
+    assert str(data_dir_of(["python", "-m", "freshroute.cli", "store-node", "--data-dir", "/x/data/node-1"])) == \
+        "/x/data/node-1"
+    assert data_dir_of(["python"]) is None
+
+
+@pytest.mark.parametrize("figure", FIGURES)
+def test_every_figure_has_a_load_client_in_the_table(figure):
+    assert figure in format_table({k: 1.0 for k in FIGURES}, [])
