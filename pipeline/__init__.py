@@ -1,0 +1,1 @@
+"""The streaming pipeline: input topics → user-defined tables → compacted changelog topics."""

@@ -1,0 +1,35 @@
+"""The demo tables: sensor readings (JSON ``{"sensor","area","reading"}`` keyed by sensor on topic ``readings``).
+
+Edit this file, or point ``--tables-file`` at a copy, to define your own tables. Both
+forms are shown: a PySpark DataFrame function and Spark SQL.
+"""
+
+from pyspark.sql import functions as F
+
+from pipeline.tables import source, sql_table, table
+
+source("readings", schema="sensor STRING, area STRING, reading DOUBLE")
+
+
+@table(name="sensor_stats", key="sensor", source="readings")
+def sensor_stats(readings):
+    """Per sensor: count, sum, avg, min, max and the last reading."""
+    valid = readings.where(F.col("sensor").isNotNull() & F.col("reading").isNotNull())
+    return valid.groupBy("sensor").agg(
+        F.count("reading").alias("count"),
+        F.sum("reading").alias("sum"),
+        F.avg("reading").alias("avg"),
+        F.min("reading").alias("min"),
+        F.max("reading").alias("max"),
+        # "Last" by record time, then partition and offset: the same on every replay,
+        # whatever order the records reach the aggregation in.
+        F.max_by("reading", F.struct("timestamp", "partition", "offset")).alias("last"),
+    )
+
+
+sql_table(
+    name="area_counts",
+    key="area",
+    source="readings",
+    sql="SELECT area, count(*) AS count FROM readings WHERE area IS NOT NULL GROUP BY area",
+)

@@ -1,0 +1,344 @@
+"""The pipeline process: one Spark session, one streaming query per table, one changelog producer.
+
+Each table runs as its own query with its own checkpoint (``checkpoint_dir/<table>``):
+offsets, commits and RocksDB state. A query that fails is restarted from its checkpoint
+(which replays the failed batch) a bounded number of times; lost input data is not
+retried, it stops the pipeline with a message saying what happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import orjson
+from pyspark.sql.streaming import StreamingQueryListener
+
+from freshroute.errors import FatalError
+from freshroute.metadata import MetadataStore, TableSpec
+from pipeline.offsets import InputDataLost
+from pipeline.settings import PipelineSettings
+from pipeline.sink import ChangelogProducer, ChangelogWriter
+from pipeline.tables import (METADATA_COLUMNS, Source, Table, TablesDefinition, TablesFileError, check_output_columns,
+                             check_source_fields, load_tables)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger("pipeline")
+
+_LOG4J2 = Path(__file__).resolve().parent / "log4j2.properties"
+# Restarts of one table's query tolerated within the window before the pipeline gives up.
+_MAX_RESTARTS = 5
+_RESTART_WINDOW_S = 600.0
+_REGISTER_EVERY_S = 10.0
+
+
+class PipelineFailed(FatalError):
+    """A table's query kept failing; the last error says why."""
+
+    code = "PIPELINE_FAILED"
+
+
+def build_session(settings: PipelineSettings) -> "SparkSession":
+    """A local Spark session tuned for small, frequent micro-batches over RocksDB state."""
+    # Spark's Python workers must run this interpreter (and see this environment's packages).
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    if settings.spark_master.startswith("local"):
+        # A local session talks to itself only: keep it on loopback.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(settings.spark_master)
+        .appName(f"freshroute-pipeline-{settings.namespace}")
+        .config("spark.driver.memory", settings.spark_driver_memory)
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_LOG4J2}")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
+        .config("spark.sql.streaming.stateStore.providerClass",
+                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        # Aggregations without watermarks gain nothing from empty batches; each costs ~1 s.
+        .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        .config("spark.python.worker.reuse", "true")
+        # Streaming disables adaptive execution anyway; saying so up front saves a warning per query.
+        .config("spark.sql.adaptive.enabled", "false")
+    )
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    from pipeline.kafka_source import KafkaSource
+
+    spark.dataSource.register(KafkaSource)
+    return spark
+
+
+def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source, table: str) -> "DataFrame":
+    """The source topic as a stream of parsed rows: the schema's fields plus the Kafka record columns."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    from pipeline.kafka_source import FORMAT
+
+    try:
+        schema = _parse_datatype_string(src.schema)
+    except Exception as e:
+        raise TablesFileError(f"source {src.name!r}: schema {src.schema!r} is not a Spark DDL schema: "
+                              f"{str(e).splitlines()[0]}", source=src.name) from None
+    if not isinstance(schema, StructType):
+        raise TablesFileError(f"source {src.name!r}: schema {src.schema!r} must list fields", source=src.name)
+    check_source_fields(src, schema.fieldNames())
+    topic = settings.input_topic(src.topic)
+    raw = (
+        spark.readStream.format(FORMAT)
+        .option("topic", topic)
+        .option("kafka", orjson.dumps(settings.kafka()).decode())
+        .option("max_records_per_batch", str(settings.max_records_per_batch))
+        .option("create_partitions", str(settings.input_partitions))
+        # About one read task per core: a task costs more than reading thousands of records.
+        .option("read_tasks", str(spark.sparkContext.defaultParallelism))
+        .option("hint", f"To reprocess from the start, delete {settings.table_checkpoint(table)}.")
+        .load()
+    )
+    return (raw.select(F.from_json("value", schema).alias("_value"), *METADATA_COLUMNS)
+            .select("_value.*", *METADATA_COLUMNS))
+
+
+@dataclass
+class TableRun:
+    """One table's query and what it needs to be restarted."""
+
+    table: Table
+    spec: TableSpec
+    writer: ChangelogWriter
+    query: "StreamingQuery | None" = None
+    failures: list[float] = field(default_factory=list)
+    finished: bool = False
+
+
+class Pipeline:
+    """Wires tables → queries → changelog writers; :func:`run` drives it."""
+
+    def __init__(self, settings: PipelineSettings, definition: TablesDefinition | None = None) -> None:
+        self.settings = settings
+        self.definition = definition or load_tables(settings.tables_file)
+        self.spark: "SparkSession | None" = None
+        self.producer = ChangelogProducer(settings.kafka())
+        self.runs: dict[str, TableRun] = {}
+        self._stop = threading.Event()
+        self._registrar: threading.Thread | None = None
+
+    # start
+    def start(self) -> None:
+        from pipeline.topics import admin_client, ensure_topic
+
+        started = time.monotonic()
+        self.spark = build_session(self.settings)
+        self.spark.streams.addListener(ProgressLog(self.runs))
+        log.info("spark session ready in %.1fs (master %s, %d shuffle partitions)",
+                 time.monotonic() - started, self.settings.spark_master, self.settings.shuffle_partitions)
+        admin = admin_client(self.settings.kafka())
+        for t in self.definition.tables.values():
+            df = self._table_frame(t)
+            topic = self.settings.changelog_topic(t.name)
+            info = ensure_topic(admin, topic, self.settings.changelog_partitions, {"cleanup.policy": "compact"})
+            if len(info.partitions) != self.settings.changelog_partitions:
+                # Existing records are partitioned by the existing count: keep it.
+                log.warning("changelog %s has %d partitions (setting says %d); keeping %d", topic,
+                            len(info.partitions), self.settings.changelog_partitions, len(info.partitions))
+            value_schema = {f.name: f.dataType.simpleString() for f in df.schema.fields if f.name != t.key}
+            spec = TableSpec(t.name, topic, len(info.partitions), t.key, value_schema)
+            writer = ChangelogWriter(t.name, topic, spec.partitions, t.key, self.producer)
+            self.runs[t.name] = TableRun(t, spec, writer)
+            self._start_query(self.runs[t.name], df)
+        self._registrar = threading.Thread(target=self._register_tables, name="table-registrar", daemon=True)
+        self._registrar.start()
+
+    def _table_frame(self, t: Table) -> "DataFrame":
+        assert self.spark is not None
+        src = self.definition.sources[t.source]
+        rows = source_rows(self.spark, self.settings, src, t.name)
+        try:
+            df = t.dataframe(self.spark, rows)
+        except TablesFileError:
+            raise
+        except Exception as e:
+            raise TablesFileError(f"table {t.name!r} in {self.definition.path}: {type(e).__name__}: "
+                                  f"{str(e).splitlines()[0] if str(e) else ''}", table=t.name) from None
+        check_output_columns(t, df.columns)
+        return df
+
+    def _start_query(self, run: TableRun, df: "DataFrame") -> None:
+        s = self.settings
+        writer = (df.writeStream.queryName(run.table.name).outputMode("update")
+                  .foreachBatch(run.writer.write_batch)
+                  .option("checkpointLocation", str(s.table_checkpoint(run.table.name))))
+        writer = writer.trigger(availableNow=True) if s.available_now else writer.trigger(processingTime=f"{s.trigger_ms} milliseconds")
+        run.query = writer.start()
+        log.info("table %s: streaming %s → %s (%d partitions, key %s), checkpoint %s", run.table.name,
+                 s.input_topic(self.definition.sources[run.table.source].topic), run.spec.topic, run.spec.partitions,
+                 run.table.key, s.table_checkpoint(run.table.name))
+
+    # run
+    def wait(self, stop: threading.Event) -> None:
+        """Supervise the queries until ``stop`` is set, or (available-now) every table is done."""
+        while not stop.is_set():
+            for run in self.runs.values():
+                if run.finished or run.query is None or run.query.isActive:
+                    continue
+                error = run.query.exception()
+                if error is None:
+                    run.finished = True
+                    log.info("table %s: caught up with its input, query finished", run.table.name)
+                    continue
+                self._restart_or_fail(run, str(error), stop)
+            if self.runs and all(r.finished for r in self.runs.values()):
+                return
+            stop.wait(0.5)
+
+    def _restart_or_fail(self, run: TableRun, error: str, stop: threading.Event) -> None:
+        lost = re.search(r"InputDataLost: (.+)", error)
+        if lost:
+            raise InputDataLost(lost.group(1).strip(), table=run.table.name)
+        now = time.monotonic()
+        run.failures = [t for t in run.failures if now - t < _RESTART_WINDOW_S] + [now]
+        summary = _first_line(error)
+        if len(run.failures) > _MAX_RESTARTS:
+            raise PipelineFailed(f"table {run.table.name}: query failed {len(run.failures)} times within "
+                                 f"{_RESTART_WINDOW_S:.0f}s; last error: {summary}", table=run.table.name)
+        delay = min(30.0, 2.0 ** len(run.failures))
+        log.error("table %s: query failed (%s); restarting from its checkpoint in %.0fs (attempt %d of %d)",
+                  run.table.name, summary, delay, len(run.failures), _MAX_RESTARTS)
+        log.debug("table %s: full error:\n%s", run.table.name, error)
+        if stop.wait(delay):
+            return
+        self._start_query(run, self._table_frame(run.table))
+
+    # metadata
+    def _register_tables(self) -> None:
+        """Keep the table specs in Redis: retried while Redis is down, rewritten after it loses them."""
+        specs = [r.spec for r in self.runs.values()]
+        store = MetadataStore.from_url(self.settings.redis_url, self.settings.namespace)
+        where = _redis_location(self.settings.redis_url)
+        healthy: bool | None = None
+        backoff = 1.0
+        while not self._stop.is_set():
+            try:
+                store.register_tables(specs)
+                if healthy is not True:
+                    log.info("registered tables %s in Redis at %s (namespace %s)",
+                             ", ".join(s.name for s in specs), where, self.settings.namespace)
+                healthy, backoff = True, 1.0
+                self._stop.wait(_REGISTER_EVERY_S)
+            except Exception as e:  # any Redis trouble: the stream does not depend on it
+                if healthy is not False:
+                    log.warning("Redis at %s is unavailable (%s): table specs not registered; retrying, the "
+                                "stream keeps running", where, _first_line(str(e)))
+                healthy = False
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, _REGISTER_EVERY_S)
+
+    # stop
+    def stop(self) -> None:
+        """Stop every query (an interrupted batch is replayed on the next start), then the producer and Spark."""
+        self._stop.set()
+        for run in self.runs.values():
+            if run.query is not None:
+                try:
+                    run.query.stop()
+                except Exception as e:  # stopping must go on for the other tables
+                    log.warning("table %s: stopping the query failed: %s", run.table.name, _first_line(str(e)))
+        self.producer.close()
+        if self.spark is not None:
+            self.spark.stop()
+            self.spark = None
+        if self._registrar is not None:
+            self._registrar.join(timeout=5)
+
+
+class ProgressLog(StreamingQueryListener):
+    """One INFO line per micro-batch, so that an operator sees the pipeline is alive and how fast it goes."""
+
+    def __init__(self, runs: dict[str, TableRun]) -> None:
+        self.runs = runs
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        p = event.progress
+        run = self.runs.get(p.name or "")
+        written = run.writer.last_written if run is not None else None
+        changed = f", {written[1]} changelog records" if written and written[0] == p.batchId else ""
+        log.info("table %s batch %d: %d input rows%s in %d ms (input %.0f rows/s, processed %.0f rows/s)",
+                 p.name, p.batchId, p.numInputRows, changed, p.batchDuration,
+                 p.inputRowsPerSecond or 0.0, p.processedRowsPerSecond or 0.0)
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        if event.exception:
+            log.debug("query %s terminated: %s", event.id, _first_line(event.exception))
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()[:500]
+    return text[:500]
+
+
+def _redis_location(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or 6379}"  # never the password
+
+
+def configure_logging() -> None:
+    """INFO lines on stderr, unless the embedding program configured logging already."""
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("py4j", "py4j.clientserver", "py4j.java_gateway"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def run(settings: PipelineSettings) -> None:
+    """Run the pipeline until SIGTERM/SIGINT (with ``available_now``: until the input present at start is done)."""
+    configure_logging()
+    stop = threading.Event()
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        def on_signal(signum: int, _frame: Any) -> None:
+            if stop.is_set():
+                # A second signal while stopping: the operator wants out now.
+                os._exit(128 + signum)
+            log.info("received %s: stopping the queries", signal.Signals(signum).name)
+            stop.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, on_signal)
+    pipeline = Pipeline(settings)
+    log.info("pipeline: %d table(s) from %s: %s", len(pipeline.definition.tables), pipeline.definition.path,
+             ", ".join(pipeline.definition.tables))
+    try:
+        pipeline.start()
+        pipeline.wait(stop)
+    finally:
+        pipeline.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    log.info("pipeline stopped")

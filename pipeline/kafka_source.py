@@ -1,0 +1,366 @@
+"""A Kafka streaming source for Spark on confluent-kafka, through the Python Data Source API.
+
+Spark's JVM Kafka connector is not available everywhere this runs, so the pipeline reads
+Kafka itself: explicit per-partition offset ranges, offsets kept in Spark's checkpoint
+(see :mod:`pipeline.offsets`), no consumer group and no committed offsets.
+
+Two things a naive source gets wrong on some brokers:
+
+- the end of a partition. ListOffsets "latest" may be below the true end (the embedded
+  broker answers the base offset of the last record batch + 1). The high watermark of a
+  Fetch response is right, so :class:`EndOffsetProbe` fetches once near the listed end
+  and reads the watermark that fetch brought back. On Apache Kafka the listed end is
+  already right and the probe only confirms it.
+- fairness. A Fetch may fill partitions in order up to its byte limit, so per-partition
+  fetch sizes are bounded, and each Spark task reads one partition with its own consumer.
+
+The reader is pickled to Spark's Python workers: Kafka clients are created lazily and
+dropped from the pickled state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+import orjson
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+
+from pipeline import offsets as off
+from pipeline.offsets import InputDataLost, SourceOffset, TopicSnapshot
+
+log = logging.getLogger(__name__)
+
+FORMAT = "freshroute_kafka"
+
+SCHEMA = "key string, value string, topic string, partition int, offset long, timestamp timestamp"
+ARROW_SCHEMA = pa.schema([
+    pa.field("key", pa.string()),
+    pa.field("value", pa.string()),
+    pa.field("topic", pa.string()),
+    pa.field("partition", pa.int32()),
+    pa.field("offset", pa.int64()),
+    pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+])
+
+# A consumer group id is mandatory for a librdkafka consumer, but these consumers only
+# ever assign(): they never join the group and never commit.
+_GROUP_ID = "freshroute-pipeline-source"
+_ARROW_BATCH_ROWS = 8192
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """The source's configuration, parsed once from Spark's string options."""
+
+    topic: str
+    kafka: Mapping[str, Any] = field(default_factory=dict)
+    max_records_per_batch: int | None = None
+    create_partitions: int = 4
+    read_tasks: int = 2
+    probe_timeout_s: float = 5.0
+    read_stall_timeout_s: float = 60.0
+    # Partition fetch bound (deviation: a Fetch may fill partitions in order up to its limit).
+    max_partition_fetch_bytes: int = 1 << 20
+    hint: str = ""  # appended to data-loss errors: where the checkpoint lives
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> "SourceOptions":
+        topic = options.get("topic")
+        if not topic:
+            raise ValueError(f"the {FORMAT} source needs a 'topic' option")
+        max_rows = int(options.get("max_records_per_batch", "0") or 0)
+        return cls(
+            topic=topic,
+            kafka=orjson.loads(options.get("kafka", "{}")),
+            max_records_per_batch=max_rows if max_rows > 0 else None,
+            create_partitions=int(options.get("create_partitions", "4")),
+            read_tasks=max(1, int(options.get("read_tasks", "2"))),
+            probe_timeout_s=float(options.get("probe_timeout_s", "5")),
+            read_stall_timeout_s=float(options.get("read_stall_timeout_s", "60")),
+            max_partition_fetch_bytes=int(options.get("max_partition_fetch_bytes", str(1 << 20))),
+            hint=options.get("hint", ""),
+        )
+
+    def consumer_config(self, **overrides: Any) -> dict[str, Any]:
+        return {
+            **self.kafka,
+            "group.id": _GROUP_ID,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "fetch.queue.backoff.ms": 0,
+            "fetch.wait.max.ms": 100,
+            "max.partition.fetch.bytes": self.max_partition_fetch_bytes,
+            "fetch.max.bytes": max(self.max_partition_fetch_bytes * 4, 1 << 20),
+            "queued.max.messages.kbytes": 16384,
+            **overrides,
+        }
+
+
+class KafkaSlice(InputPartition):
+    """One Spark task's work: offset ranges ``(partition, start, end)`` of one topic, read in order."""
+
+    def __init__(self, topic: str, ranges: tuple[tuple[int, int, int], ...]) -> None:
+        super().__init__((topic, ranges))
+        self.topic = topic
+        self.ranges = ranges
+
+
+class EndOffsetProbe:
+    """Finds each partition's true end offset with one long-lived consumer.
+
+    ListOffsets gives L, never above the true end. Fetching from ``max(L-1, low)`` returns a
+    record or a partition EOF, and with it the Fetch response's high watermark, which is the
+    true end on every broker. A partition the broker does not answer for within the timeout
+    keeps L, marked uncertain.
+    """
+
+    def __init__(self, consumer: Any, topic: str, timeout_s: float) -> None:
+        self.consumer = consumer
+        self.topic = topic
+        self.timeout_s = timeout_s
+
+    def ends(self, partitions: tuple[int, ...]) -> tuple[dict[int, int], dict[int, int], frozenset[int]]:
+        """``(low, end, uncertain)`` per partition."""
+        from confluent_kafka import KafkaError, TopicPartition
+
+        listed = {p: self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=self.timeout_s,
+                                                         cached=False) for p in partitions}
+        low = {p: lo for p, (lo, _) in listed.items()}
+        end = {p: hi for p, (_, hi) in listed.items()}
+        self.consumer.assign([TopicPartition(self.topic, p, max(end[p] - 1, low[p], 0)) for p in partitions])
+        try:
+            pending = set(partitions)
+            deadline = time.monotonic() + self.timeout_s
+            while pending and time.monotonic() < deadline:
+                # consume() returns early only once it has num_messages: ask for as many as
+                # partitions are pending, so one record or EOF each ends the wait at once.
+                wait = min(0.05, max(0.0, deadline - time.monotonic()))
+                for m in self.consumer.consume(num_messages=len(pending), timeout=wait):
+                    err = m.error()
+                    if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                        log.debug("end-offset probe of %s[%s]: %s", self.topic, m.partition(), err)
+                        continue
+                    if m.partition() in pending:
+                        pending.discard(m.partition())
+                        # Stop fetching what is resolved: only its watermark matters.
+                        self.consumer.pause([TopicPartition(self.topic, m.partition())])
+            for p in partitions:
+                if p in pending:
+                    continue
+                _, hwm = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
+                end[p] = max(end[p], hwm)
+        finally:
+            # A pause outlives unassign() in librdkafka: lift it, or the next probe would hang.
+            tps = [TopicPartition(self.topic, p) for p in partitions]
+            self.consumer.resume(tps)
+            self.consumer.unassign()
+        if pending:
+            log.debug("end-offset probe of %s: no fetch answer for partitions %s within %.1fs",
+                      self.topic, sorted(pending), self.timeout_s)
+        return low, end, frozenset(pending)
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch reader of one Kafka topic."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._admin: Any = None
+        self._probe: EndOffsetProbe | None = None
+        self._target: dict[int, int] | None = None
+        self._last_latest: dict[str, Any] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Kafka clients hold threads and sockets: each process makes its own.
+        state = self.__dict__.copy()
+        state["_admin"] = None
+        state["_probe"] = None
+        return state
+
+    # driver side: offsets
+    def _clients(self) -> tuple[Any, EndOffsetProbe]:
+        if self._admin is None or self._probe is None:
+            from confluent_kafka import Consumer
+            from confluent_kafka.admin import AdminClient
+
+            self._admin = AdminClient(dict(self.options.kafka))
+            consumer = Consumer(self.options.consumer_config(**{"auto.offset.reset": "latest", "fetch.wait.max.ms": 10,
+                                                                 "max.partition.fetch.bytes": 65536}))
+            self._probe = EndOffsetProbe(consumer, self.options.topic, self.options.probe_timeout_s)
+        return self._admin, self._probe
+
+    def snapshot(self, create: bool) -> TopicSnapshot | None:
+        """What the broker holds now; None when the topic does not exist (and ``create`` is False)."""
+        from pipeline.topics import describe_topic, ensure_topic
+
+        admin, probe = self._clients()
+        if create:
+            info = ensure_topic(admin, self.options.topic, self.options.create_partitions)
+        else:
+            info = describe_topic(admin, self.options.topic)
+            if info is None:
+                return None
+        low, end, uncertain = probe.ends(info.partitions)
+        return TopicSnapshot(info.topic_id, low, end, uncertain)
+
+    def initialOffset(self) -> dict:
+        snap = self.snapshot(create=True)
+        assert snap is not None
+        return SourceOffset(snap.topic_id, dict(snap.low)).to_dict()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.options.max_records_per_batch
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = SourceOffset.from_dict(start)
+        # A topic that vanished is recreated only when nothing was read from it yet;
+        # otherwise check_progress reports the loss.
+        snap = self.snapshot(create=not any(begin.positions.values()))
+        if snap is None:
+            snap = TopicSnapshot("", {}, {})
+        off.check_progress(begin, snap, self.options.topic, self.options.hint)
+        latest = off.available(begin, snap, self._target)
+        self._last_latest = latest.to_dict()
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return off.limit(begin, latest, max_rows).to_dict()
+
+    def reportLatestOffset(self) -> dict | None:
+        return self._last_latest
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        snap = self.snapshot(create=True)
+        assert snap is not None
+        self._target = dict(snap.end)
+
+    def partitions(self, start: dict, end: dict) -> list[KafkaSlice]:
+        parts = off.ranges(SourceOffset.from_dict(start), SourceOffset.from_dict(end))
+        return [KafkaSlice(self.options.topic, g) for g in off.group_ranges(parts, self.options.read_tasks)]
+
+    def commit(self, end: dict) -> None:
+        # Offsets live in Spark's checkpoint; the broker keeps no state for this reader.
+        pass
+
+    def stop(self) -> None:
+        if self._probe is not None:
+            self._probe.consumer.close()
+        self._admin = None
+        self._probe = None
+
+    # executor side: records
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, KafkaSlice)
+        yield from read_slice(self.options, partition)
+
+
+def read_slice(options: SourceOptions, piece: KafkaSlice) -> Iterator[pa.RecordBatch]:
+    """Every record of the slice's ranges, as Arrow batches of the declared schema."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(options.consumer_config(**{"auto.offset.reset": "error"}))
+    try:
+        for partition, start, end in piece.ranges:
+            yield from read_range(consumer, options, piece.topic, partition, start, end)
+    finally:
+        consumer.close()
+
+
+def read_range(consumer: Any, options: SourceOptions, topic: str, partition: int, start: int,
+               end: int) -> Iterator[pa.RecordBatch]:
+    """Every record of offsets ``[start, end)`` of one partition (one partition assigned at a time)."""
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    consumer.assign([TopicPartition(topic, partition, start)])
+    try:
+        rows = _Columns()
+        position = start
+        stall_deadline = time.monotonic() + options.read_stall_timeout_s
+        while position < end:
+            if time.monotonic() > stall_deadline:
+                raise TimeoutError(f"no record of {topic}[{partition}] offsets [{position}, {end}) "
+                                   f"arrived within {options.read_stall_timeout_s:.0f}s")
+            for m in consumer.consume(num_messages=min(end - position, 5000), timeout=0.5):
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        # Gaps up to the end (compaction, transaction markers) leave nothing to wait for.
+                        if m.offset() >= end:
+                            position = end
+                        continue
+                    if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                        raise InputDataLost(f"offsets [{position}, {end}) of {topic}[{partition}] are "
+                                            f"no longer on the broker: {err.str()}{' ' + options.hint if options.hint else ''}")
+                    raise KafkaException(err)
+                if m.partition() != partition:
+                    continue
+                o = m.offset()
+                if o >= end:
+                    position = end
+                    break
+                if o < position:
+                    continue
+                rows.add(m)
+                position = o + 1
+                stall_deadline = time.monotonic() + options.read_stall_timeout_s
+                if len(rows) >= _ARROW_BATCH_ROWS:
+                    yield rows.to_batch(topic, partition)
+                    rows = _Columns()
+        if len(rows):
+            yield rows.to_batch(topic, partition)
+    finally:
+        consumer.unassign()
+
+
+class _Columns:
+    """Column buffers of one Arrow batch."""
+
+    __slots__ = ("keys", "values", "offsets", "timestamps")
+
+    def __init__(self) -> None:
+        self.keys: list[str | None] = []
+        self.values: list[str | None] = []
+        self.offsets: list[int] = []
+        self.timestamps: list[int | None] = []
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def add(self, m: Any) -> None:
+        k = m.key()
+        v = m.value()
+        self.keys.append(k.decode("utf-8", "replace") if k is not None else None)
+        self.values.append(v.decode("utf-8", "replace") if v is not None else None)
+        self.offsets.append(m.offset())
+        ts_type, ts_ms = m.timestamp()
+        self.timestamps.append(ts_ms * 1000 if ts_type != 0 and ts_ms >= 0 else None)
+
+    def to_batch(self, topic: str, partition: int) -> pa.RecordBatch:
+        n = len(self.offsets)
+        return pa.RecordBatch.from_arrays([
+            pa.array(self.keys, pa.string()),
+            pa.array(self.values, pa.string()),
+            pa.array([topic] * n, pa.string()),
+            pa.array([partition] * n, pa.int32()),
+            pa.array(self.offsets, pa.int64()),
+            pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
+        ], schema=ARROW_SCHEMA)
+
+
+class KafkaSource(DataSource):
+    """``spark.readStream.format("freshroute_kafka").option("topic", …)``: a Kafka topic as a stream."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema: Any) -> KafkaStreamReader:
+        return KafkaStreamReader(SourceOptions.from_options(self.options))

@@ -1,0 +1,38 @@
+"""Settings of the pipeline process: where tables are defined, how often micro-batches run, where state lives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from freshroute.settings import CommonSettings
+
+DEMO_TABLES_FILE = Path(__file__).resolve().parent / "demo_tables.py"
+
+
+class PipelineSettings(CommonSettings):
+    """Typed pipeline settings, from flags and ``FRESHROUTE_*`` environment variables."""
+
+    tables_file: Path = Field(DEMO_TABLES_FILE, description="Python file that defines the input sources and tables")
+    checkpoint_dir: Path = Field(Path(".freshroute/pipeline/checkpoints"),
+                                 description="Spark checkpoints (offsets, commits, RocksDB state), one subdirectory per table")
+    trigger_ms: int = Field(500, ge=0, description="micro-batch interval in milliseconds (0 = as fast as possible)")
+    changelog_partitions: int = Field(8, ge=1, description="partitions of a changelog topic the pipeline creates")
+    # Frozen into each table's checkpoint on its first run: changing it later has no effect on that table.
+    shuffle_partitions: int = Field(4, ge=1, description="Spark shuffle partitions (state store partitions)")
+    max_records_per_batch: int = Field(100_000, ge=0, description="admission control: input records per micro-batch (0 = no limit)")
+    available_now: bool = Field(False, description="process the input present at start, then stop (backfills, tests)")
+    topic_prefix: str = Field("", description="prefix of every input and changelog topic name")
+    input_partitions: int = Field(4, ge=1, description="partitions of an input topic the pipeline has to create")
+    spark_master: str = Field("local[*]", description="Spark master URL")
+    spark_driver_memory: str = Field("1g", description="Spark driver JVM heap")
+
+    def input_topic(self, source_topic: str) -> str:
+        return f"{self.topic_prefix}{source_topic}"
+
+    def changelog_topic(self, table: str) -> str:
+        return f"{self.topic_prefix}{table}-changelog"
+
+    def table_checkpoint(self, table: str) -> Path:
+        return self.checkpoint_dir / table

@@ -1,0 +1,189 @@
+"""The changelog sink: each micro-batch's changed rows, produced to the table's compacted changelog topic.
+
+Record key: the table key as :func:`freshroute.keys.serialize_key` bytes; record value:
+compact JSON of the other columns; partition: :func:`freshroute.keys.partition_for`,
+passed explicitly, so the partition a store node and the router compute for a key is by
+construction the one the record was written to.
+
+One long-lived idempotent producer serves every table (a new idempotent producer costs
+about half a second). A batch returns only when every record is acknowledged by the
+broker; any delivery error fails the batch, so that Spark replays it from its checkpoint.
+Replayed records are value-identical upserts, which is what makes the effect exactly-once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+import orjson
+from confluent_kafka import KafkaError, Producer
+
+from freshroute.errors import RetryableError
+from freshroute.keys import partition_for, serialize_key
+
+log = logging.getLogger(__name__)
+
+
+class ChangelogWriteFailed(RetryableError):
+    """Records of a micro-batch were not acknowledged; the batch must be replayed."""
+
+    code = "CHANGELOG_WRITE_FAILED"
+
+
+def _json_default(v: Any) -> Any:
+    if isinstance(v, decimal.Decimal):
+        return float(v)
+    if isinstance(v, (bytes, bytearray)):
+        return v.decode("utf-8", "replace")
+    if isinstance(v, (set, frozenset, tuple)):
+        return list(v)
+    if isinstance(v, dt.timedelta):
+        return v.total_seconds()
+    raise TypeError(f"cannot encode {type(v).__name__} in a changelog value")
+
+
+def encode_key(key: Any) -> bytes:
+    """The changelog record key of a table key value."""
+    return serialize_key(key if isinstance(key, str) else str(key))
+
+
+def encode_value(row: Mapping[str, Any], key_column: str) -> bytes:
+    """Compact JSON of every column but the key; numbers keep their type (a double stays a float)."""
+    return orjson.dumps({k: v for k, v in row.items() if k != key_column}, default=_json_default,
+                        option=orjson.OPT_UTC_Z | orjson.OPT_NON_STR_KEYS)
+
+
+@dataclass(frozen=True)
+class ChangelogRecord:
+    key: bytes
+    value: bytes
+    partition: int
+
+
+def changelog_records(rows: Iterable[Mapping[str, Any]], key_column: str, partitions: int) -> tuple[list[ChangelogRecord], int]:
+    """Records for the changed rows of a batch, and how many rows had no key (and cannot be addressed)."""
+    out = []
+    keyless = 0
+    for row in rows:
+        key = row.get(key_column)
+        if key is None:
+            keyless += 1
+            continue
+        k = encode_key(key)
+        out.append(ChangelogRecord(k, encode_value(row, key_column), partition_for(k, partitions)))
+    return out, keyless
+
+
+def producer_config(kafka: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        **kafka,
+        "enable.idempotence": True,
+        "acks": "all",
+        # Records carry an explicit partition; a keyed produce without one would land in
+        # the same place, as Kafka's default partitioner puts it.
+        "partitioner": "murmur2_random",
+        "linger.ms": 5,
+        # A batch fails (and is replayed) rather than waiting minutes for a broker that is gone.
+        "message.timeout.ms": 60_000,
+    }
+
+
+class ChangelogProducer:
+    """The job's one producer, created lazily and replaced only after a fatal error."""
+
+    def __init__(self, kafka: Mapping[str, Any], factory: Callable[[dict[str, Any]], Any] = Producer) -> None:
+        self._config = producer_config(kafka)
+        self._factory = factory
+        self._producer: Any = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        with self._lock:
+            if self._producer is None:
+                self._producer = self._factory(self._config)
+            return self._producer
+
+    def discard(self) -> None:
+        """Drop a producer that hit a fatal error; the next batch makes a new one."""
+        with self._lock:
+            self._producer = None
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        with self._lock:
+            p, self._producer = self._producer, None
+        if p is not None:
+            p.flush(timeout_s)
+
+    @property
+    def delivery_timeout_s(self) -> float:
+        return self._config["message.timeout.ms"] / 1000.0
+
+
+class ChangelogWriter:
+    """Writes one table's micro-batches to its changelog topic."""
+
+    def __init__(self, table: str, topic: str, partitions: int, key_column: str, producer: ChangelogProducer) -> None:
+        self.table = table
+        self.topic = topic
+        self.partitions = partitions
+        self.key_column = key_column
+        self.producer = producer
+        self.last_written: tuple[int, int] | None = None  # (batch id, records), for progress lines
+
+    def write_batch(self, df: Any, batch_id: int) -> None:
+        """foreachBatch entry point: the batch's changed rows → changelog, acknowledged before returning."""
+        rows = df.toArrow().to_pylist()
+        self.write_rows(rows, batch_id)
+
+    def write_rows(self, rows: list[Mapping[str, Any]], batch_id: int) -> int:
+        """Produce the rows and wait for every acknowledgement; returns the number of records written."""
+        records, keyless = changelog_records(rows, self.key_column, self.partitions)
+        self.last_written = (batch_id, 0)
+        if keyless:
+            log.warning("table %s batch %d: %d row(s) with a null key %r cannot be addressed and were not written",
+                        self.table, batch_id, keyless, self.key_column)
+        if not records:
+            return 0
+        producer = self.producer.get()
+        # Counted per batch rather than relying on flush(): tables share the producer and
+        # another table's flush may serve this batch's delivery callbacks.
+        state = {"done": 0, "errors": []}
+        lock = threading.Lock()
+
+        def delivered(err: KafkaError | None, _msg: Any) -> None:
+            with lock:
+                state["done"] += 1
+                if err is not None:
+                    state["errors"].append(err)
+
+        deadline = time.monotonic() + self.producer.delivery_timeout_s + 30
+        for r in records:
+            while True:
+                try:
+                    producer.produce(self.topic, key=r.key, value=r.value, partition=r.partition, on_delivery=delivered)
+                    break
+                except BufferError:
+                    # Local queue full: let deliveries drain it, within the batch's time bound.
+                    if time.monotonic() > deadline:
+                        raise ChangelogWriteFailed(f"table {self.table} batch {batch_id}: producer queue stayed full",
+                                                   table=self.table, batch=batch_id) from None
+                    producer.poll(0.05)
+        while state["done"] < len(records) and time.monotonic() < deadline:
+            producer.flush(0.2)
+        errors: list[KafkaError] = state["errors"]
+        missing = len(records) - state["done"]
+        if errors or missing:
+            if any(e.fatal() for e in errors):
+                self.producer.discard()
+            first = errors[0].str() if errors else "no acknowledgement before the deadline"
+            raise ChangelogWriteFailed(
+                f"table {self.table} batch {batch_id}: {len(errors)} record(s) failed and {missing} unacknowledged "
+                f"of {len(records)} to {self.topic}: {first}", table=self.table, batch=batch_id)
+        self.last_written = (batch_id, len(records))
+        return len(records)

@@ -1,0 +1,239 @@
+"""Table definitions: the user-editable tables file and what it declares.
+
+A tables file is a Python module loaded by path. It declares input sources and the tables
+computed from them, in either of two forms::
+
+    from pyspark.sql import functions as F
+    from pipeline.tables import source, sql_table, table
+
+    source("readings", schema="sensor STRING, area STRING, reading DOUBLE")
+
+    @table(name="sensor_stats", key="sensor", source="readings")
+    def sensor_stats(readings):
+        return readings.groupBy("sensor").agg(F.count("reading").alias("count"))
+
+    sql_table(name="area_counts", key="area", source="readings",
+              sql="SELECT area, count(*) AS count FROM readings GROUP BY area")
+
+A source is a Kafka topic of JSON values parsed with ``schema``; besides the schema's
+fields each row carries the record's ``key``, ``topic``, ``partition``, ``offset`` and
+``timestamp``. A table's key column becomes the changelog record key; every other column
+goes into the JSON value.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import importlib.util
+import re
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from freshroute.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+# Columns every source row carries from its Kafka record.
+METADATA_COLUMNS = ("key", "topic", "partition", "offset", "timestamp")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class TablesFileError(ConfigError):
+    """The tables file cannot be loaded or declares something inconsistent."""
+
+    code = "TABLES_FILE_ERROR"
+
+
+@dataclass(frozen=True)
+class Source:
+    """An input topic of JSON values with a Spark DDL schema."""
+
+    name: str
+    schema: str
+    topic: str  # without the deployment's topic prefix
+
+
+@dataclass(frozen=True)
+class Table:
+    """A keyed table computed from one source, by a DataFrame function or by Spark SQL."""
+
+    name: str
+    key: str
+    source: str
+    build: Callable[["DataFrame"], "DataFrame"] | None = None
+    sql: str | None = None
+
+    def dataframe(self, spark: "SparkSession", rows: "DataFrame") -> "DataFrame":
+        """The table as a streaming DataFrame over the parsed source rows."""
+        if self.build is not None:
+            return self.build(rows)
+        # SQL names the source as a table: expose the parsed stream under that name.
+        rows.createOrReplaceTempView(self.source)
+        return spark.sql(self.sql or "")
+
+
+@dataclass(frozen=True)
+class TablesDefinition:
+    """Everything one tables file declares."""
+
+    path: Path
+    sources: dict[str, Source] = field(default_factory=dict)
+    tables: dict[str, Table] = field(default_factory=dict)
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.sources: dict[str, Source] = {}
+        self.tables: dict[str, Table] = {}
+
+    def add_source(self, s: Source) -> None:
+        if s.name in self.sources:
+            raise ValueError(f"source {s.name!r} is declared twice")
+        self.sources[s.name] = s
+
+    def add_table(self, t: Table) -> None:
+        if t.name in self.tables:
+            raise ValueError(f"table {t.name!r} is declared twice")
+        self.tables[t.name] = t
+
+
+# Set only while load_tables() runs a tables file, so that declarations register with
+# that load and with nothing else; outside a load they just return their value.
+_loading: contextvars.ContextVar[_Collector | None] = contextvars.ContextVar("freshroute_tables_loading", default=None)
+
+
+def _check_name(kind: str, name: str) -> None:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"{kind} name {name!r} must be a plain identifier (letters, digits, _)")
+
+
+def source(name: str, schema: str, topic: str | None = None) -> Source:
+    """Declare an input source: topic ``topic`` (default: ``name``) of JSON values with DDL ``schema``."""
+    _check_name("source", name)
+    if not isinstance(schema, str) or not schema.strip():
+        raise ValueError(f"source {name!r} needs a schema, e.g. \"sensor STRING, reading DOUBLE\"")
+    s = Source(name, schema, topic or name)
+    collector = _loading.get()
+    if collector is not None:
+        collector.add_source(s)
+    return s
+
+
+def table(name: str, key: str, source: str) -> Callable[[Callable[["DataFrame"], "DataFrame"]], Table]:
+    """Declare a table computed by the decorated function ``(source rows) -> DataFrame``."""
+    _check_name("table", name)
+
+    def register(fn: Callable[["DataFrame"], "DataFrame"]) -> Table:
+        if not callable(fn):
+            raise ValueError(f"@table({name!r}) must decorate a function (source rows) -> DataFrame")
+        t = Table(name, key, source, build=fn)
+        collector = _loading.get()
+        if collector is not None:
+            collector.add_table(t)
+        return t
+
+    return register
+
+
+def sql_table(name: str, key: str, source: str, sql: str) -> Table:
+    """Declare a table computed by Spark SQL; the query names the source as a table."""
+    _check_name("table", name)
+    if not isinstance(sql, str) or not sql.strip():
+        raise ValueError(f"sql_table {name!r} needs a SQL query")
+    t = Table(name, key, source, sql=sql)
+    collector = _loading.get()
+    if collector is not None:
+        collector.add_table(t)
+    return t
+
+
+def load_tables(path: str | Path) -> TablesDefinition:
+    """Run a tables file and return what it declares; any mistake fails naming the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise TablesFileError(f"tables file {path} does not exist", path=str(path))
+    # One module per file content: reloading an edited file never sees the old definitions.
+    digest = hashlib.sha1(str(path.resolve()).encode() + path.read_bytes()).hexdigest()[:12]
+    module_name = f"freshroute_tables_{digest}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise TablesFileError(f"tables file {path} is not a Python file", path=str(path))
+    module = importlib.util.module_from_spec(spec)
+    collector = _Collector()
+    token = _loading.set(collector)
+    try:
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        sys.modules.pop(module_name, None)
+        raise TablesFileError(f"tables file {path}, line {e.lineno}: syntax error: {e.msg}",
+                              path=str(path), line=e.lineno) from None
+    except Exception as e:
+        sys.modules.pop(module_name, None)
+        line = _line_in(path, e)
+        where = f", line {line}" if line else ""
+        raise TablesFileError(f"tables file {path}{where}: {type(e).__name__}: {e}", path=str(path), line=line) from None
+    finally:
+        _loading.reset(token)
+    _pickle_by_value(module)
+    definition = TablesDefinition(path, dict(collector.sources), dict(collector.tables))
+    validate(definition)
+    return definition
+
+
+def validate(definition: TablesDefinition) -> None:
+    """Check references between declarations (Spark checks schemas and columns when the plan is built)."""
+    path = definition.path
+    if not definition.tables:
+        raise TablesFileError(f"tables file {path} declares no table (use @table(...) or sql_table(...))", path=str(path))
+    for t in definition.tables.values():
+        if t.source not in definition.sources:
+            known = ", ".join(sorted(definition.sources)) or "none"
+            raise TablesFileError(f"tables file {path}: table {t.name!r} reads source {t.source!r}, which is not "
+                                  f"declared (declared sources: {known})", path=str(path), table=t.name)
+        if not isinstance(t.key, str) or not t.key:
+            raise TablesFileError(f"tables file {path}: table {t.name!r} needs a key column", path=str(path), table=t.name)
+
+
+def check_output_columns(t: Table, columns: list[str]) -> None:
+    """A table's DataFrame must have its key column and at least one value column."""
+    if t.key not in columns:
+        raise TablesFileError(f"table {t.name!r}: key column {t.key!r} is not among its columns {columns}", table=t.name)
+    if len(columns) < 2:
+        raise TablesFileError(f"table {t.name!r} has no value column besides its key {t.key!r}", table=t.name)
+
+
+def check_source_fields(s: Source, fields: list[str]) -> None:
+    """A source's fields must not shadow the Kafka metadata columns every row carries."""
+    clash = sorted(set(fields) & set(METADATA_COLUMNS))
+    if clash:
+        raise TablesFileError(f"source {s.name!r}: field(s) {clash} clash with the Kafka record columns "
+                              f"{list(METADATA_COLUMNS)}; rename them in the schema", source=s.name)
+
+
+def _line_in(path: Path, exc: BaseException) -> int | None:
+    """The deepest line of the tables file in the exception's traceback."""
+    target = str(path.resolve())
+    line = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        try:
+            if str(Path(frame.filename).resolve()) == target:
+                line = frame.lineno
+        except OSError:
+            continue
+    return line
+
+
+def _pickle_by_value(module: object) -> None:
+    # A UDF defined in the tables file is shipped to Spark's Python workers, which cannot
+    # import a module loaded by path: send its code along instead of a reference.
+    try:
+        from pyspark import cloudpickle
+    except ImportError:  # pragma: no cover - pyspark is a dependency
+        return
+    cloudpickle.register_pickle_by_value(module)

@@ -1,0 +1,69 @@
+"""Topic administration the pipeline needs: describe a topic, create it when it is missing."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    name: str
+    topic_id: str  # "" when the broker does not report topic ids
+    partitions: tuple[int, ...]
+
+
+def describe_topic(admin: AdminClient, topic: str, timeout_s: float = 10.0) -> TopicInfo | None:
+    """The topic's id and partitions, or None when it does not exist."""
+    from confluent_kafka import TopicCollection
+
+    try:
+        desc = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout_s)[topic].result(timeout_s)
+    except KafkaException as e:
+        err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+        if err is not None and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        if err is not None and err.code() in (KafkaError._UNSUPPORTED_FEATURE, KafkaError.UNSUPPORTED_VERSION):
+            return _describe_from_metadata(admin, topic, timeout_s)
+        raise
+    return TopicInfo(topic, str(desc.topic_id) if desc.topic_id is not None else "",
+                     tuple(sorted(p.id for p in desc.partitions)))
+
+
+def _describe_from_metadata(admin: AdminClient, topic: str, timeout_s: float) -> TopicInfo | None:
+    # Brokers before DescribeTopicPartitions: plain metadata, without a topic id.
+    md = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
+    if md is None or md.error is not None:
+        return None
+    return TopicInfo(topic, "", tuple(sorted(md.partitions)))
+
+
+def ensure_topic(admin: AdminClient, topic: str, partitions: int, config: dict[str, str] | None = None,
+                 timeout_s: float = 10.0) -> TopicInfo:
+    """Create ``topic`` if it is missing (racing creators are fine) and describe it."""
+    info = describe_topic(admin, topic, timeout_s)
+    if info is not None:
+        return info
+    try:
+        admin.create_topics([NewTopic(topic, partitions, 1, config=config or {})],
+                            request_timeout=timeout_s)[topic].result(timeout_s)
+        log.info("created topic %s (%d partitions%s)", topic, partitions,
+                 ", " + ", ".join(f"{k}={v}" for k, v in (config or {}).items()) if config else "")
+    except KafkaException as e:
+        err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+        if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
+    info = describe_topic(admin, topic, timeout_s)
+    if info is None:
+        raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"topic {topic} missing right after creation"))
+    return info
+
+
+def admin_client(kafka: dict[str, Any]) -> AdminClient:
+    return AdminClient(dict(kafka))

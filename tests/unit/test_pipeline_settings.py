@@ -1,0 +1,44 @@
+"""Pipeline settings: defaults, environment, topic and checkpoint naming."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from freshroute.errors import ConfigError
+from freshroute.settings import load
+from pipeline.settings import DEMO_TABLES_FILE, PipelineSettings
+
+
+def test_defaults(monkeypatch):
+    for name in list(PipelineSettings.model_fields):
+        monkeypatch.delenv(f"FRESHROUTE_{name.upper()}", raising=False)
+    s = load(PipelineSettings)
+    assert s.tables_file == DEMO_TABLES_FILE and DEMO_TABLES_FILE.name == "demo_tables.py"
+    assert s.checkpoint_dir == Path(".freshroute/pipeline/checkpoints")
+    assert (s.trigger_ms, s.changelog_partitions, s.shuffle_partitions) == (500, 8, 4)
+    assert s.available_now is False and s.topic_prefix == "" and s.spark_master == "local[*]"
+
+
+def test_environment_and_flags(monkeypatch):
+    monkeypatch.setenv("FRESHROUTE_AVAILABLE_NOW", "true")
+    monkeypatch.setenv("FRESHROUTE_TOPIC_PREFIX", "t123")
+    s = load(PipelineSettings, trigger_ms="250", checkpoint_dir="/tmp/ck")
+    assert s.available_now is True and s.trigger_ms == 250
+    assert s.input_topic("readings") == "t123readings"
+    assert s.changelog_topic("sensor_stats") == "t123sensor_stats-changelog"
+    assert s.table_checkpoint("sensor_stats") == Path("/tmp/ck/sensor_stats")
+
+
+def test_wrong_value_fails_naming_the_key():
+    with pytest.raises(ConfigError, match="changelog_partitions"):
+        load(PipelineSettings, changelog_partitions="0")
+    with pytest.raises(ConfigError, match="max_records_per_batch"):
+        load(PipelineSettings, max_records_per_batch="lots")
+
+
+def test_settings_are_frozen():
+    s = load(PipelineSettings)
+    with pytest.raises(Exception):
+        s.trigger_ms = 1  # type: ignore[misc]

@@ -1,0 +1,131 @@
+"""Changelog records: key and value encoding, partitioning by the shared module, acknowledged batches."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+
+import orjson
+import pytest
+from confluent_kafka import KafkaError
+
+from freshroute.keys import partition_for, serialize_key
+from pipeline.sink import (ChangelogProducer, ChangelogWriteFailed, ChangelogWriter, changelog_records, encode_key,
+                           encode_value, producer_config)
+
+
+def test_value_is_compact_json_of_the_non_key_columns_with_floats_kept_floats():
+    row = {"sensor": "s-1", "count": 3, "sum": 3.0, "avg": 1.0, "min": 0.5, "max": 1.5, "last": 1.0}
+    raw = encode_value(row, "sensor")
+    assert raw == b'{"count":3,"sum":3.0,"avg":1.0,"min":0.5,"max":1.5,"last":1.0}'
+    decoded = orjson.loads(raw)
+    assert isinstance(decoded["sum"], float) and isinstance(decoded["count"], int)
+
+
+def test_value_encodes_spark_types_without_loss_of_meaning():
+    row = {"k": "a", "d": decimal.Decimal("1.25"), "ts": dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc),
+           "day": dt.date(2026, 1, 2), "nested": {"start": 1, "end": 2}, "tags": ["x", "y"], "none": None,
+           "nan": float("nan")}
+    assert orjson.loads(encode_value(row, "k")) == {
+        "d": 1.25, "ts": "2026-01-02T03:04:05Z", "day": "2026-01-02", "nested": {"start": 1, "end": 2},
+        "tags": ["x", "y"], "none": None, "nan": None}
+
+
+def test_key_is_the_shared_serialization_of_its_string_form():
+    assert encode_key("sensor-1") == serialize_key("sensor-1") == b"sensor-1"
+    assert encode_key(42) == b"42"
+    assert encode_key("čidlo") == "čidlo".encode("utf-8")
+
+
+def test_records_are_partitioned_by_the_shared_module_and_keyless_rows_are_counted():
+    rows = [{"sensor": f"sensor-{i}", "count": i} for i in range(200)] + [{"sensor": None, "count": 1}]
+    records, keyless = changelog_records(rows, "sensor", 8)
+    assert keyless == 1
+    assert len(records) == 200
+    for i, r in enumerate(records):
+        assert r.key == f"sensor-{i}".encode()
+        assert r.partition == partition_for(r.key, 8)
+        assert orjson.loads(r.value) == {"count": i}
+    assert len({r.partition for r in records}) == 8  # the hash spreads keys over every partition
+
+
+def test_producer_is_idempotent_acks_all_and_murmur2():
+    c = producer_config({"bootstrap.servers": "h:1"})
+    assert c["enable.idempotence"] is True and c["acks"] == "all" and c["partitioner"] == "murmur2_random"
+    assert c["bootstrap.servers"] == "h:1"
+
+
+class FakeProducer:
+    """Acknowledges on flush/poll; can fail some deliveries and refuse the first N produces (queue full)."""
+
+    def __init__(self, fail_keys: set[bytes] = frozenset(), fatal: bool = False, full_times: int = 0):
+        self.fail_keys, self.fatal, self.full_times = fail_keys, fatal, full_times
+        self.pending: list = []
+        self.sent: list[tuple[str, bytes, bytes, int]] = []
+
+    def produce(self, topic, key, value, partition, on_delivery):
+        if self.full_times:
+            self.full_times -= 1
+            raise BufferError("queue full")
+        self.pending.append((topic, key, value, partition, on_delivery))
+
+    def _serve(self):
+        pending, self.pending = self.pending, []
+        for topic, key, value, partition, cb in pending:
+            if key in self.fail_keys:
+                cb(KafkaError(KafkaError._MSG_TIMED_OUT, "timed out", fatal=self.fatal), None)
+            else:
+                self.sent.append((topic, key, value, partition))
+                cb(None, None)
+
+    def poll(self, timeout=0):
+        self._serve()
+        return 0
+
+    def flush(self, timeout=None):
+        self._serve()
+        return 0
+
+
+def writer_with(fake: FakeProducer) -> tuple[ChangelogWriter, ChangelogProducer]:
+    shared = ChangelogProducer({"bootstrap.servers": "h:1"}, factory=lambda cfg: fake)
+    return ChangelogWriter("sensor_stats", "p-sensor_stats-changelog", 8, "sensor", shared), shared
+
+
+def test_batch_returns_only_after_every_record_is_acknowledged():
+    fake = FakeProducer(full_times=3)
+    writer, _ = writer_with(fake)
+    rows = [{"sensor": f"s{i}", "count": i} for i in range(50)]
+    assert writer.write_rows(rows, batch_id=7) == 50
+    assert len(fake.sent) == 50 and not fake.pending
+    assert all(t == "p-sensor_stats-changelog" and p == partition_for(k, 8) for t, k, _, p in fake.sent)
+    assert writer.last_written == (7, 50)
+
+
+def test_delivery_error_fails_the_batch_so_spark_replays_it():
+    fake = FakeProducer(fail_keys={b"s3"})
+    writer, shared = writer_with(fake)
+    with pytest.raises(ChangelogWriteFailed, match=r"batch 4: 1 record\(s\) failed .* of 5"):
+        writer.write_rows([{"sensor": f"s{i}", "count": i} for i in range(5)], batch_id=4)
+    assert shared.get() is fake  # a retriable error keeps the producer
+
+
+def test_fatal_producer_error_replaces_the_producer():
+    made: list[FakeProducer] = []
+
+    def factory(cfg):
+        made.append(FakeProducer(fail_keys={b"s0"} if not made else set(), fatal=True))
+        return made[-1]
+
+    writer = ChangelogWriter("t", "topic", 8, "sensor", ChangelogProducer({}, factory=factory))
+    with pytest.raises(ChangelogWriteFailed):
+        writer.write_rows([{"sensor": "s0", "count": 1}], batch_id=1)
+    assert writer.write_rows([{"sensor": "s0", "count": 1}], batch_id=1) == 1
+    assert len(made) == 2
+
+
+def test_empty_batch_produces_nothing():
+    fake = FakeProducer()
+    writer, _ = writer_with(fake)
+    assert writer.write_rows([], batch_id=0) == 0
+    assert fake.sent == []

@@ -1,0 +1,221 @@
+"""The Kafka source's reader without a broker: options, admission control, Available-now, pickling, Arrow rows.
+
+The broker is replaced at the reader's one seam, :meth:`KafkaStreamReader.snapshot`, and
+the end-offset probe gets a fake consumer that behaves like the embedded broker (its
+ListOffsets answer is below the true end; the Fetch watermark is right).
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from confluent_kafka import KafkaError, TopicPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+from pyspark.sql.types import (IntegerType, LongType, StringType, StructField, StructType, TimestampType)
+
+from pipeline.kafka_source import (ARROW_SCHEMA, SCHEMA, EndOffsetProbe, KafkaSlice, KafkaSource, KafkaStreamReader,
+                                   SourceOptions, _Columns)
+from pipeline.offsets import InputDataLost, TopicSnapshot
+
+
+class ScriptedReader(KafkaStreamReader):
+    """A reader whose broker view is a list of snapshots, one per call."""
+
+    def __init__(self, options: SourceOptions, snapshots: list[TopicSnapshot]) -> None:
+        super().__init__(options)
+        self.snapshots = snapshots
+        self.calls = 0
+
+    def snapshot(self, create: bool) -> TopicSnapshot | None:
+        snap = self.snapshots[min(self.calls, len(self.snapshots) - 1)]
+        self.calls += 1
+        return snap
+
+
+def opts(**kw) -> SourceOptions:
+    return SourceOptions(topic="readings", kafka={"bootstrap.servers": "127.0.0.1:1"}, **kw)
+
+
+def test_options_parse_from_spark_string_options():
+    o = SourceOptions.from_options({"topic": "t", "kafka": '{"bootstrap.servers": "h:1"}', "max_records_per_batch": "500",
+                                    "create_partitions": "6", "read_tasks": "3", "hint": "delete /ck"})
+    assert o == SourceOptions(topic="t", kafka={"bootstrap.servers": "h:1"}, max_records_per_batch=500,
+                              create_partitions=6, read_tasks=3, hint="delete /ck")
+    assert SourceOptions.from_options({"topic": "t", "max_records_per_batch": "0"}).max_records_per_batch is None
+    with pytest.raises(ValueError, match="topic"):
+        SourceOptions.from_options({})
+
+
+def test_consumer_config_never_commits_and_bounds_partition_fetches():
+    c = opts().consumer_config()
+    assert c["enable.auto.commit"] is False and c["enable.auto.offset.store"] is False
+    assert c["enable.partition.eof"] is True and c["fetch.queue.backoff.ms"] == 0
+    assert c["max.partition.fetch.bytes"] == 1 << 20
+    assert c["bootstrap.servers"] == "127.0.0.1:1"
+
+
+def test_default_read_limit_is_admission_control_when_configured():
+    assert KafkaStreamReader(opts(max_records_per_batch=100)).getDefaultReadLimit() == ReadMaxRows(100)
+    assert isinstance(KafkaStreamReader(opts()).getDefaultReadLimit(), ReadAllAvailable)
+
+
+def test_latest_offset_honours_max_rows_and_all_available():
+    snap = TopicSnapshot("tid", low={0: 0, 1: 0}, end={0: 1000, 1: 1000})
+    r = ScriptedReader(opts(max_records_per_batch=100), [snap])
+    start = {"topic_id": "tid", "partitions": {"0": 0, "1": 0}}
+    assert r.latestOffset(start, ReadMaxRows(100)) == {"topic_id": "tid", "partitions": {"0": 50, "1": 50}}
+    # The engine may ask for everything even when a default limit exists (e.g. a trigger's semantics).
+    assert r.latestOffset(start, ReadAllAvailable()) == {"topic_id": "tid", "partitions": {"0": 1000, "1": 1000}}
+    assert r.reportLatestOffset() == {"topic_id": "tid", "partitions": {"0": 1000, "1": 1000}}
+
+
+def test_available_now_stops_at_the_end_seen_when_prepared():
+    before = TopicSnapshot("tid", low={0: 0}, end={0: 300})
+    after = TopicSnapshot("tid", low={0: 0}, end={0: 900})
+    r = ScriptedReader(opts(), [before, after])
+    r.prepareForTriggerAvailableNow()
+    start = {"topic_id": "tid", "partitions": {"0": 0}}
+    first = r.latestOffset(start, ReadMaxRows(200))
+    assert first["partitions"] == {"0": 200}
+    second = r.latestOffset(first, ReadMaxRows(200))
+    assert second["partitions"] == {"0": 300}
+    assert r.latestOffset(second, ReadMaxRows(200)) == second  # nothing more: the query can finish
+
+
+def test_latest_offset_reports_a_broker_that_lost_data():
+    r = ScriptedReader(opts(hint="To reprocess from the start, delete /ck."),
+                       [TopicSnapshot("tid", low={0: 0}, end={0: 12})])
+    with pytest.raises(InputDataLost, match=r"ends at offset 12, below the checkpoint's 40.*delete /ck"):
+        r.latestOffset({"topic_id": "tid", "partitions": {"0": 40}}, ReadAllAvailable())
+
+
+def test_latest_offset_reports_a_topic_that_vanished_after_progress():
+    r = ScriptedReader(opts(), [None])  # type: ignore[list-item]
+    with pytest.raises(InputDataLost, match="disappeared"):
+        r.latestOffset({"topic_id": "tid", "partitions": {"0": 40}}, ReadAllAvailable())
+
+
+def test_partitions_group_ranges_into_read_tasks():
+    r = KafkaStreamReader(opts(read_tasks=2))
+    slices = r.partitions({"topic_id": "t", "partitions": {"0": 0, "1": 10, "2": 5, "3": 9}},
+                          {"topic_id": "t", "partitions": {"0": 100, "1": 20, "2": 50, "3": 9}})
+    assert [s.ranges for s in slices] == [((0, 0, 100),), ((1, 10, 20), (2, 5, 50))]
+    assert all(isinstance(s, KafkaSlice) and s.topic == "readings" for s in slices)
+    assert r.partitions({"topic_id": "t", "partitions": {"0": 5}}, {"topic_id": "t", "partitions": {"0": 5}}) == []
+
+
+def test_reader_pickles_without_its_kafka_clients():
+    r = KafkaStreamReader(opts())
+    r._admin = object()
+    r._probe = object()  # type: ignore[assignment]
+    clone = pickle.loads(pickle.dumps(r))
+    assert clone._admin is None and clone._probe is None
+    assert clone.options == r.options
+    assert r._admin is not None  # the original keeps its clients
+
+
+def test_declared_schema_is_the_arrow_schema_spark_checks_batches_against():
+    spark_schema = StructType([StructField("key", StringType()), StructField("value", StringType()),
+                               StructField("topic", StringType()), StructField("partition", IntegerType()),
+                               StructField("offset", LongType()), StructField("timestamp", TimestampType())])
+    assert KafkaSource({"topic": "t"}).schema() == SCHEMA
+    assert SCHEMA == ", ".join(f"{f.name} {f.dataType.typeName().replace('integer', 'int')}" for f in spark_schema.fields)
+    assert to_arrow_schema(spark_schema, timezone="UTC").equals(ARROW_SCHEMA)
+
+
+class FakeMessage:
+    def __init__(self, partition, offset, key=None, value=None, ts=(1, 0), error=None):
+        self._p, self._o, self._k, self._v, self._ts, self._e = partition, offset, key, value, ts, error
+
+    def partition(self):
+        return self._p
+
+    def offset(self):
+        return self._o
+
+    def key(self):
+        return self._k
+
+    def value(self):
+        return self._v
+
+    def timestamp(self):
+        return self._ts
+
+    def error(self):
+        return self._e
+
+
+def test_rows_become_an_arrow_batch_of_exactly_the_declared_schema():
+    cols = _Columns()
+    cols.add(FakeMessage(2, 41, b"sensor-1", b'{"reading": 1.5}', ts=(1, 1_700_000_000_123)))
+    cols.add(FakeMessage(2, 42, None, None, ts=(0, -1)))
+    cols.add(FakeMessage(2, 43, b"\xff", b"x", ts=(2, 5)))
+    batch = cols.to_batch("readings", 2)
+    assert batch.schema.equals(ARROW_SCHEMA)
+    rows = batch.to_pylist()
+    assert [r["offset"] for r in rows] == [41, 42, 43]
+    assert rows[0]["key"] == "sensor-1" and rows[0]["value"] == '{"reading": 1.5}'
+    assert rows[0]["timestamp"].timestamp() == pytest.approx(1_700_000_000.123)
+    assert rows[1]["key"] is None and rows[1]["value"] is None and rows[1]["timestamp"] is None
+    assert rows[2]["key"] == "\ufffd"  # undecodable bytes never fail a batch
+    assert {r["topic"] for r in rows} == {"readings"} and {r["partition"] for r in rows} == {2}
+
+
+class TansuLikeConsumer:
+    """ListOffsets answers the last batch's base offset + 1; a fetch brings the true watermark."""
+
+    def __init__(self, true_end: dict[int, int], listed: dict[int, int], answering: set[int]):
+        self.true_end, self.listed, self.answering = true_end, listed, answering
+        self.assigned: list[TopicPartition] = []
+        self.paused: set[int] = set()
+        self.fetched: set[int] = set()
+        self.unassigned = 0
+
+    def get_watermark_offsets(self, tp, timeout=None, cached=False):
+        if cached:
+            return (0, self.true_end[tp.partition] if tp.partition in self.fetched else -1001)
+        return (0, self.listed[tp.partition])
+
+    def assign(self, tps):
+        self.assigned = list(tps)
+
+    def consume(self, num_messages=1, timeout=0.0):
+        out = []
+        for tp in self.assigned:
+            p = tp.partition
+            if p in self.answering and p not in self.fetched and p not in self.paused:
+                self.fetched.add(p)
+                if tp.offset < self.true_end[p]:
+                    out.append(FakeMessage(p, tp.offset, b"k", b"v"))
+                else:
+                    out.append(FakeMessage(p, tp.offset, error=KafkaError(KafkaError._PARTITION_EOF)))
+        return out[:num_messages] if out else out
+
+    def pause(self, tps):
+        self.paused.update(tp.partition for tp in tps)
+
+    def resume(self, tps):
+        self.paused.difference_update(tp.partition for tp in tps)
+
+    def unassign(self):
+        self.unassigned += 1
+        self.assigned = []
+
+
+def test_probe_finds_the_true_end_below_which_list_offsets_answers():
+    consumer = TansuLikeConsumer(true_end={0: 334, 1: 0, 2: 333}, listed={0: 1, 1: 0, 2: 1}, answering={0, 1, 2})
+    low, end, uncertain = EndOffsetProbe(consumer, "readings", timeout_s=1.0).ends((0, 1, 2))
+    assert end == {0: 334, 1: 0, 2: 333}
+    assert low == {0: 0, 1: 0, 2: 0}
+    assert uncertain == frozenset()
+    assert consumer.unassigned == 1 and consumer.paused == set()  # nothing left assigned or paused
+
+
+def test_probe_keeps_the_listed_end_marked_uncertain_when_the_broker_does_not_answer():
+    consumer = TansuLikeConsumer(true_end={0: 334, 1: 50}, listed={0: 1, 1: 40}, answering={1})
+    _, end, uncertain = EndOffsetProbe(consumer, "readings", timeout_s=0.2).ends((0, 1))
+    assert end == {0: 1, 1: 50}
+    assert uncertain == frozenset({0})

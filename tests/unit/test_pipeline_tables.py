@@ -1,0 +1,159 @@
+"""Loading tables files: both declaration forms, and a clear error for every kind of broken file."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pipeline.settings import DEMO_TABLES_FILE
+from pipeline.tables import (TablesFileError, Table, check_output_columns, check_source_fields, load_tables, source,
+                             sql_table, table)
+
+
+def write(tmp_path: Path, body: str, name: str = "tables.py") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def test_demo_file_declares_both_forms():
+    d = load_tables(DEMO_TABLES_FILE)
+    assert set(d.sources) == {"readings"}
+    assert d.sources["readings"].schema == "sensor STRING, area STRING, reading DOUBLE"
+    assert d.sources["readings"].topic == "readings"
+    stats = d.tables["sensor_stats"]
+    assert (stats.key, stats.source, stats.sql) == ("sensor", "readings", None)
+    assert callable(stats.build)
+    counts = d.tables["area_counts"]
+    assert (counts.key, counts.source, counts.build) == ("area", "readings", None)
+    assert "GROUP BY area" in (counts.sql or "")
+
+
+def test_function_and_sql_forms_load_from_any_path(tmp_path):
+    path = write(tmp_path, '''
+        from pipeline.tables import source, table, sql_table
+
+        source("clicks", schema="user STRING, page STRING", topic="web-clicks")
+
+        @table(name="clicks_per_user", key="user", source="clicks")
+        def clicks_per_user(df):
+            return df.groupBy("user").count()
+
+        sql_table(name="clicks_per_page", key="page", source="clicks",
+                  sql="SELECT page, count(*) AS n FROM clicks GROUP BY page")
+    ''')
+    d = load_tables(path)
+    assert d.sources["clicks"].topic == "web-clicks"
+    assert sorted(d.tables) == ["clicks_per_page", "clicks_per_user"]
+    assert d.tables["clicks_per_user"].build.__name__ == "clicks_per_user"  # type: ignore[union-attr]
+    assert d.path == path
+
+
+def test_edited_file_is_loaded_afresh(tmp_path):
+    body = '''
+        from pipeline.tables import source, sql_table
+        source("s", schema="a STRING")
+        sql_table(name="{name}", key="a", source="s", sql="SELECT a, count(*) AS n FROM s GROUP BY a")
+    '''
+    path = write(tmp_path, body.replace("{name}", "first"))
+    assert list(load_tables(path).tables) == ["first"]
+    path.write_text(textwrap.dedent(body.replace("{name}", "second")))
+    assert list(load_tables(path).tables) == ["second"]
+
+
+def test_declarations_outside_a_load_register_nowhere(tmp_path):
+    s = source("free", schema="a STRING")
+    t = sql_table(name="free_t", key="a", source="free", sql="SELECT a FROM free")
+    assert (s.name, t.name) == ("free", "free_t")
+    path = write(tmp_path, '''
+        from pipeline.tables import source, sql_table
+        source("s", schema="a STRING")
+        sql_table(name="only", key="a", source="s", sql="SELECT a, 1 AS n FROM s")
+    ''')
+    assert list(load_tables(path).tables) == ["only"]
+
+
+def test_syntax_error_names_file_and_line(tmp_path):
+    path = write(tmp_path, '''
+        from pipeline.tables import source
+        source("s", schema="a STRING"
+    ''')
+    with pytest.raises(TablesFileError, match=rf"tables file {path}, line \d+: syntax error"):
+        load_tables(path)
+
+
+def test_runtime_error_names_file_line_and_cause(tmp_path):
+    path = write(tmp_path, '''
+        from pipeline.tables import source
+
+        source("s", schema="a STRING")
+        undefined_helper()
+    ''')
+    with pytest.raises(TablesFileError, match=rf"tables file {path}, line 5: NameError: name 'undefined_helper'") as e:
+        load_tables(path)
+    assert e.value.code == "TABLES_FILE_ERROR" and e.value.details["line"] == 5
+
+
+def test_unknown_source_lists_declared_ones(tmp_path):
+    path = write(tmp_path, '''
+        from pipeline.tables import source, sql_table
+        source("readings", schema="a STRING")
+        sql_table(name="t", key="a", source="reading", sql="SELECT a FROM reading")
+    ''')
+    with pytest.raises(TablesFileError, match=r"table 't' reads source 'reading', which is not declared "
+                                              r"\(declared sources: readings\)"):
+        load_tables(path)
+
+
+def test_duplicate_table_is_refused(tmp_path):
+    path = write(tmp_path, '''
+        from pipeline.tables import source, sql_table
+        source("s", schema="a STRING")
+        sql_table(name="t", key="a", source="s", sql="SELECT a FROM s")
+        sql_table(name="t", key="a", source="s", sql="SELECT a FROM s")
+    ''')
+    with pytest.raises(TablesFileError, match="line 5: ValueError: table 't' is declared twice"):
+        load_tables(path)
+
+
+def test_file_without_tables_is_refused(tmp_path):
+    path = write(tmp_path, '''
+        from pipeline.tables import source
+        source("s", schema="a STRING")
+    ''')
+    with pytest.raises(TablesFileError, match="declares no table"):
+        load_tables(path)
+
+
+def test_missing_file_is_refused(tmp_path):
+    with pytest.raises(TablesFileError, match="does not exist"):
+        load_tables(tmp_path / "nope.py")
+
+
+def test_bad_names_and_arguments_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="plain identifier"):
+        source("my-source", schema="a STRING")
+    with pytest.raises(ValueError, match="needs a schema"):
+        source("s", schema=" ")
+    with pytest.raises(ValueError, match="needs a SQL query"):
+        sql_table(name="t", key="a", source="s", sql="")
+    with pytest.raises(ValueError, match="must decorate a function"):
+        table(name="t", key="a", source="s")("not a function")  # type: ignore[arg-type]
+
+
+def test_source_fields_may_not_shadow_record_columns():
+    s = source("s", schema="timestamp STRING, a STRING")
+    with pytest.raises(TablesFileError, match=r"field\(s\) \['timestamp'\] clash with the Kafka record columns"):
+        check_source_fields(s, ["timestamp", "a"])
+    check_source_fields(s, ["ts", "a"])
+
+
+def test_table_output_needs_its_key_and_a_value_column():
+    t = Table("t", "sensor", "s", sql="x")
+    with pytest.raises(TablesFileError, match="key column 'sensor' is not among its columns"):
+        check_output_columns(t, ["area", "count"])
+    with pytest.raises(TablesFileError, match="no value column"):
+        check_output_columns(t, ["sensor"])
+    check_output_columns(t, ["sensor", "count"])
