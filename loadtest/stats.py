@@ -104,8 +104,11 @@ def timeseries(records: list[dict[str, Any]], bucket_s: float = 1.0,
         lat = [r["latency_ms"] for r in rs]
         lag_ms = [r["lag"]["ms"] for r in ok if r.get("lag")]
         lag_off = [r["lag"]["offsets"] for r in ok if r.get("lag")]
-        out.append({"t": round(i * bucket_s, 3), "answered_rps": len(ok) / bucket_s,
-                    "failed_rps": (len(rs) - len(ok)) / bucket_s,
+        # The last bucket may be cut short by the end of the run: rate it over its real width.
+        width = min(bucket_s, duration_s - i * bucket_s) if duration_s > i * bucket_s else bucket_s
+        width = max(width, bucket_s / 10)
+        out.append({"t": round(i * bucket_s, 3), "answered_rps": len(ok) / width,
+                    "failed_rps": (len(rs) - len(ok)) / width,
                     "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99),
                     "lag_ms_max": max(lag_ms, default=None), "lag_ms_p50": percentile(lag_ms, 50),
                     "lag_offsets_max": max(lag_off, default=None)})

@@ -63,3 +63,9 @@ def test_timeseries_buckets_by_send_time():
     assert [b["failed_rps"] for b in ts] == [0.0, 1.0, 0.0]
     assert ts[0]["p50_ms"] == 1.0 and ts[0]["p99_ms"] == 3.0
     assert ts[1]["lag_ms_max"] is None and ts[2]["lag_ms_max"] == 40
+
+
+def test_a_last_bucket_cut_short_is_rated_over_its_real_width():
+    records = [_r(0.5, 1.0), _r(1.1, 1.0), _r(1.2, 1.0)]
+    ts = timeseries(records, bucket_s=1.0, duration_s=1.5)
+    assert [b["answered_rps"] for b in ts] == [1.0, 4.0]

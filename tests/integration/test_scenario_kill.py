@@ -1,0 +1,76 @@
+"""kill -9 of a store node under lookup load: no lookup fails, and every answer is consistent with the changelog."""
+
+from __future__ import annotations
+
+import random
+
+import httpx
+import orjson
+import pytest
+
+from loadtest.scenario import Fault, LoadConfig, run
+from tests.integration.stack_fixture import (expected_sensor_stats, produce_readings, same_stats, start_stack,
+                                             wait_until)
+
+SENSORS = 30
+VICTIM = "store-node-2"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = start_stack(tmp_path_factory.mktemp("scenario-kill"))
+    yield s
+    s.down()
+
+
+@pytest.fixture(scope="module")
+def readings(stack):
+    rng = random.Random(23)
+    events = [{"sensor": f"sensor-{i}", "area": "wheel", "reading": round(rng.uniform(0, 100), 2)}
+              for i in range(SENSORS)]
+    events += [{"sensor": f"sensor-{rng.randrange(SENSORS)}", "area": "cabin", "reading": round(rng.uniform(0, 100), 2)}
+               for _ in range(1200)]
+    produce_readings(stack, events)
+    return events
+
+
+def _all_final(client: httpx.Client, expected: dict) -> bool:
+    for sensor, want in expected.items():
+        r = client.get(f"/v1/tables/sensor_stats/keys/{sensor}", params={"max_lag": 0})
+        if r.status_code != 200 or not same_stats(r.json()["value"], want):
+            return False
+    return True
+
+
+def test_kill_9_of_a_store_node_under_load(stack, readings, tmp_path):
+    expected = expected_sensor_stats(readings)
+    with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
+        wait_until(lambda: _all_final(client, expected), 240, "every sensor's final stats to be served")
+    old_pid = stack.components[VICTIM].pid
+
+    # A loose bound: every partition keeps a replica within it while one node is down.
+    cfg = LoadConfig(keys=SENSORS, protocol="both", concurrency=8, rate=120.0, duration_s=24.0, timeout_s=5.0,
+                     bound_mix="none:2,max_lag=100000:1,max_staleness_ms=120000:1,session:2", seed=3)
+    out = tmp_path / "report"
+    summary = run(stack, cfg, [Fault(8.0, "kill", VICTIM, 5.0)], out, check=True, plots=True, title="kill-node")
+
+    events = [f["event"] for f in summary["faults"]]
+    assert any(e.startswith(f"kill -9 {VICTIM} (pid {old_pid})") for e in events), events
+    assert any(e.startswith(f"start {VICTIM}") for e in events), events
+    assert stack.components[VICTIM].pid != old_pid and stack.components[VICTIM].alive()
+
+    assert summary["requests"] >= 1000, summary
+    assert summary["failed"] == 0, summary["errors_by_code"]
+    assert summary["outcomes"] == {"ok": summary["requests"]}, summary["outcomes"]
+    assert set(summary["by_protocol"]) == {"rest", "grpc"}
+
+    consistency = summary["consistency"]
+    assert consistency["ok"], orjson.dumps(consistency, option=orjson.OPT_INDENT_2).decode()
+    assert consistency["values_checked"] == summary["requests"]
+    assert consistency["session_reads_checked"] > 0 and consistency["bounds_checked"] > 0
+
+    lines = (out / "requests.jsonl").read_bytes().splitlines()
+    assert len(lines) == summary["requests"]
+    for name in ("summary.json", "timeseries.json", "consistency.json", "throughput.png", "latency.png",
+                 "staleness.png", "timeline.png"):
+        assert (out / name).stat().st_size > 0, name
