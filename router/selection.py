@@ -124,11 +124,10 @@ class FreshestFirst:
 
     def select(self, replicas: Sequence[ReplicaView], bound: Bound, min_offset: int) -> Selection:
         now = self.clock_ms()
-        reported = [r for r in replicas if r.reported]
-        live = [r for r in reported if r.alive]
+        live = [r for r in replicas if r.alive and r.state is not None]
         # Liveness is a view too: with no replica believed alive, the dead-looking ones are
         # still worth one try each rather than a certain failure.
-        pool = live or reported
+        pool = live or [r for r in replicas if r.state is not None]
         within: list[Candidate] = []
         unsure: list[Candidate] = []
         freshest: Candidate | None = None
@@ -154,28 +153,37 @@ class FreshestFirst:
         return c.applied >= min_offset
 
     def _order(self, cands: list[Candidate], now: int) -> list[Candidate]:
-        if len(cands) < 2:
+        n = len(cands)
+        if n < 2:
             return cands
         lag_cut = min(c.lag_offsets for c in cands) + self.tolerance_offsets
         ms_cut = min(c.staleness_ms for c in cands) + self.tolerance_ms
-        load = self.load
+        nodes = self.load.of
+        failing = self.load.failing
 
         def freshness(c: Candidate) -> tuple:
             r = c.replica
-            backoff = r.draining or load.failing(r.node, now)
+            backoff = r.draining or failing(r.node, now)
             if c.lag_offsets <= lag_cut and c.staleness_ms <= ms_cut:
-                return (backoff, 0, 0, 0)  # equally fresh
-            return (backoff, 1, c.lag_offsets, c.staleness_ms)
+                return (backoff, 0, 0, 0, nodes(r.node).in_flight)  # equally fresh: by requests in flight
+            return (backoff, 1, c.lag_offsets, c.staleness_ms, nodes(r.node).in_flight)
 
-        keyed = sorted(((freshness(c), load.of(c.replica.node).in_flight, c) for c in cands),
-                       key=lambda t: (t[0], t[1]))
+        if n == 2:  # the usual case (one standby), without the general machinery
+            a, b = cands
+            ka, kb = freshness(a), freshness(b)
+            if ka != kb:
+                return [a, b] if ka < kb else [b, a]
+            wa = 1.0 / max(nodes(a.replica.node).ewma_ms, 0.01)
+            wb = 1.0 / max(nodes(b.replica.node).ewma_ms, 0.01)
+            return [a, b] if self.rng.random() * (wa + wb) < wa else [b, a]
+        keyed = sorted(((freshness(c), c) for c in cands), key=lambda t: t[0])
         out: list[Candidate] = []
         i = 0
-        while i < len(keyed):
+        while i < n:
             j = i + 1
-            while j < len(keyed) and keyed[j][0] == keyed[i][0] and keyed[j][1] == keyed[i][1]:
+            while j < n and keyed[j][0] == keyed[i][0]:
                 j += 1
-            run = [t[2] for t in keyed[i:j]]
+            run = [t[1] for t in keyed[i:j]]
             out.extend(run if len(run) == 1 else self._shuffle_by_latency(run))
             i = j
         return out

@@ -146,6 +146,9 @@ class _ReadStream:
         try:
             while not self.broken:
                 await self._wake.wait()
+                # One more loop iteration lets the requests read from sockets in the same
+                # poll join the batch: each gRPC message costs far more than one more read in it.
+                await asyncio.sleep(0)
                 self._wake.clear()
                 if self._outbox:
                     batch, self._outbox = self._outbox, []
