@@ -46,7 +46,7 @@ class StackConfig:
     demo_sensors: int = 100
     demo_duration_s: float = 3600.0
     demo: bool = True
-    startup_timeout_s: float = 180.0
+    startup_timeout_s: float = 300.0
 
     def resolved(self) -> "StackConfig":
         """Replace 0 ports by free ones, so tests can run stacks side by side."""
@@ -95,7 +95,8 @@ def _pid_runs(pid: int, command: list[str]) -> bool:
         return False
     if Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z"):
         return False
-    return bool(cmdline) and cmdline[0].decode(errors="replace") == command[0]
+    # redis-server rewrites its title ("redis-server 127.0.0.1:port"), so compare the start.
+    return bool(cmdline) and cmdline[0].decode(errors="replace").startswith(command[0])
 
 
 class Stack:
@@ -199,6 +200,11 @@ class Stack:
         role, command, addresses = self.command_for(name)
         return self._spawn(name, role, command, addresses)
 
+    def ports(self) -> dict[str, int]:
+        c = self.config
+        return {"broker": c.broker_port, "redis": c.redis_port, "router REST": c.rest_port,
+                "router gRPC": c.grpc_port, **{n: p for n, p in zip(self.store_node_names(), c.store_ports)}}
+
     def store_node_names(self) -> list[str]:
         return [f"store-node-{i}" for i in range(1, len(self.config.store_ports) + 1)]
 
@@ -208,6 +214,9 @@ class Stack:
         from freshroute.local.services import wait_for_port as wait
 
         c = self.config
+        busy = [f"{name} port {port}" for name, port in self.ports().items() if _port_open(c.host, port)]
+        if busy:
+            raise RuntimeError(f"already in use on {c.host}: {', '.join(busy)} (pick other ports with flags)")
         self.save()
         comp = self.start("broker")
         wait(c.host, c.broker_port, 30, None)
@@ -235,7 +244,7 @@ class Stack:
             self._say("waiting for the first micro-batches to reach the store nodes …")
             self._wait_alive(self.components["pipeline"],
                              lambda: _http_ok(f"{c.rest_url}/v1/tables/sensor_stats/keys/sensor-1"), c.startup_timeout_s,
-                             tick=lambda waited: self._say(f"  … still waiting ({waited:.0f}s): Spark starts in 10–30 s"))
+                             tick=lambda waited: self._say(f"  … still waiting ({waited:.0f}s): Spark takes 10–60 s to start"))
             self._say("demo data is served: lookups are ready")
         return self
 
