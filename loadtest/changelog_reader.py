@@ -17,31 +17,37 @@ def consume_to_end(bootstrap: str, topic: str, on_message: Callable[[Any], None]
                    progress: Callable[[int, int, int], None] | None = None) -> tuple[int, float, dict[int, int]]:
     """Consume every partition of ``topic`` from 0 to its end.
 
-    Returns (records, seconds from the first record to the last partition's end, end offset per
-    partition). ``on_message`` sees each record message (none when only counting).
+    Returns (records, seconds from the assignment to the last partition's end — like a store
+    node's restore, which counts from opening the replica —, end offset per partition).
+    ``on_message`` sees each record message (none when only counting).
     """
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"freshroute-read-{uuid.uuid4().hex[:8]}",
                          "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "earliest",
-                         "fetch.queue.backoff.ms": 0, "max.partition.fetch.bytes": 1 << 20, **(kafka_config or {})})
+                         "fetch.queue.backoff.ms": 0, "max.partition.fetch.bytes": 1 << 20,
+                         # The broker may hold an empty fetch this long; the end of a partition is
+                         # only known after one, so a long wait would be counted as reading time.
+                         "fetch.wait.max.ms": 10, **(kafka_config or {})})
     try:
         meta = consumer.list_topics(topic, timeout=10)
         tmeta = meta.topics.get(topic)
         if tmeta is None or tmeta.error is not None or not tmeta.partitions:
             raise RuntimeError(f"changelog topic {topic!r} not found ({tmeta.error if tmeta else 'no such topic'})")
         partitions = sorted(tmeta.partitions)
+        started = time.monotonic()
         consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
         ends: dict[int, int] = {}
         count = 0
-        first: float | None = None
-        last_end = time.monotonic()
+        last_end = started
         deadline = time.monotonic() + timeout_s
         while len(ends) < len(partitions):
             if time.monotonic() > deadline:
                 missing = sorted(set(partitions) - set(ends))
                 raise TimeoutError(f"{topic}: partitions {missing} did not reach their end within {timeout_s:.0f}s")
-            for m in consumer.consume(5000, 0.5):
+            # A short timeout: consume() waits all of it when fewer records than asked are left,
+            # and that wait would count as reading time.
+            for m in consumer.consume(1000, 0.01):
                 err = m.error()
                 if err is not None:
                     if err.code() != KafkaError._PARTITION_EOF:
@@ -51,13 +57,11 @@ def consume_to_end(bootstrap: str, topic: str, on_message: Callable[[Any], None]
                         ends[m.partition()] = m.offset()
                         last_end = time.monotonic()
                     continue
-                if first is None:
-                    first = time.monotonic()
                 count += 1
                 if on_message is not None:
                     on_message(m)
             if progress:
                 progress(count, len(ends), len(partitions))
-        return count, (last_end - first) if first is not None else 0.0, ends
+        return count, last_end - started, ends
     finally:
         consumer.close()
