@@ -1,0 +1,93 @@
+"""Fault schedules of the scenarios, and the fault injector against a fake stack (no processes)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from loadtest.scenario import Fault, FaultInjector, faults_for
+
+
+@dataclass
+class _Comp:
+    pid: int
+    up: bool = True
+
+    def alive(self) -> bool:
+        return self.up
+
+
+@dataclass
+class _Stack:
+    components: dict = field(default_factory=lambda: {"store-node-2": _Comp(100), "redis": _Comp(200)})
+    calls: list = field(default_factory=list)
+
+    def signal(self, name, sig):
+        self.calls.append(("signal", name, sig))
+        if sig == signal.SIGKILL:
+            self.components[name].up = False
+
+    def stop(self, name):
+        self.calls.append(("stop", name))
+        self.components[name].up = False
+
+    def start(self, name):
+        self.calls.append(("start", name))
+        self.components[name] = _Comp(self.components[name].pid + 1)
+        return self.components[name]
+
+
+def _injector(stack):
+    return FaultInjector(stack, time.monotonic(), lambda _m: None)
+
+
+def test_schedules_put_the_fault_a_third_into_the_run():
+    assert faults_for("kill-node", 30, "store-node-2", 5) == [Fault(10.0, "kill", "store-node-2", 5)]
+    assert faults_for("redis-outage", 30, "store-node-2", 4) == [Fault(10.0, "redis-outage", "redis", 4)]
+    assert faults_for("steady", 30, "store-node-2", 5) == []
+    assert [f.action for f in faults_for("all", 50, "store-node-1", 2)] == ["kill", "pause", "restart", "redis-outage"]
+    with pytest.raises(ValueError):
+        faults_for("meteor", 30, "store-node-2", 5)
+
+
+def test_kill_then_start_again_recording_both_events():
+    stack = _Stack()
+    inj = _injector(stack)
+    inj.apply(Fault(0, "kill", "store-node-2", 0.0))
+    assert stack.calls == [("signal", "store-node-2", signal.SIGKILL), ("start", "store-node-2")]
+    assert [e["event"] for e in inj.events] == ["kill -9 store-node-2 (pid 100)", "start store-node-2 (pid 101)"]
+    assert stack.components["store-node-2"].alive()
+
+
+def test_pause_resumes_and_redis_outage_restarts():
+    stack = _Stack()
+    inj = _injector(stack)
+    inj.apply(Fault(0, "pause", "store-node-2", 0.0))
+    inj.apply(Fault(0, "redis-outage", "redis", 0.0))
+    inj.apply(Fault(0, "restart", "store-node-2", 0.0))
+    assert stack.calls == [("signal", "store-node-2", signal.SIGSTOP), ("signal", "store-node-2", signal.SIGCONT),
+                           ("stop", "redis"), ("start", "redis"), ("stop", "store-node-2"), ("start", "store-node-2")]
+
+
+def test_a_component_that_is_down_is_skipped_and_unknown_ones_refused():
+    stack = _Stack()
+    stack.components["store-node-2"].up = False
+    inj = _injector(stack)
+    inj.apply(Fault(0, "kill", "store-node-2", 0.0))
+    assert stack.calls == [] and "skip" in inj.events[0]["event"]
+    with pytest.raises(KeyError):
+        inj.apply(Fault(0, "kill", "store-node-9", 0.0))
+
+
+def test_undo_all_resumes_what_an_interrupted_fault_left_down():
+    stack = _Stack()
+    inj = _injector(stack)
+    stack.signal("store-node-2", signal.SIGSTOP)
+    inj._undo["store-node-2"] = lambda: stack.signal("store-node-2", signal.SIGCONT)
+    inj.undo_all()
+    inj.undo_all()  # idempotent
+    assert stack.calls[-1] == ("signal", "store-node-2", signal.SIGCONT)
+    assert stack.calls.count(("signal", "store-node-2", signal.SIGCONT)) == 1
