@@ -77,6 +77,11 @@ class Changelog:
     def flush(self) -> None:
         assert self._producer.flush(30) == 0
 
+    def close(self) -> None:
+        """Drop the producer now, while its broker is still up (it would otherwise retry until exit)."""
+        self._producer = None
+        self.metadata.redis.close()
+
     @staticmethod
     def partition(key: str) -> int:
         return partition_for(serialize_key(key), PARTITIONS)
@@ -149,10 +154,12 @@ class NodeProcess:
 def cluster(broker, redis_url, namespace, tmp_path):
     """Starts store nodes on demand; stops every one it started, by pid, at the end."""
     started: list[NodeProcess] = []
+    changelogs: list[Changelog] = []
 
     class Cluster:
         def changelog(self, standby_replicas: int = 1, bootstrap: str | None = None) -> Changelog:
-            return Changelog(bootstrap or broker, redis_url, namespace, standby_replicas)
+            changelogs.append(Changelog(bootstrap or broker, redis_url, namespace, standby_replicas))
+            return changelogs[-1]
 
         def node(self, node_id: str, bootstrap: str | None = None, command: list[str] | None = None,
                  **settings) -> NodeProcess:
@@ -169,6 +176,8 @@ def cluster(broker, redis_url, namespace, tmp_path):
     yield Cluster()
     for proc in started:
         proc.stop()
+    for changelog in changelogs:
+        changelog.close()
 
 
 def caught_up(node: NodeProcess, changelog: Changelog, replicas: int = PARTITIONS):
@@ -203,7 +212,7 @@ def test_serves_latest_values_tombstones_and_scans(cluster):
 
     node = cluster.node("solo")
     st = wait_until(lambda: caught_up(node, changelog), 90, "the node to restore every partition")
-    assert node.health() == health_pb2.HealthCheckResponse.SERVING
+    wait_until(lambda: node.health() == health_pb2.HealthCheckResponse.SERVING, 10, "health SERVING")
     assert all(r.role == store_pb2.ACTIVE and r.state == store_pb2.SERVING_ACTIVE for r in st.replicas)
     assert sum(c.records_skipped for c in st.counters) == 1
     assert sum(c.records_applied for c in st.counters) == sum(changelog.per_partition.values()) - 1
@@ -338,15 +347,17 @@ def test_two_nodes_place_active_and_standby_apart_and_fail_over(cluster, redis_u
         actives = [ns[0] for ns in assignment.replicas.values()]
         if abs(actives.count("a") - actives.count("b")) > 1:
             return False
-        return caught_up(a, changelog) and caught_up(b, changelog) and assignment
+        for node in (a, b):
+            st = caught_up(node, changelog)
+            if not st:
+                return False
+            roles = {t: r.role for t, r in zip(st.tables, st.replicas)}
+            for (table, p), ns in assignment.replicas.items():
+                if roles[f"{table}/{p}"] != (store_pb2.ACTIVE if ns[0] == node.node_id else store_pb2.STANDBY):
+                    return False
+        return assignment == metadata.assignment()  # and nothing moved meanwhile
 
-    assignment = wait_until(balanced, 120, "an active and a standby of every partition on distinct nodes")
-    for node in (a, b):
-        st = node.status()
-        roles = {t: r.role for t, r in zip(st.tables, st.replicas)}
-        for (table, p), ns in assignment.replicas.items():
-            want = store_pb2.ACTIVE if ns[0] == node.node_id else store_pb2.STANDBY
-            assert roles[f"{table}/{p}"] == want
+    wait_until(balanced, 120, "an active and a standby of every partition on distinct nodes, roles followed")
     # The standby answers too, with its own status.
     for node in (a, b):
         results = read_all(node, keys, max_lag=0)
