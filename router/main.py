@@ -113,6 +113,7 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
         for sig in handled:
             loop.remove_signal_handler(sig)
         log.info("router stopping")
+        runtime.router.stop_serving()
         if rest_task is not None:
             rest.should_exit = True
         if grpc_server is not None:

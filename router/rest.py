@@ -270,7 +270,8 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, fast_k
         snap = router.metadata.current
         if router.ready:
             return json({"status": "ready", "tables": len(snap.tables), "nodes": len(snap.nodes)})
-        reason = "no routing metadata loaded yet" if not snap.loaded else "no tables registered yet"
+        reason = ("stopping" if router.stopping else "no routing metadata loaded yet" if not snap.loaded
+                  else "no tables registered yet")
         return json({"status": "not ready", "reason": reason}, 503)
 
     @app.get("/metrics", tags=["ops"], summary="Prometheus metrics")

@@ -19,8 +19,8 @@ from typing import Any, Callable
 from freshroute.errors import (FreshrouteError, InvalidArgument, KeyNotFound, LookupTimeout, NoReplicaWithinBound,
                                ReplicaUnavailable, TableNotFound)
 from freshroute.keys import deserialize_key, partition_for, serialize_key
-from freshroute.metadata import ReplicaState, Role, TableSpec, now_ms
-from freshroute.position import Position, single
+from freshroute.metadata import Role, TableSpec, now_ms
+from freshroute.position import single
 
 from router.bounds import NO_BOUND, Bound
 from router.metrics import ReplicaGauge, RouterMetrics
@@ -237,6 +237,7 @@ class Router:
         self._hedge_tokens = 0.0
         self._ready_listeners: list[Callable[[bool], None]] = []
         self._ready = False
+        self._stopping = False
         self.metrics.watch(self._replica_gauges, self._metadata_age_s,
                            lambda: bool(getattr(self.metadata, "redis_ok", self.metadata.current.loaded)))
 
@@ -244,9 +245,18 @@ class Router:
 
     @property
     def ready(self) -> bool:
-        """Ready once a snapshot with tables exists."""
+        """Ready once a snapshot with tables exists, until the process starts stopping."""
         snap = self.metadata.current
-        return snap.loaded and bool(snap.tables)
+        return snap.loaded and bool(snap.tables) and not self._stopping
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def stop_serving(self) -> None:
+        """Report not ready (readyz, gRPC health) so load balancers drain this router first."""
+        self._stopping = True
+        self._notify_ready()
 
     def add_ready_listener(self, listener: Callable[[bool], None]) -> None:
         self._ready_listeners.append(listener)
@@ -257,6 +267,9 @@ class Router:
         self.store.forget({n.address for n in snap.nodes.values()})
         # Heartbeats published since then carry newer lag than these responses did.
         self.overlay.prune(snap.built_ms - 2 * self.settings.node_expiry_ms)
+        self._notify_ready()
+
+    def _notify_ready(self) -> None:
         ready = self.ready
         if ready != self._ready:
             self._ready = ready
@@ -667,4 +680,4 @@ class Router:
 
 
 __all__ = ["Router", "LookupResult", "KeyLocation", "ReplicaInfo", "TableInfo", "ScanPage", "key_not_found",
-           "encode_page_token", "decode_page_token", "ReplicaState"]
+           "encode_page_token", "decode_page_token"]

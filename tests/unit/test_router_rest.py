@@ -359,6 +359,15 @@ async def test_health_ready_metrics_docs(cluster):
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "NOT_FOUND"
 
 
+async def test_not_ready_once_stopping(cluster):
+    async with cluster.client() as c:
+        assert (await c.get("/readyz")).status_code == 200
+        cluster.router.stop_serving()
+        not_ready = await c.get("/readyz")
+        assert not_ready.status_code == 503 and not_ready.json()["reason"] == "stopping"
+        assert (await c.get(f"/v1/tables/{TABLE}/keys/sensor-1")).status_code == 200  # still answers while draining
+
+
 async def test_not_ready_without_metadata():
     settings = RouterSettings()
     router = Router(settings, FixedSnapshot(Snapshot()), InMemoryStoreClient())
