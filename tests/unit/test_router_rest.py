@@ -385,3 +385,17 @@ async def test_concurrent_lookups_share_equally_fresh_replicas(cluster):
     assert all(r.status_code == 200 for r in rs)
     roles = [r.json()["served_by"]["role"] for r in rs]
     assert roles.count("standby") > 40 and roles.count("active") > 40
+
+
+async def test_app_wires_its_own_router_when_given_none():
+    # Redis is unreachable here: the app starts, is not ready, and says why lookups fail.
+    settings = RouterSettings(redis_url="redis://127.0.0.1:1/0", redis_timeout_ms=100, refresh_ms=50)
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r") as c:
+            ready = await c.get("/readyz")
+            r = await c.get(f"/v1/tables/{TABLE}/keys/x")
+            cluster = (await c.get("/v1/cluster")).json()
+    assert ready.status_code == 503 and ready.json()["reason"] == "no routing metadata loaded yet"
+    assert r.status_code == 503 and r.json()["error"]["code"] == "REPLICA_UNAVAILABLE"
+    assert cluster["metadata"] == {"loaded": False, "age_ms": None, "redis_ok": False}
