@@ -382,7 +382,10 @@ class Router:
                                 attempts=[c.replica.node for c, _ in inflight.values()] + [f["node"] for f in tried.failures])
         finally:
             for fut, (cand, _) in inflight.items():
-                fut.cancel()
+                if not fut.done():
+                    fut.cancel()
+                elif not fut.cancelled():
+                    fut.exception()  # a loser's failure is expected; retrieving it keeps asyncio quiet
                 self.load.finished(cand.replica.node, None)
 
     def _settle(self, fut: asyncio.Future[ReadResult], cand: Candidate, latency_ms: float,
