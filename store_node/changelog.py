@@ -142,6 +142,7 @@ class ChangelogTailer:
         self.records_skipped = 0
         self.started = threading.Event()
         self.failed = False
+        self.assignment_applied = False  # the node has followed an assignment at least once
         self._kafka_log = logging.getLogger(f"store_node.kafka.{settings.node_id}")
         self._kafka_log.addFilter(_QuietRepeats())
 
@@ -279,6 +280,7 @@ class ChangelogTailer:
                 log.info("replica %s/%d: role %s → %s", rep.table, rep.partition, rep.role.value, role.value)
                 rep.role = role
         self._publish()
+        self.assignment_applied = True
 
     def _publish(self) -> None:
         self.serving = MappingProxyType(dict(self._replicas))
@@ -290,16 +292,20 @@ class ChangelogTailer:
                         spec.name, partition, wiped)
         s = self._settings
         rep = Replica(spec, partition, role, store, self._clock, s.evidence_window_ms, s.caught_up_threshold)
-        known_id = self._topic_ids.get(spec.topic)
-        if known_id and store.topic_id and store.topic_id != known_id:
-            log.warning("replica %s/%d: stored rows come from an earlier changelog topic (id %s, now %s); "
-                        "wiping it and restoring from the start", spec.name, partition, store.topic_id, known_id)
-            rep.wipe(self._root)
+        try:
+            known_id = self._topic_ids.get(spec.topic)
+            if known_id and store.topic_id and store.topic_id != known_id:
+                log.warning("replica %s/%d: stored rows come from an earlier changelog topic (id %s, now %s); "
+                            "wiping it and restoring from the start", spec.name, partition, store.topic_id, known_id)
+                rep.wipe(self._root)
+            applied = rep.lag.applied
+            self._consumer.incremental_assign([TopicPartition(rep.topic, partition, applied or OFFSET_BEGINNING)])
+        except BaseException:
+            rep.close()  # an open store left behind would make the retry find it locked
+            raise
         self._replicas[rep.key] = rep
         self._by_tp[(rep.topic, partition)] = rep
         self._retired.pop(rep.key, None)
-        applied = rep.lag.applied
-        self._consumer.incremental_assign([TopicPartition(rep.topic, partition, applied or OFFSET_BEGINNING)])
         if applied:
             log.info("replica %s/%d (%s): resuming changelog %s at stored offset %d",
                      spec.name, partition, role.value, spec.topic, applied)

@@ -18,6 +18,8 @@ import signal
 from pathlib import Path
 from typing import IO, Mapping
 
+import grpc
+
 from freshroute.errors import ConfigError
 from freshroute.metadata import MetadataStore, now_ms
 from store_node.changelog import ChangelogTailer
@@ -49,8 +51,8 @@ class StoreNode:
         return self.tailer.serving
 
     def ready(self) -> bool:
-        """Serving: not draining, and no hosted replica still restoring."""
-        return not self.draining and self.tailer.started.is_set() and \
+        """Serving: following an assignment, not draining, and no hosted replica still restoring."""
+        return not self.draining and self.tailer.assignment_applied and \
             not any(rep.restoring for rep in self.serving.values())
 
     def open(self, timeout_s: float = 30.0) -> None:
@@ -103,9 +105,10 @@ async def serve(settings: StoreNodeSettings, stop: asyncio.Event | None = None) 
             loop.add_signal_handler(sig, stop.set)
     node = StoreNode(settings)
     await loop.run_in_executor(None, node.open)
-    server, port = create_server(settings, node)
+    server: grpc.aio.Server | None = None
     health_task: asyncio.Task | None = None
     try:
+        server, port = create_server(settings, node)
         await node.health.update()
         await server.start()
         address = f"{settings.advertise_host or settings.host}:{port}"
@@ -122,7 +125,8 @@ async def serve(settings: StoreNodeSettings, stop: asyncio.Event | None = None) 
     finally:
         if health_task is not None:
             health_task.cancel()
-        await server.stop(grace=1.0)
+        if server is not None:
+            await server.stop(grace=1.0)
         await loop.run_in_executor(None, node.close)
         log.info("store node %s stopped", settings.node_id)
 

@@ -17,7 +17,7 @@ from typing import Iterable
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch
 
-from freshroute.errors import StoreCorrupt
+from freshroute.errors import FatalError, StoreCorrupt
 
 META_CF = "meta"
 _APPLIED = b"applied"
@@ -25,6 +25,12 @@ _TOPIC_ID = b"topic_id"
 _CAUGHT_UP_AT = b"caught_up_at"
 _FORMAT = b"format"
 _FORMAT_VERSION = b"1"
+
+
+class StoreBusy(FatalError):
+    """The replica's database is already open (a bug, or a second process): never wipe it for that."""
+
+    code = "STORE_BUSY"
 
 
 def _int(raw: bytes) -> int:
@@ -87,6 +93,8 @@ class ReplicaStore:
         try:
             db = Rdict(str(path), _options(), column_families={META_CF: Options(raw_mode=True)})
         except Exception as e:  # rocksdict raises bare Exception for every RocksDB status
+            if "lock" in str(e).lower() and "LOCK" in str(e):
+                raise StoreBusy(f"replica store {path} is already open: {e}", path=str(path)) from None
             raise StoreCorrupt(f"cannot open replica store {path}: {e}", path=str(path)) from None
         return cls(path, db)
 

@@ -172,3 +172,15 @@ def test_batch_is_atomic_across_a_kill(tmp_path):
         store.close()
         assert applied > 0
         assert values == {str(applied - 1).encode()}
+
+
+def test_an_open_store_is_busy_not_corrupt(tmp_path):
+    from store_node.replica_store import StoreBusy
+
+    path = tmp_path / "t" / "0"
+    store = ReplicaStore.open(path)
+    store.apply([(b"a", b"1")], 1)
+    with pytest.raises(StoreBusy):
+        ReplicaStore.open_or_wipe(path)  # must not wipe a store that is merely open
+    assert store.get(b"a") == b"1"
+    store.close()
