@@ -58,8 +58,10 @@ def _options(parser) -> None:
 @events.test_start.add_listener
 def _bound_the_run(environment, **_kwargs) -> None:
     opts = environment.parsed_options
+    if opts is None:
+        return
     parse_bound_mix(opts.bounds)  # a bad mix fails the run at once, not in every user
-    if opts and not getattr(opts, "run_time", None) and environment.runner is not None:
+    if not getattr(opts, "run_time", None) and environment.runner is not None:
         import gevent
 
         gevent.spawn_later(opts.max_run_time, environment.runner.quit)
