@@ -191,6 +191,7 @@ class MetadataRefresher:
         self._failing_since: int | None = None
         self._reset_since: int | None = None
         self._tables_lost = False
+        self._vanished: dict[TablePartition, int] = {}
         self._warned: set[str] = set()
 
     async def refresh_once(self) -> bool:
@@ -220,7 +221,8 @@ class MetadataRefresher:
             self._tables_lost = False
         if self._looks_reset(reports, now):
             return False
-        self.current = build_snapshot(tables, reports, assignment, now, self._node_expiry_ms)
+        self.current = self._carry_over(prev, build_snapshot(tables, reports, assignment, now, self._node_expiry_ms),
+                                        now)
         if self._on_swap is not None:
             self._on_swap(self.current)
         return True
@@ -271,6 +273,42 @@ class MetadataRefresher:
             log.warning("metadata: Redis has no node heartbeats; keeping the last snapshot for up to %d ms",
                         self._reset_grace_ms)
         return now - self._reset_since < self._reset_grace_ms
+
+    def _carry_over(self, prev: Snapshot, snap: Snapshot, now: int) -> Snapshot:
+        """Keep a partition's last known replicas, for the grace period, when a refresh shows none.
+
+        Heartbeats come back one node at a time after Redis lost them, so for a moment a
+        partition can look unhosted although its replicas are serving. Routing to them costs
+        at most a failed attempt (the store answers NOT_HOSTED if it really let go); routing
+        nowhere fails the lookup for sure.
+        """
+        carried: dict[TablePartition, tuple[ReplicaView, ...]] = {}
+        for tp, views in prev.replicas.items():
+            kept = tuple(v for v in views if v.reported)
+            if not kept:
+                continue
+            if any(v.reported for v in snap.replicas_of(*tp)):
+                self._vanished.pop(tp, None)
+                continue
+            # An emptied Redis already counted against the grace (see _looks_reset).
+            since = self._vanished.setdefault(tp, self._reset_since if self._reset_since is not None else now)
+            if now - since < self._reset_grace_ms:
+                carried[tp] = kept
+            else:
+                del self._vanished[tp]
+        for tp in [tp for tp in self._vanished if tp not in prev.replicas]:
+            del self._vanished[tp]
+        if not carried:
+            return snap
+        replicas = dict(snap.replicas)
+        replicas.update(carried)
+        nodes = dict(snap.nodes)
+        for views in carried.values():
+            for v in views:
+                if v.node not in nodes and v.node in prev.nodes:
+                    nodes[v.node] = prev.nodes[v.node]
+        return Snapshot(snap.tables, MappingProxyType(replicas), MappingProxyType(nodes), snap.assignment,
+                        snap.built_ms, True)
 
     def _decode(self, fn: Callable[[Any], Any], raw: Any, what: str) -> Any:
         """Decode one entry; a malformed entry is skipped rather than failing the whole refresh."""

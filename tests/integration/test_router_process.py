@@ -33,6 +33,9 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = "sensor_stats"
 PARTITIONS = 4
+NODES = ("n1", "n2", "n3")
+# Partition p: active on NODES[p % 3], standby on the next node.
+LAYOUT = {p: (NODES[p % 3], NODES[(p + 1) % 3]) for p in range(PARTITIONS)}
 KEYS = 40
 APPLIED = 1000
 
@@ -43,14 +46,18 @@ def value_of(i: int) -> dict:
 
 # ---- the in-memory store node (runs in its own process) -----------------------------------
 
-async def serve_store(node: str, port: int, redis_url: str, namespace: str, active: set[int]) -> None:
+async def serve_store(node: str, port: int, redis_url: str, namespace: str, active: set[int], standby: set[int],
+                      heartbeat_s: float) -> None:
     from proto import store_pb2, store_pb2_grpc
     import redis.asyncio as aioredis
 
-    rows = {}
+    hosted = active | standby
+    rows: dict[int, dict[bytes, bytes]] = {p: {} for p in hosted}
     for i in range(KEYS):
         key = serialize_key(f"sensor-{i}")
-        rows.setdefault(partition_for(key, PARTITIONS), {})[key] = orjson.dumps(value_of(i))
+        p = partition_for(key, PARTITIONS)
+        if p in hosted:
+            rows[p][key] = orjson.dumps(value_of(i))
 
     def status(p: int) -> store_pb2.ReplicaStatus:
         act = p in active
@@ -97,15 +104,15 @@ async def serve_store(node: str, port: int, redis_url: str, namespace: str, acti
         report = NodeReport(node, f"127.0.0.1:{port}", int(time.time() * 1000), tuple(
             ReplicaReport(TABLE, p, Role.ACTIVE if p in active else Role.STANDBY,
                           ReplicaState.ACTIVE if p in active else ReplicaState.STANDBY, APPLIED, APPLIED, 0)
-            for p in range(PARTITIONS)))
+            for p in sorted(hosted)))
         try:
             async with r.pipeline(transaction=False) as pipe:
                 pipe.sadd(keys.nodes, node)
-                pipe.set(keys.node(node), report.to_json(), px=2000)
+                pipe.set(keys.node(node), report.to_json(), px=int(heartbeat_s * 3000))
                 await pipe.execute()
         except Exception:  # noqa: BLE001 — Redis may be down; a real node keeps serving too
             pass
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(heartbeat_s)
 
 
 def _store_main(argv: list[str]) -> None:
@@ -115,8 +122,12 @@ def _store_main(argv: list[str]) -> None:
     p.add_argument("--redis-url")
     p.add_argument("--namespace")
     p.add_argument("--active", default="")
+    p.add_argument("--standby", default="")
+    p.add_argument("--heartbeat-s", type=float, default=0.1)
     a = p.parse_args(argv)
-    asyncio.run(serve_store(a.node, a.port, a.redis_url, a.namespace, {int(x) for x in a.active.split(",") if x}))
+    ints = lambda text: {int(x) for x in text.split(",") if x}  # noqa: E731
+    asyncio.run(serve_store(a.node, a.port, a.redis_url, a.namespace, ints(a.active), ints(a.standby),
+                            a.heartbeat_s))
 
 
 # ---- fixtures -----------------------------------------------------------------------------
@@ -160,16 +171,18 @@ class Deployment:
         meta = MetadataStore.from_url(self.redis_url, self.namespace)
         meta.register_tables([TableSpec(TABLE, f"{TABLE}-changelog", PARTITIONS, "sensor_id",
                                         {"count": "long", "sum": "double"}, 1)])
-        assignment = Assignment(3, {(TABLE, p): ("n1", "n2") if p % 2 == 0 else ("n2", "n1")
-                                    for p in range(PARTITIONS)})
+        assignment = Assignment(3, {(TABLE, p): nodes for p, nodes in LAYOUT.items()})
         meta.redis.set(meta.keys.assignment, assignment.to_json())
         meta.redis.close()
 
-    def start_store(self, node: str, active: list[int]) -> None:
+    def start_store(self, node: str, heartbeat_s: float = 0.1) -> None:
         port = self.store_ports.setdefault(node, free_port())
+        active = [p for p, nodes in LAYOUT.items() if nodes[0] == node]
+        standby = [p for p, nodes in LAYOUT.items() if node in nodes[1:]]
         proc = self.procs.start(node, ["-m", "tests.integration.test_router_process", "store", "--node", node,
                                        "--port", str(port), "--redis-url", self.redis_url,
-                                       "--namespace", self.namespace, "--active", ",".join(map(str, active))])
+                                       "--namespace", self.namespace, "--active", ",".join(map(str, active)),
+                                       "--standby", ",".join(map(str, standby)), "--heartbeat-s", str(heartbeat_s)])
         wait_for_port("127.0.0.1", port, 20, proc)
 
     def start_router(self) -> subprocess.Popen:
@@ -190,10 +203,10 @@ class Deployment:
             time.sleep(0.1)
         raise AssertionError("router never became ready:\n" + self.procs.log("router"))
 
-    def up(self) -> None:
+    def up(self, slow_heartbeats: tuple[str, ...] = ()) -> None:
         self.register()
-        self.start_store("n1", [p for p in range(PARTITIONS) if p % 2 == 0])
-        self.start_store("n2", [p for p in range(PARTITIONS) if p % 2 == 1])
+        for node in NODES:
+            self.start_store(node, 1.0 if node in slow_heartbeats else 0.1)
         self.start_router()
 
     def stop_router(self) -> int:
@@ -212,18 +225,18 @@ def deployment(tmp_path, redis_url, namespace):
         procs.stop_all()
 
 
-def lookup_loop(d: Deployment, seconds: float, grpc_stub=None, during=None) -> tuple[int, list[str], dict[str, int]]:
-    """Look keys up for ``seconds``; returns (lookups, failures, lookups per serving node)."""
+def lookup_loop(d: Deployment, seconds: float, grpc_stub=None, during=None) -> tuple[list[str | None], list[str]]:
+    """Look keys up for ``seconds``: the serving node of each lookup in order (None if it failed), and failures."""
     failures: list[str] = []
-    served: dict[str, int] = {}
-    n = 0
+    served: list[str | None] = []
     end = time.monotonic() + seconds
     with httpx.Client(base_url=d.rest, timeout=10) as client:
         while time.monotonic() < end:
+            n = len(served)
             i = n % KEYS
-            n += 1
             if during:
                 during(n)
+            node = None
             try:
                 if grpc_stub is not None and n % 2:
                     resp = grpc_stub.Get(router_pb2.GetRequest(table=TABLE, key=f"sensor-{i}"), timeout=10)
@@ -232,14 +245,15 @@ def lookup_loop(d: Deployment, seconds: float, grpc_stub=None, during=None) -> t
                     r = client.get(f"/v1/tables/{TABLE}/keys/sensor-{i}")
                     body = r.json()
                     ok = r.status_code == 200
-                    value, node = (body["value"], body["served_by"]["node"]) if ok else (body, "")
+                    value, node = (body["value"], body["served_by"]["node"]) if ok else (body, None)
                 if not ok or value != value_of(i):
                     failures.append(f"sensor-{i}: {value}")
-                else:
-                    served[node] = served.get(node, 0) + 1
+                    node = None
             except (httpx.HTTPError, grpc.RpcError) as e:
                 failures.append(f"sensor-{i}: {e}")
-    return n, failures, served
+                node = None
+            served.append(node)
+    return served, failures
 
 
 # ---- tests --------------------------------------------------------------------------------
@@ -254,7 +268,9 @@ def test_router_process_serves_rest_and_grpc(deployment):
             body = r.json()
             assert body["value"] == value_of(i)
             assert body["partition"] == partition_for(serialize_key(f"sensor-{i}"), PARTITIONS)
-            assert body["served_by"]["node"] in {"n1", "n2"} and body["lag"] == {"offsets": 0, "ms": 0}
+            p = body["partition"]
+            assert body["served_by"]["node"] in LAYOUT[p] and body["lag"] == {"offsets": 0, "ms": 0}
+            assert body["served_by"]["role"] == ("active" if body["served_by"]["node"] == LAYOUT[p][0] else "standby")
         missing = c.get(f"/v1/tables/{TABLE}/keys/nope")
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "KEY_NOT_FOUND"
         assert missing.json()["error"]["partition"] == partition_for(b"nope", PARTITIONS)
@@ -264,7 +280,7 @@ def test_router_process_serves_rest_and_grpc(deployment):
         scan = c.get(f"/v1/tables/{TABLE}/scan", params={"limit": 1000}).json()
         assert [x["key"] for x in scan["items"]] == sorted(f"sensor-{i}" for i in range(KEYS))
         cluster = c.get("/v1/cluster").json()
-        assert [(n["node"], n["alive"]) for n in cluster["nodes"]] == [("n1", True), ("n2", True)]
+        assert [(n["node"], n["alive"]) for n in cluster["nodes"]] == [(n, True) for n in NODES]
         assert cluster["assignment_generation"] == 3
         assert "freshroute_router_lookups_total" in c.get("/metrics").text
     with grpc.insecure_channel(f"127.0.0.1:{d.grpc_port}") as channel:
@@ -294,10 +310,13 @@ def test_lookups_fail_over_when_a_store_node_is_killed(deployment):
             d.procs.procs["n1"].kill()
 
     with grpc.insecure_channel(f"127.0.0.1:{d.grpc_port}") as channel:
-        n, failures, served = lookup_loop(d, 4.0, router_pb2_grpc.RouterStub(channel), during=kill_n1)
-    assert n > killed_at + 100, "too few lookups after the kill to say anything"
+        served, failures = lookup_loop(d, 4.0, router_pb2_grpc.RouterStub(channel), during=kill_n1)
+    assert len(served) > killed_at + 100, "too few lookups after the kill to say anything"
     assert failures == []
-    assert served.get("n1", 0) > 0 and served["n2"] > n - killed_at - 1
+    assert "n1" in served[:killed_at]
+    # Right after the kill, n1's partitions are served by their other replica.
+    assert served[killed_at + 2:].count("n1") == 0
+    assert {"n2", "n3"} <= set(served[killed_at + 2:])
     # The dead node's heartbeat has expired by now: the router no longer lists it as alive.
     cluster = httpx.get(f"{d.rest}/v1/cluster", timeout=5).json()
     assert {x["node"]: x["alive"] for x in cluster["nodes"]}.get("n1", False) is False
@@ -311,36 +330,39 @@ def test_redis_outage_fails_no_lookup(tmp_path, namespace):
     d = Deployment(procs, own_redis.address, namespace)
     restarted = None
     try:
-        d.up()
+        # n2 and n3 heartbeat only once a second: after Redis comes back empty, partition 1
+        # (on n2 and n3) has no heartbeat for up to a second while n1's is already back.
+        d.up(slow_heartbeats=("n2", "n3"))
+        served, failures = lookup_loop(d, 0.5)
         # 1. Redis hangs (SIGSTOP) for 3 s — longer than node_expiry_ms — then resumes.
-        n, failures, _ = lookup_loop(d, 0.5)
         os.kill(own_redis.proc.pid, signal.SIGSTOP)
         try:
-            n_a, failures_a, served_a = lookup_loop(d, 3.0)
+            served_a, failures_a = lookup_loop(d, 3.0)
             # Liveness was frozen at the last good refresh: nobody was declared dead.
             cluster = httpx.get(f"{d.rest}/v1/cluster", timeout=5).json()
             assert all(x["alive"] for x in cluster["nodes"]) and cluster["metadata"]["redis_ok"] is False
         finally:
             os.kill(own_redis.proc.pid, signal.SIGCONT)
-        n_b, failures_b, _ = lookup_loop(d, 1.0)
+        served_b, failures_b = lookup_loop(d, 1.5)
         # 2. Redis dies and comes back empty on the same port; the nodes republish their
         #    heartbeats, the tables are registered again a second later.
         own_redis.stop()
-        n_c, failures_c, _ = lookup_loop(d, 2.0)
+        served_c, failures_c = lookup_loop(d, 2.0)
         restarted = start_redis(tmp_path / "redis-again", port=port)
+        reregister_at = time.monotonic() + 1.0
+        registered: list[bool] = []
 
-        def reregister(i, done=[]):
-            if not done and time.monotonic() > reregister_at:
-                done.append(True)
+        def reregister(_):
+            if not registered and time.monotonic() > reregister_at:
+                registered.append(True)
                 d.register()
 
-        reregister_at = time.monotonic() + 1.0
-        n_d, failures_d, served_d = lookup_loop(d, 3.0, during=reregister)
+        served_d, failures_d = lookup_loop(d, 3.0, during=reregister)
         assert failures + failures_a + failures_b + failures_c + failures_d == []
-        assert min(n_a, n_c, n_d) > 50
-        assert set(served_a) == {"n1", "n2"} and set(served_d) == {"n1", "n2"}
+        assert min(len(served_a), len(served_c), len(served_d)) > 50
+        assert set(served_a) == set(NODES) and set(served_d) == set(NODES)
         r = redis.Redis.from_url(restarted.address)
-        assert r.scard(Keys(namespace).nodes) == 2  # the nodes did republish
+        assert r.scard(Keys(namespace).nodes) == 3  # the nodes did republish
         r.close()
         assert httpx.get(f"{d.rest}/readyz", timeout=5).status_code == 200
     finally:

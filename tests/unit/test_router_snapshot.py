@@ -184,6 +184,33 @@ def test_tables_survive_a_redis_restart_while_nodes_republish():
     assert all(n.alive for n in r.current.nodes.values())
 
 
+def test_a_partition_keeps_its_last_replicas_while_heartbeats_return_one_by_one():
+    fake, clock = FakeRedis("ns"), Clock(T0)
+    fake.load(T0)
+    r, _ = refresher(fake, clock, grace=3000)
+    asyncio.run(r.refresh_once())
+    # n1 now hosts only partition 0 and n2's heartbeat is not back yet: partition 1 has no
+    # replica in Redis, but its last known ones are still routed to.
+    clock.t = T0 + 1000
+    only_p0 = NodeReport("n1", "127.0.0.1:7001", T0 + 1000,
+                         (ReplicaReport("sensor_stats", 0, Role.ACTIVE, ReplicaState.ACTIVE, 100, 100, 0),))
+    fake.data[fake.keys.node("n1")] = only_p0.to_json()
+    del fake.data[fake.keys.node("n2")]
+    assert asyncio.run(r.refresh_once()) is True
+    assert [v.node for v in r.current.replicas_of("sensor_stats", 0) if v.reported] == ["n1"]
+    assert [v.node for v in r.current.replicas_of("sensor_stats", 1) if v.reported] == ["n2", "n1"]
+    assert "n2" in r.current.nodes  # carried with its replicas
+    clock.t = T0 + 2500
+    asyncio.run(r.refresh_once())
+    assert [v.node for v in r.current.replicas_of("sensor_stats", 1) if v.reported] == ["n2", "n1"]
+    clock.t = T0 + 4500  # past the grace: partition 1 really has no replica
+    asyncio.run(r.refresh_once())
+    assert not any(v.reported for v in r.current.replicas_of("sensor_stats", 1))
+    clock.t = T0 + 5000
+    asyncio.run(r.refresh_once())
+    assert not any(v.reported for v in r.current.replicas_of("sensor_stats", 1))
+
+
 def test_malformed_entries_are_skipped_not_fatal():
     fake, clock = FakeRedis("ns"), Clock(T0)
     fake.load(T0)
