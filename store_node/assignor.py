@@ -195,9 +195,10 @@ def assign(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], pr
     #    the new one catches up; a later round then drops it in step 2.
     for key in keys:
         ns = placement[key]
-        if not ns or lags.warm(key, ns[0]):
-            continue
-        warm = [n for n in dict.fromkeys(prev.get(key, ())) if n in reports and lags.warm(key, n)]
+        before = prev.get(key, ())
+        if not ns or lags.warm(key, ns[0]) or (before and ns[0] == before[0]):
+            continue  # warm already, or not a move: an active still restoring in place stays active
+        warm = [n for n in dict.fromkeys(before) if n in reports and lags.warm(key, n)]
         if warm:
             keeper = min(warm, key=lambda n: (lags.freshness(key, n), n))
             if keeper in ns:
@@ -301,19 +302,34 @@ class AssignorLoop:
     """Run by every node: takes the lease when it is free; the holder keeps the assignment current."""
 
     def __init__(self, store: AssignorStore, node_id: str, lease_ms: int, node_expiry_ms: int,
-                 caught_up_threshold: int) -> None:
+                 caught_up_threshold: int, settle_ms: int | None = None) -> None:
         self._store = store
         self._node_id = node_id
         self._lease_ms = lease_ms
         self._expiry_ms = node_expiry_ms
         self._threshold = caught_up_threshold
+        # With no assignment to start from (a new cluster, or Redis lost it) wait this long after
+        # taking the lease, so that every live node has heartbeated: placing everything on the
+        # first node seen would move it all again a moment later.
+        self._settle_ms = node_expiry_ms if settle_ms is None else settle_ms
+        self._acquired_at = 0
         self.generation: int | None = None
 
     def step(self, now_ms: int) -> Assignment | None:
         """Hold or take the lease; if held, recompute and write when the result differs. Returns what it wrote."""
+        try:
+            return self._step(now_ms)
+        except BaseException:
+            # Redis failed mid-round: whatever lease comes back afterwards (a restarted, empty
+            # Redis hands out generation numbers from 1 again) is a new one.
+            self.generation = None
+            raise
+
+    def _step(self, now_ms: int) -> Assignment | None:
         generation = self._store.try_acquire_assignor(self._node_id, self._lease_ms)
         if generation != self.generation:
             if generation is not None:
+                self._acquired_at = now_ms
                 log.info("node %s holds the assignor lease (generation %d)", self._node_id, generation)
             elif self.generation is not None:
                 log.info("node %s lost the assignor lease (generation %d)", self._node_id, self.generation)
@@ -321,8 +337,14 @@ class AssignorLoop:
         if generation is None:
             return None
         tables = self._store.tables()
-        live = [r for r in self._store.nodes().values() if now_ms - r.heartbeat_ms <= self._expiry_ms]
+        if not tables:
+            # Nothing registered (yet, or Redis lost it until the pipeline re-registers): an empty
+            # assignment would only tell every node to drop its replicas.
+            return None
         previous = self._store.assignment()
+        if previous is None and now_ms - self._acquired_at < self._settle_ms:
+            return None
+        live = [r for r in self._store.nodes().values() if now_ms - r.heartbeat_ms <= self._expiry_ms]
         proposed = assign(tables, live, previous, generation, self._threshold)
         if previous is not None and previous.replicas == proposed.replicas:
             return None
@@ -331,9 +353,13 @@ class AssignorLoop:
                      self._node_id, generation)
             self.generation = None
             return None
-        moved = _moves(previous, proposed)
-        log.info("assignment generation %d: %d table-partitions on %d live nodes; %d replica placements changed",
-                 generation, len(proposed.replicas), len({r.node_id for r in live if not r.draining}), moved)
+        nodes = len({r.node_id for r in live if not r.draining})
+        if previous is None:
+            log.info("assignment generation %d: %d table-partitions on %d live nodes (no previous assignment: "
+                     "built from what the nodes report hosting)", generation, len(proposed.replicas), nodes)
+        else:
+            log.info("assignment generation %d: %d table-partitions on %d live nodes; %d replica placements changed",
+                     generation, len(proposed.replicas), nodes, _moves(previous, proposed))
         return proposed
 
     def release(self) -> None:

@@ -138,7 +138,7 @@ class ChangelogTailer:
         self._poison_logged: dict[ReplicaKey, float] = {}
         self._limiter = _RateLimiter(settings.apply_rate_limit)
         self._progress_at = time.monotonic()
-        self._progress_applied: dict[str, int] = {}
+        self._progress_applied: dict[ReplicaKey, int] = {}
         self.records_skipped = 0
         self.started = threading.Event()
         self.failed = False
@@ -579,22 +579,24 @@ class ChangelogTailer:
     def _log_progress(self, mono: float) -> None:
         elapsed = mono - self._progress_at
         self._progress_at = mono
+        before, self._progress_applied = self._progress_applied, {}
         per_table: dict[str, list[Replica]] = defaultdict(list)
         for rep in self._replicas.values():
             if rep.restoring:
                 per_table[rep.table].append(rep)
-        seen: dict[str, int] = {}
+                self._progress_applied[rep.key] = rep.lag.applied
         for table, reps in sorted(per_table.items()):
             done = sum(r.lag.applied - r.restore_from for r in reps)
             total = sum(max(r.lag.end or 0, r.lag.applied) - r.restore_from for r in reps)
             remaining = max(0, total - done)
-            seen[table] = done
-            rate = max(0, done - self._progress_applied.get(table, done)) / elapsed if elapsed > 0 else 0.0
+            # Progress since the last line, of the replicas restoring then (some may have finished).
+            moved = sum(max(0, r.lag.applied - before[r.key]) for r in self._replicas.values()
+                        if r.table == table and r.key in before)
+            rate = moved / elapsed if elapsed > 0 else 0.0
             eta = f"{remaining / rate:.0f}s" if rate > 0 else "unknown"
             pct = 100.0 * done / total if total > 0 else 0.0
-            log.info("restoring %s: %d partition(s), %d/%d offsets (%.0f%%), %.0f/s, ETA %s",
+            log.info("restoring %s: %d partition(s) left, %d/%d offsets (%.0f%%), %.0f/s, ETA %s",
                      table, len(reps), done, total, pct, rate, eta)
-        self._progress_applied = seen
 
     def _delete_retired(self, mono: float) -> None:
         if not self._retired:

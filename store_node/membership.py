@@ -90,7 +90,9 @@ class Membership:
         if self._outage_since is not None:
             log.info("metadata store (Redis) reachable again after %.1fs", (self._clock() - self._outage_since) / 1000)
             self._outage_since = None
-        if assignment is not None:
+        if assignment is not None and tables:
+            # No tables at all means the registry was lost with Redis (the pipeline re-registers
+            # them): keep the replicas rather than drop every one.
             self.assignment = assignment
             self._follow(desired_replicas(assignment, tables, self._settings.node_id))
 

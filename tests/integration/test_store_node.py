@@ -192,6 +192,29 @@ def caught_up(node: NodeProcess, changelog: Changelog, replicas: int = PARTITION
     return st
 
 
+def settled(metadata: MetadataStore, changelog: Changelog, *nodes: NodeProcess):
+    """The assignment if it places 1 active + 1 standby per partition on distinct nodes, actives
+    balanced, every node caught up and following it; else None."""
+    assignment = metadata.assignment()
+    if assignment is None or len(assignment.replicas) != PARTITIONS:
+        return None
+    if any(len(set(ns)) != 2 for ns in assignment.replicas.values()):
+        return None
+    actives = [ns[0] for ns in assignment.replicas.values()]
+    counts = [actives.count(n.node_id) for n in nodes]
+    if max(counts) - min(counts) > 1:
+        return None
+    for node in nodes:
+        st = caught_up(node, changelog)
+        if not st:
+            return None
+        roles = {t: r.role for t, r in zip(st.tables, st.replicas)}
+        for (table, p), ns in assignment.replicas.items():
+            if roles[f"{table}/{p}"] != (store_pb2.ACTIVE if ns[0] == node.node_id else store_pb2.STANDBY):
+                return None
+    return assignment if assignment == metadata.assignment() else None  # and nothing moved meanwhile
+
+
 def read_all(node: NodeProcess, keys: list[str], **bound) -> dict[str, store_pb2.KeyResult]:
     reads = [store_pb2.KeyRead(id=i, table="counts", partition=Changelog.partition(k), key=serialize_key(k),
                                bound=store_pb2.ReadBound(**bound)) for i, k in enumerate(keys)]
@@ -338,26 +361,8 @@ def test_two_nodes_place_active_and_standby_apart_and_fail_over(cluster, redis_u
     b = cluster.node("b")
     metadata = MetadataStore.from_url(redis_url, namespace)
 
-    def balanced():
-        assignment = metadata.assignment()
-        if assignment is None or len(assignment.replicas) != PARTITIONS:
-            return False
-        if any(len(set(ns)) != 2 for ns in assignment.replicas.values()):
-            return False
-        actives = [ns[0] for ns in assignment.replicas.values()]
-        if abs(actives.count("a") - actives.count("b")) > 1:
-            return False
-        for node in (a, b):
-            st = caught_up(node, changelog)
-            if not st:
-                return False
-            roles = {t: r.role for t, r in zip(st.tables, st.replicas)}
-            for (table, p), ns in assignment.replicas.items():
-                if roles[f"{table}/{p}"] != (store_pb2.ACTIVE if ns[0] == node.node_id else store_pb2.STANDBY):
-                    return False
-        return assignment == metadata.assignment()  # and nothing moved meanwhile
-
-    wait_until(balanced, 120, "an active and a standby of every partition on distinct nodes, roles followed")
+    wait_until(lambda: settled(metadata, changelog, a, b), 120,
+               "an active and a standby of every partition on distinct nodes, roles followed")
     # The standby answers too, with its own status.
     for node in (a, b):
         results = read_all(node, keys, max_lag=0)
@@ -418,3 +423,74 @@ def test_broker_restart_wipes_and_restores(cluster, tmp_path):
         assert "wiping it and restoring" in node.log()
     finally:
         own.stop()
+
+
+def test_graceful_stop_hands_actives_over_without_waiting_for_expiry(cluster):
+    changelog = cluster.changelog(standby_replicas=1)
+    for i in range(100):
+        changelog.produce(f"k{i}", {"i": i})
+    changelog.flush()
+    a = cluster.node("a", drain_timeout_ms=3000)
+    b = cluster.node("b")
+
+    def both_serving_actives():
+        sa, sb = caught_up(a, changelog), caught_up(b, changelog)
+        return sa and sb and any(r.role == store_pb2.ACTIVE for r in sa.replicas) and \
+            any(r.role == store_pb2.ACTIVE for r in sb.replicas)
+
+    wait_until(both_serving_actives, 120, "both nodes to hold actives")
+    a.proc.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    # While a drains it says so, answers NOT_SERVING, and b takes every active.
+    wait_until(lambda: a.status().draining, 10, "a to report draining")
+    assert a.health() == health_pb2.HealthCheckResponse.NOT_SERVING
+    wait_until(lambda: all(r.role == store_pb2.ACTIVE for r in b.status().replicas), 10, "b to take every active")
+    handover_s = time.monotonic() - t0
+    assert handover_s < 2.0  # well under the 2 s heartbeat expiry: no waiting for a to be declared dead
+    assert a.proc.wait(30) == 0
+    print(f"hand-over on SIGTERM took {handover_s:.2f}s")
+
+
+def test_redis_loss_loses_no_data_and_no_placement(cluster, broker, tmp_path, namespace):
+    """Redis holds soft state only: while it is down nodes keep serving; a restarted, empty Redis is rebuilt."""
+    from freshroute.local.services import free_port, start_redis
+
+    port = free_port()
+    redis_svc = start_redis(tmp_path / "own-redis", port=port)
+    try:
+        changelog = Changelog(broker, redis_svc.address, namespace, standby_replicas=1)
+        for i in range(200):
+            changelog.produce(f"k{i}", {"i": i})
+        changelog.flush()
+        a = cluster.node("a", redis_url=redis_svc.address)
+        b = cluster.node("b", redis_url=redis_svc.address)
+        wait_until(lambda: settled(changelog.metadata, changelog, a, b), 120, "a settled assignment")
+        before = {n.node_id: {t: r.role for t, r in zip(n.status().tables, n.status().replicas)} for n in (a, b)}
+
+        redis_svc.stop()
+        for i in range(200, 220):
+            changelog.produce(f"k{i}", {"i": i})  # the changelog keeps flowing
+        changelog.flush()
+        time.sleep(3)  # longer than the heartbeat expiry: nobody may be declared dead without Redis
+        for node in (a, b):
+            st = wait_until(lambda: caught_up(node, changelog), 30, "the nodes to keep applying without Redis")
+            assert {t: r.role for t, r in zip(st.tables, st.replicas)} == before[node.node_id]
+            results = read_all(node, [f"k{i}" for i in range(220)], max_lag=0)
+            assert all(results[f"k{i}"].value == changelog.expected[f"k{i}"] for i in range(220))
+
+        redis_svc = start_redis(tmp_path / "own-redis", port=port)  # empty: soft state lost
+        changelog.metadata = MetadataStore.from_url(redis_svc.address, namespace)
+        changelog.metadata.register_tables([changelog.spec])  # the pipeline re-registers its tables
+        rebuilt = wait_until(changelog.metadata.assignment, 30, "the assignment to be rebuilt")
+        wait_until(lambda: len(changelog.metadata.nodes()) == 2, 10, "both heartbeats")
+        for node in (a, b):
+            st = node.status()
+            assert {t: r.role for t, r in zip(st.tables, st.replicas)} == before[node.node_id]
+            assert all(c.restores == 0 for c in st.counters)
+        assert {ns for ns in rebuilt.replicas.values()} == {
+            tuple(sorted(("a", "b"), key=lambda n: before[n][f"{t}/{p}"] != store_pb2.ACTIVE))
+            for (t, p) in rebuilt.replicas}
+        for line in ("unreachable", "reachable again"):
+            assert a.log().count(f"metadata store (Redis) {line}") == 1
+    finally:
+        redis_svc.stop()

@@ -233,8 +233,8 @@ class FakeLeaseStore:
 def test_only_the_lease_holder_writes_and_a_deposed_holder_is_fenced():
     store = FakeLeaseStore({"t": spec(partitions=4)})
     store.reports = {n: NodeReport(n, "x:1", 1000) for n in "ab"}
-    a = AssignorLoop(store, "a", 2000, 2000, 100)
-    b = AssignorLoop(store, "b", 2000, 2000, 100)
+    a = AssignorLoop(store, "a", 2000, 2000, 100, settle_ms=0)
+    b = AssignorLoop(store, "b", 2000, 2000, 100, settle_ms=0)
     assert a.step(1000) is not None and a.generation == 1
     assert b.step(1000) is None and b.generation is None
     assert a.step(1000) is None  # nothing changed: no rewrite
@@ -254,7 +254,7 @@ def test_only_the_lease_holder_writes_and_a_deposed_holder_is_fenced():
 def test_expired_nodes_are_not_live():
     store = FakeLeaseStore({"t": spec(partitions=4)})
     store.reports = {"a": NodeReport("a", "x:1", 10_000), "b": NodeReport("b", "x:2", 7_000)}
-    loop = AssignorLoop(store, "a", 2000, node_expiry_ms=2000, caught_up_threshold=100)
+    loop = AssignorLoop(store, "a", 2000, node_expiry_ms=2000, caught_up_threshold=100, settle_ms=0)
     written = loop.step(10_500)
     assert {n for ns in written.replicas.values() for n in ns} == {"a"}
 
@@ -275,3 +275,50 @@ def test_partition_without_standbys_moves_through_a_warm_up_replica():
     assert all(c.replicas[k] == ("b",) for k in moving)
     assert_valid(c, tables, ["a", "b"])
     assert_balanced(c, ["a", "b"])
+
+
+def test_without_a_previous_assignment_the_holder_waits_for_heartbeats():
+    store = FakeLeaseStore({"t": spec(partitions=4)})
+    store.reports = {"a": NodeReport("a", "x:1", 10_000)}
+    loop = AssignorLoop(store, "a", 2000, node_expiry_ms=2000, caught_up_threshold=100)
+    assert loop.step(10_000) is None and loop.generation == 1  # holds the lease, but waits
+    store.reports["b"] = NodeReport("b", "x:2", 11_000)
+    assert loop.step(11_000) is None
+    written = loop.step(12_000)
+    assert {n for ns in written.replicas.values() for n in ns} == {"a", "b"}
+
+
+def test_no_tables_no_assignment():
+    store = FakeLeaseStore({})
+    store.reports = {"a": NodeReport("a", "x:1", 10_000)}
+    store.stored = Assignment(1, {("t", 0): ("a",)})
+    loop = AssignorLoop(store, "a", 2000, node_expiry_ms=2000, caught_up_threshold=100, settle_ms=0)
+    assert loop.step(10_000) is None
+    assert store.stored.replicas == {("t", 0): ("a",)}
+
+
+def test_a_restoring_active_in_place_is_not_demoted_for_a_warmer_standby():
+    tables = {"t": spec(partitions=2, standby=1)}
+    prev = Assignment(1, {("t", 0): ("a", "b"), ("t", 1): ("b", "a")})
+    reports = [
+        node("a", replicas=[ReplicaReport("t", 0, Role.ACTIVE, ReplicaState.RESTORING, 10, 1000, 10**9),
+                            ReplicaReport("t", 1, Role.STANDBY, ReplicaState.STANDBY, 1000, 1000, 0)]),
+        node("b", replicas=[ReplicaReport("t", 0, Role.STANDBY, ReplicaState.STANDBY, 1000, 1000, 0),
+                            ReplicaReport("t", 1, Role.ACTIVE, ReplicaState.RESTORING, 10, 1000, 10**9)]),
+    ]
+    assert assign(tables, reports, prev, 2).replicas == prev.replicas
+
+
+def test_a_redis_failure_voids_the_lease():
+    store = FakeLeaseStore({"t": spec(partitions=4)})
+    store.reports = {"a": NodeReport("a", "x:1", 10_000)}
+    loop = AssignorLoop(store, "a", 2000, node_expiry_ms=2000, caught_up_threshold=100, settle_ms=0)
+    loop.step(10_000)
+    assert loop.generation == 1
+
+    def down(*args):
+        raise ConnectionError("redis down")
+    store.tables = down
+    with pytest.raises(ConnectionError):
+        loop.step(10_100)
+    assert loop.generation is None

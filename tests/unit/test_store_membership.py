@@ -64,20 +64,36 @@ class FakeMetadata:
         self._check()
 
 
-def make(metadata, clock=lambda: 10_000):
+class Clock:
+    def __init__(self):
+        self.now = 10_000
+
+    def __call__(self):
+        return self.now
+
+
+def make(metadata, clock=None):
+    clock = clock or Clock()
     followed = []
     replicas = (ReplicaReport("t", 0, Role.ACTIVE, ReplicaState.ACTIVE, 5, 5, 0),)
     m = Membership(StoreNodeSettings(node_id="n1", rack="r1"), metadata, "127.0.0.1:7001", lambda now: replicas,
                    followed.append, clock)
-    return m, followed
+    return m, followed, clock
+
+
+def settle(m, clock):
+    """First tick takes the lease; with no assignment yet it waits one expiry for heartbeats."""
+    m.tick()
+    clock.now += 2000
+    m.tick()
 
 
 def test_tick_heartbeats_assigns_and_follows():
     md = FakeMetadata()
-    m, followed = make(md)
-    m.tick()
+    m, followed, clock = make(md)
+    settle(m, clock)
     report, ttl = md.published[-1]
-    assert (report.node_id, report.address, report.rack, report.heartbeat_ms) == ("n1", "127.0.0.1:7001", "r1", 10_000)
+    assert (report.node_id, report.address, report.rack, report.heartbeat_ms) == ("n1", "127.0.0.1:7001", "r1", 12_000)
     assert report.replicas[0].applied == 5 and ttl == 5000
     assert md.stored is not None and m.assignor.generation == 1
     assert set(followed[-1]) == {("t", p) for p in range(4)}
@@ -86,8 +102,8 @@ def test_tick_heartbeats_assigns_and_follows():
 
 def test_redis_outage_keeps_the_last_assignment_and_logs_once(caplog):
     md = FakeMetadata()
-    m, followed = make(md)
-    m.tick()
+    m, followed, clock = make(md)
+    settle(m, clock)
     before = m.assignment
     md.down = True
     with caplog.at_level(logging.INFO, logger="store_node.membership"):
@@ -98,13 +114,13 @@ def test_redis_outage_keeps_the_last_assignment_and_logs_once(caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert sum("unreachable" in x for x in lines) == 1
     assert sum("reachable again" in x for x in lines) == 1
-    assert m.assignment == before and len(followed) == 2
+    assert m.assignment == before and len(followed) == 2  # before the outage, and after it
 
 
 def test_draining_node_stops_assigning_and_says_so():
     md = FakeMetadata()
-    m, _ = make(md)
-    m.tick()
+    m, _, clock = make(md)
+    settle(m, clock)
     m.drain()
     assert md.published[-1][0].draining
     assert md.lease is None
