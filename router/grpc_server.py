@@ -20,7 +20,8 @@ from freshroute.errors import FreshrouteError, InvalidArgument
 from proto import router_pb2, router_pb2_grpc
 
 from router.bounds import NO_BOUND, Bound, parse_bound
-from router.routing import LookupResult, ReplicaInfo, Router, key_not_found
+from router.results import LookupResult, ReplicaInfo, key_not_found
+from router.routing import Router
 from router.settings import RouterSettings
 
 log = logging.getLogger("freshroute.router.grpc")

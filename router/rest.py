@@ -28,7 +28,8 @@ from freshroute.position import Position
 from router.bounds import NO_BOUND, Bound, parse_bound, parse_limit, parse_query_bound
 from router.openapi import (ERROR_RESPONSES, BatchGetRequest, BatchGetResponse, ErrorBody, KeyValue, ScanResponse,
                             bound_parameters)
-from router.routing import LookupResult, Router, key_not_found
+from router.results import LookupResult, key_not_found
+from router.routing import Router
 from router.settings import RouterSettings
 
 log = logging.getLogger("freshroute.router.rest")

@@ -7,118 +7,25 @@ so both speak the same semantics and raise the same errors.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import heapq
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 from itertools import islice
 from typing import Any, Callable
 
-from freshroute.errors import (FreshrouteError, InvalidArgument, KeyNotFound, LookupTimeout, NoReplicaWithinBound,
+from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound,
                                ReplicaUnavailable, TableNotFound)
 from freshroute.keys import deserialize_key, partition_for, serialize_key
 from freshroute.metadata import Role, TableSpec, now_ms
-from freshroute.position import single
 
 from router.bounds import NO_BOUND, Bound
 from router.metrics import ReplicaGauge, RouterMetrics
+from router.results import (KeyLocation, LookupResult, ReplicaInfo, ScanPage, TableInfo, decode_page_token,
+                            encode_page_token)
 from router.selection import Candidate, FreshestFirst, LoadTracker, ReplicaSelector, Selection
 from router.settings import RouterSettings
 from router.snapshot import LagOverlay, ReplicaView, Snapshot, SnapshotSource
 from router.store_client import ReadResult, ReadStatus, ReplicaStatus, StoreBound, StoreClient
-
-
-@dataclass(frozen=True, slots=True)
-class LookupResult:
-    """One key's answer and who gave it; ``found`` False still says where and how fresh."""
-
-    table: str
-    key: str
-    partition: int
-    found: bool
-    value: bytes  # the store's JSON bytes, untouched
-    node: str
-    role: str
-    lag_offsets: int
-    lag_ms: int
-    applied: int
-
-    @property
-    def position(self) -> str:
-        return _position_token(self.table, self.partition, self.applied)
-
-    def where(self) -> dict[str, Any]:
-        """Partition, serving replica, lag and position: carried by 200s and KEY_NOT_FOUND alike."""
-        return {"table": self.table, "key": self.key, "partition": self.partition,
-                "served_by": {"node": self.node, "role": self.role},
-                "lag": {"offsets": self.lag_offsets, "ms": self.lag_ms}, "position": self.position}
-
-
-@lru_cache(maxsize=16384)
-def _position_token(table: str, partition: int, applied: int) -> str:
-    # Many lookups in a row see the same applied offset; encoding costs more than a cache hit.
-    return single(table, partition, applied)
-
-
-def key_not_found(result: LookupResult) -> KeyNotFound:
-    return KeyNotFound(f"key {result.key!r} not found in table {result.table!r}", **result.where())
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaInfo:
-    node: str
-    address: str
-    role: str
-    state: str | None
-    alive: bool
-    lag_offsets: int
-    lag_ms: int
-    applied: int
-    end: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "address": self.address, "role": self.role, "state": self.state,
-                "alive": self.alive, "lag": {"offsets": self.lag_offsets, "ms": self.lag_ms},
-                "applied_offset": self.applied, "end_offset": self.end}
-
-
-@dataclass(frozen=True)
-class KeyLocation:
-    """Where a key lives: its partition, the active replica and the standbys, each with lag."""
-
-    table: str
-    key: str
-    partition: int
-    active: ReplicaInfo | None
-    standbys: list[ReplicaInfo]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"table": self.table, "key": self.key, "partition": self.partition,
-                "active": self.active.to_dict() if self.active else None,
-                "standbys": [s.to_dict() for s in self.standbys]}
-
-
-@dataclass(frozen=True)
-class TableInfo:
-    spec: TableSpec
-    default_max_lag: int | None
-    default_max_staleness_ms: int | None
-
-    def to_dict(self) -> dict[str, Any]:
-        s = self.spec
-        return {"name": s.name, "topic": s.topic, "partitions": s.partitions, "replicas": 1 + s.standby_replicas,
-                "standby_replicas": s.standby_replicas, "key_column": s.key_column, "schema": dict(s.value_schema),
-                "default_bound": {"max_lag": self.default_max_lag, "max_staleness_ms": self.default_max_staleness_ms}}
-
-
-@dataclass(frozen=True)
-class ScanPage:
-    table: str
-    items: list[tuple[str, bytes, int]]  # (key, value JSON bytes, partition), ascending by key bytes
-    next_page_token: str | None
-    served_by: dict[int, LookupResult]  # per partition: who answered, with lag and position (found=False)
 
 
 class LatencyWindow:
@@ -140,26 +47,8 @@ class LatencyWindow:
             self.value_ms = filled[min(len(filled) - 1, int(self._q * len(filled)))]
 
 
-_PAGE_PREFIX = "s1."
 # Event-loop timers may fire a hair early; a wake-up this close to its time counts as on time.
 _TIMER_SLACK_S = 0.0005
-
-
-def encode_page_token(table: str, after: bytes) -> str:
-    return _PAGE_PREFIX + base64.urlsafe_b64encode(table.encode() + b"\x00" + after).rstrip(b"=").decode()
-
-
-def decode_page_token(table: str, token: str) -> bytes:
-    """The key after which a scan resumes; malformed or foreign tokens are an InvalidArgument."""
-    body = token[len(_PAGE_PREFIX):] if token.startswith(_PAGE_PREFIX) else None
-    try:
-        raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)) if body is not None else b""
-    except (binascii.Error, ValueError):
-        raw = b""
-    t, sep, after = raw.partition(b"\x00")
-    if not sep or t != table.encode():
-        raise InvalidArgument("page_token is not a page token of this table", field="page_token")
-    return after
 
 
 def _outcome(e: FreshrouteError) -> str:
@@ -681,6 +570,3 @@ class Router:
         snap = self.metadata.current
         return max(0, self._clock_ms() - snap.built_ms) / 1000 if snap.loaded else float("nan")
 
-
-__all__ = ["Router", "LookupResult", "KeyLocation", "ReplicaInfo", "TableInfo", "ScanPage", "key_not_found",
-           "encode_page_token", "decode_page_token"]

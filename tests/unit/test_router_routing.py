@@ -7,7 +7,8 @@ from freshroute.errors import LookupTimeout, NoReplicaWithinBound
 from freshroute.metadata import Role
 
 from router.bounds import Bound
-from router.routing import LatencyWindow, decode_page_token, encode_page_token
+from router.results import decode_page_token, encode_page_token
+from router.routing import LatencyWindow
 from router.settings import RouterSettings
 
 from .test_router_rest import TABLE, Cluster, part
