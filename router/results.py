@@ -104,7 +104,7 @@ class ScanPage:
     served_by: dict[int, LookupResult]  # per partition: who answered, with lag and position (found=False)
 
 
-
+# A scan page token is the table and the last key returned; the next page starts just after it.
 _PAGE_PREFIX = "s1."
 
 
