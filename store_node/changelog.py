@@ -11,9 +11,9 @@ partition's high watermark from Fetch responses and each broker's state and resp
 which together are the fresh evidence a caught-up confirmation needs.
 
 And it is where the changelog's surprises are handled, never silently:
-- an end offset below the applied offset, an out-of-range position, or a changelog topic with
-  a new topic id (a memory-only broker restarted, or the topic was recreated) wipes the
-  replica and restores it from the start;
+- an end offset that stays below the applied offset, an out-of-range position, or a changelog
+  topic with a new topic id (a memory-only broker restarted, or the topic was recreated) wipes
+  the replica and restores it from the start;
 - a poison record (null or non-UTF-8 key, value that is not JSON) is skipped with a counted,
   rate-limited warning, and the partition moves on.
 """
@@ -52,6 +52,9 @@ _OUT_OF_RANGE = {KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE}
 _BROKER_DOWN = {KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE}
 _POISON_LOG_INTERVAL_S = 10.0
 _RETRY_S = 1.0
+# A changelog end below the applied offset must be seen this often, for this long, to wipe a replica.
+_SHRUNK_CONFIRMATIONS = 3
+_SHRUNK_CONFIRM_S = 1.0
 # Retired replica files are deleted only while the assignment is known to be current.
 _ASSIGNMENT_FRESH_S = 5.0
 
@@ -130,7 +133,9 @@ class ChangelogTailer:
         self._admin: Any = None
         self._brokers: dict[int, _BrokerSeen] = {}
         self._broker_outage = False
-        self._pending_resets: list[tuple[Replica, str]] = []
+        self._responding_at: int | None = None  # the last broker response the statistics saw
+        # Replicas whose changelog end looks lower than their applied offset: (first seen, times, reason).
+        self._shrunk: dict[ReplicaKey, tuple[float, int, str]] = {}
         self._topic_ids: dict[str, str] = {}
         self._topic_futures: dict[str, Any] | None = None
         self._topic_check_at = 0.0
@@ -415,7 +420,25 @@ class ChangelogTailer:
         if last < floor:
             return 0
         rep.apply(changes, last + 1, skipped)
+        self._refresh_end(rep)
         return len(changes)
+
+    def _refresh_end(self, rep: Replica) -> None:
+        """Take the end offset of the latest Fetch response now, rather than at the next statistics.
+
+        It is dated to the broker's last response the statistics saw, which is no later than the
+        Fetch that carried it: the end offset at that time was at most this, so the replica, once
+        past it, was complete as of then.
+        """
+        seen = self._responding_at
+        if seen is None or self._clock() - seen > self._settings.evidence_window_ms:
+            return
+        try:
+            _, hi = self._consumer.get_watermark_offsets(TopicPartition(rep.topic, rep.partition), cached=True)
+        except KafkaException:
+            return
+        if hi >= rep.lag.applied:
+            rep.lag.observe_end(hi, seen)
 
     def _poison(self, rep: Replica, offset: int, problem: str) -> None:
         self.records_skipped += 1
@@ -434,9 +457,9 @@ class ChangelogTailer:
                 return False
             end = m.offset()
             if end < rep.lag.applied:
-                self._reset(rep, f"the changelog ends at offset {end}, below the applied offset "
-                                 "(the broker lost it: restarted memory-only, or the topic was recreated)")
-                return True
+                self._suspect_shrunk(rep, f"the changelog ends at offset {end}, below the applied offset")
+                return False
+            self._shrunk.pop(rep.key, None)
             if end > rep.lag.applied:
                 # Nothing between: offsets skipped by compaction or control records.
                 rep.apply([], end, 0)
@@ -487,6 +510,8 @@ class ChangelogTailer:
             seen.rx = rx
             if seen.state == "UP" and now - seen.last_response_ms <= window:
                 responding = True
+        if responding:
+            self._responding_at = max(b.last_response_ms for b in brokers.values() if b.state == "UP")
         if responding and self._broker_outage:
             self._broker_outage = False
             log.info("changelog broker reachable again")
@@ -503,13 +528,32 @@ class ChangelogTailer:
                 if leader is None or leader.state != "UP" or now - leader.last_response_ms > window:
                     continue
                 if hi < rep.lag.applied:
-                    # Every applied record came from a Fetch that reported hi ≥ its offset; a lower
-                    # high watermark now means the broker lost the partition's records.
-                    self._pending_resets.append((rep, f"the changelog's high watermark {hi} is below the applied "
-                                                      "offset (the broker lost it: restarted memory-only, or "
-                                                      "the topic was recreated)"))
+                    self._suspect_shrunk(rep, f"the changelog's high watermark {hi} is below the applied offset")
                     continue
+                self._shrunk.pop(rep.key, None)
                 rep.lag.observe_end(hi, leader.last_response_ms)
+
+    def _suspect_shrunk(self, rep: Replica, what: str) -> None:
+        """Note evidence that the partition lost records; :meth:`_confirm_shrunk` acts once it persists.
+
+        A high watermark below the applied offset means the broker lost the partition (a
+        memory-only broker restarted, the topic was recreated) — or, for a moment, that the
+        broker reported a watermark older than the records it had already served, which this
+        broker does under concurrent appends. Only a low watermark that persists is a loss.
+        """
+        first, times, _ = self._shrunk.get(rep.key, (time.monotonic(), 0, what))
+        self._shrunk[rep.key] = (first, times + 1, what)
+
+    def _confirm_shrunk(self) -> None:
+        now = time.monotonic()
+        for key, (first, times, what) in list(self._shrunk.items()):
+            rep = self._replicas.get(key)
+            if rep is None:
+                del self._shrunk[key]
+            elif times >= _SHRUNK_CONFIRMATIONS and now - first >= _SHRUNK_CONFIRM_S:
+                del self._shrunk[key]
+                self._reset(rep, f"{what} for {now - first:.1f}s (the broker lost the partition: restarted "
+                                 "memory-only, or the topic was recreated)")
 
     def _check_topic_ids(self) -> None:
         """Compare each changelog's topic id with the one its replicas' rows came from."""
@@ -550,13 +594,8 @@ class ChangelogTailer:
     # --- housekeeping after every poll --------------------------------------------------------------
 
     def _after_poll(self) -> None:
-        if self._pending_resets:
-            resets, self._pending_resets = self._pending_resets, []
-            done: set[ReplicaKey] = set()
-            for rep, reason in resets:
-                if rep.key not in done:
-                    done.add(rep.key)
-                    self._reset(rep, reason)
+        if self._shrunk:
+            self._confirm_shrunk()
         now = self._clock()
         for rep in self._replicas.values():
             if rep.corrupt_reason is not None:
