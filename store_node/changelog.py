@@ -627,13 +627,15 @@ class ChangelogTailer:
         for table, reps in sorted(per_table.items()):
             done = sum(r.lag.applied - r.restore_from for r in reps)
             total = sum(max(r.lag.end or 0, r.lag.applied) - r.restore_from for r in reps)
+            if total <= 0:
+                continue  # nothing to fetch yet (end offsets unknown or empty changelog)
             remaining = max(0, total - done)
             # Progress since the last line, of the replicas restoring then (some may have finished).
             moved = sum(max(0, r.lag.applied - before[r.key]) for r in self._replicas.values()
                         if r.table == table and r.key in before)
             rate = moved / elapsed if elapsed > 0 else 0.0
             eta = f"{remaining / rate:.0f}s" if rate > 0 else "unknown"
-            pct = 100.0 * done / total if total > 0 else 0.0
+            pct = 100.0 * done / total
             log.info("restoring %s: %d partition(s) left, %d/%d offsets (%.0f%%), %.0f/s, ETA %s",
                      table, len(reps), done, total, pct, rate, eta)
 

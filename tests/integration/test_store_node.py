@@ -274,6 +274,12 @@ def test_serves_latest_values_tombstones_and_scans(cluster):
     limited = list(node.stub.Scan(store_pb2.ScanRequest(table="counts", partition=p, limit=3), timeout=30))
     assert [e.key for c in limited for e in c.entries] == live[:3]
 
+    # Server reflection lists the store API and the health service.
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    services = ProtoReflectionDescriptorDatabase(node._channel).get_services()
+    assert "freshroute.store.v1.StoreNode" in services and "grpc.health.v1.Health" in services
+
     not_hosted = node.stub.Get(store_pb2.KeyRead(table="other", partition=0, key=b"x"), timeout=5)
     assert not_hosted.status == store_pb2.NOT_HOSTED
     assert node.stop() == 0  # SIGTERM: drained and closed cleanly
