@@ -413,7 +413,7 @@ class ChangelogTailer:
                     problem = "value is not JSON"
             if problem is not None:
                 skipped += 1
-                self._poison(rep, m.offset(), problem)
+                self._poison(rep, m.offset(), problem, rep.counters.records_skipped + skipped)
                 continue
             changes.append((key, value))
         last = batch[-1].offset()
@@ -440,14 +440,14 @@ class ChangelogTailer:
         if hi >= rep.lag.applied:
             rep.lag.observe_end(hi, seen)
 
-    def _poison(self, rep: Replica, offset: int, problem: str) -> None:
+    def _poison(self, rep: Replica, offset: int, problem: str, skipped_so_far: int) -> None:
         self.records_skipped += 1
         now = time.monotonic()
         last = self._poison_logged.get(rep.key)
         if last is None or now - last >= _POISON_LOG_INTERVAL_S:
             self._poison_logged[rep.key] = now
             log.warning("replica %s/%d: skipping poison record at offset %d (%s); %d skipped so far",
-                        rep.table, rep.partition, offset, problem, rep.counters.records_skipped + 1)
+                        rep.table, rep.partition, offset, problem, skipped_so_far)
 
     def _on_event(self, m: Any, err: KafkaError, rep: Replica | None, now: int) -> bool:
         """Handle a consumer event; True if it reset ``rep``."""

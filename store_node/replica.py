@@ -8,7 +8,6 @@ position ahead of the data it returns.
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +18,9 @@ from freshroute.metadata import ReplicaReport, ReplicaState, Role, TableSpec
 from store_node.lag import Clock, LagSnapshot, LagTracker
 from store_node.replica_store import ReplicaStore
 
-log = logging.getLogger(__name__)
-
-
 def replica_path(root: Path, table: str, partition: int) -> Path:
     """``root/{table}/{partition}``; a table name that is not a safe file name is percent-encoded."""
-    safe = table if table not in (".", "..") and quote(table, safe="-_.") == table else quote(table, safe="")
+    safe = quote(table, safe="-_.")
     if safe in (".", ".."):
         safe = safe.replace(".", "%2E")
     return root / safe / str(partition)
@@ -95,7 +91,7 @@ class Replica:
             raise StoreCorrupt(f"replica {self.table}/{self.partition} has no open store")
         caught_up_at = self.lag.caught_up_at_after(next_offset)
         store.apply(changes, next_offset, caught_up_at or None)
-        # Publish the position only after the batch is durable in the store.
+        # Publish the position only after the batch is in the store: a read never reports more.
         self.lag.advance(next_offset)
         self.counters.records_applied += len(changes)
         self.counters.records_skipped += skipped
