@@ -140,7 +140,7 @@ class Pipeline:
         self.producer = ChangelogProducer(settings.kafka())
         self.runs: dict[str, TableRun] = {}
         self._stop = threading.Event()
-        self._registrar: threading.Thread | None = None
+        self._registrar: TableRegistrar | None = None
 
     # start
     def start(self) -> None:
@@ -165,7 +165,9 @@ class Pipeline:
             writer = ChangelogWriter(t.name, topic, spec.partitions, t.key, self.producer)
             self.runs[t.name] = TableRun(t, spec, writer)
             self._start_query(self.runs[t.name], df)
-        self._registrar = threading.Thread(target=self._register_tables, name="table-registrar", daemon=True)
+        store = MetadataStore.from_url(self.settings.redis_url, self.settings.namespace)
+        self._registrar = TableRegistrar(store, [r.spec for r in self.runs.values()], self._stop,
+                                         _redis_location(self.settings.redis_url), self.settings.namespace)
         self._registrar.start()
 
     def _table_frame(self, t: Table) -> "DataFrame":
@@ -228,30 +230,6 @@ class Pipeline:
             return
         self._start_query(run, self._table_frame(run.table))
 
-    # metadata
-    def _register_tables(self) -> None:
-        """Keep the table specs in Redis: retried while Redis is down, rewritten after it loses them."""
-        specs = [r.spec for r in self.runs.values()]
-        store = MetadataStore.from_url(self.settings.redis_url, self.settings.namespace)
-        where = _redis_location(self.settings.redis_url)
-        healthy: bool | None = None
-        backoff = 1.0
-        while not self._stop.is_set():
-            try:
-                store.register_tables(specs)
-                if healthy is not True:
-                    log.info("registered tables %s in Redis at %s (namespace %s)",
-                             ", ".join(s.name for s in specs), where, self.settings.namespace)
-                healthy, backoff = True, 1.0
-                self._stop.wait(_REGISTER_EVERY_S)
-            except Exception as e:  # any Redis trouble: the stream does not depend on it
-                if healthy is not False:
-                    log.warning("Redis at %s is unavailable (%s): table specs not registered; retrying, the "
-                                "stream keeps running", where, _first_line(str(e)))
-                healthy = False
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, _REGISTER_EVERY_S)
-
     # stop
     def stop(self) -> None:
         """Stop every query (an interrupted batch is replayed on the next start), then the producer and Spark."""
@@ -268,6 +246,44 @@ class Pipeline:
             self.spark = None
         if self._registrar is not None:
             self._registrar.join(timeout=5)
+
+
+class TableRegistrar(threading.Thread):
+    """Keeps the table specs in Redis: retried while Redis is down, rewritten after it loses them.
+
+    Redis holds soft state only, and the stream does not depend on it: a Redis outage
+    costs store nodes and routers the news of a new table, never a micro-batch.
+    """
+
+    def __init__(self, store: Any, specs: list[TableSpec], stop: threading.Event, where: str, namespace: str,
+                 every_s: float = _REGISTER_EVERY_S) -> None:
+        super().__init__(name="table-registrar", daemon=True)
+        self.store = store
+        self.specs = specs
+        self.stop_event = stop
+        self.where = where
+        self.namespace = namespace
+        self.every_s = every_s
+
+    def run(self) -> None:
+        healthy: bool | None = None
+        backoff = min(1.0, self.every_s)
+        while not self.stop_event.is_set():
+            try:
+                self.store.register_tables(self.specs)
+            except Exception as e:  # any Redis trouble: logged once per outage, retried with backoff
+                if healthy is not False:
+                    log.warning("Redis at %s is unavailable (%s): table specs not registered; retrying, the "
+                                "stream keeps running", self.where, _first_line(str(e)))
+                healthy = False
+                self.stop_event.wait(backoff)
+                backoff = min(backoff * 2, self.every_s)
+                continue
+            if healthy is not True:
+                log.info("registered tables %s in Redis at %s (namespace %s)",
+                         ", ".join(s.name for s in self.specs), self.where, self.namespace)
+            healthy, backoff = True, min(1.0, self.every_s)
+            self.stop_event.wait(self.every_s)
 
 
 class ProgressLog(StreamingQueryListener):

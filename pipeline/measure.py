@@ -1,0 +1,285 @@
+"""Measure the pipeline: throughput on a backlog, and event → changelog latency at a steady input rate.
+
+``python -m pipeline.measure`` starts its own loopback broker and Redis unless given
+``--bootstrap`` and ``--redis-url``, runs the demo tables in this process, and prints one
+JSON object. :func:`measure_throughput` and :func:`measure_latency` can be called by a
+benchmark directly.
+
+Latency is matched through the ``count`` column of ``sensor_stats``: a changelog record
+``sensor → count=c`` proves that the sensor's first ``c`` readings (one partition, so in
+produce order) were processed; each of those not seen before gets latency = arrival of
+that record − its own produce time, both on this process's clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from collections import defaultdict, deque
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from freshroute.settings import load
+from pipeline.settings import PipelineSettings
+
+log = logging.getLogger("pipeline.measure")
+
+AREAS = ("wheel", "engine", "cabin", "brake")
+
+
+@dataclass(frozen=True)
+class Throughput:
+    events: int
+    batches: int
+    max_records_per_batch: int
+    wall_s: float  # first batch start → last batch end, including the cold first batch
+    events_per_s: float  # over the wall time
+    steady_events_per_s: float  # batches after the first (warm JVM, Python workers up)
+    batch_ms_p50: float
+
+
+@dataclass(frozen=True)
+class Latency:
+    rate_per_s: float
+    trigger_ms: int
+    events: int
+    matched: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    max_ms: float
+
+
+def _event(rng: random.Random, sensors: int) -> dict[str, Any]:
+    i = rng.randrange(sensors)
+    return {"sensor": f"sensor-{i}", "area": AREAS[i % len(AREAS)], "reading": round(rng.gauss(50, 10), 3)}
+
+
+def _settings(bootstrap: str, redis_url: str, work: Path, **overrides: Any) -> PipelineSettings:
+    prefix = f"m{uuid.uuid4().hex[:8]}"
+    return load(PipelineSettings, bootstrap_servers=bootstrap, redis_url=redis_url, namespace=prefix,
+                topic_prefix=prefix, checkpoint_dir=str(work / prefix), **overrides)
+
+
+def _demo_stats_only(settings: PipelineSettings) -> Any:
+    """The demo file's ``sensor_stats`` alone: one query, as a single-table deployment runs it."""
+    from pipeline.tables import TablesDefinition, load_tables
+
+    d = load_tables(settings.tables_file)
+    return TablesDefinition(d.path, dict(d.sources), {"sensor_stats": d.tables["sensor_stats"]})
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    i = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[i]
+
+
+def measure_throughput(bootstrap: str, redis_url: str, work: Path, events: int = 200_000, sensors: int = 1000,
+                       max_records_per_batch: int = 50_000) -> Throughput:
+    """Produce a backlog, then process it with an available-now run and time the batches."""
+    from confluent_kafka import Producer
+
+    from pipeline.job import Pipeline
+    from pipeline.topics import admin_client, ensure_topic
+
+    settings = _settings(bootstrap, redis_url, work, available_now=True, max_records_per_batch=max_records_per_batch)
+    topic = settings.input_topic("readings")
+    ensure_topic(admin_client(settings.kafka()), topic, settings.input_partitions)
+    rng = random.Random(1)
+    producer = Producer(settings.kafka(**{"linger.ms": 20, "enable.idempotence": True}))
+    for n in range(events):
+        e = _event(rng, sensors)
+        while True:
+            try:
+                producer.produce(topic, key=e["sensor"].encode(), value=orjson.dumps(e))
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if n % 10_000 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0, "backlog not fully produced"
+    log.info("backlog of %d events in %s; processing it", events, topic)
+
+    pipeline = Pipeline(settings, _demo_stats_only(settings))
+    try:
+        pipeline.start()
+        pipeline.wait(threading.Event())
+        query = pipeline.runs["sensor_stats"].query
+        progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    finally:
+        pipeline.stop()
+    rows = sum(p["numInputRows"] for p in progress)
+    durations = [p["batchDuration"] for p in progress]
+    wall = sum(durations) / 1000.0
+    steady = progress[1:]
+    steady_s = sum(p["batchDuration"] for p in steady) / 1000.0
+    return Throughput(
+        events=rows, batches=len(progress), max_records_per_batch=max_records_per_batch, wall_s=round(wall, 2),
+        events_per_s=round(rows / wall, 1) if wall else 0.0,
+        steady_events_per_s=round(sum(p["numInputRows"] for p in steady) / steady_s, 1) if steady_s else 0.0,
+        batch_ms_p50=statistics.median(durations) if durations else 0.0)
+
+
+def measure_latency(bootstrap: str, redis_url: str, work: Path, rate_per_s: float = 200.0, duration_s: float = 60.0,
+                    sensors: int = 100, trigger_ms: int = 500, warmup_s: float = 20.0,
+                    warmup_timeout_s: float = 300.0) -> Latency:
+    """Steady input at ``rate_per_s`` into a running pipeline; latency of every event to its changelog record."""
+    from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+    from pipeline.job import Pipeline
+    from pipeline.topics import admin_client, describe_topic, ensure_topic
+
+    settings = _settings(bootstrap, redis_url, work, trigger_ms=trigger_ms)
+    topic = settings.input_topic("readings")
+    changelog = settings.changelog_topic("sensor_stats")
+    admin = admin_client(settings.kafka())
+    ensure_topic(admin, topic, settings.input_partitions)
+    producer = Producer(settings.kafka(**{"linger.ms": 1, "enable.idempotence": True}))
+    rng = random.Random(2)
+    sent: dict[str, deque[float]] = defaultdict(deque)  # sensor → produce times not yet seen in the changelog
+    seen: dict[str, int] = defaultdict(int)  # sensor → count already accounted for
+    produced: dict[str, int] = defaultdict(int)
+    latencies: list[float] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def send(n: int, rate: float, measured: bool) -> None:
+        start = time.monotonic()
+        for i in range(n):
+            if stop.is_set():
+                return
+            e = _event(rng, sensors)
+            with lock:
+                produced[e["sensor"]] += 1
+                sent[e["sensor"]].append(time.time() if measured else float("nan"))
+            producer.produce(topic, key=e["sensor"].encode(), value=orjson.dumps(e))
+            producer.poll(0)
+            delay = start + (i + 1) / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+        producer.flush(30)
+
+    def tail() -> None:
+        deadline = time.monotonic() + 60
+        info = None
+        while info is None and not stop.is_set() and time.monotonic() < deadline:
+            info = describe_topic(admin, changelog)
+            if info is None:
+                time.sleep(0.2)
+        if info is None:
+            return
+        consumer = Consumer(settings.kafka(**{"group.id": "measure", "enable.auto.commit": False,
+                                              "fetch.wait.max.ms": 10, "fetch.queue.backoff.ms": 0}))
+        consumer.assign([TopicPartition(changelog, p, 0) for p in info.partitions])
+        try:
+            while not stop.is_set():
+                for m in consumer.consume(num_messages=1000, timeout=0.1):
+                    if m.error() is not None:
+                        if m.error().code() != KafkaError._PARTITION_EOF:
+                            log.warning("changelog consumer: %s", m.error())
+                        continue
+                    arrived = time.time()
+                    sensor = m.key().decode()
+                    count = orjson.loads(m.value())["count"]
+                    with lock:
+                        queue = sent[sensor]
+                        while seen[sensor] < count and queue:
+                            produced_at = queue.popleft()
+                            seen[sensor] += 1
+                            if produced_at == produced_at:  # not NaN: a measured event
+                                latencies.append((arrived - produced_at) * 1000.0)
+        finally:
+            consumer.close()
+
+    pipeline = Pipeline(settings, _demo_stats_only(settings))
+    tailer = threading.Thread(target=tail, name="changelog-tail", daemon=True)
+    try:
+        pipeline.start()
+        tailer.start()
+        # Warm-up: the first batches of a new session are slow (JVM, Python workers, state
+        # store); wait for a first event to make it through, then run unmeasured traffic
+        # until batch times settle.
+        send(sensors, rate_per_s, measured=False)
+        deadline = time.monotonic() + warmup_timeout_s
+        while time.monotonic() < deadline:
+            with lock:
+                if sum(seen.values()) >= sum(produced.values()):
+                    break
+            time.sleep(0.2)
+        else:
+            raise TimeoutError(f"the pipeline did not process the warm-up events within {warmup_timeout_s:.0f}s")
+        send(int(rate_per_s * warmup_s), rate_per_s, measured=False)
+        n = int(rate_per_s * duration_s)
+        log.info("warm; producing %d events at %.0f/s", n, rate_per_s)
+        send(n, rate_per_s, measured=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with lock:
+                if sum(seen.values()) >= sum(produced.values()):
+                    break
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        tailer.join(timeout=10)
+        pipeline.stop()
+    values = sorted(latencies)
+    return Latency(rate_per_s=rate_per_s, trigger_ms=trigger_ms, events=int(rate_per_s * duration_s), matched=len(values),
+                   p50_ms=round(_percentile(values, 0.50), 1), p90_ms=round(_percentile(values, 0.90), 1),
+                   p99_ms=round(_percentile(values, 0.99), 1), max_ms=round(values[-1], 1) if values else float("nan"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bootstrap", help="use this broker instead of starting one")
+    p.add_argument("--redis-url", help="use this Redis instead of starting one")
+    p.add_argument("--only", choices=("throughput", "latency"))
+    p.add_argument("--events", type=int, default=200_000, help="backlog size for throughput")
+    p.add_argument("--max-records-per-batch", type=int, default=50_000)
+    p.add_argument("--rate", type=float, default=200.0, help="events per second for latency")
+    p.add_argument("--duration-s", type=float, default=60.0)
+    p.add_argument("--trigger-ms", type=int, default=500)
+    args = p.parse_args(argv)
+
+    from pipeline.job import configure_logging
+
+    configure_logging()
+    with ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="freshroute-measure-")))
+        bootstrap, redis_url = args.bootstrap, args.redis_url
+        if bootstrap is None or redis_url is None:
+            from freshroute.local.services import start_broker, start_redis
+
+            if bootstrap is None:
+                svc = start_broker(work / "services")
+                stack.callback(svc.stop)
+                bootstrap = svc.address
+            if redis_url is None:
+                svc = start_redis(work / "services")
+                stack.callback(svc.stop)
+                redis_url = svc.address
+        result: dict[str, Any] = {}
+        if args.only in (None, "throughput"):
+            result["throughput"] = asdict(measure_throughput(bootstrap, redis_url, work, args.events,
+                                                             max_records_per_batch=args.max_records_per_batch))
+        if args.only in (None, "latency"):
+            result["latency"] = asdict(measure_latency(bootstrap, redis_url, work, args.rate, args.duration_s,
+                                                       trigger_ms=args.trigger_ms))
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

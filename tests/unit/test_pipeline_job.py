@@ -1,0 +1,105 @@
+"""The pipeline's supervision without Spark: Redis registration that survives outages, failure policy."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+
+from freshroute.metadata import TableSpec
+from freshroute.settings import load
+from pipeline.job import Pipeline, PipelineFailed, TableRegistrar, TableRun
+from pipeline.offsets import InputDataLost
+from pipeline.settings import PipelineSettings
+from pipeline.sink import ChangelogWriter
+
+SPEC = TableSpec("sensor_stats", "sensor_stats-changelog", 8, "sensor", {"count": "bigint"})
+
+
+class FlakyStore:
+    """Refuses the first ``failures`` registrations, then records them."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.registered: list[list[TableSpec]] = []
+        self.calls = 0
+
+    def register_tables(self, specs):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+        self.registered.append(list(specs))
+
+
+def wait_for(predicate, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def test_registrar_retries_while_redis_is_down_with_one_clear_line_per_outage(caplog):
+    store = FlakyStore(failures=3)
+    stop = threading.Event()
+    caplog.set_level(logging.INFO, logger="pipeline")
+    registrar = TableRegistrar(store, [SPEC], stop, "127.0.0.1:6379", "ns", every_s=0.05)
+    registrar.start()
+    try:
+        wait_for(lambda: len(store.registered) >= 2)  # registered, then re-registered (Redis may lose it)
+    finally:
+        stop.set()
+        registrar.join(timeout=5)
+    assert not registrar.is_alive()
+    assert store.registered[0] == [SPEC]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert warnings == ["Redis at 127.0.0.1:6379 is unavailable (Error 111 connecting to 127.0.0.1:6379. Connection "
+                        "refused.): table specs not registered; retrying, the stream keeps running"]
+    assert infos == ["registered tables sensor_stats in Redis at 127.0.0.1:6379 (namespace ns)"]
+
+
+def test_registrar_stops_promptly_even_while_redis_is_down():
+    stop = threading.Event()
+    registrar = TableRegistrar(FlakyStore(failures=10**9), [SPEC], stop, "h:1", "ns", every_s=10)
+    registrar.start()
+    time.sleep(0.1)
+    stop.set()
+    registrar.join(timeout=3)
+    assert not registrar.is_alive()
+
+
+@pytest.fixture
+def pipeline() -> Pipeline:
+    return Pipeline(load(PipelineSettings, redis_url="redis://127.0.0.1:1/0"))
+
+
+def run_of(p: Pipeline) -> TableRun:
+    t = p.definition.tables["sensor_stats"]
+    return TableRun(t, SPEC, ChangelogWriter(t.name, SPEC.topic, 8, t.key, p.producer))
+
+
+def test_lost_input_data_stops_the_pipeline_with_the_sources_message(pipeline):
+    error = ("[STREAM_FAILED] Query [id = 1] terminated with exception: ...\nTraceback (most recent call last):\n"
+             "  File \"/work/main/pipeline/kafka_source.py\", line 230, in latestOffset\n"
+             "pipeline.offsets.InputDataLost: partition 1 of input topic readings ends at offset 3, below the "
+             "checkpoint's 40: the broker lost data (a memory-only broker restarted?). To reprocess from the start, "
+             "delete ck/sensor_stats.\n")
+    with pytest.raises(InputDataLost, match=r"^partition 1 of input topic readings ends at offset 3.*delete ck/sensor_stats\.$"):
+        pipeline._restart_or_fail(run_of(pipeline), error, threading.Event())
+
+
+def test_a_query_failing_again_and_again_stops_the_pipeline(pipeline):
+    run = run_of(pipeline)
+    run.failures = [time.monotonic()] * 8
+    with pytest.raises(PipelineFailed, match=r"table sensor_stats: query failed 9 times .* last error: boom"):
+        pipeline._restart_or_fail(run, "boom\n  at somewhere", threading.Event())
+
+
+def test_a_failed_query_is_not_restarted_once_stopping(pipeline):
+    run = run_of(pipeline)
+    stop = threading.Event()
+    stop.set()
+    pipeline._restart_or_fail(run, "Python worker failed to connect back.", stop)
+    assert run.query is None and len(run.failures) == 1
