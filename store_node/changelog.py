@@ -471,10 +471,7 @@ class ChangelogTailer:
                 return True
             return False
         if code in _MISSING_TOPIC:
-            topic = m.topic() or "?"
-            if topic not in self._missing_topics:
-                self._missing_topics.add(topic)
-                log.warning("changelog topic %s does not exist (yet); its replicas wait for it", topic)
+            self._note_missing(m.topic() or "?")
             return False
         log.warning("changelog consumer error on %s/%s: %s", m.topic(), m.partition(), err.str())
         return False
@@ -555,6 +552,11 @@ class ChangelogTailer:
                 self._reset(rep, f"{what} for {now - first:.1f}s (the broker lost the partition: restarted "
                                  "memory-only, or the topic was recreated)")
 
+    def _note_missing(self, topic: str) -> None:
+        if topic not in self._missing_topics:
+            self._missing_topics.add(topic)
+            log.warning("changelog topic %s does not exist (yet); its replicas wait for it", topic)
+
     def _check_topic_ids(self) -> None:
         """Compare each changelog's topic id with the one its replicas' rows came from."""
         now = time.monotonic()
@@ -569,10 +571,16 @@ class ChangelogTailer:
                     continue
                 try:
                     desc = f.result(0)
-                except Exception:
+                except KafkaException as e:
+                    if e.args and getattr(e.args[0], "code", lambda: None)() in _MISSING_TOPIC:
+                        self._note_missing(topic)
                     continue  # missing topic or broker down: nothing learned
+                except Exception:
+                    continue
                 topic_id = str(desc.topic_id)
-                self._missing_topics.discard(topic)
+                if topic in self._missing_topics:
+                    self._missing_topics.discard(topic)
+                    log.info("changelog topic %s exists now", topic)
                 self._topic_ids[topic] = topic_id
                 for rep in [r for r in self._replicas.values() if r.topic == topic and r.store is not None]:
                     if rep.store.topic_id is None:
