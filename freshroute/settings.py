@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from freshroute.errors import ConfigError
@@ -20,11 +20,12 @@ class CommonSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="FRESHROUTE_", frozen=True, extra="forbid")
 
-    bootstrap_servers: str = "127.0.0.1:9092"
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    namespace: str = "freshroute"
-    # Extra librdkafka settings (e.g. SASL/TLS for a real cluster), as a JSON object.
-    kafka_config: dict[str, Any] = {}
+    bootstrap_servers: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers")
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding the metadata (soft state only)")
+    namespace: str = Field("freshroute", description="prefix of every metadata key in Redis, one per deployment")
+    kafka_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="extra librdkafka settings as a JSON object, e.g. SASL/TLS for a real cluster")
 
     def kafka(self, **overrides: Any) -> dict[str, Any]:
         """A librdkafka config dict for this deployment."""
