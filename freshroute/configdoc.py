@@ -29,6 +29,8 @@ ROOT = DOC.parent.parent
 def _row(name: str, field) -> str:
     if field.is_required():
         default = "required"
+    elif field.default_factory is not None:
+        default = repr(field.default_factory()) if field.default_factory() else "(empty)"
     elif field.default is None:
         default = "—"
     elif field.default in ({}, "", ()):
