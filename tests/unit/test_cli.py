@@ -30,6 +30,11 @@ def test_lookup_reports_unreachable_router(capsys):
     assert "not reachable" in capsys.readouterr().err
 
 
+def test_bench_takes_its_own_options(tmp_path, capsys):
+    assert cli.main(["bench", "--home", str(tmp_path), "--no-restore"]) == 2
+    assert "no local stack recorded" in capsys.readouterr().err
+
+
 def test_state_file_round_trip(tmp_path):
     cfg = StackConfig(home=tmp_path, store_ports=(1, 2))
     stack = Stack(cfg)
