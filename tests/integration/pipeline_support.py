@@ -1,0 +1,123 @@
+"""Helpers of the pipeline's integration tests: run the pipeline as a process, read changelogs back."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from freshroute.keys import deserialize_key
+from pipeline.topics import describe_topic
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list:
+    """Every record of every partition up to its end, as (partition, offset, timestamp_ms, key, value)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    info = describe_topic(admin, topic)
+    if info is None:
+        return []
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-reader", "enable.partition.eof": True,
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest", "fetch.queue.backoff.ms": 0})
+    try:
+        c.assign([TopicPartition(topic, p, 0) for p in info.partitions])
+        pending = set(info.partitions)
+        out = []
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            assert time.monotonic() < deadline, f"reading {topic} did not reach the end of {sorted(pending)}"
+            for m in c.consume(num_messages=10_000, timeout=0.2):
+                if m.error():
+                    assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                    pending.discard(m.partition())
+                    continue
+                out.append((m.partition(), m.offset(), m.timestamp()[1], m.key(), m.value()))
+        return out
+    finally:
+        c.close()
+
+
+def materialize(records: list) -> dict[str, dict]:
+    """Latest value per key in offset order; a tombstone deletes the key."""
+    table: dict[str, dict] = {}
+    for _p, _o, _ts, key, value in sorted(records, key=lambda r: (r[0], r[1])):
+        k = deserialize_key(key)
+        if value is None:
+            table.pop(k, None)
+        else:
+            table[k] = orjson.loads(value)
+    return table
+
+
+def mismatches(got: dict[str, dict], want: dict[str, dict]) -> list[str]:
+    out = []
+    for key in sorted(set(got) | set(want)):
+        g, w = got.get(key), want.get(key)
+        if g is None or w is None or set(g) != set(w):
+            out.append(f"{key}: got {g} want {w}")
+            continue
+        for col, wv in w.items():
+            gv = g[col]
+            same = gv == wv if isinstance(wv, int) or col == "last" else math.isclose(gv, wv, rel_tol=1e-9, abs_tol=1e-9)
+            if not same:
+                out.append(f"{key}.{col}: got {gv!r} want {wv!r}")
+    return out
+
+
+class PipelineProcess:
+    """``python -m pipeline`` in a session of its own, so that kill -9 takes its JVM and Python workers too."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "pipeline"], env=env, cwd=REPO, stdout=out,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def group_alive(self) -> bool:
+        try:
+            os.killpg(self.proc.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def kill9(self) -> None:
+        if self.group_alive():
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+        self.wait_group_gone(30)
+
+    def wait_exit(self, timeout_s: float) -> int:
+        """The exit code once the process and its session are gone; kill -9 and fail on overrun."""
+        try:
+            code = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+            raise AssertionError(f"pipeline still running after {timeout_s:.0f}s:\n{self.tail()}") from None
+        self.wait_group_gone(30)
+        return code
+
+    def wait_group_gone(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.group_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not self.group_alive(), "processes of the pipeline's session outlived it"
+
+    def tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+

@@ -1,0 +1,110 @@
+"""A user's own tables file (DataFrame and SQL forms, a tumbling window) run as a backfill: process what is there, stop."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+import random
+import textwrap
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import orjson
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+
+from freshroute.keys import partition_for
+from freshroute.metadata import MetadataStore
+from pipeline.topics import ensure_topic
+
+from .pipeline_support import PipelineProcess, materialize, mismatches, read_topic
+
+pytestmark = pytest.mark.integration
+
+TABLES = '''
+from pyspark.sql import functions as F
+
+from pipeline.tables import source, sql_table, table
+
+source("orders", schema="customer STRING, amount DOUBLE, items INT", topic="shop-orders")
+
+
+@table(name="customer_totals", key="customer", source="orders")
+def customer_totals(orders):
+    return orders.groupBy("customer").agg(F.sum("items").alias("items"), F.max("amount").alias("largest"))
+
+
+sql_table(name="orders_per_minute", key="minute", source="orders", sql="""
+    SELECT date_format(window.start, "yyyy-MM-dd'T'HH:mm") AS minute, count(*) AS orders, sum(amount) AS revenue
+    FROM orders
+    GROUP BY window(timestamp, '1 minute')
+""")
+'''
+
+
+def base_env(broker: str, redis_url: str, namespace: str, tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "FRESHROUTE_BOOTSTRAP_SERVERS": broker, "FRESHROUTE_REDIS_URL": redis_url,
+            "FRESHROUTE_NAMESPACE": namespace, "FRESHROUTE_TOPIC_PREFIX": namespace,
+            "FRESHROUTE_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "FRESHROUTE_CHANGELOG_PARTITIONS": "4"}
+
+
+def test_backfill_of_a_user_tables_file_stops_by_itself_with_exact_tables(broker, redis_url, namespace, tmp_path):
+    tables_file = tmp_path / "shop_tables.py"
+    tables_file.write_text(TABLES)
+    topic = f"{namespace}shop-orders"
+    ensure_topic(AdminClient({"bootstrap.servers": broker}), topic, 3)
+    rng = random.Random(5)
+    start_ms = (int(time.time()) // 60 - 10) * 60_000  # ten minutes ago, on a minute boundary
+    p = Producer({"bootstrap.servers": broker, "linger.ms": 10, "enable.idempotence": True})
+    orders = []
+    for i in range(2000):
+        order = {"customer": f"c{rng.randrange(40)}", "amount": round(rng.uniform(1, 500), 2), "items": rng.randrange(1, 9)}
+        ts = start_ms + i * 150  # 2000 orders over 5 minutes
+        p.produce(topic, key=order["customer"].encode(), value=orjson.dumps(order), timestamp=ts)
+        orders.append((ts, order))
+    assert p.flush(30) == 0
+
+    env = {**base_env(broker, redis_url, namespace, tmp_path), "FRESHROUTE_TABLES_FILE": str(tables_file),
+           "FRESHROUTE_AVAILABLE_NOW": "true", "FRESHROUTE_MAX_RECORDS_PER_BATCH": "1200"}
+    backfill = PipelineProcess(env, tmp_path / "pipeline.log")
+    assert backfill.wait_exit(360) == 0, backfill.tail()
+
+    totals: dict[str, dict] = defaultdict(lambda: {"items": 0, "largest": -math.inf})
+    minutes: dict[str, dict] = defaultdict(lambda: {"orders": 0, "revenue": 0.0})
+    for ts, o in orders:
+        totals[o["customer"]]["items"] += o["items"]
+        totals[o["customer"]]["largest"] = max(totals[o["customer"]]["largest"], o["amount"])
+        minute = dt.datetime.fromtimestamp(ts / 1000, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M")
+        minutes[minute]["orders"] += 1
+        minutes[minute]["revenue"] += o["amount"]
+    assert len(minutes) == 5
+
+    totals_log = read_topic(broker, f"{namespace}customer_totals-changelog")
+    minutes_log = read_topic(broker, f"{namespace}orders_per_minute-changelog")
+    assert mismatches(materialize(totals_log), dict(totals)) == []
+    assert mismatches(materialize(minutes_log), dict(minutes)) == []
+    assert all(p == partition_for(k, 4) for p, _o, _t, k, _v in totals_log + minutes_log)
+
+    specs = MetadataStore.from_url(redis_url, namespace).tables()
+    assert specs["customer_totals"].value_schema == {"items": "bigint", "largest": "double"}
+    assert specs["orders_per_minute"].key_column == "minute"
+    assert specs["orders_per_minute"].value_schema == {"orders": "bigint", "revenue": "double"}
+
+
+def test_a_broken_tables_file_stops_the_process_naming_file_and_line(broker, redis_url, namespace, tmp_path):
+    tables_file = tmp_path / "broken.py"
+    tables_file.write_text(textwrap.dedent('''
+        from pipeline.tables import source, sql_table
+
+        source("orders", schema="customer STRING")
+        sql_table(name="t", key="customer", source="order", sql="SELECT customer, count(*) AS n FROM order")
+    '''))
+    env = {**base_env(broker, redis_url, namespace, tmp_path), "FRESHROUTE_TABLES_FILE": str(tables_file)}
+    broken = PipelineProcess(env, tmp_path / "pipeline.log")
+    assert broken.wait_exit(60) == 2, broken.tail()
+    text = broken.log.read_text()
+    assert f"TABLES_FILE_ERROR: tables file {tables_file}: table 't' reads source 'order', which is not declared" in text
+    assert "Traceback" not in text
