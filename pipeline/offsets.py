@@ -99,7 +99,9 @@ def check_progress(start: SourceOffset, snapshot: TopicSnapshot, topic: str, hin
     records without a word.
     """
     suffix = f" {hint}" if hint else ""
-    if start.topic_id and snapshot.topic_id and start.topic_id != snapshot.topic_id:
+    progressed = any(pos > 0 for pos in start.positions.values())
+    # A topic recreated before anything was read from it lost nothing: the new one is adopted.
+    if progressed and start.topic_id and snapshot.topic_id and start.topic_id != snapshot.topic_id:
         raise InputDataLost(f"input topic {topic} was recreated (topic id {start.topic_id} in the checkpoint, "
                             f"{snapshot.topic_id} now): the records the checkpoint refers to are gone.{suffix}",
                             topic=topic)

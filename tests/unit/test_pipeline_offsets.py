@@ -118,6 +118,13 @@ def test_recreated_topic_is_data_loss_even_when_its_ends_are_higher():
         off.check_progress(so({0: 40}, topic_id="old-id"), snap, "readings")
 
 
+def test_topic_recreated_before_anything_was_read_is_adopted():
+    snap = TopicSnapshot("new-id", low={0: 0}, end={0: 10})
+    start = so({0: 0}, topic_id="old-id")
+    off.check_progress(start, snap, "readings")
+    assert off.available(start, snap) == so({0: 10}, topic_id="new-id")
+
+
 def test_vanished_partition_with_progress_is_data_loss_but_unread_one_is_not():
     snap = TopicSnapshot("tid", low={0: 0}, end={0: 10})
     with pytest.raises(InputDataLost, match="partition 1 .* disappeared"):
