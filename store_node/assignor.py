@@ -320,10 +320,13 @@ class AssignorLoop:
         try:
             return self._step(now_ms)
         except BaseException:
-            # Redis failed mid-round: whatever lease comes back afterwards (a restarted, empty
-            # Redis hands out generation numbers from 1 again) is a new one.
-            self.generation = None
+            self.forget()
             raise
+
+    def forget(self) -> None:
+        """Redis failed: whatever lease comes back afterwards is a new one (a restarted, empty Redis
+        hands out generation numbers from 1 again, and lost the assignment this one was based on)."""
+        self.generation = None
 
     def _step(self, now_ms: int) -> Assignment | None:
         generation = self._store.try_acquire_assignor(self._node_id, self._lease_ms)

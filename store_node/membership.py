@@ -78,6 +78,7 @@ class Membership:
             tables = self._metadata.tables()
             assignment = self._metadata.assignment()
         except RedisError as e:
+            self.assignor.forget()
             if self._outage_since is None:
                 self._outage_since = self._clock()
                 log.warning("metadata store (Redis) unreachable: %s; serving under the last assignment "

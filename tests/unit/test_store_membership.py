@@ -115,6 +115,7 @@ def test_redis_outage_keeps_the_last_assignment_and_logs_once(caplog):
     assert sum("unreachable" in x for x in lines) == 1
     assert sum("reachable again" in x for x in lines) == 1
     assert m.assignment == before and len(followed) == 2  # before the outage, and after it
+    assert m.assignor.generation is None or md.generation == m.assignor.generation
 
 
 def test_draining_node_stops_assigning_and_says_so():
@@ -129,3 +130,13 @@ def test_draining_node_stops_assigning_and_says_so():
 def test_desired_replicas_skips_unknown_tables_and_partitions():
     a = Assignment(3, {("t", 0): ("n1", "n2"), ("t", 9): ("n1",), ("gone", 0): ("n1",), ("t", 1): ("n2", "n1")})
     assert desired_replicas(a, {"t": SPEC}, "n1") == {("t", 0): (SPEC, Role.ACTIVE), ("t", 1): (SPEC, Role.STANDBY)}
+
+
+def test_an_outage_voids_the_assignor_lease_even_when_only_the_heartbeat_failed():
+    md = FakeMetadata()
+    m, _, clock = make(md)
+    settle(m, clock)
+    assert m.assignor.generation == 1
+    md.down = True
+    m.tick()  # fails at the heartbeat, before the assignor runs
+    assert m.assignor.generation is None
