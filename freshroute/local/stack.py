@@ -195,10 +195,10 @@ class Stack:
                                      "--sensors", str(c.demo_sensors), "--duration-s", str(c.demo_duration_s)], {}
         raise KeyError(f"no component named {name!r}")
 
-    def start(self, name: str) -> Component:
-        """Start (or restart) one component by name."""
+    def start(self, name: str, *extra_args: str) -> Component:
+        """Start (or restart) one component by name; ``extra_args`` override its settings flags."""
         role, command, addresses = self.command_for(name)
-        return self._spawn(name, role, command, addresses)
+        return self._spawn(name, role, [*command, *extra_args], addresses)
 
     def ports(self) -> dict[str, int]:
         c = self.config
