@@ -54,7 +54,9 @@ class PipelineFailed(FatalError):
 def build_session(settings: PipelineSettings) -> "SparkSession":
     """A local Spark session tuned for small, frequent micro-batches over RocksDB state."""
     # Spark's Python workers must run this interpreter (and see this environment's packages).
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    # Through a wrapper that keeps Spark's bundled pyspark.zip off their path (see the script).
+    os.environ["FRESHROUTE_WORKER_PYTHON"] = sys.executable
+    os.environ["PYSPARK_PYTHON"] = str(Path(__file__).with_name("python_worker.sh"))
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     if settings.spark_master.startswith("local"):
         # A local session talks to itself only: keep it on loopback.
@@ -73,6 +75,8 @@ def build_session(settings: PipelineSettings) -> "SparkSession":
         .config("spark.sql.streaming.stateStore.providerClass",
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        # Counting state rows costs a read before every write; only a metric depends on it.
+        .config("spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows", "false")
         # Aggregations without watermarks gain nothing from empty batches; each costs ~1 s.
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
         .config("spark.python.worker.reuse", "true")
