@@ -6,16 +6,15 @@ import base64
 import binascii
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from freshroute.errors import InvalidArgument, KeyNotFound
 from freshroute.metadata import TableSpec
 from freshroute.position import single
 
 
-@dataclass(frozen=True, slots=True)
-class LookupResult:
-    """One key's answer and who gave it; ``found`` False still says where and how fresh."""
+class LookupResult(NamedTuple):
+    """One key's answer and who gave it; ``found`` False still says where and how fresh (a tuple: one per lookup)."""
 
     table: str
     key: str

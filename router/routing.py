@@ -10,6 +10,7 @@ import asyncio
 import heapq
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from itertools import islice
 from typing import Any, Callable
 
@@ -90,6 +91,22 @@ async def _first_done(loop: asyncio.AbstractEventLoop, futs: dict[asyncio.Future
         for f in futs:
             f.remove_done_callback(wake)
     return [f for f in futs if f.done()]
+
+
+@lru_cache(maxsize=65536)
+def _locate(key: str, partitions: int) -> tuple[bytes, int]:
+    # murmur2 in Python costs more than the rest of the key handling: hot keys are hashed once.
+    raw = serialize_key(key)
+    return raw, partition_for(raw, partitions)
+
+
+_UNBOUNDED = StoreBound()
+
+
+def _store_bound(bound: Bound, min_offset: int) -> StoreBound:
+    if bound.max_lag is None and bound.max_staleness_ms is None and not min_offset:
+        return _UNBOUNDED
+    return StoreBound(bound.max_lag, bound.max_staleness_ms, min_offset)
 
 
 _RETRY_REASON = {ReadStatus.TOO_STALE: "too_stale", ReadStatus.NOT_HOSTED: "not_hosted", ReadStatus.ERROR: "error"}
@@ -182,7 +199,7 @@ class Router:
         return bound.with_defaults(spec.default_max_lag, spec.default_max_staleness_ms)
 
     def partition_of(self, spec: TableSpec, key: str) -> int:
-        return partition_for(serialize_key(key), spec.partitions)
+        return _locate(key, spec.partitions)[1]
 
     # ---- single key --------------------------------------------------------------------
 
@@ -191,8 +208,7 @@ class Router:
         started = time.perf_counter()
         try:
             spec = self.table(table)
-            raw_key = serialize_key(key)
-            partition = partition_for(raw_key, spec.partitions)
+            raw_key, partition = _locate(key, spec.partitions)
             result = await self._read_key(spec, key, raw_key, partition, self.bound_for(spec, bound))
         except FreshrouteError as e:
             self.metrics.lookup(_outcome(e), "none", time.perf_counter() - started)
@@ -207,7 +223,7 @@ class Router:
         cands = selection.candidates
         if not cands:
             raise self._no_replica(table, partition, bound, selection, [])
-        store_bound = StoreBound(bound.max_lag, bound.max_staleness_ms, min_offset)
+        store_bound = _store_bound(bound, min_offset)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout_s
         hedge_after = self._hedge_delay_s()
@@ -377,7 +393,7 @@ class Router:
         loop = asyncio.get_running_loop()
         min_offset = bound.min_offset(partition)
         selection = self.selector.select(self.metadata.current.replicas_of(table, partition), bound, min_offset)
-        store_bound = StoreBound(bound.max_lag, bound.max_staleness_ms, min_offset)
+        store_bound = _store_bound(bound, min_offset)
         tried = _Attempts()
         remaining = list(indices)
         timed_out = False
@@ -467,7 +483,7 @@ class Router:
         table = spec.name
         min_offset = bound.min_offset(partition)
         selection = self.selector.select(self.metadata.current.replicas_of(table, partition), bound, min_offset)
-        store_bound = StoreBound(bound.max_lag, bound.max_staleness_ms, min_offset)
+        store_bound = _store_bound(bound, min_offset)
         tried = _Attempts()
         timeout_s = self.settings.scan_timeout_ms / 1000
         for i, cand in enumerate(selection.candidates):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, NamedTuple, Protocol, Sequence
 
 from freshroute.metadata import now_ms
 
@@ -19,9 +19,8 @@ from router.bounds import Bound
 from router.snapshot import LagOverlay, ReplicaView
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """A replica with its best-known lag at selection time."""
+class Candidate(NamedTuple):
+    """A replica with its best-known lag at selection time (a tuple: several are built per lookup)."""
 
     replica: ReplicaView
     lag_offsets: int
@@ -128,6 +127,7 @@ class FreshestFirst:
         # Liveness is a view too: with no replica believed alive, the dead-looking ones are
         # still worth one try each rather than a certain failure.
         pool = live or [r for r in replicas if r.state is not None]
+        unbounded = bound.max_lag is None and bound.max_staleness_ms is None and not min_offset
         within: list[Candidate] = []
         unsure: list[Candidate] = []
         freshest: Candidate | None = None
@@ -135,7 +135,7 @@ class FreshestFirst:
             c, age = self.estimate(r, now)
             if freshest is None or (c.lag_offsets, c.staleness_ms) < (freshest.lag_offsets, freshest.staleness_ms):
                 freshest = c
-            if self._meets(c, bound, min_offset):
+            if unbounded or self._meets(c, bound, min_offset):
                 within.append(c)
             elif age > self.view_trust_ms:
                 unsure.append(c)
@@ -152,31 +152,32 @@ class FreshestFirst:
             return False
         return c.applied >= min_offset
 
+    def _rank(self, c: Candidate, lag_cut: int, ms_cut: int, now: int) -> tuple:
+        """Sort key: replicas backing off last, then fresher first; equally fresh ones by requests in flight."""
+        r = c.replica
+        backoff = r.draining or self.load.failing(r.node, now)
+        in_flight = self.load.of(r.node).in_flight
+        if c.lag_offsets <= lag_cut and c.staleness_ms <= ms_cut:
+            return (backoff, 0, 0, 0, in_flight)
+        return (backoff, 1, c.lag_offsets, c.staleness_ms, in_flight)
+
     def _order(self, cands: list[Candidate], now: int) -> list[Candidate]:
         n = len(cands)
         if n < 2:
             return cands
-        lag_cut = min(c.lag_offsets for c in cands) + self.tolerance_offsets
-        ms_cut = min(c.staleness_ms for c in cands) + self.tolerance_ms
-        nodes = self.load.of
-        failing = self.load.failing
-
-        def freshness(c: Candidate) -> tuple:
-            r = c.replica
-            backoff = r.draining or failing(r.node, now)
-            if c.lag_offsets <= lag_cut and c.staleness_ms <= ms_cut:
-                return (backoff, 0, 0, 0, nodes(r.node).in_flight)  # equally fresh: by requests in flight
-            return (backoff, 1, c.lag_offsets, c.staleness_ms, nodes(r.node).in_flight)
-
         if n == 2:  # the usual case (one standby), without the general machinery
             a, b = cands
-            ka, kb = freshness(a), freshness(b)
+            lag_cut = min(a.lag_offsets, b.lag_offsets) + self.tolerance_offsets
+            ms_cut = min(a.staleness_ms, b.staleness_ms) + self.tolerance_ms
+            ka, kb = self._rank(a, lag_cut, ms_cut, now), self._rank(b, lag_cut, ms_cut, now)
             if ka != kb:
                 return [a, b] if ka < kb else [b, a]
-            wa = 1.0 / max(nodes(a.replica.node).ewma_ms, 0.01)
-            wb = 1.0 / max(nodes(b.replica.node).ewma_ms, 0.01)
+            wa = 1.0 / max(self.load.of(a.replica.node).ewma_ms, 0.01)
+            wb = 1.0 / max(self.load.of(b.replica.node).ewma_ms, 0.01)
             return [a, b] if self.rng.random() * (wa + wb) < wa else [b, a]
-        keyed = sorted(((freshness(c), c) for c in cands), key=lambda t: t[0])
+        lag_cut = min(c.lag_offsets for c in cands) + self.tolerance_offsets
+        ms_cut = min(c.staleness_ms for c in cands) + self.tolerance_ms
+        keyed = sorted(((self._rank(c, lag_cut, ms_cut, now), c) for c in cands), key=lambda t: t[0])
         out: list[Candidate] = []
         i = 0
         while i < n:
