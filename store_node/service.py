@@ -49,7 +49,7 @@ def replica_status(node_id: str, rep: "Replica", lag: LagSnapshot) -> store_pb2.
 
 
 class _Reader:
-    """Answers key reads against one snapshot of the hosted replicas, caching each replica's status."""
+    """Answers key reads against one snapshot of the hosted replicas, caching each table-partition's status."""
 
     __slots__ = ("node_id", "serving", "now", "cache")
 
@@ -59,43 +59,72 @@ class _Reader:
         self.now = now
         self.cache: dict = {}
 
-    def read(self, read: store_pb2.KeyRead) -> store_pb2.KeyResult:
-        rep = self.serving.get((read.table, read.partition))
+    def _replica(self, key: tuple[str, int]) -> tuple:
+        rep = self.serving.get(key)
         if rep is None:
-            return store_pb2.KeyResult(id=read.id, status=_NOT_HOSTED,
-                                       message=f"{read.table}/{read.partition} is not hosted by {self.node_id}")
-        cached = self.cache.get(rep)
+            return None, None, None, None, None
+        # Take the store before the lag: the store can only be newer than the lag says.
+        store = rep.store
+        lag = rep.lag.snapshot(self.now)
+        return rep, store, lag, replica_status(self.node_id, rep, lag), refusal(lag, None, None, 0)
+
+    def read(self, read: store_pb2.KeyRead, out: store_pb2.KeyResult) -> None:
+        """Answer ``read`` into ``out`` (an empty result, usually added to a batch's results in place)."""
+        out.id = read.id
+        key = (read.table, read.partition)
+        cached = self.cache.get(key)
         if cached is None:
-            # Take the store before the lag: the store can only be newer than the lag says.
-            store = rep.store
-            lag = rep.lag.snapshot(self.now)
-            cached = self.cache[rep] = (store, lag, replica_status(self.node_id, rep, lag))
-        store, lag, status = cached
+            cached = self.cache[key] = self._replica(key)
+        rep, store, lag, status, why = cached
+        if rep is None:
+            out.status = _NOT_HOSTED
+            out.message = f"{read.table}/{read.partition} is not hosted by {self.node_id}"
+            return
+        out.replica.CopyFrom(status)
         if store is None:
-            return store_pb2.KeyResult(id=read.id, status=_TOO_STALE, replica=status,
-                                       message="replica is being rebuilt from its changelog")
-        bound = read.bound
-        why = refusal(lag, bound.max_lag if bound.HasField("max_lag") else None,
-                      bound.max_staleness_ms if bound.HasField("max_staleness_ms") else None, bound.min_offset)
+            out.status = _TOO_STALE
+            out.message = "replica is being rebuilt from its changelog"
+            return
+        if read.HasField("bound"):  # without one, the refusal for no limits (cached) applies
+            bound = read.bound
+            why = refusal(lag, bound.max_lag if bound.HasField("max_lag") else None,
+                          bound.max_staleness_ms if bound.HasField("max_staleness_ms") else None, bound.min_offset)
         if why is not None:
-            return store_pb2.KeyResult(id=read.id, status=_TOO_STALE, replica=status, message=why)
+            out.status = _TOO_STALE
+            out.message = why
+            return
         try:
             value = store.get(read.key)
         except StoreCorrupt as e:
-            return self._failed(read, rep, store, status, e)
+            self._failed(rep, store, out, e)
+            return
         if value is None:
-            return store_pb2.KeyResult(id=read.id, status=_NOT_FOUND, replica=status)
-        return store_pb2.KeyResult(id=read.id, status=_OK, value=value, replica=status)
+            out.status = _NOT_FOUND
+        else:
+            out.status = _OK
+            out.value = value
 
-    def _failed(self, read, rep: "Replica", store, status, e: StoreCorrupt) -> store_pb2.KeyResult:
+    def results(self, reads) -> store_pb2.ResultBatch:
+        """One result per read, in order."""
+        batch = store_pb2.ResultBatch()
+        # Filling results added in place: building KeyResults and passing them to
+        # ResultBatch would copy every one (and its replica status) a second time.
+        add = batch.results.add
+        for read in reads:
+            self.read(read, add())
+        return batch
+
+    def _failed(self, rep: "Replica", store, out: store_pb2.KeyResult, e: StoreCorrupt) -> None:
         if rep.store is not store:
             # Closed under us: moved away or being rebuilt. Not a failure of the data.
             hosted = self.serving.get(rep.key) is rep
-            return store_pb2.KeyResult(id=read.id, status=_TOO_STALE if hosted else _NOT_HOSTED, replica=status,
-                                       message="replica is being rebuilt" if hosted else "replica moved away")
+            out.status = _TOO_STALE if hosted else _NOT_HOSTED
+            out.message = "replica is being rebuilt" if hosted else "replica moved away"
+            return
         rep.mark_corrupt(e.message)
         log.error("replica %s/%d: read failed, it will be rebuilt: %s", rep.table, rep.partition, e.message)
-        return store_pb2.KeyResult(id=read.id, status=_ERROR, replica=status, message="replica store failed a read")
+        out.status = _ERROR
+        out.message = "replica store failed a read"
 
 
 class StoreNodeService(store_pb2_grpc.StoreNodeServicer):
@@ -110,16 +139,16 @@ class StoreNodeService(store_pb2_grpc.StoreNodeServicer):
         return _Reader(self._node_id, self._node.serving, self._clock())
 
     async def Get(self, request: store_pb2.KeyRead, context) -> store_pb2.KeyResult:
-        return self._reader().read(request)
+        result = store_pb2.KeyResult()
+        self._reader().read(request, result)
+        return result
 
     async def BatchGet(self, request: store_pb2.ReadBatch, context) -> store_pb2.ResultBatch:
-        reader = self._reader()
-        return store_pb2.ResultBatch(results=[reader.read(r) for r in request.reads])
+        return self._reader().results(request.reads)
 
     async def Read(self, request_iterator: AsyncIterator[store_pb2.ReadBatch], context) -> AsyncIterator[store_pb2.ResultBatch]:
         async for batch in request_iterator:
-            reader = self._reader()
-            yield store_pb2.ResultBatch(results=[reader.read(r) for r in batch.reads])
+            yield self._reader().results(batch.reads)
 
     async def Scan(self, request: store_pb2.ScanRequest, context) -> AsyncIterator[store_pb2.ScanChunk]:
         rep = self._node.serving.get((request.table, request.partition))
