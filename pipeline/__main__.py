@@ -15,10 +15,14 @@ def main() -> int:
 
     configure_logging()
     try:
-        run(load(PipelineSettings))
+        settings = load(PipelineSettings)
     except FreshrouteError as e:
         logging.getLogger("pipeline").error("%s: %s", e.code, e.message)
         return 2
+    try:
+        run(settings)
+    except FreshrouteError:
+        return 2  # run() has logged why
     return 0
 
 

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import orjson
 from pyspark.sql.streaming import StreamingQueryListener
 
-from freshroute.errors import FatalError
+from freshroute.errors import FatalError, FreshrouteError
 from freshroute.metadata import MetadataStore, TableSpec
 from pipeline.offsets import InputDataLost
 from pipeline.settings import PipelineSettings
@@ -352,14 +352,20 @@ def run(settings: PipelineSettings) -> None:
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, on_signal)
-    pipeline = Pipeline(settings)
-    log.info("pipeline: %d table(s) from %s: %s", len(pipeline.definition.tables), pipeline.definition.path,
-             ", ".join(pipeline.definition.tables))
+    pipeline: Pipeline | None = None
     try:
+        pipeline = Pipeline(settings)
+        log.info("pipeline: %d table(s) from %s: %s", len(pipeline.definition.tables), pipeline.definition.path,
+                 ", ".join(pipeline.definition.tables))
         pipeline.start()
         pipeline.wait(stop)
+    except FreshrouteError as e:
+        # The one line an operator needs, whatever the caller does with the exception.
+        log.error("pipeline stopped: %s: %s", e.code, e.message)
+        raise
     finally:
-        pipeline.stop()
+        if pipeline is not None:
+            pipeline.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     log.info("pipeline stopped")
