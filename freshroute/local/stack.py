@@ -208,6 +208,31 @@ class Stack:
     def store_node_names(self) -> list[str]:
         return [f"store-node-{i}" for i in range(1, len(self.config.store_ports) + 1)]
 
+    def add_store_node(self, port: int = 0, timeout_s: float = 60.0) -> str:
+        """Start one more store node (scale out) and return its component name once it listens.
+
+        It takes the next name (``store-node-{N+1}``) and, with ``port`` 0, the port after the
+        highest one in use if that is free, else any free port. The assignor gives it its share
+        of replicas; they restore before it takes actives over.
+        """
+        c = self.config
+        if not port:
+            after = max(c.store_ports, default=7100) + 1
+            port = after if after < 65536 and not _port_open(c.host, after) else free_port(c.host)
+        self.config = replace(c, store_ports=(*c.store_ports, port))
+        name = self.store_node_names()[-1]
+        comp = self.start(name)
+        deadline = time.monotonic() + timeout_s
+        # Only this process counts: other components may be down on purpose (a failover drill).
+        while not _port_open(c.host, port):
+            if not comp.alive():
+                raise RuntimeError(f"{name} exited during start-up; see {comp.log}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} was not listening after {timeout_s:.0f}s; see {comp.log}")
+            time.sleep(0.1)
+        self._say(f"{name} ({comp.addresses['node_id']}) on {comp.addresses['address']}  pid {comp.pid}")
+        return name
+
     def up(self) -> "Stack":
         """Start every component in dependency order and wait until lookups work."""
         from freshroute.local.demo import ensure_topic
@@ -342,6 +367,12 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     st.add_argument("--json", action="store_true")
     dn = sub.add_parser("down", help="Stop every component of the stack.")
     dn.add_argument("--home", default=".freshroute/local")
+    add = sub.add_parser("add-node", help="Start one more store node (scale out); prints its name.")
+    add.add_argument("--home", default=".freshroute/local")
+    add.add_argument("--port", type=int, default=0, help="gRPC port (default: the next one after the highest)")
+    rm = sub.add_parser("stop", help="Stop one component with SIGTERM (a store node drains first).")
+    rm.add_argument("name", help="component name, as `local status` lists it (e.g. store-node-4)")
+    rm.add_argument("--home", default=".freshroute/local")
 
 
 def dispatch(args: argparse.Namespace) -> int:
@@ -386,6 +417,21 @@ def dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.local_command == "down":
         stack.down()
+        return 0
+    if args.local_command == "add-node":
+        try:
+            print(stack.add_store_node(args.port))
+        except (RuntimeError, TimeoutError) as e:
+            print(f"the new store node did not start: {e}", file=sys.stderr)
+            return 1
+        return 0
+    if args.local_command == "stop":
+        if args.name not in stack.components:
+            print(f"no component named {args.name!r}; `freshroute local status` lists them", file=sys.stderr)
+            return 1
+        stack.stop(args.name)
+        stack.save()
+        say(f"stopped {args.name}")
         return 0
     return 2
 
