@@ -35,7 +35,8 @@ class RouterSettings(CommonSettings):
     # Redis and ignored for redis_reset_grace_ms, while store nodes and the pipeline
     # republish their soft state.
     refresh_ms: int = Field(default=150, ge=10, description="rebuild the metadata snapshot from Redis this often")
-    node_expiry_ms: int = Field(default=2000, ge=100, description="a node whose heartbeat is older is dead")
+    node_expiry_ms: int = Field(default=1200, ge=100, description="a node whose heartbeat is older is dead "
+                                                                  "(the store nodes' node_expiry_ms)")
     redis_timeout_ms: int = Field(default=500, ge=10, description="timeout of one metadata read from Redis")
     redis_reset_grace_ms: int = Field(default=5000, ge=0,
                                       description="how long an emptied Redis is not believed")

@@ -299,10 +299,17 @@ class AssignorStore(Protocol):
 
 
 class AssignorLoop:
-    """Run by every node: takes the lease when it is free; the holder keeps the assignment current."""
+    """Run by every node: takes the lease when it is free; the holder keeps the assignment current.
+
+    A node is dead when its heartbeat is older than ``node_expiry_ms``. The holder never
+    judges itself (it is running), and never judges others right after it was itself
+    stalled (a loaded machine, a paused process): heartbeats it could not read meanwhile
+    are not evidence, so after a gap of more than ``stall_ms`` between two steps every node
+    gets a full expiry period, counted from the resumption, to be heard from again.
+    """
 
     def __init__(self, store: AssignorStore, node_id: str, lease_ms: int, node_expiry_ms: int,
-                 caught_up_threshold: int, settle_ms: int | None = None) -> None:
+                 caught_up_threshold: int, settle_ms: int | None = None, stall_ms: int | None = None) -> None:
         self._store = store
         self._node_id = node_id
         self._lease_ms = lease_ms
@@ -312,16 +319,30 @@ class AssignorLoop:
         # taking the lease, so that every live node has heartbeated: placing everything on the
         # first node seen would move it all again a moment later.
         self._settle_ms = node_expiry_ms if settle_ms is None else settle_ms
+        self._stall_ms = max(1, node_expiry_ms // 2) if stall_ms is None else stall_ms
         self._acquired_at = 0
+        self._last_step_ms: int | None = None
+        self._resumed_at = 0
         self.generation: int | None = None
 
     def step(self, now_ms: int) -> Assignment | None:
         """Hold or take the lease; if held, recompute and write when the result differs. Returns what it wrote."""
+        last, self._last_step_ms = self._last_step_ms, now_ms
+        if last is not None and now_ms - last > self._stall_ms:
+            self._resumed_at = now_ms
+            log.warning("node %s: membership stalled for %.1fs; no node is declared dead until it has had %.1fs "
+                        "to heartbeat", self._node_id, (now_ms - last) / 1000, self._expiry_ms / 1000)
         try:
             return self._step(now_ms)
         except BaseException:
             self.forget()
             raise
+
+    def live(self, reports: Iterable[NodeReport], now_ms: int) -> list[NodeReport]:
+        """Nodes whose heartbeat is recent enough (measured from this loop's resumption), and this node."""
+        since = self._resumed_at
+        return [r for r in reports
+                if r.node_id == self._node_id or now_ms - max(r.heartbeat_ms, since) <= self._expiry_ms]
 
     def forget(self) -> None:
         """Redis failed: whatever lease comes back afterwards is a new one (a restarted, empty Redis
@@ -347,7 +368,7 @@ class AssignorLoop:
         previous = self._store.assignment()
         if previous is None and now_ms - self._acquired_at < self._settle_ms:
             return None
-        live = [r for r in self._store.nodes().values() if now_ms - r.heartbeat_ms <= self._expiry_ms]
+        live = self.live(self._store.nodes().values(), now_ms)
         proposed = assign(tables, live, previous, generation, self._threshold)
         if previous is not None and previous.replicas == proposed.replicas:
             return None

@@ -48,6 +48,7 @@ class Membership:
         self._clock = clock
         self.assignor = AssignorLoop(metadata, settings.node_id, settings.assignor_lease_ms,
                                      settings.node_expiry_ms, settings.caught_up_threshold)
+        self._beat_at: int | None = None
         self.draining = False
         self.assignment: Assignment | None = None
         self._outage_since: int | None = None
@@ -60,6 +61,8 @@ class Membership:
         self._thread.start()
 
     def _run(self) -> None:
+        # The assignment is polled (and the assignor steps) more often than the node heartbeats:
+        # a failover is decided and followed within a poll period of a heartbeat expiring.
         period = min(self._settings.heartbeat_ms, self._settings.assignment_poll_ms) / 1000
         while not self._stop.wait(period):
             self.tick()
@@ -72,13 +75,19 @@ class Membership:
     def tick(self) -> None:
         """One round: heartbeat, assignor, read the assignment. Never raises for a Redis outage."""
         try:
-            self._metadata.publish_node(self.report(), self._settings.node_report_ttl_ms)
+            now = self._clock()
+            # Half a poll period early rather than a whole one late: the loop wakes once per poll.
+            due = self._settings.heartbeat_ms - self._settings.assignment_poll_ms // 2
+            if self._beat_at is None or now - self._beat_at >= due or self.draining:
+                self._metadata.publish_node(self.report(), self._settings.node_report_ttl_ms)
+                self._beat_at = now
             if not self.draining:
                 self.assignor.step(self._clock())
             tables = self._metadata.tables()
             assignment = self._metadata.assignment()
         except RedisError as e:
             self.assignor.forget()
+            self._beat_at = None  # publish again as soon as Redis answers
             if self._outage_since is None:
                 self._outage_since = self._clock()
                 log.warning("metadata store (Redis) unreachable: %s; serving under the last assignment "

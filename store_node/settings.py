@@ -21,11 +21,15 @@ class StoreNodeSettings(CommonSettings):
                                                     "never shared by two nodes")
     rack: str | None = Field(None, description="rack tag; replicas of a partition are spread across racks")
 
+    # A dead node's actives move to their standbys about node_expiry_ms + assignment_poll_ms after
+    # its last heartbeat. The expiry is six heartbeats: a node must miss five in a row (a stall of
+    # about a second) to be declared dead; the router's node_expiry_ms should be the same.
     heartbeat_ms: int = Field(200, gt=0, description="how often the node publishes its heartbeat and lag")
-    node_expiry_ms: int = Field(2000, gt=0, description="a node whose heartbeat is older is dead")
+    node_expiry_ms: int = Field(1200, gt=0, description="a node whose heartbeat is older is dead")
     node_report_ttl_ms: int = Field(5000, gt=0, description="Redis TTL of a heartbeat")
-    assignor_lease_ms: int = Field(2000, gt=0, description="assignor lease; another node takes over after it")
-    assignment_poll_ms: int = Field(200, gt=0, description="how often the node reads the assignment")
+    assignor_lease_ms: int = Field(1200, gt=0, description="assignor lease; another node takes over after it")
+    assignment_poll_ms: int = Field(100, gt=0, description="how often the node reads the assignment (and the "
+                                                           "assignor recomputes it)")
 
     apply_batch_max: int = Field(5000, gt=0, description="records per poll, applied in one WriteBatch per partition")
     # Within this many offsets of a fresh end offset a replica has caught up: it leaves

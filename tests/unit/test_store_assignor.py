@@ -322,3 +322,53 @@ def test_a_redis_failure_voids_the_lease():
     with pytest.raises(ConnectionError):
         loop.step(10_100)
     assert loop.generation is None
+
+
+def test_the_holder_never_declares_itself_dead():
+    store = FakeLeaseStore({"t": spec(partitions=4)})
+    # Its own heartbeat reached Redis late (a slow write): it is running, so it is alive.
+    store.reports = {"a": NodeReport("a", "x:1", 9_000), "b": NodeReport("b", "x:2", 10_000)}
+    loop = AssignorLoop(store, "a", 2000, node_expiry_ms=1000, caught_up_threshold=100, settle_ms=0)
+    written = loop.step(10_500)
+    assert {n for ns in written.replicas.values() for n in ns} == {"a", "b"}
+
+
+def test_a_stalled_assignor_gives_every_node_a_full_expiry_before_declaring_it_dead():
+    store = FakeLeaseStore({"t": spec(partitions=4)})
+    store.reports = {n: NodeReport(n, "x:1", 10_000) for n in "abc"}
+    loop = AssignorLoop(store, "a", 2000, node_expiry_ms=1000, caught_up_threshold=100, settle_ms=0)
+    first = loop.step(10_000)
+    assert {n for ns in first.replicas.values() for n in ns} == {"a", "b", "c"}
+
+    # a stalls for 3 s (so did everyone: the machine was overloaded); b heartbeats right after,
+    # c only 800 ms later. Neither is dead: both were heard from within an expiry of the resumption.
+    store.reports["a"] = NodeReport("a", "x:1", 13_000)
+    assert loop.step(13_000) is None
+    store.reports["b"] = NodeReport("b", "x:2", 13_100)
+    assert loop.step(13_100) is None
+    store.reports["c"] = NodeReport("c", "x:3", 13_800)
+    assert loop.step(13_800) is None
+    # Then c stops heartbeating for good: it is declared dead one expiry after its last heartbeat.
+    for t in range(13_900, 14_800, 100):
+        store.reports["a"] = NodeReport("a", "x:1", t)
+        store.reports["b"] = NodeReport("b", "x:2", t)
+        assert loop.step(t) is None
+    store.reports["a"] = NodeReport("a", "x:1", 14_900)
+    store.reports["b"] = NodeReport("b", "x:2", 14_900)
+    written = loop.step(14_900)
+    assert written is not None and {n for ns in written.replicas.values() for n in ns} == {"a", "b"}
+
+
+def test_a_node_silent_since_before_the_stall_is_dead_one_expiry_after_the_resumption():
+    store = FakeLeaseStore({"t": spec(partitions=4)})
+    store.reports = {n: NodeReport(n, "x:1", 10_000) for n in "ab"}
+    loop = AssignorLoop(store, "a", 2000, node_expiry_ms=1000, caught_up_threshold=100, settle_ms=0)
+    loop.step(10_000)
+    store.reports["a"] = NodeReport("a", "x:1", 15_000)
+    assert loop.step(15_000) is None  # b looks 5 s old, but a was not watching
+    for t in range(15_100, 16_100, 100):
+        store.reports["a"] = NodeReport("a", "x:1", t)
+        assert loop.step(t) is None
+    store.reports["a"] = NodeReport("a", "x:1", 16_100)
+    written = loop.step(16_100)
+    assert {n for ns in written.replicas.values() for n in ns} == {"a"}

@@ -140,3 +140,16 @@ def test_an_outage_voids_the_assignor_lease_even_when_only_the_heartbeat_failed(
     md.down = True
     m.tick()  # fails at the heartbeat, before the assignor runs
     assert m.assignor.generation is None
+
+
+def test_the_assignment_is_polled_every_tick_and_the_heartbeat_at_its_own_period():
+    md = FakeMetadata()
+    m, followed, clock = make(md)  # heartbeat_ms 200, assignment_poll_ms 100
+    settle(m, clock)
+    beats = len(md.published)
+    polls = len(followed)
+    for _ in range(10):
+        clock.now += 100
+        m.tick()
+    assert len(followed) - polls == 10
+    assert len(md.published) - beats == 5
