@@ -51,6 +51,32 @@ class PipelineFailed(FatalError):
     code = "PIPELINE_FAILED"
 
 
+class ChangelogLost(FatalError):
+    """A table's changelog topic is gone while its checkpoint says batches were written to it."""
+
+    code = "CHANGELOG_LOST"
+
+
+def committed_batches(checkpoint: Path) -> int:
+    """Micro-batches a query's checkpoint records as done (Spark's ``commits`` log)."""
+    commits = checkpoint / "commits"
+    return sum(1 for p in commits.iterdir() if p.name.isdigit()) if commits.is_dir() else 0
+
+
+def check_changelog_kept(topic: str, existed: bool, checkpoint: Path) -> None:
+    """Refuse to resume a table whose changelog vanished (e.g. a memory-only broker restarted).
+
+    The query would carry on from its checkpoint and write only the keys that change from
+    now on, so a restored replica would silently miss every other key.
+    """
+    done = committed_batches(checkpoint)
+    if not existed and done:
+        raise ChangelogLost(f"changelog topic {topic} does not exist, but the checkpoint {checkpoint} records {done} "
+                            f"batch(es) written to it: the broker lost it (a memory-only broker restarted?). Delete "
+                            f"{checkpoint} to recompute the table from its input.", topic=topic,
+                            checkpoint=str(checkpoint))
+
+
 def build_session(settings: PipelineSettings) -> "SparkSession":
     """A local Spark session tuned for small, frequent micro-batches over RocksDB state."""
     # Spark's Python workers must run this interpreter (and see this environment's packages).
@@ -148,14 +174,19 @@ class Pipeline:
 
     # start
     def start(self) -> None:
-        from pipeline.topics import admin_client, ensure_topic
+        from pipeline.topics import admin_client, describe_topic, ensure_topic
 
+        admin = admin_client(self.settings.kafka())
+        # Before Spark starts: a lost changelog is known in milliseconds, not after the JVM's warm-up.
+        for t in self.definition.tables.values():
+            topic = self.settings.changelog_topic(t.name)
+            check_changelog_kept(topic, describe_topic(admin, topic) is not None,
+                                 self.settings.table_checkpoint(t.name))
         started = time.monotonic()
         self.spark = build_session(self.settings)
         self.spark.streams.addListener(ProgressLog(self.runs))
         log.info("spark session ready in %.1fs (master %s, %d shuffle partitions)",
                  time.monotonic() - started, self.settings.spark_master, self.settings.shuffle_partitions)
-        admin = admin_client(self.settings.kafka())
         for t in self.definition.tables.values():
             df = self._table_frame(t)
             topic = self.settings.changelog_topic(t.name)

@@ -1,4 +1,4 @@
-"""A user's own tables file (DataFrame and SQL forms, a tumbling window) run as a backfill: process what is there, stop."""
+"""A user's own tables file (DataFrame and SQL forms, a tumbling window) as a backfill; starts that must refuse."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from freshroute.keys import partition_for
+from freshroute.local.services import free_port, start_broker
 from freshroute.metadata import MetadataStore
 from pipeline.topics import ensure_topic
 
@@ -51,7 +52,31 @@ def base_env(broker: str, redis_url: str, namespace: str, tmp_path: Path) -> dic
             "FRESHROUTE_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "FRESHROUTE_CHANGELOG_PARTITIONS": "4"}
 
 
-def test_backfill_of_a_user_tables_file_stops_by_itself_with_exact_tables(broker, redis_url, namespace, tmp_path):
+def test_backfill_of_a_user_tables_file_then_a_lost_changelog_is_refused(redis_url, namespace, tmp_path):
+    """A backfill stops by itself with exact tables; after a broker restart the pipeline refuses to resume."""
+    port = free_port()
+    own_broker = start_broker(tmp_path / "broker-1", port=port)
+    try:
+        env = backfill(own_broker.address, redis_url, namespace, tmp_path)
+    finally:
+        own_broker.stop()
+
+    # The broker restarts and comes back empty: resuming would publish only keys that change from
+    # now on, so the pipeline stops before Spark even starts, naming the checkpoint to delete.
+    restarted = start_broker(tmp_path / "broker-2", port=port)
+    try:
+        resumed = PipelineProcess({**env, "FRESHROUTE_AVAILABLE_NOW": "false"}, tmp_path / "pipeline-2.log")
+        assert resumed.wait_exit(60) == 2, resumed.tail()
+        text = resumed.log.read_text()
+        assert (f"CHANGELOG_LOST: changelog topic {namespace}customer_totals-changelog does not exist, but the "
+                f"checkpoint {tmp_path / 'checkpoints' / 'customer_totals'} records") in text
+        assert "Traceback" not in text
+    finally:
+        restarted.stop()
+
+
+def backfill(broker: str, redis_url: str, namespace: str, tmp_path: Path) -> dict[str, str]:
+    """Orders into the broker, a backfill run over them, and the tables checked against a recomputation."""
     tables_file = tmp_path / "shop_tables.py"
     tables_file.write_text(TABLES)
     topic = f"{namespace}shop-orders"
@@ -69,8 +94,8 @@ def test_backfill_of_a_user_tables_file_stops_by_itself_with_exact_tables(broker
 
     env = {**base_env(broker, redis_url, namespace, tmp_path), "FRESHROUTE_TABLES_FILE": str(tables_file),
            "FRESHROUTE_AVAILABLE_NOW": "true", "FRESHROUTE_MAX_RECORDS_PER_BATCH": "1200"}
-    backfill = PipelineProcess(env, tmp_path / "pipeline.log")
-    assert backfill.wait_exit(360) == 0, backfill.tail()
+    run = PipelineProcess(env, tmp_path / "pipeline.log")
+    assert run.wait_exit(360) == 0, run.tail()
 
     totals: dict[str, dict] = defaultdict(lambda: {"items": 0, "largest": -math.inf})
     minutes: dict[str, dict] = defaultdict(lambda: {"orders": 0, "revenue": 0.0})
@@ -92,6 +117,7 @@ def test_backfill_of_a_user_tables_file_stops_by_itself_with_exact_tables(broker
     assert specs["customer_totals"].value_schema == {"items": "bigint", "largest": "double"}
     assert specs["orders_per_minute"].key_column == "minute"
     assert specs["orders_per_minute"].value_schema == {"orders": "bigint", "revenue": "double"}
+    return env
 
 
 def test_a_broken_tables_file_stops_the_process_naming_file_and_line(broker, redis_url, namespace, tmp_path):

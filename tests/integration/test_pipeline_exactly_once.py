@@ -11,7 +11,6 @@ import random
 import signal
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import orjson
 import pytest
@@ -20,6 +19,7 @@ from confluent_kafka.admin import AdminClient
 
 from freshroute.keys import partition_for
 from freshroute.metadata import MetadataStore
+from pipeline.job import committed_batches
 from pipeline.topics import ensure_topic
 
 from .pipeline_support import PipelineProcess, materialize, mismatches, read_topic
@@ -57,11 +57,6 @@ def recompute(inputs: list) -> tuple[dict[str, dict], dict[str, dict]]:
         stats[sensor] = {"count": len(values), "sum": math.fsum(values), "avg": math.fsum(values) / len(values),
                          "min": min(values), "max": max(values), "last": max(rs)[1]}
     return stats, {a: {"count": n} for a, n in areas.items()}
-
-
-def committed_batches(checkpoint: Path) -> int:
-    commits = checkpoint / "commits"
-    return len([p for p in commits.iterdir() if p.name.isdigit()]) if commits.is_dir() else 0
 
 
 def test_kill_9_mid_stream_then_restart_gives_the_recomputed_table(broker, redis_url, namespace, tmp_path):

@@ -10,7 +10,8 @@ import pytest
 
 from freshroute.metadata import TableSpec
 from freshroute.settings import load
-from pipeline.job import Pipeline, PipelineFailed, TableRegistrar, TableRun
+from pipeline.job import (ChangelogLost, Pipeline, PipelineFailed, TableRegistrar, TableRun, check_changelog_kept,
+                          committed_batches)
 from pipeline.offsets import InputDataLost
 from pipeline.settings import PipelineSettings
 from pipeline.sink import ChangelogWriter
@@ -103,3 +104,18 @@ def test_a_failed_query_is_not_restarted_once_stopping(pipeline):
     stop.set()
     pipeline._restart_or_fail(run, "Python worker failed to connect back.", stop)
     assert run.query is None and len(run.failures) == 1
+
+
+def test_a_vanished_changelog_with_committed_batches_is_refused(tmp_path):
+    checkpoint = tmp_path / "sensor_stats"
+    check_changelog_kept("t-changelog", existed=False, checkpoint=checkpoint)  # first start: nothing to lose
+    (checkpoint / "commits").mkdir(parents=True)
+    (checkpoint / "commits" / ".0.crc").write_text("")
+    check_changelog_kept("t-changelog", existed=False, checkpoint=checkpoint)
+    for i in range(3):
+        (checkpoint / "commits" / str(i)).write_text("v1")
+    assert committed_batches(checkpoint) == 3
+    check_changelog_kept("t-changelog", existed=True, checkpoint=checkpoint)
+    with pytest.raises(ChangelogLost, match=rf"changelog topic t-changelog does not exist, but the checkpoint "
+                                            rf"{checkpoint} records 3 batch\(es\).*Delete {checkpoint}"):
+        check_changelog_kept("t-changelog", existed=False, checkpoint=checkpoint)
