@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12proto/router.proto\x12\rfreshroute.v1\"s\n\x05\x42ound\x12\x14\n\x07max_lag\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x1d\n\x10max_staleness_ms\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x14\n\x0cmin_position\x18\x03 \x01(\tB\n\n\x08_max_lagB\x13\n\x11_max_staleness_ms\"\"\n\x03Lag\x12\x0f\n\x07offsets\x18\x01 \x01(\x03\x12\n\n\x02ms\x18\x02 \x01(\x03\"&\n\x08ServedBy\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\"M\n\nGetRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12#\n\x05\x62ound\x18\x03 \x01(\x0b\x32\x14.freshroute.v1.Bound\"\xbe\x01\n\x0bGetResponse\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x12\n\nvalue_json\x18\x03 \x01(\t\x12\x11\n\tpartition\x18\x04 \x01(\x05\x12*\n\tserved_by\x18\x05 \x01(\x0b\x32\x17.freshroute.v1.ServedBy\x12\x1f\n\x03lag\x18\x06 \x01(\x0b\x32\x12.freshroute.v1.Lag\x12\x10\n\x08position\x18\x07 \x01(\t\x12\r\n\x05\x66ound\x18\x08 \x01(\x08\"S\n\x0f\x42\x61tchGetRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x03(\t\x12#\n\x05\x62ound\x18\x03 \x01(\x0b\x32\x14.freshroute.v1.Bound\"?\n\x10\x42\x61tchGetResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.freshroute.v1.GetResponse\"\x90\x01\n\x0bScanRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0e\n\x06prefix\x18\x02 \x01(\t\x12\r\n\x05start\x18\x03 \x01(\t\x12\x0b\n\x03\x65nd\x18\x04 \x01(\t\x12\r\n\x05limit\x18\x05 \x01(\r\x12\x12\n\npage_token\x18\x06 \x01(\t\x12#\n\x05\x62ound\x18\x07 \x01(\x0b\x32\x14.freshroute.v1.Bound\">\n\x08ScanItem\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x12\n\nvalue_json\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\"0\n\x12KeyMetadataRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\"\xa5\x01\n\x0bReplicaInfo\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\r\n\x05\x61live\x18\x05 \x01(\x08\x12\x1f\n\x03lag\x18\x06 \x01(\x0b\x32\x12.freshroute.v1.Lag\x12\x16\n\x0e\x61pplied_offset\x18\x07 \x01(\x03\x12\x12\n\nend_offset\x18\x08 \x01(\x03\"\x9e\x01\n\x13KeyMetadataResponse\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\x12*\n\x06\x61\x63tive\x18\x04 \x01(\x0b\x32\x1a.freshroute.v1.ReplicaInfo\x12,\n\x08standbys\x18\x05 \x03(\x0b\x32\x1a.freshroute.v1.ReplicaInfo\"\x13\n\x11ListTablesRequest\"\xcf\x01\n\tTableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x12\n\npartitions\x18\x03 \x01(\x05\x12\x18\n\x10standby_replicas\x18\x04 \x01(\x05\x12\x12\n\nkey_column\x18\x05 \x01(\t\x12\x34\n\x06schema\x18\x06 \x03(\x0b\x32$.freshroute.v1.TableInfo.SchemaEntry\x1a-\n\x0bSchemaEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\">\n\x12ListTablesResponse\x12(\n\x06tables\x18\x01 \x03(\x0b\x32\x18.freshroute.v1.TableInfo\"\x10\n\x0e\x43lusterRequest\"\x85\x01\n\x08NodeInfo\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05\x61live\x18\x03 \x01(\x08\x12\x18\n\x10heartbeat_age_ms\x18\x04 \x01(\x03\x12\x31\n\x08replicas\x18\x05 \x03(\x0b\x32\x1f.freshroute.v1.PartitionReplica\"a\n\x10PartitionReplica\x12\r\n\x05table\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\x07replica\x18\x03 \x01(\x0b\x32\x1a.freshroute.v1.ReplicaInfo\"X\n\x0f\x43lusterResponse\x12&\n\x05nodes\x18\x01 \x03(\x0b\x32\x17.freshroute.v1.NodeInfo\x12\x1d\n\x15\x61ssignment_generation\x18\x02 \x01(\x03\x32\xc5\x03\n\x06Router\x12<\n\x03Get\x12\x19.freshroute.v1.GetRequest\x1a\x1a.freshroute.v1.GetResponse\x12K\n\x08\x42\x61tchGet\x12\x1e.freshroute.v1.BatchGetRequest\x1a\x1f.freshroute.v1.BatchGetResponse\x12=\n\x04Scan\x12\x1a.freshroute.v1.ScanRequest\x1a\x17.freshroute.v1.ScanItem0\x01\x12T\n\x0bKeyMetadata\x12!.freshroute.v1.KeyMetadataRequest\x1a\".freshroute.v1.KeyMetadataResponse\x12Q\n\nListTables\x12 .freshroute.v1.ListTablesRequest\x1a!.freshroute.v1.ListTablesResponse\x12H\n\x07\x43luster\x12\x1d.freshroute.v1.ClusterRequest\x1a\x1e.freshroute.v1.ClusterResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12proto/router.proto\x12\rfreshroute.v1\"s\n\x05\x42ound\x12\x14\n\x07max_lag\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x1d\n\x10max_staleness_ms\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x14\n\x0cmin_position\x18\x03 \x01(\tB\n\n\x08_max_lagB\x13\n\x11_max_staleness_ms\"\"\n\x03Lag\x12\x0f\n\x07offsets\x18\x01 \x01(\x03\x12\n\n\x02ms\x18\x02 \x01(\x03\"&\n\x08ServedBy\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\"M\n\nGetRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12#\n\x05\x62ound\x18\x03 \x01(\x0b\x32\x14.freshroute.v1.Bound\"\xe6\x01\n\x0bGetResponse\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x12\n\nvalue_json\x18\x03 \x01(\t\x12\x11\n\tpartition\x18\x04 \x01(\x05\x12*\n\tserved_by\x18\x05 \x01(\x0b\x32\x17.freshroute.v1.ServedBy\x12\x1f\n\x03lag\x18\x06 \x01(\x0b\x32\x12.freshroute.v1.Lag\x12\x10\n\x08position\x18\x07 \x01(\t\x12\r\n\x05\x66ound\x18\x08 \x01(\x08\x12&\n\x05\x65rror\x18\t \x01(\x0b\x32\x17.freshroute.v1.KeyError\"L\n\x08KeyError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\x05\x12\x11\n\tbody_json\x18\x04 \x01(\t\"S\n\x0f\x42\x61tchGetRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x03(\t\x12#\n\x05\x62ound\x18\x03 \x01(\x0b\x32\x14.freshroute.v1.Bound\"?\n\x10\x42\x61tchGetResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.freshroute.v1.GetResponse\"\x90\x01\n\x0bScanRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0e\n\x06prefix\x18\x02 \x01(\t\x12\r\n\x05start\x18\x03 \x01(\t\x12\x0b\n\x03\x65nd\x18\x04 \x01(\t\x12\r\n\x05limit\x18\x05 \x01(\r\x12\x12\n\npage_token\x18\x06 \x01(\t\x12#\n\x05\x62ound\x18\x07 \x01(\x0b\x32\x14.freshroute.v1.Bound\">\n\x08ScanItem\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x12\n\nvalue_json\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\"0\n\x12KeyMetadataRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\"\xa5\x01\n\x0bReplicaInfo\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\r\n\x05\x61live\x18\x05 \x01(\x08\x12\x1f\n\x03lag\x18\x06 \x01(\x0b\x32\x12.freshroute.v1.Lag\x12\x16\n\x0e\x61pplied_offset\x18\x07 \x01(\x03\x12\x12\n\nend_offset\x18\x08 \x01(\x03\"\x9e\x01\n\x13KeyMetadataResponse\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\x12*\n\x06\x61\x63tive\x18\x04 \x01(\x0b\x32\x1a.freshroute.v1.ReplicaInfo\x12,\n\x08standbys\x18\x05 \x03(\x0b\x32\x1a.freshroute.v1.ReplicaInfo\"\x13\n\x11ListTablesRequest\"\xcf\x01\n\tTableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x12\n\npartitions\x18\x03 \x01(\x05\x12\x18\n\x10standby_replicas\x18\x04 \x01(\x05\x12\x12\n\nkey_column\x18\x05 \x01(\t\x12\x34\n\x06schema\x18\x06 \x03(\x0b\x32$.freshroute.v1.TableInfo.SchemaEntry\x1a-\n\x0bSchemaEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\">\n\x12ListTablesResponse\x12(\n\x06tables\x18\x01 \x03(\x0b\x32\x18.freshroute.v1.TableInfo\"\x10\n\x0e\x43lusterRequest\"\x85\x01\n\x08NodeInfo\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05\x61live\x18\x03 \x01(\x08\x12\x18\n\x10heartbeat_age_ms\x18\x04 \x01(\x03\x12\x31\n\x08replicas\x18\x05 \x03(\x0b\x32\x1f.freshroute.v1.PartitionReplica\"a\n\x10PartitionReplica\x12\r\n\x05table\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\x07replica\x18\x03 \x01(\x0b\x32\x1a.freshroute.v1.ReplicaInfo\"X\n\x0f\x43lusterResponse\x12&\n\x05nodes\x18\x01 \x03(\x0b\x32\x17.freshroute.v1.NodeInfo\x12\x1d\n\x15\x61ssignment_generation\x18\x02 \x01(\x03\x32\xc5\x03\n\x06Router\x12<\n\x03Get\x12\x19.freshroute.v1.GetRequest\x1a\x1a.freshroute.v1.GetResponse\x12K\n\x08\x42\x61tchGet\x12\x1e.freshroute.v1.BatchGetRequest\x1a\x1f.freshroute.v1.BatchGetResponse\x12=\n\x04Scan\x12\x1a.freshroute.v1.ScanRequest\x1a\x17.freshroute.v1.ScanItem0\x01\x12T\n\x0bKeyMetadata\x12!.freshroute.v1.KeyMetadataRequest\x1a\".freshroute.v1.KeyMetadataResponse\x12Q\n\nListTables\x12 .freshroute.v1.ListTablesRequest\x1a!.freshroute.v1.ListTablesResponse\x12H\n\x07\x43luster\x12\x1d.freshroute.v1.ClusterRequest\x1a\x1e.freshroute.v1.ClusterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,37 +42,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETREQUEST']._serialized_start=230
   _globals['_GETREQUEST']._serialized_end=307
   _globals['_GETRESPONSE']._serialized_start=310
-  _globals['_GETRESPONSE']._serialized_end=500
-  _globals['_BATCHGETREQUEST']._serialized_start=502
-  _globals['_BATCHGETREQUEST']._serialized_end=585
-  _globals['_BATCHGETRESPONSE']._serialized_start=587
-  _globals['_BATCHGETRESPONSE']._serialized_end=650
-  _globals['_SCANREQUEST']._serialized_start=653
-  _globals['_SCANREQUEST']._serialized_end=797
-  _globals['_SCANITEM']._serialized_start=799
-  _globals['_SCANITEM']._serialized_end=861
-  _globals['_KEYMETADATAREQUEST']._serialized_start=863
-  _globals['_KEYMETADATAREQUEST']._serialized_end=911
-  _globals['_REPLICAINFO']._serialized_start=914
-  _globals['_REPLICAINFO']._serialized_end=1079
-  _globals['_KEYMETADATARESPONSE']._serialized_start=1082
-  _globals['_KEYMETADATARESPONSE']._serialized_end=1240
-  _globals['_LISTTABLESREQUEST']._serialized_start=1242
-  _globals['_LISTTABLESREQUEST']._serialized_end=1261
-  _globals['_TABLEINFO']._serialized_start=1264
-  _globals['_TABLEINFO']._serialized_end=1471
-  _globals['_TABLEINFO_SCHEMAENTRY']._serialized_start=1426
-  _globals['_TABLEINFO_SCHEMAENTRY']._serialized_end=1471
-  _globals['_LISTTABLESRESPONSE']._serialized_start=1473
-  _globals['_LISTTABLESRESPONSE']._serialized_end=1535
-  _globals['_CLUSTERREQUEST']._serialized_start=1537
-  _globals['_CLUSTERREQUEST']._serialized_end=1553
-  _globals['_NODEINFO']._serialized_start=1556
-  _globals['_NODEINFO']._serialized_end=1689
-  _globals['_PARTITIONREPLICA']._serialized_start=1691
-  _globals['_PARTITIONREPLICA']._serialized_end=1788
-  _globals['_CLUSTERRESPONSE']._serialized_start=1790
-  _globals['_CLUSTERRESPONSE']._serialized_end=1878
-  _globals['_ROUTER']._serialized_start=1881
-  _globals['_ROUTER']._serialized_end=2334
+  _globals['_GETRESPONSE']._serialized_end=540
+  _globals['_KEYERROR']._serialized_start=542
+  _globals['_KEYERROR']._serialized_end=618
+  _globals['_BATCHGETREQUEST']._serialized_start=620
+  _globals['_BATCHGETREQUEST']._serialized_end=703
+  _globals['_BATCHGETRESPONSE']._serialized_start=705
+  _globals['_BATCHGETRESPONSE']._serialized_end=768
+  _globals['_SCANREQUEST']._serialized_start=771
+  _globals['_SCANREQUEST']._serialized_end=915
+  _globals['_SCANITEM']._serialized_start=917
+  _globals['_SCANITEM']._serialized_end=979
+  _globals['_KEYMETADATAREQUEST']._serialized_start=981
+  _globals['_KEYMETADATAREQUEST']._serialized_end=1029
+  _globals['_REPLICAINFO']._serialized_start=1032
+  _globals['_REPLICAINFO']._serialized_end=1197
+  _globals['_KEYMETADATARESPONSE']._serialized_start=1200
+  _globals['_KEYMETADATARESPONSE']._serialized_end=1358
+  _globals['_LISTTABLESREQUEST']._serialized_start=1360
+  _globals['_LISTTABLESREQUEST']._serialized_end=1379
+  _globals['_TABLEINFO']._serialized_start=1382
+  _globals['_TABLEINFO']._serialized_end=1589
+  _globals['_TABLEINFO_SCHEMAENTRY']._serialized_start=1544
+  _globals['_TABLEINFO_SCHEMAENTRY']._serialized_end=1589
+  _globals['_LISTTABLESRESPONSE']._serialized_start=1591
+  _globals['_LISTTABLESRESPONSE']._serialized_end=1653
+  _globals['_CLUSTERREQUEST']._serialized_start=1655
+  _globals['_CLUSTERREQUEST']._serialized_end=1671
+  _globals['_NODEINFO']._serialized_start=1674
+  _globals['_NODEINFO']._serialized_end=1807
+  _globals['_PARTITIONREPLICA']._serialized_start=1809
+  _globals['_PARTITIONREPLICA']._serialized_end=1906
+  _globals['_CLUSTERRESPONSE']._serialized_start=1908
+  _globals['_CLUSTERRESPONSE']._serialized_end=1996
+  _globals['_ROUTER']._serialized_start=1999
+  _globals['_ROUTER']._serialized_end=2452
 # @@protoc_insertion_point(module_scope)

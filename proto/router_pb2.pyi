@@ -43,7 +43,7 @@ class GetRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., bound: _Optional[_Union[Bound, _Mapping]] = ...) -> None: ...
 
 class GetResponse(_message.Message):
-    __slots__ = ("table", "key", "value_json", "partition", "served_by", "lag", "position", "found")
+    __slots__ = ("table", "key", "value_json", "partition", "served_by", "lag", "position", "found", "error")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,7 @@ class GetResponse(_message.Message):
     LAG_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     FOUND_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     table: str
     key: str
     value_json: str
@@ -60,7 +61,20 @@ class GetResponse(_message.Message):
     lag: Lag
     position: str
     found: bool
-    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., found: _Optional[bool] = ...) -> None: ...
+    error: KeyError
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., found: _Optional[bool] = ..., error: _Optional[_Union[KeyError, _Mapping]] = ...) -> None: ...
+
+class KeyError(_message.Message):
+    __slots__ = ("code", "message", "status", "body_json")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    BODY_JSON_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    status: int
+    body_json: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., status: _Optional[int] = ..., body_json: _Optional[str] = ...) -> None: ...
 
 class BatchGetRequest(_message.Message):
     __slots__ = ("table", "keys", "bound")

@@ -60,6 +60,15 @@ def _get_response(r: LookupResult) -> router_pb2.GetResponse:
         lag=router_pb2.Lag(offsets=r.lag_offsets, ms=r.lag_ms), position=r.position, found=r.found)
 
 
+def _key_error(table: str, key: str, err: FreshrouteError) -> router_pb2.GetResponse:
+    """A BatchGet result for a key that could not be read: the error a Get of it alone would carry."""
+    body = json.dumps(err.to_body(), separators=(",", ":"), default=str)
+    return router_pb2.GetResponse(
+        table=table, key=key, partition=int(err.details.get("partition") or 0), found=False,
+        error=router_pb2.KeyError(code=err.code, message=err.message, status=err.grpc_status.value[0],
+                                  body_json=body))
+
+
 def _replica_info(i: ReplicaInfo) -> router_pb2.ReplicaInfo:
     return router_pb2.ReplicaInfo(node=i.node, address=i.address, role=i.role, state=i.state or "", alive=i.alive,
                                   lag=router_pb2.Lag(offsets=i.lag_offsets, ms=i.lag_ms), applied_offset=i.applied,
@@ -93,14 +102,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         try:
             keys = list(request.keys)
             results = await self._router.batch_get(request.table, keys, self._parse_bound(request.table, request))
-            failed = [r for r in results if isinstance(r, FreshrouteError)]
-            if failed:
-                # The response has no per-key error field: the first failure fails the call,
-                # saying how many keys could not be read.
-                err = failed[0]
-                err.details["keys_failed"] = len(failed)
-                raise err
-            return router_pb2.BatchGetResponse(results=[_get_response(r) for r in results])  # type: ignore[arg-type]
+            return router_pb2.BatchGetResponse(results=[
+                _get_response(r) if isinstance(r, LookupResult) else _key_error(request.table, key, r)
+                for key, r in zip(keys, results)])
         except Exception as e:  # noqa: BLE001
             await abort(context, e)
 

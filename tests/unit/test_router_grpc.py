@@ -102,6 +102,32 @@ async def test_batch_get_found_false_for_missing(grpc_cluster):
     assert json.loads(r.results[2].value_json)["count"] == 2
 
 
+async def test_batch_get_reports_per_key_errors_and_answers_the_other_keys(grpc_cluster):
+    cluster, stub, _ = grpc_cluster
+    stale = "sensor-7"
+    cluster.n1.replicas[(TABLE, part(stale))].end = 150
+    cluster.n2.replicas[(TABLE, part(stale))].end = 170
+    cluster.refresh()
+    fresh = next(k for k in KEYS if part(k) != part(stale))
+    r = await stub.BatchGet(router_pb2.BatchGetRequest(table=TABLE, keys=[fresh, stale, "nope"],
+                                                       bound=router_pb2.Bound(max_lag=10)))
+    ok, failed, missing = r.results
+    assert ok.found and ok.key == fresh and not ok.HasField("error")
+    assert not missing.found and not missing.HasField("error")
+    assert failed.key == stale and not failed.found and failed.partition == part(stale)
+    assert failed.error.code == "NO_REPLICA_WITHIN_BOUND"
+    assert failed.error.status == grpc.StatusCode.UNAVAILABLE.value[0]
+    body = json.loads(failed.error.body_json)["error"]
+    assert body["code"] == "NO_REPLICA_WITHIN_BOUND" and body["freshest_lag"]["offsets"] == 50
+
+
+async def test_batch_get_fails_as_a_whole_only_for_a_wrong_request(grpc_cluster):
+    _, stub, _ = grpc_cluster
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.BatchGet(router_pb2.BatchGetRequest(table="nope", keys=["sensor-1"]))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND and trailer(e.value)["code"] == "TABLE_NOT_FOUND"
+
+
 async def test_scan_streams_in_key_order(grpc_cluster):
     _, stub, _ = grpc_cluster
     items = [i async for i in stub.Scan(router_pb2.ScanRequest(table=TABLE, prefix="sensor-"))]
