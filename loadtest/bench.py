@@ -328,21 +328,23 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
             baseline = started[0]
             base_address = f"{c.host}:{started[1]}"
             base_ok = _step(b, 4, total, "baseline gRPC answer", lambda: b.ok_size(base_address, body))
+        # Each target compares two figures: they are measured back to back, so that the
+        # load other processes put on a shared machine drifts as little as possible between them.
         say(f"throughput at {a.concurrency} requests in flight, {a.duration:g}s each:")
         fig["router_rest_rps"] = _step(b, 5, total, "router REST throughput (wrk)", b.throughput_rest)
+        fig["redis_get_rps"] = _step(b, 6, total, "Redis GET throughput (redis-benchmark)", b.throughput_redis)
         if router_body:
-            fig["router_grpc_rps"] = _step(b, 6, total, "router gRPC throughput (h2load)",
+            fig["router_grpc_rps"] = _step(b, 7, total, "router gRPC throughput (h2load)",
                                            lambda: b.throughput_grpc("router_grpc", grpc_url, *router_body))
         if started:
             # The baseline answers the same request with a response of the same shape.
             base_url = f"http://{base_address}/freshroute.v1.Router/Get"
-            fig["baseline_grpc_rps"] = _step(b, 7, total, "baseline gRPC throughput (h2load)",
+            fig["baseline_grpc_rps"] = _step(b, 8, total, "baseline gRPC throughput (h2load)",
                                              lambda: b.throughput_grpc("baseline_grpc", base_url, body, base_ok))
         if store:
             store_url = f"http://{store[0]}/freshroute.store.v1.StoreNode/Get"
-            fig["direct_store_rps"] = _step(b, 8, total, "direct store node throughput (h2load)",
+            fig["direct_store_rps"] = _step(b, 9, total, "direct store node throughput (h2load)",
                                             lambda: b.throughput_grpc("direct_store", store_url, store[1], store[2]))
-        fig["redis_get_rps"] = _step(b, 9, total, "Redis GET throughput (redis-benchmark)", b.throughput_redis)
 
         say(f"latency at a fixed {a.latency_rate:g} req/s, {a.latency_duration:g}s each:")
 
@@ -350,13 +352,13 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
             if router_body:
                 fig["router_grpc_p50_ms"], fig["router_grpc_p99_ms"] = b.latency("router_grpc_latency", grpc_url,
                                                                                   *router_body)
+            if store:
+                fig["direct_store_p50_ms"], b.notes["direct_store_p99_ms"] = b.latency(
+                    "direct_store_latency", f"http://{store[0]}/freshroute.store.v1.StoreNode/Get", store[1], store[2])
             uris = b.work / "rest_uris.txt"
             uris.write_text("".join(f"{c.rest_url}/v1/tables/{a.table}/keys/{k}\n" for k in b.keys))
             fig["router_rest_p50_ms"], fig["router_rest_p99_ms"] = b.latency("router_rest_latency", "", None, None,
                                                                               http1=True, input_file=uris)
-            if store:
-                fig["direct_store_p50_ms"], b.notes["direct_store_p99_ms"] = b.latency(
-                    "direct_store_latency", f"http://{store[0]}/freshroute.store.v1.StoreNode/Get", store[1], store[2])
 
         _step(b, 10, total, "latencies (h2load --rps)", latencies)
         if baseline is not None:
