@@ -27,7 +27,7 @@ from typing import Any, Iterator, Mapping
 
 import orjson
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from pipeline import offsets as off
@@ -352,8 +352,33 @@ class _Columns:
         ], schema=ARROW_SCHEMA)
 
 
+class KafkaBatchReader(DataSourceReader):
+    """Everything a topic holds right now, from each partition's log start to its true end."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> list[KafkaSlice]:
+        stream = KafkaStreamReader(self.options)
+        try:
+            snap = stream.snapshot(create=False)
+        finally:
+            stream.stop()
+        if snap is None:
+            raise ValueError(f"topic {self.options.topic} does not exist")
+        parts = off.ranges(SourceOffset(snap.topic_id, dict(snap.low)), SourceOffset(snap.topic_id, dict(snap.end)))
+        return [KafkaSlice(self.options.topic, g) for g in off.group_ranges(parts, self.options.read_tasks)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, KafkaSlice)
+        yield from read_slice(self.options, partition)
+
+
 class KafkaSource(DataSource):
-    """``spark.readStream.format("freshroute_kafka").option("topic", …)``: a Kafka topic as a stream."""
+    """``spark.readStream.format("freshroute_kafka").option("topic", …)``: a Kafka topic as a stream.
+
+    ``spark.read`` with the same options reads what the topic holds now, for backfills and checks.
+    """
 
     @classmethod
     def name(cls) -> str:
@@ -364,3 +389,6 @@ class KafkaSource(DataSource):
 
     def streamReader(self, schema: Any) -> KafkaStreamReader:
         return KafkaStreamReader(SourceOptions.from_options(self.options))
+
+    def reader(self, schema: Any) -> KafkaBatchReader:
+        return KafkaBatchReader(SourceOptions.from_options(self.options))

@@ -10,7 +10,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from pipeline.kafka_source import ARROW_SCHEMA, KafkaSlice, KafkaStreamReader, SourceOptions, read_slice
+from pipeline.kafka_source import (ARROW_SCHEMA, KafkaBatchReader, KafkaSlice, KafkaStreamReader, SourceOptions,
+                                   read_slice)
 from pipeline.offsets import InputDataLost
 from freshroute.local.services import free_port, start_broker
 from pipeline.topics import describe_topic, ensure_topic
@@ -137,3 +138,16 @@ def test_a_broker_that_lost_its_data_is_reported_not_skipped(tmp_path, namespace
         assert "disappeared" in e.value.message or "recreated" in e.value.message
     finally:
         second.stop()
+
+
+def test_batch_reader_reads_everything_the_topic_holds_now(broker, admin, namespace):
+    topic = f"{namespace}readings"
+    ensure_topic(admin, topic, 3)
+    sent = produce_batched(broker, topic, 3000, 3)
+    reader = KafkaBatchReader(SourceOptions(topic=topic, kafka={"bootstrap.servers": broker}, read_tasks=2))
+    slices = reader.partitions()
+    assert len(slices) == 2
+    got = sorted((row["partition"], row["offset"]) for s in slices for b in reader.read(s) for row in b.to_pylist())
+    assert got == sorted((p, o) for p, recs in sent.items() for o, _k, _v in recs)
+    with pytest.raises(ValueError, match="does not exist"):
+        KafkaBatchReader(SourceOptions(topic=f"{namespace}nope", kafka={"bootstrap.servers": broker})).partitions()
