@@ -1,0 +1,206 @@
+"""Failover on the whole stack under a steady lookup load: kill -9 of a node, of the assignor, and a wiped disk.
+
+One stack (3 store nodes) for the module; readings keep arriving throughout, so strict reads
+(``max_lag=0``) mean something: a replica answers them only while it holds every record the
+broker has. Each kill measures, from the kill:
+
+- strict reads of every partition the dead node was active for, served again (by a survivor);
+- the assignment naming a new active for each of them, and reads answered by that new active;
+- the replication factor restored: every partition with an active and a standby, both serving,
+  on the two survivors;
+
+and checks that no lookup of the load failed and that every answer is consistent with the
+changelog. Figures are printed with ``-s``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import threading
+import time
+
+import httpx
+import orjson
+import pytest
+
+from freshroute.keys import partition_for, serialize_key
+from loadtest.scenario import LoadConfig, run
+from proto import store_pb2
+from tests.integration.cluster_support import (TABLE, Readings, StrictProbe, Watch, balanced, fully_replicated,
+                                               keys_by_partition, lease_holder, metadata, node_id, node_status,
+                                               read_from_node)
+from tests.integration.stack_fixture import expected_sensor_stats, same_stats, start_stack, wait_until
+
+SENSORS = 40
+BULK_SENSORS = 4000  # their changelog records make the wiped node's restore last seconds at its paced rate
+NODES = {"node-1", "node-2", "node-3"}
+# The strict-read target; the store nodes' heartbeat expiry is 1.2 s, so a survivor's standby
+# must answer long before the dead node is even declared dead.
+STRICT_WITHIN_S = 2.0
+# Promotion = the 1.2 s expiry + one 100 ms assignment poll + following it; the margin is for a
+# loaded 2-core machine.
+PROMOTED_WITHIN_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = start_stack(tmp_path_factory.mktemp("failover"), nodes=3)
+    yield s
+    s.down()
+
+
+@pytest.fixture(scope="module")
+def readings(stack):
+    r = Readings(stack, SENSORS, rate=20.0).start()
+    with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
+        wait_until(lambda: all(client.get(f"/v1/tables/{TABLE}/keys/sensor-{i}").status_code == 200
+                               for i in range(SENSORS)), 300, "every sensor to be served")
+    md = metadata(stack)
+    wait_until(lambda: fully_replicated(md, NODES) and balanced(md.assignment(), NODES), 120,
+               "an active and a standby of every partition, balanced")
+    yield r
+    r.stop()
+
+
+def _load(duration_s: float) -> LoadConfig:
+    # Loose bounds: every partition keeps a replica within them while one node is down.
+    return LoadConfig(keys=SENSORS, protocol="both", concurrency=8, rate=60.0, duration_s=duration_s,
+                      timeout_s=5.0, bound_mix="none:2,max_lag=100000:1,max_staleness_ms=120000:1,session:2", seed=5)
+
+
+def _kill_under_load(stack, victim: str, out) -> dict:
+    """kill -9 ``victim`` 6 s into a 24 s load; measure; start it again; return the figures."""
+    md = metadata(stack)
+    wait_until(lambda: fully_replicated(md, NODES), 60, "a fully replicated cluster before the kill")
+    vid = node_id(victim)
+    partitions = md.tables()[TABLE].partitions
+    assignment = md.assignment()
+    led = sorted(p for (t, p), ns in assignment.replicas.items() if t == TABLE and ns[0] == vid)
+    assert led, f"{vid} leads no {TABLE} partition: {assignment.replicas}"
+    keys = keys_by_partition(SENSORS, partitions)
+    probe = StrictProbe(stack.config.rest_url, {p: keys[p] for p in led if p in keys})
+    watch = Watch(md).start()
+    summary: dict = {}
+    load = threading.Thread(target=lambda: summary.update(run(stack, _load(24.0), [], out, check=True, plots=False,
+                                                              title=f"kill -9 {victim}")))
+    load.start()
+    try:
+        time.sleep(5)
+        probe.start()
+        time.sleep(1)
+        killed_at = time.monotonic()
+        stack.signal(victim, signal.SIGKILL)
+        watch.forget_gaps(vid)
+        survivors = NODES - {vid}
+        wait_until(lambda: fully_replicated(md, survivors), 60, "the replication factor restored on the survivors",
+                   interval_s=0.02)
+        rf_s = time.monotonic() - killed_at
+        time.sleep(2)  # strict reads go on after the failover
+        probe.stop()
+        stack.start(victim)
+        wait_until(lambda: fully_replicated(md, NODES) and balanced(md.assignment(), NODES), 90,
+                   f"{vid} back and the cluster balanced again")
+    finally:
+        probe.stop()
+        load.join(120)
+        watch.stop()
+    promoted = next((t - killed_at for t, a in watch.changes
+                     if t >= killed_at and all(a.replicas[(TABLE, p)][0] != vid for p in led)), None)
+    figures = {
+        "victim": vid, "partitions_led": led,
+        "strict_first_ok_s": probe.first_ok_after(killed_at, not_node=vid),
+        "strict_failed": probe.failures_after(killed_at),
+        "promoted_s": promoted,
+        "new_active_serves_s": probe.first_active_after(killed_at, vid),
+        "replication_restored_s": round(rf_s, 3),
+        "nodes_dropped": [n for t, n in watch.dropped],
+        "max_heartbeat_gap_ms": watch.max_heartbeat_gap_ms,
+        "lookups": summary.get("requests"), "failed": summary.get("failed"),
+    }
+    print("FAILOVER", orjson.dumps(figures, option=orjson.OPT_NON_STR_KEYS).decode())
+    return {"figures": figures, "summary": summary, "watch": watch}
+
+
+def _assert_failover(result: dict, vid: str) -> None:
+    f, summary = result["figures"], result["summary"]
+    strict = f["strict_first_ok_s"]
+    assert strict and all(s is not None and s <= STRICT_WITHIN_S for s in strict.values()), f
+    assert f["promoted_s"] is not None and f["promoted_s"] <= PROMOTED_WITHIN_S, f
+    assert all(s is not None and s <= PROMOTED_WITHIN_S + 1.0 for s in f["new_active_serves_s"].values()), f
+    # Only the killed node ever left the assignment: nobody else was declared dead under this load.
+    assert set(f["nodes_dropped"]) <= {vid}, f
+    assert summary["requests"] >= 600, summary
+    assert summary["failed"] == 0, summary["errors_by_code"]
+    consistency = summary["consistency"]
+    assert consistency["ok"], orjson.dumps(consistency, option=orjson.OPT_INDENT_2).decode()
+    assert consistency["values_checked"] == summary["requests"]
+
+
+def test_kill_9_of_a_node_under_load(stack, readings, tmp_path):
+    md = metadata(stack)
+    holder = lease_holder(md)
+    assert holder is not None
+    victim = next(f"store-node-{n.rsplit('-', 1)[1]}" for n in sorted(NODES) if n != holder[0])
+    result = _kill_under_load(stack, victim, tmp_path / "report")
+    _assert_failover(result, node_id(victim))
+    assert lease_holder(md)[0] == holder[0]  # the assignor was not involved
+
+
+def test_kill_9_of_the_assignor_under_load(stack, readings, tmp_path):
+    md = metadata(stack)
+    holder = lease_holder(md)
+    assert holder is not None
+    before = md.assignment().generation
+    result = _kill_under_load(stack, f"store-node-{holder[0].rsplit('-', 1)[1]}", tmp_path / "report")
+    _assert_failover(result, holder[0])
+    after = lease_holder(md)
+    assert after is not None and after[0] != holder[0] and after[1] > holder[1], (holder, after)
+    assert md.assignment().generation > before
+    # Every assignment written after the kill came from the new holder's generation.
+    written = [a.generation for _, a in result["watch"].changes[1:]]
+    assert written and all(g > holder[1] for g in written), written
+
+
+def test_a_wiped_node_restores_then_serves_the_recomputed_values(stack, readings):
+    md = metadata(stack)
+    victim = "store-node-3"
+    vid = node_id(victim)
+    bulk = readings.burst(BULK_SENSORS)
+    with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
+        wait_until(lambda: all(client.get(f"/v1/tables/{TABLE}/keys/{k}").status_code == 200 for k in bulk[::97]),
+                   180, "the bulk sensors to be served")
+    wait_until(lambda: fully_replicated(md, NODES), 60, "a fully replicated cluster")
+    stack.stop(victim)  # SIGTERM: drains, hands its actives over
+    shutil.rmtree(stack.config.home / "data" / vid)
+    # Paced so that RESTORING lasts long enough to be seen from outside.
+    stack.start(victim, "--apply-rate-limit", "400", "--restore-log-interval-ms", "1000")
+
+    def states() -> set[str]:
+        report = md.nodes().get(vid)
+        return {r.state.value for r in report.replicas} if report is not None else set()
+
+    wait_until(lambda: "RESTORING" in states(), 60, f"{vid} to report restoring replicas", interval_s=0.05)
+    wait_until(lambda: fully_replicated(md, NODES) and balanced(md.assignment(), NODES), 180,
+               f"{vid} restored, serving, and the cluster balanced")
+    events = readings.stop()
+    expected = expected_sensor_stats(events)
+    address = stack.components[victim].addresses["address"]
+    hosted = {int(t.split("/")[1]) for t in node_status(address).tables if t.startswith(f"{TABLE}/")}
+    assert hosted
+    partitions = md.tables()[TABLE].partitions
+    mine = [s for s in expected if partition_for(serialize_key(s), partitions) in hosted]
+
+    def node_matches() -> bool:
+        got = read_from_node(address, mine, partitions)
+        return all(got[s].status == store_pb2.OK and same_stats(orjson.loads(got[s].value), expected[s]) for s in mine)
+
+    wait_until(node_matches, 120, f"{vid} to serve every hosted sensor's recomputed stats")
+    log = (stack.config.home / "logs" / f"{victim}.log").read_text()
+    assert "restoring from the start of changelog" in log
+    assert "restoring sensor_stats:" in log or "restoring area_counts:" in log  # progress lines
+    assert "caught up at offset" in log
+    st = node_status(address)
+    assert all(c.resumed_from == 0 for c in st.counters)
+    restored = [line for line in log.splitlines() if "caught up at offset" in line][-len(st.replicas):]
+    print("RESTORED", vid, "partitions", sorted(hosted), "sensors checked", len(mine), *restored, sep="\n")
