@@ -368,7 +368,8 @@ class AssignorLoop:
         previous = self._store.assignment()
         if previous is None and now_ms - self._acquired_at < self._settle_ms:
             return None
-        live = self.live(self._store.nodes().values(), now_ms)
+        reports = self._store.nodes()
+        live = self.live(reports.values(), now_ms)
         proposed = assign(tables, live, previous, generation, self._threshold)
         if previous is not None and previous.replicas == proposed.replicas:
             return None
@@ -382,14 +383,38 @@ class AssignorLoop:
             log.info("assignment generation %d: %d table-partitions on %d live nodes (no previous assignment: "
                      "built from what the nodes report hosting)", generation, len(proposed.replicas), nodes)
         else:
-            log.info("assignment generation %d: %d table-partitions on %d live nodes; %d replica placements changed",
-                     generation, len(proposed.replicas), nodes, _moves(previous, proposed))
+            log.info("assignment generation %d: %d table-partitions on %d live nodes; %d replica placements changed%s",
+                     generation, len(proposed.replicas), nodes, _moves(previous, proposed),
+                     _membership_change(previous, live, reports, now_ms))
         return proposed
 
     def release(self) -> None:
         if self.generation is not None:
             self._store.release_assignor(self._node_id, self.generation)
             self.generation = None
+
+
+def _membership_change(previous: Assignment, live: list[NodeReport], reports: Mapping[str, NodeReport],
+                       now_ms: int) -> str:
+    """Why placements changed, for the operator: nodes that joined, and nodes that left and why."""
+    serving = {r.node_id for r in live if not r.draining}
+    before = {n for ns in previous.replicas.values() for n in ns}
+    parts = []
+    joined = sorted(serving - before)
+    if joined:
+        parts.append("joined: " + ", ".join(joined))
+    left = []
+    for n in sorted(before - serving):
+        r = reports.get(n)
+        if r is None:
+            left.append(f"{n} (left the cluster)")
+        elif r.draining:
+            left.append(f"{n} (draining)")
+        else:
+            left.append(f"{n} (dead: last heartbeat {(now_ms - r.heartbeat_ms) / 1000:.1f}s ago)")
+    if left:
+        parts.append("left: " + ", ".join(left))
+    return "; " + "; ".join(parts) if parts else ""
 
 
 def _moves(before: Assignment | None, after: Assignment) -> int:

@@ -1,3 +1,4 @@
+import logging
 import random
 from collections import Counter
 
@@ -372,3 +373,22 @@ def test_a_node_silent_since_before_the_stall_is_dead_one_expiry_after_the_resum
     store.reports["a"] = NodeReport("a", "x:1", 16_100)
     written = loop.step(16_100)
     assert {n for ns in written.replicas.values() for n in ns} == {"a"}
+
+
+def test_the_assignment_log_names_nodes_that_joined_and_left(caplog):
+    store = FakeLeaseStore({"t": spec(partitions=4)})
+    store.reports = {n: NodeReport(n, "x:1", 10_000) for n in "ab"}
+    loop = AssignorLoop(store, "a", 2000, node_expiry_ms=1000, caught_up_threshold=100, settle_ms=0)
+    loop.step(10_000)
+    store.reports["a"] = NodeReport("a", "x:1", 10_100)
+    store.reports["c"] = NodeReport("c", "x:3", 10_100, draining=True)
+    store.reports["d"] = NodeReport("d", "x:4", 10_100)
+    with caplog.at_level(logging.INFO, logger="store_node.assignor"):
+        loop.step(10_100)
+        for t in range(10_200, 11_200, 100):
+            store.reports["a"] = NodeReport("a", "x:1", t)
+            store.reports["d"] = NodeReport("d", "x:4", t)
+            loop.step(t)
+    lines = " | ".join(r.getMessage() for r in caplog.records)
+    assert "joined: d" in lines
+    assert "left: b (dead: last heartbeat 1.1s ago)" in lines
