@@ -62,3 +62,8 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, inter
             return
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+# Spark's start plus the first micro-batch (state store creation, code generation): about
+# 30 s on a quiet 2-core machine, several minutes on a loaded one.
+FIRST_DATA_TIMEOUT_S = 480

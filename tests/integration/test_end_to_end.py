@@ -11,7 +11,7 @@ import pytest
 
 from freshroute.keys import partition_for, serialize_key
 from proto import router_pb2, router_pb2_grpc
-from tests.integration.stack_fixture import (expected_sensor_stats, produce_readings, same_stats, start_stack,
+from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, expected_sensor_stats, produce_readings, same_stats, start_stack,
                                              wait_until)
 
 SENSORS = 40
@@ -44,7 +44,7 @@ def _all_visible(client: httpx.Client, expected: dict) -> bool:
 def test_every_sensor_matches_recomputation_via_rest_and_grpc(stack, readings):
     expected = expected_sensor_stats(readings)
     with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
-        wait_until(lambda: _all_visible(client, expected), 240, "every sensor's stats to be served")
+        wait_until(lambda: _all_visible(client, expected), FIRST_DATA_TIMEOUT_S, "every sensor's stats to be served")
         for sensor, want in expected.items():
             body = client.get(f"/v1/tables/sensor_stats/keys/{sensor}").json()
             assert same_stats(body["value"], want), (sensor, body, want)
@@ -71,7 +71,7 @@ def test_every_sensor_matches_recomputation_via_rest_and_grpc(stack, readings):
 
 def test_errors_are_typed(stack, readings):
     with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
-        wait_until(lambda: client.get("/v1/tables/sensor_stats/keys/sensor-1").status_code in (200, 404), 240,
+        wait_until(lambda: client.get("/v1/tables/sensor_stats/keys/sensor-1").status_code in (200, 404), FIRST_DATA_TIMEOUT_S,
                    "the table to be served")
         r = client.get("/v1/tables/no_such_table/keys/x")
         assert r.status_code == 404 and r.json()["error"]["code"] == "TABLE_NOT_FOUND"

@@ -15,7 +15,7 @@ from freshroute.keys import partition_for, serialize_key
 from freshroute.position import Position
 from loadtest.scenario import Fault, LoadConfig, run
 from proto import router_pb2, router_pb2_grpc, store_pb2, store_pb2_grpc
-from tests.integration.stack_fixture import (expected_sensor_stats, produce_readings, same_stats, start_stack,
+from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, expected_sensor_stats, produce_readings, same_stats, start_stack,
                                              wait_until)
 
 SENSORS = 24
@@ -49,7 +49,7 @@ def readings(stack, client):
                 return False
         return True
 
-    wait_until(all_final, 240, "every sensor to be served within max_lag=0")
+    wait_until(all_final, FIRST_DATA_TIMEOUT_S, "every sensor to be served within max_lag=0")
     return events
 
 

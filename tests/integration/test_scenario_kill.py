@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from loadtest.scenario import Fault, LoadConfig, run
-from tests.integration.stack_fixture import (expected_sensor_stats, produce_readings, same_stats, start_stack,
+from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, expected_sensor_stats, produce_readings, same_stats, start_stack,
                                              wait_until)
 
 SENSORS = 30
@@ -45,7 +45,7 @@ def _all_final(client: httpx.Client, expected: dict) -> bool:
 def test_kill_9_of_a_store_node_under_load(stack, readings, tmp_path):
     expected = expected_sensor_stats(readings)
     with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
-        wait_until(lambda: _all_final(client, expected), 240, "every sensor's final stats to be served")
+        wait_until(lambda: _all_final(client, expected), FIRST_DATA_TIMEOUT_S, "every sensor's final stats to be served")
     old_pid = stack.components[VICTIM].pid
 
     # A loose bound: every partition keeps a replica within it while one node is down.
