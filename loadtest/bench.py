@@ -19,6 +19,8 @@ compared with a plain confluent-kafka consumer reading the same changelog (``raw
 
 The load clients are single-threaded C programs so that they take one core at most; on a
 2-core machine the server side keeps the other one — the ratios matter more than the figures.
+The two figures of each target are measured in alternating runs (``--rounds``, a b b a a b):
+throughput as the median of its runs, latency as the percentile of all its samples.
 """
 
 from __future__ import annotations
@@ -72,6 +74,28 @@ def evaluate_targets(fig: dict[str, Any]) -> list[dict[str, Any]]:
         met = None if value is None else (value >= limit if op == ">=" else value <= limit)
         out.append({"target": f"{name} {op} {limit:g}", "value": None if value is None else round(value, 3), "met": met})
     return out
+
+
+def interleaved(rounds: int, a: Callable[[], Any], b: Callable[[], Any]) -> tuple[list[Any], list[Any]]:
+    """``a`` and ``b`` run ``rounds`` times each, alternating which goes first (a b, b a, a b, …).
+
+    On a shared machine the load from other processes comes and goes within seconds; pairs
+    of runs taken side by side, in both orders, let it weigh on both figures alike.
+    """
+    xs: list[Any] = []
+    ys: list[Any] = []
+    for r in range(rounds):
+        for run, out in ((a, xs), (b, ys)) if r % 2 == 0 else ((b, ys), (a, xs)):
+            out.append(run())
+    return xs, ys
+
+
+def median_of(values: list[float | None]) -> float | None:
+    """The median of the runs that produced a figure (None if none did)."""
+    import statistics
+
+    got = [v for v in values if v is not None]
+    return round(statistics.median(got), 1) if got else None
 
 
 # --- the steps --------------------------------------------------------------------------------
@@ -173,6 +197,8 @@ class Bench:
                    duration_s: float, rps_per_client: float | None = None, http1: bool = False,
                    input_file: Path | None = None, warm_up_s: float = 1.0) -> tuple[lc.H2loadResult, list[float]]:
         log = self.work / f"{label}.log" if rps_per_client else None
+        if log is not None:
+            log.unlink(missing_ok=True)  # h2load appends to its log file: one run's samples only
         cmd = lc.h2load_command(url, clients, streams, duration_s, body_file=body,
                                 headers=lc.GRPC_HEADERS if body is not None else (), rps_per_client=rps_per_client,
                                 log_file=log, http1=http1, warm_up_s=warm_up_s, input_file=input_file)
@@ -226,14 +252,42 @@ class Bench:
         return round(rps, 1)
 
     # latency at a fixed rate ----------------------------------------------------------------------
-    def latency(self, label: str, url: str, body: Path | None, ok_size: int | None, http1: bool = False,
-                input_file: Path | None = None) -> tuple[float | None, float | None]:
+    def latency_samples(self, label: str, url: str, body: Path | None, ok_size: int | None, http1: bool = False,
+                        input_file: Path | None = None) -> list[float]:
+        """Latencies (ms) of one run at the fixed rate."""
         clients = max(1, self.a.latency_clients)
         res, lat = self.run_h2load(label, url, body, ok_size, clients, 1, self.a.latency_duration,
                                    rps_per_client=self.a.latency_rate / clients, http1=http1, input_file=input_file)
         p50, p99 = percentile(lat, 50), percentile(lat, 99)
         self.say(f"  {label}: p50 {p50 or 0:.2f} ms  p99 {p99 or 0:.2f} ms at {res.rps:,.0f} req/s ({len(lat)} samples)")
+        return lat
+
+    @staticmethod
+    def p50_p99(latencies: list[float]) -> tuple[float | None, float | None]:
+        p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
         return (round(p50, 3) if p50 is not None else None), (round(p99, 3) if p99 is not None else None)
+
+    def paired(self, label_a: str, run_a: Callable[[], Any], label_b: str, run_b: Callable[[], Any],
+               record: bool = True) -> tuple[list[Any], list[Any]]:
+        """The runs of a target's two figures, interleaved over ``--rounds``; a failed run counts as None.
+
+        ``record`` keeps every run's figure in the notes (``rounds``), to show the spread.
+        """
+
+        def guarded(label: str, run: Callable[[], Any]) -> Callable[[], Any]:
+            def call() -> Any:
+                try:
+                    return run()
+                except Exception as e:  # noqa: BLE001 - one failed run must not lose the other rounds
+                    self.say(f"  ! {label} failed: {type(e).__name__}: {e}")
+                    self.notes.setdefault("errors", {})[label] = f"{type(e).__name__}: {e}"
+                    return None
+            return call
+
+        xs, ys = interleaved(max(1, self.a.rounds), guarded(label_a, run_a), guarded(label_b, run_b))
+        if record:
+            self.notes.setdefault("rounds", {}).update({label_a: xs, label_b: ys})
+        return xs, ys
 
     # freshness, restore, raw consume --------------------------------------------------------------
     def freshness(self) -> tuple[float | None, float | None]:
@@ -312,7 +366,7 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
     b = Bench(stack, a, say)
     c = stack.config
     grpc_url = f"http://{c.grpc_address}/freshroute.v1.Router/Get"
-    total = 13
+    total = 11
     fig = b.fig
     baseline: subprocess.Popen | None = None
     try:
@@ -328,49 +382,66 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
             baseline = started[0]
             base_address = f"{c.host}:{started[1]}"
             base_ok = _step(b, 4, total, "baseline gRPC answer", lambda: b.ok_size(base_address, body))
-        # Each target compares two figures: they are measured back to back, so that the
-        # load other processes put on a shared machine drifts as little as possible between them.
-        say(f"throughput at {a.concurrency} requests in flight, {a.duration:g}s each:")
-        fig["router_rest_rps"] = _step(b, 5, total, "router REST throughput (wrk)", b.throughput_rest)
-        fig["redis_get_rps"] = _step(b, 6, total, "Redis GET throughput (redis-benchmark)", b.throughput_redis)
-        if router_body:
-            fig["router_grpc_rps"] = _step(b, 7, total, "router gRPC throughput (h2load)",
-                                           lambda: b.throughput_grpc("router_grpc", grpc_url, *router_body))
-        if started:
+        # Each target compares two figures: their runs alternate (see interleaved), so that the
+        # load other processes put on a shared machine weighs on both alike; a throughput
+        # figure is the median of its runs, a latency figure the percentile of all samples.
+        say(f"throughput at {a.concurrency} requests in flight, {a.duration:g}s each, {a.rounds} round(s):")
+
+        def rest_vs_redis() -> None:
+            rest, redis_ = b.paired("router_rest", b.throughput_rest, "redis_get", b.throughput_redis)
+            fig["router_rest_rps"], fig["redis_get_rps"] = median_of(rest), median_of(redis_)
+
+        _step(b, 5, total, "router REST (wrk) and Redis GET (redis-benchmark) throughput", rest_vs_redis)
+        if router_body and started:
             # The baseline answers the same request with a response of the same shape.
             base_url = f"http://{base_address}/freshroute.v1.Router/Get"
-            fig["baseline_grpc_rps"] = _step(b, 8, total, "baseline gRPC throughput (h2load)",
-                                             lambda: b.throughput_grpc("baseline_grpc", base_url, body, base_ok))
+
+            def router_vs_baseline() -> None:
+                routed, base = b.paired("router_grpc", lambda: b.throughput_grpc("router_grpc", grpc_url, *router_body),
+                                        "baseline_grpc", lambda: b.throughput_grpc("baseline_grpc", base_url, body,
+                                                                                   base_ok))
+                fig["router_grpc_rps"], fig["baseline_grpc_rps"] = median_of(routed), median_of(base)
+
+            _step(b, 6, total, "router and baseline gRPC throughput (h2load)", router_vs_baseline)
+        elif router_body:
+            fig["router_grpc_rps"] = _step(b, 6, total, "router gRPC throughput (h2load)",
+                                           lambda: b.throughput_grpc("router_grpc", grpc_url, *router_body))
         if store:
             store_url = f"http://{store[0]}/freshroute.store.v1.StoreNode/Get"
-            fig["direct_store_rps"] = _step(b, 9, total, "direct store node throughput (h2load)",
+            fig["direct_store_rps"] = _step(b, 7, total, "direct store node throughput (h2load)",
                                             lambda: b.throughput_grpc("direct_store", store_url, store[1], store[2]))
 
         say(f"latency at a fixed {a.latency_rate:g} req/s, {a.latency_duration:g}s each:")
 
         def latencies() -> None:
-            if router_body:
-                fig["router_grpc_p50_ms"], fig["router_grpc_p99_ms"] = b.latency("router_grpc_latency", grpc_url,
-                                                                                  *router_body)
-            if store:
-                fig["direct_store_p50_ms"], b.notes["direct_store_p99_ms"] = b.latency(
-                    "direct_store_latency", f"http://{store[0]}/freshroute.store.v1.StoreNode/Get", store[1], store[2])
+            if router_body and store:
+                routed, direct = b.paired(
+                    "router_grpc_latency", lambda: b.latency_samples("router_grpc_latency", grpc_url, *router_body),
+                    "direct_store_latency", lambda: b.latency_samples(
+                        "direct_store_latency", f"http://{store[0]}/freshroute.store.v1.StoreNode/Get", store[1],
+                        store[2]), record=False)
+                fig["router_grpc_p50_ms"], fig["router_grpc_p99_ms"] = b.p50_p99([x for r in routed if r for x in r])
+                fig["direct_store_p50_ms"], b.notes["direct_store_p99_ms"] = b.p50_p99(
+                    [x for r in direct if r for x in r])
+            elif router_body:
+                fig["router_grpc_p50_ms"], fig["router_grpc_p99_ms"] = b.p50_p99(
+                    b.latency_samples("router_grpc_latency", grpc_url, *router_body))
             uris = b.work / "rest_uris.txt"
             uris.write_text("".join(f"{c.rest_url}/v1/tables/{a.table}/keys/{k}\n" for k in b.keys))
-            fig["router_rest_p50_ms"], fig["router_rest_p99_ms"] = b.latency("router_rest_latency", "", None, None,
-                                                                              http1=True, input_file=uris)
+            fig["router_rest_p50_ms"], fig["router_rest_p99_ms"] = b.p50_p99(
+                b.latency_samples("router_rest_latency", "", None, None, http1=True, input_file=uris))
 
-        _step(b, 10, total, "latencies (h2load --rps)", latencies)
+        _step(b, 8, total, "latencies (h2load --rps)", latencies)
         if baseline is not None:
             baseline.terminate()
-        fr = _step(b, 11, total, "freshness (event → visible)", b.freshness)
+        fr = _step(b, 9, total, "freshness (event → visible)", b.freshness)
         if fr:
             fig["freshness_p50_ms"], fig["freshness_p99_ms"] = fr
-        fig["raw_consume_rps"] = _step(b, 12, total, "raw changelog consume (confluent-kafka)", b.raw_consume)
+        fig["raw_consume_rps"] = _step(b, 10, total, "raw changelog consume (confluent-kafka)", b.raw_consume)
         if a.no_restore:
             say("restore: skipped (--no-restore)")
         else:
-            fig["restore_rps"] = _step(b, 13, total, f"restore of {a.restore_node} (wipe + restart)", b.restore)
+            fig["restore_rps"] = _step(b, 11, total, f"restore of {a.restore_node} (wipe + restart)", b.restore)
     finally:
         if baseline is not None:
             baseline.terminate()
@@ -407,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=64, help="requests in flight for every throughput run")
     p.add_argument("--grpc-connections", type=int, default=4, help="h2load connections; streams = concurrency / this")
     p.add_argument("--duration", type=float, default=8.0, help="seconds per throughput run")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="runs of each compared figure, interleaved with its counterpart's (median / pooled)")
     p.add_argument("--latency-rate", type=float, default=200.0, help="fixed total req/s of the latency runs")
     p.add_argument("--latency-clients", type=int, default=4)
     p.add_argument("--latency-duration", type=float, default=8.0)
@@ -417,8 +490,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-restore", action="store_true", help="do not wipe and restart a store node")
     p.add_argument("--json-out", type=Path, help="also write {figures, targets, notes} here")
     a = p.parse_args(argv)
-    if not (0 < a.duration <= 120 and 0 < a.latency_duration <= 120 and 1 <= a.concurrency <= 1024):
-        p.error("durations must be within (0, 120] s and concurrency within [1, 1024]")
+    if not (0 < a.duration <= 120 and 0 < a.latency_duration <= 120 and 1 <= a.concurrency <= 1024
+            and 1 <= a.rounds <= 10):
+        p.error("durations must be within (0, 120] s, concurrency within [1, 1024], rounds within [1, 10]")
     home = Path(a.home)
     if not (home / "state.json").exists():
         print(f"no local stack recorded under {home}: start one with `freshroute local up`", file=sys.stderr)

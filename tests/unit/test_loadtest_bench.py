@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.bench import FIGURES, evaluate_targets, format_table
+from loadtest.bench import FIGURES, evaluate_targets, format_table, interleaved, median_of
 from loadtest.restore import data_dir_of, restore_rate_from_log
 
 
@@ -21,6 +21,14 @@ def test_targets_are_ratios_with_their_direction():
     assert got["restore_rps / raw_consume_rps >= 0.6"] == (None, None)
     table = format_table(fig, evaluate_targets(fig))
     assert "[MISS]" in table and "[MET ]" in table and "[n/a ]" in table
+
+
+def test_compared_figures_alternate_which_runs_first():
+    order = []
+    xs, ys = interleaved(3, lambda: order.append("a") or len(order), lambda: order.append("b") or len(order))
+    assert order == ["a", "b", "b", "a", "a", "b"]
+    assert xs == [1, 4, 5] and ys == [2, 3, 6]
+    assert median_of([1200.0, None, 900.0, 3000.0]) == 1200.0 and median_of([None]) is None
 
 
 LOG = """2026-11-22 00:30:00,000 INFO store_node.changelog: replica sensor_stats/0 (standby): restoring from the start of changelog x
