@@ -52,6 +52,7 @@ def base_env(broker: str, redis_url: str, namespace: str, tmp_path: Path) -> dic
             "FRESHROUTE_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "FRESHROUTE_CHANGELOG_PARTITIONS": "4"}
 
 
+@pytest.mark.timeout(900)
 def test_backfill_of_a_user_tables_file_then_a_lost_changelog_is_refused(redis_url, namespace, tmp_path):
     """A backfill stops by itself with exact tables; after a broker restart the pipeline refuses to resume."""
     port = free_port()
@@ -95,7 +96,7 @@ def backfill(broker: str, redis_url: str, namespace: str, tmp_path: Path) -> dic
     env = {**base_env(broker, redis_url, namespace, tmp_path), "FRESHROUTE_TABLES_FILE": str(tables_file),
            "FRESHROUTE_AVAILABLE_NOW": "true", "FRESHROUTE_MAX_RECORDS_PER_BATCH": "1200"}
     run = PipelineProcess(env, tmp_path / "pipeline.log")
-    assert run.wait_exit(360) == 0, run.tail()
+    assert run.wait_exit(600) == 0, run.tail()
 
     totals: dict[str, dict] = defaultdict(lambda: {"items": 0, "largest": -math.inf})
     minutes: dict[str, dict] = defaultdict(lambda: {"orders": 0, "revenue": 0.0})

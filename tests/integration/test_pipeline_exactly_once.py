@@ -59,6 +59,7 @@ def recompute(inputs: list) -> tuple[dict[str, dict], dict[str, dict]]:
     return stats, {a: {"count": n} for a, n in areas.items()}
 
 
+@pytest.mark.timeout(1500)
 def test_kill_9_mid_stream_then_restart_gives_the_recomputed_table(broker, redis_url, namespace, tmp_path):
     rng = random.Random(20261122)
     input_topic = f"{namespace}readings"
@@ -79,10 +80,11 @@ def test_kill_9_mid_stream_then_restart_gives_the_recomputed_table(broker, redis
         # 1. First run: wait until batches landed in the changelog, then kill -9 the whole process tree.
         first = PipelineProcess(env, tmp_path / "pipeline-1.log")
         started.append(first)
-        deadline = time.monotonic() + 240
+        # Spark's start plus the cold first batch: seconds on an idle machine, minutes on a loaded one.
+        deadline = time.monotonic() + 480
         while committed_batches(checkpoints / "sensor_stats") < 1:
             assert first.alive(), f"pipeline exited early:\n{first.tail()}"
-            assert time.monotonic() < deadline, f"no batch committed within 240 s:\n{first.tail()}"
+            assert time.monotonic() < deadline, f"no batch committed within 480 s:\n{first.tail()}"
             time.sleep(0.2)
         first.kill9()
         partial = materialize(read_topic(broker, stats_topic))
@@ -96,7 +98,7 @@ def test_kill_9_mid_stream_then_restart_gives_the_recomputed_table(broker, redis
 
         second = PipelineProcess(env, tmp_path / "pipeline-2.log")
         started.append(second)
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 480
         while True:
             assert second.alive(), f"restarted pipeline exited:\n{second.tail()}"
             got_stats = materialize(read_topic(broker, stats_topic))
@@ -110,7 +112,7 @@ def test_kill_9_mid_stream_then_restart_gives_the_recomputed_table(broker, redis
 
         # 3. A graceful stop on SIGTERM.
         second.proc.send_signal(signal.SIGTERM)
-        assert second.proc.wait(90) == 0, second.tail()
+        assert second.proc.wait(120) == 0, second.tail()
         second.wait_group_gone(30)
     finally:
         for p in started:
