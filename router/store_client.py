@@ -166,18 +166,32 @@ class _ReadStream:
                 # gRPC message costs far more than one more read in it), while a read on an
                 # idle stream leaves at once.
                 if self._outbox and self._unanswered < self._max_unanswered:
-                    batch, self._outbox = self._outbox, []
-                    self._unanswered += 1
-                    await self._call.write(store_pb2.ReadBatch(reads=batch))
+                    batch = self._live(self._outbox)
+                    self._outbox = []
+                    if batch:
+                        self._unanswered += 1
+                        await self._call.write(store_pb2.ReadBatch(reads=batch))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 — any write failure ends this stream
             self._break(e)
 
+    def _live(self, reads: list[store_pb2.KeyRead]) -> list[store_pb2.KeyRead]:
+        """The reads still awaited: one given up on while it waited (a timeout, a hedge lost) is not sent."""
+        pending = self._pending
+        live = []
+        for read in reads:
+            fut = pending.get(read.id)
+            if fut is not None and not fut.done():
+                live.append(read)
+            else:
+                pending.pop(read.id, None)
+        return live
+
     async def _read_loop(self) -> None:
         try:
             async for batch in self._call:
-                # The node answers every batch with one batch, in order.
+                # The node answers every batch with one batch, in order (StoreNodeService.Read).
                 self._unanswered -= 1
                 if self._outbox:
                     self._wake.set()

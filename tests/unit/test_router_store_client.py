@@ -82,6 +82,35 @@ async def test_reads_issued_together_travel_in_one_batch_and_match_by_id():
         await server.stop(None)
 
 
+async def test_reads_issued_while_a_batch_is_unanswered_leave_together_when_it_is_answered():
+    hold = asyncio.Event()
+    store = DictStore(ROWS, hold)
+    server, port = await start(store)
+    client = GrpcStoreClient()
+    addr = f"127.0.0.1:{port}"
+    try:
+        first = asyncio.ensure_future(client.read(addr, "t", 0, b"k0", StoreBound()))
+        for _ in range(100):
+            if store.batches:
+                break
+            await asyncio.sleep(0.01)
+        assert store.batches == [1]  # an idle stream sends at once
+        waiting = [asyncio.ensure_future(client.read(addr, "t", 0, f"k{i}".encode(), StoreBound()))
+                   for i in range(1, 6)]
+        await asyncio.sleep(0.05)
+        assert store.batches == [1]  # held back while the first batch is unanswered
+        waiting[0].cancel()  # given up on (a timeout, a lost hedge) while it waited
+        hold.set()
+        assert (await first).value == ROWS[b"k0"]
+        results = await asyncio.gather(*waiting[1:])
+        assert [r.value for r in results] == [ROWS[f"k{i}".encode()] for i in range(2, 6)]
+        assert store.batches == [1, 4]
+    finally:
+        hold.set()
+        await client.close()
+        await server.stop(None)
+
+
 async def test_broken_stream_fails_in_flight_reads_as_retryable_then_reconnects():
     hold = asyncio.Event()
     store = DictStore(ROWS, hold)
