@@ -147,6 +147,8 @@ class StoreNodeService(store_pb2_grpc.StoreNodeServicer):
         return self._reader().results(request.reads)
 
     async def Read(self, request_iterator: AsyncIterator[store_pb2.ReadBatch], context) -> AsyncIterator[store_pb2.ResultBatch]:
+        # Every batch is answered by exactly one batch, in order: the router sends its next
+        # batch on a stream when the previous one is answered.
         async for batch in request_iterator:
             yield self._reader().results(batch.reads)
 
