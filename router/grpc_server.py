@@ -12,6 +12,7 @@ import logging
 from typing import Any, AsyncIterator, NoReturn
 
 import grpc
+import orjson
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
@@ -62,7 +63,7 @@ def _get_response(r: LookupResult) -> router_pb2.GetResponse:
 
 def _key_error(table: str, key: str, err: FreshrouteError) -> router_pb2.GetResponse:
     """A BatchGet result for a key that could not be read: the error a Get of it alone would carry."""
-    body = json.dumps(err.to_body(), separators=(",", ":"), default=str)
+    body = orjson.dumps(err.to_body(), default=str).decode()
     return router_pb2.GetResponse(
         table=table, key=key, partition=int(err.details.get("partition") or 0), found=False,
         error=router_pb2.KeyError(code=err.code, message=err.message, status=err.grpc_status.value[0],
