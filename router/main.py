@@ -8,11 +8,13 @@ import gc
 import logging
 import signal
 import socket
+from functools import partial
 from typing import Any, Iterator
 
 import uvicorn
 
 from router.grpc_server import create_grpc_server
+from router.http import KeyLookupProtocol
 from router.rest import create_app
 from router.routing import Router
 from router.settings import RouterSettings
@@ -93,10 +95,12 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
     try:
         await runtime.start()
         grpc_server, grpc_port = create_grpc_server(settings, runtime.router)
-        # No X-Forwarded-* rewriting: nothing here reads the client address, and the
-        # middleware would inspect every request's headers.
-        rest = _RestServer(uvicorn.Config(create_app(settings, runtime.router), http="httptools", access_log=False,
-                                          proxy_headers=False,
+        app = create_app(settings, runtime.router)
+        # Key lookups are answered by the connection's own protocol (router.http); uvicorn's
+        # serves everything else. No X-Forwarded-* rewriting: nothing here reads the client
+        # address, and the middleware would inspect every request's headers.
+        rest = _RestServer(uvicorn.Config(app, http=partial(KeyLookupProtocol, app.key_handlers), access_log=False,
+                                          proxy_headers=False, server_header=False,
                                           lifespan="on", log_level=settings.log_level.lower(),
                                           timeout_graceful_shutdown=max(1, int(settings.graceful_shutdown_s))))
         await grpc_server.start()

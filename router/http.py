@@ -1,0 +1,206 @@
+"""The REST port's HTTP/1.1 protocol: key lookups are answered on the connection itself.
+
+Served through uvicorn's protocol, every request costs an ASGI scope, a request-response
+cycle with its event, a keep-alive timer and two writes — together as much CPU as the
+lookup behind them. Lookups are the product, so :class:`KeyLookupProtocol` parses
+``GET /v1/tables/{table}/keys/{key}`` (and ``…/metadata``) with httptools and answers each
+with one write, through the same handlers as the ASGI app. The first request on a
+connection that is anything else (another route or method, a body, an upgrade, an
+absolute URL) hands the connection to uvicorn's own protocol for good, with every byte
+not answered yet, once the answers already owed have been written: FastAPI serves the
+rest of the documented surface exactly as before.
+
+Requests on one connection are answered one at a time, in order (pipelined ones wait).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from router.rest import KeyHandlers, answer_key_route, match_key_path
+
+_BAD_REQUEST = (b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                b"content-length: 29\r\nconnection: close\r\n\r\nInvalid HTTP request received.")
+# A header that gives the request a body or changes the protocol: such a request is uvicorn's.
+_NOT_PLAIN = frozenset((b"content-length", b"transfer-encoding", b"expect", b"upgrade"))
+
+
+class _HandOver(Exception):
+    """Raised from a parser callback: the request being parsed is not a key lookup."""
+
+
+class KeyLookupProtocol(asyncio.Protocol):
+    """One HTTP/1.1 connection; built by uvicorn (``http=``) with the key handlers bound first."""
+
+    def __init__(self, handlers: KeyHandlers, config: Any, server_state: Any, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.handlers = handlers
+        self.config = config
+        self.server_state = server_state
+        self.app_state = app_state
+        self.loop = _loop or asyncio.get_event_loop()
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        # Bytes received and neither answered nor parsed past: at a hand-over they are
+        # the request uvicorn starts from, and everything after it.
+        self.buffer = b""
+        self.url = b""
+        self.plain = True
+        self.head_len = 0
+        self.requests: deque[tuple[bytes, bool]] = deque()  # (URL, keep alive) parsed, not answered
+        self.busy = False  # an answer of this connection is being worked out
+        self.handing_over = False
+        self.closing = False  # close after the answers owed (server shutdown)
+        self.writing_paused = False
+        self.idle_since = 0.0
+        self.idle_timer: asyncio.TimerHandle | None = None
+        self._headers_of: list[tuple[bytes, bytes]] | None = None
+        self._headers = b""
+
+    # ---- connection -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.server_state.connections.add(self)
+        self._arm_idle_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server_state.connections.discard(self)
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+        self.requests.clear()
+
+    def shutdown(self) -> None:
+        """uvicorn's graceful shutdown: close now if idle, else after the answers owed."""
+        self.closing = True
+        if not self.busy and not self.requests:
+            self.transport.close()
+
+    def pause_writing(self) -> None:
+        # The client does not read its answers: stop reading its requests until it does.
+        self.writing_paused = True
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        if not self.handing_over:
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        self.idle_since = self.loop.time()
+        self.buffer += data
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as e:
+            if not isinstance(e.__context__, _HandOver):
+                raise
+            self.handing_over = True
+            self.transport.pause_reading()
+            if not self.busy:
+                self._hand_over()
+        except httptools.HttpParserError:
+            self.transport.write(_BAD_REQUEST)
+            self.transport.close()
+
+    # ---- parser callbacks -------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.plain = True
+        # Blank lines before a request line are allowed, and not part of the request.
+        self.buffer = self.buffer.lstrip(b"\r\n")
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() in _NOT_PLAIN:
+            self.plain = False
+
+    def on_headers_complete(self) -> None:
+        head_end = self.buffer.find(b"\r\n\r\n")
+        if not (self.plain and head_end >= 0 and self.parser.get_method() == b"GET"
+                and not self.parser.should_upgrade() and match_key_path(self.url.partition(b"?")[0])):
+            raise _HandOver
+        self.head_len = head_end + 4
+
+    def on_message_complete(self) -> None:
+        self.buffer = self.buffer[self.head_len:]
+        self.requests.append((self.url, self.parser.should_keep_alive()))
+        if not self.busy:
+            self._answer_next()
+
+    # ---- answers ----------------------------------------------------------------------
+
+    def _answer_next(self) -> None:
+        url, keep_alive = self.requests.popleft()
+        self.busy = True
+        self.loop.create_task(self._answer(url, keep_alive))
+
+    async def _answer(self, url: bytes, keep_alive: bool) -> None:
+        path, _, query = url.partition(b"?")
+        match = match_key_path(path)
+        assert match is not None  # checked when the request was parsed
+        try:
+            status, body = await answer_key_route(self.handlers, match, query)
+        finally:
+            self.busy = False
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        keep_alive = keep_alive and not (self.closing and not self.requests)
+        transport.write(b"".join((STATUS_LINE[status], self._default_headers(),
+                                  b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body),
+                                  b"\r\n" if keep_alive else b"connection: close\r\n\r\n", body)))
+        if not keep_alive:
+            transport.close()
+        elif self.requests:
+            self._answer_next()
+        elif self.handing_over:
+            self._hand_over()
+        else:
+            self.idle_since = self.loop.time()
+
+    def _default_headers(self) -> bytes:
+        # uvicorn renews its default headers (date, server) once a second.
+        current = self.server_state.default_headers
+        if current is not self._headers_of:
+            self._headers_of = current
+            self._headers = b"".join(b"%s: %s\r\n" % (name, value) for name, value in current)
+        return self._headers
+
+    def _hand_over(self) -> None:
+        """From here on uvicorn's protocol serves this connection, starting from the bytes not answered."""
+        self.server_state.connections.discard(self)
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+        protocol = HttpToolsProtocol(config=self.config, server_state=self.server_state, app_state=self.app_state,
+                                     _loop=self.loop)
+        protocol.connection_made(self.transport)
+        self.transport.set_protocol(protocol)
+        data, self.buffer = self.buffer, b""
+        if not self.writing_paused:
+            self.transport.resume_reading()
+        protocol.data_received(data)
+
+    # ---- idle keep-alive connections --------------------------------------------------
+
+    def _arm_idle_timer(self) -> None:
+        # One timer per connection, pushed back while it is in use (not one per request).
+        self.idle_since = self.loop.time()
+        self.idle_timer = self.loop.call_later(self.config.timeout_keep_alive, self._check_idle)
+
+    def _check_idle(self) -> None:
+        if self.transport is None or self.transport.is_closing() or self.handing_over:
+            return
+        idle = self.loop.time() - self.idle_since
+        if not self.busy and not self.requests and idle >= self.config.timeout_keep_alive:
+            self.transport.close()
+            return
+        wait = self.config.timeout_keep_alive - idle if not self.busy else self.config.timeout_keep_alive
+        self.idle_timer = self.loop.call_later(max(wait, 0.05), self._check_idle)
