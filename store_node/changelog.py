@@ -59,6 +59,14 @@ _SHRUNK_CONFIRM_S = 1.0
 _ASSIGNMENT_FRESH_S = 5.0
 
 
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 @dataclass
 class _BrokerSeen:
     state: str
@@ -359,25 +367,39 @@ class ChangelogTailer:
     # --- records ----------------------------------------------------------------------------------
 
     def _handle(self, msgs: list) -> int:
-        """Apply a polled batch, one WriteBatch per partition; returns how many records were applied."""
+        """Apply a polled batch, one WriteBatch per partition; returns how many records were applied.
+
+        This loop and :meth:`_apply` run once per record during a restore, so they are written
+        for speed: records come in runs of one partition, and a run looks its replica up once.
+        """
         now = self._clock()
         by_tp = self._by_tp
         pending: dict[Replica, list] = {}
         reset_now: set[Replica] = set()
         applied = 0
+        run_tp = None
+        run: list | None = None
         for m in msgs:
             err = m.error()
+            if err is None:
+                tp = (m.topic(), m.partition())
+                if tp != run_tp:
+                    run_tp = tp
+                    rep = by_tp.get(tp)
+                    if rep is None or rep in reset_now:
+                        # Unassigned since this record was fetched, or reset by this batch: void.
+                        run = None
+                    else:
+                        run = pending.get(rep)
+                        if run is None:
+                            pending[rep] = run = []
+                if run is not None:
+                    run.append(m)
+                continue
+            run_tp = None  # an event may apply or reset a replica: the next record looks up again
             rep = by_tp.get((m.topic(), m.partition()))
             if rep is not None and rep in reset_now:
-                continue  # fetched before this batch reset the replica: records and EOFs are void
-            if err is None:
-                if rep is None:
-                    continue  # a partition unassigned since this record was fetched
-                batch = pending.get(rep)
-                if batch is None:
-                    pending[rep] = batch = []
-                batch.append(m)
-                continue
+                continue  # fetched before this batch reset the replica: its events are void
             if rep is not None and rep in pending:
                 # Events follow the partition's records in order: apply those first.
                 applied += self._apply(rep, pending.pop(rep))
@@ -388,40 +410,45 @@ class ChangelogTailer:
         return applied
 
     def _apply(self, rep: Replica, batch: list) -> int:
-        if rep.store is None:
+        store = rep.store
+        if store is None:
             return 0
-        changes: list[tuple[bytes, bytes | None]] = []
-        skipped = 0
         floor = rep.lag.applied
-        loads = orjson.loads
-        for m in batch:
-            if m.offset() < floor:
-                continue  # already applied (a re-delivery after a re-assign)
-            key = m.key()
-            value = m.value()
-            problem = None
-            if key is None:
-                problem = "null key"
-            else:
-                try:
-                    key.decode("utf-8")
-                    if value is not None:
-                        loads(value)
-                except UnicodeDecodeError:
-                    problem = "key is not UTF-8"
-                except orjson.JSONDecodeError:
-                    problem = "value is not JSON"
-            if problem is not None:
-                skipped += 1
-                self._poison(rep, m.offset(), problem, rep.counters.records_skipped + skipped)
-                continue
-            changes.append((key, value))
         last = batch[-1].offset()
         if last < floor:
             return 0
-        rep.apply(changes, last + 1, skipped)
+        if batch[0].offset() < floor:
+            batch = [m for m in batch if m.offset() >= floor]  # a re-delivery after a re-assign
+        writes = store.batch()
+        put = writes.put
+        delete = writes.delete
+        loads = orjson.loads
+        count = skipped = 0
+        for m in batch:
+            key = m.key()
+            value = m.value()
+            if key is None:
+                problem = "null key"
+            elif not key.isascii() and not _is_utf8(key):
+                problem = "key is not UTF-8"
+            elif value is None:
+                delete(key)
+                count += 1
+                continue
+            else:
+                try:
+                    loads(value)
+                except orjson.JSONDecodeError:
+                    problem = "value is not JSON"
+                else:
+                    put(key, value)
+                    count += 1
+                    continue
+            skipped += 1
+            self._poison(rep, m.offset(), problem, rep.counters.records_skipped + skipped)
+        rep.commit(writes, last + 1, count, skipped)
         self._refresh_end(rep)
-        return len(changes)
+        return count
 
     def _refresh_end(self, rep: Replica) -> None:
         """Take the end offset of the latest Fetch response now, rather than at the next statistics.

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from rocksdict import WriteBatch
+
 from freshroute.errors import StoreCorrupt
 from freshroute.metadata import ReplicaReport, ReplicaState, Role, TableSpec
 from store_node.lag import Clock, LagSnapshot, LagTracker
@@ -89,11 +91,24 @@ class Replica:
         store = self.store
         if store is None:
             raise StoreCorrupt(f"replica {self.table}/{self.partition} has no open store")
+        writes = store.batch()
+        for key, value in changes:
+            if value is None:
+                writes.delete(key)
+            else:
+                writes.put(key, value)
+        self.commit(writes, next_offset, len(changes), skipped)
+
+    def commit(self, writes: WriteBatch, next_offset: int, applied: int, skipped: int) -> None:
+        """Write ``writes`` (``applied`` rows) with the checkpoint ``next_offset``, then publish the position."""
+        store = self.store
+        if store is None:
+            raise StoreCorrupt(f"replica {self.table}/{self.partition} has no open store")
         caught_up_at = self.lag.caught_up_at_after(next_offset)
-        store.apply(changes, next_offset, caught_up_at or None)
+        store.commit(writes, next_offset, caught_up_at or None)
         # Publish the position only after the batch is in the store: a read never reports more.
         self.lag.advance(next_offset)
-        self.counters.records_applied += len(changes)
+        self.counters.records_applied += applied
         self.counters.records_skipped += skipped
 
     def close(self) -> None:

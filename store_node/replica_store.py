@@ -149,15 +149,24 @@ class ReplicaStore:
     def apply(self, changes: Iterable[tuple[bytes, bytes | None]], next_offset: int,
               caught_up_at_ms: int | None = None) -> None:
         """Upsert/delete rows (None = tombstone) and move the checkpoint to ``next_offset``, atomically."""
-        db = self._db
-        if db is None:
-            raise StoreCorrupt(f"replica store {self.path} is closed", path=str(self.path))
-        batch = WriteBatch(raw_mode=True)
+        batch = self.batch()
         for key, value in changes:
             if value is None:
                 batch.delete(key)
             else:
                 batch.put(key, value)
+        self.commit(batch, next_offset, caught_up_at_ms)
+
+    @staticmethod
+    def batch() -> WriteBatch:
+        """An empty batch of row upserts and deletes, for :meth:`commit`."""
+        return WriteBatch(raw_mode=True)
+
+    def commit(self, batch: WriteBatch, next_offset: int, caught_up_at_ms: int | None = None) -> None:
+        """Write ``batch``'s rows and move the checkpoint to ``next_offset`` in the same write."""
+        db = self._db
+        if db is None:
+            raise StoreCorrupt(f"replica store {self.path} is closed", path=str(self.path))
         batch.put(_APPLIED, _bytes(next_offset), self._meta_cf)
         if caught_up_at_ms is not None:
             batch.put(_CAUGHT_UP_AT, _bytes(caught_up_at_ms), self._meta_cf)

@@ -388,3 +388,21 @@ def test_end_offset_is_refreshed_after_each_batch(env):
     env.consumer.queue += [record(i, f"k{i}", i) for i in range(10)]
     env.tailer.step()
     assert rep.snapshot().lag_offsets == 40  # known without waiting for the next statistics
+
+
+def test_interleaved_runs_redeliveries_and_events_apply_in_offset_order(env):
+    host(env, 0, 1)
+    env.consumer.queue += [record(0, "a", 1, partition=0), record(1, "a", 2, partition=0),
+                           record(0, "x", 1, partition=1),
+                           record(2, "a", 3, partition=0), eof(3),  # partition 0's records first, then its EOF
+                           record(1, "x", 2, partition=1)]
+    env.tailer.step()
+    r0, r1 = env.tailer.serving[("counts", 0)], env.tailer.serving[("counts", 1)]
+    assert (r0.lag.applied, r1.lag.applied) == (3, 2)
+    assert r0.store.get(b"a") == b"3" and r1.store.get(b"x") == b"2"
+    assert r0.counters.records_applied == 3 and r1.counters.records_applied == 2
+    # A re-delivery (after a re-assign) starting below the applied offset: only the new records count.
+    env.consumer.queue += [record(1, "a", 99, partition=0), record(2, "a", 98, partition=0),
+                           record(3, "a", 4, partition=0)]
+    env.tailer.step()
+    assert r0.store.get(b"a") == b"4" and r0.lag.applied == 4 and r0.counters.records_applied == 4
