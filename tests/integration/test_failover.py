@@ -55,7 +55,7 @@ def readings(stack):
     r = Readings(stack, SENSORS, rate=20.0).start()
     with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
         wait_until(lambda: all(client.get(f"/v1/tables/{TABLE}/keys/sensor-{i}").status_code == 200
-                               for i in range(SENSORS)), 300, "every sensor to be served")
+                               for i in range(SENSORS)), 480, "every sensor to be served")
     md = metadata(stack)
     wait_until(lambda: fully_replicated(md, NODES) and balanced(md.assignment(), NODES), 120,
                "an active and a standby of every partition, balanced")
