@@ -436,8 +436,10 @@ def test_graceful_stop_hands_actives_over_without_waiting_for_expiry(cluster):
     for i in range(100):
         changelog.produce(f"k{i}", {"i": i})
     changelog.flush()
-    a = cluster.node("a", drain_timeout_ms=3000)
-    b = cluster.node("b")
+    # An expiry far above the hand-over time shows that the hand-over does not wait for one.
+    slow = {"node_expiry_ms": 5000, "assignor_lease_ms": 5000}
+    a = cluster.node("a", drain_timeout_ms=3000, **slow)
+    b = cluster.node("b", **slow)
 
     def both_serving_actives():
         sa, sb = caught_up(a, changelog), caught_up(b, changelog)
@@ -452,7 +454,7 @@ def test_graceful_stop_hands_actives_over_without_waiting_for_expiry(cluster):
     assert a.health() == health_pb2.HealthCheckResponse.NOT_SERVING
     wait_until(lambda: all(r.role == store_pb2.ACTIVE for r in b.status().replicas), 10, "b to take every active")
     handover_s = time.monotonic() - t0
-    assert handover_s < 2.0  # well under the 2 s heartbeat expiry: no waiting for a to be declared dead
+    assert handover_s < 2.0  # well under the 5 s heartbeat expiry: no waiting for a to be declared dead
     assert a.proc.wait(30) == 0
     print(f"hand-over on SIGTERM took {handover_s:.2f}s")
 
