@@ -203,4 +203,4 @@ def test_a_wiped_node_restores_then_serves_the_recomputed_values(stack, readings
     st = node_status(address)
     assert all(c.resumed_from == 0 for c in st.counters)
     restored = [line for line in log.splitlines() if "caught up at offset" in line][-len(st.replicas):]
-    print("RESTORED", vid, "partitions", sorted(hosted), "sensors checked", len(mine), *restored, sep="\n")
+    print(f"RESTORED {vid}: partitions {sorted(hosted)}, {len(mine)} sensors checked", *restored, sep="\n")
