@@ -82,29 +82,36 @@ async def test_reads_issued_together_travel_in_one_batch_and_match_by_id():
         await server.stop(None)
 
 
-async def test_reads_issued_while_a_batch_is_unanswered_leave_together_when_it_is_answered():
+async def wait_for_batches(store, n):
+    for _ in range(200):
+        if len(store.batches) >= n:
+            return
+        await asyncio.sleep(0.01)
+
+
+async def test_past_the_unanswered_reads_limit_reads_wait_and_leave_together():
     hold = asyncio.Event()
     store = DictStore(ROWS, hold)
     server, port = await start(store)
-    client = GrpcStoreClient()
+    client = GrpcStoreClient(max_unanswered_reads=2)
     addr = f"127.0.0.1:{port}"
     try:
-        first = asyncio.ensure_future(client.read(addr, "t", 0, b"k0", StoreBound()))
-        for _ in range(100):
-            if store.batches:
-                break
-            await asyncio.sleep(0.01)
-        assert store.batches == [1]  # an idle stream sends at once
-        waiting = [asyncio.ensure_future(client.read(addr, "t", 0, f"k{i}".encode(), StoreBound()))
-                   for i in range(1, 6)]
+        first = [asyncio.ensure_future(client.read(addr, "t", 0, b"k0", StoreBound()))]
+        await wait_for_batches(store, 1)
+        # Below the limit a read leaves at once, alone (the node reads it once it has
+        # answered the first batch: a stream's batches are answered one after the other).
+        first.append(asyncio.ensure_future(client.read(addr, "t", 0, b"k1", StoreBound())))
         await asyncio.sleep(0.05)
-        assert store.batches == [1]  # held back while the first batch is unanswered
-        waiting[0].cancel()  # given up on (a timeout, a lost hedge) while it waited
+        # Two reads unanswered: these wait, and leave as one batch when an answer arrives.
+        waiting = [asyncio.ensure_future(client.read(addr, "t", 0, f"k{i}".encode(), StoreBound()))
+                   for i in range(2, 7)]
+        await asyncio.sleep(0.05)
+        waiting[0].cancel()  # given up on (a timeout, a lost hedge) while it waited: not sent
         hold.set()
-        assert (await first).value == ROWS[b"k0"]
+        assert [r.value for r in await asyncio.gather(*first)] == [ROWS[b"k0"], ROWS[b"k1"]]
         results = await asyncio.gather(*waiting[1:])
-        assert [r.value for r in results] == [ROWS[f"k{i}".encode()] for i in range(2, 6)]
-        assert store.batches == [1, 4]
+        assert [r.value for r in results] == [ROWS[f"k{i}".encode()] for i in range(3, 7)]
+        assert store.batches == [1, 1, 4]
     finally:
         hold.set()
         await client.close()
