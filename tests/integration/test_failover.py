@@ -32,6 +32,8 @@ from tests.integration.cluster_support import (TABLE, Readings, StrictProbe, Wat
                                                read_from_node)
 from tests.integration.stack_fixture import expected_sensor_stats, same_stats, start_stack, wait_until
 
+pytestmark = pytest.mark.integration
+
 SENSORS = 40
 BULK_SENSORS = 4000  # their changelog records make the wiped node's restore last seconds at its paced rate
 NODES = {"node-1", "node-2", "node-3"}

@@ -21,6 +21,8 @@ from tests.integration.cluster_support import (TABLE, Readings, Watch, balanced,
                                                spread)
 from tests.integration.stack_fixture import start_stack, wait_until
 
+pytestmark = pytest.mark.integration
+
 SENSORS = 40
 
 
