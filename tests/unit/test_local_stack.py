@@ -1,0 +1,41 @@
+"""Stack.add_store_node without processes: naming, port choice, and what the state file records."""
+
+from __future__ import annotations
+
+from freshroute.local import stack as stack_mod
+from freshroute.local.stack import Component, Stack, StackConfig
+
+
+def _stack(tmp_path, monkeypatch, busy: set[int]) -> tuple[Stack, list[str]]:
+    stack = Stack(StackConfig(home=tmp_path, store_ports=(7101, 7102, 7103)))
+    started: list[str] = []
+
+    def start(name, *extra):
+        role, command, addresses = stack.command_for(name)
+        started.append(name)
+        busy.add(int(addresses["address"].rsplit(":", 1)[1]))  # it listens at once
+        comp = Component(name, role, 4242, command, str(tmp_path / f"{name}.log"), addresses)
+        stack.components[name] = comp
+        stack.save()
+        return comp
+
+    monkeypatch.setattr(stack, "start", start)
+    monkeypatch.setattr(stack_mod, "_port_open", lambda host, port: port in busy)
+    monkeypatch.setattr(Component, "alive", lambda self: True)
+    return stack, started
+
+
+def test_the_new_node_takes_the_next_name_and_port(tmp_path, monkeypatch):
+    stack, started = _stack(tmp_path, monkeypatch, busy={7101, 7102, 7103})
+    assert stack.add_store_node() == "store-node-4"
+    assert started == ["store-node-4"]
+    assert stack.config.store_ports == (7101, 7102, 7103, 7104)
+    assert stack.components["store-node-4"].addresses == {"node_id": "node-4", "address": "127.0.0.1:7104"}
+    assert Stack.load(tmp_path).config.store_ports == (7101, 7102, 7103, 7104)  # recorded for `local status`
+
+
+def test_a_busy_next_port_is_replaced_by_a_free_one(tmp_path, monkeypatch):
+    stack, _ = _stack(tmp_path, monkeypatch, busy={7101, 7102, 7103, 7104})
+    monkeypatch.setattr(stack_mod, "free_port", lambda host: 40123)
+    assert stack.add_store_node() == "store-node-4"
+    assert stack.config.store_ports[-1] == 40123
