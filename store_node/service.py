@@ -146,11 +146,12 @@ class StoreNodeService(store_pb2_grpc.StoreNodeServicer):
     async def BatchGet(self, request: store_pb2.ReadBatch, context) -> store_pb2.ResultBatch:
         return self._reader().results(request.reads)
 
-    async def Read(self, request_iterator: AsyncIterator[store_pb2.ReadBatch], context) -> AsyncIterator[store_pb2.ResultBatch]:
-        # Every batch is answered by exactly one batch, in order: the router sends its next
-        # batch on a stream when the previous one is answered.
-        async for batch in request_iterator:
-            yield self._reader().results(batch.reads)
+    async def Read(self, request_iterator: AsyncIterator[store_pb2.ReadBatch], context) -> None:
+        # Every batch is answered by exactly one batch, in order: the router counts the
+        # reads a stream has not answered yet. context.read()/write() rather than iterating
+        # and yielding: grpc.aio's generator wrappers cost ~15% of a batch's CPU.
+        while (batch := await context.read()) is not grpc.aio.EOF:
+            await context.write(self._reader().results(batch.reads))
 
     async def Scan(self, request: store_pb2.ScanRequest, context) -> AsyncIterator[store_pb2.ScanChunk]:
         rep = self._node.serving.get((request.table, request.partition))

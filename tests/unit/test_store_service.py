@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from types import MappingProxyType, SimpleNamespace
 
+import grpc
 import pytest
 
 from freshroute.metadata import Role, TableSpec
@@ -128,15 +129,23 @@ def test_batch_get_answers_each_read(world):
 def test_read_stream_matches_results_by_id(world):
     caught_up(world)
 
-    async def requests():
-        for i in range(3):
-            yield store_pb2.ReadBatch(reads=[store_pb2.KeyRead(id=i * 10 + j, table="users", partition=1,
-                                                               key=b"alice" if j else b"bob") for j in range(2)])
+    class Stream:
+        """The reader/writer side of a grpc.aio stream-stream call."""
 
-    async def run():
-        return [b async for b in world.service.Read(requests(), None)]
+        def __init__(self, batches):
+            self.incoming, self.out = list(batches), []
 
-    out = asyncio.run(run())
+        async def read(self):
+            return self.incoming.pop(0) if self.incoming else grpc.aio.EOF
+
+        async def write(self, message):
+            self.out.append(message)
+
+    stream = Stream(store_pb2.ReadBatch(reads=[store_pb2.KeyRead(id=i * 10 + j, table="users", partition=1,
+                                                                 key=b"alice" if j else b"bob") for j in range(2)])
+                    for i in range(3))
+    asyncio.run(world.service.Read(None, stream))
+    out = stream.out
     assert [[(r.id, r.value) for r in b.results] for b in out] == [
         [(i * 10, b'{"age":40}'), (i * 10 + 1, b'{"age":31}')] for i in range(3)]
 
