@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from freshroute.errors import ConfigError
+from freshroute.errors import ConfigError, FreshrouteError
 
 # command → (settings class, run function), imported lazily: the router should not pay
 # for importing pyspark, nor the pipeline for FastAPI.
@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
 
             return stack.dispatch(args)
         return handlers[args.command](args)
-    except ConfigError as e:
-        print(f"freshroute: {e.message}", file=sys.stderr)
+    except FreshrouteError as e:  # a component stopped for a reason it has named (config, lost data …)
+        print(f"freshroute: {e.code}: {e.message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

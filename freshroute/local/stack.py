@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -242,6 +243,10 @@ class Stack:
         busy = [f"{name} port {port}" for name, port in self.ports().items() if _port_open(c.host, port)]
         if busy:
             raise RuntimeError(f"already in use on {c.host}: {', '.join(busy)} (pick other ports with flags)")
+        # The local broker is memory-only: a new one holds no topics, so checkpoints and replica
+        # stores from an earlier run describe data that is gone. Start them afresh too.
+        for stale in (c.home / "pipeline", c.home / "data"):
+            shutil.rmtree(stale, ignore_errors=True)
         self.save()
         comp = self.start("broker")
         wait(c.host, c.broker_port, 30, None)
