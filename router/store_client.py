@@ -191,7 +191,8 @@ class _ReadStream:
 
     async def _read_loop(self) -> None:
         try:
-            async for batch in self._call:
+            # read() rather than iterating the call: grpc.aio's iterator is an async generator around it.
+            while (batch := await self._call.read()) is not grpc.aio.EOF:
                 # Every read sent is answered once (StoreNodeService.Read).
                 self._unanswered -= len(batch.results)
                 if self._outbox:
