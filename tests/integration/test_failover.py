@@ -164,6 +164,27 @@ def test_kill_9_of_the_assignor_under_load(stack, readings, tmp_path):
     assert written and all(g > holder[1] for g in written), written
 
 
+def test_a_pause_shorter_than_the_expiry_is_no_failover(stack, readings):
+    """A stop-the-world pause of half a second (a long GC pause) must not move a single replica."""
+    md = metadata(stack)
+    wait_until(lambda: fully_replicated(md, NODES), 60, "a fully replicated cluster")
+    holder = lease_holder(md)
+    victim = next(f"store-node-{n.rsplit('-', 1)[1]}" for n in sorted(NODES) if holder is None or n != holder[0])
+    before = md.assignment()
+    watch = Watch(md).start()
+    try:
+        stack.signal(victim, signal.SIGSTOP)
+        time.sleep(0.5)
+        stack.signal(victim, signal.SIGCONT)
+        time.sleep(3)
+    finally:
+        stack.signal(victim, signal.SIGCONT)
+        watch.stop()
+    assert not watch.dropped, watch.dropped
+    assert md.assignment().replicas == before.replicas
+    print("PAUSED", victim, "0.5 s; heartbeat gaps", watch.max_heartbeat_gap_ms)
+
+
 def test_a_wiped_node_restores_then_serves_the_recomputed_values(stack, readings):
     md = metadata(stack)
     victim = "store-node-3"
