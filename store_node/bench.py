@@ -1,10 +1,10 @@
 """Measure a store node on a throwaway broker and Redis: restore rate against a raw consume, and reads.
 
 ``python -m store_node.bench --records 400000`` produces a changelog, times a plain
-confluent-kafka consumer reading it end to end, then times a real store node process
-restoring the same changelog into RocksDB (records/s from "listening" to "every replica
-caught up"), and finally read throughput over the ``Read`` stream at several batch sizes
-and over unary ``Get``. Everything runs on loopback in a temporary directory and is stopped
+confluent-kafka consumer reading it end to end (best of two), then times real store node
+processes restoring the same changelog into RocksDB (records/s from "every replica assigned"
+to "every replica caught up", best of two), each also in records per CPU-second, and finally
+read throughput over the ``Read`` stream at several batch sizes and over unary ``Get``. Everything runs on loopback in a temporary directory and is stopped
 by its own pid.
 """
 
@@ -82,6 +82,49 @@ def _cpu_s(pid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _start_node(bootstrap: str, redis_url: str, data_dir: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
+    """A store node process of its own; returns it and the address it listens on."""
+    env = {**os.environ, "FRESHROUTE_NODE_ID": "bench", "FRESHROUTE_BOOTSTRAP_SERVERS": bootstrap,
+           "FRESHROUTE_REDIS_URL": redis_url, "FRESHROUTE_NAMESPACE": "bench", "FRESHROUTE_DATA_DIR": str(data_dir),
+           "FRESHROUTE_NODE_EXPIRY_MS": "300", "PYTHONPATH": str(REPO)}
+    with open(log_path, "wb") as log:
+        node = subprocess.Popen([sys.executable, "-m", "store_node"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                stderr=log, stdin=subprocess.DEVNULL)
+    return node, node.stdout.readline().decode().split()[-1]
+
+
+def _timed_restore(node: subprocess.Popen, stub) -> tuple[float, float, float]:
+    """Seconds and node CPU seconds from every replica assigned to every replica caught up, and from listening."""
+    from proto import store_pb2
+
+    listening = time.monotonic()
+    assigned = None
+    cpu_assigned = _cpu_s(node.pid)
+    while time.monotonic() - listening < 600:
+        st = stub.Status(store_pb2.StatusRequest(), timeout=5)
+        if assigned is None and st.replicas:
+            assigned = time.monotonic()
+            cpu_assigned = _cpu_s(node.pid)
+        if len(st.replicas) == PARTITIONS and all(r.state != store_pb2.RESTORING and r.lag_offsets == 0
+                                                  for r in st.replicas):
+            break
+        # Every Status call costs the node CPU it would otherwise spend restoring: ask at most
+        # 20 times a second (the end is known to within 50 ms).
+        time.sleep(0.05)
+    done = time.monotonic()
+    return done - (assigned or listening), _cpu_s(node.pid) - cpu_assigned, done - listening
+
+
+def _stop(node: subprocess.Popen) -> None:
+    if node.poll() is None:
+        node.terminate()
+        try:
+            node.wait(30)
+        except subprocess.TimeoutExpired:
+            node.kill()
+            node.wait(10)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m store_node.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=400_000)
@@ -116,34 +159,17 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.records / raw_cpu:,.0f} records per CPU-second")
 
         MetadataStore.from_url(redis_svc.address, "bench").register_tables([spec])
-        env = {**os.environ, "FRESHROUTE_NODE_ID": "bench", "FRESHROUTE_BOOTSTRAP_SERVERS": broker.address,
-               "FRESHROUTE_REDIS_URL": redis_svc.address, "FRESHROUTE_NAMESPACE": "bench",
-               "FRESHROUTE_DATA_DIR": str(work / "node"), "FRESHROUTE_NODE_EXPIRY_MS": "300",
-               "PYTHONPATH": str(REPO)}
-        with open(work / "node.log", "wb") as log:
-            node = subprocess.Popen([sys.executable, "-m", "store_node"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                    stderr=log, stdin=subprocess.DEVNULL)
-        address = node.stdout.readline().decode().split()[-1]
-        listening = time.monotonic()
-        stub = store_pb2_grpc.StoreNodeStub(grpc.insecure_channel(address))
-        assigned = None
-        cpu_assigned = _cpu_s(node.pid)
-        while time.monotonic() - listening < 600:
-            st = stub.Status(store_pb2.StatusRequest(), timeout=5)
-            if assigned is None and st.replicas:
-                assigned = time.monotonic()
-                cpu_assigned = _cpu_s(node.pid)
-            if len(st.replicas) == PARTITIONS and all(r.state != store_pb2.RESTORING and r.lag_offsets == 0
-                                                      for r in st.replicas):
-                break
-            # Every Status call costs the node CPU it would otherwise spend restoring: ask at most
-            # 20 times a second (the end is known to within 50 ms).
-            time.sleep(0.05)
-        done = time.monotonic()
-        restore_cpu = _cpu_s(node.pid) - cpu_assigned
-        restore = done - (assigned or listening)
-        print(f"store node restore: {args.records / restore:,.0f} records/s ({restore:.2f}s from the first replica "
-              f"assigned to every replica caught up; {done - listening:.2f}s from listening); "
+        # Like the raw consume, the best of two restores, each by a new node into an empty directory.
+        restores = []
+        for run in ("a", "b"):
+            if node is not None:
+                _stop(node)
+            node, address = _start_node(broker.address, redis_svc.address, work / f"node-{run}", work / f"node-{run}.log")
+            stub = store_pb2_grpc.StoreNodeStub(grpc.insecure_channel(address))
+            restores.append(_timed_restore(node, stub))
+        restore, restore_cpu, from_listening = min(restores)
+        print(f"store node restore: {args.records / restore:,.0f} records/s ({restore:.2f}s from every replica "
+              f"assigned to every replica caught up, best of 2; {from_listening:.2f}s from listening); "
               f"{args.records / restore_cpu:,.0f} records per CPU-second")
         print(f"restore / raw consume: {raw / restore:.2f} by wall clock, {raw_cpu / restore_cpu:.2f} by CPU time")
 
@@ -163,13 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                      timeout=5)
         print(f"unary Get: {1000 / (time.monotonic() - start):,.0f} reads/s")
     finally:
-        if node is not None and node.poll() is None:
-            node.terminate()
-            try:
-                node.wait(30)
-            except subprocess.TimeoutExpired:
-                node.kill()
-                node.wait(10)
+        if node is not None:
+            _stop(node)
         broker.stop()
         redis_svc.stop()
     return 0
