@@ -19,7 +19,7 @@ import pytest
 from loadtest.scenario import LoadConfig, run
 from tests.integration.cluster_support import (TABLE, Readings, Watch, balanced, fully_replicated, metadata, node_id,
                                                spread)
-from tests.integration.stack_fixture import start_stack, wait_until
+from tests.integration.stack_fixture import FIRST_DATA_TIMEOUT_S, start_stack, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ def readings(stack):
     r = Readings(stack, SENSORS, rate=20.0).start()
     with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
         wait_until(lambda: all(client.get(f"/v1/tables/{TABLE}/keys/sensor-{i}").status_code == 200
-                               for i in range(SENSORS)), 480, "every sensor to be served")
+                               for i in range(SENSORS)), FIRST_DATA_TIMEOUT_S, "every sensor to be served")
     yield r
     r.stop()
 
