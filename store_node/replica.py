@@ -91,13 +91,7 @@ class Replica:
         store = self.store
         if store is None:
             raise StoreCorrupt(f"replica {self.table}/{self.partition} has no open store")
-        writes = store.batch()
-        for key, value in changes:
-            if value is None:
-                writes.delete(key)
-            else:
-                writes.put(key, value)
-        self.commit(writes, next_offset, len(changes), skipped)
+        self.commit(store.batch(changes), next_offset, len(changes), skipped)
 
     def commit(self, writes: WriteBatch, next_offset: int, applied: int, skipped: int) -> None:
         """Write ``writes`` (``applied`` rows) with the checkpoint ``next_offset``, then publish the position."""

@@ -149,18 +149,18 @@ class ReplicaStore:
     def apply(self, changes: Iterable[tuple[bytes, bytes | None]], next_offset: int,
               caught_up_at_ms: int | None = None) -> None:
         """Upsert/delete rows (None = tombstone) and move the checkpoint to ``next_offset``, atomically."""
-        batch = self.batch()
+        self.commit(self.batch(changes), next_offset, caught_up_at_ms)
+
+    @staticmethod
+    def batch(changes: Iterable[tuple[bytes, bytes | None]] = ()) -> WriteBatch:
+        """A batch of row upserts and deletes (None = tombstone), for :meth:`commit`."""
+        batch = WriteBatch(raw_mode=True)
         for key, value in changes:
             if value is None:
                 batch.delete(key)
             else:
                 batch.put(key, value)
-        self.commit(batch, next_offset, caught_up_at_ms)
-
-    @staticmethod
-    def batch() -> WriteBatch:
-        """An empty batch of row upserts and deletes, for :meth:`commit`."""
-        return WriteBatch(raw_mode=True)
+        return batch
 
     def commit(self, batch: WriteBatch, next_offset: int, caught_up_at_ms: int | None = None) -> None:
         """Write ``batch``'s rows and move the checkpoint to ``next_offset`` in the same write."""
