@@ -111,10 +111,12 @@ class NodeReport:
     replicas: tuple[ReplicaReport, ...] = ()
     rack: str | None = None
     draining: bool = False
+    read_address: str | None = None  # the node's read port, if it offers one (else reads use gRPC)
 
     def to_json(self) -> bytes:
         return orjson.dumps({"node_id": self.node_id, "address": self.address, "rack": self.rack,
                              "heartbeat_ms": self.heartbeat_ms, "draining": self.draining,
+                             "read_address": self.read_address,
                              "replicas": [r.to_dict() for r in self.replicas]})
 
     @classmethod
@@ -122,7 +124,7 @@ class NodeReport:
         d = orjson.loads(raw)
         return cls(d["node_id"], d["address"], int(d["heartbeat_ms"]),
                    tuple(ReplicaReport.from_dict(r) for r in d.get("replicas", ())),
-                   d.get("rack"), bool(d.get("draining", False)))
+                   d.get("rack"), bool(d.get("draining", False)), d.get("read_address"))
 
 
 @dataclass(frozen=True)

@@ -39,10 +39,11 @@ class Membership:
     def __init__(self, settings: StoreNodeSettings, metadata: MetadataStore, address: str,
                  replicas: Callable[[int], tuple[ReplicaReport, ...]],
                  follow: Callable[[dict[ReplicaKey, tuple[TableSpec, Role]]], None],
-                 clock: Callable[[], int] = now_ms) -> None:
+                 clock: Callable[[], int] = now_ms, read_address: str | None = None) -> None:
         self._settings = settings
         self._metadata = metadata
         self._address = address
+        self._read_address = read_address
         self._replicas = replicas
         self._follow = follow
         self._clock = clock
@@ -70,7 +71,7 @@ class Membership:
     def report(self) -> NodeReport:
         now = self._clock()
         return NodeReport(self._settings.node_id, self._address, now, self._replicas(now),
-                          self._settings.rack, self.draining)
+                          self._settings.rack, self.draining, self._read_address)
 
     def tick(self) -> None:
         """One round: heartbeat, assignor, read the assignment. Never raises for a Redis outage."""

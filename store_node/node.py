@@ -26,7 +26,8 @@ from store_node.changelog import ChangelogTailer
 from store_node.lag import Clock
 from store_node.membership import Membership
 from store_node.replica import Replica
-from store_node.service import HealthReporter, create_server
+from store_node.read_port import start_read_port
+from store_node.service import HealthReporter, StoreNodeService, create_server
 from store_node.settings import StoreNodeSettings
 
 log = logging.getLogger(__name__)
@@ -64,11 +65,11 @@ class StoreNode:
         if not self.tailer.started.wait(timeout_s) or self.tailer.failed:
             raise RuntimeError("the changelog tailer did not start; see the log above")
 
-    def join(self, address: str) -> None:
-        """Start heartbeating as ``address`` and following the assignment."""
+    def join(self, address: str, read_address: str | None = None) -> None:
+        """Start heartbeating as ``address`` (gRPC) and ``read_address`` (read port), following the assignment."""
         metadata = MetadataStore.from_url(self.settings.redis_url, self.settings.namespace)
         self.membership = Membership(self.settings, metadata, address, self.tailer.reports, self.tailer.set_desired,
-                                     self._clock)
+                                     self._clock, read_address)
         self.membership.start()
 
     def drain(self) -> None:
@@ -106,15 +107,20 @@ async def serve(settings: StoreNodeSettings, stop: asyncio.Event | None = None) 
     node = StoreNode(settings)
     await loop.run_in_executor(None, node.open)
     server: grpc.aio.Server | None = None
+    read_server: asyncio.Server | None = None
     health_task: asyncio.Task | None = None
     try:
-        server, port = create_server(settings, node)
+        service = StoreNodeService(node)
+        server, port = create_server(settings, node, service)
         await node.health.update()
         await server.start()
-        address = f"{settings.advertise_host or settings.host}:{port}"
-        log.info("store node %s serving on %s (data in %s)", settings.node_id, address, settings.replica_root)
+        read_server, read_port = await start_read_port(service, settings.host, settings.read_port)
+        host = settings.advertise_host or settings.host
+        address, read_address = f"{host}:{port}", f"{host}:{read_port}"
+        log.info("store node %s serving on %s, read port %s (data in %s)", settings.node_id, address, read_address,
+                 settings.replica_root)
         print(f"store-node {settings.node_id} listening on {address}", flush=True)
-        await loop.run_in_executor(None, node.join, address)
+        await loop.run_in_executor(None, node.join, address, read_address)
         health_task = asyncio.create_task(node.health.run())
         await stop.wait()
         log.info("store node %s draining", settings.node_id)
@@ -125,6 +131,8 @@ async def serve(settings: StoreNodeSettings, stop: asyncio.Event | None = None) 
     finally:
         if health_task is not None:
             health_task.cancel()
+        if read_server is not None:
+            read_server.close()
         if server is not None:
             await server.stop(grace=1.0)
         await loop.run_in_executor(None, node.close)

@@ -135,23 +135,24 @@ class StoreNodeService(store_pb2_grpc.StoreNodeServicer):
         self._node_id = node.node_id
         self._clock = clock
 
-    def _reader(self) -> _Reader:
+    def reader(self) -> _Reader:
+        """A reader over the replicas hosted now, with the clock read once."""
         return _Reader(self._node_id, self._node.serving, self._clock())
 
     async def Get(self, request: store_pb2.KeyRead, context) -> store_pb2.KeyResult:
         result = store_pb2.KeyResult()
-        self._reader().read(request, result)
+        self.reader().read(request, result)
         return result
 
     async def BatchGet(self, request: store_pb2.ReadBatch, context) -> store_pb2.ResultBatch:
-        return self._reader().results(request.reads)
+        return self.reader().results(request.reads)
 
     async def Read(self, request_iterator: AsyncIterator[store_pb2.ReadBatch], context) -> None:
         # Every batch is answered by exactly one batch, in order: the router counts the
         # reads a stream has not answered yet. context.read()/write() rather than iterating
         # and yielding: grpc.aio's generator wrappers cost ~15% of a batch's CPU.
         while (batch := await context.read()) is not grpc.aio.EOF:
-            await context.write(self._reader().results(batch.reads))
+            await context.write(self.reader().results(batch.reads))
 
     async def Scan(self, request: store_pb2.ScanRequest, context) -> AsyncIterator[store_pb2.ScanChunk]:
         rep = self._node.serving.get((request.table, request.partition))
@@ -235,11 +236,12 @@ class HealthReporter:
             await self.servicer.set(SERVICE_NAME, status)
 
 
-def create_server(settings: "StoreNodeSettings", node: "StoreNode") -> tuple[grpc.aio.Server, int]:
+def create_server(settings: "StoreNodeSettings", node: "StoreNode",
+                  service: StoreNodeService | None = None) -> tuple[grpc.aio.Server, int]:
     """Wire the gRPC server (store API, the node's health service, reflection) and bind it; port 0 picks one."""
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 16 << 20),
                                       ("grpc.max_send_message_length", 64 << 20)])
-    store_pb2_grpc.add_StoreNodeServicer_to_server(StoreNodeService(node), server)
+    store_pb2_grpc.add_StoreNodeServicer_to_server(service or StoreNodeService(node), server)
     health_pb2_grpc.add_HealthServicer_to_server(node.health.servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)

@@ -16,6 +16,8 @@ class StoreNodeSettings(CommonSettings):
     node_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="this node's unique id")
     host: str = Field("127.0.0.1", description="interface the gRPC server binds")
     port: int = Field(0, ge=0, le=65535, description="gRPC port; 0 lets the OS pick (the bound port is printed)")
+    read_port: int = Field(0, ge=0, le=65535, description="read port: the router's lookups as length-prefixed "
+                                                          "frames on plain TCP; 0 lets the OS pick")
     advertise_host: str | None = Field(None, description="host other processes dial (default: host)")
     data_dir: Path | None = Field(None, description="replica stores (default .freshroute/store/NODE_ID); "
                                                     "never shared by two nodes")

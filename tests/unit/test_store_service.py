@@ -200,3 +200,52 @@ def test_refusal_rules():
     assert check(LagSnapshot(5, None, 0, False), ReadBound(max_lag=100)) is not None
     bound = ReadBound.from_proto(store_pb2.ReadBound(max_lag=0, min_offset=3))
     assert bound == ReadBound(max_lag=0, max_staleness_ms=None, min_offset=3)
+
+
+# the read port: the same answers as frames on TCP
+
+
+async def _read_port_exchange(service, data: bytes, expect: int) -> tuple[list[bytes], bool]:
+    """Send raw bytes to a read port; up to ``expect`` frames answered, and whether the node closed the connection."""
+    from freshroute.framing import FrameReader
+    from store_node.read_port import start_read_port
+
+    server, port = await start_read_port(service, "127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(data)
+        await writer.drain()
+        frames, answers, closed = FrameReader(), [], False
+        while len(answers) < expect:
+            data = await asyncio.wait_for(reader.read(65536), 5)
+            if not data:
+                closed = True
+                break
+            answers.extend(frames.feed(data))
+        writer.close()
+        return answers, closed
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def test_read_port_answers_each_frame_like_the_grpc_stream(world):
+    from freshroute.framing import frame
+
+    caught_up(world)
+    batches = [store_pb2.ReadBatch(reads=[store_pb2.KeyRead(id=1, table="users", partition=1, key=b"alice"),
+                                          store_pb2.KeyRead(id=2, table="users", partition=1, key=b"carol")]),
+               store_pb2.ReadBatch(reads=[store_pb2.KeyRead(id=3, table="users", partition=2, key=b"bob")])]
+    # Both frames in one write: the node answers each, in order.
+    data = b"".join(frame(b.SerializeToString()) for b in batches)
+    answers, closed = asyncio.run(_read_port_exchange(world.service, data, expect=2))
+    assert not closed and len(answers) == 2
+    results = [r for a in answers for r in store_pb2.ResultBatch.FromString(a).results]
+    assert [(r.id, r.status) for r in results] == [(1, store_pb2.OK), (2, store_pb2.NOT_FOUND),
+                                                    (3, store_pb2.NOT_HOSTED)]
+    assert results[0].value == b'{"age":31}' and results[0].replica.applied_offset == 10
+
+
+def test_read_port_drops_a_peer_that_does_not_send_frames(world):
+    answers, closed = asyncio.run(_read_port_exchange(world.service, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", expect=1))
+    assert answers == [] and closed

@@ -1,0 +1,67 @@
+"""The store node's read port: the ``Read`` stream's batches as length-prefixed frames on plain TCP.
+
+The router's lookups take this path when a node advertises a read port (see
+:mod:`freshroute.framing` for why). Each ``ReadBatch`` frame is answered, in order, by one
+``ResultBatch`` frame computed exactly as the gRPC ``Read`` stream computes it — the same
+bounds, the same refusals — synchronously on the event loop, since RocksDB point reads
+take microseconds. A peer that sends something other than frames is disconnected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable
+
+from freshroute.framing import FrameError, FrameReader, frame
+from proto import store_pb2
+from store_node.service import StoreNodeService
+
+log = logging.getLogger(__name__)
+
+
+class ReadPortConnection(asyncio.Protocol):
+    """One router connection: every complete frame is answered before the next bytes are read."""
+
+    def __init__(self, service: StoreNodeService) -> None:
+        self._service = service
+        self._frames = FrameReader()
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        try:
+            payloads = self._frames.feed(data)
+            for payload in payloads:
+                batch = store_pb2.ReadBatch.FromString(payload)
+                transport.write(frame(self._service.reader().results(batch.reads).SerializeToString()))
+        except (FrameError, ValueError) as e:  # protobuf's DecodeError is a ValueError
+            log.warning("read port: dropping %s: %s", transport.get_extra_info("peername"), e)
+            transport.abort()
+
+    # A peer that stops reading its answers stops being read: answers cannot pile up.
+    def pause_writing(self) -> None:
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+
+
+async def start_read_port(service: StoreNodeService, host: str, port: int) -> tuple[asyncio.Server, int]:
+    """Listen on ``host:port`` (0 lets the OS pick); returns the server and the bound port."""
+    loop = asyncio.get_running_loop()
+    factory: Callable[[], asyncio.Protocol] = lambda: ReadPortConnection(service)  # noqa: E731
+    server = await loop.create_server(factory, host, port)
+    bound = server.sockets[0].getsockname()[1]
+    return server, bound
