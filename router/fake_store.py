@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Awaitable
+from typing import Awaitable, Mapping
 
 from freshroute.errors import ReplicaUnavailable
 from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
@@ -130,7 +130,7 @@ class InMemoryStoreClient:
                       if k.startswith(prefix) and k >= start and (not end or k < end))
         return ScanResult(ReadStatus.OK, [(k, replica.data[k]) for k in keys[:limit or None]], status)
 
-    def forget(self, live_addresses: set[str]) -> None:
+    def track(self, read_addresses: Mapping[str, str | None]) -> None:
         pass
 
     async def close(self) -> None:

@@ -170,7 +170,7 @@ class Router:
 
     def on_snapshot(self, snap: Snapshot) -> None:
         """Called after each swap: drop what the new snapshot no longer names."""
-        self.store.forget({n.address for n in snap.nodes.values()})
+        self.store.track({n.address: n.read_address for n in snap.nodes.values()})
         # Heartbeats published since then carry newer lag than these responses did.
         self.overlay.prune(snap.built_ms - 2 * self.settings.node_expiry_ms)
         self._notify_ready()

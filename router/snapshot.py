@@ -64,6 +64,7 @@ class NodeView:
     alive: bool
     draining: bool = False
     rack: str | None = None
+    read_address: str | None = None  # the node's read port, if it offers one
 
 
 _EMPTY: Mapping[Any, Any] = MappingProxyType({})
@@ -101,7 +102,7 @@ def build_snapshot(tables: Mapping[str, TableSpec], reports: Iterable[NodeReport
         age = max(0, now - report.heartbeat_ms)
         alive = age <= node_expiry_ms
         nodes[report.node_id] = NodeView(report.node_id, report.address, report.heartbeat_ms, age, alive,
-                                         report.draining, report.rack)
+                                         report.draining, report.rack, report.read_address)
         for r in report.replicas:
             by_tp.setdefault((r.table, r.partition), {})[report.node_id] = ReplicaView(
                 report.node_id, report.address, r.table, r.partition, r.role, r.state, r.applied, r.end,

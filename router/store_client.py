@@ -1,14 +1,13 @@
-"""How the router talks to store nodes: a small Protocol, and its gRPC implementation.
+"""How the router talks to store nodes: a small Protocol, and its implementation for real nodes.
 
-Lookups travel over one long-lived bidirectional ``Read`` stream per node, and results
-are matched back by id. While few reads are unanswered on a stream, a read leaves at once;
-past that, reads wait and leave together as one ``ReadBatch`` when an earlier batch is
-answered. Under load a message each way thus carries many lookups rather than one unary
-call per key (a unary call costs ~0.4 ms of CPU on each side, a stream message about a
-third of that, one more read in a message a few µs), while a lightly used stream adds no
-wait. If a stream breaks, every read in
-flight on it fails as retryable — the router then asks another replica — and the next
-read opens a new stream.
+Lookups travel over one long-lived read stream per node — length-prefixed frames on the
+node's read port (:mod:`freshroute.framing`), or the gRPC ``Read`` call of a node that
+offers none — and results are matched back by id. While few reads are unanswered on a
+stream, a read leaves at once; past that, reads wait and leave together as one
+``ReadBatch`` when an earlier batch is answered. Under load a message each way thus
+carries many lookups, while a lightly used stream adds no wait. If a stream breaks, every
+read in flight on it fails as retryable — the router then asks another replica — and the
+next read opens a new stream. Scans use the node's gRPC API.
 """
 
 from __future__ import annotations
@@ -18,11 +17,12 @@ import itertools
 import logging
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Awaitable, Iterator, NamedTuple, Protocol
+from typing import Awaitable, Iterator, Mapping, NamedTuple, Protocol
 
 import grpc
 
 from freshroute.errors import ReplicaUnavailable
+from freshroute.framing import FrameError, FrameReader, frame
 from freshroute.metadata import ReplicaState, Role
 from proto import store_pb2, store_pb2_grpc
 
@@ -87,8 +87,10 @@ class StoreClient(Protocol):
     async def scan(self, address: str, table: str, partition: int, prefix: bytes, start: bytes, end: bytes,
                    limit: int, bound: StoreBound, timeout_s: float) -> ScanResult: ...
 
-    def forget(self, live_addresses: set[str]) -> None:
-        """Drop connections to nodes no longer in the metadata."""
+    def track(self, read_addresses: Mapping[str, str | None]) -> None:
+        """The nodes in the metadata: gRPC address → read port address (None: the node has none).
+
+        Connections to nodes no longer named are dropped."""
         ...
 
     async def close(self) -> None: ...
@@ -128,23 +130,25 @@ def _results(batch: store_pb2.ResultBatch) -> Iterator[tuple[int, ReadResult]]:
 
 
 class _ReadStream:
-    """One open ``Read`` stream to a node: an outbox flushed once per tick, and reads in flight by id."""
+    """Reads in flight on one connection to a node: an outbox flushed once per tick, and futures by id.
+
+    Past a few unanswered reads, reads wait in the outbox and leave together when an answer
+    arrives: under load batches grow by themselves (a message costs far more than one more
+    read in it), while on a lightly used stream no read waits for another's answer. Every
+    batch sent is answered by one batch, in order, holding one result per read.
+    """
 
     # Cancelled reads (timed out at the router) stay in ``pending`` until their result
     # arrives or the stream ends; past this many entries, done ones are swept.
     _SWEEP_AT = 4096
 
-    def __init__(self, stub: store_pb2_grpc.StoreNodeStub, address: str, max_unanswered: int) -> None:
+    def __init__(self, address: str, max_unanswered: int) -> None:
         self.address = address
         self.broken = False
-        self._call = stub.Read()
         self._pending: dict[int, asyncio.Future[ReadResult]] = {}
         self._outbox: list[store_pb2.KeyRead] = []
-        self._unanswered = 0  # reads written whose results have not arrived yet
+        self._unanswered = 0  # reads sent whose results have not arrived yet
         self._max_unanswered = max_unanswered
-        self._wake = asyncio.Event()
-        self._writer = asyncio.create_task(self._write_loop(), name=f"store-write-{address}")
-        self._reader = asyncio.create_task(self._read_loop(), name=f"store-read-{address}")
 
     def submit(self, read: store_pb2.KeyRead) -> asyncio.Future[ReadResult]:
         fut: asyncio.Future[ReadResult] = asyncio.get_running_loop().create_future()
@@ -152,30 +156,23 @@ class _ReadStream:
             self._pending = {i: f for i, f in self._pending.items() if not f.done()}
         self._pending[read.id] = fut
         self._outbox.append(read)
-        # The writer wakes after the callbacks already queued in this tick have run, so
-        # reads issued together leave together.
-        self._wake.set()
+        self._wake()
         return fut
 
-    async def _write_loop(self) -> None:
-        try:
-            while not self.broken:
-                await self._wake.wait()
-                self._wake.clear()
-                # Past a few unanswered reads, reads wait in the outbox and leave together
-                # when an answer arrives: under load batches grow by themselves (a gRPC
-                # message costs far more than one more read in it), while on a lightly used
-                # stream no read waits for another's answer.
-                if self._outbox and self._unanswered < self._max_unanswered:
-                    batch = self._live(self._outbox)
-                    self._outbox = []
-                    if batch:
-                        self._unanswered += len(batch)
-                        await self._call.write(store_pb2.ReadBatch(reads=batch))
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 — any write failure ends this stream
-            self._break(e)
+    def _wake(self) -> None:
+        """Have the outbox flushed after the callbacks already queued in this tick: reads issued together leave together."""
+        raise NotImplementedError
+
+    def _take(self) -> store_pb2.ReadBatch | None:
+        """The next batch to send, if one may leave now."""
+        if not self._outbox or self._unanswered >= self._max_unanswered:
+            return None
+        batch = self._live(self._outbox)
+        self._outbox = []
+        if not batch:
+            return None
+        self._unanswered += len(batch)
+        return store_pb2.ReadBatch(reads=batch)
 
     def _live(self, reads: list[store_pb2.KeyRead]) -> list[store_pb2.KeyRead]:
         """The reads still awaited: one given up on while it waited (a timeout, a hedge lost) is not sent."""
@@ -189,36 +186,139 @@ class _ReadStream:
                 pending.pop(read.id, None)
         return live
 
-    async def _read_loop(self) -> None:
-        try:
-            # read() rather than iterating the call: grpc.aio's iterator is an async generator around it.
-            while (batch := await self._call.read()) is not grpc.aio.EOF:
-                # Every read sent is answered once (StoreNodeService.Read).
-                self._unanswered -= len(batch.results)
-                if self._outbox:
-                    self._wake.set()
-                pending = self._pending
-                for read_id, result in _results(batch):
-                    fut = pending.pop(read_id, None)
-                    if fut is not None and not fut.done():
-                        fut.set_result(result)
-            self._break(None)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 — any read failure ends this stream
-            self._break(e)
+    def _answered(self, batch: store_pb2.ResultBatch) -> None:
+        self._unanswered -= len(batch.results)
+        if self._outbox:
+            self._wake()
+        pending = self._pending
+        for read_id, result in _results(batch):
+            fut = pending.pop(read_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(result)
 
     def _break(self, cause: BaseException | None) -> None:
         if self.broken:
             return
         self.broken = True
-        self._wake.set()
         reason = _describe(cause)
         pending, self._pending = self._pending, {}
         self._outbox = []
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(ReplicaUnavailable(f"store node {self.address}: {reason}", node_address=self.address))
+        self._disconnect()
+
+    def _disconnect(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        self._break(None)
+
+
+class _FrameStream(_ReadStream, asyncio.Protocol):
+    """A read stream on a node's read port: batches as length-prefixed frames on one TCP connection."""
+
+    def __init__(self, address: str, read_address: str, max_unanswered: int) -> None:
+        super().__init__(address, max_unanswered)
+        self._transport: asyncio.Transport | None = None
+        self._frames = FrameReader()
+        self._flush_due = False
+        host, port = read_address.rsplit(":", 1)
+        self._connecting = asyncio.create_task(self._connect(host.strip("[]"), int(port)),
+                                               name=f"store-connect-{read_address}")
+
+    async def _connect(self, host: str, port: int) -> None:
+        try:
+            await asyncio.get_running_loop().create_connection(lambda: self, host, port)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 — refused, unreachable: the reads fail retryable
+            self._break(e)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        if self.broken:
+            transport.abort()
+            return
+        self._transport = transport
+        self._flush()
+
+    def _wake(self) -> None:
+        if not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_due = False
+        transport = self._transport
+        if transport is None or self.broken:
+            return  # connecting: connection_made flushes
+        batch = self._take()
+        if batch is not None:
+            transport.write(frame(batch.SerializeToString()))
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            for payload in self._frames.feed(data):
+                self._answered(store_pb2.ResultBatch.FromString(payload))
+        except (FrameError, ValueError) as e:  # protobuf's DecodeError is a ValueError
+            self._break(e)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        self._break(exc or ConnectionResetError("connection closed by the node"))
+
+    def _disconnect(self) -> None:
+        self._connecting.cancel()
+        if self._transport is not None:
+            self._transport.abort()
+            self._transport = None
+
+    async def close(self) -> None:
+        self._break(None)
+        await asyncio.gather(self._connecting, return_exceptions=True)
+
+
+class _GrpcStream(_ReadStream):
+    """A read stream on a node's gRPC ``Read`` call, for nodes that offer no read port."""
+
+    def __init__(self, stub: store_pb2_grpc.StoreNodeStub, address: str, max_unanswered: int) -> None:
+        super().__init__(address, max_unanswered)
+        self._call = stub.Read()
+        self._wakeup = asyncio.Event()
+        self._writer = asyncio.create_task(self._write_loop(), name=f"store-write-{address}")
+        self._reader = asyncio.create_task(self._read_loop(), name=f"store-read-{address}")
+
+    def _wake(self) -> None:
+        # The writer task runs after the callbacks already queued in this tick.
+        self._wakeup.set()
+
+    async def _write_loop(self) -> None:
+        try:
+            while not self.broken:
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                batch = self._take()
+                if batch is not None:
+                    await self._call.write(batch)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 — any write failure ends this stream
+            self._break(e)
+
+    async def _read_loop(self) -> None:
+        try:
+            # read() rather than iterating the call: grpc.aio's iterator is an async generator around it.
+            while (batch := await self._call.read()) is not grpc.aio.EOF:
+                self._answered(batch)
+            self._break(None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 — any read failure ends this stream
+            self._break(e)
+
+    def _disconnect(self) -> None:
+        self._wakeup.set()
         self._call.cancel()
 
     async def close(self) -> None:
@@ -237,10 +337,12 @@ def _describe(cause: BaseException | None) -> str:
 
 
 class _Node:
-    """A persistent channel to one store node, and its current read stream."""
+    """A persistent channel to one store node (scans, and reads when it has no read port), and its read stream."""
 
-    def __init__(self, address: str, options: list[tuple[str, int]], max_unanswered: int) -> None:
+    def __init__(self, address: str, read_address: str | None, options: list[tuple[str, int]],
+                 max_unanswered: int) -> None:
         self.address = address
+        self.read_address = read_address
         self.max_unanswered = max_unanswered
         self.channel = grpc.aio.insecure_channel(address, options=options)
         self.stub = store_pb2_grpc.StoreNodeStub(self.channel)
@@ -252,7 +354,11 @@ class _Node:
         if stream is None or stream.broken:
             if stream is not None:
                 self.retired.append(stream)
-            stream = self.stream = _ReadStream(self.stub, self.address, self.max_unanswered)
+            if self.read_address:
+                stream = _FrameStream(self.address, self.read_address, self.max_unanswered)
+            else:
+                stream = _GrpcStream(self.stub, self.address, self.max_unanswered)
+            self.stream = stream
         return stream
 
     async def close(self) -> None:
@@ -262,8 +368,9 @@ class _Node:
         await self.channel.close(grace=None)
 
 
-class GrpcStoreClient:
-    """:class:`StoreClient` over grpc.aio: one channel and one Read stream per node."""
+class StoreNodeClient:
+    """:class:`StoreClient` of real nodes: one read stream per node — on its read port, else its gRPC
+    ``Read`` call — and one grpc.aio channel for scans."""
 
     _OPTIONS = [
         # A restarted node should be found again within a refresh or two, not after
@@ -279,13 +386,15 @@ class GrpcStoreClient:
     def __init__(self, max_unanswered_reads: int = 4) -> None:
         self._max_unanswered = max_unanswered_reads
         self._nodes: dict[str, _Node] = {}
+        self._read_addresses: Mapping[str, str | None] = {}
         self._ids = itertools.count(1)
         self._closing: set[asyncio.Task[None]] = set()
 
     def _node(self, address: str) -> _Node:
         node = self._nodes.get(address)
         if node is None:
-            node = self._nodes[address] = _Node(address, self._OPTIONS, self._max_unanswered)
+            node = self._nodes[address] = _Node(address, self._read_addresses.get(address), self._OPTIONS,
+                                                self._max_unanswered)
         return node
 
     def read(self, address: str, table: str, partition: int, key: bytes, bound: StoreBound) -> asyncio.Future[ReadResult]:
@@ -320,16 +429,17 @@ class GrpcStoreClient:
             raise ReplicaUnavailable(f"store node {address}: {_describe(e)}", node_address=address) from None
         return ScanResult(ReadStatus.OK, entries, replica)
 
-    def forget(self, live_addresses: set[str]) -> None:
-        for address in [a for a in self._nodes if a not in live_addresses]:
-            node = self._nodes.pop(address)
-            task = asyncio.get_running_loop().create_task(node.close())
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+    def track(self, read_addresses: Mapping[str, str | None]) -> None:
+        self._read_addresses = read_addresses
+        for address, node in list(self._nodes.items()):
+            # A node gone, or back with another read port: its connections go.
+            if address not in read_addresses or read_addresses[address] != node.read_address:
+                del self._nodes[address]
+                self._close_later(node)
 
-    def _close_later(self, *streams: _ReadStream) -> None:
-        for stream in streams:
-            task = asyncio.get_running_loop().create_task(stream.close())
+    def _close_later(self, *closables: _ReadStream | _Node) -> None:
+        for closable in closables:
+            task = asyncio.get_running_loop().create_task(closable.close())
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
 

@@ -1,4 +1,5 @@
-"""GrpcStoreClient against an in-process StoreNode on loopback: batching, failure, reconnection."""
+"""StoreNodeClient against in-process nodes on loopback, over the read port and over gRPC: batching,
+failure, reconnection."""
 
 import asyncio
 
@@ -9,7 +10,8 @@ from freshroute.errors import ReplicaUnavailable
 from freshroute.metadata import ReplicaState, Role
 from proto import store_pb2, store_pb2_grpc
 
-from router.store_client import GrpcStoreClient, ReadStatus, StoreBound
+from freshroute.framing import FrameReader, frame
+from router.store_client import ReadStatus, StoreBound, StoreNodeClient
 
 pytestmark = pytest.mark.anyio
 
@@ -48,7 +50,7 @@ class DictStore(store_pb2_grpc.StoreNodeServicer):
                 store_pb2.ScanEntry(key=k, value=self.rows[k]) for k in keys[i:i + 2]])
 
 
-async def start(servicer, port=0):
+async def start_grpc(servicer, port=0):
     server = grpc.aio.server()
     store_pb2_grpc.add_StoreNodeServicer_to_server(servicer, server)
     port = server.add_insecure_port(f"127.0.0.1:{port}")
@@ -56,15 +58,83 @@ async def start(servicer, port=0):
     return server, port
 
 
+class FrameNode:
+    """A node with a read port answering from a DictStore (its hold applies too), and a gRPC port for scans."""
+
+    def __init__(self, store, grpc_server, grpc_port, frame_server, frame_port):
+        self.store, self.grpc_server, self.frame_server = store, grpc_server, frame_server
+        self.address, self.read_address = f"127.0.0.1:{grpc_port}", f"127.0.0.1:{frame_port}"
+
+    async def stop(self, grace=None):
+        self.frame_server.close()
+        for task in list(self.store.connections):
+            task.cancel()
+        await self.grpc_server.stop(None)
+
+
+async def start_frames(store, port=0):
+    async def serve(reader, writer):
+        task = asyncio.current_task()
+        store.connections.add(task)
+        frames = FrameReader()
+        try:
+            while data := await reader.read(65536):
+                for payload in frames.feed(data):
+                    batch = store_pb2.ReadBatch.FromString(payload)
+                    store.batches.append(len(batch.reads))
+                    if store.hold is not None:
+                        await store.hold.wait()
+                    out = store_pb2.ResultBatch(results=[store.answer(r) for r in batch.reads])
+                    writer.write(frame(out.SerializeToString()))
+        finally:
+            store.connections.discard(task)
+            writer.close()
+
+    store.connections = set()
+    frame_server = await asyncio.start_server(serve, "127.0.0.1", port)
+    grpc_server, grpc_port = await start_grpc(store)
+    return FrameNode(store, grpc_server, grpc_port, frame_server, frame_server.sockets[0].getsockname()[1])
+
+
+@pytest.fixture(params=["read_port", "grpc"])
+def transport(request):
+    return request.param
+
+
+class Started:
+    """A node started for a test over the chosen transport, and how the client is told about it."""
+
+    def __init__(self, transport):
+        self.transport = transport
+        self.server = None
+        self.port = 0
+
+    async def start(self, client, store, port=None):
+        if self.transport == "grpc":
+            self.server, self.port = await start_grpc(store, self.port if port is None else port)
+            address = f"127.0.0.1:{self.port}"
+            client.track({address: None})
+            return address
+        self.server = await start_frames(store, self.port if port is None else port)
+        self.port = int(self.server.read_address.rsplit(":", 1)[1])
+        client.track({self.server.address: self.server.read_address})
+        return self.server.address
+
+    async def stop(self):
+        if self.server is not None:
+            await self.server.stop(None)
+            self.server = None
+
+
 ROWS = {f"k{i}".encode(): f'{{"v":{i}}}'.encode() for i in range(20)}
 
 
-async def test_reads_issued_together_travel_in_one_batch_and_match_by_id():
+async def test_reads_issued_together_travel_in_one_batch_and_match_by_id(transport):
     store = DictStore(ROWS)
-    server, port = await start(store)
-    client = GrpcStoreClient()
+    client = StoreNodeClient()
+    node = Started(transport)
     try:
-        addr = f"127.0.0.1:{port}"
+        addr = await node.start(client, store)
         keys = [f"k{i}".encode() for i in range(20)] + [b"missing"]
         results = await asyncio.gather(*(client.read(addr, "t", 0, k, StoreBound()) for k in keys))
         assert [r.value for r in results[:20]] == [ROWS[k] for k in keys[:20]]
@@ -75,11 +145,12 @@ async def test_reads_issued_together_travel_in_one_batch_and_match_by_id():
             "s1", Role.STANDBY, ReplicaState.STANDBY, 2, 40)
         stale = await client.read(addr, "t", 0, b"k1", StoreBound(max_lag=1))
         assert stale.status is ReadStatus.TOO_STALE
+        assert store.batches == [21, 1]
         scan = await client.scan(addr, "t", 0, b"k1", b"", b"", 0, StoreBound(), 5)
         assert [k for k, _ in scan.entries] == sorted(k for k in ROWS if k.startswith(b"k1"))
     finally:
         await client.close()
-        await server.stop(None)
+        await node.stop()
 
 
 async def wait_for_batches(store, n):
@@ -89,13 +160,13 @@ async def wait_for_batches(store, n):
         await asyncio.sleep(0.01)
 
 
-async def test_past_the_unanswered_reads_limit_reads_wait_and_leave_together():
+async def test_past_the_unanswered_reads_limit_reads_wait_and_leave_together(transport):
     hold = asyncio.Event()
     store = DictStore(ROWS, hold)
-    server, port = await start(store)
-    client = GrpcStoreClient(max_unanswered_reads=2)
-    addr = f"127.0.0.1:{port}"
+    client = StoreNodeClient(max_unanswered_reads=2)
+    node = Started(transport)
     try:
+        addr = await node.start(client, store)
         first = [asyncio.ensure_future(client.read(addr, "t", 0, b"k0", StoreBound()))]
         await wait_for_batches(store, 1)
         # Below the limit a read leaves at once, alone (the node reads it once it has
@@ -115,31 +186,33 @@ async def test_past_the_unanswered_reads_limit_reads_wait_and_leave_together():
     finally:
         hold.set()
         await client.close()
-        await server.stop(None)
+        await node.stop()
 
 
-async def test_broken_stream_fails_in_flight_reads_as_retryable_then_reconnects():
+async def test_broken_stream_fails_in_flight_reads_as_retryable_then_reconnects(transport):
     hold = asyncio.Event()
     store = DictStore(ROWS, hold)
-    server, port = await start(store)
-    client = GrpcStoreClient()
-    addr = f"127.0.0.1:{port}"
+    client = StoreNodeClient()
+    node = Started(transport)
     try:
+        addr = await node.start(client, store)
         pending = [asyncio.ensure_future(client.read(addr, "t", 0, b"k1", StoreBound())) for _ in range(3)]
-        for _ in range(100):
-            if store.batches:
-                break
-            await asyncio.sleep(0.01)
-        await server.stop(None)  # the node goes away with reads in flight
+        await wait_for_batches(store, 1)
+        assert store.batches
+        await node.stop()  # the node goes away with reads in flight
         for fut in pending:
             with pytest.raises(ReplicaUnavailable):
                 await asyncio.wait_for(fut, 5)
         # Nothing listens: a read fails fast and retryable instead of hanging.
         with pytest.raises(ReplicaUnavailable):
             await asyncio.wait_for(client.read(addr, "t", 0, b"k1", StoreBound()), 5)
-        # The node is back on the same address: the next read opens a new stream.
+        # The node is back on the same ports: the next read opens a new stream.
         store2 = DictStore(ROWS)
-        server, _ = await start(store2, port)
+        if transport == "grpc":
+            await node.start(client, store2)
+        else:
+            # Its gRPC port is new (the read port is the same): the metadata says so.
+            addr = await node.start(client, store2)
         result = None
         for _ in range(50):
             try:
@@ -151,11 +224,29 @@ async def test_broken_stream_fails_in_flight_reads_as_retryable_then_reconnects(
     finally:
         hold.set()
         await client.close()
-        await server.stop(None)
+        await node.stop()
+
+
+async def test_a_node_back_with_another_read_port_is_read_there():
+    client = StoreNodeClient()
+    first, second = Started("read_port"), Started("read_port")
+    try:
+        store1, store2 = DictStore({b"k": b"1"}), DictStore({b"k": b"2"})
+        addr = await first.start(client, store1)
+        assert (await client.read(addr, "t", 0, b"k", StoreBound())).value == b"1"
+        await second.start(client, store2)
+        # Same gRPC address, new read port (a restarted node): the old connection goes.
+        client.track({addr: second.server.read_address})
+        assert (await client.read(addr, "t", 0, b"k", StoreBound())).value == b"2"
+        assert store1.batches == [1] and store2.batches == [1]
+    finally:
+        await client.close()
+        await first.stop()
+        await second.stop()
 
 
 async def test_scan_of_unreachable_node_is_replica_unavailable():
-    client = GrpcStoreClient()
+    client = StoreNodeClient()
     try:
         with pytest.raises(ReplicaUnavailable):
             await client.scan("127.0.0.1:1", "t", 0, b"", b"", b"", 10, StoreBound(), 2)
