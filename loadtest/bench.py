@@ -11,9 +11,12 @@ Throughput (saturation, the same number of requests in flight for every target):
 Latency at a fixed moderate rate (not saturation), from h2load's per-request log:
 ``router_grpc_p50/p99_ms``, ``router_rest_p50/p99_ms`` (h2load --h1, keys rotating) and
 ``direct_store_p50_ms``. Freshness (event → visible in a lookup): ``loadtest.freshness``.
-Restore: a store node is stopped, its data directory wiped and the node started again; its
-restore rate (changelog → RocksDB) is read from its ``Status`` counters and its log, and
-compared with a plain confluent-kafka consumer reading the same changelog (``raw_consume_rps``).
+Restore: on the stack's broker, a changelog topic of the bench's own (``--restore-records``,
+300,000 by default) with its table spec in a Redis namespace of its own; a store node process
+the bench starts in that namespace restores it into an empty directory (``restore_rps``,
+changelog → RocksDB, read from the node's log), against a plain confluent-kafka consumer
+reading the same changelog (``raw_consume_rps``). All of it is removed afterwards
+(``loadtest/restore.py``).
 
     .venv/bin/freshroute bench            (or: .venv/bin/python -m loadtest.bench)
 
@@ -60,8 +63,18 @@ LOAD_CLIENTS = {"router_rest_rps": "wrk -t1 (Lua: rotating keys)", "router_grpc_
                 "redis_get_rps": "redis-benchmark -P 1",
                 "latency": "h2load -t1 --rps (fixed rate) --log-file; REST with --h1 and rotating keys",
                 "freshness": "loadtest.freshness (confluent-kafka producer + httpx polling)",
-                "restore_rps": "store node Status counters / log after wipe + restart",
+                "restore_rps": "a new store node, empty dir: Σ offsets / window from its log",
                 "raw_consume_rps": "confluent-kafka Consumer, all partitions, offset 0 → end"}
+
+
+RESTORE_FIGURES = ("restore_rps", "raw_consume_rps")
+
+
+def expected_figures(no_restore: bool, restore_only: bool) -> list[str]:
+    """The figures a run with these options must produce (its exit code says whether it did)."""
+    if restore_only:
+        return list(RESTORE_FIGURES)
+    return [k for k in FIGURES if not (no_restore and k in RESTORE_FIGURES)]
 
 
 def evaluate_targets(fig: dict[str, Any]) -> list[dict[str, Any]]:
@@ -302,33 +315,55 @@ class Bench:
             self.notes["freshness_problems"] = f"{out['probes'] - out['visible']} probes never became visible"
         return out["freshness_p50_ms"], out["freshness_p99_ms"]
 
-    def changelog_topic(self) -> str:
-        from loadtest.consistency import changelog_topic
+    def restore_vs_raw(self) -> None:
+        """Restore and raw consume of a changelog of ``--restore-records`` records, in alternating rounds.
 
-        return changelog_topic(self.a.table, self.c.redis_url, self.c.namespace, self.c.topic_prefix)
+        The changelog, its table spec (in a Redis namespace of its own) and the store node
+        restoring it all belong to this step and are removed at its end: the stack's own tables,
+        topics and nodes are not touched.
+        """
+        from loadtest.restore import ScratchChangelog
 
-    def raw_consume(self) -> float:
-        """Median of three full reads: a short changelog reads in well under a second, so one is noisy."""
-        import statistics
+        a, c, say = self.a, self.c, self.say
+        scratch = ScratchChangelog(c.bootstrap, c.redis_url, self.work, prefix=c.topic_prefix)
+        try:
+            keys = min(a.restore_keys, a.restore_records)
+            say(f"  producing {a.restore_records:,} records over {keys:,} keys to {scratch.spec.topic} "
+                f"({scratch.spec.partitions} partitions)")
+            took = scratch.create(a.restore_records, keys,
+                                  progress=lambda n: say(f"  … produced {n:,} of {a.restore_records:,}"))
+            say(f"  produced in {took:.1f}s; table {scratch.spec.name} registered in namespace {scratch.namespace}")
+            self.notes["restore_changelog"] = {"topic": scratch.spec.topic, "namespace": scratch.namespace,
+                                               "records": a.restore_records, "keys": keys,
+                                               "partitions": scratch.spec.partitions}
+            runs: dict[str, list[dict[str, Any]]] = {"raw_consume": [], "restore": []}
 
-        from loadtest.changelog_reader import consume_to_end
+            def raw() -> float | None:
+                out = scratch.raw_consume()
+                runs["raw_consume"].append(out)
+                say(f"  raw consume: {out['raw_consume_rps']:,.0f} records/s ({out['records']:,} in {out['seconds']:.2f}s)")
+                return out["raw_consume_rps"]
 
-        runs = []
-        for _ in range(3):
-            records, seconds, _ends = consume_to_end(self.c.bootstrap, self.changelog_topic())
-            runs.append((records / seconds if seconds > 0 else 0.0, records, seconds))
-        rps = statistics.median(r[0] for r in runs)
-        self.say(f"  raw consume: {rps:,.0f} records/s (median of {', '.join(f'{n} in {s:.2f}s' for _, n, s in runs)})")
-        self.notes["changelog_records"] = runs[-1][1]
-        return round(rps, 1)
+            def restore() -> float | None:
+                say("  restore: a new store node, an empty data directory")
+                out = scratch.restore(a.restore_timeout, progress=lambda replicas, applied, secs: say(
+                    f"  … restore: {replicas} replicas, {applied:,} of {a.restore_records:,} records applied "
+                    f"({secs:.0f}s)"))
+                runs["restore"].append(out)
+                lg = out["log"]
+                say(f"  restore: {out['restore_rps']:,.0f} records/s ({lg['records']:,} offsets in {lg['seconds']:.2f}s "
+                    f"from the first replica's start to the last catch-up; {out['from_listening_s']:.2f}s from "
+                    f"listening to served)")
+                return out["restore_rps"]
 
-    def restore(self) -> float | None:
-        from loadtest.restore import measure_restore
-
-        out = measure_restore(self.stack, self.a.restore_node, self.a.table, timeout_s=self.a.restore_timeout,
-                              say=self.say)
-        self.notes["restore"] = out
-        return out.get("restore_rps")
+            raws, restores = self.paired("raw_consume", raw, "restore", restore)
+            self.fig["raw_consume_rps"], self.fig["restore_rps"] = median_of(raws), median_of(restores)
+            self.notes["restore_runs"] = runs
+            # Runs side by side in the same round share the machine's load: their ratio is the steadiest.
+            self.notes["restore_ratio_per_round"] = [round(r / w, 3) for r, w in zip(restores, raws) if r and w]
+        finally:
+            say(f"  removing topic {scratch.spec.topic} and namespace {scratch.namespace}")
+            scratch.remove()
 
 
 def _step(bench: Bench, n: int, total: int, what: str, fn: Callable[[], Any]) -> Any:
@@ -366,9 +401,16 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
     b = Bench(stack, a, say)
     c = stack.config
     grpc_url = f"http://{c.grpc_address}/freshroute.v1.Router/Get"
-    total = 11
+    total = 10
     fig = b.fig
     baseline: subprocess.Popen | None = None
+    restore_step = f"restore vs raw consume of a {a.restore_records:,}-record changelog, {a.rounds} round(s)"
+    if a.restore_only:
+        try:
+            _step(b, 1, 1, restore_step, b.restore_vs_raw)
+        finally:
+            shutil.rmtree(b.work, ignore_errors=True)
+        return {"figures": fig, "targets": evaluate_targets(fig), "notes": b.notes}
     try:
         _step(b, 1, total, "keys the router serves", b.find_keys)
         if not b.keys:
@@ -437,11 +479,10 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
         fr = _step(b, 9, total, "freshness (event → visible)", b.freshness)
         if fr:
             fig["freshness_p50_ms"], fig["freshness_p99_ms"] = fr
-        fig["raw_consume_rps"] = _step(b, 10, total, "raw changelog consume (confluent-kafka)", b.raw_consume)
         if a.no_restore:
-            say("restore: skipped (--no-restore)")
+            say("restore and raw consume: skipped (--no-restore)")
         else:
-            fig["restore_rps"] = _step(b, 11, total, f"restore of {a.restore_node} (wipe + restart)", b.restore)
+            _step(b, 10, total, restore_step, b.restore_vs_raw)
     finally:
         if baseline is not None:
             baseline.terminate()
@@ -485,14 +526,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-duration", type=float, default=8.0)
     p.add_argument("--redis-requests", type=int, default=200_000)
     p.add_argument("--freshness-probes", type=int, default=20)
-    p.add_argument("--restore-node", default="store-node-3")
-    p.add_argument("--restore-timeout", type=float, default=180.0)
-    p.add_argument("--no-restore", action="store_true", help="do not wipe and restart a store node")
+    p.add_argument("--restore-records", type=int, default=300_000,
+                   help="records of the changelog the restore and raw consume read (a topic of the bench's own)")
+    p.add_argument("--restore-keys", type=int, default=100_000, help="distinct keys among those records")
+    p.add_argument("--restore-timeout", type=float, default=180.0, help="seconds one restore may take")
+    p.add_argument("--no-restore", action="store_true", help="skip the restore and raw consume figures")
+    p.add_argument("--restore-only", action="store_true", help="measure only the restore and raw consume figures")
     p.add_argument("--json-out", type=Path, help="also write {figures, targets, notes} here")
     a = p.parse_args(argv)
     if not (0 < a.duration <= 120 and 0 < a.latency_duration <= 120 and 1 <= a.concurrency <= 1024
-            and 1 <= a.rounds <= 10):
-        p.error("durations must be within (0, 120] s, concurrency within [1, 1024], rounds within [1, 10]")
+            and 1 <= a.rounds <= 10 and 1_000 <= a.restore_records <= 5_000_000 and a.restore_keys >= 1):
+        p.error("durations must be within (0, 120] s, concurrency within [1, 1024], rounds within [1, 10], "
+                "restore records within [1000, 5000000]")
+    if a.no_restore and a.restore_only:
+        p.error("--no-restore and --restore-only exclude each other")
     home = Path(a.home)
     if not (home / "state.json").exists():
         print(f"no local stack recorded under {home}: start one with `freshroute local up`", file=sys.stderr)
@@ -502,9 +549,12 @@ def main(argv: list[str] | None = None) -> int:
     stack = Stack.load(home)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     stack._progress = say
-    if not stack.components.get("router") or not stack.components["router"].alive():
-        print("the local stack's router is not running", file=sys.stderr)
-        return 2
+    # The restore needs only the stack's broker and Redis; every other figure goes through the router.
+    needed = ("broker", "redis") if a.restore_only else ("broker", "redis", "router")
+    for name in needed:
+        if not stack.components.get(name) or not stack.components[name].alive():
+            print(f"the local stack's {name} is not running", file=sys.stderr)
+            return 2
     out = run_bench(stack, a, say)
     say(format_table(out["figures"], out["targets"]))
     if a.json_out:
@@ -512,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     last = {**out["figures"], "targets": {t["target"]: t["met"] for t in out["targets"]},
             "load_clients": {"rest": "wrk", "grpc": "h2load", "redis": "redis-benchmark", "latency": "h2load --rps"}}
     print(orjson.dumps(last).decode(), flush=True)
-    return 0 if all(out["figures"][k] is not None for k in FIGURES if not (a.no_restore and k == "restore_rps")) else 1
+    return 0 if all(out["figures"][k] is not None for k in expected_figures(a.no_restore, a.restore_only)) else 1
 
 
 if __name__ == "__main__":

@@ -4,125 +4,34 @@
 confluent-kafka consumer reading it end to end (best of two), then times real store node
 processes restoring the same changelog into RocksDB (records/s from "every replica assigned"
 to "every replica caught up", best of two), each also in records per CPU-second, and finally
-read throughput over the ``Read`` stream at several batch sizes and over unary ``Get``. Everything runs on loopback in a temporary directory and is stopped
-by its own pid.
+read throughput over the ``Read`` stream at several batch sizes and over unary ``Get``.
+Everything runs on loopback in a temporary directory and is stopped by its own pid. The
+changelog, the node process and the wait for its restore are those of ``freshroute bench``
+(``loadtest/restore.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-PARTITIONS = 8
+from loadtest.restore import PARTITIONS, cpu_s, produce_changelog, start_node, stop_node, wait_restored
 
 
-def _produce(bootstrap: str, topic: str, records: int, keys: int) -> float:
-    from confluent_kafka import Producer
+def _raw_consume(bootstrap: str, topic: str, records: int) -> float:
+    """Seconds for one plain consumer, with the fetch bounds of a store node, to read every record."""
+    from loadtest.changelog_reader import consume_to_end
 
-    from freshroute.keys import partition_for
-
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
-                         "queue.buffering.max.messages": 2_000_000})
-    start = time.monotonic()
-    for i in range(records):
-        key = f"key-{i % keys}".encode()
-        value = b'{"count": %d, "sum": %d.5, "last": "2026-01-01T00:00:00Z"}' % (i, i)
-        producer.produce(topic, key=key, value=value, partition=partition_for(key, PARTITIONS))
-        if i % 10_000 == 0:
-            producer.poll(0)
-    producer.flush(120)
-    return time.monotonic() - start
-
-
-def _raw_consume(bootstrap: str, topic: str, records: int, timeout_s: float = 300) -> float:
-    """Seconds for one consumer (same fetch bounds as a store node) to read every record."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-raw", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "max.partition.fetch.bytes": 256 * 1024,
-                         "fetch.max.bytes": 4 << 20, "fetch.wait.max.ms": 100, "fetch.queue.backoff.ms": 0})
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
-    start = time.monotonic()
-    seen, ended = 0, set()
-    while len(ended) < PARTITIONS and time.monotonic() - start < timeout_s:
-        first = consumer.poll(0.1)
-        if first is None:
-            continue
-        for m in [first, *consumer.consume(4999, 0)]:
-            if m.error() is None:
-                seen += 1
-                m.key(), m.value()
-            elif m.error().code() == KafkaError._PARTITION_EOF:
-                ended.add(m.partition())
-    elapsed = time.monotonic() - start
-    consumer.close()
+    seen, seconds, _ends = consume_to_end(bootstrap, topic, timeout_s=300, kafka_config={
+        "max.partition.fetch.bytes": 256 * 1024, "fetch.max.bytes": 4 << 20})
     if seen != records:
         raise RuntimeError(f"raw consume saw {seen} of {records} records")
-    return elapsed
-
-
-def _cpu_s(pid: int | None = None) -> float:
-    """CPU seconds (user + system, every thread) used so far by this process or by ``pid``.
-
-    On a shared machine wall-clock rates swing with whatever else runs; CPU time per record is
-    what the code itself costs, so the bench reports both.
-    """
-    if pid is None:
-        import resource
-
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        return usage.ru_utime + usage.ru_stime
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _start_node(bootstrap: str, redis_url: str, data_dir: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
-    """A store node process of its own; returns it and the address it listens on."""
-    env = {**os.environ, "FRESHROUTE_NODE_ID": "bench", "FRESHROUTE_BOOTSTRAP_SERVERS": bootstrap,
-           "FRESHROUTE_REDIS_URL": redis_url, "FRESHROUTE_NAMESPACE": "bench", "FRESHROUTE_DATA_DIR": str(data_dir),
-           "FRESHROUTE_NODE_EXPIRY_MS": "300", "PYTHONPATH": str(REPO)}
-    with open(log_path, "wb") as log:
-        node = subprocess.Popen([sys.executable, "-m", "store_node"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                stderr=log, stdin=subprocess.DEVNULL)
-    return node, node.stdout.readline().decode().split()[-1]
-
-
-def _timed_restore(node: subprocess.Popen, stub) -> tuple[float, float, float]:
-    """Seconds and node CPU seconds from every replica assigned to every replica caught up, and from listening."""
-    from proto import store_pb2
-
-    listening = time.monotonic()
-    assigned = None
-    cpu_assigned = _cpu_s(node.pid)
-    while time.monotonic() - listening < 600:
-        st = stub.Status(store_pb2.StatusRequest(), timeout=5)
-        if assigned is None and st.replicas:
-            assigned = time.monotonic()
-            cpu_assigned = _cpu_s(node.pid)
-        if len(st.replicas) == PARTITIONS and all(r.state != store_pb2.RESTORING and r.lag_offsets == 0
-                                                  for r in st.replicas):
-            break
-        # Every Status call costs the node CPU it would otherwise spend restoring: ask at most
-        # 20 times a second (the end is known to within 50 ms).
-        time.sleep(0.05)
-    done = time.monotonic()
-    return done - (assigned or listening), _cpu_s(node.pid) - cpu_assigned, done - listening
-
-
-def _stop(node: subprocess.Popen) -> None:
-    if node.poll() is None:
-        node.terminate()
-        try:
-            node.wait(30)
-        except subprocess.TimeoutExpired:
-            node.kill()
-            node.wait(10)
+    return seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,13 +56,13 @@ def main(argv: list[str] | None = None) -> int:
         spec = TableSpec("bench", "bench.changelog", PARTITIONS, "key", standby_replicas=0)
         admin = AdminClient({"bootstrap.servers": broker.address})
         admin.create_topics([NewTopic(spec.topic, PARTITIONS, 1)])[spec.topic].result(30)
-        took = _produce(broker.address, spec.topic, args.records, args.keys)
+        took = produce_changelog(broker.address, spec.topic, args.records, args.keys)
         print(f"produced {args.records} records over {args.keys} keys in {took:.1f}s")
         raw_runs = []
         for _ in range(2):
-            cpu0 = _cpu_s()
+            cpu0 = cpu_s()
             took = _raw_consume(broker.address, spec.topic, args.records)
-            raw_runs.append((took, _cpu_s() - cpu0))
+            raw_runs.append((took, cpu_s() - cpu0))
         raw, raw_cpu = min(raw_runs)
         print(f"raw confluent-kafka consume: {args.records / raw:,.0f} records/s ({raw:.2f}s, best of 2); "
               f"{args.records / raw_cpu:,.0f} records per CPU-second")
@@ -163,10 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         restores = []
         for run in ("a", "b"):
             if node is not None:
-                _stop(node)
-            node, address = _start_node(broker.address, redis_svc.address, work / f"node-{run}", work / f"node-{run}.log")
-            stub = store_pb2_grpc.StoreNodeStub(grpc.insecure_channel(address))
-            restores.append(_timed_restore(node, stub))
+                stop_node(node)
+            node, address = start_node(broker.address, redis_svc.address, "bench", "bench", work / f"node-{run}",
+                                       work / f"node-{run}.log")
+            waited = wait_restored(node, address, PARTITIONS, 600)
+            restores.append((waited["seconds"], waited["cpu_s"], waited["from_listening_s"]))
+        stub = store_pb2_grpc.StoreNodeStub(grpc.insecure_channel(address))
         restore, restore_cpu, from_listening = min(restores)
         print(f"store node restore: {args.records / restore:,.0f} records/s ({restore:.2f}s from every replica "
               f"assigned to every replica caught up, best of 2; {from_listening:.2f}s from listening); "
@@ -190,9 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unary Get: {1000 / (time.monotonic() - start):,.0f} reads/s")
     finally:
         if node is not None:
-            _stop(node)
+            stop_node(node)
         broker.stop()
         redis_svc.stop()
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

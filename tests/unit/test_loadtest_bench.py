@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.bench import FIGURES, evaluate_targets, format_table, interleaved, median_of
-from loadtest.restore import data_dir_of, restore_rate_from_log
+from loadtest.bench import FIGURES, evaluate_targets, expected_figures, format_table, interleaved, median_of
+from loadtest.restore import changelog_record, restore_rate_from_log
 
 
 def test_targets_are_ratios_with_their_direction():
@@ -45,10 +45,24 @@ def test_restore_rate_spans_the_earliest_start_to_the_last_catch_up():
     assert restore_rate_from_log(LOG, "missing") is None
 
 
-def test_data_dir_comes_from_the_recorded_command():
-    assert str(data_dir_of(["python", "-m", "freshroute.cli", "store-node", "--data-dir", "/x/data/node-1"])) == \
-        "/x/data/node-1"
-    assert data_dir_of(["python"]) is None
+def test_restore_rate_never_divides_by_less_than_a_tenth_of_a_second():
+    line = ("2026-11-22 00:30:00,000 INFO store_node.changelog: replica t/0: caught up at offset 50 "
+            "after 50 offsets in 0.0s (50000/s), now ACTIVE")
+    assert restore_rate_from_log(line, "t") == {"records": 50, "seconds": 0.1, "replicas": 1, "restore_rps": 500.0}
+
+
+def test_scratch_changelog_records_cycle_over_the_keys_with_json_rows():
+    import orjson
+
+    assert changelog_record(0, 3)[0] == b"key-0" and changelog_record(4, 3)[0] == b"key-1"
+    assert orjson.loads(changelog_record(7, 3)[1]) == {"count": 7, "sum": 7.5, "last": "2026-01-01T00:00:00Z"}
+
+
+def test_a_run_must_produce_the_figures_its_options_ask_for():
+    assert expected_figures(False, False) == list(FIGURES)
+    assert expected_figures(False, True) == ["restore_rps", "raw_consume_rps"]
+    skipped = expected_figures(True, False)
+    assert "restore_rps" not in skipped and "raw_consume_rps" not in skipped and len(skipped) == len(FIGURES) - 2
 
 
 @pytest.mark.parametrize("figure", FIGURES)
