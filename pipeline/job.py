@@ -335,8 +335,10 @@ class ProgressLog(StreamingQueryListener):
         run = self.runs.get(p.name or "")
         written = run.writer.last_written if run is not None else None
         changed = f", {written[1]} changelog records" if written and written[0] == p.batchId else ""
-        log.info("table %s batch %d: %d input rows%s in %d ms (input %.0f rows/s, processed %.0f rows/s)",
-                 p.name, p.batchId, p.numInputRows, changed, p.batchDuration,
+        timing = run.writer.last_timing if run is not None else None
+        sink = f"collect {timing[1]:.0f} ms, produce {timing[2]:.0f} ms" if timing and timing[0] == p.batchId else ""
+        log.info("table %s batch %d: %d input rows%s in %d ms (%s; input %.0f rows/s, processed %.0f rows/s)",
+                 p.name, p.batchId, p.numInputRows, changed, p.batchDuration, batch_phases(p.durationMs, sink),
                  p.inputRowsPerSecond or 0.0, p.processedRowsPerSecond or 0.0)
 
     def onQueryIdle(self, event: Any) -> None:
@@ -345,6 +347,19 @@ class ProgressLog(StreamingQueryListener):
     def onQueryTerminated(self, event: Any) -> None:
         if event.exception:
             log.debug("query %s terminated: %s", event.id, _first_line(event.exception))
+
+
+# Where a micro-batch's time goes, in the order Spark spends it: offsets from the source and
+# the offset log, planning, running the batch (read, state, foreachBatch), the commit log.
+BATCH_PHASES = (("latestOffset", "offsets"), ("walCommit", "offset log"), ("queryPlanning", "planning"),
+                ("addBatch", "run"), ("commitOffsets", "commit log"))
+
+
+def batch_phases(duration_ms: Any, run_detail: str = "") -> str:
+    """``offsets 12 ms, offset log 30 ms, …`` from a progress report's ``durationMs``."""
+    phases = dict(duration_ms or {})
+    return ", ".join(f"{label} {phases[name]} ms" + (f" ({run_detail})" if name == "addBatch" and run_detail else "")
+                     for name, label in BATCH_PHASES if name in phases)
 
 
 def _first_line(text: str) -> str:

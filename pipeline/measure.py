@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
 import statistics
 import tempfile
@@ -59,6 +60,14 @@ class Latency:
     p90_ms: float
     p99_ms: float
     max_ms: float
+    tables: tuple[str, ...] = ()
+    batches: int = 0  # micro-batches with input during the measured traffic, all tables
+    batch_ms_p50: float = 0.0
+    batch_ms_p90: float = 0.0
+    phases_ms_p50: dict[str, float] | None = None  # Spark's durationMs per phase, median over those batches
+    cpu_busy_pct: float = 0.0  # this process and its children (JVM, Python workers), % of one core
+    cpu_ms_per_batch: float = 0.0  # their CPU during the traffic per micro-batch with input (less noisy than times)
+    cpu_idle_pct: float = 0.0  # the same with no input, after the traffic
 
 
 def _event(rng: random.Random, sensors: int) -> dict[str, Any]:
@@ -78,6 +87,72 @@ def _demo_stats_only(settings: PipelineSettings) -> Any:
 
     d = load_tables(settings.tables_file)
     return TablesDefinition(d.path, dict(d.sources), {"sensor_stats": d.tables["sensor_stats"]})
+
+
+class CpuMeter:
+    """CPU time of this process and its children, without the services it started (broker, Redis).
+
+    Read from ``/proc`` (Linux): the JVM is a child of this process and Spark's Python
+    workers are children of the JVM.
+    """
+
+    def __init__(self, exclude: set[int]) -> None:
+        self.exclude = exclude
+        self._seen: dict[int, float] = {}
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    def _tree(self) -> list[int]:
+        parents: dict[int, list[int]] = defaultdict(list)
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                stat = _read_stat(int(entry))
+                if stat is not None:
+                    parents[int(stat[1])].append(int(entry))
+        pids, todo = [], [os.getpid()]
+        while todo:
+            pid = todo.pop()
+            if pid in self.exclude:
+                continue
+            pids.append(pid)
+            todo += parents.get(pid, [])
+        return pids
+
+    def total_s(self) -> float:
+        """CPU seconds used so far by the process tree; a child that exited keeps its last figure."""
+        for pid in self._tree():
+            stat = _read_stat(pid)
+            if stat is not None:
+                # utime and stime: fields 14 and 15 of /proc/<pid>/stat, 11 and 12 after the command.
+                self._seen[pid] = (int(stat[11]) + int(stat[12])) / self._tick
+        return sum(self._seen.values())
+
+    def percent(self, seconds: float) -> float:
+        """Percent of one core used over the next ``seconds``."""
+        before, started = self.total_s(), time.monotonic()
+        time.sleep(seconds)
+        return round(100.0 * (self.total_s() - before) / (time.monotonic() - started), 1)
+
+
+def _read_stat(pid: int) -> list[str] | None:
+    """Fields of ``/proc/<pid>/stat`` after the command name (state, ppid, …); None once it exited."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
+def batch_stats(progress: list[dict[str, Any]]) -> tuple[float, float, dict[str, float]]:
+    """p50 and p90 batch duration, and the median of each ``durationMs`` phase, of batches with input."""
+    busy = [p for p in progress if p.get("numInputRows", 0) > 0]
+    durations = sorted(float(p["batchDuration"]) for p in busy)
+    phases: dict[str, list[float]] = defaultdict(list)
+    for p in busy:
+        for name, ms in (p.get("durationMs") or {}).items():
+            phases[name].append(float(ms))
+    return (_percentile(durations, 0.5), _percentile(durations, 0.9),
+            {name: statistics.median(v) for name, v in sorted(phases.items())})
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -135,8 +210,13 @@ def measure_throughput(bootstrap: str, redis_url: str, work: Path, events: int =
 
 def measure_latency(bootstrap: str, redis_url: str, work: Path, rate_per_s: float = 200.0, duration_s: float = 60.0,
                     sensors: int = 100, trigger_ms: int = 500, warmup_s: float = 20.0,
-                    warmup_timeout_s: float = 300.0) -> Latency:
-    """Steady input at ``rate_per_s`` into a running pipeline; latency of every event to its changelog record."""
+                    warmup_timeout_s: float = 300.0, all_tables: bool = False, idle_s: float = 15.0,
+                    exclude_pids: frozenset[int] = frozenset()) -> Latency:
+    """Steady input at ``rate_per_s`` into a running pipeline; latency of every event to its changelog record.
+
+    ``all_tables`` runs every table of the demo file (as the local stack does) rather than
+    ``sensor_stats`` alone; latency is measured on ``sensor_stats`` either way.
+    """
     from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
     from pipeline.job import Pipeline
@@ -204,8 +284,12 @@ def measure_latency(bootstrap: str, redis_url: str, work: Path, rate_per_s: floa
         finally:
             consumer.close()
 
-    pipeline = Pipeline(settings, _demo_stats_only(settings))
+    pipeline = Pipeline(settings, None if all_tables else _demo_stats_only(settings))
     tailer = threading.Thread(target=tail, name="changelog-tail", daemon=True)
+    cpu = CpuMeter(set(exclude_pids))
+    progress: list[dict[str, Any]] = []
+    cpu_busy = cpu_idle = cpu_used = 0.0
+    measured_from = measured_until = 0.0
     try:
         pipeline.start()
         tailer.start()
@@ -224,21 +308,45 @@ def measure_latency(bootstrap: str, redis_url: str, work: Path, rate_per_s: floa
         send(int(rate_per_s * warmup_s), rate_per_s, measured=False)
         n = int(rate_per_s * duration_s)
         log.info("warm; producing %d events at %.0f/s", n, rate_per_s)
+        measured_from = time.time()
+        cpu_before, cpu_started = cpu.total_s(), time.monotonic()
         send(n, rate_per_s, measured=True)
+        cpu_used = cpu.total_s() - cpu_before
+        cpu_busy = round(100.0 * cpu_used / (time.monotonic() - cpu_started), 1)
+        measured_until = time.time()
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             with lock:
                 if sum(seen.values()) >= sum(produced.values()):
                     break
             time.sleep(0.2)
+        for run in pipeline.runs.values():
+            assert run.query is not None
+            # recentProgress keeps the last 100 batches (spark.sql.streaming.numRecentProgressUpdates).
+            progress += [p for p in run.query.recentProgress if p["timestamp"] >= _iso(measured_from)]
+        if idle_s > 0:
+            time.sleep(2.0)  # the last batches finish
+            cpu_idle = cpu.percent(idle_s)
     finally:
         stop.set()
         tailer.join(timeout=10)
         pipeline.stop()
     values = sorted(latencies)
+    batch_p50, batch_p90, phases = batch_stats(progress)
+    # Batches that started during the traffic, whose CPU cpu_used counts (but for the edges).
+    during = sum(1 for p in progress if p["numInputRows"] > 0 and p["timestamp"] < _iso(measured_until))
     return Latency(rate_per_s=rate_per_s, trigger_ms=trigger_ms, events=int(rate_per_s * duration_s), matched=len(values),
                    p50_ms=round(_percentile(values, 0.50), 1), p90_ms=round(_percentile(values, 0.90), 1),
-                   p99_ms=round(_percentile(values, 0.99), 1), max_ms=round(values[-1], 1) if values else float("nan"))
+                   p99_ms=round(_percentile(values, 0.99), 1), max_ms=round(values[-1], 1) if values else float("nan"),
+                   tables=tuple(pipeline.runs), batches=sum(1 for p in progress if p["numInputRows"] > 0),
+                   batch_ms_p50=batch_p50, batch_ms_p90=batch_p90, phases_ms_p50=phases, cpu_busy_pct=cpu_busy,
+                   cpu_ms_per_batch=round(1000.0 * cpu_used / max(1, during), 1), cpu_idle_pct=cpu_idle)
+
+
+def _iso(epoch_s: float) -> str:
+    """A time as Spark writes a progress report's ``timestamp`` (UTC, milliseconds), comparable as text."""
+    t = time.gmtime(epoch_s)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int(epoch_s * 1000) % 1000:03d}Z"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,6 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=200.0, help="events per second for latency")
     p.add_argument("--duration-s", type=float, default=60.0)
     p.add_argument("--trigger-ms", type=int, default=500)
+    p.add_argument("--all-tables", action="store_true",
+                   help="latency: run every demo table (as the local stack does), not sensor_stats alone")
+    p.add_argument("--idle-s", type=float, default=15.0, help="latency: CPU measured this long with no input after it")
     args = p.parse_args(argv)
 
     from pipeline.job import configure_logging
@@ -259,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="freshroute-measure-")))
         bootstrap, redis_url = args.bootstrap, args.redis_url
+        services: set[int] = set()
         if bootstrap is None or redis_url is None:
             from freshroute.local.services import start_broker, start_redis
 
@@ -266,17 +378,20 @@ def main(argv: list[str] | None = None) -> int:
                 svc = start_broker(work / "services")
                 stack.callback(svc.stop)
                 bootstrap = svc.address
+                services.add(svc.proc.pid)
             if redis_url is None:
                 svc = start_redis(work / "services")
                 stack.callback(svc.stop)
                 redis_url = svc.address
+                services.add(svc.proc.pid)
         result: dict[str, Any] = {}
         if args.only in (None, "throughput"):
             result["throughput"] = asdict(measure_throughput(bootstrap, redis_url, work, args.events,
                                                              max_records_per_batch=args.max_records_per_batch))
         if args.only in (None, "latency"):
             result["latency"] = asdict(measure_latency(bootstrap, redis_url, work, args.rate, args.duration_s,
-                                                       trigger_ms=args.trigger_ms))
+                                                       trigger_ms=args.trigger_ms, all_tables=args.all_tables,
+                                                       idle_s=args.idle_s, exclude_pids=frozenset(services)))
     print(json.dumps(result, indent=2))
     return 0
 

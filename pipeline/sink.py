@@ -135,11 +135,17 @@ class ChangelogWriter:
         self.key_column = key_column
         self.producer = producer
         self.last_written: tuple[int, int] | None = None  # (batch id, records), for progress lines
+        # (batch id, ms computing and collecting the changed rows, ms producing them until acknowledged)
+        self.last_timing: tuple[int, float, float] | None = None
 
     def write_batch(self, df: Any, batch_id: int) -> None:
         """foreachBatch entry point: the batch's changed rows → changelog, acknowledged before returning."""
+        started = time.monotonic()
+        # The batch runs here: reading the input, the aggregation and its state store commit.
         rows = df.toArrow().to_pylist()
+        collected = time.monotonic()
         self.write_rows(rows, batch_id)
+        self.last_timing = (batch_id, (collected - started) * 1000.0, (time.monotonic() - collected) * 1000.0)
 
     def write_rows(self, rows: list[Mapping[str, Any]], batch_id: int) -> int:
         """Produce the rows and wait for every acknowledgement; returns the number of records written."""

@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from freshroute.metadata import TableSpec
 from freshroute.settings import load
-from pipeline.job import (ChangelogLost, Pipeline, PipelineFailed, TableRegistrar, TableRun, check_changelog_kept,
-                          committed_batches)
+from pipeline.job import (ChangelogLost, Pipeline, PipelineFailed, ProgressLog, TableRegistrar, TableRun,
+                          check_changelog_kept, committed_batches)
 from pipeline.offsets import InputDataLost
 from pipeline.settings import PipelineSettings
 from pipeline.sink import ChangelogWriter
@@ -119,3 +120,19 @@ def test_a_vanished_changelog_with_committed_batches_is_refused(tmp_path):
     with pytest.raises(ChangelogLost, match=rf"changelog topic t-changelog does not exist, but the checkpoint "
                                             rf"{checkpoint} records 3 batch\(es\).*Delete {checkpoint}"):
         check_changelog_kept("t-changelog", existed=False, checkpoint=checkpoint)
+
+
+def test_progress_line_says_where_the_batch_time_went(pipeline, caplog):
+    run = run_of(pipeline)
+    run.writer.last_written = (12, 90)
+    run.writer.last_timing = (12, 410.4, 22.6)
+    progress = SimpleNamespace(name="sensor_stats", batchId=12, numInputRows=80, batchDuration=560,
+                               durationMs={"latestOffset": 8, "walCommit": 30, "getBatch": 0, "queryPlanning": 40,
+                                           "addBatch": 450, "commitOffsets": 25, "triggerExecution": 560},
+                               inputRowsPerSecond=50.0, processedRowsPerSecond=142.0)
+    caplog.set_level(logging.INFO, logger="pipeline")
+    ProgressLog({"sensor_stats": run}).onQueryProgress(SimpleNamespace(progress=progress))
+    assert caplog.records[-1].getMessage() == (
+        "table sensor_stats batch 12: 80 input rows, 90 changelog records in 560 ms (offsets 8 ms, offset log 30 ms, "
+        "planning 40 ms, run 450 ms (collect 410 ms, produce 23 ms), commit log 25 ms; input 50 rows/s, "
+        "processed 142 rows/s)")
