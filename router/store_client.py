@@ -235,8 +235,7 @@ class _FrameStream(_ReadStream, asyncio.Protocol):
         except Exception as e:  # noqa: BLE001 — refused, unreachable: the reads fail retryable
             self._break(e)
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if self.broken:
             transport.abort()
             return

@@ -148,5 +148,8 @@ def configure_logging() -> None:
 
 def run(settings: StoreNodeSettings) -> None:
     """Run one store node until SIGTERM/SIGINT (blocking); the CLI's ``store-node`` command."""
+    import uvloop
+
     configure_logging()
-    asyncio.run(serve(settings))
+    # uvloop: the read port's transports cost a fraction of asyncio's own per frame.
+    uvloop.run(serve(settings))

@@ -28,8 +28,7 @@ class ReadPortConnection(asyncio.Protocol):
         self._frames = FrameReader()
         self._transport: asyncio.Transport | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._transport = transport
 
     def data_received(self, data: bytes) -> None:

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture
 def anyio_backend():
-    return "asyncio"
+    # The router runs on uvloop, whose transports are not asyncio's classes.
+    return "asyncio", {"use_uvloop": True}
 
 
 class DictStore(store_pb2_grpc.StoreNodeServicer):
