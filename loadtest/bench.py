@@ -361,6 +361,12 @@ class Bench:
             self.notes["restore_runs"] = runs
             # Runs side by side in the same round share the machine's load: their ratio is the steadiest.
             self.notes["restore_ratio_per_round"] = [round(r / w, 3) for r, w in zip(restores, raws) if r and w]
+            # What each costs in CPU, whatever else runs: the restore's own limit on a busy machine.
+            per_cpu = {k: median_of([r.get("records_per_cpu_s") for r in v]) for k, v in runs.items()}
+            self.notes["records_per_cpu_s"] = per_cpu
+            if per_cpu["raw_consume"] and per_cpu["restore"]:
+                say(f"  records per CPU-second: restore {per_cpu['restore']:,.0f} (the node's process), raw consume "
+                    f"{per_cpu['raw_consume']:,.0f}; per-round ratios {self.notes['restore_ratio_per_round']}")
         finally:
             say(f"  removing topic {scratch.spec.topic} and namespace {scratch.namespace}")
             scratch.remove()

@@ -235,7 +235,9 @@ class ScratchChangelog:
         records, seconds, _ends = consume_to_end(self.bootstrap, self.spec.topic)
         if records != self.records:
             raise RuntimeError(f"raw consume read {records} of {self.records} records")
-        return {"records": records, "seconds": round(seconds, 3), "cpu_s": round(cpu_s() - cpu0, 3),
+        cpu = cpu_s() - cpu0
+        return {"records": records, "seconds": round(seconds, 3), "cpu_s": round(cpu, 3),
+                "records_per_cpu_s": round(records / cpu) if cpu else None,
                 "raw_consume_rps": round(records / seconds, 1) if seconds > 0 else None}
 
     def restore(self, timeout_s: float = 180.0,
