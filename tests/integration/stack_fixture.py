@@ -55,6 +55,15 @@ def same_stats(got: dict, want: dict) -> bool:
     return all(abs(float(got[k]) - float(want[k])) <= 1e-6 * max(1.0, abs(float(want[k]))) for k in want)
 
 
+def all_sensors_served(client, expected: dict[str, dict], **params) -> bool:
+    """Whether the router (an ``httpx.Client``) answers every sensor's expected stats, with these query params."""
+    for sensor, want in expected.items():
+        r = client.get(f"/v1/tables/sensor_stats/keys/{sensor}", params=params)
+        if r.status_code != 200 or not same_stats(r.json()["value"], want):
+            return False
+    return True
+
+
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.25) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

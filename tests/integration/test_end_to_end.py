@@ -11,7 +11,7 @@ import pytest
 
 from freshroute.keys import partition_for, serialize_key
 from proto import router_pb2, router_pb2_grpc
-from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, expected_sensor_stats, produce_readings, same_stats, start_stack,
+from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, all_sensors_served, expected_sensor_stats, produce_readings, same_stats, start_stack,
                                              wait_until)
 
 SENSORS = 40
@@ -33,18 +33,10 @@ def readings(stack):
     return events
 
 
-def _all_visible(client: httpx.Client, expected: dict) -> bool:
-    for sensor, want in expected.items():
-        r = client.get(f"/v1/tables/sensor_stats/keys/{sensor}")
-        if r.status_code != 200 or not same_stats(r.json()["value"], want):
-            return False
-    return True
-
-
 def test_every_sensor_matches_recomputation_via_rest_and_grpc(stack, readings):
     expected = expected_sensor_stats(readings)
     with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
-        wait_until(lambda: _all_visible(client, expected), FIRST_DATA_TIMEOUT_S, "every sensor's stats to be served")
+        wait_until(lambda: all_sensors_served(client, expected), FIRST_DATA_TIMEOUT_S, "every sensor's stats to be served")
         for sensor, want in expected.items():
             body = client.get(f"/v1/tables/sensor_stats/keys/{sensor}").json()
             assert same_stats(body["value"], want), (sensor, body, want)

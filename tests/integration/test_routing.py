@@ -15,7 +15,7 @@ from freshroute.keys import partition_for, serialize_key
 from freshroute.position import Position
 from loadtest.scenario import Fault, LoadConfig, run
 from proto import router_pb2, router_pb2_grpc, store_pb2, store_pb2_grpc
-from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, expected_sensor_stats, produce_readings, same_stats, start_stack,
+from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, all_sensors_served, expected_sensor_stats, produce_readings, start_stack,
                                              wait_until)
 
 SENSORS = 24
@@ -42,14 +42,7 @@ def readings(stack, client):
     produce_readings(stack, events)
     expected = expected_sensor_stats(events)
 
-    def all_final() -> bool:
-        for sensor, want in expected.items():
-            r = client.get(f"/v1/tables/sensor_stats/keys/{sensor}", params={"max_lag": 0})
-            if r.status_code != 200 or not same_stats(r.json()["value"], want):
-                return False
-        return True
-
-    wait_until(all_final, FIRST_DATA_TIMEOUT_S, "every sensor to be served within max_lag=0")
+    wait_until(lambda: all_sensors_served(client, expected, max_lag=0), FIRST_DATA_TIMEOUT_S, "every sensor to be served within max_lag=0")
     return events
 
 

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from loadtest.scenario import Fault, LoadConfig, run
-from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, expected_sensor_stats, produce_readings, same_stats, start_stack,
+from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, all_sensors_served, expected_sensor_stats, produce_readings, start_stack,
                                              wait_until)
 
 SENSORS = 30
@@ -34,18 +34,10 @@ def readings(stack):
     return events
 
 
-def _all_final(client: httpx.Client, expected: dict) -> bool:
-    for sensor, want in expected.items():
-        r = client.get(f"/v1/tables/sensor_stats/keys/{sensor}", params={"max_lag": 0})
-        if r.status_code != 200 or not same_stats(r.json()["value"], want):
-            return False
-    return True
-
-
 def test_kill_9_of_a_store_node_under_load(stack, readings, tmp_path):
     expected = expected_sensor_stats(readings)
     with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
-        wait_until(lambda: _all_final(client, expected), FIRST_DATA_TIMEOUT_S, "every sensor's final stats to be served")
+        wait_until(lambda: all_sensors_served(client, expected, max_lag=0), FIRST_DATA_TIMEOUT_S, "every sensor's final stats to be served")
     old_pid = stack.components[VICTIM].pid
 
     # A loose bound: every partition keeps a replica within it while one node is down.
