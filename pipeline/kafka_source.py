@@ -21,6 +21,7 @@ dropped from the pickled state.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
@@ -51,6 +52,7 @@ ARROW_SCHEMA = pa.schema([
 # ever assign(): they never join the group and never commit.
 _GROUP_ID = "freshroute-pipeline-source"
 _ARROW_BATCH_ROWS = 8192
+_RECORDS_PER_READ_TASK = 10_000
 
 
 @dataclass(frozen=True)
@@ -94,12 +96,23 @@ class SourceOptions:
             "enable.auto.offset.store": False,
             "enable.partition.eof": True,
             "fetch.queue.backoff.ms": 0,
-            "fetch.wait.max.ms": 100,
+            # A read knows its records are on the broker, so a long-polling fetch only waits
+            # past the end of a range, and delays the next assign() of the same consumer.
+            "fetch.wait.max.ms": 10,
             "max.partition.fetch.bytes": self.max_partition_fetch_bytes,
             "fetch.max.bytes": max(self.max_partition_fetch_bytes * 4, 1 << 20),
             "queued.max.messages.kbytes": 16384,
             **overrides,
         }
+
+
+def read_tasks(options: SourceOptions, start: SourceOffset, end: SourceOffset) -> int:
+    """Read tasks for a batch: up to ``read_tasks``, but one per ``_RECORDS_PER_READ_TASK`` at most.
+
+    A task costs a round trip to a Python worker, tens of milliseconds, while reading a few
+    thousand records costs a few: a small batch is read by one task, a backlog by several.
+    """
+    return max(1, min(options.read_tasks, off.total_rows(start, end) // _RECORDS_PER_READ_TASK))
 
 
 class KafkaSlice(InputPartition):
@@ -240,8 +253,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = dict(snap.end)
 
     def partitions(self, start: dict, end: dict) -> list[KafkaSlice]:
-        parts = off.ranges(SourceOffset.from_dict(start), SourceOffset.from_dict(end))
-        return [KafkaSlice(self.options.topic, g) for g in off.group_ranges(parts, self.options.read_tasks)]
+        begin, until = SourceOffset.from_dict(start), SourceOffset.from_dict(end)
+        parts = off.ranges(begin, until)
+        return [KafkaSlice(self.options.topic, g) for g in off.group_ranges(parts, read_tasks(self.options, begin, until))]
 
     def commit(self, end: dict) -> None:
         # Offsets live in Spark's checkpoint; the broker keeps no state for this reader.
@@ -259,61 +273,105 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         yield from read_slice(self.options, partition)
 
 
+# Idle consumers of this process by configuration. Spark reuses its Python workers
+# (spark.python.worker.reuse), and a new consumer costs a connection and metadata round
+# trips (~100 ms on loopback) in every read task of every micro-batch.
+_idle_consumers: dict[bytes, Any] = {}
+_idle_lock = threading.Lock()
+
+
 def read_slice(options: SourceOptions, piece: KafkaSlice) -> Iterator[pa.RecordBatch]:
-    """Every record of the slice's ranges, as Arrow batches of the declared schema."""
+    """Every record of the slice's ranges, as Arrow batches of the declared schema.
+
+    The consumer is taken from this process's idle ones and returned only after a complete
+    read, with nothing assigned; a read that failed or was abandoned closes its consumer, so
+    no consumer is reused in an unknown state.
+    """
     from confluent_kafka import Consumer
 
-    consumer = Consumer(options.consumer_config(**{"auto.offset.reset": "error"}))
+    config = options.consumer_config(**{"auto.offset.reset": "error"})
+    key = orjson.dumps(config, option=orjson.OPT_SORT_KEYS)
+    with _idle_lock:
+        consumer = _idle_consumers.pop(key, None)
+    if consumer is None:
+        consumer = Consumer(config)
+    complete = False
     try:
-        for partition, start, end in piece.ranges:
-            yield from read_range(consumer, options, piece.topic, partition, start, end)
+        yield from read_ranges(consumer, options, piece.topic, piece.ranges)
+        complete = True
     finally:
-        consumer.close()
+        if complete:
+            with _idle_lock:
+                consumer, _idle_consumers[key] = _idle_consumers.get(key), consumer
+        if consumer is not None:
+            consumer.close()
 
 
-def read_range(consumer: Any, options: SourceOptions, topic: str, partition: int, start: int,
-               end: int) -> Iterator[pa.RecordBatch]:
-    """Every record of offsets ``[start, end)`` of one partition (one partition assigned at a time)."""
+def read_ranges(consumer: Any, options: SourceOptions, topic: str,
+                ranges: tuple[tuple[int, int, int], ...]) -> Iterator[pa.RecordBatch]:
+    """Every record of offsets ``[start, end)`` of each ``(partition, start, end)``, one partition per Arrow batch.
+
+    All the ranges are assigned at once: partitions read one after another would each wait
+    for the fetch still pending on the previous one. A partition is paused once its range
+    is read, so the others get the fetches; per-partition fetch sizes keep any one from
+    filling a fetch alone.
+    """
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-    consumer.assign([TopicPartition(topic, partition, start)])
+    ends = {p: end for p, _, end in ranges}
+    position = {p: start for p, start, _ in ranges}
+    rows = {p: _Columns() for p in ends}
+    pending = {p for p in ends if position[p] < ends[p]}
+    assigned = [TopicPartition(topic, p, position[p]) for p in sorted(pending)]
+    if not assigned:
+        return
+    consumer.assign(assigned)
     try:
-        rows = _Columns()
-        position = start
         stall_deadline = time.monotonic() + options.read_stall_timeout_s
-        while position < end:
+        while pending:
             if time.monotonic() > stall_deadline:
-                raise TimeoutError(f"no record of {topic}[{partition}] offsets [{position}, {end}) "
-                                   f"arrived within {options.read_stall_timeout_s:.0f}s")
-            for m in consumer.consume(num_messages=min(end - position, 5000), timeout=0.5):
+                missing = ", ".join(f"{topic}[{p}] [{position[p]}, {ends[p]})" for p in sorted(pending))
+                raise TimeoutError(f"no record of offsets {missing} arrived within {options.read_stall_timeout_s:.0f}s")
+            done: list[int] = []
+            wanted = sum(ends[p] - position[p] for p in pending)
+            for m in consumer.consume(num_messages=min(wanted, 5000), timeout=0.5):
+                p = m.partition()
+                if p not in pending:
+                    continue
                 err = m.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
                         # Gaps up to the end (compaction, transaction markers) leave nothing to wait for.
-                        if m.offset() >= end:
-                            position = end
+                        if m.offset() >= ends[p]:
+                            pending.discard(p)
+                            done.append(p)
                         continue
                     if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-                        raise InputDataLost(f"offsets [{position}, {end}) of {topic}[{partition}] are "
-                                            f"no longer on the broker: {err.str()}{' ' + options.hint if options.hint else ''}")
+                        raise InputDataLost(f"offsets [{position[p]}, {ends[p]}) of {topic}[{p}] are no longer on "
+                                            f"the broker: {err.str()}{' ' + options.hint if options.hint else ''}")
                     raise KafkaException(err)
-                if m.partition() != partition:
-                    continue
                 o = m.offset()
-                if o >= end:
-                    position = end
-                    break
-                if o < position:
-                    continue
-                rows.add(m)
-                position = o + 1
-                stall_deadline = time.monotonic() + options.read_stall_timeout_s
-                if len(rows) >= _ARROW_BATCH_ROWS:
-                    yield rows.to_batch(topic, partition)
-                    rows = _Columns()
-        if len(rows):
-            yield rows.to_batch(topic, partition)
+                if o >= position[p]:
+                    if o < ends[p]:
+                        rows[p].add(m)
+                        position[p] = o + 1
+                        stall_deadline = time.monotonic() + options.read_stall_timeout_s
+                    if o + 1 >= ends[p]:
+                        pending.discard(p)
+                        done.append(p)
+                    elif len(rows[p]) >= _ARROW_BATCH_ROWS:
+                        yield rows[p].to_batch(topic, p)
+                        rows[p] = _Columns()
+            if done:
+                # Stop fetching what is read: only the pending partitions need the fetches.
+                consumer.pause([TopicPartition(topic, p) for p in done])
+                for p in done:
+                    if len(rows[p]):
+                        yield rows[p].to_batch(topic, p)
+                        rows[p] = _Columns()
     finally:
+        # A pause outlives unassign() in librdkafka: lift it, or a reused consumer would hang.
+        consumer.resume(assigned)
         consumer.unassign()
 
 
@@ -366,8 +424,9 @@ class KafkaBatchReader(DataSourceReader):
             stream.stop()
         if snap is None:
             raise ValueError(f"topic {self.options.topic} does not exist")
-        parts = off.ranges(SourceOffset(snap.topic_id, dict(snap.low)), SourceOffset(snap.topic_id, dict(snap.end)))
-        return [KafkaSlice(self.options.topic, g) for g in off.group_ranges(parts, self.options.read_tasks)]
+        begin, until = SourceOffset(snap.topic_id, dict(snap.low)), SourceOffset(snap.topic_id, dict(snap.end))
+        parts = off.ranges(begin, until)
+        return [KafkaSlice(self.options.topic, g) for g in off.group_ranges(parts, read_tasks(self.options, begin, until))]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KafkaSlice)

@@ -15,8 +15,9 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from pyspark.sql.types import (IntegerType, LongType, StringType, StructField, StructType, TimestampType)
 
+from pipeline import kafka_source
 from pipeline.kafka_source import (ARROW_SCHEMA, SCHEMA, EndOffsetProbe, KafkaSlice, KafkaSource, KafkaStreamReader,
-                                   SourceOptions, _Columns)
+                                   SourceOptions, _Columns, read_ranges, read_slice)
 from pipeline.offsets import InputDataLost, TopicSnapshot
 
 
@@ -100,9 +101,16 @@ def test_latest_offset_reports_a_topic_that_vanished_after_progress():
 def test_partitions_group_ranges_into_read_tasks():
     r = KafkaStreamReader(opts(read_tasks=2))
     slices = r.partitions({"topic_id": "t", "partitions": {"0": 0, "1": 10, "2": 5, "3": 9}},
-                          {"topic_id": "t", "partitions": {"0": 100, "1": 20, "2": 50, "3": 9}})
-    assert [s.ranges for s in slices] == [((0, 0, 100),), ((1, 10, 20), (2, 5, 50))]
+                          {"topic_id": "t", "partitions": {"0": 20_000, "1": 20, "2": 20_050, "3": 9}})
+    assert [s.ranges for s in slices] == [((2, 5, 20_050),), ((0, 0, 20_000), (1, 10, 20))]
     assert all(isinstance(s, KafkaSlice) and s.topic == "readings" for s in slices)
+
+
+def test_a_small_batch_is_read_by_one_task():
+    r = KafkaStreamReader(opts(read_tasks=2))
+    slices = r.partitions({"topic_id": "t", "partitions": {"0": 0, "1": 10, "2": 5, "3": 9}},
+                          {"topic_id": "t", "partitions": {"0": 100, "1": 20, "2": 50, "3": 9}})
+    assert [s.ranges for s in slices] == [((0, 0, 100), (1, 10, 20), (2, 5, 50))]
     assert r.partitions({"topic_id": "t", "partitions": {"0": 5}}, {"topic_id": "t", "partitions": {"0": 5}}) == []
 
 
@@ -219,3 +227,77 @@ def test_probe_keeps_the_listed_end_marked_uncertain_when_the_broker_does_not_an
     _, end, uncertain = EndOffsetProbe(consumer, "readings", timeout_s=0.2).ends((0, 1))
     assert end == {0: 1, 1: 50}
     assert uncertain == frozenset({0})
+
+
+class LogConsumer:
+    """A consumer over an in-memory log: fetches a few records of every assigned, unpaused partition at a time."""
+
+    def __init__(self, log: dict[int, int], per_fetch: int = 3, fail_at: int | None = None):
+        self.log, self.per_fetch, self.fail_at = log, per_fetch, fail_at
+        self.position: dict[int, int] = {}
+        self.paused: set[int] = set()
+        self.closed = False
+        self.max_assigned = 0
+
+    def assign(self, tps):
+        self.position = {tp.partition: tp.offset for tp in tps}
+        self.max_assigned = max(self.max_assigned, len(tps))
+
+    def consume(self, num_messages=1, timeout=0.0):
+        out = []
+        for p, pos in sorted(self.position.items()):
+            if p in self.paused:
+                continue
+            for o in range(pos, min(pos + self.per_fetch, self.log[p])):
+                if o == self.fail_at:
+                    raise RuntimeError("broker went away")
+                out.append(FakeMessage(p, o, b"k", b"v", ts=(1, 1000)))
+            self.position[p] = min(pos + self.per_fetch, self.log[p])
+            if self.position[p] == self.log[p]:
+                out.append(FakeMessage(p, self.log[p], error=KafkaError(KafkaError._PARTITION_EOF)))
+        return out[:num_messages]
+
+    def pause(self, tps):
+        self.paused.update(tp.partition for tp in tps)
+
+    def resume(self, tps):
+        self.paused.difference_update(tp.partition for tp in tps)
+
+    def unassign(self):
+        self.position = {}
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_slice_reads_its_ranges_at_once_and_exactly(monkeypatch):
+    consumer = LogConsumer({0: 20, 1: 12, 2: 30})
+    batches = list(read_ranges(consumer, opts(), "readings", ((0, 5, 17), (1, 0, 12), (2, 30, 30))))
+    got = {}
+    for b in batches:
+        assert b.schema.equals(ARROW_SCHEMA) and len(set(b.column("partition").to_pylist())) == 1
+        got.setdefault(b.column("partition")[0].as_py(), []).extend(b.column("offset").to_pylist())
+    assert got == {0: list(range(5, 17)), 1: list(range(0, 12))}
+    assert consumer.max_assigned == 2  # both non-empty ranges at once
+    assert consumer.position == {} and consumer.paused == set()  # nothing left assigned or paused
+
+
+def test_a_worker_reuses_its_consumer_only_after_a_complete_read(monkeypatch):
+    made: list[LogConsumer] = []
+
+    def factory(config):
+        assert config["auto.offset.reset"] == "error" and config["enable.auto.commit"] is False
+        made.append(LogConsumer({0: 100}, fail_at=50 if not made else None))
+        return made[-1]
+
+    monkeypatch.setattr("confluent_kafka.Consumer", factory)
+    monkeypatch.setattr(kafka_source, "_idle_consumers", {})
+    piece = KafkaSlice("readings", ((0, 0, 10),))
+    assert sum(b.num_rows for b in read_slice(opts(), piece)) == 10
+    assert sum(b.num_rows for b in read_slice(opts(), KafkaSlice("readings", ((0, 10, 20),)))) == 10
+    assert len(made) == 1 and not made[0].closed  # the second read reused the first consumer
+    with pytest.raises(RuntimeError, match="broker went away"):
+        list(read_slice(opts(), KafkaSlice("readings", ((0, 40, 60),))))
+    assert made[0].closed  # a failed read never hands its consumer on
+    assert sum(b.num_rows for b in read_slice(opts(), KafkaSlice("readings", ((0, 60, 70),)))) == 10
+    assert len(made) == 2 and not made[1].closed
