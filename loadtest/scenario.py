@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import orjson
 
-from freshroute.local.stack import Stack
+from freshroute.local.stack import NoLocalStack, Stack
 from loadtest.lookups import grpc_lookup, rest_lookup
 from loadtest.stats import ANSWERED, percentile
 from loadtest.workload import (DEFAULT_BOUND_MIX, BoundMixer, KeyChooser, Session, bound_params,
@@ -335,12 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if not 0 < a.duration <= 900:
         p.error("--duration must be within (0, 900] s")
-    home = Path(a.home)
-    if not (home / "state.json").exists():
-        print(f"no local stack recorded under {home}: start one with `freshroute local up`", file=sys.stderr)
+    try:
+        stack = Stack.load(Path(a.home), lambda m: print(m, file=sys.stderr, flush=True))
+    except NoLocalStack as e:
+        print(e.message, file=sys.stderr)
         return 2
-    stack = Stack.load(home)
-    stack._progress = lambda m: print(m, file=sys.stderr, flush=True)
     dead = [n for n in ("router", a.node) if n in stack.components and not stack.components[n].alive()]
     if dead or a.node not in stack.components:
         print(f"the local stack is not running as needed (down: {dead or [a.node]})", file=sys.stderr)

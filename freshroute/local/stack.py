@@ -23,10 +23,16 @@ from typing import Any, Callable
 
 import orjson
 
+from freshroute.errors import ConfigError
 from freshroute.local.services import free_port, wait_for_port
 
 STATE_FILE = "state.json"
 
+
+class NoLocalStack(ConfigError):
+    """No stack is recorded in the directory given."""
+
+    code = "NO_LOCAL_STACK"
 
 @dataclass(frozen=True)
 class StackConfig:
@@ -123,12 +129,17 @@ class Stack:
         os.replace(tmp, self.state_path)
 
     @classmethod
-    def load(cls, home: Path) -> "Stack":
-        doc = orjson.loads((home / STATE_FILE).read_bytes())
+    def load(cls, home: Path, progress: Callable[[str], None] | None = None) -> "Stack":
+        """The stack recorded under ``home``; :class:`NoLocalStack` if there is none."""
+        try:
+            doc = orjson.loads((home / STATE_FILE).read_bytes())
+        except FileNotFoundError:
+            raise NoLocalStack(f"no local stack recorded under {home}: start one with `freshroute local up`",
+                               home=str(home)) from None
         cfg = doc["config"]
         cfg["home"] = Path(cfg["home"])
         cfg["store_ports"] = tuple(cfg["store_ports"])
-        stack = cls(StackConfig(**cfg))
+        stack = cls(StackConfig(**cfg), progress)
         for c in doc["components"]:
             stack.components[c["name"]] = Component(**c)
         return stack
@@ -406,11 +417,11 @@ def dispatch(args: argparse.Namespace) -> int:
             except KeyboardInterrupt:
                 stack.down()
         return 0
-    if not (home / STATE_FILE).exists():
-        print(f"no local stack recorded under {home}", file=sys.stderr)
+    try:
+        stack = Stack.load(home, say)
+    except NoLocalStack as e:
+        print(e.message, file=sys.stderr)
         return 1
-    stack = Stack.load(home)
-    stack._progress = say
     if args.local_command == "status":
         st = stack.status()
         if args.json:

@@ -1,5 +1,7 @@
 """Stack.add_store_node without processes: naming, port choice, and what the state file records."""
 
+import pytest
+
 from __future__ import annotations
 
 from freshroute.local import stack as stack_mod
@@ -39,3 +41,10 @@ def test_a_busy_next_port_is_replaced_by_a_free_one(tmp_path, monkeypatch):
     monkeypatch.setattr(stack_mod, "free_port", lambda host: 40123)
     assert stack.add_store_node() == "store-node-4"
     assert stack.config.store_ports[-1] == 40123
+
+
+def test_loading_where_no_stack_is_recorded_says_how_to_start_one(tmp_path):
+    from freshroute.local.stack import NoLocalStack
+
+    with pytest.raises(NoLocalStack, match="no local stack recorded under .*freshroute local up"):
+        Stack.load(tmp_path / "nothing-here")
