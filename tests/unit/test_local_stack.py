@@ -1,8 +1,8 @@
 """Stack.add_store_node without processes: naming, port choice, and what the state file records."""
 
-import pytest
-
 from __future__ import annotations
+
+import pytest
 
 from freshroute.local import stack as stack_mod
 from freshroute.local.stack import Component, Stack, StackConfig
