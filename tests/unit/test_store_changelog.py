@@ -177,6 +177,12 @@ def test_new_replica_restores_from_the_beginning(env):
     assert rep.state is ReplicaState.RESTORING and rep.role is Role.ACTIVE
 
 
+def test_a_full_fetch_queue_backs_off_instead_of_spinning(env):
+    # librdkafka's fetch thread spins on a full queue with no backoff; the tailer's consumer pauses 10 ms.
+    assert env.consumer.config["fetch.queue.backoff.ms"] == 10
+    assert env.consumer.config["max.partition.fetch.bytes"] == 256 * 1024  # the settings' other bounds stay
+
+
 def test_restart_resumes_from_the_stored_offset(env):
     store = ReplicaStore.open(replica_path(env.root, "counts", 0))
     store.apply([(b"a", b"1")], 42)
