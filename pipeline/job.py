@@ -333,10 +333,9 @@ class ProgressLog(StreamingQueryListener):
     def onQueryProgress(self, event: Any) -> None:
         p = event.progress
         run = self.runs.get(p.name or "")
-        written = run.writer.last_written if run is not None else None
-        changed = f", {written[1]} changelog records" if written and written[0] == p.batchId else ""
-        timing = run.writer.last_timing if run is not None else None
-        sink = f"collect {timing[1]:.0f} ms, produce {timing[2]:.0f} ms" if timing and timing[0] == p.batchId else ""
+        written = run.writer.written.get(p.batchId) if run is not None else None
+        changed = f", {written[0]} changelog records" if written else ""
+        sink = f"collect {written[1]:.0f} ms, produce {written[2]:.0f} ms" if written else ""
         log.info("table %s batch %d: %d input rows%s in %d ms (%s; input %.0f rows/s, processed %.0f rows/s)",
                  p.name, p.batchId, p.numInputRows, changed, p.batchDuration, batch_phases(p.durationMs, sink),
                  p.inputRowsPerSecond or 0.0, p.processedRowsPerSecond or 0.0)

@@ -125,6 +125,9 @@ class ChangelogProducer:
         return self._config["message.timeout.ms"] / 1000.0
 
 
+_WRITTEN_KEPT = 16
+
+
 class ChangelogWriter:
     """Writes one table's micro-batches to its changelog topic."""
 
@@ -134,9 +137,10 @@ class ChangelogWriter:
         self.partitions = partitions
         self.key_column = key_column
         self.producer = producer
-        self.last_written: tuple[int, int] | None = None  # (batch id, records), for progress lines
-        # (batch id, ms computing and collecting the changed rows, ms producing them until acknowledged)
-        self.last_timing: tuple[int, float, float] | None = None
+        # Batch id → (records, ms computing and collecting the changed rows, ms producing them
+        # until acknowledged) of the latest batches: Spark reports a batch's progress
+        # asynchronously, on a busy machine after the next batch has run.
+        self.written: dict[int, tuple[int, float, float]] = {}
 
     def write_batch(self, df: Any, batch_id: int) -> None:
         """foreachBatch entry point: the batch's changed rows → changelog, acknowledged before returning."""
@@ -144,13 +148,14 @@ class ChangelogWriter:
         # The batch runs here: reading the input, the aggregation and its state store commit.
         rows = df.toArrow().to_pylist()
         collected = time.monotonic()
-        self.write_rows(rows, batch_id)
-        self.last_timing = (batch_id, (collected - started) * 1000.0, (time.monotonic() - collected) * 1000.0)
+        records = self.write_rows(rows, batch_id)
+        self.written[batch_id] = (records, (collected - started) * 1000.0, (time.monotonic() - collected) * 1000.0)
+        for old in [b for b in self.written if b <= batch_id - _WRITTEN_KEPT]:
+            del self.written[old]
 
     def write_rows(self, rows: list[Mapping[str, Any]], batch_id: int) -> int:
         """Produce the rows and wait for every acknowledgement; returns the number of records written."""
         records, keyless = changelog_records(rows, self.key_column, self.partitions)
-        self.last_written = (batch_id, 0)
         if keyless:
             log.warning("table %s batch %d: %d row(s) with a null key %r cannot be addressed and were not written",
                         self.table, batch_id, keyless, self.key_column)
@@ -191,5 +196,4 @@ class ChangelogWriter:
             raise ChangelogWriteFailed(
                 f"table {self.table} batch {batch_id}: {len(errors)} record(s) failed and {missing} unacknowledged "
                 f"of {len(records)} to {self.topic}: {first}", table=self.table, batch=batch_id)
-        self.last_written = (batch_id, len(records))
         return len(records)
