@@ -20,7 +20,9 @@ class PipelineSettings(CommonSettings):
     trigger_ms: int = Field(500, ge=0, description="micro-batch interval in milliseconds (0 = as fast as possible)")
     changelog_partitions: int = Field(8, ge=1, description="partitions of a changelog topic the pipeline creates")
     # Frozen into each table's checkpoint on its first run: changing it later has no effect on that table.
-    shuffle_partitions: int = Field(4, ge=1, description="Spark shuffle partitions (state store partitions)")
+    # Every state store partition costs each micro-batch a task, a RocksDB commit and a changelog
+    # file, whatever the batch holds: about one per core keeps small batches cheap.
+    shuffle_partitions: int = Field(2, ge=1, description="Spark shuffle partitions (state store partitions)")
     max_records_per_batch: int = Field(100_000, ge=0, description="admission control: input records per micro-batch (0 = no limit)")
     available_now: bool = Field(False, description="process the input present at start, then stop (backfills, tests)")
     topic_prefix: str = Field("", description="prefix of every input and changelog topic name")
