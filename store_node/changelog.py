@@ -57,13 +57,6 @@ _SHRUNK_CONFIRMATIONS = 3
 _SHRUNK_CONFIRM_S = 1.0
 # Retired replica files are deleted only while the assignment is known to be current.
 _ASSIGNMENT_FRESH_S = 5.0
-# While a replica restores, the thread applying records is the slower side and librdkafka's
-# fetch queue stays full; with no backoff its fetch thread re-checks the queue without pause
-# and spins: 0.4–0.7 CPU-s per 300,000 records restored, a third of the restore's own cost,
-# taken from the applying thread on a busy machine. A 10 ms pause costs no restore time (the
-# full queue holds about a second of records to apply) and no freshness (a replica that keeps
-# up never fills it).
-FETCH_QUEUE_BACKOFF_MS = 10
 
 
 def _is_utf8(raw: bytes) -> bool:
@@ -216,8 +209,7 @@ class ChangelogTailer:
         """Create the consumer and note replicas left on disk; False (logged) if the consumer cannot be made."""
         try:
             self._consumer = self._consumer_factory(self._settings.consumer_config(
-                stats_cb=self._on_stats, error_cb=self._on_client_error, logger=self._kafka_log, log_level=4,
-                **{"fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS}))
+                stats_cb=self._on_stats, error_cb=self._on_client_error, logger=self._kafka_log, log_level=4))
             self._admin = self._admin_factory(self._settings.kafka(
                 **{"client.id": f"freshroute-store-{self._settings.node_id}-admin"},
                 logger=self._kafka_log, log_level=4))
