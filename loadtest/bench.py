@@ -546,15 +546,14 @@ def main(argv: list[str] | None = None) -> int:
                 "restore records within [1000, 5000000]")
     if a.no_restore and a.restore_only:
         p.error("--no-restore and --restore-only exclude each other")
-    home = Path(a.home)
-    if not (home / "state.json").exists():
-        print(f"no local stack recorded under {home}: start one with `freshroute local up`", file=sys.stderr)
-        return 2
-    from freshroute.local.stack import Stack
+    from freshroute.local.stack import NoLocalStack, Stack
 
-    stack = Stack.load(home)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    stack._progress = say
+    try:
+        stack = Stack.load(Path(a.home), say)
+    except NoLocalStack as e:
+        print(e.message, file=sys.stderr)
+        return 2
     # The restore needs only the stack's broker and Redis; every other figure goes through the router.
     needed = ("broker", "redis") if a.restore_only else ("broker", "redis", "router")
     for name in needed:
