@@ -86,11 +86,12 @@ def test_latest_offset_is_the_true_end_even_when_list_offsets_lags(broker, admin
 def test_read_returns_exactly_the_planned_ranges_in_the_declared_schema(broker, admin, namespace):
     topic = f"{namespace}readings"
     ensure_topic(admin, topic, 3)
-    sent = produce_batched(broker, topic, 30_000, 3)
+    sent = produce_batched(broker, topic, 36_000, 3)
     r = reader_for(broker, topic, read_tasks=2)
     try:
-        start = {"topic_id": "", "partitions": {"0": 100, "1": 0, "2": 9_990}}
-        end = {"topic_id": "", "partitions": {"0": 10_000, "1": 1, "2": 10_000}}
+        # Over 20,000 records: two read tasks (a smaller batch is read by one).
+        start = {"topic_id": "", "partitions": {"0": 100, "1": 0, "2": 1_990}}
+        end = {"topic_id": "", "partitions": {"0": 12_000, "1": 1, "2": 12_000}}
         slices = r.partitions(start, end)
     finally:
         r.stop()
@@ -104,7 +105,7 @@ def test_read_returns_exactly_the_planned_ranges_in_the_declared_schema(broker, 
     got = sorted((row["partition"], row["offset"], row["key"], row["value"]) for row in rows)
     want = sorted((p, o, k.decode(), v.decode()) for p, recs in sent.items() for o, k, v in recs
                   if int(start["partitions"][str(p)]) <= o < int(end["partitions"][str(p)]))
-    assert len(got) == 9_900 + 1 + 10
+    assert len(got) == 11_900 + 1 + 10_010
     assert got == want
     assert all(row["topic"] == topic and row["timestamp"] is not None for row in rows)
 
@@ -143,10 +144,10 @@ def test_a_broker_that_lost_its_data_is_reported_not_skipped(tmp_path, namespace
 def test_batch_reader_reads_everything_the_topic_holds_now(broker, admin, namespace):
     topic = f"{namespace}readings"
     ensure_topic(admin, topic, 3)
-    sent = produce_batched(broker, topic, 3000, 3)
+    sent = produce_batched(broker, topic, 21_000, 3)
     reader = KafkaBatchReader(SourceOptions(topic=topic, kafka={"bootstrap.servers": broker}, read_tasks=2))
     slices = reader.partitions()
-    assert len(slices) == 2
+    assert len(slices) == 2  # over 20,000 records: two tasks
     got = sorted((row["partition"], row["offset"]) for s in slices for b in reader.read(s) for row in b.to_pylist())
     assert got == sorted((p, o) for p, recs in sent.items() for o, _k, _v in recs)
     with pytest.raises(ValueError, match="does not exist"):
