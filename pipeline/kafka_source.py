@@ -12,7 +12,8 @@ Two things a naive source gets wrong on some brokers:
   and reads the watermark that fetch brought back. On Apache Kafka the listed end is
   already right and the probe only confirms it.
 - fairness. A Fetch may fill partitions in order up to its byte limit, so per-partition
-  fetch sizes are bounded, and a Spark task reads its partitions one at a time.
+  fetch sizes are bounded, and a partition whose range is read is paused, so the partitions a
+  Spark task reads together all get fetched.
 
 The reader is pickled to Spark's Python workers: Kafka clients are created lazily and
 dropped from the pickled state.
