@@ -367,13 +367,23 @@ def _http_ok(url: str) -> bool:
 
 
 # --- CLI -------------------------------------------------------------------------------
+def config_from_args(args: argparse.Namespace) -> StackConfig:
+    """The stack ``local up`` starts: the flags' ports, with 0 replaced by free ones."""
+    store_ports = tuple(args.store_port + i if args.store_port else 0 for i in range(args.nodes))
+    return StackConfig(home=Path(args.home), rest_port=args.rest_port, grpc_port=args.grpc_port,
+                       broker_port=args.broker_port, redis_port=args.redis_port, store_ports=store_ports,
+                       demo_rate=args.demo_rate, demo=not args.no_demo).resolved()
+
+
 def add_arguments(sub: argparse._SubParsersAction) -> None:
     up = sub.add_parser("up", help="Start the whole stack with demo data and wait until lookups work.")
     up.add_argument("--home", default=".freshroute/local")
-    up.add_argument("--rest-port", type=int, default=8080)
+    up.add_argument("--rest-port", type=int, default=8080, help="0 picks a free port (so do the other ports)")
     up.add_argument("--grpc-port", type=int, default=50051)
     up.add_argument("--broker-port", type=int, default=19092)
     up.add_argument("--redis-port", type=int, default=16379)
+    up.add_argument("--store-port", type=int, default=7101,
+                    help="the first store node's gRPC port; the next nodes take the ports after it")
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--demo-rate", type=float, default=50.0)
     up.add_argument("--no-demo", action="store_true")
@@ -398,10 +408,7 @@ def dispatch(args: argparse.Namespace) -> int:
         if (home / STATE_FILE).exists() and any(c.alive() for c in Stack.load(home).components.values()):
             print(f"a local stack is already running from {home}; `freshroute local down` first", file=sys.stderr)
             return 1
-        config = StackConfig(home=home, rest_port=args.rest_port, grpc_port=args.grpc_port,
-                             broker_port=args.broker_port, redis_port=args.redis_port,
-                             store_ports=tuple(7100 + i for i in range(1, args.nodes + 1)),
-                             demo_rate=args.demo_rate, demo=not args.no_demo).resolved()
+        config = config_from_args(args)
         stack = Stack(config, say)
         try:
             stack.up()

@@ -51,3 +51,16 @@ def test_resolved_config_picks_free_ports(tmp_path):
     cfg = StackConfig(home=tmp_path, broker_port=0, redis_port=0, rest_port=0, grpc_port=0, store_ports=(0, 0)).resolved()
     ports = [cfg.broker_port, cfg.redis_port, cfg.rest_port, cfg.grpc_port, *cfg.store_ports]
     assert all(p > 0 for p in ports)
+
+
+def test_local_up_places_store_nodes_from_the_first_port_or_on_free_ports(tmp_path):
+    from freshroute.local.stack import config_from_args
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["local", "up", "--home", str(tmp_path), "--nodes", "4"])
+    assert config_from_args(args).store_ports == (7101, 7102, 7103, 7104)
+    args = parser.parse_args(["local", "up", "--home", str(tmp_path), "--store-port", "7201", "--nodes", "2"])
+    assert config_from_args(args).store_ports == (7201, 7202)
+    args = parser.parse_args(["local", "up", "--home", str(tmp_path), "--store-port", "0", "--rest-port", "0"])
+    config = config_from_args(args)
+    assert len(config.store_ports) == 3 and all(p > 0 for p in config.store_ports) and config.rest_port > 0
