@@ -227,9 +227,14 @@ class _FrameStream(_ReadStream, asyncio.Protocol):
         self._connecting = asyncio.create_task(self._connect(host.strip("[]"), int(port)),
                                                name=f"store-connect-{read_address}")
 
+    # A node that does not answer a connect within this fails its reads as unavailable (the
+    # router moves on to another replica) instead of holding them for the OS's connect timeout.
+    _CONNECT_TIMEOUT_S = 2.0
+
     async def _connect(self, host: str, port: int) -> None:
         try:
-            await asyncio.get_running_loop().create_connection(lambda: self, host, port)
+            await asyncio.wait_for(asyncio.get_running_loop().create_connection(lambda: self, host, port),
+                                   self._CONNECT_TIMEOUT_S)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 — refused, unreachable: the reads fail retryable
@@ -330,6 +335,8 @@ class _GrpcStream(_ReadStream):
 def _describe(cause: BaseException | None) -> str:
     if cause is None:
         return "read stream closed"
+    if isinstance(cause, TimeoutError):
+        return "no connection to its read port within the connect timeout"
     if isinstance(cause, grpc.aio.AioRpcError):
         return f"{cause.code().name}: {cause.details()}"
     return f"{type(cause).__name__}: {cause}"

@@ -253,3 +253,35 @@ async def test_scan_of_unreachable_node_is_replica_unavailable():
             await client.scan("127.0.0.1:1", "t", 0, b"", b"", b"", 10, StoreBound(), 2)
     finally:
         await client.close()
+
+
+async def test_a_read_port_that_never_accepts_fails_reads_after_the_connect_timeout(monkeypatch):
+    import socket
+
+    from router import store_client
+
+    monkeypatch.setattr(store_client._FrameStream, "_CONNECT_TIMEOUT_S", 0.3)
+    # A listener that never accepts, its backlog filled: further connects get no answer.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(8):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", port))
+        fillers.append(s)
+    client = StoreNodeClient()
+    client.track({"127.0.0.1:1": f"127.0.0.1:{port}"})
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(ReplicaUnavailable, match="connect timeout"):
+            await asyncio.wait_for(client.read("127.0.0.1:1", "t", 0, b"k", StoreBound()), 5)
+        assert loop.time() - started < 3
+    finally:
+        await client.close()
+        for s in fillers:
+            s.close()
+        listener.close()
