@@ -31,7 +31,7 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from freshroute.errors import ConfigError
 
@@ -107,6 +107,20 @@ class _Collector:
 _loading: contextvars.ContextVar[_Collector | None] = contextvars.ContextVar("freshroute_tables_loading", default=None)
 
 
+_Declared = TypeVar("_Declared", Source, Table)
+
+
+def _declared(item: _Declared) -> _Declared:
+    """Register ``item`` with the tables file being loaded, if one is; returns it."""
+    collector = _loading.get()
+    if collector is not None:
+        if isinstance(item, Table):
+            collector.add_table(item)
+        else:
+            collector.add_source(item)
+    return item
+
+
 def _check_name(kind: str, name: str) -> None:
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"{kind} name {name!r} must be a plain identifier (letters, digits, _)")
@@ -117,11 +131,7 @@ def source(name: str, schema: str, topic: str | None = None) -> Source:
     _check_name("source", name)
     if not isinstance(schema, str) or not schema.strip():
         raise ValueError(f"source {name!r} needs a schema, e.g. \"sensor STRING, reading DOUBLE\"")
-    s = Source(name, schema, topic or name)
-    collector = _loading.get()
-    if collector is not None:
-        collector.add_source(s)
-    return s
+    return _declared(Source(name, schema, topic or name))
 
 
 def table(name: str, key: str, source: str) -> Callable[[Callable[["DataFrame"], "DataFrame"]], Table]:
@@ -131,11 +141,7 @@ def table(name: str, key: str, source: str) -> Callable[[Callable[["DataFrame"],
     def register(fn: Callable[["DataFrame"], "DataFrame"]) -> Table:
         if not callable(fn):
             raise ValueError(f"@table({name!r}) must decorate a function (source rows) -> DataFrame")
-        t = Table(name, key, source, build=fn)
-        collector = _loading.get()
-        if collector is not None:
-            collector.add_table(t)
-        return t
+        return _declared(Table(name, key, source, build=fn))
 
     return register
 
@@ -145,11 +151,7 @@ def sql_table(name: str, key: str, source: str, sql: str) -> Table:
     _check_name("table", name)
     if not isinstance(sql, str) or not sql.strip():
         raise ValueError(f"sql_table {name!r} needs a SQL query")
-    t = Table(name, key, source, sql=sql)
-    collector = _loading.get()
-    if collector is not None:
-        collector.add_table(t)
-    return t
+    return _declared(Table(name, key, source, sql=sql))
 
 
 def load_tables(path: str | Path) -> TablesDefinition:
