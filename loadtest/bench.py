@@ -491,12 +491,7 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
             _step(b, 10, total, restore_step, b.restore_vs_raw)
     finally:
         if baseline is not None:
-            baseline.terminate()
-            try:
-                baseline.wait(10)
-            except subprocess.TimeoutExpired:
-                baseline.kill()
-                baseline.wait(5)
+            lc.stop_process(baseline)
         shutil.rmtree(b.work, ignore_errors=True)
     return {"figures": fig, "targets": evaluate_targets(fig), "notes": b.notes}
 

@@ -64,6 +64,19 @@ def run(cmd: list[str], timeout_s: float, env: dict[str, str] | None = None) -> 
     return out
 
 
+def stop_process(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Stop a process this one started, by its pid: SIGTERM, then SIGKILL after ``grace_s``."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
 # --- h2load -----------------------------------------------------------------------------------
 def h2load_command(url: str, clients: int, streams: int, duration_s: float, body_file: Path | None = None,
                    headers: tuple[str, ...] = (), rps_per_client: float | None = None,

@@ -29,6 +29,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
+from loadtest.loadclients import stop_process
+
 REPO = Path(__file__).resolve().parent.parent
 PARTITIONS = 8
 
@@ -130,16 +132,8 @@ def start_node(bootstrap: str, redis_url: str, namespace: str, node_id: str, dat
 
 
 def stop_node(node: subprocess.Popen) -> None:
-    """Stop a node this process started, by its pid."""
-    if node.poll() is None:
-        node.terminate()
-        try:
-            node.wait(30)
-        except subprocess.TimeoutExpired:
-            node.kill()
-            node.wait(10)
-    if node.stdout is not None:
-        node.stdout.close()
+    """Stop a node this process started, by its pid (a draining node takes a few seconds)."""
+    stop_process(node, grace_s=30)
 
 
 def wait_restored(node: subprocess.Popen, address: str, partitions: int, timeout_s: float,
