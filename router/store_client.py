@@ -218,6 +218,10 @@ class _ReadStream:
 class _FrameStream(_ReadStream, asyncio.Protocol):
     """A read stream on a node's read port: batches as length-prefixed frames on one TCP connection."""
 
+    # A node that does not answer a connect within this fails its reads as unavailable (the
+    # router moves on to another replica) instead of holding them for the OS's connect timeout.
+    _CONNECT_TIMEOUT_S = 2.0
+
     def __init__(self, address: str, read_address: str, max_unanswered: int) -> None:
         super().__init__(address, max_unanswered)
         self._transport: asyncio.Transport | None = None
@@ -226,10 +230,6 @@ class _FrameStream(_ReadStream, asyncio.Protocol):
         host, port = read_address.rsplit(":", 1)
         self._connecting = asyncio.create_task(self._connect(host.strip("[]"), int(port)),
                                                name=f"store-connect-{read_address}")
-
-    # A node that does not answer a connect within this fails its reads as unavailable (the
-    # router moves on to another replica) instead of holding them for the OS's connect timeout.
-    _CONNECT_TIMEOUT_S = 2.0
 
     async def _connect(self, host: str, port: int) -> None:
         try:
