@@ -29,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
+from freshroute.proc import cpu_seconds, stat_fields
 from loadtest.loadclients import stop_process
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,8 +100,10 @@ def cpu_s(pid: int | None = None) -> float:
 
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return usage.ru_utime + usage.ru_stime
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    fields = stat_fields(pid)
+    if fields is None:
+        raise ProcessLookupError(f"process {pid} is gone")
+    return cpu_seconds(fields)
 
 
 def start_node(bootstrap: str, redis_url: str, namespace: str, node_id: str, data_dir: Path,

@@ -31,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from freshroute.proc import cpu_seconds, stat_fields
 from freshroute.settings import load
 from pipeline.settings import PipelineSettings
 
@@ -99,13 +100,12 @@ class CpuMeter:
     def __init__(self, exclude: set[int]) -> None:
         self.exclude = exclude
         self._seen: dict[int, float] = {}
-        self._tick = os.sysconf("SC_CLK_TCK")
 
     def _tree(self) -> list[int]:
         parents: dict[int, list[int]] = defaultdict(list)
         for entry in os.listdir("/proc"):
             if entry.isdigit():
-                stat = _read_stat(int(entry))
+                stat = stat_fields(int(entry))
                 if stat is not None:
                     parents[int(stat[1])].append(int(entry))
         pids, todo = [], [os.getpid()]
@@ -120,10 +120,9 @@ class CpuMeter:
     def total_s(self) -> float:
         """CPU seconds used so far by the process tree; a child that exited keeps its last figure."""
         for pid in self._tree():
-            stat = _read_stat(pid)
+            stat = stat_fields(pid)
             if stat is not None:
-                # utime and stime: fields 14 and 15 of /proc/<pid>/stat, 11 and 12 after the command.
-                self._seen[pid] = (int(stat[11]) + int(stat[12])) / self._tick
+                self._seen[pid] = cpu_seconds(stat)
         return sum(self._seen.values())
 
     def percent(self, seconds: float) -> float:
@@ -131,16 +130,6 @@ class CpuMeter:
         before, started = self.total_s(), time.monotonic()
         time.sleep(seconds)
         return round(100.0 * (self.total_s() - before) / (time.monotonic() - started), 1)
-
-
-def _read_stat(pid: int) -> list[str] | None:
-    """Fields of ``/proc/<pid>/stat`` after the command name (state, ppid, …); None once it exited."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2:].split()
 
 
 def batch_stats(progress: list[dict[str, Any]]) -> tuple[float, float, dict[str, float]]:
