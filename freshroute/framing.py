@@ -10,6 +10,7 @@ CPU on each side and passes several threads, a frame on an asyncio transport a f
 from __future__ import annotations
 
 import struct
+
 # Far above any batch the router sends (a few hundred reads) or a node answers; a length
 # beyond it means the peer does not speak this protocol, and the connection is dropped.
 MAX_FRAME = 64 << 20

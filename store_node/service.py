@@ -237,11 +237,11 @@ class HealthReporter:
 
 
 def create_server(settings: "StoreNodeSettings", node: "StoreNode",
-                  service: StoreNodeService | None = None) -> tuple[grpc.aio.Server, int]:
-    """Wire the gRPC server (store API, the node's health service, reflection) and bind it; port 0 picks one."""
+                  service: StoreNodeService) -> tuple[grpc.aio.Server, int]:
+    """Wire the gRPC server (``service``, the node's health service, reflection) and bind it; port 0 picks one."""
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 16 << 20),
                                       ("grpc.max_send_message_length", 64 << 20)])
-    store_pb2_grpc.add_StoreNodeServicer_to_server(service or StoreNodeService(node), server)
+    store_pb2_grpc.add_StoreNodeServicer_to_server(service, server)
     health_pb2_grpc.add_HealthServicer_to_server(node.health.servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)

@@ -34,6 +34,7 @@ class NoLocalStack(ConfigError):
 
     code = "NO_LOCAL_STACK"
 
+
 @dataclass(frozen=True)
 class StackConfig:
     """Where the local stack lives and which ports it uses (0 = pick a free port)."""
