@@ -116,6 +116,12 @@ def read_tasks(options: SourceOptions, start: SourceOffset, end: SourceOffset) -
     return max(1, min(options.read_tasks, off.total_rows(start, end) // _RECORDS_PER_READ_TASK))
 
 
+def slices(options: SourceOptions, start: SourceOffset, end: SourceOffset) -> list["KafkaSlice"]:
+    """The read tasks of offsets ``start`` → ``end``, each with its offset ranges."""
+    groups = off.group_ranges(off.ranges(start, end), read_tasks(options, start, end))
+    return [KafkaSlice(options.topic, g) for g in groups]
+
+
 class KafkaSlice(InputPartition):
     """One Spark task's work: offset ranges ``(partition, start, end)`` of one topic, read in order."""
 
@@ -254,9 +260,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = dict(snap.end)
 
     def partitions(self, start: dict, end: dict) -> list[KafkaSlice]:
-        begin, until = SourceOffset.from_dict(start), SourceOffset.from_dict(end)
-        parts = off.ranges(begin, until)
-        return [KafkaSlice(self.options.topic, g) for g in off.group_ranges(parts, read_tasks(self.options, begin, until))]
+        return slices(self.options, SourceOffset.from_dict(start), SourceOffset.from_dict(end))
 
     def commit(self, end: dict) -> None:
         # Offsets live in Spark's checkpoint; the broker keeps no state for this reader.
@@ -425,9 +429,8 @@ class KafkaBatchReader(DataSourceReader):
             stream.stop()
         if snap is None:
             raise ValueError(f"topic {self.options.topic} does not exist")
-        begin, until = SourceOffset(snap.topic_id, dict(snap.low)), SourceOffset(snap.topic_id, dict(snap.end))
-        parts = off.ranges(begin, until)
-        return [KafkaSlice(self.options.topic, g) for g in off.group_ranges(parts, read_tasks(self.options, begin, until))]
+        return slices(self.options, SourceOffset(snap.topic_id, dict(snap.low)),
+                      SourceOffset(snap.topic_id, dict(snap.end)))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KafkaSlice)
