@@ -16,10 +16,17 @@ from router.store_client import ReadStatus, StoreBound, StoreNodeClient
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def anyio_backend():
     # The router runs on uvloop, whose transports are not asyncio's classes.
     return "asyncio", {"use_uvloop": True}
+
+
+@pytest.fixture(scope="module", autouse=True)
+async def one_event_loop():
+    """Every test of the module on one loop, as in the router: grpc.aio's poller thread hands its
+    events to the loop it started with, and a loop closed between tests can still receive one."""
+    yield
 
 
 class DictStore(store_pb2_grpc.StoreNodeServicer):
