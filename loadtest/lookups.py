@@ -7,7 +7,9 @@ and the consistency checker never care how a lookup travelled:
 ``seq``, ``table``, ``key``, ``bound_kind``, ``bound`` (the limits asked for), ``outcome``
 (``ok``, ``not_found``, ``table_not_found``, ``unavailable``, ``timeout``, ``bad_request``,
 ``transport``, ``other``), ``status`` (HTTP status or gRPC code name), ``code`` (error code),
-``latency_ms``, ``partition``, ``served_by``, ``lag``, ``position``, ``value``.
+``latency_ms``, ``partition``, ``served_by``, ``lag``, ``position``, ``value``; a failed lookup
+(not a 404) also keeps the router's whole error body as ``error``, which says what each
+attempt met.
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ def _fill_details(rec: dict[str, Any], doc: dict[str, Any]) -> None:
     for k in ("partition", "served_by", "lag", "position"):
         if doc.get(k) is not None:
             rec[k] = doc[k]
+
+
+def _fill_error(rec: dict[str, Any], err: dict[str, Any]) -> None:
+    rec["code"] = err.get("code")
+    if rec["outcome"] not in ("not_found", "table_not_found") and err:
+        rec["error"] = err
+    _fill_details(rec, err)
 
 
 def _not_found_outcome(code: str | None) -> str:
@@ -66,10 +75,10 @@ async def rest_lookup(client: Any, table: str, key: str, bound_kind: str, bound:
         else:
             err = doc.get("error") if isinstance(doc, dict) else None
             err = err if isinstance(err, dict) else {}
-            rec["code"] = err.get("code")
-            rec["outcome"] = (_not_found_outcome(rec["code"]) if resp.status_code == 404
+            code = err.get("code")
+            rec["outcome"] = (_not_found_outcome(code) if resp.status_code == 404
                               else _OUTCOME_BY_HTTP.get(resp.status_code, "other"))
-            _fill_details(rec, err)
+            _fill_error(rec, err)
     rec["latency_ms"] = round((time.monotonic() - start) * 1000, 3)
     return rec
 
@@ -111,11 +120,11 @@ async def grpc_lookup(stub: Any, table: str, key: str, bound_kind: str, bound: d
                     err = orjson.loads(md_value).get("error", {})
                 except (orjson.JSONDecodeError, AttributeError):
                     err = {}
-        rec["code"] = err.get("code")
-        rec["outcome"] = _not_found_outcome(rec["code"]) if code == "NOT_FOUND" else _OUTCOME_BY_GRPC.get(code, "other")
+        rec["outcome"] = (_not_found_outcome(err.get("code")) if code == "NOT_FOUND"
+                          else _OUTCOME_BY_GRPC.get(code, "other"))
         if code == "UNAVAILABLE" and not err:
             rec["outcome"] = "transport"  # no error body: the channel itself failed, not the router's routing
-        _fill_details(rec, err)
+        _fill_error(rec, err)
     else:
         rec["status"] = "OK"
         _fill_details(rec, response_to_dict(resp))

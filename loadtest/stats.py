@@ -46,6 +46,9 @@ def error_label(record: dict[str, Any]) -> str:
     return f"{status} {code}" if code else str(status if status is not None else record.get("outcome"))
 
 
+_FIRST_FAILURES = 5
+
+
 def summarize(records: list[dict[str, Any]], duration_s: float | None = None,
               faults: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Throughput, latency percentiles, error counts by code, staleness served and fault events."""
@@ -72,6 +75,9 @@ def summarize(records: list[dict[str, Any]], duration_s: float | None = None,
         "latency_answered": latency_summary([r["latency_ms"] for r in answered]),
         "outcomes": dict(Counter(r["outcome"] for r in records)),
         "errors_by_code": dict(Counter(error_label(r) for r in errors)),
+        # The first few failures whole: what each attempt met says why a lookup failed.
+        "first_failures": [{k: r.get(k) for k in ("t", "proto", "key", "bound_kind", "status", "code", "error")}
+                           for r in errors[:_FIRST_FAILURES]],
         "by_protocol": dict(Counter(r.get("proto", "?") for r in records)),
         "by_bound": by_bound,
         "served_by": dict(sorted(served.items())),

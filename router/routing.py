@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import islice
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound,
                                ReplicaUnavailable, TableNotFound)
@@ -110,6 +110,13 @@ def _store_bound(bound: Bound, min_offset: int) -> StoreBound:
 
 
 _RETRY_REASON = {ReadStatus.TOO_STALE: "too_stale", ReadStatus.NOT_HOSTED: "not_hosted", ReadStatus.ERROR: "error"}
+
+
+def _attempt_order(selection: Selection, tried: "_Attempts") -> Iterator[Candidate]:
+    """The candidates, then — if every one failed without saying it was too stale — the fallback."""
+    yield from selection.candidates
+    if selection.candidates and not tried.stale:
+        yield from selection.fallback
 
 
 @dataclass
@@ -248,13 +255,15 @@ class Router:
         try:
             launch(None)
             # Bounded: each pass launches an attempt, settles one, or ends at the deadline.
-            for _ in range(4 * len(cands) + 8):
+            for _ in range(4 * (len(cands) + len(selection.fallback)) + 8):
                 now = loop.time()
                 if now >= deadline:
                     break
                 if not inflight:
                     if launched == len(cands):
-                        raise self._exhausted(table, partition, bound, selection, tried)
+                        if tried.stale or len(cands) > len(selection.candidates) or not selection.fallback:
+                            raise self._exhausted(table, partition, bound, selection, tried)
+                        cands = [*cands, *selection.fallback]
                     launch(tried.last_reason)
                     continue
                 wake = deadline
@@ -397,7 +406,7 @@ class Router:
         tried = _Attempts()
         remaining = list(indices)
         timed_out = False
-        for i, cand in enumerate(selection.candidates):
+        for i, cand in enumerate(_attempt_order(selection, tried)):
             if not remaining:
                 break
             if loop.time() >= deadline:

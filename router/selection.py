@@ -35,6 +35,9 @@ class Selection:
     candidates: list[Candidate]
     freshest: Candidate | None
     live: int
+    # Live replicas the view puts outside the bound: worth asking once every candidate has
+    # failed, since the view may be behind the replica and the store checks the bound itself.
+    fallback: list[Candidate] = field(default_factory=list)
 
 
 class ReplicaSelector(Protocol):
@@ -130,6 +133,7 @@ class FreshestFirst:
         unbounded = bound.max_lag is None and bound.max_staleness_ms is None and not min_offset
         within: list[Candidate] = []
         unsure: list[Candidate] = []
+        behind: list[Candidate] = []
         freshest: Candidate | None = None
         for r in pool:
             c, age = self.estimate(r, now)
@@ -139,10 +143,12 @@ class FreshestFirst:
                 within.append(c)
             elif age > self.view_trust_ms:
                 unsure.append(c)
+            elif r.alive:
+                behind.append(c)
         ordered = self._order(within, now)
         if unsure:
             ordered.extend(self._order(unsure, now))
-        return Selection(ordered, freshest, len(live))
+        return Selection(ordered, freshest, len(live), self._order(behind, now) if behind else [])
 
     @staticmethod
     def _meets(c: Candidate, bound: Bound, min_offset: int) -> bool:

@@ -134,7 +134,7 @@ def _assert_failover(result: dict, vid: str) -> None:
     # Only the killed node ever left the assignment: nobody else was declared dead under this load.
     assert set(f["nodes_dropped"]) <= {vid}, f
     assert summary["requests"] >= 600, summary
-    assert summary["failed"] == 0, summary["errors_by_code"]
+    assert summary["failed"] == 0, (summary["errors_by_code"], summary["first_failures"])
     consistency = summary["consistency"]
     assert consistency["ok"], orjson.dumps(consistency, option=orjson.OPT_INDENT_2).decode()
     assert consistency["values_checked"] == summary["requests"]

@@ -167,5 +167,5 @@ def test_redis_stopped_for_10s_under_lookups(stack, client, readings, tmp_path):
                   plots=True, title="redis-outage")
     assert any(f["event"].startswith("stop redis") for f in summary["faults"])
     assert summary["requests"] >= 800, summary
-    assert summary["failed"] == 0, summary["errors_by_code"]
+    assert summary["failed"] == 0, (summary["errors_by_code"], summary["first_failures"])
     assert summary["consistency"]["ok"], summary["consistency"]

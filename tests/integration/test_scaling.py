@@ -64,7 +64,7 @@ def _under_load(stack, duration_s: float, out, title: str, steps) -> dict:
 
 def _assert_clean(summary: dict) -> None:
     assert summary["requests"] >= 600, summary
-    assert summary["failed"] == 0, summary["errors_by_code"]
+    assert summary["failed"] == 0, (summary["errors_by_code"], summary["first_failures"])
     consistency = summary["consistency"]
     assert consistency["ok"], orjson.dumps(consistency, option=orjson.OPT_INDENT_2).decode()
     assert consistency["values_checked"] == summary["requests"]

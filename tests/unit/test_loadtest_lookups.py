@@ -44,10 +44,13 @@ def test_rest_errors():
                      "position": single("t", 3, 9)}}
     r = _rest(lambda req: httpx.Response(404, json=err))
     assert r["outcome"] == "not_found" and r["code"] == "KEY_NOT_FOUND" and r["position"] == err["error"]["position"]
+    assert "error" not in r  # an expected 404 keeps the record small
     r = _rest(lambda req: httpx.Response(404, json={"error": {"code": "TABLE_NOT_FOUND", "message": "no"}}))
     assert r["outcome"] == "table_not_found"
-    r = _rest(lambda req: httpx.Response(503, json={"error": {"code": "NO_REPLICA_WITHIN_BOUND", "message": "x"}}))
-    assert r["outcome"] == "unavailable" and r["code"] == "NO_REPLICA_WITHIN_BOUND"
+    unavailable = {"code": "REPLICA_UNAVAILABLE", "message": "x",
+                   "attempts": [{"node": "node-2", "reason": "NOT_HOSTED: gone"}]}
+    r = _rest(lambda req: httpx.Response(503, json={"error": unavailable}))
+    assert r["outcome"] == "unavailable" and r["code"] == "REPLICA_UNAVAILABLE" and r["error"] == unavailable
     r = _rest(lambda req: httpx.Response(502, text="bad gateway"))
     assert r["outcome"] == "other" and r["status"] == 502
 
@@ -100,8 +103,9 @@ def test_grpc_answer_and_bound():
 
 
 def test_grpc_errors():
-    r, _ = _grpc(_rpc_error(grpc.StatusCode.UNAVAILABLE, {"error": {"code": "NO_REPLICA_WITHIN_BOUND"}}))
+    r, _ = _grpc(_rpc_error(grpc.StatusCode.UNAVAILABLE, {"error": {"code": "NO_REPLICA_WITHIN_BOUND", "bound": {}}}))
     assert r["outcome"] == "unavailable" and r["code"] == "NO_REPLICA_WITHIN_BOUND"
+    assert r["error"] == {"code": "NO_REPLICA_WITHIN_BOUND", "bound": {}}
     r, _ = _grpc(_rpc_error(grpc.StatusCode.UNAVAILABLE, None))
     assert r["outcome"] == "transport"
     r, _ = _grpc(_rpc_error(grpc.StatusCode.NOT_FOUND, {"error": {"code": "TABLE_NOT_FOUND"}}))

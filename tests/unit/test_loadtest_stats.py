@@ -40,6 +40,8 @@ def test_summary_counts_throughput_latency_errors_and_staleness():
     assert s["requests"] == 100 and s["answered"] == 91 and s["failed"] == 9
     assert s["throughput_rps"] == 10.0 and s["answered_rps"] == 9.1
     assert s["errors_by_code"] == {"503 NO_REPLICA_WITHIN_BOUND": 8, "transport ConnectError": 1}
+    assert len(s["first_failures"]) == 5 and s["first_failures"][0]["t"] == 9.0
+    assert s["first_failures"][0]["code"] == "NO_REPLICA_WITHIN_BOUND"
     assert s["outcomes"] == {"ok": 91, "unavailable": 8, "transport": 1}
     assert s["latency"]["p50_ms"] == 49.0  # 1..90, an extra 2, 50, 8 × 100 and s["latency"]["p99_ms"] == 100.0 and s["latency"]["max_ms"] == 100.0
     assert s["latency_answered"]["max_ms"] == 90.0

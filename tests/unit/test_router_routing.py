@@ -5,6 +5,7 @@ import pytest
 
 from freshroute.errors import LookupTimeout, NoReplicaWithinBound
 from freshroute.metadata import Role
+from freshroute.position import Position
 
 from router.bounds import Bound
 from router.results import decode_page_token, encode_page_token
@@ -104,6 +105,29 @@ async def test_no_candidates_raises_without_asking_anyone():
         await cluster.router.get(TABLE, key, Bound(max_lag=3))
     assert e.value.details["freshest_lag"]["offsets"] == 300
     assert cluster.n1.reads + cluster.n2.reads == 0
+
+
+async def test_a_replica_the_view_puts_behind_is_asked_when_every_candidate_failed():
+    # A session read at the offset the old active answered at; the active lets the partition
+    # go (a drain) while the router's view still has the standby a few offsets behind it.
+    cluster = Cluster()
+    key = "sensor-16"
+    p = part(key)
+    active, standby = cluster.node_for(key, Role.ACTIVE), cluster.node_for(key, Role.STANDBY)
+    standby.replicas[(TABLE, p)].applied = 97
+    cluster.refresh()
+    bound = Bound(min_position=Position(TABLE, {p: 100}))
+    del active.replicas[(TABLE, p)]  # answers NOT_HOSTED from now on
+    standby.replicas[(TABLE, p)].applied = 100  # caught up since its last heartbeat
+    result = await cluster.router.get(TABLE, key, bound)
+    assert (result.node, result.found, result.applied) == (standby.node, True, 100)
+    [batch] = await cluster.router.batch_get(TABLE, [key], bound)
+    assert batch.node == standby.node and batch.found
+    # Still behind when asked: the caller is told so, with the lag the standby itself reported.
+    standby.replicas[(TABLE, p)].applied = 98
+    with pytest.raises(NoReplicaWithinBound) as e:
+        await cluster.router.get(TABLE, key, bound)
+    assert e.value.details["freshest_lag"]["node"] == standby.node
 
 
 async def test_failover_keeps_working_under_concurrency_when_a_node_dies():
