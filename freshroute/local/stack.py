@@ -373,7 +373,7 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
     store_ports = tuple(args.store_port + i if args.store_port else 0 for i in range(args.nodes))
     return StackConfig(home=Path(args.home), rest_port=args.rest_port, grpc_port=args.grpc_port,
                        broker_port=args.broker_port, redis_port=args.redis_port, store_ports=store_ports,
-                       demo_rate=args.demo_rate, demo=not args.no_demo).resolved()
+                       trigger_ms=args.trigger_ms, demo_rate=args.demo_rate, demo=not args.no_demo).resolved()
 
 
 def add_arguments(sub: argparse._SubParsersAction) -> None:
@@ -386,6 +386,8 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--store-port", type=int, default=7101,
                     help="the first store node's gRPC port; the next nodes take the ports after it")
     up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--trigger-ms", type=int, default=StackConfig.trigger_ms,
+                    help="the pipeline's micro-batch interval: lower is fresher and costs more CPU")
     up.add_argument("--demo-rate", type=float, default=50.0)
     up.add_argument("--no-demo", action="store_true")
     up.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops the stack")
