@@ -38,7 +38,7 @@ from confluent_kafka.admin import AdminClient
 from freshroute.errors import StoreCorrupt
 from freshroute.metadata import Role, TableSpec, now_ms
 from store_node.lag import Clock
-from store_node.replica import Replica, replica_path
+from store_node.replica import Replica, Staged, replica_path
 from store_node.replica_store import ReplicaStore
 from store_node.settings import StoreNodeSettings
 
@@ -52,6 +52,10 @@ _OUT_OF_RANGE = {KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE}
 _BROKER_DOWN = {KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE}
 _POISON_LOG_INTERVAL_S = 10.0
 _RETRY_S = 1.0
+# A restoring replica's changes are written at least this often and in at most this many rows:
+# its reported progress moves every second, and a staged batch stays a few MB.
+_STAGE_MAX_S = 1.0
+_STAGE_MAX_ROWS = 50_000
 # A changelog end below the applied offset must be seen this often, for this long, to wipe a replica.
 _SHRUNK_CONFIRMATIONS = 3
 _SHRUNK_CONFIRM_S = 1.0
@@ -241,6 +245,7 @@ class ChangelogTailer:
         """Close every replica's store and the consumer."""
         for rep in list(self._replicas.values()):
             try:
+                rep.write_staged()  # a restart resumes after what was read, not before
                 rep.close()
             except Exception:
                 log.exception("closing replica %s/%d failed", rep.table, rep.partition)
@@ -403,6 +408,8 @@ class ChangelogTailer:
             if rep is not None and rep in pending:
                 # Events follow the partition's records in order: apply those first.
                 applied += self._apply(rep, pending.pop(rep))
+            if rep is not None and rep.staged is not None:
+                rep.write_staged()  # an end-of-partition or a reset: what was read is written first
             if self._on_event(m, err, rep, now) and rep is not None:
                 reset_now.add(rep)
         for rep, batch in pending.items():
@@ -413,15 +420,19 @@ class ChangelogTailer:
         store = rep.store
         if store is None:
             return 0
-        floor = rep.lag.applied
+        staged = rep.staged
+        floor = staged.next_offset if staged is not None else rep.lag.applied
         last = batch[-1].offset()
         if last < floor:
             return 0
         if batch[0].offset() < floor:
             batch = [m for m in batch if m.offset() >= floor]  # a re-delivery after a re-assign
-        writes = store.batch()
-        put = writes.put
-        delete = writes.delete
+        if rep.restoring:
+            if staged is None:
+                staged = rep.staged = Staged()
+            rows = staged.rows
+        else:
+            rows = {}
         loads = orjson.loads
         count = skipped = 0
         for m in batch:
@@ -432,7 +443,7 @@ class ChangelogTailer:
             elif not key.isascii() and not _is_utf8(key):
                 problem = "key is not UTF-8"
             elif value is None:
-                delete(key)
+                rows[key] = None
                 count += 1
                 continue
             else:
@@ -441,14 +452,29 @@ class ChangelogTailer:
                 except orjson.JSONDecodeError:
                     problem = "value is not JSON"
                 else:
-                    put(key, value)
+                    rows[key] = value
                     count += 1
                     continue
             skipped += 1
-            self._poison(rep, m.offset(), problem, rep.counters.records_skipped + skipped)
-        rep.commit(writes, last + 1, count, skipped)
+            self._poison(rep, m.offset(), problem,
+                         rep.counters.records_skipped + (staged.skipped if staged is not None else 0) + skipped)
+        if staged is None:
+            rep.commit(store.batch(rows.items()), last + 1, count, skipped)
+        else:
+            staged.next_offset = last + 1
+            staged.records += count
+            staged.skipped += skipped
+            if self._staged_due(rep, staged):
+                rep.write_staged()
         self._refresh_end(rep)
         return count
+
+    def _staged_due(self, rep: Replica, staged: Staged, mono: float | None = None) -> bool:
+        """Write a restoring replica's staged changes now? When they are many, old, or reach the end."""
+        end = rep.lag.end
+        return (len(staged.rows) >= _STAGE_MAX_ROWS
+                or (end is not None and staged.next_offset + self._settings.caught_up_threshold >= end)
+                or (mono if mono is not None else time.monotonic()) - staged.since >= _STAGE_MAX_S)
 
     def _refresh_end(self, rep: Replica) -> None:
         """Take the end offset of the latest Fetch response now, rather than at the next statistics.
@@ -632,13 +658,15 @@ class ChangelogTailer:
         if self._shrunk:
             self._confirm_shrunk()
         now = self._clock()
+        mono = time.monotonic()
         for rep in self._replicas.values():
+            if rep.staged is not None and (not rep.restoring or self._staged_due(rep, rep.staged, mono)):
+                rep.write_staged()
             if rep.corrupt_reason is not None:
                 self._reset(rep, f"its store failed a read ({rep.corrupt_reason})")
             elif rep.check_restored(now):
                 self._log_restored(rep)
         self._check_topic_ids()
-        mono = time.monotonic()
         if mono - self._progress_at >= self._settings.restore_log_interval_ms / 1000:
             self._log_progress(mono)
         if self._retired:

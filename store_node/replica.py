@@ -9,7 +9,7 @@ position ahead of the data it returns.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
@@ -38,6 +38,22 @@ class ReplicaCounters:
     resumed_from: int = 0  # the applied offset read from disk when the replica was opened
 
 
+@dataclass(slots=True)
+class Staged:
+    """A restoring replica's changes read and not yet written: the latest of each key (None = delete).
+
+    A changelog holds every update of a key and this broker never compacts it, so a restore
+    that writes only the last change per key writes a fraction of the records it reads; the
+    rows and the offset after them still go to the store in one WriteBatch.
+    """
+
+    rows: dict[bytes, bytes | None] = field(default_factory=dict)
+    next_offset: int = 0
+    records: int = 0
+    skipped: int = 0
+    since: float = field(default_factory=time.monotonic)
+
+
 class Replica:
     """One table-partition hosted by this node."""
 
@@ -59,6 +75,7 @@ class Replica:
         self._threshold = caught_up_threshold
         self.restore_started = time.monotonic()
         self.restore_from = store.applied_offset
+        self.staged: Staged | None = None  # only while restoring; the tailer writes it out
 
     @property
     def state(self) -> ReplicaState:
@@ -91,6 +108,7 @@ class Replica:
         store = self.store
         if store is None:
             raise StoreCorrupt(f"replica {self.table}/{self.partition} has no open store")
+        self.write_staged()  # the checkpoint never moves past changes still staged
         self.commit(store.batch(changes), next_offset, len(changes), skipped)
 
     def commit(self, writes: WriteBatch, next_offset: int, applied: int, skipped: int) -> None:
@@ -105,7 +123,17 @@ class Replica:
         self.counters.records_applied += applied
         self.counters.records_skipped += skipped
 
+    def write_staged(self) -> int:
+        """Write the staged changes with their checkpoint; returns how many records they stand for."""
+        staged, self.staged = self.staged, None
+        if staged is None or self.store is None:
+            return 0
+        self.commit(self.store.batch(staged.rows.items()), staged.next_offset, staged.records, staged.skipped)
+        return staged.records
+
     def close(self) -> None:
+        # Staged changes are dropped, never half-written: the checkpoint on disk still precedes them.
+        self.staged = None
         store, self.store = self.store, None
         if store is not None:
             store.close()
@@ -115,7 +143,7 @@ class Replica:
         path = replica_path(root, self.table, self.partition)
         self.close()
         self.lag.reset()
-        ReplicaStore.destroy(path)
+        ReplicaStore.destroy(path)  # close() dropped the staged changes
         store = ReplicaStore.open(path)  # a fresh directory cannot be corrupt; if it is, the caller retries
         self.restoring = True
         self.corrupt_reason = None

@@ -180,7 +180,7 @@ def test_new_replica_restores_from_the_beginning(env):
 def test_a_full_fetch_queue_backs_off_instead_of_spinning(env):
     # librdkafka's fetch thread spins on a full queue with no backoff; the tailer's consumer pauses 10 ms.
     assert env.consumer.config["fetch.queue.backoff.ms"] == 10
-    assert env.consumer.config["max.partition.fetch.bytes"] == 256 * 1024  # the settings' other bounds stay
+    assert env.consumer.config["max.partition.fetch.bytes"] == 1024 * 1024  # the settings' other bounds stay
 
 
 def test_restart_resumes_from_the_stored_offset(env):
@@ -202,6 +202,7 @@ def test_records_are_applied_latest_wins_tombstones_delete_poison_is_skipped(env
         record(5, "c", b"not json"),
         record(6, b"\xff\xfe", {"n": 1}),  # not UTF-8
         record(7, "d", {"n": 4}),
+        eof(8),  # a restore is written by the end of the partition at the latest
     ]
     env.tailer.step()
     rep = env.tailer.serving[KEY]
@@ -217,7 +218,7 @@ def test_records_are_applied_latest_wins_tombstones_delete_poison_is_skipped(env
 def test_records_of_several_partitions_go_to_their_own_replicas(env):
     host(env, 0, 1)
     env.consumer.queue += [record(0, "a", 1, partition=0), record(0, "b", 2, partition=1),
-                           record(1, "c", 3, partition=0)]
+                           record(1, "c", 3, partition=0), eof(2, partition=0), eof(1, partition=1)]
     env.tailer.step()
     r0, r1 = env.tailer.serving[("counts", 0)], env.tailer.serving[("counts", 1)]
     assert (r0.lag.applied, r1.lag.applied) == (2, 1)
@@ -266,7 +267,7 @@ def test_broker_down_gives_no_evidence(env):
 
 def test_high_watermark_below_applied_wipes_and_restores(env):
     host(env, 0)
-    env.consumer.queue += [record(i, f"k{i}", i) for i in range(20)]
+    env.consumer.queue += [record(i, f"k{i}", i) for i in range(20)] + [eof(20)]
     env.tailer.step()
     rep = env.tailer.serving[KEY]
     assert rep.lag.applied == 20
@@ -369,7 +370,7 @@ def test_role_changes_and_removal(env):
 def test_moved_back_within_grace_resumes_from_its_files(env, tmp_path):
     env.tailer._settings = env.tailer._settings.model_copy(update={"removed_replica_grace_ms": 60_000})
     host(env, 0)
-    env.consumer.queue += [record(0, "a", 1), record(1, "b", 2)]
+    env.consumer.queue += [record(0, "a", 1), record(1, "b", 2), eof(2)]
     env.tailer.step()
     host(env)
     host(env, 0)
@@ -401,7 +402,7 @@ def test_interleaved_runs_redeliveries_and_events_apply_in_offset_order(env):
     env.consumer.queue += [record(0, "a", 1, partition=0), record(1, "a", 2, partition=0),
                            record(0, "x", 1, partition=1),
                            record(2, "a", 3, partition=0), eof(3),  # partition 0's records first, then its EOF
-                           record(1, "x", 2, partition=1)]
+                           record(1, "x", 2, partition=1), eof(2, partition=1)]
     env.tailer.step()
     r0, r1 = env.tailer.serving[("counts", 0)], env.tailer.serving[("counts", 1)]
     assert (r0.lag.applied, r1.lag.applied) == (3, 2)
@@ -412,3 +413,93 @@ def test_interleaved_runs_redeliveries_and_events_apply_in_offset_order(env):
                            record(3, "a", 4, partition=0)]
     env.tailer.step()
     assert r0.store.get(b"a") == b"4" and r0.lag.applied == 4 and r0.counters.records_applied == 4
+
+
+def _rows_written(monkeypatch) -> list[int]:
+    """How many rows each WriteBatch the replicas build holds."""
+    sizes: list[int] = []
+    build = ReplicaStore.batch
+
+    def counting(changes=()):
+        changes = list(changes)
+        sizes.append(len(changes))
+        return build(changes)
+
+    monkeypatch.setattr(ReplicaStore, "batch", staticmethod(counting))
+    return sizes
+
+
+def test_a_restore_writes_only_the_latest_change_of_each_key(env, monkeypatch):
+    sizes = _rows_written(monkeypatch)
+    host(env, 0)
+    rep = env.tailer.serving[KEY]
+    env.consumer.queue += [record(0, "a", 1), record(1, "b", 1), record(2, "a", 2), record(3, "a", None),
+                           record(4, "c", b"not json"), record(5, "b", 3)]
+    env.tailer.step()
+    # Read, not written yet: the checkpoint and the rows stay together at the old offset.
+    assert rep.lag.applied == 0 and rep.store.get(b"b") is None
+    assert rep.staged is not None and rep.staged.rows == {b"a": None, b"b": b"3"}
+    env.consumer.queue += [record(6, "c", 4), eof(7)]
+    env.tailer.step()
+    assert rep.lag.applied == 7 and rep.staged is None and rep.state is ReplicaState.ACTIVE
+    assert (rep.store.get(b"a"), rep.store.get(b"b"), rep.store.get(b"c")) == (None, b"3", b"4")
+    assert sizes == [3]  # three rows written for seven records: a (deleted), b and c
+    assert rep.counters.records_applied == 6 and rep.counters.records_skipped == 1
+    # Caught up, each poll's records are written at once.
+    env.consumer.queue += [record(7, "a", 5)]
+    env.tailer.step()
+    assert rep.lag.applied == 8 and rep.store.get(b"a") == b"5" and sizes == [3, 1]
+
+
+def test_staged_changes_are_written_before_an_end_of_partition_moves_the_checkpoint(env):
+    host(env, 0)
+    rep = env.tailer.serving[KEY]
+    env.consumer.queue += [record(0, "a", 1), record(1, "b", 2)]
+    env.tailer.step()
+    assert rep.lag.applied == 0
+    env.consumer.queue += [eof(9)]  # offsets 2..8 hold no records (compaction, control records)
+    env.tailer.step()
+    assert rep.lag.applied == 9 and rep.store.get(b"a") == b"1" and rep.store.get(b"b") == b"2"
+
+
+def test_staged_changes_are_written_when_old_or_many(env, monkeypatch):
+    import store_node.changelog as changelog
+
+    host(env, 0)
+    rep = env.tailer.serving[KEY]
+    monkeypatch.setattr(changelog, "_STAGE_MAX_ROWS", 3)
+    env.consumer.queue += [record(i, f"k{i}", i) for i in range(5)]
+    env.tailer.step()
+    assert rep.lag.applied == 5 and rep.store.get(b"k4") == b"4"  # 5 rows ≥ 3: written
+    monkeypatch.setattr(changelog, "_STAGE_MAX_ROWS", 50_000)
+    env.consumer.queue += [record(5, "k5", 5)]
+    env.tailer.step()
+    assert rep.lag.applied == 5 and rep.staged is not None
+    monkeypatch.setattr(changelog, "_STAGE_MAX_S", 0.0)
+    env.tailer.step()  # no new records: the poll's housekeeping writes what is due
+    assert rep.lag.applied == 6 and rep.store.get(b"k5") == b"5" and rep.staged is None
+
+
+def test_staged_changes_of_a_replica_moved_away_are_dropped_with_the_checkpoint_before_them(env, tmp_path):
+    env.tailer._settings = env.tailer._settings.model_copy(update={"removed_replica_grace_ms": 60_000})
+    host(env, 0)
+    env.consumer.queue += [record(0, "a", 1), record(1, "b", 2)]
+    env.tailer.step()
+    host(env)  # moved away before anything was written
+    host(env, 0)  # and back: it resumes where its files say, and reads the records again
+    assert env.consumer.assigned[(SPEC.topic, 0)] == OFFSET_BEGINNING
+    rep = env.tailer.serving[KEY]
+    assert rep.lag.applied == 0 and rep.staged is None and rep.store.get(b"a") is None
+
+
+def test_a_clean_stop_writes_the_staged_changes(env):
+    host(env, 0)
+    env.consumer.queue += [record(0, "a", 1), record(1, "b", 2)]
+    env.tailer.step()
+    path = replica_path(env.root, "counts", 0)
+    env.tailer.close()
+    store = ReplicaStore.open(path)
+    try:
+        assert store.applied_offset == 2 and store.get(b"b") == b"2"
+    finally:
+        store.close()
