@@ -408,8 +408,6 @@ class ChangelogTailer:
             if rep is not None and rep in pending:
                 # Events follow the partition's records in order: apply those first.
                 applied += self._apply(rep, pending.pop(rep))
-            if rep is not None and rep.staged is not None:
-                rep.write_staged()  # an end-of-partition or a reset: what was read is written first
             if self._on_event(m, err, rep, now) and rep is not None:
                 reset_now.add(rep)
         for rep, batch in pending.items():
@@ -660,7 +658,8 @@ class ChangelogTailer:
         now = self._clock()
         mono = time.monotonic()
         for rep in self._replicas.values():
-            if rep.staged is not None and (not rep.restoring or self._staged_due(rep, rep.staged, mono)):
+            # Before check_restored: a replica is caught up only once what it read is written.
+            if rep.staged is not None and self._staged_due(rep, rep.staged, mono):
                 rep.write_staged()
             if rep.corrupt_reason is not None:
                 self._reset(rep, f"its store failed a read ({rep.corrupt_reason})")

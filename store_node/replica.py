@@ -108,7 +108,15 @@ class Replica:
         store = self.store
         if store is None:
             raise StoreCorrupt(f"replica {self.table}/{self.partition} has no open store")
-        self.write_staged()  # the checkpoint never moves past changes still staged
+        staged = self.staged
+        if staged is not None:
+            # The checkpoint never moves past changes still staged: they go in the same write.
+            staged.rows.update(changes)
+            staged.next_offset = next_offset
+            staged.records += len(changes)
+            staged.skipped += skipped
+            self.write_staged()
+            return
         self.commit(store.batch(changes), next_offset, len(changes), skipped)
 
     def commit(self, writes: WriteBatch, next_offset: int, applied: int, skipped: int) -> None:
