@@ -11,7 +11,7 @@ import pytest
 
 from freshroute.metadata import TableSpec
 from freshroute.settings import load
-from pipeline.job import (ChangelogLost, Pipeline, PipelineFailed, ProgressLog, TableRegistrar, TableRun,
+from pipeline.job import (ChangelogLost, Pipeline, PipelineFailed, TableRegistrar, TableRun, log_progress,
                           check_changelog_kept, committed_batches)
 from pipeline.offsets import InputDataLost
 from pipeline.settings import PipelineSettings
@@ -131,8 +131,20 @@ def test_progress_line_says_where_the_batch_time_went(pipeline, caplog):
                                            "addBatch": 450, "commitOffsets": 25, "triggerExecution": 560},
                                inputRowsPerSecond=50.0, processedRowsPerSecond=142.0)
     caplog.set_level(logging.INFO, logger="pipeline")
-    ProgressLog({"sensor_stats": run}).onQueryProgress(SimpleNamespace(progress=progress))
+    log_progress(run, progress)
     assert caplog.records[-1].getMessage() == (
         "table sensor_stats batch 12: 80 input rows, 90 changelog records in 560 ms (offsets 8 ms, offset log 30 ms, "
         "planning 40 ms, run 450 ms (collect 410 ms, produce 23 ms), commit log 25 ms; input 50 rows/s, "
         "processed 142 rows/s)")
+
+
+def test_progress_is_logged_once_per_batch_read(pipeline, caplog):
+    run = run_of(pipeline)
+    caplog.set_level(logging.INFO, logger="pipeline")
+    for batch in (3, 3, 5, 4, None):  # the loop reads the same report again, skips one, then an older one
+        log_progress(run, None if batch is None else SimpleNamespace(
+            name="sensor_stats", batchId=batch, numInputRows=1, batchDuration=10, durationMs={},
+            inputRowsPerSecond=None, processedRowsPerSecond=None))
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["table sensor_stats batch 3",
+                                                                      "table sensor_stats batch 5"]
+    assert run.logged_batch == 5
