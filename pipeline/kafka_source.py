@@ -14,6 +14,13 @@ Two things a naive source gets wrong on some brokers:
 - fairness. A Fetch may fill partitions in order up to its byte limit, so per-partition
   fetch sizes are bounded, and a partition whose range is read is paused, so the partitions a
   Spark task reads together all get fetched.
+- the wait. The embedded broker holds a fetch until it has filled the byte limit or the
+  wait (``fetch.wait.max.ms``) is over, even with records to send, so reads use a short
+  wait. But it answers *empty* when it has not gathered the records within the wait, and
+  its time to gather them grows with the number of record batches a partition holds: after
+  some tens of minutes of a trickle of small batches, a 10 ms wait never brings a record
+  again. A consumer that makes no progress therefore moves on to a longer wait
+  (:data:`FETCH_WAITS_MS`), and the process keeps using that one.
 
 The reader is pickled to Spark's Python workers: Kafka clients are created lazily and
 dropped from the pickled state.
@@ -54,6 +61,45 @@ ARROW_SCHEMA = pa.schema([
 _GROUP_ID = "freshroute-pipeline-source"
 _ARROW_BATCH_ROWS = 8192
 _RECORDS_PER_READ_TASK = 10_000
+
+# The broker long-polls a fetch for this long (ms): the first wait, then the longer ones a
+# consumer moves to when it makes no progress for ``FETCH_WAIT_PATIENCE_S`` (module doc).
+FETCH_WAITS_MS = (10, 100, 1000)
+FETCH_WAIT_PATIENCE_S = 2.0
+
+
+class FetchWait:
+    """Which of :data:`FETCH_WAITS_MS` a process's consumers use; it only ever moves to a longer one."""
+
+    def __init__(self) -> None:
+        self._level = 0
+        self._lock = threading.Lock()
+
+    @property
+    def ms(self) -> int:
+        return FETCH_WAITS_MS[self._level]
+
+    @property
+    def longest(self) -> bool:
+        return self._level == len(FETCH_WAITS_MS) - 1
+
+    def lengthen(self, stalled_at_ms: int, what: str, after_s: float) -> None:
+        """Move past ``stalled_at_ms``, after ``after_s`` with no record (a no-op if another consumer already did)."""
+        with self._lock:
+            if self.longest or FETCH_WAITS_MS[self._level] != stalled_at_ms:
+                return
+            self._level += 1
+            log.warning("%s: the broker sent no records for %.1fs with a %d ms fetch wait; now waiting up to %d ms "
+                        "(a broker holding many small record batches gathers them slowly)",
+                        what, after_s, stalled_at_ms, FETCH_WAITS_MS[self._level])
+
+
+class FetchStalled(Exception):
+    """A read made no progress within the patience; ``remaining`` is what is left to read."""
+
+    def __init__(self, remaining: tuple[tuple[int, int, int], ...]) -> None:
+        super().__init__(f"no progress reading {remaining}")
+        self.remaining = remaining
 
 
 @dataclass(frozen=True)
@@ -98,8 +144,9 @@ class SourceOptions:
             "enable.partition.eof": True,
             "fetch.queue.backoff.ms": 0,
             # A read knows its records are on the broker, so a long-polling fetch only waits
-            # past the end of a range, and delays the next assign() of the same consumer.
-            "fetch.wait.max.ms": 10,
+            # past the end of a range, and delays the next assign() of the same consumer:
+            # the shortest wait, until the broker proves too slow for it (module doc).
+            "fetch.wait.max.ms": FETCH_WAITS_MS[0],
             "max.partition.fetch.bytes": self.max_partition_fetch_bytes,
             "fetch.max.bytes": max(self.max_partition_fetch_bytes * 4, 1 << 20),
             "queued.max.messages.kbytes": 16384,
@@ -140,10 +187,15 @@ class EndOffsetProbe:
     keeps L, marked uncertain.
     """
 
-    def __init__(self, consumer: Any, topic: str, timeout_s: float) -> None:
+    def __init__(self, consumer: Any, topic: str, timeout_s: float,
+                 make_consumer: Any = None, wait: FetchWait | None = None) -> None:
         self.consumer = consumer
         self.topic = topic
         self.timeout_s = timeout_s
+        # With a factory, a probe the broker leaves unanswered moves the probe to a longer
+        # fetch wait (a new consumer): the next probes find the true end again.
+        self._make_consumer = make_consumer
+        self._wait = wait
 
     def ends(self, partitions: tuple[int, ...]) -> tuple[dict[int, int], dict[int, int], frozenset[int]]:
         """``(low, end, uncertain)`` per partition."""
@@ -183,7 +235,15 @@ class EndOffsetProbe:
         if pending:
             log.debug("end-offset probe of %s: no fetch answer for partitions %s within %.1fs",
                       self.topic, sorted(pending), self.timeout_s)
+            self._lengthen_wait()
         return low, end, frozenset(pending)
+
+    def _lengthen_wait(self) -> None:
+        if self._make_consumer is None or self._wait is None or self._wait.longest:
+            return
+        self._wait.lengthen(self._wait.ms, f"end-offset probe of {self.topic}", self.timeout_s)
+        old, self.consumer = self.consumer, self._make_consumer(self._wait.ms)
+        old.close()
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -210,9 +270,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             from confluent_kafka.admin import AdminClient
 
             self._admin = AdminClient(dict(self.options.kafka))
-            consumer = Consumer(self.options.consumer_config(**{"auto.offset.reset": "latest", "fetch.wait.max.ms": 10,
-                                                                 "max.partition.fetch.bytes": 65536}))
-            self._probe = EndOffsetProbe(consumer, self.options.topic, self.options.probe_timeout_s)
+
+            def make_consumer(wait_ms: int) -> Any:
+                return Consumer(self.options.consumer_config(**{
+                    "auto.offset.reset": "latest", "fetch.wait.max.ms": wait_ms, "max.partition.fetch.bytes": 65536}))
+
+            wait = FetchWait()
+            self._probe = EndOffsetProbe(make_consumer(wait.ms), self.options.topic, self.options.probe_timeout_s,
+                                         make_consumer, wait)
         return self._admin, self._probe
 
     def snapshot(self, create: bool) -> TopicSnapshot | None:
@@ -283,6 +348,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 # trips (~100 ms on loopback) in every read task of every micro-batch.
 _idle_consumers: dict[bytes, Any] = {}
 _idle_lock = threading.Lock()
+# The fetch wait of this process's read consumers (module doc).
+_read_wait = FetchWait()
 
 
 def read_slice(options: SourceOptions, piece: KafkaSlice) -> Iterator[pa.RecordBatch]:
@@ -290,11 +357,26 @@ def read_slice(options: SourceOptions, piece: KafkaSlice) -> Iterator[pa.RecordB
 
     The consumer is taken from this process's idle ones and returned only after a complete
     read, with nothing assigned; a read that failed or was abandoned closes its consumer, so
-    no consumer is reused in an unknown state.
+    no consumer is reused in an unknown state. A read that stalls goes on from where it
+    stopped with a consumer that waits longer.
     """
+    ranges = piece.ranges
+    while True:
+        wait_ms = _read_wait.ms
+        try:
+            yield from _read_with_idle_consumer(options, piece.topic, ranges, wait_ms,
+                                                None if _read_wait.longest else FETCH_WAIT_PATIENCE_S)
+            return
+        except FetchStalled as stalled:
+            _read_wait.lengthen(wait_ms, f"reading {piece.topic}", FETCH_WAIT_PATIENCE_S)
+            ranges = stalled.remaining
+
+
+def _read_with_idle_consumer(options: SourceOptions, topic: str, ranges: tuple[tuple[int, int, int], ...],
+                             wait_ms: int, patience_s: float | None) -> Iterator[pa.RecordBatch]:
     from confluent_kafka import Consumer
 
-    config = options.consumer_config(**{"auto.offset.reset": "error"})
+    config = options.consumer_config(**{"auto.offset.reset": "error", "fetch.wait.max.ms": wait_ms})
     key = orjson.dumps(config, option=orjson.OPT_SORT_KEYS)
     with _idle_lock:
         consumer = _idle_consumers.pop(key, None)
@@ -302,7 +384,7 @@ def read_slice(options: SourceOptions, piece: KafkaSlice) -> Iterator[pa.RecordB
         consumer = Consumer(config)
     complete = False
     try:
-        yield from read_ranges(consumer, options, piece.topic, piece.ranges)
+        yield from read_ranges(consumer, options, topic, ranges, patience_s)
         complete = True
     finally:
         if complete:
@@ -312,9 +394,12 @@ def read_slice(options: SourceOptions, piece: KafkaSlice) -> Iterator[pa.RecordB
             consumer.close()
 
 
-def read_ranges(consumer: Any, options: SourceOptions, topic: str,
-                ranges: tuple[tuple[int, int, int], ...]) -> Iterator[pa.RecordBatch]:
+def read_ranges(consumer: Any, options: SourceOptions, topic: str, ranges: tuple[tuple[int, int, int], ...],
+                patience_s: float | None = None) -> Iterator[pa.RecordBatch]:
     """Every record of offsets ``[start, end)`` of each ``(partition, start, end)``, one partition per Arrow batch.
+
+    With ``patience_s``, a read with no progress for that long yields what it has and raises
+    :class:`FetchStalled` with the ranges left to read.
 
     All the ranges are assigned at once: partitions read one after another would each wait
     for the fetch still pending on the previous one. A partition is paused once its range
@@ -333,7 +418,13 @@ def read_ranges(consumer: Any, options: SourceOptions, topic: str,
     consumer.assign(assigned)
     try:
         stall_deadline = time.monotonic() + options.read_stall_timeout_s
+        impatient_at = time.monotonic() + patience_s if patience_s is not None else None
         while pending:
+            if impatient_at is not None and time.monotonic() > impatient_at:
+                for p in sorted(pending):
+                    if len(rows[p]):
+                        yield rows[p].to_batch(topic, p)
+                raise FetchStalled(tuple((p, position[p], ends[p]) for p in sorted(pending)))
             if time.monotonic() > stall_deadline:
                 missing = ", ".join(f"{topic}[{p}] [{position[p]}, {ends[p]})" for p in sorted(pending))
                 raise TimeoutError(f"no record of offsets {missing} arrived within {options.read_stall_timeout_s:.0f}s")
@@ -361,6 +452,8 @@ def read_ranges(consumer: Any, options: SourceOptions, topic: str,
                         rows[p].add(m)
                         position[p] = o + 1
                         stall_deadline = time.monotonic() + options.read_stall_timeout_s
+                        if impatient_at is not None:
+                            impatient_at = time.monotonic() + patience_s
                     if o + 1 >= ends[p]:
                         pending.discard(p)
                         done.append(p)

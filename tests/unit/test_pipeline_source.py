@@ -7,7 +7,9 @@ ListOffsets answer is below the true end; the Fetch watermark is right).
 
 from __future__ import annotations
 
+import logging
 import pickle
+import time
 
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
@@ -301,3 +303,62 @@ def test_a_worker_reuses_its_consumer_only_after_a_complete_read(monkeypatch):
     assert made[0].closed  # a failed read never hands its consumer on
     assert sum(b.num_rows for b in read_slice(opts(), KafkaSlice("readings", ((0, 60, 70),)))) == 10
     assert len(made) == 2 and not made[1].closed
+
+
+class SlowBrokerConsumer(LogConsumer):
+    """A broker that gathers records slower than ``short_ms``: a shorter fetch wait brings nothing after the first few."""
+
+    def __init__(self, config, log, short_ms=10, first=4):
+        super().__init__(log, per_fetch=1)
+        self.wait_ms, self.short_ms, self.first = config["fetch.wait.max.ms"], short_ms, first
+
+    def consume(self, num_messages=1, timeout=0.0):
+        if self.wait_ms <= self.short_ms:
+            if self.first <= 0:
+                time.sleep(min(timeout, 0.01))
+                return []
+            self.first -= 1
+        return super().consume(num_messages, timeout)
+
+
+def test_a_read_the_broker_starves_goes_on_with_a_longer_fetch_wait(monkeypatch, caplog):
+    made: list[SlowBrokerConsumer] = []
+
+    def factory(config):
+        made.append(SlowBrokerConsumer(config, {0: 50, 1: 50}))
+        return made[-1]
+
+    monkeypatch.setattr("confluent_kafka.Consumer", factory)
+    monkeypatch.setattr(kafka_source, "_idle_consumers", {})
+    monkeypatch.setattr(kafka_source, "_read_wait", kafka_source.FetchWait())
+    monkeypatch.setattr(kafka_source, "FETCH_WAIT_PATIENCE_S", 0.1)
+    caplog.set_level(logging.WARNING, logger="pipeline")
+    batches = list(read_slice(opts(), KafkaSlice("readings", ((0, 10, 40), (1, 0, 20)))))
+    got: dict[int, list[int]] = {}
+    for b in batches:
+        got.setdefault(b.column("partition")[0].as_py(), []).extend(b.column("offset").to_pylist())
+    assert {p: sorted(o) for p, o in got.items()} == {0: list(range(10, 40)), 1: list(range(0, 20))}
+    assert sum(len(o) for o in got.values()) == 50  # each record once: the second consumer went on from the first
+    assert [c.wait_ms for c in made] == [10, 100]
+    assert made[0].closed and not made[1].closed  # the starved consumer is not kept for reuse
+    assert kafka_source._read_wait.ms == 100  # later reads start with the wait that worked
+    assert "no records for 0.1s with a 10 ms fetch wait; now waiting up to 100 ms" in caplog.text
+    assert len(list(read_slice(opts(), KafkaSlice("readings", ((0, 40, 50),))))) == 1
+    assert len(made) == 2  # the idle 100 ms consumer was reused
+
+
+def test_a_probe_the_broker_leaves_unanswered_moves_to_a_longer_fetch_wait():
+    made = []
+
+    def make_consumer(wait_ms):
+        made.append(wait_ms)
+        c = TansuLikeConsumer(true_end={0: 334}, listed={0: 1}, answering={0} if wait_ms > 10 else set())
+        c.close = lambda: None
+        return c
+
+    wait = kafka_source.FetchWait()
+    probe = EndOffsetProbe(make_consumer(wait.ms), "readings", 0.1, make_consumer, wait)
+    assert probe.ends((0,))[1:] == ({0: 1}, frozenset({0}))  # unanswered: the listed end, uncertain
+    assert made == [10, 100] and wait.ms == 100
+    assert probe.ends((0,))[1:] == ({0: 334}, frozenset())  # the longer wait brings the true end
+    assert made == [10, 100]
