@@ -8,7 +8,7 @@ from concurrent.futures import Future
 from types import SimpleNamespace
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, KafkaError
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException
 
 from freshroute.metadata import ReplicaState, Role, TableSpec
 from store_node.changelog import ChangelogTailer
@@ -175,6 +175,33 @@ def test_new_replica_restores_from_the_beginning(env):
     assert env.consumer.assigned == {(SPEC.topic, 0): OFFSET_BEGINNING}
     rep = env.tailer.serving[KEY]
     assert rep.state is ReplicaState.RESTORING and rep.role is Role.ACTIVE
+
+
+def test_new_replicas_are_opened_first_and_assigned_together(env, monkeypatch):
+    store = ReplicaStore.open(replica_path(env.root, "counts", 2))
+    store.apply([(b"a", b"1")], 42)
+    store.close()
+    calls = []
+    monkeypatch.setattr(env.consumer, "incremental_assign", lambda tps: calls.append(
+        [(tp.partition, tp.offset) for tp in tps]) or FakeConsumer.incremental_assign(env.consumer, tps))
+    host(env, 0, 1, 2)
+    assert calls == [[(0, OFFSET_BEGINNING), (1, OFFSET_BEGINNING), (2, 42)]]  # one assignment, after every open
+    starts = {env.tailer.serving[("counts", p)].restore_started for p in (0, 1, 2)}
+    assert len(starts) == 1  # their restores are timed from that assignment
+
+
+def test_replicas_whose_assignment_fails_are_closed_and_retried(env, monkeypatch):
+    def refuse(tps):
+        raise KafkaException(KafkaError(KafkaError._STATE))
+
+    monkeypatch.setattr(env.consumer, "incremental_assign", refuse)
+    host(env, 0, 1)
+    assert dict(env.tailer.serving) == {}
+    monkeypatch.undo()
+    env.tailer._retry_at = 0  # the retry delay has passed
+    env.tailer.step()  # the stores were closed: reopening them is not refused as locked
+    assert set(env.tailer.serving) == {("counts", 0), ("counts", 1)}
+    assert env.consumer.assigned == {(SPEC.topic, 0): OFFSET_BEGINNING, (SPEC.topic, 1): OFFSET_BEGINNING}
 
 
 def test_a_full_fetch_queue_backs_off_instead_of_spinning(env):
