@@ -83,15 +83,16 @@ class FetchWait:
     def longest(self) -> bool:
         return self._level == len(FETCH_WAITS_MS) - 1
 
-    def lengthen(self, stalled_at_ms: int, what: str, after_s: float) -> None:
-        """Move past ``stalled_at_ms``, after ``after_s`` with no record (a no-op if another consumer already did)."""
+    def lengthen(self, stalled_at_ms: int, what: str, after_s: float) -> bool:
+        """Move past ``stalled_at_ms``, after ``after_s`` with no record; False if already past it or at the longest."""
         with self._lock:
             if self.longest or FETCH_WAITS_MS[self._level] != stalled_at_ms:
-                return
+                return False
             self._level += 1
             log.warning("%s: the broker sent no records for %.1fs with a %d ms fetch wait; now waiting up to %d ms "
                         "(a broker holding many small record batches gathers them slowly)",
                         what, after_s, stalled_at_ms, FETCH_WAITS_MS[self._level])
+            return True
 
 
 class FetchStalled(Exception):
@@ -239,11 +240,11 @@ class EndOffsetProbe:
         return low, end, frozenset(pending)
 
     def _lengthen_wait(self) -> None:
-        if self._make_consumer is None or self._wait is None or self._wait.longest:
+        if self._make_consumer is None or self._wait is None:
             return
-        self._wait.lengthen(self._wait.ms, f"end-offset probe of {self.topic}", self.timeout_s)
-        old, self.consumer = self.consumer, self._make_consumer(self._wait.ms)
-        old.close()
+        if self._wait.lengthen(self._wait.ms, f"end-offset probe of {self.topic}", self.timeout_s):
+            old, self.consumer = self.consumer, self._make_consumer(self._wait.ms)
+            old.close()
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -417,15 +418,15 @@ def read_ranges(consumer: Any, options: SourceOptions, topic: str, ranges: tuple
         return
     consumer.assign(assigned)
     try:
-        stall_deadline = time.monotonic() + options.read_stall_timeout_s
-        impatient_at = time.monotonic() + patience_s if patience_s is not None else None
+        progressed_at = time.monotonic()
         while pending:
-            if impatient_at is not None and time.monotonic() > impatient_at:
+            idle_s = time.monotonic() - progressed_at
+            if patience_s is not None and idle_s > patience_s:
                 for p in sorted(pending):
                     if len(rows[p]):
                         yield rows[p].to_batch(topic, p)
                 raise FetchStalled(tuple((p, position[p], ends[p]) for p in sorted(pending)))
-            if time.monotonic() > stall_deadline:
+            if idle_s > options.read_stall_timeout_s:
                 missing = ", ".join(f"{topic}[{p}] [{position[p]}, {ends[p]})" for p in sorted(pending))
                 raise TimeoutError(f"no record of offsets {missing} arrived within {options.read_stall_timeout_s:.0f}s")
             done: list[int] = []
@@ -451,9 +452,7 @@ def read_ranges(consumer: Any, options: SourceOptions, topic: str, ranges: tuple
                     if o < ends[p]:
                         rows[p].add(m)
                         position[p] = o + 1
-                        stall_deadline = time.monotonic() + options.read_stall_timeout_s
-                        if impatient_at is not None:
-                            impatient_at = time.monotonic() + patience_s
+                        progressed_at = time.monotonic()
                     if o + 1 >= ends[p]:
                         pending.discard(p)
                         done.append(p)
