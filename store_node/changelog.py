@@ -15,7 +15,9 @@ And it is where the changelog's surprises are handled, never silently:
   topic with a new topic id (a memory-only broker restarted, or the topic was recreated) wipes
   the replica and restores it from the start;
 - a poison record (null or non-UTF-8 key, value that is not JSON) is skipped with a counted,
-  rate-limited warning, and the partition moves on.
+  rate-limited warning, and the partition moves on. A restoring replica checks values only
+  when it writes its staged changes (the latest per key); a staged window with poison is
+  dropped and read again from the checkpoint, each record checked as it is read.
 """
 
 from __future__ import annotations
@@ -394,6 +396,18 @@ class ChangelogTailer:
             return
         self._consumer.incremental_assign([TopicPartition(rep.topic, rep.partition, OFFSET_BEGINNING)])
 
+    def _reread(self, rep: Replica) -> None:
+        """Fetch again, from the checkpoint, the staged window ``rep`` dropped for holding poison."""
+        log.debug("replica %s/%d: its staged changes up to offset %d hold poison; reading them again from %d",
+                  rep.table, rep.partition, rep.check_until, rep.lag.applied)
+        try:
+            self._consumer.incremental_unassign([TopicPartition(rep.topic, rep.partition)])
+        except KafkaException as e:
+            log.warning("unassigning %s/%d failed: %s", rep.topic, rep.partition, e)
+        self._consumer.incremental_assign([TopicPartition(rep.topic, rep.partition,
+                                                          rep.lag.applied or OFFSET_BEGINNING)])
+        rep.reread = False  # only once assigned: a failed assignment is retried after the next poll
+
     # --- records ----------------------------------------------------------------------------------
 
     def _handle(self, msgs: list) -> int:
@@ -416,8 +430,9 @@ class ChangelogTailer:
                 if tp != run_tp:
                     run_tp = tp
                     rep = by_tp.get(tp)
-                    if rep is None or rep in reset_now:
-                        # Unassigned since this record was fetched, or reset by this batch: void.
+                    if rep is None or rep in reset_now or rep.reread:
+                        # Unassigned since this record was fetched, reset by this batch, or to fetch
+                        # again from its checkpoint (its staged window held poison): void.
                         run = None
                     else:
                         run = pending.get(rep)
@@ -428,11 +443,11 @@ class ChangelogTailer:
                 continue
             run_tp = None  # an event may apply or reset a replica: the next record looks up again
             rep = by_tp.get((m.topic(), m.partition()))
-            if rep is not None and rep in reset_now:
-                continue  # fetched before this batch reset the replica: its events are void
             if rep is not None and rep in pending:
                 # Events follow the partition's records in order: apply those first.
                 applied += self._apply(rep, pending.pop(rep))
+            if rep is not None and (rep in reset_now or rep.reread):
+                continue  # fetched before this batch reset the replica or dropped its window: void
             if self._on_event(m, err, rep, now) and rep is not None:
                 reset_now.add(rep)
         for rep, batch in pending.items():
@@ -454,8 +469,13 @@ class ChangelogTailer:
             if staged is None:
                 staged = rep.staged = Staged()
             rows = staged.rows
+            # Most records of a restore are overwritten by a later change of their key, so staged
+            # values are checked once, when written; a batch that starts in a window read again
+            # for its poison is checked record by record, all of it.
+            check = batch[0].offset() < rep.check_until
         else:
             rows = {}
+            check = True
         loads = orjson.loads
         count = skipped = 0
         for m in batch:
@@ -465,8 +485,8 @@ class ChangelogTailer:
                 problem = "null key"
             elif not key.isascii() and not _is_utf8(key):
                 problem = "key is not UTF-8"
-            elif value is None:
-                rows[key] = None
+            elif not check or value is None:
+                rows[key] = value
                 count += 1
                 continue
             else:
@@ -478,6 +498,9 @@ class ChangelogTailer:
                     rows[key] = value
                     count += 1
                     continue
+            if not check:
+                staged.poison = True  # reported once, when the window is read again checked
+                continue
             skipped += 1
             self._poison(rep, m.offset(), problem,
                          rep.counters.records_skipped + (staged.skipped if staged is not None else 0) + skipped)
@@ -493,9 +516,14 @@ class ChangelogTailer:
         return count
 
     def _staged_due(self, rep: Replica, staged: Staged, mono: float | None = None) -> bool:
-        """Write a restoring replica's staged changes now? When they are many, old, or reach the end."""
+        """Write a restoring replica's staged changes now? When they are many, old, or reach the end.
+
+        Also as soon as a window read again covers the one dropped for its poison: it then
+        holds only checked values, and poison after it cannot send the tailer back over it.
+        """
         end = rep.lag.end
         return (len(staged.rows) >= _STAGE_MAX_ROWS
+                or staged.next_offset >= rep.check_until > rep.lag.applied
                 or (end is not None and staged.next_offset + self._settings.caught_up_threshold >= end)
                 or (mono if mono is not None else time.monotonic()) - staged.since >= _STAGE_MAX_S)
 
@@ -686,6 +714,8 @@ class ChangelogTailer:
             # Before check_restored: a replica is caught up only once what it read is written.
             if rep.staged is not None and self._staged_due(rep, rep.staged, mono):
                 rep.write_staged()
+            if rep.reread:
+                self._reread(rep)
             if rep.corrupt_reason is not None:
                 self._reset(rep, f"its store failed a read ({rep.corrupt_reason})")
             elif rep.check_restored(now):

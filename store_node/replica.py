@@ -11,8 +11,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 from urllib.parse import quote
 
+import orjson
 from rocksdict import WriteBatch
 
 from freshroute.errors import StoreCorrupt
@@ -26,6 +28,17 @@ def replica_path(root: Path, table: str, partition: int) -> Path:
     if safe in (".", ".."):
         safe = safe.replace(".", "%2E")
     return root / safe / str(partition)
+
+
+def _all_json(values: Iterable[bytes | None]) -> bool:
+    loads = orjson.loads
+    try:
+        for value in values:
+            if value is not None:
+                loads(value)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 @dataclass
@@ -44,7 +57,8 @@ class Staged:
 
     A changelog holds every update of a key and this broker never compacts it, so a restore
     that writes only the last change per key writes a fraction of the records it reads; the
-    rows and the offset after them still go to the store in one WriteBatch.
+    rows and the offset after them still go to the store in one WriteBatch. For the same
+    reason their values are checked once, when written, rather than as each record is read.
     """
 
     rows: dict[bytes, bytes | None] = field(default_factory=dict)
@@ -52,6 +66,7 @@ class Staged:
     records: int = 0
     skipped: int = 0
     since: float = field(default_factory=time.monotonic)
+    poison: bool = False  # a record read unchecked had a bad key: the window is read again, checked
 
 
 class Replica:
@@ -76,6 +91,10 @@ class Replica:
         self.restore_started = time.monotonic()
         self.restore_from = store.applied_offset
         self.staged: Staged | None = None  # only while restoring; the tailer writes it out
+        # A staged window that held poison is dropped and read again from the checkpoint, each
+        # record checked as it is read up to check_until; reread asks the tailer to fetch it.
+        self.check_until = 0
+        self.reread = False
 
     @property
     def state(self) -> ReplicaState:
@@ -132,9 +151,19 @@ class Replica:
         self.counters.records_skipped += skipped
 
     def write_staged(self) -> int:
-        """Write the staged changes with their checkpoint; returns how many records they stand for."""
+        """Write the staged changes with their checkpoint; returns how many records they stand for.
+
+        A window holding poison (a value that is not JSON, or a record whose bad key was not
+        reported) is dropped whole instead, and 0 returned: the checkpoint stays before it, as
+        after a crash, and the window is read again checking each record, so that the poison is
+        reported at its offset and each key keeps its latest valid change, even an older one.
+        """
         staged, self.staged = self.staged, None
         if staged is None or self.store is None:
+            return 0
+        if staged.poison or not _all_json(staged.rows.values()):
+            self.check_until = staged.next_offset
+            self.reread = True
             return 0
         self.commit(self.store.batch(staged.rows.items()), staged.next_offset, staged.records, staged.skipped)
         return staged.records
@@ -154,6 +183,8 @@ class Replica:
         ReplicaStore.destroy(path)  # close() dropped the staged changes
         store = ReplicaStore.open(path)  # a fresh directory cannot be corrupt; if it is, the caller retries
         self.restoring = True
+        self.check_until = 0
+        self.reread = False
         self.corrupt_reason = None
         self.counters.restores += 1
         self.restore_started = time.monotonic()

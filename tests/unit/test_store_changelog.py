@@ -161,6 +161,13 @@ def host(env, *partitions, role=Role.ACTIVE):
     env.tailer.step()
 
 
+def refetch(env, msgs, partition=0):
+    """What the broker serves after the partition is assigned again: its messages from that offset."""
+    offset = env.consumer.assigned[(SPEC.topic, partition)]
+    start = 0 if offset == OFFSET_BEGINNING else offset
+    env.consumer.queue += [m for m in msgs if m.partition() == partition and m.offset() >= start]
+
+
 def steps_until(env, condition, limit=200):
     for _ in range(limit):
         env.tailer.step()
@@ -222,7 +229,7 @@ def test_restart_resumes_from_the_stored_offset(env):
 
 def test_records_are_applied_latest_wins_tombstones_delete_poison_is_skipped(env):
     host(env, 0)
-    env.consumer.queue += [
+    changelog = [
         record(0, "a", {"n": 1}), record(1, "b", {"n": 2}), record(2, "a", {"n": 3}),
         record(3, "b", None),  # tombstone
         Msg(4, None, b'{"n": 9}'),  # null key
@@ -231,8 +238,12 @@ def test_records_are_applied_latest_wins_tombstones_delete_poison_is_skipped(env
         record(7, "d", {"n": 4}),
         eof(8),  # a restore is written by the end of the partition at the latest
     ]
+    env.consumer.queue += changelog
     env.tailer.step()
     rep = env.tailer.serving[KEY]
+    assert rep.lag.applied == 0 and env.tailer.records_skipped == 0  # the window held poison: read again
+    refetch(env, changelog)
+    env.tailer.step()
     assert rep.store.get(b"a") == b'{"n": 3}'
     assert rep.store.get(b"b") is None
     assert rep.store.get(b"c") is None
@@ -460,18 +471,21 @@ def test_a_restore_writes_only_the_latest_change_of_each_key(env, monkeypatch):
     sizes = _rows_written(monkeypatch)
     host(env, 0)
     rep = env.tailer.serving[KEY]
-    env.consumer.queue += [record(0, "a", 1), record(1, "b", 1), record(2, "a", 2), record(3, "a", None),
-                           record(4, "c", b"not json"), record(5, "b", 3)]
+    changelog = [record(0, "a", 1), record(1, "b", 1), record(2, "a", 2), record(3, "a", None),
+                 record(4, "c", b"not json"), record(5, "b", 3), record(6, "c", 4), eof(7)]
+    env.consumer.queue += changelog[:6]
     env.tailer.step()
     # Read, not written yet: the checkpoint and the rows stay together at the old offset.
     assert rep.lag.applied == 0 and rep.store.get(b"b") is None
-    assert rep.staged is not None and rep.staged.rows == {b"a": None, b"b": b"3"}
-    env.consumer.queue += [record(6, "c", 4), eof(7)]
+    assert rep.staged is not None and rep.staged.rows == {b"a": None, b"b": b"3", b"c": b"not json"}
+    env.consumer.queue += changelog[6:]
     env.tailer.step()
     assert rep.lag.applied == 7 and rep.staged is None and rep.state is ReplicaState.ACTIVE
     assert (rep.store.get(b"a"), rep.store.get(b"b"), rep.store.get(b"c")) == (None, b"3", b"4")
     assert sizes == [3]  # three rows written for seven records: a (deleted), b and c
-    assert rep.counters.records_applied == 6 and rep.counters.records_skipped == 1
+    # The value that is not JSON was overwritten before the write: never checked, nothing read again.
+    assert rep.counters.records_applied == 7 and rep.counters.records_skipped == 0
+    assert env.consumer.assign_calls == [(SPEC.topic, 0, OFFSET_BEGINNING)]
     # Caught up, each poll's records are written at once.
     env.consumer.queue += [record(7, "a", 5)]
     env.tailer.step()
@@ -528,5 +542,153 @@ def test_a_clean_stop_writes_the_staged_changes(env):
     store = ReplicaStore.open(path)
     try:
         assert store.applied_offset == 2 and store.get(b"b") == b"2"
+    finally:
+        store.close()
+
+
+def _loads_counted(monkeypatch) -> list[bytes]:
+    """Every value orjson.loads is asked to parse."""
+    import orjson
+
+    seen: list[bytes] = []
+    loads = orjson.loads
+
+    def counting(raw):
+        seen.append(raw)
+        return loads(raw)
+
+    monkeypatch.setattr(orjson, "loads", counting)
+    return seen
+
+
+def test_a_restore_checks_only_the_values_it_writes(env, monkeypatch):
+    seen = _loads_counted(monkeypatch)
+    host(env, 0)
+    rep = env.tailer.serving[KEY]
+    env.consumer.queue += [record(i, "ab"[i % 2], {"n": i}) for i in range(10)] + [eof(10)]
+    env.tailer.step()
+    assert rep.lag.applied == 10 and rep.store.get(b"a") == b'{"n": 8}' and rep.store.get(b"b") == b'{"n": 9}'
+    assert sorted(seen) == [b'{"n": 8}', b'{"n": 9}']  # the two written, none of the eight overwritten
+    assert env.consumer.assign_calls == [(SPEC.topic, 0, OFFSET_BEGINNING)]  # nothing read again
+    # Caught up, each record is checked as it is read.
+    env.consumer.queue += [record(10, "a", 10), record(11, "a", 11)]
+    env.tailer.step()
+    assert seen[2:] == [b"10", b"11"] and rep.lag.applied == 12
+
+
+def test_a_poison_value_in_a_restore_is_read_again_and_skipped_at_its_offset(env, monkeypatch, caplog):
+    import store_node.changelog as changelog_module
+
+    monkeypatch.setattr(changelog_module, "_STAGE_MAX_S", 0.0)  # each poll's records are written at once
+    host(env, 0)
+    rep = env.tailer.serving[KEY]
+    changelog = [record(0, "a", {"n": 0}), record(1, "b", {"n": 1}), record(2, "a", {"n": 2}),
+                 record(3, "a", b"{not json"), record(4, "b", {"n": 4}), record(5, "a", {"n": 5}),
+                 record(6, "b", None), eof(7)]
+    env.consumer.queue += changelog[:4]  # the poison is the latest change of its key when written
+    env.tailer.step()
+    # The window was not written: its checkpoint stays at the start and it is fetched again from there.
+    assert rep.lag.applied == 0 and rep.staged is None and rep.store.get(b"a") is None
+    assert env.consumer.assign_calls[-1] == (SPEC.topic, 0, OFFSET_BEGINNING)
+    assert rep.counters.records_skipped == 0 and env.tailer.records_skipped == 0
+    refetch(env, changelog)
+    with caplog.at_level("WARNING", logger="store_node.changelog"):
+        env.tailer.step()
+    assert rep.lag.applied == 7 and rep.state is ReplicaState.ACTIVE
+    assert rep.store.get(b"a") == b'{"n": 5}' and rep.store.get(b"b") is None
+    assert rep.counters.records_skipped == 1 and env.tailer.records_skipped == 1
+    assert rep.counters.records_applied == 6
+    assert [r.getMessage() for r in caplog.records if "poison" in r.getMessage()] == [
+        "replica counts/0: skipping poison record at offset 3 (value is not JSON); 1 skipped so far"]
+    assert len(env.consumer.assign_calls) == 2  # read again once
+
+
+def test_poison_as_a_keys_latest_change_in_a_window_leaves_its_previous_valid_value(env):
+    host(env, 0)
+    rep = env.tailer.serving[KEY]
+    changelog = [record(0, "a", 1), record(1, "b", 2), record(2, "a", b"\xff"), record(3, "c", 3), eof(4)]
+    env.consumer.queue += changelog
+    env.tailer.step()
+    refetch(env, changelog)
+    env.tailer.step()
+    assert (rep.store.get(b"a"), rep.store.get(b"b"), rep.store.get(b"c")) == (b"1", b"2", b"3")
+    assert rep.lag.applied == 4 and rep.counters.records_skipped == 1
+
+
+def test_poison_as_a_keys_only_change_in_a_window_leaves_its_stored_value(env):
+    store = ReplicaStore.open(replica_path(env.root, "counts", 0))
+    store.apply([(b"a", b'{"n": 1}')], 5)
+    store.close()
+    host(env, 0)
+    rep = env.tailer.serving[KEY]
+    changelog = [record(5, "a", b"not json"), record(6, "c", 3), eof(7)]
+    env.consumer.queue += changelog
+    env.tailer.step()
+    assert env.consumer.assign_calls[-1] == (SPEC.topic, 0, 5)  # from the checkpoint, not the start
+    refetch(env, changelog)
+    env.tailer.step()
+    assert rep.store.get(b"a") == b'{"n": 1}' and rep.store.get(b"c") == b"3"
+    assert rep.lag.applied == 7 and rep.counters.records_skipped == 1 and rep.counters.records_applied == 1
+
+
+@pytest.mark.parametrize("written_by", ["the batch", "the end of the partition"])
+def test_a_dropped_window_voids_the_rest_of_its_partitions_poll(env, monkeypatch, written_by):
+    import store_node.changelog as changelog_module
+
+    if written_by == "the batch":
+        monkeypatch.setattr(changelog_module, "_STAGE_MAX_ROWS", 2)
+    host(env, 0, 1)
+    r0, r1 = env.tailer.serving[("counts", 0)], env.tailer.serving[("counts", 1)]
+    changelog = [record(0, "a", 1), record(1, "b", b"nope"), record(0, "x", 1, partition=1),
+                 eof(2),  # the window is written (and dropped) here at the latest
+                 record(2, "c", 3), record(1, "y", 2, partition=1), eof(3), eof(2, partition=1)]
+    env.consumer.queue += changelog
+    env.tailer.step()
+    # Partition 0's records and events after the drop were fetched before it: applied, they would
+    # have moved its checkpoint past the dropped window.
+    assert r0.lag.applied == 0 and r0.staged is None and r0.store.get(b"c") is None
+    assert env.consumer.assign_calls[-1] == (SPEC.topic, 0, OFFSET_BEGINNING)
+    assert r1.lag.applied == 2 and r1.store.get(b"y") == b"2"  # the other partition is not affected
+    refetch(env, changelog)
+    env.tailer.step()
+    assert r0.lag.applied == 3 and r0.counters.records_skipped == 1
+    assert (r0.store.get(b"a"), r0.store.get(b"b"), r0.store.get(b"c")) == (b"1", None, b"3")
+
+
+def test_a_window_read_again_is_written_once_it_covers_the_dropped_one(env, monkeypatch):
+    import store_node.changelog as changelog_module
+
+    host(env, 0)
+    rep = env.tailer.serving[KEY]
+    first = [record(0, "a", 1), record(1, "a", b"bad"), record(2, "b", 2)]
+    env.consumer.queue += first
+    env.tailer.step()
+    assert rep.staged is not None and rep.lag.applied == 0
+    monkeypatch.setattr(changelog_module, "_STAGE_MAX_S", 0.0)
+    env.tailer.step()  # the poll's housekeeping writes it: dropped, and fetched again at once
+    assert rep.staged is None and env.consumer.assign_calls[-1] == (SPEC.topic, 0, OFFSET_BEGINNING)
+    monkeypatch.setattr(changelog_module, "_STAGE_MAX_S", 60.0)
+    refetch(env, first)
+    env.tailer.step()
+    assert rep.lag.applied == 3 and rep.store.get(b"a") == b"1" and rep.counters.records_skipped == 1
+    # Poison after it sends the tailer back only to the end of that window.
+    later = [record(3, "c", 3), record(4, "c", b"bad"), eof(5)]
+    env.consumer.queue += later
+    env.tailer.step()
+    assert env.consumer.assign_calls[-1] == (SPEC.topic, 0, 3) and rep.lag.applied == 3
+    refetch(env, later)
+    env.tailer.step()
+    assert rep.lag.applied == 5 and rep.store.get(b"c") == b"3" and rep.counters.records_skipped == 2
+
+
+def test_a_clean_stop_drops_a_window_with_poison(env):
+    host(env, 0)
+    env.consumer.queue += [record(0, "a", 1), record(1, "b", b"bad")]
+    env.tailer.step()
+    path = replica_path(env.root, "counts", 0)
+    env.tailer.close()
+    store = ReplicaStore.open(path)
+    try:
+        assert store.applied_offset == 0 and store.get(b"a") is None  # the next open reads it again
     finally:
         store.close()
