@@ -160,8 +160,7 @@ class _ReadStream:
         return fut
 
     def _wake(self) -> None:
-        """Have the outbox flushed after the callbacks already queued in this tick: reads issued together
-        leave together (a stream with nothing unanswered may send at once: no read is waiting to join)."""
+        """Have the outbox flushed after the callbacks already queued in this tick: reads issued together leave together."""
         raise NotImplementedError
 
     def _take(self) -> store_pb2.ReadBatch | None:
@@ -249,15 +248,9 @@ class _FrameStream(_ReadStream, asyncio.Protocol):
         self._flush()
 
     def _wake(self) -> None:
-        if self._flush_due:
-            return
-        if not self._unanswered and self._transport is not None and not self.broken:
-            # An idle stream has nothing to batch this read with: it leaves now rather than one
-            # loop iteration later. Under load the stream is rarely idle and reads still batch.
-            self._flush()
-            return
-        self._flush_due = True
-        asyncio.get_running_loop().call_soon(self._flush)
+        if not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_due = False

@@ -161,24 +161,6 @@ async def test_reads_issued_together_travel_in_one_batch_and_match_by_id(transpo
         await node.stop()
 
 
-async def test_on_an_idle_read_port_stream_a_read_leaves_at_once_and_the_next_ones_batch():
-    store = DictStore(ROWS)
-    client = StoreNodeClient()
-    node = Started("read_port")
-    try:
-        addr = await node.start(client, store)
-        assert (await client.read(addr, "t", 0, b"k0", StoreBound())).value == ROWS[b"k0"]
-        # Nothing unanswered: the first read is written inside read(), before the loop runs
-        # again; the four issued with it wait for the loop's next iteration and leave as one.
-        keys = [f"k{i}".encode() for i in range(1, 6)]
-        results = await asyncio.gather(*(client.read(addr, "t", 0, k, StoreBound()) for k in keys))
-        assert [r.value for r in results] == [ROWS[k] for k in keys]
-        assert store.batches == [1, 1, 4]
-    finally:
-        await client.close()
-        await node.stop()
-
-
 async def wait_for_batches(store, n):
     for _ in range(200):
         if len(store.batches) >= n:
