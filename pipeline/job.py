@@ -105,6 +105,16 @@ def build_session(settings: PipelineSettings) -> "SparkSession":
         # Aggregations without watermarks gain nothing from empty batches; each costs ~1 s.
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
         .config("spark.python.worker.reuse", "true")
+        # Without Hadoop's native library, the default checkpoint file manager (FileContext) runs
+        # `readlink` for every rename, and the checksummed local file system runs `chmod` for every
+        # file (and its .crc) it creates: 270 processes forked per second by the JVM at rest.
+        # FileSystem renames and the plain local file system need none (41 a second left, mostly
+        # threads): the demo tables' micro-batches went from 565 to 317 ms (p50) and from 377 to
+        # 287 ms of CPU each (pipeline.measure). A local rename is atomic either way; what goes is
+        # the .crc file written beside every checkpoint file.
+        .config("spark.sql.streaming.checkpointFileManagerClass",
+                "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager")
+        .config("spark.hadoop.fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem")
         # Streaming disables adaptive execution anyway; saying so up front saves a warning per query.
         .config("spark.sql.adaptive.enabled", "false")
     )
