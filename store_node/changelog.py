@@ -65,6 +65,11 @@ _SHRUNK_CONFIRM_S = 1.0
 _ASSIGNMENT_FRESH_S = 5.0
 
 
+def _from_checkpoint(rep: Replica) -> TopicPartition:
+    """Where ``rep``'s changelog is fetched from: the offset after what its store holds."""
+    return TopicPartition(rep.topic, rep.partition, rep.lag.applied or OFFSET_BEGINNING)
+
+
 def _is_utf8(raw: bytes) -> bool:
     try:
         raw.decode("utf-8")
@@ -284,7 +289,7 @@ class ChangelogTailer:
         self._failed.clear()
         for key in [k for k in self._replicas if k not in wanted]:
             self._remove(key)
-        opened: list[tuple[Replica, int]] = []
+        opened: list[Replica] = []
         for key, (spec, role) in wanted.items():
             rep = self._replicas.get(key)
             if rep is not None and rep.topic != spec.topic:
@@ -306,8 +311,8 @@ class ChangelogTailer:
     def _publish(self) -> None:
         self.serving = MappingProxyType(dict(self._replicas))
 
-    def _open(self, spec: TableSpec, partition: int, role: Role) -> tuple[Replica, int]:
-        """A replica over its opened store, and the offset to fetch its changelog from."""
+    def _open(self, spec: TableSpec, partition: int, role: Role) -> Replica:
+        """A replica over its opened store (its changelog not fetched yet)."""
         store, wiped = ReplicaStore.open_or_wipe(replica_path(self._root, spec.name, partition))
         if wiped is not None:
             log.warning("replica %s/%d: local store was unreadable (%s); wiped it, it restores from the changelog",
@@ -323,9 +328,9 @@ class ChangelogTailer:
         except BaseException:
             rep.close()  # an open store left behind would make the retry find it locked
             raise
-        return rep, rep.lag.applied
+        return rep
 
-    def _assign(self, opened: list[tuple[Replica, int]]) -> None:
+    def _assign(self, opened: list[Replica]) -> None:
         """Fetch the changelogs of newly opened replicas, all in one assignment.
 
         Every store is opened first (each open costs milliseconds of file syncs, tens on a busy
@@ -333,15 +338,15 @@ class ChangelogTailer:
         queue for the later opens, counted in their restore time.
         """
         try:
-            self._consumer.incremental_assign([TopicPartition(rep.topic, rep.partition, applied or OFFSET_BEGINNING)
-                                               for rep, applied in opened])
+            self._consumer.incremental_assign([_from_checkpoint(rep) for rep in opened])
         except Exception as e:
-            for rep, _ in opened:
+            for rep in opened:
                 rep.close()
                 self._open_failed(rep.key, e)
             return
         started = time.monotonic()
-        for rep, applied in opened:
+        for rep in opened:
+            applied = rep.lag.applied
             rep.restore_started = started  # reading starts now, for every one of them
             self._replicas[rep.key] = rep
             self._by_tp[(rep.topic, rep.partition)] = rep
@@ -362,10 +367,7 @@ class ChangelogTailer:
         rep = self._replicas.pop(key)
         self._by_tp.pop((rep.topic, rep.partition), None)
         self._publish()  # stop serving it before its store closes
-        try:
-            self._consumer.incremental_unassign([TopicPartition(rep.topic, rep.partition)])
-        except KafkaException as e:
-            log.warning("unassigning %s/%d failed: %s", rep.topic, rep.partition, e)
+        self._unassign(rep)
         rep.close()
         grace_ms = self._settings.removed_replica_grace_ms
         self._retired[key] = time.monotonic() + grace_ms / 1000
@@ -378,11 +380,7 @@ class ChangelogTailer:
             return
         log.warning("replica %s/%d: %s; wiping it and restoring from the start of the changelog (applied was %d)",
                     rep.table, rep.partition, reason, rep.lag.applied)
-        tp = TopicPartition(rep.topic, rep.partition)
-        try:
-            self._consumer.incremental_unassign([tp])
-        except KafkaException as e:
-            log.warning("unassigning %s/%d failed: %s", rep.topic, rep.partition, e)
+        self._unassign(rep)
         try:
             rep.wipe(self._root)
         except StoreCorrupt as e:
@@ -394,19 +392,22 @@ class ChangelogTailer:
             self._failed.add(rep.key)
             self._retry_at = time.monotonic() + _RETRY_S
             return
-        self._consumer.incremental_assign([TopicPartition(rep.topic, rep.partition, OFFSET_BEGINNING)])
+        self._consumer.incremental_assign([_from_checkpoint(rep)])  # the start: the store is empty
 
     def _reread(self, rep: Replica) -> None:
         """Fetch again, from the checkpoint, the staged window ``rep`` dropped for holding poison."""
         log.debug("replica %s/%d: its staged changes up to offset %d hold poison; reading them again from %d",
                   rep.table, rep.partition, rep.check_until, rep.lag.applied)
+        self._unassign(rep)
+        self._consumer.incremental_assign([_from_checkpoint(rep)])
+        rep.reread = False  # only once assigned: a failed assignment is retried after the next poll
+
+    def _unassign(self, rep: Replica) -> None:
+        """Stop fetching ``rep``'s changelog; a failure is logged (the partition may not be assigned)."""
         try:
             self._consumer.incremental_unassign([TopicPartition(rep.topic, rep.partition)])
         except KafkaException as e:
             log.warning("unassigning %s/%d failed: %s", rep.topic, rep.partition, e)
-        self._consumer.incremental_assign([TopicPartition(rep.topic, rep.partition,
-                                                          rep.lag.applied or OFFSET_BEGINNING)])
-        rep.reread = False  # only once assigned: a failed assignment is retried after the next poll
 
     # --- records ----------------------------------------------------------------------------------
 
