@@ -8,7 +8,7 @@ import orjson
 import pytest
 import uvicorn
 
-from router.http import KeyLookupProtocol
+from router.http import AnswerWriter, KeyLookupProtocol, answer_writer
 from router.rest import create_app
 
 from .test_router_rest import TABLE, Cluster, part
@@ -80,6 +80,44 @@ async def test_lookup_answered_in_one_response_with_the_app_body(served):
     assert status == 400 and orjson.loads(body)["error"]["field"] == "max_lag"
     [(status, _, body)] = await exchange(port, get(f"/v1/tables/{TABLE}/keys/sensor-3/metadata"), 1)
     assert status == 200 and orjson.loads(body)["partition"] == part("sensor-3")
+
+
+class _Transport:
+    def __init__(self, log: list, closing: bool = False) -> None:
+        self.log, self.closing = log, closing
+
+    def write(self, data: bytes) -> None:
+        self.log.append((self, data))
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+
+async def test_answer_writer_writes_the_answers_of_a_turn_together_after_it():
+    loop = asyncio.get_running_loop()
+    writer = AnswerWriter(loop)
+    log: list = []
+    a, b, gone = _Transport(log), _Transport(log), _Transport(log, closing=True)
+    writer.write(a, b"1")
+    writer.write(gone, b"x")
+    writer.write(b, b"2")
+    writer.write(a, b"3")
+    assert log == []  # nothing leaves during the turn that worked the answers out
+    await asyncio.sleep(0)
+    assert log == [(a, b"1"), (b, b"2"), (a, b"3")]  # in order; a closed connection's answer is dropped
+    writer.write(b, b"4")
+    writer.flush()  # a close or hand-over flushes first: nothing is left for the next turn
+    await asyncio.sleep(0)
+    assert log[3:] == [(b, b"4")]
+    assert answer_writer(loop) is answer_writer(loop)
+
+
+async def test_concurrent_lookups_on_many_connections_each_get_their_own_answer(served):
+    _, port = served
+    keys = [f"sensor-{i % 6}" if i % 5 else "nope" for i in range(40)]
+    answers = await asyncio.gather(*(exchange(port, get(f"/v1/tables/{TABLE}/keys/{k}"), 1) for k in keys))
+    assert [a[0][0] for a in answers] == [404 if k == "nope" else 200 for k in keys]
+    assert [orjson.loads(a[0][2]).get("key") or orjson.loads(a[0][2])["error"]["key"] for a in answers] == keys
 
 
 async def test_keep_alive_and_pipelined_requests_answered_in_order(served):
