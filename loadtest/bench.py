@@ -12,8 +12,8 @@ Latency at a fixed moderate rate (not saturation), from h2load's per-request log
 ``router_grpc_p50/p99_ms``, ``router_rest_p50/p99_ms`` (h2load --h1, keys rotating) and
 ``direct_store_p50_ms``. Freshness (event → visible in a lookup): ``loadtest.freshness``.
 Restore: on the stack's broker, a changelog topic of the bench's own (``--restore-records``,
-300,000 by default) with its table spec in a Redis namespace of its own; a store node process
-the bench starts in that namespace restores it into an empty directory (``restore_rps``,
+1,000,000 by default, so that a restore takes seconds) with its table spec in a Redis
+namespace of its own; a store node process the bench starts in that namespace restores it into an empty directory (``restore_rps``,
 changelog → RocksDB, read from the node's log), against a plain confluent-kafka consumer
 reading the same changelog (``raw_consume_rps``). All of it is removed afterwards
 (``loadtest/restore.py``).
@@ -528,7 +528,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--redis-requests", type=int, default=200_000)
     # 60: the p99 of 60 samples is the second highest, not just the maximum of one unlucky batch
     p.add_argument("--freshness-probes", type=int, default=60)
-    p.add_argument("--restore-records", type=int, default=300_000,
+    # A million: a restore of 300,000 records took 0.76–1.08 s, so a scheduling hiccup or the
+    # replicas' start moved a round's ratio between 0.40 and 0.59 in one run; a million take
+    # 2.6–3.1 s (rounds 0.68–0.90 in the run after).
+    p.add_argument("--restore-records", type=int, default=1_000_000,
                    help="records of the changelog the restore and raw consume read (a topic of the bench's own)")
     p.add_argument("--restore-keys", type=int, default=100_000, help="distinct keys among those records")
     p.add_argument("--restore-timeout", type=float, default=180.0, help="seconds one restore may take")
