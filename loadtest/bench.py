@@ -13,10 +13,10 @@ Latency at a fixed moderate rate (not saturation), from h2load's per-request log
 ``direct_store_p50_ms``. Freshness (event → visible in a lookup): ``loadtest.freshness``.
 Restore: on the stack's broker, a changelog topic of the bench's own (``--restore-records``,
 1,000,000 by default, so that a restore takes seconds) with its table spec in a Redis
-namespace of its own; a store node process the bench starts in that namespace restores it into an empty directory (``restore_rps``,
-changelog → RocksDB, read from the node's log), against a plain confluent-kafka consumer
-reading the same changelog (``raw_consume_rps``). All of it is removed afterwards
-(``loadtest/restore.py``).
+namespace of its own; a store node process the bench starts in that namespace restores it
+into an empty directory (``restore_rps``, changelog → RocksDB, read from the node's log),
+against a plain confluent-kafka consumer reading the same changelog (``raw_consume_rps``).
+All of it is removed afterwards (``loadtest/restore.py``).
 
     .venv/bin/freshroute bench            (or: .venv/bin/python -m loadtest.bench)
 
