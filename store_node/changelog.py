@@ -359,9 +359,13 @@ class ChangelogTailer:
                          rep.table, rep.partition, rep.role.value, rep.topic)
 
     def _open_failed(self, key: ReplicaKey, e: BaseException) -> None:
+        log.error("cannot open replica %s/%d: %s; retrying", key[0], key[1], e)
+        self._retry_later(key)
+
+    def _retry_later(self, key: ReplicaKey) -> None:
+        """Open the replica again at a later reconcile, after the retry delay."""
         self._failed.add(key)
         self._retry_at = time.monotonic() + _RETRY_S
-        log.error("cannot open replica %s/%d: %s; retrying", key[0], key[1], e)
 
     def _remove(self, key: ReplicaKey) -> None:
         rep = self._replicas.pop(key)
@@ -389,8 +393,7 @@ class ChangelogTailer:
             self._replicas.pop(rep.key, None)
             self._by_tp.pop((rep.topic, rep.partition), None)
             self._publish()
-            self._failed.add(rep.key)
-            self._retry_at = time.monotonic() + _RETRY_S
+            self._retry_later(rep.key)
             return
         self._consumer.incremental_assign([_from_checkpoint(rep)])  # the start: the store is empty
 
