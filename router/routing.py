@@ -93,6 +93,23 @@ async def _first_done(loop: asyncio.AbstractEventLoop, futs: dict[asyncio.Future
     return [f for f in futs if f.done()]
 
 
+async def _settled_within(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[ReadResult], timeout_s: float) -> None:
+    """Returns when ``fut`` is done or after ``timeout_s``, whichever comes first; ``fut`` keeps running."""
+    waiter = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    timer = loop.call_later(timeout_s, wake)
+    fut.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        fut.remove_done_callback(wake)
+
+
 @lru_cache(maxsize=65536)
 def _locate(key: str, partitions: int) -> tuple[bytes, int]:
     # murmur2 in Python costs more than the rest of the key handling: hot keys are hashed once.
@@ -146,6 +163,8 @@ class Router:
         self._clock_ms = clock_ms
         self._timeout_s = settings.request_timeout_ms / 1000
         self._attempt_s = settings.attempt_timeout_ms / 1000
+        self._hedge = settings.hedge
+        self._hedge_budget = settings.hedge_budget
         self._latency = LatencyWindow(settings.hedge_quantile)
         self._hedge_tokens = 0.0
         self._ready_listeners: list[Callable[[bool], None]] = []
@@ -232,75 +251,107 @@ class Router:
             raise self._no_replica(table, partition, bound, selection, [])
         store_bound = _store_bound(bound, min_offset)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._timeout_s
-        hedge_after = self._hedge_delay_s()
-        self._hedge_tokens = min(10.0, self._hedge_tokens + self.settings.hedge_budget)
-        inflight: dict[asyncio.Future[ReadResult], tuple[Candidate, float]] = {}
+        started = loop.time()
+        self._hedge_tokens = min(10.0, self._hedge_tokens + self._hedge_budget)
+        first = cands[0]
+        self.load.started(first.replica.node)
+        fut = self.store.read(first.replica.address, table, partition, raw_key, store_bound)
+        if not isinstance(fut, asyncio.Future):
+            fut = asyncio.ensure_future(fut)
+        inflight: dict[asyncio.Future[ReadResult], tuple[Candidate, float]] = {fut: (first, started)}
         tried = _Attempts()
-        launched = 0
-        last_launch = 0.0
+        try:
+            # The usual case, kept lean because it is most of the router's work per lookup: the
+            # first replica answers before a retry or a hedge is due.
+            if not fut.done():
+                wait = self._timeout_s
+                if len(cands) > 1:
+                    wait = self._attempt_s
+                    if self._hedge and self._hedge_tokens >= 1.0:
+                        wait = min(wait, self._hedge_delay_s())
+                await _settled_within(loop, fut, wait)
+            if fut.done():
+                del inflight[fut]
+                result = self._settle(fut, first, (loop.time() - started) * 1000, tried)
+                if result is not None:
+                    return self._lookup_result(spec, key, partition, first, result)
+            return await self._keep_trying(spec, key, raw_key, partition, bound, selection, store_bound, started,
+                                           inflight, tried)
+        finally:
+            for pending, (cand, _) in inflight.items():
+                if not pending.done():
+                    pending.cancel()
+                elif not pending.cancelled():
+                    pending.exception()  # a loser's failure is expected; retrieving it keeps asyncio quiet
+                self.load.finished(cand.replica.node, None)
+
+    async def _keep_trying(self, spec: TableSpec, key: str, raw_key: bytes, partition: int, bound: Bound,
+                           selection: Selection, store_bound: StoreBound, started: float,
+                           inflight: dict[asyncio.Future[ReadResult], tuple[Candidate, float]],
+                           tried: _Attempts) -> LookupResult:
+        """After the first attempt: retries, hedges and the fallback, until an answer or the deadline.
+
+        ``inflight`` holds the first attempt if it is still running; attempts left in it when
+        this returns or raises are the caller's to cancel.
+        """
+        table = spec.name
+        cands = selection.candidates
+        loop = asyncio.get_running_loop()
+        deadline = started + self._timeout_s
+        hedge_after = self._hedge_delay_s()
+        launched = 1
+        last_launch = started
         hedged = False
 
-        def launch(reason: str | None) -> None:
+        def launch(reason: str) -> None:
             nonlocal launched, last_launch
             cand = cands[launched]
             launched += 1
             last_launch = loop.time()
-            if reason is not None:
-                self.metrics.retry(reason)
+            self.metrics.retry(reason)
             self.load.started(cand.replica.node)
             fut = asyncio.ensure_future(self.store.read(cand.replica.address, table, partition, raw_key, store_bound))
             inflight[fut] = (cand, last_launch)
 
-        try:
-            launch(None)
-            # Bounded: each pass launches an attempt, settles one, or ends at the deadline.
-            for _ in range(4 * (len(cands) + len(selection.fallback)) + 8):
-                now = loop.time()
-                if now >= deadline:
-                    break
-                if not inflight:
-                    if launched == len(cands):
-                        if tried.stale or len(cands) > len(selection.candidates) or not selection.fallback:
-                            raise self._exhausted(table, partition, bound, selection, tried)
-                        cands = [*cands, *selection.fallback]
-                    launch(tried.last_reason)
-                    continue
-                wake = deadline
-                can_hedge = False
-                if launched < len(cands):
-                    wake = min(wake, last_launch + self._attempt_s)
-                    can_hedge = (self.settings.hedge and not hedged and len(inflight) == 1
-                                 and self._hedge_tokens >= 1.0)
-                    if can_hedge:
-                        wake = min(wake, last_launch + hedge_after)
-                done = await _first_done(loop, inflight, wake - now)
-                if not done:
-                    now = loop.time() + _TIMER_SLACK_S
-                    if launched < len(cands) and now < deadline:
-                        # A slow attempt keeps running: whichever replica answers first wins.
-                        if now >= last_launch + self._attempt_s:
-                            launch("slow")
-                        elif can_hedge and now >= last_launch + hedge_after:
-                            hedged = True
-                            self._hedge_tokens -= 1.0
-                            launch("hedge")
-                    continue
-                for fut in done:
-                    cand, t0 = inflight.pop(fut)
-                    result = self._settle(fut, cand, (loop.time() - t0) * 1000, tried)
-                    if result is not None:
-                        return self._lookup_result(spec, key, partition, cand, result)
-            raise LookupTimeout(f"no replica of {table}/{partition} answered within {self.settings.request_timeout_ms} ms",
-                                table=table, partition=partition,
-                                attempts=[c.replica.node for c, _ in inflight.values()] + [f["node"] for f in tried.failures])
-        finally:
-            for fut, (cand, _) in inflight.items():
-                if not fut.done():
-                    fut.cancel()
-                elif not fut.cancelled():
-                    fut.exception()  # a loser's failure is expected; retrieving it keeps asyncio quiet
-                self.load.finished(cand.replica.node, None)
+        # Bounded: each pass launches an attempt, settles one, or ends at the deadline.
+        for _ in range(4 * (len(cands) + len(selection.fallback)) + 8):
+            now = loop.time()
+            if now >= deadline:
+                break
+            if not inflight:
+                if launched == len(cands):
+                    if tried.stale or len(cands) > len(selection.candidates) or not selection.fallback:
+                        raise self._exhausted(table, partition, bound, selection, tried)
+                    cands = [*cands, *selection.fallback]
+                launch(tried.last_reason)
+                continue
+            wake = deadline
+            can_hedge = False
+            if launched < len(cands):
+                wake = min(wake, last_launch + self._attempt_s)
+                can_hedge = self._hedge and not hedged and len(inflight) == 1 and self._hedge_tokens >= 1.0
+                if can_hedge:
+                    wake = min(wake, last_launch + hedge_after)
+            done = await _first_done(loop, inflight, wake - now)
+            if not done:
+                now = loop.time() + _TIMER_SLACK_S
+                if launched < len(cands) and now < deadline:
+                    # A slow attempt keeps running: whichever replica answers first wins.
+                    if now >= last_launch + self._attempt_s:
+                        launch("slow")
+                    elif can_hedge and now >= last_launch + hedge_after:
+                        hedged = True
+                        self._hedge_tokens -= 1.0
+                        launch("hedge")
+                continue
+            for fut in done:
+                cand, t0 = inflight.pop(fut)
+                result = self._settle(fut, cand, (loop.time() - t0) * 1000, tried)
+                if result is not None:
+                    return self._lookup_result(spec, key, partition, cand, result)
+        raise LookupTimeout(f"no replica of {table}/{partition} answered within {self.settings.request_timeout_ms} ms",
+                            table=table, partition=partition,
+                            attempts=[c.replica.node for c, _ in inflight.values()] + [f["node"] for f in tried.failures])
 
     def _settle(self, fut: asyncio.Future[ReadResult], cand: Candidate, latency_ms: float,
                 tried: _Attempts) -> ReadResult | None:

@@ -28,16 +28,18 @@ class Candidate(NamedTuple):
     applied: int
 
 
-@dataclass(frozen=True, slots=True)
-class Selection:
-    """Replicas to try in order, and the freshest live replica seen (for error details)."""
+class Selection(NamedTuple):
+    """Replicas to try in order, and the freshest live replica seen (for error details).
+
+    A tuple, like :class:`Candidate`: one is built per lookup.
+    """
 
     candidates: list[Candidate]
     freshest: Candidate | None
     live: int
     # Live replicas the view puts outside the bound: worth asking once every candidate has
     # failed, since the view may be behind the replica and the store checks the bound itself.
-    fallback: list[Candidate] = field(default_factory=list)
+    fallback: list[Candidate]
 
 
 class ReplicaSelector(Protocol):
@@ -171,15 +173,22 @@ class FreshestFirst:
         n = len(cands)
         if n < 2:
             return cands
-        if n == 2:  # the usual case (one standby), without the general machinery
+        if n == 2:  # the usual case (one standby): what _rank does, with each node's load looked up once
             a, b = cands
+            ra, rb = a.replica, b.replica
+            la, lb = self.load.of(ra.node), self.load.of(rb.node)
             lag_cut = min(a.lag_offsets, b.lag_offsets) + self.tolerance_offsets
             ms_cut = min(a.staleness_ms, b.staleness_ms) + self.tolerance_ms
-            ka, kb = self._rank(a, lag_cut, ms_cut, now), self._rank(b, lag_cut, ms_cut, now)
+            ba = ra.draining or la.failing_until_ms > now
+            bb = rb.draining or lb.failing_until_ms > now
+            ka = ((ba, 0, 0, 0, la.in_flight) if a.lag_offsets <= lag_cut and a.staleness_ms <= ms_cut
+                  else (ba, 1, a.lag_offsets, a.staleness_ms, la.in_flight))
+            kb = ((bb, 0, 0, 0, lb.in_flight) if b.lag_offsets <= lag_cut and b.staleness_ms <= ms_cut
+                  else (bb, 1, b.lag_offsets, b.staleness_ms, lb.in_flight))
             if ka != kb:
                 return [a, b] if ka < kb else [b, a]
-            wa = 1.0 / max(self.load.of(a.replica.node).ewma_ms, 0.01)
-            wb = 1.0 / max(self.load.of(b.replica.node).ewma_ms, 0.01)
+            wa = 1.0 / max(la.ewma_ms, 0.01)
+            wb = 1.0 / max(lb.ewma_ms, 0.01)
             return [a, b] if self.rng.random() * (wa + wb) < wa else [b, a]
         lag_cut = min(c.lag_offsets for c in cands) + self.tolerance_offsets
         ms_cut = min(c.staleness_ms for c in cands) + self.tolerance_ms
