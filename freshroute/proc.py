@@ -1,4 +1,4 @@
-"""What Linux's ``/proc`` says about a process: its state, parent and CPU time (for the benchmarks)."""
+"""What Linux's ``/proc`` says about a process (state, parent, CPU time), and its CPU priority."""
 
 from __future__ import annotations
 
@@ -22,3 +22,25 @@ def cpu_seconds(fields: list[str]) -> float:
     """User + system CPU seconds (every thread) of a process, from its :func:`stat_fields`."""
     # utime and stime: fields 14 and 15 of /proc/<pid>/stat, 11 and 12 after the command name.
     return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def lower_priority(pid: int, nice: int) -> str | None:
+    """Run a process, and every process it starts later, at CPU priority ``nice``; None, or why not.
+
+    With autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``) the scheduler
+    shares CPU time between sessions first, and a process's own nice value only ranks it
+    within its session; a process that leads a session of its own is lowered through its
+    session's nice. Both are set, so it works either way.
+    """
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+    except OSError as e:
+        return f"setpriority: {e.strerror}"
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(str(nice))
+    except FileNotFoundError:
+        pass  # a kernel without autogroup: the process's own nice is what counts
+    except OSError as e:
+        return f"/proc/{pid}/autogroup: {e.strerror}"
+    return None

@@ -25,6 +25,7 @@ import orjson
 
 from freshroute.errors import ConfigError
 from freshroute.local.services import free_port, wait_for_port
+from freshroute.proc import lower_priority
 
 STATE_FILE = "state.json"
 
@@ -49,6 +50,9 @@ class StackConfig:
     namespace: str = "freshroute"
     topic_prefix: str = ""
     trigger_ms: int = 500
+    # The pipeline is a batch job sharing the machine with the serving processes: it yields
+    # the CPU to lookups (nice), which on a small machine are made of process wake-ups.
+    pipeline_nice: int = 5
     standby_replicas: int = 1
     demo_rate: float = 50.0
     demo_sensors: int = 100
@@ -166,6 +170,10 @@ class Stack:
             # component never reaches the others.
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=self._env(), cwd=os.getcwd(), start_new_session=True)
+        if role == "pipeline" and self.config.pipeline_nice:
+            why_not = lower_priority(proc.pid, self.config.pipeline_nice)
+            if why_not:
+                self._say(f"the pipeline runs at normal priority ({why_not})")
         comp = Component(name, role, proc.pid, command, str(log_path), addresses)
         self.components[name] = comp
         self.save()
@@ -271,7 +279,7 @@ class Stack:
             comp = self.start("demo-producer")
             self._say(f"demo producer → topic {c.topic_prefix}readings at {c.demo_rate:g} readings/s  pid {comp.pid}")
         comp = self.start("pipeline")
-        self._say(f"pipeline (PySpark) starting  pid {comp.pid}")
+        self._say(f"pipeline (PySpark) starting at nice {c.pipeline_nice}  pid {comp.pid}")
         for name in self.store_node_names():
             comp = self.start(name)
         for name in self.store_node_names():
@@ -373,7 +381,8 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
     store_ports = tuple(args.store_port + i if args.store_port else 0 for i in range(args.nodes))
     return StackConfig(home=Path(args.home), rest_port=args.rest_port, grpc_port=args.grpc_port,
                        broker_port=args.broker_port, redis_port=args.redis_port, store_ports=store_ports,
-                       trigger_ms=args.trigger_ms, demo_rate=args.demo_rate, demo=not args.no_demo).resolved()
+                       trigger_ms=args.trigger_ms, pipeline_nice=args.pipeline_nice, demo_rate=args.demo_rate,
+                       demo=not args.no_demo).resolved()
 
 
 def add_arguments(sub: argparse._SubParsersAction) -> None:
@@ -388,6 +397,8 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--trigger-ms", type=int, default=StackConfig.trigger_ms,
                     help="the pipeline's micro-batch interval: lower is fresher and costs more CPU")
+    up.add_argument("--pipeline-nice", type=int, default=StackConfig.pipeline_nice, choices=range(0, 20),
+                    metavar="0-19", help="the pipeline's CPU priority: it yields to lookups (0: the same priority)")
     up.add_argument("--demo-rate", type=float, default=50.0)
     up.add_argument("--no-demo", action="store_true")
     up.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops the stack")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from freshroute.local import stack as stack_mod
@@ -48,3 +50,27 @@ def test_loading_where_no_stack_is_recorded_says_how_to_start_one(tmp_path):
 
     with pytest.raises(NoLocalStack, match="no local stack recorded under .*freshroute local up"):
         Stack.load(tmp_path / "nothing-here")
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass  # reaped already by subprocess's own clean-up of dropped Popen objects
+
+
+def test_the_pipeline_alone_is_started_at_the_configured_nice(tmp_path, monkeypatch):
+    lowered: list[tuple[str, int]] = []
+    stack = Stack(StackConfig(home=tmp_path, pipeline_nice=12), progress=lambda msg: None)
+    monkeypatch.setattr(stack_mod, "lower_priority", lambda pid, nice: lowered.append((pid, nice)))
+    for name in ("pipeline", "store-node-1"):
+        # Stand-ins for the real commands: a process that exits at once.
+        monkeypatch.setattr(stack, "command_for", lambda n: ("pipeline" if n == "pipeline" else "store-node",
+                                                            ["true"], {}))
+        comp = stack.start(name)
+        _reap(comp.pid)
+        assert (lowered[-1][0] == comp.pid) == (name == "pipeline")
+    assert [nice for _, nice in lowered] == [12]
+    stack.config = StackConfig(home=tmp_path, pipeline_nice=0)
+    _reap(stack.start("pipeline").pid)
+    assert len(lowered) == 1  # 0: the same priority as everything else

@@ -1,10 +1,10 @@
-"""/proc readings of a process: state, parent, CPU time."""
+"""/proc readings of a process (state, parent, CPU time), and lowering its CPU priority."""
 
 import os
 import subprocess
 import sys
 
-from freshroute.proc import cpu_seconds, stat_fields
+from freshroute.proc import cpu_seconds, lower_priority, stat_fields
 
 
 def test_fields_of_a_live_process_and_none_once_it_exited():
@@ -20,3 +20,34 @@ def test_cpu_seconds_grow_with_work():
     sum(i * i for i in range(2_000_000))
     after = cpu_seconds(stat_fields(os.getpid()))
     assert after > before >= 0
+
+
+def _nice_of(pid: int) -> int:
+    return int(stat_fields(pid)[16])  # field 19 of /proc/<pid>/stat
+
+
+def test_a_lowered_process_and_what_it_starts_later_run_at_that_nice():
+    # A session of its own, as the local stack starts its components.
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import subprocess, sys, time; time.sleep(0.3); "
+                              "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(5)']); "
+                              "print(g.pid, flush=True); time.sleep(5)"],
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert lower_priority(child.pid, 7) is None
+        grandchild = int(child.stdout.readline())
+        assert _nice_of(child.pid) == 7 and _nice_of(grandchild) == 7
+        if os.path.exists(f"/proc/{child.pid}/autogroup"):
+            # The session's group, which is what ranks it against the other sessions.
+            with open(f"/proc/{grandchild}/autogroup") as f:
+                assert f.read().split()[-1] == "7"
+        assert _nice_of(os.getpid()) != 7  # not the caller
+    finally:
+        os.killpg(child.pid, 9)
+        child.wait()
+
+
+def test_lowering_a_process_that_is_gone_says_why():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert "setpriority" in lower_priority(child.pid, 5)
