@@ -96,7 +96,9 @@ class KeyLookupProtocol(asyncio.Protocol):
         self.url = b""
         self.plain = True
         self.head_len = 0
-        self.requests: deque[tuple[bytes, bool]] = deque()  # (URL, keep alive) parsed, not answered
+        # (key route match, query, keep alive) of each request parsed and not answered yet
+        self.requests: deque[tuple[tuple[bytes, bytes, bool], bytes, bool]] = deque()
+        self.match: tuple[bytes, bytes, bool] | None = None
         self.busy = False  # an answer of this connection is being worked out
         self.handing_over = False
         self.closing = False  # close after the answers owed (server shutdown)
@@ -170,28 +172,25 @@ class KeyLookupProtocol(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         head_end = self.buffer.find(b"\r\n\r\n")
-        if not (self.plain and head_end >= 0 and self.parser.get_method() == b"GET"
-                and not self.parser.should_upgrade() and match_key_path(self.url.partition(b"?")[0])):
+        self.match = match_key_path(self.url.partition(b"?")[0]) if self.plain and head_end >= 0 else None
+        if self.match is None or self.parser.get_method() != b"GET" or self.parser.should_upgrade():
             raise _HandOver
         self.head_len = head_end + 4
 
     def on_message_complete(self) -> None:
         self.buffer = self.buffer[self.head_len:]
-        self.requests.append((self.url, self.parser.should_keep_alive()))
+        self.requests.append((self.match, self.url.partition(b"?")[2], self.parser.should_keep_alive()))
         if not self.busy:
             self._answer_next()
 
     # ---- answers ----------------------------------------------------------------------
 
     def _answer_next(self) -> None:
-        url, keep_alive = self.requests.popleft()
+        match, query, keep_alive = self.requests.popleft()
         self.busy = True
-        self.loop.create_task(self._answer(url, keep_alive))
+        self.loop.create_task(self._answer(match, query, keep_alive))
 
-    async def _answer(self, url: bytes, keep_alive: bool) -> None:
-        path, _, query = url.partition(b"?")
-        match = match_key_path(path)
-        assert match is not None  # checked when the request was parsed
+    async def _answer(self, match: tuple[bytes, bytes, bool], query: bytes, keep_alive: bool) -> None:
         try:
             status, body = await answer_key_route(self.handlers, match, query)
         finally:

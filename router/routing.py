@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import heapq
 import time
-from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import islice
 from typing import Any, Callable, Iterator
@@ -93,23 +92,6 @@ async def _first_done(loop: asyncio.AbstractEventLoop, futs: dict[asyncio.Future
     return [f for f in futs if f.done()]
 
 
-async def _settled_within(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[ReadResult], timeout_s: float) -> None:
-    """Returns when ``fut`` is done or after ``timeout_s``, whichever comes first; ``fut`` keeps running."""
-    waiter = loop.create_future()
-
-    def wake(_: object = None) -> None:
-        if not waiter.done():
-            waiter.set_result(None)
-
-    timer = loop.call_later(timeout_s, wake)
-    fut.add_done_callback(wake)
-    try:
-        await waiter
-    finally:
-        timer.cancel()
-        fut.remove_done_callback(wake)
-
-
 @lru_cache(maxsize=65536)
 def _locate(key: str, partitions: int) -> tuple[bytes, int]:
     # murmur2 in Python costs more than the rest of the key handling: hot keys are hashed once.
@@ -136,13 +118,15 @@ def _attempt_order(selection: Selection, tried: "_Attempts") -> Iterator[Candida
         yield from selection.fallback
 
 
-@dataclass
 class _Attempts:
     """What went wrong with one read so far, for the error the caller gets if nothing succeeds."""
 
-    stale: list[ReplicaStatus] = field(default_factory=list)
-    failures: list[dict[str, str]] = field(default_factory=list)
-    last_reason: str = "unavailable"
+    __slots__ = ("stale", "failures", "last_reason")
+
+    def __init__(self) -> None:
+        self.stale: list[ReplicaStatus] = []
+        self.failures: list[dict[str, str]] = []
+        self.last_reason = "unavailable"
 
 
 class Router:
@@ -269,7 +253,20 @@ class Router:
                     wait = self._attempt_s
                     if self._hedge and self._hedge_tokens >= 1.0:
                         wait = min(wait, self._hedge_delay_s())
-                await _settled_within(loop, fut, wait)
+                # Until the answer or the wait is over (inline: this runs for every lookup).
+                waiter = loop.create_future()
+
+                def wake(_: object = None) -> None:
+                    if not waiter.done():
+                        waiter.set_result(None)
+
+                timer = loop.call_later(wait, wake)
+                fut.add_done_callback(wake)
+                try:
+                    await waiter
+                finally:
+                    timer.cancel()
+                    fut.remove_done_callback(wake)
             if fut.done():
                 del inflight[fut]
                 result = self._settle(fut, first, (loop.time() - started) * 1000, tried)
