@@ -178,7 +178,9 @@ def create_grpc_server(settings: RouterSettings, router: Router) -> tuple[grpc.a
     Call from a running event loop. Returns the bound port, so ``grpc_port=0`` lets the OS pick.
     """
     loop = asyncio.get_running_loop()
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    # Without reuse_port, a second router on the same port fails to start rather than
+    # silently sharing it.
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 1 if settings.reuse_port else 0)])
     router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(router), server)
 
     health = health_aio.HealthServicer()

@@ -74,9 +74,11 @@ class _RestServer(uvicorn.Server):
         yield
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.listen(2048)
     sock.setblocking(False)
@@ -88,7 +90,7 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
     stop = stop if stop is not None else asyncio.Event()
     loop = asyncio.get_running_loop()
     runtime = RouterRuntime(settings)
-    rest_sock = _listen(settings.host, settings.rest_port)
+    rest_sock = _listen(settings.host, settings.rest_port, settings.reuse_port)
     grpc_server = None
     rest_task: asyncio.Task[None] | None = None
     handled: list[int] = []

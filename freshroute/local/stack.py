@@ -53,6 +53,10 @@ class StackConfig:
     # The pipeline is a batch job sharing the machine with the serving processes: it yields
     # the CPU to lookups (nice), which on a small machine are made of process wake-ups.
     pipeline_nice: int = 5
+    # Router processes sharing the REST and gRPC ports (SO_REUSEPORT): one event loop and
+    # its grpc threads use about one core at saturation, so on a 2-core machine two serve
+    # more than one.
+    routers: int = 2
     standby_replicas: int = 1
     demo_rate: float = 50.0
     demo_sensors: int = 100
@@ -206,10 +210,11 @@ class Stack:
             return "store-node", self._freshroute(
                 "store-node", "--node-id", node_id, "--host", c.host, "--port", str(port),
                 "--data-dir", str(c.home / "data" / node_id)), {"node_id": node_id, "address": f"{c.host}:{port}"}
-        if name == "router":
+        if name in self.router_names():
+            shared = ["--reuse-port", "true"] if c.routers > 1 else []
             return "router", self._freshroute(
-                "router", "--host", c.host, "--rest-port", str(c.rest_port), "--grpc-port", str(c.grpc_port)), \
-                {"rest": c.rest_url, "grpc": c.grpc_address}
+                "router", "--host", c.host, "--rest-port", str(c.rest_port), "--grpc-port", str(c.grpc_port),
+                *shared), {"rest": c.rest_url, "grpc": c.grpc_address}
         if name == "demo-producer":
             return "demo-producer", [sys.executable, "-m", "freshroute.local.demo", "--bootstrap", c.bootstrap,
                                      "--topic", f"{c.topic_prefix}readings", "--rate", str(c.demo_rate),
@@ -225,6 +230,10 @@ class Stack:
         c = self.config
         return {"broker": c.broker_port, "redis": c.redis_port, "router REST": c.rest_port,
                 "router gRPC": c.grpc_port, **{n: p for n, p in zip(self.store_node_names(), c.store_ports)}}
+
+    def router_names(self) -> list[str]:
+        """``router``, then ``router-2`` … : processes sharing the router's ports."""
+        return ["router", *(f"router-{i}" for i in range(2, self.config.routers + 1))]
 
     def store_node_names(self) -> list[str]:
         return [f"store-node-{i}" for i in range(1, len(self.config.store_ports) + 1)]
@@ -287,9 +296,15 @@ class Stack:
             host, port = comp.addresses["address"].rsplit(":", 1)
             self._wait_alive(comp, lambda: _port_open(host, int(port)), 60)
             self._say(f"{name} ({comp.addresses['node_id']}) on {comp.addresses['address']}  pid {comp.pid}")
-        comp = self.start("router")
-        self._wait_alive(comp, lambda: _http_ok(f"{c.rest_url}/healthz"), 60)
-        self._say(f"router REST {c.rest_url}  gRPC {c.grpc_address}  pid {comp.pid}")
+        for name in self.router_names():
+            log = c.home / "logs" / f"{name}.log"
+            since = log.stat().st_size if log.exists() else 0
+            comp = self.start(name)
+            # The ports answer once any router listens: each one is also waited for by its
+            # own start-up line (logged once both its ports are bound).
+            self._wait_alive(comp, lambda: _http_ok(f"{c.rest_url}/healthz") and _logged(comp, "router serving", since),
+                             60)
+            self._say(f"{name} REST {c.rest_url}  gRPC {c.grpc_address}  pid {comp.pid}")
         if c.demo:
             self._say("waiting for the first micro-batches to reach the store nodes …")
             self._wait_alive(self.components["pipeline"],
@@ -352,6 +367,16 @@ class Stack:
         }
 
 
+def _logged(comp: Component, text: str, since: int) -> bool:
+    """Whether the component's log holds ``text`` past byte ``since`` (logs are appended to across runs)."""
+    try:
+        with open(comp.log, "rb") as f:
+            f.seek(since)
+            return text.encode() in f.read()
+    except OSError:
+        return False
+
+
 def _reap(pid: int) -> None:
     try:
         os.waitpid(pid, os.WNOHANG)
@@ -381,7 +406,8 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
     store_ports = tuple(args.store_port + i if args.store_port else 0 for i in range(args.nodes))
     return StackConfig(home=Path(args.home), rest_port=args.rest_port, grpc_port=args.grpc_port,
                        broker_port=args.broker_port, redis_port=args.redis_port, store_ports=store_ports,
-                       trigger_ms=args.trigger_ms, pipeline_nice=args.pipeline_nice, demo_rate=args.demo_rate,
+                       trigger_ms=args.trigger_ms, pipeline_nice=args.pipeline_nice, routers=args.routers,
+                       demo_rate=args.demo_rate,
                        demo=not args.no_demo).resolved()
 
 
@@ -395,6 +421,8 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--store-port", type=int, default=7101,
                     help="the first store node's gRPC port; the next nodes take the ports after it")
     up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--routers", type=int, default=StackConfig.routers, choices=range(1, 9), metavar="1-8",
+                    help="router processes sharing the REST and gRPC ports")
     up.add_argument("--trigger-ms", type=int, default=StackConfig.trigger_ms,
                     help="the pipeline's micro-batch interval: lower is fresher and costs more CPU")
     up.add_argument("--pipeline-nice", type=int, default=StackConfig.pipeline_nice, choices=range(0, 20),

@@ -185,23 +185,27 @@ class Deployment:
                                        "--standby", ",".join(map(str, standby)), "--heartbeat-s", str(heartbeat_s)])
         wait_for_port("127.0.0.1", port, 20, proc)
 
-    def start_router(self) -> subprocess.Popen:
+    def start_router(self, name: str = "router", reuse_port: bool = False) -> subprocess.Popen:
         env = {"FRESHROUTE_REDIS_URL": self.redis_url, "FRESHROUTE_NAMESPACE": self.namespace,
                "FRESHROUTE_HOST": "127.0.0.1", "FRESHROUTE_REST_PORT": str(self.rest_port),
                "FRESHROUTE_GRPC_PORT": str(self.grpc_port), "FRESHROUTE_REFRESH_MS": "100",
-               "FRESHROUTE_NODE_EXPIRY_MS": "2000", "FRESHROUTE_REDIS_TIMEOUT_MS": "300"}
-        proc = self.procs.start("router", ["-m", "router"], env)
+               "FRESHROUTE_NODE_EXPIRY_MS": "2000", "FRESHROUTE_REDIS_TIMEOUT_MS": "300",
+               "FRESHROUTE_REUSE_PORT": "true" if reuse_port else "false"}
+        proc = self.procs.start(name, ["-m", "router"], env)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            assert proc.poll() is None, self.procs.log("router")
+            assert proc.poll() is None, self.procs.log(name)
             try:
+                # With a shared port, the readiness answer may come from another router:
+                # this one is also waited for by its own start-up line.
                 r = httpx.get(f"{self.rest}/readyz", timeout=1)
-                if r.status_code == 200 and r.json()["nodes"] >= len(self.store_ports):
+                if (r.status_code == 200 and r.json()["nodes"] >= len(self.store_ports)
+                        and "router serving" in self.procs.log(name)):
                     return proc
             except httpx.TransportError:
                 pass
             time.sleep(0.1)
-        raise AssertionError("router never became ready:\n" + self.procs.log("router"))
+        raise AssertionError(f"{name} never became ready:\n" + self.procs.log(name))
 
     def up(self, slow_heartbeats: tuple[str, ...] = ()) -> None:
         self.register()
@@ -298,6 +302,56 @@ def test_router_process_serves_rest_and_grpc(deployment):
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert d.stop_router() == 0  # SIGTERM: graceful, clean exit
     assert "Traceback" not in d.procs.log("router")
+
+
+def _established(pid: int, port: int) -> int:
+    """TCP connections of process ``pid`` whose local port is ``port``."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "01":  # 01: ESTABLISHED
+                    inodes.add(cols[9])
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        count += link.startswith("socket:[") and link[8:-1] in inodes
+    return count
+
+
+def test_routers_sharing_the_ports_both_serve_and_either_can_go(deployment):
+    d = deployment
+    d.register()
+    for node in NODES:
+        d.start_store(node)
+    first = d.start_router("router", reuse_port=True)
+    second = d.start_router("router-2", reuse_port=True)
+    clients = [httpx.Client(base_url=d.rest, timeout=5) for _ in range(24)]
+    try:
+        for n, c in enumerate(clients):  # one connection each, kept open
+            r = c.get(f"/v1/tables/{TABLE}/keys/sensor-{n}")
+            assert r.status_code == 200 and r.json()["value"] == value_of(n)
+        held = [_established(p.pid, d.rest_port) for p in (first, second)]
+        # The kernel spreads new connections over both (24 all on one: a chance of 2 in 10⁷).
+        assert sum(held) == len(clients) and min(held) > 0, held
+    finally:
+        for c in clients:
+            c.close()
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(15) == 0
+    # The one left holds both ports alone.
+    with httpx.Client(base_url=d.rest, timeout=5) as c:
+        for i in range(KEYS):
+            r = c.get(f"/v1/tables/{TABLE}/keys/sensor-{i}", headers={"connection": "close"})
+            assert r.status_code == 200 and r.json()["value"] == value_of(i)
+    with grpc.insecure_channel(f"127.0.0.1:{d.grpc_port}") as channel:
+        resp = router_pb2_grpc.RouterStub(channel).Get(router_pb2.GetRequest(table=TABLE, key="sensor-7"), timeout=5)
+        assert resp.found and json.loads(resp.value_json) == value_of(7)
+    assert second.poll() is None
 
 
 def test_lookups_fail_over_when_a_store_node_is_killed(deployment):

@@ -74,3 +74,17 @@ def test_the_pipeline_alone_is_started_at_the_configured_nice(tmp_path, monkeypa
     stack.config = StackConfig(home=tmp_path, pipeline_nice=0)
     _reap(stack.start("pipeline").pid)
     assert len(lowered) == 1  # 0: the same priority as everything else
+
+
+def test_routers_beyond_the_first_share_its_ports(tmp_path):
+    two = Stack(StackConfig(home=tmp_path, routers=2, rest_port=8080, grpc_port=50051))
+    assert two.router_names() == ["router", "router-2"]
+    for name in two.router_names():
+        role, command, addresses = two.command_for(name)
+        assert role == "router" and addresses == {"rest": "http://127.0.0.1:8080", "grpc": "127.0.0.1:50051"}
+        assert command[-6:] == ["--rest-port", "8080", "--grpc-port", "50051", "--reuse-port", "true"]
+    one = Stack(StackConfig(home=tmp_path, routers=1))
+    assert one.router_names() == ["router"]
+    assert "--reuse-port" not in one.command_for("router")[1]  # alone, a busy port is an error, not shared
+    with pytest.raises(KeyError):
+        one.command_for("router-2")

@@ -28,13 +28,16 @@ def _nice_of(pid: int) -> int:
 
 def test_a_lowered_process_and_what_it_starts_later_run_at_that_nice():
     # A session of its own, as the local stack starts its components.
+    # The child starts its own child only once it has been lowered (a line on stdin).
     child = subprocess.Popen([sys.executable, "-c",
-                              "import subprocess, sys, time; time.sleep(0.3); "
+                              "import subprocess, sys, time; sys.stdin.readline(); "
                               "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(5)']); "
                               "print(g.pid, flush=True); time.sleep(5)"],
-                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert lower_priority(child.pid, 7) is None
+        child.stdin.write("go\n")
+        child.stdin.flush()
         grandchild = int(child.stdout.readline())
         assert _nice_of(child.pid) == 7 and _nice_of(grandchild) == 7
         if os.path.exists(f"/proc/{child.pid}/autogroup"):
