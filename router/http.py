@@ -98,7 +98,8 @@ class KeyLookupProtocol(asyncio.Protocol):
         self.head_len = 0
         # (key route match, query, keep alive) of each request parsed and not answered yet
         self.requests: deque[tuple[tuple[bytes, bytes, bool], bytes, bool]] = deque()
-        self.match: tuple[bytes, bytes, bool] | None = None
+        self.match: tuple[bytes, bytes, bool] | None = None  # of the request being parsed
+        self.query = b""
         self.busy = False  # an answer of this connection is being worked out
         self.handing_over = False
         self.closing = False  # close after the answers owed (server shutdown)
@@ -172,14 +173,15 @@ class KeyLookupProtocol(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         head_end = self.buffer.find(b"\r\n\r\n")
-        self.match = match_key_path(self.url.partition(b"?")[0]) if self.plain and head_end >= 0 else None
+        path, _, self.query = self.url.partition(b"?")
+        self.match = match_key_path(path) if self.plain and head_end >= 0 else None
         if self.match is None or self.parser.get_method() != b"GET" or self.parser.should_upgrade():
             raise _HandOver
         self.head_len = head_end + 4
 
     def on_message_complete(self) -> None:
         self.buffer = self.buffer[self.head_len:]
-        self.requests.append((self.match, self.url.partition(b"?")[2], self.parser.should_keep_alive()))
+        self.requests.append((self.match, self.query, self.parser.should_keep_alive()))
         if not self.busy:
             self._answer_next()
 

@@ -238,10 +238,7 @@ class Router:
         started = loop.time()
         self._hedge_tokens = min(10.0, self._hedge_tokens + self._hedge_budget)
         first = cands[0]
-        self.load.started(first.replica.node)
-        fut = self.store.read(first.replica.address, table, partition, raw_key, store_bound)
-        if not isinstance(fut, asyncio.Future):
-            fut = asyncio.ensure_future(fut)
+        fut = self._start_read(first, table, partition, raw_key, store_bound)
         inflight: dict[asyncio.Future[ReadResult], tuple[Candidate, float]] = {fut: (first, started)}
         tried = _Attempts()
         try:
@@ -306,9 +303,7 @@ class Router:
             launched += 1
             last_launch = loop.time()
             self.metrics.retry(reason)
-            self.load.started(cand.replica.node)
-            fut = asyncio.ensure_future(self.store.read(cand.replica.address, table, partition, raw_key, store_bound))
-            inflight[fut] = (cand, last_launch)
+            inflight[self._start_read(cand, table, partition, raw_key, store_bound)] = (cand, last_launch)
 
         # Bounded: each pass launches an attempt, settles one, or ends at the deadline.
         for _ in range(4 * (len(cands) + len(selection.fallback)) + 8):
@@ -349,6 +344,13 @@ class Router:
         raise LookupTimeout(f"no replica of {table}/{partition} answered within {self.settings.request_timeout_ms} ms",
                             table=table, partition=partition,
                             attempts=[c.replica.node for c, _ in inflight.values()] + [f["node"] for f in tried.failures])
+
+    def _start_read(self, cand: Candidate, table: str, partition: int, raw_key: bytes,
+                    store_bound: StoreBound) -> asyncio.Future[ReadResult]:
+        """Send one attempt to ``cand``'s node, counted in its load until settled."""
+        self.load.started(cand.replica.node)
+        fut = self.store.read(cand.replica.address, table, partition, raw_key, store_bound)
+        return fut if isinstance(fut, asyncio.Future) else asyncio.ensure_future(fut)
 
     def _settle(self, fut: asyncio.Future[ReadResult], cand: Candidate, latency_ms: float,
                 tried: _Attempts) -> ReadResult | None:

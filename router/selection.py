@@ -88,10 +88,6 @@ class LoadTracker:
         """The node could not be reached: move it to the back of the line for a while."""
         self.of(node).failing_until_ms = self._clock_ms() + self._backoff_ms
 
-    def failing(self, node: str, now: int) -> bool:
-        load = self._nodes.get(node)
-        return load is not None and load.failing_until_ms > now
-
     def snapshot(self) -> dict[str, NodeLoad]:
         return dict(self._nodes)
 
@@ -160,31 +156,24 @@ class FreshestFirst:
             return False
         return c.applied >= min_offset
 
-    def _rank(self, c: Candidate, lag_cut: int, ms_cut: int, now: int) -> tuple:
+    @staticmethod
+    def _rank(c: Candidate, load: NodeLoad, lag_cut: int, ms_cut: int, now: int) -> tuple:
         """Sort key: replicas backing off last, then fresher first; equally fresh ones by requests in flight."""
-        r = c.replica
-        backoff = r.draining or self.load.failing(r.node, now)
-        in_flight = self.load.of(r.node).in_flight
+        backoff = c.replica.draining or load.failing_until_ms > now
         if c.lag_offsets <= lag_cut and c.staleness_ms <= ms_cut:
-            return (backoff, 0, 0, 0, in_flight)
-        return (backoff, 1, c.lag_offsets, c.staleness_ms, in_flight)
+            return (backoff, 0, 0, 0, load.in_flight)
+        return (backoff, 1, c.lag_offsets, c.staleness_ms, load.in_flight)
 
     def _order(self, cands: list[Candidate], now: int) -> list[Candidate]:
         n = len(cands)
         if n < 2:
             return cands
-        if n == 2:  # the usual case (one standby): what _rank does, with each node's load looked up once
+        if n == 2:  # the usual case (one standby), with each node's load looked up once
             a, b = cands
-            ra, rb = a.replica, b.replica
-            la, lb = self.load.of(ra.node), self.load.of(rb.node)
+            la, lb = self.load.of(a.replica.node), self.load.of(b.replica.node)
             lag_cut = min(a.lag_offsets, b.lag_offsets) + self.tolerance_offsets
             ms_cut = min(a.staleness_ms, b.staleness_ms) + self.tolerance_ms
-            ba = ra.draining or la.failing_until_ms > now
-            bb = rb.draining or lb.failing_until_ms > now
-            ka = ((ba, 0, 0, 0, la.in_flight) if a.lag_offsets <= lag_cut and a.staleness_ms <= ms_cut
-                  else (ba, 1, a.lag_offsets, a.staleness_ms, la.in_flight))
-            kb = ((bb, 0, 0, 0, lb.in_flight) if b.lag_offsets <= lag_cut and b.staleness_ms <= ms_cut
-                  else (bb, 1, b.lag_offsets, b.staleness_ms, lb.in_flight))
+            ka, kb = self._rank(a, la, lag_cut, ms_cut, now), self._rank(b, lb, lag_cut, ms_cut, now)
             if ka != kb:
                 return [a, b] if ka < kb else [b, a]
             wa = 1.0 / max(la.ewma_ms, 0.01)
@@ -192,7 +181,8 @@ class FreshestFirst:
             return [a, b] if self.rng.random() * (wa + wb) < wa else [b, a]
         lag_cut = min(c.lag_offsets for c in cands) + self.tolerance_offsets
         ms_cut = min(c.staleness_ms for c in cands) + self.tolerance_ms
-        keyed = sorted(((self._rank(c, lag_cut, ms_cut, now), c) for c in cands), key=lambda t: t[0])
+        keyed = sorted(((self._rank(c, self.load.of(c.replica.node), lag_cut, ms_cut, now), c) for c in cands),
+                       key=lambda t: t[0])
         out: list[Candidate] = []
         i = 0
         while i < n:
