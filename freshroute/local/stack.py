@@ -166,9 +166,8 @@ class Stack:
         return env
 
     def _spawn(self, name: str, role: str, command: list[str], addresses: dict[str, str]) -> Component:
-        logs = self.config.home / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        log_path = logs / f"{name}.log"
+        log_path = self._log_path(name)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             # A session of its own: the stack outlives `local up`, and a signal to one
             # component never reaches the others.
@@ -182,6 +181,9 @@ class Stack:
         self.components[name] = comp
         self.save()
         return comp
+
+    def _log_path(self, name: str) -> Path:
+        return self.config.home / "logs" / f"{name}.log"
 
     def _freshroute(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "freshroute.cli", *args]
@@ -297,7 +299,7 @@ class Stack:
             self._wait_alive(comp, lambda: _port_open(host, int(port)), 60)
             self._say(f"{name} ({comp.addresses['node_id']}) on {comp.addresses['address']}  pid {comp.pid}")
         for name in self.router_names():
-            log = c.home / "logs" / f"{name}.log"
+            log = self._log_path(name)
             since = log.stat().st_size if log.exists() else 0
             comp = self.start(name)
             # The ports answer once any router listens: each one is also waited for by its
