@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import gc
 import logging
 import os
 import signal
@@ -114,6 +115,14 @@ async def serve(settings: StoreNodeSettings, stop: asyncio.Event | None = None) 
         server, port = create_server(settings, node, service)
         await node.health.update()
         await server.start()
+        # A restore allocates a Message object per changelog record, thousands per poll, held
+        # until their batch is written: with the default threshold (700) young collections ran
+        # every few hundred records and promoted the survivors, and the full collections that
+        # followed traced every module — a fifth of the applying thread's CPU during a restore.
+        # Frozen, start-up objects are no longer traced; a higher threshold lets a batch die
+        # by reference counting first. (Measured: 714k → 870k records per CPU-second.)
+        gc.freeze()
+        gc.set_threshold(10_000)
         read_server, read_port = await start_read_port(service, settings.host, settings.read_port)
         host = settings.advertise_host or settings.host
         address, read_address = f"{host}:{port}", f"{host}:{read_port}"
