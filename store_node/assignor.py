@@ -6,7 +6,9 @@ nodes (fewer when there are not enough nodes). The assignment is
 - sticky: a replica stays where it is while its node lives and the balance allows it;
 - balanced: every node's count of replicas, and of actives, is within one of every other's
   (quotas of floor/ceil of the fair share; the extra slots go to the nodes that already hold
-  the most, so that balancing moves as little as possible);
+  the most, so that balancing moves as little as possible); and, as far as warm standbys
+  allow, so is every node's count of each table's actives, so that a node's death costs every
+  table its share and no more;
 - warm: an active moves only to a caught-up standby (like Kafka Streams' warm-up replicas),
   except when the active's node is gone — then the most caught-up surviving replica takes
   over at once, by the lag the nodes report;
@@ -189,6 +191,7 @@ def assign(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], pr
         hypothetical = {k: list(ns) for k, ns in placement.items()}
         if not _balance_actives(keys, nodes, hypothetical, lags, warm=lambda k, n: True):
             _trade_actives(keys, nodes, placement)
+    _spread_tables(keys, nodes, placement, lags)
 
     # 7. Warm-up: an active never moves to a replica that has not caught up while a caught-up
     #    one survives. The warm one stays active (an extra replica if the target dropped it) until
@@ -257,6 +260,70 @@ def _balance_actives(keys: list[ReplicaKey], nodes: list[str], placement: dict[R
             ns.insert(0, y)
             y = x
     return False
+
+
+def _spread_tables(keys: list[ReplicaKey], nodes: list[str], placement: dict[ReplicaKey, list[str]],
+                   lags: _Lags) -> None:
+    """Spread each table's actives over the nodes, keeping every node's total: hand-overs to warm standbys.
+
+    Balanced totals can still leave one table's actives on few nodes (after a node comes back,
+    the hand-overs that even out the totals pick partitions of any table); a node's death then
+    costs that table more than its share. Each step hands an active of table t from a node
+    holding at least two more of t's actives than another node to a warm standby there, and,
+    unless the totals allow that alone, hands back an active of a table the receiver holds more
+    of. Every step lowers the sum of squared per-table counts and keeps the totals within one,
+    so the loop ends; a step never moves data, only roles.
+    """
+    by_table: dict[str, list[ReplicaKey]] = {}
+    for k in keys:
+        by_table.setdefault(k[0], []).append(k)
+
+    def counts() -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+        per = {t: {n: 0 for n in nodes} for t in by_table}
+        total = {n: 0 for n in nodes}
+        for k in keys:
+            if placement[k]:
+                per[k[0]][placement[k][0]] += 1
+                total[placement[k][0]] += 1
+        return per, total
+
+    def hand_over(table: str, giver: str, taker: str) -> ReplicaKey | None:
+        return next((k for k in by_table[table] if placement[k] and placement[k][0] == giver
+                     and taker in placement[k][1:] and lags.warm(k, taker)), None)
+
+    def promote(k: ReplicaKey, n: str) -> None:
+        placement[k].remove(n)
+        placement[k].insert(0, n)
+
+    for _ in range(len(keys) + 1):
+        per, total = counts()
+        step = None
+        for t in sorted(by_table):
+            for a in nodes:
+                for b in nodes:
+                    if per[t][a] - per[t][b] < 2:
+                        continue
+                    give = hand_over(t, a, b)
+                    if give is None:
+                        continue
+                    if total[a] > total[b]:
+                        step = (give, b, None, None)
+                        break
+                    back = next((k for t2 in sorted(by_table) if t2 != t and per[t2][b] > per[t2][a]
+                                 for k in [hand_over(t2, b, a)] if k is not None), None)
+                    if back is not None:
+                        step = (give, b, back, a)
+                        break
+                if step:
+                    break
+            if step:
+                break
+        if step is None:
+            return
+        give, b, back, a = step
+        promote(give, b)
+        if back is not None:
+            promote(back, a)
 
 
 def _trade_actives(keys: list[ReplicaKey], nodes: list[str], placement: dict[ReplicaKey, list[str]]) -> None:

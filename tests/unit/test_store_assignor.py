@@ -103,6 +103,44 @@ def test_adding_a_node_moves_few_replicas_and_no_cold_active():
     assert_balanced(c, ids)
 
 
+def per_table_actives(a: Assignment) -> dict[str, Counter]:
+    out: dict[str, Counter] = {}
+    for (t, _), ns in a.replicas.items():
+        out.setdefault(t, Counter())[ns[0]] += 1
+    return out
+
+
+def test_each_tables_actives_are_spread_by_hand_overs_alone():
+    """Totals within one (5, 6, 5) yet n1 leads 5 of A's 8 partitions and none of B's: n1's death
+    would cost A most of its actives. Warm standbys let roles be swapped without moving data."""
+    tables = {"A": spec("A"), "B": spec("B")}
+    ids = ["n1", "n2", "n3"]
+    before = Assignment(1, {
+        ("A", 0): ("n1", "n2"), ("A", 1): ("n1", "n3"), ("A", 2): ("n1", "n2"), ("A", 3): ("n1", "n3"),
+        ("A", 4): ("n1", "n2"), ("A", 5): ("n2", "n3"), ("A", 6): ("n2", "n1"), ("A", 7): ("n2", "n3"),
+        ("B", 0): ("n2", "n1"), ("B", 1): ("n2", "n3"), ("B", 2): ("n2", "n1"), ("B", 3): ("n3", "n1"),
+        ("B", 4): ("n3", "n2"), ("B", 5): ("n3", "n1"), ("B", 6): ("n3", "n2"), ("B", 7): ("n3", "n1")})
+    assert per_table_actives(before)["A"] == Counter({"n1": 5, "n2": 3})
+    after = assign(tables, reports_for(before), before, 2)
+    assert_valid(after, tables, ids)
+    assert_balanced(after, ids)
+    for table, counts in per_table_actives(after).items():
+        assert max(counts[n] for n in ids) - min(counts[n] for n in ids) <= 1, (table, counts)
+    assert placements(after) == placements(before)  # only roles changed
+    assert assign(tables, reports_for(after), after, 3).replicas == after.replicas  # and it stays
+
+
+def test_a_table_is_not_spread_onto_a_standby_still_restoring():
+    tables = {"A": spec("A", partitions=2), "B": spec("B", partitions=2)}
+    before = Assignment(1, {("A", 0): ("n1", "n2"), ("A", 1): ("n1", "n2"),
+                            ("B", 0): ("n2", "n1"), ("B", 1): ("n2", "n1")})
+    cold = {("A", p, "n2"): 5000 for p in range(2)}
+    after = assign(tables, reports_for(before, lag=cold), before, 2, caught_up_threshold=100)
+    assert after.replicas == before.replicas  # n2's copies of A are far behind: n1 stays A's active
+    warm = assign(tables, reports_for(before), before, 3)
+    assert per_table_actives(warm) == {"A": Counter({"n1": 1, "n2": 1}), "B": Counter({"n1": 1, "n2": 1})}
+
+
 def test_losing_a_node_promotes_the_most_caught_up_standby():
     tables = {"t": spec(partitions=6, standby=2)}
     ids = ["a", "b", "c", "d"]
