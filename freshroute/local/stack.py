@@ -105,14 +105,19 @@ class Component:
 
 def _pid_runs(pid: int, command: list[str]) -> bool:
     """True if ``pid`` still runs the command we started (guards against pid reuse)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    if Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z"):
-        return False
-    # redis-server rewrites its title ("redis-server 127.0.0.1:port"), so compare the start.
-    return bool(cmdline) and cmdline[0].decode(errors="replace").startswith(command[0])
+    for _ in range(50):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z"):
+                return False
+        except OSError:
+            return False
+        if cmdline:
+            # redis-server rewrites its title ("redis-server 127.0.0.1:port"), so compare the start.
+            return cmdline.split(b"\0")[0].decode(errors="replace").startswith(command[0])
+        # A process in the middle of exec() shows no command line for a moment: look again.
+        time.sleep(0.002)
+    return False
 
 
 class Stack:

@@ -88,3 +88,31 @@ def test_routers_beyond_the_first_share_its_ports(tmp_path):
     assert "--reuse-port" not in one.command_for("router")[1]  # alone, a busy port is an error, not shared
     with pytest.raises(KeyError):
         one.command_for("router-2")
+
+
+def test_a_process_in_the_middle_of_exec_is_not_taken_for_dead(monkeypatch):
+    """For a moment during exec() /proc/<pid>/cmdline is empty; start-up must not call that an exit."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        real = Path.read_bytes
+        empty_reads = []
+
+        def read_bytes(self):
+            if self.name == "cmdline" and len(empty_reads) < 2:
+                empty_reads.append(self)
+                return b""
+            return real(self)
+
+        monkeypatch.setattr(Path, "read_bytes", read_bytes)
+        assert stack_mod._pid_runs(child.pid, [sys.executable])
+        assert len(empty_reads) == 2
+        assert not stack_mod._pid_runs(child.pid, ["/usr/bin/something-else"])
+    finally:
+        child.kill()
+        child.wait()
+    monkeypatch.undo()
+    assert not stack_mod._pid_runs(child.pid, [sys.executable])  # reaped: gone
