@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Protocol
+from typing import Callable, Iterable, Iterator, Mapping, Protocol
 
 from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
 
@@ -291,39 +291,29 @@ def _spread_tables(keys: list[ReplicaKey], nodes: list[str], placement: dict[Rep
         return next((k for k in by_table[table] if placement[k] and placement[k][0] == giver
                      and taker in placement[k][1:] and lags.warm(k, taker)), None)
 
-    def promote(k: ReplicaKey, n: str) -> None:
-        placement[k].remove(n)
-        placement[k].insert(0, n)
-
-    for _ in range(len(keys) + 1):
+    def steps() -> Iterator[list[tuple[ReplicaKey, str]]]:
+        """Each improving step, as the hand-overs (partition, new active) it makes."""
         per, total = counts()
-        step = None
         for t in sorted(by_table):
             for a in nodes:
                 for b in nodes:
-                    if per[t][a] - per[t][b] < 2:
-                        continue
-                    give = hand_over(t, a, b)
+                    give = hand_over(t, a, b) if per[t][a] - per[t][b] >= 2 else None
                     if give is None:
                         continue
                     if total[a] > total[b]:
-                        step = (give, b, None, None)
-                        break
-                    back = next((k for t2 in sorted(by_table) if t2 != t and per[t2][b] > per[t2][a]
-                                 for k in [hand_over(t2, b, a)] if k is not None), None)
-                    if back is not None:
-                        step = (give, b, back, a)
-                        break
-                if step:
-                    break
-            if step:
-                break
+                        yield [(give, b)]
+                    for t2 in sorted(by_table):
+                        back = hand_over(t2, b, a) if t2 != t and per[t2][b] > per[t2][a] else None
+                        if back is not None:
+                            yield [(give, b), (back, a)]
+
+    for _ in range(len(keys) + 1):
+        step = next(steps(), None)
         if step is None:
             return
-        give, b, back, a = step
-        promote(give, b)
-        if back is not None:
-            promote(back, a)
+        for k, n in step:
+            placement[k].remove(n)
+            placement[k].insert(0, n)
 
 
 def _trade_actives(keys: list[ReplicaKey], nodes: list[str], placement: dict[ReplicaKey, list[str]]) -> None:
