@@ -277,6 +277,7 @@ def _spread_tables(keys: list[ReplicaKey], nodes: list[str], placement: dict[Rep
     by_table: dict[str, list[ReplicaKey]] = {}
     for k in keys:
         by_table.setdefault(k[0], []).append(k)
+    tables = sorted(by_table)
 
     def counts() -> tuple[dict[str, dict[str, int]], dict[str, int]]:
         per = {t: {n: 0 for n in nodes} for t in by_table}
@@ -294,7 +295,7 @@ def _spread_tables(keys: list[ReplicaKey], nodes: list[str], placement: dict[Rep
     def steps() -> Iterator[list[tuple[ReplicaKey, str]]]:
         """Each improving step, as the hand-overs (partition, new active) it makes."""
         per, total = counts()
-        for t in sorted(by_table):
+        for t in tables:
             for a in nodes:
                 for b in nodes:
                     give = hand_over(t, a, b) if per[t][a] - per[t][b] >= 2 else None
@@ -302,7 +303,7 @@ def _spread_tables(keys: list[ReplicaKey], nodes: list[str], placement: dict[Rep
                         continue
                     if total[a] > total[b]:
                         yield [(give, b)]
-                    for t2 in sorted(by_table):
+                    for t2 in tables:
                         back = hand_over(t2, b, a) if t2 != t and per[t2][b] > per[t2][a] else None
                         if back is not None:
                             yield [(give, b), (back, a)]

@@ -414,8 +414,7 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
     return StackConfig(home=Path(args.home), rest_port=args.rest_port, grpc_port=args.grpc_port,
                        broker_port=args.broker_port, redis_port=args.redis_port, store_ports=store_ports,
                        trigger_ms=args.trigger_ms, pipeline_nice=args.pipeline_nice, routers=args.routers,
-                       demo_rate=args.demo_rate,
-                       demo=not args.no_demo).resolved()
+                       demo_rate=args.demo_rate, demo=not args.no_demo).resolved()
 
 
 def add_arguments(sub: argparse._SubParsersAction) -> None:

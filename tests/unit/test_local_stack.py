@@ -1,8 +1,11 @@
-"""Stack.add_store_node without processes: naming, port choice, and what the state file records."""
+"""The local stack without its real components: naming, ports, the state file, priorities, routers, liveness."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -92,10 +95,6 @@ def test_routers_beyond_the_first_share_its_ports(tmp_path):
 
 def test_a_process_in_the_middle_of_exec_is_not_taken_for_dead(monkeypatch):
     """For a moment during exec() /proc/<pid>/cmdline is empty; start-up must not call that an exit."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         real = Path.read_bytes
