@@ -20,6 +20,7 @@ from enum import IntEnum
 from typing import Awaitable, Iterator, Mapping, NamedTuple, Protocol
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from freshroute.errors import ReplicaUnavailable
 from freshroute.framing import FrameError, FrameReader, frame
@@ -265,7 +266,7 @@ class _FrameStream(_ReadStream, asyncio.Protocol):
         try:
             for payload in self._frames.feed(data):
                 self._answered(store_pb2.ResultBatch.FromString(payload))
-        except (FrameError, ValueError) as e:  # protobuf's DecodeError is a ValueError
+        except (FrameError, DecodeError) as e:
             self._break(e)
 
     def connection_lost(self, exc: Exception | None) -> None:

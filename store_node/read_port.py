@@ -13,6 +13,8 @@ import asyncio
 import logging
 from typing import Callable
 
+from google.protobuf.message import DecodeError
+
 from freshroute.framing import FrameError, FrameReader, frame
 from proto import store_pb2
 from store_node.service import StoreNodeService
@@ -40,7 +42,7 @@ class ReadPortConnection(asyncio.Protocol):
             for payload in payloads:
                 batch = store_pb2.ReadBatch.FromString(payload)
                 transport.write(frame(self._service.reader().results(batch.reads).SerializeToString()))
-        except (FrameError, ValueError) as e:  # protobuf's DecodeError is a ValueError
+        except (FrameError, DecodeError) as e:
             log.warning("read port: dropping %s: %s", transport.get_extra_info("peername"), e)
             transport.abort()
 

@@ -249,3 +249,12 @@ def test_read_port_answers_each_frame_like_the_grpc_stream(world):
 def test_read_port_drops_a_peer_that_does_not_send_frames(world):
     answers, closed = asyncio.run(_read_port_exchange(world.service, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", expect=1))
     assert answers == [] and closed
+
+
+def test_read_port_drops_a_peer_whose_frame_is_not_a_read_batch(world, caplog):
+    from freshroute.framing import frame
+
+    with caplog.at_level("WARNING", logger="store_node.read_port"):
+        answers, closed = asyncio.run(_read_port_exchange(world.service, frame(b"\xff\xff\xff"), expect=1))
+    assert answers == [] and closed
+    assert any("read port: dropping" in r.getMessage() for r in caplog.records)
