@@ -35,14 +35,20 @@ SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
 _MAX_SCAN_PAGES = 10_000
 
 
-async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
-    """The single translation of errors to gRPC: status from the error class, JSON body in the trailer."""
+def error_status(exc: BaseException) -> tuple[grpc.StatusCode, str, str]:
+    """The single translation of errors to gRPC: (status from the error class, message, JSON body for the trailer)."""
     if not isinstance(exc, FreshrouteError):
         log.error("unexpected error serving a gRPC call", exc_info=exc)
         exc = FreshrouteError("internal error")
     # Metadata values must be ASCII; the JSON body escapes anything else.
     body = json.dumps(exc.to_body(), ensure_ascii=True, separators=(",", ":"), default=str)
-    await context.abort(exc.grpc_status, exc.message, trailing_metadata=((ERROR_TRAILER, body),))
+    return exc.grpc_status, exc.message, body
+
+
+async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
+    """Ends a grpc.aio call with ``exc`` as :func:`error_status` translates it."""
+    status, message, body = error_status(exc)
+    await context.abort(status, message, trailing_metadata=((ERROR_TRAILER, body),))
     raise AssertionError("context.abort returned")  # pragma: no cover — abort always raises
 
 
@@ -76,6 +82,23 @@ def _replica_info(i: ReplicaInfo) -> router_pb2.ReplicaInfo:
                                   end_offset=i.end)
 
 
+def parse_request_bound(router: Router, table: str, request: Any) -> Bound:
+    """The request's bound; a malformed one is counted as an invalid lookup before it is raised."""
+    try:
+        return _bound(table, request)
+    except InvalidArgument:
+        router.metrics.lookup("invalid", "none", 0.0)
+        raise
+
+
+async def answer_get(router: Router, request: router_pb2.GetRequest) -> router_pb2.GetResponse:
+    """``Router.Get``, whichever server carries it; errors are raised, for the caller to translate."""
+    result = await router.get(request.table, request.key, parse_request_bound(router, request.table, request))
+    if not result.found:
+        raise key_not_found(result)
+    return _get_response(result)
+
+
 class RouterServicer(router_pb2_grpc.RouterServicer):
     """The public Router service over :class:`Router`."""
 
@@ -83,18 +106,11 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self._router = router
 
     def _parse_bound(self, table: str, request: Any) -> Bound:
-        try:
-            return _bound(table, request)
-        except InvalidArgument:
-            self._router.metrics.lookup("invalid", "none", 0.0)
-            raise
+        return parse_request_bound(self._router, table, request)
 
     async def Get(self, request: router_pb2.GetRequest, context: grpc.aio.ServicerContext) -> router_pb2.GetResponse:
         try:
-            result = await self._router.get(request.table, request.key, self._parse_bound(request.table, request))
-            if not result.found:
-                raise key_not_found(result)
-            return _get_response(result)
+            return await answer_get(self._router, request)
         except Exception as e:  # noqa: BLE001 — every error leaves through abort()
             await abort(context, e)
 

@@ -11,8 +11,10 @@ import socket
 from functools import partial
 from typing import Any, Iterator
 
+import grpc
 import uvicorn
 
+from router.grpc_front import GrpcFront
 from router.grpc_server import create_grpc_server
 from router.http import KeyLookupProtocol
 from router.rest import create_app
@@ -91,12 +93,17 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
     loop = asyncio.get_running_loop()
     runtime = RouterRuntime(settings)
     rest_sock = _listen(settings.host, settings.rest_port, settings.reuse_port)
-    grpc_server = None
+    grpc_server: GrpcFront | grpc.aio.Server | None = None
     rest_task: asyncio.Task[None] | None = None
     handled: list[int] = []
     try:
         await runtime.start()
-        grpc_server, grpc_port = create_grpc_server(settings, runtime.router)
+        if settings.grpc_front:
+            grpc_server = GrpcFront(settings, runtime.router)
+            grpc_port = await grpc_server.start()
+        else:
+            grpc_server, grpc_port = create_grpc_server(settings, runtime.router)
+            await grpc_server.start()
         app = create_app(settings, runtime.router)
         # Key lookups are answered by the connection's own protocol (router.http); uvicorn's
         # serves everything else. No X-Forwarded-* rewriting: nothing here reads the client
@@ -105,7 +112,6 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
                                           proxy_headers=False, server_header=False,
                                           lifespan="on", log_level=settings.log_level.lower(),
                                           timeout_graceful_shutdown=max(1, int(settings.graceful_shutdown_s))))
-        await grpc_server.start()
         rest_task = asyncio.create_task(rest.serve(sockets=[rest_sock]), name="rest")
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):

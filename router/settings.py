@@ -30,6 +30,8 @@ class RouterSettings(CommonSettings):
     host: str = Field(default="127.0.0.1", description="interface for REST and gRPC")
     rest_port: int = Field(default=8080, ge=0, le=65535, description="REST port (0 = let the OS pick)")
     grpc_port: int = Field(default=50051, ge=0, le=65535, description="gRPC port (0 = let the OS pick)")
+    grpc_front: bool = Field(default=True, description="answer Router.Get on the gRPC connection itself (HTTP/2 on "
+                             "the event loop) and relay every other call to grpc.aio; false: grpc.aio serves the port")
     reuse_port: bool = Field(default=False, description="bind both ports with SO_REUSEPORT, so that several router "
                              "processes on one machine share them (Linux spreads connections across them)")
 

@@ -8,6 +8,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from freshroute.position import Position
 from proto import router_pb2, router_pb2_grpc
 
+from router.grpc_front import GrpcFront
 from router.grpc_server import ERROR_TRAILER, create_grpc_server
 from router.routing import Router
 from router.settings import RouterSettings
@@ -24,17 +25,28 @@ def anyio_backend():
     return "asyncio"
 
 
-@pytest.fixture
-async def grpc_cluster():
+async def serve_grpc(settings: RouterSettings, router: Router, front: bool):
+    """(stop, port) of the router's gRPC port: the HTTP/2 front relaying to grpc.aio, or grpc.aio alone."""
+    if front:
+        server = GrpcFront(settings, router)
+        port = await server.start()
+    else:
+        server, port = create_grpc_server(settings, router)
+        await server.start()
+    return server.stop, port
+
+
+# Every test of the public surface runs against both ways of serving it.
+@pytest.fixture(params=[True, False], ids=["front", "grpcio"])
+async def grpc_cluster(request):
     cluster = Cluster(RouterSettings(grpc_port=0, request_timeout_ms=500, attempt_timeout_ms=200, hedge=False))
-    server, port = create_grpc_server(cluster.settings, cluster.router)
-    await server.start()
+    stop, port = await serve_grpc(cluster.settings, cluster.router, request.param)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
         yield cluster, router_pb2_grpc.RouterStub(channel), channel
     finally:
         await channel.close()
-        await server.stop(None)
+        await stop(None)
 
 
 def trailer(err: grpc.aio.AioRpcError) -> dict:
@@ -163,11 +175,11 @@ async def test_health_and_reflection(grpc_cluster):
     assert {"freshroute.v1.Router", "grpc.health.v1.Health"} <= names
 
 
-async def test_health_not_serving_without_metadata():
+@pytest.mark.parametrize("front", [True, False], ids=["front", "grpcio"])
+async def test_health_not_serving_without_metadata(front):
     settings = RouterSettings(grpc_port=0)
     router = Router(settings, FixedSnapshot(Snapshot()), InMemoryStoreClient())
-    server, port = create_grpc_server(settings, router)
-    await server.start()
+    stop, port = await serve_grpc(settings, router, front)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             r = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
@@ -176,4 +188,4 @@ async def test_health_not_serving_without_metadata():
                 await router_pb2_grpc.RouterStub(channel).Get(router_pb2.GetRequest(table=TABLE, key="k"))
             assert e.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
-        await server.stop(None)
+        await stop(None)
