@@ -551,7 +551,7 @@ class GrpcConnection(asyncio.Protocol):
             stream.done = True
             # A call answered before the client ended its half (an error, say) is reset:
             # whatever the client still sends is not wanted; a relay still running stops.
-            self._forget(stream, cancel=stream.task is not asyncio.current_task(), reset=not stream.remote_closed)
+            self._forget(stream, cancel=stream.task is not asyncio.current_task(self._loop), reset=not stream.remote_closed)
 
     def _pump_blocked(self) -> None:
         for stream in list(self._blocked):

@@ -150,9 +150,11 @@ class _ReadStream:
         self._outbox: list[store_pb2.KeyRead] = []
         self._unanswered = 0  # reads sent whose results have not arrived yet
         self._max_unanswered = max_unanswered
+        # Kept: asyncio.get_running_loop() costs a getpid() system call per read on Python 3.11.
+        self._loop = asyncio.get_running_loop()
 
     def submit(self, read: store_pb2.KeyRead) -> asyncio.Future[ReadResult]:
-        fut: asyncio.Future[ReadResult] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[ReadResult] = self._loop.create_future()
         if len(self._pending) >= self._SWEEP_AT:
             self._pending = {i: f for i, f in self._pending.items() if not f.done()}
         self._pending[read.id] = fut
@@ -251,7 +253,7 @@ class _FrameStream(_ReadStream, asyncio.Protocol):
     def _wake(self) -> None:
         if not self._flush_due:
             self._flush_due = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_due = False
