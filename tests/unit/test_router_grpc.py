@@ -189,3 +189,14 @@ async def test_health_not_serving_without_metadata(front):
             assert e.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         await stop(None)
+
+
+async def test_a_batch_answer_larger_than_the_clients_window_arrives_whole(grpc_cluster):
+    # ~300 KB of results: more than a client's initial HTTP/2 window (64 KiB), so the answer
+    # flows only as the client's WINDOW_UPDATEs arrive.
+    _, stub, _ = grpc_cluster
+    keys = [f"missing-{i:03d}-" + "x" * 280 for i in range(999)] + ["sensor-5"]
+    r = await stub.BatchGet(router_pb2.BatchGetRequest(table=TABLE, keys=keys))
+    assert r.ByteSize() > 250_000
+    assert [x.key for x in r.results] == keys
+    assert [x.found for x in r.results].count(True) == 1 and r.results[-1].found
