@@ -81,8 +81,9 @@ def _lookup(args: argparse.Namespace) -> int:
 
 
 def _lookup_grpc(args: argparse.Namespace) -> int:
+    import json
+
     import grpc
-    from google.protobuf.json_format import MessageToJson
 
     from proto import router_pb2, router_pb2_grpc
 
@@ -99,7 +100,12 @@ def _lookup_grpc(args: argparse.Namespace) -> int:
             trailer = dict(e.trailing_metadata() or ()).get("freshroute-error")
             print(trailer or f"{e.code().name}: {e.details()}", file=sys.stderr)
             return 1
-    print(MessageToJson(resp, preserving_proto_field_name=True, indent=None))
+    # The REST answer's shape, so that both ways print the same (protobuf's JSON would drop a
+    # lag of zero and print offsets as strings).
+    print(json.dumps({"table": resp.table, "key": resp.key, "value": json.loads(resp.value_json),
+                      "partition": resp.partition, "served_by": {"node": resp.served_by.node, "role": resp.served_by.role},
+                      "lag": {"offsets": resp.lag.offsets, "ms": resp.lag.ms}, "position": resp.position},
+                     separators=(",", ":")))
     return 0
 
 

@@ -30,6 +30,47 @@ def test_lookup_reports_unreachable_router(capsys):
     assert "not reachable" in capsys.readouterr().err
 
 
+def test_lookup_over_grpc_prints_the_rest_shape_and_errors_on_stderr(capsys):
+    import asyncio
+    import json
+    import threading
+
+    from router.grpc_front import GrpcFront
+    from router.settings import RouterSettings
+
+    from .test_router_rest import Cluster, part
+
+    ready, done = threading.Event(), None
+    port: list[int] = []
+
+    async def serve() -> None:
+        nonlocal done
+        done = asyncio.Event()
+        cluster = Cluster(RouterSettings(grpc_port=0, hedge=False))
+        front = GrpcFront(cluster.settings, cluster.router)
+        port.append(await front.start())
+        ready.set()
+        await done.wait()
+        await front.stop(None)
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),))
+    thread.start()
+    try:
+        assert ready.wait(10)
+        address = f"127.0.0.1:{port[0]}"
+        assert cli.main(["lookup", "sensor_stats", "sensor-3", "--grpc", address]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["value"] == {"count": 3, "avg": 1.5} and out["partition"] == part("sensor-3")
+        assert out["lag"] == {"offsets": 0, "ms": 0} and out["served_by"]["role"] in {"active", "standby"}
+        assert cli.main(["lookup", "sensor_stats", "nope", "--grpc", address]) == 1
+        assert json.loads(capsys.readouterr().err)["error"]["code"] == "KEY_NOT_FOUND"
+    finally:
+        loop.call_soon_threadsafe(done.set)
+        thread.join(10)
+        loop.close()
+
+
 def test_bench_takes_its_own_options(tmp_path, capsys):
     assert cli.main(["bench", "--home", str(tmp_path), "--no-restore"]) == 2
     assert "no local stack recorded" in capsys.readouterr().err
