@@ -67,8 +67,10 @@ STREAM_WINDOW = 1 << 20
 CONNECTION_WINDOW = 16 << 20
 MAX_MESSAGE = 4 << 20  # gRPC's default largest received message
 MAX_HEADER_LIST = 64 << 10
-# A relayed stream stops reading answers from grpc.aio while this much waits for the peer's window.
+# A relayed stream stops reading answers from grpc.aio while this much waits for the peer's window,
+# and stops granting the peer window while this many request messages wait for grpc.aio.
 SEND_BUFFER = 256 << 10
+QUEUED_MESSAGES = 8
 
 # Headers that are HTTP/2's or gRPC's own, not call metadata to relay.
 _NOT_METADATA = frozenset((b"te", b"content-type", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding",
@@ -415,15 +417,13 @@ class GrpcConnection(asyncio.Protocol):
             return  # a call already ended or reset: its bytes are dropped
         data = self._unpad(flags, payload)
         stream.received += data
+        stream.unacked += size
         if stream.messages is not None:
-            # A relayed call's window reopens as its messages are handed on (granted()).
-            stream.unacked += size - len(data)
             self._split_messages(stream)
         elif len(stream.received) > MAX_MESSAGE + 5:
             self._end_call(stream, *_status(grpc.StatusCode.RESOURCE_EXHAUSTED, "request larger than 4 MiB"))
             return
-        else:
-            self.granted(stream, size)
+        self.grant(stream)
         if flags & END_STREAM:
             self._remote_end(stream)
 
@@ -577,12 +577,20 @@ class GrpcConnection(asyncio.Protocol):
         if self._going_away and self.idle:
             self._close()
 
-    def granted(self, stream: _Stream, size: int) -> None:
-        """A relayed request message was handed on: its bytes count toward the stream's next WINDOW_UPDATE."""
-        stream.unacked += size
-        if not stream.done and not stream.remote_closed and stream.unacked >= STREAM_WINDOW // 2:
-            self._send(frame(WINDOW_UPDATE, 0, stream.id, _WINDOW.pack(stream.unacked)))
-            stream.unacked = 0
+    def grant(self, stream: _Stream) -> None:
+        """Reopens the stream's window once half of it is used, unless a relay has fallen behind.
+
+        A request message larger than the window still arrives whole (its bytes are granted
+        as they come, up to MAX_MESSAGE); a peer that sends messages faster than the relay
+        hands them on waits once QUEUED_MESSAGES of them are queued (the relay grants again
+        as it catches up).
+        """
+        if stream.done or stream.remote_closed or stream.unacked < STREAM_WINDOW // 2:
+            return
+        if stream.messages is not None and stream.messages.qsize() >= QUEUED_MESSAGES:
+            return
+        self._send(frame(WINDOW_UPDATE, 0, stream.id, _WINDOW.pack(stream.unacked)))
+        stream.unacked = 0
 
     def end_relayed(self, stream: _Stream, code: grpc.StatusCode, message: str,
                     metadata: tuple[tuple[bytes, bytes], ...]) -> None:
@@ -707,7 +715,7 @@ class GrpcFront:
         try:
             while (message := await queue.get()) is not None:
                 await call.write(message)
-                conn.granted(stream, len(message) + 5)
+                conn.grant(stream)
             if not stream.done:
                 await call.done_writing()
         except asyncio.CancelledError:
