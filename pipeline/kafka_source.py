@@ -353,6 +353,16 @@ _idle_lock = threading.Lock()
 _read_wait = FetchWait()
 
 
+def close_idle_consumers() -> None:
+    """Closes this process's idle read consumers: for a process that reads in-line and then
+    outlives its broker (a test), whose idle consumers would otherwise keep reconnecting."""
+    with _idle_lock:
+        idle = list(_idle_consumers.values())
+        _idle_consumers.clear()
+    for consumer in idle:
+        consumer.close()
+
+
 def read_slice(options: SourceOptions, piece: KafkaSlice) -> Iterator[pa.RecordBatch]:
     """Every record of the slice's ranges, as Arrow batches of the declared schema.
 

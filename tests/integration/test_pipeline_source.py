@@ -11,7 +11,7 @@ from confluent_kafka.admin import AdminClient
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from pipeline.kafka_source import (ARROW_SCHEMA, KafkaBatchReader, KafkaSlice, KafkaStreamReader, SourceOptions,
-                                   read_slice)
+                                   close_idle_consumers, read_slice)
 from pipeline.offsets import InputDataLost
 from freshroute.local.services import free_port, start_broker
 from pipeline.topics import describe_topic, ensure_topic
@@ -43,6 +43,13 @@ def admin(broker):
 
 def reader_for(broker: str, topic: str, **kw) -> KafkaStreamReader:
     return KafkaStreamReader(SourceOptions(topic=topic, kafka={"bootstrap.servers": broker}, **kw))
+
+
+@pytest.fixture(autouse=True)
+def _no_idle_consumers_left():
+    # Reads here run in this process; their pooled consumers must not outlive the broker.
+    yield
+    close_idle_consumers()
 
 
 def test_initial_offset_creates_a_missing_input_topic(broker, admin, namespace):

@@ -362,3 +362,17 @@ def test_a_probe_the_broker_leaves_unanswered_moves_to_a_longer_fetch_wait():
     assert made == [10, 100] and wait.ms == 100
     assert probe.ends((0,))[1:] == ({0: 334}, frozenset())  # the longer wait brings the true end
     assert made == [10, 100]
+
+
+def test_close_idle_consumers_closes_and_forgets_every_pooled_consumer(monkeypatch):
+    class Pooled:
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    pool = {b"a": Pooled(), b"b": Pooled()}
+    monkeypatch.setattr(kafka_source, "_idle_consumers", pool)
+    consumers = list(pool.values())
+    kafka_source.close_idle_consumers()
+    assert [c.closed for c in consumers] == [True, True] and kafka_source._idle_consumers == {}
