@@ -98,6 +98,10 @@ def _lookup_grpc(args: argparse.Namespace) -> int:
                 router_pb2.GetRequest(table=args.table, key=args.key, bound=bound), timeout=10)
         except grpc.RpcError as e:
             trailer = dict(e.trailing_metadata() or ()).get("freshroute-error")
+            if trailer is None and e.code() is grpc.StatusCode.UNAVAILABLE:
+                # No answer from freshroute at all, as REST's unreachable router.
+                print(f"router at {args.grpc} is not reachable: {e.details()}", file=sys.stderr)
+                return 2
             print(trailer or f"{e.code().name}: {e.details()}", file=sys.stderr)
             return 1
     # The REST answer's shape, so that both ways print the same (protobuf's JSON would drop a

@@ -28,6 +28,8 @@ def test_every_component_has_a_subcommand():
 def test_lookup_reports_unreachable_router(capsys):
     assert cli.main(["lookup", "sensor_stats", "sensor-1", "--router", "http://127.0.0.1:9"]) == 2
     assert "not reachable" in capsys.readouterr().err
+    assert cli.main(["lookup", "sensor_stats", "sensor-1", "--grpc", "127.0.0.1:9"]) == 2
+    assert "router at 127.0.0.1:9 is not reachable" in capsys.readouterr().err
 
 
 def test_lookup_over_grpc_prints_the_rest_shape_and_errors_on_stderr(capsys):
