@@ -238,7 +238,7 @@ class Router:
         first = cands[0]
         fut = self._start_read(first, table, partition, raw_key, store_bound)
         # The future's loop, not asyncio.get_running_loop(): on Python 3.11 that one makes a
-        # getpid() system call, measured at 5% of the router's CPU under load.
+        # getpid() system call on every lookup.
         loop = fut.get_loop()
         started = loop.time()
         inflight: dict[asyncio.Future[ReadResult], tuple[Candidate, float]] = {fut: (first, started)}
