@@ -117,6 +117,10 @@ def status_block(code: grpc.StatusCode, message: str, metadata: tuple[tuple[byte
     return block
 
 
+COMPRESSED = status_block(grpc.StatusCode.UNIMPLEMENTED, "compressed messages are not accepted")
+TOO_LARGE = status_block(grpc.StatusCode.RESOURCE_EXHAUSTED, "request larger than 4 MiB")
+
+
 def grpc_timeout(value: bytes | None) -> float | None:
     """Seconds of a ``grpc-timeout`` header ("100m", "5S"); None when absent or malformed."""
     if not value or value[-1:] not in _TIMEOUT_UNITS or not value[:-1].isdigit():
@@ -400,7 +404,7 @@ class GrpcConnection(asyncio.Protocol):
             stream.messages = asyncio.Queue()
             stream.drained = asyncio.Event()
             stream.drained.set()
-            stream.task = self._loop.create_task(self._front.relay(self, stream), name=f"grpc-relay-{stream_id}")
+            stream.task = self._loop.create_task(self._relay(stream), name=f"grpc-relay-{stream_id}")
         if flags & END_STREAM:
             self._remote_end(stream)
 
@@ -421,9 +425,9 @@ class GrpcConnection(asyncio.Protocol):
         if stream.messages is not None:
             self._split_messages(stream)
         elif len(stream.received) > MAX_MESSAGE + 5:
-            self._end_call(stream, *_status(grpc.StatusCode.RESOURCE_EXHAUSTED, "request larger than 4 MiB"))
+            self._end_call(stream, TOO_LARGE)
             return
-        self.grant(stream)
+        self._grant(stream)
         if flags & END_STREAM:
             self._remote_end(stream)
 
@@ -433,12 +437,12 @@ class GrpcConnection(asyncio.Protocol):
         while len(buf) >= 5:
             compressed, length = _MESSAGE.unpack_from(buf)
             if length > MAX_MESSAGE:
-                self._end_call(stream, *_status(grpc.StatusCode.RESOURCE_EXHAUSTED, "request larger than 4 MiB"))
+                self._end_call(stream, TOO_LARGE)
                 return
             if len(buf) < 5 + length:
                 return
             if compressed:
-                self._end_call(stream, *_status(grpc.StatusCode.UNIMPLEMENTED, "compressed messages are not accepted"))
+                self._end_call(stream, COMPRESSED)
                 return
             stream.messages.put_nowait(bytes(buf[5:5 + length]))  # type: ignore[union-attr]
             del buf[:5 + length]
@@ -449,7 +453,7 @@ class GrpcConnection(asyncio.Protocol):
             self._forget(stream, cancel=False)
         elif stream.messages is not None:
             if stream.received:
-                self._end_call(stream, *_status(grpc.StatusCode.INTERNAL, "the request ended inside a message"))
+                self._end_call(stream, status_block(grpc.StatusCode.INTERNAL, "the request ended inside a message"))
             else:
                 stream.messages.put_nowait(None)
         else:
@@ -464,17 +468,16 @@ class GrpcConnection(asyncio.Protocol):
                 raise InvalidArgument("a Get call carries one GetRequest message; this one carried none")
             compressed, length = _MESSAGE.unpack_from(body)
             if compressed:
-                stream.received = bytearray()
-                self._end_call(stream, *_status(grpc.StatusCode.UNIMPLEMENTED, "compressed messages are not accepted"))
+                self._end_call(stream, COMPRESSED)
                 return
             if length != len(body) - 5:
                 raise InvalidArgument("a Get call carries exactly one GetRequest message")
             request = router_pb2.GetRequest.FromString(bytes(body[5:]))
         except InvalidArgument as e:
-            self._end_call(stream, *_error(e))
+            self._end_call(stream, _error(e))
             return
         except DecodeError:
-            self._end_call(stream, *_error(InvalidArgument("the request is not a GetRequest message")))
+            self._end_call(stream, _error(InvalidArgument("the request is not a GetRequest message")))
             return
         stream.received = bytearray()
         stream.task = self._loop.create_task(self._get(stream, request))
@@ -485,12 +488,12 @@ class GrpcConnection(asyncio.Protocol):
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 — every error leaves as a status, translated once
-            self._end_call(stream, *_error(e))
+            self._end_call(stream, _error(e))
             return
         if stream.done:
             return
         payload = response.SerializeToString()
-        self.send_message(stream, payload)
+        self._send_message(stream, payload)
         self._end_call(stream, OK_TRAILERS)
 
     # ---- answers ------------------------------------------------------------------------------
@@ -505,16 +508,16 @@ class GrpcConnection(asyncio.Protocol):
         out.append(frame(CONTINUATION, END_HEADERS, stream_id, parts[-1]))
         return b"".join(out)
 
-    def send_headers(self, stream: _Stream, extra: bytes = b"") -> None:
+    def _send_headers(self, stream: _Stream, extra: bytes = b"") -> None:
         if not stream.headers_sent and not stream.done:
             stream.headers_sent = True
             self._send(self._header_frames(stream.id, RESPONSE_HEADERS + extra, 0))
 
-    def send_message(self, stream: _Stream, payload: bytes) -> None:
+    def _send_message(self, stream: _Stream, payload: bytes) -> None:
         """One gRPC message of the answer, as DATA as far as the windows allow."""
         if stream.done:
             return
-        self.send_headers(stream)
+        self._send_headers(stream)
         stream.pending += _MESSAGE.pack(0, len(payload))
         stream.pending += payload
         self._pump(stream)
@@ -557,9 +560,6 @@ class GrpcConnection(asyncio.Protocol):
         for stream in list(self._blocked):
             self._pump(stream)
 
-    def backlog(self, stream: _Stream) -> int:
-        return len(stream.pending)
-
     def _forget(self, stream: _Stream, cancel: bool, reset: bool = False) -> None:
         stream.done = True
         if self._streams.pop(stream.id, None) is None:
@@ -577,7 +577,7 @@ class GrpcConnection(asyncio.Protocol):
         if self._going_away and self.idle:
             self._close()
 
-    def grant(self, stream: _Stream) -> None:
+    def _grant(self, stream: _Stream) -> None:
         """Reopens the stream's window once half of it is used, unless a relay has fallen behind.
 
         A request message larger than the window still arrives whole (its bytes are granted
@@ -592,18 +592,58 @@ class GrpcConnection(asyncio.Protocol):
         self._send(frame(WINDOW_UPDATE, 0, stream.id, _WINDOW.pack(stream.unacked)))
         stream.unacked = 0
 
-    def end_relayed(self, stream: _Stream, code: grpc.StatusCode, message: str,
-                    metadata: tuple[tuple[bytes, bytes], ...]) -> None:
-        self._end_call(stream, status_block(code, message, metadata))
+    # ---- every other call, relayed to grpc.aio ------------------------------------------------
+
+    async def _relay(self, stream: _Stream) -> None:
+        """One call of any other method, carried message by message to the grpc.aio server and back."""
+        path = stream.path.decode("ascii", "replace")
+        timeout = grpc_timeout(next((v for n, v in stream.headers if n == b"grpc-timeout"), None))
+        call = self._front.channel.stream_stream(path)(metadata=_metadata_out(stream.headers), timeout=timeout)
+        feeder = self._loop.create_task(self._feed(stream, call))
+        try:
+            while (message := await call.read()) is not grpc.aio.EOF:
+                if not stream.headers_sent:
+                    self._send_headers(stream, b"".join(_literal(k, v) for k, v in
+                                                        _metadata_in(await call.initial_metadata())))
+                self._send_message(stream, message)
+                if len(stream.pending) > SEND_BUFFER:
+                    stream.drained.clear()  # type: ignore[union-attr]
+                    await stream.drained.wait()  # type: ignore[union-attr]
+                if stream.done:
+                    return
+            code, details, trailing = await call.code(), await call.details(), await call.trailing_metadata()
+        except grpc.aio.AioRpcError as e:
+            code, details, trailing = e.code(), e.details() or "", e.trailing_metadata()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 — the client gets a status, never a stream left open
+            log.exception("relaying %s failed", path)
+            code, details, trailing = grpc.StatusCode.INTERNAL, "internal error", ()
+        finally:
+            feeder.cancel()
+            if not call.done():
+                call.cancel()
+        self._end_call(stream, status_block(code, details or "", _metadata_in(trailing)))
+
+    async def _feed(self, stream: _Stream, call: Any) -> None:
+        queue = stream.messages
+        assert queue is not None
+        try:
+            while (message := await queue.get()) is not None:
+                await call.write(message)
+                self._grant(stream)
+            if not stream.done:
+                await call.done_writing()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 — the call has ended; its status reaches the client through _relay()
+            return
 
 
-def _status(code: grpc.StatusCode, message: str) -> tuple[bytes]:
-    return (status_block(code, message),)
-
-
-def _error(exc: BaseException) -> tuple[bytes]:
+def _error(exc: BaseException) -> bytes:
+    """Trailers of a call that failed with ``exc``: the status and JSON body REST would answer with."""
     code, message, body = error_status(exc)
-    return (status_block(code, message, ((ERROR_TRAILER.encode(), body.encode()),)),)
+    return status_block(code, message, ((ERROR_TRAILER.encode(), body.encode()),))
 
 
 def _metadata_out(headers: list[tuple[bytes, bytes]]) -> tuple[tuple[str, str | bytes], ...]:
@@ -646,9 +686,9 @@ class GrpcFront:
         # The full service, on a port only this process knows of.
         inner = settings.model_copy(update={"host": "127.0.0.1", "grpc_port": 0, "reuse_port": False})
         self._inner, inner_port = create_grpc_server(inner, router)
-        self._channel = grpc.aio.insecure_channel(f"127.0.0.1:{inner_port}",
-                                                  options=[("grpc.max_receive_message_length", -1),
-                                                           ("grpc.max_send_message_length", -1)])
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{inner_port}",
+                                                 options=[("grpc.max_receive_message_length", -1),
+                                                          ("grpc.max_send_message_length", -1)])
         self.port = 0
 
     async def start(self) -> int:
@@ -669,56 +709,11 @@ class GrpcFront:
             self._server.close()
         for conn in list(self.connections):
             conn.go_away()
-        deadline = asyncio.get_running_loop().time() + (grace or 0)
-        while self.connections and asyncio.get_running_loop().time() < deadline:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (grace or 0)
+        while self.connections and loop.time() < deadline:
             await asyncio.sleep(0.02)
         for conn in list(self.connections):
             conn.abort()
-        await self._channel.close(grace=None)
+        await self.channel.close(grace=None)
         await self._inner.stop(None)
-
-    async def relay(self, conn: GrpcConnection, stream: _Stream) -> None:
-        """One call of any other method, carried message by message to the grpc.aio server and back."""
-        path = stream.path.decode("ascii", "replace")
-        timeout = grpc_timeout(next((v for n, v in stream.headers if n == b"grpc-timeout"), None))
-        call = self._channel.stream_stream(path)(metadata=_metadata_out(stream.headers), timeout=timeout)
-        feeder = asyncio.get_running_loop().create_task(self._feed(conn, stream, call))
-        try:
-            while (message := await call.read()) is not grpc.aio.EOF:
-                if not stream.headers_sent:
-                    conn.send_headers(stream, b"".join(_literal(k, v) for k, v in
-                                                       _metadata_in(await call.initial_metadata())))
-                conn.send_message(stream, message)
-                if conn.backlog(stream) > SEND_BUFFER:
-                    stream.drained.clear()  # type: ignore[union-attr]
-                    await stream.drained.wait()  # type: ignore[union-attr]
-                if stream.done:
-                    return
-            code, details, trailing = await call.code(), await call.details(), await call.trailing_metadata()
-        except grpc.aio.AioRpcError as e:
-            code, details, trailing = e.code(), e.details() or "", e.trailing_metadata()
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 — the client gets a status, never a stream left open
-            log.exception("relaying %s failed", path)
-            code, details, trailing = grpc.StatusCode.INTERNAL, "internal error", ()
-        finally:
-            feeder.cancel()
-            if not call.done():
-                call.cancel()
-        conn.end_relayed(stream, code, details or "", _metadata_in(trailing))
-
-    @staticmethod
-    async def _feed(conn: GrpcConnection, stream: _Stream, call: Any) -> None:
-        queue = stream.messages
-        assert queue is not None
-        try:
-            while (message := await queue.get()) is not None:
-                await call.write(message)
-                conn.grant(stream)
-            if not stream.done:
-                await call.done_writing()
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 — the call has ended; its status reaches the client through relay()
-            return
