@@ -20,8 +20,8 @@ from grpc_reflection.v1alpha import reflection
 from freshroute.errors import FreshrouteError, InvalidArgument
 from proto import router_pb2, router_pb2_grpc
 
-from router.bounds import NO_BOUND, Bound, parse_bound
-from router.results import LookupResult, ReplicaInfo, key_not_found
+from freshroute.routing.bound import NO_BOUND, Bound
+from freshroute.routing.results import LookupResult, ReplicaInfo, key_not_found
 from router.routing import Router
 from router.settings import RouterSettings
 
@@ -52,14 +52,6 @@ async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> NoRetu
     raise AssertionError("context.abort returned")  # pragma: no cover — abort always raises
 
 
-def _bound(table: str, request: Any) -> Bound:
-    if not request.HasField("bound"):
-        return NO_BOUND
-    b = request.bound
-    return parse_bound(table, b.max_lag if b.HasField("max_lag") else None,
-                       b.max_staleness_ms if b.HasField("max_staleness_ms") else None, b.min_position or None)
-
-
 def _get_response(r: LookupResult) -> router_pb2.GetResponse:
     return router_pb2.GetResponse(
         table=r.table, key=r.key, value_json=r.value.decode("utf-8") if r.found else "", partition=r.partition,
@@ -85,7 +77,7 @@ def _replica_info(i: ReplicaInfo) -> router_pb2.ReplicaInfo:
 def parse_request_bound(router: Router, table: str, request: Any) -> Bound:
     """The request's bound; a malformed one is counted as an invalid lookup before it is raised."""
     try:
-        return _bound(table, request)
+        return Bound.from_message(table, request.bound) if request.HasField("bound") else NO_BOUND
     except InvalidArgument:
         router.metrics.lookup("invalid", "none", 0.0)
         raise

@@ -20,8 +20,8 @@ from router.http import KeyLookupProtocol
 from router.rest import create_app
 from router.routing import Router
 from router.settings import RouterSettings
-from router.snapshot import MetadataRefresher, Snapshot
-from router.store_client import StoreNodeClient, StoreClient
+from freshroute.routing.snapshot import MetadataRefresher, Snapshot
+from freshroute.routing.store import StoreNodeClient, StoreClient
 
 log = logging.getLogger("freshroute.router")
 

@@ -25,10 +25,10 @@ from starlette.types import Receive, Scope, Send
 from freshroute.errors import FreshrouteError, InvalidArgument
 from freshroute.position import Position
 
-from router.bounds import NO_BOUND, Bound, parse_bound, parse_limit, parse_query_bound
+from freshroute.routing.bound import NO_BOUND, Bound, parse_bound, parse_limit, parse_query_bound
 from router.openapi import (ERROR_RESPONSES, BatchGetRequest, BatchGetResponse, ErrorBody, KeyValue, ScanResponse,
                             bound_parameters)
-from router.results import LookupResult, key_not_found
+from freshroute.routing.results import LookupResult, key_not_found
 from router.routing import Router
 from router.settings import RouterSettings
 

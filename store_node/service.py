@@ -19,8 +19,8 @@ from grpc_reflection.v1alpha import reflection
 
 from freshroute.errors import StoreCorrupt
 from freshroute.metadata import ReplicaState, Role, now_ms
+from freshroute.routing.bound import Bound
 from proto import store_pb2, store_pb2_grpc
-from store_node.bounds import refusal
 from store_node.lag import LagSnapshot
 from store_node.replica_store import scan_range
 
@@ -66,7 +66,8 @@ class _Reader:
         # Take the store before the lag: the store can only be newer than the lag says.
         store = rep.store
         lag = rep.lag.snapshot(self.now)
-        return rep, store, lag, replica_status(self.node_id, rep, lag), refusal(lag, None, None, 0)
+        # A read without a bound is never refused: no refusal is cached for it.
+        return rep, store, lag, replica_status(self.node_id, rep, lag), None
 
     def read(self, read: store_pb2.KeyRead, out: store_pb2.KeyResult) -> None:
         """Answer ``read`` into ``out`` (an empty result, usually added to a batch's results in place)."""
@@ -85,10 +86,9 @@ class _Reader:
             out.status = _TOO_STALE
             out.message = "replica is being rebuilt from its changelog"
             return
-        if read.HasField("bound"):  # without one, the refusal for no limits (cached) applies
-            bound = read.bound
-            why = refusal(lag, bound.max_lag if bound.HasField("max_lag") else None,
-                          bound.max_staleness_ms if bound.HasField("max_staleness_ms") else None, bound.min_offset)
+        if read.HasField("bound"):
+            why = Bound.from_store(read.table, read.partition, read.bound).refusal(read.partition, lag.applied,
+                                                                                 lag.end, lag.staleness_ms)
         if why is not None:
             out.status = _TOO_STALE
             out.message = why
@@ -167,9 +167,8 @@ class StoreNodeService(store_pb2_grpc.StoreNodeServicer):
         if store is None:
             yield store_pb2.ScanChunk(status=_TOO_STALE, replica=status, message="replica is being rebuilt")
             return
-        b = request.bound
-        why = refusal(lag, b.max_lag if b.HasField("max_lag") else None,
-                      b.max_staleness_ms if b.HasField("max_staleness_ms") else None, b.min_offset)
+        why = Bound.from_store(request.table, request.partition, request.bound).refusal(
+            request.partition, lag.applied, lag.end, lag.staleness_ms)
         if why is not None:
             yield store_pb2.ScanChunk(status=_TOO_STALE, replica=status, message=why)
             return

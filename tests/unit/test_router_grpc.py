@@ -12,8 +12,8 @@ from router.grpc_front import GrpcFront
 from router.grpc_server import ERROR_TRAILER, create_grpc_server
 from router.routing import Router
 from router.settings import RouterSettings
-from router.snapshot import FixedSnapshot, Snapshot
-from router.fake_store import InMemoryStoreClient
+from freshroute.routing.snapshot import FixedSnapshot, Snapshot
+from freshroute.routing.fake import InMemoryStoreClient
 
 from .test_router_rest import KEYS, TABLE, Cluster, part
 

@@ -7,9 +7,9 @@ from freshroute.errors import LookupTimeout, NoReplicaWithinBound
 from freshroute.metadata import Role
 from freshroute.position import Position
 
-from router.bounds import Bound
-from router.results import decode_page_token, encode_page_token
-from router.routing import LatencyWindow
+from freshroute.routing.bound import Bound
+from freshroute.routing.results import decode_page_token, encode_page_token
+from freshroute.routing.attempts import LatencyWindow
 from router.settings import RouterSettings
 
 from .test_router_rest import TABLE, Cluster, part

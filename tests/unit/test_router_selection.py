@@ -1,10 +1,11 @@
 import random
 
 from freshroute.metadata import ReplicaState, Role
+from freshroute.position import Position
 
-from router.bounds import Bound
-from router.selection import FreshestFirst, LoadTracker
-from router.snapshot import LagOverlay, ReplicaView
+from freshroute.routing.bound import Bound
+from freshroute.routing.selection import FreshestFirst, LoadTracker
+from freshroute.routing.snapshot import LagOverlay, ReplicaView
 
 NOW = 1_000_000
 
@@ -21,8 +22,8 @@ def selector(**kw):
     return FreshestFirst(load, LagOverlay(), clock_ms=lambda: NOW, rng=random.Random(7), **kw)
 
 
-def order(sel, replicas, bound=Bound(), min_offset=0):
-    return [c.replica.node for c in sel.select(replicas, bound, min_offset).candidates]
+def order(sel, replicas, bound=Bound()):
+    return [c.replica.node for c in sel.select(replicas, bound).candidates]
 
 
 def test_freshest_offset_lag_first_then_staleness():
@@ -36,19 +37,19 @@ def test_freshest_offset_lag_first_then_staleness():
 def test_bound_excludes_replicas_the_recent_view_puts_beyond_it():
     sel = selector()
     reps = [replica("a", lag=50), replica("b", lag=3), replica("c", lag=80)]
-    result = sel.select(reps, Bound(max_lag=10), 0)
+    result = sel.select(reps, Bound(max_lag=10))
     assert [c.replica.node for c in result.candidates] == ["b"]
     assert result.freshest.replica.node == "b" and result.freshest.lag_offsets == 3
     # staleness bound
     assert order(sel, [replica("a", lag=1, staleness=6000), replica("b", lag=1, staleness=10)],
                  Bound(max_staleness_ms=5000)) == ["b"]
     # min_position: applied offset must have reached it
-    assert order(sel, [replica("a", applied=90), replica("b", applied=120)], Bound(), min_offset=100) == ["b"]
+    assert order(sel, [replica("a", applied=90), replica("b", applied=120)], Bound(min_position=Position("t", {0: 100}))) == ["b"]
 
 
 def test_no_replica_within_bound_reports_the_freshest():
     sel = selector()
-    result = sel.select([replica("a", lag=50), replica("b", lag=80)], Bound(max_lag=10), 0)
+    result = sel.select([replica("a", lag=50), replica("b", lag=80)], Bound(max_lag=10))
     assert result.candidates == []
     assert (result.freshest.replica.node, result.freshest.lag_offsets) == ("a", 50)
     assert result.live == 2
@@ -125,7 +126,7 @@ def test_load_does_not_beat_freshness_unless_within_tolerance():
 def test_dead_and_unreported_replicas_are_not_candidates():
     sel = selector()
     reps = [replica("a", alive=False), replica("b", lag=9), replica("c", reported=False)]
-    result = sel.select(reps, Bound(), 0)
+    result = sel.select(reps, Bound())
     assert [c.replica.node for c in result.candidates] == ["b"]
     assert result.live == 1
 
@@ -133,7 +134,7 @@ def test_dead_and_unreported_replicas_are_not_candidates():
 def test_with_no_live_replica_the_dead_looking_ones_are_still_tried():
     sel = selector()
     reps = [replica("a", alive=False, lag=3), replica("b", alive=False, lag=1)]
-    result = sel.select(reps, Bound(), 0)
+    result = sel.select(reps, Bound())
     assert [c.replica.node for c in result.candidates] == ["b", "a"]
     assert result.live == 0
 

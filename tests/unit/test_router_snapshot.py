@@ -5,7 +5,7 @@ import redis.exceptions
 
 from freshroute.metadata import Assignment, Keys, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
 
-from router.snapshot import MetadataRefresher, build_snapshot
+from freshroute.routing.snapshot import MetadataRefresher, build_snapshot
 
 T0 = 1_700_000_000_000
 SPEC = TableSpec("sensor_stats", "sensor_stats-changelog", 2, "sensor_id", {"count": "long"}, 1)

@@ -11,7 +11,8 @@ from freshroute.metadata import ReplicaState, Role
 from proto import store_pb2, store_pb2_grpc
 
 from freshroute.framing import FrameReader, frame
-from router.store_client import ReadStatus, StoreBound, StoreNodeClient
+from freshroute.routing.bound import NO_BOUND, Bound
+from freshroute.routing.store import ReadStatus, StoreNodeClient
 
 pytestmark = pytest.mark.anyio
 
@@ -144,17 +145,17 @@ async def test_reads_issued_together_travel_in_one_batch_and_match_by_id(transpo
     try:
         addr = await node.start(client, store)
         keys = [f"k{i}".encode() for i in range(20)] + [b"missing"]
-        results = await asyncio.gather(*(client.read(addr, "t", 0, k, StoreBound()) for k in keys))
+        results = await asyncio.gather(*(client.read(addr, "t", 0, k, NO_BOUND) for k in keys))
         assert [r.value for r in results[:20]] == [ROWS[k] for k in keys[:20]]
         assert results[20].status is ReadStatus.NOT_FOUND
         assert store.batches == [21]
         rep = results[0].replica
         assert (rep.node, rep.role, rep.state, rep.lag_offsets, rep.staleness_ms) == (
             "s1", Role.STANDBY, ReplicaState.STANDBY, 2, 40)
-        stale = await client.read(addr, "t", 0, b"k1", StoreBound(max_lag=1))
+        stale = await client.read(addr, "t", 0, b"k1", Bound(max_lag=1))
         assert stale.status is ReadStatus.TOO_STALE
         assert store.batches == [21, 1]
-        scan = await client.scan(addr, "t", 0, b"k1", b"", b"", 0, StoreBound(), 5)
+        scan = await client.scan(addr, "t", 0, b"k1", b"", b"", 0, NO_BOUND, 5)
         assert [k for k, _ in scan.entries] == sorted(k for k in ROWS if k.startswith(b"k1"))
     finally:
         await client.close()
@@ -175,14 +176,14 @@ async def test_past_the_unanswered_reads_limit_reads_wait_and_leave_together(tra
     node = Started(transport)
     try:
         addr = await node.start(client, store)
-        first = [asyncio.ensure_future(client.read(addr, "t", 0, b"k0", StoreBound()))]
+        first = [asyncio.ensure_future(client.read(addr, "t", 0, b"k0", NO_BOUND))]
         await wait_for_batches(store, 1)
         # Below the limit a read leaves at once, alone (the node reads it once it has
         # answered the first batch: a stream's batches are answered one after the other).
-        first.append(asyncio.ensure_future(client.read(addr, "t", 0, b"k1", StoreBound())))
+        first.append(asyncio.ensure_future(client.read(addr, "t", 0, b"k1", NO_BOUND)))
         await asyncio.sleep(0.3)  # generous: the machine may be busy
         # Two reads unanswered: these wait, and leave as one batch when an answer arrives.
-        waiting = [asyncio.ensure_future(client.read(addr, "t", 0, f"k{i}".encode(), StoreBound()))
+        waiting = [asyncio.ensure_future(client.read(addr, "t", 0, f"k{i}".encode(), NO_BOUND))
                    for i in range(2, 7)]
         await asyncio.sleep(0.3)
         waiting[0].cancel()  # given up on (a timeout, a lost hedge) while it waited: not sent
@@ -204,7 +205,7 @@ async def test_broken_stream_fails_in_flight_reads_as_retryable_then_reconnects(
     node = Started(transport)
     try:
         addr = await node.start(client, store)
-        pending = [asyncio.ensure_future(client.read(addr, "t", 0, b"k1", StoreBound())) for _ in range(3)]
+        pending = [asyncio.ensure_future(client.read(addr, "t", 0, b"k1", NO_BOUND)) for _ in range(3)]
         await wait_for_batches(store, 1)
         assert store.batches
         await node.stop()  # the node goes away with reads in flight
@@ -213,7 +214,7 @@ async def test_broken_stream_fails_in_flight_reads_as_retryable_then_reconnects(
                 await asyncio.wait_for(fut, 5)
         # Nothing listens: a read fails fast and retryable instead of hanging.
         with pytest.raises(ReplicaUnavailable):
-            await asyncio.wait_for(client.read(addr, "t", 0, b"k1", StoreBound()), 5)
+            await asyncio.wait_for(client.read(addr, "t", 0, b"k1", NO_BOUND), 5)
         # The node is back on the same ports: the next read opens a new stream.
         store2 = DictStore(ROWS)
         if transport == "grpc":
@@ -224,7 +225,7 @@ async def test_broken_stream_fails_in_flight_reads_as_retryable_then_reconnects(
         result = None
         for _ in range(50):
             try:
-                result = await asyncio.wait_for(client.read(addr, "t", 0, b"k2", StoreBound()), 5)
+                result = await asyncio.wait_for(client.read(addr, "t", 0, b"k2", NO_BOUND), 5)
                 break
             except ReplicaUnavailable:
                 await asyncio.sleep(0.1)  # the channel's reconnect backoff
@@ -241,11 +242,11 @@ async def test_a_node_back_with_another_read_port_is_read_there():
     try:
         store1, store2 = DictStore({b"k": b"1"}), DictStore({b"k": b"2"})
         addr = await first.start(client, store1)
-        assert (await client.read(addr, "t", 0, b"k", StoreBound())).value == b"1"
+        assert (await client.read(addr, "t", 0, b"k", NO_BOUND)).value == b"1"
         await second.start(client, store2)
         # Same gRPC address, new read port (a restarted node): the old connection goes.
         client.track({addr: second.server.read_address})
-        assert (await client.read(addr, "t", 0, b"k", StoreBound())).value == b"2"
+        assert (await client.read(addr, "t", 0, b"k", NO_BOUND)).value == b"2"
         assert store1.batches == [1] and store2.batches == [1]
     finally:
         await client.close()
@@ -257,7 +258,7 @@ async def test_scan_of_unreachable_node_is_replica_unavailable():
     client = StoreNodeClient()
     try:
         with pytest.raises(ReplicaUnavailable):
-            await client.scan("127.0.0.1:1", "t", 0, b"", b"", b"", 10, StoreBound(), 2)
+            await client.scan("127.0.0.1:1", "t", 0, b"", b"", b"", 10, NO_BOUND, 2)
     finally:
         await client.close()
 
@@ -265,9 +266,9 @@ async def test_scan_of_unreachable_node_is_replica_unavailable():
 async def test_a_read_port_that_never_accepts_fails_reads_after_the_connect_timeout(monkeypatch):
     import socket
 
-    from router import store_client
+    from freshroute.routing import store
 
-    monkeypatch.setattr(store_client._FrameStream, "_CONNECT_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(store._FrameStream, "_CONNECT_TIMEOUT_S", 0.3)
     # A listener that never accepts, its backlog filled: further connects get no answer.
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -285,7 +286,7 @@ async def test_a_read_port_that_never_accepts_fails_reads_after_the_connect_time
         loop = asyncio.get_running_loop()
         started = loop.time()
         with pytest.raises(ReplicaUnavailable, match="connect timeout"):
-            await asyncio.wait_for(client.read("127.0.0.1:1", "t", 0, b"k", StoreBound()), 5)
+            await asyncio.wait_for(client.read("127.0.0.1:1", "t", 0, b"k", NO_BOUND), 5)
         assert loop.time() - started < 3
     finally:
         await client.close()

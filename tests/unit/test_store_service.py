@@ -10,7 +10,6 @@ import pytest
 
 from freshroute.metadata import Role, TableSpec
 from proto import store_pb2
-from store_node.bounds import ReadBound, check, refusal
 from store_node.lag import LagSnapshot
 from store_node.replica import Replica
 from store_node.replica_store import ReplicaStore
@@ -188,18 +187,6 @@ def test_status_lists_replicas_with_counters(world):
     st = asyncio.run(world.service.Status(store_pb2.StatusRequest(), None))
     assert st.node == "n7" and list(st.tables) == ["users/1"]
     assert st.replicas[0].applied_offset == 10 and st.counters[0].resumed_from == 10
-
-
-def test_refusal_rules():
-    lag = LagSnapshot(applied=100, end=110, staleness_ms=300, caught_up=False)
-    assert refusal(lag, None, None, 0) is None
-    assert refusal(lag, 10, 300, 100) is None
-    assert refusal(lag, 9, None, 0) is not None
-    assert refusal(lag, None, 299, 0) is not None
-    assert refusal(lag, None, None, 101) is not None
-    assert check(LagSnapshot(5, None, 0, False), ReadBound(max_lag=100)) is not None
-    bound = ReadBound.from_proto(store_pb2.ReadBound(max_lag=0, min_offset=3))
-    assert bound == ReadBound(max_lag=0, max_staleness_ms=None, min_offset=3)
 
 
 # the read port: the same answers as frames on TCP

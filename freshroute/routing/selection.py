@@ -15,8 +15,8 @@ from typing import Callable, NamedTuple, Protocol, Sequence
 
 from freshroute.metadata import now_ms
 
-from router.bounds import Bound
-from router.snapshot import LagOverlay, ReplicaView
+from freshroute.routing.bound import Bound
+from freshroute.routing.snapshot import LagOverlay, ReplicaView
 
 
 class Candidate(NamedTuple):
@@ -45,7 +45,7 @@ class Selection(NamedTuple):
 class ReplicaSelector(Protocol):
     """Orders the replicas of one partition for a read with the given bound."""
 
-    def select(self, replicas: Sequence[ReplicaView], bound: Bound, min_offset: int) -> Selection: ...
+    def select(self, replicas: Sequence[ReplicaView], bound: Bound) -> Selection: ...
 
 
 @dataclass(slots=True)
@@ -122,13 +122,13 @@ class FreshestFirst:
             staleness += age
         return Candidate(r, lag, staleness, applied), age
 
-    def select(self, replicas: Sequence[ReplicaView], bound: Bound, min_offset: int) -> Selection:
+    def select(self, replicas: Sequence[ReplicaView], bound: Bound) -> Selection:
         now = self.clock_ms()
         live = [r for r in replicas if r.alive and r.state is not None]
         # Liveness is a view too: with no replica believed alive, the dead-looking ones are
         # still worth one try each rather than a certain failure.
         pool = live or [r for r in replicas if r.state is not None]
-        unbounded = bound.max_lag is None and bound.max_staleness_ms is None and not min_offset
+        unbounded = bound.unbounded
         within: list[Candidate] = []
         unsure: list[Candidate] = []
         behind: list[Candidate] = []
@@ -137,7 +137,7 @@ class FreshestFirst:
             c, age = self.estimate(r, now)
             if freshest is None or (c.lag_offsets, c.staleness_ms) < (freshest.lag_offsets, freshest.staleness_ms):
                 freshest = c
-            if unbounded or self._meets(c, bound, min_offset):
+            if unbounded or bound.refusal(r.partition, c.applied, c.applied + c.lag_offsets, c.staleness_ms) is None:
                 within.append(c)
             elif age > self.view_trust_ms:
                 unsure.append(c)
@@ -147,14 +147,6 @@ class FreshestFirst:
         if unsure:
             ordered.extend(self._order(unsure, now))
         return Selection(ordered, freshest, len(live), self._order(behind, now) if behind else [])
-
-    @staticmethod
-    def _meets(c: Candidate, bound: Bound, min_offset: int) -> bool:
-        if bound.max_lag is not None and c.lag_offsets > bound.max_lag:
-            return False
-        if bound.max_staleness_ms is not None and c.staleness_ms > bound.max_staleness_ms:
-            return False
-        return c.applied >= min_offset
 
     @staticmethod
     def _rank(c: Candidate, load: NodeLoad, lag_cut: int, ms_cut: int, now: int) -> tuple:

@@ -20,7 +20,7 @@ import orjson
 
 from freshroute.metadata import Assignment, Keys, NodeReport, ReplicaState, Role, TableSpec, now_ms
 
-log = logging.getLogger("freshroute.router.snapshot")
+log = logging.getLogger("freshroute.routing.snapshot")
 
 TablePartition = tuple[str, int]
 

@@ -1,4 +1,4 @@
-"""An in-memory :class:`StoreClient`: the router's test seam, and a way to measure the router alone.
+"""An in-memory :class:`StoreClient`: the routing core's test seam, and a way to measure the router alone.
 
 Fake nodes host replicas with a lag of their choosing, enforce bounds the way a store node
 does, and can be taken down or slowed down to exercise failover and hedging.
@@ -13,8 +13,9 @@ from typing import Awaitable, Mapping
 from freshroute.errors import ReplicaUnavailable
 from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
 
-from router.snapshot import Snapshot, build_snapshot
-from router.store_client import ReadResult, ReadStatus, ReplicaStatus, ScanResult, StoreBound
+from freshroute.routing.bound import Bound
+from freshroute.routing.snapshot import Snapshot, build_snapshot
+from freshroute.routing.store import GroupResult, ReadResult, ReadStatus, ReplicaStatus, ScanResult, group_result
 
 
 @dataclass
@@ -45,6 +46,7 @@ class FakeNode:
     down: bool = False
     delay_s: float = 0.0
     reads: int = 0
+    batches: int = 0
     scans: int = 0
 
     def host(self, table: str, partition: int, **kw) -> FakeReplica:
@@ -61,25 +63,22 @@ class FakeNode:
         r = self.replicas[(table, partition)]
         return ReplicaStatus(self.node, r.role, r.state, r.applied, r.end, r.lag, r.staleness_ms)
 
-    def answer(self, table: str, partition: int, key: bytes, bound: StoreBound) -> ReadResult:
+    def refusal(self, table: str, partition: int, bound: Bound) -> str | None:
+        r = self.replicas[(table, partition)]
+        return bound.refusal(partition, r.applied, r.end, r.staleness_ms)
+
+    def answer(self, table: str, partition: int, key: bytes, bound: Bound) -> ReadResult:
         replica = self.replicas.get((table, partition))
         if replica is None:
             return ReadResult(ReadStatus.NOT_HOSTED, message=f"{self.node} does not host {table}/{partition}")
         status = self.status(table, partition)
-        if not _meets(replica, bound):
-            return ReadResult(ReadStatus.TOO_STALE, replica=status, message="behind the bound")
+        why = self.refusal(table, partition, bound)
+        if why is not None:
+            return ReadResult(ReadStatus.TOO_STALE, replica=status, message=why)
         value = replica.data.get(key)
         if value is None:
             return ReadResult(ReadStatus.NOT_FOUND, replica=status)
         return ReadResult(ReadStatus.OK, value, status)
-
-
-def _meets(r: FakeReplica, bound: StoreBound) -> bool:
-    if bound.max_lag is not None and r.lag > bound.max_lag:
-        return False
-    if bound.max_staleness_ms is not None and r.staleness_ms > bound.max_staleness_ms:
-        return False
-    return r.applied >= bound.min_offset
 
 
 class InMemoryStoreClient:
@@ -95,7 +94,7 @@ class InMemoryStoreClient:
     def reports(self, heartbeat_ms: int) -> list[NodeReport]:
         return [n.report(heartbeat_ms) for n in self.nodes.values()]
 
-    def read(self, address: str, table: str, partition: int, key: bytes, bound: StoreBound) -> Awaitable[ReadResult]:
+    def read(self, address: str, table: str, partition: int, key: bytes, bound: Bound) -> Awaitable[ReadResult]:
         node = self.nodes.get(address)
         if node is None or node.down or node.delay_s:
             return self._slow_read(node, address, table, partition, key, bound)
@@ -104,28 +103,44 @@ class InMemoryStoreClient:
         fut.set_result(node.answer(table, partition, key, bound))
         return fut
 
-    async def _slow_read(self, node: FakeNode | None, address: str, table: str, partition: int, key: bytes,
-                         bound: StoreBound) -> ReadResult:
+    async def _reachable(self, node: FakeNode | None, address: str) -> FakeNode:
+        """The node after its delay; a node down (before or during the delay) fails as unreachable."""
         if node is None or node.down:
             raise ReplicaUnavailable(f"store node {address}: connection refused", node_address=address)
-        node.reads += 1
-        await asyncio.sleep(node.delay_s)
-        if node.down:
-            raise ReplicaUnavailable(f"store node {address}: stream closed", node_address=address)
+        if node.delay_s:
+            await asyncio.sleep(node.delay_s)
+            if node.down:
+                raise ReplicaUnavailable(f"store node {address}: stream closed", node_address=address)
+        return node
+
+    async def _slow_read(self, node: FakeNode | None, address: str, table: str, partition: int, key: bytes,
+                         bound: Bound) -> ReadResult:
+        if node is not None and not node.down:
+            node.reads += 1
+        node = await self._reachable(node, address)
         return node.answer(table, partition, key, bound)
 
-    async def scan(self, address: str, table: str, partition: int, prefix: bytes, start: bytes, end: bytes,
-                   limit: int, bound: StoreBound, timeout_s: float) -> ScanResult:
+    async def read_many(self, address: str, table: str, partition: int, keys: list[bytes],
+                        bound: Bound) -> GroupResult:
         node = self.nodes.get(address)
-        if node is None or node.down:
-            raise ReplicaUnavailable(f"store node {address}: connection refused", node_address=address)
-        node.scans += 1
+        if node is not None and not node.down:
+            node.batches += 1
+        node = await self._reachable(node, address)
+        return group_result([node.answer(table, partition, k, bound) for k in keys])
+
+    async def scan(self, address: str, table: str, partition: int, prefix: bytes, start: bytes, end: bytes,
+                   limit: int, bound: Bound, timeout_s: float) -> ScanResult:
+        node = self.nodes.get(address)
+        if node is not None and not node.down:
+            node.scans += 1
+        node = await self._reachable(node, address)
         replica = node.replicas.get((table, partition))
         if replica is None:
             return ScanResult(ReadStatus.NOT_HOSTED, [])
         status = node.status(table, partition)
-        if not _meets(replica, bound):
-            return ScanResult(ReadStatus.TOO_STALE, [], status)
+        why = node.refusal(table, partition, bound)
+        if why is not None:
+            return ScanResult(ReadStatus.TOO_STALE, [], status, why)
         keys = sorted(k for k in replica.data
                       if k.startswith(prefix) and k >= start and (not end or k < end))
         return ScanResult(ReadStatus.OK, [(k, replica.data[k]) for k in keys[:limit or None]], status)

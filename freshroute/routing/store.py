@@ -1,4 +1,4 @@
-"""How the router talks to store nodes: a small Protocol, and its implementation for real nodes.
+"""How the routing core talks to store nodes: a small Protocol, and its asyncio implementation for real nodes.
 
 Lookups travel over one long-lived read stream per node — length-prefixed frames on the
 node's read port (:mod:`freshroute.framing`), or the gRPC ``Read`` call of a node that
@@ -25,9 +25,10 @@ from google.protobuf.message import DecodeError
 from freshroute.errors import ReplicaUnavailable
 from freshroute.framing import FrameError, FrameReader, frame
 from freshroute.metadata import ReplicaState, Role
+from freshroute.routing.bound import Bound
 from proto import store_pb2, store_pb2_grpc
 
-log = logging.getLogger("freshroute.router.store_client")
+log = logging.getLogger("freshroute.routing.store")
 
 
 class ReadStatus(IntEnum):
@@ -38,15 +39,6 @@ class ReadStatus(IntEnum):
     TOO_STALE = 2
     NOT_HOSTED = 3
     ERROR = 4
-
-
-@dataclass(frozen=True, slots=True)
-class StoreBound:
-    """The bound as the store node checks it: offsets, ms, and the position's offset for the partition."""
-
-    max_lag: int | None = None
-    max_staleness_ms: int | None = None
-    min_offset: int = 0
 
 
 class ReplicaStatus(NamedTuple):
@@ -78,15 +70,41 @@ class ScanResult:
     message: str = ""
 
 
+class GroupResult(NamedTuple):
+    """Several keys of one partition read from one replica: OK when every key was answered (found or not).
+
+    Otherwise ``status`` is the first refusal or failure among them, and the group is tried
+    elsewhere as a whole.
+    """
+
+    status: ReadStatus
+    results: list[ReadResult]
+    replica: ReplicaStatus | None = None
+    message: str = ""
+
+
+def group_result(results: list[ReadResult]) -> GroupResult:
+    """The answers to one group's reads, judged as one."""
+    for r in results:
+        if r.status is not ReadStatus.OK and r.status is not ReadStatus.NOT_FOUND:
+            return GroupResult(r.status, results, r.replica, r.message)
+    return GroupResult(ReadStatus.OK, results, results[0].replica if results else None)
+
+
 class StoreClient(Protocol):
     """Reads from store nodes. Transport failures raise :class:`ReplicaUnavailable`."""
 
-    def read(self, address: str, table: str, partition: int, key: bytes, bound: StoreBound) -> Awaitable[ReadResult]:
+    def read(self, address: str, table: str, partition: int, key: bytes, bound: Bound) -> Awaitable[ReadResult]:
         """One key read; the awaitable resolves when the node answers (no timeout of its own)."""
         ...
 
+    def read_many(self, address: str, table: str, partition: int, keys: list[bytes],
+                  bound: Bound) -> Awaitable[GroupResult]:
+        """Several keys of one partition from one replica, sent together."""
+        ...
+
     async def scan(self, address: str, table: str, partition: int, prefix: bytes, start: bytes, end: bytes,
-                   limit: int, bound: StoreBound, timeout_s: float) -> ScanResult: ...
+                   limit: int, bound: Bound, timeout_s: float) -> ScanResult: ...
 
     def track(self, read_addresses: Mapping[str, str | None]) -> None:
         """The nodes in the metadata: gRPC address → read port address (None: the node has none).
@@ -110,12 +128,14 @@ def replica_status(msg: store_pb2.ReplicaStatus) -> ReplicaStatus:
                          max(0, msg.lag_offsets), max(0, msg.staleness_ms))
 
 
-def read_bound(bound: StoreBound) -> store_pb2.ReadBound:
-    return store_pb2.ReadBound(max_lag=bound.max_lag, max_staleness_ms=bound.max_staleness_ms,
-                               min_offset=bound.min_offset)
+def key_read(read_id: int, table: str, partition: int, key: bytes, bound: Bound) -> store_pb2.KeyRead:
+    """One read as it travels; an absent bound reads as "no limit" at the node and costs nothing to build."""
+    if bound.unbounded:
+        return store_pb2.KeyRead(id=read_id, table=table, partition=partition, key=key)
+    return store_pb2.KeyRead(id=read_id, table=table, partition=partition, key=key, bound=bound.to_store(partition))
 
 
-def _results(batch: store_pb2.ResultBatch) -> Iterator[tuple[int, ReadResult]]:
+def results(batch: store_pb2.ResultBatch) -> Iterator[tuple[int, ReadResult]]:
     """(read id, result) of every answer in a batch."""
     last: store_pb2.ReplicaStatus | None = None
     status: ReplicaStatus | None = None
@@ -194,7 +214,7 @@ class _ReadStream:
         if self._outbox:
             self._wake()
         pending = self._pending
-        for read_id, result in _results(batch):
+        for read_id, result in results(batch):
             fut = pending.pop(read_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(result)
@@ -406,24 +426,32 @@ class StoreNodeClient:
                                                 self._max_unanswered)
         return node
 
-    def read(self, address: str, table: str, partition: int, key: bytes, bound: StoreBound) -> asyncio.Future[ReadResult]:
+    def _stream(self, address: str) -> _ReadStream:
         node = self._node(address)
         # Retired streams are kept only until they have been closed.
         if node.retired:
             self._close_later(*node.retired)
             node.retired = []
-        if bound.max_lag is None and bound.max_staleness_ms is None and not bound.min_offset:
-            # An absent bound reads as "no limit" at the node, and costs nothing to build.
-            msg = store_pb2.KeyRead(id=next(self._ids), table=table, partition=partition, key=key)
-        else:
-            msg = store_pb2.KeyRead(id=next(self._ids), table=table, partition=partition, key=key,
-                                    bound=read_bound(bound))
-        return node.read_stream().submit(msg)
+        return node.read_stream()
+
+    def read(self, address: str, table: str, partition: int, key: bytes, bound: Bound) -> asyncio.Future[ReadResult]:
+        return self._stream(address).submit(key_read(next(self._ids), table, partition, key, bound))
+
+    async def read_many(self, address: str, table: str, partition: int, keys: list[bytes],
+                        bound: Bound) -> GroupResult:
+        stream = self._stream(address)
+        # Submitted in one tick, they leave in one message.
+        futs = [stream.submit(key_read(next(self._ids), table, partition, k, bound)) for k in keys]
+        try:
+            return group_result(list(await asyncio.gather(*futs)))
+        finally:
+            for f in futs:
+                f.cancel()  # a no-op for answered reads; unsent ones are then not sent
 
     async def scan(self, address: str, table: str, partition: int, prefix: bytes, start: bytes, end: bytes,
-                   limit: int, bound: StoreBound, timeout_s: float) -> ScanResult:
+                   limit: int, bound: Bound, timeout_s: float) -> ScanResult:
         request = store_pb2.ScanRequest(table=table, partition=partition, prefix=prefix, start=start, end=end,
-                                        limit=limit, bound=read_bound(bound))
+                                        limit=limit, bound=bound.to_store(partition))
         entries: list[tuple[bytes, bytes]] = []
         replica: ReplicaStatus | None = None
         try:

@@ -1,0 +1,353 @@
+"""The one attempt engine: which replica to ask next, when to retry or hedge, and what to say when none answers.
+
+An :class:`AttemptPlan` holds the decisions for one read of one partition and does no I/O:
+a driver asks it for the attempts due now (:meth:`AttemptPlan.launch`), waits until an
+answer arrives or :meth:`AttemptPlan.wake_at`, and hands every outcome back
+(:meth:`AttemptPlan.settle`). Point gets, a batch's partition groups and a scan's partitions
+all run through it, under :func:`run` (asyncio) or the client's blocking driver, so they
+retry, hedge and fail in exactly the same way.
+
+The rules: candidates in the selector's order; the next one joins when the current attempt
+fails, is refused, is slower than the attempt timeout, or — once per read, within a token
+budget — slower than the recent p9x of its kind (a hedge); whichever answers first wins.
+Replicas the view put behind the bound are asked only after every candidate failed without
+saying it was too stale. What is left at the deadline is a timeout; a read every replica
+refused is :class:`NoReplicaWithinBound` with the freshest lag they reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
+
+from freshroute.errors import FreshrouteError, LookupTimeout, NoReplicaWithinBound, ReplicaUnavailable
+from freshroute.metadata import ReplicaState
+from freshroute.routing.bound import Bound
+from freshroute.routing.selection import Candidate, LoadTracker, Selection
+from freshroute.routing.snapshot import LagOverlay
+from freshroute.routing.store import ReadStatus, ReplicaStatus
+
+# Timers may fire a hair early; a wake-up this close to its time counts as on time.
+TIMER_SLACK_S = 0.0005
+
+_RETRY_REASON = {ReadStatus.TOO_STALE: "too_stale", ReadStatus.NOT_HOSTED: "not_hosted", ReadStatus.ERROR: "error"}
+_OK, _NOT_FOUND, _TOO_STALE = ReadStatus.OK, ReadStatus.NOT_FOUND, ReadStatus.TOO_STALE
+
+
+class Answer(Protocol):
+    """What one attempt returns: a status, the answering replica's lag, and a message."""
+
+    status: ReadStatus
+    replica: ReplicaStatus | None
+    message: str
+
+
+A = TypeVar("A", bound=Answer)
+
+
+class LatencyWindow:
+    """Recent attempt latencies of one kind of read, for the hedging threshold (a quantile recomputed every few samples)."""
+
+    def __init__(self, quantile: float, size: int = 512, every: int = 64, min_samples: int = 32) -> None:
+        self._q = quantile
+        self._buf = [0.0] * size
+        self._n = 0
+        self._every = every
+        self._min = min_samples
+        self.value_ms: float | None = None
+
+    def record(self, ms: float) -> None:
+        self._buf[self._n % len(self._buf)] = ms
+        self._n += 1
+        if self._n >= self._min and self._n % self._every == 0:
+            filled = sorted(self._buf[: min(self._n, len(self._buf))])
+            self.value_ms = filled[min(len(filled) - 1, int(self._q * len(filled)))]
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptPolicy:
+    """How long attempts may take and when a second replica joins."""
+
+    attempt_timeout_ms: int = 500
+    hedge: bool = True
+    hedge_quantile: float = 0.95
+    hedge_min_ms: float = 5.0
+    hedge_budget: float = 0.1
+
+
+class NoMetrics:
+    """The metrics seam of the routing core, counting nothing."""
+
+    def lookup(self, outcome: str, role: str, seconds: float) -> None:
+        pass
+
+    def retry(self, reason: str) -> None:
+        pass
+
+
+class Attempts:
+    """What every read of one routing core shares: node load, the lag overlay, latency windows, the hedge budget."""
+
+    def __init__(self, policy: AttemptPolicy, load: LoadTracker, overlay: LagOverlay,
+                 clock_ms: Callable[[], int], metrics: Any = None) -> None:
+        self.policy = policy
+        self.load = load
+        self.overlay = overlay
+        self.clock_ms = clock_ms
+        self.metrics = metrics if metrics is not None else NoMetrics()
+        self.attempt_s = policy.attempt_timeout_ms / 1000
+        self.hedge_tokens = 0.0
+
+    def window(self) -> LatencyWindow:
+        """A latency window for one kind of read (gets, groups and scans take different times)."""
+        return LatencyWindow(self.policy.hedge_quantile)
+
+    def plan(self, table: str, partition: int, bound: Bound, selection: Selection, timeout_s: float,
+             latency: LatencyWindow, now: float) -> "AttemptPlan":
+        """The plan of one read; ``now`` on the driver's monotonic clock (seconds)."""
+        self.hedge_tokens = min(10.0, self.hedge_tokens + self.policy.hedge_budget)
+        return AttemptPlan(self, table, partition, bound, selection, now, timeout_s, latency)
+
+    def hedge_delay_s(self, latency: LatencyWindow) -> float:
+        if not self.policy.hedge or latency.value_ms is None:
+            return self.attempt_s
+        return min(max(self.policy.hedge_min_ms, latency.value_ms) / 1000, self.attempt_s)
+
+
+class AttemptPlan:
+    """The decisions of one read of one partition (sans I/O: the driver sends, waits and reports back)."""
+
+    __slots__ = ("_attempts", "table", "partition", "bound", "selection", "_cands", "_latency", "deadline",
+                 "_hedge_after", "_launched", "_last_launch", "_hedged", "_fallback_used", "inflight", "stale",
+                 "failures", "last_reason")
+
+    def __init__(self, attempts: Attempts, table: str, partition: int, bound: Bound, selection: Selection,
+                 now: float, timeout_s: float, latency: LatencyWindow) -> None:
+        self._attempts = attempts
+        self.table = table
+        self.partition = partition
+        self.bound = bound
+        self.selection = selection
+        self._cands = selection.candidates
+        self._latency = latency
+        self.deadline = now + timeout_s
+        self._hedge_after = attempts.hedge_delay_s(latency)
+        self._launched = 0
+        self._last_launch = now
+        self._hedged = False
+        self._fallback_used = False
+        self.inflight = 0
+        self.stale: list[ReplicaStatus] = []
+        self.failures: list[dict[str, str]] = []
+        self.last_reason = "unavailable"
+
+    # ---- the driver's questions --------------------------------------------------------
+
+    def launch(self, now: float) -> Candidate | None:
+        """The next replica to ask now, counted in its node's load; None while no attempt is due."""
+        cands = self._cands
+        if now >= self.deadline:
+            return None
+        if not self.inflight:
+            if self._launched == len(cands):
+                if self.stale or self._fallback_used or not cands or not self.selection.fallback:
+                    return None
+                # Every candidate failed without saying it was too stale: the view may be
+                # behind the replicas it put outside the bound, and they check it themselves.
+                self._fallback_used = True
+                cands = self._cands = [*cands, *self.selection.fallback]
+            return self._launch(now, self.last_reason if self._launched else None)
+        if self._launched < len(cands):
+            now += TIMER_SLACK_S
+            if now >= self._last_launch + self._attempts.attempt_s:
+                return self._launch(now, "slow")
+            if self._may_hedge() and now >= self._last_launch + self._hedge_after:
+                self._hedged = True
+                self._attempts.hedge_tokens -= 1.0
+                return self._launch(now, "hedge")
+        return None
+
+    def wake_at(self) -> float:
+        """When the driver must ask :meth:`launch` again if no answer arrives first."""
+        if self._launched < len(self._cands):
+            at = self._last_launch + self._attempts.attempt_s
+            if self._may_hedge():
+                at = min(at, self._last_launch + self._hedge_after)
+            return min(at, self.deadline)
+        return self.deadline
+
+    def settle(self, cand: Candidate, outcome: A | BaseException, latency_ms: float) -> A | None:
+        """Account for one finished attempt; the answer if it ends the read, else None."""
+        self.inflight -= 1
+        attempts = self._attempts
+        node = cand.replica.node
+        if isinstance(outcome, BaseException):
+            attempts.load.finished(node, None)
+            attempts.load.failed(node)
+            if isinstance(outcome, ReplicaUnavailable):
+                self.failures.append({"node": node, "reason": outcome.message})
+                self.last_reason = "unavailable"
+            else:  # a store client's bug must not fail the whole read
+                self.failures.append({"node": node, "reason": f"{type(outcome).__name__}: {outcome}"})
+                self.last_reason = "error"
+            return None
+        attempts.load.finished(node, latency_ms)
+        rep = outcome.replica
+        if rep is not None:
+            attempts.overlay.observe(node, self.table, self.partition, rep.applied, rep.end, rep.staleness_ms,
+                                     attempts.clock_ms(), rep.state)
+        status = outcome.status
+        if status is _OK or status is _NOT_FOUND:
+            self._latency.record(latency_ms)
+            return outcome
+        if status is _TOO_STALE and rep is not None:
+            self.stale.append(rep)
+        else:
+            self.failures.append({"node": node, "reason": f"{status.name}: {outcome.message}"})
+        self.last_reason = _RETRY_REASON.get(status, "error")
+        return None
+
+    def abandon(self, cand: Candidate) -> None:
+        """An attempt given up on (another answered first, or the deadline passed)."""
+        self.inflight -= 1
+        self._attempts.load.finished(cand.replica.node, None)
+
+    def error(self, now: float) -> FreshrouteError:
+        """Why the read ended without an answer."""
+        table, partition = self.table, self.partition
+        if not self.selection.candidates:
+            return self.no_replica([])
+        if self.inflight or (now >= self.deadline and self._launched < len(self._cands)):
+            return LookupTimeout(f"no replica of {table}/{partition} answered in time", table=table,
+                                 partition=partition, attempts=[f["node"] for f in self.failures])
+        if self.stale:
+            return self.no_replica(self.stale)
+        return ReplicaUnavailable(f"no replica of {table}/{partition} could answer", table=table,
+                                  partition=partition, attempts=self.failures)
+
+    def no_replica(self, stale: list[ReplicaStatus]) -> NoReplicaWithinBound:
+        """The bound error, with the freshest lag available: what replicas just said, else the view."""
+        if stale:
+            views = [(s.lag_offsets, s.staleness_ms, s.node, s.role.value) for s in stale]
+        else:
+            f = self.selection.freshest
+            views = [(f.lag_offsets, f.staleness_ms, f.replica.node, f.replica.role.value)] if f else []
+        freshest = None
+        if views:
+            lag, ms, node, role = min(views)
+            freshest = {"offsets": lag, "ms": ms, "node": node, "role": role}
+        return NoReplicaWithinBound(
+            f"no live replica of {self.table}/{self.partition} is within the bound", table=self.table,
+            partition=self.partition, bound=self.bound.to_dict(), freshest_lag=freshest,
+            live_replicas=self.selection.live)
+
+    @property
+    def passes(self) -> int:
+        """Enough driver passes for every attempt to launch, settle and time out (a loop bound)."""
+        return 4 * (len(self.selection.candidates) + len(self.selection.fallback)) + 8
+
+    def _launch(self, now: float, reason: str | None) -> Candidate:
+        cand = self._cands[self._launched]
+        self._launched += 1
+        self._last_launch = now
+        self.inflight += 1
+        self._attempts.load.started(cand.replica.node)
+        if reason is not None:
+            self._attempts.metrics.retry(reason)
+        return cand
+
+    def _may_hedge(self) -> bool:
+        return (self._attempts.policy.hedge and not self._hedged and self.inflight == 1
+                and self._attempts.hedge_tokens >= 1.0)
+
+
+# ---- the asyncio driver ---------------------------------------------------------------------
+
+
+async def _first_done(loop: asyncio.AbstractEventLoop, futs: Any, timeout_s: float) -> list[asyncio.Future[Any]]:
+    """Futures done after at most ``timeout_s``; returns at once if any already is.
+
+    A lean ``asyncio.wait(FIRST_COMPLETED)``: that one costs about as much as the rest of a lookup.
+    """
+    done = [f for f in futs if f.done()]
+    if done or timeout_s <= 0:
+        return done
+    waiter = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    timer = loop.call_later(timeout_s, wake)
+    for f in futs:
+        f.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        for f in futs:
+            f.remove_done_callback(wake)
+    return [f for f in futs if f.done()]
+
+
+def _outcome(fut: asyncio.Future[Any]) -> Any:
+    if fut.cancelled():
+        return ReplicaUnavailable("attempt cancelled")
+    return fut.exception() or fut.result()
+
+
+async def run(plan: AttemptPlan, start: Callable[[Candidate], Awaitable[A]]) -> tuple[Candidate, A]:
+    """Drive ``plan`` on the running loop; ``start`` sends one attempt to a replica. Raises the plan's error."""
+    now = time.monotonic()
+    first = plan.launch(now)
+    if first is None:
+        raise plan.error(now)
+    fut = start(first)
+    if not isinstance(fut, asyncio.Future):
+        fut = asyncio.ensure_future(fut)
+    # The future's loop, not asyncio.get_running_loop(): on Python 3.11 that one makes a
+    # getpid() system call on every lookup.
+    loop = fut.get_loop()
+    inflight: dict[asyncio.Future[A], tuple[Candidate, float]] = {fut: (first, now)}
+    try:
+        # The usual case, kept lean because it is most of the work per lookup: the first
+        # replica answers before a retry or a hedge is due.
+        if not fut.done():
+            await _first_done(loop, (fut,), plan.wake_at() - now)
+        if fut.done():
+            del inflight[fut]
+            answer = plan.settle(first, _outcome(fut), (time.monotonic() - now) * 1000)
+            if answer is not None:
+                return first, answer
+        return await _keep_trying(plan, start, loop, inflight)
+    finally:
+        for pending, (cand, _) in inflight.items():
+            if not pending.done():
+                pending.cancel()
+            elif not pending.cancelled():
+                pending.exception()  # a loser's failure is expected; retrieving it keeps asyncio quiet
+            plan.abandon(cand)
+
+
+async def _keep_trying(plan: AttemptPlan, start: Callable[[Candidate], Awaitable[A]], loop: asyncio.AbstractEventLoop,
+                       inflight: dict[asyncio.Future[A], tuple[Candidate, float]]) -> tuple[Candidate, A]:
+    """After the first attempt: retries, hedges and the fallback, until an answer or the deadline.
+
+    Attempts left in ``inflight`` when this returns or raises are the caller's to cancel.
+    """
+    # Bounded: each pass launches an attempt, settles one, or ends at the deadline.
+    for _ in range(plan.passes):
+        now = time.monotonic()
+        while (cand := plan.launch(now)) is not None:
+            fut = start(cand)
+            inflight[fut if isinstance(fut, asyncio.Future) else asyncio.ensure_future(fut)] = (cand, now)
+        if not inflight or now >= plan.deadline:
+            break
+        for fut in await _first_done(loop, inflight, plan.wake_at() - now):
+            cand, t0 = inflight.pop(fut)
+            answer = plan.settle(cand, _outcome(fut), (time.monotonic() - t0) * 1000)
+            if answer is not None:
+                return cand, answer
+    raise plan.error(time.monotonic())

@@ -1,0 +1,151 @@
+"""A caller's freshness bound: the one type, its one refusal check, and its conversions to and from the wire.
+
+Every role speaks of the same ``Bound``: the router and the client parse it from a caller,
+the selector skips replicas it knows cannot meet it, and the store node refuses a read it
+cannot answer within it — so a stale routing view can never produce an out-of-bound answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from freshroute.errors import InvalidArgument
+from freshroute.position import Position
+from proto import router_pb2, store_pb2
+
+_MAX = (1 << 63) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """How fresh an answer must be; ``None`` means no limit."""
+
+    max_lag: int | None = None
+    max_staleness_ms: int | None = None
+    min_position: Position | None = None
+
+    @property
+    def unbounded(self) -> bool:
+        return self.max_lag is None and self.max_staleness_ms is None and self.min_position is None
+
+    def min_offset(self, partition: int) -> int:
+        """The applied offset a replica of ``partition`` must have reached (0 = any)."""
+        return self.min_position.offset_for(partition) if self.min_position is not None else 0
+
+    def refusal(self, partition: int, applied: int, end: int | None, staleness_ms: int) -> str | None:
+        """Why a replica of ``partition`` at this lag must not answer under this bound, or None if it may.
+
+        ``end`` None: the replica does not know its partition's end offset yet.
+        """
+        min_offset = self.min_offset(partition)
+        if min_offset > applied:
+            return f"applied offset {applied} is below the requested position {min_offset}"
+        if self.max_lag is not None:
+            if end is None:
+                return "the partition's end offset is not known yet"
+            behind = end - applied
+            if behind > self.max_lag:
+                return f"replica is {behind} offsets behind, bound is {self.max_lag}"
+        if self.max_staleness_ms is not None and staleness_ms > self.max_staleness_ms:
+            return f"replica is {staleness_ms} ms stale, bound is {self.max_staleness_ms} ms"
+        return None
+
+    def with_defaults(self, max_lag: int | None, max_staleness_ms: int | None) -> "Bound":
+        """Fill unset limits from the table's defaults."""
+        if (self.max_lag is not None or max_lag is None) and (self.max_staleness_ms is not None or max_staleness_ms is None):
+            return self
+        return Bound(self.max_lag if self.max_lag is not None else max_lag,
+                     self.max_staleness_ms if self.max_staleness_ms is not None else max_staleness_ms,
+                     self.min_position)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The bound as error details show it."""
+        out: dict[str, Any] = {"max_lag": self.max_lag, "max_staleness_ms": self.max_staleness_ms}
+        if self.min_position is not None:
+            out["min_position"] = self.min_position.encode()
+        return out
+
+    # ---- the wire ----------------------------------------------------------------------
+
+    def to_store(self, partition: int) -> store_pb2.ReadBound:
+        """The bound as a store node checks it: the position narrowed to ``partition``."""
+        return store_pb2.ReadBound(max_lag=self.max_lag, max_staleness_ms=self.max_staleness_ms,
+                                   min_offset=self.min_offset(partition))
+
+    @classmethod
+    def from_store(cls, table: str, partition: int, msg: store_pb2.ReadBound) -> "Bound":
+        offset = msg.min_offset
+        return cls(msg.max_lag if msg.HasField("max_lag") else None,
+                   msg.max_staleness_ms if msg.HasField("max_staleness_ms") else None,
+                   Position(table, {partition: offset}) if offset > 0 else None)
+
+    def to_message(self) -> router_pb2.Bound:
+        """The bound in the public gRPC API."""
+        return router_pb2.Bound(max_lag=self.max_lag, max_staleness_ms=self.max_staleness_ms,
+                                min_position=self.min_position.encode() if self.min_position is not None else "")
+
+    @classmethod
+    def from_message(cls, table: str, msg: router_pb2.Bound) -> "Bound":
+        """A public gRPC ``Bound``; anything malformed is an InvalidArgument naming the field."""
+        return parse_bound(table, msg.max_lag if msg.HasField("max_lag") else None,
+                           msg.max_staleness_ms if msg.HasField("max_staleness_ms") else None,
+                           msg.min_position or None)
+
+    def to_query(self) -> dict[str, str]:
+        """The bound as REST query parameters."""
+        out = {}
+        if self.max_lag is not None:
+            out["max_lag"] = str(self.max_lag)
+        if self.max_staleness_ms is not None:
+            out["max_staleness_ms"] = str(self.max_staleness_ms)
+        if self.min_position is not None:
+            out["min_position"] = self.min_position.encode()
+        return out
+
+
+NO_BOUND = Bound()
+
+
+def parse_limit(name: str, raw: Any) -> int | None:
+    """A non-negative integer limit from a query value or JSON number; ``None`` if absent."""
+    if raw is None:
+        return None
+    if isinstance(raw, bool):
+        raise InvalidArgument(f"{name} must be a non-negative integer", field=name)
+    if isinstance(raw, int):
+        value = raw
+    else:
+        text = raw.strip() if isinstance(raw, str) else None
+        # int() alone would accept "1_000" and " +5"; a bound is plain decimal digits.
+        if not text or not text.isascii() or not text.isdigit():
+            raise InvalidArgument(f"{name} must be a non-negative integer, got {str(raw)[:40]!r}", field=name)
+        value = int(text)
+    if value < 0 or value > _MAX:
+        raise InvalidArgument(f"{name} must be a non-negative integer, got {value}", field=name)
+    return value
+
+
+def parse_position(table: str, raw: str | Position | None) -> Position | None:
+    """Decode a ``min_position`` token (or take a Position) and check it belongs to ``table``."""
+    if not raw:
+        return None
+    position = raw if isinstance(raw, Position) else Position.decode(raw)
+    if position.table != table:
+        raise InvalidArgument(f"min_position is a position of table {position.table!r}, not {table!r}",
+                              field="min_position")
+    return position
+
+
+def parse_bound(table: str, max_lag: Any = None, max_staleness_ms: Any = None,
+                min_position: str | Position | None = None) -> Bound:
+    """A caller's bound from raw values; anything malformed is an InvalidArgument naming the field."""
+    if max_lag is None and max_staleness_ms is None and not min_position:
+        return NO_BOUND
+    return Bound(parse_limit("max_lag", max_lag), parse_limit("max_staleness_ms", max_staleness_ms),
+                 parse_position(table, min_position))
+
+
+def parse_query_bound(table: str, params: Mapping[str, str]) -> Bound:
+    """A bound from REST query parameters (already split)."""
+    return parse_bound(table, params.get("max_lag"), params.get("max_staleness_ms"), params.get("min_position"))

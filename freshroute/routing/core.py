@@ -1,0 +1,316 @@
+"""The routing core: key → partition → the freshest replicas within the bound → attempts, for every kind of read.
+
+The router's REST and gRPC fronts and :mod:`freshroute.client` are adapters over
+:class:`RoutingCore`; everything they answer is decided here (or in the attempt engine it
+drives), so all of them speak the same semantics and raise the same errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import islice
+from typing import Any, Callable, Mapping
+
+from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound,
+                               ReplicaUnavailable, TableNotFound)
+from freshroute.keys import deserialize_key, partition_for, serialize_key
+from freshroute.metadata import Role, TableSpec, now_ms
+from freshroute.routing.attempts import AttemptPlan, AttemptPolicy, Attempts, LatencyWindow, NoMetrics, run
+from freshroute.routing.bound import NO_BOUND, Bound
+from freshroute.routing.results import (KeyLocation, LookupResult, ReplicaInfo, ScanPage, TableInfo,
+                                        decode_page_token, encode_page_token)
+from freshroute.routing.selection import Candidate, FreshestFirst, LoadTracker, ReplicaSelector
+from freshroute.routing.snapshot import LagOverlay, ReplicaView, Snapshot, SnapshotSource
+from freshroute.routing.store import ReadResult, ReadStatus, StoreClient
+
+
+@dataclass(frozen=True)
+class RoutingPolicy:
+    """Deadlines, hedging, freshness tolerances and limits of one routing core (the router's settings, or a client's)."""
+
+    request_timeout_ms: int = 2000
+    attempt_timeout_ms: int = 500
+    scan_timeout_ms: int = 5000
+    hedge: bool = True
+    hedge_quantile: float = 0.95
+    hedge_min_ms: float = 5.0
+    hedge_budget: float = 0.1
+    freshness_tolerance_offsets: int = 0
+    freshness_tolerance_ms: int = 0
+    view_trust_ms: int = 1000
+    failure_backoff_ms: int = 1000
+    node_expiry_ms: int = 1200
+    batch_max_keys: int = 1000
+    scan_default_limit: int = 100
+    scan_max_limit: int = 1000
+    # per-table default bounds over the table specs': name → (max_lag, max_staleness_ms)
+    table_bounds: Mapping[str, tuple[int | None, int | None]] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "RoutingPolicy":
+        """The policy named by any settings object with these fields (the router's)."""
+        values = {f: getattr(settings, f) for f in cls.__dataclass_fields__ if hasattr(settings, f)}
+        if "table_bounds" in values:
+            values["table_bounds"] = {t: (b.max_lag, b.max_staleness_ms) for t, b in values["table_bounds"].items()}
+        return cls(**values)
+
+    def attempt_policy(self) -> AttemptPolicy:
+        return AttemptPolicy(self.attempt_timeout_ms, self.hedge, self.hedge_quantile, self.hedge_min_ms,
+                             self.hedge_budget)
+
+
+@lru_cache(maxsize=65536)
+def locate(key: str, partitions: int) -> tuple[bytes, int]:
+    """The key's bytes and partition. Murmur2 in Python costs more than the rest of the key handling: hot keys are hashed once."""
+    raw = serialize_key(key)
+    return raw, partition_for(raw, partitions)
+
+
+_OUTCOMES = ((NoReplicaWithinBound, "no_replica"), (LookupTimeout, "timeout"), (ReplicaUnavailable, "unavailable"),
+             (InvalidArgument, "invalid"), (TableNotFound, "table_not_found"))
+
+
+def outcome_label(e: FreshrouteError) -> str:
+    """A failed read's outcome, as metrics count it."""
+    return next((label for cls, label in _OUTCOMES if isinstance(e, cls)), "error")
+
+
+class RoutingCore:
+    """Routes reads over a metadata snapshot and a store client: the one implementation of "which replica, and what if it fails"."""
+
+    def __init__(self, policy: RoutingPolicy, metadata: SnapshotSource, store: StoreClient, *,
+                 selector: ReplicaSelector | None = None, metrics: Any = None,
+                 clock_ms: Callable[[], int] = now_ms) -> None:
+        self.policy = policy
+        self.metadata = metadata
+        self.store = store
+        self.metrics = metrics if metrics is not None else NoMetrics()
+        self.overlay = LagOverlay()
+        self.load = LoadTracker(policy.failure_backoff_ms, clock_ms=clock_ms)
+        self._freshest = FreshestFirst(self.load, self.overlay, policy.freshness_tolerance_offsets,
+                                       policy.freshness_tolerance_ms, policy.view_trust_ms, clock_ms)
+        self.selector: ReplicaSelector = selector if selector is not None else self._freshest
+        self.attempts = Attempts(policy.attempt_policy(), self.load, self.overlay, clock_ms, self.metrics)
+        self._clock_ms = clock_ms
+        self._timeout_s = policy.request_timeout_ms / 1000
+        self._scan_timeout_s = policy.scan_timeout_ms / 1000
+        self.get_latency = self.attempts.window()
+        self._group_latency = self.attempts.window()
+        self._scan_latency = self.attempts.window()
+
+    def on_snapshot(self, snap: Snapshot) -> None:
+        """Called after each swap: drop what the new snapshot no longer names."""
+        self.store.track({n.address: n.read_address for n in snap.nodes.values()})
+        # Heartbeats published since then carry newer lag than these responses did.
+        self.overlay.prune(snap.built_ms - 2 * self.policy.node_expiry_ms)
+
+    # ---- tables and bounds -------------------------------------------------------------
+
+    def table(self, name: str) -> TableSpec:
+        snap = self.metadata.current
+        spec = snap.tables.get(name)
+        if spec is None:
+            if not snap.loaded:
+                raise ReplicaUnavailable("routing metadata has not been loaded yet", table=name)
+            raise TableNotFound(f"no table {name!r}", table=name)
+        return spec
+
+    def bound_for(self, spec: TableSpec, bound: Bound) -> Bound:
+        """The caller's bound with the table's defaults (the policy's over the table spec's) filled in."""
+        override = self.policy.table_bounds.get(spec.name)
+        if override is not None:
+            return bound.with_defaults(*override)
+        return bound.with_defaults(spec.default_max_lag, spec.default_max_staleness_ms)
+
+    def partition_of(self, spec: TableSpec, key: str) -> int:
+        return locate(key, spec.partitions)[1]
+
+    def plan(self, table: str, partition: int, bound: Bound, latency: LatencyWindow, timeout_s: float,
+             now: float) -> AttemptPlan:
+        """The attempt plan of one read of one partition: candidates from the current snapshot."""
+        selection = self.selector.select(self.metadata.current.replicas_of(table, partition), bound)
+        return self.attempts.plan(table, partition, bound, selection, timeout_s, latency, now)
+
+    def plan_get(self, table: str, key: str, bound: Bound, now: float) -> tuple[TableSpec, bytes, AttemptPlan]:
+        """(spec, key bytes, plan) of a point get."""
+        spec = self.table(table)
+        raw_key, partition = locate(key, spec.partitions)
+        return spec, raw_key, self.plan(table, partition, self.bound_for(spec, bound), self.get_latency,
+                                        self._timeout_s, now)
+
+    def group_keys(self, table: str, keys: list[str], bound: Bound) -> tuple[TableSpec, Bound, dict[int, list[int]], list[bytes]]:
+        """A batch's table, bound, and key indices grouped by partition (with the keys' bytes)."""
+        spec = self.table(table)
+        if len(keys) > self.policy.batch_max_keys:
+            raise InvalidArgument(f"at most {self.policy.batch_max_keys} keys per batch", field="keys")
+        groups: dict[int, list[int]] = {}
+        raw_keys = []
+        for i, key in enumerate(keys):
+            raw, partition = locate(key, spec.partitions)
+            raw_keys.append(raw)
+            groups.setdefault(partition, []).append(i)
+        return spec, self.bound_for(spec, bound), groups, raw_keys
+
+    def plan_group(self, table: str, partition: int, bound: Bound, now: float, deadline: float) -> AttemptPlan:
+        return self.plan(table, partition, bound, self._group_latency, deadline - now, now)
+
+    # ---- reads ---------------------------------------------------------------------------
+
+    async def get(self, table: str, key: str, bound: Bound = NO_BOUND) -> LookupResult:
+        """Read one key from the freshest live replica within the bound; ``found`` False if absent."""
+        started = time.perf_counter()
+        try:
+            spec, raw_key, plan = self.plan_get(table, key, bound, time.monotonic())
+            partition, bound = plan.partition, plan.bound
+            read = self.store.read
+            cand, answer = await run(plan, lambda c: read(c.replica.address, table, partition, raw_key, bound))
+        except FreshrouteError as e:
+            self.metrics.lookup(outcome_label(e), "none", time.perf_counter() - started)
+            raise
+        result = lookup_result(table, key, partition, cand, answer)
+        self.metrics.lookup("ok" if result.found else "not_found", result.role, time.perf_counter() - started)
+        return result
+
+    async def batch_get(self, table: str, keys: list[str], bound: Bound = NO_BOUND) -> list[LookupResult | FreshrouteError]:
+        """Read many keys, one group per partition in parallel; per-key results (or errors) in request order."""
+        spec, bound, groups, raw_keys = self.group_keys(table, keys, bound)
+        results: list[LookupResult | FreshrouteError | None] = [None] * len(keys)
+        now = time.monotonic()
+        deadline = now + self._timeout_s
+        await asyncio.gather(*(self._read_group(table, p, idx, keys, raw_keys, bound, now, deadline, results)
+                               for p, idx in groups.items()))
+        return results  # type: ignore[return-value] — every slot is filled by _read_group
+
+    async def _read_group(self, table: str, partition: int, indices: list[int], keys: list[str], raw_keys: list[bytes],
+                          bound: Bound, now: float, deadline: float,
+                          results: list[LookupResult | FreshrouteError | None]) -> None:
+        started = time.perf_counter()
+        group = [raw_keys[i] for i in indices]
+        read_many = self.store.read_many
+        try:
+            plan = self.plan_group(table, partition, bound, now, deadline)
+            cand, answer = await run(plan, lambda c: read_many(c.replica.address, table, partition, group, bound))
+        except FreshrouteError as e:
+            for i in indices:
+                results[i] = e
+            self.metrics.lookup(outcome_label(e), "none", time.perf_counter() - started)
+            return
+        elapsed = time.perf_counter() - started
+        for i, r in zip(indices, answer.results):
+            result = results[i] = lookup_result(table, keys[i], partition, cand, r)
+            self.metrics.lookup("ok" if result.found else "not_found", result.role, elapsed)
+
+    async def scan(self, table: str, prefix: str = "", start: str = "", end: str = "", limit: int | None = None,
+                   page_token: str | None = None, bound: Bound = NO_BOUND) -> ScanPage:
+        """Keys in ascending byte order across all partitions, one page at a time."""
+        spec = self.table(table)
+        limit = self.policy.scan_default_limit if limit is None or limit == 0 else limit
+        if limit > self.policy.scan_max_limit:
+            raise InvalidArgument(f"limit must be at most {self.policy.scan_max_limit}", field="limit")
+        bound = self.bound_for(spec, bound)
+        lo = serialize_key(start)
+        if page_token:
+            # The smallest key after the last one returned.
+            lo = max(lo, decode_page_token(table, page_token) + b"\x00")
+        pre, hi = serialize_key(prefix), serialize_key(end)
+        now = time.monotonic()
+        # One more than the page from each partition tells whether another page exists.
+        parts = await asyncio.gather(*(self._scan_partition(table, p, pre, lo, hi, limit + 1, bound, now)
+                                       for p in range(spec.partitions)))
+        streams = [[(k, v, p) for k, v in entries] for p, (entries, _) in enumerate(parts)]
+        merged = list(islice(heapq.merge(*streams, key=lambda e: e[0]), limit + 1))
+        more = len(merged) > limit
+        page = merged[:limit]
+        items = [(deserialize_key(k), v, p) for k, v, p in page]
+        token = encode_page_token(table, page[-1][0]) if more and page else None
+        return ScanPage(table, items, token, {p: who for p, (_, who) in enumerate(parts)})
+
+    async def _scan_partition(self, table: str, partition: int, prefix: bytes, start: bytes, end: bytes, limit: int,
+                              bound: Bound, now: float) -> tuple[list[tuple[bytes, bytes]], LookupResult]:
+        plan = self.plan(table, partition, bound, self._scan_latency, self._scan_timeout_s, now)
+        scan = self.store.scan
+        timeout_s = self._scan_timeout_s
+        try:
+            cand, answer = await run(plan, lambda c: scan(c.replica.address, table, partition, prefix, start, end,
+                                                          limit, bound, timeout_s))
+        except LookupTimeout:
+            raise LookupTimeout(f"scan of {table} did not finish within {self.policy.scan_timeout_ms} ms",
+                                table=table, partition=partition) from None
+        who = lookup_result(table, "", partition, cand, ReadResult(ReadStatus.NOT_FOUND, b"", answer.replica))
+        return sorted(answer.entries), who
+
+    # ---- metadata views ----------------------------------------------------------------
+
+    def replica_info(self, r: ReplicaView, now: int) -> ReplicaInfo:
+        if r.reported:
+            c, _ = self._freshest.estimate(r, now)
+            lag, ms, applied = c.lag_offsets, c.staleness_ms, c.applied
+            o = self.overlay.get(r.node, r.table, r.partition)
+            end = o.end if o is not None and o.observed_ms >= r.observed_ms else r.end
+        else:
+            lag, ms, applied, end = 0, 0, 0, 0
+        return ReplicaInfo(r.node, r.address, r.role.value, r.state.value if r.state else None, r.alive,
+                           lag, ms, applied, end)
+
+    def key_metadata(self, table: str, key: str) -> KeyLocation:
+        """The key's partition, its active replica and its standbys, each with lag."""
+        spec = self.table(table)
+        partition = self.partition_of(spec, key)
+        now = self._clock_ms()
+        infos = [self.replica_info(r, now) for r in self.metadata.current.replicas_of(table, partition)]
+        active = next((i for i in infos if i.role == Role.ACTIVE.value), None)
+        return KeyLocation(table, key, partition, active, [i for i in infos if i is not active])
+
+    def list_tables(self) -> list[TableInfo]:
+        snap = self.metadata.current
+        if not snap.loaded:
+            raise ReplicaUnavailable("routing metadata has not been loaded yet")
+        out = []
+        for name in sorted(snap.tables):
+            b = self.bound_for(snap.tables[name], NO_BOUND)
+            out.append(TableInfo(snap.tables[name], b.max_lag, b.max_staleness_ms))
+        return out
+
+    def cluster(self) -> dict[str, Any]:
+        """Nodes with liveness and per-replica lag, the assignment, and how old this view is."""
+        snap = self.metadata.current
+        now = self._clock_ms()
+        by_node: dict[str, list[dict[str, Any]]] = {}
+        for (table, partition), replicas in sorted(snap.replicas.items()):
+            for r in replicas:
+                by_node.setdefault(r.node, []).append({"table": table, "partition": partition,
+                                                       **self.replica_info(r, now).to_dict()})
+        nodes = []
+        for node_id in sorted(set(snap.nodes) | set(by_node)):
+            n = snap.nodes.get(node_id)
+            nodes.append({"node": node_id, "address": n.address if n else "",
+                          "read_address": n.read_address if n else None, "alive": bool(n and n.alive),
+                          "heartbeat_age_ms": n.heartbeat_age_ms if n else None,
+                          "draining": bool(n and n.draining), "replicas": by_node.get(node_id, [])})
+        assignment = None
+        if snap.assignment is not None:
+            assignment = [{"table": t, "partition": p, "nodes": list(ns)}
+                          for (t, p), ns in sorted(snap.assignment.replicas.items())]
+        return {"nodes": nodes, "assignment_generation": snap.generation, "assignment": assignment,
+                "metadata": {"loaded": snap.loaded, "age_ms": max(0, now - snap.built_ms) if snap.loaded else None,
+                             "redis_ok": bool(getattr(self.metadata, "redis_ok", snap.loaded))}}
+
+    def estimate(self, r: ReplicaView, now: int) -> Candidate:
+        """A replica's best-known lag now (heartbeat or a newer response)."""
+        return self._freshest.estimate(r, now)[0]
+
+
+def lookup_result(table: str, key: str, partition: int, cand: Candidate, answer: ReadResult) -> LookupResult:
+    """One key's answer, labelled with the replica that gave it (its own report if it sent one, else the view's)."""
+    rep = answer.replica
+    found = answer.status is ReadStatus.OK
+    if rep is None:
+        r = cand.replica
+        return LookupResult(table, key, partition, found, answer.value, r.node, r.role.value, cand.lag_offsets,
+                            cand.staleness_ms, cand.applied)
+    return LookupResult(table, key, partition, found, answer.value, rep.node or cand.replica.node, rep.role.value,
+                        rep.lag_offsets, rep.staleness_ms, rep.applied)

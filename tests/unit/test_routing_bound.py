@@ -1,0 +1,76 @@
+import pytest
+
+from freshroute.errors import InvalidArgument
+from freshroute.position import Position, single
+
+from freshroute.routing.bound import NO_BOUND, Bound, parse_bound, parse_limit, parse_query_bound
+from proto import router_pb2, store_pb2
+
+
+@pytest.mark.parametrize("raw", ["-1", "abc", "1.5", "", " ", "+5", "1_000", "٣", "1e3", str(1 << 64), -3, True, 2.5])
+def test_malformed_limits_are_invalid_arguments_naming_the_field(raw):
+    with pytest.raises(InvalidArgument) as e:
+        parse_limit("max_lag", raw)
+    assert e.value.code == "INVALID_ARGUMENT" and e.value.http_status == 400
+    assert e.value.details["field"] == "max_lag"
+
+
+@pytest.mark.parametrize("raw,expected", [("0", 0), ("17", 17), (" 5 ", 5), (42, 42), (None, None)])
+def test_well_formed_limits(raw, expected):
+    assert parse_limit("max_staleness_ms", raw) == expected
+
+
+@pytest.mark.parametrize("token", ["garbage", "p1.!!!", "p1." + "A" * 10, "p2.abc"])
+def test_garbage_position_token_is_invalid(token):
+    with pytest.raises(InvalidArgument) as e:
+        parse_bound("t", min_position=token)
+    assert e.value.details["field"] == "min_position"
+
+
+def test_position_of_another_table_is_invalid():
+    with pytest.raises(InvalidArgument, match="position of table 'other'"):
+        parse_bound("t", min_position=single("other", 0, 5))
+
+
+def test_query_bound_parses_all_three():
+    token = Position("t", {0: 10, 3: 7}).encode()
+    b = parse_query_bound("t", {"max_lag": "5", "max_staleness_ms": "2000", "min_position": token, "x": "ignored"})
+    assert (b.max_lag, b.max_staleness_ms) == (5, 2000)
+    assert (b.min_offset(0), b.min_offset(3), b.min_offset(1)) == (10, 7, 0)
+    assert parse_query_bound("t", {}) is NO_BOUND
+
+
+def test_defaults_fill_only_unset_limits():
+    assert Bound(max_lag=3).with_defaults(10, 5000) == Bound(3, 5000)
+    assert Bound().with_defaults(None, 5000) == Bound(None, 5000)
+    assert Bound(1, 2).with_defaults(10, 20) == Bound(1, 2)
+
+
+def test_refusal_rules():
+    bound = Bound(max_lag=10, max_staleness_ms=300, min_position=Position("t", {3: 100}))
+    assert NO_BOUND.refusal(3, applied=100, end=110, staleness_ms=300) is None
+    assert bound.refusal(3, applied=100, end=110, staleness_ms=300) is None
+    assert "offsets behind" in Bound(max_lag=9).refusal(3, 100, 110, 300)
+    assert "ms stale" in Bound(max_staleness_ms=299).refusal(3, 100, 110, 300)
+    assert "below the requested position" in Bound(min_position=Position("t", {3: 101})).refusal(3, 100, 110, 0)
+    # The position names partition 3 only: another partition's replica may answer at any offset.
+    assert Bound(min_position=Position("t", {3: 101})).refusal(4, 0, 0, 0) is None
+    assert "not known" in Bound(max_lag=100).refusal(3, 5, None, 0)
+
+
+def test_store_wire_narrows_the_position_to_the_partition_and_back():
+    bound = Bound(max_lag=0, min_position=Position("t", {1: 7, 2: 9}))
+    msg = bound.to_store(2)
+    assert msg.max_lag == 0 and not msg.HasField("max_staleness_ms") and msg.min_offset == 9
+    back = Bound.from_store("t", 2, store_pb2.ReadBound.FromString(msg.SerializeToString()))
+    assert back == Bound(max_lag=0, max_staleness_ms=None, min_position=Position("t", {2: 9}))
+    assert Bound.from_store("t", 2, store_pb2.ReadBound()) == NO_BOUND
+
+
+def test_public_wire_and_query_round_trip():
+    bound = Bound(max_lag=3, max_staleness_ms=50, min_position=Position("t", {0: 4}))
+    assert Bound.from_message("t", bound.to_message()) == bound
+    assert parse_query_bound("t", bound.to_query()) == bound
+    with pytest.raises(InvalidArgument) as e:
+        Bound.from_message("t", router_pb2.Bound(min_position="garbage"))
+    assert e.value.details["field"] == "min_position"
