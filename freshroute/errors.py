@@ -95,3 +95,28 @@ class ConfigError(FatalError):
     """A setting is missing or wrong; the message names the key."""
 
     code = "CONFIG_ERROR"
+
+
+class ClientClosed(FatalError):
+    """A client was used after it was closed."""
+
+    code = "CLIENT_CLOSED"
+
+
+def _leaves(cls: type[FreshrouteError]) -> list[type[FreshrouteError]]:
+    return [cls, *(leaf for sub in cls.__subclasses__() for leaf in _leaves(sub))]
+
+
+def from_body(body: Any, http_status: int = 500) -> FreshrouteError:
+    """The typed error an error body (REST JSON, or a gRPC trailer) stands for; unknown codes keep their status."""
+    doc = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(doc, dict):
+        return FreshrouteError(f"unexpected answer (HTTP {http_status})")
+    details = {k: v for k, v in doc.items() if k not in ("code", "message")}
+    code, message = str(doc.get("code", "INTERNAL")), str(doc.get("message", ""))
+    cls = next((c for c in _leaves(FreshrouteError) if c.code == code and c is not RetryableError), None)
+    if cls is None:
+        err = (RetryableError if http_status in (502, 503, 504) else FreshrouteError)(message, **details)
+        err.code = code
+        return err
+    return cls(message, **details)

@@ -29,7 +29,7 @@ class LookupResult(NamedTuple):
 
     @property
     def position(self) -> str:
-        return _position_token(self.table, self.partition, self.applied)
+        return position_token(self.table, self.partition, self.applied)
 
     def where(self) -> dict[str, Any]:
         """Partition, serving replica, lag and position: carried by 200s and KEY_NOT_FOUND alike."""
@@ -39,7 +39,7 @@ class LookupResult(NamedTuple):
 
 
 @lru_cache(maxsize=16384)
-def _position_token(table: str, partition: int, applied: int) -> str:
+def position_token(table: str, partition: int, applied: int) -> str:
     # Many lookups in a row see the same applied offset; encoding costs more than a cache hit.
     return single(table, partition, applied)
 

@@ -1,0 +1,24 @@
+"""The Python client: reads store nodes directly, through the same routing core as the router.
+
+    from freshroute.client import Client
+    with Client(redis_url="redis://127.0.0.1:16379/0") as client:
+        row = client.get("sensor_stats", "sensor-1", max_staleness_ms=1000)
+
+Errors are the project's typed errors; ``Timeout`` and ``Unavailable`` are the names this
+package gives :class:`~freshroute.errors.LookupTimeout` and
+:class:`~freshroute.errors.ReplicaUnavailable`.
+"""
+
+from freshroute.errors import (ClientClosed, FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound,
+                               ReplicaUnavailable, TableNotFound)
+from freshroute.routing.core import RoutingPolicy
+
+from freshroute.client.async_client import AsyncClient, AsyncSession
+from freshroute.client.lookup import Lookup
+from freshroute.client.sync_client import Client, Session
+
+Timeout = LookupTimeout
+Unavailable = ReplicaUnavailable
+
+__all__ = ["AsyncClient", "AsyncSession", "Client", "ClientClosed", "FreshrouteError", "InvalidArgument", "Lookup",
+           "NoReplicaWithinBound", "RoutingPolicy", "Session", "TableNotFound", "Timeout", "Unavailable"]

@@ -1,0 +1,236 @@
+"""``AsyncClient``: reads straight from the store nodes' read ports through the routing core, on asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator
+
+from freshroute.errors import ClientClosed, FreshrouteError, LookupTimeout, ReplicaUnavailable
+from freshroute.position import Position
+from freshroute.routing.bound import Bound, parse_bound
+from freshroute.routing.core import RoutingCore, RoutingPolicy
+from freshroute.routing.results import KeyLocation, TableInfo
+from freshroute.routing.snapshot import MetadataRefresher, SnapshotSource
+from freshroute.routing.store import StoreNodeClient
+
+from freshroute.client.lookup import Lookup, Positions
+from freshroute.client.router import RouterHttp, RouterMetadata, table_infos
+
+# Errors after which the router may still answer: nothing direct could be reached in time.
+_FALL_BACK = (ReplicaUnavailable, LookupTimeout)
+
+
+class AsyncClient:
+    """Reads a freshroute cluster's tables from its store nodes: one network hop, the freshest replica within the bound.
+
+    Bootstrapped from the metadata store (``redis_url``) or from a router (``router``); with
+    both, metadata comes from Redis and the router answers when no store node can.
+    Use as ``async with AsyncClient(...) as client`` (or call :meth:`start` and :meth:`close`).
+    """
+
+    def __init__(self, redis_url: str | None = None, *, router: str | None = None, namespace: str = "freshroute",
+                 policy: RoutingPolicy | None = None, refresh_ms: int = 150, connect_timeout_s: float = 5.0) -> None:
+        if not redis_url and not router:
+            raise ValueError("give redis_url (the metadata store) or router (a router's REST address), or both")
+        self.policy = policy if policy is not None else RoutingPolicy()
+        self._redis_url, self._router_url, self._namespace = redis_url, router, namespace
+        self._refresh_ms = refresh_ms
+        self._connect_timeout_s = connect_timeout_s
+        self.router: RouterHttp | None = None
+        self.core: RoutingCore | None = None
+        self._redis: Any = None
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # ---- life ---------------------------------------------------------------------------
+
+    async def start(self) -> "AsyncClient":
+        """Load a first snapshot (waiting up to ``connect_timeout_s``) and keep it fresh in the background."""
+        if self.core is not None:
+            return self
+        if self._router_url:
+            self.router = RouterHttp(self._router_url, self.policy.request_timeout_ms / 1000 + 1)
+        metadata: Any
+        if self._redis_url:
+            import redis.asyncio as aioredis
+
+            timeout_s = 0.5
+            self._redis = aioredis.Redis.from_url(self._redis_url, socket_timeout=timeout_s,
+                                                  socket_connect_timeout=timeout_s)
+            metadata = MetadataRefresher(self._redis, self._namespace, self._refresh_ms, self.policy.node_expiry_ms,
+                                         on_swap=self._on_swap)
+        else:
+            assert self.router is not None
+            metadata = RouterMetadata(self.router, max(self._refresh_ms, 250), on_swap=self._on_swap)
+        self.core = RoutingCore(self.policy, metadata, StoreNodeClient())
+        deadline = asyncio.get_running_loop().time() + self._connect_timeout_s
+        while not await metadata.refresh_once() and self.router is None:
+            if asyncio.get_running_loop().time() >= deadline:
+                break  # reads fail as unavailable until metadata arrives
+            await asyncio.sleep(0.1)
+        self._task = asyncio.create_task(metadata.run(self._stop), name="freshroute-client-metadata")
+        return self
+
+    def _on_swap(self, snap: Any) -> None:
+        if self.core is not None:
+            self.core.on_snapshot(snap)
+
+    @property
+    def metadata(self) -> SnapshotSource:
+        return self._core().metadata
+
+    async def close(self) -> None:
+        """Stop refreshing and close every connection; the client refuses reads afterwards."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.core is not None:
+            await self.core.store.close()
+        if self._redis is not None:
+            await self._redis.aclose()
+        if self.router is not None:
+            await self.router.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _core(self) -> RoutingCore:
+        if self._closed:
+            raise ClientClosed("this client is closed")
+        if self.core is None:
+            raise ClientClosed("this client is not started: use 'async with AsyncClient(...)' or await start()")
+        return self.core
+
+    def direct(self) -> bool:
+        """Whether to read the store nodes (else the router): a snapshot with tables is loaded."""
+        snap = self._core().metadata.current
+        return snap.loaded and bool(snap.tables) or self.router is None
+
+    # ---- reads --------------------------------------------------------------------------
+
+    async def get(self, table: str, key: str, *, max_lag: int | None = None, max_staleness_ms: int | None = None,
+                  min_position: str | Position | None = None) -> Lookup:
+        """One key from the freshest replica within the bound; ``found`` False when the table has no such key."""
+        core = self._core()
+        bound = parse_bound(table, max_lag, max_staleness_ms, min_position)
+        if self.direct():
+            try:
+                return Lookup.of(await core.get(table, key, bound))
+            except _FALL_BACK:
+                if self.router is None:
+                    raise
+        assert self.router is not None
+        return await self.router.get(table, key, bound)
+
+    async def get_many(self, table: str, keys: list[str], *, max_lag: int | None = None,
+                       max_staleness_ms: int | None = None,
+                       min_position: str | Position | None = None) -> list[Lookup | FreshrouteError]:
+        """Many keys, one group per partition in parallel; in request order, a key that could not be read as its error."""
+        core = self._core()
+        bound = parse_bound(table, max_lag, max_staleness_ms, min_position)
+        keys = list(keys)
+        if self.direct():
+            results = await core.batch_get(table, keys, bound)
+            if self.router is None or not any(isinstance(r, _FALL_BACK) for r in results):
+                return [Lookup.of(r) if not isinstance(r, FreshrouteError) else r for r in results]
+        assert self.router is not None
+        return await self.router.get_many(table, keys, bound)
+
+    async def scan(self, table: str, *, prefix: str = "", start: str = "", end: str = "", limit: int | None = None,
+                   page_size: int | None = None, max_lag: int | None = None, max_staleness_ms: int | None = None,
+                   min_position: str | Position | None = None) -> AsyncIterator[Lookup]:
+        """Rows in ascending key order (at most ``limit``), fetched a page at a time as the iteration needs them."""
+        bound = parse_bound(table, max_lag, max_staleness_ms, min_position)
+        token: str | None = None
+        sent = 0
+        size = page_size or self.policy.scan_max_limit
+        while limit is None or sent < limit:
+            items, token = await self.scan_page(table, prefix, start, end,
+                                                size if limit is None else min(size, limit - sent), token, bound)
+            for item in items:
+                yield item
+            sent += len(items)
+            if token is None:
+                return
+
+    async def scan_page(self, table: str, prefix: str, start: str, end: str, limit: int | None, page_token: str | None,
+                        bound: Bound) -> tuple[list[Lookup], str | None]:
+        """One page of a scan, and the token of the next (None: the last page)."""
+        core = self._core()
+        if self.direct():
+            try:
+                page = await core.scan(table, prefix, start, end, limit, page_token, bound)
+            except _FALL_BACK:
+                if self.router is None:
+                    raise
+            else:
+                rows = []
+                for key, value, partition in page.items:
+                    who = page.served_by[partition]
+                    rows.append(Lookup.of(who._replace(key=key, found=True, value=value)))
+                return rows, page.next_page_token
+        assert self.router is not None
+        return await self.router.scan_page(table, prefix, start, end, limit, page_token, bound)
+
+    # ---- metadata -----------------------------------------------------------------------
+
+    async def key_metadata(self, table: str, key: str) -> KeyLocation:
+        """The key's partition, its active replica and its standbys, each with lag."""
+        core = self._core()
+        if self.direct():
+            return core.key_metadata(table, key)
+        assert self.router is not None
+        return await self.router.key_metadata(table, key)
+
+    async def tables(self) -> list[TableInfo]:
+        core = self._core()
+        if self.direct():
+            return core.list_tables()
+        assert self.router is not None
+        from freshroute.client.router import snapshot_from_router
+
+        body = await self.router.ok("GET", "/v1/tables")
+        return table_infos(snapshot_from_router(body, {"nodes": []}, 0))
+
+    async def cluster(self) -> dict[str, Any]:
+        core = self._core()
+        if self.direct():
+            return core.cluster()
+        assert self.router is not None
+        return await self.router.ok("GET", "/v1/cluster")
+
+    def session(self) -> "AsyncSession":
+        """Reads that never go backwards: each sends the highest position this session has seen as ``min_position``."""
+        return AsyncSession(self)
+
+
+class AsyncSession:
+    """Monotonic reads over an :class:`AsyncClient`: per table-partition, never older than what it has seen."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+        self.positions = Positions()
+
+    async def get(self, table: str, key: str, *, min_position: str | Position | None = None, **bound: Any) -> Lookup:
+        r = await self.client.get(table, key, min_position=self.positions.at_least(table, min_position), **bound)
+        self.positions.saw([r])
+        return r
+
+    async def get_many(self, table: str, keys: list[str], *, min_position: str | Position | None = None,
+                       **bound: Any) -> list[Lookup | FreshrouteError]:
+        out = await self.client.get_many(table, keys, min_position=self.positions.at_least(table, min_position),
+                                         **bound)
+        self.positions.saw([r for r in out if isinstance(r, Lookup)])
+        return out
+
+    async def scan(self, table: str, *, min_position: str | Position | None = None, **kw: Any) -> AsyncIterator[Lookup]:
+        async for r in self.client.scan(table, min_position=self.positions.at_least(table, min_position), **kw):
+            self.positions.saw([r])
+            yield r

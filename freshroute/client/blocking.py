@@ -1,0 +1,172 @@
+"""Blocking reads on store nodes' read ports, for the synchronous client: the attempt engine driven with select().
+
+A thread keeps its own connections (one idle socket per node, more while attempts overlap).
+Each attempt sends one ``ReadBatch`` frame on a connection of its own and reads one
+``ResultBatch`` frame back; an attempt given up on closes its connection, so no late
+answer can be taken for another read's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import select
+import socket
+import time
+from typing import Callable
+
+from google.protobuf.message import DecodeError
+
+from freshroute.errors import FreshrouteError, ReplicaUnavailable
+from freshroute.framing import FrameError, FrameReader, frame
+from freshroute.routing.attempts import AttemptPlan
+from freshroute.routing.bound import Bound
+from freshroute.routing.selection import Candidate
+from freshroute.routing.snapshot import SnapshotSource
+from freshroute.routing.store import GroupResult, group_result, key_read, results
+from proto import store_pb2
+
+_ids = itertools.count(1)
+
+
+class _Connection:
+    """One TCP connection to a read port, carrying one attempt at a time."""
+
+    __slots__ = ("node", "sock", "frames", "expected")
+
+    def __init__(self, node: str, sock: socket.socket) -> None:
+        self.node = node
+        self.sock = sock
+        self.frames = FrameReader()
+        self.expected = 0
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send(self, reads: list[store_pb2.KeyRead]) -> None:
+        self.expected = len(reads)
+        self.sock.sendall(frame(store_pb2.ReadBatch(reads=reads).SerializeToString()))
+
+    def receive(self) -> GroupResult | None:
+        """The answer, once all of it has arrived (None: not yet). Raises OSError, FrameError or DecodeError."""
+        data = self.sock.recv(1 << 16)
+        if not data:
+            raise ConnectionResetError("connection closed by the node")
+        payloads = self.frames.feed(data)
+        if not payloads:
+            return None
+        answers = [r for _, r in results(store_pb2.ResultBatch.FromString(payloads[0]))]
+        if len(payloads) > 1 or len(answers) != self.expected:
+            raise FrameError(f"{len(answers)} answers to {self.expected} reads")
+        return group_result(answers)
+
+
+class BlockingStore:
+    """One thread's connections to store nodes' read ports."""
+
+    def __init__(self, metadata: SnapshotSource, connect_timeout_s: float = 2.0) -> None:
+        self._metadata = metadata
+        self._connect_timeout_s = connect_timeout_s
+        self._idle: dict[str, list[_Connection]] = {}
+
+    def send(self, node: str, reads: list[store_pb2.KeyRead], deadline: float) -> _Connection:
+        """A connection to ``node`` carrying ``reads``; any failure is :class:`ReplicaUnavailable`."""
+        idle = self._idle.get(node)
+        conn = idle.pop() if idle else None
+        try:
+            if conn is None:
+                conn = _Connection(node, self._connect(node, deadline))
+            conn.send(reads)
+            return conn
+        except OSError as e:
+            if conn is not None:
+                conn.sock.close()
+            raise ReplicaUnavailable(f"store node {node}: {type(e).__name__}: {e}", node=node) from None
+
+    def _connect(self, node: str, deadline: float) -> socket.socket:
+        view = self._metadata.current.nodes.get(node)
+        if view is None or not view.read_address:
+            raise ConnectionRefusedError("the node offers no read port")
+        host, port = view.read_address.rsplit(":", 1)
+        timeout = max(0.01, min(self._connect_timeout_s, deadline - time.monotonic()))
+        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def release(self, conn: _Connection) -> None:
+        """A connection whose answer was read in full: kept for the next read of its node."""
+        self._idle.setdefault(conn.node, []).append(conn)
+
+    def close(self) -> None:
+        for conns in self._idle.values():
+            for conn in conns:
+                conn.sock.close()
+        self._idle.clear()
+
+
+Job = tuple[AttemptPlan, Callable[[Candidate], list[store_pb2.KeyRead]]]
+
+
+def reads_of(table: str, partition: int, keys: list[bytes], bound: Bound) -> Callable[[Candidate], list[store_pb2.KeyRead]]:
+    """The reads an attempt of this group sends (the same to every replica)."""
+    reads = [key_read(next(_ids), table, partition, k, bound) for k in keys]
+    return lambda _: reads
+
+
+def run_blocking(store: BlockingStore, jobs: list[Job]) -> list[tuple[Candidate, GroupResult] | FreshrouteError]:
+    """Drive each job's plan to an answer or its error, all at once on this thread."""
+    out: list[tuple[Candidate, GroupResult] | FreshrouteError | None] = [None] * len(jobs)
+    inflight: dict[_Connection, tuple[int, Candidate, float]] = {}
+    try:
+        # Bounded: each pass launches, settles, or waits until the next plan's wake-up.
+        for _ in range(sum(plan.passes for plan, _ in jobs)):
+            now = time.monotonic()
+            wake = None
+            for i, (plan, reads) in enumerate(jobs):
+                if out[i] is not None:
+                    continue
+                while (cand := plan.launch(now)) is not None:
+                    try:
+                        inflight[store.send(cand.replica.node, reads(cand), plan.deadline)] = (i, cand, now)
+                    except ReplicaUnavailable as e:
+                        plan.settle(cand, e, 0.0)
+                if not plan.inflight or now >= plan.deadline:
+                    out[i] = plan.error(now)
+                    _abandon(inflight, plan, i)
+                else:
+                    wake = plan.wake_at() if wake is None else min(wake, plan.wake_at())
+            if wake is None:
+                break
+            ready, _, _ = select.select(list(inflight), [], [], max(0.0, wake - time.monotonic()))
+            for conn in ready:
+                if conn not in inflight:
+                    continue  # its read was answered by another replica in this pass
+                i, cand, t0 = inflight[conn]
+                plan = jobs[i][0]
+                try:
+                    answer = conn.receive()
+                except (OSError, FrameError, DecodeError) as e:
+                    del inflight[conn]
+                    conn.sock.close()
+                    plan.settle(cand, ReplicaUnavailable(f"store node {conn.node}: {type(e).__name__}: {e}",
+                                                         node=conn.node), 0.0)
+                    continue
+                if answer is None:
+                    continue
+                del inflight[conn]
+                store.release(conn)
+                got = plan.settle(cand, answer, (time.monotonic() - t0) * 1000)
+                if got is not None:
+                    out[i] = (cand, got)
+                    _abandon(inflight, plan, i)
+    finally:
+        for conn, (i, cand, _) in inflight.items():
+            conn.sock.close()
+            jobs[i][0].abandon(cand)
+    return [r if r is not None else jobs[i][0].error(time.monotonic()) for i, r in enumerate(out)]
+
+
+def _abandon(inflight: dict[_Connection, tuple[int, Candidate, float]], plan: AttemptPlan, job: int) -> None:
+    for conn in [c for c, (i, _, _) in inflight.items() if i == job]:
+        _, cand, _ = inflight.pop(conn)
+        conn.sock.close()
+        plan.abandon(cand)

@@ -1,0 +1,78 @@
+"""What a client read returns: one frozen value per key, labelled with who answered and how fresh it was."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from freshroute.position import Position
+from freshroute.routing.results import LookupResult, position_token
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """One key's answer; ``found`` False (``value`` None) when the table has no such key, still saying where and how fresh."""
+
+    table: str
+    key: str
+    found: bool
+    value: Any  # the row, decoded from JSON
+    partition: int
+    node: str
+    role: str
+    lag_offsets: int
+    lag_ms: int
+    applied_offset: int  # the serving replica's position in the partition's changelog
+
+    @property
+    def position(self) -> str:
+        """A position token: pass it as ``min_position`` to read at least this fresh later."""
+        return position_token(self.table, self.partition, self.applied_offset)
+
+    @classmethod
+    def of(cls, r: LookupResult) -> "Lookup":
+        return cls(r.table, r.key, r.found, orjson.loads(r.value) if r.found and r.value else None, r.partition,
+                   r.node, r.role, r.lag_offsets, r.lag_ms, r.applied)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any], found: bool = True) -> "Lookup":
+        """From a router's REST answer (a 200, a batch item, or a KEY_NOT_FOUND error's details)."""
+        table, partition = doc["table"], int(doc["partition"])
+        applied = Position.decode(doc["position"]).offset_for(partition) if doc.get("position") else 0
+        served, lag = doc.get("served_by") or {}, doc.get("lag") or {}
+        return cls(table, doc["key"], found, doc.get("value") if found else None, partition, served.get("node", ""),
+                   served.get("role", ""), int(lag.get("offsets", 0)), int(lag.get("ms", 0)), applied)
+
+
+class Positions:
+    """The highest position seen per table-partition: what a session sends as ``min_position`` (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._by_table: dict[str, Position] = {}
+        self._lock = threading.Lock()
+
+    def at_least(self, table: str, given: str | Position | None) -> Position | None:
+        """The session's position of ``table``, merged with a caller's own ``min_position``."""
+        seen = self._by_table.get(table)
+        if given is None:
+            return seen
+        mine = given if isinstance(given, Position) else Position.decode(given)
+        return mine if seen is None or mine.table != table else seen.merge(mine)
+
+    def saw(self, lookups: list[Lookup]) -> None:
+        offsets: dict[str, dict[int, int]] = {}
+        for r in lookups:
+            if r.applied_offset:
+                parts = offsets.setdefault(r.table, {})
+                parts[r.partition] = max(parts.get(r.partition, 0), r.applied_offset)
+        with self._lock:
+            for table, parts in offsets.items():
+                seen = self._by_table.get(table)
+                new = Position(table, parts)
+                self._by_table[table] = new if seen is None else seen.merge(new)
+
+    def of(self, table: str) -> Position | None:
+        return self._by_table.get(table)

@@ -1,0 +1,158 @@
+"""A client's way through a router: its metadata API as a snapshot source, and its REST API as the fallback for reads."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import MappingProxyType
+from typing import Any, Callable
+from urllib.parse import quote
+
+import httpx
+import orjson
+
+from freshroute.errors import FreshrouteError, InvalidArgument, ReplicaUnavailable, from_body
+from freshroute.metadata import ReplicaState, Role, TableSpec, now_ms
+from freshroute.routing.bound import Bound
+from freshroute.routing.results import KeyLocation, ReplicaInfo, TableInfo
+from freshroute.routing.snapshot import NodeView, ReplicaView, Snapshot
+
+from freshroute.client.lookup import Lookup
+
+log = logging.getLogger("freshroute.client")
+
+
+def snapshot_from_router(tables_doc: dict[str, Any], cluster_doc: dict[str, Any], now: int) -> Snapshot:
+    """The snapshot a router's ``/v1/tables`` and ``/v1/cluster`` describe, as of ``now``."""
+    tables = {}
+    for t in tables_doc["tables"]:
+        default = t.get("default_bound") or {}
+        tables[t["name"]] = TableSpec(t["name"], t["topic"], int(t["partitions"]), t.get("key_column", ""),
+                                      dict(t.get("schema") or {}), int(t.get("standby_replicas", 1)),
+                                      default.get("max_lag"), default.get("max_staleness_ms"))
+    nodes: dict[str, NodeView] = {}
+    replicas: dict[tuple[str, int], list[ReplicaView]] = {}
+    for n in cluster_doc["nodes"]:
+        age = int(n.get("heartbeat_age_ms") or 0)
+        draining = bool(n.get("draining"))
+        nodes[n["node"]] = NodeView(n["node"], n["address"], now - age, age, bool(n["alive"]), draining, None,
+                                    n.get("read_address"))
+        for r in n["replicas"]:
+            state = ReplicaState(r["state"]) if r.get("state") else None
+            replicas.setdefault((r["table"], int(r["partition"])), []).append(ReplicaView(
+                r["node"], r["address"], r["table"], int(r["partition"]), Role(r["role"]), state,
+                int(r["applied_offset"]), int(r["end_offset"]), int(r["lag"]["ms"]), now, bool(r["alive"]), draining))
+    ordered = {tp: tuple(sorted(vs, key=lambda v: (v.role is not Role.ACTIVE, v.node))) for tp, vs in replicas.items()}
+    return Snapshot(MappingProxyType(tables), MappingProxyType(ordered), MappingProxyType(nodes), None, now, True)
+
+
+class RouterHttp:
+    """A router's REST API: metadata for the snapshot, and every read as the fallback."""
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.url = url.rstrip("/")
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s)
+
+    async def call(self, method: str, path: str, **kw: Any) -> tuple[int, Any]:
+        """(status, JSON body); an unreachable router or a body that is not JSON is :class:`ReplicaUnavailable`."""
+        try:
+            resp = await self._http.request(method, path, **kw)
+            return resp.status_code, orjson.loads(resp.content) if resp.content else None
+        except (httpx.HTTPError, orjson.JSONDecodeError) as e:
+            raise ReplicaUnavailable(f"router at {self.url}: {type(e).__name__}: {e}", router=self.url) from None
+
+    async def ok(self, method: str, path: str, **kw: Any) -> Any:
+        status, body = await self.call(method, path, **kw)
+        if status != 200:
+            raise from_body(body, status)
+        return body
+
+    async def get(self, table: str, key: str, bound: Bound) -> Lookup:
+        status, body = await self.call("GET", f"/v1/tables/{_seg(table)}/keys/{_seg(key)}", params=bound.to_query())
+        if status == 200:
+            return Lookup.from_json(body)
+        err = from_body(body, status)
+        if err.code == "KEY_NOT_FOUND":
+            return Lookup.from_json(err.details | {"key": key}, found=False)
+        raise err
+
+    async def get_many(self, table: str, keys: list[str], bound: Bound) -> list[Lookup | FreshrouteError]:
+        body = await self.ok("POST", f"/v1/tables/{_seg(table)}/keys:batchGet", json={"keys": keys, **bound.to_query()})
+        out: list[Lookup | FreshrouteError] = []
+        for item in body["results"]:
+            if "error" in item:
+                out.append(from_body(item, 503))
+            else:
+                out.append(Lookup.from_json({"table": table, **item}, found=bool(item["found"])))
+        return out
+
+    async def scan_page(self, table: str, prefix: str, start: str, end: str, limit: int | None,
+                        page_token: str | None, bound: Bound) -> tuple[list[Lookup], str | None]:
+        params = {k: v for k, v in (("prefix", prefix), ("start", start), ("end", end), ("page_token", page_token),
+                                    ("limit", str(limit) if limit else None)) if v}
+        body = await self.ok("GET", f"/v1/tables/{_seg(table)}/scan", params=params | bound.to_query())
+        served = {p["partition"]: p for p in body.get("partitions", ())}
+        items = [Lookup.from_json({"table": table, **served.get(i["partition"], {}), **i}) for i in body["items"]]
+        return items, body.get("next_page_token")
+
+    async def key_metadata(self, table: str, key: str) -> KeyLocation:
+        doc = await self.ok("GET", f"/v1/tables/{_seg(table)}/keys/{_seg(key)}/metadata")
+        return KeyLocation(doc["table"], doc["key"], doc["partition"],
+                           _replica_info(doc["active"]) if doc.get("active") else None,
+                           [_replica_info(s) for s in doc["standbys"]])
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+def _replica_info(d: dict[str, Any]) -> ReplicaInfo:
+    return ReplicaInfo(d["node"], d["address"], d["role"], d.get("state"), bool(d["alive"]), int(d["lag"]["offsets"]),
+                       int(d["lag"]["ms"]), int(d["applied_offset"]), int(d["end_offset"]))
+
+
+def table_infos(snap: Snapshot) -> list[TableInfo]:
+    return [TableInfo(s, s.default_max_lag, s.default_max_staleness_ms) for _, s in sorted(snap.tables.items())]
+
+
+def _seg(text: str) -> str:
+    if not text:
+        raise InvalidArgument("table and key must not be empty")
+    return quote(text, safe="")
+
+
+class RouterMetadata:
+    """The routing snapshot as a router describes it, rebuilt every ``refresh_ms`` (a client with no metadata store)."""
+
+    def __init__(self, http: RouterHttp, refresh_ms: int, on_swap: Callable[[Snapshot], None] | None = None,
+                 clock_ms: Callable[[], int] = now_ms) -> None:
+        self._http = http
+        self._refresh_s = refresh_ms / 1000
+        self._on_swap = on_swap
+        self._clock_ms = clock_ms
+        self.current = Snapshot()
+        self.redis_ok = False
+        self._failing = False
+
+    async def refresh_once(self) -> bool:
+        try:
+            tables, cluster = await asyncio.gather(self._http.ok("GET", "/v1/tables"), self._http.ok("GET", "/v1/cluster"))
+            snap = snapshot_from_router(tables, cluster, self._clock_ms())
+        except (FreshrouteError, KeyError, TypeError, ValueError) as e:
+            if not self._failing:
+                self._failing = True
+                log.warning("metadata: cannot read the router's metadata (%s); keeping the last snapshot", e)
+            return False
+        self._failing = False
+        self.redis_ok = bool(cluster.get("metadata", {}).get("redis_ok"))
+        self.current = snap
+        if self._on_swap is not None:
+            self._on_swap(snap)
+        return True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.refresh_once()
+            try:
+                await asyncio.wait_for(stop.wait(), self._refresh_s)
+            except asyncio.TimeoutError:
+                pass

@@ -1,0 +1,205 @@
+"""``Client``: the synchronous, thread-safe client.
+
+Gets and batches run on the calling thread — the attempt engine driven over blocking
+sockets, no thread hop — each thread with routing state of its own (load, latency, lag
+seen), so nothing mutable is shared between threads but the immutable metadata snapshot.
+A background thread runs an :class:`AsyncClient` for what is not on the hot path: keeping
+the snapshot fresh, scans, and the router fallback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Coroutine, Iterator, TypeVar
+
+from freshroute.errors import ClientClosed, FreshrouteError, LookupTimeout, ReplicaUnavailable
+from freshroute.position import Position
+from freshroute.routing.bound import Bound, parse_bound
+from freshroute.routing.core import RoutingCore, RoutingPolicy, lookup_result
+from freshroute.routing.results import KeyLocation, TableInfo
+
+from freshroute.client.async_client import AsyncClient
+from freshroute.client.blocking import BlockingStore, reads_of, run_blocking
+from freshroute.client.lookup import Lookup, Positions
+
+T = TypeVar("T")
+_FALL_BACK = (ReplicaUnavailable, LookupTimeout)
+
+
+class Client:
+    """Reads a freshroute cluster's tables from its store nodes (see :class:`AsyncClient`), from any number of threads.
+
+    ``with Client(redis_url="redis://…") as client: client.get("table", "key")``
+    """
+
+    def __init__(self, redis_url: str | None = None, *, router: str | None = None, namespace: str = "freshroute",
+                 policy: RoutingPolicy | None = None, refresh_ms: int = 150, connect_timeout_s: float = 5.0) -> None:
+        self._async = AsyncClient(redis_url, router=router, namespace=namespace, policy=policy, refresh_ms=refresh_ms,
+                                  connect_timeout_s=connect_timeout_s)
+        self.policy = self._async.policy
+        self._local = threading.local()
+        self._stores: list[BlockingStore] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="freshroute-client", daemon=True)
+        self._thread.start()
+        try:
+            self._call(self._async.start())
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- life ---------------------------------------------------------------------------
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the background loop and wait for it."""
+        fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return fut.result()
+
+    def close(self) -> None:
+        """Stop the background thread and close every connection; the client refuses reads afterwards."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            stores, self._stores = self._stores, []
+        if self._thread.is_alive():
+            try:
+                self._call(self._async.close())
+            finally:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join(10)
+        self._loop.close()
+        for store in stores:
+            store.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _thread_core(self) -> tuple[RoutingCore, BlockingStore]:
+        if self._closed:
+            raise ClientClosed("this client is closed")
+        mine = getattr(self._local, "core", None)
+        if mine is None:
+            metadata = self._async.metadata
+            store = BlockingStore(metadata)
+            # The core's own (asyncio) store is never used on this thread: reads go through ``store``.
+            mine = self._local.core = (RoutingCore(self.policy, metadata, self._async.core.store), store)
+            with self._lock:
+                self._stores.append(store)
+        return mine
+
+    # ---- reads --------------------------------------------------------------------------
+
+    def get(self, table: str, key: str, *, max_lag: int | None = None, max_staleness_ms: int | None = None,
+            min_position: str | Position | None = None) -> Lookup:
+        """One key from the freshest replica within the bound; ``found`` False when the table has no such key."""
+        core, store = self._thread_core()
+        bound = parse_bound(table, max_lag, max_staleness_ms, min_position)
+        if self._async.direct():
+            try:
+                spec, raw_key, plan = core.plan_get(table, key, bound, time.monotonic())
+                answer = run_blocking(store, [(plan, reads_of(table, plan.partition, [raw_key], plan.bound))])[0]
+                if isinstance(answer, FreshrouteError):
+                    raise answer
+            except _FALL_BACK:
+                if self._async.router is None:
+                    raise
+            else:
+                cand, group = answer
+                return Lookup.of(lookup_result(table, key, plan.partition, cand, group.results[0]))
+        return self._call(self._async.get(table, key, max_lag=max_lag, max_staleness_ms=max_staleness_ms,
+                                          min_position=min_position))
+
+    def get_many(self, table: str, keys: list[str], *, max_lag: int | None = None, max_staleness_ms: int | None = None,
+                 min_position: str | Position | None = None) -> list[Lookup | FreshrouteError]:
+        """Many keys, one group per partition at once; in request order, a key that could not be read as its error."""
+        core, store = self._thread_core()
+        bound = parse_bound(table, max_lag, max_staleness_ms, min_position)
+        keys = list(keys)
+        if self._async.direct():
+            spec, bound, groups, raw_keys = core.group_keys(table, keys, bound)
+            now = time.monotonic()
+            deadline = now + self.policy.request_timeout_ms / 1000
+            jobs = [(core.plan_group(table, p, bound, now, deadline),
+                     reads_of(table, p, [raw_keys[i] for i in idx], bound)) for p, idx in groups.items()]
+            out: list[Lookup | FreshrouteError] = [None] * len(keys)  # type: ignore[list-item]
+            for (p, idx), answer in zip(groups.items(), run_blocking(store, jobs)):
+                if isinstance(answer, FreshrouteError):
+                    for i in idx:
+                        out[i] = answer
+                else:
+                    cand, group = answer
+                    for i, r in zip(idx, group.results):
+                        out[i] = Lookup.of(lookup_result(table, keys[i], p, cand, r))
+            if self._async.router is None or not any(isinstance(r, _FALL_BACK) for r in out):
+                return out
+        return self._call(self._async.get_many(table, keys, max_lag=max_lag, max_staleness_ms=max_staleness_ms,
+                                               min_position=min_position))
+
+    def scan(self, table: str, *, prefix: str = "", start: str = "", end: str = "", limit: int | None = None,
+             page_size: int | None = None, max_lag: int | None = None, max_staleness_ms: int | None = None,
+             min_position: str | Position | None = None) -> Iterator[Lookup]:
+        """Rows in ascending key order (at most ``limit``), fetched a page at a time as the iteration needs them."""
+        self._thread_core()
+        bound: Bound = parse_bound(table, max_lag, max_staleness_ms, min_position)
+        token: str | None = None
+        sent = 0
+        size = page_size or self.policy.scan_max_limit
+        while limit is None or sent < limit:
+            items, token = self._call(self._async.scan_page(
+                table, prefix, start, end, size if limit is None else min(size, limit - sent), token, bound))
+            yield from items
+            sent += len(items)
+            if token is None:
+                return
+
+    # ---- metadata -----------------------------------------------------------------------
+
+    def key_metadata(self, table: str, key: str) -> KeyLocation:
+        """The key's partition, its active replica and its standbys, each with lag."""
+        self._thread_core()
+        return self._call(self._async.key_metadata(table, key))
+
+    def tables(self) -> list[TableInfo]:
+        self._thread_core()
+        return self._call(self._async.tables())
+
+    def cluster(self) -> dict[str, Any]:
+        self._thread_core()
+        return self._call(self._async.cluster())
+
+    def session(self) -> "Session":
+        """Reads that never go backwards: each sends the highest position this session has seen as ``min_position``."""
+        return Session(self)
+
+
+class Session:
+    """Monotonic reads over a :class:`Client`: per table-partition, never older than what it has seen (thread-safe)."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.positions = Positions()
+
+    def get(self, table: str, key: str, *, min_position: str | Position | None = None, **bound: Any) -> Lookup:
+        r = self.client.get(table, key, min_position=self.positions.at_least(table, min_position), **bound)
+        self.positions.saw([r])
+        return r
+
+    def get_many(self, table: str, keys: list[str], *, min_position: str | Position | None = None,
+                 **bound: Any) -> list[Lookup | FreshrouteError]:
+        out = self.client.get_many(table, keys, min_position=self.positions.at_least(table, min_position), **bound)
+        self.positions.saw([r for r in out if isinstance(r, Lookup)])
+        return out
+
+    def scan(self, table: str, *, min_position: str | Position | None = None, **kw: Any) -> Iterator[Lookup]:
+        for r in self.client.scan(table, min_position=self.positions.at_least(table, min_position), **kw):
+            self.positions.saw([r])
+            yield r
