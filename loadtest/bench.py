@@ -47,7 +47,10 @@ from loadtest.stats import percentile
 
 FIGURES = ("router_grpc_rps", "router_rest_rps", "direct_store_rps", "baseline_grpc_rps", "redis_get_rps",
            "router_grpc_p50_ms", "router_grpc_p99_ms", "router_rest_p50_ms", "router_rest_p99_ms",
-           "direct_store_p50_ms", "freshness_p50_ms", "freshness_p99_ms", "restore_rps", "raw_consume_rps")
+           "direct_store_p50_ms", "freshness_p50_ms", "freshness_p99_ms", "restore_rps", "raw_consume_rps",
+           "client_get_rps", "redis_py_get_rps", "client_get_p50_ms", "redis_py_get_p50_ms",
+           "client_get_many_keys_per_s", "redis_py_mget_keys_per_s", "client_sync_get_rps", "redis_py_sync_get_rps",
+           "client_sync_get_p50_ms", "redis_py_sync_get_p50_ms")
 
 # (name, numerator, denominator or None, comparison, limit)
 TARGETS = (
@@ -56,6 +59,10 @@ TARGETS = (
     ("router_grpc_p50_ms / direct_store_p50_ms", "router_grpc_p50_ms", "direct_store_p50_ms", "<=", 1.5),
     ("freshness_p99_ms", "freshness_p99_ms", None, "<=", 1500.0),
     ("restore_rps / raw_consume_rps", "restore_rps", "raw_consume_rps", ">=", 0.6),
+    ("client_get_rps / redis_py_get_rps", "client_get_rps", "redis_py_get_rps", ">=", 0.7),
+    ("client_get_p50_ms / redis_py_get_p50_ms", "client_get_p50_ms", "redis_py_get_p50_ms", "<=", 1.3),
+    ("client_get_many_keys_per_s / redis_py_mget_keys_per_s", "client_get_many_keys_per_s",
+     "redis_py_mget_keys_per_s", ">=", 0.5),
 )
 
 LOAD_CLIENTS = {"router_rest_rps": "wrk -t1 (Lua: rotating keys)", "router_grpc_rps": "h2load -t1 (gRPC frames, h2c)",
@@ -64,7 +71,8 @@ LOAD_CLIENTS = {"router_rest_rps": "wrk -t1 (Lua: rotating keys)", "router_grpc_
                 "latency": "h2load -t1 --rps (fixed rate) --log-file; REST with --h1 and rotating keys",
                 "freshness": "loadtest.freshness (confluent-kafka producer + httpx polling)",
                 "restore_rps": "a new store node, empty dir: Σ offsets / window from its log",
-                "raw_consume_rps": "confluent-kafka Consumer, all partitions, offset 0 → end"}
+                "raw_consume_rps": "confluent-kafka Consumer, all partitions, offset 0 → end",
+                "client": "loadtest.clientbench: one Python process per side (asyncio; sync = threads)"}
 
 
 RESTORE_FIGURES = ("restore_rps", "raw_consume_rps")
@@ -302,6 +310,64 @@ class Bench:
             self.notes.setdefault("rounds", {}).update({label_a: xs, label_b: ys})
         return xs, ys
 
+    # the client against redis-py ------------------------------------------------------------------
+    def client_vs_redis_py(self) -> None:
+        """freshroute.client against redis-py on the stack's Redis, side by side: the same process model and
+        concurrency, values of the same size (Redis keys of the bench's own, removed afterwards)."""
+        import redis
+
+        from freshroute.client import Client
+        from loadtest.clientbench import REDIS_PREFIX
+
+        a, c, fig = self.a, self.c, self.fig
+        with Client(redis_url=c.redis_url, namespace=c.namespace) as client:
+            size = len(orjson.dumps(client.get(a.table, self.keys[0]).value))
+        r = redis.Redis.from_url(c.redis_url)
+        names = [f"{REDIS_PREFIX}{i}" for i in range(len(self.keys))]
+        r.mset({k: b"x" * size for k in names})
+        try:
+            def side(name: str, measure: str, model: str = "async", concurrency: int | None = None) -> Callable[[], Any]:
+                def run() -> dict[str, Any]:
+                    cmd = [sys.executable, "-m", "loadtest.clientbench", "--side", name, "--measure", measure,
+                           "--model", model, "--redis-url", c.redis_url, "--namespace", c.namespace,
+                           "--table", a.table, "--key-prefix", a.key_prefix, "--keys", str(len(self.keys)),
+                           "--concurrency", str(concurrency or a.client_concurrency), "--rate", str(a.latency_rate),
+                           "--duration", str(a.latency_duration if measure == "latency" else a.duration)]
+                    return orjson.loads(lc.run(cmd, a.duration + a.latency_duration + 60).strip().splitlines()[-1])
+                return run
+
+            def rates(label: str, xs: list[Any]) -> float | None:
+                got = median_of([x["rate"] if x else None for x in xs])
+                self.say(f"  {label}: {got or 0:,.0f}/s (runs {[x and x['rate'] for x in xs]})")
+                return got
+
+            def p50(label: str, xs: list[Any]) -> float | None:
+                lat = [v for x in xs if x for v in x["latencies_ms"]]
+                p50_, p99_ = self.p50_p99(lat)
+                self.say(f"  {label}: p50 {p50_} ms  p99 {p99_} ms ({len(lat)} samples)")
+                return p50_
+
+            conc = a.client_concurrency
+            self.say(f"  asyncio, one process per side, {conc} in flight:")
+            cl, rd = self.paired("client_get", side("client", "rps"), "redis_py_get", side("redis", "rps"))
+            fig["client_get_rps"], fig["redis_py_get_rps"] = rates("client get", cl), rates("redis-py GET", rd)
+            cl, rd = self.paired("client_get_many", side("client", "many"), "redis_py_mget", side("redis", "many"))
+            fig["client_get_many_keys_per_s"] = rates("client get_many (100 keys), keys", cl)
+            fig["redis_py_mget_keys_per_s"] = rates("redis-py MGET (100 keys), keys", rd)
+            cl, rd = self.paired("client_latency", side("client", "latency"), "redis_py_latency",
+                                 side("redis", "latency"), record=False)
+            fig["client_get_p50_ms"], fig["redis_py_get_p50_ms"] = p50("client get", cl), p50("redis-py GET", rd)
+            self.say("  synchronous, one thread per side:")
+            cl, rd = self.paired("client_sync_get", side("client", "rps", "sync", 1), "redis_py_sync_get",
+                                 side("redis", "rps", "sync", 1))
+            fig["client_sync_get_rps"], fig["redis_py_sync_get_rps"] = rates("client get", cl), rates("redis-py GET", rd)
+            cl, rd = self.paired("client_sync_latency", side("client", "latency", "sync", 1), "redis_py_sync_latency",
+                                 side("redis", "latency", "sync", 1), record=False)
+            fig["client_sync_get_p50_ms"] = p50("client get", cl)
+            fig["redis_py_sync_get_p50_ms"] = p50("redis-py GET", rd)
+        finally:
+            r.delete(*names)
+
     # freshness, restore, raw consume --------------------------------------------------------------
     def freshness(self) -> tuple[float | None, float | None]:
         from loadtest.freshness import measure
@@ -407,7 +473,7 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
     b = Bench(stack, a, say)
     c = stack.config
     grpc_url = f"http://{c.grpc_address}/freshroute.v1.Router/Get"
-    total = 10
+    total = 11
     fig = b.fig
     baseline: subprocess.Popen | None = None
     restore_step = f"restore vs raw consume of a {a.restore_records:,}-record changelog, {a.rounds} round(s)"
@@ -482,13 +548,15 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
         _step(b, 8, total, "latencies (h2load --rps)", latencies)
         if baseline is not None:
             baseline.terminate()
-        fr = _step(b, 9, total, "freshness (event → visible)", b.freshness)
+        say(f"the client against redis-py, {a.duration:g}s runs, latency at {a.latency_rate:g} req/s:")
+        _step(b, 9, total, "freshroute.client against redis-py (loadtest.clientbench)", b.client_vs_redis_py)
+        fr = _step(b, 10, total, "freshness (event → visible)", b.freshness)
         if fr:
             fig["freshness_p50_ms"], fig["freshness_p99_ms"] = fr
         if a.no_restore:
             say("restore and raw consume: skipped (--no-restore)")
         else:
-            _step(b, 10, total, restore_step, b.restore_vs_raw)
+            _step(b, 11, total, restore_step, b.restore_vs_raw)
     finally:
         if baseline is not None:
             lc.stop_process(baseline)
@@ -497,12 +565,13 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
 
 
 def format_table(fig: dict[str, Any], targets: list[dict[str, Any]]) -> str:
-    lines = ["", f"{'figure':<22} {'value':>12}  load client", "-" * 72]
+    lines = ["", f"{'figure':<26} {'value':>12}  load client", "-" * 76]
     for k in FIGURES:
         v = fig.get(k)
-        client = LOAD_CLIENTS.get(k) or (LOAD_CLIENTS["latency"] if k.endswith("_ms") and "fresh" not in k
+        client = LOAD_CLIENTS.get(k) or (LOAD_CLIENTS["client"] if k.startswith(("client_", "redis_py_"))
+                                         else LOAD_CLIENTS["latency"] if k.endswith("_ms") and "fresh" not in k
                                          else LOAD_CLIENTS["freshness"] if "fresh" in k else "")
-        lines.append(f"{k:<22} {'n/a' if v is None else f'{v:,.2f}':>12}  {client}")
+        lines.append(f"{k:<26} {'n/a' if v is None else f'{v:,.2f}':>12}  {client}")
     lines += ["", "targets:"]
     for t in targets:
         mark = "MET " if t["met"] else ("n/a " if t["met"] is None else "MISS")
@@ -526,6 +595,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-clients", type=int, default=4)
     p.add_argument("--latency-duration", type=float, default=8.0)
     p.add_argument("--redis-requests", type=int, default=200_000)
+    p.add_argument("--client-concurrency", type=int, default=32,
+                   help="reads in flight in the client and redis-py runs (asyncio tasks in one process)")
     # 60: the p99 of 60 samples is the second highest, not just the maximum of one unlucky batch
     p.add_argument("--freshness-probes", type=int, default=60)
     # A million: a restore of 300,000 records took 0.76–1.08 s, so a scheduling hiccup or the
