@@ -113,6 +113,29 @@ def _lookup_grpc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lookup_direct(args: argparse.Namespace) -> int:
+    import json
+
+    from freshroute.client import Client
+
+    try:
+        with Client(redis_url=args.redis_url, router=args.router, namespace=args.namespace,
+                    connect_timeout_s=3.0) as client:
+            r = client.get(args.table, args.key, max_lag=args.max_lag, max_staleness_ms=args.max_staleness_ms,
+                           min_position=args.min_position)
+    except FreshrouteError as e:
+        print(json.dumps(e.to_body(), separators=(",", ":"), default=str), file=sys.stderr)
+        return 2 if e.code == "REPLICA_UNAVAILABLE" else 1
+    doc = {"table": r.table, "key": r.key, "value": r.value, "partition": r.partition,
+           "served_by": {"node": r.node, "role": r.role}, "lag": {"offsets": r.lag_offsets, "ms": r.lag_ms},
+           "position": r.position}
+    if not r.found:
+        doc = {"error": {"code": "KEY_NOT_FOUND", "message": f"key {r.key!r} not found in table {r.table!r}",
+                         **{k: v for k, v in doc.items() if k != "value"}}}
+    print(json.dumps(doc, separators=(",", ":")), file=sys.stdout if r.found else sys.stderr)
+    return 0 if r.found else 1
+
+
 def _bench(bench_args: list[str]) -> int:
     from loadtest.bench import main as bench_main
 
@@ -148,6 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
     lookup.add_argument("--max-staleness-ms", dest="max_staleness_ms")
     lookup.add_argument("--min-position", dest="min_position")
     lookup.add_argument("--grpc", metavar="HOST:PORT", help="use the router's gRPC API at this address instead of REST")
+    lookup.add_argument("--direct", action="store_true",
+                        help="read the store nodes directly (freshroute.client), metadata from --redis-url; "
+                             "the router is the fallback")
+    lookup.add_argument("--redis-url", default=os.environ.get("FRESHROUTE_REDIS_URL", "redis://127.0.0.1:16379/0"))
+    lookup.add_argument("--namespace", default=os.environ.get("FRESHROUTE_NAMESPACE", "freshroute"))
 
     # Its options are the benchmark's own (see main): this entry only documents the command.
     sub.add_parser("bench", help="Side-by-side benchmarks against the local stack (last line: JSON).", add_help=False)
@@ -163,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
         "broker": _run_broker,
-        "lookup": lambda a: _lookup_grpc(a) if a.grpc else _lookup(a)}
+        "lookup": lambda a: _lookup_direct(a) if a.direct else _lookup_grpc(a) if a.grpc else _lookup(a)}
     try:
         if args.command in COMPONENTS:
             if getattr(args, "import_error", None):

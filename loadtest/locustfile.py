@@ -1,4 +1,5 @@
-"""Locust users for freshroute: ``RestUser`` (HTTP) and ``GrpcUser`` (gRPC ``Router.Get``).
+"""Locust users for freshroute: ``RestUser`` (HTTP), ``GrpcUser`` (gRPC ``Router.Get``) and ``ClientUser``
+(:class:`freshroute.client.Client`, reading the store nodes directly; needs ``--redis-url``).
 
 Both draw keys uniformly or zipf-skewed (hot keys) over ``{prefix}0 .. {prefix}{keys-1}`` and a
 bound per request from a weighted mix: none, ``max_lag``, ``max_staleness_ms``, or ``session``
@@ -13,7 +14,8 @@ Headless, 30 s, 20 users (REST and gRPC half each), 10 lookups/s per user:
 
 Options (also as environment variables ``FRESHROUTE_LT_<NAME>``): ``--table``, ``--keys``,
 ``--key-prefix``, ``--key-dist uniform|zipf``, ``--zipf-s``, ``--bounds``, ``--user-rps``
-(0 = no wait), ``--grpc-target``, ``--max-run-time`` (a hard stop when ``-t`` is not given).
+(0 = no wait), ``--grpc-target``, ``--redis-url`` and ``--namespace`` (the client's metadata store),
+``--max-run-time`` (a hard stop when ``-t`` is not given).
 Pick one kind of user by naming it: ``locust -f loadtest/locustfile.py RestUser …``.
 """
 
@@ -51,6 +53,9 @@ def _options(parser) -> None:
     group.add_argument("--user-rps", type=float, default=float(_env("user_rps", "10")),
                        help="lookups per second per user; 0 = no wait")
     group.add_argument("--grpc-target", default=_env("grpc_target", "127.0.0.1:50051"), help="router gRPC host:port")
+    group.add_argument("--redis-url", default=_env("redis_url", "redis://127.0.0.1:16379/0"),
+                       help="metadata store of ClientUser's client")
+    group.add_argument("--namespace", default=_env("namespace", "freshroute"), help="metadata namespace")
     group.add_argument("--max-run-time", type=float, default=float(_env("max_run_time", "600")),
                        help="seconds after which the test stops when -t/--run-time is not given")
 
@@ -144,6 +149,47 @@ class GrpcUser(_Workload, User):
         self.environment.events.request.fire(request_type="grpc", name=f"Router.Get ({kind})",
                                              response_time=(time.perf_counter() - start) * 1000,
                                              response_length=length, exception=exc, context={})
+
+
+class ClientUser(_Workload, User):
+    """``freshroute.client.Client.get``, straight to the store nodes, reported to locust as request type ``client``.
+
+    One client per locust process, shared by its users (the client is thread-safe and keeps
+    its connections per greenlet's thread); the router given as ``--host`` is its fallback.
+    """
+
+    _client = None
+
+    def on_start(self) -> None:
+        self._setup_workload(f"client-{id(self):x}")
+        if ClientUser._client is None:
+            from freshroute.client import Client
+
+            opts = self.environment.parsed_options
+            ClientUser._client = Client(redis_url=opts.redis_url, router=self.host or None, namespace=opts.namespace)
+
+    @task
+    def lookup(self) -> None:
+        from freshroute.errors import FreshrouteError
+
+        key, kind, bound = self.next_lookup()
+        start = time.perf_counter()
+        exc: Exception | None = None
+        try:
+            r = self._client.get(self.table, key, **bound)
+            self.session.observe(self.table, r.position)
+        except FreshrouteError as e:
+            exc = RuntimeError(e.code)
+        self.environment.events.request.fire(request_type="client", name=f"Client.get ({kind})",
+                                             response_time=(time.perf_counter() - start) * 1000,
+                                             response_length=0, exception=exc, context={})
+
+
+@events.quitting.add_listener
+def _close_client(**_kwargs) -> None:
+    if ClientUser._client is not None:
+        ClientUser._client.close()
+        ClientUser._client = None
 
 
 def _error_code(e: grpc.RpcError) -> str | None:

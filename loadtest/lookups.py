@@ -136,3 +136,28 @@ async def grpc_lookup(stub: Any, table: str, key: str, bound_kind: str, bound: d
             rec["code"] = "KEY_NOT_FOUND"
     rec["latency_ms"] = round((time.monotonic() - start) * 1000, 3)
     return rec
+
+
+_OUTCOME_BY_CODE = {"NO_REPLICA_WITHIN_BOUND": "unavailable", "REPLICA_UNAVAILABLE": "unavailable",
+                    "TIMEOUT": "timeout", "INVALID_ARGUMENT": "bad_request", "TABLE_NOT_FOUND": "table_not_found"}
+
+
+async def client_lookup(client: Any, table: str, key: str, bound_kind: str, bound: dict[str, Any], t0: float,
+                        session: str | None = None, seq: int | None = None) -> dict[str, Any]:
+    """``AsyncClient.get``: straight to the store nodes through the routing core."""
+    from freshroute.errors import FreshrouteError
+
+    start = time.monotonic()
+    rec = _base("client", table, key, bound_kind, bound, start - t0, session, seq)
+    try:
+        r = await client.get(table, key, **bound)
+    except FreshrouteError as e:
+        rec.update(outcome=_OUTCOME_BY_CODE.get(e.code, "other"), status=e.http_status)
+        _fill_error(rec, e.to_body()["error"])
+    else:
+        rec.update(outcome="ok" if r.found else "not_found", status=200 if r.found else 404,
+                   code=None if r.found else "KEY_NOT_FOUND", value=r.value, partition=r.partition,
+                   served_by={"node": r.node, "role": r.role}, lag={"offsets": r.lag_offsets, "ms": r.lag_ms},
+                   position=r.position)
+    rec["latency_ms"] = round((time.monotonic() - start) * 1000, 3)
+    return rec

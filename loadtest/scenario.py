@@ -25,7 +25,7 @@ from typing import Any, Callable
 import orjson
 
 from freshroute.local.stack import NoLocalStack, Stack
-from loadtest.lookups import grpc_lookup, rest_lookup
+from loadtest.lookups import client_lookup, grpc_lookup, rest_lookup
 from loadtest.stats import ANSWERED, percentile
 from loadtest.workload import (DEFAULT_BOUND_MIX, BoundMixer, KeyChooser, Session, bound_params,
                                parse_bound_mix)
@@ -151,7 +151,7 @@ class LoadConfig:
     distribution: str = "uniform"
     zipf_s: float = 1.1
     bound_mix: str = DEFAULT_BOUND_MIX
-    protocol: str = "rest"  # rest | grpc | both (workers alternate)
+    protocol: str = "rest"  # rest | grpc | both (workers alternate) | client (freshroute.client, no router)
     concurrency: int = 16
     rate: float = 300.0  # total requests/s across workers; 0 = as fast as the workers go
     duration_s: float = 30.0
@@ -180,7 +180,7 @@ class Recorder:
         self._f.close()
 
 
-async def _worker(i: int, cfg: LoadConfig, rest: Any, grpc_stub: Any, rec: Recorder, t0: float,
+async def _worker(i: int, cfg: LoadConfig, rest: Any, grpc_stub: Any, client: Any, rec: Recorder, t0: float,
                   deadline: float, budget: list[int]) -> None:
     import random
 
@@ -209,6 +209,8 @@ async def _worker(i: int, cfg: LoadConfig, rest: Any, grpc_stub: Any, rec: Recor
         seq = session.next_seq()
         if proto == "rest":
             r = await rest_lookup(rest, cfg.table, key, choice.kind, bound, t0, session.name, seq)
+        elif proto == "client":
+            r = await client_lookup(client, cfg.table, key, choice.kind, bound, t0, session.name, seq)
         else:
             r = await grpc_lookup(grpc_stub, cfg.table, key, choice.kind, bound, t0, session.name, seq, cfg.timeout_s)
         if r["outcome"] in ANSWERED:
@@ -218,20 +220,28 @@ async def _worker(i: int, cfg: LoadConfig, rest: Any, grpc_stub: Any, rec: Recor
 
 async def run_load(cfg: LoadConfig, rest_url: str, grpc_address: str, recorder: Recorder,
                    faults: list[Fault], injector: FaultInjector | None, t0: float,
-                   say: Callable[[str], None]) -> None:
-    """Run the load for ``cfg.duration_s`` while firing ``faults`` at their times; print progress each second."""
+                   say: Callable[[str], None], redis_url: str = "", namespace: str = "freshroute") -> None:
+    """Run the load for ``cfg.duration_s`` while firing ``faults`` at their times; print progress each second.
+
+    ``--protocol client`` reads through :class:`freshroute.client.AsyncClient`, bootstrapped
+    from ``redis_url`` with the router as its fallback.
+    """
     import grpc
     import httpx
 
+    from freshroute.client import AsyncClient
     from proto import router_pb2_grpc
 
     deadline = t0 + cfg.duration_s
     budget = [cfg.max_requests]
     limits = httpx.Limits(max_connections=cfg.concurrency, max_keepalive_connections=cfg.concurrency)
+    direct = AsyncClient(redis_url, router=rest_url, namespace=namespace) if cfg.protocol == "client" else None
     async with httpx.AsyncClient(base_url=rest_url, timeout=cfg.timeout_s, limits=limits) as rest, \
             grpc.aio.insecure_channel(grpc_address) as channel:
         stub = router_pb2_grpc.RouterStub(channel)
-        workers = [asyncio.create_task(_worker(i, cfg, rest, stub, recorder, t0, deadline, budget))
+        if direct is not None:
+            await direct.start()
+        workers = [asyncio.create_task(_worker(i, cfg, rest, stub, direct, recorder, t0, deadline, budget))
                    for i in range(cfg.concurrency)]
         fault_tasks = [asyncio.create_task(_fire_at(f, injector, t0, deadline, say))
                        for f in sorted(faults, key=lambda f: f.at_s)]
@@ -257,6 +267,8 @@ async def run_load(cfg: LoadConfig, rest_url: str, grpc_address: str, recorder: 
         finally:
             for task in workers + fault_tasks:
                 task.cancel()
+            if direct is not None:
+                await direct.close()
 
 
 async def _fire_at(fault: Fault, injector: FaultInjector | None, t0: float, deadline: float,
@@ -277,8 +289,8 @@ def run(stack: Stack, cfg: LoadConfig, faults: list[Fault], out_dir: Path, check
     """Run one scenario against ``stack`` and write its report; returns the summary (with ``consistency``)."""
     from loadtest.report import write_report
 
-    if cfg.protocol not in ("rest", "grpc", "both"):
-        raise ValueError("protocol must be rest, grpc or both")
+    if cfg.protocol not in ("rest", "grpc", "both", "client"):
+        raise ValueError("protocol must be rest, grpc, both or client")
     if cfg.concurrency < 1 or cfg.duration_s <= 0:
         raise ValueError("concurrency must be >= 1 and duration > 0")
     parse_bound_mix(cfg.bound_mix)  # fail before starting anything
@@ -291,7 +303,8 @@ def run(stack: Stack, cfg: LoadConfig, faults: list[Fault], out_dir: Path, check
         f"{'%g req/s' % cfg.rate if cfg.rate else 'unpaced'}, {cfg.duration_s:g}s, keys {cfg.distribution}, "
         f"bounds {cfg.bound_mix}; faults: {', '.join(f'{f.action} {f.target} at {f.at_s:g}s' for f in faults) or 'none'}")
     try:
-        asyncio.run(run_load(cfg, c.rest_url, c.grpc_address, recorder, faults, injector, t0, say))
+        asyncio.run(run_load(cfg, c.rest_url, c.grpc_address, recorder, faults, injector, t0, say, c.redis_url,
+                             c.namespace))
     finally:
         injector.undo_all()
         recorder.close()
@@ -321,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=30.0, help="seconds of load (bounded; max 900)")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--rate", type=float, default=300.0, help="total requests/s; 0 = unpaced")
-    p.add_argument("--protocol", choices=("rest", "grpc", "both"), default="both")
+    p.add_argument("--protocol", choices=("rest", "grpc", "both", "client"), default="both",
+                   help="client: freshroute.client reading the store nodes directly")
     p.add_argument("--table", default="sensor_stats")
     p.add_argument("--keys", type=int, default=100, help="keyspace size: {prefix}0 .. {prefix}{keys-1}")
     p.add_argument("--key-prefix", default="sensor-")

@@ -83,3 +83,73 @@ def test_errors_are_typed(stack, readings):
             stub.Get(router_pb2.GetRequest(table="sensor_stats", key="sensor-1",
                                            bound=router_pb2.Bound(min_position="garbage")), timeout=10)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_the_client_reads_the_recomputed_values_straight_from_the_store_nodes(stack, readings):
+    """Client (Redis-bootstrapped, no router) and AsyncClient (router-bootstrapped): gets, batches, scans, metadata."""
+    import asyncio
+
+    from freshroute.client import AsyncClient, Client, InvalidArgument, TableNotFound
+
+    expected = expected_sensor_stats(readings)
+    with httpx.Client(base_url=stack.config.rest_url, timeout=10) as http:
+        wait_until(lambda: all_sensors_served(http, expected), FIRST_DATA_TIMEOUT_S, "every sensor's stats to be served")
+    c = stack.config
+    with Client(redis_url=c.redis_url, namespace=c.namespace) as client:
+        for sensor, want in expected.items():
+            r = client.get("sensor_stats", sensor)
+            assert r.found and same_stats(r.value, want), (sensor, r, want)
+            assert r.partition == partition_for(serialize_key(sensor), 8)
+            assert r.node.startswith("node-") and r.role in {"active", "standby"}
+            assert r.lag_offsets >= 0 and r.lag_ms >= 0 and r.position.startswith("p1.")
+        names = sorted(expected)
+        many = client.get_many("sensor_stats", [*names, "no-such-sensor"], max_staleness_ms=60_000)
+        assert [m.key for m in many] == [*names, "no-such-sensor"]
+        assert all(m.found and same_stats(m.value, expected[m.key]) for m in many[:-1])
+        assert not many[-1].found and many[-1].value is None
+        scanned = {r.key: r.value for r in client.scan("sensor_stats", prefix="sensor-", page_size=7)}
+        assert set(scanned) == set(expected)
+        assert all(same_stats(scanned[s], expected[s]) for s in expected)
+        assert [r.key for r in client.scan("sensor_stats", prefix="sensor-", limit=5, page_size=2)] == sorted(expected)[:5]
+        loc = client.key_metadata("sensor_stats", "sensor-1")
+        assert loc.partition == partition_for(b"sensor-1", 8) and loc.active is not None and len(loc.standbys) == 1
+        assert "sensor_stats" in {t.spec.name for t in client.tables()}
+        with pytest.raises(TableNotFound):
+            client.get("no_such_table", "k")
+        with pytest.raises(InvalidArgument) as e:
+            client.get("sensor_stats", "sensor-1", min_position="garbage")
+        assert e.value.details["field"] == "min_position"
+
+    async def via_router() -> None:
+        async with AsyncClient(router=c.rest_url) as aclient:
+            got = await aclient.get_many("sensor_stats", sorted(expected))
+            assert all(g.found and same_stats(g.value, expected[g.key]) for g in got)
+            # Reads still go to the store nodes directly: the router only described the cluster.
+            assert all(g.node.startswith("node-") for g in got)
+            rows = [r.key async for r in aclient.scan("sensor_stats", prefix="sensor-1")]
+            assert rows == sorted(s for s in expected if s.startswith("sensor-1"))
+
+    asyncio.run(via_router())
+
+
+def test_locust_users_rest_grpc_and_client_all_answer(stack, readings, tmp_path):
+    """The locustfile itself, headless for a few seconds: every kind of user answers, none fails."""
+    import csv
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    c = stack.config
+    locust = Path(sys.executable).parent / "locust"
+    cmd = [str(locust), "-f", "loadtest/locustfile.py", "--headless", "-u", "6", "-r", "6", "-t", "6s",
+           "--host", c.rest_url, "--grpc-target", c.grpc_address, "--redis-url", c.redis_url,
+           "--namespace", c.namespace, "--keys", str(SENSORS), "--user-rps", "10", "--csv", str(tmp_path / "lt"),
+           "--only-summary", "RestUser", "GrpcUser", "ClientUser"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    with open(tmp_path / "lt_stats.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["Name"] != "Aggregated"]
+    by_type: dict[str, int] = {}
+    for r in rows:
+        by_type[r["Type"]] = by_type.get(r["Type"], 0) + int(r["Request Count"])
+        assert int(r["Failure Count"]) == 0, (r, done.stderr[-2000:])
+    assert set(by_type) == {"GET", "grpc", "client"} and min(by_type.values()) >= 10, (by_type, done.stderr[-2000:])

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import random
+import threading
 
 import httpx
 import orjson
 import pytest
 
+from freshroute.client import Client
+from freshroute.errors import FreshrouteError
 from loadtest.scenario import Fault, LoadConfig, run
 from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, all_sensors_served, expected_sensor_stats, produce_readings, start_stack,
                                              wait_until)
@@ -66,3 +69,57 @@ def test_kill_9_of_a_store_node_under_load(stack, readings, tmp_path):
     for name in ("summary.json", "timeseries.json", "consistency.json", "throughput.png", "latency.png",
                  "staleness.png", "timeline.png"):
         assert (out / name).stat().st_size > 0, name
+
+
+def test_kill_9_of_a_store_node_under_client_load(stack, readings, tmp_path):
+    """freshroute.client reading the store nodes directly: the same guarantees as through the router."""
+    expected = expected_sensor_stats(readings)
+    with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
+        wait_until(lambda: all_sensors_served(client, expected, max_lag=0), FIRST_DATA_TIMEOUT_S, "every sensor's final stats to be served")
+    old_pid = stack.components[VICTIM].pid
+
+    cfg = LoadConfig(keys=SENSORS, protocol="client", concurrency=8, rate=150.0, duration_s=20.0, timeout_s=5.0,
+                     bound_mix="none:2,max_lag=100000:1,max_staleness_ms=120000:1,session:2", seed=5)
+    # Beside the load, the synchronous client's session reads every sensor over and over.
+    stop = threading.Event()
+    seen: list[tuple[int, int]] = []
+    failures: list[str] = []
+
+    def session_reads() -> None:
+        c = stack.config
+        with Client(redis_url=c.redis_url, namespace=c.namespace) as direct:
+            session = direct.session()
+            for n in range(100_000):
+                if stop.is_set():
+                    return
+                try:
+                    r = session.get("sensor_stats", f"sensor-{n % SENSORS}")
+                    seen.append((r.partition, r.applied_offset))
+                except FreshrouteError as e:
+                    failures.append(f"{e.code}: {e.message}")
+
+    reader = threading.Thread(target=session_reads)
+    reader.start()
+    try:
+        summary = run(stack, cfg, [Fault(6.0, "kill", VICTIM, 5.0)], tmp_path / "report", check=True, plots=False,
+                      title="kill-node-client")
+    finally:
+        stop.set()
+        reader.join(30)
+    assert not failures, failures[:5]
+    assert len(seen) > 500
+    last: dict[int, int] = {}
+    for partition, applied in seen:
+        assert applied >= last.get(partition, 0), (partition, applied, last[partition])
+        last[partition] = applied
+
+    events = [f["event"] for f in summary["faults"]]
+    assert any(e.startswith(f"kill -9 {VICTIM} (pid {old_pid})") for e in events), events
+    assert summary["requests"] >= 1000, summary
+    assert summary["failed"] == 0, (summary["errors_by_code"], summary["first_failures"])
+    assert summary["outcomes"] == {"ok": summary["requests"]}, summary["outcomes"]
+    assert set(summary["by_protocol"]) == {"client"}
+    consistency = summary["consistency"]
+    # Every answer within its bound, every value one the changelog held, no session read backwards.
+    assert consistency["ok"], orjson.dumps(consistency, option=orjson.OPT_INDENT_2).decode()
+    assert consistency["session_reads_checked"] > 0 and consistency["bounds_checked"] > 0
