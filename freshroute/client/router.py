@@ -15,7 +15,7 @@ from freshroute.errors import FreshrouteError, InvalidArgument, ReplicaUnavailab
 from freshroute.metadata import ReplicaState, Role, TableSpec, now_ms
 from freshroute.routing.bound import Bound
 from freshroute.routing.results import KeyLocation, ReplicaInfo, TableInfo
-from freshroute.routing.snapshot import NodeView, ReplicaView, Snapshot
+from freshroute.routing.snapshot import NodeView, ReplicaView, Snapshot, refresh_until
 
 from freshroute.client.lookup import Lookup
 
@@ -150,9 +150,5 @@ class RouterMetadata:
         return True
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await self.refresh_once()
-            try:
-                await asyncio.wait_for(stop.wait(), self._refresh_s)
-            except asyncio.TimeoutError:
-                pass
+        """Refresh until ``stop`` is set."""
+        await refresh_until(self.refresh_once, self._refresh_s, stop)

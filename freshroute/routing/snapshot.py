@@ -14,7 +14,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Mapping, Protocol
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
 
 import orjson
 
@@ -171,6 +171,16 @@ class FixedSnapshot:
     current: Snapshot = field(default_factory=Snapshot)
 
 
+async def refresh_until(refresh_once: Callable[[], Awaitable[bool]], period_s: float, stop: asyncio.Event) -> None:
+    """Call ``refresh_once`` every ``period_s`` until ``stop`` is set."""
+    while not stop.is_set():
+        await refresh_once()
+        try:
+            await asyncio.wait_for(stop.wait(), period_s)
+        except asyncio.TimeoutError:
+            pass
+
+
 class MetadataRefresher:
     """Rebuilds the snapshot from Redis every ``refresh_ms`` and swaps it in atomically."""
 
@@ -230,12 +240,7 @@ class MetadataRefresher:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Refresh until ``stop`` is set."""
-        while not stop.is_set():
-            await self.refresh_once()
-            try:
-                await asyncio.wait_for(stop.wait(), self._refresh_s)
-            except asyncio.TimeoutError:
-                pass
+        await refresh_until(self.refresh_once, self._refresh_s, stop)
 
     async def _read(self) -> tuple[dict[str, TableSpec], list[NodeReport], Assignment | None]:
         pipe = self._redis.pipeline(transaction=False)
