@@ -14,7 +14,7 @@ from freshroute.routing.snapshot import MetadataRefresher, SnapshotSource
 from freshroute.routing.store import StoreNodeClient
 
 from freshroute.client.lookup import Lookup, Positions
-from freshroute.client.router import RouterHttp, RouterMetadata, table_infos
+from freshroute.client.router import RouterHttp, RouterMetadata, snapshot_from_router, table_infos
 
 # Errors after which the router may still answer: nothing direct could be reached in time.
 _FALL_BACK = (ReplicaUnavailable, LookupTimeout)
@@ -194,8 +194,6 @@ class AsyncClient:
         if self.direct():
             return core.list_tables()
         assert self.router is not None
-        from freshroute.client.router import snapshot_from_router
-
         body = await self.router.ok("GET", "/v1/tables")
         return table_infos(snapshot_from_router(body, {"nodes": []}, 0))
 

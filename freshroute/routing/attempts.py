@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 from freshroute.errors import FreshrouteError, LookupTimeout, NoReplicaWithinBound, ReplicaUnavailable
-from freshroute.metadata import ReplicaState
 from freshroute.routing.bound import Bound
 from freshroute.routing.selection import Candidate, LoadTracker, Selection
 from freshroute.routing.snapshot import LagOverlay
