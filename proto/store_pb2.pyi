@@ -96,17 +96,49 @@ class KeyResult(_message.Message):
     message: str
     def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[ReadStatus, str]] = ..., value: _Optional[bytes] = ..., replica: _Optional[_Union[ReplicaStatus, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
 
+class GroupRead(_message.Message):
+    __slots__ = ("id", "table", "partition", "keys", "bound")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    table: str
+    partition: int
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    bound: ReadBound
+    def __init__(self, id: _Optional[int] = ..., table: _Optional[str] = ..., partition: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., bound: _Optional[_Union[ReadBound, _Mapping]] = ...) -> None: ...
+
+class GroupResult(_message.Message):
+    __slots__ = ("id", "status", "values", "replica", "message")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    status: ReadStatus
+    values: _containers.RepeatedScalarFieldContainer[bytes]
+    replica: ReplicaStatus
+    message: str
+    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[ReadStatus, str]] = ..., values: _Optional[_Iterable[bytes]] = ..., replica: _Optional[_Union[ReplicaStatus, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
+
 class ReadBatch(_message.Message):
-    __slots__ = ("reads",)
+    __slots__ = ("reads", "groups")
     READS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
     reads: _containers.RepeatedCompositeFieldContainer[KeyRead]
-    def __init__(self, reads: _Optional[_Iterable[_Union[KeyRead, _Mapping]]] = ...) -> None: ...
+    groups: _containers.RepeatedCompositeFieldContainer[GroupRead]
+    def __init__(self, reads: _Optional[_Iterable[_Union[KeyRead, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupRead, _Mapping]]] = ...) -> None: ...
 
 class ResultBatch(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "groups")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[KeyResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ...) -> None: ...
+    groups: _containers.RepeatedCompositeFieldContainer[GroupResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupResult, _Mapping]]] = ...) -> None: ...
 
 class ScanRequest(_message.Message):
     __slots__ = ("table", "partition", "prefix", "start", "end", "limit", "bound")

@@ -92,11 +92,12 @@ class RouterMetrics:
         # Children resolved once: labels() takes a lock and a dict lookup on every call.
         self._retry_children = {r: self._retries.labels(r) for r in RETRY_REASONS}
 
-    def lookup(self, outcome: str, role: str, seconds: float) -> None:
+    def lookup(self, outcome: str, role: str, seconds: float, count: int = 1) -> None:
+        """``count`` lookups that ended alike (a batch group's keys) after ``seconds``."""
         lookups = self._lookups
-        lookups.counts[(outcome, role)] += 1
-        lookups.buckets[bisect_left(LATENCY_BUCKETS, seconds)] += 1
-        lookups.sum_s += seconds
+        lookups.counts[(outcome, role)] += count
+        lookups.buckets[bisect_left(LATENCY_BUCKETS, seconds)] += count
+        lookups.sum_s += seconds * count
 
     def retry(self, reason: str) -> None:
         self._retry_children[reason].inc()

@@ -41,7 +41,7 @@ class ReadPortConnection(asyncio.Protocol):
             payloads = self._frames.feed(data)
             for payload in payloads:
                 batch = store_pb2.ReadBatch.FromString(payload)
-                transport.write(frame(self._service.reader().results(batch.reads).SerializeToString()))
+                transport.write(frame(self._service.reader().results(batch).SerializeToString()))
         except (FrameError, DecodeError) as e:
             log.warning("read port: dropping %s: %s", transport.get_extra_info("peername"), e)
             transport.abort()

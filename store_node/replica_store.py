@@ -193,6 +193,16 @@ class ReplicaStore:
         except Exception as e:
             raise StoreCorrupt(f"cannot read replica store {self.path}: {e}", path=str(self.path)) from None
 
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """The values of ``keys`` in order (None: no such key), in one call into RocksDB."""
+        db = self._db
+        if db is None:
+            raise StoreCorrupt(f"replica store {self.path} is closed", path=str(self.path))
+        try:
+            return db.get(keys)
+        except Exception as e:
+            raise StoreCorrupt(f"cannot read replica store {self.path}: {e}", path=str(self.path)) from None
+
     def scan(self, lower: bytes, upper: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
         """Up to ``limit`` rows with ``lower <= key < upper`` in key order."""
         db = self._db

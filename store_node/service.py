@@ -49,7 +49,7 @@ def replica_status(node_id: str, rep: "Replica", lag: LagSnapshot) -> store_pb2.
 
 
 class _Reader:
-    """Answers key reads against one snapshot of the hosted replicas, caching each table-partition's status."""
+    """Answers a batch's reads against one snapshot of the hosted replicas, judging each table-partition once per bound."""
 
     __slots__ = ("node_id", "serving", "now", "cache")
 
@@ -62,41 +62,44 @@ class _Reader:
     def _replica(self, key: tuple[str, int]) -> tuple:
         rep = self.serving.get(key)
         if rep is None:
-            return None, None, None, None, None
+            return None, None, None, None
         # Take the store before the lag: the store can only be newer than the lag says.
         store = rep.store
         lag = rep.lag.snapshot(self.now)
-        # A read without a bound is never refused: no refusal is cached for it.
-        return rep, store, lag, replica_status(self.node_id, rep, lag), None
+        return rep, store, lag, replica_status(self.node_id, rep, lag)
+
+    def _judge(self, table: str, partition: int, bound: store_pb2.ReadBound | None) -> tuple:
+        """(replica, store, status, refusal code, message): the code None when the read may be answered."""
+        key = (table, partition)
+        cached = self.cache.get(key)
+        if cached is None:
+            cached = self.cache[key] = self._replica(key)
+        rep, store, lag, status = cached
+        if rep is None:
+            return None, None, None, _NOT_HOSTED, f"{table}/{partition} is not hosted by {self.node_id}"
+        if store is None:
+            return rep, None, status, _TOO_STALE, "replica is being rebuilt from its changelog"
+        if bound is not None:
+            why = Bound.from_store(table, partition, bound).refusal(partition, lag.applied, lag.end, lag.staleness_ms)
+            if why is not None:
+                return rep, store, status, _TOO_STALE, why
+        return rep, store, status, None, ""
 
     def read(self, read: store_pb2.KeyRead, out: store_pb2.KeyResult) -> None:
         """Answer ``read`` into ``out`` (an empty result, usually added to a batch's results in place)."""
         out.id = read.id
-        key = (read.table, read.partition)
-        cached = self.cache.get(key)
-        if cached is None:
-            cached = self.cache[key] = self._replica(key)
-        rep, store, lag, status, why = cached
-        if rep is None:
-            out.status = _NOT_HOSTED
-            out.message = f"{read.table}/{read.partition} is not hosted by {self.node_id}"
-            return
-        out.replica.CopyFrom(status)
-        if store is None:
-            out.status = _TOO_STALE
-            out.message = "replica is being rebuilt from its changelog"
-            return
-        if read.HasField("bound"):
-            why = Bound.from_store(read.table, read.partition, read.bound).refusal(read.partition, lag.applied,
-                                                                                 lag.end, lag.staleness_ms)
-        if why is not None:
-            out.status = _TOO_STALE
+        rep, store, status, code, why = self._judge(read.table, read.partition,
+                                                   read.bound if read.HasField("bound") else None)
+        if status is not None:
+            out.replica.CopyFrom(status)
+        if code is not None:
+            out.status = code
             out.message = why
             return
         try:
             value = store.get(read.key)
         except StoreCorrupt as e:
-            self._failed(rep, store, out, e)
+            out.status, out.message = self._failed(rep, store, e)
             return
         if value is None:
             out.status = _NOT_FOUND
@@ -104,27 +107,47 @@ class _Reader:
             out.status = _OK
             out.value = value
 
-    def results(self, reads) -> store_pb2.ResultBatch:
-        """One result per read, in order."""
-        batch = store_pb2.ResultBatch()
+    def group(self, read: store_pb2.GroupRead, out: store_pb2.GroupResult) -> None:
+        """Answer a group of keys into ``out``: every value, or one refusal for all of them."""
+        out.id = read.id
+        rep, store, status, code, why = self._judge(read.table, read.partition,
+                                                   read.bound if read.HasField("bound") else None)
+        if status is not None:
+            out.replica.CopyFrom(status)
+        if code is not None:
+            out.status = code
+            out.message = why
+            return
+        try:
+            values = store.get_many(list(read.keys))
+        except StoreCorrupt as e:
+            out.status, out.message = self._failed(rep, store, e)
+            return
+        out.status = _OK
+        out.values.extend([b"" if v is None else v for v in values])
+
+    def results(self, batch: store_pb2.ReadBatch) -> store_pb2.ResultBatch:
+        """One result per read and per group, in order."""
+        answer = store_pb2.ResultBatch()
         # Filling results added in place: building KeyResults and passing them to
         # ResultBatch would copy every one (and its replica status) a second time.
-        add = batch.results.add
-        for read in reads:
+        add = answer.results.add
+        for read in batch.reads:
             self.read(read, add())
-        return batch
+        if batch.groups:
+            add = answer.groups.add
+            for group in batch.groups:
+                self.group(group, add())
+        return answer
 
-    def _failed(self, rep: "Replica", store, out: store_pb2.KeyResult, e: StoreCorrupt) -> None:
+    def _failed(self, rep: "Replica", store, e: StoreCorrupt) -> tuple[int, str]:
         if rep.store is not store:
             # Closed under us: moved away or being rebuilt. Not a failure of the data.
             hosted = self.serving.get(rep.key) is rep
-            out.status = _TOO_STALE if hosted else _NOT_HOSTED
-            out.message = "replica is being rebuilt" if hosted else "replica moved away"
-            return
+            return (_TOO_STALE, "replica is being rebuilt") if hosted else (_NOT_HOSTED, "replica moved away")
         rep.mark_corrupt(e.message)
         log.error("replica %s/%d: read failed, it will be rebuilt: %s", rep.table, rep.partition, e.message)
-        out.status = _ERROR
-        out.message = "replica store failed a read"
+        return _ERROR, "replica store failed a read"
 
 
 class StoreNodeService(store_pb2_grpc.StoreNodeServicer):
@@ -145,14 +168,14 @@ class StoreNodeService(store_pb2_grpc.StoreNodeServicer):
         return result
 
     async def BatchGet(self, request: store_pb2.ReadBatch, context) -> store_pb2.ResultBatch:
-        return self.reader().results(request.reads)
+        return self.reader().results(request)
 
     async def Read(self, request_iterator: AsyncIterator[store_pb2.ReadBatch], context) -> None:
         # Every batch is answered by exactly one batch, in order: the router counts the
         # reads a stream has not answered yet. context.read()/write() rather than iterating
         # and yielding: grpc.aio's generator wrappers cost ~15% of a batch's CPU.
         while (batch := await context.read()) is not grpc.aio.EOF:
-            await context.write(self.reader().results(batch.reads))
+            await context.write(self.reader().results(batch))
 
     async def Scan(self, request: store_pb2.ScanRequest, context) -> AsyncIterator[store_pb2.ScanChunk]:
         rep = self._node.serving.get((request.table, request.partition))

@@ -137,9 +137,9 @@ class AsyncClient:
         bound = parse_bound(table, max_lag, max_staleness_ms, min_position)
         keys = list(keys)
         if self.direct():
-            results = await core.batch_get(table, keys, bound)
+            results = await core.batch_get(table, keys, bound, Lookup.group)
             if self.router is None or not any(isinstance(r, _FALL_BACK) for r in results):
-                return [Lookup.of(r) if not isinstance(r, FreshrouteError) else r for r in results]
+                return results
         assert self.router is not None
         return await self.router.get_many(table, keys, bound)
 

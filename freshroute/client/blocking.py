@@ -1,9 +1,9 @@
 """Blocking reads on store nodes' read ports, for the synchronous client: the attempt engine driven with select().
 
 A thread keeps its own connections (one idle socket per node, more while attempts overlap).
-Each attempt sends one ``ReadBatch`` frame on a connection of its own and reads one
-``ResultBatch`` frame back; an attempt given up on closes its connection, so no late
-answer can be taken for another read's.
+Each attempt sends one ``ReadBatch`` frame — a get's one read, or a batch's group of one
+partition's keys — on a connection of its own and reads one ``ResultBatch`` frame back; an
+attempt given up on closes its connection, so no late answer can be taken for another read's.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import itertools
 import select
 import socket
 import time
-from typing import Callable
 
 from google.protobuf.message import DecodeError
 
@@ -22,7 +21,7 @@ from freshroute.routing.attempts import AttemptPlan
 from freshroute.routing.bound import Bound
 from freshroute.routing.selection import Candidate
 from freshroute.routing.snapshot import SnapshotSource
-from freshroute.routing.store import GroupResult, group_result, key_read, results
+from freshroute.routing.store import GroupResult, ReadResult, checked, group_read, group_result, key_read, results
 from proto import store_pb2
 
 _ids = itertools.count(1)
@@ -31,33 +30,62 @@ _ids = itertools.count(1)
 class _Connection:
     """One TCP connection to a read port, carrying one attempt at a time."""
 
-    __slots__ = ("node", "sock", "frames", "expected")
+    __slots__ = ("node", "sock", "frames", "request")
 
     def __init__(self, node: str, sock: socket.socket) -> None:
         self.node = node
         self.sock = sock
         self.frames = FrameReader()
-        self.expected = 0
+        self.request: Request | None = None
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def send(self, reads: list[store_pb2.KeyRead]) -> None:
-        self.expected = len(reads)
-        self.sock.sendall(frame(store_pb2.ReadBatch(reads=reads).SerializeToString()))
+    def send(self, request: "Request") -> None:
+        self.request = request
+        self.sock.sendall(request.frame)
 
-    def receive(self) -> GroupResult | None:
-        """The answer, once all of it has arrived (None: not yet). Raises OSError, FrameError or DecodeError."""
+    def receive(self) -> ReadResult | GroupResult | None:
+        """The answer, once all of it has arrived (None: not yet).
+
+        Raises OSError, FrameError, DecodeError, or ReplicaUnavailable for an answer that does not fit the request."""
         data = self.sock.recv(1 << 16)
         if not data:
             raise ConnectionResetError("connection closed by the node")
         payloads = self.frames.feed(data)
         if not payloads:
             return None
-        answers = [r for _, r in results(store_pb2.ResultBatch.FromString(payloads[0]))]
-        if len(payloads) > 1 or len(answers) != self.expected:
-            raise FrameError(f"{len(answers)} answers to {self.expected} reads")
-        return group_result(answers)
+        if len(payloads) > 1:
+            raise FrameError("more than one answer to one request")
+        assert self.request is not None
+        return self.request.answer(store_pb2.ResultBatch.FromString(payloads[0]), self.node)
+
+
+class Request:
+    """What every attempt of one job sends (framed once, the same to every replica) and how it reads the answer."""
+
+    __slots__ = ("frame", "keys")
+
+    def __init__(self, batch: store_pb2.ReadBatch, keys: int | None) -> None:
+        self.frame = frame(batch.SerializeToString())
+        self.keys = keys  # None: a get (one read); else a group of this many keys
+
+    @classmethod
+    def get(cls, table: str, partition: int, key: bytes, bound: Bound) -> "Request":
+        return cls(store_pb2.ReadBatch(reads=[key_read(next(_ids), table, partition, key, bound)]), None)
+
+    @classmethod
+    def group(cls, table: str, partition: int, keys: list[bytes], bound: Bound) -> "Request":
+        return cls(store_pb2.ReadBatch(groups=[group_read(next(_ids), table, partition, keys, bound)]), len(keys))
+
+    def answer(self, batch: store_pb2.ResultBatch, node: str) -> ReadResult | GroupResult:
+        if self.keys is None:
+            if len(batch.results) != 1 or batch.groups:
+                raise FrameError(f"{len(batch.results)} answers to one read")
+            return next(results(batch))[1]
+        if len(batch.groups) != 1 or batch.results:
+            raise FrameError(f"{len(batch.groups)} answers to one group")
+        return checked(group_result(batch.groups[0]), self.keys, node)
 
 
 class BlockingStore:
@@ -68,14 +96,14 @@ class BlockingStore:
         self._connect_timeout_s = connect_timeout_s
         self._idle: dict[str, list[_Connection]] = {}
 
-    def send(self, node: str, reads: list[store_pb2.KeyRead], deadline: float) -> _Connection:
-        """A connection to ``node`` carrying ``reads``; any failure is :class:`ReplicaUnavailable`."""
+    def send(self, node: str, request: Request, deadline: float) -> _Connection:
+        """A connection to ``node`` carrying ``request``; any failure is :class:`ReplicaUnavailable`."""
         idle = self._idle.get(node)
         conn = idle.pop() if idle else None
         try:
             if conn is None:
                 conn = _Connection(node, self._connect(node, deadline))
-            conn.send(reads)
+            conn.send(request)
             return conn
         except OSError as e:
             if conn is not None:
@@ -103,30 +131,24 @@ class BlockingStore:
         self._idle.clear()
 
 
-Job = tuple[AttemptPlan, Callable[[Candidate], list[store_pb2.KeyRead]]]
+Job = tuple[AttemptPlan, Request]
 
 
-def reads_of(table: str, partition: int, keys: list[bytes], bound: Bound) -> Callable[[Candidate], list[store_pb2.KeyRead]]:
-    """The reads an attempt of this group sends (the same to every replica)."""
-    reads = [key_read(next(_ids), table, partition, k, bound) for k in keys]
-    return lambda _: reads
-
-
-def run_blocking(store: BlockingStore, jobs: list[Job]) -> list[tuple[Candidate, GroupResult] | FreshrouteError]:
+def run_blocking(store: BlockingStore, jobs: list[Job]) -> list[tuple[Candidate, ReadResult | GroupResult] | FreshrouteError]:
     """Drive each job's plan to an answer or its error, all at once on this thread."""
-    out: list[tuple[Candidate, GroupResult] | FreshrouteError | None] = [None] * len(jobs)
+    out: list[tuple[Candidate, ReadResult | GroupResult] | FreshrouteError | None] = [None] * len(jobs)
     inflight: dict[_Connection, tuple[int, Candidate, float]] = {}
     try:
         # Bounded: each pass launches, settles, or waits until the next plan's wake-up.
         for _ in range(sum(plan.passes for plan, _ in jobs)):
             now = time.monotonic()
             wake = None
-            for i, (plan, reads) in enumerate(jobs):
+            for i, (plan, request) in enumerate(jobs):
                 if out[i] is not None:
                     continue
                 while (cand := plan.launch(now)) is not None:
                     try:
-                        inflight[store.send(cand.replica.node, reads(cand), plan.deadline)] = (i, cand, now)
+                        inflight[store.send(cand.replica.node, request, plan.deadline)] = (i, cand, now)
                     except ReplicaUnavailable as e:
                         plan.settle(cand, e, 0.0)
                 if not plan.inflight or now >= plan.deadline:
@@ -144,11 +166,12 @@ def run_blocking(store: BlockingStore, jobs: list[Job]) -> list[tuple[Candidate,
                 plan = jobs[i][0]
                 try:
                     answer = conn.receive()
-                except (OSError, FrameError, DecodeError) as e:
+                except (OSError, FrameError, DecodeError, ReplicaUnavailable) as e:
                     del inflight[conn]
                     conn.sock.close()
-                    plan.settle(cand, ReplicaUnavailable(f"store node {conn.node}: {type(e).__name__}: {e}",
-                                                         node=conn.node), 0.0)
+                    if not isinstance(e, ReplicaUnavailable):
+                        e = ReplicaUnavailable(f"store node {conn.node}: {type(e).__name__}: {e}", node=conn.node)
+                    plan.settle(cand, e, 0.0)
                     continue
                 if answer is None:
                     continue

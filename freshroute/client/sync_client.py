@@ -22,7 +22,7 @@ from freshroute.routing.core import RoutingCore, RoutingPolicy, lookup_result
 from freshroute.routing.results import KeyLocation, TableInfo
 
 from freshroute.client.async_client import AsyncClient
-from freshroute.client.blocking import BlockingStore, reads_of, run_blocking
+from freshroute.client.blocking import BlockingStore, Request, run_blocking
 from freshroute.client.lookup import Lookup, Positions
 
 T = TypeVar("T")
@@ -106,15 +106,15 @@ class Client:
         if self._async.direct():
             try:
                 spec, raw_key, plan = core.plan_get(table, key, bound, time.monotonic())
-                answer = run_blocking(store, [(plan, reads_of(table, plan.partition, [raw_key], plan.bound))])[0]
+                answer = run_blocking(store, [(plan, Request.get(table, plan.partition, raw_key, plan.bound))])[0]
                 if isinstance(answer, FreshrouteError):
                     raise answer
             except _FALL_BACK:
                 if self._async.router is None:
                     raise
             else:
-                cand, group = answer
-                return Lookup.of(lookup_result(table, key, plan.partition, cand, group.results[0]))
+                cand, read = answer
+                return Lookup.of(lookup_result(table, key, plan.partition, cand, read))
         return self._call(self._async.get(table, key, max_lag=max_lag, max_staleness_ms=max_staleness_ms,
                                           min_position=min_position))
 
@@ -129,7 +129,7 @@ class Client:
             now = time.monotonic()
             deadline = now + self.policy.request_timeout_ms / 1000
             jobs = [(core.plan_group(table, p, bound, now, deadline),
-                     reads_of(table, p, [raw_keys[i] for i in idx], bound)) for p, idx in groups.items()]
+                     Request.group(table, p, [raw_keys[i] for i in idx], bound)) for p, idx in groups.items()]
             out: list[Lookup | FreshrouteError] = [None] * len(keys)  # type: ignore[list-item]
             for (p, idx), answer in zip(groups.items(), run_blocking(store, jobs)):
                 if isinstance(answer, FreshrouteError):
@@ -137,8 +137,8 @@ class Client:
                         out[i] = answer
                 else:
                     cand, group = answer
-                    for i, r in zip(idx, group.results):
-                        out[i] = Lookup.of(lookup_result(table, keys[i], p, cand, r))
+                    for i, r in zip(idx, Lookup.group(table, [keys[i] for i in idx], p, cand, group)):
+                        out[i] = r
             if self._async.router is None or not any(isinstance(r, _FALL_BACK) for r in out):
                 return out
         return self._call(self._async.get_many(table, keys, max_lag=max_lag, max_staleness_ms=max_staleness_ms,

@@ -79,7 +79,7 @@ class AttemptPolicy:
 class NoMetrics:
     """The metrics seam of the routing core, counting nothing."""
 
-    def lookup(self, outcome: str, role: str, seconds: float) -> None:
+    def lookup(self, outcome: str, role: str, seconds: float, count: int = 1) -> None:
         pass
 
     def retry(self, reason: str) -> None:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import islice
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound,
                                ReplicaUnavailable, TableNotFound)
@@ -25,7 +25,7 @@ from freshroute.routing.results import (KeyLocation, LookupResult, ReplicaInfo, 
                                         decode_page_token, encode_page_token)
 from freshroute.routing.selection import Candidate, FreshestFirst, LoadTracker, ReplicaSelector
 from freshroute.routing.snapshot import LagOverlay, ReplicaView, Snapshot, SnapshotSource
-from freshroute.routing.store import ReadResult, ReadStatus, StoreClient
+from freshroute.routing.store import GroupResult, ReadResult, ReadStatus, ReplicaStatus, StoreClient
 
 
 @dataclass(frozen=True)
@@ -175,19 +175,24 @@ class RoutingCore:
         self.metrics.lookup("ok" if result.found else "not_found", result.role, time.perf_counter() - started)
         return result
 
-    async def batch_get(self, table: str, keys: list[str], bound: Bound = NO_BOUND) -> list[LookupResult | FreshrouteError]:
-        """Read many keys, one group per partition in parallel; per-key results (or errors) in request order."""
+    async def batch_get(self, table: str, keys: list[str], bound: Bound = NO_BOUND,
+                        answers: "GroupAnswers[T]" = None) -> list[T | FreshrouteError]:  # type: ignore[assignment]
+        """Read many keys, one group per partition in parallel; per-key results (or errors) in request order.
+
+        ``answers`` turns one group's answer into its keys' results (default: :func:`group_lookups`).
+        """
         spec, bound, groups, raw_keys = self.group_keys(table, keys, bound)
-        results: list[LookupResult | FreshrouteError | None] = [None] * len(keys)
+        results: list[Any] = [None] * len(keys)
         now = time.monotonic()
         deadline = now + self._timeout_s
-        await asyncio.gather(*(self._read_group(table, p, idx, keys, raw_keys, bound, now, deadline, results)
+        make = answers or group_lookups
+        await asyncio.gather(*(self._read_group(table, p, idx, keys, raw_keys, bound, now, deadline, results, make)
                                for p, idx in groups.items()))
-        return results  # type: ignore[return-value] — every slot is filled by _read_group
+        return results
 
     async def _read_group(self, table: str, partition: int, indices: list[int], keys: list[str], raw_keys: list[bytes],
-                          bound: Bound, now: float, deadline: float,
-                          results: list[LookupResult | FreshrouteError | None]) -> None:
+                          bound: Bound, now: float, deadline: float, results: list[Any],
+                          answers: "GroupAnswers[Any]") -> None:
         started = time.perf_counter()
         group = [raw_keys[i] for i in indices]
         read_many = self.store.read_many
@@ -197,12 +202,17 @@ class RoutingCore:
         except FreshrouteError as e:
             for i in indices:
                 results[i] = e
-            self.metrics.lookup(outcome_label(e), "none", time.perf_counter() - started)
+            self.metrics.lookup(outcome_label(e), "none", time.perf_counter() - started, len(indices))
             return
         elapsed = time.perf_counter() - started
-        for i, r in zip(indices, answer.results):
-            result = results[i] = lookup_result(table, keys[i], partition, cand, r)
-            self.metrics.lookup("ok" if result.found else "not_found", result.role, elapsed)
+        for i, result in zip(indices, answers(table, [keys[i] for i in indices], partition, cand, answer)):
+            results[i] = result
+        found = sum(1 for v in answer.values if v)
+        role = served_by(cand, answer.replica)[1]
+        if found:
+            self.metrics.lookup("ok", role, elapsed, found)
+        if found < len(indices):
+            self.metrics.lookup("not_found", role, elapsed, len(indices) - found)
 
     async def scan(self, table: str, prefix: str = "", start: str = "", end: str = "", limit: int | None = None,
                    page_token: str | None = None, bound: Bound = NO_BOUND) -> ScanPage:
@@ -304,13 +314,27 @@ class RoutingCore:
         return self._freshest.estimate(r, now)[0]
 
 
-def lookup_result(table: str, key: str, partition: int, cand: Candidate, answer: ReadResult) -> LookupResult:
-    """One key's answer, labelled with the replica that gave it (its own report if it sent one, else the view's)."""
-    rep = answer.replica
-    found = answer.status is ReadStatus.OK
+def served_by(cand: Candidate, rep: ReplicaStatus | None) -> tuple[str, str, int, int, int]:
+    """(node, role, lag offsets, lag ms, applied) of the replica that answered: its own report if it sent one, else the view's."""
     if rep is None:
         r = cand.replica
-        return LookupResult(table, key, partition, found, answer.value, r.node, r.role.value, cand.lag_offsets,
-                            cand.staleness_ms, cand.applied)
-    return LookupResult(table, key, partition, found, answer.value, rep.node or cand.replica.node, rep.role.value,
-                        rep.lag_offsets, rep.staleness_ms, rep.applied)
+        return r.node, r.role.value, cand.lag_offsets, cand.staleness_ms, cand.applied
+    return rep.node or cand.replica.node, rep.role.value, rep.lag_offsets, rep.staleness_ms, rep.applied
+
+
+T = TypeVar("T")
+# One group's answer → its keys' results, in the group's order: (table, keys, partition, replica tried, answer).
+GroupAnswers = Callable[[str, list[str], int, Candidate, GroupResult], Sequence[T]]
+
+
+def lookup_result(table: str, key: str, partition: int, cand: Candidate, answer: ReadResult) -> LookupResult:
+    """One key's answer, labelled with the replica that gave it."""
+    return LookupResult(table, key, partition, answer.status is ReadStatus.OK, answer.value,
+                        *served_by(cand, answer.replica))
+
+
+def group_lookups(table: str, keys: list[str], partition: int, cand: Candidate,
+                  answer: GroupResult) -> list[LookupResult]:
+    """A group's answers, key by key in the group's order, each labelled with the replica that gave them."""
+    who = served_by(cand, answer.replica)
+    return [LookupResult(table, key, partition, bool(value), value, *who) for key, value in zip(keys, answer.values)]

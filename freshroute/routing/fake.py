@@ -15,7 +15,7 @@ from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaSt
 
 from freshroute.routing.bound import Bound
 from freshroute.routing.snapshot import Snapshot, build_snapshot
-from freshroute.routing.store import GroupResult, ReadResult, ReadStatus, ReplicaStatus, ScanResult, group_result
+from freshroute.routing.store import GroupResult, ReadResult, ReadStatus, ReplicaStatus, ScanResult
 
 
 @dataclass
@@ -43,6 +43,7 @@ class FakeNode:
     node: str
     address: str
     replicas: dict[tuple[str, int], FakeReplica] = field(default_factory=dict)
+    read_address: str | None = None  # set when a test serves this node's answers on a real read port
     down: bool = False
     delay_s: float = 0.0
     reads: int = 0
@@ -57,7 +58,7 @@ class FakeNode:
         """The heartbeat this node would publish."""
         return NodeReport(self.node, self.address, heartbeat_ms, tuple(
             ReplicaReport(t, p, r.role, r.state, r.applied, r.end, r.staleness_ms)
-            for (t, p), r in sorted(self.replicas.items())))
+            for (t, p), r in sorted(self.replicas.items())), read_address=self.read_address)
 
     def status(self, table: str, partition: int) -> ReplicaStatus:
         r = self.replicas[(table, partition)]
@@ -126,7 +127,11 @@ class InMemoryStoreClient:
         if node is not None and not node.down:
             node.batches += 1
         node = await self._reachable(node, address)
-        return group_result([node.answer(table, partition, k, bound) for k in keys])
+        answers = [node.answer(table, partition, k, bound) for k in keys]
+        for r in answers:
+            if r.status is not ReadStatus.OK and r.status is not ReadStatus.NOT_FOUND:
+                return GroupResult(r.status, [], r.replica, r.message)
+        return GroupResult(ReadStatus.OK, [r.value for r in answers], answers[0].replica if answers else None)
 
     async def scan(self, address: str, table: str, partition: int, prefix: bytes, start: bytes, end: bytes,
                    limit: int, bound: Bound, timeout_s: float) -> ScanResult:

@@ -71,24 +71,17 @@ class ScanResult:
 
 
 class GroupResult(NamedTuple):
-    """Several keys of one partition read from one replica: OK when every key was answered (found or not).
+    """Several keys of one partition read from one replica, judged as one: every value, or why none.
 
-    Otherwise ``status`` is the first refusal or failure among them, and the group is tried
-    elsewhere as a whole.
+    ``values`` holds one entry per key, in order, when ``status`` is OK — the changelog
+    value, or empty bytes when there is no such key; otherwise it is empty and the group
+    is tried elsewhere as a whole.
     """
 
     status: ReadStatus
-    results: list[ReadResult]
+    values: list[bytes]
     replica: ReplicaStatus | None = None
     message: str = ""
-
-
-def group_result(results: list[ReadResult]) -> GroupResult:
-    """The answers to one group's reads, judged as one."""
-    for r in results:
-        if r.status is not ReadStatus.OK and r.status is not ReadStatus.NOT_FOUND:
-            return GroupResult(r.status, results, r.replica, r.message)
-    return GroupResult(ReadStatus.OK, results, results[0].replica if results else None)
 
 
 class StoreClient(Protocol):
@@ -135,6 +128,27 @@ def key_read(read_id: int, table: str, partition: int, key: bytes, bound: Bound)
     return store_pb2.KeyRead(id=read_id, table=table, partition=partition, key=key, bound=bound.to_store(partition))
 
 
+def group_read(read_id: int, table: str, partition: int, keys: list[bytes], bound: Bound) -> store_pb2.GroupRead:
+    if bound.unbounded:
+        return store_pb2.GroupRead(id=read_id, table=table, partition=partition, keys=keys)
+    return store_pb2.GroupRead(id=read_id, table=table, partition=partition, keys=keys,
+                               bound=bound.to_store(partition))
+
+
+def group_result(msg: store_pb2.GroupResult) -> GroupResult:
+    status = _STATUSES.get(msg.status, ReadStatus.ERROR)
+    replica = replica_status(msg.replica) if msg.HasField("replica") else None
+    return GroupResult(status, list(msg.values) if status is ReadStatus.OK else [], replica, msg.message)
+
+
+def checked(answer: GroupResult, keys: int, node: str) -> GroupResult:
+    """``answer``, if it answers every key; a node that answers fewer is broken for this read."""
+    if answer.status is ReadStatus.OK and len(answer.values) != keys:
+        raise ReplicaUnavailable(f"store node {node}: answered {len(answer.values)} of {keys} keys",
+                                 node_address=node)
+    return answer
+
+
 def results(batch: store_pb2.ResultBatch) -> Iterator[tuple[int, ReadResult]]:
     """(read id, result) of every answer in a batch."""
     last: store_pb2.ReplicaStatus | None = None
@@ -151,12 +165,12 @@ def results(batch: store_pb2.ResultBatch) -> Iterator[tuple[int, ReadResult]]:
 
 
 class _ReadStream:
-    """Reads in flight on one connection to a node: an outbox flushed once per tick, and futures by id.
+    """Reads and groups in flight on one connection to a node: an outbox flushed once per tick, and futures by id.
 
     Past a few unanswered reads, reads wait in the outbox and leave together when an answer
     arrives: under load batches grow by themselves (a message costs far more than one more
     read in it), while on a lightly used stream no read waits for another's answer. Every
-    batch sent is answered by one batch, in order, holding one result per read.
+    batch sent is answered by one batch, in order, holding one result per read and per group.
     """
 
     # Cancelled reads (timed out at the router) stay in ``pending`` until their result
@@ -166,19 +180,30 @@ class _ReadStream:
     def __init__(self, address: str, max_unanswered: int) -> None:
         self.address = address
         self.broken = False
-        self._pending: dict[int, asyncio.Future[ReadResult]] = {}
+        self._pending: dict[int, asyncio.Future] = {}
         self._outbox: list[store_pb2.KeyRead] = []
-        self._unanswered = 0  # reads sent whose results have not arrived yet
+        self._groups: list[store_pb2.GroupRead] = []
+        self._group_sizes: dict[int, int] = {}  # keys asked, by group id: an answer must hold a value for each
+        self._unanswered = 0  # reads and groups sent whose results have not arrived yet
         self._max_unanswered = max_unanswered
         # Kept: asyncio.get_running_loop() costs a getpid() system call per read on Python 3.11.
         self._loop = asyncio.get_running_loop()
 
     def submit(self, read: store_pb2.KeyRead) -> asyncio.Future[ReadResult]:
-        fut: asyncio.Future[ReadResult] = self._loop.create_future()
+        self._outbox.append(read)
+        return self._expect(read.id)
+
+    def submit_group(self, group: store_pb2.GroupRead) -> asyncio.Future[GroupResult]:
+        self._groups.append(group)
+        self._group_sizes[group.id] = len(group.keys)
+        return self._expect(group.id)
+
+    def _expect(self, read_id: int) -> asyncio.Future:
+        fut = self._loop.create_future()
         if len(self._pending) >= self._SWEEP_AT:
             self._pending = {i: f for i, f in self._pending.items() if not f.done()}
-        self._pending[read.id] = fut
-        self._outbox.append(read)
+            self._group_sizes = {i: n for i, n in self._group_sizes.items() if i in self._pending}
+        self._pending[read_id] = fut
         self._wake()
         return fut
 
@@ -188,16 +213,16 @@ class _ReadStream:
 
     def _take(self) -> store_pb2.ReadBatch | None:
         """The next batch to send, if one may leave now."""
-        if not self._outbox or self._unanswered >= self._max_unanswered:
+        if not (self._outbox or self._groups) or self._unanswered >= self._max_unanswered:
             return None
-        batch = self._live(self._outbox)
-        self._outbox = []
-        if not batch:
+        reads, groups = self._live(self._outbox), self._live(self._groups)
+        self._outbox, self._groups = [], []
+        if not reads and not groups:
             return None
-        self._unanswered += len(batch)
-        return store_pb2.ReadBatch(reads=batch)
+        self._unanswered += len(reads) + len(groups)
+        return store_pb2.ReadBatch(reads=reads, groups=groups)
 
-    def _live(self, reads: list[store_pb2.KeyRead]) -> list[store_pb2.KeyRead]:
+    def _live(self, reads: list) -> list:
         """The reads still awaited: one given up on while it waited (a timeout, a hedge lost) is not sent."""
         pending = self._pending
         live = []
@@ -207,17 +232,27 @@ class _ReadStream:
                 live.append(read)
             else:
                 pending.pop(read.id, None)
+                self._group_sizes.pop(read.id, None)
         return live
 
     def _answered(self, batch: store_pb2.ResultBatch) -> None:
-        self._unanswered -= len(batch.results)
-        if self._outbox:
+        self._unanswered -= len(batch.results) + len(batch.groups)
+        if self._outbox or self._groups:
             self._wake()
         pending = self._pending
         for read_id, result in results(batch):
             fut = pending.pop(read_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(result)
+        sizes = self._group_sizes
+        for msg in batch.groups:
+            fut = pending.pop(msg.id, None)
+            keys = sizes.pop(msg.id, 0)
+            if fut is not None and not fut.done():
+                try:
+                    fut.set_result(checked(group_result(msg), keys, self.address))
+                except ReplicaUnavailable as e:
+                    fut.set_exception(e)
 
     def _break(self, cause: BaseException | None) -> None:
         if self.broken:
@@ -225,7 +260,7 @@ class _ReadStream:
         self.broken = True
         reason = _describe(cause)
         pending, self._pending = self._pending, {}
-        self._outbox = []
+        self._outbox, self._groups, self._group_sizes = [], [], {}
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(ReplicaUnavailable(f"store node {self.address}: {reason}", node_address=self.address))
@@ -437,16 +472,9 @@ class StoreNodeClient:
     def read(self, address: str, table: str, partition: int, key: bytes, bound: Bound) -> asyncio.Future[ReadResult]:
         return self._stream(address).submit(key_read(next(self._ids), table, partition, key, bound))
 
-    async def read_many(self, address: str, table: str, partition: int, keys: list[bytes],
-                        bound: Bound) -> GroupResult:
-        stream = self._stream(address)
-        # Submitted in one tick, they leave in one message.
-        futs = [stream.submit(key_read(next(self._ids), table, partition, k, bound)) for k in keys]
-        try:
-            return group_result(list(await asyncio.gather(*futs)))
-        finally:
-            for f in futs:
-                f.cancel()  # a no-op for answered reads; unsent ones are then not sent
+    def read_many(self, address: str, table: str, partition: int, keys: list[bytes],
+                  bound: Bound) -> asyncio.Future[GroupResult]:
+        return self._stream(address).submit_group(group_read(next(self._ids), table, partition, keys, bound))
 
     async def scan(self, address: str, table: str, partition: int, prefix: bytes, start: bytes, end: bytes,
                    limit: int, bound: Bound, timeout_s: float) -> ScanResult:

@@ -31,26 +31,43 @@ async def one_event_loop():
 
 
 class DictStore(store_pb2_grpc.StoreNodeServicer):
-    def __init__(self, rows, hold=None):
+    STATUS = store_pb2.ReplicaStatus(node="s1", role=store_pb2.STANDBY, state=store_pb2.SERVING_STANDBY,
+                                     applied_offset=10, end_offset=12, lag_offsets=2, staleness_ms=40)
+
+    def __init__(self, rows, hold=None, short=False):
         self.rows = rows
-        self.batches: list[int] = []
+        self.batches: list[int] = []  # reads and groups per batch received
         self.hold = hold  # an Event: results wait for it
+        self.short = short  # a broken node: groups answer one value fewer than they were asked
 
     def answer(self, r):
-        status = store_pb2.ReplicaStatus(node="s1", role=store_pb2.STANDBY, state=store_pb2.SERVING_STANDBY,
-                                         applied_offset=10, end_offset=12, lag_offsets=2, staleness_ms=40)
+        status = self.STATUS
         if r.bound.HasField("max_lag") and r.bound.max_lag < 2:
             return store_pb2.KeyResult(id=r.id, status=store_pb2.TOO_STALE, replica=status)
         if r.key not in self.rows:
             return store_pb2.KeyResult(id=r.id, status=store_pb2.NOT_FOUND, replica=status)
         return store_pb2.KeyResult(id=r.id, status=store_pb2.OK, value=self.rows[r.key], replica=status)
 
+    def answer_group(self, g):
+        if g.bound.HasField("max_lag") and g.bound.max_lag < 2:
+            return store_pb2.GroupResult(id=g.id, status=store_pb2.TOO_STALE, replica=self.STATUS, message="behind")
+        values = [self.rows.get(k, b"") for k in g.keys]
+        return store_pb2.GroupResult(id=g.id, status=store_pb2.OK, replica=self.STATUS,
+                                     values=values[:-1] if self.short else values)
+
+    def received(self, batch):
+        self.batches.append(len(batch.reads) + len(batch.groups))
+
+    def results(self, batch):
+        return store_pb2.ResultBatch(results=[self.answer(r) for r in batch.reads],
+                                     groups=[self.answer_group(g) for g in batch.groups])
+
     async def Read(self, request_iterator, context):
         async for batch in request_iterator:
-            self.batches.append(len(batch.reads))
+            self.received(batch)
             if self.hold is not None:
                 await self.hold.wait()
-            yield store_pb2.ResultBatch(results=[self.answer(r) for r in batch.reads])
+            yield self.results(batch)
 
     async def Scan(self, request, context):
         keys = sorted(k for k in self.rows if k.startswith(request.prefix))
@@ -90,11 +107,10 @@ async def start_frames(store, port=0):
             while data := await reader.read(65536):
                 for payload in frames.feed(data):
                     batch = store_pb2.ReadBatch.FromString(payload)
-                    store.batches.append(len(batch.reads))
+                    store.received(batch)
                     if store.hold is not None:
                         await store.hold.wait()
-                    out = store_pb2.ResultBatch(results=[store.answer(r) for r in batch.reads])
-                    writer.write(frame(out.SerializeToString()))
+                    writer.write(frame(store.results(batch).SerializeToString()))
         finally:
             store.connections.discard(task)
             writer.close()
@@ -157,6 +173,38 @@ async def test_reads_issued_together_travel_in_one_batch_and_match_by_id(transpo
         assert store.batches == [21, 1]
         scan = await client.scan(addr, "t", 0, b"k1", b"", b"", 0, NO_BOUND, 5)
         assert [k for k, _ in scan.entries] == sorted(k for k in ROWS if k.startswith(b"k1"))
+    finally:
+        await client.close()
+        await node.stop()
+
+
+async def test_a_group_travels_as_one_read_and_answers_every_key_in_order(transport):
+    store = DictStore(ROWS)
+    client = StoreNodeClient()
+    node = Started(transport)
+    try:
+        addr = await node.start(client, store)
+        keys = [b"k3", b"missing", b"k1"]
+        get, many = await asyncio.gather(client.read(addr, "t", 0, b"k2", NO_BOUND),
+                                         client.read_many(addr, "t", 0, keys, NO_BOUND))
+        assert sum(store.batches) == 2  # a get, and three keys as one group
+        assert get.value == ROWS[b"k2"]
+        assert (many.status, many.values) == (ReadStatus.OK, [ROWS[b"k3"], b"", ROWS[b"k1"]])
+        assert (many.replica.node, many.replica.lag_offsets) == ("s1", 2)
+        stale = await client.read_many(addr, "t", 0, keys, Bound(max_lag=1))
+        assert (stale.status, stale.values, stale.message) == (ReadStatus.TOO_STALE, [], "behind")
+    finally:
+        await client.close()
+        await node.stop()
+
+
+async def test_a_node_answering_a_group_short_is_unavailable_for_it(transport):
+    client = StoreNodeClient()
+    node = Started(transport)
+    try:
+        addr = await node.start(client, DictStore(ROWS, short=True))
+        with pytest.raises(ReplicaUnavailable, match="answered 1 of 2 keys"):
+            await client.read_many(addr, "t", 0, [b"k1", b"k2"], NO_BOUND)
     finally:
         await client.close()
         await node.stop()

@@ -125,6 +125,41 @@ def test_batch_get_answers_each_read(world):
         (1, store_pb2.OK), (2, store_pb2.NOT_FOUND), (3, store_pb2.NOT_HOSTED), (4, store_pb2.TOO_STALE)]
 
 
+def group(world, keys, partition=1, **bound) -> store_pb2.GroupResult:
+    read = store_pb2.GroupRead(id=7, table="users", partition=partition, keys=keys, bound=store_pb2.ReadBound(**bound))
+    return asyncio.run(world.service.BatchGet(store_pb2.ReadBatch(groups=[read]), None)).groups[0]
+
+
+def test_a_group_answers_every_key_in_order_with_one_status(world):
+    caught_up(world)
+    res = group(world, [b"bob", b"nobody", b"alice", b"bob"], max_lag=0)
+    assert (res.id, res.status) == (7, store_pb2.OK)
+    # Empty marks a key the table does not hold: a stored value is JSON, never empty.
+    assert list(res.values) == [b'{"age":40}', b"", b'{"age":31}', b'{"age":40}']
+    assert (res.replica.node, res.replica.applied_offset, res.replica.lag_offsets) == ("n7", 10, 0)
+    assert list(group(world, []).values) == [] and group(world, []).status == store_pb2.OK
+
+
+def test_a_group_is_refused_as_a_whole(world):
+    caught_up(world, end=15)
+    stale = group(world, [b"alice", b"bob"], max_lag=2)
+    assert stale.status == store_pb2.TOO_STALE and list(stale.values) == []
+    assert stale.replica.lag_offsets == 5 and "behind" in stale.message
+    assert group(world, [b"alice"], min_offset=11).status == store_pb2.TOO_STALE
+    hosted = group(world, [b"alice"], partition=3)
+    assert hosted.status == store_pb2.NOT_HOSTED and not hosted.HasField("replica")
+    world.rep.store = None
+    assert group(world, [b"alice"]).status == store_pb2.TOO_STALE
+
+
+def test_a_group_the_store_fails_is_an_error_and_the_replica_is_rebuilt(world):
+    caught_up(world)
+    world.store.close()  # the replica's own store fails under the read
+    res = group(world, [b"alice", b"bob"])
+    assert (res.status, res.message, list(res.values)) == (store_pb2.ERROR, "replica store failed a read", [])
+    assert "is closed" in world.rep.corrupt_reason
+
+
 def test_read_stream_matches_results_by_id(world):
     caught_up(world)
 
@@ -221,7 +256,9 @@ def test_read_port_answers_each_frame_like_the_grpc_stream(world):
 
     caught_up(world)
     batches = [store_pb2.ReadBatch(reads=[store_pb2.KeyRead(id=1, table="users", partition=1, key=b"alice"),
-                                          store_pb2.KeyRead(id=2, table="users", partition=1, key=b"carol")]),
+                                          store_pb2.KeyRead(id=2, table="users", partition=1, key=b"carol")],
+                                   groups=[store_pb2.GroupRead(id=4, table="users", partition=1,
+                                                               keys=[b"carol", b"bob"])]),
                store_pb2.ReadBatch(reads=[store_pb2.KeyRead(id=3, table="users", partition=2, key=b"bob")])]
     # Both frames in one write: the node answers each, in order.
     data = b"".join(frame(b.SerializeToString()) for b in batches)
@@ -231,6 +268,8 @@ def test_read_port_answers_each_frame_like_the_grpc_stream(world):
     assert [(r.id, r.status) for r in results] == [(1, store_pb2.OK), (2, store_pb2.NOT_FOUND),
                                                     (3, store_pb2.NOT_HOSTED)]
     assert results[0].value == b'{"age":31}' and results[0].replica.applied_offset == 10
+    [answered] = store_pb2.ResultBatch.FromString(answers[0]).groups
+    assert (answered.id, answered.status, list(answered.values)) == (4, store_pb2.OK, [b"", b'{"age":40}'])
 
 
 def test_read_port_drops_a_peer_that_does_not_send_frames(world):
