@@ -39,6 +39,8 @@ class FrameReader:
     def feed(self, data: bytes) -> list[bytes]:
         """The payloads completed by ``data``, in order. Raises :class:`FrameError` on an oversized length."""
         buf = self._buffer
+        if not buf and len(data) >= HEADER and _LENGTH.unpack_from(data)[0] == len(data) - HEADER:
+            return [data[HEADER:]]  # the usual case: exactly one whole frame, nothing buffered
         buf += data
         payloads = []
         start = 0

@@ -306,9 +306,15 @@ class _FrameStream(_ReadStream, asyncio.Protocol):
         self._flush()
 
     def _wake(self) -> None:
-        if not self._flush_due:
-            self._flush_due = True
-            self._loop.call_soon(self._flush)
+        if self._flush_due:
+            return
+        if not self._unanswered and self._transport is not None:
+            # An idle stream sends at once: a lone read waits for no loop iteration. Reads
+            # issued with it in this tick find one unanswered and leave together after it.
+            self._flush()
+            return
+        self._flush_due = True
+        self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_due = False
