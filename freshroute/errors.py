@@ -1,15 +1,14 @@
-"""One error hierarchy for every role; each leaf says how it travels over HTTP and gRPC.
+"""One error hierarchy for every role; each leaf has a code and the HTTP status it travels with.
 
 Retryable errors mean "another replica, or the same one a little later, may answer";
 fatal errors mean the request itself is wrong. One FastAPI handler and one gRPC abort
-helper in the router translate them; nothing else maps errors.
+helper in the router translate them (the gRPC status mapping lives with the gRPC adapter,
+so this package carries no transport library); nothing else maps errors.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import grpc
 
 
 class FreshrouteError(Exception):
@@ -17,7 +16,6 @@ class FreshrouteError(Exception):
 
     code = "INTERNAL"
     http_status = 500
-    grpc_status = grpc.StatusCode.INTERNAL
     retryable = False
 
     def __init__(self, message: str, **details: Any) -> None:
@@ -36,7 +34,6 @@ class RetryableError(FreshrouteError):
     retryable = True
     code = "UNAVAILABLE"
     http_status = 503
-    grpc_status = grpc.StatusCode.UNAVAILABLE
 
 
 class FatalError(FreshrouteError):
@@ -46,19 +43,16 @@ class FatalError(FreshrouteError):
 class InvalidArgument(FatalError):
     code = "INVALID_ARGUMENT"
     http_status = 400
-    grpc_status = grpc.StatusCode.INVALID_ARGUMENT
 
 
 class TableNotFound(FatalError):
     code = "TABLE_NOT_FOUND"
     http_status = 404
-    grpc_status = grpc.StatusCode.NOT_FOUND
 
 
 class KeyNotFound(FatalError):
     code = "KEY_NOT_FOUND"
     http_status = 404
-    grpc_status = grpc.StatusCode.NOT_FOUND
 
 
 class ReplicaUnavailable(RetryableError):
@@ -82,7 +76,6 @@ class NoReplicaWithinBound(RetryableError):
 class LookupTimeout(RetryableError):
     code = "TIMEOUT"
     http_status = 504
-    grpc_status = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 class StoreCorrupt(FatalError):

@@ -35,6 +35,19 @@ SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
 _MAX_SCAN_PAGES = 10_000
 
 
+# Errors whose gRPC status is not the default of their kind (UNAVAILABLE if retryable, else INTERNAL).
+_GRPC_STATUS = {"INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT, "TABLE_NOT_FOUND": grpc.StatusCode.NOT_FOUND,
+                "KEY_NOT_FOUND": grpc.StatusCode.NOT_FOUND, "TIMEOUT": grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+def grpc_status(exc: FreshrouteError) -> grpc.StatusCode:
+    """The gRPC status an error travels with."""
+    status = _GRPC_STATUS.get(exc.code)
+    if status is not None:
+        return status
+    return grpc.StatusCode.UNAVAILABLE if exc.retryable else grpc.StatusCode.INTERNAL
+
+
 def error_status(exc: BaseException) -> tuple[grpc.StatusCode, str, str]:
     """The single translation of errors to gRPC: (status from the error class, message, JSON body for the trailer)."""
     if not isinstance(exc, FreshrouteError):
@@ -42,7 +55,7 @@ def error_status(exc: BaseException) -> tuple[grpc.StatusCode, str, str]:
         exc = FreshrouteError("internal error")
     # Metadata values must be ASCII; the JSON body escapes anything else.
     body = json.dumps(exc.to_body(), ensure_ascii=True, separators=(",", ":"), default=str)
-    return exc.grpc_status, exc.message, body
+    return grpc_status(exc), exc.message, body
 
 
 async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
@@ -64,7 +77,7 @@ def _key_error(table: str, key: str, err: FreshrouteError) -> router_pb2.GetResp
     body = orjson.dumps(err.to_body(), default=str).decode()
     return router_pb2.GetResponse(
         table=table, key=key, partition=int(err.details.get("partition") or 0), found=False,
-        error=router_pb2.KeyError(code=err.code, message=err.message, status=err.grpc_status.value[0],
+        error=router_pb2.KeyError(code=err.code, message=err.message, status=grpc_status(err).value[0],
                                   body_json=body))
 
 
