@@ -12,7 +12,7 @@ the restore window runs from the earliest replica start (timestamp − S) to the
 so the rate is Σ N over that window. The node's ``Status`` (replica states and lag) says when
 the restore is over.
 
-``freshroute bench`` (on the local stack's broker and Redis) and ``python -m store_node.bench``
+``freshroute bench`` (on the local stack's broker and Redis) and ``python -m loadtest.node_bench``
 (on a throwaway broker and Redis) both measure with these pieces.
 """
 

@@ -110,7 +110,7 @@ def build_session(settings: PipelineSettings) -> "SparkSession":
         # file (and its .crc) it creates: 270 processes forked per second by the JVM at rest.
         # FileSystem renames and the plain local file system need none (41 a second left, mostly
         # threads): the demo tables' micro-batches went from 565 to 317 ms (p50) and from 377 to
-        # 287 ms of CPU each (pipeline.measure). A local rename is atomic either way; what goes is
+        # 287 ms of CPU each (loadtest.pipeline_bench). A local rename is atomic either way; what goes is
         # the .crc file written beside every checkpoint file.
         .config("spark.sql.streaming.checkpointFileManagerClass",
                 "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager")

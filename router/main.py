@@ -9,7 +9,7 @@ import logging
 import signal
 import socket
 from functools import partial
-from typing import Any, Iterator
+from typing import Iterator
 
 import grpc
 import uvicorn
@@ -18,54 +18,10 @@ from router.grpc_front import GrpcFront
 from router.grpc_server import create_grpc_server
 from router.http import KeyLookupProtocol
 from router.rest import create_app
-from router.routing import Router
+from router.runtime import RouterRuntime
 from router.settings import RouterSettings
-from freshroute.routing.snapshot import MetadataRefresher, Snapshot
-from freshroute.routing.store import StoreNodeClient, StoreClient
 
 log = logging.getLogger("freshroute.router")
-
-
-class RouterRuntime:
-    """Redis client, metadata refresher, store client and :class:`Router` of one process."""
-
-    def __init__(self, settings: RouterSettings, *, store: StoreClient | None = None, redis_client: Any = None) -> None:
-        self.settings = settings
-        self.redis = redis_client if redis_client is not None else _redis(settings)
-        self.store = store if store is not None else StoreNodeClient()
-        self.refresher = MetadataRefresher(self.redis, settings.namespace, settings.refresh_ms, settings.node_expiry_ms,
-                                           settings.redis_timeout_ms, settings.redis_reset_grace_ms,
-                                           on_swap=self._on_swap)
-        self.router = Router(settings, self.refresher, self.store)
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    def _on_swap(self, snap: Snapshot) -> None:
-        self.router.on_snapshot(snap)
-
-    async def start(self) -> None:
-        """Load a first snapshot (if Redis answers) and keep refreshing in the background."""
-        await self.refresher.refresh_once()
-        self._task = asyncio.create_task(self.refresher.run(self._stop), name="metadata-refresh")
-
-    async def stop(self) -> None:
-        self._stop.set()
-        if self._task is not None:
-            await self._task
-        await self.store.close()
-        await self.redis.aclose()
-
-
-def _redis(settings: RouterSettings) -> Any:
-    import redis.asyncio as aioredis
-    from redis.asyncio.retry import Retry
-    from redis.backoff import NoBackoff
-
-    timeout_s = settings.redis_timeout_ms / 1000
-    # No client-side retries: a failed refresh is simply retried at the next tick, and
-    # retries with backoff would only stretch one refresh across several.
-    return aioredis.Redis.from_url(settings.redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                   retry=Retry(NoBackoff(), 0))
 
 
 class _RestServer(uvicorn.Server):

@@ -30,6 +30,7 @@ from router.openapi import (ERROR_RESPONSES, BatchGetRequest, BatchGetResponse, 
                             bound_parameters)
 from freshroute.routing.results import LookupResult, key_not_found
 from router.routing import Router
+from router.runtime import RouterRuntime
 from router.settings import RouterSettings
 
 log = logging.getLogger("freshroute.router.rest")
@@ -190,8 +191,6 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, fast_k
     """The REST app over ``router``; without one, the app builds and runs its own (Redis, gRPC store client)."""
     runtime = None
     if router is None:
-        from router.main import RouterRuntime  # wiring lives in main; imported here only when asked for
-
         runtime = RouterRuntime(settings)
         router = runtime.router
 

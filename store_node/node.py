@@ -112,7 +112,7 @@ async def serve(settings: StoreNodeSettings, stop: asyncio.Event | None = None) 
     health_task: asyncio.Task | None = None
     try:
         service = StoreNodeService(node)
-        server, port = create_server(settings, node, service)
+        server, port = create_server(settings, service, node.health)
         await node.health.update()
         await server.start()
         # A restore allocates a Message object per changelog record, thousands per poll, held

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Mapping, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -25,7 +25,6 @@ from store_node.lag import LagSnapshot
 from store_node.replica_store import scan_range
 
 if TYPE_CHECKING:
-    from store_node.node import StoreNode
     from store_node.replica import Replica
     from store_node.settings import StoreNodeSettings
 
@@ -150,10 +149,19 @@ class _Reader:
         return _ERROR, "replica store failed a read"
 
 
+class HostedReplicas(Protocol):
+    """What the service reads of its node: its id and the replicas it serves at this moment."""
+
+    node_id: str
+
+    @property
+    def serving(self) -> Mapping[tuple[str, int], "Replica"]: ...
+
+
 class StoreNodeService(store_pb2_grpc.StoreNodeServicer):
     """Reads of hosted replicas, bounded by each caller's freshness bound."""
 
-    def __init__(self, node: "StoreNode", clock: Callable[[], int] = now_ms) -> None:
+    def __init__(self, node: HostedReplicas, clock: Callable[[], int] = now_ms) -> None:
         self._node = node
         self._node_id = node.node_id
         self._clock = clock
@@ -258,13 +266,13 @@ class HealthReporter:
             await self.servicer.set(SERVICE_NAME, status)
 
 
-def create_server(settings: "StoreNodeSettings", node: "StoreNode",
-                  service: StoreNodeService) -> tuple[grpc.aio.Server, int]:
+def create_server(settings: "StoreNodeSettings", service: StoreNodeService,
+                  health: HealthReporter) -> tuple[grpc.aio.Server, int]:
     """Wire the gRPC server (``service``, the node's health service, reflection) and bind it; port 0 picks one."""
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 16 << 20),
                                       ("grpc.max_send_message_length", 64 << 20)])
     store_pb2_grpc.add_StoreNodeServicer_to_server(service, server)
-    health_pb2_grpc.add_HealthServicer_to_server(node.health.servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
     port = server.add_insecure_port(f"{settings.host}:{settings.port}")

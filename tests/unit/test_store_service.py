@@ -10,7 +10,6 @@ import pytest
 
 from freshroute.metadata import Role, TableSpec
 from proto import store_pb2
-from store_node.lag import LagSnapshot
 from store_node.replica import Replica
 from store_node.replica_store import ReplicaStore
 from store_node.service import SCAN_CHUNK, StoreNodeService

@@ -1,6 +1,6 @@
 """Measure the pipeline: throughput on a backlog, and event → changelog latency at a steady input rate.
 
-``python -m pipeline.measure`` starts its own loopback broker and Redis unless given
+``python -m loadtest.pipeline_bench`` starts its own loopback broker and Redis unless given
 ``--bootstrap`` and ``--redis-url``, runs the demo tables in this process, and prints one
 JSON object. :func:`measure_throughput` and :func:`measure_latency` can be called by a
 benchmark directly.
@@ -35,7 +35,7 @@ from freshroute.proc import cpu_seconds, stat_fields
 from freshroute.settings import load
 from pipeline.settings import PipelineSettings
 
-log = logging.getLogger("pipeline.measure")
+log = logging.getLogger("loadtest.pipeline_bench")
 
 AREAS = ("wheel", "engine", "cabin", "brake")
 

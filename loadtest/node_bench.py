@@ -1,6 +1,6 @@
 """Measure a store node on a throwaway broker and Redis: restore rate against a raw consume, and reads.
 
-``python -m store_node.bench --records 400000`` produces a changelog, times a plain
+``python -m loadtest.node_bench --records 400000`` produces a changelog, times a plain
 confluent-kafka consumer reading it end to end (best of two), then times real store node
 processes restoring the same changelog into RocksDB (records/s from "every replica assigned"
 to "every replica caught up", best of two), each also in records per CPU-second, and finally
@@ -35,7 +35,7 @@ def _raw_consume(bootstrap: str, topic: str, records: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m store_node.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m loadtest.node_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=400_000)
     parser.add_argument("--keys", type=int, default=100_000)
     args = parser.parse_args(argv)

@@ -1,0 +1,57 @@
+"""The rooms stay apart: roles import no tooling, and no project module imports itself back through others."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("freshroute", "pipeline", "store_node", "router", "proto", "loadtest")
+ROLES = ("pipeline", "store_node", "router")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_imports() -> dict[str, set[str]]:
+    """Every project module → the project modules it imports (anywhere in it, typing-only imports included)."""
+    modules = {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for t in targets:
+                # The deepest project module the import names.
+                while t and t not in modules:
+                    t = t.rpartition(".")[0]
+                if t and t != name and not name.startswith(t + "."):
+                    deps.add(t)
+        graph[name] = deps
+    return graph
+
+
+def test_roles_import_no_tooling():
+    bad = sorted((m, d) for m, deps in project_imports().items() if m.split(".")[0] in ROLES
+                 for d in deps if d.startswith(("loadtest", "freshroute.local")))
+    assert bad == []
+
+
+def test_no_import_cycles():
+    graph = project_imports()
+    cycles = set()
+
+    def visit(m: str, path: list[str]) -> None:
+        for d in graph.get(m, ()):
+            if d in path:
+                cycles.add(" → ".join(path[path.index(d):] + [d]))
+            elif len(path) < 12:
+                visit(d, path + [d])
+
+    for m in graph:
+        visit(m, [m])
+    assert sorted(cycles) == []
