@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch
 
@@ -185,16 +185,14 @@ class ReplicaStore:
         self.topic_id = topic_id
 
     def get(self, key: bytes) -> bytes | None:
-        db = self._db
-        if db is None:
-            raise StoreCorrupt(f"replica store {self.path} is closed", path=str(self.path))
-        try:
-            return db.get(key)
-        except Exception as e:
-            raise StoreCorrupt(f"cannot read replica store {self.path}: {e}", path=str(self.path)) from None
+        return self._read(key)
 
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
         """The values of ``keys`` in order (None: no such key), in one call into RocksDB."""
+        return self._read(keys)
+
+    def _read(self, keys: bytes | list[bytes]) -> Any:
+        """RocksDB's get of one key or a list of them; a closed or failing store is StoreCorrupt."""
         db = self._db
         if db is None:
             raise StoreCorrupt(f"replica store {self.path} is closed", path=str(self.path))

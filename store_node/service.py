@@ -67,34 +67,40 @@ class _Reader:
         lag = rep.lag.snapshot(self.now)
         return rep, store, lag, replica_status(self.node_id, rep, lag)
 
-    def _judge(self, table: str, partition: int, bound: store_pb2.ReadBound | None) -> tuple:
-        """(replica, store, status, refusal code, message): the code None when the read may be answered."""
+    def _admit(self, read: store_pb2.KeyRead | store_pb2.GroupRead,
+               out: store_pb2.KeyResult | store_pb2.GroupResult) -> tuple | None:
+        """Fill ``out``'s id and replica status; (replica, store) when the read may be answered, else None
+        with ``out`` saying why (not hosted, being rebuilt, or outside the caller's bound)."""
+        out.id = read.id
+        table, partition = read.table, read.partition
         key = (table, partition)
         cached = self.cache.get(key)
         if cached is None:
             cached = self.cache[key] = self._replica(key)
         rep, store, lag, status = cached
         if rep is None:
-            return None, None, None, _NOT_HOSTED, f"{table}/{partition} is not hosted by {self.node_id}"
+            out.status = _NOT_HOSTED
+            out.message = f"{table}/{partition} is not hosted by {self.node_id}"
+            return None
+        out.replica.CopyFrom(status)
+        why = None
         if store is None:
-            return rep, None, status, _TOO_STALE, "replica is being rebuilt from its changelog"
-        if bound is not None:
-            why = Bound.from_store(table, partition, bound).refusal(partition, lag.applied, lag.end, lag.staleness_ms)
-            if why is not None:
-                return rep, store, status, _TOO_STALE, why
-        return rep, store, status, None, ""
+            why = "replica is being rebuilt from its changelog"
+        elif read.HasField("bound"):
+            why = Bound.from_store(table, partition, read.bound).refusal(partition, lag.applied, lag.end,
+                                                                         lag.staleness_ms)
+        if why is not None:
+            out.status = _TOO_STALE
+            out.message = why
+            return None
+        return rep, store
 
     def read(self, read: store_pb2.KeyRead, out: store_pb2.KeyResult) -> None:
         """Answer ``read`` into ``out`` (an empty result, usually added to a batch's results in place)."""
-        out.id = read.id
-        rep, store, status, code, why = self._judge(read.table, read.partition,
-                                                   read.bound if read.HasField("bound") else None)
-        if status is not None:
-            out.replica.CopyFrom(status)
-        if code is not None:
-            out.status = code
-            out.message = why
+        admitted = self._admit(read, out)
+        if admitted is None:
             return
+        rep, store = admitted
         try:
             value = store.get(read.key)
         except StoreCorrupt as e:
@@ -108,15 +114,10 @@ class _Reader:
 
     def group(self, read: store_pb2.GroupRead, out: store_pb2.GroupResult) -> None:
         """Answer a group of keys into ``out``: every value, or one refusal for all of them."""
-        out.id = read.id
-        rep, store, status, code, why = self._judge(read.table, read.partition,
-                                                   read.bound if read.HasField("bound") else None)
-        if status is not None:
-            out.replica.CopyFrom(status)
-        if code is not None:
-            out.status = code
-            out.message = why
+        admitted = self._admit(read, out)
+        if admitted is None:
             return
+        rep, store = admitted
         try:
             values = store.get_many(list(read.keys))
         except StoreCorrupt as e:
