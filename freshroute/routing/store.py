@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections import deque
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Awaitable, Iterator, Mapping, NamedTuple, Protocol
@@ -185,6 +186,7 @@ class _ReadStream:
         self._groups: list[store_pb2.GroupRead] = []
         self._group_sizes: dict[int, int] = {}  # keys asked, by group id: an answer must hold a value for each
         self._unanswered = 0  # reads and groups sent whose results have not arrived yet
+        self._sent: deque[tuple[int, list[int]]] = deque()  # each batch awaiting its answer: (reads, group ids)
         self._max_unanswered = max_unanswered
         # Kept: asyncio.get_running_loop() costs a getpid() system call per read on Python 3.11.
         self._loop = asyncio.get_running_loop()
@@ -220,6 +222,7 @@ class _ReadStream:
         if not reads and not groups:
             return None
         self._unanswered += len(reads) + len(groups)
+        self._sent.append((len(reads), [g.id for g in groups]))
         return store_pb2.ReadBatch(reads=reads, groups=groups)
 
     def _live(self, reads: list) -> list:
@@ -236,7 +239,8 @@ class _ReadStream:
         return live
 
     def _answered(self, batch: store_pb2.ResultBatch) -> None:
-        self._unanswered -= len(batch.results) + len(batch.groups)
+        reads, group_ids = self._sent.popleft() if self._sent else (0, [])
+        self._unanswered -= reads + len(group_ids)
         if self._outbox or self._groups:
             self._wake()
         pending = self._pending
@@ -253,6 +257,13 @@ class _ReadStream:
                     fut.set_result(checked(group_result(msg), keys, self.address))
                 except ReplicaUnavailable as e:
                     fut.set_exception(e)
+        for group_id in group_ids:
+            # Left unanswered by a node that does not know group reads (older than this client).
+            sizes.pop(group_id, None)
+            fut = pending.pop(group_id, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(ReplicaUnavailable(f"store node {self.address}: no answer to a group read",
+                                                     node_address=self.address))
 
     def _break(self, cause: BaseException | None) -> None:
         if self.broken:
@@ -261,6 +272,7 @@ class _ReadStream:
         reason = _describe(cause)
         pending, self._pending = self._pending, {}
         self._outbox, self._groups, self._group_sizes = [], [], {}
+        self._sent.clear()
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(ReplicaUnavailable(f"store node {self.address}: {reason}", node_address=self.address))

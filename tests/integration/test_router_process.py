@@ -75,16 +75,29 @@ async def serve_store(node: str, port: int, redis_url: str, namespace: str, acti
             return store_pb2.KeyResult(id=r.id, status=store_pb2.NOT_FOUND, replica=status(r.partition))
         return store_pb2.KeyResult(id=r.id, status=store_pb2.OK, value=value, replica=status(r.partition))
 
+    def answer_group(g: store_pb2.GroupRead) -> store_pb2.GroupResult:
+        reads = [answer(store_pb2.KeyRead(id=g.id, table=g.table, partition=g.partition, key=k, bound=g.bound))
+                 for k in g.keys]
+        refused = next((r for r in reads if r.status not in (store_pb2.OK, store_pb2.NOT_FOUND)), None)
+        if refused is not None:
+            return store_pb2.GroupResult(id=g.id, status=refused.status, replica=refused.replica)
+        return store_pb2.GroupResult(id=g.id, status=store_pb2.OK, replica=status(g.partition),
+                                     values=[r.value for r in reads])
+
+    def answer_batch(batch: store_pb2.ReadBatch) -> store_pb2.ResultBatch:
+        return store_pb2.ResultBatch(results=[answer(r) for r in batch.reads],
+                                     groups=[answer_group(g) for g in batch.groups])
+
     class Store(store_pb2_grpc.StoreNodeServicer):
         async def Get(self, request, context):
             return answer(request)
 
         async def BatchGet(self, request, context):
-            return store_pb2.ResultBatch(results=[answer(r) for r in request.reads])
+            return answer_batch(request)
 
         async def Read(self, request_iterator, context):
             async for batch in request_iterator:
-                yield store_pb2.ResultBatch(results=[answer(r) for r in batch.reads])
+                yield answer_batch(batch)
 
         async def Scan(self, request, context):
             entries = sorted((k, v) for k, v in rows.get(request.partition, {}).items()

@@ -34,11 +34,12 @@ class DictStore(store_pb2_grpc.StoreNodeServicer):
     STATUS = store_pb2.ReplicaStatus(node="s1", role=store_pb2.STANDBY, state=store_pb2.SERVING_STANDBY,
                                      applied_offset=10, end_offset=12, lag_offsets=2, staleness_ms=40)
 
-    def __init__(self, rows, hold=None, short=False):
+    def __init__(self, rows, hold=None, short=False, groups=True):
         self.rows = rows
         self.batches: list[int] = []  # reads and groups per batch received
         self.hold = hold  # an Event: results wait for it
         self.short = short  # a broken node: groups answer one value fewer than they were asked
+        self.groups = groups  # False: a node older than group reads, answering only KeyReads
 
     def answer(self, r):
         status = self.STATUS
@@ -60,7 +61,7 @@ class DictStore(store_pb2_grpc.StoreNodeServicer):
 
     def results(self, batch):
         return store_pb2.ResultBatch(results=[self.answer(r) for r in batch.reads],
-                                     groups=[self.answer_group(g) for g in batch.groups])
+                                     groups=[self.answer_group(g) for g in batch.groups] if self.groups else [])
 
     async def Read(self, request_iterator, context):
         async for batch in request_iterator:
@@ -205,6 +206,20 @@ async def test_a_node_answering_a_group_short_is_unavailable_for_it(transport):
         addr = await node.start(client, DictStore(ROWS, short=True))
         with pytest.raises(ReplicaUnavailable, match="answered 1 of 2 keys"):
             await client.read_many(addr, "t", 0, [b"k1", b"k2"], NO_BOUND)
+    finally:
+        await client.close()
+        await node.stop()
+
+
+async def test_a_node_that_does_not_answer_groups_fails_them_at_once_and_keeps_serving_gets(transport):
+    client = StoreNodeClient(max_unanswered_reads=1)
+    node = Started(transport)
+    try:
+        addr = await node.start(client, DictStore(ROWS, groups=False))
+        for _ in range(3):  # each answer settles its batch: the stream never stalls on what was left out
+            with pytest.raises(ReplicaUnavailable, match="no answer to a group read"):
+                await asyncio.wait_for(client.read_many(addr, "t", 0, [b"k1"], NO_BOUND), 5)
+        assert (await asyncio.wait_for(client.read(addr, "t", 0, b"k2", NO_BOUND), 5)).value == ROWS[b"k2"]
     finally:
         await client.close()
         await node.stop()
