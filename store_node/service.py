@@ -48,7 +48,7 @@ def replica_status(node_id: str, rep: "Replica", lag: LagSnapshot) -> store_pb2.
 
 
 class _Reader:
-    """Answers a batch's reads against one snapshot of the hosted replicas, judging each table-partition once per bound."""
+    """Answers reads against one snapshot of the hosted replicas, taking each table-partition's status once."""
 
     __slots__ = ("node_id", "serving", "now", "cache")
 
@@ -67,11 +67,10 @@ class _Reader:
         lag = rep.lag.snapshot(self.now)
         return rep, store, lag, replica_status(self.node_id, rep, lag)
 
-    def _admit(self, read: store_pb2.KeyRead | store_pb2.GroupRead,
-               out: store_pb2.KeyResult | store_pb2.GroupResult) -> tuple | None:
-        """Fill ``out``'s id and replica status; (replica, store) when the read may be answered, else None
+    def admit(self, read: store_pb2.KeyRead | store_pb2.GroupRead | store_pb2.ScanRequest,
+              out: store_pb2.KeyResult | store_pb2.GroupResult | store_pb2.ScanChunk) -> tuple | None:
+        """Fill ``out``'s replica status; (replica, store) when the read may be answered, else None
         with ``out`` saying why (not hosted, being rebuilt, or outside the caller's bound)."""
-        out.id = read.id
         table, partition = read.table, read.partition
         key = (table, partition)
         cached = self.cache.get(key)
@@ -97,7 +96,8 @@ class _Reader:
 
     def read(self, read: store_pb2.KeyRead, out: store_pb2.KeyResult) -> None:
         """Answer ``read`` into ``out`` (an empty result, usually added to a batch's results in place)."""
-        admitted = self._admit(read, out)
+        out.id = read.id
+        admitted = self.admit(read, out)
         if admitted is None:
             return
         rep, store = admitted
@@ -114,7 +114,8 @@ class _Reader:
 
     def group(self, read: store_pb2.GroupRead, out: store_pb2.GroupResult) -> None:
         """Answer a group of keys into ``out``: every value, or one refusal for all of them."""
-        admitted = self._admit(read, out)
+        out.id = read.id
+        admitted = self.admit(read, out)
         if admitted is None:
             return
         rep, store = admitted
@@ -187,23 +188,14 @@ class StoreNodeService(store_pb2_grpc.StoreNodeServicer):
             await context.write(self.reader().results(batch))
 
     async def Scan(self, request: store_pb2.ScanRequest, context) -> AsyncIterator[store_pb2.ScanChunk]:
-        rep = self._node.serving.get((request.table, request.partition))
-        if rep is None:
-            yield store_pb2.ScanChunk(status=_NOT_HOSTED,
-                                      message=f"{request.table}/{request.partition} is not hosted by {self._node_id}")
+        refused = store_pb2.ScanChunk()
+        admitted = self.reader().admit(request, refused)
+        if admitted is None:
+            yield refused
             return
-        store = rep.store
+        rep, store = admitted
         epoch = rep.epoch
-        lag = rep.lag.snapshot(self._clock())
-        status = replica_status(self._node_id, rep, lag)
-        if store is None:
-            yield store_pb2.ScanChunk(status=_TOO_STALE, replica=status, message="replica is being rebuilt")
-            return
-        why = Bound.from_store(request.table, request.partition, request.bound).refusal(
-            request.partition, lag.applied, lag.end, lag.staleness_ms)
-        if why is not None:
-            yield store_pb2.ScanChunk(status=_TOO_STALE, replica=status, message=why)
-            return
+        status = refused.replica
         lower, upper = scan_range(request.prefix, request.start, request.end)
         remaining = request.limit or None
         sent_any = False
