@@ -176,10 +176,11 @@ class RoutingCore:
         return result
 
     async def batch_get(self, table: str, keys: list[str], bound: Bound = NO_BOUND,
-                        answers: "GroupAnswers[T]" = None) -> list[T | FreshrouteError]:  # type: ignore[assignment]
+                        answers: "GroupAnswers[Any] | None" = None) -> list[Any]:
         """Read many keys, one group per partition in parallel; per-key results (or errors) in request order.
 
-        ``answers`` turns one group's answer into its keys' results (default: :func:`group_lookups`).
+        ``answers`` turns one group's answer into its keys' results (default: :func:`group_lookups`,
+        giving :class:`LookupResult`); a key no replica could answer is its :class:`FreshrouteError`.
         """
         spec, bound, groups, raw_keys = self.group_keys(table, keys, bound)
         results: list[Any] = [None] * len(keys)

@@ -184,9 +184,9 @@ class _ReadStream:
         self._pending: dict[int, asyncio.Future] = {}
         self._outbox: list[store_pb2.KeyRead] = []
         self._groups: list[store_pb2.GroupRead] = []
-        self._group_sizes: dict[int, int] = {}  # keys asked, by group id: an answer must hold a value for each
         self._unanswered = 0  # reads and groups sent whose results have not arrived yet
-        self._sent: deque[tuple[int, list[int]]] = deque()  # each batch awaiting its answer: (reads, group ids)
+        # Each batch awaiting its answer: its reads, and its groups' keys asked by group id.
+        self._sent: deque[tuple[int, dict[int, int]]] = deque()
         self._max_unanswered = max_unanswered
         # Kept: asyncio.get_running_loop() costs a getpid() system call per read on Python 3.11.
         self._loop = asyncio.get_running_loop()
@@ -197,14 +197,12 @@ class _ReadStream:
 
     def submit_group(self, group: store_pb2.GroupRead) -> asyncio.Future[GroupResult]:
         self._groups.append(group)
-        self._group_sizes[group.id] = len(group.keys)
         return self._expect(group.id)
 
     def _expect(self, read_id: int) -> asyncio.Future:
         fut = self._loop.create_future()
         if len(self._pending) >= self._SWEEP_AT:
             self._pending = {i: f for i, f in self._pending.items() if not f.done()}
-            self._group_sizes = {i: n for i, n in self._group_sizes.items() if i in self._pending}
         self._pending[read_id] = fut
         self._wake()
         return fut
@@ -222,7 +220,7 @@ class _ReadStream:
         if not reads and not groups:
             return None
         self._unanswered += len(reads) + len(groups)
-        self._sent.append((len(reads), [g.id for g in groups]))
+        self._sent.append((len(reads), {g.id: len(g.keys) for g in groups}))
         return store_pb2.ReadBatch(reads=reads, groups=groups)
 
     def _live(self, reads: list) -> list:
@@ -235,12 +233,11 @@ class _ReadStream:
                 live.append(read)
             else:
                 pending.pop(read.id, None)
-                self._group_sizes.pop(read.id, None)
         return live
 
     def _answered(self, batch: store_pb2.ResultBatch) -> None:
-        reads, group_ids = self._sent.popleft() if self._sent else (0, [])
-        self._unanswered -= reads + len(group_ids)
+        reads, asked = self._sent.popleft() if self._sent else (0, {})
+        self._unanswered -= reads + len(asked)
         if self._outbox or self._groups:
             self._wake()
         pending = self._pending
@@ -248,18 +245,16 @@ class _ReadStream:
             fut = pending.pop(read_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(result)
-        sizes = self._group_sizes
         for msg in batch.groups:
             fut = pending.pop(msg.id, None)
-            keys = sizes.pop(msg.id, 0)
+            keys = asked.pop(msg.id, 0)
             if fut is not None and not fut.done():
                 try:
                     fut.set_result(checked(group_result(msg), keys, self.address))
                 except ReplicaUnavailable as e:
                     fut.set_exception(e)
-        for group_id in group_ids:
+        for group_id in asked:
             # Left unanswered by a node that does not know group reads (older than this client).
-            sizes.pop(group_id, None)
             fut = pending.pop(group_id, None)
             if fut is not None and not fut.done():
                 fut.set_exception(ReplicaUnavailable(f"store node {self.address}: no answer to a group read",
@@ -271,7 +266,7 @@ class _ReadStream:
         self.broken = True
         reason = _describe(cause)
         pending, self._pending = self._pending, {}
-        self._outbox, self._groups, self._group_sizes = [], [], {}
+        self._outbox, self._groups = [], []
         self._sent.clear()
         for fut in pending.values():
             if not fut.done():
@@ -320,9 +315,10 @@ class _FrameStream(_ReadStream, asyncio.Protocol):
     def _wake(self) -> None:
         if self._flush_due:
             return
-        if not self._unanswered and self._transport is not None:
-            # An idle stream sends at once: a lone read waits for no loop iteration. Reads
-            # issued with it in this tick find one unanswered and leave together after it.
+        if not self._unanswered:
+            # An idle stream sends at once (still connecting: connection_made sends): a lone read
+            # waits for no loop iteration. Reads issued with it in this tick find one unanswered
+            # and leave together after it.
             self._flush()
             return
         self._flush_due = True
