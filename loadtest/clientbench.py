@@ -16,7 +16,7 @@ import asyncio
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import orjson
 
@@ -96,14 +96,11 @@ async def run_async(a: argparse.Namespace, get: Callable[[int], Any], many: Call
         await op(i % a.keys)
     if a.measure == "latency":
         lat = []
-        period = 1.0 / a.rate
-        nxt = time.perf_counter()
-        for n in range(int(a.duration * a.rate)):
-            nxt += period
+        for n, due in _schedule(a):
             t0 = time.perf_counter()
             await op(n % a.keys)
             lat.append((time.perf_counter() - t0) * 1000)
-            await asyncio.sleep(max(0.0, nxt - time.perf_counter()))
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
         return {"latencies_ms": lat}
     counts = [0] * a.concurrency
     stop_at = time.perf_counter() + a.duration
@@ -120,18 +117,23 @@ async def run_async(a: argparse.Namespace, get: Callable[[int], Any], many: Call
     return _rate(a, sum(counts), time.perf_counter() - t0)
 
 
+def _schedule(a: argparse.Namespace) -> Iterator[tuple[int, float]]:
+    """The paced run's ops: (op number, when the next one is due), ``--rate`` per second for ``--duration``."""
+    period = 1.0 / a.rate
+    start = time.perf_counter()
+    for n in range(int(a.duration * a.rate)):
+        yield n, start + (n + 1) * period
+
+
 def _paced(a: argparse.Namespace, op: Callable[[int], None]) -> dict[str, Any]:
     for i in range(200):
         op(i % a.keys)
     lat = []
-    period = 1.0 / a.rate
-    nxt = time.perf_counter()
-    for n in range(int(a.duration * a.rate)):
-        nxt += period
+    for n, due in _schedule(a):
         t0 = time.perf_counter()
         op(n % a.keys)
         lat.append((time.perf_counter() - t0) * 1000)
-        time.sleep(max(0.0, nxt - time.perf_counter()))
+        time.sleep(max(0.0, due - time.perf_counter()))
     return {"latencies_ms": lat}
 
 
