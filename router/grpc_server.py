@@ -24,6 +24,7 @@ from freshroute.routing.bound import NO_BOUND, Bound
 from freshroute.routing.results import LookupResult, ReplicaInfo, key_not_found
 from router.routing import Router
 from router.settings import RouterSettings
+from router.transports.grpc_front import GrpcFront
 
 log = logging.getLogger("freshroute.router.grpc")
 
@@ -222,3 +223,52 @@ def create_grpc_server(settings: RouterSettings, router: Router) -> tuple[grpc.a
     if not port:
         raise RuntimeError(f"cannot bind gRPC to {settings.host}:{settings.grpc_port}")
     return server, port
+
+
+class RouterGetCalls:
+    """``Router.Get`` for the gRPC front: the servicer's answer and error translation, without grpc.aio."""
+
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    async def get(self, request: router_pb2.GetRequest) -> router_pb2.GetResponse:
+        return await answer_get(self._router, request)
+
+    def status(self, exc: BaseException) -> tuple[grpc.StatusCode, str, tuple[tuple[bytes, bytes], ...]]:
+        code, message, body = error_status(exc)
+        return code, message, ((ERROR_TRAILER.encode(), body.encode()),)
+
+
+class PublicGrpc:
+    """The router's public gRPC port as the settings ask: the front (``Router.Get`` in place, every other
+    call relayed to a grpc.aio server on a port only this process knows of), or grpc.aio alone."""
+
+    def __init__(self, settings: RouterSettings, router: Router) -> None:
+        self.front: GrpcFront | None = None
+        if settings.grpc_front:
+            inner = settings.model_copy(update={"host": "127.0.0.1", "grpc_port": 0, "reuse_port": False})
+            self._server, inner_port = create_grpc_server(inner, router)
+            self.front = GrpcFront(RouterGetCalls(router), f"127.0.0.1:{inner_port}", settings.host,
+                                   settings.grpc_port, settings.reuse_port)
+        else:
+            self._server, self.port = create_grpc_server(settings, router)
+
+    @property
+    def connections(self) -> set[Any]:
+        """The front's open connections (none without the front)."""
+        return self.front.connections if self.front is not None else set()
+
+    async def start(self) -> int:
+        """Start serving; returns the public port."""
+        await self._server.start()
+        if self.front is not None:
+            self.port = await self.front.start()
+        return self.port
+
+    async def stop(self, grace: float | None) -> None:
+        """Stop accepting; calls in flight get ``grace`` seconds."""
+        if self.front is not None:
+            await self.front.stop(grace)
+            await self._server.stop(None)
+        else:
+            await self._server.stop(grace)

@@ -8,18 +8,15 @@ import gc
 import logging
 import signal
 import socket
-from functools import partial
 from typing import Iterator
 
-import grpc
 import uvicorn
 
-from router.grpc_front import GrpcFront
-from router.grpc_server import create_grpc_server
-from router.http import KeyLookupProtocol
+from router.grpc_server import PublicGrpc
 from router.rest import create_app
 from router.runtime import RouterRuntime
 from router.settings import RouterSettings
+from router.transports.http1 import key_lookup_protocol
 
 log = logging.getLogger("freshroute.router")
 
@@ -49,22 +46,18 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
     loop = asyncio.get_running_loop()
     runtime = RouterRuntime(settings)
     rest_sock = _listen(settings.host, settings.rest_port, settings.reuse_port)
-    grpc_server: GrpcFront | grpc.aio.Server | None = None
+    grpc_server: PublicGrpc | None = None
     rest_task: asyncio.Task[None] | None = None
     handled: list[int] = []
     try:
         await runtime.start()
-        if settings.grpc_front:
-            grpc_server = GrpcFront(settings, runtime.router)
-            grpc_port = await grpc_server.start()
-        else:
-            grpc_server, grpc_port = create_grpc_server(settings, runtime.router)
-            await grpc_server.start()
+        grpc_server = PublicGrpc(settings, runtime.router)
+        grpc_port = await grpc_server.start()
         app = create_app(settings, runtime.router)
-        # Key lookups are answered by the connection's own protocol (router.http); uvicorn's
+        # Key lookups are answered by the connection's own protocol (router.transports.http1); uvicorn's
         # serves everything else. No X-Forwarded-* rewriting: nothing here reads the client
         # address, and the middleware would inspect every request's headers.
-        rest = _RestServer(uvicorn.Config(app, http=partial(KeyLookupProtocol, app.key_handlers), access_log=False,
+        rest = _RestServer(uvicorn.Config(app, http=key_lookup_protocol(app.key_handlers), access_log=False,
                                           proxy_headers=False, server_header=False,
                                           lifespan="on", log_level=settings.log_level.lower(),
                                           timeout_graceful_shutdown=max(1, int(settings.graceful_shutdown_s))))

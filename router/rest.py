@@ -93,10 +93,26 @@ def _query(raw: bytes) -> dict[str, str]:
 # ---- handlers shared by the FastAPI routes and the raw key routes -------------------------
 
 class KeyHandlers:
-    """The two key routes as plain functions of (table, key, query) → (status, body)."""
+    """The two key routes as plain functions of (table, key, query) → (status, body); the
+    :class:`router.transports.KeyRoutes` of the HTTP/1.1 path."""
 
     def __init__(self, router: Router) -> None:
         self.router = router
+
+    @staticmethod
+    def match(raw_path: bytes) -> tuple[bytes, bytes, bool] | None:
+        return match_key_path(raw_path)
+
+    async def answer(self, match: tuple[bytes, bytes, bool], query: bytes) -> tuple[int, bytes]:
+        """(status, JSON body) of a GET on a key route, as :func:`match_key_path` split it."""
+        table_raw, key_raw, is_metadata = match
+        try:
+            table, key = _segment(table_raw), _segment(key_raw)
+            if is_metadata:
+                return self.metadata(table, key)
+            return await self.lookup(table, key, query)
+        except Exception as e:  # noqa: BLE001 — the same translation as every other route
+            return error_response(e)
 
     async def lookup(self, table: str, key: str, query: bytes) -> tuple[int, bytes]:
         try:
@@ -141,18 +157,6 @@ def match_key_path(raw_path: bytes) -> tuple[bytes, bytes, bool] | None:
     return None
 
 
-async def answer_key_route(handlers: KeyHandlers, match: tuple[bytes, bytes, bool], query: bytes) -> tuple[int, bytes]:
-    """(status, JSON body) of a GET on a key route, as :func:`match_key_path` split it."""
-    table_raw, key_raw, is_metadata = match
-    try:
-        table, key = _segment(table_raw), _segment(key_raw)
-        if is_metadata:
-            return handlers.metadata(table, key)
-        return await handlers.lookup(table, key, query)
-    except Exception as e:  # noqa: BLE001 — the same translation as every other route
-        return error_response(e)
-
-
 async def serve_key_route(handlers: KeyHandlers, scope: Scope, send: Send) -> bool:
     """Answer a GET on a key route straight from the raw ASGI scope; False if ``scope`` is not one."""
     if scope["type"] != "http" or scope["method"] != "GET":
@@ -160,7 +164,7 @@ async def serve_key_route(handlers: KeyHandlers, scope: Scope, send: Send) -> bo
     match = match_key_path(scope.get("raw_path") or scope["path"].encode())
     if match is None:
         return False
-    status, body = await answer_key_route(handlers, match, scope.get("query_string", b""))
+    status, body = await handlers.answer(match, scope.get("query_string", b""))
     await send({"type": "http.response.start", "status": status,
                 "headers": [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})

@@ -37,7 +37,7 @@ def test_lookup_over_grpc_prints_the_rest_shape_and_errors_on_stderr(capsys):
     import json
     import threading
 
-    from router.grpc_front import GrpcFront
+    from router.grpc_server import PublicGrpc
     from router.settings import RouterSettings
 
     from .test_router_rest import Cluster, part
@@ -49,7 +49,7 @@ def test_lookup_over_grpc_prints_the_rest_shape_and_errors_on_stderr(capsys):
         nonlocal done
         done = asyncio.Event()
         cluster = Cluster(RouterSettings(grpc_port=0, hedge=False))
-        front = GrpcFront(cluster.settings, cluster.router)
+        front = PublicGrpc(cluster.settings, cluster.router)
         port.append(await front.start())
         ready.set()
         await done.wait()

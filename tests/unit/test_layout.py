@@ -55,3 +55,10 @@ def test_no_import_cycles():
     for m in graph:
         visit(m, [m])
     assert sorted(cycles) == []
+
+
+def test_transports_know_the_router_only_through_their_interface():
+    # Protocol code only: the rest of the router reaches them, never the other way round.
+    bad = sorted((m, d) for m, deps in project_imports().items() if m.startswith("router.transports")
+                 for d in deps if d.startswith(("router", "freshroute.routing")) and not d.startswith("router.transports"))
+    assert bad == []

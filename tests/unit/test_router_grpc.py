@@ -8,8 +8,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from freshroute.position import Position
 from proto import router_pb2, router_pb2_grpc
 
-from router.grpc_front import GrpcFront
-from router.grpc_server import ERROR_TRAILER, create_grpc_server
+from router.grpc_server import ERROR_TRAILER, PublicGrpc
 from router.routing import Router
 from router.settings import RouterSettings
 from freshroute.routing.snapshot import FixedSnapshot, Snapshot
@@ -27,13 +26,8 @@ def anyio_backend():
 
 async def serve_grpc(settings: RouterSettings, router: Router, front: bool):
     """(stop, port) of the router's gRPC port: the HTTP/2 front relaying to grpc.aio, or grpc.aio alone."""
-    if front:
-        server = GrpcFront(settings, router)
-        port = await server.start()
-    else:
-        server, port = create_grpc_server(settings, router)
-        await server.start()
-    return server.stop, port
+    server = PublicGrpc(settings.model_copy(update={"grpc_front": front}), router)
+    return server.stop, await server.start()
 
 
 # Every test of the public surface runs against both ways of serving it.

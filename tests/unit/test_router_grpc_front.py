@@ -13,8 +13,8 @@ import hpack
 import pytest
 
 from proto import router_pb2
-from router import grpc_front as h2
-from router.grpc_front import GrpcFront
+from router.grpc_server import PublicGrpc
+from router.transports import grpc_front as h2
 from router.settings import RouterSettings
 
 from .test_router_rest import KEYS, TABLE, Cluster, part
@@ -91,7 +91,7 @@ class Peer:
 @pytest.fixture
 async def front():
     cluster = Cluster(RouterSettings(grpc_port=0, request_timeout_ms=2000, attempt_timeout_ms=1500, hedge=False))
-    server = GrpcFront(cluster.settings, cluster.router)
+    server = PublicGrpc(cluster.settings, cluster.router)
     port = await server.start()
     try:
         yield cluster, server, port

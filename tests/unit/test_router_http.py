@@ -2,13 +2,12 @@
 
 import asyncio
 import socket
-from functools import partial
 
 import orjson
 import pytest
 import uvicorn
 
-from router.http import AnswerWriter, KeyLookupProtocol, answer_writer
+from router.transports.http1 import AnswerWriter, answer_writer, key_lookup_protocol
 from router.rest import create_app
 
 from .test_router_rest import TABLE, Cluster, part
@@ -23,13 +22,13 @@ def anyio_backend():
 
 @pytest.fixture
 async def served():
-    """(cluster, port) of a uvicorn server on loopback whose HTTP protocol is KeyLookupProtocol."""
+    """(cluster, port) of a uvicorn server on loopback whose HTTP protocol is the key lookup protocol."""
     cluster = Cluster()
     app = create_app(cluster.settings, cluster.router)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
-    server = uvicorn.Server(uvicorn.Config(app, http=partial(KeyLookupProtocol, app.key_handlers), lifespan="off",
+    server = uvicorn.Server(uvicorn.Config(app, http=key_lookup_protocol(app.key_handlers), lifespan="off",
                                            log_level="warning", timeout_keep_alive=1))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     for _ in range(200):
@@ -199,7 +198,7 @@ async def test_graceful_shutdown_answers_the_lookup_in_flight_then_closes():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(8)
-    server = uvicorn.Server(uvicorn.Config(app, http=partial(KeyLookupProtocol, app.key_handlers), lifespan="off",
+    server = uvicorn.Server(uvicorn.Config(app, http=key_lookup_protocol(app.key_handlers), lifespan="off",
                                            log_level="warning", timeout_graceful_shutdown=5))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:

@@ -9,7 +9,8 @@ knowledge, as gRPC clients do), on the event loop, and answers ``Router.Get`` wi
 same code grpc.aio would run. Every other call — BatchGet, Scan, the metadata calls, the
 health service and reflection — is relayed message by message to the full grpc.aio server
 (:mod:`router.grpc_server`) on a private loopback port: one implementation of each method,
-one mapping of errors, and the lookup without C-core's hand-overs.
+one mapping of errors, and the lookup without C-core's hand-overs. The front knows the
+Router service only through :class:`router.transports.GetCalls`.
 
 The HTTP/2 here is a server's and no more: no push, no priorities, no upgrade from
 HTTP/1.1, no compression of messages (clients are told ``identity``). Flow control is
@@ -31,10 +32,7 @@ from google.protobuf.message import DecodeError
 
 from freshroute.errors import InvalidArgument
 from proto import router_pb2
-
-from router.grpc_server import ERROR_TRAILER, answer_get, create_grpc_server, error_status
-from router.routing import Router
-from router.settings import RouterSettings
+from router.transports import GetCalls
 
 log = logging.getLogger("freshroute.router.grpc")
 
@@ -474,27 +472,31 @@ class GrpcConnection(asyncio.Protocol):
                 raise InvalidArgument("a Get call carries exactly one GetRequest message")
             request = router_pb2.GetRequest.FromString(bytes(body[5:]))
         except InvalidArgument as e:
-            self._end_call(stream, _error(e))
+            self._end_call(stream, self._error(e))
             return
         except DecodeError:
-            self._end_call(stream, _error(InvalidArgument("the request is not a GetRequest message")))
+            self._end_call(stream, self._error(InvalidArgument("the request is not a GetRequest message")))
             return
         stream.received = bytearray()
         stream.task = self._loop.create_task(self._get(stream, request))
 
     async def _get(self, stream: _Stream, request: router_pb2.GetRequest) -> None:
         try:
-            response = await answer_get(self._front.router, request)
+            response = await self._front.calls.get(request)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 — every error leaves as a status, translated once
-            self._end_call(stream, _error(e))
+            self._end_call(stream, self._error(e))
             return
         if stream.done:
             return
         payload = response.SerializeToString()
         self._send_message(stream, payload)
         self._end_call(stream, OK_TRAILERS)
+
+    def _error(self, exc: BaseException) -> bytes:
+        """Trailers of a call that failed with ``exc``, as the Router service translates it."""
+        return status_block(*self._front.calls.status(exc))
 
     # ---- answers ------------------------------------------------------------------------------
 
@@ -640,12 +642,6 @@ class GrpcConnection(asyncio.Protocol):
             return
 
 
-def _error(exc: BaseException) -> bytes:
-    """Trailers of a call that failed with ``exc``: the status and JSON body REST would answer with."""
-    code, message, body = error_status(exc)
-    return status_block(code, message, ((ERROR_TRAILER.encode(), body.encode()),))
-
-
 def _metadata_out(headers: list[tuple[bytes, bytes]]) -> tuple[tuple[str, str | bytes], ...]:
     """Request headers that are call metadata, as grpc.aio takes them (binary ones decoded)."""
     out: list[tuple[str, str | bytes]] = []
@@ -676,30 +672,25 @@ def _metadata_in(metadata: Any) -> tuple[tuple[bytes, bytes], ...]:
 
 
 class GrpcFront:
-    """The public gRPC port: :class:`GrpcConnection` per client, and the grpc.aio server it relays to."""
+    """The public gRPC port: :class:`GrpcConnection` per client, relaying what it does not answer to ``relay_target``."""
 
-    def __init__(self, settings: RouterSettings, router: Router) -> None:
-        self.settings = settings
-        self.router = router
+    def __init__(self, calls: GetCalls, relay_target: str, host: str, port: int, reuse_port: bool = False) -> None:
+        self.calls = calls
         self.connections: set[GrpcConnection] = set()
+        self._listen = (host, port, reuse_port)
         self._server: asyncio.Server | None = None
-        # The full service, on a port only this process knows of.
-        inner = settings.model_copy(update={"host": "127.0.0.1", "grpc_port": 0, "reuse_port": False})
-        self._inner, inner_port = create_grpc_server(inner, router)
-        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{inner_port}",
-                                                 options=[("grpc.max_receive_message_length", -1),
-                                                          ("grpc.max_send_message_length", -1)])
+        self.channel = grpc.aio.insecure_channel(relay_target, options=[("grpc.max_receive_message_length", -1),
+                                                                         ("grpc.max_send_message_length", -1)])
         self.port = 0
 
     async def start(self) -> int:
-        """Starts listening on ``settings.grpc_port``; returns the bound port."""
-        await self._inner.start()
-        s = self.settings
+        """Starts listening; returns the bound port."""
+        host, port, reuse_port = self._listen
         try:
             self._server = await asyncio.get_running_loop().create_server(
-                lambda: GrpcConnection(self), s.host, s.grpc_port, reuse_port=s.reuse_port or None, backlog=2048)
+                lambda: GrpcConnection(self), host, port, reuse_port=reuse_port or None, backlog=2048)
         except OSError as e:
-            raise RuntimeError(f"cannot bind gRPC to {s.host}:{s.grpc_port}: {e}") from None
+            raise RuntimeError(f"cannot bind gRPC to {host}:{port}: {e}") from None
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
@@ -716,4 +707,3 @@ class GrpcFront:
         for conn in list(self.connections):
             conn.abort()
         await self.channel.close(grace=None)
-        await self._inner.stop(None)

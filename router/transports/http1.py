@@ -1,4 +1,4 @@
-"""The REST port's HTTP/1.1 protocol: key lookups are answered on the connection itself.
+"""The REST port's HTTP/1.1 protocol, on httptools: key lookups are answered on the connection itself.
 
 Served through uvicorn's protocol, every request costs an ASGI scope, a request-response
 cycle with its event, a keep-alive timer and two writes — together as much CPU as the
@@ -8,7 +8,10 @@ with one write, through the same handlers as the ASGI app. The first request on 
 connection that is anything else (another route or method, a body, an upgrade, an
 absolute URL) hands the connection to uvicorn's own protocol for good, with every byte
 not answered yet, once the answers already owed have been written: FastAPI serves the
-rest of the documented surface exactly as before.
+rest of the documented surface exactly as before. uvicorn is used only as it is
+configured: this protocol is the ``http=`` class of a ``uvicorn.Config``, built with what
+uvicorn gives such a class, and it hands over to the class uvicorn's ``http="httptools"``
+names. The REST API is known only through :class:`router.transports.KeyRoutes`.
 
 Requests on one connection are answered one at a time, in order (pipelined ones wait).
 Answers worked out in one turn of the event loop leave together, back to back, after it
@@ -20,12 +23,17 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections import deque
-from typing import Any
+from functools import partial
+from http import HTTPStatus
+from typing import Any, Callable
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.config import HTTP_PROTOCOLS
+from uvicorn.importer import import_from_string
 
-from router.rest import KeyHandlers, answer_key_route, match_key_path
+from router.transports import KeyRoutes
+
+STATUS_LINE = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
 
 _BAD_REQUEST = (b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
                 b"content-length: 29\r\nconnection: close\r\n\r\nInvalid HTTP request received.")
@@ -42,11 +50,8 @@ class AnswerWriter:
 
     A write to a client asleep in ``epoll_wait`` wakes it, and on a small virtual machine
     the wake-up costs more than the write. The answers of one store batch are worked out in
-    one turn, each in its own task, with Python in between; written back to back after it,
-    a client that reads many connections (a load balancer, wrk) is woken once for them
-    rather than once each. Measured under saturation (wrk, 64 connections) against writing
-    each answer at once: faster in 12 of 14 alternating runs, 8–15% more lookups per second
-    at the median, 8–15% less router CPU per lookup; the latency at 200 lookups/s unchanged.
+    one turn, each in its own task; written back to back after it, a client that reads many
+    connections (a load balancer, wrk) is woken once for them rather than once each.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -77,12 +82,18 @@ def answer_writer(loop: asyncio.AbstractEventLoop) -> AnswerWriter:
     return writer
 
 
-class KeyLookupProtocol(asyncio.Protocol):
-    """One HTTP/1.1 connection; built by uvicorn (``http=``) with the key handlers bound first."""
+def key_lookup_protocol(routes: KeyRoutes) -> Callable[..., asyncio.Protocol]:
+    """The ``http=`` of a ``uvicorn.Config``: key lookups answered here, the rest by uvicorn's httptools protocol."""
+    return partial(KeyLookupProtocol, routes, import_from_string(HTTP_PROTOCOLS["httptools"]))
 
-    def __init__(self, handlers: KeyHandlers, config: Any, server_state: Any, app_state: dict[str, Any],
-                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self.handlers = handlers
+
+class KeyLookupProtocol(asyncio.Protocol):
+    """One HTTP/1.1 connection; built by uvicorn (``http=``) with the key routes and the hand-over protocol bound first."""
+
+    def __init__(self, routes: KeyRoutes, fallback: Callable[..., asyncio.Protocol], config: Any, server_state: Any,
+                 app_state: dict[str, Any], _loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.routes = routes
+        self.fallback = fallback
         self.config = config
         self.server_state = server_state
         self.app_state = app_state
@@ -96,9 +107,9 @@ class KeyLookupProtocol(asyncio.Protocol):
         self.url = b""
         self.plain = True
         self.head_len = 0
-        # (key route match, query, keep alive) of each request parsed and not answered yet
-        self.requests: deque[tuple[tuple[bytes, bytes, bool], bytes, bool]] = deque()
-        self.match: tuple[bytes, bytes, bool] | None = None  # of the request being parsed
+        # (key route, query, keep alive) of each request parsed and not answered yet
+        self.requests: deque[tuple[Any, bytes, bool]] = deque()
+        self.match: Any = None  # the key route of the request being parsed
         self.query = b""
         self.busy = False  # an answer of this connection is being worked out
         self.handing_over = False
@@ -174,7 +185,7 @@ class KeyLookupProtocol(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         head_end = self.buffer.find(b"\r\n\r\n")
         path, _, self.query = self.url.partition(b"?")
-        self.match = match_key_path(path) if self.plain and head_end >= 0 else None
+        self.match = self.routes.match(path) if self.plain and head_end >= 0 else None
         if self.match is None or self.parser.get_method() != b"GET" or self.parser.should_upgrade():
             raise _HandOver
         self.head_len = head_end + 4
@@ -192,9 +203,9 @@ class KeyLookupProtocol(asyncio.Protocol):
         self.busy = True
         self.loop.create_task(self._answer(match, query, keep_alive))
 
-    async def _answer(self, match: tuple[bytes, bytes, bool], query: bytes, keep_alive: bool) -> None:
+    async def _answer(self, match: Any, query: bytes, keep_alive: bool) -> None:
         try:
-            status, body = await answer_key_route(self.handlers, match, query)
+            status, body = await self.routes.answer(match, query)
         finally:
             self.busy = False
         transport = self.transport
@@ -236,8 +247,8 @@ class KeyLookupProtocol(asyncio.Protocol):
         if self.idle_timer is not None:
             self.idle_timer.cancel()
         self.writer.flush()  # uvicorn's answers come after this connection's own
-        protocol = HttpToolsProtocol(config=self.config, server_state=self.server_state, app_state=self.app_state,
-                                     _loop=self.loop)
+        protocol = self.fallback(config=self.config, server_state=self.server_state, app_state=self.app_state,
+                                 _loop=self.loop)
         protocol.connection_made(self.transport)
         self.transport.set_protocol(protocol)
         data, self.buffer = self.buffer, b""
