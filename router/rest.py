@@ -10,6 +10,7 @@ keys containing ``/`` (sent as ``%2F``) work.
 from __future__ import annotations
 
 import logging
+import re
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 from urllib.parse import parse_qsl, unquote_to_bytes
@@ -135,9 +136,16 @@ class KeyHandlers:
             return error_response(e)
 
 
+_BAD_ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+
+
 def _segment(raw: bytes) -> str:
+    if b"%" in raw:
+        if _BAD_ESCAPE.search(raw):
+            raise InvalidArgument("a path segment has a '%' not followed by two hex digits (percent-encode '%' as %25)")
+        raw = unquote_to_bytes(raw)
     try:
-        return (unquote_to_bytes(raw) if b"%" in raw else raw).decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidArgument("path segments must be UTF-8") from None
 

@@ -44,10 +44,11 @@ DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDO
 END_STREAM = ACK = 0x1
 END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
 # error codes (§7)
-NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x3
-FRAME_SIZE_ERROR, REFUSED_STREAM, COMPRESSION_ERROR = 0x6, 0x7, 0x9
+NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, STREAM_CLOSED = 0x0, 0x1, 0x3, 0x5
+FRAME_SIZE_ERROR, REFUSED_STREAM, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x6, 0x7, 0x9, 0xb
 # settings (§6.5.2); a peer's header table size is not needed: our encoder keeps no table
-MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = 0x3, 0x4, 0x5, 0x6
+ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = 0x2, 0x3, 0x4, 0x5, 0x6
+MAX_WINDOW = 0x7FFFFFFF
 
 _HEAD = struct.Struct(">BHBBI")  # length as 8 + 16 bits, type, flags, stream id
 _SETTING = struct.Struct(">HI")
@@ -69,11 +70,27 @@ MAX_HEADER_LIST = 64 << 10
 # and stops granting the peer window while this many request messages wait for grpc.aio.
 SEND_BUFFER = 256 << 10
 QUEUED_MESSAGES = 8
+# What a peer may ask of us beyond calls, as (burst, per second): calls it resets before their
+# answer (each one cost us a task: "rapid reset"), and frames we must acknowledge (SETTINGS,
+# PING). gRPC clients stay far below both; a peer over either is told ENHANCE_YOUR_CALM.
+RESET_BUDGET = (1_000, 200.0)
+CONTROL_BUDGET = (1_000, 100.0)
+# Ids of streams the peer reset, remembered so frames it still sends on them are answered
+# STREAM_CLOSED (RFC 9113 §5.1); frames on streams we closed are ignored.
+RESET_MEMORY = 256
 
 # Headers that are HTTP/2's or gRPC's own, not call metadata to relay.
 _NOT_METADATA = frozenset((b"te", b"content-type", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding",
                            b"user-agent", b"host", b"connection"))
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+# A request's pseudo-headers (RFC 9113 §8.3.1), and headers HTTP/2 forbids (§8.2.2).
+_REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":path", b":authority"))
+_CONNECTION_SPECIFIC = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
+                                  b"upgrade"))
+
+
+_ON_A_STREAM = frozenset((DATA, HEADERS, PRIORITY, RST_STREAM, CONTINUATION))
+_ON_THE_CONNECTION = frozenset((SETTINGS, PING, GOAWAY))
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
@@ -126,6 +143,46 @@ def grpc_timeout(value: bytes | None) -> float | None:
     return int(value[:-1]) * _TIMEOUT_UNITS[value[-1:]]
 
 
+def malformed(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """Why a request's header list is malformed (RFC 9113 §8.2, §8.3.1), or None if it is well formed."""
+    seen: set[bytes] = set()
+    regular = False
+    for name, value in headers:
+        if name != name.lower():
+            return "an uppercase header name"
+        if name.startswith(b":"):
+            if regular:
+                return "a pseudo-header after a regular header"
+            if name not in _REQUEST_PSEUDO:
+                return f"pseudo-header {name.decode('ascii', 'replace')} in a request"
+            if name in seen:
+                return f"pseudo-header {name.decode('ascii', 'replace')} twice"
+            if name == b":path" and not value:
+                return "an empty :path"
+            seen.add(name)
+        else:
+            regular = True
+            if name in _CONNECTION_SPECIFIC or (name == b"te" and value != b"trailers"):
+                return f"connection-specific header {name.decode('ascii', 'replace')}"
+    missing = {b":method", b":scheme", b":path"} - seen
+    return f"no {b', '.join(sorted(missing)).decode()}" if missing else None
+
+
+class _Budget:
+    """A token bucket: ``take()`` is False once the peer has spent its burst faster than the rate refills it."""
+
+    __slots__ = ("tokens", "burst", "rate", "at")
+
+    def __init__(self, burst: int, rate: float, now: float) -> None:
+        self.tokens, self.burst, self.rate, self.at = float(burst), burst, rate, now
+
+    def take(self, now: float) -> bool:
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        self.tokens -= 1
+        return self.tokens >= 0
+
+
 class ProtocolViolation(Exception):
     """The peer broke the protocol: the connection ends with a GOAWAY carrying ``code``."""
 
@@ -137,14 +194,15 @@ class ProtocolViolation(Exception):
 class _Stream:
     """One call: what arrived of its request, and what waits to be sent of its answer."""
 
-    __slots__ = ("id", "path", "headers", "send_window", "received", "unacked", "remote_closed", "pending",
-                 "trailers", "headers_sent", "done", "task", "messages", "drained")
+    __slots__ = ("id", "path", "headers", "send_window", "recv_window", "received", "unacked", "remote_closed",
+                 "pending", "trailers", "headers_sent", "done", "task", "messages", "drained")
 
     def __init__(self, stream_id: int, path: bytes, headers: list[tuple[bytes, bytes]], send_window: int) -> None:
         self.id = stream_id
         self.path = path
         self.headers = headers
         self.send_window = send_window
+        self.recv_window = STREAM_WINDOW  # what the peer may still send before our next WINDOW_UPDATE
         self.received = bytearray()  # request bytes not yet split into messages
         self.unacked = 0  # request bytes received since our last WINDOW_UPDATE for the stream
         self.remote_closed = False
@@ -174,6 +232,11 @@ class GrpcConnection(asyncio.Protocol):
         self._peer_stream_window = DEFAULT_WINDOW
         self._peer_frame_size = FRAME_LIMIT
         self._unacked = 0  # connection-level bytes received since our last WINDOW_UPDATE
+        self._recv_window = CONNECTION_WINDOW  # what the peer may still send before that WINDOW_UPDATE
+        now = self._loop.time()
+        self._resets = _Budget(*RESET_BUDGET, now)
+        self._control = _Budget(*CONTROL_BUDGET, now)
+        self._reset_by_peer: dict[int, None] = {}  # insertion-ordered, at most RESET_MEMORY
         self._blocked: set[_Stream] = set()  # streams with DATA waiting for a window
         self._out = bytearray()
         self._going_away = False
@@ -285,6 +348,10 @@ class GrpcConnection(asyncio.Protocol):
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self._header_block is not None and (kind != CONTINUATION or stream_id != self._header_block[0]):
             raise ProtocolViolation(PROTOCOL_ERROR, "a header block interrupted")
+        if kind in _ON_A_STREAM and stream_id == 0:
+            raise ProtocolViolation(PROTOCOL_ERROR, f"a frame of type {kind} on stream 0")
+        if kind in _ON_THE_CONNECTION and stream_id != 0:
+            raise ProtocolViolation(PROTOCOL_ERROR, f"a frame of type {kind} on stream {stream_id}")
         if kind == DATA:
             self._data(flags, stream_id, payload)
         elif kind == HEADERS:
@@ -295,21 +362,24 @@ class GrpcConnection(asyncio.Protocol):
             sid, first_flags, block = self._header_block
             block += payload
             if len(block) > MAX_HEADER_LIST:
-                raise ProtocolViolation(PROTOCOL_ERROR, "header block too large")
+                raise ProtocolViolation(COMPRESSION_ERROR, "a header block larger than advertised, left undecoded")
             if flags & END_HEADERS:
                 self._header_block = None
                 self._header_block_done(sid, first_flags, bytes(block))
         elif kind == RST_STREAM:
-            stream = self._streams.get(stream_id)
-            if stream is not None:
-                self._forget(stream, cancel=True)
+            self._reset(stream_id, payload)
         elif kind == SETTINGS:
-            if not flags & ACK:
+            if flags & ACK:
+                if payload:
+                    raise ProtocolViolation(FRAME_SIZE_ERROR, "a SETTINGS acknowledgement with a payload")
+            else:
+                self._acknowledging()
                 self._settings(payload)
         elif kind == PING:
-            if len(payload) != 8 or stream_id:
+            if len(payload) != 8:
                 raise ProtocolViolation(FRAME_SIZE_ERROR, "a malformed PING")
             if not flags & ACK:
+                self._acknowledging()
                 self._send(frame(PING, ACK, 0, payload))
         elif kind == WINDOW_UPDATE:
             self._window_update(stream_id, payload)
@@ -317,7 +387,35 @@ class GrpcConnection(asyncio.Protocol):
             self._going_away = True  # the peer opens no more calls; those open finish
         elif kind == PUSH_PROMISE:
             raise ProtocolViolation(PROTOCOL_ERROR, "PUSH_PROMISE from a client")
-        # PRIORITY and unknown frame types are ignored, as RFC 9113 asks.
+        elif kind == PRIORITY and len(payload) != 5:
+            self._stream_error(stream_id, FRAME_SIZE_ERROR)
+        # PRIORITY otherwise, and unknown frame types, are ignored, as RFC 9113 asks.
+
+    def _acknowledging(self) -> None:
+        if not self._control.take(self._loop.time()):
+            raise ProtocolViolation(ENHANCE_YOUR_CALM, "too many SETTINGS and PING frames")
+
+    def _reset(self, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise ProtocolViolation(FRAME_SIZE_ERROR, "a malformed RST_STREAM")
+        if stream_id > self._last_id:
+            raise ProtocolViolation(PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream_id}")
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return
+        self._forget(stream, cancel=True)
+        self._reset_by_peer[stream_id] = None
+        if len(self._reset_by_peer) > RESET_MEMORY:
+            del self._reset_by_peer[next(iter(self._reset_by_peer))]
+        if not self._resets.take(self._loop.time()):
+            raise ProtocolViolation(ENHANCE_YOUR_CALM, "too many calls reset before their answer")
+
+    def _stream_error(self, stream_id: int, code: int) -> None:
+        """RST_STREAM with ``code``; the call, if open, ends without an answer (RFC 9113 §5.4.2)."""
+        stream = self._streams.get(stream_id)
+        if stream is not None:
+            self._forget(stream, cancel=True)
+        self._send(frame(RST_STREAM, 0, stream_id, _RST.pack(code)))
 
     @staticmethod
     def _unpad(flags: int, payload: bytes) -> bytes:
@@ -333,11 +431,15 @@ class GrpcConnection(asyncio.Protocol):
         for offset in range(0, len(payload), 6):
             key, value = _SETTING.unpack_from(payload, offset)
             if key == INITIAL_WINDOW_SIZE:
-                if value > 0x7FFFFFFF:
+                if value > MAX_WINDOW:
                     raise ProtocolViolation(FLOW_CONTROL_ERROR, "initial window size above 2^31-1")
                 delta, self._peer_stream_window = value - self._peer_stream_window, value
                 for stream in self._streams.values():
                     stream.send_window += delta
+                    if stream.send_window > MAX_WINDOW:
+                        raise ProtocolViolation(FLOW_CONTROL_ERROR, "a stream window above 2^31-1")
+            elif key == ENABLE_PUSH and value > 1:
+                raise ProtocolViolation(PROTOCOL_ERROR, "ENABLE_PUSH neither 0 nor 1")
             elif key == MAX_FRAME_SIZE:
                 if not 16_384 <= value <= 16_777_215:
                     raise ProtocolViolation(PROTOCOL_ERROR, "max frame size out of range")
@@ -351,13 +453,26 @@ class GrpcConnection(asyncio.Protocol):
             raise ProtocolViolation(FRAME_SIZE_ERROR, "a malformed WINDOW_UPDATE")
         increment = _WINDOW.unpack(payload)[0] & 0x7FFFFFFF
         if stream_id == 0:
+            if increment == 0:
+                raise ProtocolViolation(PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
             self._send_window += increment
+            if self._send_window > MAX_WINDOW:
+                raise ProtocolViolation(FLOW_CONTROL_ERROR, "the connection window above 2^31-1")
             self._pump_blocked()
-        else:
-            stream = self._streams.get(stream_id)
-            if stream is not None:
-                stream.send_window += increment
-                self._pump(stream)
+            return
+        if stream_id > self._last_id:
+            raise ProtocolViolation(PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {stream_id}")
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return  # a call already ended: the peer may not know yet
+        if increment == 0:
+            self._stream_error(stream_id, PROTOCOL_ERROR)
+            return
+        stream.send_window += increment
+        if stream.send_window > MAX_WINDOW:
+            self._stream_error(stream_id, FLOW_CONTROL_ERROR)
+            return
+        self._pump(stream)
 
     def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
         payload = self._unpad(flags, payload)
@@ -375,14 +490,26 @@ class GrpcConnection(asyncio.Protocol):
             raise ProtocolViolation(COMPRESSION_ERROR, f"cannot decode headers: {e}") from None
         stream = self._streams.get(stream_id)
         if stream is not None:  # trailers from the client end its half of the call
-            if flags & END_STREAM:
+            if stream.remote_closed:
+                self._stream_error(stream_id, STREAM_CLOSED)
+            elif not flags & END_STREAM:
+                self._stream_error(stream_id, PROTOCOL_ERROR)  # trailers must end the request
+            else:
                 self._remote_end(stream)
+            return
+        if stream_id in self._reset_by_peer:
+            self._stream_error(stream_id, STREAM_CLOSED)
             return
         if stream_id % 2 == 0 or stream_id <= self._last_id:
             raise ProtocolViolation(PROTOCOL_ERROR, f"HEADERS on stream {stream_id}, which cannot open")
         self._last_id = stream_id
         if self._going_away or len(self._streams) >= STREAM_LIMIT:
             self._send(frame(RST_STREAM, 0, stream_id, _RST.pack(REFUSED_STREAM)))
+            return
+        why = malformed(headers)
+        if why is not None:
+            log.info("gRPC connection %s: stream %d reset: %s", self._peer(), stream_id, why)
+            self._send(frame(RST_STREAM, 0, stream_id, _RST.pack(PROTOCOL_ERROR)))
             return
         method = path = content_type = None
         for name, value in headers:
@@ -408,15 +535,25 @@ class GrpcConnection(asyncio.Protocol):
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
         size = len(payload)
+        self._recv_window -= size
+        if self._recv_window < 0:
+            raise ProtocolViolation(FLOW_CONTROL_ERROR, "DATA beyond the connection window")
         self._unacked += size
         if self._unacked >= CONNECTION_WINDOW // 2:
             self._send(frame(WINDOW_UPDATE, 0, 0, _WINDOW.pack(self._unacked)))
+            self._recv_window += self._unacked
             self._unacked = 0
         stream = self._streams.get(stream_id)
         if stream is None or stream.remote_closed:
             if stream_id > self._last_id:
                 raise ProtocolViolation(PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
-            return  # a call already ended or reset: its bytes are dropped
+            if stream is not None or stream_id in self._reset_by_peer:
+                self._stream_error(stream_id, STREAM_CLOSED)  # after the peer's own END_STREAM or RST_STREAM
+            return  # a call we ended: its bytes are dropped
+        stream.recv_window -= size
+        if stream.recv_window < 0:
+            self._stream_error(stream_id, FLOW_CONTROL_ERROR)
+            return
         data = self._unpad(flags, payload)
         stream.received += data
         stream.unacked += size
@@ -592,6 +729,7 @@ class GrpcConnection(asyncio.Protocol):
         if stream.messages is not None and stream.messages.qsize() >= QUEUED_MESSAGES:
             return
         self._send(frame(WINDOW_UPDATE, 0, stream.id, _WINDOW.pack(stream.unacked)))
+        stream.recv_window += stream.unacked
         stream.unacked = 0
 
     # ---- every other call, relayed to grpc.aio ------------------------------------------------

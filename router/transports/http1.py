@@ -35,14 +35,36 @@ from router.transports import KeyRoutes
 
 STATUS_LINE = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
 
-_BAD_REQUEST = (b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                b"content-length: 29\r\nconnection: close\r\n\r\nInvalid HTTP request received.")
+# What a request's head may take before it is refused and its connection closed.
+MAX_REQUEST_LINE_URL = 8 << 10
+MAX_HEAD = 32 << 10
+HEAD_TIMEOUT_S = 10.0
+
+
+def refusal(status: int, text: str) -> bytes:
+    """A plain-text answer that closes the connection."""
+    body = text.encode()
+    return b"%scontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (
+        STATUS_LINE[status], len(body), body)
+
+
+_BAD_REQUEST = refusal(400, "Invalid HTTP request received.")
+_URL_TOO_LONG = refusal(414, f"The request line's URL is longer than {MAX_REQUEST_LINE_URL} bytes.")
+_HEAD_TOO_LARGE = refusal(431, f"The request's head is larger than {MAX_HEAD} bytes.")
+_HEAD_TOO_SLOW = refusal(408, f"The request's head did not arrive within {HEAD_TIMEOUT_S:g} s.")
 # A header that gives the request a body or changes the protocol: such a request is uvicorn's.
 _NOT_PLAIN = frozenset((b"content-length", b"transfer-encoding", b"expect", b"upgrade"))
 
 
 class _HandOver(Exception):
     """Raised from a parser callback: the request being parsed is not a key lookup."""
+
+
+class _Refuse(Exception):
+    """Raised from a parser callback: the request is answered ``answer`` and the connection closed."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
 
 
 class AnswerWriter:
@@ -111,6 +133,7 @@ class KeyLookupProtocol(asyncio.Protocol):
         self.requests: deque[tuple[Any, bytes, bool]] = deque()
         self.match: Any = None  # the key route of the request being parsed
         self.query = b""
+        self.head_since: float | None = None  # when the head being parsed began to arrive
         self.busy = False  # an answer of this connection is being worked out
         self.handing_over = False
         self.closing = False  # close after the answers owed (server shutdown)
@@ -155,35 +178,56 @@ class KeyLookupProtocol(asyncio.Protocol):
         self.buffer += data
         try:
             self.parser.feed_data(data)
+            if self.head_since is not None and len(self.buffer) > MAX_HEAD:
+                raise _Refuse(_HEAD_TOO_LARGE)
         except httptools.HttpParserCallbackError as e:
+            if isinstance(e.__context__, _Refuse):
+                self._refuse(e.__context__.answer)
+                return
             if not isinstance(e.__context__, _HandOver):
                 raise
             self.handing_over = True
             self.transport.pause_reading()
             if not self.busy:
                 self._hand_over()
+        except _Refuse as e:
+            self._refuse(e.answer)
         except httptools.HttpParserError:
-            self.writer.flush()
-            self.transport.write(_BAD_REQUEST)
-            self.transport.close()
+            self._refuse(_BAD_REQUEST)
+
+    def _refuse(self, answer: bytes) -> None:
+        """Answer the request being parsed with ``answer`` and close; nothing more is read or answered."""
+        self.head_since = None
+        self.requests.clear()
+        self.closing = True
+        self.transport.pause_reading()
+        self.writer.flush()
+        self.transport.write(answer)
+        self.transport.close()
 
     # ---- parser callbacks -------------------------------------------------------------
 
     def on_message_begin(self) -> None:
         self.url = b""
         self.plain = True
+        self.head_since = self.loop.time()
         # Blank lines before a request line are allowed, and not part of the request.
         self.buffer = self.buffer.lstrip(b"\r\n")
 
     def on_url(self, url: bytes) -> None:
         self.url += url
+        if len(self.url) > MAX_REQUEST_LINE_URL:
+            raise _Refuse(_URL_TOO_LONG)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if name.lower() in _NOT_PLAIN:
             self.plain = False
 
     def on_headers_complete(self) -> None:
+        self.head_since = None
         head_end = self.buffer.find(b"\r\n\r\n")
+        if (head_end if head_end >= 0 else len(self.buffer)) > MAX_HEAD:
+            raise _Refuse(_HEAD_TOO_LARGE)
         path, _, self.query = self.url.partition(b"?")
         self.match = self.routes.match(path) if self.plain and head_end >= 0 else None
         if self.match is None or self.parser.get_method() != b"GET" or self.parser.should_upgrade():
@@ -266,7 +310,11 @@ class KeyLookupProtocol(asyncio.Protocol):
     def _check_idle(self) -> None:
         if self.transport is None or self.transport.is_closing() or self.handing_over:
             return
-        idle = self.loop.time() - self.idle_since
+        now = self.loop.time()
+        if self.head_since is not None and now - self.head_since > HEAD_TIMEOUT_S:
+            self._refuse(_HEAD_TOO_SLOW)  # a head trickling in keeps the connection busy, never idle
+            return
+        idle = now - self.idle_since
         if not self.busy and not self.requests and idle >= self.config.timeout_keep_alive:
             self.writer.flush()
             self.transport.close()
