@@ -7,6 +7,9 @@ Throughput (saturation, the same number of requests in flight for every target):
 - ``baseline_grpc_rps``   the same h2load → a minimal grpc.aio ``Router.Get`` answering from a dict
 - ``direct_store_rps``    the same h2load → a store node's internal ``StoreNode.Get`` (no router)
 - ``redis_get_rps``       redis-benchmark GET, no pipelining → the stack's Redis
+- ``transports_rest_rps`` / ``uvicorn_rest_rps`` and ``transports_grpc_rps`` / ``grpcaio_grpc_rps``:
+  wrk and h2load → two router processes of the bench's own, one with router/transports and
+  one with uvicorn's httptools protocol and grpc.aio alone (the transports must pay for themselves)
 
 Latency at a fixed moderate rate (not saturation), from h2load's per-request log:
 ``router_grpc_p50/p99_ms``, ``router_rest_p50/p99_ms`` (h2load --h1, keys rotating) and
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -50,7 +54,8 @@ FIGURES = ("router_grpc_rps", "router_rest_rps", "direct_store_rps", "baseline_g
            "direct_store_p50_ms", "freshness_p50_ms", "freshness_p99_ms", "restore_rps", "raw_consume_rps",
            "client_get_rps", "redis_py_get_rps", "client_get_p50_ms", "redis_py_get_p50_ms",
            "client_get_many_keys_per_s", "redis_py_mget_keys_per_s", "client_sync_get_rps", "redis_py_sync_get_rps",
-           "client_sync_get_p50_ms", "redis_py_sync_get_p50_ms")
+           "client_sync_get_p50_ms", "redis_py_sync_get_p50_ms", "transports_rest_rps", "uvicorn_rest_rps",
+           "transports_grpc_rps", "grpcaio_grpc_rps")
 
 # (name, numerator, denominator or None, comparison, limit)
 TARGETS = (
@@ -63,6 +68,9 @@ TARGETS = (
     ("client_get_p50_ms / redis_py_get_p50_ms", "client_get_p50_ms", "redis_py_get_p50_ms", "<=", 1.3),
     ("client_get_many_keys_per_s / redis_py_mget_keys_per_s", "client_get_many_keys_per_s",
      "redis_py_mget_keys_per_s", ">=", 0.5),
+    # The hand-written transports stay only while they pay for themselves.
+    ("transports_rest_rps / uvicorn_rest_rps", "transports_rest_rps", "uvicorn_rest_rps", ">=", 1.0),
+    ("transports_grpc_rps / grpcaio_grpc_rps", "transports_grpc_rps", "grpcaio_grpc_rps", ">=", 1.0),
 )
 
 LOAD_CLIENTS = {"router_rest_rps": "wrk -t1 (Lua: rotating keys)", "router_grpc_rps": "h2load -t1 (gRPC frames, h2c)",
@@ -72,7 +80,8 @@ LOAD_CLIENTS = {"router_rest_rps": "wrk -t1 (Lua: rotating keys)", "router_grpc_
                 "freshness": "loadtest.freshness (confluent-kafka producer + httpx polling)",
                 "restore_rps": "a new store node, empty dir: Σ offsets / window from its log",
                 "raw_consume_rps": "confluent-kafka Consumer, all partitions, offset 0 → end",
-                "client": "loadtest.clientbench: one Python process per side (asyncio; sync = threads)"}
+                "client": "loadtest.clientbench: one Python process per side (asyncio; sync = threads)",
+                "transports": "wrk -t1 and h2load -t1 against two router processes of the bench's own"}
 
 
 RESTORE_FIGURES = ("restore_rps", "raw_consume_rps")
@@ -253,13 +262,13 @@ class Bench:
                  f"{conns} conns × {streams} streams)")
         return round(res.rps, 1)
 
-    def throughput_rest(self) -> float:
-        cmd = lc.wrk_command(self.c.rest_url + "/", self.a.concurrency, self.a.duration)
+    def throughput_rest(self, label: str = "router_rest", url: str | None = None) -> float:
+        cmd = lc.wrk_command((url or self.c.rest_url) + "/", self.a.concurrency, self.a.duration)
         out = lc.parse_wrk(lc.run(cmd, self.a.duration + 30, lc.wrk_env(self.a.table, self.a.key_prefix, len(self.keys))))
         if out["errors"]:
-            self.notes["router_rest_problems"] = f"{out['errors']} errors (non-2xx or socket) of {out['requests']}"
-            self.say(f"  ! router_rest: {self.notes['router_rest_problems']}")
-        self.say(f"  router_rest: {out['rps']:,.0f} req/s ({out['requests']} requests, {self.a.concurrency} connections)")
+            self.notes[f"{label}_problems"] = f"{out['errors']} errors (non-2xx or socket) of {out['requests']}"
+            self.say(f"  ! {label}: {self.notes[f'{label}_problems']}")
+        self.say(f"  {label}: {out['rps']:,.0f} req/s ({out['requests']} requests, {self.a.concurrency} connections)")
         return round(out["rps"], 1)
 
     def throughput_redis(self) -> float:
@@ -309,6 +318,57 @@ class Bench:
         if record:
             self.notes.setdefault("rounds", {}).update({label_a: xs, label_b: ys})
         return xs, ys
+
+    # the hand-written transports against the libraries they stand in for -------------------------
+    def transports_vs_libraries(self, body: Path, ok_size: int) -> None:
+        """Two router processes of the bench's own over the stack's metadata, one with router/transports
+        (the HTTP/1.1 lookup path, the HTTP/2 gRPC front) and one with uvicorn's httptools protocol and
+        grpc.aio alone: REST and gRPC throughput, side by side."""
+        fig = self.fig
+        with_transports = self.start_router("transports", transports=True)
+        try:
+            with_libraries = self.start_router("libraries", transports=False)
+            try:
+                (t_rest, t_grpc), (l_rest, l_grpc) = with_transports[1:], with_libraries[1:]
+                t, lib = self.paired("transports_rest", lambda: self.throughput_rest("transports_rest", t_rest),
+                                     "uvicorn_rest", lambda: self.throughput_rest("uvicorn_rest", l_rest))
+                fig["transports_rest_rps"], fig["uvicorn_rest_rps"] = median_of(t), median_of(lib)
+                t, lib = self.paired(
+                    "transports_grpc", lambda: self.throughput_grpc("transports_grpc", t_grpc, body, ok_size),
+                    "grpcaio_grpc", lambda: self.throughput_grpc("grpcaio_grpc", l_grpc, body, ok_size))
+                fig["transports_grpc_rps"], fig["grpcaio_grpc_rps"] = median_of(t), median_of(lib)
+            finally:
+                lc.stop_process(with_libraries[0])
+        finally:
+            lc.stop_process(with_transports[0])
+
+    def start_router(self, name: str, transports: bool) -> tuple[subprocess.Popen, str, str]:
+        """A router process over the stack's Redis namespace on ports of its own: (process, REST url, gRPC Get url)."""
+        import httpx
+
+        from freshroute.local.services import free_port
+
+        c = self.c
+        rest_port, grpc_port = free_port(), free_port()
+        env = {"FRESHROUTE_REDIS_URL": c.redis_url, "FRESHROUTE_NAMESPACE": c.namespace, "FRESHROUTE_HOST": "127.0.0.1",
+               "FRESHROUTE_REST_PORT": str(rest_port), "FRESHROUTE_GRPC_PORT": str(grpc_port),
+               "FRESHROUTE_GRPC_FRONT": str(transports).lower(), "FRESHROUTE_REST_FAST_PATH": str(transports).lower(),
+               "FRESHROUTE_LOG_LEVEL": "WARNING"}
+        log = open(self.work / f"router-{name}.log", "w+")
+        proc = subprocess.Popen([sys.executable, "-m", "router"], env={**os.environ, **env}, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        rest = f"http://127.0.0.1:{rest_port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"{rest}/v1/tables/{self.a.table}/keys/{self.keys[0]}", timeout=1).status_code == 200:
+                    return proc, rest, f"http://127.0.0.1:{grpc_port}/freshroute.v1.Router/Get"
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        lc.stop_process(proc)
+        log.seek(0)
+        raise RuntimeError(f"router ({name}) did not answer a lookup: {log.read()[-500:]}")
 
     # the client against redis-py ------------------------------------------------------------------
     def client_vs_redis_py(self) -> None:
@@ -473,7 +533,7 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
     b = Bench(stack, a, say)
     c = stack.config
     grpc_url = f"http://{c.grpc_address}/freshroute.v1.Router/Get"
-    total = 11
+    total = 12
     fig = b.fig
     baseline: subprocess.Popen | None = None
     restore_step = f"restore vs raw consume of a {a.restore_records:,}-record changelog, {a.rounds} round(s)"
@@ -548,15 +608,19 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
         _step(b, 8, total, "latencies (h2load --rps)", latencies)
         if baseline is not None:
             baseline.terminate()
+        if router_body:
+            say("router/transports against uvicorn's httptools protocol and grpc.aio, a router process each:")
+            _step(b, 9, total, "hand-written transports against the libraries (wrk, h2load)",
+                  lambda: b.transports_vs_libraries(*router_body))
         say(f"the client against redis-py, {a.duration:g}s runs, latency at {a.latency_rate:g} req/s:")
-        _step(b, 9, total, "freshroute.client against redis-py (loadtest.clientbench)", b.client_vs_redis_py)
-        fr = _step(b, 10, total, "freshness (event → visible)", b.freshness)
+        _step(b, 10, total, "freshroute.client against redis-py (loadtest.clientbench)", b.client_vs_redis_py)
+        fr = _step(b, 11, total, "freshness (event → visible)", b.freshness)
         if fr:
             fig["freshness_p50_ms"], fig["freshness_p99_ms"] = fr
         if a.no_restore:
             say("restore and raw consume: skipped (--no-restore)")
         else:
-            _step(b, 11, total, restore_step, b.restore_vs_raw)
+            _step(b, 12, total, restore_step, b.restore_vs_raw)
     finally:
         if baseline is not None:
             lc.stop_process(baseline)

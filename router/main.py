@@ -57,8 +57,8 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
         # Key lookups are answered by the connection's own protocol (router.transports.http1); uvicorn's
         # serves everything else. No X-Forwarded-* rewriting: nothing here reads the client
         # address, and the middleware would inspect every request's headers.
-        rest = _RestServer(uvicorn.Config(app, http=key_lookup_protocol(app.key_handlers), access_log=False,
-                                          proxy_headers=False, server_header=False,
+        http = key_lookup_protocol(app.key_handlers) if settings.rest_fast_path else "httptools"
+        rest = _RestServer(uvicorn.Config(app, http=http, access_log=False, proxy_headers=False, server_header=False,
                                           lifespan="on", log_level=settings.log_level.lower(),
                                           timeout_graceful_shutdown=max(1, int(settings.graceful_shutdown_s))))
         rest_task = asyncio.create_task(rest.serve(sockets=[rest_sock]), name="rest")

@@ -32,6 +32,8 @@ class RouterSettings(CommonSettings):
     grpc_port: int = Field(default=50051, ge=0, le=65535, description="gRPC port (0 = let the OS pick)")
     grpc_front: bool = Field(default=True, description="answer Router.Get on the gRPC connection itself (HTTP/2 on "
                              "the event loop) and relay every other call to grpc.aio; false: grpc.aio serves the port")
+    rest_fast_path: bool = Field(default=True, description="answer key lookups on the REST connection itself "
+                                 "(HTTP/1.1 on the event loop); off: uvicorn's own protocol serves every request")
     reuse_port: bool = Field(default=False, description="bind both ports with SO_REUSEPORT, so that several router "
                              "processes on one machine share them (Linux spreads connections across them)")
 
