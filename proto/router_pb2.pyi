@@ -200,18 +200,42 @@ class ClusterRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node", "address", "alive", "heartbeat_age_ms", "replicas")
+    __slots__ = ("node", "address", "alive", "heartbeat_age_ms", "replicas", "read_address", "draining")
     NODE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_AGE_MS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    READ_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     node: str
     address: str
     alive: bool
     heartbeat_age_ms: int
     replicas: _containers.RepeatedCompositeFieldContainer[PartitionReplica]
-    def __init__(self, node: _Optional[str] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., heartbeat_age_ms: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[PartitionReplica, _Mapping]]] = ...) -> None: ...
+    read_address: str
+    draining: bool
+    def __init__(self, node: _Optional[str] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., heartbeat_age_ms: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[PartitionReplica, _Mapping]]] = ..., read_address: _Optional[str] = ..., draining: _Optional[bool] = ...) -> None: ...
+
+class AssignedPartition(_message.Message):
+    __slots__ = ("table", "partition", "nodes")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    partition: int
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, table: _Optional[str] = ..., partition: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class MetadataHealth(_message.Message):
+    __slots__ = ("loaded", "age_ms", "redis_ok")
+    LOADED_FIELD_NUMBER: _ClassVar[int]
+    AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    REDIS_OK_FIELD_NUMBER: _ClassVar[int]
+    loaded: bool
+    age_ms: int
+    redis_ok: bool
+    def __init__(self, loaded: _Optional[bool] = ..., age_ms: _Optional[int] = ..., redis_ok: _Optional[bool] = ...) -> None: ...
 
 class PartitionReplica(_message.Message):
     __slots__ = ("table", "partition", "replica")
@@ -224,9 +248,13 @@ class PartitionReplica(_message.Message):
     def __init__(self, table: _Optional[str] = ..., partition: _Optional[int] = ..., replica: _Optional[_Union[ReplicaInfo, _Mapping]] = ...) -> None: ...
 
 class ClusterResponse(_message.Message):
-    __slots__ = ("nodes", "assignment_generation")
+    __slots__ = ("nodes", "assignment_generation", "assignment", "metadata")
     NODES_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
     assignment_generation: int
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., assignment_generation: _Optional[int] = ...) -> None: ...
+    assignment: _containers.RepeatedCompositeFieldContainer[AssignedPartition]
+    metadata: MetadataHealth
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., assignment_generation: _Optional[int] = ..., assignment: _Optional[_Iterable[_Union[AssignedPartition, _Mapping]]] = ..., metadata: _Optional[_Union[MetadataHealth, _Mapping]] = ...) -> None: ...

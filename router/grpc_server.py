@@ -188,8 +188,15 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                         applied_offset=r["applied_offset"], end_offset=r["end_offset"]))
                     for r in n["replicas"]]
                 nodes.append(router_pb2.NodeInfo(node=n["node"], address=n["address"], alive=n["alive"],
-                                                 heartbeat_age_ms=n["heartbeat_age_ms"] or 0, replicas=replicas))
-            return router_pb2.ClusterResponse(nodes=nodes, assignment_generation=view["assignment_generation"] or 0)
+                                                 heartbeat_age_ms=n["heartbeat_age_ms"] or 0, replicas=replicas,
+                                                 read_address=n["read_address"] or "", draining=n["draining"]))
+            meta = view["metadata"]
+            return router_pb2.ClusterResponse(
+                nodes=nodes, assignment_generation=view["assignment_generation"] or 0,
+                assignment=[router_pb2.AssignedPartition(table=a["table"], partition=a["partition"], nodes=a["nodes"])
+                            for a in view["assignment"] or ()],
+                metadata=router_pb2.MetadataHealth(loaded=meta["loaded"], age_ms=meta["age_ms"],
+                                                   redis_ok=meta["redis_ok"]))
         except Exception as e:  # noqa: BLE001
             await abort(context, e)
 

@@ -423,7 +423,10 @@ def test_every_method_through_grpcio(router):
         meta = stub.KeyMetadata(router_pb2.KeyMetadataRequest(table=TABLE, key="sensor-1"), timeout=5)
         assert meta.partition < PARTITIONS and meta.active.node and len(meta.standbys) == 1
         assert [t.name for t in stub.ListTables(router_pb2.ListTablesRequest(), timeout=5).tables] == [TABLE]
-        assert {n.node for n in stub.Cluster(router_pb2.ClusterRequest(), timeout=5).nodes} == {"n1", "n2", "n3"}
+        view = stub.Cluster(router_pb2.ClusterRequest(), timeout=5)
+        assert {n.node for n in view.nodes} == {"n1", "n2", "n3"} and not any(n.draining for n in view.nodes)
+        assert sorted((a.partition, len(a.nodes)) for a in view.assignment) == [(p, 2) for p in range(PARTITIONS)]
+        assert view.metadata.loaded and view.metadata.redis_ok and view.metadata.HasField("age_ms")
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
         reflected = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(

@@ -144,7 +144,7 @@ async def test_scan_streams_in_key_order(grpc_cluster):
 
 
 async def test_metadata_tables_cluster(grpc_cluster):
-    _, stub, _ = grpc_cluster
+    cluster, stub, _ = grpc_cluster
     m = await stub.KeyMetadata(router_pb2.KeyMetadataRequest(table=TABLE, key="sensor-2"))
     assert m.partition == part("sensor-2") and m.active.role == "active" and len(m.standbys) == 1
     assert m.active.alive and m.active.applied_offset == 100
@@ -152,6 +152,14 @@ async def test_metadata_tables_cluster(grpc_cluster):
     assert [(x.name, x.partitions, x.standby_replicas, x.schema["count"]) for x in t.tables] == [(TABLE, 4, 1, "long")]
     c = await stub.Cluster(router_pb2.ClusterRequest())
     assert [n.node for n in c.nodes] == ["n1", "n2"] and all(len(n.replicas) == 4 for n in c.nodes)
+    # Everything /v1/cluster says, typed.
+    view = cluster.router.cluster()
+    assert [(n.read_address or None, n.draining) for n in c.nodes] == [(n["read_address"], n["draining"])
+                                                                        for n in view["nodes"]]
+    assert [(a.table, a.partition, list(a.nodes)) for a in c.assignment] == [
+        (a["table"], a["partition"], a["nodes"]) for a in view["assignment"] or ()]
+    assert c.metadata.loaded == view["metadata"]["loaded"] and c.metadata.redis_ok == view["metadata"]["redis_ok"]
+    assert c.metadata.HasField("age_ms") == (view["metadata"]["age_ms"] is not None)
 
 
 async def test_health_and_reflection(grpc_cluster):
