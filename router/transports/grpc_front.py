@@ -412,10 +412,11 @@ class GrpcConnection(asyncio.Protocol):
 
     def _stream_error(self, stream_id: int, code: int) -> None:
         """RST_STREAM with ``code``; the call, if open, ends without an answer (RFC 9113 §5.4.2)."""
+        # Sent before the stream is forgotten: forgetting the last one of a connection going away closes it.
+        self._send(frame(RST_STREAM, 0, stream_id, _RST.pack(code)))
         stream = self._streams.get(stream_id)
         if stream is not None:
             self._forget(stream, cancel=True)
-        self._send(frame(RST_STREAM, 0, stream_id, _RST.pack(code)))
 
     @staticmethod
     def _unpad(flags: int, payload: bytes) -> bytes:
@@ -504,12 +505,12 @@ class GrpcConnection(asyncio.Protocol):
             raise ProtocolViolation(PROTOCOL_ERROR, f"HEADERS on stream {stream_id}, which cannot open")
         self._last_id = stream_id
         if self._going_away or len(self._streams) >= STREAM_LIMIT:
-            self._send(frame(RST_STREAM, 0, stream_id, _RST.pack(REFUSED_STREAM)))
+            self._stream_error(stream_id, REFUSED_STREAM)
             return
         why = malformed(headers)
         if why is not None:
             log.info("gRPC connection %s: stream %d reset: %s", self._peer(), stream_id, why)
-            self._send(frame(RST_STREAM, 0, stream_id, _RST.pack(PROTOCOL_ERROR)))
+            self._stream_error(stream_id, PROTOCOL_ERROR)
             return
         method = path = content_type = None
         for name, value in headers:

@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import NamedTuple
 
 import grpc
 import hpack
@@ -38,14 +39,21 @@ NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, STREAM_CLOSED = 0x0, 0x1, 0x3, 0x5
 FRAME_SIZE_ERROR, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x6, 0x9, 0xb
 
 
+class Router(NamedTuple):
+    deployment: Deployment
+    pid: int
+    rss_before: int  # KiB, once it has answered lookups of both kinds
+
+
 @pytest.fixture(scope="module")
 def router(tmp_path_factory, redis_service):
-    """A router process (gRPC front on) over real Redis and three in-memory store nodes; (deployment, pid)."""
+    """A router process (gRPC front on) over real Redis and three in-memory store nodes."""
     d = Deployment(Procs(tmp_path_factory.mktemp("conformance")), redis_service.address, f"t{uuid.uuid4().hex[:10]}")
     try:
         d.up()
         lookups_answered(d)
-        yield d, d.procs.procs["router"].pid
+        pid = d.procs.procs["router"].pid
+        yield Router(d, pid, rss_kib(pid))
     finally:
         d.procs.stop_all()
 
@@ -157,7 +165,7 @@ def assert_get_answered(peer: Peer, stream_id: int) -> None:
 
 
 def connection_error(router, *frames: Frame | bytes, preface: bytes = PREFACE) -> int:
-    d, _ = router
+    d = router.deployment
     peer = Peer(d.grpc_port, preface)
     try:
         peer.send(*frames)
@@ -168,20 +176,15 @@ def connection_error(router, *frames: Frame | bytes, preface: bytes = PREFACE) -
 
 # ---- HTTP/2: connection errors ----------------------------------------------------------------
 
-def test_rss_before(router):
-    d, pid = router
-    router[0].rss_before = rss_kib(pid)  # type: ignore[attr-defined]
-
-
 def test_a_bad_preface_is_a_protocol_error(router):
     assert connection_error(router, preface=b"GET / HTTP/1.1\r\nHost: x\r\n\r\n") == PROTOCOL_ERROR
-    lookups_answered(router[0])
+    lookups_answered(router.deployment)
 
 
 def test_a_frame_larger_than_the_advertised_maximum_is_a_frame_size_error(router):
     oversized = struct.pack(">BHBBI", 0, 16_385, 0x0, 0, 1) + b"\0" * 16_385
     assert connection_error(router, oversized) == FRAME_SIZE_ERROR
-    lookups_answered(router[0])
+    lookups_answered(router.deployment)
 
 
 def test_continuation_without_headers_is_a_protocol_error(router):
@@ -189,7 +192,7 @@ def test_continuation_without_headers_is_a_protocol_error(router):
 
 
 def test_a_header_block_interrupted_by_another_frame_is_a_protocol_error(router):
-    d, _ = router
+    d = router.deployment
     peer = Peer(d.grpc_port)
     block = peer.encoder.encode(request_fields())
     peer.send(HeadersFrame(1, block[:5]), PingFrame(0, b"12345678"))
@@ -197,7 +200,7 @@ def test_a_header_block_interrupted_by_another_frame_is_a_protocol_error(router)
 
 
 def test_a_header_block_larger_than_advertised_is_a_compression_error(router):
-    d, _ = router
+    d = router.deployment
     peer = Peer(d.grpc_port)
     chunk = b"\0" * 16_000
     frames = [HeadersFrame(1, chunk)] + [ContinuationFrame(1, chunk) for _ in range(4)]
@@ -230,7 +233,7 @@ def test_connection_errors(router, frame, code):
 
 
 def test_headers_reusing_a_closed_stream_id_is_a_protocol_error(router):
-    d, _ = router
+    d = router.deployment
     peer = Peer(d.grpc_port)
     assert_get_answered(peer, 1)
     peer.send(peer.headers(1, end_stream=True))
@@ -241,7 +244,7 @@ def test_headers_reusing_a_closed_stream_id_is_a_protocol_error(router):
 
 def stream_error(router, send) -> int:
     """Open stream 1 as ``send(peer)`` does; the RST_STREAM code it gets, and stream 3 answered after it."""
-    d, _ = router
+    d = router.deployment
     peer = Peer(d.grpc_port)
     try:
         send(peer)
@@ -303,7 +306,7 @@ def test_data_on_a_stream_the_client_reset_is_stream_closed(router):
 
 
 def test_priority_and_unknown_frames_are_ignored(router):
-    d, _ = router
+    d = router.deployment
     peer = Peer(d.grpc_port)
     try:
         peer.send(PriorityFrame(1, depends_on=0, stream_weight=16),
@@ -342,7 +345,7 @@ def answered_meanwhile(d: Deployment, during) -> None:
 
 
 def test_rapid_reset_is_told_to_calm_down(router):
-    d, _ = router
+    d = router.deployment
     codes = []
 
     def flood() -> None:
@@ -364,7 +367,7 @@ def test_rapid_reset_is_told_to_calm_down(router):
 @pytest.mark.parametrize("flood", [PingFrame(0, b"12345678"), SettingsFrame(0, settings={0x3: 100})],
                          ids=["ping", "settings"])
 def test_control_frame_floods_are_told_to_calm_down(router, flood):
-    d, _ = router
+    d = router.deployment
     codes = []
 
     def send() -> None:
@@ -380,7 +383,7 @@ def test_control_frame_floods_are_told_to_calm_down(router, flood):
 
 
 def test_a_peer_that_does_not_read_stalls_only_itself(router):
-    d, _ = router
+    d = router.deployment
     peer = Peer(d.grpc_port)
     try:
         def flood() -> None:
@@ -406,7 +409,7 @@ def test_a_peer_that_does_not_read_stalls_only_itself(router):
 # ---- gRPC: every method, through grpcio's client ------------------------------------------------
 
 def test_every_method_through_grpcio(router):
-    d, _ = router
+    d = router.deployment
     with grpc.insecure_channel(f"127.0.0.1:{d.grpc_port}",
                                options=[("grpc.max_send_message_length", -1)]) as channel:
         stub = router_pb2_grpc.RouterStub(channel)
@@ -467,7 +470,7 @@ def key_get(key: str, extra: str = "") -> bytes:
 
 
 def test_pipelined_lookups_are_answered_in_order(router):
-    d, _ = router
+    d = router.deployment
     answers, _ = exchange(d.rest_port, key_get("sensor-1") + key_get("nope") + key_get("sensor-2", "Connection: close\r\n"), 3)
     assert [a[0] for a in answers] == [200, 404, 200]
     assert [orjson.loads(answers[i][2])["value"] for i in (0, 2)] == [value_of(1), value_of(2)]
@@ -481,7 +484,7 @@ def test_pipelined_lookups_are_answered_in_order(router):
     (b"NOT A REQUEST\r\n\r\n", 400),
 ], ids=["request-line", "headers", "version", "garbage"])
 def test_requests_refused_and_closed(router, raw, status):
-    d, _ = router
+    d = router.deployment
     answers, closed = exchange(d.rest_port, raw)
     assert answers[0][0] == status and closed
     lookups_answered(d)
@@ -492,7 +495,7 @@ def test_requests_refused_and_closed(router, raw, status):
     ("%FF%FE", 400, "INVALID_ARGUMENT"),
 ], ids=["encoded", "not-hex", "truncated", "not-utf8"])
 def test_percent_encoding(router, key, status, code):
-    d, _ = router
+    d = router.deployment
     answers, closed = exchange(d.rest_port, key_get(key))
     assert answers[0][0] == status and not closed
     if code:
@@ -502,7 +505,7 @@ def test_percent_encoding(router, key, status, code):
 
 
 def test_a_head_trickling_in_is_refused_with_408(router):
-    d, _ = router
+    d = router.deployment
     sock = socket.create_connection(("127.0.0.1", d.rest_port), timeout=30)
     try:
         start = time.monotonic()
@@ -530,7 +533,7 @@ def test_a_head_trickling_in_is_refused_with_408(router):
 
 
 def test_a_client_that_does_not_read_stalls_only_itself(router):
-    d, _ = router
+    d = router.deployment
     sock = socket.create_connection(("127.0.0.1", d.rest_port), timeout=10)
     try:
         answered_meanwhile(d, lambda: (sock.sendall(key_get("sensor-1") * 2_000), time.sleep(1.0)))
@@ -551,8 +554,6 @@ def test_a_client_that_does_not_read_stalls_only_itself(router):
 # ---- and nothing was kept ------------------------------------------------------------------------
 
 def test_the_router_did_not_grow(router):
-    d, pid = router
-    lookups_answered(d)
-    before = getattr(d, "rss_before", None)
-    assert before is not None, "run the whole module: the first case records the memory"
-    assert rss_kib(pid) - before < 32 * 1024, (before, rss_kib(pid))
+    lookups_answered(router.deployment)
+    grown = rss_kib(router.pid) - router.rss_before
+    assert grown < 32 * 1024, f"the router grew by {grown} KiB over the suite"
