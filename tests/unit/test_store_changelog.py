@@ -205,7 +205,7 @@ def test_replicas_whose_assignment_fails_are_closed_and_retried(env, monkeypatch
     host(env, 0, 1)
     assert dict(env.tailer.serving) == {}
     monkeypatch.undo()
-    env.tailer._retry_at = 0  # the retry delay has passed
+    env.tailer.replicas._retry_at = 0  # the retry delay has passed
     env.tailer.step()  # the stores were closed: reopening them is not refused as locked
     assert set(env.tailer.serving) == {("counts", 0), ("counts", 1)}
     assert env.consumer.assigned == {(SPEC.topic, 0): OFFSET_BEGINNING, (SPEC.topic, 1): OFFSET_BEGINNING}
@@ -406,7 +406,7 @@ def test_role_changes_and_removal(env):
 
 
 def test_moved_back_within_grace_resumes_from_its_files(env, tmp_path):
-    env.tailer._settings = env.tailer._settings.model_copy(update={"removed_replica_grace_ms": 60_000})
+    env.tailer.replicas._settings = env.tailer.replicas._settings.model_copy(update={"removed_replica_grace_ms": 60_000})
     host(env, 0)
     env.consumer.queue += [record(0, "a", 1), record(1, "b", 2), eof(2)]
     env.tailer.step()
@@ -418,10 +418,10 @@ def test_moved_back_within_grace_resumes_from_its_files(env, tmp_path):
 
 def test_rate_limit_caps_the_batch_size():
     settings = StoreNodeSettings(node_id="n1", apply_rate_limit=200)
-    from store_node.changelog import _RateLimiter
+    from store_node.applier import RateLimiter
 
-    assert _RateLimiter(settings.apply_rate_limit).batch_size(5000) == 20
-    assert _RateLimiter(0).batch_size(5000) == 5000
+    assert RateLimiter(settings.apply_rate_limit).batch_size(5000) == 20
+    assert RateLimiter(0).batch_size(5000) == 5000
 
 
 def test_end_offset_is_refreshed_after_each_batch(env):
@@ -504,25 +504,25 @@ def test_staged_changes_are_written_before_an_end_of_partition_moves_the_checkpo
 
 
 def test_staged_changes_are_written_when_old_or_many(env, monkeypatch):
-    import store_node.changelog as changelog
+    import store_node.applier as applier
 
     host(env, 0)
     rep = env.tailer.serving[KEY]
-    monkeypatch.setattr(changelog, "_STAGE_MAX_ROWS", 3)
+    monkeypatch.setattr(applier, "_STAGE_MAX_ROWS", 3)
     env.consumer.queue += [record(i, f"k{i}", i) for i in range(5)]
     env.tailer.step()
     assert rep.lag.applied == 5 and rep.store.get(b"k4") == b"4"  # 5 rows ≥ 3: written
-    monkeypatch.setattr(changelog, "_STAGE_MAX_ROWS", 50_000)
+    monkeypatch.setattr(applier, "_STAGE_MAX_ROWS", 50_000)
     env.consumer.queue += [record(5, "k5", 5)]
     env.tailer.step()
     assert rep.lag.applied == 5 and rep.staged is not None
-    monkeypatch.setattr(changelog, "_STAGE_MAX_S", 0.0)
+    monkeypatch.setattr(applier, "_STAGE_MAX_S", 0.0)
     env.tailer.step()  # no new records: the poll's housekeeping writes what is due
     assert rep.lag.applied == 6 and rep.store.get(b"k5") == b"5" and rep.staged is None
 
 
 def test_staged_changes_of_a_replica_moved_away_are_dropped_with_the_checkpoint_before_them(env, tmp_path):
-    env.tailer._settings = env.tailer._settings.model_copy(update={"removed_replica_grace_ms": 60_000})
+    env.tailer.replicas._settings = env.tailer.replicas._settings.model_copy(update={"removed_replica_grace_ms": 60_000})
     host(env, 0)
     env.consumer.queue += [record(0, "a", 1), record(1, "b", 2)]
     env.tailer.step()
@@ -577,9 +577,9 @@ def test_a_restore_checks_only_the_values_it_writes(env, monkeypatch):
 
 
 def test_a_poison_value_in_a_restore_is_read_again_and_skipped_at_its_offset(env, monkeypatch, caplog):
-    import store_node.changelog as changelog_module
+    import store_node.applier as applier
 
-    monkeypatch.setattr(changelog_module, "_STAGE_MAX_S", 0.0)  # each poll's records are written at once
+    monkeypatch.setattr(applier, "_STAGE_MAX_S", 0.0)  # each poll's records are written at once
     host(env, 0)
     rep = env.tailer.serving[KEY]
     changelog = [record(0, "a", {"n": 0}), record(1, "b", {"n": 1}), record(2, "a", {"n": 2}),
@@ -592,7 +592,7 @@ def test_a_poison_value_in_a_restore_is_read_again_and_skipped_at_its_offset(env
     assert env.consumer.assign_calls[-1] == (SPEC.topic, 0, OFFSET_BEGINNING)
     assert rep.counters.records_skipped == 0 and env.tailer.records_skipped == 0
     refetch(env, changelog)
-    with caplog.at_level("WARNING", logger="store_node.changelog"):
+    with caplog.at_level("WARNING", logger="store_node.applier"):
         env.tailer.step()
     assert rep.lag.applied == 7 and rep.state is ReplicaState.ACTIVE
     assert rep.store.get(b"a") == b'{"n": 5}' and rep.store.get(b"b") is None
@@ -633,10 +633,10 @@ def test_poison_as_a_keys_only_change_in_a_window_leaves_its_stored_value(env):
 
 @pytest.mark.parametrize("written_by", ["the batch", "the end of the partition"])
 def test_a_dropped_window_voids_the_rest_of_its_partitions_poll(env, monkeypatch, written_by):
-    import store_node.changelog as changelog_module
+    import store_node.applier as applier
 
     if written_by == "the batch":
-        monkeypatch.setattr(changelog_module, "_STAGE_MAX_ROWS", 2)
+        monkeypatch.setattr(applier, "_STAGE_MAX_ROWS", 2)
     host(env, 0, 1)
     r0, r1 = env.tailer.serving[("counts", 0)], env.tailer.serving[("counts", 1)]
     changelog = [record(0, "a", 1), record(1, "b", b"nope"), record(0, "x", 1, partition=1),
@@ -656,7 +656,7 @@ def test_a_dropped_window_voids_the_rest_of_its_partitions_poll(env, monkeypatch
 
 
 def test_a_window_read_again_is_written_once_it_covers_the_dropped_one(env, monkeypatch):
-    import store_node.changelog as changelog_module
+    import store_node.applier as applier
 
     host(env, 0)
     rep = env.tailer.serving[KEY]
@@ -664,10 +664,10 @@ def test_a_window_read_again_is_written_once_it_covers_the_dropped_one(env, monk
     env.consumer.queue += first
     env.tailer.step()
     assert rep.staged is not None and rep.lag.applied == 0
-    monkeypatch.setattr(changelog_module, "_STAGE_MAX_S", 0.0)
+    monkeypatch.setattr(applier, "_STAGE_MAX_S", 0.0)
     env.tailer.step()  # the poll's housekeeping writes it: dropped, and fetched again at once
     assert rep.staged is None and env.consumer.assign_calls[-1] == (SPEC.topic, 0, OFFSET_BEGINNING)
-    monkeypatch.setattr(changelog_module, "_STAGE_MAX_S", 60.0)
+    monkeypatch.setattr(applier, "_STAGE_MAX_S", 60.0)
     refetch(env, first)
     env.tailer.step()
     assert rep.lag.applied == 3 and rep.store.get(b"a") == b"1" and rep.counters.records_skipped == 1

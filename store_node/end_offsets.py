@@ -1,0 +1,213 @@
+"""Where the changelog ends, and whether it is still the changelog the replicas were built from.
+
+A replica's lag needs the end offset of its partition, dated by a broker response that is
+fresh: the consumer's statistics carry each partition's high watermark from Fetch responses
+and each broker's state and response count, which together are the evidence a caught-up
+confirmation needs.
+
+Two surprises are judged here and acted on by the replica set, never silently:
+- an end offset that stays below the applied offset: the broker lost the partition (a
+  memory-only broker restarted, or the topic was recreated);
+- a changelog topic whose id changed: the topic was recreated.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
+
+from store_node.lag import Clock
+from store_node.replica import Replica
+from store_node.replica_set import ReplicaSet
+from store_node.settings import StoreNodeSettings
+
+log = logging.getLogger(__name__)
+
+MISSING_TOPIC = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
+_BROKER_DOWN = {KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE}
+# A changelog end below the applied offset must be seen this often, for this long, to wipe a replica.
+_SHRUNK_CONFIRMATIONS = 3
+_SHRUNK_CONFIRM_S = 1.0
+
+
+@dataclass
+class _BrokerSeen:
+    state: str
+    rx: int
+    last_response_ms: int
+
+
+class EndOffsetWatcher:
+    """Turns the consumer's statistics, end-of-partition events and topic descriptions into end offsets."""
+
+    def __init__(self, settings: StoreNodeSettings, clock: Clock, replicas: ReplicaSet) -> None:
+        self._settings = settings
+        self._clock = clock
+        self._replicas = replicas
+        self._consumer: Any = None
+        self._admin: Any = None
+        self._brokers: dict[int, _BrokerSeen] = {}
+        self._broker_outage = False
+        self._responding_at: int | None = None  # the last broker response the statistics saw
+        # Replicas whose changelog end looks lower than their applied offset: (first seen, times, reason).
+        self._shrunk: dict[tuple[str, int], tuple[float, int, str]] = {}
+        self._topic_futures: dict[str, Any] | None = None
+        self._topic_check_at = 0.0
+        self._missing_topics: set[str] = set()
+
+    def open(self, consumer: Any, admin: Any) -> None:
+        self._consumer = consumer
+        self._admin = admin
+
+    # --- the consumer's callbacks, on the tailer's thread during poll() ----------------------------
+
+    def on_client_error(self, err: KafkaError) -> None:
+        if err.code() in _BROKER_DOWN:
+            if not self._broker_outage:
+                self._broker_outage = True
+                log.warning("changelog broker unreachable (%s); replicas keep serving and their staleness grows",
+                            err.str())
+            return
+        log.warning("changelog consumer: %s", err.str())
+
+    def on_stats(self, raw: str) -> None:
+        now = self._clock()
+        stats = orjson.loads(raw)
+        window = self._settings.evidence_window_ms
+        brokers = self._brokers
+        responding = False
+        for b in stats.get("brokers", {}).values():
+            nid = b.get("nodeid", -1)
+            if nid < 0:
+                continue  # bootstrap and coordinator pseudo-brokers
+            rx = b.get("rx", 0)
+            seen = brokers.get(nid)
+            if seen is None:
+                brokers[nid] = seen = _BrokerSeen(b.get("state", ""), rx, now if rx else 0)
+            elif rx > seen.rx:
+                seen.last_response_ms = now
+            seen.state = b.get("state", "")
+            seen.rx = rx
+            if seen.state == "UP" and now - seen.last_response_ms <= window:
+                responding = True
+        if responding:
+            self._responding_at = max(b.last_response_ms for b in brokers.values() if b.state == "UP")
+        if responding and self._broker_outage:
+            self._broker_outage = False
+            log.info("changelog broker reachable again")
+        by_tp = self._replicas.by_tp
+        for topic, t in stats.get("topics", {}).items():
+            for pid, p in t.get("partitions", {}).items():
+                rep = by_tp.get((topic, int(pid)))
+                if rep is None or rep.store is None:
+                    continue
+                hi = p.get("hi_offset", -1)
+                if hi < 0 or p.get("fetch_state") != "active":
+                    continue
+                leader = brokers.get(p.get("leader", -1))
+                if leader is None or leader.state != "UP" or now - leader.last_response_ms > window:
+                    continue
+                if self.plausible(rep, hi, f"the changelog's high watermark {hi} is below the applied offset"):
+                    rep.lag.observe_end(hi, leader.last_response_ms)
+
+    # --- evidence from the records' side ----------------------------------------------------------
+
+    def plausible(self, rep: Replica, end: int, what: str) -> bool:
+        """Is ``end`` a possible end of ``rep``'s changelog? A lower one is noted as a suspected loss.
+
+        A high watermark below the applied offset means the broker lost the partition — or, for
+        a moment, that the broker reported a watermark older than the records it had already
+        served, which this broker does under concurrent appends. Only a low end that persists
+        is a loss (:meth:`confirm_shrunk`).
+        """
+        if end < rep.lag.applied:
+            first, times, _ = self._shrunk.get(rep.key, (time.monotonic(), 0, what))
+            self._shrunk[rep.key] = (first, times + 1, what)
+            return False
+        self._shrunk.pop(rep.key, None)
+        return True
+
+    def refresh(self, rep: Replica) -> None:
+        """Take the end offset of the latest Fetch response now, rather than at the next statistics.
+
+        It is dated to the broker's last response the statistics saw, which is no later than the
+        Fetch that carried it: the end offset at that time was at most this, so the replica, once
+        past it, was complete as of then.
+        """
+        seen = self._responding_at
+        if seen is None or self._clock() - seen > self._settings.evidence_window_ms:
+            return
+        try:
+            _, hi = self._consumer.get_watermark_offsets(TopicPartition(rep.topic, rep.partition), cached=True)
+        except KafkaException:
+            return
+        if hi >= rep.lag.applied:
+            rep.lag.observe_end(hi, seen)
+
+    def note_missing(self, topic: str) -> None:
+        if topic not in self._missing_topics:
+            self._missing_topics.add(topic)
+            log.warning("changelog topic %s does not exist (yet); its replicas wait for it", topic)
+
+    # --- after every poll -------------------------------------------------------------------------
+
+    def confirm_shrunk(self) -> None:
+        """Wipe the replicas whose changelog has stayed below their applied offset long enough."""
+        now = time.monotonic()
+        for key, (first, times, what) in list(self._shrunk.items()):
+            rep = self._replicas.get(key)
+            if rep is None:
+                del self._shrunk[key]
+            elif times >= _SHRUNK_CONFIRMATIONS and now - first >= _SHRUNK_CONFIRM_S:
+                del self._shrunk[key]
+                self._replicas.reset(rep, f"{what} for {now - first:.1f}s (the broker lost the partition: "
+                                          "restarted memory-only, or the topic was recreated)")
+
+    def check_topic_ids(self) -> None:
+        """Compare each changelog's topic id with the one its replicas' rows came from."""
+        now = time.monotonic()
+        futures = self._topic_futures
+        if futures is not None:
+            if not all(f.done() for f in futures.values()):
+                if now - self._topic_check_at < 30:
+                    return
+            self._topic_futures = None
+            for topic, f in futures.items():
+                if f.done():
+                    self._learn_topic_id(topic, f)
+            return
+        if now - self._topic_check_at < self._settings.topic_check_ms / 1000:
+            return
+        self._topic_check_at = now
+        topics = sorted({r.topic for r in self._replicas.hosted()})
+        if topics:
+            try:
+                self._topic_futures = self._admin.describe_topics(TopicCollection(topics), request_timeout=5)
+            except Exception as e:
+                log.debug("describe_topics failed: %s", e)
+
+    def _learn_topic_id(self, topic: str, described: Any) -> None:
+        try:
+            desc = described.result(0)
+        except KafkaException as e:
+            if e.args and getattr(e.args[0], "code", lambda: None)() in MISSING_TOPIC:
+                self.note_missing(topic)
+            return  # missing topic or broker down: nothing learned
+        except Exception:
+            return
+        topic_id = str(desc.topic_id)
+        if topic in self._missing_topics:
+            self._missing_topics.discard(topic)
+            log.info("changelog topic %s exists now", topic)
+        self._replicas.topic_ids[topic] = topic_id
+        for rep in [r for r in self._replicas.hosted() if r.topic == topic and r.store is not None]:
+            if rep.store.topic_id is None:
+                rep.store.set_topic_id(topic_id)
+            elif rep.store.topic_id != topic_id:
+                self._replicas.reset(rep, f"changelog topic {topic} was recreated (topic id {rep.store.topic_id} "
+                                          f"→ {topic_id})")
