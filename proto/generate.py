@@ -10,9 +10,12 @@ PROTOS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "proto").glob("*
 
 
 def generate(out_dir: Path = ROOT) -> None:
+    from importlib.resources import files
+
     from grpc_tools import protoc
 
-    args = ["protoc", f"-I{ROOT}", f"--python_out={out_dir}", f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}", *PROTOS]
+    well_known = files("grpc_tools") / "_proto"  # google/protobuf/*.proto
+    args = ["protoc", f"-I{ROOT}", f"-I{well_known}", f"--python_out={out_dir}", f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}", *PROTOS]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
 

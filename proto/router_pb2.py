@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12proto/router.proto\x12\rfreshroute.v1\"s\n\x05\x42ound\x12\x14\n\x07max_lag\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x1d\n\x10max_staleness_ms\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x14\n\x0cmin_position\x18\x03 \x01(\tB\n\n\x08_max_lagB\x13\n\x11_max_staleness_ms\"\"\n\x03Lag\x12\x0f\n\x07offsets\x18\x01 \x01(\x03\x12\n\n\x02ms\x18\x02 \x01(\x03\"&\n\x08ServedBy\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\"M\n\nGetRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12#\n\x05\x62ound\x18\x03 \x01(\x0b\x32\x14.freshroute.v1.Bound\"\xe6\x01\n\x0bGetResponse\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x12\n\nvalue_json\x18\x03 \x01(\t\x12\x11\n\tpartition\x18\x04 \x01(\x05\x12*\n\tserved_by\x18\x05 \x01(\x0b\x32\x17.freshroute.v1.ServedBy\x12\x1f\n\x03lag\x18\x06 \x01(\x0b\x32\x12.freshroute.v1.Lag\x12\x10\n\x08position\x18\x07 \x01(\t\x12\r\n\x05\x66ound\x18\x08 \x01(\x08\x12&\n\x05\x65rror\x18\t \x01(\x0b\x32\x17.freshroute.v1.KeyError\"L\n\x08KeyError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\x05\x12\x11\n\tbody_json\x18\x04 \x01(\t\"S\n\x0f\x42\x61tchGetRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x03(\t\x12#\n\x05\x62ound\x18\x03 \x01(\x0b\x32\x14.freshroute.v1.Bound\"?\n\x10\x42\x61tchGetResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.freshroute.v1.GetResponse\"\x90\x01\n\x0bScanRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0e\n\x06prefix\x18\x02 \x01(\t\x12\r\n\x05start\x18\x03 \x01(\t\x12\x0b\n\x03\x65nd\x18\x04 \x01(\t\x12\r\n\x05limit\x18\x05 \x01(\r\x12\x12\n\npage_token\x18\x06 \x01(\t\x12#\n\x05\x62ound\x18\x07 \x01(\x0b\x32\x14.freshroute.v1.Bound\">\n\x08ScanItem\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x12\n\nvalue_json\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\"0\n\x12KeyMetadataRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\"\xa5\x01\n\x0bReplicaInfo\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\r\n\x05\x61live\x18\x05 \x01(\x08\x12\x1f\n\x03lag\x18\x06 \x01(\x0b\x32\x12.freshroute.v1.Lag\x12\x16\n\x0e\x61pplied_offset\x18\x07 \x01(\x03\x12\x12\n\nend_offset\x18\x08 \x01(\x03\"\x9e\x01\n\x13KeyMetadataResponse\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\x12*\n\x06\x61\x63tive\x18\x04 \x01(\x0b\x32\x1a.freshroute.v1.ReplicaInfo\x12,\n\x08standbys\x18\x05 \x03(\x0b\x32\x1a.freshroute.v1.ReplicaInfo\"\x13\n\x11ListTablesRequest\"\xcf\x01\n\tTableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x12\n\npartitions\x18\x03 \x01(\x05\x12\x18\n\x10standby_replicas\x18\x04 \x01(\x05\x12\x12\n\nkey_column\x18\x05 \x01(\t\x12\x34\n\x06schema\x18\x06 \x03(\x0b\x32$.freshroute.v1.TableInfo.SchemaEntry\x1a-\n\x0bSchemaEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\">\n\x12ListTablesResponse\x12(\n\x06tables\x18\x01 \x03(\x0b\x32\x18.freshroute.v1.TableInfo\"\x10\n\x0e\x43lusterRequest\"\xad\x01\n\x08NodeInfo\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05\x61live\x18\x03 \x01(\x08\x12\x18\n\x10heartbeat_age_ms\x18\x04 \x01(\x03\x12\x31\n\x08replicas\x18\x05 \x03(\x0b\x32\x1f.freshroute.v1.PartitionReplica\x12\x14\n\x0cread_address\x18\x06 \x01(\t\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\"D\n\x11\x41ssignedPartition\x12\r\n\x05table\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\r\n\x05nodes\x18\x03 \x03(\t\"R\n\x0eMetadataHealth\x12\x0e\n\x06loaded\x18\x01 \x01(\x08\x12\x13\n\x06\x61ge_ms\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x10\n\x08redis_ok\x18\x03 \x01(\x08\x42\t\n\x07_age_ms\"a\n\x10PartitionReplica\x12\r\n\x05table\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\x07replica\x18\x03 \x01(\x0b\x32\x1a.freshroute.v1.ReplicaInfo\"\xbf\x01\n\x0f\x43lusterResponse\x12&\n\x05nodes\x18\x01 \x03(\x0b\x32\x17.freshroute.v1.NodeInfo\x12\x1d\n\x15\x61ssignment_generation\x18\x02 \x01(\x03\x12\x34\n\nassignment\x18\x03 \x03(\x0b\x32 .freshroute.v1.AssignedPartition\x12/\n\x08metadata\x18\x04 \x01(\x0b\x32\x1d.freshroute.v1.MetadataHealth2\xc5\x03\n\x06Router\x12<\n\x03Get\x12\x19.freshroute.v1.GetRequest\x1a\x1a.freshroute.v1.GetResponse\x12K\n\x08\x42\x61tchGet\x12\x1e.freshroute.v1.BatchGetRequest\x1a\x1f.freshroute.v1.BatchGetResponse\x12=\n\x04Scan\x12\x1a.freshroute.v1.ScanRequest\x1a\x17.freshroute.v1.ScanItem0\x01\x12T\n\x0bKeyMetadata\x12!.freshroute.v1.KeyMetadataRequest\x1a\".freshroute.v1.KeyMetadataResponse\x12Q\n\nListTables\x12 .freshroute.v1.ListTablesRequest\x1a!.freshroute.v1.ListTablesResponse\x12H\n\x07\x43luster\x12\x1d.freshroute.v1.ClusterRequest\x1a\x1e.freshroute.v1.ClusterResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12proto/router.proto\x12\rfreshroute.v1\x1a\x1cgoogle/protobuf/struct.proto\"s\n\x05\x42ound\x12\x14\n\x07max_lag\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x1d\n\x10max_staleness_ms\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x14\n\x0cmin_position\x18\x03 \x01(\tB\n\n\x08_max_lagB\x13\n\x11_max_staleness_ms\"\"\n\x03Lag\x12\x0f\n\x07offsets\x18\x01 \x01(\x03\x12\n\n\x02ms\x18\x02 \x01(\x03\"&\n\x08ServedBy\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\"c\n\nGetRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12#\n\x05\x62ound\x18\x03 \x01(\x0b\x32\x14.freshroute.v1.Bound\x12\x14\n\x0ctyped_values\x18\x04 \x01(\x08\"\x8e\x02\n\x0bGetResponse\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x12\n\nvalue_json\x18\x03 \x01(\t\x12\x11\n\tpartition\x18\x04 \x01(\x05\x12*\n\tserved_by\x18\x05 \x01(\x0b\x32\x17.freshroute.v1.ServedBy\x12\x1f\n\x03lag\x18\x06 \x01(\x0b\x32\x12.freshroute.v1.Lag\x12\x10\n\x08position\x18\x07 \x01(\t\x12\r\n\x05\x66ound\x18\x08 \x01(\x08\x12&\n\x05\x65rror\x18\t \x01(\x0b\x32\x17.freshroute.v1.KeyError\x12&\n\x05value\x18\n \x01(\x0b\x32\x17.google.protobuf.Struct\"L\n\x08KeyError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\x05\x12\x11\n\tbody_json\x18\x04 \x01(\t\"i\n\x0f\x42\x61tchGetRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x03(\t\x12#\n\x05\x62ound\x18\x03 \x01(\x0b\x32\x14.freshroute.v1.Bound\x12\x14\n\x0ctyped_values\x18\x04 \x01(\x08\"?\n\x10\x42\x61tchGetResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.freshroute.v1.GetResponse\"\xa6\x01\n\x0bScanRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0e\n\x06prefix\x18\x02 \x01(\t\x12\r\n\x05start\x18\x03 \x01(\t\x12\x0b\n\x03\x65nd\x18\x04 \x01(\t\x12\r\n\x05limit\x18\x05 \x01(\r\x12\x12\n\npage_token\x18\x06 \x01(\t\x12#\n\x05\x62ound\x18\x07 \x01(\x0b\x32\x14.freshroute.v1.Bound\x12\x14\n\x0ctyped_values\x18\x08 \x01(\x08\"\x93\x01\n\x08ScanItem\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x12\n\nvalue_json\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\x12+\n\x07summary\x18\x04 \x01(\x0b\x32\x1a.freshroute.v1.ScanSummary\x12&\n\x05value\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\"X\n\x0bScanSummary\x12\x30\n\npartitions\x18\x01 \x03(\x0b\x32\x1c.freshroute.v1.ScanPartition\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x81\x01\n\rScanPartition\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12*\n\tserved_by\x18\x02 \x01(\x0b\x32\x17.freshroute.v1.ServedBy\x12\x1f\n\x03lag\x18\x03 \x01(\x0b\x32\x12.freshroute.v1.Lag\x12\x10\n\x08position\x18\x04 \x01(\t\"0\n\x12KeyMetadataRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\"\xa5\x01\n\x0bReplicaInfo\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\r\n\x05\x61live\x18\x05 \x01(\x08\x12\x1f\n\x03lag\x18\x06 \x01(\x0b\x32\x12.freshroute.v1.Lag\x12\x16\n\x0e\x61pplied_offset\x18\x07 \x01(\x03\x12\x12\n\nend_offset\x18\x08 \x01(\x03\"\x9e\x01\n\x13KeyMetadataResponse\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\x12*\n\x06\x61\x63tive\x18\x04 \x01(\x0b\x32\x1a.freshroute.v1.ReplicaInfo\x12,\n\x08standbys\x18\x05 \x03(\x0b\x32\x1a.freshroute.v1.ReplicaInfo\"\x13\n\x11ListTablesRequest\"\xcf\x01\n\tTableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x12\n\npartitions\x18\x03 \x01(\x05\x12\x18\n\x10standby_replicas\x18\x04 \x01(\x05\x12\x12\n\nkey_column\x18\x05 \x01(\t\x12\x34\n\x06schema\x18\x06 \x03(\x0b\x32$.freshroute.v1.TableInfo.SchemaEntry\x1a-\n\x0bSchemaEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\">\n\x12ListTablesResponse\x12(\n\x06tables\x18\x01 \x03(\x0b\x32\x18.freshroute.v1.TableInfo\"\x10\n\x0e\x43lusterRequest\"\xad\x01\n\x08NodeInfo\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05\x61live\x18\x03 \x01(\x08\x12\x18\n\x10heartbeat_age_ms\x18\x04 \x01(\x03\x12\x31\n\x08replicas\x18\x05 \x03(\x0b\x32\x1f.freshroute.v1.PartitionReplica\x12\x14\n\x0cread_address\x18\x06 \x01(\t\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\"D\n\x11\x41ssignedPartition\x12\r\n\x05table\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\r\n\x05nodes\x18\x03 \x03(\t\"R\n\x0eMetadataHealth\x12\x0e\n\x06loaded\x18\x01 \x01(\x08\x12\x13\n\x06\x61ge_ms\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x10\n\x08redis_ok\x18\x03 \x01(\x08\x42\t\n\x07_age_ms\"a\n\x10PartitionReplica\x12\r\n\x05table\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\x07replica\x18\x03 \x01(\x0b\x32\x1a.freshroute.v1.ReplicaInfo\"\xbf\x01\n\x0f\x43lusterResponse\x12&\n\x05nodes\x18\x01 \x03(\x0b\x32\x17.freshroute.v1.NodeInfo\x12\x1d\n\x15\x61ssignment_generation\x18\x02 \x01(\x03\x12\x34\n\nassignment\x18\x03 \x03(\x0b\x32 .freshroute.v1.AssignedPartition\x12/\n\x08metadata\x18\x04 \x01(\x0b\x32\x1d.freshroute.v1.MetadataHealth2\xc5\x03\n\x06Router\x12<\n\x03Get\x12\x19.freshroute.v1.GetRequest\x1a\x1a.freshroute.v1.GetResponse\x12K\n\x08\x42\x61tchGet\x12\x1e.freshroute.v1.BatchGetRequest\x1a\x1f.freshroute.v1.BatchGetResponse\x12=\n\x04Scan\x12\x1a.freshroute.v1.ScanRequest\x1a\x17.freshroute.v1.ScanItem0\x01\x12T\n\x0bKeyMetadata\x12!.freshroute.v1.KeyMetadataRequest\x1a\".freshroute.v1.KeyMetadataResponse\x12Q\n\nListTables\x12 .freshroute.v1.ListTablesRequest\x1a!.freshroute.v1.ListTablesResponse\x12H\n\x07\x43luster\x12\x1d.freshroute.v1.ClusterRequest\x1a\x1e.freshroute.v1.ClusterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,52 +34,56 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TABLEINFO_SCHEMAENTRY']._loaded_options = None
   _globals['_TABLEINFO_SCHEMAENTRY']._serialized_options = b'8\001'
-  _globals['_BOUND']._serialized_start=37
-  _globals['_BOUND']._serialized_end=152
-  _globals['_LAG']._serialized_start=154
-  _globals['_LAG']._serialized_end=188
-  _globals['_SERVEDBY']._serialized_start=190
-  _globals['_SERVEDBY']._serialized_end=228
-  _globals['_GETREQUEST']._serialized_start=230
-  _globals['_GETREQUEST']._serialized_end=307
-  _globals['_GETRESPONSE']._serialized_start=310
-  _globals['_GETRESPONSE']._serialized_end=540
-  _globals['_KEYERROR']._serialized_start=542
-  _globals['_KEYERROR']._serialized_end=618
-  _globals['_BATCHGETREQUEST']._serialized_start=620
-  _globals['_BATCHGETREQUEST']._serialized_end=703
-  _globals['_BATCHGETRESPONSE']._serialized_start=705
-  _globals['_BATCHGETRESPONSE']._serialized_end=768
-  _globals['_SCANREQUEST']._serialized_start=771
-  _globals['_SCANREQUEST']._serialized_end=915
-  _globals['_SCANITEM']._serialized_start=917
-  _globals['_SCANITEM']._serialized_end=979
-  _globals['_KEYMETADATAREQUEST']._serialized_start=981
-  _globals['_KEYMETADATAREQUEST']._serialized_end=1029
-  _globals['_REPLICAINFO']._serialized_start=1032
-  _globals['_REPLICAINFO']._serialized_end=1197
-  _globals['_KEYMETADATARESPONSE']._serialized_start=1200
-  _globals['_KEYMETADATARESPONSE']._serialized_end=1358
-  _globals['_LISTTABLESREQUEST']._serialized_start=1360
-  _globals['_LISTTABLESREQUEST']._serialized_end=1379
-  _globals['_TABLEINFO']._serialized_start=1382
-  _globals['_TABLEINFO']._serialized_end=1589
-  _globals['_TABLEINFO_SCHEMAENTRY']._serialized_start=1544
-  _globals['_TABLEINFO_SCHEMAENTRY']._serialized_end=1589
-  _globals['_LISTTABLESRESPONSE']._serialized_start=1591
-  _globals['_LISTTABLESRESPONSE']._serialized_end=1653
-  _globals['_CLUSTERREQUEST']._serialized_start=1655
-  _globals['_CLUSTERREQUEST']._serialized_end=1671
-  _globals['_NODEINFO']._serialized_start=1674
-  _globals['_NODEINFO']._serialized_end=1847
-  _globals['_ASSIGNEDPARTITION']._serialized_start=1849
-  _globals['_ASSIGNEDPARTITION']._serialized_end=1917
-  _globals['_METADATAHEALTH']._serialized_start=1919
-  _globals['_METADATAHEALTH']._serialized_end=2001
-  _globals['_PARTITIONREPLICA']._serialized_start=2003
-  _globals['_PARTITIONREPLICA']._serialized_end=2100
-  _globals['_CLUSTERRESPONSE']._serialized_start=2103
-  _globals['_CLUSTERRESPONSE']._serialized_end=2294
-  _globals['_ROUTER']._serialized_start=2297
-  _globals['_ROUTER']._serialized_end=2750
+  _globals['_BOUND']._serialized_start=67
+  _globals['_BOUND']._serialized_end=182
+  _globals['_LAG']._serialized_start=184
+  _globals['_LAG']._serialized_end=218
+  _globals['_SERVEDBY']._serialized_start=220
+  _globals['_SERVEDBY']._serialized_end=258
+  _globals['_GETREQUEST']._serialized_start=260
+  _globals['_GETREQUEST']._serialized_end=359
+  _globals['_GETRESPONSE']._serialized_start=362
+  _globals['_GETRESPONSE']._serialized_end=632
+  _globals['_KEYERROR']._serialized_start=634
+  _globals['_KEYERROR']._serialized_end=710
+  _globals['_BATCHGETREQUEST']._serialized_start=712
+  _globals['_BATCHGETREQUEST']._serialized_end=817
+  _globals['_BATCHGETRESPONSE']._serialized_start=819
+  _globals['_BATCHGETRESPONSE']._serialized_end=882
+  _globals['_SCANREQUEST']._serialized_start=885
+  _globals['_SCANREQUEST']._serialized_end=1051
+  _globals['_SCANITEM']._serialized_start=1054
+  _globals['_SCANITEM']._serialized_end=1201
+  _globals['_SCANSUMMARY']._serialized_start=1203
+  _globals['_SCANSUMMARY']._serialized_end=1291
+  _globals['_SCANPARTITION']._serialized_start=1294
+  _globals['_SCANPARTITION']._serialized_end=1423
+  _globals['_KEYMETADATAREQUEST']._serialized_start=1425
+  _globals['_KEYMETADATAREQUEST']._serialized_end=1473
+  _globals['_REPLICAINFO']._serialized_start=1476
+  _globals['_REPLICAINFO']._serialized_end=1641
+  _globals['_KEYMETADATARESPONSE']._serialized_start=1644
+  _globals['_KEYMETADATARESPONSE']._serialized_end=1802
+  _globals['_LISTTABLESREQUEST']._serialized_start=1804
+  _globals['_LISTTABLESREQUEST']._serialized_end=1823
+  _globals['_TABLEINFO']._serialized_start=1826
+  _globals['_TABLEINFO']._serialized_end=2033
+  _globals['_TABLEINFO_SCHEMAENTRY']._serialized_start=1988
+  _globals['_TABLEINFO_SCHEMAENTRY']._serialized_end=2033
+  _globals['_LISTTABLESRESPONSE']._serialized_start=2035
+  _globals['_LISTTABLESRESPONSE']._serialized_end=2097
+  _globals['_CLUSTERREQUEST']._serialized_start=2099
+  _globals['_CLUSTERREQUEST']._serialized_end=2115
+  _globals['_NODEINFO']._serialized_start=2118
+  _globals['_NODEINFO']._serialized_end=2291
+  _globals['_ASSIGNEDPARTITION']._serialized_start=2293
+  _globals['_ASSIGNEDPARTITION']._serialized_end=2361
+  _globals['_METADATAHEALTH']._serialized_start=2363
+  _globals['_METADATAHEALTH']._serialized_end=2445
+  _globals['_PARTITIONREPLICA']._serialized_start=2447
+  _globals['_PARTITIONREPLICA']._serialized_end=2544
+  _globals['_CLUSTERRESPONSE']._serialized_start=2547
+  _globals['_CLUSTERRESPONSE']._serialized_end=2738
+  _globals['_ROUTER']._serialized_start=2741
+  _globals['_ROUTER']._serialized_end=3194
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -33,17 +34,19 @@ class ServedBy(_message.Message):
     def __init__(self, node: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
 
 class GetRequest(_message.Message):
-    __slots__ = ("table", "key", "bound")
+    __slots__ = ("table", "key", "bound", "typed_values")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     BOUND_FIELD_NUMBER: _ClassVar[int]
+    TYPED_VALUES_FIELD_NUMBER: _ClassVar[int]
     table: str
     key: str
     bound: Bound
-    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., bound: _Optional[_Union[Bound, _Mapping]] = ...) -> None: ...
+    typed_values: bool
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., bound: _Optional[_Union[Bound, _Mapping]] = ..., typed_values: _Optional[bool] = ...) -> None: ...
 
 class GetResponse(_message.Message):
-    __slots__ = ("table", "key", "value_json", "partition", "served_by", "lag", "position", "found", "error")
+    __slots__ = ("table", "key", "value_json", "partition", "served_by", "lag", "position", "found", "error", "value")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +56,7 @@ class GetResponse(_message.Message):
     POSITION_FIELD_NUMBER: _ClassVar[int]
     FOUND_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
     table: str
     key: str
     value_json: str
@@ -62,7 +66,8 @@ class GetResponse(_message.Message):
     position: str
     found: bool
     error: KeyError
-    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., found: _Optional[bool] = ..., error: _Optional[_Union[KeyError, _Mapping]] = ...) -> None: ...
+    value: _struct_pb2.Struct
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., found: _Optional[bool] = ..., error: _Optional[_Union[KeyError, _Mapping]] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class KeyError(_message.Message):
     __slots__ = ("code", "message", "status", "body_json")
@@ -77,14 +82,16 @@ class KeyError(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., status: _Optional[int] = ..., body_json: _Optional[str] = ...) -> None: ...
 
 class BatchGetRequest(_message.Message):
-    __slots__ = ("table", "keys", "bound")
+    __slots__ = ("table", "keys", "bound", "typed_values")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     BOUND_FIELD_NUMBER: _ClassVar[int]
+    TYPED_VALUES_FIELD_NUMBER: _ClassVar[int]
     table: str
     keys: _containers.RepeatedScalarFieldContainer[str]
     bound: Bound
-    def __init__(self, table: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., bound: _Optional[_Union[Bound, _Mapping]] = ...) -> None: ...
+    typed_values: bool
+    def __init__(self, table: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., bound: _Optional[_Union[Bound, _Mapping]] = ..., typed_values: _Optional[bool] = ...) -> None: ...
 
 class BatchGetResponse(_message.Message):
     __slots__ = ("results",)
@@ -93,7 +100,7 @@ class BatchGetResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[GetResponse, _Mapping]]] = ...) -> None: ...
 
 class ScanRequest(_message.Message):
-    __slots__ = ("table", "prefix", "start", "end", "limit", "page_token", "bound")
+    __slots__ = ("table", "prefix", "start", "end", "limit", "page_token", "bound", "typed_values")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +108,7 @@ class ScanRequest(_message.Message):
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     BOUND_FIELD_NUMBER: _ClassVar[int]
+    TYPED_VALUES_FIELD_NUMBER: _ClassVar[int]
     table: str
     prefix: str
     start: str
@@ -108,17 +116,42 @@ class ScanRequest(_message.Message):
     limit: int
     page_token: str
     bound: Bound
-    def __init__(self, table: _Optional[str] = ..., prefix: _Optional[str] = ..., start: _Optional[str] = ..., end: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ..., bound: _Optional[_Union[Bound, _Mapping]] = ...) -> None: ...
+    typed_values: bool
+    def __init__(self, table: _Optional[str] = ..., prefix: _Optional[str] = ..., start: _Optional[str] = ..., end: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ..., bound: _Optional[_Union[Bound, _Mapping]] = ..., typed_values: _Optional[bool] = ...) -> None: ...
 
 class ScanItem(_message.Message):
-    __slots__ = ("key", "value_json", "partition")
+    __slots__ = ("key", "value_json", "partition", "summary", "value")
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_JSON_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
     key: str
     value_json: str
     partition: int
-    def __init__(self, key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ...) -> None: ...
+    summary: ScanSummary
+    value: _struct_pb2.Struct
+    def __init__(self, key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ..., summary: _Optional[_Union[ScanSummary, _Mapping]] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class ScanSummary(_message.Message):
+    __slots__ = ("partitions", "next_page_token")
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[ScanPartition]
+    next_page_token: str
+    def __init__(self, partitions: _Optional[_Iterable[_Union[ScanPartition, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ScanPartition(_message.Message):
+    __slots__ = ("partition", "served_by", "lag", "position")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    SERVED_BY_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    served_by: ServedBy
+    lag: Lag
+    position: str
+    def __init__(self, partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ...) -> None: ...
 
 class KeyMetadataRequest(_message.Message):
     __slots__ = ("table", "key")

@@ -13,6 +13,7 @@ from typing import Any, AsyncIterator, NoReturn
 
 import grpc
 import orjson
+from google.protobuf.struct_pb2 import Struct
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
@@ -66,11 +67,38 @@ async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> NoRetu
     raise AssertionError("context.abort returned")  # pragma: no cover — abort always raises
 
 
-def _get_response(r: LookupResult) -> router_pb2.GetResponse:
+def _typed(value: bytes) -> Struct | None:
+    """A JSON object value as a Struct (numbers become doubles, as Struct holds them); None for any other JSON."""
+    parsed = orjson.loads(value)
+    if not isinstance(parsed, dict):
+        return None
+    struct = Struct()
+    struct.update(parsed)
+    return struct
+
+
+def _get_response(r: LookupResult, typed: bool = False) -> router_pb2.GetResponse:
     return router_pb2.GetResponse(
         table=r.table, key=r.key, value_json=r.value.decode("utf-8") if r.found else "", partition=r.partition,
         served_by=router_pb2.ServedBy(node=r.node, role=r.role),
-        lag=router_pb2.Lag(offsets=r.lag_offsets, ms=r.lag_ms), position=r.position, found=r.found)
+        lag=router_pb2.Lag(offsets=r.lag_offsets, ms=r.lag_ms), position=r.position, found=r.found,
+        value=_typed(r.value) if typed and r.found else None)
+
+
+def _scan_summary(served: dict[int, LookupResult], next_page_token: str | None) -> router_pb2.ScanItem:
+    return router_pb2.ScanItem(summary=router_pb2.ScanSummary(
+        partitions=[router_pb2.ScanPartition(partition=p, served_by=router_pb2.ServedBy(node=r.node, role=r.role),
+                                             lag=router_pb2.Lag(offsets=r.lag_offsets, ms=r.lag_ms),
+                                             position=r.position)
+                    for p, r in sorted(served.items())],
+        next_page_token=next_page_token or ""))
+
+
+def _staler(a: LookupResult | None, b: LookupResult) -> LookupResult:
+    """The less fresh of two answers for one partition: the stream reports what holds for all its pages."""
+    if a is None or (b.lag_ms, b.lag_offsets) > (a.lag_ms, a.lag_offsets):
+        return b
+    return a
 
 
 def _key_error(table: str, key: str, err: FreshrouteError) -> router_pb2.GetResponse:
@@ -102,7 +130,7 @@ async def answer_get(router: Router, request: router_pb2.GetRequest) -> router_p
     result = await router.get(request.table, request.key, parse_request_bound(router, request.table, request))
     if not result.found:
         raise key_not_found(result)
-    return _get_response(result)
+    return _get_response(result, request.typed_values)
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
@@ -126,7 +154,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             keys = list(request.keys)
             results = await self._router.batch_get(request.table, keys, self._parse_bound(request.table, request))
             return router_pb2.BatchGetResponse(results=[
-                _get_response(r) if isinstance(r, LookupResult) else _key_error(request.table, key, r)
+                _get_response(r, request.typed_values) if isinstance(r, LookupResult)
+                else _key_error(request.table, key, r)
                 for key, r in zip(keys, results)])
         except Exception as e:  # noqa: BLE001
             await abort(context, e)
@@ -137,18 +166,24 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             bound = self._parse_bound(request.table, request)
             wanted = request.limit or None  # 0: everything
             page_size = self._router.settings.scan_max_limit
+            typed = request.typed_values
             token = request.page_token or None
+            served: dict[int, LookupResult] = {}
             sent = 0
             for _ in range(_MAX_SCAN_PAGES):
                 size = page_size if wanted is None else min(page_size, wanted - sent)
                 page = await self._router.scan(request.table, request.prefix, request.start, request.end, size,
                                                token, bound)
                 for key, value, partition in page.items:
-                    yield router_pb2.ScanItem(key=key, value_json=value.decode("utf-8"), partition=partition)
+                    yield router_pb2.ScanItem(key=key, value_json=value.decode("utf-8"), partition=partition,
+                                              value=_typed(value) if typed else None)
+                for partition, who in page.served_by.items():
+                    served[partition] = _staler(served.get(partition), who)
                 sent += len(page.items)
                 token = page.next_page_token
                 if token is None or (wanted is not None and sent >= wanted):
-                    return
+                    break
+            yield _scan_summary(served, token)
         except Exception as e:  # noqa: BLE001
             await abort(context, e)
 

@@ -421,8 +421,9 @@ def test_every_method_through_grpcio(router):
         batch = stub.BatchGet(router_pb2.BatchGetRequest(table=TABLE, keys=["sensor-1", "sensor-2", "nope"]),
                               timeout=5)
         assert [(r.key, r.found) for r in batch.results] == [("sensor-1", True), ("sensor-2", True), ("nope", False)]
-        keys = [item.key for item in stub.Scan(router_pb2.ScanRequest(table=TABLE), timeout=10)]
-        assert sorted(keys) == sorted(f"sensor-{i}" for i in range(KEYS))
+        *items, last = stub.Scan(router_pb2.ScanRequest(table=TABLE), timeout=10)
+        assert sorted(i.key for i in items) == sorted(f"sensor-{i}" for i in range(KEYS))
+        assert [p.partition for p in last.summary.partitions] == list(range(PARTITIONS))
         meta = stub.KeyMetadata(router_pb2.KeyMetadataRequest(table=TABLE, key="sensor-1"), timeout=5)
         assert meta.partition < PARTITIONS and meta.active.node and len(meta.standbys) == 1
         assert [t.name for t in stub.ListTables(router_pb2.ListTablesRequest(), timeout=5).tables] == [TABLE]

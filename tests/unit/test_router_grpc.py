@@ -2,6 +2,7 @@ import json
 
 import grpc
 import pytest
+from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -56,6 +57,18 @@ async def test_get_found(grpc_cluster):
     assert r.served_by.node in {"n1", "n2"} and r.served_by.role in {"active", "standby"}
     assert (r.lag.offsets, r.lag.ms) == (0, 0)
     assert Position.decode(r.position).offset_for(r.partition) == 100
+    assert not r.HasField("value")  # typed values only when asked for
+
+
+async def test_values_are_typed_on_request(grpc_cluster):
+    _, stub, _ = grpc_cluster
+    r = await stub.Get(router_pb2.GetRequest(table=TABLE, key="sensor-3", typed_values=True))
+    assert MessageToDict(r.value) == {"count": 3, "avg": 1.5} == json.loads(r.value_json)
+    b = await stub.BatchGet(router_pb2.BatchGetRequest(table=TABLE, keys=["sensor-1", "nope"], typed_values=True))
+    assert MessageToDict(b.results[0].value) == {"count": 1, "avg": 0.5} and not b.results[1].HasField("value")
+    items = [i async for i in stub.Scan(router_pb2.ScanRequest(table=TABLE, limit=3, typed_values=True))]
+    assert [MessageToDict(i.value) for i in items[:-1]] == [json.loads(i.value_json) for i in items[:-1]]
+    assert len(items) == 4 and items[-1].HasField("summary")
 
 
 async def test_get_missing_key_not_found_with_trailer(grpc_cluster):
@@ -134,13 +147,33 @@ async def test_batch_get_fails_as_a_whole_only_for_a_wrong_request(grpc_cluster)
     assert e.value.code() == grpc.StatusCode.NOT_FOUND and trailer(e.value)["code"] == "TABLE_NOT_FOUND"
 
 
-async def test_scan_streams_in_key_order(grpc_cluster):
-    _, stub, _ = grpc_cluster
-    items = [i async for i in stub.Scan(router_pb2.ScanRequest(table=TABLE, prefix="sensor-"))]
+async def test_scan_streams_in_key_order_then_a_summary(grpc_cluster):
+    cluster, stub, _ = grpc_cluster
+    *items, last = [i async for i in stub.Scan(router_pb2.ScanRequest(table=TABLE, prefix="sensor-"))]
     assert [i.key for i in items] == sorted(KEYS)
-    assert all(i.partition == part(i.key) for i in items)
-    few = [i.key async for i in stub.Scan(router_pb2.ScanRequest(table=TABLE, limit=5))]
-    assert few == sorted(KEYS)[:5]
+    assert all(i.partition == part(i.key) and not i.HasField("summary") for i in items)
+    assert last.key == "" and last.summary.next_page_token == ""
+    parts = last.summary.partitions
+    assert [p.partition for p in parts] == [0, 1, 2, 3]
+    assert all(p.served_by.node in {"n1", "n2"} and (p.lag.offsets, p.lag.ms) == (0, 0) for p in parts)
+    assert all(Position.decode(p.position).offset_for(p.partition) == 100 for p in parts)
+    *few, last = [i async for i in stub.Scan(router_pb2.ScanRequest(table=TABLE, limit=5))]
+    assert [i.key for i in few] == sorted(KEYS)[:5]
+    # The summary says where the rest starts.
+    *rest, _ = [i async for i in stub.Scan(router_pb2.ScanRequest(table=TABLE,
+                                                                  page_token=last.summary.next_page_token))]
+    assert [i.key for i in rest] == sorted(KEYS)[5:]
+
+
+async def test_scan_summary_reports_the_least_fresh_answer_of_each_partition(grpc_cluster):
+    cluster, stub, _ = grpc_cluster
+    stale = sorted(KEYS)[0]
+    for node in (cluster.n1, cluster.n2):
+        node.replicas[(TABLE, part(stale))].end = 130
+    cluster.refresh()
+    *_, last = [i async for i in stub.Scan(router_pb2.ScanRequest(table=TABLE))]
+    lags = {p.partition: p.lag.offsets for p in last.summary.partitions}
+    assert lags == {p: 30 if p == part(stale) else 0 for p in range(4)}
 
 
 async def test_metadata_tables_cluster(grpc_cluster):
