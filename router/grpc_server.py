@@ -116,10 +116,10 @@ def _replica_info(i: ReplicaInfo) -> router_pb2.ReplicaInfo:
                                   end_offset=i.end)
 
 
-def parse_request_bound(router: Router, table: str, request: Any) -> Bound:
+def parse_request_bound(router: Router, request: Any) -> Bound:
     """The request's bound; a malformed one is counted as an invalid lookup before it is raised."""
     try:
-        return Bound.from_message(table, request.bound) if request.HasField("bound") else NO_BOUND
+        return Bound.from_message(request.bound) if request.HasField("bound") else NO_BOUND
     except InvalidArgument:
         router.metrics.lookup("invalid", "none", 0.0)
         raise
@@ -127,7 +127,7 @@ def parse_request_bound(router: Router, table: str, request: Any) -> Bound:
 
 async def answer_get(router: Router, request: router_pb2.GetRequest) -> router_pb2.GetResponse:
     """``Router.Get``, whichever server carries it; errors are raised, for the caller to translate."""
-    result = await router.get(request.table, request.key, parse_request_bound(router, request.table, request))
+    result = await router.get(request.table, request.key, parse_request_bound(router, request))
     if not result.found:
         raise key_not_found(result)
     return _get_response(result, request.typed_values)
@@ -139,8 +139,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     def __init__(self, router: Router) -> None:
         self._router = router
 
-    def _parse_bound(self, table: str, request: Any) -> Bound:
-        return parse_request_bound(self._router, table, request)
+    def _parse_bound(self, request: Any) -> Bound:
+        return parse_request_bound(self._router, request)
 
     async def Get(self, request: router_pb2.GetRequest, context: grpc.aio.ServicerContext) -> router_pb2.GetResponse:
         try:
@@ -152,7 +152,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                        context: grpc.aio.ServicerContext) -> router_pb2.BatchGetResponse:
         try:
             keys = list(request.keys)
-            results = await self._router.batch_get(request.table, keys, self._parse_bound(request.table, request))
+            results = await self._router.batch_get(request.table, keys, self._parse_bound(request))
             return router_pb2.BatchGetResponse(results=[
                 _get_response(r, request.typed_values) if isinstance(r, LookupResult)
                 else _key_error(request.table, key, r)
@@ -163,7 +163,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def Scan(self, request: router_pb2.ScanRequest,
                    context: grpc.aio.ServicerContext) -> AsyncIterator[router_pb2.ScanItem]:
         try:
-            bound = self._parse_bound(request.table, request)
+            bound = self._parse_bound(request)
             wanted = request.limit or None  # 0: everything
             page_size = self._router.settings.scan_max_limit
             typed = request.typed_values

@@ -10,6 +10,15 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from freshroute.routing.bound import MAX_LIMIT
+
+# Tokens are opaque to clients; their formats are named so tools can tell them from free text.
+POSITION_FORMAT = "freshroute-position"
+PAGE_TOKEN_FORMAT = "freshroute-page-token"
+POSITION_SCHEMA: dict[str, Any] = {"type": "string", "format": POSITION_FORMAT, "maxLength": 8192}
+_POSITION_HELP = ("a position token (`p1.…`, opaque) from an earlier response of this table: "
+                  "answer at least that fresh")
+
 
 class ServedBy(BaseModel):
     node: str
@@ -41,10 +50,11 @@ class ErrorBody(BaseModel):
 
 
 class BatchGetRequest(BaseModel):
-    keys: list[str]
-    max_lag: int | None = Field(default=None, ge=0)
-    max_staleness_ms: int | None = Field(default=None, ge=0)
-    min_position: str | None = None
+    keys: list[str] = Field(description="at most batch_max_keys (default 1000) keys")
+    max_lag: int | None = Field(default=None, ge=0, le=MAX_LIMIT)
+    max_staleness_ms: int | None = Field(default=None, ge=0, le=MAX_LIMIT)
+    min_position: str | None = Field(default=None, description=_POSITION_HELP,
+                                     json_schema_extra={"format": POSITION_FORMAT})
 
 
 class BatchItem(BaseModel):
@@ -88,18 +98,30 @@ def bound_parameters(query: bool = True) -> list[dict[str, Any]]:
     """The freshness-bound query parameters, documented by hand because they are parsed by hand."""
     return [
         {"name": "max_lag", "in": "query", "required": False,
-         "schema": {"type": "integer", "minimum": 0},
+         "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LIMIT},
          "description": "at most this many changelog offsets behind (default: the table's)"},
         {"name": "max_staleness_ms", "in": "query", "required": False,
-         "schema": {"type": "integer", "minimum": 0},
+         "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LIMIT},
          "description": "at most this many ms since the replica was caught up (default: the table's)"},
-        {"name": "min_position", "in": "query", "required": False, "schema": {"type": "string"},
-         "description": "a position token from an earlier response: answer at least that fresh"},
+        {"name": "min_position", "in": "query", "required": False, "schema": POSITION_SCHEMA,
+         "description": _POSITION_HELP},
     ]
 
 
+_PLAIN = {"text/plain": {"schema": {"type": "string"}}}
+_UNREADABLE = "; in plain text, a request the HTTP parser cannot read (e.g. a URL over 64 KiB)"
+
+# What the HTTP layer refuses before any route sees the request (in plain text, then it closes).
+HTTP_REFUSALS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "a request the HTTP parser cannot read (e.g. a URL over 64 KiB)", "content": _PLAIN},
+    414: {"description": "the URL of a key lookup is longer than 8 KiB", "content": _PLAIN},
+    431: {"description": "the request's head is larger than 32 KiB", "content": _PLAIN},
+}
+
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorBody, "description": "malformed bound, token or argument (INVALID_ARGUMENT)"},
+    **HTTP_REFUSALS,
+    400: {"model": ErrorBody, "content": _PLAIN,
+          "description": "malformed bound, token or argument (INVALID_ARGUMENT)" + _UNREADABLE},
     404: {"model": ErrorBody, "description": "TABLE_NOT_FOUND or KEY_NOT_FOUND (the latter with partition, served_by, lag)"},
     503: {"model": ErrorBody, "description": "NO_REPLICA_WITHIN_BOUND (with the freshest lag available) or REPLICA_UNAVAILABLE"},
     504: {"model": ErrorBody, "description": "no replica answered before the deadline (TIMEOUT)"},

@@ -27,8 +27,8 @@ from freshroute.errors import FreshrouteError, InvalidArgument
 from freshroute.position import Position
 
 from freshroute.routing.bound import NO_BOUND, Bound, parse_bound, parse_limit, parse_query_bound
-from router.openapi import (ERROR_RESPONSES, BatchGetRequest, BatchGetResponse, ErrorBody, KeyValue, ScanResponse,
-                            bound_parameters)
+from router.openapi import (ERROR_RESPONSES, HTTP_REFUSALS, PAGE_TOKEN_FORMAT, BatchGetRequest, BatchGetResponse, ErrorBody,
+                            KeyValue, ScanResponse, bound_parameters)
 from freshroute.routing.results import LookupResult, key_not_found
 from router.routing import Router
 from router.runtime import RouterRuntime
@@ -66,7 +66,9 @@ def error_response(exc: BaseException) -> tuple[int, bytes]:
 async def handle_error(request: Request, exc: Exception) -> Response:
     """The single exception handler of the app (every error class is routed here)."""
     status, body = error_response(exc)
-    return Response(body, status, media_type=_JSON)
+    # A 405 says which methods the resource has (RFC 9110 §15.5.6); Starlette names them in Allow.
+    headers = exc.headers if isinstance(exc, StarletteHTTPException) else None
+    return Response(body, status, headers=headers, media_type=_JSON)
 
 
 # ---- rendering ----------------------------------------------------------------------------
@@ -118,7 +120,7 @@ class KeyHandlers:
     async def lookup(self, table: str, key: str, query: bytes) -> tuple[int, bytes]:
         try:
             try:
-                bound = parse_query_bound(table, _query(query)) if query else NO_BOUND
+                bound = parse_query_bound(_query(query)) if query else NO_BOUND
             except InvalidArgument:
                 self.router.metrics.lookup("invalid", "none", 0.0)
                 raise
@@ -216,7 +218,7 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, fast_k
             if runtime is not None:
                 await runtime.stop()
 
-    app = RouterApp(title="freshroute router", version="1.0",
+    app = RouterApp(title="freshroute router", version="1.0", responses=HTTP_REFUSALS,
                   description="Key lookups on stream-materialized tables, served by the freshest replica "
                               "within the caller's staleness bound.", lifespan=lifespan)
     for exc_class in (FreshrouteError, RequestValidationError, StarletteHTTPException, Exception):
@@ -259,15 +261,19 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, fast_k
              openapi_extra={"parameters": [
                  *({"name": n, "in": "query", "required": False, "schema": {"type": "string"}, "description": d}
                    for n, d in (("prefix", "keys starting with this"), ("start", "first key (inclusive)"),
-                                ("end", "last key (exclusive)"), ("page_token", "from the previous page"))),
-                 {"name": "limit", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1},
-                  "description": f"page size (default {settings.scan_default_limit}, at most {settings.scan_max_limit})"},
+                                ("end", "last key (exclusive)"))),
+                 {"name": "page_token", "in": "query", "required": False,
+                  "schema": {"type": "string", "format": PAGE_TOKEN_FORMAT},
+                  "description": "next_page_token of the previous page of this table's scan (`s1.…`, opaque)"},
+                 {"name": "limit", "in": "query", "required": False,
+                  "schema": {"type": "integer", "minimum": 0, "maximum": settings.scan_max_limit},
+                  "description": f"page size (0 or absent: {settings.scan_default_limit})"},
                  *bound_parameters()]})
     async def scan(table: str, request: Request) -> Response:
         q = _query(request.scope.get("query_string", b""))
         limit = parse_limit("limit", q.get("limit"))
         page = await router.scan(table, q.get("prefix", ""), q.get("start", ""), q.get("end", ""), limit,
-                                 q.get("page_token") or None, parse_query_bound(table, q))
+                                 q.get("page_token") or None, parse_query_bound(q))
         return json({"table": page.table,
                      "items": [{"key": k, "value": _value(v), "partition": p} for k, v, p in page.items],
                      "next_page_token": page.next_page_token,
@@ -290,7 +296,9 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, fast_k
                   else "no tables registered yet")
         return json({"status": "not ready", "reason": reason}, 503)
 
-    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics")
+    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics", response_class=Response,
+             responses={200: {"description": "the Prometheus text exposition format",
+                              "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}})
     async def metrics() -> Response:
         return Response(generate_latest(router.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -310,7 +318,7 @@ async def _batch_get(router: Router, table: str, raw_body: bytes) -> dict[str, A
     min_position = doc.get("min_position")
     if min_position is not None and not isinstance(min_position, str):
         raise InvalidArgument("min_position must be a position token", field="min_position")
-    bound: Bound = parse_bound(table, doc.get("max_lag"), doc.get("max_staleness_ms"), min_position)
+    bound: Bound = parse_bound(doc.get("max_lag"), doc.get("max_staleness_ms"), min_position)
     results = await router.batch_get(table, keys, bound)
     items: list[dict[str, Any]] = []
     position: Position | None = None

@@ -119,7 +119,7 @@ class AsyncClient:
                   min_position: str | Position | None = None) -> Lookup:
         """One key from the freshest replica within the bound; ``found`` False when the table has no such key."""
         core = self._core()
-        bound = parse_bound(table, max_lag, max_staleness_ms, min_position)
+        bound = parse_bound(max_lag, max_staleness_ms, min_position)
         if self.direct():
             try:
                 return Lookup.of(await core.get(table, key, bound))
@@ -134,7 +134,7 @@ class AsyncClient:
                        min_position: str | Position | None = None) -> list[Lookup | FreshrouteError]:
         """Many keys, one group per partition in parallel; in request order, a key that could not be read as its error."""
         core = self._core()
-        bound = parse_bound(table, max_lag, max_staleness_ms, min_position)
+        bound = parse_bound(max_lag, max_staleness_ms, min_position)
         keys = list(keys)
         if self.direct():
             results = await core.batch_get(table, keys, bound, Lookup.group)
@@ -147,7 +147,7 @@ class AsyncClient:
                    page_size: int | None = None, max_lag: int | None = None, max_staleness_ms: int | None = None,
                    min_position: str | Position | None = None) -> AsyncIterator[Lookup]:
         """Rows in ascending key order (at most ``limit``), fetched a page at a time as the iteration needs them."""
-        bound = parse_bound(table, max_lag, max_staleness_ms, min_position)
+        bound = parse_bound(max_lag, max_staleness_ms, min_position)
         token: str | None = None
         sent = 0
         size = page_size or self.policy.scan_max_limit

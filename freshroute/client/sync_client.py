@@ -102,7 +102,7 @@ class Client:
             min_position: str | Position | None = None) -> Lookup:
         """One key from the freshest replica within the bound; ``found`` False when the table has no such key."""
         core, store = self._thread_core()
-        bound = parse_bound(table, max_lag, max_staleness_ms, min_position)
+        bound = parse_bound(max_lag, max_staleness_ms, min_position)
         if self._async.direct():
             try:
                 spec, raw_key, plan = core.plan_get(table, key, bound, time.monotonic())
@@ -122,7 +122,7 @@ class Client:
                  min_position: str | Position | None = None) -> list[Lookup | FreshrouteError]:
         """Many keys, one group per partition at once; in request order, a key that could not be read as its error."""
         core, store = self._thread_core()
-        bound = parse_bound(table, max_lag, max_staleness_ms, min_position)
+        bound = parse_bound(max_lag, max_staleness_ms, min_position)
         keys = list(keys)
         if self._async.direct():
             spec, bound, groups, raw_keys = core.group_keys(table, keys, bound)
@@ -149,7 +149,7 @@ class Client:
              min_position: str | Position | None = None) -> Iterator[Lookup]:
         """Rows in ascending key order (at most ``limit``), fetched a page at a time as the iteration needs them."""
         self._thread_core()
-        bound: Bound = parse_bound(table, max_lag, max_staleness_ms, min_position)
+        bound: Bound = parse_bound(max_lag, max_staleness_ms, min_position)
         token: str | None = None
         sent = 0
         size = page_size or self.policy.scan_max_limit

@@ -14,7 +14,7 @@ from freshroute.errors import InvalidArgument
 from freshroute.position import Position
 from proto import router_pb2, store_pb2
 
-_MAX = (1 << 63) - 1
+MAX_LIMIT = (1 << 63) - 1  # a bound or limit is an int64, as on the gRPC wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +86,9 @@ class Bound:
                                 min_position=self.min_position.encode() if self.min_position is not None else "")
 
     @classmethod
-    def from_message(cls, table: str, msg: router_pb2.Bound) -> "Bound":
+    def from_message(cls, msg: router_pb2.Bound) -> "Bound":
         """A public gRPC ``Bound``; anything malformed is an InvalidArgument naming the field."""
-        return parse_bound(table, msg.max_lag if msg.HasField("max_lag") else None,
+        return parse_bound(msg.max_lag if msg.HasField("max_lag") else None,
                            msg.max_staleness_ms if msg.HasField("max_staleness_ms") else None,
                            msg.min_position or None)
 
@@ -115,37 +115,35 @@ def parse_limit(name: str, raw: Any) -> int | None:
         raise InvalidArgument(f"{name} must be a non-negative integer", field=name)
     if isinstance(raw, int):
         value = raw
+    elif isinstance(raw, float) and raw.is_integer():
+        value = int(raw)  # JSON Schema counts 5.0 as an integer; JSON bodies may carry it so
     else:
         text = raw.strip() if isinstance(raw, str) else None
         # int() alone would accept "1_000" and " +5"; a bound is plain decimal digits.
         if not text or not text.isascii() or not text.isdigit():
             raise InvalidArgument(f"{name} must be a non-negative integer, got {str(raw)[:40]!r}", field=name)
         value = int(text)
-    if value < 0 or value > _MAX:
+    if value < 0 or value > MAX_LIMIT:
         raise InvalidArgument(f"{name} must be a non-negative integer, got {value}", field=name)
     return value
 
 
-def parse_position(table: str, raw: str | Position | None) -> Position | None:
-    """Decode a ``min_position`` token (or take a Position) and check it belongs to ``table``."""
+def parse_position(raw: str | Position | None) -> Position | None:
+    """Decode a ``min_position`` token (or take a Position); whose table it is, the read checks."""
     if not raw:
         return None
-    position = raw if isinstance(raw, Position) else Position.decode(raw)
-    if position.table != table:
-        raise InvalidArgument(f"min_position is a position of table {position.table!r}, not {table!r}",
-                              field="min_position")
-    return position
+    return raw if isinstance(raw, Position) else Position.decode(raw)
 
 
-def parse_bound(table: str, max_lag: Any = None, max_staleness_ms: Any = None,
+def parse_bound(max_lag: Any = None, max_staleness_ms: Any = None,
                 min_position: str | Position | None = None) -> Bound:
     """A caller's bound from raw values; anything malformed is an InvalidArgument naming the field."""
     if max_lag is None and max_staleness_ms is None and not min_position:
         return NO_BOUND
     return Bound(parse_limit("max_lag", max_lag), parse_limit("max_staleness_ms", max_staleness_ms),
-                 parse_position(table, min_position))
+                 parse_position(min_position))
 
 
-def parse_query_bound(table: str, params: Mapping[str, str]) -> Bound:
+def parse_query_bound(params: Mapping[str, str]) -> Bound:
     """A bound from REST query parameters (already split)."""
-    return parse_bound(table, params.get("max_lag"), params.get("max_staleness_ms"), params.get("min_position"))
+    return parse_bound(params.get("max_lag"), params.get("max_staleness_ms"), params.get("min_position"))

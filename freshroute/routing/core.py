@@ -120,7 +120,14 @@ class RoutingCore:
         return spec
 
     def bound_for(self, spec: TableSpec, bound: Bound) -> Bound:
-        """The caller's bound with the table's defaults (the policy's over the table spec's) filled in."""
+        """The caller's bound with the table's defaults (the policy's over the table spec's) filled in.
+
+        Checked here, once the table is known to exist: a position of another table is a caller's mistake.
+        """
+        position = bound.min_position
+        if position is not None and position.table != spec.name:
+            raise InvalidArgument(f"min_position is a position of table {position.table!r}, not {spec.name!r}",
+                                  field="min_position")
         override = self.policy.table_bounds.get(spec.name)
         if override is not None:
             return bound.with_defaults(*override)

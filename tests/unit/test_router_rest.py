@@ -6,7 +6,7 @@ import pytest
 
 from freshroute.keys import partition_for, serialize_key
 from freshroute.metadata import Role, TableSpec, now_ms
-from freshroute.position import Position
+from freshroute.position import Position, single
 
 from freshroute.routing.fake import InMemoryStoreClient, fake_snapshot
 from router.rest import create_app
@@ -242,6 +242,19 @@ async def test_min_position_routes_to_a_replica_that_far(cluster):
             assert Position.decode(r.json()["position"]).offset_for(p) >= 120
 
 
+async def test_a_position_of_another_table_is_invalid_once_the_table_is_known(cluster):
+    other = single("other", 0, 5)
+    async with cluster.client() as c:
+        wrong = [await c.get(f"/v1/tables/{TABLE}/keys/sensor-1", params={"min_position": other}),
+                 await c.get(f"/v1/tables/{TABLE}/scan", params={"min_position": other}),
+                 await c.post(f"/v1/tables/{TABLE}/keys:batchGet", json={"keys": ["a"], "min_position": other})]
+        absent = await c.get("/v1/tables/nope/keys/sensor-1", params={"min_position": other})
+    for r in wrong:
+        assert r.status_code == 400 and r.json()["error"]["field"] == "min_position"
+        assert "position of table 'other'" in r.json()["error"]["message"]
+    assert absent.status_code == 404 and absent.json()["error"]["code"] == "TABLE_NOT_FOUND"
+
+
 async def test_key_with_slash_and_unicode(cluster):
     key = "site/α-1"
     p = part(key)
@@ -359,6 +372,24 @@ async def test_health_ready_metrics_docs(cluster):
     assert "/v1/tables/{table}/keys:batchGet" in spec["paths"] and "/v1/tables/{table}/scan" in spec["paths"]
     assert docs.status_code == 200
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "NOT_FOUND"
+    # What the document says of formats, limits and content types.
+    params = {p["name"]: p["schema"] for p in op["parameters"]}
+    assert params["min_position"]["format"] == "freshroute-position"
+    assert params["max_lag"] == {"type": "integer", "minimum": 0, "maximum": (1 << 63) - 1}
+    scan = {p["name"]: p["schema"] for p in spec["paths"]["/v1/tables/{table}/scan"]["get"]["parameters"]}
+    assert scan["page_token"]["format"] == "freshroute-page-token" and scan["limit"]["maximum"] == 1000
+    assert list(spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == [
+        "text/plain; version=1.0.0; charset=utf-8"]
+    assert set(op["responses"]["400"]["content"]) == {"application/json", "text/plain"}
+    assert {"414", "431"} <= set(spec["paths"]["/healthz"]["get"]["responses"])
+
+
+async def test_a_method_not_allowed_names_the_allowed_ones(cluster):
+    async with cluster.client() as c:
+        r = await c.request("TRACE", "/v1/cluster")
+        post = await c.post(f"/v1/tables/{TABLE}/keys/sensor-1")
+    assert r.status_code == 405 and r.headers["allow"] == "GET" and r.json()["error"]["code"] == "METHOD_NOT_ALLOWED"
+    assert post.status_code == 405 and post.headers["allow"] == "GET"
 
 
 async def test_not_ready_once_stopping(cluster):

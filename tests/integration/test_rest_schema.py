@@ -1,0 +1,45 @@
+"""The REST API answers what its OpenAPI document says, as schemathesis checks it (`--checks all`).
+
+A real router process over real Redis and in-memory store nodes; schemathesis generates
+valid and invalid requests for every operation from the router's own /openapi.json, within
+a bounded number of examples and time.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from .test_router_process import KEYS, ROOT, TABLE, Deployment, Procs
+
+pytestmark = pytest.mark.integration
+
+SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, redis_service):
+    d = Deployment(Procs(tmp_path_factory.mktemp("schema")), redis_service.address, f"t{uuid.uuid4().hex[:10]}")
+    try:
+        d.up()
+        yield d
+    finally:
+        d.procs.stop_all()
+
+
+def test_the_rest_api_keeps_to_its_openapi_document(deployment, tmp_path):
+    assert SCHEMATHESIS.exists() or shutil.which("schemathesis"), "schemathesis is a test dependency"
+    run = subprocess.run(
+        [str(SCHEMATHESIS), "run", f"{deployment.rest}/openapi.json", "--checks", "all",
+         "--max-examples", "30", "--seed", "1", "--workers", "1",
+         "--request-timeout", "10", "--no-color", "--output-truncate", "true", "--report-dir", str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=400,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "SCHEMATHESIS_HOOKS": "tests.integration.schema_hooks",
+             "FRESHROUTE_SCHEMA_TABLE": TABLE, "FRESHROUTE_SCHEMA_KEYS": str(KEYS)})
+    assert run.returncode == 0 and "No issues found" in run.stdout, run.stdout[-20_000:] + run.stderr[-5_000:]
