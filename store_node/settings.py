@@ -42,8 +42,7 @@ class StoreNodeSettings(CommonSettings):
 
     # Bounded per-partition fetches: the broker fills a Fetch partition by partition up to the
     # byte limit, so one partition far behind would otherwise starve the others. 1 MiB rather
-    # than 256 KiB: a restore makes a quarter of the round trips (restore 308k against 232k
-    # records/s, median of three alternating runs each).
+    # than 256 KiB: a restore makes a quarter of the round trips.
     max_partition_fetch_bytes: int = Field(1024 * 1024, gt=0, description="fetch bytes per partition")
     fetch_max_bytes: int = Field(4 * 1024 * 1024, gt=0, description="fetch bytes per request")
     fetch_wait_max_ms: int = Field(100, gt=0, description="broker long-poll; bounds how old the end offset can be")
@@ -83,12 +82,10 @@ class StoreNodeSettings(CommonSettings):
             "enable.partition.eof": True,
             "statistics.interval.ms": self.statistics_interval_ms,
             "fetch.wait.max.ms": self.fetch_wait_max_ms,
-            # While a replica restores, the thread applying records is the slower side and librdkafka's
-            # fetch queue stays full; with no backoff its fetch thread re-checks the queue without pause
-            # and spins: 0.4–0.7 CPU-s per 300,000 records restored, a third of the restore's own cost,
-            # taken from the applying thread on a busy machine. A 10 ms pause costs no restore time (the
-            # full queue holds about a second of records to apply) and no freshness (a replica that keeps
-            # up never fills it).
+            # While a replica restores, librdkafka's fetch queue stays full and, without a backoff, its
+            # fetch thread re-checks it without pause, spinning on the CPU the applying thread needs. A
+            # 10 ms pause costs no restore time (the full queue holds about a second of records) and no
+            # freshness (a replica that keeps up never fills it).
             "fetch.queue.backoff.ms": 10,
             "max.partition.fetch.bytes": self.max_partition_fetch_bytes,
             "fetch.max.bytes": self.fetch_max_bytes,
