@@ -17,6 +17,7 @@ import orjson
 from freshroute.errors import InvalidArgument
 
 _PREFIX = "p1."
+MAX_TOKEN_LENGTH = 8192
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class Position:
     @classmethod
     def decode(cls, token: str) -> "Position":
         """Parse a token; anything malformed is an :class:`InvalidArgument`."""
-        if not isinstance(token, str) or not token.startswith(_PREFIX) or len(token) > 8192:
+        if not isinstance(token, str) or not token.startswith(_PREFIX) or len(token) > MAX_TOKEN_LENGTH:
             raise InvalidArgument("min_position is not a position token", field="min_position")
         body = token[len(_PREFIX) :]
         try:

@@ -10,12 +10,14 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from freshroute.position import MAX_TOKEN_LENGTH
 from freshroute.routing.bound import MAX_LIMIT
+from router.transports.http1 import MAX_HEAD, MAX_REQUEST_LINE_URL
 
 # Tokens are opaque to clients; their formats are named so tools can tell them from free text.
 POSITION_FORMAT = "freshroute-position"
 PAGE_TOKEN_FORMAT = "freshroute-page-token"
-POSITION_SCHEMA: dict[str, Any] = {"type": "string", "format": POSITION_FORMAT, "maxLength": 8192}
+POSITION_SCHEMA: dict[str, Any] = {"type": "string", "format": POSITION_FORMAT, "maxLength": MAX_TOKEN_LENGTH}
 _POSITION_HELP = ("a position token (`p1.…`, opaque) from an earlier response of this table: "
                   "answer at least that fresh")
 
@@ -54,7 +56,7 @@ class BatchGetRequest(BaseModel):
     max_lag: int | None = Field(default=None, ge=0, le=MAX_LIMIT)
     max_staleness_ms: int | None = Field(default=None, ge=0, le=MAX_LIMIT)
     min_position: str | None = Field(default=None, description=_POSITION_HELP,
-                                     json_schema_extra={"format": POSITION_FORMAT})
+                                     json_schema_extra={"format": POSITION_FORMAT, "maxLength": MAX_TOKEN_LENGTH})
 
 
 class BatchItem(BaseModel):
@@ -109,19 +111,19 @@ def bound_parameters(query: bool = True) -> list[dict[str, Any]]:
 
 
 _PLAIN = {"text/plain": {"schema": {"type": "string"}}}
-_UNREADABLE = "; in plain text, a request the HTTP parser cannot read (e.g. a URL over 64 KiB)"
+_UNREADABLE = "a request the HTTP parser cannot read (e.g. a URL over 64 KiB)"
 
 # What the HTTP layer refuses before any route sees the request (in plain text, then it closes).
 HTTP_REFUSALS: dict[int | str, dict[str, Any]] = {
-    400: {"description": "a request the HTTP parser cannot read (e.g. a URL over 64 KiB)", "content": _PLAIN},
-    414: {"description": "the URL of a key lookup is longer than 8 KiB", "content": _PLAIN},
-    431: {"description": "the request's head is larger than 32 KiB", "content": _PLAIN},
+    400: {"description": _UNREADABLE, "content": _PLAIN},
+    414: {"description": f"the URL of a key lookup is longer than {MAX_REQUEST_LINE_URL >> 10} KiB", "content": _PLAIN},
+    431: {"description": f"the request's head is larger than {MAX_HEAD >> 10} KiB", "content": _PLAIN},
 }
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     **HTTP_REFUSALS,
     400: {"model": ErrorBody, "content": _PLAIN,
-          "description": "malformed bound, token or argument (INVALID_ARGUMENT)" + _UNREADABLE},
+          "description": "malformed bound, token or argument (INVALID_ARGUMENT); in plain text, " + _UNREADABLE},
     404: {"model": ErrorBody, "description": "TABLE_NOT_FOUND or KEY_NOT_FOUND (the latter with partition, served_by, lag)"},
     503: {"model": ErrorBody, "description": "NO_REPLICA_WITHIN_BOUND (with the freshest lag available) or REPLICA_UNAVAILABLE"},
     504: {"model": ErrorBody, "description": "no replica answered before the deadline (TIMEOUT)"},

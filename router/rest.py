@@ -27,8 +27,8 @@ from freshroute.errors import FreshrouteError, InvalidArgument
 from freshroute.position import Position
 
 from freshroute.routing.bound import NO_BOUND, Bound, parse_bound, parse_limit, parse_query_bound
-from router.openapi import (ERROR_RESPONSES, HTTP_REFUSALS, PAGE_TOKEN_FORMAT, BatchGetRequest, BatchGetResponse, ErrorBody,
-                            KeyValue, ScanResponse, bound_parameters)
+from router.openapi import (ERROR_RESPONSES, HTTP_REFUSALS, PAGE_TOKEN_FORMAT, BatchGetRequest, BatchGetResponse,
+                            ErrorBody, KeyValue, ScanResponse, bound_parameters)
 from freshroute.routing.results import LookupResult, key_not_found
 from router.routing import Router
 from router.runtime import RouterRuntime
