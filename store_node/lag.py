@@ -113,13 +113,16 @@ class LagTracker:
         return self.end is not None and self.end - self.applied <= threshold and self.evidence_fresh(now)
 
     def staleness_ms(self, now_ms: int | None = None) -> int:
-        now = self._clock() if now_ms is None else now_ms
-        if self.within(0, now):
-            return 0
-        return max(0, now - self.caught_up_at_ms)
+        return self.figures(self._clock() if now_ms is None else now_ms)[2]
+
+    def figures(self, now_ms: int) -> tuple[int, int | None, int]:
+        """(applied, end, staleness_ms) at ``now_ms``: a snapshot's numbers without building one (a read's path)."""
+        applied, end = self.applied, self.end
+        if end is not None and end <= applied and self.evidence_fresh(now_ms):
+            return applied, end, 0
+        return applied, end, max(0, now_ms - self.caught_up_at_ms)
 
     def snapshot(self, now_ms: int | None = None) -> LagSnapshot:
         now = self._clock() if now_ms is None else now_ms
-        caught_up = self.within(0, now)
-        staleness = 0 if caught_up else max(0, now - self.caught_up_at_ms)
-        return LagSnapshot(self.applied, self.end, staleness, caught_up)
+        applied, end, staleness = self.figures(now)
+        return LagSnapshot(applied, end, staleness, end is not None and end <= applied and self.evidence_fresh(now))

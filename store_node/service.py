@@ -41,21 +41,31 @@ _OK, _NOT_FOUND, _TOO_STALE, _NOT_HOSTED, _ERROR = (store_pb2.OK, store_pb2.NOT_
 
 
 def replica_status(node_id: str, rep: "Replica", lag: LagSnapshot) -> store_pb2.ReplicaStatus:
-    end = lag.applied if lag.end is None else max(lag.end, lag.applied)
+    return _status(node_id, rep, lag.applied, lag.end, lag.staleness_ms)
+
+
+def _status(node_id: str, rep: "Replica", applied: int, end: int | None, staleness_ms: int) -> store_pb2.ReplicaStatus:
+    end = applied if end is None else max(end, applied)
     return store_pb2.ReplicaStatus(node=node_id, role=_ROLE[rep.role], state=_STATE[rep.state],
-                                   applied_offset=lag.applied, end_offset=end,
-                                   lag_offsets=end - lag.applied, staleness_ms=lag.staleness_ms)
+                                   applied_offset=applied, end_offset=end,
+                                   lag_offsets=end - applied, staleness_ms=staleness_ms)
 
 
 class _Reader:
-    """Answers reads against one snapshot of the hosted replicas, taking each table-partition's status once."""
+    """Answers reads against one snapshot of the hosted replicas, taking each table-partition's status once.
 
-    __slots__ = ("node_id", "serving", "now", "cache")
+    ``statuses`` keeps each replica's last status message while its figures stay the same:
+    between two applied batches every read reports the same status, and building it is a
+    good part of a read's cost.
+    """
 
-    def __init__(self, node_id: str, serving, now: int) -> None:
+    __slots__ = ("node_id", "serving", "now", "statuses", "cache")
+
+    def __init__(self, node_id: str, serving, now: int, statuses: dict) -> None:
         self.node_id = node_id
         self.serving = serving
         self.now = now
+        self.statuses = statuses
         self.cache: dict = {}
 
     def _replica(self, key: tuple[str, int]) -> tuple:
@@ -64,8 +74,14 @@ class _Reader:
             return None, None, None, None
         # Take the store before the lag: the store can only be newer than the lag says.
         store = rep.store
-        lag = rep.lag.snapshot(self.now)
-        return rep, store, lag, replica_status(self.node_id, rep, lag)
+        figures = rep.lag.figures(self.now)
+        seen = (rep, rep.role, rep.restoring, figures)
+        kept = self.statuses.get(key)
+        if kept is not None and kept[0] == seen:
+            return rep, store, figures, kept[1]
+        status = _status(self.node_id, rep, *figures)
+        self.statuses[key] = (seen, status)
+        return rep, store, figures, status
 
     def admit(self, read: store_pb2.KeyRead | store_pb2.GroupRead | store_pb2.ScanRequest,
               out: store_pb2.KeyResult | store_pb2.GroupResult | store_pb2.ScanChunk) -> tuple | None:
@@ -76,7 +92,7 @@ class _Reader:
         cached = self.cache.get(key)
         if cached is None:
             cached = self.cache[key] = self._replica(key)
-        rep, store, lag, status = cached
+        rep, store, figures, status = cached
         if rep is None:
             out.status = _NOT_HOSTED
             out.message = f"{table}/{partition} is not hosted by {self.node_id}"
@@ -86,8 +102,7 @@ class _Reader:
         if store is None:
             why = "replica is being rebuilt from its changelog"
         elif read.HasField("bound"):
-            why = Bound.from_store(table, partition, read.bound).refusal(partition, lag.applied, lag.end,
-                                                                         lag.staleness_ms)
+            why = Bound.from_store(table, partition, read.bound).refusal(partition, *figures)
         if why is not None:
             out.status = _TOO_STALE
             out.message = why
@@ -167,10 +182,11 @@ class StoreNodeService(store_pb2_grpc.StoreNodeServicer):
         self._node = node
         self._node_id = node.node_id
         self._clock = clock
+        self._statuses: dict = {}  # (table, partition) -> (figures, status): touched on the event loop only
 
     def reader(self) -> _Reader:
         """A reader over the replicas hosted now, with the clock read once."""
-        return _Reader(self._node_id, self._node.serving, self._clock())
+        return _Reader(self._node_id, self._node.serving, self._clock(), self._statuses)
 
     async def Get(self, request: store_pb2.KeyRead, context) -> store_pb2.KeyResult:
         result = store_pb2.KeyResult()

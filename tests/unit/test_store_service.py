@@ -55,6 +55,24 @@ def test_ok_read_carries_the_replica_status(world):
     assert (r.applied_offset, r.end_offset, r.lag_offsets, r.staleness_ms) == (10, 10, 0, 0)
 
 
+def test_each_read_reports_the_status_as_of_that_read(world):
+    # The status message is kept between reads while nothing changes: every change must show.
+    world.rep.lag.observe_end(25, world.clock.now)
+    first = get(world, b"alice").replica
+    assert (first.applied_offset, first.lag_offsets, first.state) == (10, 15, store_pb2.RESTORING)
+    world.clock.now += 700
+    assert get(world, b"alice").replica.staleness_ms == first.staleness_ms + 700
+    world.rep.store.apply([(b"carol", b'{"age":22}')], 25)
+    world.rep.lag.advance(25)
+    world.rep.check_restored(world.clock.now)
+    now = get(world, b"carol")
+    assert now.value == b'{"age":22}'
+    assert (now.replica.applied_offset, now.replica.lag_offsets, now.replica.staleness_ms) == (25, 0, 0)
+    assert now.replica.state == store_pb2.SERVING_STANDBY
+    world.rep.role = Role.ACTIVE
+    assert get(world, b"carol").replica.role == store_pb2.ACTIVE
+
+
 def test_missing_key_is_not_found_with_status(world):
     caught_up(world)
     res = get(world, b"carol")
