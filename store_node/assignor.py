@@ -20,9 +20,12 @@ fencing generation) computes and writes, through a write that fails once the lea
 
 from __future__ import annotations
 
+import bisect
+import functools
+import heapq
 import logging
+import zlib
 from collections import deque
-from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, Protocol
 
 from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
@@ -31,25 +34,30 @@ log = logging.getLogger(__name__)
 
 ReplicaKey = tuple[str, int]
 _COLD = (2, float("inf"), float("inf"))
+_RESTORING = ReplicaState.RESTORING
 
 
-@dataclass(frozen=True)
 class _Lags:
     """Per (table-partition, node): what that node reports about its replica."""
 
-    by_key: Mapping[ReplicaKey, Mapping[str, ReplicaReport]]
-    threshold: int
+    __slots__ = ("by_key", "_threshold")
+
+    def __init__(self, by_key: Mapping[ReplicaKey, Mapping[str, ReplicaReport]], threshold: int) -> None:
+        self.by_key = by_key
+        self._threshold = threshold
 
     def freshness(self, key: ReplicaKey, node: str) -> tuple:
         """Sort key, most caught-up first: serving replicas, then restoring ones, then unknown."""
-        r = self.by_key.get(key, {}).get(node)
+        reports = self.by_key.get(key)
+        r = reports.get(node) if reports is not None else None
         if r is None:
             return _COLD
-        return (1 if r.state is ReplicaState.RESTORING else 0, r.lag.offsets, r.staleness_ms)
+        return (1 if r.state is _RESTORING else 0, max(0, r.end - r.applied), r.staleness_ms)
 
     def warm(self, key: ReplicaKey, node: str) -> bool:
-        r = self.by_key.get(key, {}).get(node)
-        return r is not None and r.state is not ReplicaState.RESTORING and r.lag.offsets <= self.threshold
+        reports = self.by_key.get(key)
+        r = reports.get(node) if reports is not None else None
+        return r is not None and r.state is not _RESTORING and r.end - r.applied <= self._threshold
 
 
 def _quotas(total: int, nodes: list[str], current: Mapping[str, int]) -> dict[str, int]:
@@ -139,21 +147,17 @@ def assign(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], pr
     total, active = loads()
     quota = _quotas(sum(want.values()), nodes, total)
     active_quota = _quotas(len(keys), nodes, active)
-    for key in sorted(keys, key=lambda k: (len(placement[k]), k)):
-        ns = placement[key]
-        while len(ns) < want[key]:
-            used_racks = {rack[n] for n in ns if rack[n] is not None}
-            candidates = [n for n in nodes if n not in ns]
-            if not ns:
-                best = min(candidates, key=lambda n: (active[n] >= active_quota[n], total[n] >= quota[n],
-                                                      lags.freshness(key, n), active[n], total[n], n))
-                active[best] += 1
-            else:
-                best = min(candidates, key=lambda n: (total[n] >= quota[n],
-                                                      rack[n] is not None and rack[n] in used_racks,
-                                                      total[n], lags.freshness(key, n), n))
-            ns.append(best)
-            total[best] += 1
+    short = [k for k in keys if len(placement[k]) < want[k]]
+    if short:
+        table_active: dict[tuple[str, str], int] = {}
+        for k, ns in placement.items():
+            if ns:
+                table_active[k[0], ns[0]] = table_active.get((k[0], ns[0]), 0) + 1
+        pick = _Picker(nodes, rack, lags, total, active, table_active, quota, active_quota)
+        for key in sorted(short, key=lambda k: (len(placement[k]), k)):
+            ns = placement[key]
+            while len(ns) < want[key]:
+                ns.append(pick.for_active(key) if not ns else pick.for_standby(key, ns))
 
     # 5. Move replicas from nodes above their quota to nodes below it: standbys first, the
     #    coldest first; then actives, preferring partitions whose warm standby can take over.
@@ -210,6 +214,103 @@ def assign(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], pr
     return Assignment(generation, {k: tuple(ns) for k, ns in placement.items() if ns})
 
 
+def _shuffle(node: str, level: int) -> int:
+    """A tie-break among equally loaded nodes that differs at every load level: placing by node id
+    would give the replicas of one node's actives to the same few nodes, and its death would then
+    make those few the active of all of them."""
+    return zlib.crc32(f"{node}/{level}".encode())
+
+
+class _Picker:
+    """Step 4's choice of a node for a new replica, without looking at every node for every replica.
+
+    The choice is the minimum of a sort key over the candidate nodes: below quota first; then,
+    for an active, the fewest actives of the partition's table and in all, for a standby, a new
+    rack and the least loaded; then the replica's freshness on that node; then a tie-break.
+    Freshness is the same (unknown) on every node that reports no replica of the partition, so
+    those wait in heaps ordered by the rest of the key (one per table for actives, one per rack
+    for standbys), and the few nodes that do report the partition are judged one by one.
+    Counts only grow while step 4 runs, so an entry whose node's counts have changed since it
+    was pushed is re-keyed when it comes up rather than updated every time.
+    """
+
+    def __init__(self, nodes: list[str], rack: Mapping[str, str | None], lags: _Lags, total: dict[str, int],
+                 active: dict[str, int], table_active: dict[tuple[str, str], int], quota: Mapping[str, int],
+                 active_quota: Mapping[str, int]) -> None:
+        self._nodes, self._rack, self._lags = nodes, rack, lags
+        self._total, self._active, self._table_active = total, active, table_active
+        self._quota, self._active_quota = quota, active_quota
+        self._actives: dict[str, list[tuple]] = {}  # by table, made when first needed
+        self._standbys: dict[str | None, list[tuple]] = {}
+        for n in nodes:
+            self._standbys.setdefault(rack[n], []).append(self._standby_key(n))
+        for heap in self._standbys.values():
+            heapq.heapify(heap)
+
+    def _active_key(self, table: str, n: str) -> tuple:
+        active, total = self._active[n], self._total[n]
+        return (active >= self._active_quota[n], total >= self._quota[n], self._table_active.get((table, n), 0),
+                active, total, n)
+
+    def _standby_key(self, n: str) -> tuple:
+        total = self._total[n]
+        return (total >= self._quota[n], total, _shuffle(n, total), n)
+
+    @staticmethod
+    def _top(heap: list[tuple], current: Callable[[str], tuple], skip: set[str]) -> tuple | None:
+        """The heap's least entry, re-keyed where counts changed, whose node is not in ``skip``."""
+        aside = []
+        top = None
+        while heap:
+            entry = heap[0]
+            now = current(entry[-1])
+            if entry != now:
+                heapq.heapreplace(heap, now)
+            elif entry[-1] in skip:
+                aside.append(heapq.heappop(heap))
+            else:
+                top = entry
+                break
+        for entry in aside:
+            heapq.heappush(heap, entry)
+        return top
+
+    def for_active(self, key: ReplicaKey) -> str:
+        """The node for a partition's only replica, its active."""
+        table = key[0]
+        reporting = self._lags.by_key.get(key, {})
+        fresh = self._lags.freshness
+        current = functools.partial(self._active_key, table)
+        options = [(k[0], k[1], fresh(key, n), *k[2:]) for n in reporting if n in self._total for k in [current(n)]]
+        heap = self._actives.get(table)
+        if heap is None:
+            heap = self._actives[table] = [current(n) for n in self._nodes]
+            heapq.heapify(heap)
+        top = self._top(heap, current, set(reporting))
+        if top is not None:
+            options.append((top[0], top[1], _COLD, *top[2:]))
+        best = min(options)[-1]
+        self._active[best] += 1
+        self._table_active[table, best] = self._table_active.get((table, best), 0) + 1
+        self._total[best] += 1
+        return best
+
+    def for_standby(self, key: ReplicaKey, ns: list[str]) -> str:
+        """The node for one more replica of a partition placed on ``ns``."""
+        rack, fresh = self._rack, self._lags.freshness
+        used = {rack[n] for n in ns if rack[n] is not None}
+        skip = set(ns) | set(self._lags.by_key.get(key, {}))
+        options = [(k[0], rack[n] is not None and rack[n] in used, k[1], fresh(key, n), *k[2:])
+                   for n in skip.difference(ns) if n in self._total for k in [self._standby_key(n)]]
+        for group, heap in self._standbys.items():
+            top = self._top(heap, self._standby_key, skip)
+            if top is not None:
+                options.append((top[0], group is not None and group in used, top[1], _COLD, *top[2:]))
+        best = min(options)[-1]
+        self._total[best] += 1
+        return best
+
+
 def _balance_actives(keys: list[ReplicaKey], nodes: list[str], placement: dict[ReplicaKey, list[str]],
                      lags: _Lags, warm: Callable[[ReplicaKey, str], bool] | None = None) -> bool:
     """Hand actives to warm standbys until every node's active count is within one of every other's.
@@ -221,17 +322,20 @@ def _balance_actives(keys: list[ReplicaKey], nodes: list[str], placement: dict[R
     sum of squared counts, so the loop ends.
     """
     warm = warm or lags.warm
+    active = {n: 0 for n in nodes}
+    # Possible hand-overs by giver: (partition, warm standby). Kept up to date by appending
+    # after each shift; entries a shift made obsolete are skipped when met.
+    hand_over: dict[str, list[tuple[ReplicaKey, str]]] = {n: [] for n in nodes}
+
+    def offer(k: ReplicaKey) -> None:
+        ns = placement[k]
+        hand_over[ns[0]].extend((k, m) for m in ns[1:] if warm(k, m))
+
+    for k in keys:
+        if placement[k]:
+            active[placement[k][0]] += 1
+            offer(k)
     for _ in range(len(keys) + 1):
-        active = {n: 0 for n in nodes}
-        hand_over: dict[str, list[tuple[ReplicaKey, str]]] = {n: [] for n in nodes}
-        for k in keys:
-            ns = placement[k]
-            if not ns:
-                continue
-            active[ns[0]] += 1
-            for m in ns[1:]:
-                if warm(k, m):
-                    hand_over[ns[0]].append((k, m))
         top, low = max(active.values()), min(active.values())
         if top - low <= 1:
             return True
@@ -246,19 +350,22 @@ def _balance_actives(keys: list[ReplicaKey], nodes: list[str], placement: dict[R
                 found = x
                 break
             for k, y in hand_over[x]:
-                if y not in seen:
+                if y not in seen and placement[k][0] == x and y in placement[k]:
                     seen.add(y)
                     parent[y] = (x, k)
                     queue.append(y)
         if found is None:
             return False
+        active[found] += 1
         y = found
         while y in parent:
             x, k = parent[y]
             ns = placement[k]
             ns.remove(y)
             ns.insert(0, y)
+            offer(k)
             y = x
+        active[y] -= 1
     return False
 
 
@@ -279,26 +386,29 @@ def _spread_tables(keys: list[ReplicaKey], nodes: list[str], placement: dict[Rep
         by_table.setdefault(k[0], []).append(k)
     tables = sorted(by_table)
 
-    def counts() -> tuple[dict[str, dict[str, int]], dict[str, int]]:
-        per = {t: {n: 0 for n in nodes} for t in by_table}
-        total = {n: 0 for n in nodes}
-        for k in keys:
-            if placement[k]:
-                per[k[0]][placement[k][0]] += 1
-                total[placement[k][0]] += 1
-        return per, total
+    per = {t: {n: 0 for n in nodes} for t in by_table}
+    total = {n: 0 for n in nodes}
+    actives: dict[tuple[str, str], list[ReplicaKey]] = {}  # (table, node) -> its actives, in key order
+    for k in keys:
+        if placement[k]:
+            a = placement[k][0]
+            per[k[0]][a] += 1
+            total[a] += 1
+            actives.setdefault((k[0], a), []).append(k)
 
     def hand_over(table: str, giver: str, taker: str) -> ReplicaKey | None:
-        return next((k for k in by_table[table] if placement[k] and placement[k][0] == giver
-                     and taker in placement[k][1:] and lags.warm(k, taker)), None)
+        return next((k for k in actives.get((table, giver), ()) if taker in placement[k][1:]
+                     and lags.warm(k, taker)), None)
 
     def steps() -> Iterator[list[tuple[ReplicaKey, str]]]:
         """Each improving step, as the hand-overs (partition, new active) it makes."""
-        per, total = counts()
         for t in tables:
-            for a in nodes:
-                for b in nodes:
-                    give = hand_over(t, a, b) if per[t][a] - per[t][b] >= 2 else None
+            count = per[t]
+            low = min(count.values())
+            # Only pairs two or more apart can improve: the rest of the nodes are not looked at.
+            for a in (n for n in nodes if count[n] >= low + 2):
+                for b in (n for n in nodes if count[a] - count[n] >= 2):
+                    give = hand_over(t, a, b)
                     if give is None:
                         continue
                     if total[a] > total[b]:
@@ -313,8 +423,15 @@ def _spread_tables(keys: list[ReplicaKey], nodes: list[str], placement: dict[Rep
         if step is None:
             return
         for k, n in step:
+            t, giver = k[0], placement[k][0]
             placement[k].remove(n)
             placement[k].insert(0, n)
+            per[t][giver] -= 1
+            per[t][n] += 1
+            total[giver] -= 1
+            total[n] += 1
+            actives[t, giver].remove(k)
+            bisect.insort(actives.setdefault((t, n), []), k)
 
 
 def _trade_actives(keys: list[ReplicaKey], nodes: list[str], placement: dict[ReplicaKey, list[str]]) -> None:

@@ -63,13 +63,27 @@ def assert_balanced(a: Assignment, nodes: list[str]) -> None:
     assert max(active[n] for n in nodes) - min(active[n] for n in nodes) <= 1, active
 
 
-def test_fresh_assignment_is_valid_and_balanced():
-    tables = {"t": spec(partitions=8, standby=1)}
-    ids = ["a", "b", "c"]
+# A cluster's shape: (nodes, tables, partitions per table, standbys). The large one is the
+# assignor at the scale of a real cluster, small enough to run in seconds.
+SMALL, LARGE = (3, 1, 8, 1), (300, 10, 500, 2)
+
+
+def cluster(shape) -> tuple[dict, list[str]]:
+    nodes, tables, partitions, standby = shape
+    if tables == 1:
+        return {"t": spec(partitions=partitions, standby=standby)}, [chr(ord("a") + i) for i in range(nodes)]
+    return ({f"t{i}": spec(f"t{i}", partitions, standby) for i in range(tables)},
+            [f"n{i:03d}" for i in range(nodes)])
+
+
+@pytest.mark.parametrize("shape", [SMALL, LARGE], ids=["small", "large"])
+def test_fresh_assignment_is_valid_and_balanced(shape):
+    tables, ids = cluster(shape)
     a = assign(tables, [node(i) for i in ids], None, generation=7)
     assert a.generation == 7
     assert_valid(a, tables, ids)
     assert_balanced(a, ids)
+    assert assign(tables, reports_for(a), a, 8).replicas == a.replicas  # a fixed point
 
 
 def test_fewer_nodes_than_replicas_means_fewer_standbys():
@@ -87,16 +101,18 @@ def test_assignment_is_a_fixed_point():
     assert again.replicas == a.replicas
 
 
-def test_adding_a_node_moves_few_replicas_and_no_cold_active():
-    tables = {"t": spec(partitions=8, standby=1)}
-    a = assign(tables, [node(i) for i in "abc"], None, 1)
-    ids = ["a", "b", "c", "d"]
+@pytest.mark.parametrize("shape", [(3, 1, 8, 1), LARGE], ids=["small", "large"])
+def test_adding_a_node_moves_few_replicas_and_no_cold_active(shape):
+    tables, ids = cluster(shape)
+    a = assign(tables, [node(i) for i in ids], None, 1)
+    ids = ids + ["new"]
     b = assign(tables, with_nodes(reports_for(a), ids), a, 2)
     assert_valid(b, tables, ids)
     moved = len(placements(a) - placements(b))
-    assert moved == loads(b)[0]["d"] == 4  # exactly the new node's fair share moves, nothing else
+    share = len(placements(a)) // len(ids)
+    assert moved == loads(b)[0]["new"] == share  # exactly the new node's fair share moves, nothing else
     # The new node's replicas are cold: it gets no active until they catch up.
-    assert loads(b)[1]["d"] == 0
+    assert loads(b)[1]["new"] == 0
     # Once they report caught up, actives even out without moving any more data.
     c = assign(tables, reports_for(b), b, 3)
     assert placements(c) == placements(b)
@@ -163,6 +179,23 @@ def test_losing_a_node_promotes_the_most_caught_up_standby():
     assert_balanced(b, live)
 
 
+@pytest.mark.parametrize("shape", [(4, 1, 6, 2), LARGE], ids=["small", "large"])
+def test_losing_any_node_recreates_only_its_replicas_and_promotes_warm_survivors(shape):
+    tables, ids = cluster(shape)
+    a = assign(tables, [node(i) for i in ids], None, 1)
+    reports = reports_for(a)
+    for dead in ids[:: max(1, len(ids) // 3)]:
+        live = [i for i in ids if i != dead]
+        b = assign(tables, [r for r in reports if r.node_id != dead], a, 2)
+        assert_valid(b, tables, live)
+        assert_balanced(b, live)
+        lost = {(k, n) for k, n in placements(a) if n == dead}
+        # Data moves only to replace the dead node's replicas; every active is a warm survivor.
+        assert {(k, n) for k, n in placements(a) if n != dead} <= placements(b)
+        assert len(placements(b) - placements(a)) == len(lost)
+        assert all(b.replicas[k][0] in a.replicas[k] for k in b.replicas)
+
+
 def test_restoring_standby_ranks_below_a_serving_one():
     tables = {"t": spec(partitions=1, standby=2)}
     prev = Assignment(1, {("t", 0): ("a", "b", "c")})
@@ -184,14 +217,14 @@ def test_draining_nodes_get_nothing():
     assert_valid(b, tables, ["b", "c"])
 
 
-def test_racks_are_honoured_when_possible():
-    tables = {"t": spec(partitions=8, standby=1)}
-    nodes = [node("a", "r1"), node("b", "r1"), node("c", "r2"), node("d", "r2")]
-    a = assign(tables, nodes, None, 1)
-    rack = {"a": "r1", "b": "r1", "c": "r2", "d": "r2"}
+@pytest.mark.parametrize("shape", [(4, 1, 8, 1), (300, 10, 500, 2)], ids=["small", "large"])
+def test_racks_are_honoured_when_possible(shape):
+    tables, ids = cluster(shape)
+    rack = {n: f"r{i % 3}" for i, n in enumerate(ids)} if len(ids) > 4 else dict(zip(ids, ["r1", "r1", "r2", "r2"]))
+    a = assign(tables, [node(n, rack[n]) for n in ids], None, 1)
     for ns in a.replicas.values():
-        assert rack[ns[0]] != rack[ns[1]]
-    assert_balanced(a, list("abcd"))
+        assert len({rack[n] for n in ns}) == len(ns)
+    assert_balanced(a, ids)
 
 
 def test_lost_assignment_is_rebuilt_from_node_reports():
