@@ -107,3 +107,23 @@ def test_local_up_places_store_nodes_from_the_first_port_or_on_free_ports(tmp_pa
     args = parser.parse_args(["local", "up", "--home", str(tmp_path), "--store-port", "0", "--rest-port", "0"])
     config = config_from_args(args)
     assert len(config.store_ports) == 3 and all(p > 0 for p in config.store_ports) and config.rest_port > 0
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path, monkeypatch, capsys):
+    """`freshroute local status --json | head -1`: the closed pipe is an exit code, not a traceback."""
+    sink = open(tmp_path / "out", "w")
+
+    class ClosedPipe:
+        def write(self, _: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self) -> None:
+            pass
+
+        def fileno(self) -> int:
+            return sink.fileno()
+
+    monkeypatch.setattr("sys.stdout", ClosedPipe())
+    assert cli.main(["local", "status", "--json", "--home", str(tmp_path / "home")]) == 1
+    assert "Traceback" not in capsys.readouterr().err
+    sink.close()
