@@ -381,12 +381,8 @@ def _spread_tables(keys: list[ReplicaKey], nodes: list[str], placement: dict[Rep
     of. Every step lowers the sum of squared per-table counts and keeps the totals within one,
     so the loop ends; a step never moves data, only roles.
     """
-    by_table: dict[str, list[ReplicaKey]] = {}
-    for k in keys:
-        by_table.setdefault(k[0], []).append(k)
-    tables = sorted(by_table)
-
-    per = {t: {n: 0 for n in nodes} for t in by_table}
+    tables = sorted({k[0] for k in keys})
+    per = {t: {n: 0 for n in nodes} for t in tables}
     total = {n: 0 for n in nodes}
     actives: dict[tuple[str, str], list[ReplicaKey]] = {}  # (table, node) -> its actives, in key order
     for k in keys:

@@ -125,4 +125,4 @@ class LagTracker:
     def snapshot(self, now_ms: int | None = None) -> LagSnapshot:
         now = self._clock() if now_ms is None else now_ms
         applied, end, staleness = self.figures(now)
-        return LagSnapshot(applied, end, staleness, end is not None and end <= applied and self.evidence_fresh(now))
+        return LagSnapshot(applied, end, staleness, self.within(0, now))

@@ -21,7 +21,6 @@ from freshroute.errors import StoreCorrupt
 from freshroute.metadata import ReplicaState, Role, now_ms
 from freshroute.routing.bound import Bound
 from proto import store_pb2, store_pb2_grpc
-from store_node.lag import LagSnapshot
 from store_node.replica_store import scan_range
 
 if TYPE_CHECKING:
@@ -40,11 +39,9 @@ _OK, _NOT_FOUND, _TOO_STALE, _NOT_HOSTED, _ERROR = (store_pb2.OK, store_pb2.NOT_
                                                      store_pb2.NOT_HOSTED, store_pb2.ERROR)
 
 
-def replica_status(node_id: str, rep: "Replica", lag: LagSnapshot) -> store_pb2.ReplicaStatus:
-    return _status(node_id, rep, lag.applied, lag.end, lag.staleness_ms)
-
-
-def _status(node_id: str, rep: "Replica", applied: int, end: int | None, staleness_ms: int) -> store_pb2.ReplicaStatus:
+def replica_status(node_id: str, rep: "Replica", applied: int, end: int | None,
+                   staleness_ms: int) -> store_pb2.ReplicaStatus:
+    """The replica's status as a read reports it, from its lag's figures (:meth:`LagTracker.figures`)."""
     end = applied if end is None else max(end, applied)
     return store_pb2.ReplicaStatus(node=node_id, role=_ROLE[rep.role], state=_STATE[rep.state],
                                    applied_offset=applied, end_offset=end,
@@ -79,7 +76,7 @@ class _Reader:
         kept = self.statuses.get(key)
         if kept is not None and kept[0] == seen:
             return rep, store, figures, kept[1]
-        status = _status(self.node_id, rep, *figures)
+        status = replica_status(self.node_id, rep, *figures)
         self.statuses[key] = (seen, status)
         return rep, store, figures, status
 
@@ -237,13 +234,13 @@ class StoreNodeService(store_pb2_grpc.StoreNodeServicer):
                 return
             lower = rows[-1][0] + b"\x00"
             # Later chunks report the replica as it is when they are read (it only moves forward).
-            status = replica_status(self._node_id, rep, rep.lag.snapshot(self._clock()))
+            status = replica_status(self._node_id, rep, *rep.lag.figures(self._clock()))
 
     async def Status(self, request: store_pb2.StatusRequest, context) -> store_pb2.NodeStatus:
         now = self._clock()
         out = store_pb2.NodeStatus(node=self._node_id, draining=self._node.draining)
         for key, rep in sorted(self._node.serving.items()):
-            out.replicas.append(replica_status(self._node_id, rep, rep.lag.snapshot(now)))
+            out.replicas.append(replica_status(self._node_id, rep, *rep.lag.figures(now)))
             out.tables.append(f"{key[0]}/{key[1]}")
             c = rep.counters
             out.counters.append(store_pb2.ReplicaCounters(records_applied=c.records_applied,
