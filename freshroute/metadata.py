@@ -5,14 +5,23 @@ current assignment and the assignor lease. Losing Redis loses no data; every rol
 working from what it last saw. All keys live under one namespace so that several stacks
 (or tests) can share a Redis server.
 
+The schema is made for clusters of a thousand nodes: what every node writes often is
+small, and what readers poll is a version or a change log, never the whole cluster.
+
 Keys (``ns`` is the namespace, ``freshroute`` by default):
 
-- ``{ns}:tables``            hash  table name → TableSpec JSON (written by the pipeline)
-- ``{ns}:nodes``             set   node ids that ever registered
-- ``{ns}:node:{id}``         str   NodeReport JSON, rewritten by every heartbeat, with a TTL
-- ``{ns}:assignment``        str   Assignment JSON (written only by the assignor lease holder)
-- ``{ns}:assignor``          str   "{node_id}:{generation}", the assignor lease (SET NX PX)
-- ``{ns}:assignor:generation`` int fencing generation, INCR'd by each new lease holder
+- ``{ns}:tables``              hash  table name → TableSpec JSON (written by the pipeline)
+- ``{ns}:tables:version``      str   changes with every write of the table specs
+- ``{ns}:beats``               hash  node id → its latest heartbeat time (ms, the node's clock)
+- ``{ns}:node:{id}``           str   NodeReport JSON, rewritten only when it changed; every beat renews its TTL
+- ``{ns}:reports``             zset  node id → sequence number of its latest report (what changed since)
+- ``{ns}:reports:seq``         int   report sequence; starts at the server's clock in µs, so it
+                                     only grows, even across a Redis that lost its state
+- ``{ns}:assignment``          str   Assignment JSON (written only by the assignor lease holder)
+- ``{ns}:assignment:version``  str   changes with every assignment written
+- ``{ns}:placements``          hash  node id → Placement JSON, that node's part of the assignment
+- ``{ns}:assignor``            str   "{node_id}:{generation}", the assignor lease (SET NX PX)
+- ``{ns}:assignor:generation`` int   fencing generation, INCR'd by each new lease holder
 """
 
 from __future__ import annotations
@@ -101,9 +110,19 @@ class ReplicaReport:
                    int(d["applied"]), int(d["end"]), int(d["staleness_ms"]))
 
 
+# The heartbeat format; a reader skips (and counts) a report of a version it does not know.
+REPORT_VERSION = 1
+# A report larger than this is refused unread: about 30,000 replicas, far beyond any real node.
+MAX_REPORT_BYTES = 4 * 1024 * 1024
+
+
 @dataclass(frozen=True)
 class NodeReport:
-    """A store node's heartbeat: who it is, where it serves, and every replica's lag."""
+    """A store node's heartbeat: who it is, where it serves, and every replica's lag.
+
+    ``heartbeat_ms`` is when the node made the report (its figures were true then); the
+    node's liveness is its latest beat, kept apart (see :meth:`MetadataStore.beats`).
+    """
 
     node_id: str
     address: str
@@ -114,15 +133,21 @@ class NodeReport:
     read_address: str | None = None  # the node's read port, if it offers one (else reads use gRPC)
 
     def to_json(self) -> bytes:
-        return orjson.dumps({"node_id": self.node_id, "address": self.address, "rack": self.rack,
-                             "heartbeat_ms": self.heartbeat_ms, "draining": self.draining,
+        return orjson.dumps({"v": REPORT_VERSION, "node_id": self.node_id, "address": self.address,
+                             "rack": self.rack, "heartbeat_ms": self.heartbeat_ms, "draining": self.draining,
                              "read_address": self.read_address,
                              "replicas": [r.to_dict() for r in self.replicas]})
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> "NodeReport":
+        """Decode a report; raises ValueError (or KeyError, TypeError) for one that is malformed,
+        too large or of an unknown version."""
+        if len(raw) > MAX_REPORT_BYTES:
+            raise ValueError(f"report of {len(raw)} bytes is over the limit of {MAX_REPORT_BYTES}")
         d = orjson.loads(raw)
-        return cls(d["node_id"], d["address"], int(d["heartbeat_ms"]),
+        if d.get("v", REPORT_VERSION) != REPORT_VERSION:
+            raise ValueError(f"report version {d.get('v')!r} is unknown (this reader knows {REPORT_VERSION})")
+        return cls(str(d["node_id"]), str(d["address"]), int(d["heartbeat_ms"]),
                    tuple(ReplicaReport.from_dict(r) for r in d.get("replicas", ())),
                    d.get("rack"), bool(d.get("draining", False)), d.get("read_address"))
 
@@ -139,10 +164,14 @@ class Assignment:
         return nodes[0] if nodes else None
 
     def hosted_by(self, node_id: str) -> dict[tuple[str, int], Role]:
-        out: dict[tuple[str, int], Role] = {}
+        return self.placements().get(node_id, {})
+
+    def placements(self) -> dict[str, dict[tuple[str, int], Role]]:
+        """Each node's part: its replicas and their roles."""
+        out: dict[str, dict[tuple[str, int], Role]] = {}
         for tp, nodes in self.replicas.items():
-            if node_id in nodes:
-                out[tp] = Role.ACTIVE if nodes[0] == node_id else Role.STANDBY
+            for i, node_id in enumerate(nodes):
+                out.setdefault(node_id, {})[tp] = Role.ACTIVE if i == 0 else Role.STANDBY
         return out
 
     def to_json(self) -> bytes:
@@ -153,6 +182,15 @@ class Assignment:
     def from_json(cls, raw: bytes | str) -> "Assignment":
         d = orjson.loads(raw)
         return cls(int(d["generation"]), {(t, int(p)): tuple(n) for t, p, n in d["replicas"]})
+
+
+def placement_json(hosted: dict[tuple[str, int], Role]) -> bytes:
+    """One node's part of an assignment, as the node reads it."""
+    return orjson.dumps(sorted([t, p, r.value] for (t, p), r in hosted.items()))
+
+
+def placement_from_json(raw: bytes | str) -> dict[tuple[str, int], Role]:
+    return {(t, int(p)): Role(r) for t, p, r in orjson.loads(raw)}
 
 
 @dataclass(frozen=True)
@@ -166,15 +204,35 @@ class Keys:
         return f"{self.ns}:tables"
 
     @property
-    def nodes(self) -> str:
-        return f"{self.ns}:nodes"
+    def tables_version(self) -> str:
+        return f"{self.ns}:tables:version"
+
+    @property
+    def beats(self) -> str:
+        return f"{self.ns}:beats"
 
     def node(self, node_id: str) -> str:
         return f"{self.ns}:node:{node_id}"
 
     @property
+    def reports(self) -> str:
+        return f"{self.ns}:reports"
+
+    @property
+    def reports_seq(self) -> str:
+        return f"{self.ns}:reports:seq"
+
+    @property
     def assignment(self) -> str:
         return f"{self.ns}:assignment"
+
+    @property
+    def assignment_version(self) -> str:
+        return f"{self.ns}:assignment:version"
+
+    @property
+    def placements(self) -> str:
+        return f"{self.ns}:placements"
 
     @property
     def assignor(self) -> str:
@@ -185,26 +243,78 @@ class Keys:
         return f"{self.ns}:assignor:generation"
 
 
+@dataclass(frozen=True)
+class Round:
+    """What one membership round learns in one round trip: the lease and the versions to follow."""
+
+    report_held: bool  # False: Redis no longer holds this node's report (it lost its state); publish it again
+    lease: str | None  # the assignor lease's value, "{node_id}:{generation}"
+    tables_version: bytes | None
+    assignment_version: bytes | None
+
+
+UNREAD: Any = object()  # "not read yet", where None is a value read
+
+# A version that differs from every earlier one, even after Redis lost its state: the
+# server's clock in µs, or one more than the last version if the clock went back.
+_NEW_VERSION = """
+local function new_version(key)
+    local t = redis.call('TIME')
+    local v = t[1] * 1000000 + t[2]
+    local prev = tonumber(redis.call('GET', key))
+    if prev and v <= prev then v = prev + 1 end
+    v = string.format('%d', v)
+    redis.call('SET', key, v)
+    return v
+end
+"""
+
+
 class MetadataStore:
     """Synchronous access to the metadata schema (pipeline, store nodes, tools).
 
     The router reads the same keys with ``redis.asyncio`` through the same codecs.
     """
 
-    # Write the assignment only while holding the lease of the given generation: a
-    # deposed assignor that wakes up late can never overwrite its successor's work.
-    _FENCED_WRITE = """
-    if redis.call('GET', KEYS[1]) == ARGV[1] then
-        redis.call('SET', KEYS[2], ARGV[2])
+    # A beat renews the node's liveness and its report's TTL; with a report, it also
+    # replaces the report and logs the change. Returns 0 when Redis has lost the report.
+    _BEAT = """
+    redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+    if ARGV[4] ~= '' then
+        if redis.call('EXISTS', KEYS[4]) == 0 then
+            local t = redis.call('TIME')
+            redis.call('SET', KEYS[4], string.format('%d', t[1] * 1000000 + t[2]))
+        end
+        redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[3])
+        redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[4]), ARGV[1])
         return 1
     end
-    return 0
+    return redis.call('PEXPIRE', KEYS[2], ARGV[3])
+    """
+
+    # Write the assignment only while holding the lease of the given generation: a
+    # deposed assignor that wakes up late can never overwrite its successor's work.
+    # ARGV: lease value, assignment JSON, n, then n (node, placement) pairs to set, then nodes to drop.
+    _FENCED_WRITE = _NEW_VERSION + """
+    if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+    redis.call('SET', KEYS[2], ARGV[2])
+    local n = tonumber(ARGV[3])
+    for i = 0, n - 1 do redis.call('HSET', KEYS[4], ARGV[4 + 2 * i], ARGV[5 + 2 * i]) end
+    for i = 4 + 2 * n, #ARGV do redis.call('HDEL', KEYS[4], ARGV[i]) end
+    return new_version(KEYS[3])
+    """
+
+    _REGISTER_TABLES = _NEW_VERSION + """
+    for i = 1, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+    new_version(KEYS[2])
     """
 
     def __init__(self, client: Any, namespace: str = "freshroute") -> None:
         self.redis = client
         self.keys = Keys(namespace)
+        self._beat = client.register_script(self._BEAT)
         self._fenced_write = client.register_script(self._FENCED_WRITE)
+        self._register_tables = client.register_script(self._REGISTER_TABLES)
 
     @classmethod
     def from_url(cls, url: str, namespace: str = "freshroute", timeout_s: float = 1.0) -> "MetadataStore":
@@ -214,44 +324,86 @@ class MetadataStore:
 
     # tables
     def register_tables(self, specs: Iterable[TableSpec]) -> None:
-        mapping = {s.name: s.to_json() for s in specs}
-        if mapping:
-            self.redis.hset(self.keys.tables, mapping=mapping)
+        args = [x for s in specs for x in (s.name, s.to_json())]
+        if args:
+            self._register_tables(keys=[self.keys.tables, self.keys.tables_version], args=args)
 
     def tables(self) -> dict[str, TableSpec]:
         raw = self.redis.hgetall(self.keys.tables)
-        return {k.decode() if isinstance(k, bytes) else k: TableSpec.from_json(v) for k, v in raw.items()}
+        return {_text(k): TableSpec.from_json(v) for k, v in raw.items()}
 
     # nodes
+    def _beat_args(self, node_id: str, beat_ms: int, ttl_ms: int, report: bytes | None) -> dict[str, list]:
+        return {"keys": [self.keys.beats, self.keys.node(node_id), self.keys.reports, self.keys.reports_seq],
+                "args": [node_id, beat_ms, ttl_ms, report or b""]}
+
     def publish_node(self, report: NodeReport, ttl_ms: int) -> None:
+        """A heartbeat with the full report."""
+        self._beat(**self._beat_args(report.node_id, report.heartbeat_ms, ttl_ms, report.to_json()))
+
+    def round(self, node_id: str, beat_ms: int | None, ttl_ms: int, report: bytes | None) -> Round:
+        """One membership round in one round trip: a beat (when ``beat_ms`` is given, with the
+        report when it changed), the lease, and the versions of the tables and the assignment."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.sadd(self.keys.nodes, report.node_id)
-        pipe.set(self.keys.node(report.node_id), report.to_json(), px=ttl_ms)
-        pipe.execute()
+        if beat_ms is not None:
+            self._beat(**self._beat_args(node_id, beat_ms, ttl_ms, report), client=pipe)
+        pipe.get(self.keys.assignor)
+        pipe.mget([self.keys.tables_version, self.keys.assignment_version])
+        out = pipe.execute()
+        held = bool(out[0]) if beat_ms is not None else True
+        lease, (tables_version, assignment_version) = out[-2], out[-1]
+        return Round(held, _text(lease) if lease is not None else None, tables_version, assignment_version)
 
     def remove_node(self, node_id: str) -> None:
         pipe = self.redis.pipeline(transaction=False)
-        pipe.srem(self.keys.nodes, node_id)
+        pipe.hdel(self.keys.beats, node_id)
+        pipe.zrem(self.keys.reports, node_id)
         pipe.delete(self.keys.node(node_id))
         pipe.execute()
 
+    def beats(self) -> dict[str, int]:
+        """Every node's latest heartbeat time."""
+        return {_text(k): int(v) for k, v in self.redis.hgetall(self.keys.beats).items()}
+
     def nodes(self) -> dict[str, NodeReport]:
-        ids = sorted(i.decode() if isinstance(i, bytes) else i for i in self.redis.smembers(self.keys.nodes))
+        """Every node's latest report (a full read, for tools and tests; roles read changes only)."""
+        ids = sorted(self.beats())
         if not ids:
             return {}
         raws = self.redis.mget([self.keys.node(i) for i in ids])
-        return {i: NodeReport.from_json(r) for i, r in zip(ids, raws) if r is not None}
+        out = {}
+        for i, raw in zip(ids, raws):
+            try:
+                if raw is not None:
+                    out[i] = NodeReport.from_json(raw)
+            except (ValueError, KeyError, TypeError):
+                pass  # a bad report is no node (the roles count and log them: see freshroute.heartbeats)
+        return out
 
     # assignment
     def assignment(self) -> Assignment | None:
         raw = self.redis.get(self.keys.assignment)
         return Assignment.from_json(raw) if raw else None
 
-    def try_acquire_assignor(self, node_id: str, lease_ms: int) -> int | None:
-        """Take the assignor lease if it is free; returns the new fencing generation, or None."""
-        current = self.redis.get(self.keys.assignor)
+    def placement(self, node_id: str) -> dict[tuple[str, int], Role] | None:
+        """This node's part of the assignment; None when there is no assignment at all."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.exists(self.keys.assignment)
+        pipe.hget(self.keys.placements, node_id)
+        exists, raw = pipe.execute()
+        if not exists:
+            return None
+        return placement_from_json(raw) if raw else {}
+
+    def try_acquire_assignor(self, node_id: str, lease_ms: int, current: Any = UNREAD) -> int | None:
+        """Take the assignor lease if it is free; returns the new fencing generation, or None.
+
+        ``current`` is the lease's value if the caller has just read it (saves a round trip)."""
+        if current is UNREAD:
+            raw = self.redis.get(self.keys.assignor)
+            current = _text(raw) if raw is not None else None
         if current is not None:
-            holder, _, gen = (current.decode() if isinstance(current, bytes) else current).rpartition(":")
+            holder, _, gen = current.rpartition(":")
             if holder == node_id:
                 return self.renew_assignor(node_id, int(gen), lease_ms) and int(gen) or None
             return None
@@ -269,7 +421,42 @@ class MetadataStore:
         script = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
         self.redis.eval(script, 1, self.keys.assignor, f"{node_id}:{generation}")
 
-    def write_assignment(self, assignment: Assignment, node_id: str, generation: int) -> bool:
-        """Fenced write: succeeds only while ``node_id`` holds lease ``generation``."""
-        return bool(self._fenced_write(keys=[self.keys.assignor, self.keys.assignment],
-                                       args=[f"{node_id}:{generation}", assignment.to_json()]))
+    def versions(self) -> tuple[bytes | None, bytes | None]:
+        """(tables version, assignment version)."""
+        tables, assignment = self.redis.mget([self.keys.tables_version, self.keys.assignment_version])
+        return tables, assignment
+
+    def write_assignment(self, assignment: Assignment, node_id: str, generation: int,
+                         previous: Assignment | None = None) -> bytes | None:
+        """Fenced write: succeeds only while ``node_id`` holds lease ``generation``; returns the new
+        assignment version, or None when fenced off.
+
+        Only the placements that differ from ``previous`` (the assignment in Redis) are written."""
+        now = {n: placement_json(h) for n, h in assignment.placements().items()}
+        before = {n: placement_json(h) for n, h in previous.placements().items()} if previous is not None else {}
+        changed = [x for n, p in sorted(now.items()) if before.get(n) != p for x in (n, p)]
+        # Without a previous assignment, drop whatever placements a lost assignment left behind.
+        dropped = sorted(set(before) - set(now)) if previous is not None else \
+            sorted(set(map(_text, self.redis.hkeys(self.keys.placements))) - set(now))
+        version = self._fenced_write(
+            keys=[self.keys.assignor, self.keys.assignment, self.keys.assignment_version, self.keys.placements],
+            args=[f"{node_id}:{generation}", assignment.to_json(), len(changed) // 2, *changed, *dropped])
+        return version or None
+
+    def poll(self, feed: Any) -> set[str]:
+        """Bring ``feed`` (a :class:`freshroute.heartbeats.NodeFeed`) up to date; returns the nodes
+        whose report changed or is gone."""
+        return feed.poll(self.redis, self.keys)
+
+    def forget_nodes(self, node_ids: Iterable[str]) -> None:
+        """Remove nodes silent for longer than any report lives (the lease holder tidies up)."""
+        ids = list(node_ids)
+        if ids:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hdel(self.keys.beats, *ids)
+            pipe.zrem(self.keys.reports, *ids)
+            pipe.execute()
+
+
+def _text(v: bytes | str) -> str:
+    return v.decode() if isinstance(v, bytes) else v

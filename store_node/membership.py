@@ -9,36 +9,67 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from dataclasses import replace
+from typing import Callable, Mapping
 
 from redis.exceptions import RedisError
 
-from freshroute.metadata import Assignment, MetadataStore, NodeReport, ReplicaReport, Role, TableSpec, now_ms
+from freshroute.metadata import MetadataStore, NodeReport, ReplicaReport, Role, Round, TableSpec, now_ms
 from store_node.assignor import AssignorLoop
 from store_node.settings import StoreNodeSettings
 
 log = logging.getLogger(__name__)
 
 ReplicaKey = tuple[str, int]
+Desired = dict[ReplicaKey, tuple[TableSpec, Role]]
 
 
-def desired_replicas(assignment: Assignment, tables: dict[str, TableSpec],
-                     node_id: str) -> dict[ReplicaKey, tuple[TableSpec, Role]]:
-    """This node's replicas in ``assignment``, for tables whose spec is known."""
+def desired_replicas(hosted: Mapping[ReplicaKey, Role], tables: dict[str, TableSpec]) -> Desired:
+    """This node's replicas in its placement, for tables whose spec is known."""
     out = {}
-    for key, role in assignment.hosted_by(node_id).items():
+    for key, role in hosted.items():
         spec = tables.get(key[0])
         if spec is not None and 0 <= key[1] < spec.partitions:
             out[key] = (spec, role)
     return out
 
 
+# A report whose only change is its replicas' positions moving (caught up, under a steady
+# write load) is republished at most this often: lags and states are republished at once.
+POSITIONS_EVERY_MS = 1000
+
+
+def needs_publishing(before: NodeReport | None, now: NodeReport, slack_ms: int) -> bool:
+    """Whether ``now`` tells readers something ``before`` (the last report published) does not.
+
+    Readers extrapolate a lagging replica's staleness by the report's age, so staleness that
+    grew as time passed is no news; ``slack_ms`` is how far off that extrapolation may be.
+    """
+    if before is None or (before.address, before.read_address, before.rack, before.draining) != \
+            (now.address, now.read_address, now.rack, now.draining) or len(before.replicas) != len(now.replicas):
+        return True
+    elapsed = now.heartbeat_ms - before.heartbeat_ms
+    moved = False
+    for a, b in zip(before.replicas, now.replicas):
+        if (a.table, a.partition, a.role, a.state) != (b.table, b.partition, b.role, b.state) or \
+                a.end - a.applied != b.end - b.applied or (a.staleness_ms == 0) != (b.staleness_ms == 0) or \
+                (b.staleness_ms and abs(b.staleness_ms - a.staleness_ms - elapsed) > slack_ms):
+            return True
+        moved = moved or a.applied != b.applied
+    return moved and elapsed >= POSITIONS_EVERY_MS
+
+
 class Membership:
-    """Publishes this node's heartbeat, runs the assignor loop, and hands the assignment to the node."""
+    """Publishes this node's heartbeat, runs the assignor loop, and hands the assignment to the node.
+
+    One round trip per round: the beat (with the report only when it changed), the lease,
+    and the versions of the tables and the assignment. The node reads its own placement
+    only when the assignment's version changed.
+    """
 
     def __init__(self, settings: StoreNodeSettings, metadata: MetadataStore, address: str,
                  replicas: Callable[[int], tuple[ReplicaReport, ...]],
-                 follow: Callable[[dict[ReplicaKey, tuple[TableSpec, Role]]], None],
+                 follow: Callable[[Desired], None],
                  clock: Callable[[], int] = now_ms, read_address: str | None = None) -> None:
         self._settings = settings
         self._metadata = metadata
@@ -48,10 +79,14 @@ class Membership:
         self._follow = follow
         self._clock = clock
         self.assignor = AssignorLoop(metadata, settings.node_id, settings.assignor_lease_ms,
-                                     settings.node_expiry_ms, settings.caught_up_threshold)
+                                     settings.node_expiry_ms, settings.caught_up_threshold,
+                                     forget_after_ms=settings.node_report_ttl_ms)
         self._beat_at: int | None = None
+        self._published: NodeReport | None = None
         self.draining = False
-        self.assignment: Assignment | None = None
+        self._tables: tuple[bytes | None, dict[str, TableSpec]] | None = None
+        self._placement: tuple[bytes | None, dict[ReplicaKey, Role] | None] | None = None
+        self.desired: Desired | None = None  # what the last assignment read asks of this node
         self._outage_since: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -68,32 +103,42 @@ class Membership:
         while not self._stop.wait(period):
             self.tick()
 
-    def report(self) -> NodeReport:
-        now = self._clock()
+    def report(self, now: int | None = None) -> NodeReport:
+        now = self._clock() if now is None else now
         return NodeReport(self._settings.node_id, self._address, now, self._replicas(now),
                           self._settings.rack, self.draining, self._read_address)
 
     def tick(self) -> None:
-        """One round: heartbeat, assignor, read the assignment. Never raises for a Redis outage."""
+        """One round: heartbeat, assignor, follow the assignment. Never raises for a Redis outage."""
+        settings = self._settings
         try:
             now = self._clock()
             # Half a poll period early rather than a whole one late: the loop wakes once per poll.
-            due = self._settings.heartbeat_ms - self._settings.assignment_poll_ms // 2
-            if self._beat_at is None or now - self._beat_at >= due or self.draining:
-                self._metadata.publish_node(self.report(), self._settings.node_report_ttl_ms)
+            due = settings.heartbeat_ms - settings.assignment_poll_ms // 2
+            beat = self._beat_at is None or now - self._beat_at >= due or self.draining
+            report = self.report(now) if beat else None
+            fresh = report is not None and needs_publishing(self._published, report, settings.heartbeat_ms)
+            found = self._metadata.round(settings.node_id, now if beat else None, settings.node_report_ttl_ms,
+                                         report.to_json() if fresh and report is not None else None)
+            if beat:
                 self._beat_at = now
-            if not self.draining:
-                self.assignor.step(self._clock())
-            tables = self._metadata.tables()
-            assignment = self._metadata.assignment()
+                if fresh:
+                    self._published = report
+                elif not found.report_held:
+                    self._published = None  # Redis lost it: the next round publishes it whole
+                    self._beat_at = None
+            if not self.draining and self.assignor.step(self._clock(), found.lease) is not None:
+                # Written just now: this node follows it at once, not a round later.
+                found = replace(found, assignment_version=self._metadata.versions()[1])
+            desired = self._read_assignment(found)
         except RedisError as e:
             self.assignor.forget()
             self._beat_at = None  # publish again as soon as Redis answers
+            self._published = None
             if self._outage_since is None:
                 self._outage_since = self._clock()
-                log.warning("metadata store (Redis) unreachable: %s; serving under the last assignment "
-                            "(generation %s) and retrying quietly",
-                            e, self.assignment.generation if self.assignment else "none")
+                log.warning("metadata store (Redis) unreachable: %s; serving under the last assignment read "
+                            "and retrying quietly", e)
             return
         except Exception:
             log.exception("membership round failed")
@@ -101,11 +146,27 @@ class Membership:
         if self._outage_since is not None:
             log.info("metadata store (Redis) reachable again after %.1fs", (self._clock() - self._outage_since) / 1000)
             self._outage_since = None
-        if assignment is not None and tables:
-            # No tables at all means the registry was lost with Redis (the pipeline re-registers
-            # them): keep the replicas rather than drop every one.
-            self.assignment = assignment
-            self._follow(desired_replicas(assignment, tables, self._settings.node_id))
+        if desired is not None:
+            self.desired = desired
+            self._follow(desired)
+
+    def _read_assignment(self, found: Round) -> Desired | None:
+        """This node's replicas, re-read when the tables or the assignment changed; None: keep the current ones."""
+        changed = False
+        if self._tables is None or self._tables[0] != found.tables_version:
+            self._tables = (found.tables_version, self._metadata.tables())
+            changed = True
+        if self._placement is None or self._placement[0] != found.assignment_version:
+            self._placement = (found.assignment_version, self._metadata.placement(self._settings.node_id))
+            changed = True
+        tables, placement = self._tables[1], self._placement[1]
+        if placement is None or not tables:
+            # No assignment, or no tables at all: the registry was lost with Redis (the pipeline
+            # and the assignor write them again). Keep the replicas rather than drop every one.
+            return None
+        if changed or self.desired is None:
+            return desired_replicas(placement, tables)
+        return self.desired
 
     def drain(self) -> None:
         """Announce draining: the assignor moves this node's replicas away, routers stop sending reads."""

@@ -186,19 +186,19 @@ class Watch:
         while not self._stop.wait(self.period_s):
             try:
                 a = self.md.assignment()
-                reports = self.md.nodes()
+                beats = self.md.beats()
             except Exception:  # noqa: BLE001 - a test may stop Redis on purpose
                 continue
             now = time.monotonic()
-            for n, r in reports.items():
+            for n, beat in beats.items():
                 before = self._last_beat.get(n)
                 if n in self._ignored:
-                    if r.heartbeat_ms > self._ignored[n]:
+                    if beat > self._ignored[n]:
                         del self._ignored[n]  # heard from again: gaps count from here on
-                elif before is not None and r.heartbeat_ms > before:
-                    gap = r.heartbeat_ms - before
+                elif before is not None and beat > before:
+                    gap = beat - before
                     self.max_heartbeat_gap_ms[n] = max(self.max_heartbeat_gap_ms.get(n, 0), gap)
-                self._last_beat[n] = r.heartbeat_ms
+                self._last_beat[n] = beat
             if a is not None and (last is None or a.replicas != last.replicas):
                 if last is not None:
                     gone = {n for ns in last.replicas.values() for n in ns} - \

@@ -49,7 +49,6 @@ def value_of(i: int) -> dict:
 async def serve_store(node: str, port: int, redis_url: str, namespace: str, active: set[int], standby: set[int],
                       heartbeat_s: float) -> None:
     from proto import store_pb2, store_pb2_grpc
-    import redis.asyncio as aioredis
 
     hosted = active | standby
     rows: dict[int, dict[bytes, bytes]] = {p: {} for p in hosted}
@@ -111,18 +110,14 @@ async def serve_store(node: str, port: int, redis_url: str, namespace: str, acti
     store_pb2_grpc.add_StoreNodeServicer_to_server(Store(), server)
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
-    keys = Keys(namespace)
-    r = aioredis.Redis.from_url(redis_url, socket_timeout=0.3, socket_connect_timeout=0.3)
+    md = MetadataStore.from_url(redis_url, namespace, timeout_s=0.3)
     while True:
         report = NodeReport(node, f"127.0.0.1:{port}", int(time.time() * 1000), tuple(
             ReplicaReport(TABLE, p, Role.ACTIVE if p in active else Role.STANDBY,
                           ReplicaState.ACTIVE if p in active else ReplicaState.STANDBY, APPLIED, APPLIED, 0)
             for p in sorted(hosted)))
         try:
-            async with r.pipeline(transaction=False) as pipe:
-                pipe.sadd(keys.nodes, node)
-                pipe.set(keys.node(node), report.to_json(), px=int(heartbeat_s * 3000))
-                await pipe.execute()
+            await asyncio.to_thread(md.publish_node, report, int(heartbeat_s * 3000))
         except Exception:  # noqa: BLE001 — Redis may be down; a real node keeps serving too
             pass
         await asyncio.sleep(heartbeat_s)
@@ -184,8 +179,10 @@ class Deployment:
         meta = MetadataStore.from_url(self.redis_url, self.namespace)
         meta.register_tables([TableSpec(TABLE, f"{TABLE}-changelog", PARTITIONS, "sensor_id",
                                         {"count": "long", "sum": "double"}, 1)])
-        assignment = Assignment(3, {(TABLE, p): nodes for p, nodes in LAYOUT.items()})
-        meta.redis.set(meta.keys.assignment, assignment.to_json())
+        generation = self.generation = meta.try_acquire_assignor("test", 600_000)
+        assert generation is not None
+        meta.write_assignment(Assignment(generation, {(TABLE, p): nodes for p, nodes in LAYOUT.items()}), "test",
+                              generation)
         meta.redis.close()
 
     def start_store(self, node: str, heartbeat_s: float = 0.1) -> None:
@@ -298,7 +295,7 @@ def test_router_process_serves_rest_and_grpc(deployment):
         assert [x["key"] for x in scan["items"]] == sorted(f"sensor-{i}" for i in range(KEYS))
         cluster = c.get("/v1/cluster").json()
         assert [(n["node"], n["alive"]) for n in cluster["nodes"]] == [(n, True) for n in NODES]
-        assert cluster["assignment_generation"] == 3
+        assert cluster["assignment_generation"] == d.generation
         assert "freshroute_router_lookups_total" in c.get("/metrics").text
     with grpc.insecure_channel(f"127.0.0.1:{d.grpc_port}") as channel:
         stub = router_pb2_grpc.RouterStub(channel)
@@ -429,7 +426,7 @@ def test_redis_outage_fails_no_lookup(tmp_path, namespace):
         assert min(len(served_a), len(served_c), len(served_d)) > 50
         assert set(served_a) == set(NODES) and set(served_d) == set(NODES)
         r = redis.Redis.from_url(restarted.address)
-        assert r.scard(Keys(namespace).nodes) == 3  # the nodes did republish
+        assert r.hlen(Keys(namespace).beats) == 3  # the nodes did republish
         r.close()
         assert httpx.get(f"{d.rest}/readyz", timeout=5).status_code == 200
     finally:

@@ -31,4 +31,4 @@ def test_assignment_roles_and_round_trip():
 def test_keys_are_namespaced():
     k = Keys("ns1")
     assert k.node("n1") == "ns1:node:n1"
-    assert {k.tables, k.nodes, k.assignment, k.assignor}.isdisjoint({Keys("ns2").tables})
+    assert {k.tables, k.beats, k.reports, k.assignment, k.placements, k.assignor}.isdisjoint({Keys("ns2").tables})

@@ -1,9 +1,10 @@
 import asyncio
 
+import fakeredis
+import orjson
 import pytest
-import redis.exceptions
 
-from freshroute.metadata import Assignment, Keys, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
+from freshroute.metadata import MAX_REPORT_BYTES, Assignment, MetadataStore, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
 
 from freshroute.routing.snapshot import MetadataRefresher, build_snapshot
 
@@ -53,48 +54,32 @@ def test_liveness_from_heartbeat_age():
 
 
 class FakeRedis:
-    """Just the calls the refresher makes, with a switch to make them fail."""
+    """An in-memory Redis (fakeredis, running the real scripts), the refresher's async client on it,
+    and a switch to make it unreachable."""
 
     def __init__(self, ns):
-        self.keys = Keys(ns)
-        self.data = {}
-        self.down = False
+        self.server = fakeredis.FakeServer()
+        self.md = MetadataStore(fakeredis.FakeRedis(server=self.server), ns)
+        self.keys = self.md.keys
+        self.client = fakeredis.FakeAsyncRedis(server=self.server)
+
+    @property
+    def down(self):
+        return not self.server.connected
+
+    @down.setter
+    def down(self, value):
+        self.server.connected = not value
 
     def load(self, heartbeat_ms, tables=(SPEC,), assignment=ASSIGNMENT_JSON):
-        self.data = {self.keys.tables: {t.name.encode(): t.to_json() for t in tables},
-                     self.keys.nodes: {r.node_id.encode() for r in reports(heartbeat_ms)} if tables else set(),
-                     self.keys.assignment: assignment}
-        for r in reports(heartbeat_ms) if tables else []:
-            self.data[self.keys.node(r.node_id)] = r.to_json()
-
-    def pipeline(self, transaction=False):
-        return _Pipe(self)
-
-    async def mget(self, keys):
-        self._check()
-        return [self.data.get(k) for k in keys]
-
-    def _check(self):
-        if self.down:
-            raise redis.exceptions.ConnectionError("Connection refused")
-
-
-class _Pipe:
-    def __init__(self, r):
-        self.r, self.ops = r, []
-
-    def hgetall(self, k):
-        self.ops.append(lambda: dict(self.r.data.get(k, {})))
-
-    def smembers(self, k):
-        self.ops.append(lambda: set(self.r.data.get(k, set())))
-
-    def get(self, k):
-        self.ops.append(lambda: self.r.data.get(k))
-
-    async def execute(self):
-        self.r._check()
-        return [op() for op in self.ops]
+        """Everything anew, as after a Redis restart: tables, heartbeats and the assignment."""
+        self.md.redis.flushall()
+        self.md.register_tables(tables)
+        for r in reports(heartbeat_ms):
+            self.md.publish_node(r, ttl_ms=60_000)
+        if assignment is not None:
+            self.md.redis.set(self.keys.assignment, assignment)
+            self.md.redis.incr(self.keys.assignment_version)
 
 
 class Clock:
@@ -107,7 +92,7 @@ class Clock:
 
 def refresher(fake, clock, **kw):
     swaps = []
-    r = MetadataRefresher(fake, "ns", refresh_ms=100, node_expiry_ms=2000, reset_grace_ms=kw.get("grace", 3000),
+    r = MetadataRefresher(fake.client, "ns", refresh_ms=100, node_expiry_ms=2000, reset_grace_ms=kw.get("grace", 3000),
                           on_swap=swaps.append, clock_ms=clock)
     return r, swaps
 
@@ -158,7 +143,7 @@ def test_emptied_redis_is_ignored_for_the_grace_period():
     r, _ = refresher(fake, clock, grace=3000)
     asyncio.run(r.refresh_once())
     before = r.current
-    fake.data = {}  # a restarted Redis: soft state not yet republished
+    fake.md.redis.flushall()  # a restarted Redis: soft state not yet republished
     clock.t = T0 + 1000
     assert asyncio.run(r.refresh_once()) is False and r.current is before
     clock.t = T0 + 2500
@@ -176,9 +161,7 @@ def test_tables_survive_a_redis_restart_while_nodes_republish():
     asyncio.run(r.refresh_once())
     # Restarted Redis: the nodes have heartbeated again, the pipeline has not re-registered yet.
     clock.t = T0 + 1000
-    fake.load(T0 + 1000)
-    del fake.data[fake.keys.tables]
-    del fake.data[fake.keys.assignment]
+    fake.load(T0 + 1000, tables=(), assignment=None)
     assert asyncio.run(r.refresh_once()) is True
     assert set(r.current.tables) == {"sensor_stats"} and r.current.generation is None
     assert all(n.alive for n in r.current.nodes.values())
@@ -194,8 +177,8 @@ def test_a_partition_keeps_its_last_replicas_while_heartbeats_return_one_by_one(
     clock.t = T0 + 1000
     only_p0 = NodeReport("n1", "127.0.0.1:7001", T0 + 1000,
                          (ReplicaReport("sensor_stats", 0, Role.ACTIVE, ReplicaState.ACTIVE, 100, 100, 0),))
-    fake.data[fake.keys.node("n1")] = only_p0.to_json()
-    del fake.data[fake.keys.node("n2")]
+    fake.md.publish_node(only_p0, ttl_ms=60_000)
+    fake.md.remove_node("n2")
     assert asyncio.run(r.refresh_once()) is True
     assert [v.node for v in r.current.replicas_of("sensor_stats", 0) if v.reported] == ["n1"]
     assert [v.node for v in r.current.replicas_of("sensor_stats", 1) if v.reported] == ["n2", "n1"]
@@ -214,11 +197,20 @@ def test_a_partition_keeps_its_last_replicas_while_heartbeats_return_one_by_one(
 def test_malformed_entries_are_skipped_not_fatal():
     fake, clock = FakeRedis("ns"), Clock(T0)
     fake.load(T0)
-    fake.data[fake.keys.node("n2")] = b"{not json"
-    fake.data[fake.keys.tables][b"broken"] = b'{"name": "broken"}'
+    fake.md.redis.hset(fake.keys.tables, "broken", b'{"name": "broken"}')
     r, _ = refresher(fake, clock)
-    assert asyncio.run(r.refresh_once()) is True
-    assert set(r.current.nodes) == {"n1"} and set(r.current.tables) == {"sensor_stats"}
+    fake.md.redis.incr(fake.keys.tables_version)
+    for bad in (b"{not json", orjson.dumps({"v": 99, "node_id": "n2"}), b"x" * (MAX_REPORT_BYTES + 10),
+                NodeReport("n1", "127.0.0.1:7009", T0).to_json()):  # and one naming another node
+        fake.md.redis.eval(MetadataStore._BEAT, 4, fake.keys.beats, fake.keys.node("n2"), fake.keys.reports,
+                           fake.keys.reports_seq, "n2", T0, 60_000, bad)
+        assert asyncio.run(r.refresh_once()) is True
+        assert set(r.current.nodes) == {"n1"} and set(r.current.tables) == {"sensor_stats"}
+    assert r.feed.rejections.counts == {"malformed": 2, "unknown-version": 1, "oversized": 1}
+    # A good report again: the node is back.
+    fake.md.publish_node(reports(T0)[1], ttl_ms=60_000)
+    asyncio.run(r.refresh_once())
+    assert set(r.current.nodes) == {"n1", "n2"}
 
 
 @pytest.mark.parametrize("stop_after", [0.05])
@@ -236,3 +228,38 @@ def test_run_loop_refreshes_until_stopped(stop_after):
 
     asyncio.run(main())
     assert len(swaps) >= 2
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_each_incremental_snapshot_equals_one_built_whole(seed):
+    """Random reports, deaths, removals and reassignments: the builder that redoes only what
+    changed must always give what a build from scratch gives."""
+    import random
+
+    from freshroute.routing.snapshot import SnapshotBuilder
+
+    rng = random.Random(seed)
+    nodes = [f"n{i}" for i in range(6)]
+    tables = {"t": TableSpec("t", "t-changelog", 12, "k")}
+    builder = SnapshotBuilder(1000)
+    reports: dict[str, NodeReport] = {}
+    assignment = None
+    now = T0
+    for _ in range(60):
+        now += rng.choice([50, 300, 1500])
+        for n in rng.sample(nodes, rng.randint(0, 3)):
+            if rng.random() < 0.15:
+                reports.pop(n, None)
+                continue
+            parts = rng.sample(range(12), rng.randint(0, 5))
+            reports[n] = NodeReport(n, f"127.0.0.1:{7000 + nodes.index(n)}", now, tuple(
+                ReplicaReport("t", p, rng.choice(list(Role)), rng.choice(list(ReplicaState)), 5, rng.randint(5, 9), 0)
+                for p in parts), draining=rng.random() < 0.1)
+        if rng.random() < 0.3:
+            assignment = Assignment(rng.randint(1, 9), {("t", p): tuple(rng.sample(nodes, 2)) for p in range(12)
+                                                        if rng.random() < 0.8})
+        beats = {n: r.heartbeat_ms for n, r in reports.items()}
+        snap, dirty = builder.build(tables, reports, beats, beats, assignment, now)
+        whole = build_snapshot(tables, reports.values(), assignment, now, 1000)
+        assert dict(snap.replicas) == dict(whole.replicas)
+        assert dict(snap.nodes) == dict(whole.nodes)

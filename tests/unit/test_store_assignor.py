@@ -1,6 +1,7 @@
 import logging
 import random
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -266,36 +267,51 @@ def test_random_histories_stay_valid_and_converge_to_balance(seed):
 
 
 class FakeLeaseStore:
-    """The assignor's view of Redis: one lease with a fencing generation."""
+    """The assignor's view of Redis: one lease with a fencing generation, versions, and node reports
+    whose report time is also their beat."""
 
     def __init__(self, tables):
         self._tables = tables
         self.holder: tuple[str, int] | None = None
         self.generation = 0
         self.stored: Assignment | None = None
+        self.version = 0
         self.reports: dict[str, NodeReport] = {}
+        self.forgotten: list[str] = []
 
-    def try_acquire_assignor(self, node_id, lease_ms):
+    def try_acquire_assignor(self, node_id, lease_ms, current=None):
         if self.holder is None:
             self.generation += 1
             self.holder = (node_id, self.generation)
             return self.generation
         return self.holder[1] if self.holder[0] == node_id else None
 
+    def versions(self):
+        return b"tables", str(self.version).encode()
+
     def tables(self):
         return dict(self._tables)
 
-    def nodes(self):
-        return dict(self.reports)
+    def poll(self, feed):
+        changed = {n for n, r in self.reports.items() if feed.reports.get(n) != r} | (set(feed.reports) - set(self.reports))
+        feed.beats = {n: r.heartbeat_ms for n, r in self.reports.items()}
+        feed.reports = dict(self.reports)
+        return changed
 
     def assignment(self):
         return self.stored
 
-    def write_assignment(self, assignment, node_id, generation):
+    def write_assignment(self, assignment, node_id, generation, previous=None):
         if self.holder != (node_id, generation):
-            return False
+            return None
         self.stored = assignment
-        return True
+        self.version += 1
+        return str(self.version).encode()
+
+    def forget_nodes(self, node_ids):
+        self.forgotten.extend(node_ids)
+        for n in node_ids:
+            self.reports.pop(n, None)
 
     def release_assignor(self, node_id, generation):
         if self.holder == (node_id, generation):
@@ -390,7 +406,7 @@ def test_a_redis_failure_voids_the_lease():
 
     def down(*args):
         raise ConnectionError("redis down")
-    store.tables = down
+    store.versions = down
     with pytest.raises(ConnectionError):
         loop.step(10_100)
     assert loop.generation is None
@@ -463,3 +479,59 @@ def test_the_assignment_log_names_nodes_that_joined_and_left(caplog):
     lines = " | ".join(r.getMessage() for r in caplog.records)
     assert "joined: d" in lines
     assert "left: b (dead: last heartbeat 1.1s ago)" in lines
+
+
+def test_a_quiet_cluster_costs_a_poll_not_an_assignment(monkeypatch):
+    import store_node.assignor as assignor_module
+    runs = []
+    monkeypatch.setattr(assignor_module, "assign", lambda *a, **k: runs.append(1) or assign(*a, **k))
+    store = FakeLeaseStore({"t": spec(partitions=4)})
+    store.reports = {n: NodeReport(n, "x:1", 10_000) for n in "ab"}
+    loop = AssignorLoop(store, "a", 2000, node_expiry_ms=1000, caught_up_threshold=100, settle_ms=0)
+    first = loop.step(10_000)
+
+    def hosting(t, behind=0):
+        return {r.node_id: NodeReport(r.node_id, "x:1", t, tuple(
+            replace(x, applied=x.applied + t - (behind if r.node_id == "b" else 0), end=x.end + t)
+            for x in r.replicas)) for r in reports_for(first)}
+    store.reports = hosting(10_050)
+    loop.step(10_050)
+    runs.clear()
+    for t in range(10_100, 11_000, 100):
+        store.reports = hosting(t)  # beats and positions move; nothing the assignment depends on does
+        assert loop.step(t) is None
+    assert runs == []
+    store.reports = hosting(11_000, behind=1000)  # b's replicas are no longer warm: an input changed
+    loop.step(11_000)
+    assert runs == [1]
+
+
+def test_a_dead_node_with_a_clock_ahead_is_dead_one_expiry_after_its_last_beat():
+    store = FakeLeaseStore({"t": spec(partitions=4)})
+    # b's clock is a minute ahead: its beats look like they come from the future.
+    store.reports = {"a": NodeReport("a", "x:1", 10_000), "b": NodeReport("b", "x:2", 70_000)}
+    loop = AssignorLoop(store, "a", 2000, node_expiry_ms=1000, caught_up_threshold=100, settle_ms=0)
+    first = loop.step(10_000)
+    assert {n for ns in first.replicas.values() for n in ns} == {"a", "b"}
+    store.reports["b"] = NodeReport("b", "x:2", 70_100)
+    loop.step(10_100)  # b's last beat, heard at 10,100; then b dies
+    for t in range(10_200, 11_200, 100):
+        store.reports["a"] = NodeReport("a", "x:1", t)
+        assert loop.step(t) is None
+    store.reports["a"] = NodeReport("a", "x:1", 11_200)
+    written = loop.step(11_200)
+    assert written is not None and {n for ns in written.replicas.values() for n in ns} == {"a"}
+
+
+def test_nodes_silent_past_the_report_lifetime_are_removed_from_the_membership():
+    store = FakeLeaseStore({"t": spec(partitions=4)})
+    store.reports = {"a": NodeReport("a", "x:1", 10_000), "b": NodeReport("b", "x:2", 10_000)}
+    loop = AssignorLoop(store, "a", 2000, node_expiry_ms=1000, caught_up_threshold=100, settle_ms=0,
+                        forget_after_ms=5000)
+    for t in range(10_000, 15_001, 100):
+        store.reports["a"] = NodeReport("a", "x:1", t)
+        loop.step(t)
+    assert store.forgotten == []
+    store.reports["a"] = NodeReport("a", "x:1", 15_100)
+    loop.step(15_100)
+    assert store.forgotten == ["b"]

@@ -3,65 +3,47 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from freshroute.metadata import Assignment, ReplicaReport, ReplicaState, Role, TableSpec
-from store_node.membership import Membership, desired_replicas
+import fakeredis
+
+from freshroute.metadata import MetadataStore, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
+from store_node.membership import POSITIONS_EVERY_MS, Membership, desired_replicas, needs_publishing
 from store_node.settings import StoreNodeSettings
 
 SPEC = TableSpec("t", "t-changelog", 4, "k", standby_replicas=1)
 
 
-class FakeMetadata:
+class FakeMetadata(MetadataStore):
+    """The real metadata code on an in-memory Redis (fakeredis, running the real scripts), with an
+    outage switch and a record of every round."""
+
     def __init__(self):
-        self.down = False
-        self.published = []
-        self.stored: Assignment | None = None
-        self.lease: tuple[str, int] | None = None
-        self.generation = 0
+        self.server = fakeredis.FakeServer()
+        super().__init__(fakeredis.FakeRedis(server=self.server), "ns")
+        self.rounds: list[tuple] = []
 
-    def _check(self):
-        if self.down:
-            raise RedisConnectionError("Connection refused")
+    @property
+    def down(self):
+        return not self.server.connected
 
-    def publish_node(self, report, ttl_ms):
-        self._check()
-        self.published.append((report, ttl_ms))
+    @down.setter
+    def down(self, value):
+        self.server.connected = not value
 
-    def tables(self):
-        self._check()
-        return {"t": SPEC}
+    def round(self, node_id, beat_ms, ttl_ms, report):
+        self.rounds.append((beat_ms, report))
+        return super().round(node_id, beat_ms, ttl_ms, report)
 
-    def nodes(self):
-        self._check()
-        return {r.node_id: r for r, _ in self.published[-1:]}
+    @property
+    def published(self) -> list[NodeReport]:
+        return [NodeReport.from_json(r) for _, r in self.rounds if r]
 
-    def assignment(self):
-        self._check()
-        return self.stored
-
-    def try_acquire_assignor(self, node_id, lease_ms):
-        self._check()
-        if self.lease is None:
-            self.generation += 1
-            self.lease = (node_id, self.generation)
-        return self.lease[1] if self.lease[0] == node_id else None
-
-    def write_assignment(self, assignment, node_id, generation):
-        self._check()
-        if self.lease != (node_id, generation):
-            return False
-        self.stored = assignment
-        return True
-
-    def release_assignor(self, node_id, generation):
-        self._check()
-        if self.lease == (node_id, generation):
-            self.lease = None
-
-    def remove_node(self, node_id):
-        self._check()
+    @property
+    def lease(self):
+        return self.redis.get(self.keys.assignor)
 
 
 class Clock:
@@ -72,11 +54,12 @@ class Clock:
         return self.now
 
 
-def make(metadata, clock=None):
+def make(metadata, clock=None, replicas=None):
     clock = clock or Clock()
     followed = []
-    replicas = (ReplicaReport("t", 0, Role.ACTIVE, ReplicaState.ACTIVE, 5, 5, 0),)
-    m = Membership(StoreNodeSettings(node_id="n1", rack="r1"), metadata, "127.0.0.1:7001", lambda now: replicas,
+    replicas = replicas or [(ReplicaReport("t", 0, Role.ACTIVE, ReplicaState.ACTIVE, 5, 5, 0),)]
+    metadata.register_tables([SPEC])
+    m = Membership(StoreNodeSettings(node_id="n1", rack="r1"), metadata, "127.0.0.1:7001", lambda now: replicas[0],
                    followed.append, clock)
     return m, followed, clock
 
@@ -92,10 +75,11 @@ def test_tick_heartbeats_assigns_and_follows():
     md = FakeMetadata()
     m, followed, clock = make(md)
     settle(m, clock)
-    report, ttl = md.published[-1]
-    assert (report.node_id, report.address, report.rack, report.heartbeat_ms) == ("n1", "127.0.0.1:7001", "r1", 12_000)
-    assert report.replicas[0].applied == 5 and ttl == 5000
-    assert md.stored is not None and m.assignor.generation == 1
+    report = md.nodes()["n1"]
+    assert (report.node_id, report.address, report.rack, report.heartbeat_ms) == ("n1", "127.0.0.1:7001", "r1", 10_000)
+    assert md.beats() == {"n1": 12_000}  # beats are renewed; the unchanged report is not rewritten
+    assert report.replicas[0].applied == 5 and 0 < md.redis.pttl(md.keys.node("n1")) <= 5000
+    assert md.assignment() is not None and m.assignor.generation == 1
     assert set(followed[-1]) == {("t", p) for p in range(4)}
     assert all(role is Role.ACTIVE for _, role in followed[-1].values())
 
@@ -104,7 +88,7 @@ def test_redis_outage_keeps_the_last_assignment_and_logs_once(caplog):
     md = FakeMetadata()
     m, followed, clock = make(md)
     settle(m, clock)
-    before = m.assignment
+    before = m.desired
     md.down = True
     with caplog.at_level(logging.INFO, logger="store_node.membership"):
         for _ in range(50):
@@ -114,8 +98,7 @@ def test_redis_outage_keeps_the_last_assignment_and_logs_once(caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert sum("unreachable" in x for x in lines) == 1
     assert sum("reachable again" in x for x in lines) == 1
-    assert m.assignment == before and len(followed) == 2  # before the outage, and after it
-    assert m.assignor.generation is None or md.generation == m.assignor.generation
+    assert m.desired == before and len(followed) == 2  # before the outage, and after it
 
 
 def test_draining_node_stops_assigning_and_says_so():
@@ -123,13 +106,13 @@ def test_draining_node_stops_assigning_and_says_so():
     m, _, clock = make(md)
     settle(m, clock)
     m.drain()
-    assert md.published[-1][0].draining
+    assert md.published[-1].draining and md.nodes()["n1"].draining
     assert md.lease is None
 
 
 def test_desired_replicas_skips_unknown_tables_and_partitions():
-    a = Assignment(3, {("t", 0): ("n1", "n2"), ("t", 9): ("n1",), ("gone", 0): ("n1",), ("t", 1): ("n2", "n1")})
-    assert desired_replicas(a, {"t": SPEC}, "n1") == {("t", 0): (SPEC, Role.ACTIVE), ("t", 1): (SPEC, Role.STANDBY)}
+    hosted = {("t", 0): Role.ACTIVE, ("t", 9): Role.ACTIVE, ("gone", 0): Role.ACTIVE, ("t", 1): Role.STANDBY}
+    assert desired_replicas(hosted, {"t": SPEC}) == {("t", 0): (SPEC, Role.ACTIVE), ("t", 1): (SPEC, Role.STANDBY)}
 
 
 def test_an_outage_voids_the_assignor_lease_even_when_only_the_heartbeat_failed():
@@ -142,14 +125,48 @@ def test_an_outage_voids_the_assignor_lease_even_when_only_the_heartbeat_failed(
     assert m.assignor.generation is None
 
 
-def test_the_assignment_is_polled_every_tick_and_the_heartbeat_at_its_own_period():
+def test_the_assignment_is_followed_every_tick_the_heartbeat_at_its_period_and_the_report_when_it_changed():
     md = FakeMetadata()
-    m, followed, clock = make(md)  # heartbeat_ms 200, assignment_poll_ms 100
+    replicas = [(ReplicaReport("t", 0, Role.ACTIVE, ReplicaState.ACTIVE, 5, 5, 0),)]
+    m, followed, clock = make(md, replicas=replicas)  # heartbeat_ms 200, assignment_poll_ms 100
     settle(m, clock)
-    beats = len(md.published)
-    polls = len(followed)
+    rounds, polls, reports = len(md.rounds), len(followed), len(md.published)
     for _ in range(10):
         clock.now += 100
         m.tick()
-    assert len(followed) - polls == 10
-    assert len(md.published) - beats == 5
+    assert len(followed) - polls == 10 and len(md.rounds) - rounds == 10
+    assert sum(beat is not None for beat, _ in md.rounds[rounds:]) == 5
+    assert len(md.published) == reports  # nothing changed: beats only
+    replicas[0] = (ReplicaReport("t", 0, Role.ACTIVE, ReplicaState.ACTIVE, 5, 9, 0),)  # now 4 behind
+    clock.now += 200
+    m.tick()
+    assert len(md.published) == reports + 1 and md.nodes()["n1"].replicas[0].end == 9
+
+
+def test_a_report_redis_lost_is_published_again_in_full():
+    md = FakeMetadata()
+    m, _, clock = make(md)
+    settle(m, clock)
+    md.redis.flushall()  # a restarted Redis
+    for _ in range(3):
+        clock.now += 100
+        m.tick()
+    assert md.nodes()["n1"].replicas[0].applied == 5
+
+
+def _report(t, *replicas):
+    return NodeReport("n1", "a:1", t, tuple(ReplicaReport("t", p, Role.ACTIVE, ReplicaState.ACTIVE, a, e, s)
+                                            for p, a, e, s in replicas))
+
+
+def test_a_report_is_news_when_a_lag_state_or_replica_changes_and_positions_only_now_and_then():
+    before = _report(1000, (0, 5, 5, 0), (1, 10, 12, 300))
+    assert needs_publishing(None, before, 200)
+    assert not needs_publishing(before, _report(1200, (0, 5, 5, 0), (1, 10, 12, 500)), 200)  # staleness grew with time
+    assert needs_publishing(before, _report(1200, (0, 5, 5, 0), (1, 10, 12, 2000)), 200)  # not as time explains
+    assert needs_publishing(before, _report(1200, (0, 5, 5, 0), (1, 12, 12, 0)), 200)  # caught up
+    assert needs_publishing(before, _report(1200, (0, 5, 5, 0)), 200)  # a replica gone
+    assert needs_publishing(before, replace(_report(1200, (0, 5, 5, 0), (1, 10, 12, 500)), draining=True), 200)
+    moved = _report(1200, (0, 8, 8, 0), (1, 10, 12, 500))
+    assert not needs_publishing(before, moved, 200)  # positions moved, lags did not: not yet
+    assert needs_publishing(before, replace(moved, heartbeat_ms=1000 + POSITIONS_EVERY_MS), 200)
