@@ -1,0 +1,465 @@
+"""The cluster at scale, by simulation: N store nodes' membership against a real Redis, the real
+assignor under its lease, and real router processes, with nodes killed one after another.
+
+    python -m loadtest.scale --nodes 10 100 300 1000 --tables 10 --partitions 1000 --standby-replicas 2
+
+Each simulated node is the store node's own :class:`store_node.membership.Membership` — its
+heartbeats, reports, lease attempts and assignment following, through the real metadata
+code — over replicas that exist only as reports: a replica given to a node restores for
+``--restore-ms`` and is then caught up. Nodes are spread over worker processes; the first
+node runs alone in its own process and takes the assignor lease, so the assignor is timed
+without the simulation's own load in its process. For each cluster size the run kills nodes
+one at a time (they stop heartbeating, as after kill -9), measures the time from the kill to
+an assignment without the node, brings the node back empty, and waits for the cluster to
+settle before the next kill. It prints a table, writes ``scale.json`` and plots every figure
+against N in ``scale.png``. Loopback only; every run ends by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from freshroute.local.services import free_port, start_redis
+from freshroute.metadata import MetadataStore, ReplicaReport, ReplicaState, Role, TableSpec
+
+NAMESPACE = "scale"
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# ---- one simulated node ----------------------------------------------------------------------
+
+class SimReplicas:
+    """A node's replicas as reports only: restoring for ``restore_ms`` after being given, then caught up."""
+
+    def __init__(self, restore_ms: int) -> None:
+        self._restore_ms = restore_ms
+        self._since: dict[tuple[str, int], int] = {}
+        self._roles: dict[tuple[str, int], Role] = {}
+
+    def follow(self, desired: dict) -> None:
+        now = int(time.time() * 1000)
+        self._roles = {key: role for key, (_, role) in desired.items()}
+        self._since = {key: self._since.get(key, now) for key in desired}
+
+    def reports(self, now: int) -> tuple[ReplicaReport, ...]:
+        out = []
+        for (table, partition), role in self._roles.items():
+            if now - self._since[(table, partition)] < self._restore_ms:
+                out.append(ReplicaReport(table, partition, role, ReplicaState.RESTORING, 0, 1000, 10**9))
+            else:
+                state = ReplicaState.ACTIVE if role is Role.ACTIVE else ReplicaState.STANDBY
+                out.append(ReplicaReport(table, partition, role, state, 1000, 1000, 0))
+        return tuple(out)
+
+
+def _membership(node_id: str, md: MetadataStore, poll_ms: int, restore_ms: int):
+    from store_node.membership import Membership
+    from store_node.settings import StoreNodeSettings
+
+    replicas = SimReplicas(restore_ms)
+    settings = StoreNodeSettings(node_id=node_id, assignment_poll_ms=poll_ms)
+    return Membership(settings, md, f"127.0.0.1:{10000 + int(node_id.rsplit('-', 1)[1])}", replicas.reports,
+                      replicas.follow)
+
+
+class _TimedSteps:
+    """Wraps the lead's assignor: CPU (thread time) and wall time of every step, and whether it computed."""
+
+    def __init__(self, loop: Any) -> None:
+        self._loop = loop
+        self._step = loop.step
+        self.runs: list[tuple[float, float, float]] = []  # (wall time at end, cpu s, wall s) of steps that computed
+        self.idle_cpu_s = 0.0
+        self.idle_steps = 0
+        loop.step = self.step
+
+    def step(self, now_ms: int, lease: Any = None) -> Any:
+        before = self._loop._computed_for
+        cpu, wall = time.thread_time(), time.perf_counter()
+        out = self._step(now_ms, lease)
+        cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+        if self._loop._computed_for is not before:
+            self.runs.append((time.time(), cpu, wall))
+        else:
+            self.idle_cpu_s += cpu
+            self.idle_steps += 1
+        return out
+
+
+def worker(conn: Any, redis_url: str, node_ids: list[str], poll_ms: int, restore_ms: int, lead: bool,
+           deadline_s: float) -> None:
+    """Tick every node of this process on schedule; obey kill/revive/stop; report figures at the end."""
+    md = MetadataStore.from_url(redis_url, NAMESPACE)
+    beat_bytes = [0, 0]  # bytes sent by beats, beats
+    round_ = md.round
+
+    def counting_round(node_id, beat_ms, ttl_ms, report):
+        if beat_ms is not None:
+            beat_bytes[0] += len(node_id) * 2 + 13 + 4 + len(report or b"") + 4 * 16  # ids, numbers, keys (approx.)
+            beat_bytes[1] += 1
+        return round_(node_id, beat_ms, ttl_ms, report)
+    md.round = counting_round  # type: ignore[method-assign]
+    nodes = {n: _membership(n, md, poll_ms, restore_ms) for n in node_ids}
+    timed = _TimedSteps(nodes[node_ids[0]].assignor) if lead else None
+    period = min(200, poll_ms) / 1000
+    due = [(time.monotonic() + i * period / len(node_ids), n) for i, n in enumerate(node_ids)]
+    heapq.heapify(due)
+    dead: set[str] = set()
+    late = []
+    end = time.monotonic() + deadline_s
+    conn.send("ready")
+    while time.monotonic() < end:
+        while conn.poll():
+            msg = conn.recv()
+            if msg[0] == "kill":
+                dead.add(msg[1])
+            elif msg[0] == "revive":
+                dead.discard(msg[1])
+                nodes[msg[1]] = _membership(msg[1], md, poll_ms, restore_ms)
+            elif msg[0] == "stop":
+                end = 0
+        if not due:
+            time.sleep(0.01)
+            continue
+        at, n = due[0]
+        now = time.monotonic()
+        if at > now:
+            time.sleep(min(at - now, 0.01))
+            continue
+        heapq.heapreplace(due, (max(at + period, now), n))
+        late.append(now - at)
+        if n not in dead:
+            nodes[n].tick()
+    conn.send({"beat_bytes": beat_bytes[0], "beats": beat_bytes[1],
+               "tick_late_p99_ms": 1000 * sorted(late)[int(0.99 * (len(late) - 1))] if late else 0,
+               "assignor_runs": timed.runs if timed else [],
+               "assignor_idle_cpu_s": timed.idle_cpu_s if timed else 0.0,
+               "assignor_idle_steps": timed.idle_steps if timed else 0})
+
+
+# ---- measuring processes ------------------------------------------------------------------------
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
+
+
+@dataclass
+class Figures:
+    nodes: int
+    partitions: int
+    replicas: int
+    first_assignment_cpu_s: float = 0.0
+    death_to_published_ms: list[float] = field(default_factory=list)
+    assignor_cpu_ms_after_death: list[float] = field(default_factory=list)
+    moves_after_death: list[int] = field(default_factory=list)  # new placements
+    role_changes_after_death: list[int] = field(default_factory=list)
+    dead_node_replicas: list[int] = field(default_factory=list)
+    assignor_idle_cpu_ms_per_poll: float = 0.0
+    router_cpu_pct: float = 0.0
+    router_cpu_ms_per_refresh: float = 0.0
+    router_rss_mb: float = 0.0
+    redis_cpu_pct: float = 0.0
+    redis_ops_per_s: float = 0.0
+    bytes_per_heartbeat: float = 0.0
+    report_bytes: int = 0
+    tick_late_p99_ms: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if not isinstance(v, list)}
+        d.update(kills=len(self.death_to_published_ms),
+                 death_to_published_p50_ms=_pct(self.death_to_published_ms, 0.5),
+                 death_to_published_p99_ms=_pct(self.death_to_published_ms, 0.99),
+                 assignor_cpu_ms_after_death_p50=_pct(self.assignor_cpu_ms_after_death, 0.5),
+                 assignor_cpu_ms_after_death_max=max(self.assignor_cpu_ms_after_death, default=float("nan")),
+                 moves_after_death_max=max(self.moves_after_death, default=0),
+                 role_changes_after_death_max=max(self.role_changes_after_death, default=0),
+                 dead_node_replicas_max=max(self.dead_node_replicas, default=0))
+        return d
+
+
+def _moves(before: dict, after: dict) -> tuple[int, int]:
+    """(replicas placed on a node that did not host them, replicas whose role changed in place)."""
+    def roles(a: dict) -> dict:
+        return {(k, n): i == 0 for k, ns in a.items() for i, n in enumerate(ns)}
+    b, a = roles(before), roles(after)
+    return sum(1 for x in a if x not in b), sum(1 for x, r in a.items() if x in b and b[x] != r)
+
+
+def run_one(n_nodes: int, tables: int, partitions: int, standbys: int, kills: int, routers: int,
+            workers: int, poll_ms: int, restore_ms: int, work: Path, say: Any) -> Figures:
+    redis_svc = start_redis(work / f"redis-{n_nodes}")
+    md = MetadataStore.from_url(redis_svc.address, NAMESPACE)
+    md.register_tables([TableSpec(f"t{i}", f"t{i}-changelog", partitions, "k", standby_replicas=standbys)
+                        for i in range(tables)])
+    figs = Figures(n_nodes, tables * partitions, tables * partitions * (1 + standbys))
+    ids = [f"node-{i:04d}" for i in range(n_nodes)]
+    ctx = mp.get_context("spawn")
+    deadline_s = 120 + kills * 12
+    procs, conns, owner = [], [], {}
+    router_procs = []
+    try:
+        # The lead first, alone: it takes the lease before anyone else asks for it.
+        groups = [[ids[0]]] + [ids[1 + i::workers] for i in range(workers) if ids[1 + i::workers]]
+        for g, group in enumerate(groups):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=worker, args=(child, redis_svc.address, group, 100 if g == 0 else poll_ms,
+                                                 restore_ms, g == 0, deadline_s), daemon=True)
+            p.start()
+            if parent.poll(60):
+                parent.recv()
+            procs.append(p)
+            conns.append(parent)
+            for n in group:
+                owner[n] = parent
+            if g == 0:
+                _wait(lambda: md.redis.get(md.keys.assignor) is not None, 10)
+        for i in range(routers):
+            env = dict(os.environ, FRESHROUTE_REDIS_URL=redis_svc.address, FRESHROUTE_NAMESPACE=NAMESPACE,
+                       FRESHROUTE_HOST="127.0.0.1", FRESHROUTE_REST_PORT=str(free_port()),
+                       FRESHROUTE_GRPC_PORT=str(free_port()), FRESHROUTE_LOG_LEVEL="WARNING")
+            log = open(work / f"router-{n_nodes}-{i}.log", "ab")
+            router_procs.append(__import__("subprocess").Popen([sys.executable, "-m", "router"], env=env,
+                                                               stdout=log, stderr=log))
+        say(f"N={n_nodes}: {len(groups) - 1} worker processes and the lead started; waiting for the first assignment")
+        _wait(lambda: _placed(md, ids), 120)
+        first = md.assignment()
+        assert first is not None
+        # Quiet cluster: every replica restored, nothing moving.
+        _settle(md, 4.0, 90)
+        say(f"N={n_nodes}: settled; measuring the quiet cluster for 10 s")
+        r_pids = [p.pid for p in router_procs]
+        redis_pid = redis_svc.proc.pid
+        t0, rc0, dc0 = time.monotonic(), [cpu_s(p) for p in r_pids], cpu_s(redis_pid)
+        ops0 = int(md.redis.info("stats")["total_commands_processed"])
+        time.sleep(10)
+        el = time.monotonic() - t0
+        ops1 = int(md.redis.info("stats")["total_commands_processed"])
+        router_cpu = statistics.mean((cpu_s(p) - c) / el for p, c in zip(r_pids, rc0)) if r_pids else 0.0
+        figs.router_cpu_pct = 100 * router_cpu
+        figs.router_cpu_ms_per_refresh = 1000 * router_cpu * 0.150  # the router refreshes every 150 ms
+        figs.router_rss_mb = max((rss_mb(p) for p in r_pids), default=0.0)
+        figs.redis_cpu_pct = 100 * (cpu_s(redis_pid) - dc0) / el
+        figs.redis_ops_per_s = (ops1 - ops0) / el
+        figs.report_bytes = max((len(md.redis.get(md.keys.node(n)) or b"") for n in ids[:20]), default=0)
+        windows: list[tuple[float, float]] = []
+        for k in range(kills):
+            victim = ids[1 + (k * 7919) % (n_nodes - 1)]
+            before = md.assignment()
+            assert before is not None
+            hosted = sum(victim in ns for ns in before.replicas.values())
+            killed = time.time()
+            owner[victim].send(("kill", victim))
+            _wait(lambda: not md.redis.hexists(md.keys.placements, victim), 30, interval=0.005)
+            published = time.time()
+            after = md.assignment()
+            assert after is not None
+            figs.death_to_published_ms.append(1000 * (published - killed))
+            windows.append((killed, published))
+            placed, promoted = _moves(before.replicas, after.replicas)
+            figs.moves_after_death.append(placed)
+            figs.role_changes_after_death.append(promoted)
+            figs.dead_node_replicas.append(hosted)
+            owner[victim].send(("revive", victim))
+            _wait(lambda: md.redis.hexists(md.keys.placements, victim), 30)
+            _settle(md, 1.5, 30)
+            say(f"N={n_nodes}: kill {k + 1}/{kills}: {victim} ({hosted} replicas) → assignment without it after "
+                f"{figs.death_to_published_ms[-1]:.0f} ms: {placed} new placements, {promoted} role changes")
+        for c in conns:
+            c.send(("stop",))
+        results = [c.recv() if c.poll(30) else {} for c in conns]
+        lead = results[0]
+        runs = lead.get("assignor_runs", [])
+        if runs:
+            figs.first_assignment_cpu_s = runs[0][1]
+        # The computation that followed each kill: the first run after the kill that wrote it out.
+        figs.assignor_cpu_ms_after_death = _after_kills(runs, windows)
+        figs.assignor_idle_cpu_ms_per_poll = 1000 * lead.get("assignor_idle_cpu_s", 0) / \
+            max(1, lead.get("assignor_idle_steps", 0))
+        beats = sum(r.get("beats", 0) for r in results[1:])
+        figs.bytes_per_heartbeat = sum(r.get("beat_bytes", 0) for r in results[1:]) / max(1, beats)
+        figs.tick_late_p99_ms = max((r.get("tick_late_p99_ms", 0) for r in results[1:]), default=0)
+        return figs
+    finally:
+        for p in router_procs:
+            p.terminate()
+            p.wait(10)
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.terminate()
+        redis_svc.stop()
+
+
+def _after_kills(runs: list, windows: list[tuple[float, float]]) -> list[float]:
+    """The assignor's CPU for each kill: the run that ended when the assignment without the node was published."""
+    out = []
+    for killed, published in windows:
+        window = [cpu for end, cpu, _ in runs if killed < end <= published + 0.05]
+        if window:
+            out.append(1000 * window[-1])
+    return out
+
+
+def _placed(md: MetadataStore, ids: list[str]) -> bool:
+    return md.redis.hlen(md.keys.placements) >= len(ids)
+
+
+def _settle(md: MetadataStore, quiet_s: float, timeout_s: float) -> None:
+    """Until the assignment has not changed for ``quiet_s`` (bounded by ``timeout_s``)."""
+    end = time.monotonic() + timeout_s
+    last, since = md.versions()[1], time.monotonic()
+    while time.monotonic() < end:
+        time.sleep(0.1)
+        v = md.versions()[1]
+        if v != last:
+            last, since = v, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+
+
+def _wait(cond: Any, timeout_s: float, interval: float = 0.05) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(interval)
+    raise TimeoutError("condition not met in time")
+
+
+# ---- report ---------------------------------------------------------------------------------------
+
+COLUMNS = [
+    ("nodes", "N", "{:d}"),
+    ("kills", "kills", "{:d}"),
+    ("death_to_published_p50_ms", "death→published p50 ms", "{:.0f}"),
+    ("death_to_published_p99_ms", "p99 ms", "{:.0f}"),
+    ("assignor_cpu_ms_after_death_p50", "assignor CPU/death ms p50", "{:.1f}"),
+    ("assignor_cpu_ms_after_death_max", "max", "{:.1f}"),
+    ("first_assignment_cpu_s", "first assignment CPU s", "{:.2f}"),
+    ("moves_after_death_max", "new placements/death max", "{:d}"),
+    ("role_changes_after_death_max", "role changes/death max", "{:d}"),
+    ("dead_node_replicas_max", "dead node's replicas max", "{:d}"),
+    ("assignor_idle_cpu_ms_per_poll", "assignor idle CPU/poll ms", "{:.2f}"),
+    ("router_cpu_pct", "router CPU %", "{:.1f}"),
+    ("router_cpu_ms_per_refresh", "router CPU/refresh ms", "{:.2f}"),
+    ("router_rss_mb", "router RSS MB", "{:.0f}"),
+    ("redis_cpu_pct", "Redis CPU %", "{:.1f}"),
+    ("redis_ops_per_s", "Redis ops/s", "{:.0f}"),
+    ("bytes_per_heartbeat", "bytes/heartbeat", "{:.0f}"),
+    ("report_bytes", "full report bytes", "{:d}"),
+]
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = []
+    for key, title, fmt in COLUMNS:
+        cells = []
+        for r in rows:
+            v = r.get(key)
+            try:
+                cells.append(fmt.format(v))
+            except (TypeError, ValueError):
+                cells.append(str(v))
+        lines.append(f"{title:>28}  " + "  ".join(f"{c:>9}" for c in cells))
+    return "\n".join(lines)
+
+
+PLOTS = [
+    (("death_to_published_p50_ms", "death_to_published_p99_ms"), "death → published assignment (ms)", 1500),
+    (("assignor_cpu_ms_after_death_p50", "assignor_cpu_ms_after_death_max"), "assignor CPU per death (ms)", 200),
+    (("router_cpu_pct",), "router CPU (% of a core)", 5),
+    (("router_rss_mb",), "router memory (MB RSS)", None),
+    (("redis_cpu_pct",), "Redis CPU (% of a core)", 50),
+    (("redis_ops_per_s",), "Redis ops/s", None),
+    (("bytes_per_heartbeat",), "bytes written per heartbeat", None),
+    (("moves_after_death_max", "dead_node_replicas_max", "role_changes_after_death_max"),
+     "replicas moved per death", None),
+]
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 4, figsize=(16, 7.5))
+    xs = [r["nodes"] for r in rows]
+    for ax, (keys, title, target) in zip(axes.flat, PLOTS):
+        for key in keys:
+            ax.plot(xs, [r.get(key) for r in rows], marker="o", label=key.replace("_", " "))
+        if target is not None:
+            ax.axhline(target, color="red", linestyle="--", linewidth=1, label=f"target {target}")
+        ax.set_xscale("log")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("store nodes")
+        ax.legend(fontsize=7)
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(f"freshroute metadata at scale ({rows[-1]['partitions']:,} partitions, "
+                 f"{rows[-1]['replicas']:,} replicas)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.scale", description=__doc__.split("\n\n")[0])
+    p.add_argument("--nodes", type=int, nargs="+", default=[10, 100, 300, 1000])
+    p.add_argument("--tables", type=int, default=10)
+    p.add_argument("--partitions", type=int, default=1000, help="partitions per table")
+    p.add_argument("--standby-replicas", type=int, default=2)
+    p.add_argument("--kills", type=int, default=20)
+    p.add_argument("--routers", type=int, default=1)
+    p.add_argument("--workers", type=int, default=2, help="processes the simulated nodes are spread over")
+    p.add_argument("--poll-ms", type=int, default=200,
+                   help="the simulated nodes' assignment poll (the lead, which assigns, polls every 100 ms as real nodes do)")
+    p.add_argument("--restore-ms", type=int, default=1000)
+    p.add_argument("--out", type=Path, default=Path("scale-results"))
+    a = p.parse_args(argv)
+    if any(n < 2 for n in a.nodes):
+        p.error("--nodes: at least 2 (one node is the assignor, the others are killed)")
+    a.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+
+    def say(msg: str) -> None:
+        print(msg, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="freshroute-scale-") as tmp:
+        for n in a.nodes:
+            figs = run_one(n, a.tables, a.partitions, a.standby_replicas, a.kills, a.routers, a.workers,
+                           a.poll_ms, a.restore_ms, Path(tmp), say)
+            rows.append(figs.summary())
+            (a.out / "scale.json").write_text(json.dumps({"rows": rows, "args": {
+                k: str(v) for k, v in vars(a).items()}}, indent=1))
+    print(table(rows))
+    plot(rows, a.out / "scale.png")
+    print(f"wrote {a.out / 'scale.json'} and {a.out / 'scale.png'}")
+    print(json.dumps({f"{r['nodes']}": {k: r[k] for k, _, _ in COLUMNS if k in r} for r in rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
