@@ -1,7 +1,7 @@
 """The cluster at scale, by simulation: N store nodes' membership against a real Redis, the real
 assignor under its lease, and real router processes, with nodes killed one after another.
 
-    python -m loadtest.scale --nodes 10 100 300 1000 --tables 10 --partitions 1000 --standby-replicas 2
+    python -m loadtest.scale --nodes 10 100 300 1000 --tables 10 --standby-replicas 2
 
 Each simulated node is the store node's own :class:`store_node.membership.Membership` — its
 heartbeats, reports, lease attempts and assignment following, through the real metadata
@@ -429,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.scale", description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, nargs="+", default=[10, 100, 300, 1000])
     p.add_argument("--tables", type=int, default=10)
-    p.add_argument("--partitions", type=int, default=1000, help="partitions per table")
+    p.add_argument("--partitions", type=int, default=None,
+                   help="partitions per table (default: as many as nodes, so 10 tables give 10 partitions per node)")
     p.add_argument("--standby-replicas", type=int, default=2)
     p.add_argument("--kills", type=int, default=20)
     p.add_argument("--routers", type=int, default=1)
@@ -449,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="freshroute-scale-") as tmp:
         for n in a.nodes:
-            figs = run_one(n, a.tables, a.partitions, a.standby_replicas, a.kills, a.routers, a.workers,
+            figs = run_one(n, a.tables, a.partitions or n, a.standby_replicas, a.kills, a.routers, a.workers,
                            a.poll_ms, a.restore_ms, Path(tmp), say)
             rows.append(figs.summary())
             (a.out / "scale.json").write_text(json.dumps({"rows": rows, "args": {
