@@ -449,12 +449,16 @@ class MetadataStore:
         return feed.poll(self.redis, self.keys)
 
     def forget_nodes(self, node_ids: Iterable[str]) -> None:
-        """Remove nodes silent for longer than any report lives (the lease holder tidies up)."""
+        """Remove nodes silent for longer than any report lives (the lease holder tidies up).
+
+        Their reports go too: a node that was only stalled finds its report gone at its next beat
+        and publishes it again, so readers learn of it anew."""
         ids = list(node_ids)
         if ids:
             pipe = self.redis.pipeline(transaction=False)
             pipe.hdel(self.keys.beats, *ids)
             pipe.zrem(self.keys.reports, *ids)
+            pipe.delete(*(self.keys.node(i) for i in ids))
             pipe.execute()
 
 

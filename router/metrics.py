@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Callable, Iterable, NamedTuple
+from typing import Callable, Iterable, Mapping, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -29,10 +29,11 @@ class _ReplicaCollector(Collector):
     """Per-replica lag read from the current snapshot at scrape time, so it never goes stale."""
 
     def __init__(self, replicas: Callable[[], Iterable[ReplicaGauge]], metadata_age_s: Callable[[], float],
-                 redis_up: Callable[[], bool]) -> None:
+                 redis_up: Callable[[], bool], bad_heartbeats: Callable[[], Mapping[str, int]]) -> None:
         self._replicas = replicas
         self._metadata_age_s = metadata_age_s
         self._redis_up = redis_up
+        self._bad_heartbeats = bad_heartbeats
 
     def collect(self):
         labels = ["table", "partition", "node", "role"]
@@ -49,6 +50,11 @@ class _ReplicaCollector(Collector):
         yield alive
         yield GaugeMetricFamily("freshroute_router_metadata_age_seconds", "Age of the routing snapshot", value=self._metadata_age_s())
         yield GaugeMetricFamily("freshroute_router_redis_up", "1 if the last metadata refresh reached Redis", value=1 if self._redis_up() else 0)
+        bad = CounterMetricFamily("freshroute_router_bad_heartbeats", "Node reports skipped: malformed, "
+                                  "unknown-version or oversized", labels=["reason"])
+        for reason, count in sorted(self._bad_heartbeats().items()):
+            bad.add_metric([reason], count)
+        yield bad
 
 
 class _LookupCollector(Collector):
@@ -103,5 +109,5 @@ class RouterMetrics:
         self._retry_children[reason].inc()
 
     def watch(self, replicas: Callable[[], Iterable[ReplicaGauge]], metadata_age_s: Callable[[], float],
-              redis_up: Callable[[], bool]) -> None:
-        self.registry.register(_ReplicaCollector(replicas, metadata_age_s, redis_up))
+              redis_up: Callable[[], bool], bad_heartbeats: Callable[[], Mapping[str, int]] = dict) -> None:
+        self.registry.register(_ReplicaCollector(replicas, metadata_age_s, redis_up, bad_heartbeats))

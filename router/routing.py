@@ -30,8 +30,10 @@ class Router(RoutingCore):
         self._ready_listeners: list[Callable[[bool], None]] = []
         self._ready = False
         self._stopping = False
+        feed = getattr(metadata, "feed", None)
         metrics.watch(self._replica_gauges, self._metadata_age_s,
-                      lambda: bool(getattr(self.metadata, "redis_ok", self.metadata.current.loaded)))
+                      lambda: bool(getattr(self.metadata, "redis_ok", self.metadata.current.loaded)),
+                      (lambda: feed.rejections.counts) if feed is not None else dict)
 
     @property
     def ready(self) -> bool:

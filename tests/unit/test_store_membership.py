@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 import fakeredis
 
