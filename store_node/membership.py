@@ -34,29 +34,24 @@ def desired_replicas(hosted: Mapping[ReplicaKey, Role], tables: dict[str, TableS
     return out
 
 
-# A report whose only change is its replicas' positions moving (caught up, under a steady
-# write load) is republished at most this often: lags and states are republished at once.
-POSITIONS_EVERY_MS = 1000
-
-
 def needs_publishing(before: NodeReport | None, now: NodeReport, slack_ms: int) -> bool:
     """Whether ``now`` tells readers something ``before`` (the last report published) does not.
 
     Readers extrapolate a lagging replica's staleness by the report's age, so staleness that
     grew as time passed is no news; ``slack_ms`` is how far off that extrapolation may be.
+    Positions that moved are news: routers judge read-your-writes bounds on them.
     """
     if before is None or (before.address, before.read_address, before.rack, before.draining) != \
             (now.address, now.read_address, now.rack, now.draining) or len(before.replicas) != len(now.replicas):
         return True
     elapsed = now.heartbeat_ms - before.heartbeat_ms
-    moved = False
     for a, b in zip(before.replicas, now.replicas):
-        if (a.table, a.partition, a.role, a.state) != (b.table, b.partition, b.role, b.state) or \
-                a.end - a.applied != b.end - b.applied or (a.staleness_ms == 0) != (b.staleness_ms == 0) or \
+        if (a.table, a.partition, a.role, a.state, a.applied, a.end) != (b.table, b.partition, b.role, b.state,
+                                                                          b.applied, b.end) or \
+                (a.staleness_ms == 0) != (b.staleness_ms == 0) or \
                 (b.staleness_ms and abs(b.staleness_ms - a.staleness_ms - elapsed) > slack_ms):
             return True
-        moved = moved or a.applied != b.applied
-    return moved and elapsed >= POSITIONS_EVERY_MS
+    return False
 
 
 class Membership:
