@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import orjson
 
-from freshroute.metadata import MAX_REPORT_BYTES, Keys, NodeReport
+from freshroute.metadata import MAX_REPORT_BYTES, Keys, NodeReport, OversizedReport, UnknownReportVersion, text
 
 log = logging.getLogger("freshroute.heartbeats")
 
@@ -92,7 +92,7 @@ class NodeFeed:
         """Take the beats; returns the nodes whose report must be read."""
         beats: dict[str, int] = {}
         for k, v in raw_beats.items():
-            node = _text(k)
+            node = text(k)
             try:
                 beats[node] = int(v)
             except ValueError:
@@ -100,7 +100,7 @@ class NodeFeed:
         self.beats = beats
         ids = []
         for member, score in raw_changed:
-            ids.append(_text(member))
+            ids.append(text(member))
             self._next_seq = max(self._next_seq, int(score))
         return [i for i in ids if i in beats]
 
@@ -131,8 +131,8 @@ class NodeFeed:
         try:
             report = NodeReport.from_json(raw)
         except (ValueError, KeyError, TypeError, AttributeError, orjson.JSONDecodeError) as e:
-            reason = "oversized" if len(raw) > MAX_REPORT_BYTES else \
-                "unknown-version" if "version" in str(e) else "malformed"
+            reason = "oversized" if isinstance(e, OversizedReport) else \
+                "unknown-version" if isinstance(e, UnknownReportVersion) else "malformed"
             self.rejections.count(reason, node, f"{type(e).__name__}: {e}")
             return None
         if report.node_id != node:
@@ -151,7 +151,3 @@ class NodeFeed:
             self.ask_reports(pipe, keys, ids)
             raws = pipe.execute()
         return self.absorb(ids, raws)
-
-
-def _text(v: bytes | str) -> str:
-    return v.decode() if isinstance(v, bytes) else v

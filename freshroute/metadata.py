@@ -116,6 +116,14 @@ REPORT_VERSION = 1
 MAX_REPORT_BYTES = 4 * 1024 * 1024
 
 
+class UnknownReportVersion(ValueError):
+    """A report in a format this reader does not know (a newer node)."""
+
+
+class OversizedReport(ValueError):
+    """A report over :data:`MAX_REPORT_BYTES`."""
+
+
 @dataclass(frozen=True)
 class NodeReport:
     """A store node's heartbeat: who it is, where it serves, and every replica's lag.
@@ -140,13 +148,13 @@ class NodeReport:
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> "NodeReport":
-        """Decode a report; raises ValueError (or KeyError, TypeError) for one that is malformed,
-        too large or of an unknown version."""
+        """Decode a report; raises :class:`OversizedReport`, :class:`UnknownReportVersion`, or
+        ValueError (or KeyError, TypeError) for one that is malformed."""
         if len(raw) > MAX_REPORT_BYTES:
-            raise ValueError(f"report of {len(raw)} bytes is over the limit of {MAX_REPORT_BYTES}")
+            raise OversizedReport(f"report of {len(raw)} bytes is over the limit of {MAX_REPORT_BYTES}")
         d = orjson.loads(raw)
         if d.get("v", REPORT_VERSION) != REPORT_VERSION:
-            raise ValueError(f"report version {d.get('v')!r} is unknown (this reader knows {REPORT_VERSION})")
+            raise UnknownReportVersion(f"report version {d.get('v')!r} is unknown (this reader knows {REPORT_VERSION})")
         return cls(str(d["node_id"]), str(d["address"]), int(d["heartbeat_ms"]),
                    tuple(ReplicaReport.from_dict(r) for r in d.get("replicas", ())),
                    d.get("rack"), bool(d.get("draining", False)), d.get("read_address"))
@@ -255,12 +263,16 @@ class Round:
 
 UNREAD: Any = object()  # "not read yet", where None is a value read
 
-# A version that differs from every earlier one, even after Redis lost its state: the
-# server's clock in µs, or one more than the last version if the clock went back.
-_NEW_VERSION = """
-local function new_version(key)
+# Numbers that never repeat, even after Redis lost its state, start from the server's clock in µs.
+# A version differs from every earlier one: the clock, or one more than the last version if the
+# clock went back.
+_CLOCK = """
+local function clock_us()
     local t = redis.call('TIME')
-    local v = t[1] * 1000000 + t[2]
+    return t[1] * 1000000 + t[2]
+end
+local function new_version(key)
+    local v = clock_us()
     local prev = tonumber(redis.call('GET', key))
     if prev and v <= prev then v = prev + 1 end
     v = string.format('%d', v)
@@ -278,12 +290,11 @@ class MetadataStore:
 
     # A beat renews the node's liveness and its report's TTL; with a report, it also
     # replaces the report and logs the change. Returns 0 when Redis has lost the report.
-    _BEAT = """
+    _BEAT = _CLOCK + """
     redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
     if ARGV[4] ~= '' then
         if redis.call('EXISTS', KEYS[4]) == 0 then
-            local t = redis.call('TIME')
-            redis.call('SET', KEYS[4], string.format('%d', t[1] * 1000000 + t[2]))
+            redis.call('SET', KEYS[4], string.format('%d', clock_us()))
         end
         redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[3])
         redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[4]), ARGV[1])
@@ -295,7 +306,7 @@ class MetadataStore:
     # Write the assignment only while holding the lease of the given generation: a
     # deposed assignor that wakes up late can never overwrite its successor's work.
     # ARGV: lease value, assignment JSON, n, then n (node, placement) pairs to set, then nodes to drop.
-    _FENCED_WRITE = _NEW_VERSION + """
+    _FENCED_WRITE = _CLOCK + """
     if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
     redis.call('SET', KEYS[2], ARGV[2])
     local n = tonumber(ARGV[3])
@@ -304,7 +315,7 @@ class MetadataStore:
     return new_version(KEYS[3])
     """
 
-    _REGISTER_TABLES = _NEW_VERSION + """
+    _REGISTER_TABLES = _CLOCK + """
     for i = 1, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
     new_version(KEYS[2])
     """
@@ -330,7 +341,7 @@ class MetadataStore:
 
     def tables(self) -> dict[str, TableSpec]:
         raw = self.redis.hgetall(self.keys.tables)
-        return {_text(k): TableSpec.from_json(v) for k, v in raw.items()}
+        return {text(k): TableSpec.from_json(v) for k, v in raw.items()}
 
     # nodes
     def _beat_args(self, node_id: str, beat_ms: int, ttl_ms: int, report: bytes | None) -> dict[str, list]:
@@ -352,18 +363,15 @@ class MetadataStore:
         out = pipe.execute()
         held = bool(out[0]) if beat_ms is not None else True
         lease, (tables_version, assignment_version) = out[-2], out[-1]
-        return Round(held, _text(lease) if lease is not None else None, tables_version, assignment_version)
+        return Round(held, text(lease) if lease is not None else None, tables_version, assignment_version)
 
     def remove_node(self, node_id: str) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hdel(self.keys.beats, node_id)
-        pipe.zrem(self.keys.reports, node_id)
-        pipe.delete(self.keys.node(node_id))
-        pipe.execute()
+        """Leave the cluster (a node stopping)."""
+        self.forget_nodes([node_id])
 
     def beats(self) -> dict[str, int]:
         """Every node's latest heartbeat time."""
-        return {_text(k): int(v) for k, v in self.redis.hgetall(self.keys.beats).items()}
+        return {text(k): int(v) for k, v in self.redis.hgetall(self.keys.beats).items()}
 
     def nodes(self) -> dict[str, NodeReport]:
         """Every node's latest report (a full read, for tools and tests; roles read changes only)."""
@@ -401,7 +409,7 @@ class MetadataStore:
         ``current`` is the lease's value if the caller has just read it (saves a round trip)."""
         if current is UNREAD:
             raw = self.redis.get(self.keys.assignor)
-            current = _text(raw) if raw is not None else None
+            current = text(raw) if raw is not None else None
         if current is not None:
             holder, _, gen = current.rpartition(":")
             if holder == node_id:
@@ -437,7 +445,7 @@ class MetadataStore:
         changed = [x for n, p in sorted(now.items()) if before.get(n) != p for x in (n, p)]
         # Without a previous assignment, drop whatever placements a lost assignment left behind.
         dropped = sorted(set(before) - set(now)) if previous is not None else \
-            sorted(set(map(_text, self.redis.hkeys(self.keys.placements))) - set(now))
+            sorted(set(map(text, self.redis.hkeys(self.keys.placements))) - set(now))
         version = self._fenced_write(
             keys=[self.keys.assignor, self.keys.assignment, self.keys.assignment_version, self.keys.placements],
             args=[f"{node_id}:{generation}", assignment.to_json(), len(changed) // 2, *changed, *dropped])
@@ -449,7 +457,8 @@ class MetadataStore:
         return feed.poll(self.redis, self.keys)
 
     def forget_nodes(self, node_ids: Iterable[str]) -> None:
-        """Remove nodes silent for longer than any report lives (the lease holder tidies up).
+        """Remove nodes from the cluster: their beats and reports. The lease holder forgets those
+        silent for longer than any report lives.
 
         Their reports go too: a node that was only stalled finds its report gone at its next beat
         and publishes it again, so readers learn of it anew."""
@@ -462,5 +471,6 @@ class MetadataStore:
             pipe.execute()
 
 
-def _text(v: bytes | str) -> str:
+def text(v: bytes | str) -> str:
+    """A Redis reply as text (clients may or may not decode replies)."""
     return v.decode() if isinstance(v, bytes) else v

@@ -507,6 +507,7 @@ class AssignorLoop:
         self._last_step_ms: int | None = None
         self._resumed_at = 0
         self.generation: int | None = None
+        self.computations = 0  # assignments computed: a quiet cluster adds none
         self.feed = NodeFeed(Rejections(f"assignor on {node_id}"))
         self.liveness = Liveness()
         self._forget()
@@ -531,6 +532,11 @@ class AssignorLoop:
         except BaseException:
             self.forget()
             raise
+
+    @property
+    def assignment_version(self) -> bytes | None:
+        """The version of the assignment this loop last read or wrote."""
+        return self._previous[0] if self._previous is not None else None
 
     def live(self, now_ms: int) -> list[NodeReport]:
         """Nodes heard from recently enough (measured from this loop's resumption), and this node."""
@@ -577,6 +583,7 @@ class AssignorLoop:
         if inputs == self._computed_for:
             return None
         self._computed_for = inputs
+        self.computations += 1
         proposed = assign(tables, live, previous, generation, self._threshold)
         if previous is not None and previous.replicas == proposed.replicas:
             return None

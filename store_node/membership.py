@@ -124,7 +124,7 @@ class Membership:
                     self._beat_at = None
             if not self.draining and self.assignor.step(self._clock(), found.lease) is not None:
                 # Written just now: this node follows it at once, not a round later.
-                found = replace(found, assignment_version=self._metadata.versions()[1])
+                found = replace(found, assignment_version=self.assignor.assignment_version)
             desired = self._read_assignment(found)
         except RedisError as e:
             self.assignor.forget()

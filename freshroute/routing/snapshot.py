@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
 import orjson
 
 from freshroute.heartbeats import Liveness, NodeFeed, Rejections
-from freshroute.metadata import Assignment, Keys, NodeReport, ReplicaState, Role, TableSpec, now_ms
+from freshroute.metadata import Assignment, Keys, NodeReport, ReplicaState, Role, TableSpec, now_ms, text
 
 log = logging.getLogger("freshroute.routing.snapshot")
 
@@ -352,7 +352,7 @@ class MetadataRefresher:
             for name, raw in raw_tables.items():
                 spec = self._decode(TableSpec.from_json, raw, "table spec")
                 if spec is not None:
-                    tables[_text(name)] = spec
+                    tables[text(name)] = spec
             self._tables = (tables_version, tables)
         if read_assignment:
             raw_assignment = out[-1]
@@ -437,9 +437,3 @@ class MetadataRefresher:
             # One line per outage, not per refresh.
             log.warning("metadata: cannot read Redis (%s: %s); serving the last snapshot with liveness frozen",
                         type(e).__name__, e)
-
-
-def _text(v: bytes | str) -> str:
-    return v.decode() if isinstance(v, bytes) else v
-
-
