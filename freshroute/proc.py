@@ -1,4 +1,4 @@
-"""What Linux's ``/proc`` says about a process (state, parent, CPU time), and its CPU priority."""
+"""What Linux's ``/proc`` says about a process (state, parent, CPU time, memory), and its CPU priority."""
 
 from __future__ import annotations
 
@@ -22,6 +22,18 @@ def cpu_seconds(fields: list[str]) -> float:
     """User + system CPU seconds (every thread) of a process, from its :func:`stat_fields`."""
     # utime and stime: fields 14 and 15 of /proc/<pid>/stat, 11 and 12 after the command name.
     return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def rss_kib(pid: int) -> int | None:
+    """Resident memory of a process in KiB (``VmRSS``); None once it exited."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
 
 
 def lower_priority(pid: int, nice: int) -> str | None:

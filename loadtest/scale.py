@@ -23,6 +23,7 @@ import json
 import multiprocessing as mp
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from freshroute.local.services import free_port, start_redis
-from freshroute.metadata import MetadataStore, ReplicaReport, ReplicaState, Role, TableSpec
+from freshroute.metadata import UNREAD, MetadataStore, ReplicaReport, ReplicaState, Role, TableSpec
+from freshroute.proc import cpu_seconds, rss_kib, stat_fields
 
 NAMESPACE = "scale"
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 # ---- one simulated node ----------------------------------------------------------------------
@@ -84,12 +85,12 @@ class _TimedSteps:
         self.idle_steps = 0
         loop.step = self.step
 
-    def step(self, now_ms: int, lease: Any = None) -> Any:
-        before = self._loop._computed_for
+    def step(self, now_ms: int, lease: Any = UNREAD) -> Any:
+        before = self._loop.computations
         cpu, wall = time.thread_time(), time.perf_counter()
         out = self._step(now_ms, lease)
         cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
-        if self._loop._computed_for is not before:
+        if self._loop.computations != before:
             self.runs.append((time.time(), cpu, wall))
         else:
             self.idle_cpu_s += cpu
@@ -151,15 +152,12 @@ def worker(conn: Any, redis_url: str, node_ids: list[str], poll_ms: int, restore
 # ---- measuring processes ------------------------------------------------------------------------
 
 def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    fields = stat_fields(pid)
+    return cpu_seconds(fields) if fields is not None else 0.0
 
 
 def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    return (rss_kib(pid) or 0) / 1024
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -242,8 +240,7 @@ def run_one(n_nodes: int, tables: int, partitions: int, standbys: int, kills: in
                        FRESHROUTE_HOST="127.0.0.1", FRESHROUTE_REST_PORT=str(free_port()),
                        FRESHROUTE_GRPC_PORT=str(free_port()), FRESHROUTE_LOG_LEVEL="WARNING")
             log = open(work / f"router-{n_nodes}-{i}.log", "ab")
-            router_procs.append(__import__("subprocess").Popen([sys.executable, "-m", "router"], env=env,
-                                                               stdout=log, stderr=log))
+            router_procs.append(subprocess.Popen([sys.executable, "-m", "router"], env=env, stdout=log, stderr=log))
         say(f"N={n_nodes}: {len(groups) - 1} worker processes and the lead started; waiting for the first assignment")
         _wait(lambda: _placed(md, ids), 120)
         first = md.assignment()

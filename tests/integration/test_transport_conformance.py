@@ -14,7 +14,6 @@ import struct
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import NamedTuple
 
 import grpc
@@ -27,6 +26,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from hyperframe.frame import (ContinuationFrame, DataFrame, Frame, GoAwayFrame, HeadersFrame, PingFrame,
                               PriorityFrame, RstStreamFrame, SettingsFrame, WindowUpdateFrame)
 
+from freshroute import proc
 from proto import router_pb2, router_pb2_grpc
 
 from .test_router_process import KEYS, PARTITIONS, TABLE, Deployment, Procs, value_of
@@ -59,10 +59,9 @@ def router(tmp_path_factory, redis_service):
 
 
 def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
+    kib = proc.rss_kib(pid)
+    assert kib is not None, "no VmRSS"
+    return kib
 
 
 def lookups_answered(d: Deployment) -> None:

@@ -1,10 +1,10 @@
-"""/proc readings of a process (state, parent, CPU time), and lowering its CPU priority."""
+"""/proc readings of a process (state, parent, CPU time, memory), and lowering its CPU priority."""
 
 import os
 import subprocess
 import sys
 
-from freshroute.proc import cpu_seconds, lower_priority, stat_fields
+from freshroute.proc import cpu_seconds, lower_priority, rss_kib, stat_fields
 
 
 def test_fields_of_a_live_process_and_none_once_it_exited():
@@ -20,6 +20,16 @@ def test_cpu_seconds_grow_with_work():
     sum(i * i for i in range(2_000_000))
     after = cpu_seconds(stat_fields(os.getpid()))
     assert after > before >= 0
+
+
+def test_resident_memory_grows_with_what_is_held_and_is_none_once_gone():
+    before = rss_kib(os.getpid())
+    held = bytearray(64 * 1024 * 1024)
+    held[::4096] = b"x" * len(held[::4096])  # touch every page so it is resident
+    assert rss_kib(os.getpid()) >= before + 60 * 1024
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert rss_kib(child.pid) is None
 
 
 def _nice_of(pid: int) -> int:
