@@ -16,13 +16,14 @@ from typing import Callable
 from google.protobuf.message import DecodeError
 
 from freshroute.framing import FrameError, FrameReader, frame
+from freshroute.pacing import PacedByAnswers
 from proto import store_pb2
 from store_node.service import StoreNodeService
 
 log = logging.getLogger(__name__)
 
 
-class ReadPortConnection(asyncio.Protocol):
+class ReadPortConnection(PacedByAnswers):
     """One router connection: every complete frame is answered before the next bytes are read."""
 
     def __init__(self, service: StoreNodeService) -> None:
@@ -45,15 +46,6 @@ class ReadPortConnection(asyncio.Protocol):
         except (FrameError, DecodeError) as e:
             log.warning("read port: dropping %s: %s", transport.get_extra_info("peername"), e)
             transport.abort()
-
-    # A peer that stops reading its answers stops being read: answers cannot pile up.
-    def pause_writing(self) -> None:
-        if self._transport is not None:
-            self._transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None

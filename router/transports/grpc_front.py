@@ -31,6 +31,7 @@ import hpack
 from google.protobuf.message import DecodeError
 
 from freshroute.errors import InvalidArgument
+from freshroute.pacing import PacedByAnswers
 from proto import router_pb2
 from router.transports import GetCalls
 
@@ -215,7 +216,7 @@ class _Stream:
         self.drained: asyncio.Event | None = None
 
 
-class GrpcConnection(asyncio.Protocol):
+class GrpcConnection(PacedByAnswers):
     """One client connection: frames parsed as they arrive, frames sent gathered once per loop turn."""
 
     def __init__(self, front: GrpcFront) -> None:
@@ -257,15 +258,6 @@ class GrpcConnection(asyncio.Protocol):
         self._front.connections.discard(self)
         for stream in list(self._streams.values()):
             self._forget(stream, cancel=True)
-
-    def pause_writing(self) -> None:
-        # A peer that does not read its answers is not read either: answers cannot pile up.
-        if self._transport is not None:
-            self._transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.resume_reading()
 
     @property
     def idle(self) -> bool:
