@@ -1,12 +1,13 @@
 import asyncio
 
-import fakeredis
 import orjson
 import pytest
 
 from freshroute.metadata import MAX_REPORT_BYTES, Assignment, MetadataStore, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
 
 from freshroute.routing.snapshot import MetadataRefresher, build_snapshot
+
+from .memory_redis import MemoryRedis
 
 T0 = 1_700_000_000_000
 SPEC = TableSpec("sensor_stats", "sensor_stats-changelog", 2, "sensor_id", {"count": "long"}, 1)
@@ -53,23 +54,14 @@ def test_liveness_from_heartbeat_age():
     assert snap.generation is None
 
 
-class FakeRedis:
-    """An in-memory Redis (fakeredis, running the real scripts), the refresher's async client on it,
-    and a switch to make it unreachable."""
+class FakeRedis(MemoryRedis):
+    """The in-memory Redis, with the metadata a pipeline and store nodes would write to it."""
 
     def __init__(self, ns):
-        self.server = fakeredis.FakeServer()
-        self.md = MetadataStore(fakeredis.FakeRedis(server=self.server), ns)
+        super().__init__()
+        self.md = MetadataStore(self.sync, ns)
         self.keys = self.md.keys
-        self.client = fakeredis.FakeAsyncRedis(server=self.server)
-
-    @property
-    def down(self):
-        return not self.server.connected
-
-    @down.setter
-    def down(self, value):
-        self.server.connected = not value
+        self.client = self.aio
 
     def load(self, heartbeat_ms, tables=(SPEC,), assignment=ASSIGNMENT_JSON):
         """Everything anew, as after a Redis restart: tables, heartbeats and the assignment."""

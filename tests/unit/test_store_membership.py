@@ -5,32 +5,22 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-
-import fakeredis
-
 from freshroute.metadata import MetadataStore, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
 from store_node.membership import Membership, desired_replicas, needs_publishing
 from store_node.settings import StoreNodeSettings
+
+from .memory_redis import MemoryRedis
 
 SPEC = TableSpec("t", "t-changelog", 4, "k", standby_replicas=1)
 
 
 class FakeMetadata(MetadataStore):
-    """The real metadata code on an in-memory Redis (fakeredis, running the real scripts), with an
-    outage switch and a record of every round."""
+    """The real metadata code on an in-memory Redis, with a record of every round."""
 
     def __init__(self):
-        self.server = fakeredis.FakeServer()
-        super().__init__(fakeredis.FakeRedis(server=self.server), "ns")
+        self.memory = MemoryRedis()
+        super().__init__(self.memory.sync, "ns")
         self.rounds: list[tuple] = []
-
-    @property
-    def down(self):
-        return not self.server.connected
-
-    @down.setter
-    def down(self, value):
-        self.server.connected = not value
 
     def round(self, node_id, beat_ms, ttl_ms, report):
         self.rounds.append((beat_ms, report))
@@ -88,11 +78,11 @@ def test_redis_outage_keeps_the_last_assignment_and_logs_once(caplog):
     m, followed, clock = make(md)
     settle(m, clock)
     before = m.desired
-    md.down = True
+    md.memory.down = True
     with caplog.at_level(logging.INFO, logger="store_node.membership"):
         for _ in range(50):
             m.tick()
-        md.down = False
+        md.memory.down = False
         m.tick()
     lines = [r.getMessage() for r in caplog.records]
     assert sum("unreachable" in x for x in lines) == 1
@@ -119,7 +109,7 @@ def test_an_outage_voids_the_assignor_lease_even_when_only_the_heartbeat_failed(
     m, _, clock = make(md)
     settle(m, clock)
     assert m.assignor.generation == 1
-    md.down = True
+    md.memory.down = True
     m.tick()  # fails at the heartbeat, before the assignor runs
     assert m.assignor.generation is None
 
