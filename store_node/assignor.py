@@ -23,9 +23,11 @@ from __future__ import annotations
 import bisect
 import functools
 import heapq
+import gc
 import logging
 import zlib
 from collections import deque
+from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 
 from freshroute.heartbeats import Liveness, NodeFeed, Rejections
@@ -41,11 +43,13 @@ _RESTORING = ReplicaState.RESTORING
 class _Lags:
     """Per (table-partition, node): what that node reports about its replica."""
 
-    __slots__ = ("by_key", "_threshold")
+    __slots__ = ("by_key", "_warm")
 
     def __init__(self, by_key: Mapping[ReplicaKey, Mapping[str, ReplicaReport]], threshold: int) -> None:
         self.by_key = by_key
-        self._threshold = threshold
+        # Judged once: every step of an assignment asks about warmth, tens of thousands of times.
+        self._warm = {(key, node) for key, reports in by_key.items() for node, r in reports.items()
+                      if r.state is not _RESTORING and r.end - r.applied <= threshold}
 
     def freshness(self, key: ReplicaKey, node: str) -> tuple:
         """Sort key, most caught-up first: serving replicas, then restoring ones, then unknown."""
@@ -56,9 +60,7 @@ class _Lags:
         return (1 if r.state is _RESTORING else 0, max(0, r.end - r.applied), r.staleness_ms)
 
     def warm(self, key: ReplicaKey, node: str) -> bool:
-        reports = self.by_key.get(key)
-        r = reports.get(node) if reports is not None else None
-        return r is not None and r.state is not _RESTORING and r.end - r.applied <= self._threshold
+        return (key, node) in self._warm
 
 
 def _quotas(total: int, nodes: list[str], current: Mapping[str, int]) -> dict[str, int]:
@@ -148,37 +150,36 @@ def assign(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], pr
     total, active = loads()
     quota = _quotas(sum(want.values()), nodes, total)
     active_quota = _quotas(len(keys), nodes, active)
-    short = [k for k in keys if len(placement[k]) < want[k]]
-    if short:
-        table_active: dict[tuple[str, str], int] = {}
-        for k, ns in placement.items():
-            if ns:
-                table_active[k[0], ns[0]] = table_active.get((k[0], ns[0]), 0) + 1
-        pick = _Picker(nodes, rack, lags, total, active, table_active, quota, active_quota)
-        for key in sorted(short, key=lambda k: (len(placement[k]), k)):
-            ns = placement[key]
-            while len(ns) < want[key]:
-                ns.append(pick.for_active(key) if not ns else pick.for_standby(key, ns))
+    table_active: dict[tuple[str, str], int] = {}
+    for k, ns in placement.items():
+        if ns:
+            table_active[k[0], ns[0]] = table_active.get((k[0], ns[0]), 0) + 1
+    pick = _Picker(nodes, rack, lags, total, active, table_active, quota, active_quota)
+    for key in sorted((k for k in keys if len(placement[k]) < want[k]), key=lambda k: (len(placement[k]), k)):
+        ns = placement[key]
+        while len(ns) < want[key]:
+            ns.append(pick.for_active(key) if not ns else pick.for_standby(key, ns))
 
     # 5. Move replicas from nodes above their quota to nodes below it: standbys first, the
     #    coldest first; then actives, preferring partitions whose warm standby can take over.
+    hosted: dict[str, list[ReplicaKey]] = {n: [] for n in nodes}
+    for k in keys:
+        for n in placement[k]:
+            hosted[n].append(k)
     for n in sorted(nodes, key=lambda x: (-(total[x] - quota[x]), x)):
         if total[n] <= quota[n]:
             continue
-        standbys = sorted((k for k in keys if n in placement[k][1:]),
+        standbys = sorted((k for k in hosted[n] if n in placement[k][1:]),
                           key=lambda k: (lags.freshness(k, n), k), reverse=True)
-        actives = sorted((k for k in keys if placement[k] and placement[k][0] == n),
+        actives = sorted((k for k in hosted[n] if placement[k][0] == n),
                          key=lambda k: (not any(lags.warm(k, m) for m in placement[k][1:]), k))
         for k in standbys + actives:
             if total[n] <= quota[n]:
                 break
             ns = placement[k]
-            used_racks = {rack[x] for x in ns if x != n and rack[x] is not None}
-            takers = [m for m in nodes if total[m] < quota[m] and m not in ns]
-            if not takers:
+            m = pick.for_move(k, ns, n)
+            if m is None:
                 continue
-            m = min(takers, key=lambda x: (rack[x] is not None and rack[x] in used_racks, total[x],
-                                           lags.freshness(k, x), x))
             was_active = ns[0] == n
             ns.remove(n)
             ns.append(m)
@@ -298,8 +299,20 @@ class _Picker:
 
     def for_standby(self, key: ReplicaKey, ns: list[str]) -> str:
         """The node for one more replica of a partition placed on ``ns``."""
+        option = self._best_standby(key, ns)
+        assert option is not None, "a partition short of replicas has a node without one"
+        best = option[-1]
+        self._total[best] += 1
+        return best
+
+    def for_move(self, key: ReplicaKey, ns: list[str], leaving: str) -> str | None:
+        """The node below its quota to take over ``leaving``'s replica of a partition, if any (counts unchanged)."""
+        best = self._best_standby(key, ns, leaving)
+        return None if best is None or best[0] else best[-1]
+
+    def _best_standby(self, key: ReplicaKey, ns: list[str], leaving: str | None = None) -> tuple | None:
         rack, fresh = self._rack, self._lags.freshness
-        used = {rack[n] for n in ns if rack[n] is not None}
+        used = {rack[n] for n in ns if n != leaving and rack[n] is not None}
         skip = set(ns) | set(self._lags.by_key.get(key, {}))
         options = [(k[0], rack[n] is not None and rack[n] in used, k[1], fresh(key, n), *k[2:])
                    for n in skip.difference(ns) if n in self._total for k in [self._standby_key(n)]]
@@ -307,9 +320,7 @@ class _Picker:
             top = self._top(heap, self._standby_key, skip)
             if top is not None:
                 options.append((top[0], group is not None and group in used, top[1], _COLD, *top[2:]))
-        best = min(options)[-1]
-        self._total[best] += 1
-        return best
+        return min(options, default=None)
 
 
 def _balance_actives(keys: list[ReplicaKey], nodes: list[str], placement: dict[ReplicaKey, list[str]],
@@ -317,10 +328,10 @@ def _balance_actives(keys: list[ReplicaKey], nodes: list[str], placement: dict[R
     """Hand actives to warm standbys until every node's active count is within one of every other's.
 
     Returns whether the counts ended within one. ``warm`` overrides which standbys may take over.
-    Each round finds the shortest chain of hand-overs (x's active to a warm standby on y, y's to
-    one on z, …) from a node with the most actives to one with at least two fewer, and shifts
-    it: the ends change by one, the nodes in between keep their count. Every shift lowers the
-    sum of squared counts, so the loop ends.
+    Each round finds shortest chains of hand-overs (x's active to a warm standby on y, y's to
+    one on z, …) from nodes with the most actives to nodes with at least two fewer, and shifts
+    those that share no node: the ends change by one, the nodes in between keep their count.
+    Every shift lowers the sum of squared counts, so the loop ends.
     """
     warm = warm or lags.warm
     active = {n: 0 for n in nodes}
@@ -340,33 +351,41 @@ def _balance_actives(keys: list[ReplicaKey], nodes: list[str], placement: dict[R
         top, low = max(active.values()), min(active.values())
         if top - low <= 1:
             return True
+        # One breadth-first search from every node with the most actives finds a shortest chain
+        # to each node two or more below; the chains that share no node are shifted together.
         sources = [n for n in nodes if active[n] == top]
         parent: dict[str, tuple[str, ReplicaKey]] = {}
         seen = set(sources)
         queue = deque(sources)
-        found = None
+        sinks = []
         while queue:
             x = queue.popleft()
             if active[x] <= top - 2:
-                found = x
-                break
+                sinks.append(x)
+                continue
             for k, y in hand_over[x]:
                 if y not in seen and placement[k][0] == x and y in placement[k]:
                     seen.add(y)
                     parent[y] = (x, k)
                     queue.append(y)
-        if found is None:
+        if not sinks:
             return False
-        active[found] += 1
-        y = found
-        while y in parent:
-            x, k = parent[y]
-            ns = placement[k]
-            ns.remove(y)
-            ns.insert(0, y)
-            offer(k)
-            y = x
-        active[y] -= 1
+        used: set[str] = set()
+        for sink in sinks:
+            chain = [sink]
+            while chain[-1] in parent:
+                chain.append(parent[chain[-1]][0])
+            if used.intersection(chain):
+                continue
+            used.update(chain)
+            active[sink] += 1
+            active[chain[-1]] -= 1
+            for y in chain[:-1]:
+                x, k = parent[y]
+                ns = placement[k]
+                ns.remove(y)
+                ns.insert(0, y)
+                offer(k)
     return False
 
 
@@ -398,37 +417,44 @@ def _spread_tables(keys: list[ReplicaKey], nodes: list[str], placement: dict[Rep
                      and lags.warm(k, taker)), None)
 
     def steps() -> Iterator[list[tuple[ReplicaKey, str]]]:
-        """Each improving step, as the hand-overs (partition, new active) it makes."""
+        """Improving steps, as the hand-overs (partition, new active) each makes, each judged on the
+        counts as the steps before it left them."""
         for t in tables:
             count = per[t]
             low = min(count.values())
-            # Only pairs two or more apart can improve: the rest of the nodes are not looked at.
-            for a in (n for n in nodes if count[n] >= low + 2):
-                for b in (n for n in nodes if count[a] - count[n] >= 2):
-                    give = hand_over(t, a, b)
-                    if give is None:
-                        continue
-                    if total[a] > total[b]:
-                        yield [(give, b)]
-                    for t2 in tables:
-                        back = hand_over(t2, b, a) if t2 != t and per[t2][b] > per[t2][a] else None
+            for a in nodes:
+                if count[a] < low + 2:
+                    continue
+                # The takers are the warm standbys of a's actives of t: a few, not every node.
+                for give in list(actives.get((t, a), ())):
+                    for b in placement[give][1:]:
+                        if placement[give][0] != a or count[a] - count[b] < 2 or not lags.warm(give, b):
+                            continue
+                        if total[a] > total[b]:
+                            yield [(give, b)]
+                            break
+                        back = next((x for t2 in tables if t2 != t and per[t2][b] > per[t2][a]
+                                     for x in [hand_over(t2, b, a)] if x is not None), None)
                         if back is not None:
                             yield [(give, b), (back, a)]
+                            break
 
     for _ in range(len(keys) + 1):
-        step = next(steps(), None)
-        if step is None:
+        stepped = False
+        for step in steps():
+            stepped = True
+            for k, n in step:
+                t, giver = k[0], placement[k][0]
+                placement[k].remove(n)
+                placement[k].insert(0, n)
+                per[t][giver] -= 1
+                per[t][n] += 1
+                total[giver] -= 1
+                total[n] += 1
+                actives[t, giver].remove(k)
+                bisect.insort(actives.setdefault((t, n), []), k)
+        if not stepped:
             return
-        for k, n in step:
-            t, giver = k[0], placement[k][0]
-            placement[k].remove(n)
-            placement[k].insert(0, n)
-            per[t][giver] -= 1
-            per[t][n] += 1
-            total[giver] -= 1
-            total[n] += 1
-            actives[t, giver].remove(k)
-            bisect.insort(actives.setdefault((t, n), []), k)
 
 
 def _trade_actives(keys: list[ReplicaKey], nodes: list[str], placement: dict[ReplicaKey, list[str]]) -> None:
@@ -584,10 +610,11 @@ class AssignorLoop:
             return None
         self._computed_for = inputs
         self.computations += 1
-        proposed = assign(tables, live, previous, generation, self._threshold)
-        if previous is not None and previous.replicas == proposed.replicas:
-            return None
-        version = self._store.write_assignment(proposed, self._node_id, generation, previous)
+        with _cycle_collection_paused():
+            proposed = assign(tables, live, previous, generation, self._threshold)
+            if previous is not None and previous.replicas == proposed.replicas:
+                return None
+            version = self._store.write_assignment(proposed, self._node_id, generation, previous)
         if version is None:
             log.info("node %s: assignment write fenced off (generation %d is no longer the lease)",
                      self._node_id, generation)
@@ -632,6 +659,20 @@ class AssignorLoop:
             self.generation = None
 
 
+@contextmanager
+def _cycle_collection_paused() -> Iterator[None]:
+    """No cycle collection while an assignment is computed: it allocates hundreds of thousands of
+    objects that reference counting frees, and at a thousand nodes each full collection it would
+    trigger walks the node's whole heap (tens of ms) while dead nodes' actives wait."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _membership_change(previous: Assignment, live: list[NodeReport], reports: Mapping[str, NodeReport],
                        liveness: Liveness, now_ms: int) -> str:
     """Why placements changed, for the operator: nodes that joined, and nodes that left and why."""
@@ -657,8 +698,10 @@ def _membership_change(previous: Assignment, live: list[NodeReport], reports: Ma
 
 def _moves(before: Assignment | None, after: Assignment) -> int:
     """Replica placements (partition, node, role) that differ between two assignments."""
-    def placements(a: Assignment | None) -> set[tuple[str, int, str, bool]]:
-        if a is None:
-            return set()
-        return {(t, p, n, i == 0) for (t, p), ns in a.replicas.items() for i, n in enumerate(ns)}
-    return len(placements(before) ^ placements(after))
+    b = before.replicas if before is not None else {}
+    moves = 0
+    for k in b.keys() | after.replicas.keys():
+        x, y = b.get(k, ()), after.replicas.get(k, ())
+        if x != y:
+            moves += len({(n, i == 0) for i, n in enumerate(x)} ^ {(n, i == 0) for i, n in enumerate(y)})
+    return moves

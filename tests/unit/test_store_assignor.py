@@ -102,18 +102,22 @@ def test_assignment_is_a_fixed_point():
     assert again.replicas == a.replicas
 
 
-@pytest.mark.parametrize("shape", [(3, 1, 8, 1), LARGE], ids=["small", "large"])
-def test_adding_a_node_moves_few_replicas_and_no_cold_active(shape):
+@pytest.mark.parametrize("shape,joining", [((3, 1, 8, 1), 1), (LARGE, 1), (LARGE, 150)],
+                         ids=["small", "large", "large-wave"])
+def test_adding_nodes_moves_only_their_share_and_no_cold_active(shape, joining):
     tables, ids = cluster(shape)
     a = assign(tables, [node(i) for i in ids], None, 1)
-    ids = ids + ["new"]
+    new = [f"new{i:03d}" for i in range(joining)]
+    ids = ids + new
     b = assign(tables, with_nodes(reports_for(a), ids), a, 2)
     assert_valid(b, tables, ids)
+    total, active = loads(b)
     moved = len(placements(a) - placements(b))
     share = len(placements(a)) // len(ids)
-    assert moved == loads(b)[0]["new"] == share  # exactly the new node's fair share moves, nothing else
-    # The new node's replicas are cold: it gets no active until they catch up.
-    assert loads(b)[1]["new"] == 0
+    # Exactly the new nodes' fair shares move, nothing else.
+    assert moved == sum(total[n] for n in new) and all(share <= total[n] <= share + 1 for n in new)
+    # The new nodes' replicas are cold: they get no active until they catch up.
+    assert sum(active[n] for n in new) == 0
     # Once they report caught up, actives even out without moving any more data.
     c = assign(tables, reports_for(b), b, 3)
     assert placements(c) == placements(b)
