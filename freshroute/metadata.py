@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any, Iterable
+from typing import Any, Container, Iterable, Sequence
 
 import orjson
 
@@ -106,8 +106,13 @@ class ReplicaReport:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ReplicaReport":
-        return cls(d["table"], int(d["partition"]), Role(d["role"]), ReplicaState(d["state"]),
+        # Enum lookups by dict: routers and the assignor decode every changed report's replicas.
+        return cls(d["table"], int(d["partition"]), _ROLES[d["role"]], _STATES[d["state"]],
                    int(d["applied"]), int(d["end"]), int(d["staleness_ms"]))
+
+
+_ROLES = {r.value: r for r in Role}
+_STATES = {s.value: s for s in ReplicaState}
 
 
 # The heartbeat format; a reader skips (and counts) a report of a version it does not know.
@@ -174,12 +179,13 @@ class Assignment:
     def hosted_by(self, node_id: str) -> dict[tuple[str, int], Role]:
         return self.placements().get(node_id, {})
 
-    def placements(self) -> dict[str, dict[tuple[str, int], Role]]:
-        """Each node's part: its replicas and their roles."""
+    def placements(self, only: Container[str] | None = None) -> dict[str, dict[tuple[str, int], Role]]:
+        """Each node's part (or only these nodes' parts): its replicas and their roles."""
         out: dict[str, dict[tuple[str, int], Role]] = {}
         for tp, nodes in self.replicas.items():
             for i, node_id in enumerate(nodes):
-                out.setdefault(node_id, {})[tp] = Role.ACTIVE if i == 0 else Role.STANDBY
+                if only is None or node_id in only:
+                    out.setdefault(node_id, {})[tp] = Role.ACTIVE if i == 0 else Role.STANDBY
         return out
 
     def to_json(self) -> bytes:
@@ -249,6 +255,16 @@ class Keys:
     @property
     def assignor_generation(self) -> str:
         return f"{self.ns}:assignor:generation"
+
+
+@dataclass(frozen=True)
+class RoundRequest:
+    """What one membership round sends: the beat (None: not this round) and the report when it changed."""
+
+    node_id: str
+    beat_ms: int | None
+    ttl_ms: int
+    report: bytes | None
 
 
 @dataclass(frozen=True)
@@ -352,18 +368,26 @@ class MetadataStore:
         """A heartbeat with the full report."""
         self._beat(**self._beat_args(report.node_id, report.heartbeat_ms, ttl_ms, report.to_json()))
 
-    def round(self, node_id: str, beat_ms: int | None, ttl_ms: int, report: bytes | None) -> Round:
-        """One membership round in one round trip: a beat (when ``beat_ms`` is given, with the
+    def round(self, request: RoundRequest) -> Round:
+        """One membership round in one round trip: a beat (when the request carries one, with the
         report when it changed), the lease, and the versions of the tables and the assignment."""
+        return self.rounds([request])[0]
+
+    def rounds(self, requests: Sequence[RoundRequest]) -> list[Round]:
+        """Several nodes' rounds in one round trip, each exactly as :meth:`round` sends it (the scale simulator)."""
         pipe = self.redis.pipeline(transaction=False)
-        if beat_ms is not None:
-            self._beat(**self._beat_args(node_id, beat_ms, ttl_ms, report), client=pipe)
-        pipe.get(self.keys.assignor)
-        pipe.mget([self.keys.tables_version, self.keys.assignment_version])
-        out = pipe.execute()
-        held = bool(out[0]) if beat_ms is not None else True
-        lease, (tables_version, assignment_version) = out[-2], out[-1]
-        return Round(held, text(lease) if lease is not None else None, tables_version, assignment_version)
+        for r in requests:
+            if r.beat_ms is not None:
+                self._beat(**self._beat_args(r.node_id, r.beat_ms, r.ttl_ms, r.report), client=pipe)
+            pipe.get(self.keys.assignor)
+            pipe.mget([self.keys.tables_version, self.keys.assignment_version])
+        out = iter(pipe.execute())
+        found = []
+        for r in requests:
+            held = bool(next(out)) if r.beat_ms is not None else True
+            lease, (tables_version, assignment_version) = next(out), next(out)
+            found.append(Round(held, text(lease) if lease is not None else None, tables_version, assignment_version))
+        return found
 
     def remove_node(self, node_id: str) -> None:
         """Leave the cluster (a node stopping)."""
@@ -440,12 +464,18 @@ class MetadataStore:
         assignment version, or None when fenced off.
 
         Only the placements that differ from ``previous`` (the assignment in Redis) are written."""
-        now = {n: placement_json(h) for n, h in assignment.placements().items()}
-        before = {n: placement_json(h) for n, h in previous.placements().items()} if previous is not None else {}
-        changed = [x for n, p in sorted(now.items()) if before.get(n) != p for x in (n, p)]
-        # Without a previous assignment, drop whatever placements a lost assignment left behind.
-        dropped = sorted(set(before) - set(now)) if previous is not None else \
-            sorted(set(map(text, self.redis.hkeys(self.keys.placements))) - set(now))
+        if previous is None:
+            now = {n: placement_json(h) for n, h in assignment.placements().items()}
+            # Drop whatever placements a lost assignment left behind.
+            dropped = sorted(set(map(text, self.redis.hkeys(self.keys.placements))) - set(now))
+        else:
+            # The nodes of partitions whose replicas changed: a death touches a few dozen of a thousand.
+            after, before = assignment.replicas, previous.replicas
+            touched = {n for k in after.keys() | before.keys() if after.get(k) != before.get(k)
+                       for n in (*after.get(k, ()), *before.get(k, ()))}
+            now = {n: placement_json(h) for n, h in assignment.placements(touched).items()}
+            dropped = sorted(touched - set(now))
+        changed = [x for n, p in sorted(now.items()) for x in (n, p)]
         version = self._fenced_write(
             keys=[self.keys.assignor, self.keys.assignment, self.keys.assignment_version, self.keys.placements],
             args=[f"{node_id}:{generation}", assignment.to_json(), len(changed) // 2, *changed, *dropped])

@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import replace
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from redis.exceptions import RedisError
 
-from freshroute.metadata import MetadataStore, NodeReport, ReplicaReport, Role, Round, TableSpec, now_ms
+from freshroute.metadata import MetadataStore, NodeReport, ReplicaReport, Role, Round, RoundRequest, TableSpec, now_ms
 from store_node.assignor import AssignorLoop
 from store_node.settings import StoreNodeSettings
 
@@ -105,19 +105,46 @@ class Membership:
 
     def tick(self) -> None:
         """One round: heartbeat, assignor, follow the assignment. Never raises for a Redis outage."""
-        settings = self._settings
+        Membership.tick_together([self])
+
+    @staticmethod
+    def tick_together(members: Sequence["Membership"]) -> None:
+        """The rounds of nodes sharing one metadata store, in one round trip to Redis; each node
+        then follows its own assignment. A node is a group of one; the scale simulator runs
+        hundreds of nodes per process."""
+        if not members:
+            return
         try:
-            now = self._clock()
-            # Half a poll period early rather than a whole one late: the loop wakes once per poll.
-            due = settings.heartbeat_ms - settings.assignment_poll_ms // 2
-            beat = self._beat_at is None or now - self._beat_at >= due or self.draining
-            report = self.report(now) if beat else None
-            fresh = report is not None and needs_publishing(self._published, report, settings.heartbeat_ms)
-            found = self._metadata.round(settings.node_id, now if beat else None, settings.node_report_ttl_ms,
-                                         report.to_json() if fresh and report is not None else None)
-            if beat:
-                self._beat_at = now
-                if fresh:
+            begun = [m._begin_round() for m in members]
+            found = members[0]._metadata.rounds([request for request, _ in begun])
+        except RedisError as e:
+            for m in members:
+                m._unreachable(e)
+            return
+        except Exception:
+            log.exception("membership round failed")
+            return
+        for m, (request, report), f in zip(members, begun, found):
+            m._finish_round(request, report, f)
+
+    def _begin_round(self) -> tuple[RoundRequest, NodeReport | None]:
+        """This round's beat (with the report when it tells readers something new), and the report built."""
+        settings = self._settings
+        now = self._clock()
+        # Half a poll period early rather than a whole one late: the loop wakes once per poll.
+        due = settings.heartbeat_ms - settings.assignment_poll_ms // 2
+        beat = self._beat_at is None or now - self._beat_at >= due or self.draining
+        report = self.report(now) if beat else None
+        fresh = report is not None and needs_publishing(self._published, report, settings.heartbeat_ms)
+        request = RoundRequest(settings.node_id, now if beat else None, settings.node_report_ttl_ms,
+                               report.to_json() if fresh and report is not None else None)
+        return request, report
+
+    def _finish_round(self, request: RoundRequest, report: NodeReport | None, found: Round) -> None:
+        try:
+            if request.beat_ms is not None:
+                self._beat_at = request.beat_ms
+                if request.report is not None:
                     self._published = report
                 elif not found.report_held:
                     self._published = None  # Redis lost it: the next round publishes it whole
@@ -127,13 +154,7 @@ class Membership:
                 found = replace(found, assignment_version=self.assignor.assignment_version)
             desired = self._read_assignment(found)
         except RedisError as e:
-            self.assignor.forget()
-            self._beat_at = None  # publish again as soon as Redis answers
-            self._published = None
-            if self._outage_since is None:
-                self._outage_since = self._clock()
-                log.warning("metadata store (Redis) unreachable: %s; serving under the last assignment read "
-                            "and retrying quietly", e)
+            self._unreachable(e)
             return
         except Exception:
             log.exception("membership round failed")
@@ -144,6 +165,15 @@ class Membership:
         if desired is not None:
             self.desired = desired
             self._follow(desired)
+
+    def _unreachable(self, e: RedisError) -> None:
+        self.assignor.forget()
+        self._beat_at = None  # publish again as soon as Redis answers
+        self._published = None
+        if self._outage_since is None:
+            self._outage_since = self._clock()
+            log.warning("metadata store (Redis) unreachable: %s; serving under the last assignment read "
+                        "and retrying quietly", e)
 
     def _read_assignment(self, found: Round) -> Desired | None:
         """This node's replicas, re-read when the tables or the assignment changed; None: keep the current ones."""

@@ -20,15 +20,15 @@ class FakeMetadata(MetadataStore):
     def __init__(self):
         self.memory = MemoryRedis()
         super().__init__(self.memory.sync, "ns")
-        self.rounds: list[tuple] = []
+        self.seen: list[tuple] = []  # (beat_ms, report) of every round
 
-    def round(self, node_id, beat_ms, ttl_ms, report):
-        self.rounds.append((beat_ms, report))
-        return super().round(node_id, beat_ms, ttl_ms, report)
+    def rounds(self, requests):
+        self.seen.extend((r.beat_ms, r.report) for r in requests)
+        return super().rounds(requests)
 
     @property
     def published(self) -> list[NodeReport]:
-        return [NodeReport.from_json(r) for _, r in self.rounds if r]
+        return [NodeReport.from_json(r) for _, r in self.seen if r]
 
     @property
     def lease(self):
@@ -119,12 +119,12 @@ def test_the_assignment_is_followed_every_tick_the_heartbeat_at_its_period_and_t
     replicas = [(ReplicaReport("t", 0, Role.ACTIVE, ReplicaState.ACTIVE, 5, 5, 0),)]
     m, followed, clock = make(md, replicas=replicas)  # heartbeat_ms 200, assignment_poll_ms 100
     settle(m, clock)
-    rounds, polls, reports = len(md.rounds), len(followed), len(md.published)
+    rounds, polls, reports = len(md.seen), len(followed), len(md.published)
     for _ in range(10):
         clock.now += 100
         m.tick()
-    assert len(followed) - polls == 10 and len(md.rounds) - rounds == 10
-    assert sum(beat is not None for beat, _ in md.rounds[rounds:]) == 5
+    assert len(followed) - polls == 10 and len(md.seen) - rounds == 10
+    assert sum(beat is not None for beat, _ in md.seen[rounds:]) == 5
     assert len(md.published) == reports  # nothing changed: beats only
     replicas[0] = (ReplicaReport("t", 0, Role.ACTIVE, ReplicaState.ACTIVE, 5, 9, 0),)  # now 4 behind
     clock.now += 200
