@@ -91,11 +91,7 @@ def assign(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], pr
     if not nodes:
         return Assignment(generation, {})
     rack = {n: reports[n].rack for n in nodes}
-    by_key: dict[ReplicaKey, dict[str, ReplicaReport]] = {}
-    for report in reports.values():
-        for r in report.replicas:
-            by_key.setdefault((r.table, r.partition), {})[report.node_id] = r
-    lags = _Lags(by_key, caught_up_threshold)
+    lags = _lags_of(reports.values(), caught_up_threshold)
     keys = sorted((t, p) for t, spec in tables.items() for p in range(spec.partitions))
     want = {(t, p): min(1 + max(0, tables[t].standby_replicas), len(nodes)) for t, p in keys}
     prev = previous.replicas if previous is not None else _previous_from_reports(reports.values(), lags)
@@ -149,16 +145,7 @@ def assign(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], pr
     #    replica left gets its active on the node with the fewest actives.
     total, active = loads()
     quota = _quotas(sum(want.values()), nodes, total)
-    active_quota = _quotas(len(keys), nodes, active)
-    table_active: dict[tuple[str, str], int] = {}
-    for k, ns in placement.items():
-        if ns:
-            table_active[k[0], ns[0]] = table_active.get((k[0], ns[0]), 0) + 1
-    pick = _Picker(nodes, rack, lags, total, active, table_active, quota, active_quota)
-    for key in sorted((k for k in keys if len(placement[k]) < want[k]), key=lambda k: (len(placement[k]), k)):
-        ns = placement[key]
-        while len(ns) < want[key]:
-            ns.append(pick.for_active(key) if not ns else pick.for_standby(key, ns))
+    pick = _fill(placement, want, keys, nodes, rack, lags, total, active, quota)
 
     # 5. Move replicas from nodes above their quota to nodes below it: standbys first, the
     #    coldest first; then actives, preferring partitions whose warm standby can take over.
@@ -214,6 +201,77 @@ def assign(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], pr
                 ns.remove(keeper)
             ns.insert(0, keeper)
     return Assignment(generation, {k: tuple(ns) for k, ns in placement.items() if ns})
+
+
+def repair(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], previous: Assignment,
+           generation: int, caught_up_threshold: int = 100) -> Assignment | None:
+    """The urgent part of losing nodes, at a fraction of :func:`assign`'s cost: the dead nodes'
+    replicas dropped, a dead active's partition handed to its freshest survivor, and the
+    partitions refilled as step 4 of :func:`assign` would; nothing else moves. None when no
+    placed node died, or when the cluster changed in another way too (a draining node, other
+    tables): :func:`assign` then does all of it. The next :func:`assign` evens out what this
+    leaves uneven, by hand-overs rather than by moving data."""
+    live = list(live_nodes)
+    reports = {n.node_id: n for n in live}
+    keys = sorted((t, p) for t, spec in tables.items() for p in range(spec.partitions))
+    if any(n.draining for n in live) or not reports or keys != sorted(previous.replicas):
+        return None
+    dead = {n for ns in previous.replicas.values() for n in ns if n not in reports}
+    if not dead:
+        return None
+    nodes = sorted(reports)
+    lags = _lags_of(live, caught_up_threshold)
+    want = {(t, p): min(1 + max(0, tables[t].standby_replicas), len(nodes)) for t, p in keys}
+    placement = {k: list(ns) for k, ns in previous.replicas.items()}
+    for k, ns in placement.items():
+        if ns[0] in dead:
+            ns[:] = sorted((n for n in ns if n not in dead), key=lambda n: (lags.freshness(k, n), n))
+        elif any(n in dead for n in ns):
+            ns[:] = [n for n in ns if n not in dead]
+    total = {n: 0 for n in nodes}
+    active = {n: 0 for n in nodes}
+    for ns in placement.values():
+        for n in ns:
+            total[n] += 1
+        if ns:
+            active[ns[0]] += 1
+    quota = _quotas(sum(want.values()), nodes, total)
+    pick = _fill(placement, want, keys, nodes, {n: reports[n].rack for n in nodes}, lags, total, active, quota)
+    # Filling partition by partition can leave a node over its quota while another that already
+    # holds those partitions is under it: the new replicas, cold anyway, move before they restore.
+    for k, ns in placement.items():
+        for n in [n for n in ns if n not in previous.replicas[k] and total[n] > quota[n]]:
+            m = pick.for_move(k, ns, n)
+            if m is not None:
+                ns[ns.index(n)] = m
+                total[n] -= 1
+                total[m] += 1
+    return Assignment(generation, {k: tuple(ns) for k, ns in placement.items() if ns})
+
+
+def _lags_of(reports: Iterable[NodeReport], caught_up_threshold: int) -> "_Lags":
+    by_key: dict[ReplicaKey, dict[str, ReplicaReport]] = {}
+    for report in reports:
+        for r in report.replicas:
+            by_key.setdefault((r.table, r.partition), {})[report.node_id] = r
+    return _Lags(by_key, caught_up_threshold)
+
+
+def _fill(placement: dict[ReplicaKey, list[str]], want: Mapping[ReplicaKey, int], keys: list[ReplicaKey],
+          nodes: list[str], rack: Mapping[str, str | None], lags: "_Lags", total: dict[str, int],
+          active: dict[str, int], quota: Mapping[str, int]) -> "_Picker":
+    """Fill every partition up to its replica count; the picker it used (with the counts it kept) is returned."""
+    active_quota = _quotas(len(keys), nodes, active)
+    table_active: dict[tuple[str, str], int] = {}
+    for k, ns in placement.items():
+        if ns:
+            table_active[k[0], ns[0]] = table_active.get((k[0], ns[0]), 0) + 1
+    pick = _Picker(nodes, rack, lags, total, active, table_active, quota, active_quota)
+    for key in sorted((k for k in keys if len(placement[k]) < want[k]), key=lambda k: (len(placement[k]), k)):
+        ns = placement[key]
+        while len(ns) < want[key]:
+            ns.append(pick.for_active(key) if not ns else pick.for_standby(key, ns))
+    return pick
 
 
 def _shuffle(node: str, level: int) -> int:
@@ -611,7 +669,11 @@ class AssignorLoop:
         self._computed_for = inputs
         self.computations += 1
         with _cycle_collection_paused():
-            proposed = assign(tables, live, previous, generation, self._threshold)
+            # Nodes died: publish their partitions' promotions and new replicas first, balance next step.
+            proposed = repair(tables, live, previous, generation, self._threshold) if previous is not None else None
+            repaired = proposed is not None
+            if proposed is None:
+                proposed = assign(tables, live, previous, generation, self._threshold)
             if previous is not None and previous.replicas == proposed.replicas:
                 return None
             version = self._store.write_assignment(proposed, self._node_id, generation, previous)
@@ -621,9 +683,13 @@ class AssignorLoop:
             self.generation = None
             return None
         self._previous = (version, proposed)
-        self._computed_for = (tables_version, version, inputs[2])
+        self._computed_for = None if repaired else (tables_version, version, inputs[2])
         nodes = len({r.node_id for r in live if not r.draining})
-        if previous is None:
+        if repaired:
+            log.info("assignment generation %d: dead nodes' partitions repaired, %d replica placements changed%s",
+                     generation, _moves(previous, proposed),
+                     _membership_change(previous, live, self.feed.reports, self.liveness, now_ms))
+        elif previous is None:
             log.info("assignment generation %d: %d table-partitions on %d live nodes (no previous assignment: "
                      "built from what the nodes report hosting)", generation, len(proposed.replicas), nodes)
         else:

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
-from store_node.assignor import AssignorLoop, assign
+from store_node.assignor import AssignorLoop, assign, repair
 
 
 def spec(name="t", partitions=8, standby=1) -> TableSpec:
@@ -201,6 +201,70 @@ def test_losing_any_node_recreates_only_its_replicas_and_promotes_warm_survivors
         assert all(b.replicas[k][0] in a.replicas[k] for k in b.replicas)
 
 
+@pytest.mark.parametrize("shape", [(4, 1, 6, 2), LARGE], ids=["small", "large"])
+def test_repair_after_a_death_touches_only_the_dead_nodes_partitions_and_the_next_assignment_only_hands_over(shape):
+    tables, ids = cluster(shape)
+    a = assign(tables, [node(i) for i in ids], None, 1)
+    lag = {(k[0], k[1], ns[2]): 50 for k, ns in a.replicas.items() if len(ns) > 2}  # second standbys fresher
+    lag |= {(k[0], k[1], ns[1]): 90 for k, ns in a.replicas.items() if len(ns) > 2}
+    reports = reports_for(a, lag)
+    for dead in ids[:: max(1, len(ids) // 3)]:
+        live = [i for i in ids if i != dead]
+        r = repair(tables, [x for x in reports if x.node_id != dead], a, 2)
+        assert r is not None
+        assert_valid(r, tables, live)
+        for k, ns in a.replicas.items():
+            if dead not in ns:
+                assert r.replicas[k] == ns  # untouched
+            elif ns[0] == dead:
+                # The freshest survivor takes over.
+                assert r.replicas[k][0] == (ns[2] if len(ns) > 2 else ns[1])
+            else:
+                assert r.replicas[k][0] == ns[0]
+        assert len(placements(r) - placements(a)) == len({(k, n) for k, n in placements(a) if n == dead})
+        total, _ = loads(r)
+        assert max(total.values()) - min(total.values()) <= 1
+        # Once the new replicas catch up, the full assignment evens out actives by hand-overs alone.
+        c = assign(tables, reports_for(r), r, 3)
+        assert placements(c) == placements(r)
+        assert_balanced(c, live)
+
+
+def test_repair_leaves_everything_else_to_the_full_assignment():
+    tables = {"t": spec(partitions=6, standby=1)}
+    a = assign(tables, [node(i) for i in "abc"], None, 1)
+    reports = reports_for(a)
+    assert repair(tables, reports, a, 2) is None  # nobody died
+    assert repair(tables, [replace(reports[0], draining=True), reports[1]], a, 2) is None  # one drains too
+    assert repair(tables | {"u": spec("u", 2)}, reports[:2], a, 2) is None  # a new table
+
+
+def test_a_death_is_published_repaired_first_then_balanced():
+    tables = {"t": spec(partitions=12, standby=1)}
+    store = FakeLeaseStore(tables)
+    loop = AssignorLoop(store, "a", 1000, 1000, 100, settle_ms=0)
+    a = assign(tables, [node(i) for i in "abcd"], None, 1)
+    store.stored, store.version = a, 1
+    for r in reports_for(a):
+        store.reports[r.node_id] = replace(r, heartbeat_ms=10_000)
+    now, repaired = 10_000, None
+    while repaired is None and now < 12_000:  # d falls silent; the others beat every 100 ms
+        now += 100
+        for n in "abc":
+            store.reports[n] = replace(store.reports[n], heartbeat_ms=now)
+        repaired = loop.step(now)
+    assert repaired is not None and now == 11_100  # one expiry after d's last beat
+    assert all("d" not in ns for ns in repaired.replicas.values())
+    assert {k for k, ns in a.replicas.items() if "d" not in ns} == \
+        {k for k, ns in repaired.replicas.items() if ns == a.replicas[k]}
+    for r in reports_for(repaired):
+        store.reports[r.node_id] = replace(r, heartbeat_ms=now + 100)
+    balanced = loop.step(now + 100)
+    assert balanced is not None and placements(balanced) == placements(repaired)
+    assert_balanced(balanced, ["a", "b", "c"])
+    assert loop.step(now + 200) is None
+
+
 def test_restoring_standby_ranks_below_a_serving_one():
     tables = {"t": spec(partitions=1, standby=2)}
     prev = Assignment(1, {("t", 0): ("a", "b", "c")})
@@ -262,6 +326,10 @@ def test_random_histories_stay_valid_and_converge_to_balance(seed):
         else:
             ids = sorted(set(ids) | {rng.choice(pool)})
         reports = [r for r in reports_for(a) if r.node_id in ids]
+        repaired = repair(tables, with_nodes(reports, ids), a, gen)
+        if repaired is not None:  # a node left: its partitions alone are repaired
+            assert_valid(repaired, tables, ids)
+            assert all(repaired.replicas[k] == ns for k, ns in a.replicas.items() if set(ns) <= set(ids))
         a = assign(tables, with_nodes(reports, ids), a, gen)
         assert_valid(a, tables, ids, warming=True)
         for _ in range(3):
