@@ -201,7 +201,8 @@ class Figures:
     replicas: int
     first_assignment_cpu_s: float = 0.0
     death_to_published_ms: list[float] = field(default_factory=list)
-    assignor_cpu_ms_after_death: list[float] = field(default_factory=list)
+    assignor_cpu_ms_after_death: list[float] = field(default_factory=list)  # the run that published the repair
+    rebalance_cpu_ms_after_death: list[float] = field(default_factory=list)  # the full run after it
     moves_after_death: list[int] = field(default_factory=list)  # new placements
     role_changes_after_death: list[int] = field(default_factory=list)
     dead_node_replicas: list[int] = field(default_factory=list)
@@ -222,6 +223,7 @@ class Figures:
                  death_to_published_p99_ms=_pct(self.death_to_published_ms, 0.99),
                  assignor_cpu_ms_after_death_p50=_pct(self.assignor_cpu_ms_after_death, 0.5),
                  assignor_cpu_ms_after_death_max=max(self.assignor_cpu_ms_after_death, default=float("nan")),
+                 rebalance_cpu_ms_after_death_p50=_pct(self.rebalance_cpu_ms_after_death, 0.5),
                  moves_after_death_max=max(self.moves_after_death, default=0),
                  role_changes_after_death_max=max(self.role_changes_after_death, default=0),
                  dead_node_replicas_max=max(self.dead_node_replicas, default=0))
@@ -323,7 +325,7 @@ def run_one(n_nodes: int, tables: int, partitions: int, standbys: int, kills: in
         if runs:
             figs.first_assignment_cpu_s = runs[0][1]
         # The computation that followed each kill: the first run after the kill that wrote it out.
-        figs.assignor_cpu_ms_after_death = _after_kills(runs, windows)
+        figs.assignor_cpu_ms_after_death, figs.rebalance_cpu_ms_after_death = _after_kills(runs, windows)
         figs.assignor_idle_cpu_ms_per_poll = 1000 * lead.get("assignor_idle_cpu_s", 0) / \
             max(1, lead.get("assignor_idle_steps", 0))
         beats = sum(r.get("beats", 0) for r in results[1:])
@@ -341,14 +343,17 @@ def run_one(n_nodes: int, tables: int, partitions: int, standbys: int, kills: in
         redis_svc.stop()
 
 
-def _after_kills(runs: list, windows: list[tuple[float, float]]) -> list[float]:
-    """The assignor's CPU for each kill: the run that ended when the assignment without the node was published."""
-    out = []
+def _after_kills(runs: list, windows: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """The assignor's CPU for each kill: the run that published the assignment without the node
+    (the repair), and the run after it (the rebalance)."""
+    repairs, rebalances = [], []
     for killed, published in windows:
-        window = [cpu for end, cpu, _ in runs if killed < end <= published + 0.05]
-        if window:
-            out.append(1000 * window[-1])
-    return out
+        i = next((i for i, (end, _, _) in enumerate(runs) if killed < end <= published + 0.05), None)
+        if i is not None:
+            repairs.append(1000 * runs[i][1])
+            if i + 1 < len(runs):
+                rebalances.append(1000 * runs[i + 1][1])
+    return repairs, rebalances
 
 
 def _placed(md: MetadataStore, ids: list[str]) -> bool:
@@ -386,6 +391,7 @@ COLUMNS = [
     ("death_to_published_p99_ms", "p99 ms", "{:.0f}"),
     ("assignor_cpu_ms_after_death_p50", "assignor CPU/death ms p50", "{:.1f}"),
     ("assignor_cpu_ms_after_death_max", "max", "{:.1f}"),
+    ("rebalance_cpu_ms_after_death_p50", "rebalance CPU after it ms p50", "{:.1f}"),
     ("first_assignment_cpu_s", "first assignment CPU s", "{:.2f}"),
     ("moves_after_death_max", "new placements/death max", "{:d}"),
     ("role_changes_after_death_max", "role changes/death max", "{:d}"),
@@ -418,7 +424,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 PLOTS = [
     (("death_to_published_p50_ms", "death_to_published_p99_ms"), "death → published assignment (ms)", 1500),
-    (("assignor_cpu_ms_after_death_p50", "assignor_cpu_ms_after_death_max"), "assignor CPU per death (ms)", 200),
+    (("assignor_cpu_ms_after_death_p50", "assignor_cpu_ms_after_death_max", "rebalance_cpu_ms_after_death_p50"),
+     "assignor CPU per death (ms)", 200),
     (("router_cpu_pct",), "router CPU (% of a core)", 5),
     (("router_rss_mb",), "router memory (MB RSS)", None),
     (("redis_cpu_pct",), "Redis CPU (% of a core)", 50),

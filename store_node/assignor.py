@@ -28,7 +28,7 @@ import logging
 import zlib
 from collections import deque
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
+from typing import Any, Callable, Container, Iterable, Iterator, Mapping, Protocol
 
 from freshroute.heartbeats import Liveness, NodeFeed, Rejections
 from freshroute.metadata import UNREAD, Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
@@ -214,20 +214,22 @@ def repair(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], pr
     live = list(live_nodes)
     reports = {n.node_id: n for n in live}
     keys = sorted((t, p) for t, spec in tables.items() for p in range(spec.partitions))
-    if any(n.draining for n in live) or not reports or keys != sorted(previous.replicas):
+    if any(n.draining for n in live) or not reports or len(keys) != len(previous.replicas) or \
+            any(k not in previous.replicas for k in keys):
         return None
     dead = {n for ns in previous.replicas.values() for n in ns if n not in reports}
     if not dead:
         return None
     nodes = sorted(reports)
-    lags = _lags_of(live, caught_up_threshold)
+    affected = {k: ns for k, ns in previous.replicas.items() if not dead.isdisjoint(ns)}
+    lags = _lags_of(live, caught_up_threshold, only=affected)
     want = {(t, p): min(1 + max(0, tables[t].standby_replicas), len(nodes)) for t, p in keys}
     placement = {k: list(ns) for k, ns in previous.replicas.items()}
-    for k, ns in placement.items():
+    for k, ns in affected.items():
+        kept = [n for n in ns if n not in dead]
         if ns[0] in dead:
-            ns[:] = sorted((n for n in ns if n not in dead), key=lambda n: (lags.freshness(k, n), n))
-        elif any(n in dead for n in ns):
-            ns[:] = [n for n in ns if n not in dead]
+            kept.sort(key=lambda n: (lags.freshness(k, n), n))
+        placement[k] = kept
     total = {n: 0 for n in nodes}
     active = {n: 0 for n in nodes}
     for ns in placement.values():
@@ -236,32 +238,40 @@ def repair(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], pr
         if ns:
             active[ns[0]] += 1
     quota = _quotas(sum(want.values()), nodes, total)
-    pick = _fill(placement, want, keys, nodes, {n: reports[n].rack for n in nodes}, lags, total, active, quota)
+    pick = _fill(placement, want, sorted(affected), nodes, {n: reports[n].rack for n in nodes}, lags, total,
+                 active, quota, active_quota=_quotas(len(keys), nodes, active))
     # Filling partition by partition can leave a node over its quota while another that already
     # holds those partitions is under it: the new replicas, cold anyway, move before they restore.
-    for k, ns in placement.items():
-        for n in [n for n in ns if n not in previous.replicas[k] and total[n] > quota[n]]:
+    for k, before in affected.items():
+        ns = placement[k]
+        for n in [n for n in ns if n not in before and total[n] > quota[n]]:
             m = pick.for_move(k, ns, n)
             if m is not None:
                 ns[ns.index(n)] = m
                 total[n] -= 1
                 total[m] += 1
-    return Assignment(generation, {k: tuple(ns) for k, ns in placement.items() if ns})
+    return Assignment(generation, {k: tuple(ns) if k in affected else previous.replicas[k]
+                                   for k, ns in placement.items() if ns})
 
 
-def _lags_of(reports: Iterable[NodeReport], caught_up_threshold: int) -> "_Lags":
+def _lags_of(reports: Iterable[NodeReport], caught_up_threshold: int,
+             only: Container[ReplicaKey] | None = None) -> "_Lags":
+    """What the nodes report about each partition's replicas (or only these partitions')."""
     by_key: dict[ReplicaKey, dict[str, ReplicaReport]] = {}
     for report in reports:
         for r in report.replicas:
-            by_key.setdefault((r.table, r.partition), {})[report.node_id] = r
+            key = (r.table, r.partition)
+            if only is None or key in only:
+                by_key.setdefault(key, {})[report.node_id] = r
     return _Lags(by_key, caught_up_threshold)
 
 
 def _fill(placement: dict[ReplicaKey, list[str]], want: Mapping[ReplicaKey, int], keys: list[ReplicaKey],
           nodes: list[str], rack: Mapping[str, str | None], lags: "_Lags", total: dict[str, int],
-          active: dict[str, int], quota: Mapping[str, int]) -> "_Picker":
-    """Fill every partition up to its replica count; the picker it used (with the counts it kept) is returned."""
-    active_quota = _quotas(len(keys), nodes, active)
+          active: dict[str, int], quota: Mapping[str, int], active_quota: Mapping[str, int] | None = None) -> "_Picker":
+    """Fill the partitions among ``keys`` that are short of replicas; returns the picker it used (it
+    keeps the counts up to date)."""
+    active_quota = _quotas(len(keys), nodes, active) if active_quota is None else active_quota
     table_active: dict[tuple[str, str], int] = {}
     for k, ns in placement.items():
         if ns:
