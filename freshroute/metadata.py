@@ -188,6 +188,11 @@ class Assignment:
                     out.setdefault(node_id, {})[tp] = Role.ACTIVE if i == 0 else Role.STANDBY
         return out
 
+    def differing(self, other: "Assignment | None") -> list[tuple[str, int]]:
+        """The partitions whose replicas (or their order) differ from ``other``'s."""
+        theirs = other.replicas if other is not None else {}
+        return [k for k in self.replicas.keys() | theirs.keys() if self.replicas.get(k) != theirs.get(k)]
+
     def to_json(self) -> bytes:
         return orjson.dumps({"generation": self.generation,
                              "replicas": [[t, p, list(n)] for (t, p), n in sorted(self.replicas.items())]})
@@ -368,13 +373,10 @@ class MetadataStore:
         """A heartbeat with the full report."""
         self._beat(**self._beat_args(report.node_id, report.heartbeat_ms, ttl_ms, report.to_json()))
 
-    def round(self, request: RoundRequest) -> Round:
-        """One membership round in one round trip: a beat (when the request carries one, with the
-        report when it changed), the lease, and the versions of the tables and the assignment."""
-        return self.rounds([request])[0]
-
     def rounds(self, requests: Sequence[RoundRequest]) -> list[Round]:
-        """Several nodes' rounds in one round trip, each exactly as :meth:`round` sends it (the scale simulator)."""
+        """Membership rounds in one round trip (one node's, or many in the scale simulator): each a
+        beat (when the request carries one, with the report when it changed), the lease, and the
+        versions of the tables and the assignment."""
         pipe = self.redis.pipeline(transaction=False)
         for r in requests:
             if r.beat_ms is not None:
@@ -471,8 +473,7 @@ class MetadataStore:
         else:
             # The nodes of partitions whose replicas changed: a death touches a few dozen of a thousand.
             after, before = assignment.replicas, previous.replicas
-            touched = {n for k in after.keys() | before.keys() if after.get(k) != before.get(k)
-                       for n in (*after.get(k, ()), *before.get(k, ()))}
+            touched = {n for k in assignment.differing(previous) for n in (*after.get(k, ()), *before.get(k, ()))}
             now = {n: placement_json(h) for n, h in assignment.placements(touched).items()}
             dropped = sorted(touched - set(now))
         changed = [x for n, p in sorted(now.items()) for x in (n, p)]

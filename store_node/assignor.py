@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import bisect
 import functools
-import heapq
 import gc
+import heapq
 import logging
 import zlib
 from collections import deque
@@ -92,28 +92,14 @@ def assign(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], pr
         return Assignment(generation, {})
     rack = {n: reports[n].rack for n in nodes}
     lags = _lags_of(reports.values(), caught_up_threshold)
-    keys = sorted((t, p) for t, spec in tables.items() for p in range(spec.partitions))
-    want = {(t, p): min(1 + max(0, tables[t].standby_replicas), len(nodes)) for t, p in keys}
+    keys = _keys(tables)
+    want = _wanted(tables, keys, len(nodes))
     prev = previous.replicas if previous is not None else _previous_from_reports(reports.values(), lags)
 
     # 1. Keep what is still on live nodes. A dead active's partition goes to its most caught-up survivor.
     placement: dict[ReplicaKey, list[str]] = {}
     for key in keys:
-        before = list(dict.fromkeys(prev.get(key, ())))
-        kept = [n for n in before if n in reports]
-        if kept and before[0] not in reports:
-            kept.sort(key=lambda n: (lags.freshness(key, n), n))
-        placement[key] = kept
-
-    def loads() -> tuple[dict[str, int], dict[str, int]]:
-        total = {n: 0 for n in nodes}
-        active = {n: 0 for n in nodes}
-        for ns in placement.values():
-            for i, n in enumerate(ns):
-                total[n] += 1
-                if i == 0:
-                    active[n] += 1
-        return total, active
+        placement[key] = _survivors(key, list(dict.fromkeys(prev.get(key, ()))), reports, lags)
 
     def promote_freshest(key: ReplicaKey) -> None:
         ns = placement[key]
@@ -125,7 +111,7 @@ def assign(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], pr
 
     # 2. More replicas than wanted (warm-up extras, or standby_replicas lowered): drop the ones on
     #    the busiest nodes, standbys before actives, the coldest first.
-    total, _ = loads()
+    total, _ = _loads(placement, nodes)
     for key in keys:
         ns = placement[key]
         while len(ns) > want[key]:
@@ -143,7 +129,7 @@ def assign(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], pr
     # 4. Fill every partition up to its replica count (new tables, replicas of dead nodes):
     #    below-quota nodes first, a new rack first, then the least loaded; a partition with no
     #    replica left gets its active on the node with the fewest actives.
-    total, active = loads()
+    total, active = _loads(placement, nodes)
     quota = _quotas(sum(want.values()), nodes, total)
     pick = _fill(placement, want, keys, nodes, rack, lags, total, active, quota)
 
@@ -213,33 +199,23 @@ def repair(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], pr
     leaves uneven, by hand-overs rather than by moving data."""
     live = list(live_nodes)
     reports = {n.node_id: n for n in live}
-    keys = sorted((t, p) for t, spec in tables.items() for p in range(spec.partitions))
-    if any(n.draining for n in live) or not reports or len(keys) != len(previous.replicas) or \
-            any(k not in previous.replicas for k in keys):
+    keys = _keys(tables)
+    if any(n.draining for n in live) or not reports or previous.replicas.keys() != set(keys):
         return None
     dead = {n for ns in previous.replicas.values() for n in ns if n not in reports}
     if not dead:
         return None
-    nodes = sorted(reports)
     affected = {k: ns for k, ns in previous.replicas.items() if not dead.isdisjoint(ns)}
+    nodes = sorted(reports)
     lags = _lags_of(live, caught_up_threshold, only=affected)
-    want = {(t, p): min(1 + max(0, tables[t].standby_replicas), len(nodes)) for t, p in keys}
+    want = _wanted(tables, keys, len(nodes))
     placement = {k: list(ns) for k, ns in previous.replicas.items()}
     for k, ns in affected.items():
-        kept = [n for n in ns if n not in dead]
-        if ns[0] in dead:
-            kept.sort(key=lambda n: (lags.freshness(k, n), n))
-        placement[k] = kept
-    total = {n: 0 for n in nodes}
-    active = {n: 0 for n in nodes}
-    for ns in placement.values():
-        for n in ns:
-            total[n] += 1
-        if ns:
-            active[ns[0]] += 1
+        placement[k] = _survivors(k, ns, reports, lags)
+    total, active = _loads(placement, nodes)
     quota = _quotas(sum(want.values()), nodes, total)
-    pick = _fill(placement, want, sorted(affected), nodes, {n: reports[n].rack for n in nodes}, lags, total,
-                 active, quota, active_quota=_quotas(len(keys), nodes, active))
+    pick = _fill(placement, want, sorted(affected), nodes, {n: reports[n].rack for n in nodes}, lags, total, active,
+                 quota)
     # Filling partition by partition can leave a node over its quota while another that already
     # holds those partitions is under it: the new replicas, cold anyway, move before they restore.
     for k, before in affected.items():
@@ -252,6 +228,35 @@ def repair(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], pr
                 total[m] += 1
     return Assignment(generation, {k: tuple(ns) if k in affected else previous.replicas[k]
                                    for k, ns in placement.items() if ns})
+
+
+def _keys(tables: Mapping[str, TableSpec]) -> list[ReplicaKey]:
+    return sorted((t, p) for t, spec in tables.items() for p in range(spec.partitions))
+
+
+def _wanted(tables: Mapping[str, TableSpec], keys: list[ReplicaKey], nodes: int) -> dict[ReplicaKey, int]:
+    """Each partition's replica count: an active and its standbys, at most one per node."""
+    return {(t, p): min(1 + max(0, tables[t].standby_replicas), nodes) for t, p in keys}
+
+
+def _survivors(key: ReplicaKey, before: list[str], alive: Container[str], lags: "_Lags") -> list[str]:
+    """A partition's replicas on live nodes; if its active died, its most caught-up survivor first."""
+    kept = [n for n in before if n in alive]
+    if kept and before[0] not in alive:
+        kept.sort(key=lambda n: (lags.freshness(key, n), n))
+    return kept
+
+
+def _loads(placement: Mapping[ReplicaKey, list[str]], nodes: list[str]) -> tuple[dict[str, int], dict[str, int]]:
+    """Each node's (replicas, actives)."""
+    total = {n: 0 for n in nodes}
+    active = {n: 0 for n in nodes}
+    for ns in placement.values():
+        for n in ns:
+            total[n] += 1
+        if ns:
+            active[ns[0]] += 1
+    return total, active
 
 
 def _lags_of(reports: Iterable[NodeReport], caught_up_threshold: int,
@@ -268,10 +273,10 @@ def _lags_of(reports: Iterable[NodeReport], caught_up_threshold: int,
 
 def _fill(placement: dict[ReplicaKey, list[str]], want: Mapping[ReplicaKey, int], keys: list[ReplicaKey],
           nodes: list[str], rack: Mapping[str, str | None], lags: "_Lags", total: dict[str, int],
-          active: dict[str, int], quota: Mapping[str, int], active_quota: Mapping[str, int] | None = None) -> "_Picker":
+          active: dict[str, int], quota: Mapping[str, int]) -> "_Picker":
     """Fill the partitions among ``keys`` that are short of replicas; returns the picker it used (it
-    keeps the counts up to date)."""
-    active_quota = _quotas(len(keys), nodes, active) if active_quota is None else active_quota
+    keeps the counts up to date). Quotas count every partition ``want`` names."""
+    active_quota = _quotas(len(want), nodes, active)
     table_active: dict[tuple[str, str], int] = {}
     for k, ns in placement.items():
         if ns:
@@ -776,8 +781,7 @@ def _moves(before: Assignment | None, after: Assignment) -> int:
     """Replica placements (partition, node, role) that differ between two assignments."""
     b = before.replicas if before is not None else {}
     moves = 0
-    for k in b.keys() | after.replicas.keys():
+    for k in after.differing(before):
         x, y = b.get(k, ()), after.replicas.get(k, ())
-        if x != y:
-            moves += len({(n, i == 0) for i, n in enumerate(x)} ^ {(n, i == 0) for i, n in enumerate(y)})
+        moves += len({(n, i == 0) for i, n in enumerate(x)} ^ {(n, i == 0) for i, n in enumerate(y)})
     return moves
