@@ -94,18 +94,19 @@ class _TimedSteps:
     def __init__(self, loop: Any) -> None:
         self._loop = loop
         self._step = loop.step
-        self.runs: list[tuple[float, float, float]] = []  # (wall time at end, cpu s, wall s) of steps that computed
+        # (wall time at end, cpu s, wall s, published a repair) of the steps that computed
+        self.runs: list[tuple[float, float, float, bool]] = []
         self.idle_cpu_s = 0.0
         self.idle_steps = 0
         loop.step = self.step
 
     def step(self, now_ms: int, lease: Any = UNREAD) -> Any:
-        before = self._loop.computations
+        before, repairs = self._loop.computations, self._loop.repairs
         cpu, wall = time.thread_time(), time.perf_counter()
         out = self._step(now_ms, lease)
         cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
         if self._loop.computations != before:
-            self.runs.append((time.time(), cpu, wall))
+            self.runs.append((time.time(), cpu, wall, self._loop.repairs != repairs))
         else:
             self.idle_cpu_s += cpu
             self.idle_steps += 1
@@ -345,10 +346,12 @@ def run_one(n_nodes: int, tables: int, partitions: int, standbys: int, kills: in
 
 def _after_kills(runs: list, windows: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
     """The assignor's CPU for each kill: the run that published the assignment without the node
-    (the repair), and the run after it (the rebalance)."""
+    (the repair; runs that reports changing set off meanwhile are not it), and the run after it
+    (the rebalance)."""
     repairs, rebalances = [], []
     for killed, published in windows:
-        i = next((i for i, (end, _, _) in enumerate(runs) if killed < end <= published + 0.05), None)
+        i = next((i for i, (end, _, _, repaired) in enumerate(runs)
+                  if repaired and killed < end <= published + 0.05), None)
         if i is not None:
             repairs.append(1000 * runs[i][1])
             if i + 1 < len(runs):

@@ -607,6 +607,7 @@ class AssignorLoop:
         self._resumed_at = 0
         self.generation: int | None = None
         self.computations = 0  # assignments computed: a quiet cluster adds none
+        self.repairs = 0  # repairs published (see repair)
         self.feed = NodeFeed(Rejections(f"assignor on {node_id}"))
         self.liveness = Liveness()
         self._forget()
@@ -701,6 +702,7 @@ class AssignorLoop:
         self._computed_for = None if repaired else (tables_version, version, inputs[2])
         nodes = len({r.node_id for r in live if not r.draining})
         if repaired:
+            self.repairs += 1
             log.info("assignment generation %d: dead nodes' partitions repaired, %d replica placements changed%s",
                      generation, _moves(previous, proposed),
                      _membership_change(previous, live, self.feed.reports, self.liveness, now_ms))

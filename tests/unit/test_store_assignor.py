@@ -259,6 +259,7 @@ def test_a_death_is_published_repaired_first_then_balanced():
             store.reports[n] = replace(store.reports[n], heartbeat_ms=now)
         repaired = loop.step(now)
     assert repaired is not None and now == 11_100  # one expiry after d's last beat
+    assert loop.repairs == 1
     assert all("d" not in ns for ns in repaired.replicas.values())
     assert {k for k, ns in a.replicas.items() if "d" not in ns} == \
         {k for k, ns in repaired.replicas.items() if ns == a.replicas[k]}
@@ -268,6 +269,7 @@ def test_a_death_is_published_repaired_first_then_balanced():
     assert balanced is not None and placements(balanced) == placements(repaired)
     assert_balanced(balanced, ["a", "b", "c"])
     assert loop.step(now + 200) is None
+    assert loop.repairs == 1
 
 
 def test_restoring_standby_ranks_below_a_serving_one():
