@@ -3,7 +3,9 @@ last heard from, and their latest reports.
 
 A reader (a router, the assignor) keeps a :class:`NodeFeed`. Each poll reads every node's
 beat time (an id and a number each) and the ids whose report changed since the last poll,
-then only those reports: at a thousand nodes a poll moves kilobytes, not megabytes. A bad
+then only those reports: at a thousand nodes a poll moves kilobytes, not megabytes. A reader
+that routes by lag also follows the positions nodes publish between reports, kept packed
+(:class:`freshroute.metadata.NodePositions`) for the views that read them. A bad
 report — malformed, of an unknown version, too large, or naming another node — is skipped
 and counted, with at most one warning per reason per interval: one broken node never
 stalls a reader, and never floods its log.
@@ -22,9 +24,18 @@ from typing import Any, Callable, Iterable, Mapping
 
 import orjson
 
-from freshroute.metadata import MAX_REPORT_BYTES, Keys, NodeReport, OversizedReport, UnknownReportVersion, text
+from freshroute.metadata import (MAX_REPORT_BYTES, Keys, NodePositions, NodeReport, OversizedReport,
+                                 UnknownReportVersion, text)
 
 log = logging.getLogger("freshroute.heartbeats")
+
+# Many values in one command, never more than the limit of each, whatever a broken node wrote
+# (a missing key reads as empty).
+_READ_BOUNDED = """
+local out = {}
+for i, key in ipairs(KEYS) do out[i] = redis.call('GETRANGE', key, 0, ARGV[1]) end
+return out
+"""
 
 
 class Rejections:
@@ -71,24 +82,36 @@ class Liveness:
 
 
 class NodeFeed:
-    """Every node's latest beat and report, kept current by reading only what changed.
+    """Every node's latest beat and report (and, with ``positions``, the positions it published
+    since), kept current by reading only what changed.
 
     Used in two steps so that a reader can put its own commands in the same round trips:
     :meth:`ask_changes` / :meth:`changed_ids`, then :meth:`ask_reports` / :meth:`absorb`.
     """
 
-    def __init__(self, rejections: Rejections) -> None:
+    def __init__(self, rejections: Rejections, positions: bool = False) -> None:
         self.rejections = rejections
+        self.follows_positions = positions
         self.beats: dict[str, int] = {}
         self.reports: dict[str, NodeReport] = {}
-        self._seq = 0
+        self.positions: dict[str, NodePositions] = {}
+        self._seq = 0  # both change logs count in one sequence
         self._next_seq = 0
+        self._moved: list[str] = []
 
-    def ask_changes(self, pipe: Any, keys: Keys) -> None:
+    def ask_changes(self, pipe: Any, keys: Keys) -> int:
+        """Queue the reads of what changed; returns how many replies they make."""
+        # The sequence first: everything logged up to it is in the logs read next; what is
+        # logged meanwhile may be read twice, never missed.
+        pipe.get(keys.reports_seq)
         pipe.hgetall(keys.beats)
-        pipe.zrangebyscore(keys.reports, f"({self._seq}", "+inf", withscores=True)
+        pipe.zrangebyscore(keys.reports, f"({self._seq}", "+inf")
+        if self.follows_positions:
+            pipe.zrangebyscore(keys.positions, f"({self._seq}", "+inf")
+        return 4 if self.follows_positions else 3
 
-    def changed_ids(self, raw_beats: Mapping[Any, Any], raw_changed: Iterable[tuple[Any, float]]) -> list[str]:
+    def changed_ids(self, raw_seq: Any, raw_beats: Mapping[Any, Any], raw_changed: Iterable[Any],
+                    raw_moved: Iterable[Any] = ()) -> list[str]:
         """Take the beats; returns the nodes whose report must be read."""
         beats: dict[str, int] = {}
         for k, v in raw_beats.items():
@@ -98,19 +121,23 @@ class NodeFeed:
             except ValueError:
                 self.rejections.count("malformed", node, f"beat {v!r} is not a time in ms")
         self.beats = beats
-        ids = []
-        for member, score in raw_changed:
-            ids.append(text(member))
-            self._next_seq = max(self._next_seq, int(score))
-        return [i for i in ids if i in beats]
+        self._next_seq = int(raw_seq or 0)
+        moved = (text(m) for m in raw_moved)
+        self._moved = [i for i in moved if i in beats]
+        return [i for i in map(text, raw_changed) if i in beats]
 
-    def ask_reports(self, pipe: Any, keys: Keys, ids: list[str]) -> None:
-        for node in ids:
-            # Never more than the limit is transferred, whatever a broken node wrote.
-            pipe.getrange(keys.node(node), 0, MAX_REPORT_BYTES)
+    def ask_reports(self, pipe: Any, keys: Keys, ids: list[str]) -> int:
+        """Queue the reads of these reports and of the positions that moved, as one command;
+        returns how many replies it makes (0 or 1)."""
+        if not ids and not self._moved:
+            return 0
+        names = [keys.node(n) for n in ids] + [keys.node_positions(n) for n in self._moved]
+        pipe.eval(_READ_BOUNDED, len(names), *names, MAX_REPORT_BYTES)
+        return 1
 
-    def absorb(self, ids: list[str], raws: list[bytes]) -> set[str]:
-        """Take the reports read; returns the nodes whose report changed or is gone."""
+    def absorb(self, ids: list[str], replies: list[Any]) -> set[str]:
+        """Take the reply :meth:`ask_reports` asked for; returns the nodes whose report changed or is gone."""
+        raws: list[bytes] = replies[0] if replies else []
         changed = set()
         for node, raw in zip(ids, raws):
             if not raw:  # expired or removed meanwhile
@@ -121,33 +148,50 @@ class NodeFeed:
             if report is not None and report != self.reports.get(node):
                 self.reports[node] = report
                 changed.add(node)
+        for node, raw in zip(self._moved, raws[len(ids):]):
+            if raw:
+                positions = self._decode_positions(node, raw)
+                if positions is not None:
+                    self.positions[node] = positions
         for node in [n for n in self.reports if n not in self.beats]:
             del self.reports[node]
             changed.add(node)
+        for node in [n for n in self.positions if n not in self.beats]:
+            del self.positions[node]
         self._seq = self._next_seq
+        self._moved = []
         return changed
 
     def _decode(self, node: str, raw: bytes) -> NodeReport | None:
         try:
             report = NodeReport.from_json(raw)
         except (ValueError, KeyError, TypeError, AttributeError, orjson.JSONDecodeError) as e:
-            reason = "oversized" if isinstance(e, OversizedReport) else \
-                "unknown-version" if isinstance(e, UnknownReportVersion) else "malformed"
-            self.rejections.count(reason, node, f"{type(e).__name__}: {e}")
+            self._reject(node, e)
             return None
         if report.node_id != node:
             self.rejections.count("malformed", node, f"report names node {report.node_id!r}")
             return None
         return report
 
+    def _decode_positions(self, node: str, raw: bytes) -> NodePositions | None:
+        try:
+            return NodePositions.from_bytes(raw)
+        except ValueError as e:
+            self._reject(node, e)
+            return None
+
+    def _reject(self, node: str, e: Exception) -> None:
+        reason = "oversized" if isinstance(e, OversizedReport) else \
+            "unknown-version" if isinstance(e, UnknownReportVersion) else "malformed"
+        self.rejections.count(reason, node, f"{type(e).__name__}: {e}")
+
     def poll(self, redis: Any, keys: Keys) -> set[str]:
         """Read what changed, with a synchronous client; returns the nodes whose report changed or is gone."""
         pipe = redis.pipeline(transaction=False)
         self.ask_changes(pipe, keys)
         ids = self.changed_ids(*pipe.execute())
-        raws: list[bytes] = []
-        if ids:
-            pipe = redis.pipeline(transaction=False)
-            self.ask_reports(pipe, keys, ids)
-            raws = pipe.execute()
-        return self.absorb(ids, raws)
+        replies: list[Any] = []
+        pipe = redis.pipeline(transaction=False)
+        if self.ask_reports(pipe, keys, ids):
+            replies = pipe.execute()
+        return self.absorb(ids, replies)

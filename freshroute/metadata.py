@@ -13,10 +13,14 @@ Keys (``ns`` is the namespace, ``freshroute`` by default):
 - ``{ns}:tables``              hash  table name → TableSpec JSON (written by the pipeline)
 - ``{ns}:tables:version``      str   changes with every write of the table specs
 - ``{ns}:beats``               hash  node id → its latest heartbeat time (ms, the node's clock)
-- ``{ns}:node:{id}``           str   NodeReport JSON, rewritten only when it changed; every beat renews its TTL
+- ``{ns}:node:{id}``           str   NodeReport JSON, rewritten only when its shape changed (address,
+                                     replicas, roles, states, warmth); every beat renews its TTL
 - ``{ns}:reports``             zset  node id → sequence number of its latest report (what changed since)
-- ``{ns}:reports:seq``         int   report sequence; starts at the server's clock in µs, so it
-                                     only grows, even across a Redis that lost its state
+- ``{ns}:positions:{id}``      str   NodePositions, packed: the report's replicas' positions as they move
+                                     between reports (under writes, at every beat)
+- ``{ns}:positions``           zset  node id → sequence number of its latest positions
+- ``{ns}:reports:seq``         int   the sequence of both logs; starts at the server's clock in µs,
+                                     so it only grows, even across a Redis that lost its state
 - ``{ns}:assignment``          str   Assignment JSON (written only by the assignor lease holder)
 - ``{ns}:assignment:version``  str   changes with every assignment written
 - ``{ns}:placements``          hash  node id → Placement JSON, that node's part of the assignment
@@ -26,8 +30,9 @@ Keys (``ns`` is the namespace, ``freshroute`` by default):
 
 from __future__ import annotations
 
+import struct
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any, Container, Iterable, Sequence
 
@@ -166,6 +171,62 @@ class NodeReport:
 
 
 @dataclass(frozen=True)
+class NodePositions:
+    """A report's replicas' positions as they moved since it was published.
+
+    Under writes every replica's positions move at every beat; everything else in a report
+    rarely changes. Nodes publish these instead of the whole report then, and readers that
+    need current lags (routers) apply them, by replica order, to the report they belong to
+    (``report_ms``, the report's ``heartbeat_ms``): a few hundred bytes that decode at once,
+    where the report is kilobytes of JSON and objects per replica.
+    """
+
+    report_ms: int
+    observed_ms: int  # when these positions were true (the node's clock)
+    values: tuple[int, ...]  # (applied, end, staleness_ms) for each replica, in the report's order
+
+    @classmethod
+    def of(cls, report: "NodeReport", report_ms: int) -> "NodePositions":
+        return cls(report_ms, report.heartbeat_ms,
+                   tuple(x for r in report.replicas for x in (r.applied, r.end, r.staleness_ms)))
+
+    def fits(self, report: "NodeReport") -> bool:
+        """Whether these are positions of ``report``'s replicas."""
+        return self.report_ms == report.heartbeat_ms and len(self.values) == 3 * len(report.replicas)
+
+    def applied_to(self, report: "NodeReport") -> "NodeReport":
+        """``report`` as these positions move it (itself if they do not fit it or are older)."""
+        if not self.fits(report) or self.observed_ms <= report.heartbeat_ms:
+            return report
+        v = self.values
+        return replace(report, heartbeat_ms=self.observed_ms, replicas=tuple(
+            replace(r, applied=v[3 * i], end=v[3 * i + 1], staleness_ms=v[3 * i + 2])
+            for i, r in enumerate(report.replicas)))
+
+    def to_bytes(self) -> bytes:
+        return _POSITIONS_HEAD.pack(POSITIONS_VERSION, self.report_ms, self.observed_ms) + \
+            struct.pack(f"<{len(self.values)}q", *self.values)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "NodePositions":
+        """Decode; raises :class:`OversizedReport`, :class:`UnknownReportVersion`, or ValueError for
+        bytes that are not positions."""
+        if len(raw) > MAX_REPORT_BYTES:
+            raise OversizedReport(f"positions of {len(raw)} bytes are over the limit of {MAX_REPORT_BYTES}")
+        if len(raw) < _POSITIONS_HEAD.size or (len(raw) - _POSITIONS_HEAD.size) % 24:
+            raise ValueError(f"positions of {len(raw)} bytes are not a whole number of replicas")
+        version, report_ms, observed_ms = _POSITIONS_HEAD.unpack_from(raw)
+        if version != POSITIONS_VERSION:
+            raise UnknownReportVersion(f"positions version {version} is unknown (this reader knows {POSITIONS_VERSION})")
+        n = (len(raw) - _POSITIONS_HEAD.size) // 8
+        return cls(report_ms, observed_ms, struct.unpack_from(f"<{n}q", raw, _POSITIONS_HEAD.size))
+
+
+POSITIONS_VERSION = 1
+_POSITIONS_HEAD = struct.Struct("<qqq")  # version, report_ms, observed_ms; then int64 triples
+
+
+@dataclass(frozen=True)
 class Assignment:
     """Who hosts what: for each (table, partition), node ids with the active first."""
 
@@ -233,6 +294,13 @@ class Keys:
     def node(self, node_id: str) -> str:
         return f"{self.ns}:node:{node_id}"
 
+    def node_positions(self, node_id: str) -> str:
+        return f"{self.ns}:positions:{node_id}"
+
+    @property
+    def positions(self) -> str:
+        return f"{self.ns}:positions"
+
     @property
     def reports(self) -> str:
         return f"{self.ns}:reports"
@@ -264,12 +332,14 @@ class Keys:
 
 @dataclass(frozen=True)
 class RoundRequest:
-    """What one membership round sends: the beat (None: not this round) and the report when it changed."""
+    """What one membership round sends: the beat (None: not this round), and the report when its
+    shape changed or else the positions when they moved."""
 
     node_id: str
     beat_ms: int | None
     ttl_ms: int
     report: bytes | None
+    positions: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -309,17 +379,24 @@ class MetadataStore:
     The router reads the same keys with ``redis.asyncio`` through the same codecs.
     """
 
-    # A beat renews the node's liveness and its report's TTL; with a report, it also
-    # replaces the report and logs the change. Returns 0 when Redis has lost the report.
+    # A beat renews the node's liveness and its report's TTL; with a report (or positions), it
+    # also replaces the report (or the positions) and logs the change. Returns 0 when Redis has
+    # lost the report.
     _BEAT = _CLOCK + """
     redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-    if ARGV[4] ~= '' then
+    local function log_change(key, log, value)
         if redis.call('EXISTS', KEYS[4]) == 0 then
             redis.call('SET', KEYS[4], string.format('%d', clock_us()))
         end
-        redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[3])
-        redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[4]), ARGV[1])
+        redis.call('SET', key, value, 'PX', ARGV[3])
+        redis.call('ZADD', log, redis.call('INCR', KEYS[4]), ARGV[1])
+    end
+    if ARGV[4] ~= '' then
+        log_change(KEYS[2], KEYS[3], ARGV[4])
         return 1
+    end
+    if ARGV[5] ~= '' then
+        log_change(KEYS[5], KEYS[6], ARGV[5])
     end
     return redis.call('PEXPIRE', KEYS[2], ARGV[3])
     """
@@ -365,9 +442,12 @@ class MetadataStore:
         return {text(k): TableSpec.from_json(v) for k, v in raw.items()}
 
     # nodes
-    def _beat_args(self, node_id: str, beat_ms: int, ttl_ms: int, report: bytes | None) -> dict[str, list]:
-        return {"keys": [self.keys.beats, self.keys.node(node_id), self.keys.reports, self.keys.reports_seq],
-                "args": [node_id, beat_ms, ttl_ms, report or b""]}
+    def _beat_args(self, node_id: str, beat_ms: int, ttl_ms: int, report: bytes | None,
+                   positions: bytes | None = None) -> dict[str, list]:
+        keys = self.keys
+        return {"keys": [keys.beats, keys.node(node_id), keys.reports, keys.reports_seq,
+                         keys.node_positions(node_id), keys.positions],
+                "args": [node_id, beat_ms, ttl_ms, report or b"", positions or b""]}
 
     def publish_node(self, report: NodeReport, ttl_ms: int) -> None:
         """A heartbeat with the full report."""
@@ -380,7 +460,7 @@ class MetadataStore:
         pipe = self.redis.pipeline(transaction=False)
         for r in requests:
             if r.beat_ms is not None:
-                self._beat(**self._beat_args(r.node_id, r.beat_ms, r.ttl_ms, r.report), client=pipe)
+                self._beat(**self._beat_args(r.node_id, r.beat_ms, r.ttl_ms, r.report, r.positions), client=pipe)
             pipe.get(self.keys.assignor)
             pipe.mget([self.keys.tables_version, self.keys.assignment_version])
         out = iter(pipe.execute())
@@ -400,18 +480,24 @@ class MetadataStore:
         return {text(k): int(v) for k, v in self.redis.hgetall(self.keys.beats).items()}
 
     def nodes(self) -> dict[str, NodeReport]:
-        """Every node's latest report (a full read, for tools and tests; roles read changes only)."""
+        """Every node's latest report, with the positions it published since (a full read, for
+        tools and tests; roles read changes only)."""
         ids = sorted(self.beats())
         if not ids:
             return {}
-        raws = self.redis.mget([self.keys.node(i) for i in ids])
+        raws = self.redis.mget([self.keys.node(i) for i in ids] + [self.keys.node_positions(i) for i in ids])
         out = {}
-        for i, raw in zip(ids, raws):
+        for i, raw, moved in zip(ids, raws, raws[len(ids):]):
             try:
                 if raw is not None:
                     out[i] = NodeReport.from_json(raw)
             except (ValueError, KeyError, TypeError):
-                pass  # a bad report is no node (the roles count and log them: see freshroute.heartbeats)
+                continue  # a bad report is no node (the roles count and log them: see freshroute.heartbeats)
+            try:
+                if moved and i in out:
+                    out[i] = NodePositions.from_bytes(moved).applied_to(out[i])
+            except ValueError:
+                pass  # bad positions: the report's own stand
         return out
 
     # assignment
@@ -498,7 +584,8 @@ class MetadataStore:
             pipe = self.redis.pipeline(transaction=False)
             pipe.hdel(self.keys.beats, *ids)
             pipe.zrem(self.keys.reports, *ids)
-            pipe.delete(*(self.keys.node(i) for i in ids))
+            pipe.zrem(self.keys.positions, *ids)
+            pipe.delete(*(self.keys.node(i) for i in ids), *(self.keys.node_positions(i) for i in ids))
             pipe.execute()
 
 

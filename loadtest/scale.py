@@ -44,10 +44,14 @@ NAMESPACE = "scale"
 # ---- one simulated node ----------------------------------------------------------------------
 
 class SimReplicas:
-    """A node's replicas as reports only: restoring for ``restore_ms`` after being given, then caught up."""
+    """A node's replicas as reports only: restoring for ``restore_ms`` after being given, then caught up.
 
-    def __init__(self, restore_ms: int) -> None:
+    With ``write_rate`` (records/s into every partition) a caught-up replica's position follows
+    the partition's end, so every heartbeat reports positions that moved, as under real writes."""
+
+    def __init__(self, restore_ms: int, write_rate: float = 0.0) -> None:
         self._restore_ms = restore_ms
+        self._write_rate = write_rate
         self._since: dict[tuple[str, int], int] = {}
         self._roles: dict[tuple[str, int], Role] = {}
         self._reports: tuple[ReplicaReport, ...] = ()
@@ -64,25 +68,26 @@ class SimReplicas:
     def reports(self, now: int) -> tuple[ReplicaReport, ...]:
         if now < self._valid_until:
             return self._reports
+        end = 1000 + int(self._write_rate * now / 1000)
         out, restoring = [], []
         for (table, partition), role in self._roles.items():
             done = self._since[(table, partition)] + self._restore_ms
             if now < done:
-                out.append(ReplicaReport(table, partition, role, ReplicaState.RESTORING, 0, 1000, 10**9))
+                out.append(ReplicaReport(table, partition, role, ReplicaState.RESTORING, 0, end, 10**9))
                 restoring.append(done)
             else:
                 state = ReplicaState.ACTIVE if role is Role.ACTIVE else ReplicaState.STANDBY
-                out.append(ReplicaReport(table, partition, role, state, 1000, 1000, 0))
+                out.append(ReplicaReport(table, partition, role, state, end, end, 0))
         self._reports = tuple(out)
-        self._valid_until = min(restoring, default=2**62)
+        self._valid_until = 0 if self._write_rate else min(restoring, default=2**62)
         return self._reports
 
 
-def _membership(node_id: str, md: MetadataStore, poll_ms: int, restore_ms: int):
+def _membership(node_id: str, md: MetadataStore, poll_ms: int, restore_ms: int, write_rate: float):
     from store_node.membership import Membership
     from store_node.settings import StoreNodeSettings
 
-    replicas = SimReplicas(restore_ms)
+    replicas = SimReplicas(restore_ms, write_rate)
     settings = StoreNodeSettings(node_id=node_id, assignment_poll_ms=poll_ms)
     return Membership(settings, md, f"127.0.0.1:{10000 + int(node_id.rsplit('-', 1)[1])}", replicas.reports,
                       replicas.follow)
@@ -113,8 +118,8 @@ class _TimedSteps:
         return out
 
 
-def worker(conn: Any, redis_url: str, node_ids: list[str], poll_ms: int, restore_ms: int, lead: bool,
-           deadline_s: float) -> None:
+def worker(conn: Any, redis_url: str, node_ids: list[str], poll_ms: int, restore_ms: int, write_rate: float,
+           lead: bool, deadline_s: float) -> None:
     """Tick every node of this process on schedule; obey kill/revive/stop; report figures at the end.
 
     The nodes due at the same moment send their rounds in one pipeline
@@ -136,11 +141,12 @@ def worker(conn: Any, redis_url: str, node_ids: list[str], poll_ms: int, restore
     def counting_rounds(requests):
         for r in requests:
             if r.beat_ms is not None:
-                beat_bytes[0] += len(r.node_id) * 2 + 13 + 4 + len(r.report or b"") + 4 * 16  # ids, numbers, keys (approx.)
+                beat_bytes[0] += len(r.node_id) * 2 + 13 + 4 + len(r.report or b"") + len(r.positions or b"") + \
+                    6 * 16  # ids, numbers, keys (approx.)
                 beat_bytes[1] += 1
         return rounds(requests)
     md.rounds = counting_rounds  # type: ignore[method-assign]
-    nodes = {n: _membership(n, md, poll_ms, restore_ms) for n in node_ids}
+    nodes = {n: _membership(n, md, poll_ms, restore_ms, write_rate) for n in node_ids}
     timed = _TimedSteps(nodes[node_ids[0]].assignor) if lead else None
     period = min(200, poll_ms) / 1000
     due = [(time.monotonic() + i * period / len(node_ids), n) for i, n in enumerate(node_ids)]
@@ -157,7 +163,7 @@ def worker(conn: Any, redis_url: str, node_ids: list[str], poll_ms: int, restore
                 dead.add(msg[1])
             elif msg[0] == "revive":
                 dead.discard(msg[1])
-                nodes[msg[1]] = _membership(msg[1], md, poll_ms, restore_ms)
+                nodes[msg[1]] = _membership(msg[1], md, poll_ms, restore_ms, write_rate)
             elif msg[0] == "stop":
                 end = 0
         now = time.monotonic()
@@ -240,7 +246,7 @@ def _moves(before: dict, after: dict) -> tuple[int, int]:
 
 
 def run_one(n_nodes: int, tables: int, partitions: int, standbys: int, kills: int, routers: int,
-            workers: int, poll_ms: int, restore_ms: int, work: Path, say: Any) -> Figures:
+            workers: int, poll_ms: int, restore_ms: int, write_rate: float, work: Path, say: Any) -> Figures:
     redis_svc = start_redis(work / f"redis-{n_nodes}")
     md = MetadataStore.from_url(redis_svc.address, NAMESPACE)
     md.register_tables([TableSpec(f"t{i}", f"t{i}-changelog", partitions, "k", standby_replicas=standbys)
@@ -257,7 +263,7 @@ def run_one(n_nodes: int, tables: int, partitions: int, standbys: int, kills: in
         for g, group in enumerate(groups):
             parent, child = ctx.Pipe()
             p = ctx.Process(target=worker, args=(child, redis_svc.address, group, 100 if g == 0 else poll_ms,
-                                                 restore_ms, g == 0, deadline_s), daemon=True)
+                                                 restore_ms, write_rate, g == 0, deadline_s), daemon=True)
             p.start()
             if parent.poll(60):
                 parent.recv()
@@ -479,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--poll-ms", type=int, default=200,
                    help="the simulated nodes' assignment poll (the lead, which assigns, polls every 100 ms as real nodes do)")
     p.add_argument("--restore-ms", type=int, default=1000)
+    p.add_argument("--write-rate", type=float, default=0.0,
+                   help="records/s into every partition: replicas' positions move at every heartbeat (0: a quiet cluster)")
     p.add_argument("--out", type=Path, default=Path("scale-results"))
     a = p.parse_args(argv)
     if any(n < 2 for n in a.nodes):
@@ -495,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="freshroute-scale-") as tmp:
         for n in a.nodes:
             figs = run_one(n, a.tables, a.partitions or n, a.standby_replicas, a.kills, a.routers, a.workers,
-                           a.poll_ms, a.restore_ms, Path(tmp), say)
+                           a.poll_ms, a.restore_ms, a.write_rate, Path(tmp), say)
             rows.append(figs.summary())
             (a.out / "scale.json").write_text(json.dumps({"rows": rows, "args": {
                 k: str(v) for k, v in vars(a).items()}}, indent=1))

@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import replace
+from enum import Enum
 from typing import Callable, Mapping, Sequence
 
 from redis.exceptions import RedisError
 
-from freshroute.metadata import MetadataStore, NodeReport, ReplicaReport, Role, Round, RoundRequest, TableSpec, now_ms
+from freshroute.metadata import MetadataStore, NodePositions, NodeReport, ReplicaReport, Role, Round, RoundRequest, TableSpec, now_ms
 from store_node.assignor import AssignorLoop
 from store_node.settings import StoreNodeSettings
 
@@ -34,24 +35,37 @@ def desired_replicas(hosted: Mapping[ReplicaKey, Role], tables: dict[str, TableS
     return out
 
 
-def needs_publishing(before: NodeReport | None, now: NodeReport, slack_ms: int) -> bool:
-    """Whether ``now`` tells readers something ``before`` (the last report published) does not.
+class News(Enum):
+    """What a node's latest report tells readers that the one they know does not."""
 
-    Readers extrapolate a lagging replica's staleness by the report's age, so staleness that
-    grew as time passed is no news; ``slack_ms`` is how far off that extrapolation may be.
-    Positions that moved are news: routers judge read-your-writes bounds on them.
+    NONE = "none"
+    POSITIONS = "positions"  # only replicas' positions moved: they go out alone (NodePositions)
+    REPORT = "report"  # the report's shape changed: it goes out whole
+
+
+def news(before: NodeReport | None, now: NodeReport, slack_ms: int, caught_up: int) -> News:
+    """Whether ``now`` tells readers something ``before`` (the report as they know it) does not,
+    and how much.
+
+    The shape is everything but positions — addresses, the replicas, their roles and states —
+    and each replica's warmth (within ``caught_up`` offsets of its end), which the assignor
+    decides on and reads only from reports. Positions that moved are news: routers judge
+    read-your-writes bounds on them. Readers extrapolate a lagging replica's staleness by the
+    report's age, so staleness that grew as time passed is no news; ``slack_ms`` is how far off
+    that extrapolation may be.
     """
     if before is None or (before.address, before.read_address, before.rack, before.draining) != \
             (now.address, now.read_address, now.rack, now.draining) or len(before.replicas) != len(now.replicas):
-        return True
+        return News.REPORT
     elapsed = now.heartbeat_ms - before.heartbeat_ms
+    moved = False
     for a, b in zip(before.replicas, now.replicas):
-        if (a.table, a.partition, a.role, a.state, a.applied, a.end) != (b.table, b.partition, b.role, b.state,
-                                                                          b.applied, b.end) or \
-                (a.staleness_ms == 0) != (b.staleness_ms == 0) or \
-                (b.staleness_ms and abs(b.staleness_ms - a.staleness_ms - elapsed) > slack_ms):
-            return True
-    return False
+        if (a.table, a.partition, a.role, a.state) != (b.table, b.partition, b.role, b.state) or \
+                (a.end - a.applied <= caught_up) != (b.end - b.applied <= caught_up):
+            return News.REPORT
+        moved = moved or (a.applied, a.end) != (b.applied, b.end) or (a.staleness_ms == 0) != (b.staleness_ms == 0) \
+            or bool(b.staleness_ms and abs(b.staleness_ms - a.staleness_ms - elapsed) > slack_ms)
+    return News.POSITIONS if moved else News.NONE
 
 
 class Membership:
@@ -77,7 +91,8 @@ class Membership:
                                      settings.node_expiry_ms, settings.caught_up_threshold,
                                      forget_after_ms=settings.node_report_ttl_ms)
         self._beat_at: int | None = None
-        self._published: NodeReport | None = None
+        self._published: NodeReport | None = None  # the report as readers know it
+        self._report_ms = 0  # the last whole report's time: positions published since belong to it
         self.draining = False
         self._tables: tuple[bytes | None, dict[str, TableSpec]] | None = None
         self._placement: tuple[bytes | None, dict[ReplicaKey, Role] | None] | None = None
@@ -135,20 +150,26 @@ class Membership:
         due = settings.heartbeat_ms - settings.assignment_poll_ms // 2
         beat = self._beat_at is None or now - self._beat_at >= due or self.draining
         report = self.report(now) if beat else None
-        fresh = report is not None and needs_publishing(self._published, report, settings.heartbeat_ms)
+        told = news(self._published, report, settings.heartbeat_ms, settings.caught_up_threshold) \
+            if report is not None else News.NONE
         request = RoundRequest(settings.node_id, now if beat else None, settings.node_report_ttl_ms,
-                               report.to_json() if fresh and report is not None else None)
+                               report.to_json() if report is not None and told is News.REPORT else None,
+                               NodePositions.of(report, self._report_ms).to_bytes()
+                               if report is not None and told is News.POSITIONS else None)
         return request, report
 
     def _finish_round(self, request: RoundRequest, report: NodeReport | None, found: Round) -> None:
         try:
             if request.beat_ms is not None:
                 self._beat_at = request.beat_ms
-                if request.report is not None:
+                if request.report is not None and report is not None:
                     self._published = report
+                    self._report_ms = report.heartbeat_ms
                 elif not found.report_held:
                     self._published = None  # Redis lost it: the next round publishes it whole
                     self._beat_at = None
+                elif request.positions is not None:
+                    self._published = report
             if not self.draining and self.assignor.step(self._clock(), found.lease) is not None:
                 # Written just now: this node follows it at once, not a round later.
                 found = replace(found, assignment_version=self.assignor.assignment_version)

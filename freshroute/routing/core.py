@@ -267,8 +267,7 @@ class RoutingCore:
         if r.reported:
             c, _ = self._freshest.estimate(r, now)
             lag, ms, applied = c.lag_offsets, c.staleness_ms, c.applied
-            o = self.overlay.get(r.node, r.table, r.partition)
-            end = o.end if o is not None and o.observed_ms >= r.observed_ms else r.end
+            end = applied + lag
         else:
             lag, ms, applied, end = 0, 0, 0, 0
         return ReplicaInfo(r.node, r.address, r.role.value, r.state.value if r.state else None, r.alive,

@@ -109,12 +109,11 @@ class FreshestFirst:
     rng: random.Random = field(default_factory=random.Random)
 
     def estimate(self, r: ReplicaView, now: int) -> tuple[Candidate, int]:
-        """The replica's best-known lag (heartbeat or a newer response) and that view's age."""
+        """The replica's best-known lag (its heartbeats' or a newer response's) and that view's age."""
+        applied, end, staleness, observed = r.latest()
         o = self.overlay.get(r.node, r.table, r.partition)
-        if o is not None and o.observed_ms >= r.observed_ms:
+        if o is not None and o.observed_ms >= observed:
             applied, end, staleness, observed = o.applied, o.end, o.staleness_ms, o.observed_ms
-        else:
-            applied, end, staleness, observed = r.applied, r.end, r.staleness_ms, r.observed_ms
         lag = end - applied if end > applied else 0
         age = now - observed if now > observed else 0
         # A replica that was behind keeps getting staler until it catches up.

@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
 import orjson
 
 from freshroute.heartbeats import Liveness, NodeFeed, Rejections
-from freshroute.metadata import Assignment, Keys, NodeReport, ReplicaState, Role, TableSpec, now_ms, text
+from freshroute.metadata import Assignment, Keys, NodePositions, NodeReport, ReplicaState, Role, TableSpec, now_ms, text
 
 log = logging.getLogger("freshroute.routing.snapshot")
 
@@ -44,14 +44,37 @@ class ReplicaView:
     observed_ms: int  # wall-clock ms at which applied/end/staleness were true
     alive: bool
     draining: bool = False
+    # Where the node's positions published since its report land (shared by that report's
+    # views), and this replica's place in them.
+    moved: "MovedPositions | None" = field(default=None, compare=False)
+    slot: int = field(default=0, compare=False)
 
     @property
     def reported(self) -> bool:
         return self.state is not None
 
+    def latest(self) -> tuple[int, int, int, int]:
+        """(applied, end, staleness_ms, observed_ms): the report's, or the newer positions published since."""
+        p = self.moved.latest if self.moved is not None else None
+        if p is not None and p.observed_ms > self.observed_ms:
+            i = 3 * self.slot
+            v = p.values
+            return v[i], v[i + 1], v[i + 2], p.observed_ms
+        return self.applied, self.end, self.staleness_ms, self.observed_ms
+
     @property
     def lag_offsets(self) -> int:
         return max(0, self.end - self.applied)
+
+
+class MovedPositions:
+    """The latest positions a node published for one report: each refresh that reads newer ones
+    swaps them in here, for every view of that report at once, rather than rebuilding the views."""
+
+    __slots__ = ("latest",)
+
+    def __init__(self) -> None:
+        self.latest: NodePositions | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +137,7 @@ class SnapshotBuilder:
     def __init__(self, node_expiry_ms: int) -> None:
         self._expiry_ms = node_expiry_ms
         self._node_state: dict[str, tuple[NodeReport, bool]] = {}
+        self._moved: dict[str, MovedPositions] = {}  # node → where its current report's views read newer positions
         self._views: dict[str, dict[TablePartition, ReplicaView]] = {}  # node → its reported replicas
         self._by_tp: dict[TablePartition, dict[str, ReplicaView]] = {}
         self._assignment: Assignment | None = None
@@ -121,9 +145,12 @@ class SnapshotBuilder:
         self._replicas: Mapping[TablePartition, tuple[ReplicaView, ...]] = _EMPTY
 
     def build(self, tables: Mapping[str, TableSpec], reports: Mapping[str, NodeReport], beats: Mapping[str, int],
-              heard: Mapping[str, int], assignment: Assignment | None,
-              now: int) -> tuple[Snapshot, set[TablePartition]]:
-        """The snapshot, and the partitions whose replicas differ from the previous build's."""
+              heard: Mapping[str, int], assignment: Assignment | None, now: int,
+              positions: Mapping[str, NodePositions] = _EMPTY) -> tuple[Snapshot, set[TablePartition]]:
+        """The snapshot, and the partitions whose replicas differ from the previous build's.
+
+        ``positions`` are what nodes published since their reports: they move the views' lags
+        without making anything dirty."""
         dirty: set[TablePartition] = set()
         nodes: dict[str, NodeView] = {}
         for node_id, report in reports.items():
@@ -135,6 +162,11 @@ class SnapshotBuilder:
             if state is None or state[0] is not report or state[1] != alive:
                 self._node_state[node_id] = (report, alive)
                 self._replace_views(node_id, report, alive, dirty)
+            p = positions.get(node_id)
+            if p is not None:
+                moved = self._moved[node_id]
+                if p is not moved.latest and p.fits(report):
+                    moved.latest = p
         for node_id in [n for n in self._node_state if n not in reports]:
             del self._node_state[node_id]
             self._replace_views(node_id, None, False, dirty)
@@ -155,6 +187,7 @@ class SnapshotBuilder:
     def _replace_views(self, node_id: str, report: NodeReport | None, alive: bool,
                        dirty: set[TablePartition]) -> None:
         old = self._views.pop(node_id, {})
+        self._moved.pop(node_id, None)
         for tp in old:
             by_node = self._by_tp[tp]
             del by_node[node_id]
@@ -166,10 +199,12 @@ class SnapshotBuilder:
         if report is None:
             return
         views = {}
-        for r in report.replicas:
+        self._moved[node_id] = moved = MovedPositions()  # build() fills it from what the feed holds
+        for slot, r in enumerate(report.replicas):
             tp = (r.table, r.partition)
             views[tp] = view = ReplicaView(node_id, report.address, r.table, r.partition, r.role, r.state, r.applied,
-                                           r.end, r.staleness_ms, report.heartbeat_ms, alive, report.draining)
+                                           r.end, r.staleness_ms, report.heartbeat_ms, alive, report.draining,
+                                           moved, slot)
             self._by_tp.setdefault(tp, {})[node_id] = view
         self._views[node_id] = views
         dirty.update(views)
@@ -282,7 +317,7 @@ class MetadataRefresher:
         self._tables_lost = False
         self._vanished: dict[TablePartition, int] = {}
         self._warned: set[str] = set()
-        self.feed = NodeFeed(Rejections("router metadata"))
+        self.feed = NodeFeed(Rejections("router metadata"), positions=True)
         self.liveness = Liveness()
         self._builder = SnapshotBuilder(node_expiry_ms)
         self._tables: tuple[bytes | None, dict[str, TableSpec]] | None = None
@@ -317,7 +352,7 @@ class MetadataRefresher:
         if self._looks_reset(now):
             return False
         snap, dirty = self._builder.build(tables, self.feed.reports, self.feed.beats, self.liveness.heard,
-                                          assignment, now)
+                                          assignment, now, self.feed.positions)
         self.current = self._carry_over(prev, snap, now, dirty)
         if self._on_swap is not None:
             self._on_swap(self.current)
@@ -331,23 +366,24 @@ class MetadataRefresher:
         """Bring the node feed up to date, and the tables and assignment when their version moved."""
         keys = self._keys
         pipe = self._redis.pipeline(transaction=False)
-        self.feed.ask_changes(pipe, keys)
+        n = self.feed.ask_changes(pipe, keys)
         pipe.mget([keys.tables_version, keys.assignment_version])
-        raw_beats, raw_changed, (tables_version, assignment_version) = await pipe.execute()
-        ids = self.feed.changed_ids(raw_beats, raw_changed)
+        replies = await pipe.execute()
+        ids = self.feed.changed_ids(*replies[:n])
+        tables_version, assignment_version = replies[n]
         read_tables = self._tables is None or self._tables[0] != tables_version
         read_assignment = self._assignment is None or self._assignment[0] != assignment_version
         out: list[Any] = []
-        if ids or read_tables or read_assignment:
-            pipe = self._redis.pipeline(transaction=False)
-            self.feed.ask_reports(pipe, keys, ids)
-            if read_tables:
-                pipe.hgetall(keys.tables)
-            if read_assignment:
-                pipe.get(keys.assignment)
+        pipe = self._redis.pipeline(transaction=False)
+        n = self.feed.ask_reports(pipe, keys, ids)
+        if read_tables:
+            pipe.hgetall(keys.tables)
+        if read_assignment:
+            pipe.get(keys.assignment)
+        if n or read_tables or read_assignment:
             out = await pipe.execute()
         if read_tables:
-            raw_tables = out[len(ids)]
+            raw_tables = out[n]
             tables: dict[str, TableSpec] = {}
             for name, raw in raw_tables.items():
                 spec = self._decode(TableSpec.from_json, raw, "table spec")
@@ -358,7 +394,7 @@ class MetadataRefresher:
             raw_assignment = out[-1]
             self._assignment = (assignment_version, self._decode(Assignment.from_json, raw_assignment, "assignment")
                                 if raw_assignment else None)
-        self.feed.absorb(ids, out[:len(ids)])
+        self.feed.absorb(ids, out[:n])
         assert self._tables is not None and self._assignment is not None
         return self._tables[1], self._assignment[1]
 

@@ -1,5 +1,9 @@
-from freshroute.metadata import (Assignment, Keys, NodeReport, ReplicaLag, ReplicaReport, ReplicaState, Role,
-                                 TableSpec)
+from dataclasses import replace
+
+import pytest
+
+from freshroute.metadata import (MAX_REPORT_BYTES, Assignment, Keys, NodePositions, NodeReport, OversizedReport,
+                                 ReplicaLag, ReplicaReport, ReplicaState, Role, TableSpec, UnknownReportVersion)
 
 
 def test_table_spec_round_trip():
@@ -18,6 +22,27 @@ def test_node_report_round_trip():
     back = NodeReport.from_json(node.to_json())
     assert back == node
     assert back.replicas[0].lag.offsets == 4
+
+
+def test_node_positions_round_trip_and_move_only_the_report_they_belong_to():
+    node = NodeReport("node-1", "127.0.0.1:7101", 1000, (ReplicaReport("t", 3, Role.STANDBY, ReplicaState.STANDBY, 5, 9, 0),
+                                                         ReplicaReport("t", 4, Role.ACTIVE, ReplicaState.ACTIVE, 7, 7, 0)))
+    later = NodeReport("node-1", "127.0.0.1:7101", 1200, (replace(node.replicas[0], applied=9, end=12, staleness_ms=40),
+                                                          replace(node.replicas[1], applied=8, end=8)))
+    p = NodePositions.of(later, report_ms=1000)
+    raw = p.to_bytes()
+    assert NodePositions.from_bytes(raw) == p and p.values == (9, 12, 40, 8, 8, 0)
+    assert len(raw) == 24 + 24 * 2  # a tenth of the report's JSON, whatever the names
+    assert p.fits(node) and p.applied_to(node) == later
+    assert p.applied_to(later) is later  # not its report
+    assert NodePositions(1000, 900, p.values).applied_to(node) is node  # older than the report
+    assert not NodePositions(1000, 1200, p.values[:3]).fits(node)  # another number of replicas
+    with pytest.raises(ValueError):
+        NodePositions.from_bytes(raw[:-1])
+    with pytest.raises(UnknownReportVersion):
+        NodePositions.from_bytes(b"\x02" + raw[1:])
+    with pytest.raises(OversizedReport):
+        NodePositions.from_bytes(bytes(24 * (MAX_REPORT_BYTES // 24 + 1)))
 
 
 def test_assignment_roles_and_round_trip():

@@ -1,11 +1,11 @@
 import random
 
-from freshroute.metadata import ReplicaState, Role
+from freshroute.metadata import NodePositions, ReplicaState, Role
 from freshroute.position import Position
 
 from freshroute.routing.bound import Bound
 from freshroute.routing.selection import FreshestFirst, LoadTracker
-from freshroute.routing.snapshot import LagOverlay, ReplicaView
+from freshroute.routing.snapshot import LagOverlay, MovedPositions, ReplicaView
 
 NOW = 1_000_000
 
@@ -80,6 +80,21 @@ def test_piggybacked_lag_overrides_an_older_heartbeat():
     # An overlay older than the heartbeat is ignored.
     sel.overlay.observe("a", "t", 0, applied=1, end=500, staleness_ms=0, observed_ms=NOW - 1000)
     assert sel.estimate(r, NOW)[0].lag_offsets == 50
+
+
+def test_the_newest_of_report_positions_published_since_and_piggybacked_lag_wins():
+    from dataclasses import replace
+
+    sel = selector()
+    moved = MovedPositions()
+    r = replace(replica("a", lag=50, observed=NOW - 300), moved=moved, slot=1)
+    moved.latest = NodePositions(NOW - 300, NOW - 100, (0, 0, 0, 160, 170, 0))  # the node's heartbeat since
+    c, _ = sel.estimate(r, NOW)
+    assert (c.applied, c.lag_offsets) == (160, 10)
+    sel.overlay.observe("a", "t", 0, applied=150, end=150, staleness_ms=0, observed_ms=NOW - 200)  # older: ignored
+    assert sel.estimate(r, NOW)[0].applied == 160
+    sel.overlay.observe("a", "t", 0, applied=175, end=175, staleness_ms=0, observed_ms=NOW - 50)  # newer: wins
+    assert sel.estimate(r, NOW)[0].applied == 175
 
 
 def test_equally_fresh_replicas_least_loaded_first():

@@ -3,7 +3,8 @@ import asyncio
 import orjson
 import pytest
 
-from freshroute.metadata import MAX_REPORT_BYTES, Assignment, MetadataStore, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
+from freshroute.metadata import (MAX_REPORT_BYTES, Assignment, MetadataStore, NodePositions, NodeReport, ReplicaReport,
+                                 ReplicaState, Role, RoundRequest, TableSpec)
 
 from freshroute.routing.snapshot import MetadataRefresher, build_snapshot
 
@@ -194,8 +195,7 @@ def test_malformed_entries_are_skipped_not_fatal():
     fake.md.redis.incr(fake.keys.tables_version)
     for bad in (b"{not json", orjson.dumps({"v": 99, "node_id": "n2"}), b"x" * (MAX_REPORT_BYTES + 10),
                 NodeReport("n1", "127.0.0.1:7009", T0).to_json()):  # and one naming another node
-        fake.md.redis.eval(MetadataStore._BEAT, 4, fake.keys.beats, fake.keys.node("n2"), fake.keys.reports,
-                           fake.keys.reports_seq, "n2", T0, 60_000, bad)
+        fake.md.rounds([RoundRequest("n2", T0, 60_000, bad)])
         assert asyncio.run(r.refresh_once()) is True
         assert set(r.current.nodes) == {"n1"} and set(r.current.tables) == {"sensor_stats"}
     assert r.feed.rejections.counts == {"malformed": 2, "unknown-version": 1, "oversized": 1}
@@ -203,6 +203,38 @@ def test_malformed_entries_are_skipped_not_fatal():
     fake.md.publish_node(reports(T0)[1], ttl_ms=60_000)
     asyncio.run(r.refresh_once())
     assert set(r.current.nodes) == {"n1", "n2"}
+
+
+def test_positions_published_between_reports_move_the_views_lags_without_rebuilding_them():
+    fake, clock = FakeRedis("ns"), Clock(T0)
+    fake.load(T0)
+    r, _ = refresher(fake, clock)
+    asyncio.run(r.refresh_once())
+    before = r.current
+
+    def publish(positions: bytes) -> None:
+        fake.md.rounds([RoundRequest("n2", clock.t, 60_000, None, positions)])
+        assert asyncio.run(r.refresh_once()) is True
+
+    def n2_lags():
+        return [v.latest() for tp in (("sensor_stats", 0), ("sensor_stats", 1))
+                for v in r.current.replicas[tp] if v.node == "n2"]
+
+    clock.t = T0 + 200  # n2's restoring standby caught up a little, its active moved on
+    publish(NodePositions(T0 - 500, T0 + 200, (60, 120, 700, 70, 70, 0)).to_bytes())
+    assert n2_lags() == [(60, 120, 700, T0 + 200), (70, 70, 0, T0 + 200)]
+    assert r.current.replicas is before.replicas  # no view rebuilt, yet every one reads the news
+    clock.t = T0 + 400
+    for bad in (b"short", NodePositions(T0 - 500, T0 + 400, (1, 2, 3, 4, 5, 6)).to_bytes().replace(b"\x01", b"\x09", 1)):
+        publish(bad)  # neither a whole number of replicas nor a known version: skipped and counted
+    publish(NodePositions(T0 - 900, T0 + 400, (1, 1, 0, 1, 1, 0)).to_bytes())  # of an older report: not these views'
+    publish(NodePositions(T0 - 500, T0 + 400, (1, 1, 0)).to_bytes())  # of fewer replicas than the report has
+    assert n2_lags() == [(60, 120, 700, T0 + 200), (70, 70, 0, T0 + 200)]
+    assert r.feed.rejections.counts == {"malformed": 1, "unknown-version": 1}
+    # A new report replaces the positions: its own stand until newer ones are published for it.
+    fake.md.publish_node(reports(T0 + 1000)[1], ttl_ms=60_000)
+    asyncio.run(r.refresh_once())
+    assert n2_lags() == [(10, 100, 9000, T0 + 500), (50, 50, 0, T0 + 500)]
 
 
 @pytest.mark.parametrize("stop_after", [0.05])
@@ -235,6 +267,7 @@ def test_each_incremental_snapshot_equals_one_built_whole(seed):
     tables = {"t": TableSpec("t", "t-changelog", 12, "k")}
     builder = SnapshotBuilder(1000)
     reports: dict[str, NodeReport] = {}
+    positions: dict[str, NodePositions] = {}
     assignment = None
     now = T0
     for _ in range(60):
@@ -250,8 +283,17 @@ def test_each_incremental_snapshot_equals_one_built_whole(seed):
         if rng.random() < 0.3:
             assignment = Assignment(rng.randint(1, 9), {("t", p): tuple(rng.sample(nodes, 2)) for p in range(12)
                                                         if rng.random() < 0.8})
+        for n in rng.sample(sorted(reports), min(len(reports), rng.randint(0, 3))):
+            r = reports[n]  # positions published since its report (a new report leaves older ones behind)
+            positions[n] = NodePositions(r.heartbeat_ms, r.heartbeat_ms + rng.randint(0, 100),
+                                         tuple(rng.randint(0, 99) for _ in range(3 * len(r.replicas))))
         beats = {n: r.heartbeat_ms for n, r in reports.items()}
-        snap, dirty = builder.build(tables, reports, beats, beats, assignment, now)
+        snap, dirty = builder.build(tables, reports, beats, beats, assignment, now, positions)
         whole = build_snapshot(tables, reports.values(), assignment, now, 1000)
         assert dict(snap.replicas) == dict(whole.replicas)
         assert dict(snap.nodes) == dict(whole.nodes)
+        # Views read the positions published since their report as if it had been published with them.
+        moved = build_snapshot(tables, [positions[n].applied_to(r) if n in positions else r
+                                        for n, r in reports.items()], assignment, now, 1000)
+        assert {tp: [v.latest() for v in vs] for tp, vs in snap.replicas.items()} == \
+            {tp: [v.latest() for v in vs] for tp, vs in moved.replicas.items()}

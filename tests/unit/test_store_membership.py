@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from freshroute.metadata import MetadataStore, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
-from store_node.membership import Membership, desired_replicas, needs_publishing
+from freshroute.metadata import MetadataStore, NodePositions, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
+from store_node.membership import Membership, News, desired_replicas, news
 from store_node.settings import StoreNodeSettings
 
 from .memory_redis import MemoryRedis
@@ -20,15 +20,19 @@ class FakeMetadata(MetadataStore):
     def __init__(self):
         self.memory = MemoryRedis()
         super().__init__(self.memory.sync, "ns")
-        self.seen: list[tuple] = []  # (beat_ms, report) of every round
+        self.seen: list[tuple] = []  # (beat_ms, report, positions) of every round
 
     def rounds(self, requests):
-        self.seen.extend((r.beat_ms, r.report) for r in requests)
+        self.seen.extend((r.beat_ms, r.report, r.positions) for r in requests)
         return super().rounds(requests)
 
     @property
     def published(self) -> list[NodeReport]:
-        return [NodeReport.from_json(r) for _, r in self.seen if r]
+        return [NodeReport.from_json(r) for _, r, _ in self.seen if r]
+
+    @property
+    def moved(self) -> list[NodePositions]:
+        return [NodePositions.from_bytes(p) for _, _, p in self.seen if p]
 
     @property
     def lease(self):
@@ -124,12 +128,39 @@ def test_the_assignment_is_followed_every_tick_the_heartbeat_at_its_period_and_t
         clock.now += 100
         m.tick()
     assert len(followed) - polls == 10 and len(md.seen) - rounds == 10
-    assert sum(beat is not None for beat, _ in md.seen[rounds:]) == 5
-    assert len(md.published) == reports  # nothing changed: beats only
-    replicas[0] = (ReplicaReport("t", 0, Role.ACTIVE, ReplicaState.ACTIVE, 5, 9, 0),)  # now 4 behind
+    assert sum(beat is not None for beat, _, _ in md.seen[rounds:]) == 5
+    assert len(md.published) == reports and not md.moved  # nothing changed: beats only
+    replicas[0] = (ReplicaReport("t", 0, Role.ACTIVE, ReplicaState.ACTIVE, 5, 9, 0),)  # now 4 behind, still warm
     clock.now += 200
     m.tick()
-    assert len(md.published) == reports + 1 and md.nodes()["n1"].replicas[0].end == 9
+    # Only positions moved: they go out alone, tied to the report, and readers see them applied.
+    assert len(md.published) == reports and md.moved[-1].values == (5, 9, 0)
+    assert md.moved[-1].report_ms == md.published[-1].heartbeat_ms
+    assert md.nodes()["n1"].replicas[0].end == 9 and md.nodes()["n1"].heartbeat_ms == clock.now
+    replicas[0] = (ReplicaReport("t", 0, Role.ACTIVE, ReplicaState.ACTIVE, 5, 500, 0),)  # 495 behind: cold
+    clock.now += 200
+    m.tick()
+    assert len(md.published) == reports + 1 and len(md.moved) == 1  # warmth flipped: the whole report
+    assert md.nodes()["n1"].replicas[0].end == 500
+    replicas[0] = (ReplicaReport("t", 0, Role.ACTIVE, ReplicaState.ACTIVE, 5, 501, 0),)
+    clock.now += 200
+    m.tick()
+    assert md.moved[-1].report_ms == md.published[-1].heartbeat_ms  # tied to the new report
+    assert md.nodes()["n1"].replicas[0].end == 501
+
+
+def test_positions_published_after_redis_lost_the_report_bring_the_report_back():
+    md = FakeMetadata()
+    replicas = [(ReplicaReport("t", 0, Role.ACTIVE, ReplicaState.ACTIVE, 5, 5, 0),)]
+    m, _, clock = make(md, replicas=replicas)
+    settle(m, clock)
+    reports = len(md.published)
+    md.redis.delete(md.keys.node("n1"))  # expired, or Redis lost it
+    replicas[0] = (ReplicaReport("t", 0, Role.ACTIVE, ReplicaState.ACTIVE, 6, 6, 0),)
+    for _ in range(4):
+        clock.now += 100
+        m.tick()
+    assert len(md.published) == reports + 1 and md.nodes()["n1"].replicas[0].applied == 6
 
 
 def test_a_report_redis_lost_is_published_again_in_full():
@@ -148,12 +179,16 @@ def _report(t, *replicas):
                                             for p, a, e, s in replicas))
 
 
-def test_a_report_is_news_when_a_position_lag_state_or_replica_changes():
+def test_a_report_is_news_in_whole_when_its_shape_or_warmth_changes_and_in_positions_when_they_move():
     before = _report(1000, (0, 5, 5, 0), (1, 10, 12, 300))
-    assert needs_publishing(None, before, 200)
-    assert not needs_publishing(before, _report(1200, (0, 5, 5, 0), (1, 10, 12, 500)), 200)  # staleness grew with time
-    assert needs_publishing(before, _report(1200, (0, 5, 5, 0), (1, 10, 12, 2000)), 200)  # not as time explains
-    assert needs_publishing(before, _report(1200, (0, 5, 5, 0), (1, 12, 12, 0)), 200)  # caught up
-    assert needs_publishing(before, _report(1200, (0, 5, 5, 0)), 200)  # a replica gone
-    assert needs_publishing(before, replace(_report(1200, (0, 5, 5, 0), (1, 10, 12, 500)), draining=True), 200)
-    assert needs_publishing(before, _report(1200, (0, 8, 8, 0), (1, 10, 12, 500)), 200)  # a position moved
+    assert news(None, before, 200, 100) is News.REPORT
+    assert news(before, _report(1200, (0, 5, 5, 0), (1, 10, 12, 500)), 200, 100) is News.NONE  # staleness grew with time
+    assert news(before, _report(1200, (0, 5, 5, 0), (1, 10, 12, 2000)), 200, 100) is News.POSITIONS  # not as time explains
+    assert news(before, _report(1200, (0, 5, 5, 0), (1, 12, 12, 0)), 200, 100) is News.POSITIONS  # caught up
+    assert news(before, _report(1200, (0, 8, 8, 0), (1, 10, 12, 500)), 200, 100) is News.POSITIONS  # a position moved
+    assert news(before, _report(1200, (0, 5, 5, 0)), 200, 100) is News.REPORT  # a replica gone
+    assert news(before, replace(_report(1200, (0, 5, 5, 0), (1, 10, 12, 500)), draining=True), 200, 100) is News.REPORT
+    assert news(before, _report(1200, (0, 5, 200, 0), (1, 10, 12, 500)), 200, 100) is News.REPORT  # now cold
+    moved = _report(1200, (0, 5, 5, 0), (1, 10, 12, 300))
+    assert news(before, replace(moved, replicas=(replace(moved.replicas[0], state=ReplicaState.RESTORING),
+                                                 moved.replicas[1])), 200, 100) is News.REPORT
