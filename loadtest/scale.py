@@ -11,8 +11,10 @@ node runs alone in its own process and takes the assignor lease, so the assignor
 without the simulation's own load in its process. For each cluster size the run kills nodes
 one at a time (they stop heartbeating, as after kill -9), measures the time from the kill to
 an assignment without the node, brings the node back empty, and waits for the cluster to
-settle before the next kill. It prints a table, writes ``scale.json`` and plots every figure
-against N in ``scale.png``. Loopback only; every run ends by itself.
+settle before the next kill. With ``--write-rate`` every partition takes writes, so every
+replica's position moves at every heartbeat, as in a busy cluster. It prints a table, writes
+``scale.json`` and plots every figure against N in ``scale.png``. Loopback only; every run ends
+by itself.
 """
 
 from __future__ import annotations
@@ -445,7 +447,7 @@ PLOTS = [
 ]
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(rows: list[dict[str, Any]], path: Path, title_suffix: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -467,7 +469,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.legend(fontsize=7)
         ax.grid(True, alpha=0.3)
     fig.suptitle(f"freshroute metadata at scale ({rows[-1]['partitions']:,} partitions, "
-                 f"{rows[-1]['replicas']:,} replicas)")
+                 f"{rows[-1]['replicas']:,} replicas{title_suffix})")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 
@@ -508,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
             (a.out / "scale.json").write_text(json.dumps({"rows": rows, "args": {
                 k: str(v) for k, v in vars(a).items()}}, indent=1))
     print(table(rows))
-    plot(rows, a.out / "scale.png")
+    plot(rows, a.out / "scale.png",
+         f", every partition written at {a.write_rate:g}/s" if a.write_rate else ", no writes")
     print(f"wrote {a.out / 'scale.json'} and {a.out / 'scale.png'}")
     print(json.dumps({f"{r['nodes']}": {k: r[k] for k, _, _ in COLUMNS if k in r} for r in rows}))
     return 0
