@@ -122,8 +122,7 @@ class NodeFeed:
                 self.rejections.count("malformed", node, f"beat {v!r} is not a time in ms")
         self.beats = beats
         self._next_seq = int(raw_seq or 0)
-        moved = (text(m) for m in raw_moved)
-        self._moved = [i for i in moved if i in beats]
+        self._moved = [i for i in map(text, raw_moved) if i in beats]
         return [i for i in map(text, raw_changed) if i in beats]
 
     def ask_reports(self, pipe: Any, keys: Keys, ids: list[str]) -> int:

@@ -198,10 +198,13 @@ class NodePositions:
         """``report`` as these positions move it (itself if they do not fit it or are older)."""
         if not self.fits(report) or self.observed_ms <= report.heartbeat_ms:
             return report
-        v = self.values
+        moved = (self.replica(i) for i in range(len(report.replicas)))
         return replace(report, heartbeat_ms=self.observed_ms, replicas=tuple(
-            replace(r, applied=v[3 * i], end=v[3 * i + 1], staleness_ms=v[3 * i + 2])
-            for i, r in enumerate(report.replicas)))
+            replace(r, applied=a, end=e, staleness_ms=s) for r, (a, e, s) in zip(report.replicas, moved)))
+
+    def replica(self, slot: int) -> tuple[int, ...]:
+        """(applied, end, staleness_ms) of the report's ``slot``-th replica."""
+        return self.values[3 * slot:3 * slot + 3]
 
     def to_bytes(self) -> bytes:
         return _POSITIONS_HEAD.pack(POSITIONS_VERSION, self.report_ms, self.observed_ms) + \

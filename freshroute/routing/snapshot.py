@@ -57,9 +57,8 @@ class ReplicaView:
         """(applied, end, staleness_ms, observed_ms): the report's, or the newer positions published since."""
         p = self.moved.latest if self.moved is not None else None
         if p is not None and p.observed_ms > self.observed_ms:
-            i = 3 * self.slot
-            v = p.values
-            return v[i], v[i + 1], v[i + 2], p.observed_ms
+            applied, end, staleness_ms = p.replica(self.slot)
+            return applied, end, staleness_ms, p.observed_ms
         return self.applied, self.end, self.staleness_ms, self.observed_ms
 
     @property
