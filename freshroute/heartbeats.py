@@ -18,22 +18,30 @@ expiry after its last beat like any other.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import Counter
 from typing import Any, Callable, Iterable, Mapping
 
 import orjson
 
-from freshroute.metadata import (MAX_REPORT_BYTES, Keys, NodePositions, NodeReport, OversizedReport,
-                                 UnknownReportVersion, text)
+from freshroute.metadata import (MAX_REPORT_BYTES, NODE_ID_PATTERN, Keys, NodePositions, NodeReport,
+                                 OversizedReport, UnknownReportVersion)
 
 log = logging.getLogger("freshroute.heartbeats")
 
+_NODE_ID = re.compile(NODE_ID_PATTERN)
+
 # Many values in one command, never more than the limit of each, whatever a broken node wrote
-# (a missing key reads as empty).
+# (a missing key reads as empty). The node ids go as two space-separated lists and the keys are
+# their prefix and id: one argument where there could be a thousand keys to encode.
 _READ_BOUNDED = """
 local out = {}
-for i, key in ipairs(KEYS) do out[i] = redis.call('GETRANGE', key, 0, ARGV[1]) end
+for i = 0, 1 do
+    for id in string.gmatch(ARGV[3 + 2 * i], '%S+') do
+        out[#out + 1] = redis.call('GETRANGE', ARGV[2 + 2 * i] .. id, 0, ARGV[1])
+    end
+end
 return out
 """
 
@@ -98,6 +106,8 @@ class NodeFeed:
         self._seq = 0  # both change logs count in one sequence
         self._next_seq = 0
         self._moved: list[str] = []
+        self._moved_since: set[str] = set()  # nodes with new positions not yet taken
+        self._names: dict[Any, str] = {}  # node ids as Redis returns them → as text, valid ones only
 
     def ask_changes(self, pipe: Any, keys: Keys) -> int:
         """Queue the reads of what changed; returns how many replies they make."""
@@ -114,24 +124,33 @@ class NodeFeed:
                     raw_moved: Iterable[Any] = ()) -> list[str]:
         """Take the beats; returns the nodes whose report must be read."""
         beats: dict[str, int] = {}
+        names = self._names
         for k, v in raw_beats.items():
-            node = text(k)
+            node = names.get(k)
+            if node is None:
+                node = k.decode(errors="replace") if isinstance(k, bytes) else k
+                if not _NODE_ID.fullmatch(node):
+                    self.rejections.count("malformed", node[:100], "a beat under a name that is not a node id")
+                    continue
+                names[k] = node
             try:
                 beats[node] = int(v)
             except ValueError:
                 self.rejections.count("malformed", node, f"beat {v!r} is not a time in ms")
+        if len(names) > 2 * len(raw_beats) + 64:  # forget the names of nodes long gone
+            self._names = {k: names[k] for k in raw_beats if k in names}
         self.beats = beats
         self._next_seq = int(raw_seq or 0)
-        self._moved = [i for i in map(text, raw_moved) if i in beats]
-        return [i for i in map(text, raw_changed) if i in beats]
+        self._moved = [n for n in map(names.get, raw_moved) if n in beats]
+        return [n for n in map(names.get, raw_changed) if n in beats]
 
     def ask_reports(self, pipe: Any, keys: Keys, ids: list[str]) -> int:
         """Queue the reads of these reports and of the positions that moved, as one command;
         returns how many replies it makes (0 or 1)."""
         if not ids and not self._moved:
             return 0
-        names = [keys.node(n) for n in ids] + [keys.node_positions(n) for n in self._moved]
-        pipe.eval(_READ_BOUNDED, len(names), *names, MAX_REPORT_BYTES)
+        pipe.eval(_READ_BOUNDED, 0, MAX_REPORT_BYTES, keys.node(""), " ".join(ids), keys.node_positions(""),
+                  " ".join(self._moved))
         return 1
 
     def absorb(self, ids: list[str], replies: list[Any]) -> set[str]:
@@ -152,6 +171,7 @@ class NodeFeed:
                 positions = self._decode_positions(node, raw)
                 if positions is not None:
                     self.positions[node] = positions
+                    self._moved_since.add(node)
         for node in [n for n in self.reports if n not in self.beats]:
             del self.reports[node]
             changed.add(node)
@@ -160,6 +180,11 @@ class NodeFeed:
         self._seq = self._next_seq
         self._moved = []
         return changed
+
+    def take_moved(self) -> set[str]:
+        """The nodes whose positions changed since the last call."""
+        moved, self._moved_since = self._moved_since, set()
+        return moved
 
     def _decode(self, node: str, raw: bytes) -> NodeReport | None:
         try:

@@ -31,7 +31,9 @@ Keys (``ns`` is the namespace, ``freshroute`` by default):
 from __future__ import annotations
 
 import struct
+import sys
 import time
+from array import array
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any, Container, Iterable, Sequence
@@ -124,6 +126,7 @@ _STATES = {s.value: s for s in ReplicaState}
 REPORT_VERSION = 1
 # A report larger than this is refused unread: about 30,000 replicas, far beyond any real node.
 MAX_REPORT_BYTES = 4 * 1024 * 1024
+NODE_ID_PATTERN = r"^[A-Za-z0-9_.\-]+$"  # what a node may call itself; readers ignore beats under other ids
 
 
 class UnknownReportVersion(ValueError):
@@ -170,7 +173,7 @@ class NodeReport:
                    d.get("rack"), bool(d.get("draining", False)), d.get("read_address"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodePositions:
     """A report's replicas' positions as they moved since it was published.
 
@@ -183,12 +186,18 @@ class NodePositions:
 
     report_ms: int
     observed_ms: int  # when these positions were true (the node's clock)
-    values: tuple[int, ...]  # (applied, end, staleness_ms) for each replica, in the report's order
+    # (applied, end, staleness_ms) for each replica, in the report's order. An array: decoding
+    # is a copy of the bytes, and the garbage collector never walks it.
+    values: array
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.values, array):
+            object.__setattr__(self, "values", array("q", self.values))
 
     @classmethod
     def of(cls, report: "NodeReport", report_ms: int) -> "NodePositions":
         return cls(report_ms, report.heartbeat_ms,
-                   tuple(x for r in report.replicas for x in (r.applied, r.end, r.staleness_ms)))
+                   array("q", (x for r in report.replicas for x in (r.applied, r.end, r.staleness_ms))))
 
     def fits(self, report: "NodeReport") -> bool:
         """Whether these are positions of ``report``'s replicas."""
@@ -202,27 +211,33 @@ class NodePositions:
         return replace(report, heartbeat_ms=self.observed_ms, replicas=tuple(
             replace(r, applied=a, end=e, staleness_ms=s) for r, (a, e, s) in zip(report.replicas, moved)))
 
-    def replica(self, slot: int) -> tuple[int, ...]:
+    def replica(self, slot: int) -> Sequence[int]:
         """(applied, end, staleness_ms) of the report's ``slot``-th replica."""
         return self.values[3 * slot:3 * slot + 3]
 
     def to_bytes(self) -> bytes:
-        return _POSITIONS_HEAD.pack(POSITIONS_VERSION, self.report_ms, self.observed_ms) + \
-            struct.pack(f"<{len(self.values)}q", *self.values)
+        values = self.values
+        if sys.byteorder != "little":
+            values = array("q", values)
+            values.byteswap()
+        return _POSITIONS_HEAD.pack(POSITIONS_VERSION, self.report_ms, self.observed_ms) + values.tobytes()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "NodePositions":
         """Decode; raises :class:`OversizedReport`, :class:`UnknownReportVersion`, or ValueError for
         bytes that are not positions."""
-        if len(raw) > MAX_REPORT_BYTES:
-            raise OversizedReport(f"positions of {len(raw)} bytes are over the limit of {MAX_REPORT_BYTES}")
-        if len(raw) < _POSITIONS_HEAD.size or (len(raw) - _POSITIONS_HEAD.size) % 24:
-            raise ValueError(f"positions of {len(raw)} bytes are not a whole number of replicas")
+        size = len(raw)
+        if size > MAX_REPORT_BYTES:
+            raise OversizedReport(f"positions of {size} bytes are over the limit of {MAX_REPORT_BYTES}")
+        if size < _POSITIONS_HEAD.size or size % 24:  # the head is one triple long
+            raise ValueError(f"positions of {size} bytes are not a whole number of replicas")
         version, report_ms, observed_ms = _POSITIONS_HEAD.unpack_from(raw)
         if version != POSITIONS_VERSION:
             raise UnknownReportVersion(f"positions version {version} is unknown (this reader knows {POSITIONS_VERSION})")
-        n = (len(raw) - _POSITIONS_HEAD.size) // 8
-        return cls(report_ms, observed_ms, struct.unpack_from(f"<{n}q", raw, _POSITIONS_HEAD.size))
+        values = array("q", raw[_POSITIONS_HEAD.size:])
+        if sys.byteorder != "little":
+            values.byteswap()
+        return cls(report_ms, observed_ms, values)
 
 
 POSITIONS_VERSION = 1

@@ -7,13 +7,14 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from freshroute.metadata import NODE_ID_PATTERN
 from freshroute.settings import CommonSettings
 
 
 class StoreNodeSettings(CommonSettings):
     """Where a store node serves, where it keeps its replicas, and how it paces its loops."""
 
-    node_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="this node's unique id")
+    node_id: str = Field(min_length=1, pattern=NODE_ID_PATTERN, description="this node's unique id")
     host: str = Field("127.0.0.1", description="interface the gRPC server binds")
     port: int = Field(0, ge=0, le=65535, description="gRPC port; 0 lets the OS pick (the bound port is printed)")
     read_port: int = Field(0, ge=0, le=65535, description="read port: the router's lookups as length-prefixed "

@@ -31,19 +31,21 @@ def snapshot_from_router(tables_doc: dict[str, Any], cluster_doc: dict[str, Any]
                                       dict(t.get("schema") or {}), int(t.get("standby_replicas", 1)),
                                       default.get("max_lag"), default.get("max_staleness_ms"))
     nodes: dict[str, NodeView] = {}
+    heard: dict[str, int] = {}
     replicas: dict[tuple[str, int], list[ReplicaView]] = {}
     for n in cluster_doc["nodes"]:
         age = int(n.get("heartbeat_age_ms") or 0)
         draining = bool(n.get("draining"))
-        nodes[n["node"]] = NodeView(n["node"], n["address"], now - age, age, bool(n["alive"]), draining, None,
-                                    n.get("read_address"))
+        nodes[n["node"]] = NodeView(n["node"], n["address"], bool(n["alive"]), draining, None, n.get("read_address"))
+        heard[n["node"]] = now - age
         for r in n["replicas"]:
             state = ReplicaState(r["state"]) if r.get("state") else None
             replicas.setdefault((r["table"], int(r["partition"])), []).append(ReplicaView(
                 r["node"], r["address"], r["table"], int(r["partition"]), Role(r["role"]), state,
                 int(r["applied_offset"]), int(r["end_offset"]), int(r["lag"]["ms"]), now, bool(r["alive"]), draining))
     ordered = {tp: tuple(sorted(vs, key=lambda v: (v.role is not Role.ACTIVE, v.node))) for tp, vs in replicas.items()}
-    return Snapshot(MappingProxyType(tables), MappingProxyType(ordered), MappingProxyType(nodes), None, now, True)
+    return Snapshot(MappingProxyType(tables), MappingProxyType(ordered), MappingProxyType(nodes), None, now, True,
+                    MappingProxyType(heard))
 
 
 class RouterHttp:

@@ -24,7 +24,7 @@ from freshroute.routing.bound import NO_BOUND, Bound
 from freshroute.routing.results import (KeyLocation, LookupResult, ReplicaInfo, ScanPage, TableInfo,
                                         decode_page_token, encode_page_token)
 from freshroute.routing.selection import Candidate, FreshestFirst, LoadTracker, ReplicaSelector
-from freshroute.routing.snapshot import LagOverlay, ReplicaView, Snapshot, SnapshotSource
+from freshroute.routing.snapshot import LagOverlay, NodeView, ReplicaView, Snapshot, SnapshotSource
 from freshroute.routing.store import GroupResult, ReadResult, ReadStatus, ReplicaStatus, StoreClient
 
 
@@ -96,6 +96,7 @@ class RoutingCore:
         self.selector: ReplicaSelector = selector if selector is not None else self._freshest
         self.attempts = Attempts(policy.attempt_policy(), self.load, self.overlay, clock_ms, self.metrics)
         self._clock_ms = clock_ms
+        self._tracked: Mapping[str, NodeView] | None = None
         self._timeout_s = policy.request_timeout_ms / 1000
         self._scan_timeout_s = policy.scan_timeout_ms / 1000
         self.get_latency = self.attempts.window()
@@ -104,7 +105,9 @@ class RoutingCore:
 
     def on_snapshot(self, snap: Snapshot) -> None:
         """Called after each swap: drop what the new snapshot no longer names."""
-        self.store.track({n.address: n.read_address for n in snap.nodes.values()})
+        if snap.nodes is not self._tracked:  # snapshots share their nodes until a node's view changes
+            self._tracked = snap.nodes
+            self.store.track({n.address: n.read_address for n in snap.nodes.values()})
         # Heartbeats published since then carry newer lag than these responses did.
         self.overlay.prune(snap.built_ms - 2 * self.policy.node_expiry_ms)
 
@@ -306,7 +309,7 @@ class RoutingCore:
             n = snap.nodes.get(node_id)
             nodes.append({"node": node_id, "address": n.address if n else "",
                           "read_address": n.read_address if n else None, "alive": bool(n and n.alive),
-                          "heartbeat_age_ms": n.heartbeat_age_ms if n else None,
+                          "heartbeat_age_ms": snap.heartbeat_age_ms(node_id) if n else None,
                           "draining": bool(n and n.draining), "replicas": by_node.get(node_id, [])})
         assignment = None
         if snap.assignment is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
 
@@ -78,12 +78,13 @@ class MovedPositions:
 
 @dataclass(frozen=True, slots=True)
 class NodeView:
-    """A store node's last heartbeat, with liveness judged when the snapshot was built."""
+    """A store node as its report describes it, with liveness judged when the snapshot was built.
+
+    It holds no heartbeat time, so that a node's view is rebuilt only when its report or
+    liveness changes, not at every heartbeat (see :attr:`Snapshot.heard`)."""
 
     node: str
     address: str
-    heartbeat_ms: int
-    heartbeat_age_ms: int
     alive: bool
     draining: bool = False
     rack: str | None = None
@@ -103,10 +104,16 @@ class Snapshot:
     assignment: Assignment | None = None
     built_ms: int = 0
     loaded: bool = False  # False until the first successful read from Redis
+    heard: Mapping[str, int] = field(default_factory=lambda: _EMPTY)  # node → when last heard from (reader's clock)
 
     @property
     def generation(self) -> int | None:
         return self.assignment.generation if self.assignment else None
+
+    def heartbeat_age_ms(self, node: str) -> int | None:
+        """How long before this snapshot the node was last heard from."""
+        heard = self.heard.get(node)
+        return None if heard is None else max(0, self.built_ms - heard)
 
     def replicas_of(self, table: str, partition: int) -> tuple[ReplicaView, ...]:
         return self.replicas.get((table, partition), ())
@@ -121,8 +128,8 @@ def build_snapshot(tables: Mapping[str, TableSpec], reports: Iterable[NodeReport
     from each report's own time.
     """
     by_id = {r.node_id: r for r in reports}
-    beats = {n: r.heartbeat_ms for n, r in by_id.items()}
-    return SnapshotBuilder(node_expiry_ms).build(tables, by_id, beats, beats, assignment, now)[0]
+    heard = {n: r.heartbeat_ms for n, r in by_id.items()}
+    return SnapshotBuilder(node_expiry_ms).build(tables, by_id, heard, assignment, now)[0]
 
 
 class SnapshotBuilder:
@@ -136,6 +143,8 @@ class SnapshotBuilder:
     def __init__(self, node_expiry_ms: int) -> None:
         self._expiry_ms = node_expiry_ms
         self._node_state: dict[str, tuple[NodeReport, bool]] = {}
+        self._nodes: dict[str, NodeView] = {}
+        self._nodes_view: Mapping[str, NodeView] = _EMPTY  # shared by snapshots until a node's view changes
         self._moved: dict[str, MovedPositions] = {}  # node → where its current report's views read newer positions
         self._views: dict[str, dict[TablePartition, ReplicaView]] = {}  # node → its reported replicas
         self._by_tp: dict[TablePartition, dict[str, ReplicaView]] = {}
@@ -143,45 +152,49 @@ class SnapshotBuilder:
         self._assigned: dict[str, list[TablePartition]] = {}  # node → partitions the assignment gives it
         self._replicas: Mapping[TablePartition, tuple[ReplicaView, ...]] = _EMPTY
 
-    def build(self, tables: Mapping[str, TableSpec], reports: Mapping[str, NodeReport], beats: Mapping[str, int],
-              heard: Mapping[str, int], assignment: Assignment | None, now: int,
-              positions: Mapping[str, NodePositions] = _EMPTY) -> tuple[Snapshot, set[TablePartition]]:
+    def build(self, tables: Mapping[str, TableSpec], reports: Mapping[str, NodeReport], heard: Mapping[str, int],
+              assignment: Assignment | None, now: int, positions: Mapping[str, NodePositions] = _EMPTY,
+              moved: Iterable[str] | None = None) -> tuple[Snapshot, set[TablePartition]]:
         """The snapshot, and the partitions whose replicas differ from the previous build's.
 
         ``positions`` are what nodes published since their reports: they move the views' lags
-        without making anything dirty."""
+        without making anything dirty. ``moved`` names the nodes whose positions changed since
+        the previous build (None: any may have)."""
         dirty: set[TablePartition] = set()
-        nodes: dict[str, NodeView] = {}
+        replaced = []
         for node_id, report in reports.items():
-            age = max(0, now - heard.get(node_id, report.heartbeat_ms))
-            alive = age <= self._expiry_ms
-            nodes[node_id] = NodeView(node_id, report.address, beats.get(node_id, report.heartbeat_ms), age, alive,
-                                      report.draining, report.rack, report.read_address)
+            alive = now - heard.get(node_id, report.heartbeat_ms) <= self._expiry_ms
             state = self._node_state.get(node_id)
             if state is None or state[0] is not report or state[1] != alive:
                 self._node_state[node_id] = (report, alive)
+                self._nodes[node_id] = NodeView(node_id, report.address, alive, report.draining, report.rack,
+                                                report.read_address)
                 self._replace_views(node_id, report, alive, dirty)
-            p = positions.get(node_id)
-            if p is not None:
-                moved = self._moved[node_id]
-                if p is not moved.latest and p.fits(report):
-                    moved.latest = p
+                replaced.append(node_id)
         for node_id in [n for n in self._node_state if n not in reports]:
-            del self._node_state[node_id]
+            del self._node_state[node_id], self._nodes[node_id]
             self._replace_views(node_id, None, False, dirty)
+            replaced.append(node_id)
+        for node_id in (positions if moved is None else [*moved, *replaced]):
+            p = positions.get(node_id)
+            cell = self._moved.get(node_id)
+            if p is not None and cell is not None and p is not cell.latest and p.fits(self._node_state[node_id][0]):
+                cell.latest = p
+        if replaced:
+            self._nodes_view = MappingProxyType(dict(self._nodes))
         if assignment is not self._assignment:
             self._reassign(assignment, dirty)
         if dirty:
             replicas = dict(self._replicas)
             for tp in dirty:
-                views = self._assemble(tp, nodes)
+                views = self._assemble(tp, self._nodes)
                 if views:
                     replicas[tp] = views
                 else:
                     replicas.pop(tp, None)
             self._replicas = MappingProxyType(replicas)
-        return Snapshot(MappingProxyType(dict(tables)), self._replicas, MappingProxyType(nodes), assignment, now,
-                        True), dirty
+        return Snapshot(MappingProxyType(dict(tables)), self._replicas, self._nodes_view, assignment, now, True,
+                        MappingProxyType(dict(heard))), dirty
 
     def _replace_views(self, node_id: str, report: NodeReport | None, alive: bool,
                        dirty: set[TablePartition]) -> None:
@@ -350,8 +363,8 @@ class MetadataRefresher:
         self.liveness.observe(self.feed.beats, now)
         if self._looks_reset(now):
             return False
-        snap, dirty = self._builder.build(tables, self.feed.reports, self.feed.beats, self.liveness.heard,
-                                          assignment, now, self.feed.positions)
+        snap, dirty = self._builder.build(tables, self.feed.reports, self.liveness.heard, assignment, now,
+                                          self.feed.positions, self.feed.take_moved())
         self.current = self._carry_over(prev, snap, now, dirty)
         if self._on_swap is not None:
             self._on_swap(self.current)
@@ -450,8 +463,7 @@ class MetadataRefresher:
             for v in views:
                 if v.node not in nodes and v.node in prev.nodes:
                     nodes[v.node] = prev.nodes[v.node]
-        return Snapshot(snap.tables, MappingProxyType(replicas), MappingProxyType(nodes), snap.assignment,
-                        snap.built_ms, True)
+        return replace(snap, replicas=MappingProxyType(replicas), nodes=MappingProxyType(nodes))
 
     def _decode(self, fn: Callable[[Any], Any], raw: Any, what: str) -> Any:
         """Decode one entry; a malformed entry is skipped rather than failing the whole refresh."""

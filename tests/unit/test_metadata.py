@@ -31,8 +31,9 @@ def test_node_positions_round_trip_and_move_only_the_report_they_belong_to():
                                                           replace(node.replicas[1], applied=8, end=8)))
     p = NodePositions.of(later, report_ms=1000)
     raw = p.to_bytes()
-    assert NodePositions.from_bytes(raw) == p and p.values == (9, 12, 40, 8, 8, 0)
+    assert NodePositions.from_bytes(raw) == p and tuple(p.values) == (9, 12, 40, 8, 8, 0)
     assert len(raw) == 24 + 24 * 2  # a tenth of the report's JSON, whatever the names
+    assert raw[24:32] == (9).to_bytes(8, "little", signed=True)  # little-endian whatever the machine
     assert p.fits(node) and p.applied_to(node) == later
     assert p.applied_to(later) is later  # not its report
     assert NodePositions(1000, 900, p.values).applied_to(node) is node  # older than the report

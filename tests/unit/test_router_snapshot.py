@@ -44,7 +44,8 @@ def test_build_from_node_reports_and_assignment_json():
     # Assigned but not reported: shown, never servable.
     assert (n3.reported, n3.alive, n3.role) == (False, False, Role.STANDBY)
     assert p1[1].staleness_ms == 300 and p1[1].observed_ms == T0
-    assert snap.nodes["n1"].heartbeat_age_ms == 1000 and snap.nodes["n2"].heartbeat_age_ms == 1500
+    assert snap.heartbeat_age_ms("n1") == 1000 and snap.heartbeat_age_ms("n2") == 1500
+    assert snap.heartbeat_age_ms("n9") is None
     assert all(n.alive for n in snap.nodes.values())
 
 
@@ -205,6 +206,19 @@ def test_malformed_entries_are_skipped_not_fatal():
     assert set(r.current.nodes) == {"n1", "n2"}
 
 
+def test_a_beat_under_a_name_that_is_no_node_id_is_skipped_and_counted():
+    fake, clock = FakeRedis("ns"), Clock(T0)
+    fake.load(T0)
+    r, _ = refresher(fake, clock)
+    for bad in ("two words", b"\xff\xfe", "n1\n", ""):  # readers pass ids on space-separated
+        fake.md.redis.hset(fake.keys.beats, bad, T0)
+        fake.md.redis.zadd(fake.keys.reports, {bad: 10**15})
+        fake.md.redis.zadd(fake.keys.positions, {bad: 10**15})
+    assert asyncio.run(r.refresh_once()) is True
+    assert set(r.current.nodes) == {"n1", "n2"} and set(r.feed.beats) == {"n1", "n2"}
+    assert r.feed.rejections.counts == {"malformed": 4}
+
+
 def test_positions_published_between_reports_move_the_views_lags_without_rebuilding_them():
     fake, clock = FakeRedis("ns"), Clock(T0)
     fake.load(T0)
@@ -283,17 +297,18 @@ def test_each_incremental_snapshot_equals_one_built_whole(seed):
         if rng.random() < 0.3:
             assignment = Assignment(rng.randint(1, 9), {("t", p): tuple(rng.sample(nodes, 2)) for p in range(12)
                                                         if rng.random() < 0.8})
-        for n in rng.sample(sorted(reports), min(len(reports), rng.randint(0, 3))):
+        moved = set(rng.sample(sorted(reports), min(len(reports), rng.randint(0, 3))))
+        for n in moved:
             r = reports[n]  # positions published since its report (a new report leaves older ones behind)
             positions[n] = NodePositions(r.heartbeat_ms, r.heartbeat_ms + rng.randint(0, 100),
                                          tuple(rng.randint(0, 99) for _ in range(3 * len(r.replicas))))
-        beats = {n: r.heartbeat_ms for n, r in reports.items()}
-        snap, dirty = builder.build(tables, reports, beats, beats, assignment, now, positions)
+        heard = {n: r.heartbeat_ms for n, r in reports.items()}
+        snap, dirty = builder.build(tables, reports, heard, assignment, now, positions, moved)
         whole = build_snapshot(tables, reports.values(), assignment, now, 1000)
         assert dict(snap.replicas) == dict(whole.replicas)
         assert dict(snap.nodes) == dict(whole.nodes)
         # Views read the positions published since their report as if it had been published with them.
-        moved = build_snapshot(tables, [positions[n].applied_to(r) if n in positions else r
-                                        for n, r in reports.items()], assignment, now, 1000)
+        applied = build_snapshot(tables, [positions[n].applied_to(r) if n in positions else r
+                                          for n, r in reports.items()], assignment, now, 1000)
         assert {tp: [v.latest() for v in vs] for tp, vs in snap.replicas.items()} == \
-            {tp: [v.latest() for v in vs] for tp, vs in moved.replicas.items()}
+            {tp: [v.latest() for v in vs] for tp, vs in applied.replicas.items()}

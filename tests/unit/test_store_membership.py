@@ -134,7 +134,7 @@ def test_the_assignment_is_followed_every_tick_the_heartbeat_at_its_period_and_t
     clock.now += 200
     m.tick()
     # Only positions moved: they go out alone, tied to the report, and readers see them applied.
-    assert len(md.published) == reports and md.moved[-1].values == (5, 9, 0)
+    assert len(md.published) == reports and tuple(md.moved[-1].values) == (5, 9, 0)
     assert md.moved[-1].report_ms == md.published[-1].heartbeat_ms
     assert md.nodes()["n1"].replicas[0].end == 9 and md.nodes()["n1"].heartbeat_ms == clock.now
     replicas[0] = (ReplicaReport("t", 0, Role.ACTIVE, ReplicaState.ACTIVE, 5, 500, 0),)  # 495 behind: cold
