@@ -18,6 +18,7 @@ def test_targets_are_ratios_with_their_direction():
     assert got["router_grpc_rps / baseline_grpc_rps >= 0.75"] == (0.9, True)
     assert got["router_grpc_p50_ms / direct_store_p50_ms <= 1.5"] == (2.0, False)
     assert got["freshness_p99_ms <= 1500"] == (1400.0, True)
+    assert got["stack_idle_cpu_cores <= 0.5"] == (None, None)
     assert got["restore_rps / raw_consume_rps >= 0.6"] == (None, None)
     table = format_table(fig, evaluate_targets(fig))
     assert "[MISS]" in table and "[MET ]" in table and "[n/a ]" in table
@@ -68,3 +69,34 @@ def test_a_run_must_produce_the_figures_its_options_ask_for():
 @pytest.mark.parametrize("figure", FIGURES)
 def test_every_figure_has_a_load_client_in_the_table(figure):
     assert figure in format_table({k: 1.0 for k in FIGURES}, [])
+
+
+def test_a_components_footprint_counts_the_processes_it_started_and_the_ones_that_ended():
+    """A component's CPU is its whole process tree's: a busy grandchild, and a child that burned
+    CPU and exited within the window (reaped by its parent), both count; an idle component ~0."""
+    import subprocess
+    import sys
+
+    from loadtest.footprint import measure
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
+    # The parent runs two children that burn 0.4 s and 0.6 s of CPU and exit (waited for), then
+    # says so and idles: the window is from before the first starts until then.
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        f"subprocess.run([sys.executable, '-c', {burn.format(s=0.4)!r}])\n"
+        f"subprocess.run([sys.executable, '-c', {burn.format(s=0.6)!r}])\n"
+        "print('done', flush=True)\ntime.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    idle = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                            stdout=subprocess.PIPE, text=True)
+    idle.stdout.readline()  # started before the window: its start-up is not idling
+    try:
+        fp = measure({"busy": parent.pid, "idle": idle.pid}, 0, sleep=lambda _: parent.stdout.readline())
+    finally:
+        for p in (parent, idle):
+            p.kill()
+            p.wait()
+    assert 0.95 <= fp.cores["busy"] * fp.seconds <= 1.6  # 0.4 + 0.6 s, plus three interpreters starting
+    assert fp.cores["idle"] * fp.seconds < 0.02
+    assert fp.total_cores == fp.cores["busy"] + fp.cores["idle"]
+    assert fp.describe().startswith("busy ")
