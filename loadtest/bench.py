@@ -55,7 +55,10 @@ FIGURES = ("router_grpc_rps", "router_rest_rps", "direct_store_rps", "baseline_g
            "client_get_rps", "redis_py_get_rps", "client_get_p50_ms", "redis_py_get_p50_ms",
            "client_get_many_keys_per_s", "redis_py_mget_keys_per_s", "client_sync_get_rps", "redis_py_sync_get_rps",
            "client_sync_get_p50_ms", "redis_py_sync_get_p50_ms", "transports_rest_rps", "uvicorn_rest_rps",
-           "transports_grpc_rps", "grpcaio_grpc_rps", "stack_idle_cpu_cores")
+           "transports_grpc_rps", "grpcaio_grpc_rps", "stack_idle_cpu_cores",
+           "router_rest_p99_ms_busy")
+
+BUSY_CONNECTIONS = 32  # router_rest_p99_ms_busy: lookups in flight while the pipeline runs
 
 # (name, numerator, denominator or None, comparison, limit)
 TARGETS = (
@@ -73,6 +76,7 @@ TARGETS = (
     ("transports_grpc_rps / grpcaio_grpc_rps", "transports_grpc_rps", "grpcaio_grpc_rps", ">=", 1.0),
     # What the stack takes from lookups on a small machine while it only keeps up with its input.
     ("stack_idle_cpu_cores", "stack_idle_cpu_cores", None, "<=", 0.5),
+    ("router_rest_p99_ms_busy", "router_rest_p99_ms_busy", None, "<=", 12.0),
 )
 
 LOAD_CLIENTS = {"router_rest_rps": "wrk -t1 (Lua: rotating keys)", "router_grpc_rps": "h2load -t1 (gRPC frames, h2c)",
@@ -84,7 +88,8 @@ LOAD_CLIENTS = {"router_rest_rps": "wrk -t1 (Lua: rotating keys)", "router_grpc_
                 "raw_consume_rps": "confluent-kafka Consumer, all partitions, offset 0 → end",
                 "client": "loadtest.clientbench: one Python process per side (asyncio; sync = threads)",
                 "transports": "wrk -t1 and h2load -t1 against two router processes of the bench's own",
-                "stack_idle_cpu_cores": "none: /proc CPU of every stack process tree (loadtest.footprint)"}
+                "stack_idle_cpu_cores": "none: /proc CPU of every stack process tree (loadtest.footprint)",
+                "router_rest_p99_ms_busy": "wrk -t1 -c32 (Lua: rotating keys), saturation, pipeline running"}
 
 
 RESTORE_FIGURES = ("restore_rps", "raw_consume_rps")
@@ -273,6 +278,22 @@ class Bench:
             self.say(f"  ! {label}: {self.notes[f'{label}_problems']}")
         self.say(f"  {label}: {out['rps']:,.0f} req/s ({out['requests']} requests, {self.a.concurrency} connections)")
         return round(out["rps"], 1)
+
+    def rest_p99_busy(self) -> float | None:
+        """REST p99 (ms) at saturation with BUSY_CONNECTIONS connections, the pipeline running at the
+        demo rate: the tail latency the stack's own CPU use costs lookups on a small machine."""
+        p99s = []
+        for _ in range(self.a.rounds):
+            cmd = lc.wrk_command(self.c.rest_url + "/", BUSY_CONNECTIONS, self.a.duration)
+            out = lc.parse_wrk(lc.run(cmd, self.a.duration + 30,
+                                      lc.wrk_env(self.a.table, self.a.key_prefix, len(self.keys))))
+            if out["errors"]:
+                self.notes["router_rest_busy_problems"] = f"{out['errors']} errors of {out['requests']}"
+                self.say(f"  ! router_rest_busy: {self.notes['router_rest_busy_problems']}")
+            p99s.append(out["p99_us"] / 1000)
+            self.say(f"  router_rest_busy: p99 {out['p99_us'] / 1000:.2f} ms, p50 {out['p50_us'] / 1000:.2f} ms "
+                     f"at {out['rps']:,.0f} req/s")
+        return median_of(p99s)
 
     def throughput_redis(self) -> float:
         host, port = self.c.host, self.c.redis_port
@@ -545,7 +566,7 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
     b = Bench(stack, a, say)
     c = stack.config
     grpc_url = f"http://{c.grpc_address}/freshroute.v1.Router/Get"
-    total = 13
+    total = 14
     fig = b.fig
     baseline: subprocess.Popen | None = None
     restore_step = f"restore vs raw consume of a {a.restore_records:,}-record changelog, {a.rounds} round(s)"
@@ -561,15 +582,18 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
             raise RuntimeError("no keys to benchmark with")
         _step(b, 2, total, f"idle footprint: every stack process's CPU over {a.idle_seconds:g}s, no lookups",
               b.footprint)
+        fig["router_rest_p99_ms_busy"] = _step(
+            b, 3, total, f"REST p99 at {BUSY_CONNECTIONS} connections while the pipeline runs (wrk), "
+                         f"{a.rounds} round(s)", b.rest_p99_busy)
         body = b.grpc_body()
-        router_ok = _step(b, 3, total, "router gRPC answer", lambda: b.ok_size(c.grpc_address, body))
+        router_ok = _step(b, 4, total, "router gRPC answer", lambda: b.ok_size(c.grpc_address, body))
         router_body = (body, router_ok) if router_ok else None
-        store = _step(b, 4, total, "store node for direct reads", b.store_body)
-        started = _step(b, 5, total, "baseline gRPC server", lambda: start_baseline(a.table, len(b.keys), b.work))
+        store = _step(b, 5, total, "store node for direct reads", b.store_body)
+        started = _step(b, 6, total, "baseline gRPC server", lambda: start_baseline(a.table, len(b.keys), b.work))
         if started:
             baseline = started[0]
             base_address = f"{c.host}:{started[1]}"
-            base_ok = _step(b, 5, total, "baseline gRPC answer", lambda: b.ok_size(base_address, body))
+            base_ok = _step(b, 6, total, "baseline gRPC answer", lambda: b.ok_size(base_address, body))
         # Each target compares two figures: their runs alternate (see interleaved), so that the
         # load other processes put on a shared machine weighs on both alike; a throughput
         # figure is the median of its runs, a latency figure the percentile of all samples.
@@ -579,7 +603,7 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
             rest, redis_ = b.paired("router_rest", b.throughput_rest, "redis_get", b.throughput_redis)
             fig["router_rest_rps"], fig["redis_get_rps"] = median_of(rest), median_of(redis_)
 
-        _step(b, 6, total, "router REST (wrk) and Redis GET (redis-benchmark) throughput", rest_vs_redis)
+        _step(b, 7, total, "router REST (wrk) and Redis GET (redis-benchmark) throughput", rest_vs_redis)
         if router_body and started:
             # The baseline answers the same request with a response of the same shape.
             base_url = f"http://{base_address}/freshroute.v1.Router/Get"
@@ -590,13 +614,13 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
                                                                                    base_ok))
                 fig["router_grpc_rps"], fig["baseline_grpc_rps"] = median_of(routed), median_of(base)
 
-            _step(b, 7, total, "router and baseline gRPC throughput (h2load)", router_vs_baseline)
+            _step(b, 8, total, "router and baseline gRPC throughput (h2load)", router_vs_baseline)
         elif router_body:
-            fig["router_grpc_rps"] = _step(b, 7, total, "router gRPC throughput (h2load)",
+            fig["router_grpc_rps"] = _step(b, 8, total, "router gRPC throughput (h2load)",
                                            lambda: b.throughput_grpc("router_grpc", grpc_url, *router_body))
         if store:
             store_url = f"http://{store[0]}/freshroute.store.v1.StoreNode/Get"
-            fig["direct_store_rps"] = _step(b, 8, total, "direct store node throughput (h2load)",
+            fig["direct_store_rps"] = _step(b, 9, total, "direct store node throughput (h2load)",
                                             lambda: b.throughput_grpc("direct_store", store_url, store[1], store[2]))
 
         say(f"latency at a fixed {a.latency_rate:g} req/s, {a.latency_duration:g}s each:")
@@ -619,22 +643,22 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
             fig["router_rest_p50_ms"], fig["router_rest_p99_ms"] = b.p50_p99(
                 b.latency_samples("router_rest_latency", "", None, None, http1=True, input_file=uris))
 
-        _step(b, 9, total, "latencies (h2load --rps)", latencies)
+        _step(b, 10, total, "latencies (h2load --rps)", latencies)
         if baseline is not None:
             baseline.terminate()
         if router_body:
             say("router/transports against uvicorn's httptools protocol and grpc.aio, a router process each:")
-            _step(b, 10, total, "hand-written transports against the libraries (wrk, h2load)",
+            _step(b, 11, total, "hand-written transports against the libraries (wrk, h2load)",
                   lambda: b.transports_vs_libraries(*router_body))
         say(f"the client against redis-py, {a.duration:g}s runs, latency at {a.latency_rate:g} req/s:")
-        _step(b, 11, total, "freshroute.client against redis-py (loadtest.clientbench)", b.client_vs_redis_py)
-        fr = _step(b, 12, total, "freshness (event → visible)", b.freshness)
+        _step(b, 12, total, "freshroute.client against redis-py (loadtest.clientbench)", b.client_vs_redis_py)
+        fr = _step(b, 13, total, "freshness (event → visible)", b.freshness)
         if fr:
             fig["freshness_p50_ms"], fig["freshness_p99_ms"] = fr
         if a.no_restore:
             say("restore and raw consume: skipped (--no-restore)")
         else:
-            _step(b, 13, total, restore_step, b.restore_vs_raw)
+            _step(b, 14, total, restore_step, b.restore_vs_raw)
     finally:
         if baseline is not None:
             lc.stop_process(baseline)
