@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Container, Mapping
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -18,10 +19,36 @@ def stat_fields(pid: int) -> list[str] | None:
     return text[text.rindex(")") + 2:].split()
 
 
-def cpu_seconds(fields: list[str]) -> float:
-    """User + system CPU seconds (every thread) of a process, from its :func:`stat_fields`."""
-    # utime and stime: fields 14 and 15 of /proc/<pid>/stat, 11 and 12 after the command name.
-    return (int(fields[11]) + int(fields[12])) / _TICK
+def cpu_seconds(fields: list[str], reaped: bool = False) -> float:
+    """User + system CPU seconds (every thread) of a process, from its :func:`stat_fields`; with
+    ``reaped``, also those of the exited children it waited for."""
+    # utime, stime, cutime, cstime: fields 14-17 of /proc/<pid>/stat, 11-14 after the command name.
+    return sum(int(x) for x in fields[11:15 if reaped else 13]) / _TICK
+
+
+def children_by_parent() -> dict[int, list[int]]:
+    """Every live process's children, from one pass over ``/proc``."""
+    out: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = stat_fields(int(name))
+            if fields is not None:
+                out.setdefault(int(fields[1]), []).append(int(name))
+    return out
+
+
+def process_tree(root: int, children: Mapping[int, list[int]], exclude: Container[int] = ()) -> list[int]:
+    """``root`` and every process below it in ``children`` (:func:`children_by_parent`), leaving
+    out the excluded ones and what is below them."""
+    pids, todo, seen = [], [root], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen or pid in exclude:  # ``seen``: a pid reused during the pass cannot loop
+            continue
+        seen.add(pid)
+        pids.append(pid)
+        todo.extend(children.get(pid, ()))
+    return pids
 
 
 def rss_kib(pid: int) -> int | None:

@@ -11,45 +11,20 @@ started or ended within the window count for what they used in it.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from freshroute.proc import stat_fields
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _children() -> dict[int, list[int]]:
-    """Every process's live children, from one pass over ``/proc``."""
-    out: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            fields = stat_fields(int(name))
-            if fields is not None:
-                out.setdefault(int(fields[1]), []).append(int(name))
-    return out
+from freshroute.proc import children_by_parent, cpu_seconds, process_tree, stat_fields
 
 
 def tree_cpu_seconds(roots: Mapping[str, int]) -> dict[str, float]:
     """CPU seconds used so far by each root's process tree (live processes, and the children they reaped)."""
-    children = _children()
+    children = children_by_parent()
     out: dict[str, float] = {}
     for name, root in roots.items():
-        total, todo, seen = 0, [root], set()
-        while todo:  # a tree of a few hundred processes at most; ``seen`` guards against pid reuse loops
-            pid = todo.pop()
-            if pid in seen:
-                continue
-            seen.add(pid)
-            fields = stat_fields(pid)
-            if fields is None:
-                continue
-            # utime, stime, cutime, cstime: fields 14-17 of /proc/<pid>/stat, 11-14 after the name.
-            total += sum(int(x) for x in fields[11:15])
-            todo.extend(children.get(pid, ()))
-        out[name] = total / _TICK
+        fields = (stat_fields(pid) for pid in process_tree(root, children))
+        out[name] = sum(cpu_seconds(f, reaped=True) for f in fields if f is not None)
     return out
 
 

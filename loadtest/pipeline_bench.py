@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from freshroute.proc import cpu_seconds, stat_fields
+from freshroute.proc import children_by_parent, cpu_seconds, process_tree, stat_fields
 from freshroute.settings import load
 from pipeline.settings import PipelineSettings
 
@@ -102,20 +102,7 @@ class CpuMeter:
         self._seen: dict[int, float] = {}
 
     def _tree(self) -> list[int]:
-        parents: dict[int, list[int]] = defaultdict(list)
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                stat = stat_fields(int(entry))
-                if stat is not None:
-                    parents[int(stat[1])].append(int(entry))
-        pids, todo = [], [os.getpid()]
-        while todo:
-            pid = todo.pop()
-            if pid in self.exclude:
-                continue
-            pids.append(pid)
-            todo += parents.get(pid, [])
-        return pids
+        return process_tree(os.getpid(), children_by_parent(), self.exclude)
 
     def total_s(self) -> float:
         """CPU seconds used so far by the process tree; a child that exited keeps its last figure."""

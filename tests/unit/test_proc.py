@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from freshroute.proc import cpu_seconds, lower_priority, rss_kib, stat_fields
+from freshroute.proc import children_by_parent, cpu_seconds, lower_priority, process_tree, rss_kib, stat_fields
 
 
 def test_fields_of_a_live_process_and_none_once_it_exited():
@@ -20,6 +20,24 @@ def test_cpu_seconds_grow_with_work():
     sum(i * i for i in range(2_000_000))
     after = cpu_seconds(stat_fields(os.getpid()))
     assert after > before >= 0
+
+
+def test_a_process_tree_holds_every_process_below_its_root_but_the_excluded_branches():
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+        "print(c.pid, flush=True)\ntime.sleep(30)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        children = children_by_parent()
+        assert process_tree(os.getpid(), children)[0] == os.getpid()
+        assert {parent.pid, child} <= set(process_tree(os.getpid(), children))
+        assert process_tree(parent.pid, children) == [parent.pid, child]
+        assert child not in process_tree(os.getpid(), children, exclude={parent.pid})
+    finally:
+        parent.kill()
+        parent.wait()
+        os.kill(child, 9)
 
 
 def test_resident_memory_grows_with_what_is_held_and_is_none_once_gone():
