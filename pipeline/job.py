@@ -106,15 +106,12 @@ def build_session(settings: PipelineSettings) -> "SparkSession":
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
         .config("spark.python.worker.reuse", "true")
         # Without Hadoop's native library, the default checkpoint file manager (FileContext) runs
-        # `readlink` for every rename, and the checksummed local file system runs `chmod` for every
-        # file (and its .crc) it creates: 270 processes forked per second by the JVM at rest.
-        # FileSystem renames and the plain local file system need none (41 a second left, mostly
-        # threads): the demo tables' micro-batches went from 565 to 317 ms (p50) and from 377 to
-        # 287 ms of CPU each (loadtest.pipeline_bench). A local rename is atomic either way; what goes is
-        # the .crc file written beside every checkpoint file.
+        # `readlink` for every rename: FileSystem renames need none, and a local rename is atomic
+        # either way. The file system stays Hadoop's checksummed LocalFileSystem: RocksDB's
+        # snapshot upload needs exactly that class (FileSystem.getLocal), and with the raw one
+        # every upload failed, so state changelog files piled up and a restart replayed them all.
         .config("spark.sql.streaming.checkpointFileManagerClass",
                 "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager")
-        .config("spark.hadoop.fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem")
         # Streaming disables adaptive execution anyway; saying so up front saves a warning per query.
         .config("spark.sql.adaptive.enabled", "false")
     )

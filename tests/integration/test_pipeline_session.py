@@ -1,0 +1,31 @@
+"""The pipeline's Spark session: settings whose effect shows only hours later, checked at once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+_PROBE = textwrap.dedent('''
+    from pipeline.job import build_session
+    from pipeline.settings import PipelineSettings
+
+    spark = build_session(PipelineSettings())
+    jvm = spark.sparkContext._jvm
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    # What RocksDB's snapshot upload asks for: a ClassCastException unless the class is a LocalFileSystem.
+    local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(conf)
+    print("local file system:", local.getClass().getName())
+    spark.stop()
+''')
+
+
+@pytest.mark.timeout(300)
+def test_the_local_file_system_is_the_one_rocksdb_snapshot_uploads_need(tmp_path):
+    out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "local file system: " in out.stdout, out.stderr[-3000:]
