@@ -26,6 +26,14 @@ def cpu_seconds(fields: list[str], reaped: bool = False) -> float:
     return sum(int(x) for x in fields[11:15 if reaped else 13]) / _TICK
 
 
+def age_s(fields: list[str]) -> float:
+    """Seconds since the process started, from its :func:`stat_fields`."""
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    # starttime: field 22 of /proc/<pid>/stat, 19 after the command name, in ticks since boot.
+    return max(0.0, uptime - int(fields[19]) / _TICK)
+
+
 def children_by_parent() -> dict[int, list[int]]:
     """Every live process's children, from one pass over ``/proc``."""
     out: dict[int, list[int]] = {}

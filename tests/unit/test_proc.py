@@ -82,3 +82,21 @@ def test_lowering_a_process_that_is_gone_says_why():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     assert "setpriority" in lower_priority(child.pid, 5)
+
+
+def test_a_process_age_counts_from_its_start():
+    import os
+    import subprocess
+    import sys
+
+    from freshroute.proc import age_s, stat_fields
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        young = age_s(stat_fields(child.pid))
+        assert 0.0 <= young < 5.0
+        assert age_s(stat_fields(1)) >= young  # init started before anything this test runs
+        assert age_s(stat_fields(os.getpid())) >= young  # this process started before its child
+    finally:
+        child.kill()
+        child.wait()
