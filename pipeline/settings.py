@@ -9,6 +9,8 @@ from pydantic import Field
 from freshroute.settings import CommonSettings
 
 DEMO_TABLES_FILE = Path(__file__).resolve().parent / "demo_tables.py"
+# A trigger past a minute serves minutes-old tables: a batch job, not an interactive one.
+MAX_TRIGGER_MS = 60_000
 
 
 class PipelineSettings(CommonSettings):
@@ -17,7 +19,9 @@ class PipelineSettings(CommonSettings):
     tables_file: Path = Field(DEMO_TABLES_FILE, description="Python file that defines the input sources and tables")
     checkpoint_dir: Path = Field(Path(".freshroute/pipeline/checkpoints"),
                                  description="Spark checkpoints (offsets, commits, RocksDB state), one subdirectory per table")
-    trigger_ms: int = Field(500, ge=0, description="micro-batch interval in milliseconds (0 = as fast as possible)")
+    trigger_ms: int = Field(500, ge=0, le=MAX_TRIGGER_MS,
+                            description="micro-batch interval in milliseconds (0 = as fast as possible), at most "
+                                        f"{MAX_TRIGGER_MS}: lower is fresher and costs more CPU")
     changelog_partitions: int = Field(8, ge=1, description="partitions of a changelog topic the pipeline creates")
     # Frozen into each table's checkpoint on its first run: changing it later has no effect on that table.
     # Every state store partition costs each micro-batch a task, a RocksDB commit and a changelog

@@ -46,7 +46,9 @@ class StoreNodeSettings(CommonSettings):
     # than 256 KiB: a restore makes a quarter of the round trips.
     max_partition_fetch_bytes: int = Field(1024 * 1024, gt=0, description="fetch bytes per partition")
     fetch_max_bytes: int = Field(4 * 1024 * 1024, gt=0, description="fetch bytes per request")
-    fetch_wait_max_ms: int = Field(100, gt=0, description="broker long-poll; bounds how old the end offset can be")
+    fetch_wait_max_ms: int = Field(100, gt=0, description="broker long-poll, below evidence_window_ms; bounds how "
+                                                          "old the end offset can be, and costs the broker a fetch "
+                                                          "per wait per node while idle")
     statistics_interval_ms: int = Field(100, gt=0, description="consumer statistics (end offsets, broker state)")
     evidence_window_ms: int = Field(1000, gt=0, description="a caught-up confirmation needs a broker response "
                                                             "at most this old")
@@ -57,6 +59,15 @@ class StoreNodeSettings(CommonSettings):
                                                                     "after this")
     drain_timeout_ms: int = Field(1500, ge=0, description="on SIGTERM: announce draining, keep answering this long")
     restore_log_interval_ms: int = Field(5000, gt=0, description="restore progress log period")
+
+    @model_validator(mode="after")
+    def _fetch_wait_within_evidence(self) -> "StoreNodeSettings":
+        # A caught-up confirmation needs a fetch answer younger than the window: a longer
+        # long-poll would leave no replica ever confirmed.
+        if self.fetch_wait_max_ms >= self.evidence_window_ms:
+            raise ValueError(f"fetch_wait_max_ms ({self.fetch_wait_max_ms}) must be below evidence_window_ms "
+                             f"({self.evidence_window_ms})")
+        return self
 
     @model_validator(mode="after")
     def _default_data_dir(self) -> "StoreNodeSettings":

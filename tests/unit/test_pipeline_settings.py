@@ -42,3 +42,21 @@ def test_settings_are_frozen():
     s = load(PipelineSettings)
     with pytest.raises(Exception):
         s.trigger_ms = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("trigger_ms", ["-1", "60001", "soon"])
+def test_a_trigger_outside_its_range_fails_naming_it(trigger_ms):
+    with pytest.raises(ConfigError, match="trigger_ms"):
+        load(PipelineSettings, trigger_ms=trigger_ms)
+    assert load(PipelineSettings, trigger_ms="60000").trigger_ms == 60_000
+    assert load(PipelineSettings, trigger_ms="0").trigger_ms == 0
+
+
+@pytest.mark.parametrize("trigger_ms", ["-5", "60001", "fast"])
+def test_local_up_refuses_a_trigger_outside_its_range_before_starting_anything(trigger_ms, capsys):
+    from freshroute.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["local", "up", "--trigger-ms", trigger_ms, "--home", "/nonexistent/never-created"])
+    assert e.value.code == 2
+    assert "--trigger-ms" in capsys.readouterr().err

@@ -692,3 +692,13 @@ def test_a_clean_stop_drops_a_window_with_poison(env):
         assert store.applied_offset == 0 and store.get(b"a") is None  # the next open reads it again
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("wait_ms", [0, -10, 1000, 5000])
+def test_a_fetch_wait_outside_its_range_fails_naming_it(wait_ms):
+    from freshroute.errors import ConfigError
+    from freshroute.settings import load
+
+    with pytest.raises(ConfigError, match="fetch_wait_max_ms"):
+        load(StoreNodeSettings, node_id="n1", fetch_wait_max_ms=wait_ms)
+    assert load(StoreNodeSettings, node_id="n1", fetch_wait_max_ms=999).fetch_wait_max_ms == 999
