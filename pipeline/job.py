@@ -42,6 +42,12 @@ _LOG4J2 = Path(__file__).resolve().parent / "log4j2.properties"
 _MAX_RESTARTS = 8
 _RESTART_WINDOW_S = 600.0
 _REGISTER_EVERY_S = 10.0
+# Micro-batches in a row, per table, that each ran within the trigger interval (at least
+# WARM_BATCH_MS): the JIT has compiled the hot paths and the Python workers are up. Until then
+# a batch takes seconds, and freshness with it; the line is what `local up` waits for.
+WARM_BATCHES = 5
+WARM_BATCH_MS = 500
+WARM_LOG = "pipeline warm"
 
 
 class PipelineFailed(FatalError):
@@ -165,6 +171,7 @@ class TableRun:
     failures: list[float] = field(default_factory=list)
     finished: bool = False
     logged_batch: int = -1
+    quick_batches: int = 0  # in a row, within the warm bound
 
 
 class Pipeline:
@@ -178,6 +185,7 @@ class Pipeline:
         self.runs: dict[str, TableRun] = {}
         self._stop = threading.Event()
         self._registrar: TableRegistrar | None = None
+        self._warm = False
 
     # start
     def start(self) -> None:
@@ -242,7 +250,9 @@ class Pipeline:
         while not stop.is_set():
             for run in self.runs.values():
                 if run.query is not None and not run.finished:
-                    log_progress(run, run.query.lastProgress)
+                    progress = run.query.lastProgress
+                    if log_progress(run, progress):
+                        self._note_warmth(run, progress.batchDuration)
                 if run.finished or run.query is None or run.query.isActive:
                     continue
                 error = run.query.exception()
@@ -254,6 +264,17 @@ class Pipeline:
             if self.runs and all(r.finished for r in self.runs.values()):
                 return
             stop.wait(0.5)
+
+    def _note_warmth(self, run: TableRun, batch_ms: int) -> None:
+        """Log :data:`WARM_LOG` once every table ran :data:`WARM_BATCHES` quick batches in a row."""
+        if self._warm:
+            return
+        bound = max(self.settings.trigger_ms, WARM_BATCH_MS)
+        run.quick_batches = run.quick_batches + 1 if batch_ms <= bound else 0
+        if all(r.quick_batches >= WARM_BATCHES for r in self.runs.values()):
+            self._warm = True
+            log.info("%s: the last %d micro-batches of every table each ran within %d ms", WARM_LOG, WARM_BATCHES,
+                     bound)
 
     def _restart_or_fail(self, run: TableRun, error: str, stop: threading.Event) -> None:
         lost = re.search(r"InputDataLost: (.+)", error)
@@ -329,7 +350,7 @@ class TableRegistrar(threading.Thread):
             self.stop_event.wait(self.every_s)
 
 
-def log_progress(run: TableRun, p: Any) -> None:
+def log_progress(run: TableRun, p: Any) -> bool:
     """One INFO line per micro-batch, so that an operator sees the pipeline is alive and how fast it goes.
 
     Read from the query's last progress by the supervising loop rather than pushed to a Python
@@ -338,7 +359,7 @@ def log_progress(run: TableRun, p: Any) -> None:
     between two reads of the loop goes unlogged; the next line's batch id shows the gap.
     """
     if p is None or p.batchId <= run.logged_batch:
-        return
+        return False
     run.logged_batch = p.batchId
     written = run.writer.written.get(p.batchId)
     changed = f", {written[0]} changelog records" if written else ""
@@ -346,6 +367,7 @@ def log_progress(run: TableRun, p: Any) -> None:
     log.info("table %s batch %d: %d input rows%s in %d ms (%s; input %.0f rows/s, processed %.0f rows/s)",
              p.name, p.batchId, p.numInputRows, changed, p.batchDuration, batch_phases(p.durationMs, sink),
              p.inputRowsPerSecond or 0.0, p.processedRowsPerSecond or 0.0)
+    return True
 
 
 # Where a micro-batch's time goes, in the order Spark spends it: offsets from the source and

@@ -63,6 +63,8 @@ class StackConfig:
     demo_duration_s: float = 3600.0
     demo: bool = True
     startup_timeout_s: float = 300.0
+    # How long `up` waits for the pipeline to say it is warm before it reports ready anyway.
+    warmup_timeout_s: float = 90.0
 
     def resolved(self) -> "StackConfig":
         """Replace 0 ports by free ones, so tests can run stacks side by side."""
@@ -294,6 +296,8 @@ class Stack:
         if c.demo:
             comp = self.start("demo-producer")
             self._say(f"demo producer → topic {c.topic_prefix}readings at {c.demo_rate:g} readings/s  pid {comp.pid}")
+        pipeline_log = self._log_path("pipeline")
+        pipeline_since = pipeline_log.stat().st_size if pipeline_log.exists() else 0
         comp = self.start("pipeline")
         self._say(f"pipeline (PySpark) starting at nice {c.pipeline_nice}  pid {comp.pid}")
         for name in self.store_node_names():
@@ -317,8 +321,22 @@ class Stack:
             self._wait_alive(self.components["pipeline"],
                              lambda: _http_ok(f"{c.rest_url}/v1/tables/sensor_stats/keys/sensor-1"), c.startup_timeout_s,
                              tick=lambda waited: self._say(f"  … still waiting ({waited:.0f}s): Spark takes 10–60 s to start"))
+            self._wait_warm(pipeline_since)
             self._say("demo data is served: lookups are ready")
         return self
+
+    def _wait_warm(self, since: int) -> None:
+        """Until the pipeline's batches take their steady time: freshness right after `up` is then the usual."""
+        from pipeline.job import WARM_LOG
+
+        pipeline = self.components["pipeline"]
+        self._say("waiting for the pipeline to warm up (its micro-batches to run within the trigger interval) …")
+        try:
+            self._wait_alive(pipeline, lambda: _logged(pipeline, WARM_LOG, since), self.config.warmup_timeout_s,
+                             tick=lambda waited: self._say(f"  … still warming up ({waited:.0f}s)"))
+        except TimeoutError:
+            self._say(f"  the pipeline's batches still take longer than the trigger after "
+                      f"{self.config.warmup_timeout_s:.0f}s (a busy machine?): lookups work, fresher within minutes")
 
     def _wait_alive(self, comp: Component, ready: Callable[[], bool], timeout_s: float,
                     tick: Callable[[float], None] | None = None) -> None:
@@ -417,6 +435,19 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
                        demo_rate=args.demo_rate, demo=not args.no_demo).resolved()
 
 
+def _trigger_ms(text: str) -> int:
+    """``--trigger-ms``: the pipeline's own bounds, checked before anything starts."""
+    from pipeline.settings import MAX_TRIGGER_MS
+
+    try:
+        ms = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of milliseconds") from None
+    if not 0 <= ms <= MAX_TRIGGER_MS:
+        raise argparse.ArgumentTypeError(f"{ms} is outside 0..{MAX_TRIGGER_MS} ms (0: batches back to back)")
+    return ms
+
+
 def add_arguments(sub: argparse._SubParsersAction) -> None:
     up = sub.add_parser("up", help="Start the whole stack with demo data and wait until lookups work.")
     up.add_argument("--home", default=".freshroute/local")
@@ -429,7 +460,7 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--routers", type=int, default=StackConfig.routers, choices=range(1, 9), metavar="1-8",
                     help="router processes sharing the REST and gRPC ports")
-    up.add_argument("--trigger-ms", type=int, default=StackConfig.trigger_ms,
+    up.add_argument("--trigger-ms", type=_trigger_ms, default=StackConfig.trigger_ms,
                     help="the pipeline's micro-batch interval: lower is fresher and costs more CPU")
     up.add_argument("--pipeline-nice", type=int, default=StackConfig.pipeline_nice, choices=range(0, 20),
                     metavar="0-19", help="the pipeline's CPU priority: it yields to lookups (0: the same priority)")

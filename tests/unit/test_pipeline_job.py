@@ -148,3 +148,27 @@ def test_progress_is_logged_once_per_batch_read(pipeline, caplog):
     assert [r.getMessage().split(":")[0] for r in caplog.records] == ["table sensor_stats batch 3",
                                                                       "table sensor_stats batch 5"]
     assert run.logged_batch == 5
+
+
+def test_the_pipeline_says_warm_once_every_table_ran_quick_batches_in_a_row(pipeline, caplog):
+    from pipeline.job import WARM_BATCHES, WARM_LOG
+
+    stats, counts = run_of(pipeline), run_of(pipeline)
+    pipeline.runs = {"sensor_stats": stats, "area_counts": counts}
+    caplog.set_level(logging.INFO, logger="pipeline")
+
+    def warm_lines() -> int:
+        return sum(WARM_LOG in r.getMessage() for r in caplog.records)
+
+    # A slow batch (JIT still compiling) starts the count again.
+    for ms in [2400] + [300] * (WARM_BATCHES - 1) + [900]:
+        pipeline._note_warmth(stats, ms)
+    for _ in range(WARM_BATCHES):
+        pipeline._note_warmth(counts, 350)
+    assert stats.quick_batches == 0 and warm_lines() == 0  # one table warm is not the pipeline warm
+    for n in range(WARM_BATCHES):
+        pipeline._note_warmth(stats, 500)  # the trigger interval itself still counts
+        assert warm_lines() == (1 if n == WARM_BATCHES - 1 else 0)
+    pipeline._note_warmth(stats, 5000)
+    pipeline._note_warmth(stats, 100)
+    assert warm_lines() == 1  # said once, whatever comes after
