@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from freshroute.errors import FatalError, FreshrouteError
+from freshroute.errors import ConfigError, FatalError, FreshrouteError
 from freshroute.metadata import MetadataStore, TableSpec
 from pipeline.offsets import InputDataLost
 from pipeline.settings import PipelineSettings
@@ -131,7 +131,6 @@ def build_session(settings: PipelineSettings) -> "SparkSession":
 
 def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source, table: str) -> "DataFrame":
     """The source topic as a stream of parsed rows: the schema's fields plus the Kafka record columns."""
-    from pyspark.sql import functions as F
     from pyspark.sql.types import StructType, _parse_datatype_string
 
     from pipeline.kafka_source import FORMAT
@@ -145,6 +144,8 @@ def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source, 
         raise TablesFileError(f"source {src.name!r}: schema {src.schema!r} must list fields", source=src.name)
     check_source_fields(src, schema.fieldNames())
     topic = settings.input_topic(src.topic)
+    if settings.source_format == "kafka":
+        return _parsed(jvm_kafka_stream(spark, settings, topic), schema)
     raw = (
         spark.readStream.format(FORMAT)
         .option("topic", topic)
@@ -156,8 +157,49 @@ def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source, 
         .option("hint", f"To reprocess from the start, delete {settings.table_checkpoint(table)}.")
         .load()
     )
+    return _parsed(raw, schema)
+
+
+def _parsed(raw: "DataFrame", schema: Any) -> "DataFrame":
+    from pyspark.sql import functions as F
+
     return (raw.select(F.from_json("value", schema).alias("_value"), *METADATA_COLUMNS)
             .select("_value.*", *METADATA_COLUMNS))
+
+
+class SourceUnavailable(ConfigError):
+    """The configured source format is not installed in this Spark."""
+
+    code = "SOURCE_UNAVAILABLE"
+
+
+def jvm_kafka_stream(spark: "SparkSession", settings: PipelineSettings, topic: str) -> "DataFrame":
+    """The topic through Spark's own Kafka connector, in the built-in source's columns.
+
+    The seam for engines that need that connector (Spark's Real-time Mode among them): the
+    tables see the same rows either way. librdkafka settings are passed as ``kafka.*``
+    options; those without a Java client equivalent must be given in the Java client's terms.
+    """
+    from pyspark.sql import functions as F
+
+    reader = (spark.readStream.format("kafka").option("subscribe", topic).option("startingOffsets", "earliest")
+              .option("failOnDataLoss", "true"))
+    for key, value in settings.kafka().items():
+        reader = reader.option(f"kafka.{key}", str(value))
+    if settings.max_records_per_batch:
+        reader = reader.option("maxOffsetsPerTrigger", str(settings.max_records_per_batch))
+    try:
+        raw = reader.load()
+    except Exception as e:
+        # [KAFKA_DATA_SOURCE_NOT_ENABLED] or [DATA_SOURCE_NOT_FOUND], by Spark version.
+        if "DATA_SOURCE_NOT" not in str(e):
+            raise
+        raise SourceUnavailable(
+            "source_format 'kafka' needs Spark's Kafka connector on the classpath "
+            f"(org.apache.spark:spark-sql-kafka-0-10_2.13:{spark.version}, through spark.jars.packages or "
+            "spark.jars); without it use source_format 'freshroute_kafka'", setting="source_format") from None
+    return raw.select(F.col("key").cast("string"), F.col("value").cast("string"), "topic", "partition", "offset",
+                      "timestamp")
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -32,6 +33,10 @@ class PipelineSettings(CommonSettings):
     topic_prefix: str = Field("", description="prefix of every input and changelog topic name")
     input_partitions: int = Field(4, ge=1, description="partitions of an input topic the pipeline has to create")
     spark_master: str = Field("local[*]", description="Spark master URL")
+    source_format: Literal["freshroute_kafka", "kafka"] = Field(
+        "freshroute_kafka", description="how input topics are read: freshroute_kafka (built in, confluent-kafka through "
+                                        "Spark's Python data source API) or kafka (Spark's own connector, where "
+                                        "spark-sql-kafka-0-10 is installed)")
     spark_driver_memory: str = Field("1g", description="Spark driver JVM heap")
 
     def input_topic(self, source_topic: str) -> str:
