@@ -17,7 +17,7 @@ import httpx
 import orjson
 import pytest
 
-from loadtest.freshness import committed_offsets
+from loadtest.freshness import InputLag
 from tests.integration.stack_fixture import FIRST_DATA_TIMEOUT_S, start_stack, wait_until
 
 pytestmark = pytest.mark.integration
@@ -83,21 +83,6 @@ def produce(bootstrap: str, topic: str, expected: Expected, n: int, rate: float,
     return time.monotonic() - start
 
 
-def input_lag(stack) -> int | None:
-    from confluent_kafka import Consumer, TopicPartition
-
-    done = committed_offsets(stack.config.home / "pipeline" / "checkpoints" / "sensor_stats")
-    if done is None:
-        return None
-    c = Consumer({"bootstrap.servers": stack.config.bootstrap, "group.id": "burst-test-lag"})
-    try:
-        topic = f"{stack.config.topic_prefix}readings"
-        return sum(max(0, c.get_watermark_offsets(TopicPartition(topic, p), timeout=5, cached=False)[1] - o)
-                   for p, o in done.items())
-    finally:
-        c.close()
-
-
 @pytest.mark.timeout(1500)
 def test_a_burst_far_above_the_pipelines_pace_fails_no_lookup_and_drains(tmp_path):
     stack = start_stack(tmp_path)
@@ -140,10 +125,11 @@ def test_a_burst_far_above_the_pipelines_pace_fails_no_lookup_and_drains(tmp_pat
                     time.sleep(0.01)
 
         lags: list[int] = []
+        input_lag = InputLag(bootstrap, topic, stack.config.home / "pipeline" / "checkpoints" / "sensor_stats")
 
         def sample_lag() -> None:
             while not stop.wait(1.0):
-                n = input_lag(stack)
+                n = input_lag.sample()
                 if n is not None:
                     lags.append(n)
 
@@ -169,6 +155,7 @@ def test_a_burst_far_above_the_pipelines_pace_fails_no_lookup_and_drains(tmp_pat
         assert burst_lookups >= 100 and answers["loose ok"] >= 100, answers
         # The burst outran the pipeline, and the lag said so; it is back to nothing now.
         assert max(lags, default=0) >= BURST_RATE, lags[-20:]
-        assert input_lag(stack) == 0
+        assert input_lag.sample() == 0
+        input_lag.close()
     finally:
         stack.down()
