@@ -335,8 +335,8 @@ class Stack:
             self._wait_alive(pipeline, lambda: _logged(pipeline, WARM_LOG, since), self.config.warmup_timeout_s,
                              tick=lambda waited: self._say(f"  … still warming up ({waited:.0f}s)"))
         except TimeoutError:
-            self._say(f"  the pipeline's batches still take longer than the trigger after "
-                      f"{self.config.warmup_timeout_s:.0f}s (a busy machine?): lookups work, fresher within minutes")
+            self._say(f"  the pipeline is not warm after {self.config.warmup_timeout_s:.0f}s (a busy machine, or a "
+                      f"long trigger): lookups work, and freshness improves over the next minutes")
 
     def _wait_alive(self, comp: Component, ready: Callable[[], bool], timeout_s: float,
                     tick: Callable[[float], None] | None = None) -> None:
