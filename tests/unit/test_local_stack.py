@@ -115,3 +115,34 @@ def test_a_process_in_the_middle_of_exec_is_not_taken_for_dead(monkeypatch):
         child.wait()
     monkeypatch.undo()
     assert not stack_mod._pid_runs(child.pid, [sys.executable])  # reaped: gone
+
+
+def test_up_waits_for_the_pipeline_to_say_warm_and_reports_ready_anyway_after_its_bound(tmp_path, monkeypatch):
+    import threading
+
+    from pipeline.job import WARM_LOG
+
+    said: list[str] = []
+    stack = Stack(StackConfig(home=tmp_path, warmup_timeout_s=1.0), progress=said.append)
+    log = tmp_path / "pipeline.log"
+    log.write_text("pipeline warm: an earlier run's line, before this start\n")
+    since = log.stat().st_size
+    stack.components["pipeline"] = Component("pipeline", "pipeline", 4242, ["python"], str(log))
+    monkeypatch.setattr(Component, "alive", lambda self: True)
+
+    # Not warm within the bound: up goes on, and says why freshness is not yet the usual.
+    stack._wait_warm(since)
+    assert "is not warm after 1s" in said[-1]
+
+    # Warm: the wait ends at the line this run logged.
+    said.clear()
+    stack.config = StackConfig(home=tmp_path, warmup_timeout_s=30.0)
+    def warm() -> None:
+        with log.open("a") as f:
+            f.write(f"INFO pipeline: {WARM_LOG}: …\n")
+
+    timer = threading.Timer(0.3, warm)
+    timer.start()
+    stack._wait_warm(since)
+    timer.join()
+    assert not any("not warm" in m for m in said), said
