@@ -478,7 +478,7 @@ class Bench:
         self.stack.down()
         self.stack = Stack(self.stack.config, lambda m: self.say(f"    {m}"))
         self.stack.up()
-        self.fig["freshness_p99_ms_cold"] = self._freshness("cold, from the moment `local up` returned")[1]
+        self.fig["freshness_p99_ms_cold"] = self._freshness("cold", "from the moment `local up` returned")[1]
 
     def wait_warm(self) -> None:
         """Until the pipeline has run ``WARM_AFTER_S``: the warm figures are a stack's usual, not its first minutes'."""
@@ -495,18 +495,19 @@ class Bench:
         self.wait_warm()
         return self._freshness("warm")
 
-    def _freshness(self, what: str) -> tuple[float | None, float | None]:
+    def _freshness(self, kind: str, detail: str = "") -> tuple[float | None, float | None]:
         from loadtest.freshness import measure
 
         out = asyncio.run(measure(self.c.bootstrap, self.c.rest_url, f"{self.c.topic_prefix}readings", self.a.table,
                                   probes=self.a.freshness_probes, spacing_s=0.25, timeout_s=20))
-        self._say_freshness(what, out)
+        self._say_freshness(kind, detail, out)
         return out["freshness_p50_ms"], out["freshness_p99_ms"]
 
-    def _say_freshness(self, what: str, out: dict[str, Any]) -> None:
-        self.say(f"  freshness ({what}): p50 {out['freshness_p50_ms']} ms  p99 {out['freshness_p99_ms']} ms "
-                 f"({out['visible']}/{out['probes']} probes visible)")
-        key = f"freshness_{what.split(',')[0].split(' ')[0]}"
+    def _say_freshness(self, kind: str, detail: str, out: dict[str, Any]) -> None:
+        """Print one freshness figure and keep its probes' summary in the notes as ``freshness_<kind>``."""
+        self.say(f"  freshness ({kind}{', ' + detail if detail else ''}): p50 {out['freshness_p50_ms']} ms  "
+                 f"p99 {out['freshness_p99_ms']} ms ({out['visible']}/{out['probes']} probes visible)")
+        key = f"freshness_{kind}"
         self.notes[key] = out
         if out["visible"] < out["probes"]:
             self.notes[f"{key}_problems"] = f"{out['probes'] - out['visible']} probes never became visible"
@@ -519,7 +520,7 @@ class Bench:
         out = measure_loaded(c.bootstrap, c.rest_url, f"{c.topic_prefix}readings", self.a.table,
                              c.home / "pipeline" / "checkpoints" / self.a.table, self.a.loaded_rate,
                              probes=self.a.freshness_probes, say=self.say)
-        self._say_freshness(f"loaded, {self.a.loaded_rate:,.0f} readings/s", out)
+        self._say_freshness("loaded", f"{self.a.loaded_rate:,.0f} readings/s", out)
         self.fig["freshness_p99_ms_loaded"] = out["freshness_p99_ms"]
 
     def restore_vs_raw(self) -> None:

@@ -29,6 +29,8 @@ from typing import Callable
 import httpx
 import orjson
 
+from pipeline.offsets import InputDataLost, SourceOffset
+
 
 def percentile(values: list[float], q: float) -> float:
     if not values:
@@ -82,8 +84,8 @@ def committed_offsets(checkpoint: Path) -> dict[int, int] | None:
             return None
         # "v1", the batch's metadata, then one line per source: our source's offsets.
         lines = (checkpoint / "offsets" / str(done)).read_text().splitlines()
-        return {int(p): int(o) for p, o in orjson.loads(lines[2])["partitions"].items()}
-    except (OSError, ValueError, IndexError, KeyError):
+        return dict(SourceOffset.from_dict(orjson.loads(lines[2])).positions)
+    except (OSError, ValueError, IndexError, InputDataLost):
         return None  # between a commit and its offsets file, or a checkpoint not written yet
 
 
