@@ -56,6 +56,10 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+# A standby per node on the largest clusters anyone runs from one assignor: more is a typo.
+MAX_STANDBY_REPLICAS = 16
+
+
 @dataclass(frozen=True)
 class TableSpec:
     """A table the pipeline materializes and store nodes serve."""

@@ -252,7 +252,8 @@ class Pipeline:
                 log.warning("changelog %s has %d partitions (setting says %d); keeping %d", topic,
                             len(info.partitions), self.settings.changelog_partitions, len(info.partitions))
             value_schema = {f.name: f.dataType.simpleString() for f in df.schema.fields if f.name != t.key}
-            spec = TableSpec(t.name, topic, len(info.partitions), t.key, value_schema)
+            standbys = self.settings.standby_replicas if t.standby_replicas is None else t.standby_replicas
+            spec = TableSpec(t.name, topic, len(info.partitions), t.key, value_schema, standbys)
             writer = ChangelogWriter(t.name, topic, spec.partitions, t.key, self.producer)
             self.runs[t.name] = TableRun(t, spec, writer)
             self._start_query(self.runs[t.name], df)
@@ -282,9 +283,9 @@ class Pipeline:
                   .option("checkpointLocation", str(s.table_checkpoint(run.table.name))))
         writer = writer.trigger(availableNow=True) if s.available_now else writer.trigger(processingTime=f"{s.trigger_ms} milliseconds")
         run.query = writer.start()
-        log.info("table %s: streaming %s → %s (%d partitions, key %s), checkpoint %s", run.table.name,
-                 s.input_topic(self.definition.sources[run.table.source].topic), run.spec.topic, run.spec.partitions,
-                 run.table.key, s.table_checkpoint(run.table.name))
+        log.info("table %s: streaming %s → %s (%d partitions × 1 active + %d standbys, key %s), checkpoint %s",
+                 run.table.name, s.input_topic(self.definition.sources[run.table.source].topic), run.spec.topic,
+                 run.spec.partitions, run.spec.standby_replicas, run.table.key, s.table_checkpoint(run.table.name))
 
     # run
     def wait(self, stop: threading.Event) -> None:

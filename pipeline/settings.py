@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from freshroute.metadata import MAX_STANDBY_REPLICAS
 from freshroute.settings import CommonSettings
 
 DEMO_TABLES_FILE = Path(__file__).resolve().parent / "demo_tables.py"
@@ -23,6 +24,9 @@ class PipelineSettings(CommonSettings):
     trigger_ms: int = Field(500, ge=0, le=MAX_TRIGGER_MS,
                             description="micro-batch interval in milliseconds (0 = as fast as possible), at most "
                                         f"{MAX_TRIGGER_MS}: lower is fresher and costs more CPU")
+    standby_replicas: int = Field(1, ge=0, le=MAX_STANDBY_REPLICAS,
+                                  description="standbys of each partition besides its active, for tables whose "
+                                              "definition names none (each replica on a distinct store node)")
     changelog_partitions: int = Field(8, ge=1, description="partitions of a changelog topic the pipeline creates")
     # Frozen into each table's checkpoint on its first run: changing it later has no effect on that table.
     # Every state store partition costs each micro-batch a task, a RocksDB commit and a changelog

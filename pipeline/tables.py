@@ -18,7 +18,9 @@ computed from them, in either of two forms::
 A source is a Kafka topic of JSON values parsed with ``schema``; besides the schema's
 fields each row carries the record's ``key``, ``topic``, ``partition``, ``offset`` and
 ``timestamp``. A table's key column becomes the changelog record key; every other column
-goes into the JSON value.
+goes into the JSON value. Either form takes ``standby_replicas=N``: each partition of the
+table is served by an active and N standbys on distinct store nodes (default: the
+pipeline's ``--standby-replicas``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from freshroute.errors import ConfigError
+from freshroute.metadata import MAX_STANDBY_REPLICAS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -67,6 +70,7 @@ class Table:
     source: str
     build: Callable[["DataFrame"], "DataFrame"] | None = None
     sql: str | None = None
+    standby_replicas: int | None = None  # None: the pipeline's default
 
     def dataframe(self, spark: "SparkSession", rows: "DataFrame") -> "DataFrame":
         """The table as a streaming DataFrame over the parsed source rows."""
@@ -134,24 +138,37 @@ def source(name: str, schema: str, topic: str | None = None) -> Source:
     return _declared(Source(name, schema, topic or name))
 
 
-def table(name: str, key: str, source: str) -> Callable[[Callable[["DataFrame"], "DataFrame"]], Table]:
-    """Declare a table computed by the decorated function ``(source rows) -> DataFrame``."""
+def _check_standbys(name: str, standby_replicas: int | None) -> None:
+    if standby_replicas is not None and (type(standby_replicas) is not int or
+                                         not 0 <= standby_replicas <= MAX_STANDBY_REPLICAS):
+        raise ValueError(f"table {name!r}: standby_replicas must be a whole number in 0..{MAX_STANDBY_REPLICAS}, "
+                         f"not {standby_replicas!r}")
+
+
+def table(name: str, key: str, source: str, *,
+          standby_replicas: int | None = None) -> Callable[[Callable[["DataFrame"], "DataFrame"]], Table]:
+    """Declare a table computed by the decorated function ``(source rows) -> DataFrame``.
+
+    ``standby_replicas``: standbys of each partition besides its active (default: the pipeline's setting).
+    """
     _check_name("table", name)
+    _check_standbys(name, standby_replicas)
 
     def register(fn: Callable[["DataFrame"], "DataFrame"]) -> Table:
         if not callable(fn):
             raise ValueError(f"@table({name!r}) must decorate a function (source rows) -> DataFrame")
-        return _declared(Table(name, key, source, build=fn))
+        return _declared(Table(name, key, source, build=fn, standby_replicas=standby_replicas))
 
     return register
 
 
-def sql_table(name: str, key: str, source: str, sql: str) -> Table:
+def sql_table(name: str, key: str, source: str, sql: str, *, standby_replicas: int | None = None) -> Table:
     """Declare a table computed by Spark SQL; the query names the source as a table."""
     _check_name("table", name)
+    _check_standbys(name, standby_replicas)
     if not isinstance(sql, str) or not sql.strip():
         raise ValueError(f"sql_table {name!r} needs a SQL query")
-    return _declared(Table(name, key, source, sql=sql))
+    return _declared(Table(name, key, source, sql=sql, standby_replicas=standby_replicas))
 
 
 def load_tables(path: str | Path) -> TablesDefinition:

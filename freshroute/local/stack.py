@@ -24,6 +24,7 @@ from typing import Any, Callable
 import orjson
 
 from freshroute.errors import ConfigError
+from freshroute.metadata import MAX_STANDBY_REPLICAS
 from freshroute.local.services import free_port, wait_for_port
 from freshroute.proc import lower_priority
 
@@ -211,7 +212,8 @@ class Stack:
         if name == "pipeline":
             return "pipeline", self._freshroute(
                 "pipeline", "--checkpoint-dir", str(c.home / "pipeline" / "checkpoints"),
-                "--trigger-ms", str(c.trigger_ms), "--topic-prefix", c.topic_prefix), {}
+                "--trigger-ms", str(c.trigger_ms), "--topic-prefix", c.topic_prefix,
+                "--standby-replicas", str(c.standby_replicas)), {}
         if name.startswith("store-node-"):
             i = int(name.rsplit("-", 1)[1])
             port = c.store_ports[i - 1]
@@ -428,11 +430,29 @@ def _http_ok(url: str) -> bool:
 # --- CLI -------------------------------------------------------------------------------
 def config_from_args(args: argparse.Namespace) -> StackConfig:
     """The stack ``local up`` starts: the flags' ports, with 0 replaced by free ones."""
-    store_ports = tuple(args.store_port + i if args.store_port else 0 for i in range(args.nodes))
+    if args.standby_replicas >= args.store_nodes:
+        raise ConfigError(f"--standby-replicas {args.standby_replicas} needs at least {args.standby_replicas + 1} "
+                          f"store nodes (an active and each standby on a node of its own): give --store-nodes "
+                          f"{args.standby_replicas + 1} or more", setting="standby_replicas")
+    store_ports = tuple(args.store_port + i if args.store_port else 0 for i in range(args.store_nodes))
     return StackConfig(home=Path(args.home), rest_port=args.rest_port, grpc_port=args.grpc_port,
                        broker_port=args.broker_port, redis_port=args.redis_port, store_ports=store_ports,
                        trigger_ms=args.trigger_ms, pipeline_nice=args.pipeline_nice, routers=args.routers,
+                       standby_replicas=args.standby_replicas,
                        demo_rate=args.demo_rate, demo=not args.no_demo).resolved()
+
+
+def _count(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type: a whole number in ``lo..hi``."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not lo <= n <= hi:
+            raise argparse.ArgumentTypeError(f"{n} is outside {lo}..{hi}")
+        return n
+    return parse
 
 
 def _trigger_ms(text: str) -> int:
@@ -457,7 +477,11 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--redis-port", type=int, default=16379)
     up.add_argument("--store-port", type=int, default=7101,
                     help="the first store node's gRPC port; the next nodes take the ports after it")
-    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--store-nodes", "--nodes", dest="store_nodes", type=_count(1, 64), default=3, metavar="M",
+                    help="store node processes (1-64)")
+    up.add_argument("--standby-replicas", type=_count(0, MAX_STANDBY_REPLICAS),
+                    default=StackConfig.standby_replicas, metavar="N",
+                    help="standbys of each partition besides its active; needs at least N+1 store nodes")
     up.add_argument("--routers", type=int, default=StackConfig.routers, choices=range(1, 9), metavar="1-8",
                     help="router processes sharing the REST and gRPC ports")
     up.add_argument("--trigger-ms", type=_trigger_ms, default=StackConfig.trigger_ms,

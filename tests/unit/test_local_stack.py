@@ -146,3 +146,15 @@ def test_up_waits_for_the_pipeline_to_say_warm_and_reports_ready_anyway_after_it
     stack._wait_warm(since)
     timer.join()
     assert not any("not warm" in m for m in said), said
+
+
+def test_local_up_passes_the_standby_count_to_the_pipeline_and_starts_the_store_nodes_asked_for(tmp_path):
+    from freshroute.cli import build_parser
+    from freshroute.local.stack import config_from_args
+
+    args = build_parser().parse_args(["local", "up", "--home", str(tmp_path), "--store-nodes", "4",
+                                      "--standby-replicas", "2", "--store-port", "0"])
+    stack = Stack(config_from_args(args))
+    assert stack.store_node_names() == [f"store-node-{i}" for i in range(1, 5)]
+    command = stack.command_for("pipeline")[1]
+    assert command[command.index("--standby-replicas") + 1] == "2"

@@ -60,3 +60,27 @@ def test_local_up_refuses_a_trigger_outside_its_range_before_starting_anything(t
         main(["local", "up", "--trigger-ms", trigger_ms, "--home", "/nonexistent/never-created"])
     assert e.value.code == 2
     assert "--trigger-ms" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("standbys", ["-1", "17", "two"])
+def test_a_standby_count_outside_its_range_fails_naming_it(standbys):
+    with pytest.raises(ConfigError, match="standby_replicas"):
+        load(PipelineSettings, standby_replicas=standbys)
+    assert load(PipelineSettings).standby_replicas == 1
+    assert load(PipelineSettings, standby_replicas="0").standby_replicas == 0
+
+
+@pytest.mark.parametrize("flags, says", [(["--store-nodes", "0"], "--store-nodes"),
+                                         (["--standby-replicas", "-1"], "--standby-replicas"),
+                                         (["--standby-replicas", "3"], "needs at least 4 store nodes")])
+def test_local_up_refuses_standbys_it_cannot_place_before_starting_anything(flags, says, capsys, tmp_path):
+    from freshroute.cli import main
+
+    home = tmp_path / "never-created"
+    try:
+        code = main(["local", "up", *flags, "--home", str(home)])
+    except SystemExit as e:  # argparse's own refusal
+        code = e.code
+    assert code == 2
+    assert says in capsys.readouterr().err
+    assert not home.exists()

@@ -157,3 +157,33 @@ def test_table_output_needs_its_key_and_a_value_column():
     with pytest.raises(TablesFileError, match="no value column"):
         check_output_columns(t, ["sensor"])
     check_output_columns(t, ["sensor", "count"])
+
+
+def test_a_table_names_its_standby_count_in_either_form(tmp_path):
+    path = write(tmp_path, '''
+        from pipeline.tables import source, table, sql_table
+
+        source("s", schema="a STRING")
+
+        @table(name="two", key="a", source="s", standby_replicas=2)
+        def two(df):
+            return df.groupBy("a").count()
+
+        sql_table(name="none", key="a", source="s", sql="SELECT a, count(*) AS n FROM s GROUP BY a",
+                  standby_replicas=0)
+        sql_table(name="default", key="a", source="s", sql="SELECT a, count(*) AS n FROM s GROUP BY a")
+    ''')
+    d = load_tables(path)
+    assert {n: t.standby_replicas for n, t in d.tables.items()} == {"two": 2, "none": 0, "default": None}
+
+
+@pytest.mark.parametrize("value", ["-1", "17", "'2'", "1.5", "True"])
+def test_a_standby_count_outside_its_range_names_the_table_and_line(tmp_path, value):
+    path = write(tmp_path, f'''
+        from pipeline.tables import source, sql_table
+        source("s", schema="a STRING")
+        sql_table(name="t", key="a", source="s", sql="SELECT a, count(*) AS n FROM s GROUP BY a",
+                  standby_replicas={value})
+    ''')
+    with pytest.raises(TablesFileError, match=r"line 4: .*table 't': standby_replicas must be a whole number in 0\.\.16"):
+        load_tables(path)
