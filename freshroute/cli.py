@@ -45,6 +45,7 @@ def _run_component(command: str, args: argparse.Namespace) -> int:
     settings_cls = _resolve(settings_ref)
     values = {k: v for k, v in vars(args).items() if k in settings_cls.model_fields and v is not None}
     settings = load(settings_cls, **values)
+    settings.redis().check_master_known()
     _resolve(run_ref)(settings)
     return 0
 
@@ -120,6 +121,7 @@ def _lookup_direct(args: argparse.Namespace) -> int:
 
     try:
         with Client(redis_url=args.redis_url, router=args.router, namespace=args.namespace,
+                    redis_sentinels=args.redis_sentinels, redis_master_name=args.redis_master_name,
                     connect_timeout_s=3.0) as client:
             r = client.get(args.table, args.key, max_lag=args.max_lag, max_staleness_ms=args.max_staleness_ms,
                            min_position=args.min_position)
@@ -175,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="read the store nodes directly (freshroute.client), metadata from --redis-url; "
                              "the router is the fallback")
     lookup.add_argument("--redis-url", default=os.environ.get("FRESHROUTE_REDIS_URL", "redis://127.0.0.1:16379/0"))
+    lookup.add_argument("--redis-sentinels", default=os.environ.get("FRESHROUTE_REDIS_SENTINELS"), metavar="HOST:PORT,...",
+                        help="with --direct: find the metadata store through Redis Sentinel (with --redis-master-name)")
+    lookup.add_argument("--redis-master-name", default=os.environ.get("FRESHROUTE_REDIS_MASTER_NAME"))
     lookup.add_argument("--namespace", default=os.environ.get("FRESHROUTE_NAMESPACE", "freshroute"))
 
     # Its options are the benchmark's own (see main): this entry only documents the command.

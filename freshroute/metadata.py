@@ -36,9 +36,12 @@ import time
 from array import array
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
-from typing import Any, Container, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Container, Iterable, Sequence
 
 import orjson
+
+if TYPE_CHECKING:
+    from freshroute.redis_location import RedisLocation
 
 
 class Role(str, Enum):
@@ -449,9 +452,13 @@ class MetadataStore:
 
     @classmethod
     def from_url(cls, url: str, namespace: str = "freshroute", timeout_s: float = 1.0) -> "MetadataStore":
-        import redis
+        from freshroute.redis_location import RedisLocation
 
-        return cls(redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s), namespace)
+        return cls.at(RedisLocation(url), namespace, timeout_s)
+
+    @classmethod
+    def at(cls, location: "RedisLocation", namespace: str = "freshroute", timeout_s: float = 1.0) -> "MetadataStore":
+        return cls(location.client(timeout_s), namespace)
 
     # tables
     def register_tables(self, specs: Iterable[TableSpec]) -> None:

@@ -7,12 +7,15 @@ environment variables; a wrong value fails naming the key.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from freshroute.errors import ConfigError
+
+if TYPE_CHECKING:
+    from freshroute.redis_location import RedisLocation
 
 
 class CommonSettings(BaseSettings):
@@ -22,10 +25,36 @@ class CommonSettings(BaseSettings):
 
     bootstrap_servers: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding the metadata (soft state only)")
+    redis_sentinels: str = Field("", description="Redis Sentinel addresses HOST:PORT,... (with redis_master_name): "
+                                                 "the metadata store is the master they name, and failovers are "
+                                                 "followed; redis_url then gives only the database and password")
+    redis_master_name: str = Field("", description="the master's name in Redis Sentinel (with redis_sentinels)")
     namespace: str = Field("freshroute", description="prefix of every metadata key in Redis, one per deployment")
     kafka_config: dict[str, Any] = Field(
         default_factory=dict,
         description="extra librdkafka settings as a JSON object, e.g. SASL/TLS for a real cluster")
+
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _sentinels(cls, v: str) -> str:
+        from freshroute.redis_location import parse_sentinels
+
+        parse_sentinels(v)  # raises ValueError naming the bad address
+        return v
+
+    @model_validator(mode="after")
+    def _sentinel_pair(self) -> "CommonSettings":
+        if self.redis_sentinels.strip() and not self.redis_master_name:
+            raise ValueError("redis_master_name is required with redis_sentinels")
+        if self.redis_master_name and not self.redis_sentinels.strip():
+            raise ValueError("redis_sentinels is required with redis_master_name")
+        return self
+
+    def redis(self) -> "RedisLocation":
+        """Where the metadata store is (a URL, or a Sentinel master)."""
+        from freshroute.redis_location import RedisLocation
+
+        return RedisLocation.of(self)
 
     def kafka(self, **overrides: Any) -> dict[str, Any]:
         """A librdkafka config dict for this deployment."""

@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import orjson
 
@@ -257,9 +256,9 @@ class Pipeline:
             writer = ChangelogWriter(t.name, topic, spec.partitions, t.key, self.producer)
             self.runs[t.name] = TableRun(t, spec, writer)
             self._start_query(self.runs[t.name], df)
-        store = MetadataStore.from_url(self.settings.redis_url, self.settings.namespace)
+        store = MetadataStore.at(self.settings.redis(), self.settings.namespace)
         self._registrar = TableRegistrar(store, [r.spec for r in self.runs.values()], self._stop,
-                                         _redis_location(self.settings.redis_url), self.settings.namespace)
+                                         str(self.settings.redis()), self.settings.namespace)
         self._registrar.start()
 
     def _table_frame(self, t: Table) -> "DataFrame":
@@ -431,11 +430,6 @@ def _first_line(text: str) -> str:
         if line.strip():
             return line.strip()[:500]
     return text[:500]
-
-
-def _redis_location(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.hostname}:{parts.port or 6379}"  # never the password
 
 
 def configure_logging() -> None:

@@ -42,12 +42,10 @@ class RouterRuntime:
 
 
 def _redis(settings: RouterSettings) -> Any:
-    import redis.asyncio as aioredis
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
     timeout_s = settings.redis_timeout_ms / 1000
     # No client-side retries: a failed refresh is simply retried at the next tick, and
     # retries with backoff would only stretch one refresh across several.
-    return aioredis.Redis.from_url(settings.redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                   retry=Retry(NoBackoff(), 0))
+    return settings.redis().async_client(timeout_s, retry=Retry(NoBackoff(), 0))

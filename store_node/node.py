@@ -68,7 +68,7 @@ class StoreNode:
 
     def join(self, address: str, read_address: str | None = None) -> None:
         """Start heartbeating as ``address`` (gRPC) and ``read_address`` (read port), following the assignment."""
-        metadata = MetadataStore.from_url(self.settings.redis_url, self.settings.namespace)
+        metadata = MetadataStore.at(self.settings.redis(), self.settings.namespace)
         self.membership = Membership(self.settings, metadata, address, self.tailer.reports, self.tailer.set_desired,
                                      self._clock, read_address)
         self.membership.start()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator
 
-from freshroute.errors import ClientClosed, FreshrouteError, LookupTimeout, ReplicaUnavailable
+from freshroute.errors import ClientClosed, FreshrouteError, InvalidArgument, LookupTimeout, ReplicaUnavailable
 from freshroute.position import Position
+from freshroute.redis_location import RedisLocation, parse_sentinels
 from freshroute.routing.bound import Bound, parse_bound
 from freshroute.routing.core import RoutingCore, RoutingPolicy
 from freshroute.routing.results import KeyLocation, TableInfo
@@ -23,22 +24,32 @@ _FALL_BACK = (ReplicaUnavailable, LookupTimeout)
 class AsyncClient:
     """Reads a freshroute cluster's tables from its store nodes: one network hop, the freshest replica within the bound.
 
-    Bootstrapped from the metadata store (``redis_url``) or from a router (``router``); with
-    both, metadata comes from Redis and the router answers when no store node can.
+    Bootstrapped from the metadata store (``redis_url``, or ``redis_sentinels`` with
+    ``redis_master_name`` for Redis Sentinel) or from a router (``router``); with both, metadata
+    comes from Redis and the router answers when no store node can.
     Use as ``async with AsyncClient(...) as client`` (or call :meth:`start` and :meth:`close`).
     """
 
     def __init__(self, redis_url: str | None = None, *, router: str | None = None, namespace: str = "freshroute",
+                 redis_sentinels: str | None = None, redis_master_name: str | None = None,
                  policy: RoutingPolicy | None = None, refresh_ms: int = 150, connect_timeout_s: float = 5.0) -> None:
-        if not redis_url and not router:
-            raise ValueError("give redis_url (the metadata store) or router (a router's REST address), or both")
+        if not redis_url and not redis_sentinels and not router:
+            raise ValueError("give redis_url or redis_sentinels (the metadata store) or router (a router's REST "
+                             "address), or both")
+        self._redis: RedisLocation | None = None
+        if redis_url or redis_sentinels:
+            try:
+                self._redis = RedisLocation(redis_url or RedisLocation.url, parse_sentinels(redis_sentinels or ""),
+                                            redis_master_name or "")
+            except ValueError as e:
+                raise InvalidArgument(f"redis_sentinels: {e}", field="redis_sentinels") from None
         self.policy = policy if policy is not None else RoutingPolicy()
-        self._redis_url, self._router_url, self._namespace = redis_url, router, namespace
+        self._router_url, self._namespace = router, namespace
         self._refresh_ms = refresh_ms
         self._connect_timeout_s = connect_timeout_s
         self.router: RouterHttp | None = None
         self.core: RoutingCore | None = None
-        self._redis: Any = None
+        self._metadata_redis: Any = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -52,13 +63,9 @@ class AsyncClient:
         if self._router_url:
             self.router = RouterHttp(self._router_url, self.policy.request_timeout_ms / 1000 + 1)
         metadata: Any
-        if self._redis_url:
-            import redis.asyncio as aioredis
-
-            timeout_s = 0.5
-            self._redis = aioredis.Redis.from_url(self._redis_url, socket_timeout=timeout_s,
-                                                  socket_connect_timeout=timeout_s)
-            metadata = MetadataRefresher(self._redis, self._namespace, self._refresh_ms, self.policy.node_expiry_ms,
+        if self._redis is not None:
+            self._metadata_redis = self._redis.async_client(0.5)
+            metadata = MetadataRefresher(self._metadata_redis, self._namespace, self._refresh_ms, self.policy.node_expiry_ms,
                                          on_swap=self._on_swap)
         else:
             assert self.router is not None
@@ -90,8 +97,8 @@ class AsyncClient:
             await asyncio.gather(self._task, return_exceptions=True)
         if self.core is not None:
             await self.core.store.close()
-        if self._redis is not None:
-            await self._redis.aclose()
+        if self._metadata_redis is not None:
+            await self._metadata_redis.aclose()
         if self.router is not None:
             await self.router.aclose()
 

@@ -94,6 +94,33 @@ def redis_command(port: int, data_dir: Path, host: str = "127.0.0.1") -> list[st
             "--dir", str(data_dir), "--protected-mode", "yes"]
 
 
+SENTINEL_MASTER_NAME = "freshroute"
+
+
+def redis_replica_command(port: int, data_dir: Path, primary: str, host: str = "127.0.0.1") -> list[str]:
+    """A replica of ``primary`` (HOST:PORT), for Sentinel to promote when the primary dies."""
+    primary_host, primary_port = primary.rsplit(":", 1)
+    return [*redis_command(port, data_dir, host), "--replicaof", primary_host, primary_port]
+
+
+def redis_sentinel_command(port: int, data_dir: Path, primary: str, host: str = "127.0.0.1",
+                           quorum: int = 2, down_after_ms: int = 1000) -> list[str]:
+    """A sentinel watching ``primary`` as ``SENTINEL_MASTER_NAME``, from a config file of its own (it rewrites it)."""
+    primary_host, primary_port = primary.rsplit(":", 1)
+    conf = data_dir / f"sentinel-{port}.conf"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    # Loopback time scales: a dead primary is declared down after a second, and a failover that
+    # stalls is retried after five.
+    conf.write_text("\n".join([
+        f"bind {host}", f"port {port}", f"dir {data_dir}", "protected-mode no",
+        f"sentinel monitor {SENTINEL_MASTER_NAME} {primary_host} {primary_port} {quorum}",
+        f"sentinel down-after-milliseconds {SENTINEL_MASTER_NAME} {down_after_ms}",
+        f"sentinel failover-timeout {SENTINEL_MASTER_NAME} 5000",
+        f"sentinel parallel-syncs {SENTINEL_MASTER_NAME} 1", ""]))
+    sentinel = shutil.which("redis-sentinel")  # Debian's redis-sentinel package; the same server in sentinel mode
+    return [sentinel, str(conf)] if sentinel else [redis_server_binary(), str(conf), "--sentinel"]
+
+
 def start_redis(log_dir: Path, port: int | None = None, host: str = "127.0.0.1", timeout_s: float = 10.0) -> Service:
     """Start redis-server on loopback without persistence and wait until it answers PING."""
     import redis

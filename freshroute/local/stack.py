@@ -25,6 +25,7 @@ import orjson
 
 from freshroute.errors import ConfigError
 from freshroute.metadata import MAX_STANDBY_REPLICAS
+from freshroute.redis_location import RedisLocation, parse_sentinels
 from freshroute.local.services import free_port, wait_for_port
 from freshroute.proc import lower_priority
 
@@ -59,6 +60,11 @@ class StackConfig:
     # more than one.
     routers: int = 2
     standby_replicas: int = 1
+    # Redis Sentinel: a primary (redis_port), a replica and three sentinels, and every component
+    # finds the primary through them.
+    redis_sentinel: bool = False
+    redis_replica_port: int = 0
+    sentinel_ports: tuple[int, ...] = (0, 0, 0)
     demo_rate: float = 50.0
     demo_sensors: int = 100
     demo_duration_s: float = 3600.0
@@ -71,7 +77,8 @@ class StackConfig:
         """Replace 0 ports by free ones, so tests can run stacks side by side."""
         pick = lambda p: p or free_port(self.host)  # noqa: E731
         return replace(self, home=self.home.resolve(), broker_port=pick(self.broker_port),
-                       redis_port=pick(self.redis_port), rest_port=pick(self.rest_port),
+                       redis_port=pick(self.redis_port), redis_replica_port=pick(self.redis_replica_port),
+                       sentinel_ports=tuple(pick(p) for p in self.sentinel_ports), rest_port=pick(self.rest_port),
                        grpc_port=pick(self.grpc_port), store_ports=tuple(pick(p) for p in self.store_ports))
 
     @property
@@ -81,6 +88,18 @@ class StackConfig:
     @property
     def redis_url(self) -> str:
         return f"redis://{self.host}:{self.redis_port}/0"
+
+    @property
+    def redis_sentinels(self) -> str:
+        return ",".join(f"{self.host}:{p}" for p in self.sentinel_ports) if self.redis_sentinel else ""
+
+    def redis_location(self) -> RedisLocation:
+        """Where the stack's metadata store is: the primary, or whichever Redis the sentinels name now."""
+        from freshroute.local.services import SENTINEL_MASTER_NAME
+
+        if not self.redis_sentinel:
+            return RedisLocation(self.redis_url)
+        return RedisLocation(self.redis_url, parse_sentinels(self.redis_sentinels), SENTINEL_MASTER_NAME)
 
     @property
     def rest_url(self) -> str:
@@ -156,6 +175,7 @@ class Stack:
         cfg = doc["config"]
         cfg["home"] = Path(cfg["home"])
         cfg["store_ports"] = tuple(cfg["store_ports"])
+        cfg["sentinel_ports"] = tuple(cfg.get("sentinel_ports", ()))
         stack = cls(StackConfig(**cfg), progress)
         for c in doc["components"]:
             stack.components[c["name"]] = Component(**c)
@@ -171,6 +191,10 @@ class Stack:
                     "FRESHROUTE_REDIS_URL": self.config.redis_url,
                     "FRESHROUTE_NAMESPACE": self.config.namespace,
                     "PYSPARK_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"})
+        location = self.config.redis_location()
+        if location.by_sentinel:
+            env.update({"FRESHROUTE_REDIS_SENTINELS": self.config.redis_sentinels,
+                        "FRESHROUTE_REDIS_MASTER_NAME": location.master_name})
         return env
 
     def _spawn(self, name: str, role: str, command: list[str], addresses: dict[str, str]) -> Component:
@@ -209,6 +233,19 @@ class Stack:
             data = c.home / "redis"
             data.mkdir(parents=True, exist_ok=True)
             return "redis", redis_command(c.redis_port, data, c.host), {"url": c.redis_url}
+        if name == "redis-replica":
+            from freshroute.local.services import redis_replica_command
+
+            data = c.home / "redis-replica"
+            data.mkdir(parents=True, exist_ok=True)
+            return "redis-replica", redis_replica_command(c.redis_replica_port, data, f"{c.host}:{c.redis_port}",
+                                                          c.host), {"address": f"{c.host}:{c.redis_replica_port}"}
+        if name.startswith("redis-sentinel-"):
+            from freshroute.local.services import redis_sentinel_command
+
+            port = c.sentinel_ports[int(name.rsplit("-", 1)[1]) - 1]
+            return "redis-sentinel", redis_sentinel_command(port, c.home / "sentinel", f"{c.host}:{c.redis_port}",
+                                                            c.host), {"address": f"{c.host}:{port}"}
         if name == "pipeline":
             return "pipeline", self._freshroute(
                 "pipeline", "--checkpoint-dir", str(c.home / "pipeline" / "checkpoints"),
@@ -239,12 +276,17 @@ class Stack:
 
     def ports(self) -> dict[str, int]:
         c = self.config
-        return {"broker": c.broker_port, "redis": c.redis_port, "router REST": c.rest_port,
+        sentinel = {"redis-replica": c.redis_replica_port,
+                    **{n: p for n, p in zip(self.sentinel_names(), c.sentinel_ports)}} if c.redis_sentinel else {}
+        return {"broker": c.broker_port, "redis": c.redis_port, **sentinel, "router REST": c.rest_port,
                 "router gRPC": c.grpc_port, **{n: p for n, p in zip(self.store_node_names(), c.store_ports)}}
 
     def router_names(self) -> list[str]:
         """``router``, then ``router-2`` … : processes sharing the router's ports."""
         return ["router", *(f"router-{i}" for i in range(2, self.config.routers + 1))]
+
+    def sentinel_names(self) -> list[str]:
+        return [f"redis-sentinel-{i}" for i in range(1, len(self.config.sentinel_ports) + 1)]
 
     def store_node_names(self) -> list[str]:
         return [f"store-node-{i}" for i in range(1, len(self.config.store_ports) + 1)]
@@ -294,6 +336,8 @@ class Stack:
         comp = self.start("redis")
         wait(c.host, c.redis_port, 15, None)
         self._say(f"redis on {c.redis_url}  pid {comp.pid}")
+        if c.redis_sentinel:
+            self._start_sentinels()
         ensure_topic(c.bootstrap, f"{c.topic_prefix}readings")
         if c.demo:
             comp = self.start("demo-producer")
@@ -326,6 +370,38 @@ class Stack:
             self._wait_warm(pipeline_since)
             self._say("demo data is served: lookups are ready")
         return self
+
+    def _start_sentinels(self) -> None:
+        """A replica of the primary and three sentinels; ready once they could fail over."""
+        import redis
+
+        c = self.config
+        comp = self.start("redis-replica")
+        self._wait_alive(comp, lambda: _port_open(c.host, c.redis_replica_port), 15)
+        for name in self.sentinel_names():
+            self.start(name)
+        for name in self.sentinel_names():
+            comp = self.components[name]
+            self._wait_alive(comp, lambda: _port_open(c.host, int(comp.addresses["address"].rsplit(":", 1)[1])), 15)
+        primary = redis.Redis(host=c.host, port=c.redis_port, socket_timeout=1)
+        location = c.redis_location()
+
+        def can_fail_over() -> bool:
+            # The replica is in sync and every sentinel knows the replica and the other sentinels.
+            try:
+                if primary.info("replication").get("connected_slaves", 0) < 1:
+                    return False
+                for host, port in location.sentinels:
+                    master = redis.Redis(host=host, port=port, socket_timeout=1).sentinel_master(location.master_name)
+                    if int(master.get("num-slaves", 0)) < 1 or int(master.get("num-other-sentinels", 0)) < 2:
+                        return False
+                return True
+            except redis.RedisError:
+                return False
+
+        self._wait_alive(self.components["redis"], can_fail_over, 30)
+        self._say(f"redis replica on {c.host}:{c.redis_replica_port}, sentinels on {c.redis_sentinels} "
+                  f"(master {location.master_name!r})")
 
     def _wait_warm(self, since: int) -> None:
         """Until the pipeline's batches take their steady time: freshness right after `up` is then the usual."""
@@ -387,7 +463,9 @@ class Stack:
         return {
             "home": str(c.home),
             "broker": {"bootstrap": c.bootstrap},
-            "redis": {"url": c.redis_url},
+            "redis": {"url": c.redis_url, **({"sentinels": c.redis_sentinels,
+                                              "master_name": c.redis_location().master_name}
+                                             if c.redis_sentinel else {})},
             "router": {"rest": c.rest_url, "grpc": c.grpc_address},
             "components": [{"name": x.name, "role": x.role, "pid": x.pid, "alive": x.alive(), "log": x.log,
                             **x.addresses} for x in self.components.values()],
@@ -438,7 +516,7 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
     return StackConfig(home=Path(args.home), rest_port=args.rest_port, grpc_port=args.grpc_port,
                        broker_port=args.broker_port, redis_port=args.redis_port, store_ports=store_ports,
                        trigger_ms=args.trigger_ms, pipeline_nice=args.pipeline_nice, routers=args.routers,
-                       standby_replicas=args.standby_replicas,
+                       standby_replicas=args.standby_replicas, redis_sentinel=args.redis_sentinel,
                        demo_rate=args.demo_rate, demo=not args.no_demo).resolved()
 
 
@@ -488,6 +566,8 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
                     help="the pipeline's micro-batch interval: lower is fresher and costs more CPU")
     up.add_argument("--pipeline-nice", type=int, default=StackConfig.pipeline_nice, choices=range(0, 20),
                     metavar="0-19", help="the pipeline's CPU priority: it yields to lookups (0: the same priority)")
+    up.add_argument("--redis-sentinel", action="store_true",
+                    help="run Redis as a primary, a replica and three sentinels; components follow failovers")
     up.add_argument("--demo-rate", type=float, default=50.0)
     up.add_argument("--no-demo", action="store_true")
     up.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops the stack")

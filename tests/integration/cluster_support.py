@@ -25,7 +25,7 @@ TABLE = "sensor_stats"
 
 
 def metadata(stack: Stack) -> MetadataStore:
-    return MetadataStore.from_url(stack.config.redis_url, stack.config.namespace)
+    return MetadataStore.at(stack.config.redis_location(), stack.config.namespace)
 
 
 def node_id(name: str) -> str:

@@ -158,3 +158,21 @@ def test_local_up_passes_the_standby_count_to_the_pipeline_and_starts_the_store_
     assert stack.store_node_names() == [f"store-node-{i}" for i in range(1, 5)]
     command = stack.command_for("pipeline")[1]
     assert command[command.index("--standby-replicas") + 1] == "2"
+
+
+def test_a_sentinel_stack_runs_a_replica_and_three_sentinels_and_points_every_component_at_them(tmp_path):
+    config = StackConfig(home=tmp_path, redis_port=16379, redis_replica_port=16380,
+                         sentinel_ports=(26381, 26382, 26383), redis_sentinel=True)
+    stack = Stack(config)
+    assert stack.sentinel_names() == ["redis-sentinel-1", "redis-sentinel-2", "redis-sentinel-3"]
+    role, command, addresses = stack.command_for("redis-replica")
+    assert role == "redis-replica" and command[-3:] == ["--replicaof", "127.0.0.1", "16379"]
+    role, command, addresses = stack.command_for("redis-sentinel-2")
+    assert role == "redis-sentinel" and addresses == {"address": "127.0.0.1:26382"}
+    conf = (tmp_path / "sentinel" / "sentinel-26382.conf").read_text()
+    assert "port 26382" in conf and "sentinel monitor freshroute 127.0.0.1 16379 2" in conf
+    env = stack._env()
+    assert env["FRESHROUTE_REDIS_SENTINELS"] == "127.0.0.1:26381,127.0.0.1:26382,127.0.0.1:26383"
+    assert env["FRESHROUTE_REDIS_MASTER_NAME"] == "freshroute"
+    assert stack.status()["redis"]["sentinels"] == env["FRESHROUTE_REDIS_SENTINELS"]
+    assert "FRESHROUTE_REDIS_SENTINELS" not in Stack(StackConfig(home=tmp_path))._env()

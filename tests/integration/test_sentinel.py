@@ -1,0 +1,149 @@
+"""Redis Sentinel: kill -9 of the Redis primary under lookup load, then of a store node.
+
+The stack runs ``--redis-sentinel``: a Redis primary, a replica and three sentinels, and every
+component (store nodes, routers, pipeline) finds the primary through the sentinels. Checked:
+the sentinels promote the replica and no lookup of the load fails meanwhile; the cluster's
+membership and assignment live on in the new primary (every partition an active and a
+standby, each serving); the assignment stays fenced (its generation never goes back); and a
+store node killed after the failover is handled as ever: its actives are promoted and the
+replication factor restored.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import httpx
+import orjson
+import pytest
+import redis
+
+from loadtest.scenario import LoadConfig, run
+from tests.integration.cluster_support import (TABLE, Readings, StrictProbe, Watch, fully_replicated, keys_by_partition,
+                                               lease_holder, metadata, node_id)
+from tests.integration.stack_fixture import start_stack, wait_until
+
+pytestmark = pytest.mark.integration
+
+SENSORS = 40
+NODES = {"node-1", "node-2", "node-3"}
+STRICT_WITHIN_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = start_stack(tmp_path_factory.mktemp("sentinel"), nodes=3, redis_sentinel=True)
+    yield s
+    s.down()
+
+
+def master_address(stack) -> tuple[str, int] | None:
+    location = stack.config.redis_location()
+    for host, port in location.sentinels:
+        try:
+            found = redis.Redis(host=host, port=port, socket_timeout=1).sentinel_get_master_addr_by_name(
+                location.master_name)
+        except redis.RedisError:
+            continue
+        if found:
+            return found[0].decode() if isinstance(found[0], bytes) else found[0], int(found[1])
+    return None
+
+
+def settled(check) -> bool:
+    """``check()``, or False while the sentinels still call the new primary's state in flux."""
+    try:
+        return check()
+    except redis.RedisError:
+        return False
+
+
+def test_components_follow_a_sentinel_failover_and_a_node_killed_afterwards_is_still_handled(stack, tmp_path):
+    c = stack.config
+    status = stack.status()
+    roles = sorted(x["role"] for x in status["components"] if x["role"].startswith("redis"))
+    assert roles == ["redis", "redis-replica", "redis-sentinel", "redis-sentinel", "redis-sentinel"], roles
+    assert status["redis"]["sentinels"] == c.redis_sentinels and status["redis"]["master_name"]
+
+    readings = Readings(stack, SENSORS, rate=20.0).start()
+    md = metadata(stack)
+    try:
+        with httpx.Client(base_url=c.rest_url, timeout=10) as client:
+            wait_until(lambda: all(client.get(f"/v1/tables/{TABLE}/keys/sensor-{i}").status_code == 200
+                                   for i in range(SENSORS)), 120, "every sensor to be served")
+        wait_until(lambda: fully_replicated(md, NODES), 120, "an active and a standby of every partition")
+        assert master_address(stack) == (c.host, c.redis_port)
+        keys = keys_by_partition(SENSORS, md.tables()[TABLE].partitions)
+        probe = StrictProbe(c.rest_url, keys, period_s=0.005)
+        watch = Watch(md).start()
+        summary: dict = {}
+        load = LoadConfig(keys=SENSORS, protocol="both", concurrency=8, rate=60.0, duration_s=40.0, timeout_s=5.0,
+                          bound_mix="none:2,max_lag=100000:1,max_staleness_ms=120000:1,session:2", seed=13)
+        loader = threading.Thread(target=lambda: summary.update(
+            run(stack, load, [], tmp_path / "report", check=True, plots=False, title="sentinel failover")))
+        loader.start()
+        try:
+            time.sleep(5)
+            before = md.assignment()
+            redis_killed = time.monotonic()
+            stack.signal("redis", signal.SIGKILL)
+            wait_until(lambda: master_address(stack) == (c.host, c.redis_replica_port), 30,
+                       "the sentinels to promote the replica", interval_s=0.05)
+            failover_s = time.monotonic() - redis_killed
+            # Membership and assignment live on in the new primary: the same placement, every replica serving.
+            wait_until(lambda: settled(lambda: fully_replicated(md, NODES)), 30,
+                       "every replica reported serving to the new primary")
+            after = md.assignment()
+            assert after.replicas == before.replicas and after.generation >= before.generation
+            assert lease_holder(md) is not None
+
+            victim = "store-node-2"
+            vid = node_id(victim)
+            led = sorted(p for (t, p), ns in md.assignment().replicas.items() if t == TABLE and ns[0] == vid)
+            probe.start()
+            time.sleep(1)
+            node_killed = time.monotonic()
+            stack.signal(victim, signal.SIGKILL)
+            watch.forget_gaps(vid)
+            wait_until(lambda: fully_replicated(md, NODES - {vid}), 60, "the replication factor restored on the survivors",
+                       interval_s=0.05)
+            time.sleep(STRICT_WITHIN_S)
+            probe.stop()
+        finally:
+            probe.stop()
+            loader.join(120)
+            watch.stop()
+    finally:
+        readings.stop()
+
+    promoted = md.assignment()
+    assert all(promoted.replicas[(TABLE, p)][0] != vid for p in led), (led, promoted.replicas)
+    strict = probe.first_ok_after(node_killed, not_node=vid)
+    generations = [a.generation for _, a in watch.changes]
+    print("SENTINEL", orjson.dumps({"failover_s": round(failover_s, 3), "strict_first_ok_s": strict,
+                                    "generations": generations, "lookups": summary.get("requests"),
+                                    "failed": summary.get("failed")}, option=orjson.OPT_NON_STR_KEYS).decode())
+    assert all(s is not None and s <= STRICT_WITHIN_S for s in strict.values()), strict
+    assert generations == sorted(generations), generations
+    assert summary["requests"] >= 1500, summary
+    assert summary["failed"] == 0, (summary["errors_by_code"], summary["first_failures"])
+    consistency = summary["consistency"]
+    assert consistency["ok"], orjson.dumps(consistency, option=orjson.OPT_INDENT_2).decode()
+    assert consistency["values_checked"] == summary["requests"]
+
+
+@pytest.mark.parametrize("role", ["store-node", "router", "pipeline"])
+def test_a_master_name_no_sentinel_knows_stops_a_component_at_start_naming_the_setting(stack, role, tmp_path):
+    import subprocess
+    import sys
+
+    c = stack.config
+    own = ["--node-id", "node-x"] if role == "store-node" else []
+    proc = subprocess.run([sys.executable, "-m", "freshroute.cli", role, *own, "--redis-sentinels", c.redis_sentinels,
+                           "--redis-master-name", "no-such-master", "--namespace", "never-used"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "CONFIG_ERROR" in proc.stderr and "redis_master_name" in proc.stderr and "'no-such-master'" in proc.stderr
+    assert "Traceback" not in proc.stderr
