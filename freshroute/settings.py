@@ -7,10 +7,14 @@ environment variables; a wrong value fails naming the key.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import json
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from freshroute.errors import ConfigError
 
@@ -30,9 +34,25 @@ class CommonSettings(BaseSettings):
                                                  "followed; redis_url then gives only the database and password")
     redis_master_name: str = Field("", description="the master's name in Redis Sentinel (with redis_sentinels)")
     namespace: str = Field("freshroute", description="prefix of every metadata key in Redis, one per deployment")
-    kafka_config: dict[str, Any] = Field(
+    # NoDecode: the environment's value is a file's path as often as JSON; the validator tells them apart.
+    kafka_config: Annotated[dict[str, Any], NoDecode] = Field(
         default_factory=dict,
-        description="extra librdkafka settings as a JSON object, e.g. SASL/TLS for a real cluster")
+        description="librdkafka settings for every Kafka client of the process (SASL, TLS, timeouts): a "
+                    "properties file (one name=value per line, # comments), or a JSON object inline")
+
+    @field_validator("kafka_config", mode="before")
+    @classmethod
+    def _kafka_config(cls, v: Any) -> Any:
+        if isinstance(v, Path) or (isinstance(v, str) and not v.lstrip().startswith("{")):
+            v = read_kafka_properties(Path(v))
+        elif isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except ValueError as e:
+                raise ValueError(f"not a JSON object: {e}") from None
+        if isinstance(v, dict) and "bootstrap.servers" in v:
+            raise ValueError("bootstrap.servers belongs in bootstrap_servers (--bootstrap-servers), not here")
+        return v
 
     @field_validator("redis_sentinels")
     @classmethod
@@ -59,6 +79,38 @@ class CommonSettings(BaseSettings):
     def kafka(self, **overrides: Any) -> dict[str, Any]:
         """A librdkafka config dict for this deployment."""
         return {"bootstrap.servers": self.bootstrap_servers, **self.kafka_config, **overrides}
+
+
+_PROPERTY = re.compile(r"^([A-Za-z0-9._-]+)\s*[=:]\s*(.*)$")
+
+
+def read_kafka_properties(path: Path) -> dict[str, str]:
+    """A librdkafka properties file (``name=value`` per line, ``#`` or ``!`` comments) → config; errors name file and line."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read {path}: {e.strerror if isinstance(e, OSError) else e}") from None
+    out: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line[0] in "#!":
+            continue
+        m = _PROPERTY.match(line)
+        if m is None:
+            raise ValueError(f"{path}, line {number}: expected name=value, got {line[:60]!r}")
+        out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+def kafka_client_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
+    """A librdkafka config for tools outside the components' settings (demo producer, benchmarks, tests):
+    ``bootstrap`` plus ``FRESHROUTE_KAFKA_CONFIG``, the same file or JSON the components read."""
+    raw = os.environ.get("FRESHROUTE_KAFKA_CONFIG", "")
+    try:
+        extra = CommonSettings._kafka_config(raw) if raw.strip() else {}
+    except ValueError as e:
+        raise ConfigError(f"FRESHROUTE_KAFKA_CONFIG: {e}", setting="kafka_config") from None
+    return {"bootstrap.servers": bootstrap, **extra, **overrides}
 
 
 def load(cls: type[BaseSettings], **values: Any) -> Any:

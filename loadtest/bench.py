@@ -789,6 +789,9 @@ def main(argv: list[str] | None = None) -> int:
     except NoLocalStack as e:
         print(e.message, file=sys.stderr)
         return 2
+    if stack.config.kafka_config:
+        # The bench's own Kafka clients (probes, load, restore) speak to the broker as the stack does.
+        os.environ["FRESHROUTE_KAFKA_CONFIG"] = stack.config.kafka_config
     # The restore needs only the stack's broker and Redis; every other figure goes through the router.
     needed = ("broker", "redis") if a.restore_only else ("broker", "redis", "router")
     for name in needed:

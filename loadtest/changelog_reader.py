@@ -23,12 +23,15 @@ def consume_to_end(bootstrap: str, topic: str, on_message: Callable[[Any], None]
     """
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"freshroute-read-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "earliest",
-                         "fetch.queue.backoff.ms": 0, "max.partition.fetch.bytes": 1 << 20,
-                         # The broker may hold an empty fetch this long; the end of a partition is
-                         # only known after one, so a long wait would be counted as reading time.
-                         "fetch.wait.max.ms": 10, **(kafka_config or {})})
+    from freshroute.settings import kafka_client_config
+
+    consumer = Consumer(kafka_client_config(
+        bootstrap, **{"group.id": f"freshroute-read-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
+                      "enable.partition.eof": True, "auto.offset.reset": "earliest", "fetch.queue.backoff.ms": 0,
+                      "max.partition.fetch.bytes": 1 << 20,
+                      # The broker may hold an empty fetch this long; the end of a partition is
+                      # only known after one, so a long wait would be counted as reading time.
+                      "fetch.wait.max.ms": 10, **(kafka_config or {})}))
     try:
         meta = consumer.list_topics(topic, timeout=10)
         tmeta = meta.topics.get(topic)

@@ -29,6 +29,7 @@ from typing import Callable
 import httpx
 import orjson
 
+from freshroute.settings import kafka_client_config
 from pipeline.offsets import InputDataLost, SourceOffset
 
 
@@ -60,7 +61,7 @@ async def measure(bootstrap: str, rest_url: str, topic: str = "readings", table:
     """Run ``probes`` probes, ``spacing_s`` apart, concurrently; return latency percentiles in ms."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 0})
+    producer = Producer(kafka_client_config(bootstrap, **{"enable.idempotence": True, "linger.ms": 0}))
     run = uuid.uuid4().hex[:6]
     async with httpx.AsyncClient(base_url=rest_url, timeout=5) as client:
         tasks = []
@@ -97,8 +98,8 @@ class InputLag:
 
         self.topic = topic
         self.checkpoint = checkpoint
-        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "freshroute-bench-lag",
-                                   "enable.auto.commit": False})
+        self._consumer = Consumer(kafka_client_config(bootstrap, **{"group.id": "freshroute-bench-lag",
+                                                                    "enable.auto.commit": False}))
 
     def sample(self) -> int | None:
         from confluent_kafka import TopicPartition

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from freshroute.proc import cpu_seconds, stat_fields
+from freshroute.settings import kafka_client_config
 from loadtest.loadclients import stop_process
 
 REPO = Path(__file__).resolve().parent.parent
@@ -71,8 +72,8 @@ def produce_changelog(bootstrap: str, topic: str, records: int, keys: int, parti
 
     from freshroute.keys import partition_for
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
-                         "queue.buffering.max.messages": 2_000_000})
+    producer = Producer(kafka_client_config(bootstrap, **{"linger.ms": 20, "batch.size": 1_000_000,
+                                                          "queue.buffering.max.messages": 2_000_000}))
     start = time.monotonic()
     for i in range(records):
         key, value = changelog_record(i, keys)
@@ -216,7 +217,7 @@ class ScratchChangelog:
 
         from freshroute.metadata import MetadataStore
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin = AdminClient(kafka_client_config(self.bootstrap))
         admin.create_topics([NewTopic(self.spec.topic, self.spec.partitions, 1)])[self.spec.topic].result(30)
         self._topic_created = True
         took = produce_changelog(self.bootstrap, self.spec.topic, records, keys, self.spec.partitions, progress)
@@ -272,7 +273,7 @@ class ScratchChangelog:
             try:
                 from confluent_kafka.admin import AdminClient
 
-                admin = AdminClient({"bootstrap.servers": self.bootstrap})  # held: the future needs it alive
+                admin = AdminClient(kafka_client_config(self.bootstrap))  # held: the future needs it alive
                 admin.delete_topics([self.spec.topic])[self.spec.topic].result(30)
                 self._topic_created = False
             except Exception as e:  # noqa: BLE001 - still remove the namespace

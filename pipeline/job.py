@@ -230,9 +230,10 @@ class Pipeline:
 
     # start
     def start(self) -> None:
-        from pipeline.topics import admin_client, describe_topic, ensure_topic
+        from pipeline.topics import admin_client, check_replication, describe_topic, ensure_topic
 
         admin = admin_client(self.settings.kafka())
+        check_replication(admin, self.settings.changelog_replication_factor)
         # Before Spark starts: a lost changelog is known in milliseconds, not after the JVM's warm-up.
         for t in self.definition.tables.values():
             topic = self.settings.changelog_topic(t.name)
@@ -245,7 +246,12 @@ class Pipeline:
         for t in self.definition.tables.values():
             df = self._table_frame(t)
             topic = self.settings.changelog_topic(t.name)
-            info = ensure_topic(admin, topic, self.settings.changelog_partitions, {"cleanup.policy": "compact"})
+            info = ensure_topic(admin, topic, self.settings.changelog_partitions, self.settings.changelog_config(),
+                                replication_factor=self.settings.changelog_replication_factor)
+            if info.replication_factor != self.settings.changelog_replication_factor:
+                log.warning("changelog %s has replication factor %d (setting says %d); Kafka's partition "
+                            "reassignment changes it", topic, info.replication_factor,
+                            self.settings.changelog_replication_factor)
             if len(info.partitions) != self.settings.changelog_partitions:
                 # Existing records are partitioned by the existing count: keep it.
                 log.warning("changelog %s has %d partitions (setting says %d); keeping %d", topic,

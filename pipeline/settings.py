@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from freshroute.metadata import MAX_STANDBY_REPLICAS
 from freshroute.settings import CommonSettings
@@ -27,6 +27,13 @@ class PipelineSettings(CommonSettings):
     standby_replicas: int = Field(1, ge=0, le=MAX_STANDBY_REPLICAS,
                                   description="standbys of each partition besides its active, for tables whose "
                                               "definition names none (each replica on a distinct store node)")
+    changelog_replication_factor: int = Field(
+        1, ge=1, le=16, description="copies of each changelog partition on the brokers, for changelogs the pipeline "
+                                    "creates (1 for the embedded broker; 3 on a real cluster), checked at start "
+                                    "against the broker count")
+    changelog_min_insync_replicas: int = Field(
+        1, ge=1, le=16, description="min.insync.replicas of the changelogs the pipeline creates: with acks=all, a "
+                                    "change is acknowledged once this many copies hold it (2 with a factor of 3)")
     changelog_partitions: int = Field(8, ge=1, description="partitions of a changelog topic the pipeline creates")
     # Frozen into each table's checkpoint on its first run: changing it later has no effect on that table.
     # Every state store partition costs each micro-batch a task, a RocksDB commit and a changelog
@@ -42,6 +49,21 @@ class PipelineSettings(CommonSettings):
                                         "Spark's Python data source API) or kafka (Spark's own connector, where "
                                         "spark-sql-kafka-0-10 is installed)")
     spark_driver_memory: str = Field("1g", description="Spark driver JVM heap")
+
+    @model_validator(mode="after")
+    def _insync_within_factor(self) -> "PipelineSettings":
+        if self.changelog_min_insync_replicas > self.changelog_replication_factor:
+            raise ValueError(f"changelog_min_insync_replicas {self.changelog_min_insync_replicas} is above "
+                             f"changelog_replication_factor {self.changelog_replication_factor}: no write could "
+                             f"ever be acknowledged")
+        return self
+
+    def changelog_config(self) -> dict[str, str]:
+        """Topic config of a changelog the pipeline creates."""
+        config = {"cleanup.policy": "compact"}
+        if self.changelog_replication_factor > 1:
+            config["min.insync.replicas"] = str(self.changelog_min_insync_replicas)
+        return config
 
     def input_topic(self, source_topic: str) -> str:
         return f"{self.topic_prefix}{source_topic}"

@@ -9,6 +9,8 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from freshroute.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -17,6 +19,7 @@ class TopicInfo:
     name: str
     topic_id: str  # "" when the broker does not report topic ids
     partitions: tuple[int, ...]
+    replication_factor: int = 1
 
 
 def describe_topic(admin: AdminClient, topic: str, timeout_s: float = 10.0) -> TopicInfo | None:
@@ -33,7 +36,8 @@ def describe_topic(admin: AdminClient, topic: str, timeout_s: float = 10.0) -> T
             return _describe_from_metadata(admin, topic, timeout_s)
         raise
     return TopicInfo(topic, str(desc.topic_id) if desc.topic_id is not None else "",
-                     tuple(sorted(p.id for p in desc.partitions)))
+                     tuple(sorted(p.id for p in desc.partitions)),
+                     max((len(p.replicas) for p in desc.partitions), default=1) or 1)
 
 
 def _describe_from_metadata(admin: AdminClient, topic: str, timeout_s: float) -> TopicInfo | None:
@@ -41,19 +45,20 @@ def _describe_from_metadata(admin: AdminClient, topic: str, timeout_s: float) ->
     md = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
     if md is None or md.error is not None:
         return None
-    return TopicInfo(topic, "", tuple(sorted(md.partitions)))
+    return TopicInfo(topic, "", tuple(sorted(md.partitions)),
+                     max((len(p.replicas) for p in md.partitions.values()), default=1) or 1)
 
 
 def ensure_topic(admin: AdminClient, topic: str, partitions: int, config: dict[str, str] | None = None,
-                 timeout_s: float = 10.0) -> TopicInfo:
+                 timeout_s: float = 10.0, replication_factor: int = 1) -> TopicInfo:
     """Create ``topic`` if it is missing (racing creators are fine) and describe it."""
     info = describe_topic(admin, topic, timeout_s)
     if info is not None:
         return info
     try:
-        admin.create_topics([NewTopic(topic, partitions, 1, config=config or {})],
+        admin.create_topics([NewTopic(topic, partitions, replication_factor, config=config or {})],
                             request_timeout=timeout_s)[topic].result(timeout_s)
-        log.info("created topic %s (%d partitions%s)", topic, partitions,
+        log.info("created topic %s (%d partitions, replication factor %d%s)", topic, partitions, replication_factor,
                  ", " + ", ".join(f"{k}={v}" for k, v in (config or {}).items()) if config else "")
     except KafkaException as e:
         err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
@@ -63,6 +68,16 @@ def ensure_topic(admin: AdminClient, topic: str, partitions: int, config: dict[s
     if info is None:
         raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"topic {topic} missing right after creation"))
     return info
+
+
+def check_replication(admin: AdminClient, replication_factor: int, timeout_s: float = 10.0) -> int:
+    """The cluster's broker count, if it can hold ``replication_factor`` copies; else a ConfigError naming the setting."""
+    brokers = len(admin.list_topics(timeout=timeout_s).brokers)
+    if replication_factor > brokers:
+        raise ConfigError(f"changelog_replication_factor {replication_factor} is above the cluster's {brokers} "
+                          f"broker(s): a topic needs a broker per copy", setting="changelog_replication_factor",
+                          brokers=brokers)
+    return brokers
 
 
 def admin_client(kafka: dict[str, Any]) -> AdminClient:

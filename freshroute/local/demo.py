@@ -7,12 +7,15 @@ itself after ``duration_s`` (and after ``max_events``, when set).
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import signal
 import sys
 import time
 
 import orjson
+
+from freshroute.settings import kafka_client_config
 
 AREAS = ("wheel", "engine", "cabin", "brake")
 
@@ -26,7 +29,7 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int = 4) -> None:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(kafka_client_config(bootstrap))
     if topic in admin.list_topics(timeout=10).topics:
         return
     try:
@@ -46,7 +49,7 @@ def run(bootstrap: str, topic: str, rate: float, sensors: int, duration_s: float
     ensure_topic(bootstrap, topic)
     # Records a few at a time, like a sensor gateway: the embedded broker's fetches slow down
     # with every record batch a partition holds, and at 5 ms each record was a batch of its own.
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 100})
+    producer = Producer(kafka_client_config(bootstrap, **{"enable.idempotence": True, "linger.ms": 100}))
     rng = random.Random(seed)
     stopping = False
 
@@ -84,7 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration-s", type=float, default=3600.0)
     p.add_argument("--max-events", type=int, default=None)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--kafka-config", metavar="FILE",
+                   help="librdkafka properties file (name=value lines), as the components' --kafka-config")
     a = p.parse_args(argv)
+    if a.kafka_config:
+        os.environ["FRESHROUTE_KAFKA_CONFIG"] = a.kafka_config  # read, and checked, where the producer is made
     return run(a.bootstrap, a.topic, a.rate, a.sensors, a.duration_s, a.max_events, a.seed)
 
 

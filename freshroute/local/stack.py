@@ -62,6 +62,8 @@ class StackConfig:
     standby_replicas: int = 1
     # Redis Sentinel: a primary (redis_port), a replica and three sentinels, and every component
     # finds the primary through them.
+    # A librdkafka properties file every Kafka client of the stack reads ("": none).
+    kafka_config: str = ""
     redis_sentinel: bool = False
     redis_replica_port: int = 0
     sentinel_ports: tuple[int, ...] = (0, 0, 0)
@@ -191,6 +193,8 @@ class Stack:
                     "FRESHROUTE_REDIS_URL": self.config.redis_url,
                     "FRESHROUTE_NAMESPACE": self.config.namespace,
                     "PYSPARK_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"})
+        if self.config.kafka_config:
+            env["FRESHROUTE_KAFKA_CONFIG"] = self.config.kafka_config
         location = self.config.redis_location()
         if location.by_sentinel:
             env.update({"FRESHROUTE_REDIS_SENTINELS": self.config.redis_sentinels,
@@ -517,6 +521,7 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
                        broker_port=args.broker_port, redis_port=args.redis_port, store_ports=store_ports,
                        trigger_ms=args.trigger_ms, pipeline_nice=args.pipeline_nice, routers=args.routers,
                        standby_replicas=args.standby_replicas, redis_sentinel=args.redis_sentinel,
+                       kafka_config=str(Path(args.kafka_config).resolve()) if args.kafka_config else "",
                        demo_rate=args.demo_rate, demo=not args.no_demo).resolved()
 
 
@@ -531,6 +536,17 @@ def _count(lo: int, hi: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{n} is outside {lo}..{hi}")
         return n
     return parse
+
+
+def _kafka_config(text: str) -> str:
+    """``--kafka-config``: read and checked before anything starts."""
+    from freshroute.settings import read_kafka_properties
+
+    try:
+        read_kafka_properties(Path(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def _trigger_ms(text: str) -> int:
@@ -566,6 +582,8 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
                     help="the pipeline's micro-batch interval: lower is fresher and costs more CPU")
     up.add_argument("--pipeline-nice", type=int, default=StackConfig.pipeline_nice, choices=range(0, 20),
                     metavar="0-19", help="the pipeline's CPU priority: it yields to lookups (0: the same priority)")
+    up.add_argument("--kafka-config", type=_kafka_config, metavar="FILE",
+                    help="librdkafka properties file (name=value lines) for every Kafka client of the stack")
     up.add_argument("--redis-sentinel", action="store_true",
                     help="run Redis as a primary, a replica and three sentinels; components follow failovers")
     up.add_argument("--demo-rate", type=float, default=50.0)
@@ -592,6 +610,8 @@ def dispatch(args: argparse.Namespace) -> int:
             print(f"a local stack is already running from {home}; `freshroute local down` first", file=sys.stderr)
             return 1
         config = config_from_args(args)
+        if config.kafka_config:
+            os.environ["FRESHROUTE_KAFKA_CONFIG"] = config.kafka_config  # for up's own clients (topic creation)
         stack = Stack(config, say)
         try:
             stack.up()

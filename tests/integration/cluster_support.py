@@ -19,6 +19,7 @@ import orjson
 from freshroute.keys import partition_for, serialize_key
 from freshroute.local.stack import Stack
 from freshroute.metadata import Assignment, MetadataStore, NodeReport, ReplicaState, Role, now_ms
+from freshroute.settings import kafka_client_config
 from proto import store_pb2, store_pb2_grpc
 
 TABLE = "sensor_stats"
@@ -51,8 +52,8 @@ class Readings:
         self.rate = rate
         self.events: list[dict] = []
         self._rng = random.Random(seed)
-        self._producer = Producer({"bootstrap.servers": stack.config.bootstrap, "enable.idempotence": True,
-                                   "linger.ms": 5})
+        self._producer = Producer(kafka_client_config(stack.config.bootstrap, **{"enable.idempotence": True,
+                                                                                 "linger.ms": 5}))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -11,6 +11,7 @@ from typing import Callable
 import orjson
 
 from freshroute.local.stack import Stack, StackConfig
+from freshroute.settings import kafka_client_config
 
 
 def start_stack(home: Path, nodes: int = 3, **overrides) -> Stack:
@@ -35,7 +36,7 @@ def produce_readings(stack: Stack, events: list[dict]) -> None:
 
     topic = f"{stack.config.topic_prefix}readings"
     ensure_topic(stack.config.bootstrap, topic)
-    producer = Producer({"bootstrap.servers": stack.config.bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    producer = Producer(kafka_client_config(stack.config.bootstrap, **{"enable.idempotence": True, "linger.ms": 5}))
     for e in events:
         producer.produce(topic, key=e["sensor"].encode(), value=orjson.dumps(e))
         producer.poll(0)

@@ -135,3 +135,19 @@ def test_a_broken_tables_file_stops_the_process_naming_file_and_line(broker, red
     text = broken.log.read_text()
     assert f"TABLES_FILE_ERROR: tables file {tables_file}: table 't' reads source 'order', which is not declared" in text
     assert "Traceback" not in text
+
+
+def test_a_changelog_replication_factor_above_the_broker_count_stops_the_pipeline_before_spark(
+        broker, redis_url, namespace, tmp_path):
+    env = {**base_env(broker, redis_url, namespace, tmp_path), "FRESHROUTE_CHANGELOG_REPLICATION_FACTOR": "3",
+           "FRESHROUTE_CHANGELOG_MIN_INSYNC_REPLICAS": "2"}
+    started = time.monotonic()
+    refused = PipelineProcess(env, tmp_path / "pipeline.log")
+    assert refused.wait_exit(60) == 2, refused.tail()
+    text = refused.log.read_text()
+    assert ("CONFIG_ERROR: changelog_replication_factor 3 is above the cluster's 1 broker(s)" in text), text[-2000:]
+    assert "Traceback" not in text and "spark session ready" not in text
+    assert time.monotonic() - started < 30
+    refused.wait_group_gone(30)
+    assert not AdminClient({"bootstrap.servers": broker}).list_topics(timeout=10).topics.get(
+        f"{namespace}sensor_stats-changelog")

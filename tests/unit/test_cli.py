@@ -127,3 +127,29 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path, monkeypatch,
     assert cli.main(["local", "status", "--json", "--home", str(tmp_path / "home")]) == 1
     assert "Traceback" not in capsys.readouterr().err
     sink.close()
+
+
+def test_a_kafka_config_file_reaches_the_kafka_config_from_a_flag_or_the_environment(tmp_path, monkeypatch):
+    path = tmp_path / "client.properties"
+    path.write_text("# the cluster's listeners\nsecurity.protocol=SASL_SSL\n! a comment too\n"
+                    "sasl.mechanism = SCRAM-SHA-512\nsocket.timeout.ms: 30000\n\nssl.ca.location=/etc/ca.pem\n")
+    want = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "socket.timeout.ms": "30000",
+            "ssl.ca.location": "/etc/ca.pem"}
+    assert load(CommonSettings, kafka_config=str(path)).kafka(**{"group.id": "g"}) == {
+        "bootstrap.servers": "127.0.0.1:9092", **want, "group.id": "g"}
+    monkeypatch.setenv("FRESHROUTE_KAFKA_CONFIG", str(path))
+    assert load(CommonSettings).kafka_config == want
+    monkeypatch.setenv("FRESHROUTE_KAFKA_CONFIG", '{"linger.ms": 5}')
+    assert load(CommonSettings).kafka_config == {"linger.ms": 5}
+
+
+@pytest.mark.parametrize("body, says", [("security.protocol=SSL\nthis is not a property\n", r"line 2: expected name=value"),
+                                        ("bootstrap.servers=10.0.0.1:9092\n", "bootstrap_servers"),
+                                        (None, "cannot read")])
+def test_a_bad_kafka_config_file_is_refused_naming_the_setting_file_and_line(tmp_path, body, says):
+    path = tmp_path / "client.properties"
+    if body is not None:
+        path.write_text(body)
+    with pytest.raises(ConfigError, match=f"kafka_config.*{says}") as e:
+        load(CommonSettings, kafka_config=str(path))
+    assert body is None or str(path) in e.value.message or "bootstrap" in e.value.message

@@ -84,3 +84,61 @@ def test_local_up_refuses_standbys_it_cannot_place_before_starting_anything(flag
     assert code == 2
     assert says in capsys.readouterr().err
     assert not home.exists()
+
+
+def test_changelog_replication_settings_and_the_topic_config_they_give():
+    s = load(PipelineSettings)
+    assert (s.changelog_replication_factor, s.changelog_min_insync_replicas) == (1, 1)
+    assert s.changelog_config() == {"cleanup.policy": "compact"}
+    s = load(PipelineSettings, changelog_replication_factor="3", changelog_min_insync_replicas="2")
+    assert s.changelog_config() == {"cleanup.policy": "compact", "min.insync.replicas": "2"}
+    with pytest.raises(ConfigError, match="changelog_min_insync_replicas 3 is above changelog_replication_factor 2"):
+        load(PipelineSettings, changelog_replication_factor="2", changelog_min_insync_replicas="3")
+    with pytest.raises(ConfigError, match="changelog_replication_factor"):
+        load(PipelineSettings, changelog_replication_factor="0")
+
+
+def test_a_replication_factor_above_the_broker_count_is_refused_naming_the_setting():
+    from types import SimpleNamespace
+
+    from pipeline.topics import check_replication
+
+    class Admin:
+        def list_topics(self, timeout):
+            return SimpleNamespace(brokers={1: object(), 2: object(), 3: object()})
+
+    assert check_replication(Admin(), 3) == 3
+    with pytest.raises(ConfigError, match="changelog_replication_factor 4 is above the cluster's 3 broker") as e:
+        check_replication(Admin(), 4)
+    assert e.value.details == {"setting": "changelog_replication_factor", "brokers": 3}
+
+
+def test_local_up_reads_its_kafka_config_file_before_starting_anything(tmp_path, capsys):
+    from freshroute.cli import build_parser, main
+    from freshroute.local.stack import Stack, config_from_args
+
+    bad = tmp_path / "bad.properties"
+    bad.write_text("security.protocol=SSL\nnot a property\n")
+    home = tmp_path / "never-created"
+    with pytest.raises(SystemExit) as e:
+        main(["local", "up", "--kafka-config", str(bad), "--home", str(home)])
+    assert e.value.code == 2 and "line 2: expected name=value" in capsys.readouterr().err and not home.exists()
+
+    good = tmp_path / "good.properties"
+    good.write_text("socket.timeout.ms=30000\n")
+    args = build_parser().parse_args(["local", "up", "--kafka-config", str(good), "--home", str(home)])
+    stack = Stack(config_from_args(args))
+    assert stack._env()["FRESHROUTE_KAFKA_CONFIG"] == str(good.resolve())
+
+
+def test_tools_outside_the_components_read_the_same_kafka_config(tmp_path, monkeypatch):
+    from freshroute.settings import kafka_client_config
+
+    path = tmp_path / "client.properties"
+    path.write_text("socket.timeout.ms=30000\n")
+    monkeypatch.setenv("FRESHROUTE_KAFKA_CONFIG", str(path))
+    assert kafka_client_config("h:9092", **{"linger.ms": 5}) == {"bootstrap.servers": "h:9092",
+                                                                 "socket.timeout.ms": "30000", "linger.ms": 5}
+    monkeypatch.setenv("FRESHROUTE_KAFKA_CONFIG", str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="FRESHROUTE_KAFKA_CONFIG: cannot read"):
+        kafka_client_config("h:9092")
