@@ -70,6 +70,14 @@ class StoreNodeSettings(CommonSettings):
         return self
 
     @model_validator(mode="after")
+    def _dialable(self) -> "StoreNodeSettings":
+        # Routers and clients dial what a node advertises: a wildcard is where it listens, not an address.
+        if self.advertise_host is None and self.host in ("0.0.0.0", "::", ""):
+            raise ValueError(f"host {self.host!r} listens on every interface: set advertise_host to the address "
+                             f"routers and clients dial")
+        return self
+
+    @model_validator(mode="after")
     def _default_data_dir(self) -> "StoreNodeSettings":
         if self.data_dir is None:
             # Frozen model: set through the object's dict, once, at validation time.

@@ -62,6 +62,9 @@ class StackConfig:
     standby_replicas: int = 1
     # Redis Sentinel: a primary (redis_port), a replica and three sentinels, and every component
     # finds the primary through them.
+    # Each store node on a loopback address of its own (127.0.0.11, .12, …) and the routers on
+    # 127.0.0.2: nothing may assume that it shares a host with another component.
+    spread: bool = False
     # A librdkafka properties file every Kafka client of the stack reads ("": none).
     kafka_config: str = ""
     redis_sentinel: bool = False
@@ -77,11 +80,20 @@ class StackConfig:
 
     def resolved(self) -> "StackConfig":
         """Replace 0 ports by free ones, so tests can run stacks side by side."""
-        pick = lambda p: p or free_port(self.host)  # noqa: E731
+        pick = lambda p, host=self.host: p or free_port(host)  # noqa: E731
         return replace(self, home=self.home.resolve(), broker_port=pick(self.broker_port),
                        redis_port=pick(self.redis_port), redis_replica_port=pick(self.redis_replica_port),
-                       sentinel_ports=tuple(pick(p) for p in self.sentinel_ports), rest_port=pick(self.rest_port),
-                       grpc_port=pick(self.grpc_port), store_ports=tuple(pick(p) for p in self.store_ports))
+                       sentinel_ports=tuple(pick(p) for p in self.sentinel_ports),
+                       rest_port=pick(self.rest_port, self.router_host), grpc_port=pick(self.grpc_port, self.router_host),
+                       store_ports=tuple(pick(p, self.node_host(i)) for i, p in enumerate(self.store_ports, 1)))
+
+    def node_host(self, i: int) -> str:
+        """The address store node ``i`` (from 1) binds and advertises."""
+        return f"127.0.0.{10 + i}" if self.spread else self.host
+
+    @property
+    def router_host(self) -> str:
+        return "127.0.0.2" if self.spread else self.host
 
     @property
     def bootstrap(self) -> str:
@@ -105,11 +117,11 @@ class StackConfig:
 
     @property
     def rest_url(self) -> str:
-        return f"http://{self.host}:{self.rest_port}"
+        return f"http://{self.router_host}:{self.rest_port}"
 
     @property
     def grpc_address(self) -> str:
-        return f"{self.host}:{self.grpc_port}"
+        return f"{self.router_host}:{self.grpc_port}"
 
 
 @dataclass
@@ -260,12 +272,13 @@ class Stack:
             port = c.store_ports[i - 1]
             node_id = f"node-{i}"
             return "store-node", self._freshroute(
-                "store-node", "--node-id", node_id, "--host", c.host, "--port", str(port),
-                "--data-dir", str(c.home / "data" / node_id)), {"node_id": node_id, "address": f"{c.host}:{port}"}
+                "store-node", "--node-id", node_id, "--host", c.node_host(i), "--port", str(port),
+                "--data-dir", str(c.home / "data" / node_id)), {"node_id": node_id,
+                                                                "address": f"{c.node_host(i)}:{port}"}
         if name in self.router_names():
             shared = ["--reuse-port", "true"] if c.routers > 1 else []
             return "router", self._freshroute(
-                "router", "--host", c.host, "--rest-port", str(c.rest_port), "--grpc-port", str(c.grpc_port),
+                "router", "--host", c.router_host, "--rest-port", str(c.rest_port), "--grpc-port", str(c.grpc_port),
                 *shared), {"rest": c.rest_url, "grpc": c.grpc_address}
         if name == "demo-producer":
             return "demo-producer", [sys.executable, "-m", "freshroute.local.demo", "--bootstrap", c.bootstrap,
@@ -278,12 +291,15 @@ class Stack:
         role, command, addresses = self.command_for(name)
         return self._spawn(name, role, [*command, *extra_args], addresses)
 
-    def ports(self) -> dict[str, int]:
+    def ports(self) -> dict[str, tuple[str, int]]:
+        """Every listening component's (host, port)."""
         c = self.config
         sentinel = {"redis-replica": c.redis_replica_port,
                     **{n: p for n, p in zip(self.sentinel_names(), c.sentinel_ports)}} if c.redis_sentinel else {}
-        return {"broker": c.broker_port, "redis": c.redis_port, **sentinel, "router REST": c.rest_port,
-                "router gRPC": c.grpc_port, **{n: p for n, p in zip(self.store_node_names(), c.store_ports)}}
+        ports = {n: (c.host, p) for n, p in {"broker": c.broker_port, "redis": c.redis_port, **sentinel}.items()}
+        ports.update({"router REST": (c.router_host, c.rest_port), "router gRPC": (c.router_host, c.grpc_port)})
+        ports.update({n: (c.node_host(i), p) for i, (n, p) in enumerate(zip(self.store_node_names(), c.store_ports), 1)})
+        return ports
 
     def router_names(self) -> list[str]:
         """``router``, then ``router-2`` … : processes sharing the router's ports."""
@@ -303,15 +319,16 @@ class Stack:
         of replicas; they restore before it takes actives over.
         """
         c = self.config
+        host = c.node_host(len(c.store_ports) + 1)
         if not port:
             after = max(c.store_ports, default=7100) + 1
-            port = after if after < 65536 and not _port_open(c.host, after) else free_port(c.host)
+            port = after if after < 65536 and not _port_open(host, after) else free_port(host)
         self.config = replace(c, store_ports=(*c.store_ports, port))
         name = self.store_node_names()[-1]
         comp = self.start(name)
         deadline = time.monotonic() + timeout_s
         # Only this process counts: other components may be down on purpose (a failover drill).
-        while not _port_open(c.host, port):
+        while not _port_open(host, port):
             if not comp.alive():
                 raise RuntimeError(f"{name} exited during start-up; see {comp.log}")
             if time.monotonic() > deadline:
@@ -326,9 +343,9 @@ class Stack:
         from freshroute.local.services import wait_for_port as wait
 
         c = self.config
-        busy = [f"{name} port {port}" for name, port in self.ports().items() if _port_open(c.host, port)]
+        busy = [f"{name} {host}:{port}" for name, (host, port) in self.ports().items() if _port_open(host, port)]
         if busy:
-            raise RuntimeError(f"already in use on {c.host}: {', '.join(busy)} (pick other ports with flags)")
+            raise RuntimeError(f"already in use: {', '.join(busy)} (pick other ports with flags)")
         # The local broker is memory-only: a new one holds no topics, so checkpoints and replica
         # stores from an earlier run describe data that is gone. Start them afresh too.
         for stale in (c.home / "pipeline", c.home / "data"):
@@ -522,6 +539,7 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
                        trigger_ms=args.trigger_ms, pipeline_nice=args.pipeline_nice, routers=args.routers,
                        standby_replicas=args.standby_replicas, redis_sentinel=args.redis_sentinel,
                        kafka_config=str(Path(args.kafka_config).resolve()) if args.kafka_config else "",
+                       spread=args.spread,
                        demo_rate=args.demo_rate, demo=not args.no_demo).resolved()
 
 
@@ -584,6 +602,8 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
                     metavar="0-19", help="the pipeline's CPU priority: it yields to lookups (0: the same priority)")
     up.add_argument("--kafka-config", type=_kafka_config, metavar="FILE",
                     help="librdkafka properties file (name=value lines) for every Kafka client of the stack")
+    up.add_argument("--spread", action="store_true",
+                    help="each store node on a loopback address of its own (127.0.0.11, …), the routers on 127.0.0.2")
     up.add_argument("--redis-sentinel", action="store_true",
                     help="run Redis as a primary, a replica and three sentinels; components follow failovers")
     up.add_argument("--demo-rate", type=float, default=50.0)

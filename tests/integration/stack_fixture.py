@@ -15,11 +15,15 @@ from freshroute.settings import kafka_client_config
 
 
 def start_stack(home: Path, nodes: int = 3, **overrides) -> Stack:
-    """Start a stack on free loopback ports with no demo producer; the test produces its own data."""
+    """Start a stack on free loopback ports with no demo producer; the test produces its own data.
+
+    Spread, as ``local up --spread``: every store node and the routers on loopback addresses of
+    their own, so that a test passes only if no component assumes it shares a host with another.
+    """
     tag = f"t{uuid.uuid4().hex[:8]}"
     config = StackConfig(home=home, broker_port=0, redis_port=0, rest_port=0, grpc_port=0,
                          store_ports=(0,) * nodes, namespace=tag, topic_prefix=f"{tag}-", demo=False,
-                         **overrides).resolved()
+                         **{"spread": True, **overrides}).resolved()
     stack = Stack(config, progress=print)
     try:
         stack.up()

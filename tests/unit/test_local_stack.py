@@ -176,3 +176,27 @@ def test_a_sentinel_stack_runs_a_replica_and_three_sentinels_and_points_every_co
     assert env["FRESHROUTE_REDIS_MASTER_NAME"] == "freshroute"
     assert stack.status()["redis"]["sentinels"] == env["FRESHROUTE_REDIS_SENTINELS"]
     assert "FRESHROUTE_REDIS_SENTINELS" not in Stack(StackConfig(home=tmp_path))._env()
+
+
+def test_a_spread_stack_gives_each_store_node_and_the_routers_a_loopback_address_of_their_own(tmp_path):
+    stack = Stack(StackConfig(home=tmp_path, spread=True, store_ports=(0, 0, 0), rest_port=0, grpc_port=0,
+                              broker_port=0, redis_port=0).resolved())
+    c = stack.config
+    hosts = {name: host for name, (host, _) in stack.ports().items()}
+    assert hosts["store-node-1"] == "127.0.0.11" and hosts["store-node-3"] == "127.0.0.13"
+    assert hosts["router REST"] == hosts["router gRPC"] == "127.0.0.2" and hosts["broker"] == "127.0.0.1"
+    role, command, addresses = stack.command_for("store-node-2")
+    assert command[command.index("--host") + 1] == "127.0.0.12"
+    assert addresses["address"] == f"127.0.0.12:{c.store_ports[1]}"
+    assert stack.command_for("router")[1][stack.command_for("router")[1].index("--host") + 1] == "127.0.0.2"
+    assert c.rest_url == f"http://127.0.0.2:{c.rest_port}" and c.grpc_address == f"127.0.0.2:{c.grpc_port}"
+
+
+def test_a_store_node_listening_everywhere_must_say_what_to_dial():
+    from freshroute.errors import ConfigError
+    from freshroute.settings import load
+    from store_node.settings import StoreNodeSettings
+
+    with pytest.raises(ConfigError, match="advertise_host"):
+        load(StoreNodeSettings, node_id="n1", host="0.0.0.0")
+    assert load(StoreNodeSettings, node_id="n1", host="0.0.0.0", advertise_host="10.0.0.7").advertise_host == "10.0.0.7"
