@@ -97,7 +97,8 @@ def test_components_follow_a_sentinel_failover_and_a_node_killed_afterwards_is_s
                        "every replica reported serving to the new primary")
             after = md.assignment()
             assert after.replicas == before.replicas and after.generation >= before.generation
-            assert lease_holder(md) is not None
+            # The lease ran out during the outage (1.2 s): a node takes it again on the new primary.
+            wait_until(lambda: settled(lambda: lease_holder(md) is not None), 10, "an assignor holding the lease again")
 
             victim = "store-node-2"
             vid = node_id(victim)
