@@ -17,7 +17,7 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import IO, Mapping
+from typing import IO, Any, Mapping
 
 import grpc
 
@@ -109,6 +109,7 @@ async def serve(settings: StoreNodeSettings, stop: asyncio.Event | None = None) 
     await loop.run_in_executor(None, node.open)
     server: grpc.aio.Server | None = None
     read_server: asyncio.Server | None = None
+    metrics: Any = None
     health_task: asyncio.Task | None = None
     try:
         service = StoreNodeService(node)
@@ -121,6 +122,14 @@ async def serve(settings: StoreNodeSettings, stop: asyncio.Event | None = None) 
         gc.freeze()
         gc.set_threshold(10_000)
         read_server, read_port = await start_read_port(service, settings.host, settings.read_port)
+        if settings.metrics_port is not None:
+            from freshroute.prometheus import serve_metrics
+            from store_node.metrics import ReplicaCollector
+
+            metrics = serve_metrics(ReplicaCollector(settings.node_id, lambda: node.serving, now_ms), settings.host,
+                                    settings.metrics_port)
+            log.info("store node %s metrics on http://%s:%d/metrics", settings.node_id,
+                     settings.advertise_host or settings.host, metrics.server_address[1])
         host = settings.advertise_host or settings.host
         address, read_address = f"{host}:{port}", f"{host}:{read_port}"
         log.info("store node %s serving on %s, read port %s (data in %s)", settings.node_id, address, read_address,
@@ -137,6 +146,8 @@ async def serve(settings: StoreNodeSettings, stop: asyncio.Event | None = None) 
     finally:
         if health_task is not None:
             health_task.cancel()
+        if metrics is not None:
+            metrics.shutdown()
         if read_server is not None:
             read_server.close()
         if server is not None:

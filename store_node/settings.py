@@ -19,6 +19,9 @@ class StoreNodeSettings(CommonSettings):
     port: int = Field(0, ge=0, le=65535, description="gRPC port; 0 lets the OS pick (the bound port is printed)")
     read_port: int = Field(0, ge=0, le=65535, description="read port: the router's lookups as length-prefixed "
                                                           "frames on plain TCP; 0 lets the OS pick")
+    metrics_port: int | None = Field(None, ge=0, le=65535,
+                                     description="serve Prometheus /metrics (every replica's lag, progress and "
+                                                 "counters) on this port of host; 0 lets the OS pick; unset: none")
     advertise_host: str | None = Field(None, description="host other processes dial (default: host)")
     data_dir: Path | None = Field(None, description="replica stores (default .freshroute/store/NODE_ID); "
                                                     "never shared by two nodes")

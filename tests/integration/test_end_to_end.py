@@ -153,3 +153,45 @@ def test_locust_users_rest_grpc_and_client_all_answer(stack, readings, tmp_path)
         by_type[r["Type"]] = by_type.get(r["Type"], 0) + int(r["Request Count"])
         assert int(r["Failure Count"]) == 0, (r, done.stderr[-2000:])
     assert set(by_type) == {"GET", "grpc", "client"} and min(by_type.values()) >= 10, (by_type, done.stderr[-2000:])
+
+
+def test_store_nodes_and_the_pipeline_expose_prometheus_metrics(stack, readings):
+    """Every replica's lag and progress from each node, and each table's last micro-batch from the pipeline."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    expected = expected_sensor_stats(readings)
+    with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
+        wait_until(lambda: all_sensors_served(client, expected, max_lag=0), FIRST_DATA_TIMEOUT_S,
+                   "every sensor's final stats to be served")
+
+    def scrape(url: str) -> list:
+        return [s for f in text_string_to_metric_families(httpx.get(url, timeout=5).text) for s in f.samples]
+
+    components = stack.status()["components"]
+    nodes = [c for c in components if c["role"] == "store-node"]
+    assert len(nodes) == 3 and all(c["metrics"].endswith("/metrics") for c in nodes)
+    applied: dict[tuple[str, str], list[float]] = {}
+    actives: dict[str, float] = {}
+    for c in nodes:
+        for s in scrape(c["metrics"]):
+            if s.name == "freshroute_replica_applied_offset" and s.labels["table"] == "sensor_stats":
+                applied.setdefault((s.labels["partition"], s.labels["role"]), []).append(s.value)
+            if s.name == "freshroute_node_replicas" and s.labels["role"] == "active":
+                actives[s.labels["node"]] = s.value
+    # Every partition of the table: one active and one standby, over the three nodes, each holding the changelog.
+    assert sorted({p for p, _ in applied}) == [str(p) for p in range(8)]
+    assert all(len(applied.get((str(p), role), [])) == 1 for p in range(8) for role in ("active", "standby"))
+    assert sum(v[0] for (p, role), v in applied.items() if role == "active") >= len(expected)
+    assert sorted(actives) == ["node-1", "node-2", "node-3"] and sum(actives.values()) == 16  # 2 tables × 8
+
+    pipeline = next(c for c in components if c["role"] == "pipeline")
+
+    def batches() -> dict[str, float]:
+        return {s.labels["table"]: s.value for s in scrape(pipeline["metrics"])
+                if s.name == "freshroute_pipeline_batch_id"}
+
+    # A batch is counted once it has ended, a moment after its changes are served.
+    wait_until(lambda: set(batches()) == {"sensor_stats", "area_counts"}, 10, "both tables' last batch in the metrics")
+    rows = {s.labels["table"]: s.value for s in scrape(pipeline["metrics"])
+            if s.name == "freshroute_pipeline_batch_input_rows"}
+    assert all(b >= 0 for b in batches().values()) and all(r > 0 for r in rows.values()), rows

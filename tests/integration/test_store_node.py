@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Callable
 
 import grpc
+import httpx
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from freshroute.keys import partition_for, serialize_key
-from freshroute.local.services import start_broker
+from freshroute.local.services import free_port, start_broker
 from freshroute.metadata import MetadataStore, TableSpec
 from proto import store_pb2, store_pb2_grpc
 
@@ -233,12 +234,29 @@ def test_serves_latest_values_tombstones_and_scans(cluster):
     changelog.produce("poison", b"{not json")
     changelog.flush()
 
-    node = cluster.node("solo")
+    metrics_port = free_port()
+    node = cluster.node("solo", metrics_port=metrics_port)
     st = wait_until(lambda: caught_up(node, changelog), 90, "the node to restore every partition")
     wait_until(lambda: node.health() == health_pb2.HealthCheckResponse.SERVING, 10, "health SERVING")
     assert all(r.role == store_pb2.ACTIVE and r.state == store_pb2.SERVING_ACTIVE for r in st.replicas)
     assert sum(c.records_skipped for c in st.counters) == 1
     assert sum(c.records_applied for c in st.counters) == sum(changelog.per_partition.values()) - 1
+
+    # The same, as Prometheus scrapes it.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+    samples = {(s.name, s.labels.get("partition"), s.labels.get("role")): s.value
+               for family in text_string_to_metric_families(scraped) for s in family.samples}
+    parts = [str(p) for p in range(PARTITIONS)]
+    assert [samples[("freshroute_replica_lag_offsets", p, "active")] for p in parts] == [0] * PARTITIONS
+    assert [samples[("freshroute_replica_restoring", p, "active")] for p in parts] == [0] * PARTITIONS
+    assert [samples[("freshroute_replica_applied_offset", p, "active")] for p in parts] == [
+        changelog.per_partition[int(p)] for p in parts]
+    assert sum(samples[("freshroute_replica_records_applied_total", p, "active")] for p in parts) == \
+        sum(changelog.per_partition.values()) - 1
+    assert sum(samples[("freshroute_replica_records_skipped_total", p, "active")] for p in parts) == 1
+    assert samples[("freshroute_node_replicas", None, "active")] == PARTITIONS
 
     results = read_all(node, keys + ["poison", "never-written"], max_lag=0)
     for k in keys:

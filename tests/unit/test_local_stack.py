@@ -37,7 +37,9 @@ def test_the_new_node_takes_the_next_name_and_port(tmp_path, monkeypatch):
     assert stack.add_store_node() == "store-node-4"
     assert started == ["store-node-4"]
     assert stack.config.store_ports == (7101, 7102, 7103, 7104)
-    assert stack.components["store-node-4"].addresses == {"node_id": "node-4", "address": "127.0.0.1:7104"}
+    addresses = stack.components["store-node-4"].addresses
+    assert (addresses["node_id"], addresses["address"]) == ("node-4", "127.0.0.1:7104")
+    assert addresses["metrics"].startswith("http://127.0.0.1:") and addresses["metrics"].endswith("/metrics")
     assert Stack.load(tmp_path).config.store_ports == (7101, 7102, 7103, 7104)  # recorded for `local status`
 
 

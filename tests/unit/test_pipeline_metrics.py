@@ -1,0 +1,39 @@
+"""The pipeline's Prometheus collector: each table's last micro-batch as the supervising loop saw it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from pipeline.metrics import PipelineCollector, watermark_ms
+
+
+def progress(batch_id: int, watermark: str | None = None):
+    return SimpleNamespace(batchId=batch_id, batchDuration=180, numInputRows=25, inputRowsPerSecond=50.0,
+                           processedRowsPerSecond=138.9, eventTime={"watermark": watermark} if watermark else {})
+
+
+def test_a_scrape_reports_each_tables_last_batch_and_a_watermark_only_where_there_is_one():
+    runs = [SimpleNamespace(table=SimpleNamespace(name="sensor_stats"), last_progress=progress(41),
+                            writer=SimpleNamespace(written={41: (12, 3.0, 4.0)})),
+            SimpleNamespace(table=SimpleNamespace(name="windows"), last_progress=progress(7, "2026-11-24T10:00:05.000Z"),
+                            writer=SimpleNamespace(written={})),
+            SimpleNamespace(table=SimpleNamespace(name="not_started"), last_progress=None, writer=None)]
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PipelineCollector(lambda: runs))
+    text = generate_latest(registry).decode()
+    for line in ['freshroute_pipeline_batch_id{table="sensor_stats"} 41.0',
+                 'freshroute_pipeline_batch_duration_ms{table="sensor_stats"} 180.0',
+                 'freshroute_pipeline_batch_input_rows{table="sensor_stats"} 25.0',
+                 'freshroute_pipeline_input_rows_per_second{table="sensor_stats"} 50.0',
+                 'freshroute_pipeline_batch_changelog_records{table="sensor_stats"} 12.0',
+                 'freshroute_pipeline_watermark_ms{table="windows"} 1.795514405e+12']:
+        assert line in text, (line, text)
+    assert 'watermark_ms{table="sensor_stats"}' not in text and "not_started" not in text
+
+
+def test_the_epoch_watermark_of_a_table_without_event_time_is_none():
+    assert watermark_ms(progress(1, "1970-01-01T00:00:00.000Z")) is None
+    assert watermark_ms(progress(1)) is None
+    assert watermark_ms(progress(1, "2026-11-24T10:00:05.000Z")) == 1_795_514_405_000
