@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -85,11 +86,14 @@ def build_session(settings: PipelineSettings) -> "SparkSession":
     """A local Spark session tuned for small, frequent micro-batches over RocksDB state."""
     # Spark's Python workers must run this interpreter (and see this environment's packages).
     # Through a wrapper that keeps Spark's bundled pyspark.zip off their path (see the script).
+    local = settings.spark_master.startswith("local")
     os.environ["FRESHROUTE_WORKER_PYTHON"] = sys.executable
-    os.environ["PYSPARK_PYTHON"] = str(Path(__file__).with_name("python_worker.sh"))
+    # On a cluster the workers' own Python: nothing of this host's file system reaches them.
+    os.environ["PYSPARK_PYTHON"] = (str(Path(__file__).with_name("python_worker.sh")) if local
+                                    else settings.spark_worker_python or sys.executable)
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    if settings.spark_master.startswith("local"):
-        # A local session talks to itself only: keep it on loopback.
+    if local or _on_loopback(settings.spark_master):
+        # A session whose cluster is on this host talks to it on loopback only.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
@@ -120,12 +124,26 @@ def build_session(settings: PipelineSettings) -> "SparkSession":
         # Streaming disables adaptive execution anyway; saying so up front saves a warning per query.
         .config("spark.sql.adaptive.enabled", "false")
     )
+    if not local:
+        builder = builder.config("spark.executor.memory", settings.spark_executor_memory)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    if not local:
+        from pipeline.shipping import project_zip
+
+        shipped = project_zip(settings.checkpoint_dir.resolve().parent / "pyfiles")
+        spark.sparkContext.addPyFile(str(shipped))
+        log.info("shipping %s to the executors of %s", shipped.name, settings.spark_master)
     from pipeline.kafka_source import KafkaSource
 
     spark.dataSource.register(KafkaSource)
     return spark
+
+
+def _on_loopback(master: str) -> bool:
+    """Whether a ``spark://HOST:PORT`` master is on this host's loopback."""
+    host = urlsplit(master.split(",")[0]).hostname or ""
+    return host == "localhost" or host.startswith("127.") or host == "::1"
 
 
 def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source, table: str) -> "DataFrame":
@@ -213,6 +231,7 @@ class TableRun:
     finished: bool = False
     logged_batch: int = -1
     quick_batches: int = 0  # in a row, within the warm bound
+    last_progress: Any = None  # the last micro-batch's progress report seen (for metrics)
 
 
 class Pipeline:
@@ -300,6 +319,7 @@ class Pipeline:
                 if run.query is not None and not run.finished:
                     progress = run.query.lastProgress
                     if log_progress(run, progress):
+                        run.last_progress = progress
                         self._note_warmth(run, progress.batchDuration)
                 if run.finished or run.query is None or run.query.isActive:
                     continue
@@ -463,17 +483,27 @@ def run(settings: PipelineSettings) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, on_signal)
     pipeline: Pipeline | None = None
+    metrics: Any = None
     try:
         pipeline = Pipeline(settings)
         log.info("pipeline: %d table(s) from %s: %s", len(pipeline.definition.tables), pipeline.definition.path,
                  ", ".join(pipeline.definition.tables))
         pipeline.start()
+        if settings.metrics_port is not None:
+            from freshroute.prometheus import serve_metrics
+            from pipeline.metrics import PipelineCollector
+
+            runs = pipeline.runs
+            metrics = serve_metrics(PipelineCollector(runs.values), settings.metrics_host, settings.metrics_port)
+            log.info("pipeline metrics on http://%s:%d/metrics", settings.metrics_host, metrics.server_address[1])
         pipeline.wait(stop)
     except FreshrouteError as e:
         # The one line an operator needs, whatever the caller does with the exception.
         log.error("pipeline stopped: %s: %s", e.code, e.message)
         raise
     finally:
+        if metrics is not None:
+            metrics.shutdown()
         if pipeline is not None:
             pipeline.stop()
         for sig, handler in previous.items():

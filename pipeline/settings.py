@@ -49,6 +49,15 @@ class PipelineSettings(CommonSettings):
                                         "Spark's Python data source API) or kafka (Spark's own connector, where "
                                         "spark-sql-kafka-0-10 is installed)")
     spark_driver_memory: str = Field("1g", description="Spark driver JVM heap")
+    spark_executor_memory: str = Field("1g", description="heap of each executor, on a Spark cluster")
+    spark_worker_python: str = Field("", description="on a Spark cluster: the Python every worker runs, with "
+                                                     "freshroute's dependencies installed (default: this process's "
+                                                     "interpreter path, which must then exist on each worker)")
+    metrics_port: int | None = Field(None, ge=0, le=65535,
+                                     description="serve Prometheus /metrics (each table's last micro-batch: duration, "
+                                                 "input rows and rates, watermark) on metrics_host at this port "
+                                                 "(0: the OS picks); unset: none")
+    metrics_host: str = Field("127.0.0.1", description="interface of the metrics endpoint")
 
     @model_validator(mode="after")
     def _insync_within_factor(self) -> "PipelineSettings":

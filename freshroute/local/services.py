@@ -94,6 +94,28 @@ def redis_command(port: int, data_dir: Path, host: str = "127.0.0.1") -> list[st
             "--dir", str(data_dir), "--protected-mode", "yes"]
 
 
+def spark_class() -> str:
+    """The PySpark installation's own ``bin/spark-class``: what starts a standalone master or worker."""
+    import pyspark
+
+    path = Path(pyspark.__file__).parent / "bin" / "spark-class"
+    if not path.exists():
+        raise RuntimeError(f"{path} is missing: PySpark is installed without its launch scripts")
+    return str(path)
+
+
+def spark_master_command(host: str, port: int, webui_port: int) -> list[str]:
+    return [spark_class(), "org.apache.spark.deploy.master.Master", "--host", host, "--port", str(port),
+            "--webui-port", str(webui_port)]
+
+
+def spark_worker_command(master_url: str, host: str, webui_port: int, work_dir: Path, cores: int = 2,
+                         memory: str = "2g") -> list[str]:
+    work_dir.mkdir(parents=True, exist_ok=True)
+    return [spark_class(), "org.apache.spark.deploy.worker.Worker", master_url, "--host", host,
+            "--webui-port", str(webui_port), "--cores", str(cores), "--memory", memory, "--work-dir", str(work_dir)]
+
+
 SENTINEL_MASTER_NAME = "freshroute"
 
 

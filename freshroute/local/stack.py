@@ -65,6 +65,11 @@ class StackConfig:
     # Each store node on a loopback address of its own (127.0.0.11, .12, …) and the routers on
     # 127.0.0.2: nothing may assume that it shares a host with another component.
     spread: bool = False
+    # The pipeline on a Spark standalone cluster: a master and a worker started from the PySpark
+    # installation (web UIs on free ports), instead of Spark inside the pipeline process.
+    spark_cluster: bool = False
+    spark_master_port: int = 0
+    spark_master_ui_port: int = 0
     # A librdkafka properties file every Kafka client of the stack reads ("": none).
     kafka_config: str = ""
     redis_sentinel: bool = False
@@ -84,6 +89,8 @@ class StackConfig:
         return replace(self, home=self.home.resolve(), broker_port=pick(self.broker_port),
                        redis_port=pick(self.redis_port), redis_replica_port=pick(self.redis_replica_port),
                        sentinel_ports=tuple(pick(p) for p in self.sentinel_ports),
+                       spark_master_port=pick(self.spark_master_port),
+                       spark_master_ui_port=pick(self.spark_master_ui_port),
                        rest_port=pick(self.rest_port, self.router_host), grpc_port=pick(self.grpc_port, self.router_host),
                        store_ports=tuple(pick(p, self.node_host(i)) for i, p in enumerate(self.store_ports, 1)))
 
@@ -102,6 +109,14 @@ class StackConfig:
     @property
     def redis_url(self) -> str:
         return f"redis://{self.host}:{self.redis_port}/0"
+
+    @property
+    def spark_master_url(self) -> str:
+        return f"spark://{self.host}:{self.spark_master_port}"
+
+    @property
+    def spark_master_ui(self) -> str:
+        return f"http://{self.host}:{self.spark_master_ui_port}"
 
     @property
     def redis_sentinels(self) -> str:
@@ -149,6 +164,9 @@ def _pid_runs(pid: int, command: list[str]) -> bool:
         except OSError:
             return False
         if cmdline:
+            if command[0].endswith("/spark-class"):
+                # A shell script that execs a JVM: the main class names the process in both.
+                return command[1].encode() in cmdline.split(b"\0")
             # redis-server rewrites its title ("redis-server 127.0.0.1:port"), so compare the start.
             return cmdline.split(b"\0")[0].decode(errors="replace").startswith(command[0])
         # A process in the middle of exec() shows no command line for a moment: look again.
@@ -262,19 +280,36 @@ class Stack:
             port = c.sentinel_ports[int(name.rsplit("-", 1)[1]) - 1]
             return "redis-sentinel", redis_sentinel_command(port, c.home / "sentinel", f"{c.host}:{c.redis_port}",
                                                             c.host), {"address": f"{c.host}:{port}"}
+        if name == "spark-master":
+            from freshroute.local.services import spark_master_command
+
+            return "spark-master", spark_master_command(c.host, c.spark_master_port, c.spark_master_ui_port), {
+                "url": c.spark_master_url, "web_ui": c.spark_master_ui}
+        if name.startswith("spark-worker"):
+            from freshroute.local.services import spark_worker_command
+
+            ui = free_port(c.host)
+            return "spark-worker", spark_worker_command(c.spark_master_url, c.host, ui, c.home / "spark" / name), {
+                "master": c.spark_master_url, "web_ui": f"http://{c.host}:{ui}"}
         if name == "pipeline":
+            # Metrics ports are picked afresh at each start: nothing dials them but whoever reads the state file.
+            metrics = free_port(c.host)
+            cluster = ["--spark-master", c.spark_master_url] if c.spark_cluster else []
             return "pipeline", self._freshroute(
                 "pipeline", "--checkpoint-dir", str(c.home / "pipeline" / "checkpoints"),
                 "--trigger-ms", str(c.trigger_ms), "--topic-prefix", c.topic_prefix,
-                "--standby-replicas", str(c.standby_replicas)), {}
+                "--standby-replicas", str(c.standby_replicas), "--metrics-host", c.host,
+                "--metrics-port", str(metrics), *cluster), {"metrics": f"http://{c.host}:{metrics}/metrics"}
         if name.startswith("store-node-"):
             i = int(name.rsplit("-", 1)[1])
             port = c.store_ports[i - 1]
             node_id = f"node-{i}"
+            host = c.node_host(i)
+            metrics = free_port(host)
             return "store-node", self._freshroute(
-                "store-node", "--node-id", node_id, "--host", c.node_host(i), "--port", str(port),
-                "--data-dir", str(c.home / "data" / node_id)), {"node_id": node_id,
-                                                                "address": f"{c.node_host(i)}:{port}"}
+                "store-node", "--node-id", node_id, "--host", host, "--port", str(port), "--metrics-port", str(metrics),
+                "--data-dir", str(c.home / "data" / node_id)), {"node_id": node_id, "address": f"{host}:{port}",
+                                                                "metrics": f"http://{host}:{metrics}/metrics"}
         if name in self.router_names():
             shared = ["--reuse-port", "true"] if c.routers > 1 else []
             return "router", self._freshroute(
@@ -359,6 +394,11 @@ class Stack:
         self._say(f"redis on {c.redis_url}  pid {comp.pid}")
         if c.redis_sentinel:
             self._start_sentinels()
+        if c.spark_cluster:
+            comp = self.start("spark-master")
+            self._wait_alive(comp, lambda: _http_ok(f"{c.spark_master_ui}/json"), 60)
+            self._say(f"spark master on {c.spark_master_url} (web UI {c.spark_master_ui})  pid {comp.pid}")
+            self.add_spark_worker()
         ensure_topic(c.bootstrap, f"{c.topic_prefix}readings")
         if c.demo:
             comp = self.start("demo-producer")
@@ -391,6 +431,40 @@ class Stack:
             self._wait_warm(pipeline_since)
             self._say("demo data is served: lookups are ready")
         return self
+
+    def spark_workers(self) -> list[str]:
+        return [n for n in self.components if n == "spark-worker" or n.startswith("spark-worker-")]
+
+    def add_spark_worker(self, timeout_s: float = 60.0) -> str:
+        """Start one more Spark worker (``spark-worker``, then ``spark-worker-2`` …); returns its name once the
+        master counts it alive."""
+        import json
+
+        c = self.config
+        before = len(self.spark_workers())
+        name = "spark-worker" if before == 0 else f"spark-worker-{before + 1}"
+        comp = self.start(name)
+
+        def registered() -> bool:
+            try:
+                with urllib.request.urlopen(f"{c.spark_master_ui}/json", timeout=2) as r:
+                    doc = json.load(r)
+            except (urllib.error.URLError, OSError, ValueError):
+                return False
+            return any(w.get("state") == "ALIVE" and w.get("webuiaddress") == comp.addresses["web_ui"]
+                       for w in doc.get("workers", []))
+
+        deadline = time.monotonic() + timeout_s
+        # Only this process counts: another worker may be down on purpose (a failover drill).
+        while not registered():
+            if not comp.alive():
+                raise RuntimeError(f"{name} exited during start-up; see {comp.log}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} did not register with {c.spark_master_url} in {timeout_s:.0f}s; "
+                                   f"see {comp.log}")
+            time.sleep(0.2)
+        self._say(f"{name} registered with {c.spark_master_url} (web UI {comp.addresses['web_ui']})  pid {comp.pid}")
+        return name
 
     def _start_sentinels(self) -> None:
         """A replica of the primary and three sentinels; ready once they could fail over."""
@@ -539,7 +613,7 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
                        trigger_ms=args.trigger_ms, pipeline_nice=args.pipeline_nice, routers=args.routers,
                        standby_replicas=args.standby_replicas, redis_sentinel=args.redis_sentinel,
                        kafka_config=str(Path(args.kafka_config).resolve()) if args.kafka_config else "",
-                       spread=args.spread,
+                       spread=args.spread, spark_cluster=args.spark_cluster,
                        demo_rate=args.demo_rate, demo=not args.no_demo).resolved()
 
 
@@ -602,6 +676,8 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
                     metavar="0-19", help="the pipeline's CPU priority: it yields to lookups (0: the same priority)")
     up.add_argument("--kafka-config", type=_kafka_config, metavar="FILE",
                     help="librdkafka properties file (name=value lines) for every Kafka client of the stack")
+    up.add_argument("--spark-cluster", action="store_true",
+                    help="run the pipeline on a Spark standalone cluster: a master and a worker on loopback")
     up.add_argument("--spread", action="store_true",
                     help="each store node on a loopback address of its own (127.0.0.11, …), the routers on 127.0.0.2")
     up.add_argument("--redis-sentinel", action="store_true",
