@@ -140,6 +140,32 @@ def build_session(settings: PipelineSettings) -> "SparkSession":
     return spark
 
 
+def check_spark_master(master: str, timeout_s: float = 3.0) -> None:
+    """Before Spark starts: a standalone master that accepts no connection is a setting that will not work.
+
+    Spark itself would create the session, retry registering for a minute and then stop it.
+    """
+    if not master.startswith("spark://"):
+        return
+    import socket
+
+    tried = []
+    for address in master[len("spark://"):].split(","):
+        parts = urlsplit(f"spark://{address}")
+        try:
+            host, port = parts.hostname, parts.port or 7077
+        except ValueError:
+            raise ConfigError(f"spark_master: {master!r} is not spark://HOST:PORT[,HOST:PORT…]",
+                              setting="spark_master") from None
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                return
+        except OSError as e:
+            tried.append(f"{host}:{port} ({e.strerror or type(e).__name__})")
+    raise ConfigError(f"spark_master: no Spark master answers at {master}: tried {', '.join(tried)}",
+                      setting="spark_master")
+
+
 def _on_loopback(master: str) -> bool:
     """Whether a ``spark://HOST:PORT`` master is on this host's loopback."""
     host = urlsplit(master.split(",")[0]).hostname or ""
@@ -258,6 +284,7 @@ class Pipeline:
             topic = self.settings.changelog_topic(t.name)
             check_changelog_kept(topic, describe_topic(admin, topic) is not None,
                                  self.settings.table_checkpoint(t.name))
+        check_spark_master(self.settings.spark_master)
         started = time.monotonic()
         self.spark = build_session(self.settings)
         log.info("spark session ready in %.1fs (master %s, %d shuffle partitions)",

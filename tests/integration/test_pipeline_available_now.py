@@ -151,3 +151,15 @@ def test_a_changelog_replication_factor_above_the_broker_count_stops_the_pipelin
     refused.wait_group_gone(30)
     assert not AdminClient({"bootstrap.servers": broker}).list_topics(timeout=10).topics.get(
         f"{namespace}sensor_stats-changelog")
+
+
+def test_a_spark_master_that_does_not_answer_stops_the_pipeline_naming_the_setting(broker, redis_url, namespace,
+                                                                                  tmp_path):
+    dead = free_port()
+    env = {**base_env(broker, redis_url, namespace, tmp_path), "FRESHROUTE_SPARK_MASTER": f"spark://127.0.0.1:{dead}"}
+    refused = PipelineProcess(env, tmp_path / "pipeline.log")
+    assert refused.wait_exit(60) == 2, refused.tail()
+    text = refused.log.read_text()
+    assert f"CONFIG_ERROR: spark_master: no Spark master answers at spark://127.0.0.1:{dead}" in text, text[-2000:]
+    assert "Traceback" not in text and "spark session ready" not in text
+    refused.wait_group_gone(30)

@@ -142,3 +142,22 @@ def test_tools_outside_the_components_read_the_same_kafka_config(tmp_path, monke
     monkeypatch.setenv("FRESHROUTE_KAFKA_CONFIG", str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="FRESHROUTE_KAFKA_CONFIG: cannot read"):
         kafka_client_config("h:9092")
+
+
+def test_a_spark_master_that_does_not_answer_is_refused_naming_the_setting():
+    import socket
+
+    from pipeline.job import check_spark_master
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]  # bound, never listening
+        with pytest.raises(ConfigError, match=rf"spark_master: no Spark master answers at spark://127.0.0.1:{dead}"):
+            check_spark_master(f"spark://127.0.0.1:{dead}", timeout_s=0.5)
+        with socket.socket() as listening:
+            listening.bind(("127.0.0.1", 0))
+            listening.listen()
+            check_spark_master(f"spark://127.0.0.1:{dead},127.0.0.1:{listening.getsockname()[1]}", timeout_s=0.5)
+    check_spark_master("local[*]")
+    with pytest.raises(ConfigError, match="not spark://HOST:PORT"):
+        check_spark_master("spark://host:port")
