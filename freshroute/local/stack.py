@@ -715,6 +715,9 @@ def dispatch(args: argparse.Namespace) -> int:
             print(f"start-up failed: {e}", file=sys.stderr)
             stack.down()
             return 1
+        except BaseException:  # anything else part-way (Ctrl-C, a broker error): stop what was started
+            stack.down()
+            raise
         _print_examples(config)
         if args.foreground:
             try:

@@ -202,3 +202,22 @@ def test_a_store_node_listening_everywhere_must_say_what_to_dial():
     with pytest.raises(ConfigError, match="advertise_host"):
         load(StoreNodeSettings, node_id="n1", host="0.0.0.0")
     assert load(StoreNodeSettings, node_id="n1", host="0.0.0.0", advertise_host="10.0.0.7").advertise_host == "10.0.0.7"
+
+
+@pytest.mark.parametrize("failure", [RuntimeError("redis exited during start-up"), KeyboardInterrupt(),
+                                     OSError("broker unreachable")])
+def test_a_local_up_that_fails_part_way_stops_what_it_started(tmp_path, monkeypatch, failure, capsys):
+    from freshroute.cli import build_parser
+    from freshroute.local import stack as stack_mod
+
+    stopped = []
+    monkeypatch.setattr(stack_mod.Stack, "up", lambda self: (_ for _ in ()).throw(failure))
+    monkeypatch.setattr(stack_mod.Stack, "down", lambda self: stopped.append(True))
+    args = build_parser().parse_args(["local", "up", "--home", str(tmp_path), "--store-port", "0", "--rest-port", "0",
+                                      "--grpc-port", "0", "--broker-port", "0", "--redis-port", "0"])
+    if isinstance(failure, RuntimeError):
+        assert stack_mod.dispatch(args) == 1 and "start-up failed: redis exited" in capsys.readouterr().err
+    else:
+        with pytest.raises(type(failure)):
+            stack_mod.dispatch(args)
+    assert stopped == [True]
