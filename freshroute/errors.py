@@ -84,6 +84,27 @@ class StoreCorrupt(FatalError):
     code = "STORE_CORRUPT"
 
 
+class Unauthenticated(FatalError):
+    """No credentials, or credentials no principal holds (never echoed back)."""
+
+    code = "UNAUTHENTICATED"
+    http_status = 401
+
+
+class PermissionDenied(FatalError):
+    """The principal may not read this (the same answer whether the table exists or not)."""
+
+    code = "PERMISSION_DENIED"
+    http_status = 403
+
+
+class RateLimited(RetryableError):
+    """The principal is over its rate; ``retry_after_s`` says when a read will be admitted again."""
+
+    code = "RATE_LIMITED"
+    http_status = 429
+
+
 class ConfigError(FatalError):
     """A setting is missing or wrong; the message names the key."""
 

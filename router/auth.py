@@ -1,0 +1,254 @@
+"""Who may read what through a router: principals from an auth file, their tables, their rate.
+
+The auth file (YAML or JSON) names principals; each has a bearer token given as its SHA-256
+(so the file holds no secret), the tables it may read (names or globs), whether it may see
+the cluster and metadata endpoints, and an optional rate limit::
+
+    principals:
+      - name: dashboards
+        token_sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
+        tables: [sensor_stats, "area_*"]
+        rate: {reads_per_s: 200, burst: 400}
+      - name: ops
+        token_sha256: …
+        tables: ["*"]
+        cluster: true
+
+A :class:`Guard` answers every request from an immutable :class:`Principals` snapshot, which
+:meth:`Guard.reload` swaps whole; a file that fails to load leaves the old one in place.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import logging
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from freshroute.errors import ConfigError, PermissionDenied, RateLimited, Unauthenticated
+
+log = logging.getLogger(__name__)
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_NAME = re.compile(r"^[A-Za-z0-9_.@:=,/ -]{1,200}$")
+_KEYS = {"name", "token_sha256", "tables", "cluster", "rate"}
+# What a 401 says the router accepts (RFC 6750).
+WWW_AUTHENTICATE = 'Bearer realm="freshroute"'
+
+
+class AuthFileError(ConfigError):
+    """The auth file cannot be read or says something inconsistent; the message names file and line."""
+
+
+@dataclass(frozen=True)
+class Rate:
+    reads_per_s: float
+    burst: float
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    tables: tuple[str, ...]
+    cluster: bool = False
+    rate: Rate | None = None
+
+    def may_read(self, table: str) -> bool:
+        return any(fnmatch.fnmatchcase(table, pattern) for pattern in self.tables)
+
+
+@dataclass(frozen=True)
+class Principals:
+    """One loaded auth file: principals by their token's SHA-256."""
+
+    by_token_hash: dict[str, Principal] = field(default_factory=dict)
+    source: str = ""
+
+
+class _Bucket:
+    """A token bucket: ``rate.burst`` reads at once, refilled at ``rate.reads_per_s``."""
+
+    __slots__ = ("rate", "tokens", "stamp")
+
+    def __init__(self, rate: Rate, now: float) -> None:
+        self.rate, self.tokens, self.stamp = rate, rate.burst, now
+
+    def take(self, now: float) -> float:
+        """0 if a read is admitted now, else the seconds until one would be."""
+        self.tokens = min(self.rate.burst, self.tokens + (now - self.stamp) * self.rate.reads_per_s)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / self.rate.reads_per_s
+
+
+class Guard:
+    """Authentication, per-table authorization and rate limits of one router process."""
+
+    def __init__(self, path: Path, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self._clock = clock
+        self.principals = load_auth_file(path)
+        self._buckets: dict[str, _Bucket] = {}
+
+    def reload(self) -> bool:
+        """Load the file again (SIGHUP); a file that fails keeps the principals in force. True if swapped."""
+        try:
+            fresh = load_auth_file(self.path)
+        except AuthFileError as e:
+            log.error("auth file not reloaded, the previous principals stay in force: %s", e.message)
+            return False
+        self.principals = fresh
+        # A principal's bucket survives a reload unless its rate changed.
+        rates = {p.name: p.rate for p in fresh.by_token_hash.values()}
+        self._buckets = {n: b for n, b in self._buckets.items() if rates.get(n) == b.rate}
+        log.info("auth file reloaded: %d principal(s)", len(fresh.by_token_hash))
+        return True
+
+    def authenticate(self, authorization: str | bytes | None) -> Principal:
+        """The principal an ``Authorization: Bearer <token>`` value names; Unauthenticated otherwise."""
+        if isinstance(authorization, bytes):
+            authorization = authorization.decode("latin-1")
+        if not authorization:
+            raise Unauthenticated("authentication required: send Authorization: Bearer <token>")
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthenticated("authentication required: send Authorization: Bearer <token>")
+        digest = hashlib.sha256(token.strip().encode("utf-8", "replace")).hexdigest()
+        principal = self.principals.by_token_hash.get(digest)
+        if principal is None:
+            raise Unauthenticated("the token is not valid")  # never echoes the token
+        return principal
+
+    def admit(self, principal: Principal) -> None:
+        """Count one request against the principal's rate; RateLimited when over it."""
+        if principal.rate is None:
+            return
+        now = self._clock()
+        bucket = self._buckets.get(principal.name)
+        if bucket is None or bucket.rate != principal.rate:
+            bucket = self._buckets[principal.name] = _Bucket(principal.rate, now)
+        wait = bucket.take(now)
+        if wait:
+            raise RateLimited(f"principal {principal.name!r} is over its rate of {principal.rate.reads_per_s:g} "
+                              f"reads/s", retry_after_s=max(1, math.ceil(wait)))
+
+    def table(self, authorization: str | bytes | None, table: str) -> Principal:
+        """A read of ``table`` (one per request, however many keys): authenticated, allowed, admitted."""
+        principal = self.authenticate(authorization)
+        if not principal.may_read(table):
+            # The same answer for a table that does not exist: names cannot be probed.
+            raise PermissionDenied(f"principal {principal.name!r} may not read table {table!r}", table=table)
+        self.admit(principal)
+        return principal
+
+    def cluster(self, authorization: str | bytes | None) -> Principal:
+        """The cluster and metadata endpoints (``/v1/cluster``, key metadata, ``/metrics``, ``/docs``)."""
+        principal = self.authenticate(authorization)
+        if not principal.cluster:
+            raise PermissionDenied(f"principal {principal.name!r} may not see the cluster's metadata")
+        self.admit(principal)
+        return principal
+
+
+def load_auth_file(path: Path) -> Principals:
+    """Parse and check an auth file; every mistake is an AuthFileError naming the file (and line where known)."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise AuthFileError(f"auth file {path}: cannot read it: {getattr(e, 'strerror', None) or e}",
+                            setting="auth_file") from None
+    doc = _parse(path, text)
+    if not isinstance(doc, dict) or not isinstance(doc.get("principals"), list):
+        raise AuthFileError(f"auth file {path}: expected a mapping with a list 'principals'", setting="auth_file")
+    out: dict[str, Principal] = {}
+    names: set[str] = set()
+    for i, entry in enumerate(doc["principals"]):
+        where = f"auth file {path}, principal {i + 1}{_line(text, entry, i)}"
+        principal, digest = _principal(entry, where)
+        if principal.name in names:
+            raise AuthFileError(f"{where}: the name {principal.name!r} is used twice", setting="auth_file")
+        if digest in out:
+            raise AuthFileError(f"{where}: its token_sha256 is also {out[digest].name!r}'s", setting="auth_file")
+        names.add(principal.name)
+        out[digest] = principal
+    return Principals(out, str(path))
+
+
+def _parse(path: Path, text: str) -> Any:
+    if path.suffix.lower() == ".json" or text.lstrip().startswith("{"):
+        import json
+
+        try:
+            return json.loads(text)
+        except ValueError as e:
+            raise AuthFileError(f"auth file {path}, line {getattr(e, 'lineno', '?')}: not valid JSON: "
+                                f"{getattr(e, 'msg', e)}", setting="auth_file") from None
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f", line {mark.line + 1}" if mark is not None else ""
+        raise AuthFileError(f"auth file {path}{line}: not valid YAML: {getattr(e, 'problem', None) or e}",
+                            setting="auth_file") from None
+
+
+def _line(text: str, entry: Any, index: int) -> str:
+    """`` (line N)`` of the entry's name in the file, when it can be found."""
+    name = entry.get("name") if isinstance(entry, dict) else None
+    if isinstance(name, str):
+        for number, line in enumerate(text.splitlines(), 1):
+            if re.search(r"[\"']?name[\"']?\s*:\s*[\"']?" + re.escape(name) + r"[\"']?\s*[,}]?\s*$", line.strip()):
+                return f" (line {number})"
+    return ""
+
+
+def _principal(entry: Any, where: str) -> tuple[Principal, str]:
+    def bad(why: str) -> AuthFileError:
+        return AuthFileError(f"{where}: {why}", setting="auth_file")
+
+    if not isinstance(entry, dict):
+        raise bad("expected a mapping with name, token_sha256 and tables")
+    unknown = sorted(set(entry) - _KEYS)
+    if unknown:
+        raise bad(f"unknown field(s) {unknown} (known: {sorted(_KEYS)})")
+    name = entry.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise bad("name must be a non-empty string of letters, digits and _.@:=,/ -")
+    digest = entry.get("token_sha256")
+    if not isinstance(digest, str) or not _HEX64.match(digest.lower()):
+        raise bad("token_sha256 must be the token's SHA-256 as 64 hex digits (sha256sum of the token), "
+                  "not the token itself")
+    tables = entry.get("tables", [])
+    if isinstance(tables, str):
+        tables = [tables]
+    if not isinstance(tables, list) or not all(isinstance(t, str) and t for t in tables):
+        raise bad("tables must be a list of table names or globs")
+    cluster = entry.get("cluster", False)
+    if not isinstance(cluster, bool):
+        raise bad("cluster must be true or false")
+    rate = None
+    if entry.get("rate") is not None:
+        r = entry["rate"]
+        if not isinstance(r, dict) or set(r) - {"reads_per_s", "burst"} or "reads_per_s" not in r:
+            raise bad("rate must be {reads_per_s: N, burst: M}")
+        per_s, burst = r["reads_per_s"], r.get("burst", r["reads_per_s"])
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in (per_s, burst)):
+            raise bad("rate.reads_per_s and rate.burst must be positive numbers")
+        if burst < 1:
+            raise bad("rate.burst must be at least 1")
+        rate = Rate(float(per_s), float(burst))
+    return Principal(name, tuple(tables), cluster, rate), digest.lower()
+
+
+def token_hash(token: str) -> str:
+    """What an auth file holds for ``token``."""
+    return hashlib.sha256(token.encode()).hexdigest()
