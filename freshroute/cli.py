@@ -69,8 +69,9 @@ def _lookup(args: argparse.Namespace) -> int:
            f"{urllib.parse.quote(args.key, safe='')}")
     if params:
         url += "?" + urllib.parse.urlencode(params)
+    request = urllib.request.Request(url, headers=_auth_headers(args))
     try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
+        with urllib.request.urlopen(request, timeout=10, context=_tls_context(args)) as resp:
             print(resp.read().decode())
             return 0
     except urllib.error.HTTPError as e:
@@ -79,6 +80,22 @@ def _lookup(args: argparse.Namespace) -> int:
     except urllib.error.URLError as e:
         print(f"router at {args.router} is not reachable: {e.reason}", file=sys.stderr)
         return 2
+
+
+def _auth_headers(args: argparse.Namespace) -> dict[str, str]:
+    return {"Authorization": f"Bearer {args.token}"} if args.token else {}
+
+
+def _tls_context(args: argparse.Namespace) -> Any:
+    """The TLS context of --ca (trust) and --cert/--key (a client certificate, for mTLS); None: the defaults."""
+    if not (args.ca or args.tls_cert):
+        return None
+    import ssl
+
+    ctx = ssl.create_default_context(cafile=args.ca)
+    if args.tls_cert:
+        ctx.load_cert_chain(args.tls_cert, args.tls_key)
+    return ctx
 
 
 def _lookup_grpc(args: argparse.Namespace) -> int:
@@ -93,10 +110,19 @@ def _lookup_grpc(args: argparse.Namespace) -> int:
         bound.max_lag = int(args.max_lag)
     if args.max_staleness_ms is not None:
         bound.max_staleness_ms = int(args.max_staleness_ms)
-    with grpc.insecure_channel(args.grpc) as channel:
+    if args.ca or args.tls_cert:
+        def read(path: str | None) -> bytes | None:
+            return open(path, "rb").read() if path else None
+
+        channel = grpc.secure_channel(args.grpc, grpc.ssl_channel_credentials(read(args.ca), read(args.tls_key),
+                                                                              read(args.tls_cert)))
+    else:
+        channel = grpc.insecure_channel(args.grpc)
+    metadata = (("authorization", f"Bearer {args.token}"),) if args.token else ()
+    with channel:
         try:
             resp = router_pb2_grpc.RouterStub(channel).Get(
-                router_pb2.GetRequest(table=args.table, key=args.key, bound=bound), timeout=10)
+                router_pb2.GetRequest(table=args.table, key=args.key, bound=bound), timeout=10, metadata=metadata)
         except grpc.RpcError as e:
             trailer = dict(e.trailing_metadata() or ()).get("freshroute-error")
             if trailer is None and e.code() is grpc.StatusCode.UNAVAILABLE:
@@ -122,7 +148,7 @@ def _lookup_direct(args: argparse.Namespace) -> int:
     try:
         with Client(redis_url=args.redis_url, router=args.router, namespace=args.namespace,
                     redis_sentinels=args.redis_sentinels, redis_master_name=args.redis_master_name,
-                    connect_timeout_s=3.0) as client:
+                    token=args.token, ca=args.ca, cert=args.tls_cert, key=args.tls_key, connect_timeout_s=3.0) as client:
             r = client.get(args.table, args.key, max_lag=args.max_lag, max_staleness_ms=args.max_staleness_ms,
                            min_position=args.min_position)
     except FreshrouteError as e:
@@ -176,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     lookup.add_argument("--direct", action="store_true",
                         help="read the store nodes directly (freshroute.client), metadata from --redis-url; "
                              "the router is the fallback")
+    lookup.add_argument("--token", default=os.environ.get("FRESHROUTE_TOKEN"),
+                        help="bearer token for a router with an auth file (env FRESHROUTE_TOKEN)")
+    lookup.add_argument("--ca", help="PEM CA certificate to trust for a router with TLS (https:// --router)")
+    lookup.add_argument("--cert", dest="tls_cert", help="PEM client certificate, for a router requiring one (mTLS)")
+    lookup.add_argument("--key", dest="tls_key", help="PEM private key of --cert")
     lookup.add_argument("--redis-url", default=os.environ.get("FRESHROUTE_REDIS_URL", "redis://127.0.0.1:16379/0"))
     lookup.add_argument("--redis-sentinels", default=os.environ.get("FRESHROUTE_REDIS_SENTINELS"), metavar="HOST:PORT,...",
                         help="with --direct: find the metadata store through Redis Sentinel (with --redis-master-name)")

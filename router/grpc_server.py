@@ -18,11 +18,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from freshroute.errors import FreshrouteError, InvalidArgument
+from freshroute.errors import ConfigError, FreshrouteError, InvalidArgument
 from proto import router_pb2, router_pb2_grpc
 
 from freshroute.routing.bound import NO_BOUND, Bound
 from freshroute.routing.results import LookupResult, ReplicaInfo, key_not_found
+from freshroute.tls import ServerTLS
+from router.auth import Guard
 from router.routing import Router
 from router.settings import RouterSettings
 from router.transports.grpc_front import GrpcFront
@@ -39,7 +41,10 @@ _MAX_SCAN_PAGES = 10_000
 
 # Errors whose gRPC status is not the default of their kind (UNAVAILABLE if retryable, else INTERNAL).
 _GRPC_STATUS = {"INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT, "TABLE_NOT_FOUND": grpc.StatusCode.NOT_FOUND,
-                "KEY_NOT_FOUND": grpc.StatusCode.NOT_FOUND, "TIMEOUT": grpc.StatusCode.DEADLINE_EXCEEDED}
+                "KEY_NOT_FOUND": grpc.StatusCode.NOT_FOUND, "TIMEOUT": grpc.StatusCode.DEADLINE_EXCEEDED,
+                "UNAUTHENTICATED": grpc.StatusCode.UNAUTHENTICATED,
+                "PERMISSION_DENIED": grpc.StatusCode.PERMISSION_DENIED,
+                "RATE_LIMITED": grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
 def grpc_status(exc: FreshrouteError) -> grpc.StatusCode:
@@ -136,14 +141,24 @@ async def answer_get(router: Router, request: router_pb2.GetRequest) -> router_p
 class RouterServicer(router_pb2_grpc.RouterServicer):
     """The public Router service over :class:`Router`."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, guard: Guard | None = None) -> None:
         self._router = router
+        self._guard = guard
+
+    def _table(self, context: grpc.aio.ServicerContext, table: str) -> None:
+        if self._guard is not None:
+            self._guard.table(_authorization(context), table)
+
+    def _cluster(self, context: grpc.aio.ServicerContext) -> None:
+        if self._guard is not None:
+            self._guard.cluster(_authorization(context))
 
     def _parse_bound(self, request: Any) -> Bound:
         return parse_request_bound(self._router, request)
 
     async def Get(self, request: router_pb2.GetRequest, context: grpc.aio.ServicerContext) -> router_pb2.GetResponse:
         try:
+            self._table(context, request.table)
             return await answer_get(self._router, request)
         except Exception as e:  # noqa: BLE001 — every error leaves through abort()
             await abort(context, e)
@@ -151,6 +166,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def BatchGet(self, request: router_pb2.BatchGetRequest,
                        context: grpc.aio.ServicerContext) -> router_pb2.BatchGetResponse:
         try:
+            self._table(context, request.table)
             keys = list(request.keys)
             results = await self._router.batch_get(request.table, keys, self._parse_bound(request))
             return router_pb2.BatchGetResponse(results=[
@@ -163,6 +179,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def Scan(self, request: router_pb2.ScanRequest,
                    context: grpc.aio.ServicerContext) -> AsyncIterator[router_pb2.ScanItem]:
         try:
+            self._table(context, request.table)
             bound = self._parse_bound(request)
             wanted = request.limit or None  # 0: everything
             page_size = self._router.settings.scan_max_limit
@@ -190,6 +207,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def KeyMetadata(self, request: router_pb2.KeyMetadataRequest,
                           context: grpc.aio.ServicerContext) -> router_pb2.KeyMetadataResponse:
         try:
+            self._cluster(context)
             loc = self._router.key_metadata(request.table, request.key)
             return router_pb2.KeyMetadataResponse(
                 table=loc.table, key=loc.key, partition=loc.partition,
@@ -201,17 +219,22 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def ListTables(self, request: router_pb2.ListTablesRequest,
                          context: grpc.aio.ServicerContext) -> router_pb2.ListTablesResponse:
         try:
+            principal = None
+            if self._guard is not None:
+                principal = self._guard.authenticate(_authorization(context))
+                self._guard.admit(principal)
             return router_pb2.ListTablesResponse(tables=[
                 router_pb2.TableInfo(name=t.spec.name, topic=t.spec.topic, partitions=t.spec.partitions,
                                      standby_replicas=t.spec.standby_replicas, key_column=t.spec.key_column,
                                      schema=dict(t.spec.value_schema))
-                for t in self._router.list_tables()])
+                for t in self._router.list_tables() if principal is None or principal.may_read(t.spec.name)])
         except Exception as e:  # noqa: BLE001
             await abort(context, e)
 
     async def Cluster(self, request: router_pb2.ClusterRequest,
                       context: grpc.aio.ServicerContext) -> router_pb2.ClusterResponse:
         try:
+            self._cluster(context)
             view = self._router.cluster()
             nodes = []
             for n in view["nodes"]:
@@ -236,7 +259,12 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             await abort(context, e)
 
 
-def create_grpc_server(settings: RouterSettings, router: Router) -> tuple[grpc.aio.Server, int]:
+def _authorization(context: grpc.aio.ServicerContext) -> str | None:
+    return next((v for k, v in context.invocation_metadata() or () if k == "authorization"), None)
+
+
+def create_grpc_server(settings: RouterSettings, router: Router,
+                       guard: Guard | None = None) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server (not started) with Router, health and reflection, bound to ``settings.grpc_port``.
 
     Call from a running event loop. Returns the bound port, so ``grpc_port=0`` lets the OS pick.
@@ -245,7 +273,7 @@ def create_grpc_server(settings: RouterSettings, router: Router) -> tuple[grpc.a
     # Without reuse_port, a second router on the same port fails to start rather than
     # silently sharing it.
     server = grpc.aio.server(options=[("grpc.so_reuseport", 1 if settings.reuse_port else 0)])
-    router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(router), server)
+    router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(router, guard), server)
 
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -270,10 +298,13 @@ def create_grpc_server(settings: RouterSettings, router: Router) -> tuple[grpc.a
 class RouterGetCalls:
     """``Router.Get`` for the gRPC front: the servicer's answer and error translation, without grpc.aio."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, guard: Guard | None = None) -> None:
         self._router = router
+        self._guard = guard
 
-    async def get(self, request: router_pb2.GetRequest) -> router_pb2.GetResponse:
+    async def get(self, request: router_pb2.GetRequest, authorization: bytes | None) -> router_pb2.GetResponse:
+        if self._guard is not None:
+            self._guard.table(authorization, request.table)
         return await answer_get(self._router, request)
 
     def status(self, exc: BaseException) -> tuple[grpc.StatusCode, str, tuple[tuple[bytes, bytes], ...]]:
@@ -285,15 +316,20 @@ class PublicGrpc:
     """The router's public gRPC port as the settings ask: the front (``Router.Get`` in place, every other
     call relayed to a grpc.aio server on a port only this process knows of), or grpc.aio alone."""
 
-    def __init__(self, settings: RouterSettings, router: Router) -> None:
+    def __init__(self, settings: RouterSettings, router: Router, guard: Guard | None = None,
+                 tls: ServerTLS | None = None) -> None:
         self.front: GrpcFront | None = None
+        if tls is not None and not settings.grpc_front:
+            raise ConfigError("TLS on the gRPC port needs grpc_front (the default): set grpc_front true",
+                              setting="grpc_front")
         if settings.grpc_front:
             inner = settings.model_copy(update={"host": "127.0.0.1", "grpc_port": 0, "reuse_port": False})
-            self._server, inner_port = create_grpc_server(inner, router)
-            self.front = GrpcFront(RouterGetCalls(router), f"127.0.0.1:{inner_port}", settings.host,
-                                   settings.grpc_port, settings.reuse_port)
+            # Relayed calls carry their authorization metadata: the inner servicer checks them.
+            self._server, inner_port = create_grpc_server(inner, router, guard)
+            self.front = GrpcFront(RouterGetCalls(router, guard), f"127.0.0.1:{inner_port}", settings.host,
+                                   settings.grpc_port, settings.reuse_port, tls.context if tls else None)
         else:
-            self._server, self.port = create_grpc_server(settings, router)
+            self._server, self.port = create_grpc_server(settings, router, guard)
 
     @property
     def connections(self) -> set[Any]:

@@ -12,6 +12,8 @@ from typing import Iterator
 
 import uvicorn
 
+from freshroute.tls import ServerTLS
+from router.auth import Guard
 from router.grpc_server import PublicGrpc
 from router.rest import create_app
 from router.runtime import RouterRuntime
@@ -29,6 +31,10 @@ class _RestServer(uvicorn.Server):
         yield
 
 
+def _loopback(host: str) -> bool:
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
 def _listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -44,6 +50,14 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
     """Serve REST and gRPC until ``stop`` is set or SIGTERM/SIGINT arrives, then stop gracefully."""
     stop = stop if stop is not None else asyncio.Event()
     loop = asyncio.get_running_loop()
+    # Before anything listens: a broken auth file stops the start, naming the file and line.
+    guard = Guard(settings.auth_file) if settings.auth_file is not None else None
+    rest_tls = grpc_tls = None
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        rest_tls = ServerTLS(settings.tls_cert, settings.tls_key, settings.tls_client_ca, ("http/1.1",))
+        grpc_tls = ServerTLS(settings.tls_cert, settings.tls_key, settings.tls_client_ca, ("h2",))
+    if guard is None and not _loopback(settings.host):
+        log.warning("router bound to %s without --auth-file: anyone who reaches it reads every table", settings.host)
     runtime = RouterRuntime(settings)
     rest_sock = _listen(settings.host, settings.rest_port, settings.reuse_port)
     grpc_server: PublicGrpc | None = None
@@ -51,21 +65,31 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
     handled: list[int] = []
     try:
         await runtime.start()
-        grpc_server = PublicGrpc(settings, runtime.router)
+        grpc_server = PublicGrpc(settings, runtime.router, guard, grpc_tls)
         grpc_port = await grpc_server.start()
-        app = create_app(settings, runtime.router)
+        app = create_app(settings, runtime.router, guard=guard)
         # Key lookups are answered by the connection's own protocol (router.transports.http1); uvicorn's
         # serves everything else. No X-Forwarded-* rewriting: nothing here reads the client
         # address, and the middleware would inspect every request's headers.
         http = key_lookup_protocol(app.key_handlers) if settings.rest_fast_path else "httptools"
-        rest = _RestServer(uvicorn.Config(app, http=http, access_log=False, proxy_headers=False, server_header=False,
-                                          lifespan="on", log_level=settings.log_level.lower(),
-                                          timeout_graceful_shutdown=max(1, int(settings.graceful_shutdown_s))))
+        config = uvicorn.Config(app, http=http, access_log=False, proxy_headers=False, server_header=False,
+                                lifespan="on", log_level=settings.log_level.lower(),
+                                timeout_graceful_shutdown=max(1, int(settings.graceful_shutdown_s)))
+        if rest_tls is not None:
+            config.load()
+            config.ssl = rest_tls.context  # ours, so that SIGHUP can reload it in place
+        rest = _RestServer(config)
         rest_task = asyncio.create_task(rest.serve(sockets=[rest_sock]), name="rest")
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
                 handled.append(sig)
+        reloads = [x.reload for x in (guard, rest_tls, grpc_tls) if x is not None]
+        if reloads:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                # New principals and certificates for new requests and handshakes; connections stay open.
+                loop.add_signal_handler(signal.SIGHUP, lambda: [reload() for reload in reloads])
+                handled.append(signal.SIGHUP)
         rest_port = rest_sock.getsockname()[1]
         # Modules, the app and its routes live as long as the process: frozen, they are no
         # longer traced by every full collection. Lookups in flight keep a few hundred
@@ -74,8 +98,9 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
         # them are freed by reference counting anyway.
         gc.freeze()
         gc.set_threshold(10_000)
-        log.info("router serving REST on http://%s:%d and gRPC on %s:%d", settings.host, rest_port, settings.host,
-                 grpc_port)
+        log.info("router serving REST on %s://%s:%d and gRPC on %s:%d%s", "https" if rest_tls else "http",
+                 settings.host, rest_port, settings.host, grpc_port,
+                 " (TLS" + (", client certificates required)" if settings.tls_client_ca else ")") if rest_tls else "")
         stop_wait = asyncio.create_task(stop.wait())
         await asyncio.wait({stop_wait, rest_task}, return_when=asyncio.FIRST_COMPLETED)
         stop_wait.cancel()

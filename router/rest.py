@@ -23,10 +23,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
-from freshroute.errors import FreshrouteError, InvalidArgument
+from freshroute.errors import FreshrouteError, InvalidArgument, RateLimited, Unauthenticated
 from freshroute.position import Position
 
 from freshroute.routing.bound import NO_BOUND, Bound, parse_bound, parse_limit, parse_query_bound
+from router.auth import WWW_AUTHENTICATE, Guard, Principal
 from router.openapi import (ERROR_RESPONSES, HTTP_REFUSALS, PAGE_TOKEN_FORMAT, BatchGetRequest, BatchGetResponse,
                             ErrorBody, KeyValue, ScanResponse, bound_parameters)
 from freshroute.routing.results import LookupResult, key_not_found
@@ -63,12 +64,21 @@ def error_response(exc: BaseException) -> tuple[int, bytes]:
     return err.http_status, orjson.dumps(err.to_body())
 
 
+def error_headers(exc: BaseException) -> dict[str, str]:
+    """Headers an error's status calls for: how to authenticate (401), when to come back (429)."""
+    if isinstance(exc, Unauthenticated):
+        return {"www-authenticate": WWW_AUTHENTICATE}
+    if isinstance(exc, RateLimited):
+        return {"retry-after": str(exc.details.get("retry_after_s", 1))}
+    return {}
+
+
 async def handle_error(request: Request, exc: Exception) -> Response:
     """The single exception handler of the app (every error class is routed here)."""
     status, body = error_response(exc)
     # A 405 says which methods the resource has (RFC 9110 §15.5.6); Starlette names them in Allow.
-    headers = exc.headers if isinstance(exc, StarletteHTTPException) else None
-    return Response(body, status, headers=headers, media_type=_JSON)
+    headers = exc.headers if isinstance(exc, StarletteHTTPException) else error_headers(exc)
+    return Response(body, status, headers=headers or None, media_type=_JSON)
 
 
 # ---- rendering ----------------------------------------------------------------------------
@@ -99,23 +109,27 @@ class KeyHandlers:
     """The two key routes as plain functions of (table, key, query) → (status, body); the
     :class:`router.transports.KeyRoutes` of the HTTP/1.1 path."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, guard: Guard | None = None) -> None:
         self.router = router
+        self.guard = guard
 
     @staticmethod
     def match(raw_path: bytes) -> tuple[bytes, bytes, bool] | None:
         return match_key_path(raw_path)
 
-    async def answer(self, match: tuple[bytes, bytes, bool], query: bytes) -> tuple[int, bytes]:
-        """(status, JSON body) of a GET on a key route, as :func:`match_key_path` split it."""
+    async def answer(self, match: tuple[bytes, bytes, bool], query: bytes,
+                     authorization: bytes | None = None) -> tuple[int, bytes, dict[str, str]]:
+        """(status, JSON body, extra headers) of a GET on a key route, as :func:`match_key_path` split it."""
         table_raw, key_raw, is_metadata = match
         try:
             table, key = _segment(table_raw), _segment(key_raw)
+            if self.guard is not None:
+                self.guard.cluster(authorization) if is_metadata else self.guard.table(authorization, table)
             if is_metadata:
-                return self.metadata(table, key)
-            return await self.lookup(table, key, query)
+                return (*self.metadata(table, key), {})
+            return (*await self.lookup(table, key, query), {})
         except Exception as e:  # noqa: BLE001 — the same translation as every other route
-            return error_response(e)
+            return (*error_response(e), error_headers(e))
 
     async def lookup(self, table: str, key: str, query: bytes) -> tuple[int, bytes]:
         try:
@@ -174,11 +188,44 @@ async def serve_key_route(handlers: KeyHandlers, scope: Scope, send: Send) -> bo
     match = match_key_path(scope.get("raw_path") or scope["path"].encode())
     if match is None:
         return False
-    status, body = await handlers.answer(match, scope.get("query_string", b""))
+    status, body, extra = await handlers.answer(match, scope.get("query_string", b""), _authorization(scope))
     await send({"type": "http.response.start", "status": status,
-                "headers": [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]})
+                "headers": [*_JSON_HEADERS, (b"content-length", str(len(body)).encode()),
+                            *((k.encode(), v.encode()) for k, v in extra.items())]})
     await send({"type": "http.response.body", "body": body})
     return True
+
+
+def _authorization(scope: Scope) -> bytes | None:
+    return next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
+
+
+# Open to anyone: a load balancer's health checks carry no token.
+_OPEN = frozenset((b"/healthz", b"/readyz"))
+
+
+def check_access(guard: Guard, scope: Scope) -> Principal | None:
+    """What a REST request needs, checked once per request (a batch or a scan is one read of its table):
+    reads of ``/v1/tables/{table}/…`` need the table; the list of tables, a principal (it lists what it may
+    read); everything else — cluster, key metadata, metrics, docs — a principal allowed to see the cluster."""
+    raw = scope.get("raw_path") or scope["path"].encode()
+    path = raw.partition(b"?")[0]
+    if path in _OPEN:
+        return None
+    authorization = _authorization(scope)
+    if path.rstrip(b"/") == b"/v1/tables":
+        principal = guard.authenticate(authorization)
+        guard.admit(principal)
+        return principal
+    key = match_key_path(path)
+    if key is not None:
+        return guard.cluster(authorization) if key[2] else guard.table(authorization, _segment(key[0]))
+    if path.startswith(_PREFIX):
+        rest = path[len(_PREFIX):]
+        table, _, tail = rest.partition(b"/")
+        if table and (tail in (b"scan", b"keys:batchGet")):
+            return guard.table(authorization, _segment(table))
+    return guard.cluster(authorization)
 
 
 class RouterApp(FastAPI):
@@ -191,17 +238,30 @@ class RouterApp(FastAPI):
     """
 
     key_handlers: KeyHandlers | None = None
+    guard: Guard | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         handlers = self.key_handlers
         if handlers is not None and await serve_key_route(handlers, scope, send):
-            return
+            return  # checked by the handlers, as on the HTTP/1.1 path
+        guard = self.guard
+        if guard is not None and scope["type"] == "http":
+            try:
+                scope.setdefault("state", {})["principal"] = check_access(guard, scope)
+            except Exception as e:  # noqa: BLE001 — the same translation as every other route
+                status, body = error_response(e)
+                await send({"type": "http.response.start", "status": status,
+                            "headers": [*_JSON_HEADERS, (b"content-length", str(len(body)).encode()),
+                                        *((k.encode(), v.encode()) for k, v in error_headers(e).items())]})
+                await send({"type": "http.response.body", "body": body})
+                return
         await super().__call__(scope, receive, send)
 
 
 # ---- the app ------------------------------------------------------------------------------
 
-def create_app(settings: RouterSettings, router: Router | None = None, *, fast_key_routes: bool = True) -> FastAPI:
+def create_app(settings: RouterSettings, router: Router | None = None, *, fast_key_routes: bool = True,
+               guard: Guard | None = None) -> FastAPI:
     """The REST app over ``router``; without one, the app builds and runs its own (Redis, gRPC store client)."""
     runtime = None
     if router is None:
@@ -223,17 +283,22 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, fast_k
                               "within the caller's staleness bound.", lifespan=lifespan)
     for exc_class in (FreshrouteError, RequestValidationError, StarletteHTTPException, Exception):
         app.add_exception_handler(exc_class, handle_error)
-    handlers = KeyHandlers(router)
+    if guard is None and settings.auth_file is not None:
+        guard = Guard(settings.auth_file)
+    handlers = KeyHandlers(router, guard)
     if fast_key_routes:
         app.key_handlers = handlers
+    app.guard = guard
     app.state.router = router
 
     def json(body: Any, status: int = 200) -> Response:
         return Response(orjson.dumps(body), status, media_type=_JSON)
 
     @app.get("/v1/tables", tags=["tables"], summary="Tables with partition count, replicas and schema")
-    async def list_tables() -> Response:
-        return json({"tables": [t.to_dict() for t in router.list_tables()]})
+    async def list_tables(request: Request) -> Response:
+        principal = request.scope.get("state", {}).get("principal")
+        return json({"tables": [t.to_dict() for t in router.list_tables()
+                                if principal is None or principal.may_read(t.spec.name)]})
 
     @app.get("/v1/tables/{table}/keys/{key}", tags=["lookups"], summary="Look up one key",
              responses={200: {"model": KeyValue}, **ERROR_RESPONSES},

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from freshroute.settings import CommonSettings
 
@@ -34,6 +36,14 @@ class RouterSettings(CommonSettings):
                              "the event loop) and relay every other call to grpc.aio; false: grpc.aio serves the port")
     rest_fast_path: bool = Field(default=True, description="answer key lookups on the REST connection itself "
                                  "(HTTP/1.1 on the event loop); off: uvicorn's own protocol serves every request")
+    auth_file: Path | None = Field(default=None, description="principals, their token hashes, tables and rates "
+                                   "(YAML or JSON; see docs/security.md); reloaded on SIGHUP; unset: no "
+                                   "authentication")
+    tls_cert: Path | None = Field(default=None, description="PEM certificate (chain) of the REST and gRPC ports; "
+                                  "with tls_key, both ports speak only TLS (gRPC with ALPN h2); reloaded on SIGHUP")
+    tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert")
+    tls_client_ca: Path | None = Field(default=None, description="PEM CA certificate(s): with it, both ports "
+                                       "require a client certificate signed by them (mTLS)")
     reuse_port: bool = Field(default=False, description="bind both ports with SO_REUSEPORT, so that several router "
                              "processes on one machine share them (Linux spreads connections across them)")
 
@@ -90,3 +100,11 @@ class RouterSettings(CommonSettings):
             except orjson.JSONDecodeError as e:
                 raise ValueError(f"not JSON: {e}") from None
         return value
+
+    @model_validator(mode="after")
+    def _tls_files_together(self) -> "RouterSettings":
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: give both, or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca needs tls_cert and tls_key: client certificates are checked over TLS")
+        return self

@@ -26,12 +26,14 @@ class AsyncClient:
 
     Bootstrapped from the metadata store (``redis_url``, or ``redis_sentinels`` with
     ``redis_master_name`` for Redis Sentinel) or from a router (``router``); with both, metadata
-    comes from Redis and the router answers when no store node can.
+    comes from Redis and the router answers when no store node can. A router with an auth file
+    or TLS takes ``token``, ``ca`` (the CA to trust) and ``cert``/``key`` (mTLS).
     Use as ``async with AsyncClient(...) as client`` (or call :meth:`start` and :meth:`close`).
     """
 
     def __init__(self, redis_url: str | None = None, *, router: str | None = None, namespace: str = "freshroute",
                  redis_sentinels: str | None = None, redis_master_name: str | None = None,
+                 token: str | None = None, ca: str | None = None, cert: str | None = None, key: str | None = None,
                  policy: RoutingPolicy | None = None, refresh_ms: int = 150, connect_timeout_s: float = 5.0) -> None:
         if not redis_url and not redis_sentinels and not router:
             raise ValueError("give redis_url or redis_sentinels (the metadata store) or router (a router's REST "
@@ -45,6 +47,7 @@ class AsyncClient:
                 raise InvalidArgument(f"redis_sentinels: {e}", field="redis_sentinels") from None
         self.policy = policy if policy is not None else RoutingPolicy()
         self._router_url, self._namespace = router, namespace
+        self._router_auth = {"token": token, "ca": ca, "cert": cert, "key": key}
         self._refresh_ms = refresh_ms
         self._connect_timeout_s = connect_timeout_s
         self.router: RouterHttp | None = None
@@ -61,7 +64,7 @@ class AsyncClient:
         if self.core is not None:
             return self
         if self._router_url:
-            self.router = RouterHttp(self._router_url, self.policy.request_timeout_ms / 1000 + 1)
+            self.router = RouterHttp(self._router_url, self.policy.request_timeout_ms / 1000 + 1, **self._router_auth)
         metadata: Any
         if self._redis is not None:
             self._metadata_redis = self._redis.async_client(0.5)

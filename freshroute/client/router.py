@@ -51,9 +51,18 @@ def snapshot_from_router(tables_doc: dict[str, Any], cluster_doc: dict[str, Any]
 class RouterHttp:
     """A router's REST API: metadata for the snapshot, and every read as the fallback."""
 
-    def __init__(self, url: str, timeout_s: float) -> None:
+    def __init__(self, url: str, timeout_s: float, token: str | None = None, ca: str | None = None,
+                 cert: str | None = None, key: str | None = None) -> None:
         self.url = url.rstrip("/")
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s)
+        verify: Any = True
+        if ca or cert:
+            import ssl
+
+            verify = ssl.create_default_context(cafile=ca)
+            if cert:
+                verify.load_cert_chain(cert, key)
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s, verify=verify,
+                                       headers={"authorization": f"Bearer {token}"} if token else None)
 
     async def call(self, method: str, path: str, **kw: Any) -> tuple[int, Any]:
         """(status, JSON body); an unreachable router or a body that is not JSON is :class:`ReplicaUnavailable`."""

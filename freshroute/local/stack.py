@@ -70,6 +70,8 @@ class StackConfig:
     spark_cluster: bool = False
     spark_master_port: int = 0
     spark_master_ui_port: int = 0
+    # Routers with TLS and an auth file: secrets made afresh by `up` under home/secure.
+    secure: bool = False
     # A librdkafka properties file every Kafka client of the stack reads ("": none).
     kafka_config: str = ""
     redis_sentinel: bool = False
@@ -132,7 +134,7 @@ class StackConfig:
 
     @property
     def rest_url(self) -> str:
-        return f"http://{self.router_host}:{self.rest_port}"
+        return f"{'https' if self.secure else 'http'}://{self.router_host}:{self.rest_port}"
 
     @property
     def grpc_address(self) -> str:
@@ -312,9 +314,17 @@ class Stack:
                                                                 "metrics": f"http://{host}:{metrics}/metrics"}
         if name in self.router_names():
             shared = ["--reuse-port", "true"] if c.routers > 1 else []
+            secured: list[str] = []
+            if c.secure:
+                from freshroute.local.secure import load_secrets
+
+                s = load_secrets(c.home)
+                assert s is not None, "secrets are made by up() before any router starts"
+                secured = ["--auth-file", str(s.auth_file), "--tls-cert", str(s.router_cert),
+                           "--tls-key", str(s.router_key)]
             return "router", self._freshroute(
                 "router", "--host", c.router_host, "--rest-port", str(c.rest_port), "--grpc-port", str(c.grpc_port),
-                *shared), {"rest": c.rest_url, "grpc": c.grpc_address}
+                *shared, *secured), {"rest": c.rest_url, "grpc": c.grpc_address}
         if name == "demo-producer":
             return "demo-producer", [sys.executable, "-m", "freshroute.local.demo", "--bootstrap", c.bootstrap,
                                      "--topic", f"{c.topic_prefix}readings", "--rate", str(c.demo_rate),
@@ -383,8 +393,13 @@ class Stack:
             raise RuntimeError(f"already in use: {', '.join(busy)} (pick other ports with flags)")
         # The local broker is memory-only: a new one holds no topics, so checkpoints and replica
         # stores from an earlier run describe data that is gone. Start them afresh too.
-        for stale in (c.home / "pipeline", c.home / "data"):
+        for stale in (c.home / "pipeline", c.home / "data", c.home / "secure"):
             shutil.rmtree(stale, ignore_errors=True)
+        if c.secure:
+            from freshroute.local.secure import make_secrets
+
+            make_secrets(c.home, (c.router_host,))
+            self._say(f"secure: a throwaway CA, certificates and tokens in {c.home / 'secure'}")
         self.save()
         comp = self.start("broker")
         wait(c.host, c.broker_port, 30, None)
@@ -420,17 +435,43 @@ class Stack:
             comp = self.start(name)
             # The ports answer once any router listens: each one is also waited for by its
             # own start-up line (logged once both its ports are bound).
-            self._wait_alive(comp, lambda: _http_ok(f"{c.rest_url}/healthz") and _logged(comp, "router serving", since),
-                             60)
+            self._wait_alive(comp, lambda: self.http_ok("/healthz") and _logged(comp, "router serving", since), 60)
             self._say(f"{name} REST {c.rest_url}  gRPC {c.grpc_address}  pid {comp.pid}")
         if c.demo:
             self._say("waiting for the first micro-batches to reach the store nodes …")
             self._wait_alive(self.components["pipeline"],
-                             lambda: _http_ok(f"{c.rest_url}/v1/tables/sensor_stats/keys/sensor-1"), c.startup_timeout_s,
+                             lambda: self.http_ok("/v1/tables/sensor_stats/keys/sensor-1"), c.startup_timeout_s,
                              tick=lambda waited: self._say(f"  … still waiting ({waited:.0f}s): Spark takes 10–60 s to start"))
             self._wait_warm(pipeline_since)
             self._say("demo data is served: lookups are ready")
         return self
+
+    def http_ok(self, path: str) -> bool:
+        """Whether the router answers ``path`` with 200 — as the admin over TLS, on a secure stack."""
+        c = self.config
+        if not c.secure:
+            return _http_ok(f"{c.rest_url}{path}")
+        import ssl
+
+        from freshroute.local.secure import ADMIN, load_secrets
+
+        s = load_secrets(c.home)
+        if s is None:
+            return False
+        request = urllib.request.Request(f"{c.rest_url}{path}", headers={"Authorization": f"Bearer {s.tokens[ADMIN]}"})
+        try:
+            with urllib.request.urlopen(request, timeout=1, context=ssl.create_default_context(cafile=str(s.ca))) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _secure_status(self) -> dict[str, Any]:
+        if not self.config.secure:
+            return {}
+        from freshroute.local.secure import load_secrets
+
+        s = load_secrets(self.config.home)
+        return {"secure": s.to_dict()} if s is not None else {}
 
     def spark_workers(self) -> list[str]:
         return [n for n in self.components if n == "spark-worker" or n.startswith("spark-worker-")]
@@ -561,7 +602,7 @@ class Stack:
             "redis": {"url": c.redis_url, **({"sentinels": c.redis_sentinels,
                                               "master_name": c.redis_location().master_name}
                                              if c.redis_sentinel else {})},
-            "router": {"rest": c.rest_url, "grpc": c.grpc_address},
+            "router": {"rest": c.rest_url, "grpc": c.grpc_address, **self._secure_status()},
             "components": [{"name": x.name, "role": x.role, "pid": x.pid, "alive": x.alive(), "log": x.log,
                             **x.addresses} for x in self.components.values()],
         }
@@ -613,7 +654,7 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
                        trigger_ms=args.trigger_ms, pipeline_nice=args.pipeline_nice, routers=args.routers,
                        standby_replicas=args.standby_replicas, redis_sentinel=args.redis_sentinel,
                        kafka_config=str(Path(args.kafka_config).resolve()) if args.kafka_config else "",
-                       spread=args.spread, spark_cluster=args.spark_cluster,
+                       spread=args.spread, spark_cluster=args.spark_cluster, secure=args.secure,
                        demo_rate=args.demo_rate, demo=not args.no_demo).resolved()
 
 
@@ -676,6 +717,9 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
                     metavar="0-19", help="the pipeline's CPU priority: it yields to lookups (0: the same priority)")
     up.add_argument("--kafka-config", type=_kafka_config, metavar="FILE",
                     help="librdkafka properties file (name=value lines) for every Kafka client of the stack")
+    up.add_argument("--secure", action="store_true",
+                    help="routers with TLS and tokens: a throwaway CA, certificates and two tokens (a reader of "
+                         "sensor_stats, an admin) under the stack's home, shown by `local status --json`")
     up.add_argument("--spark-cluster", action="store_true",
                     help="run the pipeline on a Spark standalone cluster: a master and a worker on loopback")
     up.add_argument("--spread", action="store_true",
@@ -762,6 +806,26 @@ def dispatch(args: argparse.Namespace) -> int:
 
 
 def _print_examples(c: StackConfig) -> None:
+    if c.secure:
+        from freshroute.local.secure import ADMIN, READER, load_secrets
+
+        s = load_secrets(c.home)
+        assert s is not None
+        tls = f"--cacert {s.ca}"
+        print(f"""
+freshroute is up, with TLS and tokens (secrets in {s.dir}). Try:
+
+  READER={s.tokens[READER]}   # may read sensor_stats
+  ADMIN={s.tokens[ADMIN]}    # may read every table and see the cluster
+  curl -s {tls} -H "Authorization: Bearer $READER" {c.rest_url}/v1/tables/sensor_stats/keys/sensor-1
+  curl -s {tls} -H "Authorization: Bearer $READER" {c.rest_url}/v1/tables/area_counts/keys/cabin   # 403
+  curl -s {tls} -H "Authorization: Bearer $ADMIN" {c.rest_url}/v1/cluster
+  .venv/bin/freshroute lookup sensor_stats sensor-1 --router {c.rest_url} --ca {s.ca} --token $READER
+  .venv/bin/freshroute lookup sensor_stats sensor-1 --grpc {c.grpc_address} --ca {s.ca} --token $READER
+
+  .venv/bin/freshroute local status --json      .venv/bin/freshroute local down
+""", flush=True)
+        return
     print(f"""
 freshroute is up. Try:
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import ssl as ssl_module
 import struct
 from typing import Any
 from urllib.parse import quote
@@ -612,7 +613,8 @@ class GrpcConnection(PacedByAnswers):
 
     async def _get(self, stream: _Stream, request: router_pb2.GetRequest) -> None:
         try:
-            response = await self._front.calls.get(request)
+            authorization = next((v for n, v in stream.headers if n == b"authorization"), None)
+            response = await self._front.calls.get(request, authorization)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 — every error leaves as a status, translated once
@@ -805,8 +807,10 @@ def _metadata_in(metadata: Any) -> tuple[tuple[bytes, bytes], ...]:
 class GrpcFront:
     """The public gRPC port: :class:`GrpcConnection` per client, relaying what it does not answer to ``relay_target``."""
 
-    def __init__(self, calls: GetCalls, relay_target: str, host: str, port: int, reuse_port: bool = False) -> None:
+    def __init__(self, calls: GetCalls, relay_target: str, host: str, port: int, reuse_port: bool = False,
+                 ssl: "ssl_module.SSLContext | None" = None) -> None:
         self.calls = calls
+        self._ssl = ssl
         self.connections: set[GrpcConnection] = set()
         self._listen = (host, port, reuse_port)
         self._server: asyncio.Server | None = None
@@ -819,7 +823,7 @@ class GrpcFront:
         host, port, reuse_port = self._listen
         try:
             self._server = await asyncio.get_running_loop().create_server(
-                lambda: GrpcConnection(self), host, port, reuse_port=reuse_port or None, backlog=2048)
+                lambda: GrpcConnection(self), host, port, reuse_port=reuse_port or None, backlog=2048, ssl=self._ssl)
         except OSError as e:
             raise RuntimeError(f"cannot bind gRPC to {host}:{port}: {e}") from None
         self.port = self._server.sockets[0].getsockname()[1]

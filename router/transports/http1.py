@@ -129,10 +129,11 @@ class KeyLookupProtocol(asyncio.Protocol):
         self.url = b""
         self.plain = True
         self.head_len = 0
-        # (key route, query, keep alive) of each request parsed and not answered yet
-        self.requests: deque[tuple[Any, bytes, bool]] = deque()
+        # (key route, query, keep alive, authorization) of each request parsed and not answered yet
+        self.requests: deque[tuple[Any, bytes, bool, bytes | None]] = deque()
         self.match: Any = None  # the key route of the request being parsed
         self.query = b""
+        self.authorization: bytes | None = None
         self.head_since: float | None = None  # when the head being parsed began to arrive
         self.busy = False  # an answer of this connection is being worked out
         self.handing_over = False
@@ -210,6 +211,7 @@ class KeyLookupProtocol(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.url = b""
         self.plain = True
+        self.authorization = None
         self.head_since = self.loop.time()
         # Blank lines before a request line are allowed, and not part of the request.
         self.buffer = self.buffer.lstrip(b"\r\n")
@@ -220,8 +222,11 @@ class KeyLookupProtocol(asyncio.Protocol):
             raise _Refuse(_URL_TOO_LONG)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() in _NOT_PLAIN:
+        lower = name.lower()
+        if lower in _NOT_PLAIN:
             self.plain = False
+        elif lower == b"authorization":
+            self.authorization = value
 
     def on_headers_complete(self) -> None:
         self.head_since = None
@@ -236,20 +241,20 @@ class KeyLookupProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.buffer = self.buffer[self.head_len:]
-        self.requests.append((self.match, self.query, self.parser.should_keep_alive()))
+        self.requests.append((self.match, self.query, self.parser.should_keep_alive(), self.authorization))
         if not self.busy:
             self._answer_next()
 
     # ---- answers ----------------------------------------------------------------------
 
     def _answer_next(self) -> None:
-        match, query, keep_alive = self.requests.popleft()
+        match, query, keep_alive, authorization = self.requests.popleft()
         self.busy = True
-        self.loop.create_task(self._answer(match, query, keep_alive))
+        self.loop.create_task(self._answer(match, query, keep_alive, authorization))
 
-    async def _answer(self, match: Any, query: bytes, keep_alive: bool) -> None:
+    async def _answer(self, match: Any, query: bytes, keep_alive: bool, authorization: bytes | None) -> None:
         try:
-            status, body = await self.routes.answer(match, query)
+            status, body, extra = await self.routes.answer(match, query, authorization)
         finally:
             self.busy = False
         transport = self.transport
@@ -257,6 +262,7 @@ class KeyLookupProtocol(asyncio.Protocol):
             return
         keep_alive = keep_alive and not (self.closing and not self.requests)
         answer = b"".join((STATUS_LINE[status], self._default_headers(),
+                           *(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in extra.items()),
                            b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body),
                            b"\r\n" if keep_alive else b"connection: close\r\n\r\n", body))
         if keep_alive and not self.requests and not self.handing_over:
