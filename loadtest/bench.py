@@ -57,7 +57,7 @@ FIGURES = ("router_grpc_rps", "router_rest_rps", "direct_store_rps", "baseline_g
            "client_get_many_keys_per_s", "redis_py_mget_keys_per_s", "client_sync_get_rps", "redis_py_sync_get_rps",
            "client_sync_get_p50_ms", "redis_py_sync_get_p50_ms", "transports_rest_rps", "uvicorn_rest_rps",
            "transports_grpc_rps", "grpcaio_grpc_rps", "stack_idle_cpu_cores",
-           "router_rest_p99_ms_busy")
+           "router_rest_p99_ms_busy", "secure_rest_rps", "secure_grpc_rps")
 
 BUSY_CONNECTIONS = 32  # router_rest_p99_ms_busy: lookups in flight while the pipeline runs
 WARM_AFTER_S = 120.0  # freshness_p99_ms: probes start once the stack has run this long
@@ -83,6 +83,9 @@ TARGETS = (
     # What the stack takes from lookups on a small machine while it only keeps up with its input.
     ("stack_idle_cpu_cores", "stack_idle_cpu_cores", None, "<=", 0.5),
     ("router_rest_p99_ms_busy", "router_rest_p99_ms_busy", None, "<=", 12.0),
+    # TLS and a bearer token on keep-alive connections must cost a few percent, not a factor.
+    ("secure_rest_rps / router_rest_rps", "secure_rest_rps", "router_rest_rps", ">=", 0.75),
+    ("secure_grpc_rps / router_grpc_rps", "secure_grpc_rps", "router_grpc_rps", ">=", 0.75),
 )
 
 LOAD_CLIENTS = {"router_rest_rps": "wrk -t1 (Lua: rotating keys)", "router_grpc_rps": "h2load -t1 (gRPC frames, h2c)",
@@ -95,7 +98,9 @@ LOAD_CLIENTS = {"router_rest_rps": "wrk -t1 (Lua: rotating keys)", "router_grpc_
                 "client": "loadtest.clientbench: one Python process per side (asyncio; sync = threads)",
                 "transports": "wrk -t1 and h2load -t1 against two router processes of the bench's own",
                 "stack_idle_cpu_cores": "none: /proc CPU of every stack process tree (loadtest.footprint)",
-                "router_rest_p99_ms_busy": "wrk -t1 -c32 (Lua: rotating keys), saturation, pipeline running"}
+                "router_rest_p99_ms_busy": "wrk -t1 -c32 (Lua: rotating keys), saturation, pipeline running",
+                "secure": "wrk -t1 (HTTPS) and h2load -t1 (TLS, ALPN h2), a bearer token on every request, against "
+                          "as many router processes of the bench's own as the stack runs"}
 
 
 RESTORE_FIGURES = ("restore_rps", "raw_consume_rps")
@@ -240,12 +245,14 @@ class Bench:
 
     def run_h2load(self, label: str, url: str, body: Path | None, ok_size: int | None, clients: int, streams: int,
                    duration_s: float, rps_per_client: float | None = None, http1: bool = False,
-                   input_file: Path | None = None, warm_up_s: float = 1.0) -> tuple[lc.H2loadResult, list[float]]:
+                   input_file: Path | None = None, warm_up_s: float = 1.0,
+                   headers: tuple[str, ...] = ()) -> tuple[lc.H2loadResult, list[float]]:
         log = self.work / f"{label}.log" if rps_per_client else None
         if log is not None:
             log.unlink(missing_ok=True)  # h2load appends to its log file: one run's samples only
         cmd = lc.h2load_command(url, clients, streams, duration_s, body_file=body,
-                                headers=lc.GRPC_HEADERS if body is not None else (), rps_per_client=rps_per_client,
+                                headers=(*(lc.GRPC_HEADERS if body is not None else ()), *headers),
+                                rps_per_client=rps_per_client,
                                 log_file=log, http1=http1, warm_up_s=warm_up_s, input_file=input_file)
         res = lc.parse_h2load(lc.run(cmd, duration_s + warm_up_s + 30))
         problems = []
@@ -270,15 +277,15 @@ class Bench:
         conns = max(1, min(self.a.grpc_connections, self.a.concurrency))
         return conns, math.ceil(self.a.concurrency / conns)
 
-    def throughput_grpc(self, label: str, url: str, body: Path, ok_size: int) -> float:
+    def throughput_grpc(self, label: str, url: str, body: Path, ok_size: int, headers: tuple[str, ...] = ()) -> float:
         conns, streams = self.grpc_shape()
-        res, _ = self.run_h2load(label, url, body, ok_size, conns, streams, self.a.duration)
+        res, _ = self.run_h2load(label, url, body, ok_size, conns, streams, self.a.duration, headers=headers)
         self.say(f"  {label}: {res.rps:,.0f} req/s ({res.succeeded} answers in {self.a.duration:g}s, "
                  f"{conns} conns × {streams} streams)")
         return round(res.rps, 1)
 
-    def throughput_rest(self, label: str = "router_rest", url: str | None = None) -> float:
-        cmd = lc.wrk_command((url or self.c.rest_url) + "/", self.a.concurrency, self.a.duration)
+    def throughput_rest(self, label: str = "router_rest", url: str | None = None, headers: tuple[str, ...] = ()) -> float:
+        cmd = lc.wrk_command((url or self.c.rest_url) + "/", self.a.concurrency, self.a.duration, headers=headers)
         out = lc.parse_wrk(lc.run(cmd, self.a.duration + 30, lc.wrk_env(self.a.table, self.a.key_prefix, len(self.keys))))
         if out["errors"]:
             self.notes[f"{label}_problems"] = f"{out['errors']} errors (non-2xx or socket) of {out['requests']}"
@@ -375,6 +382,15 @@ class Bench:
 
     def start_router(self, name: str, transports: bool) -> tuple[subprocess.Popen, str, str]:
         """A router process over the stack's Redis namespace on ports of its own: (process, REST url, gRPC Get url)."""
+        procs, rest, grpc_url = self.start_routers(name, {"FRESHROUTE_GRPC_FRONT": str(transports).lower(),
+                                                          "FRESHROUTE_REST_FAST_PATH": str(transports).lower()})
+        return procs[0], rest, grpc_url
+
+    def start_routers(self, name: str, env_extra: dict[str, str], count: int = 1, scheme: str = "http",
+                      headers: dict[str, str] | None = None,
+                      verify: Any = True) -> tuple[list[subprocess.Popen], str, str]:
+        """``count`` router processes sharing ports of their own (SO_REUSEPORT) over the stack's Redis namespace:
+        (processes, REST url, gRPC Get url), once one answers a lookup."""
         import httpx
 
         from freshroute.local.services import free_port
@@ -383,23 +399,62 @@ class Bench:
         rest_port, grpc_port = free_port(), free_port()
         env = {"FRESHROUTE_REDIS_URL": c.redis_url, "FRESHROUTE_NAMESPACE": c.namespace, "FRESHROUTE_HOST": "127.0.0.1",
                "FRESHROUTE_REST_PORT": str(rest_port), "FRESHROUTE_GRPC_PORT": str(grpc_port),
-               "FRESHROUTE_GRPC_FRONT": str(transports).lower(), "FRESHROUTE_REST_FAST_PATH": str(transports).lower(),
-               "FRESHROUTE_LOG_LEVEL": "WARNING"}
-        log = open(self.work / f"router-{name}.log", "w+")
-        proc = subprocess.Popen([sys.executable, "-m", "router"], env={**os.environ, **env}, stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        rest = f"http://127.0.0.1:{rest_port}"
+               "FRESHROUTE_REUSE_PORT": str(count > 1).lower(), "FRESHROUTE_LOG_LEVEL": "WARNING", **env_extra}
+        procs = []
+        for i in range(count):
+            log = open(self.work / f"router-{name}-{i}.log", "w+")
+            procs.append(subprocess.Popen([sys.executable, "-m", "router"], env={**os.environ, **env}, stdout=log,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        rest = f"{scheme}://127.0.0.1:{rest_port}"
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and proc.poll() is None:
+        while time.monotonic() < deadline and all(p.poll() is None for p in procs):
             try:
-                if httpx.get(f"{rest}/v1/tables/{self.a.table}/keys/{self.keys[0]}", timeout=1).status_code == 200:
-                    return proc, rest, f"http://127.0.0.1:{grpc_port}/freshroute.v1.Router/Get"
+                if httpx.get(f"{rest}/v1/tables/{self.a.table}/keys/{self.keys[0]}", timeout=1, headers=headers,
+                             verify=verify).status_code == 200:
+                    time.sleep(1.0 if count > 1 else 0)  # the others bind while the first answers
+                    return procs, rest, f"{scheme}://127.0.0.1:{grpc_port}/freshroute.v1.Router/Get"
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
-        lc.stop_process(proc)
-        log.seek(0)
-        raise RuntimeError(f"router ({name}) did not answer a lookup: {log.read()[-500:]}")
+        for p in procs:
+            lc.stop_process(p)
+        tails = [(self.work / f"router-{name}-{i}.log").read_text()[-500:] for i in range(count)]
+        raise RuntimeError(f"router ({name}) did not answer a lookup: {tails}")
+
+    def secure_vs_plain(self, body: Path, ok_size: int) -> None:
+        """Routers with TLS and a bearer token, as many processes as the stack's, against the stack's own
+        plain routers, interleaved: what security costs a lookup over keep-alive connections."""
+        import ssl
+
+        from freshroute.local.certs import issue, make_ca
+        from router.auth import token_hash
+
+        pki = self.work / "pki"
+        ca = make_ca(pki)
+        server = issue(ca, pki, "router", "bench router", hosts=("127.0.0.1",))
+        token = "bench-" + os.urandom(12).hex()
+        auth = pki / "auth.json"
+        auth.write_text(orjson.dumps({"principals": [
+            {"name": "bench", "token_sha256": token_hash(token), "tables": [self.a.table]}]}).decode())
+        env = {"FRESHROUTE_AUTH_FILE": str(auth), "FRESHROUTE_TLS_CERT": str(server.cert),
+               "FRESHROUTE_TLS_KEY": str(server.key)}
+        bearer, grpc_bearer = f"Authorization: Bearer {token}", f"authorization: Bearer {token}"
+        procs, rest, grpc_url = self.start_routers("secure", env, count=self.c.routers, scheme="https",
+                                                   headers={"authorization": f"Bearer {token}"},
+                                                   verify=ssl.create_default_context(cafile=str(ca.cert)))
+        fig = self.fig
+        try:
+            secure, plain = self.paired("secure_rest", lambda: self.throughput_rest("secure_rest", rest, (bearer,)),
+                                        "plain_rest", lambda: self.throughput_rest("plain_rest"))
+            fig["secure_rest_rps"], self.notes["plain_rest_rps_interleaved"] = median_of(secure), median_of(plain)
+            plain_grpc = f"http://{self.c.grpc_address}/freshroute.v1.Router/Get"
+            secure, plain = self.paired(
+                "secure_grpc", lambda: self.throughput_grpc("secure_grpc", grpc_url, body, ok_size, (grpc_bearer,)),
+                "plain_grpc", lambda: self.throughput_grpc("plain_grpc", plain_grpc, body, ok_size))
+            fig["secure_grpc_rps"], self.notes["plain_grpc_rps_interleaved"] = median_of(secure), median_of(plain)
+        finally:
+            for p in procs:
+                lc.stop_process(p)
 
     # the client against redis-py ------------------------------------------------------------------
     def client_vs_redis_py(self) -> None:
@@ -615,7 +670,7 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
     b = Bench(stack, a, say)
     c = stack.config
     grpc_url = f"http://{c.grpc_address}/freshroute.v1.Router/Get"
-    total = 16
+    total = 17
     fig = b.fig
     baseline: subprocess.Popen | None = None
     restore_step = f"restore vs raw consume of a {a.restore_records:,}-record changelog, {a.rounds} round(s)"
@@ -703,17 +758,21 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
             say("router/transports against uvicorn's httptools protocol and grpc.aio, a router process each:")
             _step(b, 12, total, "hand-written transports against the libraries (wrk, h2load)",
                   lambda: b.transports_vs_libraries(*router_body))
+        if router_body:
+            say("TLS and a bearer token against the stack's plain routers, interleaved:")
+            _step(b, 13, total, "secured REST and gRPC throughput (wrk, h2load over TLS)",
+                  lambda: b.secure_vs_plain(*router_body))
         say(f"the client against redis-py, {a.duration:g}s runs, latency at {a.latency_rate:g} req/s:")
-        _step(b, 13, total, "freshroute.client against redis-py (loadtest.clientbench)", b.client_vs_redis_py)
-        fr = _step(b, 14, total, f"freshness on a warm stack (event → visible), {a.freshness_probes} probes",
+        _step(b, 14, total, "freshroute.client against redis-py (loadtest.clientbench)", b.client_vs_redis_py)
+        fr = _step(b, 15, total, f"freshness on a warm stack (event → visible), {a.freshness_probes} probes",
                    b.freshness)
         if fr:
             fig["freshness_p50_ms"], fig["freshness_p99_ms"] = fr
-        _step(b, 15, total, f"freshness with the input at {a.loaded_rate:,.0f} readings/s", b.freshness_loaded)
+        _step(b, 16, total, f"freshness with the input at {a.loaded_rate:,.0f} readings/s", b.freshness_loaded)
         if a.no_restore:
             say("restore and raw consume: skipped (--no-restore)")
         else:
-            _step(b, 16, total, restore_step, b.restore_vs_raw)
+            _step(b, 17, total, restore_step, b.restore_vs_raw)
     finally:
         if baseline is not None:
             lc.stop_process(baseline)

@@ -159,9 +159,13 @@ def parse_h2load_log(path: Path) -> tuple[list[float], dict[int, int]]:
 
 
 # --- wrk --------------------------------------------------------------------------------------
-def wrk_command(url: str, connections: int, duration_s: float, threads: int = 1) -> list[str]:
-    return [require("wrk"), "-t", str(threads), "-c", str(connections), "-d", f"{duration_s:g}s",
-            "--timeout", "5s", "-s", str(LUA_SCRIPT), url]
+def wrk_command(url: str, connections: int, duration_s: float, threads: int = 1,
+                headers: tuple[str, ...] = ()) -> list[str]:
+    cmd = [require("wrk"), "-t", str(threads), "-c", str(connections), "-d", f"{duration_s:g}s",
+           "--timeout", "5s", "-s", str(LUA_SCRIPT)]
+    for h in headers:
+        cmd += ["-H", h]
+    return [*cmd, url]
 
 
 def wrk_env(table: str, key_prefix: str, keys: int, query: str = "") -> dict[str, str]:

@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9_.@:=,/ -]{1,200}$")
 _KEYS = {"name", "token_sha256", "tables", "cluster", "rate"}
+_MAX_ACCEPTED = 10_000  # header values remembered per loaded file
+_MAX_JUDGED = 10_000  # tables remembered per principal
 # What a 401 says the router accepts (RFC 6750).
 WWW_AUTHENTICATE = 'Bearer realm="freshroute"'
 
@@ -57,9 +59,16 @@ class Principal:
     tables: tuple[str, ...]
     cluster: bool = False
     rate: Rate | None = None
+    # Tables already judged: a glob match per request would cost more than the rest of the check.
+    _judged: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
 
     def may_read(self, table: str) -> bool:
-        return any(fnmatch.fnmatchcase(table, pattern) for pattern in self.tables)
+        judged = self._judged.get(table)
+        if judged is None:
+            judged = any(fnmatch.fnmatchcase(table, pattern) for pattern in self.tables)
+            if len(self._judged) < _MAX_JUDGED:
+                self._judged[table] = judged
+        return judged
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,9 @@ class Principals:
 
     by_token_hash: dict[str, Principal] = field(default_factory=dict)
     source: str = ""
+    # Authorization header values already accepted: hashing each request's token would cost more
+    # than the rest of the check. Only accepted values are kept, so a flood of bad tokens cannot grow it.
+    accepted: dict[str | bytes, Principal] = field(default_factory=dict, compare=False, repr=False)
 
 
 class _Bucket:
@@ -113,6 +125,12 @@ class Guard:
 
     def authenticate(self, authorization: str | bytes | None) -> Principal:
         """The principal an ``Authorization: Bearer <token>`` value names; Unauthenticated otherwise."""
+        principals = self.principals
+        if authorization is not None:
+            known = principals.accepted.get(authorization)
+            if known is not None:
+                return known
+        raw = authorization
         if isinstance(authorization, bytes):
             authorization = authorization.decode("latin-1")
         if not authorization:
@@ -121,9 +139,11 @@ class Guard:
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthenticated("authentication required: send Authorization: Bearer <token>")
         digest = hashlib.sha256(token.strip().encode("utf-8", "replace")).hexdigest()
-        principal = self.principals.by_token_hash.get(digest)
+        principal = principals.by_token_hash.get(digest)
         if principal is None:
             raise Unauthenticated("the token is not valid")  # never echoes the token
+        if raw is not None and len(principals.accepted) < _MAX_ACCEPTED:
+            principals.accepted[raw] = principal
         return principal
 
     def admit(self, principal: Principal) -> None:
