@@ -70,21 +70,20 @@ class RedisLocation:
         import redis
         from redis.sentinel import Sentinel
 
-        timeouts = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
-        if not self.by_sentinel:
-            return redis.Redis.from_url(self.url, **timeouts, **kwargs)
-        sentinel = Sentinel(list(self.sentinels), sentinel_kwargs=timeouts)
-        return sentinel.master_for(self.master_name, **timeouts, **self._db_password(), **kwargs)
+        return self._connect(redis.Redis, Sentinel, timeout_s, kwargs)
 
     def async_client(self, timeout_s: float, **kwargs: Any) -> Any:
         """A ``redis.asyncio.Redis`` for this location."""
         import redis.asyncio as aioredis
         from redis.asyncio.sentinel import Sentinel
 
+        return self._connect(aioredis.Redis, Sentinel, timeout_s, kwargs)
+
+    def _connect(self, redis_cls: Any, sentinel_cls: Any, timeout_s: float, kwargs: dict[str, Any]) -> Any:
         timeouts = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
         if not self.by_sentinel:
-            return aioredis.Redis.from_url(self.url, **timeouts, **kwargs)
-        sentinel = Sentinel(list(self.sentinels), sentinel_kwargs=timeouts)
+            return redis_cls.from_url(self.url, **timeouts, **kwargs)
+        sentinel = sentinel_cls(list(self.sentinels), sentinel_kwargs=timeouts)
         return sentinel.master_for(self.master_name, **timeouts, **self._db_password(), **kwargs)
 
     def check_master_known(self, timeout_s: float = 1.0) -> None:

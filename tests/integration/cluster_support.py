@@ -97,6 +97,15 @@ class Readings:
         return list(self.events)
 
 
+def wait_every_sensor_served(stack: Stack, sensors: int, timeout_s: float = 120.0) -> None:
+    """Until ``sensor-0`` … ``sensor-{sensors-1}`` are all served (any freshness)."""
+    from tests.integration.stack_fixture import wait_until
+
+    with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
+        wait_until(lambda: all(client.get(f"/v1/tables/{TABLE}/keys/sensor-{i}").status_code == 200
+                               for i in range(sensors)), timeout_s, "every sensor to be served")
+
+
 def keys_by_partition(sensors: int, partitions: int) -> dict[int, str]:
     """One sensor key per partition (the first that hashes there)."""
     out: dict[int, str] = {}

@@ -29,7 +29,7 @@ from loadtest.scenario import LoadConfig, run
 from proto import store_pb2
 from tests.integration.cluster_support import (TABLE, Readings, StrictProbe, Watch, balanced, fully_replicated,
                                                keys_by_partition, lease_holder, metadata, node_id, node_status,
-                                               read_from_node)
+                                               read_from_node, wait_every_sensor_served)
 from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, expected_sensor_stats, same_stats, start_stack,
                                              wait_until)
 
@@ -56,9 +56,7 @@ def stack(tmp_path_factory):
 @pytest.fixture(scope="module")
 def readings(stack):
     r = Readings(stack, SENSORS, rate=20.0).start()
-    with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
-        wait_until(lambda: all(client.get(f"/v1/tables/{TABLE}/keys/sensor-{i}").status_code == 200
-                               for i in range(SENSORS)), FIRST_DATA_TIMEOUT_S, "every sensor to be served")
+    wait_every_sensor_served(stack, SENSORS, FIRST_DATA_TIMEOUT_S)
     md = metadata(stack)
     wait_until(lambda: fully_replicated(md, NODES) and balanced(md.assignment(), NODES), 120,
                "an active and a standby of every partition, balanced")

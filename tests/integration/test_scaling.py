@@ -12,13 +12,12 @@ from __future__ import annotations
 import threading
 import time
 
-import httpx
 import orjson
 import pytest
 
 from loadtest.scenario import LoadConfig, run
-from tests.integration.cluster_support import (TABLE, Readings, Watch, balanced, fully_replicated, metadata, node_id,
-                                               spread)
+from tests.integration.cluster_support import (Readings, Watch, balanced, fully_replicated, metadata, node_id, spread,
+                                               wait_every_sensor_served)
 from tests.integration.stack_fixture import FIRST_DATA_TIMEOUT_S, start_stack, wait_until
 
 pytestmark = pytest.mark.integration
@@ -36,9 +35,7 @@ def stack(tmp_path_factory):
 @pytest.fixture(scope="module")
 def readings(stack):
     r = Readings(stack, SENSORS, rate=20.0).start()
-    with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
-        wait_until(lambda: all(client.get(f"/v1/tables/{TABLE}/keys/sensor-{i}").status_code == 200
-                               for i in range(SENSORS)), FIRST_DATA_TIMEOUT_S, "every sensor to be served")
+    wait_every_sensor_served(stack, SENSORS, FIRST_DATA_TIMEOUT_S)
     yield r
     r.stop()
 

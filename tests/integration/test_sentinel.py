@@ -15,14 +15,13 @@ import signal
 import threading
 import time
 
-import httpx
 import orjson
 import pytest
 import redis
 
 from loadtest.scenario import LoadConfig, run
 from tests.integration.cluster_support import (TABLE, Readings, StrictProbe, Watch, fully_replicated, keys_by_partition,
-                                               lease_holder, metadata, node_id)
+                                               lease_holder, metadata, node_id, wait_every_sensor_served)
 from tests.integration.stack_fixture import start_stack, wait_until
 
 pytestmark = pytest.mark.integration
@@ -70,9 +69,7 @@ def test_components_follow_a_sentinel_failover_and_a_node_killed_afterwards_is_s
     readings = Readings(stack, SENSORS, rate=20.0).start()
     md = metadata(stack)
     try:
-        with httpx.Client(base_url=c.rest_url, timeout=10) as client:
-            wait_until(lambda: all(client.get(f"/v1/tables/{TABLE}/keys/sensor-{i}").status_code == 200
-                                   for i in range(SENSORS)), 120, "every sensor to be served")
+        wait_every_sensor_served(stack, SENSORS)
         wait_until(lambda: fully_replicated(md, NODES), 120, "an active and a standby of every partition")
         assert master_address(stack) == (c.host, c.redis_port)
         keys = keys_by_partition(SENSORS, md.tables()[TABLE].partitions)

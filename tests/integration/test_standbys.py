@@ -21,7 +21,7 @@ import pytest
 
 from loadtest.scenario import LoadConfig, run
 from tests.integration.cluster_support import (TABLE, Readings, StrictProbe, Watch, balanced, fully_replicated,
-                                               keys_by_partition, metadata, node_id)
+                                               keys_by_partition, metadata, node_id, wait_every_sensor_served)
 from tests.integration.stack_fixture import start_stack, wait_until
 
 pytestmark = pytest.mark.integration
@@ -43,9 +43,7 @@ def stack(tmp_path_factory):
 @pytest.fixture(scope="module")
 def readings(stack):
     r = Readings(stack, SENSORS, rate=20.0).start()
-    with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
-        wait_until(lambda: all(client.get(f"/v1/tables/{TABLE}/keys/sensor-{i}").status_code == 200
-                               for i in range(SENSORS)), 120, "every sensor to be served")
+    wait_every_sensor_served(stack, SENSORS)
     md = metadata(stack)
     wait_until(lambda: fully_replicated(md, NODES, COPIES) and balanced(md.assignment(), NODES), 120,
                "an active and two standbys of every partition, balanced over four nodes")
