@@ -114,3 +114,33 @@ def test_a_broken_auth_file_is_refused_naming_file_and_line(tmp_path, body, says
 def test_a_missing_auth_file_is_named(tmp_path):
     with pytest.raises(AuthFileError, match="cannot read it"):
         load_auth_file(tmp_path / "absent.yaml")
+
+
+@pytest.mark.parametrize("path, needs", [
+    (b"/healthz", "open"), (b"/readyz", "open"),
+    (b"/v1/tables/sensor_stats/keys/sensor-1", "table"), (b"/v1/tables/sensor_stats/keys/a%2Fb", "table"),
+    (b"/v1/tables/sensor_stats/keys:batchGet", "table"), (b"/v1/tables/sensor_stats/scan", "table"),
+    (b"/v1/tables", "principal"), (b"/v1/tables/", "principal"),
+    (b"/v1/tables/sensor_stats/keys/sensor-1/metadata", "cluster"), (b"/v1/cluster", "cluster"),
+    (b"/metrics", "cluster"), (b"/docs", "cluster"), (b"/openapi.json", "cluster"), (b"/no/such/route", "cluster"),
+])
+def test_each_rest_path_needs_what_its_kind_of_request_needs(tmp_path, path, needs):
+    from router.rest import check_access
+
+    guard = Guard(write(tmp_path, auth_yaml()))
+
+    def scope(token: str | None) -> dict:
+        headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        return {"type": "http", "path": path.decode(), "raw_path": path, "headers": headers}
+
+    if needs == "open":
+        assert check_access(guard, scope(None)) is None
+        return
+    with pytest.raises(Unauthenticated):
+        check_access(guard, scope(None))
+    assert check_access(guard, scope(OPS)).name == "ops"  # the admin may do everything
+    if needs == "cluster":
+        with pytest.raises(PermissionDenied):
+            check_access(guard, scope(DASH))
+    else:
+        assert check_access(guard, scope(DASH)).name == "dashboards"
