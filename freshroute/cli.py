@@ -88,14 +88,9 @@ def _auth_headers(args: argparse.Namespace) -> dict[str, str]:
 
 def _tls_context(args: argparse.Namespace) -> Any:
     """The TLS context of --ca (trust) and --cert/--key (a client certificate, for mTLS); None: the defaults."""
-    if not (args.ca or args.tls_cert):
-        return None
-    import ssl
+    from freshroute.tls import client_context
 
-    ctx = ssl.create_default_context(cafile=args.ca)
-    if args.tls_cert:
-        ctx.load_cert_chain(args.tls_cert, args.tls_key)
-    return ctx
+    return client_context(args.ca, args.tls_cert, args.tls_key)
 
 
 def _lookup_grpc(args: argparse.Namespace) -> int:

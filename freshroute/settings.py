@@ -84,6 +84,19 @@ class CommonSettings(BaseSettings):
 _PROPERTY = re.compile(r"^([A-Za-z0-9._-]+)\s*[=:]\s*(.*)$")
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address, IPv6 with or without brackets) is this host's loopback."""
+    import ipaddress
+
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def read_kafka_properties(path: Path) -> dict[str, str]:
     """A librdkafka properties file (``name=value`` per line, ``#`` or ``!`` comments) → config; errors name file and line."""
     try:

@@ -67,14 +67,14 @@ class ServerTLS:
         return True
 
 
-def peer_subject(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> str | None:
-    """A verified client certificate's subject as ``CN=…,O=…`` (RFC 4514 order reversed as OpenSSL lists it)."""
-    if ssl_object is None:
+def client_context(ca: str | Path | None = None, cert: str | Path | None = None,
+                   key: str | Path | None = None) -> ssl.SSLContext | None:
+    """A client's TLS context: trust ``ca`` (default: the system's), present ``cert``/``key`` (mTLS); None when
+    neither is given (the defaults do)."""
+    if not (ca or cert):
         return None
-    cert = ssl_object.getpeercert()
-    if not cert:
-        return None
-    parts = [f"{k}={v}" for rdn in cert.get("subject", ()) for k, v in rdn]
-    names = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU", "countryName": "C",
-             "localityName": "L", "stateOrProvinceName": "ST"}
-    return ",".join(f"{names.get(k, k)}={v}" for k, v in (p.split("=", 1) for p in parts))
+    ctx = ssl.create_default_context(cafile=str(ca) if ca else None)
+    if cert:
+        ctx.load_cert_chain(str(cert), str(key) if key else None)
+    return ctx
+

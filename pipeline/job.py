@@ -24,6 +24,7 @@ import orjson
 
 from freshroute.errors import ConfigError, FatalError, FreshrouteError
 from freshroute.metadata import MetadataStore, TableSpec
+from freshroute.settings import is_loopback
 from pipeline.offsets import InputDataLost
 from pipeline.settings import PipelineSettings
 from pipeline.sink import ChangelogProducer, ChangelogWriter
@@ -92,7 +93,7 @@ def build_session(settings: PipelineSettings) -> "SparkSession":
     os.environ["PYSPARK_PYTHON"] = (str(Path(__file__).with_name("python_worker.sh")) if local
                                     else settings.spark_worker_python or sys.executable)
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    if local or _on_loopback(settings.spark_master):
+    if local or is_loopback(urlsplit(settings.spark_master.split(",")[0]).hostname or ""):
         # A session whose cluster is on this host talks to it on loopback only.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
@@ -164,12 +165,6 @@ def check_spark_master(master: str, timeout_s: float = 3.0) -> None:
             tried.append(f"{host}:{port} ({e.strerror or type(e).__name__})")
     raise ConfigError(f"spark_master: no Spark master answers at {master}: tried {', '.join(tried)}",
                       setting="spark_master")
-
-
-def _on_loopback(master: str) -> bool:
-    """Whether a ``spark://HOST:PORT`` master is on this host's loopback."""
-    host = urlsplit(master.split(",")[0]).hostname or ""
-    return host == "localhost" or host.startswith("127.") or host == "::1"
 
 
 def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source, table: str) -> "DataFrame":

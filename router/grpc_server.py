@@ -219,10 +219,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def ListTables(self, request: router_pb2.ListTablesRequest,
                          context: grpc.aio.ServicerContext) -> router_pb2.ListTablesResponse:
         try:
-            principal = None
-            if self._guard is not None:
-                principal = self._guard.authenticate(_authorization(context))
-                self._guard.admit(principal)
+            principal = self._guard.principal(_authorization(context)) if self._guard is not None else None
             return router_pb2.ListTablesResponse(tables=[
                 router_pb2.TableInfo(name=t.spec.name, topic=t.spec.topic, partitions=t.spec.partitions,
                                      standby_replicas=t.spec.standby_replicas, key_column=t.spec.key_column,

@@ -12,6 +12,7 @@ from typing import Iterator
 
 import uvicorn
 
+from freshroute.settings import is_loopback
 from freshroute.tls import ServerTLS
 from router.auth import Guard
 from router.grpc_server import PublicGrpc
@@ -29,10 +30,6 @@ class _RestServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
-
-
-def _loopback(host: str) -> bool:
-    return host == "localhost" or host.startswith("127.") or host == "::1"
 
 
 def _listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
@@ -56,7 +53,7 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
     if settings.tls_cert is not None and settings.tls_key is not None:
         rest_tls = ServerTLS(settings.tls_cert, settings.tls_key, settings.tls_client_ca, ("http/1.1",))
         grpc_tls = ServerTLS(settings.tls_cert, settings.tls_key, settings.tls_client_ca, ("h2",))
-    if guard is None and not _loopback(settings.host):
+    if guard is None and not is_loopback(settings.host):
         log.warning("router bound to %s without --auth-file: anyone who reaches it reads every table", settings.host)
     runtime = RouterRuntime(settings)
     rest_sock = _listen(settings.host, settings.rest_port, settings.reuse_port)

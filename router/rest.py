@@ -188,12 +188,16 @@ async def serve_key_route(handlers: KeyHandlers, scope: Scope, send: Send) -> bo
     match = match_key_path(scope.get("raw_path") or scope["path"].encode())
     if match is None:
         return False
-    status, body, extra = await handlers.answer(match, scope.get("query_string", b""), _authorization(scope))
+    await _send_json(send, *await handlers.answer(match, scope.get("query_string", b""), _authorization(scope)))
+    return True
+
+
+async def _send_json(send: Send, status: int, body: bytes, extra: dict[str, str]) -> None:
+    """A JSON answer straight on the raw ASGI channel."""
     await send({"type": "http.response.start", "status": status,
                 "headers": [*_JSON_HEADERS, (b"content-length", str(len(body)).encode()),
                             *((k.encode(), v.encode()) for k, v in extra.items())]})
     await send({"type": "http.response.body", "body": body})
-    return True
 
 
 def _authorization(scope: Scope) -> bytes | None:
@@ -214,9 +218,7 @@ def check_access(guard: Guard, scope: Scope) -> Principal | None:
         return None
     authorization = _authorization(scope)
     if path.rstrip(b"/") == b"/v1/tables":
-        principal = guard.authenticate(authorization)
-        guard.admit(principal)
-        return principal
+        return guard.principal(authorization)
     key = match_key_path(path)
     if key is not None:
         return guard.cluster(authorization) if key[2] else guard.table(authorization, _segment(key[0]))
@@ -249,11 +251,7 @@ class RouterApp(FastAPI):
             try:
                 scope.setdefault("state", {})["principal"] = check_access(guard, scope)
             except Exception as e:  # noqa: BLE001 — the same translation as every other route
-                status, body = error_response(e)
-                await send({"type": "http.response.start", "status": status,
-                            "headers": [*_JSON_HEADERS, (b"content-length", str(len(body)).encode()),
-                                        *((k.encode(), v.encode()) for k, v in error_headers(e).items())]})
-                await send({"type": "http.response.body", "body": body})
+                await _send_json(send, *error_response(e), error_headers(e))
                 return
         await super().__call__(scope, receive, send)
 

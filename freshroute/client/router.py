@@ -16,6 +16,7 @@ from freshroute.metadata import ReplicaState, Role, TableSpec, now_ms
 from freshroute.routing.bound import Bound
 from freshroute.routing.results import KeyLocation, ReplicaInfo, TableInfo
 from freshroute.routing.snapshot import NodeView, ReplicaView, Snapshot, refresh_until
+from freshroute.tls import client_context
 
 from freshroute.client.lookup import Lookup
 
@@ -54,13 +55,7 @@ class RouterHttp:
     def __init__(self, url: str, timeout_s: float, token: str | None = None, ca: str | None = None,
                  cert: str | None = None, key: str | None = None) -> None:
         self.url = url.rstrip("/")
-        verify: Any = True
-        if ca or cert:
-            import ssl
-
-            verify = ssl.create_default_context(cafile=ca)
-            if cert:
-                verify.load_cert_chain(cert, key)
+        verify: Any = client_context(ca, cert, key) or True
         self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s, verify=verify,
                                        headers={"authorization": f"Bearer {token}"} if token else None)
 

@@ -93,7 +93,8 @@ class StackConfig:
                        sentinel_ports=tuple(pick(p) for p in self.sentinel_ports),
                        spark_master_port=pick(self.spark_master_port),
                        spark_master_ui_port=pick(self.spark_master_ui_port),
-                       rest_port=pick(self.rest_port, self.router_host), grpc_port=pick(self.grpc_port, self.router_host),
+                       rest_port=pick(self.rest_port, self.router_host),
+                       grpc_port=pick(self.grpc_port, self.router_host),
                        store_ports=tuple(pick(p, self.node_host(i)) for i, p in enumerate(self.store_ports, 1)))
 
     def node_host(self, i: int) -> str:
@@ -343,7 +344,8 @@ class Stack:
                     **{n: p for n, p in zip(self.sentinel_names(), c.sentinel_ports)}} if c.redis_sentinel else {}
         ports = {n: (c.host, p) for n, p in {"broker": c.broker_port, "redis": c.redis_port, **sentinel}.items()}
         ports.update({"router REST": (c.router_host, c.rest_port), "router gRPC": (c.router_host, c.grpc_port)})
-        ports.update({n: (c.node_host(i), p) for i, (n, p) in enumerate(zip(self.store_node_names(), c.store_ports), 1)})
+        nodes = zip(self.store_node_names(), c.store_ports)
+        ports.update({n: (c.node_host(i), p) for i, (n, p) in enumerate(nodes, 1)})
         return ports
 
     def router_names(self) -> list[str]:
@@ -371,14 +373,8 @@ class Stack:
         self.config = replace(c, store_ports=(*c.store_ports, port))
         name = self.store_node_names()[-1]
         comp = self.start(name)
-        deadline = time.monotonic() + timeout_s
-        # Only this process counts: other components may be down on purpose (a failover drill).
-        while not _port_open(host, port):
-            if not comp.alive():
-                raise RuntimeError(f"{name} exited during start-up; see {comp.log}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{name} was not listening after {timeout_s:.0f}s; see {comp.log}")
-            time.sleep(0.1)
+        self._wait_own(comp, lambda: _port_open(host, port), timeout_s, f"was not listening after {timeout_s:.0f}s",
+                       interval_s=0.1)
         self._say(f"{name} ({comp.addresses['node_id']}) on {comp.addresses['address']}  pid {comp.pid}")
         return name
 
@@ -456,14 +452,8 @@ class Stack:
         from freshroute.local.secure import ADMIN, load_secrets
 
         s = load_secrets(c.home)
-        if s is None:
-            return False
-        request = urllib.request.Request(f"{c.rest_url}{path}", headers={"Authorization": f"Bearer {s.tokens[ADMIN]}"})
-        try:
-            with urllib.request.urlopen(request, timeout=1, context=ssl.create_default_context(cafile=str(s.ca))) as r:
-                return r.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        return s is not None and _http_ok(f"{c.rest_url}{path}", {"Authorization": f"Bearer {s.tokens[ADMIN]}"},
+                                          ssl.create_default_context(cafile=str(s.ca)))
 
     def _secure_status(self) -> dict[str, Any]:
         if not self.config.secure:
@@ -495,15 +485,7 @@ class Stack:
             return any(w.get("state") == "ALIVE" and w.get("webuiaddress") == comp.addresses["web_ui"]
                        for w in doc.get("workers", []))
 
-        deadline = time.monotonic() + timeout_s
-        # Only this process counts: another worker may be down on purpose (a failover drill).
-        while not registered():
-            if not comp.alive():
-                raise RuntimeError(f"{name} exited during start-up; see {comp.log}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{name} did not register with {c.spark_master_url} in {timeout_s:.0f}s; "
-                                   f"see {comp.log}")
-            time.sleep(0.2)
+        self._wait_own(comp, registered, timeout_s, f"did not register with {c.spark_master_url} in {timeout_s:.0f}s")
         self._say(f"{name} registered with {c.spark_master_url} (web UI {comp.addresses['web_ui']})  pid {comp.pid}")
         return name
 
@@ -551,6 +533,18 @@ class Stack:
         except TimeoutError:
             self._say(f"  the pipeline is not warm after {self.config.warmup_timeout_s:.0f}s (a busy machine, or a "
                       f"long trigger): lookups work, and freshness improves over the next minutes")
+
+    @staticmethod
+    def _wait_own(comp: Component, ready: Callable[[], bool], timeout_s: float, not_ready: str,
+                  interval_s: float = 0.2) -> None:
+        """Until ``ready()``, watching only ``comp``: others may be down on purpose (a failover drill)."""
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            if not comp.alive():
+                raise RuntimeError(f"{comp.name} exited during start-up; see {comp.log}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{comp.name} {not_ready}; see {comp.log}")
+            time.sleep(interval_s)
 
     def _wait_alive(self, comp: Component, ready: Callable[[], bool], timeout_s: float,
                     tick: Callable[[float], None] | None = None) -> None:
@@ -633,9 +627,10 @@ def _port_open(host: str, port: int) -> bool:
         return False
 
 
-def _http_ok(url: str) -> bool:
+def _http_ok(url: str, headers: dict[str, str] | None = None, context: Any = None) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=1) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=1,
+                                    context=context) as r:
             return r.status == 200
     except (urllib.error.URLError, OSError):
         return False
