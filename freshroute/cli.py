@@ -88,9 +88,9 @@ def _auth_headers(args: argparse.Namespace) -> dict[str, str]:
 
 def _tls_context(args: argparse.Namespace) -> Any:
     """The TLS context of --ca (trust) and --cert/--key (a client certificate, for mTLS); None: the defaults."""
-    from freshroute.tls import client_context
+    from freshroute.tls import ClientTLS
 
-    return client_context(args.ca, args.tls_cert, args.tls_key)
+    return ClientTLS(args.ca, args.tls_cert, args.tls_key).context()
 
 
 def _lookup_grpc(args: argparse.Namespace) -> int:
@@ -98,6 +98,7 @@ def _lookup_grpc(args: argparse.Namespace) -> int:
 
     import grpc
 
+    from freshroute.tls import ClientTLS
     from proto import router_pb2, router_pb2_grpc
 
     bound = router_pb2.Bound(min_position=args.min_position or "")
@@ -105,12 +106,9 @@ def _lookup_grpc(args: argparse.Namespace) -> int:
         bound.max_lag = int(args.max_lag)
     if args.max_staleness_ms is not None:
         bound.max_staleness_ms = int(args.max_staleness_ms)
-    if args.ca or args.tls_cert:
-        def read(path: str | None) -> bytes | None:
-            return open(path, "rb").read() if path else None
-
-        channel = grpc.secure_channel(args.grpc, grpc.ssl_channel_credentials(read(args.ca), read(args.tls_key),
-                                                                              read(args.tls_cert)))
+    tls = ClientTLS(args.ca, args.tls_cert, args.tls_key)
+    if tls.enabled:
+        channel = grpc.secure_channel(args.grpc, tls.grpc_credentials())
     else:
         channel = grpc.insecure_channel(args.grpc)
     metadata = (("authorization", f"Bearer {args.token}"),) if args.token else ()
@@ -140,10 +138,14 @@ def _lookup_direct(args: argparse.Namespace) -> int:
 
     from freshroute.client import Client
 
+    from freshroute.cluster_access import read_secrets
+
     try:
+        secret = read_secrets(args.cluster_secret_file)[0] if args.cluster_secret_file else None
         with Client(redis_url=args.redis_url, router=args.router, namespace=args.namespace,
                     redis_sentinels=args.redis_sentinels, redis_master_name=args.redis_master_name,
-                    token=args.token, ca=args.ca, cert=args.tls_cert, key=args.tls_key, connect_timeout_s=3.0) as client:
+                    token=args.token, ca=args.ca, cert=args.tls_cert, key=args.tls_key, cluster_secret=secret,
+                    connect_timeout_s=3.0) as client:
             r = client.get(args.table, args.key, max_lag=args.max_lag, max_staleness_ms=args.max_staleness_ms,
                            min_position=args.min_position)
     except FreshrouteError as e:
@@ -199,9 +201,13 @@ def build_parser() -> argparse.ArgumentParser:
                              "the router is the fallback")
     lookup.add_argument("--token", default=os.environ.get("FRESHROUTE_TOKEN"),
                         help="bearer token for a router with an auth file (env FRESHROUTE_TOKEN)")
-    lookup.add_argument("--ca", help="PEM CA certificate to trust for a router with TLS (https:// --router)")
-    lookup.add_argument("--cert", dest="tls_cert", help="PEM client certificate, for a router requiring one (mTLS)")
+    lookup.add_argument("--ca", help="PEM CA certificate to trust for a router with TLS (https:// --router); "
+                                     "with --direct, for the store nodes too")
+    lookup.add_argument("--cert", dest="tls_cert", help="PEM client certificate, for a router (and with --direct, "
+                                                        "store nodes) requiring one (mTLS)")
     lookup.add_argument("--key", dest="tls_key", help="PEM private key of --cert")
+    lookup.add_argument("--cluster-secret-file", default=os.environ.get("FRESHROUTE_CLUSTER_SECRET_FILE"),
+                        help="with --direct: present the cluster secret (the file's first line) to store nodes")
     lookup.add_argument("--redis-url", default=os.environ.get("FRESHROUTE_REDIS_URL", "redis://127.0.0.1:16379/0"))
     lookup.add_argument("--redis-sentinels", default=os.environ.get("FRESHROUTE_REDIS_SENTINELS"), metavar="HOST:PORT,...",
                         help="with --direct: find the metadata store through Redis Sentinel (with --redis-master-name)")

@@ -20,6 +20,7 @@ from freshroute.errors import ConfigError
 
 if TYPE_CHECKING:
     from freshroute.redis_location import RedisLocation
+    from freshroute.tls import ServerTLS
 
 
 class CommonSettings(BaseSettings):
@@ -95,6 +96,37 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+
+class ServingSettings(CommonSettings):
+    """TLS and the cluster secret of a process that serves ports: a router or a store node."""
+
+    tls_cert: Path | None = Field(default=None, description="PEM certificate (chain) of every port served (router: "
+                                  "REST and gRPC, with ALPN h2; store node: gRPC and the read port); with tls_key, "
+                                  "they speak only TLS; reloaded on SIGHUP")
+    tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert")
+    tls_client_ca: Path | None = Field(default=None, description="PEM CA certificate(s): with it, every port "
+                                       "requires a client certificate signed by them (mTLS)")
+    cluster_secret_file: Path | None = Field(default=None, description="cluster secrets, one per line: a store node "
+                                             "serves only peers presenting one; a router presents the first to "
+                                             "store nodes; reloaded on SIGHUP by store nodes")
+
+    @model_validator(mode="after")
+    def _tls_files_together(self) -> "ServingSettings":
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: give both, or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca needs tls_cert and tls_key: client certificates are checked over TLS")
+        return self
+
+    def server_tls(self, alpn: tuple[str, ...] = ()) -> "ServerTLS | None":
+        """A port's TLS from these files (None without them); a bad file fails naming its setting."""
+        from freshroute.tls import ServerTLS
+
+        if self.tls_cert is None or self.tls_key is None:
+            return None
+        return ServerTLS(self.tls_cert, self.tls_key, self.tls_client_ca, alpn)
 
 
 def read_kafka_properties(path: Path) -> dict[str, str]:

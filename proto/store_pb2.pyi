@@ -125,20 +125,24 @@ class GroupResult(_message.Message):
     def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[ReadStatus, str]] = ..., values: _Optional[_Iterable[bytes]] = ..., replica: _Optional[_Union[ReplicaStatus, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ReadBatch(_message.Message):
-    __slots__ = ("reads", "groups")
+    __slots__ = ("reads", "groups", "cluster_secret")
     READS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_SECRET_FIELD_NUMBER: _ClassVar[int]
     reads: _containers.RepeatedCompositeFieldContainer[KeyRead]
     groups: _containers.RepeatedCompositeFieldContainer[GroupRead]
-    def __init__(self, reads: _Optional[_Iterable[_Union[KeyRead, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupRead, _Mapping]]] = ...) -> None: ...
+    cluster_secret: str
+    def __init__(self, reads: _Optional[_Iterable[_Union[KeyRead, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupRead, _Mapping]]] = ..., cluster_secret: _Optional[str] = ...) -> None: ...
 
 class ResultBatch(_message.Message):
-    __slots__ = ("results", "groups")
+    __slots__ = ("results", "groups", "refused")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[KeyResult]
     groups: _containers.RepeatedCompositeFieldContainer[GroupResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupResult, _Mapping]]] = ...) -> None: ...
+    refused: str
+    def __init__(self, results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupResult, _Mapping]]] = ..., refused: _Optional[str] = ...) -> None: ...
 
 class ScanRequest(_message.Message):
     __slots__ = ("table", "partition", "prefix", "start", "end", "limit", "bound")

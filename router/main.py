@@ -13,7 +13,6 @@ from typing import Iterator
 import uvicorn
 
 from freshroute.settings import is_loopback
-from freshroute.tls import ServerTLS
 from router.auth import Guard
 from router.grpc_server import PublicGrpc
 from router.rest import create_app
@@ -49,10 +48,7 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
     loop = asyncio.get_running_loop()
     # Before anything listens: a broken auth file stops the start, naming the file and line.
     guard = Guard(settings.auth_file) if settings.auth_file is not None else None
-    rest_tls = grpc_tls = None
-    if settings.tls_cert is not None and settings.tls_key is not None:
-        rest_tls = ServerTLS(settings.tls_cert, settings.tls_key, settings.tls_client_ca, ("http/1.1",))
-        grpc_tls = ServerTLS(settings.tls_cert, settings.tls_key, settings.tls_client_ca, ("h2",))
+    rest_tls, grpc_tls = settings.server_tls(("http/1.1",)), settings.server_tls(("h2",))
     if guard is None and not is_loopback(settings.host):
         log.warning("router bound to %s without --auth-file: anyone who reaches it reads every table", settings.host)
     runtime = RouterRuntime(settings)

@@ -17,7 +17,7 @@ class RouterRuntime:
     def __init__(self, settings: RouterSettings, *, store: StoreClient | None = None, redis_client: Any = None) -> None:
         self.settings = settings
         self.redis = redis_client if redis_client is not None else _redis(settings)
-        self.store = store if store is not None else StoreNodeClient()
+        self.store = store if store is not None else StoreNodeClient(access=settings.node_access())
         self.refresher = MetadataRefresher(self.redis, settings.namespace, settings.refresh_ms, settings.node_expiry_ms,
                                            settings.redis_timeout_ms, settings.redis_reset_grace_ms,
                                            on_swap=self._on_swap)

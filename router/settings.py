@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from freshroute.settings import CommonSettings
+from freshroute.settings import ServingSettings
+
+if TYPE_CHECKING:
+    from freshroute.cluster_access import NodeAccess
 
 
 class TableBound(BaseModel):
@@ -21,7 +24,7 @@ class TableBound(BaseModel):
     max_staleness_ms: int | None = Field(default=None, ge=0)
 
 
-class RouterSettings(CommonSettings):
+class RouterSettings(ServingSettings):
     """Where the router listens, how often it refreshes metadata, and how it retries and hedges.
 
     ``table_bounds`` overrides a table's default bound as the pipeline registered it, e.g.
@@ -39,11 +42,11 @@ class RouterSettings(CommonSettings):
     auth_file: Path | None = Field(default=None, description="principals, their token hashes, tables and rates "
                                    "(YAML or JSON; see docs/security.md); reloaded on SIGHUP; unset: no "
                                    "authentication")
-    tls_cert: Path | None = Field(default=None, description="PEM certificate (chain) of the REST and gRPC ports; "
-                                  "with tls_key, both ports speak only TLS (gRPC with ALPN h2); reloaded on SIGHUP")
-    tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert")
-    tls_client_ca: Path | None = Field(default=None, description="PEM CA certificate(s): with it, both ports "
-                                       "require a client certificate signed by them (mTLS)")
+    cluster_ca: Path | None = Field(default=None, description="PEM CA certificate(s) that signed the store nodes' "
+                                    "certificates: with it, the router reaches store nodes over TLS")
+    cluster_cert: Path | None = Field(default=None, description="PEM certificate the router presents to store nodes "
+                                      "that require client certificates (their tls_client_ca)")
+    cluster_key: Path | None = Field(default=None, description="PEM private key of cluster_cert")
     reuse_port: bool = Field(default=False, description="bind both ports with SO_REUSEPORT, so that several router "
                              "processes on one machine share them (Linux spreads connections across them)")
 
@@ -102,9 +105,16 @@ class RouterSettings(CommonSettings):
         return value
 
     @model_validator(mode="after")
-    def _tls_files_together(self) -> "RouterSettings":
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("tls_cert and tls_key go together: give both, or neither")
-        if self.tls_client_ca is not None and self.tls_cert is None:
-            raise ValueError("tls_client_ca needs tls_cert and tls_key: client certificates are checked over TLS")
+    def _cluster_files_together(self) -> "RouterSettings":
+        if (self.cluster_cert is None) != (self.cluster_key is None):
+            raise ValueError("cluster_cert and cluster_key go together: give both, or neither")
         return self
+
+    def node_access(self) -> "NodeAccess":
+        """How this router reaches store nodes (a bad file fails naming its setting)."""
+        from freshroute.cluster_access import NodeAccess
+        from freshroute.tls import ClientTLS
+
+        tls = ClientTLS(self.cluster_ca, self.cluster_cert, self.cluster_key,
+                        ("cluster_ca", "cluster_cert", "cluster_key"))
+        return NodeAccess.of(self.cluster_secret_file, tls)

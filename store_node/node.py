@@ -23,6 +23,7 @@ import grpc
 
 from freshroute.errors import ConfigError
 from freshroute.metadata import MetadataStore, now_ms
+from store_node.access import ClusterSecret
 from store_node.changelog import ChangelogTailer
 from store_node.lag import Clock
 from store_node.membership import Membership
@@ -101,10 +102,16 @@ def _lock_dir(root: Path) -> IO[bytes]:
 async def serve(settings: StoreNodeSettings, stop: asyncio.Event | None = None) -> None:
     """Run a node until ``stop`` is set (or SIGTERM/SIGINT when ``stop`` is None), then drain and close."""
     loop = asyncio.get_running_loop()
+    # Before anything listens: a broken file stops the start, naming its setting.
+    secret = ClusterSecret(settings.cluster_secret_file)
+    grpc_tls, read_tls = settings.server_tls(("h2",)), settings.server_tls()
     if stop is None:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        # New secrets and certificates for new connections; those open stay as they are.
+        reloads = [x.reload for x in (secret, grpc_tls, read_tls) if x is not None]
+        loop.add_signal_handler(signal.SIGHUP, lambda: [reload() for reload in reloads])
     node = StoreNode(settings)
     await loop.run_in_executor(None, node.open)
     server: grpc.aio.Server | None = None
@@ -113,7 +120,7 @@ async def serve(settings: StoreNodeSettings, stop: asyncio.Event | None = None) 
     health_task: asyncio.Task | None = None
     try:
         service = StoreNodeService(node)
-        server, port = create_server(settings, service, node.health)
+        server, port = create_server(settings, service, node.health, secret, grpc_tls)
         await node.health.update()
         await server.start()
         # A restore allocates an object per changelog record, thousands per poll: frozen, the
@@ -121,7 +128,8 @@ async def serve(settings: StoreNodeSettings, stop: asyncio.Event | None = None) 
         # batch die by reference counting before a collection promotes it.
         gc.freeze()
         gc.set_threshold(10_000)
-        read_server, read_port = await start_read_port(service, settings.host, settings.read_port)
+        read_server, read_port = await start_read_port(service, settings.host, settings.read_port, secret,
+                                                       read_tls.context if read_tls is not None else None)
         if settings.metrics_port is not None:
             from freshroute.prometheus import serve_metrics
             from store_node.metrics import ReplicaCollector
@@ -132,8 +140,9 @@ async def serve(settings: StoreNodeSettings, stop: asyncio.Event | None = None) 
                      settings.advertise_host or settings.host, metrics.server_address[1])
         host = settings.advertise_host or settings.host
         address, read_address = f"{host}:{port}", f"{host}:{read_port}"
-        log.info("store node %s serving on %s, read port %s (data in %s)", settings.node_id, address, read_address,
-                 settings.replica_root)
+        log.info("store node %s serving on %s, read port %s (data in %s)%s%s", settings.node_id, address,
+                 read_address, settings.replica_root, " over TLS" if grpc_tls else "",
+                 " to peers with the cluster secret" if settings.cluster_secret_file else "")
         print(f"store-node {settings.node_id} listening on {address}", flush=True)
         await loop.run_in_executor(None, node.join, address, read_address)
         health_task = asyncio.create_task(node.health.run())

@@ -24,6 +24,8 @@ from proto import store_pb2, store_pb2_grpc
 from store_node.replica_store import scan_range
 
 if TYPE_CHECKING:
+    from freshroute.tls import ServerTLS
+    from store_node.access import ClusterSecret
     from store_node.replica import Replica
     from store_node.settings import StoreNodeSettings
 
@@ -272,16 +274,27 @@ class HealthReporter:
             await self.servicer.set(SERVICE_NAME, status)
 
 
-def create_server(settings: "StoreNodeSettings", service: StoreNodeService,
-                  health: HealthReporter) -> tuple[grpc.aio.Server, int]:
-    """Wire the gRPC server (``service``, the node's health service, reflection) and bind it; port 0 picks one."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 16 << 20),
+def create_server(settings: "StoreNodeSettings", service: StoreNodeService, health: HealthReporter,
+                  secret: "ClusterSecret | None" = None, tls: "ServerTLS | None" = None) -> tuple[grpc.aio.Server, int]:
+    """Wire the gRPC server (``service``, the node's health service, reflection) and bind it; port 0 picks one.
+
+    With ``secret`` holding secrets every call but health checks must present one; with ``tls`` the port speaks
+    only TLS."""
+    interceptors = [secret.interceptor()] if secret is not None and secret.check.required else []
+    server = grpc.aio.server(interceptors=interceptors,
+                             options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 16 << 20),
                                       ("grpc.max_send_message_length", 64 << 20)])
     store_pb2_grpc.add_StoreNodeServicer_to_server(service, server)
     health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    address = f"{settings.host}:{settings.port}"
+    if tls is not None:
+        from freshroute.tls import grpc_server_credentials
+
+        port = server.add_secure_port(address, grpc_server_credentials(tls))
+    else:
+        port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot bind {settings.host}:{settings.port}")
     return server, port

@@ -8,10 +8,10 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from freshroute.metadata import NODE_ID_PATTERN
-from freshroute.settings import CommonSettings
+from freshroute.settings import ServingSettings
 
 
-class StoreNodeSettings(CommonSettings):
+class StoreNodeSettings(ServingSettings):
     """Where a store node serves, where it keeps its replicas, and how it paces its loops."""
 
     node_id: str = Field(min_length=1, pattern=NODE_ID_PATTERN, description="this node's unique id")

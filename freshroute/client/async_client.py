@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator
 
+from freshroute.cluster_access import NodeAccess
 from freshroute.errors import ClientClosed, FreshrouteError, InvalidArgument, LookupTimeout, ReplicaUnavailable
 from freshroute.position import Position
 from freshroute.redis_location import RedisLocation, parse_sentinels
@@ -13,6 +14,7 @@ from freshroute.routing.core import RoutingCore, RoutingPolicy
 from freshroute.routing.results import KeyLocation, TableInfo
 from freshroute.routing.snapshot import MetadataRefresher, SnapshotSource
 from freshroute.routing.store import StoreNodeClient
+from freshroute.tls import ClientTLS
 
 from freshroute.client.lookup import Lookup, Positions
 from freshroute.client.router import RouterHttp, RouterMetadata, snapshot_from_router, table_infos
@@ -27,14 +29,15 @@ class AsyncClient:
     Bootstrapped from the metadata store (``redis_url``, or ``redis_sentinels`` with
     ``redis_master_name`` for Redis Sentinel) or from a router (``router``); with both, metadata
     comes from Redis and the router answers when no store node can. A router with an auth file
-    or TLS takes ``token``, ``ca`` (the CA to trust) and ``cert``/``key`` (mTLS).
+    or TLS takes ``token``, ``ca`` (the CA to trust) and ``cert``/``key`` (mTLS); the same TLS settings reach
+    the store nodes, and ``cluster_secret`` is presented to nodes that require it.
     Use as ``async with AsyncClient(...) as client`` (or call :meth:`start` and :meth:`close`).
     """
 
     def __init__(self, redis_url: str | None = None, *, router: str | None = None, namespace: str = "freshroute",
                  redis_sentinels: str | None = None, redis_master_name: str | None = None,
                  token: str | None = None, ca: str | None = None, cert: str | None = None, key: str | None = None,
-                 policy: RoutingPolicy | None = None, refresh_ms: int = 150, connect_timeout_s: float = 5.0) -> None:
+                 cluster_secret: str | None = None, policy: RoutingPolicy | None = None, refresh_ms: int = 150, connect_timeout_s: float = 5.0) -> None:
         if not redis_url and not redis_sentinels and not router:
             raise ValueError("give redis_url or redis_sentinels (the metadata store) or router (a router's REST "
                              "address), or both")
@@ -48,6 +51,8 @@ class AsyncClient:
         self.policy = policy if policy is not None else RoutingPolicy()
         self._router_url, self._namespace = router, namespace
         self._router_auth = {"token": token, "ca": ca, "cert": cert, "key": key}
+        # Built here: a bad certificate file fails at construction, naming the argument.
+        self.access = NodeAccess(cluster_secret or "", ClientTLS(ca, cert, key))
         self._refresh_ms = refresh_ms
         self._connect_timeout_s = connect_timeout_s
         self.router: RouterHttp | None = None
@@ -73,7 +78,7 @@ class AsyncClient:
         else:
             assert self.router is not None
             metadata = RouterMetadata(self.router, max(self._refresh_ms, 250), on_swap=self._on_swap)
-        self.core = RoutingCore(self.policy, metadata, StoreNodeClient())
+        self.core = RoutingCore(self.policy, metadata, StoreNodeClient(access=self.access))
         deadline = asyncio.get_running_loop().time() + self._connect_timeout_s
         while not await metadata.refresh_once() and self.router is None:
             if asyncio.get_running_loop().time() >= deadline:

@@ -4,6 +4,8 @@ A thread keeps its own connections (one idle socket per node, more while attempt
 Each attempt sends one ``ReadBatch`` frame — a get's one read, or a batch's group of one
 partition's keys — on a connection of its own and reads one ``ResultBatch`` frame back; an
 attempt given up on closes its connection, so no late answer can be taken for another read's.
+A connection's first frame also carries the cluster secret, and it speaks TLS, as the
+client's :class:`NodeAccess` says.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from __future__ import annotations
 import itertools
 import select
 import socket
+import ssl
 import time
 
 from google.protobuf.message import DecodeError
 
+from freshroute.cluster_access import NodeAccess
 from freshroute.errors import FreshrouteError, ReplicaUnavailable
 from freshroute.framing import FrameError, FrameReader, frame
 from freshroute.routing.attempts import AttemptPlan
@@ -30,20 +34,25 @@ _ids = itertools.count(1)
 class _Connection:
     """One TCP connection to a read port, carrying one attempt at a time."""
 
-    __slots__ = ("node", "sock", "frames", "request")
+    __slots__ = ("node", "sock", "frames", "request", "hello")
 
-    def __init__(self, node: str, sock: socket.socket) -> None:
+    def __init__(self, node: str, sock: socket.socket, hello: bytes = b"") -> None:
         self.node = node
         self.sock = sock
         self.frames = FrameReader()
         self.request: Request | None = None
+        self.hello = hello  # merged into the first frame: serialized messages concatenate as a merge
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
     def send(self, request: "Request") -> None:
         self.request = request
-        self.sock.sendall(request.frame)
+        if self.hello:
+            self.sock.sendall(frame(request.payload + self.hello))
+            self.hello = b""
+        else:
+            self.sock.sendall(request.frame)
 
     def receive(self) -> ReadResult | GroupResult | None:
         """The answer, once all of it has arrived (None: not yet).
@@ -52,6 +61,9 @@ class _Connection:
         data = self.sock.recv(1 << 16)
         if not data:
             raise ConnectionResetError("connection closed by the node")
+        if isinstance(self.sock, ssl.SSLSocket):
+            while self.sock.pending():  # decrypted already, so select() would not report it
+                data += self.sock.recv(1 << 16)
         payloads = self.frames.feed(data)
         if not payloads:
             return None
@@ -64,10 +76,11 @@ class _Connection:
 class Request:
     """What every attempt of one job sends (framed once, the same to every replica) and how it reads the answer."""
 
-    __slots__ = ("frame", "keys")
+    __slots__ = ("payload", "frame", "keys")
 
     def __init__(self, batch: store_pb2.ReadBatch, keys: int | None) -> None:
-        self.frame = frame(batch.SerializeToString())
+        self.payload = batch.SerializeToString()
+        self.frame = frame(self.payload)
         self.keys = keys  # None: a get (one read); else a group of this many keys
 
     @classmethod
@@ -79,6 +92,8 @@ class Request:
         return cls(store_pb2.ReadBatch(groups=[group_read(next(_ids), table, partition, keys, bound)]), len(keys))
 
     def answer(self, batch: store_pb2.ResultBatch, node: str) -> ReadResult | GroupResult:
+        if batch.refused:
+            raise ReplicaUnavailable(f"store node {node}: the node refused this peer: {batch.refused}", node=node)
         if self.keys is None:
             if len(batch.results) != 1 or batch.groups:
                 raise FrameError(f"{len(batch.results)} answers to one read")
@@ -91,8 +106,11 @@ class Request:
 class BlockingStore:
     """One thread's connections to store nodes' read ports."""
 
-    def __init__(self, metadata: SnapshotSource, connect_timeout_s: float = 2.0) -> None:
+    def __init__(self, metadata: SnapshotSource, access: NodeAccess = NodeAccess(),
+                 connect_timeout_s: float = 2.0) -> None:
         self._metadata = metadata
+        self._access = access
+        self._hello = store_pb2.ReadBatch(cluster_secret=access.secret).SerializeToString() if access.secret else b""
         self._connect_timeout_s = connect_timeout_s
         self._idle: dict[str, list[_Connection]] = {}
 
@@ -102,7 +120,7 @@ class BlockingStore:
         conn = idle.pop() if idle else None
         try:
             if conn is None:
-                conn = _Connection(node, self._connect(node, deadline))
+                conn = _Connection(node, self._connect(node, deadline), self._hello)
             conn.send(request)
             return conn
         except OSError as e:
@@ -116,8 +134,15 @@ class BlockingStore:
             raise ConnectionRefusedError("the node offers no read port")
         host, port = view.read_address.rsplit(":", 1)
         timeout = max(0.01, min(self._connect_timeout_s, deadline - time.monotonic()))
-        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+        host = host.strip("[]")
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._access.ssl_context is not None:
+            try:
+                sock = self._access.ssl_context.wrap_socket(sock, server_hostname=host)
+            except BaseException:
+                sock.close()
+                raise
         return sock
 
     def release(self, conn: _Connection) -> None:

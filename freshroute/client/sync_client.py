@@ -38,9 +38,10 @@ class Client:
     def __init__(self, redis_url: str | None = None, *, router: str | None = None, namespace: str = "freshroute",
                  redis_sentinels: str | None = None, redis_master_name: str | None = None,
                  token: str | None = None, ca: str | None = None, cert: str | None = None, key: str | None = None,
-                 policy: RoutingPolicy | None = None, refresh_ms: int = 150, connect_timeout_s: float = 5.0) -> None:
+                 cluster_secret: str | None = None, policy: RoutingPolicy | None = None, refresh_ms: int = 150, connect_timeout_s: float = 5.0) -> None:
         self._async = AsyncClient(redis_url, router=router, namespace=namespace, redis_sentinels=redis_sentinels,
                                   redis_master_name=redis_master_name, token=token, ca=ca, cert=cert, key=key,
+                                  cluster_secret=cluster_secret,
                                   policy=policy, refresh_ms=refresh_ms, connect_timeout_s=connect_timeout_s)
         self.policy = self._async.policy
         self._local = threading.local()
@@ -92,7 +93,7 @@ class Client:
         mine = getattr(self._local, "core", None)
         if mine is None:
             metadata = self._async.metadata
-            store = BlockingStore(metadata)
+            store = BlockingStore(metadata, self._async.access)
             # The core's own (asyncio) store is never used on this thread: reads go through ``store``.
             mine = self._local.core = (RoutingCore(self.policy, metadata, self._async.core.store), store)
             with self._lock:

@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import orjson
 
@@ -28,6 +28,9 @@ from freshroute.metadata import MAX_STANDBY_REPLICAS
 from freshroute.redis_location import RedisLocation, parse_sentinels
 from freshroute.local.services import free_port, wait_for_port
 from freshroute.proc import lower_priority
+
+if TYPE_CHECKING:
+    from freshroute.local.secure import StackSecrets
 
 STATE_FILE = "state.json"
 
@@ -309,20 +312,26 @@ class Stack:
             node_id = f"node-{i}"
             host = c.node_host(i)
             metrics = free_port(host)
-            return "store-node", self._freshroute(
-                "store-node", "--node-id", node_id, "--host", host, "--port", str(port), "--metrics-port", str(metrics),
-                "--data-dir", str(c.home / "data" / node_id)), {"node_id": node_id, "address": f"{host}:{port}",
-                                                                "metrics": f"http://{host}:{metrics}/metrics"}
-        if name in self.router_names():
-            shared = ["--reuse-port", "true"] if c.routers > 1 else []
             secured: list[str] = []
             if c.secure:
-                from freshroute.local.secure import load_secrets
+                from freshroute.local.secure import node_certificate
 
-                s = load_secrets(c.home)
-                assert s is not None, "secrets are made by up() before any router starts"
+                s = self._secrets()
+                cert = node_certificate(s, node_id, host)
+                secured = ["--tls-cert", str(cert.cert), "--tls-key", str(cert.key),
+                           "--cluster-secret-file", str(s.cluster_secret_file)]
+            return "store-node", self._freshroute(
+                "store-node", "--node-id", node_id, "--host", host, "--port", str(port), "--metrics-port", str(metrics),
+                "--data-dir", str(c.home / "data" / node_id), *secured), {
+                    "node_id": node_id, "address": f"{host}:{port}", "metrics": f"http://{host}:{metrics}/metrics"}
+        if name in self.router_names():
+            shared = ["--reuse-port", "true"] if c.routers > 1 else []
+            secured = []
+            if c.secure:
+                s = self._secrets()
                 secured = ["--auth-file", str(s.auth_file), "--tls-cert", str(s.router_cert),
-                           "--tls-key", str(s.router_key)]
+                           "--tls-key", str(s.router_key), "--cluster-ca", str(s.ca),
+                           "--cluster-secret-file", str(s.cluster_secret_file)]
             return "router", self._freshroute(
                 "router", "--host", c.router_host, "--rest-port", str(c.rest_port), "--grpc-port", str(c.grpc_port),
                 *shared, *secured), {"rest": c.rest_url, "grpc": c.grpc_address}
@@ -331,6 +340,13 @@ class Stack:
                                      "--topic", f"{c.topic_prefix}readings", "--rate", str(c.demo_rate),
                                      "--sensors", str(c.demo_sensors), "--duration-s", str(c.demo_duration_s)], {}
         raise KeyError(f"no component named {name!r}")
+
+    def _secrets(self) -> "StackSecrets":
+        from freshroute.local.secure import load_secrets
+
+        s = load_secrets(self.config.home)
+        assert s is not None, "secrets are made by up() before any component starts"
+        return s
 
     def start(self, name: str, *extra_args: str) -> Component:
         """Start (or restart) one component by name; ``extra_args`` override its settings flags."""
@@ -817,6 +833,7 @@ freshroute is up, with TLS and tokens (secrets in {s.dir}). Try:
   curl -s {tls} -H "Authorization: Bearer $ADMIN" {c.rest_url}/v1/cluster
   .venv/bin/freshroute lookup sensor_stats sensor-1 --router {c.rest_url} --ca {s.ca} --token $READER
   .venv/bin/freshroute lookup sensor_stats sensor-1 --grpc {c.grpc_address} --ca {s.ca} --token $READER
+  .venv/bin/freshroute lookup sensor_stats sensor-1 --direct --ca {s.ca} --cluster-secret-file {s.cluster_secret_file}
 
   .venv/bin/freshroute local status --json      .venv/bin/freshroute local down
 """, flush=True)

@@ -7,7 +7,8 @@ stream, a read leaves at once; past that, reads wait and leave together as one
 ``ReadBatch`` when an earlier batch is answered. Under load a message each way thus
 carries many lookups, while a lightly used stream adds no wait. If a stream breaks, every
 read in flight on it fails as retryable — the router then asks another replica — and the
-next read opens a new stream. Scans use the node's gRPC API.
+next read opens a new stream. Scans use the node's gRPC API. Both ways speak TLS and present
+the cluster secret as the :class:`NodeAccess` given says.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Awaitable, Iterator, Mapping, NamedTuple, Protocol
 import grpc
 from google.protobuf.message import DecodeError
 
+from freshroute.cluster_access import NodeAccess
 from freshroute.errors import ReplicaUnavailable
 from freshroute.framing import FrameError, FrameReader, frame
 from freshroute.metadata import ReplicaState, Role
@@ -236,6 +238,9 @@ class _ReadStream:
         return live
 
     def _answered(self, batch: store_pb2.ResultBatch) -> None:
+        if batch.refused:
+            self._break(ConnectionRefusedError(f"the node refused this peer: {batch.refused}"))
+            return
         reads, asked = self._sent.popleft() if self._sent else (0, {})
         self._unanswered -= reads + len(asked)
         if self._outbox or self._groups:
@@ -287,19 +292,21 @@ class _FrameStream(_ReadStream, asyncio.Protocol):
     # router moves on to another replica) instead of holding them for the OS's connect timeout.
     _CONNECT_TIMEOUT_S = 2.0
 
-    def __init__(self, address: str, read_address: str, max_unanswered: int) -> None:
+    def __init__(self, address: str, read_address: str, max_unanswered: int, access: NodeAccess) -> None:
         super().__init__(address, max_unanswered)
         self._transport: asyncio.Transport | None = None
         self._frames = FrameReader()
         self._flush_due = False
+        self._secret = access.secret  # goes with the first batch, then is dropped
         host, port = read_address.rsplit(":", 1)
-        self._connecting = asyncio.create_task(self._connect(host.strip("[]"), int(port)),
+        self._connecting = asyncio.create_task(self._connect(host.strip("[]"), int(port), access),
                                                name=f"store-connect-{read_address}")
 
-    async def _connect(self, host: str, port: int) -> None:
+    async def _connect(self, host: str, port: int, access: NodeAccess) -> None:
+        loop = asyncio.get_running_loop()
+        tls = {"ssl": access.ssl_context, "server_hostname": host} if access.ssl_context is not None else {}
         try:
-            await asyncio.wait_for(asyncio.get_running_loop().create_connection(lambda: self, host, port),
-                                   self._CONNECT_TIMEOUT_S)
+            await asyncio.wait_for(loop.create_connection(lambda: self, host, port, **tls), self._CONNECT_TIMEOUT_S)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 — refused, unreachable: the reads fail retryable
@@ -331,6 +338,8 @@ class _FrameStream(_ReadStream, asyncio.Protocol):
             return  # connecting: connection_made flushes
         batch = self._take()
         if batch is not None:
+            if self._secret:
+                batch.cluster_secret, self._secret = self._secret, ""
             transport.write(frame(batch.SerializeToString()))
 
     def data_received(self, data: bytes) -> None:
@@ -358,9 +367,10 @@ class _FrameStream(_ReadStream, asyncio.Protocol):
 class _GrpcStream(_ReadStream):
     """A read stream on a node's gRPC ``Read`` call, for nodes that offer no read port."""
 
-    def __init__(self, stub: store_pb2_grpc.StoreNodeStub, address: str, max_unanswered: int) -> None:
+    def __init__(self, stub: store_pb2_grpc.StoreNodeStub, address: str, max_unanswered: int,
+                 access: NodeAccess) -> None:
         super().__init__(address, max_unanswered)
-        self._call = stub.Read()
+        self._call = stub.Read(metadata=access.grpc_metadata)
         self._wakeup = asyncio.Event()
         self._writer = asyncio.create_task(self._write_loop(), name=f"store-write-{address}")
         self._reader = asyncio.create_task(self._read_loop(), name=f"store-read-{address}")
@@ -418,11 +428,15 @@ class _Node:
     """A persistent channel to one store node (scans, and reads when it has no read port), and its read stream."""
 
     def __init__(self, address: str, read_address: str | None, options: list[tuple[str, int]],
-                 max_unanswered: int) -> None:
+                 max_unanswered: int, access: NodeAccess) -> None:
         self.address = address
         self.read_address = read_address
         self.max_unanswered = max_unanswered
-        self.channel = grpc.aio.insecure_channel(address, options=options)
+        self.access = access
+        if access.grpc_credentials is not None:
+            self.channel = grpc.aio.secure_channel(address, access.grpc_credentials, options=options)
+        else:
+            self.channel = grpc.aio.insecure_channel(address, options=options)
         self.stub = store_pb2_grpc.StoreNodeStub(self.channel)
         self.stream: _ReadStream | None = None
         self.retired: list[_ReadStream] = []
@@ -433,9 +447,9 @@ class _Node:
             if stream is not None:
                 self.retired.append(stream)
             if self.read_address:
-                stream = _FrameStream(self.address, self.read_address, self.max_unanswered)
+                stream = _FrameStream(self.address, self.read_address, self.max_unanswered, self.access)
             else:
-                stream = _GrpcStream(self.stub, self.address, self.max_unanswered)
+                stream = _GrpcStream(self.stub, self.address, self.max_unanswered, self.access)
             self.stream = stream
         return stream
 
@@ -448,7 +462,7 @@ class _Node:
 
 class StoreNodeClient:
     """:class:`StoreClient` of real nodes: one read stream per node — on its read port, else its gRPC
-    ``Read`` call — and one grpc.aio channel for scans."""
+    ``Read`` call — and one grpc.aio channel for scans; TLS and the cluster secret as ``access`` says."""
 
     _OPTIONS = [
         # A restarted node should be found again within a refresh or two, not after
@@ -461,8 +475,9 @@ class StoreNodeClient:
 
     # Reads that may be unanswered on a stream before more wait for an answer: at a few
     # hundred lookups per second none waits; under load reads still travel ~10 to a message.
-    def __init__(self, max_unanswered_reads: int = 4) -> None:
+    def __init__(self, max_unanswered_reads: int = 4, access: NodeAccess = NodeAccess()) -> None:
         self._max_unanswered = max_unanswered_reads
+        self._access = access
         self._nodes: dict[str, _Node] = {}
         self._read_addresses: Mapping[str, str | None] = {}
         self._ids = itertools.count(1)
@@ -472,7 +487,7 @@ class StoreNodeClient:
         node = self._nodes.get(address)
         if node is None:
             node = self._nodes[address] = _Node(address, self._read_addresses.get(address), self._OPTIONS,
-                                                self._max_unanswered)
+                                                self._max_unanswered, self._access)
         return node
 
     def _stream(self, address: str) -> _ReadStream:
@@ -497,7 +512,8 @@ class StoreNodeClient:
         entries: list[tuple[bytes, bytes]] = []
         replica: ReplicaStatus | None = None
         try:
-            async for chunk in self._node(address).stub.Scan(request, timeout=timeout_s):
+            async for chunk in self._node(address).stub.Scan(request, timeout=timeout_s,
+                                                             metadata=self._access.grpc_metadata):
                 if chunk.HasField("replica"):
                     replica = replica_status(chunk.replica)
                 status = _STATUSES.get(chunk.status, ReadStatus.ERROR)
