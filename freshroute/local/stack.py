@@ -823,6 +823,7 @@ def _print_examples(c: StackConfig) -> None:
         s = load_secrets(c.home)
         assert s is not None
         tls = f"--cacert {s.ca}"
+        namespace = f" --namespace {c.namespace}" if c.namespace != "freshroute" else ""
         print(f"""
 freshroute is up, with TLS and tokens (secrets in {s.dir}). Try:
 
@@ -833,7 +834,7 @@ freshroute is up, with TLS and tokens (secrets in {s.dir}). Try:
   curl -s {tls} -H "Authorization: Bearer $ADMIN" {c.rest_url}/v1/cluster
   .venv/bin/freshroute lookup sensor_stats sensor-1 --router {c.rest_url} --ca {s.ca} --token $READER
   .venv/bin/freshroute lookup sensor_stats sensor-1 --grpc {c.grpc_address} --ca {s.ca} --token $READER
-  .venv/bin/freshroute lookup sensor_stats sensor-1 --direct --ca {s.ca} --cluster-secret-file {s.cluster_secret_file}
+  .venv/bin/freshroute lookup sensor_stats sensor-1 --direct --redis-url {c.redis_url}{namespace} --ca {s.ca} --cluster-secret-file {s.cluster_secret_file}
 
   .venv/bin/freshroute local status --json      .venv/bin/freshroute local down
 """, flush=True)

@@ -223,7 +223,8 @@ class AttemptPlan:
                                  partition=partition, attempts=[f["node"] for f in self.failures])
         if self.stale:
             return self.no_replica(self.stale)
-        return ReplicaUnavailable(f"no replica of {table}/{partition} could answer", table=table,
+        last = f" (last: {self.failures[-1]['reason']})" if self.failures else ""
+        return ReplicaUnavailable(f"no replica of {table}/{partition} could answer{last}", table=table,
                                   partition=partition, attempts=self.failures)
 
     def no_replica(self, stale: list[ReplicaStatus]) -> NoReplicaWithinBound:

@@ -1,4 +1,5 @@
-"""``local up --secure``: routers with TLS and tokens, and the examples it prints work as printed."""
+"""``local up --secure``: routers with TLS and tokens, store nodes with TLS and the cluster secret, and the
+examples it prints work as printed."""
 
 from __future__ import annotations
 
@@ -50,15 +51,61 @@ def test_a_secure_stack_serves_over_tls_with_tokens_and_its_printed_examples_wor
     lines = [line.strip() for line in printed.splitlines() if line.strip()]
     assignments = [line.split("#")[0].strip() for line in lines if line.startswith(("READER=", "ADMIN="))]
     commands = [line.split("   #")[0] for line in lines if line.startswith(("curl ", ".venv/bin/freshroute lookup"))]
-    assert len(assignments) == 2 and len(commands) == 5, printed
+    assert len(assignments) == 2 and len(commands) == 6, printed
     outputs = []
     for command in commands:
         run = subprocess.run(["bash", "-c", "; ".join([*assignments, command])], capture_output=True, text=True,
                              timeout=60, cwd=REPO)
         outputs.append((command, run.returncode, run.stdout + run.stderr))
-    (c1, rc1, out1), (c2, rc2, out2), (c3, rc3, out3), (c4, rc4, out4), (c5, rc5, out5) = outputs
+    (c1, rc1, out1), (c2, rc2, out2), (c3, rc3, out3), (c4, rc4, out4), (c5, rc5, out5), (c6, rc6, out6) = outputs
     assert rc1 == 0 and '"key":"sensor-1"' in out1, (c1, out1)
     assert rc2 == 0 and "PERMISSION_DENIED" in out2, (c2, out2)
     assert rc3 == 0 and '"nodes"' in out3, (c3, out3)
     assert rc4 == 0 and '"key":"sensor-1"' in out4, (c4, out4)
     assert rc5 == 0 and '"key":"sensor-1"' in out5, (c5, out5)
+    assert rc6 == 0 and '"key":"sensor-1"' in out6 and '"node":"node-' in out6, (c6, out6)
+
+
+def test_store_node_ports_serve_only_peers_with_tls_and_the_cluster_secret(stack):
+    import grpc
+
+    from freshroute.client import Client
+    from freshroute.errors import ReplicaUnavailable
+    from proto import store_pb2, store_pb2_grpc
+
+    secure = stack.status()["router"]["secure"]
+    secret = open(secure["cluster_secret_file"]).read().strip()
+    produce_readings(stack, [{"sensor": "sensor-2", "area": "cabin", "reading": 2.0}])
+    with Client(redis_url=stack.config.redis_url, namespace=stack.config.namespace, ca=secure["ca"],
+                cluster_secret=secret) as trusted:
+        wait_until(lambda: trusted.get("sensor_stats", "sensor-2").found, FIRST_DATA_TIMEOUT_S, "sensor-2 to be served")
+        nodes = list(trusted._async.metadata.current.nodes.values())
+    assert len(nodes) == 3 and all(n.read_address for n in nodes)
+
+    # The real client without the secret: every node refuses it, naming why.
+    with Client(redis_url=stack.config.redis_url, namespace=stack.config.namespace, ca=secure["ca"]) as outsider:
+        with pytest.raises(ReplicaUnavailable) as refused:
+            outsider.get("sensor_stats", "sensor-2")
+        assert "cluster secret is missing or wrong" in refused.value.message
+    # Plaintext to a TLS read port: the handshake fails and nothing is answered.
+    import socket
+
+    from freshroute.framing import frame
+
+    host, port = nodes[0].read_address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        read = store_pb2.ReadBatch(cluster_secret=secret, reads=[store_pb2.KeyRead(
+            id=1, table="sensor_stats", partition=0, key=b"sensor-2")])
+        sock.sendall(frame(read.SerializeToString()))
+        answer = sock.recv(65536)
+        assert b"sensor-2" not in answer and b"count" not in answer
+    # gRPC over TLS without the secret: UNAUTHENTICATED; with it: served.
+    ca = open(secure["ca"], "rb").read()
+    with grpc.secure_channel(nodes[0].address, grpc.ssl_channel_credentials(ca)) as channel:
+        stub = store_pb2_grpc.StoreNodeStub(channel)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Status(store_pb2.StatusRequest(), timeout=10)
+        assert e.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        status = stub.Status(store_pb2.StatusRequest(), timeout=10,
+                             metadata=(("x-freshroute-cluster-secret", secret),))
+        assert status.node == nodes[0].node and len(status.replicas) > 0
