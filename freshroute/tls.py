@@ -157,3 +157,17 @@ def client_context(ca: str | Path | None = None, cert: str | Path | None = None,
     neither is given (the defaults do)."""
     return ClientTLS(ca, cert, key).context()
 
+
+
+def peer_subject(transport: object) -> str | None:
+    """The subject (RFC 4514) of the certificate the peer of a TLS ``transport`` presented; None without one.
+
+    Only a port that requires client certificates has verified it: elsewhere there is none."""
+    get = getattr(transport, "get_extra_info", None)
+    ssl_object = get("ssl_object") if get is not None else None
+    der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    if not der:
+        return None
+    from cryptography import x509
+
+    return x509.load_der_x509_certificate(der).subject.rfc4514_string()

@@ -13,8 +13,13 @@ the cluster and metadata endpoints, and an optional rate limit::
         token_sha256: …
         tables: ["*"]
         cluster: true
+      - name: billing-service
+        certificate_subject: "CN=billing,O=Acme"
+        tables: [invoices]
 
-A :class:`Guard` answers every request from an immutable :class:`Principals` snapshot, which
+A principal named by ``certificate_subject`` (RFC 4514) is whoever presents a client
+certificate with that subject on a router that requires them (``tls_client_ca``) and sends no
+token; a token, when sent, always decides. A :class:`Guard` answers every request from an immutable :class:`Principals` snapshot, which
 :meth:`Guard.reload` swaps whole; a file that fails to load leaves the old one in place.
 """
 
@@ -36,7 +41,7 @@ log = logging.getLogger(__name__)
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9_.@:=,/ -]{1,200}$")
-_KEYS = {"name", "token_sha256", "tables", "cluster", "rate"}
+_KEYS = {"name", "token_sha256", "certificate_subject", "tables", "cluster", "rate"}
 _MAX_ACCEPTED = 10_000  # header values remembered per loaded file
 _MAX_JUDGED = 10_000  # tables remembered per principal
 # What a 401 says the router accepts (RFC 6750).
@@ -77,6 +82,7 @@ class Principals:
 
     by_token_hash: dict[str, Principal] = field(default_factory=dict)
     source: str = ""
+    by_subject: dict[str, Principal] = field(default_factory=dict)  # RFC 4514 subject, canonical form
     # Authorization header values already accepted: hashing each request's token would cost more
     # than the rest of the check. Only accepted values are kept, so a flood of bad tokens cannot grow it.
     accepted: dict[str | bytes, Principal] = field(default_factory=dict, compare=False, repr=False)
@@ -118,13 +124,14 @@ class Guard:
             return False
         self.principals = fresh
         # A principal's bucket survives a reload unless its rate changed.
-        rates = {p.name: p.rate for p in fresh.by_token_hash.values()}
-        self._buckets = {n: b for n, b in self._buckets.items() if rates.get(n) == b.rate}
-        log.info("auth file reloaded: %d principal(s)", len(fresh.by_token_hash))
+        every = {p.name: p for p in (*fresh.by_token_hash.values(), *fresh.by_subject.values())}
+        self._buckets = {n: b for n, b in self._buckets.items() if n in every and every[n].rate == b.rate}
+        log.info("auth file reloaded: %d principal(s)", len(every))
         return True
 
-    def authenticate(self, authorization: str | bytes | None) -> Principal:
-        """The principal an ``Authorization: Bearer <token>`` value names; Unauthenticated otherwise."""
+    def authenticate(self, authorization: str | bytes | None, subject: str | None = None) -> Principal:
+        """The principal an ``Authorization: Bearer <token>`` value names, else the one the verified client
+        certificate's ``subject`` names; Unauthenticated otherwise."""
         principals = self.principals
         if authorization is not None:
             known = principals.accepted.get(authorization)
@@ -134,6 +141,9 @@ class Guard:
         if isinstance(authorization, bytes):
             authorization = authorization.decode("latin-1")
         if not authorization:
+            by_certificate = principals.by_subject.get(subject) if subject else None
+            if by_certificate is not None:
+                return by_certificate
             raise Unauthenticated("authentication required: send Authorization: Bearer <token>")
         scheme, _, token = authorization.strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
@@ -159,24 +169,24 @@ class Guard:
             raise RateLimited(f"principal {principal.name!r} is over its rate of {principal.rate.reads_per_s:g} "
                               f"reads/s", retry_after_s=max(1, math.ceil(wait)))
 
-    def principal(self, authorization: str | bytes | None) -> Principal:
+    def principal(self, authorization: str | bytes | None, subject: str | None = None) -> Principal:
         """Any authenticated principal, admitted by its rate (what the list of tables needs)."""
-        principal = self.authenticate(authorization)
+        principal = self.authenticate(authorization, subject)
         self.admit(principal)
         return principal
 
-    def table(self, authorization: str | bytes | None, table: str) -> Principal:
+    def table(self, authorization: str | bytes | None, table: str, subject: str | None = None) -> Principal:
         """A read of ``table`` (one per request, however many keys): authenticated, allowed, admitted."""
-        principal = self.authenticate(authorization)
+        principal = self.authenticate(authorization, subject)
         if not principal.may_read(table):
             # The same answer for a table that does not exist: names cannot be probed.
             raise PermissionDenied(f"principal {principal.name!r} may not read table {table!r}", table=table)
         self.admit(principal)
         return principal
 
-    def cluster(self, authorization: str | bytes | None) -> Principal:
+    def cluster(self, authorization: str | bytes | None, subject: str | None = None) -> Principal:
         """The cluster and metadata endpoints (``/v1/cluster``, key metadata, ``/metrics``, ``/docs``)."""
-        principal = self.authenticate(authorization)
+        principal = self.authenticate(authorization, subject)
         if not principal.cluster:
             raise PermissionDenied(f"principal {principal.name!r} may not see the cluster's metadata")
         self.admit(principal)
@@ -194,17 +204,25 @@ def load_auth_file(path: Path) -> Principals:
     if not isinstance(doc, dict) or not isinstance(doc.get("principals"), list):
         raise AuthFileError(f"auth file {path}: expected a mapping with a list 'principals'", setting="auth_file")
     out: dict[str, Principal] = {}
+    by_subject: dict[str, Principal] = {}
     names: set[str] = set()
     for i, entry in enumerate(doc["principals"]):
         where = f"auth file {path}, principal {i + 1}{_line(text, entry, i)}"
-        principal, digest = _principal(entry, where)
+        principal, digest, subject = _principal(entry, where)
         if principal.name in names:
             raise AuthFileError(f"{where}: the name {principal.name!r} is used twice", setting="auth_file")
-        if digest in out:
-            raise AuthFileError(f"{where}: its token_sha256 is also {out[digest].name!r}'s", setting="auth_file")
+        if digest is not None:
+            if digest in out:
+                raise AuthFileError(f"{where}: principal {out[digest].name!r} has the same token_sha256", setting="auth_file")
+            out[digest] = principal
+        if subject is not None:
+            if subject in by_subject:
+                raise AuthFileError(f"{where}: principal {by_subject[subject].name!r} has the same "
+                                    f"certificate_subject",
+                                    setting="auth_file")
+            by_subject[subject] = principal
         names.add(principal.name)
-        out[digest] = principal
-    return Principals(out, str(path))
+    return Principals(out, str(path), by_subject)
 
 
 def _parse(path: Path, text: str) -> Any:
@@ -237,7 +255,7 @@ def _line(text: str, entry: Any, index: int) -> str:
     return ""
 
 
-def _principal(entry: Any, where: str) -> tuple[Principal, str]:
+def _principal(entry: Any, where: str) -> tuple[Principal, str | None, str | None]:
     def bad(why: str) -> AuthFileError:
         return AuthFileError(f"{where}: {why}", setting="auth_file")
 
@@ -249,10 +267,17 @@ def _principal(entry: Any, where: str) -> tuple[Principal, str]:
     name = entry.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
         raise bad("name must be a non-empty string of letters, digits and _.@:=,/ -")
-    digest = entry.get("token_sha256")
-    if not isinstance(digest, str) or not _HEX64.match(digest.lower()):
+    digest, subject = entry.get("token_sha256"), entry.get("certificate_subject")
+    if digest is None and subject is None:
+        raise bad("give token_sha256 (a bearer token's SHA-256) or certificate_subject (a client certificate's "
+                  "subject), or both")
+    if digest is not None and (not isinstance(digest, str) or not _HEX64.match(digest.lower())):
         raise bad("token_sha256 must be the token's SHA-256 as 64 hex digits (sha256sum of the token), "
                   "not the token itself")
+    if subject is not None:
+        subject = canonical_subject(subject)
+        if subject is None:
+            raise bad('certificate_subject must be a distinguished name as RFC 4514 writes it, e.g. "CN=billing,O=Acme"')
     tables = entry.get("tables", [])
     if isinstance(tables, str):
         tables = [tables]
@@ -272,7 +297,22 @@ def _principal(entry: Any, where: str) -> tuple[Principal, str]:
         if burst < 1:
             raise bad("rate.burst must be at least 1")
         rate = Rate(float(per_s), float(burst))
-    return Principal(name, tuple(tables), cluster, rate), digest.lower()
+    return Principal(name, tuple(tables), cluster, rate), digest.lower() if digest else None, subject
+
+
+def canonical_subject(subject: Any) -> str | None:
+    """``subject`` as a client certificate's subject is compared (RFC 4514, as the certificate orders it); None if
+    it is not a distinguished name."""
+    from cryptography import x509
+
+    if not isinstance(subject, str) or not subject.strip():
+        return None
+    for text in (subject.strip(), re.sub(r"\s*([,+])\s*", r"\1", subject.strip())):
+        try:
+            return x509.Name.from_rfc4514_string(text).rfc4514_string()
+        except ValueError:
+            continue
+    return None
 
 
 def token_hash(token: str) -> str:

@@ -7,8 +7,10 @@ the trailing metadata ``freshroute-error`` carries the same JSON body REST retur
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
+import secrets
 from typing import Any, AsyncIterator, NoReturn
 
 import grpc
@@ -27,7 +29,7 @@ from freshroute.tls import ServerTLS
 from router.auth import Guard
 from router.routing import Router
 from router.settings import RouterSettings
-from router.transports.grpc_front import GrpcFront
+from router.transports.grpc_front import CLIENT_SUBJECT, RELAY_KEY, GrpcFront
 
 log = logging.getLogger("freshroute.router.grpc")
 
@@ -141,17 +143,27 @@ async def answer_get(router: Router, request: router_pb2.GetRequest) -> router_p
 class RouterServicer(router_pb2_grpc.RouterServicer):
     """The public Router service over :class:`Router`."""
 
-    def __init__(self, router: Router, guard: Guard | None = None) -> None:
+    def __init__(self, router: Router, guard: Guard | None = None, relay_key: str | None = None) -> None:
         self._router = router
         self._guard = guard
+        self._relay_key = relay_key  # what the gRPC front's relayed calls carry, vouching for their subject
+
+    def _caller(self, context: grpc.aio.ServicerContext) -> tuple[str | None, str | None]:
+        """(authorization, client certificate subject) of a call; the subject only from the front's relay."""
+        metadata = dict(context.invocation_metadata() or ())
+        subject = None
+        if self._relay_key is not None and hmac.compare_digest(metadata.get(RELAY_KEY, ""), self._relay_key):
+            subject = metadata.get(CLIENT_SUBJECT)
+        return metadata.get("authorization"), subject
 
     def _table(self, context: grpc.aio.ServicerContext, table: str) -> None:
         if self._guard is not None:
-            self._guard.table(_authorization(context), table)
+            authorization, subject = self._caller(context)
+            self._guard.table(authorization, table, subject)
 
     def _cluster(self, context: grpc.aio.ServicerContext) -> None:
         if self._guard is not None:
-            self._guard.cluster(_authorization(context))
+            self._guard.cluster(*self._caller(context))
 
     def _parse_bound(self, request: Any) -> Bound:
         return parse_request_bound(self._router, request)
@@ -219,7 +231,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def ListTables(self, request: router_pb2.ListTablesRequest,
                          context: grpc.aio.ServicerContext) -> router_pb2.ListTablesResponse:
         try:
-            principal = self._guard.principal(_authorization(context)) if self._guard is not None else None
+            principal = self._guard.principal(*self._caller(context)) if self._guard is not None else None
             return router_pb2.ListTablesResponse(tables=[
                 router_pb2.TableInfo(name=t.spec.name, topic=t.spec.topic, partitions=t.spec.partitions,
                                      standby_replicas=t.spec.standby_replicas, key_column=t.spec.key_column,
@@ -256,12 +268,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             await abort(context, e)
 
 
-def _authorization(context: grpc.aio.ServicerContext) -> str | None:
-    return next((v for k, v in context.invocation_metadata() or () if k == "authorization"), None)
-
-
-def create_grpc_server(settings: RouterSettings, router: Router,
-                       guard: Guard | None = None) -> tuple[grpc.aio.Server, int]:
+def create_grpc_server(settings: RouterSettings, router: Router, guard: Guard | None = None,
+                       relay_key: str | None = None) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server (not started) with Router, health and reflection, bound to ``settings.grpc_port``.
 
     Call from a running event loop. Returns the bound port, so ``grpc_port=0`` lets the OS pick.
@@ -270,7 +278,7 @@ def create_grpc_server(settings: RouterSettings, router: Router,
     # Without reuse_port, a second router on the same port fails to start rather than
     # silently sharing it.
     server = grpc.aio.server(options=[("grpc.so_reuseport", 1 if settings.reuse_port else 0)])
-    router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(router, guard), server)
+    router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(router, guard, relay_key), server)
 
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -299,9 +307,10 @@ class RouterGetCalls:
         self._router = router
         self._guard = guard
 
-    async def get(self, request: router_pb2.GetRequest, authorization: bytes | None) -> router_pb2.GetResponse:
+    async def get(self, request: router_pb2.GetRequest, authorization: bytes | None,
+                  subject: str | None = None) -> router_pb2.GetResponse:
         if self._guard is not None:
-            self._guard.table(authorization, request.table)
+            self._guard.table(authorization, request.table, subject)
         return await answer_get(self._router, request)
 
     def status(self, exc: BaseException) -> tuple[grpc.StatusCode, str, tuple[tuple[bytes, bytes], ...]]:
@@ -321,10 +330,12 @@ class PublicGrpc:
                               setting="grpc_front")
         if settings.grpc_front:
             inner = settings.model_copy(update={"host": "127.0.0.1", "grpc_port": 0, "reuse_port": False})
-            # Relayed calls carry their authorization metadata: the inner servicer checks them.
-            self._server, inner_port = create_grpc_server(inner, router, guard)
+            # Relayed calls carry their authorization metadata, and the client certificate's subject vouched
+            # for by a key only this process knows: the inner servicer checks them.
+            relay_key = secrets.token_urlsafe(24)
+            self._server, inner_port = create_grpc_server(inner, router, guard, relay_key)
             self.front = GrpcFront(RouterGetCalls(router, guard), f"127.0.0.1:{inner_port}", settings.host,
-                                   settings.grpc_port, settings.reuse_port, tls.context if tls else None)
+                                   settings.grpc_port, settings.reuse_port, tls.context if tls else None, relay_key)
         else:
             self._server, self.port = create_grpc_server(settings, router, guard)
 

@@ -18,7 +18,7 @@ from router.grpc_server import PublicGrpc
 from router.rest import create_app
 from router.runtime import RouterRuntime
 from router.settings import RouterSettings
-from router.transports.http1 import key_lookup_protocol
+from router.transports.http1 import httptools_with_tls_extension, key_lookup_protocol
 
 log = logging.getLogger("freshroute.router")
 
@@ -64,7 +64,7 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
         # Key lookups are answered by the connection's own protocol (router.transports.http1); uvicorn's
         # serves everything else. No X-Forwarded-* rewriting: nothing here reads the client
         # address, and the middleware would inspect every request's headers.
-        http = key_lookup_protocol(app.key_handlers) if settings.rest_fast_path else "httptools"
+        http = key_lookup_protocol(app.key_handlers) if settings.rest_fast_path else httptools_with_tls_extension()
         config = uvicorn.Config(app, http=http, access_log=False, proxy_headers=False, server_header=False,
                                 lifespan="on", log_level=settings.log_level.lower(),
                                 timeout_graceful_shutdown=max(1, int(settings.graceful_shutdown_s)))

@@ -117,14 +117,17 @@ class KeyHandlers:
     def match(raw_path: bytes) -> tuple[bytes, bytes, bool] | None:
         return match_key_path(raw_path)
 
-    async def answer(self, match: tuple[bytes, bytes, bool], query: bytes,
-                     authorization: bytes | None = None) -> tuple[int, bytes, dict[str, str]]:
+    async def answer(self, match: tuple[bytes, bytes, bool], query: bytes, authorization: bytes | None = None,
+                     subject: str | None = None) -> tuple[int, bytes, dict[str, str]]:
         """(status, JSON body, extra headers) of a GET on a key route, as :func:`match_key_path` split it."""
         table_raw, key_raw, is_metadata = match
         try:
             table, key = _segment(table_raw), _segment(key_raw)
             if self.guard is not None:
-                self.guard.cluster(authorization) if is_metadata else self.guard.table(authorization, table)
+                if is_metadata:
+                    self.guard.cluster(authorization, subject)
+                else:
+                    self.guard.table(authorization, table, subject)
             if is_metadata:
                 return (*self.metadata(table, key), {})
             return (*await self.lookup(table, key, query), {})
@@ -188,7 +191,8 @@ async def serve_key_route(handlers: KeyHandlers, scope: Scope, send: Send) -> bo
     match = match_key_path(scope.get("raw_path") or scope["path"].encode())
     if match is None:
         return False
-    await _send_json(send, *await handlers.answer(match, scope.get("query_string", b""), _authorization(scope)))
+    await _send_json(send, *await handlers.answer(match, scope.get("query_string", b""), _authorization(scope),
+                                                   _subject(scope)))
     return True
 
 
@@ -204,6 +208,11 @@ def _authorization(scope: Scope) -> bytes | None:
     return next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
 
 
+def _subject(scope: Scope) -> str | None:
+    """The client certificate's subject, as the ASGI TLS extension carries it."""
+    return ((scope.get("extensions") or {}).get("tls") or {}).get("client_cert_name")
+
+
 # Open to anyone: a load balancer's health checks carry no token.
 _OPEN = frozenset((b"/healthz", b"/readyz"))
 
@@ -216,18 +225,19 @@ def check_access(guard: Guard, scope: Scope) -> Principal | None:
     path = raw.partition(b"?")[0]
     if path in _OPEN:
         return None
-    authorization = _authorization(scope)
+    authorization, subject = _authorization(scope), _subject(scope)
     if path.rstrip(b"/") == b"/v1/tables":
-        return guard.principal(authorization)
+        return guard.principal(authorization, subject)
     key = match_key_path(path)
     if key is not None:
-        return guard.cluster(authorization) if key[2] else guard.table(authorization, _segment(key[0]))
+        return guard.cluster(authorization, subject) if key[2] else \
+            guard.table(authorization, _segment(key[0]), subject)
     if path.startswith(_PREFIX):
         rest = path[len(_PREFIX):]
         table, _, tail = rest.partition(b"/")
         if table and (tail in (b"scan", b"keys:batchGet")):
-            return guard.table(authorization, _segment(table))
-    return guard.cluster(authorization)
+            return guard.table(authorization, _segment(table), subject)
+    return guard.cluster(authorization, subject)
 
 
 class RouterApp(FastAPI):

@@ -25,17 +25,20 @@ class KeyRoutes(Protocol):
     def match(self, raw_path: bytes) -> Any | None:
         """The key route a raw (still percent-encoded) path names, or None if it names none."""
 
-    async def answer(self, route: Any, query: bytes, authorization: bytes | None) -> tuple[int, bytes, dict[str, str]]:
-        """(HTTP status, JSON body, extra headers) of a GET on ``route`` with its raw query string and the
-        request's ``Authorization`` header (None: absent); never raises."""
+    async def answer(self, route: Any, query: bytes, authorization: bytes | None,
+                     subject: str | None = None) -> tuple[int, bytes, dict[str, str]]:
+        """(HTTP status, JSON body, extra headers) of a GET on ``route`` with its raw query string, the
+        request's ``Authorization`` header (None: absent) and the subject of the client certificate its
+        connection presented (None: none); never raises."""
 
 
 class GetCalls(Protocol):
     """What the gRPC front needs of the Router service: ``Get`` answered, and errors as gRPC statuses."""
 
-    async def get(self, request: router_pb2.GetRequest, authorization: bytes | None) -> router_pb2.GetResponse:
-        """The answer to one ``Router.Get`` (with the call's ``authorization`` metadata, None: absent); errors
-        are raised, for :meth:`status` to translate."""
+    async def get(self, request: router_pb2.GetRequest, authorization: bytes | None,
+                  subject: str | None = None) -> router_pb2.GetResponse:
+        """The answer to one ``Router.Get`` (with the call's ``authorization`` metadata, None: absent, and the
+        subject of the connection's client certificate); errors are raised, for :meth:`status` to translate."""
 
     def status(self, exc: BaseException) -> tuple[grpc.StatusCode, str, tuple[tuple[bytes, bytes], ...]]:
         """(status code, message, trailing metadata) of a call that failed with ``exc``."""

@@ -33,6 +33,7 @@ from google.protobuf.message import DecodeError
 
 from freshroute.errors import InvalidArgument
 from freshroute.pacing import PacedByAnswers
+from freshroute.tls import peer_subject
 from proto import router_pb2
 from router.transports import GetCalls
 
@@ -82,8 +83,11 @@ CONTROL_BUDGET = (1_000, 100.0)
 RESET_MEMORY = 256
 
 # Headers that are HTTP/2's or gRPC's own, not call metadata to relay.
+# A relayed call's client certificate subject, and the key that vouches for it: only the front sets them,
+# so a client's own headers of these names are dropped.
+CLIENT_SUBJECT, RELAY_KEY = "x-freshroute-client-subject", "x-freshroute-relay-key"
 _NOT_METADATA = frozenset((b"te", b"content-type", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding",
-                           b"user-agent", b"host", b"connection"))
+                           b"user-agent", b"host", b"connection", CLIENT_SUBJECT.encode(), RELAY_KEY.encode()))
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 # A request's pseudo-headers (RFC 9113 §8.3.1), and headers HTTP/2 forbids (§8.2.2).
 _REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":path", b":authority"))
@@ -224,6 +228,7 @@ class GrpcConnection(PacedByAnswers):
         self._front = front
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
+        self._subject: str | None = None
         self._buffer = bytearray()
         self._preface_seen = False
         self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
@@ -247,6 +252,7 @@ class GrpcConnection(PacedByAnswers):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
         self._transport = transport  # type: ignore[assignment]
+        self._subject = peer_subject(transport)  # of a verified client certificate, on a port that requires one
         self._front.connections.add(self)
         settings = b"".join(_SETTING.pack(k, v) for k, v in (
             (MAX_CONCURRENT_STREAMS, STREAM_LIMIT), (INITIAL_WINDOW_SIZE, STREAM_WINDOW),
@@ -614,7 +620,7 @@ class GrpcConnection(PacedByAnswers):
     async def _get(self, stream: _Stream, request: router_pb2.GetRequest) -> None:
         try:
             authorization = next((v for n, v in stream.headers if n == b"authorization"), None)
-            response = await self._front.calls.get(request, authorization)
+            response = await self._front.calls.get(request, authorization, self._subject)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 — every error leaves as a status, translated once
@@ -733,7 +739,10 @@ class GrpcConnection(PacedByAnswers):
         """One call of any other method, carried message by message to the grpc.aio server and back."""
         path = stream.path.decode("ascii", "replace")
         timeout = grpc_timeout(next((v for n, v in stream.headers if n == b"grpc-timeout"), None))
-        call = self._front.channel.stream_stream(path)(metadata=_metadata_out(stream.headers), timeout=timeout)
+        metadata = _metadata_out(stream.headers)
+        if self._subject is not None:
+            metadata += ((CLIENT_SUBJECT, self._subject), (RELAY_KEY, self._front.relay_key))
+        call = self._front.channel.stream_stream(path)(metadata=metadata, timeout=timeout)
         feeder = self._loop.create_task(self._feed(stream, call))
         try:
             while (message := await call.read()) is not grpc.aio.EOF:
@@ -808,9 +817,10 @@ class GrpcFront:
     """The public gRPC port: :class:`GrpcConnection` per client, relaying what it does not answer to ``relay_target``."""
 
     def __init__(self, calls: GetCalls, relay_target: str, host: str, port: int, reuse_port: bool = False,
-                 ssl: "ssl_module.SSLContext | None" = None) -> None:
+                 ssl: "ssl_module.SSLContext | None" = None, relay_key: str = "") -> None:
         self.calls = calls
         self._ssl = ssl
+        self.relay_key = relay_key
         self.connections: set[GrpcConnection] = set()
         self._listen = (host, port, reuse_port)
         self._server: asyncio.Server | None = None

@@ -31,6 +31,7 @@ import httptools
 from uvicorn.config import HTTP_PROTOCOLS
 from uvicorn.importer import import_from_string
 
+from freshroute.tls import peer_subject
 from router.transports import KeyRoutes
 
 STATUS_LINE = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
@@ -106,7 +107,27 @@ def answer_writer(loop: asyncio.AbstractEventLoop) -> AnswerWriter:
 
 def key_lookup_protocol(routes: KeyRoutes) -> Callable[..., asyncio.Protocol]:
     """The ``http=`` of a ``uvicorn.Config``: key lookups answered here, the rest by uvicorn's httptools protocol."""
-    return partial(KeyLookupProtocol, routes, import_from_string(HTTP_PROTOCOLS["httptools"]))
+    return partial(KeyLookupProtocol, routes, httptools_with_tls_extension())
+
+
+def httptools_with_tls_extension() -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol, putting the subject of the connection's client certificate into every
+    request's scope as the ASGI TLS extension does (``scope["extensions"]["tls"]["client_cert_name"]``)."""
+    base: Any = import_from_string(HTTP_PROTOCOLS["httptools"])
+
+    class WithTLSExtension(base):  # type: ignore[misc, valid-type]
+        _subject: str | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._subject = peer_subject(transport)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            if self._subject is not None:
+                self.scope.setdefault("extensions", {})["tls"] = {"client_cert_name": self._subject}
+
+    return WithTLSExtension
 
 
 class KeyLookupProtocol(asyncio.Protocol):
@@ -134,6 +155,7 @@ class KeyLookupProtocol(asyncio.Protocol):
         self.match: Any = None  # the key route of the request being parsed
         self.query = b""
         self.authorization: bytes | None = None
+        self.subject: str | None = None
         self.head_since: float | None = None  # when the head being parsed began to arrive
         self.busy = False  # an answer of this connection is being worked out
         self.handing_over = False
@@ -148,6 +170,7 @@ class KeyLookupProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.subject = peer_subject(transport)  # of a verified client certificate, on a port that requires one
         self.server_state.connections.add(self)
         self._arm_idle_timer()
 
@@ -254,7 +277,7 @@ class KeyLookupProtocol(asyncio.Protocol):
 
     async def _answer(self, match: Any, query: bytes, keep_alive: bool, authorization: bytes | None) -> None:
         try:
-            status, body, extra = await self.routes.answer(match, query, authorization)
+            status, body, extra = await self.routes.answer(match, query, authorization, self.subject)
         finally:
             self.busy = False
         transport = self.transport

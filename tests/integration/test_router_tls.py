@@ -4,7 +4,8 @@ A throwaway CA signs the router's certificate and the clients'. Checked: HTTPS a
 TLS (ALPN h2) answer, for the call the gRPC front answers itself and for a relayed one; a
 client trusting another CA, and plaintext to a TLS port, are refused; with ``--tls-client-ca``
 a client without a certificate, or with an expired or not-yet-valid one, is refused and one
-with a valid certificate is served; SIGHUP puts a new certificate in use for new connections;
+with a valid certificate is served, and its subject can name a principal of the auth file on
+every path; SIGHUP puts a new certificate in use for new connections;
 broken files stop the router at start, naming them.
 """
 
@@ -133,6 +134,65 @@ def test_mtls_serves_clients_with_a_valid_certificate_only(stack, pki):
         creds = grpc.ssl_channel_credentials(ca_pem, p[name].key.read_bytes(), p[name].cert.read_bytes()) if name \
             else grpc.ssl_channel_credentials(ca_pem)
         assert grpc_get(stack, creds) is grpc.StatusCode.UNAVAILABLE, name
+
+
+
+def test_a_client_certificates_subject_names_a_principal_on_every_path(stack, pki, tmp_path):
+    import json
+
+    from router.auth import token_hash
+
+    p = pki
+    ops = issue(p["ca"], p["dir"], "ops", "ops", server=False)
+    auth = tmp_path / "auth.json"
+    auth.write_text(json.dumps({"principals": [
+        {"name": "dashboards", "certificate_subject": "CN=dashboards", "tables": ["sensor_stats"]},
+        {"name": "admin", "token_sha256": token_hash("admin-token-of-the-test"), "tables": ["*"], "cluster": True}]}))
+    restart_router(stack, "--tls-cert", str(p["server"].cert), "--tls-key", str(p["server"].key),
+                   "--tls-client-ca", str(p["ca"].cert), "--auth-file", str(auth))
+    # REST: the key route (the HTTP/1.1 fast path) and uvicorn's routes, with no token.
+    with https(stack, pki, cert=(str(p["client"].cert), str(p["client"].key))) as dashboards:
+        assert dashboards.get("/v1/tables/sensor_stats/keys/sensor-1").json()["key"] == "sensor-1"
+        assert dashboards.get("/v1/tables/area_counts/keys/cabin").status_code == 403
+        assert [t["name"] for t in dashboards.get("/v1/tables").json()["tables"]] == ["sensor_stats"]
+        assert dashboards.get("/v1/tables/sensor_stats/scan", params={"limit": 2}).status_code == 200
+        assert dashboards.get("/v1/cluster").status_code == 403
+    with https(stack, pki, cert=(str(ops.cert), str(ops.key))) as unnamed:
+        r = unnamed.get("/v1/tables/sensor_stats/keys/sensor-1")
+        assert r.status_code == 401 and r.json()["error"]["code"] == "UNAUTHENTICATED"
+        assert unnamed.get("/v1/tables").status_code == 401
+        # A token, when sent, decides.
+        assert unnamed.get("/v1/cluster", headers={"authorization": "Bearer admin-token-of-the-test"}).status_code == 200
+
+    # gRPC: Get answered by the front, BatchGet and ListTables relayed to grpc.aio.
+    ca_pem = p["ca"].cert.read_bytes()
+
+    def calls(cert, metadata=()):
+        creds = grpc.ssl_channel_credentials(ca_pem, cert.key.read_bytes(), cert.cert.read_bytes())
+        out = []
+        with grpc.secure_channel(stack.config.grpc_address, creds) as channel:
+            stub = router_pb2_grpc.RouterStub(channel)
+            for call in (lambda: stub.Get(router_pb2.GetRequest(table="sensor_stats", key="sensor-1"), timeout=5,
+                                          metadata=metadata),
+                         lambda: stub.Get(router_pb2.GetRequest(table="area_counts", key="cabin"), timeout=5,
+                                          metadata=metadata),
+                         lambda: stub.BatchGet(router_pb2.BatchGetRequest(table="sensor_stats", keys=["sensor-1"]),
+                                               timeout=5, metadata=metadata),
+                         lambda: [t.name for t in stub.ListTables(router_pb2.ListTablesRequest(), timeout=5,
+                                                                  metadata=metadata).tables]):
+                try:
+                    result = call()
+                    out.append(result if isinstance(result, list) else grpc.StatusCode.OK)
+                except grpc.RpcError as e:
+                    out.append(e.code())
+        return out
+
+    OK, DENIED, UNAUTHENTICATED = grpc.StatusCode.OK, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED
+    assert calls(p["client"]) == [OK, DENIED, OK, ["sensor_stats"]]
+    assert calls(ops) == [UNAUTHENTICATED] * 4
+    # A client cannot claim a subject with the relay's own metadata: the front drops it.
+    spoof = (("x-freshroute-client-subject", "CN=dashboards"), ("x-freshroute-relay-key", "guess"))
+    assert calls(ops, spoof) == [UNAUTHENTICATED] * 4
 
 
 def test_sighup_puts_a_new_certificate_in_use_for_new_connections(stack, pki, tmp_path):

@@ -55,6 +55,26 @@ def test_tokens_name_principals_and_tables_are_checked_by_name_or_glob(tmp_path)
         guard.cluster(f"Bearer {DASH}")
 
 
+def test_a_certificate_subject_names_a_principal_when_no_token_is_sent(tmp_path):
+    guard = Guard(write(tmp_path, auth_yaml() + """
+  - name: billing
+    certificate_subject: "CN=billing, O=Acme"
+    tables: [invoices]
+"""))
+    assert guard.table(None, "invoices", "CN=billing,O=Acme").name == "billing"
+    assert guard.principal(b"", "CN=billing,O=Acme").name == "billing"
+    with pytest.raises(PermissionDenied):
+        guard.table(None, "sensor_stats", "CN=billing,O=Acme")
+    with pytest.raises(Unauthenticated):
+        guard.table(None, "invoices", "CN=billing,O=Other")
+    with pytest.raises(Unauthenticated):
+        guard.table(None, "invoices")  # no certificate, no token
+    # A token, when sent, decides: a wrong one is refused even with a known certificate.
+    assert guard.table(f"Bearer {OPS}", "invoices", "CN=billing,O=Acme").name == "ops"
+    with pytest.raises(Unauthenticated):
+        guard.table("Bearer wrong-token", "invoices", "CN=billing,O=Acme")
+
+
 @pytest.mark.parametrize("header", [None, "", "Bearer", "Basic dXNlcjpwdw==", "Bearer wrong-token", f"Token {DASH}"])
 def test_no_or_unknown_credentials_are_unauthenticated_and_never_echoed(tmp_path, header):
     guard = Guard(write(tmp_path, auth_yaml()))
@@ -102,6 +122,10 @@ def test_a_reload_swaps_principals_and_a_broken_file_keeps_the_old_ones(tmp_path
      "principal 2 (line 2): the name 'a' is used twice"),
     (f"principals:\n  - name: a\n    token_sha256: {token_hash('x')}\n    rate: {{reads_per_s: 0}}\n",
      "rate.reads_per_s and rate.burst must be positive"),
+    ("principals:\n  - name: a\n    tables: [t]\n", "give token_sha256 (a bearer token's SHA-256) or certificate_subject"),
+    ("principals:\n  - name: a\n    certificate_subject: not a name\n", "certificate_subject must be a distinguished name"),
+    ("principals:\n  - name: a\n    certificate_subject: CN=x\n  - name: b\n    certificate_subject: 'CN=x'\n",
+     "principal 2 (line 4): principal 'a' has the same certificate_subject"),
 ])
 def test_a_broken_auth_file_is_refused_naming_file_and_line(tmp_path, body, says):
     path = write(tmp_path, body)
