@@ -57,11 +57,13 @@ FIGURES = ("router_grpc_rps", "router_rest_rps", "direct_store_rps", "baseline_g
            "client_get_many_keys_per_s", "redis_py_mget_keys_per_s", "client_sync_get_rps", "redis_py_sync_get_rps",
            "client_sync_get_p50_ms", "redis_py_sync_get_p50_ms", "transports_rest_rps", "uvicorn_rest_rps",
            "transports_grpc_rps", "grpcaio_grpc_rps", "stack_idle_cpu_cores",
-           "router_rest_p99_ms_busy", "secure_rest_rps", "secure_grpc_rps")
+           "router_rest_p99_ms_busy", "secure_rest_rps", "secure_grpc_rps", "secure_lookup_cpu_us",
+           "bad_token_cpu_us", "secure_rest_p99_ms", "secure_rest_p99_ms_flooded")
 
 BUSY_CONNECTIONS = 32  # router_rest_p99_ms_busy: lookups in flight while the pipeline runs
 WARM_AFTER_S = 120.0  # freshness_p99_ms: probes start once the stack has run this long
 LOADED_RATE = 5000.0  # freshness_p99_ms_loaded: readings/s the bench's own producer adds to the input
+FLOOD_RATE, FLOOD_CLIENTS = 4000.0, 8  # secure_rest_p99_ms_flooded: requests/s with bad tokens, beside the probe
 
 # (name, numerator, denominator or None, comparison, limit)
 TARGETS = (
@@ -86,6 +88,10 @@ TARGETS = (
     # TLS and a bearer token on keep-alive connections must cost a few percent, not a factor.
     ("secure_rest_rps / router_rest_rps", "secure_rest_rps", "router_rest_rps", ">=", 0.75),
     ("secure_grpc_rps / router_grpc_rps", "secure_grpc_rps", "router_grpc_rps", ">=", 0.75),
+    # A bad token costs a cheap refusal: less CPU than a lookup, and a flood of them leaves lookups' tail as it was.
+    ("bad_token_cpu_us / secure_lookup_cpu_us", "bad_token_cpu_us", "secure_lookup_cpu_us", "<=", 1.0),
+    ("secure_rest_p99_ms_flooded / secure_rest_p99_ms", "secure_rest_p99_ms_flooded", "secure_rest_p99_ms", "<=",
+     1.5),
 )
 
 LOAD_CLIENTS = {"router_rest_rps": "wrk -t1 (Lua: rotating keys)", "router_grpc_rps": "h2load -t1 (gRPC frames, h2c)",
@@ -100,7 +106,10 @@ LOAD_CLIENTS = {"router_rest_rps": "wrk -t1 (Lua: rotating keys)", "router_grpc_
                 "stack_idle_cpu_cores": "none: /proc CPU of every stack process tree (loadtest.footprint)",
                 "router_rest_p99_ms_busy": "wrk -t1 -c32 (Lua: rotating keys), saturation, pipeline running",
                 "secure": "wrk -t1 (HTTPS) and h2load -t1 (TLS, ALPN h2), a bearer token on every request, against "
-                          "as many router processes of the bench's own as the stack runs"}
+                          "as many router processes of the bench's own as the stack runs",
+                "secure_lookup_cpu_us": "h2load -t1 --h1 over TLS, saturation; routers' /proc CPU / requests",
+                "bad_token_cpu_us": "h2load -t1 --h1 over TLS, saturation, a wrong token; /proc CPU / refusals",
+                "secure_rest_p99_ms_flooded": f"h2load --rps probe beside h2load --rps {FLOOD_RATE:g}/s, bad tokens"}
 
 
 RESTORE_FIGURES = ("restore_rps", "raw_consume_rps")
@@ -321,11 +330,12 @@ class Bench:
 
     # latency at a fixed rate ----------------------------------------------------------------------
     def latency_samples(self, label: str, url: str, body: Path | None, ok_size: int | None, http1: bool = False,
-                        input_file: Path | None = None) -> list[float]:
+                        input_file: Path | None = None, headers: tuple[str, ...] = ()) -> list[float]:
         """Latencies (ms) of one run at the fixed rate."""
         clients = max(1, self.a.latency_clients)
         res, lat = self.run_h2load(label, url, body, ok_size, clients, 1, self.a.latency_duration,
-                                   rps_per_client=self.a.latency_rate / clients, http1=http1, input_file=input_file)
+                                   rps_per_client=self.a.latency_rate / clients, http1=http1, input_file=input_file,
+                                   headers=headers)
         p50, p99 = percentile(lat, 50), percentile(lat, 99)
         self.say(f"  {label}: p50 {p50 or 0:.2f} ms  p99 {p99 or 0:.2f} ms at {res.rps:,.0f} req/s ({len(lat)} samples)")
         return lat
@@ -452,9 +462,60 @@ class Bench:
                 "secure_grpc", lambda: self.throughput_grpc("secure_grpc", grpc_url, body, ok_size, (grpc_bearer,)),
                 "plain_grpc", lambda: self.throughput_grpc("plain_grpc", plain_grpc, body, ok_size))
             fig["secure_grpc_rps"], self.notes["plain_grpc_rps_interleaved"] = median_of(secure), median_of(plain)
+            self.bad_token_flood(rest, token, [p.pid for p in procs])
         finally:
             for p in procs:
                 lc.stop_process(p)
+
+    def bad_token_flood(self, rest: str, token: str, pids: list[int]) -> None:
+        """What bad tokens cost the secured routers: their CPU per refusal against per authorised lookup (each at
+        saturation), and authorised lookups' latency at the fixed rate alone and beside a flood of bad tokens."""
+        from loadtest.footprint import tree_cpu_seconds
+
+        a, fig = self.a, self.fig
+        uris = self.work / "secure_uris.txt"
+        uris.write_text("".join(f"{rest}/v1/tables/{a.table}/keys/{k}\n" for k in self.keys))
+        good, bad = (f"authorization: Bearer {token}",), (f"authorization: Bearer wrong-{token}",)
+        roots = {str(pid): pid for pid in pids}
+
+        def cpu_us_per_request(label: str, headers: tuple[str, ...], status: str) -> float | None:
+            before = sum(tree_cpu_seconds(roots).values())
+            cmd = lc.h2load_command("", a.concurrency, 1, a.duration, headers=headers, http1=True, input_file=uris)
+            res = lc.parse_h2load(lc.run(cmd, a.duration + 30))
+            used = sum(tree_cpu_seconds(roots).values()) - before
+            answered = res.status_2xx if status == "2xx" else res.status_4xx
+            if answered != res.done or not res.done:
+                self.notes[f"{label}_problems"] = f"{answered} of {res.done} answers {status}"
+                self.say(f"  ! {label}: {self.notes[f'{label}_problems']}")
+            us = used / max(1, res.done) * 1e6
+            self.say(f"  {label}: {us:,.1f} µs of router CPU per request ({res.done} at {res.rps:,.0f} req/s, "
+                     f"{status})")
+            return round(us, 1)
+
+        looked, refused = self.paired("secure_lookup_cpu", lambda: cpu_us_per_request("secure_lookup_cpu", good, "2xx"),
+                                      "bad_token_cpu", lambda: cpu_us_per_request("bad_token_cpu", bad, "4xx"))
+        fig["secure_lookup_cpu_us"], fig["bad_token_cpu_us"] = median_of(looked), median_of(refused)
+
+        def probe(flooded: bool) -> list[float]:
+            label = "secure_rest_latency" + ("_flooded" if flooded else "")
+            flood = None
+            if flooded:
+                cmd = lc.h2load_command("", FLOOD_CLIENTS, 1, a.latency_duration + 2, headers=bad, http1=True,
+                                        rps_per_client=FLOOD_RATE / FLOOD_CLIENTS, input_file=uris)
+                flood = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            try:
+                return self.latency_samples(label, "", None, None, http1=True, input_file=uris, headers=good)
+            finally:
+                if flood is not None:
+                    out, _ = flood.communicate(timeout=a.latency_duration + 60)
+                    res = lc.parse_h2load(out)
+                    self.notes.setdefault("bad_token_flood", []).append(
+                        {"rps": round(res.rps), "refused_401": res.status_4xx, "done": res.done})
+
+        steady, flooded = self.paired("secure_rest_latency", lambda: probe(False),
+                                      "secure_rest_latency_flooded", lambda: probe(True), record=False)
+        fig["secure_rest_p99_ms"] = self.p50_p99([x for r in steady if r for x in r])[1]
+        fig["secure_rest_p99_ms_flooded"] = self.p50_p99([x for r in flooded if r for x in r])[1]
 
     # the client against redis-py ------------------------------------------------------------------
     def client_vs_redis_py(self) -> None:
@@ -760,7 +821,7 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
                   lambda: b.transports_vs_libraries(*router_body))
         if router_body:
             say("TLS and a bearer token against the stack's plain routers, interleaved:")
-            _step(b, 13, total, "secured REST and gRPC throughput (wrk, h2load over TLS)",
+            _step(b, 13, total, "secured REST and gRPC throughput, and a flood of bad tokens (wrk, h2load over TLS)",
                   lambda: b.secure_vs_plain(*router_body))
         say(f"the client against redis-py, {a.duration:g}s runs, latency at {a.latency_rate:g} req/s:")
         _step(b, 14, total, "freshroute.client against redis-py (loadtest.clientbench)", b.client_vs_redis_py)
