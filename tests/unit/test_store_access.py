@@ -203,3 +203,25 @@ def test_bad_tls_files_are_config_errors_naming_the_setting(tmp_path, pki):
         ClientTLS(not_pem).context()
     with pytest.raises(ConfigError, match="^tls_cert/tls_key"):
         ServerTLS(pki.node.cert, pki.client.key)
+
+
+@pytest.mark.parametrize("component, flags, says", [
+    ("store-node", lambda p, d: ["--cluster-secret-file", str(d / "missing")], "cluster_secret_file: cannot read"),
+    ("store-node", lambda p, d: ["--cluster-secret-file", str(d / "short")], "cluster_secret_file: "),
+    ("store-node", lambda p, d: ["--tls-cert", str(p.node.cert), "--tls-key", str(p.client.key)], "tls_cert/tls_key: "),
+    ("store-node", lambda p, d: ["--tls-cert", str(p.node.cert)], "tls_cert and tls_key go together"),
+    ("router", lambda p, d: ["--cluster-ca", str(d / "short")], "cluster_ca: "),
+    ("router", lambda p, d: ["--cluster-secret-file", str(d / "short")], "cluster_secret_file: "),
+])
+def test_broken_access_files_stop_a_component_at_start_naming_them(pki, tmp_path, component, flags, says):
+    import subprocess
+    import sys
+
+    (tmp_path / "short").write_text("tiny\n")
+    extra = ["--node-id", "n1", "--data-dir", str(tmp_path / "data")] if component == "store-node" else \
+        ["--rest-port", "0", "--grpc-port", "0"]
+    proc = subprocess.run([sys.executable, "-m", "freshroute.cli", component, *extra, *flags(pki, tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "CONFIG_ERROR" in proc.stderr and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert "tiny" not in proc.stderr  # a secret is never echoed
