@@ -413,8 +413,10 @@ class Bench:
         procs = []
         for i in range(count):
             log = open(self.work / f"router-{name}-{i}.log", "w+")
+            # A session of its own, as every stack component has: under the kernel's autogroup scheduling
+            # the router then gets a CPU share of its own, not one shared with the bench's load clients.
             procs.append(subprocess.Popen([sys.executable, "-m", "router"], env={**os.environ, **env}, stdout=log,
-                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
         rest = f"{scheme}://127.0.0.1:{rest_port}"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and all(p.poll() is None for p in procs):
