@@ -46,7 +46,9 @@ def make_secrets(home: Path, hosts: tuple[str, ...]) -> StackSecrets:
     ca = make_ca(d)
     router = issue(ca, d, "router", "freshroute router", hosts=(*hosts, "localhost"))
     client = issue(ca, d, "client", "freshroute local client", server=False)
-    tokens = {READER: secrets.token_urlsafe(24), ADMIN: secrets.token_urlsafe(24)}
+    # A prefix: secret scanners can recognise them, and none begins with "-" (which a command line takes
+    # for an option).
+    tokens = {READER: "frt_" + secrets.token_urlsafe(24), ADMIN: "frt_" + secrets.token_urlsafe(24)}
     auth = d / "auth.json"
     auth.write_text(json.dumps({"principals": [
         {"name": READER, "token_sha256": token_hash(tokens[READER]), "tables": ["sensor_stats"]},

@@ -832,8 +832,8 @@ freshroute is up, with TLS and tokens (secrets in {s.dir}). Try:
   curl -s {tls} -H "Authorization: Bearer $READER" {c.rest_url}/v1/tables/sensor_stats/keys/sensor-1
   curl -s {tls} -H "Authorization: Bearer $READER" {c.rest_url}/v1/tables/area_counts/keys/cabin   # 403
   curl -s {tls} -H "Authorization: Bearer $ADMIN" {c.rest_url}/v1/cluster
-  .venv/bin/freshroute lookup sensor_stats sensor-1 --router {c.rest_url} --ca {s.ca} --token $READER
-  .venv/bin/freshroute lookup sensor_stats sensor-1 --grpc {c.grpc_address} --ca {s.ca} --token $READER
+  .venv/bin/freshroute lookup sensor_stats sensor-1 --router {c.rest_url} --ca {s.ca} --token="$READER"
+  .venv/bin/freshroute lookup sensor_stats sensor-1 --grpc {c.grpc_address} --ca {s.ca} --token="$READER"
   .venv/bin/freshroute lookup sensor_stats sensor-1 --direct --redis-url {c.redis_url}{namespace} --ca {s.ca} --cluster-secret-file {s.cluster_secret_file}
 
   .venv/bin/freshroute local status --json      .venv/bin/freshroute local down
