@@ -28,7 +28,7 @@ from freshroute.settings import is_loopback
 from pipeline.offsets import InputDataLost
 from pipeline.settings import PipelineSettings
 from pipeline.sink import ChangelogProducer, ChangelogWriter
-from pipeline.tables import (METADATA_COLUMNS, Source, Table, TablesDefinition, TablesFileError, check_output_columns,
+from pipeline.tables import (DELETE_COLUMN, METADATA_COLUMNS, Source, Table, TablesDefinition, TablesFileError, check_output_columns,
                              check_source_fields, load_tables)
 
 if TYPE_CHECKING:
@@ -297,7 +297,8 @@ class Pipeline:
                 # Existing records are partitioned by the existing count: keep it.
                 log.warning("changelog %s has %d partitions (setting says %d); keeping %d", topic,
                             len(info.partitions), self.settings.changelog_partitions, len(info.partitions))
-            value_schema = {f.name: f.dataType.simpleString() for f in df.schema.fields if f.name != t.key}
+            value_schema = {f.name: f.dataType.simpleString() for f in df.schema.fields
+                            if f.name not in (t.key, DELETE_COLUMN)}
             standbys = self.settings.standby_replicas if t.standby_replicas is None else t.standby_replicas
             spec = TableSpec(t.name, topic, len(info.partitions), t.key, value_schema, standbys)
             writer = ChangelogWriter(t.name, topic, spec.partitions, t.key, self.producer)
@@ -319,7 +320,8 @@ class Pipeline:
         except Exception as e:
             raise TablesFileError(f"table {t.name!r} in {self.definition.path}: {type(e).__name__}: "
                                   f"{str(e).splitlines()[0] if str(e) else ''}", table=t.name) from None
-        check_output_columns(t, df.columns)
+        delete_type = next((f.dataType.simpleString() for f in df.schema.fields if f.name == DELETE_COLUMN), None)
+        check_output_columns(t, df.columns, delete_type)
         return df
 
     def _start_query(self, run: TableRun, df: "DataFrame") -> None:
@@ -452,8 +454,9 @@ def log_progress(run: TableRun, p: Any) -> bool:
         return False
     run.logged_batch = p.batchId
     written = run.writer.written.get(p.batchId)
-    changed = f", {written[0]} changelog records" if written else ""
-    sink = f"collect {written[1]:.0f} ms, produce {written[2]:.0f} ms" if written else ""
+    changed = f", {written.records} changelog records" + (f" ({written.deletes} deletes)" if written.deletes else "") \
+        if written else ""
+    sink = f"collect {written.collect_ms:.0f} ms, produce {written.produce_ms:.0f} ms" if written else ""
     log.info("table %s batch %d: %d input rows%s in %d ms (%s; input %.0f rows/s, processed %.0f rows/s)",
              p.name, p.batchId, p.numInputRows, changed, p.batchDuration, batch_phases(p.durationMs, sink),
              p.inputRowsPerSecond or 0.0, p.processedRowsPerSecond or 0.0)

@@ -41,6 +41,7 @@ class PipelineCollector(Collector):
         input_rate = gauge("input_rows_per_second", "input rows per second, as Spark reports it for the last batch")
         processed = gauge("processed_rows_per_second", "rows processed per second in the last batch")
         changes = gauge("batch_changelog_records", "changelog records the last micro-batch published")
+        deletes = gauge("batch_changelog_deletes", "tombstones among them: keys the last micro-batch deleted")
         watermark = gauge("watermark_ms", "the table's event-time watermark (epoch ms), for tables with one")
         for run in list(self._runs()):
             p = run.last_progress
@@ -54,8 +55,9 @@ class PipelineCollector(Collector):
             processed.add_metric(name, p.processedRowsPerSecond or 0.0)
             written = run.writer.written.get(p.batchId)
             if written:
-                changes.add_metric(name, written[0])
+                changes.add_metric(name, written.records)
+                deletes.add_metric(name, written.deletes)
             wm = watermark_ms(p)
             if wm is not None:
                 watermark.add_metric(name, wm)
-        yield from (batch, duration, rows, input_rate, processed, changes, watermark)
+        yield from (batch, duration, rows, input_rate, processed, changes, deletes, watermark)

@@ -1,7 +1,8 @@
 """The changelog sink: each micro-batch's changed rows, produced to the table's compacted changelog topic.
 
 Record key: the table key as :func:`freshroute.keys.serialize_key` bytes; record value:
-compact JSON of the other columns; partition: :func:`freshroute.keys.partition_for`,
+compact JSON of the other columns, or none (a tombstone) for a row that deletes its key — every
+value column null, or the table's ``delete_when`` true; partition: :func:`freshroute.keys.partition_for`,
 passed explicitly, so the partition a store node and the router compute for a key is by
 construction the one the record was written to.
 
@@ -19,13 +20,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 import orjson
 from confluent_kafka import KafkaError, Producer
 
 from freshroute.errors import RetryableError
 from freshroute.keys import partition_for, serialize_key
+from pipeline.tables import DELETE_COLUMN
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +55,19 @@ def encode_key(key: Any) -> bytes:
     return serialize_key(key if isinstance(key, str) else str(key))
 
 
-def encode_value(row: Mapping[str, Any], key_column: str) -> bytes:
-    """Compact JSON of every column but the key; numbers keep their type (a double stays a float)."""
-    return orjson.dumps({k: v for k, v in row.items() if k != key_column}, default=_json_default,
-                        option=orjson.OPT_UTC_Z | orjson.OPT_NON_STR_KEYS)
+def encode_value(row: Mapping[str, Any], key_column: str) -> bytes | None:
+    """Compact JSON of every column but the key, numbers keeping their type (a double stays a float); None (a
+    tombstone) when the row deletes its key."""
+    values = {k: v for k, v in row.items() if k != key_column and k != DELETE_COLUMN}
+    if row.get(DELETE_COLUMN) is True or all(v is None for v in values.values()):
+        return None
+    return orjson.dumps(values, default=_json_default, option=orjson.OPT_UTC_Z | orjson.OPT_NON_STR_KEYS)
 
 
 @dataclass(frozen=True)
 class ChangelogRecord:
     key: bytes
-    value: bytes
+    value: bytes | None  # None: a tombstone, the key is deleted
     partition: int
 
 
@@ -128,6 +133,15 @@ class ChangelogProducer:
 _WRITTEN_KEPT = 16
 
 
+class Written(NamedTuple):
+    """What a micro-batch wrote, and what its two halves cost."""
+
+    records: int
+    collect_ms: float  # computing and collecting the changed rows (the batch itself runs here)
+    produce_ms: float  # producing them until acknowledged
+    deletes: int = 0  # tombstones among the records
+
+
 class ChangelogWriter:
     """Writes one table's micro-batches to its changelog topic."""
 
@@ -137,10 +151,10 @@ class ChangelogWriter:
         self.partitions = partitions
         self.key_column = key_column
         self.producer = producer
-        # Batch id → (records, ms computing and collecting the changed rows, ms producing them
-        # until acknowledged) of the latest batches: Spark reports a batch's progress
+        # Batch id → what it wrote, of the latest batches: Spark reports a batch's progress
         # asynchronously, on a busy machine after the next batch has run.
-        self.written: dict[int, tuple[int, float, float]] = {}
+        self.written: dict[int, Written] = {}
+        self._deletes = 0  # tombstones of the batch write_rows wrote last
 
     def write_batch(self, df: Any, batch_id: int) -> None:
         """foreachBatch entry point: the batch's changed rows → changelog, acknowledged before returning."""
@@ -149,13 +163,15 @@ class ChangelogWriter:
         rows = df.toArrow().to_pylist()
         collected = time.monotonic()
         records = self.write_rows(rows, batch_id)
-        self.written[batch_id] = (records, (collected - started) * 1000.0, (time.monotonic() - collected) * 1000.0)
+        self.written[batch_id] = Written(records, (collected - started) * 1000.0, (time.monotonic() - collected) * 1000.0,
+                                         self._deletes)
         for old in [b for b in self.written if b <= batch_id - _WRITTEN_KEPT]:
             del self.written[old]
 
     def write_rows(self, rows: list[Mapping[str, Any]], batch_id: int) -> int:
         """Produce the rows and wait for every acknowledgement; returns the number of records written."""
         records, keyless = changelog_records(rows, self.key_column, self.partitions)
+        self._deletes = sum(1 for r in records if r.value is None)
         if keyless:
             log.warning("table %s batch %d: %d row(s) with a null key %r cannot be addressed and were not written",
                         self.table, batch_id, keyless, self.key_column)

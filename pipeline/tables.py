@@ -21,6 +21,11 @@ fields each row carries the record's ``key``, ``topic``, ``partition``, ``offset
 goes into the JSON value. Either form takes ``standby_replicas=N``: each partition of the
 table is served by an active and N standbys on distinct store nodes (default: the
 pipeline's ``--standby-replicas``).
+
+Deletes: a changed row whose value columns are all null, or for which the table's
+``delete_when`` (a Spark SQL boolean expression over its columns, e.g. ``"status = 'closed'"``)
+is true, is written as a tombstone: the key leaves the table on every store node, and
+compaction removes it from the changelog.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ if TYPE_CHECKING:
 
 # Columns every source row carries from its Kafka record.
 METADATA_COLUMNS = ("key", "topic", "partition", "offset", "timestamp")
+# The column ``delete_when`` is evaluated into: the sink writes a tombstone where it is true.
+DELETE_COLUMN = "_freshroute_delete"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -71,14 +78,22 @@ class Table:
     build: Callable[["DataFrame"], "DataFrame"] | None = None
     sql: str | None = None
     standby_replicas: int | None = None  # None: the pipeline's default
+    delete_when: str | None = None  # a Spark SQL boolean expression: rows where it is true are deletes
 
     def dataframe(self, spark: "SparkSession", rows: "DataFrame") -> "DataFrame":
-        """The table as a streaming DataFrame over the parsed source rows."""
+        """The table as a streaming DataFrame over the parsed source rows (with :data:`DELETE_COLUMN`
+        when it has ``delete_when``)."""
         if self.build is not None:
-            return self.build(rows)
-        # SQL names the source as a table: expose the parsed stream under that name.
-        rows.createOrReplaceTempView(self.source)
-        return spark.sql(self.sql or "")
+            df = self.build(rows)
+        else:
+            # SQL names the source as a table: expose the parsed stream under that name.
+            rows.createOrReplaceTempView(self.source)
+            df = spark.sql(self.sql or "")
+        if self.delete_when is not None:
+            from pyspark.sql import functions as F
+
+            df = df.withColumn(DELETE_COLUMN, F.expr(self.delete_when))
+        return df
 
 
 @dataclass(frozen=True)
@@ -145,30 +160,41 @@ def _check_standbys(name: str, standby_replicas: int | None) -> None:
                          f"not {standby_replicas!r}")
 
 
-def table(name: str, key: str, source: str, *,
-          standby_replicas: int | None = None) -> Callable[[Callable[["DataFrame"], "DataFrame"]], Table]:
+def _check_delete_when(name: str, delete_when: str | None) -> None:
+    if delete_when is not None and (not isinstance(delete_when, str) or not delete_when.strip()):
+        raise ValueError(f"table {name!r}: delete_when must be a Spark SQL boolean expression over the table's "
+                         f"columns, e.g. \"status = 'closed'\", not {delete_when!r}")
+
+
+def table(name: str, key: str, source: str, *, standby_replicas: int | None = None,
+          delete_when: str | None = None) -> Callable[[Callable[["DataFrame"], "DataFrame"]], Table]:
     """Declare a table computed by the decorated function ``(source rows) -> DataFrame``.
 
     ``standby_replicas``: standbys of each partition besides its active (default: the pipeline's setting).
+    ``delete_when``: a Spark SQL boolean expression; a changed row for which it is true deletes its key.
     """
     _check_name("table", name)
     _check_standbys(name, standby_replicas)
+    _check_delete_when(name, delete_when)
 
     def register(fn: Callable[["DataFrame"], "DataFrame"]) -> Table:
         if not callable(fn):
             raise ValueError(f"@table({name!r}) must decorate a function (source rows) -> DataFrame")
-        return _declared(Table(name, key, source, build=fn, standby_replicas=standby_replicas))
+        return _declared(Table(name, key, source, build=fn, standby_replicas=standby_replicas,
+                               delete_when=delete_when))
 
     return register
 
 
-def sql_table(name: str, key: str, source: str, sql: str, *, standby_replicas: int | None = None) -> Table:
+def sql_table(name: str, key: str, source: str, sql: str, *, standby_replicas: int | None = None,
+              delete_when: str | None = None) -> Table:
     """Declare a table computed by Spark SQL; the query names the source as a table."""
     _check_name("table", name)
     _check_standbys(name, standby_replicas)
+    _check_delete_when(name, delete_when)
     if not isinstance(sql, str) or not sql.strip():
         raise ValueError(f"sql_table {name!r} needs a SQL query")
-    return _declared(Table(name, key, source, sql=sql, standby_replicas=standby_replicas))
+    return _declared(Table(name, key, source, sql=sql, standby_replicas=standby_replicas, delete_when=delete_when))
 
 
 def load_tables(path: str | Path) -> TablesDefinition:
@@ -219,12 +245,17 @@ def validate(definition: TablesDefinition) -> None:
             raise TablesFileError(f"tables file {path}: table {t.name!r} needs a key column", path=str(path), table=t.name)
 
 
-def check_output_columns(t: Table, columns: list[str]) -> None:
-    """A table's DataFrame must have its key column and at least one value column."""
-    if t.key not in columns:
-        raise TablesFileError(f"table {t.name!r}: key column {t.key!r} is not among its columns {columns}", table=t.name)
-    if len(columns) < 2:
+def check_output_columns(t: Table, columns: list[str], delete_type: str | None = None) -> None:
+    """A table's DataFrame must have its key column and at least one value column; ``delete_when``, if any, must be
+    a boolean (``delete_type``: the Spark type of :data:`DELETE_COLUMN`)."""
+    own = [c for c in columns if c != DELETE_COLUMN]
+    if t.key not in own:
+        raise TablesFileError(f"table {t.name!r}: key column {t.key!r} is not among its columns {own}", table=t.name)
+    if len(own) < 2:
         raise TablesFileError(f"table {t.name!r} has no value column besides its key {t.key!r}", table=t.name)
+    if t.delete_when is not None and delete_type != "boolean":
+        raise TablesFileError(f"table {t.name!r}: delete_when {t.delete_when!r} is a {delete_type}, not a boolean "
+                              f"expression", table=t.name)
 
 
 def check_source_fields(s: Source, fields: list[str]) -> None:

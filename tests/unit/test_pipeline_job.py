@@ -15,7 +15,7 @@ from pipeline.job import (ChangelogLost, Pipeline, PipelineFailed, TableRegistra
                           check_changelog_kept, committed_batches)
 from pipeline.offsets import InputDataLost
 from pipeline.settings import PipelineSettings
-from pipeline.sink import ChangelogWriter
+from pipeline.sink import ChangelogWriter, Written
 
 SPEC = TableSpec("sensor_stats", "sensor_stats-changelog", 8, "sensor", {"count": "bigint"})
 
@@ -124,8 +124,8 @@ def test_a_vanished_changelog_with_committed_batches_is_refused(tmp_path):
 
 def test_progress_line_says_where_the_batch_time_went(pipeline, caplog):
     run = run_of(pipeline)
-    run.writer.written[12] = (90, 410.4, 22.6)
-    run.writer.written[13] = (70, 300.0, 10.0)  # the next batch ran before Spark reported this one
+    run.writer.written[12] = Written(90, 410.4, 22.6)
+    run.writer.written[13] = Written(70, 300.0, 10.0)  # the next batch ran before Spark reported this one
     progress = SimpleNamespace(name="sensor_stats", batchId=12, numInputRows=80, batchDuration=560,
                                durationMs={"latestOffset": 8, "walCommit": 30, "getBatch": 0, "queryPlanning": 40,
                                            "addBatch": 450, "commitOffsets": 25, "triggerExecution": 560},

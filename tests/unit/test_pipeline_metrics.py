@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from prometheus_client import CollectorRegistry, generate_latest
 
 from pipeline.metrics import PipelineCollector, watermark_ms
+from pipeline.sink import Written
 
 
 def progress(batch_id: int, watermark: str | None = None):
@@ -16,7 +17,7 @@ def progress(batch_id: int, watermark: str | None = None):
 
 def test_a_scrape_reports_each_tables_last_batch_and_a_watermark_only_where_there_is_one():
     runs = [SimpleNamespace(table=SimpleNamespace(name="sensor_stats"), last_progress=progress(41),
-                            writer=SimpleNamespace(written={41: (12, 3.0, 4.0)})),
+                            writer=SimpleNamespace(written={41: Written(12, 3.0, 4.0, 2)})),
             SimpleNamespace(table=SimpleNamespace(name="windows"), last_progress=progress(7, "2026-11-24T10:00:05.000Z"),
                             writer=SimpleNamespace(written={})),
             SimpleNamespace(table=SimpleNamespace(name="not_started"), last_progress=None, writer=None)]
@@ -28,6 +29,7 @@ def test_a_scrape_reports_each_tables_last_batch_and_a_watermark_only_where_ther
                  'freshroute_pipeline_batch_input_rows{table="sensor_stats"} 25.0',
                  'freshroute_pipeline_input_rows_per_second{table="sensor_stats"} 50.0',
                  'freshroute_pipeline_batch_changelog_records{table="sensor_stats"} 12.0',
+                 'freshroute_pipeline_batch_changelog_deletes{table="sensor_stats"} 2.0',
                  'freshroute_pipeline_watermark_ms{table="windows"} 1.795514405e+12']:
         assert line in text, (line, text)
     assert 'watermark_ms{table="sensor_stats"}' not in text and "not_started" not in text

@@ -49,6 +49,22 @@ def test_records_are_partitioned_by_the_shared_module_and_keyless_rows_are_count
     assert len({r.partition for r in records}) == 8  # the hash spreads keys over every partition
 
 
+def test_a_row_that_deletes_its_key_is_a_tombstone_in_its_keys_partition():
+    from pipeline.tables import DELETE_COLUMN
+
+    rows = [{"sensor": "a", "last": 1.5, DELETE_COLUMN: False},
+            {"sensor": "b", "last": -1.0, DELETE_COLUMN: True},  # delete_when true
+            {"sensor": "c", "last": None, DELETE_COLUMN: None},  # every value null
+            {"sensor": "d", "last": None, "count": 0}]  # one value not null: an upsert
+    records, keyless = changelog_records(rows, "sensor", 4)
+    assert keyless == 0
+    got = {r.key: r.value for r in records}
+    assert orjson.loads(got[b"a"]) == {"last": 1.5}  # the delete column never reaches the value
+    assert got[b"b"] is None and got[b"c"] is None
+    assert orjson.loads(got[b"d"]) == {"last": None, "count": 0}
+    assert all(r.partition == partition_for(r.key, 4) for r in records)
+
+
 def test_producer_is_idempotent_acks_all_and_murmur2():
     c = producer_config({"bootstrap.servers": "h:1"})
     assert c["enable.idempotence"] is True and c["acks"] == "all" and c["partitioner"] == "murmur2_random"

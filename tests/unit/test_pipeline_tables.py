@@ -187,3 +187,39 @@ def test_a_standby_count_outside_its_range_names_the_table_and_line(tmp_path, va
     ''')
     with pytest.raises(TablesFileError, match=r"line 4: .*table 't': standby_replicas must be a whole number in 0\.\.16"):
         load_tables(path)
+
+
+def test_delete_when_is_a_sql_expression_in_either_form_and_must_be_a_boolean(tmp_path):
+    path = write(tmp_path, '''
+        from pipeline.tables import source, table, sql_table
+        source("s", schema="a STRING, v DOUBLE")
+
+        @table(name="fn", key="a", source="s", delete_when="last < 0")
+        def fn(df):
+            return df.groupBy("a").agg({"v": "last"}).withColumnRenamed("last(v)", "last")
+
+        sql_table(name="sql", key="a", source="s", sql="SELECT a, last(v) AS last FROM s GROUP BY a",
+                  delete_when="last IS NULL")
+    ''')
+    d = load_tables(path)
+    assert {n: t.delete_when for n, t in d.tables.items()} == {"fn": "last < 0", "sql": "last IS NULL"}
+    from pipeline.tables import DELETE_COLUMN
+
+    t = d.tables["fn"]
+    check_output_columns(t, ["a", "last", DELETE_COLUMN], "boolean")  # the delete column is not a value column
+    with pytest.raises(TablesFileError, match="no value column"):
+        check_output_columns(t, ["a", DELETE_COLUMN], "boolean")
+    with pytest.raises(TablesFileError, match="delete_when 'last < 0' is a double, not a boolean"):
+        check_output_columns(t, ["a", "last", DELETE_COLUMN], "double")
+
+
+@pytest.mark.parametrize("value", ["''", "42", "True"])
+def test_a_delete_when_that_is_not_an_expression_names_the_table_and_line(tmp_path, value):
+    path = write(tmp_path, f'''
+        from pipeline.tables import source, sql_table
+        source("s", schema="a STRING")
+        sql_table(name="t", key="a", source="s", sql="SELECT a, count(*) AS n FROM s GROUP BY a",
+                  delete_when={value})
+    ''')
+    with pytest.raises(TablesFileError, match=r"line 4: .*table 't': delete_when must be a Spark SQL boolean"):
+        load_tables(path)
