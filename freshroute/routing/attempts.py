@@ -4,8 +4,8 @@ An :class:`AttemptPlan` holds the decisions for one read of one partition and do
 a driver asks it for the attempts due now (:meth:`AttemptPlan.launch`), waits until an
 answer arrives or :meth:`AttemptPlan.wake_at`, and hands every outcome back
 (:meth:`AttemptPlan.settle`). Point gets, a batch's partition groups and a scan's partitions
-all run through it, under :func:`run` (asyncio) or the client's blocking driver, so they
-retry, hedge and fail in exactly the same way.
+all run through it, under :func:`run` (asyncio; :func:`run_many` for a batch's groups at
+once) or the client's blocking driver, so they retry, hedge and fail in exactly the same way.
 
 The rules: candidates in the selector's order; the next one joins when the current attempt
 fails, is refused, is slower than the attempt timeout, or — once per read, within a token
@@ -324,10 +324,7 @@ async def run(plan: AttemptPlan, start: Callable[[Candidate], Awaitable[A]]) -> 
         return await _keep_trying(plan, start, loop, inflight)
     finally:
         for pending, (cand, _) in inflight.items():
-            if not pending.done():
-                pending.cancel()
-            elif not pending.cancelled():
-                pending.exception()  # a loser's failure is expected; retrieving it keeps asyncio quiet
+            _drop(pending)
             plan.abandon(cand)
 
 
@@ -351,3 +348,67 @@ async def _keep_trying(plan: AttemptPlan, start: Callable[[Candidate], Awaitable
             if answer is not None:
                 return cand, answer
     raise plan.error(time.monotonic())
+
+
+async def run_many(plans: list[AttemptPlan], start: Callable[[int, Candidate], Awaitable[A]]
+                   ) -> list[tuple[Candidate, A] | FreshrouteError]:
+    """Drive several plans at once on the running loop (a batch's partition groups); ``start(i, candidate)`` sends
+    one attempt of plan ``i``. Each plan's answer, or its error, in order.
+
+    One coroutine, one wait and one timer for all of them — the shape of the client's blocking
+    driver — rather than a task, a waiter and a timer per plan, which cost a batch more than its reads.
+    """
+    out: list[tuple[Candidate, A] | FreshrouteError | None] = [None] * len(plans)
+    inflight: dict[asyncio.Future[A], tuple[int, Candidate, float]] = {}
+    loop: asyncio.AbstractEventLoop | None = None
+    try:
+        # Bounded: each pass launches, settles, or waits until the next plan's wake-up.
+        for _ in range(sum(plan.passes for plan in plans)):
+            now = time.monotonic()
+            wake = None
+            for i, plan in enumerate(plans):
+                if out[i] is not None:
+                    continue
+                while (cand := plan.launch(now)) is not None:
+                    fut = start(i, cand)
+                    if not isinstance(fut, asyncio.Future):
+                        fut = asyncio.ensure_future(fut)
+                    inflight[fut] = (i, cand, now)
+                if not plan.inflight or now >= plan.deadline:
+                    out[i] = plan.error(now)
+                    _abandon(inflight, plan, i)
+                else:
+                    wake = plan.wake_at() if wake is None else min(wake, plan.wake_at())
+            if wake is None:
+                break
+            if loop is None:
+                # The futures' loop, not asyncio.get_running_loop() (a getpid() call on Python 3.11).
+                loop = next(iter(inflight)).get_loop()
+            for fut in await _first_done(loop, list(inflight), wake - now):
+                if fut not in inflight:
+                    continue  # its plan was answered by another replica in this pass
+                i, cand, t0 = inflight.pop(fut)
+                got = plans[i].settle(cand, _outcome(fut), (time.monotonic() - t0) * 1000)
+                if got is not None:
+                    out[i] = (cand, got)
+                    _abandon(inflight, plans[i], i)
+    finally:
+        for fut, (i, cand, _) in inflight.items():
+            _drop(fut)
+            plans[i].abandon(cand)
+    return [r if r is not None else plans[i].error(time.monotonic()) for i, r in enumerate(out)]
+
+
+def _drop(fut: asyncio.Future[Any]) -> None:
+    """An attempt no longer wanted: cancelled, or its failure retrieved (a loser's failure is expected)."""
+    if not fut.done():
+        fut.cancel()
+    elif not fut.cancelled():
+        fut.exception()
+
+
+def _abandon(inflight: dict[asyncio.Future[Any], tuple[int, Candidate, float]], plan: AttemptPlan, index: int) -> None:
+    for fut in [f for f, (i, _, _) in inflight.items() if i == index]:
+        _, cand, _ = inflight.pop(fut)
+        _drop(fut)
+        plan.abandon(cand)

@@ -7,7 +7,6 @@ drives), so all of them speak the same semantics and raise the same errors.
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import time
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, 
                                ReplicaUnavailable, TableNotFound)
 from freshroute.keys import deserialize_key, partition_for, serialize_key
 from freshroute.metadata import Role, TableSpec, now_ms
-from freshroute.routing.attempts import AttemptPlan, AttemptPolicy, Attempts, LatencyWindow, NoMetrics, run
+from freshroute.routing.attempts import AttemptPlan, AttemptPolicy, Attempts, LatencyWindow, NoMetrics, run, run_many
 from freshroute.routing.bound import NO_BOUND, Bound
 from freshroute.routing.results import (KeyLocation, LookupResult, ReplicaInfo, ScanPage, TableInfo,
                                         decode_page_token, encode_page_token)
@@ -192,38 +191,34 @@ class RoutingCore:
         ``answers`` turns one group's answer into its keys' results (default: :func:`group_lookups`,
         giving :class:`LookupResult`); a key no replica could answer is its :class:`FreshrouteError`.
         """
+        started = time.perf_counter()
         spec, bound, groups, raw_keys = self.group_keys(table, keys, bound)
         results: list[Any] = [None] * len(keys)
         now = time.monotonic()
         deadline = now + self._timeout_s
         make = answers or group_lookups
-        await asyncio.gather(*(self._read_group(table, p, idx, keys, raw_keys, bound, now, deadline, results, make)
-                               for p, idx in groups.items()))
-        return results
-
-    async def _read_group(self, table: str, partition: int, indices: list[int], keys: list[str], raw_keys: list[bytes],
-                          bound: Bound, now: float, deadline: float, results: list[Any],
-                          answers: "GroupAnswers[Any]") -> None:
-        started = time.perf_counter()
-        group = [raw_keys[i] for i in indices]
+        parts = list(groups.items())
+        plans = [self.plan_group(table, p, bound, now, deadline) for p, _ in parts]
+        sent = [[raw_keys[i] for i in indices] for _, indices in parts]
         read_many = self.store.read_many
-        try:
-            plan = self.plan_group(table, partition, bound, now, deadline)
-            cand, answer = await run(plan, lambda c: read_many(c.replica.address, table, partition, group, bound))
-        except FreshrouteError as e:
-            for i in indices:
-                results[i] = e
-            self.metrics.lookup(outcome_label(e), "none", time.perf_counter() - started, len(indices))
-            return
+        outcomes = await run_many(plans, lambda j, c: read_many(c.replica.address, table, parts[j][0], sent[j], bound))
         elapsed = time.perf_counter() - started
-        for i, result in zip(indices, answers(table, [keys[i] for i in indices], partition, cand, answer)):
-            results[i] = result
-        found = sum(1 for v in answer.values if v)
-        role = served_by(cand, answer.replica)[1]
-        if found:
-            self.metrics.lookup("ok", role, elapsed, found)
-        if found < len(indices):
-            self.metrics.lookup("not_found", role, elapsed, len(indices) - found)
+        for (partition, indices), outcome in zip(parts, outcomes):
+            if isinstance(outcome, FreshrouteError):
+                for i in indices:
+                    results[i] = outcome
+                self.metrics.lookup(outcome_label(outcome), "none", elapsed, len(indices))
+                continue
+            cand, answer = outcome
+            for i, result in zip(indices, make(table, [keys[i] for i in indices], partition, cand, answer)):
+                results[i] = result
+            found = sum(1 for v in answer.values if v)
+            role = served_by(cand, answer.replica)[1]
+            if found:
+                self.metrics.lookup("ok", role, elapsed, found)
+            if found < len(indices):
+                self.metrics.lookup("not_found", role, elapsed, len(indices) - found)
+        return results
 
     async def scan(self, table: str, prefix: str = "", start: str = "", end: str = "", limit: int | None = None,
                    page_token: str | None = None, bound: Bound = NO_BOUND) -> ScanPage:
@@ -240,8 +235,21 @@ class RoutingCore:
         pre, hi = serialize_key(prefix), serialize_key(end)
         now = time.monotonic()
         # One more than the page from each partition tells whether another page exists.
-        parts = await asyncio.gather(*(self._scan_partition(table, p, pre, lo, hi, limit + 1, bound, now)
-                                       for p in range(spec.partitions)))
+        plans = [self.plan(table, p, bound, self._scan_latency, self._scan_timeout_s, now)
+                 for p in range(spec.partitions)]
+        scan, timeout_s = self.store.scan, self._scan_timeout_s
+        outcomes = await run_many(plans, lambda p, c: scan(c.replica.address, table, p, pre, lo, hi, limit + 1, bound,
+                                                           timeout_s))
+        parts: list[tuple[list[tuple[bytes, bytes]], LookupResult]] = []
+        for p, outcome in enumerate(outcomes):
+            if isinstance(outcome, LookupTimeout):
+                raise LookupTimeout(f"scan of {table} did not finish within {self.policy.scan_timeout_ms} ms",
+                                    table=table, partition=p)
+            if isinstance(outcome, FreshrouteError):
+                raise outcome
+            cand, answer = outcome
+            parts.append((sorted(answer.entries),
+                          lookup_result(table, "", p, cand, ReadResult(ReadStatus.NOT_FOUND, b"", answer.replica))))
         streams = [[(k, v, p) for k, v in entries] for p, (entries, _) in enumerate(parts)]
         merged = list(islice(heapq.merge(*streams, key=lambda e: e[0]), limit + 1))
         more = len(merged) > limit
@@ -249,20 +257,6 @@ class RoutingCore:
         items = [(deserialize_key(k), v, p) for k, v, p in page]
         token = encode_page_token(table, page[-1][0]) if more and page else None
         return ScanPage(table, items, token, {p: who for p, (_, who) in enumerate(parts)})
-
-    async def _scan_partition(self, table: str, partition: int, prefix: bytes, start: bytes, end: bytes, limit: int,
-                              bound: Bound, now: float) -> tuple[list[tuple[bytes, bytes]], LookupResult]:
-        plan = self.plan(table, partition, bound, self._scan_latency, self._scan_timeout_s, now)
-        scan = self.store.scan
-        timeout_s = self._scan_timeout_s
-        try:
-            cand, answer = await run(plan, lambda c: scan(c.replica.address, table, partition, prefix, start, end,
-                                                          limit, bound, timeout_s))
-        except LookupTimeout:
-            raise LookupTimeout(f"scan of {table} did not finish within {self.policy.scan_timeout_ms} ms",
-                                table=table, partition=partition) from None
-        who = lookup_result(table, "", partition, cand, ReadResult(ReadStatus.NOT_FOUND, b"", answer.replica))
-        return sorted(answer.entries), who
 
     # ---- metadata views ----------------------------------------------------------------
 
