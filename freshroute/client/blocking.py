@@ -21,7 +21,7 @@ from google.protobuf.message import DecodeError
 from freshroute.cluster_access import NodeAccess
 from freshroute.errors import FreshrouteError, ReplicaUnavailable
 from freshroute.framing import FrameError, FrameReader, frame
-from freshroute.routing.attempts import AttemptPlan
+from freshroute.routing.attempts import AttemptPlan, launch_due
 from freshroute.routing.bound import Bound
 from freshroute.routing.selection import Candidate
 from freshroute.routing.snapshot import SnapshotSource
@@ -163,24 +163,21 @@ def run_blocking(store: BlockingStore, jobs: list[Job]) -> list[tuple[Candidate,
     """Drive each job's plan to an answer or its error, all at once on this thread."""
     out: list[tuple[Candidate, ReadResult | GroupResult] | FreshrouteError | None] = [None] * len(jobs)
     inflight: dict[_Connection, tuple[int, Candidate, float]] = {}
+    plans = [plan for plan, _ in jobs]
+    now = time.monotonic()
+
+    def send(i: int, cand: Candidate) -> None:
+        plan, request = jobs[i]
+        try:
+            inflight[store.send(cand.replica.node, request, plan.deadline)] = (i, cand, now)
+        except ReplicaUnavailable as e:
+            plan.settle(cand, e, 0.0)
+
     try:
         # Bounded: each pass launches, settles, or waits until the next plan's wake-up.
-        for _ in range(sum(plan.passes for plan, _ in jobs)):
+        for _ in range(sum(plan.passes for plan in plans)):
             now = time.monotonic()
-            wake = None
-            for i, (plan, request) in enumerate(jobs):
-                if out[i] is not None:
-                    continue
-                while (cand := plan.launch(now)) is not None:
-                    try:
-                        inflight[store.send(cand.replica.node, request, plan.deadline)] = (i, cand, now)
-                    except ReplicaUnavailable as e:
-                        plan.settle(cand, e, 0.0)
-                if not plan.inflight or now >= plan.deadline:
-                    out[i] = plan.error(now)
-                    _abandon(inflight, plan, i)
-                else:
-                    wake = plan.wake_at() if wake is None else min(wake, plan.wake_at())
+            wake = launch_due(plans, out, now, send, lambda i: _abandon(inflight, plans[i], i))
             if wake is None:
                 break
             ready, _, _ = select.select(list(inflight), [], [], max(0.0, wake - time.monotonic()))

@@ -350,6 +350,26 @@ async def _keep_trying(plan: AttemptPlan, start: Callable[[Candidate], Awaitable
     raise plan.error(time.monotonic())
 
 
+def launch_due(plans: list[AttemptPlan], out: list[Any], now: float, send: Callable[[int, Candidate], None],
+               end: Callable[[int], None]) -> float | None:
+    """One pass of a driver of several plans: each plan not done yet sends the attempts due ``now``
+    (``send(i, candidate)``); one that can do no more gets its error in ``out`` and ``end(i)`` drops
+    its attempts. The earliest wake-up of the plans still running; None when none is."""
+    wake = None
+    for i, plan in enumerate(plans):
+        if out[i] is not None:
+            continue
+        while (cand := plan.launch(now)) is not None:
+            send(i, cand)
+        if not plan.inflight or now >= plan.deadline:
+            out[i] = plan.error(now)
+            end(i)
+        else:
+            at = plan.wake_at()
+            wake = at if wake is None else min(wake, at)
+    return wake
+
+
 async def run_many(plans: list[AttemptPlan], start: Callable[[int, Candidate], Awaitable[A]]
                    ) -> list[tuple[Candidate, A] | FreshrouteError]:
     """Drive several plans at once on the running loop (a batch's partition groups); ``start(i, candidate)`` sends
@@ -361,24 +381,17 @@ async def run_many(plans: list[AttemptPlan], start: Callable[[int, Candidate], A
     out: list[tuple[Candidate, A] | FreshrouteError | None] = [None] * len(plans)
     inflight: dict[asyncio.Future[A], tuple[int, Candidate, float]] = {}
     loop: asyncio.AbstractEventLoop | None = None
+    now = time.monotonic()
+
+    def send(i: int, cand: Candidate) -> None:
+        fut = start(i, cand)
+        inflight[fut if isinstance(fut, asyncio.Future) else asyncio.ensure_future(fut)] = (i, cand, now)
+
     try:
         # Bounded: each pass launches, settles, or waits until the next plan's wake-up.
         for _ in range(sum(plan.passes for plan in plans)):
             now = time.monotonic()
-            wake = None
-            for i, plan in enumerate(plans):
-                if out[i] is not None:
-                    continue
-                while (cand := plan.launch(now)) is not None:
-                    fut = start(i, cand)
-                    if not isinstance(fut, asyncio.Future):
-                        fut = asyncio.ensure_future(fut)
-                    inflight[fut] = (i, cand, now)
-                if not plan.inflight or now >= plan.deadline:
-                    out[i] = plan.error(now)
-                    _abandon(inflight, plan, i)
-                else:
-                    wake = plan.wake_at() if wake is None else min(wake, plan.wake_at())
+            wake = launch_due(plans, out, now, send, lambda i: _abandon(inflight, plans[i], i))
             if wake is None:
                 break
             if loop is None:
