@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import grpc
 import httpx
@@ -149,9 +148,9 @@ def test_deleted_keys_answer_key_not_found_on_every_path_and_after_a_restore(bro
             # The node again, from an empty directory: it restores both tables from their changelogs.
             procs.stop("node")
             procs.start("node", "store-node", "--node-id", "n1", "--data-dir", str(tmp_path / "n1-b"))
-            time.sleep(0.5)
-            wait_until(lambda: all(status("device_status", f"d{i}") in (200, 404) for i in range(6))
-                       and status("device_status", "d0") == 200, 120, "the restored node to serve")
+            # Strict reads are refused (503) until every replica of both tables has caught up.
+            wait_until(lambda: all(status(t, f"d{i}") in (200, 404) for t in ("device_status", "device_battery")
+                                   for i in range(6)), 120, "the restored node to serve both tables")
             check_every_path()
     finally:
         procs.stop_all()
