@@ -154,7 +154,6 @@ class ChangelogWriter:
         # Batch id → what it wrote, of the latest batches: Spark reports a batch's progress
         # asynchronously, on a busy machine after the next batch has run.
         self.written: dict[int, Written] = {}
-        self._deletes = 0  # tombstones of the batch write_rows wrote last
 
     def write_batch(self, df: Any, batch_id: int) -> None:
         """foreachBatch entry point: the batch's changed rows → changelog, acknowledged before returning."""
@@ -162,21 +161,21 @@ class ChangelogWriter:
         # The batch runs here: reading the input, the aggregation and its state store commit.
         rows = df.toArrow().to_pylist()
         collected = time.monotonic()
-        records = self.write_rows(rows, batch_id)
+        records, deletes = self.write_rows(rows, batch_id)
         self.written[batch_id] = Written(records, (collected - started) * 1000.0, (time.monotonic() - collected) * 1000.0,
-                                         self._deletes)
+                                         deletes)
         for old in [b for b in self.written if b <= batch_id - _WRITTEN_KEPT]:
             del self.written[old]
 
-    def write_rows(self, rows: list[Mapping[str, Any]], batch_id: int) -> int:
-        """Produce the rows and wait for every acknowledgement; returns the number of records written."""
+    def write_rows(self, rows: list[Mapping[str, Any]], batch_id: int) -> tuple[int, int]:
+        """Produce the rows and wait for every acknowledgement; returns the records written, and how many of them
+        are tombstones."""
         records, keyless = changelog_records(rows, self.key_column, self.partitions)
-        self._deletes = sum(1 for r in records if r.value is None)
         if keyless:
             log.warning("table %s batch %d: %d row(s) with a null key %r cannot be addressed and were not written",
                         self.table, batch_id, keyless, self.key_column)
         if not records:
-            return 0
+            return 0, 0
         producer = self.producer.get()
         # Counted per batch rather than relying on flush(): tables share the producer and
         # another table's flush may serve this batch's delivery callbacks.
@@ -212,4 +211,4 @@ class ChangelogWriter:
             raise ChangelogWriteFailed(
                 f"table {self.table} batch {batch_id}: {len(errors)} record(s) failed and {missing} unacknowledged "
                 f"of {len(records)} to {self.topic}: {first}", table=self.table, batch=batch_id)
-        return len(records)
+        return len(records), sum(1 for r in records if r.value is None)

@@ -112,7 +112,7 @@ def test_batch_returns_only_after_every_record_is_acknowledged():
     fake = FakeProducer(full_times=3)
     writer, _ = writer_with(fake)
     rows = [{"sensor": f"s{i}", "count": i} for i in range(50)]
-    assert writer.write_rows(rows, batch_id=7) == 50
+    assert writer.write_rows(rows, batch_id=7) == (50, 0)
     assert len(fake.sent) == 50 and not fake.pending
     assert all(t == "p-sensor_stats-changelog" and p == partition_for(k, 8) for t, k, _, p in fake.sent)
 
@@ -135,12 +135,20 @@ def test_fatal_producer_error_replaces_the_producer():
     writer = ChangelogWriter("t", "topic", 8, "sensor", ChangelogProducer({}, factory=factory))
     with pytest.raises(ChangelogWriteFailed):
         writer.write_rows([{"sensor": "s0", "count": 1}], batch_id=1)
-    assert writer.write_rows([{"sensor": "s0", "count": 1}], batch_id=1) == 1
+    assert writer.write_rows([{"sensor": "s0", "count": 1}], batch_id=1) == (1, 0)
     assert len(made) == 2
 
 
 def test_empty_batch_produces_nothing():
     fake = FakeProducer()
     writer, _ = writer_with(fake)
-    assert writer.write_rows([], batch_id=0) == 0
+    assert writer.write_rows([], batch_id=0) == (0, 0)
     assert fake.sent == []
+
+
+def test_a_batch_counts_the_tombstones_it_wrote():
+    fake = FakeProducer()
+    writer, _ = writer_with(fake)
+    rows = [{"sensor": "s0", "count": 1}, {"sensor": "s1", "count": None}, {"sensor": "s2", "count": None}]
+    assert writer.write_rows(rows, batch_id=3) == (3, 2)
+    assert sorted((k, v) for _, k, v, _ in fake.sent) == [(b"s0", b'{"count":1}'), (b"s1", None), (b"s2", None)]
