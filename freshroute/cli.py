@@ -137,7 +137,6 @@ def _lookup_direct(args: argparse.Namespace) -> int:
     import json
 
     from freshroute.client import Client
-
     from freshroute.cluster_access import read_secrets
 
     try:

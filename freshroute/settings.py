@@ -98,7 +98,6 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-
 class ServingSettings(CommonSettings):
     """TLS and the cluster secret of a process that serves ports: a router or a store node."""
 

@@ -151,14 +151,6 @@ class ClientTLS:
         return grpc.ssl_channel_credentials(self._read(0), self._read(2), self._read(1))
 
 
-def client_context(ca: str | Path | None = None, cert: str | Path | None = None,
-                   key: str | Path | None = None) -> ssl.SSLContext | None:
-    """A client's TLS context: trust ``ca`` (default: the system's), present ``cert``/``key`` (mTLS); None when
-    neither is given (the defaults do)."""
-    return ClientTLS(ca, cert, key).context()
-
-
-
 def peer_subject(transport: object) -> str | None:
     """The subject (RFC 4514) of the certificate the peer of a TLS ``transport`` presented; None without one.
 

@@ -124,10 +124,7 @@ class KeyHandlers:
         try:
             table, key = _segment(table_raw), _segment(key_raw)
             if self.guard is not None:
-                if is_metadata:
-                    self.guard.cluster(authorization, subject)
-                else:
-                    self.guard.table(authorization, table, subject)
+                key_route_access(self.guard, is_metadata, table, authorization, subject)
             if is_metadata:
                 return (*self.metadata(table, key), {})
             return (*await self.lookup(table, key, query), {})
@@ -217,6 +214,14 @@ def _subject(scope: Scope) -> str | None:
 _OPEN = frozenset((b"/healthz", b"/readyz"))
 
 
+def key_route_access(guard: Guard, is_metadata: bool, table: str, authorization: bytes | None,
+                     subject: str | None) -> Principal:
+    """A key route's rule, on either REST path: its metadata needs the cluster, its lookup the table."""
+    if is_metadata:
+        return guard.cluster(authorization, subject)
+    return guard.table(authorization, table, subject)
+
+
 def check_access(guard: Guard, scope: Scope) -> Principal | None:
     """What a REST request needs, checked once per request (a batch or a scan is one read of its table):
     reads of ``/v1/tables/{table}/…`` need the table; the list of tables, a principal (it lists what it may
@@ -230,8 +235,7 @@ def check_access(guard: Guard, scope: Scope) -> Principal | None:
         return guard.principal(authorization, subject)
     key = match_key_path(path)
     if key is not None:
-        return guard.cluster(authorization, subject) if key[2] else \
-            guard.table(authorization, _segment(key[0]), subject)
+        return key_route_access(guard, key[2], _segment(key[0]), authorization, subject)
     if path.startswith(_PREFIX):
         rest = path[len(_PREFIX):]
         table, _, tail = rest.partition(b"/")

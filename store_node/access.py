@@ -1,6 +1,6 @@
 """Who a store node serves: peers presenting the cluster secret (when it has one), on either port.
 
-The read port checks the first batch of each connection (:class:`ReadPortGate`); gRPC checks
+The read port checks the first batch of each connection (``store_node.read_port``); gRPC checks
 each call's metadata in an interceptor, before any handler runs. The standard health service
 stays open, as orchestrators probe it. Client certificates (``tls_client_ca``) are checked by
 the TLS handshake itself, before either. SIGHUP rereads the file (:meth:`ClusterSecret.reload`).
@@ -29,6 +29,10 @@ class ClusterSecret:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.check = SecretCheck(read_secrets(path) if path is not None else ())
+
+    @property
+    def required(self) -> bool:
+        return self.check.required
 
     def admits(self, presented: str | bytes) -> bool:
         return self.check.admits(presented)

@@ -34,7 +34,7 @@ class ReadPortConnection(PacedByAnswers):
         self._service = service
         self._frames = FrameReader()
         self._transport: asyncio.Transport | None = None
-        self._secret: ClusterSecret | None = secret if secret.check.required else None  # None once admitted
+        self._secret: ClusterSecret | None = secret if secret.required else None  # None once admitted
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._transport = transport

@@ -280,7 +280,7 @@ def create_server(settings: "StoreNodeSettings", service: StoreNodeService, heal
 
     With ``secret`` holding secrets every call but health checks must present one; with ``tls`` the port speaks
     only TLS."""
-    interceptors = [secret.interceptor()] if secret is not None and secret.check.required else []
+    interceptors = [secret.interceptor()] if secret is not None and secret.required else []
     server = grpc.aio.server(interceptors=interceptors,
                              options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 16 << 20),
                                       ("grpc.max_send_message_length", 64 << 20)])

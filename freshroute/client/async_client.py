@@ -50,8 +50,9 @@ class AsyncClient:
                 raise InvalidArgument(f"redis_sentinels: {e}", field="redis_sentinels") from None
         self.policy = policy if policy is not None else RoutingPolicy()
         self._router_url, self._namespace = router, namespace
-        self._router_auth = {"token": token, "ca": ca, "cert": cert, "key": key}
-        # Built here: a bad certificate file fails at construction, naming the argument.
+        self._token = token
+        # Built here: a bad certificate file fails at construction, naming the argument. The same TLS
+        # context serves the router.
         self.access = NodeAccess(cluster_secret or "", ClientTLS(ca, cert, key))
         self._refresh_ms = refresh_ms
         self._connect_timeout_s = connect_timeout_s
@@ -69,7 +70,8 @@ class AsyncClient:
         if self.core is not None:
             return self
         if self._router_url:
-            self.router = RouterHttp(self._router_url, self.policy.request_timeout_ms / 1000 + 1, **self._router_auth)
+            self.router = RouterHttp(self._router_url, self.policy.request_timeout_ms / 1000 + 1, self._token,
+                                     self.access.ssl_context)
         metadata: Any
         if self._redis is not None:
             self._metadata_redis = self._redis.async_client(0.5)

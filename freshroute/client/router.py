@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from types import MappingProxyType
 from typing import Any, Callable
 from urllib.parse import quote
@@ -16,7 +17,6 @@ from freshroute.metadata import ReplicaState, Role, TableSpec, now_ms
 from freshroute.routing.bound import Bound
 from freshroute.routing.results import KeyLocation, ReplicaInfo, TableInfo
 from freshroute.routing.snapshot import NodeView, ReplicaView, Snapshot, refresh_until
-from freshroute.tls import client_context
 
 from freshroute.client.lookup import Lookup
 
@@ -52,11 +52,11 @@ def snapshot_from_router(tables_doc: dict[str, Any], cluster_doc: dict[str, Any]
 class RouterHttp:
     """A router's REST API: metadata for the snapshot, and every read as the fallback."""
 
-    def __init__(self, url: str, timeout_s: float, token: str | None = None, ca: str | None = None,
-                 cert: str | None = None, key: str | None = None) -> None:
+    def __init__(self, url: str, timeout_s: float, token: str | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
+        """``tls``: the client's TLS context (its CA and certificate); None: the system's defaults."""
         self.url = url.rstrip("/")
-        verify: Any = client_context(ca, cert, key) or True
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s, verify=verify,
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s, verify=tls or True,
                                        headers={"authorization": f"Bearer {token}"} if token else None)
 
     async def call(self, method: str, path: str, **kw: Any) -> tuple[int, Any]:

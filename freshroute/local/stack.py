@@ -73,7 +73,8 @@ class StackConfig:
     spark_cluster: bool = False
     spark_master_port: int = 0
     spark_master_ui_port: int = 0
-    # Routers with TLS and an auth file: secrets made afresh by `up` under home/secure.
+    # Routers with TLS and an auth file, store nodes with TLS and the cluster secret: secrets made afresh
+    # by `up` under home/secure.
     secure: bool = False
     # A librdkafka properties file every Kafka client of the stack reads ("": none).
     kafka_config: str = ""
@@ -411,7 +412,7 @@ class Stack:
             from freshroute.local.secure import make_secrets
 
             make_secrets(c.home, (c.router_host,))
-            self._say(f"secure: a throwaway CA, certificates and tokens in {c.home / 'secure'}")
+            self._say(f"secure: a throwaway CA, certificates, a cluster secret and tokens in {c.home / 'secure'}")
         self.save()
         comp = self.start("broker")
         wait(c.host, c.broker_port, 30, None)

@@ -82,10 +82,10 @@ CONTROL_BUDGET = (1_000, 100.0)
 # STREAM_CLOSED (RFC 9113 §5.1); frames on streams we closed are ignored.
 RESET_MEMORY = 256
 
-# Headers that are HTTP/2's or gRPC's own, not call metadata to relay.
 # A relayed call's client certificate subject, and the key that vouches for it: only the front sets them,
 # so a client's own headers of these names are dropped.
 CLIENT_SUBJECT, RELAY_KEY = "x-freshroute-client-subject", "x-freshroute-relay-key"
+# Headers that are HTTP/2's or gRPC's own (or the relay's), not call metadata to relay.
 _NOT_METADATA = frozenset((b"te", b"content-type", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding",
                            b"user-agent", b"host", b"connection", CLIENT_SUBJECT.encode(), RELAY_KEY.encode()))
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
