@@ -6,6 +6,7 @@ Both bind to loopback only. Each start waits until the service answers, so that 
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -14,9 +15,41 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+# Ports handed out by this process: two components given the same port before either binds it would collide.
+_GIVEN: set[int] = set()
+_LOWEST = 10_000
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel gives outgoing connections (Linux's default range starts at 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that is free right now on ``host`` (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port that is free right now on ``host``, below the kernel's ephemeral range and never handed out before.
+
+    Not one the OS picks (bind to 0): that comes from the ephemeral range, where any outgoing
+    connection — a Kafka or Redis client of another component — may take it in the seconds before
+    the component it was given to binds it.
+    """
+    high = _ephemeral_low()
+    if high - _LOWEST > 1_000:
+        rng = random.Random()
+        for _ in range(500):
+            port = rng.randrange(_LOWEST, high)
+            if port in _GIVEN:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+            _GIVEN.add(port)
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a kernel with an unusual range
         s.bind((host, 0))
         return s.getsockname()[1]
 

@@ -221,3 +221,15 @@ def test_a_local_up_that_fails_part_way_stops_what_it_started(tmp_path, monkeypa
         with pytest.raises(type(failure)):
             stack_mod.dispatch(args)
     assert stopped == [True]
+
+
+def test_free_ports_are_below_the_ephemeral_range_distinct_and_bindable():
+    import socket
+
+    from freshroute.local.services import _ephemeral_low, free_port
+
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    assert all(10_000 <= p < _ephemeral_low() for p in ports)  # outgoing connections never take them
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[0]))
