@@ -45,6 +45,18 @@ class InvalidArgument(FatalError):
     http_status = 400
 
 
+class WindowedTable(InvalidArgument):
+    """A key or scan lookup of a windowed table: its rows are windows, read through the windows lookups."""
+
+    code = "WINDOWED_TABLE"
+
+
+class NotWindowedTable(InvalidArgument):
+    """A windows lookup of a table that has no windows."""
+
+    code = "NOT_WINDOWED_TABLE"
+
+
 class TableNotFound(FatalError):
     code = "TABLE_NOT_FOUND"
     http_status = 404

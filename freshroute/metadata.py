@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any, Container, Iterable, Sequence
 
 import orjson
 
+from freshroute.windows import WindowSpec
+
 if TYPE_CHECKING:
     from freshroute.redis_location import RedisLocation
 
@@ -75,13 +77,18 @@ class TableSpec:
     standby_replicas: int = 1
     default_max_lag: int | None = None
     default_max_staleness_ms: int | None = None
+    window: WindowSpec | None = None  # a windowed table's windows; None: a plain keyed table
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self))
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> "TableSpec":
-        return cls(**orjson.loads(raw))
+        d = orjson.loads(raw)
+        window = d.pop("window", None)
+        # Fields a newer pipeline added are ignored, so a rolling upgrade keeps older readers working.
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        return cls(**known, window=WindowSpec.from_dict(window) if window else None)
 
 
 @dataclass(frozen=True)

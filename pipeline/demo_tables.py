@@ -1,12 +1,12 @@
 """The demo tables: sensor readings (JSON ``{"sensor","area","reading"}`` keyed by sensor on topic ``readings``).
 
 Edit this file, or point ``--tables-file`` at a copy, to define your own tables. Both
-forms are shown: a PySpark DataFrame function and Spark SQL.
+forms are shown: a PySpark DataFrame function and Spark SQL, keyed and windowed.
 """
 
 from pyspark.sql import functions as F
 
-from pipeline.tables import source, sql_table, table
+from pipeline.tables import source, sql_table, table, tumbling
 
 source("readings", schema="sensor STRING, area STRING, reading DOUBLE")
 
@@ -33,3 +33,16 @@ sql_table(
     source="readings",
     sql="SELECT area, count(*) AS count FROM readings WHERE area IS NOT NULL GROUP BY area",
 )
+
+
+@table(name="sensor_windows", key="sensor", source="readings",
+       window=tumbling("10 seconds", grace="5 seconds", retention="1 hour"))
+def sensor_windows(readings):
+    """Per sensor and 10 s of record time: count, avg, min and max; final once no late reading can change it."""
+    valid = readings.where(F.col("sensor").isNotNull() & F.col("reading").isNotNull())
+    return valid.groupBy("sensor", "window").agg(
+        F.count("reading").alias("count"),
+        F.avg("reading").alias("avg"),
+        F.min("reading").alias("min"),
+        F.max("reading").alias("max"),
+    )

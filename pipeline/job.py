@@ -28,8 +28,9 @@ from freshroute.settings import is_loopback
 from pipeline.offsets import InputDataLost
 from pipeline.settings import PipelineSettings
 from pipeline.sink import ChangelogProducer, ChangelogWriter
-from pipeline.tables import (DELETE_COLUMN, METADATA_COLUMNS, Source, Table, TablesDefinition, TablesFileError, check_output_columns,
-                             check_source_fields, load_tables)
+from pipeline.tables import (DELETE_COLUMN, METADATA_COLUMNS, WINDOW_START_COLUMN, Source, Table, TablesDefinition,
+                             TablesFileError, check_output_columns, check_source_fields, load_tables)
+from pipeline.window_expiry import WindowExpiry
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -253,6 +254,8 @@ class TableRun:
     logged_batch: int = -1
     quick_batches: int = 0  # in a row, within the warm bound
     last_progress: Any = None  # the last micro-batch's progress report seen (for metrics)
+    late_rows_dropped: int = 0  # input rows past their window's grace, since start
+    windows_expired: int = 0  # windows tombstoned after their retention, since start
 
 
 class Pipeline:
@@ -298,10 +301,14 @@ class Pipeline:
                 log.warning("changelog %s has %d partitions (setting says %d); keeping %d", topic,
                             len(info.partitions), self.settings.changelog_partitions, len(info.partitions))
             value_schema = {f.name: f.dataType.simpleString() for f in df.schema.fields
-                            if f.name not in (t.key, DELETE_COLUMN)}
+                            if f.name not in (t.key, DELETE_COLUMN, WINDOW_START_COLUMN)}
             standbys = self.settings.standby_replicas if t.standby_replicas is None else t.standby_replicas
-            spec = TableSpec(t.name, topic, len(info.partitions), t.key, value_schema, standbys)
-            writer = ChangelogWriter(t.name, topic, spec.partitions, t.key, self.producer)
+            spec = TableSpec(t.name, topic, len(info.partitions), t.key, value_schema, standbys, window=t.window)
+            expiry = None
+            if t.window is not None:
+                checkpoint = self.settings.table_checkpoint(t.name)
+                expiry = WindowExpiry(checkpoint.with_name(checkpoint.name + ".windows"))
+            writer = ChangelogWriter(t.name, topic, spec.partitions, t.key, self.producer, t.window, expiry)
             self.runs[t.name] = TableRun(t, spec, writer)
             self._start_query(self.runs[t.name], df)
         store = MetadataStore.at(self.settings.redis(), self.settings.namespace)
@@ -330,7 +337,16 @@ class Pipeline:
                   .foreachBatch(run.writer.write_batch)
                   .option("checkpointLocation", str(s.table_checkpoint(run.table.name))))
         writer = writer.trigger(availableNow=True) if s.available_now else writer.trigger(processingTime=f"{s.trigger_ms} milliseconds")
-        run.query = writer.start()
+        assert self.spark is not None
+        # A query takes the session's settings as it starts. A windowed table's watermark moves at the end of a
+        # batch: a batch without input then publishes it (and Spark evicts what it closed), so a quiet stream's
+        # windows still become final. Only when the watermark moved: a keyed table never runs one.
+        no_data = "spark.sql.streaming.noDataMicroBatches.enabled"
+        self.spark.conf.set(no_data, "true" if run.table.window is not None else "false")
+        try:
+            run.query = writer.start()
+        finally:
+            self.spark.conf.set(no_data, "false")
         log.info("table %s: streaming %s → %s (%d partitions × 1 active + %d standbys, key %s), checkpoint %s",
                  run.table.name, s.input_topic(self.definition.sources[run.table.source].topic), run.spec.topic,
                  run.spec.partitions, run.spec.standby_replicas, run.table.key, s.table_checkpoint(run.table.name))
@@ -342,9 +358,12 @@ class Pipeline:
             for run in self.runs.values():
                 if run.query is not None and not run.finished:
                     progress = run.query.lastProgress
+                    seen = run.logged_batch
                     if log_progress(run, progress):
                         run.last_progress = progress
                         self._note_warmth(run, progress.batchDuration)
+                        if run.table.window is not None:
+                            self._windows_progress(run, progress, seen)
                 if run.finished or run.query is None or run.query.isActive:
                     continue
                 error = run.query.exception()
@@ -356,6 +375,27 @@ class Pipeline:
             if self.runs and all(r.finished for r in self.runs.values()):
                 return
             stop.wait(0.5)
+
+    def _windows_progress(self, run: TableRun, progress: Any, seen: int) -> None:
+        """Count the late rows of every batch since ``seen``, and publish the watermark (expiring windows)."""
+        from pipeline.metrics import late_rows, watermark_ms
+
+        reports = [progress]
+        if progress.batchId > seen + 1 and run.query is not None:
+            # Batches that ended between two reads: Spark keeps the recent ones.
+            reports = [p for p in run.query.recentProgress if seen < p.batchId <= progress.batchId]
+        late = sum(late_rows(p) for p in reports)
+        if late:
+            run.late_rows_dropped += late
+            log.info("table %s: %d input row(s) arrived past their window's grace and were dropped", run.table.name,
+                     late)
+        wm = watermark_ms(progress)
+        if wm is None:
+            return
+        try:
+            run.windows_expired += run.writer.advance_watermark(wm)
+        except FreshrouteError as e:  # the next batch's report tries again
+            log.warning("table %s: watermark not published: %s", run.table.name, e.message)
 
     def _note_warmth(self, run: TableRun, batch_ms: int) -> None:
         """Log :data:`WARM_LOG` once every table ran :data:`WARM_BATCHES` quick batches in a row."""
@@ -397,6 +437,9 @@ class Pipeline:
                 except Exception as e:  # stopping must go on for the other tables
                     log.warning("table %s: stopping the query failed: %s", run.table.name, _first_line(str(e)))
         self.producer.close()
+        for run in self.runs.values():
+            if run.writer.expiry is not None:
+                run.writer.expiry.close()
         if self.spark is not None:
             self.spark.stop()
             self.spark = None

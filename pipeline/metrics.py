@@ -6,14 +6,15 @@ second, and a batch that ends between two reads is not seen (the batch id shows 
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, Iterator
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 # A watermark this old means "no event-time column": Spark reports the epoch.
 _NO_WATERMARK_MS = 1
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def watermark_ms(progress: Any) -> int | None:
@@ -21,8 +22,13 @@ def watermark_ms(progress: Any) -> int | None:
     raw = (getattr(progress, "eventTime", None) or {}).get("watermark")
     if not raw:
         return None
-    ms = int(datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp() * 1000)
+    ms = (datetime.fromisoformat(raw.replace("Z", "+00:00")) - _EPOCH) // timedelta(milliseconds=1)
     return ms if ms > _NO_WATERMARK_MS else None
+
+
+def late_rows(progress: Any) -> int:
+    """Input rows the batch dropped as later than the watermark (past a window's grace)."""
+    return sum(getattr(op, "numRowsDroppedByWatermark", 0) or 0 for op in getattr(progress, "stateOperators", None) or [])
 
 
 class PipelineCollector(Collector):
@@ -43,6 +49,10 @@ class PipelineCollector(Collector):
         changes = gauge("batch_changelog_records", "changelog records the last micro-batch published")
         deletes = gauge("batch_changelog_deletes", "tombstones among them: keys the last micro-batch deleted")
         watermark = gauge("watermark_ms", "the table's event-time watermark (epoch ms), for tables with one")
+        late = CounterMetricFamily("freshroute_pipeline_late_rows_dropped", "input rows dropped as later than the "
+                                   "watermark: past their window's grace", labels=["table"])
+        expired = CounterMetricFamily("freshroute_pipeline_windows_expired", "windows tombstoned after their retention",
+                                      labels=["table"])
         for run in list(self._runs()):
             p = run.last_progress
             if p is None:
@@ -60,4 +70,7 @@ class PipelineCollector(Collector):
             wm = watermark_ms(p)
             if wm is not None:
                 watermark.add_metric(name, wm)
-        yield from (batch, duration, rows, input_rate, processed, changes, deletes, watermark)
+            if run.table.window is not None:
+                late.add_metric(name, run.late_rows_dropped)
+                expired.add_metric(name, run.windows_expired)
+        yield from (batch, duration, rows, input_rate, processed, changes, deletes, watermark, late, expired)

@@ -27,7 +27,9 @@ from confluent_kafka import KafkaError, Producer
 
 from freshroute.errors import RetryableError
 from freshroute.keys import partition_for, serialize_key
-from pipeline.tables import DELETE_COLUMN
+from freshroute.windows import WATERMARK_KEY, WindowSpec, split_window_key, watermark_value, window_key
+from pipeline.tables import DELETE_COLUMN, WINDOW_START_COLUMN
+from pipeline.window_expiry import WindowExpiry
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +60,7 @@ def encode_key(key: Any) -> bytes:
 def encode_value(row: Mapping[str, Any], key_column: str) -> bytes | None:
     """Compact JSON of every column but the key, numbers keeping their type (a double stays a float); None (a
     tombstone) when the row deletes its key."""
-    values = {k: v for k, v in row.items() if k != key_column and k != DELETE_COLUMN}
+    values = {k: v for k, v in row.items() if k != key_column and k != DELETE_COLUMN and k != WINDOW_START_COLUMN}
     if row.get(DELETE_COLUMN) is True or all(v is None for v in values.values()):
         return None
     return orjson.dumps(values, default=_json_default, option=orjson.OPT_UTC_Z | orjson.OPT_NON_STR_KEYS)
@@ -71,17 +73,22 @@ class ChangelogRecord:
     partition: int
 
 
-def changelog_records(rows: Iterable[Mapping[str, Any]], key_column: str, partitions: int) -> tuple[list[ChangelogRecord], int]:
-    """Records for the changed rows of a batch, and how many rows had no key (and cannot be addressed)."""
+def changelog_records(rows: Iterable[Mapping[str, Any]], key_column: str, partitions: int,
+                      windowed: bool = False) -> tuple[list[ChangelogRecord], int]:
+    """Records for the changed rows of a batch, and how many rows had no key (and cannot be addressed).
+
+    A windowed table's record is keyed by (key, window start) and partitioned by the key alone."""
     out = []
     keyless = 0
     for row in rows:
         key = row.get(key_column)
-        if key is None:
+        start = row.get(WINDOW_START_COLUMN) if windowed else 0
+        if key is None or start is None or start < 0:
             keyless += 1
             continue
         k = encode_key(key)
-        out.append(ChangelogRecord(k, encode_value(row, key_column), partition_for(k, partitions)))
+        partition = partition_for(k, partitions)
+        out.append(ChangelogRecord(window_key(k, start) if windowed else k, encode_value(row, key_column), partition))
     return out, keyless
 
 
@@ -145,12 +152,16 @@ class Written(NamedTuple):
 class ChangelogWriter:
     """Writes one table's micro-batches to its changelog topic."""
 
-    def __init__(self, table: str, topic: str, partitions: int, key_column: str, producer: ChangelogProducer) -> None:
+    def __init__(self, table: str, topic: str, partitions: int, key_column: str, producer: ChangelogProducer,
+                 window: WindowSpec | None = None, expiry: WindowExpiry | None = None) -> None:
         self.table = table
         self.topic = topic
         self.partitions = partitions
         self.key_column = key_column
         self.producer = producer
+        self.window = window
+        self.expiry = expiry  # a windowed table's windows by expiry
+        self.watermark_ms: int | None = None  # the last watermark published to every partition
         # Batch id → what it wrote, of the latest batches: Spark reports a batch's progress
         # asynchronously, on a busy machine after the next batch has run.
         self.written: dict[int, Written] = {}
@@ -170,12 +181,36 @@ class ChangelogWriter:
     def write_rows(self, rows: list[Mapping[str, Any]], batch_id: int) -> tuple[int, int]:
         """Produce the rows and wait for every acknowledgement; returns the records written, and how many of them
         are tombstones."""
-        records, keyless = changelog_records(rows, self.key_column, self.partitions)
+        w = self.window
+        records, keyless = changelog_records(rows, self.key_column, self.partitions, w is not None)
         if keyless:
-            log.warning("table %s batch %d: %d row(s) with a null key %r cannot be addressed and were not written",
-                        self.table, batch_id, keyless, self.key_column)
+            log.warning("table %s batch %d: %d row(s) with a null key %r%s cannot be addressed and were not written",
+                        self.table, batch_id, keyless, self.key_column, " or window" if w else "")
         if not records:
             return 0, 0
+        self._produce(records, f"batch {batch_id}")
+        if w is not None and self.expiry is not None:
+            self.expiry.note((split_window_key(r.key)[1] + w.size_ms + w.retention_ms, r.partition, r.key)  # type: ignore[index]
+                             for r in records if r.value is not None)
+        return len(records), sum(1 for r in records if r.value is None)
+
+    def advance_watermark(self, watermark_ms: int) -> int:
+        """Publish a windowed table's new watermark to every partition, after tombstones for the windows it expires;
+        returns how many windows expired."""
+        if self.window is None or (self.watermark_ms is not None and watermark_ms <= self.watermark_ms):
+            return 0
+        due = self.expiry.due(watermark_ms) if self.expiry is not None else []
+        records = [ChangelogRecord(key, None, partition) for _, partition, key in due]
+        mark = watermark_value(watermark_ms)
+        records += [ChangelogRecord(WATERMARK_KEY, mark, p) for p in range(self.partitions)]
+        self._produce(records, "watermark")
+        if due and self.expiry is not None:
+            self.expiry.forget(entry for entry, _, _ in due)
+        self.watermark_ms = watermark_ms
+        return len(due)
+
+    def _produce(self, records: list[ChangelogRecord], what: str) -> None:
+        """Produce ``records`` and wait for every acknowledgement; any failure raises :class:`ChangelogWriteFailed`."""
         producer = self.producer.get()
         # Counted per batch rather than relying on flush(): tables share the producer and
         # another table's flush may serve this batch's delivery callbacks.
@@ -197,8 +232,8 @@ class ChangelogWriter:
                 except BufferError:
                     # Local queue full: let deliveries drain it, within the batch's time bound.
                     if time.monotonic() > deadline:
-                        raise ChangelogWriteFailed(f"table {self.table} batch {batch_id}: producer queue stayed full",
-                                                   table=self.table, batch=batch_id) from None
+                        raise ChangelogWriteFailed(f"table {self.table} {what}: producer queue stayed full",
+                                                   table=self.table) from None
                     producer.poll(0.05)
         while state["done"] < len(records) and time.monotonic() < deadline:
             producer.flush(0.2)
@@ -209,6 +244,5 @@ class ChangelogWriter:
                 self.producer.discard()
             first = errors[0].str() if errors else "no acknowledgement before the deadline"
             raise ChangelogWriteFailed(
-                f"table {self.table} batch {batch_id}: {len(errors)} record(s) failed and {missing} unacknowledged "
-                f"of {len(records)} to {self.topic}: {first}", table=self.table, batch=batch_id)
-        return len(records), sum(1 for r in records if r.value is None)
+                f"table {self.table} {what}: {len(errors)} record(s) failed and {missing} unacknowledged "
+                f"of {len(records)} to {self.topic}: {first}", table=self.table)

@@ -22,6 +22,15 @@ goes into the JSON value. Either form takes ``standby_replicas=N``: each partiti
 table is served by an active and N standbys on distinct store nodes (default: the
 pipeline's ``--standby-replicas``).
 
+Windowed tables: ``window=tumbling("10s", grace="5s", retention="1h")`` (or ``hopping(size, slide, ...)``)
+adds a ``window`` column (Spark's ``struct<start, end>``) to the source rows, over event time (the
+``time=`` column, by default the record's ``timestamp``) with a watermark of ``grace``; the table
+groups by its key and ``window``::
+
+    @table(name="sensor_windows", key="sensor", source="readings", window=tumbling("10s", grace="5s"))
+    def sensor_windows(readings):
+        return readings.groupBy("sensor", "window").agg(F.count("reading").alias("count"))
+
 Deletes: a changed row whose value columns are all null, or for which the table's
 ``delete_when`` (a Spark SQL boolean expression over its columns, e.g. ``"status = 'closed'"``)
 is true, is written as a tombstone: the key leaves the table on every store node, and
@@ -42,6 +51,9 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 
 from freshroute.errors import ConfigError
 from freshroute.metadata import MAX_STANDBY_REPLICAS
+from freshroute.windows import WindowSpec, hopping, tumbling
+
+__all__ = ["source", "table", "sql_table", "tumbling", "hopping", "load_tables"]
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -50,6 +62,9 @@ if TYPE_CHECKING:
 METADATA_COLUMNS = ("key", "topic", "partition", "offset", "timestamp")
 # The column ``delete_when`` is evaluated into: the sink writes a tombstone where it is true.
 DELETE_COLUMN = "_freshroute_delete"
+# The column a windowed table's window start (ms) is carried in from Spark to the sink; the source rows' window column.
+WINDOW_START_COLUMN = "_freshroute_window_start"
+WINDOW_COLUMN = "window"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -79,10 +94,26 @@ class Table:
     sql: str | None = None
     standby_replicas: int | None = None  # None: the pipeline's default
     delete_when: str | None = None  # a Spark SQL boolean expression: rows where it is true are deletes
+    window: WindowSpec | None = None
 
     def dataframe(self, spark: "SparkSession", rows: "DataFrame") -> "DataFrame":
         """The table as a streaming DataFrame over the parsed source rows (with :data:`DELETE_COLUMN`
-        when it has ``delete_when``)."""
+        when it has ``delete_when``; a windowed table's rows get their window, its output the window start)."""
+        from pyspark.sql import functions as F
+
+        w = self.window
+        if w is not None:
+            if w.time_column not in rows.columns:
+                raise TablesFileError(f"table {self.name!r}: window time column {w.time_column!r} is not a column of "
+                                      f"source {self.source!r} ({rows.columns})", table=self.name)
+            kind = next(f.dataType.simpleString() for f in rows.schema.fields if f.name == w.time_column)
+            if kind != "timestamp":
+                raise TablesFileError(f"table {self.name!r}: window time column {w.time_column!r} is a {kind}, not a "
+                                      f"timestamp (convert it in the source schema or with timestamp_millis)",
+                                      table=self.name)
+            rows = (rows.withWatermark(w.time_column, f"{w.grace_ms} milliseconds")
+                    .withColumn(WINDOW_COLUMN, F.window(w.time_column, f"{w.size_ms} milliseconds",
+                                                        f"{w.slide_ms} milliseconds")))
         if self.build is not None:
             df = self.build(rows)
         else:
@@ -90,9 +121,12 @@ class Table:
             rows.createOrReplaceTempView(self.source)
             df = spark.sql(self.sql or "")
         if self.delete_when is not None:
-            from pyspark.sql import functions as F
-
             df = df.withColumn(DELETE_COLUMN, F.expr(self.delete_when))
+        if w is not None:
+            if WINDOW_COLUMN not in df.columns:
+                raise TablesFileError(f"windowed table {self.name!r} must keep the {WINDOW_COLUMN!r} column: group by "
+                                      f"its key and {WINDOW_COLUMN!r}", table=self.name)
+            df = df.withColumn(WINDOW_START_COLUMN, F.unix_millis(F.col(f"{WINDOW_COLUMN}.start"))).drop(WINDOW_COLUMN)
         return df
 
 
@@ -166,35 +200,46 @@ def _check_delete_when(name: str, delete_when: str | None) -> None:
                          f"columns, e.g. \"status = 'closed'\", not {delete_when!r}")
 
 
+def _check_window(name: str, window: WindowSpec | None) -> None:
+    if window is not None and not isinstance(window, WindowSpec):
+        raise ValueError(f"table {name!r}: window must be tumbling(...) or hopping(...), not {window!r}")
+
+
 def table(name: str, key: str, source: str, *, standby_replicas: int | None = None,
-          delete_when: str | None = None) -> Callable[[Callable[["DataFrame"], "DataFrame"]], Table]:
+          delete_when: str | None = None,
+          window: WindowSpec | None = None) -> Callable[[Callable[["DataFrame"], "DataFrame"]], Table]:
     """Declare a table computed by the decorated function ``(source rows) -> DataFrame``.
 
     ``standby_replicas``: standbys of each partition besides its active (default: the pipeline's setting).
     ``delete_when``: a Spark SQL boolean expression; a changed row for which it is true deletes its key.
+    ``window``: :func:`tumbling` or :func:`hopping` windows; the function groups by its key and ``window``.
     """
     _check_name("table", name)
     _check_standbys(name, standby_replicas)
     _check_delete_when(name, delete_when)
+    _check_window(name, window)
 
     def register(fn: Callable[["DataFrame"], "DataFrame"]) -> Table:
         if not callable(fn):
             raise ValueError(f"@table({name!r}) must decorate a function (source rows) -> DataFrame")
         return _declared(Table(name, key, source, build=fn, standby_replicas=standby_replicas,
-                               delete_when=delete_when))
+                               delete_when=delete_when, window=window))
 
     return register
 
 
 def sql_table(name: str, key: str, source: str, sql: str, *, standby_replicas: int | None = None,
-              delete_when: str | None = None) -> Table:
-    """Declare a table computed by Spark SQL; the query names the source as a table."""
+              delete_when: str | None = None, window: WindowSpec | None = None) -> Table:
+    """Declare a table computed by Spark SQL; the query names the source as a table (with a ``window`` column when
+    ``window`` is given: ``GROUP BY key, window``)."""
     _check_name("table", name)
     _check_standbys(name, standby_replicas)
     _check_delete_when(name, delete_when)
+    _check_window(name, window)
     if not isinstance(sql, str) or not sql.strip():
         raise ValueError(f"sql_table {name!r} needs a SQL query")
-    return _declared(Table(name, key, source, sql=sql, standby_replicas=standby_replicas, delete_when=delete_when))
+    return _declared(Table(name, key, source, sql=sql, standby_replicas=standby_replicas, delete_when=delete_when,
+                           window=window))
 
 
 def load_tables(path: str | Path) -> TablesDefinition:
@@ -248,7 +293,7 @@ def validate(definition: TablesDefinition) -> None:
 def check_output_columns(t: Table, columns: list[str], delete_type: str | None = None) -> None:
     """A table's DataFrame must have its key column and at least one value column; ``delete_when``, if any, must be
     a boolean (``delete_type``: the Spark type of :data:`DELETE_COLUMN`)."""
-    own = [c for c in columns if c != DELETE_COLUMN]
+    own = [c for c in columns if c not in (DELETE_COLUMN, WINDOW_START_COLUMN)]
     if t.key not in own:
         raise TablesFileError(f"table {t.name!r}: key column {t.key!r} is not among its columns {own}", table=t.name)
     if len(own) < 2:

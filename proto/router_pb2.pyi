@@ -153,6 +153,86 @@ class ScanPartition(_message.Message):
     position: str
     def __init__(self, partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ...) -> None: ...
 
+class WindowsRequest(_message.Message):
+    __slots__ = ("table", "key", "from_ms", "to_ms", "bound", "typed_values")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    FROM_MS_FIELD_NUMBER: _ClassVar[int]
+    TO_MS_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    TYPED_VALUES_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    key: str
+    from_ms: int
+    to_ms: int
+    bound: Bound
+    typed_values: bool
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., bound: _Optional[_Union[Bound, _Mapping]] = ..., typed_values: _Optional[bool] = ...) -> None: ...
+
+class Window(_message.Message):
+    __slots__ = ("start_ms", "end_ms", "value_json", "final", "value")
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    END_MS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_JSON_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    start_ms: int
+    end_ms: int
+    value_json: str
+    final: bool
+    value: _struct_pb2.Struct
+    def __init__(self, start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., value_json: _Optional[str] = ..., final: _Optional[bool] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class WindowsResponse(_message.Message):
+    __slots__ = ("table", "key", "windows", "partition", "served_by", "lag", "position", "watermark_ms")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    SERVED_BY_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_MS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    key: str
+    windows: _containers.RepeatedCompositeFieldContainer[Window]
+    partition: int
+    served_by: ServedBy
+    lag: Lag
+    position: str
+    watermark_ms: int
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., watermark_ms: _Optional[int] = ...) -> None: ...
+
+class ScanWindowsRequest(_message.Message):
+    __slots__ = ("table", "from_ms", "to_ms", "limit", "page_token", "bound", "typed_values")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    FROM_MS_FIELD_NUMBER: _ClassVar[int]
+    TO_MS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    TYPED_VALUES_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    from_ms: int
+    to_ms: int
+    limit: int
+    page_token: str
+    bound: Bound
+    typed_values: bool
+    def __init__(self, table: _Optional[str] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ..., bound: _Optional[_Union[Bound, _Mapping]] = ..., typed_values: _Optional[bool] = ...) -> None: ...
+
+class WindowItem(_message.Message):
+    __slots__ = ("key", "window", "partition", "summary")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    window: Window
+    partition: int
+    summary: ScanSummary
+    def __init__(self, key: _Optional[str] = ..., window: _Optional[_Union[Window, _Mapping]] = ..., partition: _Optional[int] = ..., summary: _Optional[_Union[ScanSummary, _Mapping]] = ...) -> None: ...
+
 class KeyMetadataRequest(_message.Message):
     __slots__ = ("table", "key")
     TABLE_FIELD_NUMBER: _ClassVar[int]
@@ -200,7 +280,7 @@ class ListTablesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TableInfo(_message.Message):
-    __slots__ = ("name", "topic", "partitions", "standby_replicas", "key_column", "schema")
+    __slots__ = ("name", "topic", "partitions", "standby_replicas", "key_column", "schema", "window")
     class SchemaEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -214,13 +294,27 @@ class TableInfo(_message.Message):
     STANDBY_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     KEY_COLUMN_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
     name: str
     topic: str
     partitions: int
     standby_replicas: int
     key_column: str
     schema: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., partitions: _Optional[int] = ..., standby_replicas: _Optional[int] = ..., key_column: _Optional[str] = ..., schema: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    window: TableWindow
+    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., partitions: _Optional[int] = ..., standby_replicas: _Optional[int] = ..., key_column: _Optional[str] = ..., schema: _Optional[_Mapping[str, str]] = ..., window: _Optional[_Union[TableWindow, _Mapping]] = ...) -> None: ...
+
+class TableWindow(_message.Message):
+    __slots__ = ("size_ms", "slide_ms", "grace_ms", "retention_ms")
+    SIZE_MS_FIELD_NUMBER: _ClassVar[int]
+    SLIDE_MS_FIELD_NUMBER: _ClassVar[int]
+    GRACE_MS_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
+    size_ms: int
+    slide_ms: int
+    grace_ms: int
+    retention_ms: int
+    def __init__(self, size_ms: _Optional[int] = ..., slide_ms: _Optional[int] = ..., grace_ms: _Optional[int] = ..., retention_ms: _Optional[int] = ...) -> None: ...
 
 class ListTablesResponse(_message.Message):
     __slots__ = ("tables",)

@@ -49,6 +49,16 @@ class RouterStub:
                 request_serializer=proto_dot_router__pb2.ScanRequest.SerializeToString,
                 response_deserializer=proto_dot_router__pb2.ScanItem.FromString,
                 _registered_method=True)
+        self.GetWindows = channel.unary_unary(
+                '/freshroute.v1.Router/GetWindows',
+                request_serializer=proto_dot_router__pb2.WindowsRequest.SerializeToString,
+                response_deserializer=proto_dot_router__pb2.WindowsResponse.FromString,
+                _registered_method=True)
+        self.ScanWindows = channel.unary_stream(
+                '/freshroute.v1.Router/ScanWindows',
+                request_serializer=proto_dot_router__pb2.ScanWindowsRequest.SerializeToString,
+                response_deserializer=proto_dot_router__pb2.WindowItem.FromString,
+                _registered_method=True)
         self.KeyMetadata = channel.unary_unary(
                 '/freshroute.v1.Router/KeyMetadata',
                 request_serializer=proto_dot_router__pb2.KeyMetadataRequest.SerializeToString,
@@ -82,6 +92,18 @@ class RouterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Scan(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetWindows(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ScanWindows(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -122,6 +144,16 @@ def add_RouterServicer_to_server(servicer, server):
                     servicer.Scan,
                     request_deserializer=proto_dot_router__pb2.ScanRequest.FromString,
                     response_serializer=proto_dot_router__pb2.ScanItem.SerializeToString,
+            ),
+            'GetWindows': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWindows,
+                    request_deserializer=proto_dot_router__pb2.WindowsRequest.FromString,
+                    response_serializer=proto_dot_router__pb2.WindowsResponse.SerializeToString,
+            ),
+            'ScanWindows': grpc.unary_stream_rpc_method_handler(
+                    servicer.ScanWindows,
+                    request_deserializer=proto_dot_router__pb2.ScanWindowsRequest.FromString,
+                    response_serializer=proto_dot_router__pb2.WindowItem.SerializeToString,
             ),
             'KeyMetadata': grpc.unary_unary_rpc_method_handler(
                     servicer.KeyMetadata,
@@ -220,6 +252,60 @@ class Router:
             '/freshroute.v1.Router/Scan',
             proto_dot_router__pb2.ScanRequest.SerializeToString,
             proto_dot_router__pb2.ScanItem.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetWindows(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/freshroute.v1.Router/GetWindows',
+            proto_dot_router__pb2.WindowsRequest.SerializeToString,
+            proto_dot_router__pb2.WindowsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScanWindows(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/freshroute.v1.Router/ScanWindows',
+            proto_dot_router__pb2.ScanWindowsRequest.SerializeToString,
+            proto_dot_router__pb2.WindowItem.FromString,
             options,
             channel_credentials,
             insecure,

@@ -124,25 +124,75 @@ class GroupResult(_message.Message):
     message: str
     def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[ReadStatus, str]] = ..., values: _Optional[_Iterable[bytes]] = ..., replica: _Optional[_Union[ReplicaStatus, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
 
+class WindowFilter(_message.Message):
+    __slots__ = ("from_ms", "to_ms", "life_ms")
+    FROM_MS_FIELD_NUMBER: _ClassVar[int]
+    TO_MS_FIELD_NUMBER: _ClassVar[int]
+    LIFE_MS_FIELD_NUMBER: _ClassVar[int]
+    from_ms: int
+    to_ms: int
+    life_ms: int
+    def __init__(self, from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., life_ms: _Optional[int] = ...) -> None: ...
+
+class RangeRead(_message.Message):
+    __slots__ = ("id", "table", "partition", "start", "end", "limit", "bound", "window")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    table: str
+    partition: int
+    start: bytes
+    end: bytes
+    limit: int
+    bound: ReadBound
+    window: WindowFilter
+    def __init__(self, id: _Optional[int] = ..., table: _Optional[str] = ..., partition: _Optional[int] = ..., start: _Optional[bytes] = ..., end: _Optional[bytes] = ..., limit: _Optional[int] = ..., bound: _Optional[_Union[ReadBound, _Mapping]] = ..., window: _Optional[_Union[WindowFilter, _Mapping]] = ...) -> None: ...
+
+class RangeResult(_message.Message):
+    __slots__ = ("id", "status", "entries", "replica", "message", "watermark_ms")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_MS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    status: ReadStatus
+    entries: _containers.RepeatedCompositeFieldContainer[ScanEntry]
+    replica: ReplicaStatus
+    message: str
+    watermark_ms: int
+    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[ReadStatus, str]] = ..., entries: _Optional[_Iterable[_Union[ScanEntry, _Mapping]]] = ..., replica: _Optional[_Union[ReplicaStatus, _Mapping]] = ..., message: _Optional[str] = ..., watermark_ms: _Optional[int] = ...) -> None: ...
+
 class ReadBatch(_message.Message):
-    __slots__ = ("reads", "groups", "cluster_secret")
+    __slots__ = ("reads", "groups", "ranges", "cluster_secret")
     READS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_SECRET_FIELD_NUMBER: _ClassVar[int]
     reads: _containers.RepeatedCompositeFieldContainer[KeyRead]
     groups: _containers.RepeatedCompositeFieldContainer[GroupRead]
+    ranges: _containers.RepeatedCompositeFieldContainer[RangeRead]
     cluster_secret: str
-    def __init__(self, reads: _Optional[_Iterable[_Union[KeyRead, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupRead, _Mapping]]] = ..., cluster_secret: _Optional[str] = ...) -> None: ...
+    def __init__(self, reads: _Optional[_Iterable[_Union[KeyRead, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupRead, _Mapping]]] = ..., ranges: _Optional[_Iterable[_Union[RangeRead, _Mapping]]] = ..., cluster_secret: _Optional[str] = ...) -> None: ...
 
 class ResultBatch(_message.Message):
-    __slots__ = ("results", "groups", "refused")
+    __slots__ = ("results", "groups", "ranges", "refused")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[KeyResult]
     groups: _containers.RepeatedCompositeFieldContainer[GroupResult]
+    ranges: _containers.RepeatedCompositeFieldContainer[RangeResult]
     refused: str
-    def __init__(self, results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupResult, _Mapping]]] = ..., refused: _Optional[str] = ...) -> None: ...
+    def __init__(self, results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupResult, _Mapping]]] = ..., ranges: _Optional[_Iterable[_Union[RangeResult, _Mapping]]] = ..., refused: _Optional[str] = ...) -> None: ...
 
 class ScanRequest(_message.Message):
     __slots__ = ("table", "partition", "prefix", "start", "end", "limit", "bound")

@@ -24,7 +24,9 @@ from freshroute.errors import ConfigError, FreshrouteError, InvalidArgument
 from proto import router_pb2, router_pb2_grpc
 
 from freshroute.routing.bound import NO_BOUND, Bound
-from freshroute.routing.results import LookupResult, ReplicaInfo, key_not_found
+from freshroute.metadata import TableSpec
+from freshroute.routing.results import LookupResult, ReplicaInfo, WindowsResult, key_not_found
+from freshroute.windows import Window
 from freshroute.tls import ServerTLS
 from router.auth import Guard
 from router.routing import Router
@@ -42,7 +44,8 @@ _MAX_SCAN_PAGES = 10_000
 
 
 # Errors whose gRPC status is not the default of their kind (UNAVAILABLE if retryable, else INTERNAL).
-_GRPC_STATUS = {"INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT, "TABLE_NOT_FOUND": grpc.StatusCode.NOT_FOUND,
+_GRPC_STATUS = {"INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT, "WINDOWED_TABLE": grpc.StatusCode.INVALID_ARGUMENT,
+                "NOT_WINDOWED_TABLE": grpc.StatusCode.INVALID_ARGUMENT, "TABLE_NOT_FOUND": grpc.StatusCode.NOT_FOUND,
                 "KEY_NOT_FOUND": grpc.StatusCode.NOT_FOUND, "TIMEOUT": grpc.StatusCode.DEADLINE_EXCEEDED,
                 "UNAUTHENTICATED": grpc.StatusCode.UNAUTHENTICATED,
                 "PERMISSION_DENIED": grpc.StatusCode.PERMISSION_DENIED,
@@ -92,16 +95,38 @@ def _get_response(r: LookupResult, typed: bool = False) -> router_pb2.GetRespons
         value=_typed(r.value) if typed and r.found else None)
 
 
-def _scan_summary(served: dict[int, LookupResult], next_page_token: str | None) -> router_pb2.ScanItem:
-    return router_pb2.ScanItem(summary=router_pb2.ScanSummary(
+# Who answered a partition of a scan: a key scan's or a windows scan's (both carry node, role, lag and position).
+Served = LookupResult | WindowsResult
+
+
+def _scan_summary(served: dict[int, Served], next_page_token: str | None) -> router_pb2.ScanSummary:
+    return router_pb2.ScanSummary(
         partitions=[router_pb2.ScanPartition(partition=p, served_by=router_pb2.ServedBy(node=r.node, role=r.role),
                                              lag=router_pb2.Lag(offsets=r.lag_offsets, ms=r.lag_ms),
                                              position=r.position)
                     for p, r in sorted(served.items())],
-        next_page_token=next_page_token or ""))
+        next_page_token=next_page_token or "")
 
 
-def _staler(a: LookupResult | None, b: LookupResult) -> LookupResult:
+def _window(w: Window, typed: bool) -> router_pb2.Window:
+    return router_pb2.Window(start_ms=w.start, end_ms=w.end, value_json=w.value.decode("utf-8"), final=w.final,
+                             value=_typed(w.value) if typed else None)
+
+
+def _windows_response(r: WindowsResult, typed: bool) -> router_pb2.WindowsResponse:
+    return router_pb2.WindowsResponse(
+        table=r.table, key=r.key, windows=[_window(w, typed) for w in r.windows], partition=r.partition,
+        served_by=router_pb2.ServedBy(node=r.node, role=r.role),
+        lag=router_pb2.Lag(offsets=r.lag_offsets, ms=r.lag_ms), position=r.position, watermark_ms=r.watermark_ms)
+
+
+def _table_window(spec: TableSpec) -> router_pb2.TableWindow | None:
+    w = spec.window
+    return None if w is None else router_pb2.TableWindow(size_ms=w.size_ms, slide_ms=w.slide_ms, grace_ms=w.grace_ms,
+                                                         retention_ms=w.retention_ms)
+
+
+def _staler(a: Served | None, b: Served) -> Served:
     """The less fresh of two answers for one partition: the stream reports what holds for all its pages."""
     if a is None or (b.lag_ms, b.lag_offsets) > (a.lag_ms, a.lag_offsets):
         return b
@@ -197,7 +222,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             page_size = self._router.settings.scan_max_limit
             typed = request.typed_values
             token = request.page_token or None
-            served: dict[int, LookupResult] = {}
+            served: dict[int, Served] = {}
             sent = 0
             for _ in range(_MAX_SCAN_PAGES):
                 size = page_size if wanted is None else min(page_size, wanted - sent)
@@ -212,7 +237,43 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 token = page.next_page_token
                 if token is None or (wanted is not None and sent >= wanted):
                     break
-            yield _scan_summary(served, token)
+            yield router_pb2.ScanItem(summary=_scan_summary(served, token))
+        except Exception as e:  # noqa: BLE001
+            await abort(context, e)
+
+    async def GetWindows(self, request: router_pb2.WindowsRequest,
+                         context: grpc.aio.ServicerContext) -> router_pb2.WindowsResponse:
+        try:
+            self._table(context, request.table)
+            result = await self._router.windows(request.table, request.key, request.from_ms, request.to_ms,
+                                                self._parse_bound(request))
+            return _windows_response(result, request.typed_values)
+        except Exception as e:  # noqa: BLE001
+            await abort(context, e)
+
+    async def ScanWindows(self, request: router_pb2.ScanWindowsRequest,
+                          context: grpc.aio.ServicerContext) -> AsyncIterator[router_pb2.WindowItem]:
+        try:
+            self._table(context, request.table)
+            bound = self._parse_bound(request)
+            wanted = request.limit or None  # 0: everything
+            page_size = self._router.settings.scan_max_limit
+            token = request.page_token or None
+            served: dict[int, Served] = {}
+            sent = 0
+            for _ in range(_MAX_SCAN_PAGES):
+                size = page_size if wanted is None else min(page_size, wanted - sent)
+                page = await self._router.scan_windows(request.table, request.from_ms, request.to_ms, size, token,
+                                                       bound)
+                for key, w, partition in page.items:
+                    yield router_pb2.WindowItem(key=key, window=_window(w, request.typed_values), partition=partition)
+                for partition, who in page.served_by.items():
+                    served[partition] = _staler(served.get(partition), who)
+                sent += len(page.items)
+                token = page.next_page_token
+                if token is None or (wanted is not None and sent >= wanted):
+                    break
+            yield router_pb2.WindowItem(summary=_scan_summary(served, token))
         except Exception as e:  # noqa: BLE001
             await abort(context, e)
 
@@ -235,7 +296,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             return router_pb2.ListTablesResponse(tables=[
                 router_pb2.TableInfo(name=t.spec.name, topic=t.spec.topic, partitions=t.spec.partitions,
                                      standby_replicas=t.spec.standby_replicas, key_column=t.spec.key_column,
-                                     schema=dict(t.spec.value_schema))
+                                     schema=dict(t.spec.value_schema), window=_table_window(t.spec))
                 for t in self._router.list_tables() if principal is None or principal.may_read(t.spec.name)])
         except Exception as e:  # noqa: BLE001
             await abort(context, e)

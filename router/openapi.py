@@ -96,6 +96,44 @@ class ScanResponse(BaseModel):
     partitions: list[ScanPartition]
 
 
+class Window(BaseModel):
+    start: int = Field(description="window start, ms since the epoch (inclusive)")
+    end: int = Field(description="window end, ms since the epoch (exclusive)")
+    value: Any = Field(description="the window's row, as the changelog holds it")
+    final: bool = Field(description="true once the watermark has passed end + grace: no late record can revise it")
+
+
+class WindowsResponse(BaseModel):
+    table: str
+    key: str
+    windows: list[Window] = Field(description="the key's windows starting in [from, to), in start order")
+    partition: int
+    served_by: ServedBy
+    lag: Lag
+    position: str = Field(description="pass back as min_position for monotonic reads")
+    watermark_ms: int | None = Field(description="the partition's watermark (event time − grace) as of the answer")
+
+
+class WindowItem(Window):
+    key: str
+    partition: int
+
+
+class WindowScanResponse(BaseModel):
+    table: str
+    items: list[WindowItem] = Field(description="windows starting in [from, to), ordered by key, then start")
+    next_page_token: str | None
+    partitions: list[ScanPartition]
+
+
+def window_range_parameters(maximum_windows: int) -> list[dict[str, Any]]:
+    return [{"name": n, "in": "query", "required": True,
+             "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LIMIT},
+             "description": d + f"; to − from may span at most {maximum_windows} windows"}
+            for n, d in (("from", "earliest window start, ms since the epoch (inclusive)"),
+                         ("to", "latest window start, ms since the epoch (exclusive)"))]
+
+
 def bound_parameters(query: bool = True) -> list[dict[str, Any]]:
     """The freshness-bound query parameters, documented by hand because they are parsed by hand."""
     return [
@@ -123,7 +161,9 @@ HTTP_REFUSALS: dict[int | str, dict[str, Any]] = {
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     **HTTP_REFUSALS,
     400: {"model": ErrorBody, "content": _PLAIN,
-          "description": "malformed bound, token or argument (INVALID_ARGUMENT); in plain text, " + _UNREADABLE},
+          "description": "malformed bound, token or argument (INVALID_ARGUMENT); a key lookup of a windowed table "
+                         "(WINDOWED_TABLE) or a windows lookup of a plain one (NOT_WINDOWED_TABLE); in plain text, "
+                         + _UNREADABLE},
     404: {"model": ErrorBody, "description": "TABLE_NOT_FOUND or KEY_NOT_FOUND (the latter with partition, served_by, lag)"},
     503: {"model": ErrorBody, "description": "NO_REPLICA_WITHIN_BOUND (with the freshest lag available) or REPLICA_UNAVAILABLE"},
     504: {"model": ErrorBody, "description": "no replica answered before the deadline (TIMEOUT)"},

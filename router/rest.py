@@ -26,11 +26,12 @@ from starlette.types import Receive, Scope, Send
 from freshroute.errors import FreshrouteError, InvalidArgument, RateLimited, Unauthenticated
 from freshroute.position import Position
 
-from freshroute.routing.bound import NO_BOUND, Bound, parse_bound, parse_limit, parse_query_bound
+from freshroute.routing.bound import NO_BOUND, Bound, parse_bound, parse_limit, parse_millis, parse_query_bound
 from router.auth import WWW_AUTHENTICATE, Guard, Principal
 from router.openapi import (ERROR_RESPONSES, HTTP_REFUSALS, PAGE_TOKEN_FORMAT, BatchGetRequest, BatchGetResponse,
-                            ErrorBody, KeyValue, ScanResponse, bound_parameters)
-from freshroute.routing.results import LookupResult, key_not_found
+                            ErrorBody, KeyValue, ScanResponse, WindowScanResponse, WindowsResponse, bound_parameters,
+                            window_range_parameters)
+from freshroute.routing.results import LookupResult, WindowsResult, key_not_found
 from router.routing import Router
 from router.runtime import RouterRuntime
 from router.settings import RouterSettings
@@ -105,8 +106,20 @@ def _query(raw: bytes) -> dict[str, str]:
 
 # ---- handlers shared by the FastAPI routes and the raw key routes -------------------------
 
+def render_windows(r: WindowsResult) -> dict[str, Any]:
+    return {"table": r.table, "key": r.key,
+            "windows": [{"start": w.start, "end": w.end, "value": _value(w.value), "final": w.final}
+                        for w in r.windows],
+            "partition": r.partition, "served_by": {"node": r.node, "role": r.role},
+            "lag": {"offsets": r.lag_offsets, "ms": r.lag_ms}, "position": r.position, "watermark_ms": r.watermark_ms}
+
+
+# The key routes: /v1/tables/{table}/keys/{key}[/metadata|/windows]
+LOOKUP, METADATA, WINDOWS = b"", b"metadata", b"windows"
+
+
 class KeyHandlers:
-    """The two key routes as plain functions of (table, key, query) → (status, body); the
+    """The three key routes as plain functions of (table, key, query) → (status, body); the
     :class:`router.transports.KeyRoutes` of the HTTP/1.1 path."""
 
     def __init__(self, router: Router, guard: Guard | None = None) -> None:
@@ -114,19 +127,21 @@ class KeyHandlers:
         self.guard = guard
 
     @staticmethod
-    def match(raw_path: bytes) -> tuple[bytes, bytes, bool] | None:
+    def match(raw_path: bytes) -> tuple[bytes, bytes, bytes] | None:
         return match_key_path(raw_path)
 
-    async def answer(self, match: tuple[bytes, bytes, bool], query: bytes, authorization: bytes | None = None,
+    async def answer(self, match: tuple[bytes, bytes, bytes], query: bytes, authorization: bytes | None = None,
                      subject: str | None = None) -> tuple[int, bytes, dict[str, str]]:
         """(status, JSON body, extra headers) of a GET on a key route, as :func:`match_key_path` split it."""
-        table_raw, key_raw, is_metadata = match
+        table_raw, key_raw, route = match
         try:
             table, key = _segment(table_raw), _segment(key_raw)
             if self.guard is not None:
-                key_route_access(self.guard, is_metadata, table, authorization, subject)
-            if is_metadata:
+                key_route_access(self.guard, route, table, authorization, subject)
+            if route is METADATA:
                 return (*self.metadata(table, key), {})
+            if route is WINDOWS:
+                return (*await self.windows(table, key, query), {})
             return (*await self.lookup(table, key, query), {})
         except Exception as e:  # noqa: BLE001 — the same translation as every other route
             return (*error_response(e), error_headers(e))
@@ -142,6 +157,19 @@ class KeyHandlers:
             if not result.found:
                 raise key_not_found(result)
             return 200, orjson.dumps(render_lookup(result))
+        except FreshrouteError as e:
+            return error_response(e)
+
+    async def windows(self, table: str, key: str, query: bytes) -> tuple[int, bytes]:
+        try:
+            q = _query(query)
+            try:
+                from_ms, to_ms = parse_millis("from", q.get("from")), parse_millis("to", q.get("to"))
+                bound = parse_query_bound(q)
+            except InvalidArgument:
+                self.router.metrics.lookup("invalid", "none", 0.0)
+                raise
+            return 200, orjson.dumps(render_windows(await self.router.windows(table, key, from_ms, to_ms, bound)))
         except FreshrouteError as e:
             return error_response(e)
 
@@ -169,15 +197,18 @@ def _segment(raw: bytes) -> str:
 _PREFIX = b"/v1/tables/"
 
 
-def match_key_path(raw_path: bytes) -> tuple[bytes, bytes, bool] | None:
-    """``/v1/tables/{table}/keys/{key}[/metadata]`` split on the raw (still encoded) path."""
+def match_key_path(raw_path: bytes) -> tuple[bytes, bytes, bytes] | None:
+    """``/v1/tables/{table}/keys/{key}[/metadata|/windows]`` split on the raw (still encoded) path: (table, key,
+    route)."""
     if not raw_path.startswith(_PREFIX):
         return None
     parts = raw_path[len(_PREFIX):].split(b"/")
     if len(parts) == 3 and parts[1] == b"keys" and parts[0] and parts[2]:
-        return parts[0], parts[2], False
-    if len(parts) == 4 and parts[1] == b"keys" and parts[3] == b"metadata" and parts[0] and parts[2]:
-        return parts[0], parts[2], True
+        return parts[0], parts[2], LOOKUP
+    if len(parts) == 4 and parts[1] == b"keys" and parts[0] and parts[2]:
+        route = METADATA if parts[3] == METADATA else WINDOWS if parts[3] == WINDOWS else None
+        if route is not None:
+            return parts[0], parts[2], route
     return None
 
 
@@ -214,10 +245,10 @@ def _subject(scope: Scope) -> str | None:
 _OPEN = frozenset((b"/healthz", b"/readyz"))
 
 
-def key_route_access(guard: Guard, is_metadata: bool, table: str, authorization: bytes | None,
+def key_route_access(guard: Guard, route: bytes, table: str, authorization: bytes | None,
                      subject: str | None) -> Principal:
-    """A key route's rule, on either REST path: its metadata needs the cluster, its lookup the table."""
-    if is_metadata:
+    """A key route's rule, on either REST path: its metadata needs the cluster, its lookup and windows the table."""
+    if route is METADATA:
         return guard.cluster(authorization, subject)
     return guard.table(authorization, table, subject)
 
@@ -239,7 +270,7 @@ def check_access(guard: Guard, scope: Scope) -> Principal | None:
     if path.startswith(_PREFIX):
         rest = path[len(_PREFIX):]
         table, _, tail = rest.partition(b"/")
-        if table and (tail in (b"scan", b"keys:batchGet")):
+        if table and (tail in (b"scan", b"keys:batchGet", b"windows")):
             return guard.table(authorization, _segment(table), subject)
     return guard.cluster(authorization, subject)
 
@@ -325,6 +356,39 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, fast_k
     async def key_metadata(table: str, key: str) -> Response:
         status, body = handlers.metadata(table, key)
         return Response(body, status, media_type=_JSON)
+
+    @app.get("/v1/tables/{table}/keys/{key}/windows", tags=["lookups"],
+             summary="A key's windows whose start is in [from, to), each saying whether it is final",
+             responses={200: {"model": WindowsResponse}, **ERROR_RESPONSES},
+             openapi_extra={"parameters": [*window_range_parameters(settings.max_windows), *bound_parameters()]})
+    async def key_windows(table: str, key: str, request: Request) -> Response:
+        status, body = await handlers.windows(table, key, request.scope.get("query_string", b""))
+        return Response(body, status, media_type=_JSON)
+
+    @app.get("/v1/tables/{table}/windows", tags=["lookups"],
+             summary="Windows whose start is in [from, to) across keys, in key order, paged",
+             responses={200: {"model": WindowScanResponse}, **ERROR_RESPONSES},
+             openapi_extra={"parameters": [
+                 *window_range_parameters(settings.max_windows),
+                 {"name": "page_token", "in": "query", "required": False,
+                  "schema": {"type": "string", "format": PAGE_TOKEN_FORMAT},
+                  "description": "next_page_token of the previous page of this query (`s1.…`, opaque)"},
+                 {"name": "limit", "in": "query", "required": False,
+                  "schema": {"type": "integer", "minimum": 0, "maximum": settings.scan_max_limit},
+                  "description": f"page size (0 or absent: {settings.scan_default_limit})"},
+                 *bound_parameters()]})
+    async def scan_windows(table: str, request: Request) -> Response:
+        q = _query(request.scope.get("query_string", b""))
+        from_ms, to_ms = parse_millis("from", q.get("from")), parse_millis("to", q.get("to"))
+        page = await router.scan_windows(table, from_ms, to_ms, parse_limit("limit", q.get("limit")),
+                                         q.get("page_token") or None, parse_query_bound(q))
+        return json({"table": page.table,
+                     "items": [{"key": k, "start": w.start, "end": w.end, "value": _value(w.value), "final": w.final,
+                                "partition": p} for k, w, p in page.items],
+                     "next_page_token": page.next_page_token,
+                     "partitions": [{"partition": p, "served_by": {"node": r.node, "role": r.role},
+                                     "lag": {"offsets": r.lag_offsets, "ms": r.lag_ms}, "position": r.position}
+                                    for p, r in sorted(page.served_by.items())]})
 
     @app.post("/v1/tables/{table}/keys:batchGet", tags=["lookups"], summary="Look up many keys",
               responses={200: {"model": BatchGetResponse}, **ERROR_RESPONSES},

@@ -89,6 +89,8 @@ class RouterSettings(ServingSettings):
     batch_max_keys: int = Field(default=1000, ge=1, description="most keys in one batchGet")
     scan_default_limit: int = Field(default=100, ge=1, description="scan page size when none is given")
     scan_max_limit: int = Field(default=1000, ge=1, description="largest scan page")
+    max_windows: int = Field(default=10_000, ge=1, le=1_000_000,
+                             description="most windows one windows lookup may span (from..to over the window slide)")
 
     graceful_shutdown_s: float = Field(default=5.0, ge=0.0, description="time in-flight requests get on SIGTERM")
     log_level: str = Field(default="INFO", description="logging level")

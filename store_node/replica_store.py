@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch
 
@@ -201,8 +201,9 @@ class ReplicaStore:
         except Exception as e:
             raise StoreCorrupt(f"cannot read replica store {self.path}: {e}", path=str(self.path)) from None
 
-    def scan(self, lower: bytes, upper: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
-        """Up to ``limit`` rows with ``lower <= key < upper`` in key order."""
+    def scan(self, lower: bytes, upper: bytes | None, limit: int,
+             keep: Callable[[bytes], bool] | None = None) -> list[tuple[bytes, bytes]]:
+        """Up to ``limit`` rows with ``lower <= key < upper`` in key order (only keys ``keep`` accepts, if given)."""
         db = self._db
         if db is None:
             raise StoreCorrupt(f"replica store {self.path} is closed", path=str(self.path))
@@ -214,7 +215,9 @@ class ReplicaStore:
             it = db.iter(read_opts)
             it.seek(lower)
             while len(out) < limit and it.valid():
-                out.append((it.key(), it.value()))
+                key = it.key()
+                if keep is None or keep(key):
+                    out.append((key, it.value()))
                 it.next()
             del it
         except Exception as e:

@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 from freshroute.errors import StoreCorrupt
 from freshroute.metadata import ReplicaState, Role, now_ms
 from freshroute.routing.bound import Bound
+from freshroute.windows import WATERMARK_KEY, live_starts, parse_watermark
 from proto import store_pb2, store_pb2_grpc
 from store_node.replica_store import scan_range
 
@@ -82,8 +83,9 @@ class _Reader:
         self.statuses[key] = (seen, status)
         return rep, store, figures, status
 
-    def admit(self, read: store_pb2.KeyRead | store_pb2.GroupRead | store_pb2.ScanRequest,
-              out: store_pb2.KeyResult | store_pb2.GroupResult | store_pb2.ScanChunk) -> tuple | None:
+    def admit(self, read: store_pb2.KeyRead | store_pb2.GroupRead | store_pb2.RangeRead | store_pb2.ScanRequest,
+              out: store_pb2.KeyResult | store_pb2.GroupResult | store_pb2.RangeResult | store_pb2.ScanChunk
+              ) -> tuple | None:
         """Fill ``out``'s replica status; (replica, store) when the read may be answered, else None
         with ``out`` saying why (not hosted, being rebuilt, or outside the caller's bound)."""
         table, partition = read.table, read.partition
@@ -141,8 +143,33 @@ class _Reader:
         out.status = _OK
         out.values.extend([b"" if v is None else v for v in values])
 
+    def range(self, read: store_pb2.RangeRead, out: store_pb2.RangeResult) -> None:
+        """Answer a key range into ``out``: a windowed table's windows with the partition's watermark, or plain rows."""
+        out.id = read.id
+        admitted = self.admit(read, out)
+        if admitted is None:
+            return
+        rep, store = admitted
+        lower, upper = scan_range(b"", read.start, read.end)
+        try:
+            keep = None
+            if read.HasField("window"):
+                # Read before the rows: the rows can only be as new as the watermark, or newer.
+                watermark = parse_watermark(store.get(WATERMARK_KEY))
+                out.watermark_ms = -1 if watermark is None else watermark
+                w = read.window
+                keep = live_starts(w.from_ms, w.to_ms, w.life_ms, watermark)
+            rows = store.scan(lower, upper, read.limit, keep)
+        except StoreCorrupt as e:
+            out.status, out.message = self._failed(rep, store, e)
+            return
+        out.status = _OK
+        add = out.entries.add
+        for k, v in rows:
+            add(key=k, value=v)
+
     def results(self, batch: store_pb2.ReadBatch) -> store_pb2.ResultBatch:
-        """One result per read and per group, in order."""
+        """One result per read, per group and per range, in order."""
         answer = store_pb2.ResultBatch()
         # Filling results added in place: building KeyResults and passing them to
         # ResultBatch would copy every one (and its replica status) a second time.
@@ -153,6 +180,10 @@ class _Reader:
             add = answer.groups.add
             for group in batch.groups:
                 self.group(group, add())
+        if batch.ranges:
+            add = answer.ranges.add
+            for r in batch.ranges:
+                self.range(r, add())
         return answer
 
     def _failed(self, rep: "Replica", store, e: StoreCorrupt) -> tuple[int, str]:

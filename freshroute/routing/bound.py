@@ -128,6 +128,17 @@ def parse_limit(name: str, raw: Any) -> int | None:
     return value
 
 
+def parse_millis(name: str, raw: Any) -> int:
+    """A required time in milliseconds since the epoch (a window bound) from a query value."""
+    if raw is None or raw == "":
+        raise InvalidArgument(f"{name} is required: a time in milliseconds since the epoch", field=name)
+    text = raw.strip() if isinstance(raw, str) else None
+    if not text or not text.isascii() or not text.isdigit() or len(text) > 19 or int(text) >= 1 << 63:
+        raise InvalidArgument(f"{name} must be a whole number of milliseconds since the epoch, got {str(raw)[:40]!r}",
+                              field=name)
+    return int(text)
+
+
 def parse_position(raw: str | Position | None) -> Position | None:
     """Decode a ``min_position`` token (or take a Position); whose table it is, the read checks."""
     if not raw:

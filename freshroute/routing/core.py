@@ -14,17 +14,19 @@ from functools import lru_cache
 from itertools import islice
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
-from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound,
-                               ReplicaUnavailable, TableNotFound)
+from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound, NotWindowedTable,
+                               ReplicaUnavailable, TableNotFound, WindowedTable)
 from freshroute.keys import deserialize_key, partition_for, serialize_key
 from freshroute.metadata import Role, TableSpec, now_ms
 from freshroute.routing.attempts import AttemptPlan, AttemptPolicy, Attempts, LatencyWindow, NoMetrics, run, run_many
 from freshroute.routing.bound import NO_BOUND, Bound
-from freshroute.routing.results import (KeyLocation, LookupResult, ReplicaInfo, ScanPage, TableInfo,
-                                        decode_page_token, encode_page_token)
+from freshroute.routing.results import (KeyLocation, LookupResult, ReplicaInfo, ScanPage, TableInfo, WindowPage,
+                                        WindowsResult, decode_page_token, encode_page_token)
 from freshroute.routing.selection import Candidate, FreshestFirst, LoadTracker, ReplicaSelector
 from freshroute.routing.snapshot import LagOverlay, NodeView, ReplicaView, Snapshot, SnapshotSource
-from freshroute.routing.store import GroupResult, ReadResult, ReadStatus, ReplicaStatus, StoreClient
+from freshroute.routing.store import (GroupResult, ReadResult, ReadStatus, ReplicaStatus, StoreClient,
+                                      WindowFilter)
+from freshroute.windows import MAX_START_MS, Window, WindowSpec, key_range, split_window_key, windows_of
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class RoutingPolicy:
     batch_max_keys: int = 1000
     scan_default_limit: int = 100
     scan_max_limit: int = 1000
+    max_windows: int = 10_000  # windows one windows lookup may span
     # per-table default bounds over the table specs': name → (max_lag, max_staleness_ms)
     table_bounds: Mapping[str, tuple[int | None, int | None]] = field(default_factory=dict)
 
@@ -101,6 +104,7 @@ class RoutingCore:
         self.get_latency = self.attempts.window()
         self._group_latency = self.attempts.window()
         self._scan_latency = self.attempts.window()
+        self._window_latency = self.attempts.window()
 
     def on_snapshot(self, snap: Snapshot) -> None:
         """Called after each swap: drop what the new snapshot no longer names."""
@@ -135,6 +139,33 @@ class RoutingCore:
             return bound.with_defaults(*override)
         return bound.with_defaults(spec.default_max_lag, spec.default_max_staleness_ms)
 
+    def keyed(self, name: str) -> TableSpec:
+        """A table read by key: one without windows."""
+        spec = self.table(name)
+        if spec.window is not None:
+            raise WindowedTable(f"table {name!r} is windowed: read a key's windows at "
+                                f"/v1/tables/{name}/keys/{{key}}/windows?from=MS&to=MS (gRPC GetWindows)", table=name)
+        return spec
+
+    def windowed(self, name: str, from_ms: int, to_ms: int) -> tuple[TableSpec, WindowSpec]:
+        """A windowed table, and a time range of window starts it may be asked for."""
+        spec = self.table(name)
+        w = spec.window
+        if w is None:
+            raise NotWindowedTable(f"table {name!r} has no windows: read its keys at /v1/tables/{name}/keys/{{key}}",
+                                   table=name)
+        for what, v in (("from", from_ms), ("to", to_ms)):
+            if type(v) is not int or not 0 <= v <= MAX_START_MS:
+                raise InvalidArgument(f"{what} must be a whole number of milliseconds since the epoch, not {v!r}",
+                                      field=what)
+        if from_ms > to_ms:
+            raise InvalidArgument(f"from ({from_ms}) must not be after to ({to_ms})", field="from")
+        spans = w.windows_in(from_ms, to_ms)
+        if spans > self.policy.max_windows:
+            raise InvalidArgument(f"from..to spans up to {spans} windows of {w.slide_ms} ms, more than the maximum "
+                                  f"{self.policy.max_windows}: narrow the range", field="to")
+        return spec, w
+
     def partition_of(self, spec: TableSpec, key: str) -> int:
         return locate(key, spec.partitions)[1]
 
@@ -146,14 +177,14 @@ class RoutingCore:
 
     def plan_get(self, table: str, key: str, bound: Bound, now: float) -> tuple[TableSpec, bytes, AttemptPlan]:
         """(spec, key bytes, plan) of a point get."""
-        spec = self.table(table)
+        spec = self.keyed(table)
         raw_key, partition = locate(key, spec.partitions)
         return spec, raw_key, self.plan(table, partition, self.bound_for(spec, bound), self.get_latency,
                                         self._timeout_s, now)
 
     def group_keys(self, table: str, keys: list[str], bound: Bound) -> tuple[TableSpec, Bound, dict[int, list[int]], list[bytes]]:
         """A batch's table, bound, and key indices grouped by partition (with the keys' bytes)."""
-        spec = self.table(table)
+        spec = self.keyed(table)
         if len(keys) > self.policy.batch_max_keys:
             raise InvalidArgument(f"at most {self.policy.batch_max_keys} keys per batch", field="keys")
         groups: dict[int, list[int]] = {}
@@ -223,7 +254,7 @@ class RoutingCore:
     async def scan(self, table: str, prefix: str = "", start: str = "", end: str = "", limit: int | None = None,
                    page_token: str | None = None, bound: Bound = NO_BOUND) -> ScanPage:
         """Keys in ascending byte order across all partitions, one page at a time."""
-        spec = self.table(table)
+        spec = self.keyed(table)
         limit = self.policy.scan_default_limit if limit is None or limit == 0 else limit
         if limit > self.policy.scan_max_limit:
             raise InvalidArgument(f"limit must be at most {self.policy.scan_max_limit}", field="limit")
@@ -257,6 +288,70 @@ class RoutingCore:
         items = [(deserialize_key(k), v, p) for k, v, p in page]
         token = encode_page_token(table, page[-1][0]) if more and page else None
         return ScanPage(table, items, token, {p: who for p, (_, who) in enumerate(parts)})
+
+    async def windows(self, table: str, key: str, from_ms: int, to_ms: int, bound: Bound = NO_BOUND) -> WindowsResult:
+        """The key's windows starting in ``[from_ms, to_ms)``, in start order, from one replica within the bound."""
+        started = time.perf_counter()
+        try:
+            spec, w = self.windowed(table, from_ms, to_ms)
+            raw, partition = locate(key, spec.partitions)
+            bound = self.bound_for(spec, bound)
+            lo, hi = key_range(raw, from_ms, to_ms)
+            live = WindowFilter(from_ms, to_ms, w.size_ms + w.retention_ms)
+            limit = max(1, w.windows_in(from_ms, to_ms))
+            plan = self.plan(table, partition, bound, self._window_latency, self._timeout_s, time.monotonic())
+            read_range = self.store.read_range
+            cand, answer = await run(plan, lambda c: read_range(c.replica.address, table, partition, lo, hi, limit,
+                                                                live, bound))
+        except FreshrouteError as e:
+            self.metrics.lookup(outcome_label(e), "none", time.perf_counter() - started)
+            raise
+        windows = list(windows_of(w, raw, answer.entries, answer.watermark_ms, from_ms, to_ms))
+        result = WindowsResult(table, key, windows, partition, *served_by(cand, answer.replica), answer.watermark_ms)
+        self.metrics.lookup("ok" if windows else "not_found", result.role, time.perf_counter() - started)
+        return result
+
+    async def scan_windows(self, table: str, from_ms: int, to_ms: int, limit: int | None = None,
+                           page_token: str | None = None, bound: Bound = NO_BOUND) -> WindowPage:
+        """Windows starting in ``[from_ms, to_ms)`` across keys, ordered by (key bytes, start), one page at a time."""
+        spec, w = self.windowed(table, from_ms, to_ms)
+        limit = self.policy.scan_default_limit if limit is None or limit == 0 else limit
+        if limit > self.policy.scan_max_limit:
+            raise InvalidArgument(f"limit must be at most {self.policy.scan_max_limit}", field="limit")
+        bound = self.bound_for(spec, bound)
+        query = f"{from_ms}-{to_ms}"
+        lo = decode_page_token(table, page_token, query) + b"\x00" if page_token else b""
+        live = WindowFilter(from_ms, to_ms, w.size_ms + w.retention_ms)
+        now = time.monotonic()
+        plans = [self.plan(table, p, bound, self._scan_latency, self._scan_timeout_s, now)
+                 for p in range(spec.partitions)]
+        read_range = self.store.read_range
+        # One more than the page from each partition tells whether another page exists.
+        outcomes = await run_many(plans, lambda p, c: read_range(c.replica.address, table, p, lo, b"", limit + 1, live,
+                                                                 bound))
+        streams, served = [], {}
+        for p, outcome in enumerate(outcomes):
+            if isinstance(outcome, LookupTimeout):
+                raise LookupTimeout(f"windows scan of {table} did not finish within {self.policy.scan_timeout_ms} ms",
+                                    table=table, partition=p)
+            if isinstance(outcome, FreshrouteError):
+                raise outcome
+            cand, answer = outcome
+            served[p] = WindowsResult(table, "", [], p, *served_by(cand, answer.replica), answer.watermark_ms)
+            streams.append([(k, v, p, answer.watermark_ms) for k, v in answer.entries])
+        merged = list(islice(heapq.merge(*streams, key=lambda e: e[0]), limit + 1))
+        more = len(merged) > limit
+        page = merged[:limit]
+        items = []
+        for raw, value, p, watermark in page:
+            split = split_window_key(raw)
+            if split is None:
+                continue
+            key, start = split
+            final = watermark is not None and w.final(start, watermark)
+            items.append((deserialize_key(key), Window(start, start + w.size_ms, value, final), p))
+        token = encode_page_token(table, page[-1][0], query) if more and page else None
+        return WindowPage(table, items, token, served)
 
     # ---- metadata views ----------------------------------------------------------------
 

@@ -15,7 +15,9 @@ from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaSt
 
 from freshroute.routing.bound import Bound
 from freshroute.routing.snapshot import Snapshot, build_snapshot
-from freshroute.routing.store import GroupResult, ReadResult, ReadStatus, ReplicaStatus, ScanResult
+from freshroute.routing.store import (GroupResult, RangeResult, ReadResult, ReadStatus, ReplicaStatus, ScanResult,
+                                      WindowFilter)
+from freshroute.windows import WATERMARK_KEY, live_starts, parse_watermark
 
 
 @dataclass
@@ -149,6 +151,24 @@ class InMemoryStoreClient:
         keys = sorted(k for k in replica.data
                       if k.startswith(prefix) and k >= start and (not end or k < end))
         return ScanResult(ReadStatus.OK, [(k, replica.data[k]) for k in keys[:limit or None]], status)
+
+    async def read_range(self, address: str, table: str, partition: int, start: bytes, end: bytes, limit: int,
+                         window: WindowFilter | None, bound: Bound) -> RangeResult:
+        node = self.nodes.get(address)
+        if node is not None and not node.down:
+            node.scans += 1
+        node = await self._reachable(node, address)
+        replica = node.replicas.get((table, partition))
+        if replica is None:
+            return RangeResult(ReadStatus.NOT_HOSTED, [])
+        status = node.status(table, partition)
+        why = node.refusal(table, partition, bound)
+        if why is not None:
+            return RangeResult(ReadStatus.TOO_STALE, [], status, why)
+        watermark = parse_watermark(replica.data.get(WATERMARK_KEY)) if window is not None else None
+        keep = live_starts(*window, watermark) if window is not None else (lambda _k: True)
+        keys = [k for k in sorted(replica.data) if k >= start and (not end or k < end) and keep(k)]
+        return RangeResult(ReadStatus.OK, [(k, replica.data[k]) for k in keys[:limit]], status, "", watermark)
 
     def track(self, read_addresses: Mapping[str, str | None]) -> None:
         pass

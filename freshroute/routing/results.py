@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 from freshroute.errors import InvalidArgument, KeyNotFound
 from freshroute.metadata import TableSpec
 from freshroute.position import single
+from freshroute.windows import Window
 
 
 class LookupResult(NamedTuple):
@@ -90,9 +91,14 @@ class TableInfo:
 
     def to_dict(self) -> dict[str, Any]:
         s = self.spec
-        return {"name": s.name, "topic": s.topic, "partitions": s.partitions, "replicas": 1 + s.standby_replicas,
-                "standby_replicas": s.standby_replicas, "key_column": s.key_column, "schema": dict(s.value_schema),
-                "default_bound": {"max_lag": self.default_max_lag, "max_staleness_ms": self.default_max_staleness_ms}}
+        out = {"name": s.name, "topic": s.topic, "partitions": s.partitions, "replicas": 1 + s.standby_replicas,
+               "standby_replicas": s.standby_replicas, "key_column": s.key_column, "schema": dict(s.value_schema),
+               "default_bound": {"max_lag": self.default_max_lag, "max_staleness_ms": self.default_max_staleness_ms}}
+        if s.window is not None:
+            w = s.window
+            out["window"] = {"size_ms": w.size_ms, "slide_ms": w.slide_ms, "grace_ms": w.grace_ms,
+                             "retention_ms": w.retention_ms}
+        return out
 
 
 @dataclass(frozen=True)
@@ -103,23 +109,63 @@ class ScanPage:
     served_by: dict[int, LookupResult]  # per partition: who answered, with lag and position (found=False)
 
 
-# A scan page token is the table and the last key returned; the next page starts just after it.
+class WindowsResult(NamedTuple):
+    """One key's windows in a time range, and who gave them (all windows of a key live on one replica)."""
+
+    table: str
+    key: str
+    windows: list[Window]  # in start order
+    partition: int
+    node: str
+    role: str
+    lag_offsets: int
+    lag_ms: int
+    applied: int
+    watermark_ms: int | None
+
+    @property
+    def position(self) -> str:
+        return position_token(self.table, self.partition, self.applied)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"table": self.table, "key": self.key, "windows": [w.to_dict() for w in self.windows],
+                "partition": self.partition, "served_by": {"node": self.node, "role": self.role},
+                "lag": {"offsets": self.lag_offsets, "ms": self.lag_ms}, "position": self.position,
+                "watermark_ms": self.watermark_ms}
+
+
+@dataclass(frozen=True)
+class WindowPage:
+    """A page of a windowed table's windows across keys, ordered by (key bytes, window start)."""
+
+    table: str
+    items: list[tuple[str, Window, int]]  # (key, window, partition)
+    next_page_token: str | None
+    served_by: dict[int, WindowsResult]  # per partition: who answered, with lag, position and watermark (no windows)
+
+
+# A scan page token is the table, the query it pages, and the last key returned; the next page starts just after it.
 _PAGE_PREFIX = "s1."
 
 
-def encode_page_token(table: str, after: bytes) -> str:
-    return _PAGE_PREFIX + base64.urlsafe_b64encode(table.encode() + b"\x00" + after).rstrip(b"=").decode()
+def encode_page_token(table: str, after: bytes, query: str = "") -> str:
+    body = table.encode() + b"\x00" + (query.encode() + b"\x00" if query else b"") + after
+    return _PAGE_PREFIX + base64.urlsafe_b64encode(body).rstrip(b"=").decode()
 
 
-def decode_page_token(table: str, token: str) -> bytes:
-    """The key after which a scan resumes; malformed or foreign tokens are an InvalidArgument."""
+def decode_page_token(table: str, token: str, query: str = "") -> bytes:
+    """The key after which a scan resumes; malformed tokens, or tokens of another table or query, are an InvalidArgument."""
     body = token[len(_PAGE_PREFIX):] if token.startswith(_PAGE_PREFIX) else None
     try:
         raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)) if body is not None else b""
     except (binascii.Error, ValueError):
         raw = b""
     t, sep, after = raw.partition(b"\x00")
+    if query and sep:
+        q, sep, after = after.partition(b"\x00")
+        sep = sep if q == query.encode() else b""
     if not sep or t != table.encode():
-        raise InvalidArgument("page_token is not a page token of this table", field="page_token")
+        what = "this table" + (" and time range" if query else "")
+        raise InvalidArgument(f"page_token is not a page token of {what}", field="page_token")
     return after
 

@@ -87,6 +87,24 @@ class GroupResult(NamedTuple):
     message: str = ""
 
 
+class RangeResult(NamedTuple):
+    """A key range of one partition read from one replica: its rows (a windowed table's windows), or why none."""
+
+    status: ReadStatus
+    entries: list[tuple[bytes, bytes]]  # (changelog key, value), ascending
+    replica: ReplicaStatus | None = None
+    message: str = ""
+    watermark_ms: int | None = None  # the partition's watermark as of the answer (windowed reads)
+
+
+class WindowFilter(NamedTuple):
+    """Windows starting in ``[from_ms, to_ms)``, not expired (``life_ms``: window size + retention)."""
+
+    from_ms: int
+    to_ms: int
+    life_ms: int
+
+
 class StoreClient(Protocol):
     """Reads from store nodes. Transport failures raise :class:`ReplicaUnavailable`."""
 
@@ -97,6 +115,11 @@ class StoreClient(Protocol):
     def read_many(self, address: str, table: str, partition: int, keys: list[bytes],
                   bound: Bound) -> Awaitable[GroupResult]:
         """Several keys of one partition from one replica, sent together."""
+        ...
+
+    def read_range(self, address: str, table: str, partition: int, start: bytes, end: bytes, limit: int,
+                   window: WindowFilter | None, bound: Bound) -> Awaitable[RangeResult]:
+        """Up to ``limit`` rows of ``[start, end)`` of one partition from one replica (windows passing ``window``)."""
         ...
 
     async def scan(self, address: str, table: str, partition: int, prefix: bytes, start: bytes, end: bytes,
@@ -136,6 +159,23 @@ def group_read(read_id: int, table: str, partition: int, keys: list[bytes], boun
         return store_pb2.GroupRead(id=read_id, table=table, partition=partition, keys=keys)
     return store_pb2.GroupRead(id=read_id, table=table, partition=partition, keys=keys,
                                bound=bound.to_store(partition))
+
+
+def range_read(read_id: int, table: str, partition: int, start: bytes, end: bytes, limit: int,
+               window: WindowFilter | None, bound: Bound) -> store_pb2.RangeRead:
+    msg = store_pb2.RangeRead(id=read_id, table=table, partition=partition, start=start, end=end, limit=limit)
+    if window is not None:
+        msg.window.from_ms, msg.window.to_ms, msg.window.life_ms = window
+    if not bound.unbounded:
+        msg.bound.CopyFrom(bound.to_store(partition))
+    return msg
+
+
+def range_result(msg: store_pb2.RangeResult) -> RangeResult:
+    status = _STATUSES.get(msg.status, ReadStatus.ERROR)
+    replica = replica_status(msg.replica) if msg.HasField("replica") else None
+    entries = [(e.key, e.value) for e in msg.entries] if status is ReadStatus.OK else []
+    return RangeResult(status, entries, replica, msg.message, msg.watermark_ms if msg.watermark_ms >= 0 else None)
 
 
 def group_result(msg: store_pb2.GroupResult) -> GroupResult:
@@ -186,9 +226,10 @@ class _ReadStream:
         self._pending: dict[int, asyncio.Future] = {}
         self._outbox: list[store_pb2.KeyRead] = []
         self._groups: list[store_pb2.GroupRead] = []
-        self._unanswered = 0  # reads and groups sent whose results have not arrived yet
-        # Each batch awaiting its answer: its reads, and its groups' keys asked by group id.
-        self._sent: deque[tuple[int, dict[int, int]]] = deque()
+        self._ranges: list[store_pb2.RangeRead] = []
+        self._unanswered = 0  # reads, groups and ranges sent whose results have not arrived yet
+        # Each batch awaiting its answer: its reads, its groups' keys asked by group id, and its ranges' ids.
+        self._sent: deque[tuple[int, dict[int, int], list[int]]] = deque()
         self._max_unanswered = max_unanswered
         # Kept: asyncio.get_running_loop() costs a getpid() system call per read on Python 3.11.
         self._loop = asyncio.get_running_loop()
@@ -200,6 +241,10 @@ class _ReadStream:
     def submit_group(self, group: store_pb2.GroupRead) -> asyncio.Future[GroupResult]:
         self._groups.append(group)
         return self._expect(group.id)
+
+    def submit_range(self, read: store_pb2.RangeRead) -> asyncio.Future[RangeResult]:
+        self._ranges.append(read)
+        return self._expect(read.id)
 
     def _expect(self, read_id: int) -> asyncio.Future:
         fut = self._loop.create_future()
@@ -215,15 +260,15 @@ class _ReadStream:
 
     def _take(self) -> store_pb2.ReadBatch | None:
         """The next batch to send, if one may leave now."""
-        if not (self._outbox or self._groups) or self._unanswered >= self._max_unanswered:
+        if not (self._outbox or self._groups or self._ranges) or self._unanswered >= self._max_unanswered:
             return None
-        reads, groups = self._live(self._outbox), self._live(self._groups)
-        self._outbox, self._groups = [], []
-        if not reads and not groups:
+        reads, groups, ranges = self._live(self._outbox), self._live(self._groups), self._live(self._ranges)
+        self._outbox, self._groups, self._ranges = [], [], []
+        if not reads and not groups and not ranges:
             return None
-        self._unanswered += len(reads) + len(groups)
-        self._sent.append((len(reads), {g.id: len(g.keys) for g in groups}))
-        return store_pb2.ReadBatch(reads=reads, groups=groups)
+        self._unanswered += len(reads) + len(groups) + len(ranges)
+        self._sent.append((len(reads), {g.id: len(g.keys) for g in groups}, [r.id for r in ranges]))
+        return store_pb2.ReadBatch(reads=reads, groups=groups, ranges=ranges)
 
     def _live(self, reads: list) -> list:
         """The reads still awaited: one given up on while it waited (a timeout, a hedge lost) is not sent."""
@@ -241,9 +286,9 @@ class _ReadStream:
         if batch.refused:
             self._break(ConnectionRefusedError(f"the node refused this peer: {batch.refused}"))
             return
-        reads, asked = self._sent.popleft() if self._sent else (0, {})
-        self._unanswered -= reads + len(asked)
-        if self._outbox or self._groups:
+        reads, asked, ranges = self._sent.popleft() if self._sent else (0, {}, [])
+        self._unanswered -= reads + len(asked) + len(ranges)
+        if self._outbox or self._groups or self._ranges:
             self._wake()
         pending = self._pending
         for read_id, result in results(batch):
@@ -258,11 +303,16 @@ class _ReadStream:
                     fut.set_result(checked(group_result(msg), keys, self.address))
                 except ReplicaUnavailable as e:
                     fut.set_exception(e)
-        for group_id in asked:
-            # Left unanswered by a node that does not know group reads (older than this client).
-            fut = pending.pop(group_id, None)
+        for msg in batch.ranges:
+            fut = pending.pop(msg.id, None)
             if fut is not None and not fut.done():
-                fut.set_exception(ReplicaUnavailable(f"store node {self.address}: no answer to a group read",
+                fut.set_result(range_result(msg))
+        answered = {msg.id for msg in batch.ranges} if ranges else ()
+        for read_id in (*asked, *(i for i in ranges if i not in answered)):
+            # Left unanswered by a node that does not know group or range reads (older than this client).
+            fut = pending.pop(read_id, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(ReplicaUnavailable(f"store node {self.address}: no answer to a group or range read",
                                                      node_address=self.address))
 
     def _break(self, cause: BaseException | None) -> None:
@@ -271,7 +321,7 @@ class _ReadStream:
         self.broken = True
         reason = _describe(cause)
         pending, self._pending = self._pending, {}
-        self._outbox, self._groups = [], []
+        self._outbox, self._groups, self._ranges = [], [], []
         self._sent.clear()
         for fut in pending.values():
             if not fut.done():
@@ -504,6 +554,11 @@ class StoreNodeClient:
     def read_many(self, address: str, table: str, partition: int, keys: list[bytes],
                   bound: Bound) -> asyncio.Future[GroupResult]:
         return self._stream(address).submit_group(group_read(next(self._ids), table, partition, keys, bound))
+
+    def read_range(self, address: str, table: str, partition: int, start: bytes, end: bytes, limit: int,
+                   window: WindowFilter | None, bound: Bound) -> asyncio.Future[RangeResult]:
+        return self._stream(address).submit_range(range_read(next(self._ids), table, partition, start, end, limit,
+                                                             window, bound))
 
     async def scan(self, address: str, table: str, partition: int, prefix: bytes, start: bytes, end: bytes,
                    limit: int, bound: Bound, timeout_s: float) -> ScanResult:

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from pipeline.metrics import PipelineCollector, watermark_ms
+from freshroute.windows import tumbling
+from pipeline.metrics import PipelineCollector, late_rows, watermark_ms
 from pipeline.sink import Written
 
 
@@ -16,11 +17,12 @@ def progress(batch_id: int, watermark: str | None = None):
 
 
 def test_a_scrape_reports_each_tables_last_batch_and_a_watermark_only_where_there_is_one():
-    runs = [SimpleNamespace(table=SimpleNamespace(name="sensor_stats"), last_progress=progress(41),
+    runs = [SimpleNamespace(table=SimpleNamespace(name="sensor_stats", window=None), last_progress=progress(41),
                             writer=SimpleNamespace(written={41: Written(12, 3.0, 4.0, 2)})),
-            SimpleNamespace(table=SimpleNamespace(name="windows"), last_progress=progress(7, "2026-11-24T10:00:05.000Z"),
+            SimpleNamespace(table=SimpleNamespace(name="windows", window=tumbling("10s")), late_rows_dropped=3,
+                            windows_expired=5, last_progress=progress(7, "2026-11-24T10:00:05.000Z"),
                             writer=SimpleNamespace(written={})),
-            SimpleNamespace(table=SimpleNamespace(name="not_started"), last_progress=None, writer=None)]
+            SimpleNamespace(table=SimpleNamespace(name="not_started", window=None), last_progress=None, writer=None)]
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PipelineCollector(lambda: runs))
     text = generate_latest(registry).decode()
@@ -30,12 +32,22 @@ def test_a_scrape_reports_each_tables_last_batch_and_a_watermark_only_where_ther
                  'freshroute_pipeline_input_rows_per_second{table="sensor_stats"} 50.0',
                  'freshroute_pipeline_batch_changelog_records{table="sensor_stats"} 12.0',
                  'freshroute_pipeline_batch_changelog_deletes{table="sensor_stats"} 2.0',
-                 'freshroute_pipeline_watermark_ms{table="windows"} 1.795514405e+12']:
+                 'freshroute_pipeline_watermark_ms{table="windows"} 1.795514405e+12',
+                 'freshroute_pipeline_late_rows_dropped_total{table="windows"} 3.0',
+                 'freshroute_pipeline_windows_expired_total{table="windows"} 5.0']:
         assert line in text, (line, text)
     assert 'watermark_ms{table="sensor_stats"}' not in text and "not_started" not in text
+    assert 'late_rows_dropped_total{table="sensor_stats"}' not in text
 
 
 def test_the_epoch_watermark_of_a_table_without_event_time_is_none():
     assert watermark_ms(progress(1, "1970-01-01T00:00:00.000Z")) is None
     assert watermark_ms(progress(1)) is None
     assert watermark_ms(progress(1, "2026-11-24T10:00:05.000Z")) == 1_795_514_405_000
+
+
+def test_late_rows_are_summed_over_a_batchs_stateful_operators():
+    report = SimpleNamespace(stateOperators=[SimpleNamespace(numRowsDroppedByWatermark=4),
+                                             SimpleNamespace(numRowsDroppedByWatermark=0)])
+    assert late_rows(report) == 4
+    assert late_rows(SimpleNamespace(stateOperators=[])) == 0

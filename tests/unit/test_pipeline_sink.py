@@ -152,3 +152,62 @@ def test_a_batch_counts_the_tombstones_it_wrote():
     rows = [{"sensor": "s0", "count": 1}, {"sensor": "s1", "count": None}, {"sensor": "s2", "count": None}]
     assert writer.write_rows(rows, batch_id=3) == (3, 2)
     assert sorted((k, v) for _, k, v, _ in fake.sent) == [(b"s0", b'{"count":1}'), (b"s1", None), (b"s2", None)]
+
+
+def windowed_writer(fake: FakeProducer, tmp_path) -> ChangelogWriter:
+    from freshroute.windows import tumbling
+    from pipeline.window_expiry import WindowExpiry
+
+    shared = ChangelogProducer({"bootstrap.servers": "h:1"}, factory=lambda cfg: fake)
+    return ChangelogWriter("w", "w-changelog", 4, "sensor", shared, tumbling("10s", grace="5s", retention="20s"),
+                           WindowExpiry(tmp_path / "expiry"))
+
+
+def test_a_window_is_keyed_by_key_and_start_and_partitioned_by_its_key_alone(tmp_path):
+    from freshroute.windows import split_window_key
+    from pipeline.tables import WINDOW_START_COLUMN
+
+    fake = FakeProducer()
+    writer = windowed_writer(fake, tmp_path)
+    rows = [{"sensor": "s1", WINDOW_START_COLUMN: 10_000, "count": 2},
+            {"sensor": "s1", WINDOW_START_COLUMN: 20_000, "count": 1},
+            {"sensor": "s2", WINDOW_START_COLUMN: None, "count": 1}]  # no window: cannot be addressed
+    assert writer.write_rows(rows, batch_id=1) == (2, 0)
+    assert [(split_window_key(k), v, p) for _, k, v, p in fake.sent] == [
+        ((b"s1", 10_000), b'{"count":2}', partition_for(b"s1", 4)),
+        ((b"s1", 20_000), b'{"count":1}', partition_for(b"s1", 4))]
+
+
+def test_a_new_watermark_goes_to_every_partition_after_the_tombstones_of_the_windows_it_expires(tmp_path):
+    from freshroute.windows import WATERMARK_KEY, parse_watermark, split_window_key
+    from pipeline.tables import WINDOW_START_COLUMN
+
+    fake = FakeProducer()
+    writer = windowed_writer(fake, tmp_path)
+    writer.write_rows([{"sensor": "s1", WINDOW_START_COLUMN: 0, "count": 1},
+                       {"sensor": "s2", WINDOW_START_COLUMN: 10_000, "count": 1}], batch_id=1)
+    fake.sent.clear()
+    # Window [0, 10 s) expires at 10 s + 20 s retention; [10 s, 20 s) at 40 s.
+    assert writer.advance_watermark(30_000) == 1
+    tombstones = [(split_window_key(k), p) for _, k, v, p in fake.sent if v is None]
+    marks = [(p, parse_watermark(v)) for _, k, v, p in fake.sent if k == WATERMARK_KEY]
+    assert tombstones == [((b"s1", 0), partition_for(b"s1", 4))]
+    assert marks == [(p, 30_000) for p in range(4)]
+    assert fake.sent.index(next(r for r in fake.sent if r[2] is None)) < 4  # tombstones first
+    fake.sent.clear()
+    assert writer.advance_watermark(30_000) == 0 and fake.sent == []  # not moved: nothing published
+    assert writer.advance_watermark(40_000) == 1
+    assert [split_window_key(k) for _, k, v, _ in fake.sent if v is None] == [(b"s2", 10_000)]
+
+
+def test_a_failed_watermark_publication_forgets_no_window(tmp_path):
+    from pipeline.tables import WINDOW_START_COLUMN
+
+    fake = FakeProducer()
+    writer = windowed_writer(fake, tmp_path)
+    writer.write_rows([{"sensor": "s1", WINDOW_START_COLUMN: 0, "count": 1}], batch_id=1)
+    fake.fail_keys = {b"s1\x00" + b"%016x" % 0}
+    with pytest.raises(ChangelogWriteFailed, match="watermark"):
+        writer.advance_watermark(60_000)
+    fake.fail_keys = set()
+    assert writer.advance_watermark(60_000) == 1  # tried again, the window still noted

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.settings import DEMO_TABLES_FILE
-from pipeline.tables import (TablesFileError, Table, check_output_columns, check_source_fields, load_tables, source,
-                             sql_table, table)
+from pipeline.tables import (TablesFileError, Table, check_output_columns, check_source_fields, hopping, load_tables,
+                             source, sql_table, table, tumbling)
 
 
 def write(tmp_path: Path, body: str, name: str = "tables.py") -> Path:
@@ -29,6 +29,9 @@ def test_demo_file_declares_both_forms():
     counts = d.tables["area_counts"]
     assert (counts.key, counts.source, counts.build) == ("area", "readings", None)
     assert "GROUP BY area" in (counts.sql or "")
+    windows = d.tables["sensor_windows"]
+    assert (windows.key, windows.window) == ("sensor", tumbling("10s", grace="5s", retention="1h"))
+    assert stats.window is None
 
 
 def test_function_and_sql_forms_load_from_any_path(tmp_path):
@@ -222,4 +225,40 @@ def test_a_delete_when_that_is_not_an_expression_names_the_table_and_line(tmp_pa
                   delete_when={value})
     ''')
     with pytest.raises(TablesFileError, match=r"line 4: .*table 't': delete_when must be a Spark SQL boolean"):
+        load_tables(path)
+
+
+def test_windowed_tables_in_either_form(tmp_path):
+    path = write(tmp_path, '''
+        from pipeline.tables import hopping, source, sql_table, table, tumbling
+        source("s", schema="a STRING, v DOUBLE, at TIMESTAMP")
+
+        @table(name="fn", key="a", source="s", window=hopping("1 minute", "10s", grace="5s", time="at"))
+        def fn(df):
+            return df.groupBy("a", "window").count()
+
+        sql_table(name="sql", key="a", source="s", window=tumbling(10_000),
+                  sql="SELECT a, window, count(*) AS n FROM s GROUP BY a, window")
+    ''')
+    d = load_tables(path)
+    assert d.tables["fn"].window == hopping(60_000, 10_000, grace=5_000, time="at")
+    assert d.tables["sql"].window == tumbling("10s", retention="1 day")
+    from pipeline.tables import WINDOW_START_COLUMN
+
+    check_output_columns(d.tables["fn"], ["a", "count", WINDOW_START_COLUMN])  # the window start is not a value
+
+
+@pytest.mark.parametrize("window,message", [('hopping("10s", "20s")', "slide .* must not exceed its size"),
+                                            ("tumbling(0)", "size must be positive"),
+                                            ('tumbling("ten seconds")', "window size must be a duration"),
+                                            ('"10s"', "window must be tumbling")])
+def test_a_window_that_cannot_work_stops_the_load_naming_the_line(tmp_path, window, message):
+    path = write(tmp_path, f'''
+        from pipeline.tables import hopping, source, sql_table, tumbling
+        source("s", schema="a STRING")
+        sql_table(name="t", key="a", source="s", sql="SELECT a, window, count(*) AS n FROM s GROUP BY a, window",
+                  window={window})
+    ''')
+    # The line of the window's definition; a value that is no window at all is refused by the table, on line 4.
+    with pytest.raises(TablesFileError, match=rf"line [45]: .*{message}"):
         load_tables(path)

@@ -301,3 +301,39 @@ def test_read_port_drops_a_peer_whose_frame_is_not_a_read_batch(world, caplog):
         answers, closed = asyncio.run(_read_port_exchange(world.service, frame(b"\xff\xff\xff"), expect=1))
     assert answers == [] and closed
     assert any("read port: dropping" in r.getMessage() for r in caplog.records)
+
+
+def ranges(world, *reads: store_pb2.RangeRead) -> list[store_pb2.RangeResult]:
+    return list(asyncio.run(world.service.BatchGet(store_pb2.ReadBatch(ranges=list(reads)), None)).ranges)
+
+
+def test_a_window_range_returns_live_windows_in_range_with_the_partitions_watermark(world):
+    from freshroute.windows import WATERMARK_KEY, watermark_value, window_key
+
+    world.store.apply([(window_key(b"k", s), b'{"n":%d}' % s) for s in (0, 10, 20, 30)]
+                      + [(window_key(b"kk", 10), b'{"n":0}'), (WATERMARK_KEY, watermark_value(35))], 11)
+    caught_up(world, 11)
+    lo, hi = window_key(b"k", 0), window_key(b"k", 40)
+    # life 20: windows starting at or before 35 - 20 have expired.
+    [live, unbounded, refused] = ranges(
+        world, store_pb2.RangeRead(id=1, table="users", partition=1, start=lo, end=hi, limit=10,
+                                   window=store_pb2.WindowFilter(from_ms=0, to_ms=30, life_ms=20)),
+        store_pb2.RangeRead(id=2, table="users", partition=1, start=lo, end=hi, limit=2),
+        store_pb2.RangeRead(id=3, table="users", partition=1, start=lo, end=hi, limit=2,
+                            bound=store_pb2.ReadBound(max_lag=0, min_offset=12)))
+    assert live.id == 1 and live.status == store_pb2.OK and live.watermark_ms == 35
+    assert [(e.key, e.value) for e in live.entries] == [(window_key(b"k", 20), b'{"n":20}')]
+    assert [e.key for e in unbounded.entries] == [window_key(b"k", 0), window_key(b"k", 10)]  # no filter, no watermark
+    assert unbounded.watermark_ms == 0
+    assert refused.status == store_pb2.TOO_STALE and not refused.entries and "position 12" in refused.message
+
+
+def test_a_window_range_before_any_watermark_says_so(world):
+    from freshroute.windows import window_key
+
+    world.store.apply([(window_key(b"k", 0), b'{"n":1}')], 11)
+    caught_up(world, 11)
+    [r] = ranges(world, store_pb2.RangeRead(id=1, table="users", partition=1, start=window_key(b"k", 0),
+                                            end=window_key(b"k", 10), limit=5,
+                                            window=store_pb2.WindowFilter(from_ms=0, to_ms=10, life_ms=5)))
+    assert r.status == store_pb2.OK and r.watermark_ms == -1 and len(r.entries) == 1
