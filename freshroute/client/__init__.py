@@ -10,15 +10,16 @@ package gives :class:`~freshroute.errors.LookupTimeout` and
 """
 
 from freshroute.errors import (ClientClosed, FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound,
-                               ReplicaUnavailable, TableNotFound)
+                               NotWindowedTable, ReplicaUnavailable, TableNotFound, WindowedTable)
 from freshroute.routing.core import RoutingPolicy
 
 from freshroute.client.async_client import AsyncClient, AsyncSession
-from freshroute.client.lookup import Lookup
+from freshroute.client.lookup import Lookup, Windows, WindowValue
 from freshroute.client.sync_client import Client, Session
 
 Timeout = LookupTimeout
 Unavailable = ReplicaUnavailable
 
 __all__ = ["AsyncClient", "AsyncSession", "Client", "ClientClosed", "FreshrouteError", "InvalidArgument", "Lookup",
-           "NoReplicaWithinBound", "RoutingPolicy", "Session", "TableNotFound", "Timeout", "Unavailable"]
+           "NoReplicaWithinBound", "NotWindowedTable", "RoutingPolicy", "Session", "TableNotFound", "Timeout",
+           "Unavailable", "WindowedTable", "Windows", "WindowValue"]

@@ -16,7 +16,7 @@ from freshroute.routing.snapshot import MetadataRefresher, SnapshotSource
 from freshroute.routing.store import StoreNodeClient
 from freshroute.tls import ClientTLS
 
-from freshroute.client.lookup import Lookup, Positions
+from freshroute.client.lookup import Lookup, Positions, Windows
 from freshroute.client.router import RouterHttp, RouterMetadata, snapshot_from_router, table_infos
 
 # Errors after which the router may still answer: nothing direct could be reached in time.
@@ -160,6 +160,21 @@ class AsyncClient:
         assert self.router is not None
         return await self.router.get_many(table, keys, bound)
 
+    async def windows(self, table: str, key: str, *, from_ms: int, to_ms: int, max_lag: int | None = None,
+                      max_staleness_ms: int | None = None, min_position: str | Position | None = None) -> Windows:
+        """A windowed table's windows of ``key`` whose start is in ``[from_ms, to_ms)``, from one replica within the
+        bound."""
+        core = self._core()
+        bound = parse_bound(max_lag, max_staleness_ms, min_position)
+        if self.direct():
+            try:
+                return Windows.of(await core.windows(table, key, from_ms, to_ms, bound))
+            except _FALL_BACK:
+                if self.router is None:
+                    raise
+        assert self.router is not None
+        return await self.router.windows(table, key, from_ms, to_ms, bound)
+
     async def scan(self, table: str, *, prefix: str = "", start: str = "", end: str = "", limit: int | None = None,
                    page_size: int | None = None, max_lag: int | None = None, max_staleness_ms: int | None = None,
                    min_position: str | Position | None = None) -> AsyncIterator[Lookup]:
@@ -244,6 +259,11 @@ class AsyncSession:
                                          **bound)
         self.positions.saw([r for r in out if isinstance(r, Lookup)])
         return out
+
+    async def windows(self, table: str, key: str, *, min_position: str | Position | None = None, **kw: Any) -> Windows:
+        r = await self.client.windows(table, key, min_position=self.positions.at_least(table, min_position), **kw)
+        self.positions.saw([r])
+        return r
 
     async def scan(self, table: str, *, min_position: str | Position | None = None, **kw: Any) -> AsyncIterator[Lookup]:
         async for r in self.client.scan(table, min_position=self.positions.at_least(table, min_position), **kw):

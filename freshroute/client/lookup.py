@@ -9,7 +9,7 @@ import orjson
 
 from freshroute.position import Position
 from freshroute.routing.core import served_by
-from freshroute.routing.results import LookupResult, position_token
+from freshroute.routing.results import LookupResult, WindowsResult, position_token
 from freshroute.routing.selection import Candidate
 from freshroute.routing.store import GroupResult
 
@@ -62,6 +62,50 @@ class Lookup(NamedTuple):
                    served.get("role", ""), int(lag.get("offsets", 0)), int(lag.get("ms", 0)), applied)
 
 
+class WindowValue(NamedTuple):
+    """One window of a key: ``final`` once no late record can revise it."""
+
+    start: int  # ms since the epoch, inclusive
+    end: int  # exclusive
+    value: Any  # the row, decoded from JSON
+    final: bool
+
+
+class Windows(NamedTuple):
+    """A key's windows in a time range (in start order), labelled with who answered and how fresh it was."""
+
+    table: str
+    key: str
+    windows: tuple[WindowValue, ...]
+    partition: int
+    node: str
+    role: str
+    lag_offsets: int
+    lag_ms: int
+    applied_offset: int
+    watermark_ms: int | None  # the partition's watermark (event time − grace) as of the answer
+
+    @property
+    def position(self) -> str:
+        return position_token(self.table, self.partition, self.applied_offset)
+
+    @classmethod
+    def of(cls, r: WindowsResult) -> "Windows":
+        return cls(r.table, r.key, tuple(WindowValue(w.start, w.end, orjson.loads(w.value), w.final) for w in r.windows),
+                   r.partition, r.node, r.role, r.lag_offsets, r.lag_ms, r.applied, r.watermark_ms)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> "Windows":
+        """From a router's REST answer."""
+        partition = int(doc["partition"])
+        applied = Position.decode(doc["position"]).offset_for(partition) if doc.get("position") else 0
+        served, lag = doc.get("served_by") or {}, doc.get("lag") or {}
+        return cls(doc["table"], doc["key"], tuple(WindowValue(int(w["start"]), int(w["end"]), w["value"],
+                                                               bool(w["final"])) for w in doc["windows"]),
+                   partition, served.get("node", ""), served.get("role", ""), int(lag.get("offsets", 0)),
+                   int(lag.get("ms", 0)), applied, doc.get("watermark_ms"))
+
+
 class Positions:
     """The highest position seen per table-partition: what a session sends as ``min_position`` (thread-safe)."""
 
@@ -77,7 +121,7 @@ class Positions:
         mine = given if isinstance(given, Position) else Position.decode(given)
         return mine if seen is None or mine.table != table else seen.merge(mine)
 
-    def saw(self, lookups: list[Lookup]) -> None:
+    def saw(self, lookups: "list[Lookup] | list[Windows]") -> None:
         offsets: dict[str, dict[int, int]] = {}
         for r in lookups:
             if r.applied_offset:

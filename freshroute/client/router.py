@@ -17,8 +17,9 @@ from freshroute.metadata import ReplicaState, Role, TableSpec, now_ms
 from freshroute.routing.bound import Bound
 from freshroute.routing.results import KeyLocation, ReplicaInfo, TableInfo
 from freshroute.routing.snapshot import NodeView, ReplicaView, Snapshot, refresh_until
+from freshroute.windows import WindowSpec
 
-from freshroute.client.lookup import Lookup
+from freshroute.client.lookup import Lookup, Windows
 
 log = logging.getLogger("freshroute.client")
 
@@ -28,9 +29,11 @@ def snapshot_from_router(tables_doc: dict[str, Any], cluster_doc: dict[str, Any]
     tables = {}
     for t in tables_doc["tables"]:
         default = t.get("default_bound") or {}
+        window = t.get("window")
         tables[t["name"]] = TableSpec(t["name"], t["topic"], int(t["partitions"]), t.get("key_column", ""),
                                       dict(t.get("schema") or {}), int(t.get("standby_replicas", 1)),
-                                      default.get("max_lag"), default.get("max_staleness_ms"))
+                                      default.get("max_lag"), default.get("max_staleness_ms"),
+                                      WindowSpec.from_dict(window) if window else None)
     nodes: dict[str, NodeView] = {}
     heard: dict[str, int] = {}
     replicas: dict[tuple[str, int], list[ReplicaView]] = {}
@@ -81,6 +84,11 @@ class RouterHttp:
         if err.code == "KEY_NOT_FOUND":
             return Lookup.from_json(err.details | {"key": key}, found=False)
         raise err
+
+    async def windows(self, table: str, key: str, from_ms: int, to_ms: int, bound: Bound) -> Windows:
+        body = await self.ok("GET", f"/v1/tables/{_seg(table)}/keys/{_seg(key)}/windows",
+                             params={"from": from_ms, "to": to_ms, **bound.to_query()})
+        return Windows.from_json(body)
 
     async def get_many(self, table: str, keys: list[str], bound: Bound) -> list[Lookup | FreshrouteError]:
         body = await self.ok("POST", f"/v1/tables/{_seg(table)}/keys:batchGet", json={"keys": keys, **bound.to_query()})

@@ -23,7 +23,7 @@ from freshroute.routing.results import KeyLocation, TableInfo
 
 from freshroute.client.async_client import AsyncClient
 from freshroute.client.blocking import BlockingStore, Request, run_blocking
-from freshroute.client.lookup import Lookup, Positions
+from freshroute.client.lookup import Lookup, Positions, Windows
 
 T = TypeVar("T")
 _FALL_BACK = (ReplicaUnavailable, LookupTimeout)
@@ -165,6 +165,13 @@ class Client:
             if token is None:
                 return
 
+    def windows(self, table: str, key: str, *, from_ms: int, to_ms: int, max_lag: int | None = None,
+                max_staleness_ms: int | None = None, min_position: str | Position | None = None) -> Windows:
+        """A windowed table's windows of ``key`` whose start is in ``[from_ms, to_ms)`` (through the client's loop)."""
+        self._thread_core()
+        return self._call(self._async.windows(table, key, from_ms=from_ms, to_ms=to_ms, max_lag=max_lag,
+                                              max_staleness_ms=max_staleness_ms, min_position=min_position))
+
     # ---- metadata -----------------------------------------------------------------------
 
     def key_metadata(self, table: str, key: str) -> KeyLocation:
@@ -202,6 +209,11 @@ class Session:
         out = self.client.get_many(table, keys, min_position=self.positions.at_least(table, min_position), **bound)
         self.positions.saw([r for r in out if isinstance(r, Lookup)])
         return out
+
+    def windows(self, table: str, key: str, *, min_position: str | Position | None = None, **kw: Any) -> Windows:
+        r = self.client.windows(table, key, min_position=self.positions.at_least(table, min_position), **kw)
+        self.positions.saw([r])
+        return r
 
     def scan(self, table: str, *, min_position: str | Position | None = None, **kw: Any) -> Iterator[Lookup]:
         for r in self.client.scan(table, min_position=self.positions.at_least(table, min_position), **kw):

@@ -182,7 +182,7 @@ def test_store_nodes_and_the_pipeline_expose_prometheus_metrics(stack, readings)
     assert sorted({p for p, _ in applied}) == [str(p) for p in range(8)]
     assert all(len(applied.get((str(p), role), [])) == 1 for p in range(8) for role in ("active", "standby"))
     assert sum(v[0] for (p, role), v in applied.items() if role == "active") >= len(expected)
-    assert sorted(actives) == ["node-1", "node-2", "node-3"] and sum(actives.values()) == 16  # 2 tables × 8
+    assert sorted(actives) == ["node-1", "node-2", "node-3"] and sum(actives.values()) == 24  # 3 tables × 8
 
     pipeline = next(c for c in components if c["role"] == "pipeline")
 
@@ -191,7 +191,8 @@ def test_store_nodes_and_the_pipeline_expose_prometheus_metrics(stack, readings)
                 if s.name == "freshroute_pipeline_batch_id"}
 
     # A batch is counted once it has ended, a moment after its changes are served.
-    wait_until(lambda: set(batches()) == {"sensor_stats", "area_counts"}, 10, "both tables' last batch in the metrics")
+    wait_until(lambda: set(batches()) == {"sensor_stats", "area_counts", "sensor_windows"}, 10,
+               "every table's last batch in the metrics")
     rows = {s.labels["table"]: s.value for s in scrape(pipeline["metrics"])
             if s.name == "freshroute_pipeline_batch_input_rows"}
     assert all(b >= 0 for b in batches().values()) and all(r > 0 for r in rows.values()), rows

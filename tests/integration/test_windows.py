@@ -20,6 +20,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
+from freshroute.client import Client, WindowedTable
 from freshroute.keys import partition_for, serialize_key
 from freshroute.local.services import free_port
 from freshroute.windows import WATERMARK_KEY, split_window_key
@@ -186,6 +187,21 @@ def test_windows_are_recomputed_revised_finalised_expired_and_restored(broker, r
                     stub.GetWindows(router_pb2.WindowsRequest(table="temp_windows", key="s1", from_ms=5, to_ms=1),
                                     timeout=5)
                 assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+            # The Python client reads the same windows straight from the node, bootstrapped either way.
+            expected_s1 = [(start, v, start == T0) for start, v in sorted(recompute(accepted)["s1"].items())]
+            with Client(redis_url=redis_url, namespace=namespace) as client:
+                direct = client.windows("temp_windows", "s1", from_ms=T0 - 60 * S, to_ms=T0 + 120 * S, max_lag=0)
+                assert [(w.start, w.value, w.final) for w in direct.windows] == expected_s1
+                assert direct.watermark_ms >= T0 + 10 * S and direct.node == "n1"
+                session = client.session()
+                assert session.windows("temp_windows", "s2", from_ms=T0, to_ms=T0 + 20 * S).windows
+                assert session.positions.of("temp_windows") is not None
+                with pytest.raises(WindowedTable):
+                    client.get("temp_windows", "s1")
+            with Client(router=f"http://127.0.0.1:{rest_port}") as client:
+                assert client.windows("temp_windows", "s1", from_ms=T0 - 60 * S, to_ms=T0 + 120 * S).windows == \
+                    direct.windows
 
             # Bad input, each naming its field.
             def refused(path: str, **params) -> dict:
