@@ -7,6 +7,8 @@ Throughput (saturation, the same number of requests in flight for every target):
 - ``baseline_grpc_rps``   the same h2load → a minimal grpc.aio ``Router.Get`` answering from a dict
 - ``direct_store_rps``    the same h2load → a store node's internal ``StoreNode.Get`` (no router)
 - ``redis_get_rps``       redis-benchmark GET, no pipelining → the stack's Redis
+- ``window_rps``          the same wrk → router REST, each request a key's last 6 windows of ``sensor_windows``
+  (``/keys/{key}/windows?from=&to=``), interleaved with point gets of the same keys
 - ``transports_rest_rps`` / ``uvicorn_rest_rps`` and ``transports_grpc_rps`` / ``grpcaio_grpc_rps``:
   wrk and h2load → two router processes of the bench's own, one with router/transports and
   one with uvicorn's httptools protocol and grpc.aio alone (the transports must pay for themselves)
@@ -58,8 +60,9 @@ FIGURES = ("router_grpc_rps", "router_rest_rps", "direct_store_rps", "baseline_g
            "client_sync_get_p50_ms", "redis_py_sync_get_p50_ms", "transports_rest_rps", "uvicorn_rest_rps",
            "transports_grpc_rps", "grpcaio_grpc_rps", "stack_idle_cpu_cores",
            "router_rest_p99_ms_busy", "secure_rest_rps", "secure_grpc_rps", "secure_lookup_cpu_us",
-           "bad_token_cpu_us", "secure_rest_p99_ms", "secure_rest_p99_ms_flooded")
+           "bad_token_cpu_us", "secure_rest_p99_ms", "secure_rest_p99_ms_flooded", "window_rps")
 
+WINDOW_COUNT = 6  # window_rps: each lookup asks for a key's last this many windows
 BUSY_CONNECTIONS = 32  # router_rest_p99_ms_busy: lookups in flight while the pipeline runs
 WARM_AFTER_S = 120.0  # freshness_p99_ms: probes start once the stack has run this long
 LOADED_RATE = 5000.0  # freshness_p99_ms_loaded: readings/s the bench's own producer adds to the input
@@ -92,9 +95,11 @@ TARGETS = (
     ("bad_token_cpu_us / secure_lookup_cpu_us", "bad_token_cpu_us", "secure_lookup_cpu_us", "<=", 1.0),
     ("secure_rest_p99_ms_flooded / secure_rest_p99_ms", "secure_rest_p99_ms_flooded", "secure_rest_p99_ms", "<=",
      1.5),
+    # A key's recent windows cost about what a point get does: one range read on one replica.
+    ("window_rps / router_rest_rps", "window_rps", "router_rest_rps", ">=", 0.5),
 )
 
-LOAD_CLIENTS = {"router_rest_rps": "wrk -t1 (Lua: rotating keys)", "router_grpc_rps": "h2load -t1 (gRPC frames, h2c)",
+LOAD_CLIENTS = {"router_rest_rps": "wrk -t1 (Lua: rotating keys)", "window_rps": "wrk -t1 (Lua: rotating keys, /windows)", "router_grpc_rps": "h2load -t1 (gRPC frames, h2c)",
                 "baseline_grpc_rps": "h2load -t1 (gRPC frames, h2c)", "direct_store_rps": "h2load -t1 (gRPC frames, h2c)",
                 "redis_get_rps": "redis-benchmark -P 1",
                 "latency": "h2load -t1 --rps (fixed rate) --log-file; REST with --h1 and rotating keys",
@@ -170,6 +175,7 @@ class Bench:
         self.fig: dict[str, Any] = {k: None for k in FIGURES}
         self.notes: dict[str, Any] = {}
         self.keys: list[str] = []
+        self.window_size_ms = 10_000  # the windowed table's slide, read from the router when measured
 
     # keys ------------------------------------------------------------------------------------
     def find_keys(self) -> None:
@@ -301,6 +307,36 @@ class Bench:
             self.say(f"  ! {label}: {self.notes[f'{label}_problems']}")
         self.say(f"  {label}: {out['rps']:,.0f} req/s ({out['requests']} requests, {self.a.concurrency} connections)")
         return round(out["rps"], 1)
+
+    def throughput_windows(self) -> float:
+        """Saturation throughput of window lookups: each a key's last WINDOW_COUNT windows of the windowed table."""
+        a = self.a
+        size = self.window_size_ms
+        to = (int(time.time() * 1000) // size + 1) * size
+        query = f"from={to - WINDOW_COUNT * size}&to={to}"
+        cmd = lc.wrk_command(self.c.rest_url + "/", a.concurrency, a.duration)
+        out = lc.parse_wrk(lc.run(cmd, a.duration + 30, lc.wrk_env(a.window_table, a.key_prefix, len(self.keys),
+                                                                   query, "/windows")))
+        if out["errors"]:
+            self.notes["window_problems"] = f"{out['errors']} errors (non-2xx or socket) of {out['requests']}"
+            self.say(f"  ! window: {self.notes['window_problems']}")
+        self.say(f"  window: {out['rps']:,.0f} req/s ({out['requests']} requests of {WINDOW_COUNT} windows, "
+                 f"{a.concurrency} connections)")
+        return round(out["rps"], 1)
+
+    def windows_vs_points(self) -> None:
+        """Window lookups against point gets of the same keys, interleaved; the target is against router_rest_rps."""
+        import httpx
+
+        spec = next((t for t in httpx.get(f"{self.c.rest_url}/v1/tables", timeout=5).json()["tables"]
+                     if t["name"] == self.a.window_table), None)
+        if spec is None or "window" not in spec:
+            raise RuntimeError(f"the stack serves no windowed table {self.a.window_table!r}")
+        self.window_size_ms = int(spec["window"]["slide_ms"])
+        points, windows = self.paired("window_point_rest", lambda: self.throughput_rest("window_point_rest"), "window",
+                                      self.throughput_windows)
+        self.fig["window_rps"] = median_of(windows)
+        self.notes["window_point_rest_rps"] = median_of(points)
 
     def rest_p99_busy(self) -> float | None:
         """REST p99 (ms) at saturation with BUSY_CONNECTIONS connections, the pipeline running at the
@@ -775,6 +811,8 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
             fig["router_rest_rps"], fig["redis_get_rps"] = median_of(rest), median_of(redis_)
 
         _step(b, 8, total, "router REST (wrk) and Redis GET (redis-benchmark) throughput", rest_vs_redis)
+        _step(b, 8, total, f"window lookups ({WINDOW_COUNT} windows of {a.window_table}) against point gets (wrk)",
+              b.windows_vs_points)
         if router_body and started:
             # The baseline answers the same request with a response of the same shape.
             base_url = f"http://{base_address}/freshroute.v1.Router/Get"
@@ -863,6 +901,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="freshroute bench", description=__doc__.splitlines()[0])
     p.add_argument("--home", default=".freshroute/local", help="the local stack's directory (holds state.json)")
     p.add_argument("--table", default="sensor_stats")
+    p.add_argument("--window-table", default="sensor_windows", help="the windowed table of window_rps")
     p.add_argument("--keys", type=int, default=100, help="keyspace: {prefix}0 .. {prefix}{keys-1}")
     p.add_argument("--key-prefix", default="sensor-")
     p.add_argument("--concurrency", type=int, default=64, help="requests in flight for every throughput run")

@@ -168,10 +168,11 @@ def wrk_command(url: str, connections: int, duration_s: float, threads: int = 1,
     return [*cmd, url]
 
 
-def wrk_env(table: str, key_prefix: str, keys: int, query: str = "") -> dict[str, str]:
+def wrk_env(table: str, key_prefix: str, keys: int, query: str = "", suffix: str = "") -> dict[str, str]:
     import os
 
-    return {**os.environ, "WRK_TABLE": table, "WRK_KEY_PREFIX": key_prefix, "WRK_KEYS": str(keys), "WRK_QUERY": query}
+    return {**os.environ, "WRK_TABLE": table, "WRK_KEY_PREFIX": key_prefix, "WRK_KEYS": str(keys), "WRK_QUERY": query,
+            "WRK_SUFFIX": suffix}
 
 
 def parse_wrk(output: str) -> dict[str, Any]:

@@ -2,8 +2,10 @@
 -- JSON summary line at the end (parsed by loadtest.loadclients). Paths are built once per
 -- thread so that the request function stays cheap: wrk must not eat the cores it measures.
 --   WRK_TABLE=sensor_stats WRK_KEY_PREFIX=sensor- WRK_KEYS=100 WRK_QUERY='max_lag=100'
+--   WRK_SUFFIX=/windows: a route below each key (then the query carries from and to)
 local table_name = os.getenv("WRK_TABLE") or "sensor_stats"
 local prefix = os.getenv("WRK_KEY_PREFIX") or "sensor-"
+local suffix = os.getenv("WRK_SUFFIX") or ""
 local n = tonumber(os.getenv("WRK_KEYS") or "100")
 local query = os.getenv("WRK_QUERY") or ""
 local requests_ = {}
@@ -11,7 +13,7 @@ local i = 0
 
 init = function(args)
   for k = 0, n - 1 do
-    local path = "/v1/tables/" .. table_name .. "/keys/" .. prefix .. k
+    local path = "/v1/tables/" .. table_name .. "/keys/" .. prefix .. k .. suffix
     if query ~= "" then path = path .. "?" .. query end
     requests_[k + 1] = wrk.format("GET", path)
   end
