@@ -10,6 +10,11 @@ For every answered lookup of the recording it checks that
 (c) a session never read backwards: an answer that asked for ``min_position`` is at least as
     fresh, partition by partition, as every answer the same session saw before it.
 
+A window lookup's answer (a record with ``windows``) is checked as (a) for each window: at the
+reported position, exactly the key's windows starting in ``[from_ms, to_ms)`` that the changelog
+holds and that the partition's watermark there has not expired, each with its value, and
+``final`` exactly when the watermark there has reached the window's end.
+
 Failed lookups (503, timeouts …) assert nothing and are only counted. Any violation makes
 the CLI exit non-zero and lists the offending requests.
 
@@ -32,6 +37,9 @@ import orjson
 from freshroute.errors import InvalidArgument
 from freshroute.keys import partition_for, serialize_key
 from freshroute.position import Position
+from freshroute.windows import WATERMARK_KEY, WindowSpec, split_window_key
+
+_WATERMARK = WATERMARK_KEY.decode()
 
 ANSWERED = ("ok", "not_found")
 
@@ -44,6 +52,7 @@ class Changelog:
     partitions: int
     end_offsets: dict[int, int] = field(default_factory=dict)
     _history: dict[tuple[int, str], tuple[list[int], list[Any]]] = field(default_factory=dict)
+    _windows: dict[tuple[int, str], list[tuple[int, str]]] | None = None  # (partition, key) → (start, window key)
 
     @classmethod
     def from_records(cls, topic: str, partitions: int,
@@ -65,6 +74,27 @@ class Changelog:
 
     def partition_of(self, key: str) -> int:
         return partition_for(serialize_key(key), self.partitions)
+
+    def windows_at(self, key: str, partition: int, position: int, from_ms: int, to_ms: int,
+                   window: WindowSpec) -> tuple[list[tuple[int, Any, bool]], int | None]:
+        """``key``'s live, unexpired windows starting in ``[from_ms, to_ms)`` after offsets [0, position): (start,
+        value, final) in start order, and the watermark there."""
+        if self._windows is None:
+            self._windows = defaultdict(list)
+            for p, raw in self._history:
+                split = split_window_key(raw.encode())
+                if split is not None:
+                    self._windows[(p, split[0].decode())].append((split[1], raw))
+        live, mark, _ = self.state_at(_WATERMARK, partition, position)
+        watermark = mark.get("watermark_ms") if live and isinstance(mark, dict) else None
+        w = -1 if watermark is None else watermark
+        out = []
+        for start, raw in sorted(self._windows.get((partition, key), ())):
+            if from_ms <= start < to_ms and not window.expired(start, w):
+                alive, value, _ = self.state_at(raw, partition, position)
+                if alive:
+                    out.append((start, value, window.final(start, w)))
+        return out, watermark
 
     def state_at(self, key: str, partition: int, position: int) -> tuple[bool, Any, int | None]:
         """(live?, value, offset of the deciding record) of ``key`` after applying offsets [0, position)."""
@@ -152,8 +182,10 @@ def _position_offset(rec: dict[str, Any], table: str, partition: int) -> tuple[i
     return pos.offsets[partition], None
 
 
-def check(records: list[dict[str, Any]], changelog: Changelog, table: str) -> CheckReport:
-    """Check (a) values, (b) bounds and (c) monotonic sessions of ``records`` against ``changelog``."""
+def check(records: list[dict[str, Any]], changelog: Changelog, table: str,
+          window: WindowSpec | None = None) -> CheckReport:
+    """Check (a) values, (b) bounds and (c) monotonic sessions of ``records`` against ``changelog`` (a windowed
+    table's window answers against its ``window``)."""
     report = CheckReport(table)
     sessions: dict[str, list[tuple[int, int, dict[str, Any]]]] = defaultdict(list)
 
@@ -183,6 +215,18 @@ def check(records: list[dict[str, Any]], changelog: Changelog, table: str) -> Ch
         elif offset > changelog.end_offsets.get(partition, 0):
             bad(i, "position", f"position {offset} is beyond the changelog end {changelog.end_offsets.get(partition, 0)}"
                                f" of partition {partition}")
+        elif rec.get("windows") is not None:
+            report.values_checked += 1
+            if window is None:
+                bad(i, "value", "a window answer of a table checked without its window definition")
+            else:
+                want_windows, watermark = changelog.windows_at(key, partition, offset, int(rec["from_ms"]),
+                                                               int(rec["to_ms"]), window)
+                got = [(w["start"], w["value"], w["final"]) for w in rec["windows"]]
+                if len(got) != len(want_windows) or not all(
+                        g[0] == e[0] and g[2] == e[2] and same_value(g[1], e[1]) for g, e in zip(got, want_windows)):
+                    bad(i, "value", f"returned windows {got!r}, but before offset {offset} of partition {partition} "
+                                    f"(watermark {watermark}) they are {want_windows!r}")
         else:
             live, want, at = changelog.state_at(key, partition, offset)
             if rec["outcome"] == "ok":
@@ -269,6 +313,19 @@ def changelog_topic(table: str, redis_url: str | None = None, namespace: str = "
     return f"{topic_prefix}{table}-changelog"
 
 
+def table_window(table: str, redis_url: str | None, namespace: str = "freshroute") -> WindowSpec | None:
+    """The table's window definition from its spec in Redis (None: not windowed, or not known)."""
+    if not redis_url:
+        return None
+    try:
+        from freshroute.metadata import MetadataStore
+
+        spec = MetadataStore.from_url(redis_url, namespace).tables().get(table)
+    except Exception:  # noqa: BLE001 - without it a window answer is reported as unverifiable by definition
+        return None
+    return spec.window if spec is not None else None
+
+
 def read_changelog(bootstrap: str, topic: str, timeout_s: float = 120.0,
                    kafka_config: dict[str, Any] | None = None, progress=None) -> Changelog:
     """Read every partition of ``topic`` from offset 0 to its true end (see ``loadtest.changelog_reader``)."""
@@ -295,7 +352,7 @@ def check_recording(recording: Path | list[dict[str, Any]], bootstrap: str, tabl
     """Read the changelog back and check a recording (a JSONL path or loaded records) against it."""
     records = load_recording(recording) if isinstance(recording, Path) else recording
     topic = topic or changelog_topic(table, redis_url, namespace, topic_prefix)
-    return check(records, read_changelog(bootstrap, topic), table)
+    return check(records, read_changelog(bootstrap, topic), table, table_window(table, redis_url, namespace))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -329,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     changelog = read_changelog(bootstrap, topic, progress=lambda n, done, total: print(
         f"\r  {n} records, {done}/{total} partitions at end", end="", file=sys.stderr))
     print(file=sys.stderr)
-    report = check(records, changelog, a.table)
+    report = check(records, changelog, a.table, table_window(a.table, redis_url, namespace or "freshroute"))
     doc = report.to_dict(a.max_listed)
     if a.json_out:
         a.json_out.write_bytes(orjson.dumps(report.to_dict(len(report.violations)), option=orjson.OPT_INDENT_2))

@@ -9,7 +9,9 @@ and the consistency checker never care how a lookup travelled:
 ``transport``, ``other``), ``status`` (HTTP status or gRPC code name), ``code`` (error code),
 ``latency_ms``, ``partition``, ``served_by``, ``lag``, ``position``, ``value``; a failed lookup
 (not a 404) also keeps the router's whole error body as ``error``, which says what each
-attempt met.
+attempt met. A window lookup (of a windowed table) adds ``from_ms``, ``to_ms``, ``windows``
+(each ``{start, end, value, final}``) and ``watermark_ms``; its outcome is ``ok`` with or
+without windows.
 """
 
 from __future__ import annotations
@@ -49,15 +51,32 @@ def _not_found_outcome(code: str | None) -> str:
     return "table_not_found" if code == "TABLE_NOT_FOUND" else "not_found"
 
 
+def _windowed(rec: dict[str, Any], span: tuple[int, int] | None) -> dict[str, Any]:
+    if span is not None:
+        rec.update(from_ms=span[0], to_ms=span[1], windows=None, watermark_ms=None)
+    return rec
+
+
+def _fill_windows(rec: dict[str, Any], windows: list[dict[str, Any]], watermark_ms: int | None) -> None:
+    rec["windows"] = windows
+    rec["watermark_ms"] = watermark_ms
+
+
 async def rest_lookup(client: Any, table: str, key: str, bound_kind: str, bound: dict[str, Any], t0: float,
-                      session: str | None = None, seq: int | None = None) -> dict[str, Any]:
-    """``GET /v1/tables/{table}/keys/{key}`` with an ``httpx.AsyncClient`` bound to the router."""
+                      session: str | None = None, seq: int | None = None,
+                      span: tuple[int, int] | None = None) -> dict[str, Any]:
+    """``GET /v1/tables/{table}/keys/{key}`` with an ``httpx.AsyncClient`` bound to the router; with ``span``
+    (from, to), the key's windows starting in it (``…/windows``)."""
     import httpx
 
     start = time.monotonic()
-    rec = _base("rest", table, key, bound_kind, bound, start - t0, session, seq)
+    rec = _windowed(_base("rest", table, key, bound_kind, bound, start - t0, session, seq), span)
+    path, params = f"/v1/tables/{table}/keys/{key}", dict(bound)
+    if span is not None:
+        path += "/windows"
+        params.update({"from": span[0], "to": span[1]})
     try:
-        resp = await client.get(f"/v1/tables/{table}/keys/{key}", params=bound or None)
+        resp = await client.get(path, params=params or None)
     except httpx.TimeoutException as e:
         rec.update(outcome="timeout", status="client-timeout", code=type(e).__name__)
     except httpx.HTTPError as e:
@@ -71,6 +90,8 @@ async def rest_lookup(client: Any, table: str, key: str, bound_kind: str, bound:
         if resp.status_code == 200:
             rec["outcome"] = "ok"
             rec["value"] = doc.get("value")
+            if span is not None:
+                _fill_windows(rec, doc.get("windows"), doc.get("watermark_ms"))
             _fill_details(rec, doc)
         else:
             err = doc.get("error") if isinstance(doc, dict) else None
@@ -99,17 +120,23 @@ def response_to_dict(resp: Any) -> dict[str, Any]:
 
 
 async def grpc_lookup(stub: Any, table: str, key: str, bound_kind: str, bound: dict[str, Any], t0: float,
-                      session: str | None = None, seq: int | None = None, timeout_s: float = 5.0) -> dict[str, Any]:
-    """``Router.Get`` on a ``grpc.aio`` stub."""
+                      session: str | None = None, seq: int | None = None, timeout_s: float = 5.0,
+                      span: tuple[int, int] | None = None) -> dict[str, Any]:
+    """``Router.Get`` on a ``grpc.aio`` stub; with ``span`` (from, to), ``Router.GetWindows``."""
     import grpc
 
     from proto import router_pb2
 
     start = time.monotonic()
-    rec = _base("grpc", table, key, bound_kind, bound, start - t0, session, seq)
-    req = router_pb2.GetRequest(table=table, key=key, bound=grpc_bound(bound))
+    rec = _windowed(_base("grpc", table, key, bound_kind, bound, start - t0, session, seq), span)
     try:
-        resp = await stub.Get(req, timeout=timeout_s)
+        if span is None:
+            resp = await stub.Get(router_pb2.GetRequest(table=table, key=key, bound=grpc_bound(bound)),
+                                  timeout=timeout_s)
+        else:
+            resp = await stub.GetWindows(router_pb2.WindowsRequest(table=table, key=key, from_ms=span[0],
+                                                                   to_ms=span[1], bound=grpc_bound(bound)),
+                                         timeout=timeout_s)
     except grpc.aio.AioRpcError as e:
         code = e.code().name
         rec["status"] = code
@@ -128,7 +155,12 @@ async def grpc_lookup(stub: Any, table: str, key: str, bound_kind: str, bound: d
     else:
         rec["status"] = "OK"
         _fill_details(rec, response_to_dict(resp))
-        if resp.found:
+        if span is not None:
+            rec["outcome"] = "ok"
+            _fill_windows(rec, [{"start": w.start_ms, "end": w.end_ms, "value": orjson.loads(w.value_json),
+                                 "final": w.final} for w in resp.windows],
+                          resp.watermark_ms if resp.HasField("watermark_ms") else None)
+        elif resp.found:
             rec["outcome"] = "ok"
             rec["value"] = orjson.loads(resp.value_json) if resp.value_json else None
         else:
@@ -143,13 +175,22 @@ _OUTCOME_BY_CODE = {"NO_REPLICA_WITHIN_BOUND": "unavailable", "REPLICA_UNAVAILAB
 
 
 async def client_lookup(client: Any, table: str, key: str, bound_kind: str, bound: dict[str, Any], t0: float,
-                        session: str | None = None, seq: int | None = None) -> dict[str, Any]:
-    """``AsyncClient.get``: straight to the store nodes through the routing core."""
+                        session: str | None = None, seq: int | None = None,
+                        span: tuple[int, int] | None = None) -> dict[str, Any]:
+    """``AsyncClient.get`` (with ``span``: ``AsyncClient.windows``): straight to the store nodes through the routing
+    core."""
     from freshroute.errors import FreshrouteError
 
     start = time.monotonic()
-    rec = _base("client", table, key, bound_kind, bound, start - t0, session, seq)
+    rec = _windowed(_base("client", table, key, bound_kind, bound, start - t0, session, seq), span)
     try:
+        if span is not None:
+            w = await client.windows(table, key, from_ms=span[0], to_ms=span[1], **bound)
+            rec.update(outcome="ok", status=200, partition=w.partition, served_by={"node": w.node, "role": w.role},
+                       lag={"offsets": w.lag_offsets, "ms": w.lag_ms}, position=w.position)
+            _fill_windows(rec, [x._asdict() for x in w.windows], w.watermark_ms)
+            rec["latency_ms"] = round((time.monotonic() - start) * 1000, 3)
+            return rec
         r = await client.get(table, key, **bound)
     except FreshrouteError as e:
         rec.update(outcome=_OUTCOME_BY_CODE.get(e.code, "other"), status=e.http_status)

@@ -158,6 +158,7 @@ class LoadConfig:
     max_requests: int = 2_000_000
     timeout_s: float = 5.0
     seed: int = 1
+    window_span_ms: int = 0  # > 0: window lookups of a windowed table, each the key's windows of this last span
 
 
 class Recorder:
@@ -207,12 +208,17 @@ async def _worker(i: int, cfg: LoadConfig, rest: Any, grpc_stub: Any, client: An
         choice = mixer.choose()
         bound = bound_params(choice, session, cfg.table)
         seq = session.next_seq()
+        span = None
+        if cfg.window_span_ms:
+            now = int(time.time() * 1000)
+            span = (now - cfg.window_span_ms, now + 1)
         if proto == "rest":
-            r = await rest_lookup(rest, cfg.table, key, choice.kind, bound, t0, session.name, seq)
+            r = await rest_lookup(rest, cfg.table, key, choice.kind, bound, t0, session.name, seq, span)
         elif proto == "client":
-            r = await client_lookup(client, cfg.table, key, choice.kind, bound, t0, session.name, seq)
+            r = await client_lookup(client, cfg.table, key, choice.kind, bound, t0, session.name, seq, span)
         else:
-            r = await grpc_lookup(grpc_stub, cfg.table, key, choice.kind, bound, t0, session.name, seq, cfg.timeout_s)
+            r = await grpc_lookup(grpc_stub, cfg.table, key, choice.kind, bound, t0, session.name, seq, cfg.timeout_s,
+                                  span)
         if r["outcome"] in ANSWERED:
             session.observe(cfg.table, r.get("position"))
         rec.add(r)
@@ -311,12 +317,13 @@ def run(stack: Stack, cfg: LoadConfig, faults: list[Fault], out_dir: Path, check
     duration = time.monotonic() - t0
     extra: dict[str, Any] = {"scenario": title, "load": cfg.__dict__, "recording": str(recorder.path)}
     if check:
-        from loadtest.consistency import changelog_topic, check as check_records, read_changelog
+        from loadtest.consistency import changelog_topic, check as check_records, read_changelog, table_window
 
         say("consistency check: reading the changelog back …")
         topic = changelog_topic(cfg.table, c.redis_url, c.namespace, c.topic_prefix)
         try:
-            report = check_records(recorder.records, read_changelog(c.bootstrap, topic), cfg.table)
+            report = check_records(recorder.records, read_changelog(c.bootstrap, topic), cfg.table,
+                                   table_window(cfg.table, c.redis_url, c.namespace))
             extra["consistency"] = report.to_dict()
         except Exception as e:  # noqa: BLE001 - the run's report still gets written, with the reason
             extra["consistency"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
@@ -343,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--zipf-s", type=float, default=1.1)
     p.add_argument("--bounds", default=DEFAULT_BOUND_MIX, help="weighted bound mix, e.g. none:4,max_lag=100:2,session:2")
     p.add_argument("--timeout", type=float, default=5.0, help="per-request timeout (s)")
+    p.add_argument("--window-span-ms", type=int, default=0,
+                   help="window lookups of a windowed --table: each the key's windows of this last span (ms)")
     p.add_argument("--out", type=Path, default=None, help="report directory (default reports/<scenario>-<time>)")
     p.add_argument("--no-check", action="store_true", help="skip the consistency check")
     p.add_argument("--no-plots", action="store_true")
@@ -360,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cfg = LoadConfig(table=a.table, key_prefix=a.key_prefix, keys=a.keys, distribution=a.distribution,
                      zipf_s=a.zipf_s, bound_mix=a.bounds, protocol=a.protocol, concurrency=a.concurrency,
-                     rate=a.rate, duration_s=a.duration, timeout_s=a.timeout)
+                     rate=a.rate, duration_s=a.duration, timeout_s=a.timeout, window_span_ms=a.window_span_ms)
     out = a.out or Path("reports") / f"{a.scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
     faults = faults_for(a.scenario, a.duration, a.node, a.hold)
     summary = run(stack, cfg, faults, out, check=not a.no_check, plots=not a.no_plots,

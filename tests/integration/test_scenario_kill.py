@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import httpx
 import orjson
@@ -123,3 +124,36 @@ def test_kill_9_of_a_store_node_under_client_load(stack, readings, tmp_path):
     # Every answer within its bound, every value one the changelog held, no session read backwards.
     assert consistency["ok"], orjson.dumps(consistency, option=orjson.OPT_INDENT_2).decode()
     assert consistency["session_reads_checked"] > 0 and consistency["bounds_checked"] > 0
+
+
+def test_kill_9_of_a_store_node_during_window_lookups(stack, readings, tmp_path):
+    """The demo's sensor_windows read through REST, gRPC and the client while a node dies: no loose-bound lookup fails,
+    and every answer's windows are those the changelog held at its position, final as its watermark says."""
+    expected = expected_sensor_stats(readings)
+    with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
+        wait_until(lambda: all_sensors_served(client, expected, max_lag=0), FIRST_DATA_TIMEOUT_S,
+                   "every sensor's final stats to be served")
+        span = 30 * 60 * 1000  # every window of the readings, produced minutes ago at most
+        now = int(time.time() * 1000)
+        wait_until(lambda: all(client.get(f"/v1/tables/sensor_windows/keys/sensor-{i}/windows", params={
+            "from": now - span, "to": now + 1, "max_lag": 0}).json().get("windows") for i in range(SENSORS)), 60,
+                   "every sensor's windows to be served")
+    old_pid = stack.components[VICTIM].pid
+    summaries = []
+    for protocol, seed in (("both", 7), ("client", 8)):
+        cfg = LoadConfig(table="sensor_windows", keys=SENSORS, protocol=protocol, concurrency=8, rate=100.0,
+                         duration_s=12.0, timeout_s=5.0, window_span_ms=span,
+                         bound_mix="none:2,max_lag=100000:1,max_staleness_ms=120000:1,session:2", seed=seed)
+        faults = [Fault(4.0, "kill", VICTIM, 4.0)] if protocol == "both" else []
+        summaries.append(run(stack, cfg, faults, tmp_path / protocol, check=True, plots=False,
+                             title=f"kill-node-windows-{protocol}"))
+    events = [f["event"] for f in summaries[0]["faults"]]
+    assert any(e.startswith(f"kill -9 {VICTIM} (pid {old_pid})") for e in events), events
+    for summary in summaries:
+        assert summary["requests"] >= 500, summary
+        assert summary["failed"] == 0, (summary["errors_by_code"], summary["first_failures"])
+        consistency = summary["consistency"]
+        assert consistency["ok"], orjson.dumps(consistency, option=orjson.OPT_INDENT_2).decode()
+        assert consistency["values_checked"] == summary["requests"] and consistency["session_reads_checked"] > 0
+    records = [orjson.loads(line) for line in (tmp_path / "both" / "requests.jsonl").read_bytes().splitlines()]
+    assert sum(len(r["windows"]) for r in records) >= len(records)  # answers carry windows, not empty lists

@@ -171,3 +171,43 @@ def test_report_lists_offending_requests(log):
     doc = report.to_dict()
     assert doc["ok"] is False and doc["violations"] == 1
     assert doc["offending"][0]["t"] == 1.5 and doc["offending"][0]["key"] == A
+
+
+def windowed_log():
+    """Key A's windows in A's partition: 0 w0=1, 1 w10=2, 2 watermark 10 s, 3 w0 tombstoned (expired), 4 watermark 25 s."""
+    from freshroute.windows import WATERMARK_KEY, window_key
+
+    p = part(A)
+    w = lambda s: window_key(A.encode(), s).decode()  # noqa: E731
+    rows = [(p, 0, w(0), orjson.dumps({"n": 1})), (p, 1, w(10_000), orjson.dumps({"n": 2})),
+            (p, 2, WATERMARK_KEY.decode(), orjson.dumps({"watermark_ms": 10_000})), (p, 3, w(0), None),
+            (p, 4, WATERMARK_KEY.decode(), orjson.dumps({"watermark_ms": 25_000}))]
+    return Changelog.from_records("t-changelog", P, rows)
+
+
+def window_rec(offset: int, windows: list[tuple[int, dict, bool]], frm: int = 0, to: int = 60_000) -> dict:
+    r = rec(A, offset)
+    r.update(from_ms=frm, to_ms=to, value=None,
+             windows=[{"start": s, "end": s + 10_000, "value": v, "final": f} for s, v, f in windows])
+    return r
+
+
+def test_window_answers_are_checked_against_the_changelog_and_watermark_at_their_position():
+    from freshroute.windows import tumbling
+
+    log = windowed_log()
+    spec = tumbling("10s", retention="5s")  # [0, 10 s) expires at 15 s; [10 s, 20 s) at 25 s
+    good = [window_rec(2, [(0, {"n": 1}, False), (10_000, {"n": 2}, False)]),
+            window_rec(3, [(0, {"n": 1}, True), (10_000, {"n": 2}, False)]),  # tombstone at 3 is not before offset 3
+            window_rec(4, [(10_000, {"n": 2}, False)]),
+            window_rec(5, []),  # watermark 25 s: [10 s, 20 s) expired too
+            window_rec(2, [(10_000, {"n": 2}, False)], frm=5_000)]
+    report = check(good, log, TABLE, spec)
+    assert report.ok and report.values_checked == 5, report.to_dict()
+    bad = [window_rec(3, [(0, {"n": 1}, False), (10_000, {"n": 2}, False)]),  # claims not final
+           window_rec(4, [(0, {"n": 1}, True), (10_000, {"n": 2}, False)]),  # serves a deleted window
+           window_rec(2, [(0, {"n": 9}, False), (10_000, {"n": 2}, False)]),  # wrong value
+           window_rec(2, [(0, {"n": 1}, False)])]  # misses one
+    report = check(bad, log, TABLE, spec)
+    assert [v.index for v in report.violations] == [0, 1, 2, 3] and {v.kind for v in report.violations} == {"value"}
+    assert not check([window_rec(2, [])], log, TABLE, None).ok  # a window answer needs the window definition
