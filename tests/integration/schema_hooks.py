@@ -1,7 +1,10 @@
-"""How schemathesis makes valid opaque tokens (loaded through SCHEMATHESIS_HOOKS by test_rest_schema).
+"""How schemathesis makes valid opaque tokens and ranges (loaded through SCHEMATHESIS_HOOKS by test_rest_schema).
 
 A position or page token is valid only for the table it came from, so the tokens are made
 for the table the test deployment serves; on any other (absent) table the answer is 404.
+The windows routes name the deployment's windowed table instead, and their time ranges are
+kept to what OpenAPI cannot say: ``from <= to``, at most ``max_windows`` windows, and a page
+token of the same range.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from freshroute.routing.results import encode_page_token
 from router.openapi import PAGE_TOKEN_FORMAT, POSITION_FORMAT
 
 TABLE = os.environ["FRESHROUTE_SCHEMA_TABLE"]
+WINDOWED = os.environ["FRESHROUTE_SCHEMA_WINDOWED"]
+WINDOW_MS = 10_000  # the windowed table's slide
+MAX_WINDOWS = 10_000  # the router's default max_windows
 KEYS = int(os.environ["FRESHROUTE_SCHEMA_KEYS"])  # the table holds sensor-0 … sensor-{KEYS-1}
 
 schemathesis.openapi.format(POSITION_FORMAT, st.dictionaries(
@@ -28,8 +34,33 @@ def flatmap_path_parameters(context, path_parameters):
     """As generated, or naming the deployment's table (and one of its keys), so requests reach the routing."""
     if not path_parameters or "table" not in path_parameters:
         return st.just(path_parameters)
-    known_table = {**path_parameters, "table": TABLE}
+    windows = context.operation is not None and context.operation.path.endswith("/windows")
+    known_table = {**path_parameters, "table": WINDOWED if windows else TABLE}
     variants = [st.just(path_parameters), st.just(known_table)]
     if "key" in path_parameters:
         variants.append(st.integers(0, KEYS - 1).map(lambda i: {**known_table, "key": f"sensor-{i}"}))
     return st.one_of(variants)
+
+
+def _millis(value) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 19:
+        return int(value)
+    return None
+
+
+@schemathesis.hook
+def map_query(context, query):
+    """A windows route's range as the router accepts it, when both ends are whole milliseconds."""
+    if context.operation is None or not context.operation.path.endswith("/windows") or not query:
+        return query
+    frm, to = _millis(query.get("from")), _millis(query.get("to"))
+    if frm is None or to is None:
+        return query
+    frm = min(frm, to)
+    to = min(to, frm + MAX_WINDOWS * WINDOW_MS)
+    query = {**query, "from": frm, "to": to}
+    if "page_token" in query:
+        query["page_token"] = encode_page_token(WINDOWED, b"sensor-1", f"{frm}-{to}")
+    return query

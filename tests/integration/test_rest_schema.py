@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_router_process import KEYS, ROOT, TABLE, Deployment, Procs
+from .test_router_process import KEYS, ROOT, TABLE, WINDOWED, Deployment, Procs
 
 pytestmark = pytest.mark.integration
 
@@ -35,10 +35,12 @@ def deployment(tmp_path_factory, redis_service):
 def test_the_rest_api_keeps_to_its_openapi_document(deployment, tmp_path):
     assert SCHEMATHESIS.exists(), "schemathesis is a test dependency (pyproject's test extras)"
     run = subprocess.run(
-        [str(SCHEMATHESIS), "run", f"{deployment.rest}/openapi.json", "--checks", "all",
+        [str(SCHEMATHESIS), "--config-file", str(Path(__file__).with_name("schemathesis.toml")), "run",
+         f"{deployment.rest}/openapi.json", "--checks", "all",
          "--max-examples", "30", "--seed", "1", "--workers", "1",
          "--request-timeout", "10", "--no-color", "--output-truncate", "true", "--report-dir", str(tmp_path)],
         cwd=tmp_path, capture_output=True, text=True, timeout=400,
         env={**os.environ, "PYTHONPATH": str(ROOT), "SCHEMATHESIS_HOOKS": "tests.integration.schema_hooks",
-             "FRESHROUTE_SCHEMA_TABLE": TABLE, "FRESHROUTE_SCHEMA_KEYS": str(KEYS)})
+             "FRESHROUTE_SCHEMA_TABLE": TABLE, "FRESHROUTE_SCHEMA_WINDOWED": WINDOWED,
+             "FRESHROUTE_SCHEMA_KEYS": str(KEYS)})
     assert run.returncode == 0 and "No issues found" in run.stdout, run.stdout[-20_000:] + run.stderr[-5_000:]

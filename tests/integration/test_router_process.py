@@ -26,6 +26,7 @@ import redis
 from freshroute.keys import partition_for, serialize_key
 from freshroute.local.services import free_port, start_redis, wait_for_port
 from freshroute.metadata import Assignment, Keys, MetadataStore, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
+from freshroute.windows import tumbling
 from proto import router_pb2, router_pb2_grpc
 
 pytestmark = pytest.mark.integration
@@ -38,6 +39,10 @@ NODES = ("n1", "n2", "n3")
 LAYOUT = {p: (NODES[p % 3], NODES[(p + 1) % 3]) for p in range(PARTITIONS)}
 KEYS = 40
 APPLIED = 1000
+# A windowed table beside it: every key has windows starting at 0, 10 s and 20 s; the watermark is at 15 s.
+WINDOWED = "sensor_windows"
+WINDOW_STARTS = (0, 10_000, 20_000)
+WATERMARK_MS = 15_000
 
 
 def value_of(i: int) -> dict:
@@ -50,13 +55,18 @@ async def serve_store(node: str, port: int, redis_url: str, namespace: str, acti
                       heartbeat_s: float) -> None:
     from proto import store_pb2, store_pb2_grpc
 
+    from freshroute.windows import WATERMARK_KEY, live_starts, watermark_value, window_key
+
     hosted = active | standby
     rows: dict[int, dict[bytes, bytes]] = {p: {} for p in hosted}
+    windows: dict[int, dict[bytes, bytes]] = {p: {WATERMARK_KEY: watermark_value(WATERMARK_MS)} for p in hosted}
     for i in range(KEYS):
         key = serialize_key(f"sensor-{i}")
         p = partition_for(key, PARTITIONS)
         if p in hosted:
             rows[p][key] = orjson.dumps(value_of(i))
+            for start in WINDOW_STARTS:
+                windows[p][window_key(key, start)] = orjson.dumps({"count": i})
 
     def status(p: int) -> store_pb2.ReplicaStatus:
         act = p in active
@@ -83,9 +93,23 @@ async def serve_store(node: str, port: int, redis_url: str, namespace: str, acti
         return store_pb2.GroupResult(id=g.id, status=store_pb2.OK, replica=status(g.partition),
                                      values=[r.value for r in reads])
 
+    def answer_range(r: store_pb2.RangeRead) -> store_pb2.RangeResult:
+        if r.table != WINDOWED or r.partition not in windows:
+            return store_pb2.RangeResult(id=r.id, status=store_pb2.NOT_HOSTED)
+        if r.bound.min_offset > APPLIED:
+            return store_pb2.RangeResult(id=r.id, status=store_pb2.TOO_STALE, replica=status(r.partition))
+        keep = live_starts(r.window.from_ms, r.window.to_ms, r.window.life_ms, WATERMARK_MS) \
+            if r.HasField("window") else (lambda _k: True)
+        entries = [(k, v) for k, v in sorted(windows[r.partition].items())
+                   if k >= r.start and (not r.end or k < r.end) and keep(k)][:r.limit]
+        return store_pb2.RangeResult(id=r.id, status=store_pb2.OK, replica=status(r.partition),
+                                     watermark_ms=WATERMARK_MS,
+                                     entries=[store_pb2.ScanEntry(key=k, value=v) for k, v in entries])
+
     def answer_batch(batch: store_pb2.ReadBatch) -> store_pb2.ResultBatch:
         return store_pb2.ResultBatch(results=[answer(r) for r in batch.reads],
-                                     groups=[answer_group(g) for g in batch.groups])
+                                     groups=[answer_group(g) for g in batch.groups],
+                                     ranges=[answer_range(r) for r in batch.ranges])
 
     class Store(store_pb2_grpc.StoreNodeServicer):
         async def Get(self, request, context):
@@ -113,9 +137,9 @@ async def serve_store(node: str, port: int, redis_url: str, namespace: str, acti
     md = MetadataStore.from_url(redis_url, namespace, timeout_s=0.3)
     while True:
         report = NodeReport(node, f"127.0.0.1:{port}", int(time.time() * 1000), tuple(
-            ReplicaReport(TABLE, p, Role.ACTIVE if p in active else Role.STANDBY,
+            ReplicaReport(table, p, Role.ACTIVE if p in active else Role.STANDBY,
                           ReplicaState.ACTIVE if p in active else ReplicaState.STANDBY, APPLIED, APPLIED, 0)
-            for p in sorted(hosted)))
+            for table in (TABLE, WINDOWED) for p in sorted(hosted)))
         try:
             await asyncio.to_thread(md.publish_node, report, int(heartbeat_s * 3000))
         except Exception:  # noqa: BLE001 — Redis may be down; a real node keeps serving too
@@ -178,11 +202,13 @@ class Deployment:
         """What the pipeline and the assignor would publish."""
         meta = MetadataStore.from_url(self.redis_url, self.namespace)
         meta.register_tables([TableSpec(TABLE, f"{TABLE}-changelog", PARTITIONS, "sensor_id",
-                                        {"count": "long", "sum": "double"}, 1)])
+                                        {"count": "long", "sum": "double"}, 1),
+                              TableSpec(WINDOWED, f"{WINDOWED}-changelog", PARTITIONS, "sensor_id", {"count": "long"},
+                                        1, window=tumbling("10s"))])
         generation = self.generation = meta.try_acquire_assignor("test", 600_000)
         assert generation is not None
-        meta.write_assignment(Assignment(generation, {(TABLE, p): nodes for p, nodes in LAYOUT.items()}), "test",
-                              generation)
+        meta.write_assignment(Assignment(generation, {(t, p): nodes for t in (TABLE, WINDOWED)
+                                                      for p, nodes in LAYOUT.items()}), "test", generation)
         meta.redis.close()
 
     def start_store(self, node: str, heartbeat_s: float = 0.1) -> None:

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.integration
 TABLES = textwrap.dedent('''
     from pyspark.sql import functions as F
 
-    from pipeline.tables import source, sql_table, table, tumbling
+    from pipeline.tables import hopping, source, sql_table, table, tumbling
 
     source("temps", schema="sensor STRING, reading DOUBLE", topic="temps")
 
@@ -46,7 +46,7 @@ TABLES = textwrap.dedent('''
         return temps.groupBy("sensor", "window").agg(F.count("reading").alias("count"),
                                                      F.min("reading").alias("min"), F.max("reading").alias("max"))
 
-    sql_table(name="temp_counts", key="sensor", source="temps", window=tumbling("10 seconds", grace="5 seconds"),
+    sql_table(name="temp_counts", key="sensor", source="temps", window=hopping("10 seconds", "5 seconds", grace="5 seconds"),
               sql="SELECT sensor, window, count(*) AS count FROM temps GROUP BY sensor, window")
 ''')
 
@@ -54,14 +54,19 @@ T0 = 1_700_000_000_000  # a multiple of 10 s: window starts are T0 + k·10 s
 S = 1000
 
 
-def recompute(records: list[tuple[str, int, float]]) -> dict[str, dict[int, dict]]:
-    """sensor → window start → {count, min, max}, from the records the pipeline accepted."""
+def recompute(sent: list[tuple[str, int, float, int]], size: int = 10 * S,
+              slide: int = 10 * S) -> dict[str, dict[int, dict]]:
+    """sensor → window start → {count, min, max}, from the records sent: Spark adds a record to each of its windows
+    that is not final yet (its end is past the watermark the record's batch ran with)."""
     out: dict[str, dict[int, dict]] = {}
-    for sensor, ts, reading in records:
-        start = ts - ts % (10 * S)
-        w = out.setdefault(sensor, {}).setdefault(start, {"count": 0, "min": reading, "max": reading})
-        w["count"] += 1
-        w["min"], w["max"] = min(w["min"], reading), max(w["max"], reading)
+    for sensor, ts, reading, watermark in sent:
+        start = ts - ts % slide
+        while start + size > ts:
+            if start + size > watermark:
+                w = out.setdefault(sensor, {}).setdefault(start, {"count": 0, "min": reading, "max": reading})
+                w["count"] += 1
+                w["min"], w["max"] = min(w["min"], reading), max(w["max"], reading)
+            start -= slide
     return out
 
 
@@ -78,15 +83,19 @@ def test_windows_are_recomputed_revised_finalised_expired_and_restored(broker, r
            "FRESHROUTE_TABLES_FILE": str(tables_file), "FRESHROUTE_TRIGGER_MS": "200",
            "FRESHROUTE_STANDBY_REPLICAS": "0"}
     producer = Producer({"bootstrap.servers": broker, "linger.ms": 0})
-    accepted: list[tuple[str, int, float]] = []
+    accepted: list[tuple[str, int, float, int]] = []  # (sensor, event time, reading, watermark of its batch)
+    watermark = [-1]
 
-    def send(sensor: str, at_s: float, reading: float, late: bool = False) -> None:
+    def send(sensor: str, at_s: float, reading: float) -> None:
         ts = T0 + int(at_s * S)
         producer.produce(topic, key=sensor.encode(), value=orjson.dumps({"sensor": sensor, "reading": reading}),
                          timestamp=ts)
         assert producer.flush(10) == 0
-        if not late:
-            accepted.append((sensor, ts, reading))
+        accepted.append((sensor, ts, reading, watermark[0]))
+
+    def batches_done() -> None:
+        """The records sent so far were processed: later batches run with the watermark they moved."""
+        watermark[0] = max(ts for _s, ts, _r, _w in accepted) - 5 * S
 
     send("s1", 1, 1.0)
     send("s1", 2, 3.0)
@@ -118,11 +127,13 @@ def test_windows_are_recomputed_revised_finalised_expired_and_restored(broker, r
             wait_until(lambda: served("s1") == recompute(accepted)["s1"], 240, "s1's windows to be served")
             assert served("s2") == recompute(accepted)["s2"]
             assert finals("s1") == {T0: False, T0 + 10 * S: False}
+            batches_done()
 
             # Out of order within grace: revises [T0, T0+10 s).
             send("s1", 4, 0.5)
             wait_until(lambda: served("s1") == recompute(accepted)["s1"], 60, "the revision within grace")
             assert served("s1")[T0] == {"count": 3, "min": 0.5, "max": 3.0}
+            batches_done()
 
             # Event time T0+16 s: the watermark passes T0+10 s, so [T0, T0+10 s) is final (no more input needed).
             send("s2", 16, 20.0)
@@ -133,8 +144,9 @@ def test_windows_are_recomputed_revised_finalised_expired_and_restored(broker, r
             assert body["partition"] == partition_for(serialize_key("s1"), 4) and body["position"].startswith("p1.")
             assert [w["end"] - w["start"] for w in body["windows"]] == [10 * S, 10 * S]
 
+            batches_done()
             # Past grace (event time T0+5 s < watermark T0+11 s): dropped and counted; the final window stays.
-            send("s1", 5, -100.0, late=True)
+            send("s1", 5, -100.0)
             send("s3", 17, 1.0)
 
             def late_dropped() -> float:
@@ -146,12 +158,17 @@ def test_windows_are_recomputed_revised_finalised_expired_and_restored(broker, r
             wait_until(lambda: served("s3") == recompute(accepted)["s3"] and late_dropped() >= 1, 60,
                        "the late record to be dropped and counted")
             assert served("s1") == recompute(accepted)["s1"]
+            assert served("s1")[T0] == {"count": 3, "min": 0.5, "max": 3.0}
+            batches_done()
 
-            # A time range selects windows by start; the SQL form serves the same windows' counts.
+            # A time range selects windows by start; the SQL form's hopping windows (10 s every 5 s) hold each
+            # record in the two windows that contain it, but for a window already final (the late record's first).
             one = windows("s1", frm=T0 + 10 * S, to=T0 + 20 * S)
             assert [w["start"] for w in one["windows"]] == [T0 + 10 * S]
             counts = windows("s1", table="temp_counts")
-            assert {w["start"]: w["value"]["count"] for w in counts["windows"]} == {T0: 3, T0 + 10 * S: 1}
+            hops = recompute(accepted, 10 * S, 5 * S)["s1"]
+            assert {w["start"]: w["value"]["count"] for w in counts["windows"]} == {s: v["count"] for s, v in hops.items()}
+            assert all(w["end"] - w["start"] == 10 * S for w in counts["windows"]) and len(hops) == 4
 
             # Across keys, paged: every window of every sensor, in (key, start) order.
             expected = sorted((s, start, v) for s, ws in recompute(accepted).items() for start, v in ws.items())
