@@ -29,7 +29,7 @@ from hyperframe.frame import (ContinuationFrame, DataFrame, Frame, GoAwayFrame, 
 from freshroute import proc
 from proto import router_pb2, router_pb2_grpc
 
-from .test_router_process import KEYS, PARTITIONS, TABLE, Deployment, Procs, value_of
+from .test_router_process import KEYS, PARTITIONS, TABLE, WATERMARK_MS, WINDOW_STARTS, WINDOWED, Deployment, Procs, value_of
 
 pytestmark = pytest.mark.integration
 
@@ -425,10 +425,20 @@ def test_every_method_through_grpcio(router):
         assert [p.partition for p in last.summary.partitions] == list(range(PARTITIONS))
         meta = stub.KeyMetadata(router_pb2.KeyMetadataRequest(table=TABLE, key="sensor-1"), timeout=5)
         assert meta.partition < PARTITIONS and meta.active.node and len(meta.standbys) == 1
-        assert [t.name for t in stub.ListTables(router_pb2.ListTablesRequest(), timeout=5).tables] == [TABLE]
+        windows = stub.GetWindows(router_pb2.WindowsRequest(table=WINDOWED, key="sensor-3", from_ms=0, to_ms=30_000),
+                                  timeout=5)
+        assert [(w.start_ms, w.final, orjson.loads(w.value_json)) for w in windows.windows] == \
+            [(s, s + 10_000 <= WATERMARK_MS, {"count": 3}) for s in WINDOW_STARTS]
+        *items, last = stub.ScanWindows(router_pb2.ScanWindowsRequest(table=WINDOWED, from_ms=10_000, to_ms=20_000),
+                                        timeout=10)
+        assert sorted(i.key for i in items) == sorted(f"sensor-{i}" for i in range(KEYS))
+        assert {i.window.start_ms for i in items} == {10_000} and last.HasField("summary")
+        tables = stub.ListTables(router_pb2.ListTablesRequest(), timeout=5).tables
+        assert [(t.name, t.window.size_ms) for t in tables] == [(TABLE, 0), (WINDOWED, 10_000)]
         view = stub.Cluster(router_pb2.ClusterRequest(), timeout=5)
         assert {n.node for n in view.nodes} == {"n1", "n2", "n3"} and not any(n.draining for n in view.nodes)
-        assert sorted((a.partition, len(a.nodes)) for a in view.assignment) == [(p, 2) for p in range(PARTITIONS)]
+        assert sorted((a.table, a.partition, len(a.nodes)) for a in view.assignment) == \
+            [(t, p, 2) for t in (TABLE, WINDOWED) for p in range(PARTITIONS)]
         assert view.metadata.loaded and view.metadata.redis_ok and view.metadata.HasField("age_ms")
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
