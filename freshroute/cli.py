@@ -67,6 +67,10 @@ def _lookup(args: argparse.Namespace) -> int:
                                 ("min_position", args.min_position)) if v is not None}
     url = (f"{args.router.rstrip('/')}/v1/tables/{urllib.parse.quote(args.table, safe='')}/keys/"
            f"{urllib.parse.quote(args.key, safe='')}")
+    span = _window_span(args)
+    if span is not None:
+        url += "/windows"
+        params.update({"from": span[0], "to": span[1]})
     if params:
         url += "?" + urllib.parse.urlencode(params)
     request = urllib.request.Request(url, headers=_auth_headers(args))
@@ -80,6 +84,26 @@ def _lookup(args: argparse.Namespace) -> int:
     except urllib.error.URLError as e:
         print(f"router at {args.router} is not reachable: {e.reason}", file=sys.stderr)
         return 2
+
+
+def _window_span(args: argparse.Namespace) -> tuple[int, int] | None:
+    """The window starts a lookup asks for: ``--last`` (up to now), or ``--from``/``--to``; None: a key lookup."""
+    if args.last is not None:
+        import time
+
+        from freshroute.windows import duration_ms
+
+        try:
+            last = duration_ms(args.last, "--last")
+        except ValueError as e:
+            raise SystemExit(f"freshroute lookup: {e}") from None
+        now = int(time.time() * 1000)
+        return now - last, now + 1
+    if args.from_ms is not None or args.to_ms is not None:
+        if args.from_ms is None or args.to_ms is None:
+            raise SystemExit("freshroute lookup: --from and --to go together (or use --last)")
+        return int(args.from_ms), int(args.to_ms)
+    return None
 
 
 def _auth_headers(args: argparse.Namespace) -> dict[str, str]:
@@ -112,10 +136,16 @@ def _lookup_grpc(args: argparse.Namespace) -> int:
     else:
         channel = grpc.insecure_channel(args.grpc)
     metadata = (("authorization", f"Bearer {args.token}"),) if args.token else ()
+    span = _window_span(args)
     with channel:
         try:
-            resp = router_pb2_grpc.RouterStub(channel).Get(
-                router_pb2.GetRequest(table=args.table, key=args.key, bound=bound), timeout=10, metadata=metadata)
+            stub = router_pb2_grpc.RouterStub(channel)
+            if span is not None:
+                w = stub.GetWindows(router_pb2.WindowsRequest(table=args.table, key=args.key, from_ms=span[0],
+                                                              to_ms=span[1], bound=bound), timeout=10, metadata=metadata)
+            else:
+                resp = stub.Get(router_pb2.GetRequest(table=args.table, key=args.key, bound=bound), timeout=10,
+                                metadata=metadata)
         except grpc.RpcError as e:
             trailer = dict(e.trailing_metadata() or ()).get("freshroute-error")
             if trailer is None and e.code() is grpc.StatusCode.UNAVAILABLE:
@@ -126,6 +156,14 @@ def _lookup_grpc(args: argparse.Namespace) -> int:
             return 1
     # The REST answer's shape, so that both ways print the same (protobuf's JSON would drop a
     # lag of zero and print offsets as strings).
+    if span is not None:
+        print(json.dumps({"table": w.table, "key": w.key, "windows": [
+            {"start": x.start_ms, "end": x.end_ms, "value": json.loads(x.value_json), "final": x.final}
+            for x in w.windows], "partition": w.partition,
+            "served_by": {"node": w.served_by.node, "role": w.served_by.role},
+            "lag": {"offsets": w.lag.offsets, "ms": w.lag.ms}, "position": w.position,
+            "watermark_ms": w.watermark_ms if w.HasField("watermark_ms") else None}, separators=(",", ":")))
+        return 0
     print(json.dumps({"table": resp.table, "key": resp.key, "value": json.loads(resp.value_json),
                       "partition": resp.partition, "served_by": {"node": resp.served_by.node, "role": resp.served_by.role},
                       "lag": {"offsets": resp.lag.offsets, "ms": resp.lag.ms}, "position": resp.position},
@@ -145,6 +183,15 @@ def _lookup_direct(args: argparse.Namespace) -> int:
                     redis_sentinels=args.redis_sentinels, redis_master_name=args.redis_master_name,
                     token=args.token, ca=args.ca, cert=args.tls_cert, key=args.tls_key, cluster_secret=secret,
                     connect_timeout_s=3.0) as client:
+            span = _window_span(args)
+            if span is not None:
+                w = client.windows(args.table, args.key, from_ms=span[0], to_ms=span[1], max_lag=args.max_lag,
+                                   max_staleness_ms=args.max_staleness_ms, min_position=args.min_position)
+                print(json.dumps({"table": w.table, "key": w.key, "windows": [x._asdict() for x in w.windows],
+                                  "partition": w.partition, "served_by": {"node": w.node, "role": w.role},
+                                  "lag": {"offsets": w.lag_offsets, "ms": w.lag_ms}, "position": w.position,
+                                  "watermark_ms": w.watermark_ms}, separators=(",", ":")))
+                return 0
             r = client.get(args.table, args.key, max_lag=args.max_lag, max_staleness_ms=args.max_staleness_ms,
                            min_position=args.min_position)
     except FreshrouteError as e:
@@ -194,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     lookup.add_argument("--max-lag", dest="max_lag")
     lookup.add_argument("--max-staleness-ms", dest="max_staleness_ms")
     lookup.add_argument("--min-position", dest="min_position")
+    lookup.add_argument("--last", metavar="DURATION",
+                        help="a windowed table: the key's windows that started in the last DURATION (e.g. 1m)")
+    lookup.add_argument("--from", dest="from_ms", metavar="MS", help="a windowed table: earliest window start (ms)")
+    lookup.add_argument("--to", dest="to_ms", metavar="MS", help="a windowed table: latest window start (ms, exclusive)")
     lookup.add_argument("--grpc", metavar="HOST:PORT", help="use the router's gRPC API at this address instead of REST")
     lookup.add_argument("--direct", action="store_true",
                         help="read the store nodes directly (freshroute.client), metadata from --redis-url; "

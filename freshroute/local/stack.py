@@ -850,6 +850,7 @@ freshroute is up. Try:
   curl -s {c.rest_url}/v1/cluster
   .venv/bin/freshroute lookup sensor_stats sensor-1
   .venv/bin/freshroute lookup sensor_stats sensor-1 --grpc {c.grpc_address}
+  .venv/bin/freshroute lookup sensor_windows sensor-1 --last 1m    # its 10 s windows of the last minute
 
   OpenAPI docs: {c.rest_url}/docs
   .venv/bin/freshroute local status      .venv/bin/freshroute local down

@@ -40,7 +40,8 @@ def test_lookup_over_grpc_prints_the_rest_shape_and_errors_on_stderr(capsys):
     from router.grpc_server import PublicGrpc
     from router.settings import RouterSettings
 
-    from .test_router_rest import Cluster, part
+    from .test_router_rest import part
+    from .test_routing_windows import windowed_cluster
 
     ready, done = threading.Event(), None
     port: list[int] = []
@@ -48,7 +49,7 @@ def test_lookup_over_grpc_prints_the_rest_shape_and_errors_on_stderr(capsys):
     async def serve() -> None:
         nonlocal done
         done = asyncio.Event()
-        cluster = Cluster(RouterSettings(grpc_port=0, hedge=False))
+        cluster = windowed_cluster(RouterSettings(grpc_port=0, hedge=False))
         front = PublicGrpc(cluster.settings, cluster.router)
         port.append(await front.start())
         ready.set()
@@ -67,6 +68,18 @@ def test_lookup_over_grpc_prints_the_rest_shape_and_errors_on_stderr(capsys):
         assert out["lag"] == {"offsets": 0, "ms": 0} and out["served_by"]["role"] in {"active", "standby"}
         assert cli.main(["lookup", "sensor_stats", "nope", "--grpc", address]) == 1
         assert json.loads(capsys.readouterr().err)["error"]["code"] == "KEY_NOT_FOUND"
+        # A windowed table's windows, in the REST answer's shape; a key lookup of it names the windows route.
+        assert cli.main(["lookup", "sensor_windows", "s3", "--grpc", address, "--from", "0", "--to", "20000"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["windows"] == [{"start": 0, "end": 10_000, "value": {"count": 3}, "final": True},
+                                  {"start": 10_000, "end": 20_000, "value": {"count": 4}, "final": True}]
+        assert out["watermark_ms"] == 25_000 and out["lag"] == {"offsets": 0, "ms": 0}
+        assert cli.main(["lookup", "sensor_windows", "s3", "--grpc", address]) == 1
+        assert json.loads(capsys.readouterr().err)["error"]["code"] == "WINDOWED_TABLE"
+        with pytest.raises(SystemExit, match="--from and --to go together"):
+            cli.main(["lookup", "sensor_windows", "s3", "--grpc", address, "--from", "0"])
+        with pytest.raises(SystemExit, match="--last must be a duration"):
+            cli.main(["lookup", "sensor_windows", "s3", "--grpc", address, "--last", "soon"])
     finally:
         loop.call_soon_threadsafe(done.set)
         thread.join(10)
