@@ -12,6 +12,8 @@ Keys (``ns`` is the namespace, ``freshroute`` by default):
 
 - ``{ns}:tables``              hash  table name → TableSpec JSON (written by the pipeline)
 - ``{ns}:tables:version``      str   changes with every write of the table specs
+- ``{ns}:input``               hash  table name → InputLag JSON: how far the pipeline is behind the table's input
+                                     (written by the pipeline after every micro-batch it sees)
 - ``{ns}:beats``               hash  node id → its latest heartbeat time (ms, the node's clock)
 - ``{ns}:node:{id}``           str   NodeReport JSON, rewritten only when its shape changed (address,
                                      replicas, roles, states, warmth); every beat renews its TTL
@@ -89,6 +91,34 @@ class TableSpec:
         # Fields a newer pipeline added are ignored, so a rolling upgrade keeps older readers working.
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         return cls(**known, window=WindowSpec.from_dict(window) if window else None)
+
+
+@dataclass(frozen=True)
+class InputLag:
+    """How far the pipeline is behind a table's input: records not yet processed, and since when it has been behind.
+
+    A lookup's own lag says how far its replica is behind the changelog; this says how far the changelog is
+    behind the input, so that an answer during an input burst says how old it really is.
+    """
+
+    records: int  # input records beyond the last micro-batch's end
+    caught_up_ms: int  # when a micro-batch last ended with nothing more to read (the pipeline's clock)
+    at_ms: int  # when this was measured
+
+    def ms(self, now: int) -> int:
+        """Milliseconds the table's changelog is behind its input at ``now``: 0 when caught up."""
+        return max(0, now - self.caught_up_ms) if self.records else 0
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> "InputLag":
+        d = orjson.loads(raw)
+        return cls(int(d["records"]), int(d["caught_up_ms"]), int(d["at_ms"]))
+
+
+NO_INPUT_LAG = InputLag(0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -320,6 +350,10 @@ class Keys:
         return f"{self.ns}:tables:version"
 
     @property
+    def input_lag(self) -> str:
+        return f"{self.ns}:input"
+
+    @property
     def beats(self) -> str:
         return f"{self.ns}:beats"
 
@@ -476,6 +510,12 @@ class MetadataStore:
     def tables(self) -> dict[str, TableSpec]:
         raw = self.redis.hgetall(self.keys.tables)
         return {text(k): TableSpec.from_json(v) for k, v in raw.items()}
+
+    def publish_input_lag(self, table: str, lag: InputLag) -> None:
+        self.redis.hset(self.keys.input_lag, table, lag.to_json())
+
+    def input_lags(self) -> dict[str, InputLag]:
+        return {text(k): InputLag.from_json(v) for k, v in self.redis.hgetall(self.keys.input_lag).items()}
 
     # nodes
     def _beat_args(self, node_id: str, beat_ms: int, ttl_ms: int, report: bytes | None,

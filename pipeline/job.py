@@ -25,6 +25,7 @@ import orjson
 from freshroute.errors import ConfigError, FatalError, FreshrouteError
 from freshroute.metadata import MetadataStore, TableSpec
 from freshroute.settings import is_loopback
+from pipeline.input_lag import InputLagPublisher
 from pipeline.offsets import InputDataLost
 from pipeline.settings import PipelineSettings
 from pipeline.sink import ChangelogProducer, ChangelogWriter
@@ -44,9 +45,11 @@ _LOG4J2 = Path(__file__).resolve().parent / "log4j2.properties"
 _MAX_RESTARTS = 8
 _RESTART_WINDOW_S = 600.0
 _REGISTER_EVERY_S = 10.0
-# Micro-batches in a row, per table, that each ran within the trigger interval (at least
+# The last micro-batches of every table, whose median ran within the trigger interval (at least
 # WARM_BATCH_MS): the JIT has compiled the hot paths and the Python workers are up. Until then
-# a batch takes seconds, and freshness with it; the line is what `local up` waits for.
+# a batch takes seconds, and freshness with it; the line is what `local up` waits for. A median,
+# not every batch: with several tables' queries sharing two cores, one batch in a few runs long
+# on a warm pipeline too.
 WARM_BATCHES = 5
 WARM_BATCH_MS = 500
 WARM_LOG = "pipeline warm"
@@ -252,7 +255,7 @@ class TableRun:
     failures: list[float] = field(default_factory=list)
     finished: bool = False
     logged_batch: int = -1
-    quick_batches: int = 0  # in a row, within the warm bound
+    recent_ms: list[int] = field(default_factory=list)  # the last WARM_BATCHES batches' durations
     last_progress: Any = None  # the last micro-batch's progress report seen (for metrics)
     late_rows_dropped: int = 0  # input rows past their window's grace, since start
     windows_expired: int = 0  # windows tombstoned after their retention, since start
@@ -269,6 +272,7 @@ class Pipeline:
         self.runs: dict[str, TableRun] = {}
         self._stop = threading.Event()
         self._registrar: TableRegistrar | None = None
+        self._input_lag: InputLagPublisher | None = None
         self._warm = False
 
     # start
@@ -315,6 +319,9 @@ class Pipeline:
         self._registrar = TableRegistrar(store, [r.spec for r in self.runs.values()], self._stop,
                                          str(self.settings.redis()), self.settings.namespace)
         self._registrar.start()
+        self._input_lag = InputLagPublisher(MetadataStore.at(self.settings.redis(), self.settings.namespace),
+                                            self._stop, str(self.settings.redis()))
+        self._input_lag.start()
 
     def _table_frame(self, t: Table) -> "DataFrame":
         assert self.spark is not None
@@ -362,6 +369,8 @@ class Pipeline:
                     if log_progress(run, progress):
                         run.last_progress = progress
                         self._note_warmth(run, progress.batchDuration)
+                        if self._input_lag is not None:
+                            self._input_lag.observe(run.table.name, progress)
                         if run.table.window is not None:
                             self._windows_progress(run, progress, seen)
                 if run.finished or run.query is None or run.query.isActive:
@@ -398,15 +407,17 @@ class Pipeline:
             log.warning("table %s: watermark not published: %s", run.table.name, e.message)
 
     def _note_warmth(self, run: TableRun, batch_ms: int) -> None:
-        """Log :data:`WARM_LOG` once every table ran :data:`WARM_BATCHES` quick batches in a row."""
+        """Log :data:`WARM_LOG` once the last :data:`WARM_BATCHES` batches of every table ran within the bound, in
+        the median."""
         if self._warm:
             return
         bound = max(self.settings.trigger_ms, WARM_BATCH_MS)
-        run.quick_batches = run.quick_batches + 1 if batch_ms <= bound else 0
-        if all(r.quick_batches >= WARM_BATCHES for r in self.runs.values()):
+        run.recent_ms = [*run.recent_ms, batch_ms][-WARM_BATCHES:]
+        if all(len(r.recent_ms) == WARM_BATCHES and sorted(r.recent_ms)[WARM_BATCHES // 2] <= bound
+               for r in self.runs.values()):
             self._warm = True
-            log.info("%s: the last %d micro-batches of every table each ran within %d ms", WARM_LOG, WARM_BATCHES,
-                     bound)
+            log.info("%s: the median of the last %d micro-batches of every table ran within %d ms", WARM_LOG,
+                     WARM_BATCHES, bound)
 
     def _restart_or_fail(self, run: TableRun, error: str, stop: threading.Event) -> None:
         lost = re.search(r"InputDataLost: (.+)", error)
@@ -443,8 +454,9 @@ class Pipeline:
         if self.spark is not None:
             self.spark.stop()
             self.spark = None
-        if self._registrar is not None:
-            self._registrar.join(timeout=5)
+        for thread in (self._registrar, self._input_lag):
+            if thread is not None:
+                thread.join(timeout=5)
 
 
 class TableRegistrar(threading.Thread):

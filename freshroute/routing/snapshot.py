@@ -19,7 +19,8 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
 import orjson
 
 from freshroute.heartbeats import Liveness, NodeFeed, Rejections
-from freshroute.metadata import Assignment, Keys, NodePositions, NodeReport, ReplicaState, Role, TableSpec, now_ms, text
+from freshroute.metadata import (Assignment, InputLag, Keys, NodePositions, NodeReport, ReplicaState, Role, TableSpec, now_ms,
+                                 text)
 
 log = logging.getLogger("freshroute.routing.snapshot")
 
@@ -105,6 +106,7 @@ class Snapshot:
     built_ms: int = 0
     loaded: bool = False  # False until the first successful read from Redis
     heard: Mapping[str, int] = field(default_factory=lambda: _EMPTY)  # node → when last heard from (reader's clock)
+    input_lag: Mapping[str, InputLag] = field(default_factory=lambda: _EMPTY)  # table → how far behind its input
 
     @property
     def generation(self) -> int | None:
@@ -334,6 +336,7 @@ class MetadataRefresher:
         self._builder = SnapshotBuilder(node_expiry_ms)
         self._tables: tuple[bytes | None, dict[str, TableSpec]] | None = None
         self._assignment: tuple[bytes | None, Assignment | None] | None = None
+        self.input_lag: Mapping[str, InputLag] = _EMPTY
 
     async def refresh_once(self) -> bool:
         """Read Redis and swap in a new snapshot; on any failure keep the current one."""
@@ -365,7 +368,7 @@ class MetadataRefresher:
             return False
         snap, dirty = self._builder.build(tables, self.feed.reports, self.liveness.heard, assignment, now,
                                           self.feed.positions, self.feed.take_moved())
-        self.current = self._carry_over(prev, snap, now, dirty)
+        self.current = replace(self._carry_over(prev, snap, now, dirty), input_lag=self.input_lag)
         if self._on_swap is not None:
             self._on_swap(self.current)
         return True
@@ -375,14 +378,22 @@ class MetadataRefresher:
         await refresh_until(self.refresh_once, self._refresh_s, stop)
 
     async def _read(self) -> tuple[dict[str, TableSpec], Assignment | None]:
-        """Bring the node feed up to date, and the tables and assignment when their version moved."""
+        """Bring the node feed up to date, the tables' input lag, and the tables and assignment when their version
+        moved."""
         keys = self._keys
         pipe = self._redis.pipeline(transaction=False)
         n = self.feed.ask_changes(pipe, keys)
         pipe.mget([keys.tables_version, keys.assignment_version])
+        pipe.hgetall(keys.input_lag)
         replies = await pipe.execute()
         ids = self.feed.changed_ids(*replies[:n])
         tables_version, assignment_version = replies[n]
+        lags = {}
+        for name, raw in replies[n + 1].items():
+            lag = self._decode(InputLag.from_json, raw, "input lag")
+            if lag is not None:
+                lags[text(name)] = lag
+        self.input_lag = MappingProxyType(lags)
         read_tables = self._tables is None or self._tables[0] != tables_version
         read_assignment = self._assignment is None or self._assignment[0] != assignment_version
         out: list[Any] = []
