@@ -25,6 +25,14 @@ class Lag(_message.Message):
     ms: int
     def __init__(self, offsets: _Optional[int] = ..., ms: _Optional[int] = ...) -> None: ...
 
+class InputLag(_message.Message):
+    __slots__ = ("records", "ms")
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    MS_FIELD_NUMBER: _ClassVar[int]
+    records: int
+    ms: int
+    def __init__(self, records: _Optional[int] = ..., ms: _Optional[int] = ...) -> None: ...
+
 class ServedBy(_message.Message):
     __slots__ = ("node", "role")
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -46,7 +54,7 @@ class GetRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., bound: _Optional[_Union[Bound, _Mapping]] = ..., typed_values: _Optional[bool] = ...) -> None: ...
 
 class GetResponse(_message.Message):
-    __slots__ = ("table", "key", "value_json", "partition", "served_by", "lag", "position", "found", "error", "value")
+    __slots__ = ("table", "key", "value_json", "partition", "served_by", "lag", "position", "found", "error", "value", "input_lag")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +65,7 @@ class GetResponse(_message.Message):
     FOUND_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    INPUT_LAG_FIELD_NUMBER: _ClassVar[int]
     table: str
     key: str
     value_json: str
@@ -67,7 +76,8 @@ class GetResponse(_message.Message):
     found: bool
     error: KeyError
     value: _struct_pb2.Struct
-    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., found: _Optional[bool] = ..., error: _Optional[_Union[KeyError, _Mapping]] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    input_lag: InputLag
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., found: _Optional[bool] = ..., error: _Optional[_Union[KeyError, _Mapping]] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ...) -> None: ...
 
 class KeyError(_message.Message):
     __slots__ = ("code", "message", "status", "body_json")
@@ -94,10 +104,12 @@ class BatchGetRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., bound: _Optional[_Union[Bound, _Mapping]] = ..., typed_values: _Optional[bool] = ...) -> None: ...
 
 class BatchGetResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "input_lag")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    INPUT_LAG_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[GetResponse]
-    def __init__(self, results: _Optional[_Iterable[_Union[GetResponse, _Mapping]]] = ...) -> None: ...
+    input_lag: InputLag
+    def __init__(self, results: _Optional[_Iterable[_Union[GetResponse, _Mapping]]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ...) -> None: ...
 
 class ScanRequest(_message.Message):
     __slots__ = ("table", "prefix", "start", "end", "limit", "page_token", "bound", "typed_values")
@@ -134,12 +146,14 @@ class ScanItem(_message.Message):
     def __init__(self, key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ..., summary: _Optional[_Union[ScanSummary, _Mapping]] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class ScanSummary(_message.Message):
-    __slots__ = ("partitions", "next_page_token")
+    __slots__ = ("partitions", "next_page_token", "input_lag")
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    INPUT_LAG_FIELD_NUMBER: _ClassVar[int]
     partitions: _containers.RepeatedCompositeFieldContainer[ScanPartition]
     next_page_token: str
-    def __init__(self, partitions: _Optional[_Iterable[_Union[ScanPartition, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    input_lag: InputLag
+    def __init__(self, partitions: _Optional[_Iterable[_Union[ScanPartition, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ...) -> None: ...
 
 class ScanPartition(_message.Message):
     __slots__ = ("partition", "served_by", "lag", "position")
@@ -184,7 +198,7 @@ class Window(_message.Message):
     def __init__(self, start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., value_json: _Optional[str] = ..., final: _Optional[bool] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class WindowsResponse(_message.Message):
-    __slots__ = ("table", "key", "windows", "partition", "served_by", "lag", "position", "watermark_ms")
+    __slots__ = ("table", "key", "windows", "partition", "served_by", "lag", "position", "watermark_ms", "input_lag")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +207,7 @@ class WindowsResponse(_message.Message):
     LAG_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_MS_FIELD_NUMBER: _ClassVar[int]
+    INPUT_LAG_FIELD_NUMBER: _ClassVar[int]
     table: str
     key: str
     windows: _containers.RepeatedCompositeFieldContainer[Window]
@@ -201,7 +216,8 @@ class WindowsResponse(_message.Message):
     lag: Lag
     position: str
     watermark_ms: int
-    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., watermark_ms: _Optional[int] = ...) -> None: ...
+    input_lag: InputLag
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., watermark_ms: _Optional[int] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ...) -> None: ...
 
 class ScanWindowsRequest(_message.Message):
     __slots__ = ("table", "from_ms", "to_ms", "limit", "page_token", "bound", "typed_values")

@@ -99,8 +99,9 @@ def _get_response(r: LookupResult, typed: bool = False) -> router_pb2.GetRespons
 Served = LookupResult | WindowsResult
 
 
-def _scan_summary(served: dict[int, Served], next_page_token: str | None) -> router_pb2.ScanSummary:
-    return router_pb2.ScanSummary(
+def _scan_summary(served: dict[int, Served], next_page_token: str | None,
+                  input_lag: router_pb2.InputLag | None) -> router_pb2.ScanSummary:
+    return router_pb2.ScanSummary(input_lag=input_lag,
         partitions=[router_pb2.ScanPartition(partition=p, served_by=router_pb2.ServedBy(node=r.node, role=r.role),
                                              lag=router_pb2.Lag(offsets=r.lag_offsets, ms=r.lag_ms),
                                              position=r.position)
@@ -124,6 +125,12 @@ def _table_window(spec: TableSpec) -> router_pb2.TableWindow | None:
     w = spec.window
     return None if w is None else router_pb2.TableWindow(size_ms=w.size_ms, slide_ms=w.slide_ms, grace_ms=w.grace_ms,
                                                          retention_ms=w.retention_ms)
+
+
+def _input_lag(router: Router, table: str) -> router_pb2.InputLag | None:
+    """The table's input lag as the responses carry it: unset while the pipeline is caught up (it reads as zero)."""
+    records, ms = router.input_lag(table)
+    return router_pb2.InputLag(records=records, ms=ms) if records else None
 
 
 def _staler(a: Served | None, b: Served) -> Served:
@@ -161,8 +168,12 @@ async def answer_get(router: Router, request: router_pb2.GetRequest) -> router_p
     """``Router.Get``, whichever server carries it; errors are raised, for the caller to translate."""
     result = await router.get(request.table, request.key, parse_request_bound(router, request))
     if not result.found:
-        raise key_not_found(result)
-    return _get_response(result, request.typed_values)
+        raise key_not_found(result, router.input_lag(request.table))
+    response = _get_response(result, request.typed_values)
+    lag = _input_lag(router, request.table)
+    if lag is not None:
+        response.input_lag.CopyFrom(lag)
+    return response
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
@@ -206,7 +217,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             self._table(context, request.table)
             keys = list(request.keys)
             results = await self._router.batch_get(request.table, keys, self._parse_bound(request))
-            return router_pb2.BatchGetResponse(results=[
+            return router_pb2.BatchGetResponse(input_lag=_input_lag(self._router, request.table), results=[
                 _get_response(r, request.typed_values) if isinstance(r, LookupResult)
                 else _key_error(request.table, key, r)
                 for key, r in zip(keys, results)])
@@ -237,7 +248,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 token = page.next_page_token
                 if token is None or (wanted is not None and sent >= wanted):
                     break
-            yield router_pb2.ScanItem(summary=_scan_summary(served, token))
+            yield router_pb2.ScanItem(summary=_scan_summary(served, token, _input_lag(self._router, request.table)))
         except Exception as e:  # noqa: BLE001
             await abort(context, e)
 
@@ -247,7 +258,11 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             self._table(context, request.table)
             result = await self._router.windows(request.table, request.key, request.from_ms, request.to_ms,
                                                 self._parse_bound(request))
-            return _windows_response(result, request.typed_values)
+            response = _windows_response(result, request.typed_values)
+            lag = _input_lag(self._router, request.table)
+            if lag is not None:
+                response.input_lag.CopyFrom(lag)
+            return response
         except Exception as e:  # noqa: BLE001
             await abort(context, e)
 
@@ -273,7 +288,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 token = page.next_page_token
                 if token is None or (wanted is not None and sent >= wanted):
                     break
-            yield router_pb2.WindowItem(summary=_scan_summary(served, token))
+            yield router_pb2.WindowItem(summary=_scan_summary(served, token, _input_lag(self._router, request.table)))
         except Exception as e:  # noqa: BLE001
             await abort(context, e)
 

@@ -32,6 +32,15 @@ class Lag(BaseModel):
     ms: int = Field(description="ms since the serving replica was caught up")
 
 
+class InputLag(BaseModel):
+    records: int = Field(description="input records the pipeline has not processed yet (0: it keeps up)")
+    ms: int = Field(description="ms since the pipeline last was caught up with its input (0: it keeps up)")
+
+
+_INPUT_LAG_HELP = ("how far the table's changelog is behind its input (the pipeline's lag), beside `lag`, the serving "
+                   "replica's lag behind the changelog")
+
+
 class KeyValue(BaseModel):
     table: str
     key: str
@@ -40,6 +49,7 @@ class KeyValue(BaseModel):
     served_by: ServedBy
     lag: Lag
     position: str = Field(description="pass back as min_position for monotonic reads")
+    input_lag: InputLag = Field(description=_INPUT_LAG_HELP)
 
 
 class ErrorDetail(BaseModel, extra="allow"):
@@ -74,6 +84,7 @@ class BatchGetResponse(BaseModel):
     table: str
     results: list[BatchItem]
     position: str | None = Field(default=None, description="the latest position of every partition read")
+    input_lag: InputLag = Field(description=_INPUT_LAG_HELP)
 
 
 class ScanItem(BaseModel):
@@ -94,6 +105,7 @@ class ScanResponse(BaseModel):
     items: list[ScanItem]
     next_page_token: str | None
     partitions: list[ScanPartition]
+    input_lag: InputLag = Field(description=_INPUT_LAG_HELP)
 
 
 class Window(BaseModel):
@@ -112,6 +124,7 @@ class WindowsResponse(BaseModel):
     lag: Lag
     position: str = Field(description="pass back as min_position for monotonic reads")
     watermark_ms: int | None = Field(description="the partition's watermark (event time − grace) as of the answer")
+    input_lag: InputLag = Field(description=_INPUT_LAG_HELP)
 
 
 class WindowItem(Window):
@@ -124,6 +137,7 @@ class WindowScanResponse(BaseModel):
     items: list[WindowItem] = Field(description="windows starting in [from, to), ordered by key, then start")
     next_page_token: str | None
     partitions: list[ScanPartition]
+    input_lag: InputLag = Field(description=_INPUT_LAG_HELP)
 
 
 def window_range_parameters(maximum_windows: int) -> list[dict[str, Any]]:

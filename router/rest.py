@@ -31,7 +31,7 @@ from router.auth import WWW_AUTHENTICATE, Guard, Principal
 from router.openapi import (ERROR_RESPONSES, HTTP_REFUSALS, PAGE_TOKEN_FORMAT, BatchGetRequest, BatchGetResponse,
                             ErrorBody, KeyValue, ScanResponse, WindowScanResponse, WindowsResponse, bound_parameters,
                             window_range_parameters)
-from freshroute.routing.results import LookupResult, WindowsResult, key_not_found
+from freshroute.routing.results import LookupResult, WindowsResult, input_lag_doc, key_not_found
 from router.routing import Router
 from router.runtime import RouterRuntime
 from router.settings import RouterSettings
@@ -89,10 +89,10 @@ def _value(raw: bytes) -> Any:
     return orjson.Fragment(raw) if raw else None
 
 
-def render_lookup(r: LookupResult) -> dict[str, Any]:
+def render_lookup(r: LookupResult, input_lag: tuple[int, int]) -> dict[str, Any]:
     return {"table": r.table, "key": r.key, "value": _value(r.value), "partition": r.partition,
             "served_by": {"node": r.node, "role": r.role}, "lag": {"offsets": r.lag_offsets, "ms": r.lag_ms},
-            "position": r.position}
+            "position": r.position, "input_lag": input_lag_doc(input_lag)}
 
 
 def _where(r: LookupResult) -> dict[str, Any]:
@@ -106,12 +106,13 @@ def _query(raw: bytes) -> dict[str, str]:
 
 # ---- handlers shared by the FastAPI routes and the raw key routes -------------------------
 
-def render_windows(r: WindowsResult) -> dict[str, Any]:
+def render_windows(r: WindowsResult, input_lag: tuple[int, int]) -> dict[str, Any]:
     return {"table": r.table, "key": r.key,
             "windows": [{"start": w.start, "end": w.end, "value": _value(w.value), "final": w.final}
                         for w in r.windows],
             "partition": r.partition, "served_by": {"node": r.node, "role": r.role},
-            "lag": {"offsets": r.lag_offsets, "ms": r.lag_ms}, "position": r.position, "watermark_ms": r.watermark_ms}
+            "lag": {"offsets": r.lag_offsets, "ms": r.lag_ms}, "position": r.position, "watermark_ms": r.watermark_ms,
+            "input_lag": input_lag_doc(input_lag)}
 
 
 # The key routes: /v1/tables/{table}/keys/{key}[/metadata|/windows]
@@ -155,8 +156,8 @@ class KeyHandlers:
                 raise
             result = await self.router.get(table, key, bound)
             if not result.found:
-                raise key_not_found(result)
-            return 200, orjson.dumps(render_lookup(result))
+                raise key_not_found(result, self.router.input_lag(table))
+            return 200, orjson.dumps(render_lookup(result, self.router.input_lag(table)))
         except FreshrouteError as e:
             return error_response(e)
 
@@ -169,7 +170,8 @@ class KeyHandlers:
             except InvalidArgument:
                 self.router.metrics.lookup("invalid", "none", 0.0)
                 raise
-            return 200, orjson.dumps(render_windows(await self.router.windows(table, key, from_ms, to_ms, bound)))
+            result = await self.router.windows(table, key, from_ms, to_ms, bound)
+            return 200, orjson.dumps(render_windows(result, self.router.input_lag(table)))
         except FreshrouteError as e:
             return error_response(e)
 
@@ -388,7 +390,8 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, fast_k
                      "next_page_token": page.next_page_token,
                      "partitions": [{"partition": p, "served_by": {"node": r.node, "role": r.role},
                                      "lag": {"offsets": r.lag_offsets, "ms": r.lag_ms}, "position": r.position}
-                                    for p, r in sorted(page.served_by.items())]})
+                                    for p, r in sorted(page.served_by.items())],
+                     "input_lag": input_lag_doc(router.input_lag(table))})
 
     @app.post("/v1/tables/{table}/keys:batchGet", tags=["lookups"], summary="Look up many keys",
               responses={200: {"model": BatchGetResponse}, **ERROR_RESPONSES},
@@ -418,7 +421,8 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, fast_k
         return json({"table": page.table,
                      "items": [{"key": k, "value": _value(v), "partition": p} for k, v, p in page.items],
                      "next_page_token": page.next_page_token,
-                     "partitions": [{"partition": p, **_where(who)} for p, who in sorted(page.served_by.items())]})
+                     "partitions": [{"partition": p, **_where(who)} for p, who in sorted(page.served_by.items())],
+                     "input_lag": input_lag_doc(router.input_lag(table))})
 
     @app.get("/v1/cluster", tags=["cluster"], summary="Nodes, liveness, assignment and per-replica lag")
     async def cluster() -> Response:
@@ -473,4 +477,5 @@ async def _batch_get(router: Router, table: str, raw_body: bytes) -> dict[str, A
             items.append(item)
         else:
             items.append({"key": key, "found": False, **as_freshroute_error(r).to_body()})
-    return {"table": table, "results": items, "position": position.encode() if position else None}
+    return {"table": table, "results": items, "position": position.encode() if position else None,
+            "input_lag": input_lag_doc(router.input_lag(table))}

@@ -139,7 +139,7 @@ class AsyncClient:
         bound = parse_bound(max_lag, max_staleness_ms, min_position)
         if self.direct():
             try:
-                return Lookup.of(await core.get(table, key, bound))
+                return Lookup.of(await core.get(table, key, bound), core.input_lag(table))
             except _FALL_BACK:
                 if self.router is None:
                     raise
@@ -154,7 +154,9 @@ class AsyncClient:
         bound = parse_bound(max_lag, max_staleness_ms, min_position)
         keys = list(keys)
         if self.direct():
-            results = await core.batch_get(table, keys, bound, Lookup.group)
+            lag = core.input_lag(table)
+            results = await core.batch_get(table, keys, bound, Lookup.group if not lag[0] else
+                                           lambda *group: Lookup.group(*group, lag))
             if self.router is None or not any(isinstance(r, _FALL_BACK) for r in results):
                 return results
         assert self.router is not None
@@ -168,7 +170,7 @@ class AsyncClient:
         bound = parse_bound(max_lag, max_staleness_ms, min_position)
         if self.direct():
             try:
-                return Windows.of(await core.windows(table, key, from_ms, to_ms, bound))
+                return Windows.of(await core.windows(table, key, from_ms, to_ms, bound), core.input_lag(table))
             except _FALL_BACK:
                 if self.router is None:
                     raise
@@ -204,9 +206,10 @@ class AsyncClient:
                     raise
             else:
                 rows = []
+                lag = core.input_lag(table)
                 for key, value, partition in page.items:
                     who = page.served_by[partition]
-                    rows.append(Lookup.of(who._replace(key=key, found=True, value=value)))
+                    rows.append(Lookup.of(who._replace(key=key, found=True, value=value), lag))
                 return rows, page.next_page_token
         assert self.router is not None
         return await self.router.scan_page(table, prefix, start, end, limit, page_token, bound)

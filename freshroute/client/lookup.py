@@ -30,6 +30,9 @@ class Lookup(NamedTuple):
     lag_offsets: int
     lag_ms: int
     applied_offset: int  # the serving replica's position in the partition's changelog
+    # How far the table's changelog was behind its input (the pipeline's lag): 0 while it keeps up.
+    input_lag_records: int = 0
+    input_lag_ms: int = 0
 
     @property
     def position(self) -> str:
@@ -37,14 +40,15 @@ class Lookup(NamedTuple):
         return position_token(self.table, self.partition, self.applied_offset)
 
     @classmethod
-    def of(cls, r: LookupResult) -> "Lookup":
+    def of(cls, r: LookupResult, input_lag: tuple[int, int] = (0, 0)) -> "Lookup":
         return cls(r.table, r.key, r.found, orjson.loads(r.value) if r.found and r.value else None, r.partition,
-                   r.node, r.role, r.lag_offsets, r.lag_ms, r.applied)
+                   r.node, r.role, r.lag_offsets, r.lag_ms, r.applied, *input_lag)
 
     @classmethod
-    def group(cls, table: str, keys: list[str], partition: int, cand: Candidate, answer: GroupResult) -> list["Lookup"]:
+    def group(cls, table: str, keys: list[str], partition: int, cand: Candidate, answer: GroupResult,
+              input_lag: tuple[int, int] = (0, 0)) -> list["Lookup"]:
         """A batch group's answers, built straight from the wire (a batch's per-key cost is most of its cost)."""
-        who = served_by(cand, answer.replica)
+        who = (*served_by(cand, answer.replica), *input_lag)
         loads = orjson.loads
         # tuple.__new__ rather than the class: a named tuple's own __new__ is a Python function, and half the
         # cost of building each key's answer.
@@ -53,13 +57,16 @@ class Lookup(NamedTuple):
                 new(cls, (table, key, False, None, partition, *who)) for key, value in zip(keys, answer.values)]
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any], found: bool = True) -> "Lookup":
-        """From a router's REST answer (a 200, a batch item, or a KEY_NOT_FOUND error's details)."""
+    def from_json(cls, doc: dict[str, Any], found: bool = True, input_lag: dict[str, Any] | None = None) -> "Lookup":
+        """From a router's REST answer (a 200, a batch item with its batch's ``input_lag``, or a KEY_NOT_FOUND
+        error's details)."""
         table, partition = doc["table"], int(doc["partition"])
         applied = Position.decode(doc["position"]).offset_for(partition) if doc.get("position") else 0
         served, lag = doc.get("served_by") or {}, doc.get("lag") or {}
+        behind = input_lag or doc.get("input_lag") or {}
         return cls(table, doc["key"], found, doc.get("value") if found else None, partition, served.get("node", ""),
-                   served.get("role", ""), int(lag.get("offsets", 0)), int(lag.get("ms", 0)), applied)
+                   served.get("role", ""), int(lag.get("offsets", 0)), int(lag.get("ms", 0)), applied,
+                   int(behind.get("records", 0)), int(behind.get("ms", 0)))
 
 
 class WindowValue(NamedTuple):
@@ -84,15 +91,17 @@ class Windows(NamedTuple):
     lag_ms: int
     applied_offset: int
     watermark_ms: int | None  # the partition's watermark (event time − grace) as of the answer
+    input_lag_records: int = 0  # as in Lookup
+    input_lag_ms: int = 0
 
     @property
     def position(self) -> str:
         return position_token(self.table, self.partition, self.applied_offset)
 
     @classmethod
-    def of(cls, r: WindowsResult) -> "Windows":
+    def of(cls, r: WindowsResult, input_lag: tuple[int, int] = (0, 0)) -> "Windows":
         return cls(r.table, r.key, tuple(WindowValue(w.start, w.end, orjson.loads(w.value), w.final) for w in r.windows),
-                   r.partition, r.node, r.role, r.lag_offsets, r.lag_ms, r.applied, r.watermark_ms)
+                   r.partition, r.node, r.role, r.lag_offsets, r.lag_ms, r.applied, r.watermark_ms, *input_lag)
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> "Windows":
@@ -100,10 +109,12 @@ class Windows(NamedTuple):
         partition = int(doc["partition"])
         applied = Position.decode(doc["position"]).offset_for(partition) if doc.get("position") else 0
         served, lag = doc.get("served_by") or {}, doc.get("lag") or {}
+        behind = doc.get("input_lag") or {}
         return cls(doc["table"], doc["key"], tuple(WindowValue(int(w["start"]), int(w["end"]), w["value"],
                                                                bool(w["final"])) for w in doc["windows"]),
                    partition, served.get("node", ""), served.get("role", ""), int(lag.get("offsets", 0)),
-                   int(lag.get("ms", 0)), applied, doc.get("watermark_ms"))
+                   int(lag.get("ms", 0)), applied, doc.get("watermark_ms"), int(behind.get("records", 0)),
+                   int(behind.get("ms", 0)))
 
 
 class Positions:

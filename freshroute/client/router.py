@@ -13,7 +13,7 @@ import httpx
 import orjson
 
 from freshroute.errors import FreshrouteError, InvalidArgument, ReplicaUnavailable, from_body
-from freshroute.metadata import ReplicaState, Role, TableSpec, now_ms
+from freshroute.metadata import InputLag, ReplicaState, Role, TableSpec, now_ms
 from freshroute.routing.bound import Bound
 from freshroute.routing.results import KeyLocation, ReplicaInfo, TableInfo
 from freshroute.routing.snapshot import NodeView, ReplicaView, Snapshot, refresh_until
@@ -27,7 +27,11 @@ log = logging.getLogger("freshroute.client")
 def snapshot_from_router(tables_doc: dict[str, Any], cluster_doc: dict[str, Any], now: int) -> Snapshot:
     """The snapshot a router's ``/v1/tables`` and ``/v1/cluster`` describe, as of ``now``."""
     tables = {}
+    lags = {}
     for t in tables_doc["tables"]:
+        behind = t.get("input_lag") or {}
+        if behind.get("records"):
+            lags[t["name"]] = InputLag(int(behind["records"]), now - int(behind.get("ms", 0)), now)
         default = t.get("default_bound") or {}
         window = t.get("window")
         tables[t["name"]] = TableSpec(t["name"], t["topic"], int(t["partitions"]), t.get("key_column", ""),
@@ -49,7 +53,7 @@ def snapshot_from_router(tables_doc: dict[str, Any], cluster_doc: dict[str, Any]
                 int(r["applied_offset"]), int(r["end_offset"]), int(r["lag"]["ms"]), now, bool(r["alive"]), draining))
     ordered = {tp: tuple(sorted(vs, key=lambda v: (v.role is not Role.ACTIVE, v.node))) for tp, vs in replicas.items()}
     return Snapshot(MappingProxyType(tables), MappingProxyType(ordered), MappingProxyType(nodes), None, now, True,
-                    MappingProxyType(heard))
+                    MappingProxyType(heard), MappingProxyType(lags))
 
 
 class RouterHttp:
@@ -97,7 +101,7 @@ class RouterHttp:
             if "error" in item:
                 out.append(from_body(item, 503))
             else:
-                out.append(Lookup.from_json({"table": table, **item}, found=bool(item["found"])))
+                out.append(Lookup.from_json({"table": table, **item}, bool(item["found"]), body.get("input_lag")))
         return out
 
     async def scan_page(self, table: str, prefix: str, start: str, end: str, limit: int | None,
@@ -106,7 +110,8 @@ class RouterHttp:
                                     ("limit", str(limit) if limit else None)) if v}
         body = await self.ok("GET", f"/v1/tables/{_seg(table)}/scan", params=params | bound.to_query())
         served = {p["partition"]: p for p in body.get("partitions", ())}
-        items = [Lookup.from_json({"table": table, **served.get(i["partition"], {}), **i}) for i in body["items"]]
+        items = [Lookup.from_json({"table": table, **served.get(i["partition"], {}), **i}, True, body.get("input_lag"))
+                 for i in body["items"]]
         return items, body.get("next_page_token")
 
     async def key_metadata(self, table: str, key: str) -> KeyLocation:

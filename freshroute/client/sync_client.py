@@ -118,7 +118,7 @@ class Client:
                     raise
             else:
                 cand, read = answer
-                return Lookup.of(lookup_result(table, key, plan.partition, cand, read))
+                return Lookup.of(lookup_result(table, key, plan.partition, cand, read), core.input_lag(table))
         return self._call(self._async.get(table, key, max_lag=max_lag, max_staleness_ms=max_staleness_ms,
                                           min_position=min_position))
 
@@ -135,13 +135,14 @@ class Client:
             jobs = [(core.plan_group(table, p, bound, now, deadline),
                      Request.group(table, p, [raw_keys[i] for i in idx], bound)) for p, idx in groups.items()]
             out: list[Lookup | FreshrouteError] = [None] * len(keys)  # type: ignore[list-item]
+            lag = core.input_lag(table)
             for (p, idx), answer in zip(groups.items(), run_blocking(store, jobs)):
                 if isinstance(answer, FreshrouteError):
                     for i in idx:
                         out[i] = answer
                 else:
                     cand, group = answer
-                    for i, r in zip(idx, Lookup.group(table, [keys[i] for i in idx], p, cand, group)):
+                    for i, r in zip(idx, Lookup.group(table, [keys[i] for i in idx], p, cand, group, lag)):
                         out[i] = r
             if self._async.router is None or not any(isinstance(r, _FALL_BACK) for r in out):
                 return out

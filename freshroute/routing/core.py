@@ -166,6 +166,12 @@ class RoutingCore:
                                   f"{self.policy.max_windows}: narrow the range", field="to")
         return spec, w
 
+    def input_lag(self, table: str) -> tuple[int, int]:
+        """(records, ms) the table's changelog is behind its input, as the pipeline last published it; (0, 0) when
+        caught up or unknown. A replica's lag says how far it is behind the changelog; this is the rest of the way."""
+        lag = self.metadata.current.input_lag.get(table)
+        return (0, 0) if lag is None or not lag.records else (lag.records, lag.ms(self._clock_ms()))
+
     def partition_of(self, spec: TableSpec, key: str) -> int:
         return locate(key, spec.partitions)[1]
 
@@ -381,7 +387,7 @@ class RoutingCore:
         out = []
         for name in sorted(snap.tables):
             b = self.bound_for(snap.tables[name], NO_BOUND)
-            out.append(TableInfo(snap.tables[name], b.max_lag, b.max_staleness_ms))
+            out.append(TableInfo(snap.tables[name], b.max_lag, b.max_staleness_ms, self.input_lag(name)))
         return out
 
     def cluster(self) -> dict[str, Any]:

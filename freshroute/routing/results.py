@@ -45,8 +45,14 @@ def position_token(table: str, partition: int, applied: int) -> str:
     return single(table, partition, applied)
 
 
-def key_not_found(result: LookupResult) -> KeyNotFound:
-    return KeyNotFound(f"key {result.key!r} not found in table {result.table!r}", **result.where())
+def input_lag_doc(lag: tuple[int, int]) -> dict[str, int]:
+    """How far the table's changelog is behind its input, as answers carry it beside the replica's own lag."""
+    return {"records": lag[0], "ms": lag[1]}
+
+
+def key_not_found(result: LookupResult, input_lag: tuple[int, int] = (0, 0)) -> KeyNotFound:
+    return KeyNotFound(f"key {result.key!r} not found in table {result.table!r}", **result.where(),
+                       input_lag=input_lag_doc(input_lag))
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,12 +94,14 @@ class TableInfo:
     spec: TableSpec
     default_max_lag: int | None
     default_max_staleness_ms: int | None
+    input_lag: tuple[int, int] = (0, 0)  # (records, ms) the table's changelog is behind its input
 
     def to_dict(self) -> dict[str, Any]:
         s = self.spec
         out = {"name": s.name, "topic": s.topic, "partitions": s.partitions, "replicas": 1 + s.standby_replicas,
                "standby_replicas": s.standby_replicas, "key_column": s.key_column, "schema": dict(s.value_schema),
-               "default_bound": {"max_lag": self.default_max_lag, "max_staleness_ms": self.default_max_staleness_ms}}
+               "default_bound": {"max_lag": self.default_max_lag, "max_staleness_ms": self.default_max_staleness_ms},
+               "input_lag": input_lag_doc(self.input_lag)}
         if s.window is not None:
             w = s.window
             out["window"] = {"size_ms": w.size_ms, "slide_ms": w.slide_ms, "grace_ms": w.grace_ms,

@@ -98,6 +98,7 @@ def test_a_burst_far_above_the_pipelines_pace_fails_no_lookup_and_drains(tmp_pat
 
         served = sorted(expected.stats)  # the sensors the warm-up wrote: every lookup has a row to find
         answers: Counter = Counter()
+        answer_lags: list[tuple[int, int]] = []  # each answer's input_lag: the pipeline behind its input
         problems: list[str] = []
         stop = threading.Event()
 
@@ -118,6 +119,8 @@ def test_a_burst_far_above_the_pipelines_pace_fails_no_lookup_and_drains(tmp_pat
                         if lag["offsets"] < 0 or lag["ms"] < 0 or (strict and lag["offsets"] != 0):
                             problems.append(f"{'strict' if strict else 'loose'} answer with lag {lag}")
                         answers["strict ok" if strict else "loose ok"] += 1
+                        behind = body["input_lag"]
+                        answer_lags.append((behind["records"], behind["ms"]))
                     elif strict and resp.status_code == 503 and body["error"]["code"] == "NO_REPLICA_WITHIN_BOUND":
                         answers["strict refused"] += 1
                     else:
@@ -156,6 +159,12 @@ def test_a_burst_far_above_the_pipelines_pace_fails_no_lookup_and_drains(tmp_pat
         # The burst outran the pipeline, and the lag said so; it is back to nothing now.
         assert max(lags, default=0) >= BURST_RATE, lags[-20:]
         assert input_lag.sample() == 0
+        # ... and so did the answers themselves, seconds behind at the worst; caught up, they say nothing is.
+        assert max(records for records, _ in answer_lags) >= BURST_RATE, answer_lags[-20:]
+        assert max(ms for _, ms in answer_lags) >= 5000, answer_lags[-20:]
+        with httpx.Client(base_url=stack.config.rest_url, timeout=10) as c:
+            wait_until(lambda: c.get(f"/v1/tables/sensor_stats/keys/{served[0]}").json()["input_lag"]
+                       == {"records": 0, "ms": 0}, 30, "answers to say the pipeline caught up")
         input_lag.close()
     finally:
         stack.down()

@@ -72,7 +72,8 @@ async def test_lookup_200_body_shape(cluster):
         r = await c.get(f"/v1/tables/{TABLE}/keys/{key}")
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
     body = r.json()
-    assert set(body) == {"table", "key", "value", "partition", "served_by", "lag", "position"}
+    assert set(body) == {"table", "key", "value", "partition", "served_by", "lag", "position", "input_lag"}
+    assert body["input_lag"] == {"records": 0, "ms": 0}  # no input lag published: the pipeline keeps up
     assert body["table"] == TABLE and body["key"] == key and body["value"] == {"count": 3, "avg": 1.5}
     assert body["partition"] == part(key)
     assert body["served_by"]["node"] in {"n1", "n2"} and body["served_by"]["role"] in {"active", "standby"}
@@ -346,7 +347,8 @@ async def test_key_metadata_tables_cluster(cluster):
     assert m["active"]["lag"] == {"offsets": 0, "ms": 0} and m["active"]["alive"] is True
     assert tables == [{"name": TABLE, "topic": f"{TABLE}-changelog", "partitions": 4, "replicas": 2,
                        "standby_replicas": 1, "key_column": "sensor_id", "schema": {"count": "long", "avg": "double"},
-                       "default_bound": {"max_lag": None, "max_staleness_ms": None}}]
+                       "default_bound": {"max_lag": None, "max_staleness_ms": None},
+                       "input_lag": {"records": 0, "ms": 0}}]
     assert [n["node"] for n in view["nodes"]] == ["n1", "n2"]
     assert all(n["alive"] and len(n["replicas"]) == 4 for n in view["nodes"])
     assert view["metadata"]["loaded"] is True
@@ -432,3 +434,35 @@ async def test_app_wires_its_own_router_when_given_none():
     assert ready.status_code == 503 and ready.json()["reason"] == "no routing metadata loaded yet"
     assert r.status_code == 503 and r.json()["error"]["code"] == "REPLICA_UNAVAILABLE"
     assert cluster["metadata"] == {"loaded": False, "age_ms": None, "redis_ok": False}
+
+
+async def test_every_answer_carries_the_tables_input_lag_while_the_pipeline_is_behind():
+    from dataclasses import replace
+
+    from freshroute.metadata import InputLag
+    from router.grpc_server import answer_get
+    from proto import router_pb2
+
+    cluster = Cluster()
+    now = now_ms()
+    cluster.metadata.current = replace(cluster.metadata.current,
+                                       input_lag={TABLE: InputLag(records=5000, caught_up_ms=now - 1500, at_ms=now)})
+    records, ms = cluster.router.input_lag(TABLE)
+    assert records == 5000 and 1500 <= ms < 5000
+    async with cluster.client() as c:
+        got = (await c.get(f"/v1/tables/{TABLE}/keys/sensor-3")).json()
+        missing = (await c.get(f"/v1/tables/{TABLE}/keys/nope")).json()["error"]
+        batch = (await c.post(f"/v1/tables/{TABLE}/keys:batchGet", json={"keys": ["sensor-3"]})).json()
+        scan = (await c.get(f"/v1/tables/{TABLE}/scan", params={"limit": 2})).json()
+        listed = {t["name"]: t for t in (await c.get("/v1/tables")).json()["tables"]}
+    for doc in (got, missing, batch, scan, listed[TABLE]):
+        assert doc["input_lag"]["records"] == 5000 and doc["input_lag"]["ms"] >= 1500, doc
+    assert got["lag"] == {"offsets": 0, "ms": 0}  # the replica itself is caught up with the changelog
+    response = await answer_get(cluster.router, router_pb2.GetRequest(table=TABLE, key="sensor-3"))
+    assert response.input_lag.records == 5000 and response.input_lag.ms >= 1500
+    # Caught up again: zero, and gRPC leaves the field unset.
+    cluster.metadata.current = replace(cluster.metadata.current,
+                                       input_lag={TABLE: InputLag(records=0, caught_up_ms=now, at_ms=now)})
+    assert cluster.router.input_lag(TABLE) == (0, 0)
+    response = await answer_get(cluster.router, router_pb2.GetRequest(table=TABLE, key="sensor-3"))
+    assert not response.HasField("input_lag")
