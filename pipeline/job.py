@@ -343,7 +343,8 @@ class Pipeline:
         writer = (df.writeStream.queryName(run.table.name).outputMode("update")
                   .foreachBatch(run.writer.write_batch)
                   .option("checkpointLocation", str(s.table_checkpoint(run.table.name))))
-        writer = writer.trigger(availableNow=True) if s.available_now else writer.trigger(processingTime=f"{s.trigger_ms} milliseconds")
+        trigger_ms = s.trigger_ms if run.table.trigger_ms is None else run.table.trigger_ms
+        writer = writer.trigger(availableNow=True) if s.available_now else writer.trigger(processingTime=f"{trigger_ms} milliseconds")
         assert self.spark is not None
         # A query takes the session's settings as it starts. A windowed table's watermark moves at the end of a
         # batch: a batch without input then publishes it (and Spark evicts what it closed), so a quiet stream's
@@ -411,13 +412,16 @@ class Pipeline:
         the median."""
         if self._warm:
             return
-        bound = max(self.settings.trigger_ms, WARM_BATCH_MS)
         run.recent_ms = [*run.recent_ms, batch_ms][-WARM_BATCHES:]
-        if all(len(r.recent_ms) == WARM_BATCHES and sorted(r.recent_ms)[WARM_BATCHES // 2] <= bound
+        if all(len(r.recent_ms) == WARM_BATCHES and sorted(r.recent_ms)[WARM_BATCHES // 2] <= self._warm_bound(r)
                for r in self.runs.values()):
             self._warm = True
-            log.info("%s: the median of the last %d micro-batches of every table ran within %d ms", WARM_LOG,
-                     WARM_BATCHES, bound)
+            log.info("%s: the median of the last %d micro-batches of every table ran within its trigger interval "
+                     "(at least %d ms)", WARM_LOG, WARM_BATCHES, WARM_BATCH_MS)
+
+    def _warm_bound(self, run: TableRun) -> int:
+        trigger = self.settings.trigger_ms if run.table.trigger_ms is None else run.table.trigger_ms
+        return max(trigger, WARM_BATCH_MS)
 
     def _restart_or_fail(self, run: TableRun, error: str, stop: threading.Event) -> None:
         lost = re.search(r"InputDataLost: (.+)", error)

@@ -95,6 +95,7 @@ class Table:
     standby_replicas: int | None = None  # None: the pipeline's default
     delete_when: str | None = None  # a Spark SQL boolean expression: rows where it is true are deletes
     window: WindowSpec | None = None
+    trigger_ms: int | None = None  # None: the pipeline's trigger
 
     def dataframe(self, spark: "SparkSession", rows: "DataFrame") -> "DataFrame":
         """The table as a streaming DataFrame over the parsed source rows (with :data:`DELETE_COLUMN`
@@ -200,46 +201,57 @@ def _check_delete_when(name: str, delete_when: str | None) -> None:
                          f"columns, e.g. \"status = 'closed'\", not {delete_when!r}")
 
 
+def _check_trigger(name: str, trigger_ms: int | None) -> None:
+    from pipeline.settings import MAX_TRIGGER_MS
+
+    if trigger_ms is not None and (type(trigger_ms) is not int or not 0 <= trigger_ms <= MAX_TRIGGER_MS):
+        raise ValueError(f"table {name!r}: trigger_ms must be a whole number of milliseconds in 0..{MAX_TRIGGER_MS}, "
+                         f"not {trigger_ms!r}")
+
+
 def _check_window(name: str, window: WindowSpec | None) -> None:
     if window is not None and not isinstance(window, WindowSpec):
         raise ValueError(f"table {name!r}: window must be tumbling(...) or hopping(...), not {window!r}")
 
 
 def table(name: str, key: str, source: str, *, standby_replicas: int | None = None,
-          delete_when: str | None = None,
-          window: WindowSpec | None = None) -> Callable[[Callable[["DataFrame"], "DataFrame"]], Table]:
+          delete_when: str | None = None, window: WindowSpec | None = None,
+          trigger_ms: int | None = None) -> Callable[[Callable[["DataFrame"], "DataFrame"]], Table]:
     """Declare a table computed by the decorated function ``(source rows) -> DataFrame``.
 
     ``standby_replicas``: standbys of each partition besides its active (default: the pipeline's setting).
     ``delete_when``: a Spark SQL boolean expression; a changed row for which it is true deletes its key.
     ``window``: :func:`tumbling` or :func:`hopping` windows; the function groups by its key and ``window``.
+    ``trigger_ms``: this table's micro-batch interval (default: the pipeline's ``--trigger-ms``).
     """
     _check_name("table", name)
     _check_standbys(name, standby_replicas)
     _check_delete_when(name, delete_when)
     _check_window(name, window)
+    _check_trigger(name, trigger_ms)
 
     def register(fn: Callable[["DataFrame"], "DataFrame"]) -> Table:
         if not callable(fn):
             raise ValueError(f"@table({name!r}) must decorate a function (source rows) -> DataFrame")
         return _declared(Table(name, key, source, build=fn, standby_replicas=standby_replicas,
-                               delete_when=delete_when, window=window))
+                               delete_when=delete_when, window=window, trigger_ms=trigger_ms))
 
     return register
 
 
 def sql_table(name: str, key: str, source: str, sql: str, *, standby_replicas: int | None = None,
-              delete_when: str | None = None, window: WindowSpec | None = None) -> Table:
+              delete_when: str | None = None, window: WindowSpec | None = None, trigger_ms: int | None = None) -> Table:
     """Declare a table computed by Spark SQL; the query names the source as a table (with a ``window`` column when
     ``window`` is given: ``GROUP BY key, window``)."""
     _check_name("table", name)
     _check_standbys(name, standby_replicas)
     _check_delete_when(name, delete_when)
     _check_window(name, window)
+    _check_trigger(name, trigger_ms)
     if not isinstance(sql, str) or not sql.strip():
         raise ValueError(f"sql_table {name!r} needs a SQL query")
     return _declared(Table(name, key, source, sql=sql, standby_replicas=standby_replicas, delete_when=delete_when,
-                           window=window))
+                           window=window, trigger_ms=trigger_ms))
 
 
 def load_tables(path: str | Path) -> TablesDefinition:
