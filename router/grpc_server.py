@@ -11,7 +11,7 @@ import hmac
 import json
 import logging
 import secrets
-from typing import Any, AsyncIterator, NoReturn
+from typing import Any, AsyncIterator, Awaitable, Callable, NoReturn
 
 import grpc
 import orjson
@@ -140,6 +140,31 @@ def _staler(a: Served | None, b: Served) -> Served:
     return a
 
 
+class _Pages:
+    """A server stream's pages of a paged read: until the caller has what it asked for (None: all) or the range ends,
+    remembering per partition the stalest answer and the token to resume from, for the closing summary."""
+
+    def __init__(self, wanted: int | None, page_size: int, token: str | None) -> None:
+        self.wanted, self.page_size, self.token = wanted, page_size, token
+        self.served: dict[int, Served] = {}
+
+    async def read(self, fetch: Callable[[int, str | None], Awaitable[Any]]) -> AsyncIterator[Any]:
+        sent = 0
+        for _ in range(_MAX_SCAN_PAGES):
+            size = self.page_size if self.wanted is None else min(self.page_size, self.wanted - sent)
+            page = await fetch(size, self.token)
+            yield page
+            for partition, who in page.served_by.items():
+                self.served[partition] = _staler(self.served.get(partition), who)
+            sent += len(page.items)
+            self.token = page.next_page_token
+            if self.token is None or (self.wanted is not None and sent >= self.wanted):
+                return
+
+    def summary(self, input_lag: router_pb2.InputLag | None) -> router_pb2.ScanSummary:
+        return _scan_summary(self.served, self.token, input_lag)
+
+
 def _key_error(table: str, key: str, err: FreshrouteError) -> router_pb2.GetResponse:
     """A BatchGet result for a key that could not be read: the error a Get of it alone would carry."""
     body = orjson.dumps(err.to_body(), default=str).decode()
@@ -229,26 +254,14 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         try:
             self._table(context, request.table)
             bound = self._parse_bound(request)
-            wanted = request.limit or None  # 0: everything
-            page_size = self._router.settings.scan_max_limit
             typed = request.typed_values
-            token = request.page_token or None
-            served: dict[int, Served] = {}
-            sent = 0
-            for _ in range(_MAX_SCAN_PAGES):
-                size = page_size if wanted is None else min(page_size, wanted - sent)
-                page = await self._router.scan(request.table, request.prefix, request.start, request.end, size,
-                                               token, bound)
+            pages = _Pages(request.limit or None, self._router.settings.scan_max_limit, request.page_token or None)
+            async for page in pages.read(lambda size, token: self._router.scan(
+                    request.table, request.prefix, request.start, request.end, size, token, bound)):
                 for key, value, partition in page.items:
                     yield router_pb2.ScanItem(key=key, value_json=value.decode("utf-8"), partition=partition,
                                               value=_typed(value) if typed else None)
-                for partition, who in page.served_by.items():
-                    served[partition] = _staler(served.get(partition), who)
-                sent += len(page.items)
-                token = page.next_page_token
-                if token is None or (wanted is not None and sent >= wanted):
-                    break
-            yield router_pb2.ScanItem(summary=_scan_summary(served, token, _input_lag(self._router, request.table)))
+            yield router_pb2.ScanItem(summary=pages.summary(_input_lag(self._router, request.table)))
         except Exception as e:  # noqa: BLE001
             await abort(context, e)
 
@@ -271,24 +284,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         try:
             self._table(context, request.table)
             bound = self._parse_bound(request)
-            wanted = request.limit or None  # 0: everything
-            page_size = self._router.settings.scan_max_limit
-            token = request.page_token or None
-            served: dict[int, Served] = {}
-            sent = 0
-            for _ in range(_MAX_SCAN_PAGES):
-                size = page_size if wanted is None else min(page_size, wanted - sent)
-                page = await self._router.scan_windows(request.table, request.from_ms, request.to_ms, size, token,
-                                                       bound)
+            typed = request.typed_values
+            pages = _Pages(request.limit or None, self._router.settings.scan_max_limit, request.page_token or None)
+            async for page in pages.read(lambda size, token: self._router.scan_windows(
+                    request.table, request.from_ms, request.to_ms, size, token, bound)):
                 for key, w, partition in page.items:
-                    yield router_pb2.WindowItem(key=key, window=_window(w, request.typed_values), partition=partition)
-                for partition, who in page.served_by.items():
-                    served[partition] = _staler(served.get(partition), who)
-                sent += len(page.items)
-                token = page.next_page_token
-                if token is None or (wanted is not None and sent >= wanted):
-                    break
-            yield router_pb2.WindowItem(summary=_scan_summary(served, token, _input_lag(self._router, request.table)))
+                    yield router_pb2.WindowItem(key=key, window=_window(w, typed), partition=partition)
+            yield router_pb2.WindowItem(summary=pages.summary(_input_lag(self._router, request.table)))
         except Exception as e:  # noqa: BLE001
             await abort(context, e)
 

@@ -140,6 +140,16 @@ class WindowScanResponse(BaseModel):
     input_lag: InputLag = Field(description=_INPUT_LAG_HELP)
 
 
+def page_parameters(default_limit: int, max_limit: int, of: str) -> list[dict[str, Any]]:
+    """A paged read's ``page_token`` and ``limit`` query parameters."""
+    return [{"name": "page_token", "in": "query", "required": False,
+             "schema": {"type": "string", "format": PAGE_TOKEN_FORMAT},
+             "description": f"next_page_token of the previous page of {of} (`s1.…`, opaque)"},
+            {"name": "limit", "in": "query", "required": False,
+             "schema": {"type": "integer", "minimum": 0, "maximum": max_limit},
+             "description": f"page size (0 or absent: {default_limit})"}]
+
+
 def window_range_parameters(maximum_windows: int) -> list[dict[str, Any]]:
     return [{"name": n, "in": "query", "required": True,
              "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LIMIT},

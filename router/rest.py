@@ -28,8 +28,8 @@ from freshroute.position import Position
 
 from freshroute.routing.bound import NO_BOUND, Bound, parse_bound, parse_limit, parse_millis, parse_query_bound
 from router.auth import WWW_AUTHENTICATE, Guard, Principal
-from router.openapi import (ERROR_RESPONSES, HTTP_REFUSALS, PAGE_TOKEN_FORMAT, BatchGetRequest, BatchGetResponse,
-                            ErrorBody, KeyValue, ScanResponse, WindowScanResponse, WindowsResponse, bound_parameters,
+from router.openapi import (ERROR_RESPONSES, HTTP_REFUSALS, BatchGetRequest, BatchGetResponse, ErrorBody, KeyValue,
+                            ScanResponse, WindowScanResponse, WindowsResponse, bound_parameters, page_parameters,
                             window_range_parameters)
 from freshroute.routing.results import LookupResult, WindowsResult, input_lag_doc, key_not_found
 from router.routing import Router
@@ -372,12 +372,7 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, fast_k
              responses={200: {"model": WindowScanResponse}, **ERROR_RESPONSES},
              openapi_extra={"parameters": [
                  *window_range_parameters(settings.max_windows),
-                 {"name": "page_token", "in": "query", "required": False,
-                  "schema": {"type": "string", "format": PAGE_TOKEN_FORMAT},
-                  "description": "next_page_token of the previous page of this query (`s1.…`, opaque)"},
-                 {"name": "limit", "in": "query", "required": False,
-                  "schema": {"type": "integer", "minimum": 0, "maximum": settings.scan_max_limit},
-                  "description": f"page size (0 or absent: {settings.scan_default_limit})"},
+                 *page_parameters(settings.scan_default_limit, settings.scan_max_limit, "this query"),
                  *bound_parameters()]})
     async def scan_windows(table: str, request: Request) -> Response:
         q = _query(request.scope.get("query_string", b""))
@@ -406,12 +401,7 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, fast_k
                  *({"name": n, "in": "query", "required": False, "schema": {"type": "string"}, "description": d}
                    for n, d in (("prefix", "keys starting with this"), ("start", "first key (inclusive)"),
                                 ("end", "last key (exclusive)"))),
-                 {"name": "page_token", "in": "query", "required": False,
-                  "schema": {"type": "string", "format": PAGE_TOKEN_FORMAT},
-                  "description": "next_page_token of the previous page of this table's scan (`s1.…`, opaque)"},
-                 {"name": "limit", "in": "query", "required": False,
-                  "schema": {"type": "integer", "minimum": 0, "maximum": settings.scan_max_limit},
-                  "description": f"page size (0 or absent: {settings.scan_default_limit})"},
+                 *page_parameters(settings.scan_default_limit, settings.scan_max_limit, "this table's scan"),
                  *bound_parameters()]})
     async def scan(table: str, request: Request) -> Response:
         q = _query(request.scope.get("query_string", b""))

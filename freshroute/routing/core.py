@@ -278,13 +278,7 @@ class RoutingCore:
         outcomes = await run_many(plans, lambda p, c: scan(c.replica.address, table, p, pre, lo, hi, limit + 1, bound,
                                                            timeout_s))
         parts: list[tuple[list[tuple[bytes, bytes]], LookupResult]] = []
-        for p, outcome in enumerate(outcomes):
-            if isinstance(outcome, LookupTimeout):
-                raise LookupTimeout(f"scan of {table} did not finish within {self.policy.scan_timeout_ms} ms",
-                                    table=table, partition=p)
-            if isinstance(outcome, FreshrouteError):
-                raise outcome
-            cand, answer = outcome
+        for p, (cand, answer) in enumerate(self._every_partition(outcomes, f"scan of {table}", table)):
             parts.append((sorted(answer.entries),
                           lookup_result(table, "", p, cand, ReadResult(ReadStatus.NOT_FOUND, b"", answer.replica))))
         streams = [[(k, v, p) for k, v in entries] for p, (entries, _) in enumerate(parts)]
@@ -336,13 +330,7 @@ class RoutingCore:
         outcomes = await run_many(plans, lambda p, c: read_range(c.replica.address, table, p, lo, b"", limit + 1, live,
                                                                  bound))
         streams, served = [], {}
-        for p, outcome in enumerate(outcomes):
-            if isinstance(outcome, LookupTimeout):
-                raise LookupTimeout(f"windows scan of {table} did not finish within {self.policy.scan_timeout_ms} ms",
-                                    table=table, partition=p)
-            if isinstance(outcome, FreshrouteError):
-                raise outcome
-            cand, answer = outcome
+        for p, (cand, answer) in enumerate(self._every_partition(outcomes, f"windows scan of {table}", table)):
             served[p] = WindowsResult(table, "", [], p, *served_by(cand, answer.replica), answer.watermark_ms)
             streams.append([(k, v, p, answer.watermark_ms) for k, v in answer.entries])
         merged = list(islice(heapq.merge(*streams, key=lambda e: e[0]), limit + 1))
@@ -358,6 +346,18 @@ class RoutingCore:
             items.append((deserialize_key(key), Window(start, start + w.size_ms, value, final), p))
         token = encode_page_token(table, page[-1][0], query) if more and page else None
         return WindowPage(table, items, token, served)
+
+    def _every_partition(self, outcomes: list[Any], what: str, table: str) -> list[tuple[Candidate, Any]]:
+        """Each partition's (replica, answer) of a read of every partition; the first that failed fails it all."""
+        out = []
+        for p, outcome in enumerate(outcomes):
+            if isinstance(outcome, LookupTimeout):
+                raise LookupTimeout(f"{what} did not finish within {self.policy.scan_timeout_ms} ms", table=table,
+                                    partition=p)
+            if isinstance(outcome, FreshrouteError):
+                raise outcome
+            out.append(outcome)
+        return out
 
     # ---- metadata views ----------------------------------------------------------------
 

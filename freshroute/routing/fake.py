@@ -135,17 +135,23 @@ class InMemoryStoreClient:
                 return GroupResult(r.status, [], r.replica, r.message)
         return GroupResult(ReadStatus.OK, [r.value for r in answers], answers[0].replica if answers else None)
 
-    async def scan(self, address: str, table: str, partition: int, prefix: bytes, start: bytes, end: bytes,
-                   limit: int, bound: Bound, timeout_s: float) -> ScanResult:
+    async def _admitted(self, address: str, table: str, partition: int,
+                        bound: Bound) -> tuple[FakeReplica | None, ReplicaStatus | None, str | None]:
+        """(replica, its status, why it refuses) of a range or scan read: no replica when the node hosts none."""
         node = self.nodes.get(address)
         if node is not None and not node.down:
             node.scans += 1
         node = await self._reachable(node, address)
         replica = node.replicas.get((table, partition))
         if replica is None:
+            return None, None, None
+        return replica, node.status(table, partition), node.refusal(table, partition, bound)
+
+    async def scan(self, address: str, table: str, partition: int, prefix: bytes, start: bytes, end: bytes,
+                   limit: int, bound: Bound, timeout_s: float) -> ScanResult:
+        replica, status, why = await self._admitted(address, table, partition, bound)
+        if replica is None:
             return ScanResult(ReadStatus.NOT_HOSTED, [])
-        status = node.status(table, partition)
-        why = node.refusal(table, partition, bound)
         if why is not None:
             return ScanResult(ReadStatus.TOO_STALE, [], status, why)
         keys = sorted(k for k in replica.data
@@ -154,15 +160,9 @@ class InMemoryStoreClient:
 
     async def read_range(self, address: str, table: str, partition: int, start: bytes, end: bytes, limit: int,
                          window: WindowFilter | None, bound: Bound) -> RangeResult:
-        node = self.nodes.get(address)
-        if node is not None and not node.down:
-            node.scans += 1
-        node = await self._reachable(node, address)
-        replica = node.replicas.get((table, partition))
+        replica, status, why = await self._admitted(address, table, partition, bound)
         if replica is None:
             return RangeResult(ReadStatus.NOT_HOSTED, [])
-        status = node.status(table, partition)
-        why = node.refusal(table, partition, bound)
         if why is not None:
             return RangeResult(ReadStatus.TOO_STALE, [], status, why)
         watermark = parse_watermark(replica.data.get(WATERMARK_KEY)) if window is not None else None
