@@ -15,7 +15,9 @@ Headless, 30 s, 20 users (REST and gRPC half each), 10 lookups/s per user:
 Options (also as environment variables ``FRESHROUTE_LT_<NAME>``): ``--table``, ``--keys``,
 ``--key-prefix``, ``--key-dist uniform|zipf``, ``--zipf-s``, ``--bounds``, ``--user-rps``
 (0 = no wait), ``--grpc-target``, ``--redis-url`` and ``--namespace`` (the client's metadata store),
-``--max-run-time`` (a hard stop when ``-t`` is not given).
+``--max-run-time`` (a hard stop when ``-t`` is not given), ``--window-span`` (ms; a windowed ``--table``: each
+lookup asks for the key's windows that started in that last span — ``/windows``, ``GetWindows``,
+``Client.windows``).
 Pick one kind of user by naming it: ``locust -f loadtest/locustfile.py RestUser …``.
 """
 
@@ -56,6 +58,8 @@ def _options(parser) -> None:
     group.add_argument("--redis-url", default=_env("redis_url", "redis://127.0.0.1:16379/0"),
                        help="metadata store of ClientUser's client")
     group.add_argument("--namespace", default=_env("namespace", "freshroute"), help="metadata namespace")
+    group.add_argument("--window-span", type=int, default=int(_env("window_span", "0")),
+                       help="ms: window lookups of a windowed --table, over that last span (0: key lookups)")
     group.add_argument("--max-run-time", type=float, default=float(_env("max_run_time", "600")),
                        help="seconds after which the test stops when -t/--run-time is not given")
 
@@ -84,10 +88,18 @@ class _Workload:
         self.mixer = BoundMixer(parse_bound_mix(opts.bounds))
         self.session = Session(name)
         self._pace = constant_throughput(opts.user_rps) if opts.user_rps > 0 else None
+        self.window_span = opts.window_span
 
     def next_lookup(self) -> tuple[str, str, dict]:
         choice = self.mixer.choose()
         return self.chooser.choose(), choice.kind, bound_params(choice, self.session, self.table)
+
+    def span(self) -> tuple[int, int] | None:
+        """The window starts to ask for: the last ``--window-span`` ms (None: a key lookup)."""
+        if not self.window_span:
+            return None
+        now = int(time.time() * 1000)
+        return now - self.window_span, now + 1
 
     def wait_time(self) -> float:
         return self._pace(self) if self._pace else 0.0
@@ -102,8 +114,12 @@ class RestUser(_Workload, HttpUser):
     @task
     def lookup(self) -> None:
         key, kind, bound = self.next_lookup()
-        with self.client.get(f"/v1/tables/{self.table}/keys/{key}", params=bound or None, catch_response=True,
-                             name=f"GET /v1/tables/{self.table}/keys/[key] ({kind})") as resp:
+        path, span = f"/v1/tables/{self.table}/keys/{key}", self.span()
+        if span is not None:
+            path, bound = path + "/windows", {**bound, "from": span[0], "to": span[1]}
+        with self.client.get(path, params=bound or None, catch_response=True,
+                             name=f"GET /v1/tables/{self.table}/keys/[key]{'' if span is None else '/windows'} "
+                                  f"({kind})") as resp:
             try:
                 body = orjson.loads(resp.content) if resp.content else {}
             except orjson.JSONDecodeError:
@@ -134,19 +150,25 @@ class GrpcUser(_Workload, User):
     @task
     def lookup(self) -> None:
         key, kind, bound = self.next_lookup()
-        req = router_pb2.GetRequest(table=self.table, key=key, bound=router_pb2.Bound(**bound) if bound else None)
+        message = router_pb2.Bound(**bound) if bound else None
+        span = self.span()
         start = time.perf_counter()
         exc: Exception | None = None
         length = 0
         try:
-            resp = self.stub.Get(req, timeout=5)
+            if span is None:
+                resp = self.stub.Get(router_pb2.GetRequest(table=self.table, key=key, bound=message), timeout=5)
+            else:
+                resp = self.stub.GetWindows(router_pb2.WindowsRequest(table=self.table, key=key, from_ms=span[0],
+                                                                      to_ms=span[1], bound=message), timeout=5)
             length = resp.ByteSize()
             self.session.observe(self.table, resp.position)
         except grpc.RpcError as e:
             code = _error_code(e)
             if not (e.code() == grpc.StatusCode.NOT_FOUND and code == "KEY_NOT_FOUND"):
                 exc = RuntimeError(f"{e.code().name} {code or ''}".strip())
-        self.environment.events.request.fire(request_type="grpc", name=f"Router.Get ({kind})",
+        self.environment.events.request.fire(request_type="grpc",
+                                             name=f"Router.{'Get' if span is None else 'GetWindows'} ({kind})",
                                              response_time=(time.perf_counter() - start) * 1000,
                                              response_length=length, exception=exc, context={})
 
@@ -175,12 +197,17 @@ class ClientUser(_Workload, User):
         key, kind, bound = self.next_lookup()
         start = time.perf_counter()
         exc: Exception | None = None
+        span = self.span()
         try:
-            r = self._client.get(self.table, key, **bound)
+            if span is None:
+                r = self._client.get(self.table, key, **bound)
+            else:
+                r = self._client.windows(self.table, key, from_ms=span[0], to_ms=span[1], **bound)
             self.session.observe(self.table, r.position)
         except FreshrouteError as e:
             exc = RuntimeError(e.code)
-        self.environment.events.request.fire(request_type="client", name=f"Client.get ({kind})",
+        self.environment.events.request.fire(request_type="client",
+                                             name=f"Client.{'get' if span is None else 'windows'} ({kind})",
                                              response_time=(time.perf_counter() - start) * 1000,
                                              response_length=0, exception=exc, context={})
 

@@ -154,6 +154,17 @@ def test_locust_users_rest_grpc_and_client_all_answer(stack, readings, tmp_path)
         assert int(r["Failure Count"]) == 0, (r, done.stderr[-2000:])
     assert set(by_type) == {"GET", "grpc", "client"} and min(by_type.values()) >= 10, (by_type, done.stderr[-2000:])
 
+    # The same users reading the demo's windowed table: each lookup a key's windows of the last 30 minutes.
+    windowed = [*cmd[:cmd.index("--csv")], "--csv", str(tmp_path / "lw"), "--table", "sensor_windows",
+                "--window-span", str(30 * 60 * 1000), *cmd[cmd.index("--only-summary"):]]
+    done = subprocess.run(windowed, capture_output=True, text=True, timeout=120)
+    with open(tmp_path / "lw_stats.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["Name"] != "Aggregated"]
+    assert {r["Name"].split(" (")[0] for r in rows} == {"GET /v1/tables/sensor_windows/keys/[key]/windows",
+                                                         "Router.GetWindows", "Client.windows"}, rows
+    assert all(int(r["Failure Count"]) == 0 and int(r["Request Count"]) > 0 for r in rows), (rows,
+                                                                                             done.stderr[-2000:])
+
 
 def test_store_nodes_and_the_pipeline_expose_prometheus_metrics(stack, readings):
     """Every replica's lag and progress from each node, and each table's last micro-batch from the pipeline."""
