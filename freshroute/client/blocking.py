@@ -1,8 +1,8 @@
 """Blocking reads on store nodes' read ports, for the synchronous client: the attempt engine driven with select().
 
 A thread keeps its own connections (one idle socket per node, more while attempts overlap).
-Each attempt sends one ``ReadBatch`` frame — a get's one read, or a batch's group of one
-partition's keys — on a connection of its own and reads one ``ResultBatch`` frame back; an
+Each attempt sends one ``ReadBatch`` frame — a get's one read, a batch's group of one
+partition's keys, or a windows lookup's key range — on a connection of its own and reads one ``ResultBatch`` frame back; an
 attempt given up on closes its connection, so no late answer can be taken for another read's.
 A connection's first frame also carries the cluster secret, and it speaks TLS, as the
 client's :class:`NodeAccess` says.
@@ -25,7 +25,8 @@ from freshroute.routing.attempts import AttemptPlan, launch_due
 from freshroute.routing.bound import Bound
 from freshroute.routing.selection import Candidate
 from freshroute.routing.snapshot import SnapshotSource
-from freshroute.routing.store import GroupResult, ReadResult, checked, group_read, group_result, key_read, results
+from freshroute.routing.store import (GroupResult, RangeResult, ReadResult, WindowFilter, checked, group_read,
+                                      group_result, key_read, range_read, range_result, results)
 from proto import store_pb2
 
 _ids = itertools.count(1)
@@ -54,7 +55,7 @@ class _Connection:
         else:
             self.sock.sendall(request.frame)
 
-    def receive(self) -> ReadResult | GroupResult | None:
+    def receive(self) -> ReadResult | GroupResult | RangeResult | None:
         """The answer, once all of it has arrived (None: not yet).
 
         Raises OSError, FrameError, DecodeError, or ReplicaUnavailable for an answer that does not fit the request."""
@@ -78,10 +79,12 @@ class Request:
 
     __slots__ = ("payload", "frame", "keys")
 
+    _RANGE = -1
+
     def __init__(self, batch: store_pb2.ReadBatch, keys: int | None) -> None:
         self.payload = batch.SerializeToString()
         self.frame = frame(self.payload)
-        self.keys = keys  # None: a get (one read); else a group of this many keys
+        self.keys = keys  # None: a get (one read); _RANGE: a key range; else a group of this many keys
 
     @classmethod
     def get(cls, table: str, partition: int, key: bytes, bound: Bound) -> "Request":
@@ -91,9 +94,19 @@ class Request:
     def group(cls, table: str, partition: int, keys: list[bytes], bound: Bound) -> "Request":
         return cls(store_pb2.ReadBatch(groups=[group_read(next(_ids), table, partition, keys, bound)]), len(keys))
 
-    def answer(self, batch: store_pb2.ResultBatch, node: str) -> ReadResult | GroupResult:
+    @classmethod
+    def range(cls, table: str, partition: int, start: bytes, end: bytes, limit: int, window: WindowFilter | None,
+              bound: Bound) -> "Request":
+        return cls(store_pb2.ReadBatch(ranges=[range_read(next(_ids), table, partition, start, end, limit, window,
+                                                          bound)]), cls._RANGE)
+
+    def answer(self, batch: store_pb2.ResultBatch, node: str) -> ReadResult | GroupResult | RangeResult:
         if batch.refused:
             raise ReplicaUnavailable(f"store node {node}: the node refused this peer: {batch.refused}", node=node)
+        if self.keys == self._RANGE:
+            if len(batch.ranges) != 1 or batch.results or batch.groups:
+                raise FrameError(f"{len(batch.ranges)} answers to one range read")
+            return range_result(batch.ranges[0])
         if self.keys is None:
             if len(batch.results) != 1 or batch.groups:
                 raise FrameError(f"{len(batch.results)} answers to one read")

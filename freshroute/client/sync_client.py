@@ -1,6 +1,6 @@
 """``Client``: the synchronous, thread-safe client.
 
-Gets and batches run on the calling thread — the attempt engine driven over blocking
+Gets, batches and window lookups run on the calling thread — the attempt engine driven over blocking
 sockets, no thread hop — each thread with routing state of its own (load, latency, lag
 seen), so nothing mutable is shared between threads but the immutable metadata snapshot.
 A background thread runs an :class:`AsyncClient` for what is not on the hot path: keeping
@@ -168,8 +168,23 @@ class Client:
 
     def windows(self, table: str, key: str, *, from_ms: int, to_ms: int, max_lag: int | None = None,
                 max_staleness_ms: int | None = None, min_position: str | Position | None = None) -> Windows:
-        """A windowed table's windows of ``key`` whose start is in ``[from_ms, to_ms)`` (through the client's loop)."""
-        self._thread_core()
+        """A windowed table's windows of ``key`` whose start is in ``[from_ms, to_ms)``, from one replica within the
+        bound."""
+        core, store = self._thread_core()
+        bound = parse_bound(max_lag, max_staleness_ms, min_position)
+        if self._async.direct():
+            try:
+                r = core.plan_windows(table, key, from_ms, to_ms, bound, time.monotonic())
+                plan = r.plan
+                answer = run_blocking(store, [(plan, Request.range(table, plan.partition, r.lo, r.hi, r.limit, r.live,
+                                                                   plan.bound))])[0]
+                if isinstance(answer, FreshrouteError):
+                    raise answer
+            except _FALL_BACK:
+                if self._async.router is None:
+                    raise
+            else:
+                return Windows.of(r.result(*answer), core.input_lag(table))
         return self._call(self._async.windows(table, key, from_ms=from_ms, to_ms=to_ms, max_lag=max_lag,
                                               max_staleness_ms=max_staleness_ms, min_position=min_position))
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import islice
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, NamedTuple, Sequence, TypeVar
 
 from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound, NotWindowedTable,
                                ReplicaUnavailable, TableNotFound, WindowedTable)
@@ -289,26 +289,28 @@ class RoutingCore:
         token = encode_page_token(table, page[-1][0]) if more and page else None
         return ScanPage(table, items, token, {p: who for p, (_, who) in enumerate(parts)})
 
+    def plan_windows(self, table: str, key: str, from_ms: int, to_ms: int, bound: Bound, now: float) -> WindowsRead:
+        """What a windows lookup reads (one key range of one partition) and its attempt plan."""
+        spec, w = self.windowed(table, from_ms, to_ms)
+        raw, partition = locate(key, spec.partitions)
+        lo, hi = key_range(raw, from_ms, to_ms)
+        plan = self.plan(table, partition, self.bound_for(spec, bound), self._window_latency, self._timeout_s, now)
+        return WindowsRead(table, key, w, raw, lo, hi, max(1, w.windows_in(from_ms, to_ms)),
+                           WindowFilter(from_ms, to_ms, w.size_ms + w.retention_ms), plan)
+
     async def windows(self, table: str, key: str, from_ms: int, to_ms: int, bound: Bound = NO_BOUND) -> WindowsResult:
         """The key's windows starting in ``[from_ms, to_ms)``, in start order, from one replica within the bound."""
         started = time.perf_counter()
         try:
-            spec, w = self.windowed(table, from_ms, to_ms)
-            raw, partition = locate(key, spec.partitions)
-            bound = self.bound_for(spec, bound)
-            lo, hi = key_range(raw, from_ms, to_ms)
-            live = WindowFilter(from_ms, to_ms, w.size_ms + w.retention_ms)
-            limit = max(1, w.windows_in(from_ms, to_ms))
-            plan = self.plan(table, partition, bound, self._window_latency, self._timeout_s, time.monotonic())
-            read_range = self.store.read_range
-            cand, answer = await run(plan, lambda c: read_range(c.replica.address, table, partition, lo, hi, limit,
-                                                                live, bound))
+            r = self.plan_windows(table, key, from_ms, to_ms, bound, time.monotonic())
+            plan, read_range = r.plan, self.store.read_range
+            cand, answer = await run(plan, lambda c: read_range(c.replica.address, table, plan.partition, r.lo, r.hi,
+                                                                r.limit, r.live, plan.bound))
         except FreshrouteError as e:
             self.metrics.lookup(outcome_label(e), "none", time.perf_counter() - started)
             raise
-        windows = list(windows_of(w, raw, answer.entries, answer.watermark_ms, from_ms, to_ms))
-        result = WindowsResult(table, key, windows, partition, *served_by(cand, answer.replica), answer.watermark_ms)
-        self.metrics.lookup("ok" if windows else "not_found", result.role, time.perf_counter() - started)
+        result = r.result(cand, answer)
+        self.metrics.lookup("ok" if result.windows else "not_found", result.role, time.perf_counter() - started)
         return result
 
     async def scan_windows(self, table: str, from_ms: int, to_ms: int, limit: int | None = None,
@@ -417,6 +419,27 @@ class RoutingCore:
     def estimate(self, r: ReplicaView, now: int) -> Candidate:
         """A replica's best-known lag now (heartbeat or a newer response)."""
         return self._freshest.estimate(r, now)[0]
+
+
+class WindowsRead(NamedTuple):
+    """One windows lookup: the key range of its partition it reads, and how; ``result`` makes the answer."""
+
+    table: str
+    key: str
+    window: WindowSpec
+    raw_key: bytes
+    lo: bytes
+    hi: bytes
+    limit: int
+    live: WindowFilter
+    plan: AttemptPlan
+
+    def result(self, cand: Candidate, answer: Any) -> WindowsResult:
+        live = self.live
+        windows = list(windows_of(self.window, self.raw_key, answer.entries, answer.watermark_ms, live.from_ms,
+                                  live.to_ms))
+        return WindowsResult(self.table, self.key, windows, self.plan.partition, *served_by(cand, answer.replica),
+                             answer.watermark_ms)
 
 
 def served_by(cand: Candidate, rep: ReplicaStatus | None) -> tuple[str, str, int, int, int]:

