@@ -45,6 +45,16 @@ def answer(node, batch):
             continue
         data = node.replicas[(g.table, g.partition)].data
         out.groups.add(id=g.id, status=store_pb2.OK, replica=status, values=[data.get(k, b"") for k in g.keys])
+    for r in batch.ranges:
+        from freshroute.windows import WATERMARK_KEY, live_starts, parse_watermark
+
+        data = node.replicas[(r.table, r.partition)].data
+        watermark = parse_watermark(data.get(WATERMARK_KEY))
+        keep = live_starts(r.window.from_ms, r.window.to_ms, r.window.life_ms, watermark)
+        rows = [(k, v) for k, v in sorted(data.items()) if r.start <= k < r.end and keep(k)][:r.limit]
+        out.ranges.add(id=r.id, status=store_pb2.OK, replica=_status(node.status(r.table, r.partition)),
+                       watermark_ms=-1 if watermark is None else watermark,
+                       entries=[store_pb2.ScanEntry(key=k, value=v) for k, v in rows])
     return out
 
 
@@ -174,3 +184,27 @@ def test_a_node_with_no_read_port_is_unavailable_not_a_hang(world):
     store.close()
     err = get(cluster, store, KEYS[1])
     assert isinstance(err, ReplicaUnavailable) and len(err.details["attempts"]) == 2
+
+
+def test_a_windows_lookup_reads_its_key_range_over_a_blocking_connection():
+    from router.settings import RouterSettings
+
+    from .test_routing_windows import WINDOWED, windowed_cluster
+
+    cluster = windowed_cluster(RouterSettings(request_timeout_ms=1000, attempt_timeout_ms=300, hedge=False))
+    ports = {n.node: ReadPort(n) for n in (cluster.n1, cluster.n2)}
+    cluster.refresh()
+    store = BlockingStore(cluster.metadata)
+    try:
+        r = cluster.router.plan_windows(WINDOWED, "s2", 0, 30_000, NO_BOUND, time.monotonic())
+        plan = r.plan
+        [(cand, answer)] = run_blocking(store, [(plan, Request.range(WINDOWED, plan.partition, r.lo, r.hi, r.limit,
+                                                                     r.live, plan.bound))])
+        result = r.result(cand, answer)
+        assert [(w.start, orjson.loads(w.value), w.final) for w in result.windows] == [
+            (0, {"count": 2}, True), (10_000, {"count": 3}, True), (20_000, {"count": 4}, False)]
+        assert result.watermark_ms == 25_000 and result.node == cand.replica.node
+    finally:
+        store.close()
+        for p in ports.values():
+            p.close()
