@@ -152,13 +152,8 @@ def live_starts(from_ms: int, to_ms: int, life_ms: int, watermark_ms: int | None
     lo = from_ms if watermark_ms is None else max(from_ms, watermark_ms - life_ms + 1)
 
     def keep(raw: bytes) -> bool:
-        if len(raw) < _SUFFIX or raw[-_SUFFIX] != _SEP:
-            return False
-        try:
-            start = int(raw[-_START_DIGITS:], 16)
-        except ValueError:
-            return False
-        return lo <= start < to_ms
+        split = split_window_key(raw)
+        return split is not None and lo <= split[1] < to_ms
 
     return keep
 
@@ -175,14 +170,13 @@ class Window(NamedTuple):
         return {"start": self.start, "end": self.end, "value": orjson.loads(self.value), "final": self.final}
 
 
-def windows_of(spec: WindowSpec, key: bytes, rows: Iterable[tuple[bytes, bytes]], watermark_ms: int | None,
-               from_ms: int, to_ms: int) -> Iterator[Window]:
-    """``key``'s unexpired windows starting in ``[from_ms, to_ms)`` among the rows of its key range, in start order."""
+def windows_of(spec: WindowSpec, key: bytes, rows: Iterable[tuple[bytes, bytes]],
+               watermark_ms: int | None) -> Iterator[Window]:
+    """``key``'s windows among the rows a range read kept (the node chose them by start and expiry), in start order."""
     w = -1 if watermark_ms is None else watermark_ms
     for raw, value in rows:
         split = split_window_key(raw)
         if split is None or split[0] != key:
             continue  # another key that happens to share the range's bytes
         start = split[1]
-        if from_ms <= start < to_ms and not spec.expired(start, w):
-            yield Window(start, start + spec.size_ms, value, spec.final(start, w))
+        yield Window(start, start + spec.size_ms, value, spec.final(start, w))

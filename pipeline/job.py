@@ -343,8 +343,7 @@ class Pipeline:
         writer = (df.writeStream.queryName(run.table.name).outputMode("update")
                   .foreachBatch(run.writer.write_batch)
                   .option("checkpointLocation", str(s.table_checkpoint(run.table.name))))
-        trigger_ms = s.trigger_ms if run.table.trigger_ms is None else run.table.trigger_ms
-        writer = writer.trigger(availableNow=True) if s.available_now else writer.trigger(processingTime=f"{trigger_ms} milliseconds")
+        writer = writer.trigger(availableNow=True) if s.available_now else writer.trigger(processingTime=f"{self._trigger_ms(run)} milliseconds")
         assert self.spark is not None
         # A query takes the session's settings as it starts. A windowed table's watermark moves at the end of a
         # batch: a batch without input then publishes it (and Spark evicts what it closed), so a quiet stream's
@@ -420,8 +419,11 @@ class Pipeline:
                      "(at least %d ms)", WARM_LOG, WARM_BATCHES, WARM_BATCH_MS)
 
     def _warm_bound(self, run: TableRun) -> int:
-        trigger = self.settings.trigger_ms if run.table.trigger_ms is None else run.table.trigger_ms
-        return max(trigger, WARM_BATCH_MS)
+        return max(self._trigger_ms(run), WARM_BATCH_MS)
+
+    def _trigger_ms(self, run: TableRun) -> int:
+        """The table's micro-batch interval: its own, else the pipeline's."""
+        return self.settings.trigger_ms if run.table.trigger_ms is None else run.table.trigger_ms
 
     def _restart_or_fail(self, run: TableRun, error: str, stop: threading.Event) -> None:
         lost = re.search(r"InputDataLost: (.+)", error)

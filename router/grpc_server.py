@@ -114,8 +114,9 @@ def _window(w: Window, typed: bool) -> router_pb2.Window:
                              value=_typed(w.value) if typed else None)
 
 
-def _windows_response(r: WindowsResult, typed: bool) -> router_pb2.WindowsResponse:
-    return router_pb2.WindowsResponse(
+def _windows_response(r: WindowsResult, typed: bool,
+                      input_lag: router_pb2.InputLag | None) -> router_pb2.WindowsResponse:
+    return router_pb2.WindowsResponse(input_lag=input_lag,
         table=r.table, key=r.key, windows=[_window(w, typed) for w in r.windows], partition=r.partition,
         served_by=router_pb2.ServedBy(node=r.node, role=r.role),
         lag=router_pb2.Lag(offsets=r.lag_offsets, ms=r.lag_ms), position=r.position, watermark_ms=r.watermark_ms)
@@ -271,11 +272,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             self._table(context, request.table)
             result = await self._router.windows(request.table, request.key, request.from_ms, request.to_ms,
                                                 self._parse_bound(request))
-            response = _windows_response(result, request.typed_values)
-            lag = _input_lag(self._router, request.table)
-            if lag is not None:
-                response.input_lag.CopyFrom(lag)
-            return response
+            return _windows_response(result, request.typed_values, _input_lag(self._router, request.table))
         except Exception as e:  # noqa: BLE001
             await abort(context, e)
 

@@ -435,9 +435,7 @@ class WindowsRead(NamedTuple):
     plan: AttemptPlan
 
     def result(self, cand: Candidate, answer: Any) -> WindowsResult:
-        live = self.live
-        windows = list(windows_of(self.window, self.raw_key, answer.entries, answer.watermark_ms, live.from_ms,
-                                  live.to_ms))
+        windows = list(windows_of(self.window, self.raw_key, answer.entries, answer.watermark_ms))
         return WindowsResult(self.table, self.key, windows, self.plan.partition, *served_by(cand, answer.replica),
                              answer.watermark_ms)
 

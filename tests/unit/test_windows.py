@@ -58,7 +58,7 @@ def test_windows_of_a_key_skip_other_keys_sharing_its_range_bytes():
     w = tumbling("10s", retention="1h")
     rows = [(window_key(b"k", 0), b'{"n":1}'), (b"k\x00" + b"0" * 15 + b"x\x00" + b"0" * 16, b'{"n":9}'),
             (window_key(b"k", 10_000), b'{"n":2}')]
-    got = list(windows_of(w, b"k", rows, 12_000, 0, 20_000))
+    got = list(windows_of(w, b"k", rows, 12_000))
     assert [(x.start, x.end, x.final) for x in got] == [(0, 10_000, True), (10_000, 20_000, False)]
 
 
