@@ -669,10 +669,11 @@ class Bench:
     def freshness_loaded(self) -> None:
         """Event → visible while the bench's own producer adds ``--loaded-rate`` readings/s to the input."""
         from loadtest.freshness import measure_loaded
+        from pipeline.job import query_checkpoint_of
 
         c = self.c
         out = measure_loaded(c.bootstrap, c.rest_url, f"{c.topic_prefix}readings", self.a.table,
-                             c.home / "pipeline" / "checkpoints" / self.a.table, self.a.loaded_rate,
+                             query_checkpoint_of(c.home / "pipeline" / "checkpoints", self.a.table), self.a.loaded_rate,
                              probes=self.a.freshness_probes, say=self.say)
         self._say_freshness("loaded", f"{self.a.loaded_rate:,.0f} readings/s", out)
         self.fig["freshness_p99_ms_loaded"] = out["freshness_p99_ms"]

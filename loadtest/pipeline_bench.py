@@ -25,7 +25,7 @@ import time
 import uuid
 from collections import defaultdict, deque
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +87,7 @@ def _demo_stats_only(settings: PipelineSettings) -> Any:
     from pipeline.tables import TablesDefinition, load_tables
 
     d = load_tables(settings.tables_file)
-    return TablesDefinition(d.path, dict(d.sources), {"sensor_stats": d.tables["sensor_stats"]})
+    return TablesDefinition(d.path, dict(d.sources), {"sensor_stats": replace(d.tables["sensor_stats"], query=None)})
 
 
 class CpuMeter:
@@ -168,7 +168,7 @@ def measure_throughput(bootstrap: str, redis_url: str, work: Path, events: int =
     try:
         pipeline.start()
         pipeline.wait(threading.Event())
-        query = pipeline.runs["sensor_stats"].query
+        query = pipeline.queries["sensor_stats"].query
         progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
     finally:
         pipeline.stop()
@@ -296,10 +296,10 @@ def measure_latency(bootstrap: str, redis_url: str, work: Path, rate_per_s: floa
                 if sum(seen.values()) >= sum(produced.values()):
                     break
             time.sleep(0.2)
-        for run in pipeline.runs.values():
-            assert run.query is not None
+        for q in pipeline.queries.values():
+            assert q.query is not None
             # recentProgress keeps the last 100 batches (spark.sql.streaming.numRecentProgressUpdates).
-            progress += [p for p in run.query.recentProgress if p["timestamp"] >= _iso(measured_from)]
+            progress += [p for p in q.query.recentProgress if p["timestamp"] >= _iso(measured_from)]
         if idle_s > 0:
             time.sleep(2.0)  # the last batches finish
             cpu_idle = cpu.percent(idle_s)

@@ -1,9 +1,10 @@
-"""The pipeline process: one Spark session, one streaming query per table, one changelog producer.
+"""The pipeline process: one Spark session, a streaming query per table or group of tables, one changelog producer.
 
-Each table runs as its own query with its own checkpoint (``checkpoint_dir/<table>``):
-offsets, commits and RocksDB state. A query that fails is restarted from its checkpoint
-(which replays the failed batch) a bounded number of times; lost input data is not
-retried, it stops the pipeline with a message saying what happened.
+Each table runs in its own query, or in one it shares with other tables of its source (``query=`` in the
+tables file): one read of the input, one plan and one checkpoint per trigger for all of them. A query's
+checkpoint (``checkpoint_dir/<query>``) holds its offsets, commits and RocksDB state. A query that fails
+is restarted from its checkpoint (which replays the failed batch) a bounded number of times; lost input
+data is not retried, it stops the pipeline with a message saying what happened.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from freshroute.settings import is_loopback
 from pipeline.input_lag import InputLagPublisher
 from pipeline.offsets import InputDataLost
 from pipeline.settings import PipelineSettings
-from pipeline.sink import ChangelogProducer, ChangelogWriter
+from pipeline.sink import ChangelogProducer, ChangelogWriter, QuerySink
 from pipeline.tables import (DELETE_COLUMN, METADATA_COLUMNS, WINDOW_START_COLUMN, Source, Table, TablesDefinition,
-                             TablesFileError, check_output_columns, check_source_fields, load_tables)
+                             TablesFileError, check_output_columns, check_source_fields, load_tables, queries,
+                             union_tables)
 from pipeline.window_expiry import WindowExpiry
 
 if TYPE_CHECKING:
@@ -40,23 +42,27 @@ if TYPE_CHECKING:
 log = logging.getLogger("pipeline")
 
 _LOG4J2 = Path(__file__).resolve().parent / "log4j2.properties"
-# Restarts of one table's query tolerated within the window before the pipeline gives up. Generous:
+# Restarts of one query tolerated within the window before the pipeline gives up. Generous:
 # on a loaded machine Spark's Python source worker may miss its fixed 10 s start-up deadline.
 _MAX_RESTARTS = 8
 _RESTART_WINDOW_S = 600.0
 _REGISTER_EVERY_S = 10.0
-# The last micro-batches of every table, whose median ran within the trigger interval (at least
+# The last micro-batches of every query, whose median ran within the trigger interval (at least
 # WARM_BATCH_MS): the JIT has compiled the hot paths and the Python workers are up. Until then
 # a batch takes seconds, and freshness with it; the line is what `local up` waits for. A median,
-# not every batch: with several tables' queries sharing two cores, one batch in a few runs long
-# on a warm pipeline too.
+# not every batch: with several queries sharing two cores, one batch in a few runs long on a
+# warm pipeline too.
 WARM_BATCHES = 5
 WARM_BATCH_MS = 500
 WARM_LOG = "pipeline warm"
 
 
+# Beside Spark's own files in a query's checkpoint: the tables whose state it holds.
+QUERY_TABLES_FILE = "freshroute-tables.json"
+
+
 class PipelineFailed(FatalError):
-    """A table's query kept failing; the last error says why."""
+    """A query kept failing; the last error says why."""
 
     code = "PIPELINE_FAILED"
 
@@ -71,6 +77,45 @@ def committed_batches(checkpoint: Path) -> int:
     """Micro-batches a query's checkpoint records as done (Spark's ``commits`` log)."""
     commits = checkpoint / "commits"
     return sum(1 for p in commits.iterdir() if p.name.isdigit()) if commits.is_dir() else 0
+
+
+class QueryChanged(ConfigError):
+    """A query's checkpoint holds the state of other tables than the tables file now puts in it."""
+
+    code = "QUERY_CHANGED"
+
+
+def check_query_tables(checkpoint: Path, query: str, tables: list[str]) -> None:
+    """Refuse to resume a query whose tables changed, then record its tables in its checkpoint.
+
+    A query's state is per operator, in plan order: resumed with a table added or removed, its
+    tables would start without their history or read another table's. A checkpoint without the
+    record predates shared queries: it is its one table's own.
+    """
+    record = checkpoint / QUERY_TABLES_FILE
+    if committed_batches(checkpoint):
+        try:
+            had = orjson.loads(record.read_bytes())["tables"] if record.is_file() else [query]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            had = None
+        if had != tables:
+            was = f"for tables {had}" if had is not None else f"with an unreadable {QUERY_TABLES_FILE}"
+            raise QueryChanged(f"query {query!r}: its checkpoint {checkpoint} was written {was}, and the tables file "
+                               f"now puts {tables} in it. Delete {checkpoint} to recompute them all from the input, "
+                               f"or give a new table a query of its own.", query=query, checkpoint=str(checkpoint))
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    record.write_bytes(orjson.dumps({"tables": tables}))
+
+
+def query_checkpoint_of(checkpoint_dir: Path, table: str) -> Path:
+    """The checkpoint of the query a table runs in: the one whose record names it, else the table's own."""
+    for record in sorted(checkpoint_dir.glob(f"*/{QUERY_TABLES_FILE}")):
+        try:
+            if table in orjson.loads(record.read_bytes())["tables"]:
+                return record.parent
+        except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
+            continue
+    return checkpoint_dir / table
 
 
 def check_changelog_kept(topic: str, existed: bool, checkpoint: Path) -> None:
@@ -106,7 +151,9 @@ def build_session(settings: PipelineSettings) -> "SparkSession":
         SparkSession.builder.master(settings.spark_master)
         .appName(f"freshroute-pipeline-{settings.namespace}")
         .config("spark.driver.memory", settings.spark_driver_memory)
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_LOG4J2}")
+        # The JIT's client compiler only: small, frequent batches keep the optimising compiler busy for minutes
+        # after start (about a third of a core), for code that runs a few milliseconds a batch.
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_LOG4J2} -XX:TieredStopAtLevel=1")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
@@ -171,7 +218,7 @@ def check_spark_master(master: str, timeout_s: float = 3.0) -> None:
                       setting="spark_master")
 
 
-def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source, table: str) -> "DataFrame":
+def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source, query: str) -> "DataFrame":
     """The source topic as a stream of parsed rows: the schema's fields plus the Kafka record columns."""
     from pyspark.sql.types import StructType, _parse_datatype_string
 
@@ -196,7 +243,7 @@ def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source, 
         .option("create_partitions", str(settings.input_partitions))
         # About one read task per core: a task costs more than reading thousands of records.
         .option("read_tasks", str(spark.sparkContext.defaultParallelism))
-        .option("hint", f"To reprocess from the start, delete {settings.table_checkpoint(table)}.")
+        .option("hint", f"To reprocess from the start, delete {settings.query_checkpoint(query)}.")
         .load()
     )
     return _parsed(raw, schema)
@@ -246,19 +293,38 @@ def jvm_kafka_stream(spark: "SparkSession", settings: PipelineSettings, topic: s
 
 @dataclass
 class TableRun:
-    """One table's query and what it needs to be restarted."""
+    """One table: its spec, its changelog writer, and what its query's batches did for it."""
 
     table: Table
     spec: TableSpec
     writer: ChangelogWriter
+    last_progress: Any = None  # its query's last micro-batch's progress report seen (for metrics)
+    late_rows_dropped: int = 0  # input rows past their window's grace, since start
+    windows_expired: int = 0  # windows tombstoned after their retention, since start
+
+
+@dataclass
+class QueryRun:
+    """One streaming query, of one or more tables of one source, and what it needs to be restarted."""
+
+    name: str
+    tables: list[TableRun]
+    trigger_ms: int
     query: "StreamingQuery | None" = None
     failures: list[float] = field(default_factory=list)
     finished: bool = False
     logged_batch: int = -1
     recent_ms: list[int] = field(default_factory=list)  # the last WARM_BATCHES batches' durations
-    last_progress: Any = None  # the last micro-batch's progress report seen (for metrics)
-    late_rows_dropped: int = 0  # input rows past their window's grace, since start
-    windows_expired: int = 0  # windows tombstoned after their retention, since start
+
+    @property
+    def windowed(self) -> TableRun | None:
+        """The query's windowed table: its watermark is the query's."""
+        return next((r for r in self.tables if r.table.window is not None), None)
+
+    @property
+    def label(self) -> str:
+        names = [r.table.name for r in self.tables]
+        return f"table {self.name}" if names == [self.name] else f"query {self.name} ({', '.join(names)})"
 
 
 class Pipeline:
@@ -270,6 +336,7 @@ class Pipeline:
         self.spark: "SparkSession | None" = None
         self.producer = ChangelogProducer(settings.kafka())
         self.runs: dict[str, TableRun] = {}
+        self.queries: dict[str, QueryRun] = {}
         self._stop = threading.Event()
         self._registrar: TableRegistrar | None = None
         self._input_lag: InputLagPublisher | None = None
@@ -277,56 +344,70 @@ class Pipeline:
 
     # start
     def start(self) -> None:
-        from pipeline.topics import admin_client, check_replication, describe_topic, ensure_topic
+        from pipeline.topics import admin_client, check_replication, describe_topic
 
-        admin = admin_client(self.settings.kafka())
-        check_replication(admin, self.settings.changelog_replication_factor)
-        # Before Spark starts: a lost changelog is known in milliseconds, not after the JVM's warm-up.
-        for t in self.definition.tables.values():
-            topic = self.settings.changelog_topic(t.name)
-            check_changelog_kept(topic, describe_topic(admin, topic) is not None,
-                                 self.settings.table_checkpoint(t.name))
-        check_spark_master(self.settings.spark_master)
+        s = self.settings
+        admin = admin_client(s.kafka())
+        check_replication(admin, s.changelog_replication_factor)
+        # Before Spark starts: a lost changelog or a changed query is known in milliseconds, not after the JVM's
+        # warm-up.
+        grouped = queries(self.definition)
+        for name, tables in grouped.items():
+            checkpoint = s.query_checkpoint(name)
+            # First: a table new to the query has no changelog yet, which is not the broker's doing.
+            check_query_tables(checkpoint, name, [t.name for t in tables])
+            for t in tables:
+                topic = s.changelog_topic(t.name)
+                check_changelog_kept(topic, describe_topic(admin, topic) is not None, checkpoint)
+        check_spark_master(s.spark_master)
         started = time.monotonic()
-        self.spark = build_session(self.settings)
+        self.spark = build_session(s)
         log.info("spark session ready in %.1fs (master %s, %d shuffle partitions)",
-                 time.monotonic() - started, self.settings.spark_master, self.settings.shuffle_partitions)
-        for t in self.definition.tables.values():
-            df = self._table_frame(t)
-            topic = self.settings.changelog_topic(t.name)
-            info = ensure_topic(admin, topic, self.settings.changelog_partitions, self.settings.changelog_config(),
-                                replication_factor=self.settings.changelog_replication_factor)
-            if info.replication_factor != self.settings.changelog_replication_factor:
-                log.warning("changelog %s has replication factor %d (setting says %d); Kafka's partition "
-                            "reassignment changes it", topic, info.replication_factor,
-                            self.settings.changelog_replication_factor)
-            if len(info.partitions) != self.settings.changelog_partitions:
-                # Existing records are partitioned by the existing count: keep it.
-                log.warning("changelog %s has %d partitions (setting says %d); keeping %d", topic,
-                            len(info.partitions), self.settings.changelog_partitions, len(info.partitions))
-            value_schema = {f.name: f.dataType.simpleString() for f in df.schema.fields
-                            if f.name not in (t.key, DELETE_COLUMN, WINDOW_START_COLUMN)}
-            standbys = self.settings.standby_replicas if t.standby_replicas is None else t.standby_replicas
-            spec = TableSpec(t.name, topic, len(info.partitions), t.key, value_schema, standbys, window=t.window)
-            expiry = None
-            if t.window is not None:
-                checkpoint = self.settings.table_checkpoint(t.name)
-                expiry = WindowExpiry(checkpoint.with_name(checkpoint.name + ".windows"))
-            writer = ChangelogWriter(t.name, topic, spec.partitions, t.key, self.producer, t.window, expiry)
-            self.runs[t.name] = TableRun(t, spec, writer)
-            self._start_query(self.runs[t.name], df)
-        store = MetadataStore.at(self.settings.redis(), self.settings.namespace)
-        self._registrar = TableRegistrar(store, [r.spec for r in self.runs.values()], self._stop,
-                                         str(self.settings.redis()), self.settings.namespace)
+                 time.monotonic() - started, s.spark_master, s.shuffle_partitions)
+        for name, tables in grouped.items():
+            frames = self._table_frames(name, tables)
+            runs = [self._table_run(t, df, admin) for t, df in zip(tables, frames)]
+            self.runs.update((r.table.name, r) for r in runs)
+            trigger = s.trigger_ms if tables[0].trigger_ms is None else tables[0].trigger_ms
+            self.queries[name] = QueryRun(name, runs, trigger)
+            self._start_query(self.queries[name], frames)
+        store = MetadataStore.at(s.redis(), s.namespace)
+        self._registrar = TableRegistrar(store, [r.spec for r in self.runs.values()], self._stop, str(s.redis()),
+                                         s.namespace)
         self._registrar.start()
-        self._input_lag = InputLagPublisher(MetadataStore.at(self.settings.redis(), self.settings.namespace),
-                                            self._stop, str(self.settings.redis()))
+        self._input_lag = InputLagPublisher(MetadataStore.at(s.redis(), s.namespace), self._stop, str(s.redis()))
         self._input_lag.start()
 
-    def _table_frame(self, t: Table) -> "DataFrame":
+    def _table_run(self, t: Table, df: "DataFrame", admin: Any) -> TableRun:
+        """The table's changelog topic (created if need be), spec and writer."""
+        from pipeline.topics import ensure_topic
+
+        s = self.settings
+        topic = s.changelog_topic(t.name)
+        info = ensure_topic(admin, topic, s.changelog_partitions, s.changelog_config(),
+                            replication_factor=s.changelog_replication_factor)
+        if info.replication_factor != s.changelog_replication_factor:
+            log.warning("changelog %s has replication factor %d (setting says %d); Kafka's partition "
+                        "reassignment changes it", topic, info.replication_factor, s.changelog_replication_factor)
+        if len(info.partitions) != s.changelog_partitions:
+            # Existing records are partitioned by the existing count: keep it.
+            log.warning("changelog %s has %d partitions (setting says %d); keeping %d", topic,
+                        len(info.partitions), s.changelog_partitions, len(info.partitions))
+        value_schema = {f.name: f.dataType.simpleString() for f in df.schema.fields
+                        if f.name not in (t.key, DELETE_COLUMN, WINDOW_START_COLUMN)}
+        standbys = s.standby_replicas if t.standby_replicas is None else t.standby_replicas
+        spec = TableSpec(t.name, topic, len(info.partitions), t.key, value_schema, standbys, window=t.window)
+        expiry = WindowExpiry(s.window_index(t.name)) if t.window is not None else None
+        return TableRun(t, spec, ChangelogWriter(t.name, topic, spec.partitions, t.key, self.producer, t.window, expiry))
+
+    def _table_frames(self, query: str, tables: list[Table]) -> list["DataFrame"]:
+        """The tables' streaming DataFrames over one read of their source."""
         assert self.spark is not None
-        src = self.definition.sources[t.source]
-        rows = source_rows(self.spark, self.settings, src, t.name)
+        rows = source_rows(self.spark, self.settings, self.definition.sources[tables[0].source], query)
+        return [self._table_frame(t, rows) for t in tables]
+
+    def _table_frame(self, t: Table, rows: "DataFrame") -> "DataFrame":
+        assert self.spark is not None
         try:
             df = t.dataframe(self.spark, rows)
         except TablesFileError:
@@ -338,61 +419,65 @@ class Pipeline:
         check_output_columns(t, df.columns, delete_type)
         return df
 
-    def _start_query(self, run: TableRun, df: "DataFrame") -> None:
+    def _start_query(self, q: QueryRun, frames: list["DataFrame"]) -> None:
         s = self.settings
-        writer = (df.writeStream.queryName(run.table.name).outputMode("update")
-                  .foreachBatch(run.writer.write_batch)
-                  .option("checkpointLocation", str(s.table_checkpoint(run.table.name))))
-        writer = writer.trigger(availableNow=True) if s.available_now else writer.trigger(processingTime=f"{self._trigger_ms(run)} milliseconds")
+        df = union_tables([(r.table.name, frame) for r, frame in zip(q.tables, frames)])
+        sink = QuerySink([r.writer for r in q.tables], self.producer)
+        writer = (df.writeStream.queryName(q.name).outputMode("update").foreachBatch(sink.write_batch)
+                  .option("checkpointLocation", str(s.query_checkpoint(q.name))))
+        writer = writer.trigger(availableNow=True) if s.available_now else writer.trigger(processingTime=f"{q.trigger_ms} milliseconds")
         assert self.spark is not None
         # A query takes the session's settings as it starts. A windowed table's watermark moves at the end of a
         # batch: a batch without input then publishes it (and Spark evicts what it closed), so a quiet stream's
-        # windows still become final. Only when the watermark moved: a keyed table never runs one.
+        # windows still become final. Only when the watermark moved: a query of keyed tables never runs one.
         no_data = "spark.sql.streaming.noDataMicroBatches.enabled"
-        self.spark.conf.set(no_data, "true" if run.table.window is not None else "false")
+        self.spark.conf.set(no_data, "true" if q.windowed is not None else "false")
         try:
-            run.query = writer.start()
+            q.query = writer.start()
         finally:
             self.spark.conf.set(no_data, "false")
-        log.info("table %s: streaming %s → %s (%d partitions × 1 active + %d standbys, key %s), checkpoint %s",
-                 run.table.name, s.input_topic(self.definition.sources[run.table.source].topic), run.spec.topic,
-                 run.spec.partitions, run.spec.standby_replicas, run.table.key, s.table_checkpoint(run.table.name))
+        source = s.input_topic(self.definition.sources[q.tables[0].table.source].topic)
+        for r in q.tables:
+            log.info("table %s: streaming %s → %s (%d partitions × 1 active + %d standbys, key %s), query %s, "
+                     "checkpoint %s", r.table.name, source, r.spec.topic, r.spec.partitions, r.spec.standby_replicas,
+                     r.table.key, q.name, s.query_checkpoint(q.name))
 
     # run
     def wait(self, stop: threading.Event) -> None:
-        """Supervise the queries until ``stop`` is set, or (available-now) every table is done."""
+        """Supervise the queries until ``stop`` is set, or (available-now) every query is done."""
         while not stop.is_set():
-            for run in self.runs.values():
-                if run.query is not None and not run.finished:
-                    progress = run.query.lastProgress
-                    seen = run.logged_batch
-                    if log_progress(run, progress):
-                        run.last_progress = progress
-                        self._note_warmth(run, progress.batchDuration)
-                        if self._input_lag is not None:
-                            self._input_lag.observe(run.table.name, progress)
-                        if run.table.window is not None:
-                            self._windows_progress(run, progress, seen)
-                if run.finished or run.query is None or run.query.isActive:
+            for q in self.queries.values():
+                if q.query is not None and not q.finished:
+                    progress = q.query.lastProgress
+                    seen = q.logged_batch
+                    if log_progress(q, progress):
+                        self._note_warmth(q, progress.batchDuration)
+                        for run in q.tables:
+                            run.last_progress = progress
+                            if self._input_lag is not None:
+                                self._input_lag.observe(run.table.name, progress)
+                        if q.windowed is not None:
+                            self._windows_progress(q, q.windowed, progress, seen)
+                if q.finished or q.query is None or q.query.isActive:
                     continue
-                error = run.query.exception()
+                error = q.query.exception()
                 if error is None:
-                    run.finished = True
-                    log.info("table %s: caught up with its input, query finished", run.table.name)
+                    q.finished = True
+                    log.info("%s: caught up with its input, query finished", q.label)
                     continue
-                self._restart_or_fail(run, str(error), stop)
-            if self.runs and all(r.finished for r in self.runs.values()):
+                self._restart_or_fail(q, str(error), stop)
+            if self.queries and all(q.finished for q in self.queries.values()):
                 return
             stop.wait(0.5)
 
-    def _windows_progress(self, run: TableRun, progress: Any, seen: int) -> None:
+    def _windows_progress(self, q: QueryRun, run: TableRun, progress: Any, seen: int) -> None:
         """Count the late rows of every batch since ``seen``, and publish the watermark (expiring windows)."""
         from pipeline.metrics import late_rows, watermark_ms
 
         reports = [progress]
-        if progress.batchId > seen + 1 and run.query is not None:
+        if progress.batchId > seen + 1 and q.query is not None:
             # Batches that ended between two reads: Spark keeps the recent ones.
-            reports = [p for p in run.query.recentProgress if seen < p.batchId <= progress.batchId]
+            reports = [p for p in q.query.recentProgress if seen < p.batchId <= progress.batchId]
         late = sum(late_rows(p) for p in reports)
         if late:
             run.late_rows_dropped += late
@@ -406,53 +491,47 @@ class Pipeline:
         except FreshrouteError as e:  # the next batch's report tries again
             log.warning("table %s: watermark not published: %s", run.table.name, e.message)
 
-    def _note_warmth(self, run: TableRun, batch_ms: int) -> None:
-        """Log :data:`WARM_LOG` once the last :data:`WARM_BATCHES` batches of every table ran within the bound, in
+    def _note_warmth(self, q: QueryRun, batch_ms: int) -> None:
+        """Log :data:`WARM_LOG` once the last :data:`WARM_BATCHES` batches of every query ran within the bound, in
         the median."""
         if self._warm:
             return
-        run.recent_ms = [*run.recent_ms, batch_ms][-WARM_BATCHES:]
-        if all(len(r.recent_ms) == WARM_BATCHES and sorted(r.recent_ms)[WARM_BATCHES // 2] <= self._warm_bound(r)
-               for r in self.runs.values()):
+        q.recent_ms = [*q.recent_ms, batch_ms][-WARM_BATCHES:]
+        if all(len(r.recent_ms) == WARM_BATCHES and sorted(r.recent_ms)[WARM_BATCHES // 2] <= max(r.trigger_ms,
+                                                                                                   WARM_BATCH_MS)
+               for r in self.queries.values()):
             self._warm = True
-            log.info("%s: the median of the last %d micro-batches of every table ran within its trigger interval "
+            log.info("%s: the median of the last %d micro-batches of every query ran within its trigger interval "
                      "(at least %d ms)", WARM_LOG, WARM_BATCHES, WARM_BATCH_MS)
 
-    def _warm_bound(self, run: TableRun) -> int:
-        return max(self._trigger_ms(run), WARM_BATCH_MS)
-
-    def _trigger_ms(self, run: TableRun) -> int:
-        """The table's micro-batch interval: its own, else the pipeline's."""
-        return self.settings.trigger_ms if run.table.trigger_ms is None else run.table.trigger_ms
-
-    def _restart_or_fail(self, run: TableRun, error: str, stop: threading.Event) -> None:
+    def _restart_or_fail(self, q: QueryRun, error: str, stop: threading.Event) -> None:
         lost = re.search(r"InputDataLost: (.+)", error)
         if lost:
-            raise InputDataLost(lost.group(1).strip(), table=run.table.name)
+            raise InputDataLost(lost.group(1).strip(), query=q.name)
         now = time.monotonic()
-        run.failures = [t for t in run.failures if now - t < _RESTART_WINDOW_S] + [now]
+        q.failures = [t for t in q.failures if now - t < _RESTART_WINDOW_S] + [now]
         summary = _first_line(error)
-        if len(run.failures) > _MAX_RESTARTS:
-            raise PipelineFailed(f"table {run.table.name}: query failed {len(run.failures)} times within "
-                                 f"{_RESTART_WINDOW_S:.0f}s; last error: {summary}", table=run.table.name)
-        delay = min(30.0, 2.0 ** len(run.failures))
-        log.error("table %s: query failed (%s); restarting from its checkpoint in %.0fs (attempt %d of %d)",
-                  run.table.name, summary, delay, len(run.failures), _MAX_RESTARTS)
-        log.debug("table %s: full error:\n%s", run.table.name, error)
+        if len(q.failures) > _MAX_RESTARTS:
+            raise PipelineFailed(f"{q.label}: query failed {len(q.failures)} times within {_RESTART_WINDOW_S:.0f}s; "
+                                 f"last error: {summary}", query=q.name)
+        delay = min(30.0, 2.0 ** len(q.failures))
+        log.error("%s: query failed (%s); restarting from its checkpoint in %.0fs (attempt %d of %d)",
+                  q.label, summary, delay, len(q.failures), _MAX_RESTARTS)
+        log.debug("%s: full error:\n%s", q.label, error)
         if stop.wait(delay):
             return
-        self._start_query(run, self._table_frame(run.table))
+        self._start_query(q, self._table_frames(q.name, [r.table for r in q.tables]))
 
     # stop
     def stop(self) -> None:
         """Stop every query (an interrupted batch is replayed on the next start), then the producer and Spark."""
         self._stop.set()
-        for run in self.runs.values():
-            if run.query is not None:
+        for q in self.queries.values():
+            if q.query is not None:
                 try:
-                    run.query.stop()
-                except Exception as e:  # stopping must go on for the other tables
-                    log.warning("table %s: stopping the query failed: %s", run.table.name, _first_line(str(e)))
+                    q.query.stop()
+                except Exception as e:  # stopping must go on for the other queries
+                    log.warning("%s: stopping the query failed: %s", q.label, _first_line(str(e)))
         self.producer.close()
         for run in self.runs.values():
             if run.writer.expiry is not None:
@@ -503,7 +582,7 @@ class TableRegistrar(threading.Thread):
             self.stop_event.wait(self.every_s)
 
 
-def log_progress(run: TableRun, p: Any) -> bool:
+def log_progress(q: QueryRun, p: Any) -> bool:
     """One INFO line per micro-batch, so that an operator sees the pipeline is alive and how fast it goes.
 
     Read from the query's last progress by the supervising loop rather than pushed to a Python
@@ -511,15 +590,22 @@ def log_progress(run: TableRun, p: Any) -> bool:
     which cost the JVM about a seventh of a core at two batches a second. A batch that ends
     between two reads of the loop goes unlogged; the next line's batch id shows the gap.
     """
-    if p is None or p.batchId <= run.logged_batch:
+    if p is None or p.batchId <= q.logged_batch:
         return False
-    run.logged_batch = p.batchId
-    written = run.writer.written.get(p.batchId)
-    changed = f", {written.records} changelog records" + (f" ({written.deletes} deletes)" if written.deletes else "") \
-        if written else ""
-    sink = f"collect {written.collect_ms:.0f} ms, produce {written.produce_ms:.0f} ms" if written else ""
-    log.info("table %s batch %d: %d input rows%s in %d ms (%s; input %.0f rows/s, processed %.0f rows/s)",
-             p.name, p.batchId, p.numInputRows, changed, p.batchDuration, batch_phases(p.durationMs, sink),
+    q.logged_batch = p.batchId
+    written = [(r.table.name, r.writer.written.get(p.batchId)) for r in q.tables]
+    seen = [w for _, w in written if w]
+
+    def records(w: Any) -> str:
+        return f"{w.records}" + (f" ({w.deletes} deletes)" if w.deletes else "")
+
+    changed = sink = ""
+    if seen:
+        changed = (f", {records(seen[0])} changelog records" if len(q.tables) == 1 else
+                   ", changelog records " + ", ".join(f"{name} {records(w)}" for name, w in written if w))
+        sink = f"collect {seen[0].collect_ms:.0f} ms, produce {seen[0].produce_ms:.0f} ms"
+    log.info("%s batch %d: %d input rows%s in %d ms (%s; input %.0f rows/s, processed %.0f rows/s)",
+             q.label, p.batchId, p.numInputRows, changed, p.batchDuration, batch_phases(p.durationMs, sink),
              p.inputRowsPerSecond or 0.0, p.processedRowsPerSecond or 0.0)
     return True
 

@@ -67,10 +67,10 @@ class PipelineCollector(Collector):
             if written:
                 changes.add_metric(name, written.records)
                 deletes.add_metric(name, written.deletes)
-            wm = watermark_ms(p)
-            if wm is not None:
-                watermark.add_metric(name, wm)
             if run.table.window is not None:
+                wm = watermark_ms(p)
+                if wm is not None:
+                    watermark.add_metric(name, wm)
                 late.add_metric(name, run.late_rows_dropped)
                 expired.add_metric(name, run.windows_expired)
         yield from (batch, duration, rows, input_rate, processed, changes, deletes, watermark, late, expired)

@@ -20,7 +20,7 @@ class PipelineSettings(CommonSettings):
 
     tables_file: Path = Field(DEMO_TABLES_FILE, description="Python file that defines the input sources and tables")
     checkpoint_dir: Path = Field(Path(".freshroute/pipeline/checkpoints"),
-                                 description="Spark checkpoints (offsets, commits, RocksDB state), one subdirectory per table")
+                                 description="Spark checkpoints (offsets, commits, RocksDB state), one subdirectory per query")
     trigger_ms: int = Field(500, ge=0, le=MAX_TRIGGER_MS,
                             description="micro-batch interval in milliseconds (0 = as fast as possible), at most "
                                         f"{MAX_TRIGGER_MS}: lower is fresher and costs more CPU")
@@ -80,5 +80,10 @@ class PipelineSettings(CommonSettings):
     def changelog_topic(self, table: str) -> str:
         return f"{self.topic_prefix}{table}-changelog"
 
-    def table_checkpoint(self, table: str) -> Path:
-        return self.checkpoint_dir / table
+    def query_checkpoint(self, query: str) -> Path:
+        """A streaming query's checkpoint (a table's own query is named after the table)."""
+        return self.checkpoint_dir / query
+
+    def window_index(self, table: str) -> Path:
+        """A windowed table's index of the windows it wrote, by expiry."""
+        return self.checkpoint_dir / f"{table}.windows"

@@ -28,7 +28,7 @@ from confluent_kafka import KafkaError, Producer
 from freshroute.errors import RetryableError
 from freshroute.keys import partition_for, serialize_key
 from freshroute.windows import WATERMARK_KEY, WindowSpec, split_window_key, watermark_value, window_key
-from pipeline.tables import DELETE_COLUMN, WINDOW_START_COLUMN
+from pipeline.tables import DELETE_COLUMN, QUERY_TABLE_COLUMN, WINDOW_START_COLUMN
 from pipeline.window_expiry import WindowExpiry
 
 log = logging.getLogger(__name__)
@@ -166,33 +166,34 @@ class ChangelogWriter:
         # asynchronously, on a busy machine after the next batch has run.
         self.written: dict[int, Written] = {}
 
-    def write_batch(self, df: Any, batch_id: int) -> None:
-        """foreachBatch entry point: the batch's changed rows → changelog, acknowledged before returning."""
-        started = time.monotonic()
-        # The batch runs here: reading the input, the aggregation and its state store commit.
-        rows = df.toArrow().to_pylist()
-        collected = time.monotonic()
-        records, deletes = self.write_rows(rows, batch_id)
-        self.written[batch_id] = Written(records, (collected - started) * 1000.0, (time.monotonic() - collected) * 1000.0,
-                                         deletes)
+    def note_written(self, batch_id: int, written: Written) -> None:
+        self.written[batch_id] = written
         for old in [b for b in self.written if b <= batch_id - _WRITTEN_KEPT]:
             del self.written[old]
 
-    def write_rows(self, rows: list[Mapping[str, Any]], batch_id: int) -> tuple[int, int]:
-        """Produce the rows and wait for every acknowledgement; returns the records written, and how many of them
-        are tombstones."""
-        w = self.window
-        records, keyless = changelog_records(rows, self.key_column, self.partitions, w is not None)
+    def changes(self, rows: list[Mapping[str, Any]], batch_id: int) -> list[ChangelogRecord]:
+        """The changelog records of a batch's changed rows (a row without a key is logged and left out)."""
+        records, keyless = changelog_records(rows, self.key_column, self.partitions, self.window is not None)
         if keyless:
             log.warning("table %s batch %d: %d row(s) with a null key %r%s cannot be addressed and were not written",
-                        self.table, batch_id, keyless, self.key_column, " or window" if w else "")
-        if not records:
-            return 0, 0
-        self._produce(records, f"batch {batch_id}")
+                        self.table, batch_id, keyless, self.key_column, " or window" if self.window else "")
+        return records
+
+    def acknowledged(self, records: list[ChangelogRecord]) -> tuple[int, int]:
+        """Note records the broker acknowledged (a windowed table indexes its windows by expiry); returns how many
+        there were, and how many of them are tombstones."""
+        w = self.window
         if w is not None and self.expiry is not None:
             self.expiry.note((split_window_key(r.key)[1] + w.size_ms + w.retention_ms, r.partition, r.key)  # type: ignore[index]
                              for r in records if r.value is not None)
         return len(records), sum(1 for r in records if r.value is None)
+
+    def write_rows(self, rows: list[Mapping[str, Any]], batch_id: int) -> tuple[int, int]:
+        """Produce the rows and wait for every acknowledgement; returns the records written, and how many of them
+        are tombstones."""
+        records = self.changes(rows, batch_id)
+        produce(self.producer, [(self, records)], f"batch {batch_id}")
+        return self.acknowledged(records)
 
     def advance_watermark(self, watermark_ms: int) -> int:
         """Publish a windowed table's new watermark to every partition, after tombstones for the windows it expires;
@@ -203,46 +204,88 @@ class ChangelogWriter:
         records = [ChangelogRecord(key, None, partition) for _, partition, key in due]
         mark = watermark_value(watermark_ms)
         records += [ChangelogRecord(WATERMARK_KEY, mark, p) for p in range(self.partitions)]
-        self._produce(records, "watermark")
+        produce(self.producer, [(self, records)], "watermark")
         if due and self.expiry is not None:
             self.expiry.forget(entry for entry, _, _ in due)
         self.watermark_ms = watermark_ms
         return len(due)
 
-    def _produce(self, records: list[ChangelogRecord], what: str) -> None:
-        """Produce ``records`` and wait for every acknowledgement; any failure raises :class:`ChangelogWriteFailed`."""
-        producer = self.producer.get()
-        # Counted per batch rather than relying on flush(): tables share the producer and
-        # another table's flush may serve this batch's delivery callbacks.
-        state = {"done": 0, "errors": []}
-        lock = threading.Lock()
 
-        def delivered(err: KafkaError | None, _msg: Any) -> None:
-            with lock:
-                state["done"] += 1
-                if err is not None:
-                    state["errors"].append(err)
+def produce(producer: ChangelogProducer, sends: list[tuple[ChangelogWriter, list[ChangelogRecord]]], what: str) -> None:
+    """Produce each writer's records to its changelog, then wait for every acknowledgement; any failure raises
+    :class:`ChangelogWriteFailed`. A query's tables are sent together, so their waits overlap."""
+    total = sum(len(records) for _, records in sends)
+    if not total:
+        return
+    p = producer.get()
+    # Counted per call rather than relying on flush(): queries share the producer and
+    # another query's flush may serve this call's delivery callbacks.
+    state = {"done": 0, "errors": []}
+    lock = threading.Lock()
 
-        deadline = time.monotonic() + self.producer.delivery_timeout_s + 30
+    def delivered(err: KafkaError | None, _msg: Any) -> None:
+        with lock:
+            state["done"] += 1
+            if err is not None:
+                state["errors"].append(err)
+
+    tables = ", ".join(w.table for w, records in sends if records)
+    deadline = time.monotonic() + producer.delivery_timeout_s + 30
+    for writer, records in sends:
         for r in records:
             while True:
                 try:
-                    producer.produce(self.topic, key=r.key, value=r.value, partition=r.partition, on_delivery=delivered)
+                    p.produce(writer.topic, key=r.key, value=r.value, partition=r.partition, on_delivery=delivered)
                     break
                 except BufferError:
                     # Local queue full: let deliveries drain it, within the batch's time bound.
                     if time.monotonic() > deadline:
-                        raise ChangelogWriteFailed(f"table {self.table} {what}: producer queue stayed full",
-                                                   table=self.table) from None
-                    producer.poll(0.05)
-        while state["done"] < len(records) and time.monotonic() < deadline:
-            producer.flush(0.2)
-        errors: list[KafkaError] = state["errors"]
-        missing = len(records) - state["done"]
-        if errors or missing:
-            if any(e.fatal() for e in errors):
-                self.producer.discard()
-            first = errors[0].str() if errors else "no acknowledgement before the deadline"
-            raise ChangelogWriteFailed(
-                f"table {self.table} {what}: {len(errors)} record(s) failed and {missing} unacknowledged "
-                f"of {len(records)} to {self.topic}: {first}", table=self.table)
+                        raise ChangelogWriteFailed(f"table {tables} {what}: producer queue stayed full",
+                                                   table=tables) from None
+                    p.poll(0.05)
+    while state["done"] < total and time.monotonic() < deadline:
+        p.flush(0.2)
+    errors: list[KafkaError] = state["errors"]
+    missing = total - state["done"]
+    if errors or missing:
+        if any(e.fatal() for e in errors):
+            producer.discard()
+        first = errors[0].str() if errors else "no acknowledgement before the deadline"
+        topics = ", ".join(w.topic for w, records in sends if records)
+        raise ChangelogWriteFailed(
+            f"table {tables} {what}: {len(errors)} record(s) failed and {missing} unacknowledged "
+            f"of {total} to {topics}: {first}", table=tables)
+
+
+class QuerySink:
+    """``foreachBatch`` of one streaming query: its tables' changed rows, each table's to its own changelog,
+    acknowledged before the batch returns.
+
+    A query of several tables unions them as rows of ``(QUERY_TABLE_COLUMN, one struct column per table)``:
+    the index of the row's table, and its columns in the struct named after it (null in the others).
+    """
+
+    def __init__(self, writers: list[ChangelogWriter], producer: ChangelogProducer) -> None:
+        self.writers = writers
+        self.producer = producer
+
+    def write_batch(self, df: Any, batch_id: int) -> None:
+        started = time.monotonic()
+        # The batch runs here: reading the input, the aggregations and their state store commits.
+        rows = df.toArrow().to_pylist()
+        collected = time.monotonic()
+        if len(self.writers) == 1:
+            per_table = [rows]
+        else:
+            per_table = [[] for _ in self.writers]
+            names = [w.table for w in self.writers]
+            for row in rows:
+                i = row[QUERY_TABLE_COLUMN]
+                per_table[i].append(row[names[i]])
+        sends = [(w, w.changes(t_rows, batch_id)) for w, t_rows in zip(self.writers, per_table)]
+        produce(self.producer, sends, f"batch {batch_id}")
+        produced = time.monotonic()
+        for writer, records in sends:
+            count, deletes = writer.acknowledged(records)
+            writer.note_written(batch_id, Written(count, (collected - started) * 1000.0,
+                                                  (produced - collected) * 1000.0, deletes))

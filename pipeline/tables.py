@@ -64,6 +64,8 @@ METADATA_COLUMNS = ("key", "topic", "partition", "offset", "timestamp")
 DELETE_COLUMN = "_freshroute_delete"
 # The column a windowed table's window start (ms) is carried in from Spark to the sink; the source rows' window column.
 WINDOW_START_COLUMN = "_freshroute_window_start"
+# In a query of several tables: the index of the table a row belongs to (its columns are in a struct named after it).
+QUERY_TABLE_COLUMN = "_freshroute_table"
 WINDOW_COLUMN = "window"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -96,6 +98,11 @@ class Table:
     delete_when: str | None = None  # a Spark SQL boolean expression: rows where it is true are deletes
     window: WindowSpec | None = None
     trigger_ms: int | None = None  # None: the pipeline's trigger
+    query: str | None = None  # the streaming query it runs in; None: its own, named after it
+
+    @property
+    def query_name(self) -> str:
+        return self.query or self.name
 
     def dataframe(self, spark: "SparkSession", rows: "DataFrame") -> "DataFrame":
         """The table as a streaming DataFrame over the parsed source rows (with :data:`DELETE_COLUMN`
@@ -214,44 +221,50 @@ def _check_window(name: str, window: WindowSpec | None) -> None:
         raise ValueError(f"table {name!r}: window must be tumbling(...) or hopping(...), not {window!r}")
 
 
+def _check_table(name: str, standby_replicas: int | None, delete_when: str | None, window: WindowSpec | None,
+                 trigger_ms: int | None, query: str | None) -> None:
+    _check_name("table", name)
+    _check_standbys(name, standby_replicas)
+    _check_delete_when(name, delete_when)
+    _check_window(name, window)
+    _check_trigger(name, trigger_ms)
+    if query is not None:
+        _check_name("query", query)
+
+
 def table(name: str, key: str, source: str, *, standby_replicas: int | None = None,
           delete_when: str | None = None, window: WindowSpec | None = None,
-          trigger_ms: int | None = None) -> Callable[[Callable[["DataFrame"], "DataFrame"]], Table]:
+          trigger_ms: int | None = None, query: str | None = None) -> Callable[[Callable[["DataFrame"], "DataFrame"]], Table]:
     """Declare a table computed by the decorated function ``(source rows) -> DataFrame``.
 
     ``standby_replicas``: standbys of each partition besides its active (default: the pipeline's setting).
     ``delete_when``: a Spark SQL boolean expression; a changed row for which it is true deletes its key.
     ``window``: :func:`tumbling` or :func:`hopping` windows; the function groups by its key and ``window``.
     ``trigger_ms``: this table's micro-batch interval (default: the pipeline's ``--trigger-ms``).
+    ``query``: the streaming query the table runs in (default: its own); tables of one source naming the same
+    query share its micro-batches: one read of the input, one plan and one checkpoint per trigger for all of them.
     """
-    _check_name("table", name)
-    _check_standbys(name, standby_replicas)
-    _check_delete_when(name, delete_when)
-    _check_window(name, window)
-    _check_trigger(name, trigger_ms)
+    _check_table(name, standby_replicas, delete_when, window, trigger_ms, query)
 
     def register(fn: Callable[["DataFrame"], "DataFrame"]) -> Table:
         if not callable(fn):
             raise ValueError(f"@table({name!r}) must decorate a function (source rows) -> DataFrame")
         return _declared(Table(name, key, source, build=fn, standby_replicas=standby_replicas,
-                               delete_when=delete_when, window=window, trigger_ms=trigger_ms))
+                               delete_when=delete_when, window=window, trigger_ms=trigger_ms, query=query))
 
     return register
 
 
 def sql_table(name: str, key: str, source: str, sql: str, *, standby_replicas: int | None = None,
-              delete_when: str | None = None, window: WindowSpec | None = None, trigger_ms: int | None = None) -> Table:
+              delete_when: str | None = None, window: WindowSpec | None = None, trigger_ms: int | None = None,
+              query: str | None = None) -> Table:
     """Declare a table computed by Spark SQL; the query names the source as a table (with a ``window`` column when
-    ``window`` is given: ``GROUP BY key, window``)."""
-    _check_name("table", name)
-    _check_standbys(name, standby_replicas)
-    _check_delete_when(name, delete_when)
-    _check_window(name, window)
-    _check_trigger(name, trigger_ms)
+    ``window`` is given: ``GROUP BY key, window``); the other arguments are :func:`table`'s."""
+    _check_table(name, standby_replicas, delete_when, window, trigger_ms, query)
     if not isinstance(sql, str) or not sql.strip():
         raise ValueError(f"sql_table {name!r} needs a SQL query")
     return _declared(Table(name, key, source, sql=sql, standby_replicas=standby_replicas, delete_when=delete_when,
-                           window=window, trigger_ms=trigger_ms))
+                           window=window, trigger_ms=trigger_ms, query=query))
 
 
 def load_tables(path: str | Path) -> TablesDefinition:
@@ -300,6 +313,52 @@ def validate(definition: TablesDefinition) -> None:
                                   f"declared (declared sources: {known})", path=str(path), table=t.name)
         if not isinstance(t.key, str) or not t.key:
             raise TablesFileError(f"tables file {path}: table {t.name!r} needs a key column", path=str(path), table=t.name)
+    for name, tables in queries(definition).items():
+        first = tables[0]
+        for t in tables[1:]:
+            if t.source != first.source or t.trigger_ms != first.trigger_ms:
+                raise TablesFileError(f"tables file {path}: tables {first.name!r} and {t.name!r} share query {name!r}, "
+                                      f"so they must read the same source with the same trigger_ms (they read "
+                                      f"{first.source!r} every {_every(first)} and {t.source!r} every {_every(t)})",
+                                      path=str(path), table=t.name)
+        windowed = [t.name for t in tables if t.window is not None]
+        if len(windowed) > 1:
+            raise TablesFileError(f"tables file {path}: windowed tables {windowed} share query {name!r}; a query has "
+                                  f"one watermark, so each windowed table needs a query of its own (keyed tables may "
+                                  f"join it)", path=str(path), table=windowed[1])
+
+
+def union_tables(frames: list[tuple[str, "DataFrame"]]) -> "DataFrame":
+    """One streaming DataFrame of several tables' frames (name, frame), for one query: each row is
+    (:data:`QUERY_TABLE_COLUMN`, one struct column per table), its table's struct set, the others null. One
+    frame stays as it is."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    if len(frames) == 1:
+        return frames[0][1]
+    types = [StructType(df.schema.fields) for _, df in frames]
+    branches = [df.select(F.lit(i).alias(QUERY_TABLE_COLUMN),
+                          *[(F.struct(*df.columns) if j == i else F.lit(None).cast(types[j])).alias(other)
+                            for j, (other, _) in enumerate(frames)])
+                for i, (_, df) in enumerate(frames)]
+    union = branches[0]
+    for branch in branches[1:]:
+        union = union.union(branch)
+    return union
+
+
+def queries(definition: TablesDefinition) -> dict[str, list[Table]]:
+    """The streaming queries the tables run in, by name, each with its tables in name order: the order of their
+    union, which the query's state in its checkpoint follows, whatever the order of the tables file."""
+    out: dict[str, list[Table]] = {}
+    for t in definition.tables.values():
+        out.setdefault(t.query_name, []).append(t)
+    return {name: sorted(tables, key=lambda t: t.name) for name, tables in out.items()}
+
+
+def _every(t: Table) -> str:
+    return "the pipeline's trigger" if t.trigger_ms is None else f"{t.trigger_ms} ms"
 
 
 def check_output_columns(t: Table, columns: list[str], delete_type: str | None = None) -> None:

@@ -1,4 +1,4 @@
-"""A user's own tables file (DataFrame and SQL forms, a tumbling window) as a backfill; starts that must refuse."""
+"""A user's own tables file (DataFrame and SQL forms in one shared query) as a backfill; starts that must refuse."""
 
 from __future__ import annotations
 
@@ -33,12 +33,12 @@ from pipeline.tables import source, sql_table, table
 source("orders", schema="customer STRING, amount DOUBLE, items INT", topic="shop-orders")
 
 
-@table(name="customer_totals", key="customer", source="orders")
+@table(name="customer_totals", key="customer", source="orders", query="orders")
 def customer_totals(orders):
     return orders.groupBy("customer").agg(F.sum("items").alias("items"), F.max("amount").alias("largest"))
 
 
-sql_table(name="orders_per_minute", key="minute", source="orders", sql="""
+sql_table(name="orders_per_minute", key="minute", source="orders", query="orders", sql="""
     SELECT date_format(window.start, "yyyy-MM-dd'T'HH:mm") AS minute, count(*) AS orders, sum(amount) AS revenue
     FROM orders
     GROUP BY window(timestamp, '1 minute')
@@ -59,6 +59,20 @@ def test_backfill_of_a_user_tables_file_then_a_lost_changelog_is_refused(redis_u
     own_broker = start_broker(tmp_path / "broker-1", port=port)
     try:
         env = backfill(own_broker.address, redis_url, namespace, tmp_path)
+        # A table added to the query: its checkpoint holds the other two tables' state only.
+        grown = tmp_path / "grown_tables.py"
+        grown.write_text(TABLES + textwrap.dedent('''
+            sql_table(name="big_orders", key="customer", source="orders", query="orders",
+                      sql="SELECT customer, count(*) AS n FROM orders WHERE amount > 400 GROUP BY customer")
+        '''))
+        refused = PipelineProcess({**env, "FRESHROUTE_TABLES_FILE": str(grown), "FRESHROUTE_AVAILABLE_NOW": "false"},
+                                  tmp_path / "pipeline-grown.log")
+        assert refused.wait_exit(60) == 2, refused.tail()
+        text = refused.log.read_text()
+        assert (f"QUERY_CHANGED: query 'orders': its checkpoint {tmp_path / 'checkpoints' / 'orders'} was written "
+                f"for tables ['customer_totals', 'orders_per_minute'], and the tables file now puts ['big_orders', "
+                f"'customer_totals', 'orders_per_minute'] in it.") in text
+        assert "Traceback" not in text
     finally:
         own_broker.stop()
 
@@ -70,7 +84,7 @@ def test_backfill_of_a_user_tables_file_then_a_lost_changelog_is_refused(redis_u
         assert resumed.wait_exit(60) == 2, resumed.tail()
         text = resumed.log.read_text()
         assert (f"CHANGELOG_LOST: changelog topic {namespace}customer_totals-changelog does not exist, but the "
-                f"checkpoint {tmp_path / 'checkpoints' / 'customer_totals'} records") in text
+                f"checkpoint {tmp_path / 'checkpoints' / 'orders'} records") in text
         assert "Traceback" not in text
     finally:
         restarted.stop()
@@ -97,6 +111,10 @@ def backfill(broker: str, redis_url: str, namespace: str, tmp_path: Path) -> dic
            "FRESHROUTE_AVAILABLE_NOW": "true", "FRESHROUTE_MAX_RECORDS_PER_BATCH": "1200"}
     run = PipelineProcess(env, tmp_path / "pipeline.log")
     assert run.wait_exit(600) == 0, run.tail()
+    # Both tables ran as one query: one checkpoint, which records them.
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["orders"]
+    assert orjson.loads((tmp_path / "checkpoints" / "orders" / "freshroute-tables.json").read_bytes()) == {
+        "tables": ["customer_totals", "orders_per_minute"]}
 
     totals: dict[str, dict] = defaultdict(lambda: {"items": 0, "largest": -math.inf})
     minutes: dict[str, dict] = defaultdict(lambda: {"orders": 0, "revenue": 0.0})

@@ -11,8 +11,9 @@ import pytest
 
 from freshroute.metadata import TableSpec
 from freshroute.settings import load
-from pipeline.job import (ChangelogLost, Pipeline, PipelineFailed, TableRegistrar, TableRun, log_progress,
-                          check_changelog_kept, committed_batches)
+from pipeline.job import (QUERY_TABLES_FILE, ChangelogLost, Pipeline, PipelineFailed, QueryChanged, QueryRun,
+                          TableRegistrar, TableRun, check_changelog_kept, check_query_tables, committed_batches,
+                          log_progress, query_checkpoint_of)
 from pipeline.offsets import InputDataLost
 from pipeline.settings import PipelineSettings
 from pipeline.sink import ChangelogWriter, Written
@@ -77,9 +78,13 @@ def pipeline() -> Pipeline:
     return Pipeline(load(PipelineSettings, redis_url="redis://127.0.0.1:1/0"))
 
 
-def run_of(p: Pipeline) -> TableRun:
-    t = p.definition.tables["sensor_stats"]
+def table_run(p: Pipeline, name: str = "sensor_stats") -> TableRun:
+    t = p.definition.tables[name]
     return TableRun(t, SPEC, ChangelogWriter(t.name, SPEC.topic, 8, t.key, p.producer))
+
+
+def run_of(p: Pipeline, *tables: str, name: str = "sensor_stats") -> QueryRun:
+    return QueryRun(name, [table_run(p, t) for t in tables or (name,)], 500)
 
 
 def test_lost_input_data_stops_the_pipeline_with_the_sources_message(pipeline):
@@ -124,8 +129,9 @@ def test_a_vanished_changelog_with_committed_batches_is_refused(tmp_path):
 
 def test_progress_line_says_where_the_batch_time_went(pipeline, caplog):
     run = run_of(pipeline)
-    run.writer.written[12] = Written(90, 410.4, 22.6)
-    run.writer.written[13] = Written(70, 300.0, 10.0)  # the next batch ran before Spark reported this one
+    writer = run.tables[0].writer
+    writer.written[12] = Written(90, 410.4, 22.6)
+    writer.written[13] = Written(70, 300.0, 10.0)  # the next batch ran before Spark reported this one
     progress = SimpleNamespace(name="sensor_stats", batchId=12, numInputRows=80, batchDuration=560,
                                durationMs={"latestOffset": 8, "walCommit": 30, "getBatch": 0, "queryPlanning": 40,
                                            "addBatch": 450, "commitOffsets": 25, "triggerExecution": 560},
@@ -136,6 +142,55 @@ def test_progress_line_says_where_the_batch_time_went(pipeline, caplog):
         "table sensor_stats batch 12: 80 input rows, 90 changelog records in 560 ms (offsets 8 ms, offset log 30 ms, "
         "planning 40 ms, run 450 ms (collect 410 ms, produce 23 ms), commit log 25 ms; input 50 rows/s, "
         "processed 142 rows/s)")
+
+
+def test_a_shared_querys_progress_line_names_its_tables_and_what_each_wrote(pipeline, caplog):
+    run = run_of(pipeline, "area_counts", "sensor_stats", name="readings")
+    run.tables[0].writer.written[4] = Written(3, 120.0, 8.0, deletes=1)
+    run.tables[1].writer.written[4] = Written(20, 120.0, 8.0)
+    caplog.set_level(logging.INFO, logger="pipeline")
+    log_progress(run, SimpleNamespace(name="readings", batchId=4, numInputRows=25, batchDuration=200,
+                                      durationMs={"addBatch": 150}, inputRowsPerSecond=50.0,
+                                      processedRowsPerSecond=125.0))
+    assert caplog.records[-1].getMessage() == (
+        "query readings (area_counts, sensor_stats) batch 4: 25 input rows, changelog records area_counts 3 "
+        "(1 deletes), sensor_stats 20 in 200 ms (run 150 ms (collect 120 ms, produce 8 ms); input 50 rows/s, "
+        "processed 125 rows/s)")
+
+
+def test_a_querys_checkpoint_is_resumed_only_with_the_tables_it_was_written_for(tmp_path):
+    checkpoint = tmp_path / "readings"
+    check_query_tables(checkpoint, "readings", ["area_counts", "sensor_stats"])  # first start: recorded
+    assert (checkpoint / QUERY_TABLES_FILE).read_text() == '{"tables":["area_counts","sensor_stats"]}'
+    (checkpoint / "commits").mkdir()
+    (checkpoint / "commits" / "0").write_text("v1")
+    check_query_tables(checkpoint, "readings", ["area_counts", "sensor_stats"])
+    with pytest.raises(QueryChanged, match=r"query 'readings': its checkpoint .*readings was written for tables "
+                                           r"\['area_counts', 'sensor_stats'\], and the tables file now puts "
+                                           r"\['area_counts', 'sensor_stats', 'sensor_windows'\] in it\. Delete"):
+        check_query_tables(checkpoint, "readings", ["area_counts", "sensor_stats", "sensor_windows"])
+    (checkpoint / QUERY_TABLES_FILE).write_text("{not json")
+    with pytest.raises(QueryChanged, match=r"with an unreadable freshroute-tables\.json"):
+        check_query_tables(checkpoint, "readings", ["area_counts", "sensor_stats"])
+
+
+def test_a_tables_checkpoint_is_found_through_its_querys_record(tmp_path):
+    check_query_tables(tmp_path / "readings", "readings", ["area_counts", "sensor_stats"])
+    assert query_checkpoint_of(tmp_path, "sensor_stats") == tmp_path / "readings"
+    assert query_checkpoint_of(tmp_path, "other") == tmp_path / "other"
+
+
+def test_a_checkpoint_from_before_shared_queries_is_its_one_tables_own(tmp_path):
+    checkpoint = tmp_path / "sensor_stats"
+    (checkpoint / "commits").mkdir(parents=True)
+    (checkpoint / "commits" / "0").write_text("v1")
+    check_query_tables(checkpoint, "sensor_stats", ["sensor_stats"])
+    assert (checkpoint / QUERY_TABLES_FILE).is_file()
+    legacy = tmp_path / "area_counts"
+    (legacy / "commits").mkdir(parents=True)
+    (legacy / "commits" / "0").write_text("v1")
+    with pytest.raises(QueryChanged, match=r"written for tables \['area_counts'\]"):
+        check_query_tables(legacy, "area_counts", ["area_counts", "sensor_stats"])
 
 
 def test_progress_is_logged_once_per_batch_read(pipeline, caplog):
@@ -150,11 +205,11 @@ def test_progress_is_logged_once_per_batch_read(pipeline, caplog):
     assert run.logged_batch == 5
 
 
-def test_the_pipeline_says_warm_once_every_tables_recent_batches_ran_quick_in_the_median(pipeline, caplog):
+def test_the_pipeline_says_warm_once_every_querys_recent_batches_ran_quick_in_the_median(pipeline, caplog):
     from pipeline.job import WARM_BATCHES, WARM_LOG
 
-    stats, counts = run_of(pipeline), run_of(pipeline)
-    pipeline.runs = {"sensor_stats": stats, "area_counts": counts}
+    stats, counts = run_of(pipeline), run_of(pipeline, name="area_counts")
+    pipeline.queries = {"sensor_stats": stats, "area_counts": counts}
     caplog.set_level(logging.INFO, logger="pipeline")
 
     def warm_lines() -> int:
@@ -165,7 +220,7 @@ def test_the_pipeline_says_warm_once_every_tables_recent_batches_ran_quick_in_th
         pipeline._note_warmth(stats, ms)
     for _ in range(WARM_BATCHES):
         pipeline._note_warmth(counts, 350)
-    assert warm_lines() == 0  # one table warm is not the pipeline warm
+    assert warm_lines() == 0  # one query warm is not the pipeline warm
     pipeline._note_warmth(stats, 400)
     assert warm_lines() == 0  # 2000, 1900, 300, 900, 400: median 900
     pipeline._note_warmth(stats, 500)  # the trigger interval itself still counts

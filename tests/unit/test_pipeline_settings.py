@@ -28,7 +28,8 @@ def test_environment_and_flags(monkeypatch):
     assert s.available_now is True and s.trigger_ms == 250
     assert s.input_topic("readings") == "t123readings"
     assert s.changelog_topic("sensor_stats") == "t123sensor_stats-changelog"
-    assert s.table_checkpoint("sensor_stats") == Path("/tmp/ck/sensor_stats")
+    assert s.query_checkpoint("sensor_stats") == Path("/tmp/ck/sensor_stats")
+    assert s.window_index("sensor_windows") == Path("/tmp/ck/sensor_windows.windows")
 
 
 def test_wrong_value_fails_naming_the_key():

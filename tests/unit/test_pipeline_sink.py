@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+from types import SimpleNamespace
 
 import orjson
 import pytest
 from confluent_kafka import KafkaError
 
 from freshroute.keys import partition_for, serialize_key
-from pipeline.sink import (ChangelogProducer, ChangelogWriteFailed, ChangelogWriter, changelog_records, encode_key,
-                           encode_value, producer_config)
+from pipeline.sink import (ChangelogProducer, ChangelogWriteFailed, ChangelogWriter, QuerySink, changelog_records,
+                           encode_key, encode_value, producer_config)
+from pipeline.tables import QUERY_TABLE_COLUMN
 
 
 def test_value_is_compact_json_of_the_non_key_columns_with_floats_kept_floats():
@@ -211,3 +213,41 @@ def test_a_failed_watermark_publication_forgets_no_window(tmp_path):
         writer.advance_watermark(60_000)
     fake.fail_keys = set()
     assert writer.advance_watermark(60_000) == 1  # tried again, the window still noted
+
+
+class FakeBatch:
+    """What ``foreachBatch`` hands the sink: a DataFrame that collects to these rows."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def toArrow(self):
+        return SimpleNamespace(to_pylist=lambda: self.rows)
+
+
+def test_a_shared_querys_batch_goes_to_each_tables_changelog_in_one_wait():
+    fake = FakeProducer()
+    shared = ChangelogProducer({"bootstrap.servers": "h:1"}, factory=lambda cfg: fake)
+    counts = ChangelogWriter("area_counts", "area_counts-changelog", 4, "area", shared)
+    stats = ChangelogWriter("sensor_stats", "sensor_stats-changelog", 8, "sensor", shared)
+    rows = [{QUERY_TABLE_COLUMN: 1, "area_counts": None, "sensor_stats": {"sensor": "s1", "count": 3}},
+            {QUERY_TABLE_COLUMN: 0, "area_counts": {"area": "cabin", "count": 2}, "sensor_stats": None},
+            {QUERY_TABLE_COLUMN: 0, "area_counts": {"area": "wheel", "count": None}, "sensor_stats": None},
+            {QUERY_TABLE_COLUMN: 1, "area_counts": None, "sensor_stats": {"sensor": "s2", "count": 1}}]
+    flushes = []
+    fake.flush = lambda timeout=None, serve=fake.flush: flushes.append(len(fake.pending)) or serve(timeout)
+    QuerySink([counts, stats], shared).write_batch(FakeBatch(rows), 9)
+    assert flushes[0] == 4  # every table's records sent before the one wait for acknowledgements
+    assert sorted((t, k, v) for t, k, v, _ in fake.sent) == [
+        ("area_counts-changelog", b"cabin", b'{"count":2}'), ("area_counts-changelog", b"wheel", None),
+        ("sensor_stats-changelog", b"s1", b'{"count":3}'), ("sensor_stats-changelog", b"s2", b'{"count":1}')]
+    assert (counts.written[9].records, counts.written[9].deletes) == (2, 1)
+    assert (stats.written[9].records, stats.written[9].deletes) == (2, 0)
+
+
+def test_a_tables_own_query_hands_its_rows_over_as_they_are():
+    fake = FakeProducer()
+    writer, shared = writer_with(fake)
+    QuerySink([writer], shared).write_batch(FakeBatch([{"sensor": "s1", "count": 3}]), 2)
+    assert [(k, v) for _, k, v, _ in fake.sent] == [(b"s1", b'{"count":3}')]
+    assert writer.written[2].records == 1

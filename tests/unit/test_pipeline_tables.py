@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.settings import DEMO_TABLES_FILE
 from pipeline.tables import (TablesFileError, Table, check_output_columns, check_source_fields, hopping, load_tables,
-                             source, sql_table, table, tumbling)
+                             queries, source, sql_table, table, tumbling)
 
 
 def write(tmp_path: Path, body: str, name: str = "tables.py") -> Path:
@@ -261,4 +261,48 @@ def test_a_window_that_cannot_work_stops_the_load_naming_the_line(tmp_path, wind
     ''')
     # The line of the window's definition; a value that is no window at all is refused by the table, on line 4.
     with pytest.raises(TablesFileError, match=rf"line [45]: .*{message}"):
+        load_tables(path)
+
+
+def test_tables_naming_one_query_share_it_in_name_order(tmp_path):
+    path = write(tmp_path, '''
+        from pipeline.tables import source, sql_table, tumbling
+        source("s", schema="a STRING, b STRING")
+        sql_table(name="z_counts", key="a", source="s", sql="SELECT a, count(*) AS n FROM s GROUP BY a", query="s_all")
+        sql_table(name="b_counts", key="b", source="s", sql="SELECT b, count(*) AS n FROM s GROUP BY b", query="s_all")
+        sql_table(name="w", key="a", source="s", sql="SELECT a, window, count(*) AS n FROM s GROUP BY a, window",
+                  window=tumbling("10s"), query="s_all")
+        sql_table(name="alone", key="a", source="s", sql="SELECT a, count(*) AS n FROM s GROUP BY a")
+    ''')
+    grouped = queries(load_tables(path))
+    assert {name: [t.name for t in tables] for name, tables in grouped.items()} == {
+        "s_all": ["b_counts", "w", "z_counts"], "alone": ["alone"]}
+
+
+@pytest.mark.parametrize("second, message", [
+    ('source="other"', r"tables 'a' and 'b' share query 'q', so they must read the same source with the same "
+                       r"trigger_ms \(they read 's' every the pipeline's trigger and 'other' every the pipeline's"),
+    ('source="s", trigger_ms=2000', r"they read 's' every the pipeline's trigger and 's' every 2000 ms"),
+    ('source="s", window=tumbling("10s")', r"windowed tables \['a', 'b'\] share query 'q'; a query has one watermark"),
+])
+def test_a_shared_query_its_tables_cannot_run_together_is_refused(tmp_path, second, message):
+    first_window = ', window=tumbling("10s")' if "window" in second else ""
+    path = write(tmp_path, f'''
+        from pipeline.tables import source, sql_table, tumbling
+        source("s", schema="a STRING")
+        source("other", schema="a STRING")
+        sql_table(name="a", key="a", source="s", sql="SELECT a, count(*) AS n FROM s GROUP BY a", query="q"{first_window})
+        sql_table(name="b", key="a", sql="SELECT a, count(*) AS n FROM s GROUP BY a", query="q", {second})
+    ''')
+    with pytest.raises(TablesFileError, match=message):
+        load_tables(path)
+
+
+def test_a_query_name_must_be_a_plain_identifier(tmp_path):
+    path = write(tmp_path, '''
+        from pipeline.tables import source, sql_table
+        source("s", schema="a STRING")
+        sql_table(name="a", key="a", source="s", sql="SELECT a, count(*) AS n FROM s GROUP BY a", query="not a name")
+    ''')
+    with pytest.raises(TablesFileError, match=r"line 4: ValueError: query name 'not a name' must be a plain identifier"):
         load_tables(path)
