@@ -128,7 +128,7 @@ def test_a_burst_far_above_the_pipelines_pace_fails_no_lookup_and_drains(tmp_pat
                     time.sleep(0.01)
 
         lags: list[int] = []
-        input_lag = InputLag(bootstrap, topic, stack.config.home / "pipeline" / "checkpoints" / "readings")
+        input_lag = InputLag(bootstrap, topic, stack.config.home / "pipeline" / "checkpoints" / "sensor_stats")
 
         def sample_lag() -> None:
             while not stop.wait(1.0):

@@ -82,7 +82,7 @@ def test_kill_9_mid_stream_then_restart_gives_the_recomputed_table(broker, redis
         started.append(first)
         # Spark's start plus the cold first batch: seconds on an idle machine, minutes on a loaded one.
         deadline = time.monotonic() + 480
-        while committed_batches(checkpoints / "readings") < 1:
+        while committed_batches(checkpoints / "sensor_stats") < 1:
             assert first.alive(), f"pipeline exited early:\n{first.tail()}"
             assert time.monotonic() < deadline, f"no batch committed within 480 s:\n{first.tail()}"
             time.sleep(0.2)
