@@ -17,9 +17,11 @@ from typing import Any, Coroutine, Iterator, TypeVar
 
 from freshroute.errors import ClientClosed, FreshrouteError, LookupTimeout, ReplicaUnavailable
 from freshroute.position import Position
+from freshroute.routing.attempts import AttemptPlan
 from freshroute.routing.bound import Bound, parse_bound
 from freshroute.routing.core import RoutingCore, RoutingPolicy, lookup_result
 from freshroute.routing.results import KeyLocation, TableInfo
+from freshroute.routing.selection import Candidate
 
 from freshroute.client.async_client import AsyncClient
 from freshroute.client.blocking import BlockingStore, Request, run_blocking
@@ -27,6 +29,14 @@ from freshroute.client.lookup import Lookup, Positions, Windows
 
 T = TypeVar("T")
 _FALL_BACK = (ReplicaUnavailable, LookupTimeout)
+
+
+def _read_one(store: BlockingStore, plan: AttemptPlan, request: Request) -> tuple[Candidate, Any]:
+    """One read on the calling thread: the replica's answer, or its typed error raised."""
+    answer = run_blocking(store, [(plan, request)])[0]
+    if isinstance(answer, FreshrouteError):
+        raise answer
+    return answer
 
 
 class Client:
@@ -110,9 +120,7 @@ class Client:
         if self._async.direct():
             try:
                 spec, raw_key, plan = core.plan_get(table, key, bound, time.monotonic())
-                answer = run_blocking(store, [(plan, Request.get(table, plan.partition, raw_key, plan.bound))])[0]
-                if isinstance(answer, FreshrouteError):
-                    raise answer
+                answer = _read_one(store, plan, Request.get(table, plan.partition, raw_key, plan.bound))
             except _FALL_BACK:
                 if self._async.router is None:
                     raise
@@ -176,10 +184,8 @@ class Client:
             try:
                 r = core.plan_windows(table, key, from_ms, to_ms, bound, time.monotonic())
                 plan = r.plan
-                answer = run_blocking(store, [(plan, Request.range(table, plan.partition, r.lo, r.hi, r.limit, r.live,
-                                                                   plan.bound))])[0]
-                if isinstance(answer, FreshrouteError):
-                    raise answer
+                answer = _read_one(store, plan, Request.range(table, plan.partition, r.lo, r.hi, r.limit, r.live,
+                                                              plan.bound))
             except _FALL_BACK:
                 if self._async.router is None:
                     raise
