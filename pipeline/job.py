@@ -94,10 +94,7 @@ def check_query_tables(checkpoint: Path, query: str, tables: list[str]) -> None:
     """
     record = checkpoint / QUERY_TABLES_FILE
     if committed_batches(checkpoint):
-        try:
-            had = orjson.loads(record.read_bytes())["tables"] if record.is_file() else [query]
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            had = None
+        had = recorded_tables(checkpoint) if record.is_file() else [query]
         if had != tables:
             was = f"for tables {had}" if had is not None else f"with an unreadable {QUERY_TABLES_FILE}"
             raise QueryChanged(f"query {query!r}: its checkpoint {checkpoint} was written {was}, and the tables file "
@@ -107,14 +104,19 @@ def check_query_tables(checkpoint: Path, query: str, tables: list[str]) -> None:
     record.write_bytes(orjson.dumps({"tables": tables}))
 
 
+def recorded_tables(checkpoint: Path) -> list[str] | None:
+    """The tables a query's checkpoint records; None when it records none that can be read."""
+    try:
+        return orjson.loads((checkpoint / QUERY_TABLES_FILE).read_bytes())["tables"]
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+
+
 def query_checkpoint_of(checkpoint_dir: Path, table: str) -> Path:
     """The checkpoint of the query a table runs in: the one whose record names it, else the table's own."""
     for record in sorted(checkpoint_dir.glob(f"*/{QUERY_TABLES_FILE}")):
-        try:
-            if table in orjson.loads(record.read_bytes())["tables"]:
-                return record.parent
-        except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
-            continue
+        if table in (recorded_tables(record.parent) or ()):
+            return record.parent
     return checkpoint_dir / table
 
 
