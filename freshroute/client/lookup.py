@@ -7,6 +7,9 @@ from typing import Any, NamedTuple
 
 import orjson
 
+_loads = orjson.loads
+
+from freshroute.errors import FreshrouteError
 from freshroute.position import Position
 from freshroute.routing.core import served_by
 from freshroute.routing.results import LookupResult, WindowsResult, position_token
@@ -18,12 +21,14 @@ class Lookup(NamedTuple):
     """One key's answer; ``found`` False (``value`` None) when the table has no such key, still saying where and how fresh.
 
     Immutable; a tuple because a batch makes one per key and a tuple costs a fifth of a frozen dataclass to make.
+    The row travels as the changelog's JSON bytes (``raw_value``) and is decoded when ``value`` is read: a
+    batch's rows cost nothing to decode until used, and a caller passing rows on as JSON never decodes them.
     """
 
     table: str
     key: str
     found: bool
-    value: Any  # the row, decoded from JSON
+    raw_value: bytes | None  # the row's JSON as the changelog holds it; None when not found
     partition: int
     node: str
     role: str
@@ -35,13 +40,25 @@ class Lookup(NamedTuple):
     input_lag_ms: int = 0
 
     @property
+    def value(self) -> Any:
+        """The row, decoded from ``raw_value`` at each access (keep it in a variable to decode once); None when not found."""
+        raw = self.raw_value
+        if not raw:
+            return None
+        try:
+            return _loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise FreshrouteError(f"the row of {self.table}/{self.key!r} is not JSON: {e}", table=self.table,
+                               key=self.key) from None
+
+    @property
     def position(self) -> str:
         """A position token: pass it as ``min_position`` to read at least this fresh later."""
         return position_token(self.table, self.partition, self.applied_offset)
 
     @classmethod
     def of(cls, r: LookupResult, input_lag: tuple[int, int] = (0, 0)) -> "Lookup":
-        return cls(r.table, r.key, r.found, orjson.loads(r.value) if r.found and r.value else None, r.partition,
+        return cls(r.table, r.key, r.found, r.value if r.found and r.value else None, r.partition,
                    r.node, r.role, r.lag_offsets, r.lag_ms, r.applied, *input_lag)
 
     @classmethod
@@ -49,11 +66,10 @@ class Lookup(NamedTuple):
               input_lag: tuple[int, int] = (0, 0)) -> list["Lookup"]:
         """A batch group's answers, built straight from the wire (a batch's per-key cost is most of its cost)."""
         who = (*served_by(cand, answer.replica), *input_lag)
-        loads = orjson.loads
         # tuple.__new__ rather than the class: a named tuple's own __new__ is a Python function, and half the
         # cost of building each key's answer.
         new = tuple.__new__
-        return [new(cls, (table, key, True, loads(value), partition, *who)) if value else
+        return [new(cls, (table, key, True, value, partition, *who)) if value else
                 new(cls, (table, key, False, None, partition, *who)) for key, value in zip(keys, answer.values)]
 
     @classmethod
@@ -64,7 +80,8 @@ class Lookup(NamedTuple):
         applied = Position.decode(doc["position"]).offset_for(partition) if doc.get("position") else 0
         served, lag = doc.get("served_by") or {}, doc.get("lag") or {}
         behind = input_lag or doc.get("input_lag") or {}
-        return cls(table, doc["key"], found, doc.get("value") if found else None, partition, served.get("node", ""),
+        return cls(table, doc["key"], found, orjson.dumps(doc.get("value")) if found else None, partition,
+                   served.get("node", ""),
                    served.get("role", ""), int(lag.get("offsets", 0)), int(lag.get("ms", 0)), applied,
                    int(behind.get("records", 0)), int(behind.get("ms", 0)))
 
