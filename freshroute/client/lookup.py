@@ -7,8 +7,6 @@ from typing import Any, NamedTuple
 
 import orjson
 
-_loads = orjson.loads
-
 from freshroute.errors import FreshrouteError
 from freshroute.position import Position
 from freshroute.routing.core import served_by
@@ -41,15 +39,15 @@ class Lookup(NamedTuple):
 
     @property
     def value(self) -> Any:
-        """The row, decoded from ``raw_value`` at each access (keep it in a variable to decode once); None when not found."""
+        """The row, decoded from ``raw_value`` at each access (keep it to decode once); None when not found."""
         raw = self.raw_value
         if not raw:
             return None
         try:
-            return _loads(raw)
+            return orjson.loads(raw)
         except orjson.JSONDecodeError as e:
             raise FreshrouteError(f"the row of {self.table}/{self.key!r} is not JSON: {e}", table=self.table,
-                               key=self.key) from None
+                                  key=self.key) from None
 
     @property
     def position(self) -> str:
@@ -81,9 +79,8 @@ class Lookup(NamedTuple):
         served, lag = doc.get("served_by") or {}, doc.get("lag") or {}
         behind = input_lag or doc.get("input_lag") or {}
         return cls(table, doc["key"], found, orjson.dumps(doc.get("value")) if found else None, partition,
-                   served.get("node", ""),
-                   served.get("role", ""), int(lag.get("offsets", 0)), int(lag.get("ms", 0)), applied,
-                   int(behind.get("records", 0)), int(behind.get("ms", 0)))
+                   served.get("node", ""), served.get("role", ""), int(lag.get("offsets", 0)), int(lag.get("ms", 0)),
+                   applied, int(behind.get("records", 0)), int(behind.get("ms", 0)))
 
 
 class WindowValue(NamedTuple):
