@@ -183,14 +183,19 @@ class TansuLikeConsumer:
         self.paused: set[int] = set()
         self.fetched: set[int] = set()
         self.unassigned = 0
+        self.list_calls: list[int] = []
+        self.starts: dict[int, int] = {}
 
     def get_watermark_offsets(self, tp, timeout=None, cached=False):
         if cached:
             return (0, self.true_end[tp.partition] if tp.partition in self.fetched else -1001)
+        self.list_calls.append(tp.partition)
         return (0, self.listed[tp.partition])
 
     def assign(self, tps):
         self.assigned = list(tps)
+        self.fetched = set()  # each assignment fetches anew
+        self.starts = {tp.partition: tp.offset for tp in tps}
 
     def consume(self, num_messages=1, timeout=0.0):
         out = []
@@ -222,6 +227,34 @@ def test_probe_finds_the_true_end_below_which_list_offsets_answers():
     assert low == {0: 0, 1: 0, 2: 0}
     assert uncertain == frozenset()
     assert consumer.unassigned == 1 and consumer.paused == set()  # nothing left assigned or paused
+
+
+def test_a_known_end_is_fetched_from_without_list_offsets_until_the_topic_changes():
+    consumer = TansuLikeConsumer(true_end={0: 334, 1: 20}, listed={0: 1, 1: 20}, answering={0, 1})
+    probe = EndOffsetProbe(consumer, "readings", timeout_s=1.0)
+    assert probe.ends((0, 1), "id-1")[1] == {0: 334, 1: 20}
+    assert sorted(consumer.list_calls) == [0, 1]
+    consumer.true_end[0] = 400  # partition 0 grew, partition 1 did not
+    low, end, uncertain = probe.ends((0, 1), "id-1")
+    assert end == {0: 400, 1: 20} and low == {0: 0, 1: 0} and uncertain == frozenset()
+    assert sorted(consumer.list_calls) == [0, 1]  # no ListOffsets: each fetch started at the known end
+    assert consumer.starts == {0: 334, 1: 20}
+    # A recreated topic (a new id) starts from nothing known: its partitions are listed again.
+    consumer.true_end, consumer.listed = {0: 3, 1: 0}, {0: 1, 1: 0}
+    assert probe.ends((0, 1), "id-2")[1] == {0: 3, 1: 0}
+    assert sorted(consumer.list_calls) == [0, 0, 1, 1] and consumer.starts == {0: 0, 1: 0}
+
+
+def test_a_known_partition_the_broker_leaves_unanswered_keeps_its_end_uncertain_and_is_listed_again():
+    consumer = TansuLikeConsumer(true_end={0: 334}, listed={0: 1}, answering={0})
+    probe = EndOffsetProbe(consumer, "readings", timeout_s=0.2)
+    assert probe.ends((0,), "id")[1:] == ({0: 334}, frozenset())
+    consumer.answering = set()
+    consumer.true_end[0] = 340
+    assert probe.ends((0,), "id")[1:] == ({0: 334}, frozenset({0}))  # a lower bound, as a listed end would be
+    consumer.answering = {0}
+    assert probe.ends((0,), "id")[1:] == ({0: 340}, frozenset())
+    assert consumer.list_calls == [0, 0]  # the unanswered probe forgot what it knew
 
 
 def test_probe_keeps_the_listed_end_marked_uncertain_when_the_broker_does_not_answer():
