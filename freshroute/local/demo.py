@@ -47,9 +47,10 @@ def run(bootstrap: str, topic: str, rate: float, sensors: int, duration_s: float
     from confluent_kafka import Producer
 
     ensure_topic(bootstrap, topic)
-    # Records a few at a time, like a sensor gateway: the embedded broker's fetches slow down
-    # with every record batch a partition holds, and at 5 ms each record was a batch of its own.
-    producer = Producer(kafka_client_config(bootstrap, **{"enable.idempotence": True, "linger.ms": 100}))
+    # Records a few at a time, like a sensor gateway sending twice a second: every fetch of the
+    # embedded broker walks all the record batches a partition holds (docs/operations.md), so
+    # the input's batches per second set how fast the broker's CPU grows with the stack's uptime.
+    producer = Producer(kafka_client_config(bootstrap, **{"enable.idempotence": True, "linger.ms": 500}))
     rng = random.Random(seed)
     stopping = False
 
