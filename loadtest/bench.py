@@ -652,15 +652,33 @@ class Bench:
     def _freshness(self, kind: str, detail: str = "") -> tuple[float | None, float | None]:
         from loadtest.freshness import measure
 
-        out = asyncio.run(measure(self.c.bootstrap, self.c.rest_url, f"{self.c.topic_prefix}readings", self.a.table,
-                                  probes=self.a.freshness_probes, spacing_s=0.25, timeout_s=20))
+        out = self._observed(lambda: asyncio.run(measure(
+            self.c.bootstrap, self.c.rest_url, f"{self.c.topic_prefix}readings", self.a.table,
+            probes=self.a.freshness_probes, spacing_s=0.25, timeout_s=20)))
         self._say_freshness(kind, detail, out)
         return out["freshness_p50_ms"], out["freshness_p99_ms"]
+
+    def _observed(self, probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """``probe()``'s summary with how long the stack had run and what each component used meanwhile:
+        the embedded broker's fetches cost more the longer it runs, and its CPU is taken from the pipeline."""
+        from freshroute.proc import age_s, stat_fields
+        from loadtest.footprint import during, stack_roots
+
+        broker = self.stack.components.get("broker")
+        fields = stat_fields(broker.pid) if broker is not None and broker.pid else None
+        age = age_s(fields) if fields else None
+        out, fp = during(stack_roots(self.stack), probe)
+        return {**out, "stack_age_s": None if age is None else round(age),
+                "cores_by_component": {n: round(c, 3) for n, c in fp.cores.items()}}
 
     def _say_freshness(self, kind: str, detail: str, out: dict[str, Any]) -> None:
         """Print one freshness figure and keep its probes' summary in the notes as ``freshness_<kind>``."""
         self.say(f"  freshness ({kind}{', ' + detail if detail else ''}): p50 {out['freshness_p50_ms']} ms  "
                  f"p99 {out['freshness_p99_ms']} ms ({out['visible']}/{out['probes']} probes visible)")
+        cores = out.get("cores_by_component") or {}
+        if out.get("stack_age_s") is not None and cores:
+            self.say(f"    the stack had run {out['stack_age_s'] / 60:.1f} min; meanwhile the pipeline used "
+                     f"{cores.get('pipeline', 0):.2f} cores, the broker {cores.get('broker', 0):.2f}")
         key = f"freshness_{kind}"
         self.notes[key] = out
         if out["visible"] < out["probes"]:
@@ -672,9 +690,10 @@ class Bench:
         from pipeline.job import query_checkpoint_of
 
         c = self.c
-        out = measure_loaded(c.bootstrap, c.rest_url, f"{c.topic_prefix}readings", self.a.table,
-                             query_checkpoint_of(c.home / "pipeline" / "checkpoints", self.a.table), self.a.loaded_rate,
-                             probes=self.a.freshness_probes, say=self.say)
+        out = self._observed(lambda: measure_loaded(
+            c.bootstrap, c.rest_url, f"{c.topic_prefix}readings", self.a.table,
+            query_checkpoint_of(c.home / "pipeline" / "checkpoints", self.a.table), self.a.loaded_rate,
+            probes=self.a.freshness_probes, say=self.say))
         self._say_freshness("loaded", f"{self.a.loaded_rate:,.0f} readings/s", out)
         self.fig["freshness_p99_ms_loaded"] = out["freshness_p99_ms"]
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, TypeVar
 
 from freshroute.proc import children_by_parent, cpu_seconds, process_tree, stat_fields
+
+T = TypeVar("T")
 
 
 def tree_cpu_seconds(roots: Mapping[str, int]) -> dict[str, float]:
@@ -42,12 +44,17 @@ class Footprint:
         return ", ".join(f"{name} {cores:.3f}" for name, cores in parts)
 
 
+def during(roots: Mapping[str, int], work: Callable[[], T]) -> tuple[T, Footprint]:
+    """``work()``'s result, and the cores each component used while it ran."""
+    t0, before = time.monotonic(), tree_cpu_seconds(roots)
+    out = work()
+    after, elapsed = tree_cpu_seconds(roots), time.monotonic() - t0
+    return out, Footprint(elapsed, {n: max(0.0, (after[n] - before[n]) / elapsed) for n in roots})
+
+
 def measure(roots: Mapping[str, int], seconds: float, sleep: Callable[[float], None] = time.sleep) -> Footprint:
     """Cores each component used over ``seconds``."""
-    t0, before = time.monotonic(), tree_cpu_seconds(roots)
-    sleep(seconds)
-    after, elapsed = tree_cpu_seconds(roots), time.monotonic() - t0
-    return Footprint(elapsed, {n: max(0.0, (after[n] - before[n]) / elapsed) for n in roots})
+    return during(roots, lambda: sleep(seconds))[1]
 
 
 def stack_roots(stack) -> dict[str, int]:

@@ -98,7 +98,7 @@ def test_a_components_footprint_counts_the_processes_it_started_and_the_ones_tha
     import subprocess
     import sys
 
-    from loadtest.footprint import measure
+    from loadtest.footprint import during
 
     burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
     # The parent runs two children that burn 0.4 s and 0.6 s of CPU and exit (waited for), then
@@ -112,11 +112,12 @@ def test_a_components_footprint_counts_the_processes_it_started_and_the_ones_tha
                             stdout=subprocess.PIPE, text=True)
     idle.stdout.readline()  # started before the window: its start-up is not idling
     try:
-        fp = measure({"busy": parent.pid, "idle": idle.pid}, 0, sleep=lambda _: parent.stdout.readline())
+        said, fp = during({"busy": parent.pid, "idle": idle.pid}, parent.stdout.readline)
     finally:
         for p in (parent, idle):
             p.kill()
             p.wait()
+    assert said == "done\n"  # the window was the work's: until the parent said so
     assert 0.95 <= fp.cores["busy"] * fp.seconds <= 1.6  # 0.4 + 0.6 s, plus three interpreters starting
     assert fp.cores["idle"] * fp.seconds < 0.02
     assert fp.total_cores == fp.cores["busy"] + fp.cores["idle"]
