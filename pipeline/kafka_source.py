@@ -189,10 +189,10 @@ class EndOffsetProbe:
 
     Once a partition's true end E is known, later probes of the same topic skip ListOffsets
     and fetch from E: an end only grows, so the answer is the records past E or an EOF at E,
-    either with the new watermark. The embedded broker walks every record batch of a
-    partition to answer each ListOffsets (twice: earliest and latest) and each fetch that
-    brings records, and an EOF at the end walks none: the probes of a long-running pipeline
-    cost it a third of the walks.
+    either with the new watermark (a watermark below E means the topic was recreated: it is
+    taken as it is). The embedded broker walks every record batch of a partition to answer
+    each ListOffsets (twice: earliest and latest) and each fetch that brings records, and an
+    EOF at the end walks none: a probe of a partition that grew walks it once, not three times.
     """
 
     def __init__(self, consumer: Any, topic: str, timeout_s: float,
@@ -225,6 +225,7 @@ class EndOffsetProbe:
             if p in known:
                 low[p], end[p] = known[p]
                 start[p] = end[p]
+        from_known = set(known) & set(partitions)
         self.consumer.assign([TopicPartition(self.topic, p, start[p]) for p in partitions])
         try:
             pending = set(partitions)
@@ -247,7 +248,10 @@ class EndOffsetProbe:
                     known.pop(p, None)  # list it again next time
                     continue
                 lo, hwm = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
-                low[p], end[p] = max(low[p], lo), max(end[p], hwm)
+                low[p] = max(low[p], lo)
+                # From a known end, the answer's watermark is the end, even below it (recreated under
+                # the same id, or a broker that reports none); a listed end is only a lower bound.
+                end[p] = hwm if p in from_known and hwm >= 0 else max(end[p], hwm)
                 known[p] = (low[p], end[p])
         finally:
             # A pause outlives unassign() in librdkafka: lift it, or the next probe would hang.

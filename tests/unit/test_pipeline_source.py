@@ -245,6 +245,17 @@ def test_a_known_end_is_fetched_from_without_list_offsets_until_the_topic_change
     assert sorted(consumer.list_calls) == [0, 0, 1, 1] and consumer.starts == {0: 0, 1: 0}
 
 
+def test_a_known_end_above_the_brokers_watermark_gives_way_to_it():
+    # Recreated under the same id (or by a broker without topic ids): the probe must report the
+    # lower end, so that the source sees the checkpoint ahead of the topic, not an end that is gone.
+    consumer = TansuLikeConsumer(true_end={0: 334}, listed={0: 1}, answering={0})
+    probe = EndOffsetProbe(consumer, "readings", timeout_s=1.0)
+    assert probe.ends((0,))[1] == {0: 334}
+    consumer.true_end[0] = 5
+    assert probe.ends((0,))[1:] == ({0: 5}, frozenset())
+    assert consumer.list_calls == [0]
+
+
 def test_a_known_partition_the_broker_leaves_unanswered_keeps_its_end_uncertain_and_is_listed_again():
     consumer = TansuLikeConsumer(true_end={0: 334}, listed={0: 1}, answering={0})
     probe = EndOffsetProbe(consumer, "readings", timeout_s=0.2)
