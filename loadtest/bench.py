@@ -634,12 +634,18 @@ class Bench:
         self.stack.up()
         self.fig["freshness_p99_ms_cold"] = self._freshness("cold", "from the moment `local up` returned")[1]
 
-    def wait_warm(self) -> None:
-        """Until the pipeline has run ``WARM_AFTER_S``: the warm figures are a stack's usual, not its first minutes'."""
+    def _age_s(self, component: str) -> float | None:
+        """Seconds since the stack's ``component`` started; None when it is not running."""
         from freshroute.proc import age_s, stat_fields
 
-        fields = stat_fields(self.stack.components["pipeline"].pid)
-        wait = WARM_AFTER_S - age_s(fields) if fields else 0.0
+        c = self.stack.components[component]
+        fields = stat_fields(c.pid) if c.pid else None
+        return age_s(fields) if fields else None
+
+    def wait_warm(self) -> None:
+        """Until the pipeline has run ``WARM_AFTER_S``: the warm figures are a stack's usual, not its first minutes'."""
+        age = self._age_s("pipeline")
+        wait = WARM_AFTER_S - age if age is not None else 0.0
         if wait > 0:
             self.say(f"  the pipeline started {WARM_AFTER_S - wait:.0f}s ago: waiting {wait:.0f}s for a warm stack")
             time.sleep(wait)
@@ -661,12 +667,9 @@ class Bench:
     def _observed(self, probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """``probe()``'s summary with how long the stack had run and what each component used meanwhile:
         the embedded broker's fetches cost more the longer it runs, and its CPU is taken from the pipeline."""
-        from freshroute.proc import age_s, stat_fields
         from loadtest.footprint import during, stack_roots
 
-        broker = self.stack.components.get("broker")
-        fields = stat_fields(broker.pid) if broker is not None and broker.pid else None
-        age = age_s(fields) if fields else None
+        age = self._age_s("broker")
         out, fp = during(stack_roots(self.stack), probe)
         return {**out, "stack_age_s": None if age is None else round(age),
                 "cores_by_component": {n: round(c, 3) for n, c in fp.cores.items()}}

@@ -216,16 +216,15 @@ class EndOffsetProbe:
             # A recreated topic starts again from 0: nothing known of the old one holds.
             self._topic_id, self._known = topic_id, {}
         known = self._known
+        from_known = {p for p in partitions if p in known}
         listed = {p: self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=self.timeout_s,
-                                                         cached=False) for p in partitions if p not in known}
+                                                         cached=False) for p in partitions if p not in from_known}
         low = {p: lo for p, (lo, _) in listed.items()}
         end = {p: hi for p, (_, hi) in listed.items()}
         start = {p: max(end[p] - 1, low[p], 0) for p in listed}
-        for p in partitions:
-            if p in known:
-                low[p], end[p] = known[p]
-                start[p] = end[p]
-        from_known = set(known) & set(partitions)
+        for p in from_known:
+            low[p], end[p] = known[p]
+            start[p] = end[p]
         self.consumer.assign([TopicPartition(self.topic, p, start[p]) for p in partitions])
         try:
             pending = set(partitions)
