@@ -1,13 +1,15 @@
 """Event → visible-in-lookup latency: produce readings for fresh keys, poll the router until each shows.
 
-Each probe writes one reading for a key nobody wrote before, then polls
-``GET /v1/tables/sensor_stats/keys/{key}`` every ``poll_s`` until it answers 200; the latency is
-the time from the produce call to that first 200, so it overstates the truth by at most one
-poll interval. Probes are spread over time so that they sample different points of the
-pipeline's micro-batch cycle.
+Each probe writes one reading for a key nobody wrote before; every ``poll_s`` one
+``POST /v1/tables/sensor_stats/keys:batchGet`` asks for the keys of all probes not yet seen,
+and a probe's latency is the time from its produce call to the answer that first finds its
+key, so it overstates the truth by at most one poll interval (and one request). Probes are
+spread over time so that they sample different points of the pipeline's micro-batch cycle.
 
 Polling is itself load, and on a small machine its CPU is taken from the pipeline whose
-latency is being measured: every 25 ms keeps it small against a one-interval overstatement.
+latency is being measured. One request per tick, however many probes are outstanding, keeps
+that load fixed: with a request per probe, a slow pipeline meant more outstanding probes,
+more polling, less CPU for the pipeline and a slower pipeline still.
 
 :func:`measure_loaded` probes the same way while a producer of its own drives the input at a
 fixed rate, and samples the pipeline's input lag (:class:`InputLag`) to show it keeps up.
@@ -40,40 +42,86 @@ def percentile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
 
 
-async def _probe(client: httpx.AsyncClient, producer, topic: str, table: str, key: str, timeout_s: float,
-                 poll_s: float) -> float | None:
-    event = {"sensor": key, "area": "probe", "reading": 1.0}
-    t0 = time.monotonic()
-    producer.produce(topic, key=key.encode(), value=orjson.dumps(event))
-    producer.poll(0)
-    producer.flush(5)
-    while time.monotonic() - t0 < timeout_s:
-        r = await client.get(f"/v1/tables/{table}/keys/{key}")
-        if r.status_code == 200:
-            return (time.monotonic() - t0) * 1000.0
-        await asyncio.sleep(poll_s)
-    return None
+class _Probes:
+    """The probes of one run: when each was produced, which are still awaited, and each one's latency."""
+
+    def __init__(self, producer, topic: str, run: str) -> None:
+        self.producer = producer
+        self.topic = topic
+        self.run = run
+        self.sent_at: dict[str, float] = {}  # key → its produce call, for the probes not seen yet
+        self.latencies: dict[str, float] = {}
+        self.failed = 0  # probes the broker did not take: never visible, and not polled for
+
+    def produce(self, i: int) -> None:
+        key = f"probe-{self.run}-{i}"
+        event = {"sensor": key, "area": "probe", "reading": 1.0}
+        self.sent_at[key] = time.monotonic()
+        self.producer.produce(self.topic, key=key.encode(), value=orjson.dumps(event), on_delivery=self._delivered)
+        self.producer.poll(0)
+
+    def _delivered(self, err, msg) -> None:
+        if err is not None and self.sent_at.pop(msg.key().decode(), None) is not None:
+            self.failed += 1
+
+    def seen(self, keys: list[str], at: float) -> None:
+        for key in keys:
+            t0 = self.sent_at.pop(key, None)
+            if t0 is not None:
+                self.latencies[key] = (at - t0) * 1000.0
+
+    def expire(self, now: float, timeout_s: float) -> None:
+        """Give up on probes older than ``timeout_s``: they count as never visible."""
+        for key in [k for k, t0 in self.sent_at.items() if now - t0 >= timeout_s]:
+            del self.sent_at[key]
+
+
+async def _poll(client: httpx.AsyncClient, table: str, keys: list[str]) -> list[str]:
+    """The keys among ``keys`` that the router finds; none when it does not answer (the next tick asks again)."""
+    try:
+        r = await client.post(f"/v1/tables/{table}/keys:batchGet", content=orjson.dumps({"keys": keys}))
+    except httpx.HTTPError:
+        return []
+    if r.status_code != 200:
+        return []
+    return [item["key"] for item in orjson.loads(r.content)["results"] if item.get("found")]
 
 
 async def measure(bootstrap: str, rest_url: str, topic: str = "readings", table: str = "sensor_stats",
                   probes: int = 40, spacing_s: float = 0.25, timeout_s: float = 30.0, poll_s: float = 0.025,
                   progress=None) -> dict:
-    """Run ``probes`` probes, ``spacing_s`` apart, concurrently; return latency percentiles in ms."""
+    """Run ``probes`` probes, ``spacing_s`` apart, polled together every ``poll_s``; return latency percentiles in ms."""
     from confluent_kafka import Producer
 
     producer = Producer(kafka_client_config(bootstrap, **{"enable.idempotence": True, "linger.ms": 0}))
-    run = uuid.uuid4().hex[:6]
     async with httpx.AsyncClient(base_url=rest_url, timeout=5) as client:
-        tasks = []
-        for i in range(probes):
-            tasks.append(asyncio.create_task(_probe(client, producer, topic, table, f"probe-{run}-{i}", timeout_s, poll_s)))
+        return await run_probes(producer, client, topic, table, probes, spacing_s, timeout_s, poll_s, progress)
+
+
+async def run_probes(producer, client: httpx.AsyncClient, topic: str, table: str, probes: int, spacing_s: float,
+                     timeout_s: float, poll_s: float, progress=None) -> dict:
+    """:func:`measure` with its producer and its router client given."""
+    state = _Probes(producer, topic, uuid.uuid4().hex[:6])
+    started = time.monotonic()
+    made = 0
+    # Bounded: every probe is produced by started + probes * spacing_s and given up on timeout_s later.
+    while made < probes or state.sent_at:
+        now = time.monotonic()
+        while made < probes and now >= started + made * spacing_s:
+            state.produce(made)
+            made += 1
             if progress:
-                progress(i + 1, probes)
-            await asyncio.sleep(spacing_s)
-        results = await asyncio.gather(*tasks)
-    seen = [r for r in results if r is not None]
-    return {"probes": probes, "visible": len(seen), "freshness_p50_ms": round(percentile(seen, 50), 1),
-            "freshness_p99_ms": round(percentile(seen, 99), 1),
+                progress(made, probes)
+        producer.poll(0)
+        keys = list(state.sent_at)
+        if keys:
+            state.seen(await _poll(client, table, keys), time.monotonic())
+        state.expire(time.monotonic(), timeout_s)
+        await asyncio.sleep(poll_s)
+    producer.flush(5)
+    seen = list(state.latencies.values())
+    return {"probes": probes, "visible": len(seen), "failed_to_produce": state.failed,
+            "freshness_p50_ms": round(percentile(seen, 50), 1), "freshness_p99_ms": round(percentile(seen, 99), 1),
             "freshness_mean_ms": round(statistics.fmean(seen), 1) if seen else None}
 
 
@@ -190,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--router", default="http://127.0.0.1:8080")
     p.add_argument("--topic", default="readings")
     p.add_argument("--probes", type=int, default=40)
-    p.add_argument("--poll-ms", type=float, default=25.0, help="how often each probe asks the router")
+    p.add_argument("--poll-ms", type=float, default=25.0, help="how often the outstanding probes are asked for")
     a = p.parse_args(argv)
     out = asyncio.run(measure(a.bootstrap, a.router, a.topic, probes=a.probes, poll_s=a.poll_ms / 1000,
                               progress=lambda i, n: print(f"\rprobe {i}/{n}", end="", file=sys.stderr)))
