@@ -122,3 +122,21 @@ def test_a_components_footprint_counts_the_processes_it_started_and_the_ones_tha
     assert fp.cores["idle"] * fp.seconds < 0.02
     assert fp.total_cores == fp.cores["busy"] + fp.cores["idle"]
     assert fp.describe().startswith("busy ")
+
+
+def test_the_client_bench_counts_only_reads_that_found_their_key():
+    from freshroute.client import Lookup
+    from freshroute.errors import NoReplicaWithinBound
+    from loadtest.clientbench import _check
+
+    def lookup(found: bool) -> Lookup:
+        return Lookup("sensor_stats", "sensor-1", found, b"{}" if found else None, 0, "node-1", "active", 0, 0, 1)
+
+    _check("client", lookup(True))
+    _check("client", [lookup(True), lookup(True)])
+    _check("redis", [b"x", b"y"])
+    for missed in (lookup(False), [lookup(True), lookup(False)], [lookup(True), NoReplicaWithinBound("stale")]):
+        with pytest.raises(RuntimeError, match="did not find every bench key"):
+            _check("client", missed)
+    with pytest.raises(RuntimeError, match="not every bench key"):
+        _check("redis", [b"x", None])
