@@ -2,9 +2,11 @@
 
 The router's view of a replica's lag may be a few hundred milliseconds old. It is used to
 order replicas and to skip those it knows cannot meet the caller's bound, but a replica is
-never excluded by a view older than ``view_trust_ms``: the store node checks the bound
-itself and refuses a read it cannot serve, so asking costs one round trip, never a wrong
-answer.
+never excluded by a view older than ``view_trust_ms``, nor by a position alone: the caller's
+``min_position`` came from an answer, often through another router or a client whose view
+was newer, so a view behind it proves only that the view is old. The store node checks the
+bound itself and refuses a read it cannot serve, so asking costs one round trip, never a
+wrong answer.
 """
 
 from __future__ import annotations
@@ -92,6 +94,12 @@ class LoadTracker:
         return dict(self._nodes)
 
 
+def _behind_position_only(bound: Bound, partition: int, c: Candidate) -> bool:
+    """Whether the view puts ``c`` outside ``bound`` by its position alone (its lag and staleness are within)."""
+    return bound.min_position is not None and Bound(bound.max_lag, bound.max_staleness_ms).refusal(
+        partition, c.applied, c.applied + c.lag_offsets, c.staleness_ms) is None
+
+
 @dataclass
 class FreshestFirst:
     """Freshest replicas first (offset lag, then staleness); equally fresh ones by load.
@@ -138,7 +146,7 @@ class FreshestFirst:
                 freshest = c
             if unbounded or bound.refusal(r.partition, c.applied, c.applied + c.lag_offsets, c.staleness_ms) is None:
                 within.append(c)
-            elif age > self.view_trust_ms:
+            elif age > self.view_trust_ms or _behind_position_only(bound, r.partition, c):
                 unsure.append(c)
             elif r.alive:
                 behind.append(c)

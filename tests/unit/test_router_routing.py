@@ -107,6 +107,38 @@ async def test_no_candidates_raises_without_asking_anyone():
     assert cluster.n1.reads + cluster.n2.reads == 0
 
 
+async def test_a_position_ahead_of_the_view_is_asked_for_rather_than_refused():
+    # A session read through this router at a position it saw through another router: this
+    # router's view (its last heartbeats) has both replicas below it, though both have reached it.
+    cluster = Cluster()
+    key = "sensor-17"
+    p = part(key)
+    for node in (cluster.n1, cluster.n2):
+        node.replicas[(TABLE, p)].applied = node.replicas[(TABLE, p)].end = 97
+    cluster.refresh()
+    for node in (cluster.n1, cluster.n2):
+        node.replicas[(TABLE, p)].applied = node.replicas[(TABLE, p)].end = 100
+    bound = Bound(min_position=Position(TABLE, {p: 100}))
+    result = await cluster.router.get(TABLE, key, bound)
+    assert result.found and result.applied == 100
+    assert cluster.n1.reads + cluster.n2.reads == 1
+    [batch] = await cluster.router.batch_get(TABLE, [key], bound)
+    assert batch.found and batch.applied == 100
+    # Beyond what any replica has reached: each refuses, and the caller hears their own lag.
+    with pytest.raises(NoReplicaWithinBound) as e:
+        await cluster.router.get(TABLE, key, Bound(min_position=Position(TABLE, {p: 120})))
+    assert e.value.details["freshest_lag"]["offsets"] == 0
+    assert cluster.n1.reads + cluster.n2.reads >= 3
+    # With a lag bound the view says no replica meets, the read is still refused without asking anyone.
+    cluster = Cluster()
+    for node in (cluster.n1, cluster.n2):
+        node.replicas[(TABLE, p)].applied, node.replicas[(TABLE, p)].end = 97, 400
+    cluster.refresh()
+    with pytest.raises(NoReplicaWithinBound):
+        await cluster.router.get(TABLE, key, Bound(max_lag=3, min_position=Position(TABLE, {p: 100})))
+    assert cluster.n1.reads + cluster.n2.reads == 0
+
+
 async def test_a_replica_the_view_puts_behind_is_asked_when_every_candidate_failed():
     # A session read at the offset the old active answered at; the active lets the partition
     # go (a drain) while the router's view still has the standby a few offsets behind it.

@@ -43,8 +43,14 @@ def test_bound_excludes_replicas_the_recent_view_puts_beyond_it():
     # staleness bound
     assert order(sel, [replica("a", lag=1, staleness=6000), replica("b", lag=1, staleness=10)],
                  Bound(max_staleness_ms=5000)) == ["b"]
-    # min_position: applied offset must have reached it
-    assert order(sel, [replica("a", applied=90), replica("b", applied=120)], Bound(min_position=Position("t", {0: 100}))) == ["b"]
+    # min_position: a replica the view has below it comes last, but is not excluded — the caller's
+    # position came from an answer, so the view is what is behind (the store checks the bound)
+    at_100 = Bound(min_position=Position("t", {0: 100}))
+    assert order(sel, [replica("a", applied=90), replica("b", applied=120)], at_100) == ["b", "a"]
+    assert order(sel, [replica("a", applied=120), replica("b", applied=90)], at_100) == ["a", "b"]
+    # ... unless its lag or staleness puts it outside the bound too
+    assert order(sel, [replica("a", applied=90, lag=50), replica("b", applied=120)],
+                 Bound(max_lag=10, min_position=Position("t", {0: 100}))) == ["b"]
 
 
 def test_no_replica_within_bound_reports_the_freshest():
