@@ -58,7 +58,6 @@ class _Probes:
         event = {"sensor": key, "area": "probe", "reading": 1.0}
         self.sent_at[key] = time.monotonic()
         self.producer.produce(self.topic, key=key.encode(), value=orjson.dumps(event), on_delivery=self._delivered)
-        self.producer.poll(0)
 
     def _delivered(self, err, msg) -> None:
         if err is not None and self.sent_at.pop(msg.key().decode(), None) is not None:
@@ -112,7 +111,7 @@ async def run_probes(producer, client: httpx.AsyncClient, topic: str, table: str
             made += 1
             if progress:
                 progress(made, probes)
-        producer.poll(0)
+        producer.poll(0)  # delivery reports: a probe the broker refused is not asked for
         keys = list(state.sent_at)
         if keys:
             state.seen(await _poll(client, table, keys), time.monotonic())
