@@ -60,7 +60,9 @@ class Changelog:
         self.per_partition: dict[int, int] = defaultdict(int)  # records produced per partition
         self.create_topic()
         self.metadata.register_tables([self.spec])
-        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+        # Not auto-creating: after a broker restart it would make the topic (4 partitions) before the test does.
+        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True,
+                                   "allow.auto.create.topics": False})
 
     def create_topic(self) -> None:
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
@@ -429,7 +431,8 @@ def test_broker_restart_wipes_and_restores(cluster, tmp_path):
         changelog.create_topic()
         changelog.expected.clear()
         changelog.per_partition.clear()
-        changelog._producer = Producer({"bootstrap.servers": own.address, "linger.ms": 5})
+        changelog._producer = Producer({"bootstrap.servers": own.address, "linger.ms": 5,
+                                        "allow.auto.create.topics": False})
         for i in range(20):
             changelog.produce(f"new-{i}", {"gen": 2})
         changelog.flush()

@@ -71,6 +71,7 @@ def test_producer_is_idempotent_acks_all_and_murmur2():
     c = producer_config({"bootstrap.servers": "h:1"})
     assert c["enable.idempotence"] is True and c["acks"] == "all" and c["partitioner"] == "murmur2_random"
     assert c["bootstrap.servers"] == "h:1"
+    assert c["allow.auto.create.topics"] is False
 
 
 class FakeProducer:
