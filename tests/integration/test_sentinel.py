@@ -133,13 +133,16 @@ def test_components_follow_a_sentinel_failover_and_a_node_killed_afterwards_is_s
 
 
 @pytest.mark.parametrize("role", ["store-node", "router", "pipeline"])
-def test_a_master_name_no_sentinel_knows_stops_a_component_at_start_naming_the_setting(stack, role, tmp_path):
+@pytest.mark.parametrize("entry", ["cli", "module"])
+def test_a_master_name_no_sentinel_knows_stops_a_component_at_start_naming_the_setting(stack, role, entry, tmp_path):
+    """``freshroute <role>`` and ``python -m <package>`` are one entry point, and check alike."""
     import subprocess
     import sys
 
     c = stack.config
     own = ["--node-id", "node-x"] if role == "store-node" else []
-    proc = subprocess.run([sys.executable, "-m", "freshroute.cli", role, *own, "--redis-sentinels", c.redis_sentinels,
+    command = ["freshroute.cli", role] if entry == "cli" else [role.replace("-", "_")]
+    proc = subprocess.run([sys.executable, "-m", *command, *own, "--redis-sentinels", c.redis_sentinels,
                            "--redis-master-name", "no-such-master", "--namespace", "never-used"],
                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
