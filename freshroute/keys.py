@@ -8,6 +8,8 @@ Kafka client agrees on where a key lives.
 
 from __future__ import annotations
 
+from freshroute.errors import InvalidArgument
+
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
 _SEED = 0x9747B28C
@@ -16,6 +18,21 @@ _SEED = 0x9747B28C
 def serialize_key(key: str) -> bytes:
     """Table keys are strings; on the wire and on disk they are their UTF-8 bytes."""
     return key.encode("utf-8")
+
+
+def key_bytes(key: str, field: str = "key") -> bytes:
+    """A caller's key (or key bound) as tables hold it; anything but Unicode text is an :class:`InvalidArgument`."""
+    try:
+        return key.encode("utf-8")
+    except (AttributeError, UnicodeEncodeError):
+        raise InvalidArgument(not_text(key, field), field=field) from None
+
+
+def not_text(key: object, field: str) -> str:
+    """Why ``key`` cannot be a key: not a string, or a string UTF-8 cannot hold (a lone surrogate)."""
+    if isinstance(key, str):
+        return f"{field} {key[:64]!r} is not valid Unicode text (it holds a lone surrogate)"
+    return f"{field} must be a string, not {type(key).__name__}"
 
 
 def deserialize_key(raw: bytes) -> str:

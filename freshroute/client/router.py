@@ -13,6 +13,7 @@ import httpx
 import orjson
 
 from freshroute.errors import FreshrouteError, InvalidArgument, ReplicaUnavailable, from_body
+from freshroute.keys import key_bytes
 from freshroute.metadata import InputLag, ReplicaState, Role, TableSpec, now_ms
 from freshroute.routing.bound import Bound
 from freshroute.routing.results import KeyLocation, ReplicaInfo, TableInfo
@@ -81,7 +82,8 @@ class RouterHttp:
         return body
 
     async def get(self, table: str, key: str, bound: Bound) -> Lookup:
-        status, body = await self.call("GET", f"/v1/tables/{_seg(table)}/keys/{_seg(key)}", params=bound.to_query())
+        status, body = await self.call("GET", f"/v1/tables/{_seg(table, 'table')}/keys/{_seg(key)}",
+                                       params=bound.to_query())
         if status == 200:
             return Lookup.from_json(body)
         err = from_body(body, status)
@@ -90,12 +92,15 @@ class RouterHttp:
         raise err
 
     async def windows(self, table: str, key: str, from_ms: int, to_ms: int, bound: Bound) -> Windows:
-        body = await self.ok("GET", f"/v1/tables/{_seg(table)}/keys/{_seg(key)}/windows",
+        body = await self.ok("GET", f"/v1/tables/{_seg(table, 'table')}/keys/{_seg(key)}/windows",
                              params={"from": from_ms, "to": to_ms, **bound.to_query()})
         return Windows.from_json(body)
 
     async def get_many(self, table: str, keys: list[str], bound: Bound) -> list[Lookup | FreshrouteError]:
-        body = await self.ok("POST", f"/v1/tables/{_seg(table)}/keys:batchGet", json={"keys": keys, **bound.to_query()})
+        for i, key in enumerate(keys):
+            key_bytes(key, f"keys[{i}]")  # what the JSON body could not carry
+        body = await self.ok("POST", f"/v1/tables/{_seg(table, 'table')}/keys:batchGet",
+                             json={"keys": keys, **bound.to_query()})
         out: list[Lookup | FreshrouteError] = []
         for item in body["results"]:
             if "error" in item:
@@ -106,16 +111,18 @@ class RouterHttp:
 
     async def scan_page(self, table: str, prefix: str, start: str, end: str, limit: int | None,
                         page_token: str | None, bound: Bound) -> tuple[list[Lookup], str | None]:
+        for field, text in (("prefix", prefix), ("start", start), ("end", end)):
+            key_bytes(text, field)  # what the query string could not carry
         params = {k: v for k, v in (("prefix", prefix), ("start", start), ("end", end), ("page_token", page_token),
                                     ("limit", str(limit) if limit else None)) if v}
-        body = await self.ok("GET", f"/v1/tables/{_seg(table)}/scan", params=params | bound.to_query())
+        body = await self.ok("GET", f"/v1/tables/{_seg(table, 'table')}/scan", params=params | bound.to_query())
         served = {p["partition"]: p for p in body.get("partitions", ())}
         items = [Lookup.from_json({"table": table, **served.get(i["partition"], {}), **i}, True, body.get("input_lag"))
                  for i in body["items"]]
         return items, body.get("next_page_token")
 
     async def key_metadata(self, table: str, key: str) -> KeyLocation:
-        doc = await self.ok("GET", f"/v1/tables/{_seg(table)}/keys/{_seg(key)}/metadata")
+        doc = await self.ok("GET", f"/v1/tables/{_seg(table, 'table')}/keys/{_seg(key)}/metadata")
         return KeyLocation(doc["table"], doc["key"], doc["partition"],
                            _replica_info(doc["active"]) if doc.get("active") else None,
                            [_replica_info(s) for s in doc["standbys"]])
@@ -133,10 +140,11 @@ def table_infos(snap: Snapshot) -> list[TableInfo]:
     return [TableInfo(s, s.default_max_lag, s.default_max_staleness_ms) for _, s in sorted(snap.tables.items())]
 
 
-def _seg(text: str) -> str:
+def _seg(text: str, field: str = "key") -> str:
+    """``text`` as one segment of a URL path: its UTF-8, percent-encoded."""
     if not text:
-        raise InvalidArgument("table and key must not be empty")
-    return quote(text, safe="")
+        raise InvalidArgument(f"{field} must not be empty", field=field)
+    return quote(key_bytes(text, field), safe="")
 
 
 class RouterMetadata:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence, TypeVar
 
 from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound, NotWindowedTable,
                                ReplicaUnavailable, TableNotFound, WindowedTable)
-from freshroute.keys import deserialize_key, partition_for, serialize_key
+from freshroute.keys import deserialize_key, key_bytes, not_text, partition_for
 from freshroute.metadata import Role, TableSpec, now_ms
 from freshroute.routing.attempts import AttemptPlan, AttemptPolicy, Attempts, LatencyWindow, NoMetrics, run, run_many
 from freshroute.routing.bound import NO_BOUND, Bound
@@ -66,10 +66,18 @@ class RoutingPolicy:
 
 
 @lru_cache(maxsize=65536)
-def locate(key: str, partitions: int) -> tuple[bytes, int]:
-    """The key's bytes and partition. Murmur2 in Python costs more than the rest of the key handling: hot keys are hashed once."""
-    raw = serialize_key(key)
+def _locate(key: str, partitions: int) -> tuple[bytes, int]:
+    # Murmur2 in Python costs more than the rest of the key handling: hot keys are hashed once.
+    raw = key_bytes(key)
     return raw, partition_for(raw, partitions)
+
+
+def locate(key: str, partitions: int) -> tuple[bytes, int]:
+    """The key's bytes and partition; a key that is not Unicode text is an :class:`InvalidArgument`."""
+    try:
+        return _locate(key, partitions)
+    except TypeError:  # unhashable, so not a string
+        raise InvalidArgument(not_text(key, "key"), field="key") from None
 
 
 _OUTCOMES = ((NoReplicaWithinBound, "no_replica"), (LookupTimeout, "timeout"), (ReplicaUnavailable, "unavailable"),
@@ -195,10 +203,15 @@ class RoutingCore:
             raise InvalidArgument(f"at most {self.policy.batch_max_keys} keys per batch", field="keys")
         groups: dict[int, list[int]] = {}
         raw_keys = []
-        for i, key in enumerate(keys):
-            raw, partition = locate(key, spec.partitions)
-            raw_keys.append(raw)
-            groups.setdefault(partition, []).append(i)
+        i = 0
+        try:  # costs nothing until a key fails: a batch's per-key work is most of its cost
+            for i, key in enumerate(keys):
+                raw, partition = _locate(key, spec.partitions)
+                raw_keys.append(raw)
+                groups.setdefault(partition, []).append(i)
+        except (InvalidArgument, TypeError):
+            raise InvalidArgument(f"keys must be a list of strings: {not_text(keys[i], f'keys[{i}]')}",
+                                  field="keys") from None
         return spec, self.bound_for(spec, bound), groups, raw_keys
 
     def plan_group(self, table: str, partition: int, bound: Bound, now: float, deadline: float) -> AttemptPlan:
@@ -265,11 +278,11 @@ class RoutingCore:
         if limit > self.policy.scan_max_limit:
             raise InvalidArgument(f"limit must be at most {self.policy.scan_max_limit}", field="limit")
         bound = self.bound_for(spec, bound)
-        lo = serialize_key(start)
+        lo = key_bytes(start, "start")
         if page_token:
             # The smallest key after the last one returned.
             lo = max(lo, decode_page_token(table, page_token) + b"\x00")
-        pre, hi = serialize_key(prefix), serialize_key(end)
+        pre, hi = key_bytes(prefix, "prefix"), key_bytes(end, "end")
         now = time.monotonic()
         # One more than the page from each partition tells whether another page exists.
         plans = [self.plan(table, p, bound, self._scan_latency, self._scan_timeout_s, now)

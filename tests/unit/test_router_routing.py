@@ -185,3 +185,28 @@ def test_page_token_round_trip_and_table_binding():
     from freshroute.errors import InvalidArgument
     with pytest.raises(InvalidArgument):
         decode_page_token("other", token)
+
+
+@pytest.mark.parametrize("bad", ["sensor-\ud800", 7, ("sensor-1",)])
+async def test_a_key_that_is_not_unicode_text_is_an_invalid_argument_naming_it_and_reads_nothing(bad):
+    """A lone surrogate has no UTF-8 form, and a key must be a string: the REST API's code, not an encoder's error."""
+    from freshroute.errors import InvalidArgument
+
+    cluster = Cluster()
+    core = cluster.router
+    with pytest.raises(InvalidArgument) as e:
+        await core.get(TABLE, bad)
+    assert e.value.details["field"] == "key"
+    with pytest.raises(InvalidArgument) as e:
+        await core.batch_get(TABLE, ["sensor-1", bad])
+    assert e.value.details["field"] == "keys" and "keys[1]" in e.value.message
+    with pytest.raises(InvalidArgument) as e:
+        core.key_metadata(TABLE, bad)
+    assert e.value.details["field"] == "key"
+    if isinstance(bad, str):
+        for field in ("prefix", "start", "end"):
+            with pytest.raises(InvalidArgument) as e:
+                await core.scan(TABLE, **{field: bad})
+            assert e.value.details["field"] == field
+    assert cluster.n1.reads + cluster.n2.reads == 0
+    assert (await core.get(TABLE, "sensor-1")).found  # the cache of key locations kept nothing of them
