@@ -16,6 +16,7 @@ from freshroute.routing.snapshot import MetadataRefresher, SnapshotSource
 from freshroute.routing.store import StoreNodeClient
 from freshroute.tls import ClientTLS
 
+from freshroute.client.arguments import ScanRange, batch_keys
 from freshroute.client.lookup import Lookup, Positions, Windows
 from freshroute.client.router import RouterHttp, RouterMetadata, snapshot_from_router, table_infos
 
@@ -152,7 +153,7 @@ class AsyncClient:
         """Many keys, one group per partition in parallel; in request order, a key that could not be read as its error."""
         core = self._core()
         bound = parse_bound(max_lag, max_staleness_ms, min_position)
-        keys = list(keys)
+        keys = batch_keys(keys)
         if self.direct():
             lag = core.input_lag(table)
             results = await core.batch_get(table, keys, bound, Lookup.group if not lag[0] else
@@ -177,17 +178,17 @@ class AsyncClient:
         assert self.router is not None
         return await self.router.windows(table, key, from_ms, to_ms, bound)
 
-    async def scan(self, table: str, *, prefix: str = "", start: str = "", end: str = "", limit: int | None = None,
-                   page_size: int | None = None, max_lag: int | None = None, max_staleness_ms: int | None = None,
+    async def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
+                   limit: int | None = None, page_size: int | None = None, max_lag: int | None = None,
+                   max_staleness_ms: int | None = None,
                    min_position: str | Position | None = None) -> AsyncIterator[Lookup]:
         """Rows in ascending key order (at most ``limit``), fetched a page at a time as the iteration needs them."""
         bound = parse_bound(max_lag, max_staleness_ms, min_position)
+        r = ScanRange.of(prefix, start, end, limit, page_size, self.policy.scan_max_limit)
         token: str | None = None
         sent = 0
-        size = page_size or self.policy.scan_max_limit
-        while limit is None or sent < limit:
-            items, token = await self.scan_page(table, prefix, start, end,
-                                                size if limit is None else min(size, limit - sent), token, bound)
+        while (size := r.next_page(sent)) is not None:
+            items, token = await self.scan_page(table, r.prefix, r.start, r.end, size, token, bound)
             for item in items:
                 yield item
             sent += len(items)

@@ -23,6 +23,7 @@ from freshroute.routing.core import RoutingCore, RoutingPolicy, lookup_result
 from freshroute.routing.results import KeyLocation, TableInfo
 from freshroute.routing.selection import Candidate
 
+from freshroute.client.arguments import ScanRange, batch_keys
 from freshroute.client.async_client import AsyncClient
 from freshroute.client.blocking import BlockingStore, Request, run_blocking
 from freshroute.client.lookup import Lookup, Positions, Windows
@@ -135,7 +136,7 @@ class Client:
         """Many keys, one group per partition at once; in request order, a key that could not be read as its error."""
         core, store = self._thread_core()
         bound = parse_bound(max_lag, max_staleness_ms, min_position)
-        keys = list(keys)
+        keys = batch_keys(keys)
         if self._async.direct():
             spec, bound, groups, raw_keys = core.group_keys(table, keys, bound)
             now = time.monotonic()
@@ -157,18 +158,17 @@ class Client:
         return self._call(self._async.get_many(table, keys, max_lag=max_lag, max_staleness_ms=max_staleness_ms,
                                                min_position=min_position))
 
-    def scan(self, table: str, *, prefix: str = "", start: str = "", end: str = "", limit: int | None = None,
-             page_size: int | None = None, max_lag: int | None = None, max_staleness_ms: int | None = None,
-             min_position: str | Position | None = None) -> Iterator[Lookup]:
+    def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
+             limit: int | None = None, page_size: int | None = None, max_lag: int | None = None,
+             max_staleness_ms: int | None = None, min_position: str | Position | None = None) -> Iterator[Lookup]:
         """Rows in ascending key order (at most ``limit``), fetched a page at a time as the iteration needs them."""
         self._thread_core()
         bound: Bound = parse_bound(max_lag, max_staleness_ms, min_position)
+        r = ScanRange.of(prefix, start, end, limit, page_size, self.policy.scan_max_limit)
         token: str | None = None
         sent = 0
-        size = page_size or self.policy.scan_max_limit
-        while limit is None or sent < limit:
-            items, token = self._call(self._async.scan_page(
-                table, prefix, start, end, size if limit is None else min(size, limit - sent), token, bound))
+        while (size := r.next_page(sent)) is not None:
+            items, token = self._call(self._async.scan_page(table, r.prefix, r.start, r.end, size, token, bound))
             yield from items
             sent += len(items)
             if token is None:
