@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator
 
+import httpx
+from redis.connection import parse_url
+
 from freshroute.cluster_access import NodeAccess
-from freshroute.errors import ClientClosed, FreshrouteError, InvalidArgument, LookupTimeout, ReplicaUnavailable
+from freshroute.errors import (ClientClosed, ConfigError, FreshrouteError, InvalidArgument, LookupTimeout,
+                               ReplicaUnavailable)
 from freshroute.position import Position
 from freshroute.redis_location import RedisLocation, parse_sentinels
 from freshroute.routing.bound import Bound, parse_bound
@@ -22,6 +26,20 @@ from freshroute.client.router import RouterHttp, RouterMetadata, snapshot_from_r
 
 # Errors after which the router may still answer: nothing direct could be reached in time.
 _FALL_BACK = (ReplicaUnavailable, LookupTimeout)
+
+
+def _metadata_store(url: str | None, sentinels: str | None, master_name: str | None) -> RedisLocation:
+    """Where the metadata store is; an address that can never work fails now, naming the argument."""
+    try:
+        found = parse_sentinels(sentinels or "")
+    except ValueError as e:
+        raise ConfigError(f"redis_sentinels: {e}", setting="redis_sentinels") from None
+    where = RedisLocation(url or RedisLocation.url, found, master_name or "")
+    try:
+        parse_url(where.url)
+    except ValueError as e:
+        raise ConfigError(f"redis_url: {where.url!r}: {e}", setting="redis_url") from None
+    return where
 
 
 class AsyncClient:
@@ -40,15 +58,16 @@ class AsyncClient:
                  token: str | None = None, ca: str | None = None, cert: str | None = None, key: str | None = None,
                  cluster_secret: str | None = None, policy: RoutingPolicy | None = None, refresh_ms: int = 150, connect_timeout_s: float = 5.0) -> None:
         if not redis_url and not redis_sentinels and not router:
-            raise ValueError("give redis_url or redis_sentinels (the metadata store) or router (a router's REST "
-                             "address), or both")
+            raise ConfigError("give redis_url or redis_sentinels (the metadata store) or router (a router's REST "
+                              "address), or both", setting="redis_url")
         self._redis: RedisLocation | None = None
         if redis_url or redis_sentinels:
-            try:
-                self._redis = RedisLocation(redis_url or RedisLocation.url, parse_sentinels(redis_sentinels or ""),
-                                            redis_master_name or "")
-            except ValueError as e:
-                raise InvalidArgument(f"redis_sentinels: {e}", field="redis_sentinels") from None
+            self._redis = _metadata_store(redis_url, redis_sentinels, redis_master_name)
+        if router:
+            url = httpx.URL(router)
+            if url.scheme not in ("http", "https") or not url.host:
+                raise ConfigError(f"router: {router!r} is not a router's address (http://HOST:PORT or https://…)",
+                                  setting="router")
         self.policy = policy if policy is not None else RoutingPolicy()
         self._router_url, self._namespace = router, namespace
         self._token = token

@@ -38,3 +38,18 @@ def test_a_bad_limit_or_page_size_is_an_invalid_argument_naming_it(limit, page_s
     with pytest.raises(InvalidArgument) as e:
         ScanRange.of(None, None, None, limit, page_size, 1000)
     assert e.value.details["field"] == field
+
+
+@pytest.mark.parametrize("kw, setting", [({}, "redis_url"), ({"redis_url": "127.0.0.1:6379"}, "redis_url"),
+                                         ({"redis_sentinels": "host-without-port", "redis_master_name": "m"},
+                                          "redis_sentinels"),
+                                         ({"router": "127.0.0.1:8080"}, "router"), ({"router": "ftp://h"}, "router"),
+                                         ({"router": "http://"}, "router")])
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_client_that_could_never_work_fails_at_construction_naming_the_argument(kw, setting, kind):
+    from freshroute.client import AsyncClient, Client
+    from freshroute.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        (Client if kind == "sync" else AsyncClient)(**kw)
+    assert e.value.details["setting"] == setting
