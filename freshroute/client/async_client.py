@@ -87,6 +87,8 @@ class AsyncClient:
 
     async def start(self) -> "AsyncClient":
         """Load a first snapshot (waiting up to ``connect_timeout_s``) and keep it fresh in the background."""
+        if self._closed:
+            raise ClientClosed("this client is closed: make a new one")
         if self.core is not None:
             return self
         if self._router_url:
