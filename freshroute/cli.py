@@ -58,6 +58,24 @@ def _run_broker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lookup_any(args: argparse.Namespace) -> int:
+    """``freshroute lookup``: its table, key and bound checked here as a router would (the error body on stderr,
+    exit 1), then asked through the client, gRPC or REST."""
+    import json
+
+    from freshroute.keys import key_bytes
+    from freshroute.routing.bound import parse_bound
+
+    try:
+        key_bytes(args.table, "table")
+        key_bytes(args.key, "key")
+        parse_bound(args.max_lag, args.max_staleness_ms, args.min_position)
+    except FreshrouteError as e:
+        print(json.dumps(e.to_body(), separators=(",", ":")), file=sys.stderr)
+        return 1
+    return _lookup_direct(args) if args.direct else _lookup_grpc(args) if args.grpc else _lookup(args)
+
+
 def _lookup(args: argparse.Namespace) -> int:
     import urllib.error
     import urllib.parse
@@ -102,7 +120,11 @@ def _window_span(args: argparse.Namespace) -> tuple[int, int] | None:
     if args.from_ms is not None or args.to_ms is not None:
         if args.from_ms is None or args.to_ms is None:
             raise SystemExit("freshroute lookup: --from and --to go together (or use --last)")
-        return int(args.from_ms), int(args.to_ms)
+        try:
+            return int(args.from_ms), int(args.to_ms)
+        except ValueError:
+            raise SystemExit(f"freshroute lookup: --from and --to are milliseconds since the epoch, not "
+                             f"{args.from_ms!r} and {args.to_ms!r}") from None
     return None
 
 
@@ -278,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
         "broker": _run_broker,
-        "lookup": lambda a: _lookup_direct(a) if a.direct else _lookup_grpc(a) if a.grpc else _lookup(a)}
+        "lookup": _lookup_any}
     try:
         if args.command in COMPONENTS:
             if getattr(args, "import_error", None):

@@ -32,6 +32,20 @@ def test_lookup_reports_unreachable_router(capsys):
     assert "router at 127.0.0.1:9 is not reachable" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("way", [["--router", "http://127.0.0.1:9"], ["--grpc", "127.0.0.1:9"],
+                                 ["--direct", "--redis-url", "redis://127.0.0.1:9/0"]])
+@pytest.mark.parametrize("args, field", [(["sensor_stats", "\udcff"], "key"),  # argv bytes that are not UTF-8
+                                         (["\udcff", "k"], "table"),
+                                         (["sensor_stats", "k", "--max-lag", "abc"], "max_lag"),
+                                         (["sensor_stats", "k", "--min-position", "garbage"], "min_position")])
+def test_lookup_arguments_are_checked_alike_on_every_way_before_anything_is_asked(capsys, way, args, field):
+    import json
+
+    assert cli.main(["lookup", *args, *way]) == 1  # not 2: nothing was found unreachable, nothing was asked
+    error = json.loads(capsys.readouterr().err)["error"]
+    assert error["code"] == "INVALID_ARGUMENT" and error["field"] == field
+
+
 def test_lookup_over_grpc_prints_the_rest_shape_and_errors_on_stderr(capsys):
     import asyncio
     import json
