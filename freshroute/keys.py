@@ -23,7 +23,7 @@ def serialize_key(key: str) -> bytes:
 def key_bytes(key: str, field: str = "key") -> bytes:
     """A caller's key (or key bound) as tables hold it; anything but Unicode text is an :class:`InvalidArgument`."""
     try:
-        return key.encode("utf-8")
+        return serialize_key(key)
     except (AttributeError, UnicodeEncodeError):
         raise InvalidArgument(not_text(key, field), field=field) from None
 
