@@ -31,10 +31,9 @@ _FALL_BACK = (ReplicaUnavailable, LookupTimeout)
 def _metadata_store(url: str | None, sentinels: str | None, master_name: str | None) -> RedisLocation:
     """Where the metadata store is; an address that can never work fails now, naming the argument."""
     try:
-        found = parse_sentinels(sentinels or "")
-    except ValueError as e:
+        where = RedisLocation(url or RedisLocation.url, parse_sentinels(sentinels or ""), master_name or "")
+    except ValueError as e:  # a malformed address, or sentinels without a master name (or the reverse)
         raise ConfigError(f"redis_sentinels: {e}", setting="redis_sentinels") from None
-    where = RedisLocation(url or RedisLocation.url, found, master_name or "")
     try:
         parse_url(where.url)
     except ValueError as e:

@@ -43,6 +43,7 @@ def test_a_bad_limit_or_page_size_is_an_invalid_argument_naming_it(limit, page_s
 @pytest.mark.parametrize("kw, setting", [({}, "redis_url"), ({"redis_url": "127.0.0.1:6379"}, "redis_url"),
                                          ({"redis_sentinels": "host-without-port", "redis_master_name": "m"},
                                           "redis_sentinels"),
+                                         ({"redis_sentinels": "127.0.0.1:26379"}, "redis_sentinels"),  # no master
                                          ({"router": "127.0.0.1:8080"}, "router"), ({"router": "ftp://h"}, "router"),
                                          ({"router": "http://"}, "router")])
 @pytest.mark.parametrize("kind", ["sync", "async"])
