@@ -8,6 +8,8 @@ Kafka client agrees on where a key lives.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from freshroute.errors import InvalidArgument
 
 _M = 0x5BD1E995
@@ -33,6 +35,11 @@ def not_text(key: object, field: str) -> str:
     if isinstance(key, str):
         return f"{field} {key[:64]!r} is not valid Unicode text (it holds a lone surrogate)"
     return f"{field} must be a string, not {type(key).__name__}"
+
+
+def not_a_batch(keys: Sequence[object], i: int) -> InvalidArgument:
+    """The error of a batch whose ``i``-th key cannot be a key, as the REST API names it (field ``keys``)."""
+    return InvalidArgument(f"keys must be a list of strings: {not_text(keys[i], f'keys[{i}]')}", field="keys")
 
 
 def deserialize_key(raw: bytes) -> str:

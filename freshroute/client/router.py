@@ -13,7 +13,7 @@ import httpx
 import orjson
 
 from freshroute.errors import FreshrouteError, InvalidArgument, ReplicaUnavailable, from_body
-from freshroute.keys import key_bytes
+from freshroute.keys import key_bytes, not_a_batch
 from freshroute.metadata import InputLag, ReplicaState, Role, TableSpec, now_ms
 from freshroute.routing.bound import Bound
 from freshroute.routing.results import KeyLocation, ReplicaInfo, TableInfo
@@ -97,8 +97,11 @@ class RouterHttp:
         return Windows.from_json(body)
 
     async def get_many(self, table: str, keys: list[str], bound: Bound) -> list[Lookup | FreshrouteError]:
-        for i, key in enumerate(keys):
-            key_bytes(key, f"keys[{i}]")  # what the JSON body could not carry
+        for i, key in enumerate(keys):  # what the JSON body could not carry
+            try:
+                key_bytes(key)
+            except InvalidArgument:
+                raise not_a_batch(keys, i) from None
         body = await self.ok("POST", f"/v1/tables/{_seg(table, 'table')}/keys:batchGet",
                              json={"keys": keys, **bound.to_query()})
         out: list[Lookup | FreshrouteError] = []

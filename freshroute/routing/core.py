@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence, TypeVar
 
 from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound, NotWindowedTable,
                                ReplicaUnavailable, TableNotFound, WindowedTable)
-from freshroute.keys import deserialize_key, key_bytes, not_text, partition_for
+from freshroute.keys import deserialize_key, key_bytes, not_a_batch, not_text, partition_for
 from freshroute.metadata import Role, TableSpec, now_ms
 from freshroute.routing.attempts import AttemptPlan, AttemptPolicy, Attempts, LatencyWindow, NoMetrics, run, run_many
 from freshroute.routing.bound import NO_BOUND, Bound
@@ -210,8 +210,7 @@ class RoutingCore:
                 raw_keys.append(raw)
                 groups.setdefault(partition, []).append(i)
         except (InvalidArgument, TypeError):
-            raise InvalidArgument(f"keys must be a list of strings: {not_text(keys[i], f'keys[{i}]')}",
-                                  field="keys") from None
+            raise not_a_batch(keys, i) from None
         return spec, self.bound_for(spec, bound), groups, raw_keys
 
     def plan_group(self, table: str, partition: int, bound: Bound, now: float, deadline: float) -> AttemptPlan:
