@@ -13,9 +13,12 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from freshroute.errors import ConfigError, FreshrouteError
+
+if TYPE_CHECKING:
+    from freshroute.routing.bound import Bound
 
 # command → (settings class, run function), imported lazily: the router should not pay
 # for importing pyspark, nor the pipeline for FastAPI.
@@ -69,20 +72,20 @@ def _lookup_any(args: argparse.Namespace) -> int:
     try:
         key_bytes(args.table, "table")
         key_bytes(args.key, "key")
-        parse_bound(args.max_lag, args.max_staleness_ms, args.min_position)
+        bound = parse_bound(args.max_lag, args.max_staleness_ms, args.min_position)
     except FreshrouteError as e:
         print(json.dumps(e.to_body(), separators=(",", ":")), file=sys.stderr)
         return 1
-    return _lookup_direct(args) if args.direct else _lookup_grpc(args) if args.grpc else _lookup(args)
+    return _lookup_direct(args, bound) if args.direct else _lookup_grpc(args, bound) if args.grpc else \
+        _lookup(args, bound)
 
 
-def _lookup(args: argparse.Namespace) -> int:
+def _lookup(args: argparse.Namespace, bound: "Bound") -> int:
     import urllib.error
     import urllib.parse
     import urllib.request
 
-    params = {k: v for k, v in (("max_lag", args.max_lag), ("max_staleness_ms", args.max_staleness_ms),
-                                ("min_position", args.min_position)) if v is not None}
+    params: dict[str, Any] = bound.to_query()
     url = (f"{args.router.rstrip('/')}/v1/tables/{urllib.parse.quote(args.table, safe='')}/keys/"
            f"{urllib.parse.quote(args.key, safe='')}")
     span = _window_span(args)
@@ -139,7 +142,7 @@ def _tls_context(args: argparse.Namespace) -> Any:
     return ClientTLS(args.ca, args.tls_cert, args.tls_key).context()
 
 
-def _lookup_grpc(args: argparse.Namespace) -> int:
+def _lookup_grpc(args: argparse.Namespace, bound: "Bound") -> int:
     import json
 
     import grpc
@@ -147,11 +150,6 @@ def _lookup_grpc(args: argparse.Namespace) -> int:
     from freshroute.tls import ClientTLS
     from proto import router_pb2, router_pb2_grpc
 
-    bound = router_pb2.Bound(min_position=args.min_position or "")
-    if args.max_lag is not None:
-        bound.max_lag = int(args.max_lag)
-    if args.max_staleness_ms is not None:
-        bound.max_staleness_ms = int(args.max_staleness_ms)
     tls = ClientTLS(args.ca, args.tls_cert, args.tls_key)
     if tls.enabled:
         channel = grpc.secure_channel(args.grpc, tls.grpc_credentials())
@@ -164,10 +162,11 @@ def _lookup_grpc(args: argparse.Namespace) -> int:
             stub = router_pb2_grpc.RouterStub(channel)
             if span is not None:
                 w = stub.GetWindows(router_pb2.WindowsRequest(table=args.table, key=args.key, from_ms=span[0],
-                                                              to_ms=span[1], bound=bound), timeout=10, metadata=metadata)
+                                                              to_ms=span[1], bound=bound.to_message()),
+                                    timeout=10, metadata=metadata)
             else:
-                resp = stub.Get(router_pb2.GetRequest(table=args.table, key=args.key, bound=bound), timeout=10,
-                                metadata=metadata)
+                resp = stub.Get(router_pb2.GetRequest(table=args.table, key=args.key, bound=bound.to_message()),
+                                timeout=10, metadata=metadata)
         except grpc.RpcError as e:
             trailer = dict(e.trailing_metadata() or ()).get("freshroute-error")
             if trailer is None and e.code() is grpc.StatusCode.UNAVAILABLE:
@@ -193,7 +192,7 @@ def _lookup_grpc(args: argparse.Namespace) -> int:
     return 0
 
 
-def _lookup_direct(args: argparse.Namespace) -> int:
+def _lookup_direct(args: argparse.Namespace, bound: "Bound") -> int:
     import json
 
     from freshroute.client import Client
@@ -207,15 +206,15 @@ def _lookup_direct(args: argparse.Namespace) -> int:
                     connect_timeout_s=3.0) as client:
             span = _window_span(args)
             if span is not None:
-                w = client.windows(args.table, args.key, from_ms=span[0], to_ms=span[1], max_lag=args.max_lag,
-                                   max_staleness_ms=args.max_staleness_ms, min_position=args.min_position)
+                w = client.windows(args.table, args.key, from_ms=span[0], to_ms=span[1], max_lag=bound.max_lag,
+                                   max_staleness_ms=bound.max_staleness_ms, min_position=bound.min_position)
                 print(json.dumps({"table": w.table, "key": w.key, "windows": [x._asdict() for x in w.windows],
                                   "partition": w.partition, "served_by": {"node": w.node, "role": w.role},
                                   "lag": {"offsets": w.lag_offsets, "ms": w.lag_ms}, "position": w.position,
                                   "watermark_ms": w.watermark_ms}, separators=(",", ":")))
                 return 0
-            r = client.get(args.table, args.key, max_lag=args.max_lag, max_staleness_ms=args.max_staleness_ms,
-                           min_position=args.min_position)
+            r = client.get(args.table, args.key, max_lag=bound.max_lag, max_staleness_ms=bound.max_staleness_ms,
+                           min_position=bound.min_position)
     except FreshrouteError as e:
         print(json.dumps(e.to_body(), separators=(",", ":"), default=str), file=sys.stderr)
         return 2 if e.code == "REPLICA_UNAVAILABLE" else 1
