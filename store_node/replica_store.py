@@ -66,6 +66,11 @@ def _options() -> Options:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
+    # A changelog rewrites the same keys over and over: updated in place, the memtable holds one entry per key
+    # rather than every version since the last flush, and a read's skiplist seek stays short and cache-warm.
+    # One writer per store (its tailer), so concurrent memtable writes are not needed.
+    opts.set_allow_concurrent_memtable_write(False)
+    opts.set_inplace_update_support(True)
     return opts
 
 
