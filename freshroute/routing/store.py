@@ -161,6 +161,49 @@ def group_read(read_id: int, table: str, partition: int, keys: list[bytes], boun
                                bound=bound.to_store(partition))
 
 
+class PendingGroup(NamedTuple):
+    """A group read waiting in a stream's outbox; ``same`` says which others may travel in one message with it."""
+
+    id: int
+    keys: list[bytes]
+    table: str
+    partition: int
+    bound: Bound
+    # (table, partition, the bound as the node checks it): groups alike in this are answered alike.
+    same: tuple
+
+    @classmethod
+    def of(cls, read_id: int, table: str, partition: int, keys: list[bytes], bound: Bound) -> "PendingGroup":
+        wire = None if bound.unbounded else (bound.max_lag, bound.max_staleness_ms, bound.min_offset(partition))
+        return cls(read_id, keys, table, partition, bound, (table, partition, wire))
+
+
+def merged_groups(groups: list[PendingGroup]) -> tuple[list[store_pb2.GroupRead], dict[int, list[tuple[int, int]]]]:
+    """Groups alike (same partition, same bound as the node checks it) as one message each, under the first one's id;
+    and for each message, its groups' (id, number of keys) in the order their keys were joined.
+
+    A node judges a group as one — every value, or one refusal — so groups it would judge alike
+    lose nothing by travelling together, and a message costs a node far more than one more key in it.
+    """
+    alike: dict[tuple, list[PendingGroup]] = {}
+    for g in groups:
+        members = alike.get(g.same)
+        if members is None:
+            alike[g.same] = [g]
+        else:
+            members.append(g)
+    messages, asked = [], {}
+    for members in alike.values():
+        first = members[0]
+        if len(members) == 1:
+            keys = first.keys
+        else:
+            keys = [k for g in members for k in g.keys]
+        messages.append(group_read(first.id, first.table, first.partition, keys, first.bound))
+        asked[first.id] = [(g.id, len(g.keys)) for g in members]
+    return messages, asked
+
+
 def range_read(read_id: int, table: str, partition: int, start: bytes, end: bytes, limit: int,
                window: WindowFilter | None, bound: Bound) -> store_pb2.RangeRead:
     msg = store_pb2.RangeRead(id=read_id, table=table, partition=partition, start=start, end=end, limit=limit)
@@ -225,11 +268,12 @@ class _ReadStream:
         self.broken = False
         self._pending: dict[int, asyncio.Future] = {}
         self._outbox: list[store_pb2.KeyRead] = []
-        self._groups: list[store_pb2.GroupRead] = []
+        self._groups: list[PendingGroup] = []
         self._ranges: list[store_pb2.RangeRead] = []
         self._unanswered = 0  # reads, groups and ranges sent whose results have not arrived yet
-        # Each batch awaiting its answer: its reads, its groups' keys asked by group id, and its ranges' ids.
-        self._sent: deque[tuple[int, dict[int, int], list[int]]] = deque()
+        # Each batch awaiting its answer: its reads, the groups each group message carries (by its id), and its
+        # ranges' ids.
+        self._sent: deque[tuple[int, dict[int, list[tuple[int, int]]], list[int]]] = deque()
         self._max_unanswered = max_unanswered
         # Kept: asyncio.get_running_loop() costs a getpid() system call per read on Python 3.11.
         self._loop = asyncio.get_running_loop()
@@ -238,7 +282,7 @@ class _ReadStream:
         self._outbox.append(read)
         return self._expect(read.id)
 
-    def submit_group(self, group: store_pb2.GroupRead) -> asyncio.Future[GroupResult]:
+    def submit_group(self, group: PendingGroup) -> asyncio.Future[GroupResult]:
         self._groups.append(group)
         return self._expect(group.id)
 
@@ -266,9 +310,11 @@ class _ReadStream:
         self._outbox, self._groups, self._ranges = [], [], []
         if not reads and not groups and not ranges:
             return None
+        # Counted as issued, merged or not: the stream keeps its pace however its groups travel.
         self._unanswered += len(reads) + len(groups) + len(ranges)
-        self._sent.append((len(reads), {g.id: len(g.keys) for g in groups}, [r.id for r in ranges]))
-        return store_pb2.ReadBatch(reads=reads, groups=groups, ranges=ranges)
+        messages, asked = merged_groups(groups) if groups else ((), {})
+        self._sent.append((len(reads), asked, [r.id for r in ranges]))
+        return store_pb2.ReadBatch(reads=reads, groups=messages, ranges=ranges)
 
     def _live(self, reads: list) -> list:
         """The reads still awaited: one given up on while it waited (a timeout, a hedge lost) is not sent."""
@@ -287,7 +333,7 @@ class _ReadStream:
             self._break(ConnectionRefusedError(f"the node refused this peer: {batch.refused}"))
             return
         reads, asked, ranges = self._sent.popleft() if self._sent else (0, {}, [])
-        self._unanswered -= reads + len(asked) + len(ranges)
+        self._unanswered -= reads + sum(map(len, asked.values())) + len(ranges)
         if self._outbox or self._groups or self._ranges:
             self._wake()
         pending = self._pending
@@ -296,24 +342,44 @@ class _ReadStream:
             if fut is not None and not fut.done():
                 fut.set_result(result)
         for msg in batch.groups:
-            fut = pending.pop(msg.id, None)
-            keys = asked.pop(msg.id, 0)
-            if fut is not None and not fut.done():
-                try:
-                    fut.set_result(checked(group_result(msg), keys, self.address))
-                except ReplicaUnavailable as e:
-                    fut.set_exception(e)
+            members = asked.pop(msg.id, None)
+            if members is not None:
+                self._settle_groups(members, msg)
         for msg in batch.ranges:
             fut = pending.pop(msg.id, None)
             if fut is not None and not fut.done():
                 fut.set_result(range_result(msg))
         answered = {msg.id for msg in batch.ranges} if ranges else ()
-        for read_id in (*asked, *(i for i in ranges if i not in answered)):
+        unanswered = (g for members in asked.values() for g, _ in members)
+        for read_id in (*unanswered, *(i for i in ranges if i not in answered)):
             # Left unanswered by a node that does not know group or range reads (older than this client).
             fut = pending.pop(read_id, None)
             if fut is not None and not fut.done():
                 fut.set_exception(ReplicaUnavailable(f"store node {self.address}: no answer to a group or range read",
                                                      node_address=self.address))
+
+    def _settle_groups(self, members: list[tuple[int, int]], msg: store_pb2.GroupResult) -> None:
+        """Each group a group message carried gets its own keys' share of the answer (a refusal: the same one)."""
+        pending = self._pending
+        try:
+            answer = checked(group_result(msg), sum(n for _, n in members), self.address)
+        except ReplicaUnavailable as e:
+            for read_id, _ in members:
+                fut = pending.pop(read_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(e)
+            return
+        if len(members) == 1:
+            fut = pending.pop(members[0][0], None)
+            if fut is not None and not fut.done():
+                fut.set_result(answer)
+            return
+        values, at = answer.values, 0
+        for read_id, n in members:
+            fut = pending.pop(read_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(answer._replace(values=values[at:at + n]) if values else answer)
+            at += n
 
     def _break(self, cause: BaseException | None) -> None:
         if self.broken:
@@ -553,7 +619,7 @@ class StoreNodeClient:
 
     def read_many(self, address: str, table: str, partition: int, keys: list[bytes],
                   bound: Bound) -> asyncio.Future[GroupResult]:
-        return self._stream(address).submit_group(group_read(next(self._ids), table, partition, keys, bound))
+        return self._stream(address).submit_group(PendingGroup.of(next(self._ids), table, partition, keys, bound))
 
     def read_range(self, address: str, table: str, partition: int, start: bytes, end: bytes, limit: int,
                    window: WindowFilter | None, bound: Bound) -> asyncio.Future[RangeResult]:

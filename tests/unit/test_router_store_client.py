@@ -40,6 +40,7 @@ class DictStore(store_pb2_grpc.StoreNodeServicer):
         self.hold = hold  # an Event: results wait for it
         self.short = short  # a broken node: groups answer one value fewer than they were asked
         self.groups = groups  # False: a node older than group reads, answering only KeyReads
+        self.group_messages: list[list[tuple[int, list[bytes]]]] = []  # (partition, keys) of each group message
 
     def answer(self, r):
         status = self.STATUS
@@ -58,6 +59,7 @@ class DictStore(store_pb2_grpc.StoreNodeServicer):
 
     def received(self, batch):
         self.batches.append(len(batch.reads) + len(batch.groups))
+        self.group_messages.append([(g.partition, list(g.keys)) for g in batch.groups])
 
     def results(self, batch):
         return store_pb2.ResultBatch(results=[self.answer(r) for r in batch.reads],
@@ -195,6 +197,61 @@ async def test_a_group_travels_as_one_read_and_answers_every_key_in_order(transp
         stale = await client.read_many(addr, "t", 0, keys, Bound(max_lag=1))
         assert (stale.status, stale.values, stale.message) == (ReadStatus.TOO_STALE, [], "behind")
     finally:
+        await client.close()
+        await node.stop()
+
+
+async def test_groups_alike_waiting_together_travel_as_one_group_and_each_gets_its_own_keys(transport):
+    hold = asyncio.Event()
+    store = DictStore(ROWS, hold)
+    client = StoreNodeClient(max_unanswered_reads=1)
+    node = Started(transport)
+    try:
+        addr = await node.start(client, store)
+        first = asyncio.ensure_future(client.read(addr, "t", 0, b"k0", NO_BOUND))
+        await wait_for_batches(store, 1)
+        # Waiting behind the first batch: alike (partition 0, no bound) twice, and one of each kind unlike them.
+        a = client.read_many(addr, "t", 0, [b"k1", b"missing"], NO_BOUND)
+        b = client.read_many(addr, "t", 1, [b"k2"], NO_BOUND)
+        c = client.read_many(addr, "t", 0, [b"k3", b"k1"], NO_BOUND)
+        d = client.read_many(addr, "t", 0, [b"k4"], Bound(max_lag=5))
+        stale = client.read_many(addr, "t", 0, [b"k5"], Bound(max_lag=1))
+        stale_too = client.read_many(addr, "t", 0, [b"k6", b"k7"], Bound(max_lag=1))
+        hold.set()
+        await first
+        a, b, c, d, stale, stale_too = await asyncio.gather(a, b, c, d, stale, stale_too)
+        assert a.values == [ROWS[b"k1"], b""] and c.values == [ROWS[b"k3"], ROWS[b"k1"]]
+        assert b.values == [ROWS[b"k2"]] and d.values == [ROWS[b"k4"]]
+        assert a.replica.node == c.replica.node == "s1"
+        for r in (stale, stale_too):  # a refusal of the group message is each group's refusal
+            assert (r.status, r.values, r.message) == (ReadStatus.TOO_STALE, [], "behind")
+        assert store.group_messages[1] == [(0, [b"k1", b"missing", b"k3", b"k1"]), (1, [b"k2"]), (0, [b"k4"]),
+                                           (0, [b"k5", b"k6", b"k7"])]
+    finally:
+        hold.set()
+        await client.close()
+        await node.stop()
+
+
+async def test_a_short_answer_to_groups_travelling_together_fails_each_of_them(transport):
+    hold = asyncio.Event()
+    client = StoreNodeClient(max_unanswered_reads=1)
+    node = Started(transport)
+    store = DictStore(ROWS, hold, short=True)
+    try:
+        addr = await node.start(client, store)
+        first = asyncio.ensure_future(client.read(addr, "t", 0, b"k0", NO_BOUND))
+        await wait_for_batches(store, 1)
+        together = [asyncio.ensure_future(client.read_many(addr, "t", 0, [b"k1", b"k2"], NO_BOUND)),
+                    asyncio.ensure_future(client.read_many(addr, "t", 0, [b"k3"], NO_BOUND))]
+        hold.set()
+        await first
+        for fut in together:
+            with pytest.raises(ReplicaUnavailable, match="answered 2 of 3 keys"):
+                await fut
+        assert store.batches == [1, 1]
+    finally:
+        hold.set()
         await client.close()
         await node.stop()
 
