@@ -63,12 +63,12 @@ class Lookup(NamedTuple):
     def group(cls, table: str, keys: list[str], partition: int, cand: Candidate, answer: GroupResult,
               input_lag: tuple[int, int] = (0, 0)) -> list["Lookup"]:
         """A batch group's answers, built straight from the wire (a batch's per-key cost is most of its cost)."""
-        who = (*served_by(cand, answer.replica), *input_lag)
+        tail = (partition, *served_by(cand, answer.replica), *input_lag)  # the same for every key of the group
         # tuple.__new__ rather than the class: a named tuple's own __new__ is a Python function, and half the
         # cost of building each key's answer.
         new = tuple.__new__
-        return [new(cls, (table, key, True, value, partition, *who)) if value else
-                new(cls, (table, key, False, None, partition, *who)) for key, value in zip(keys, answer.values)]
+        return [new(cls, (table, key, True, value) + tail) if value else
+                new(cls, (table, key, False, None) + tail) for key, value in zip(keys, answer.values)]
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], found: bool = True, input_lag: dict[str, Any] | None = None) -> "Lookup":
