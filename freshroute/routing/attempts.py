@@ -9,7 +9,8 @@ once) or the client's blocking driver, so they retry, hedge and fail in exactly 
 
 The rules: candidates in the selector's order; the next one joins when the current attempt
 fails, is refused, is slower than the attempt timeout, or — once per read, within a token
-budget — slower than the recent p9x of its kind (a hedge); whichever answers first wins.
+budget, and unless it is still restoring — slower than the recent p9x of its kind (a hedge);
+whichever answers first wins.
 Replicas the view put behind the bound are asked only after every candidate failed without
 saying it was too stale. What is left at the deadline is a timeout; a read every replica
 refused is :class:`NoReplicaWithinBound` with the freshest lag they reported.
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 from freshroute.errors import FreshrouteError, LookupTimeout, NoReplicaWithinBound, ReplicaUnavailable
+from freshroute.metadata import ReplicaState
 from freshroute.routing.bound import Bound
 from freshroute.routing.selection import Candidate, LoadTracker, Selection
 from freshroute.routing.snapshot import LagOverlay
@@ -33,6 +35,7 @@ TIMER_SLACK_S = 0.0005
 
 _RETRY_REASON = {ReadStatus.TOO_STALE: "too_stale", ReadStatus.NOT_HOSTED: "not_hosted", ReadStatus.ERROR: "error"}
 _OK, _NOT_FOUND, _TOO_STALE = ReadStatus.OK, ReadStatus.NOT_FOUND, ReadStatus.TOO_STALE
+_RESTORING = ReplicaState.RESTORING
 
 
 class Answer(Protocol):
@@ -259,8 +262,11 @@ class AttemptPlan:
         return cand
 
     def _may_hedge(self) -> bool:
+        # A hedge trades nothing but load for latency: never to a replica still restoring, whose answer
+        # (often "no such key" from a store still filling) is far staler than the slow one's. It is still
+        # tried when the attempt times out or fails.
         return (self._attempts.policy.hedge and not self._hedged and self.inflight == 1
-                and self._attempts.hedge_tokens >= 1.0)
+                and self._attempts.hedge_tokens >= 1.0 and self._cands[self._launched].replica.state is not _RESTORING)
 
 
 # ---- the asyncio driver ---------------------------------------------------------------------

@@ -40,6 +40,29 @@ async def test_a_batch_group_hedges_to_the_next_replica_when_the_first_stalls():
     assert retries(cluster, "hedge") == 1
 
 
+async def test_no_hedge_goes_to_a_replica_still_restoring_it_is_tried_only_when_the_attempt_times_out():
+    # A restoring replica may hold nothing yet: a hedge there would answer "no such key" for a row the slow
+    # replica has. Unbounded, it stays a candidate, tried once the attempt times out.
+    cluster = Cluster(RouterSettings(request_timeout_ms=3000, attempt_timeout_ms=400, hedge=True, hedge_min_ms=5,
+                                     hedge_budget=1.0))
+    key = "sensor-11"
+    first, second = strictly_ordered(cluster, key)
+    second.replicas[(TABLE, part(key))].restoring = True
+    cluster.refresh()
+    for _ in range(64):
+        r = await cluster.router.get(TABLE, key)
+        assert r.node == first.node
+    first.delay_s = 0.2  # far past the usual, within the attempt timeout
+    t0 = time.perf_counter()
+    r = await cluster.router.get(TABLE, key)
+    assert (r.node, r.found) == (first.node, True) and time.perf_counter() - t0 >= 0.2
+    assert retries(cluster, "hedge") == 0
+    first.delay_s = 1.0  # past the attempt timeout: the restoring replica is asked, and answers
+    r = await cluster.router.get(TABLE, key)
+    assert r.node == second.node and r.role == Role.STANDBY.value
+    assert (retries(cluster, "hedge"), retries(cluster, "slow")) == (0, 1)
+
+
 async def test_a_scan_partition_hedges_to_the_next_replica_when_the_first_stalls():
     cluster = hedging_cluster()
     key = "sensor-11"
