@@ -261,7 +261,7 @@ class RoutingCore:
             cand, answer = outcome
             for i, result in zip(indices, make(table, [keys[i] for i in indices], partition, cand, answer)):
                 results[i] = result
-            found = sum(1 for v in answer.values if v)
+            found = len(answer.values) - answer.values.count(b"")  # an absent key's value is empty
             role = served_by(cand, answer.replica)[1]
             if found:
                 self.metrics.lookup("ok", role, elapsed, found)

@@ -374,11 +374,12 @@ class _ReadStream:
             if fut is not None and not fut.done():
                 fut.set_result(answer)
             return
-        values, at = answer.values, 0
+        status, values, replica, message = answer
+        at = 0
         for read_id, n in members:
             fut = pending.pop(read_id, None)
             if fut is not None and not fut.done():
-                fut.set_result(answer._replace(values=values[at:at + n]) if values else answer)
+                fut.set_result(GroupResult(status, values[at:at + n], replica, message) if values else answer)
             at += n
 
     def _break(self, cause: BaseException | None) -> None:
