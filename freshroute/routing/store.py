@@ -162,20 +162,13 @@ def group_read(read_id: int, table: str, partition: int, keys: list[bytes], boun
 
 
 class PendingGroup(NamedTuple):
-    """A group read waiting in a stream's outbox; ``same`` says which others may travel in one message with it."""
+    """A group read waiting in a stream's outbox."""
 
     id: int
-    keys: list[bytes]
     table: str
     partition: int
+    keys: list[bytes]
     bound: Bound
-    # (table, partition, the bound as the node checks it): groups alike in this are answered alike.
-    same: tuple
-
-    @classmethod
-    def of(cls, read_id: int, table: str, partition: int, keys: list[bytes], bound: Bound) -> "PendingGroup":
-        wire = None if bound.unbounded else (bound.max_lag, bound.max_staleness_ms, bound.min_offset(partition))
-        return cls(read_id, keys, table, partition, bound, (table, partition, wire))
 
 
 def merged_groups(groups: list[PendingGroup]) -> tuple[list[store_pb2.GroupRead], dict[int, list[tuple[int, int]]]]:
@@ -187,18 +180,17 @@ def merged_groups(groups: list[PendingGroup]) -> tuple[list[store_pb2.GroupRead]
     """
     alike: dict[tuple, list[PendingGroup]] = {}
     for g in groups:
-        members = alike.get(g.same)
+        b, p = g.bound, g.partition
+        same = (g.table, p, None if b.unbounded else (b.max_lag, b.max_staleness_ms, b.min_offset(p)))
+        members = alike.get(same)
         if members is None:
-            alike[g.same] = [g]
+            alike[same] = [g]
         else:
             members.append(g)
     messages, asked = [], {}
     for members in alike.values():
         first = members[0]
-        if len(members) == 1:
-            keys = first.keys
-        else:
-            keys = [k for g in members for k in g.keys]
+        keys = first.keys if len(members) == 1 else [k for g in members for k in g.keys]
         messages.append(group_read(first.id, first.table, first.partition, keys, first.bound))
         asked[first.id] = [(g.id, len(g.keys)) for g in members]
     return messages, asked
@@ -368,11 +360,6 @@ class _ReadStream:
                 fut = pending.pop(read_id, None)
                 if fut is not None and not fut.done():
                     fut.set_exception(e)
-            return
-        if len(members) == 1:
-            fut = pending.pop(members[0][0], None)
-            if fut is not None and not fut.done():
-                fut.set_result(answer)
             return
         status, values, replica, message = answer
         at = 0
@@ -620,7 +607,7 @@ class StoreNodeClient:
 
     def read_many(self, address: str, table: str, partition: int, keys: list[bytes],
                   bound: Bound) -> asyncio.Future[GroupResult]:
-        return self._stream(address).submit_group(PendingGroup.of(next(self._ids), table, partition, keys, bound))
+        return self._stream(address).submit_group(PendingGroup(next(self._ids), table, partition, keys, bound))
 
     def read_range(self, address: str, table: str, partition: int, start: bytes, end: bytes, limit: int,
                    window: WindowFilter | None, bound: Bound) -> asyncio.Future[RangeResult]:
