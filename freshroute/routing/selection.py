@@ -15,10 +15,13 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Protocol, Sequence
 
-from freshroute.metadata import now_ms
+from freshroute.metadata import ReplicaState, now_ms
 
 from freshroute.routing.bound import Bound
 from freshroute.routing.snapshot import LagOverlay, ReplicaView
+
+
+_RESTORING = ReplicaState.RESTORING
 
 
 class Candidate(NamedTuple):
@@ -157,11 +160,18 @@ class FreshestFirst:
 
     @staticmethod
     def _rank(c: Candidate, load: NodeLoad, lag_cut: int, ms_cut: int, now: int) -> tuple:
-        """Sort key: replicas backing off last, then fresher first; equally fresh ones by requests in flight."""
+        """Sort key: replicas backing off last, restoring ones after serving ones, then fresher first;
+        equally fresh ones by requests in flight.
+
+        A restoring replica that has not yet learnt its changelog's end reports no offset lag, which
+        would rank it with a caught-up replica while its store is still filling: it is asked only when
+        no serving replica answers, as a hedge never goes to it.
+        """
         backoff = c.replica.draining or load.failing_until_ms > now
+        restoring = c.replica.state is _RESTORING
         if c.lag_offsets <= lag_cut and c.staleness_ms <= ms_cut:
-            return (backoff, 0, 0, 0, load.in_flight)
-        return (backoff, 1, c.lag_offsets, c.staleness_ms, load.in_flight)
+            return (backoff, restoring, 0, 0, 0, load.in_flight)
+        return (backoff, restoring, 1, c.lag_offsets, c.staleness_ms, load.in_flight)
 
     def _order(self, cands: list[Candidate], now: int) -> list[Candidate]:
         n = len(cands)

@@ -1,4 +1,5 @@
 import random
+from dataclasses import replace
 
 from freshroute.metadata import NodePositions, ReplicaState, Role
 from freshroute.position import Position
@@ -167,3 +168,17 @@ def test_recently_failed_and_draining_nodes_go_to_the_back():
     assert order(sel, reps) == ["b", "a", "c"]
     sel.load.finished("a", 1.0)  # an answer clears the failure
     assert order(sel, reps)[0] == "a"
+
+
+def test_a_restoring_replica_goes_after_serving_ones_however_fresh_it_looks():
+    # A replica restoring from its changelog that has not learnt the end yet reports no offset lag.
+    sel = selector()
+    restoring = replace(replica("new", lag=0, staleness=10**12, applied=0), state=ReplicaState.RESTORING)
+    serving = replica("old", lag=5, staleness=200, role=Role.ACTIVE)
+    for reps in ([restoring, serving], [serving, restoring]):
+        assert order(sel, reps) == ["old", "new"]
+    # Still a candidate within the bound when the serving one cannot answer, and last among three.
+    other = replica("other", lag=40, staleness=900)
+    assert order(sel, [restoring, other, serving]) == ["old", "other", "new"]
+    sel.load.failed("old")
+    assert order(sel, [restoring, serving]) == ["new", "old"]  # a failing node still goes to the very back
