@@ -154,6 +154,25 @@ def interleaved(rounds: int, a: Callable[[], Any], b: Callable[[], Any]) -> tupl
     return xs, ys
 
 
+def together(rounds: int, a: Callable[[], Any], b: Callable[[], Any]) -> tuple[list[Any], list[Any]]:
+    """``a`` and ``b`` run ``rounds`` times each, both at once each time.
+
+    For latency at a low rate: paced runs load the machine little, so the two can share
+    every moment of it, and the load from other processes weighs on each sample of both
+    sides alike rather than on whichever run it happened to fall in.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    xs: list[Any] = []
+    ys: list[Any] = []
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(rounds):
+            fa, fb = pool.submit(a), pool.submit(b)
+            xs.append(fa.result())
+            ys.append(fb.result())
+    return xs, ys
+
+
 def median_of(values: list[float | None]) -> float | None:
     """The median of the runs that produced a figure (None if none did)."""
     import statistics
@@ -382,8 +401,9 @@ class Bench:
         return (round(p50, 3) if p50 is not None else None), (round(p99, 3) if p99 is not None else None)
 
     def paired(self, label_a: str, run_a: Callable[[], Any], label_b: str, run_b: Callable[[], Any],
-               record: bool = True) -> tuple[list[Any], list[Any]]:
-        """The runs of a target's two figures, interleaved over ``--rounds``; a failed run counts as None.
+               record: bool = True, at_once: bool = False) -> tuple[list[Any], list[Any]]:
+        """The runs of a target's two figures, interleaved over ``--rounds`` (``at_once``: each round's two
+        runs at the same time, see :func:`together`); a failed run counts as None.
 
         ``record`` keeps every run's figure in the notes (``rounds``), to show the spread.
         """
@@ -398,7 +418,8 @@ class Bench:
                     return None
             return call
 
-        xs, ys = interleaved(max(1, self.a.rounds), guarded(label_a, run_a), guarded(label_b, run_b))
+        xs, ys = (together if at_once else interleaved)(max(1, self.a.rounds), guarded(label_a, run_a),
+                                                         guarded(label_b, run_b))
         if record:
             self.notes.setdefault("rounds", {}).update({label_a: xs, label_b: ys})
         return xs, ys
@@ -600,14 +621,14 @@ class Bench:
             fig["client_get_many_keys_per_s"] = rates("client get_many (100 keys), keys", cl)
             fig["redis_py_mget_keys_per_s"] = rates("redis-py MGET (100 keys), keys", rd)
             cl, rd = self.paired("client_latency", side("client", "latency"), "redis_py_latency",
-                                 side("redis", "latency"), record=False)
+                                 side("redis", "latency"), record=False, at_once=True)
             fig["client_get_p50_ms"], fig["redis_py_get_p50_ms"] = p50("client get", cl), p50("redis-py GET", rd)
             self.say("  synchronous, one thread per side:")
             cl, rd = self.paired("client_sync_get", side("client", "rps", "sync", 1), "redis_py_sync_get",
                                  side("redis", "rps", "sync", 1))
             fig["client_sync_get_rps"], fig["redis_py_sync_get_rps"] = rates("client get", cl), rates("redis-py GET", rd)
             cl, rd = self.paired("client_sync_latency", side("client", "latency", "sync", 1), "redis_py_sync_latency",
-                                 side("redis", "latency", "sync", 1), record=False)
+                                 side("redis", "latency", "sync", 1), record=False, at_once=True)
             fig["client_sync_get_p50_ms"] = p50("client get", cl)
             fig["redis_py_sync_get_p50_ms"] = p50("redis-py GET", rd)
         finally:

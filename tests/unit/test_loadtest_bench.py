@@ -5,7 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from loadtest.bench import FIGURES, evaluate_targets, expected_figures, format_table, interleaved, median_of
+from loadtest.bench import (FIGURES, evaluate_targets, expected_figures, format_table, interleaved, median_of,
+                            together)
 from loadtest.restore import changelog_record, restore_rate_from_log
 
 
@@ -32,6 +33,21 @@ def test_compared_figures_alternate_which_runs_first():
     assert order == ["a", "b", "b", "a", "a", "b"]
     assert xs == [1, 4, 5] and ys == [2, 3, 6]
     assert median_of([1200.0, None, 900.0, 3000.0]) == 1200.0 and median_of([None]) is None
+
+
+def test_latency_pairs_run_at_the_same_time():
+    # Each side waits for the other to start: run one after the other, the first would time out.
+    import threading
+
+    started = threading.Barrier(2, timeout=5)
+
+    def side(name):
+        def run():
+            started.wait()
+            return name
+        return run
+
+    assert together(2, side("a"), side("b")) == (["a", "a"], ["b", "b"])
 
 
 LOG = """2026-11-22 00:30:00,000 INFO store_node.changelog: replica sensor_stats/0 (standby): restoring from the start of changelog x
