@@ -41,3 +41,13 @@ def no_leftover_processes(request):
             except ProcessLookupError:
                 pass
         pytest.fail(f"{request.module.__name__} left processes behind: {sorted(leftover)}")
+
+
+@pytest.fixture(scope="module")
+async def one_event_loop():
+    """Every async test of a module on one event loop, as in a router or a store node.
+
+    grpc.aio's poller thread hands an operation's late event to the loop the operation began on;
+    with a loop per test, one closed already fails whichever test is running then. A module
+    that serves or calls gRPC asks for this with a module-scoped ``anyio_backend``."""
+    yield

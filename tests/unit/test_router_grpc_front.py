@@ -19,10 +19,10 @@ from router.settings import RouterSettings
 
 from .test_router_rest import KEYS, TABLE, Cluster, part
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("one_event_loop")]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def anyio_backend():
     return "asyncio"
 

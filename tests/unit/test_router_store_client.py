@@ -14,20 +14,13 @@ from freshroute.framing import FrameReader, frame
 from freshroute.routing.bound import NO_BOUND, Bound
 from freshroute.routing.store import ReadStatus, StoreNodeClient
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("one_event_loop")]
 
 
 @pytest.fixture(scope="module")
 def anyio_backend():
     # The router runs on uvloop, whose transports are not asyncio's classes.
     return "asyncio", {"use_uvloop": True}
-
-
-@pytest.fixture(scope="module", autouse=True)
-async def one_event_loop():
-    """Every test of the module on one loop, as in the router: grpc.aio's poller thread hands its
-    events to the loop it started with, and a loop closed between tests can still receive one."""
-    yield
 
 
 class DictStore(store_pb2_grpc.StoreNodeServicer):

@@ -25,7 +25,7 @@ from store_node.replica_store import ReplicaStore
 from store_node.service import HealthReporter, StoreNodeService, create_server
 from store_node.settings import StoreNodeSettings
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("one_event_loop")]
 
 SPEC = TableSpec("users", "users-changelog", 4, "id")
 SECRET = "s3cret-of-the-cluster-0123456789"
@@ -34,12 +34,6 @@ SECRET = "s3cret-of-the-cluster-0123456789"
 @pytest.fixture(scope="module")
 def anyio_backend():
     return "asyncio", {"use_uvloop": True}
-
-
-@pytest.fixture(scope="module", autouse=True)
-async def one_event_loop():
-    """One loop for the module, as grpc.aio's poller thread keeps the loop it started with."""
-    yield
 
 
 @pytest.fixture(scope="module")
