@@ -13,6 +13,7 @@ import argparse
 import importlib
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from freshroute.errors import ConfigError, FreshrouteError
@@ -54,11 +55,14 @@ def _run_component(command: str, args: argparse.Namespace) -> int:
 
 
 def _run_broker(args: argparse.Namespace) -> int:
-    from freshroute.local.services import broker_command
+    from freshroute.local.broker import BrokerNode, Quorum, cluster_id_of, new_cluster_id, prepare
 
-    cmd = broker_command(int(args.port), args.host)
+    node = BrokerNode(args.node_id, args.host, args.port, args.controller_port or args.port + 1, Path(args.home))
+    cluster_id = args.cluster_id or cluster_id_of(node.home) or new_cluster_id()
+    quorum = (Quorum(cluster_id, args.voters, args.bootstrap or node.address, len(args.voters.split(",")))
+              if args.voters else Quorum.of(cluster_id, (node,)))
+    cmd = prepare(node, quorum)
     os.execv(cmd[0], cmd)  # the broker is the process: signals reach it directly
-    return 0
 
 
 def _lookup_any(args: argparse.Namespace) -> int:
@@ -238,9 +242,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="freshroute", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    broker = sub.add_parser("broker", help="Run the local Kafka-compatible broker (Tansu, memory-only) on loopback.")
+    broker = sub.add_parser("broker", help="Run Apache Kafka (KRaft, broker and controller in one) with its data under --home.")
+    broker.add_argument("--home", default=".freshroute/broker", help="its config and data (formatted on first start)")
     broker.add_argument("--host", default="127.0.0.1")
-    broker.add_argument("--port", default="19092")
+    broker.add_argument("--port", type=int, default=19092, help="the client listener")
+    broker.add_argument("--controller-port", type=int, default=0, help="the KRaft controller listener (default: port + 1)")
+    broker.add_argument("--node-id", type=int, default=1)
+    broker.add_argument("--voters", default="", metavar="ID@HOST:PORT,...",
+                        help="every controller of the quorum (default: this node alone)")
+    broker.add_argument("--bootstrap", default="", help="with --voters: every broker's client address")
+    broker.add_argument("--cluster-id", default="", help="the quorum's id (default: the storage's, else a new one)")
 
     for command, (settings_ref, _, help_text) in COMPONENTS.items():
         p = sub.add_parser(command, help=help_text)

@@ -63,18 +63,16 @@ class BrokerNode:
 
 @dataclass(frozen=True)
 class Quorum:
-    """The nodes of one cluster, all voters; the cluster id is shared by every node's storage."""
+    """One cluster: its id (shared by every node's storage), its controller voters and its client addresses."""
 
     cluster_id: str
-    nodes: tuple[BrokerNode, ...]
+    voters: str  # "1@host:port,2@host:port", every node a voter
+    bootstrap: str
+    size: int
 
-    @property
-    def bootstrap(self) -> str:
-        return ",".join(n.address for n in self.nodes)
-
-    @property
-    def voters(self) -> str:
-        return ",".join(n.voter for n in self.nodes)
+    @classmethod
+    def of(cls, cluster_id: str, nodes: tuple[BrokerNode, ...]) -> "Quorum":
+        return cls(cluster_id, ",".join(n.voter for n in nodes), ",".join(n.address for n in nodes), len(nodes))
 
 
 def new_cluster_id() -> str:
@@ -90,7 +88,7 @@ def cluster_id_of(home: Path) -> str | None:
 
 def server_properties(node: BrokerNode, quorum: Quorum) -> str:
     """The node's configuration: loopback listeners, internal topics replicated as the quorum allows."""
-    copies = min(3, len(quorum.nodes))
+    copies = min(3, quorum.size)
     settings = {
         "process.roles": "broker,controller",
         "node.id": node.node_id,

@@ -95,7 +95,7 @@ def start_broker(home: Path, port: int | None = None, host: str = "127.0.0.1", t
 
     port = port or free_port(host)
     node = BrokerNode(1, host, port, free_port(host), home)
-    quorum = Quorum(cluster_id_of(home) or new_cluster_id(), (node,))
+    quorum = Quorum.of(cluster_id_of(home) or new_cluster_id(), (node,))
     command = prepare(node, quorum)
     log = open(home / "broker.log", "ab")
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
