@@ -32,7 +32,6 @@ import httpx
 import orjson
 
 from freshroute.settings import kafka_client_config
-from pipeline.offsets import InputDataLost, SourceOffset
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -130,10 +129,11 @@ def committed_offsets(checkpoint: Path) -> dict[int, int] | None:
         done = max((int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()), default=None)
         if done is None:
             return None
-        # "v1", the batch's metadata, then one line per source: our source's offsets.
+        # "v1", the batch's metadata, then one line per source: Spark's Kafka offsets, {"topic": {"0": 12, …}}.
         lines = (checkpoint / "offsets" / str(done)).read_text().splitlines()
-        return dict(SourceOffset.from_dict(orjson.loads(lines[2])).positions)
-    except (OSError, ValueError, IndexError, InputDataLost):
+        (positions,) = orjson.loads(lines[2]).values()
+        return {int(p): int(o) for p, o in positions.items()}
+    except (OSError, ValueError, IndexError, AttributeError):
         return None  # between a commit and its offsets file, or a checkpoint not written yet
 
 

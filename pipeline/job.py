@@ -27,7 +27,6 @@ from freshroute.errors import ConfigError, FatalError, FreshrouteError
 from freshroute.metadata import MetadataStore, TableSpec
 from freshroute.settings import is_loopback
 from pipeline.input_lag import InputLagPublisher
-from pipeline.offsets import InputDataLost
 from pipeline.settings import PipelineSettings
 from pipeline.sink import ChangelogProducer, ChangelogWriter, QuerySink
 from pipeline.tables import (DELETE_COLUMN, METADATA_COLUMNS, WINDOW_START_COLUMN, Source, Table, TablesDefinition,
@@ -65,6 +64,18 @@ class PipelineFailed(FatalError):
     """A query kept failing; the last error says why."""
 
     code = "PIPELINE_FAILED"
+
+
+class InputDataLost(FatalError):
+    """The input topic no longer holds offsets the checkpoint says were there (or are still to be read)."""
+
+    code = "INPUT_DATA_LOST"
+
+
+class InputTopicMissing(ConfigError):
+    """A source names an input topic the broker does not have."""
+
+    code = "INPUT_TOPIC_MISSING"
 
 
 class ChangelogLost(FatalError):
@@ -180,6 +191,9 @@ def build_session(settings: PipelineSettings) -> "SparkSession":
     )
     if not local:
         builder = builder.config("spark.executor.memory", settings.spark_executor_memory)
+    # Spark's Kafka connector, resolved by Maven (jvm/pom.xml): spark.jars puts it on the driver's classpath and
+    # ships it to a cluster's executors.
+    builder = builder.config("spark.jars", ",".join(str(j) for j in connector_jars(settings.jars_dir)))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     if not local:
@@ -188,10 +202,27 @@ def build_session(settings: PipelineSettings) -> "SparkSession":
         shipped = project_zip(settings.checkpoint_dir.resolve().parent / "pyfiles")
         spark.sparkContext.addPyFile(str(shipped))
         log.info("shipping %s to the executors of %s", shipped.name, settings.spark_master)
-    from pipeline.kafka_source import KafkaSource
-
-    spark.dataSource.register(KafkaSource)
     return spark
+
+
+class ConnectorMissing(ConfigError):
+    """Spark's Kafka connector is not where the settings say."""
+
+    code = "CONNECTOR_MISSING"
+
+
+def connector_jars(jars_dir: Path) -> list[Path]:
+    """The jars of Spark's Kafka connector (and what it adds to PySpark's own), at exactly this PySpark's version."""
+    import pyspark
+
+    folder = jars_dir / "spark-kafka"
+    jars = sorted(folder.glob("*.jar"))
+    wanted = f"spark-sql-kafka-0-10_2.13-{pyspark.__version__}.jar"
+    if not any(j.name == wanted for j in jars):
+        raise ConnectorMissing(f"{folder / wanted} is missing: Spark's Kafka connector for PySpark "
+                               f"{pyspark.__version__} is resolved by `mvn -f jvm/pom.xml package` (`./dev up` does)",
+                               setting="jars_dir")
+    return jars
 
 
 def check_spark_master(master: str, timeout_s: float = 3.0) -> None:
@@ -224,8 +255,6 @@ def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source, 
     """The source topic as a stream of parsed rows: the schema's fields plus the Kafka record columns."""
     from pyspark.sql.types import StructType, _parse_datatype_string
 
-    from pipeline.kafka_source import FORMAT
-
     try:
         schema = _parse_datatype_string(src.schema)
     except Exception as e:
@@ -234,21 +263,7 @@ def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source, 
     if not isinstance(schema, StructType):
         raise TablesFileError(f"source {src.name!r}: schema {src.schema!r} must list fields", source=src.name)
     check_source_fields(src, schema.fieldNames())
-    topic = settings.input_topic(src.topic)
-    if settings.source_format == "kafka":
-        return _parsed(jvm_kafka_stream(spark, settings, topic), schema)
-    raw = (
-        spark.readStream.format(FORMAT)
-        .option("topic", topic)
-        .option("kafka", orjson.dumps(settings.kafka()).decode())
-        .option("max_records_per_batch", str(settings.max_records_per_batch))
-        .option("create_partitions", str(settings.input_partitions))
-        # About one read task per core: a task costs more than reading thousands of records.
-        .option("read_tasks", str(spark.sparkContext.defaultParallelism))
-        .option("hint", f"To reprocess from the start, delete {settings.query_checkpoint(query)}.")
-        .load()
-    )
-    return _parsed(raw, schema)
+    return _parsed(kafka_stream(spark, settings, settings.input_topic(src.topic)), schema)
 
 
 def _parsed(raw: "DataFrame", schema: Any) -> "DataFrame":
@@ -258,18 +273,12 @@ def _parsed(raw: "DataFrame", schema: Any) -> "DataFrame":
             .select("_value.*", *METADATA_COLUMNS))
 
 
-class SourceUnavailable(ConfigError):
-    """The configured source format is not installed in this Spark."""
+def kafka_stream(spark: "SparkSession", settings: PipelineSettings, topic: str) -> "DataFrame":
+    """The topic through Spark's own Kafka source, offsets in the query's checkpoint.
 
-    code = "SOURCE_UNAVAILABLE"
-
-
-def jvm_kafka_stream(spark: "SparkSession", settings: PipelineSettings, topic: str) -> "DataFrame":
-    """The topic through Spark's own Kafka connector, in the built-in source's columns.
-
-    The seam for engines that need that connector (Spark's Real-time Mode among them): the
-    tables see the same rows either way. librdkafka settings are passed as ``kafka.*``
-    options; those without a Java client equivalent must be given in the Java client's terms.
+    The deployment's Kafka settings are passed as ``kafka.*`` options: the Java client's names, which are
+    librdkafka's too for the common ones (``security.protocol``, ``sasl.*``); others must be given in
+    the Java client's terms.
     """
     from pyspark.sql import functions as F
 
@@ -279,18 +288,8 @@ def jvm_kafka_stream(spark: "SparkSession", settings: PipelineSettings, topic: s
         reader = reader.option(f"kafka.{key}", str(value))
     if settings.max_records_per_batch:
         reader = reader.option("maxOffsetsPerTrigger", str(settings.max_records_per_batch))
-    try:
-        raw = reader.load()
-    except Exception as e:
-        # [KAFKA_DATA_SOURCE_NOT_ENABLED] or [DATA_SOURCE_NOT_FOUND], by Spark version.
-        if "DATA_SOURCE_NOT" not in str(e):
-            raise
-        raise SourceUnavailable(
-            "source_format 'kafka' needs Spark's Kafka connector on the classpath "
-            f"(org.apache.spark:spark-sql-kafka-0-10_2.13:{spark.version}, through spark.jars.packages or "
-            "spark.jars); without it use source_format 'freshroute_kafka'", setting="source_format") from None
-    return raw.select(F.col("key").cast("string"), F.col("value").cast("string"), "topic", "partition", "offset",
-                      "timestamp")
+    return reader.load().select(F.col("key").cast("string"), F.col("value").cast("string"), "topic", "partition",
+                                "offset", "timestamp")
 
 
 @dataclass
@@ -354,6 +353,7 @@ class Pipeline:
         # Before Spark starts: a lost changelog or a changed query is known in milliseconds, not after the JVM's
         # warm-up.
         grouped = queries(self.definition)
+        self._check_inputs(admin)
         for name, tables in grouped.items():
             checkpoint = s.query_checkpoint(name)
             # First: a table new to the query has no changelog yet, which is not the broker's doing.
@@ -379,6 +379,23 @@ class Pipeline:
         self._registrar.start()
         self._input_lag = InputLagPublisher(MetadataStore.at(s.redis(), s.namespace), self._stop, str(s.redis()))
         self._input_lag.start()
+
+    def _check_inputs(self, admin: Any) -> None:
+        """Every source's topic exists (or, with ``create_input_topics``, is made): a typo is an error, not an
+        empty table."""
+        from pipeline.topics import describe_topic, ensure_topic
+
+        s = self.settings
+        for src in self.definition.sources.values():
+            topic = s.input_topic(src.topic)
+            if describe_topic(admin, topic) is not None:
+                continue
+            if not s.create_input_topics:
+                raise InputTopicMissing(f"source {src.name!r}: input topic {topic} does not exist on {s.bootstrap_servers}"
+                                        f"; create it, fix the name in {self.definition.path}, or set "
+                                        f"create_input_topics", source=src.name, topic=topic)
+            ensure_topic(admin, topic, s.input_partitions, {}, replication_factor=s.changelog_replication_factor)
+            log.info("source %s: created input topic %s (%d partitions)", src.name, topic, s.input_partitions)
 
     def _table_run(self, t: Table, df: "DataFrame", admin: Any) -> TableRun:
         """The table's changelog topic (created if need be), spec and writer."""
@@ -507,9 +524,13 @@ class Pipeline:
                      "(at least %d ms)", WARM_LOG, WARM_BATCHES, WARM_BATCH_MS)
 
     def _restart_or_fail(self, q: QueryRun, error: str, stop: threading.Event) -> None:
-        lost = re.search(r"InputDataLost: (.+)", error)
+        # Spark's Kafka source fails a query whose checkpointed offsets the topic no longer holds (failOnDataLoss):
+        # a restart would fail the same way, and going on would silently skip input.
+        lost = re.search(r"\[KAFKA_DATA_LOSS[^\]]*\]\s*([^\n]+)", error)
         if lost:
-            raise InputDataLost(lost.group(1).strip(), query=q.name)
+            checkpoint = self.settings.query_checkpoint(q.name)
+            raise InputDataLost(f"{q.label}: {lost.group(1).strip()} To reprocess the input the broker still holds, "
+                                f"delete {checkpoint}.", query=q.name, checkpoint=str(checkpoint))
         now = time.monotonic()
         q.failures = [t for t in q.failures if now - t < _RESTART_WINDOW_S] + [now]
         summary = _first_line(error)

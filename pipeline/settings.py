@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
-
 from pydantic import Field, model_validator
 
 from freshroute.metadata import MAX_STANDBY_REPLICAS
 from freshroute.settings import CommonSettings
 
 DEMO_TABLES_FILE = Path(__file__).resolve().parent / "demo_tables.py"
+REPO = Path(__file__).resolve().parents[1]
 # A trigger past a minute serves minutes-old tables: a batch job, not an interactive one.
 MAX_TRIGGER_MS = 60_000
 
@@ -34,6 +33,12 @@ class PipelineSettings(CommonSettings):
     changelog_min_insync_replicas: int = Field(
         1, ge=1, le=16, description="min.insync.replicas of the changelogs the pipeline creates: with acks=all, a "
                                     "change is acknowledged once this many copies hold it (2 with a factor of 3)")
+    changelog_segment_ms: int = Field(
+        600_000, ge=1_000, description="segment.ms of the changelogs the pipeline creates: Kafka compacts only closed "
+                                       "segments, so this bounds how long superseded values stay in a changelog")
+    changelog_min_cleanable_dirty_ratio: float = Field(
+        0.5, gt=0, le=1, description="min.cleanable.dirty.ratio of the changelogs the pipeline creates: the share of "
+                                     "superseded records at which the cleaner compacts a changelog")
     changelog_partitions: int = Field(8, ge=1, description="partitions of a changelog topic the pipeline creates")
     # Frozen into each table's checkpoint on its first run: changing it later has no effect on that table.
     # Every state store partition costs each micro-batch a task, a RocksDB commit and a changelog
@@ -42,12 +47,13 @@ class PipelineSettings(CommonSettings):
     max_records_per_batch: int = Field(100_000, ge=0, description="admission control: input records per micro-batch (0 = no limit)")
     available_now: bool = Field(False, description="process the input present at start, then stop (backfills, tests)")
     topic_prefix: str = Field("", description="prefix of every input and changelog topic name")
-    input_partitions: int = Field(4, ge=1, description="partitions of an input topic the pipeline has to create")
+    create_input_topics: bool = Field(False, description="create a source's input topic that does not exist "
+                                                         "(default: refuse to start, naming it)")
+    input_partitions: int = Field(4, ge=1, description="partitions of an input topic the pipeline creates "
+                                                       "(create_input_topics)")
     spark_master: str = Field("local[*]", description="Spark master URL")
-    source_format: Literal["freshroute_kafka", "kafka"] = Field(
-        "freshroute_kafka", description="how input topics are read: freshroute_kafka (built in, confluent-kafka through "
-                                        "Spark's Python data source API) or kafka (Spark's own connector, where "
-                                        "spark-sql-kafka-0-10 is installed)")
+    jars_dir: Path = Field(REPO / ".jvm", description="where Maven put the JVM artifacts (jvm/pom.xml): Spark's Kafka "
+                                                      "connector is read from its spark-kafka folder")
     spark_driver_memory: str = Field("1g", description="Spark driver JVM heap")
     spark_executor_memory: str = Field("1g", description="heap of each executor, on a Spark cluster")
     spark_worker_python: str = Field("", description="on a Spark cluster: the Python every worker runs, with "
@@ -69,7 +75,8 @@ class PipelineSettings(CommonSettings):
 
     def changelog_config(self) -> dict[str, str]:
         """Topic config of a changelog the pipeline creates."""
-        config = {"cleanup.policy": "compact"}
+        config = {"cleanup.policy": "compact", "segment.ms": str(self.changelog_segment_ms),
+                  "min.cleanable.dirty.ratio": str(self.changelog_min_cleanable_dirty_ratio)}
         if self.changelog_replication_factor > 1:
             config["min.insync.replicas"] = str(self.changelog_min_insync_replicas)
         return config

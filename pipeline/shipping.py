@@ -1,7 +1,7 @@
 """How the project's code reaches a Spark cluster's executors: as a py-file Spark ships, never a driver path.
 
-Executors run the input source (``pipeline.kafka_source``) and whatever it imports from
-``freshroute``; a tables file's functions travel pickled by value. The packages go into one
+Executors run a tables file's Python (its functions travel pickled by value) and whatever it imports
+from ``freshroute`` or ``pipeline``. The packages go into one
 zip that the driver hands to Spark (``addPyFile``), which serves it to every executor and puts
 it first on their Python path. The interpreter and the third-party dependencies are the
 workers' own: a Python with freshroute's dependencies installed on each worker

@@ -24,7 +24,7 @@ def sensor_name(i: int) -> str:
     return f"sensor-{i}"
 
 
-def ensure_topic(bootstrap: str, topic: str, partitions: int = 4) -> None:
+def ensure_topic(bootstrap: str, topic: str, partitions: int = 4, replication_factor: int = 1) -> None:
     """Create the input topic if it does not exist yet (idempotent)."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -33,7 +33,7 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int = 4) -> None:
     if topic in admin.list_topics(timeout=10).topics:
         return
     try:
-        admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(10)
+        admin.create_topics([NewTopic(topic, partitions, replication_factor)])[topic].result(10)
     except KafkaException as e:
         if "TOPIC_ALREADY_EXISTS" not in str(e):
             raise
@@ -47,10 +47,7 @@ def run(bootstrap: str, topic: str, rate: float, sensors: int, duration_s: float
     from confluent_kafka import Producer
 
     ensure_topic(bootstrap, topic)
-    # Records a few at a time, like a sensor gateway sending twice a second: every fetch of the
-    # embedded broker walks all the record batches a partition holds (docs/operations.md), so
-    # the input's batches per second set how fast the broker's CPU grows with the stack's uptime.
-    producer = Producer(kafka_client_config(bootstrap, **{"enable.idempotence": True, "linger.ms": 500}))
+    producer = Producer(kafka_client_config(bootstrap, **{"enable.idempotence": True, "linger.ms": 5}))
     rng = random.Random(seed)
     stopping = False
 

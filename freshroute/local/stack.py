@@ -26,6 +26,7 @@ import orjson
 from freshroute.errors import ConfigError
 from freshroute.metadata import MAX_STANDBY_REPLICAS
 from freshroute.redis_location import RedisLocation, parse_sentinels
+from freshroute.local.broker import BrokerNode, Quorum
 from freshroute.local.services import free_port, wait_for_port
 from freshroute.proc import lower_priority
 
@@ -48,6 +49,11 @@ class StackConfig:
     home: Path = Path(".freshroute/local")
     host: str = "127.0.0.1"
     broker_port: int = 19092
+    # Apache Kafka nodes, each a broker and a KRaft controller; more than one: each on a loopback address of
+    # its own (127.0.0.21, .22, …), changelogs replicated three ways.
+    brokers: int = 1
+    broker_controller_port: int = 0
+    cluster_id: str = ""
     redis_port: int = 16379
     rest_port: int = 8080
     grpc_port: int = 50051
@@ -92,7 +98,11 @@ class StackConfig:
     def resolved(self) -> "StackConfig":
         """Replace 0 ports by free ones, so tests can run stacks side by side."""
         pick = lambda p, host=self.host: p or free_port(host)  # noqa: E731
+        from freshroute.local.broker import new_cluster_id
+
         return replace(self, home=self.home.resolve(), broker_port=pick(self.broker_port),
+                       broker_controller_port=pick(self.broker_controller_port),
+                       cluster_id=self.cluster_id or new_cluster_id(),
                        redis_port=pick(self.redis_port), redis_replica_port=pick(self.redis_replica_port),
                        sentinel_ports=tuple(pick(p) for p in self.sentinel_ports),
                        spark_master_port=pick(self.spark_master_port),
@@ -109,9 +119,18 @@ class StackConfig:
     def router_host(self) -> str:
         return "127.0.0.2" if self.spread else self.host
 
+    def broker_host(self, i: int) -> str:
+        """The address broker ``i`` (from 1) binds and advertises."""
+        return f"127.0.0.{20 + i}" if self.brokers > 1 else self.host
+
     @property
     def bootstrap(self) -> str:
-        return f"{self.host}:{self.broker_port}"
+        return ",".join(f"{self.broker_host(i)}:{self.broker_port}" for i in range(1, self.brokers + 1))
+
+    @property
+    def changelog_replication(self) -> tuple[int, int]:
+        """Copies of each changelog partition, and how many must hold a change before it is acknowledged."""
+        return (3, 2) if self.brokers >= 3 else (1, 1)
 
     @property
     def redis_url(self) -> str:
@@ -264,10 +283,13 @@ class Stack:
     def command_for(self, name: str) -> tuple[str, list[str], dict[str, str]]:
         """Role, command line and addresses of a named component (for start and restart)."""
         c = self.config
-        if name == "broker":
-            from freshroute.local.services import broker_command
+        if name in self.broker_names():
+            from freshroute.local.broker import prepare
 
-            return "broker", broker_command(c.broker_port, c.host), {"bootstrap": c.bootstrap}
+            nodes = self.broker_nodes()
+            node = nodes[self.broker_names().index(name)]
+            return "broker", prepare(node, Quorum.of(c.cluster_id, nodes)), {"address": node.address,
+                                                                             "bootstrap": c.bootstrap}
         if name == "redis":
             from freshroute.local.services import redis_command
 
@@ -306,6 +328,10 @@ class Stack:
                 "pipeline", "--checkpoint-dir", str(c.home / "pipeline" / "checkpoints"),
                 "--trigger-ms", str(c.trigger_ms), "--topic-prefix", c.topic_prefix,
                 "--standby-replicas", str(c.standby_replicas), "--metrics-host", c.host,
+                "--changelog-replication-factor", str(c.changelog_replication[0]),
+                "--changelog-min-insync-replicas", str(c.changelog_replication[1]),
+                # Compaction that runs within a demo: segments close every minute, cleaned at a tenth superseded.
+                "--changelog-segment-ms", "60000", "--changelog-min-cleanable-dirty-ratio", "0.1",
                 "--metrics-port", str(metrics), *cluster), {"metrics": f"http://{c.host}:{metrics}/metrics"}
         if name.startswith("store-node-"):
             i = int(name.rsplit("-", 1)[1])
@@ -359,11 +385,21 @@ class Stack:
         c = self.config
         sentinel = {"redis-replica": c.redis_replica_port,
                     **{n: p for n, p in zip(self.sentinel_names(), c.sentinel_ports)}} if c.redis_sentinel else {}
-        ports = {n: (c.host, p) for n, p in {"broker": c.broker_port, "redis": c.redis_port, **sentinel}.items()}
+        ports = {n: (c.host, p) for n, p in {"redis": c.redis_port, **sentinel}.items()}
+        ports.update({name: (n.host, n.port) for name, n in zip(self.broker_names(), self.broker_nodes())})
         ports.update({"router REST": (c.router_host, c.rest_port), "router gRPC": (c.router_host, c.grpc_port)})
         nodes = zip(self.store_node_names(), c.store_ports)
         ports.update({n: (c.node_host(i), p) for i, (n, p) in enumerate(nodes, 1)})
         return ports
+
+    def broker_names(self) -> list[str]:
+        """``broker``, then ``broker-2`` … : the nodes of the Kafka quorum."""
+        return ["broker", *(f"broker-{i}" for i in range(2, self.config.brokers + 1))]
+
+    def broker_nodes(self) -> tuple[BrokerNode, ...]:
+        c = self.config
+        return tuple(BrokerNode(i, c.broker_host(i), c.broker_port, c.broker_controller_port, c.home / "broker" / name)
+                     for i, name in enumerate(self.broker_names(), 1))
 
     def router_names(self) -> list[str]:
         """``router``, then ``router-2`` … : processes sharing the router's ports."""
@@ -404,9 +440,9 @@ class Stack:
         busy = [f"{name} {host}:{port}" for name, (host, port) in self.ports().items() if _port_open(host, port)]
         if busy:
             raise RuntimeError(f"already in use: {', '.join(busy)} (pick other ports with flags)")
-        # The local broker is memory-only: a new one holds no topics, so checkpoints and replica
-        # stores from an earlier run describe data that is gone. Start them afresh too.
-        for stale in (c.home / "pipeline", c.home / "data", c.home / "secure"):
+        # Every `up` is a fresh demo: the broker's topics, the pipeline's checkpoints and the replica stores
+        # go together (a restarted component keeps its own with `local start`).
+        for stale in (c.home / "broker", c.home / "pipeline", c.home / "data", c.home / "secure"):
             shutil.rmtree(stale, ignore_errors=True)
         if c.secure:
             from freshroute.local.secure import make_secrets
@@ -414,9 +450,11 @@ class Stack:
             make_secrets(c.home, (c.router_host,))
             self._say(f"secure: a throwaway CA, certificates, a cluster secret and tokens in {c.home / 'secure'}")
         self.save()
-        comp = self.start("broker")
-        wait(c.host, c.broker_port, 30, None)
-        self._say(f"broker (Tansu, memory-only) on {c.bootstrap}  pid {comp.pid}")
+        for name in self.broker_names():
+            comp = self.start(name)
+        self._wait_alive(comp, lambda: _brokers_up(c.bootstrap, c.brokers), 90)
+        self._say(f"Apache Kafka (KRaft, {c.brokers} node{'s' if c.brokers > 1 else ''}) on {c.bootstrap}  "
+                  f"pid {', '.join(str(self.components[n].pid) for n in self.broker_names())}")
         comp = self.start("redis")
         wait(c.host, c.redis_port, 15, None)
         self._say(f"redis on {c.redis_url}  pid {comp.pid}")
@@ -427,7 +465,7 @@ class Stack:
             self._wait_alive(comp, lambda: _http_ok(f"{c.spark_master_ui}/json"), 60)
             self._say(f"spark master on {c.spark_master_url} (web UI {c.spark_master_ui})  pid {comp.pid}")
             self.add_spark_worker()
-        ensure_topic(c.bootstrap, f"{c.topic_prefix}readings")
+        ensure_topic(c.bootstrap, f"{c.topic_prefix}readings", replication_factor=c.changelog_replication[0])
         if c.demo:
             comp = self.start("demo-producer")
             self._say(f"demo producer → topic {c.topic_prefix}readings at {c.demo_rate:g} readings/s  pid {comp.pid}")
@@ -636,6 +674,16 @@ def _reap(pid: int) -> None:
         pass
 
 
+def _brokers_up(bootstrap: str, brokers: int) -> bool:
+    from freshroute.local.services import wait_for_broker
+
+    try:
+        wait_for_broker(bootstrap, 1.0, brokers=brokers)
+        return True
+    except (TimeoutError, RuntimeError):
+        return False
+
+
 def _port_open(host: str, port: int) -> bool:
     try:
         wait_for_port(host, port, 0.01)
@@ -662,7 +710,8 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
                           f"{args.standby_replicas + 1} or more", setting="standby_replicas")
     store_ports = tuple(args.store_port + i if args.store_port else 0 for i in range(args.store_nodes))
     return StackConfig(home=Path(args.home), rest_port=args.rest_port, grpc_port=args.grpc_port,
-                       broker_port=args.broker_port, redis_port=args.redis_port, store_ports=store_ports,
+                       broker_port=args.broker_port, brokers=args.brokers, redis_port=args.redis_port,
+                       store_ports=store_ports,
                        trigger_ms=args.trigger_ms, pipeline_nice=args.pipeline_nice, routers=args.routers,
                        standby_replicas=args.standby_replicas, redis_sentinel=args.redis_sentinel,
                        kafka_config=str(Path(args.kafka_config).resolve()) if args.kafka_config else "",
@@ -713,6 +762,9 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--rest-port", type=int, default=8080, help="0 picks a free port (so do the other ports)")
     up.add_argument("--grpc-port", type=int, default=50051)
     up.add_argument("--broker-port", type=int, default=19092)
+    up.add_argument("--brokers", type=_count(1, 9), default=StackConfig.brokers, metavar="N",
+                    help="Kafka nodes (KRaft quorum); 3 or more replicate changelogs three ways, each node on a "
+                         "loopback address of its own (127.0.0.21, …)")
     up.add_argument("--redis-port", type=int, default=16379)
     up.add_argument("--store-port", type=int, default=7101,
                     help="the first store node's gRPC port; the next nodes take the ports after it")
@@ -749,6 +801,9 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     add = sub.add_parser("add-node", help="Start one more store node (scale out); prints its name.")
     add.add_argument("--home", default=".freshroute/local")
     add.add_argument("--port", type=int, default=0, help="gRPC port (default: the next one after the highest)")
+    again = sub.add_parser("start", help="Start a stopped or killed component again with its recorded settings.")
+    again.add_argument("name", help="component name, as `local status` lists it (e.g. broker, store-node-2)")
+    again.add_argument("--home", default=".freshroute/local")
     rm = sub.add_parser("stop", help="Stop one component with SIGTERM (a store node drains first).")
     rm.add_argument("name", help="component name, as `local status` lists it (e.g. store-node-4)")
     rm.add_argument("--home", default=".freshroute/local")
@@ -805,6 +860,16 @@ def dispatch(args: argparse.Namespace) -> int:
         except (RuntimeError, TimeoutError) as e:
             print(f"the new store node did not start: {e}", file=sys.stderr)
             return 1
+        return 0
+    if args.local_command == "start":
+        if args.name not in stack.components:
+            print(f"no component named {args.name!r}; `freshroute local status` lists them", file=sys.stderr)
+            return 1
+        if stack.components[args.name].alive():
+            print(f"{args.name} is running already (pid {stack.components[args.name].pid})", file=sys.stderr)
+            return 1
+        comp = stack.start(args.name)
+        say(f"started {args.name}  pid {comp.pid}")
         return 0
     if args.local_command == "stop":
         if args.name not in stack.components:

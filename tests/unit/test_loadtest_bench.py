@@ -93,7 +93,7 @@ def test_input_lag_reads_the_end_of_the_last_committed_batch_from_a_checkpoint(t
     (tmp_path / "commits").mkdir()
     for batch, ends in ((4, {"0": 10, "1": 7}), (5, {"0": 12, "1": 9})):
         (tmp_path / "offsets" / str(batch)).write_text(
-            'v1\n{"batchWatermarkMs":0}\n' + orjson.dumps({"topic_id": "t", "partitions": ends}).decode())
+            'v1\n{"batchWatermarkMs":0}\n' + orjson.dumps({"readings": ends}).decode())
     (tmp_path / "commits" / "4").write_text("v1\n{}")
     # Batch 5 is planned (its offsets are written) but not committed: it does not count yet.
     assert committed_offsets(tmp_path) == {0: 10, 1: 7}

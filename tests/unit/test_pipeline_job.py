@@ -11,10 +11,9 @@ import pytest
 
 from freshroute.metadata import TableSpec
 from freshroute.settings import load
-from pipeline.job import (QUERY_TABLES_FILE, ChangelogLost, Pipeline, PipelineFailed, QueryChanged, QueryRun,
+from pipeline.job import (QUERY_TABLES_FILE, ChangelogLost, InputDataLost, Pipeline, PipelineFailed, QueryChanged, QueryRun,
                           TableRegistrar, TableRun, check_changelog_kept, check_query_tables, committed_batches,
                           log_progress, query_checkpoint_of)
-from pipeline.offsets import InputDataLost
 from pipeline.settings import PipelineSettings
 from pipeline.sink import ChangelogWriter, Written
 
@@ -88,13 +87,13 @@ def run_of(p: Pipeline, *tables: str, name: str = "sensor_stats") -> QueryRun:
 
 
 def test_lost_input_data_stops_the_pipeline_with_the_sources_message(pipeline):
-    error = ("[STREAM_FAILED] Query [id = 1] terminated with exception: ...\nTraceback (most recent call last):\n"
-             "  File \"/work/main/pipeline/kafka_source.py\", line 230, in latestOffset\n"
-             "pipeline.offsets.InputDataLost: partition 1 of input topic readings ends at offset 3, below the "
-             "checkpoint's 40: the broker lost data (a memory-only broker restarted?). To reprocess from the start, "
-             "delete ck/sensor_stats.\n")
-    with pytest.raises(InputDataLost, match=r"^partition 1 of input topic readings ends at offset 3.*delete ck/sensor_stats\.$"):
+    error = ("[STREAM_FAILED] Query [id = 1] terminated with exception: [KAFKA_DATA_LOSS.PARTITION_OFFSET_CHANGED] "
+             "Some data may have been lost because they are not available in Kafka any more; Partition readings-1's "
+             "offset was changed from 40 to 3.\n\tat org.apache.spark.sql.kafka010...\n")
+    with pytest.raises(InputDataLost, match=r"^table sensor_stats: Some data may have been lost .* changed from 40 to "
+                                            r"3\. To reprocess .* delete .*sensor_stats\.$") as e:
         pipeline._restart_or_fail(run_of(pipeline), error, threading.Event())
+    assert e.value.code == "INPUT_DATA_LOST" and e.value.details["query"] == "sensor_stats"
 
 
 def test_a_query_failing_again_and_again_stops_the_pipeline(pipeline):
