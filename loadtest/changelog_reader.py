@@ -1,8 +1,7 @@
 """Read a changelog topic from offset 0 to its true end with a plain confluent-kafka consumer.
 
 The end of a partition is where the consumer reports EOF at or above the high watermark
-cached from the fetch responses: ListOffsets "latest" can be below the true end on some
-brokers (Tansu returns the last batch's base offset + 1), so it is never trusted here.
+cached from its fetch responses: the end as the reading itself found it, with no second request.
 """
 
 from __future__ import annotations

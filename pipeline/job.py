@@ -132,7 +132,7 @@ def query_checkpoint_of(checkpoint_dir: Path, table: str) -> Path:
 
 
 def check_changelog_kept(topic: str, existed: bool, checkpoint: Path) -> None:
-    """Refuse to resume a table whose changelog vanished (e.g. a memory-only broker restarted).
+    """Refuse to resume a table whose changelog vanished (deleted, or a broker that lost its storage).
 
     The query would carry on from its checkpoint and write only the keys that change from
     now on, so a restored replica would silently miss every other key.
@@ -140,7 +140,7 @@ def check_changelog_kept(topic: str, existed: bool, checkpoint: Path) -> None:
     done = committed_batches(checkpoint)
     if not existed and done:
         raise ChangelogLost(f"changelog topic {topic} does not exist, but the checkpoint {checkpoint} records {done} "
-                            f"batch(es) written to it: the broker lost it (a memory-only broker restarted?). Delete "
+                            f"batch(es) written to it: the broker lost it (deleted, or a broker restarted without its storage?). Delete "
                             f"{checkpoint} to recompute the table from its input.", topic=topic,
                             checkpoint=str(checkpoint))
 

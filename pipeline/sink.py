@@ -102,8 +102,8 @@ def producer_config(kafka: Mapping[str, Any]) -> dict[str, Any]:
         "partitioner": "murmur2_random",
         "linger.ms": 5,
         # librdkafka's producer asks the broker to create a topic it doesn't find, with the broker's
-        # defaults: after a memory-only broker restarts, that would be an uncompacted changelog with
-        # the wrong partition count, which the job would then resume into. Only the job creates it.
+        # defaults: a deleted changelog would come back uncompacted with the wrong partition count,
+        # and the job would resume into it. Only the job creates it.
         "allow.auto.create.topics": False,
         # A batch fails (and is replayed) rather than waiting minutes for a broker that is gone.
         "message.timeout.ms": 60_000,

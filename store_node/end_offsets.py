@@ -6,8 +6,8 @@ and each broker's state and response count, which together are the evidence a ca
 confirmation needs.
 
 Two surprises are judged here and acted on by the replica set, never silently:
-- an end offset that stays below the applied offset: the broker lost the partition (a
-  memory-only broker restarted, or the topic was recreated);
+- an end offset that stays below the applied offset: the broker lost the partition (its storage
+  was wiped, an unclean leader election truncated it, or the topic was recreated);
 - a changelog topic whose id changed: the topic was recreated.
 """
 
@@ -121,9 +121,8 @@ class EndOffsetWatcher:
         """Is ``end`` a possible end of ``rep``'s changelog? A lower one is noted as a suspected loss.
 
         A high watermark below the applied offset means the broker lost the partition — or, for
-        a moment, that the broker reported a watermark older than the records it had already
-        served, which this broker does under concurrent appends. Only a low end that persists
-        is a loss (:meth:`confirm_shrunk`).
+        a moment, that a new leader has not yet caught its high watermark up to the records the
+        old one served. Only a low end that persists is a loss (:meth:`confirm_shrunk`).
         """
         if end < rep.lag.applied:
             first, times, _ = self._shrunk.get(rep.key, (time.monotonic(), 0, what))
@@ -166,7 +165,7 @@ class EndOffsetWatcher:
             elif times >= _SHRUNK_CONFIRMATIONS and now - first >= _SHRUNK_CONFIRM_S:
                 del self._shrunk[key]
                 self._replicas.reset(rep, f"{what} for {now - first:.1f}s (the broker lost the partition: "
-                                          "restarted memory-only, or the topic was recreated)")
+                                          "its storage was wiped, or the topic was recreated)")
 
     def check_topic_ids(self) -> None:
         """Compare each changelog's topic id with the one its replicas' rows came from."""

@@ -1,7 +1,7 @@
 """How far behind its changelog a replica is: in offsets, and in time.
 
-Offset lag is ``end − applied`` where the end offset is the high watermark of Fetch
-responses (never ListOffsets, which this broker gets wrong). Time staleness is how long ago
+Offset lag is ``end − applied`` where the end offset is the high watermark of the Fetch
+responses the tailer reads anyway (no request of its own). Time staleness is how long ago
 the replica last held every record the broker had: 0 while caught up, otherwise
 ``now − caught_up_at``. "Caught up" needs fresh evidence from the broker — an end offset the
 broker reported recently — so staleness keeps growing while the broker is unreachable

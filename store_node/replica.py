@@ -55,8 +55,8 @@ class ReplicaCounters:
 class Staged:
     """A restoring replica's changes read and not yet written: the latest of each key (None = delete).
 
-    A changelog holds every update of a key and this broker never compacts it, so a restore
-    that writes only the last change per key writes a fraction of the records it reads; the
+    A changelog's uncompacted tail holds every recent update of a key, so a restore that
+    writes only the last change per key writes a fraction of the records it reads; the
     rows and the offset after them still go to the store in one WriteBatch. For the same
     reason their values are checked once, when written, rather than as each record is read.
     """

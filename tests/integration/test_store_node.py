@@ -51,7 +51,9 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, int
 class Changelog:
     """One table's changelog topic, and what a correct replica should hold."""
 
-    def __init__(self, bootstrap: str, redis_url: str, namespace: str, standby_replicas: int = 1) -> None:
+    def __init__(self, bootstrap: str, redis_url: str, namespace: str, standby_replicas: int = 1,
+                 topic_config: dict[str, str] | None = None) -> None:
+        self.topic_config = {"cleanup.policy": "compact", **(topic_config or {})}
         self.spec = TableSpec("counts", f"{namespace}.counts.changelog", PARTITIONS, "key",
                               standby_replicas=standby_replicas)
         self.bootstrap = bootstrap
@@ -66,7 +68,7 @@ class Changelog:
 
     def create_topic(self) -> None:
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        futures = admin.create_topics([NewTopic(self.spec.topic, PARTITIONS, 1, config={"cleanup.policy": "compact"})])
+        futures = admin.create_topics([NewTopic(self.spec.topic, PARTITIONS, 1, config=self.topic_config)])
         futures[self.spec.topic].result(30)
 
     def produce(self, key: str, value: dict | None | bytes) -> None:
@@ -160,8 +162,9 @@ def cluster(broker, redis_url, namespace, tmp_path):
     changelogs: list[Changelog] = []
 
     class Cluster:
-        def changelog(self, standby_replicas: int = 1, bootstrap: str | None = None) -> Changelog:
-            changelogs.append(Changelog(bootstrap or broker, redis_url, namespace, standby_replicas))
+        def changelog(self, standby_replicas: int = 1, bootstrap: str | None = None,
+                      topic_config: dict[str, str] | None = None) -> Changelog:
+            changelogs.append(Changelog(bootstrap or broker, redis_url, namespace, standby_replicas, topic_config))
             return changelogs[-1]
 
         def node(self, node_id: str, bootstrap: str | None = None, command: list[str] | None = None,
@@ -412,8 +415,50 @@ def test_two_nodes_place_active_and_standby_apart_and_fail_over(cluster, redis_u
     print(f"failover after SIGKILL took {failover_s:.1f}s")
 
 
-def test_broker_restart_wipes_and_restores(cluster, tmp_path):
-    """A memory-only broker restarts empty: replicas must not keep serving the lost incarnation."""
+def test_a_recreated_changelog_makes_replicas_wipe_and_restore(cluster, broker):
+    """A changelog deleted and created again is another topic: replicas must not keep serving the old one."""
+    changelog = cluster.changelog(standby_replicas=0)
+    for i in range(200):
+        changelog.produce(f"old-{i}", {"gen": 1})
+    changelog.flush()
+    node = cluster.node("n1")
+    wait_until(lambda: caught_up(node, changelog), 90, "the first restore")
+
+    admin = AdminClient({"bootstrap.servers": broker})
+    admin.delete_topics([changelog.spec.topic])[changelog.spec.topic].result(30)
+    wait_until(lambda: changelog.spec.topic not in admin.list_topics(timeout=5).topics, 30, "the topic to go")
+    wait_until(lambda: _created(changelog), 30, "the topic to be created again")
+    changelog.expected.clear()
+    changelog.per_partition.clear()
+    for i in range(20):
+        changelog.produce(f"new-{i}", {"gen": 2})
+    changelog.flush()
+
+    def restored():
+        st = caught_up(node, changelog)
+        return st and all(c.restores >= 1 for c in st.counters) and st
+
+    st = wait_until(restored, 120, "every replica to be wiped and restored from the new changelog")
+    assert all(r.applied_offset == changelog.per_partition[int(t.split("/")[1])]
+               for t, r in zip(st.tables, st.replicas))
+    results = read_all(node, [f"old-{i}" for i in range(200)] + [f"new-{i}" for i in range(20)])
+    assert all(results[f"old-{i}"].status == store_pb2.NOT_FOUND for i in range(200))
+    assert all(results[f"new-{i}"].value == b'{"gen": 2}' for i in range(20))
+    assert "wiping it and restoring" in node.log()  # found out of range, or by the new topic id
+
+
+def _created(changelog: Changelog) -> bool:
+    """Create the topic; False while the broker still finishes deleting its previous incarnation."""
+    from confluent_kafka import KafkaException
+
+    try:
+        changelog.create_topic()
+        return True
+    except KafkaException:
+        return False
+
+
+def test_a_broker_restart_keeps_the_changelog_and_replicas_resume_without_restoring(cluster, tmp_path):
     from freshroute.local.services import free_port
 
     port = free_port()
@@ -421,35 +466,58 @@ def test_broker_restart_wipes_and_restores(cluster, tmp_path):
     try:
         changelog = cluster.changelog(standby_replicas=0, bootstrap=own.address)
         for i in range(200):
-            changelog.produce(f"old-{i}", {"gen": 1})
+            changelog.produce(f"k-{i}", {"gen": 1})
         changelog.flush()
         node = cluster.node("n1", bootstrap=own.address)
         wait_until(lambda: caught_up(node, changelog), 90, "the first restore")
 
         own.stop()
-        own = start_broker(tmp_path / "own-broker", port=port)
-        changelog.create_topic()
-        changelog.expected.clear()
-        changelog.per_partition.clear()
-        changelog._producer = Producer({"bootstrap.servers": own.address, "linger.ms": 5,
-                                        "allow.auto.create.topics": False})
-        for i in range(20):
-            changelog.produce(f"new-{i}", {"gen": 2})
+        own = start_broker(tmp_path / "own-broker", port=port)  # the same storage
+        for i in range(0, 200, 2):
+            changelog.produce(f"k-{i}", {"gen": 2})
         changelog.flush()
-
-        def restored():
-            st = caught_up(node, changelog)
-            return st and all(c.restores >= 1 for c in st.counters) and st
-
-        st = wait_until(restored, 120, "every replica to be wiped and restored from the new changelog")
-        assert all(r.applied_offset == changelog.per_partition[int(t.split("/")[1])]
-                   for t, r in zip(st.tables, st.replicas))
-        results = read_all(node, [f"old-{i}" for i in range(200)] + [f"new-{i}" for i in range(20)])
-        assert all(results[f"old-{i}"].status == store_pb2.NOT_FOUND for i in range(200))
-        assert all(results[f"new-{i}"].value == b'{"gen": 2}' for i in range(20))
-        assert "wiping it and restoring" in node.log()
+        st = wait_until(lambda: caught_up(node, changelog), 90, "the replicas to apply the writes after the restart")
+        assert [c.restores for c in st.counters] == [0] * PARTITIONS
+        assert sum(r.applied_offset for r in st.replicas) == 300
+        results = read_all(node, [f"k-{i}" for i in range(200)])
+        assert [results[f"k-{i}"].value for i in range(200)] == [
+            b'{"gen": 2}' if i % 2 == 0 else b'{"gen": 1}' for i in range(200)]
     finally:
         own.stop()
+
+
+def test_a_compacted_changelog_restores_only_its_distinct_keys_and_its_tail(cluster):
+    """Kafka's cleaner compacts the closed segments: an empty replica reads one record per key there, plus the tail."""
+    changelog = cluster.changelog(standby_replicas=0, topic_config={"segment.ms": "1000",
+                                                                     "min.cleanable.dirty.ratio": "0.01"})
+    keys = [f"user-{i}" for i in range(80)]
+    for round_ in range(25):
+        for k in keys:
+            changelog.produce(k, {"key": k, "round": round_})
+    changelog.flush()
+    time.sleep(1.5)  # past segment.ms: the next record of each partition rolls a new segment
+    for k in keys:
+        changelog.produce(k, {"key": k, "round": "tail"})
+    changelog.flush()
+    written = sum(changelog.per_partition.values())
+    assert written == 26 * len(keys)
+
+    def compacted() -> int | None:
+        from loadtest.changelog_reader import consume_to_end
+
+        count, _, _ = consume_to_end(changelog.bootstrap, changelog.spec.topic, timeout_s=30)
+        return count if count <= 2 * len(keys) else None
+
+    held = wait_until(compacted, 90, "the cleaner to compact the closed segments", interval_s=2)
+    node = cluster.node("fresh")
+    st = wait_until(lambda: caught_up(node, changelog), 90, "the restore of the compacted changelog")
+    applied = sum(c.records_applied for c in st.counters)
+    # At most one record per key in the cleaned segments, and the tail (one per key).
+    assert len(keys) <= applied <= held <= 2 * len(keys), (applied, held, written)
+    assert sum(r.applied_offset for r in st.replicas) == written  # positions are offsets, gaps and all
+    results = read_all(node, keys)
+    assert {k: results[k].value for k in keys} == {k: changelog.expected[k] for k in keys}
+    assert all(json.loads(changelog.expected[k])["round"] == "tail" for k in keys)
 
 
 def test_graceful_stop_hands_actives_over_without_waiting_for_expiry(cluster):
