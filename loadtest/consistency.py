@@ -52,6 +52,8 @@ class Changelog:
     partitions: int
     end_offsets: dict[int, int] = field(default_factory=dict)
     _history: dict[tuple[int, str], tuple[list[int], list[Any]]] = field(default_factory=dict)
+    # Every offset read, per partition: where compaction removed records, these have gaps.
+    _present: dict[int, list[int]] = field(default_factory=dict)
     _windows: dict[tuple[int, str], list[tuple[int, str]]] | None = None  # (partition, key) → (start, window key)
 
     @classmethod
@@ -67,6 +69,7 @@ class Changelog:
             offsets, values = log._history.setdefault((p, key), ([], []))
             offsets.append(offset)
             values.append(value)
+            log._present.setdefault(p, []).append(offset)
             ends[p] = max(ends[p], offset + 1)
         # Records read after a partition's EOF (the topic kept growing) only move its end forward.
         log.end_offsets = {p: max((end_offsets or {}).get(p, 0), ends.get(p, 0)) for p in range(partitions)}
@@ -79,22 +82,46 @@ class Changelog:
                    window: WindowSpec) -> tuple[list[tuple[int, Any, bool]], int | None]:
         """``key``'s live, unexpired windows starting in ``[from_ms, to_ms)`` after offsets [0, position): (start,
         value, final) in start order, and the watermark there."""
+        live, mark, _ = self.state_at(_WATERMARK, partition, position)
+        watermark = mark.get("watermark_ms") if live and isinstance(mark, dict) else None
+        w = -1 if watermark is None else watermark
+        out = []
+        for start, raw in sorted(self._window_keys(partition, key)):
+            if from_ms <= start < to_ms and not window.expired(start, w):
+                alive, value, _ = self.state_at(raw, partition, position)
+                if alive:
+                    out.append((start, value, window.final(start, w)))
+        return out, watermark
+
+    def windows_settled_at(self, key: str, partition: int, position: int) -> bool:
+        """Whether compaction left the watermark and every window of ``key`` decided before ``position``."""
+        return self.settled_at(_WATERMARK, partition, position) and all(
+            self.settled_at(raw, partition, position) for _, raw in self._window_keys(partition, key))
+
+    def _window_keys(self, partition: int, key: str) -> list[tuple[int, str]]:
+        """(start, changelog key) of every window of ``key`` the changelog holds."""
         if self._windows is None:
             self._windows = defaultdict(list)
             for p, raw in self._history:
                 split = split_window_key(raw.encode())
                 if split is not None:
                     self._windows[(p, split[0].decode())].append((split[1], raw))
-        live, mark, _ = self.state_at(_WATERMARK, partition, position)
-        watermark = mark.get("watermark_ms") if live and isinstance(mark, dict) else None
-        w = -1 if watermark is None else watermark
-        out = []
-        for start, raw in sorted(self._windows.get((partition, key), ())):
-            if from_ms <= start < to_ms and not window.expired(start, w):
-                alive, value, _ = self.state_at(raw, partition, position)
-                if alive:
-                    out.append((start, value, window.final(start, w)))
-        return out, watermark
+        return self._windows.get((partition, key), [])
+
+    def settled_at(self, key: str, partition: int, position: int) -> bool:
+        """Whether what compaction left decides ``key``'s state before ``position``.
+
+        The cleaner removes a record only when a later record of its key exists. So the state is
+        undecided only when the key has a record at or past ``position`` and offsets are missing
+        between its last record before ``position`` and ``position``: one of them may have been it.
+        """
+        offsets, _ = self._history.get((partition, key), ((), ()))
+        i = bisect.bisect_left(offsets, position)
+        if i == len(offsets):
+            return True
+        lo = offsets[i - 1] if i else -1
+        present = self._present.get(partition, ())
+        return bisect.bisect_left(present, position) - bisect.bisect_right(present, lo) == position - 1 - lo
 
     def state_at(self, key: str, partition: int, position: int) -> tuple[bool, Any, int | None]:
         """(live?, value, offset of the deciding record) of ``key`` after applying offsets [0, position)."""
@@ -215,6 +242,10 @@ def check(records: list[dict[str, Any]], changelog: Changelog, table: str,
         elif offset > changelog.end_offsets.get(partition, 0):
             bad(i, "position", f"position {offset} is beyond the changelog end {changelog.end_offsets.get(partition, 0)}"
                                f" of partition {partition}")
+        elif rec.get("windows") is not None and not changelog.windows_settled_at(key, partition, offset):
+            report.unverifiable += 1  # compaction removed what decided the answer
+        elif rec.get("windows") is None and not changelog.settled_at(key, partition, offset):
+            report.unverifiable += 1
         elif rec.get("windows") is not None:
             report.values_checked += 1
             if window is None:

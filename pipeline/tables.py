@@ -333,13 +333,15 @@ def union_tables(frames: list[tuple[str, "DataFrame"]]) -> "DataFrame":
     (:data:`QUERY_TABLE_COLUMN`, one struct column per table), its table's struct set, the others null. One
     frame stays as it is."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StructType
+    from pyspark.sql.types import StructField, StructType
 
     if len(frames) == 1:
         return frames[0][1]
-    types = [StructType(df.schema.fields) for _, df in frames]
+    # Every field nullable: a row's other tables' structs are null, and Arrow refuses a null struct whose
+    # fields say they never are (a count, or a window of a non-null timestamp).
+    types = [StructType([StructField(f.name, f.dataType, True) for f in df.schema.fields]) for _, df in frames]
     branches = [df.select(F.lit(i).alias(QUERY_TABLE_COLUMN),
-                          *[(F.struct(*df.columns) if j == i else F.lit(None).cast(types[j])).alias(other)
+                          *[(F.struct(*df.columns).cast(types[i]) if j == i else F.lit(None).cast(types[j])).alias(other)
                             for j, (other, _) in enumerate(frames)])
                 for i, (_, df) in enumerate(frames)]
     union = branches[0]

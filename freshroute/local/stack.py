@@ -52,6 +52,8 @@ class StackConfig:
     # Apache Kafka nodes, each a broker and a KRaft controller; more than one: each on a loopback address of
     # its own (127.0.0.21, .22, …), changelogs replicated three ways.
     brokers: int = 1
+    # Changelog segments close this often, so that Kafka's cleaner compacts them within a demo.
+    changelog_segment_ms: int = 60_000
     broker_controller_port: int = 0
     cluster_id: str = ""
     redis_port: int = 16379
@@ -330,8 +332,8 @@ class Stack:
                 "--standby-replicas", str(c.standby_replicas), "--metrics-host", c.host,
                 "--changelog-replication-factor", str(c.changelog_replication[0]),
                 "--changelog-min-insync-replicas", str(c.changelog_replication[1]),
-                # Compaction that runs within a demo: segments close every minute, cleaned at a tenth superseded.
-                "--changelog-segment-ms", "60000", "--changelog-min-cleanable-dirty-ratio", "0.1",
+                # Compaction that runs within a demo: segments cleaned once a tenth of their records are superseded.
+                "--changelog-segment-ms", str(c.changelog_segment_ms), "--changelog-min-cleanable-dirty-ratio", "0.1",
                 "--metrics-port", str(metrics), *cluster), {"metrics": f"http://{c.host}:{metrics}/metrics"}
         if name.startswith("store-node-"):
             i = int(name.rsplit("-", 1)[1])

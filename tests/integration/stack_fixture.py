@@ -19,11 +19,13 @@ def start_stack(home: Path, nodes: int = 3, **overrides) -> Stack:
 
     Spread, as ``local up --spread``: every store node and the routers on loopback addresses of
     their own, so that a test passes only if no component assumes it shares a host with another.
+    Changelogs keep every record for the test's life (hour-long segments): the consistency checker then
+    decides every answer, where compaction would leave some undecided.
     """
     tag = f"t{uuid.uuid4().hex[:8]}"
     config = StackConfig(home=home, broker_port=0, redis_port=0, rest_port=0, grpc_port=0,
                          store_ports=(0,) * nodes, namespace=tag, topic_prefix=f"{tag}-", demo=False,
-                         **{"spread": True, **overrides}).resolved()
+                         **{"spread": True, "changelog_segment_ms": 3_600_000, **overrides}).resolved()
     stack = Stack(config, progress=print)
     try:
         stack.up()

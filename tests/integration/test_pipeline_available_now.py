@@ -174,6 +174,7 @@ def test_a_changelog_replication_factor_above_the_broker_count_stops_the_pipelin
 def test_a_spark_master_that_does_not_answer_stops_the_pipeline_naming_the_setting(broker, redis_url, namespace,
                                                                                   tmp_path):
     dead = free_port()
+    ensure_topic(AdminClient({"bootstrap.servers": broker}), f"{namespace}readings", 4)
     env = {**base_env(broker, redis_url, namespace, tmp_path), "FRESHROUTE_SPARK_MASTER": f"spark://127.0.0.1:{dead}"}
     refused = PipelineProcess(env, tmp_path / "pipeline.log")
     assert refused.wait_exit(60) == 2, refused.tail()
@@ -181,3 +182,17 @@ def test_a_spark_master_that_does_not_answer_stops_the_pipeline_naming_the_setti
     assert f"CONFIG_ERROR: spark_master: no Spark master answers at spark://127.0.0.1:{dead}" in text, text[-2000:]
     assert "Traceback" not in text and "spark session ready" not in text
     refused.wait_group_gone(30)
+
+
+def test_an_input_topic_that_does_not_exist_stops_the_pipeline_naming_it_and_creates_nothing(
+        broker, redis_url, namespace, tmp_path):
+    env = base_env(broker, redis_url, namespace, tmp_path)
+    refused = PipelineProcess(env, tmp_path / "pipeline.log")
+    assert refused.wait_exit(60) == 2, refused.tail()
+    text = refused.log.read_text()
+    assert (f"INPUT_TOPIC_MISSING: source 'readings': input topic {namespace}readings does not exist on {broker}; "
+            f"create it, fix the name in ") in text, text[-2000:]
+    assert "Traceback" not in text and "spark session ready" not in text
+    refused.wait_group_gone(30)
+    topics = AdminClient({"bootstrap.servers": broker}).list_topics(timeout=10).topics
+    assert not [t for t in topics if t.startswith(namespace)], topics

@@ -211,3 +211,30 @@ def test_window_answers_are_checked_against_the_changelog_and_watermark_at_their
     report = check(bad, log, TABLE, spec)
     assert [v.index for v in report.violations] == [0, 1, 2, 3] and {v.kind for v in report.violations} == {"value"}
     assert not check([window_rec(2, [])], log, TABLE, None).ok  # a window answer needs the window definition
+
+
+def compacted(log: Changelog, removed: set[int]) -> Changelog:
+    """``log`` as Kafka's cleaner could leave it: the records at ``removed`` offsets (each superseded later) gone."""
+    rows = [(p, o, k, None if v is None else orjson.dumps(v)) for (p, k), (offsets, values) in log._history.items()
+            for o, v in zip(offsets, values) if o not in removed]
+    return Changelog.from_records(log.topic, log.partitions, rows, log.end_offsets)
+
+
+def test_answers_that_compaction_left_undecided_are_unverifiable_not_violations(log):
+    # Offsets 0 (A=1) and 2 (A=2) cleaned away: A's state before offsets 1..3 is no longer known, B's still is.
+    log = compacted(log, {0, 2})
+    p = part(A)
+    assert not log.settled_at(A, p, 3) and not log.settled_at(A, p, 1)
+    assert log.settled_at(A, p, 5) and log.settled_at(B, p, 3) and log.settled_at(A, p, 0)
+    report = check([rec(A, 3, {"v": 2}), rec(A, 1, {"v": 1}), rec(B, 3, {"v": 10}), rec(A, 5, {"v": 3}),
+                    rec(A, 5, {"v": 2})], log, TABLE)
+    assert report.unverifiable == 2 and report.values_checked == 3
+    assert [v.kind for v in report.violations] == ["value"] and report.violations[0].index == 4
+
+
+def test_a_key_whose_last_record_precedes_the_gap_is_still_decided(log):
+    # B's only record is at 1; offset 2 (A's) was cleaned: B's state after it is still B=10.
+    log = compacted(log, {2})
+    assert log.settled_at(B, part(B), 5)
+    report = check([rec(B, 5, {"v": 10}), rec(B, 5, {"v": 11})], log, TABLE)
+    assert report.values_checked == 2 and report.unverifiable == 0 and len(report.violations) == 1

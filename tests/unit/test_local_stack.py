@@ -194,6 +194,31 @@ def test_a_spread_stack_gives_each_store_node_and_the_routers_a_loopback_address
     assert c.rest_url == f"http://127.0.0.2:{c.rest_port}" and c.grpc_address == f"127.0.0.2:{c.grpc_port}"
 
 
+def test_three_brokers_form_one_quorum_each_on_its_own_address_and_replicate_changelogs(tmp_path):
+    stack = Stack(StackConfig(home=tmp_path, brokers=3, store_ports=(0, 0, 0), rest_port=0, grpc_port=0,
+                              broker_port=0, redis_port=0).resolved())
+    c = stack.config
+    assert stack.broker_names() == ["broker", "broker-2", "broker-3"]
+    assert c.bootstrap == ",".join(f"127.0.0.{20 + i}:{c.broker_port}" for i in (1, 2, 3))
+    nodes = stack.broker_nodes()
+    assert [n.node_id for n in nodes] == [1, 2, 3] and len({n.home for n in nodes}) == 3
+    assert {name: host for name, (host, _) in stack.ports().items() if name.startswith("broker")} == {
+        "broker": "127.0.0.21", "broker-2": "127.0.0.22", "broker-3": "127.0.0.23"}
+    from freshroute.local.broker import Quorum, server_properties
+
+    props = dict(line.split("=", 1) for line in server_properties(nodes[1], Quorum.of(c.cluster_id, nodes)).splitlines())
+    assert props["node.id"] == "2" and props["process.roles"] == "broker,controller"
+    assert props["controller.quorum.voters"] == ",".join(f"{i}@127.0.0.{20 + i}:{c.broker_controller_port}"
+                                                         for i in (1, 2, 3))
+    assert props["advertised.listeners"] == f"PLAINTEXT://127.0.0.22:{c.broker_port}"
+    assert props["offsets.topic.replication.factor"] == "3" and props["auto.create.topics.enable"] == "false"
+    command = stack.command_for("pipeline")[1]
+    assert command[command.index("--changelog-replication-factor") + 1] == "3"
+    assert command[command.index("--changelog-min-insync-replicas") + 1] == "2"
+    one = Stack(StackConfig(home=tmp_path, broker_port=0).resolved())
+    assert one.broker_names() == ["broker"] and one.config.changelog_replication == (1, 1)
+
+
 def test_a_store_node_listening_everywhere_must_say_what_to_dial():
     from freshroute.errors import ConfigError
     from freshroute.settings import load
