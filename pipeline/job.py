@@ -353,7 +353,6 @@ class Pipeline:
         # Before Spark starts: a lost changelog or a changed query is known in milliseconds, not after the JVM's
         # warm-up.
         grouped = queries(self.definition)
-        self._check_inputs(admin)
         for name, tables in grouped.items():
             checkpoint = s.query_checkpoint(name)
             # First: a table new to the query has no changelog yet, which is not the broker's doing.
@@ -361,6 +360,7 @@ class Pipeline:
             for t in tables:
                 topic = s.changelog_topic(t.name)
                 check_changelog_kept(topic, describe_topic(admin, topic) is not None, checkpoint)
+        self._check_inputs(admin)
         check_spark_master(s.spark_master)
         started = time.monotonic()
         self.spark = build_session(s)
