@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class TopicInfo:
     name: str
-    topic_id: str  # "" when the broker does not report topic ids
+    topic_id: str
     partitions: tuple[int, ...]
     replication_factor: int = 1
 
@@ -32,21 +32,10 @@ def describe_topic(admin: AdminClient, topic: str, timeout_s: float = 10.0) -> T
         err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
         if err is not None and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
             return None
-        if err is not None and err.code() in (KafkaError._UNSUPPORTED_FEATURE, KafkaError.UNSUPPORTED_VERSION):
-            return _describe_from_metadata(admin, topic, timeout_s)
         raise
-    return TopicInfo(topic, str(desc.topic_id) if desc.topic_id is not None else "",
+    return TopicInfo(topic, str(desc.topic_id),
                      tuple(sorted(p.id for p in desc.partitions)),
                      max((len(p.replicas) for p in desc.partitions), default=1) or 1)
-
-
-def _describe_from_metadata(admin: AdminClient, topic: str, timeout_s: float) -> TopicInfo | None:
-    # Brokers before DescribeTopicPartitions: plain metadata, without a topic id.
-    md = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
-    if md is None or md.error is not None:
-        return None
-    return TopicInfo(topic, "", tuple(sorted(md.partitions)),
-                     max((len(p.replicas) for p in md.partitions.values()), default=1) or 1)
 
 
 def ensure_topic(admin: AdminClient, topic: str, partitions: int, config: dict[str, str] | None = None,
