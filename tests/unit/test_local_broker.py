@@ -86,3 +86,8 @@ def test_missing_jars_and_missing_java_say_how_to_get_them(tmp_path, monkeypatch
     monkeypatch.setattr(broker.shutil, "which", lambda _name: None)
     with pytest.raises(BrokerSetupError, match="java is not installed"):
         prepare(node, Quorum.of("c", (node,)), tmp_path / "nothing")
+
+
+def test_cluster_ids_are_kafkas_form_and_never_read_as_an_option():
+    ids = {new_cluster_id() for _ in range(2000)}
+    assert len(ids) == 2000 and all(len(i) == 22 and not i.startswith("-") for i in ids)
