@@ -283,7 +283,11 @@ def kafka_stream(spark: "SparkSession", settings: PipelineSettings, topic: str) 
     from pyspark.sql import functions as F
 
     reader = (spark.readStream.format("kafka").option("subscribe", topic).option("startingOffsets", "earliest")
-              .option("failOnDataLoss", "true"))
+              .option("failOnDataLoss", "true")
+              # A task's consumer fetches ahead of the range it reads; at the partition's end the broker holds
+              # that fetch for fetch.max.wait.ms (500 ms by default) and the task waits on it. Measured on the
+              # demo stack: batches of 570–650 ms became 360–540 ms, and `local up` warm in 18 s, not >90 s.
+              .option("kafka.fetch.max.wait.ms", "10"))
     for key, value in settings.kafka().items():
         reader = reader.option(f"kafka.{key}", str(value))
     if settings.max_records_per_batch:
