@@ -55,12 +55,12 @@ def _run_component(command: str, args: argparse.Namespace) -> int:
 
 
 def _run_broker(args: argparse.Namespace) -> int:
-    from freshroute.local.broker import BrokerNode, Quorum, cluster_id_of, new_cluster_id, prepare
+    from freshroute.local.broker import BrokerNode, Quorum, prepare
 
     node = BrokerNode(args.node_id, args.host, args.port, args.controller_port or args.port + 1, Path(args.home))
-    cluster_id = args.cluster_id or cluster_id_of(node.home) or new_cluster_id()
-    quorum = (Quorum(cluster_id, args.voters, args.bootstrap or node.address, len(args.voters.split(",")))
-              if args.voters else Quorum.of(cluster_id, (node,)))
+    quorum = Quorum.alone(node, args.cluster_id)
+    if args.voters:
+        quorum = Quorum(quorum.cluster_id, args.voters, args.bootstrap or node.address, len(args.voters.split(",")))
     cmd = prepare(node, quorum)
     os.execv(cmd[0], cmd)  # the broker is the process: signals reach it directly
 

@@ -251,7 +251,7 @@ def check_spark_master(master: str, timeout_s: float = 3.0) -> None:
                       setting="spark_master")
 
 
-def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source, query: str) -> "DataFrame":
+def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source) -> "DataFrame":
     """The source topic as a stream of parsed rows: the schema's fields plus the Kafka record columns."""
     from pyspark.sql.types import StructType, _parse_datatype_string
 
@@ -426,7 +426,7 @@ class Pipeline:
     def _table_frames(self, query: str, tables: list[Table]) -> list["DataFrame"]:
         """The tables' streaming DataFrames over one read of their source."""
         assert self.spark is not None
-        rows = source_rows(self.spark, self.settings, self.definition.sources[tables[0].source], query)
+        rows = source_rows(self.spark, self.settings, self.definition.sources[tables[0].source])
         return [self._table_frame(t, rows) for t in tables]
 
     def _table_frame(self, t: Table, rows: "DataFrame") -> "DataFrame":

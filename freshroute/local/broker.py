@@ -74,6 +74,11 @@ class Quorum:
     def of(cls, cluster_id: str, nodes: tuple[BrokerNode, ...]) -> "Quorum":
         return cls(cluster_id, ",".join(n.voter for n in nodes), ",".join(n.address for n in nodes), len(nodes))
 
+    @classmethod
+    def alone(cls, node: BrokerNode, cluster_id: str = "") -> "Quorum":
+        """``node`` as a cluster of its own: of ``cluster_id``, else of the id its storage has, else of a new one."""
+        return cls.of(cluster_id or cluster_id_of(node.home) or new_cluster_id(), (node,))
+
 
 def new_cluster_id() -> str:
     """A cluster id in Kafka's form: a random UUID, URL-safe base64 without padding, never starting with "-"

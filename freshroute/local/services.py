@@ -91,15 +91,14 @@ def start_broker(home: Path, port: int | None = None, host: str = "127.0.0.1", t
 
     A ``home`` that holds a node's storage already is restarted with everything it kept.
     """
-    from freshroute.local.broker import BrokerNode, Quorum, cluster_id_of, new_cluster_id, prepare
+    from freshroute.local.broker import BrokerNode, Quorum, prepare
 
-    port = port or free_port(host)
-    node = BrokerNode(1, host, port, free_port(host), home)
-    quorum = Quorum.of(cluster_id_of(home) or new_cluster_id(), (node,))
+    node = BrokerNode(1, host, port or free_port(host), free_port(host), home)
+    quorum = Quorum.alone(node)
     command = prepare(node, quorum)
-    log = open(home / "broker.log", "ab")
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    with open(home / "broker.log", "ab") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
     wait_for_broker(quorum.bootstrap, timeout_s, proc)
     return Service("broker", proc, quorum.bootstrap)
 
