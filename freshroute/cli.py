@@ -151,6 +151,7 @@ def _lookup_grpc(args: argparse.Namespace, bound: "Bound") -> int:
 
     import grpc
 
+    from freshroute.routing.results import lag_message_doc
     from freshroute.tls import ClientTLS
     from proto import router_pb2, router_pb2_grpc
 
@@ -186,12 +187,12 @@ def _lookup_grpc(args: argparse.Namespace, bound: "Bound") -> int:
             {"start": x.start_ms, "end": x.end_ms, "value": json.loads(x.value_json), "final": x.final}
             for x in w.windows], "partition": w.partition,
             "served_by": {"node": w.served_by.node, "role": w.served_by.role},
-            "lag": {"offsets": w.lag.offsets, "ms": w.lag.ms}, "position": w.position,
+            "lag": lag_message_doc(w.lag), "position": w.position,
             "watermark_ms": w.watermark_ms if w.HasField("watermark_ms") else None}, separators=(",", ":")))
         return 0
     print(json.dumps({"table": resp.table, "key": resp.key, "value": json.loads(resp.value_json),
                       "partition": resp.partition, "served_by": {"node": resp.served_by.node, "role": resp.served_by.role},
-                      "lag": {"offsets": resp.lag.offsets, "ms": resp.lag.ms}, "position": resp.position},
+                      "lag": lag_message_doc(resp.lag), "position": resp.position},
                      separators=(",", ":")))
     return 0
 

@@ -123,15 +123,31 @@ NO_INPUT_LAG = InputLag(0, 0, 0)
 
 @dataclass(frozen=True)
 class ReplicaLag:
-    """Applied offset (next offset to apply) against the partition's end offset; lag never negative."""
+    """Applied offset (next offset to apply) against the partition's end offset; lag never negative.
+
+    ``end`` None: the replica has not learnt its partition's end offset yet, so its offset lag is unknown.
+    """
 
     applied: int
-    end: int
+    end: int | None
     staleness_ms: int = 0
 
     @property
-    def offsets(self) -> int:
-        return max(0, self.end - self.applied)
+    def offsets(self) -> int | None:
+        return lag_offsets(self.applied, self.end)
+
+
+def lag_offsets(applied: int, end: int | None) -> int | None:
+    """Offsets a replica at ``applied`` is behind ``end``: never negative, None while the end is unknown."""
+    return None if end is None else max(0, end - applied)
+
+
+UNKNOWN_LAG_RANK = 1 << 62  # an unknown offset lag sorts behind every known one: never preferred for it
+
+
+def rank_lag(offsets: int | None) -> int:
+    """An offset lag as a sort key, freshest first, unknown last."""
+    return UNKNOWN_LAG_RANK if offsets is None else offsets
 
 
 @dataclass(frozen=True)
@@ -143,12 +159,16 @@ class ReplicaReport:
     role: Role
     state: ReplicaState
     applied: int
-    end: int
+    end: int | None  # None: not learnt yet
     staleness_ms: int
 
     @property
     def lag(self) -> ReplicaLag:
         return ReplicaLag(self.applied, self.end, self.staleness_ms)
+
+    def within(self, offsets: int) -> bool:
+        """Known to be at most ``offsets`` behind its changelog's end (an end not learnt yet is not known)."""
+        return self.end is not None and self.end - self.applied <= offsets
 
     def to_dict(self) -> dict[str, Any]:
         return {"table": self.table, "partition": self.partition, "role": self.role.value,
@@ -159,7 +179,7 @@ class ReplicaReport:
     def from_dict(cls, d: dict[str, Any]) -> "ReplicaReport":
         # Enum lookups by dict: routers and the assignor decode every changed report's replicas.
         return cls(d["table"], int(d["partition"]), _ROLES[d["role"]], _STATES[d["state"]],
-                   int(d["applied"]), int(d["end"]), int(d["staleness_ms"]))
+                   int(d["applied"]), None if d["end"] is None else int(d["end"]), int(d["staleness_ms"]))
 
 
 _ROLES = {r.value: r for r in Role}
@@ -241,7 +261,8 @@ class NodePositions:
     @classmethod
     def of(cls, report: "NodeReport", report_ms: int) -> "NodePositions":
         return cls(report_ms, report.heartbeat_ms,
-                   array("q", (x for r in report.replicas for x in (r.applied, r.end, r.staleness_ms))))
+                   array("q", (x for r in report.replicas
+                               for x in (r.applied, UNKNOWN_END if r.end is None else r.end, r.staleness_ms))))
 
     def fits(self, report: "NodeReport") -> bool:
         """Whether these are positions of ``report``'s replicas."""
@@ -255,9 +276,12 @@ class NodePositions:
         return replace(report, heartbeat_ms=self.observed_ms, replicas=tuple(
             replace(r, applied=a, end=e, staleness_ms=s) for r, (a, e, s) in zip(report.replicas, moved)))
 
-    def replica(self, slot: int) -> Sequence[int]:
-        """(applied, end, staleness_ms) of the report's ``slot``-th replica."""
-        return self.values[3 * slot:3 * slot + 3]
+    def replica(self, slot: int) -> tuple[int, int | None, int]:
+        """(applied, end, staleness_ms) of the report's ``slot``-th replica (end None: not known yet)."""
+        i = 3 * slot
+        v = self.values
+        end = v[i + 1]
+        return v[i], None if end == UNKNOWN_END else end, v[i + 2]
 
     def to_bytes(self) -> bytes:
         values = self.values
@@ -285,6 +309,7 @@ class NodePositions:
 
 
 POSITIONS_VERSION = 1
+UNKNOWN_END = -1  # an end offset not learnt yet, in positions' int64 triples (real ends are never negative)
 _POSITIONS_HEAD = struct.Struct("<qqq")  # version, report_ms, observed_ms; then int64 triples
 
 

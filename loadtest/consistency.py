@@ -283,7 +283,9 @@ def check(records: list[dict[str, Any]], changelog: Changelog, table: str,
             if not lag:
                 bad(i, "bound", "asked for a bound, but the answer carries no lag")
             else:
-                if "max_lag" in bound and lag["offsets"] > bound["max_lag"]:
+                if "max_lag" in bound and lag["offsets"] is None:
+                    bad(i, "bound", f"asked for max_lag {bound['max_lag']}, but the answer's offset lag is unknown")
+                elif "max_lag" in bound and lag["offsets"] > bound["max_lag"]:
                     bad(i, "bound", f"lag {lag['offsets']} offsets exceeds max_lag {bound['max_lag']}")
                 if "max_staleness_ms" in bound and lag["ms"] > bound["max_staleness_ms"]:
                     bad(i, "bound", f"staleness {lag['ms']} ms exceeds max_staleness_ms {bound['max_staleness_ms']}")

@@ -21,6 +21,8 @@ from typing import Any
 
 import orjson
 
+from freshroute.routing.results import lag_message_doc
+
 _OUTCOME_BY_HTTP = {200: "ok", 400: "bad_request", 503: "unavailable", 504: "timeout"}
 _OUTCOME_BY_GRPC = {"OK": "ok", "INVALID_ARGUMENT": "bad_request", "UNAVAILABLE": "unavailable",
                     "DEADLINE_EXCEEDED": "timeout"}
@@ -115,7 +117,7 @@ def response_to_dict(resp: Any) -> dict[str, Any]:
     """The REST-shaped fields of a gRPC ``GetResponse``."""
     return {"partition": resp.partition,
             "served_by": {"node": resp.served_by.node, "role": resp.served_by.role} if resp.HasField("served_by") else None,
-            "lag": {"offsets": resp.lag.offsets, "ms": resp.lag.ms} if resp.HasField("lag") else None,
+            "lag": lag_message_doc(resp.lag) if resp.HasField("lag") else None,
             "position": resp.position or None}
 
 

@@ -174,7 +174,7 @@ def wait_restored(node: subprocess.Popen, address: str, partitions: int, timeout
             if assigned is None and len(st.replicas) == partitions:
                 assigned = time.monotonic()
                 cpu_assigned = cpu_s(node.pid)
-            if len(st.replicas) == partitions and all(r.state != store_pb2.RESTORING and r.lag_offsets == 0
+            if len(st.replicas) == partitions and all(r.state != store_pb2.RESTORING and r.HasField("lag_offsets") and r.lag_offsets == 0
                                                       for r in st.replicas):
                 break
             if progress and now - said >= 2:

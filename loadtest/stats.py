@@ -57,7 +57,7 @@ def summarize(records: list[dict[str, Any]], duration_s: float | None = None,
     answered = [r for r in records if not failed(r)]
     errors = [r for r in records if failed(r)]
     lag_ms = [r["lag"]["ms"] for r in answered if r.get("lag")]
-    lag_offsets = [r["lag"]["offsets"] for r in answered if r.get("lag")]
+    lag_offsets = [r["lag"]["offsets"] for r in answered if r.get("lag") and r["lag"]["offsets"] is not None]
     served = Counter(f"{r['served_by']['node']}/{r['served_by']['role']}" for r in answered if r.get("served_by"))
     by_bound: dict[str, dict[str, int]] = {}
     for r in records:
@@ -109,7 +109,7 @@ def timeseries(records: list[dict[str, Any]], bucket_s: float = 1.0,
         ok = [r for r in rs if not failed(r)]
         lat = [r["latency_ms"] for r in rs]
         lag_ms = [r["lag"]["ms"] for r in ok if r.get("lag")]
-        lag_off = [r["lag"]["offsets"] for r in ok if r.get("lag")]
+        lag_off = [r["lag"]["offsets"] for r in ok if r.get("lag") and r["lag"]["offsets"] is not None]
         # The last bucket may be cut short by the end of the run: rate it over its real width.
         width = min(bucket_s, duration_s - i * bucket_s) if duration_s > i * bucket_s else bucket_s
         width = max(width, bucket_s / 10)

@@ -24,7 +24,7 @@ from freshroute.errors import ConfigError, FreshrouteError, InvalidArgument
 from proto import router_pb2, router_pb2_grpc
 
 from freshroute.routing.bound import NO_BOUND, Bound
-from freshroute.metadata import TableSpec
+from freshroute.metadata import TableSpec, rank_lag
 from freshroute.routing.results import LookupResult, ReplicaInfo, WindowsResult, key_not_found
 from freshroute.windows import Window
 from freshroute.tls import ServerTLS
@@ -136,7 +136,7 @@ def _input_lag(router: Router, table: str) -> router_pb2.InputLag | None:
 
 def _staler(a: Served | None, b: Served) -> Served:
     """The less fresh of two answers for one partition: the stream reports what holds for all its pages."""
-    if a is None or (b.lag_ms, b.lag_offsets) > (a.lag_ms, a.lag_offsets):
+    if a is None or (b.lag_ms, rank_lag(b.lag_offsets)) > (a.lag_ms, rank_lag(a.lag_offsets)):
         return b
     return a
 

@@ -21,7 +21,7 @@ class ReplicaGauge(NamedTuple):
     node: str
     role: str
     alive: bool
-    lag_offsets: int
+    lag_offsets: int | None  # None: unknown, so no sample
     staleness_ms: int
 
 
@@ -42,7 +42,8 @@ class _ReplicaCollector(Collector):
         alive = GaugeMetricFamily("freshroute_router_replica_alive", "1 if the replica's node heartbeat is current", labels=labels)
         for r in self._replicas():
             values = [r.table, str(r.partition), r.node, r.role]
-            lag.add_metric(values, r.lag_offsets)
+            if r.lag_offsets is not None:
+                lag.add_metric(values, r.lag_offsets)
             stale.add_metric(values, r.staleness_ms)
             alive.add_metric(values, 1 if r.alive else 0)
         yield lag

@@ -28,7 +28,8 @@ class ServedBy(BaseModel):
 
 
 class Lag(BaseModel):
-    offsets: int = Field(description="offsets behind the changelog end")
+    offsets: int | None = Field(description="offsets behind the changelog end; null while the serving replica has "
+                                            "not learnt the end offset yet (unknown, never 0)")
     ms: int = Field(description="ms since the serving replica was caught up")
 
 

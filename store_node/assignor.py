@@ -31,7 +31,8 @@ from contextlib import contextmanager
 from typing import Any, Callable, Container, Iterable, Iterator, Mapping, Protocol
 
 from freshroute.heartbeats import Liveness, NodeFeed, Rejections
-from freshroute.metadata import UNREAD, Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
+from freshroute.metadata import (UNREAD, Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec,
+                                 rank_lag)
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class _Lags:
         self.by_key = by_key
         # Judged once: every step of an assignment asks about warmth, tens of thousands of times.
         self._warm = {(key, node) for key, reports in by_key.items() for node, r in reports.items()
-                      if r.state is not _RESTORING and r.end - r.applied <= threshold}
+                      if r.state is not _RESTORING and r.within(threshold)}
 
     def freshness(self, key: ReplicaKey, node: str) -> tuple:
         """Sort key, most caught-up first: serving replicas, then restoring ones, then unknown."""
@@ -57,7 +58,7 @@ class _Lags:
         r = reports.get(node) if reports is not None else None
         if r is None:
             return _COLD
-        return (1 if r.state is _RESTORING else 0, max(0, r.end - r.applied), r.staleness_ms)
+        return (1 if r.state is _RESTORING else 0, rank_lag(r.lag.offsets), r.staleness_ms)
 
     def warm(self, key: ReplicaKey, node: str) -> bool:
         return (key, node) in self._warm
@@ -722,7 +723,7 @@ class AssignorLoop:
             return judged[1]
         threshold = self._threshold
         key = (report.draining, report.rack,
-               tuple((r.table, r.partition, r.role, r.state, r.end - r.applied <= threshold) for r in report.replicas))
+               tuple((r.table, r.partition, r.role, r.state, r.within(threshold)) for r in report.replicas))
         self._judged[report.node_id] = (report, key)
         return key
 

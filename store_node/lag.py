@@ -38,7 +38,7 @@ class LagSnapshot:
         return None if self.end is None else max(0, self.end - self.applied)
 
     def to_replica_lag(self) -> ReplicaLag:
-        return ReplicaLag(self.applied, self.applied if self.end is None else self.end, self.staleness_ms)
+        return ReplicaLag(self.applied, self.end, self.staleness_ms)
 
 
 class LagTracker:

@@ -61,7 +61,7 @@ def news(before: NodeReport | None, now: NodeReport, slack_ms: int, caught_up: i
     moved = False
     for a, b in zip(before.replicas, now.replicas):
         if (a.table, a.partition, a.role, a.state) != (b.table, b.partition, b.role, b.state) or \
-                (a.end - a.applied <= caught_up) != (b.end - b.applied <= caught_up):
+                a.within(caught_up) != b.within(caught_up):
             return News.REPORT
         moved = moved or (a.applied, a.end) != (b.applied, b.end) or (a.staleness_ms == 0) != (b.staleness_ms == 0) \
             or bool(b.staleness_ms and abs(b.staleness_ms - a.staleness_ms - elapsed) > slack_ms)

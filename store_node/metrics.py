@@ -52,10 +52,11 @@ class ReplicaCollector(Collector):
             labels = [rep.table, str(rep.partition), rep.role.value]
             snap = rep.snapshot(now)
             roles[rep.role.value] = roles.get(rep.role.value, 0) + 1
-            lag.add_metric(labels, snap.lag_offsets if snap.lag_offsets is not None else 0)
+            if snap.end is not None:  # an end not learnt yet is no sample, never a lag of 0
+                lag.add_metric(labels, snap.lag_offsets)
+                end.add_metric(labels, snap.end)
             staleness.add_metric(labels, snap.staleness_ms)
             applied.add_metric(labels, snap.applied)
-            end.add_metric(labels, snap.applied if snap.end is None else snap.end)
             restoring.add_metric(labels, 1 if rep.restoring else 0)
             records.add_metric(labels, rep.counters.records_applied)
             poison.add_metric(labels, rep.counters.records_skipped)

@@ -107,7 +107,7 @@ class Replica:
 
     def report(self, now_ms: int) -> ReplicaReport:
         lag = self.lag.snapshot(now_ms)
-        end = lag.applied if lag.end is None else max(lag.end, lag.applied)
+        end = None if lag.end is None else max(lag.end, lag.applied)
         return ReplicaReport(self.table, self.partition, self.role, self.state, lag.applied, end, lag.staleness_ms)
 
     def check_restored(self, now_ms: int) -> bool:

@@ -30,7 +30,7 @@ class Lookup(NamedTuple):
     partition: int
     node: str
     role: str
-    lag_offsets: int
+    lag_offsets: int | None  # None: the serving replica did not know its changelog's end offset yet
     lag_ms: int
     applied_offset: int  # the serving replica's position in the partition's changelog
     # How far the table's changelog was behind its input (the pipeline's lag): 0 while it keeps up.
@@ -79,8 +79,14 @@ class Lookup(NamedTuple):
         served, lag = doc.get("served_by") or {}, doc.get("lag") or {}
         behind = input_lag or doc.get("input_lag") or {}
         return cls(table, doc["key"], found, orjson.dumps(doc.get("value")) if found else None, partition,
-                   served.get("node", ""), served.get("role", ""), int(lag.get("offsets", 0)), int(lag.get("ms", 0)),
+                   served.get("node", ""), served.get("role", ""), _offsets(lag), int(lag.get("ms", 0)),
                    applied, int(behind.get("records", 0)), int(behind.get("ms", 0)))
+
+
+def _offsets(lag: dict[str, Any]) -> int | None:
+    """An answer's offset lag: null (or absent) means the serving replica did not know it."""
+    offsets = lag.get("offsets")
+    return None if offsets is None else int(offsets)
 
 
 class WindowValue(NamedTuple):
@@ -101,7 +107,7 @@ class Windows(NamedTuple):
     partition: int
     node: str
     role: str
-    lag_offsets: int
+    lag_offsets: int | None  # None: the serving replica did not know its changelog's end offset yet
     lag_ms: int
     applied_offset: int
     watermark_ms: int | None  # the partition's watermark (event time − grace) as of the answer
@@ -126,7 +132,7 @@ class Windows(NamedTuple):
         behind = doc.get("input_lag") or {}
         return cls(doc["table"], doc["key"], tuple(WindowValue(int(w["start"]), int(w["end"]), w["value"],
                                                                bool(w["final"])) for w in doc["windows"]),
-                   partition, served.get("node", ""), served.get("role", ""), int(lag.get("offsets", 0)),
+                   partition, served.get("node", ""), served.get("role", ""), _offsets(lag),
                    int(lag.get("ms", 0)), applied, doc.get("watermark_ms"), int(behind.get("records", 0)),
                    int(behind.get("ms", 0)))
 

@@ -51,7 +51,8 @@ def snapshot_from_router(tables_doc: dict[str, Any], cluster_doc: dict[str, Any]
             state = ReplicaState(r["state"]) if r.get("state") else None
             replicas.setdefault((r["table"], int(r["partition"])), []).append(ReplicaView(
                 r["node"], r["address"], r["table"], int(r["partition"]), Role(r["role"]), state,
-                int(r["applied_offset"]), int(r["end_offset"]), int(r["lag"]["ms"]), now, bool(r["alive"]), draining))
+                int(r["applied_offset"]), _optional(r["end_offset"]), int(r["lag"]["ms"] or 0), now, bool(r["alive"]),
+                draining))
     ordered = {tp: tuple(sorted(vs, key=lambda v: (v.role is not Role.ACTIVE, v.node))) for tp, vs in replicas.items()}
     return Snapshot(MappingProxyType(tables), MappingProxyType(ordered), MappingProxyType(nodes), None, now, True,
                     MappingProxyType(heard), MappingProxyType(lags))
@@ -134,9 +135,14 @@ class RouterHttp:
         await self._http.aclose()
 
 
+def _optional(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 def _replica_info(d: dict[str, Any]) -> ReplicaInfo:
-    return ReplicaInfo(d["node"], d["address"], d["role"], d.get("state"), bool(d["alive"]), int(d["lag"]["offsets"]),
-                       int(d["lag"]["ms"]), int(d["applied_offset"]), int(d["end_offset"]))
+    return ReplicaInfo(d["node"], d["address"], d["role"], d.get("state"), bool(d["alive"]),
+                       _optional(d["lag"]["offsets"]), _optional(d["lag"]["ms"]), int(d["applied_offset"]),
+                       _optional(d["end_offset"]))
 
 
 def table_infos(snap: Snapshot) -> list[TableInfo]:

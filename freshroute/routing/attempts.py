@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 from freshroute.errors import FreshrouteError, LookupTimeout, NoReplicaWithinBound, ReplicaUnavailable
-from freshroute.metadata import ReplicaState
+from freshroute.metadata import ReplicaState, rank_lag
 from freshroute.routing.bound import Bound
 from freshroute.routing.selection import Candidate, LoadTracker, Selection
 from freshroute.routing.snapshot import LagOverlay
@@ -239,7 +239,7 @@ class AttemptPlan:
             views = [(f.lag_offsets, f.staleness_ms, f.replica.node, f.replica.role.value)] if f else []
         freshest = None
         if views:
-            lag, ms, node, role = min(views)
+            lag, ms, node, role = min(views, key=lambda v: (rank_lag(v[0]), v[1:]))
             freshest = {"offsets": lag, "ms": ms, "node": node, "role": role}
         return NoReplicaWithinBound(
             f"no live replica of {self.table}/{self.partition} is within the bound", table=self.table,

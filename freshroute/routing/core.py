@@ -378,10 +378,9 @@ class RoutingCore:
     def replica_info(self, r: ReplicaView, now: int) -> ReplicaInfo:
         if r.reported:
             c, _ = self._freshest.estimate(r, now)
-            lag, ms, applied = c.lag_offsets, c.staleness_ms, c.applied
-            end = applied + lag
+            lag, ms, applied, end = c.lag_offsets, c.staleness_ms, c.applied, c.end
         else:
-            lag, ms, applied, end = 0, 0, 0, 0
+            lag, ms, applied, end = None, None, 0, None
         return ReplicaInfo(r.node, r.address, r.role.value, r.state.value if r.state else None, r.alive,
                            lag, ms, applied, end)
 
@@ -452,7 +451,7 @@ class WindowsRead(NamedTuple):
                              answer.watermark_ms)
 
 
-def served_by(cand: Candidate, rep: ReplicaStatus | None) -> tuple[str, str, int, int, int]:
+def served_by(cand: Candidate, rep: ReplicaStatus | None) -> tuple[str, str, int | None, int, int]:
     """(node, role, lag offsets, lag ms, applied) of the replica that answered: its own report if it sent one, else the view's."""
     if rep is None:
         r = cand.replica

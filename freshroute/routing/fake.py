@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Mapping
 
 from freshroute.errors import ReplicaUnavailable
-from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
+from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec, lag_offsets
 
 from freshroute.routing.bound import Bound
 from freshroute.routing.snapshot import Snapshot, build_snapshot
@@ -24,7 +24,7 @@ from freshroute.windows import WATERMARK_KEY, live_starts, parse_watermark
 class FakeReplica:
     role: Role = Role.ACTIVE
     applied: int = 0
-    end: int = 0
+    end: int | None = 0  # None: not learnt yet
     staleness_ms: int = 0
     restoring: bool = False
     data: dict[bytes, bytes] = field(default_factory=dict)
@@ -36,8 +36,8 @@ class FakeReplica:
         return ReplicaState.ACTIVE if self.role is Role.ACTIVE else ReplicaState.STANDBY
 
     @property
-    def lag(self) -> int:
-        return max(0, self.end - self.applied)
+    def lag(self) -> int | None:
+        return lag_offsets(self.applied, self.end)
 
 
 @dataclass

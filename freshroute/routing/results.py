@@ -24,7 +24,7 @@ class LookupResult(NamedTuple):
     value: bytes  # the store's JSON bytes, untouched
     node: str
     role: str
-    lag_offsets: int
+    lag_offsets: int | None  # None: the replica does not know its changelog's end offset yet
     lag_ms: int
     applied: int
 
@@ -45,6 +45,11 @@ def position_token(table: str, partition: int, applied: int) -> str:
     return single(table, partition, applied)
 
 
+def lag_message_doc(lag: Any) -> dict[str, int | None]:
+    """A gRPC ``Lag`` as REST shows it: an unset field (unknown) is null, never 0."""
+    return {"offsets": lag.offsets if lag.HasField("offsets") else None, "ms": lag.ms if lag.HasField("ms") else None}
+
+
 def input_lag_doc(lag: tuple[int, int]) -> dict[str, int]:
     """How far the table's changelog is behind its input, as answers carry it beside the replica's own lag."""
     return {"records": lag[0], "ms": lag[1]}
@@ -62,10 +67,10 @@ class ReplicaInfo:
     role: str
     state: str | None
     alive: bool
-    lag_offsets: int
-    lag_ms: int
+    lag_offsets: int | None  # None: unknown (the replica has not learnt its end offset, or has not reported)
+    lag_ms: int | None  # None: the replica has not reported
     applied: int
-    end: int
+    end: int | None
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "address": self.address, "role": self.role, "state": self.state,
@@ -126,7 +131,7 @@ class WindowsResult(NamedTuple):
     partition: int
     node: str
     role: str
-    lag_offsets: int
+    lag_offsets: int | None  # None: the replica does not know its changelog's end offset yet
     lag_ms: int
     applied: int
     watermark_ms: int | None

@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Protocol, Sequence
 
-from freshroute.metadata import ReplicaState, now_ms
+from freshroute.metadata import ReplicaState, now_ms, rank_lag
 
 from freshroute.routing.bound import Bound
 from freshroute.routing.snapshot import LagOverlay, ReplicaView
@@ -28,9 +28,18 @@ class Candidate(NamedTuple):
     """A replica with its best-known lag at selection time (a tuple: several are built per lookup)."""
 
     replica: ReplicaView
-    lag_offsets: int
+    lag_offsets: int | None  # None: the replica has not learnt its changelog's end offset yet
     staleness_ms: int
     applied: int
+
+    @property
+    def end(self) -> int | None:
+        return None if self.lag_offsets is None else self.applied + self.lag_offsets
+
+    @property
+    def freshness(self) -> tuple[int, int]:
+        """Sort key, freshest first: offset lag (unknown last), then staleness."""
+        return rank_lag(self.lag_offsets), self.staleness_ms
 
 
 class Selection(NamedTuple):
@@ -100,7 +109,7 @@ class LoadTracker:
 def _behind_position_only(bound: Bound, partition: int, c: Candidate) -> bool:
     """Whether the view puts ``c`` outside ``bound`` by its position alone (its lag and staleness are within)."""
     return bound.min_position is not None and Bound(bound.max_lag, bound.max_staleness_ms).refusal(
-        partition, c.applied, c.applied + c.lag_offsets, c.staleness_ms) is None
+        partition, c.applied, c.end, c.staleness_ms) is None
 
 
 @dataclass
@@ -125,10 +134,10 @@ class FreshestFirst:
         o = self.overlay.get(r.node, r.table, r.partition)
         if o is not None and o.observed_ms >= observed:
             applied, end, staleness, observed = o.applied, o.end, o.staleness_ms, o.observed_ms
-        lag = end - applied if end > applied else 0
+        lag = None if end is None else end - applied if end > applied else 0
         age = now - observed if now > observed else 0
-        # A replica that was behind keeps getting staler until it catches up.
-        if lag > 0:
+        # A replica that was behind (or does not know how far) keeps getting staler until it catches up.
+        if lag != 0:
             staleness += age
         return Candidate(r, lag, staleness, applied), age
 
@@ -145,9 +154,9 @@ class FreshestFirst:
         freshest: Candidate | None = None
         for r in pool:
             c, age = self.estimate(r, now)
-            if freshest is None or (c.lag_offsets, c.staleness_ms) < (freshest.lag_offsets, freshest.staleness_ms):
+            if freshest is None or c.freshness < freshest.freshness:
                 freshest = c
-            if unbounded or bound.refusal(r.partition, c.applied, c.applied + c.lag_offsets, c.staleness_ms) is None:
+            if unbounded or bound.refusal(r.partition, c.applied, c.end, c.staleness_ms) is None:
                 within.append(c)
             elif age > self.view_trust_ms or _behind_position_only(bound, r.partition, c):
                 unsure.append(c)
@@ -160,18 +169,14 @@ class FreshestFirst:
 
     @staticmethod
     def _rank(c: Candidate, load: NodeLoad, lag_cut: int, ms_cut: int, now: int) -> tuple:
-        """Sort key: replicas backing off last, restoring ones after serving ones, then fresher first;
-        equally fresh ones by requests in flight.
-
-        A restoring replica that has not yet learnt its changelog's end reports no offset lag, which
-        would rank it with a caught-up replica while its store is still filling: it is asked only when
-        no serving replica answers, as a hedge never goes to it.
-        """
+        """Sort key: replicas backing off last, restoring ones after serving ones, then fresher first
+        (an unknown offset lag after every known one); equally fresh ones by requests in flight."""
         backoff = c.replica.draining or load.failing_until_ms > now
         restoring = c.replica.state is _RESTORING
-        if c.lag_offsets <= lag_cut and c.staleness_ms <= ms_cut:
+        lag = rank_lag(c.lag_offsets)
+        if lag <= lag_cut and c.staleness_ms <= ms_cut:
             return (backoff, restoring, 0, 0, 0, load.in_flight)
-        return (backoff, restoring, 1, c.lag_offsets, c.staleness_ms, load.in_flight)
+        return (backoff, restoring, 1, lag, c.staleness_ms, load.in_flight)
 
     def _order(self, cands: list[Candidate], now: int) -> list[Candidate]:
         n = len(cands)
@@ -180,7 +185,7 @@ class FreshestFirst:
         if n == 2:  # the usual case (one standby), with each node's load looked up once
             a, b = cands
             la, lb = self.load.of(a.replica.node), self.load.of(b.replica.node)
-            lag_cut = min(a.lag_offsets, b.lag_offsets) + self.tolerance_offsets
+            lag_cut = min(rank_lag(a.lag_offsets), rank_lag(b.lag_offsets)) + self.tolerance_offsets
             ms_cut = min(a.staleness_ms, b.staleness_ms) + self.tolerance_ms
             ka, kb = self._rank(a, la, lag_cut, ms_cut, now), self._rank(b, lb, lag_cut, ms_cut, now)
             if ka != kb:
@@ -188,7 +193,7 @@ class FreshestFirst:
             wa = 1.0 / max(la.ewma_ms, 0.01)
             wb = 1.0 / max(lb.ewma_ms, 0.01)
             return [a, b] if self.rng.random() * (wa + wb) < wa else [b, a]
-        lag_cut = min(c.lag_offsets for c in cands) + self.tolerance_offsets
+        lag_cut = min(rank_lag(c.lag_offsets) for c in cands) + self.tolerance_offsets
         ms_cut = min(c.staleness_ms for c in cands) + self.tolerance_ms
         keyed = sorted(((self._rank(c, self.load.of(c.replica.node), lag_cut, ms_cut, now), c) for c in cands),
                        key=lambda t: t[0])

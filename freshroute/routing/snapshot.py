@@ -19,8 +19,8 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
 import orjson
 
 from freshroute.heartbeats import Liveness, NodeFeed, Rejections
-from freshroute.metadata import (Assignment, InputLag, Keys, NodePositions, NodeReport, ReplicaState, Role, TableSpec, now_ms,
-                                 text)
+from freshroute.metadata import (Assignment, InputLag, Keys, NodePositions, NodeReport, ReplicaState, Role, TableSpec,
+                                 lag_offsets, now_ms, text)
 
 log = logging.getLogger("freshroute.routing.snapshot")
 
@@ -40,7 +40,7 @@ class ReplicaView:
     # (yet), so the replica cannot serve and is shown only for metadata.
     state: ReplicaState | None
     applied: int
-    end: int
+    end: int | None  # None: the replica has not learnt its changelog's end offset yet
     staleness_ms: int
     observed_ms: int  # wall-clock ms at which applied/end/staleness were true
     alive: bool
@@ -54,7 +54,7 @@ class ReplicaView:
     def reported(self) -> bool:
         return self.state is not None
 
-    def latest(self) -> tuple[int, int, int, int]:
+    def latest(self) -> tuple[int, int | None, int, int]:
         """(applied, end, staleness_ms, observed_ms): the report's, or the newer positions published since."""
         p = self.moved.latest if self.moved is not None else None
         if p is not None and p.observed_ms > self.observed_ms:
@@ -63,8 +63,8 @@ class ReplicaView:
         return self.applied, self.end, self.staleness_ms, self.observed_ms
 
     @property
-    def lag_offsets(self) -> int:
-        return max(0, self.end - self.applied)
+    def lag_offsets(self) -> int | None:
+        return lag_offsets(self.applied, self.end)
 
 
 class MovedPositions:
@@ -245,7 +245,7 @@ class SnapshotBuilder:
                     continue
                 node = nodes.get(node_id)
                 known[node_id] = ReplicaView(node_id, node.address if node else "", table, partition,
-                                             Role.ACTIVE if i == 0 else Role.STANDBY, None, 0, 0, 0, 0,
+                                             Role.ACTIVE if i == 0 else Role.STANDBY, None, 0, None, 0, 0,
                                              bool(node and node.alive), bool(node and node.draining))
         return tuple(sorted(known.values(), key=lambda v: (v.role is not Role.ACTIVE, v.node)))
 
@@ -255,7 +255,7 @@ class LagObservation:
     """A replica's lag as its own latest response reported it."""
 
     applied: int
-    end: int
+    end: int | None
     staleness_ms: int
     observed_ms: int
     state: ReplicaState | None = None
@@ -267,7 +267,7 @@ class LagOverlay:
     def __init__(self) -> None:
         self._by_replica: dict[tuple[str, str, int], LagObservation] = {}
 
-    def observe(self, node: str, table: str, partition: int, applied: int, end: int, staleness_ms: int,
+    def observe(self, node: str, table: str, partition: int, applied: int, end: int | None, staleness_ms: int,
                 observed_ms: int, state: ReplicaState | None = None) -> None:
         self._by_replica[(node, table, partition)] = LagObservation(applied, end, staleness_ms, observed_ms, state)
 

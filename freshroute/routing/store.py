@@ -51,8 +51,8 @@ class ReplicaStatus(NamedTuple):
     role: Role
     state: ReplicaState | None
     applied: int
-    end: int
-    lag_offsets: int
+    end: int | None  # None: the replica has not learnt its partition's end offset yet
+    lag_offsets: int | None
     staleness_ms: int
 
 
@@ -143,6 +143,8 @@ _STATUSES = {int(s): s for s in ReadStatus}
 def replica_status(msg: store_pb2.ReplicaStatus) -> ReplicaStatus:
     state = _STATES.get(msg.state)
     role = _ROLES.get(msg.role) or (Role.ACTIVE if state is ReplicaState.ACTIVE else Role.STANDBY)
+    if not msg.HasField("end_offset"):
+        return ReplicaStatus(msg.node, role, state, msg.applied_offset, None, None, max(0, msg.staleness_ms))
     return ReplicaStatus(msg.node, role, state, msg.applied_offset, msg.end_offset,
                          max(0, msg.lag_offsets), max(0, msg.staleness_ms))
 

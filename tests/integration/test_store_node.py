@@ -193,7 +193,8 @@ def caught_up(node: NodeProcess, changelog: Changelog, replicas: int = PARTITION
         return None
     ends = {int(t.split("/")[1]): r for t, r in zip(st.tables, st.replicas)}
     for p, r in ends.items():
-        if r.state == store_pb2.RESTORING or r.lag_offsets != 0 or r.applied_offset < changelog.per_partition[p]:
+        if r.state == store_pb2.RESTORING or not r.HasField("lag_offsets") or r.lag_offsets != 0 \
+                or r.applied_offset < changelog.per_partition[p]:
             return None
     return st
 

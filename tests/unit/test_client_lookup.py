@@ -37,6 +37,9 @@ def test_a_router_answer_becomes_the_same_lookup_as_a_direct_read():
     got = Lookup.from_json(doc)
     assert got.value == ROW and orjson.loads(got.raw_value) == ROW and got.found
     assert Lookup.from_json(doc | {"value": None}, found=False).value is None
+    assert got.lag_offsets == 2
+    # null: the serving replica did not know its changelog's end offset, which is not a lag of 0
+    assert Lookup.from_json(doc | {"lag": {"offsets": None, "ms": 15}}).lag_offsets is None
 
 
 def test_a_row_that_is_not_json_is_the_projects_error_not_a_decoder_traceback():

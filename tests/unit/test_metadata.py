@@ -16,6 +16,17 @@ def test_replica_lag_is_clamped_at_zero():
     assert ReplicaLag(applied=7, end=10).offsets == 3
 
 
+def test_an_end_offset_not_learnt_yet_is_an_unknown_lag_in_reports_and_positions():
+    assert ReplicaLag(applied=7, end=None).offsets is None
+    r = ReplicaReport("t", 3, Role.STANDBY, ReplicaState.RESTORING, 5, None, 120)
+    node = NodeReport("node-1", "127.0.0.1:7101", 1000, (r,))
+    back = NodeReport.from_json(node.to_json())
+    assert back == node and back.replicas[0].lag.offsets is None and not back.replicas[0].within(10**9)
+    later = replace(node, heartbeat_ms=1200, replicas=(replace(r, applied=6),))
+    p = NodePositions.from_bytes(NodePositions.of(later, report_ms=1000).to_bytes())
+    assert p.replica(0) == (6, None, 120) and p.applied_to(node) == later
+
+
 def test_node_report_round_trip():
     r = ReplicaReport("t", 3, Role.STANDBY, ReplicaState.RESTORING, 5, 9, 120)
     node = NodeReport("node-1", "127.0.0.1:7101", 1234, (r,), rack="a", draining=True)

@@ -244,3 +244,16 @@ async def test_a_request_larger_than_the_window_arrives_whole(grpc_cluster):
     keys = [f"k{i:03d}-" + "y" * 1200 for i in range(999)] + ["sensor-4"]
     r = await stub.BatchGet(router_pb2.BatchGetRequest(table=TABLE, keys=keys), timeout=10)
     assert len(r.results) == 1000 and r.results[-1].found and not any(x.found for x in r.results[:-1])
+
+
+async def test_an_unknown_offset_lag_is_left_unset_not_zero(grpc_cluster):
+    cluster, stub, _ = grpc_cluster
+    for node in (cluster.n1, cluster.n2):
+        node.replicas[(TABLE, part("sensor-3"))].end = None
+    cluster.refresh()
+    r = await stub.Get(router_pb2.GetRequest(table=TABLE, key="sensor-3"))
+    assert r.found and r.HasField("lag") and not r.lag.HasField("offsets") and r.lag.HasField("ms")
+    known = await stub.Get(router_pb2.GetRequest(table=TABLE, key=next(k for k in KEYS if part(k) != part("sensor-3"))))
+    assert known.lag.HasField("offsets") and known.lag.offsets == 0
+    meta = await stub.KeyMetadata(router_pb2.KeyMetadataRequest(table=TABLE, key="sensor-3"))
+    assert not meta.active.lag.HasField("offsets") and not meta.active.HasField("end_offset")

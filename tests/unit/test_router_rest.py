@@ -466,3 +466,23 @@ async def test_every_answer_carries_the_tables_input_lag_while_the_pipeline_is_b
     assert cluster.router.input_lag(TABLE) == (0, 0)
     response = await answer_get(cluster.router, router_pb2.GetRequest(table=TABLE, key="sensor-3"))
     assert not response.HasField("input_lag")
+
+
+async def test_a_replica_that_has_not_learnt_its_end_offset_answers_with_lag_unknown_not_zero(cluster):
+    key = "sensor-3"
+    for node in (cluster.n1, cluster.n2):
+        node.replicas[(TABLE, part(key))].end = None
+    cluster.refresh()
+    async with cluster.client() as c:
+        r = await c.get(f"/v1/tables/{TABLE}/keys/{key}")
+        bounded = await c.get(f"/v1/tables/{TABLE}/keys/{key}", params={"max_lag": 1000})
+        m = (await c.get(f"/v1/tables/{TABLE}/keys/{key}/metadata")).json()
+        view = (await c.get("/v1/cluster")).json()
+        text = (await c.get("/metrics")).text
+    assert r.status_code == 200 and r.json()["lag"] == {"offsets": None, "ms": 0}
+    assert bounded.status_code == 503 and bounded.json()["error"]["code"] == "NO_REPLICA_WITHIN_BOUND"
+    assert bounded.json()["error"]["freshest_lag"]["offsets"] is None
+    assert m["active"]["lag"]["offsets"] is None and m["active"]["end_offset"] is None
+    unknown = [r for n in view["nodes"] for r in n["replicas"] if r["partition"] == part(key)]
+    assert len(unknown) == 2 and all(r["lag"]["offsets"] is None and r["end_offset"] is None for r in unknown)
+    assert f'freshroute_router_replica_lag_offsets{{node="n1",partition="{part(key)}"' not in text

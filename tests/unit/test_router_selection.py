@@ -171,9 +171,9 @@ def test_recently_failed_and_draining_nodes_go_to_the_back():
 
 
 def test_a_restoring_replica_goes_after_serving_ones_however_fresh_it_looks():
-    # A replica restoring from its changelog that has not learnt the end yet reports no offset lag.
+    # A replica restoring from its changelog that has not learnt the end yet: its offset lag is unknown.
     sel = selector()
-    restoring = replace(replica("new", lag=0, staleness=10**12, applied=0), state=ReplicaState.RESTORING)
+    restoring = replace(replica("new", staleness=10**12, applied=0), state=ReplicaState.RESTORING, end=None)
     serving = replica("old", lag=5, staleness=200, role=Role.ACTIVE)
     for reps in ([restoring, serving], [serving, restoring]):
         assert order(sel, reps) == ["old", "new"]
@@ -182,3 +182,19 @@ def test_a_restoring_replica_goes_after_serving_ones_however_fresh_it_looks():
     assert order(sel, [restoring, other, serving]) == ["old", "other", "new"]
     sel.load.failed("old")
     assert order(sel, [restoring, serving]) == ["new", "old"]  # a failing node still goes to the very back
+
+
+def test_an_unknown_offset_lag_is_never_preferred_and_never_meets_max_lag():
+    sel = selector()
+    unknown = replace(replica("u", staleness=0), end=None)  # serving, but its end offset not learnt yet
+    behind = replica("b", lag=500, staleness=3000)
+    for reps in ([unknown, behind], [behind, unknown]):
+        assert order(sel, reps) == ["b", "u"]
+    assert order(sel, [unknown, behind, replica("c", lag=2)]) == ["c", "b", "u"]
+    result = sel.select([unknown], Bound(max_lag=1_000_000))
+    assert result.candidates == [] and result.freshest.lag_offsets is None
+    # Without an offset bound it may still answer, labelled as unknown.
+    only = sel.select([unknown], Bound(max_staleness_ms=10)).candidates
+    assert [(c.replica.node, c.lag_offsets, c.end) for c in only] == [("u", None, None)]
+    # The freshest for an error's details is a known lag before an unknown one.
+    assert sel.select([unknown, behind], Bound(max_lag=0)).freshest.replica.node == "b"

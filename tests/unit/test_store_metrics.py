@@ -28,8 +28,7 @@ def test_a_scrape_reports_each_replica_by_table_partition_and_role():
     text = generate_latest(registry).decode()
     for line in ['freshroute_replica_lag_offsets{partition="0",role="active",table="t"} 10.0',
                  'freshroute_replica_lag_ms{partition="0",role="active",table="t"} 250.0',
-                 'freshroute_replica_end_offset{partition="1",role="standby",table="t"} 5.0',
-                 'freshroute_replica_lag_offsets{partition="1",role="standby",table="t"} 0.0',
+                 'freshroute_replica_applied_offset{partition="1",role="standby",table="t"} 5.0',
                  'freshroute_replica_restoring{partition="1",role="standby",table="t"} 1.0',
                  'freshroute_replica_records_applied_total{partition="0",role="active",table="t"} 90.0',
                  'freshroute_replica_records_skipped_total{partition="0",role="active",table="t"} 2.0',
@@ -37,3 +36,6 @@ def test_a_scrape_reports_each_replica_by_table_partition_and_role():
                  'freshroute_node_replicas{node="node-1",role="active"} 1.0',
                  'freshroute_node_replicas{node="node-1",role="standby"} 1.0']:
         assert line in text, line
+    # A replica that has not learnt its end offset exports no end and no offset lag, never a lag of 0.
+    assert 'freshroute_replica_end_offset{partition="1"' not in text
+    assert 'freshroute_replica_lag_offsets{partition="1"' not in text
