@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 OUTCOMES = ("ok", "not_found", "no_replica", "unavailable", "timeout", "invalid", "table_not_found", "error")
 ROLES = ("active", "standby", "none")
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
-RETRY_REASONS = ("unavailable", "too_stale", "not_hosted", "error", "slow", "hedge")
+RETRY_REASONS = ("unavailable", "too_stale", "not_hosted", "error", "slow", "hedge", "position")
 
 
 class ReplicaGauge(NamedTuple):

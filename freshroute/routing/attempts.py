@@ -12,8 +12,12 @@ fails, is refused, is slower than the attempt timeout, or — once per read, wit
 budget, and unless it is still restoring — slower than the recent p9x of its kind (a hedge);
 whichever answers first wins.
 Replicas the view put behind the bound are asked only after every candidate failed without
-saying it was too stale. What is left at the deadline is a timeout; a read every replica
-refused is :class:`NoReplicaWithinBound` with the freshest lag they reported.
+saying it was too stale. A replica that refused only because it has not reached the caller's
+position yet (it is within every other limit) is asked again after a short, growing wait: it
+tails the changelog and will get there, typically within milliseconds — a session reading on
+through a failover waits for the survivor instead of failing. What is left at the deadline is a
+timeout; a read every replica refused is :class:`NoReplicaWithinBound` with the freshest lag
+they reported.
 """
 
 from __future__ import annotations
@@ -123,7 +127,7 @@ class AttemptPlan:
 
     __slots__ = ("_attempts", "table", "partition", "bound", "selection", "_cands", "_latency", "deadline",
                  "_hedge_after", "_launched", "_last_launch", "_hedged", "_fallback_used", "inflight", "stale",
-                 "failures", "last_reason")
+                 "failures", "last_reason", "_catching_up", "_retry_at", "_retries")
 
     def __init__(self, attempts: Attempts, table: str, partition: int, bound: Bound, selection: Selection,
                  now: float, timeout_s: float, latency: LatencyWindow) -> None:
@@ -144,6 +148,9 @@ class AttemptPlan:
         self.stale: list[ReplicaStatus] = []
         self.failures: list[dict[str, str]] = []
         self.last_reason = "unavailable"
+        self._catching_up: list[tuple[int, Candidate]] = []  # (applied, candidate) refused for the position alone
+        self._retry_at = 0.0  # when the next of them is asked again (0: no wait under way)
+        self._retries = 0
 
     # ---- the driver's questions --------------------------------------------------------
 
@@ -153,6 +160,8 @@ class AttemptPlan:
         if now >= self.deadline:
             return None
         if not self.inflight:
+            if self._launched == len(cands) and self._catching_up and self._retries < POSITION_RETRIES:
+                return self._ask_again(now)
             if self._launched == len(cands):
                 if self.stale or self._fallback_used or not cands or not self.selection.fallback:
                     return None
@@ -171,8 +180,15 @@ class AttemptPlan:
                 return self._launch(now, "hedge")
         return None
 
+    @property
+    def waiting(self) -> bool:
+        """Nothing in flight, but a replica catching up with the position is asked again at :meth:`wake_at`."""
+        return self._retry_at > 0.0
+
     def wake_at(self) -> float:
         """When the driver must ask :meth:`launch` again if no answer arrives first."""
+        if self._retry_at:
+            return min(self._retry_at, self.deadline)
         if self._launched < len(self._cands):
             at = self._last_launch + self._attempts.attempt_s
             if self._may_hedge():
@@ -206,6 +222,8 @@ class AttemptPlan:
             return outcome
         if status is _TOO_STALE and rep is not None:
             self.stale.append(rep)
+            if self._behind_position_only(rep):
+                self._catching_up.append((rep.applied, cand))
         else:
             self.failures.append({"node": node, "reason": f"{status.name}: {outcome.message}"})
         self.last_reason = _RETRY_REASON.get(status, "error")
@@ -249,7 +267,27 @@ class AttemptPlan:
     @property
     def passes(self) -> int:
         """Enough driver passes for every attempt to launch, settle and time out (a loop bound)."""
-        return 4 * (len(self.selection.candidates) + len(self.selection.fallback)) + 8
+        asked = len(self.selection.candidates) + len(self.selection.fallback)
+        return 4 * asked + 8 + POSITION_RETRIES * (asked + 2)  # a wait for the position: a pass, then each again
+
+    def _behind_position_only(self, rep: ReplicaStatus) -> bool:
+        b = self.bound
+        return b.min_position is not None and rep.applied < b.min_offset(self.partition) and Bound(
+            b.max_lag, b.max_staleness_ms).refusal(self.partition, rep.applied, rep.end, rep.staleness_ms) is None
+
+    def _ask_again(self, now: float) -> Candidate | None:
+        """Once the wait is over (it doubles each time), the replicas catching up again, nearest the position first."""
+        if not self._retry_at:
+            self._retry_at = now + min(POSITION_RETRY_MAX_S, POSITION_RETRY_FIRST_S * (1 << self._retries))
+            return None
+        if now < self._retry_at:
+            return None
+        again = [cand for _, cand in sorted(self._catching_up, key=lambda t: -t[0])]
+        self._catching_up.clear()
+        self._retry_at = 0.0
+        self._retries += 1
+        self._cands = [*self._cands, *again]
+        return self._launch(now, "position")
 
     def _launch(self, now: float, reason: str | None) -> Candidate:
         cand = self._cands[self._launched]
@@ -267,6 +305,14 @@ class AttemptPlan:
         # tried when the attempt times out or fails.
         return (self._attempts.policy.hedge and not self._hedged and self.inflight == 1
                 and self._attempts.hedge_tokens >= 1.0 and self._cands[self._launched].replica.state is not _RESTORING)
+
+
+# A replica behind the caller's position is asked again after 5 ms, 10, 20, … at most 100 ms apart, up to 20
+# times (about 1.5 s) or until the read's deadline: a replica tailing its changelog reaches a position another
+# replica has just served within milliseconds; one that does not in that time is not catching up.
+POSITION_RETRY_FIRST_S = 0.005
+POSITION_RETRY_MAX_S = 0.1
+POSITION_RETRIES = 20
 
 
 # ---- the asyncio driver ---------------------------------------------------------------------
@@ -346,7 +392,7 @@ async def _keep_trying(plan: AttemptPlan, start: Callable[[Candidate], Awaitable
         while (cand := plan.launch(now)) is not None:
             fut = start(cand)
             inflight[fut if isinstance(fut, asyncio.Future) else asyncio.ensure_future(fut)] = (cand, now)
-        if not inflight or now >= plan.deadline:
+        if (not inflight and not plan.waiting) or now >= plan.deadline:
             break
         for fut in await _first_done(loop, inflight, plan.wake_at() - now):
             cand, t0 = inflight.pop(fut)
@@ -367,7 +413,7 @@ def launch_due(plans: list[AttemptPlan], out: list[Any], now: float, send: Calla
             continue
         while (cand := plan.launch(now)) is not None:
             send(i, cand)
-        if not plan.inflight or now >= plan.deadline:
+        if (not plan.inflight and not plan.waiting) or now >= plan.deadline:
             out[i] = plan.error(now)
             end(i)
         else:
