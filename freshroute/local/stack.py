@@ -210,6 +210,7 @@ class Stack:
         self.components: dict[str, Component] = {}
         self._progress = progress or (lambda _msg: None)
         self._t0 = time.monotonic()
+        self._let_go: set[str] = set()  # components this object stopped or signalled, so not found dead
 
     # --- state file -------------------------------------------------------------------
     @property
@@ -273,6 +274,7 @@ class Stack:
                 self._say(f"the pipeline runs at normal priority ({why_not})")
         comp = Component(name, role, proc.pid, command, str(log_path), addresses)
         self.components[name] = comp
+        self._let_go.discard(name)
         self.save()
         return comp
 
@@ -620,30 +622,48 @@ class Stack:
         raise TimeoutError(f"{comp.name} was not ready after {timeout_s:.0f}s; see {comp.log}")
 
     def signal(self, name: str, sig: int) -> None:
-        """Send a signal to one component we started (kill -9, SIGSTOP, SIGCONT …)."""
+        """Send a signal to one component we started and the processes it started (kill -9, SIGSTOP, SIGCONT …):
+        each runs in a session of its own, so its process group is the component (a pipeline's JVM included)."""
         comp = self.components[name]
         if comp.alive():
-            os.kill(comp.pid, sig)
+            if sig != signal.SIGCONT:
+                self._let_go.add(name)
+            try:
+                os.killpg(comp.pid, sig)
+            except ProcessLookupError:  # not a group leader (recorded by an older version): the process alone
+                os.kill(comp.pid, sig)
 
-    def stop(self, name: str, timeout_s: float = 15.0) -> None:
-        comp = self.components[name]
-        if not comp.alive():
-            return
-        os.kill(comp.pid, signal.SIGCONT)  # a paused process cannot handle SIGTERM
-        os.kill(comp.pid, signal.SIGTERM)
+    def stop(self, *names: str, timeout_s: float = 15.0) -> None:
+        """Stop components together: SIGTERM to each, then SIGKILL to any still running after ``timeout_s``."""
+        comps = [self.components[n] for n in names if self.components[n].alive()]
+        self._let_go.update(names)
+        for comp in comps:
+            os.kill(comp.pid, signal.SIGCONT)  # a paused process cannot handle SIGTERM
+            os.kill(comp.pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        while comp.alive() and time.monotonic() < deadline:
+        while any(c.alive() for c in comps) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if comp.alive():
-            os.kill(comp.pid, signal.SIGKILL)
-        _reap(comp.pid)
+        for comp in comps:
+            if comp.alive():
+                os.kill(comp.pid, signal.SIGKILL)
+            _reap(comp.pid)
 
     def down(self) -> None:
-        """Stop every component, newest first (the router before the nodes before Kafka)."""
+        """Stop every component, newest first (the router before the nodes before Kafka); a quorum's brokers
+        together, since one stopping alone waits for a controller majority the others' stopping removes."""
+        brokers = [n for n in self.broker_names() if n in self.components]
         for name in reversed(list(self.components)):
-            self.stop(name)
-            self._say(f"stopped {name}")
+            if name not in brokers:
+                self.stop(name)
+                self._say(f"stopped {name}")
+        if brokers:
+            self.stop(*brokers)
+            self._say(f"stopped {', '.join(brokers)}")
         self.save()
+
+    def died(self) -> list[Component]:
+        """Components that stopped running without this object stopping or signalling them."""
+        return [c for n, c in self.components.items() if n not in self._let_go and not c.alive()]
 
     def status(self) -> dict[str, Any]:
         c = self.config

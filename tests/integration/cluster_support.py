@@ -103,7 +103,7 @@ def wait_every_sensor_served(stack: Stack, sensors: int, timeout_s: float = 120.
 
     with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
         wait_until(lambda: all(client.get(f"/v1/tables/{TABLE}/keys/sensor-{i}").status_code == 200
-                               for i in range(sensors)), timeout_s, "every sensor to be served")
+                               for i in range(sensors)), timeout_s, "every sensor to be served", stack=stack)
 
 
 def keys_by_partition(sensors: int, partitions: int) -> dict[int, str]:

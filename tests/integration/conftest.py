@@ -1,4 +1,4 @@
-"""Real services for integration tests: one Tansu broker and one redis-server per session.
+"""Real services for integration tests: one Apache Kafka broker and one redis-server per session.
 
 Each test gets its own Redis namespace and its own topic names, so tests never see
 each other's data even though they share the services.
@@ -31,7 +31,7 @@ def _own(request, svc):
 
 @pytest.fixture(scope="session")
 def broker(request, services_dir):
-    """Bootstrap address of a memory-only Tansu broker on loopback."""
+    """Bootstrap address of an Apache Kafka broker (KRaft, one node) on loopback."""
     svc = _own(request, start_broker(services_dir))
     yield svc.address
     svc.stop()

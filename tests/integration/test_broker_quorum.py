@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient
 
 from freshroute.settings import kafka_client_config
 from loadtest.scenario import Fault, LoadConfig, run
-from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, all_sensors_served, expected_sensor_stats,
+from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, discard, all_sensors_served, expected_sensor_stats,
                                              produce_readings, start_stack, wait_until)
 
 SENSORS = 30
@@ -25,7 +25,7 @@ DEMO_RATE = 50.0
 def stack(tmp_path_factory):
     s = start_stack(tmp_path_factory.mktemp("quorum"), brokers=3)
     yield s
-    s.down()
+    discard(s)
 
 
 class PacedReadings(threading.Thread):
@@ -67,7 +67,7 @@ def test_kill_9_of_a_broker_under_lookups_and_input(stack, tmp_path):
     produce_readings(stack, first)
     with httpx.Client(base_url=c.rest_url, timeout=10) as client:
         wait_until(lambda: all_sensors_served(client, expected_sensor_stats(first), max_lag=0), FIRST_DATA_TIMEOUT_S,
-                   "every sensor's first reading to be served")
+                   "every sensor's first reading to be served", stack=stack)
     changelog = f"{c.topic_prefix}sensor_stats-changelog"
     meta = admin.list_topics(changelog, timeout=10).topics[changelog]
     assert all(len(p.replicas) == 3 for p in meta.partitions.values())
@@ -78,9 +78,10 @@ def test_kill_9_of_a_broker_under_lookups_and_input(stack, tmp_path):
     summaries = []
     try:
         for protocol, victim, seed in (("both", "broker-2", 3), ("client", "broker-3", 4)):
-            cfg = LoadConfig(keys=SENSORS, protocol=protocol, concurrency=6, rate=100.0, duration_s=20.0,
+            # Killed 4 s in, started again 6 s later, and 4 s of lookups with it back.
+            cfg = LoadConfig(keys=SENSORS, protocol=protocol, concurrency=6, rate=100.0, duration_s=14.0,
                              timeout_s=5.0, bound_mix=bounds, seed=seed)
-            summaries.append(run(stack, cfg, [Fault(5.0, "kill", victim, 8.0)], tmp_path / protocol, check=True,
+            summaries.append(run(stack, cfg, [Fault(4.0, "kill", victim, 6.0)], tmp_path / protocol, check=True,
                                  plots=False, title=f"kill-{victim}-{protocol}"))
     finally:
         input_.stop.set()

@@ -11,7 +11,7 @@ import pytest
 
 from freshroute.keys import partition_for, serialize_key
 from proto import router_pb2, router_pb2_grpc
-from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, all_sensors_served, expected_sensor_stats, produce_readings, same_stats, start_stack,
+from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, discard, all_sensors_served, expected_sensor_stats, produce_readings, same_stats, start_stack,
                                              wait_until)
 
 SENSORS = 40
@@ -21,7 +21,7 @@ SENSORS = 40
 def stack(tmp_path_factory):
     s = start_stack(tmp_path_factory.mktemp("e2e"))
     yield s
-    s.down()
+    discard(s)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def readings(stack):
 def test_every_sensor_matches_recomputation_via_rest_and_grpc(stack, readings):
     expected = expected_sensor_stats(readings)
     with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
-        wait_until(lambda: all_sensors_served(client, expected), FIRST_DATA_TIMEOUT_S, "every sensor's stats to be served")
+        wait_until(lambda: all_sensors_served(client, expected), FIRST_DATA_TIMEOUT_S, "every sensor's stats to be served", stack=stack)
         for sensor, want in expected.items():
             body = client.get(f"/v1/tables/sensor_stats/keys/{sensor}").json()
             assert same_stats(body["value"], want), (sensor, body, want)
@@ -64,7 +64,7 @@ def test_every_sensor_matches_recomputation_via_rest_and_grpc(stack, readings):
 def test_errors_are_typed(stack, readings):
     with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
         wait_until(lambda: client.get("/v1/tables/sensor_stats/keys/sensor-1").status_code in (200, 404), FIRST_DATA_TIMEOUT_S,
-                   "the table to be served")
+                   "the table to be served", stack=stack)
         r = client.get("/v1/tables/no_such_table/keys/x")
         assert r.status_code == 404 and r.json()["error"]["code"] == "TABLE_NOT_FOUND"
         r = client.get("/v1/tables/sensor_stats/keys/never-seen-sensor")
@@ -93,7 +93,7 @@ def test_the_client_reads_the_recomputed_values_straight_from_the_store_nodes(st
 
     expected = expected_sensor_stats(readings)
     with httpx.Client(base_url=stack.config.rest_url, timeout=10) as http:
-        wait_until(lambda: all_sensors_served(http, expected), FIRST_DATA_TIMEOUT_S, "every sensor's stats to be served")
+        wait_until(lambda: all_sensors_served(http, expected), FIRST_DATA_TIMEOUT_S, "every sensor's stats to be served", stack=stack)
     c = stack.config
     with Client(redis_url=c.redis_url, namespace=c.namespace) as client:
         for sensor, want in expected.items():
@@ -173,7 +173,7 @@ def test_store_nodes_and_the_pipeline_expose_prometheus_metrics(stack, readings)
     expected = expected_sensor_stats(readings)
     with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
         wait_until(lambda: all_sensors_served(client, expected, max_lag=0), FIRST_DATA_TIMEOUT_S,
-                   "every sensor's final stats to be served")
+                   "every sensor's final stats to be served", stack=stack)
 
     def scrape(url: str) -> list:
         return [s for f in text_string_to_metric_families(httpx.get(url, timeout=5).text) for s in f.samples]

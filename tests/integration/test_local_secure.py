@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from freshroute.local.stack import _print_examples
-from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, expected_sensor_stats, produce_readings,
+from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, discard, expected_sensor_stats, produce_readings,
                                              start_stack, wait_until)
 
 pytestmark = pytest.mark.integration
@@ -24,7 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def stack(tmp_path_factory):
     s = start_stack(tmp_path_factory.mktemp("secure"), routers=1, secure=True)
     yield s
-    s.down()
+    discard(s)
 
 
 def test_a_secure_stack_serves_over_tls_with_tokens_and_its_printed_examples_work(stack, capsys):
@@ -41,7 +41,7 @@ def test_a_secure_stack_serves_over_tls_with_tokens_and_its_printed_examples_wor
     with httpx.Client(base_url=stack.config.rest_url, verify=ssl.create_default_context(cafile=secure["ca"]), timeout=10,
                       headers={"authorization": f"Bearer {secure['tokens']['admin']}"}) as admin:
         wait_until(lambda: admin.get("/v1/tables/sensor_stats/keys/sensor-1").status_code == 200,
-                   FIRST_DATA_TIMEOUT_S, "sensor-1 to be served")
+                   FIRST_DATA_TIMEOUT_S, "sensor-1 to be served", stack=stack)
         assert admin.get("/v1/tables/sensor_stats/keys/sensor-1").json()["value"]["count"] == \
             expected_sensor_stats(events)["sensor-1"]["count"]
 
@@ -78,7 +78,7 @@ def test_store_node_ports_serve_only_peers_with_tls_and_the_cluster_secret(stack
     produce_readings(stack, [{"sensor": "sensor-2", "area": "cabin", "reading": 2.0}])
     with Client(redis_url=stack.config.redis_url, namespace=stack.config.namespace, ca=secure["ca"],
                 cluster_secret=secret) as trusted:
-        wait_until(lambda: trusted.get("sensor_stats", "sensor-2").found, FIRST_DATA_TIMEOUT_S, "sensor-2 to be served")
+        wait_until(lambda: trusted.get("sensor_stats", "sensor-2").found, FIRST_DATA_TIMEOUT_S, "sensor-2 to be served", stack=stack)
         nodes = list(trusted._async.metadata.current.nodes.values())
     assert len(nodes) == 3 and all(n.read_address for n in nodes)
 

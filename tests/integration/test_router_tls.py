@@ -26,7 +26,7 @@ import pytest
 
 from freshroute.local.certs import issue, make_ca
 from proto import router_pb2, router_pb2_grpc
-from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, all_sensors_served, expected_sensor_stats,
+from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, discard, all_sensors_served, expected_sensor_stats,
                                              produce_readings, start_stack, wait_until)
 
 pytestmark = pytest.mark.integration
@@ -57,10 +57,10 @@ def stack(tmp_path_factory, pki):
         produce_readings(s, events)
         with httpx.Client(base_url=s.config.rest_url, timeout=10) as client:
             wait_until(lambda: all_sensors_served(client, expected_sensor_stats(events), max_lag=0),
-                       FIRST_DATA_TIMEOUT_S, "every sensor to be served")
+                       FIRST_DATA_TIMEOUT_S, "every sensor to be served", stack=s)
         yield s
     finally:
-        s.down()
+        discard(s)
 
 
 def restart_router(stack, *flags: str) -> None:

@@ -18,7 +18,7 @@ import pytest
 from loadtest.scenario import LoadConfig, run
 from tests.integration.cluster_support import (Readings, Watch, balanced, fully_replicated, metadata, node_id, spread,
                                                wait_every_sensor_served)
-from tests.integration.stack_fixture import FIRST_DATA_TIMEOUT_S, start_stack, wait_until
+from tests.integration.stack_fixture import FIRST_DATA_TIMEOUT_S, discard, start_stack, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ SENSORS = 40
 def stack(tmp_path_factory):
     s = start_stack(tmp_path_factory.mktemp("scaling"), nodes=2)
     yield s
-    s.down()
+    discard(s)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import redis
 from loadtest.scenario import LoadConfig, run
 from tests.integration.cluster_support import (TABLE, Readings, StrictProbe, Watch, fully_replicated, keys_by_partition,
                                                lease_holder, metadata, node_id, wait_every_sensor_served)
-from tests.integration.stack_fixture import start_stack, wait_until
+from tests.integration.stack_fixture import discard, start_stack, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ STRICT_WITHIN_S = 2.0
 def stack(tmp_path_factory):
     s = start_stack(tmp_path_factory.mktemp("sentinel"), nodes=3, redis_sentinel=True)
     yield s
-    s.down()
+    discard(s)
 
 
 def master_address(stack) -> tuple[str, int] | None:
@@ -76,7 +76,7 @@ def test_components_follow_a_sentinel_failover_and_a_node_killed_afterwards_is_s
         probe = StrictProbe(c.rest_url, keys, period_s=0.005)
         watch = Watch(md).start()
         summary: dict = {}
-        load = LoadConfig(keys=SENSORS, protocol="both", concurrency=8, rate=60.0, duration_s=40.0, timeout_s=5.0,
+        load = LoadConfig(keys=SENSORS, protocol="both", concurrency=8, rate=60.0, duration_s=32.0, timeout_s=5.0,
                           bound_mix="none:2,max_lag=100000:1,max_staleness_ms=120000:1,session:2", seed=13)
         loader = threading.Thread(target=lambda: summary.update(
             run(stack, load, [], tmp_path / "report", check=True, plots=False, title="sentinel failover")))

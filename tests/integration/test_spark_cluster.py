@@ -9,7 +9,6 @@ lists the master and the workers.
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 
@@ -17,7 +16,7 @@ import httpx
 import pytest
 
 from tests.integration.cluster_support import Readings
-from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, all_sensors_served, expected_sensor_stats,
+from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, discard, all_sensors_served, expected_sensor_stats,
                                              start_stack, wait_until)
 
 pytestmark = pytest.mark.integration
@@ -29,7 +28,7 @@ SENSORS = 30
 def stack(tmp_path_factory):
     s = start_stack(tmp_path_factory.mktemp("spark-cluster"), nodes=2, spark_cluster=True, routers=1)
     yield s
-    s.down()
+    discard(s)
 
 
 def master_state(stack) -> dict:
@@ -47,7 +46,7 @@ def test_a_worker_killed_mid_stream_and_replaced_loses_and_doubles_nothing(stack
     try:
         with httpx.Client(base_url=c.rest_url, timeout=10) as client:
             wait_until(lambda: all(client.get(f"/v1/tables/sensor_stats/keys/sensor-{i}").status_code == 200
-                                   for i in range(SENSORS)), FIRST_DATA_TIMEOUT_S, "every sensor to be served")
+                                   for i in range(SENSORS)), FIRST_DATA_TIMEOUT_S, "every sensor to be served", stack=stack)
         apps = master_state(stack)["activeapps"]
         assert len(apps) == 1 and apps[0]["name"].startswith("freshroute-pipeline-"), apps
         # The executor fetched the project's code from the driver, into its own work directory.
@@ -56,7 +55,7 @@ def test_a_worker_killed_mid_stream_and_replaced_loses_and_doubles_nothing(stack
 
         time.sleep(3)
         victim = stack.components["spark-worker"]
-        os.killpg(victim.pid, signal.SIGKILL)  # the worker and its executor, as when the host dies
+        stack.signal("spark-worker", signal.SIGKILL)  # the worker and its executor, as when the host dies
         wait_until(lambda: not victim.alive(), 10, "the worker to die")
         time.sleep(3)  # readings keep arriving while the cluster has no worker
         replacement = stack.add_spark_worker()
@@ -70,7 +69,7 @@ def test_a_worker_killed_mid_stream_and_replaced_loses_and_doubles_nothing(stack
     assert len(events) >= 250, len(events)
     with httpx.Client(base_url=c.rest_url, timeout=10) as client:
         wait_until(lambda: all_sensors_served(client, expected, max_lag=0), FIRST_DATA_TIMEOUT_S,
-                   "every sensor to equal the recomputation of every reading")
+                   "every sensor to equal the recomputation of every reading", stack=stack)
     alive = [w for w in master_state(stack)["workers"] if w["state"] == "ALIVE"]
     assert len(alive) == 1, alive
 

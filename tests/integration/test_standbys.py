@@ -22,7 +22,7 @@ import pytest
 from loadtest.scenario import LoadConfig, run
 from tests.integration.cluster_support import (TABLE, Readings, StrictProbe, Watch, balanced, fully_replicated,
                                                keys_by_partition, metadata, node_id, wait_every_sensor_served)
-from tests.integration.stack_fixture import start_stack, wait_until
+from tests.integration.stack_fixture import discard, start_stack, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +37,7 @@ STRICT_WITHIN_S = 2.0
 def stack(tmp_path_factory):
     s = start_stack(tmp_path_factory.mktemp("standbys"), nodes=4, standby_replicas=STANDBYS)
     yield s
-    s.down()
+    discard(s)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_kill_9_of_two_nodes_one_after_the_other_under_load(stack, readings, tmp
     probe = StrictProbe(stack.config.rest_url, keys, period_s=0.005)
     watch = Watch(md).start()
     summary: dict = {}
-    load = LoadConfig(keys=SENSORS, protocol="both", concurrency=8, rate=60.0, duration_s=36.0, timeout_s=5.0,
+    load = LoadConfig(keys=SENSORS, protocol="both", concurrency=8, rate=60.0, duration_s=30.0, timeout_s=5.0,
                       bound_mix="none:2,max_lag=100000:1,max_staleness_ms=120000:1,session:2", seed=11)
     loader = threading.Thread(target=lambda: summary.update(run(stack, load, [], tmp_path / "report", check=True,
                                                                 plots=False, title="kill -9 of two nodes")))

@@ -258,3 +258,47 @@ def test_free_ports_are_below_the_ephemeral_range_distinct_and_bindable():
     assert all(10_000 <= p < _ephemeral_low() for p in ports)  # outgoing connections never take them
     with socket.socket() as s:
         s.bind(("127.0.0.1", ports[0]))
+
+
+def _sleeper(stack: Stack, name: str, role: str, tmp_path: Path) -> Component:
+    return stack._spawn(name, role, [sys.executable, "-c", "import time; time.sleep(60)"], {})
+
+
+def test_a_component_that_dies_unasked_is_told_apart_from_one_stopped_or_signalled(tmp_path):
+    import signal
+
+    stack = Stack(StackConfig(home=tmp_path))
+    try:
+        for name in ("broker", "store-node-1", "store-node-2", "router"):
+            _sleeper(stack, name, name.split("-")[0], tmp_path)
+        stack.stop("router")
+        stack.signal("store-node-1", signal.SIGKILL)
+        os.kill(stack.components["store-node-2"].pid, signal.SIGKILL)  # from outside: a crash
+        for _ in range(100):
+            if not stack.components["store-node-2"].alive():
+                break
+            os.waitpid(stack.components["store-node-2"].pid, os.WNOHANG)
+        assert [c.name for c in stack.died()] == ["store-node-2"]
+        stack.start = lambda name: _sleeper(stack, name, "store", tmp_path)  # started again: watched again
+        stack.start("store-node-1")
+        assert [c.name for c in stack.died()] == ["store-node-2"]
+    finally:
+        stack.down()
+
+
+def test_a_quorums_brokers_stop_together_so_none_waits_out_the_timeout_for_the_others(tmp_path, monkeypatch):
+    stack = Stack(StackConfig(home=tmp_path, brokers=3))
+    waits: list[tuple[str, ...]] = []
+    real_stop = Stack.stop
+
+    def stop(self, *names, timeout_s=15.0):
+        waits.append(names)
+        real_stop(self, *names, timeout_s=timeout_s)
+
+    monkeypatch.setattr(Stack, "stop", stop)
+    for name in stack.broker_names():
+        _sleeper(stack, name, "broker", tmp_path)
+    _sleeper(stack, "router", "router", tmp_path)
+    stack.down()
+    assert waits == [("router",), ("broker", "broker-2", "broker-3")]
+    assert not any(c.alive() for c in stack.components.values())
