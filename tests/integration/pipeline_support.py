@@ -85,6 +85,11 @@ class PipelineProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def check(self) -> None:
+        """Fail with the log's last lines if the pipeline has exited."""
+        if not self.alive():
+            raise AssertionError(f"the pipeline exited with {self.proc.returncode}:\n{self.tail(25)}")
+
     def group_alive(self) -> bool:
         try:
             os.killpg(self.proc.pid, 0)

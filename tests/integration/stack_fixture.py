@@ -91,14 +91,17 @@ def all_sensors_served(client, expected: dict[str, dict], **params) -> bool:
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.25,
-               stack: Stack | None = None) -> None:
-    """Wait for ``predicate``; with ``stack``, fail at once when one of its components dies unasked."""
+               stack: Stack | None = None, check: Callable[[], None] | None = None) -> None:
+    """Wait for ``predicate``; with ``stack``, fail at once when one of its components dies unasked, and with
+    ``check`` (which raises when a process the wait depends on is gone), when that says so."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
             return
         if stack is not None:
             fail_if_died(stack, what)
+        if check is not None:
+            check()
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 

@@ -58,6 +58,13 @@ class Processes:
                                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             start_new_session=True)
 
+    def check(self) -> None:
+        """Fail with its log's last lines if one of the processes has exited."""
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                log = (self.tmp_path / f"{name}.log").read_text(errors="replace").splitlines()[-25:]
+                raise AssertionError(f"{name} exited with {proc.returncode}:\n" + "\n".join(log))
+
     def stop(self, name: str) -> None:
         proc = self.procs.pop(name)
         proc.terminate()
@@ -107,7 +114,8 @@ def test_deleted_keys_answer_key_not_found_on_every_path_and_after_a_restore(bro
                     return 0
 
             wait_until(lambda: all(status(t, f"d{i}") == 200 for t in ("device_status", "device_battery")
-                                   for i in range(6)), 240, "every device to be served")
+                                   for i in range(6)), 240, "every device to be served",
+                       check=lambda: (pipeline.check(), procs.check()))
             report("d1", "retired", 10.0)  # delete_when
             report("d2", "ok", None)  # every value column of device_battery null; device_status keeps it
             report("d3", "retired", None)  # both

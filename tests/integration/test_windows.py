@@ -128,7 +128,8 @@ def test_windows_are_recomputed_revised_finalised_expired_and_restored(broker, r
             def finals(sensor: str) -> dict[int, bool]:
                 return {w["start"]: w["final"] for w in (windows(sensor) or {"windows": []})["windows"]}
 
-            wait_until(lambda: served("s1") == recompute(accepted)["s1"], 240, "s1's windows to be served")
+            wait_until(lambda: served("s1") == recompute(accepted)["s1"], 240, "s1's windows to be served",
+                       check=lambda: (pipeline.check(), procs.check()))
             assert served("s2") == recompute(accepted)["s2"]
             assert finals("s1") == {T0: False, T0 + 10 * S: False}
             # The SQL form's hopping windows (10 s every 5 s) hold each of these records in both windows that
