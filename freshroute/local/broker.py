@@ -21,7 +21,8 @@ from pathlib import Path
 from freshroute.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
-JARS = Path(os.environ.get("FRESHROUTE_JARS", REPO / ".jvm"))
+# Where Maven put the JVM artifacts: the variable and default of the pipeline's `jars_dir` setting.
+JARS = Path(os.environ.get("FRESHROUTE_JARS_DIR", REPO / ".jvm"))
 LOG4J2 = Path(__file__).with_name("broker-log4j2.properties")
 MAIN = "kafka.Kafka"
 # The embedded broker's heap: the demo's topics are small, and the machine is shared with Spark.
