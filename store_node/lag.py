@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-from freshroute.metadata import ReplicaLag
+from freshroute.metadata import ReplicaLag, lag_offsets
 
 Clock = Callable[[], int]  # milliseconds since the epoch
 
@@ -35,7 +35,7 @@ class LagSnapshot:
 
     @property
     def lag_offsets(self) -> int | None:
-        return None if self.end is None else max(0, self.end - self.applied)
+        return lag_offsets(self.applied, self.end)
 
     def to_replica_lag(self) -> ReplicaLag:
         return ReplicaLag(self.applied, self.end, self.staleness_ms)

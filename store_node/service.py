@@ -46,13 +46,11 @@ def replica_status(node_id: str, rep: "Replica", applied: int, end: int | None,
                    staleness_ms: int) -> store_pb2.ReplicaStatus:
     """The replica's status as a read reports it, from its lag's figures (:meth:`LagTracker.figures`);
     an end offset not learnt yet leaves the end and the offset lag unset."""
-    if end is None:
-        return store_pb2.ReplicaStatus(node=node_id, role=_ROLE[rep.role], state=_STATE[rep.state],
-                                       applied_offset=applied, staleness_ms=staleness_ms)
-    end = max(end, applied)
+    if end is not None:
+        end = max(end, applied)
     return store_pb2.ReplicaStatus(node=node_id, role=_ROLE[rep.role], state=_STATE[rep.state],
                                    applied_offset=applied, end_offset=end,
-                                   lag_offsets=end - applied, staleness_ms=staleness_ms)
+                                   lag_offsets=None if end is None else end - applied, staleness_ms=staleness_ms)
 
 
 class _Reader:

@@ -79,14 +79,13 @@ class Lookup(NamedTuple):
         served, lag = doc.get("served_by") or {}, doc.get("lag") or {}
         behind = input_lag or doc.get("input_lag") or {}
         return cls(table, doc["key"], found, orjson.dumps(doc.get("value")) if found else None, partition,
-                   served.get("node", ""), served.get("role", ""), _offsets(lag), int(lag.get("ms", 0)),
+                   served.get("node", ""), served.get("role", ""), optional_int(lag.get("offsets")), int(lag.get("ms", 0)),
                    applied, int(behind.get("records", 0)), int(behind.get("ms", 0)))
 
 
-def _offsets(lag: dict[str, Any]) -> int | None:
-    """An answer's offset lag: null (or absent) means the serving replica did not know it."""
-    offsets = lag.get("offsets")
-    return None if offsets is None else int(offsets)
+def optional_int(value: Any) -> int | None:
+    """A JSON number that may be null (unknown): never read as 0."""
+    return None if value is None else int(value)
 
 
 class WindowValue(NamedTuple):
@@ -132,7 +131,7 @@ class Windows(NamedTuple):
         behind = doc.get("input_lag") or {}
         return cls(doc["table"], doc["key"], tuple(WindowValue(int(w["start"]), int(w["end"]), w["value"],
                                                                bool(w["final"])) for w in doc["windows"]),
-                   partition, served.get("node", ""), served.get("role", ""), _offsets(lag),
+                   partition, served.get("node", ""), served.get("role", ""), optional_int(lag.get("offsets")),
                    int(lag.get("ms", 0)), applied, doc.get("watermark_ms"), int(behind.get("records", 0)),
                    int(behind.get("ms", 0)))
 

@@ -20,7 +20,7 @@ from freshroute.routing.results import KeyLocation, ReplicaInfo, TableInfo
 from freshroute.routing.snapshot import NodeView, ReplicaView, Snapshot, refresh_until
 from freshroute.windows import WindowSpec
 
-from freshroute.client.lookup import Lookup, Windows
+from freshroute.client.lookup import Lookup, Windows, optional_int
 
 log = logging.getLogger("freshroute.client")
 
@@ -51,7 +51,7 @@ def snapshot_from_router(tables_doc: dict[str, Any], cluster_doc: dict[str, Any]
             state = ReplicaState(r["state"]) if r.get("state") else None
             replicas.setdefault((r["table"], int(r["partition"])), []).append(ReplicaView(
                 r["node"], r["address"], r["table"], int(r["partition"]), Role(r["role"]), state,
-                int(r["applied_offset"]), _optional(r["end_offset"]), int(r["lag"]["ms"] or 0), now, bool(r["alive"]),
+                int(r["applied_offset"]), optional_int(r["end_offset"]), int(r["lag"]["ms"] or 0), now, bool(r["alive"]),
                 draining))
     ordered = {tp: tuple(sorted(vs, key=lambda v: (v.role is not Role.ACTIVE, v.node))) for tp, vs in replicas.items()}
     return Snapshot(MappingProxyType(tables), MappingProxyType(ordered), MappingProxyType(nodes), None, now, True,
@@ -135,14 +135,10 @@ class RouterHttp:
         await self._http.aclose()
 
 
-def _optional(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
 def _replica_info(d: dict[str, Any]) -> ReplicaInfo:
     return ReplicaInfo(d["node"], d["address"], d["role"], d.get("state"), bool(d["alive"]),
-                       _optional(d["lag"]["offsets"]), _optional(d["lag"]["ms"]), int(d["applied_offset"]),
-                       _optional(d["end_offset"]))
+                       optional_int(d["lag"]["offsets"]), optional_int(d["lag"]["ms"]), int(d["applied_offset"]),
+                       optional_int(d["end_offset"]))
 
 
 def table_infos(snap: Snapshot) -> list[TableInfo]:

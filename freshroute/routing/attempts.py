@@ -222,7 +222,7 @@ class AttemptPlan:
             return outcome
         if status is _TOO_STALE and rep is not None:
             self.stale.append(rep)
-            if self._behind_position_only(rep):
+            if self.bound.behind_position_only(self.partition, rep.applied, rep.end, rep.staleness_ms):
                 self._catching_up.append((rep.applied, cand))
         else:
             self.failures.append({"node": node, "reason": f"{status.name}: {outcome.message}"})
@@ -269,11 +269,6 @@ class AttemptPlan:
         """Enough driver passes for every attempt to launch, settle and time out (a loop bound)."""
         asked = len(self.selection.candidates) + len(self.selection.fallback)
         return 4 * asked + 8 + POSITION_RETRIES * (asked + 2)  # a wait for the position: a pass, then each again
-
-    def _behind_position_only(self, rep: ReplicaStatus) -> bool:
-        b = self.bound
-        return b.min_position is not None and rep.applied < b.min_offset(self.partition) and Bound(
-            b.max_lag, b.max_staleness_ms).refusal(self.partition, rep.applied, rep.end, rep.staleness_ms) is None
 
     def _ask_again(self, now: float) -> Candidate | None:
         """Once the wait is over (it doubles each time), the replicas catching up again, nearest the position first."""

@@ -51,6 +51,12 @@ class Bound:
             return f"replica is {staleness_ms} ms stale, bound is {self.max_staleness_ms} ms"
         return None
 
+    def behind_position_only(self, partition: int, applied: int, end: int | None, staleness_ms: int) -> bool:
+        """Whether a replica of ``partition`` at this lag is refused for the position alone: below it, and within
+        every other limit (one tailing its changelog gets there)."""
+        return (self.min_offset(partition) > applied
+                and Bound(self.max_lag, self.max_staleness_ms).refusal(partition, applied, end, staleness_ms) is None)
+
     def with_defaults(self, max_lag: int | None, max_staleness_ms: int | None) -> "Bound":
         """Fill unset limits from the table's defaults."""
         if (self.max_lag is not None or max_lag is None) and (self.max_staleness_ms is not None or max_staleness_ms is None):

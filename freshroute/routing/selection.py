@@ -106,12 +106,6 @@ class LoadTracker:
         return dict(self._nodes)
 
 
-def _behind_position_only(bound: Bound, partition: int, c: Candidate) -> bool:
-    """Whether the view puts ``c`` outside ``bound`` by its position alone (its lag and staleness are within)."""
-    return bound.min_position is not None and Bound(bound.max_lag, bound.max_staleness_ms).refusal(
-        partition, c.applied, c.end, c.staleness_ms) is None
-
-
 @dataclass
 class FreshestFirst:
     """Freshest replicas first (offset lag, then staleness); equally fresh ones by load.
@@ -158,7 +152,7 @@ class FreshestFirst:
                 freshest = c
             if unbounded or bound.refusal(r.partition, c.applied, c.end, c.staleness_ms) is None:
                 within.append(c)
-            elif age > self.view_trust_ms or _behind_position_only(bound, r.partition, c):
+            elif age > self.view_trust_ms or bound.behind_position_only(r.partition, c.applied, c.end, c.staleness_ms):
                 unsure.append(c)
             elif r.alive:
                 behind.append(c)

@@ -50,7 +50,9 @@ def discard(stack: Stack) -> None:
         try:
             os.waitpid(comp.pid, 0)
         except ChildProcessError:  # not ours to reap (started by another Stack object) or reaped already
-            while comp.alive():
+            for _ in range(200):  # 10 s at most: SIGKILL has nothing to wait for
+                if not comp.alive():
+                    break
                 time.sleep(0.05)
 
 

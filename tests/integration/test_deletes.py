@@ -25,7 +25,7 @@ from pipeline.topics import ensure_topic
 from proto import router_pb2, router_pb2_grpc
 
 from .pipeline_support import REPO, PipelineProcess, read_topic
-from .stack_fixture import wait_until
+from .stack_fixture import log_tail, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -62,8 +62,7 @@ class Processes:
         """Fail with its log's last lines if one of the processes has exited."""
         for name, proc in self.procs.items():
             if proc.poll() is not None:
-                log = (self.tmp_path / f"{name}.log").read_text(errors="replace").splitlines()[-25:]
-                raise AssertionError(f"{name} exited with {proc.returncode}:\n" + "\n".join(log))
+                raise AssertionError(f"{name} exited with {proc.returncode}:\n{log_tail(str(self.tmp_path / f'{name}.log'))}")
 
     def stop(self, name: str) -> None:
         proc = self.procs.pop(name)
