@@ -151,7 +151,8 @@ class LoadConfig:
     distribution: str = "uniform"
     zipf_s: float = 1.1
     bound_mix: str = DEFAULT_BOUND_MIX
-    protocol: str = "rest"  # rest | grpc | both (workers alternate) | client (freshroute.client, no router)
+    # rest | grpc | both (workers alternate) | client (freshroute.client, no router) | all (workers take turns)
+    protocol: str = "rest"
     concurrency: int = 16
     rate: float = 300.0  # total requests/s across workers; 0 = as fast as the workers go
     duration_s: float = 30.0
@@ -189,7 +190,7 @@ async def _worker(i: int, cfg: LoadConfig, rest: Any, grpc_stub: Any, client: An
     chooser = KeyChooser.for_keyspace(cfg.key_prefix, cfg.keys, cfg.distribution, cfg.zipf_s, rng=rng)
     mixer = BoundMixer(parse_bound_mix(cfg.bound_mix), rng)
     session = Session(f"w{i}")
-    proto = cfg.protocol if cfg.protocol != "both" else ("rest", "grpc")[i % 2]
+    proto = worker_protocol(cfg.protocol, i)
     interval = cfg.concurrency / cfg.rate if cfg.rate > 0 else 0.0
     # Spread the workers' first requests over one interval so that a paced load is smooth.
     next_at = time.monotonic() + (interval * i / cfg.concurrency if interval else 0.0)
@@ -224,6 +225,16 @@ async def _worker(i: int, cfg: LoadConfig, rest: Any, grpc_stub: Any, client: An
         rec.add(r)
 
 
+PROTOCOLS = ("rest", "grpc", "both", "client", "all")
+_TURNS = {"both": ("rest", "grpc"), "all": ("rest", "grpc", "client")}
+
+
+def worker_protocol(protocol: str, i: int) -> str:
+    """What worker ``i`` speaks: the load's protocol, or its turn among the ones ``both`` and ``all`` mix."""
+    turns = _TURNS.get(protocol, (protocol,))
+    return turns[i % len(turns)]
+
+
 async def run_load(cfg: LoadConfig, rest_url: str, grpc_address: str, recorder: Recorder,
                    faults: list[Fault], injector: FaultInjector | None, t0: float,
                    say: Callable[[str], None], redis_url: str = "", namespace: str = "freshroute") -> None:
@@ -241,7 +252,8 @@ async def run_load(cfg: LoadConfig, rest_url: str, grpc_address: str, recorder: 
     deadline = t0 + cfg.duration_s
     budget = [cfg.max_requests]
     limits = httpx.Limits(max_connections=cfg.concurrency, max_keepalive_connections=cfg.concurrency)
-    direct = AsyncClient(redis_url, router=rest_url, namespace=namespace) if cfg.protocol == "client" else None
+    direct = AsyncClient(redis_url, router=rest_url, namespace=namespace) if cfg.protocol in ("client", "all") \
+        else None
     async with httpx.AsyncClient(base_url=rest_url, timeout=cfg.timeout_s, limits=limits) as rest, \
             grpc.aio.insecure_channel(grpc_address) as channel:
         stub = router_pb2_grpc.RouterStub(channel)
@@ -295,8 +307,8 @@ def run(stack: Stack, cfg: LoadConfig, faults: list[Fault], out_dir: Path, check
     """Run one scenario against ``stack`` and write its report; returns the summary (with ``consistency``)."""
     from loadtest.report import write_report
 
-    if cfg.protocol not in ("rest", "grpc", "both", "client"):
-        raise ValueError("protocol must be rest, grpc, both or client")
+    if cfg.protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}")
     if cfg.concurrency < 1 or cfg.duration_s <= 0:
         raise ValueError("concurrency must be >= 1 and duration > 0")
     parse_bound_mix(cfg.bound_mix)  # fail before starting anything
@@ -341,8 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=30.0, help="seconds of load (bounded; max 900)")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--rate", type=float, default=300.0, help="total requests/s; 0 = unpaced")
-    p.add_argument("--protocol", choices=("rest", "grpc", "both", "client"), default="both",
-                   help="client: freshroute.client reading the store nodes directly")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="both",
+                   help="client: freshroute.client reading the store nodes directly; all: rest, grpc and client "
+                        "workers in turn")
     p.add_argument("--table", default="sensor_stats")
     p.add_argument("--keys", type=int, default=100, help="keyspace size: {prefix}0 .. {prefix}{keys-1}")
     p.add_argument("--key-prefix", default="sensor-")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
+from typing import Callable, Iterable
 
 import pytest
 
@@ -23,17 +24,22 @@ def _live_children() -> set[int]:
     return out
 
 
+def outlive_modules(config: pytest.Config, pids: Callable[[], Iterable[int]]) -> None:
+    """Let the processes of a session- or package-scoped fixture (``pids()``, asked at each module's end: a
+    restarted component has a new pid) outlive the module that started them."""
+    if not hasattr(config, "_freshroute_outliving"):
+        config._freshroute_outliving = []
+    config._freshroute_outliving.append(pids)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def no_leftover_processes(request):
     """Fail a test module that leaves processes of its own behind (and end them)."""
     before = _live_children()
     yield
     leftover = _live_children() - before
-    if leftover:
-        # Session-scoped services (the broker, redis) may start inside this module's first
-        # test; they belong to the session, not to the module.
-        session_pids = set(getattr(request.config, "_freshroute_session_pids", set()))
-        leftover -= session_pids
+    for pids in getattr(request.config, "_freshroute_outliving", ()):
+        leftover -= set(pids())
     if leftover:
         for pid in leftover:
             try:

@@ -21,6 +21,7 @@ from freshroute.local.stack import Stack
 from freshroute.metadata import Assignment, MetadataStore, NodeReport, ReplicaState, Role, now_ms
 from freshroute.settings import kafka_client_config
 from proto import store_pb2, store_pb2_grpc
+from tests.integration.stack_fixture import produced, wait_until
 
 TABLE = "sensor_stats"
 
@@ -39,7 +40,8 @@ def component(node: str) -> str:
 
 
 class Readings:
-    """Produces sensor readings at a steady rate on a thread, keeping every event for recomputation."""
+    """Produces sensor readings at a steady rate on a thread, keeping every event for recomputation (its own in
+    ``events``, and in ``produced(stack)`` with everything else produced to the stack)."""
 
     def __init__(self, stack: Stack, sensors: int, rate: float, seed: int = 7) -> None:
         from confluent_kafka import Producer
@@ -51,6 +53,7 @@ class Readings:
         self.sensors = sensors
         self.rate = rate
         self.events: list[dict] = []
+        self._produced = produced(stack)
         self._rng = random.Random(seed)
         self._producer = Producer(kafka_client_config(stack.config.bootstrap, **{"enable.idempotence": True,
                                                                                  "linger.ms": 5}))
@@ -61,6 +64,7 @@ class Readings:
         e = {"sensor": f"sensor-{sensor}", "area": f"area-{sensor % 4}",
              "reading": round(self._rng.uniform(0, 100), 2)}
         self.events.append(e)
+        self._produced.append(e)
         self._producer.produce(self.topic, key=e["sensor"].encode(), value=orjson.dumps(e))
         self._producer.poll(0)
 
@@ -78,6 +82,7 @@ class Readings:
         for name in names:
             e = {"sensor": name, "area": "bulk", "reading": round(self._rng.uniform(0, 100), 2)}
             self.events.append(e)
+            self._produced.append(e)
             self._producer.produce(self.topic, key=name.encode(), value=orjson.dumps(e))
             self._producer.poll(0)
         assert self._producer.flush(30) == 0
@@ -99,8 +104,6 @@ class Readings:
 
 def wait_every_sensor_served(stack: Stack, sensors: int, timeout_s: float = 120.0) -> None:
     """Until ``sensor-0`` … ``sensor-{sensors-1}`` are all served (any freshness)."""
-    from tests.integration.stack_fixture import wait_until
-
     with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
         wait_until(lambda: all(client.get(f"/v1/tables/{TABLE}/keys/sensor-{i}").status_code == 200
                                for i in range(sensors)), timeout_s, "every sensor to be served", stack=stack)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from freshroute.local.services import start_broker, start_redis
+from tests.conftest import outlive_modules
 
 pytestmark = pytest.mark.integration
 
@@ -23,9 +24,7 @@ def services_dir(tmp_path_factory) -> Path:
 
 def _own(request, svc):
     """Mark a service process as the session's, so module leak checks ignore it."""
-    pids = getattr(request.config, "_freshroute_session_pids", set())
-    pids.add(svc.proc.pid)
-    request.config._freshroute_session_pids = pids
+    outlive_modules(request.config, lambda: (svc.proc.pid,))
     return svc
 
 

@@ -56,6 +56,25 @@ def discard(stack: Stack) -> None:
                 time.sleep(0.05)
 
 
+_PRODUCED: dict[str, list[dict]] = {}
+
+
+def produced(stack: Stack) -> list[dict]:
+    """Every reading the tests produced to ``stack``'s input, in order: what its tables must add up to when
+    several modules share one stack."""
+    return _PRODUCED.setdefault(stack.config.namespace, [])
+
+
+def restart_router(stack: Stack, *flags: str) -> None:
+    """Start the stack's router again with ``flags`` (none: as the stack starts it) and wait until it serves."""
+    stack.stop("router")
+    log = stack.components["router"].log
+    since = len(open(log, "rb").read())
+    stack.start("router", *flags)
+    wait_until(lambda: b"router serving" in open(log, "rb").read()[since:], 60, "the router to serve again",
+               stack=stack)
+
+
 def produce_readings(stack: Stack, events: list[dict]) -> None:
     from confluent_kafka import Producer
 
@@ -68,6 +87,7 @@ def produce_readings(stack: Stack, events: list[dict]) -> None:
         producer.produce(topic, key=e["sensor"].encode(), value=orjson.dumps(e))
         producer.poll(0)
     assert producer.flush(30) == 0
+    produced(stack).extend(events)
 
 
 def expected_sensor_stats(events: list[dict]) -> dict[str, dict]:

@@ -74,40 +74,38 @@ def test_kill_9_of_a_broker_under_lookups_and_input(stack, tmp_path):
 
     input_ = PacedReadings(stack, seed=11)
     input_.start()
-    bounds = "none:2,max_lag=100000:1,max_staleness_ms=120000:1,session:2"
-    summaries = []
+    victim = "broker-2"
     try:
-        for protocol, victim, seed in (("both", "broker-2", 3), ("client", "broker-3", 4)):
-            # Killed 4 s in, started again 6 s later, and 4 s of lookups with it back.
-            cfg = LoadConfig(keys=SENSORS, protocol=protocol, concurrency=6, rate=100.0, duration_s=14.0,
-                             timeout_s=5.0, bound_mix=bounds, seed=seed)
-            summaries.append(run(stack, cfg, [Fault(4.0, "kill", victim, 6.0)], tmp_path / protocol, check=True,
-                                 plots=False, title=f"kill-{victim}-{protocol}"))
+        # REST, gRPC and client workers in turn; the broker killed 4 s in, started again 6 s later, and 4 s of
+        # lookups with it back.
+        cfg = LoadConfig(keys=SENSORS, protocol="all", concurrency=6, rate=100.0, duration_s=14.0, timeout_s=5.0,
+                         bound_mix="none:2,max_lag=100000:1,max_staleness_ms=120000:1,session:2", seed=3)
+        summary = run(stack, cfg, [Fault(4.0, "kill", victim, 6.0)], tmp_path / "kill", check=True, plots=False,
+                      title=f"kill-{victim}")
     finally:
         input_.stop.set()
         input_.join(90)
     assert not input_.failed, input_.failed[:5]
-    assert len(input_.acked) >= 1000
+    assert len(input_.acked) >= 500
 
-    for summary, victim in zip(summaries, ("broker-2", "broker-3")):
-        events = [f["event"] for f in summary["faults"]]
-        assert any(e.startswith(f"kill -9 {victim}") for e in events), events
-        assert any(e.startswith(f"start {victim}") for e in events), events
-        assert summary["requests"] >= 600, summary  # 1,400 asked for; the client's pacing falls behind on 2 busy cores
-        assert summary["failed"] == 0, (summary["errors_by_code"], summary["first_failures"])
-        consistency = summary["consistency"]
-        assert consistency["ok"], orjson.dumps(consistency, option=orjson.OPT_INDENT_2).decode()
-    assert set(summaries[0]["by_protocol"]) == {"rest", "grpc"} and set(summaries[1]["by_protocol"]) == {"client"}
+    events = [f["event"] for f in summary["faults"]]
+    assert any(e.startswith(f"kill -9 {victim}") for e in events), events
+    assert any(e.startswith(f"start {victim}") for e in events), events
+    assert summary["requests"] >= 600, summary  # 1,400 asked for; the client's pacing falls behind on 2 busy cores
+    assert summary["failed"] == 0, (summary["errors_by_code"], summary["first_failures"])
+    assert set(summary["by_protocol"]) == {"rest", "grpc", "client"}, summary["by_protocol"]
+    consistency = summary["consistency"]
+    assert consistency["ok"], orjson.dumps(consistency, option=orjson.OPT_INDENT_2).decode()
 
-    # Every reading the broker acknowledged, during the outages too, counted exactly once.
+    # Every reading the broker acknowledged, during the outage too, counted exactly once.
     expected = expected_sensor_stats(first + input_.acked)
     with httpx.Client(base_url=c.rest_url, timeout=10) as client:
         wait_until(lambda: all_sensors_served(client, expected, max_lag=0), 120,
-                   "every acknowledged reading to be counted once")
+                   "every acknowledged reading to be counted once", stack=stack)
 
     def rejoined() -> bool:
         md = admin.list_topics(changelog, timeout=5)
         return len(md.brokers) == 3 and all(len(p.isrs) == 3 for p in md.topics[changelog].partitions.values())
 
-    wait_until(rejoined, 90, "both brokers to rejoin and every changelog partition to be in sync on 3 again")
+    wait_until(rejoined, 90, "the broker to rejoin and every changelog partition to be in sync on 3 again", stack=stack)
     assert all(stack.components[n].alive() for n in stack.broker_names())

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from loadtest.scenario import Fault, FaultInjector, faults_for
+from loadtest.scenario import Fault, FaultInjector, faults_for, worker_protocol
 
 
 @dataclass
@@ -91,3 +91,9 @@ def test_undo_all_resumes_what_an_interrupted_fault_left_down():
     inj.undo_all()  # idempotent
     assert stack.calls[-1] == ("signal", "store-node-2", signal.SIGCONT)
     assert stack.calls.count(("signal", "store-node-2", signal.SIGCONT)) == 1
+
+
+def test_mixed_protocols_give_each_worker_its_turn():
+    assert [worker_protocol("all", i) for i in range(6)] == ["rest", "grpc", "client"] * 2
+    assert [worker_protocol("both", i) for i in range(4)] == ["rest", "grpc"] * 2
+    assert {worker_protocol("client", i) for i in range(3)} == {"client"}

@@ -15,17 +15,10 @@ from freshroute.keys import partition_for, serialize_key
 from freshroute.position import Position
 from loadtest.scenario import Fault, LoadConfig, run
 from proto import router_pb2, router_pb2_grpc, store_pb2, store_pb2_grpc
-from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, discard, all_sensors_served, expected_sensor_stats, produce_readings, start_stack,
-                                             wait_until)
+from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, all_sensors_served, expected_sensor_stats,
+                                             produce_readings, produced, wait_until)
 
 SENSORS = 24
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    s = start_stack(tmp_path_factory.mktemp("routing"))
-    yield s
-    discard(s)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +33,7 @@ def readings(stack, client):
     events = [{"sensor": f"sensor-{i % SENSORS}", "area": "engine", "reading": round(rng.uniform(0, 100), 2)}
               for i in range(600)]
     produce_readings(stack, events)
-    expected = expected_sensor_stats(events)
+    expected = expected_sensor_stats(produced(stack))
 
     wait_until(lambda: all_sensors_served(client, expected, max_lag=0), FIRST_DATA_TIMEOUT_S, "every sensor to be served within max_lag=0", stack=stack)
     return events
@@ -128,39 +121,42 @@ def test_lagging_replica_serves_only_bounds_it_meets(stack, client, readings, tm
         # A replica that has not learnt its end offset yet (just restarted) has no offset lag to count.
         return max((r["lag"]["offsets"] for r in node["replicas"] if r["lag"]["offsets"] is not None), default=-1)
 
-    strict_by_node: dict[str, int] = {}
-    cfg = LoadConfig(keys=SENSORS, protocol="both", concurrency=4, rate=60.0, duration_s=20.0, timeout_s=5.0,
-                     bound_mix="max_lag=0:3,none:1", seed=4)
-    # Many distinct keys, so that every micro-batch puts many records on the changelog.
-    with Writer(stack, rate=150, duration_s=40, seed=10, keys=3000):
-        wait_until(lambda: victim_lag() >= 10, 90, f"{victim} to fall behind")
-        summary = run(stack, cfg, [], tmp_path / "lagging", check=True, plots=False, title="lagging-replica")
-        # Direct to the lagging node: it refuses max_lag=0, and answers a bound it meets.
-        with grpc.insecure_channel(address) as channel:
-            store = store_pb2_grpc.StoreNodeStub(channel)
-            status = store.Status(store_pb2.StatusRequest(), timeout=5)
-            lagging = [r for r, name in zip(status.replicas, status.tables) if r.lag_offsets > 0]
-            assert lagging, "the rate-limited node should lag on some partition"
-            table, part = status.tables[list(status.replicas).index(lagging[0])].split("/")
-            key = next(f"sensor-{i}" for i in range(10_000) if partition_for(serialize_key(f"sensor-{i}"), 8) == int(part))
-            strict = store.Get(store_pb2.KeyRead(id=1, table=table, partition=int(part), key=key.encode(),
-                                                 bound=store_pb2.ReadBound(max_lag=0)), timeout=5)
-            assert strict.status == store_pb2.TOO_STALE
-            loose = store.Get(store_pb2.KeyRead(id=2, table=table, partition=int(part), key=key.encode(),
-                                                bound=store_pb2.ReadBound(max_lag=1_000_000)), timeout=5)
-            assert loose.status in (store_pb2.OK, store_pb2.NOT_FOUND)
-            assert loose.replica.lag_offsets > 0
+    try:
+        strict_by_node: dict[str, int] = {}
+        cfg = LoadConfig(keys=SENSORS, protocol="both", concurrency=4, rate=60.0, duration_s=20.0, timeout_s=5.0,
+                         bound_mix="max_lag=0:3,none:1", seed=4)
+        # Many distinct keys, so that every micro-batch puts many records on the changelog.
+        with Writer(stack, rate=150, duration_s=40, seed=10, keys=3000):
+            wait_until(lambda: victim_lag() >= 10, 90, f"{victim} to fall behind")
+            summary = run(stack, cfg, [], tmp_path / "lagging", check=True, plots=False, title="lagging-replica")
+            # Direct to the lagging node: it refuses max_lag=0, and answers a bound it meets.
+            with grpc.insecure_channel(address) as channel:
+                store = store_pb2_grpc.StoreNodeStub(channel)
+                status = store.Status(store_pb2.StatusRequest(), timeout=5)
+                lagging = [r for r, name in zip(status.replicas, status.tables) if r.lag_offsets > 0]
+                assert lagging, "the rate-limited node should lag on some partition"
+                table, part = status.tables[list(status.replicas).index(lagging[0])].split("/")
+                key = next(f"sensor-{i}" for i in range(10_000) if partition_for(serialize_key(f"sensor-{i}"), 8) == int(part))
+                strict = store.Get(store_pb2.KeyRead(id=1, table=table, partition=int(part), key=key.encode(),
+                                                     bound=store_pb2.ReadBound(max_lag=0)), timeout=5)
+                assert strict.status == store_pb2.TOO_STALE
+                loose = store.Get(store_pb2.KeyRead(id=2, table=table, partition=int(part), key=key.encode(),
+                                                    bound=store_pb2.ReadBound(max_lag=1_000_000)), timeout=5)
+                assert loose.status in (store_pb2.OK, store_pb2.NOT_FOUND)
+                assert loose.replica.lag_offsets > 0
 
-    records = [orjson.loads(line) for line in (tmp_path / "lagging" / "requests.jsonl").read_bytes().splitlines()]
-    for rec in records:
-        if rec.get("bound", {}).get("max_lag") == 0 and rec.get("outcome") in ("ok", "not_found"):
-            assert rec["lag"]["offsets"] == 0, rec
-            node = rec["served_by"]["node"]
-            strict_by_node[node] = strict_by_node.get(node, 0) + 1
-    assert sum(strict_by_node.values()) > 0
-    assert summary["consistency"]["ok"], summary["consistency"]
-    stack.stop(victim)
-    stack.start(victim)
+        records = [orjson.loads(line) for line in (tmp_path / "lagging" / "requests.jsonl").read_bytes().splitlines()]
+        for rec in records:
+            if rec.get("bound", {}).get("max_lag") == 0 and rec.get("outcome") in ("ok", "not_found"):
+                assert rec["lag"]["offsets"] == 0, rec
+                node = rec["served_by"]["node"]
+                strict_by_node[node] = strict_by_node.get(node, 0) + 1
+        assert sum(strict_by_node.values()) > 0
+        assert summary["consistency"]["ok"], summary["consistency"]
+    finally:  # the stack is shared: the node applies at full speed again for the modules after this one
+        stack.stop(victim)
+        stack.start(victim)
+    wait_until(lambda: victim_lag() == 0, 60, f"{victim} restarted and caught up", stack=stack)
 
 
 def test_redis_stopped_for_10s_under_lookups(stack, client, readings, tmp_path):

@@ -26,8 +26,8 @@ import pytest
 
 from freshroute.local.certs import issue, make_ca
 from proto import router_pb2, router_pb2_grpc
-from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, discard, all_sensors_served, expected_sensor_stats,
-                                             produce_readings, start_stack, wait_until)
+from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, all_sensors_served, expected_sensor_stats,
+                                             produce_readings, produced, restart_router, wait_until)
 
 pytestmark = pytest.mark.integration
 
@@ -48,27 +48,17 @@ def pki(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, pki):
-    s = start_stack(tmp_path_factory.mktemp("router-tls"), routers=1)
-    try:
-        rng = random.Random(5)
-        events = [{"sensor": f"sensor-{rng.randrange(10)}", "area": "cabin", "reading": round(rng.uniform(0, 9), 2)}
-                  for _ in range(200)]
-        produce_readings(s, events)
-        with httpx.Client(base_url=s.config.rest_url, timeout=10) as client:
-            wait_until(lambda: all_sensors_served(client, expected_sensor_stats(events), max_lag=0),
-                       FIRST_DATA_TIMEOUT_S, "every sensor to be served", stack=s)
-        yield s
-    finally:
-        discard(s)
-
-
-def restart_router(stack, *flags: str) -> None:
-    stack.stop("router")
-    log = stack.components["router"].log
-    since = len(open(log).read())
-    stack.start("router", *flags)
-    wait_until(lambda: "router serving" in open(log).read()[since:], 60, "the router to serve again")
+def stack(stack):
+    """The shared stack, its router plain again after this module's tests restarted it with TLS."""
+    rng = random.Random(5)
+    events = [{"sensor": f"sensor-{rng.randrange(10)}", "area": "cabin", "reading": round(rng.uniform(0, 9), 2)}
+              for _ in range(200)]
+    produce_readings(stack, events)
+    with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
+        wait_until(lambda: all_sensors_served(client, expected_sensor_stats(produced(stack)), max_lag=0),
+                   FIRST_DATA_TIMEOUT_S, "every sensor to be served", stack=stack)
+    yield stack
+    restart_router(stack)
 
 
 def https(stack, pki, verify: ssl.SSLContext | None = None, cert: tuple[str, str] | None = None) -> httpx.Client:
@@ -225,7 +215,6 @@ def test_sighup_puts_a_new_certificate_in_use_for_new_connections(stack, pki, tm
     from cryptography import x509
 
     assert serial() == x509.load_pem_x509_certificate(renewed.cert.read_bytes()).serial_number
-    restart_router(stack)  # plaintext again, for the other tests of the module
 
 
 @pytest.mark.parametrize("flags, says", [

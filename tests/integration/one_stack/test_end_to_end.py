@@ -11,26 +11,20 @@ import pytest
 
 from freshroute.keys import partition_for, serialize_key
 from proto import router_pb2, router_pb2_grpc
-from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, discard, all_sensors_served, expected_sensor_stats, produce_readings, same_stats, start_stack,
-                                             wait_until)
+from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, all_sensors_served, expected_sensor_stats,
+                                             produce_readings, produced, same_stats, wait_until)
 
 SENSORS = 40
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    s = start_stack(tmp_path_factory.mktemp("e2e"))
-    yield s
-    discard(s)
-
-
-@pytest.fixture(scope="module")
 def readings(stack):
+    """Everything produced to the shared stack, this module's 2,000 readings last."""
     rng = random.Random(11)
     events = [{"sensor": f"sensor-{rng.randrange(SENSORS)}", "area": "wheel", "reading": round(rng.uniform(0, 100), 2)}
               for _ in range(2000)]
     produce_readings(stack, events)
-    return events
+    return list(produced(stack))
 
 
 def test_every_sensor_matches_recomputation_via_rest_and_grpc(stack, readings):

@@ -1,6 +1,6 @@
 """Tokens, per-table access and rate limits on a real router process, over REST and gRPC.
 
-The stack's router is restarted with ``--auth-file``: a reader of ``sensor_stats`` only, a
+The shared stack's router is restarted with ``--auth-file``: a reader of ``sensor_stats`` only, a
 rate-limited reader, and an admin who may read everything and see the cluster. Checked with
 httpx and grpcio: 401 / UNAUTHENTICATED without a valid token (never echoed), 403 /
 PERMISSION_DENIED alike for a forbidden and a missing table, the cluster endpoints closed to
@@ -23,8 +23,8 @@ import pytest
 
 from proto import router_pb2, router_pb2_grpc
 from router.auth import token_hash
-from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, discard, all_sensors_served, expected_sensor_stats,
-                                             produce_readings, start_stack, wait_until)
+from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, all_sensors_served, expected_sensor_stats,
+                                             produce_readings, produced, restart_router, wait_until)
 
 pytestmark = pytest.mark.integration
 
@@ -45,33 +45,23 @@ def bearer(token: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    home = tmp_path_factory.mktemp("router-auth")
-    s = start_stack(home, routers=1)
+def stack(stack, tmp_path_factory):
+    """The shared stack, its router restarted with ``--auth-file`` for this module and plain again after it."""
+    path = tmp_path_factory.mktemp("router-auth") / "auth.json"
+    auth_file(path)
+    restart_router(stack, "--auth-file", str(path))
     try:
-        path = home / "auth.json"
-        auth_file(path)
-        s.stop("router")
-        s.start("router", "--auth-file", str(path))
-        wait_until(lambda: _ok(f"{s.config.rest_url}/readyz"), 60, "the router with --auth-file to be ready")
         rng = random.Random(3)
         events = [{"sensor": f"sensor-{rng.randrange(20)}", "area": "cabin", "reading": round(rng.uniform(0, 9), 2)}
                   for _ in range(300)]
-        produce_readings(s, events)
-        with httpx.Client(base_url=s.config.rest_url, timeout=10, headers=bearer(ADMIN)) as client:
-            wait_until(lambda: all_sensors_served(client, expected_sensor_stats(events), max_lag=0),
-                       FIRST_DATA_TIMEOUT_S, "every sensor to be served", stack=s)
-        s.auth_path = path
-        yield s
+        produce_readings(stack, events)
+        with httpx.Client(base_url=stack.config.rest_url, timeout=10, headers=bearer(ADMIN)) as client:
+            wait_until(lambda: all_sensors_served(client, expected_sensor_stats(produced(stack)), max_lag=0),
+                       FIRST_DATA_TIMEOUT_S, "every sensor to be served", stack=stack)
+        stack.auth_path = path
+        yield stack
     finally:
-        discard(s)
-
-
-def _ok(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+        restart_router(stack)
 
 
 def test_rest_answers_by_principal_table_and_endpoint(stack):

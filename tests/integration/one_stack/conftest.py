@@ -1,0 +1,22 @@
+"""One stack (3 store nodes, one standby each, one router) for the modules that read it, or change it and put it
+back: starting a stack and its pipeline's first batch cost about 20 s a module.
+
+Each module produces its readings through ``produce_readings`` and checks the tables against everything produced
+to the stack (``produced``), so the modules hold in any order. A module that restarts the router with flags of its
+own (auth, TLS) starts it plain again when it ends.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import outlive_modules
+from tests.integration.stack_fixture import discard, start_stack
+
+
+@pytest.fixture(scope="package")
+def stack(request, tmp_path_factory):
+    s = start_stack(tmp_path_factory.mktemp("one-stack"), routers=1)
+    outlive_modules(request.config, lambda: [c.pid for c in s.components.values()])
+    yield s
+    discard(s)
