@@ -121,6 +121,10 @@ def server_properties(node: BrokerNode, quorum: Quorum) -> str:
         "log.cleaner.backoff.ms": 5000,
         "log.cleaner.dedupe.buffer.size": 16 * 1024 * 1024,
         "log.cleaner.threads": 1,
+        # A node that stops heartbeating is fenced, and its partitions led elsewhere, after 3 s rather than 9
+        # (six heartbeats missed in a row): the pipeline and the store nodes wait on its partitions until then.
+        "broker.heartbeat.interval.ms": 500,
+        "broker.session.timeout.ms": 3000,
     }
     return "".join(f"{k}={v}\n" for k, v in settings.items())
 

@@ -212,6 +212,7 @@ def test_three_brokers_form_one_quorum_each_on_its_own_address_and_replicate_cha
                                                          for i in (1, 2, 3))
     assert props["advertised.listeners"] == f"PLAINTEXT://127.0.0.22:{c.broker_port}"
     assert props["offsets.topic.replication.factor"] == "3" and props["auto.create.topics.enable"] == "false"
+    assert int(props["broker.session.timeout.ms"]) == 3000 > int(props["broker.heartbeat.interval.ms"]) * 4
     command = stack.command_for("pipeline")[1]
     assert command[command.index("--changelog-replication-factor") + 1] == "3"
     assert command[command.index("--changelog-min-insync-replicas") + 1] == "2"
