@@ -4,10 +4,27 @@ from __future__ import annotations
 
 import os
 import signal
+from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Iterable
 
 import pytest
+
+
+_MODULE_SECONDS: dict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _MODULE_SECONDS[report.nodeid.split("::")[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Beside the slowest tests, the slowest modules: a module's fixtures (its stack) count in its time."""
+    if not _MODULE_SECONDS:
+        return
+    terminalreporter.write_sep("=", "slowest 15 modules (setup, tests and teardown)")
+    for path, seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1])[:15]:
+        terminalreporter.write_line(f"{seconds:8.2f}s {path}")
 
 
 def _live_children() -> set[int]:
