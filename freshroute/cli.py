@@ -30,6 +30,12 @@ COMPONENTS: dict[str, tuple[str, str, str]] = {
 }
 
 
+def _server_not_installed(command: str, missing: str) -> ConfigError:
+    """What a client-only install says when asked to run a part of the server."""
+    return ConfigError(f"`freshroute {command}` needs the server install ({missing}): "
+                       "pip install 'freshroute[server]'", setting="install")
+
+
 def _resolve(ref: str) -> Any:
     module, _, name = ref.partition(":")
     return getattr(importlib.import_module(module), name)
@@ -258,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(command, help=help_text)
         try:
             _add_settings_flags(p, _resolve(settings_ref))
-        except ImportError as e:  # a component's optional dependency is missing
+        except ImportError as e:  # a client-only install: the server's dependencies are missing
             p.set_defaults(import_error=str(e))
 
     local = sub.add_parser("local", help="The embedded local stack with demo data.")
@@ -315,13 +321,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in COMPONENTS:
             if getattr(args, "import_error", None):
-                raise ConfigError(f"{args.command} cannot start: {args.import_error}")
+                raise _server_not_installed(args.command, args.import_error)
             return _run_component(args.command, args)
-        if args.command == "local":
-            from freshroute.local import stack
+        try:
+            if args.command == "local":
+                from freshroute.local import stack
 
-            return stack.dispatch(args)
-        return handlers[args.command](args)
+                return stack.dispatch(args)
+            return handlers[args.command](args)
+        except ModuleNotFoundError as e:
+            if (e.name or "").split(".")[0] in ("freshroute", "pipeline", "store_node", "router", "loadtest", "proto"):
+                raise
+            raise _server_not_installed(args.command, str(e)) from None
     except FreshrouteError as e:  # a component stopped for a reason it has named (config, lost data …)
         print(f"freshroute: {e.code}: {e.message}", file=sys.stderr)
         return 2

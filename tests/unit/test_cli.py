@@ -180,3 +180,33 @@ def test_a_bad_kafka_config_file_is_refused_naming_the_setting_file_and_line(tmp
     with pytest.raises(ConfigError, match=f"kafka_config.*{says}") as e:
         load(CommonSettings, kafka_config=str(path))
     assert body is None or str(path) in e.value.message or "bootstrap" in e.value.message
+
+
+BLOCK_SERVER = '''
+import sys
+SERVER = {"pyspark", "fastapi", "uvicorn", "rocksdict", "confluent_kafka", "pydantic", "pydantic_settings"}
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in SERVER:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Block())
+'''
+
+
+@pytest.mark.parametrize("command", [["local", "up"], ["router"], ["store-node"], ["pipeline"]])
+def test_a_client_only_install_asked_for_a_server_part_names_the_install(tmp_path, command):
+    """Without the server's dependencies (a child process that cannot import them): a clear error, no traceback."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "sitecustomize.py").write_text(BLOCK_SERVER)
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "freshroute.cli", *command, *(["--home", str(tmp_path)] if
+                                                                                command[0] == "local" else [])],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{root}"})
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"`freshroute {command[0]}` needs the server install" in done.stderr
+    assert "pip install 'freshroute[server]'" in done.stderr and "Traceback" not in done.stderr
