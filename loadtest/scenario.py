@@ -17,6 +17,7 @@ import asyncio
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,8 +238,10 @@ def worker_protocol(protocol: str, i: int) -> str:
 
 async def run_load(cfg: LoadConfig, rest_url: str, grpc_address: str, recorder: Recorder,
                    faults: list[Fault], injector: FaultInjector | None, t0: float,
-                   say: Callable[[str], None], redis_url: str = "", namespace: str = "freshroute") -> None:
-    """Run the load for ``cfg.duration_s`` while firing ``faults`` at their times; print progress each second.
+                   say: Callable[[str], None], redis_url: str = "", namespace: str = "freshroute",
+                   stop: threading.Event | None = None) -> None:
+    """Run the load for ``cfg.duration_s`` (or until ``stop`` is set) while firing ``faults`` at their times; print
+    progress each second.
 
     ``--protocol client`` reads through :class:`freshroute.client.AsyncClient`, bootstrapped
     from ``redis_url`` with the router as its fallback.
@@ -261,6 +264,8 @@ async def run_load(cfg: LoadConfig, rest_url: str, grpc_address: str, recorder: 
             await direct.start()
         workers = [asyncio.create_task(_worker(i, cfg, rest, stub, direct, recorder, t0, deadline, budget))
                    for i in range(cfg.concurrency)]
+        if stop is not None:
+            workers.append(asyncio.create_task(_end_when(stop, deadline, budget)))
         fault_tasks = [asyncio.create_task(_fire_at(f, injector, t0, deadline, say))
                        for f in sorted(faults, key=lambda f: f.at_s)]
         seen = 0
@@ -289,6 +294,14 @@ async def run_load(cfg: LoadConfig, rest_url: str, grpc_address: str, recorder: 
                 await direct.close()
 
 
+async def _end_when(stop: threading.Event, deadline: float, budget: list[int]) -> None:
+    """Spend the request budget once ``stop`` is set: each worker ends after the request it is making."""
+    while not stop.is_set() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if stop.is_set():
+        budget[0] = 0
+
+
 async def _fire_at(fault: Fault, injector: FaultInjector | None, t0: float, deadline: float,
                    say: Callable[[str], None]) -> None:
     await asyncio.sleep(max(0.0, t0 + fault.at_s - time.monotonic()))
@@ -303,8 +316,10 @@ async def _fire_at(fault: Fault, injector: FaultInjector | None, t0: float, dead
 
 
 def run(stack: Stack, cfg: LoadConfig, faults: list[Fault], out_dir: Path, check: bool = True,
-        plots: bool = True, say: Callable[[str], None] = print, title: str = "") -> dict[str, Any]:
-    """Run one scenario against ``stack`` and write its report; returns the summary (with ``consistency``)."""
+        plots: bool = True, say: Callable[[str], None] = print, title: str = "",
+        stop: threading.Event | None = None) -> dict[str, Any]:
+    """Run one scenario against ``stack`` and write its report; returns the summary (with ``consistency``).
+    ``stop``, when set, ends the load before ``cfg.duration_s``: a load that lasts as long as what it measures."""
     from loadtest.report import write_report
 
     if cfg.protocol not in PROTOCOLS:
@@ -322,7 +337,7 @@ def run(stack: Stack, cfg: LoadConfig, faults: list[Fault], out_dir: Path, check
         f"bounds {cfg.bound_mix}; faults: {', '.join(f'{f.action} {f.target} at {f.at_s:g}s' for f in faults) or 'none'}")
     try:
         asyncio.run(run_load(cfg, c.rest_url, c.grpc_address, recorder, faults, injector, t0, say, c.redis_url,
-                             c.namespace))
+                             c.namespace, stop))
     finally:
         injector.undo_all()
         recorder.close()

@@ -97,3 +97,19 @@ def test_mixed_protocols_give_each_worker_its_turn():
     assert [worker_protocol("all", i) for i in range(6)] == ["rest", "grpc", "client"] * 2
     assert [worker_protocol("both", i) for i in range(4)] == ["rest", "grpc"] * 2
     assert {worker_protocol("client", i) for i in range(3)} == {"client"}
+
+
+def test_a_load_given_a_stop_event_ends_when_it_is_set_and_not_before():
+    import asyncio
+    import threading
+
+    from loadtest.scenario import _end_when
+
+    stop, budget = threading.Event(), [1000]
+    threading.Timer(0.2, stop.set).start()
+    t0 = time.monotonic()
+    asyncio.run(_end_when(stop, t0 + 30, budget))
+    assert budget == [0] and 0.15 < time.monotonic() - t0 < 5
+    budget = [1000]
+    asyncio.run(_end_when(threading.Event(), time.monotonic() + 0.1, budget))  # the deadline ends it: budget kept
+    assert budget == [1000]
