@@ -70,10 +70,13 @@ def test_kill_9_of_two_nodes_one_after_the_other_under_load(stack, readings, tmp
     probe = StrictProbe(stack.config.rest_url, keys, period_s=0.005)
     watch = Watch(md).start()
     summary: dict = {}
-    load = LoadConfig(keys=SENSORS, protocol="both", concurrency=8, rate=60.0, duration_s=30.0, timeout_s=5.0,
+    # From 4 s before the first kill until 3 s after both nodes are back and balanced: 60 s at most.
+    done = threading.Event()
+    load = LoadConfig(keys=SENSORS, protocol="both", concurrency=8, rate=60.0, duration_s=60.0, timeout_s=5.0,
                       bound_mix="none:2,max_lag=100000:1,max_staleness_ms=120000:1,session:2", seed=11)
     loader = threading.Thread(target=lambda: summary.update(run(stack, load, [], tmp_path / "report", check=True,
-                                                                plots=False, title="kill -9 of two nodes")))
+                                                                plots=False, title="kill -9 of two nodes",
+                                                                stop=done)))
     kills: list[tuple[str, float]] = []
     loader.start()
     try:
@@ -93,9 +96,11 @@ def test_kill_9_of_two_nodes_one_after_the_other_under_load(stack, readings, tmp
         for victim in (first, second):
             stack.start(victim)
         wait_until(lambda: fully_replicated(md, NODES, COPIES) and balanced(md.assignment(), NODES), 120,
-                   "both nodes back, an active and two standbys of every partition, balanced")
+                   "both nodes back, an active and two standbys of every partition, balanced", stack=stack)
+        time.sleep(3)
     finally:
         probe.stop()
+        done.set()
         loader.join(120)
         watch.stop()
 
@@ -107,7 +112,7 @@ def test_kill_9_of_two_nodes_one_after_the_other_under_load(stack, readings, tmp
         assert set(per_partition) == set(range(partitions))
         assert all(s is not None and s <= STRICT_WITHIN_S for s in per_partition.values()), (vid, per_partition)
     assert {n for _, n in watch.dropped} <= {vid for vid, _ in kills}, watch.dropped
-    assert summary["requests"] >= 1000, summary
+    assert summary["requests"] >= 40 * summary["duration_s"], summary
     assert summary["failed"] == 0, (summary["errors_by_code"], summary["first_failures"])
     consistency = summary["consistency"]
     assert consistency["ok"], orjson.dumps(consistency, option=orjson.OPT_INDENT_2).decode()
