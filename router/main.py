@@ -8,7 +8,7 @@ import gc
 import logging
 import signal
 import socket
-from typing import Iterator
+from typing import Any, Iterator
 
 import uvicorn
 
@@ -55,9 +55,16 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
     rest_sock = _listen(settings.host, settings.rest_port, settings.reuse_port)
     grpc_server: PublicGrpc | None = None
     rest_task: asyncio.Task[None] | None = None
+    metrics: Any = None
     handled: list[int] = []
     try:
         await runtime.start()
+        if settings.metrics_port is not None:
+            from freshroute.prometheus import serve_metrics
+
+            metrics = serve_metrics(runtime.router.metrics.registry, settings.host, settings.metrics_port)
+            log.info("router metrics (this process's) on http://%s:%d/metrics", settings.host,
+                     metrics.server_address[1])
         grpc_server = PublicGrpc(settings, runtime.router, guard, grpc_tls)
         grpc_port = await grpc_server.start()
         app = create_app(settings, runtime.router, guard=guard)
@@ -111,6 +118,8 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
         if rest_task is not None:
             await asyncio.gather(rest_task, return_exceptions=True)
         rest_sock.close()
+        if metrics is not None:
+            metrics.shutdown()
         await runtime.stop()
         log.info("router stopped")
 

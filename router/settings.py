@@ -49,6 +49,9 @@ class RouterSettings(ServingSettings):
     cluster_key: Path | None = Field(default=None, description="PEM private key of cluster_cert")
     reuse_port: bool = Field(default=False, description="bind both ports with SO_REUSEPORT, so that several router "
                              "processes on one machine share them (Linux spreads connections across them)")
+    metrics_port: int | None = Field(default=None, ge=0, le=65535, description="also serve this process's Prometheus "
+                                     "/metrics on a port of its own (0 = a free one): with reuse_port, /metrics on "
+                                     "the shared REST port answers from whichever process took the connection")
 
     # A refresh that suddenly finds no tables or no nodes is taken for a restarted (empty)
     # Redis and ignored for redis_reset_grace_ms, while store nodes and the pipeline

@@ -32,6 +32,7 @@ from freshroute.proc import lower_priority
 
 if TYPE_CHECKING:
     from freshroute.local.secure import StackSecrets
+    from pipeline.tables import TablesDefinition
 
 STATE_FILE = "state.json"
 
@@ -89,6 +90,8 @@ class StackConfig:
     redis_sentinel: bool = False
     redis_replica_port: int = 0
     sentinel_ports: tuple[int, ...] = (0, 0, 0)
+    # The tables the pipeline runs ("": the demo's, pipeline/demo_tables.py); `up` creates their sources' topics.
+    tables_file: str = ""
     demo_rate: float = 50.0
     demo_sensors: int = 100
     demo_duration_s: float = 3600.0
@@ -328,6 +331,7 @@ class Stack:
             # Metrics ports are picked afresh at each start: nothing dials them but whoever reads the state file.
             metrics = free_port(c.host)
             cluster = ["--spark-master", c.spark_master_url] if c.spark_cluster else []
+            tables = ["--tables-file", c.tables_file] if c.tables_file else []
             return "pipeline", self._freshroute(
                 "pipeline", "--checkpoint-dir", str(c.home / "pipeline" / "checkpoints"),
                 "--trigger-ms", str(c.trigger_ms), "--topic-prefix", c.topic_prefix,
@@ -336,7 +340,7 @@ class Stack:
                 "--changelog-min-insync-replicas", str(c.changelog_replication[1]),
                 # Compaction that runs within a demo: segments cleaned once a tenth of their records are superseded.
                 "--changelog-segment-ms", str(c.changelog_segment_ms), "--changelog-min-cleanable-dirty-ratio", "0.1",
-                "--metrics-port", str(metrics), *cluster), {"metrics": f"http://{c.host}:{metrics}/metrics"}
+                "--metrics-port", str(metrics), *cluster, *tables), {"metrics": f"http://{c.host}:{metrics}/metrics"}
         if name.startswith("store-node-"):
             i = int(name.rsplit("-", 1)[1])
             port = c.store_ports[i - 1]
@@ -357,6 +361,8 @@ class Stack:
                     "node_id": node_id, "address": f"{host}:{port}", "metrics": f"http://{host}:{metrics}/metrics"}
         if name in self.router_names():
             shared = ["--reuse-port", "true"] if c.routers > 1 else []
+            # Each process's own metrics: /metrics on the shared REST port reaches one process at random.
+            metrics = free_port(c.router_host)
             secured = []
             if c.secure:
                 s = self._secrets()
@@ -365,7 +371,8 @@ class Stack:
                            "--cluster-secret-file", str(s.cluster_secret_file)]
             return "router", self._freshroute(
                 "router", "--host", c.router_host, "--rest-port", str(c.rest_port), "--grpc-port", str(c.grpc_port),
-                *shared, *secured), {"rest": c.rest_url, "grpc": c.grpc_address}
+                "--metrics-port", str(metrics), *shared, *secured), {
+                    "rest": c.rest_url, "grpc": c.grpc_address, "metrics": f"http://{c.router_host}:{metrics}/metrics"}
         if name == "demo-producer":
             return "demo-producer", [sys.executable, "-m", "freshroute.local.demo", "--bootstrap", c.bootstrap,
                                      "--topic", f"{c.topic_prefix}readings", "--rate", str(c.demo_rate),
@@ -466,10 +473,12 @@ class Stack:
             self._start_sentinels()
         if c.spark_cluster:
             comp = self.start("spark-master")
-            self._wait_alive(comp, lambda: _http_ok(f"{c.spark_master_ui}/json"), 60)
+            self._wait_alive(comp, lambda: _http_get(f"{c.spark_master_ui}/json") is not None, 60)
             self._say(f"spark master on {c.spark_master_url} (web UI {c.spark_master_ui})  pid {comp.pid}")
             self.add_spark_worker()
-        ensure_topic(c.bootstrap, f"{c.topic_prefix}readings", replication_factor=c.changelog_replication[0])
+        tables = self.tables()
+        for topic in sorted({src.topic for src in tables.sources.values()}):
+            ensure_topic(c.bootstrap, f"{c.topic_prefix}{topic}", replication_factor=c.changelog_replication[0])
         if c.demo:
             comp = self.start("demo-producer")
             self._say(f"demo producer → topic {c.topic_prefix}readings at {c.demo_rate:g} readings/s  pid {comp.pid}")
@@ -492,27 +501,51 @@ class Stack:
             # own start-up line (logged once both its ports are bound).
             self._wait_alive(comp, lambda: self.http_ok("/healthz") and _logged(comp, "router serving", since), 60)
             self._say(f"{name} REST {c.rest_url}  gRPC {c.grpc_address}  pid {comp.pid}")
-        if c.demo:
+        tick = lambda waited: self._say(f"  … still waiting ({waited:.0f}s): Spark takes 10–60 s to start")  # noqa: E731
+        if c.tables_file:
+            names = sorted(tables.tables)
+            self._say(f"waiting for the pipeline to register {', '.join(names)} from {c.tables_file} …")
+            # Registered is ready: the pipeline warms up on the input it is given, which may not exist yet.
+            self._wait_alive(self.components["pipeline"], lambda: self._served_tables() >= set(names),
+                             c.startup_timeout_s, tick=tick)
+            topics = sorted(f"{c.topic_prefix}{src.topic}" for src in tables.sources.values())
+            self._say(f"{', '.join(names)} registered: produce to {', '.join(topics)} and look your keys up")
+        elif c.demo:
             self._say("waiting for the first micro-batches to reach the store nodes …")
             self._wait_alive(self.components["pipeline"],
-                             lambda: self.http_ok("/v1/tables/sensor_stats/keys/sensor-1"), c.startup_timeout_s,
-                             tick=lambda waited: self._say(f"  … still waiting ({waited:.0f}s): Spark takes 10–60 s to start"))
+                             lambda: self.http_ok("/v1/tables/sensor_stats/keys/sensor-1"), c.startup_timeout_s, tick=tick)
             self._wait_warm(pipeline_since)
             self._say("demo data is served: lookups are ready")
         return self
 
-    def http_ok(self, path: str) -> bool:
-        """Whether the router answers ``path`` with 200 — as the admin over TLS, on a secure stack."""
+    def tables(self) -> "TablesDefinition":
+        """What the pipeline runs: the tables file's declarations (the demo's without one)."""
+        from pipeline.settings import DEMO_TABLES_FILE
+        from pipeline.tables import load_tables
+
+        return load_tables(self.config.tables_file or DEMO_TABLES_FILE)
+
+    def _served_tables(self) -> set[str]:
+        """The tables the router lists (none while it cannot say)."""
+        body = self.http_get("/v1/tables")
+        return {t["name"] for t in orjson.loads(body)["tables"]} if body else set()
+
+    def http_get(self, path: str) -> bytes | None:
+        """The router's answer to ``path`` when it is a 200, else None — as the admin over TLS, on a secure stack."""
         c = self.config
         if not c.secure:
-            return _http_ok(f"{c.rest_url}{path}")
+            return _http_get(f"{c.rest_url}{path}")
         import ssl
 
         from freshroute.local.secure import ADMIN, load_secrets
 
         s = load_secrets(c.home)
-        return s is not None and _http_ok(f"{c.rest_url}{path}", {"Authorization": f"Bearer {s.tokens[ADMIN]}"},
-                                          ssl.create_default_context(cafile=str(s.ca)))
+        return _http_get(f"{c.rest_url}{path}", {"Authorization": f"Bearer {s.tokens[ADMIN]}"},
+                         ssl.create_default_context(cafile=str(s.ca))) if s is not None else None
+
+    def http_ok(self, path: str) -> bool:
+        """Whether the router answers ``path`` with 200."""
+        return self.http_get(path) is not None
 
     def _secure_status(self) -> dict[str, Any]:
         if not self.config.secure:
@@ -674,6 +707,7 @@ class Stack:
                                               "master_name": c.redis_location().master_name}
                                              if c.redis_sentinel else {})},
             "router": {"rest": c.rest_url, "grpc": c.grpc_address, **self._secure_status()},
+            "tables_file": c.tables_file or None,
             "components": [{"name": x.name, "role": x.role, "pid": x.pid, "alive": x.alive(), "log": x.log,
                             **x.addresses} for x in self.components.values()],
         }
@@ -714,13 +748,13 @@ def _port_open(host: str, port: int) -> bool:
         return False
 
 
-def _http_ok(url: str, headers: dict[str, str] | None = None, context: Any = None) -> bool:
+def _http_get(url: str, headers: dict[str, str] | None = None, context: Any = None) -> bytes | None:
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=1,
                                     context=context) as r:
-            return r.status == 200
+            return r.read() if r.status == 200 else None
     except (urllib.error.URLError, OSError):
-        return False
+        return None
 
 
 # --- CLI -------------------------------------------------------------------------------
@@ -731,6 +765,15 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
                           f"store nodes (an active and each standby on a node of its own): give --store-nodes "
                           f"{args.standby_replicas + 1} or more", setting="standby_replicas")
     store_ports = tuple(args.store_port + i if args.store_port else 0 for i in range(args.store_nodes))
+    tables_file, demo = "", not args.no_demo
+    if args.tables_file:
+        from pipeline.tables import load_tables
+
+        # Refused before anything starts, naming the file and line; the demo producer writes the demo's input, so
+        # it runs only for a file that reads that topic (an edited copy of the demo's tables).
+        definition = load_tables(args.tables_file)
+        tables_file = str(Path(args.tables_file).resolve())
+        demo = demo and any(src.topic == "readings" for src in definition.sources.values())
     return StackConfig(home=Path(args.home), rest_port=args.rest_port, grpc_port=args.grpc_port,
                        broker_port=args.broker_port, brokers=args.brokers, redis_port=args.redis_port,
                        store_ports=store_ports,
@@ -738,7 +781,7 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
                        standby_replicas=args.standby_replicas, redis_sentinel=args.redis_sentinel,
                        kafka_config=str(Path(args.kafka_config).resolve()) if args.kafka_config else "",
                        spread=args.spread, spark_cluster=args.spark_cluster, secure=args.secure,
-                       demo_rate=args.demo_rate, demo=not args.no_demo).resolved()
+                       tables_file=tables_file, demo_rate=args.demo_rate, demo=demo).resolved()
 
 
 def _count(lo: int, hi: int) -> Callable[[str], int]:
@@ -779,7 +822,7 @@ def _trigger_ms(text: str) -> int:
 
 
 def add_arguments(sub: argparse._SubParsersAction) -> None:
-    up = sub.add_parser("up", help="Start the whole stack with demo data and wait until lookups work.")
+    up = sub.add_parser("up", help="Start the whole stack with demo data (or your tables) and wait until lookups work.")
     up.add_argument("--home", default=".freshroute/local")
     up.add_argument("--rest-port", type=int, default=8080, help="0 picks a free port (so do the other ports)")
     up.add_argument("--grpc-port", type=int, default=50051)
@@ -812,8 +855,12 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
                     help="each store node on a loopback address of its own (127.0.0.11, …), the routers on 127.0.0.2")
     up.add_argument("--redis-sentinel", action="store_true",
                     help="run Redis as a primary, a replica and three sentinels; components follow failovers")
+    up.add_argument("--tables-file", metavar="FILE",
+                    help="your tables instead of the demo's (see docs/tables.md): `up` creates their sources' "
+                         "topics and waits until the pipeline has registered every table")
     up.add_argument("--demo-rate", type=float, default=50.0)
-    up.add_argument("--no-demo", action="store_true")
+    up.add_argument("--no-demo", action="store_true",
+                    help="no demo producer (with --tables-file it runs only if the file reads the `readings` topic)")
     up.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops the stack")
     st = sub.add_parser("status", help="List every component with pid, role and addresses.")
     st.add_argument("--home", default=".freshroute/local")
@@ -925,6 +972,19 @@ freshroute is up, with TLS and tokens (secrets in {s.dir}). Try:
   .venv/bin/freshroute lookup sensor_stats sensor-1 --direct --redis-url {c.redis_url}{namespace} --ca {s.ca} --cluster-secret-file {s.cluster_secret_file}
 
   .venv/bin/freshroute local status --json      .venv/bin/freshroute local down
+""", flush=True)
+        return
+    if c.tables_file:
+        print(f"""
+freshroute is up with the tables of {c.tables_file}. Produce JSON values to their sources' topics
+(bootstrap {c.bootstrap}), then:
+
+  curl -s {c.rest_url}/v1/tables
+  curl -s {c.rest_url}/v1/tables/TABLE/keys/KEY
+  .venv/bin/freshroute lookup TABLE KEY
+
+  OpenAPI docs: {c.rest_url}/docs
+  .venv/bin/freshroute local status      .venv/bin/freshroute local down
 """, flush=True)
         return
     print(f"""

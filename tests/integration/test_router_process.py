@@ -221,12 +221,14 @@ class Deployment:
                                        "--standby", ",".join(map(str, standby)), "--heartbeat-s", str(heartbeat_s)])
         wait_for_port("127.0.0.1", port, 20, proc)
 
-    def start_router(self, name: str = "router", reuse_port: bool = False) -> subprocess.Popen:
+    def start_router(self, name: str = "router", reuse_port: bool = False, metrics_port: int | None = None
+                     ) -> subprocess.Popen:
         env = {"FRESHROUTE_REDIS_URL": self.redis_url, "FRESHROUTE_NAMESPACE": self.namespace,
                "FRESHROUTE_HOST": "127.0.0.1", "FRESHROUTE_REST_PORT": str(self.rest_port),
                "FRESHROUTE_GRPC_PORT": str(self.grpc_port), "FRESHROUTE_REFRESH_MS": "100",
                "FRESHROUTE_NODE_EXPIRY_MS": "2000", "FRESHROUTE_REDIS_TIMEOUT_MS": "300",
-               "FRESHROUTE_REUSE_PORT": "true" if reuse_port else "false"}
+               "FRESHROUTE_REUSE_PORT": "true" if reuse_port else "false",
+               **({"FRESHROUTE_METRICS_PORT": str(metrics_port)} if metrics_port is not None else {})}
         proc = self.procs.start(name, ["-m", "router"], env)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -359,13 +361,21 @@ def _established(pid: int, port: int) -> int:
     return count
 
 
+def _lookups_ok(url: str) -> int:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return int(sum(s.value for f in text_string_to_metric_families(httpx.get(url, timeout=5).text)
+                   for s in f.samples if s.name == "freshroute_router_lookups_total" and s.labels["outcome"] == "ok"))
+
+
 def test_routers_sharing_the_ports_both_serve_and_either_can_go(deployment):
     d = deployment
     d.register()
     for node in NODES:
         d.start_store(node)
-    first = d.start_router("router", reuse_port=True)
-    second = d.start_router("router-2", reuse_port=True)
+    metrics = [free_port(), free_port()]
+    first = d.start_router("router", reuse_port=True, metrics_port=metrics[0])
+    second = d.start_router("router-2", reuse_port=True, metrics_port=metrics[1])
     clients = [httpx.Client(base_url=d.rest, timeout=5) for _ in range(24)]
     try:
         for n, c in enumerate(clients):  # one connection each, kept open
@@ -374,6 +384,9 @@ def test_routers_sharing_the_ports_both_serve_and_either_can_go(deployment):
         held = [_established(p.pid, d.rest_port) for p in (first, second)]
         # The kernel spreads new connections over both (24 all on one: a chance of 2 in 10⁷).
         assert sum(held) == len(clients) and min(held) > 0, held
+        # Each process counts its own lookups on its own metrics port: together, every lookup once.
+        served = [_lookups_ok(f"http://127.0.0.1:{port}/metrics") for port in metrics]
+        assert served == held, (served, held)
     finally:
         for c in clients:
             c.close()

@@ -84,10 +84,17 @@ def test_the_pipeline_alone_is_started_at_the_configured_nice(tmp_path, monkeypa
 def test_routers_beyond_the_first_share_its_ports(tmp_path):
     two = Stack(StackConfig(home=tmp_path, routers=2, rest_port=8080, grpc_port=50051))
     assert two.router_names() == ["router", "router-2"]
+    metrics = set()
     for name in two.router_names():
         role, command, addresses = two.command_for(name)
-        assert role == "router" and addresses == {"rest": "http://127.0.0.1:8080", "grpc": "127.0.0.1:50051"}
-        assert command[-6:] == ["--rest-port", "8080", "--grpc-port", "50051", "--reuse-port", "true"]
+        assert role == "router" and {k: addresses[k] for k in ("rest", "grpc")} == {
+            "rest": "http://127.0.0.1:8080", "grpc": "127.0.0.1:50051"}
+        assert command[-8:-2] == ["--rest-port", "8080", "--grpc-port", "50051", "--metrics-port",
+                                  command[-3]] and command[-2:] == ["--reuse-port", "true"]
+        # Each process's counters on a port of its own: the shared REST port reaches one of them at random.
+        assert addresses["metrics"] == f"http://127.0.0.1:{command[-3]}/metrics"
+        metrics.add(addresses["metrics"])
+    assert len(metrics) == 2
     one = Stack(StackConfig(home=tmp_path, routers=1))
     assert one.router_names() == ["router"]
     assert "--reuse-port" not in one.command_for("router")[1]  # alone, a busy port is an error, not shared
@@ -160,6 +167,57 @@ def test_local_up_passes_the_standby_count_to_the_pipeline_and_starts_the_store_
     assert stack.store_node_names() == [f"store-node-{i}" for i in range(1, 5)]
     command = stack.command_for("pipeline")[1]
     assert command[command.index("--standby-replicas") + 1] == "2"
+
+
+ORDERS = """
+from pipeline.tables import source, sql_table
+
+source("orders", schema="order_id STRING, customer STRING, amount DOUBLE")
+sql_table(name="customer_totals", key="customer", source="orders",
+          sql="SELECT customer, sum(amount) AS total FROM orders GROUP BY customer")
+"""
+
+
+def test_local_up_with_a_tables_file_runs_it_creates_its_topics_and_no_demo_producer(tmp_path):
+    from freshroute.cli import build_parser
+    from freshroute.local.stack import config_from_args
+
+    path = tmp_path / "orders.py"
+    path.write_text(ORDERS)
+    args = build_parser().parse_args(["local", "up", "--home", str(tmp_path), "--tables-file", str(path),
+                                      "--store-port", "0"])
+    stack = Stack(config_from_args(args))
+    assert stack.config.tables_file == str(path.resolve()) and not stack.config.demo
+    command = stack.command_for("pipeline")[1]
+    assert command[command.index("--tables-file") + 1] == str(path.resolve())
+    assert [s.topic for s in stack.tables().sources.values()] == ["orders"]
+    assert stack.status()["tables_file"] == str(path.resolve())
+    # A copy of the demo's tables reads the demo producer's topic: the producer runs for it.
+    from pipeline.settings import DEMO_TABLES_FILE
+
+    copy = tmp_path / "mine.py"
+    copy.write_text(DEMO_TABLES_FILE.read_text())
+    args = build_parser().parse_args(["local", "up", "--home", str(tmp_path), "--tables-file", str(copy),
+                                      "--store-port", "0"])
+    assert config_from_args(args).demo
+
+
+@pytest.mark.parametrize("body, says", [
+    (None, "does not exist"),
+    ("x = 1\n", "declares no table"),
+    ("from pipeline.tables import source\nsource('a', schema='k STRING')\nboom(\n", "line 3: syntax error"),
+])
+def test_local_up_refuses_a_broken_tables_file_before_anything_starts_naming_file_and_line(tmp_path, capsys, body,
+                                                                                          says):
+    from freshroute import cli
+
+    path = tmp_path / "tables.py"
+    if body is not None:
+        path.write_text(body)
+    assert cli.main(["local", "up", "--home", str(tmp_path / "home"), "--tables-file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "TABLES_FILE_ERROR" in err and str(path) in err and says in err, err
+    assert not (tmp_path / "home").exists()  # nothing started, nothing written
 
 
 def test_a_sentinel_stack_runs_a_replica_and_three_sentinels_and_points_every_component_at_them(tmp_path):
