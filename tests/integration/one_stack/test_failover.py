@@ -296,7 +296,7 @@ def test_a_wiped_node_restores_then_serves_the_recomputed_values(stack, readings
     stack.stop(victim)  # SIGTERM: drains, hands its actives over
     shutil.rmtree(stack.config.home / "data" / vid)
     # Paced so that RESTORING lasts long enough to be seen from outside.
-    stack.start(victim, "--apply-rate-limit", "400", "--restore-log-interval-ms", "1000")
+    stack.start(victim, "--apply-rate-limit", "1000", "--restore-log-interval-ms", "500")
     try:
         _restores_and_serves(stack, md, victim, readings)
     finally:  # the stack is shared: the node applies at full speed again for the modules after this one

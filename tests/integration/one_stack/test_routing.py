@@ -123,7 +123,7 @@ def test_lagging_replica_serves_only_bounds_it_meets(stack, client, readings, tm
 
     try:
         strict_by_node: dict[str, int] = {}
-        cfg = LoadConfig(keys=SENSORS, protocol="both", concurrency=4, rate=60.0, duration_s=20.0, timeout_s=5.0,
+        cfg = LoadConfig(keys=SENSORS, protocol="both", concurrency=4, rate=60.0, duration_s=10.0, timeout_s=5.0,
                          bound_mix="max_lag=0:3,none:1", seed=4)
         # Many distinct keys, so that every micro-batch puts many records on the changelog.
         with Writer(stack, rate=150, duration_s=40, seed=10, keys=3000):
