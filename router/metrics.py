@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from typing import Callable, Iterable, Mapping, NamedTuple
 
-from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-OUTCOMES = ("ok", "not_found", "no_replica", "unavailable", "timeout", "invalid", "table_not_found", "error")
-ROLES = ("active", "standby", "none")
-LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
-RETRY_REASONS = ("unavailable", "too_stale", "not_hosted", "error", "slow", "hedge", "position")
+from freshroute.routing.lookup_metrics import LookupMetrics
 
 
 class ReplicaGauge(NamedTuple):
@@ -58,56 +54,15 @@ class _ReplicaCollector(Collector):
         yield bad
 
 
-class _LookupCollector(Collector):
-    """Lookups by outcome and role, and their latency, counted in plain ints.
-
-    prometheus_client's Counter and Histogram take a lock per update (three per lookup);
-    the router counts on its event loop thread alone, so it keeps plain counts and turns
-    them into metric families only when scraped.
-    """
-
-    def __init__(self) -> None:
-        self.counts = {(o, r): 0 for o in OUTCOMES for r in ROLES}
-        self.buckets = [0] * (len(LATENCY_BUCKETS) + 1)  # the last one is +Inf
-        self.sum_s = 0.0
-
-    def collect(self):
-        lookups = CounterMetricFamily("freshroute_router_lookups",
-                                      "Key lookups by outcome and role of the replica that served",
-                                      labels=["outcome", "role"])
-        for (outcome, role), n in self.counts.items():
-            lookups.add_metric([outcome, role], n)
-        cumulative, running = [], 0
-        for bound, n in zip((*(str(float(b)) for b in LATENCY_BUCKETS), "+Inf"), self.buckets):
-            running += n
-            cumulative.append((bound, running))
-        latency = HistogramMetricFamily("freshroute_router_lookup_seconds", "Key lookup latency at the router")
-        latency.add_metric([], cumulative, self.sum_s)
-        yield lookups
-        yield latency
-
-
 class RouterMetrics:
     """Lookups by outcome and serving role, retries, hedges, latency; replica lag at scrape time."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        self._lookups = _LookupCollector()
-        self.registry.register(self._lookups)
-        self._retries = Counter("freshroute_router_retries", "Extra replica attempts, by why they were made",
-                                ["reason"], registry=self.registry)
-        # Children resolved once: labels() takes a lock and a dict lookup on every call.
-        self._retry_children = {r: self._retries.labels(r) for r in RETRY_REASONS}
-
-    def lookup(self, outcome: str, role: str, seconds: float, count: int = 1) -> None:
-        """``count`` lookups that ended alike (a batch group's keys) after ``seconds``."""
-        lookups = self._lookups
-        lookups.counts[(outcome, role)] += count
-        lookups.buckets[bisect_left(LATENCY_BUCKETS, seconds)] += count
-        lookups.sum_s += seconds * count
-
-    def retry(self, reason: str) -> None:
-        self._retry_children[reason].inc()
+        # The event loop is the router's one routing thread: one set of counts, its methods bound once.
+        counts = LookupMetrics("freshroute_router", self.registry).counts()
+        self.lookup = counts.lookup
+        self.retry = counts.retry
 
     def watch(self, replicas: Callable[[], Iterable[ReplicaGauge]], metadata_age_s: Callable[[], float],
               redis_up: Callable[[], bool], bad_heartbeats: Callable[[], Mapping[str, int]] = dict) -> None:

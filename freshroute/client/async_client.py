@@ -22,6 +22,7 @@ from freshroute.tls import ClientTLS
 
 from freshroute.client.arguments import ScanRange, batch_keys
 from freshroute.client.lookup import Lookup, Positions, Windows
+from freshroute.client.metrics import ClientMetrics
 from freshroute.client.router import RouterHttp, RouterMetadata, snapshot_from_router, table_infos
 
 # Errors after which the router may still answer: nothing direct could be reached in time.
@@ -48,14 +49,16 @@ class AsyncClient:
     ``redis_master_name`` for Redis Sentinel) or from a router (``router``); with both, metadata
     comes from Redis and the router answers when no store node can. A router with an auth file
     or TLS takes ``token``, ``ca`` (the CA to trust) and ``cert``/``key`` (mTLS); the same TLS settings reach
-    the store nodes, and ``cluster_secret`` is presented to nodes that require it.
+    the store nodes, and ``cluster_secret`` is presented to nodes that require it. ``metrics``, a
+    prometheus_client ``CollectorRegistry``, gets the client's counters (:mod:`freshroute.client.metrics`).
     Use as ``async with AsyncClient(...) as client`` (or call :meth:`start` and :meth:`close`).
     """
 
     def __init__(self, redis_url: str | None = None, *, router: str | None = None, namespace: str = "freshroute",
                  redis_sentinels: str | None = None, redis_master_name: str | None = None,
                  token: str | None = None, ca: str | None = None, cert: str | None = None, key: str | None = None,
-                 cluster_secret: str | None = None, policy: RoutingPolicy | None = None, refresh_ms: int = 150, connect_timeout_s: float = 5.0) -> None:
+                 cluster_secret: str | None = None, policy: RoutingPolicy | None = None, refresh_ms: int = 150,
+                 connect_timeout_s: float = 5.0, metrics: Any = None) -> None:
         if not redis_url and not redis_sentinels and not router:
             raise ConfigError("give redis_url or redis_sentinels (the metadata store) or router (a router's REST "
                               "address), or both", setting="redis_url")
@@ -75,6 +78,7 @@ class AsyncClient:
         self.access = NodeAccess(cluster_secret or "", ClientTLS(ca, cert, key))
         self._refresh_ms = refresh_ms
         self._connect_timeout_s = connect_timeout_s
+        self.metrics: ClientMetrics | None = ClientMetrics(metrics) if metrics is not None else None
         self.router: RouterHttp | None = None
         self.core: RoutingCore | None = None
         self._metadata_redis: Any = None
@@ -101,7 +105,8 @@ class AsyncClient:
         else:
             assert self.router is not None
             metadata = RouterMetadata(self.router, max(self._refresh_ms, 250), on_swap=self._on_swap)
-        self.core = RoutingCore(self.policy, metadata, StoreNodeClient(access=self.access))
+        self.core = RoutingCore(self.policy, metadata, StoreNodeClient(access=self.access),
+                                metrics=self.metrics.counts() if self.metrics is not None else None)
         deadline = asyncio.get_running_loop().time() + self._connect_timeout_s
         while not await metadata.refresh_once() and self.router is None:
             if asyncio.get_running_loop().time() >= deadline:
@@ -151,6 +156,13 @@ class AsyncClient:
         snap = self._core().metadata.current
         return snap.loaded and bool(snap.tables) or self.router is None
 
+    def via_router(self, operation: str) -> RouterHttp:
+        """The router, for a read the store nodes did not answer (or with no metadata to find them), counted."""
+        assert self.router is not None, "direct() is True without a router"
+        if self.metrics is not None:
+            self.metrics.fell_back(operation)
+        return self.router
+
     # ---- reads --------------------------------------------------------------------------
 
     async def get(self, table: str, key: str, *, max_lag: int | None = None, max_staleness_ms: int | None = None,
@@ -164,8 +176,7 @@ class AsyncClient:
             except _FALL_BACK:
                 if self.router is None:
                     raise
-        assert self.router is not None
-        return await self.router.get(table, key, bound)
+        return await self.via_router("get").get(table, key, bound)
 
     async def get_many(self, table: str, keys: list[str], *, max_lag: int | None = None,
                        max_staleness_ms: int | None = None,
@@ -180,8 +191,7 @@ class AsyncClient:
                                            lambda *group: Lookup.group(*group, lag))
             if self.router is None or not any(isinstance(r, _FALL_BACK) for r in results):
                 return results
-        assert self.router is not None
-        return await self.router.get_many(table, keys, bound)
+        return await self.via_router("get_many").get_many(table, keys, bound)
 
     async def windows(self, table: str, key: str, *, from_ms: int, to_ms: int, max_lag: int | None = None,
                       max_staleness_ms: int | None = None, min_position: str | Position | None = None) -> Windows:
@@ -195,8 +205,7 @@ class AsyncClient:
             except _FALL_BACK:
                 if self.router is None:
                     raise
-        assert self.router is not None
-        return await self.router.windows(table, key, from_ms, to_ms, bound)
+        return await self.via_router("windows").windows(table, key, from_ms, to_ms, bound)
 
     async def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
                    limit: int | None = None, page_size: int | None = None, max_lag: int | None = None,
@@ -232,8 +241,7 @@ class AsyncClient:
                     who = page.served_by[partition]
                     rows.append(Lookup.of(who._replace(key=key, found=True, value=value), lag))
                 return rows, page.next_page_token
-        assert self.router is not None
-        return await self.router.scan_page(table, prefix, start, end, limit, page_token, bound)
+        return await self.via_router("scan").scan_page(table, prefix, start, end, limit, page_token, bound)
 
     # ---- metadata -----------------------------------------------------------------------
 

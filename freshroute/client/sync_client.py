@@ -49,11 +49,12 @@ class Client:
     def __init__(self, redis_url: str | None = None, *, router: str | None = None, namespace: str = "freshroute",
                  redis_sentinels: str | None = None, redis_master_name: str | None = None,
                  token: str | None = None, ca: str | None = None, cert: str | None = None, key: str | None = None,
-                 cluster_secret: str | None = None, policy: RoutingPolicy | None = None, refresh_ms: int = 150, connect_timeout_s: float = 5.0) -> None:
+                 cluster_secret: str | None = None, policy: RoutingPolicy | None = None, refresh_ms: int = 150,
+                 connect_timeout_s: float = 5.0, metrics: Any = None) -> None:
         self._async = AsyncClient(redis_url, router=router, namespace=namespace, redis_sentinels=redis_sentinels,
                                   redis_master_name=redis_master_name, token=token, ca=ca, cert=cert, key=key,
-                                  cluster_secret=cluster_secret,
-                                  policy=policy, refresh_ms=refresh_ms, connect_timeout_s=connect_timeout_s)
+                                  cluster_secret=cluster_secret, policy=policy, refresh_ms=refresh_ms,
+                                  connect_timeout_s=connect_timeout_s, metrics=metrics)
         self.policy = self._async.policy
         self._local = threading.local()
         self._stores: list[BlockingStore] = []
@@ -106,7 +107,9 @@ class Client:
             metadata = self._async.metadata
             store = BlockingStore(metadata, self._async.access)
             # The core's own (asyncio) store is never used on this thread: reads go through ``store``.
-            mine = self._local.core = (RoutingCore(self.policy, metadata, self._async.core.store), store)
+            metrics = self._async.metrics.counts() if self._async.metrics is not None else None
+            mine = self._local.core = (RoutingCore(self.policy, metadata, self._async.core.store, metrics=metrics),
+                                       store)
             with self._lock:
                 self._stores.append(store)
         return mine
@@ -119,17 +122,20 @@ class Client:
         core, store = self._thread_core()
         bound = parse_bound(max_lag, max_staleness_ms, min_position)
         if self._async.direct():
+            started = time.perf_counter()
             try:
                 spec, raw_key, plan = core.plan_get(table, key, bound, time.monotonic())
                 answer = _read_one(store, plan, Request.get(table, plan.partition, raw_key, plan.bound))
-            except _FALL_BACK:
-                if self._async.router is None:
+            except FreshrouteError as e:
+                core.count(started, e)
+                if self._async.router is None or not isinstance(e, _FALL_BACK):
                     raise
             else:
                 cand, read = answer
-                return Lookup.of(lookup_result(table, key, plan.partition, cand, read), core.input_lag(table))
-        return self._call(self._async.get(table, key, max_lag=max_lag, max_staleness_ms=max_staleness_ms,
-                                          min_position=min_position))
+                result = core.count(started, lookup_result(table, key, plan.partition, cand, read))
+                return Lookup.of(result, core.input_lag(table))
+        # The store nodes were tried once, here: straight to the router, not through the async client's own attempt.
+        return self._call(self._async.via_router("get").get(table, key, bound))
 
     def get_many(self, table: str, keys: list[str], *, max_lag: int | None = None, max_staleness_ms: int | None = None,
                  min_position: str | Position | None = None) -> list[Lookup | FreshrouteError]:
@@ -138,6 +144,7 @@ class Client:
         bound = parse_bound(max_lag, max_staleness_ms, min_position)
         keys = batch_keys(keys)
         if self._async.direct():
+            started = time.perf_counter()
             spec, bound, groups, raw_keys = core.group_keys(table, keys, bound)
             now = time.monotonic()
             deadline = now + self.policy.request_timeout_ms / 1000
@@ -145,7 +152,10 @@ class Client:
                      Request.group(table, p, [raw_keys[i] for i in idx], bound)) for p, idx in groups.items()]
             out: list[Lookup | FreshrouteError] = [None] * len(keys)  # type: ignore[list-item]
             lag = core.input_lag(table)
-            for (p, idx), answer in zip(groups.items(), run_blocking(store, jobs)):
+            answers = run_blocking(store, jobs)
+            elapsed = time.perf_counter() - started
+            for (p, idx), answer in zip(groups.items(), answers):
+                core.count_group(answer, len(idx), elapsed)
                 if isinstance(answer, FreshrouteError):
                     for i in idx:
                         out[i] = answer
@@ -155,8 +165,7 @@ class Client:
                         out[i] = r
             if self._async.router is None or not any(isinstance(r, _FALL_BACK) for r in out):
                 return out
-        return self._call(self._async.get_many(table, keys, max_lag=max_lag, max_staleness_ms=max_staleness_ms,
-                                               min_position=min_position))
+        return self._call(self._async.via_router("get_many").get_many(table, keys, bound))
 
     def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
              limit: int | None = None, page_size: int | None = None, max_lag: int | None = None,
@@ -181,18 +190,19 @@ class Client:
         core, store = self._thread_core()
         bound = parse_bound(max_lag, max_staleness_ms, min_position)
         if self._async.direct():
+            started = time.perf_counter()
             try:
                 r = core.plan_windows(table, key, from_ms, to_ms, bound, time.monotonic())
                 plan = r.plan
                 answer = _read_one(store, plan, Request.range(table, plan.partition, r.lo, r.hi, r.limit, r.live,
                                                               plan.bound))
-            except _FALL_BACK:
-                if self._async.router is None:
+            except FreshrouteError as e:
+                core.count(started, e)
+                if self._async.router is None or not isinstance(e, _FALL_BACK):
                     raise
             else:
-                return Windows.of(r.result(*answer), core.input_lag(table))
-        return self._call(self._async.windows(table, key, from_ms=from_ms, to_ms=to_ms, max_lag=max_lag,
-                                              max_staleness_ms=max_staleness_ms, min_position=min_position))
+                return Windows.of(core.count(started, r.result(*answer)), core.input_lag(table))
+        return self._call(self._async.via_router("windows").windows(table, key, from_ms, to_ms, bound))
 
     # ---- metadata -----------------------------------------------------------------------
 

@@ -28,6 +28,8 @@ from freshroute.routing.store import (GroupResult, ReadResult, ReadStatus, Repli
                                       WindowFilter)
 from freshroute.windows import MAX_START_MS, Window, WindowSpec, key_range, split_window_key, windows_of
 
+_Counted = TypeVar("_Counted", LookupResult, WindowsResult, FreshrouteError)
+
 
 @dataclass(frozen=True)
 class RoutingPolicy:
@@ -227,11 +229,34 @@ class RoutingCore:
             read = self.store.read
             cand, answer = await run(plan, lambda c: read(c.replica.address, table, partition, raw_key, bound))
         except FreshrouteError as e:
-            self.metrics.lookup(outcome_label(e), "none", time.perf_counter() - started)
+            self.count(started, e)
             raise
-        result = lookup_result(table, key, partition, cand, answer)
-        self.metrics.lookup("ok" if result.found else "not_found", result.role, time.perf_counter() - started)
-        return result
+        return self.count(started, lookup_result(table, key, partition, cand, answer))
+
+    def count(self, started: float, outcome: _Counted) -> _Counted:
+        """One key's read that ended in ``outcome`` (its result, or the error it raised) since ``started``
+        (``time.perf_counter()``), counted by outcome and serving role; returns ``outcome``."""
+        elapsed = time.perf_counter() - started
+        if type(outcome) is LookupResult:  # the common case first: this runs on every lookup
+            self.metrics.lookup("ok" if outcome.found else "not_found", outcome.role, elapsed)
+        elif isinstance(outcome, WindowsResult):
+            self.metrics.lookup("ok" if outcome.windows else "not_found", outcome.role, elapsed)
+        else:
+            self.metrics.lookup(outcome_label(outcome), "none", elapsed)
+        return outcome
+
+    def count_group(self, outcome: Any, keys: int, elapsed: float) -> None:
+        """One partition's group of ``keys`` keys: its ``(candidate, GroupResult)`` or the error no replica avoided."""
+        if isinstance(outcome, FreshrouteError):
+            self.metrics.lookup(outcome_label(outcome), "none", elapsed, keys)
+            return
+        cand, answer = outcome
+        found = len(answer.values) - answer.values.count(b"")  # an absent key's value is empty
+        role = served_by(cand, answer.replica)[1]
+        if found:
+            self.metrics.lookup("ok", role, elapsed, found)
+        if found < keys:
+            self.metrics.lookup("not_found", role, elapsed, keys - found)
 
     async def batch_get(self, table: str, keys: list[str], bound: Bound = NO_BOUND,
                         answers: "GroupAnswers[Any] | None" = None) -> list[Any]:
@@ -253,20 +278,14 @@ class RoutingCore:
         outcomes = await run_many(plans, lambda j, c: read_many(c.replica.address, table, parts[j][0], sent[j], bound))
         elapsed = time.perf_counter() - started
         for (partition, indices), outcome in zip(parts, outcomes):
+            self.count_group(outcome, len(indices), elapsed)
             if isinstance(outcome, FreshrouteError):
                 for i in indices:
                     results[i] = outcome
-                self.metrics.lookup(outcome_label(outcome), "none", elapsed, len(indices))
                 continue
             cand, answer = outcome
             for i, result in zip(indices, make(table, [keys[i] for i in indices], partition, cand, answer)):
                 results[i] = result
-            found = len(answer.values) - answer.values.count(b"")  # an absent key's value is empty
-            role = served_by(cand, answer.replica)[1]
-            if found:
-                self.metrics.lookup("ok", role, elapsed, found)
-            if found < len(indices):
-                self.metrics.lookup("not_found", role, elapsed, len(indices) - found)
         return results
 
     async def scan(self, table: str, prefix: str = "", start: str = "", end: str = "", limit: int | None = None,
@@ -319,11 +338,9 @@ class RoutingCore:
             cand, answer = await run(plan, lambda c: read_range(c.replica.address, table, plan.partition, r.lo, r.hi,
                                                                 r.limit, r.live, plan.bound))
         except FreshrouteError as e:
-            self.metrics.lookup(outcome_label(e), "none", time.perf_counter() - started)
+            self.count(started, e)
             raise
-        result = r.result(cand, answer)
-        self.metrics.lookup("ok" if result.windows else "not_found", result.role, time.perf_counter() - started)
-        return result
+        return self.count(started, r.result(cand, answer))
 
     async def scan_windows(self, table: str, from_ms: int, to_ms: int, limit: int | None = None,
                            page_token: str | None = None, bound: Bound = NO_BOUND) -> WindowPage:

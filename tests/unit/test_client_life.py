@@ -54,3 +54,33 @@ def test_an_async_client_refuses_reads_before_start_and_after_close_and_cannot_s
             await c.start()
 
     asyncio.run(life())
+
+
+def test_a_client_asked_for_metrics_counts_into_the_registry_given_and_falls_back_counted():
+    from prometheus_client import CollectorRegistry
+
+    from freshroute.client.metrics import ClientMetrics
+
+    registry = CollectorRegistry()
+    metrics = ClientMetrics(registry)
+    threads = [metrics.counts(), metrics.counts()]  # two routing threads, counting apart, summed when scraped
+    threads[0].lookup("ok", "active", 0.002)
+    threads[1].lookup("ok", "active", 0.004, count=3)
+    threads[1].lookup("timeout", "none", 2.0)
+    threads[0].retry("hedge")
+    metrics.fell_back("get")
+    value = registry.get_sample_value
+    assert value("freshroute_client_lookups_total", {"outcome": "ok", "role": "active"}) == 4
+    assert value("freshroute_client_lookups_total", {"outcome": "timeout", "role": "none"}) == 1
+    assert value("freshroute_client_lookup_seconds_count") == 5
+    assert value("freshroute_client_lookup_seconds_bucket", {"le": "0.005"}) == 4
+    assert value("freshroute_client_retries_total", {"reason": "hedge"}) == 1
+    assert value("freshroute_client_router_fallbacks_total", {"operation": "get"}) == 1
+    # A client given a registry counts into it from its first read, a failed one included.
+    from freshroute.errors import FreshrouteError
+
+    registry = CollectorRegistry()
+    with Client(redis_url=nowhere(), connect_timeout_s=0.1, metrics=registry) as c:
+        with pytest.raises(FreshrouteError):
+            c.get("t", "k")
+    assert registry.get_sample_value("freshroute_client_lookup_seconds_count") == 1

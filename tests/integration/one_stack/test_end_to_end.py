@@ -88,14 +88,23 @@ def test_the_client_reads_the_recomputed_values_straight_from_the_store_nodes(st
     expected = expected_sensor_stats(readings)
     with httpx.Client(base_url=stack.config.rest_url, timeout=10) as http:
         wait_until(lambda: all_sensors_served(http, expected), FIRST_DATA_TIMEOUT_S, "every sensor's stats to be served", stack=stack)
+    from prometheus_client import CollectorRegistry
+
     c = stack.config
-    with Client(redis_url=c.redis_url, namespace=c.namespace) as client:
+    registry = CollectorRegistry()
+    with Client(redis_url=c.redis_url, namespace=c.namespace, metrics=registry) as client:
         for sensor, want in expected.items():
             r = client.get("sensor_stats", sensor)
             assert r.found and same_stats(r.value, want), (sensor, r, want)
             assert r.partition == partition_for(serialize_key(sensor), 8)
             assert r.node.startswith("node-") and r.role in {"active", "standby"}
             assert r.lag_offsets >= 0 and r.lag_ms >= 0 and r.position.startswith("p1.")
+        # The client counts what it did, when asked: every get found, by the role that served it; no fallback.
+        ok = sum(registry.get_sample_value("freshroute_client_lookups_total", {"outcome": "ok", "role": role}) or 0
+                 for role in ("active", "standby"))
+        assert ok == len(expected)
+        assert registry.get_sample_value("freshroute_client_lookup_seconds_count") == len(expected)
+        assert registry.get_sample_value("freshroute_client_router_fallbacks_total", {"operation": "get"}) is None
         names = sorted(expected)
         many = client.get_many("sensor_stats", [*names, "no-such-sensor"], max_staleness_ms=60_000)
         assert [m.key for m in many] == [*names, "no-such-sensor"]
