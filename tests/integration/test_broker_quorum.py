@@ -86,7 +86,8 @@ def test_kill_9_of_a_broker_under_lookups_and_input(stack, tmp_path):
         input_.stop.set()
         input_.join(90)
     assert not input_.failed, input_.failed[:5]
-    assert len(input_.acked) >= 500
+    # Input went on through the outage: a third of the 50 readings/s asked, on 2 busy cores.
+    assert len(input_.acked) >= 17 * summary["duration_s"], (len(input_.acked), summary["duration_s"])
 
     events = [f["event"] for f in summary["faults"]]
     assert any(e.startswith(f"kill -9 {victim}") for e in events), events
