@@ -91,7 +91,8 @@ def committed_batches(checkpoint: Path) -> int:
 
 
 class QueryChanged(ConfigError):
-    """A query's checkpoint holds the state of other tables than the tables file now puts in it."""
+    """A query's checkpoint holds the state of other tables, or of another definition of its tables, than the tables
+    file now gives it."""
 
     code = "QUERY_CHANGED"
 
@@ -540,6 +541,16 @@ class Pipeline:
             checkpoint = self.settings.query_checkpoint(q.name)
             raise InputDataLost(f"{q.label}: {lost.group(1).strip()} To reprocess the input the broker still holds, "
                                 f"delete {checkpoint}.", query=q.name, checkpoint=str(checkpoint))
+        # A table whose aggregation changed finds state of another shape in its checkpoint: every restart would fail
+        # alike, so the pipeline stops at once and says what to do.
+        changed = re.search(r"\[(STATE_STORE_(?:KEY|VALUE)_SCHEMA_NOT_COMPATIBLE|"
+                            r"STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA)[^\]]*\]", error)
+        if changed:
+            checkpoint = self.settings.query_checkpoint(q.name)
+            raise QueryChanged(f"{q.label}: its checkpoint {checkpoint} holds the state of an earlier definition of "
+                               f"its tables (Spark: {changed.group(1)}). Delete {checkpoint} to recompute them from "
+                               f"the input, or give the changed table a query of its own (query=...).",
+                               query=q.name, checkpoint=str(checkpoint))
         now = time.monotonic()
         q.failures = [t for t in q.failures if now - t < _RESTART_WINDOW_S] + [now]
         summary = _first_line(error)

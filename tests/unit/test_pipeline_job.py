@@ -96,6 +96,16 @@ def test_lost_input_data_stops_the_pipeline_with_the_sources_message(pipeline):
     assert e.value.code == "INPUT_DATA_LOST" and e.value.details["query"] == "sensor_stats"
 
 
+def test_a_changed_aggregation_stops_the_pipeline_at_once_naming_the_checkpoint(pipeline):
+    error = ("[STREAM_FAILED] Query [id = 1] terminated with exception: [STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE] "
+             "Provided value schema does not match existing state value schema.\n\tat org.apache.spark...\n")
+    run = run_of(pipeline)
+    with pytest.raises(QueryChanged, match=r"^table sensor_stats: its checkpoint .*sensor_stats holds the state of an "
+                                           r"earlier definition .*STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE.*Delete ") as e:
+        pipeline._restart_or_fail(run, error, threading.Event())
+    assert e.value.code == "QUERY_CHANGED" and run.failures == []  # no restart tried
+
+
 def test_a_query_failing_again_and_again_stops_the_pipeline(pipeline):
     run = run_of(pipeline)
     run.failures = [time.monotonic()] * 8
