@@ -102,6 +102,16 @@ class Readings:
         return list(self.events)
 
 
+def assert_clean_load(summary: dict, per_s: float) -> None:
+    """A lookup load's summary (``loadtest.scenario.run``): at least ``per_s`` lookups a second of load, none failed,
+    and every answer checked against the changelog and consistent with it."""
+    assert summary["requests"] >= per_s * summary["duration_s"], summary
+    assert summary["failed"] == 0, (summary["errors_by_code"], summary["first_failures"])
+    consistency = summary["consistency"]
+    assert consistency["ok"], orjson.dumps(consistency, option=orjson.OPT_INDENT_2).decode()
+    assert consistency["values_checked"] == summary["requests"]
+
+
 def wait_every_sensor_served(stack: Stack, sensors: int, timeout_s: float = 120.0) -> None:
     """Until ``sensor-0`` … ``sensor-{sensors-1}`` are all served (any freshness)."""
     with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:

@@ -32,7 +32,7 @@ import pytest
 from freshroute.keys import partition_for, serialize_key
 from loadtest.scenario import Fault, LoadConfig, run
 from proto import store_pb2
-from tests.integration.cluster_support import (TABLE, Readings, StrictProbe, Watch, balanced, fully_replicated,
+from tests.integration.cluster_support import (assert_clean_load, TABLE, Readings, StrictProbe, Watch, balanced, fully_replicated,
                                                keys_by_partition, lease_holder, metadata, node_id, node_status,
                                                read_from_node, wait_every_sensor_served)
 from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, expected_sensor_stats, produced, same_stats,
@@ -130,11 +130,7 @@ def _assert_failover(result: dict, vid: str) -> None:
     assert all(s is not None and s <= PROMOTED_WITHIN_S + 1.0 for s in f["new_active_serves_s"].values()), f
     # Only the killed node ever left the assignment: nobody else was declared dead under this load.
     assert set(f["nodes_dropped"]) <= {vid}, f
-    assert summary["requests"] >= 600, summary
-    assert summary["failed"] == 0, (summary["errors_by_code"], summary["first_failures"])
-    consistency = summary["consistency"]
-    assert consistency["ok"], orjson.dumps(consistency, option=orjson.OPT_INDENT_2).decode()
-    assert consistency["values_checked"] == summary["requests"]
+    assert_clean_load(summary, per_s=35)  # 600 of the 960 asked in 16 s
 
 
 def test_kill_9_of_a_node_under_load(stack, readings, tmp_path):

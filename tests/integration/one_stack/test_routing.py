@@ -160,11 +160,12 @@ def test_lagging_replica_serves_only_bounds_it_meets(stack, client, readings, tm
 
 
 def test_redis_stopped_for_10s_under_lookups(stack, client, readings, tmp_path):
-    cfg = LoadConfig(keys=SENSORS, protocol="both", concurrency=6, rate=80.0, duration_s=22.0, timeout_s=5.0,
+    # Redis stopped 4 s in, started again 10 s later, and 4 s of lookups with it back.
+    cfg = LoadConfig(keys=SENSORS, protocol="both", concurrency=6, rate=80.0, duration_s=18.0, timeout_s=5.0,
                      bound_mix="none:2,max_lag=100000:1,max_staleness_ms=120000:1,session:2", seed=8)
     summary = run(stack, cfg, [Fault(4.0, "redis-outage", "redis", 10.0)], tmp_path / "redis", check=True,
                   plots=True, title="redis-outage")
     assert any(f["event"].startswith("stop redis") for f in summary["faults"])
-    assert summary["requests"] >= 800, summary
+    assert summary["requests"] >= 650, summary
     assert summary["failed"] == 0, (summary["errors_by_code"], summary["first_failures"])
     assert summary["consistency"]["ok"], summary["consistency"]
