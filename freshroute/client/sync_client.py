@@ -145,11 +145,11 @@ class Client:
         keys = batch_keys(keys)
         if self._async.direct():
             started = time.perf_counter()
-            spec, bound, groups, raw_keys = core.group_keys(table, keys, bound)
+            spec, resolved, groups, raw_keys = core.group_keys(table, keys, bound)
             now = time.monotonic()
             deadline = now + self.policy.request_timeout_ms / 1000
-            jobs = [(core.plan_group(table, p, bound, now, deadline),
-                     Request.group(table, p, [raw_keys[i] for i in idx], bound)) for p, idx in groups.items()]
+            jobs = [(core.plan_group(table, p, resolved, now, deadline),
+                     Request.group(table, p, [raw_keys[i] for i in idx], resolved)) for p, idx in groups.items()]
             out: list[Lookup | FreshrouteError] = [None] * len(keys)  # type: ignore[list-item]
             lag = core.input_lag(table)
             answers = run_blocking(store, jobs)
