@@ -10,6 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Callable
 
+import httpx
 import orjson
 
 from freshroute.local.stack import Stack, StackConfig
@@ -88,6 +89,17 @@ def produce_readings(stack: Stack, events: list[dict]) -> None:
         producer.poll(0)
     assert producer.flush(30) == 0
     produced(stack).extend(events)
+
+
+def produce_and_serve(stack: Stack, events: list[dict], headers: dict[str, str] | None = None) -> dict[str, dict]:
+    """Produce ``events``, then wait until the router serves every sensor produced to ``stack`` so far as a
+    recomputation says, caught up (``max_lag=0``); returns that recomputation. ``headers`` go with the lookups."""
+    produce_readings(stack, events)
+    expected = expected_sensor_stats(produced(stack))
+    with httpx.Client(base_url=stack.config.rest_url, timeout=10, headers=headers) as client:
+        wait_until(lambda: all_sensors_served(client, expected, max_lag=0), FIRST_DATA_TIMEOUT_S,
+                   "every sensor produced to be served", stack=stack)
+    return expected
 
 
 def expected_sensor_stats(events: list[dict]) -> dict[str, dict]:

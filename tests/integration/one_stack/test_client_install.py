@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, all_sensors_served, expected_sensor_stats,
-                                             produce_readings, produced, same_stats, wait_until)
+from tests.integration.stack_fixture import produce_and_serve, same_stats
 
 pytestmark = pytest.mark.integration
 
@@ -54,13 +53,7 @@ def client_python(tmp_path_factory) -> Path:
 def test_the_client_install_brings_no_server_dependency_and_reads_the_stack(stack, client_python, tmp_path):
     rng = random.Random(31)
     events = [{"sensor": f"sensor-{i % 6}", "area": "hold", "reading": round(rng.uniform(0, 50), 2)} for i in range(60)]
-    produce_readings(stack, events)
-    expected = expected_sensor_stats(produced(stack))
-    import httpx
-
-    with httpx.Client(base_url=stack.config.rest_url, timeout=10) as http:
-        wait_until(lambda: all_sensors_served(http, expected, max_lag=0), FIRST_DATA_TIMEOUT_S,
-                   "every sensor to be served", stack=stack)
+    expected = produce_and_serve(stack, events)
 
     listed = subprocess.run([str(client_python), "-m", "pip", "list", "--format", "json"], capture_output=True,
                             text=True, timeout=60, check=True)

@@ -23,8 +23,7 @@ import pytest
 
 from proto import router_pb2, router_pb2_grpc
 from router.auth import token_hash
-from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, all_sensors_served, expected_sensor_stats,
-                                             produce_readings, produced, restart_router, wait_until)
+from tests.integration.stack_fixture import produce_and_serve, restart_router, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -54,10 +53,7 @@ def stack(stack, tmp_path_factory):
         rng = random.Random(3)
         events = [{"sensor": f"sensor-{rng.randrange(20)}", "area": "cabin", "reading": round(rng.uniform(0, 9), 2)}
                   for _ in range(300)]
-        produce_readings(stack, events)
-        with httpx.Client(base_url=stack.config.rest_url, timeout=10, headers=bearer(ADMIN)) as client:
-            wait_until(lambda: all_sensors_served(client, expected_sensor_stats(produced(stack)), max_lag=0),
-                       FIRST_DATA_TIMEOUT_S, "every sensor to be served", stack=stack)
+        produce_and_serve(stack, events, headers=bearer(ADMIN))
         stack.auth_path = path
         yield stack
     finally:

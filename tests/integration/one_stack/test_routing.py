@@ -15,8 +15,7 @@ from freshroute.keys import partition_for, serialize_key
 from freshroute.position import Position
 from loadtest.scenario import Fault, LoadConfig, run
 from proto import router_pb2, router_pb2_grpc, store_pb2, store_pb2_grpc
-from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, all_sensors_served, expected_sensor_stats,
-                                             produce_readings, produced, wait_until)
+from tests.integration.stack_fixture import produce_and_serve, produce_readings, wait_until
 
 SENSORS = 24
 
@@ -28,14 +27,11 @@ def client(stack):
 
 
 @pytest.fixture(scope="module")
-def readings(stack, client):
+def readings(stack):
     rng = random.Random(5)
     events = [{"sensor": f"sensor-{i % SENSORS}", "area": "engine", "reading": round(rng.uniform(0, 100), 2)}
               for i in range(600)]
-    produce_readings(stack, events)
-    expected = expected_sensor_stats(produced(stack))
-
-    wait_until(lambda: all_sensors_served(client, expected, max_lag=0), FIRST_DATA_TIMEOUT_S, "every sensor to be served within max_lag=0", stack=stack)
+    produce_and_serve(stack, events)
     return events
 
 
