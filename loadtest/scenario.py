@@ -230,9 +230,14 @@ PROTOCOLS = ("rest", "grpc", "both", "client", "all")
 _TURNS = {"both": ("rest", "grpc"), "all": ("rest", "grpc", "client")}
 
 
+def spoken(protocol: str) -> tuple[str, ...]:
+    """The protocols a load's workers speak: its own, or the ones ``both`` and ``all`` mix."""
+    return _TURNS.get(protocol, (protocol,))
+
+
 def worker_protocol(protocol: str, i: int) -> str:
-    """What worker ``i`` speaks: the load's protocol, or its turn among the ones ``both`` and ``all`` mix."""
-    turns = _TURNS.get(protocol, (protocol,))
+    """What worker ``i`` speaks: its turn among :func:`spoken`."""
+    turns = spoken(protocol)
     return turns[i % len(turns)]
 
 
@@ -255,8 +260,7 @@ async def run_load(cfg: LoadConfig, rest_url: str, grpc_address: str, recorder: 
     deadline = t0 + cfg.duration_s
     budget = [cfg.max_requests]
     limits = httpx.Limits(max_connections=cfg.concurrency, max_keepalive_connections=cfg.concurrency)
-    direct = AsyncClient(redis_url, router=rest_url, namespace=namespace) if cfg.protocol in ("client", "all") \
-        else None
+    direct = AsyncClient(redis_url, router=rest_url, namespace=namespace) if "client" in spoken(cfg.protocol) else None
     async with httpx.AsyncClient(base_url=rest_url, timeout=cfg.timeout_s, limits=limits) as rest, \
             grpc.aio.insecure_channel(grpc_address) as channel:
         stub = router_pb2_grpc.RouterStub(channel)
