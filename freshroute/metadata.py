@@ -28,6 +28,7 @@ Keys (``ns`` is the namespace, ``freshroute`` by default):
 - ``{ns}:placements``          hash  node id → Placement JSON, that node's part of the assignment
 - ``{ns}:assignor``            str   "{node_id}:{generation}", the assignor lease (SET NX PX)
 - ``{ns}:assignor:generation`` int   fencing generation, INCR'd by each new lease holder
+- ``{ns}:rate:{principal}``    hash  a principal's read-rate bucket, shared by the routers (router/rate_limit.py)
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ the cluster and metadata endpoints, and an optional rate limit::
 A principal named by ``certificate_subject`` (RFC 4514) is whoever presents a client
 certificate with that subject on a router that requires them (``tls_client_ca``) and sends no
 token; a token, when sent, always decides. A :class:`Guard` answers every request from an immutable :class:`Principals` snapshot, which
-:meth:`Guard.reload` swaps whole; a file that fails to load leaves the old one in place.
+:meth:`Guard.reload` swaps whole; a file that fails to load leaves the old one in place. Rates are counted by
+:mod:`router.rate_limit`: in buckets every router process shares, when the router has Redis.
 """
 
 from __future__ import annotations
@@ -28,14 +29,13 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import logging
-import math
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from freshroute.errors import ConfigError, PermissionDenied, RateLimited, Unauthenticated
+from freshroute.errors import ConfigError, PermissionDenied, Unauthenticated
+from router.rate_limit import LocalRates, Rate, RateLimits
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +50,6 @@ WWW_AUTHENTICATE = 'Bearer realm="freshroute"'
 
 class AuthFileError(ConfigError):
     """The auth file cannot be read or says something inconsistent; the message names file and line."""
-
-
-@dataclass(frozen=True)
-class Rate:
-    reads_per_s: float
-    burst: float
 
 
 @dataclass(frozen=True)
@@ -88,32 +82,14 @@ class Principals:
     accepted: dict[str | bytes, Principal] = field(default_factory=dict, compare=False, repr=False)
 
 
-class _Bucket:
-    """A token bucket: ``rate.burst`` reads at once, refilled at ``rate.reads_per_s``."""
-
-    __slots__ = ("rate", "tokens", "stamp")
-
-    def __init__(self, rate: Rate, now: float) -> None:
-        self.rate, self.tokens, self.stamp = rate, rate.burst, now
-
-    def take(self, now: float) -> float:
-        """0 if a read is admitted now, else the seconds until one would be."""
-        self.tokens = min(self.rate.burst, self.tokens + (now - self.stamp) * self.rate.reads_per_s)
-        self.stamp = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return 0.0
-        return (1.0 - self.tokens) / self.rate.reads_per_s
-
-
 class Guard:
-    """Authentication, per-table authorization and rate limits of one router process."""
+    """Authentication, per-table authorization and rate limits of one router process; ``rates`` counts the
+    reads (this process's own buckets unless given shared ones)."""
 
-    def __init__(self, path: Path, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, path: Path, rates: RateLimits | None = None) -> None:
         self.path = path
-        self._clock = clock
         self.principals = load_auth_file(path)
-        self._buckets: dict[str, _Bucket] = {}
+        self.rates = rates if rates is not None else LocalRates()
 
     def reload(self) -> bool:
         """Load the file again (SIGHUP); a file that fails keeps the principals in force. True if swapped."""
@@ -123,9 +99,9 @@ class Guard:
             log.error("auth file not reloaded, the previous principals stay in force: %s", e.message)
             return False
         self.principals = fresh
-        # A principal's bucket survives a reload unless its rate changed.
+        # A principal's bucket survives a reload (a changed rate takes effect on it at the next read).
         every = {p.name: p for p in (*fresh.by_token_hash.values(), *fresh.by_subject.values())}
-        self._buckets = {n: b for n, b in self._buckets.items() if n in every and every[n].rate == b.rate}
+        self.rates.keep(every)
         log.info("auth file reloaded: %d principal(s)", len(every))
         return True
 
@@ -156,40 +132,32 @@ class Guard:
             principals.accepted[raw] = principal
         return principal
 
-    def admit(self, principal: Principal) -> None:
+    async def admit(self, principal: Principal) -> None:
         """Count one request against the principal's rate; RateLimited when over it."""
-        if principal.rate is None:
-            return
-        now = self._clock()
-        bucket = self._buckets.get(principal.name)
-        if bucket is None or bucket.rate != principal.rate:
-            bucket = self._buckets[principal.name] = _Bucket(principal.rate, now)
-        wait = bucket.take(now)
-        if wait:
-            raise RateLimited(f"principal {principal.name!r} is over its rate of {principal.rate.reads_per_s:g} "
-                              f"reads/s", retry_after_s=max(1, math.ceil(wait)))
+        if principal.rate is not None:
+            await self.rates.admit(principal.name, principal.rate)
 
-    def principal(self, authorization: str | bytes | None, subject: str | None = None) -> Principal:
+    async def principal(self, authorization: str | bytes | None, subject: str | None = None) -> Principal:
         """Any authenticated principal, admitted by its rate (what the list of tables needs)."""
         principal = self.authenticate(authorization, subject)
-        self.admit(principal)
+        await self.admit(principal)
         return principal
 
-    def table(self, authorization: str | bytes | None, table: str, subject: str | None = None) -> Principal:
+    async def table(self, authorization: str | bytes | None, table: str, subject: str | None = None) -> Principal:
         """A read of ``table`` (one per request, however many keys): authenticated, allowed, admitted."""
         principal = self.authenticate(authorization, subject)
         if not principal.may_read(table):
             # The same answer for a table that does not exist: names cannot be probed.
             raise PermissionDenied(f"principal {principal.name!r} may not read table {table!r}", table=table)
-        self.admit(principal)
+        await self.admit(principal)
         return principal
 
-    def cluster(self, authorization: str | bytes | None, subject: str | None = None) -> Principal:
+    async def cluster(self, authorization: str | bytes | None, subject: str | None = None) -> Principal:
         """The cluster and metadata endpoints (``/v1/cluster``, key metadata, ``/metrics``, ``/docs``)."""
         principal = self.authenticate(authorization, subject)
         if not principal.cluster:
             raise PermissionDenied(f"principal {principal.name!r} may not see the cluster's metadata")
-        self.admit(principal)
+        await self.admit(principal)
         return principal
 
 
@@ -207,7 +175,10 @@ def load_auth_file(path: Path) -> Principals:
     by_subject: dict[str, Principal] = {}
     names: set[str] = set()
     for i, entry in enumerate(doc["principals"]):
-        where = f"auth file {path}, principal {i + 1}{_line(text, entry, i)}"
+        name = entry.get("name") if isinstance(entry, dict) else None
+        earlier = sum(1 for e in doc["principals"][:i] if isinstance(e, dict) and e.get("name") == name)
+        where = f"auth file {path}, principal {i + 1}{f' {name!r}' if isinstance(name, str) else ''}" \
+                f"{_line(text, name, earlier)}"
         principal, digest, subject = _principal(entry, where)
         if principal.name in names:
             raise AuthFileError(f"{where}: the name {principal.name!r} is used twice", setting="auth_file")
@@ -245,13 +216,13 @@ def _parse(path: Path, text: str) -> Any:
                             setting="auth_file") from None
 
 
-def _line(text: str, entry: Any, index: int) -> str:
-    """`` (line N)`` of the entry's name in the file, when it can be found."""
-    name = entry.get("name") if isinstance(entry, dict) else None
+def _line(text: str, name: Any, earlier: int) -> str:
+    """`` (line N)`` of the entry named ``name`` that follows ``earlier`` entries of that name, when it can be found."""
     if isinstance(name, str):
-        for number, line in enumerate(text.splitlines(), 1):
-            if re.search(r"[\"']?name[\"']?\s*:\s*[\"']?" + re.escape(name) + r"[\"']?\s*[,}]?\s*$", line.strip()):
-                return f" (line {number})"
+        found = [number for number, line in enumerate(text.splitlines(), 1)
+                 if re.search(r"[\"']?name[\"']?\s*:\s*[\"']?" + re.escape(name) + r"[\"']?\s*[,}]?\s*$", line.strip())]
+        if len(found) > earlier:
+            return f" (line {found[earlier]})"
     return ""
 
 

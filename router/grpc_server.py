@@ -218,21 +218,21 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             subject = metadata.get(CLIENT_SUBJECT)
         return metadata.get("authorization"), subject
 
-    def _table(self, context: grpc.aio.ServicerContext, table: str) -> None:
+    async def _table(self, context: grpc.aio.ServicerContext, table: str) -> None:
         if self._guard is not None:
             authorization, subject = self._caller(context)
-            self._guard.table(authorization, table, subject)
+            await self._guard.table(authorization, table, subject)
 
-    def _cluster(self, context: grpc.aio.ServicerContext) -> None:
+    async def _cluster(self, context: grpc.aio.ServicerContext) -> None:
         if self._guard is not None:
-            self._guard.cluster(*self._caller(context))
+            await self._guard.cluster(*self._caller(context))
 
     def _parse_bound(self, request: Any) -> Bound:
         return parse_request_bound(self._router, request)
 
     async def Get(self, request: router_pb2.GetRequest, context: grpc.aio.ServicerContext) -> router_pb2.GetResponse:
         try:
-            self._table(context, request.table)
+            await self._table(context, request.table)
             return await answer_get(self._router, request)
         except Exception as e:  # noqa: BLE001 — every error leaves through abort()
             await abort(context, e)
@@ -240,7 +240,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def BatchGet(self, request: router_pb2.BatchGetRequest,
                        context: grpc.aio.ServicerContext) -> router_pb2.BatchGetResponse:
         try:
-            self._table(context, request.table)
+            await self._table(context, request.table)
             keys = list(request.keys)
             results = await self._router.batch_get(request.table, keys, self._parse_bound(request))
             return router_pb2.BatchGetResponse(input_lag=_input_lag(self._router, request.table), results=[
@@ -253,7 +253,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def Scan(self, request: router_pb2.ScanRequest,
                    context: grpc.aio.ServicerContext) -> AsyncIterator[router_pb2.ScanItem]:
         try:
-            self._table(context, request.table)
+            await self._table(context, request.table)
             bound = self._parse_bound(request)
             typed = request.typed_values
             pages = _Pages(request.limit or None, self._router.settings.scan_max_limit, request.page_token or None)
@@ -269,7 +269,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def GetWindows(self, request: router_pb2.WindowsRequest,
                          context: grpc.aio.ServicerContext) -> router_pb2.WindowsResponse:
         try:
-            self._table(context, request.table)
+            await self._table(context, request.table)
             result = await self._router.windows(request.table, request.key, request.from_ms, request.to_ms,
                                                 self._parse_bound(request))
             return _windows_response(result, request.typed_values, _input_lag(self._router, request.table))
@@ -279,7 +279,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def ScanWindows(self, request: router_pb2.ScanWindowsRequest,
                           context: grpc.aio.ServicerContext) -> AsyncIterator[router_pb2.WindowItem]:
         try:
-            self._table(context, request.table)
+            await self._table(context, request.table)
             bound = self._parse_bound(request)
             typed = request.typed_values
             pages = _Pages(request.limit or None, self._router.settings.scan_max_limit, request.page_token or None)
@@ -294,7 +294,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def KeyMetadata(self, request: router_pb2.KeyMetadataRequest,
                           context: grpc.aio.ServicerContext) -> router_pb2.KeyMetadataResponse:
         try:
-            self._cluster(context)
+            await self._cluster(context)
             loc = self._router.key_metadata(request.table, request.key)
             return router_pb2.KeyMetadataResponse(
                 table=loc.table, key=loc.key, partition=loc.partition,
@@ -306,7 +306,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def ListTables(self, request: router_pb2.ListTablesRequest,
                          context: grpc.aio.ServicerContext) -> router_pb2.ListTablesResponse:
         try:
-            principal = self._guard.principal(*self._caller(context)) if self._guard is not None else None
+            principal = await self._guard.principal(*self._caller(context)) if self._guard is not None else None
             return router_pb2.ListTablesResponse(tables=[
                 router_pb2.TableInfo(name=t.spec.name, topic=t.spec.topic, partitions=t.spec.partitions,
                                      standby_replicas=t.spec.standby_replicas, key_column=t.spec.key_column,
@@ -318,7 +318,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def Cluster(self, request: router_pb2.ClusterRequest,
                       context: grpc.aio.ServicerContext) -> router_pb2.ClusterResponse:
         try:
-            self._cluster(context)
+            await self._cluster(context)
             view = self._router.cluster()
             nodes = []
             for n in view["nodes"]:
@@ -385,7 +385,7 @@ class RouterGetCalls:
     async def get(self, request: router_pb2.GetRequest, authorization: bytes | None,
                   subject: str | None = None) -> router_pb2.GetResponse:
         if self._guard is not None:
-            self._guard.table(authorization, request.table, subject)
+            await self._guard.table(authorization, request.table, subject)
         return await answer_get(self._router, request)
 
     def status(self, exc: BaseException) -> tuple[grpc.StatusCode, str, tuple[tuple[bytes, bytes], ...]]:

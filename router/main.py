@@ -15,6 +15,7 @@ import uvicorn
 from freshroute.settings import is_loopback
 from router.auth import Guard
 from router.grpc_server import PublicGrpc
+from router.rate_limit import SharedRates
 from router.rest import create_app
 from router.runtime import RouterRuntime
 from router.settings import RouterSettings
@@ -46,12 +47,13 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
     """Serve REST and gRPC until ``stop`` is set or SIGTERM/SIGINT arrives, then stop gracefully."""
     stop = stop if stop is not None else asyncio.Event()
     loop = asyncio.get_running_loop()
+    runtime = RouterRuntime(settings)
     # Before anything listens: a broken auth file stops the start, naming the file and line.
-    guard = Guard(settings.auth_file) if settings.auth_file is not None else None
+    guard = Guard(settings.auth_file, SharedRates(runtime.redis, settings.namespace)) \
+        if settings.auth_file is not None else None
     rest_tls, grpc_tls = settings.server_tls(("http/1.1",)), settings.server_tls(("h2",))
     if guard is None and not is_loopback(settings.host):
         log.warning("router bound to %s without --auth-file: anyone who reaches it reads every table", settings.host)
-    runtime = RouterRuntime(settings)
     rest_sock = _listen(settings.host, settings.rest_port, settings.reuse_port)
     grpc_server: PublicGrpc | None = None
     rest_task: asyncio.Task[None] | None = None

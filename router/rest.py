@@ -25,13 +25,13 @@ from starlette.types import Receive, Scope, Send
 
 from freshroute.errors import FreshrouteError, InvalidArgument, RateLimited, Unauthenticated
 from freshroute.position import Position
-
 from freshroute.routing.bound import NO_BOUND, Bound, parse_bound, parse_limit, parse_millis, parse_query_bound
+from freshroute.routing.results import LookupResult, WindowsResult, input_lag_doc, key_not_found
 from router.auth import WWW_AUTHENTICATE, Guard, Principal
 from router.openapi import (ERROR_RESPONSES, HTTP_REFUSALS, BatchGetRequest, BatchGetResponse, ErrorBody, KeyValue,
                             ScanResponse, WindowScanResponse, WindowsResponse, bound_parameters, page_parameters,
                             window_range_parameters)
-from freshroute.routing.results import LookupResult, WindowsResult, input_lag_doc, key_not_found
+from router.rate_limit import SharedRates
 from router.routing import Router
 from router.runtime import RouterRuntime
 from router.settings import RouterSettings
@@ -138,7 +138,7 @@ class KeyHandlers:
         try:
             table, key = _segment(table_raw), _segment(key_raw)
             if self.guard is not None:
-                key_route_access(self.guard, route, table, authorization, subject)
+                await key_route_access(self.guard, route, table, authorization, subject)
             if route is METADATA:
                 return (*self.metadata(table, key), {})
             if route is WINDOWS:
@@ -247,15 +247,15 @@ def _subject(scope: Scope) -> str | None:
 _OPEN = frozenset((b"/healthz", b"/readyz"))
 
 
-def key_route_access(guard: Guard, route: bytes, table: str, authorization: bytes | None,
+async def key_route_access(guard: Guard, route: bytes, table: str, authorization: bytes | None,
                      subject: str | None) -> Principal:
     """A key route's rule, on either REST path: its metadata needs the cluster, its lookup and windows the table."""
     if route is METADATA:
-        return guard.cluster(authorization, subject)
-    return guard.table(authorization, table, subject)
+        return await guard.cluster(authorization, subject)
+    return await guard.table(authorization, table, subject)
 
 
-def check_access(guard: Guard, scope: Scope) -> Principal | None:
+async def check_access(guard: Guard, scope: Scope) -> Principal | None:
     """What a REST request needs, checked once per request (a batch or a scan is one read of its table):
     reads of ``/v1/tables/{table}/…`` need the table; the list of tables, a principal (it lists what it may
     read); everything else — cluster, key metadata, metrics, docs — a principal allowed to see the cluster."""
@@ -265,16 +265,16 @@ def check_access(guard: Guard, scope: Scope) -> Principal | None:
         return None
     authorization, subject = _authorization(scope), _subject(scope)
     if path.rstrip(b"/") == b"/v1/tables":
-        return guard.principal(authorization, subject)
+        return await guard.principal(authorization, subject)
     key = match_key_path(path)
     if key is not None:
-        return key_route_access(guard, key[2], _segment(key[0]), authorization, subject)
+        return await key_route_access(guard, key[2], _segment(key[0]), authorization, subject)
     if path.startswith(_PREFIX):
         rest = path[len(_PREFIX):]
         table, _, tail = rest.partition(b"/")
         if table and (tail in (b"scan", b"keys:batchGet", b"windows")):
-            return guard.table(authorization, _segment(table), subject)
-    return guard.cluster(authorization, subject)
+            return await guard.table(authorization, _segment(table), subject)
+    return await guard.cluster(authorization, subject)
 
 
 class RouterApp(FastAPI):
@@ -296,7 +296,7 @@ class RouterApp(FastAPI):
         guard = self.guard
         if guard is not None and scope["type"] == "http":
             try:
-                scope.setdefault("state", {})["principal"] = check_access(guard, scope)
+                scope.setdefault("state", {})["principal"] = await check_access(guard, scope)
             except Exception as e:  # noqa: BLE001 — the same translation as every other route
                 await _send_json(send, *error_response(e), error_headers(e))
                 return
@@ -329,7 +329,7 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, fast_k
     for exc_class in (FreshrouteError, RequestValidationError, StarletteHTTPException, Exception):
         app.add_exception_handler(exc_class, handle_error)
     if guard is None and settings.auth_file is not None:
-        guard = Guard(settings.auth_file)
+        guard = Guard(settings.auth_file, SharedRates(runtime.redis, settings.namespace) if runtime else None)
     handlers = KeyHandlers(router, guard)
     if fast_key_routes:
         app.key_handlers = handlers

@@ -359,7 +359,7 @@ class Stack:
                 "store-node", "--node-id", node_id, "--host", host, "--port", str(port), "--metrics-port", str(metrics),
                 "--data-dir", str(c.home / "data" / node_id), *secured), {
                     "node_id": node_id, "address": f"{host}:{port}", "metrics": f"http://{host}:{metrics}/metrics"}
-        if name in self.router_names():
+        if name == "router" or name.startswith("router-"):  # one past --routers needs ports of its own, as flags
             shared = ["--reuse-port", "true"] if c.routers > 1 else []
             # Each process's own metrics: /metrics on the shared REST port reaches one process at random.
             metrics = free_port(c.router_host)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
 from freshroute.errors import PermissionDenied, RateLimited, Unauthenticated
 from router.auth import AuthFileError, Guard, load_auth_file, token_hash
+from router.rate_limit import LocalRates
 
 DASH, OPS = "dash-token-1", "ops-token-2"
 
@@ -32,6 +34,10 @@ principals:
 """
 
 
+def run(call):
+    return asyncio.run(call)
+
+
 class Clock:
     def __init__(self) -> None:
         self.t = 100.0
@@ -42,17 +48,17 @@ class Clock:
 
 def test_tokens_name_principals_and_tables_are_checked_by_name_or_glob(tmp_path):
     guard = Guard(write(tmp_path, auth_yaml()))
-    assert guard.table(f"Bearer {DASH}", "sensor_stats").name == "dashboards"
-    assert guard.table(f"bearer  {DASH} ".encode(), "area_counts").name == "dashboards"
+    assert run(guard.table(f"Bearer {DASH}", "sensor_stats")).name == "dashboards"
+    assert run(guard.table(f"bearer  {DASH} ".encode(), "area_counts")).name == "dashboards"
     with pytest.raises(PermissionDenied) as denied:
-        guard.table(f"Bearer {DASH}", "payments")
+        run(guard.table(f"Bearer {DASH}", "payments"))
     with pytest.raises(PermissionDenied) as missing:
-        guard.table(f"Bearer {DASH}", "no_such_table")
+        run(guard.table(f"Bearer {DASH}", "no_such_table"))
     assert denied.value.http_status == missing.value.http_status == 403
-    assert guard.table(f"Bearer {OPS}", "payments").name == "ops"
-    assert guard.cluster(f"Bearer {OPS}").name == "ops"
+    assert run(guard.table(f"Bearer {OPS}", "payments")).name == "ops"
+    assert run(guard.cluster(f"Bearer {OPS}")).name == "ops"
     with pytest.raises(PermissionDenied, match="cluster"):
-        guard.cluster(f"Bearer {DASH}")
+        run(guard.cluster(f"Bearer {DASH}"))
 
 
 def test_a_certificate_subject_names_a_principal_when_no_token_is_sent(tmp_path):
@@ -61,41 +67,41 @@ def test_a_certificate_subject_names_a_principal_when_no_token_is_sent(tmp_path)
     certificate_subject: "CN=billing, O=Acme"
     tables: [invoices]
 """))
-    assert guard.table(None, "invoices", "CN=billing,O=Acme").name == "billing"
-    assert guard.principal(b"", "CN=billing,O=Acme").name == "billing"
+    assert run(guard.table(None, "invoices", "CN=billing,O=Acme")).name == "billing"
+    assert run(guard.principal(b"", "CN=billing,O=Acme")).name == "billing"
     with pytest.raises(PermissionDenied):
-        guard.table(None, "sensor_stats", "CN=billing,O=Acme")
+        run(guard.table(None, "sensor_stats", "CN=billing,O=Acme"))
     with pytest.raises(Unauthenticated):
-        guard.table(None, "invoices", "CN=billing,O=Other")
+        run(guard.table(None, "invoices", "CN=billing,O=Other"))
     with pytest.raises(Unauthenticated):
-        guard.table(None, "invoices")  # no certificate, no token
+        run(guard.table(None, "invoices"))  # no certificate, no token
     # A token, when sent, decides: a wrong one is refused even with a known certificate.
-    assert guard.table(f"Bearer {OPS}", "invoices", "CN=billing,O=Acme").name == "ops"
+    assert run(guard.table(f"Bearer {OPS}", "invoices", "CN=billing,O=Acme")).name == "ops"
     with pytest.raises(Unauthenticated):
-        guard.table("Bearer wrong-token", "invoices", "CN=billing,O=Acme")
+        run(guard.table("Bearer wrong-token", "invoices", "CN=billing,O=Acme"))
 
 
 @pytest.mark.parametrize("header", [None, "", "Bearer", "Basic dXNlcjpwdw==", "Bearer wrong-token", f"Token {DASH}"])
 def test_no_or_unknown_credentials_are_unauthenticated_and_never_echoed(tmp_path, header):
     guard = Guard(write(tmp_path, auth_yaml()))
     with pytest.raises(Unauthenticated) as e:
-        guard.table(header, "sensor_stats")
+        run(guard.table(header, "sensor_stats"))
     assert e.value.http_status == 401
     assert "wrong-token" not in str(e.value.to_body()) and "dXNlcjpwdw" not in str(e.value.to_body())
 
 
 def test_a_rate_limit_refuses_past_its_burst_and_admits_again_as_it_refills(tmp_path):
     clock = Clock()
-    guard = Guard(write(tmp_path, auth_yaml("    rate: {reads_per_s: 2, burst: 3}")), clock=clock)
+    guard = Guard(write(tmp_path, auth_yaml("    rate: {reads_per_s: 2, burst: 3}")), LocalRates(clock))
     for _ in range(3):
-        guard.table(f"Bearer {DASH}", "sensor_stats")
+        run(guard.table(f"Bearer {DASH}", "sensor_stats"))
     with pytest.raises(RateLimited) as e:
-        guard.table(f"Bearer {DASH}", "sensor_stats")
+        run(guard.table(f"Bearer {DASH}", "sensor_stats"))
     assert e.value.http_status == 429 and e.value.details["retry_after_s"] == 1
     clock.t += 0.5  # one read's worth refilled
-    guard.table(f"Bearer {DASH}", "sensor_stats")
+    run(guard.table(f"Bearer {DASH}", "sensor_stats"))
     for _ in range(10):
-        guard.table(f"Bearer {OPS}", "sensor_stats")  # no rate: never limited
+        run(guard.table(f"Bearer {OPS}", "sensor_stats"))  # no rate: never limited
 
 
 def test_a_reload_swaps_principals_and_a_broken_file_keeps_the_old_ones(tmp_path, caplog):
@@ -104,28 +110,30 @@ def test_a_reload_swaps_principals_and_a_broken_file_keeps_the_old_ones(tmp_path
     path.write_text("principals:\n  - name: dashboards\n    token_sha256: nothex\n")
     assert guard.reload() is False
     assert "previous principals stay in force" in caplog.text
-    assert guard.table(f"Bearer {DASH}", "sensor_stats").name == "dashboards"
+    assert run(guard.table(f"Bearer {DASH}", "sensor_stats")).name == "dashboards"
     path.write_text(json.dumps({"principals": [{"name": "only", "token_sha256": token_hash("new"), "tables": ["x"]}]}))
     assert guard.reload() is True
-    assert guard.table("Bearer new", "x").name == "only"
+    assert run(guard.table("Bearer new", "x")).name == "only"
     with pytest.raises(Unauthenticated):
-        guard.table(f"Bearer {DASH}", "sensor_stats")
+        run(guard.table(f"Bearer {DASH}", "sensor_stats"))
 
 
 @pytest.mark.parametrize("body, says", [
     ("principals:\n  - name: a\n  token: [", "line 3: not valid YAML"),
     ("{\"principals\": [}", "line 1: not valid JSON"),
     ("principals: {}", "expected a mapping with a list 'principals'"),
-    (f"principals:\n  - name: a\n    token_sha256: {DASH}\n", "principal 1 (line 2): token_sha256 must be the token's SHA-256"),
+    (f"principals:\n  - name: a\n    token_sha256: {DASH}\n", "principal 1 'a' (line 2): token_sha256 must be the token's SHA-256"),
     (f"principals:\n  - name: a\n    token_sha256: {token_hash('x')}\n    tabels: [t]\n", "unknown field(s) ['tabels']"),
     (f"principals:\n  - name: a\n    token_sha256: {token_hash('x')}\n  - name: a\n    token_sha256: {token_hash('y')}\n",
-     "principal 2 (line 2): the name 'a' is used twice"),
+     "principal 2 'a' (line 4): the name 'a' is used twice"),
     (f"principals:\n  - name: a\n    token_sha256: {token_hash('x')}\n    rate: {{reads_per_s: 0}}\n",
-     "rate.reads_per_s and rate.burst must be positive"),
+     "principal 1 'a' (line 2): rate.reads_per_s and rate.burst must be positive"),
+    (f"principals:\n  - name: ok\n    token_sha256: {token_hash('y')}\n  - name: b\n    token_sha256: {token_hash('x')}\n"
+     "    rate: {reads_per_s: -5, burst: 10}\n", "principal 2 'b' (line 4): rate.reads_per_s and rate.burst must be positive"),
     ("principals:\n  - name: a\n    tables: [t]\n", "give token_sha256 (a bearer token's SHA-256) or certificate_subject"),
     ("principals:\n  - name: a\n    certificate_subject: not a name\n", "certificate_subject must be a distinguished name"),
     ("principals:\n  - name: a\n    certificate_subject: CN=x\n  - name: b\n    certificate_subject: 'CN=x'\n",
-     "principal 2 (line 4): principal 'a' has the same certificate_subject"),
+     "principal 2 'b' (line 4): principal 'a' has the same certificate_subject"),
 ])
 def test_a_broken_auth_file_is_refused_naming_file_and_line(tmp_path, body, says):
     path = write(tmp_path, body)
@@ -158,13 +166,13 @@ def test_each_rest_path_needs_what_its_kind_of_request_needs(tmp_path, path, nee
         return {"type": "http", "path": path.decode(), "raw_path": path, "headers": headers}
 
     if needs == "open":
-        assert check_access(guard, scope(None)) is None
+        assert run(check_access(guard, scope(None))) is None
         return
     with pytest.raises(Unauthenticated):
-        check_access(guard, scope(None))
-    assert check_access(guard, scope(OPS)).name == "ops"  # the admin may do everything
+        run(check_access(guard, scope(None)))
+    assert run(check_access(guard, scope(OPS))).name == "ops"  # the admin may do everything
     if needs == "cluster":
         with pytest.raises(PermissionDenied):
-            check_access(guard, scope(DASH))
+            run(check_access(guard, scope(DASH)))
     else:
-        assert check_access(guard, scope(DASH)).name == "dashboards"
+        assert run(check_access(guard, scope(DASH))).name == "dashboards"

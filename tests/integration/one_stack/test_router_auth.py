@@ -4,8 +4,8 @@ The shared stack's router is restarted with ``--auth-file``: a reader of ``senso
 rate-limited reader, and an admin who may read everything and see the cluster. Checked with
 httpx and grpcio: 401 / UNAUTHENTICATED without a valid token (never echoed), 403 /
 PERMISSION_DENIED alike for a forbidden and a missing table, the cluster endpoints closed to
-readers, 429 / RESOURCE_EXHAUSTED past the rate and served again after Retry-After, and SIGHUP
-reloads: a broken file keeps the old principals, a new one takes effect on open connections.
+readers, 429 / RESOURCE_EXHAUSTED past the rate and served again after Retry-After, one rate across two
+router processes, and SIGHUP reloads: a broken file keeps the old principals, a new one takes effect on open connections.
 """
 
 from __future__ import annotations
@@ -21,18 +21,22 @@ import grpc
 import httpx
 import pytest
 
+from freshroute.local.services import free_port
 from proto import router_pb2, router_pb2_grpc
 from router.auth import token_hash
 from tests.integration.stack_fixture import produce_and_serve, restart_router, wait_until
 
 pytestmark = pytest.mark.integration
 
-READER, LIMITED, ADMIN = "reader-token-5b1f", "limited-token-77c2", "admin-token-0e9a"
+READER, LIMITED, ADMIN, SHARED = "reader-token-5b1f", "limited-token-77c2", "admin-token-0e9a", "shared-token-3d8e"
+SHARED_RATE, SHARED_BURST = 40, 20
 
 
 def auth_file(path, *, reader: bool = True) -> None:
     principals = [{"name": "limited", "token_sha256": token_hash(LIMITED), "tables": ["sensor_*"],
                    "rate": {"reads_per_s": 2, "burst": 3}},
+                  {"name": "shared", "token_sha256": token_hash(SHARED), "tables": ["sensor_stats"],
+                   "rate": {"reads_per_s": SHARED_RATE, "burst": SHARED_BURST}},
                   {"name": "admin", "token_sha256": token_hash(ADMIN), "tables": ["*"], "cluster": True}]
     if reader:
         principals.insert(0, {"name": "reader", "token_sha256": token_hash(READER), "tables": ["sensor_stats"]})
@@ -106,6 +110,41 @@ def test_a_principal_over_its_rate_gets_429_then_is_served_again(stack):
         assert client.get("/v1/tables/sensor_stats/keys/sensor-1", headers=bearer(ADMIN)).status_code == 200
 
 
+def test_a_principals_rate_holds_across_router_processes(stack):
+    """Twice the rate, spread evenly over two router processes: about the rate is served, the rest refused."""
+    host = stack.config.router_host
+    rest_port = free_port(host)
+    second = stack.start("router-2", "--auth-file", str(stack.auth_path), "--rest-port", str(rest_port),
+                         "--grpc-port", str(free_port(host)))
+    try:
+        wait_until(lambda: b"router serving" in open(second.log, "rb").read(), 60, "a second router to serve",
+                   stack=stack)
+        urls = [stack.config.rest_url, f"http://{host}:{rest_port}"]
+        clients = [httpx.Client(base_url=url, timeout=10, headers=bearer(SHARED)) for url in urls]
+        served, refused = [0, 0], [0, 0]
+        duration_s, interval = 5.0, 1 / (2 * SHARED_RATE)
+        time.sleep(SHARED_BURST / SHARED_RATE + 0.2)  # a full bucket
+        start = time.monotonic()
+        for n in range(int(duration_s / interval)):
+            time.sleep(max(0.0, start + n * interval - time.monotonic()))
+            r = clients[n % 2].get("/v1/tables/sensor_stats/keys/sensor-1")
+            if r.status_code == 200:
+                served[n % 2] += 1
+            else:
+                assert r.status_code == 429 and r.json()["error"]["code"] == "RATE_LIMITED", r.text
+                assert int(r.headers["retry-after"]) >= 1
+                refused[n % 2] += 1
+        elapsed = time.monotonic() - start
+        for c in clients:
+            c.close()
+        granted = SHARED_BURST + SHARED_RATE * elapsed  # what one bucket gives over the run
+        assert 0.85 * granted <= sum(served) <= granted + 1, (served, refused, elapsed)
+        assert min(served) >= 0.3 * sum(served), served  # both processes drew on the one bucket
+        assert sum(refused) >= 0.8 * (sum(served) + sum(refused) - granted), refused
+    finally:
+        stack.stop("router-2")
+
+
 def test_grpc_answers_by_principal_and_table(stack):
     def code(call, metadata=()) -> grpc.StatusCode:
         try:
@@ -168,5 +207,5 @@ def test_a_broken_auth_file_stops_the_router_at_start_naming_file_and_line(tmp_p
     proc = subprocess.run([sys.executable, "-m", "freshroute.cli", "router", "--auth-file", str(path),
                            "--rest-port", "0", "--grpc-port", "0"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert f"auth file {path}, principal 1 (line 2): token_sha256 must be the token's SHA-256" in proc.stderr
+    assert f"auth file {path}, principal 1 'reader' (line 2): token_sha256 must be the token's SHA-256" in proc.stderr
     assert READER not in proc.stderr and "Traceback" not in proc.stderr
