@@ -361,8 +361,8 @@ def table_window(table: str, redis_url: str | None, namespace: str = "freshroute
 
 def read_changelog(bootstrap: str, topic: str, timeout_s: float = 120.0,
                    kafka_config: dict[str, Any] | None = None, progress=None) -> Changelog:
-    """Read every partition of ``topic`` from offset 0 to its true end (see ``loadtest.changelog_reader``)."""
-    from loadtest.changelog_reader import consume_to_end
+    """Read every partition of ``topic`` from offset 0 to its true end (see ``freshroute.changelog_reader``)."""
+    from freshroute.changelog_reader import consume_to_end
 
     rows: list[tuple[int, int, str, Any]] = []
 

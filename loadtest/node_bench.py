@@ -25,7 +25,7 @@ from loadtest.restore import PARTITIONS, cpu_s, produce_changelog, start_node, s
 
 def _raw_consume(bootstrap: str, topic: str, records: int) -> float:
     """Seconds for one plain consumer, with the fetch bounds of a store node, to read every record."""
-    from loadtest.changelog_reader import consume_to_end
+    from freshroute.changelog_reader import consume_to_end
 
     seen, seconds, _ends = consume_to_end(bootstrap, topic, timeout_s=300, kafka_config={
         "max.partition.fetch.bytes": 256 * 1024, "fetch.max.bytes": 4 << 20})

@@ -226,8 +226,8 @@ class ScratchChangelog:
         return took
 
     def raw_consume(self) -> dict[str, Any]:
-        """A plain confluent-kafka consumer reading every partition from 0 to its end (loadtest.changelog_reader)."""
-        from loadtest.changelog_reader import consume_to_end
+        """A plain confluent-kafka consumer reading every partition from 0 to its end (freshroute.changelog_reader)."""
+        from freshroute.changelog_reader import consume_to_end
 
         cpu0 = cpu_s()
         records, seconds, _ends = consume_to_end(self.bootstrap, self.spec.topic)

@@ -28,6 +28,7 @@ from freshroute.metadata import MetadataStore, TableSpec
 from freshroute.settings import is_loopback
 from pipeline.input_lag import InputLagPublisher
 from pipeline.settings import PipelineSettings
+from pipeline.recompute import Recomputation
 from pipeline.sink import ChangelogProducer, ChangelogWriter, QuerySink
 from pipeline.tables import (DELETE_COLUMN, METADATA_COLUMNS, WINDOW_START_COLUMN, Source, Table, TablesDefinition,
                              TablesFileError, check_output_columns, check_source_fields, load_tables, queries,
@@ -371,6 +372,8 @@ class Pipeline:
                 topic = s.changelog_topic(t.name)
                 check_changelog_kept(topic, describe_topic(admin, topic) is not None, checkpoint)
         self._check_inputs(admin)
+        for name, tables in grouped.items():
+            self._mark_recomputation(admin, name, tables)
         check_spark_master(s.spark_master)
         started = time.monotonic()
         self.spark = build_session(s)
@@ -407,6 +410,31 @@ class Pipeline:
             ensure_topic(admin, topic, s.input_partitions, {}, replication_factor=s.changelog_replication_factor)
             log.info("source %s: created input topic %s (%d partitions)", src.name, topic, s.input_partitions)
 
+    def _mark_recomputation(self, admin: Any, query: str, tables: list[Table]) -> None:
+        """A query starting without a checkpoint over changelogs that hold keys: note where they and its input end,
+        so that the keys it no longer produces are found once it has caught up (:mod:`pipeline.recompute`)."""
+        from pipeline.recompute import MARK_FILE, end_offsets
+        from pipeline.topics import describe_topic
+
+        s = self.settings
+        checkpoint = s.query_checkpoint(query)
+        if committed_batches(checkpoint) or (checkpoint / MARK_FILE).exists():
+            return
+        changelogs = {}
+        for t in tables:
+            info = describe_topic(admin, s.changelog_topic(t.name)) if t.window is None else None
+            if info is not None:
+                changelogs[t.name] = end_offsets(s.kafka(), info.name, info.partitions)
+        if not any(any(ends.values()) for ends in changelogs.values()):
+            return
+        source = describe_topic(admin, s.input_topic(self.definition.sources[tables[0].source].topic))
+        assert source is not None, "inputs are checked first"
+        Recomputation(checkpoint, {source.name: end_offsets(s.kafka(), source.name, source.partitions)},
+                      changelogs).save()
+        log.info("query %s starts without a checkpoint over changelogs that hold keys (%s): keys it no longer "
+                 "produces are looked for once it has read its input to where it ends now", query,
+                 ", ".join(changelogs))
+
     def _table_run(self, t: Table, df: "DataFrame", admin: Any) -> TableRun:
         """The table's changelog topic (created if need be), spec and writer."""
         from pipeline.topics import ensure_topic
@@ -427,7 +455,8 @@ class Pipeline:
         standbys = s.standby_replicas if t.standby_replicas is None else t.standby_replicas
         spec = TableSpec(t.name, topic, len(info.partitions), t.key, value_schema, standbys, window=t.window)
         expiry = WindowExpiry(s.window_index(t.name)) if t.window is not None else None
-        return TableRun(t, spec, ChangelogWriter(t.name, topic, spec.partitions, t.key, self.producer, t.window, expiry))
+        return TableRun(t, spec, ChangelogWriter(t.name, topic, spec.partitions, t.key, self.producer, t.window, expiry,
+                                                 t.stale_keys))
 
     def _table_frames(self, query: str, tables: list[Table]) -> list["DataFrame"]:
         """The tables' streaming DataFrames over one read of their source."""
@@ -451,7 +480,8 @@ class Pipeline:
     def _start_query(self, q: QueryRun, frames: list["DataFrame"]) -> None:
         s = self.settings
         df = union_tables([(r.table.name, frame) for r, frame in zip(q.tables, frames)])
-        sink = QuerySink([r.writer for r in q.tables], self.producer)
+        sink = QuerySink([r.writer for r in q.tables], self.producer, s.kafka(),
+                         Recomputation.load(s.query_checkpoint(q.name)))
         writer = (df.writeStream.queryName(q.name).outputMode("update").foreachBatch(sink.write_batch)
                   .option("checkpointLocation", str(s.query_checkpoint(q.name))))
         writer = writer.trigger(availableNow=True) if s.available_now else writer.trigger(processingTime=f"{q.trigger_ms} milliseconds")

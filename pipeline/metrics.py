@@ -51,13 +51,17 @@ class PipelineCollector(Collector):
         watermark = gauge("watermark_ms", "the table's event-time watermark (epoch ms), for tables with one")
         late = CounterMetricFamily("freshroute_pipeline_late_rows_dropped", "input rows dropped as later than the "
                                    "watermark: past their window's grace", labels=["table"])
+        stale = gauge("stale_keys", "keys the table held that its recomputation no longer produces, found once it "
+                      "caught up with its input (reported or tombstoned, as the table's stale_keys says)")
         expired = CounterMetricFamily("freshroute_pipeline_windows_expired", "windows tombstoned after their retention",
                                       labels=["table"])
         for run in list(self._runs()):
+            name = [run.table.name]
+            if run.writer.stale_found is not None:
+                stale.add_metric(name, run.writer.stale_found)
             p = run.last_progress
             if p is None:
                 continue
-            name = [run.table.name]
             batch.add_metric(name, p.batchId)
             duration.add_metric(name, p.batchDuration)
             rows.add_metric(name, p.numInputRows)
@@ -73,4 +77,4 @@ class PipelineCollector(Collector):
                     watermark.add_metric(name, wm)
                 late.add_metric(name, run.late_rows_dropped)
                 expired.add_metric(name, run.windows_expired)
-        yield from (batch, duration, rows, input_rate, processed, changes, deletes, watermark, late, expired)
+        yield from (batch, duration, rows, input_rate, processed, changes, deletes, watermark, late, expired, stale)

@@ -28,6 +28,7 @@ from confluent_kafka import KafkaError, Producer
 from freshroute.errors import RetryableError
 from freshroute.keys import partition_for, serialize_key
 from freshroute.windows import WATERMARK_KEY, WindowSpec, split_window_key, watermark_value, window_key
+from pipeline.recompute import Recomputation, describe, stale_keys
 from pipeline.tables import DELETE_COLUMN, QUERY_TABLE_COLUMN, WINDOW_START_COLUMN
 from pipeline.window_expiry import WindowExpiry
 
@@ -157,7 +158,8 @@ class ChangelogWriter:
     """Writes one table's micro-batches to its changelog topic."""
 
     def __init__(self, table: str, topic: str, partitions: int, key_column: str, producer: ChangelogProducer,
-                 window: WindowSpec | None = None, expiry: WindowExpiry | None = None) -> None:
+                 window: WindowSpec | None = None, expiry: WindowExpiry | None = None,
+                 stale_keys: str = "report") -> None:
         self.table = table
         self.topic = topic
         self.partitions = partitions
@@ -166,6 +168,8 @@ class ChangelogWriter:
         self.window = window
         self.expiry = expiry  # a windowed table's windows by expiry
         self.watermark_ms: int | None = None  # the last watermark published to every partition
+        self.stale_keys = stale_keys  # what a recomputation does with keys no longer produced (pipeline.recompute)
+        self.stale_found: int | None = None  # how many it found, once it has looked
         # Batch id → what it wrote, of the latest batches: Spark reports a batch's progress
         # asynchronously, on a busy machine after the next batch has run.
         self.written: dict[int, Written] = {}
@@ -269,9 +273,27 @@ class QuerySink:
     the index of the row's table, and its columns in the struct named after it (null in the others).
     """
 
-    def __init__(self, writers: list[ChangelogWriter], producer: ChangelogProducer) -> None:
+    def __init__(self, writers: list[ChangelogWriter], producer: ChangelogProducer, kafka: Mapping[str, Any] | None = None,
+                 recomputation: Recomputation | None = None) -> None:
         self.writers = writers
         self.producer = producer
+        self.kafka = dict(kafka or {})
+        self.recomputation = recomputation  # a fresh start's mark, until it has caught up
+
+    def stale(self, writer: ChangelogWriter, records: list[ChangelogRecord],
+              recomputation: Recomputation) -> list[ChangelogRecord]:
+        """The table's keys the recomputation no longer produces, reported; their tombstones if the table says so."""
+        mark = recomputation.changelog_ends.get(writer.table)
+        if mark is None:
+            return []
+        stale = stale_keys(self.kafka, writer.topic, mark, {r.key for r in records})
+        writer.stale_found = len(stale)
+        if stale:
+            log.warning(describe(writer.table, writer.stale_keys, stale))
+        else:
+            log.info("table %s: the recomputation caught up with its input; every key it held it produces again",
+                     writer.table)
+        return [ChangelogRecord(key, None, p) for key, p in stale] if writer.stale_keys == "tombstone" else []
 
     def write_batch(self, df: Any, batch_id: int) -> None:
         started = time.monotonic()
@@ -287,7 +309,14 @@ class QuerySink:
                 i = row[QUERY_TABLE_COLUMN]
                 per_table[i].append(row[names[i]])
         sends = [(w, w.changes(t_rows, batch_id)) for w, t_rows in zip(self.writers, per_table)]
+        recomputation = self.recomputation
+        if recomputation is not None and recomputation.caught_up(batch_id):
+            sends = [(w, records + self.stale(w, records, recomputation)) for w, records in sends]
         produce(self.producer, sends, f"batch {batch_id}")
+        if recomputation is not None and all(w.stale_found is not None for w, _ in sends
+                                             if w.table in recomputation.changelog_ends):
+            recomputation.done({w.table: w.stale_found for w, _ in sends if w.stale_found is not None})
+            self.recomputation = None
         produced = time.monotonic()
         for writer, records in sends:
             count, deletes = writer.acknowledged(records)

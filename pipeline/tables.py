@@ -99,6 +99,7 @@ class Table:
     window: WindowSpec | None = None
     trigger_ms: int | None = None  # None: the pipeline's trigger
     query: str | None = None  # the streaming query it runs in; None: its own, named after it
+    stale_keys: str = "report"  # keys a recomputation no longer produces: "report" them or "tombstone" them
 
     @property
     def query_name(self) -> str:
@@ -221,9 +222,18 @@ def _check_window(name: str, window: WindowSpec | None) -> None:
         raise ValueError(f"table {name!r}: window must be tumbling(...) or hopping(...), not {window!r}")
 
 
+def _check_stale_keys(name: str, stale_keys: str) -> None:
+    from pipeline.recompute import STALE_KEYS
+
+    if stale_keys not in STALE_KEYS:
+        raise ValueError(f"table {name!r}: stale_keys must be one of {', '.join(map(repr, STALE_KEYS))}, "
+                         f"not {stale_keys!r}")
+
+
 def _check_table(name: str, standby_replicas: int | None, delete_when: str | None, window: WindowSpec | None,
-                 trigger_ms: int | None, query: str | None) -> None:
+                 trigger_ms: int | None, query: str | None, stale_keys: str) -> None:
     _check_name("table", name)
+    _check_stale_keys(name, stale_keys)
     _check_standbys(name, standby_replicas)
     _check_delete_when(name, delete_when)
     _check_window(name, window)
@@ -234,7 +244,8 @@ def _check_table(name: str, standby_replicas: int | None, delete_when: str | Non
 
 def table(name: str, key: str, source: str, *, standby_replicas: int | None = None,
           delete_when: str | None = None, window: WindowSpec | None = None,
-          trigger_ms: int | None = None, query: str | None = None) -> Callable[[Callable[["DataFrame"], "DataFrame"]], Table]:
+          trigger_ms: int | None = None, query: str | None = None,
+          stale_keys: str = "report") -> Callable[[Callable[["DataFrame"], "DataFrame"]], Table]:
     """Declare a table computed by the decorated function ``(source rows) -> DataFrame``.
 
     ``standby_replicas``: standbys of each partition besides its active (default: the pipeline's setting).
@@ -243,28 +254,32 @@ def table(name: str, key: str, source: str, *, standby_replicas: int | None = No
     ``trigger_ms``: this table's micro-batch interval (default: the pipeline's ``--trigger-ms``).
     ``query``: the streaming query the table runs in (default: its own); tables of one source naming the same
     query share its micro-batches: one read of the input, one plan and one checkpoint per trigger for all of them.
+    ``stale_keys``: what a recomputation (its query started without a checkpoint) does with keys the table held and
+    no longer produces, once it has caught up with its input: ``"report"`` them (logged, counted) or
+    ``"tombstone"`` them (:mod:`pipeline.recompute`).
     """
-    _check_table(name, standby_replicas, delete_when, window, trigger_ms, query)
+    _check_table(name, standby_replicas, delete_when, window, trigger_ms, query, stale_keys)
 
     def register(fn: Callable[["DataFrame"], "DataFrame"]) -> Table:
         if not callable(fn):
             raise ValueError(f"@table({name!r}) must decorate a function (source rows) -> DataFrame")
         return _declared(Table(name, key, source, build=fn, standby_replicas=standby_replicas,
-                               delete_when=delete_when, window=window, trigger_ms=trigger_ms, query=query))
+                               delete_when=delete_when, window=window, trigger_ms=trigger_ms, query=query,
+                               stale_keys=stale_keys))
 
     return register
 
 
 def sql_table(name: str, key: str, source: str, sql: str, *, standby_replicas: int | None = None,
               delete_when: str | None = None, window: WindowSpec | None = None, trigger_ms: int | None = None,
-              query: str | None = None) -> Table:
+              query: str | None = None, stale_keys: str = "report") -> Table:
     """Declare a table computed by Spark SQL; the query names the source as a table (with a ``window`` column when
     ``window`` is given: ``GROUP BY key, window``); the other arguments are :func:`table`'s."""
-    _check_table(name, standby_replicas, delete_when, window, trigger_ms, query)
+    _check_table(name, standby_replicas, delete_when, window, trigger_ms, query, stale_keys)
     if not isinstance(sql, str) or not sql.strip():
         raise ValueError(f"sql_table {name!r} needs a SQL query")
     return _declared(Table(name, key, source, sql=sql, standby_replicas=standby_replicas, delete_when=delete_when,
-                           window=window, trigger_ms=trigger_ms, query=query))
+                           window=window, trigger_ms=trigger_ms, query=query, stale_keys=stale_keys))
 
 
 def load_tables(path: str | Path) -> TablesDefinition:

@@ -1,4 +1,5 @@
-"""A user's own tables file (DataFrame and SQL forms in one shared query) as a backfill; starts that must refuse."""
+"""A user's own tables file (DataFrame and SQL forms in one shared query) as a backfill; a changed table
+recomputed, the keys it no longer produces tombstoned; starts that must refuse."""
 
 from __future__ import annotations
 
@@ -54,11 +55,13 @@ def base_env(broker: str, redis_url: str, namespace: str, tmp_path: Path) -> dic
 
 @pytest.mark.timeout(900)
 def test_backfill_of_a_user_tables_file_then_a_lost_changelog_is_refused(redis_url, namespace, tmp_path):
-    """A backfill stops by itself with exact tables; after a broker restart the pipeline refuses to resume."""
+    """A backfill stops by itself with exact tables; recomputed with a changed table, the keys it no longer produces
+    are tombstoned; after a broker restart the pipeline refuses to resume."""
     port = free_port()
     own_broker = start_broker(tmp_path / "broker-1", port=port)
     try:
         env = backfill(own_broker.address, redis_url, namespace, tmp_path)
+        recompute_without_two_customers(own_broker.address, env, namespace, tmp_path)
         # A table added to the query: its checkpoint holds the other two tables' state only.
         grown = tmp_path / "grown_tables.py"
         grown.write_text(TABLES + textwrap.dedent('''
@@ -88,6 +91,33 @@ def test_backfill_of_a_user_tables_file_then_a_lost_changelog_is_refused(redis_u
         assert "Traceback" not in text
     finally:
         restarted.stop()
+
+
+def recompute_without_two_customers(broker: str, env: dict[str, str], namespace: str, tmp_path: Path) -> None:
+    """The query's checkpoint deleted and customer_totals changed to leave out c0 and c1: once the recomputation has
+    read the input to its end, those two keys are tombstoned in the batch that does; every other key is recomputed."""
+    import shutil
+
+    before = materialize(read_topic(broker, f"{namespace}customer_totals-changelog"))
+    assert {"c0", "c1"} <= set(before)
+    changed = tmp_path / "changed_tables.py"
+    changed.write_text(TABLES.replace(
+        '@table(name="customer_totals", key="customer", source="orders", query="orders")',
+        '@table(name="customer_totals", key="customer", source="orders", query="orders", stale_keys="tombstone")'
+    ).replace('return orders.groupBy("customer")', 'return orders.where("customer NOT IN (\'c0\', \'c1\')").groupBy("customer")'))
+    checkpoint = tmp_path / "checkpoints" / "orders"
+    shutil.rmtree(checkpoint)
+    run = PipelineProcess({**env, "FRESHROUTE_TABLES_FILE": str(changed)}, tmp_path / "pipeline-recomputed.log")
+    assert run.wait_exit(600) == 0, run.tail()
+    text = run.log.read_text()
+    assert ("table customer_totals: the recomputation caught up with its input, and 2 key(s) it no longer produces "
+            "are tombstoned: c0, c1") in text, run.tail()
+    assert "table orders_per_minute: the recomputation caught up with its input; every key it held it produces again" \
+        in text
+    assert orjson.loads((checkpoint / "recomputation.done.json").read_bytes()) == {
+        "stale_keys": {"customer_totals": 2, "orders_per_minute": 0}}
+    after = materialize(read_topic(broker, f"{namespace}customer_totals-changelog"))
+    assert after == {k: v for k, v in before.items() if k not in ("c0", "c1")}
 
 
 def backfill(broker: str, redis_url: str, namespace: str, tmp_path: Path) -> dict[str, str]:

@@ -504,7 +504,7 @@ def test_a_compacted_changelog_restores_only_its_distinct_keys_and_its_tail(clus
     assert written == 26 * len(keys)
 
     def compacted() -> int | None:
-        from loadtest.changelog_reader import consume_to_end
+        from freshroute.changelog_reader import consume_to_end
 
         count, _, _ = consume_to_end(changelog.bootstrap, changelog.spec.topic, timeout_s=30)
         return count if count <= 2 * len(keys) else None

@@ -18,11 +18,12 @@ def progress(batch_id: int, watermark: str | None = None):
 
 def test_a_scrape_reports_each_tables_last_batch_and_a_watermark_only_where_there_is_one():
     runs = [SimpleNamespace(table=SimpleNamespace(name="sensor_stats", window=None), last_progress=progress(41),
-                            writer=SimpleNamespace(written={41: Written(12, 3.0, 4.0, 2)})),
+                            writer=SimpleNamespace(written={41: Written(12, 3.0, 4.0, 2)}, stale_found=3)),
             SimpleNamespace(table=SimpleNamespace(name="windows", window=tumbling("10s")), late_rows_dropped=3,
                             windows_expired=5, last_progress=progress(7, "2026-11-24T10:00:05.000Z"),
-                            writer=SimpleNamespace(written={})),
-            SimpleNamespace(table=SimpleNamespace(name="not_started", window=None), last_progress=None, writer=None)]
+                            writer=SimpleNamespace(written={}, stale_found=None)),
+            SimpleNamespace(table=SimpleNamespace(name="not_started", window=None), last_progress=None,
+                            writer=SimpleNamespace(written={}, stale_found=None))]
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PipelineCollector(lambda: runs))
     text = generate_latest(registry).decode()
@@ -34,10 +35,11 @@ def test_a_scrape_reports_each_tables_last_batch_and_a_watermark_only_where_ther
                  'freshroute_pipeline_batch_changelog_deletes{table="sensor_stats"} 2.0',
                  'freshroute_pipeline_watermark_ms{table="windows"} 1.795514405e+12',
                  'freshroute_pipeline_late_rows_dropped_total{table="windows"} 3.0',
-                 'freshroute_pipeline_windows_expired_total{table="windows"} 5.0']:
+                 'freshroute_pipeline_windows_expired_total{table="windows"} 5.0',
+                 'freshroute_pipeline_stale_keys{table="sensor_stats"} 3.0']:
         assert line in text, (line, text)
     assert 'watermark_ms{table="sensor_stats"}' not in text and "not_started" not in text
-    assert 'late_rows_dropped_total{table="sensor_stats"}' not in text
+    assert 'late_rows_dropped_total{table="sensor_stats"}' not in text and 'stale_keys{table="windows"}' not in text
 
 
 def test_the_epoch_watermark_of_a_table_without_event_time_is_none():
