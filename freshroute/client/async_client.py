@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from dataclasses import replace
 from typing import Any, AsyncIterator
 
 import httpx
@@ -105,7 +107,7 @@ class AsyncClient:
         else:
             assert self.router is not None
             metadata = RouterMetadata(self.router, max(self._refresh_ms, 250), on_swap=self._on_swap)
-        self.core = RoutingCore(self.policy, metadata, StoreNodeClient(access=self.access),
+        self.core = RoutingCore(self.direct_policy, metadata, StoreNodeClient(access=self.access),
                                 metrics=self.metrics.counts() if self.metrics is not None else None)
         deadline = asyncio.get_running_loop().time() + self._connect_timeout_s
         while not await metadata.refresh_once() and self.router is None:
@@ -151,6 +153,18 @@ class AsyncClient:
             raise ClientClosed("this client is not started: use 'async with AsyncClient(...)' or await start()")
         return self.core
 
+    @property
+    def direct_policy(self) -> RoutingPolicy:
+        """The policy of reads of the store nodes: with a router to fall back on, half the request timeout, so that
+        the router has the other half when they do not answer."""
+        if self._router_url is None:
+            return self.policy
+        return replace(self.policy, request_timeout_ms=max(1, self.policy.request_timeout_ms // 2))
+
+    def deadline(self) -> float:
+        """When a read that starts now must have its answer, the router's included (``time.monotonic()``)."""
+        return time.monotonic() + self.policy.request_timeout_ms / 1000
+
     def direct(self) -> bool:
         """Whether to read the store nodes (else the router): a snapshot with tables is loaded."""
         snap = self._core().metadata.current
@@ -168,7 +182,7 @@ class AsyncClient:
     async def get(self, table: str, key: str, *, max_lag: int | None = None, max_staleness_ms: int | None = None,
                   min_position: str | Position | None = None) -> Lookup:
         """One key from the freshest replica within the bound; ``found`` False when the table has no such key."""
-        core = self._core()
+        core, deadline = self._core(), self.deadline()
         bound = parse_bound(max_lag, max_staleness_ms, min_position)
         if self.direct():
             try:
@@ -176,13 +190,13 @@ class AsyncClient:
             except _FALL_BACK:
                 if self.router is None:
                     raise
-        return await self.via_router("get").get(table, key, bound)
+        return await self.via_router("get").get(table, key, bound, deadline)
 
     async def get_many(self, table: str, keys: list[str], *, max_lag: int | None = None,
                        max_staleness_ms: int | None = None,
                        min_position: str | Position | None = None) -> list[Lookup | FreshrouteError]:
         """Many keys, one group per partition in parallel; in request order, a key that could not be read as its error."""
-        core = self._core()
+        core, deadline = self._core(), self.deadline()
         bound = parse_bound(max_lag, max_staleness_ms, min_position)
         keys = batch_keys(keys)
         if self.direct():
@@ -191,13 +205,13 @@ class AsyncClient:
                                            lambda *group: Lookup.group(*group, lag))
             if self.router is None or not any(isinstance(r, _FALL_BACK) for r in results):
                 return results
-        return await self.via_router("get_many").get_many(table, keys, bound)
+        return await self.via_router("get_many").get_many(table, keys, bound, deadline)
 
     async def windows(self, table: str, key: str, *, from_ms: int, to_ms: int, max_lag: int | None = None,
                       max_staleness_ms: int | None = None, min_position: str | Position | None = None) -> Windows:
         """A windowed table's windows of ``key`` whose start is in ``[from_ms, to_ms)``, from one replica within the
         bound."""
-        core = self._core()
+        core, deadline = self._core(), self.deadline()
         bound = parse_bound(max_lag, max_staleness_ms, min_position)
         if self.direct():
             try:
@@ -205,7 +219,7 @@ class AsyncClient:
             except _FALL_BACK:
                 if self.router is None:
                     raise
-        return await self.via_router("windows").windows(table, key, from_ms, to_ms, bound)
+        return await self.via_router("windows").windows(table, key, from_ms, to_ms, bound, deadline)
 
     async def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
                    limit: int | None = None, page_size: int | None = None, max_lag: int | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import time
 from types import MappingProxyType
 from typing import Any, Callable
 from urllib.parse import quote
@@ -12,7 +13,7 @@ from urllib.parse import quote
 import httpx
 import orjson
 
-from freshroute.errors import FreshrouteError, InvalidArgument, ReplicaUnavailable, from_body
+from freshroute.errors import FreshrouteError, InvalidArgument, LookupTimeout, ReplicaUnavailable, from_body
 from freshroute.keys import key_bytes, not_a_batch
 from freshroute.metadata import InputLag, ReplicaState, Role, TableSpec, now_ms
 from freshroute.routing.bound import Bound
@@ -68,22 +69,28 @@ class RouterHttp:
         self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s, verify=tls or True,
                                        headers={"authorization": f"Bearer {token}"} if token else None)
 
-    async def call(self, method: str, path: str, **kw: Any) -> tuple[int, Any]:
-        """(status, JSON body); an unreachable router or a body that is not JSON is :class:`ReplicaUnavailable`."""
+    async def call(self, method: str, path: str, deadline: float | None = None, **kw: Any) -> tuple[int, Any]:
+        """(status, JSON body); an unreachable router or a body that is not JSON is :class:`ReplicaUnavailable`, no
+        answer by ``deadline`` (``time.monotonic()``; a read's request timeout) :class:`LookupTimeout`."""
+        if deadline is not None:
+            kw["timeout"] = max(0.001, deadline - time.monotonic())
         try:
             resp = await self._http.request(method, path, **kw)
             return resp.status_code, orjson.loads(resp.content) if resp.content else None
         except (httpx.HTTPError, orjson.JSONDecodeError) as e:
+            if deadline is not None and isinstance(e, httpx.TimeoutException):
+                raise LookupTimeout(f"router at {self.url}: no answer within the request timeout",
+                                    router=self.url) from None
             raise ReplicaUnavailable(f"router at {self.url}: {type(e).__name__}: {e}", router=self.url) from None
 
-    async def ok(self, method: str, path: str, **kw: Any) -> Any:
-        status, body = await self.call(method, path, **kw)
+    async def ok(self, method: str, path: str, deadline: float | None = None, **kw: Any) -> Any:
+        status, body = await self.call(method, path, deadline, **kw)
         if status != 200:
             raise from_body(body, status)
         return body
 
-    async def get(self, table: str, key: str, bound: Bound) -> Lookup:
-        status, body = await self.call("GET", f"/v1/tables/{_seg(table, 'table')}/keys/{_seg(key)}",
+    async def get(self, table: str, key: str, bound: Bound, deadline: float | None = None) -> Lookup:
+        status, body = await self.call("GET", f"/v1/tables/{_seg(table, 'table')}/keys/{_seg(key)}", deadline,
                                        params=bound.to_query())
         if status == 200:
             return Lookup.from_json(body)
@@ -92,18 +99,20 @@ class RouterHttp:
             return Lookup.from_json(err.details | {"key": key}, found=False)
         raise err
 
-    async def windows(self, table: str, key: str, from_ms: int, to_ms: int, bound: Bound) -> Windows:
-        body = await self.ok("GET", f"/v1/tables/{_seg(table, 'table')}/keys/{_seg(key)}/windows",
+    async def windows(self, table: str, key: str, from_ms: int, to_ms: int, bound: Bound,
+                      deadline: float | None = None) -> Windows:
+        body = await self.ok("GET", f"/v1/tables/{_seg(table, 'table')}/keys/{_seg(key)}/windows", deadline,
                              params={"from": from_ms, "to": to_ms, **bound.to_query()})
         return Windows.from_json(body)
 
-    async def get_many(self, table: str, keys: list[str], bound: Bound) -> list[Lookup | FreshrouteError]:
+    async def get_many(self, table: str, keys: list[str], bound: Bound,
+                       deadline: float | None = None) -> list[Lookup | FreshrouteError]:
         for i, key in enumerate(keys):  # what the JSON body could not carry
             try:
                 key_bytes(key)
             except InvalidArgument:
                 raise not_a_batch(keys, i) from None
-        body = await self.ok("POST", f"/v1/tables/{_seg(table, 'table')}/keys:batchGet",
+        body = await self.ok("POST", f"/v1/tables/{_seg(table, 'table')}/keys:batchGet", deadline,
                              json={"keys": keys, **bound.to_query()})
         out: list[Lookup | FreshrouteError] = []
         for item in body["results"]:

@@ -108,7 +108,8 @@ class Client:
             store = BlockingStore(metadata, self._async.access)
             # The core's own (asyncio) store is never used on this thread: reads go through ``store``.
             metrics = self._async.metrics.counts() if self._async.metrics is not None else None
-            mine = self._local.core = (RoutingCore(self.policy, metadata, self._async.core.store, metrics=metrics),
+            mine = self._local.core = (RoutingCore(self._async.direct_policy, metadata, self._async.core.store,
+                                                   metrics=metrics),
                                        store)
             with self._lock:
                 self._stores.append(store)
@@ -119,7 +120,7 @@ class Client:
     def get(self, table: str, key: str, *, max_lag: int | None = None, max_staleness_ms: int | None = None,
             min_position: str | Position | None = None) -> Lookup:
         """One key from the freshest replica within the bound; ``found`` False when the table has no such key."""
-        core, store = self._thread_core()
+        (core, store), deadline = self._thread_core(), self._async.deadline()
         bound = parse_bound(max_lag, max_staleness_ms, min_position)
         if self._async.direct():
             started = time.perf_counter()
@@ -135,20 +136,20 @@ class Client:
                 result = core.count(started, lookup_result(table, key, plan.partition, cand, read))
                 return Lookup.of(result, core.input_lag(table))
         # The store nodes were tried once, here: straight to the router, not through the async client's own attempt.
-        return self._call(self._async.via_router("get").get(table, key, bound))
+        return self._call(self._async.via_router("get").get(table, key, bound, deadline))
 
     def get_many(self, table: str, keys: list[str], *, max_lag: int | None = None, max_staleness_ms: int | None = None,
                  min_position: str | Position | None = None) -> list[Lookup | FreshrouteError]:
         """Many keys, one group per partition at once; in request order, a key that could not be read as its error."""
-        core, store = self._thread_core()
+        (core, store), deadline = self._thread_core(), self._async.deadline()
         bound = parse_bound(max_lag, max_staleness_ms, min_position)
         keys = batch_keys(keys)
         if self._async.direct():
             started = time.perf_counter()
             spec, resolved, groups, raw_keys = core.group_keys(table, keys, bound)
             now = time.monotonic()
-            deadline = now + self.policy.request_timeout_ms / 1000
-            jobs = [(core.plan_group(table, p, resolved, now, deadline),
+            direct_deadline = now + self._async.direct_policy.request_timeout_ms / 1000
+            jobs = [(core.plan_group(table, p, resolved, now, direct_deadline),
                      Request.group(table, p, [raw_keys[i] for i in idx], resolved)) for p, idx in groups.items()]
             out: list[Lookup | FreshrouteError] = [None] * len(keys)  # type: ignore[list-item]
             lag = core.input_lag(table)
@@ -165,7 +166,7 @@ class Client:
                         out[i] = r
             if self._async.router is None or not any(isinstance(r, _FALL_BACK) for r in out):
                 return out
-        return self._call(self._async.via_router("get_many").get_many(table, keys, bound))
+        return self._call(self._async.via_router("get_many").get_many(table, keys, bound, deadline))
 
     def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
              limit: int | None = None, page_size: int | None = None, max_lag: int | None = None,
@@ -187,7 +188,7 @@ class Client:
                 max_staleness_ms: int | None = None, min_position: str | Position | None = None) -> Windows:
         """A windowed table's windows of ``key`` whose start is in ``[from_ms, to_ms)``, from one replica within the
         bound."""
-        core, store = self._thread_core()
+        (core, store), deadline = self._thread_core(), self._async.deadline()
         bound = parse_bound(max_lag, max_staleness_ms, min_position)
         if self._async.direct():
             started = time.perf_counter()
@@ -202,7 +203,7 @@ class Client:
                     raise
             else:
                 return Windows.of(core.count(started, r.result(*answer)), core.input_lag(table))
-        return self._call(self._async.via_router("windows").windows(table, key, from_ms, to_ms, bound))
+        return self._call(self._async.via_router("windows").windows(table, key, from_ms, to_ms, bound, deadline))
 
     # ---- metadata -----------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """The router fallback: a client that cannot read the store nodes (they accept connections and never answer, as a
-node behind a partition does) answers through its router — the store nodes tried once, not once per client layer —
-and counts the fallback. A fake router on loopback describes the cluster and answers the read."""
+node behind a partition does) answers through its router within one request timeout — the store nodes tried for half
+of it, once, not once per client layer; the router given the rest — and counts the fallback. A fake router on
+loopback describes the cluster and answers the read (or, for key ``slow``, does not in time)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from freshroute.client import AsyncClient, Client
+from freshroute.errors import LookupTimeout
 from freshroute.routing.core import RoutingPolicy
 
 POLICY = RoutingPolicy(request_timeout_ms=1000, attempt_timeout_ms=250)
@@ -53,12 +55,18 @@ def router(black_holes):
             path = self.path.split("?")[0]
             if path.startswith("/v1/tables/t/keys/"):
                 reads.append(time.monotonic())
+                if path.endswith("/slow"):
+                    time.sleep(2)
+                    path = "/v1/tables/t/keys/k"
             body = json.dumps(docs[path]).encode()
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up first (the slow key)
 
         def log_message(self, *args) -> None:
             pass
@@ -82,8 +90,8 @@ def test_the_sync_client_tries_the_store_nodes_once_then_answers_through_the_rou
     print(f"sync: answered through the router after {took:.3f}s")
     assert got.found and got.value == {"v": 1} and got.node == "n0"
     assert len(reads) == 1
-    # The direct read gives up within its request timeout; the router is asked once, right after.
-    assert took < POLICY.request_timeout_ms / 1000 + 0.5, took
+    # The direct read gives up at half the request timeout; the router is asked once, right after.
+    assert POLICY.request_timeout_ms / 2000 <= took < POLICY.request_timeout_ms / 1000, took
     assert registry.get_sample_value("freshroute_client_router_fallbacks_total", {"operation": "get"}) == 1
     assert registry.get_sample_value("freshroute_client_lookups_total", {"outcome": "timeout", "role": "none"}) \
         or registry.get_sample_value("freshroute_client_lookups_total", {"outcome": "unavailable", "role": "none"})
@@ -101,4 +109,27 @@ def test_the_async_client_does_the_same(router):
     took, got = asyncio.run(read())
     print(f"async: answered through the router after {took:.3f}s")
     assert got.found and len(reads) == 1
-    assert took < POLICY.request_timeout_ms / 1000 + 0.5, took
+    assert POLICY.request_timeout_ms / 2000 <= took < POLICY.request_timeout_ms / 1000, took
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_router_that_does_not_answer_in_time_is_a_timeout_at_the_request_timeout(router, kind):
+    url, reads = router
+
+    async def read_async() -> None:
+        async with AsyncClient(router=url, policy=POLICY) as client:
+            await client.get("t", "slow")
+
+    def read() -> None:
+        if kind == "async":
+            asyncio.run(read_async())
+        else:
+            with Client(router=url, policy=POLICY) as client:
+                client.get("t", "slow")
+
+    t0 = time.monotonic()
+    with pytest.raises(LookupTimeout) as e:
+        read()
+    took = time.monotonic() - t0
+    assert e.value.code == "TIMEOUT" and "no answer within the request timeout" in e.value.message
+    assert len(reads) == 1 and POLICY.request_timeout_ms / 1000 <= took < POLICY.request_timeout_ms / 1000 + 0.3, took
