@@ -82,7 +82,7 @@ def _lookup_any(args: argparse.Namespace) -> int:
     try:
         key_bytes(args.table, "table")
         key_bytes(args.key, "key")
-        bound = parse_bound(args.max_lag, args.max_staleness_ms, args.min_position)
+        bound = parse_bound(args.max_lag, args.max_staleness_ms, args.min_position, args.max_input_lag_ms)
     except FreshrouteError as e:
         print(json.dumps(e.to_body(), separators=(",", ":")), file=sys.stderr)
         return 1
@@ -218,14 +218,15 @@ def _lookup_direct(args: argparse.Namespace, bound: "Bound") -> int:
             span = _window_span(args)
             if span is not None:
                 w = client.windows(args.table, args.key, from_ms=span[0], to_ms=span[1], max_lag=bound.max_lag,
-                                   max_staleness_ms=bound.max_staleness_ms, min_position=bound.min_position)
+                                   max_staleness_ms=bound.max_staleness_ms, min_position=bound.min_position,
+                                   max_input_lag_ms=bound.max_input_lag_ms)
                 print(json.dumps({"table": w.table, "key": w.key, "windows": [x._asdict() for x in w.windows],
                                   "partition": w.partition, "served_by": {"node": w.node, "role": w.role},
                                   "lag": {"offsets": w.lag_offsets, "ms": w.lag_ms}, "position": w.position,
                                   "watermark_ms": w.watermark_ms}, separators=(",", ":")))
                 return 0
             r = client.get(args.table, args.key, max_lag=bound.max_lag, max_staleness_ms=bound.max_staleness_ms,
-                           min_position=bound.min_position)
+                           min_position=bound.min_position, max_input_lag_ms=bound.max_input_lag_ms)
     except FreshrouteError as e:
         print(json.dumps(e.to_body(), separators=(",", ":"), default=str), file=sys.stderr)
         return 2 if e.code == "REPLICA_UNAVAILABLE" else 1
@@ -280,6 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     lookup.add_argument("--max-lag", dest="max_lag")
     lookup.add_argument("--max-staleness-ms", dest="max_staleness_ms")
     lookup.add_argument("--min-position", dest="min_position")
+    lookup.add_argument("--max-input-lag-ms", dest="max_input_lag_ms",
+                        help="refuse an answer whose table is further behind its input (the pipeline's lag)")
     lookup.add_argument("--last", metavar="DURATION",
                         help="a windowed table: the key's windows that started in the last DURATION (e.g. 1m)")
     lookup.add_argument("--from", dest="from_ms", metavar="MS", help="a windowed table: earliest window start (ms)")

@@ -12,7 +12,8 @@ Keys (``ns`` is the namespace, ``freshroute`` by default):
 
 - ``{ns}:tables``              hash  table name → TableSpec JSON (written by the pipeline)
 - ``{ns}:tables:version``      str   changes with every write of the table specs
-- ``{ns}:input``               hash  table name → InputLag JSON: how far the pipeline is behind the table's input
+- ``{ns}:input``               hash  table name → InputLag JSON: where the pipeline is in the table's input
+- ``{ns}:input:ends``          hash  input topic → InputEnds JSON: where it ends (written by the assignor lease holder)
                                      (written by the pipeline after every micro-batch it sees)
 - ``{ns}:beats``               hash  node id → its latest heartbeat time (ms, the node's clock)
 - ``{ns}:node:{id}``           str   NodeReport JSON, rewritten only when its shape changed (address,
@@ -81,6 +82,7 @@ class TableSpec:
     default_max_lag: int | None = None
     default_max_staleness_ms: int | None = None
     window: WindowSpec | None = None  # a windowed table's windows; None: a plain keyed table
+    input_topic: str | None = None  # the Kafka topic the table is computed from
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self))
@@ -96,27 +98,74 @@ class TableSpec:
 
 @dataclass(frozen=True)
 class InputLag:
-    """How far the pipeline is behind a table's input: records not yet processed, and since when it has been behind.
-
-    A lookup's own lag says how far its replica is behind the changelog; this says how far the changelog is
-    behind the input, so that an answer during an input burst says how old it really is.
+    """Where the pipeline is in a table's input, as the pipeline publishes it after each micro-batch and once a
+    second besides: the input offsets its last batch read to, and when a batch last had read everything there
+    was. With where the input ends (:class:`InputEnds`, read from the broker by a store node) it gives how far the
+    table's changelog is behind its input at any moment — also when the pipeline has stopped: see :func:`input_lag_at`.
     """
 
-    records: int  # input records beyond the last micro-batch's end
-    caught_up_ms: int  # when a micro-batch last ended with nothing more to read (the pipeline's clock)
-    at_ms: int  # when this was measured
+    records: int  # input records beyond the last micro-batch's end, as that batch saw it
+    caught_up_ms: int  # the start of the last micro-batch that read everything there was to read
+    at_ms: int  # when the last micro-batch was seen
+    offsets: dict[int, int] = field(default_factory=dict)  # input partition → the offset the last batch read to
+    alive_ms: int = 0  # when the pipeline last said it is running the table's query (once a second)
 
     def ms(self, now: int) -> int:
-        """Milliseconds the table's changelog is behind its input at ``now``: 0 when caught up."""
+        """Milliseconds the table's changelog is behind its input at ``now`` by the pipeline's own account."""
         return max(0, now - self.caught_up_ms) if self.records else 0
 
+    def alive(self, now: int) -> bool:
+        """Whether the pipeline is running the table's query: it has spoken within :data:`PIPELINE_EXPIRY_MS`."""
+        return now - self.alive_ms <= PIPELINE_EXPIRY_MS
+
     def to_json(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return orjson.dumps(asdict(self), option=orjson.OPT_NON_STR_KEYS)
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> "InputLag":
         d = orjson.loads(raw)
-        return cls(int(d["records"]), int(d["caught_up_ms"]), int(d["at_ms"]))
+        return cls(int(d["records"]), int(d["caught_up_ms"]), int(d["at_ms"]),
+                   {int(p): int(o) for p, o in (d.get("offsets") or {}).items()}, int(d.get("alive_ms", d["at_ms"])))
+
+
+@dataclass(frozen=True)
+class InputEnds:
+    """Where an input topic ends (partition → the offset its next record will get), read from the broker."""
+
+    ends: dict[int, int]
+    at_ms: int
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self), option=orjson.OPT_NON_STR_KEYS)
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> "InputEnds":
+        d = orjson.loads(raw)
+        return cls({int(p): int(o) for p, o in d["ends"].items()}, int(d["at_ms"]))
+
+
+# A pipeline silent this long (it speaks once a second) is not running; input ends older than this are not trusted.
+PIPELINE_EXPIRY_MS = 3000
+INPUT_ENDS_TRUST_MS = 3000
+
+
+def input_lag_at(lag: "InputLag | None", ends: "InputEnds | None", now: int) -> tuple[int, int]:
+    """(records, ms) a table's changelog is behind its input at ``now``.
+
+    Records: the input's ends (fresh) beyond the offsets the pipeline's last batch read to; without them, what the
+    pipeline said. Milliseconds: 0 when no record is behind, else since the last batch that had read everything.
+    So when the pipeline stops or dies while its input grows, both grow: nothing waits for the pipeline to say so.
+    A silent pipeline whose input's ends are not known is counted as behind since its last catch-up, never fresh.
+    """
+    if lag is None:
+        return (0, 0)
+    if ends is not None and lag.offsets and now - ends.at_ms <= INPUT_ENDS_TRUST_MS:
+        records = sum(max(0, end - lag.offsets.get(p, 0)) for p, end in ends.ends.items())
+    elif lag.alive(now):
+        return (lag.records, lag.ms(now))
+    else:
+        return (lag.records, max(0, now - lag.caught_up_ms))
+    return (records, max(0, now - lag.caught_up_ms)) if records else (0, 0)
 
 
 NO_INPUT_LAG = InputLag(0, 0, 0)
@@ -380,6 +429,10 @@ class Keys:
         return f"{self.ns}:input"
 
     @property
+    def input_ends(self) -> str:
+        return f"{self.ns}:input:ends"
+
+    @property
     def beats(self) -> str:
         return f"{self.ns}:beats"
 
@@ -542,6 +595,13 @@ class MetadataStore:
 
     def input_lags(self) -> dict[str, InputLag]:
         return {text(k): InputLag.from_json(v) for k, v in self.redis.hgetall(self.keys.input_lag).items()}
+
+    def publish_input_ends(self, ends: dict[str, InputEnds]) -> None:
+        if ends:
+            self.redis.hset(self.keys.input_ends, mapping={topic: e.to_json() for topic, e in ends.items()})
+
+    def input_ends(self) -> dict[str, InputEnds]:
+        return {text(k): InputEnds.from_json(v) for k, v in self.redis.hgetall(self.keys.input_ends).items()}
 
     # nodes
     def _beat_args(self, node_id: str, beat_ms: int, ttl_ms: int, report: bytes | None,

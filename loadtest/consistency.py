@@ -6,7 +6,8 @@ For every answered lookup of the recording it checks that
     changelog record for the key with offset < the position's offset in the key's partition
     (a ``not_found`` answer ⇒ no live value there; a null value is a tombstone);
 (b) the answer met the bound it asked for: ``lag.offsets <= max_lag``,
-    ``lag.ms <= max_staleness_ms``, position >= ``min_position`` in the key's partition;
+    ``lag.ms <= max_staleness_ms``, ``input_lag.ms <= max_input_lag_ms``, position >= ``min_position`` in the
+    key's partition;
 (c) a session never read backwards: an answer that asked for ``min_position`` is at least as
     fresh, partition by partition, as every answer the same session saw before it.
 
@@ -289,6 +290,12 @@ def check(records: list[dict[str, Any]], changelog: Changelog, table: str,
                     bad(i, "bound", f"lag {lag['offsets']} offsets exceeds max_lag {bound['max_lag']}")
                 if "max_staleness_ms" in bound and lag["ms"] > bound["max_staleness_ms"]:
                     bad(i, "bound", f"staleness {lag['ms']} ms exceeds max_staleness_ms {bound['max_staleness_ms']}")
+        if "max_input_lag_ms" in bound and rec.get("outcome") in ("ok", "not_found"):
+            behind = rec.get("input_lag")
+            if not behind:
+                bad(i, "bound", "asked for max_input_lag_ms, but the answer carries no input lag")
+            elif behind["ms"] > bound["max_input_lag_ms"]:
+                bad(i, "bound", f"input lag {behind['ms']} ms exceeds max_input_lag_ms {bound['max_input_lag_ms']}")
         if bound.get("min_position"):
             try:
                 wanted = Position.decode(bound["min_position"]).offset_for(partition)

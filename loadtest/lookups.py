@@ -33,11 +33,11 @@ def _base(proto: str, table: str, key: str, bound_kind: str, bound: dict[str, An
     return {"t": round(t, 6), "ts_ms": int(time.time() * 1000), "proto": proto, "session": session, "seq": seq,
             "table": table, "key": key, "bound_kind": bound_kind, "bound": bound, "outcome": "other",
             "status": None, "code": None, "latency_ms": 0.0, "partition": None, "served_by": None, "lag": None,
-            "position": None, "value": None}
+            "position": None, "value": None, "input_lag": None}
 
 
 def _fill_details(rec: dict[str, Any], doc: dict[str, Any]) -> None:
-    for k in ("partition", "served_by", "lag", "position"):
+    for k in ("partition", "served_by", "lag", "position", "input_lag"):
         if doc.get(k) is not None:
             rec[k] = doc[k]
 
@@ -118,7 +118,8 @@ def response_to_dict(resp: Any) -> dict[str, Any]:
     return {"partition": resp.partition,
             "served_by": {"node": resp.served_by.node, "role": resp.served_by.role} if resp.HasField("served_by") else None,
             "lag": lag_message_doc(resp.lag) if resp.HasField("lag") else None,
-            "position": resp.position or None}
+            "position": resp.position or None,
+            "input_lag": {"records": resp.input_lag.records, "ms": resp.input_lag.ms}}
 
 
 async def grpc_lookup(stub: Any, table: str, key: str, bound_kind: str, bound: dict[str, Any], t0: float,
@@ -189,7 +190,8 @@ async def client_lookup(client: Any, table: str, key: str, bound_kind: str, boun
         if span is not None:
             w = await client.windows(table, key, from_ms=span[0], to_ms=span[1], **bound)
             rec.update(outcome="ok", status=200, partition=w.partition, served_by={"node": w.node, "role": w.role},
-                       lag={"offsets": w.lag_offsets, "ms": w.lag_ms}, position=w.position)
+                       lag={"offsets": w.lag_offsets, "ms": w.lag_ms}, position=w.position,
+                       input_lag={"records": w.input_lag_records, "ms": w.input_lag_ms})
             _fill_windows(rec, [x._asdict() for x in w.windows], w.watermark_ms)
             rec["latency_ms"] = round((time.monotonic() - start) * 1000, 3)
             return rec
@@ -201,6 +203,6 @@ async def client_lookup(client: Any, table: str, key: str, bound_kind: str, boun
         rec.update(outcome="ok" if r.found else "not_found", status=200 if r.found else 404,
                    code=None if r.found else "KEY_NOT_FOUND", value=r.value, partition=r.partition,
                    served_by={"node": r.node, "role": r.role}, lag={"offsets": r.lag_offsets, "ms": r.lag_ms},
-                   position=r.position)
+                   position=r.position, input_lag={"records": r.input_lag_records, "ms": r.input_lag_ms})
     rec["latency_ms"] = round((time.monotonic() - start) * 1000, 3)
     return rec

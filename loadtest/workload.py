@@ -6,7 +6,7 @@ workload from the same spec strings:
 - key choice: ``uniform`` over ``{prefix}0 .. {prefix}{n-1}`` or ``zipf`` with exponent ``s``,
   where rank 1 (the hottest key) is ``{prefix}0``, rank 2 ``{prefix}1`` and so on;
 - bound mix: ``"none:4,max_lag=100:2,max_staleness_ms=5000:2,session:2"`` — weighted kinds of
-  bound; ``session`` passes the session's position (the merge of every position this session
+  bound (``max_input_lag_ms=N`` bounds the table's pipeline lag); ``session`` passes the session's position (the merge of every position this session
   has seen) as ``min_position``, which asks for monotonic reads.
 """
 
@@ -21,7 +21,8 @@ from typing import Any
 from freshroute.position import Position
 
 DEFAULT_BOUND_MIX = "none:4,max_lag=100:2,max_staleness_ms=5000:2,session:2"
-BOUND_KINDS = ("none", "max_lag", "max_staleness_ms", "session")
+BOUND_KINDS = ("none", "max_lag", "max_staleness_ms", "max_input_lag_ms", "session")
+_VALUED = ("max_lag", "max_staleness_ms", "max_input_lag_ms")
 
 
 class KeyChooser:
@@ -63,7 +64,7 @@ class KeyChooser:
 
 @dataclass(frozen=True)
 class BoundChoice:
-    """One kind of bound in a mix; ``value`` is the limit for max_lag / max_staleness_ms."""
+    """One kind of bound in a mix; ``value`` is the limit for max_lag / max_staleness_ms / max_input_lag_ms."""
 
     kind: str
     value: int | None = None
@@ -84,7 +85,7 @@ def parse_bound_mix(spec: str) -> list[BoundChoice]:
         kind = kind.strip()
         if kind not in BOUND_KINDS:
             raise ValueError(f"unknown bound kind {kind!r} in {spec!r}; use one of {', '.join(BOUND_KINDS)}")
-        if kind in ("max_lag", "max_staleness_ms"):
+        if kind in _VALUED:
             if not value_s:
                 raise ValueError(f"{kind} needs a value, e.g. {kind}=100")
             value: int | None = int(value_s)
@@ -148,7 +149,7 @@ class Session:
 
 def bound_params(choice: BoundChoice, session: Session | None, table: str) -> dict[str, Any]:
     """The request's bound as query parameters / ``Bound`` fields; empty for ``none``."""
-    if choice.kind in ("max_lag", "max_staleness_ms"):
+    if choice.kind in _VALUED:
         return {choice.kind: choice.value}
     if choice.kind == "session" and session is not None:
         token = session.token(table)

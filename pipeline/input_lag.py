@@ -1,17 +1,23 @@
-"""How far each table is behind its input, from its query's progress, published to Redis for routers and clients.
+"""Where each table's query is in its input, from its progress, published to Redis for routers and clients.
 
-A micro-batch's progress names the source's latest offsets (what was there to read) and the
-batch's end offsets (what it read); the difference is the input not yet in the changelog. When
-a batch ends with nothing left, the table was caught up then; while it is behind, answers can
-say for how long. Written by a thread of its own, so that a Redis outage never slows the
-supervising loop: it keeps only the latest figures and writes them when it can.
+A micro-batch's progress names the source's latest offsets (what was there to read when it started) and the
+batch's end offsets (what it read). A batch that read everything there was leaves the table caught up as of
+its start. The end offsets, with where the input ends now (read from the broker by a store node), are what
+routers and clients work the input lag out from (:func:`freshroute.metadata.input_lag_at`), so that a stopped
+pipeline never looks fresh. Besides each batch, the figures of every table whose query is running are
+published again once a second: a pipeline that has gone silent is known to be not running.
+
+Written by a thread of its own, so that a Redis outage never slows the supervising loop: it keeps only the
+latest figures and writes them when it can.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
-from typing import Any
+from dataclasses import replace
+from typing import Any, Iterable
 
 import orjson
 
@@ -20,20 +26,18 @@ from freshroute.metadata import InputLag, now_ms
 log = logging.getLogger("pipeline")
 
 _WRITE_EVERY_S = 0.2
+ALIVE_EVERY_MS = 1000  # how often a running table's figures are published again without a batch
 
 
-def _offset_sum(raw: Any) -> int | None:
-    """The sum of a source offset's per-partition offsets (our source's JSON, or Spark's Kafka source's)."""
+def source_offsets(raw: Any) -> dict[int, int] | None:
+    """Partition → offset of a Kafka source offset (Spark's JSON: ``{"topic": {"0": 42, …}}``; a query reads one
+    topic); None when there is none."""
     if raw is None:
         return None
     doc = orjson.loads(raw) if isinstance(raw, (str, bytes)) else raw
-
-    def total(node: Any) -> int:
-        if isinstance(node, dict):
-            return sum(total(v) for v in node.values())
-        return node if isinstance(node, int) and not isinstance(node, bool) else 0
-
-    return total(doc.get("partitions", doc)) if isinstance(doc, dict) else None
+    if not isinstance(doc, dict):
+        return None
+    return {int(p): int(o) for parts in doc.values() if isinstance(parts, dict) for p, o in parts.items()}
 
 
 def records_behind(progress: Any) -> int | None:
@@ -41,10 +45,18 @@ def records_behind(progress: Any) -> int | None:
     sources = getattr(progress, "sources", None) or []
     if not sources:
         return None
-    latest, end = _offset_sum(getattr(sources[0], "latestOffset", None)), _offset_sum(sources[0].endOffset)
+    latest, end = source_offsets(getattr(sources[0], "latestOffset", None)), source_offsets(sources[0].endOffset)
     if latest is None or end is None:
         return None
-    return max(0, latest - end)
+    return max(0, sum(latest.values()) - sum(end.values()))
+
+
+def batch_start_ms(progress: Any) -> int | None:
+    """When the batch started (its trigger), from the progress's ISO timestamp."""
+    raw = getattr(progress, "timestamp", None)
+    if not raw:
+        return None
+    return int(dt.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp() * 1000)
 
 
 class InputLagPublisher(threading.Thread):
@@ -56,29 +68,45 @@ class InputLagPublisher(threading.Thread):
         self.stop_event = stop
         self.where = where
         self.latest: dict[str, InputLag] = {}
+        self._running: tuple[str, ...] = ()
         self._pending: dict[str, InputLag] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
 
     def observe(self, table: str, progress: Any) -> InputLag | None:
-        """Note a batch's progress; returns the table's input lag as of now (None when the source says nothing)."""
+        """Note a batch's progress; returns the table's figures as of now (None when the source says nothing)."""
         behind = records_behind(progress)
         if behind is None:
             return None
         now = now_ms()
+        started = batch_start_ms(progress) or now
         previous = self.latest.get(table)
-        caught_up = now if behind == 0 or previous is None else previous.caught_up_ms
-        lag = self.latest[table] = InputLag(behind, caught_up, now)
+        caught_up = started if behind == 0 or previous is None else previous.caught_up_ms
+        offsets = source_offsets(progress.sources[0].endOffset) or {}
+        lag = self.latest[table] = InputLag(behind, caught_up, now, offsets, now)
         with self._lock:
             self._pending[table] = lag
         self._wake.set()
         return lag
 
+    def running(self, tables: Iterable[str]) -> None:
+        """The tables whose queries are running now (the supervising loop says so every round)."""
+        self._running = tuple(tables)
+
+    def _alive_again(self, now: int) -> None:
+        """The figures of running tables not published for a while, published again as alive now."""
+        with self._lock:
+            for table in self._running:
+                lag = self.latest.get(table)
+                if lag is not None and table not in self._pending and now - lag.alive_ms >= ALIVE_EVERY_MS:
+                    self.latest[table] = self._pending[table] = replace(lag, alive_ms=now)
+
     def run(self) -> None:
         healthy: bool | None = None
         while not self.stop_event.is_set():
-            self._wake.wait(1.0)
+            self._wake.wait(_WRITE_EVERY_S)
             self._wake.clear()
+            self._alive_again(now_ms())
             with self._lock:
                 pending, self._pending = self._pending, {}
             if pending:

@@ -453,7 +453,8 @@ class Pipeline:
         value_schema = {f.name: f.dataType.simpleString() for f in df.schema.fields
                         if f.name not in (t.key, DELETE_COLUMN, WINDOW_START_COLUMN)}
         standbys = s.standby_replicas if t.standby_replicas is None else t.standby_replicas
-        spec = TableSpec(t.name, topic, len(info.partitions), t.key, value_schema, standbys, window=t.window)
+        spec = TableSpec(t.name, topic, len(info.partitions), t.key, value_schema, standbys, window=t.window,
+                         input_topic=s.input_topic(self.definition.sources[t.source].topic))
         expiry = WindowExpiry(s.window_index(t.name)) if t.window is not None else None
         return TableRun(t, spec, ChangelogWriter(t.name, topic, spec.partitions, t.key, self.producer, t.window, expiry,
                                                  t.stale_keys))
@@ -527,6 +528,9 @@ class Pipeline:
                 self._restart_or_fail(q, str(error), stop)
             if self.queries and all(q.finished for q in self.queries.values()):
                 return
+            if self._input_lag is not None:
+                self._input_lag.running(r.table.name for q in self.queries.values()
+                                        if q.query is not None and q.query.isActive for r in q.tables)
             stop.wait(0.5)
 
     def _windows_progress(self, q: QueryRun, run: TableRun, progress: Any, seen: int) -> None:

@@ -8,14 +8,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Bound(_message.Message):
-    __slots__ = ("max_lag", "max_staleness_ms", "min_position")
+    __slots__ = ("max_lag", "max_staleness_ms", "min_position", "max_input_lag_ms")
     MAX_LAG_FIELD_NUMBER: _ClassVar[int]
     MAX_STALENESS_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_POSITION_FIELD_NUMBER: _ClassVar[int]
+    MAX_INPUT_LAG_MS_FIELD_NUMBER: _ClassVar[int]
     max_lag: int
     max_staleness_ms: int
     min_position: str
-    def __init__(self, max_lag: _Optional[int] = ..., max_staleness_ms: _Optional[int] = ..., min_position: _Optional[str] = ...) -> None: ...
+    max_input_lag_ms: int
+    def __init__(self, max_lag: _Optional[int] = ..., max_staleness_ms: _Optional[int] = ..., min_position: _Optional[str] = ..., max_input_lag_ms: _Optional[int] = ...) -> None: ...
 
 class Lag(_message.Message):
     __slots__ = ("offsets", "ms")
@@ -296,7 +298,7 @@ class ListTablesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TableInfo(_message.Message):
-    __slots__ = ("name", "topic", "partitions", "standby_replicas", "key_column", "schema", "window")
+    __slots__ = ("name", "topic", "partitions", "standby_replicas", "key_column", "schema", "window", "input_lag", "pipeline")
     class SchemaEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -311,6 +313,8 @@ class TableInfo(_message.Message):
     KEY_COLUMN_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
+    INPUT_LAG_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_FIELD_NUMBER: _ClassVar[int]
     name: str
     topic: str
     partitions: int
@@ -318,7 +322,27 @@ class TableInfo(_message.Message):
     key_column: str
     schema: _containers.ScalarMap[str, str]
     window: TableWindow
-    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., partitions: _Optional[int] = ..., standby_replicas: _Optional[int] = ..., key_column: _Optional[str] = ..., schema: _Optional[_Mapping[str, str]] = ..., window: _Optional[_Union[TableWindow, _Mapping]] = ...) -> None: ...
+    input_lag: InputLag
+    pipeline: Pipeline
+    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., partitions: _Optional[int] = ..., standby_replicas: _Optional[int] = ..., key_column: _Optional[str] = ..., schema: _Optional[_Mapping[str, str]] = ..., window: _Optional[_Union[TableWindow, _Mapping]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., pipeline: _Optional[_Union[Pipeline, _Mapping]] = ...) -> None: ...
+
+class Pipeline(_message.Message):
+    __slots__ = ("alive", "last_progress_ms")
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    LAST_PROGRESS_MS_FIELD_NUMBER: _ClassVar[int]
+    alive: bool
+    last_progress_ms: int
+    def __init__(self, alive: _Optional[bool] = ..., last_progress_ms: _Optional[int] = ...) -> None: ...
+
+class TablePipeline(_message.Message):
+    __slots__ = ("table", "pipeline", "input_lag")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    INPUT_LAG_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    pipeline: Pipeline
+    input_lag: InputLag
+    def __init__(self, table: _Optional[str] = ..., pipeline: _Optional[_Union[Pipeline, _Mapping]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ...) -> None: ...
 
 class TableWindow(_message.Message):
     __slots__ = ("size_ms", "slide_ms", "grace_ms", "retention_ms")
@@ -391,13 +415,15 @@ class PartitionReplica(_message.Message):
     def __init__(self, table: _Optional[str] = ..., partition: _Optional[int] = ..., replica: _Optional[_Union[ReplicaInfo, _Mapping]] = ...) -> None: ...
 
 class ClusterResponse(_message.Message):
-    __slots__ = ("nodes", "assignment_generation", "assignment", "metadata")
+    __slots__ = ("nodes", "assignment_generation", "assignment", "metadata", "pipelines")
     NODES_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_GENERATION_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    PIPELINES_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
     assignment_generation: int
     assignment: _containers.RepeatedCompositeFieldContainer[AssignedPartition]
     metadata: MetadataHealth
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., assignment_generation: _Optional[int] = ..., assignment: _Optional[_Iterable[_Union[AssignedPartition, _Mapping]]] = ..., metadata: _Optional[_Union[MetadataHealth, _Mapping]] = ...) -> None: ...
+    pipelines: _containers.RepeatedCompositeFieldContainer[TablePipeline]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., assignment_generation: _Optional[int] = ..., assignment: _Optional[_Iterable[_Union[AssignedPartition, _Mapping]]] = ..., metadata: _Optional[_Union[MetadataHealth, _Mapping]] = ..., pipelines: _Optional[_Iterable[_Union[TablePipeline, _Mapping]]] = ...) -> None: ...

@@ -25,7 +25,7 @@ from proto import router_pb2, router_pb2_grpc
 
 from freshroute.routing.bound import NO_BOUND, Bound
 from freshroute.metadata import TableSpec, rank_lag
-from freshroute.routing.results import LookupResult, ReplicaInfo, WindowsResult, key_not_found
+from freshroute.routing.results import LookupResult, ReplicaInfo, WindowsResult, key_not_found, pipeline_doc
 from freshroute.windows import Window
 from freshroute.tls import ServerTLS
 from router.auth import Guard
@@ -310,7 +310,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             return router_pb2.ListTablesResponse(tables=[
                 router_pb2.TableInfo(name=t.spec.name, topic=t.spec.topic, partitions=t.spec.partitions,
                                      standby_replicas=t.spec.standby_replicas, key_column=t.spec.key_column,
-                                     schema=dict(t.spec.value_schema), window=_table_window(t.spec))
+                                     schema=dict(t.spec.value_schema), window=_table_window(t.spec),
+                                     input_lag=router_pb2.InputLag(records=t.input_lag[0], ms=t.input_lag[1]),
+                                     pipeline=router_pb2.Pipeline(**pipeline_doc(t.pipeline)))
                 for t in self._router.list_tables() if principal is None or principal.may_read(t.spec.name)])
         except Exception as e:  # noqa: BLE001
             await abort(context, e)
@@ -338,7 +340,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 assignment=[router_pb2.AssignedPartition(table=a["table"], partition=a["partition"], nodes=a["nodes"])
                             for a in view["assignment"] or ()],
                 metadata=router_pb2.MetadataHealth(loaded=meta["loaded"], age_ms=meta["age_ms"],
-                                                   redis_ok=meta["redis_ok"]))
+                                                   redis_ok=meta["redis_ok"]),
+                pipelines=[router_pb2.TablePipeline(
+                    table=t["table"], pipeline=router_pb2.Pipeline(alive=t["alive"], last_progress_ms=t["last_progress_ms"]),
+                    input_lag=router_pb2.InputLag(**t["input_lag"])) for t in view["pipelines"]])
         except Exception as e:  # noqa: BLE001
             await abort(context, e)
 

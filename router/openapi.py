@@ -68,6 +68,7 @@ class BatchGetRequest(BaseModel):
     max_staleness_ms: int | None = Field(default=None, ge=0, le=MAX_LIMIT)
     min_position: str | None = Field(default=None, description=_POSITION_HELP,
                                      json_schema_extra={"format": POSITION_FORMAT, "maxLength": MAX_TOKEN_LENGTH})
+    max_input_lag_ms: int | None = Field(default=None, ge=0, le=MAX_LIMIT)
 
 
 class BatchItem(BaseModel):
@@ -170,6 +171,9 @@ def bound_parameters(query: bool = True) -> list[dict[str, Any]]:
          "description": "at most this many ms since the replica was caught up (default: the table's)"},
         {"name": "min_position", "in": "query", "required": False, "schema": POSITION_SCHEMA,
          "description": _POSITION_HELP},
+        {"name": "max_input_lag_ms", "in": "query", "required": False,
+         "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LIMIT},
+         "description": "at most this many ms between the table's changelog and its input (the pipeline's lag)"},
     ]
 
 

@@ -453,7 +453,8 @@ async def _batch_get(router: Router, table: str, raw_body: bytes) -> dict[str, A
     min_position = doc.get("min_position")
     if min_position is not None and not isinstance(min_position, str):
         raise InvalidArgument("min_position must be a position token", field="min_position")
-    bound: Bound = parse_bound(doc.get("max_lag"), doc.get("max_staleness_ms"), min_position)
+    bound: Bound = parse_bound(doc.get("max_lag"), doc.get("max_staleness_ms"), min_position,
+                               doc.get("max_input_lag_ms"))
     results = await router.batch_get(table, keys, bound)
     items: list[dict[str, Any]] = []
     position: Position | None = None

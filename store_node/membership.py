@@ -113,6 +113,16 @@ class Membership:
         while not self._stop.wait(period):
             self.tick()
 
+    @property
+    def tables(self) -> Mapping[str, TableSpec]:
+        """The table specs as this node last read them."""
+        return self._tables[1] if self._tables is not None else {}
+
+    @property
+    def holds_lease(self) -> bool:
+        """Whether this node is the assignor lease holder."""
+        return self.assignor.generation is not None
+
     def report(self, now: int | None = None) -> NodeReport:
         now = self._clock() if now is None else now
         return NodeReport(self._settings.node_id, self._address, now, self._replicas(now),

@@ -25,6 +25,7 @@ from freshroute.errors import ConfigError
 from freshroute.metadata import MetadataStore, now_ms
 from store_node.access import ClusterSecret
 from store_node.changelog import ChangelogTailer
+from store_node.input_ends import InputEndsWatcher
 from store_node.lag import Clock
 from store_node.membership import Membership
 from store_node.replica import Replica
@@ -44,6 +45,7 @@ class StoreNode:
         self.tailer = ChangelogTailer(settings, clock)
         self.health = HealthReporter(self.ready)
         self.membership: Membership | None = None
+        self.input_ends: InputEndsWatcher | None = None
         self.draining = False
         self._clock = clock
         self._dir_lock: IO[bytes] | None = None
@@ -70,9 +72,12 @@ class StoreNode:
     def join(self, address: str, read_address: str | None = None) -> None:
         """Start heartbeating as ``address`` (gRPC) and ``read_address`` (read port), following the assignment."""
         metadata = MetadataStore.at(self.settings.redis(), self.settings.namespace)
-        self.membership = Membership(self.settings, metadata, address, self.tailer.reports, self.tailer.set_desired,
-                                     self._clock, read_address)
-        self.membership.start()
+        self.membership = membership = Membership(self.settings, metadata, address, self.tailer.reports,
+                                                  self.tailer.set_desired, self._clock, read_address)
+        membership.start()
+        self.input_ends = InputEndsWatcher(self.settings, metadata, lambda: membership.holds_lease,
+                                           lambda: membership.tables)
+        self.input_ends.start()
 
     def drain(self) -> None:
         self.draining = True
@@ -80,6 +85,8 @@ class StoreNode:
             self.membership.drain()
 
     def close(self) -> None:
+        if self.input_ends is not None:
+            self.input_ends.stop()
         if self.membership is not None:
             self.membership.stop()
         self.tailer.stop()

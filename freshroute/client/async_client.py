@@ -180,10 +180,11 @@ class AsyncClient:
     # ---- reads --------------------------------------------------------------------------
 
     async def get(self, table: str, key: str, *, max_lag: int | None = None, max_staleness_ms: int | None = None,
-                  min_position: str | Position | None = None) -> Lookup:
+                  min_position: str | Position | None = None,
+                max_input_lag_ms: int | None = None) -> Lookup:
         """One key from the freshest replica within the bound; ``found`` False when the table has no such key."""
         core, deadline = self._core(), self.deadline()
-        bound = parse_bound(max_lag, max_staleness_ms, min_position)
+        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms)
         if self.direct():
             try:
                 return Lookup.of(await core.get(table, key, bound), core.input_lag(table))
@@ -194,10 +195,11 @@ class AsyncClient:
 
     async def get_many(self, table: str, keys: list[str], *, max_lag: int | None = None,
                        max_staleness_ms: int | None = None,
-                       min_position: str | Position | None = None) -> list[Lookup | FreshrouteError]:
+                       min_position: str | Position | None = None,
+                max_input_lag_ms: int | None = None) -> list[Lookup | FreshrouteError]:
         """Many keys, one group per partition in parallel; in request order, a key that could not be read as its error."""
         core, deadline = self._core(), self.deadline()
-        bound = parse_bound(max_lag, max_staleness_ms, min_position)
+        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms)
         keys = batch_keys(keys)
         if self.direct():
             lag = core.input_lag(table)
@@ -208,11 +210,12 @@ class AsyncClient:
         return await self.via_router("get_many").get_many(table, keys, bound, deadline)
 
     async def windows(self, table: str, key: str, *, from_ms: int, to_ms: int, max_lag: int | None = None,
-                      max_staleness_ms: int | None = None, min_position: str | Position | None = None) -> Windows:
+                      max_staleness_ms: int | None = None, min_position: str | Position | None = None,
+                max_input_lag_ms: int | None = None) -> Windows:
         """A windowed table's windows of ``key`` whose start is in ``[from_ms, to_ms)``, from one replica within the
         bound."""
         core, deadline = self._core(), self.deadline()
-        bound = parse_bound(max_lag, max_staleness_ms, min_position)
+        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms)
         if self.direct():
             try:
                 return Windows.of(await core.windows(table, key, from_ms, to_ms, bound), core.input_lag(table))
@@ -224,9 +227,10 @@ class AsyncClient:
     async def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
                    limit: int | None = None, page_size: int | None = None, max_lag: int | None = None,
                    max_staleness_ms: int | None = None,
-                   min_position: str | Position | None = None) -> AsyncIterator[Lookup]:
+                   min_position: str | Position | None = None,
+                max_input_lag_ms: int | None = None) -> AsyncIterator[Lookup]:
         """Rows in ascending key order (at most ``limit``), fetched a page at a time as the iteration needs them."""
-        bound = parse_bound(max_lag, max_staleness_ms, min_position)
+        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms)
         r = ScanRange.of(prefix, start, end, limit, page_size, self.policy.scan_max_limit)
         token: str | None = None
         sent = 0

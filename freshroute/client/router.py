@@ -31,9 +31,11 @@ def snapshot_from_router(tables_doc: dict[str, Any], cluster_doc: dict[str, Any]
     tables = {}
     lags = {}
     for t in tables_doc["tables"]:
-        behind = t.get("input_lag") or {}
-        if behind.get("records"):
-            lags[t["name"]] = InputLag(int(behind["records"]), now - int(behind.get("ms", 0)), now)
+        behind, pipeline = t.get("input_lag") or {}, t.get("pipeline") or {}
+        if behind.get("records") or pipeline.get("last_progress_ms") is not None:
+            # As the router worked it out just now; a pipeline it says is not running stays counted as such.
+            lags[t["name"]] = InputLag(int(behind.get("records") or 0), now - int(behind.get("ms") or 0), now,
+                                       alive_ms=now if pipeline.get("alive", True) else 0)
         default = t.get("default_bound") or {}
         window = t.get("window")
         tables[t["name"]] = TableSpec(t["name"], t["topic"], int(t["partitions"]), t.get("key_column", ""),

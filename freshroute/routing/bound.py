@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from freshroute.errors import InvalidArgument
+from freshroute.errors import InvalidArgument, NoReplicaWithinBound
 from freshroute.position import Position
 from proto import router_pb2, store_pb2
 
@@ -24,10 +24,14 @@ class Bound:
     max_lag: int | None = None
     max_staleness_ms: int | None = None
     min_position: Position | None = None
+    # How far the table's changelog may be behind its input (the pipeline's lag, not a replica's): checked once per
+    # read against the table's input lag, before any replica is asked.
+    max_input_lag_ms: int | None = None
 
     @property
     def unbounded(self) -> bool:
-        return self.max_lag is None and self.max_staleness_ms is None and self.min_position is None
+        return (self.max_lag is None and self.max_staleness_ms is None and self.min_position is None
+                and self.max_input_lag_ms is None)
 
     def min_offset(self, partition: int) -> int:
         """The applied offset a replica of ``partition`` must have reached (0 = any)."""
@@ -63,14 +67,25 @@ class Bound:
             return self
         return Bound(self.max_lag if self.max_lag is not None else max_lag,
                      self.max_staleness_ms if self.max_staleness_ms is not None else max_staleness_ms,
-                     self.min_position)
+                     self.min_position, self.max_input_lag_ms)
 
     def to_dict(self) -> dict[str, Any]:
         """The bound as error details show it."""
         out: dict[str, Any] = {"max_lag": self.max_lag, "max_staleness_ms": self.max_staleness_ms}
         if self.min_position is not None:
             out["min_position"] = self.min_position.encode()
+        if self.max_input_lag_ms is not None:
+            out["max_input_lag_ms"] = self.max_input_lag_ms
         return out
+
+    def input_lag_refusal(self, table: str, input_lag: tuple[int, int]) -> "NoReplicaWithinBound | None":
+        """The refusal of a read of ``table`` whose changelog is ``input_lag`` (records, ms) behind its input, or None."""
+        if self.max_input_lag_ms is None or input_lag[1] <= self.max_input_lag_ms:
+            return None
+        return NoReplicaWithinBound(
+            f"table {table!r} is {input_lag[1]} ms behind its input ({input_lag[0]} records not yet processed by "
+            f"the pipeline), bound is {self.max_input_lag_ms} ms", table=table, bound=self.to_dict(),
+            input_lag={"records": input_lag[0], "ms": input_lag[1]})
 
     # ---- the wire ----------------------------------------------------------------------
 
@@ -89,14 +104,16 @@ class Bound:
     def to_message(self) -> router_pb2.Bound:
         """The bound in the public gRPC API."""
         return router_pb2.Bound(max_lag=self.max_lag, max_staleness_ms=self.max_staleness_ms,
-                                min_position=self.min_position.encode() if self.min_position is not None else "")
+                                min_position=self.min_position.encode() if self.min_position is not None else "",
+                                max_input_lag_ms=self.max_input_lag_ms)
 
     @classmethod
     def from_message(cls, msg: router_pb2.Bound) -> "Bound":
         """A public gRPC ``Bound``; anything malformed is an InvalidArgument naming the field."""
         return parse_bound(msg.max_lag if msg.HasField("max_lag") else None,
                            msg.max_staleness_ms if msg.HasField("max_staleness_ms") else None,
-                           msg.min_position or None)
+                           msg.min_position or None,
+                           msg.max_input_lag_ms if msg.HasField("max_input_lag_ms") else None)
 
     def to_query(self) -> dict[str, str]:
         """The bound as REST query parameters."""
@@ -107,6 +124,8 @@ class Bound:
             out["max_staleness_ms"] = str(self.max_staleness_ms)
         if self.min_position is not None:
             out["min_position"] = self.min_position.encode()
+        if self.max_input_lag_ms is not None:
+            out["max_input_lag_ms"] = str(self.max_input_lag_ms)
         return out
 
 
@@ -152,15 +171,16 @@ def parse_position(raw: str | Position | None) -> Position | None:
     return raw if isinstance(raw, Position) else Position.decode(raw)
 
 
-def parse_bound(max_lag: Any = None, max_staleness_ms: Any = None,
-                min_position: str | Position | None = None) -> Bound:
+def parse_bound(max_lag: Any = None, max_staleness_ms: Any = None, min_position: str | Position | None = None,
+                max_input_lag_ms: Any = None) -> Bound:
     """A caller's bound from raw values; anything malformed is an InvalidArgument naming the field."""
-    if max_lag is None and max_staleness_ms is None and not min_position:
+    if max_lag is None and max_staleness_ms is None and not min_position and max_input_lag_ms is None:
         return NO_BOUND
     return Bound(parse_limit("max_lag", max_lag), parse_limit("max_staleness_ms", max_staleness_ms),
-                 parse_position(min_position))
+                 parse_position(min_position), parse_limit("max_input_lag_ms", max_input_lag_ms))
 
 
 def parse_query_bound(params: Mapping[str, str]) -> Bound:
     """A bound from REST query parameters (already split)."""
-    return parse_bound(params.get("max_lag"), params.get("max_staleness_ms"), params.get("min_position"))
+    return parse_bound(params.get("max_lag"), params.get("max_staleness_ms"), params.get("min_position"),
+                       params.get("max_input_lag_ms"))

@@ -21,7 +21,8 @@ from freshroute.metadata import Role, TableSpec, now_ms
 from freshroute.routing.attempts import AttemptPlan, AttemptPolicy, Attempts, LatencyWindow, NoMetrics, run, run_many
 from freshroute.routing.bound import NO_BOUND, Bound
 from freshroute.routing.results import (KeyLocation, LookupResult, ReplicaInfo, ScanPage, TableInfo, WindowPage,
-                                        WindowsResult, decode_page_token, encode_page_token)
+                                        WindowsResult, decode_page_token, encode_page_token, input_lag_doc,
+                                        pipeline_doc)
 from freshroute.routing.selection import Candidate, FreshestFirst, LoadTracker, ReplicaSelector
 from freshroute.routing.snapshot import LagOverlay, NodeView, ReplicaView, Snapshot, SnapshotSource
 from freshroute.routing.store import (GroupResult, ReadResult, ReadStatus, ReplicaStatus, StoreClient,
@@ -138,12 +139,17 @@ class RoutingCore:
     def bound_for(self, spec: TableSpec, bound: Bound) -> Bound:
         """The caller's bound with the table's defaults (the policy's over the table spec's) filled in.
 
-        Checked here, once the table is known to exist: a position of another table is a caller's mistake.
+        Checked here, once the table is known to exist: a position of another table is a caller's mistake, and a
+        table further behind its input than ``max_input_lag_ms`` is refused before any replica is asked.
         """
         position = bound.min_position
         if position is not None and position.table != spec.name:
             raise InvalidArgument(f"min_position is a position of table {position.table!r}, not {spec.name!r}",
                                   field="min_position")
+        if bound.max_input_lag_ms is not None:
+            refused = bound.input_lag_refusal(spec.name, self.input_lag(spec.name))
+            if refused is not None:
+                raise refused
         override = self.policy.table_bounds.get(spec.name)
         if override is not None:
             return bound.with_defaults(*override)
@@ -177,10 +183,10 @@ class RoutingCore:
         return spec, w
 
     def input_lag(self, table: str) -> tuple[int, int]:
-        """(records, ms) the table's changelog is behind its input, as the pipeline last published it; (0, 0) when
-        caught up or unknown. A replica's lag says how far it is behind the changelog; this is the rest of the way."""
-        lag = self.metadata.current.input_lag.get(table)
-        return (0, 0) if lag is None or not lag.records else (lag.records, lag.ms(self._clock_ms()))
+        """(records, ms) the table's changelog is behind its input now: where the input ends against where the
+        pipeline has read to, so that a stopped pipeline never looks fresh. A replica's lag says how far it is
+        behind the changelog; this is the rest of the way."""
+        return self.metadata.current.input_lag_at(table, self._clock_ms())
 
     def partition_of(self, spec: TableSpec, key: str) -> int:
         return locate(key, spec.partitions)[1]
@@ -417,7 +423,8 @@ class RoutingCore:
         out = []
         for name in sorted(snap.tables):
             b = self.bound_for(snap.tables[name], NO_BOUND)
-            out.append(TableInfo(snap.tables[name], b.max_lag, b.max_staleness_ms, self.input_lag(name)))
+            out.append(TableInfo(snap.tables[name], b.max_lag, b.max_staleness_ms, self.input_lag(name),
+                                 snap.input_lag.get(name)))
         return out
 
     def cluster(self) -> dict[str, Any]:
@@ -440,7 +447,11 @@ class RoutingCore:
         if snap.assignment is not None:
             assignment = [{"table": t, "partition": p, "nodes": list(ns)}
                           for (t, p), ns in sorted(snap.assignment.replicas.items())]
+        # Each table's pipeline: running or not, its last micro-batch, and how far behind its input that leaves it.
+        pipelines = [{"table": name, **pipeline_doc(snap.input_lag.get(name), now),
+                      "input_lag": input_lag_doc(snap.input_lag_at(name, now))} for name in sorted(snap.tables)]
         return {"nodes": nodes, "assignment_generation": snap.generation, "assignment": assignment,
+                "pipelines": pipelines,
                 "metadata": {"loaded": snap.loaded, "age_ms": max(0, now - snap.built_ms) if snap.loaded else None,
                              "redis_ok": bool(getattr(self.metadata, "redis_ok", snap.loaded))}}
 

@@ -9,7 +9,7 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 from freshroute.errors import InvalidArgument, KeyNotFound
-from freshroute.metadata import TableSpec
+from freshroute.metadata import InputLag, TableSpec, now_ms
 from freshroute.position import single
 from freshroute.windows import Window
 
@@ -53,6 +53,13 @@ def lag_message_doc(lag: Any) -> dict[str, int | None]:
 def input_lag_doc(lag: tuple[int, int]) -> dict[str, int]:
     """How far the table's changelog is behind its input, as answers carry it beside the replica's own lag."""
     return {"records": lag[0], "ms": lag[1]}
+
+
+def pipeline_doc(lag: InputLag | None, now: int | None = None) -> dict[str, Any]:
+    """Whether a pipeline is running the table's query (it speaks once a second), and when its last micro-batch was."""
+    if lag is None:
+        return {"alive": False, "last_progress_ms": None}
+    return {"alive": lag.alive(now_ms() if now is None else now), "last_progress_ms": lag.at_ms}
 
 
 def key_not_found(result: LookupResult, input_lag: tuple[int, int] = (0, 0)) -> KeyNotFound:
@@ -100,18 +107,20 @@ class TableInfo:
     default_max_lag: int | None
     default_max_staleness_ms: int | None
     input_lag: tuple[int, int] = (0, 0)  # (records, ms) the table's changelog is behind its input
+    pipeline: InputLag | None = None  # what the pipeline last published for the table; None: nothing
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, now: int | None = None) -> dict[str, Any]:
         s = self.spec
         out = {"name": s.name, "topic": s.topic, "partitions": s.partitions, "replicas": 1 + s.standby_replicas,
                "standby_replicas": s.standby_replicas, "key_column": s.key_column, "schema": dict(s.value_schema),
                "default_bound": {"max_lag": self.default_max_lag, "max_staleness_ms": self.default_max_staleness_ms},
-               "input_lag": input_lag_doc(self.input_lag)}
+               "input_lag": input_lag_doc(self.input_lag), "pipeline": pipeline_doc(self.pipeline, now)}
         if s.window is not None:
             w = s.window
             out["window"] = {"size_ms": w.size_ms, "slide_ms": w.slide_ms, "grace_ms": w.grace_ms,
                              "retention_ms": w.retention_ms}
         return out
+
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
 import orjson
 
 from freshroute.heartbeats import Liveness, NodeFeed, Rejections
-from freshroute.metadata import (Assignment, InputLag, Keys, NodePositions, NodeReport, ReplicaState, Role, TableSpec,
-                                 lag_offsets, now_ms, text)
+from freshroute.metadata import (Assignment, InputEnds, InputLag, Keys, NodePositions, NodeReport, ReplicaState, Role,
+                                 TableSpec, input_lag_at, lag_offsets, now_ms, text)
 
 log = logging.getLogger("freshroute.routing.snapshot")
 
@@ -106,7 +106,14 @@ class Snapshot:
     built_ms: int = 0
     loaded: bool = False  # False until the first successful read from Redis
     heard: Mapping[str, int] = field(default_factory=lambda: _EMPTY)  # node → when last heard from (reader's clock)
-    input_lag: Mapping[str, InputLag] = field(default_factory=lambda: _EMPTY)  # table → how far behind its input
+    input_lag: Mapping[str, InputLag] = field(default_factory=lambda: _EMPTY)  # table → where its query is in its input
+    input_ends: Mapping[str, InputEnds] = field(default_factory=lambda: _EMPTY)  # input topic → where it ends
+
+    def input_lag_at(self, table: str, now: int) -> tuple[int, int]:
+        """(records, ms) the table's changelog is behind its input at ``now`` (:func:`freshroute.metadata.input_lag_at`)."""
+        spec = self.tables.get(table)
+        ends = self.input_ends.get(spec.input_topic) if spec is not None and spec.input_topic else None
+        return input_lag_at(self.input_lag.get(table), ends, now)
 
     @property
     def generation(self) -> int | None:
@@ -337,6 +344,7 @@ class MetadataRefresher:
         self._tables: tuple[bytes | None, dict[str, TableSpec]] | None = None
         self._assignment: tuple[bytes | None, Assignment | None] | None = None
         self.input_lag: Mapping[str, InputLag] = _EMPTY
+        self.input_ends: Mapping[str, InputEnds] = _EMPTY
 
     async def refresh_once(self) -> bool:
         """Read Redis and swap in a new snapshot; on any failure keep the current one."""
@@ -368,7 +376,8 @@ class MetadataRefresher:
             return False
         snap, dirty = self._builder.build(tables, self.feed.reports, self.liveness.heard, assignment, now,
                                           self.feed.positions, self.feed.take_moved())
-        self.current = replace(self._carry_over(prev, snap, now, dirty), input_lag=self.input_lag)
+        self.current = replace(self._carry_over(prev, snap, now, dirty), input_lag=self.input_lag,
+                               input_ends=self.input_ends)
         if self._on_swap is not None:
             self._on_swap(self.current)
         return True
@@ -385,15 +394,12 @@ class MetadataRefresher:
         n = self.feed.ask_changes(pipe, keys)
         pipe.mget([keys.tables_version, keys.assignment_version])
         pipe.hgetall(keys.input_lag)
+        pipe.hgetall(keys.input_ends)
         replies = await pipe.execute()
         ids = self.feed.changed_ids(*replies[:n])
         tables_version, assignment_version = replies[n]
-        lags = {}
-        for name, raw in replies[n + 1].items():
-            lag = self._decode(InputLag.from_json, raw, "input lag")
-            if lag is not None:
-                lags[text(name)] = lag
-        self.input_lag = MappingProxyType(lags)
+        self.input_lag = self._decoded(InputLag.from_json, replies[n + 1], "input lag")
+        self.input_ends = self._decoded(InputEnds.from_json, replies[n + 2], "input ends")
         read_tables = self._tables is None or self._tables[0] != tables_version
         read_assignment = self._assignment is None or self._assignment[0] != assignment_version
         out: list[Any] = []
@@ -475,6 +481,11 @@ class MetadataRefresher:
                 if v.node not in nodes and v.node in prev.nodes:
                     nodes[v.node] = prev.nodes[v.node]
         return replace(snap, replicas=MappingProxyType(replicas), nodes=MappingProxyType(nodes))
+
+    def _decoded(self, fn: Callable[[Any], Any], entries: Mapping[Any, Any], what: str) -> Mapping[str, Any]:
+        """A hash's entries decoded by name; malformed ones skipped."""
+        out = {text(name): self._decode(fn, raw, what) for name, raw in entries.items()}
+        return MappingProxyType({name: v for name, v in out.items() if v is not None})
 
     def _decode(self, fn: Callable[[Any], Any], raw: Any, what: str) -> Any:
         """Decode one entry; a malformed entry is skipped rather than failing the whole refresh."""

@@ -348,7 +348,8 @@ async def test_key_metadata_tables_cluster(cluster):
     assert tables == [{"name": TABLE, "topic": f"{TABLE}-changelog", "partitions": 4, "replicas": 2,
                        "standby_replicas": 1, "key_column": "sensor_id", "schema": {"count": "long", "avg": "double"},
                        "default_bound": {"max_lag": None, "max_staleness_ms": None},
-                       "input_lag": {"records": 0, "ms": 0}}]
+                       "input_lag": {"records": 0, "ms": 0},
+                       "pipeline": {"alive": False, "last_progress_ms": None}}]
     assert [n["node"] for n in view["nodes"]] == ["n1", "n2"]
     assert all(n["alive"] and len(n["replicas"]) == 4 for n in view["nodes"])
     assert view["metadata"]["loaded"] is True
@@ -446,7 +447,8 @@ async def test_every_answer_carries_the_tables_input_lag_while_the_pipeline_is_b
     cluster = Cluster()
     now = now_ms()
     cluster.metadata.current = replace(cluster.metadata.current,
-                                       input_lag={TABLE: InputLag(records=5000, caught_up_ms=now - 1500, at_ms=now)})
+                                       input_lag={TABLE: InputLag(records=5000, caught_up_ms=now - 1500, at_ms=now,
+                                                                         alive_ms=now)})
     records, ms = cluster.router.input_lag(TABLE)
     assert records == 5000 and 1500 <= ms < 5000
     async with cluster.client() as c:
@@ -462,10 +464,70 @@ async def test_every_answer_carries_the_tables_input_lag_while_the_pipeline_is_b
     assert response.input_lag.records == 5000 and response.input_lag.ms >= 1500
     # Caught up again: zero, and gRPC leaves the field unset.
     cluster.metadata.current = replace(cluster.metadata.current,
-                                       input_lag={TABLE: InputLag(records=0, caught_up_ms=now, at_ms=now)})
+                                       input_lag={TABLE: InputLag(records=0, caught_up_ms=now, at_ms=now, alive_ms=now)})
     assert cluster.router.input_lag(TABLE) == (0, 0)
     response = await answer_get(cluster.router, router_pb2.GetRequest(table=TABLE, key="sensor-3"))
     assert not response.HasField("input_lag")
+
+
+async def test_max_input_lag_ms_refuses_a_table_further_behind_its_input_on_every_path():
+    from dataclasses import replace
+
+    import grpc
+
+    from freshroute.metadata import InputEnds, InputLag
+    from router.grpc_server import RouterServicer
+    from proto import router_pb2
+
+    cluster = Cluster()
+    now = now_ms()
+    spec = replace(cluster.metadata.current.tables[TABLE], input_topic="readings")
+    # The pipeline read partition 0 to 100 and stopped 3 s ago; the input has grown to 160 since.
+    cluster.metadata.current = replace(
+        cluster.metadata.current, tables={**cluster.metadata.current.tables, TABLE: spec},
+        input_lag={TABLE: InputLag(0, now - 3000, now - 3000, {0: 100}, now - 3000)},
+        input_ends={"readings": InputEnds({0: 160}, now)})
+    records, ms = cluster.router.input_lag(TABLE)
+    assert records == 60 and 3000 <= ms < 4000
+    async with cluster.client() as c:
+        refused = await c.get(f"/v1/tables/{TABLE}/keys/sensor-3", params={"max_input_lag_ms": 1000})
+        served = await c.get(f"/v1/tables/{TABLE}/keys/sensor-3", params={"max_input_lag_ms": 60_000})
+        batch = await c.post(f"/v1/tables/{TABLE}/keys:batchGet", json={"keys": ["sensor-3"], "max_input_lag_ms": 1000})
+        malformed = await c.get(f"/v1/tables/{TABLE}/keys/sensor-3", params={"max_input_lag_ms": "-1"})
+        listed = {t["name"]: t for t in (await c.get("/v1/tables")).json()["tables"]}
+        view = (await c.get("/v1/cluster")).json()
+    err = refused.json()["error"]
+    assert refused.status_code == batch.status_code == 503 and err["code"] == "NO_REPLICA_WITHIN_BOUND"
+    assert err["input_lag"]["records"] == 60 and err["input_lag"]["ms"] >= 3000
+    assert err["bound"]["max_input_lag_ms"] == 1000 and "behind its input" in err["message"]
+    assert served.status_code == 200 and served.json()["input_lag"]["records"] == 60
+    assert malformed.status_code == 400 and malformed.json()["error"]["field"] == "max_input_lag_ms"
+    # The pipeline has not spoken for 3 s: not running, its last micro-batch named.
+    assert listed[TABLE]["pipeline"] == {"alive": False, "last_progress_ms": now - 3000}
+    assert [(t["table"], t["alive"], t["input_lag"]["records"]) for t in view["pipelines"]] == [(TABLE, False, 60)]
+
+    class Aborted(Exception):
+        pass
+
+    class Context:
+        def invocation_metadata(self):
+            return ()
+
+        async def abort(self, code, details, trailing_metadata=()):
+            self.code = code
+            raise Aborted()
+
+        def set_trailing_metadata(self, md):
+            pass
+
+    context = Context()
+    with pytest.raises(Aborted):
+        await RouterServicer(cluster.router).Get(router_pb2.GetRequest(
+            table=TABLE, key="sensor-3", bound=router_pb2.Bound(max_input_lag_ms=1000)), context)
+    assert context.code is grpc.StatusCode.UNAVAILABLE
+    got = await RouterServicer(cluster.router).Get(router_pb2.GetRequest(
+        table=TABLE, key="sensor-3", bound=router_pb2.Bound(max_input_lag_ms=60_000)), Context())
+    assert got.input_lag.records == 60
 
 
 async def test_a_replica_that_has_not_learnt_its_end_offset_answers_with_lag_unknown_not_zero(cluster):

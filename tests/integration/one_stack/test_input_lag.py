@@ -1,0 +1,76 @@
+"""A stopped pipeline never looks fresh: with its input still growing, SIGSTOP of the pipeline makes every answer's
+input lag grow (REST, gRPC, the client) within seconds, ``max_input_lag_ms`` refuses those answers and the table's
+pipeline shows as not running; SIGCONT brings all of it back. The input's ends are read from the broker by a store
+node, so nothing here waits for the stopped pipeline to say anything."""
+
+from __future__ import annotations
+
+import signal
+
+import grpc
+import httpx
+import pytest
+
+from freshroute.client import Client
+from freshroute.errors import NoReplicaWithinBound
+from proto import router_pb2, router_pb2_grpc
+from tests.integration.cluster_support import Readings
+from tests.integration.stack_fixture import wait_until
+
+pytestmark = pytest.mark.integration
+
+SENSORS = 8
+KEY = "sensor-1"
+STEADY_MS = 3000  # a running pipeline on this busy machine stays within this (a trigger plus a batch: ~1.5 s)
+STOPPED_MS = 4000  # a stopped one gets past it within seconds
+
+
+def test_a_stopped_pipeline_shows_in_every_answers_input_lag_and_max_input_lag_ms_refuses_it(stack):
+    c = stack.config
+    readings = Readings(stack, SENSORS, rate=40.0, seed=23).start()
+    path = f"/v1/tables/sensor_stats/keys/{KEY}"
+    try:
+        with httpx.Client(base_url=c.rest_url, timeout=10) as http, \
+                grpc.insecure_channel(c.grpc_address) as channel, \
+                Client(c.redis_url, namespace=c.namespace) as client:
+            stub = router_pb2_grpc.RouterStub(channel)
+
+            def rest_lag() -> dict:
+                r = http.get(path)
+                return r.json()["input_lag"] if r.status_code == 200 else {"records": -1, "ms": -1}
+
+            def pipeline_alive() -> bool:
+                return {t["name"]: t for t in http.get("/v1/tables").json()["tables"]}["sensor_stats"]["pipeline"]["alive"]
+
+            def keeping_up() -> bool:
+                return http.get(path, params={"max_input_lag_ms": STEADY_MS}).status_code == 200 and pipeline_alive()
+
+            wait_until(keeping_up, 120, "the pipeline keeping up with the readings", stack=stack)
+            stack.signal("pipeline", signal.SIGSTOP)
+            try:
+                wait_until(lambda: rest_lag()["ms"] > STOPPED_MS and rest_lag()["records"] > 0, 15,
+                           "the answers' input lag to grow", stack=stack)
+                refused = http.get(path, params={"max_input_lag_ms": STEADY_MS})
+                err = refused.json()["error"]
+                assert refused.status_code == 503 and err["code"] == "NO_REPLICA_WITHIN_BOUND", refused.text
+                assert err["input_lag"]["ms"] > STOPPED_MS and err["input_lag"]["records"] > 0
+                got = stub.Get(router_pb2.GetRequest(table="sensor_stats", key=KEY), timeout=5)
+                assert got.input_lag.ms > STOPPED_MS and got.input_lag.records > 0
+                with pytest.raises(grpc.RpcError) as e:
+                    stub.Get(router_pb2.GetRequest(table="sensor_stats", key=KEY,
+                                                   bound=router_pb2.Bound(max_input_lag_ms=STEADY_MS)), timeout=5)
+                assert e.value.code() is grpc.StatusCode.UNAVAILABLE
+                direct = client.get("sensor_stats", KEY)
+                assert direct.input_lag_ms > STOPPED_MS and direct.input_lag_records > 0
+                assert direct.node.startswith("node-")
+                with pytest.raises(NoReplicaWithinBound):
+                    client.get("sensor_stats", KEY, max_input_lag_ms=STEADY_MS)
+                wait_until(lambda: not pipeline_alive(), 10, "the pipeline to show as not running", stack=stack)
+                behind = http.get("/v1/cluster").json()["pipelines"]
+                assert {t["table"]: t["alive"] for t in behind}["sensor_stats"] is False
+            finally:
+                stack.signal("pipeline", signal.SIGCONT)
+            wait_until(keeping_up, 60, "the pipeline to catch up again", stack=stack)
+            assert client.get("sensor_stats", KEY, max_input_lag_ms=STEADY_MS).found
+    finally:
+        readings.stop()

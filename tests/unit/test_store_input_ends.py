@@ -1,0 +1,67 @@
+"""The assignor lease holder reads where the tables' input topics end and publishes it (a fake admin client here;
+the real broker in tests/integration/one_stack/test_input_lag.py)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from freshroute.metadata import TableSpec
+from store_node.input_ends import InputEndsWatcher
+from store_node.settings import StoreNodeSettings
+
+
+class Future:
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+    def result(self, timeout=None):
+        return SimpleNamespace(offset=self.offset)
+
+
+class Admin:
+    def __init__(self, ends: dict[str, dict[int, int]]) -> None:
+        self.ends, self.asked = ends, []
+
+    def list_topics(self, topic, timeout=None):
+        parts = self.ends.get(topic)
+        meta = SimpleNamespace(error=None, partitions={p: None for p in parts}) if parts else None
+        return SimpleNamespace(topics={topic: meta} if meta else {})
+
+    def list_offsets(self, wanted, request_timeout=None):
+        self.asked.append(sorted((tp.topic, tp.partition) for tp in wanted))
+        return {tp: Future(self.ends[tp.topic][tp.partition]) for tp in wanted}
+
+
+class Metadata:
+    def __init__(self) -> None:
+        self.published = []
+
+    def publish_input_ends(self, ends) -> None:
+        self.published.append(ends)
+
+
+def spec(name: str, topic: str | None) -> TableSpec:
+    return TableSpec(name, f"{name}-changelog", 4, "k", input_topic=topic)
+
+
+def test_the_lease_holder_publishes_every_input_topics_ends_in_one_request_and_the_others_do_not():
+    admin = Admin({"readings": {0: 40, 1: 7}, "orders": {0: 3}})
+    metadata, holds = Metadata(), {"lease": False}
+    tables = {"a": spec("a", "readings"), "b": spec("b", "readings"), "c": spec("c", "orders"),
+              "d": spec("d", None), "e": spec("e", "missing")}
+    watcher = InputEndsWatcher(StoreNodeSettings(node_id="n1"), metadata, lambda: holds["lease"], lambda: tables,
+                               admin_factory=lambda cfg: admin)
+    watcher.start()
+    try:
+        time.sleep(0.6)
+        assert metadata.published == []  # not the lease holder
+        holds["lease"] = True
+        deadline = time.monotonic() + 5
+        while not metadata.published and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        watcher.stop()
+    ends = metadata.published[0]
+    assert {t: e.ends for t, e in ends.items()} == {"readings": {0: 40, 1: 7}, "orders": {0: 3}}
+    assert admin.asked[0] == [("orders", 0), ("readings", 0), ("readings", 1)]  # one request for every partition
