@@ -2,7 +2,7 @@
 (:class:`freshroute.client.Client`, reading the store nodes directly; needs ``--redis-url``).
 
 Both draw keys uniformly or zipf-skewed (hot keys) over ``{prefix}0 .. {prefix}{keys-1}`` and a
-bound per request from a weighted mix: none, ``max_lag``, ``max_staleness_ms``, or ``session``
+bound per request from a weighted mix: none, ``max_lag``, ``max_staleness_ms``, ``max_input_lag_ms``, or ``session``
 (the user's latest positions passed back as ``min_position``: monotonic reads). gRPC calls fire
 locust's ``request`` events, so the stats table, the CSV files and the web UI show them next to
 the HTTP rows, one row per bound kind.

@@ -47,10 +47,12 @@ def test_key_chooser_rejects_bad_input():
 
 
 def test_bound_mix_parses_kinds_values_and_weights():
-    mix = parse_bound_mix("none:4, max_lag=100:2,max_staleness_ms=5000,session:0.5")
+    mix = parse_bound_mix("none:4, max_lag=100:2,max_staleness_ms=5000,session:0.5,max_input_lag_ms=3000")
     assert mix == [BoundChoice("none", None, 4.0), BoundChoice("max_lag", 100, 2.0),
-                   BoundChoice("max_staleness_ms", 5000, 1.0), BoundChoice("session", None, 0.5)]
-    for bad in ("", "max_lag", "none=3", "fresh:1", "max_lag=-1", "none:0"):
+                   BoundChoice("max_staleness_ms", 5000, 1.0), BoundChoice("session", None, 0.5),
+                   BoundChoice("max_input_lag_ms", 3000, 1.0)]
+    assert bound_params(mix[-1], None, "t") == {"max_input_lag_ms": 3000}
+    for bad in ("", "max_lag", "none=3", "fresh:1", "max_lag=-1", "none:0", "max_input_lag_ms"):
         with pytest.raises(ValueError):
             parse_bound_mix(bad)
 
