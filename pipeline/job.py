@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 from urllib.parse import urlsplit
 
 import orjson
@@ -29,10 +29,11 @@ from freshroute.settings import is_loopback
 from pipeline.input_lag import InputLagPublisher
 from pipeline.settings import PipelineSettings
 from pipeline.recompute import Recomputation
-from pipeline.sink import ChangelogProducer, ChangelogWriter, QuerySink
-from pipeline.tables import (DELETE_COLUMN, METADATA_COLUMNS, WINDOW_START_COLUMN, Source, Table, TablesDefinition,
+from pipeline.sink import ChangelogProducer, ChangelogWriter, QuerySink, RejectWriter
+from pipeline.tables import (DELETE_COLUMN, WINDOW_START_COLUMN, Source, Table, TablesDefinition,
                              TablesFileError, check_output_columns, check_source_fields, load_tables, queries,
                              union_tables)
+from pipeline.validation import RAW_KEY, RAW_VALUE, REJECTED_BRANCH, InvalidInput, required_fields, split
 from pipeline.window_expiry import WindowExpiry
 
 if TYPE_CHECKING:
@@ -258,8 +259,11 @@ def check_spark_master(master: str, timeout_s: float = 3.0) -> None:
                       setting="spark_master")
 
 
-def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source) -> "DataFrame":
-    """The source topic as a stream of parsed rows: the schema's fields plus the Kafka record columns."""
+def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source, tables: Iterable[Table] = ()
+                ) -> tuple["DataFrame", "DataFrame"]:
+    """The source topic as a stream of valid parsed rows — the schema's fields plus the Kafka record columns — and
+    one of its rejected records (:mod:`pipeline.validation`); ``tables``: every table of the source, whose keys and
+    window time columns a record must have."""
     from pyspark.sql.types import StructType, _parse_datatype_string
 
     try:
@@ -270,14 +274,10 @@ def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source) 
     if not isinstance(schema, StructType):
         raise TablesFileError(f"source {src.name!r}: schema {src.schema!r} must list fields", source=src.name)
     check_source_fields(src, schema.fieldNames())
-    return _parsed(kafka_stream(spark, settings, settings.input_topic(src.topic)), schema)
-
-
-def _parsed(raw: "DataFrame", schema: Any) -> "DataFrame":
-    from pyspark.sql import functions as F
-
-    return (raw.select(F.from_json("value", schema).alias("_value"), *METADATA_COLUMNS)
-            .select("_value.*", *METADATA_COLUMNS))
+    tables = list(tables)
+    return split(kafka_stream(spark, settings, settings.input_topic(src.topic)), src, schema,
+                 required_fields(schema, [t.key for t in tables]),
+                 [t.window.time_column for t in tables if t.window is not None])
 
 
 def kafka_stream(spark: "SparkSession", settings: PipelineSettings, topic: str) -> "DataFrame":
@@ -299,8 +299,9 @@ def kafka_stream(spark: "SparkSession", settings: PipelineSettings, topic: str) 
         reader = reader.option(f"kafka.{key}", str(value))
     if settings.max_records_per_batch:
         reader = reader.option("maxOffsetsPerTrigger", str(settings.max_records_per_batch))
-    return reader.load().select(F.col("key").cast("string"), F.col("value").cast("string"), "topic", "partition",
-                                "offset", "timestamp")
+    # The record's bytes as they came: what a rejected record's dead letter carries.
+    return reader.load().select(F.col("key").alias(RAW_KEY), F.col("value").alias(RAW_VALUE),
+                                F.col("key").cast("string").alias("key"), "topic", "partition", "offset", "timestamp")
 
 
 @dataclass
@@ -323,6 +324,7 @@ class QueryRun:
     tables: list[TableRun]
     trigger_ms: int
     query: "StreamingQuery | None" = None
+    rejects: RejectWriter | None = None  # its source's rejected records, if this query writes them
     failures: list[float] = field(default_factory=list)
     finished: bool = False
     logged_batch: int = -1
@@ -381,10 +383,12 @@ class Pipeline:
                  time.monotonic() - started, s.spark_master, s.shuffle_partitions)
         for name, tables in grouped.items():
             frames = self._table_frames(name, tables)
-            runs = [self._table_run(t, df, admin) for t, df in zip(tables, frames)]
+            runs = [self._table_run(t, df, admin) for t, df in zip(tables, frames[0])]
             self.runs.update((r.table.name, r) for r in runs)
             trigger = s.trigger_ms if tables[0].trigger_ms is None else tables[0].trigger_ms
-            self.queries[name] = QueryRun(name, runs, trigger)
+            rejects = self._reject_writer(admin, self.definition.sources[tables[0].source]) \
+                if frames[1] is not None else None
+            self.queries[name] = QueryRun(name, runs, trigger, rejects=rejects)
             self._start_query(self.queries[name], frames)
         store = MetadataStore.at(s.redis(), s.namespace)
         self._registrar = TableRegistrar(store, [r.spec for r in self.runs.values()], self._stop, str(s.redis()),
@@ -409,6 +413,24 @@ class Pipeline:
                                         f"create_input_topics", source=src.name, topic=topic)
             ensure_topic(admin, topic, s.input_partitions, {}, replication_factor=s.changelog_replication_factor)
             log.info("source %s: created input topic %s (%d partitions)", src.name, topic, s.input_partitions)
+
+    def _reject_writer(self, admin: Any, src: Source) -> RejectWriter:
+        """The writer of the source's rejected records; its dead-letter topic made if need be (with the input's
+        partitions and the changelogs' replication)."""
+        from pipeline.topics import describe_topic, ensure_topic
+
+        s = self.settings
+        topic = s.input_topic(src.rejected_topic)
+        partitions = 1
+        if src.on_invalid == "dead_letter":
+            source = describe_topic(admin, s.input_topic(src.topic))
+            info = ensure_topic(admin, topic, len(source.partitions) if source else 1, {},
+                                replication_factor=s.changelog_replication_factor)
+            partitions = len(info.partitions)
+        log.info("source %s: records that do not fit its schema are %s", src.name,
+                 {"dead_letter": f"written to {topic}", "skip": "counted and dropped",
+                  "fail": "the end of the pipeline"}[src.on_invalid])
+        return RejectWriter(src.name, src.on_invalid, topic, partitions, self.producer)
 
     def _mark_recomputation(self, admin: Any, query: str, tables: list[Table]) -> None:
         """A query starting without a checkpoint over changelogs that hold keys: note where they and its input end,
@@ -459,11 +481,22 @@ class Pipeline:
         return TableRun(t, spec, ChangelogWriter(t.name, topic, spec.partitions, t.key, self.producer, t.window, expiry,
                                                  t.stale_keys))
 
-    def _table_frames(self, query: str, tables: list[Table]) -> list["DataFrame"]:
-        """The tables' streaming DataFrames over one read of their source."""
+    def _table_frames(self, query: str, tables: list[Table]) -> tuple[list["DataFrame"], "DataFrame | None"]:
+        """The tables' streaming DataFrames over one read of their source, and its rejected records if this query is
+        the one that writes them (the first by name of the source's queries)."""
         assert self.spark is not None
-        rows = source_rows(self.spark, self.settings, self.definition.sources[tables[0].source])
-        return [self._table_frame(t, rows) for t in tables]
+        src = self.definition.sources[tables[0].source]
+        rows, rejected = source_rows(self.spark, self.settings, src,
+                                     [t for t in self.definition.tables.values() if t.source == src.name])
+        return [self._table_frame(t, rows) for t in tables], rejected if self._rejects_query(src) == query else None
+
+    def _rejects_query(self, src: Source) -> str:
+        """The query that counts and writes the source's rejected records (every query of the source filters them):
+        the one with the longest trigger, since each batch reads the input once more for them."""
+        trigger = self.settings.trigger_ms
+        return min((t.query_name for t in self.definition.tables.values() if t.source == src.name),
+                   key=lambda q: (-max(trigger if t.trigger_ms is None else t.trigger_ms
+                                       for t in self.definition.tables.values() if t.query_name == q), q))
 
     def _table_frame(self, t: Table, rows: "DataFrame") -> "DataFrame":
         assert self.spark is not None
@@ -478,11 +511,15 @@ class Pipeline:
         check_output_columns(t, df.columns, delete_type)
         return df
 
-    def _start_query(self, q: QueryRun, frames: list["DataFrame"]) -> None:
+    def _start_query(self, q: QueryRun, frames: tuple[list["DataFrame"], "DataFrame | None"]) -> None:
         s = self.settings
-        df = union_tables([(r.table.name, frame) for r, frame in zip(q.tables, frames)])
+        tables, rejected = frames
+        branches = [(r.table.name, frame) for r, frame in zip(q.tables, tables)]
+        if rejected is not None and q.rejects is not None:
+            branches.append((REJECTED_BRANCH, rejected))
+        df = union_tables(branches)
         sink = QuerySink([r.writer for r in q.tables], self.producer, s.kafka(),
-                         Recomputation.load(s.query_checkpoint(q.name)))
+                         Recomputation.load(s.query_checkpoint(q.name)), q.rejects)
         writer = (df.writeStream.queryName(q.name).outputMode("update").foreachBatch(sink.write_batch)
                   .option("checkpointLocation", str(s.query_checkpoint(q.name))))
         writer = writer.trigger(availableNow=True) if s.available_now else writer.trigger(processingTime=f"{q.trigger_ms} milliseconds")
@@ -585,6 +622,12 @@ class Pipeline:
                                f"its tables (Spark: {changed.group(1)}). Delete {checkpoint} to recompute them from "
                                f"the input, or give the changed table a query of its own (query=...).",
                                query=q.name, checkpoint=str(checkpoint))
+        # A source that fails on invalid input: a restart would meet the same record.
+        invalid = re.search(r"INVALID_INPUT: ([^\n]+)", error)
+        if invalid:
+            raise InvalidInput(f"{q.label}: {invalid.group(1).strip()}. Fix or remove the record (or let the source "
+                               f"dead-letter it: on_invalid='dead_letter'), then start the pipeline again.",
+                               query=q.name)
         now = time.monotonic()
         q.failures = [t for t in q.failures if now - t < _RESTART_WINDOW_S] + [now]
         summary = _first_line(error)
@@ -742,8 +785,10 @@ def run(settings: PipelineSettings) -> None:
             from freshroute.prometheus import serve_metrics
             from pipeline.metrics import PipelineCollector
 
-            runs = pipeline.runs
-            metrics = serve_metrics(PipelineCollector(runs.values), settings.metrics_host, settings.metrics_port)
+            runs, queries_ = pipeline.runs, pipeline.queries
+            metrics = serve_metrics(PipelineCollector(runs.values, lambda: [q.rejects for q in queries_.values()
+                                                                           if q.rejects is not None]),
+                                    settings.metrics_host, settings.metrics_port)
             log.info("pipeline metrics on http://%s:%d/metrics", settings.metrics_host, metrics.server_address[1])
         pipeline.wait(stop)
     except FreshrouteError as e:

@@ -32,10 +32,12 @@ def late_rows(progress: Any) -> int:
 
 
 class PipelineCollector(Collector):
-    """Per table: the last batch's id, duration, input rows, rates, changelog records and watermark."""
+    """Per table: the last batch's id, duration, input rows, rates, changelog records and watermark; per source, the
+    records rejected by reason."""
 
-    def __init__(self, runs: Callable[[], Iterable[Any]]) -> None:
+    def __init__(self, runs: Callable[[], Iterable[Any]], rejects: Callable[[], Iterable[Any]] = list) -> None:
         self._runs = runs
+        self._rejects = rejects  # each source's RejectWriter
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         def gauge(name: str, doc: str) -> GaugeMetricFamily:
@@ -77,4 +79,11 @@ class PipelineCollector(Collector):
                     watermark.add_metric(name, wm)
                 late.add_metric(name, run.late_rows_dropped)
                 expired.add_metric(name, run.windows_expired)
-        yield from (batch, duration, rows, input_rate, processed, changes, deletes, watermark, late, expired, stale)
+        rejected = CounterMetricFamily("freshroute_pipeline_rejected_records", "input records that did not fit their "
+                                       "source's schema, by source and reason (pipeline.validation)",
+                                       labels=["source", "reason"])
+        for writer in list(self._rejects()):
+            for reason, n in sorted(writer.counts.items()):
+                rejected.add_metric([writer.source, reason], n)
+        yield from (batch, duration, rows, input_rate, processed, changes, deletes, watermark, late, expired, stale,
+                    rejected)

@@ -19,6 +19,7 @@ import decimal
 import logging
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
@@ -30,6 +31,7 @@ from freshroute.keys import partition_for, serialize_key
 from freshroute.windows import WATERMARK_KEY, WindowSpec, split_window_key, watermark_value, window_key
 from pipeline.recompute import Recomputation, describe, stale_keys
 from pipeline.tables import DELETE_COLUMN, QUERY_TABLE_COLUMN, WINDOW_START_COLUMN
+from pipeline.validation import RAW_KEY, RAW_VALUE, REASON_COLUMN, REJECTED_BRANCH, InvalidInput
 from pipeline.window_expiry import WindowExpiry
 
 log = logging.getLogger(__name__)
@@ -69,9 +71,10 @@ def encode_value(row: Mapping[str, Any], key_column: str) -> bytes | None:
 
 @dataclass(frozen=True)
 class ChangelogRecord:
-    key: bytes
+    key: bytes | None
     value: bytes | None  # None: a tombstone, the key is deleted
     partition: int
+    headers: list[tuple[str, bytes]] | None = None  # a dead letter's reason and origin
 
 
 def changelog_records(rows: Iterable[Mapping[str, Any]], key_column: str, partitions: int,
@@ -219,7 +222,54 @@ class ChangelogWriter:
         return len(due)
 
 
-def produce(producer: ChangelogProducer, sends: list[tuple[ChangelogWriter, list[ChangelogRecord]]], what: str) -> None:
+class RejectWriter:
+    """A source's rejected records (:mod:`pipeline.validation`): counted by reason, and by the source's ``on_invalid``
+    written to its dead-letter topic with their reason and origin, dropped, or the end of the pipeline."""
+
+    def __init__(self, source: str, on_invalid: str, topic: str, partitions: int, producer: ChangelogProducer) -> None:
+        self.source = source
+        self.on_invalid = on_invalid
+        self.topic = topic
+        self.table = f"{source}'s rejected records"  # what produce() names in its errors
+        self.partitions = partitions
+        self.producer = producer
+        self.counts: Counter[str] = Counter()  # reason → records rejected since the pipeline started
+
+    def dead_letters(self, rows: list[Mapping[str, Any]], batch_id: int) -> list[ChangelogRecord]:
+        """The batch's rejected records as dead letters (none unless ``on_invalid`` is ``dead_letter``); InvalidInput
+        for the first when it is ``fail``."""
+        if rows and self.on_invalid == "fail":
+            r = rows[0]
+            raise InvalidInput(f"INVALID_INPUT: source {self.source}: record {r['topic']}/{r['partition']}@{r['offset']} "
+                               f"is rejected ({r[REASON_COLUMN]}), and the source says on_invalid='fail'",
+                               source=self.source, reason=r[REASON_COLUMN], topic=r["topic"],
+                               partition=r["partition"], offset=r["offset"])
+        if self.on_invalid != "dead_letter":
+            return []
+        out = []
+        for r in rows:
+            ts = r["timestamp"]
+            headers = [("freshroute.reason", r[REASON_COLUMN].encode()), ("freshroute.source", self.source.encode()),
+                       ("freshroute.topic", str(r["topic"]).encode()), ("freshroute.partition", str(r["partition"]).encode()),
+                       ("freshroute.offset", str(r["offset"]).encode()),
+                       ("freshroute.timestamp", str(int(ts.timestamp() * 1000) if ts is not None else "").encode())]
+            value = r[RAW_VALUE]
+            if r[REASON_COLUMN] == "too_large":
+                # Over the source's limit, and maybe over the topic's: its origin says where the input still holds it.
+                headers.append(("freshroute.value_bytes", str(len(value)).encode()))
+                value = None
+            out.append(ChangelogRecord(r[RAW_KEY], value, int(r["partition"]) % self.partitions, headers))
+        return out
+
+    def counted(self, rows: list[Mapping[str, Any]]) -> None:
+        self.counts.update(r[REASON_COLUMN] for r in rows)
+        if rows:
+            log.warning("source %s: %d record(s) rejected (%s)%s", self.source, len(rows),
+                        ", ".join(f"{n} {reason}" for reason, n in Counter(r[REASON_COLUMN] for r in rows).most_common()),
+                        f" → {self.topic}" if self.on_invalid == "dead_letter" else "")
+
+
+def produce(producer: ChangelogProducer, sends: list[tuple[Any, list[ChangelogRecord]]], what: str) -> None:
     """Produce each writer's records to its changelog, then wait for every acknowledgement; any failure raises
     :class:`ChangelogWriteFailed`. A query's tables are sent together, so their waits overlap."""
     total = sum(len(records) for _, records in sends)
@@ -243,7 +293,11 @@ def produce(producer: ChangelogProducer, sends: list[tuple[ChangelogWriter, list
         for r in records:
             while True:
                 try:
-                    p.produce(writer.topic, key=r.key, value=r.value, partition=r.partition, on_delivery=delivered)
+                    if r.headers is None:
+                        p.produce(writer.topic, key=r.key, value=r.value, partition=r.partition, on_delivery=delivered)
+                    else:
+                        p.produce(writer.topic, key=r.key, value=r.value, partition=r.partition, headers=r.headers,
+                                  on_delivery=delivered)
                     break
                 except BufferError:
                     # Local queue full: let deliveries drain it, within the batch's time bound.
@@ -274,8 +328,9 @@ class QuerySink:
     """
 
     def __init__(self, writers: list[ChangelogWriter], producer: ChangelogProducer, kafka: Mapping[str, Any] | None = None,
-                 recomputation: Recomputation | None = None) -> None:
+                 recomputation: Recomputation | None = None, rejects: RejectWriter | None = None) -> None:
         self.writers = writers
+        self.rejects = rejects  # the source's rejected records, the union's last branch, in one query per source
         self.producer = producer
         self.kafka = dict(kafka or {})
         self.recomputation = recomputation  # a fresh start's mark, until it has caught up
@@ -300,19 +355,28 @@ class QuerySink:
         # The batch runs here: reading the input, the aggregations and their state store commits.
         rows = df.toArrow().to_pylist()
         collected = time.monotonic()
-        if len(self.writers) == 1:
+        rejected: list[Mapping[str, Any]] = []
+        if len(self.writers) == 1 and self.rejects is None:
             per_table = [rows]
         else:
             per_table = [[] for _ in self.writers]
             names = [w.table for w in self.writers]
             for row in rows:
                 i = row[QUERY_TABLE_COLUMN]
-                per_table[i].append(row[names[i]])
+                if i < len(names):
+                    per_table[i].append(row[names[i]])
+                else:
+                    rejected.append(row[REJECTED_BRANCH])
         sends = [(w, w.changes(t_rows, batch_id)) for w, t_rows in zip(self.writers, per_table)]
         recomputation = self.recomputation
         if recomputation is not None and recomputation.caught_up(batch_id):
             sends = [(w, records + self.stale(w, records, recomputation)) for w, records in sends]
-        produce(self.producer, sends, f"batch {batch_id}")
+        dead: list[tuple[Any, list[ChangelogRecord]]] = []
+        if self.rejects is not None and rejected:
+            dead = [(self.rejects, self.rejects.dead_letters(rejected, batch_id))]
+        produce(self.producer, [*sends, *dead], f"batch {batch_id}")
+        if self.rejects is not None:
+            self.rejects.counted(rejected)
         if recomputation is not None and all(w.stale_found is not None for w, _ in sends
                                              if w.table in recomputation.changelog_ends):
             recomputation.done({w.table: w.stale_found for w, _ in sends if w.stale_found is not None})

@@ -47,11 +47,11 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from freshroute.errors import ConfigError
 from freshroute.metadata import MAX_STANDBY_REPLICAS
-from freshroute.windows import WindowSpec, hopping, tumbling
+from freshroute.windows import WindowSpec, duration_ms, hopping, tumbling
 
 __all__ = ["source", "table", "sql_table", "tumbling", "hopping", "load_tables"]
 
@@ -78,11 +78,21 @@ class TablesFileError(ConfigError):
 
 @dataclass(frozen=True)
 class Source:
-    """An input topic of JSON values with a Spark DDL schema."""
+    """An input topic of JSON values with a Spark DDL schema, and what to do with records that do not fit it
+    (:mod:`pipeline.validation`)."""
 
     name: str
     schema: str
     topic: str  # without the deployment's topic prefix
+    on_invalid: str = "dead_letter"  # "dead_letter" | "skip" | "fail"
+    dead_letter_topic: str | None = None  # without the prefix; None: "<name>.rejected"
+    max_clock_skew_ms: int = 300_000  # a record's time may be at most this far ahead of the pipeline's clock
+    max_record_bytes: int = 1_000_000
+
+    @property
+    def rejected_topic(self) -> str:
+        """Where its rejected records go (without the deployment's topic prefix)."""
+        return self.dead_letter_topic or f"{self.name}.rejected"
 
 
 @dataclass(frozen=True)
@@ -188,12 +198,33 @@ def _check_name(kind: str, name: str) -> None:
         raise ValueError(f"{kind} name {name!r} must be a plain identifier (letters, digits, _)")
 
 
-def source(name: str, schema: str, topic: str | None = None) -> Source:
-    """Declare an input source: topic ``topic`` (default: ``name``) of JSON values with DDL ``schema``."""
+def source(name: str, schema: str, topic: str | None = None, *, on_invalid: str = "dead_letter",
+           dead_letter_topic: str | None = None, max_clock_skew: Any = "5m", max_record_bytes: int = 1_000_000) -> Source:
+    """Declare an input source: topic ``topic`` (default: ``name``) of JSON values with DDL ``schema``.
+
+    A record that does not fit — see :mod:`pipeline.validation` — never reaches a table; ``on_invalid`` says what
+    happens to it: ``"dead_letter"`` (counted, and written with its reason to ``dead_letter_topic``, by default
+    ``<name>.rejected``), ``"skip"`` (counted only) or ``"fail"`` (the pipeline stops, naming it).
+    ``max_clock_skew``: how far a record's time may be ahead of the pipeline's clock (default five minutes);
+    ``max_record_bytes``: the largest value accepted.
+    """
+    from pipeline.validation import ON_INVALID, check_topic_name
+
     _check_name("source", name)
     if not isinstance(schema, str) or not schema.strip():
         raise ValueError(f"source {name!r} needs a schema, e.g. \"sensor STRING, reading DOUBLE\"")
-    return _declared(Source(name, schema, topic or name))
+    if on_invalid not in ON_INVALID:
+        raise ValueError(f"source {name!r}: on_invalid must be one of {', '.join(map(repr, ON_INVALID))}, "
+                         f"not {on_invalid!r}")
+    if dead_letter_topic is not None:
+        check_topic_name(f"source {name!r}: dead_letter_topic", dead_letter_topic)
+    skew = duration_ms(max_clock_skew, f"source {name!r}: max_clock_skew")
+    if not 0 < skew <= 7 * 86_400_000:
+        raise ValueError(f"source {name!r}: max_clock_skew must be more than 0 and at most 7 days, not {max_clock_skew!r}")
+    if type(max_record_bytes) is not int or not 0 < max_record_bytes <= 100_000_000:
+        raise ValueError(f"source {name!r}: max_record_bytes must be a whole number of bytes in 1..100,000,000, "
+                         f"not {max_record_bytes!r}")
+    return _declared(Source(name, schema, topic or name, on_invalid, dead_letter_topic, skew, max_record_bytes))
 
 
 def _check_standbys(name: str, standby_replicas: int | None) -> None:

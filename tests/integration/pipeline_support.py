@@ -20,13 +20,15 @@ from pipeline.topics import describe_topic
 REPO = Path(__file__).resolve().parents[2]
 
 
-def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list:
-    """Every record of every partition up to its end, as (partition, offset, timestamp_ms, key, value)."""
+def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0, headers: bool = False) -> list:
+    """Every record of every partition up to its end, as (partition, offset, timestamp_ms, key, value), and its
+    headers (a list of pairs) after them when asked for."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     info = describe_topic(admin, topic)
     if info is None:
         return []
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-reader", "enable.partition.eof": True,
+                  "fetch.message.max.bytes": 4_000_000,
                   "enable.auto.commit": False, "auto.offset.reset": "earliest", "fetch.queue.backoff.ms": 0})
     try:
         c.assign([TopicPartition(topic, p, 0) for p in info.partitions])
@@ -40,7 +42,8 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list:
                     assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
                     pending.discard(m.partition())
                     continue
-                out.append((m.partition(), m.offset(), m.timestamp()[1], m.key(), m.value()))
+                row = (m.partition(), m.offset(), m.timestamp()[1], m.key(), m.value())
+                out.append((*row, m.headers() or []) if headers else row)
         return out
     finally:
         c.close()

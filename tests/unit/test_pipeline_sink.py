@@ -82,7 +82,7 @@ class FakeProducer:
         self.pending: list = []
         self.sent: list[tuple[str, bytes, bytes, int]] = []
 
-    def produce(self, topic, key, value, partition, on_delivery):
+    def produce(self, topic, key, value, partition, on_delivery, headers=None):
         if self.full_times:
             self.full_times -= 1
             raise BufferError("queue full")

@@ -21,7 +21,7 @@ def write(tmp_path: Path, body: str, name: str = "tables.py") -> Path:
 def test_demo_file_declares_both_forms():
     d = load_tables(DEMO_TABLES_FILE)
     assert set(d.sources) == {"readings"}
-    assert d.sources["readings"].schema == "sensor STRING, area STRING, reading DOUBLE"
+    assert d.sources["readings"].schema == "sensor STRING NOT NULL, area STRING NOT NULL, reading DOUBLE NOT NULL"
     assert d.sources["readings"].topic == "readings"
     stats = d.tables["sensor_stats"]
     assert (stats.key, stats.source, stats.sql) == ("sensor", "readings", None)
