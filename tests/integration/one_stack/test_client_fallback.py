@@ -14,11 +14,12 @@ from prometheus_client import CollectorRegistry
 from freshroute.client import Client
 from freshroute.errors import RetryableError
 from freshroute.routing.core import RoutingPolicy
-from tests.integration.stack_fixture import produce_and_serve, wait_until
+from tests.integration.stack_fixture import produce_readings, wait_until
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT_MS = 1000
+KEY = "fallback-1"
 
 
 def fallbacks(registry: CollectorRegistry) -> float:
@@ -26,19 +27,20 @@ def fallbacks(registry: CollectorRegistry) -> float:
 
 
 def test_with_every_node_paused_the_client_asks_the_router_once_and_is_back_on_the_nodes_after(stack):
-    produce_and_serve(stack, [{"sensor": "sensor-1", "area": "cabin", "reading": 1.5}])
+    produce_readings(stack, [{"sensor": KEY, "area": "cabin", "reading": 1.5}])
     c, registry = stack.config, CollectorRegistry()
     nodes = stack.store_node_names()
     with Client(c.redis_url, namespace=c.namespace, router=c.rest_url, metrics=registry,
                 policy=RoutingPolicy(request_timeout_ms=TIMEOUT_MS)) as client:
-        assert client.get("sensor_stats", "sensor-1").node.startswith("node-")
+        wait_until(lambda: client.get("sensor_stats", KEY).found, 60, f"{KEY} to be served", stack=stack)
+        assert client.get("sensor_stats", KEY).node.startswith("node-")
         assert fallbacks(registry) == 0
         for name in nodes:
             stack.signal(name, signal.SIGSTOP)
         try:
             t0 = time.monotonic()
             with pytest.raises(RetryableError) as e:
-                client.get("sensor_stats", "sensor-1")
+                client.get("sensor_stats", KEY)
             took = time.monotonic() - t0
             assert fallbacks(registry) == 1  # the router was asked, once
             assert e.value.code == "TIMEOUT" and "router at" in e.value.message, e.value.to_body()
@@ -49,12 +51,12 @@ def test_with_every_node_paused_the_client_asks_the_router_once_and_is_back_on_t
 
         def direct() -> bool:
             try:
-                return client.get("sensor_stats", "sensor-1").node.startswith("node-")
+                return client.get("sensor_stats", KEY).node.startswith("node-")
             except RetryableError:
                 return False
 
         wait_until(direct, 60, "direct reads again", stack=stack)
         before = fallbacks(registry)
         for _ in range(20):
-            assert client.get("sensor_stats", "sensor-1").node.startswith("node-")
+            assert client.get("sensor_stats", KEY).node.startswith("node-")
         assert fallbacks(registry) == before  # the nodes answered: the router was not asked
