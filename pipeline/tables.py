@@ -17,7 +17,8 @@ computed from them, in either of two forms::
 
 A source is a Kafka topic of JSON values parsed with ``schema``; besides the schema's
 fields each row carries the record's ``key``, ``topic``, ``partition``, ``offset`` and
-``timestamp``. A table's key column becomes the changelog record key; every other column
+``timestamp``. A record that does not fit the schema reaches no table: it is counted and, by the
+source's ``on_invalid``, dead-lettered, dropped or the end of the pipeline (:mod:`pipeline.validation`). A table's key column becomes the changelog record key; every other column
 goes into the JSON value. Either form takes ``standby_replicas=N``: each partition of the
 table is served by an active and N standbys on distinct store nodes (default: the
 pipeline's ``--standby-replicas``).
