@@ -381,14 +381,15 @@ class Pipeline:
         self.spark = build_session(s)
         log.info("spark session ready in %.1fs (master %s, %d shuffle partitions)",
                  time.monotonic() - started, s.spark_master, s.shuffle_partitions)
+        rejects = {name: self._reject_writer(admin, src) for name, src in self.definition.sources.items()
+                   if any(t.source == name for t in self.definition.tables.values())}
         for name, tables in grouped.items():
             frames = self._table_frames(name, tables)
-            runs = [self._table_run(t, df, admin) for t, df in zip(tables, frames[0])]
+            source = rejects[tables[0].source]
+            runs = [self._table_run(t, df, admin, source) for t, df in zip(tables, frames[0])]
             self.runs.update((r.table.name, r) for r in runs)
             trigger = s.trigger_ms if tables[0].trigger_ms is None else tables[0].trigger_ms
-            rejects = self._reject_writer(admin, self.definition.sources[tables[0].source]) \
-                if frames[1] is not None else None
-            self.queries[name] = QueryRun(name, runs, trigger, rejects=rejects)
+            self.queries[name] = QueryRun(name, runs, trigger, rejects=source if frames[1] is not None else None)
             self._start_query(self.queries[name], frames)
         store = MetadataStore.at(s.redis(), s.namespace)
         self._registrar = TableRegistrar(store, [r.spec for r in self.runs.values()], self._stop, str(s.redis()),
@@ -457,7 +458,7 @@ class Pipeline:
                  "produces are looked for once it has read its input to where it ends now", query,
                  ", ".join(changelogs))
 
-    def _table_run(self, t: Table, df: "DataFrame", admin: Any) -> TableRun:
+    def _table_run(self, t: Table, df: "DataFrame", admin: Any, rejects: RejectWriter | None = None) -> TableRun:
         """The table's changelog topic (created if need be), spec and writer."""
         from pipeline.topics import ensure_topic
 
@@ -479,7 +480,7 @@ class Pipeline:
                          input_topic=s.input_topic(self.definition.sources[t.source].topic))
         expiry = WindowExpiry(s.window_index(t.name)) if t.window is not None else None
         return TableRun(t, spec, ChangelogWriter(t.name, topic, spec.partitions, t.key, self.producer, t.window, expiry,
-                                                 t.stale_keys))
+                                                 t.stale_keys, rejects))
 
     def _table_frames(self, query: str, tables: list[Table]) -> tuple[list["DataFrame"], "DataFrame | None"]:
         """The tables' streaming DataFrames over one read of their source, and its rejected records if this query is

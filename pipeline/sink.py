@@ -37,6 +37,11 @@ from pipeline.window_expiry import WindowExpiry
 log = logging.getLogger(__name__)
 
 
+# The largest record (key and value) written to a changelog: Kafka's default message.max.bytes, less room for the
+# record's framing.
+MAX_CHANGELOG_RECORD_BYTES = 1_000_000
+
+
 class ChangelogWriteFailed(RetryableError):
     """Records of a micro-batch were not acknowledged; the batch must be replayed."""
 
@@ -162,8 +167,9 @@ class ChangelogWriter:
 
     def __init__(self, table: str, topic: str, partitions: int, key_column: str, producer: ChangelogProducer,
                  window: WindowSpec | None = None, expiry: WindowExpiry | None = None,
-                 stale_keys: str = "report") -> None:
+                 stale_keys: str = "report", rejects: "RejectWriter | None" = None) -> None:
         self.table = table
+        self.rejects = rejects  # its source's: a row too large for the changelog is rejected as input is
         self.topic = topic
         self.partitions = partitions
         self.key_column = key_column
@@ -173,6 +179,7 @@ class ChangelogWriter:
         self.watermark_ms: int | None = None  # the last watermark published to every partition
         self.stale_keys = stale_keys  # what a recomputation does with keys no longer produced (pipeline.recompute)
         self.stale_found: int | None = None  # how many it found, once it has looked
+        self.oversized: list[ChangelogRecord] = []  # dead letters of rows too large for the changelog, to send
         # Batch id → what it wrote, of the latest batches: Spark reports a batch's progress
         # asynchronously, on a busy machine after the next batch has run.
         self.written: dict[int, Written] = {}
@@ -188,7 +195,19 @@ class ChangelogWriter:
         if keyless:
             log.warning("table %s batch %d: %d row(s) with a null key %r%s cannot be addressed and were not written",
                         self.table, batch_id, keyless, self.key_column, " or window" if self.window else "")
+        too_large = [r for r in records if r.value is not None and len(r.key) + len(r.value) > MAX_CHANGELOG_RECORD_BYTES]
+        if too_large and self.rejects is not None:
+            # The changelog would refuse it and the batch would fail on every replay: the key keeps its last row,
+            # and the row is rejected as bad input is (a dead letter naming the table and key, the counter, a log).
+            self.oversized.extend(self.rejects.too_large_rows(self.table, too_large))
+            dropped = {id(r) for r in too_large}
+            records = [r for r in records if id(r) not in dropped]
         return records
+
+    def take_oversized(self) -> list[ChangelogRecord]:
+        """The dead letters of this batch's rows too large for the changelog (once)."""
+        out, self.oversized = self.oversized, []
+        return out
 
     def acknowledged(self, records: list[ChangelogRecord]) -> tuple[int, int]:
         """Note records the broker acknowledged (a windowed table indexes its windows by expiry); returns how many
@@ -260,6 +279,25 @@ class RejectWriter:
                 value = None
             out.append(ChangelogRecord(r[RAW_KEY], value, int(r["partition"]) % self.partitions, headers))
         return out
+
+    def too_large_rows(self, table: str, records: list[ChangelogRecord]) -> list[ChangelogRecord]:
+        """Rows of ``table`` too large for its changelog, rejected as input is (reason ``output_too_large``):
+        counted, and by ``on_invalid`` dead letters naming table and key (without the row), dropped, or the end."""
+        self.counts["output_too_large"] += len(records)
+        first = records[0]
+        log.error("table %s: %d row(s) over %d bytes cannot go to its changelog; those keys keep their last row "
+                  "(first: %r, %d bytes)", table, len(records), MAX_CHANGELOG_RECORD_BYTES,
+                  first.key[:100], len(first.value or b""))
+        if self.on_invalid == "fail":
+            raise InvalidInput(f"INVALID_INPUT: table {table}: a row of {len(first.value or b'')} bytes for key "
+                               f"{first.key[:100]!r} cannot go to its changelog, and its source {self.source} says "
+                               f"on_invalid='fail'", table=table, source=self.source, reason="output_too_large")
+        if self.on_invalid != "dead_letter":
+            return []
+        return [ChangelogRecord(r.key, None, r.partition % self.partitions,
+                                [("freshroute.reason", b"output_too_large"), ("freshroute.source", self.source.encode()),
+                                 ("freshroute.table", table.encode()),
+                                 ("freshroute.value_bytes", str(len(r.value or b"")).encode())]) for r in records]
 
     def counted(self, rows: list[Mapping[str, Any]]) -> None:
         self.counts.update(r[REASON_COLUMN] for r in rows)
@@ -374,6 +412,10 @@ class QuerySink:
         dead: list[tuple[Any, list[ChangelogRecord]]] = []
         if self.rejects is not None and rejected:
             dead = [(self.rejects, self.rejects.dead_letters(rejected, batch_id))]
+        for w in self.writers:
+            oversized = w.take_oversized()
+            if oversized and w.rejects is not None:
+                dead.append((w.rejects, oversized))
         produce(self.producer, [*sends, *dead], f"batch {batch_id}")
         if self.rejects is not None:
             self.rejects.counted(rejected)

@@ -12,6 +12,9 @@ reason, and a rejected record reaches no table (so every table of a source sees 
   source) more than the source's ``max_clock_skew`` ahead of the batch's time — one bad clock would otherwise
   move the event-time watermark past every real record.
 
+A table's row too large for its changelog (over a megabyte) is rejected the same way, as ``output_too_large``
+(a dead letter naming the table and key, without the row): the key keeps its last row and the batch goes on.
+
 Rejected records travel beside the tables' rows in the query that writes them (one query per source:
 the first by name), so that checking costs no second read of the input, and the sink counts them
 (``freshroute_pipeline_rejected_records_total{source,reason}``) and, by the source's ``on_invalid``, writes
@@ -30,7 +33,8 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
 ON_INVALID = ("dead_letter", "skip", "fail")
-REASONS = ("too_large", "not_json", "wrong_type", "missing_field", "non_finite", "future_timestamp")
+REASONS = ("too_large", "not_json", "wrong_type", "missing_field", "non_finite", "future_timestamp",
+           "output_too_large")
 REASON_COLUMN = "reason"
 RAW_KEY, RAW_VALUE = "_freshroute_raw_key", "_freshroute_raw_value"  # the record's bytes, as they came
 _CORRUPT = "_freshroute_corrupt"

@@ -77,3 +77,19 @@ def test_a_sources_validation_settings_are_checked_when_declared(kw, says):
         source("readings", schema="sensor STRING", **kw)
     ok = source("readings", schema="sensor STRING", max_clock_skew="90s")
     assert (ok.on_invalid, ok.max_clock_skew_ms, ok.rejected_topic) == ("dead_letter", 90_000, "readings.rejected")
+
+
+def test_a_row_too_large_for_the_changelog_is_dead_lettered_and_the_batch_goes_on():
+    fake = FakeProducer()
+    shared = ChangelogProducer({"bootstrap.servers": "h:1"}, factory=lambda cfg: fake)
+    rejects = RejectWriter("readings", "dead_letter", "readings.rejected", 2, shared)
+    writer = ChangelogWriter("sensor_stats", "sensor_stats-changelog", 4, "sensor", shared, rejects=rejects)
+    huge = "x" * 1_100_000
+    QuerySink([writer], shared).write_batch(FakeBatch([{"sensor": "s1", "count": 3}, {"sensor": "s2", "note": huge}]), 4)
+    assert [(t, k) for t, k, _, _ in fake.sent] == [("sensor_stats-changelog", b"s1"), ("readings.rejected", b"s2")]
+    assert rejects.counts == {"output_too_large": 1} and writer.written[4].records == 1
+    assert fake.sent[1][2] is None  # the dead letter names the key and table, without the row
+    from pipeline.sink import ChangelogRecord
+
+    headers = dict(rejects.too_large_rows("sensor_stats", [ChangelogRecord(b"s2", b"v" * 10, 3)])[0].headers)
+    assert headers["freshroute.reason"] == b"output_too_large" and headers["freshroute.table"] == b"sensor_stats"
