@@ -19,7 +19,7 @@ from tests.integration.stack_fixture import produce_readings, wait_until
 pytestmark = pytest.mark.integration
 
 TIMEOUT_MS = 1000
-KEY = "fallback-1"
+KEY = "sensor-fallback"  # a sensor as the other modules expect every key produced to the stack to be
 
 
 def fallbacks(registry: CollectorRegistry) -> float:
