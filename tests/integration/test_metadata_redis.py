@@ -2,7 +2,11 @@
 
 import time
 
+import pytest
+
 from freshroute.metadata import Assignment, MetadataStore, NodeReport, TableSpec
+
+pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark, no shared stack: runs beside the others
 
 
 def test_tables_and_nodes(redis_url, namespace):

@@ -47,4 +47,5 @@ _JVM_KAFKA = textwrap.dedent('''
 def test_the_session_reads_kafka_through_sparks_own_connector(tmp_path):
     out = subprocess.run([sys.executable, "-c", _JVM_KAFKA], capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines()[-1] == "columns: key,value,topic,partition,offset,timestamp streaming: True"
+    assert out.stdout.strip().splitlines()[-1] == ("columns: _freshroute_raw_key,_freshroute_raw_value,key,topic,partition,"
+                                                   "offset,timestamp streaming: True")

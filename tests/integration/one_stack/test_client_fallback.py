@@ -12,9 +12,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from freshroute.client import Client
-from freshroute.errors import RetryableError
+from freshroute.errors import FreshrouteError, RetryableError
 from freshroute.routing.core import RoutingPolicy
-from tests.integration.stack_fixture import produce_readings, wait_until
+from tests.integration.stack_fixture import FIRST_DATA_TIMEOUT_S, produce_readings, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +32,13 @@ def test_with_every_node_paused_the_client_asks_the_router_once_and_is_back_on_t
     nodes = stack.store_node_names()
     with Client(c.redis_url, namespace=c.namespace, router=c.rest_url, metrics=registry,
                 policy=RoutingPolicy(request_timeout_ms=TIMEOUT_MS)) as client:
-        wait_until(lambda: client.get("sensor_stats", KEY).found, 60, f"{KEY} to be served", stack=stack)
+        def served() -> bool:
+            try:
+                return client.get("sensor_stats", KEY).found
+            except FreshrouteError:  # the table not registered yet, on a stack that has just started
+                return False
+
+        wait_until(served, FIRST_DATA_TIMEOUT_S, f"{KEY} to be served", stack=stack)
         assert client.get("sensor_stats", KEY).node.startswith("node-")
         assert fallbacks(registry) == 0
         for name in nodes:
