@@ -33,6 +33,8 @@ from proto import store_pb2, store_pb2_grpc
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 8
 
+pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark, no shared stack: runs beside the others
+
 
 def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.2):
     deadline = time.monotonic() + timeout_s

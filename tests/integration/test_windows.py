@@ -75,7 +75,9 @@ def test_windows_are_recomputed_revised_finalised_expired_and_restored(broker, r
     tables_file = tmp_path / "temps.py"
     tables_file.write_text(TABLES)
     topic = f"{namespace}temps"
-    ensure_topic(AdminClient({"bootstrap.servers": broker}), topic, 1)  # one input partition: event order is send order
+    # One input partition: event order is send order. Kept for ever: the records are stamped in 2023, and the
+    # broker's time retention would otherwise delete them at its next check, before the pipeline reads them.
+    ensure_topic(AdminClient({"bootstrap.servers": broker}), topic, 1, {"retention.ms": "-1"})
     metrics_port = free_port()
     env = {**os.environ, "FRESHROUTE_BOOTSTRAP_SERVERS": broker, "FRESHROUTE_REDIS_URL": redis_url,
            "FRESHROUTE_NAMESPACE": namespace, "FRESHROUTE_TOPIC_PREFIX": namespace,
