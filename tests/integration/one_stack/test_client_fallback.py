@@ -40,7 +40,8 @@ def test_with_every_node_paused_the_client_asks_the_router_once_and_is_back_on_t
 
         wait_until(served, FIRST_DATA_TIMEOUT_S, f"{KEY} to be served", stack=stack)
         assert client.get("sensor_stats", KEY).node.startswith("node-")
-        assert fallbacks(registry) == 0
+        # Asked of the router while the client had no tables yet (a stack that has just started): not counted below.
+        earlier = fallbacks(registry)
         for name in nodes:
             stack.signal(name, signal.SIGSTOP)
         try:
@@ -48,7 +49,7 @@ def test_with_every_node_paused_the_client_asks_the_router_once_and_is_back_on_t
             with pytest.raises(RetryableError) as e:
                 client.get("sensor_stats", KEY)
             took = time.monotonic() - t0
-            assert fallbacks(registry) == 1  # the router was asked, once
+            assert fallbacks(registry) == earlier + 1  # the router was asked, once
             assert e.value.code == "TIMEOUT" and "router at" in e.value.message, e.value.to_body()
             assert TIMEOUT_MS / 2000 <= took < TIMEOUT_MS / 1000 + 0.1, took
         finally:
