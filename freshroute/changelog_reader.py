@@ -1,4 +1,5 @@
-"""Read a changelog topic from offset 0 to its true end with a plain confluent-kafka consumer.
+"""Where topics end, and reading a changelog topic from offset 0 to its true end with a plain confluent-kafka
+consumer.
 
 The end of a partition is where the consumer reports EOF at or above the high watermark
 cached from its fetch responses: the end as the reading itself found it, with no second request.
@@ -8,7 +9,21 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
+
+
+def end_offsets(admin: Any, partitions: Mapping[str, Iterable[int]], timeout_s: float = 10.0) -> dict[str, dict[int, int]]:
+    """Each listed partition's high watermark (where its next record will go), topic by topic, in one request of
+    ``admin`` (a confluent-kafka ``AdminClient``)."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    wanted = {TopicPartition(t, p): OffsetSpec.latest() for t, ps in partitions.items() for p in ps}
+    out: dict[str, dict[int, int]] = {t: {} for t in partitions}
+    if wanted:
+        for tp, future in admin.list_offsets(wanted, request_timeout=timeout_s).items():
+            out[tp.topic][tp.partition] = future.result(timeout_s).offset
+    return out
 
 
 def consume_to_end(bootstrap: str, topic: str, on_message: Callable[[Any], None] | None = None,

@@ -388,8 +388,8 @@ class Pipeline:
             source = rejects[tables[0].source]
             runs = [self._table_run(t, df, admin, source) for t, df in zip(tables, frames[0])]
             self.runs.update((r.table.name, r) for r in runs)
-            trigger = s.trigger_ms if tables[0].trigger_ms is None else tables[0].trigger_ms
-            self.queries[name] = QueryRun(name, runs, trigger, rejects=source if frames[1] is not None else None)
+            self.queries[name] = QueryRun(name, runs, self._trigger_ms(tables),
+                                          rejects=source if frames[1] is not None else None)
             self._start_query(self.queries[name], frames)
         store = MetadataStore.at(s.redis(), s.namespace)
         self._registrar = TableRegistrar(store, [r.spec for r in self.runs.values()], self._stop, str(s.redis()),
@@ -436,24 +436,22 @@ class Pipeline:
     def _mark_recomputation(self, admin: Any, query: str, tables: list[Table]) -> None:
         """A query starting without a checkpoint over changelogs that hold keys: note where they and its input end,
         so that the keys it no longer produces are found once it has caught up (:mod:`pipeline.recompute`)."""
-        from pipeline.recompute import MARK_FILE, end_offsets
+        from freshroute.changelog_reader import end_offsets
+        from pipeline.recompute import MARK_FILE
         from pipeline.topics import describe_topic
 
         s = self.settings
         checkpoint = s.query_checkpoint(query)
         if committed_batches(checkpoint) or (checkpoint / MARK_FILE).exists():
             return
-        changelogs = {}
-        for t in tables:
-            info = describe_topic(admin, s.changelog_topic(t.name)) if t.window is None else None
-            if info is not None:
-                changelogs[t.name] = end_offsets(s.kafka(), info.name, info.partitions)
-        if not any(any(ends.values()) for ends in changelogs.values()):
+        topics = {t.name: describe_topic(admin, s.changelog_topic(t.name)) for t in tables if t.window is None}
+        ends = end_offsets(admin, {info.name: info.partitions for info in topics.values() if info is not None})
+        changelogs = {name: ends[info.name] for name, info in topics.items() if info is not None}
+        if not any(any(e.values()) for e in changelogs.values()):
             return
         source = describe_topic(admin, s.input_topic(self.definition.sources[tables[0].source].topic))
         assert source is not None, "inputs are checked first"
-        Recomputation(checkpoint, {source.name: end_offsets(s.kafka(), source.name, source.partitions)},
-                      changelogs).save()
+        Recomputation(checkpoint, end_offsets(admin, {source.name: source.partitions}), changelogs).save()
         log.info("query %s starts without a checkpoint over changelogs that hold keys (%s): keys it no longer "
                  "produces are looked for once it has read its input to where it ends now", query,
                  ", ".join(changelogs))
@@ -484,7 +482,7 @@ class Pipeline:
 
     def _table_frames(self, query: str, tables: list[Table]) -> tuple[list["DataFrame"], "DataFrame | None"]:
         """The tables' streaming DataFrames over one read of their source, and its rejected records if this query is
-        the one that writes them (the first by name of the source's queries)."""
+        the one that writes them (:meth:`_rejects_query`)."""
         assert self.spark is not None
         src = self.definition.sources[tables[0].source]
         rows, rejected = source_rows(self.spark, self.settings, src,
@@ -494,10 +492,12 @@ class Pipeline:
     def _rejects_query(self, src: Source) -> str:
         """The query that counts and writes the source's rejected records (every query of the source filters them):
         the one with the longest trigger, since each batch reads the input once more for them."""
-        trigger = self.settings.trigger_ms
-        return min((t.query_name for t in self.definition.tables.values() if t.source == src.name),
-                   key=lambda q: (-max(trigger if t.trigger_ms is None else t.trigger_ms
-                                       for t in self.definition.tables.values() if t.query_name == q), q))
+        own = {name: tables for name, tables in queries(self.definition).items() if tables[0].source == src.name}
+        return min(own, key=lambda name: (-self._trigger_ms(own[name]), name))
+
+    def _trigger_ms(self, tables: list[Table]) -> int:
+        """A query's trigger: its tables' (they name the same, or none: the pipeline's)."""
+        return self.settings.trigger_ms if tables[0].trigger_ms is None else tables[0].trigger_ms
 
     def _table_frame(self, t: Table, rows: "DataFrame") -> "DataFrame":
         assert self.spark is not None

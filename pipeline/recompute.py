@@ -84,17 +84,6 @@ def batch_end_offsets(path: Path) -> dict[str, dict[int, int]]:
     return out
 
 
-def end_offsets(kafka: Mapping[str, Any], topic: str, partitions: Iterable[int]) -> dict[int, int]:
-    """Each partition's high watermark: where the next record will go."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({**kafka, "group.id": "freshroute-pipeline-ends", "enable.auto.commit": False})
-    try:
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
-    finally:
-        consumer.close()
-
-
 def stale_keys(kafka: Mapping[str, Any], topic: str, mark: Mapping[int, int], written: Iterable[bytes]) -> list[tuple[bytes, int]]:
     """(key, partition) of every live key of changelog ``topic`` whose last record is before ``mark`` in its
     partition and that is not among ``written`` (the keys the batch at hand writes)."""

@@ -254,7 +254,14 @@ class RejectWriter:
         self.producer = producer
         self.counts: Counter[str] = Counter()  # reason → records rejected since the pipeline started
 
-    def dead_letters(self, rows: list[Mapping[str, Any]], batch_id: int) -> list[ChangelogRecord]:
+    def _letter(self, key: bytes | None, value: bytes | None, from_partition: int, reason: str,
+                **origin: Any) -> ChangelogRecord:
+        """A dead letter: the record's bytes (or none), with its reason, source and origin as headers."""
+        headers = [("freshroute.reason", reason.encode()), ("freshroute.source", self.source.encode()),
+                   *((f"freshroute.{name}", str(v).encode()) for name, v in origin.items())]
+        return ChangelogRecord(key, value, from_partition % self.partitions, headers)
+
+    def dead_letters(self, rows: list[Mapping[str, Any]]) -> list[ChangelogRecord]:
         """The batch's rejected records as dead letters (none unless ``on_invalid`` is ``dead_letter``); InvalidInput
         for the first when it is ``fail``."""
         if rows and self.on_invalid == "fail":
@@ -267,17 +274,13 @@ class RejectWriter:
             return []
         out = []
         for r in rows:
-            ts = r["timestamp"]
-            headers = [("freshroute.reason", r[REASON_COLUMN].encode()), ("freshroute.source", self.source.encode()),
-                       ("freshroute.topic", str(r["topic"]).encode()), ("freshroute.partition", str(r["partition"]).encode()),
-                       ("freshroute.offset", str(r["offset"]).encode()),
-                       ("freshroute.timestamp", str(int(ts.timestamp() * 1000) if ts is not None else "").encode())]
-            value = r[RAW_VALUE]
+            ts, value = r["timestamp"], r[RAW_VALUE]
+            origin = {"topic": r["topic"], "partition": r["partition"], "offset": r["offset"],
+                      "timestamp": int(ts.timestamp() * 1000) if ts is not None else ""}
             if r[REASON_COLUMN] == "too_large":
                 # Over the source's limit, and maybe over the topic's: its origin says where the input still holds it.
-                headers.append(("freshroute.value_bytes", str(len(value)).encode()))
-                value = None
-            out.append(ChangelogRecord(r[RAW_KEY], value, int(r["partition"]) % self.partitions, headers))
+                origin["value_bytes"], value = len(value), None
+            out.append(self._letter(r[RAW_KEY], value, int(r["partition"]), r[REASON_COLUMN], **origin))
         return out
 
     def too_large_rows(self, table: str, records: list[ChangelogRecord]) -> list[ChangelogRecord]:
@@ -294,16 +297,15 @@ class RejectWriter:
                                f"on_invalid='fail'", table=table, source=self.source, reason="output_too_large")
         if self.on_invalid != "dead_letter":
             return []
-        return [ChangelogRecord(r.key, None, r.partition % self.partitions,
-                                [("freshroute.reason", b"output_too_large"), ("freshroute.source", self.source.encode()),
-                                 ("freshroute.table", table.encode()),
-                                 ("freshroute.value_bytes", str(len(r.value or b"")).encode())]) for r in records]
+        return [self._letter(r.key, None, r.partition, "output_too_large", table=table, value_bytes=len(r.value or b""))
+                for r in records]
 
     def counted(self, rows: list[Mapping[str, Any]]) -> None:
-        self.counts.update(r[REASON_COLUMN] for r in rows)
+        batch = Counter(r[REASON_COLUMN] for r in rows)
+        self.counts.update(batch)
         if rows:
             log.warning("source %s: %d record(s) rejected (%s)%s", self.source, len(rows),
-                        ", ".join(f"{n} {reason}" for reason, n in Counter(r[REASON_COLUMN] for r in rows).most_common()),
+                        ", ".join(f"{n} {reason}" for reason, n in batch.most_common()),
                         f" → {self.topic}" if self.on_invalid == "dead_letter" else "")
 
 
@@ -331,11 +333,8 @@ def produce(producer: ChangelogProducer, sends: list[tuple[Any, list[ChangelogRe
         for r in records:
             while True:
                 try:
-                    if r.headers is None:
-                        p.produce(writer.topic, key=r.key, value=r.value, partition=r.partition, on_delivery=delivered)
-                    else:
-                        p.produce(writer.topic, key=r.key, value=r.value, partition=r.partition, headers=r.headers,
-                                  on_delivery=delivered)
+                    p.produce(writer.topic, key=r.key, value=r.value, partition=r.partition, headers=r.headers,
+                              on_delivery=delivered)
                     break
                 except BufferError:
                     # Local queue full: let deliveries drain it, within the batch's time bound.
@@ -411,7 +410,7 @@ class QuerySink:
             sends = [(w, records + self.stale(w, records, recomputation)) for w, records in sends]
         dead: list[tuple[Any, list[ChangelogRecord]]] = []
         if self.rejects is not None and rejected:
-            dead = [(self.rejects, self.rejects.dead_letters(rejected, batch_id))]
+            dead = [(self.rejects, self.rejects.dead_letters(rejected))]
         for w in self.writers:
             oversized = w.take_oversized()
             if oversized and w.rejects is not None:

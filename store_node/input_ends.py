@@ -14,6 +14,7 @@ import logging
 import threading
 from typing import Any, Callable, Mapping
 
+from freshroute.changelog_reader import end_offsets
 from freshroute.metadata import InputEnds, MetadataStore, TableSpec, now_ms
 from store_node.settings import StoreNodeSettings
 
@@ -67,9 +68,6 @@ class InputEndsWatcher:
 
     def read(self, topics: list[str]) -> dict[str, InputEnds]:
         """Each topic's ends, in one request to the broker."""
-        from confluent_kafka import TopicPartition
-        from confluent_kafka.admin import OffsetSpec
-
         admin = self._admin_client()
         for topic in topics:
             if topic not in self._partitions:
@@ -77,14 +75,9 @@ class InputEndsWatcher:
                 if meta is None or meta.error is not None or not meta.partitions:
                     continue  # not there (yet): its tables' lag stays the pipeline's word
                 self._partitions[topic] = sorted(meta.partitions)
-        wanted = {TopicPartition(t, p): OffsetSpec.latest() for t in topics for p in self._partitions.get(t, ())}
-        if not wanted:
-            return {}
         now = now_ms()
-        ends: dict[str, dict[int, int]] = {}
-        for tp, future in admin.list_offsets(wanted, request_timeout=_TIMEOUT_S).items():
-            ends.setdefault(tp.topic, {})[tp.partition] = future.result(_TIMEOUT_S).offset
-        return {topic: InputEnds(parts, now) for topic, parts in ends.items()}
+        known = {t: self._partitions[t] for t in topics if t in self._partitions}
+        return {topic: InputEnds(ends, now) for topic, ends in end_offsets(admin, known, _TIMEOUT_S).items()}
 
     def _admin_client(self) -> Any:
         if self._admin is None:

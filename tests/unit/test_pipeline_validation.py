@@ -43,7 +43,7 @@ def test_rejected_records_go_to_the_dead_letter_topic_with_reason_and_origin_bes
         ("readings.rejected", b"s1", b'{"reading": NaN}')]
     assert [p for t, _, _, p in fake.sent if t == "readings.rejected"] == [1, 1]  # input partition 3 of 2: 3 % 2
     assert writer.written[5].records == 1 and rejects.counts == {"not_json": 1, "non_finite": 1}
-    headers = dict(rejects.dead_letters([rejected("not_json", b"x", 41)[REJECTED_BRANCH]], 5)[0].headers)
+    headers = dict(rejects.dead_letters([rejected("not_json", b"x", 41)[REJECTED_BRANCH]])[0].headers)
     assert headers == {"freshroute.reason": b"not_json", "freshroute.source": b"readings",
                        "freshroute.topic": b"readings", "freshroute.partition": b"1", "freshroute.offset": b"41",
                        "freshroute.timestamp": str(int(WHEN.timestamp() * 1000)).encode()}
