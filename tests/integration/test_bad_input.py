@@ -3,7 +3,8 @@ nested and decimal fields, fed every kind of bad record beside good ones.
 
 The tables equal a recomputation over the valid records only (the keyed tables of one source agree), the
 dead-letter topics hold exactly the bad records with their reasons and origin, the counters match, and a reading
-stamped half an hour ahead leaves the windowed table's watermark where the real readings put it.
+stamped half an hour ahead, or an order whose own time field is ten years ahead, leaves each windowed table's
+watermark where the real records put it.
 """
 
 from __future__ import annotations
@@ -31,12 +32,17 @@ pytestmark = pytest.mark.integration
 
 ORDERS = textwrap.dedent('''
 
-    source("orders", schema="order_id STRING NOT NULL, amount DECIMAL(10,2), customer STRUCT<name: STRING, score: DOUBLE>",
-           topic="orders")
+    source("orders", schema="order_id STRING NOT NULL, amount DECIMAL(10,2), customer STRUCT<name: STRING, score: DOUBLE>, "
+                             "placed_at TIMESTAMP NOT NULL", topic="orders")
 
     sql_table(name="customer_totals", key="name", source="orders",
               sql="SELECT customer.name AS name, count(*) AS orders, sum(amount) AS total, max(customer.score) AS best "
                   "FROM orders GROUP BY customer.name")
+
+    # Event time from a field of the record: one order placed years ahead must not move this table's watermark.
+    sql_table(name="customer_hours", key="name", source="orders",
+              window=tumbling("1 hour", retention="30 days", time="placed_at"),
+              sql="SELECT customer.name AS name, window, count(*) AS orders FROM orders GROUP BY customer.name, window")
 ''')
 
 
@@ -79,14 +85,22 @@ def test_bad_records_are_dead_lettered_with_their_reason_and_the_tables_hold_onl
     # (message.timestamp.after.max.ms); an event-time field could be years ahead.
     future = now + 30 * 60_000
     sent.append(("readings", b"sensor-a", reading("sensor-a", "wheel", 42.0), future))  # future_timestamp
+    placed = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now / 1000)).encode()
     good_orders = [("o1", "12.50", "ann", 0.5), ("o2", "7.25", "ann", 0.9), ("o3", "100.00", "bob", 0.1)]
     for oid, amount, name, score in good_orders:
-        sent.append(("orders", oid.encode(), b'{"order_id":"%s","amount":%s,"customer":{"name":"%s","score":%s}}'
-                     % (oid.encode(), amount.encode(), name.encode(), str(score).encode()), now))
-    bad_orders = {"wrong_type": [b'{"order_id":"o4","amount":"abc","customer":{"name":"ann","score":1.0}}',
-                                 b'{"order_id":"o5","amount":1.00,"customer":"bob"}'],
-                  "non_finite": [b'{"order_id":"o6","amount":3.00,"customer":{"name":"bob","score":NaN}}'],
-                  "missing_field": [b'{"amount":3.00,"customer":{"name":"bob","score":0.2}}']}
+        sent.append(("orders", oid.encode(), b'{"order_id":"%s","amount":%s,"customer":{"name":"%s","score":%s},'
+                     b'"placed_at":"%s"}' % (oid.encode(), amount.encode(), name.encode(), str(score).encode(), placed),
+                     now))
+    bad_orders = {"wrong_type": [b'{"order_id":"o4","amount":"abc","customer":{"name":"ann","score":1.0},'
+                                 b'"placed_at":"%s"}' % placed,
+                                 b'{"order_id":"o5","amount":1.00,"customer":"bob","placed_at":"%s"}' % placed],
+                  "non_finite": [b'{"order_id":"o6","amount":3.00,"customer":{"name":"bob","score":NaN},'
+                                 b'"placed_at":"%s"}' % placed],
+                  "missing_field": [b'{"amount":3.00,"customer":{"name":"bob","score":0.2},"placed_at":"%s"}' % placed,
+                                    b'{"order_id":"o7","amount":3.00,"customer":{"name":"bob","score":0.2}}'],
+                  # Ten years ahead in the record's own time field (the broker takes the record: its timestamp is now).
+                  "future_timestamp": [b'{"order_id":"o8","amount":3.00,"customer":{"name":"bob","score":0.2},'
+                                       b'"placed_at":"2036-11-27T00:00:00Z"}']}
     for values in bad_orders.values():
         for v in values:
             sent.append(("orders", b"o-bad", v, now))
@@ -161,6 +175,12 @@ def test_bad_records_are_dead_lettered_with_their_reason_and_the_tables_hold_onl
         starts = {split_window_key(k)[1] for _p, _o, _t, k, v in windows
                   if k != WATERMARK_KEY and v is not None and split_window_key(k)[0] == b"sensor-c"}
         assert len(starts) >= 6 and min(starts) + 10_000 <= max(marks), (sorted(starts), marks)
+        hours = read_topic(broker, f"{namespace}customer_hours-changelog")
+        order_marks = [parse_watermark(v) for _p, _o, _t, k, v in hours if k == WATERMARK_KEY]
+        assert order_marks and max(order_marks) < now + 60_000, (order_marks, now)
+        counts = {split_window_key(k)[0]: orjson.loads(v)["orders"] for _p, _o, _t, k, v in hours
+                  if k != WATERMARK_KEY and v is not None}
+        assert counts == {b"ann": 2, b"bob": 1}, counts
         assert pipeline.alive()
     finally:
         pipeline.proc.terminate()

@@ -1,7 +1,8 @@
 """A stopped pipeline never looks fresh: with its input still growing, SIGSTOP of the pipeline makes every answer's
 input lag grow (REST, gRPC, the client) within seconds, ``max_input_lag_ms`` refuses those answers and the table's
-pipeline shows as not running; SIGCONT brings all of it back. The input's ends are read from the broker by a store
-node, so nothing here waits for the stopped pipeline to say anything."""
+pipeline shows as not running; SIGCONT brings all of it back. kill -9 of the pipeline does the same, and a new one
+catches up from the checkpoint with no reading lost or counted twice. The input's ends are read from the broker by a
+store node, so nothing here waits for the stopped pipeline to say anything."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from freshroute.client import Client
 from freshroute.errors import NoReplicaWithinBound
 from proto import router_pb2, router_pb2_grpc
 from tests.integration.cluster_support import Readings
-from tests.integration.stack_fixture import wait_until
+from tests.integration.stack_fixture import all_sensors_served, expected_sensor_stats, produced, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -25,54 +26,67 @@ STEADY_MS = 3000  # a running pipeline on this busy machine stays within this (a
 STOPPED_MS = 4000  # a stopped one gets past it within seconds
 
 
-def test_a_stopped_pipeline_shows_in_every_answers_input_lag_and_max_input_lag_ms_refuses_it(stack):
+def test_a_stopped_or_killed_pipeline_shows_in_every_answers_input_lag_and_max_input_lag_ms_refuses_it(stack):
     c = stack.config
     readings = Readings(stack, SENSORS, rate=40.0, seed=23).start()
     path = f"/v1/tables/sensor_stats/keys/{KEY}"
-    try:
-        with httpx.Client(base_url=c.rest_url, timeout=10) as http, \
-                grpc.insecure_channel(c.grpc_address) as channel, \
-                Client(c.redis_url, namespace=c.namespace) as client:
-            stub = router_pb2_grpc.RouterStub(channel)
+    with httpx.Client(base_url=c.rest_url, timeout=10) as http, \
+            grpc.insecure_channel(c.grpc_address) as channel, \
+            Client(c.redis_url, namespace=c.namespace) as client:
+        stub = router_pb2_grpc.RouterStub(channel)
 
-            def rest_lag() -> dict:
-                r = http.get(path)
-                return r.json()["input_lag"] if r.status_code == 200 else {"records": -1, "ms": -1}
+        def rest_lag() -> dict:
+            r = http.get(path)
+            return r.json()["input_lag"] if r.status_code == 200 else {"records": -1, "ms": -1}
 
-            def pipeline_alive() -> bool:
-                return {t["name"]: t for t in http.get("/v1/tables").json()["tables"]}["sensor_stats"]["pipeline"]["alive"]
+        def pipeline_alive() -> bool:
+            return {t["name"]: t for t in http.get("/v1/tables").json()["tables"]}["sensor_stats"]["pipeline"]["alive"]
 
-            def keeping_up() -> bool:
-                return http.get(path, params={"max_input_lag_ms": STEADY_MS}).status_code == 200 and pipeline_alive()
+        def keeping_up() -> bool:
+            return http.get(path, params={"max_input_lag_ms": STEADY_MS}).status_code == 200 and pipeline_alive()
 
-            wait_until(keeping_up, 120, "the pipeline keeping up with the readings", stack=stack)
-            stack.signal("pipeline", signal.SIGSTOP)
-            try:
-                wait_until(lambda: rest_lag()["ms"] > STOPPED_MS and rest_lag()["records"] > 0, 15,
-                           "the answers' input lag to grow", stack=stack)
-                refused = http.get(path, params={"max_input_lag_ms": STEADY_MS})
+        def behind_everywhere(how: str) -> None:
+            wait_until(lambda: rest_lag()["ms"] > STOPPED_MS and rest_lag()["records"] > 0, 15,
+                       f"the answers' input lag to grow with the pipeline {how}", stack=stack)
+            for bound in (1000, STEADY_MS):
+                refused = http.get(path, params={"max_input_lag_ms": bound})
                 err = refused.json()["error"]
                 assert refused.status_code == 503 and err["code"] == "NO_REPLICA_WITHIN_BOUND", refused.text
                 assert err["input_lag"]["ms"] > STOPPED_MS and err["input_lag"]["records"] > 0
-                got = stub.Get(router_pb2.GetRequest(table="sensor_stats", key=KEY), timeout=5)
-                assert got.input_lag.ms > STOPPED_MS and got.input_lag.records > 0
-                with pytest.raises(grpc.RpcError) as e:
-                    stub.Get(router_pb2.GetRequest(table="sensor_stats", key=KEY,
-                                                   bound=router_pb2.Bound(max_input_lag_ms=STEADY_MS)), timeout=5)
-                assert e.value.code() is grpc.StatusCode.UNAVAILABLE
-                # The client reads the same metadata on its own refresh (every 150 ms).
-                wait_until(lambda: client.get("sensor_stats", KEY).input_lag_ms > STOPPED_MS, 5,
-                           "the client's answers to say so too", stack=stack)
-                direct = client.get("sensor_stats", KEY)
-                assert direct.input_lag_records > 0 and direct.node.startswith("node-")
-                with pytest.raises(NoReplicaWithinBound):
-                    client.get("sensor_stats", KEY, max_input_lag_ms=STEADY_MS)
-                wait_until(lambda: not pipeline_alive(), 10, "the pipeline to show as not running", stack=stack)
-                behind = http.get("/v1/cluster").json()["pipelines"]
-                assert {t["table"]: t["alive"] for t in behind}["sensor_stats"] is False
+            got = stub.Get(router_pb2.GetRequest(table="sensor_stats", key=KEY), timeout=5)
+            assert got.input_lag.ms > STOPPED_MS and got.input_lag.records > 0
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Get(router_pb2.GetRequest(table="sensor_stats", key=KEY,
+                                               bound=router_pb2.Bound(max_input_lag_ms=1000)), timeout=5)
+            assert e.value.code() is grpc.StatusCode.UNAVAILABLE
+            # The client reads the same metadata on its own refresh (every 150 ms).
+            wait_until(lambda: client.get("sensor_stats", KEY).input_lag_ms > STOPPED_MS, 5,
+                       "the client's answers to say so too", stack=stack)
+            direct = client.get("sensor_stats", KEY)
+            assert direct.input_lag_records > 0 and direct.node.startswith("node-")
+            with pytest.raises(NoReplicaWithinBound):
+                client.get("sensor_stats", KEY, max_input_lag_ms=1000)
+            wait_until(lambda: not pipeline_alive(), 10, "the pipeline to show as not running", stack=stack)
+            behind = http.get("/v1/cluster").json()["pipelines"]
+            assert {t["table"]: t["alive"] for t in behind}["sensor_stats"] is False
+
+        try:
+            wait_until(keeping_up, 120, "the pipeline keeping up with the readings", stack=stack)
+            stack.signal("pipeline", signal.SIGSTOP)
+            try:
+                behind_everywhere("stopped")
             finally:
                 stack.signal("pipeline", signal.SIGCONT)
             wait_until(keeping_up, 60, "the pipeline to catch up again", stack=stack)
             assert client.get("sensor_stats", KEY, max_input_lag_ms=STEADY_MS).found
-    finally:
-        readings.stop()
+
+            stack.signal("pipeline", signal.SIGKILL)
+            behind_everywhere("killed")
+            stack.start("pipeline")
+            wait_until(keeping_up, 180, "a new pipeline to catch up from the checkpoint", stack=stack)
+        finally:
+            readings.stop()
+        # Every reading counted once: what was read before the kill, and after it from the checkpoint.
+        expected = expected_sensor_stats(produced(stack))
+        wait_until(lambda: all_sensors_served(http, expected, max_lag=0), 60,
+                   "every sensor to be served as a recomputation says", stack=stack)
