@@ -28,6 +28,8 @@ from freshroute.position import Position
 from freshroute.routing.bound import NO_BOUND, Bound, parse_bound, parse_limit, parse_millis, parse_query_bound
 from freshroute.routing.results import LookupResult, WindowsResult, input_lag_doc, key_not_found
 from router.auth import WWW_AUTHENTICATE, Guard, Principal
+from router.console import HEADERS as CONSOLE_HEADERS, assets as console_assets
+from router.console.views import GRID_DEFAULT_LIMIT, GRID_MAX_LIMIT, ClusterViews
 from router.openapi import (ERROR_RESPONSES, HTTP_REFUSALS, BatchGetRequest, BatchGetResponse, ErrorBody, KeyValue,
                             ScanResponse, WindowScanResponse, WindowsResponse, bound_parameters, page_parameters,
                             window_range_parameters)
@@ -243,8 +245,9 @@ def _subject(scope: Scope) -> str | None:
     return ((scope.get("extensions") or {}).get("tls") or {}).get("client_cert_name")
 
 
-# Open to anyone: a load balancer's health checks carry no token.
-_OPEN = frozenset((b"/healthz", b"/readyz"))
+# Open to anyone: a load balancer's health checks carry no token, and the console's files hold no data (the page
+# asks for a token and sends it with every read of the API).
+_OPEN = frozenset((b"/healthz", b"/readyz", b"/console"))
 
 
 async def key_route_access(guard: Guard, route: bytes, table: str, authorization: bytes | None,
@@ -261,7 +264,7 @@ async def check_access(guard: Guard, scope: Scope) -> Principal | None:
     read); everything else — cluster, key metadata, metrics, docs — a principal allowed to see the cluster."""
     raw = scope.get("raw_path") or scope["path"].encode()
     path = raw.partition(b"?")[0]
-    if path in _OPEN:
+    if path in _OPEN or path.startswith(b"/console/"):
         return None
     authorization, subject = _authorization(scope), _subject(scope)
     if path.rstrip(b"/") == b"/v1/tables":
@@ -335,6 +338,8 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, fast_k
         app.key_handlers = handlers
     app.guard = guard
     app.state.router = router
+    views = ClusterViews(router)
+    console_files = console_assets()
 
     def json(body: Any, status: int = 200) -> Response:
         return Response(orjson.dumps(body), status, media_type=_JSON)
@@ -417,6 +422,31 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, fast_k
     @app.get("/v1/cluster", tags=["cluster"], summary="Nodes, liveness, assignment and per-replica lag")
     async def cluster() -> Response:
         return json(router.cluster())
+
+    @app.get("/v1/cluster/summary", tags=["cluster"],
+             summary="The cluster per node and per table: replica counts by kind, worst lag, restores in progress")
+    async def cluster_summary() -> Response:
+        return Response(views.summary(), media_type=_JSON)
+
+    @app.get("/v1/cluster/tables/{table}", tags=["cluster"],
+             summary="One table's partitions, each with every replica's role, state and lag, a page at a time",
+             responses={404: {"model": ErrorBody}, 400: {"model": ErrorBody}},
+             openapi_extra={"parameters": [
+                 {"name": "from", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 0},
+                  "description": "first partition (default 0)"},
+                 {"name": "limit", "in": "query", "required": False,
+                  "schema": {"type": "integer", "minimum": 0, "maximum": GRID_MAX_LIMIT},
+                  "description": f"partitions in the page (0 or absent: {GRID_DEFAULT_LIMIT})"}]})
+    async def cluster_table(table: str, request: Request) -> Response:
+        return json(views.table_replicas(table, _query(request.scope.get("query_string", b""))))
+
+    @app.get("/console", include_in_schema=False)
+    @app.get("/console/{name}", include_in_schema=False)
+    async def console(name: str = "") -> Response:
+        asset = console_files.get(name)
+        if asset is None:
+            raise StarletteHTTPException(404, f"no console file {name!r}")
+        return Response(asset[0], media_type=asset[1], headers=CONSOLE_HEADERS)
 
     @app.get("/healthz", tags=["ops"], summary="The process is up")
     async def healthz() -> Response:

@@ -108,6 +108,7 @@ class Snapshot:
     heard: Mapping[str, int] = field(default_factory=lambda: _EMPTY)  # node → when last heard from (reader's clock)
     input_lag: Mapping[str, InputLag] = field(default_factory=lambda: _EMPTY)  # table → where its query is in its input
     input_ends: Mapping[str, InputEnds] = field(default_factory=lambda: _EMPTY)  # input topic → where it ends
+    assignor: str | None = None  # the node holding the assignor lease; None: nobody holds it
 
     def input_lag_at(self, table: str, now: int) -> tuple[int, int]:
         """(records, ms) the table's changelog is behind its input at ``now`` (:func:`freshroute.metadata.input_lag_at`)."""
@@ -345,6 +346,7 @@ class MetadataRefresher:
         self._assignment: tuple[bytes | None, Assignment | None] | None = None
         self.input_lag: Mapping[str, InputLag] = _EMPTY
         self.input_ends: Mapping[str, InputEnds] = _EMPTY
+        self.assignor: str | None = None
 
     async def refresh_once(self) -> bool:
         """Read Redis and swap in a new snapshot; on any failure keep the current one."""
@@ -377,7 +379,7 @@ class MetadataRefresher:
         snap, dirty = self._builder.build(tables, self.feed.reports, self.liveness.heard, assignment, now,
                                           self.feed.positions, self.feed.take_moved())
         self.current = replace(self._carry_over(prev, snap, now, dirty), input_lag=self.input_lag,
-                               input_ends=self.input_ends)
+                               input_ends=self.input_ends, assignor=self.assignor)
         if self._on_swap is not None:
             self._on_swap(self.current)
         return True
@@ -387,17 +389,18 @@ class MetadataRefresher:
         await refresh_until(self.refresh_once, self._refresh_s, stop)
 
     async def _read(self) -> tuple[dict[str, TableSpec], Assignment | None]:
-        """Bring the node feed up to date, the tables' input lag, and the tables and assignment when their version
-        moved."""
+        """Bring the node feed up to date, the tables' input lag, who holds the assignor lease, and the tables and
+        assignment when their version moved."""
         keys = self._keys
         pipe = self._redis.pipeline(transaction=False)
         n = self.feed.ask_changes(pipe, keys)
-        pipe.mget([keys.tables_version, keys.assignment_version])
+        pipe.mget([keys.tables_version, keys.assignment_version, keys.assignor])
         pipe.hgetall(keys.input_lag)
         pipe.hgetall(keys.input_ends)
         replies = await pipe.execute()
         ids = self.feed.changed_ids(*replies[:n])
-        tables_version, assignment_version = replies[n]
+        tables_version, assignment_version, lease = replies[n]
+        self.assignor = text(lease).rpartition(":")[0] or None if lease else None
         self.input_lag = self._decoded(InputLag.from_json, replies[n + 1], "input lag")
         self.input_ends = self._decoded(InputEnds.from_json, replies[n + 2], "input ends")
         read_tables = self._tables is None or self._tables[0] != tables_version

@@ -149,7 +149,8 @@ def test_a_missing_auth_file_is_named(tmp_path):
 
 
 @pytest.mark.parametrize("path, needs", [
-    (b"/healthz", "open"), (b"/readyz", "open"),
+    (b"/healthz", "open"), (b"/readyz", "open"), (b"/console", "open"), (b"/console/console.js", "open"),
+    (b"/v1/cluster/summary", "cluster"), (b"/v1/cluster/tables/sensor_stats", "cluster"), (b"/consoles", "cluster"),
     (b"/v1/tables/sensor_stats/keys/sensor-1", "table"), (b"/v1/tables/sensor_stats/keys/a%2Fb", "table"),
     (b"/v1/tables/sensor_stats/keys:batchGet", "table"), (b"/v1/tables/sensor_stats/scan", "table"),
     (b"/v1/tables", "principal"), (b"/v1/tables/", "principal"),

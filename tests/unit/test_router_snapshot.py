@@ -101,6 +101,17 @@ def test_refresh_builds_and_swaps_whole_snapshot():
     assert [x.node for x in r.current.replicas_of("sensor_stats", 0)] == ["n1", "n2"]
 
 
+def test_the_snapshot_names_the_assignor_lease_holder():
+    fake, clock = FakeRedis("ns"), Clock(T0)
+    fake.load(T0)
+    r, _ = refresher(fake, clock)
+    asyncio.run(r.refresh_once())
+    assert r.current.assignor is None  # nobody holds the lease
+    fake.md.redis.set(fake.keys.assignor, "node-2:5")
+    asyncio.run(r.refresh_once())
+    assert r.current.assignor == "node-2"
+
+
 def test_redis_down_keeps_last_snapshot_and_freezes_liveness():
     fake, clock = FakeRedis("ns"), Clock(T0)
     fake.load(T0)

@@ -1,0 +1,123 @@
+"""The console's views (the cluster summed up per node and table; one table's replicas a page at a time) and its
+files, served by the REST app: over fake nodes' heartbeats, with a dead node, a restore and an unreported replica."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import httpx
+import orjson
+import pytest
+
+from freshroute.errors import InvalidArgument, TableNotFound
+from freshroute.metadata import Assignment, Role, TableSpec
+from freshroute.routing.fake import InMemoryStoreClient
+from freshroute.routing.snapshot import FixedSnapshot, build_snapshot
+from router.console.views import GRID_MAX_LIMIT, SUMMARY_MAX_AGE_MS, ClusterViews
+from router.rest import create_app
+from router.routing import Router
+from router.settings import RouterSettings
+
+NOW = 1_800_000_000_000
+SPEC = TableSpec("sensor_stats", "sensor_stats-changelog", 4, "sensor", {"count": "long"}, 1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ms = NOW
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+def cluster(clock: Clock) -> Router:
+    """n1 alive: actives of 0 and 1, a standby of 2 restoring (40 of 100); n2 dead (heard 10 s ago): actives of 2
+    and 3; the assignment also names n3, which has not reported, for partition 3's standby."""
+    store = InMemoryStoreClient()
+    n1, n2 = store.add_node("n1"), store.add_node("n2")
+    n1.host("sensor_stats", 0, role=Role.ACTIVE, applied=100, end=100)
+    n1.host("sensor_stats", 1, role=Role.ACTIVE, applied=90, end=100, staleness_ms=700)
+    n1.host("sensor_stats", 2, role=Role.STANDBY, applied=40, end=100, restoring=True)
+    n2.host("sensor_stats", 2, role=Role.ACTIVE, applied=100, end=100)
+    n2.host("sensor_stats", 3, role=Role.ACTIVE, applied=100, end=100)
+    assignment = Assignment(7, {("sensor_stats", 0): ("n1",), ("sensor_stats", 1): ("n1",),
+                                ("sensor_stats", 2): ("n2", "n1"), ("sensor_stats", 3): ("n2", "n3")})
+    snap = build_snapshot({"sensor_stats": SPEC}, [n1.report(NOW), n2.report(NOW - 10_000)], assignment, NOW, 1200)
+    metadata = FixedSnapshot(replace(snap, assignor="n1"))
+    return Router(RouterSettings(), metadata, store, clock_ms=clock)
+
+
+def test_the_summary_counts_each_nodes_and_tables_replicas_by_kind_with_the_worst_lag_and_the_restores():
+    clock = Clock()
+    doc = orjson.loads(ClusterViews(cluster(clock), clock).summary())
+    nodes = {n["node"]: n for n in doc["nodes"]}
+    assert nodes["n1"]["alive"] and not nodes["n2"]["alive"]
+    assert (nodes["n1"]["replicas"], nodes["n1"]["actives"], nodes["n1"]["restoring"]) == (3, 2, 1)
+    assert nodes["n1"]["max_lag_offsets"] == 60 and nodes["n1"]["max_lag_ms"] >= 700  # the restoring standby
+    assert (nodes["n2"]["replicas"], nodes["n2"]["actives"]) == (2, 2)
+    assert nodes["n2"]["max_lag_offsets"] is None  # a dead node's replicas count for nothing fresh
+    [table] = doc["tables"]
+    assert table["name"] == "sensor_stats" and table["partitions"] == 4
+    assert table["replica_kinds"] == {"active": 2, "restoring": 1, "dead": 2, "pending": 1}
+    # 2 is led by the dead n2 with a standby still restoring; 3 has only n2 (dead) and n3 (unreported).
+    assert table["unserved_partitions"] == 2
+    assert table["restoring"] == [{"partition": 2, "node": "n1", "applied_offset": 40, "end_offset": 100}]
+    assert table["restoring_total"] == 1 and table["pipeline"] == {"alive": False, "last_progress_ms": None}
+    assert doc["assignor"] == "n1" and doc["assignment_generation"] == 7
+
+
+def test_the_summary_is_built_once_per_half_second_however_many_ask():
+    clock = Clock()
+    views = ClusterViews(cluster(clock), clock)
+    first = views.summary()
+    clock.ms += SUMMARY_MAX_AGE_MS - 1
+    assert views.summary() is first
+    clock.ms += 1
+    again = views.summary()
+    assert again is not first and orjson.loads(again)["at_ms"] == clock.ms
+
+
+def test_a_tables_replicas_come_a_page_of_partitions_at_a_time():
+    clock = Clock()
+    views = ClusterViews(cluster(clock), clock)
+    page = views.table_replicas("sensor_stats", {"limit": "3"})
+    assert [p["partition"] for p in page["partitions"]] == [0, 1, 2] and page["next_from"] == 3
+    assert page["partitions_total"] == 4
+    two = {(r["node"], r["role"], r["kind"], r["alive"]) for r in page["partitions"][2]["replicas"]}
+    assert two == {("n2", "active", "active", False), ("n1", "standby", "restoring", True)}
+    last = views.table_replicas("sensor_stats", {"from": "3"})
+    assert [(r["node"], r["kind"]) for r in last["partitions"][0]["replicas"]] == [("n2", "active"), ("n3", "pending")]
+    assert last["next_from"] is None
+    with pytest.raises(InvalidArgument) as e:
+        views.table_replicas("sensor_stats", {"limit": str(GRID_MAX_LIMIT + 1)})
+    assert e.value.details["field"] == "limit"
+    with pytest.raises(InvalidArgument):
+        views.table_replicas("sensor_stats", {"from": "-1"})
+    with pytest.raises(TableNotFound):
+        views.table_replicas("nope", {})
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_the_rest_app_serves_the_views_and_the_page_its_files_under_a_strict_policy():
+    app = create_app(RouterSettings(), cluster(Clock()))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as c:
+        summary = await c.get("/v1/cluster/summary")
+        assert summary.status_code == 200 and summary.json()["assignor"] == "n1"
+        grid = await c.get("/v1/cluster/tables/sensor_stats", params={"from": 1, "limit": 1})
+        assert [p["partition"] for p in grid.json()["partitions"]] == [1]
+        missing = await c.get("/v1/cluster/tables/nope")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "TABLE_NOT_FOUND"
+        bad = await c.get("/v1/cluster/tables/sensor_stats", params={"limit": "ten"})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "INVALID_ARGUMENT"
+        page = await c.get("/console")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert "default-src 'self'" in page.headers["content-security-policy"]
+        assert b'src="/console/console.js"' in page.content
+        script = await c.get("/console/console.js")
+        assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
+        assert (await c.get("/console/nothing.js")).status_code == 404
