@@ -109,3 +109,30 @@ def test_store_node_ports_serve_only_peers_with_tls_and_the_cluster_secret(stack
         status = stub.Status(store_pb2.StatusRequest(), timeout=10,
                              metadata=(("x-freshroute-cluster-secret", secret),))
         assert status.node == nodes[0].node and len(status.replicas) > 0
+
+
+def test_the_console_over_tls_asks_for_a_token_and_works_with_one_allowed_to_see_the_cluster(stack):
+    from tests.integration.browser import browser_page
+
+    tokens = stack.status()["router"]["secure"]["tokens"]
+    # The stack's CA is not the browser's: the page is reached over the same TLS port as the API all the same.
+    with browser_page(f"{stack.config.rest_url}/console", ignore_https_errors=True) as console:
+        page = console.page
+        state = lambda: page.get_attribute("#connection", "data-state")  # noqa: E731
+        console.wait_for(lambda: state() == "unauthenticated", 10, "that a token is needed")
+        assert page.is_visible("#login") and not page.is_visible("#main")
+        assert "asks for a token" in page.inner_text("#login-reason")
+        # A reader of one table may not see the cluster: said plainly, and asked again.
+        page.fill("#token", tokens["reader"])
+        page.click("#login-form button[type=submit]")
+        console.wait_for(lambda: "PERMISSION_DENIED" in page.inner_text("#login-reason"), 10, "the reader refused")
+        page.fill("#token", "not-a-token")
+        page.click("#login-form button[type=submit]")
+        console.wait_for(lambda: "401 UNAUTHENTICATED" in page.inner_text("#login-reason"), 10, "a bad token refused")
+        page.fill("#token", tokens["admin"])
+        page.click("#login-form button[type=submit]")
+        console.wait_for(lambda: state() == "live" and len(page.query_selector_all("#nodes tbody tr")) == 3, 10,
+                         "the cluster with the admin's token")
+        assert not page.is_visible("#login")
+        # The token is the page's alone: nothing is stored for a later visit.
+        assert page.evaluate("localStorage.length + sessionStorage.length + document.cookie.length") == 0
