@@ -9,6 +9,9 @@ Throughput (saturation, the same number of requests in flight for every target):
 - ``redis_get_rps``       redis-benchmark GET, no pipelining → the stack's Redis
 - ``window_rps``          the same wrk → router REST, each request a key's last 6 windows of ``sensor_windows``
   (``/keys/{key}/windows?from=&to=``), interleaved with point gets of the same keys
+- ``console_open_rest_rps`` / ``console_closed_rest_rps``: the same wrk with one console open (its polls, from
+  ``loadtest.console_poller``) and with none, interleaved; ``console_poll_p99_ms`` its polls under that load, and
+  ``console_poll_router_cpu_ms`` the routers' CPU per poll without lookups
 - ``transports_rest_rps`` / ``uvicorn_rest_rps`` and ``transports_grpc_rps`` / ``grpcaio_grpc_rps``:
   wrk and h2load → two router processes of the bench's own, one with router/transports and
   one with uvicorn's httptools protocol and grpc.aio alone (the transports must pay for themselves)
@@ -62,7 +65,8 @@ FIGURES = ("router_grpc_rps", "router_rest_rps", "direct_store_rps", "baseline_g
            "transports_grpc_rps", "grpcaio_grpc_rps", "stack_idle_cpu_cores", "broker_idle_cpu_cores",
            "pipeline_batch_cpu_ms",
            "router_rest_p99_ms_busy", "secure_rest_rps", "secure_grpc_rps", "secure_lookup_cpu_us",
-           "bad_token_cpu_us", "secure_rest_p99_ms", "secure_rest_p99_ms_flooded", "window_rps")
+           "bad_token_cpu_us", "secure_rest_p99_ms", "secure_rest_p99_ms_flooded", "window_rps",
+           "console_open_rest_rps", "console_closed_rest_rps", "console_poll_p99_ms", "console_poll_router_cpu_ms")
 
 WINDOW_COUNT = 6  # window_rps: each lookup asks for a key's last this many windows
 BUSY_CONNECTIONS = 32  # router_rest_p99_ms_busy: lookups in flight while the pipeline runs
@@ -99,6 +103,9 @@ TARGETS = (
      1.5),
     # A key's recent windows cost about what a point get does: one range read on one replica.
     ("window_rps / router_rest_rps", "window_rps", "router_rest_rps", ">=", 0.5),
+    # An open console costs lookups nothing beyond this machine's noise.
+    ("console_open_rest_rps / console_closed_rest_rps", "console_open_rest_rps", "console_closed_rest_rps", ">=",
+     0.95),
 )
 
 LOAD_CLIENTS = {"router_rest_rps": "wrk -t1 (Lua: rotating keys)", "window_rps": "wrk -t1 (Lua: rotating keys, /windows)", "router_grpc_rps": "h2load -t1 (gRPC frames, h2c)",
@@ -119,7 +126,13 @@ LOAD_CLIENTS = {"router_rest_rps": "wrk -t1 (Lua: rotating keys)", "window_rps":
                           "as many router processes of the bench's own as the stack runs",
                 "secure_lookup_cpu_us": "h2load -t1 --h1 over TLS, saturation; routers' /proc CPU / requests",
                 "bad_token_cpu_us": "h2load -t1 --h1 over TLS, saturation, a wrong token; /proc CPU / refusals",
-                "secure_rest_p99_ms_flooded": f"h2load --rps probe beside h2load --rps {FLOOD_RATE:g}/s, bad tokens"}
+                "secure_rest_p99_ms_flooded": f"h2load --rps probe beside h2load --rps {FLOOD_RATE:g}/s, bad tokens",
+                "console_open_rest_rps": "wrk -t1 (Lua: rotating keys) with loadtest.console_poller polling as one "
+                                         "open console does (summary and a grid page every 0.5 s)",
+                "console_closed_rest_rps": "wrk -t1 (Lua: rotating keys), interleaved with console_open_rest_rps",
+                "console_poll_p99_ms": "loadtest.console_poller, under console_open_rest_rps's load",
+                "console_poll_router_cpu_ms": "none: the routers' /proc CPU with loadtest.console_poller against "
+                                              "without, per poll"}
 
 
 RESTORE_FIGURES = ("restore_rps", "raw_consume_rps")
@@ -331,6 +344,51 @@ class Bench:
             self.say(f"  ! {label}: {self.notes[f'{label}_problems']}")
         self.say(f"  {label}: {out['rps']:,.0f} req/s ({out['requests']} requests, {self.a.concurrency} connections)")
         return round(out["rps"], 1)
+
+    def console_open_vs_closed(self) -> None:
+        """REST lookups with one console open (its polls, see loadtest.console_poller) and with none, interleaved."""
+        from loadtest.console_poller import ConsolePoller
+
+        polls: list[float] = []
+
+        def opened() -> float:
+            with ConsolePoller(self.c.rest_url, max_s=self.a.duration + 60) as console:
+                rps = self.throughput_rest("console_open_rest")
+            polls.extend(console.poll_ms)
+            if console.failures:
+                raise RuntimeError(f"{console.failures} of the console's {console.polls + console.failures} polls failed")
+            return rps
+
+        with_console, without = self.paired("console_open_rest", opened, "console_closed_rest",
+                                            lambda: self.throughput_rest("console_closed_rest"))
+        self.fig["console_open_rest_rps"], self.fig["console_closed_rest_rps"] = median_of(with_console), \
+            median_of(without)
+        p99 = percentile(polls, 99)
+        self.fig["console_poll_p99_ms"] = round(p99, 1) if p99 is not None else None
+        self.say(f"  a console poll (summary + grid page) under that load: p99 {self.fig['console_poll_p99_ms']} ms "
+                 f"over {len(polls)} polls")
+        # What a poll costs the routers, without lookups: their CPU over a window with a console open, less the
+        # same window's without one, per poll.
+        from loadtest.footprint import tree_cpu_seconds
+
+        roots = {name: comp.pid for name, comp in self.stack.components.items() if comp.role == "router"}
+        window_s = min(10.0, self.a.duration)
+
+        def router_cpu(console: bool) -> tuple[float, int]:
+            before = sum(tree_cpu_seconds(roots).values())
+            if console:
+                with ConsolePoller(self.c.rest_url, max_s=window_s + 30) as poller:
+                    time.sleep(window_s)
+                return sum(tree_cpu_seconds(roots).values()) - before, poller.polls
+            time.sleep(window_s)
+            return sum(tree_cpu_seconds(roots).values()) - before, 0
+
+        with_polls, idle = self.paired("console_router_cpu", lambda: router_cpu(True), "idle_router_cpu",
+                                       lambda: router_cpu(False), record=False)
+        per_poll = [(opened[0] - closed[0]) / opened[1] * 1000 for opened, closed in zip(with_polls, idle)
+                    if opened and closed and opened[1]]
+        self.fig["console_poll_router_cpu_ms"] = round(median_of(per_poll), 2) if per_poll else None
+        self.say(f"  router CPU per console poll (no lookups): {self.fig['console_poll_router_cpu_ms']} ms")
 
     def throughput_windows(self) -> float:
         """Saturation throughput of window lookups: each a key's last WINDOW_COUNT windows of the windowed table."""
@@ -891,6 +949,7 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
         _step(b, 8, total, "router REST (wrk) and Redis GET (redis-benchmark) throughput", rest_vs_redis)
         _step(b, 8, total, f"window lookups ({WINDOW_COUNT} windows of {a.window_table}) against point gets (wrk)",
               b.windows_vs_points)
+        _step(b, 8, total, "REST lookups with one console open against none (wrk)", b.console_open_vs_closed)
         if router_body and started:
             # The baseline answers the same request with a response of the same shape.
             base_url = f"http://{base_address}/freshroute.v1.Router/Get"
