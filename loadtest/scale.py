@@ -224,9 +224,11 @@ class Figures:
     bytes_per_heartbeat: float = 0.0
     report_bytes: int = 0
     tick_late_p99_ms: float = 0.0
+    console: dict[str, float] = field(default_factory=dict)  # with --console: what the console costs and how it responds
 
     def summary(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if not isinstance(v, list)}
+        d = {k: v for k, v in self.__dict__.items() if not isinstance(v, (list, dict))}
+        d.update(self.console)
         d.update(kills=len(self.death_to_published_ms),
                  death_to_published_p50_ms=_pct(self.death_to_published_ms, 0.5),
                  death_to_published_p99_ms=_pct(self.death_to_published_ms, 0.99),
@@ -248,7 +250,9 @@ def _moves(before: dict, after: dict) -> tuple[int, int]:
 
 
 def run_one(n_nodes: int, tables: int, partitions: int, standbys: int, kills: int, routers: int,
-            workers: int, poll_ms: int, restore_ms: int, write_rate: float, work: Path, say: Any) -> Figures:
+            workers: int, poll_ms: int, restore_ms: int, write_rate: float, work: Path, say: Any,
+            console: Path | None = None) -> Figures:
+    """One cluster size; with ``console`` (a folder for its screenshot), the operator's console measured too."""
     redis_svc = start_redis(work / f"redis-{n_nodes}")
     md = MetadataStore.from_url(redis_svc.address, NAMESPACE)
     md.register_tables([TableSpec(f"t{i}", f"t{i}-changelog", partitions, "k", standby_replicas=standbys)
@@ -275,9 +279,10 @@ def run_one(n_nodes: int, tables: int, partitions: int, standbys: int, kills: in
                 owner[n] = parent
             if g == 0:
                 _wait(lambda: md.redis.get(md.keys.assignor) is not None, 10)
+        rest_ports = [free_port() for _ in range(routers)]
         for i in range(routers):
             env = dict(os.environ, FRESHROUTE_REDIS_URL=redis_svc.address, FRESHROUTE_NAMESPACE=NAMESPACE,
-                       FRESHROUTE_HOST="127.0.0.1", FRESHROUTE_REST_PORT=str(free_port()),
+                       FRESHROUTE_HOST="127.0.0.1", FRESHROUTE_REST_PORT=str(rest_ports[i]),
                        FRESHROUTE_GRPC_PORT=str(free_port()), FRESHROUTE_LOG_LEVEL="WARNING")
             log = open(work / f"router-{n_nodes}-{i}.log", "ab")
             router_procs.append(subprocess.Popen([sys.executable, "-m", "router"], env=env, stdout=log, stderr=log))
@@ -302,6 +307,9 @@ def run_one(n_nodes: int, tables: int, partitions: int, standbys: int, kills: in
         figs.redis_cpu_pct = 100 * (cpu_s(redis_pid) - dc0) / el
         figs.redis_ops_per_s = (ops1 - ops0) / el
         figs.report_bytes = max((len(md.redis.get(md.keys.node(n)) or b"") for n in ids[:20]), default=0)
+        if console is not None and r_pids:
+            figs.console = measure_console(f"http://127.0.0.1:{rest_ports[0]}", r_pids[0],
+                                           console / f"console-{n_nodes}.png", say)
         windows: list[tuple[float, float]] = []
         for k in range(kills):
             victim = ids[1 + (k * 7919) % (n_nodes - 1)]
@@ -350,6 +358,74 @@ def run_one(n_nodes: int, tables: int, partitions: int, standbys: int, kills: in
             if p.is_alive():
                 p.terminate()
         redis_svc.stop()
+
+
+def measure_console(rest_url: str, router_pid: int, screenshot: Path, say: Any) -> dict[str, float]:
+    """The operator's console on this cluster: its two views' answer time and size, the router's CPU with one console
+    open against the quiet figure, and in headless Chromium the time to the first drawing, a table's replicas on
+    demand, and how long the page takes to answer a script while it polls (its responsiveness)."""
+    import httpx
+
+    from loadtest.console_poller import ConsolePoller
+
+    out: dict[str, float] = {}
+    with httpx.Client(base_url=rest_url, timeout=30) as http:
+        times, size = [], 0
+        for _ in range(5):  # each past the summary's cache (kept 20 times its build: ~1 s at 1,000 nodes): built anew
+            time.sleep(2.0)
+            t0 = time.perf_counter()
+            r = http.get("/v1/cluster/summary")
+            times.append(1000 * (time.perf_counter() - t0))
+            size = len(r.content)
+        out["console_summary_ms"], out["console_summary_kib"] = statistics.median(times), size / 1024
+        table0 = r.json()["tables"][0]["name"]
+        t0 = time.perf_counter()
+        grid = http.get(f"/v1/cluster/tables/{table0}", params={"limit": 256})
+        out["console_grid_ms"], out["console_grid_kib"] = 1000 * (time.perf_counter() - t0), len(grid.content) / 1024
+    cpu0, t0 = cpu_s(router_pid), time.monotonic()
+    with ConsolePoller(rest_url, max_s=40) as poller:
+        time.sleep(10)
+    out["console_router_cpu_pct"] = 100 * (cpu_s(router_pid) - cpu0) / (time.monotonic() - t0)
+    out["console_poll_p50_ms"] = statistics.median(poller.poll_ms) if poller.poll_ms else float("nan")
+
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        say("console: Debian's chromium is not installed; the page is not measured")
+        return out
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            t0 = time.perf_counter()
+            page.goto(f"{rest_url}/console")
+            page.wait_for_selector("#nodes tbody tr", timeout=60_000)
+            page.wait_for_selector("#grid td.replica", timeout=60_000)
+            out["console_page_ready_s"] = time.perf_counter() - t0
+            last = page.evaluate("[...document.querySelectorAll('#tables tbody tr')].at(-1).dataset.table")
+            t0 = time.perf_counter()
+            page.click(f"#tables tr[data-table='{last}']")
+            # Polled from here: the page's policy forbids the string evaluation wait_for_function relies on.
+            while page.evaluate("document.querySelector('#grid').dataset.table") != last:
+                if time.perf_counter() - t0 > 60:
+                    raise TimeoutError(f"the console did not draw {last}'s replicas within 60 s")
+                time.sleep(0.02)
+            out["console_table_open_s"] = time.perf_counter() - t0
+            evals = []
+            for _ in range(40):  # 10 s of the page polling: a script's answer waits for whatever it is doing
+                t0 = time.perf_counter()
+                page.evaluate("1")
+                evals.append(1000 * (time.perf_counter() - t0))
+                time.sleep(0.25)
+            out["console_page_eval_p99_ms"] = _pct(evals, 0.99)
+            page.screenshot(path=str(screenshot))
+        finally:
+            browser.close()
+    say("console: " + ", ".join(f"{k} {v:.1f}" for k, v in out.items()))
+    return out
 
 
 def _after_kills(runs: list, windows: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
@@ -490,6 +566,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write-rate", type=float, default=0.0,
                    help="records/s into every partition: replicas' positions move at every heartbeat (0: a quiet cluster)")
     p.add_argument("--out", type=Path, default=Path("scale-results"))
+    p.add_argument("--console", action="store_true",
+                   help="also measure the operator's console on each size (its views, the router's CPU with it open, "
+                        "and the page in headless Chromium)")
     a = p.parse_args(argv)
     if any(n < 2 for n in a.nodes):
         p.error("--nodes: at least 2 (one node is the assignor, the others are killed)")
@@ -505,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="freshroute-scale-") as tmp:
         for n in a.nodes:
             figs = run_one(n, a.tables, a.partitions or n, a.standby_replicas, a.kills, a.routers, a.workers,
-                           a.poll_ms, a.restore_ms, a.write_rate, Path(tmp), say)
+                           a.poll_ms, a.restore_ms, a.write_rate, Path(tmp), say, a.out if a.console else None)
             rows.append(figs.summary())
             (a.out / "scale.json").write_text(json.dumps({"rows": rows, "args": {
                 k: str(v) for k, v in vars(a).items()}}, indent=1))
@@ -513,7 +592,8 @@ def main(argv: list[str] | None = None) -> int:
     plot(rows, a.out / "scale.png",
          f", every partition written at {a.write_rate:g}/s" if a.write_rate else ", no writes")
     print(f"wrote {a.out / 'scale.json'} and {a.out / 'scale.png'}")
-    print(json.dumps({f"{r['nodes']}": {k: r[k] for k, _, _ in COLUMNS if k in r} for r in rows}))
+    print(json.dumps({f"{r['nodes']}": {k: r[k] for k, _, _ in COLUMNS if k in r} |
+                      {k: v for k, v in r.items() if k.startswith("console_")} for r in rows}))
     return 0
 
 

@@ -426,7 +426,7 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, fast_k
     @app.get("/v1/cluster/summary", tags=["cluster"],
              summary="The cluster per node and per table: replica counts by kind, worst lag, restores in progress")
     async def cluster_summary() -> Response:
-        return Response(views.summary(), media_type=_JSON)
+        return Response(await views.summary(), media_type=_JSON)
 
     @app.get("/v1/cluster/tables/{table}", tags=["cluster"],
              summary="One table's partitions, each with every replica's role, state and lag, a page at a time",

@@ -971,6 +971,8 @@ freshroute is up, with TLS and tokens (secrets in {s.dir}). Try:
   .venv/bin/freshroute lookup sensor_stats sensor-1 --grpc {c.grpc_address} --ca {s.ca} --token="$READER"
   .venv/bin/freshroute lookup sensor_stats sensor-1 --direct --redis-url {c.redis_url}{namespace} --ca {s.ca} --cluster-secret-file {s.cluster_secret_file}
 
+  Console: {c.rest_url}/console   (it asks for a token: $ADMIN's sees the cluster; the browser will warn that
+           the stack's throwaway CA is not one it trusts, {s.ca})
   .venv/bin/freshroute local status --json      .venv/bin/freshroute local down
 """, flush=True)
         return
@@ -983,7 +985,7 @@ freshroute is up with the tables of {c.tables_file}. Produce JSON values to thei
   curl -s {c.rest_url}/v1/tables/TABLE/keys/KEY
   .venv/bin/freshroute lookup TABLE KEY
 
-  OpenAPI docs: {c.rest_url}/docs
+  Console: {c.rest_url}/console      OpenAPI docs: {c.rest_url}/docs
   .venv/bin/freshroute local status      .venv/bin/freshroute local down
 """, flush=True)
         return
@@ -999,6 +1001,6 @@ freshroute is up. Try:
   .venv/bin/freshroute lookup sensor_stats sensor-1 --grpc {c.grpc_address}
   .venv/bin/freshroute lookup sensor_windows sensor-1 --last 1m    # its 10 s windows of the last minute
 
-  OpenAPI docs: {c.rest_url}/docs
+  Console: {c.rest_url}/console      OpenAPI docs: {c.rest_url}/docs
   .venv/bin/freshroute local status      .venv/bin/freshroute local down
 """, flush=True)

@@ -1,14 +1,17 @@
-"""What the operator's console reads besides the public API: the cluster summed up per node and per table (one small
-answer however large the cluster), and one table's partitions with every replica, a page of partitions at a time.
+"""What the operator's console reads besides the public API: the cluster summed up per node and per table (one
+answer that grows with the nodes, not the replicas), and one table's partitions with every replica, a page of
+partitions at a time.
 
-The summary is built from the router's snapshot at most once per :data:`SUMMARY_MAX_AGE_MS` whatever the number of
-consoles polling it, so consoles cannot add work that lookups would notice; the metadata it sums up is itself
-refreshed about as often.
+The summary is one pass over the snapshot's replicas, made on a worker thread (the snapshot is immutable) so that
+lookups on the event loop wait for it no longer than an interpreter switch, and shared by every console that asks
+within :data:`SUMMARY_MAX_AGE_MS` — or within :data:`BUILD_SHARE` times its last build's duration, whichever is
+longer, so that however large the cluster, summaries take at most about 1/BUILD_SHARE of a core.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import asyncio
+import time
 from typing import Any, Callable
 
 import orjson
@@ -18,25 +21,126 @@ from freshroute.metadata import ReplicaState, Role, now_ms
 from freshroute.routing.bound import parse_limit
 from freshroute.routing.core import RoutingCore
 from freshroute.routing.results import ReplicaInfo, pipeline_doc
+from freshroute.routing.snapshot import Snapshot
 
 SUMMARY_MAX_AGE_MS = 500
+BUILD_SHARE = 20
 RESTORING_SHOWN = 20  # per table: the restores in progress the summary lists (it counts them all)
 GRID_DEFAULT_LIMIT = 512
 GRID_MAX_LIMIT = 4096
 
+_ACTIVE, _RESTORING = Role.ACTIVE, ReplicaState.RESTORING
 
-def replica_kind(info: ReplicaInfo) -> str:
+
+def replica_kind(state: ReplicaState | str | None, role: Role | str) -> str:
     """What a replica is doing, as the console colours it: ``active``, ``standby``, ``restoring``, or ``pending``
     (assigned, not reported by its node yet)."""
-    if info.state is None:
+    if state is None:
         return "pending"
-    if info.state == ReplicaState.RESTORING.value:
+    if state == _RESTORING:
         return "restoring"
-    return "active" if info.role == Role.ACTIVE.value else "standby"
+    return "active" if role == _ACTIVE else "standby"
 
 
 def replica_doc(info: ReplicaInfo) -> dict[str, Any]:
-    return {**info.to_dict(), "kind": replica_kind(info)}
+    return {**info.to_dict(), "kind": replica_kind(info.state, info.role)}
+
+
+class _Worst:
+    """The largest known lag among some replicas (None while none is known)."""
+
+    __slots__ = ("offsets", "ms")
+
+    def __init__(self) -> None:
+        self.offsets: int | None = None
+        self.ms: int | None = None
+
+    def take(self, offsets: int | None, ms: int) -> None:
+        if offsets is not None and (self.offsets is None or offsets > self.offsets):
+            self.offsets = offsets
+        if self.ms is None or ms > self.ms:
+            self.ms = ms
+
+
+class _NodeSum(_Worst):
+    __slots__ = ("replicas", "actives", "restoring")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.replicas = self.actives = self.restoring = 0
+
+
+class _TableSum(_Worst):
+    __slots__ = ("kinds", "hosted", "unserved", "lag_unknown", "restores")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kinds: dict[str, int] = {}
+        self.hosted = self.unserved = self.lag_unknown = 0
+        self.restores: list[dict[str, Any]] = []
+
+
+def summarise(core: RoutingCore, snap: Snapshot, now: int) -> dict[str, Any]:
+    """The cluster per node and per table at ``now``: replicas by kind, the worst lag, the restores in progress.
+
+    A replica's lag is its view's (heartbeat or newer positions), aged as routing ages it: one that was behind keeps
+    getting staler until it reports again."""
+    node_sums = {node_id: _NodeSum() for node_id in snap.nodes}
+    table_sums = {name: _TableSum() for name in snap.tables}
+    for (table, partition), replicas in snap.replicas.items():
+        t = table_sums.get(table)
+        if t is None or partition >= snap.tables[table].partitions:
+            continue
+        t.hosted += 1
+        serving = False
+        for r in replicas:
+            state, n = r.state, node_sums.get(r.node)
+            kind = replica_kind(state, r.role)
+            # A replica on a node known dead is dead; one assigned to a node never heard from is pending.
+            counted = "dead" if not r.alive and n is not None else kind
+            t.kinds[counted] = t.kinds.get(counted, 0) + 1
+            if n is not None:
+                n.replicas += 1
+                n.actives += kind == "active"
+                n.restoring += kind == "restoring"
+            if not r.alive or state is None:
+                continue
+            applied, end, staleness, observed = r.latest()
+            lag = None if end is None else end - applied if end > applied else 0
+            if lag != 0 and now > observed:
+                staleness += now - observed
+            if state == _RESTORING:
+                t.restores.append({"partition": partition, "node": r.node, "applied_offset": applied,
+                                   "end_offset": end})
+            else:
+                serving = True
+            t.lag_unknown += lag is None
+            t.take(lag, staleness)
+            if n is not None:
+                n.take(lag, staleness)
+        t.unserved += not serving
+    nodes = []
+    for node_id in sorted(node_sums):
+        view, n = snap.nodes[node_id], node_sums[node_id]
+        nodes.append({"node": node_id, "address": view.address, "read_address": view.read_address,
+                      "alive": view.alive, "heartbeat_age_ms": snap.heartbeat_age_ms(node_id),
+                      "draining": view.draining, "replicas": n.replicas, "actives": n.actives,
+                      "restoring": n.restoring, "max_lag_offsets": n.offsets, "max_lag_ms": n.ms})
+    infos = {t.spec.name: t for t in core.list_tables()} if snap.loaded else {}
+    tables = []
+    for name in sorted(table_sums):
+        t, lag = table_sums[name], snap.input_lag.get(name)
+        restores = sorted(t.restores, key=lambda r: (r["partition"], r["node"]))
+        doc = infos[name].to_dict(now) if name in infos else {"name": name, "pipeline": pipeline_doc(lag, now)}
+        tables.append({**doc, "replica_kinds": t.kinds, "max_lag_offsets": t.offsets, "max_lag_ms": t.ms,
+                       "lag_unknown": t.lag_unknown,
+                       "unserved_partitions": t.unserved + snap.tables[name].partitions - t.hosted,
+                       "input_offset": sum(lag.offsets.values()) if lag is not None and lag.offsets else None,
+                       "restoring": restores[:RESTORING_SHOWN], "restoring_total": len(restores)})
+    return {"at_ms": now, "nodes": nodes, "tables": tables, "assignor": snap.assignor,
+            "assignment_generation": snap.generation,
+            "metadata": {"loaded": snap.loaded, "age_ms": max(0, now - snap.built_ms) if snap.loaded else None,
+                         "redis_ok": bool(getattr(core.metadata, "redis_ok", snap.loaded))}}
 
 
 class ClusterViews:
@@ -46,68 +150,31 @@ class ClusterViews:
         self._core = core
         self._clock_ms = clock_ms
         self._summary: tuple[int, bytes] | None = None
+        self._building: asyncio.Future[bytes] | None = None
+        self.max_age_ms = SUMMARY_MAX_AGE_MS
 
-    def summary(self) -> bytes:
-        """The cluster per node and per table, as JSON (cached for :data:`SUMMARY_MAX_AGE_MS`)."""
+    async def summary(self) -> bytes:
+        """The cluster per node and per table, as JSON: the last one if it is recent enough, else a new one (one
+        build at a time, shared by everyone asking meanwhile)."""
         now = self._clock_ms()
         cached = self._summary
-        if cached is None or not 0 <= now - cached[0] < SUMMARY_MAX_AGE_MS:
-            cached = self._summary = (now, orjson.dumps(self._summarise(now)))
-        return cached[1]
+        if cached is not None and 0 <= now - cached[0] < self.max_age_ms:
+            return cached[1]
+        if self._building is None:
+            self._building = asyncio.ensure_future(self._build(now))
+        return await asyncio.shield(self._building)
 
-    def _summarise(self, now: int) -> dict[str, Any]:
-        core, snap = self._core, self._core.metadata.current
-        nodes = {node_id: {"node": node_id, "address": n.address, "read_address": n.read_address, "alive": n.alive,
-                           "heartbeat_age_ms": snap.heartbeat_age_ms(node_id), "draining": n.draining,
-                           "replicas": 0, "actives": 0, "restoring": 0, "max_lag_offsets": None, "max_lag_ms": None}
-                 for node_id, n in snap.nodes.items()}
-        kinds: dict[str, Counter] = {name: Counter() for name in snap.tables}
-        worst: dict[str, dict[str, Any]] = {name: {"max_lag_offsets": None, "max_lag_ms": None, "lag_unknown": 0,
-                                                   "unserved_partitions": 0, "hosted_partitions": 0, "restoring": []}
-                                       for name in snap.tables}
-        for (table, partition), replicas in snap.replicas.items():
-            if table not in worst or partition >= snap.tables[table].partitions:
-                continue
-            worst[table]["hosted_partitions"] += 1
-            serving = False
-            for r in replicas:
-                info = core.replica_info(r, now)
-                kind = replica_kind(info)
-                # A replica on a node known dead is dead; one assigned to a node never heard from is pending.
-                kinds[table]["dead" if not info.alive and info.node in snap.nodes else kind] += 1
-                node = nodes.get(info.node)
-                if node is not None:
-                    node["replicas"] += 1
-                    node["actives"] += kind == "active"
-                    node["restoring"] += kind == "restoring"
-                if not info.alive or kind == "pending":
-                    continue
-                serving = serving or kind in ("active", "standby")
-                if kind == "restoring":
-                    worst[table]["restoring"].append({"partition": partition, "node": info.node,
-                                                      "applied_offset": info.applied, "end_offset": info.end})
-                if info.lag_offsets is None:
-                    worst[table]["lag_unknown"] += 1
-                for doc in (worst[table], node):
-                    if doc is not None:
-                        _raise(doc, "max_lag_offsets", info.lag_offsets)
-                        _raise(doc, "max_lag_ms", info.lag_ms)
-            worst[table]["unserved_partitions"] += not serving
-        tables = []
-        infos = {t.spec.name: t for t in core.list_tables()} if snap.loaded else {}
-        for name in sorted(snap.tables):
-            w = worst[name]
-            restoring = sorted(w.pop("restoring"), key=lambda r: (r["partition"], r["node"]))
-            w["unserved_partitions"] += snap.tables[name].partitions - w.pop("hosted_partitions")
-            lag = snap.input_lag.get(name)
-            doc = infos[name].to_dict(now) if name in infos else {"name": name, "pipeline": pipeline_doc(lag, now)}
-            tables.append({**doc, **w, "replica_kinds": dict(kinds[name]),
-                           "input_offset": sum(lag.offsets.values()) if lag is not None and lag.offsets else None,
-                           "restoring": restoring[:RESTORING_SHOWN], "restoring_total": len(restoring)})
-        return {"at_ms": now, "nodes": [nodes[n] for n in sorted(nodes)], "tables": tables,
-                "assignor": snap.assignor, "assignment_generation": snap.generation,
-                "metadata": {"loaded": snap.loaded, "age_ms": max(0, now - snap.built_ms) if snap.loaded else None,
-                             "redis_ok": bool(getattr(core.metadata, "redis_ok", snap.loaded))}}
+    async def _build(self, now: int) -> bytes:
+        try:
+            snap = self._core.metadata.current
+            started = time.perf_counter()
+            body = await asyncio.to_thread(lambda: orjson.dumps(summarise(self._core, snap, now)))
+            took_ms = (time.perf_counter() - started) * 1000
+            self.max_age_ms = max(SUMMARY_MAX_AGE_MS, int(took_ms * BUILD_SHARE))
+            self._summary = (now, body)
+            return body
+        finally:
+            self._building = None
 
     def table_replicas(self, table: str, query: dict[str, str]) -> dict[str, Any]:
         """One table's partitions from ``from`` (default 0), ``limit`` of them, each with every replica."""
@@ -122,8 +189,3 @@ class ClusterViews:
                                                     for r in snap.replicas_of(table, p)]} for p in range(start, end)]
         return {"table": table, "partitions_total": spec.partitions, "partitions": partitions,
                 "next_from": end if end < spec.partitions else None, "at_ms": now}
-
-
-def _raise(doc: dict[str, Any], name: str, value: int | None) -> None:
-    if value is not None and (doc[name] is None or value > doc[name]):
-        doc[name] = value

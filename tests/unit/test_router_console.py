@@ -3,6 +3,7 @@ files, served by the REST app: over fake nodes' heartbeats, with a dead node, a 
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import httpx
@@ -13,7 +14,7 @@ from freshroute.errors import InvalidArgument, TableNotFound
 from freshroute.metadata import Assignment, Role, TableSpec
 from freshroute.routing.fake import InMemoryStoreClient
 from freshroute.routing.snapshot import FixedSnapshot, build_snapshot
-from router.console.views import GRID_MAX_LIMIT, SUMMARY_MAX_AGE_MS, ClusterViews
+from router.console.views import BUILD_SHARE, GRID_MAX_LIMIT, SUMMARY_MAX_AGE_MS, ClusterViews
 from router.rest import create_app
 from router.routing import Router
 from router.settings import RouterSettings
@@ -49,7 +50,7 @@ def cluster(clock: Clock) -> Router:
 
 def test_the_summary_counts_each_nodes_and_tables_replicas_by_kind_with_the_worst_lag_and_the_restores():
     clock = Clock()
-    doc = orjson.loads(ClusterViews(cluster(clock), clock).summary())
+    doc = orjson.loads(asyncio.run(ClusterViews(cluster(clock), clock).summary()))
     nodes = {n["node"]: n for n in doc["nodes"]}
     assert nodes["n1"]["alive"] and not nodes["n2"]["alive"]
     assert (nodes["n1"]["replicas"], nodes["n1"]["actives"], nodes["n1"]["restoring"]) == (3, 2, 1)
@@ -69,12 +70,28 @@ def test_the_summary_counts_each_nodes_and_tables_replicas_by_kind_with_the_wors
 def test_the_summary_is_built_once_per_half_second_however_many_ask():
     clock = Clock()
     views = ClusterViews(cluster(clock), clock)
-    first = views.summary()
+
+    async def asked(times: int) -> list[bytes]:
+        return await asyncio.gather(*(views.summary() for _ in range(times)))
+
+    first = asyncio.run(asked(5))
+    assert all(body is first[0] for body in first)  # one build for everyone asking at once
     clock.ms += SUMMARY_MAX_AGE_MS - 1
-    assert views.summary() is first
+    assert asyncio.run(views.summary()) is first[0]
     clock.ms += 1
-    again = views.summary()
-    assert again is not first and orjson.loads(again)["at_ms"] == clock.ms
+    again = asyncio.run(views.summary())
+    assert again is not first[0] and orjson.loads(again)["at_ms"] == clock.ms
+
+
+def test_a_summary_slow_to_build_is_kept_longer_so_that_summaries_take_a_bounded_share_of_a_core(monkeypatch):
+    import router.console.views as views_module
+
+    clock = Clock()
+    views = ClusterViews(cluster(clock), clock)
+    ticks = iter([10.0, 10.125])  # a build of 125 ms
+    monkeypatch.setattr(views_module.time, "perf_counter", lambda: next(ticks))
+    asyncio.run(views.summary())
+    assert views.max_age_ms == 125 * BUILD_SHARE
 
 
 def test_a_tables_replicas_come_a_page_of_partitions_at_a_time():

@@ -61,13 +61,17 @@ function ago(ms) {
   return `${Math.round(ms / 60000)} min`;
 }
 
+// A replica never known to be complete reports the whole epoch as its staleness: unbounded.
+const NEVER_MS = Date.now() - Date.UTC(2020, 0, 1);
+
 function lagText(offsets, ms) {
   const o = offsets === null || offsets === undefined ? "?" : offsets;
-  return `${o} / ${ms === null || ms === undefined ? "?" : ago(ms)}`;
+  const t = ms === null || ms === undefined ? "?" : ms >= NEVER_MS ? "never caught up" : ago(ms);
+  return `${o} / ${t}`;
 }
 
 function lagClass(offsets, ms) {
-  if (offsets === null || offsets === undefined) return "lag unknown";
+  if (offsets === null || offsets === undefined || (ms || 0) >= NEVER_MS) return "lag unknown";
   if (offsets === 0) return "lag fresh";
   return (ms || 0) > 5000 ? "lag far" : "lag behind";
 }
@@ -205,7 +209,8 @@ function renderTables(s) {
     h("td", { class: p.alive ? "alive" : "dead", "data-pipeline-alive": Boolean(p.alive) },
       h("span", { class: "dot" }), p.alive ? "running" : "not running"),
     h("td", { class: "num" }, p.last_progress_ms ? `${ago(s.at_ms - p.last_progress_ms)} ago` : "never"),
-    h("td", { class: "num" }, t.input_lag ? `${t.input_lag.records} / ${ago(t.input_lag.ms)}` : ""),
+    // A table no pipeline has ever written to (a topic served as it is) has no input lag to tell.
+    h("td", { class: "num" }, p.last_progress_ms && t.input_lag ? `${t.input_lag.records} / ${ago(t.input_lag.ms)}` : "unknown"),
     h("td", { class: "num" }, rate === null || rate === undefined ? "" : rate.toFixed(1)),
     h("td", {}, restores.length ? restores : h("span", { class: "muted" }, "none")));
   });
@@ -348,7 +353,7 @@ async function lookup(event) {
   const key = $("lookup-key").value;
   const params = new URLSearchParams();
   for (const [id, name] of [["lookup-max-lag", "max_lag"], ["lookup-max-staleness", "max_staleness_ms"],
-    ["lookup-max-input-lag", "max_input_lag_ms"]]) {
+    ["lookup-max-input-lag", "max_input_lag_ms"], ["lookup-min-position", "min_position"]]) {
     if ($(id).value.trim() !== "") params.set(name, $(id).value.trim());
   }
   const t = tableDoc(table);
