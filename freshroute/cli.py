@@ -204,6 +204,7 @@ def _lookup_grpc(args: argparse.Namespace, bound: "Bound") -> int:
 
 
 def _lookup_direct(args: argparse.Namespace, bound: "Bound") -> int:
+    import base64
     import json
 
     from freshroute.client import Client
@@ -230,7 +231,9 @@ def _lookup_direct(args: argparse.Namespace, bound: "Bound") -> int:
     except FreshrouteError as e:
         print(json.dumps(e.to_body(), separators=(",", ":"), default=str), file=sys.stderr)
         return 2 if e.code == "REPLICA_UNAVAILABLE" else 1
-    doc = {"table": r.table, "key": r.key, "value": r.value, "partition": r.partition,
+    value = {"value_b64": base64.b64encode(r.raw_value).decode()} if r.found and r.value_format == "bytes" \
+        else {"value": r.value}
+    doc = {"table": r.table, "key": r.key, **value, "partition": r.partition,
            "served_by": {"node": r.node, "role": r.role}, "lag": {"offsets": r.lag_offsets, "ms": r.lag_ms},
            "position": r.position}
     if not r.found:
@@ -238,6 +241,53 @@ def _lookup_direct(args: argparse.Namespace, bound: "Bound") -> int:
                          **{k: v for k, v in doc.items() if k != "value"}}}
     print(json.dumps(doc, separators=(",", ":")), file=sys.stdout if r.found else sys.stderr)
     return 0 if r.found else 1
+
+
+def _table(args: argparse.Namespace) -> int:
+    """``freshroute table add|list|remove``: compacted topics served as they are (freshroute/served_tables.py)."""
+    import json
+
+    from redis import RedisError
+
+    from freshroute.errors import ReplicaUnavailable
+    from freshroute.metadata import MetadataStore
+    from freshroute.served_tables import add_table, describe, remove_table
+
+    metadata = MetadataStore.from_url(args.redis_url, args.namespace, timeout_s=5.0)
+    try:
+        metadata.redis.ping()
+    except RedisError as e:
+        raise ReplicaUnavailable(f"the metadata store at {args.redis_url} does not answer: {e}") from None
+    if args.table_command == "list":
+        tables = [describe(spec) for _, spec in sorted(metadata.tables().items())]
+        if args.json:
+            print(json.dumps({"tables": tables}, separators=(",", ":")))
+            return 0
+        print(f"{'table':<24} {'origin':<9} {'partitions':>10} {'standbys':>8}  {'key':<7} {'value':<7} topic")
+        for t in tables:
+            print(f"{t['name']:<24} {t['origin']:<9} {t['partitions']:>10} {t['standby_replicas']:>8}  "
+                  f"{t['key_format']:<7} {t['value_format']:<7} {t['topic']}")
+        return 0
+    if args.table_command == "remove":
+        spec = remove_table(metadata, args.name)
+        print(f"table {spec.name} removed: store nodes let its replicas go at their next assignment; "
+              f"topic {spec.topic} is untouched")
+        return 0
+    from confluent_kafka.admin import AdminClient
+
+    from freshroute.settings import kafka_client_config
+
+    admin = AdminClient(kafka_client_config(args.bootstrap_servers))
+    spec, warnings = add_table(metadata, admin, args.bootstrap_servers, args.name, args.topic,
+                               key_format=args.key_format, value_format=args.value_format,
+                               standby_replicas=args.standby_replicas, allow_uncompacted=args.allow_uncompacted,
+                               kafka_config=kafka_client_config(args.bootstrap_servers))
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print(f"table {spec.name} added: topic {spec.topic}, {spec.partitions} partitions, keys {spec.key_format}, "
+          f"values {spec.value_format}, {spec.standby_replicas} standby(s). Store nodes restore it now; "
+          f"`freshroute lookup {spec.name} KEY` once they have.")
+    return 0
 
 
 def _bench(bench_args: list[str]) -> int:
@@ -306,6 +356,28 @@ def build_parser() -> argparse.ArgumentParser:
     lookup.add_argument("--redis-master-name", default=os.environ.get("FRESHROUTE_REDIS_MASTER_NAME"))
     lookup.add_argument("--namespace", default=os.environ.get("FRESHROUTE_NAMESPACE", "freshroute"))
 
+    table = sub.add_parser("table", help="Serve a compacted topic you already have as a table; list and remove "
+                                         "such tables.")
+    table.add_argument("--redis-url", default=os.environ.get("FRESHROUTE_REDIS_URL", "redis://127.0.0.1:16379/0"))
+    table.add_argument("--namespace", default=os.environ.get("FRESHROUTE_NAMESPACE", "freshroute"))
+    table_sub = table.add_subparsers(dest="table_command", required=True)
+    add = table_sub.add_parser("add", help="Register TOPIC as table NAME: store nodes restore it with no restart.")
+    add.add_argument("name")
+    add.add_argument("--topic", required=True)
+    add.add_argument("--key-format", choices=("string", "json", "bytes"), default="string",
+                     help="how the topic's keys are written; lookups name json keys by their JSON text and bytes "
+                          "keys in base64url")
+    add.add_argument("--value-format", choices=("json", "string", "bytes"), default="json",
+                     help="how its values are written; bytes are served as value_b64 (REST), value_bytes (gRPC)")
+    add.add_argument("--standby-replicas", type=int, default=1)
+    add.add_argument("--allow-uncompacted", action="store_true",
+                     help="serve a topic whose cleanup.policy is not compact (its deleted records vanish from restores)")
+    add.add_argument("--bootstrap-servers", default=os.environ.get("FRESHROUTE_BOOTSTRAP_SERVERS", "127.0.0.1:19092"))
+    table_list = table_sub.add_parser("list", help="Every table: the pipeline's and the topics served as they are.")
+    table_list.add_argument("--json", action="store_true")
+    remove = table_sub.add_parser("remove", help="Stop serving a table added with `table add` (its topic stays).")
+    remove.add_argument("name")
+
     # Its options are the benchmark's own (see main): this entry only documents the command.
     sub.add_parser("bench", help="Side-by-side benchmarks against the local stack (last line: JSON).", add_help=False)
     return parser
@@ -320,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
         "broker": _run_broker,
-        "lookup": _lookup_any}
+        "lookup": _lookup_any,
+        "table": _table}
     try:
         if args.command in COMPONENTS:
             if getattr(args, "import_error", None):

@@ -83,6 +83,11 @@ class TableSpec:
     default_max_staleness_ms: int | None = None
     window: WindowSpec | None = None  # a windowed table's windows; None: a plain keyed table
     input_topic: str | None = None  # the Kafka topic the table is computed from
+    # How the topic holds keys and values (freshroute.formats); "topic": a compacted topic served as it is
+    # (`freshroute table add`), not written by the pipeline.
+    key_format: str = "string"
+    value_format: str = "json"
+    origin: str = "pipeline"
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self))
@@ -563,12 +568,17 @@ class MetadataStore:
     new_version(KEYS[2])
     """
 
+    _REMOVE_TABLE = _CLOCK + """
+    if redis.call('HDEL', KEYS[1], ARGV[1]) == 1 then new_version(KEYS[2]) end
+    """
+
     def __init__(self, client: Any, namespace: str = "freshroute") -> None:
         self.redis = client
         self.keys = Keys(namespace)
         self._beat = client.register_script(self._BEAT)
         self._fenced_write = client.register_script(self._FENCED_WRITE)
         self._register_tables = client.register_script(self._REGISTER_TABLES)
+        self._remove_table = client.register_script(self._REMOVE_TABLE)
 
     @classmethod
     def from_url(cls, url: str, namespace: str = "freshroute", timeout_s: float = 1.0) -> "MetadataStore":
@@ -585,6 +595,10 @@ class MetadataStore:
         args = [x for s in specs for x in (s.name, s.to_json())]
         if args:
             self._register_tables(keys=[self.keys.tables, self.keys.tables_version], args=args)
+
+    def remove_table(self, name: str) -> None:
+        """Stop serving a table: routers forget it and the assignor places it no more at their next round."""
+        self._remove_table(keys=[self.keys.tables, self.keys.tables_version], args=[name])
 
     def tables(self) -> dict[str, TableSpec]:
         raw = self.redis.hgetall(self.keys.tables)

@@ -196,7 +196,8 @@ def measure_latency(bootstrap: str, redis_url: str, work: Path, rate_per_s: floa
     from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
     from pipeline.job import Pipeline
-    from pipeline.topics import admin_client, describe_topic, ensure_topic
+    from freshroute.topics import describe_topic
+    from pipeline.topics import admin_client, ensure_topic
 
     settings = _settings(bootstrap, redis_url, work, trigger_ms=trigger_ms)
     topic = settings.input_topic("readings")

@@ -358,7 +358,8 @@ class Pipeline:
 
     # start
     def start(self) -> None:
-        from pipeline.topics import admin_client, check_replication, describe_topic
+        from freshroute.topics import describe_topic
+        from pipeline.topics import admin_client, check_replication
 
         s = self.settings
         admin = admin_client(s.kafka())
@@ -401,7 +402,8 @@ class Pipeline:
     def _check_inputs(self, admin: Any) -> None:
         """Every source's topic exists (or, with ``create_input_topics``, is made): a typo is an error, not an
         empty table."""
-        from pipeline.topics import describe_topic, ensure_topic
+        from freshroute.topics import describe_topic
+        from pipeline.topics import ensure_topic
 
         s = self.settings
         for src in self.definition.sources.values():
@@ -418,7 +420,8 @@ class Pipeline:
     def _reject_writer(self, admin: Any, src: Source) -> RejectWriter:
         """The writer of the source's rejected records; its dead-letter topic made if need be (with the input's
         partitions and the changelogs' replication)."""
-        from pipeline.topics import describe_topic, ensure_topic
+        from freshroute.topics import describe_topic
+        from pipeline.topics import ensure_topic
 
         s = self.settings
         topic = s.input_topic(src.rejected_topic)

@@ -1,42 +1,18 @@
-"""Topic administration the pipeline needs: describe a topic, create it when it is missing."""
+"""Topic administration the pipeline needs: create a topic when it is missing, with the replication it needs."""
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from freshroute.errors import ConfigError
+from freshroute.topics import TopicInfo, describe_topic
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TopicInfo:
-    name: str
-    topic_id: str
-    partitions: tuple[int, ...]
-    replication_factor: int = 1
-
-
-def describe_topic(admin: AdminClient, topic: str, timeout_s: float = 10.0) -> TopicInfo | None:
-    """The topic's id and partitions, or None when it does not exist."""
-    from confluent_kafka import TopicCollection
-
-    try:
-        desc = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout_s)[topic].result(timeout_s)
-    except KafkaException as e:
-        err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
-        if err is not None and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-            return None
-        raise
-    return TopicInfo(topic, str(desc.topic_id),
-                     tuple(sorted(p.id for p in desc.partitions)),
-                     max((len(p.replicas) for p in desc.partitions), default=1) or 1)
 
 
 def ensure_topic(admin: AdminClient, topic: str, partitions: int, config: dict[str, str] | None = None,

@@ -56,7 +56,7 @@ class GetRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., bound: _Optional[_Union[Bound, _Mapping]] = ..., typed_values: _Optional[bool] = ...) -> None: ...
 
 class GetResponse(_message.Message):
-    __slots__ = ("table", "key", "value_json", "partition", "served_by", "lag", "position", "found", "error", "value", "input_lag")
+    __slots__ = ("table", "key", "value_json", "partition", "served_by", "lag", "position", "found", "error", "value", "input_lag", "value_bytes")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,7 @@ class GetResponse(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     INPUT_LAG_FIELD_NUMBER: _ClassVar[int]
+    VALUE_BYTES_FIELD_NUMBER: _ClassVar[int]
     table: str
     key: str
     value_json: str
@@ -79,7 +80,8 @@ class GetResponse(_message.Message):
     error: KeyError
     value: _struct_pb2.Struct
     input_lag: InputLag
-    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., found: _Optional[bool] = ..., error: _Optional[_Union[KeyError, _Mapping]] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ...) -> None: ...
+    value_bytes: bytes
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., found: _Optional[bool] = ..., error: _Optional[_Union[KeyError, _Mapping]] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., value_bytes: _Optional[bytes] = ...) -> None: ...
 
 class KeyError(_message.Message):
     __slots__ = ("code", "message", "status", "body_json")
@@ -134,18 +136,20 @@ class ScanRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., prefix: _Optional[str] = ..., start: _Optional[str] = ..., end: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ..., bound: _Optional[_Union[Bound, _Mapping]] = ..., typed_values: _Optional[bool] = ...) -> None: ...
 
 class ScanItem(_message.Message):
-    __slots__ = ("key", "value_json", "partition", "summary", "value")
+    __slots__ = ("key", "value_json", "partition", "summary", "value", "value_bytes")
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_JSON_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    VALUE_BYTES_FIELD_NUMBER: _ClassVar[int]
     key: str
     value_json: str
     partition: int
     summary: ScanSummary
     value: _struct_pb2.Struct
-    def __init__(self, key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ..., summary: _Optional[_Union[ScanSummary, _Mapping]] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    value_bytes: bytes
+    def __init__(self, key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ..., summary: _Optional[_Union[ScanSummary, _Mapping]] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., value_bytes: _Optional[bytes] = ...) -> None: ...
 
 class ScanSummary(_message.Message):
     __slots__ = ("partitions", "next_page_token", "input_lag")
@@ -298,7 +302,7 @@ class ListTablesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TableInfo(_message.Message):
-    __slots__ = ("name", "topic", "partitions", "standby_replicas", "key_column", "schema", "window", "input_lag", "pipeline")
+    __slots__ = ("name", "topic", "partitions", "standby_replicas", "key_column", "schema", "window", "input_lag", "pipeline", "key_format", "value_format", "origin")
     class SchemaEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -315,6 +319,9 @@ class TableInfo(_message.Message):
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     INPUT_LAG_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
     name: str
     topic: str
     partitions: int
@@ -324,7 +331,10 @@ class TableInfo(_message.Message):
     window: TableWindow
     input_lag: InputLag
     pipeline: Pipeline
-    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., partitions: _Optional[int] = ..., standby_replicas: _Optional[int] = ..., key_column: _Optional[str] = ..., schema: _Optional[_Mapping[str, str]] = ..., window: _Optional[_Union[TableWindow, _Mapping]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., pipeline: _Optional[_Union[Pipeline, _Mapping]] = ...) -> None: ...
+    key_format: str
+    value_format: str
+    origin: str
+    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., partitions: _Optional[int] = ..., standby_replicas: _Optional[int] = ..., key_column: _Optional[str] = ..., schema: _Optional[_Mapping[str, str]] = ..., window: _Optional[_Union[TableWindow, _Mapping]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., pipeline: _Optional[_Union[Pipeline, _Mapping]] = ..., key_format: _Optional[str] = ..., value_format: _Optional[str] = ..., origin: _Optional[str] = ...) -> None: ...
 
 class Pipeline(_message.Message):
     __slots__ = ("alive", "last_progress_ms")

@@ -21,6 +21,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from freshroute.errors import ConfigError, FreshrouteError, InvalidArgument
+from freshroute.formats import value_json as value_json_of
 from proto import router_pb2, router_pb2_grpc
 
 from freshroute.routing.bound import NO_BOUND, Bound
@@ -87,12 +88,17 @@ def _typed(value: bytes) -> Struct | None:
     return struct
 
 
-def _get_response(r: LookupResult, typed: bool = False) -> router_pb2.GetResponse:
+def _get_response(r: LookupResult, typed: bool = False, value_format: str = "json") -> router_pb2.GetResponse:
+    if value_format == "json":
+        value_json, value_bytes = r.value.decode("utf-8") if r.found else "", b""
+    else:
+        value_json, value_bytes = (value_json_of(value_format, r.value), r.value if value_format == "bytes" else b"") \
+            if r.found else ("", b"")
     return router_pb2.GetResponse(
-        table=r.table, key=r.key, value_json=r.value.decode("utf-8") if r.found else "", partition=r.partition,
+        table=r.table, key=r.key, value_json=value_json, value_bytes=value_bytes, partition=r.partition,
         served_by=router_pb2.ServedBy(node=r.node, role=r.role),
         lag=router_pb2.Lag(offsets=r.lag_offsets, ms=r.lag_ms), position=r.position, found=r.found,
-        value=_typed(r.value) if typed and r.found else None)
+        value=_typed(r.value) if typed and r.found and value_format == "json" else None)
 
 
 # Who answered a partition of a scan: a key scan's or a windows scan's (both carry node, role, lag and position).
@@ -195,7 +201,7 @@ async def answer_get(router: Router, request: router_pb2.GetRequest) -> router_p
     result = await router.get(request.table, request.key, parse_request_bound(router, request))
     if not result.found:
         raise key_not_found(result, router.input_lag(request.table))
-    response = _get_response(result, request.typed_values)
+    response = _get_response(result, request.typed_values, router.value_format(request.table))
     lag = _input_lag(router, request.table)
     if lag is not None:
         response.input_lag.CopyFrom(lag)
@@ -243,8 +249,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             await self._table(context, request.table)
             keys = list(request.keys)
             results = await self._router.batch_get(request.table, keys, self._parse_bound(request))
+            fmt = self._router.value_format(request.table)
             return router_pb2.BatchGetResponse(input_lag=_input_lag(self._router, request.table), results=[
-                _get_response(r, request.typed_values) if isinstance(r, LookupResult)
+                _get_response(r, request.typed_values, fmt) if isinstance(r, LookupResult)
                 else _key_error(request.table, key, r)
                 for key, r in zip(keys, results)])
         except Exception as e:  # noqa: BLE001
@@ -255,12 +262,14 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         try:
             await self._table(context, request.table)
             bound = self._parse_bound(request)
-            typed = request.typed_values
+            fmt = self._router.value_format(request.table)
+            typed = request.typed_values and fmt == "json"
             pages = _Pages(request.limit or None, self._router.settings.scan_max_limit, request.page_token or None)
             async for page in pages.read(lambda size, token: self._router.scan(
                     request.table, request.prefix, request.start, request.end, size, token, bound)):
                 for key, value, partition in page.items:
-                    yield router_pb2.ScanItem(key=key, value_json=value.decode("utf-8"), partition=partition,
+                    yield router_pb2.ScanItem(key=key, value_json=value_json_of(fmt, value), partition=partition,
+                                              value_bytes=value if fmt == "bytes" else b"",
                                               value=_typed(value) if typed else None)
             yield router_pb2.ScanItem(summary=pages.summary(_input_lag(self._router, request.table)))
         except Exception as e:  # noqa: BLE001
@@ -281,7 +290,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         try:
             await self._table(context, request.table)
             bound = self._parse_bound(request)
-            typed = request.typed_values
+            fmt = self._router.value_format(request.table)
+            typed = request.typed_values and fmt == "json"
             pages = _Pages(request.limit or None, self._router.settings.scan_max_limit, request.page_token or None)
             async for page in pages.read(lambda size, token: self._router.scan_windows(
                     request.table, request.from_ms, request.to_ms, size, token, bound)):
@@ -312,7 +322,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                                      standby_replicas=t.spec.standby_replicas, key_column=t.spec.key_column,
                                      schema=dict(t.spec.value_schema), window=_table_window(t.spec),
                                      input_lag=router_pb2.InputLag(records=t.input_lag[0], ms=t.input_lag[1]),
-                                     pipeline=router_pb2.Pipeline(**pipeline_doc(t.pipeline)))
+                                     pipeline=router_pb2.Pipeline(**pipeline_doc(t.pipeline)),
+                                     key_format=t.spec.key_format, value_format=t.spec.value_format,
+                                     origin=t.spec.origin)
                 for t in self._router.list_tables() if principal is None or principal.may_read(t.spec.name)])
         except Exception as e:  # noqa: BLE001
             await abort(context, e)

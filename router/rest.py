@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from freshroute.errors import FreshrouteError, InvalidArgument, RateLimited, Unauthenticated
+from freshroute.formats import value_fields
 from freshroute.position import Position
 from freshroute.routing.bound import NO_BOUND, Bound, parse_bound, parse_limit, parse_millis, parse_query_bound
 from freshroute.routing.results import LookupResult, WindowsResult, input_lag_doc, key_not_found
@@ -91,8 +92,9 @@ def _value(raw: bytes) -> Any:
     return orjson.Fragment(raw) if raw else None
 
 
-def render_lookup(r: LookupResult, input_lag: tuple[int, int]) -> dict[str, Any]:
-    return {"table": r.table, "key": r.key, "value": _value(r.value), "partition": r.partition,
+def render_lookup(r: LookupResult, input_lag: tuple[int, int], value_format: str = "json") -> dict[str, Any]:
+    value = {"value": _value(r.value)} if value_format == "json" else value_fields(value_format, r.value)
+    return {"table": r.table, "key": r.key, **value, "partition": r.partition,
             "served_by": {"node": r.node, "role": r.role}, "lag": {"offsets": r.lag_offsets, "ms": r.lag_ms},
             "position": r.position, "input_lag": input_lag_doc(input_lag)}
 
@@ -159,7 +161,8 @@ class KeyHandlers:
             result = await self.router.get(table, key, bound)
             if not result.found:
                 raise key_not_found(result, self.router.input_lag(table))
-            return 200, orjson.dumps(render_lookup(result, self.router.input_lag(table)))
+            return 200, orjson.dumps(render_lookup(result, self.router.input_lag(table),
+                                                   self.router.value_format(table)))
         except FreshrouteError as e:
             return error_response(e)
 
@@ -413,8 +416,9 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, fast_k
         limit = parse_limit("limit", q.get("limit"))
         page = await router.scan(table, q.get("prefix", ""), q.get("start", ""), q.get("end", ""), limit,
                                  q.get("page_token") or None, parse_query_bound(q))
+        fmt = router.value_format(table)
         return json({"table": page.table,
-                     "items": [{"key": k, "value": _value(v), "partition": p} for k, v, p in page.items],
+                     "items": [{"key": k, **value_fields(fmt, v), "partition": p} for k, v, p in page.items],
                      "next_page_token": page.next_page_token,
                      "partitions": [{"partition": p, **_where(who)} for p, who in sorted(page.served_by.items())],
                      "input_lag": input_lag_doc(router.input_lag(table))})
@@ -486,13 +490,14 @@ async def _batch_get(router: Router, table: str, raw_body: bytes) -> dict[str, A
     bound: Bound = parse_bound(doc.get("max_lag"), doc.get("max_staleness_ms"), min_position,
                                doc.get("max_input_lag_ms"))
     results = await router.batch_get(table, keys, bound)
+    fmt = router.value_format(table)
     items: list[dict[str, Any]] = []
     position: Position | None = None
     for key, r in zip(keys, results):
         if isinstance(r, LookupResult):
             item = {"key": key, "found": r.found, "partition": r.partition, **_where(r)}
             if r.found:
-                item["value"] = _value(r.value)
+                item.update(value_fields(fmt, r.value))
             p = Position(table, {r.partition: r.applied})
             position = p if position is None else position.merge(p)
             items.append(item)

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 from confluent_kafka import KafkaError
 
+from freshroute.formats import key_problem, value_problem
 from store_node.end_offsets import MISSING_TOPIC, EndOffsetWatcher
 from store_node.lag import Clock
 from store_node.replica import Replica, Staged
@@ -145,18 +146,23 @@ class Applier:
             check = True
         loads = orjson.loads
         count = skipped = 0
+        # A pipeline's changelog (string keys, JSON values) is checked inline; a topic served as it is, by its formats.
+        spec = rep.spec
+        plain = spec.key_format == "string" and spec.value_format == "json"
         for m in batch:
             key = m.key()
             value = m.value()
             if key is None:
                 problem = "null key"
-            elif not key.isascii() and not _is_utf8(key):
+            elif plain and not key.isascii() and not _is_utf8(key):
                 problem = "key is not UTF-8"
+            elif not plain and (problem := key_problem(spec.key_format, key)) is not None:
+                pass
             elif not check or value is None:
                 rows[key] = value
                 count += 1
                 continue
-            else:
+            elif plain:
                 try:
                     loads(value)
                 except orjson.JSONDecodeError:
@@ -165,6 +171,10 @@ class Applier:
                     rows[key] = value
                     count += 1
                     continue
+            elif (problem := value_problem(spec.value_format, value)) is None:
+                rows[key] = value
+                count += 1
+                continue
             if not check:
                 staged.poison = True  # reported once, when the window is read again checked
                 continue

@@ -18,6 +18,7 @@ import orjson
 from rocksdict import WriteBatch
 
 from freshroute.errors import StoreCorrupt
+from freshroute.formats import value_problem
 from freshroute.metadata import ReplicaReport, ReplicaState, Role, TableSpec
 from store_node.lag import Clock, LagSnapshot, LagTracker
 from store_node.replica_store import ReplicaStore
@@ -30,15 +31,18 @@ def replica_path(root: Path, table: str, partition: int) -> Path:
     return root / safe / str(partition)
 
 
-def _all_json(values: Iterable[bytes | None]) -> bool:
-    loads = orjson.loads
-    try:
-        for value in values:
-            if value is not None:
-                loads(value)
-    except orjson.JSONDecodeError:
-        return False
-    return True
+def _all_valid(values: Iterable[bytes | None], value_format: str) -> bool:
+    """Whether every value (tombstones aside) is of the table's format."""
+    if value_format == "json":
+        loads = orjson.loads
+        try:
+            for value in values:
+                if value is not None:
+                    loads(value)
+        except orjson.JSONDecodeError:
+            return False
+        return True
+    return all(value is None or value_problem(value_format, value) is None for value in values)
 
 
 @dataclass
@@ -153,7 +157,7 @@ class Replica:
     def write_staged(self) -> int:
         """Write the staged changes with their checkpoint; returns how many records they stand for.
 
-        A window holding poison (a value that is not JSON, or a record whose bad key was not
+        A window holding poison (a value not of the table's format, or a record whose bad key was not
         reported) is dropped whole instead, and 0 returned: the checkpoint stays before it, as
         after a crash, and the window is read again checking each record, so that the poison is
         reported at its offset and each key keeps its latest valid change, even an older one.
@@ -161,7 +165,7 @@ class Replica:
         staged, self.staged = self.staged, None
         if staged is None or self.store is None:
             return 0
-        if staged.poison or not _all_json(staged.rows.values()):
+        if staged.poison or not _all_valid(staged.rows.values(), self.spec.value_format):
             self.check_until = staged.next_offset
             self.reread = True
             return 0

@@ -187,7 +187,7 @@ class AsyncClient:
         bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms)
         if self.direct():
             try:
-                return Lookup.of(await core.get(table, key, bound), core.input_lag(table))
+                return Lookup.of(await core.get(table, key, bound), core.input_lag(table), core.value_format(table))
             except _FALL_BACK:
                 if self.router is None:
                     raise
@@ -202,9 +202,9 @@ class AsyncClient:
         bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms)
         keys = batch_keys(keys)
         if self.direct():
-            lag = core.input_lag(table)
-            results = await core.batch_get(table, keys, bound, Lookup.group if not lag[0] else
-                                           lambda *group: Lookup.group(*group, lag))
+            lag, fmt = core.input_lag(table), core.value_format(table)
+            results = await core.batch_get(table, keys, bound, Lookup.group if not lag[0] and fmt == "json" else
+                                           lambda *group: Lookup.group(*group, lag, fmt))
             if self.router is None or not any(isinstance(r, _FALL_BACK) for r in results):
                 return results
         return await self.via_router("get_many").get_many(table, keys, bound, deadline)
@@ -254,10 +254,10 @@ class AsyncClient:
                     raise
             else:
                 rows = []
-                lag = core.input_lag(table)
+                lag, fmt = core.input_lag(table), core.value_format(table)
                 for key, value, partition in page.items:
                     who = page.served_by[partition]
-                    rows.append(Lookup.of(who._replace(key=key, found=True, value=value), lag))
+                    rows.append(Lookup.of(who._replace(key=key, found=True, value=value), lag, fmt))
                 return rows, page.next_page_token
         return await self.via_router("scan").scan_page(table, prefix, start, end, limit, page_token, bound)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import threading
 from typing import Any, NamedTuple
 
@@ -36,13 +37,20 @@ class Lookup(NamedTuple):
     # How far the table's changelog was behind its input (the pipeline's lag): 0 while it keeps up.
     input_lag_records: int = 0
     input_lag_ms: int = 0
+    # How the table holds values (freshroute.formats): "json" for every table the pipeline writes.
+    value_format: str = "json"
 
     @property
     def value(self) -> Any:
-        """The row, decoded from ``raw_value`` at each access (keep it to decode once); None when not found."""
+        """The row, decoded from ``raw_value`` at each access (keep it to decode once); None when not found. A table
+        of ``bytes`` values gives the bytes, one of ``string`` values the text."""
         raw = self.raw_value
-        if not raw:
+        if raw is None:
             return None
+        if self.value_format == "bytes":
+            return raw
+        if self.value_format == "string":
+            return raw.decode("utf-8")
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as e:
@@ -55,17 +63,18 @@ class Lookup(NamedTuple):
         return position_token(self.table, self.partition, self.applied_offset)
 
     @classmethod
-    def of(cls, r: LookupResult, input_lag: tuple[int, int] = (0, 0)) -> "Lookup":
-        return cls(r.table, r.key, r.found, r.value if r.found and r.value else None, r.partition,
-                   r.node, r.role, r.lag_offsets, r.lag_ms, r.applied, *input_lag)
+    def of(cls, r: LookupResult, input_lag: tuple[int, int] = (0, 0), value_format: str = "json") -> "Lookup":
+        return cls(r.table, r.key, r.found, r.value if r.found else None, r.partition,
+                   r.node, r.role, r.lag_offsets, r.lag_ms, r.applied, *input_lag, value_format)
 
     @classmethod
     def group(cls, table: str, keys: list[str], partition: int, cand: Candidate, answer: GroupResult,
-              input_lag: tuple[int, int] = (0, 0)) -> list["Lookup"]:
+              input_lag: tuple[int, int] = (0, 0), value_format: str = "json") -> list["Lookup"]:
         """A batch group's answers, built straight from the wire (a batch's per-key cost is most of its cost)."""
-        tail = (partition, *served_by(cand, answer.replica), *input_lag)  # the same for every key of the group
+        # The same for every key of the group.
+        tail = (partition, *served_by(cand, answer.replica), *input_lag, value_format)
         # tuple.__new__ rather than the class: a named tuple's own __new__ is a Python function, and half the
-        # cost of building each key's answer.
+        # cost of building each key's answer. A group answers an absent key with empty bytes.
         new = tuple.__new__
         return [new(cls, (table, key, True, value) + tail) if value else
                 new(cls, (table, key, False, None) + tail) for key, value in zip(keys, answer.values)]
@@ -78,9 +87,11 @@ class Lookup(NamedTuple):
         applied = Position.decode(doc["position"]).offset_for(partition) if doc.get("position") else 0
         served, lag = doc.get("served_by") or {}, doc.get("lag") or {}
         behind = input_lag or doc.get("input_lag") or {}
-        return cls(table, doc["key"], found, orjson.dumps(doc.get("value")) if found else None, partition,
+        raw, fmt = (base64.b64decode(doc["value_b64"]), "bytes") if "value_b64" in doc else \
+            (orjson.dumps(doc.get("value")), "json")
+        return cls(table, doc["key"], found, raw if found else None, partition,
                    served.get("node", ""), served.get("role", ""), optional_int(lag.get("offsets")), int(lag.get("ms", 0)),
-                   applied, int(behind.get("records", 0)), int(behind.get("ms", 0)))
+                   applied, int(behind.get("records", 0)), int(behind.get("ms", 0)), fmt)
 
 
 def optional_int(value: Any) -> int | None:

@@ -135,7 +135,7 @@ class Client:
             else:
                 cand, read = answer
                 result = core.count(started, lookup_result(table, key, plan.partition, cand, read))
-                return Lookup.of(result, core.input_lag(table))
+                return Lookup.of(result, core.input_lag(table), core.value_format(table))
         # The store nodes were tried once, here: straight to the router, not through the async client's own attempt.
         return self._call(self._async.via_router("get").get(table, key, bound, deadline))
 
@@ -154,7 +154,7 @@ class Client:
             jobs = [(core.plan_group(table, p, resolved, now, direct_deadline),
                      Request.group(table, p, [raw_keys[i] for i in idx], resolved)) for p, idx in groups.items()]
             out: list[Lookup | FreshrouteError] = [None] * len(keys)  # type: ignore[list-item]
-            lag = core.input_lag(table)
+            lag, fmt = core.input_lag(table), core.value_format(table)
             answers = run_blocking(store, jobs)
             elapsed = time.perf_counter() - started
             for (p, idx), answer in zip(groups.items(), answers):
@@ -164,7 +164,7 @@ class Client:
                         out[i] = answer
                 else:
                     cand, group = answer
-                    for i, r in zip(idx, Lookup.group(table, [keys[i] for i in idx], p, cand, group, lag)):
+                    for i, r in zip(idx, Lookup.group(table, [keys[i] for i in idx], p, cand, group, lag, fmt)):
                         out[i] = r
             if self._async.router is None or not any(isinstance(r, _FALL_BACK) for r in out):
                 return out

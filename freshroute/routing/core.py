@@ -10,12 +10,13 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from itertools import islice
 from typing import Any, Callable, Mapping, NamedTuple, Sequence, TypeVar
 
 from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound, NotWindowedTable,
                                ReplicaUnavailable, TableNotFound, WindowedTable)
+from freshroute.formats import bound_to_bytes, key_from_bytes, key_to_bytes
 from freshroute.keys import deserialize_key, key_bytes, not_a_batch, not_text, partition_for
 from freshroute.metadata import Role, TableSpec, now_ms
 from freshroute.routing.attempts import AttemptPlan, AttemptPolicy, Attempts, LatencyWindow, NoMetrics, run, run_many
@@ -75,8 +76,12 @@ def _locate(key: str, partitions: int) -> tuple[bytes, int]:
     return raw, partition_for(raw, partitions)
 
 
-def locate(key: str, partitions: int) -> tuple[bytes, int]:
-    """The key's bytes and partition; a key that is not Unicode text is an :class:`InvalidArgument`."""
+def locate(key: str, partitions: int, key_format: str = "string") -> tuple[bytes, int]:
+    """The key's bytes (as the table's topic holds them: :mod:`freshroute.formats`) and partition; a key that is not
+    Unicode text, or not of the table's key format, is an :class:`InvalidArgument`."""
+    if key_format != "string":
+        raw = key_to_bytes(key_format, key)
+        return raw, partition_for(raw, partitions)
     try:
         return _locate(key, partitions)
     except TypeError:  # unhashable, so not a string
@@ -188,8 +193,14 @@ class RoutingCore:
         behind the changelog; this is the rest of the way."""
         return self.metadata.current.input_lag_at(table, self._clock_ms())
 
+    def value_format(self, table: str) -> str:
+        """How the table's values are written (:mod:`freshroute.formats`): "json" for every table the pipeline
+        writes."""
+        spec = self.metadata.current.tables.get(table)
+        return spec.value_format if spec is not None else "json"
+
     def partition_of(self, spec: TableSpec, key: str) -> int:
-        return locate(key, spec.partitions)[1]
+        return locate(key, spec.partitions, spec.key_format)[1]
 
     def plan(self, table: str, partition: int, bound: Bound, latency: LatencyWindow, timeout_s: float,
              now: float) -> AttemptPlan:
@@ -200,7 +211,7 @@ class RoutingCore:
     def plan_get(self, table: str, key: str, bound: Bound, now: float) -> tuple[TableSpec, bytes, AttemptPlan]:
         """(spec, key bytes, plan) of a point get."""
         spec = self.keyed(table)
-        raw_key, partition = locate(key, spec.partitions)
+        raw_key, partition = locate(key, spec.partitions, spec.key_format)
         return spec, raw_key, self.plan(table, partition, self.bound_for(spec, bound), self.get_latency,
                                         self._timeout_s, now)
 
@@ -212,9 +223,10 @@ class RoutingCore:
         groups: dict[int, list[int]] = {}
         raw_keys = []
         i = 0
+        where = _locate if spec.key_format == "string" else partial(locate, key_format=spec.key_format)
         try:  # costs nothing until a key fails: a batch's per-key work is most of its cost
             for i, key in enumerate(keys):
-                raw, partition = _locate(key, spec.partitions)
+                raw, partition = where(key, spec.partitions)
                 raw_keys.append(raw)
                 groups.setdefault(partition, []).append(i)
         except (InvalidArgument, TypeError):
@@ -302,11 +314,12 @@ class RoutingCore:
         if limit > self.policy.scan_max_limit:
             raise InvalidArgument(f"limit must be at most {self.policy.scan_max_limit}", field="limit")
         bound = self.bound_for(spec, bound)
-        lo = key_bytes(start, "start")
+        fmt = spec.key_format
+        lo = bound_to_bytes(fmt, start, "start")
         if page_token:
             # The smallest key after the last one returned.
             lo = max(lo, decode_page_token(table, page_token) + b"\x00")
-        pre, hi = key_bytes(prefix, "prefix"), key_bytes(end, "end")
+        pre, hi = bound_to_bytes(fmt, prefix, "prefix"), bound_to_bytes(fmt, end, "end")
         now = time.monotonic()
         # One more than the page from each partition tells whether another page exists.
         plans = [self.plan(table, p, bound, self._scan_latency, self._scan_timeout_s, now)
@@ -322,7 +335,7 @@ class RoutingCore:
         merged = list(islice(heapq.merge(*streams, key=lambda e: e[0]), limit + 1))
         more = len(merged) > limit
         page = merged[:limit]
-        items = [(deserialize_key(k), v, p) for k, v, p in page]
+        items = [(key_from_bytes(fmt, k), v, p) for k, v, p in page]
         token = encode_page_token(table, page[-1][0]) if more and page else None
         return ScanPage(table, items, token, {p: who for p, (_, who) in enumerate(parts)})
 

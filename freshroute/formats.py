@@ -1,0 +1,116 @@
+"""How a table's keys and values are written in its topic, and how callers name the keys and receive the values.
+
+Tables the pipeline writes have ``string`` keys and ``json`` values. A compacted topic served as it is
+(``freshroute table add``) may have:
+
+- keys ``string`` (UTF-8 text), ``json`` (a JSON document: callers give its JSON text, e.g. ``42`` or
+  ``{"id":7}``, and the key is its compact encoding, as Jackson and most JSON serializers write it) or ``bytes``
+  (callers give them base64url-encoded, padding optional, and read them so);
+- values ``json`` (served as JSON), ``string`` (UTF-8 text, served as a JSON string) or ``bytes`` (served
+  base64-encoded as ``value_b64`` on REST, as bytes on gRPC and in the client).
+
+A record whose key or value is not of the table's format is skipped by the store nodes, counted and reported
+at its offset (its key keeps its last valid value), as a pipeline's changelog record would be.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+import orjson
+
+from freshroute.errors import InvalidArgument
+from freshroute.keys import key_bytes, not_text
+
+KEY_FORMATS = ("string", "json", "bytes")
+VALUE_FORMATS = ("json", "string", "bytes")
+
+
+def key_to_bytes(fmt: str, key: str, field: str = "key") -> bytes:
+    """A caller's key as the topic holds it (its partition is Kafka's default partitioner's over these bytes)."""
+    if fmt == "string":
+        return key_bytes(key, field)
+    if not isinstance(key, str):
+        raise InvalidArgument(not_text(key, field), field=field)
+    if fmt == "json":
+        try:
+            return orjson.dumps(orjson.loads(key))
+        except orjson.JSONDecodeError:
+            raise InvalidArgument(f"{field} {key[:64]!r} is not JSON text: this table's keys are JSON documents",
+                                  field=field) from None
+    try:
+        return base64.b64decode(key + "=" * (-len(key) % 4), altchars=b"-_", validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidArgument(f"{field} {key[:64]!r} is not base64url: this table's keys are bytes",
+                              field=field) from None
+
+
+def bound_to_bytes(fmt: str, text: str, field: str) -> bytes:
+    """A scan's prefix or start/end as bytes: base64url for a table of bytes keys, else the text's UTF-8 (a JSON
+    table's prefix is a prefix of the keys' JSON text, not a document)."""
+    if fmt == "bytes":
+        return key_to_bytes(fmt, text, field)
+    return key_bytes(text, field)
+
+
+def key_from_bytes(fmt: str, raw: bytes) -> str:
+    """A stored key as callers name it (the inverse of :func:`key_to_bytes`)."""
+    if fmt == "bytes":
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+    return raw.decode("utf-8", "replace")
+
+
+def value_fields(fmt: str, raw: bytes) -> dict[str, Any]:
+    """A found value as a REST body carries it: ``{"value": …}``, or ``{"value_b64": …}`` for bytes. Store nodes
+    keep only values of the table's format (:func:`value_ok`), so JSON goes into the body as it is."""
+    if fmt == "json":
+        return {"value": orjson.Fragment(raw)}
+    if fmt == "string":
+        return {"value": raw.decode("utf-8")}
+    return {"value_b64": base64.b64encode(raw).decode("ascii")}
+
+
+def value_json(fmt: str, raw: bytes) -> str:
+    """A found value as gRPC's ``value_json`` carries it; empty for bytes (``value_bytes`` carries them)."""
+    if fmt == "json":
+        return raw.decode("utf-8")
+    if fmt == "string":
+        return orjson.dumps(raw.decode("utf-8")).decode("utf-8")
+    return ""
+
+
+def key_problem(fmt: str, raw: bytes) -> str | None:
+    """Why a record's key cannot be one of this table's keys, or None."""
+    if fmt == "string":
+        return None if raw.isascii() or _utf8(raw) else "key is not UTF-8"
+    if fmt == "json":
+        return None if _json(raw) else "key is not JSON"
+    return None
+
+
+def value_problem(fmt: str, raw: bytes) -> str | None:
+    """Why a record's value cannot be one of this table's values, or None (a store node skips such a record,
+    counting and reporting it at its offset: the key keeps its last valid value)."""
+    if fmt == "json":
+        return None if _json(raw) else "value is not JSON"
+    if fmt == "string":
+        return None if raw.isascii() or _utf8(raw) else "value is not UTF-8 text"
+    return None
+
+
+def _utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _json(raw: bytes) -> bool:
+    try:
+        orjson.loads(raw)
+        return True
+    except orjson.JSONDecodeError:
+        return False

@@ -1,0 +1,41 @@
+"""What the broker says about a topic: its id and partitions, and the configuration it runs with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    name: str
+    topic_id: str
+    partitions: tuple[int, ...]
+    replication_factor: int = 1
+
+
+def describe_topic(admin: Any, topic: str, timeout_s: float = 10.0) -> TopicInfo | None:
+    """The topic's id and partitions, or None when it does not exist."""
+    from confluent_kafka import TopicCollection
+
+    try:
+        desc = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout_s)[topic].result(timeout_s)
+    except KafkaException as e:
+        err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+        if err is not None and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        raise
+    return TopicInfo(topic, str(desc.topic_id),
+                     tuple(sorted(p.id for p in desc.partitions)),
+                     max((len(p.replicas) for p in desc.partitions), default=1) or 1)
+
+
+def topic_config(admin: Any, topic: str, timeout_s: float = 10.0) -> dict[str, str]:
+    """The topic's configuration as the broker applies it (its own settings and the broker's defaults)."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    entries = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout_s)
+    return {name: entry.value for name, entry in entries.items() if entry.value is not None}

@@ -1,0 +1,54 @@
+"""Key and value formats of tables served from a topic as it is: how callers name keys, how values are served, and
+which records a store node refuses."""
+
+import base64
+
+import orjson
+import pytest
+
+from freshroute.errors import InvalidArgument
+from freshroute.formats import (bound_to_bytes, key_from_bytes, key_problem, key_to_bytes, value_fields, value_json,
+                                value_problem)
+from freshroute.keys import partition_for
+from freshroute.routing.core import locate
+
+
+def test_keys_are_named_in_their_format_and_hash_as_kafka_places_them():
+    assert key_to_bytes("string", "sensor-1") == b"sensor-1"
+    assert key_to_bytes("json", ' { "id" : 7 , "n": "x" } ') == b'{"id":7,"n":"x"}'  # compact, order kept
+    assert key_to_bytes("json", "42") == b"42"
+    assert key_to_bytes("bytes", "AAH_") == bytes([0, 1, 255]) == key_to_bytes("bytes", "AAH_")
+    assert key_to_bytes("bytes", "AA") == b"\x00"  # padding optional
+    raw, partition = locate('{"id":7}', 12, "json")
+    assert raw == b'{"id":7}' and partition == partition_for(raw, 12)
+    for fmt, raw in (("string", b"k"), ("json", b'{"a":[1,2]}'), ("bytes", bytes(range(256)))):
+        assert key_to_bytes(fmt, key_from_bytes(fmt, raw)) == raw
+
+
+@pytest.mark.parametrize("fmt, key, says", [("json", "not json", "is not JSON text"),
+                                            ("bytes", "!!!", "is not base64url"),
+                                            ("json", 5, "must be a string")])
+def test_a_key_not_of_its_tables_format_is_an_invalid_argument(fmt, key, says):
+    with pytest.raises(InvalidArgument) as e:
+        key_to_bytes(fmt, key)
+    assert says in e.value.message and e.value.details["field"] == "key"
+
+
+def test_scan_bounds_are_text_but_for_bytes_keys():
+    assert bound_to_bytes("json", '{"id"', "prefix") == b'{"id"'
+    assert bound_to_bytes("bytes", "AA", "prefix") == b"\x00"
+
+
+def test_values_are_served_in_their_format():
+    assert orjson.dumps(value_fields("json", b'{"a":1}')) == b'{"value":{"a":1}}'
+    assert value_fields("string", "héllo".encode()) == {"value": "héllo"}
+    assert value_fields("bytes", b"\x00\xff") == {"value_b64": base64.b64encode(b"\x00\xff").decode()}
+    assert value_json("string", b"hi") == '"hi"' and value_json("bytes", b"\x00") == ""
+
+
+def test_a_store_node_refuses_records_not_of_the_tables_formats():
+    assert key_problem("string", b"\xff") == "key is not UTF-8" and key_problem("bytes", b"\xff") is None
+    assert key_problem("json", b"{") == "key is not JSON" and key_problem("json", b'"k"') is None
+    assert value_problem("json", b"nope") == "value is not JSON"
+    assert value_problem("string", b"\xff\xfe") == "value is not UTF-8 text"
+    assert value_problem("bytes", b"\xff") is None
