@@ -3,17 +3,19 @@
 -- thread so that the request function stays cheap: wrk must not eat the cores it measures.
 --   WRK_TABLE=sensor_stats WRK_KEY_PREFIX=sensor- WRK_KEYS=100 WRK_QUERY='max_lag=100'
 --   WRK_SUFFIX=/windows: a route below each key (then the query carries from and to)
+--   WRK_KEY_STRIDE=500: key k is {prefix}{k * stride}, so that WRK_KEYS keys spread over a table 500 times larger
 local table_name = os.getenv("WRK_TABLE") or "sensor_stats"
 local prefix = os.getenv("WRK_KEY_PREFIX") or "sensor-"
 local suffix = os.getenv("WRK_SUFFIX") or ""
 local n = tonumber(os.getenv("WRK_KEYS") or "100")
 local query = os.getenv("WRK_QUERY") or ""
+local stride = tonumber(os.getenv("WRK_KEY_STRIDE") or "1")
 local requests_ = {}
 local i = 0
 
 init = function(args)
   for k = 0, n - 1 do
-    local path = "/v1/tables/" .. table_name .. "/keys/" .. prefix .. k .. suffix
+    local path = "/v1/tables/" .. table_name .. "/keys/" .. prefix .. (k * stride) .. suffix
     if query ~= "" then path = path .. "?" .. query end
     requests_[k + 1] = wrk.format("GET", path)
   end

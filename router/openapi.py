@@ -45,7 +45,10 @@ _INPUT_LAG_HELP = ("how far the table's changelog is behind its input (the pipel
 class KeyValue(BaseModel):
     table: str
     key: str
-    value: Any = Field(description="the table row, as the changelog holds it")
+    value: Any = Field(None, description="the table row, as the changelog holds it (absent for a table of bytes "
+                                         "values: value_b64)")
+    value_b64: str | None = Field(None, description="a table of bytes values (a topic served with --value-format "
+                                                    "bytes): the value, base64")
     partition: int
     served_by: ServedBy
     lag: Lag
@@ -75,6 +78,7 @@ class BatchItem(BaseModel):
     key: str
     found: bool
     value: Any = None
+    value_b64: str | None = Field(None, description="as in a lookup's answer")
     partition: int | None = None
     served_by: ServedBy | None = None
     lag: Lag | None = None
@@ -91,7 +95,8 @@ class BatchGetResponse(BaseModel):
 
 class ScanItem(BaseModel):
     key: str
-    value: Any
+    value: Any = None
+    value_b64: str | None = Field(None, description="as in a lookup's answer")
     partition: int
 
 

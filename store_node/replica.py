@@ -21,7 +21,7 @@ from freshroute.errors import StoreCorrupt
 from freshroute.formats import value_problem
 from freshroute.metadata import ReplicaReport, ReplicaState, Role, TableSpec
 from store_node.lag import Clock, LagSnapshot, LagTracker
-from store_node.replica_store import ReplicaStore
+from store_node.replica_store import ReplicaStore, StoreMemory
 
 def replica_path(root: Path, table: str, partition: int) -> Path:
     """``root/{table}/{partition}``; a table name that is not a safe file name is percent-encoded."""
@@ -179,13 +179,13 @@ class Replica:
         if store is not None:
             store.close()
 
-    def wipe(self, root: Path) -> None:
+    def wipe(self, root: Path, memory: StoreMemory | None = None) -> None:
         """Delete the local copy and start over from an empty store (restore from offset 0)."""
         path = replica_path(root, self.table, self.partition)
         self.close()
         self.lag.reset()
         ReplicaStore.destroy(path)  # close() dropped the staged changes
-        store = ReplicaStore.open(path)  # a fresh directory cannot be corrupt; if it is, the caller retries
+        store = ReplicaStore.open(path, memory)  # a fresh directory cannot be corrupt; if it is, the caller retries
         self.restoring = True
         self.check_until = 0
         self.reread = False

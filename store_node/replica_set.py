@@ -23,7 +23,7 @@ from freshroute.errors import StoreCorrupt
 from freshroute.metadata import Role, TableSpec
 from store_node.lag import Clock
 from store_node.replica import Replica, replica_path
-from store_node.replica_store import ReplicaStore
+from store_node.replica_store import ReplicaStore, StoreMemory
 from store_node.settings import StoreNodeSettings
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ class ReplicaSet:
     def __init__(self, settings: StoreNodeSettings, clock: Clock) -> None:
         self._settings = settings
         self._root: Path = settings.replica_root
+        self._memory = StoreMemory(settings.block_cache_mb)
         self._clock = clock
         self._consumer: Any = None
         self._replicas: dict[ReplicaKey, Replica] = {}
@@ -146,7 +147,7 @@ class ReplicaSet:
                     rep.table, rep.partition, reason, rep.lag.applied)
         self._unassign(rep)
         try:
-            rep.wipe(self._root)
+            rep.wipe(self._root, self._memory)
         except StoreCorrupt as e:
             # The directory cannot even be recreated (disk?): drop the replica and let follow() retry.
             log.error("replica %s/%d: cannot recreate its store: %s", rep.table, rep.partition, e.message)
@@ -192,7 +193,7 @@ class ReplicaSet:
 
     def _open(self, spec: TableSpec, partition: int, role: Role) -> Replica:
         """A replica over its opened store (its changelog not fetched yet)."""
-        store, wiped = ReplicaStore.open_or_wipe(replica_path(self._root, spec.name, partition))
+        store, wiped = ReplicaStore.open_or_wipe(replica_path(self._root, spec.name, partition), self._memory)
         if wiped is not None:
             log.warning("replica %s/%d: local store was unreadable (%s); wiped it, it restores from the changelog",
                         spec.name, partition, wiped)
@@ -203,7 +204,7 @@ class ReplicaSet:
             if known_id and store.topic_id and store.topic_id != known_id:
                 log.warning("replica %s/%d: stored rows come from an earlier changelog topic (id %s, now %s); "
                             "wiping it and restoring from the start", spec.name, partition, store.topic_id, known_id)
-                rep.wipe(self._root)
+                rep.wipe(self._root, self._memory)
         except BaseException:
             rep.close()  # an open store left behind would make the retry find it locked
             raise

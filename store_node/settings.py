@@ -37,6 +37,8 @@ class StoreNodeSettings(ServingSettings):
     assignment_poll_ms: int = Field(100, gt=0, description="how often the node reads the assignment (and the "
                                                            "assignor recomputes it)")
 
+    block_cache_mb: int = Field(256, ge=8, le=1 << 20, description="RocksDB memory of the node, shared by all its "
+                                "replicas: the block cache, with the memtables charged to it (at most half)")
     apply_batch_max: int = Field(5000, gt=0, description="records per poll, applied in one WriteBatch per partition")
     # Within this many offsets of a fresh end offset a replica has caught up: it leaves
     # RESTORING, and the assignor treats it as warm enough to take the active role.
