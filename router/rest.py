@@ -26,7 +26,8 @@ from starlette.types import Receive, Scope, Send
 from freshroute.errors import FreshrouteError, InvalidArgument, RateLimited, Unauthenticated
 from freshroute.formats import value_fields
 from freshroute.position import Position
-from freshroute.routing.bound import NO_BOUND, Bound, parse_bound, parse_limit, parse_millis, parse_query_bound
+from freshroute.routing.bound import (MAX_LIMIT, NO_BOUND, Bound, parse_bound, parse_limit, parse_millis,
+                                     parse_query_bound)
 from freshroute.routing.results import LookupResult, WindowsResult, input_lag_doc, key_not_found
 from router.auth import WWW_AUTHENTICATE, Guard, Principal
 from router.console import HEADERS as CONSOLE_HEADERS, assets as console_assets
@@ -436,7 +437,8 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, fast_k
              summary="One table's partitions, each with every replica's role, state and lag, a page at a time",
              responses={404: {"model": ErrorBody}, 400: {"model": ErrorBody}},
              openapi_extra={"parameters": [
-                 {"name": "from", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 0},
+                 {"name": "from", "in": "query", "required": False,
+                  "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LIMIT},
                   "description": "first partition (default 0)"},
                  {"name": "limit", "in": "query", "required": False,
                   "schema": {"type": "integer", "minimum": 0, "maximum": GRID_MAX_LIMIT},

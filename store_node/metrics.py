@@ -42,7 +42,13 @@ class ReplicaCollector(Collector):
                                       "changelog records applied since this process opened the replica",
                                       labels=_LABELS)
         poison = CounterMetricFamily("freshroute_replica_records_skipped",
-                                     "poison records skipped: null or non-UTF-8 key, value not JSON", labels=_LABELS)
+                                     "records skipped: a null key, or a key or value not of the table's formats",
+                                     labels=_LABELS)
+        undecodable = CounterMetricFamily("freshroute_store_undecodable_records",
+                                          "records of a table this node skipped since its replicas opened: a null "
+                                          "key, or a key or value that does not decode in the table's formats",
+                                          labels=["table"])
+        by_table: dict[str, int] = {}
         restores = CounterMetricFamily("freshroute_replica_restores",
                                        "wipes followed by a restore from the changelog's start", labels=_LABELS)
         hosted = GaugeMetricFamily("freshroute_node_replicas", "replicas this node hosts, by role",
@@ -60,7 +66,10 @@ class ReplicaCollector(Collector):
             restoring.add_metric(labels, 1 if rep.restoring else 0)
             records.add_metric(labels, rep.counters.records_applied)
             poison.add_metric(labels, rep.counters.records_skipped)
+            by_table[rep.table] = by_table.get(rep.table, 0) + rep.counters.records_skipped
             restores.add_metric(labels, rep.counters.restores)
         for role, n in roles.items():
             hosted.add_metric([self._node_id, role], n)
-        yield from (lag, staleness, applied, end, restoring, records, poison, restores, hosted)
+        for table, n in sorted(by_table.items()):
+            undecodable.add_metric([table], n)
+        yield from (lag, staleness, applied, end, restoring, records, poison, undecodable, restores, hosted)

@@ -33,6 +33,7 @@ def test_a_scrape_reports_each_replica_by_table_partition_and_role():
                  'freshroute_replica_records_applied_total{partition="0",role="active",table="t"} 90.0',
                  'freshroute_replica_records_skipped_total{partition="0",role="active",table="t"} 2.0',
                  'freshroute_replica_restores_total{partition="1",role="standby",table="t"} 1.0',
+                 'freshroute_store_undecodable_records_total{table="t"} 2.0',
                  'freshroute_node_replicas{node="node-1",role="active"} 1.0',
                  'freshroute_node_replicas{node="node-1",role="standby"} 1.0']:
         assert line in text, line

@@ -142,6 +142,20 @@ def test_a_compacted_topic_is_served_in_each_format_with_no_restart(stack, topic
         assert [r.found for r in client.get_many("users", ["user-5", "user-20"])] == [True, False]
     assert {name: comp.pid for name, comp in stack.components.items()} == pids  # nothing restarted
 
+    # A record that breaks the table's formats after it was added: skipped and counted, the key keeps its value.
+    produce(c.bootstrap, topics["users"], [(b"user-1", b"not json")])
+
+    def undecodable() -> int:
+        total = 0
+        for name in stack.store_node_names():
+            text = httpx.get(stack.components[name].addresses["metrics"], timeout=5).text
+            total += sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+                         if line.startswith('freshroute_store_undecodable_records_total{table="users"}'))
+        return total
+
+    wait_until(lambda: undecodable() >= 2, 20, "the active and the standby to count the record", stack=stack)
+    assert httpx.get(f"{c.rest_url}/v1/tables/users/keys/user-1").json()["value"] == {"name": "u1", "v": 2}
+
     removed = freshroute_table(stack, "remove", "orders")
     assert removed.returncode == 0, removed.stderr
     with httpx.Client(base_url=c.rest_url, timeout=10) as http:
