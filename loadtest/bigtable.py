@@ -123,7 +123,8 @@ def settle(stack: Any, quiet_cores: float = 0.15, timeout_s: float = 120.0) -> f
     figures are those of a table served, not of one still settling; returns the seconds waited."""
     from loadtest.footprint import tree_cpu_seconds
 
-    roots = {n: stack.components[n].pid for n in stack.store_node_names() if n in stack.components}
+    roots = {n: stack.components[n].pid for n in stack.store_node_names()
+             if n in stack.components and stack.components[n].alive()}
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
         before = sum(tree_cpu_seconds(roots).values())
@@ -204,7 +205,8 @@ def footprint(stack: Any, table: str, topic: str) -> dict[str, float]:
     from freshroute.proc import rss_kib
 
     home = stack.config.home
-    rss = [rss_kib(stack.components[n].pid) or 0 for n in stack.store_node_names() if n in stack.components]
+    rss = [rss_kib(stack.components[n].pid) or 0 for n in stack.store_node_names()
+           if n in stack.components and stack.components[n].alive()]
     data = sum(dir_bytes(d / table) for d in (home / "data").glob("*"))
     topic_bytes = sum(dir_bytes(d) for d in (home / "broker").glob(f"*/data/{topic}-*"))
     return {"node_rss_mib": max(rss, default=0) / 1024, "node_disk_mib": data / 2**20, "topic_mib": topic_bytes / 2**20}
@@ -281,6 +283,20 @@ def failover(stack: Any, table: str, keys: int, say: Callable[[str], None], vict
     return {"big_failover_failed": len(failed), "big_failover_lookups": done[0], "big_failover_strict_s": strict_s}
 
 
+def pipeline_at(stack: Any, label: str, keys: int, work: Path, say: Callable[[str], None]) -> dict[str, Any]:
+    """The pipeline at this state size: the demo's aggregation (sensor_stats) processing a backlog of twice as many
+    readings as keys, over ``keys`` distinct sensors, in this process against the stack's broker and Redis
+    (topics and namespace of its own): events/s once warm and the micro-batch time (loadtest/pipeline_bench.py)."""
+    from loadtest.pipeline_bench import measure_throughput
+
+    c = stack.config
+    t = measure_throughput(c.bootstrap, c.redis_url, work, events=2 * keys, sensors=keys, max_records_per_batch=200_000)
+    say(f"  pipeline with {keys:,} keys of state: {t.steady_events_per_s:,.0f} events/s once warm, micro-batch p50 "
+        f"{t.batch_ms_p50:,.0f} ms ({t.events:,} events in {t.batches} batches)")
+    return {f"big_pipeline_events_per_s_{label}": t.steady_events_per_s,
+            f"big_pipeline_batch_ms_{label}": t.batch_ms_p50}
+
+
 def measure(stack: Any, label: str, keys: int, args: argparse.Namespace, work: Path, say: Callable[[str], None],
             largest: bool) -> dict[str, Any]:
     from confluent_kafka.admin import AdminClient
@@ -326,6 +342,8 @@ def measure(stack: Any, label: str, keys: int, args: argparse.Namespace, work: P
         say("  " + ", ".join(f"{k} {v:,.2f}" for k, v in out.items() if k.startswith("big_")))
         if largest and not args.no_restore:
             out.update({f"{k}_{label}": v for k, v in restore_vs_raw(stack, table, topic, keys, work, say).items()})
+        if label in args.pipeline:
+            out.update(pipeline_at(stack, label, keys, work, say))
         if largest and not args.no_failover:
             out.update({f"{k}_{label}": v for k, v in failover(stack, table, keys, say).items()})
             wait_served(c.rest_url, table, args.restore_timeout, say)
@@ -380,6 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-restore", action="store_true", help="skip the restore into an empty node")
     p.add_argument("--no-failover", action="store_true", help="skip the kill -9 of a node")
     p.add_argument("--keep", action="store_true", help="keep each size's topic and table afterwards")
+    p.add_argument("--pipeline", nargs="*", default=[], choices=list(SIZES), metavar="SIZE",
+                   help="also run the pipeline's aggregation with this many distinct keys in its state (1m: minutes; "
+                        "10m: tens of minutes)")
     p.add_argument("--out", type=Path, default=Path("bigtable-results"))
     a = p.parse_args(argv)
 
