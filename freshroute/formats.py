@@ -84,7 +84,7 @@ def value_json(fmt: str, raw: bytes) -> str:
 def key_problem(fmt: str, raw: bytes) -> str | None:
     """Why a record's key cannot be one of this table's keys, or None."""
     if fmt == "string":
-        return None if raw.isascii() or _utf8(raw) else "key is not UTF-8"
+        return None if raw.isascii() or is_utf8(raw) else "key is not UTF-8"
     if fmt == "json":
         return None if _json(raw) else "key is not JSON"
     return None
@@ -96,11 +96,11 @@ def value_problem(fmt: str, raw: bytes) -> str | None:
     if fmt == "json":
         return None if _json(raw) else "value is not JSON"
     if fmt == "string":
-        return None if raw.isascii() or _utf8(raw) else "value is not UTF-8 text"
+        return None if raw.isascii() or is_utf8(raw) else "value is not UTF-8 text"
     return None
 
 
-def _utf8(raw: bytes) -> bool:
+def is_utf8(raw: bytes) -> bool:
     try:
         raw.decode("utf-8")
         return True

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from confluent_kafka import KafkaError
 
-from freshroute.formats import key_problem, value_problem
+from freshroute.formats import is_utf8, key_problem, value_problem
 from store_node.end_offsets import MISSING_TOPIC, EndOffsetWatcher
 from store_node.lag import Clock
 from store_node.replica import Replica, Staged
@@ -31,14 +31,6 @@ _POISON_LOG_INTERVAL_S = 10.0
 # its reported progress moves every second, and a staged batch stays a few MB.
 _STAGE_MAX_S = 1.0
 _STAGE_MAX_ROWS = 50_000
-
-
-def _is_utf8(raw: bytes) -> bool:
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 class RateLimiter:
@@ -154,7 +146,7 @@ class Applier:
             value = m.value()
             if key is None:
                 problem = "null key"
-            elif plain and not key.isascii() and not _is_utf8(key):
+            elif plain and not key.isascii() and not is_utf8(key):
                 problem = "key is not UTF-8"
             elif not plain and (problem := key_problem(spec.key_format, key)) is not None:
                 pass
