@@ -4,11 +4,12 @@ Playwright through its own driver. Nothing downloads a browser."""
 from __future__ import annotations
 
 import shutil
-import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import pytest
+
+from tests.integration.stack_fixture import wait_until
 
 
 def chromium() -> str:
@@ -27,18 +28,12 @@ class Page:
         page.on("pageerror", lambda e: self.exceptions.append(str(e)))
 
     def wait_for(self, predicate: Callable[[], bool], timeout_s: float, what: str,
-                 check: Callable[[], None] | None = None) -> float:
-        """Poll ``predicate`` until true; returns the seconds it took. ``check`` raises when a process the wait
-        depends on is gone."""
-        start = time.monotonic()
-        while not predicate():
-            if check is not None:
-                check()
-            if time.monotonic() - start > timeout_s:
-                raise AssertionError(f"the console did not show {what} within {timeout_s} s; uncaught exceptions "
-                                     f"in the page: {self.exceptions}")
-            time.sleep(0.1)
-        return time.monotonic() - start
+                 check: Callable[[], None] | None = None) -> None:
+        """:func:`wait_until` ``predicate``, saying on timeout what the page raised meanwhile."""
+        try:
+            wait_until(predicate, timeout_s, f"the console to show {what}", interval_s=0.1, check=check)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; uncaught exceptions in the page: {self.exceptions}") from None
 
 
 @contextmanager

@@ -30,6 +30,13 @@ def metadata(stack: Stack) -> MetadataStore:
     return MetadataStore.at(stack.config.redis_location(), stack.config.namespace)
 
 
+def scrape(url: str) -> list:
+    """Every sample a Prometheus endpoint exposes (name, labels, value)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [s for f in text_string_to_metric_families(httpx.get(url, timeout=5).text) for s in f.samples]
+
+
 def node_id(name: str) -> str:
     """Component name → node id (store-node-3 → node-3), as the local stack names them."""
     return f"node-{name.rsplit('-', 1)[1]}"

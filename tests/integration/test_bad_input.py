@@ -25,6 +25,7 @@ from freshroute.local.services import free_port
 from freshroute.windows import WATERMARK_KEY, parse_watermark, split_window_key
 from pipeline.topics import ensure_topic
 
+from .cluster_support import scrape
 from .pipeline_support import REPO, PipelineProcess, materialize, mismatches, read_topic
 from .stack_fixture import wait_until
 
@@ -124,15 +125,11 @@ def test_bad_records_are_dead_lettered_with_their_reason_and_the_tables_hold_onl
 
     def counters() -> Counter:
         try:
-            text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+            samples = scrape(f"http://127.0.0.1:{metrics_port}/metrics")
         except httpx.TransportError:
-            return Counter()
-        out = Counter()
-        for line in text.splitlines():
-            if line.startswith("freshroute_pipeline_rejected_records_total{"):
-                labels = dict(part.split("=") for part in line[line.index("{") + 1:line.index("}")].split(","))
-                out[(labels["source"].strip('"'), labels["reason"].strip('"'))] = int(float(line.rsplit(" ", 1)[1]))
-        return out
+            return Counter()  # the pipeline's metrics are not served yet
+        return Counter({(s.labels["source"], s.labels["reason"]): int(s.value) for s in samples
+                        if s.name == "freshroute_pipeline_rejected_records_total"})
 
     try:
         wait_until(lambda: counters() == want_counts, 240, "every bad record to be counted", check=pipeline.check)

@@ -11,6 +11,7 @@ import pytest
 
 from freshroute.keys import partition_for, serialize_key
 from proto import router_pb2, router_pb2_grpc
+from tests.integration.cluster_support import scrape
 from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, all_sensors_served, expected_sensor_stats,
                                              produce_readings, produced, same_stats, wait_until)
 
@@ -171,15 +172,10 @@ def test_locust_users_rest_grpc_and_client_all_answer(stack, readings, tmp_path)
 
 def test_store_nodes_and_the_pipeline_expose_prometheus_metrics(stack, readings):
     """Every replica's lag and progress from each node, and each table's last micro-batch from the pipeline."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     expected = expected_sensor_stats(readings)
     with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
         wait_until(lambda: all_sensors_served(client, expected, max_lag=0), FIRST_DATA_TIMEOUT_S,
                    "every sensor's final stats to be served", stack=stack)
-
-    def scrape(url: str) -> list:
-        return [s for f in text_string_to_metric_families(httpx.get(url, timeout=5).text) for s in f.samples]
 
     components = stack.status()["components"]
     nodes = [c for c in components if c["role"] == "store-node"]

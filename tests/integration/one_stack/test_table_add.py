@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient
 from freshroute.client import Client
 from pipeline.topics import ensure_topic
 from proto import router_pb2, router_pb2_grpc
-from tests.integration.cluster_support import metadata
+from tests.integration.cluster_support import metadata, scrape
 from tests.integration.pipeline_support import REPO
 from tests.integration.stack_fixture import wait_until
 
@@ -146,14 +146,10 @@ def test_a_compacted_topic_is_served_in_each_format_with_no_restart(stack, topic
     produce(c.bootstrap, topics["users"], [(b"user-1", b"not json")])
 
     def undecodable() -> int:
-        total = 0
-        for name in stack.store_node_names():
-            if not stack.components[name].alive():
-                continue  # a node another module started and stopped (scaling out and back)
-            text = httpx.get(stack.components[name].addresses["metrics"], timeout=5).text
-            total += sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
-                         if line.startswith('freshroute_store_undecodable_records_total{table="users"}'))
-        return total
+        # Only the nodes running: another module may have started and stopped some (scaling out and back).
+        return sum(int(s.value) for name in stack.store_node_names() if stack.components[name].alive()
+                   for s in scrape(stack.components[name].addresses["metrics"])
+                   if s.name == "freshroute_store_undecodable_records_total" and s.labels == {"table": "users"})
 
     wait_until(lambda: undecodable() >= 2, 20, "the active and the standby to count the record", stack=stack)
     assert httpx.get(f"{c.rest_url}/v1/tables/users/keys/user-1").json()["value"] == {"name": "u1", "v": 2}
