@@ -215,16 +215,10 @@ def footprint(stack: Any, table: str, topic: str) -> dict[str, float]:
 def restore_vs_raw(stack: Any, table: str, topic: str, keys: int, work: Path, say: Callable[[str], None]) -> dict:
     """A new store node restoring the whole topic into an empty directory (in a namespace of its own) against a
     plain consumer reading it (loadtest/restore.py)."""
-    from dataclasses import replace
-
-    from freshroute.metadata import MetadataStore
     from loadtest.restore import ScratchChangelog
 
     c = stack.config
-    scratch = ScratchChangelog(c.bootstrap, c.redis_url, work, c.topic_prefix, PARTITIONS)
-    scratch.spec = replace(scratch.spec, topic=topic)
-    scratch.records = keys
-    MetadataStore.from_url(c.redis_url, scratch.namespace).register_tables([scratch.spec])
+    scratch = ScratchChangelog.of_topic(c.bootstrap, c.redis_url, work, topic, PARTITIONS, keys, c.topic_prefix)
     try:
         raw = scratch.raw_consume()
         say(f"    raw consume: {raw['raw_consume_rps']:,.0f} records/s")

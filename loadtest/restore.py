@@ -211,6 +211,21 @@ class ScratchChangelog:
         self._topic_created = False
         self._rounds = 0
 
+    @classmethod
+    def of_topic(cls, bootstrap: str, redis_url: str, work: Path, topic: str, partitions: int, records: int,
+                 prefix: str = "") -> "ScratchChangelog":
+        """An existing topic of ``records`` records, registered in a namespace of its own; :meth:`remove` leaves the
+        topic alone."""
+        from dataclasses import replace
+
+        from freshroute.metadata import MetadataStore
+
+        scratch = cls(bootstrap, redis_url, work, prefix, partitions)
+        scratch.spec = replace(scratch.spec, topic=topic)
+        scratch.records = records
+        MetadataStore.from_url(redis_url, scratch.namespace).register_tables([scratch.spec])
+        return scratch
+
     def create(self, records: int, keys: int, progress: Callable[[int], None] | None = None) -> float:
         """Create the topic, produce ``records`` records over ``keys`` keys, register the table; returns seconds."""
         from confluent_kafka.admin import AdminClient, NewTopic
