@@ -105,10 +105,8 @@ def summarise(core: RoutingCore, snap: Snapshot, now: int) -> dict[str, Any]:
                 n.restoring += kind == "restoring"
             if not r.alive or state is None:
                 continue
-            applied, end, staleness, observed = r.latest()
-            lag = None if end is None else end - applied if end > applied else 0
-            if lag != 0 and now > observed:
-                staleness += now - observed
+            c = core.estimate(r, now)  # as routing and /v1/cluster see the replica
+            applied, end, lag, staleness = c.applied, c.end, c.lag_offsets, c.staleness_ms
             if state == _RESTORING:
                 t.restores.append({"partition": partition, "node": r.node, "applied_offset": applied,
                                    "end_offset": end})
