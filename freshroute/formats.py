@@ -19,6 +19,7 @@ import base64
 import binascii
 from typing import Any
 
+import msgspec
 import orjson
 
 from freshroute.errors import InvalidArgument
@@ -86,7 +87,7 @@ def key_problem(fmt: str, raw: bytes) -> str | None:
     if fmt == "string":
         return None if raw.isascii() or is_utf8(raw) else "key is not UTF-8"
     if fmt == "json":
-        return None if _json(raw) else "key is not JSON"
+        return None if is_json(raw) else "key is not JSON"
     return None
 
 
@@ -94,7 +95,7 @@ def value_problem(fmt: str, raw: bytes) -> str | None:
     """Why a record's value cannot be one of this table's values, or None (a store node skips such a record,
     counting and reporting it at its offset: the key keeps its last valid value)."""
     if fmt == "json":
-        return None if _json(raw) else "value is not JSON"
+        return None if is_json(raw) else "value is not JSON"
     if fmt == "string":
         return None if raw.isascii() or is_utf8(raw) else "value is not UTF-8 text"
     return None
@@ -108,9 +109,15 @@ def is_utf8(raw: bytes) -> bool:
         return False
 
 
-def _json(raw: bytes) -> bool:
+# Checks a document's syntax without building it: a third of the time orjson takes to parse a 200-byte row.
+_JSON_SYNTAX = msgspec.json.Decoder(msgspec.Raw)
+
+
+def is_json(raw: bytes) -> bool:
+    """Whether ``raw`` is one JSON document in UTF-8, as orjson would accept it (msgspec does not check the UTF-8
+    inside strings, so that is checked apart)."""
     try:
-        orjson.loads(raw)
-        return True
-    except orjson.JSONDecodeError:
+        _JSON_SYNTAX.decode(raw)
+    except msgspec.DecodeError:
         return False
+    return raw.isascii() or is_utf8(raw)

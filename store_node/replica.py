@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Iterable
 from urllib.parse import quote
 
-import orjson
 from rocksdict import WriteBatch
 
 from freshroute.errors import StoreCorrupt
@@ -33,15 +32,6 @@ def replica_path(root: Path, table: str, partition: int) -> Path:
 
 def _all_valid(values: Iterable[bytes | None], value_format: str) -> bool:
     """Whether every value (tombstones aside) is of the table's format."""
-    if value_format == "json":
-        loads = orjson.loads
-        try:
-            for value in values:
-                if value is not None:
-                    loads(value)
-        except orjson.JSONDecodeError:
-            return False
-        return True
     return all(value is None or value_problem(value_format, value) is None for value in values)
 
 
@@ -115,11 +105,25 @@ class Replica:
         return ReplicaReport(self.table, self.partition, self.role, self.state, lag.applied, end, lag.staleness_ms)
 
     def check_restored(self, now_ms: int) -> bool:
-        """Leave RESTORING once within the threshold of a fresh end offset; True on that transition."""
-        if self.restoring and self.lag.within(self._threshold, now_ms):
-            self.restoring = False
-            return True
-        return False
+        """Leave RESTORING once within the threshold of a fresh end offset; True on that transition.
+
+        A store that loaded in bulk is reopened for reads then, once what it loaded is on disk (a failure marks the
+        replica corrupt, to be wiped).
+        """
+        if not (self.restoring and self.lag.within(self._threshold, now_ms)):
+            return False
+        store = self.store
+        if store is not None and store.bulk_load:
+            try:
+                if not store.flush_loaded():
+                    return False
+                self.store = None  # readers meanwhile hear "being rebuilt", as during a wipe
+                self.store = store.reopened()
+            except StoreCorrupt as e:
+                self.mark_corrupt(e.message)
+                return False
+        self.restoring = False
+        return True
 
     def mark_corrupt(self, reason: str) -> None:
         if self.corrupt_reason is None:
@@ -185,7 +189,7 @@ class Replica:
         self.close()
         self.lag.reset()
         ReplicaStore.destroy(path)  # close() dropped the staged changes
-        store = ReplicaStore.open(path, memory)  # a fresh directory cannot be corrupt; if it is, the caller retries
+        store = ReplicaStore.open(path, memory, bulk_load=True)  # a fresh directory cannot be corrupt; if it is, the caller retries
         self.restoring = True
         self.check_until = 0
         self.reread = False

@@ -104,6 +104,8 @@ class _Reader:
         why = None
         if store is None:
             why = "replica is being rebuilt from its changelog"
+        elif store.bulk_load:
+            why = "replica is loading its changelog into an empty store; it is read once it has caught up"
         elif read.HasField("bound"):
             why = Bound.from_store(table, partition, read.bound).refusal(partition, *figures)
         if why is not None:

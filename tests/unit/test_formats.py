@@ -52,3 +52,17 @@ def test_a_store_node_refuses_records_not_of_the_tables_formats():
     assert value_problem("json", b"nope") == "value is not JSON"
     assert value_problem("string", b"\xff\xfe") == "value is not UTF-8 text"
     assert value_problem("bytes", b"\xff") is None
+
+
+@pytest.mark.parametrize("raw", [b'{"a":1}', b' [1, "x", null] ', b'"\xc3\xa9"', b"1", b"null", b'{"a":"\\q"}',
+                                 b'{"a":"x\ny"}', b'{"a":01}', b'{"a":1,}', b"NaN", b"", b'{"a":1} x', b'{"a":1',
+                                 b'"\xed\xa0\x80"', b'{"\xff":1}', b'{"a":"\\ud800"}'])
+def test_json_is_checked_as_orjson_parses_it(raw):
+    from freshroute.formats import is_json
+
+    try:
+        orjson.loads(raw)
+        parses = True
+    except orjson.JSONDecodeError:
+        parses = False
+    assert is_json(raw) is parses
