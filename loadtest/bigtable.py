@@ -11,9 +11,10 @@ stack's nodes (one standby). Once every replica has caught up, side by side for 
 - REST throughput at saturation (wrk, 64 connections, keys rotating over a random sample of the whole table);
 - the store nodes' RSS and the table's data on their disks; the topic's size on the broker's disk.
 
-For the largest size also: a new store node restoring the whole topic into an empty directory against a plain
-consumer reading it (records/s), and kill -9 of a store node under client lookups (failed lookups; strict reads
-back). Prints every figure, writes ``bigtable.json`` and ``bigtable.png`` (figures against table size) to --out;
+For the largest size also: the client's lookups of a small table served on the same nodes, before and while they
+restore the big one (does a restore starve the replicas a node already hosts?); a new store node restoring the whole
+topic into an empty directory against a plain consumer reading it (records/s); and kill -9 of a store node under
+client lookups (failed lookups; strict reads back). Prints every figure, writes ``bigtable.json`` and ``bigtable.png`` (figures against table size) to --out;
 the last line is one JSON object with the figures named ``big_*``. Loopback only; every step ends by itself.
 Each size's topic and table are removed afterwards unless --keep.
 """
@@ -277,6 +278,75 @@ def failover(stack: Any, table: str, keys: int, say: Callable[[str], None], vict
     return {"big_failover_failed": len(failed), "big_failover_lookups": done[0], "big_failover_strict_s": strict_s}
 
 
+class Neighbour:
+    """A small table served beside the big one, read by the client at a steady rate: the lookups of replicas the nodes
+    already host, before and while the nodes restore the big table (does a restore starve them?)."""
+
+    KEYS = 10_000
+    RATE = 100.0
+
+    def __init__(self, stack: Any, say: Callable[[str], None]) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        from freshroute.metadata import MetadataStore
+        from freshroute.served_tables import add_table
+
+        c = stack.config
+        self.stack, self.say = stack, say
+        self.topic, self.table = topic_name(c.topic_prefix, "neighbour"), "big_neighbour"
+        self.md = MetadataStore.from_url(c.redis_url, c.namespace)
+        self.admin = AdminClient(kafka_client_config(c.bootstrap))
+        write_topic(c.bootstrap, self.topic, self.KEYS, say=say)
+        add_table(self.md, self.admin, c.bootstrap, self.table, self.topic, standby_replicas=1,
+                  kafka_config=kafka_client_config(c.bootstrap))
+        wait_served(c.rest_url, self.table, 120, say)
+
+    def lookups(self, until: Callable[[], bool]) -> dict[str, Any]:
+        """Client lookups of random keys at RATE/s, one at a time, until ``until()``: p50, p99 (ms) and failures."""
+        from freshroute.client import Client
+        from freshroute.errors import FreshrouteError
+
+        rng = random.Random(13)
+        latencies: list[float] = []
+        failed = 0
+        c = self.stack.config
+        with Client(c.redis_url, namespace=c.namespace) as client:
+            next_at = time.monotonic()
+            while not until():
+                now = time.monotonic()
+                if now < next_at:
+                    time.sleep(next_at - now)
+                t0 = time.perf_counter()
+                try:
+                    client.get(self.table, f"{KEY_PREFIX}{rng.randrange(self.KEYS)}")
+                    latencies.append((time.perf_counter() - t0) * 1000)
+                except FreshrouteError:
+                    failed += 1
+                next_at += 1 / self.RATE
+        return {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99), "failed": failed,
+                "lookups": len(latencies) + failed}
+
+    def during(self, work: Callable[[], Any]) -> tuple[Any, dict[str, Any]]:
+        """``work()``'s result and the lookups made while it ran."""
+        done = threading.Event()
+        box: dict[str, Any] = {}
+        t = threading.Thread(target=lambda: box.update(figures=self.lookups(done.is_set)), daemon=True)
+        t.start()
+        try:
+            result = work()
+        finally:
+            done.set()
+            t.join(30)
+        return result, box["figures"]
+
+    def remove(self) -> None:
+        from freshroute.served_tables import remove_table
+
+        if self.table in self.md.tables():
+            remove_table(self.md, self.table)
+        self.admin.delete_topics([self.topic])[self.topic].result(60)
+
+
 def pipeline_at(stack: Any, label: str, keys: int, work: Path, say: Callable[[str], None]) -> dict[str, Any]:
     """The pipeline at this state size: the demo's aggregation (sensor_stats) processing a backlog of twice as many
     readings as keys, over ``keys`` distinct sensors, in this process against the stack's broker and Redis
@@ -311,8 +381,29 @@ def measure(stack: Any, label: str, keys: int, args: argparse.Namespace, work: P
     say(f"{label}: {keys:,} keys")
     try:
         out["write_s"] = write_topic(c.bootstrap, topic, keys, say=say)
-        add_table(md, admin, c.bootstrap, table, topic, standby_replicas=1, kafka_config=kafka_client_config(c.bootstrap))
-        out["served_after_s"] = wait_served(c.rest_url, table, args.restore_timeout, say)
+        neighbour = Neighbour(stack, say) if largest else None
+
+        def serve() -> float:
+            add_table(md, admin, c.bootstrap, table, topic, standby_replicas=1,
+                      kafka_config=kafka_client_config(c.bootstrap))
+            return wait_served(c.rest_url, table, args.restore_timeout, say)
+
+        if neighbour is None:
+            out["served_after_s"] = serve()
+        else:
+            try:
+                until = time.monotonic() + args.duration
+                idle = neighbour.lookups(lambda: time.monotonic() > until)
+                out["served_after_s"], during = neighbour.during(serve)
+            finally:
+                neighbour.remove()
+            out.update({"big_neighbour_p50_ms_idle": idle["p50"], "big_neighbour_p99_ms_idle": idle["p99"],
+                        f"big_neighbour_p50_ms_restoring_{label}": during["p50"],
+                        f"big_neighbour_p99_ms_restoring_{label}": during["p99"],
+                        f"big_neighbour_failed_restoring_{label}": during["failed"]})
+            say(f"  lookups of a {Neighbour.KEYS:,}-key table on the same nodes at {Neighbour.RATE:.0f}/s: p50/p99 "
+                f"{idle['p50']:.2f}/{idle['p99']:.2f} ms before, {during['p50']:.2f}/{during['p99']:.2f} ms while they "
+                f"restored {table} ({during['failed']} of {during['lookups']} failed)")
         out["settled_after_s"] = settle(stack)
         say(f"  written in {out['write_s']:.0f} s, served (every replica caught up) {out['served_after_s']:.0f} s "
             f"after table add; the nodes' compactions settled {out['settled_after_s']:.0f} s later")

@@ -1,4 +1,4 @@
-"""Applying polled changelog records to the replicas, one WriteBatch per partition per poll.
+"""Applying polled changelog records to the replicas, one checkpointed write per partition per poll.
 
 A poison record (null key, key or value not of the table's formats) is skipped with a counted,
 rate-limited warning, and the partition moves on. A restoring replica checks values only when
@@ -65,7 +65,7 @@ class Applier:
         self.records_skipped = 0
 
     def handle(self, msgs: list) -> int:
-        """Apply a polled batch, one WriteBatch per partition; returns how many records were applied.
+        """Apply a polled batch, one checkpointed write per partition; returns how many records were applied.
 
         This loop and :meth:`_apply` run once per record during a restore, so they are written
         for speed: records come in runs of one partition, and a run looks its replica up once.
@@ -156,7 +156,7 @@ class Applier:
             self._poison(rep, m.offset(), problem,
                          rep.counters.records_skipped + (staged.skipped if staged is not None else 0) + skipped)
         if staged is None:
-            rep.commit(store.batch(rows.items()), last + 1, count, skipped)
+            rep.commit(rows.items(), last + 1, count, skipped)
         else:
             staged.next_offset = last + 1
             staged.records += count

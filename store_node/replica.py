@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Iterable
 from urllib.parse import quote
 
-from rocksdict import WriteBatch
 
 from freshroute.errors import StoreCorrupt
 from freshroute.formats import value_problem
@@ -51,7 +50,7 @@ class Staged:
 
     A changelog's uncompacted tail holds every recent update of a key, so a restore that
     writes only the last change per key writes a fraction of the records it reads; the
-    rows and the offset after them still go to the store in one WriteBatch. For the same
+    rows and the offset after them still go to the store in one write. For the same
     reason their values are checked once, when written, rather than as each record is read.
     """
 
@@ -144,15 +143,16 @@ class Replica:
             staged.skipped += skipped
             self.write_staged()
             return
-        self.commit(store.batch(changes), next_offset, len(changes), skipped)
+        self.commit(changes, next_offset, len(changes), skipped)
 
-    def commit(self, writes: WriteBatch, next_offset: int, applied: int, skipped: int) -> None:
-        """Write ``writes`` (``applied`` rows) with the checkpoint ``next_offset``, then publish the position."""
+    def commit(self, rows: Iterable[tuple[bytes, bytes | None]], next_offset: int, applied: int, skipped: int) -> None:
+        """Write ``rows`` (standing for ``applied`` records) with the checkpoint ``next_offset``, then publish the
+        position."""
         store = self.store
         if store is None:
             raise StoreCorrupt(f"replica {self.table}/{self.partition} has no open store")
         caught_up_at = self.lag.caught_up_at_after(next_offset)
-        store.commit(writes, next_offset, caught_up_at or None)
+        store.apply(rows, next_offset, caught_up_at or None)
         # Publish the position only after the batch is in the store: a read never reports more.
         self.lag.advance(next_offset)
         self.counters.records_applied += applied
@@ -173,7 +173,7 @@ class Replica:
             self.check_until = staged.next_offset
             self.reread = True
             return 0
-        self.commit(self.store.batch(staged.rows.items()), staged.next_offset, staged.records, staged.skipped)
+        self.commit(staged.rows.items(), staged.next_offset, staged.records, staged.skipped)
         return staged.records
 
     def close(self) -> None:

@@ -1,9 +1,9 @@
 """One table-partition's local RocksDB: a cache of its changelog that can always be rebuilt.
 
-Rows live in the default column family (raw UTF-8 key bytes → JSON value bytes, ordered
-bytewise for scans); the replica's checkpoint lives in the ``meta`` column family. The
-applied offset (next changelog offset to apply) is written in the same WriteBatch as the
-rows it covers, so a crash can never leave data and checkpoint apart.
+Rows live in the default column family (raw key bytes → value bytes, ordered bytewise for
+scans); the replica's checkpoint lives in the ``meta`` column family. The applied offset (next
+changelog offset to apply) is written with the last of the rows it covers, so a crash can never
+leave the rows behind the checkpoint (ahead of it, a replay from it rewrites them).
 
 A replica restoring into an empty store loads in bulk (:attr:`ReplicaStore.bulk_load`) until it has caught up,
 then is reopened for reads (:meth:`ReplicaStore.reopened`).
@@ -15,6 +15,7 @@ every handle and iterators never outlive one call.
 from __future__ import annotations
 
 import shutil
+from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -30,6 +31,7 @@ _CAUGHT_UP_AT = b"caught_up_at"
 _FORMAT = b"format"
 _FORMAT_VERSION = b"1"
 _FLUSH_AT_ONCE_BYTES = 1 << 20
+WRITE_CHUNK_ROWS = 2_000
 
 
 class StoreBusy(FatalError):
@@ -245,12 +247,30 @@ class ReplicaStore:
 
     def apply(self, changes: Iterable[tuple[bytes, bytes | None]], next_offset: int,
               caught_up_at_ms: int | None = None) -> None:
-        """Upsert/delete rows (None = tombstone) and move the checkpoint to ``next_offset``, atomically."""
-        self.commit(self.batch(changes), next_offset, caught_up_at_ms)
+        """Upsert/delete rows (None = tombstone) and move the checkpoint to ``next_offset``.
+
+        The rows go in WriteBatches of at most WRITE_CHUNK_ROWS, the checkpoint with the last: RocksDB's write keeps
+        the interpreter (rocksdict holds the GIL through it), so one big write would hold up every read of the node
+        (74 ms for 50,000 rows). A crash between two leaves rows ahead of the checkpoint, never behind it, and the
+        replay from the checkpoint rewrites them to the same values.
+        """
+        rows = iter(changes)
+        while True:
+            batch = self.batch(islice(rows, WRITE_CHUNK_ROWS))
+            if batch.len() < WRITE_CHUNK_ROWS:
+                break
+            self._write(batch)
+        batch.put(_APPLIED, _bytes(next_offset), self._meta_cf)
+        if caught_up_at_ms is not None:
+            batch.put(_CAUGHT_UP_AT, _bytes(caught_up_at_ms), self._meta_cf)
+        self._write(batch)
+        self.applied_offset = next_offset
+        if caught_up_at_ms is not None:
+            self.caught_up_at_ms = caught_up_at_ms
 
     @staticmethod
     def batch(changes: Iterable[tuple[bytes, bytes | None]] = ()) -> WriteBatch:
-        """A batch of row upserts and deletes (None = tombstone), for :meth:`commit`."""
+        """A batch of row upserts and deletes (None = tombstone)."""
         batch = WriteBatch(raw_mode=True)
         for key, value in changes:
             if value is None:
@@ -259,21 +279,14 @@ class ReplicaStore:
                 batch.put(key, value)
         return batch
 
-    def commit(self, batch: WriteBatch, next_offset: int, caught_up_at_ms: int | None = None) -> None:
-        """Write ``batch``'s rows and move the checkpoint to ``next_offset`` in the same write."""
+    def _write(self, batch: WriteBatch) -> None:
         db = self._db
         if db is None:
             raise StoreCorrupt(f"replica store {self.path} is closed", path=str(self.path))
-        batch.put(_APPLIED, _bytes(next_offset), self._meta_cf)
-        if caught_up_at_ms is not None:
-            batch.put(_CAUGHT_UP_AT, _bytes(caught_up_at_ms), self._meta_cf)
         try:
             db.write(batch, self._write_options)
         except Exception as e:
             raise StoreCorrupt(f"cannot write replica store {self.path}: {e}", path=str(self.path)) from None
-        self.applied_offset = next_offset
-        if caught_up_at_ms is not None:
-            self.caught_up_at_ms = caught_up_at_ms
 
     def set_topic_id(self, topic_id: str) -> None:
         """Remember which incarnation of the changelog topic these rows came from."""

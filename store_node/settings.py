@@ -39,7 +39,7 @@ class StoreNodeSettings(ServingSettings):
 
     block_cache_mb: int = Field(256, ge=8, le=1 << 20, description="RocksDB memory of the node, shared by all its "
                                 "replicas: the block cache, with the memtables charged to it (at most half)")
-    apply_batch_max: int = Field(5000, gt=0, description="records per poll, applied in one WriteBatch per partition")
+    apply_batch_max: int = Field(5000, gt=0, description="records per poll, applied with one checkpoint per partition")
     # Within this many offsets of a fresh end offset a replica has caught up: it leaves
     # RESTORING, and the assignor treats it as warm enough to take the active role.
     caught_up_threshold: int = Field(100, ge=0, description="offsets from the end that count as caught up")

@@ -228,3 +228,27 @@ def test_a_bulk_load_is_written_in_the_background_and_reopened_for_reads(tmp_pat
     assert served.get_many([b"k000000", b"k019999", b"k020000"]) == [rows[0][1], rows[-1][1], None]
     assert served.reopened() is served  # a store for reads stays open
     served.close()
+
+
+def test_a_large_apply_is_written_in_chunks_with_the_checkpoint_last(tmp_path, monkeypatch):
+    # rocksdict holds the GIL through a write: chunks bound how long the node's reads wait for one.
+    from store_node import replica_store
+
+    store = ReplicaStore.open(tmp_path / "t" / "0")
+    written: list[tuple[int, bool]] = []  # (entries, whether a checkpoint is stored after the write)
+    write = store._write
+
+    def counting(batch):
+        rows = batch.len()  # taken before the write, which consumes the batch
+        write(batch)
+        written.append((rows, store._meta.get(b"applied") is not None))
+
+    monkeypatch.setattr(store, "_write", counting)
+    rows = [(b"k%05d" % i, b"%d" % i) for i in range(2 * replica_store.WRITE_CHUNK_ROWS + 500)]
+    store.apply(rows, 4_500)
+    chunk = replica_store.WRITE_CHUNK_ROWS
+    # Every chunk full but the last, which carries the checkpoint (two more entries in its batch).
+    assert [n for n, _ in written] == [chunk, chunk, 500 + 1]
+    assert [has_checkpoint for _, has_checkpoint in written] == [False, False, True]
+    assert store.applied_offset == 4_500 and store.get(b"k04499") == b"4499"
+    store.close()
