@@ -59,6 +59,7 @@ class ReplicaState(str, Enum):
     RESTORING = "RESTORING"
     ACTIVE = "ACTIVE"
     STANDBY = "STANDBY"
+    FAILED = "FAILED"  # its store cannot be written (e.g. the disk is full): never read; its report says why
 
 
 def now_ms() -> int:
@@ -216,6 +217,7 @@ class ReplicaReport:
     applied: int
     end: int | None  # None: not learnt yet
     staleness_ms: int
+    failure: str | None = None  # why it is FAILED
 
     @property
     def lag(self) -> ReplicaLag:
@@ -226,15 +228,19 @@ class ReplicaReport:
         return self.end is not None and self.end - self.applied <= offsets
 
     def to_dict(self) -> dict[str, Any]:
-        return {"table": self.table, "partition": self.partition, "role": self.role.value,
-                "state": self.state.value, "applied": self.applied, "end": self.end,
-                "staleness_ms": self.staleness_ms}
+        d = {"table": self.table, "partition": self.partition, "role": self.role.value,
+             "state": self.state.value, "applied": self.applied, "end": self.end,
+             "staleness_ms": self.staleness_ms}
+        if self.failure is not None:
+            d["failure"] = self.failure
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ReplicaReport":
         # Enum lookups by dict: routers and the assignor decode every changed report's replicas.
         return cls(d["table"], int(d["partition"]), _ROLES[d["role"]], _STATES[d["state"]],
-                   int(d["applied"]), None if d["end"] is None else int(d["end"]), int(d["staleness_ms"]))
+                   int(d["applied"]), None if d["end"] is None else int(d["end"]), int(d["staleness_ms"]),
+                   d.get("failure"))
 
 
 _ROLES = {r.value: r for r in Role}

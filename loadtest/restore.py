@@ -108,9 +108,11 @@ def cpu_s(pid: int | None = None) -> float:
 
 
 def start_node(bootstrap: str, redis_url: str, namespace: str, node_id: str, data_dir: Path,
-               log_path: Path, timeout_s: float = 60.0) -> tuple[subprocess.Popen, str]:
-    """A store node process of its own in ``namespace``; returns it and the address it listens on."""
-    env = {**os.environ, "FRESHROUTE_NODE_ID": node_id, "FRESHROUTE_BOOTSTRAP_SERVERS": bootstrap,
+               log_path: Path, timeout_s: float = 60.0, *, env: dict[str, str] | None = None,
+               prefix: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+    """A store node process of its own in ``namespace``; returns it and the address it listens on. ``env`` adds to its
+    environment; ``prefix`` runs it through a command (which must exec it, so that the pid is the node's)."""
+    env = {**os.environ, **(env or {}), "FRESHROUTE_NODE_ID": node_id, "FRESHROUTE_BOOTSTRAP_SERVERS": bootstrap,
            "FRESHROUTE_REDIS_URL": redis_url, "FRESHROUTE_NAMESPACE": namespace, "FRESHROUTE_DATA_DIR": str(data_dir),
            # The node of the previous round (same id) is declared dead at once, and a node
            # stopped after its restore has no readers to drain.
@@ -119,7 +121,7 @@ def start_node(bootstrap: str, redis_url: str, namespace: str, node_id: str, dat
     with open(log_path, "wb") as log:
         # A session of its own, like a stack component: the kernel's autogroup scheduling then
         # gives it a share of the CPU of its own, apart from the process measuring it.
-        node = subprocess.Popen([sys.executable, "-m", "store_node"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+        node = subprocess.Popen([*prefix, sys.executable, "-m", "store_node"], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                 stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
     # The node prints one line once it listens; a node that fails to start closes stdout.
     deadline = time.monotonic() + timeout_s

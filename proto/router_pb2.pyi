@@ -264,7 +264,7 @@ class KeyMetadataRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
 
 class ReplicaInfo(_message.Message):
-    __slots__ = ("node", "address", "role", "state", "alive", "lag", "applied_offset", "end_offset")
+    __slots__ = ("node", "address", "role", "state", "alive", "lag", "applied_offset", "end_offset", "failure")
     NODE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -273,6 +273,7 @@ class ReplicaInfo(_message.Message):
     LAG_FIELD_NUMBER: _ClassVar[int]
     APPLIED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
     node: str
     address: str
     role: str
@@ -281,7 +282,8 @@ class ReplicaInfo(_message.Message):
     lag: Lag
     applied_offset: int
     end_offset: int
-    def __init__(self, node: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., alive: _Optional[bool] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., applied_offset: _Optional[int] = ..., end_offset: _Optional[int] = ...) -> None: ...
+    failure: str
+    def __init__(self, node: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., alive: _Optional[bool] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., applied_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., failure: _Optional[str] = ...) -> None: ...
 
 class KeyMetadataResponse(_message.Message):
     __slots__ = ("table", "key", "partition", "active", "standbys")

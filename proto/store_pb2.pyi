@@ -19,6 +19,7 @@ class ReplicaState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RESTORING: _ClassVar[ReplicaState]
     SERVING_ACTIVE: _ClassVar[ReplicaState]
     SERVING_STANDBY: _ClassVar[ReplicaState]
+    FAILED: _ClassVar[ReplicaState]
 
 class ReadStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -34,6 +35,7 @@ STATE_UNSPECIFIED: ReplicaState
 RESTORING: ReplicaState
 SERVING_ACTIVE: ReplicaState
 SERVING_STANDBY: ReplicaState
+FAILED: ReplicaState
 OK: ReadStatus
 NOT_FOUND: ReadStatus
 TOO_STALE: ReadStatus
@@ -51,7 +53,7 @@ class ReadBound(_message.Message):
     def __init__(self, max_lag: _Optional[int] = ..., max_staleness_ms: _Optional[int] = ..., min_offset: _Optional[int] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("node", "role", "state", "applied_offset", "end_offset", "lag_offsets", "staleness_ms")
+    __slots__ = ("node", "role", "state", "applied_offset", "end_offset", "lag_offsets", "staleness_ms", "failure")
     NODE_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +61,7 @@ class ReplicaStatus(_message.Message):
     END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LAG_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     STALENESS_MS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
     node: str
     role: Role
     state: ReplicaState
@@ -66,7 +69,8 @@ class ReplicaStatus(_message.Message):
     end_offset: int
     lag_offsets: int
     staleness_ms: int
-    def __init__(self, node: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., applied_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., lag_offsets: _Optional[int] = ..., staleness_ms: _Optional[int] = ...) -> None: ...
+    failure: str
+    def __init__(self, node: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., applied_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., lag_offsets: _Optional[int] = ..., staleness_ms: _Optional[int] = ..., failure: _Optional[str] = ...) -> None: ...
 
 class KeyRead(_message.Message):
     __slots__ = ("id", "table", "partition", "key", "bound")

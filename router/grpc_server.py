@@ -184,7 +184,7 @@ def _key_error(table: str, key: str, err: FreshrouteError) -> router_pb2.GetResp
 def _replica_info(i: ReplicaInfo) -> router_pb2.ReplicaInfo:
     return router_pb2.ReplicaInfo(node=i.node, address=i.address, role=i.role, state=i.state or "", alive=i.alive,
                                   lag=router_pb2.Lag(offsets=i.lag_offsets, ms=i.lag_ms), applied_offset=i.applied,
-                                  end_offset=i.end)
+                                  end_offset=i.end, failure=i.failure or "")
 
 
 def parse_request_bound(router: Router, request: Any) -> Bound:
@@ -341,7 +341,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     replica=router_pb2.ReplicaInfo(
                         node=r["node"], address=r["address"], role=r["role"], state=r["state"] or "",
                         alive=r["alive"], lag=router_pb2.Lag(offsets=r["lag"]["offsets"], ms=r["lag"]["ms"]),
-                        applied_offset=r["applied_offset"], end_offset=r["end_offset"]))
+                        applied_offset=r["applied_offset"], end_offset=r["end_offset"], failure=r["failure"] or ""))
                     for r in n["replicas"]]
                 nodes.append(router_pb2.NodeInfo(node=n["node"], address=n["address"], alive=n["alive"],
                                                  heartbeat_age_ms=n["heartbeat_age_ms"] or 0, replicas=replicas,

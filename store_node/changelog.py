@@ -179,6 +179,9 @@ class ChangelogTailer:
         now = self._clock()
         mono = time.monotonic()
         for rep in self.replicas.hosted():
+            if rep.failure is not None:
+                self.replicas.follow_failure(rep, mono)
+                continue
             # Before check_restored: a replica is caught up only once what it read is written.
             self.applier.write_if_due(rep, mono)
             if rep.reread:

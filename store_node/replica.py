@@ -19,7 +19,7 @@ from freshroute.errors import StoreCorrupt
 from freshroute.formats import value_problem
 from freshroute.metadata import ReplicaReport, ReplicaState, Role, TableSpec
 from store_node.lag import Clock, LagSnapshot, LagTracker
-from store_node.replica_store import ReplicaStore, StoreMemory
+from store_node.replica_store import DiskFull, ReplicaStore, StoreMemory
 
 def replica_path(root: Path, table: str, partition: int) -> Path:
     """``root/{table}/{partition}``; a table name that is not a safe file name is percent-encoded."""
@@ -78,6 +78,10 @@ class Replica:
         self.restoring = True  # until the first time it catches up
         self.epoch = 0  # bumped by every wipe, so a multi-chunk scan can notice it
         self.corrupt_reason: str | None = None  # set by a failed read; the tailer then wipes
+        # Set when its store cannot be written (the disk is full): the tailer drops its files, and it is FAILED, never
+        # read, until it tries again (failed_at: time.monotonic()).
+        self.failure: str | None = None
+        self.failed_at = 0.0
         self.counters = ReplicaCounters(resumed_from=store.applied_offset)
         self._clock = clock
         self._threshold = caught_up_threshold
@@ -91,6 +95,8 @@ class Replica:
 
     @property
     def state(self) -> ReplicaState:
+        if self.failure is not None:
+            return ReplicaState.FAILED
         if self.restoring:
             return ReplicaState.RESTORING
         return ReplicaState.ACTIVE if self.role is Role.ACTIVE else ReplicaState.STANDBY
@@ -101,13 +107,14 @@ class Replica:
     def report(self, now_ms: int) -> ReplicaReport:
         lag = self.lag.snapshot(now_ms)
         end = None if lag.end is None else max(lag.end, lag.applied)
-        return ReplicaReport(self.table, self.partition, self.role, self.state, lag.applied, end, lag.staleness_ms)
+        return ReplicaReport(self.table, self.partition, self.role, self.state, lag.applied, end, lag.staleness_ms,
+                             self.failure)
 
     def check_restored(self, now_ms: int) -> bool:
         """Leave RESTORING once within the threshold of a fresh end offset; True on that transition.
 
         A store that loaded in bulk is reopened for reads then, once what it loaded is on disk (a failure marks the
-        replica corrupt, to be wiped).
+        replica failed or corrupt).
         """
         if not (self.restoring and self.lag.within(self._threshold, now_ms)):
             return False
@@ -118,6 +125,9 @@ class Replica:
                     return False
                 self.store = None  # readers meanwhile hear "being rebuilt", as during a wipe
                 self.store = store.reopened()
+            except DiskFull as e:
+                self.mark_failed(e.message)
+                return False
             except StoreCorrupt as e:
                 self.mark_corrupt(e.message)
                 return False
@@ -127,6 +137,12 @@ class Replica:
     def mark_corrupt(self, reason: str) -> None:
         if self.corrupt_reason is None:
             self.corrupt_reason = reason
+
+    def mark_failed(self, reason: str) -> None:
+        """Its store cannot be written: FAILED from now on, and the tailer drops its files (see ReplicaSet.fail)."""
+        if self.failure is None:
+            self.failure = reason
+            self.failed_at = time.monotonic()
 
     # --- lifecycle, called only from the tailer's thread -----------------------------------------
 
@@ -152,7 +168,11 @@ class Replica:
         if store is None:
             raise StoreCorrupt(f"replica {self.table}/{self.partition} has no open store")
         caught_up_at = self.lag.caught_up_at_after(next_offset)
-        store.apply(rows, next_offset, caught_up_at or None)
+        try:
+            store.apply(rows, next_offset, caught_up_at or None)
+        except DiskFull as e:
+            self.mark_failed(e.message)
+            return
         # Publish the position only after the batch is in the store: a read never reports more.
         self.lag.advance(next_offset)
         self.counters.records_applied += applied
@@ -194,6 +214,7 @@ class Replica:
         self.check_until = 0
         self.reread = False
         self.corrupt_reason = None
+        self.failure = None
         self.counters.restores += 1
         self.restore_started = time.monotonic()
         self.restore_from = 0

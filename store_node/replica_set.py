@@ -23,7 +23,7 @@ from freshroute.errors import StoreCorrupt
 from freshroute.metadata import Role, TableSpec
 from store_node.lag import Clock
 from store_node.replica import Replica, replica_path
-from store_node.replica_store import ReplicaStore, StoreMemory
+from store_node.replica_store import DiskFull, ReplicaStore, StoreMemory
 from store_node.settings import StoreNodeSettings
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,8 @@ ReplicaKey = tuple[str, int]
 Desired = Mapping[ReplicaKey, tuple[TableSpec, Role]]
 
 _RETRY_S = 1.0
+# A replica FAILED for want of disk tries again this long after (space may have been freed meanwhile).
+FAILED_RETRY_S = 60.0
 # Retired replica files are deleted only while the assignment is known to be current.
 _ASSIGNMENT_FRESH_S = 5.0
 
@@ -148,6 +150,9 @@ class ReplicaSet:
         self._unassign(rep)
         try:
             rep.wipe(self._root, self._memory)
+        except DiskFull as e:
+            rep.mark_failed(e.message)  # still FAILED; tries again later
+            return
         except StoreCorrupt as e:
             # The directory cannot even be recreated (disk?): drop the replica and let follow() retry.
             log.error("replica %s/%d: cannot recreate its store: %s", rep.table, rep.partition, e.message)
@@ -157,6 +162,23 @@ class ReplicaSet:
             self._retry_later(rep.key)
             return
         self._consumer.incremental_assign([_from_checkpoint(rep)])  # the start: the store is empty
+
+    def follow_failure(self, rep: Replica, mono: float) -> None:
+        """A FAILED replica: stopped at once (:meth:`_fail`), restored from the start again FAILED_RETRY_S later."""
+        if rep.store is not None:
+            self._fail(rep)
+        elif mono - rep.failed_at >= FAILED_RETRY_S:
+            self.reset(rep, f"trying again after its failure ({rep.failure})")
+
+    def _fail(self, rep: Replica) -> None:
+        """Stop a replica whose store cannot be written: it stays hosted, FAILED (its report says why), never read,
+        and its files are deleted — a partial copy, whose space the node's other replicas need."""
+        log.error("replica %s/%d: %s; it is FAILED and not read, its files are deleted, and it tries again in %.0f s",
+                  rep.table, rep.partition, rep.failure, FAILED_RETRY_S)
+        self._unassign(rep)
+        rep.close()
+        rep.lag.reset()
+        ReplicaStore.destroy(replica_path(self._root, rep.table, rep.partition))
 
     def reread(self, rep: Replica) -> None:
         """Fetch again, from the checkpoint, the staged window ``rep`` dropped for holding poison."""

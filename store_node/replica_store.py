@@ -15,6 +15,7 @@ every handle and iterators never outlive one call.
 from __future__ import annotations
 
 import shutil
+import time
 from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -32,12 +33,28 @@ _FORMAT = b"format"
 _FORMAT_VERSION = b"1"
 _FLUSH_AT_ONCE_BYTES = 1 << 20
 WRITE_CHUNK_ROWS = 2_000
+_STALL_WAIT_S = 0.005
+_STALL_MAX_S = 120.0
 
 
 class StoreBusy(FatalError):
     """The replica's database is already open (a bug, or a second process): never wipe it for that."""
 
     code = "STORE_BUSY"
+
+
+class DiskFull(StoreCorrupt):
+    """The replica's store cannot be written for want of disk space: wiping and restoring it would fail the same way."""
+
+    code = "DISK_FULL"
+
+
+def _write_failure(path: Path, doing: str, e: Exception) -> StoreCorrupt:
+    """RocksDB's status (rocksdict raises a bare Exception with its text) as the store's error."""
+    text = str(e)
+    if "No space left" in text or "NoSpace" in text:
+        return DiskFull(f"no space left on the device of {path} (while {doing})", path=str(path))
+    return StoreCorrupt(f"cannot {doing} replica store {path}: {text}", path=str(path))
 
 
 def _int(raw: bytes) -> int:
@@ -146,6 +163,7 @@ class ReplicaStore:
         self.bulk_load = bulk_load
         self._write_options = WriteOptions()
         self._write_options.disable_wal = bulk_load
+        self._write_options.no_slowdown = True
         self._flush_started = False
         self._db: Rdict | None = db
         self._meta_cf = db.get_column_family_handle(META_CF)
@@ -170,7 +188,7 @@ class ReplicaStore:
         except Exception as e:  # rocksdict raises bare Exception for every RocksDB status
             if "lock" in str(e).lower() and "LOCK" in str(e):
                 raise StoreBusy(f"replica store {path} is already open: {e}", path=str(path)) from None
-            raise StoreCorrupt(f"cannot open replica store {path}: {e}", path=str(path)) from None
+            raise _write_failure(path, "open", e) from None
         return cls(path, db, memory, bulk_load)
 
     @classmethod
@@ -179,6 +197,8 @@ class ReplicaStore:
         empty (new or wiped) loads in bulk."""
         try:
             return cls.open(path, memory, bulk_load=not path.is_dir() or not any(path.iterdir())), None
+        except DiskFull:
+            raise
         except StoreCorrupt as e:
             cls.destroy(path)
             return cls.open(path, memory, bulk_load=True), e.message
@@ -195,9 +215,12 @@ class ReplicaStore:
                 self._flush_started = True
                 small = db.property_int_value("rocksdb.cur-size-active-mem-table") < _FLUSH_AT_ONCE_BYTES
                 db.flush(wait=small)
+            if db.property_int_value("rocksdb.background-errors"):
+                # A failed flush stops the database's writes; the next one says why.
+                self._meta.put(_FORMAT, _FORMAT_VERSION)
             return db.property_int_value("rocksdb.num-immutable-mem-table") == 0
         except Exception as e:
-            raise StoreCorrupt(f"cannot flush replica store {self.path}: {e}", path=str(self.path)) from None
+            raise _write_failure(self.path, "flush", e) from None
 
     def reopened(self) -> "ReplicaStore":
         """This store closed and opened again for reads; a store not loading in bulk is returned as it is."""
@@ -256,14 +279,12 @@ class ReplicaStore:
         """
         rows = iter(changes)
         while True:
-            batch = self.batch(islice(rows, WRITE_CHUNK_ROWS))
-            if batch.len() < WRITE_CHUNK_ROWS:
-                break
-            self._write(batch)
-        batch.put(_APPLIED, _bytes(next_offset), self._meta_cf)
-        if caught_up_at_ms is not None:
-            batch.put(_CAUGHT_UP_AT, _bytes(caught_up_at_ms), self._meta_cf)
-        self._write(batch)
+            chunk = list(islice(rows, WRITE_CHUNK_ROWS))
+            if len(chunk) == WRITE_CHUNK_ROWS:
+                self._write(chunk)
+                continue
+            self._write(chunk, next_offset, caught_up_at_ms)
+            break
         self.applied_offset = next_offset
         if caught_up_at_ms is not None:
             self.caught_up_at_ms = caught_up_at_ms
@@ -279,14 +300,35 @@ class ReplicaStore:
                 batch.put(key, value)
         return batch
 
-    def _write(self, batch: WriteBatch) -> None:
+    def _write(self, rows: list[tuple[bytes, bytes | None]], next_offset: int | None = None,
+               caught_up_at_ms: int | None = None) -> None:
+        """Write ``rows``, and the checkpoint with them if given.
+
+        A write that would stall (its memtables full while a flush runs) is refused by RocksDB and tried again here
+        every few ms: RocksDB would wait holding the interpreter, and every read of the node with it. A flush that
+        failed shows as the next write's error.
+        """
         db = self._db
         if db is None:
             raise StoreCorrupt(f"replica store {self.path} is closed", path=str(self.path))
-        try:
-            db.write(batch, self._write_options)
-        except Exception as e:
-            raise StoreCorrupt(f"cannot write replica store {self.path}: {e}", path=str(self.path)) from None
+        stalled = 0
+        while True:
+            batch = self.batch(rows)  # built again for each try: a write takes its batch
+            if next_offset is not None:
+                batch.put(_APPLIED, _bytes(next_offset), self._meta_cf)
+                if caught_up_at_ms is not None:
+                    batch.put(_CAUGHT_UP_AT, _bytes(caught_up_at_ms), self._meta_cf)
+            try:
+                db.write(batch, self._write_options)
+                return
+            except Exception as e:
+                if "Write stall" not in str(e):
+                    raise _write_failure(self.path, "write", e) from None
+            stalled += 1
+            if stalled * _STALL_WAIT_S >= _STALL_MAX_S:
+                raise StoreCorrupt(f"writes to replica store {self.path} stalled for {_STALL_MAX_S:.0f} s",
+                                   path=str(self.path))
+            time.sleep(_STALL_WAIT_S)
 
     def set_topic_id(self, topic_id: str) -> None:
         """Remember which incarnation of the changelog topic these rows came from."""
@@ -354,4 +396,7 @@ class ReplicaStore:
         self._meta = None
         self._meta_cf = None  # type: ignore[assignment]
         if db is not None:
-            db.close()
+            try:
+                db.close()
+            except Exception:
+                pass  # its last writes could not be flushed (a full disk): the checkpoint on disk is still before them

@@ -37,7 +37,7 @@ SCAN_CHUNK = 512
 
 _ROLE = {Role.ACTIVE: store_pb2.ACTIVE, Role.STANDBY: store_pb2.STANDBY}
 _STATE = {ReplicaState.RESTORING: store_pb2.RESTORING, ReplicaState.ACTIVE: store_pb2.SERVING_ACTIVE,
-          ReplicaState.STANDBY: store_pb2.SERVING_STANDBY}
+          ReplicaState.STANDBY: store_pb2.SERVING_STANDBY, ReplicaState.FAILED: store_pb2.FAILED}
 _OK, _NOT_FOUND, _TOO_STALE, _NOT_HOSTED, _ERROR = (store_pb2.OK, store_pb2.NOT_FOUND, store_pb2.TOO_STALE,
                                                      store_pb2.NOT_HOSTED, store_pb2.ERROR)
 
@@ -50,7 +50,8 @@ def replica_status(node_id: str, rep: "Replica", applied: int, end: int | None,
         end = max(end, applied)
     return store_pb2.ReplicaStatus(node=node_id, role=_ROLE[rep.role], state=_STATE[rep.state],
                                    applied_offset=applied, end_offset=end,
-                                   lag_offsets=None if end is None else end - applied, staleness_ms=staleness_ms)
+                                   lag_offsets=None if end is None else end - applied, staleness_ms=staleness_ms,
+                                   failure=rep.failure or "")
 
 
 class _Reader:
@@ -77,7 +78,7 @@ class _Reader:
         # Take the store before the lag: the store can only be newer than the lag says.
         store = rep.store
         figures = rep.lag.figures(self.now)
-        seen = (rep, rep.role, rep.restoring, figures)
+        seen = (rep, rep.role, rep.restoring, rep.failure, figures)
         kept = self.statuses.get(key)
         if kept is not None and kept[0] == seen:
             return rep, store, figures, kept[1]
@@ -102,7 +103,9 @@ class _Reader:
             return None
         out.replica.CopyFrom(status)
         why = None
-        if store is None:
+        if rep.failure is not None:
+            why = f"replica failed: {rep.failure}"
+        elif store is None:
             why = "replica is being rebuilt from its changelog"
         elif store.bulk_load:
             why = "replica is loading its changelog into an empty store; it is read once it has caught up"

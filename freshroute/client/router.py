@@ -55,7 +55,7 @@ def snapshot_from_router(tables_doc: dict[str, Any], cluster_doc: dict[str, Any]
             replicas.setdefault((r["table"], int(r["partition"])), []).append(ReplicaView(
                 r["node"], r["address"], r["table"], int(r["partition"]), Role(r["role"]), state,
                 int(r["applied_offset"]), optional_int(r["end_offset"]), int(r["lag"]["ms"] or 0), now, bool(r["alive"]),
-                draining))
+                draining, failure=r.get("failure")))
     ordered = {tp: tuple(sorted(vs, key=lambda v: (v.role is not Role.ACTIVE, v.node))) for tp, vs in replicas.items()}
     return Snapshot(MappingProxyType(tables), MappingProxyType(ordered), MappingProxyType(nodes), None, now, True,
                     MappingProxyType(heard), MappingProxyType(lags))
@@ -149,7 +149,7 @@ class RouterHttp:
 def _replica_info(d: dict[str, Any]) -> ReplicaInfo:
     return ReplicaInfo(d["node"], d["address"], d["role"], d.get("state"), bool(d["alive"]),
                        optional_int(d["lag"]["offsets"]), optional_int(d["lag"]["ms"]), int(d["applied_offset"]),
-                       optional_int(d["end_offset"]))
+                       optional_int(d["end_offset"]), d.get("failure"))
 
 
 def table_infos(snap: Snapshot) -> list[TableInfo]:

@@ -418,7 +418,7 @@ class RoutingCore:
         else:
             lag, ms, applied, end = None, None, 0, None
         return ReplicaInfo(r.node, r.address, r.role.value, r.state.value if r.state else None, r.alive,
-                           lag, ms, applied, end)
+                           lag, ms, applied, end, r.failure)
 
     def key_metadata(self, table: str, key: str) -> KeyLocation:
         """The key's partition, its active replica and its standbys, each with lag."""

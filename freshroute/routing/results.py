@@ -78,11 +78,12 @@ class ReplicaInfo:
     lag_ms: int | None  # None: the replica has not reported
     applied: int
     end: int | None
+    failure: str | None = None  # why it is FAILED
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "address": self.address, "role": self.role, "state": self.state,
                 "alive": self.alive, "lag": {"offsets": self.lag_offsets, "ms": self.lag_ms},
-                "applied_offset": self.applied, "end_offset": self.end}
+                "applied_offset": self.applied, "end_offset": self.end, "failure": self.failure}
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from freshroute.routing.snapshot import LagOverlay, ReplicaView
 
 
 _RESTORING = ReplicaState.RESTORING
+_FAILED = ReplicaState.FAILED
 
 
 class Candidate(NamedTuple):
@@ -137,10 +138,12 @@ class FreshestFirst:
 
     def select(self, replicas: Sequence[ReplicaView], bound: Bound) -> Selection:
         now = self.clock_ms()
-        live = [r for r in replicas if r.alive and r.state is not None]
+        # A replica not reported yet cannot serve, nor can a FAILED one.
+        usable = [r for r in replicas if r.state is not None and r.state is not _FAILED]
+        live = [r for r in usable if r.alive]
         # Liveness is a view too: with no replica believed alive, the dead-looking ones are
         # still worth one try each rather than a certain failure.
-        pool = live or [r for r in replicas if r.state is not None]
+        pool = live or usable
         unbounded = bound.unbounded
         within: list[Candidate] = []
         unsure: list[Candidate] = []

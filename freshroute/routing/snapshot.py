@@ -49,6 +49,7 @@ class ReplicaView:
     # views), and this replica's place in them.
     moved: "MovedPositions | None" = field(default=None, compare=False)
     slot: int = field(default=0, compare=False)
+    failure: str | None = None  # why it is FAILED
 
     @property
     def reported(self) -> bool:
@@ -226,7 +227,7 @@ class SnapshotBuilder:
             tp = (r.table, r.partition)
             views[tp] = view = ReplicaView(node_id, report.address, r.table, r.partition, r.role, r.state, r.applied,
                                            r.end, r.staleness_ms, report.heartbeat_ms, alive, report.draining,
-                                           moved, slot)
+                                           moved, slot, r.failure)
             self._by_tp.setdefault(tp, {})[node_id] = view
         self._views[node_id] = views
         dirty.update(views)

@@ -29,16 +29,18 @@ RESTORING_SHOWN = 20  # per table: the restores in progress the summary lists (i
 GRID_DEFAULT_LIMIT = 512
 GRID_MAX_LIMIT = 4096
 
-_ACTIVE, _RESTORING = Role.ACTIVE, ReplicaState.RESTORING
+_ACTIVE, _RESTORING, _FAILED = Role.ACTIVE, ReplicaState.RESTORING, ReplicaState.FAILED
 
 
 def replica_kind(state: ReplicaState | str | None, role: Role | str) -> str:
-    """What a replica is doing, as the console colours it: ``active``, ``standby``, ``restoring``, or ``pending``
-    (assigned, not reported by its node yet)."""
+    """What a replica is doing, as the console colours it: ``active``, ``standby``, ``restoring``, ``failed`` (its
+    store cannot be written), or ``pending`` (assigned, not reported by its node yet)."""
     if state is None:
         return "pending"
     if state == _RESTORING:
         return "restoring"
+    if state == _FAILED:
+        return "failed"
     return "active" if role == _ACTIVE else "standby"
 
 

@@ -198,3 +198,11 @@ def test_an_unknown_offset_lag_is_never_preferred_and_never_meets_max_lag():
     assert [(c.replica.node, c.lag_offsets, c.end) for c in only] == [("u", None, None)]
     # The freshest for an error's details is a known lag before an unknown one.
     assert sel.select([unknown, behind], Bound(max_lag=0)).freshest.replica.node == "b"
+
+
+def test_a_failed_replica_is_never_asked_even_when_it_looks_freshest():
+    sel = selector()
+    failed = replace(replica("a", lag=0), state=ReplicaState.FAILED, failure="no space left on the device")
+    assert order(sel, [failed, replica("b", lag=40)]) == ["b"]
+    assert order(sel, [failed, replace(replica("b"), alive=False)]) == ["b"]  # nor as the last resort
+    assert order(sel, [failed]) == []

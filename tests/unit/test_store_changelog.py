@@ -726,3 +726,40 @@ def test_a_fetch_wait_outside_its_range_fails_naming_it(wait_ms):
     with pytest.raises(ConfigError, match="fetch_wait_max_ms"):
         load(StoreNodeSettings, node_id="n1", fetch_wait_max_ms=wait_ms)
     assert load(StoreNodeSettings, node_id="n1", fetch_wait_max_ms=999).fetch_wait_max_ms == 999
+
+
+def test_a_replica_whose_disk_is_full_fails_with_its_reason_and_tries_again_later(env, monkeypatch):
+    import store_node.replica_set as replica_set
+    from store_node.replica_store import DiskFull
+
+    host(env, 0, 1)
+    full = replica_path(env.root, "counts", 0)
+    write = ReplicaStore._write
+
+    def no_space(store, rows, *checkpoint):
+        if store.path == full:
+            raise DiskFull(f"no space left on the device of {full} (while write)", path=str(full))
+        write(store, rows, *checkpoint)
+
+    monkeypatch.setattr(ReplicaStore, "_write", no_space)
+    env.consumer.queue += [record(0, "a", 1), record(0, "b", 2, partition=1), eof(1), eof(1, partition=1)]
+    env.tailer.step()
+    rep, other = env.tailer.serving[KEY], env.tailer.serving[("counts", 1)]
+    # FAILED with the reason in its report and its reads' refusals; its files deleted, its changelog no longer fetched.
+    assert rep.state is ReplicaState.FAILED and "no space left on the device" in rep.failure
+    report = {r.partition: r for r in env.tailer.reports()}
+    assert report[0].state is ReplicaState.FAILED and report[0].failure == rep.failure and report[0].applied == 0
+    assert report[1].state is ReplicaState.ACTIVE and report[1].failure is None
+    assert rep.store is None and not full.exists() and (SPEC.topic, 0) not in env.consumer.assigned
+    assert other.store.get(b"b") == b"2"  # the node's other replicas go on
+    # Space freed: after FAILED_RETRY_S it restores from the start again.
+    monkeypatch.undo()
+    env.tailer.step()
+    assert rep.state is ReplicaState.FAILED  # not before its time
+    monkeypatch.setattr(replica_set, "FAILED_RETRY_S", 0.0)
+    env.tailer.step()
+    assert rep.failure is None and rep.state is ReplicaState.RESTORING
+    assert env.consumer.assigned[(SPEC.topic, 0)] == OFFSET_BEGINNING
+    env.consumer.queue += [record(0, "a", 1), eof(1)]
+    env.tailer.step()
+    assert rep.state is ReplicaState.ACTIVE and rep.store.get(b"a") == b"1"

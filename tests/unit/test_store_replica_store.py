@@ -235,20 +235,30 @@ def test_a_large_apply_is_written_in_chunks_with_the_checkpoint_last(tmp_path, m
     from store_node import replica_store
 
     store = ReplicaStore.open(tmp_path / "t" / "0")
-    written: list[tuple[int, bool]] = []  # (entries, whether a checkpoint is stored after the write)
+    written: list[tuple[int, bool]] = []  # (rows, whether a checkpoint is stored after the write)
     write = store._write
 
-    def counting(batch):
-        rows = batch.len()  # taken before the write, which consumes the batch
-        write(batch)
-        written.append((rows, store._meta.get(b"applied") is not None))
+    def counting(rows, *checkpoint):
+        write(rows, *checkpoint)
+        written.append((len(rows), store._meta.get(b"applied") is not None))
 
     monkeypatch.setattr(store, "_write", counting)
     rows = [(b"k%05d" % i, b"%d" % i) for i in range(2 * replica_store.WRITE_CHUNK_ROWS + 500)]
     store.apply(rows, 4_500)
     chunk = replica_store.WRITE_CHUNK_ROWS
-    # Every chunk full but the last, which carries the checkpoint (two more entries in its batch).
-    assert [n for n, _ in written] == [chunk, chunk, 500 + 1]
+    # Every chunk full but the last, which carries the checkpoint.
+    assert [n for n, _ in written] == [chunk, chunk, 500]
     assert [has_checkpoint for _, has_checkpoint in written] == [False, False, True]
     assert store.applied_offset == 4_500 and store.get(b"k04499") == b"4499"
     store.close()
+
+
+@pytest.mark.parametrize("status, full", [
+    ("IO error: No space left on device: While appending to file: /d/000012.log: No space left on device", True),
+    ("IO error: NoSpace: ", True), ("Corruption: block checksum mismatch", False)])
+def test_a_write_that_finds_no_space_is_a_full_disk_not_a_corrupt_store(tmp_path, status, full):
+    from store_node.replica_store import DiskFull, _write_failure
+
+    e = _write_failure(tmp_path, "write", Exception(status))
+    assert isinstance(e, StoreCorrupt) and isinstance(e, DiskFull) is full
+    assert ("no space left on the device" in e.message) is full

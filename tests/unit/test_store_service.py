@@ -359,3 +359,12 @@ def test_a_replica_loading_in_bulk_is_not_read_until_it_has_caught_up(tmp_path):
         assert res.replica.state == store_pb2.SERVING_ACTIVE
     finally:
         rep.close()
+
+
+def test_a_failed_replica_refuses_reads_with_its_reason_and_reports_it(world):
+    caught_up(world)
+    world.rep.mark_failed("no space left on the device of /data/users/1 (while write)")
+    res = get(world, b"alice")
+    assert res.status == store_pb2.TOO_STALE and not res.value
+    assert res.message == "replica failed: no space left on the device of /data/users/1 (while write)"
+    assert res.replica.state == store_pb2.FAILED and res.replica.failure.startswith("no space left")

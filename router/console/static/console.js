@@ -240,7 +240,8 @@ function renderGrid(g) {
         "data-role": r.role, title: `${r.node} ${r.kind}${r.alive ? "" : " (node dead)"}: applied ${r.applied_offset}` +
           ` of ${r.end_offset ?? "unknown end"}` },
       h("div", {}, r.node, " ", h("span", { class: `kind ${r.alive ? r.kind : "dead"}` }, r.alive ? r.kind : `${r.kind}, dead`)),
-      h("div", { class: lagClass(r.lag.offsets, r.lag.ms) }, lagText(r.lag.offsets, r.lag.ms)));
+      r.failure ? h("div", { class: "failure error" }, r.failure)
+        : h("div", { class: lagClass(r.lag.offsets, r.lag.ms) }, lagText(r.lag.offsets, r.lag.ms)));
     }))));
   const pager = $("grid-pager");
   if (g.partitions_total > GRID_PAGE) {
