@@ -242,12 +242,14 @@ class ScratchChangelog:
         MetadataStore.from_url(self.redis_url, self.namespace).register_tables([self.spec])
         return took
 
-    def raw_consume(self) -> dict[str, Any]:
-        """A plain confluent-kafka consumer reading every partition from 0 to its end (freshroute.changelog_reader)."""
+    def raw_consume(self, read_records: bool = False) -> dict[str, Any]:
+        """A plain confluent-kafka consumer reading every partition from 0 to its end (freshroute.changelog_reader),
+        counting the records or, with ``read_records``, taking each one's key and value into Python as well."""
         from freshroute.changelog_reader import consume_to_end
 
         cpu0 = cpu_s()
-        records, seconds, _ends = consume_to_end(self.bootstrap, self.spec.topic)
+        records, seconds, _ends = consume_to_end(self.bootstrap, self.spec.topic,
+                                                 (lambda m: (m.key(), m.value())) if read_records else None)
         if records != self.records:
             raise RuntimeError(f"raw consume read {records} of {self.records} records")
         cpu = cpu_s() - cpu0
