@@ -353,18 +353,35 @@ class Neighbour:
 def pipeline_at(stack: Any, label: str, keys: int, work: Path, say: Callable[[str], None]) -> dict[str, Any]:
     """The pipeline at this state size: the demo's aggregation (sensor_stats) processing a backlog of twice as many
     readings as keys, over ``keys`` distinct sensors, in this process against the stack's broker and Redis
-    (topics and namespace of its own): events/s once warm and the micro-batch time (loadtest/pipeline_bench.py)."""
-    from loadtest.pipeline_bench import measure_throughput
+    (topics and namespace of its own, deleted afterwards): events/s once warm and the micro-batch time; then, resumed
+    with that state, event → changelog latency of readings at 50/s (loadtest/pipeline_bench.py)."""
+    from confluent_kafka.admin import AdminClient
+
+    from loadtest.pipeline_bench import measure_latency, measure_throughput
 
     c = stack.config
     events = 2 * keys
-    t = measure_throughput(c.bootstrap, c.redis_url, work, events=events, sensors=keys, max_records_per_batch=200_000)
+    prefix = f"big{label}{random.randrange(16 ** 6):06x}"
+    try:
+        t = measure_throughput(c.bootstrap, c.redis_url, work, events=events, sensors=keys,
+                               max_records_per_batch=200_000, prefix=prefix)
+        lat = measure_latency(c.bootstrap, c.redis_url, work, rate_per_s=50, duration_s=60, sensors=1000, idle_s=0,
+                              prefix=prefix)
+    finally:
+        admin = AdminClient(kafka_client_config(c.bootstrap))
+        mine = [name for name in admin.list_topics(timeout=30).topics if name.startswith(prefix)]
+        for future in (admin.delete_topics(mine).values() if mine else ()):
+            future.result(60)
     # The readings produced over the batches' time: Spark's input-row count (t.events) counts the source once per
     # branch that reads it (the table's rows, and the rejected records' beside them).
     rate = round(events / t.processing_s, 1) if t.processing_s else None
     say(f"  pipeline with {keys:,} keys of state: {rate:,.0f} readings/s over {t.processing_s:.0f} s of micro-batches, "
         f"p50 {t.batch_ms_p50:,.0f} ms a batch ({t.batches} batches; Spark counted {t.events:,} input rows)")
-    return {f"big_pipeline_events_per_s_{label}": rate, f"big_pipeline_batch_ms_{label}": t.batch_ms_p50}
+    say(f"  then, {keys:,} keys of state, readings at 50/s: event → changelog p50 {lat.p50_ms:,.0f} ms, p99 "
+        f"{lat.p99_ms:,.0f} ms ({lat.matched} of {lat.events} matched; batches p50 {lat.batch_ms_p50:,.0f} ms)")
+    return {f"big_pipeline_events_per_s_{label}": rate, f"big_pipeline_batch_ms_{label}": t.batch_ms_p50,
+            f"big_pipeline_event_to_changelog_p99_ms_{label}": lat.p99_ms,
+            f"big_pipeline_event_to_changelog_p50_ms_{label}": lat.p50_ms}
 
 
 def measure(stack: Any, label: str, keys: int, args: argparse.Namespace, work: Path, say: Callable[[str], None],

@@ -71,13 +71,15 @@ class Latency:
     cpu_idle_pct: float = 0.0  # the same with no input, after the traffic
 
 
-def _event(rng: random.Random, sensors: int) -> dict[str, Any]:
+def _event(rng: random.Random, sensors: int, name: str = "sensor") -> dict[str, Any]:
     i = rng.randrange(sensors)
-    return {"sensor": f"sensor-{i}", "area": AREAS[i % len(AREAS)], "reading": round(rng.gauss(50, 10), 3)}
+    return {"sensor": f"{name}-{i}", "area": AREAS[i % len(AREAS)], "reading": round(rng.gauss(50, 10), 3)}
 
 
-def _settings(bootstrap: str, redis_url: str, work: Path, **overrides: Any) -> PipelineSettings:
-    prefix = f"m{uuid.uuid4().hex[:8]}"
+def _settings(bootstrap: str, redis_url: str, work: Path, prefix: str | None = None, **overrides: Any
+              ) -> PipelineSettings:
+    """A pipeline of its own (topics, namespace and checkpoint under ``prefix``, a new one if None)."""
+    prefix = prefix or f"m{uuid.uuid4().hex[:8]}"
     return load(PipelineSettings, bootstrap_servers=bootstrap, redis_url=redis_url, namespace=prefix,
                 topic_prefix=prefix, checkpoint_dir=str(work / prefix), **overrides)
 
@@ -139,14 +141,16 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 
 def measure_throughput(bootstrap: str, redis_url: str, work: Path, events: int = 200_000, sensors: int = 1000,
-                       max_records_per_batch: int = 50_000) -> Throughput:
-    """Produce a backlog, then process it with an available-now run and time the batches."""
+                       max_records_per_batch: int = 50_000, prefix: str | None = None) -> Throughput:
+    """Produce a backlog, then process it with an available-now run and time the batches. With ``prefix`` its topics
+    and checkpoint are kept under that name for a later run (:func:`measure_latency` with the same prefix)."""
     from confluent_kafka import Producer
 
     from pipeline.job import Pipeline
     from pipeline.topics import admin_client, ensure_topic
 
-    settings = _settings(bootstrap, redis_url, work, available_now=True, max_records_per_batch=max_records_per_batch)
+    settings = _settings(bootstrap, redis_url, work, prefix, available_now=True,
+                         max_records_per_batch=max_records_per_batch)
     topic = settings.input_topic("readings")
     ensure_topic(admin_client(settings.kafka()), topic, settings.input_partitions)
     rng = random.Random(1)
@@ -187,11 +191,13 @@ def measure_throughput(bootstrap: str, redis_url: str, work: Path, events: int =
 def measure_latency(bootstrap: str, redis_url: str, work: Path, rate_per_s: float = 200.0, duration_s: float = 60.0,
                     sensors: int = 100, trigger_ms: int = 500, warmup_s: float = 20.0,
                     warmup_timeout_s: float = 300.0, all_tables: bool = False, idle_s: float = 15.0,
-                    exclude_pids: frozenset[int] = frozenset()) -> Latency:
+                    exclude_pids: frozenset[int] = frozenset(), prefix: str | None = None) -> Latency:
     """Steady input at ``rate_per_s`` into a running pipeline; latency of every event to its changelog record.
 
     ``all_tables`` runs every table of the demo file (as the local stack does) rather than
-    ``sensor_stats`` alone; latency is measured on ``sensor_stats`` either way.
+    ``sensor_stats`` alone; latency is measured on ``sensor_stats`` either way. With ``prefix`` it resumes the
+    pipeline a :func:`measure_throughput` run of that prefix left, its state as large as that run's sensors; its own
+    events are of sensors of other names, so that each one's count starts from zero.
     """
     from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
@@ -199,7 +205,8 @@ def measure_latency(bootstrap: str, redis_url: str, work: Path, rate_per_s: floa
     from freshroute.topics import describe_topic
     from pipeline.topics import admin_client, ensure_topic
 
-    settings = _settings(bootstrap, redis_url, work, trigger_ms=trigger_ms)
+    settings = _settings(bootstrap, redis_url, work, prefix, trigger_ms=trigger_ms)
+    name = "sensor" if prefix is None else "late-sensor"
     topic = settings.input_topic("readings")
     changelog = settings.changelog_topic("sensor_stats")
     admin = admin_client(settings.kafka())
@@ -218,7 +225,7 @@ def measure_latency(bootstrap: str, redis_url: str, work: Path, rate_per_s: floa
         for i in range(n):
             if stop.is_set():
                 return
-            e = _event(rng, sensors)
+            e = _event(rng, sensors, name)
             with lock:
                 produced[e["sensor"]] += 1
                 sent[e["sensor"]].append(time.time() if measured else float("nan"))
@@ -240,7 +247,9 @@ def measure_latency(bootstrap: str, redis_url: str, work: Path, rate_per_s: floa
             return
         consumer = Consumer(settings.kafka(**{"group.id": "measure", "enable.auto.commit": False,
                                               "fetch.wait.max.ms": 10, "fetch.queue.backoff.ms": 0}))
-        consumer.assign([TopicPartition(changelog, p, 0) for p in info.partitions])
+        # From where the changelog ends now: a resumed pipeline's holds the state of every earlier sensor.
+        consumer.assign([TopicPartition(changelog, p, consumer.get_watermark_offsets(
+            TopicPartition(changelog, p), timeout=10)[1]) for p in info.partitions])
         try:
             while not stop.is_set():
                 for m in consumer.consume(num_messages=1000, timeout=0.1):
