@@ -65,8 +65,10 @@ class Staged:
 class Replica:
     """One table-partition hosted by this node."""
 
-    def __init__(self, spec: TableSpec, partition: int, role: Role, store: ReplicaStore, clock: Clock,
-                 evidence_window_ms: int, caught_up_threshold: int) -> None:
+    def __init__(self, spec: TableSpec, partition: int, role: Role, store: ReplicaStore | None, clock: Clock,
+                 evidence_window_ms: int, caught_up_threshold: int, failure: str | None = None) -> None:
+        """A replica over its opened ``store``; or, with no store and a ``failure``, one whose store could not be
+        opened (FAILED)."""
         self.spec = spec
         self.table = spec.name
         self.topic = spec.topic
@@ -74,19 +76,20 @@ class Replica:
         self.key = (spec.name, partition)
         self.role = role
         self.store: ReplicaStore | None = store
-        self.lag = LagTracker(store.applied_offset, store.caught_up_at_ms, clock, evidence_window_ms)
+        applied = store.applied_offset if store is not None else 0
+        self.lag = LagTracker(applied, store.caught_up_at_ms if store is not None else 0, clock, evidence_window_ms)
         self.restoring = True  # until the first time it catches up
         self.epoch = 0  # bumped by every wipe, so a multi-chunk scan can notice it
         self.corrupt_reason: str | None = None  # set by a failed read; the tailer then wipes
         # Set when its store cannot be written (the disk is full): the tailer drops its files, and it is FAILED, never
         # read, until it tries again (failed_at: time.monotonic()).
-        self.failure: str | None = None
-        self.failed_at = 0.0
-        self.counters = ReplicaCounters(resumed_from=store.applied_offset)
+        self.failure = failure
+        self.failed_at = time.monotonic()
+        self.counters = ReplicaCounters(resumed_from=applied)
         self._clock = clock
         self._threshold = caught_up_threshold
         self.restore_started = time.monotonic()
-        self.restore_from = store.applied_offset
+        self.restore_from = applied
         self.staged: Staged | None = None  # only while restoring; the tailer writes it out
         # A staged window that held poison is dropped and read again from the checkpoint, each
         # record checked as it is read up to check_until; reread asks the tailer to fetch it.
@@ -142,7 +145,7 @@ class Replica:
         """Its store cannot be written: FAILED from now on, and the tailer drops its files (see ReplicaSet.fail)."""
         if self.failure is None:
             self.failure = reason
-            self.failed_at = time.monotonic()
+        self.failed_at = time.monotonic()  # its next try counts from the latest failure
 
     # --- lifecycle, called only from the tailer's thread -----------------------------------------
 

@@ -131,6 +131,13 @@ class ReplicaSet:
             if rep is None:
                 try:
                     opened.append(self._open(spec, key[1], role))
+                except DiskFull as e:
+                    # Hosted FAILED, its reason reported, and opened again later (follow_failure).
+                    s = self._settings
+                    self._host(Replica(spec, key[1], role, None, self._clock, s.evidence_window_ms,
+                                       s.caught_up_threshold, failure=e.message))
+                    log.error("replica %s/%d: %s; it is FAILED and tries again in %.0f s", spec.name, key[1],
+                              e.message, FAILED_RETRY_S)
                 except Exception as e:
                     self._open_failed(key, e)
             elif rep.role is not role:
@@ -250,15 +257,18 @@ class ReplicaSet:
         for rep in opened:
             applied = rep.lag.applied
             rep.restore_started = started  # reading starts now, for every one of them
-            self._replicas[rep.key] = rep
-            self.by_tp[(rep.topic, rep.partition)] = rep
-            self._retired.pop(rep.key, None)
+            self._host(rep)
             if applied:
                 log.info("replica %s/%d (%s): resuming changelog %s at stored offset %d",
                          rep.table, rep.partition, rep.role.value, rep.topic, applied)
             else:
                 log.info("replica %s/%d (%s): restoring from the start of changelog %s",
                          rep.table, rep.partition, rep.role.value, rep.topic)
+
+    def _host(self, rep: Replica) -> None:
+        self._replicas[rep.key] = rep
+        self.by_tp[(rep.topic, rep.partition)] = rep
+        self._retired.pop(rep.key, None)
 
     def _open_failed(self, key: ReplicaKey, e: BaseException) -> None:
         log.error("cannot open replica %s/%d: %s; retrying", key[0], key[1], e)

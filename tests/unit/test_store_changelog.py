@@ -763,3 +763,25 @@ def test_a_replica_whose_disk_is_full_fails_with_its_reason_and_tries_again_late
     env.consumer.queue += [record(0, "a", 1), eof(1)]
     env.tailer.step()
     assert rep.state is ReplicaState.ACTIVE and rep.store.get(b"a") == b"1"
+
+
+def test_a_replica_whose_store_cannot_even_be_opened_is_hosted_failed(env, monkeypatch):
+    import store_node.replica_set as replica_set
+    from store_node.replica_store import DiskFull
+
+    def no_space(path, memory=None):
+        raise DiskFull(f"no space left on the device of {path} (while open)", path=str(path))
+
+    monkeypatch.setattr(ReplicaStore, "open_or_wipe", staticmethod(no_space))
+    host(env, 0)
+    rep = env.tailer.serving[KEY]
+    assert rep.state is ReplicaState.FAILED and rep.failure.endswith("(while open)") and rep.store is None
+    assert [(r.state, r.failure) for r in env.tailer.reports()] == [(ReplicaState.FAILED, rep.failure)]
+    assert (SPEC.topic, 0) not in env.consumer.assigned
+    monkeypatch.undo()
+    monkeypatch.setattr(replica_set, "FAILED_RETRY_S", 0.0)
+    env.tailer.step()
+    assert rep.state is ReplicaState.RESTORING and env.consumer.assigned[(SPEC.topic, 0)] == OFFSET_BEGINNING
+    env.consumer.queue += [record(0, "a", 1), eof(1)]
+    env.tailer.step()
+    assert rep.state is ReplicaState.ACTIVE and rep.store.get(b"a") == b"1"
