@@ -1,9 +1,9 @@
-"""One error hierarchy for every role; each leaf has a code and the HTTP status it travels with.
+"""One error hierarchy for every role; each class has a code and the HTTP and gRPC statuses it travels with.
 
 Retryable errors mean "another replica, or the same one a little later, may answer";
 fatal errors mean the request itself is wrong. One FastAPI handler and one gRPC abort
-helper in the router translate them (the gRPC status mapping lives with the gRPC adapter,
-so this package carries no transport library); nothing else maps errors.
+helper in the router translate them, each reading the statuses here (the gRPC one by its
+name, so this package carries no transport library); nothing else maps errors.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ class FreshrouteError(Exception):
 
     code = "INTERNAL"
     http_status = 500
+    grpc_status = "INTERNAL"  # a grpc.StatusCode name
     retryable = False
 
     def __init__(self, message: str, **details: Any) -> None:
@@ -34,6 +35,7 @@ class RetryableError(FreshrouteError):
     retryable = True
     code = "UNAVAILABLE"
     http_status = 503
+    grpc_status = "UNAVAILABLE"
 
 
 class FatalError(FreshrouteError):
@@ -43,6 +45,7 @@ class FatalError(FreshrouteError):
 class InvalidArgument(FatalError):
     code = "INVALID_ARGUMENT"
     http_status = 400
+    grpc_status = "INVALID_ARGUMENT"
 
 
 class WindowedTable(InvalidArgument):
@@ -60,11 +63,13 @@ class NotWindowedTable(InvalidArgument):
 class TableNotFound(FatalError):
     code = "TABLE_NOT_FOUND"
     http_status = 404
+    grpc_status = "NOT_FOUND"
 
 
 class KeyNotFound(FatalError):
     code = "KEY_NOT_FOUND"
     http_status = 404
+    grpc_status = "NOT_FOUND"
 
 
 class ReplicaUnavailable(RetryableError):
@@ -88,6 +93,7 @@ class NoReplicaWithinBound(RetryableError):
 class LookupTimeout(RetryableError):
     code = "TIMEOUT"
     http_status = 504
+    grpc_status = "DEADLINE_EXCEEDED"
 
 
 class StoreCorrupt(FatalError):
@@ -101,6 +107,7 @@ class Unauthenticated(FatalError):
 
     code = "UNAUTHENTICATED"
     http_status = 401
+    grpc_status = "UNAUTHENTICATED"
 
 
 class PermissionDenied(FatalError):
@@ -108,6 +115,7 @@ class PermissionDenied(FatalError):
 
     code = "PERMISSION_DENIED"
     http_status = 403
+    grpc_status = "PERMISSION_DENIED"
 
 
 class RateLimited(RetryableError):
@@ -115,6 +123,7 @@ class RateLimited(RetryableError):
 
     code = "RATE_LIMITED"
     http_status = 429
+    grpc_status = "RESOURCE_EXHAUSTED"
 
 
 class ConfigError(FatalError):

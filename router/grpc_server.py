@@ -44,21 +44,9 @@ SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
 _MAX_SCAN_PAGES = 10_000
 
 
-# Errors whose gRPC status is not the default of their kind (UNAVAILABLE if retryable, else INTERNAL).
-_GRPC_STATUS = {"INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT, "WINDOWED_TABLE": grpc.StatusCode.INVALID_ARGUMENT,
-                "NOT_WINDOWED_TABLE": grpc.StatusCode.INVALID_ARGUMENT, "TABLE_NOT_FOUND": grpc.StatusCode.NOT_FOUND,
-                "KEY_NOT_FOUND": grpc.StatusCode.NOT_FOUND, "TIMEOUT": grpc.StatusCode.DEADLINE_EXCEEDED,
-                "UNAUTHENTICATED": grpc.StatusCode.UNAUTHENTICATED,
-                "PERMISSION_DENIED": grpc.StatusCode.PERMISSION_DENIED,
-                "RATE_LIMITED": grpc.StatusCode.RESOURCE_EXHAUSTED}
-
-
 def grpc_status(exc: FreshrouteError) -> grpc.StatusCode:
-    """The gRPC status an error travels with."""
-    status = _GRPC_STATUS.get(exc.code)
-    if status is not None:
-        return status
-    return grpc.StatusCode.UNAVAILABLE if exc.retryable else grpc.StatusCode.INTERNAL
+    """The gRPC status an error travels with (its class names it)."""
+    return grpc.StatusCode[exc.grpc_status]
 
 
 def error_status(exc: BaseException) -> tuple[grpc.StatusCode, str, str]:
