@@ -363,8 +363,9 @@ def pipeline_at(stack: Any, label: str, keys: int, work: Path, say: Callable[[st
     events = 2 * keys
     prefix = f"big{label}{random.randrange(16 ** 6):06x}"
     try:
+        # At most 90 batches: Spark keeps the progress of the last 100 only, and the rate is taken over them all.
         t = measure_throughput(c.bootstrap, c.redis_url, work, events=events, sensors=keys,
-                               max_records_per_batch=200_000, prefix=prefix)
+                               max_records_per_batch=max(200_000, -(-events // 90)), prefix=prefix)
         lat = measure_latency(c.bootstrap, c.redis_url, work, rate_per_s=50, duration_s=60, sensors=1000, idle_s=0,
                               prefix=prefix)
     finally:
