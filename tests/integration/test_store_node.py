@@ -374,13 +374,41 @@ def test_lagging_replica_refuses_a_zero_lag_bound(cluster):
     assert all(r.status == store_pb2.TOO_STALE for r in tight.values())
     assert all(r.replica.lag_offsets > 0 and r.replica.state == store_pb2.RESTORING for r in tight.values())
     assert all(not r.value for r in tight.values())
-    # A caller without a bound gets an answer, labelled with how far behind it is.
+    # Loading its changelog into an empty store, it answers no caller until caught up (its memtable cannot serve a
+    # lookup), saying so with how far behind it is.
     loose = read_all(node, keys)
-    assert all(r.status in (store_pb2.OK, store_pb2.NOT_FOUND) for r in loose.values())
-    assert all(r.replica.lag_offsets > 0 for r in loose.values())
+    assert all(r.status == store_pb2.TOO_STALE and "loading its changelog into an empty store" in r.message
+               for r in loose.values())
+    assert all(r.replica.lag_offsets > 0 and r.replica.state == store_pb2.RESTORING for r in loose.values())
     # A position beyond what the replica applied is refused too.
     r = read_all(node, ["k1"], min_offset=changelog.per_partition[Changelog.partition("k1")])["k1"]
     assert r.status == store_pb2.TOO_STALE
+
+
+def test_a_replica_resuming_behind_its_changelog_answers_unbounded_reads_labelled(cluster):
+    changelog = cluster.changelog(standby_replicas=0)
+    keys = [f"k{i}" for i in range(500)]
+    for i, k in enumerate(keys):
+        changelog.produce(k, {"i": i})
+    changelog.flush()
+    node = cluster.node("n1")
+    wait_until(lambda: caught_up(node, changelog), 90, "the first restore")
+    assert node.stop() == 0
+    for i in range(4000):
+        changelog.produce(keys[i % 500], {"i": 500 + i})
+    changelog.flush()
+    node = cluster.node("n1", apply_rate_limit=200)  # resumes from its checkpoint, throttled: behind for seconds
+
+    def lagging():
+        st = node.status()
+        return len(st.replicas) == PARTITIONS and all(r.lag_offsets > 0 for r in st.replicas) and st
+
+    wait_until(lagging, 60, "the replicas to know their end offsets")
+    loose = read_all(node, keys)
+    # Every key was there before the restart: answered from the rows it holds, labelled with how far behind it is.
+    assert all(r.status == store_pb2.OK and r.value for r in loose.values())
+    assert all(r.replica.lag_offsets > 0 and r.replica.state == store_pb2.RESTORING for r in loose.values())
+    assert all(r.status == store_pb2.TOO_STALE for r in read_all(node, keys, max_lag=0).values())
 
 
 def test_two_nodes_place_active_and_standby_apart_and_fail_over(cluster, redis_url, namespace):
