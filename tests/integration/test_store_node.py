@@ -374,12 +374,15 @@ def test_lagging_replica_refuses_a_zero_lag_bound(cluster):
     assert all(r.status == store_pb2.TOO_STALE for r in tight.values())
     assert all(r.replica.lag_offsets > 0 and r.replica.state == store_pb2.RESTORING for r in tight.values())
     assert all(not r.value for r in tight.values())
-    # Loading its changelog into an empty store, it answers no caller until caught up (its memtable cannot serve a
-    # lookup), saying so with how far behind it is.
+    # Loading its changelog into an empty store, a replica answers no caller until caught up (its memtable cannot
+    # serve a lookup), saying so with how far behind it is; one come within caught_up_threshold since is reopened for
+    # reads and answers.
     loose = read_all(node, keys)
+    loading = [r for r in loose.values() if r.replica.state == store_pb2.RESTORING]
+    assert len(loading) > len(keys) // 2  # throttled: most are still far behind
     assert all(r.status == store_pb2.TOO_STALE and "loading its changelog into an empty store" in r.message
-               for r in loose.values())
-    assert all(r.replica.lag_offsets > 0 and r.replica.state == store_pb2.RESTORING for r in loose.values())
+               and r.replica.lag_offsets > 0 for r in loading)
+    assert all(r.status in (store_pb2.OK, store_pb2.NOT_FOUND) for r in loose.values() if r not in loading)
     # A position beyond what the replica applied is refused too.
     r = read_all(node, ["k1"], min_offset=changelog.per_partition[Changelog.partition("k1")])["k1"]
     assert r.status == store_pb2.TOO_STALE
