@@ -77,12 +77,20 @@ async def _refuse_stream(request: Any, context: grpc.aio.ServicerContext) -> Any
     yield  # an async generator, as a streaming handler must be
 
 
+async def _refuse_streamed(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+    # The caller's first message read before the refusal: refused while still writing it, grpc-core's client may
+    # report INTERNAL ("Internal error from Core") instead of the refusal.
+    await context.read()
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, REFUSAL)
+    yield
+
+
 def _refusing(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     """A handler of ``handler``'s kind that answers UNAUTHENTICATED and runs nothing."""
     codec = {"request_deserializer": handler.request_deserializer,
              "response_serializer": handler.response_serializer}
     if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(_refuse_stream, **codec)
+        return grpc.stream_stream_rpc_method_handler(_refuse_streamed, **codec)
     if handler.request_streaming:
         return grpc.stream_unary_rpc_method_handler(_refuse, **codec)
     if handler.response_streaming:
