@@ -137,13 +137,12 @@ class Applier:
             check = True
         count = skipped = 0
         key_format, value_format = rep.spec.key_format, rep.spec.value_format
-        ascii_fits = key_format != "json"  # an ASCII key is a string key and a bytes key, without a call
         for m in batch:
             key = m.key()
             value = m.value()
             if key is None:
                 problem = "null key"
-            elif not (ascii_fits and key.isascii()) and (problem := key_problem(key_format, key)) is not None:
+            elif (problem := key_problem(key_format, key)) is not None:
                 pass
             elif not check or value is None or (problem := value_problem(value_format, value)) is None:
                 rows[key] = value
