@@ -137,6 +137,20 @@ def start_node(bootstrap: str, redis_url: str, namespace: str, node_id: str, dat
     return node, line.decode().split()[-1]
 
 
+def start_router(redis_url: str, namespace: str, log_path: Path) -> tuple[subprocess.Popen, str]:
+    """A router process of its own in ``namespace`` on free loopback ports; returns it and its REST URL (it logs
+    ``router serving`` once it listens)."""
+    from freshroute.local.services import free_port
+
+    rest_port = free_port()
+    env = {**os.environ, "FRESHROUTE_REDIS_URL": redis_url, "FRESHROUTE_NAMESPACE": namespace,
+           "FRESHROUTE_HOST": "127.0.0.1", "FRESHROUTE_REST_PORT": str(rest_port), "FRESHROUTE_GRPC_PORT": str(free_port()),
+           "FRESHROUTE_NODE_EXPIRY_MS": "300", "PYTHONPATH": str(REPO)}
+    with open(log_path, "wb") as log:
+        router = subprocess.Popen([sys.executable, "-m", "router"], cwd=REPO, env=env, stdout=log, stderr=log)
+    return router, f"http://127.0.0.1:{rest_port}"
+
+
 def stop_node(node: subprocess.Popen) -> None:
     """Stop a node this process started, by its pid (a draining node takes a few seconds)."""
     stop_process(node, grace_s=30)

@@ -142,7 +142,8 @@ class Replica:
             self.corrupt_reason = reason
 
     def mark_failed(self, reason: str) -> None:
-        """Its store cannot be written: FAILED from now on, and the tailer drops its files (see ReplicaSet.fail)."""
+        """Its store cannot be written: FAILED from now on, and the tailer drops its files (see
+        ReplicaSet.follow_failure)."""
         if self.failure is None:
             self.failure = reason
         self.failed_at = time.monotonic()  # its next try counts from the latest failure

@@ -133,9 +133,7 @@ class ReplicaSet:
                     opened.append(self._open(spec, key[1], role))
                 except DiskFull as e:
                     # Hosted FAILED, its reason reported, and opened again later (follow_failure).
-                    s = self._settings
-                    self._host(Replica(spec, key[1], role, None, self._clock, s.evidence_window_ms,
-                                       s.caught_up_threshold, failure=e.message))
+                    self._host(self._replica(spec, key[1], role, None, failure=e.message))
                     log.error("replica %s/%d: %s; it is FAILED and tries again in %.0f s", spec.name, key[1],
                               e.message, FAILED_RETRY_S)
                 except Exception as e:
@@ -226,8 +224,7 @@ class ReplicaSet:
         if wiped is not None:
             log.warning("replica %s/%d: local store was unreadable (%s); wiped it, it restores from the changelog",
                         spec.name, partition, wiped)
-        s = self._settings
-        rep = Replica(spec, partition, role, store, self._clock, s.evidence_window_ms, s.caught_up_threshold)
+        rep = self._replica(spec, partition, role, store)
         try:
             known_id = self.topic_ids.get(spec.topic)
             if known_id and store.topic_id and store.topic_id != known_id:
@@ -264,6 +261,11 @@ class ReplicaSet:
             else:
                 log.info("replica %s/%d (%s): restoring from the start of changelog %s",
                          rep.table, rep.partition, rep.role.value, rep.topic)
+
+    def _replica(self, spec: TableSpec, partition: int, role: Role, store: ReplicaStore | None,
+                 failure: str | None = None) -> Replica:
+        s = self._settings
+        return Replica(spec, partition, role, store, self._clock, s.evidence_window_ms, s.caught_up_threshold, failure)
 
     def _host(self, rep: Replica) -> None:
         self._replicas[rep.key] = rep

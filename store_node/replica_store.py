@@ -384,19 +384,19 @@ class ReplicaStore:
         """Close the database (what was written without the log is flushed first); drops every handle first so that
         RocksDB releases its lock."""
         db, self._db = self._db, None
-        if db is not None:
-            try:
-                if self.bulk_load:
-                    # Rows before the checkpoint (dropping the meta handle flushes the checkpoint): a kill between the
-                    # two leaves rows ahead of it, which a replay from it rewrites to the same values, never behind.
-                    db.flush(wait=True)
-                db.flush_wal(True)
-            except Exception:
-                pass  # a store that cannot flush is about to be wiped or was cleanly written already
+        if db is None:
+            return  # closed already: its handles went with it
+        try:
+            if self.bulk_load:
+                # Rows before the checkpoint (dropping the meta handle flushes the checkpoint): a kill between the
+                # two leaves rows ahead of it, which a replay from it rewrites to the same values, never behind.
+                db.flush(wait=True)
+            db.flush_wal(True)
+        except Exception:
+            pass  # a store that cannot flush is about to be wiped or was cleanly written already
         self._meta = None
         self._meta_cf = None  # type: ignore[assignment]
-        if db is not None:
-            try:
-                db.close()
-            except Exception:
-                pass  # its last writes could not be flushed (a full disk): the checkpoint on disk is still before them
+        try:
+            db.close()
+        except Exception:
+            pass  # its last writes could not be flushed (a full disk): the checkpoint on disk is still before them

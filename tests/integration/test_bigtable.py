@@ -4,19 +4,14 @@ every one of its values served as the topic holds it. No Spark: it runs beside t
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from freshroute.local.services import free_port
 from freshroute.metadata import MetadataStore
 from freshroute.served_tables import add_table, remove_table
 from loadtest.bigtable import mismatches, table_name, topic_name, wait_served, write_topic
 from loadtest.loadclients import stop_process
-from loadtest.restore import REPO, start_node, stop_node
+from loadtest.restore import start_node, start_router, stop_node
 
 from .stack_fixture import wait_until
 
@@ -33,13 +28,7 @@ def test_a_table_of_100_thousand_keys_serves_every_value_its_topic_holds(broker,
     write_topic(broker, topic, KEYS)
     nodes = [start_node(broker, redis_url, namespace, f"node-{i}", tmp_path / f"node-{i}", tmp_path / f"node-{i}.log")[0]
              for i in (1, 2)]
-    rest_port = free_port()
-    env = {**os.environ, "FRESHROUTE_REDIS_URL": redis_url, "FRESHROUTE_NAMESPACE": namespace,
-           "FRESHROUTE_HOST": "127.0.0.1", "FRESHROUTE_REST_PORT": str(rest_port), "FRESHROUTE_GRPC_PORT": str(free_port()),
-           "FRESHROUTE_NODE_EXPIRY_MS": "300", "PYTHONPATH": str(REPO)}
-    with open(tmp_path / "router.log", "wb") as log:
-        router = subprocess.Popen([sys.executable, "-m", "router"], cwd=REPO, env=env, stdout=log, stderr=log)
-    rest_url = f"http://127.0.0.1:{rest_port}"
+    router, rest_url = start_router(redis_url, namespace, tmp_path / "router.log")
     try:
         spec, warnings = add_table(md, admin, broker, table, topic, standby_replicas=1)
         assert spec.partitions == 12 and warnings == []

@@ -4,20 +4,15 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import httpx
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from freshroute.local.services import free_port
 from freshroute.metadata import MetadataStore
 from freshroute.served_tables import add_table
 from loadtest.bigtable import mismatches, table_name, topic_name, write_topic
 from loadtest.loadclients import stop_process
-from loadtest.restore import REPO, start_node, stop_node
+from loadtest.restore import start_node, start_router, stop_node
 
 from .stack_fixture import wait_until
 
@@ -42,13 +37,7 @@ def test_replicas_without_disk_fail_with_the_reason_and_reads_go_to_the_other_co
     nodes = [start_node(broker, redis_url, namespace, "node-1", small, tmp_path / "node-1.log",
                         env={"FRESHROUTE_BLOCK_CACHE_MB": "8"}, prefix=(*SMALL_DISK, str(small)))[0],
              start_node(broker, redis_url, namespace, "node-2", tmp_path / "node-2", tmp_path / "node-2.log")[0]]
-    rest_port = free_port()
-    env = {**os.environ, "FRESHROUTE_REDIS_URL": redis_url, "FRESHROUTE_NAMESPACE": namespace,
-           "FRESHROUTE_HOST": "127.0.0.1", "FRESHROUTE_REST_PORT": str(rest_port), "FRESHROUTE_GRPC_PORT": str(free_port()),
-           "FRESHROUTE_NODE_EXPIRY_MS": "300", "PYTHONPATH": str(REPO)}
-    with open(tmp_path / "router.log", "wb") as log:
-        router = subprocess.Popen([sys.executable, "-m", "router"], cwd=REPO, env=env, stdout=log, stderr=log)
-    rest_url = f"http://127.0.0.1:{rest_port}"
+    router, rest_url = start_router(redis_url, namespace, tmp_path / "router.log")
 
     def alive() -> None:
         for p in (router, *nodes):
