@@ -523,7 +523,7 @@ class Bench:
         (processes, REST url, gRPC Get url), once one answers a lookup."""
         import httpx
 
-        from freshroute.local.services import free_port
+        from tools.local.services import free_port
 
         c = self.c
         rest_port, grpc_port = free_port(), free_port()
@@ -558,7 +558,7 @@ class Bench:
         plain routers, interleaved: what security costs a lookup over keep-alive connections."""
         import ssl
 
-        from freshroute.local.certs import issue, make_ca
+        from tools.local.certs import issue, make_ca
         from router.auth import token_hash
 
         pki = self.work / "pki"
@@ -739,7 +739,7 @@ class Bench:
 
     def restart_cold(self) -> None:
         """Stop the stack and start it again as ``local up`` does: the cold figure's probes start when it returns."""
-        from freshroute.local.stack import Stack
+        from tools.local.stack import Stack
 
         self.say("  stopping the local stack and starting it again (--no-cold keeps it running)")
         self.stack.down()
@@ -1079,7 +1079,7 @@ def main(argv: list[str] | None = None) -> int:
                 "within (0, 100000] readings/s")
     if a.no_restore and a.restore_only:
         p.error("--no-restore and --restore-only exclude each other")
-    from freshroute.local.stack import NoLocalStack, Stack
+    from tools.local.stack import NoLocalStack, Stack
 
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:

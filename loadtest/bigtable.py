@@ -513,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("bigtable-results"))
     a = p.parse_args(argv)
 
-    from freshroute.local.stack import NoLocalStack, Stack
+    from tools.local.stack import NoLocalStack, Stack
 
     def say(msg: str) -> None:
         print(msg, flush=True)

@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     bootstrap, redis_url, namespace, prefix = a.bootstrap, a.redis_url, a.namespace, ""
     state = Path(a.home) / "state.json"
     if state.exists():
-        from freshroute.local.stack import Stack
+        from tools.local.stack import Stack
 
         cfg = Stack.load(Path(a.home)).config
         bootstrap = bootstrap or cfg.bootstrap

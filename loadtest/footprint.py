@@ -65,7 +65,7 @@ def stack_roots(stack) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
-    from freshroute.local.stack import Stack
+    from tools.local.stack import Stack
 
     p = argparse.ArgumentParser(prog="python -m loadtest.footprint", description=__doc__.split("\n\n")[0])
     p.add_argument("--home", default=".freshroute/local", help="the local stack's directory (holds state.json)")

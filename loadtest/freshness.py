@@ -164,7 +164,7 @@ class InputLag:
 
 def start_input_load(bootstrap: str, topic: str, rate: float, sensors: int, max_s: float) -> subprocess.Popen:
     """The demo producer as a process of its own at ``rate`` readings/s, stopping by itself after ``max_s``."""
-    return subprocess.Popen([sys.executable, "-m", "freshroute.local.demo", "--bootstrap", bootstrap, "--topic", topic,
+    return subprocess.Popen([sys.executable, "-m", "tools.local.demo", "--bootstrap", bootstrap, "--topic", topic,
                              "--rate", f"{rate:g}", "--sensors", str(sensors), "--duration-s", f"{max_s:g}",
                              "--seed", "20"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 

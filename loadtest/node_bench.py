@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from freshroute.keys import partition_for
-    from freshroute.local.services import start_broker, start_redis
+    from tools.local.services import start_broker, start_redis
     from freshroute.metadata import MetadataStore, TableSpec
     from proto import store_pb2, store_pb2_grpc
 

@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         bootstrap, redis_url = args.bootstrap, args.redis_url
         services: set[int] = set()
         if bootstrap is None or redis_url is None:
-            from freshroute.local.services import start_broker, start_redis
+            from tools.local.services import start_broker, start_redis
 
             if bootstrap is None:
                 svc = start_broker(work / "services")

@@ -140,7 +140,7 @@ def start_node(bootstrap: str, redis_url: str, namespace: str, node_id: str, dat
 def start_router(redis_url: str, namespace: str, log_path: Path) -> tuple[subprocess.Popen, str]:
     """A router process of its own in ``namespace`` on free loopback ports; returns it and its REST URL (it logs
     ``router serving`` once it listens)."""
-    from freshroute.local.services import free_port
+    from tools.local.services import free_port
 
     rest_port = free_port()
     env = {**os.environ, "FRESHROUTE_REDIS_URL": redis_url, "FRESHROUTE_NAMESPACE": namespace,

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from freshroute.local.services import free_port, start_redis
+from tools.local.services import free_port, start_redis
 from freshroute.metadata import UNREAD, text, MetadataStore, ReplicaReport, ReplicaState, Role, TableSpec
 from freshroute.proc import cpu_seconds, rss_kib, stat_fields
 

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import orjson
 
-from freshroute.local.stack import NoLocalStack, Stack
+from tools.local.stack import NoLocalStack, Stack
 from loadtest.lookups import client_lookup, grpc_lookup, rest_lookup
 from loadtest.stats import ANSWERED, percentile
 from loadtest.workload import (DEFAULT_BOUND_MIX, BoundMixer, KeyChooser, Session, bound_params,

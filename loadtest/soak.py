@@ -89,7 +89,7 @@ def plot(samples: list[dict[str, Any]], path: Path) -> None:
 
 
 def run(home: Path, minutes: int, from_minute: int, out: Path, interval_s: float = 60.0) -> dict[str, Any]:
-    from freshroute.local.stack import Stack
+    from tools.local.stack import Stack
 
     stack = Stack.load(home)
     roots = stack_roots(stack)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from freshroute.cli import main
+from tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["router", *sys.argv[1:]]))

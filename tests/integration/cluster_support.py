@@ -17,7 +17,7 @@ import httpx
 import orjson
 
 from freshroute.keys import partition_for, serialize_key
-from freshroute.local.stack import Stack
+from tools.local.stack import Stack
 from freshroute.metadata import Assignment, MetadataStore, NodeReport, ReplicaState, Role, now_ms
 from freshroute.settings import kafka_client_config
 from proto import store_pb2, store_pb2_grpc
@@ -53,7 +53,7 @@ class Readings:
     def __init__(self, stack: Stack, sensors: int, rate: float, seed: int = 7) -> None:
         from confluent_kafka import Producer
 
-        from freshroute.local.demo import ensure_topic
+        from tools.local.demo import ensure_topic
 
         self.topic = f"{stack.config.topic_prefix}readings"
         ensure_topic(stack.config.bootstrap, self.topic)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from freshroute.local.services import start_broker, start_redis
+from tools.local.services import start_broker, start_redis
 from tests.conftest import outlive_modules
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from typing import Callable
 import httpx
 import orjson
 
-from freshroute.local.stack import Stack, StackConfig
+from tools.local.stack import Stack, StackConfig
 from freshroute.settings import kafka_client_config
 
 
@@ -79,7 +79,7 @@ def restart_router(stack: Stack, *flags: str) -> None:
 def produce_readings(stack: Stack, events: list[dict]) -> None:
     from confluent_kafka import Producer
 
-    from freshroute.local.demo import ensure_topic
+    from tools.local.demo import ensure_topic
 
     topic = f"{stack.config.topic_prefix}readings"
     ensure_topic(stack.config.bootstrap, topic)

@@ -21,7 +21,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from freshroute.local.services import free_port
+from tools.local.services import free_port
 from freshroute.windows import WATERMARK_KEY, parse_watermark, split_window_key
 from pipeline.topics import ensure_topic
 

@@ -20,7 +20,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from freshroute.client import Client
-from freshroute.local.services import free_port
+from tools.local.services import free_port
 from pipeline.topics import ensure_topic
 from proto import router_pb2, router_pb2_grpc
 
@@ -54,7 +54,7 @@ class Processes:
 
     def start(self, name: str, *args: str) -> None:
         log = open(self.tmp_path / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "freshroute.cli", *args], env=self.env, cwd=REPO,
+        self.procs[name] = subprocess.Popen([sys.executable, "-m", "tools.cli", *args], env=self.env, cwd=REPO,
                                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             start_new_session=True)
 

@@ -11,7 +11,7 @@ import subprocess
 import httpx
 import pytest
 
-from freshroute.local.stack import _print_examples
+from tools.local.stack import _print_examples
 from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, discard, expected_sensor_stats, produce_readings,
                                              start_stack, wait_until)
 

@@ -14,7 +14,7 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from freshroute.local.stack import Stack
+from tools.local.stack import Stack
 from tests.integration.stack_fixture import FIRST_DATA_TIMEOUT_S, discard, wait_until
 
 pytestmark = pytest.mark.integration
@@ -29,7 +29,7 @@ ORDERS = textwrap.dedent('''
 
 
 def freshroute(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "freshroute.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tools.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 

@@ -18,7 +18,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from freshroute.keys import partition_for
-from freshroute.local.services import free_port, start_broker
+from tools.local.services import free_port, start_broker
 from freshroute.metadata import MetadataStore
 from pipeline.topics import ensure_topic
 

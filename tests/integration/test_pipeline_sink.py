@@ -6,7 +6,7 @@ import pytest
 from confluent_kafka import KafkaError
 from confluent_kafka.admin import AdminClient
 
-from freshroute.local.services import free_port, start_broker
+from tools.local.services import free_port, start_broker
 from pipeline.sink import ChangelogProducer
 from pipeline.topics import describe_topic, ensure_topic
 

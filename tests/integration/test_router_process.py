@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from freshroute.keys import partition_for, serialize_key
-from freshroute.local.services import free_port, start_redis, wait_for_port
+from tools.local.services import free_port, start_redis, wait_for_port
 from freshroute.metadata import Assignment, Keys, MetadataStore, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
 from freshroute.windows import tumbling
 from proto import router_pb2, router_pb2_grpc

@@ -142,7 +142,7 @@ def test_a_master_name_no_sentinel_knows_stops_a_component_at_start_naming_the_s
 
     c = stack.config
     own = ["--node-id", "node-x"] if role == "store-node" else []
-    command = ["freshroute.cli", role] if entry == "cli" else [role.replace("-", "_")]
+    command = ["tools.cli", role] if entry == "cli" else [role.replace("-", "_")]
     proc = subprocess.run([sys.executable, "-m", *command, *own, "--redis-sentinels", c.redis_sentinels,
                            "--redis-master-name", "no-such-master", "--namespace", "never-used"],
                           capture_output=True, text=True, timeout=60, cwd=tmp_path)

@@ -26,7 +26,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from freshroute.keys import partition_for, serialize_key
-from freshroute.local.services import free_port, start_broker
+from tools.local.services import free_port, start_broker
 from freshroute.metadata import MetadataStore, TableSpec
 from proto import store_pb2, store_pb2_grpc
 
@@ -314,7 +314,7 @@ def test_serves_latest_values_tombstones_and_scans(cluster):
 
 def test_empty_changelog_is_served_at_once_via_the_cli(cluster):
     changelog = cluster.changelog(standby_replicas=0)
-    node = cluster.node("cli", command=[sys.executable, "-m", "freshroute.cli", "store-node", "--heartbeat-ms", "150"])
+    node = cluster.node("cli", command=[sys.executable, "-m", "tools.cli", "store-node", "--heartbeat-ms", "150"])
     wait_until(lambda: caught_up(node, changelog), 60, "every (empty) replica to serve")
     wait_until(lambda: node.health() == health_pb2.HealthCheckResponse.SERVING, 10, "health SERVING")
     r = read_all(node, ["anything"], max_lag=0, max_staleness_ms=2000)["anything"]
@@ -493,7 +493,7 @@ def _created(changelog: Changelog) -> bool:
 
 
 def test_a_broker_restart_keeps_the_changelog_and_replicas_resume_without_restoring(cluster, tmp_path):
-    from freshroute.local.services import free_port
+    from tools.local.services import free_port
 
     port = free_port()
     own = start_broker(tmp_path / "own-broker", port=port)
@@ -584,7 +584,7 @@ def test_graceful_stop_hands_actives_over_without_waiting_for_expiry(cluster):
 
 def test_redis_loss_loses_no_data_and_no_placement(cluster, broker, tmp_path, namespace):
     """Redis holds soft state only: while it is down nodes keep serving; a restarted, empty Redis is rebuilt."""
-    from freshroute.local.services import free_port, start_redis
+    from tools.local.services import free_port, start_redis
 
     port = free_port()
     redis_svc = start_redis(tmp_path / "own-redis", port=port)

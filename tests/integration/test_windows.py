@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient
 
 from freshroute.client import Client, WindowedTable
 from freshroute.keys import partition_for, serialize_key
-from freshroute.local.services import free_port
+from tools.local.services import free_port
 from freshroute.windows import WATERMARK_KEY, split_window_key
 from pipeline.topics import ensure_topic
 from proto import router_pb2, router_pb2_grpc

@@ -1,8 +1,8 @@
 import pytest
 
-from freshroute import cli
+from tools import cli
 from freshroute.errors import ConfigError
-from freshroute.local.stack import Component, Stack, StackConfig
+from tools.local.stack import Component, Stack, StackConfig
 from freshroute.settings import CommonSettings, load
 
 
@@ -124,7 +124,7 @@ def test_resolved_config_picks_free_ports(tmp_path):
 
 
 def test_local_up_places_store_nodes_from_the_first_port_or_on_free_ports(tmp_path):
-    from freshroute.local.stack import config_from_args
+    from tools.local.stack import config_from_args
 
     parser = cli.build_parser()
     args = parser.parse_args(["local", "up", "--home", str(tmp_path), "--nodes", "4"])
@@ -203,7 +203,7 @@ def test_a_client_only_install_asked_for_a_server_part_names_the_install(tmp_pat
 
     (tmp_path / "sitecustomize.py").write_text(BLOCK_SERVER)
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-m", "freshroute.cli", *command, *(["--home", str(tmp_path)] if
+    done = subprocess.run([sys.executable, "-m", "tools.cli", *command, *(["--home", str(tmp_path)] if
                                                                                 command[0] == "local" else [])],
                           capture_output=True, text=True, timeout=60, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{root}"})

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from freshroute.client import AsyncClient, Client, ClientClosed
-from freshroute.local.services import free_port
+from tools.local.services import free_port
 
 
 def nowhere() -> str:

@@ -1,8 +1,8 @@
-from freshroute import configdoc
+from tools import configdoc
 
 
 def test_configuration_reference_is_current():
-    assert configdoc.DOC.read_text() == configdoc.render(), "run: python -m freshroute.configdoc"
+    assert configdoc.DOC.read_text() == configdoc.render(), "run: python -m tools.configdoc"
 
 
 def test_every_component_setting_is_documented():

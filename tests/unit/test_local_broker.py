@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from freshroute.local import broker
-from freshroute.local.broker import BrokerNode, BrokerSetupError, Quorum, new_cluster_id, prepare
+from tools.local import broker
+from tools.local.broker import BrokerNode, BrokerSetupError, Quorum, new_cluster_id, prepare
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def jars(tmp_path):
 
 
 def node_in(tmp_path, port: int = 0) -> BrokerNode:
-    from freshroute.local.services import free_port
+    from tools.local.services import free_port
 
     return BrokerNode(1, "127.0.0.1", port or free_port(), free_port(), tmp_path / "broker")
 

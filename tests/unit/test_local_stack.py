@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from freshroute.local import stack as stack_mod
-from freshroute.local.stack import Component, Stack, StackConfig
+from tools.local import stack as stack_mod
+from tools.local.stack import Component, Stack, StackConfig
 
 
 def _stack(tmp_path, monkeypatch, busy: set[int]) -> tuple[Stack, list[str]]:
@@ -52,7 +52,7 @@ def test_a_busy_next_port_is_replaced_by_a_free_one(tmp_path, monkeypatch):
 
 
 def test_loading_where_no_stack_is_recorded_says_how_to_start_one(tmp_path):
-    from freshroute.local.stack import NoLocalStack
+    from tools.local.stack import NoLocalStack
 
     with pytest.raises(NoLocalStack, match="no local stack recorded under .*freshroute local up"):
         Stack.load(tmp_path / "nothing-here")
@@ -161,8 +161,8 @@ def test_up_waits_for_the_pipeline_to_say_warm_and_reports_ready_anyway_after_it
 
 
 def test_local_up_passes_the_standby_count_to_the_pipeline_and_starts_the_store_nodes_asked_for(tmp_path):
-    from freshroute.cli import build_parser
-    from freshroute.local.stack import config_from_args
+    from tools.cli import build_parser
+    from tools.local.stack import config_from_args
 
     args = build_parser().parse_args(["local", "up", "--home", str(tmp_path), "--store-nodes", "4",
                                       "--standby-replicas", "2", "--store-port", "0"])
@@ -182,8 +182,8 @@ sql_table(name="customer_totals", key="customer", source="orders",
 
 
 def test_local_up_with_a_tables_file_runs_it_creates_its_topics_and_no_demo_producer(tmp_path):
-    from freshroute.cli import build_parser
-    from freshroute.local.stack import config_from_args
+    from tools.cli import build_parser
+    from tools.local.stack import config_from_args
 
     path = tmp_path / "orders.py"
     path.write_text(ORDERS)
@@ -212,7 +212,7 @@ def test_local_up_with_a_tables_file_runs_it_creates_its_topics_and_no_demo_prod
 ])
 def test_local_up_refuses_a_broken_tables_file_before_anything_starts_naming_file_and_line(tmp_path, capsys, body,
                                                                                           says):
-    from freshroute import cli
+    from tools import cli
 
     path = tmp_path / "tables.py"
     if body is not None:
@@ -265,7 +265,7 @@ def test_three_brokers_form_one_quorum_each_on_its_own_address_and_replicate_cha
     assert [n.node_id for n in nodes] == [1, 2, 3] and len({n.home for n in nodes}) == 3
     assert {name: host for name, (host, _) in stack.ports().items() if name.startswith("broker")} == {
         "broker": "127.0.0.21", "broker-2": "127.0.0.22", "broker-3": "127.0.0.23"}
-    from freshroute.local.broker import Quorum, server_properties
+    from tools.local.broker import Quorum, server_properties
 
     props = dict(line.split("=", 1) for line in server_properties(nodes[1], Quorum.of(c.cluster_id, nodes)).splitlines())
     assert props["node.id"] == "2" and props["process.roles"] == "broker,controller"
@@ -294,8 +294,8 @@ def test_a_store_node_listening_everywhere_must_say_what_to_dial():
 @pytest.mark.parametrize("failure", [RuntimeError("redis exited during start-up"), KeyboardInterrupt(),
                                      OSError("broker unreachable")])
 def test_a_local_up_that_fails_part_way_stops_what_it_started(tmp_path, monkeypatch, failure, capsys):
-    from freshroute.cli import build_parser
-    from freshroute.local import stack as stack_mod
+    from tools.cli import build_parser
+    from tools.local import stack as stack_mod
 
     stopped = []
     monkeypatch.setattr(stack_mod.Stack, "up", lambda self: (_ for _ in ()).throw(failure))
@@ -313,7 +313,7 @@ def test_a_local_up_that_fails_part_way_stops_what_it_started(tmp_path, monkeypa
 def test_free_ports_are_below_the_ephemeral_range_distinct_and_bindable():
     import socket
 
-    from freshroute.local.services import _ephemeral_low, free_port
+    from tools.local.services import _ephemeral_low, free_port
 
     ports = [free_port() for _ in range(50)]
     assert len(set(ports)) == 50

@@ -55,7 +55,7 @@ def test_a_trigger_outside_its_range_fails_naming_it(trigger_ms):
 
 @pytest.mark.parametrize("trigger_ms", ["-5", "60001", "fast"])
 def test_local_up_refuses_a_trigger_outside_its_range_before_starting_anything(trigger_ms, capsys):
-    from freshroute.cli import main
+    from tools.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(["local", "up", "--trigger-ms", trigger_ms, "--home", "/nonexistent/never-created"])
@@ -75,7 +75,7 @@ def test_a_standby_count_outside_its_range_fails_naming_it(standbys):
                                          (["--standby-replicas", "-1"], "--standby-replicas"),
                                          (["--standby-replicas", "3"], "needs at least 4 store nodes")])
 def test_local_up_refuses_standbys_it_cannot_place_before_starting_anything(flags, says, capsys, tmp_path):
-    from freshroute.cli import main
+    from tools.cli import main
 
     home = tmp_path / "never-created"
     try:
@@ -118,8 +118,8 @@ def test_a_replication_factor_above_the_broker_count_is_refused_naming_the_setti
 
 
 def test_local_up_reads_its_kafka_config_file_before_starting_anything(tmp_path, capsys):
-    from freshroute.cli import build_parser, main
-    from freshroute.local.stack import Stack, config_from_args
+    from tools.cli import build_parser, main
+    from tools.local.stack import Stack, config_from_args
 
     bad = tmp_path / "bad.properties"
     bad.write_text("security.protocol=SSL\nnot a property\n")

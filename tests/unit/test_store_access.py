@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from freshroute.cluster_access import SECRET_METADATA, NodeAccess, read_secrets
 from freshroute.errors import ConfigError, ReplicaUnavailable
-from freshroute.local.certs import issue, make_ca
+from tools.local.certs import issue, make_ca
 from freshroute.metadata import Role, TableSpec
 from freshroute.routing.bound import NO_BOUND
 from freshroute.routing.store import ReadStatus, StoreNodeClient
@@ -214,7 +214,7 @@ def test_broken_access_files_stop_a_component_at_start_naming_them(pki, tmp_path
     (tmp_path / "short").write_text("tiny\n")
     extra = ["--node-id", "n1", "--data-dir", str(tmp_path / "data")] if component == "store-node" else \
         ["--rest-port", "0", "--grpc-port", "0"]
-    proc = subprocess.run([sys.executable, "-m", "freshroute.cli", component, *extra, *flags(pki, tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "tools.cli", component, *extra, *flags(pki, tmp_path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "CONFIG_ERROR" in proc.stderr and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

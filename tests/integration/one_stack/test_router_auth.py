@@ -21,7 +21,7 @@ import grpc
 import httpx
 import pytest
 
-from freshroute.local.services import free_port
+from tools.local.services import free_port
 from proto import router_pb2, router_pb2_grpc
 from router.auth import token_hash
 from tests.integration.stack_fixture import produce_and_serve, restart_router, wait_until
@@ -204,7 +204,7 @@ def test_sighup_reloads_the_file_and_a_broken_one_keeps_the_principals_in_force(
 def test_a_broken_auth_file_stops_the_router_at_start_naming_file_and_line(tmp_path):
     path = tmp_path / "auth.yaml"
     path.write_text(f"principals:\n  - name: reader\n    token_sha256: {READER}\n    tables: [t]\n")
-    proc = subprocess.run([sys.executable, "-m", "freshroute.cli", "router", "--auth-file", str(path),
+    proc = subprocess.run([sys.executable, "-m", "tools.cli", "router", "--auth-file", str(path),
                            "--rest-port", "0", "--grpc-port", "0"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"auth file {path}, principal 1 'reader' (line 2): token_sha256 must be the token's SHA-256" in proc.stderr

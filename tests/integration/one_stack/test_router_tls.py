@@ -24,7 +24,7 @@ import grpc
 import httpx
 import pytest
 
-from freshroute.local.certs import issue, make_ca
+from tools.local.certs import issue, make_ca
 from proto import router_pb2, router_pb2_grpc
 from tests.integration.stack_fixture import produce_and_serve, restart_router, wait_until
 
@@ -221,7 +221,7 @@ def test_sighup_puts_a_new_certificate_in_use_for_new_connections(stack, pki, tm
     (lambda p: ["--tls-cert", str(p["server"].cert)], "tls_cert and tls_key go together"),
 ])
 def test_broken_tls_files_stop_the_router_at_start_naming_them(pki, flags, says):
-    proc = subprocess.run([sys.executable, "-m", "freshroute.cli", "router", "--rest-port", "0", "--grpc-port", "0",
+    proc = subprocess.run([sys.executable, "-m", "tools.cli", "router", "--rest-port", "0", "--grpc-port", "0",
                            *flags(pki)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "CONFIG_ERROR" in proc.stderr and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

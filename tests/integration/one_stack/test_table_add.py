@@ -34,7 +34,7 @@ USERS = 60
 
 def freshroute_table(stack, *args: str) -> subprocess.CompletedProcess:
     c = stack.config
-    return subprocess.run([sys.executable, "-m", "freshroute.cli", "table", "--redis-url", c.redis_url, "--namespace",
+    return subprocess.run([sys.executable, "-m", "tools.cli", "table", "--redis-url", c.redis_url, "--namespace",
                            c.namespace, *args], capture_output=True, text=True, timeout=120, cwd=REPO,
                           env={**os.environ, "FRESHROUTE_BOOTSTRAP_SERVERS": c.bootstrap})
 

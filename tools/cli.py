@@ -61,7 +61,7 @@ def _run_component(command: str, args: argparse.Namespace) -> int:
 
 
 def _run_broker(args: argparse.Namespace) -> int:
-    from freshroute.local.broker import BrokerNode, Quorum, prepare
+    from tools.local.broker import BrokerNode, Quorum, prepare
 
     node = BrokerNode(args.node_id, args.host, args.port, args.controller_port or args.port + 1, Path(args.home))
     quorum = Quorum.alone(node, args.cluster_id)
@@ -320,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     local = sub.add_parser("local", help="The embedded local stack with demo data.")
     local_sub = local.add_subparsers(dest="local_command", required=True)
-    from freshroute.local import stack
+    from tools.local import stack
 
     stack.add_arguments(local_sub)
 
@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             return _run_component(args.command, args)
         try:
             if args.command == "local":
-                from freshroute.local import stack
+                from tools.local import stack
 
                 return stack.dispatch(args)
             return handlers[args.command](args)

@@ -26,12 +26,12 @@ import orjson
 from freshroute.errors import ConfigError
 from freshroute.metadata import MAX_STANDBY_REPLICAS
 from freshroute.redis_location import RedisLocation, parse_sentinels
-from freshroute.local.broker import BrokerNode, Quorum
-from freshroute.local.services import free_port, wait_for_port
+from tools.local.broker import BrokerNode, Quorum
+from tools.local.services import free_port, wait_for_port
 from freshroute.proc import lower_priority
 
 if TYPE_CHECKING:
-    from freshroute.local.secure import StackSecrets
+    from tools.local.secure import StackSecrets
     from pipeline.tables import TablesDefinition
 
 STATE_FILE = "state.json"
@@ -103,7 +103,7 @@ class StackConfig:
     def resolved(self) -> "StackConfig":
         """Replace 0 ports by free ones, so tests can run stacks side by side."""
         pick = lambda p, host=self.host: p or free_port(host)  # noqa: E731
-        from freshroute.local.broker import new_cluster_id
+        from tools.local.broker import new_cluster_id
 
         return replace(self, home=self.home.resolve(), broker_port=pick(self.broker_port),
                        broker_controller_port=pick(self.broker_controller_port),
@@ -155,7 +155,7 @@ class StackConfig:
 
     def redis_location(self) -> RedisLocation:
         """Where the stack's metadata store is: the primary, or whichever Redis the sentinels name now."""
-        from freshroute.local.services import SENTINEL_MASTER_NAME
+        from tools.local.services import SENTINEL_MASTER_NAME
 
         if not self.redis_sentinel:
             return RedisLocation(self.redis_url)
@@ -285,44 +285,44 @@ class Stack:
         return self.config.home / "logs" / f"{name}.log"
 
     def _freshroute(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "freshroute.cli", *args]
+        return [sys.executable, "-m", "tools.cli", *args]
 
     def command_for(self, name: str) -> tuple[str, list[str], dict[str, str]]:
         """Role, command line and addresses of a named component (for start and restart)."""
         c = self.config
         if name in self.broker_names():
-            from freshroute.local.broker import prepare
+            from tools.local.broker import prepare
 
             nodes = self.broker_nodes()
             node = nodes[self.broker_names().index(name)]
             return "broker", prepare(node, Quorum.of(c.cluster_id, nodes)), {"address": node.address,
                                                                              "bootstrap": c.bootstrap}
         if name == "redis":
-            from freshroute.local.services import redis_command
+            from tools.local.services import redis_command
 
             data = c.home / "redis"
             data.mkdir(parents=True, exist_ok=True)
             return "redis", redis_command(c.redis_port, data, c.host), {"url": c.redis_url}
         if name == "redis-replica":
-            from freshroute.local.services import redis_replica_command
+            from tools.local.services import redis_replica_command
 
             data = c.home / "redis-replica"
             data.mkdir(parents=True, exist_ok=True)
             return "redis-replica", redis_replica_command(c.redis_replica_port, data, f"{c.host}:{c.redis_port}",
                                                           c.host), {"address": f"{c.host}:{c.redis_replica_port}"}
         if name.startswith("redis-sentinel-"):
-            from freshroute.local.services import redis_sentinel_command
+            from tools.local.services import redis_sentinel_command
 
             port = c.sentinel_ports[int(name.rsplit("-", 1)[1]) - 1]
             return "redis-sentinel", redis_sentinel_command(port, c.home / "sentinel", f"{c.host}:{c.redis_port}",
                                                             c.host), {"address": f"{c.host}:{port}"}
         if name == "spark-master":
-            from freshroute.local.services import spark_master_command
+            from tools.local.services import spark_master_command
 
             return "spark-master", spark_master_command(c.host, c.spark_master_port, c.spark_master_ui_port), {
                 "url": c.spark_master_url, "web_ui": c.spark_master_ui}
         if name.startswith("spark-worker"):
-            from freshroute.local.services import spark_worker_command
+            from tools.local.services import spark_worker_command
 
             ui = free_port(c.host)
             return "spark-worker", spark_worker_command(c.spark_master_url, c.host, ui, c.home / "spark" / name), {
@@ -349,7 +349,7 @@ class Stack:
             metrics = free_port(host)
             secured: list[str] = []
             if c.secure:
-                from freshroute.local.secure import node_certificate
+                from tools.local.secure import node_certificate
 
                 s = self._secrets()
                 cert = node_certificate(s, node_id, host)
@@ -374,13 +374,13 @@ class Stack:
                 "--metrics-port", str(metrics), *shared, *secured), {
                     "rest": c.rest_url, "grpc": c.grpc_address, "metrics": f"http://{c.router_host}:{metrics}/metrics"}
         if name == "demo-producer":
-            return "demo-producer", [sys.executable, "-m", "freshroute.local.demo", "--bootstrap", c.bootstrap,
+            return "demo-producer", [sys.executable, "-m", "tools.local.demo", "--bootstrap", c.bootstrap,
                                      "--topic", f"{c.topic_prefix}readings", "--rate", str(c.demo_rate),
                                      "--sensors", str(c.demo_sensors), "--duration-s", str(c.demo_duration_s)], {}
         raise KeyError(f"no component named {name!r}")
 
     def _secrets(self) -> "StackSecrets":
-        from freshroute.local.secure import load_secrets
+        from tools.local.secure import load_secrets
 
         s = load_secrets(self.config.home)
         assert s is not None, "secrets are made by up() before any component starts"
@@ -444,8 +444,8 @@ class Stack:
 
     def up(self) -> "Stack":
         """Start every component in dependency order and wait until lookups work."""
-        from freshroute.local.demo import ensure_topic
-        from freshroute.local.services import wait_for_port as wait
+        from tools.local.demo import ensure_topic
+        from tools.local.services import wait_for_port as wait
 
         c = self.config
         busy = [f"{name} {host}:{port}" for name, (host, port) in self.ports().items() if _port_open(host, port)]
@@ -456,7 +456,7 @@ class Stack:
         for stale in (c.home / "broker", c.home / "pipeline", c.home / "data", c.home / "secure"):
             shutil.rmtree(stale, ignore_errors=True)
         if c.secure:
-            from freshroute.local.secure import make_secrets
+            from tools.local.secure import make_secrets
 
             make_secrets(c.home, (c.router_host,))
             self._say(f"secure: a throwaway CA, certificates, a cluster secret and tokens in {c.home / 'secure'}")
@@ -537,7 +537,7 @@ class Stack:
             return _http_get(f"{c.rest_url}{path}")
         import ssl
 
-        from freshroute.local.secure import ADMIN, load_secrets
+        from tools.local.secure import ADMIN, load_secrets
 
         s = load_secrets(c.home)
         return _http_get(f"{c.rest_url}{path}", {"Authorization": f"Bearer {s.tokens[ADMIN]}"},
@@ -550,7 +550,7 @@ class Stack:
     def _secure_status(self) -> dict[str, Any]:
         if not self.config.secure:
             return {}
-        from freshroute.local.secure import load_secrets
+        from tools.local.secure import load_secrets
 
         s = load_secrets(self.config.home)
         return {"secure": s.to_dict()} if s is not None else {}
@@ -731,7 +731,7 @@ def _reap(pid: int) -> None:
 
 
 def _brokers_up(bootstrap: str, brokers: int) -> bool:
-    from freshroute.local.services import wait_for_broker
+    from tools.local.services import wait_for_broker
 
     try:
         wait_for_broker(bootstrap, 1.0, brokers=brokers)
@@ -953,7 +953,7 @@ def dispatch(args: argparse.Namespace) -> int:
 
 def _print_examples(c: StackConfig) -> None:
     if c.secure:
-        from freshroute.local.secure import ADMIN, READER, load_secrets
+        from tools.local.secure import ADMIN, READER, load_secrets
 
         s = load_secrets(c.home)
         assert s is not None

@@ -1,6 +1,6 @@
 """Writes docs/configuration.md from the components' typed settings, so the reference never drifts.
 
-Run ``python -m freshroute.configdoc``; a unit test fails when the committed file is stale.
+Run ``python -m tools.configdoc``; a unit test fails when the committed file is stale.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from freshroute.cli import COMPONENTS, _resolve
+from tools.cli import COMPONENTS, _resolve
 from freshroute.settings import CommonSettings
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
@@ -19,7 +19,7 @@ Every component reads typed settings from command-line flags and from `FRESHROUT
 environment variables (a flag wins). A wrong value stops the component at start with a message
 naming the setting. Settings shared by every component come first.
 
-This file is generated from the settings classes: `python -m freshroute.configdoc`.
+This file is generated from the settings classes: `python -m tools.configdoc`.
 """
 
 

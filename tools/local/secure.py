@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from freshroute.local.certs import Issued, issue, make_ca
+from tools.local.certs import Issued, issue, make_ca
 from router.auth import token_hash
 
 # One token that may read sensor_stats only, and one that may read everything and see the cluster.

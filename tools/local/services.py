@@ -91,7 +91,7 @@ def start_broker(home: Path, port: int | None = None, host: str = "127.0.0.1", t
 
     A ``home`` that holds a node's storage already is restarted with everything it kept.
     """
-    from freshroute.local.broker import BrokerNode, Quorum, prepare
+    from tools.local.broker import BrokerNode, Quorum, prepare
 
     node = BrokerNode(1, host, port or free_port(host), free_port(host), home)
     quorum = Quorum.alone(node)
