@@ -7,9 +7,11 @@ environment variables; a wrong value fails naming the key.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
+import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -164,3 +166,18 @@ def load(cls: type[BaseSettings], **values: Any) -> Any:
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or '?'}: {err['msg']}" for err in e.errors())
         raise ConfigError(f"invalid {cls.__name__}: {problems}") from None
+
+
+def embedded(declaration: type, *names: str) -> dict[str, Any]:
+    """Settings declared once in a dataclass of :func:`freshroute.routing.policy.setting` fields (all of them, or
+    ``names``), as the field definitions of ``pydantic.create_model``: a process's settings embed them."""
+    hints = typing.get_type_hints(declaration)
+    embedded = {}
+    for f in dataclasses.fields(declaration):
+        if names and f.name not in names:
+            continue
+        default = ({"default": f.default} if f.default is not dataclasses.MISSING
+                   else {"default_factory": f.default_factory})
+        embedded[f.name] = (hints[f.name], Field(description=f.metadata["description"], **default,
+                                                 **f.metadata["limits"]))
+    return embedded

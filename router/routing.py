@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Callable
 
 from freshroute.metadata import now_ms
-from freshroute.routing.core import RoutingCore, RoutingPolicy
+from freshroute.routing.core import RoutingCore
+from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.selection import ReplicaSelector
 from freshroute.routing.snapshot import Snapshot, SnapshotSource
 from freshroute.routing.store import StoreClient

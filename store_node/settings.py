@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, create_model, model_validator
 
 from freshroute.metadata import NODE_ID_PATTERN
-from freshroute.settings import ServingSettings
+from freshroute.routing.policy import RoutingPolicy
+from freshroute.settings import ServingSettings, embedded
 
 
-class StoreNodeSettings(ServingSettings):
+class _StoreNodeProcess(ServingSettings):
     """Where a store node serves, where it keeps its replicas, and how it paces its loops."""
 
     node_id: str = Field(min_length=1, pattern=NODE_ID_PATTERN, description="this node's unique id")
@@ -27,11 +28,9 @@ class StoreNodeSettings(ServingSettings):
                                                     "never shared by two nodes")
     rack: str | None = Field(None, description="rack tag; replicas of a partition are spread across racks")
 
-    # A dead node's actives move to their standbys about node_expiry_ms + assignment_poll_ms after
-    # its last heartbeat. The expiry is six heartbeats: a node must miss five in a row (a stall of
-    # about a second) to be declared dead; the router's node_expiry_ms should be the same.
+    # A dead node's actives move to their standbys about node_expiry_ms (embedded below, as routers
+    # read it) + assignment_poll_ms after its last heartbeat.
     heartbeat_ms: int = Field(200, gt=0, description="how often the node publishes its heartbeat and lag")
-    node_expiry_ms: int = Field(1200, gt=0, description="a node whose heartbeat is older is dead")
     node_report_ttl_ms: int = Field(5000, gt=0, description="Redis TTL of a heartbeat")
     assignor_lease_ms: int = Field(1200, gt=0, description="assignor lease; another node takes over after it")
     assignment_poll_ms: int = Field(100, gt=0, description="how often the node reads the assignment (and the "
@@ -66,7 +65,7 @@ class StoreNodeSettings(ServingSettings):
     restore_log_interval_ms: int = Field(5000, gt=0, description="restore progress log period")
 
     @model_validator(mode="after")
-    def _fetch_wait_within_evidence(self) -> "StoreNodeSettings":
+    def _fetch_wait_within_evidence(self) -> "_StoreNodeProcess":
         # A caught-up confirmation needs a fetch answer younger than the window: a longer
         # long-poll would leave no replica ever confirmed.
         if self.fetch_wait_max_ms >= self.evidence_window_ms:
@@ -75,7 +74,7 @@ class StoreNodeSettings(ServingSettings):
         return self
 
     @model_validator(mode="after")
-    def _dialable(self) -> "StoreNodeSettings":
+    def _dialable(self) -> "_StoreNodeProcess":
         # Routers and clients dial what a node advertises: a wildcard is where it listens, not an address.
         if self.advertise_host is None and self.host in ("0.0.0.0", "::", ""):
             raise ValueError(f"host {self.host!r} listens on every interface: set advertise_host to the address "
@@ -83,7 +82,7 @@ class StoreNodeSettings(ServingSettings):
         return self
 
     @model_validator(mode="after")
-    def _default_data_dir(self) -> "StoreNodeSettings":
+    def _default_data_dir(self) -> "_StoreNodeProcess":
         if self.data_dir is None:
             # Frozen model: set through the object's dict, once, at validation time.
             object.__setattr__(self, "data_dir", Path(".freshroute") / "store" / self.node_id)
@@ -122,3 +121,8 @@ class StoreNodeSettings(ServingSettings):
             "reconnect.backoff.max.ms": 2000,
             **overrides,
         })
+
+
+# When a node is dead is one fact of the deployment: routers and the assignor read heartbeats by the same expiry.
+StoreNodeSettings = create_model("StoreNodeSettings", __base__=_StoreNodeProcess, __module__=__name__,
+                                 __doc__=_StoreNodeProcess.__doc__, **embedded(RoutingPolicy, "node_expiry_ms"))

@@ -11,7 +11,7 @@ package gives :class:`~freshroute.errors.LookupTimeout` and
 
 from freshroute.errors import (ClientClosed, FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound,
                                NotWindowedTable, ReplicaUnavailable, TableNotFound, WindowedTable)
-from freshroute.routing.core import RoutingPolicy
+from freshroute.routing.policy import RoutingPolicy
 
 from freshroute.client.async_client import AsyncClient, AsyncSession
 from freshroute.client.lookup import Lookup, Windows, WindowValue

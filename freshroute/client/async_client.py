@@ -16,7 +16,8 @@ from freshroute.errors import (ClientClosed, ConfigError, FreshrouteError, Inval
 from freshroute.position import Position
 from freshroute.redis_location import RedisLocation, parse_sentinels
 from freshroute.routing.bound import Bound, parse_bound
-from freshroute.routing.core import RoutingCore, RoutingPolicy
+from freshroute.routing.core import RoutingCore
+from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.results import KeyLocation, TableInfo
 from freshroute.routing.snapshot import MetadataRefresher, SnapshotSource
 from freshroute.routing.store import StoreNodeClient

@@ -19,7 +19,8 @@ from freshroute.errors import ClientClosed, FreshrouteError, LookupTimeout, Repl
 from freshroute.position import Position
 from freshroute.routing.attempts import AttemptPlan
 from freshroute.routing.bound import Bound, parse_bound
-from freshroute.routing.core import RoutingCore, RoutingPolicy, lookup_result
+from freshroute.routing.core import RoutingCore, lookup_result
+from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.results import KeyLocation, TableInfo
 from freshroute.routing.selection import Candidate
 

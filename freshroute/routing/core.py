@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from itertools import islice
 from typing import Any, Callable, Mapping, NamedTuple, Sequence, TypeVar
@@ -19,8 +18,9 @@ from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, 
 from freshroute.formats import bound_to_bytes, key_from_bytes, key_to_bytes
 from freshroute.keys import deserialize_key, key_bytes, not_a_batch, not_text, partition_for
 from freshroute.metadata import Role, TableSpec, now_ms
-from freshroute.routing.attempts import AttemptPlan, AttemptPolicy, Attempts, LatencyWindow, NoMetrics, run, run_many
+from freshroute.routing.attempts import AttemptPlan, Attempts, LatencyWindow, NoMetrics, run, run_many
 from freshroute.routing.bound import NO_BOUND, Bound
+from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.results import (KeyLocation, LookupResult, ReplicaInfo, ScanPage, TableInfo, WindowPage,
                                         WindowsResult, decode_page_token, encode_page_token, input_lag_doc,
                                         pipeline_doc)
@@ -31,42 +31,6 @@ from freshroute.routing.store import (GroupResult, ReadResult, ReadStatus, Repli
 from freshroute.windows import MAX_START_MS, Window, WindowSpec, key_range, split_window_key, windows_of
 
 _Counted = TypeVar("_Counted", LookupResult, WindowsResult, FreshrouteError)
-
-
-@dataclass(frozen=True)
-class RoutingPolicy:
-    """Deadlines, hedging, freshness tolerances and limits of one routing core (the router's settings, or a client's)."""
-
-    request_timeout_ms: int = 2000
-    attempt_timeout_ms: int = 500
-    scan_timeout_ms: int = 5000
-    hedge: bool = True
-    hedge_quantile: float = 0.95
-    hedge_min_ms: float = 5.0
-    hedge_budget: float = 0.1
-    freshness_tolerance_offsets: int = 0
-    freshness_tolerance_ms: int = 0
-    view_trust_ms: int = 1000
-    failure_backoff_ms: int = 1000
-    node_expiry_ms: int = 1200
-    batch_max_keys: int = 1000
-    scan_default_limit: int = 100
-    scan_max_limit: int = 1000
-    max_windows: int = 10_000  # windows one windows lookup may span
-    # per-table default bounds over the table specs': name → (max_lag, max_staleness_ms)
-    table_bounds: Mapping[str, tuple[int | None, int | None]] = field(default_factory=dict)
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> "RoutingPolicy":
-        """The policy named by any settings object with these fields (the router's)."""
-        values = {f: getattr(settings, f) for f in cls.__dataclass_fields__ if hasattr(settings, f)}
-        if "table_bounds" in values:
-            values["table_bounds"] = {t: (b.max_lag, b.max_staleness_ms) for t, b in values["table_bounds"].items()}
-        return cls(**values)
-
-    def attempt_policy(self) -> AttemptPolicy:
-        return AttemptPolicy(self.attempt_timeout_ms, self.hedge, self.hedge_quantile, self.hedge_min_ms,
-                             self.hedge_budget)
 
 
 @lru_cache(maxsize=65536)
@@ -157,7 +121,7 @@ class RoutingCore:
                 raise refused
         override = self.policy.table_bounds.get(spec.name)
         if override is not None:
-            return bound.with_defaults(*override)
+            return bound.with_defaults(override.max_lag, override.max_staleness_ms)
         return bound.with_defaults(spec.default_max_lag, spec.default_max_staleness_ms)
 
     def keyed(self, name: str) -> TableSpec:

@@ -16,7 +16,7 @@ import pytest
 
 from freshroute.client import AsyncClient, Client
 from freshroute.errors import LookupTimeout
-from freshroute.routing.core import RoutingPolicy
+from freshroute.routing.policy import RoutingPolicy
 
 POLICY = RoutingPolicy(request_timeout_ms=1000, attempt_timeout_ms=250)
 

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from freshroute.client import Client
 from freshroute.errors import FreshrouteError, RetryableError
-from freshroute.routing.core import RoutingPolicy
+from freshroute.routing.policy import RoutingPolicy
 from tests.integration.stack_fixture import FIRST_DATA_TIMEOUT_S, produce_readings, wait_until
 
 pytestmark = pytest.mark.integration
