@@ -1,8 +1,8 @@
 """One error hierarchy for every role; each class has a code and the HTTP and gRPC statuses it travels with.
 
 Retryable errors mean "another replica, or the same one a little later, may answer";
-fatal errors mean the request itself is wrong. One FastAPI handler and one gRPC abort
-helper in the router translate them, each reading the statuses here (the gRPC one by its
+fatal errors mean the request itself is wrong. One FastAPI handler and one gRPC decorator
+in the router translate them, each reading the statuses here (the gRPC one by its
 name, so this package carries no transport library); nothing else maps errors.
 """
 
@@ -138,6 +138,27 @@ class ClientClosed(FatalError):
     code = "CLIENT_CLOSED"
 
 
+class ForeignError(FreshrouteError):
+    """An error known only by its code and HTTP status: one this build has no class for (a newer peer's), or a web
+    framework's (an unknown route, a method not allowed). Made by :func:`foreign`."""
+
+    def __init__(self, code: str, http_status: int, message: str, **details: Any) -> None:
+        super().__init__(message, **details)
+        self.code = code
+        self.http_status = http_status
+        self.grpc_status = {404: "NOT_FOUND", 405: "UNIMPLEMENTED"}.get(http_status, self.grpc_status)
+
+
+class ForeignRetryableError(ForeignError, RetryableError):
+    """A foreign error with a status our retryable errors travel with (502, 503, 504)."""
+
+
+def foreign(code: str, http_status: int, message: str, **details: Any) -> ForeignError:
+    """The error a code this build does not know stands for, retryable as its HTTP status says."""
+    cls = ForeignRetryableError if http_status in (502, 503, 504) else ForeignError
+    return cls(code, http_status, message, **details)
+
+
 def _leaves(cls: type[FreshrouteError]) -> list[type[FreshrouteError]]:
     return [cls, *(leaf for sub in cls.__subclasses__() for leaf in _leaves(sub))]
 
@@ -149,9 +170,8 @@ def from_body(body: Any, http_status: int = 500) -> FreshrouteError:
         return FreshrouteError(f"unexpected answer (HTTP {http_status})")
     details = {k: v for k, v in doc.items() if k not in ("code", "message")}
     code, message = str(doc.get("code", "INTERNAL")), str(doc.get("message", ""))
-    cls = next((c for c in _leaves(FreshrouteError) if c.code == code and c is not RetryableError), None)
+    cls = next((c for c in _leaves(FreshrouteError)
+                if c.code == code and c is not RetryableError and not issubclass(c, ForeignError)), None)
     if cls is None:
-        err = (RetryableError if http_status in (502, 503, 504) else FreshrouteError)(message, **details)
-        err.code = code
-        return err
+        return foreign(code, http_status, message, **details)
     return cls(message, **details)

@@ -7,7 +7,9 @@ the trailing metadata ``freshroute-error`` carries the same JSON body REST retur
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
+import inspect
 import json
 import logging
 import secrets
@@ -57,6 +59,27 @@ def error_status(exc: BaseException) -> tuple[grpc.StatusCode, str, str]:
     # Metadata values must be ASCII; the JSON body escapes anything else.
     body = json.dumps(exc.to_body(), ensure_ascii=True, separators=(",", ":"), default=str)
     return grpc_status(exc), exc.message, body
+
+
+def answers_errors(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A Router method whose every error leaves through :func:`abort` (a unary one or a stream)."""
+    if inspect.isasyncgenfunction(method):
+        @functools.wraps(method)
+        async def stream(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            try:
+                async for item in method(self, request, context):
+                    yield item
+            except Exception as e:  # noqa: BLE001 — every error leaves through abort()
+                await abort(context, e)
+        return stream
+
+    @functools.wraps(method)
+    async def unary(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(self, request, context)
+        except Exception as e:  # noqa: BLE001 — every error leaves through abort()
+            await abort(context, e)
+    return unary
 
 
 async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
@@ -224,128 +247,112 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     def _parse_bound(self, request: Any) -> Bound:
         return parse_request_bound(self._router, request)
 
+    @answers_errors
     async def Get(self, request: router_pb2.GetRequest, context: grpc.aio.ServicerContext) -> router_pb2.GetResponse:
-        try:
-            await self._table(context, request.table)
-            return await answer_get(self._router, request)
-        except Exception as e:  # noqa: BLE001 — every error leaves through abort()
-            await abort(context, e)
+        await self._table(context, request.table)
+        return await answer_get(self._router, request)
 
+    @answers_errors
     async def BatchGet(self, request: router_pb2.BatchGetRequest,
                        context: grpc.aio.ServicerContext) -> router_pb2.BatchGetResponse:
-        try:
-            await self._table(context, request.table)
-            keys = list(request.keys)
-            results = await self._router.batch_get(request.table, keys, self._parse_bound(request))
-            fmt = self._router.value_format(request.table)
-            return router_pb2.BatchGetResponse(input_lag=_input_lag(self._router, request.table), results=[
-                _get_response(r, request.typed_values, fmt) if isinstance(r, LookupResult)
-                else _key_error(request.table, key, r)
-                for key, r in zip(keys, results)])
-        except Exception as e:  # noqa: BLE001
-            await abort(context, e)
+        await self._table(context, request.table)
+        keys = list(request.keys)
+        results = await self._router.batch_get(request.table, keys, self._parse_bound(request))
+        fmt = self._router.value_format(request.table)
+        return router_pb2.BatchGetResponse(input_lag=_input_lag(self._router, request.table), results=[
+            _get_response(r, request.typed_values, fmt) if isinstance(r, LookupResult)
+            else _key_error(request.table, key, r)
+            for key, r in zip(keys, results)])
 
+    @answers_errors
     async def Scan(self, request: router_pb2.ScanRequest,
                    context: grpc.aio.ServicerContext) -> AsyncIterator[router_pb2.ScanItem]:
-        try:
-            await self._table(context, request.table)
-            bound = self._parse_bound(request)
-            fmt = self._router.value_format(request.table)
-            typed = request.typed_values and fmt == "json"
-            pages = _Pages(request.limit or None, self._router.settings.scan_max_limit, request.page_token or None)
-            async for page in pages.read(lambda size, token: self._router.scan(
-                    request.table, request.prefix, request.start, request.end, size, token, bound)):
-                for key, value, partition in page.items:
-                    yield router_pb2.ScanItem(key=key, value_json=value_json_of(fmt, value), partition=partition,
-                                              value_bytes=value if fmt == "bytes" else b"",
-                                              value=_typed(value) if typed else None)
-            yield router_pb2.ScanItem(summary=pages.summary(_input_lag(self._router, request.table)))
-        except Exception as e:  # noqa: BLE001
-            await abort(context, e)
+        await self._table(context, request.table)
+        bound = self._parse_bound(request)
+        fmt = self._router.value_format(request.table)
+        typed = request.typed_values and fmt == "json"
+        pages = _Pages(request.limit or None, self._router.settings.scan_max_limit, request.page_token or None)
+        async for page in pages.read(lambda size, token: self._router.scan(
+                request.table, request.prefix, request.start, request.end, size, token, bound)):
+            for key, value, partition in page.items:
+                yield router_pb2.ScanItem(key=key, value_json=value_json_of(fmt, value), partition=partition,
+                                          value_bytes=value if fmt == "bytes" else b"",
+                                          value=_typed(value) if typed else None)
+        yield router_pb2.ScanItem(summary=pages.summary(_input_lag(self._router, request.table)))
 
+    @answers_errors
     async def GetWindows(self, request: router_pb2.WindowsRequest,
                          context: grpc.aio.ServicerContext) -> router_pb2.WindowsResponse:
-        try:
-            await self._table(context, request.table)
-            result = await self._router.windows(request.table, request.key, request.from_ms, request.to_ms,
-                                                self._parse_bound(request))
-            return _windows_response(result, request.typed_values, _input_lag(self._router, request.table))
-        except Exception as e:  # noqa: BLE001
-            await abort(context, e)
+        await self._table(context, request.table)
+        result = await self._router.windows(request.table, request.key, request.from_ms, request.to_ms,
+                                            self._parse_bound(request))
+        return _windows_response(result, request.typed_values, _input_lag(self._router, request.table))
 
+    @answers_errors
     async def ScanWindows(self, request: router_pb2.ScanWindowsRequest,
                           context: grpc.aio.ServicerContext) -> AsyncIterator[router_pb2.WindowItem]:
-        try:
-            await self._table(context, request.table)
-            bound = self._parse_bound(request)
-            fmt = self._router.value_format(request.table)
-            typed = request.typed_values and fmt == "json"
-            pages = _Pages(request.limit or None, self._router.settings.scan_max_limit, request.page_token or None)
-            async for page in pages.read(lambda size, token: self._router.scan_windows(
-                    request.table, request.from_ms, request.to_ms, size, token, bound)):
-                for key, w, partition in page.items:
-                    yield router_pb2.WindowItem(key=key, window=_window(w, typed), partition=partition)
-            yield router_pb2.WindowItem(summary=pages.summary(_input_lag(self._router, request.table)))
-        except Exception as e:  # noqa: BLE001
-            await abort(context, e)
+        await self._table(context, request.table)
+        bound = self._parse_bound(request)
+        fmt = self._router.value_format(request.table)
+        typed = request.typed_values and fmt == "json"
+        pages = _Pages(request.limit or None, self._router.settings.scan_max_limit, request.page_token or None)
+        async for page in pages.read(lambda size, token: self._router.scan_windows(
+                request.table, request.from_ms, request.to_ms, size, token, bound)):
+            for key, w, partition in page.items:
+                yield router_pb2.WindowItem(key=key, window=_window(w, typed), partition=partition)
+        yield router_pb2.WindowItem(summary=pages.summary(_input_lag(self._router, request.table)))
 
+    @answers_errors
     async def KeyMetadata(self, request: router_pb2.KeyMetadataRequest,
                           context: grpc.aio.ServicerContext) -> router_pb2.KeyMetadataResponse:
-        try:
-            await self._cluster(context)
-            loc = self._router.key_metadata(request.table, request.key)
-            return router_pb2.KeyMetadataResponse(
-                table=loc.table, key=loc.key, partition=loc.partition,
-                active=_replica_info(loc.active) if loc.active else None,
-                standbys=[_replica_info(s) for s in loc.standbys])
-        except Exception as e:  # noqa: BLE001
-            await abort(context, e)
+        await self._cluster(context)
+        loc = self._router.key_metadata(request.table, request.key)
+        return router_pb2.KeyMetadataResponse(
+            table=loc.table, key=loc.key, partition=loc.partition,
+            active=_replica_info(loc.active) if loc.active else None,
+            standbys=[_replica_info(s) for s in loc.standbys])
 
+    @answers_errors
     async def ListTables(self, request: router_pb2.ListTablesRequest,
                          context: grpc.aio.ServicerContext) -> router_pb2.ListTablesResponse:
-        try:
-            principal = await self._guard.principal(*self._caller(context)) if self._guard is not None else None
-            return router_pb2.ListTablesResponse(tables=[
-                router_pb2.TableInfo(name=t.spec.name, topic=t.spec.topic, partitions=t.spec.partitions,
-                                     standby_replicas=t.spec.standby_replicas, key_column=t.spec.key_column,
-                                     schema=dict(t.spec.value_schema), window=_table_window(t.spec),
-                                     input_lag=router_pb2.InputLag(records=t.input_lag[0], ms=t.input_lag[1]),
-                                     pipeline=router_pb2.Pipeline(**pipeline_doc(t.pipeline)),
-                                     key_format=t.spec.key_format, value_format=t.spec.value_format,
-                                     origin=t.spec.origin)
-                for t in self._router.list_tables() if principal is None or principal.may_read(t.spec.name)])
-        except Exception as e:  # noqa: BLE001
-            await abort(context, e)
+        principal = await self._guard.principal(*self._caller(context)) if self._guard is not None else None
+        return router_pb2.ListTablesResponse(tables=[
+            router_pb2.TableInfo(name=t.spec.name, topic=t.spec.topic, partitions=t.spec.partitions,
+                                 standby_replicas=t.spec.standby_replicas, key_column=t.spec.key_column,
+                                 schema=dict(t.spec.value_schema), window=_table_window(t.spec),
+                                 input_lag=router_pb2.InputLag(records=t.input_lag[0], ms=t.input_lag[1]),
+                                 pipeline=router_pb2.Pipeline(**pipeline_doc(t.pipeline)),
+                                 key_format=t.spec.key_format, value_format=t.spec.value_format,
+                                 origin=t.spec.origin)
+            for t in self._router.list_tables() if principal is None or principal.may_read(t.spec.name)])
 
+    @answers_errors
     async def Cluster(self, request: router_pb2.ClusterRequest,
                       context: grpc.aio.ServicerContext) -> router_pb2.ClusterResponse:
-        try:
-            await self._cluster(context)
-            view = self._router.cluster()
-            nodes = []
-            for n in view["nodes"]:
-                replicas = [router_pb2.PartitionReplica(
-                    table=r["table"], partition=r["partition"],
-                    replica=router_pb2.ReplicaInfo(
-                        node=r["node"], address=r["address"], role=r["role"], state=r["state"] or "",
-                        alive=r["alive"], lag=router_pb2.Lag(offsets=r["lag"]["offsets"], ms=r["lag"]["ms"]),
-                        applied_offset=r["applied_offset"], end_offset=r["end_offset"], failure=r["failure"] or ""))
-                    for r in n["replicas"]]
-                nodes.append(router_pb2.NodeInfo(node=n["node"], address=n["address"], alive=n["alive"],
-                                                 heartbeat_age_ms=n["heartbeat_age_ms"] or 0, replicas=replicas,
-                                                 read_address=n["read_address"] or "", draining=n["draining"]))
-            meta = view["metadata"]
-            return router_pb2.ClusterResponse(
-                nodes=nodes, assignment_generation=view["assignment_generation"] or 0,
-                assignment=[router_pb2.AssignedPartition(table=a["table"], partition=a["partition"], nodes=a["nodes"])
-                            for a in view["assignment"] or ()],
-                metadata=router_pb2.MetadataHealth(loaded=meta["loaded"], age_ms=meta["age_ms"],
-                                                   redis_ok=meta["redis_ok"]),
-                pipelines=[router_pb2.TablePipeline(
-                    table=t["table"], pipeline=router_pb2.Pipeline(alive=t["alive"], last_progress_ms=t["last_progress_ms"]),
-                    input_lag=router_pb2.InputLag(**t["input_lag"])) for t in view["pipelines"]])
-        except Exception as e:  # noqa: BLE001
-            await abort(context, e)
+        await self._cluster(context)
+        view = self._router.cluster()
+        nodes = []
+        for n in view["nodes"]:
+            replicas = [router_pb2.PartitionReplica(
+                table=r["table"], partition=r["partition"],
+                replica=router_pb2.ReplicaInfo(
+                    node=r["node"], address=r["address"], role=r["role"], state=r["state"] or "",
+                    alive=r["alive"], lag=router_pb2.Lag(offsets=r["lag"]["offsets"], ms=r["lag"]["ms"]),
+                    applied_offset=r["applied_offset"], end_offset=r["end_offset"], failure=r["failure"] or ""))
+                for r in n["replicas"]]
+            nodes.append(router_pb2.NodeInfo(node=n["node"], address=n["address"], alive=n["alive"],
+                                             heartbeat_age_ms=n["heartbeat_age_ms"] or 0, replicas=replicas,
+                                             read_address=n["read_address"] or "", draining=n["draining"]))
+        meta = view["metadata"]
+        return router_pb2.ClusterResponse(
+            nodes=nodes, assignment_generation=view["assignment_generation"] or 0,
+            assignment=[router_pb2.AssignedPartition(table=a["table"], partition=a["partition"], nodes=a["nodes"])
+                        for a in view["assignment"] or ()],
+            metadata=router_pb2.MetadataHealth(loaded=meta["loaded"], age_ms=meta["age_ms"],
+                                               redis_ok=meta["redis_ok"]),
+            pipelines=[router_pb2.TablePipeline(
+                table=t["table"], pipeline=router_pb2.Pipeline(alive=t["alive"], last_progress_ms=t["last_progress_ms"]),
+                input_lag=router_pb2.InputLag(**t["input_lag"])) for t in view["pipelines"]])
 
 
 def create_grpc_server(settings: RouterSettings, router: Router, guard: Guard | None = None,

@@ -23,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
-from freshroute.errors import FreshrouteError, InvalidArgument, RateLimited, Unauthenticated
+from freshroute.errors import FreshrouteError, InvalidArgument, RateLimited, Unauthenticated, foreign
 from freshroute.formats import value_fields
 from freshroute.position import Position
 from freshroute.routing.bound import (MAX_LIMIT, NO_BOUND, Bound, parse_bound, parse_limit, parse_millis,
@@ -56,10 +56,8 @@ def as_freshroute_error(exc: BaseException) -> FreshrouteError:
         return InvalidArgument("invalid request", errors=[
             {"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg", "")} for e in exc.errors()])
     if isinstance(exc, StarletteHTTPException):
-        err = FreshrouteError(str(exc.detail))
-        err.code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "HTTP_ERROR")
-        err.http_status = exc.status_code
-        return err
+        return foreign({404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "HTTP_ERROR"),
+                            exc.status_code, str(exc.detail))
     log.error("unexpected error serving a request", exc_info=exc)
     return FreshrouteError("internal error")
 

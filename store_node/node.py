@@ -102,7 +102,7 @@ def _lock_dir(root: Path) -> IO[bytes]:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.close()
-        raise ConfigError(f"data_dir {root} is in use by another store node", key="data_dir") from None
+        raise ConfigError(f"data_dir {root} is in use by another store node", setting="data_dir") from None
     return f
 
 

@@ -102,7 +102,7 @@ class Request:
 
     def answer(self, batch: store_pb2.ResultBatch, node: str) -> ReadResult | GroupResult | RangeResult:
         if batch.refused:
-            raise ReplicaUnavailable(f"store node {node}: the node refused this peer: {batch.refused}", node=node)
+            raise ReplicaUnavailable(f"store node {node}: the node refused this peer: {batch.refused}", address=node)
         if self.keys == self._RANGE:
             if len(batch.ranges) != 1 or batch.results or batch.groups:
                 raise FrameError(f"{len(batch.ranges)} answers to one range read")
@@ -139,7 +139,7 @@ class BlockingStore:
         except OSError as e:
             if conn is not None:
                 conn.sock.close()
-            raise ReplicaUnavailable(f"store node {node}: {type(e).__name__}: {e}", node=node) from None
+            raise ReplicaUnavailable(f"store node {node}: {type(e).__name__}: {e}", address=node) from None
 
     def _connect(self, node: str, deadline: float) -> socket.socket:
         view = self._metadata.current.nodes.get(node)
@@ -205,7 +205,7 @@ def run_blocking(store: BlockingStore, jobs: list[Job]) -> list[tuple[Candidate,
                     del inflight[conn]
                     conn.sock.close()
                     if not isinstance(e, ReplicaUnavailable):
-                        e = ReplicaUnavailable(f"store node {conn.node}: {type(e).__name__}: {e}", node=conn.node)
+                        e = ReplicaUnavailable(f"store node {conn.node}: {type(e).__name__}: {e}", address=conn.node)
                     plan.settle(cand, e, 0.0)
                     continue
                 if answer is None:

@@ -109,11 +109,11 @@ class InMemoryStoreClient:
     async def _reachable(self, node: FakeNode | None, address: str) -> FakeNode:
         """The node after its delay; a node down (before or during the delay) fails as unreachable."""
         if node is None or node.down:
-            raise ReplicaUnavailable(f"store node {address}: connection refused", node_address=address)
+            raise ReplicaUnavailable(f"store node {address}: connection refused", address=address)
         if node.delay_s:
             await asyncio.sleep(node.delay_s)
             if node.down:
-                raise ReplicaUnavailable(f"store node {address}: stream closed", node_address=address)
+                raise ReplicaUnavailable(f"store node {address}: stream closed", address=address)
         return node
 
     async def _slow_read(self, node: FakeNode | None, address: str, table: str, partition: int, key: bytes,

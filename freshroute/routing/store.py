@@ -225,7 +225,7 @@ def checked(answer: GroupResult, keys: int, node: str) -> GroupResult:
     """``answer``, if it answers every key; a node that answers fewer is broken for this read."""
     if answer.status is ReadStatus.OK and len(answer.values) != keys:
         raise ReplicaUnavailable(f"store node {node}: answered {len(answer.values)} of {keys} keys",
-                                 node_address=node)
+                                 address=node)
     return answer
 
 
@@ -350,7 +350,7 @@ class _ReadStream:
             fut = pending.pop(read_id, None)
             if fut is not None and not fut.done():
                 fut.set_exception(ReplicaUnavailable(f"store node {self.address}: no answer to a group or range read",
-                                                     node_address=self.address))
+                                                     address=self.address))
 
     def _settle_groups(self, members: list[tuple[int, int]], msg: store_pb2.GroupResult) -> None:
         """Each group a group message carried gets its own keys' share of the answer (a refusal: the same one)."""
@@ -381,7 +381,7 @@ class _ReadStream:
         self._sent.clear()
         for fut in pending.values():
             if not fut.done():
-                fut.set_exception(ReplicaUnavailable(f"store node {self.address}: {reason}", node_address=self.address))
+                fut.set_exception(ReplicaUnavailable(f"store node {self.address}: {reason}", address=self.address))
         self._disconnect()
 
     def _disconnect(self) -> None:
@@ -632,7 +632,7 @@ class StoreNodeClient:
                     return ScanResult(status, [], replica, chunk.message)
                 entries.extend((e.key, e.value) for e in chunk.entries)
         except grpc.aio.AioRpcError as e:
-            raise ReplicaUnavailable(f"store node {address}: {_describe(e)}", node_address=address) from None
+            raise ReplicaUnavailable(f"store node {address}: {_describe(e)}", address=address) from None
         return ScanResult(ReadStatus.OK, entries, replica)
 
     def track(self, read_addresses: Mapping[str, str | None]) -> None:

@@ -34,8 +34,18 @@ def test_each_error_has_one_http_and_one_grpc_status(cls, http, status):
 
 
 def test_an_unknown_retryable_code_read_back_stays_retryable():
-    back = errors.from_body({"error": {"code": "SOMETHING_NEW", "message": "m"}}, 503)
-    assert back.retryable and back.code == "SOMETHING_NEW" and grpc_status(back) == grpc.StatusCode.UNAVAILABLE
+    back = errors.from_body({"error": {"code": "SOMETHING_NEW", "message": "m", "node": "n1"}}, 503)
+    assert isinstance(back, errors.RetryableError) and back.retryable
+    assert back.code == "SOMETHING_NEW" and grpc_status(back) == grpc.StatusCode.UNAVAILABLE
+    assert back.to_body() == {"error": {"code": "SOMETHING_NEW", "message": "m", "node": "n1"}}
+
+
+def test_an_unknown_code_keeps_its_status_and_is_not_retryable():
+    back = errors.from_body({"error": {"code": "TEAPOT", "message": "m"}}, 418)
+    assert not isinstance(back, errors.RetryableError) and not back.retryable
+    assert (back.code, back.http_status, grpc_status(back)) == ("TEAPOT", 418, grpc.StatusCode.INTERNAL)
+    # The classes themselves keep their statuses: a foreign error sets its own on the instance it makes.
+    assert (errors.FreshrouteError.code, errors.FreshrouteError.http_status) == ("INTERNAL", 500)
 
 
 def test_the_shared_package_and_the_pipeline_import_no_transport_library():
