@@ -28,7 +28,8 @@ from proto import router_pb2, router_pb2_grpc
 
 from freshroute.routing.bound import NO_BOUND, Bound
 from freshroute.metadata import TableSpec, rank_lag
-from freshroute.routing.results import LookupResult, ReplicaInfo, WindowsResult, key_not_found, pipeline_doc
+from freshroute.routing.results import (ClusterView, LookupResult, ReplicaInfo, WindowsResult, key_not_found,
+                                        pipeline_doc)
 from freshroute.windows import Window
 from freshroute.tls import ServerTLS
 from router.auth import Guard
@@ -219,6 +220,22 @@ async def answer_get(router: Router, request: router_pb2.GetRequest) -> router_p
     return response
 
 
+def cluster_response(view: ClusterView) -> router_pb2.ClusterResponse:
+    return router_pb2.ClusterResponse(
+        nodes=[router_pb2.NodeInfo(
+            node=n.node, address=n.address, alive=n.alive, heartbeat_age_ms=n.heartbeat_age_ms or 0,
+            read_address=n.read_address or "", draining=n.draining,
+            replicas=[router_pb2.PartitionReplica(table=r.table, partition=r.partition, replica=_replica_info(r.info))
+                      for r in n.replicas]) for n in view.nodes],
+        assignment_generation=view.assignment_generation or 0,
+        assignment=[router_pb2.AssignedPartition(table=t, partition=p, nodes=ns) for t, p, ns in view.assignment or ()],
+        metadata=router_pb2.MetadataHealth(loaded=view.metadata.loaded, age_ms=view.metadata.age_ms,
+                                           redis_ok=view.metadata.redis_ok),
+        pipelines=[router_pb2.TablePipeline(
+            table=t.table, pipeline=router_pb2.Pipeline(alive=t.alive, last_progress_ms=t.last_progress_ms),
+            input_lag=router_pb2.InputLag(records=t.input_lag[0], ms=t.input_lag[1])) for t in view.pipelines])
+
+
 class RouterServicer(router_pb2_grpc.RouterServicer):
     """The public Router service over :class:`Router`."""
 
@@ -330,29 +347,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def Cluster(self, request: router_pb2.ClusterRequest,
                       context: grpc.aio.ServicerContext) -> router_pb2.ClusterResponse:
         await self._cluster(context)
-        view = self._router.cluster()
-        nodes = []
-        for n in view["nodes"]:
-            replicas = [router_pb2.PartitionReplica(
-                table=r["table"], partition=r["partition"],
-                replica=router_pb2.ReplicaInfo(
-                    node=r["node"], address=r["address"], role=r["role"], state=r["state"] or "",
-                    alive=r["alive"], lag=router_pb2.Lag(offsets=r["lag"]["offsets"], ms=r["lag"]["ms"]),
-                    applied_offset=r["applied_offset"], end_offset=r["end_offset"], failure=r["failure"] or ""))
-                for r in n["replicas"]]
-            nodes.append(router_pb2.NodeInfo(node=n["node"], address=n["address"], alive=n["alive"],
-                                             heartbeat_age_ms=n["heartbeat_age_ms"] or 0, replicas=replicas,
-                                             read_address=n["read_address"] or "", draining=n["draining"]))
-        meta = view["metadata"]
-        return router_pb2.ClusterResponse(
-            nodes=nodes, assignment_generation=view["assignment_generation"] or 0,
-            assignment=[router_pb2.AssignedPartition(table=a["table"], partition=a["partition"], nodes=a["nodes"])
-                        for a in view["assignment"] or ()],
-            metadata=router_pb2.MetadataHealth(loaded=meta["loaded"], age_ms=meta["age_ms"],
-                                               redis_ok=meta["redis_ok"]),
-            pipelines=[router_pb2.TablePipeline(
-                table=t["table"], pipeline=router_pb2.Pipeline(alive=t["alive"], last_progress_ms=t["last_progress_ms"]),
-                input_lag=router_pb2.InputLag(**t["input_lag"])) for t in view["pipelines"]])
+        return cluster_response(self._router.cluster())
 
 
 def create_grpc_server(settings: RouterSettings, router: Router, guard: Guard | None = None,

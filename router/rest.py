@@ -24,11 +24,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from freshroute.errors import FreshrouteError, InvalidArgument, RateLimited, Unauthenticated, foreign
-from freshroute.formats import value_fields
-from freshroute.position import Position
 from freshroute.routing.bound import (MAX_LIMIT, NO_BOUND, Bound, parse_bound, parse_limit, parse_millis,
                                      parse_query_bound)
-from freshroute.routing.results import LookupResult, WindowsResult, input_lag_doc, key_not_found
+from freshroute.routing.results import BatchResult, LookupResult, key_not_found
 from router.auth import WWW_AUTHENTICATE, Guard, Principal
 from router.console import HEADERS as CONSOLE_HEADERS, assets as console_assets
 from router.console.views import GRID_DEFAULT_LIMIT, GRID_MAX_LIMIT, ClusterViews
@@ -84,38 +82,8 @@ async def handle_error(request: Request, exc: Exception) -> Response:
     return Response(body, status, headers=headers or None, media_type=_JSON)
 
 
-# ---- rendering ----------------------------------------------------------------------------
-
-def _value(raw: bytes) -> Any:
-    # The store's JSON bytes go into the response as they are: no decode, no re-encode.
-    return orjson.Fragment(raw) if raw else None
-
-
-def render_lookup(r: LookupResult, input_lag: tuple[int, int], value_format: str = "json") -> dict[str, Any]:
-    value = {"value": _value(r.value)} if value_format == "json" else value_fields(value_format, r.value)
-    return {"table": r.table, "key": r.key, **value, "partition": r.partition,
-            "served_by": {"node": r.node, "role": r.role}, "lag": {"offsets": r.lag_offsets, "ms": r.lag_ms},
-            "position": r.position, "input_lag": input_lag_doc(input_lag)}
-
-
-def _where(r: LookupResult) -> dict[str, Any]:
-    return {"served_by": {"node": r.node, "role": r.role}, "lag": {"offsets": r.lag_offsets, "ms": r.lag_ms},
-            "position": r.position}
-
-
 def _query(raw: bytes) -> dict[str, str]:
     return dict(parse_qsl(raw.decode("utf-8", "replace"), keep_blank_values=True)) if raw else {}
-
-
-# ---- handlers shared by the FastAPI routes and the raw key routes -------------------------
-
-def render_windows(r: WindowsResult, input_lag: tuple[int, int]) -> dict[str, Any]:
-    return {"table": r.table, "key": r.key,
-            "windows": [{"start": w.start, "end": w.end, "value": _value(w.value), "final": w.final}
-                        for w in r.windows],
-            "partition": r.partition, "served_by": {"node": r.node, "role": r.role},
-            "lag": {"offsets": r.lag_offsets, "ms": r.lag_ms}, "position": r.position, "watermark_ms": r.watermark_ms,
-            "input_lag": input_lag_doc(input_lag)}
 
 
 # The key routes: /v1/tables/{table}/keys/{key}[/metadata|/windows]
@@ -160,8 +128,7 @@ class KeyHandlers:
             result = await self.router.get(table, key, bound)
             if not result.found:
                 raise key_not_found(result, self.router.input_lag(table))
-            return 200, orjson.dumps(render_lookup(result, self.router.input_lag(table),
-                                                   self.router.value_format(table)))
+            return 200, orjson.dumps(result.to_dict(self.router.input_lag(table), self.router.value_format(table)))
         except FreshrouteError as e:
             return error_response(e)
 
@@ -175,7 +142,7 @@ class KeyHandlers:
                 self.router.metrics.lookup("invalid", "none", 0.0)
                 raise
             result = await self.router.windows(table, key, from_ms, to_ms, bound)
-            return 200, orjson.dumps(render_windows(result, self.router.input_lag(table)))
+            return 200, orjson.dumps(result.to_dict(self.router.input_lag(table)))
         except FreshrouteError as e:
             return error_response(e)
 
@@ -386,14 +353,7 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, fast_k
         from_ms, to_ms = parse_millis("from", q.get("from")), parse_millis("to", q.get("to"))
         page = await router.scan_windows(table, from_ms, to_ms, parse_limit("limit", q.get("limit")),
                                          q.get("page_token") or None, parse_query_bound(q))
-        return json({"table": page.table,
-                     "items": [{"key": k, "start": w.start, "end": w.end, "value": _value(w.value), "final": w.final,
-                                "partition": p} for k, w, p in page.items],
-                     "next_page_token": page.next_page_token,
-                     "partitions": [{"partition": p, "served_by": {"node": r.node, "role": r.role},
-                                     "lag": {"offsets": r.lag_offsets, "ms": r.lag_ms}, "position": r.position}
-                                    for p, r in sorted(page.served_by.items())],
-                     "input_lag": input_lag_doc(router.input_lag(table))})
+        return json(page.to_dict(router.input_lag(table)))
 
     @app.post("/v1/tables/{table}/keys:batchGet", tags=["lookups"], summary="Look up many keys",
               responses={200: {"model": BatchGetResponse}, **ERROR_RESPONSES},
@@ -415,16 +375,11 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, fast_k
         limit = parse_limit("limit", q.get("limit"))
         page = await router.scan(table, q.get("prefix", ""), q.get("start", ""), q.get("end", ""), limit,
                                  q.get("page_token") or None, parse_query_bound(q))
-        fmt = router.value_format(table)
-        return json({"table": page.table,
-                     "items": [{"key": k, **value_fields(fmt, v), "partition": p} for k, v, p in page.items],
-                     "next_page_token": page.next_page_token,
-                     "partitions": [{"partition": p, **_where(who)} for p, who in sorted(page.served_by.items())],
-                     "input_lag": input_lag_doc(router.input_lag(table))})
+        return json(page.to_dict(router.input_lag(table), router.value_format(table)))
 
     @app.get("/v1/cluster", tags=["cluster"], summary="Nodes, liveness, assignment and per-replica lag")
     async def cluster() -> Response:
-        return json(router.cluster())
+        return json(router.cluster().to_dict())
 
     @app.get("/v1/cluster/summary", tags=["cluster"],
              summary="The cluster per node and per table: replica counts by kind, worst lag, restores in progress")
@@ -490,18 +445,5 @@ async def _batch_get(router: Router, table: str, raw_body: bytes) -> dict[str, A
     bound: Bound = parse_bound(doc.get("max_lag"), doc.get("max_staleness_ms"), min_position,
                                doc.get("max_input_lag_ms"))
     results = await router.batch_get(table, keys, bound)
-    fmt = router.value_format(table)
-    items: list[dict[str, Any]] = []
-    position: Position | None = None
-    for key, r in zip(keys, results):
-        if isinstance(r, LookupResult):
-            item = {"key": key, "found": r.found, "partition": r.partition, **_where(r)}
-            if r.found:
-                item.update(value_fields(fmt, r.value))
-            p = Position(table, {r.partition: r.applied})
-            position = p if position is None else position.merge(p)
-            items.append(item)
-        else:
-            items.append({"key": key, "found": False, **as_freshroute_error(r).to_body()})
-    return {"table": table, "results": items, "position": position.encode() if position else None,
-            "input_lag": input_lag_doc(router.input_lag(table))}
+    return BatchResult(table, keys, [r if isinstance(r, LookupResult) else as_freshroute_error(r) for r in results]) \
+        .to_dict(router.input_lag(table), router.value_format(table))

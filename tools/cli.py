@@ -157,7 +157,7 @@ def _lookup_grpc(args: argparse.Namespace, bound: "Bound") -> int:
 
     import grpc
 
-    from freshroute.routing.results import lag_message_doc
+    from freshroute.routing.results import lag_message_doc, served_doc
     from freshroute.tls import ClientTLS
     from proto import router_pb2, router_pb2_grpc
 
@@ -192,14 +192,13 @@ def _lookup_grpc(args: argparse.Namespace, bound: "Bound") -> int:
         print(json.dumps({"table": w.table, "key": w.key, "windows": [
             {"start": x.start_ms, "end": x.end_ms, "value": json.loads(x.value_json), "final": x.final}
             for x in w.windows], "partition": w.partition,
-            "served_by": {"node": w.served_by.node, "role": w.served_by.role},
-            "lag": lag_message_doc(w.lag), "position": w.position,
+            **served_doc(w.served_by.node, w.served_by.role, *lag_message_doc(w.lag).values(), w.position),
             "watermark_ms": w.watermark_ms if w.HasField("watermark_ms") else None}, separators=(",", ":")))
         return 0
     print(json.dumps({"table": resp.table, "key": resp.key, "value": json.loads(resp.value_json),
-                      "partition": resp.partition, "served_by": {"node": resp.served_by.node, "role": resp.served_by.role},
-                      "lag": lag_message_doc(resp.lag), "position": resp.position},
-                     separators=(",", ":")))
+                      "partition": resp.partition,
+                      **served_doc(resp.served_by.node, resp.served_by.role, *lag_message_doc(resp.lag).values(),
+                                   resp.position)}, separators=(",", ":")))
     return 0
 
 
@@ -209,6 +208,7 @@ def _lookup_direct(args: argparse.Namespace, bound: "Bound") -> int:
 
     from freshroute.client import Client
     from freshroute.cluster_access import read_secrets
+    from freshroute.routing.results import served_doc
 
     try:
         secret = read_secrets(args.cluster_secret_file)[0] if args.cluster_secret_file else None
@@ -222,8 +222,8 @@ def _lookup_direct(args: argparse.Namespace, bound: "Bound") -> int:
                                    max_staleness_ms=bound.max_staleness_ms, min_position=bound.min_position,
                                    max_input_lag_ms=bound.max_input_lag_ms)
                 print(json.dumps({"table": w.table, "key": w.key, "windows": [x._asdict() for x in w.windows],
-                                  "partition": w.partition, "served_by": {"node": w.node, "role": w.role},
-                                  "lag": {"offsets": w.lag_offsets, "ms": w.lag_ms}, "position": w.position,
+                                  "partition": w.partition,
+                                  **served_doc(w.node, w.role, w.lag_offsets, w.lag_ms, w.position),
                                   "watermark_ms": w.watermark_ms}, separators=(",", ":")))
                 return 0
             r = client.get(args.table, args.key, max_lag=bound.max_lag, max_staleness_ms=bound.max_staleness_ms,
@@ -234,8 +234,7 @@ def _lookup_direct(args: argparse.Namespace, bound: "Bound") -> int:
     value = {"value_b64": base64.b64encode(r.raw_value).decode()} if r.found and r.value_format == "bytes" \
         else {"value": r.value}
     doc = {"table": r.table, "key": r.key, **value, "partition": r.partition,
-           "served_by": {"node": r.node, "role": r.role}, "lag": {"offsets": r.lag_offsets, "ms": r.lag_ms},
-           "position": r.position}
+           **served_doc(r.node, r.role, r.lag_offsets, r.lag_ms, r.position)}
     if not r.found:
         doc = {"error": {"code": "KEY_NOT_FOUND", "message": f"key {r.key!r} not found in table {r.table!r}",
                          **{k: v for k, v in doc.items() if k != "value"}}}

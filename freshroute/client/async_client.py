@@ -18,7 +18,7 @@ from freshroute.redis_location import RedisLocation, parse_sentinels
 from freshroute.routing.bound import Bound, parse_bound
 from freshroute.routing.core import RoutingCore
 from freshroute.routing.policy import RoutingPolicy
-from freshroute.routing.results import KeyLocation, TableInfo
+from freshroute.routing.results import ClusterView, KeyLocation, TableInfo
 from freshroute.routing.snapshot import MetadataRefresher, SnapshotSource
 from freshroute.routing.store import StoreNodeClient
 from freshroute.tls import ClientTLS
@@ -280,12 +280,12 @@ class AsyncClient:
         body = await self.router.ok("GET", "/v1/tables")
         return table_infos(snapshot_from_router(body, {"nodes": []}, 0))
 
-    async def cluster(self) -> dict[str, Any]:
+    async def cluster(self) -> ClusterView:
         core = self._core()
         if self.direct():
             return core.cluster()
         assert self.router is not None
-        return await self.router.ok("GET", "/v1/cluster")
+        return ClusterView.from_dict(await self.router.ok("GET", "/v1/cluster"))
 
     def session(self) -> "AsyncSession":
         """Reads that never go backwards: each sends the highest position this session has seen as ``min_position``."""

@@ -11,7 +11,7 @@ import orjson
 from freshroute.errors import FreshrouteError
 from freshroute.position import Position
 from freshroute.routing.core import served_by
-from freshroute.routing.results import LookupResult, WindowsResult, position_token
+from freshroute.routing.results import LookupResult, WindowsResult, optional_int, position_token
 from freshroute.routing.selection import Candidate
 from freshroute.routing.store import GroupResult
 
@@ -92,11 +92,6 @@ class Lookup(NamedTuple):
         return cls(table, doc["key"], found, raw if found else None, partition,
                    served.get("node", ""), served.get("role", ""), optional_int(lag.get("offsets")), int(lag.get("ms", 0)),
                    applied, int(behind.get("records", 0)), int(behind.get("ms", 0)), fmt)
-
-
-def optional_int(value: Any) -> int | None:
-    """A JSON number that may be null (unknown): never read as 0."""
-    return None if value is None else int(value)
 
 
 class WindowValue(NamedTuple):

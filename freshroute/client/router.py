@@ -17,11 +17,11 @@ from freshroute.errors import FreshrouteError, InvalidArgument, LookupTimeout, R
 from freshroute.keys import key_bytes, not_a_batch
 from freshroute.metadata import InputLag, ReplicaState, Role, TableSpec, now_ms
 from freshroute.routing.bound import Bound
-from freshroute.routing.results import KeyLocation, ReplicaInfo, TableInfo
+from freshroute.routing.results import KeyLocation, TableInfo, optional_int
 from freshroute.routing.snapshot import NodeView, ReplicaView, Snapshot, refresh_until
 from freshroute.windows import WindowSpec
 
-from freshroute.client.lookup import Lookup, Windows, optional_int
+from freshroute.client.lookup import Lookup, Windows
 
 log = logging.getLogger("freshroute.client")
 
@@ -137,19 +137,10 @@ class RouterHttp:
         return items, body.get("next_page_token")
 
     async def key_metadata(self, table: str, key: str) -> KeyLocation:
-        doc = await self.ok("GET", f"/v1/tables/{_seg(table, 'table')}/keys/{_seg(key)}/metadata")
-        return KeyLocation(doc["table"], doc["key"], doc["partition"],
-                           _replica_info(doc["active"]) if doc.get("active") else None,
-                           [_replica_info(s) for s in doc["standbys"]])
+        return KeyLocation.from_dict(await self.ok("GET", f"/v1/tables/{_seg(table, 'table')}/keys/{_seg(key)}/metadata"))
 
     async def aclose(self) -> None:
         await self._http.aclose()
-
-
-def _replica_info(d: dict[str, Any]) -> ReplicaInfo:
-    return ReplicaInfo(d["node"], d["address"], d["role"], d.get("state"), bool(d["alive"]),
-                       optional_int(d["lag"]["offsets"]), optional_int(d["lag"]["ms"]), int(d["applied_offset"]),
-                       optional_int(d["end_offset"]), d.get("failure"))
 
 
 def table_infos(snap: Snapshot) -> list[TableInfo]:

@@ -21,7 +21,7 @@ from freshroute.routing.attempts import AttemptPlan
 from freshroute.routing.bound import Bound, parse_bound
 from freshroute.routing.core import RoutingCore, lookup_result
 from freshroute.routing.policy import RoutingPolicy
-from freshroute.routing.results import KeyLocation, TableInfo
+from freshroute.routing.results import ClusterView, KeyLocation, TableInfo
 from freshroute.routing.selection import Candidate
 
 from freshroute.client.arguments import ScanRange, batch_keys
@@ -221,7 +221,7 @@ class Client:
         self._thread_core()
         return self._call(self._async.tables())
 
-    def cluster(self) -> dict[str, Any]:
+    def cluster(self) -> ClusterView:
         self._thread_core()
         return self._call(self._async.cluster())
 

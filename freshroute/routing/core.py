@@ -21,9 +21,9 @@ from freshroute.metadata import Role, TableSpec, now_ms
 from freshroute.routing.attempts import AttemptPlan, Attempts, LatencyWindow, NoMetrics, run, run_many
 from freshroute.routing.bound import NO_BOUND, Bound
 from freshroute.routing.policy import RoutingPolicy
-from freshroute.routing.results import (KeyLocation, LookupResult, ReplicaInfo, ScanPage, TableInfo, WindowPage,
-                                        WindowsResult, decode_page_token, encode_page_token, input_lag_doc,
-                                        pipeline_doc)
+from freshroute.routing.results import (ClusterView, HostedReplica, KeyLocation, LookupResult, MetadataHealth,
+                                        NodeState, ReplicaInfo, ScanPage, TableInfo, TablePipeline, WindowPage,
+                                        WindowsResult, decode_page_token, encode_page_token)
 from freshroute.routing.selection import Candidate, FreshestFirst, LoadTracker, ReplicaSelector
 from freshroute.routing.snapshot import LagOverlay, NodeView, ReplicaView, Snapshot, SnapshotSource
 from freshroute.routing.store import (GroupResult, ReadResult, ReadStatus, ReplicaStatus, StoreClient,
@@ -404,33 +404,34 @@ class RoutingCore:
                                  snap.input_lag.get(name)))
         return out
 
-    def cluster(self) -> dict[str, Any]:
-        """Nodes with liveness and per-replica lag, the assignment, and how old this view is."""
+    def cluster(self) -> ClusterView:
+        """Nodes with liveness and per-replica lag, the assignment, each table's pipeline, and how old this view is."""
         snap = self.metadata.current
         now = self._clock_ms()
-        by_node: dict[str, list[dict[str, Any]]] = {}
+        by_node: dict[str, list[HostedReplica]] = {}
         for (table, partition), replicas in sorted(snap.replicas.items()):
             for r in replicas:
-                by_node.setdefault(r.node, []).append({"table": table, "partition": partition,
-                                                       **self.replica_info(r, now).to_dict()})
+                by_node.setdefault(r.node, []).append(HostedReplica(table, partition, self.replica_info(r, now)))
         nodes = []
         for node_id in sorted(set(snap.nodes) | set(by_node)):
             n = snap.nodes.get(node_id)
-            nodes.append({"node": node_id, "address": n.address if n else "",
-                          "read_address": n.read_address if n else None, "alive": bool(n and n.alive),
-                          "heartbeat_age_ms": snap.heartbeat_age_ms(node_id) if n else None,
-                          "draining": bool(n and n.draining), "replicas": by_node.get(node_id, [])})
+            nodes.append(NodeState(node_id, n.address if n else "", n.read_address if n else None, bool(n and n.alive),
+                                   snap.heartbeat_age_ms(node_id) if n else None, bool(n and n.draining),
+                                   by_node.get(node_id, [])))
         assignment = None
         if snap.assignment is not None:
-            assignment = [{"table": t, "partition": p, "nodes": list(ns)}
-                          for (t, p), ns in sorted(snap.assignment.replicas.items())]
-        # Each table's pipeline: running or not, its last micro-batch, and how far behind its input that leaves it.
-        pipelines = [{"table": name, **pipeline_doc(snap.input_lag.get(name), now),
-                      "input_lag": input_lag_doc(snap.input_lag_at(name, now))} for name in sorted(snap.tables)]
-        return {"nodes": nodes, "assignment_generation": snap.generation, "assignment": assignment,
-                "pipelines": pipelines,
-                "metadata": {"loaded": snap.loaded, "age_ms": max(0, now - snap.built_ms) if snap.loaded else None,
-                             "redis_ok": bool(getattr(self.metadata, "redis_ok", snap.loaded))}}
+            assignment = [(t, p, tuple(ns)) for (t, p), ns in sorted(snap.assignment.replicas.items())]
+        pipelines = []
+        for name in sorted(snap.tables):
+            lag = snap.input_lag.get(name)
+            pipelines.append(TablePipeline(name, lag is not None and lag.alive(now), lag.at_ms if lag else None,
+                                           snap.input_lag_at(name, now)))
+        return ClusterView(nodes, snap.generation, assignment, pipelines, self.metadata_health(snap, now))
+
+    def metadata_health(self, snap: Snapshot, now: int) -> MetadataHealth:
+        """How old ``snap`` is at ``now``, and whether Redis answered the last read."""
+        return MetadataHealth(snap.loaded, max(0, now - snap.built_ms) if snap.loaded else None,
+                              bool(getattr(self.metadata, "redis_ok", snap.loaded)))
 
     def estimate(self, r: ReplicaView, now: int) -> Candidate:
         """A replica's best-known lag now (heartbeat or a newer response)."""

@@ -1,4 +1,10 @@
-"""What the router answers with: value objects shared by the REST and gRPC adapters, and page tokens."""
+"""What the router answers with: value objects shared by the REST and gRPC adapters, and page tokens.
+
+Each result becomes a REST body one way, its ``to_dict`` (the CLI prints the same shape); who
+answered and how fresh is :func:`served_doc` wherever an answer carries it. The gRPC messages
+are made in :mod:`router.grpc_server`, one function per result; the client's values in
+:mod:`freshroute.client.lookup`.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +12,14 @@ import base64
 import binascii
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
-from freshroute.errors import InvalidArgument, KeyNotFound
+import orjson
+
+from freshroute.errors import FreshrouteError, InvalidArgument, KeyNotFound
+from freshroute.formats import value_fields
 from freshroute.metadata import InputLag, TableSpec, now_ms
-from freshroute.position import single
+from freshroute.position import Position, single
 from freshroute.windows import Window
 
 
@@ -32,11 +41,29 @@ class LookupResult(NamedTuple):
     def position(self) -> str:
         return position_token(self.table, self.partition, self.applied)
 
+    def served(self) -> dict[str, Any]:
+        return served_doc(self.node, self.role, self.lag_offsets, self.lag_ms, self.position)
+
     def where(self) -> dict[str, Any]:
         """Partition, serving replica, lag and position: carried by 200s and KEY_NOT_FOUND alike."""
-        return {"table": self.table, "key": self.key, "partition": self.partition,
-                "served_by": {"node": self.node, "role": self.role},
-                "lag": {"offsets": self.lag_offsets, "ms": self.lag_ms}, "position": self.position}
+        return {"table": self.table, "key": self.key, "partition": self.partition, **self.served()}
+
+    def to_dict(self, input_lag: tuple[int, int] = (0, 0), value_format: str = "json") -> dict[str, Any]:
+        """A found key's REST body."""
+        return {"table": self.table, "key": self.key, **value_fields(value_format, self.value),
+                "partition": self.partition, **self.served(), "input_lag": input_lag_doc(input_lag)}
+
+
+def served_doc(node: str, role: str, lag_offsets: int | None, lag_ms: int | None, position: str) -> dict[str, Any]:
+    """Who answered and how fresh it was, as every answer carries it: ``served_by``, ``lag`` (null: unknown) and
+    ``position``."""
+    return {"served_by": {"node": node, "role": role}, "lag": {"offsets": lag_offsets, "ms": lag_ms},
+            "position": position}
+
+
+def json_value(raw: bytes) -> Any:
+    """A stored JSON value as it goes into a body: as it is, neither decoded nor encoded again."""
+    return orjson.Fragment(raw) if raw else None
 
 
 @lru_cache(maxsize=16384)
@@ -85,6 +112,17 @@ class ReplicaInfo:
                 "alive": self.alive, "lag": {"offsets": self.lag_offsets, "ms": self.lag_ms},
                 "applied_offset": self.applied, "end_offset": self.end, "failure": self.failure}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ReplicaInfo":
+        return cls(d["node"], d["address"], d["role"], d.get("state"), bool(d["alive"]),
+                   optional_int(d["lag"]["offsets"]), optional_int(d["lag"]["ms"]), int(d["applied_offset"]),
+                   optional_int(d["end_offset"]), d.get("failure"))
+
+
+def optional_int(value: Any) -> int | None:
+    """A JSON number that may be null (unknown): never read as 0."""
+    return None if value is None else int(value)
+
 
 @dataclass(frozen=True)
 class KeyLocation:
@@ -100,6 +138,111 @@ class KeyLocation:
         return {"table": self.table, "key": self.key, "partition": self.partition,
                 "active": self.active.to_dict() if self.active else None,
                 "standbys": [s.to_dict() for s in self.standbys]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "KeyLocation":
+        return cls(d["table"], d["key"], int(d["partition"]), ReplicaInfo.from_dict(d["active"]) if d.get("active")
+                   else None, [ReplicaInfo.from_dict(s) for s in d["standbys"]])
+
+
+@dataclass(frozen=True)
+class HostedReplica:
+    """A replica as the cluster view lists it under its node."""
+
+    table: str
+    partition: int
+    info: ReplicaInfo
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"table": self.table, "partition": self.partition, **self.info.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "HostedReplica":
+        return cls(d["table"], int(d["partition"]), ReplicaInfo.from_dict(d))
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """A store node as the routing metadata knows it, with every replica it hosts or is assigned."""
+
+    node: str
+    address: str  # "" for a node assigned replicas but never heard from
+    read_address: str | None
+    alive: bool
+    heartbeat_age_ms: int | None  # None: never heard from
+    draining: bool
+    replicas: list[HostedReplica]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "address": self.address, "read_address": self.read_address, "alive": self.alive,
+                "heartbeat_age_ms": self.heartbeat_age_ms, "draining": self.draining,
+                "replicas": [r.to_dict() for r in self.replicas]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "NodeState":
+        return cls(d["node"], d["address"], d.get("read_address"), bool(d["alive"]),
+                   optional_int(d.get("heartbeat_age_ms")), bool(d.get("draining")),
+                   [HostedReplica.from_dict(r) for r in d["replicas"]])
+
+
+@dataclass(frozen=True)
+class TablePipeline:
+    """Whether a pipeline runs a table's query, its last micro-batch, and how far behind its input that leaves it."""
+
+    table: str
+    alive: bool
+    last_progress_ms: int | None
+    input_lag: tuple[int, int]  # (records, ms)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"table": self.table, "alive": self.alive, "last_progress_ms": self.last_progress_ms,
+                "input_lag": input_lag_doc(self.input_lag)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TablePipeline":
+        lag = d.get("input_lag") or {}
+        return cls(d["table"], bool(d["alive"]), optional_int(d.get("last_progress_ms")),
+                   (int(lag.get("records", 0)), int(lag.get("ms", 0))))
+
+
+@dataclass(frozen=True)
+class MetadataHealth:
+    """How old the routing metadata is, and whether Redis answered its last read."""
+
+    loaded: bool
+    age_ms: int | None  # None: nothing loaded yet
+    redis_ok: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"loaded": self.loaded, "age_ms": self.age_ms, "redis_ok": self.redis_ok}
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """Nodes with liveness and per-replica lag, the assignment, each table's pipeline, and how old this view is."""
+
+    nodes: list[NodeState]
+    assignment_generation: int | None
+    assignment: list[tuple[str, int, tuple[str, ...]]] | None  # (table, partition, nodes); None: none published
+    pipelines: list[TablePipeline]
+    metadata: MetadataHealth
+
+    def to_dict(self) -> dict[str, Any]:
+        assignment = None if self.assignment is None else [
+            {"table": t, "partition": p, "nodes": list(ns)} for t, p, ns in self.assignment]
+        return {"nodes": [n.to_dict() for n in self.nodes], "assignment_generation": self.assignment_generation,
+                "assignment": assignment, "pipelines": [t.to_dict() for t in self.pipelines],
+                "metadata": self.metadata.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ClusterView":
+        """From a router's ``/v1/cluster`` answer."""
+        meta = d["metadata"]
+        assignment = None if d.get("assignment") is None else [
+            (a["table"], int(a["partition"]), tuple(a["nodes"])) for a in d["assignment"]]
+        return cls([NodeState.from_dict(n) for n in d["nodes"]], optional_int(d.get("assignment_generation")),
+                   assignment, [TablePipeline.from_dict(t) for t in d.get("pipelines", ())],
+                   MetadataHealth(bool(meta["loaded"]), optional_int(meta.get("age_ms")), bool(meta["redis_ok"])))
 
 
 @dataclass(frozen=True)
@@ -132,6 +275,43 @@ class ScanPage:
     next_page_token: str | None
     served_by: dict[int, LookupResult]  # per partition: who answered, with lag and position (found=False)
 
+    def to_dict(self, input_lag: tuple[int, int] = (0, 0), value_format: str = "json") -> dict[str, Any]:
+        return {"table": self.table,
+                "items": [{"key": k, **value_fields(value_format, v), "partition": p} for k, v, p in self.items],
+                "next_page_token": self.next_page_token,
+                "partitions": [{"partition": p, **r.served()} for p, r in sorted(self.served_by.items())],
+                "input_lag": input_lag_doc(input_lag)}
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """A batch lookup's answers, one per key asked in order: a result (found or not), or the error of its key."""
+
+    table: str
+    keys: Sequence[str]
+    results: Sequence[LookupResult | FreshrouteError]
+
+    def position(self) -> str | None:
+        """The position of everything the batch read: the highest offset it saw of each partition."""
+        offsets: dict[int, int] = {}
+        for r in self.results:
+            if isinstance(r, LookupResult):
+                offsets[r.partition] = max(offsets.get(r.partition, 0), r.applied)
+        return Position(self.table, offsets).encode() if offsets else None
+
+    def to_dict(self, input_lag: tuple[int, int] = (0, 0), value_format: str = "json") -> dict[str, Any]:
+        items: list[dict[str, Any]] = []
+        for key, r in zip(self.keys, self.results):
+            if isinstance(r, LookupResult):
+                item = {"key": key, "found": r.found, "partition": r.partition, **r.served()}
+                if r.found:
+                    item.update(value_fields(value_format, r.value))
+                items.append(item)
+            else:
+                items.append({"key": key, "found": False, **r.to_body()})
+        return {"table": self.table, "results": items, "position": self.position(),
+                "input_lag": input_lag_doc(input_lag)}
+
 
 class WindowsResult(NamedTuple):
     """One key's windows in a time range, and who gave them (all windows of a key live on one replica)."""
@@ -151,11 +331,15 @@ class WindowsResult(NamedTuple):
     def position(self) -> str:
         return position_token(self.table, self.partition, self.applied)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"table": self.table, "key": self.key, "windows": [w.to_dict() for w in self.windows],
-                "partition": self.partition, "served_by": {"node": self.node, "role": self.role},
-                "lag": {"offsets": self.lag_offsets, "ms": self.lag_ms}, "position": self.position,
-                "watermark_ms": self.watermark_ms}
+    def served(self) -> dict[str, Any]:
+        return served_doc(self.node, self.role, self.lag_offsets, self.lag_ms, self.position)
+
+    def to_dict(self, input_lag: tuple[int, int] = (0, 0)) -> dict[str, Any]:
+        return {"table": self.table, "key": self.key,
+                "windows": [{"start": w.start, "end": w.end, "value": json_value(w.value), "final": w.final}
+                            for w in self.windows],
+                "partition": self.partition, **self.served(), "watermark_ms": self.watermark_ms,
+                "input_lag": input_lag_doc(input_lag)}
 
 
 @dataclass(frozen=True)
@@ -166,6 +350,14 @@ class WindowPage:
     items: list[tuple[str, Window, int]]  # (key, window, partition)
     next_page_token: str | None
     served_by: dict[int, WindowsResult]  # per partition: who answered, with lag, position and watermark (no windows)
+
+    def to_dict(self, input_lag: tuple[int, int] = (0, 0)) -> dict[str, Any]:
+        return {"table": self.table,
+                "items": [{"key": k, "start": w.start, "end": w.end, "value": json_value(w.value), "final": w.final,
+                           "partition": p} for k, w, p in self.items],
+                "next_page_token": self.next_page_token,
+                "partitions": [{"partition": p, **r.served()} for p, r in sorted(self.served_by.items())],
+                "input_lag": input_lag_doc(input_lag)}
 
 
 # A scan page token is the table, the query it pages, and the last key returned; the next page starts just after it.

@@ -138,9 +138,7 @@ def summarise(core: RoutingCore, snap: Snapshot, now: int) -> dict[str, Any]:
                        "input_offset": sum(lag.offsets.values()) if lag is not None and lag.offsets else None,
                        "restoring": restores[:RESTORING_SHOWN], "restoring_total": len(restores)})
     return {"at_ms": now, "nodes": nodes, "tables": tables, "assignor": snap.assignor,
-            "assignment_generation": snap.generation,
-            "metadata": {"loaded": snap.loaded, "age_ms": max(0, now - snap.built_ms) if snap.loaded else None,
-                         "redis_ok": bool(getattr(core.metadata, "redis_ok", snap.loaded))}}
+            "assignment_generation": snap.generation, "metadata": core.metadata_health(snap, now).to_dict()}
 
 
 class ClusterViews:

@@ -4,6 +4,8 @@ import httpx
 import orjson
 import pytest
 
+from freshroute.routing.results import ClusterView
+
 from freshroute.keys import partition_for, serialize_key
 from freshroute.metadata import Role, TableSpec, now_ms
 from freshroute.position import Position, single
@@ -354,6 +356,11 @@ async def test_key_metadata_tables_cluster(cluster):
     assert [n["node"] for n in view["nodes"]] == ["n1", "n2"]
     assert all(n["alive"] and len(n["replicas"]) == 4 for n in view["nodes"])
     assert view["metadata"]["loaded"] is True
+    # A client reads the body back into the typed view it was made from (ages aside: each read is its own now).
+    typed = ClusterView.from_dict(view)
+    assert [(n.node, [(r.table, r.partition, r.info.role) for r in n.replicas]) for n in typed.nodes] == [
+        (n["node"], [(r["table"], r["partition"], r["role"]) for r in n["replicas"]]) for n in view["nodes"]]
+    assert typed.to_dict() == view
 
 
 async def test_health_ready_metrics_docs(cluster):
