@@ -15,6 +15,7 @@ import uvicorn
 from freshroute.settings import is_loopback
 from router.auth import Guard
 from router.grpc_server import PublicGrpc
+from router.key_routes import KeyHandlers
 from router.rate_limit import SharedRates
 from router.rest import create_app
 from router.runtime import RouterRuntime
@@ -73,7 +74,8 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
         # Key lookups are answered by the connection's own protocol (router.transports.http1); uvicorn's
         # serves everything else. No X-Forwarded-* rewriting: nothing here reads the client
         # address, and the middleware would inspect every request's headers.
-        http = key_lookup_protocol(app.key_handlers) if settings.rest_fast_path else httptools_with_tls_extension()
+        http = key_lookup_protocol(KeyHandlers(runtime.router, guard)) if settings.rest_fast_path \
+            else httptools_with_tls_extension()
         config = uvicorn.Config(app, http=http, access_log=False, proxy_headers=False, server_header=False,
                                 lifespan="on", log_level=settings.log_level.lower(),
                                 timeout_graceful_shutdown=max(1, int(settings.graceful_shutdown_s)))

@@ -158,22 +158,23 @@ def test_a_missing_auth_file_is_named(tmp_path):
     (b"/metrics", "cluster"), (b"/docs", "cluster"), (b"/openapi.json", "cluster"), (b"/no/such/route", "cluster"),
 ])
 def test_each_rest_path_needs_what_its_kind_of_request_needs(tmp_path, path, needs):
-    from router.rest import check_access
+    from router.rest_routes import admit, route_of
 
     guard = Guard(write(tmp_path, auth_yaml()))
+    route = route_of(path)
+    assert route.need == needs
 
-    def scope(token: str | None) -> dict:
-        headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
-        return {"type": "http", "path": path.decode(), "raw_path": path, "headers": headers}
+    def check(token: str | None):
+        return run(admit(guard, route, f"Bearer {token}".encode() if token else None, None))
 
     if needs == "open":
-        assert run(check_access(guard, scope(None))) is None
+        assert check(None) is None
         return
     with pytest.raises(Unauthenticated):
-        run(check_access(guard, scope(None)))
-    assert run(check_access(guard, scope(OPS))).name == "ops"  # the admin may do everything
+        check(None)
+    assert check(OPS).name == "ops"  # the admin may do everything
     if needs == "cluster":
         with pytest.raises(PermissionDenied):
-            run(check_access(guard, scope(DASH)))
+            check(DASH)
     else:
-        assert run(check_access(guard, scope(DASH))).name == "dashboards"
+        assert check(DASH).name == "dashboards"

@@ -8,6 +8,7 @@ import pytest
 import uvicorn
 
 from router.transports.http1 import AnswerWriter, answer_writer, key_lookup_protocol
+from router.key_routes import KeyHandlers
 from router.rest import create_app
 
 from .test_router_rest import TABLE, Cluster, part
@@ -28,7 +29,7 @@ async def served():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
-    server = uvicorn.Server(uvicorn.Config(app, http=key_lookup_protocol(app.key_handlers), lifespan="off",
+    server = uvicorn.Server(uvicorn.Config(app, http=key_lookup_protocol(KeyHandlers(cluster.router)), lifespan="off",
                                            log_level="warning", timeout_keep_alive=1))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     for _ in range(200):
@@ -198,7 +199,7 @@ async def test_graceful_shutdown_answers_the_lookup_in_flight_then_closes():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(8)
-    server = uvicorn.Server(uvicorn.Config(app, http=key_lookup_protocol(app.key_handlers), lifespan="off",
+    server = uvicorn.Server(uvicorn.Config(app, http=key_lookup_protocol(KeyHandlers(cluster.router)), lifespan="off",
                                            log_level="warning", timeout_graceful_shutdown=5))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
