@@ -35,7 +35,8 @@ from freshroute.tls import ServerTLS
 from router.auth import Guard
 from router.routing import Router
 from router.settings import RouterSettings
-from router.transports.grpc_front import CLIENT_SUBJECT, RELAY_KEY, GrpcFront
+from router.transports.grpc_calls import CLIENT_SUBJECT, RELAY_KEY
+from router.transports.grpc_front import GrpcFront
 
 log = logging.getLogger("freshroute.router.grpc")
 

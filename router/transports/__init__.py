@@ -1,12 +1,17 @@
-"""The router's hand-written transports: protocol code only, one module per protocol.
+"""The router's hand-written transports: protocol code only, one module per protocol layer.
 
 - :mod:`router.transports.http1` — the REST port's HTTP/1.1 protocol: key lookups answered on
   the connection itself, every other request handed to uvicorn's own protocol.
-- :mod:`router.transports.grpc_front` — the public gRPC port's HTTP/2: ``Router.Get`` answered
+- :mod:`router.transports.http2` — HTTP/2 as a protocol machine: bytes in, events out, bytes to
+  send; no sockets, no asyncio.
+- :mod:`router.transports.grpc_calls` — gRPC over that machine's events: ``Router.Get`` answered
   in place, every other call relayed to the full grpc.aio server.
+- :mod:`router.transports.grpc_front` — the public gRPC port: the asyncio adapter between a
+  connection's socket, its machine and its calls, and the server that accepts them.
 
-Both exist because they pay for themselves in ``freshroute bench`` (docs/benchmarks.md has the
-figures); both are held to their protocols by tests/integration/test_transport_conformance.py.
+Both ports' transports exist because they pay for themselves in ``freshroute bench``
+(docs/benchmarks.md has the figures); both are held to their protocols by
+tests/integration/test_transport_conformance.py (the HTTP/2 cases also fed straight to the machine).
 They know nothing of tables or replicas: each calls the API through the small interface below.
 """
 

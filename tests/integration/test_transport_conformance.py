@@ -1,10 +1,13 @@
 """The router's hand-written transports held to their protocols by independent peers, on a real router process.
 
 HTTP/2 (the gRPC port): frames built and parsed by the h2 project's own framing and HPACK
-(``hyperframe``, ``hpack``), covering what RFC 9113 requires of a server. gRPC: grpcio's
-client for every method. HTTP/1.1 (the REST port): raw sockets. Every case asserts its
-defined answer (GOAWAY code, RST_STREAM code, gRPC status, HTTP status) and that the router
-still answers lookups afterwards; the router's memory is compared before and after the suite.
+(``hyperframe``, ``hpack``), covering what RFC 9113 requires of a server — each case twice:
+over a socket to the router process, and as byte strings fed straight to the protocol machine
+(:class:`router.transports.http2.H2Connection`), whose answers to Get a stand-in writes here.
+gRPC: grpcio's client for every method. HTTP/1.1 (the REST port): raw sockets. Every case
+asserts its defined answer (GOAWAY code, RST_STREAM code, gRPC status, HTTP status) and that
+the router still answers lookups afterwards; the router's memory is compared before and after
+the suite.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from hyperframe.frame import (ContinuationFrame, DataFrame, Frame, GoAwayFrame, 
 
 from freshroute import proc
 from proto import router_pb2, router_pb2_grpc
+from router.transports.http2 import DataReceived, H2Connection, RequestEnded, RequestStarted
 
 from .test_router_process import KEYS, PARTITIONS, TABLE, WATERMARK_MS, WINDOW_STARTS, WINDOWED, Deployment, Procs, value_of
 
@@ -78,14 +82,20 @@ def lookups_answered(d: Deployment) -> None:
 class Peer:
     """A client connection that sends whatever frames it is given and reads the server's frame by frame."""
 
-    def __init__(self, port: int, preface: bytes = PREFACE) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    def __init__(self, preface: bytes = PREFACE) -> None:
         self.encoder = hpack.Encoder()
         self.buffer = b""
-        self.sock.sendall(preface + SettingsFrame(0).serialize())
+        self._write(preface + SettingsFrame(0).serialize())
+
+    def _write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def _read(self) -> bytes:
+        """More of what the server sent; empty once it has closed the connection."""
+        raise NotImplementedError
 
     def send(self, *frames: Frame | bytes) -> None:
-        self.sock.sendall(b"".join(f if isinstance(f, bytes) else f.serialize() for f in frames))
+        self._write(b"".join(f if isinstance(f, bytes) else f.serialize() for f in frames))
 
     def headers(self, stream_id: int, path: str = GET, end_stream: bool = False, fields=None) -> HeadersFrame:
         fields = fields if fields is not None else request_fields(path)
@@ -107,10 +117,7 @@ class Peer:
                     f.parse_body(memoryview(self.buffer[9:9 + length]))
                     self.buffer = self.buffer[9 + length:]
                     return f
-            try:
-                data = self.sock.recv(65536)
-            except ConnectionResetError:
-                return None
+            data = self._read()
             if not data:
                 return None
             self.buffer += data
@@ -147,7 +154,74 @@ class Peer:
         raise AssertionError("the connection closed before the answer")
 
     def close(self) -> None:
+        pass
+
+
+class SocketPeer(Peer):
+    """The peer over a socket to the router process."""
+
+    def __init__(self, port: int, preface: bytes = PREFACE) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        super().__init__(preface)
+
+    def _write(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _read(self) -> bytes:
+        try:
+            return self.sock.recv(65536)
+        except ConnectionResetError:
+            return b""
+
+    def close(self) -> None:
         self.sock.close()
+
+
+class MachinePeer(Peer):
+    """The peer's bytes fed straight to the HTTP/2 machine in this process; each Get is answered as the test
+    deployment would (its value), through the machine's own interface, with an encoder of the h2 project's."""
+
+    def __init__(self, preface: bytes = PREFACE) -> None:
+        self.machine = H2Connection()
+        self.machine.initiate()
+        self.server_encoder = hpack.Encoder()
+        self.requests: dict[int, bytes] = {}
+        super().__init__(preface)
+
+    def _write(self, data: bytes) -> None:
+        for event in self.machine.receive(data):
+            if isinstance(event, RequestStarted):
+                self.requests[event.stream_id] = b""
+            elif isinstance(event, DataReceived):
+                self.requests[event.stream_id] += event.data
+                self.machine.consumed(event.stream_id, event.size)
+            elif isinstance(event, RequestEnded):
+                self._answer(event.stream_id, self.requests.pop(event.stream_id))
+
+    def _answer(self, stream_id: int, body: bytes) -> None:
+        key = router_pb2.GetRequest.FromString(body[5:]).key
+        reply = router_pb2.GetResponse(table=TABLE, key=key, value_json=orjson.dumps(
+            value_of(int(key.rpartition("-")[2]))).decode()).SerializeToString()
+        self.machine.send_headers(stream_id, self.server_encoder.encode(
+            [(":status", "200"), ("content-type", "application/grpc")]))
+        self.machine.send_data(stream_id, struct.pack(">BI", 0, len(reply)) + reply)
+        self.machine.send_trailers(stream_id, self.server_encoder.encode([("grpc-status", "0")]))
+
+    def _read(self) -> bytes:
+        return self.machine.data_to_send()
+
+    def goaway(self) -> int:
+        code = super().goaway()
+        assert self.machine.closed  # the server's side: the connection is to be closed
+        return code
+
+
+@pytest.fixture(params=["socket", "bytes"])
+def open_peer(request, router):
+    """Opens a peer on the router process's gRPC port, or on a protocol machine of its own."""
+    if request.param == "socket":
+        return lambda preface=PREFACE: SocketPeer(router.deployment.grpc_port, preface)
+    return MachinePeer
 
 
 def request_fields(path: str = GET) -> list[tuple[str, str]]:
@@ -163,9 +237,8 @@ def assert_get_answered(peer: Peer, stream_id: int) -> None:
     assert orjson.loads(router_pb2.GetResponse.FromString(data[5:]).value_json) == value_of(3)
 
 
-def connection_error(router, *frames: Frame | bytes, preface: bytes = PREFACE) -> int:
-    d = router.deployment
-    peer = Peer(d.grpc_port, preface)
+def connection_error(open_peer, *frames: Frame | bytes, preface: bytes = PREFACE) -> int:
+    peer = open_peer(preface)
     try:
         peer.send(*frames)
         return peer.goaway()
@@ -175,32 +248,30 @@ def connection_error(router, *frames: Frame | bytes, preface: bytes = PREFACE) -
 
 # ---- HTTP/2: connection errors ----------------------------------------------------------------
 
-def test_a_bad_preface_is_a_protocol_error(router):
-    assert connection_error(router, preface=b"GET / HTTP/1.1\r\nHost: x\r\n\r\n") == PROTOCOL_ERROR
+def test_a_bad_preface_is_a_protocol_error(open_peer, router):
+    assert connection_error(open_peer, preface=b"GET / HTTP/1.1\r\nHost: x\r\n\r\n") == PROTOCOL_ERROR
     lookups_answered(router.deployment)
 
 
-def test_a_frame_larger_than_the_advertised_maximum_is_a_frame_size_error(router):
+def test_a_frame_larger_than_the_advertised_maximum_is_a_frame_size_error(open_peer, router):
     oversized = struct.pack(">BHBBI", 0, 16_385, 0x0, 0, 1) + b"\0" * 16_385
-    assert connection_error(router, oversized) == FRAME_SIZE_ERROR
+    assert connection_error(open_peer, oversized) == FRAME_SIZE_ERROR
     lookups_answered(router.deployment)
 
 
-def test_continuation_without_headers_is_a_protocol_error(router):
-    assert connection_error(router, ContinuationFrame(1, b"\x82", flags=["END_HEADERS"])) == PROTOCOL_ERROR
+def test_continuation_without_headers_is_a_protocol_error(open_peer):
+    assert connection_error(open_peer, ContinuationFrame(1, b"\x82", flags=["END_HEADERS"])) == PROTOCOL_ERROR
 
 
-def test_a_header_block_interrupted_by_another_frame_is_a_protocol_error(router):
-    d = router.deployment
-    peer = Peer(d.grpc_port)
+def test_a_header_block_interrupted_by_another_frame_is_a_protocol_error(open_peer):
+    peer = open_peer()
     block = peer.encoder.encode(request_fields())
     peer.send(HeadersFrame(1, block[:5]), PingFrame(0, b"12345678"))
     assert peer.goaway() == PROTOCOL_ERROR
 
 
-def test_a_header_block_larger_than_advertised_is_a_compression_error(router):
-    d = router.deployment
-    peer = Peer(d.grpc_port)
+def test_a_header_block_larger_than_advertised_is_a_compression_error(open_peer):
+    peer = open_peer()
     chunk = b"\0" * 16_000
     frames = [HeadersFrame(1, chunk)] + [ContinuationFrame(1, chunk) for _ in range(4)]
     peer.send(*frames)
@@ -227,13 +298,12 @@ def test_a_header_block_larger_than_advertised_is_a_compression_error(router):
 ], ids=["window-overflow", "window-update-0", "data-idle", "rst-idle", "window-update-idle", "even-stream",
         "ping-size", "ping-on-stream", "settings-ack-payload", "settings-on-stream", "enable-push",
         "initial-window", "max-frame-size", "headers-stream-0", "data-stream-0", "push-promise"])
-def test_connection_errors(router, frame, code):
-    assert connection_error(router, frame) == code
+def test_connection_errors(open_peer, frame, code):
+    assert connection_error(open_peer, frame) == code
 
 
-def test_headers_reusing_a_closed_stream_id_is_a_protocol_error(router):
-    d = router.deployment
-    peer = Peer(d.grpc_port)
+def test_headers_reusing_a_closed_stream_id_is_a_protocol_error(open_peer):
+    peer = open_peer()
     assert_get_answered(peer, 1)
     peer.send(peer.headers(1, end_stream=True))
     assert peer.goaway() == PROTOCOL_ERROR
@@ -241,10 +311,9 @@ def test_headers_reusing_a_closed_stream_id_is_a_protocol_error(router):
 
 # ---- HTTP/2: stream errors, after which the connection serves on ------------------------------
 
-def stream_error(router, send) -> int:
+def stream_error(open_peer, send) -> int:
     """Open stream 1 as ``send(peer)`` does; the RST_STREAM code it gets, and stream 3 answered after it."""
-    d = router.deployment
-    peer = Peer(d.grpc_port)
+    peer = open_peer()
     try:
         send(peer)
         code = peer.until(RstStreamFrame, 1).error_code
@@ -268,45 +337,44 @@ def stream_error(router, send) -> int:
     [(":method", "POST"), (":scheme", "http"), (":path", ""), ("content-type", "application/grpc")],
 ], ids=["no-path", "no-scheme", "pseudo-after-regular", "unknown-pseudo", "response-pseudo", "path-twice",
         "regular-first", "uppercase", "connection", "te", "empty-path"])
-def test_a_malformed_request_is_reset_with_protocol_error(router, fields):
+def test_a_malformed_request_is_reset_with_protocol_error(open_peer, fields):
     def send(peer: Peer) -> None:
         peer.send(HeadersFrame(1, peer.encoder.encode(fields), flags=["END_HEADERS", "END_STREAM"]))
-    assert stream_error(router, send) == PROTOCOL_ERROR
+    assert stream_error(open_peer, send) == PROTOCOL_ERROR
 
 
-def test_a_stream_window_overflow_is_a_flow_control_error(router):
+def test_a_stream_window_overflow_is_a_flow_control_error(open_peer):
     def send(peer: Peer) -> None:
         peer.send(peer.headers(1), WindowUpdateFrame(1, window_increment=2**31 - 1))
-    assert stream_error(router, send) == FLOW_CONTROL_ERROR
+    assert stream_error(open_peer, send) == FLOW_CONTROL_ERROR
 
 
-def test_a_stream_window_update_of_0_is_a_protocol_error(router):
+def test_a_stream_window_update_of_0_is_a_protocol_error(open_peer):
     def send(peer: Peer) -> None:
         peer.send(peer.headers(1), WindowUpdateFrame(1, window_increment=0))
-    assert stream_error(router, send) == PROTOCOL_ERROR
+    assert stream_error(open_peer, send) == PROTOCOL_ERROR
 
 
-def test_a_priority_frame_of_the_wrong_size_is_a_frame_size_error(router):
+def test_a_priority_frame_of_the_wrong_size_is_a_frame_size_error(open_peer):
     def send(peer: Peer) -> None:
         peer.send(peer.headers(1), struct.pack(">BHBBI", 0, 4, 0x2, 0, 1) + b"\0" * 4)
-    assert stream_error(router, send) == FRAME_SIZE_ERROR
+    assert stream_error(open_peer, send) == FRAME_SIZE_ERROR
 
 
-def test_trailers_that_do_not_end_the_request_are_a_protocol_error(router):
+def test_trailers_that_do_not_end_the_request_are_a_protocol_error(open_peer):
     def send(peer: Peer) -> None:
         peer.send(peer.headers(1), HeadersFrame(1, peer.encoder.encode([("x-trailer", "1")]), flags=["END_HEADERS"]))
-    assert stream_error(router, send) == PROTOCOL_ERROR
+    assert stream_error(open_peer, send) == PROTOCOL_ERROR
 
 
-def test_data_on_a_stream_the_client_reset_is_stream_closed(router):
+def test_data_on_a_stream_the_client_reset_is_stream_closed(open_peer):
     def send(peer: Peer) -> None:
         peer.send(peer.headers(1), RstStreamFrame(1, error_code=0x8), DataFrame(1, b"\0\0\0\0\0"))
-    assert stream_error(router, send) == STREAM_CLOSED
+    assert stream_error(open_peer, send) == STREAM_CLOSED
 
 
-def test_priority_and_unknown_frames_are_ignored(router):
-    d = router.deployment
-    peer = Peer(d.grpc_port)
+def test_priority_and_unknown_frames_are_ignored(open_peer):
+    peer = open_peer()
     try:
         peer.send(PriorityFrame(1, depends_on=0, stream_weight=16),
                   struct.pack(">BHBBI", 0, 3, 0xfa, 0, 0) + b"abc")  # a frame type of no meaning
@@ -348,7 +416,7 @@ def test_rapid_reset_is_told_to_calm_down(router):
     codes = []
 
     def flood() -> None:
-        peer = Peer(d.grpc_port)
+        peer = SocketPeer(d.grpc_port)
         try:
             frames = []
             for n in range(2_000):
@@ -370,7 +438,7 @@ def test_control_frame_floods_are_told_to_calm_down(router, flood):
     codes = []
 
     def send() -> None:
-        peer = Peer(d.grpc_port)
+        peer = SocketPeer(d.grpc_port)
         try:
             peer.send(*([flood] * 5_000))
             codes.append(peer.goaway())
@@ -381,9 +449,20 @@ def test_control_frame_floods_are_told_to_calm_down(router, flood):
     assert codes == [ENHANCE_YOUR_CALM]
 
 
+@pytest.mark.parametrize("flood", ["rapid-reset", "ping", "settings"])
+def test_floods_fed_to_the_machine_are_told_to_calm_down(flood):
+    peer = MachinePeer()
+    if flood == "rapid-reset":
+        frames = [f for n in range(2_000) for f in (peer.headers(2 * n + 1), RstStreamFrame(2 * n + 1, error_code=0x8))]
+    else:
+        frames = [PingFrame(0, b"12345678") if flood == "ping" else SettingsFrame(0, settings={0x3: 100})] * 5_000
+    peer.send(*frames)
+    assert peer.goaway() == ENHANCE_YOUR_CALM
+
+
 def test_a_peer_that_does_not_read_stalls_only_itself(router):
     d = router.deployment
-    peer = Peer(d.grpc_port)
+    peer = SocketPeer(d.grpc_port)
     try:
         def flood() -> None:
             frames = []

@@ -14,7 +14,7 @@ import pytest
 
 from proto import router_pb2
 from router.grpc_server import PublicGrpc
-from router.transports import grpc_front as h2
+from router.transports import http2 as h2
 from router.settings import RouterSettings
 
 from .test_router_rest import KEYS, TABLE, Cluster, part
