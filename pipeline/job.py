@@ -341,6 +341,60 @@ class QueryRun:
         return f"table {self.name}" if names == [self.name] else f"query {self.name} ({', '.join(names)})"
 
 
+def lasting_failure(q: QueryRun, error: str, settings: PipelineSettings) -> FreshrouteError | None:
+    """The error a query's failure stands for when a restart would meet it again (lost input, a changed definition,
+    an invalid record), or None when a restart may help."""
+    # Spark's Kafka source fails a query whose checkpointed offsets the topic no longer holds (failOnDataLoss):
+    # a restart would fail the same way, and going on would silently skip input.
+    lost = re.search(r"\[KAFKA_DATA_LOSS[^\]]*\]\s*([^\n]+)", error)
+    if lost:
+        checkpoint = settings.query_checkpoint(q.name)
+        return InputDataLost(f"{q.label}: {lost.group(1).strip()} To reprocess the input the broker still holds, "
+                             f"delete {checkpoint}.", query=q.name, checkpoint=str(checkpoint))
+    # A table whose aggregation changed finds state of another shape in its checkpoint: every restart would fail
+    # alike, so the pipeline stops at once and says what to do.
+    changed = re.search(r"\[(STATE_STORE_(?:KEY|VALUE)_SCHEMA_NOT_COMPATIBLE|"
+                        r"STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA)[^\]]*\]", error)
+    if changed:
+        checkpoint = settings.query_checkpoint(q.name)
+        return QueryChanged(f"{q.label}: its checkpoint {checkpoint} holds the state of an earlier definition of "
+                            f"its tables (Spark: {changed.group(1)}). Delete {checkpoint} to recompute them from "
+                            f"the input, or give the changed table a query of its own (query=...).",
+                            query=q.name, checkpoint=str(checkpoint))
+    # A source that fails on invalid input: a restart would meet the same record.
+    invalid = re.search(r"INVALID_INPUT: ([^\n]+)", error)
+    if invalid:
+        return InvalidInput(f"{q.label}: {invalid.group(1).strip()}. Fix or remove the record (or let the source "
+                            f"dead-letter it: on_invalid='dead_letter'), then start the pipeline again.",
+                            query=q.name)
+    return None
+
+
+def mark_recomputation(admin: Any, settings: PipelineSettings, definition: TablesDefinition, query: str,
+                       tables: list[Table]) -> None:
+    """A query starting without a checkpoint over changelogs that hold keys: note where they and its input end,
+    so that the keys it no longer produces are found once it has caught up (:mod:`pipeline.recompute`)."""
+    from freshroute.changelog_reader import end_offsets
+    from pipeline.recompute import MARK_FILE
+    from pipeline.topics import describe_topic
+
+    s = settings
+    checkpoint = s.query_checkpoint(query)
+    if committed_batches(checkpoint) or (checkpoint / MARK_FILE).exists():
+        return
+    topics = {t.name: describe_topic(admin, s.changelog_topic(t.name)) for t in tables if t.window is None}
+    ends = end_offsets(admin, {info.name: info.partitions for info in topics.values() if info is not None})
+    changelogs = {name: ends[info.name] for name, info in topics.items() if info is not None}
+    if not any(any(e.values()) for e in changelogs.values()):
+        return
+    source = describe_topic(admin, s.input_topic(definition.sources[tables[0].source].topic))
+    assert source is not None, "inputs are checked first"
+    Recomputation(checkpoint, end_offsets(admin, {source.name: source.partitions}), changelogs).save()
+    log.info("query %s starts without a checkpoint over changelogs that hold keys (%s): keys it no longer "
+             "produces are looked for once it has read its input to where it ends now", query,
+             ", ".join(changelogs))
+
+
 class Pipeline:
     """Wires tables → queries → changelog writers; :func:`run` drives it."""
 
@@ -376,7 +430,7 @@ class Pipeline:
                 check_changelog_kept(topic, describe_topic(admin, topic) is not None, checkpoint)
         self._check_inputs(admin)
         for name, tables in grouped.items():
-            self._mark_recomputation(admin, name, tables)
+            mark_recomputation(admin, self.settings, self.definition, name, tables)
         check_spark_master(s.spark_master)
         started = time.monotonic()
         self.spark = build_session(s)
@@ -435,29 +489,6 @@ class Pipeline:
                  {"dead_letter": f"written to {topic}", "skip": "counted and dropped",
                   "fail": "the end of the pipeline"}[src.on_invalid])
         return RejectWriter(src.name, src.on_invalid, topic, partitions, self.producer)
-
-    def _mark_recomputation(self, admin: Any, query: str, tables: list[Table]) -> None:
-        """A query starting without a checkpoint over changelogs that hold keys: note where they and its input end,
-        so that the keys it no longer produces are found once it has caught up (:mod:`pipeline.recompute`)."""
-        from freshroute.changelog_reader import end_offsets
-        from pipeline.recompute import MARK_FILE
-        from pipeline.topics import describe_topic
-
-        s = self.settings
-        checkpoint = s.query_checkpoint(query)
-        if committed_batches(checkpoint) or (checkpoint / MARK_FILE).exists():
-            return
-        topics = {t.name: describe_topic(admin, s.changelog_topic(t.name)) for t in tables if t.window is None}
-        ends = end_offsets(admin, {info.name: info.partitions for info in topics.values() if info is not None})
-        changelogs = {name: ends[info.name] for name, info in topics.items() if info is not None}
-        if not any(any(e.values()) for e in changelogs.values()):
-            return
-        source = describe_topic(admin, s.input_topic(self.definition.sources[tables[0].source].topic))
-        assert source is not None, "inputs are checked first"
-        Recomputation(checkpoint, end_offsets(admin, {source.name: source.partitions}), changelogs).save()
-        log.info("query %s starts without a checkpoint over changelogs that hold keys (%s): keys it no longer "
-                 "produces are looked for once it has read its input to where it ends now", query,
-                 ", ".join(changelogs))
 
     def _table_run(self, t: Table, df: "DataFrame", admin: Any, rejects: RejectWriter | None = None) -> TableRun:
         """The table's changelog topic (created if need be), spec and writer."""
@@ -609,29 +640,9 @@ class Pipeline:
                      "(at least %d ms)", WARM_LOG, WARM_BATCHES, WARM_BATCH_MS)
 
     def _restart_or_fail(self, q: QueryRun, error: str, stop: threading.Event) -> None:
-        # Spark's Kafka source fails a query whose checkpointed offsets the topic no longer holds (failOnDataLoss):
-        # a restart would fail the same way, and going on would silently skip input.
-        lost = re.search(r"\[KAFKA_DATA_LOSS[^\]]*\]\s*([^\n]+)", error)
-        if lost:
-            checkpoint = self.settings.query_checkpoint(q.name)
-            raise InputDataLost(f"{q.label}: {lost.group(1).strip()} To reprocess the input the broker still holds, "
-                                f"delete {checkpoint}.", query=q.name, checkpoint=str(checkpoint))
-        # A table whose aggregation changed finds state of another shape in its checkpoint: every restart would fail
-        # alike, so the pipeline stops at once and says what to do.
-        changed = re.search(r"\[(STATE_STORE_(?:KEY|VALUE)_SCHEMA_NOT_COMPATIBLE|"
-                            r"STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA)[^\]]*\]", error)
-        if changed:
-            checkpoint = self.settings.query_checkpoint(q.name)
-            raise QueryChanged(f"{q.label}: its checkpoint {checkpoint} holds the state of an earlier definition of "
-                               f"its tables (Spark: {changed.group(1)}). Delete {checkpoint} to recompute them from "
-                               f"the input, or give the changed table a query of its own (query=...).",
-                               query=q.name, checkpoint=str(checkpoint))
-        # A source that fails on invalid input: a restart would meet the same record.
-        invalid = re.search(r"INVALID_INPUT: ([^\n]+)", error)
-        if invalid:
-            raise InvalidInput(f"{q.label}: {invalid.group(1).strip()}. Fix or remove the record (or let the source "
-                               f"dead-letter it: on_invalid='dead_letter'), then start the pipeline again.",
-                               query=q.name)
+        lasting = lasting_failure(q, error, self.settings)
+        if lasting is not None:
+            raise lasting
         now = time.monotonic()
         q.failures = [t for t in q.failures if now - t < _RESTART_WINDOW_S] + [now]
         summary = _first_line(error)

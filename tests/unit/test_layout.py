@@ -73,3 +73,12 @@ def test_transports_know_the_router_only_through_their_interface():
     bad = sorted((m, d) for m, deps in project_imports().items() if m.startswith("router.transports")
                  for d in deps if d.startswith(("router", "freshroute.routing")) and not d.startswith("router.transports"))
     assert bad == []
+
+
+def test_no_class_of_a_role_is_over_300_lines():
+    # A class that long does several things; the roles' code is read most, so there it is split.
+    long = sorted((str(p.relative_to(ROOT)), n.name, n.end_lineno - n.lineno + 1)
+                  for role in ROLES for p in (ROOT / role).rglob("*.py")
+                  for n in ast.walk(ast.parse(p.read_text(), str(p)))
+                  if isinstance(n, ast.ClassDef) and n.end_lineno - n.lineno + 1 > 300)
+    assert long == []
