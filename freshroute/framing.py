@@ -1,10 +1,10 @@
 """Length-prefixed frames: how messages travel on a store node's read port.
 
-The read port carries the same ``ReadBatch`` / ``ResultBatch`` messages as the gRPC
-``Read`` stream, each as a 4-byte big-endian length followed by the serialized message,
-on a plain TCP connection. One frame in is answered by one frame out, in order. It exists
-because it is the router's hot path: a message on a grpc.aio stream costs ~150–300 µs of
-CPU on each side and passes several threads, a frame on an asyncio transport a few µs.
+The read port carries ``ReadBatch`` / ``ResultBatch`` messages (``proto/store.proto``),
+each as a 4-byte big-endian length followed by the serialized message, on a plain TCP
+connection. One frame in is answered by one frame out, in order. Frames rather than a gRPC
+stream because every read takes this path: a message on a grpc.aio stream costs ~150–300 µs
+of CPU on each side and passes several threads, a frame on an asyncio transport a few µs.
 """
 
 from __future__ import annotations

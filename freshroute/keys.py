@@ -77,3 +77,22 @@ def murmur2(data: bytes) -> int:
 def partition_for(key: bytes, num_partitions: int) -> int:
     """Kafka's default partition for a non-null key: ``toPositive(murmur2(key)) % partitions``."""
     return (murmur2(key) & 0x7FFFFFFF) % num_partitions
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with ``prefix`` (None: unbounded)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+def scan_range(prefix: bytes, start: bytes, end: bytes) -> tuple[bytes, bytes | None]:
+    """Intersect a prefix with ``[start, end)``; an empty ``end`` is unbounded."""
+    lower = max(prefix, start)
+    upper = end or None
+    if prefix:
+        p_end = prefix_end(prefix)
+        if p_end is not None and (upper is None or p_end < upper):
+            upper = p_end
+    return lower, upper

@@ -5,7 +5,8 @@ Throughput (saturation, the same number of requests in flight for every target):
 - ``router_rest_rps``     wrk (1 thread, Lua script rotating keys) → router REST
 - ``router_grpc_rps``     h2load (1 thread, gRPC frames over h2c) → router ``Router.Get``
 - ``baseline_grpc_rps``   the same h2load → a minimal grpc.aio ``Router.Get`` answering from a dict
-- ``direct_store_rps``    the same h2load → a store node's internal ``StoreNode.Get`` (no router)
+- ``direct_store_rps``    a store node's read port (no router), one key per frame, as many in flight
+  (``loadtest.readport``: asyncio connections reading answers by their length)
 - ``redis_get_rps``       redis-benchmark GET, no pipelining → the stack's Redis
 - ``window_rps``          the same wrk → router REST, each request a key's last 6 windows of ``sensor_windows``
   (``/keys/{key}/windows?from=&to=``), interleaved with point gets of the same keys
@@ -18,7 +19,7 @@ Throughput (saturation, the same number of requests in flight for every target):
 
 Latency at a fixed moderate rate (not saturation), from h2load's per-request log:
 ``router_grpc_p50/p99_ms``, ``router_rest_p50/p99_ms`` (h2load --h1, keys rotating) and
-``direct_store_p50_ms``. Freshness (event → visible in a lookup): ``loadtest.freshness``.
+``direct_store_p50_ms`` (one frame at a time on a store node's read port, ``loadtest.readport``). Freshness (event → visible in a lookup): ``loadtest.freshness``.
 Restore: on the stack's broker, a changelog topic of the bench's own (``--restore-records``,
 1,000,000 by default, so that a restore takes seconds) with its table spec in a Redis
 namespace of its own; a store node process the bench starts in that namespace restores it
@@ -109,7 +110,7 @@ TARGETS = (
 )
 
 LOAD_CLIENTS = {"router_rest_rps": "wrk -t1 (Lua: rotating keys)", "window_rps": "wrk -t1 (Lua: rotating keys, /windows)", "router_grpc_rps": "h2load -t1 (gRPC frames, h2c)",
-                "baseline_grpc_rps": "h2load -t1 (gRPC frames, h2c)", "direct_store_rps": "h2load -t1 (gRPC frames, h2c)",
+                "baseline_grpc_rps": "h2load -t1 (gRPC frames, h2c)", "direct_store_rps": "loadtest.readport (asyncio, frames on the read port)",
                 "redis_get_rps": "redis-benchmark -P 1",
                 "latency": "h2load -t1 --rps (fixed rate) --log-file; REST with --h1 and rotating keys",
                 "freshness": "loadtest.freshness (confluent-kafka producer + httpx polling)",
@@ -260,40 +261,55 @@ class Bench:
             raise RuntimeError(f"Router.Get({req.key}) at {address} found nothing")
         return len(resp.SerializeToString()) + 5
 
-    def store_body(self) -> tuple[str, Path, int]:
-        """(address, h2load body, OK response size) of StoreNode.Get on a node serving the key's partition."""
+    def store_read(self) -> tuple[str, Any]:
+        """(read port address, one-key ReadBatch) of a store node serving the key's partition."""
         import grpc
 
         from freshroute.keys import partition_for, serialize_key
-        from proto import router_pb2, router_pb2_grpc, store_pb2, store_pb2_grpc
+        from loadtest.readport import read_batch
+        from proto import router_pb2, router_pb2_grpc, store_pb2
 
         key = self.keys[min(1, len(self.keys) - 1)]
         with grpc.insecure_channel(self.c.grpc_address) as ch:
             tables = router_pb2_grpc.RouterStub(ch).ListTables(router_pb2.ListTablesRequest(), timeout=5).tables
         partitions = next(t.partitions for t in tables if t.name == self.a.table)
-        read = store_pb2.KeyRead(id=1, table=self.a.table, partition=partition_for(serialize_key(key), partitions),
-                                 key=serialize_key(key), bound=store_pb2.ReadBound())
-        found: list[tuple[int, str, int]] = []
+        batch = store_pb2.ReadBatch(reads=[store_pb2.KeyRead(
+            id=1, table=self.a.table, partition=partition_for(serialize_key(key), partitions), key=serialize_key(key),
+            bound=store_pb2.ReadBound())])
+        found: list[tuple[int, str]] = []
         for name in self.stack.store_node_names():
             comp = self.stack.components.get(name)
             if comp is None or not comp.alive():
                 continue
-            address = comp.addresses["address"]
-            with grpc.insecure_channel(address) as ch:
-                try:
-                    res = store_pb2_grpc.StoreNodeStub(ch).Get(read, timeout=5)
-                except grpc.RpcError:
-                    continue
+            address = comp.addresses["read_address"]
+            try:
+                [res] = read_batch(address, batch, timeout_s=5).results
+            except OSError:
+                continue
             if res.status == store_pb2.OK:
                 # The active replica first: that is where the router sends a bound-less read too.
-                found.append((0 if res.replica.role == store_pb2.ACTIVE else 1, address, len(res.SerializeToString())))
+                found.append((0 if res.replica.role == store_pb2.ACTIVE else 1, address))
         if not found:
-            raise RuntimeError(f"no store node answers Get({key}) in partition {read.partition}")
-        _, address, size = min(found)
-        path = self.work / "store_get.bin"
-        path.write_bytes(lc.grpc_frame(read.SerializeToString()))
-        self.notes["direct_store"] = {"node": address, "key": key, "partition": read.partition}
-        return address, path, size + 5
+            raise RuntimeError(f"no store node's read port answers {key} in partition {batch.reads[0].partition}")
+        _, address = min(found)
+        self.notes["direct_store"] = {"read_port": address, "key": key, "partition": batch.reads[0].partition}
+        return address, batch
+
+    def throughput_store(self, address: str, batch: Any) -> float:
+        from loadtest.readport import throughput
+
+        conns, in_flight = self.grpc_shape()
+        rps = throughput(address, batch, conns, in_flight, self.a.duration)
+        self.say(f"  direct_store: {rps:,.0f} req/s ({conns} connections × {in_flight} in flight on the read port)")
+        return round(rps, 1)
+
+    def latency_store(self, address: str, batch: Any) -> list[float]:
+        from loadtest.readport import latencies
+
+        lat = latencies(address, batch, self.a.latency_rate, self.a.latency_duration)
+        p50, p99 = percentile(lat, 50), percentile(lat, 99)
+        self.say(f"  direct_store_latency: p50 {p50 or 0:.2f} ms  p99 {p99 or 0:.2f} ms ({len(lat)} samples)")
+        return lat
 
     def run_h2load(self, label: str, url: str, body: Path | None, ok_size: int | None, clients: int, streams: int,
                    duration_s: float, rps_per_client: float | None = None, http1: bool = False,
@@ -931,7 +947,7 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
         body = b.grpc_body()
         router_ok = _step(b, 5, total, "router gRPC answer", lambda: b.ok_size(c.grpc_address, body))
         router_body = (body, router_ok) if router_ok else None
-        store = _step(b, 6, total, "store node for direct reads", b.store_body)
+        store = _step(b, 6, total, "store node for direct reads", b.store_read)
         started = _step(b, 7, total, "baseline gRPC server", lambda: start_baseline(a.table, len(b.keys), b.work))
         if started:
             baseline = started[0]
@@ -965,9 +981,8 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
             fig["router_grpc_rps"] = _step(b, 9, total, "router gRPC throughput (h2load)",
                                            lambda: b.throughput_grpc("router_grpc", grpc_url, *router_body))
         if store:
-            store_url = f"http://{store[0]}/freshroute.store.v1.StoreNode/Get"
-            fig["direct_store_rps"] = _step(b, 10, total, "direct store node throughput (h2load)",
-                                            lambda: b.throughput_grpc("direct_store", store_url, store[1], store[2]))
+            fig["direct_store_rps"] = _step(b, 10, total, "direct store node throughput (its read port)",
+                                            lambda: b.throughput_store(*store))
 
         say(f"latency at a fixed {a.latency_rate:g} req/s, {a.latency_duration:g}s each:")
 
@@ -975,9 +990,7 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
             if router_body and store:
                 routed, direct = b.paired(
                     "router_grpc_latency", lambda: b.latency_samples("router_grpc_latency", grpc_url, *router_body),
-                    "direct_store_latency", lambda: b.latency_samples(
-                        "direct_store_latency", f"http://{store[0]}/freshroute.store.v1.StoreNode/Get", store[1],
-                        store[2]), record=False)
+                    "direct_store_latency", lambda: b.latency_store(*store), record=False)
                 fig["router_grpc_p50_ms"], fig["router_grpc_p99_ms"] = b.p50_p99([x for r in routed if r for x in r])
                 fig["direct_store_p50_ms"], b.notes["direct_store_p99_ms"] = b.p50_p99(
                     [x for r in direct if r for x in r])

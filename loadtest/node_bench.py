@@ -4,7 +4,7 @@
 confluent-kafka consumer reading it end to end (best of two), then times real store node
 processes restoring the same changelog into RocksDB (records/s from "every replica assigned"
 to "every replica caught up", best of two), each also in records per CPU-second, and finally
-read throughput over the ``Read`` stream at several batch sizes and over unary ``Get``.
+read throughput on its read port at several batch sizes (:mod:`loadtest.readport`).
 Everything runs on loopback in a temporary directory and is stopped by its own pid. The
 changelog, the node process and the wait for its restore are those of ``freshroute bench``
 (``loadtest/restore.py``).
@@ -40,13 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=100_000)
     args = parser.parse_args(argv)
 
-    import grpc
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from freshroute.keys import partition_for
-    from tools.local.services import start_broker, start_redis
     from freshroute.metadata import MetadataStore, TableSpec
-    from proto import store_pb2, store_pb2_grpc
+    from loadtest.readport import read_batch, throughput
+    from proto import store_pb2
+    from tools.local.services import start_broker, start_redis
 
     work = Path(tempfile.mkdtemp(prefix="store-node-bench-"))
     broker = start_broker(work / "services")
@@ -73,11 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         for run in ("a", "b"):
             if node is not None:
                 stop_node(node)
-            node, address = start_node(broker.address, redis_svc.address, "bench", "bench", work / f"node-{run}",
-                                       work / f"node-{run}.log")
+            node, address, read_address = start_node(broker.address, redis_svc.address, "bench", "bench",
+                                                     work / f"node-{run}", work / f"node-{run}.log")
             waited = wait_restored(node, address, PARTITIONS, 600)
             restores.append((waited["seconds"], waited["cpu_s"], waited["from_listening_s"]))
-        stub = store_pb2_grpc.StoreNodeStub(grpc.insecure_channel(address))
         restore, restore_cpu, from_listening = min(restores)
         print(f"store node restore: {args.records / restore:,.0f} records/s ({restore:.2f}s from every replica "
               f"assigned to every replica caught up, best of 2; {from_listening:.2f}s from listening); "
@@ -85,20 +84,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"restore / raw consume: {raw / restore:.2f} by wall clock, {raw_cpu / restore_cpu:.2f} by CPU time")
 
         keys = [f"key-{i}".encode() for i in range(args.keys)]
-        for batch, rounds in ((1, 3000), (10, 2000), (100, 300)):
-            requests = [store_pb2.ReadBatch(reads=[
-                store_pb2.KeyRead(id=j, table="bench", key=keys[(r * batch + j) % args.keys],
-                                  partition=partition_for(keys[(r * batch + j) % args.keys], PARTITIONS))
-                for j in range(batch)]) for r in range(rounds)]
-            start = time.monotonic()
-            ok = sum(x.status == store_pb2.OK for b in stub.Read(iter(requests), timeout=300) for x in b.results)
-            took = time.monotonic() - start
-            print(f"Read stream, {batch} per batch: {batch * rounds / took:,.0f} reads/s ({ok} OK)")
-        start = time.monotonic()
-        for i in range(1000):
-            stub.Get(store_pb2.KeyRead(table="bench", key=keys[i], partition=partition_for(keys[i], PARTITIONS)),
-                     timeout=5)
-        print(f"unary Get: {1000 / (time.monotonic() - start):,.0f} reads/s")
+        for batch in (1, 10, 100):
+            reads = store_pb2.ReadBatch(reads=[
+                store_pb2.KeyRead(id=j, table="bench", key=keys[j % args.keys],
+                                  partition=partition_for(keys[j % args.keys], PARTITIONS)) for j in range(batch)])
+            assert all(x.status == store_pb2.OK for x in read_batch(read_address, reads).results)
+            rate = throughput(read_address, reads, connections=2, in_flight=4, duration_s=3.0)
+            print(f"read port, {batch} per batch: {rate * batch:,.0f} reads/s ({rate:,.0f} batches/s)")
     finally:
         if node is not None:
             stop_node(node)

@@ -109,9 +109,9 @@ def cpu_s(pid: int | None = None) -> float:
 
 def start_node(bootstrap: str, redis_url: str, namespace: str, node_id: str, data_dir: Path,
                log_path: Path, timeout_s: float = 60.0, *, env: dict[str, str] | None = None,
-               prefix: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
-    """A store node process of its own in ``namespace``; returns it and the address it listens on. ``env`` adds to its
-    environment; ``prefix`` runs it through a command (which must exec it, so that the pid is the node's)."""
+               prefix: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str, str]:
+    """A store node process of its own in ``namespace``; returns it, its gRPC address and its read port's. ``env`` adds
+    to its environment; ``prefix`` runs it through a command (which must exec it, so that the pid is the node's)."""
     env = {**os.environ, **(env or {}), "FRESHROUTE_NODE_ID": node_id, "FRESHROUTE_BOOTSTRAP_SERVERS": bootstrap,
            "FRESHROUTE_REDIS_URL": redis_url, "FRESHROUTE_NAMESPACE": namespace, "FRESHROUTE_DATA_DIR": str(data_dir),
            # The node of the previous round (same id) is declared dead at once, and a node
@@ -134,7 +134,9 @@ def start_node(bootstrap: str, redis_url: str, namespace: str, node_id: str, dat
         stop_node(node)
         tail = log_path.read_bytes()[-500:].decode("utf-8", "replace") if log_path.exists() else ""
         raise RuntimeError(f"store node {node_id} did not start: {tail}")
-    return node, line.decode().split()[-1]
+    # "store-node ID listening on HOST:PORT, read port HOST:PORT"
+    address, read_address = line.decode().split(" listening on ")[1].strip().split(", read port ")
+    return node, address, read_address
 
 
 def start_router(redis_url: str, namespace: str, log_path: Path) -> tuple[subprocess.Popen, str]:
@@ -280,7 +282,7 @@ class ScratchChangelog:
         self._rounds += 1
         data = self.work / f"restore-node-{self._rounds}"
         log_path = self.work / f"restore-node-{self._rounds}.log"
-        node, address = start_node(self.bootstrap, self.redis_url, self.namespace, "restore-bench", data, log_path)
+        node, address, _ = start_node(self.bootstrap, self.redis_url, self.namespace, "restore-bench", data, log_path)
         try:
             waited = wait_restored(node, address, self.spec.partitions, timeout_s, progress)
         finally:

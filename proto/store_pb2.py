@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11proto/store.proto\x12\x13\x66reshroute.store.v1\"u\n\tReadBound\x12\x14\n\x07max_lag\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x1d\n\x10max_staleness_ms\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x12\n\nmin_offset\x18\x03 \x01(\x03\x42\n\n\x08_max_lagB\x13\n\x11_max_staleness_ms\"\x89\x02\n\rReplicaStatus\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\'\n\x04role\x18\x02 \x01(\x0e\x32\x19.freshroute.store.v1.Role\x12\x30\n\x05state\x18\x03 \x01(\x0e\x32!.freshroute.store.v1.ReplicaState\x12\x16\n\x0e\x61pplied_offset\x18\x04 \x01(\x03\x12\x17\n\nend_offset\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x0blag_offsets\x18\x06 \x01(\x03H\x01\x88\x01\x01\x12\x14\n\x0cstaleness_ms\x18\x07 \x01(\x03\x12\x0f\n\x07\x66\x61ilure\x18\x08 \x01(\tB\r\n\x0b_end_offsetB\x0e\n\x0c_lag_offsets\"s\n\x07KeyRead\x12\n\n\x02id\x18\x01 \x01(\x04\x12\r\n\x05table\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\x12\x0b\n\x03key\x18\x04 \x01(\x0c\x12-\n\x05\x62ound\x18\x05 \x01(\x0b\x32\x1e.freshroute.store.v1.ReadBound\"\x9d\x01\n\tKeyResult\x12\n\n\x02id\x18\x01 \x01(\x04\x12/\n\x06status\x18\x02 \x01(\x0e\x32\x1f.freshroute.store.v1.ReadStatus\x12\r\n\x05value\x18\x03 \x01(\x0c\x12\x33\n\x07replica\x18\x04 \x01(\x0b\x32\".freshroute.store.v1.ReplicaStatus\x12\x0f\n\x07message\x18\x05 \x01(\t\"v\n\tGroupRead\x12\n\n\x02id\x18\x01 \x01(\x04\x12\r\n\x05table\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\x12\x0c\n\x04keys\x18\x04 \x03(\x0c\x12-\n\x05\x62ound\x18\x05 \x01(\x0b\x32\x1e.freshroute.store.v1.ReadBound\"\xa0\x01\n\x0bGroupResult\x12\n\n\x02id\x18\x01 \x01(\x04\x12/\n\x06status\x18\x02 \x01(\x0e\x32\x1f.freshroute.store.v1.ReadStatus\x12\x0e\n\x06values\x18\x03 \x03(\x0c\x12\x33\n\x07replica\x18\x04 \x01(\x0b\x32\".freshroute.store.v1.ReplicaStatus\x12\x0f\n\x07message\x18\x05 \x01(\t\"?\n\x0cWindowFilter\x12\x0f\n\x07\x66rom_ms\x18\x01 \x01(\x03\x12\r\n\x05to_ms\x18\x02 \x01(\x03\x12\x0f\n\x07life_ms\x18\x03 \x01(\x03\"\xc6\x01\n\tRangeRead\x12\n\n\x02id\x18\x01 \x01(\x04\x12\r\n\x05table\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\x12\r\n\x05start\x18\x04 \x01(\x0c\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x0c\x12\r\n\x05limit\x18\x06 \x01(\r\x12-\n\x05\x62ound\x18\x07 \x01(\x0b\x32\x1e.freshroute.store.v1.ReadBound\x12\x31\n\x06window\x18\x08 \x01(\x0b\x32!.freshroute.store.v1.WindowFilter\"\xd7\x01\n\x0bRangeResult\x12\n\n\x02id\x18\x01 \x01(\x04\x12/\n\x06status\x18\x02 \x01(\x0e\x32\x1f.freshroute.store.v1.ReadStatus\x12/\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x1e.freshroute.store.v1.ScanEntry\x12\x33\n\x07replica\x18\x04 \x01(\x0b\x32\".freshroute.store.v1.ReplicaStatus\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x14\n\x0cwatermark_ms\x18\x06 \x01(\x03\"\xb0\x01\n\tReadBatch\x12+\n\x05reads\x18\x01 \x03(\x0b\x32\x1c.freshroute.store.v1.KeyRead\x12.\n\x06groups\x18\x02 \x03(\x0b\x32\x1e.freshroute.store.v1.GroupRead\x12.\n\x06ranges\x18\x04 \x03(\x0b\x32\x1e.freshroute.store.v1.RangeRead\x12\x16\n\x0e\x63luster_secret\x18\x03 \x01(\t\"\xb3\x01\n\x0bResultBatch\x12/\n\x07results\x18\x01 \x03(\x0b\x32\x1e.freshroute.store.v1.KeyResult\x12\x30\n\x06groups\x18\x02 \x03(\x0b\x32 .freshroute.store.v1.GroupResult\x12\x30\n\x06ranges\x18\x04 \x03(\x0b\x32 .freshroute.store.v1.RangeResult\x12\x0f\n\x07refused\x18\x03 \x01(\t\"\x99\x01\n\x0bScanRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06prefix\x18\x03 \x01(\x0c\x12\r\n\x05start\x18\x04 \x01(\x0c\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x0c\x12\r\n\x05limit\x18\x06 \x01(\r\x12-\n\x05\x62ound\x18\x07 \x01(\x0b\x32\x1e.freshroute.store.v1.ReadBound\"\'\n\tScanEntry\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x0c\"\xb3\x01\n\tScanChunk\x12/\n\x06status\x18\x01 \x01(\x0e\x32\x1f.freshroute.store.v1.ReadStatus\x12/\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x1e.freshroute.store.v1.ScanEntry\x12\x33\n\x07replica\x18\x03 \x01(\x0b\x32\".freshroute.store.v1.ReplicaStatus\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x0f\n\rStatusRequest\"k\n\x0fReplicaCounters\x12\x17\n\x0frecords_applied\x18\x01 \x01(\x03\x12\x17\n\x0frecords_skipped\x18\x02 \x01(\x03\x12\x10\n\x08restores\x18\x03 \x01(\x03\x12\x14\n\x0cresumed_from\x18\x04 \x01(\x03\"\xaa\x01\n\nNodeStatus\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x34\n\x08replicas\x18\x02 \x03(\x0b\x32\".freshroute.store.v1.ReplicaStatus\x12\x0e\n\x06tables\x18\x03 \x03(\t\x12\x36\n\x08\x63ounters\x18\x04 \x03(\x0b\x32$.freshroute.store.v1.ReplicaCounters\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08*5\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\n\n\x06\x41\x43TIVE\x10\x01\x12\x0b\n\x07STANDBY\x10\x02*i\n\x0cReplicaState\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\r\n\tRESTORING\x10\x01\x12\x12\n\x0eSERVING_ACTIVE\x10\x02\x12\x13\n\x0fSERVING_STANDBY\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04*M\n\nReadStatus\x12\x06\n\x02OK\x10\x00\x12\r\n\tNOT_FOUND\x10\x01\x12\r\n\tTOO_STALE\x10\x02\x12\x0e\n\nNOT_HOSTED\x10\x03\x12\t\n\x05\x45RROR\x10\x04\x32\x87\x03\n\tStoreNode\x12\x43\n\x03Get\x12\x1c.freshroute.store.v1.KeyRead\x1a\x1e.freshroute.store.v1.KeyResult\x12L\n\x08\x42\x61tchGet\x12\x1e.freshroute.store.v1.ReadBatch\x1a .freshroute.store.v1.ResultBatch\x12L\n\x04Read\x12\x1e.freshroute.store.v1.ReadBatch\x1a .freshroute.store.v1.ResultBatch(\x01\x30\x01\x12J\n\x04Scan\x12 .freshroute.store.v1.ScanRequest\x1a\x1e.freshroute.store.v1.ScanChunk0\x01\x12M\n\x06Status\x12\".freshroute.store.v1.StatusRequest\x1a\x1f.freshroute.store.v1.NodeStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11proto/store.proto\x12\x13\x66reshroute.store.v1\"u\n\tReadBound\x12\x14\n\x07max_lag\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x1d\n\x10max_staleness_ms\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x12\n\nmin_offset\x18\x03 \x01(\x03\x42\n\n\x08_max_lagB\x13\n\x11_max_staleness_ms\"\x89\x02\n\rReplicaStatus\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\'\n\x04role\x18\x02 \x01(\x0e\x32\x19.freshroute.store.v1.Role\x12\x30\n\x05state\x18\x03 \x01(\x0e\x32!.freshroute.store.v1.ReplicaState\x12\x16\n\x0e\x61pplied_offset\x18\x04 \x01(\x03\x12\x17\n\nend_offset\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x0blag_offsets\x18\x06 \x01(\x03H\x01\x88\x01\x01\x12\x14\n\x0cstaleness_ms\x18\x07 \x01(\x03\x12\x0f\n\x07\x66\x61ilure\x18\x08 \x01(\tB\r\n\x0b_end_offsetB\x0e\n\x0c_lag_offsets\"s\n\x07KeyRead\x12\n\n\x02id\x18\x01 \x01(\x04\x12\r\n\x05table\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\x12\x0b\n\x03key\x18\x04 \x01(\x0c\x12-\n\x05\x62ound\x18\x05 \x01(\x0b\x32\x1e.freshroute.store.v1.ReadBound\"\x9d\x01\n\tKeyResult\x12\n\n\x02id\x18\x01 \x01(\x04\x12/\n\x06status\x18\x02 \x01(\x0e\x32\x1f.freshroute.store.v1.ReadStatus\x12\r\n\x05value\x18\x03 \x01(\x0c\x12\x33\n\x07replica\x18\x04 \x01(\x0b\x32\".freshroute.store.v1.ReplicaStatus\x12\x0f\n\x07message\x18\x05 \x01(\t\"v\n\tGroupRead\x12\n\n\x02id\x18\x01 \x01(\x04\x12\r\n\x05table\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\x12\x0c\n\x04keys\x18\x04 \x03(\x0c\x12-\n\x05\x62ound\x18\x05 \x01(\x0b\x32\x1e.freshroute.store.v1.ReadBound\"\xa0\x01\n\x0bGroupResult\x12\n\n\x02id\x18\x01 \x01(\x04\x12/\n\x06status\x18\x02 \x01(\x0e\x32\x1f.freshroute.store.v1.ReadStatus\x12\x0e\n\x06values\x18\x03 \x03(\x0c\x12\x33\n\x07replica\x18\x04 \x01(\x0b\x32\".freshroute.store.v1.ReplicaStatus\x12\x0f\n\x07message\x18\x05 \x01(\t\"?\n\x0cWindowFilter\x12\x0f\n\x07\x66rom_ms\x18\x01 \x01(\x03\x12\r\n\x05to_ms\x18\x02 \x01(\x03\x12\x0f\n\x07life_ms\x18\x03 \x01(\x03\"\xc6\x01\n\tRangeRead\x12\n\n\x02id\x18\x01 \x01(\x04\x12\r\n\x05table\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\x12\r\n\x05start\x18\x04 \x01(\x0c\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x0c\x12\r\n\x05limit\x18\x06 \x01(\r\x12-\n\x05\x62ound\x18\x07 \x01(\x0b\x32\x1e.freshroute.store.v1.ReadBound\x12\x31\n\x06window\x18\x08 \x01(\x0b\x32!.freshroute.store.v1.WindowFilter\"\'\n\tScanEntry\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x0c\"\xd7\x01\n\x0bRangeResult\x12\n\n\x02id\x18\x01 \x01(\x04\x12/\n\x06status\x18\x02 \x01(\x0e\x32\x1f.freshroute.store.v1.ReadStatus\x12/\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x1e.freshroute.store.v1.ScanEntry\x12\x33\n\x07replica\x18\x04 \x01(\x0b\x32\".freshroute.store.v1.ReplicaStatus\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x14\n\x0cwatermark_ms\x18\x06 \x01(\x03\"\xb0\x01\n\tReadBatch\x12+\n\x05reads\x18\x01 \x03(\x0b\x32\x1c.freshroute.store.v1.KeyRead\x12.\n\x06groups\x18\x02 \x03(\x0b\x32\x1e.freshroute.store.v1.GroupRead\x12.\n\x06ranges\x18\x04 \x03(\x0b\x32\x1e.freshroute.store.v1.RangeRead\x12\x16\n\x0e\x63luster_secret\x18\x03 \x01(\t\"\xb3\x01\n\x0bResultBatch\x12/\n\x07results\x18\x01 \x03(\x0b\x32\x1e.freshroute.store.v1.KeyResult\x12\x30\n\x06groups\x18\x02 \x03(\x0b\x32 .freshroute.store.v1.GroupResult\x12\x30\n\x06ranges\x18\x04 \x03(\x0b\x32 .freshroute.store.v1.RangeResult\x12\x0f\n\x07refused\x18\x03 \x01(\t\"\x0f\n\rStatusRequest\"k\n\x0fReplicaCounters\x12\x17\n\x0frecords_applied\x18\x01 \x01(\x03\x12\x17\n\x0frecords_skipped\x18\x02 \x01(\x03\x12\x10\n\x08restores\x18\x03 \x01(\x03\x12\x14\n\x0cresumed_from\x18\x04 \x01(\x03\"\xaa\x01\n\nNodeStatus\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x34\n\x08replicas\x18\x02 \x03(\x0b\x32\".freshroute.store.v1.ReplicaStatus\x12\x0e\n\x06tables\x18\x03 \x03(\t\x12\x36\n\x08\x63ounters\x18\x04 \x03(\x0b\x32$.freshroute.store.v1.ReplicaCounters\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08*5\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\n\n\x06\x41\x43TIVE\x10\x01\x12\x0b\n\x07STANDBY\x10\x02*i\n\x0cReplicaState\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\r\n\tRESTORING\x10\x01\x12\x12\n\x0eSERVING_ACTIVE\x10\x02\x12\x13\n\x0fSERVING_STANDBY\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04*M\n\nReadStatus\x12\x06\n\x02OK\x10\x00\x12\r\n\tNOT_FOUND\x10\x01\x12\r\n\tTOO_STALE\x10\x02\x12\x0e\n\nNOT_HOSTED\x10\x03\x12\t\n\x05\x45RROR\x10\x04\x32Z\n\tStoreNode\x12M\n\x06Status\x12\".freshroute.store.v1.StatusRequest\x1a\x1f.freshroute.store.v1.NodeStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.store_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROLE']._serialized_start=2512
-  _globals['_ROLE']._serialized_end=2565
-  _globals['_REPLICASTATE']._serialized_start=2567
-  _globals['_REPLICASTATE']._serialized_end=2672
-  _globals['_READSTATUS']._serialized_start=2674
-  _globals['_READSTATUS']._serialized_end=2751
+  _globals['_ROLE']._serialized_start=2174
+  _globals['_ROLE']._serialized_end=2227
+  _globals['_REPLICASTATE']._serialized_start=2229
+  _globals['_REPLICASTATE']._serialized_end=2334
+  _globals['_READSTATUS']._serialized_start=2336
+  _globals['_READSTATUS']._serialized_end=2413
   _globals['_READBOUND']._serialized_start=42
   _globals['_READBOUND']._serialized_end=159
   _globals['_REPLICASTATUS']._serialized_start=162
@@ -53,24 +53,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WINDOWFILTER']._serialized_end=1052
   _globals['_RANGEREAD']._serialized_start=1055
   _globals['_RANGEREAD']._serialized_end=1253
-  _globals['_RANGERESULT']._serialized_start=1256
-  _globals['_RANGERESULT']._serialized_end=1471
-  _globals['_READBATCH']._serialized_start=1474
-  _globals['_READBATCH']._serialized_end=1650
-  _globals['_RESULTBATCH']._serialized_start=1653
-  _globals['_RESULTBATCH']._serialized_end=1832
-  _globals['_SCANREQUEST']._serialized_start=1835
-  _globals['_SCANREQUEST']._serialized_end=1988
-  _globals['_SCANENTRY']._serialized_start=1990
-  _globals['_SCANENTRY']._serialized_end=2029
-  _globals['_SCANCHUNK']._serialized_start=2032
-  _globals['_SCANCHUNK']._serialized_end=2211
-  _globals['_STATUSREQUEST']._serialized_start=2213
-  _globals['_STATUSREQUEST']._serialized_end=2228
-  _globals['_REPLICACOUNTERS']._serialized_start=2230
-  _globals['_REPLICACOUNTERS']._serialized_end=2337
-  _globals['_NODESTATUS']._serialized_start=2340
-  _globals['_NODESTATUS']._serialized_end=2510
-  _globals['_STORENODE']._serialized_start=2754
-  _globals['_STORENODE']._serialized_end=3145
+  _globals['_SCANENTRY']._serialized_start=1255
+  _globals['_SCANENTRY']._serialized_end=1294
+  _globals['_RANGERESULT']._serialized_start=1297
+  _globals['_RANGERESULT']._serialized_end=1512
+  _globals['_READBATCH']._serialized_start=1515
+  _globals['_READBATCH']._serialized_end=1691
+  _globals['_RESULTBATCH']._serialized_start=1694
+  _globals['_RESULTBATCH']._serialized_end=1873
+  _globals['_STATUSREQUEST']._serialized_start=1875
+  _globals['_STATUSREQUEST']._serialized_end=1890
+  _globals['_REPLICACOUNTERS']._serialized_start=1892
+  _globals['_REPLICACOUNTERS']._serialized_end=1999
+  _globals['_NODESTATUS']._serialized_start=2002
+  _globals['_NODESTATUS']._serialized_end=2172
+  _globals['_STORENODE']._serialized_start=2415
+  _globals['_STORENODE']._serialized_end=2505
 # @@protoc_insertion_point(module_scope)

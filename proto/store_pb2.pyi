@@ -158,6 +158,14 @@ class RangeRead(_message.Message):
     window: WindowFilter
     def __init__(self, id: _Optional[int] = ..., table: _Optional[str] = ..., partition: _Optional[int] = ..., start: _Optional[bytes] = ..., end: _Optional[bytes] = ..., limit: _Optional[int] = ..., bound: _Optional[_Union[ReadBound, _Mapping]] = ..., window: _Optional[_Union[WindowFilter, _Mapping]] = ...) -> None: ...
 
+class ScanEntry(_message.Message):
+    __slots__ = ("key", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    value: bytes
+    def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ...) -> None: ...
+
 class RangeResult(_message.Message):
     __slots__ = ("id", "status", "entries", "replica", "message", "watermark_ms")
     ID_FIELD_NUMBER: _ClassVar[int]
@@ -197,44 +205,6 @@ class ResultBatch(_message.Message):
     ranges: _containers.RepeatedCompositeFieldContainer[RangeResult]
     refused: str
     def __init__(self, results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupResult, _Mapping]]] = ..., ranges: _Optional[_Iterable[_Union[RangeResult, _Mapping]]] = ..., refused: _Optional[str] = ...) -> None: ...
-
-class ScanRequest(_message.Message):
-    __slots__ = ("table", "partition", "prefix", "start", "end", "limit", "bound")
-    TABLE_FIELD_NUMBER: _ClassVar[int]
-    PARTITION_FIELD_NUMBER: _ClassVar[int]
-    PREFIX_FIELD_NUMBER: _ClassVar[int]
-    START_FIELD_NUMBER: _ClassVar[int]
-    END_FIELD_NUMBER: _ClassVar[int]
-    LIMIT_FIELD_NUMBER: _ClassVar[int]
-    BOUND_FIELD_NUMBER: _ClassVar[int]
-    table: str
-    partition: int
-    prefix: bytes
-    start: bytes
-    end: bytes
-    limit: int
-    bound: ReadBound
-    def __init__(self, table: _Optional[str] = ..., partition: _Optional[int] = ..., prefix: _Optional[bytes] = ..., start: _Optional[bytes] = ..., end: _Optional[bytes] = ..., limit: _Optional[int] = ..., bound: _Optional[_Union[ReadBound, _Mapping]] = ...) -> None: ...
-
-class ScanEntry(_message.Message):
-    __slots__ = ("key", "value")
-    KEY_FIELD_NUMBER: _ClassVar[int]
-    VALUE_FIELD_NUMBER: _ClassVar[int]
-    key: bytes
-    value: bytes
-    def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ...) -> None: ...
-
-class ScanChunk(_message.Message):
-    __slots__ = ("status", "entries", "replica", "message")
-    STATUS_FIELD_NUMBER: _ClassVar[int]
-    ENTRIES_FIELD_NUMBER: _ClassVar[int]
-    REPLICA_FIELD_NUMBER: _ClassVar[int]
-    MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    status: ReadStatus
-    entries: _containers.RepeatedCompositeFieldContainer[ScanEntry]
-    replica: ReplicaStatus
-    message: str
-    def __init__(self, status: _Optional[_Union[ReadStatus, str]] = ..., entries: _Optional[_Iterable[_Union[ScanEntry, _Mapping]]] = ..., replica: _Optional[_Union[ReplicaStatus, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

@@ -34,26 +34,6 @@ class StoreNodeStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Get = channel.unary_unary(
-                '/freshroute.store.v1.StoreNode/Get',
-                request_serializer=proto_dot_store__pb2.KeyRead.SerializeToString,
-                response_deserializer=proto_dot_store__pb2.KeyResult.FromString,
-                _registered_method=True)
-        self.BatchGet = channel.unary_unary(
-                '/freshroute.store.v1.StoreNode/BatchGet',
-                request_serializer=proto_dot_store__pb2.ReadBatch.SerializeToString,
-                response_deserializer=proto_dot_store__pb2.ResultBatch.FromString,
-                _registered_method=True)
-        self.Read = channel.stream_stream(
-                '/freshroute.store.v1.StoreNode/Read',
-                request_serializer=proto_dot_store__pb2.ReadBatch.SerializeToString,
-                response_deserializer=proto_dot_store__pb2.ResultBatch.FromString,
-                _registered_method=True)
-        self.Scan = channel.unary_stream(
-                '/freshroute.store.v1.StoreNode/Scan',
-                request_serializer=proto_dot_store__pb2.ScanRequest.SerializeToString,
-                response_deserializer=proto_dot_store__pb2.ScanChunk.FromString,
-                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/freshroute.store.v1.StoreNode/Status',
                 request_serializer=proto_dot_store__pb2.StatusRequest.SerializeToString,
@@ -64,32 +44,6 @@ class StoreNodeStub:
 class StoreNodeServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def Get(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def BatchGet(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Read(self, request_iterator, context):
-        """Long-lived multiplexed lookups: the router keeps one stream per node and
-        sends batches of reads; results come back in batches, matched by id.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Scan(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -99,26 +53,6 @@ class StoreNodeServicer:
 
 def add_StoreNodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Get': grpc.unary_unary_rpc_method_handler(
-                    servicer.Get,
-                    request_deserializer=proto_dot_store__pb2.KeyRead.FromString,
-                    response_serializer=proto_dot_store__pb2.KeyResult.SerializeToString,
-            ),
-            'BatchGet': grpc.unary_unary_rpc_method_handler(
-                    servicer.BatchGet,
-                    request_deserializer=proto_dot_store__pb2.ReadBatch.FromString,
-                    response_serializer=proto_dot_store__pb2.ResultBatch.SerializeToString,
-            ),
-            'Read': grpc.stream_stream_rpc_method_handler(
-                    servicer.Read,
-                    request_deserializer=proto_dot_store__pb2.ReadBatch.FromString,
-                    response_serializer=proto_dot_store__pb2.ResultBatch.SerializeToString,
-            ),
-            'Scan': grpc.unary_stream_rpc_method_handler(
-                    servicer.Scan,
-                    request_deserializer=proto_dot_store__pb2.ScanRequest.FromString,
-                    response_serializer=proto_dot_store__pb2.ScanChunk.SerializeToString,
-            ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
                     request_deserializer=proto_dot_store__pb2.StatusRequest.FromString,
@@ -134,114 +68,6 @@ def add_StoreNodeServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class StoreNode:
     """Missing associated documentation comment in .proto file."""
-
-    @staticmethod
-    def Get(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/freshroute.store.v1.StoreNode/Get',
-            proto_dot_store__pb2.KeyRead.SerializeToString,
-            proto_dot_store__pb2.KeyResult.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def BatchGet(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/freshroute.store.v1.StoreNode/BatchGet',
-            proto_dot_store__pb2.ReadBatch.SerializeToString,
-            proto_dot_store__pb2.ResultBatch.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Read(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/freshroute.store.v1.StoreNode/Read',
-            proto_dot_store__pb2.ReadBatch.SerializeToString,
-            proto_dot_store__pb2.ResultBatch.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Scan(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
-            target,
-            '/freshroute.store.v1.StoreNode/Scan',
-            proto_dot_store__pb2.ScanRequest.SerializeToString,
-            proto_dot_store__pb2.ScanChunk.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
 
     @staticmethod
     def Status(request,

@@ -150,7 +150,7 @@ async def serve(settings: StoreNodeSettings, stop: asyncio.Event | None = None) 
         log.info("store node %s serving on %s, read port %s (data in %s)%s%s", settings.node_id, address,
                  read_address, settings.replica_root, " over TLS" if grpc_tls else "",
                  " to peers with the cluster secret" if settings.cluster_secret_file else "")
-        print(f"store-node {settings.node_id} listening on {address}", flush=True)
+        print(f"store-node {settings.node_id} listening on {address}, read port {read_address}", flush=True)
         await loop.run_in_executor(None, node.join, address, read_address)
         health_task = asyncio.create_task(node.health.run())
         await stop.wait()

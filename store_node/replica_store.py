@@ -67,25 +67,6 @@ def _bytes(value: int) -> bytes:
     return value.to_bytes(8, "big", signed=True)
 
 
-def prefix_end(prefix: bytes) -> bytes | None:
-    """The smallest key greater than every key starting with ``prefix`` (None: unbounded)."""
-    stripped = prefix.rstrip(b"\xff")
-    if not stripped:
-        return None
-    return stripped[:-1] + bytes([stripped[-1] + 1])
-
-
-def scan_range(prefix: bytes, start: bytes, end: bytes) -> tuple[bytes, bytes | None]:
-    """Intersect a prefix with ``[start, end)``; an empty ``end`` is unbounded."""
-    lower = max(prefix, start)
-    upper = end or None
-    if prefix:
-        p_end = prefix_end(prefix)
-        if p_end is not None and (upper is None or p_end < upper):
-            upper = p_end
-    return lower, upper
-
-
 class StoreMemory:
     """The RocksDB memory of one store node, shared by all its replicas: one block cache, and the memtables
     charged to it, so that however many replicas and keys a node hosts its RocksDB memory stays within

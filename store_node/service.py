@@ -1,17 +1,22 @@
-"""The store node's internal gRPC API: reads of the table-partitions it hosts.
+"""How a store node answers: reads of the table-partitions it hosts, and its gRPC service.
 
-Every answer carries the answering replica's status (role, state, position, lag); a read
-the replica cannot answer within the caller's bound is refused with TOO_STALE, never
-answered out of bound. ``Read`` is the router's hot path — a long-lived stream of batches —
-so it computes each replica's status once per batch and logs nothing on success. RocksDB
-point reads take microseconds, so they run directly on the event loop.
+Reads — keys, groups of keys, key ranges — have one door, the read port
+(:mod:`store_node.read_port`), where routers and clients send batches on long-lived
+connections; :meth:`StoreNodeService.reader` answers them. Every answer carries the answering
+replica's status (role, state, position, lag); a read the replica cannot answer within the
+caller's bound is refused with TOO_STALE, never answered out of bound. Each replica's status
+is computed once per batch and nothing is logged on success; RocksDB point reads take
+microseconds, so they run directly on the event loop.
+
+gRPC stays for what is not a read: ``Status`` (every replica's lag and counters, for tools
+and tests), the standard health service that orchestrators probe, and reflection (grpcurl).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, AsyncIterator, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -22,7 +27,6 @@ from freshroute.metadata import ReplicaState, Role, now_ms
 from freshroute.routing.bound import Bound
 from freshroute.windows import WATERMARK_KEY, live_starts, parse_watermark
 from proto import store_pb2, store_pb2_grpc
-from store_node.replica_store import scan_range
 
 if TYPE_CHECKING:
     from freshroute.tls import ServerTLS
@@ -33,7 +37,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = store_pb2.DESCRIPTOR.services_by_name["StoreNode"].full_name
-SCAN_CHUNK = 512
 
 _ROLE = {Role.ACTIVE: store_pb2.ACTIVE, Role.STANDBY: store_pb2.STANDBY}
 _STATE = {ReplicaState.RESTORING: store_pb2.RESTORING, ReplicaState.ACTIVE: store_pb2.SERVING_ACTIVE,
@@ -86,9 +89,8 @@ class _Reader:
         self.statuses[key] = (seen, status)
         return rep, store, figures, status
 
-    def admit(self, read: store_pb2.KeyRead | store_pb2.GroupRead | store_pb2.RangeRead | store_pb2.ScanRequest,
-              out: store_pb2.KeyResult | store_pb2.GroupResult | store_pb2.RangeResult | store_pb2.ScanChunk
-              ) -> tuple | None:
+    def admit(self, read: store_pb2.KeyRead | store_pb2.GroupRead | store_pb2.RangeRead,
+              out: store_pb2.KeyResult | store_pb2.GroupResult | store_pb2.RangeResult) -> tuple | None:
         """Fill ``out``'s replica status; (replica, store) when the read may be answered, else None
         with ``out`` saying why (not hosted, being rebuilt, or outside the caller's bound)."""
         table, partition = read.table, read.partition
@@ -157,7 +159,7 @@ class _Reader:
         if admitted is None:
             return
         rep, store = admitted
-        lower, upper = scan_range(b"", read.start, read.end)
+        lower, upper = read.start, read.end or None  # an empty end is unbounded
         try:
             keep = None
             if read.HasField("window"):
@@ -213,7 +215,7 @@ class HostedReplicas(Protocol):
 
 
 class StoreNodeService(store_pb2_grpc.StoreNodeServicer):
-    """Reads of hosted replicas, bounded by each caller's freshness bound."""
+    """Readers of the replicas hosted now (for the read port), and the node's status over gRPC."""
 
     def __init__(self, node: HostedReplicas, clock: Callable[[], int] = now_ms) -> None:
         self._node = node
@@ -224,57 +226,6 @@ class StoreNodeService(store_pb2_grpc.StoreNodeServicer):
     def reader(self) -> _Reader:
         """A reader over the replicas hosted now, with the clock read once."""
         return _Reader(self._node_id, self._node.serving, self._clock(), self._statuses)
-
-    async def Get(self, request: store_pb2.KeyRead, context) -> store_pb2.KeyResult:
-        result = store_pb2.KeyResult()
-        self.reader().read(request, result)
-        return result
-
-    async def BatchGet(self, request: store_pb2.ReadBatch, context) -> store_pb2.ResultBatch:
-        return self.reader().results(request)
-
-    async def Read(self, request_iterator: AsyncIterator[store_pb2.ReadBatch], context) -> None:
-        # Every batch is answered by exactly one batch, in order: the router counts the
-        # reads a stream has not answered yet. context.read()/write() rather than iterating
-        # and yielding: grpc.aio's generator wrappers cost ~15% of a batch's CPU.
-        while (batch := await context.read()) is not grpc.aio.EOF:
-            await context.write(self.reader().results(batch))
-
-    async def Scan(self, request: store_pb2.ScanRequest, context) -> AsyncIterator[store_pb2.ScanChunk]:
-        refused = store_pb2.ScanChunk()
-        admitted = self.reader().admit(request, refused)
-        if admitted is None:
-            yield refused
-            return
-        rep, store = admitted
-        epoch = rep.epoch
-        status = refused.replica
-        lower, upper = scan_range(request.prefix, request.start, request.end)
-        remaining = request.limit or None
-        sent_any = False
-        while True:
-            n = SCAN_CHUNK if remaining is None else min(SCAN_CHUNK, remaining)
-            if rep.store is not store or rep.epoch != epoch:
-                # Chunks after the first would mix two incarnations of the replica.
-                yield store_pb2.ScanChunk(status=_ERROR, replica=status,
-                                          message="replica was rebuilt or moved during the scan; retry")
-                return
-            try:
-                rows = store.scan(lower, upper, n) if n > 0 else []
-            except StoreCorrupt as e:
-                yield store_pb2.ScanChunk(status=_ERROR, replica=status, message=f"scan failed: {e.message}")
-                return
-            if rows or not sent_any:
-                yield store_pb2.ScanChunk(status=_OK, replica=status,
-                                          entries=[store_pb2.ScanEntry(key=k, value=v) for k, v in rows])
-                sent_any = True
-            if remaining is not None:
-                remaining -= len(rows)
-            if len(rows) < n or (remaining is not None and remaining <= 0):
-                return
-            lower = rows[-1][0] + b"\x00"
-            # Later chunks report the replica as it is when they are read (it only moves forward).
-            status = replica_status(self._node_id, rep, *rep.lag.figures(self._clock()))
 
     async def Status(self, request: store_pb2.StatusRequest, context) -> store_pb2.NodeStatus:
         now = self._clock()

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence, TypeVar
 from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound, NotWindowedTable,
                                ReplicaUnavailable, TableNotFound, WindowedTable)
 from freshroute.formats import bound_to_bytes, key_from_bytes, key_to_bytes
-from freshroute.keys import deserialize_key, key_bytes, not_a_batch, not_text, partition_for
+from freshroute.keys import deserialize_key, key_bytes, not_a_batch, not_text, partition_for, scan_range
 from freshroute.metadata import Role, TableSpec, now_ms
 from freshroute.routing.attempts import AttemptPlan, Attempts, LatencyWindow, NoMetrics, run, run_many
 from freshroute.routing.bound import NO_BOUND, Bound
@@ -288,9 +288,10 @@ class RoutingCore:
         # One more than the page from each partition tells whether another page exists.
         plans = [self.plan(table, p, bound, self._scan_latency, self._scan_timeout_s, now)
                  for p in range(spec.partitions)]
-        scan, timeout_s = self.store.scan, self._scan_timeout_s
-        outcomes = await run_many(plans, lambda p, c: scan(c.replica.address, table, p, pre, lo, hi, limit + 1, bound,
-                                                           timeout_s))
+        lower, upper = scan_range(pre, lo, hi)
+        read_range = self.store.read_range
+        outcomes = await run_many(plans, lambda p, c: read_range(c.replica.address, table, p, lower, upper or b"",
+                                                                 limit + 1, None, bound))
         parts: list[tuple[list[tuple[bytes, bytes]], LookupResult]] = []
         for p, (cand, answer) in enumerate(self._every_partition(outcomes, f"scan of {table}", table)):
             parts.append((sorted(answer.entries),

@@ -15,7 +15,7 @@ from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaSt
 
 from freshroute.routing.bound import Bound
 from freshroute.routing.snapshot import Snapshot, build_snapshot
-from freshroute.routing.store import (GroupResult, RangeResult, ReadResult, ReadStatus, ReplicaStatus, ScanResult,
+from freshroute.routing.store import (GroupResult, RangeResult, ReadResult, ReadStatus, ReplicaStatus,
                                       WindowFilter)
 from freshroute.windows import WATERMARK_KEY, live_starts, parse_watermark
 
@@ -146,17 +146,6 @@ class InMemoryStoreClient:
         if replica is None:
             return None, None, None
         return replica, node.status(table, partition), node.refusal(table, partition, bound)
-
-    async def scan(self, address: str, table: str, partition: int, prefix: bytes, start: bytes, end: bytes,
-                   limit: int, bound: Bound, timeout_s: float) -> ScanResult:
-        replica, status, why = await self._admitted(address, table, partition, bound)
-        if replica is None:
-            return ScanResult(ReadStatus.NOT_HOSTED, [])
-        if why is not None:
-            return ScanResult(ReadStatus.TOO_STALE, [], status, why)
-        keys = sorted(k for k in replica.data
-                      if k.startswith(prefix) and k >= start and (not end or k < end))
-        return ScanResult(ReadStatus.OK, [(k, replica.data[k]) for k in keys[:limit or None]], status)
 
     async def read_range(self, address: str, table: str, partition: int, start: bytes, end: bytes, limit: int,
                          window: WindowFilter | None, bound: Bound) -> RangeResult:

@@ -1,14 +1,14 @@
 """How the routing core talks to store nodes: a small Protocol, and its asyncio implementation for real nodes.
 
-Lookups travel over one long-lived read stream per node — length-prefixed frames on the
-node's read port (:mod:`freshroute.framing`), or the gRPC ``Read`` call of a node that
-offers none — and results are matched back by id. While few reads are unanswered on a
-stream, a read leaves at once; past that, reads wait and leave together as one
-``ReadBatch`` when an earlier batch is answered. Under load a message each way thus
-carries many lookups, while a lightly used stream adds no wait. If a stream breaks, every
-read in flight on it fails as retryable — the router then asks another replica — and the
-next read opens a new stream. Scans use the node's gRPC API. Both ways speak TLS and present
-the cluster secret as the :class:`NodeAccess` given says.
+Every read — a key, a batch's group of keys, a range (a key's windows, a page of a scan) —
+travels over one long-lived read stream per node: length-prefixed frames on the node's read
+port (:mod:`freshroute.framing`), results matched back by id. While few reads are unanswered
+on a stream, a read leaves at once; past that, reads wait and leave together as one
+``ReadBatch`` when an earlier batch is answered. Under load a message each way thus carries
+many lookups, while a lightly used stream adds no wait. If a stream breaks, every read in
+flight on it fails as retryable — the router then asks another replica — and the next read
+opens a new stream. It speaks TLS and presents the cluster secret as the :class:`NodeAccess`
+given says.
 """
 
 from __future__ import annotations
@@ -17,11 +17,9 @@ import asyncio
 import itertools
 import logging
 from collections import deque
-from dataclasses import dataclass
 from enum import IntEnum
 from typing import Awaitable, Iterator, Mapping, NamedTuple, Protocol
 
-import grpc
 from google.protobuf.message import DecodeError
 
 from freshroute.cluster_access import NodeAccess
@@ -29,7 +27,7 @@ from freshroute.errors import ReplicaUnavailable
 from freshroute.framing import FrameError, FrameReader, frame
 from freshroute.metadata import ReplicaState, Role
 from freshroute.routing.bound import Bound
-from proto import store_pb2, store_pb2_grpc
+from proto import store_pb2
 
 log = logging.getLogger("freshroute.routing.store")
 
@@ -61,14 +59,6 @@ class ReadResult(NamedTuple):
 
     status: ReadStatus
     value: bytes = b""  # the changelog value, JSON bytes, passed through untouched
-    replica: ReplicaStatus | None = None
-    message: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ScanResult:
-    status: ReadStatus
-    entries: list[tuple[bytes, bytes]]  # (key, value), ascending by key bytes
     replica: ReplicaStatus | None = None
     message: str = ""
 
@@ -121,9 +111,6 @@ class StoreClient(Protocol):
                    window: WindowFilter | None, bound: Bound) -> Awaitable[RangeResult]:
         """Up to ``limit`` rows of ``[start, end)`` of one partition from one replica (windows passing ``window``)."""
         ...
-
-    async def scan(self, address: str, table: str, partition: int, prefix: bytes, start: bytes, end: bytes,
-                   limit: int, bound: Bound, timeout_s: float) -> ScanResult: ...
 
     def track(self, read_addresses: Mapping[str, str | None]) -> None:
         """The nodes in the metadata: gRPC address → read port address (None: the node has none).
@@ -244,7 +231,7 @@ def results(batch: store_pb2.ResultBatch) -> Iterator[tuple[int, ReadResult]]:
             yield msg.id, ReadResult(_STATUSES.get(msg.status, ReadStatus.ERROR), msg.value, None, msg.message)
 
 
-class _ReadStream:
+class _ReadStream(asyncio.Protocol):
     """Reads and groups in flight on one connection to a node: an outbox flushed once per tick, and futures by id.
 
     Past a few unanswered reads, reads wait in the outbox and leave together when an answer
@@ -257,8 +244,13 @@ class _ReadStream:
     # arrives or the stream ends; past this many entries, done ones are swept.
     _SWEEP_AT = 4096
 
-    def __init__(self, address: str, max_unanswered: int) -> None:
+    # A node that does not answer a connect within this fails its reads as unavailable (the
+    # router moves on to another replica) instead of holding them for the OS's connect timeout.
+    _CONNECT_TIMEOUT_S = 2.0
+
+    def __init__(self, address: str, read_address: str, max_unanswered: int, access: NodeAccess) -> None:
         self.address = address
+        self.read_address = read_address
         self.broken = False
         self._pending: dict[int, asyncio.Future] = {}
         self._outbox: list[store_pb2.KeyRead] = []
@@ -271,6 +263,13 @@ class _ReadStream:
         self._max_unanswered = max_unanswered
         # Kept: asyncio.get_running_loop() costs a getpid() system call per read on Python 3.11.
         self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._frames = FrameReader()
+        self._flush_due = False
+        self._secret = access.secret  # goes with the first batch, then is dropped
+        host, port = read_address.rsplit(":", 1)
+        self._connecting = asyncio.create_task(self._connect(host.strip("[]"), int(port), access),
+                                               name=f"store-connect-{read_address}")
 
     def submit(self, read: store_pb2.KeyRead) -> asyncio.Future[ReadResult]:
         self._outbox.append(read)
@@ -291,10 +290,6 @@ class _ReadStream:
         self._pending[read_id] = fut
         self._wake()
         return fut
-
-    def _wake(self) -> None:
-        """Have the outbox flushed after the callbacks already queued in this tick: reads issued together leave together."""
-        raise NotImplementedError
 
     def _take(self) -> store_pb2.ReadBatch | None:
         """The next batch to send, if one may leave now."""
@@ -384,29 +379,7 @@ class _ReadStream:
                 fut.set_exception(ReplicaUnavailable(f"store node {self.address}: {reason}", address=self.address))
         self._disconnect()
 
-    def _disconnect(self) -> None:
-        raise NotImplementedError
-
-    async def close(self) -> None:
-        self._break(None)
-
-
-class _FrameStream(_ReadStream, asyncio.Protocol):
-    """A read stream on a node's read port: batches as length-prefixed frames on one TCP connection."""
-
-    # A node that does not answer a connect within this fails its reads as unavailable (the
-    # router moves on to another replica) instead of holding them for the OS's connect timeout.
-    _CONNECT_TIMEOUT_S = 2.0
-
-    def __init__(self, address: str, read_address: str, max_unanswered: int, access: NodeAccess) -> None:
-        super().__init__(address, max_unanswered)
-        self._transport: asyncio.Transport | None = None
-        self._frames = FrameReader()
-        self._flush_due = False
-        self._secret = access.secret  # goes with the first batch, then is dropped
-        host, port = read_address.rsplit(":", 1)
-        self._connecting = asyncio.create_task(self._connect(host.strip("[]"), int(port), access),
-                                               name=f"store-connect-{read_address}")
+    # ---- the connection ---------------------------------------------------------------------
 
     async def _connect(self, host: str, port: int, access: NodeAccess) -> None:
         loop = asyncio.get_running_loop()
@@ -426,6 +399,8 @@ class _FrameStream(_ReadStream, asyncio.Protocol):
         self._flush()
 
     def _wake(self) -> None:
+        """Have the outbox flushed after the callbacks already queued in this tick: reads issued together leave
+        together."""
         if self._flush_due:
             return
         if not self._unanswered:
@@ -470,139 +445,58 @@ class _FrameStream(_ReadStream, asyncio.Protocol):
         await asyncio.gather(self._connecting, return_exceptions=True)
 
 
-class _GrpcStream(_ReadStream):
-    """A read stream on a node's gRPC ``Read`` call, for nodes that offer no read port."""
-
-    def __init__(self, stub: store_pb2_grpc.StoreNodeStub, address: str, max_unanswered: int,
-                 access: NodeAccess) -> None:
-        super().__init__(address, max_unanswered)
-        self._call = stub.Read(metadata=access.grpc_metadata)
-        self._wakeup = asyncio.Event()
-        self._writer = asyncio.create_task(self._write_loop(), name=f"store-write-{address}")
-        self._reader = asyncio.create_task(self._read_loop(), name=f"store-read-{address}")
-
-    def _wake(self) -> None:
-        # The writer task runs after the callbacks already queued in this tick.
-        self._wakeup.set()
-
-    async def _write_loop(self) -> None:
-        try:
-            while not self.broken:
-                await self._wakeup.wait()
-                self._wakeup.clear()
-                batch = self._take()
-                if batch is not None:
-                    await self._call.write(batch)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 — any write failure ends this stream
-            self._break(e)
-
-    async def _read_loop(self) -> None:
-        try:
-            # read() rather than iterating the call: grpc.aio's iterator is an async generator around it.
-            while (batch := await self._call.read()) is not grpc.aio.EOF:
-                self._answered(batch)
-            self._break(None)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 — any read failure ends this stream
-            self._break(e)
-
-    def _disconnect(self) -> None:
-        self._wakeup.set()
-        self._call.cancel()
-
-    async def close(self) -> None:
-        self._break(None)
-        for task in (self._writer, self._reader):
-            task.cancel()
-        await asyncio.gather(self._writer, self._reader, return_exceptions=True)
-
-
 def _describe(cause: BaseException | None) -> str:
     if cause is None:
         return "read stream closed"
     if isinstance(cause, TimeoutError):
         return "no connection to its read port within the connect timeout"
-    if isinstance(cause, grpc.aio.AioRpcError):
-        return f"{cause.code().name}: {cause.details()}"
     return f"{type(cause).__name__}: {cause}"
 
 
-class _Node:
-    """A persistent channel to one store node (scans, and reads when it has no read port), and its read stream."""
+class _NoReadPort:
+    """The stream of a node that advertises no read port: every read fails at once as unavailable."""
 
-    def __init__(self, address: str, read_address: str | None, options: list[tuple[str, int]],
-                 max_unanswered: int, access: NodeAccess) -> None:
+    broken = False
+    read_address = None
+
+    def __init__(self, address: str) -> None:
         self.address = address
-        self.read_address = read_address
-        self.max_unanswered = max_unanswered
-        self.access = access
-        if access.grpc_credentials is not None:
-            self.channel = grpc.aio.secure_channel(address, access.grpc_credentials, options=options)
-        else:
-            self.channel = grpc.aio.insecure_channel(address, options=options)
-        self.stub = store_pb2_grpc.StoreNodeStub(self.channel)
-        self.stream: _ReadStream | None = None
-        self.retired: list[_ReadStream] = []
 
-    def read_stream(self) -> _ReadStream:
-        stream = self.stream
-        if stream is None or stream.broken:
-            if stream is not None:
-                self.retired.append(stream)
-            if self.read_address:
-                stream = _FrameStream(self.address, self.read_address, self.max_unanswered, self.access)
-            else:
-                stream = _GrpcStream(self.stub, self.address, self.max_unanswered, self.access)
-            self.stream = stream
-        return stream
+    def _failed(self, read: object) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_exception(ReplicaUnavailable(f"store node {self.address} advertises no read port",
+                                             address=self.address))
+        return fut
+
+    submit = submit_group = submit_range = _failed
 
     async def close(self) -> None:
-        streams = [s for s in (self.stream, *self.retired) if s is not None]
-        self.stream, self.retired = None, []
-        await asyncio.gather(*(s.close() for s in streams), return_exceptions=True)
-        await self.channel.close(grace=None)
+        pass
 
 
 class StoreNodeClient:
-    """:class:`StoreClient` of real nodes: one read stream per node — on its read port, else its gRPC
-    ``Read`` call — and one grpc.aio channel for scans; TLS and the cluster secret as ``access`` says."""
-
-    _OPTIONS = [
-        # A restarted node should be found again within a refresh or two, not after
-        # gRPC's default reconnect backoff of up to two minutes.
-        ("grpc.initial_reconnect_backoff_ms", 100),
-        ("grpc.min_reconnect_backoff_ms", 100),
-        ("grpc.max_reconnect_backoff_ms", 1000),
-        ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ]
+    """:class:`StoreClient` of real nodes: one read stream per node, on its read port; TLS and the cluster secret
+    as ``access`` says."""
 
     # Reads that may be unanswered on a stream before more wait for an answer: at a few
     # hundred lookups per second none waits; under load reads still travel ~10 to a message.
     def __init__(self, max_unanswered_reads: int = 4, access: NodeAccess = NodeAccess()) -> None:
         self._max_unanswered = max_unanswered_reads
         self._access = access
-        self._nodes: dict[str, _Node] = {}
+        self._streams: dict[str, _ReadStream | _NoReadPort] = {}
         self._read_addresses: Mapping[str, str | None] = {}
         self._ids = itertools.count(1)
         self._closing: set[asyncio.Task[None]] = set()
 
-    def _node(self, address: str) -> _Node:
-        node = self._nodes.get(address)
-        if node is None:
-            node = self._nodes[address] = _Node(address, self._read_addresses.get(address), self._OPTIONS,
-                                                self._max_unanswered, self._access)
-        return node
-
-    def _stream(self, address: str) -> _ReadStream:
-        node = self._node(address)
-        # Retired streams are kept only until they have been closed.
-        if node.retired:
-            self._close_later(*node.retired)
-            node.retired = []
-        return node.read_stream()
+    def _stream(self, address: str) -> _ReadStream | _NoReadPort:
+        stream = self._streams.get(address)
+        if stream is None or stream.broken:
+            if stream is not None:
+                self._close_later(stream)  # its reads have failed; its connection goes
+            read_address = self._read_addresses.get(address)
+            stream = self._streams[address] = _ReadStream(address, read_address, self._max_unanswered, self._access) \
+                if read_address else _NoReadPort(address)
+        return stream
 
     def read(self, address: str, table: str, partition: int, key: bytes, bound: Bound) -> asyncio.Future[ReadResult]:
         return self._stream(address).submit(key_read(next(self._ids), table, partition, key, bound))
@@ -616,39 +510,19 @@ class StoreNodeClient:
         return self._stream(address).submit_range(range_read(next(self._ids), table, partition, start, end, limit,
                                                              window, bound))
 
-    async def scan(self, address: str, table: str, partition: int, prefix: bytes, start: bytes, end: bytes,
-                   limit: int, bound: Bound, timeout_s: float) -> ScanResult:
-        request = store_pb2.ScanRequest(table=table, partition=partition, prefix=prefix, start=start, end=end,
-                                        limit=limit, bound=bound.to_store(partition))
-        entries: list[tuple[bytes, bytes]] = []
-        replica: ReplicaStatus | None = None
-        try:
-            async for chunk in self._node(address).stub.Scan(request, timeout=timeout_s,
-                                                             metadata=self._access.grpc_metadata):
-                if chunk.HasField("replica"):
-                    replica = replica_status(chunk.replica)
-                status = _STATUSES.get(chunk.status, ReadStatus.ERROR)
-                if status is not ReadStatus.OK:
-                    return ScanResult(status, [], replica, chunk.message)
-                entries.extend((e.key, e.value) for e in chunk.entries)
-        except grpc.aio.AioRpcError as e:
-            raise ReplicaUnavailable(f"store node {address}: {_describe(e)}", address=address) from None
-        return ScanResult(ReadStatus.OK, entries, replica)
-
     def track(self, read_addresses: Mapping[str, str | None]) -> None:
         self._read_addresses = read_addresses
-        for address, node in list(self._nodes.items()):
-            # A node gone, or back with another read port: its connections go.
-            if address not in read_addresses or read_addresses[address] != node.read_address:
-                del self._nodes[address]
-                self._close_later(node)
+        for address, stream in list(self._streams.items()):
+            # A node gone, or back with another read port: its connection goes.
+            if read_addresses.get(address, "") != stream.read_address:
+                del self._streams[address]
+                self._close_later(stream)
 
-    def _close_later(self, *closables: _ReadStream | _Node) -> None:
-        for closable in closables:
-            task = asyncio.get_running_loop().create_task(closable.close())
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+    def _close_later(self, stream: _ReadStream | _NoReadPort) -> None:
+        task = asyncio.get_running_loop().create_task(stream.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
-        nodes, self._nodes = list(self._nodes.values()), {}
-        await asyncio.gather(*(n.close() for n in nodes), *self._closing, return_exceptions=True)
+        streams, self._streams = list(self._streams.values()), {}
+        await asyncio.gather(*(s.close() for s in streams), *self._closing, return_exceptions=True)

@@ -17,10 +17,11 @@ import httpx
 import orjson
 
 from freshroute.keys import partition_for, serialize_key
-from tools.local.stack import Stack
 from freshroute.metadata import Assignment, MetadataStore, NodeReport, ReplicaState, Role, now_ms
 from freshroute.settings import kafka_client_config
+from loadtest.readport import read_batch
 from proto import store_pb2, store_pb2_grpc
+from tools.local.stack import Stack
 from tests.integration.stack_fixture import produced, wait_until
 
 TABLE = "sensor_stats"
@@ -302,14 +303,12 @@ class StrictProbe:
                    if sent >= t0 and status != 200)
 
 
-def read_from_node(address: str, keys: list[str], partitions: int) -> dict[str, store_pb2.KeyResult]:
-    """Read keys straight from one store node (no router), unbounded."""
-    with grpc.insecure_channel(address) as channel:
-        stub = store_pb2_grpc.StoreNodeStub(channel)
-        reads = [store_pb2.KeyRead(id=i, table=TABLE, key=serialize_key(k),
-                                   partition=partition_for(serialize_key(k), partitions))
-                 for i, k in enumerate(keys)]
-        batch = stub.BatchGet(store_pb2.ReadBatch(reads=reads), timeout=10)
+def read_from_node(read_address: str, keys: list[str], partitions: int) -> dict[str, store_pb2.KeyResult]:
+    """Read keys straight from one store node's read port (no router), unbounded."""
+    reads = [store_pb2.KeyRead(id=i, table=TABLE, key=serialize_key(k),
+                               partition=partition_for(serialize_key(k), partitions))
+             for i, k in enumerate(keys)]
+    batch = read_batch(read_address, store_pb2.ReadBatch(reads=reads))
     return {keys[r.id]: r for r in batch.results}
 
 

@@ -1,7 +1,7 @@
 """The router as a real process, over real Redis, in front of small in-memory store nodes.
 
-The store nodes here are a few lines of grpc.aio implementing ``proto.StoreNode`` from a
-dict and heartbeating to Redis like a real node; each runs as its own process (started
+The store nodes here are a few lines of asyncio answering a read port's frames from a dict
+and heartbeating to Redis like a real node; each runs as its own process (started
 with ``python -m tests.integration.test_router_process store ...``) so a test can kill it.
 """
 
@@ -53,9 +53,9 @@ def value_of(i: int) -> dict:
 
 async def serve_store(node: str, port: int, redis_url: str, namespace: str, active: set[int], standby: set[int],
                       heartbeat_s: float) -> None:
-    from proto import store_pb2, store_pb2_grpc
-
+    from freshroute.framing import FrameReader, frame
     from freshroute.windows import WATERMARK_KEY, live_starts, watermark_value, window_key
+    from proto import store_pb2
 
     hosted = active | standby
     rows: dict[int, dict[bytes, bytes]] = {p: {} for p in hosted}
@@ -94,13 +94,14 @@ async def serve_store(node: str, port: int, redis_url: str, namespace: str, acti
                                      values=[r.value for r in reads])
 
     def answer_range(r: store_pb2.RangeRead) -> store_pb2.RangeResult:
-        if r.table != WINDOWED or r.partition not in windows:
+        held = {WINDOWED: windows, TABLE: rows}.get(r.table, {})
+        if r.partition not in held:
             return store_pb2.RangeResult(id=r.id, status=store_pb2.NOT_HOSTED)
         if r.bound.min_offset > APPLIED:
             return store_pb2.RangeResult(id=r.id, status=store_pb2.TOO_STALE, replica=status(r.partition))
         keep = live_starts(r.window.from_ms, r.window.to_ms, r.window.life_ms, WATERMARK_MS) \
             if r.HasField("window") else (lambda _k: True)
-        entries = [(k, v) for k, v in sorted(windows[r.partition].items())
+        entries = [(k, v) for k, v in sorted(held[r.partition].items())
                    if k >= r.start and (not r.end or k < r.end) and keep(k)][:r.limit]
         return store_pb2.RangeResult(id=r.id, status=store_pb2.OK, replica=status(r.partition),
                                      watermark_ms=WATERMARK_MS,
@@ -111,35 +112,23 @@ async def serve_store(node: str, port: int, redis_url: str, namespace: str, acti
                                      groups=[answer_group(g) for g in batch.groups],
                                      ranges=[answer_range(r) for r in batch.ranges])
 
-    class Store(store_pb2_grpc.StoreNodeServicer):
-        async def Get(self, request, context):
-            return answer(request)
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # The read port: each ReadBatch frame answered by one ResultBatch frame, in order.
+        frames = FrameReader()
+        try:
+            while data := await reader.read(65536):
+                for payload in frames.feed(data):
+                    writer.write(frame(answer_batch(store_pb2.ReadBatch.FromString(payload)).SerializeToString()))
+        finally:
+            writer.close()
 
-        async def BatchGet(self, request, context):
-            return answer_batch(request)
-
-        async def Read(self, request_iterator, context):
-            async for batch in request_iterator:
-                yield answer_batch(batch)
-
-        async def Scan(self, request, context):
-            entries = sorted((k, v) for k, v in rows.get(request.partition, {}).items()
-                             if k.startswith(request.prefix) and k >= request.start
-                             and (not request.end or k < request.end))
-            entries = entries[: request.limit or None]
-            yield store_pb2.ScanChunk(status=store_pb2.OK, replica=status(request.partition),
-                                      entries=[store_pb2.ScanEntry(key=k, value=v) for k, v in entries])
-
-    server = grpc.aio.server()
-    store_pb2_grpc.add_StoreNodeServicer_to_server(Store(), server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
+    server = await asyncio.start_server(serve, "127.0.0.1", port)  # noqa: F841 — serves while this runs
     md = MetadataStore.from_url(redis_url, namespace, timeout_s=0.3)
     while True:
         report = NodeReport(node, f"127.0.0.1:{port}", int(time.time() * 1000), tuple(
             ReplicaReport(table, p, Role.ACTIVE if p in active else Role.STANDBY,
                           ReplicaState.ACTIVE if p in active else ReplicaState.STANDBY, APPLIED, APPLIED, 0)
-            for table in (TABLE, WINDOWED) for p in sorted(hosted)))
+            for table in (TABLE, WINDOWED) for p in sorted(hosted)), read_address=f"127.0.0.1:{port}")
         try:
             await asyncio.to_thread(md.publish_node, report, int(heartbeat_s * 3000))
         except Exception:  # noqa: BLE001 — Redis may be down; a real node keeps serving too

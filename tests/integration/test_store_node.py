@@ -26,9 +26,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from freshroute.keys import partition_for, serialize_key
-from tools.local.services import free_port, start_broker
 from freshroute.metadata import MetadataStore, TableSpec
+from loadtest.readport import read_batch
 from proto import store_pb2, store_pb2_grpc
+from tools.local.services import free_port, start_broker
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 8
@@ -106,6 +107,7 @@ class NodeProcess:
         self.log_path = log_dir / f"{node_id}.log"
         self.proc: subprocess.Popen | None = None
         self.address: str | None = None
+        self.read_address: str | None = None
         self._channel: grpc.Channel | None = None
 
     def start(self, timeout_s: float = 60.0) -> "NodeProcess":
@@ -121,7 +123,8 @@ class NodeProcess:
         if "listening on" not in text:
             self.stop()
             raise AssertionError(f"{self.node_id} did not start: {text!r}; log:\n{self.log()[-3000:]}")
-        self.address = text.split()[-1]
+        # "store-node ID listening on HOST:PORT, read port HOST:PORT"
+        self.address, self.read_address = text.split(" listening on ")[1].strip().split(", read port ")
         self._channel = grpc.insecure_channel(self.address)
         return self
 
@@ -131,6 +134,10 @@ class NodeProcess:
 
     def status(self) -> store_pb2.NodeStatus:
         return self.stub.Status(store_pb2.StatusRequest(), timeout=5)
+
+    def read(self, batch: store_pb2.ReadBatch) -> store_pb2.ResultBatch:
+        """``batch`` answered on the node's read port."""
+        return read_batch(self.read_address, batch, timeout_s=30)
 
     def health(self) -> int:
         return health_pb2_grpc.HealthStub(self._channel).Check(health_pb2.HealthCheckRequest(service=""),
@@ -227,7 +234,7 @@ def settled(metadata: MetadataStore, changelog: Changelog, *nodes: NodeProcess):
 def read_all(node: NodeProcess, keys: list[str], **bound) -> dict[str, store_pb2.KeyResult]:
     reads = [store_pb2.KeyRead(id=i, table="counts", partition=Changelog.partition(k), key=serialize_key(k),
                                bound=store_pb2.ReadBound(**bound)) for i, k in enumerate(keys)]
-    results = node.stub.BatchGet(store_pb2.ReadBatch(reads=reads), timeout=30).results
+    results = node.read(store_pb2.ReadBatch(reads=reads)).results
     return {keys[r.id]: r for r in results}
 
 
@@ -279,26 +286,21 @@ def test_serves_latest_values_tombstones_and_scans(cluster):
     assert results["poison"].status == store_pb2.NOT_FOUND
     assert results["never-written"].status == store_pb2.NOT_FOUND
 
-    # The Read stream: results matched by id across several batches.
-    def batches():
-        for start in range(0, 60, 20):
-            yield store_pb2.ReadBatch(reads=[
-                store_pb2.KeyRead(id=j, table="counts", partition=Changelog.partition(keys[j]),
-                                  key=serialize_key(keys[j])) for j in range(start, start + 20)])
-    streamed = {r.id: r for batch in node.stub.Read(batches(), timeout=30) for r in batch.results}
-    assert sorted(streamed) == list(range(60))
-    for j, r in streamed.items():
-        want = changelog.expected[keys[j]]
-        assert (r.status == store_pb2.NOT_FOUND) if want is None else (r.value == want)
-
-    # Scan one partition in key order, with a prefix and a limit.
+    # A group: one partition's keys answered together, in order (empty: no such key).
     p = Changelog.partition("user-1")
+    group_keys = [k for k in keys if Changelog.partition(k) == p][:20]
+    [group] = node.read(store_pb2.ReadBatch(groups=[store_pb2.GroupRead(
+        id=1, table="counts", partition=p, keys=[serialize_key(k) for k in group_keys])])).groups
+    assert group.status == store_pb2.OK
+    assert list(group.values) == [changelog.expected[k] or b"" for k in group_keys]
+
+    # A range of one partition in key order (a scan's page), bounded and limited.
     live = sorted(k.encode() for k, v in changelog.expected.items() if v is not None and Changelog.partition(k) == p)
-    chunks = list(node.stub.Scan(store_pb2.ScanRequest(table="counts", partition=p, prefix=b"user-"), timeout=30))
-    assert all(c.status == store_pb2.OK for c in chunks)
-    assert [e.key for c in chunks for e in c.entries] == live
-    limited = list(node.stub.Scan(store_pb2.ScanRequest(table="counts", partition=p, limit=3), timeout=30))
-    assert [e.key for c in limited for e in c.entries] == live[:3]
+    [ranged, limited] = node.read(store_pb2.ReadBatch(ranges=[
+        store_pb2.RangeRead(id=1, table="counts", partition=p, start=b"user-", end=b"user.", limit=10_000),
+        store_pb2.RangeRead(id=2, table="counts", partition=p, limit=3)])).ranges
+    assert ranged.status == store_pb2.OK and [e.key for e in ranged.entries] == live
+    assert [e.key for e in limited.entries] == live[:3]
 
     # Server reflection lists the store API and the health service.
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
@@ -306,7 +308,8 @@ def test_serves_latest_values_tombstones_and_scans(cluster):
     services = ProtoReflectionDescriptorDatabase(node._channel).get_services()
     assert "freshroute.store.v1.StoreNode" in services and "grpc.health.v1.Health" in services
 
-    not_hosted = node.stub.Get(store_pb2.KeyRead(table="other", partition=0, key=b"x"), timeout=5)
+    [not_hosted] = node.read(store_pb2.ReadBatch(reads=[store_pb2.KeyRead(table="other", partition=0,
+                                                                             key=b"x")])).results
     assert not_hosted.status == store_pb2.NOT_HOSTED
     assert node.stop() == 0  # SIGTERM: drained and closed cleanly
     assert "stopped" in node.log()

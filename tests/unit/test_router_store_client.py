@@ -1,14 +1,12 @@
-"""StoreNodeClient against in-process nodes on loopback, over the read port and over gRPC: batching,
-failure, reconnection."""
+"""StoreNodeClient against in-process nodes' read ports on loopback: batching, failure, reconnection."""
 
 import asyncio
 
-import grpc
 import pytest
 
 from freshroute.errors import ReplicaUnavailable
 from freshroute.metadata import ReplicaState, Role
-from proto import store_pb2, store_pb2_grpc
+from proto import store_pb2
 
 from freshroute.framing import FrameReader, frame
 from freshroute.routing.bound import NO_BOUND, Bound
@@ -23,7 +21,7 @@ def anyio_backend():
     return "asyncio", {"use_uvloop": True}
 
 
-class DictStore(store_pb2_grpc.StoreNodeServicer):
+class DictStore:
     STATUS = store_pb2.ReplicaStatus(node="s1", role=store_pb2.STANDBY, state=store_pb2.SERVING_STANDBY,
                                      applied_offset=10, end_offset=12, lag_offsets=2, staleness_ms=40)
 
@@ -50,48 +48,32 @@ class DictStore(store_pb2_grpc.StoreNodeServicer):
         return store_pb2.GroupResult(id=g.id, status=store_pb2.OK, replica=self.STATUS,
                                      values=values[:-1] if self.short else values)
 
+    def answer_range(self, r):
+        keys = sorted(k for k in self.rows if k >= r.start and (not r.end or k < r.end))[:r.limit]
+        return store_pb2.RangeResult(id=r.id, status=store_pb2.OK, replica=self.STATUS,
+                                     entries=[store_pb2.ScanEntry(key=k, value=self.rows[k]) for k in keys])
+
     def received(self, batch):
-        self.batches.append(len(batch.reads) + len(batch.groups))
+        self.batches.append(len(batch.reads) + len(batch.groups) + len(batch.ranges))
         self.group_messages.append([(g.partition, list(g.keys)) for g in batch.groups])
 
     def results(self, batch):
         return store_pb2.ResultBatch(results=[self.answer(r) for r in batch.reads],
-                                     groups=[self.answer_group(g) for g in batch.groups] if self.groups else [])
-
-    async def Read(self, request_iterator, context):
-        async for batch in request_iterator:
-            self.received(batch)
-            if self.hold is not None:
-                await self.hold.wait()
-            yield self.results(batch)
-
-    async def Scan(self, request, context):
-        keys = sorted(k for k in self.rows if k.startswith(request.prefix))
-        for i in range(0, len(keys), 2):  # several chunks
-            yield store_pb2.ScanChunk(status=store_pb2.OK, entries=[
-                store_pb2.ScanEntry(key=k, value=self.rows[k]) for k in keys[i:i + 2]])
-
-
-async def start_grpc(servicer, port=0):
-    server = grpc.aio.server()
-    store_pb2_grpc.add_StoreNodeServicer_to_server(servicer, server)
-    port = server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    return server, port
+                                     groups=[self.answer_group(g) for g in batch.groups] if self.groups else [],
+                                     ranges=[self.answer_range(r) for r in batch.ranges])
 
 
 class FrameNode:
-    """A node with a read port answering from a DictStore (its hold applies too), and a gRPC port for scans."""
+    """A node's read port answering from a DictStore (its hold applies too); ``address`` names the node."""
 
-    def __init__(self, store, grpc_server, grpc_port, frame_server, frame_port):
-        self.store, self.grpc_server, self.frame_server = store, grpc_server, frame_server
-        self.address, self.read_address = f"127.0.0.1:{grpc_port}", f"127.0.0.1:{frame_port}"
+    def __init__(self, store, frame_server, frame_port):
+        self.store, self.frame_server = store, frame_server
+        self.address, self.read_address = f"node-{frame_port}", f"127.0.0.1:{frame_port}"
 
     async def stop(self, grace=None):
         self.frame_server.close()
         for task in list(self.store.connections):
             task.cancel()
-        await self.grpc_server.stop(None)
 
 
 async def start_frames(store, port=0):
@@ -113,29 +95,17 @@ async def start_frames(store, port=0):
 
     store.connections = set()
     frame_server = await asyncio.start_server(serve, "127.0.0.1", port)
-    grpc_server, grpc_port = await start_grpc(store)
-    return FrameNode(store, grpc_server, grpc_port, frame_server, frame_server.sockets[0].getsockname()[1])
-
-
-@pytest.fixture(params=["read_port", "grpc"])
-def transport(request):
-    return request.param
+    return FrameNode(store, frame_server, frame_server.sockets[0].getsockname()[1])
 
 
 class Started:
-    """A node started for a test over the chosen transport, and how the client is told about it."""
+    """A node started for a test, and how the client is told about it."""
 
-    def __init__(self, transport):
-        self.transport = transport
+    def __init__(self):
         self.server = None
         self.port = 0
 
     async def start(self, client, store, port=None):
-        if self.transport == "grpc":
-            self.server, self.port = await start_grpc(store, self.port if port is None else port)
-            address = f"127.0.0.1:{self.port}"
-            client.track({address: None})
-            return address
         self.server = await start_frames(store, self.port if port is None else port)
         self.port = int(self.server.read_address.rsplit(":", 1)[1])
         client.track({self.server.address: self.server.read_address})
@@ -150,10 +120,10 @@ class Started:
 ROWS = {f"k{i}".encode(): f'{{"v":{i}}}'.encode() for i in range(20)}
 
 
-async def test_reads_issued_together_travel_in_one_batch_and_match_by_id(transport):
+async def test_reads_issued_together_travel_in_one_batch_and_match_by_id():
     store = DictStore(ROWS)
     client = StoreNodeClient()
-    node = Started(transport)
+    node = Started()
     try:
         addr = await node.start(client, store)
         keys = [f"k{i}".encode() for i in range(20)] + [b"missing"]
@@ -167,17 +137,17 @@ async def test_reads_issued_together_travel_in_one_batch_and_match_by_id(transpo
         stale = await client.read(addr, "t", 0, b"k1", Bound(max_lag=1))
         assert stale.status is ReadStatus.TOO_STALE
         assert store.batches == [21, 1]
-        scan = await client.scan(addr, "t", 0, b"k1", b"", b"", 0, NO_BOUND, 5)
-        assert [k for k, _ in scan.entries] == sorted(k for k in ROWS if k.startswith(b"k1"))
+        rows = await client.read_range(addr, "t", 0, b"k1", b"k2", 100, None, NO_BOUND)
+        assert [k for k, _ in rows.entries] == sorted(k for k in ROWS if k.startswith(b"k1"))
     finally:
         await client.close()
         await node.stop()
 
 
-async def test_a_group_travels_as_one_read_and_answers_every_key_in_order(transport):
+async def test_a_group_travels_as_one_read_and_answers_every_key_in_order():
     store = DictStore(ROWS)
     client = StoreNodeClient()
-    node = Started(transport)
+    node = Started()
     try:
         addr = await node.start(client, store)
         keys = [b"k3", b"missing", b"k1"]
@@ -194,11 +164,11 @@ async def test_a_group_travels_as_one_read_and_answers_every_key_in_order(transp
         await node.stop()
 
 
-async def test_groups_alike_waiting_together_travel_as_one_group_and_each_gets_its_own_keys(transport):
+async def test_groups_alike_waiting_together_travel_as_one_group_and_each_gets_its_own_keys():
     hold = asyncio.Event()
     store = DictStore(ROWS, hold)
     client = StoreNodeClient(max_unanswered_reads=1)
-    node = Started(transport)
+    node = Started()
     try:
         addr = await node.start(client, store)
         first = asyncio.ensure_future(client.read(addr, "t", 0, b"k0", NO_BOUND))
@@ -226,10 +196,10 @@ async def test_groups_alike_waiting_together_travel_as_one_group_and_each_gets_i
         await node.stop()
 
 
-async def test_a_short_answer_to_groups_travelling_together_fails_each_of_them(transport):
+async def test_a_short_answer_to_groups_travelling_together_fails_each_of_them():
     hold = asyncio.Event()
     client = StoreNodeClient(max_unanswered_reads=1)
-    node = Started(transport)
+    node = Started()
     store = DictStore(ROWS, hold, short=True)
     try:
         addr = await node.start(client, store)
@@ -249,9 +219,9 @@ async def test_a_short_answer_to_groups_travelling_together_fails_each_of_them(t
         await node.stop()
 
 
-async def test_a_node_answering_a_group_short_is_unavailable_for_it(transport):
+async def test_a_node_answering_a_group_short_is_unavailable_for_it():
     client = StoreNodeClient()
-    node = Started(transport)
+    node = Started()
     try:
         addr = await node.start(client, DictStore(ROWS, short=True))
         with pytest.raises(ReplicaUnavailable, match="answered 1 of 2 keys"):
@@ -261,9 +231,9 @@ async def test_a_node_answering_a_group_short_is_unavailable_for_it(transport):
         await node.stop()
 
 
-async def test_a_node_that_does_not_answer_groups_fails_them_at_once_and_keeps_serving_gets(transport):
+async def test_a_node_that_does_not_answer_groups_fails_them_at_once_and_keeps_serving_gets():
     client = StoreNodeClient(max_unanswered_reads=1)
-    node = Started(transport)
+    node = Started()
     try:
         addr = await node.start(client, DictStore(ROWS, groups=False))
         for _ in range(3):  # each answer settles its batch: the stream never stalls on what was left out
@@ -282,11 +252,11 @@ async def wait_for_batches(store, n):
         await asyncio.sleep(0.01)
 
 
-async def test_past_the_unanswered_reads_limit_reads_wait_and_leave_together(transport):
+async def test_past_the_unanswered_reads_limit_reads_wait_and_leave_together():
     hold = asyncio.Event()
     store = DictStore(ROWS, hold)
     client = StoreNodeClient(max_unanswered_reads=2)
-    node = Started(transport)
+    node = Started()
     try:
         addr = await node.start(client, store)
         first = [asyncio.ensure_future(client.read(addr, "t", 0, b"k0", NO_BOUND))]
@@ -311,11 +281,11 @@ async def test_past_the_unanswered_reads_limit_reads_wait_and_leave_together(tra
         await node.stop()
 
 
-async def test_broken_stream_fails_in_flight_reads_as_retryable_then_reconnects(transport):
+async def test_broken_stream_fails_in_flight_reads_as_retryable_then_reconnects():
     hold = asyncio.Event()
     store = DictStore(ROWS, hold)
     client = StoreNodeClient()
-    node = Started(transport)
+    node = Started()
     try:
         addr = await node.start(client, store)
         pending = [asyncio.ensure_future(client.read(addr, "t", 0, b"k1", NO_BOUND)) for _ in range(3)]
@@ -328,20 +298,16 @@ async def test_broken_stream_fails_in_flight_reads_as_retryable_then_reconnects(
         # Nothing listens: a read fails fast and retryable instead of hanging.
         with pytest.raises(ReplicaUnavailable):
             await asyncio.wait_for(client.read(addr, "t", 0, b"k1", NO_BOUND), 5)
-        # The node is back on the same ports: the next read opens a new stream.
+        # The node is back on the same read port: the next read opens a new stream.
         store2 = DictStore(ROWS)
-        if transport == "grpc":
-            await node.start(client, store2)
-        else:
-            # Its gRPC port is new (the read port is the same): the metadata says so.
-            addr = await node.start(client, store2)
+        addr = await node.start(client, store2)
         result = None
         for _ in range(50):
             try:
                 result = await asyncio.wait_for(client.read(addr, "t", 0, b"k2", NO_BOUND), 5)
                 break
             except ReplicaUnavailable:
-                await asyncio.sleep(0.1)  # the channel's reconnect backoff
+                await asyncio.sleep(0.1)
         assert result is not None and result.value == ROWS[b"k2"]
     finally:
         hold.set()
@@ -351,13 +317,13 @@ async def test_broken_stream_fails_in_flight_reads_as_retryable_then_reconnects(
 
 async def test_a_node_back_with_another_read_port_is_read_there():
     client = StoreNodeClient()
-    first, second = Started("read_port"), Started("read_port")
+    first, second = Started(), Started()
     try:
         store1, store2 = DictStore({b"k": b"1"}), DictStore({b"k": b"2"})
         addr = await first.start(client, store1)
         assert (await client.read(addr, "t", 0, b"k", NO_BOUND)).value == b"1"
         await second.start(client, store2)
-        # Same gRPC address, new read port (a restarted node): the old connection goes.
+        # The same node, with a new read port (restarted): the old connection goes.
         client.track({addr: second.server.read_address})
         assert (await client.read(addr, "t", 0, b"k", NO_BOUND)).value == b"2"
         assert store1.batches == [1] and store2.batches == [1]
@@ -367,11 +333,14 @@ async def test_a_node_back_with_another_read_port_is_read_there():
         await second.stop()
 
 
-async def test_scan_of_unreachable_node_is_replica_unavailable():
+async def test_a_node_that_advertises_no_read_port_fails_every_read_at_once_as_unavailable():
     client = StoreNodeClient()
+    client.track({"127.0.0.1:1": None})
     try:
-        with pytest.raises(ReplicaUnavailable):
-            await client.scan("127.0.0.1:1", "t", 0, b"", b"", b"", 10, NO_BOUND, 2)
+        for read in (client.read("127.0.0.1:1", "t", 0, b"k", NO_BOUND),
+                     client.read_range("127.0.0.1:1", "t", 0, b"", b"", 10, None, NO_BOUND)):
+            with pytest.raises(ReplicaUnavailable, match="advertises no read port"):
+                await asyncio.wait_for(read, 1)
     finally:
         await client.close()
 
@@ -381,7 +350,7 @@ async def test_a_read_port_that_never_accepts_fails_reads_after_the_connect_time
 
     from freshroute.routing import store
 
-    monkeypatch.setattr(store._FrameStream, "_CONNECT_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(store._ReadStream, "_CONNECT_TIMEOUT_S", 0.3)
     # A listener that never accepts, its backlog filled: further connects get no answer.
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))

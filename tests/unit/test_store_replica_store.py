@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from freshroute.errors import StoreCorrupt
-from store_node.replica_store import ReplicaStore, prefix_end, scan_range
+from freshroute.keys import prefix_end, scan_range
+from store_node.replica_store import ReplicaStore
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,18 +1,17 @@
-"""Bounded reads through the store node's gRPC servicer, called in-process on real replica stores."""
+"""Bounded reads as the store node answers them on its read port, called in-process on real replica stores."""
 
 from __future__ import annotations
 
 import asyncio
 from types import MappingProxyType, SimpleNamespace
 
-import grpc
 import pytest
 
 from freshroute.metadata import Role, TableSpec
 from proto import store_pb2
 from store_node.replica import Replica
 from store_node.replica_store import ReplicaStore
-from store_node.service import SCAN_CHUNK, StoreNodeService
+from store_node.service import StoreNodeService
 
 SPEC = TableSpec("users", "users-changelog", 4, "id")
 
@@ -38,7 +37,7 @@ def world(tmp_path):
 
 def get(world, key: bytes, partition=1, table="users", **bound) -> store_pb2.KeyResult:
     read = store_pb2.KeyRead(id=99, table=table, partition=partition, key=key, bound=store_pb2.ReadBound(**bound))
-    return asyncio.run(world.service.Get(read, None))
+    return world.service.reader().results(store_pb2.ReadBatch(reads=[read])).results[0]
 
 
 def caught_up(world, end=10):
@@ -137,14 +136,14 @@ def test_batch_get_answers_each_read(world):
         store_pb2.KeyRead(id=3, table="users", partition=3, key=b"bob"),
         store_pb2.KeyRead(id=4, table="users", partition=1, key=b"bob", bound=store_pb2.ReadBound(min_offset=99)),
     ])
-    res = asyncio.run(world.service.BatchGet(batch, None))
+    res = world.service.reader().results(batch)
     assert [(r.id, r.status) for r in res.results] == [
         (1, store_pb2.OK), (2, store_pb2.NOT_FOUND), (3, store_pb2.NOT_HOSTED), (4, store_pb2.TOO_STALE)]
 
 
 def group(world, keys, partition=1, **bound) -> store_pb2.GroupResult:
     read = store_pb2.GroupRead(id=7, table="users", partition=partition, keys=keys, bound=store_pb2.ReadBound(**bound))
-    return asyncio.run(world.service.BatchGet(store_pb2.ReadBatch(groups=[read]), None)).groups[0]
+    return world.service.reader().results(store_pb2.ReadBatch(groups=[read])).groups[0]
 
 
 def test_a_group_answers_every_key_in_order_with_one_status(world):
@@ -177,61 +176,29 @@ def test_a_group_the_store_fails_is_an_error_and_the_replica_is_rebuilt(world):
     assert "is closed" in world.rep.corrupt_reason
 
 
-def test_read_stream_matches_results_by_id(world):
-    caught_up(world)
-
-    class Stream:
-        """The reader/writer side of a grpc.aio stream-stream call."""
-
-        def __init__(self, batches):
-            self.incoming, self.out = list(batches), []
-
-        async def read(self):
-            return self.incoming.pop(0) if self.incoming else grpc.aio.EOF
-
-        async def write(self, message):
-            self.out.append(message)
-
-    stream = Stream(store_pb2.ReadBatch(reads=[store_pb2.KeyRead(id=i * 10 + j, table="users", partition=1,
-                                                                 key=b"alice" if j else b"bob") for j in range(2)])
-                    for i in range(3))
-    asyncio.run(world.service.Read(None, stream))
-    out = stream.out
-    assert [[(r.id, r.value) for r in b.results] for b in out] == [
-        [(i * 10, b'{"age":40}'), (i * 10 + 1, b'{"age":31}')] for i in range(3)]
-
-
-def scan(world, **kw) -> list[store_pb2.ScanChunk]:
-    async def run():
-        return [c async for c in world.service.Scan(store_pb2.ScanRequest(table="users", partition=1, **kw), None)]
-    return asyncio.run(run())
-
-
-def test_scan_is_ordered_and_chunked(world):
-    n = SCAN_CHUNK * 2 + 7
+def test_a_range_is_ordered_limited_and_bounded(world):
+    n = 1_031
     world.rep.apply([(f"u{i:05d}".encode(), b"{}") for i in range(n)], 11, 0)
     caught_up(world, 11)
-    chunks = scan(world)
-    keys = [e.key for c in chunks for e in c.entries]
-    assert keys == sorted(keys) and len(keys) == n + 2
-    assert len(chunks) == 3 and all(c.status == store_pb2.OK for c in chunks)
-    assert chunks[0].replica.applied_offset == 11
-    limited = [e.key for c in scan(world, prefix=b"u", limit=SCAN_CHUNK + 3) for e in c.entries]
-    assert limited == [f"u{i:05d}".encode() for i in range(SCAN_CHUNK + 3)]
-    ranged = [e.key for c in scan(world, start=b"u00005", end=b"u00008") for e in c.entries]
-    assert ranged == [b"u00005", b"u00006", b"u00007"]
+    [everything, limited, ranged] = ranges(
+        world, store_pb2.RangeRead(id=1, table="users", partition=1, limit=5_000),
+        store_pb2.RangeRead(id=2, table="users", partition=1, start=b"u", end=b"v", limit=515),
+        store_pb2.RangeRead(id=3, table="users", partition=1, start=b"u00005", end=b"u00008", limit=10))
+    keys = [e.key for e in everything.entries]
+    assert keys == sorted(keys) and len(keys) == n + 2 and everything.replica.applied_offset == 11
+    assert [e.key for e in limited.entries] == [f"u{i:05d}".encode() for i in range(515)]
+    assert [e.key for e in ranged.entries] == [b"u00005", b"u00006", b"u00007"]
 
 
-def test_scan_refuses_out_of_bound_and_not_hosted(world):
+def test_a_range_is_refused_out_of_bound_and_where_not_hosted(world):
     world.rep.lag.observe_end(30, world.clock.now)
-    [chunk] = scan(world, bound=store_pb2.ReadBound(max_lag=5))
-    assert chunk.status == store_pb2.TOO_STALE and not chunk.entries
-    empty = scan(world, prefix=b"zzz")
-    assert len(empty) == 1 and empty[0].status == store_pb2.OK and not empty[0].entries
-
-    async def other():
-        return [c async for c in world.service.Scan(store_pb2.ScanRequest(table="users", partition=0), None)]
-    assert asyncio.run(other())[0].status == store_pb2.NOT_HOSTED
+    [stale, empty, other] = ranges(
+        world, store_pb2.RangeRead(id=1, table="users", partition=1, limit=10, bound=store_pb2.ReadBound(max_lag=5)),
+        store_pb2.RangeRead(id=2, table="users", partition=1, start=b"zzz", limit=10),
+        store_pb2.RangeRead(id=3, table="users", partition=0, limit=10))
+    assert stale.status == store_pb2.TOO_STALE and not stale.entries
+    assert empty.status == store_pb2.OK and not empty.entries
+    assert other.status == store_pb2.NOT_HOSTED
 
 
 def test_status_lists_replicas_with_counters(world):
@@ -268,7 +235,7 @@ async def _read_port_exchange(service, data: bytes, expect: int) -> tuple[list[b
         await server.wait_closed()
 
 
-def test_read_port_answers_each_frame_like_the_grpc_stream(world):
+def test_read_port_answers_each_frame_in_order(world):
     from freshroute.framing import frame
 
     caught_up(world)
@@ -304,7 +271,7 @@ def test_read_port_drops_a_peer_whose_frame_is_not_a_read_batch(world, caplog):
 
 
 def ranges(world, *reads: store_pb2.RangeRead) -> list[store_pb2.RangeResult]:
-    return list(asyncio.run(world.service.BatchGet(store_pb2.ReadBatch(ranges=list(reads)), None)).ranges)
+    return list(world.service.reader().results(store_pb2.ReadBatch(ranges=list(reads))).ranges)
 
 
 def test_a_window_range_returns_live_windows_in_range_with_the_partitions_watermark(world):

@@ -355,10 +355,12 @@ class Stack:
                 cert = node_certificate(s, node_id, host)
                 secured = ["--tls-cert", str(cert.cert), "--tls-key", str(cert.key),
                            "--cluster-secret-file", str(s.cluster_secret_file)]
+            read = free_port(host)
             return "store-node", self._freshroute(
-                "store-node", "--node-id", node_id, "--host", host, "--port", str(port), "--metrics-port", str(metrics),
-                "--data-dir", str(c.home / "data" / node_id), *secured), {
-                    "node_id": node_id, "address": f"{host}:{port}", "metrics": f"http://{host}:{metrics}/metrics"}
+                "store-node", "--node-id", node_id, "--host", host, "--port", str(port), "--read-port", str(read),
+                "--metrics-port", str(metrics), "--data-dir", str(c.home / "data" / node_id), *secured), {
+                    "node_id": node_id, "address": f"{host}:{port}", "read_address": f"{host}:{read}",
+                    "metrics": f"http://{host}:{metrics}/metrics"}
         if name == "router" or name.startswith("router-"):  # one past --routers needs ports of its own, as flags
             shared = ["--reuse-port", "true"] if c.routers > 1 else []
             # Each process's own metrics: /metrics on the shared REST port reaches one process at random.

@@ -322,7 +322,7 @@ def _restores_and_serves(stack, md, victim: str, readings: Readings) -> None:
     mine = [s for s in expected if partition_for(serialize_key(s), partitions) in hosted]
 
     def node_matches() -> bool:
-        got = read_from_node(address, mine, partitions)
+        got = read_from_node(stack.components[victim].addresses["read_address"], mine, partitions)
         return all(got[s].status == store_pb2.OK and same_stats(orjson.loads(got[s].value), expected[s]) for s in mine)
 
     wait_until(node_matches, 120, f"{vid} to serve every hosted sensor's recomputed stats", stack=stack)
