@@ -52,9 +52,9 @@ class KeyHandlers:
             if route.key is None:
                 raise foreign("NOT_FOUND", 404, "Not Found")
             table, key = segment(route.table), segment(route.key)
-            if route.op is METADATA:
+            if route.op == METADATA:
                 body = self.router.key_metadata(table, key).to_dict()
-            elif route.op is WINDOWS:
+            elif route.op == WINDOWS:
                 body = await self._windows(table, key, query_of(query))
             else:
                 body = await self._lookup(table, key, query)
