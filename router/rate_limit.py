@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 LEASE_S = 0.1  # a lease covers about this much of the process's recent demand
 SHARED_RETRY_S = 1.0  # after Redis failed a lease, how long this process limits on its own
+_ASKS_PER_READ = 12  # leases one read may wait for, each twice the last, before it is refused all the same
 
 # KEYS[1] the bucket; ARGV rate (tokens/s), burst, tokens wanted. Returns {granted, seconds until `wanted`
 # (at most the burst) would be there}. Tokens are a float; only whole ones are granted.
@@ -138,18 +139,21 @@ class SharedRates:
         now = self._clock()
         if lease is None or lease.rate != rate:
             lease = self._leases[name] = _Lease(rate, now)
-        if lease.tokens <= 0:
+        # Reads that waited on one lease together may find it spent by the first of them: they ask again (the
+        # lease doubles each time it is spent this fast) and are refused only when the shared bucket says so.
+        asks = 0
+        while lease.tokens <= 0:
             if now < self._alone_until:
                 return self._alone.take(name, rate)
             if now < lease.refused_until:
                 raise refused(name, rate, lease.refused_until - now)
+            if asks == _ASKS_PER_READ:
+                raise refused(name, rate, 1 / rate.reads_per_s)
+            asks += 1
             if lease.pending is None:
                 self._ask(name, lease, now)
             await asyncio.shield(lease.pending)  # type: ignore[arg-type]
-            if lease.tokens <= 0:
-                if self._clock() < self._alone_until:
-                    return self._alone.take(name, rate)
-                raise refused(name, rate, lease.refused_until - self._clock())
+            now = self._clock()
         lease.tokens -= 1
         lease.used += 1
         # The next lease is asked for while this one still has half a lease's worth left.

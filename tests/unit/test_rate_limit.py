@@ -59,6 +59,19 @@ def test_processes_sharing_a_principals_traffic_get_about_even_shares_of_its_rat
     asyncio.run(main())
 
 
+def test_reads_arriving_together_are_all_served_while_the_bucket_holds_enough():
+    # A process's first lease is one token: reads that waited on it together must not be refused for finding it
+    # spent by the first of them while the shared bucket still holds plenty.
+    async def main() -> None:
+        rates = SharedRates(fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer()), "ns")
+        rate = Rate(reads_per_s=10_000_000, burst=10_000_000)
+        for _ in range(3):
+            served = await asyncio.gather(*(attempts(rates, "bench", rate) for _ in range(64)))
+            assert all(served), served.count(False)
+
+    asyncio.run(main())
+
+
 def test_a_refused_process_is_told_when_to_come_back_and_is_served_then():
     async def main() -> None:
         rates = SharedRates(fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer()), "ns")
