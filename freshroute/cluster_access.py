@@ -21,8 +21,6 @@ from freshroute.errors import ConfigError
 if TYPE_CHECKING:
     import ssl
 
-    import grpc
-
     from freshroute.tls import ClientTLS
 
 SECRET_METADATA = "x-freshroute-cluster-secret"
@@ -76,25 +74,19 @@ class SecretCheck:
 
 @dataclass(frozen=True)
 class NodeAccess:
-    """How a peer reaches store nodes: the secret it presents, and TLS (trusting the nodes' CA, with a
+    """How a peer reaches store nodes' read ports: the secret it presents, and TLS (trusting the nodes' CA, with a
     certificate of its own for mTLS). The default reaches nodes without either."""
 
     secret: str = ""
     tls: "ClientTLS | None" = None
     ssl_context: "ssl.SSLContext | None" = field(default=None, init=False, repr=False, compare=False)
-    grpc_credentials: "grpc.ChannelCredentials | None" = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Built once, here: a bad file fails where the peer is configured, not at its first read.
         if self.tls is not None and self.tls.enabled:
             object.__setattr__(self, "ssl_context", self.tls.context())
-            object.__setattr__(self, "grpc_credentials", self.tls.grpc_credentials())
 
     @classmethod
     def of(cls, secret_file: str | Path | None = None, tls: "ClientTLS | None" = None,
            setting: str = "cluster_secret_file") -> "NodeAccess":
         return cls(read_secrets(secret_file, setting)[0] if secret_file else "", tls)
-
-    @property
-    def grpc_metadata(self) -> tuple[tuple[str, str], ...]:
-        return ((SECRET_METADATA, self.secret),) if self.secret else ()

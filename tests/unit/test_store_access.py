@@ -10,7 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from freshroute.cluster_access import NodeAccess, read_secrets
+from freshroute.cluster_access import SECRET_METADATA, NodeAccess, read_secrets
 from freshroute.errors import ConfigError, ReplicaUnavailable
 from tools.local.certs import issue, make_ca
 from freshroute.metadata import Role, TableSpec
@@ -99,12 +99,13 @@ async def read(node: Node, how: NodeAccess, port: str = "read_port"):
 
 async def status(node: Node, how: NodeAccess) -> store_pb2.NodeStatus:
     """The node's status over gRPC; a refusal or a failed handshake as the store client reports them."""
-    creds = how.grpc_credentials
-    channel = grpc.aio.secure_channel(node.address, creds) if creds else grpc.aio.insecure_channel(node.address)
+    tls = how.tls if how.tls is not None and how.tls.enabled else None
+    channel = grpc.aio.secure_channel(node.address, tls.grpc_credentials()) if tls \
+        else grpc.aio.insecure_channel(node.address)
     async with channel:
         try:
-            return await store_pb2_grpc.StoreNodeStub(channel).Status(store_pb2.StatusRequest(), timeout=5,
-                                                                      metadata=how.grpc_metadata)
+            return await store_pb2_grpc.StoreNodeStub(channel).Status(
+                store_pb2.StatusRequest(), timeout=5, metadata=((SECRET_METADATA, how.secret),) if how.secret else ())
         except grpc.aio.AioRpcError as e:
             raise ReplicaUnavailable(f"store node {node.address}: {e.code().name}: {e.details()}") from None
 
