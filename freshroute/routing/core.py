@@ -23,7 +23,7 @@ from freshroute.routing.bound import NO_BOUND, Bound
 from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.results import (ClusterView, HostedReplica, KeyLocation, LookupResult, MetadataHealth,
                                         NodeState, ReplicaInfo, ScanPage, TableInfo, TablePipeline, WindowPage,
-                                        WindowsResult, decode_page_token, encode_page_token)
+                                        WindowsResult, decode_page_token, encode_page_token, pipeline_doc)
 from freshroute.routing.selection import Candidate, FreshestFirst, LoadTracker, ReplicaSelector
 from freshroute.routing.snapshot import LagOverlay, NodeView, ReplicaView, Snapshot, SnapshotSource
 from freshroute.routing.store import (GroupResult, ReadResult, ReadStatus, ReplicaStatus, StoreClient,
@@ -422,11 +422,8 @@ class RoutingCore:
         assignment = None
         if snap.assignment is not None:
             assignment = [(t, p, tuple(ns)) for (t, p), ns in sorted(snap.assignment.replicas.items())]
-        pipelines = []
-        for name in sorted(snap.tables):
-            lag = snap.input_lag.get(name)
-            pipelines.append(TablePipeline(name, lag is not None and lag.alive(now), lag.at_ms if lag else None,
-                                           snap.input_lag_at(name, now)))
+        pipelines = [TablePipeline(name, **pipeline_doc(snap.input_lag.get(name), now),
+                                   input_lag=snap.input_lag_at(name, now)) for name in sorted(snap.tables)]
         return ClusterView(nodes, snap.generation, assignment, pipelines, self.metadata_health(snap, now))
 
     def metadata_health(self, snap: Snapshot, now: int) -> MetadataHealth:
