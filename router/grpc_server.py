@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from freshroute.errors import ConfigError, FreshrouteError, InvalidArgument
+from freshroute.errors import ConfigError, FreshrouteError
 from freshroute.formats import value_json as value_json_of
 from proto import router_pb2, router_pb2_grpc
 
@@ -201,12 +201,8 @@ def _replica_info(i: ReplicaInfo) -> router_pb2.ReplicaInfo:
 
 
 def parse_request_bound(router: Router, request: Any) -> Bound:
-    """The request's bound; a malformed one is counted as an invalid lookup before it is raised."""
-    try:
-        return Bound.from_message(request.bound) if request.HasField("bound") else NO_BOUND
-    except InvalidArgument:
-        router.metrics.lookup("invalid", "none", 0.0)
-        raise
+    """The request's bound (counted as an invalid lookup if malformed, as on REST)."""
+    return router.parsed(Bound.from_message, request.bound) if request.HasField("bound") else NO_BOUND
 
 
 async def answer_get(router: Router, request: router_pb2.GetRequest) -> router_pb2.GetResponse:

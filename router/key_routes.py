@@ -13,8 +13,8 @@ from urllib.parse import parse_qsl
 
 import orjson
 
-from freshroute.errors import InvalidArgument, foreign
-from freshroute.routing.bound import NO_BOUND, Bound, parse_millis, parse_query_bound
+from freshroute.errors import foreign
+from freshroute.routing.bound import NO_BOUND, parse_millis, parse_query_bound
 from freshroute.routing.results import key_not_found
 from router.auth import Guard
 from router.http_errors import error_headers, error_response
@@ -63,24 +63,14 @@ class KeyHandlers:
             return error_response(e)
 
     async def _lookup(self, table: str, key: str, query: bytes) -> dict:
-        result = await self.router.get(table, key, self._bound(query_of(query)) if query else NO_BOUND)
+        bound = self.router.parsed(parse_query_bound, query_of(query)) if query else NO_BOUND
+        result = await self.router.get(table, key, bound)
         if not result.found:
             raise key_not_found(result, self.router.input_lag(table))
         return result.to_dict(self.router.input_lag(table), self.router.value_format(table))
 
     async def _windows(self, table: str, key: str, q: dict[str, str]) -> dict:
-        try:
-            from_ms, to_ms = parse_millis("from", q.get("from")), parse_millis("to", q.get("to"))
-        except InvalidArgument:
-            self.router.metrics.lookup("invalid", "none", 0.0)
-            raise
-        result = await self.router.windows(table, key, from_ms, to_ms, self._bound(q))
+        parsed = self.router.parsed
+        from_ms, to_ms = parsed(parse_millis, "from", q.get("from")), parsed(parse_millis, "to", q.get("to"))
+        result = await self.router.windows(table, key, from_ms, to_ms, parsed(parse_query_bound, q))
         return result.to_dict(self.router.input_lag(table))
-
-    def _bound(self, q: dict[str, str]) -> Bound:
-        """The request's bound; a malformed one is counted as an invalid lookup before it is raised."""
-        try:
-            return parse_query_bound(q)
-        except InvalidArgument:
-            self.router.metrics.lookup("invalid", "none", 0.0)
-            raise

@@ -5,8 +5,9 @@ REST and gRPC are thin adapters over :class:`Router`; the reads themselves are t
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, TypeVar
 
+from freshroute.errors import InvalidArgument
 from freshroute.metadata import now_ms
 from freshroute.routing.core import RoutingCore
 from freshroute.routing.policy import RoutingPolicy
@@ -16,6 +17,8 @@ from freshroute.routing.store import StoreClient
 
 from router.metrics import ReplicaGauge, RouterMetrics
 from router.settings import RouterSettings
+
+T = TypeVar("T")
 
 
 class Router(RoutingCore):
@@ -35,6 +38,15 @@ class Router(RoutingCore):
         metrics.watch(self._replica_gauges, self._metadata_age_s,
                       lambda: bool(getattr(self.metadata, "redis_ok", self.metadata.current.loaded)),
                       (lambda: feed.rejections.counts) if feed is not None else dict)
+
+    def parsed(self, parse: Callable[..., T], *args: Any) -> T:
+        """``parse(*args)`` of a request's bound or range; a malformed one is counted as an invalid lookup before it
+        is raised, on every protocol alike."""
+        try:
+            return parse(*args)
+        except InvalidArgument:
+            self.metrics.lookup("invalid", "none", 0.0)
+            raise
 
     @property
     def ready(self) -> bool:

@@ -97,6 +97,10 @@ async def test_invalid_bound_invalid_argument(grpc_cluster, bound, field):
         await stub.Get(router_pb2.GetRequest(table=TABLE, key="sensor-1", bound=bound))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert trailer(e.value) == {**trailer(e.value), "code": "INVALID_ARGUMENT", "field": field}
+    # Counted as an invalid lookup, as on REST.
+    cluster = grpc_cluster[0]
+    assert cluster.router.metrics.registry.get_sample_value(
+        "freshroute_router_lookups_total", {"outcome": "invalid", "role": "none"}) == 1.0
 
 
 async def test_no_replica_within_bound_unavailable_with_freshest_lag(grpc_cluster):

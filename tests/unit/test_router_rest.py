@@ -369,6 +369,16 @@ async def test_key_metadata_tables_cluster(cluster):
     assert typed.to_dict() == view
 
 
+async def test_a_malformed_bound_or_range_is_counted_as_an_invalid_lookup(cluster):
+    async with cluster.client() as c:
+        answers = [await c.get(f"/v1/tables/{TABLE}/keys/sensor-1?max_lag=-1"),
+                   await c.get(f"/v1/tables/{TABLE}/keys/sensor-1/windows?from=x&to=10"),
+                   await c.get(f"/v1/tables/{TABLE}/keys/sensor-1/windows?from=0&to=10&max_staleness_ms=-2")]
+    assert [r.status_code for r in answers] == [400, 400, 400]
+    assert cluster.router.metrics.registry.get_sample_value(
+        "freshroute_router_lookups_total", {"outcome": "invalid", "role": "none"}) == 3.0
+
+
 async def test_health_ready_metrics_docs(cluster):
     async with cluster.client() as c:
         assert (await c.get("/healthz")).json() == {"status": "ok"}
