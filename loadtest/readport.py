@@ -3,27 +3,28 @@
 The read port carries ``ReadBatch`` / ``ResultBatch`` messages as length-prefixed frames
 (:mod:`freshroute.framing`), one answer per batch, in order. The load generator sends one
 serialized batch again and again on several connections, each keeping a number of batches
-unanswered, and reads answers by their length only: what it measures is the node, not the
-parsing of answers in Python.
+unanswered, and counts answers as frames without parsing them: what it measures is the node,
+not the parsing of answers in Python.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
-import struct
 import time
 
 from freshroute.framing import FrameReader, frame
 from proto import store_pb2
 
-_LENGTH = struct.Struct(">I")
+
+def _host_port(read_address: str) -> tuple[str, int]:
+    host, port = read_address.rsplit(":", 1)
+    return host.strip("[]"), int(port)
 
 
 def read_batch(read_address: str, batch: store_pb2.ReadBatch, timeout_s: float = 10.0) -> store_pb2.ResultBatch:
     """``batch`` sent to the node at ``read_address`` on a connection of its own, and its answer."""
-    host, port = read_address.rsplit(":", 1)
-    with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as sock:
+    with socket.create_connection(_host_port(read_address), timeout=timeout_s) as sock:
         sock.sendall(frame(batch.SerializeToString()))
         frames = FrameReader()
         while True:
@@ -40,16 +41,12 @@ async def _connection(host: str, port: int, payload: bytes, in_flight: int, unti
     reader, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(payload * in_flight)
-        buf = b""
+        frames = FrameReader()
         while True:
             data = await reader.read(1 << 16)
             if not data:
                 raise ConnectionError("the read port closed the connection")
-            buf += data
-            answered = 0
-            while len(buf) >= 4 and len(buf) >= 4 + _LENGTH.unpack_from(buf)[0]:
-                buf = buf[4 + _LENGTH.unpack_from(buf)[0]:]
-                answered += 1
+            answered = len(frames.feed(data))
             counts[0] += answered
             if time.monotonic() >= until:
                 return
@@ -61,14 +58,14 @@ async def _connection(host: str, port: int, payload: bytes, in_flight: int, unti
 def throughput(read_address: str, batch: store_pb2.ReadBatch, connections: int, in_flight: int,
                duration_s: float) -> float:
     """Batches answered per second with ``connections`` × ``in_flight`` batches unanswered at all times."""
-    host, port = read_address.rsplit(":", 1)
+    host, port = _host_port(read_address)
     payload = frame(batch.SerializeToString())
     counts = [0]
 
     async def run() -> float:
         started = time.monotonic()
         until = started + duration_s
-        await asyncio.gather(*(_connection(host, int(port), payload, in_flight, until, counts)
+        await asyncio.gather(*(_connection(host, port, payload, in_flight, until, counts)
                                for _ in range(connections)))
         return counts[0] / (time.monotonic() - started)
 
@@ -77,10 +74,9 @@ def throughput(read_address: str, batch: store_pb2.ReadBatch, connections: int, 
 
 def latencies(read_address: str, batch: store_pb2.ReadBatch, rate: float, duration_s: float) -> list[float]:
     """Round trips (ms) of one batch sent every 1/``rate`` s on one connection, for ``duration_s``."""
-    host, port = read_address.rsplit(":", 1)
     payload = frame(batch.SerializeToString())
     out: list[float] = []
-    with socket.create_connection((host.strip("[]"), int(port)), timeout=5) as sock:
+    with socket.create_connection(_host_port(read_address), timeout=5) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         frames = FrameReader()
         start = time.monotonic()
