@@ -157,7 +157,7 @@ def _lookup_grpc(args: argparse.Namespace, bound: "Bound") -> int:
 
     import grpc
 
-    from freshroute.routing.results import lag_figures, served_doc
+    from freshroute.routing.results import lag_message_doc, served_doc
     from freshroute.tls import ClientTLS
     from proto import router_pb2, router_pb2_grpc
 
@@ -192,12 +192,12 @@ def _lookup_grpc(args: argparse.Namespace, bound: "Bound") -> int:
         print(json.dumps({"table": w.table, "key": w.key, "windows": [
             {"start": x.start_ms, "end": x.end_ms, "value": json.loads(x.value_json), "final": x.final}
             for x in w.windows], "partition": w.partition,
-            **served_doc(w.served_by.node, w.served_by.role, *lag_figures(w.lag), w.position),
+            **served_doc(w.served_by.node, w.served_by.role, *lag_message_doc(w.lag).values(), w.position),
             "watermark_ms": w.watermark_ms if w.HasField("watermark_ms") else None}, separators=(",", ":")))
         return 0
     print(json.dumps({"table": resp.table, "key": resp.key, "value": json.loads(resp.value_json),
                       "partition": resp.partition,
-                      **served_doc(resp.served_by.node, resp.served_by.role, *lag_figures(resp.lag),
+                      **served_doc(resp.served_by.node, resp.served_by.role, *lag_message_doc(resp.lag).values(),
                                    resp.position)}, separators=(",", ":")))
     return 0
 

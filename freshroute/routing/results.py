@@ -72,9 +72,9 @@ def position_token(table: str, partition: int, applied: int) -> str:
     return single(table, partition, applied)
 
 
-def lag_figures(lag: Any) -> tuple[int | None, int | None]:
-    """(offsets, ms) of a gRPC ``Lag``: an unset field (unknown) is None, never 0."""
-    return lag.offsets if lag.HasField("offsets") else None, lag.ms if lag.HasField("ms") else None
+def lag_message_doc(lag: Any) -> dict[str, int | None]:
+    """A gRPC ``Lag`` as REST shows it: an unset field (unknown) is null, never 0."""
+    return {"offsets": lag.offsets if lag.HasField("offsets") else None, "ms": lag.ms if lag.HasField("ms") else None}
 
 
 def input_lag_doc(lag: tuple[int, int]) -> dict[str, int]:
