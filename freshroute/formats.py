@@ -118,12 +118,42 @@ def _json_syntax() -> tuple[Any, type[Exception]]:
     return msgspec.json.Decoder(msgspec.Raw), msgspec.DecodeError
 
 
+# The deepest nesting of arrays and objects a JSON value may have: a deeper one would exhaust a recursive
+# parser's stack (msgspec's near 1,000 levels, depending on the caller's). A store node's bulk restore reader
+# (native/bulkload) checks the same.
+MAX_JSON_DEPTH = 512
+
+
 def is_json(raw: bytes) -> bool:
-    """Whether ``raw`` is one JSON document in UTF-8, as orjson would accept it (msgspec does not check the UTF-8
-    inside strings, so that is checked apart)."""
+    """Whether ``raw`` is one JSON document in UTF-8, nested at most MAX_JSON_DEPTH deep, as orjson would accept it
+    (msgspec does not check the UTF-8 inside strings, so that is checked apart)."""
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _nesting(raw) > MAX_JSON_DEPTH:
+        return False
     decoder, invalid = _json_syntax()
     try:
         decoder.decode(raw)
     except invalid:
         return False
     return raw.isascii() or is_utf8(raw)
+
+
+def _nesting(raw: bytes) -> int:
+    """How deep the arrays and objects of a document nest (brackets inside strings aside)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for b in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif b == 0x5C:  # backslash
+                escaped = True
+            elif b == 0x22:  # quote
+                in_string = False
+        elif b == 0x22:
+            in_string = True
+        elif b in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif b in (0x5D, 0x7D):
+            depth -= 1
+    return deepest

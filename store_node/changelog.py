@@ -21,6 +21,7 @@ from confluent_kafka.admin import AdminClient
 
 from freshroute.metadata import now_ms
 from store_node.applier import Applier
+from store_node.bulk_restore import BulkRestores
 from store_node.end_offsets import EndOffsetWatcher
 from store_node.lag import Clock
 from store_node.replica import Replica
@@ -55,12 +56,14 @@ class ChangelogTailer:
 
     def __init__(self, settings: StoreNodeSettings, clock: Clock = now_ms,
                  consumer_factory: Callable[[dict[str, Any]], Any] = Consumer,
-                 admin_factory: Callable[[dict[str, Any]], Any] = AdminClient) -> None:
+                 admin_factory: Callable[[dict[str, Any]], Any] = AdminClient,
+                 bulk_reader_factory: Callable[..., Any] | None = None) -> None:
         self._settings = settings
         self._clock = clock
         self._consumer_factory = consumer_factory
         self._admin_factory = admin_factory
-        self.replicas = ReplicaSet(settings, clock)
+        self.bulk = BulkRestores(settings, clock, bulk_reader_factory)
+        self.replicas = ReplicaSet(settings, clock, self.bulk)
         self.end_offsets = EndOffsetWatcher(settings, clock, self.replicas)
         self.applier = Applier(settings, clock, self.replicas, self.end_offsets)
         self._stop = threading.Event()
@@ -156,16 +159,24 @@ class ChangelogTailer:
         batch_max = limiter.batch_size(self._settings.apply_batch_max)
         # poll() returns as soon as one message is there; consume(…, 0) then drains what is queued
         # without waiting to fill the batch, so an idle replica applies a new record at once.
-        first = consumer.poll(0.1)
+        # While replicas restore in bulk, the consumer is not waited on: their chunks are.
+        bulk = self.bulk.active
+        first = consumer.poll(0 if bulk else 0.1)
         msgs = [first] if first is not None else []
         if first is not None and batch_max > 1:
             msgs.extend(consumer.consume(batch_max - 1, 0))
         applied = self.applier.handle(msgs) if msgs else 0
+        if bulk:
+            loaded, read_to_end = self.bulk.step(0.0 if msgs else 0.1)
+            applied += loaded
+            for rep in read_to_end:
+                self.replicas.follow_on(rep)
         self._after_poll()
         limiter.spend(applied, self._stop)
 
     def close(self) -> None:
         """Close every replica's store and the consumer."""
+        self.bulk.close()
         closed = self.replicas.close()
         if self._consumer is not None:
             try:

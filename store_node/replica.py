@@ -182,6 +182,24 @@ class Replica:
         self.counters.records_applied += applied
         self.counters.records_skipped += skipped
 
+    def load(self, table_file: Path | None, next_offset: int, applied: int, skipped: int) -> None:
+        """Ingest a bulk restore's table file (standing for ``applied`` records; None: no rows) with the checkpoint
+        ``next_offset``, then publish the position."""
+        store = self.store
+        if store is None:
+            raise StoreCorrupt(f"replica {self.table}/{self.partition} has no open store")
+        try:
+            store.ingest(table_file, next_offset)
+        except DiskFull as e:
+            self.mark_failed(e.message)
+            return
+        except StoreCorrupt as e:
+            self.mark_corrupt(e.message)
+            return
+        self.lag.advance(next_offset)
+        self.counters.records_applied += applied
+        self.counters.records_skipped += skipped
+
     def write_staged(self) -> int:
         """Write the staged changes with their checkpoint; returns how many records they stand for.
 

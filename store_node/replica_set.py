@@ -21,6 +21,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
 from freshroute.errors import StoreCorrupt
 from freshroute.metadata import Role, TableSpec
+from store_node.bulk_restore import BulkRestores
 from store_node.lag import Clock
 from store_node.replica import Replica, replica_path
 from store_node.replica_store import DiskFull, ReplicaStore, StoreMemory
@@ -46,8 +47,9 @@ def _from_checkpoint(rep: Replica) -> TopicPartition:
 class ReplicaSet:
     """Every replica this node hosts, changed only on the tailer's thread; ``serving`` is read anywhere."""
 
-    def __init__(self, settings: StoreNodeSettings, clock: Clock) -> None:
+    def __init__(self, settings: StoreNodeSettings, clock: Clock, bulk: BulkRestores | None = None) -> None:
         self._settings = settings
+        self._bulk = bulk
         self._root: Path = settings.replica_root
         self._memory = StoreMemory(settings.block_cache_mb)
         self._clock = clock
@@ -166,7 +168,7 @@ class ReplicaSet:
             self._publish()
             self._retry_later(rep.key)
             return
-        self._consumer.incremental_assign([_from_checkpoint(rep)])  # the start: the store is empty
+        self._fetch([rep])  # from the start: the store is empty
 
     def follow_failure(self, rep: Replica, mono: float) -> None:
         """A FAILED replica: stopped at once (:meth:`_fail`), restored from the start again FAILED_RETRY_S later."""
@@ -244,9 +246,11 @@ class ReplicaSet:
         queue for the later opens, counted in their restore time.
         """
         try:
-            self._consumer.incremental_assign([_from_checkpoint(rep) for rep in opened])
+            self._fetch(opened)
         except Exception as e:
             for rep in opened:
+                if self._bulk is not None:
+                    self._bulk.cancel(rep)
                 rep.close()
                 self._open_failed(rep.key, e)
             return
@@ -261,6 +265,17 @@ class ReplicaSet:
             else:
                 log.info("replica %s/%d (%s): restoring from the start of changelog %s",
                          rep.table, rep.partition, rep.role.value, rep.topic)
+
+    def _fetch(self, reps: list[Replica]) -> None:
+        """Fetch the changelogs of ``reps`` from their checkpoints: empty stores in bulk, the others by the consumer."""
+        rest = self._bulk.start(reps) if self._bulk is not None else reps
+        if rest:
+            self._consumer.incremental_assign([_from_checkpoint(rep) for rep in rest])
+
+    def follow_on(self, rep: Replica) -> None:
+        """Fetch by the consumer, from its checkpoint, the changelog of a replica its bulk restore read to the end."""
+        if self._replicas.get(rep.key) is rep:
+            self._consumer.incremental_assign([_from_checkpoint(rep)])
 
     def _replica(self, spec: TableSpec, partition: int, role: Role, store: ReplicaStore | None,
                  failure: str | None = None) -> Replica:
@@ -294,6 +309,8 @@ class ReplicaSet:
 
     def _unassign(self, rep: Replica) -> None:
         """Stop fetching ``rep``'s changelog; a failure is logged (the partition may not be assigned)."""
+        if self._bulk is not None:
+            self._bulk.cancel(rep)
         try:
             self._consumer.incremental_unassign([TopicPartition(rep.topic, rep.partition)])
         except KafkaException as e:

@@ -6,7 +6,8 @@ changelog offset to apply) is written with the last of the rows it covers, so a 
 leave the rows behind the checkpoint (ahead of it, a replay from it rewrites them).
 
 A replica restoring into an empty store loads in bulk (:attr:`ReplicaStore.bulk_load`) until it has caught up,
-then is reopened for reads (:meth:`ReplicaStore.reopened`).
+then is reopened for reads (:meth:`ReplicaStore.reopened`); most of its rows come as table files it ingests
+whole (:meth:`ReplicaStore.ingest`).
 
 rocksdict keeps a database open while any handle derived from it lives, so this class owns
 every handle and iterators never outlive one call.
@@ -20,8 +21,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from rocksdict import (BlockBasedOptions, Cache, DBCompressionType, MemtableFactory, Options, Rdict, ReadOptions,
-                       WriteBatch, WriteBufferManager, WriteOptions)
+from rocksdict import (BlockBasedOptions, Cache, DBCompressionType, IngestExternalFileOptions, MemtableFactory, Options,
+                       Rdict, ReadOptions, WriteBatch, WriteBufferManager, WriteOptions)
 
 from freshroute.errors import FatalError, StoreCorrupt
 
@@ -35,6 +36,8 @@ _FLUSH_AT_ONCE_BYTES = 1 << 20
 WRITE_CHUNK_ROWS = 2_000
 _STALL_WAIT_S = 0.005
 _STALL_MAX_S = 120.0
+# Table files a bulk restore writes into the store's directory for it to ingest (store_node/bulk_restore.py).
+TABLE_FILES = "load-*.sst"
 
 
 class StoreBusy(FatalError):
@@ -164,6 +167,7 @@ class ReplicaStore:
         to load in bulk; an unreadable database raises StoreCorrupt."""
         path.mkdir(parents=True, exist_ok=True)
         memory = memory or default_memory()
+        cls.drop_table_files(path)
         try:
             db = Rdict(str(path), _options(memory, bulk_load), column_families={META_CF: Options(raw_mode=True)})
         except Exception as e:  # rocksdict raises bare Exception for every RocksDB status
@@ -209,6 +213,12 @@ class ReplicaStore:
             return self
         self.close()
         return self.open(self.path, self.memory)
+
+    @staticmethod
+    def drop_table_files(path: Path) -> None:
+        """Delete table files a bulk restore wrote and the store never ingested (a crash, a stopped restore)."""
+        for stray in path.glob(TABLE_FILES):
+            stray.unlink(missing_ok=True)
 
     @staticmethod
     def destroy(path: Path) -> None:
@@ -269,6 +279,25 @@ class ReplicaStore:
         self.applied_offset = next_offset
         if caught_up_at_ms is not None:
             self.caught_up_at_ms = caught_up_at_ms
+
+    def ingest(self, table_file: Path | None, next_offset: int) -> None:
+        """Take in a table file written for this store (its keys sorted and distinct; None: no rows) as it is, then
+        move the checkpoint to ``next_offset``. The file is moved into the store, never copied; its rows are newer
+        than every row before them, as a write of them would be."""
+        db = self._db
+        if db is None:
+            raise StoreCorrupt(f"replica store {self.path} is closed", path=str(self.path))
+        if table_file is not None:
+            options = IngestExternalFileOptions()
+            options.set_move_files(True)
+            try:
+                db.ingest_external_file([str(table_file)], options)
+            except Exception as e:
+                raise _write_failure(self.path, "ingest a table file", e) from None
+            finally:
+                table_file.unlink(missing_ok=True)
+        self._write([], next_offset)
+        self.applied_offset = next_offset
 
     @staticmethod
     def batch(changes: Iterable[tuple[bytes, bytes | None]] = ()) -> WriteBatch:

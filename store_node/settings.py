@@ -44,6 +44,10 @@ class _StoreNodeProcess(ServingSettings):
     caught_up_threshold: int = Field(100, ge=0, description="offsets from the end that count as caught up")
     apply_rate_limit: int = Field(0, ge=0, description="records/s this node applies at most (0 = unlimited), "
                                                        "so a restore cannot starve reads")
+    bulk_restore: bool = Field(True, description="restore an empty replica in bulk: its changelog read to the end "
+                               "by the native reader (native/bulkload) into table files its store ingests whole; "
+                               "not while apply_rate_limit is set (false: record by record, like a replica that "
+                               "resumes)")
 
     # Bounded per-partition fetches: the broker fills a Fetch partition by partition up to the
     # byte limit, so one partition far behind would otherwise starve the others. 1 MiB rather
@@ -92,6 +96,18 @@ class _StoreNodeProcess(ServingSettings):
     def replica_root(self) -> Path:
         assert self.data_dir is not None
         return self.data_dir
+
+    def bulk_reader_config(self) -> dict[str, str]:
+        """librdkafka settings of a bulk restore's reader, as the strings the native reader takes."""
+        config = self.consumer_config(**{
+            "client.id": f"freshroute-store-{self.node_id}-bulk",
+            "statistics.interval.ms": 0,
+            # The end of a partition is known only after a fetch comes back empty: a long wait would be restore time.
+            "fetch.wait.max.ms": 10,
+            "fetch.max.bytes": 64 * 1024 * 1024,
+            "queued.max.messages.kbytes": 64 * 1024,
+        })
+        return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in config.items()}
 
     def consumer_config(self, **overrides: Any) -> dict[str, Any]:
         """librdkafka settings of the node's single changelog consumer."""

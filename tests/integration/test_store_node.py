@@ -256,6 +256,7 @@ def test_serves_latest_values_tombstones_and_scans(cluster):
     assert all(r.role == store_pb2.ACTIVE and r.state == store_pb2.SERVING_ACTIVE for r in st.replicas)
     assert sum(c.records_skipped for c in st.counters) == 1
     assert sum(c.records_applied for c in st.counters) == sum(changelog.per_partition.values()) - 1
+    assert f"restoring {PARTITIONS} partition(s) of {changelog.spec.topic} in bulk" in node.log()
 
     # The same, as Prometheus scrapes it.
     from prometheus_client.parser import text_string_to_metric_families

@@ -1,0 +1,376 @@
+//! Reading changelog partitions to their end with librdkafka's batch call, on a thread of its own: each record
+//! checked and a partition's rows gathered until a chunk's worth; then, on a second thread, sorted, one per key,
+//! and written as a table file of that partition's store.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{CStr, CString};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::bindings;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+
+use crate::formats::{key_problem, value_problem, Format};
+use crate::table_file::TableOptions;
+
+/// Skipped records reported by offset in each chunk (all are counted).
+const PROBLEMS_KEPT: usize = 10;
+/// What a row costs beyond its bytes, for sizing chunks.
+const ROW_OVERHEAD: usize = 32;
+/// Messages taken from librdkafka's queue at once: its batch call costs a fraction of a poll per message.
+const BATCH: usize = 1000;
+/// How long one batch call waits for messages (the stop flag is looked at in between).
+const BATCH_WAIT_MS: i32 = 10;
+
+/// What a chunk hands over: a partition's changes from where its previous chunk ended to ``next_offset``.
+pub struct Taken {
+    pub partition: i32,
+    pub next_offset: i64,
+    pub end_offset: i64,
+    pub records: u64,
+    pub skipped: u64,
+    pub problems: Vec<(i64, &'static str)>,
+    pub rows: usize,
+    pub file: Option<PathBuf>,
+    pub last: bool,
+}
+
+/// Partitions no longer wanted: their records are passed over and their rows never written.
+#[derive(Default)]
+pub struct Dropped {
+    partitions: Mutex<HashSet<i32>>,
+    /// Bumped by each drop, so the reading thread looks at the set only when it changed.
+    count: AtomicUsize,
+}
+
+impl Dropped {
+    pub fn add(&self, partition: i32) {
+        self.partitions.lock().unwrap().insert(partition);
+        self.count.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn contains(&self, partition: i32) -> bool {
+        self.partitions.lock().unwrap().contains(&partition)
+    }
+}
+
+pub enum Item {
+    Chunk(Taken),
+    Failed(String),
+}
+
+/// A row of a chunk: its key and value in the chunk's bytes (``value_len`` None: a delete).
+#[derive(Clone, Copy)]
+struct Row {
+    at: usize,
+    key_len: usize,
+    value_len: Option<usize>,
+}
+
+impl Row {
+    fn key<'a>(&self, data: &'a [u8]) -> &'a [u8] {
+        &data[self.at..self.at + self.key_len]
+    }
+
+    fn value<'a>(&self, data: &'a [u8]) -> Option<&'a [u8]> {
+        let start = self.at + self.key_len;
+        self.value_len.map(|len| &data[start..start + len])
+    }
+}
+
+/// One partition's rows read and not yet handed over. Their bytes go one after another into one buffer: a
+/// record costs no allocation of its own (allocations contend with librdkafka's fetch thread for malloc's locks).
+pub struct Pending {
+    directory: PathBuf,
+    next_offset: i64,
+    records: u64,
+    skipped: u64,
+    problems: Vec<(i64, &'static str)>,
+    data: Vec<u8>,
+    rows: Vec<Row>,
+    done: bool,
+}
+
+impl Pending {
+    pub fn new(next_offset: i64, directory: PathBuf) -> Self {
+        Pending { directory, next_offset, records: 0, skipped: 0, problems: Vec::new(), data: Vec::new(),
+                  rows: Vec::new(), done: false }
+    }
+
+    fn push(&mut self, key: &[u8], value: Option<&[u8]>) {
+        let at = self.data.len();
+        self.data.extend_from_slice(key);
+        if let Some(value) = value {
+            self.data.extend_from_slice(value);
+        }
+        self.rows.push(Row { at, key_len: key.len(), value_len: value.map(<[u8]>::len) });
+    }
+
+    fn bytes(&self) -> usize {
+        self.data.len() + self.rows.len() * ROW_OVERHEAD
+    }
+
+    /// The rows so far and the counts since the last chunk, for the writer.
+    fn take(&mut self, partition: i32, end_offset: i64, last: bool) -> Gathered {
+        Gathered {
+            partition,
+            directory: self.directory.clone(),
+            next_offset: self.next_offset,
+            end_offset,
+            records: std::mem::take(&mut self.records),
+            skipped: std::mem::take(&mut self.skipped),
+            problems: std::mem::take(&mut self.problems),
+            data: std::mem::take(&mut self.data),
+            rows: std::mem::take(&mut self.rows),
+            last,
+        }
+    }
+}
+
+/// A partition's rows as read, on their way from the reading thread to the writing one.
+pub struct Gathered {
+    partition: i32,
+    directory: PathBuf,
+    next_offset: i64,
+    end_offset: i64,
+    records: u64,
+    skipped: u64,
+    problems: Vec<(i64, &'static str)>,
+    data: Vec<u8>,
+    rows: Vec<Row>,
+    last: bool,
+}
+
+impl Gathered {
+    /// The rows written as one table file — sorted by key, the latest change of each key.
+    pub fn write(self, table: &TableOptions) -> Result<Taken, String> {
+        let (data, mut rows) = (self.data, self.rows);
+        // By key, then by place in the changelog: the last of a key's rows is its latest change.
+        rows.sort_unstable_by(|a, b| a.key(&data).cmp(b.key(&data)).then(a.at.cmp(&b.at)));
+        let mut settled: Vec<Row> = Vec::with_capacity(rows.len());
+        for row in rows {
+            match settled.last_mut() {
+                Some(prev) if prev.key(&data) == row.key(&data) => *prev = row,
+                _ => settled.push(row),
+            }
+        }
+        let file = if settled.is_empty() {
+            None
+        } else {
+            let path = self.directory.join(format!("load-{}.sst", self.next_offset));
+            table
+                .write(&path, settled.iter().map(|row| (row.key(&data), row.value(&data))))
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            Some(path)
+        };
+        Ok(Taken {
+            partition: self.partition,
+            next_offset: self.next_offset,
+            end_offset: self.end_offset,
+            records: self.records,
+            skipped: self.skipped,
+            problems: self.problems,
+            rows: settled.len(),
+            file,
+            last: self.last,
+        })
+    }
+}
+
+/// Writes what the reading thread gathered, in order, and hands each chunk on.
+pub fn write_all(gathered: Receiver<Gathered>, chunks: SyncSender<Item>, stop: Arc<AtomicBool>, dropped: Arc<Dropped>) {
+    let table = TableOptions::new();
+    for g in gathered {
+        if dropped.contains(g.partition) {
+            continue;
+        }
+        let item = match g.write(&table) {
+            Ok(taken) => Item::Chunk(taken),
+            Err(why) => Item::Failed(why),
+        };
+        let failed = matches!(item, Item::Failed(_));
+        if !send(&chunks, item, &stop) || failed {
+            return;
+        }
+    }
+}
+
+/// Send ``item``, waiting while the queue is full; false if the receiver is gone or reading was stopped.
+fn send<T>(to: &SyncSender<T>, mut item: T, stop: &AtomicBool) -> bool {
+    loop {
+        match to.try_send(item) {
+            Ok(()) => return true,
+            Err(TrySendError::Disconnected(_)) => return false,
+            Err(TrySendError::Full(back)) => {
+                if stop.load(Ordering::SeqCst) {
+                    return false;
+                }
+                item = back;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
+pub struct Reading {
+    pub consumer: BaseConsumer,
+    pub topic: CString,
+    pub pending: HashMap<i32, Pending>,
+    pub key_format: Format,
+    pub value_format: Format,
+    /// The most rows a reader holds, in bytes: past it, the partition holding the most is handed over.
+    pub chunk_bytes: usize,
+    /// What the partitions hold now, in bytes.
+    pub held: usize,
+    /// To the writing thread.
+    pub gathered: SyncSender<Gathered>,
+    /// Failures, straight to Python.
+    pub chunks: SyncSender<Item>,
+    pub stop: Arc<AtomicBool>,
+    pub dropped: Arc<Dropped>,
+    /// The drops seen so far.
+    pub drops_seen: usize,
+    /// Partitions not read to their end yet.
+    pub open: usize,
+}
+
+impl Reading {
+    pub fn run(mut self) {
+        // SAFETY: the consumer's own queue, released below before the consumer itself.
+        let queue = unsafe { bindings::rd_kafka_queue_get_consumer(self.consumer.client().native_ptr()) };
+        let mut batch: Vec<*mut bindings::rd_kafka_message_t> = vec![std::ptr::null_mut(); BATCH];
+        'reading: while self.open > 0 && !self.stopped() {
+            self.pass_over_dropped();
+            // SAFETY: room for BATCH message pointers; each one returned is destroyed below.
+            let n = unsafe { bindings::rd_kafka_consume_batch_queue(queue, BATCH_WAIT_MS, batch.as_mut_ptr(), BATCH) };
+            let taken = usize::try_from(n).unwrap_or(0);
+            for (i, &message) in batch[..taken].iter().enumerate() {
+                // SAFETY: a message librdkafka handed over, destroyed only after this.
+                let m = unsafe { &*message };
+                let going_on = if m.err == bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+                    self.record(m)
+                } else if m.err == bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__PARTITION_EOF {
+                    self.end_of(m.partition)
+                } else {
+                    let _ = self.chunks.send(Item::Failed(error_text(m)));
+                    false
+                };
+                if !going_on {
+                    for &rest in &batch[i..taken] {
+                        unsafe { bindings::rd_kafka_message_destroy(rest) };
+                    }
+                    break 'reading;
+                }
+                unsafe { bindings::rd_kafka_message_destroy(message) };
+            }
+        }
+        unsafe { bindings::rd_kafka_queue_destroy(queue) };
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Take one record; false if reading ends (stopped, or a table file could not be written).
+    fn record(&mut self, m: &bindings::rd_kafka_message_t) -> bool {
+        let partition = m.partition;
+        let Some(p) = self.pending.get_mut(&partition) else { return true };
+        if p.done || m.offset < p.next_offset {
+            return true;
+        }
+        // SAFETY: librdkafka's key and payload pointers with their lengths (NULL: absent), alive with the message.
+        let key = unsafe { bytes_of(m.key as *const u8, m.key_len) };
+        let value = unsafe { bytes_of(m.payload as *const u8, m.len) };
+        p.next_offset = m.offset + 1;
+        p.records += 1;
+        match key_problem(self.key_format, key).or_else(|| value_problem(self.value_format, value)) {
+            Some(problem) => {
+                p.skipped += 1;
+                if p.problems.len() < PROBLEMS_KEPT {
+                    p.problems.push((m.offset, problem));
+                }
+            }
+            None => {
+                let before = p.bytes();
+                p.push(key.unwrap_or_default(), value);
+                self.held += p.bytes() - before;
+            }
+        }
+        if self.held < self.chunk_bytes {
+            return true;
+        }
+        let fullest = self.pending.iter().max_by_key(|(_, p)| p.bytes()).map(|(&partition, _)| partition);
+        fullest.map_or(true, |partition| self.hand_over(partition, false))
+    }
+
+    /// A partition read to its end: its last chunk.
+    fn end_of(&mut self, partition: i32) -> bool {
+        match self.pending.get_mut(&partition) {
+            Some(p) if !p.done => p.done = true,
+            _ => return true,
+        }
+        self.open -= 1;
+        self.hand_over(partition, true)
+    }
+
+    /// Forget the partitions dropped since the last look: done, their rows let go.
+    fn pass_over_dropped(&mut self) {
+        let drops = self.dropped.count.load(Ordering::SeqCst);
+        if drops == self.drops_seen {
+            return;
+        }
+        self.drops_seen = drops;
+        let dropped = self.dropped.partitions.lock().unwrap().clone();
+        for partition in dropped {
+            if let Some(p) = self.pending.get_mut(&partition) {
+                if !p.done {
+                    p.done = true;
+                    self.open -= 1;
+                    self.held -= p.bytes();
+                    p.data = Vec::new();
+                    p.rows = Vec::new();
+                }
+            }
+        }
+    }
+
+    /// Send ``partition``'s rows to the writing thread, waiting while it is busy; false if reading ends.
+    fn hand_over(&mut self, partition: i32, last: bool) -> bool {
+        let end_offset = self.high_watermark(partition);
+        let pending = self.pending.get_mut(&partition).expect("a pending partition");
+        self.held -= pending.bytes();
+        let gathered = pending.take(partition, end_offset, last);
+        send(&self.gathered, gathered, &self.stop)
+    }
+
+    /// The high watermark of the partition's latest fetch response, without asking the broker (-1: none yet).
+    fn high_watermark(&self, partition: i32) -> i64 {
+        let (mut low, mut high) = (-1i64, -1i64);
+        // SAFETY: a live client handle, a NUL-terminated topic name and two out-parameters, as the C API asks.
+        let err = unsafe {
+            bindings::rd_kafka_get_watermark_offsets(self.consumer.client().native_ptr(), self.topic.as_ptr(),
+                                                     partition, &mut low, &mut high)
+        };
+        if err == bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR { high } else { -1 }
+    }
+}
+
+unsafe fn bytes_of<'a>(ptr: *const u8, len: usize) -> Option<&'a [u8]> {
+    if ptr.is_null() {
+        None
+    } else {
+        Some(std::slice::from_raw_parts(ptr, len))
+    }
+}
+
+fn error_text(m: &bindings::rd_kafka_message_t) -> String {
+    // SAFETY: librdkafka's static error name; an error message's payload, if any, is its text.
+    let name = unsafe { CStr::from_ptr(bindings::rd_kafka_err2str(m.err)) }.to_string_lossy().into_owned();
+    match unsafe { bytes_of(m.payload as *const u8, m.len) } {
+        Some(text) if !text.is_empty() => format!("partition {}: {name}: {}", m.partition, String::from_utf8_lossy(text)),
+        _ => format!("partition {}: {name}", m.partition),
+    }
+}

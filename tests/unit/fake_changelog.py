@@ -1,0 +1,128 @@
+"""A changelog tailer's seams, faked: its clock, the consumer and the admin client, and the messages a consumer gives."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import Future
+from types import SimpleNamespace
+
+from confluent_kafka import KafkaError
+
+from freshroute.metadata import TableSpec
+
+SPEC = TableSpec("counts", "counts-changelog", 2, "k")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class Msg:
+    def __init__(self, offset, key=None, value=None, partition=0, topic=SPEC.topic, error=None):
+        self._offset, self._key, self._value = offset, key, value
+        self._partition, self._topic, self._error = partition, topic, error
+
+    def error(self):
+        return self._error
+
+    def topic(self):
+        return self._topic
+
+    def partition(self):
+        return self._partition
+
+    def offset(self):
+        return self._offset
+
+    def key(self):
+        return self._key
+
+    def value(self):
+        return self._value
+
+
+class Err:
+    def __init__(self, code, text="x"):
+        self._code, self._text = code, text
+
+    def code(self):
+        return self._code
+
+    def str(self):
+        return self._text
+
+
+def record(offset, key, value, partition=0):
+    return Msg(offset, key.encode() if isinstance(key, str) else key,
+               None if value is None else (value if isinstance(value, bytes) else json.dumps(value).encode()),
+               partition)
+
+
+def eof(offset, partition=0):
+    return Msg(offset, partition=partition, error=Err(KafkaError._PARTITION_EOF))
+
+
+class FakeConsumer:
+    def __init__(self, config):
+        self.config = config
+        self.queue: list = []
+        self.assigned: dict[tuple[str, int], int] = {}
+        self.assign_calls: list[tuple[str, int, int]] = []
+        self.closed = False
+        self.pending_stats: list[str] = []
+        self.watermarks: dict[tuple[str, int], int] = {}
+
+    def incremental_assign(self, tps):
+        for tp in tps:
+            self.assigned[(tp.topic, tp.partition)] = tp.offset
+            self.assign_calls.append((tp.topic, tp.partition, tp.offset))
+
+    def incremental_unassign(self, tps):
+        for tp in tps:
+            self.assigned.pop((tp.topic, tp.partition), None)
+
+    def _serve_stats(self):
+        while self.pending_stats:
+            self.config["stats_cb"](self.pending_stats.pop(0))
+
+    def poll(self, timeout):
+        self._serve_stats()
+        return self.queue.pop(0) if self.queue else None
+
+    def consume(self, n, timeout):
+        out, self.queue = self.queue[:n], self.queue[n:]
+        return out
+
+    def close(self):
+        self.closed = True
+
+    def get_watermark_offsets(self, tp, cached=False):
+        return (0, self.watermarks.get((tp.topic, tp.partition), -1001))
+
+
+class FakeAdmin:
+    def __init__(self, config):
+        self.topic_ids: dict[str, str] = {}
+
+    def describe_topics(self, collection, request_timeout=None):
+        out = {}
+        for topic in collection.topic_names:
+            f: Future = Future()
+            if topic in self.topic_ids:
+                f.set_result(SimpleNamespace(topic_id=self.topic_ids[topic]))
+            else:
+                f.set_exception(RuntimeError("unknown topic"))
+            out[topic] = f
+        return out
+
+
+def stats(hi: dict[int, int], rx: int, state="UP", topic=SPEC.topic) -> str:
+    return json.dumps({
+        "brokers": {"b/1": {"nodeid": 1, "state": state, "rx": rx}, "bootstrap": {"nodeid": -1, "state": "UP", "rx": 1}},
+        "topics": {topic: {"partitions": {str(p): {"leader": 1, "fetch_state": "active", "hi_offset": h}
+                                          for p, h in hi.items()} | {"-1": {"leader": -1, "hi_offset": -1001}}}},
+    })
