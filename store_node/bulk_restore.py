@@ -161,6 +161,8 @@ class BulkRestores:
         elif chunk.last:
             del restore.replicas[chunk.partition]
             done.append(rep)
+            log.info("replica %s/%d: read in bulk to offset %d in %.1fs; it follows on from there", rep.table,
+                     rep.partition, chunk.next_offset, time.monotonic() - rep.restore_started)
         return applied
 
     def _report_poison(self, restore: _Restore, rep: Replica, chunk: Any) -> None:

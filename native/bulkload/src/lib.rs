@@ -28,6 +28,9 @@ use rdkafka::{Offset, TopicPartitionList};
 use formats::{key_problem, value_problem, Format};
 use reader::{write_all, Dropped, Item, Pending, Reading, Taken};
 
+/// Threads that check, sort and write chunks: with the reading thread and librdkafka's, they keep two cores busy.
+const WRITERS: usize = 2;
+
 create_exception!(freshroute_bulkload, ReadFailed, PyRuntimeError, "The changelog could not be read, or a table file not written.");
 
 /// A partition's changes from where its previous chunk ended to ``next_offset``, as one table file.
@@ -107,30 +110,33 @@ impl ChangelogReader {
         }
         consumer.assign(&assignment).map_err(|e| ReadFailed::new_err(format!("cannot assign: {e}")))?;
         let (chunks, receiver) = sync_channel(queued.max(1));
-        let (gathered, to_write) = sync_channel(1);
+        let mut threads = Vec::new();
+        let mut writers = Vec::new();
         let stop = Arc::new(AtomicBool::new(false));
         let dropped = Arc::new(Dropped::default());
         let open = partitions.len();
+        for _ in 0..WRITERS.min(partitions.len()).max(1) {
+            let (writer, to_write) = sync_channel(1);
+            let (chunks, stop, dropped) = (chunks.clone(), stop.clone(), dropped.clone());
+            threads.push(spawn("bulkload-writer", move || {
+                write_all(to_write, chunks, stop, dropped, key_format, value_format)
+            })?);
+            writers.push(writer);
+        }
         let reading = Reading {
             consumer,
             topic: CString::new(topic).map_err(|_| PyValueError::new_err("topic holds a NUL byte"))?,
             pending: partitions.into_iter().map(|(p, o, dir)| (p, Pending::new(o, dir))).collect(),
-            key_format,
-            value_format,
             chunk_bytes,
             held: 0,
-            gathered,
-            chunks: chunks.clone(),
+            writers,
+            chunks,
             stop: stop.clone(),
             dropped: dropped.clone(),
             drops_seen: 0,
             open,
         };
-        let (writing_stop, writing_dropped) = (stop.clone(), dropped.clone());
-        let threads = vec![
-            spawn("bulkload-writer", move || write_all(to_write, chunks, writing_stop, writing_dropped))?,
-            spawn("bulkload-reader", move || reading.run())?,
-        ];
+        threads.push(spawn("bulkload-reader", move || reading.run())?);
         Ok(ChangelogReader { receiver: Mutex::new(receiver), stop, dropped, threads: Mutex::new(threads) })
     }
 

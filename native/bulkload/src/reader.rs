@@ -1,6 +1,7 @@
-//! Reading changelog partitions to their end with librdkafka's batch call, on a thread of its own: each record
-//! checked and a partition's rows gathered until a chunk's worth; then, on a second thread, sorted, one per key,
-//! and written as a table file of that partition's store.
+//! Reading changelog partitions to their end with librdkafka's batch call, on a thread of its own that gathers
+//! each partition's records until a chunk's worth; then, on one of the writing threads (a partition always on the
+//! same one, so that its chunks keep their order), each record checked, the rows sorted, one per key, and written
+//! as a table file of that partition's store.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString};
@@ -62,12 +63,13 @@ pub enum Item {
     Failed(String),
 }
 
-/// A row of a chunk: its key and value in the chunk's bytes (``value_len`` None: a delete).
+/// A row of a chunk: its key and value in the chunk's bytes (``value_len`` None: a delete), and its offset.
 #[derive(Clone, Copy)]
 struct Row {
     at: usize,
     key_len: usize,
     value_len: Option<usize>,
+    offset: i64,
 }
 
 impl Row {
@@ -100,13 +102,13 @@ impl Pending {
                   rows: Vec::new(), done: false }
     }
 
-    fn push(&mut self, key: &[u8], value: Option<&[u8]>) {
+    fn push(&mut self, key: &[u8], value: Option<&[u8]>, offset: i64) {
         let at = self.data.len();
         self.data.extend_from_slice(key);
         if let Some(value) = value {
             self.data.extend_from_slice(value);
         }
-        self.rows.push(Row { at, key_len: key.len(), value_len: value.map(<[u8]>::len) });
+        self.rows.push(Row { at, key_len: key.len(), value_len: value.map(<[u8]>::len), offset });
     }
 
     fn bytes(&self) -> usize {
@@ -145,9 +147,22 @@ pub struct Gathered {
 }
 
 impl Gathered {
-    /// The rows written as one table file — sorted by key, the latest change of each key.
-    pub fn write(self, table: &TableOptions) -> Result<Taken, String> {
-        let (data, mut rows) = (self.data, self.rows);
+    /// The rows that pass the formats' checks written as one table file — sorted by key, the latest change of
+    /// each key.
+    pub fn write(self, table: &TableOptions, key_format: Format, value_format: Format) -> Result<Taken, String> {
+        let (data, mut rows, mut skipped, mut problems) = (self.data, self.rows, self.skipped, self.problems);
+        rows.retain(|row| {
+            match key_problem(key_format, Some(row.key(&data))).or_else(|| value_problem(value_format, row.value(&data))) {
+                None => true,
+                Some(problem) => {
+                    skipped += 1;
+                    problems.push((row.offset, problem));
+                    false
+                }
+            }
+        });
+        problems.sort_by_key(|&(offset, _)| offset);
+        problems.truncate(PROBLEMS_KEPT);
         // By key, then by place in the changelog: the last of a key's rows is its latest change.
         rows.sort_unstable_by(|a, b| a.key(&data).cmp(b.key(&data)).then(a.at.cmp(&b.at)));
         let mut settled: Vec<Row> = Vec::with_capacity(rows.len());
@@ -171,8 +186,8 @@ impl Gathered {
             next_offset: self.next_offset,
             end_offset: self.end_offset,
             records: self.records,
-            skipped: self.skipped,
-            problems: self.problems,
+            skipped,
+            problems,
             rows: settled.len(),
             file,
             last: self.last,
@@ -181,13 +196,14 @@ impl Gathered {
 }
 
 /// Writes what the reading thread gathered, in order, and hands each chunk on.
-pub fn write_all(gathered: Receiver<Gathered>, chunks: SyncSender<Item>, stop: Arc<AtomicBool>, dropped: Arc<Dropped>) {
+pub fn write_all(gathered: Receiver<Gathered>, chunks: SyncSender<Item>, stop: Arc<AtomicBool>, dropped: Arc<Dropped>,
+                 key_format: Format, value_format: Format) {
     let table = TableOptions::new();
     for g in gathered {
         if dropped.contains(g.partition) {
             continue;
         }
-        let item = match g.write(&table) {
+        let item = match g.write(&table, key_format, value_format) {
             Ok(taken) => Item::Chunk(taken),
             Err(why) => Item::Failed(why),
         };
@@ -219,14 +235,12 @@ pub struct Reading {
     pub consumer: BaseConsumer,
     pub topic: CString,
     pub pending: HashMap<i32, Pending>,
-    pub key_format: Format,
-    pub value_format: Format,
     /// The most rows a reader holds, in bytes: past it, the partition holding the most is handed over.
     pub chunk_bytes: usize,
     /// What the partitions hold now, in bytes.
     pub held: usize,
-    /// To the writing thread.
-    pub gathered: SyncSender<Gathered>,
+    /// To the writing threads: partition p's rows to writer p % n.
+    pub writers: Vec<SyncSender<Gathered>>,
     /// Failures, straight to Python.
     pub chunks: SyncSender<Item>,
     pub stop: Arc<AtomicBool>,
@@ -286,16 +300,17 @@ impl Reading {
         let value = unsafe { bytes_of(m.payload as *const u8, m.len) };
         p.next_offset = m.offset + 1;
         p.records += 1;
-        match key_problem(self.key_format, key).or_else(|| value_problem(self.value_format, value)) {
-            Some(problem) => {
+        match key {
+            // The formats' checks are the writer's; a record without a key has nothing to check.
+            None => {
                 p.skipped += 1;
                 if p.problems.len() < PROBLEMS_KEPT {
-                    p.problems.push((m.offset, problem));
+                    p.problems.push((m.offset, "null key"));
                 }
             }
-            None => {
+            Some(key) => {
                 let before = p.bytes();
-                p.push(key.unwrap_or_default(), value);
+                p.push(key, value, m.offset);
                 self.held += p.bytes() - before;
             }
         }
@@ -343,7 +358,8 @@ impl Reading {
         let pending = self.pending.get_mut(&partition).expect("a pending partition");
         self.held -= pending.bytes();
         let gathered = pending.take(partition, end_offset, last);
-        send(&self.gathered, gathered, &self.stop)
+        let writer = &self.writers[partition.unsigned_abs() as usize % self.writers.len()];
+        send(writer, gathered, &self.stop)
     }
 
     /// The high watermark of the partition's latest fetch response, without asking the broker (-1: none yet).
