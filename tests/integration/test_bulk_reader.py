@@ -51,19 +51,15 @@ def test_the_files_hold_each_keys_latest_valid_change_and_the_chunks_every_offse
     topic = f"{namespace}-bulk"
     make_topic(broker, topic)
     producer = Producer({"bootstrap.servers": broker, "linger.ms": 5})
-    expected: dict[int, dict[bytes, bytes]] = {p: {} for p in range(PARTITIONS)}
-    ends = dict.fromkeys(range(PARTITIONS), 0)
-    poison: dict[int, list[tuple[int, str]]] = {p: [] for p in range(PARTITIONS)}
+    # What each partition holds, from the delivery reports: (offset, key, value, why it is poison or None).
+    written: dict[int, list[tuple[int, bytes | None, bytes | None, str | None]]] = {p: [] for p in range(PARTITIONS)}
 
     def send(p: int, key: bytes | None, value: bytes | None, problem: str | None = None) -> None:
-        producer.produce(topic, key=key, value=value, partition=p)
-        if problem is not None:
-            poison[p].append((ends[p], problem))
-        elif value is None:
-            expected[p].pop(key, None)
-        else:
-            expected[p][key] = value
-        ends[p] += 1
+        def delivered(err, msg) -> None:
+            assert err is None, err
+            written[p].append((msg.offset(), key, value, problem))
+
+        producer.produce(topic, key=key, value=value, partition=p, on_delivery=delivered)
 
     for round_ in range(4):
         for i in range(3_000):
@@ -76,7 +72,19 @@ def test_the_files_hold_each_keys_latest_valid_change_and_the_chunks_every_offse
     send(0, b"k3", b"{not json", "value is not JSON")  # k3 keeps its last valid value
     send(1, None, b"1", "null key")
     send(2, b"\xff\xfe", b"1", "key is not UTF-8")
-    producer.flush(30)
+    assert producer.flush(30) == 0
+    expected: dict[int, dict[bytes, bytes]] = {p: {} for p in range(PARTITIONS)}
+    poison: dict[int, list[tuple[int, str]]] = {p: [] for p in range(PARTITIONS)}
+    ends = {}
+    for p, records in written.items():
+        for offset, key, value, problem in sorted(records, key=lambda r: r[0]):
+            if problem is not None:
+                poison[p].append((offset, problem))
+            elif value is None:
+                expected[p].pop(key, None)
+            else:
+                expected[p][key] = value
+        ends[p] = len(records)
 
     dirs = {p: tmp_path / str(p) for p in range(PARTITIONS)}
     stores = {p: ReplicaStore.open(d, bulk_load=True) for p, d in dirs.items()}
