@@ -152,8 +152,10 @@ class BulkRestores:
         applied = chunk.records - chunk.skipped
         rep.load(chunk.file and Path(chunk.file), chunk.next_offset, applied, chunk.skipped)
         if chunk.end_offset >= 0:
-            # Dated when the restore started: the end then was at most this (an end offset only grows).
-            rep.lag.observe_end(chunk.end_offset, restore.started_ms)
+            # The last chunk's end came with the fetch response that found it (an end-of-partition event, as the
+            # tailer's consumer dates one); an earlier chunk's is dated when the restore started, when the end was
+            # at most this (an end offset only grows).
+            rep.lag.observe_end(chunk.end_offset, chunk.end_seen_ms if chunk.last else restore.started_ms)
         if chunk.skipped:
             self._report_poison(restore, rep, chunk)
         if rep.failure is not None or rep.corrupt_reason is not None:

@@ -25,7 +25,8 @@ from tests.unit.fake_changelog import SPEC, Clock, FakeAdmin, FakeConsumer, eof,
 class FakeReader:
     """What the native reader hands over, scripted: per partition, a list of chunks (rows, next offset, records)."""
 
-    def __init__(self, config, topic, partitions, key_format, value_format):
+    def __init__(self, clock, config, topic, partitions, key_format, value_format):
+        self.clock = clock
         self.config, self.topic, self.formats = config, topic, (key_format, value_format)
         self.partitions = {p: (offset, Path(directory)) for p, offset, directory in partitions}
         self.ready: list = []
@@ -48,6 +49,7 @@ class FakeReader:
                     writer[key] = value
             writer.finish()
         self.ready.append(SimpleNamespace(partition=partition, next_offset=next_offset, end_offset=end_offset,
+                                          end_seen_ms=self.clock() if last else -1,
                                           records=len(rows) if records is None else records, skipped=skipped,
                                           problems=list(problems), rows=len(rows), file=path, last=last))
 
@@ -66,11 +68,12 @@ class FakeReader:
 @pytest.fixture
 def env(tmp_path):
     made = {"readers": []}
+    clock = Clock()
 
     def reader_factory(*args):
         if made.get("refuse"):
             raise ValueError("cannot create the consumer: no")
-        made["readers"].append(FakeReader(*args))
+        made["readers"].append(FakeReader(clock, *args))
         return made["readers"][-1]
 
     def consumer_factory(config):
@@ -80,7 +83,7 @@ def env(tmp_path):
     def build(**settings):
         settings = StoreNodeSettings(**{"node_id": "n1", "data_dir": tmp_path, "removed_replica_grace_ms": 0,
                                         "topic_check_ms": 1, "caught_up_threshold": 0, **settings})
-        tailer = ChangelogTailer(settings, Clock(), consumer_factory, FakeAdmin, reader_factory)
+        tailer = ChangelogTailer(settings, clock, consumer_factory, FakeAdmin, reader_factory)
         assert tailer.open()
         made["tailer"] = tailer
         return SimpleNamespace(tailer=tailer, consumer=made["consumer"], readers=made["readers"], root=tmp_path,
@@ -136,6 +139,25 @@ def test_an_empty_replica_restores_from_table_files_then_follows_on_by_the_consu
     assert not store.bulk_load  # reopened for reads
     assert store.get_many([b"a", b"b", b"c"]) == [b'{"n":10}', b'{"n": 20}', None]
     assert env.tailer.serving[("counts", 1)].store.get(b"x") == b'"one"'
+
+
+def test_a_replica_read_to_the_end_of_its_changelog_is_caught_up_without_waiting_for_the_consumer(env):
+    env = env()
+    host(env, 0)
+    [reader] = env.readers
+    reader.chunk(0, {b"a": b"1", b"b": b"2"}, next_offset=7, end_offset=7, last=True)
+    env.tailer.step()
+    rep = env.tailer.serving[("counts", 0)]
+    assert rep.state is ReplicaState.ACTIVE and rep.lag.applied == 7  # the reader's end-of-partition is evidence
+    assert not rep.store.bulk_load and rep.store.get(b"b") == b"2"
+    assert env.consumer.assigned == {(SPEC.topic, 0): 7}  # and the consumer follows on
+
+    # Not at the end it saw (records came since): the consumer's fetches bring the rest first.
+    host(env, 0, 1)
+    [_, later] = env.readers
+    later.chunk(1, {b"x": b"1"}, next_offset=3, end_offset=5, last=True)
+    env.tailer.step()
+    assert env.tailer.serving[("counts", 1)].state is ReplicaState.RESTORING
 
 
 def test_a_replica_that_resumes_is_fetched_by_the_consumer(env):

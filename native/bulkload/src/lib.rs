@@ -41,6 +41,8 @@ struct Chunk {
     next_offset: i64,
     /// The partition's high watermark as its latest fetch response gave it (-1: not known yet).
     end_offset: i64,
+    /// When the reader saw the partition's end (ms since the epoch), in its last chunk (-1 in the others).
+    end_seen_ms: i64,
     /// Records read, skipped ones included.
     records: u64,
     /// Records skipped: a null key, or a key or value not of the table's formats.
@@ -57,7 +59,8 @@ struct Chunk {
 
 impl From<Taken> for Chunk {
     fn from(t: Taken) -> Self {
-        Chunk { partition: t.partition, next_offset: t.next_offset, end_offset: t.end_offset, records: t.records,
+        Chunk { partition: t.partition, next_offset: t.next_offset, end_offset: t.end_offset, end_seen_ms: t.end_seen_ms,
+                records: t.records,
                 skipped: t.skipped, problems: t.problems, rows: t.rows, file: t.file, last: t.last }
     }
 }

@@ -31,6 +31,7 @@ pub struct Taken {
     pub partition: i32,
     pub next_offset: i64,
     pub end_offset: i64,
+    pub end_seen_ms: i64,
     pub records: u64,
     pub skipped: u64,
     pub problems: Vec<(i64, &'static str)>,
@@ -122,6 +123,8 @@ impl Pending {
             directory: self.directory.clone(),
             next_offset: self.next_offset,
             end_offset,
+            // An end-of-partition event comes with the fetch response that found the end: it was seen then.
+            end_seen_ms: if last { now_ms() } else { -1 },
             records: std::mem::take(&mut self.records),
             skipped: std::mem::take(&mut self.skipped),
             problems: std::mem::take(&mut self.problems),
@@ -138,6 +141,7 @@ pub struct Gathered {
     directory: PathBuf,
     next_offset: i64,
     end_offset: i64,
+    end_seen_ms: i64,
     records: u64,
     skipped: u64,
     problems: Vec<(i64, &'static str)>,
@@ -185,6 +189,7 @@ impl Gathered {
             partition: self.partition,
             next_offset: self.next_offset,
             end_offset: self.end_offset,
+            end_seen_ms: self.end_seen_ms,
             records: self.records,
             skipped,
             problems,
@@ -372,6 +377,11 @@ impl Reading {
         };
         if err == bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR { high } else { -1 }
     }
+}
+
+fn now_ms() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
 }
 
 unsafe fn bytes_of<'a>(ptr: *const u8, len: usize) -> Option<&'a [u8]> {
