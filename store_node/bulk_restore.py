@@ -132,7 +132,12 @@ class BulkRestores:
                 if chunk is None:
                     break
                 wait = 0.0
-                applied += self._load(restore, chunk, done)
+                try:
+                    applied += self._load(restore, chunk, done)
+                except Exception:
+                    # Its later chunks must not be ingested past this one: the consumer goes on from its checkpoint.
+                    log.exception("loading a chunk of %s/%d failed; it goes on record by record", topic, chunk.partition)
+                    self._leave(restore, chunk.partition, done)
             if not restore.replicas:
                 self._close(topic)
         return applied, done
@@ -166,6 +171,13 @@ class BulkRestores:
             log.info("replica %s/%d: read in bulk to offset %d in %.1fs; it follows on from there", rep.table,
                      rep.partition, chunk.next_offset, time.monotonic() - rep.restore_started)
         return applied
+
+    def _leave(self, restore: _Restore, partition: int, done: list[Replica]) -> None:
+        rep = restore.replicas.pop(partition, None)
+        if rep is not None:
+            done.append(rep)
+            if restore.replicas:
+                restore.reader.drop_partition(partition)
 
     def _report_poison(self, restore: _Restore, rep: Replica, chunk: Any) -> None:
         now = time.monotonic()

@@ -198,6 +198,22 @@ def test_a_failed_reader_hands_its_replicas_to_the_consumer_at_their_checkpoints
     assert env.tailer.serving[("counts", 0)].store.bulk_load  # still loading, now record by record
 
 
+def test_a_chunk_that_cannot_be_loaded_sends_its_replica_on_record_by_record(env, monkeypatch):
+    env = env()
+    host(env, 0, 1)
+    [reader] = env.readers
+    reader.chunk(0, {b"a": b"1"}, next_offset=3)
+    env.tailer.step()
+    rep0 = env.tailer.serving[("counts", 0)]
+    monkeypatch.setattr(rep0, "load", lambda *a: (_ for _ in ()).throw(RuntimeError("a bug")))
+    reader.chunk(0, {b"b": b"2"}, next_offset=6)
+    env.tailer.step()
+    assert reader.dropped == [0] and env.consumer.assigned == {(SPEC.topic, 0): 3}  # its checkpoint, nothing lost
+    reader.chunk(1, {b"c": b"3"}, next_offset=2, last=True)
+    env.tailer.step()
+    assert env.tailer.serving[("counts", 1)].lag.applied == 2
+
+
 def test_a_replica_moved_away_leaves_its_restore_and_the_last_one_closes_the_reader(env):
     env = env(removed_replica_grace_ms=60_000)
     host(env, 0, 1)
