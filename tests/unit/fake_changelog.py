@@ -1,14 +1,16 @@
-"""A changelog tailer's seams, faked: its clock, the consumer and the admin client, and the messages a consumer gives."""
+"""A changelog tailer's seams, faked — its clock, the consumer and the admin client, the messages a consumer gives —
+and the steps a test takes with a tailer over them."""
 
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import Future
 from types import SimpleNamespace
 
-from confluent_kafka import KafkaError
+from confluent_kafka import OFFSET_BEGINNING, KafkaError
 
-from freshroute.metadata import TableSpec
+from freshroute.metadata import Role, TableSpec
 
 SPEC = TableSpec("counts", "counts-changelog", 2, "k")
 
@@ -126,3 +128,24 @@ def stats(hi: dict[int, int], rx: int, state="UP", topic=SPEC.topic) -> str:
         "topics": {topic: {"partitions": {str(p): {"leader": 1, "fetch_state": "active", "hi_offset": h}
                                           for p, h in hi.items()} | {"-1": {"leader": -1, "hi_offset": -1001}}}},
     })
+
+
+def host(env, *partitions, role=Role.ACTIVE):
+    env.tailer.set_desired({("counts", p): (SPEC, role) for p in partitions})
+    env.tailer.step()
+
+
+def refetch(env, msgs, partition=0):
+    """What the broker serves after the partition is assigned again: its messages from that offset."""
+    offset = env.consumer.assigned[(SPEC.topic, partition)]
+    start = 0 if offset == OFFSET_BEGINNING else offset
+    env.consumer.queue += [m for m in msgs if m.partition() == partition and m.offset() >= start]
+
+
+def steps_until(env, condition, limit=200):
+    for _ in range(limit):
+        env.tailer.step()
+        if condition():
+            return
+        time.sleep(0.002)
+    raise AssertionError("condition not reached")

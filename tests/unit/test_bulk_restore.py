@@ -6,7 +6,6 @@ ingestion and the tailer are real. tests/integration/test_bulk_restore.py runs t
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,12 +13,12 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING
 from rocksdict import Options, SstFileWriter
 
-from freshroute.metadata import ReplicaState, Role
+from freshroute.metadata import ReplicaState
 from store_node.changelog import ChangelogTailer
 from store_node.replica import replica_path
 from store_node.replica_store import ReplicaStore
 from store_node.settings import StoreNodeSettings
-from tests.unit.fake_changelog import SPEC, Clock, FakeAdmin, FakeConsumer, eof, record
+from tests.unit.fake_changelog import SPEC, Clock, FakeAdmin, FakeConsumer, eof, host, record, steps_until
 
 
 class FakeReader:
@@ -92,20 +91,6 @@ def env(tmp_path):
     yield build
     if "tailer" in made:
         made["tailer"].close()
-
-
-def host(env, *partitions):
-    env.tailer.set_desired({("counts", p): (SPEC, Role.ACTIVE) for p in partitions})
-    env.tailer.step()
-
-
-def steps_until(env, condition, limit=200):
-    for _ in range(limit):
-        env.tailer.step()
-        if condition():
-            return
-        time.sleep(0.002)
-    raise AssertionError("condition not reached")
 
 
 def test_an_empty_replica_restores_from_table_files_then_follows_on_by_the_consumer(env):

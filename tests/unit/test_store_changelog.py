@@ -13,7 +13,8 @@ from store_node.changelog import ChangelogTailer
 from store_node.replica import replica_path
 from store_node.replica_store import ReplicaStore
 from store_node.settings import StoreNodeSettings
-from tests.unit.fake_changelog import SPEC, Clock, Err, FakeAdmin, FakeConsumer, Msg, eof, record, stats
+from tests.unit.fake_changelog import (SPEC, Clock, Err, FakeAdmin, FakeConsumer, Msg, eof, host, record, refetch, stats,
+                                       steps_until)
 
 KEY = ("counts", 0)
 
@@ -38,27 +39,6 @@ def env(tmp_path):
     assert tailer.open()
     yield SimpleNamespace(tailer=tailer, clock=clock, consumer=made["consumer"], admin=made["admin"], root=tmp_path)
     tailer.close()
-
-
-def host(env, *partitions, role=Role.ACTIVE):
-    env.tailer.set_desired({("counts", p): (SPEC, role) for p in partitions})
-    env.tailer.step()
-
-
-def refetch(env, msgs, partition=0):
-    """What the broker serves after the partition is assigned again: its messages from that offset."""
-    offset = env.consumer.assigned[(SPEC.topic, partition)]
-    start = 0 if offset == OFFSET_BEGINNING else offset
-    env.consumer.queue += [m for m in msgs if m.partition() == partition and m.offset() >= start]
-
-
-def steps_until(env, condition, limit=200):
-    for _ in range(limit):
-        env.tailer.step()
-        if condition():
-            return
-        time.sleep(0.002)
-    raise AssertionError("condition not reached")
 
 
 def test_new_replica_restores_from_the_beginning(env):

@@ -26,44 +26,12 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use formats::{key_problem, value_problem, Format};
-use reader::{write_all, Dropped, Item, Pending, Reading, Taken};
+use reader::{write_all, Chunk, Dropped, Item, Pending, Reading};
 
 /// Threads that check, sort and write chunks: with the reading thread and librdkafka's, they keep two cores busy.
 const WRITERS: usize = 2;
 
 create_exception!(freshroute_bulkload, ReadFailed, PyRuntimeError, "The changelog could not be read, or a table file not written.");
-
-/// A partition's changes from where its previous chunk ended to ``next_offset``, as one table file.
-#[pyclass(frozen, get_all, module = "freshroute_bulkload")]
-struct Chunk {
-    partition: i32,
-    /// The offset after the last record read (skipped ones included).
-    next_offset: i64,
-    /// The partition's high watermark as its latest fetch response gave it (-1: not known yet).
-    end_offset: i64,
-    /// When the reader saw the partition's end (ms since the epoch), in its last chunk (-1 in the others).
-    end_seen_ms: i64,
-    /// Records read, skipped ones included.
-    records: u64,
-    /// Records skipped: a null key, or a key or value not of the table's formats.
-    skipped: u64,
-    /// The first skipped records of the chunk: (offset, why).
-    problems: Vec<(i64, &'static str)>,
-    /// Rows in the file: one per key, its latest change (a delete included).
-    rows: usize,
-    /// The table file, in the partition's directory (None: no rows).
-    file: Option<PathBuf>,
-    /// The partition was read to its end: no chunk of it follows.
-    last: bool,
-}
-
-impl From<Taken> for Chunk {
-    fn from(t: Taken) -> Self {
-        Chunk { partition: t.partition, next_offset: t.next_offset, end_offset: t.end_offset, end_seen_ms: t.end_seen_ms,
-                records: t.records,
-                skipped: t.skipped, problems: t.problems, rows: t.rows, file: t.file, last: t.last }
-    }
-}
 
 /// Reads ``partitions`` of ``topic`` from the given offsets to their ends, on a thread of its own.
 #[pyclass(module = "freshroute_bulkload")]
@@ -149,7 +117,7 @@ impl ChangelogReader {
         let wait = Duration::from_secs_f64(timeout_s.max(0.0));
         let item = py.allow_threads(|| self.receiver.lock().unwrap().recv_timeout(wait));
         match item {
-            Ok(Item::Chunk(taken)) => Ok(Some(taken.into())),
+            Ok(Item::Chunk(chunk)) => Ok(Some(chunk)),
             Ok(Item::Failed(why)) => Err(ReadFailed::new_err(why)),
             Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => Ok(None),
         }

@@ -11,6 +11,7 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use pyo3::prelude::*;
 use rdkafka::bindings;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
@@ -26,18 +27,28 @@ const BATCH: usize = 1000;
 /// How long one batch call waits for messages (the stop flag is looked at in between).
 const BATCH_WAIT_MS: i32 = 10;
 
-/// What a chunk hands over: a partition's changes from where its previous chunk ended to ``next_offset``.
-pub struct Taken {
-    pub partition: i32,
-    pub next_offset: i64,
-    pub end_offset: i64,
-    pub end_seen_ms: i64,
-    pub records: u64,
-    pub skipped: u64,
-    pub problems: Vec<(i64, &'static str)>,
-    pub rows: usize,
-    pub file: Option<PathBuf>,
-    pub last: bool,
+/// A partition's changes from where its previous chunk ended to ``next_offset``, as one table file.
+#[pyclass(frozen, get_all, module = "freshroute_bulkload")]
+pub struct Chunk {
+    partition: i32,
+    /// The offset after the last record read (skipped ones included).
+    next_offset: i64,
+    /// The partition's high watermark as its latest fetch response gave it (-1: not known yet).
+    end_offset: i64,
+    /// When the reader saw the partition's end (ms since the epoch), in its last chunk (-1 in the others).
+    end_seen_ms: i64,
+    /// Records read, skipped ones included.
+    records: u64,
+    /// Records skipped: a null key, or a key or value not of the table's formats.
+    skipped: u64,
+    /// The first skipped records of the chunk: (offset, why).
+    problems: Vec<(i64, &'static str)>,
+    /// Rows in the file: one per key, its latest change (a delete included).
+    rows: usize,
+    /// The table file, in the partition's directory (None: no rows).
+    file: Option<PathBuf>,
+    /// The partition was read to its end: no chunk of it follows.
+    last: bool,
 }
 
 /// Partitions no longer wanted: their records are passed over and their rows never written.
@@ -60,7 +71,7 @@ impl Dropped {
 }
 
 pub enum Item {
-    Chunk(Taken),
+    Chunk(Chunk),
     Failed(String),
 }
 
@@ -119,54 +130,52 @@ impl Pending {
     /// The rows so far and the counts since the last chunk, for the writer.
     fn take(&mut self, partition: i32, end_offset: i64, last: bool) -> Gathered {
         Gathered {
-            partition,
+            chunk: Chunk {
+                partition,
+                next_offset: self.next_offset,
+                end_offset,
+                // An end-of-partition event comes with the fetch response that found the end: it was seen then.
+                end_seen_ms: if last { now_ms() } else { -1 },
+                records: std::mem::take(&mut self.records),
+                skipped: std::mem::take(&mut self.skipped),
+                problems: std::mem::take(&mut self.problems),
+                rows: 0,
+                file: None,
+                last,
+            },
             directory: self.directory.clone(),
-            next_offset: self.next_offset,
-            end_offset,
-            // An end-of-partition event comes with the fetch response that found the end: it was seen then.
-            end_seen_ms: if last { now_ms() } else { -1 },
-            records: std::mem::take(&mut self.records),
-            skipped: std::mem::take(&mut self.skipped),
-            problems: std::mem::take(&mut self.problems),
             data: std::mem::take(&mut self.data),
             rows: std::mem::take(&mut self.rows),
-            last,
         }
     }
 }
 
-/// A partition's rows as read, on their way from the reading thread to the writing one.
+/// A partition's rows as read, on their way from the reading thread to a writing one: the chunk they will be,
+/// its file not written yet.
 pub struct Gathered {
-    partition: i32,
+    chunk: Chunk,
     directory: PathBuf,
-    next_offset: i64,
-    end_offset: i64,
-    end_seen_ms: i64,
-    records: u64,
-    skipped: u64,
-    problems: Vec<(i64, &'static str)>,
     data: Vec<u8>,
     rows: Vec<Row>,
-    last: bool,
 }
 
 impl Gathered {
     /// The rows that pass the formats' checks written as one table file — sorted by key, the latest change of
     /// each key.
-    pub fn write(self, table: &TableOptions, key_format: Format, value_format: Format) -> Result<Taken, String> {
-        let (data, mut rows, mut skipped, mut problems) = (self.data, self.rows, self.skipped, self.problems);
+    pub fn write(self, table: &TableOptions, key_format: Format, value_format: Format) -> Result<Chunk, String> {
+        let Gathered { mut chunk, directory, data, mut rows } = self;
         rows.retain(|row| {
             match key_problem(key_format, Some(row.key(&data))).or_else(|| value_problem(value_format, row.value(&data))) {
                 None => true,
                 Some(problem) => {
-                    skipped += 1;
-                    problems.push((row.offset, problem));
+                    chunk.skipped += 1;
+                    chunk.problems.push((row.offset, problem));
                     false
                 }
             }
         });
-        problems.sort_by_key(|&(offset, _)| offset);
-        problems.truncate(PROBLEMS_KEPT);
+        chunk.problems.sort_by_key(|&(offset, _)| offset);
+        chunk.problems.truncate(PROBLEMS_KEPT);
         // By key, then by place in the changelog: the last of a key's rows is its latest change.
         rows.sort_unstable_by(|a, b| a.key(&data).cmp(b.key(&data)).then(a.at.cmp(&b.at)));
         let mut settled: Vec<Row> = Vec::with_capacity(rows.len());
@@ -176,27 +185,15 @@ impl Gathered {
                 _ => settled.push(row),
             }
         }
-        let file = if settled.is_empty() {
-            None
-        } else {
-            let path = self.directory.join(format!("load-{}.sst", self.next_offset));
+        chunk.rows = settled.len();
+        if !settled.is_empty() {
+            let path = directory.join(format!("load-{}.sst", chunk.next_offset));
             table
                 .write(&path, settled.iter().map(|row| (row.key(&data), row.value(&data))))
                 .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-            Some(path)
-        };
-        Ok(Taken {
-            partition: self.partition,
-            next_offset: self.next_offset,
-            end_offset: self.end_offset,
-            end_seen_ms: self.end_seen_ms,
-            records: self.records,
-            skipped,
-            problems,
-            rows: settled.len(),
-            file,
-            last: self.last,
-        })
+            chunk.file = Some(path);
+        }
+        Ok(chunk)
     }
 }
 
@@ -205,7 +202,7 @@ pub fn write_all(gathered: Receiver<Gathered>, chunks: SyncSender<Item>, stop: A
                  key_format: Format, value_format: Format) {
     let table = TableOptions::new();
     for g in gathered {
-        if dropped.contains(g.partition) {
+        if dropped.contains(g.chunk.partition) {
             continue;
         }
         let item = match g.write(&table, key_format, value_format) {
