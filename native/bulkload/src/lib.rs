@@ -1,6 +1,7 @@
-//! A store node's bulk restore reader: changelog partitions read to their end by librdkafka on a thread of its
-//! own, each record checked against the table's formats, and each partition's rows written, a chunk at a time,
-//! as sorted table files (one row per key: its latest change) that the partition's RocksDB ingests whole.
+//! A store node's bulk restore reader: changelog partitions read to their end by librdkafka on threads of their
+//! own (one reading, two writing), each record checked against the table's formats, and each partition's rows
+//! written, a chunk at a time, as sorted table files (one row per key: its latest change) that the partition's
+//! RocksDB ingests whole.
 //!
 //! A restore applied record by record in Python spends most of its time creating a message object per record
 //! and calling into it and into RocksDB; here the interpreter sees one call per chunk.
@@ -33,7 +34,7 @@ const WRITERS: usize = 2;
 
 create_exception!(freshroute_bulkload, ReadFailed, PyRuntimeError, "The changelog could not be read, or a table file not written.");
 
-/// Reads ``partitions`` of ``topic`` from the given offsets to their ends, on a thread of its own.
+/// Reads ``partitions`` of ``topic`` from the given offsets to their ends, on threads of its own.
 #[pyclass(module = "freshroute_bulkload")]
 struct ChangelogReader {
     receiver: Mutex<Receiver<Item>>,
