@@ -151,9 +151,7 @@ class Replica:
     # --- lifecycle, called only from the tailer's thread -----------------------------------------
 
     def apply(self, changes: list[tuple[bytes, bytes | None]], next_offset: int, skipped: int) -> None:
-        store = self.store
-        if store is None:
-            raise StoreCorrupt(f"replica {self.table}/{self.partition} has no open store")
+        self._open_store()  # a replica without one fails here, before its staged changes take these
         staged = self.staged
         if staged is not None:
             # The checkpoint never moves past changes still staged: they go in the same write.
@@ -168,26 +166,19 @@ class Replica:
     def commit(self, rows: Iterable[tuple[bytes, bytes | None]], next_offset: int, applied: int, skipped: int) -> None:
         """Write ``rows`` (standing for ``applied`` records) with the checkpoint ``next_offset``, then publish the
         position."""
-        store = self.store
-        if store is None:
-            raise StoreCorrupt(f"replica {self.table}/{self.partition} has no open store")
+        store = self._open_store()
         caught_up_at = self.lag.caught_up_at_after(next_offset)
         try:
             store.apply(rows, next_offset, caught_up_at or None)
         except DiskFull as e:
             self.mark_failed(e.message)
             return
-        # Publish the position only after the batch is in the store: a read never reports more.
-        self.lag.advance(next_offset)
-        self.counters.records_applied += applied
-        self.counters.records_skipped += skipped
+        self._publish(next_offset, applied, skipped)
 
     def load(self, table_file: Path | None, next_offset: int, applied: int, skipped: int) -> None:
         """Ingest a bulk restore's table file (standing for ``applied`` records; None: no rows) with the checkpoint
         ``next_offset``, then publish the position."""
-        store = self.store
-        if store is None:
-            raise StoreCorrupt(f"replica {self.table}/{self.partition} has no open store")
+        store = self._open_store()
         try:
             store.ingest(table_file, next_offset)
         except DiskFull as e:
@@ -196,6 +187,16 @@ class Replica:
         except StoreCorrupt as e:
             self.mark_corrupt(e.message)
             return
+        self._publish(next_offset, applied, skipped)
+
+    def _open_store(self) -> ReplicaStore:
+        store = self.store
+        if store is None:
+            raise StoreCorrupt(f"replica {self.table}/{self.partition} has no open store")
+        return store
+
+    def _publish(self, next_offset: int, applied: int, skipped: int) -> None:
+        """The position and counters after rows are in the store, never before: a read never reports more."""
         self.lag.advance(next_offset)
         self.counters.records_applied += applied
         self.counters.records_skipped += skipped
