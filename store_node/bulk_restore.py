@@ -106,11 +106,9 @@ class BulkRestores:
         restore = self._restores.get(rep.topic)
         if restore is None or restore.replicas.get(rep.partition) is not rep:
             return
-        del restore.replicas[rep.partition]
+        self._remove(restore, rep.partition)
         if not restore.replicas:
             self._close(rep.topic)
-        else:
-            restore.reader.drop_partition(rep.partition)
 
     def step(self, wait_s: float) -> tuple[int, list[Replica]]:
         """Ingest the chunks that are ready (waiting up to ``wait_s`` for the first); returns the records they stand
@@ -164,20 +162,27 @@ class BulkRestores:
         if chunk.skipped:
             self._report_poison(restore, rep, chunk)
         if rep.failure is not None or rep.corrupt_reason is not None:
-            del restore.replicas[chunk.partition]  # the tailer fails or wipes it
+            self._remove(restore, chunk.partition)  # the tailer fails or wipes it
         elif chunk.last:
-            del restore.replicas[chunk.partition]
+            self._remove(restore, chunk.partition)
             done.append(rep)
             log.info("replica %s/%d: read in bulk to offset %d in %.1fs; it follows on from there", rep.table,
                      rep.partition, chunk.next_offset, time.monotonic() - rep.restore_started)
         return applied
 
     def _leave(self, restore: _Restore, partition: int, done: list[Replica]) -> None:
-        rep = restore.replicas.pop(partition, None)
+        rep = self._remove(restore, partition)
         if rep is not None:
             done.append(rep)
-            if restore.replicas:
-                restore.reader.drop_partition(partition)
+
+    @staticmethod
+    def _remove(restore: _Restore, partition: int) -> Replica | None:
+        """Take a partition's replica out of its restore; its reader passes over the partition from then on (the
+        restore's owner closes a reader left with none)."""
+        rep = restore.replicas.pop(partition, None)
+        if rep is not None and restore.replicas:
+            restore.reader.drop_partition(partition)
+        return rep
 
     def _report_poison(self, restore: _Restore, rep: Replica, chunk: Any) -> None:
         now = time.monotonic()

@@ -16,7 +16,7 @@ from rocksdict import Options, SstFileWriter
 from freshroute.metadata import ReplicaState
 from store_node.changelog import ChangelogTailer
 from store_node.replica import replica_path
-from store_node.replica_store import ReplicaStore
+from store_node.replica_store import DiskFull, ReplicaStore
 from store_node.settings import StoreNodeSettings
 from tests.unit.fake_changelog import SPEC, Clock, FakeAdmin, FakeConsumer, eof, host, record, steps_until
 
@@ -197,6 +197,17 @@ def test_a_chunk_that_cannot_be_loaded_sends_its_replica_on_record_by_record(env
     reader.chunk(1, {b"c": b"3"}, next_offset=2, last=True)
     env.tailer.step()
     assert env.tailer.serving[("counts", 1)].lag.applied == 2
+
+
+def test_a_replica_whose_disk_is_full_fails_and_its_partition_is_no_longer_read(env, monkeypatch):
+    env = env()
+    host(env, 0, 1)
+    [reader] = env.readers
+    rep0 = env.tailer.serving[("counts", 0)]
+    monkeypatch.setattr(rep0.store, "ingest", lambda *a: (_ for _ in ()).throw(DiskFull("no space left", path="x")))
+    reader.chunk(0, {b"a": b"1"}, next_offset=3)
+    env.tailer.step()
+    assert rep0.state is ReplicaState.FAILED and reader.dropped == [0] and not reader.closed
 
 
 def test_a_replica_moved_away_leaves_its_restore_and_the_last_one_closes_the_reader(env):
