@@ -15,7 +15,7 @@ import uvicorn
 from freshroute.settings import is_loopback
 from router.auth import Guard
 from router.grpc_server import PublicGrpc
-from router.key_routes import KeyHandlers
+from router.rest_routes import KeyHandlers
 from router.rate_limit import SharedRates
 from router.rest import create_app
 from router.runtime import RouterRuntime

@@ -2,7 +2,7 @@
 
 Every route is a FastAPI route, so ``/docs`` and ``/openapi.json`` describe them all. Each
 request is admitted once, by :class:`Admission`, from the route :mod:`router.rest_routes`
-parses from its raw path; the key routes are answered by :class:`router.key_routes.KeyHandlers`,
+parses from its raw path; the key routes are answered by its :class:`~router.rest_routes.KeyHandlers`,
 as on the HTTP/1.1 path, from that same parsed route (so keys holding ``/``, sent as ``%2F``,
 work). Results become bodies by their own ``to_dict`` (:mod:`freshroute.routing.results`),
 errors by :mod:`router.http_errors`.
@@ -28,12 +28,11 @@ from router.auth import Guard
 from router.console import HEADERS as CONSOLE_HEADERS, assets as console_assets
 from router.console.views import GRID_DEFAULT_LIMIT, GRID_MAX_LIMIT, ClusterViews
 from router.http_errors import as_freshroute_error, error_headers, error_response
-from router.key_routes import KeyHandlers, query_of
 from router.openapi import (ERROR_RESPONSES, HTTP_REFUSALS, BatchGetRequest, BatchGetResponse, ErrorBody, KeyValue,
                             ScanResponse, WindowScanResponse, WindowsResponse, bound_parameters, page_parameters,
                             window_range_parameters)
 from router.rate_limit import SharedRates
-from router.rest_routes import admit, route_of
+from router.rest_routes import KeyHandlers, admit, query_of, route_of
 from router.routing import Router
 from router.runtime import RouterRuntime
 from router.settings import RouterSettings

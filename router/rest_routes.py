@@ -1,19 +1,28 @@
-"""What a REST path names, parsed once from the raw (still percent-encoded) path, and the access each needs.
+"""The REST routes: what a path names, parsed once from the raw (still percent-encoded) path; the access each
+needs; and the key routes' answers — a key's lookup, windows and metadata — the same through either REST door.
 
-Both REST doors parse with :func:`route_of` and admit with :func:`admit`: the HTTP/1.1 path
-(key routes answered on the connection) and the ASGI app (every route, through uvicorn).
-Paths are split raw, so a key holding ``/`` (sent as ``%2F``) is one segment. A path not
-named here needs what the cluster view needs: access is denied by default.
+Both doors parse with :func:`route_of` (the HTTP/1.1 path asks :func:`key_route` of every request it
+reads) and admit with :func:`admit`. The HTTP/1.1 path (:mod:`router.transports.http1`) answers key
+routes on the connection with :meth:`KeyHandlers.answer`; the FastAPI app (every route, through
+uvicorn) with :meth:`KeyHandlers.respond`. Paths are split raw, so a key holding ``/`` (sent as
+``%2F``) is one segment. A path not named here needs what the cluster view needs: access is denied
+by default.
 """
 
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
-from urllib.parse import unquote_to_bytes
+from typing import Callable, NamedTuple
+from urllib.parse import parse_qsl, unquote_to_bytes
 
-from freshroute.errors import InvalidArgument
+import orjson
+
+from freshroute.errors import InvalidArgument, foreign
+from freshroute.routing.bound import NO_BOUND, parse_millis, parse_query_bound
+from freshroute.routing.results import key_not_found
 from router.auth import Guard, Principal
+from router.http_errors import error_headers, error_response
+from router.routing import Router
 
 # What a route needs: nothing, any principal, read access to its table, or the cluster view.
 OPEN, PRINCIPAL, TABLE, CLUSTER = "open", "principal", "table", "cluster"
@@ -90,3 +99,58 @@ async def admit(guard: Guard, route: Route, authorization: bytes | None, subject
     if route.need == TABLE:
         return await guard.table(authorization, segment(route.table), subject)
     return await guard.cluster(authorization, subject)
+
+
+def query_of(raw: bytes) -> dict[str, str]:
+    """A raw query string's parameters (the last of a repeated one)."""
+    return dict(parse_qsl(raw.decode("utf-8", "replace"), keep_blank_values=True)) if raw else {}
+
+
+class KeyHandlers:
+    """A key route's answer as (status, JSON body), errors included, never raised: the HTTP/1.1 path's view of the
+    REST API (:class:`router.transports.KeyRoutes`)."""
+
+    match: Callable[[bytes], Route | None] = staticmethod(key_route)
+
+    def __init__(self, router: Router, guard: Guard | None = None) -> None:
+        self.router = router
+        self.guard = guard
+
+    async def answer(self, route: Route, query: bytes, authorization: bytes | None = None,
+                     subject: str | None = None) -> tuple[int, bytes, dict[str, str]]:
+        """(status, JSON body, extra headers) of a GET on ``route``, the caller admitted here first."""
+        try:
+            if self.guard is not None:
+                await admit(self.guard, route, authorization, subject)
+        except Exception as e:  # noqa: BLE001 — the same translation as every other route
+            return (*error_response(e), error_headers(e))
+        return (*await self.respond(route, query), {})
+
+    async def respond(self, route: Route, query: bytes) -> tuple[int, bytes]:
+        """(status, JSON body) of a GET on ``route`` by a caller already admitted."""
+        try:
+            if route.key is None:
+                raise foreign("NOT_FOUND", 404, "Not Found")
+            table, key = segment(route.table), segment(route.key)
+            if route.op == METADATA:
+                body = self.router.key_metadata(table, key).to_dict()
+            elif route.op == WINDOWS:
+                body = await self._windows(table, key, query_of(query))
+            else:
+                body = await self._lookup(table, key, query)
+            return 200, orjson.dumps(body)
+        except Exception as e:  # noqa: BLE001
+            return error_response(e)
+
+    async def _lookup(self, table: str, key: str, query: bytes) -> dict:
+        bound = self.router.parsed(parse_query_bound, query_of(query)) if query else NO_BOUND
+        result = await self.router.get(table, key, bound)
+        if not result.found:
+            raise key_not_found(result, self.router.input_lag(table))
+        return result.to_dict(self.router.input_lag(table), self.router.value_format(table))
+
+    async def _windows(self, table: str, key: str, q: dict[str, str]) -> dict:
+        parsed = self.router.parsed
+        from_ms, to_ms = parsed(parse_millis, "from", q.get("from")), parsed(parse_millis, "to", q.get("to"))
+        result = await self.router.windows(table, key, from_ms, to_ms, parsed(parse_query_bound, q))
+        return result.to_dict(self.router.input_lag(table))

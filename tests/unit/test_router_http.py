@@ -8,7 +8,7 @@ import pytest
 import uvicorn
 
 from router.transports.http1 import AnswerWriter, answer_writer, key_lookup_protocol
-from router.key_routes import KeyHandlers
+from router.rest_routes import KeyHandlers
 from router.rest import create_app
 
 from .test_router_rest import TABLE, Cluster, part

@@ -10,9 +10,8 @@ from freshroute.position import Position, single
 
 from freshroute.routing.fake import InMemoryStoreClient, fake_snapshot
 from freshroute.routing.results import ClusterView
-from router.key_routes import KeyHandlers
 from router.rest import create_app
-from router.rest_routes import key_route
+from router.rest_routes import KeyHandlers, key_route
 from router.routing import Router
 from router.settings import RouterSettings
 from freshroute.routing.snapshot import FixedSnapshot, Snapshot
