@@ -1,7 +1,7 @@
 """A store node's read port from a tool: one batch answered (tests, scripts), and load at a fixed rate or flat out.
 
 The read port carries ``ReadBatch`` / ``ResultBatch`` messages as length-prefixed frames
-(:mod:`freshroute.framing`), one answer per batch, in order. The load generator sends one
+(:mod:`freshroute.routing.store`), one answer per batch, in order. The load generator sends one
 serialized batch again and again on several connections, each keeping a number of batches
 unanswered, and counts answers as frames without parsing them: what it measures is the node,
 not the parsing of answers in Python.
@@ -13,7 +13,7 @@ import asyncio
 import socket
 import time
 
-from freshroute.framing import FrameReader, frame
+from freshroute.routing.store import FrameReader, frame
 from proto import store_pb2
 
 

@@ -17,8 +17,7 @@ from confluent_kafka import KafkaError
 
 from freshroute.formats import key_problem, value_problem
 from store_node.end_offsets import MISSING_TOPIC, EndOffsetWatcher
-from store_node.lag import Clock
-from store_node.replica import Replica, Staged
+from store_node.replica import Clock, Replica, Staged
 from store_node.replica_set import ReplicaKey, ReplicaSet
 from store_node.settings import StoreNodeSettings
 

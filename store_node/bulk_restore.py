@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from store_node.lag import Clock
-from store_node.replica import Replica
+from store_node.replica import Clock, Replica
 from store_node.settings import StoreNodeSettings
 
 log = logging.getLogger(__name__)

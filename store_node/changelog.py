@@ -23,8 +23,7 @@ from freshroute.metadata import now_ms
 from store_node.applier import Applier
 from store_node.bulk_restore import BulkRestores
 from store_node.end_offsets import EndOffsetWatcher
-from store_node.lag import Clock
-from store_node.replica import Replica
+from store_node.replica import Clock, Replica
 from store_node.replica_set import Desired, ReplicaKey, ReplicaSet
 from store_node.settings import StoreNodeSettings
 

@@ -21,8 +21,7 @@ from typing import Any
 import orjson
 from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
 
-from store_node.lag import Clock
-from store_node.replica import Replica
+from store_node.replica import Clock, Replica
 from store_node.replica_set import ReplicaSet
 from store_node.settings import StoreNodeSettings
 

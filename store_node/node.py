@@ -26,10 +26,9 @@ from freshroute.metadata import MetadataStore, now_ms
 from store_node.access import ClusterSecret
 from store_node.changelog import ChangelogTailer
 from store_node.input_ends import InputEndsWatcher
-from store_node.lag import Clock
 from store_node.membership import Membership
-from store_node.replica import Replica
-from store_node.read_port import start_read_port
+from store_node.replica import Clock, Replica
+from store_node.read_port import ReadPort, start_read_port
 from store_node.service import HealthReporter, StoreNodeService, create_server
 from store_node.settings import StoreNodeSettings
 
@@ -135,7 +134,7 @@ async def serve(settings: StoreNodeSettings, stop: asyncio.Event | None = None) 
         # batch die by reference counting before a collection promotes it.
         gc.freeze()
         gc.set_threshold(10_000)
-        read_server, read_port = await start_read_port(service, settings.host, settings.read_port, secret,
+        read_server, read_port = await start_read_port(ReadPort(node), settings.host, settings.read_port, secret,
                                                        read_tls.context if read_tls is not None else None)
         if settings.metrics_port is not None:
             from freshroute.prometheus import serve_metrics

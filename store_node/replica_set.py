@@ -22,8 +22,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 from freshroute.errors import StoreCorrupt
 from freshroute.metadata import Role, TableSpec
 from store_node.bulk_restore import BulkRestores
-from store_node.lag import Clock
-from store_node.replica import Replica, replica_path
+from store_node.replica import Clock, Replica, replica_path
 from store_node.replica_store import DiskFull, ReplicaStore, StoreMemory
 from store_node.settings import StoreNodeSettings
 

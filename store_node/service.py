@@ -1,231 +1,38 @@
-"""How a store node answers: reads of the table-partitions it hosts, and its gRPC service.
+"""The store node's gRPC service: what is not a read.
 
-Reads — keys, groups of keys, key ranges — have one door, the read port
-(:mod:`store_node.read_port`), where routers and clients send batches on long-lived
-connections; :meth:`StoreNodeService.reader` answers them. Every answer carries the answering
-replica's status (role, state, position, lag); a read the replica cannot answer within the
-caller's bound is refused with TOO_STALE, never answered out of bound. Each replica's status
-is computed once per batch and nothing is logged on success; RocksDB point reads take
-microseconds, so they run directly on the event loop.
-
-gRPC stays for what is not a read: ``Status`` (every replica's lag and counters, for tools
+Reads have one door, the read port (:mod:`store_node.read_port`). gRPC stays for what needs a
+standard protocol rather than speed: ``Status`` (every replica's lag and counters, for tools
 and tests), the standard health service that orchestrators probe, and reflection (grpcurl).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from freshroute.errors import StoreCorrupt
-from freshroute.metadata import ReplicaState, Role, now_ms
-from freshroute.routing.bound import Bound
-from freshroute.windows import WATERMARK_KEY, live_starts, parse_watermark
+from freshroute.metadata import now_ms
 from proto import store_pb2, store_pb2_grpc
+from store_node.read_port import HostedReplicas, replica_status
 
 if TYPE_CHECKING:
     from freshroute.tls import ServerTLS
     from store_node.access import ClusterSecret
-    from store_node.replica import Replica
     from store_node.settings import StoreNodeSettings
-
-log = logging.getLogger(__name__)
 
 SERVICE_NAME = store_pb2.DESCRIPTOR.services_by_name["StoreNode"].full_name
 
-_ROLE = {Role.ACTIVE: store_pb2.ACTIVE, Role.STANDBY: store_pb2.STANDBY}
-_STATE = {ReplicaState.RESTORING: store_pb2.RESTORING, ReplicaState.ACTIVE: store_pb2.SERVING_ACTIVE,
-          ReplicaState.STANDBY: store_pb2.SERVING_STANDBY, ReplicaState.FAILED: store_pb2.FAILED}
-_OK, _NOT_FOUND, _TOO_STALE, _NOT_HOSTED, _ERROR = (store_pb2.OK, store_pb2.NOT_FOUND, store_pb2.TOO_STALE,
-                                                     store_pb2.NOT_HOSTED, store_pb2.ERROR)
-
-
-def replica_status(node_id: str, rep: "Replica", applied: int, end: int | None,
-                   staleness_ms: int) -> store_pb2.ReplicaStatus:
-    """The replica's status as a read reports it, from its lag's figures (:meth:`LagTracker.figures`);
-    an end offset not learnt yet leaves the end and the offset lag unset."""
-    if end is not None:
-        end = max(end, applied)
-    return store_pb2.ReplicaStatus(node=node_id, role=_ROLE[rep.role], state=_STATE[rep.state],
-                                   applied_offset=applied, end_offset=end,
-                                   lag_offsets=None if end is None else end - applied, staleness_ms=staleness_ms,
-                                   failure=rep.failure or "")
-
-
-class _Reader:
-    """Answers reads against one snapshot of the hosted replicas, taking each table-partition's status once.
-
-    ``statuses`` keeps each replica's last status message while its figures stay the same:
-    between two applied batches every read reports the same status, and building it is a
-    good part of a read's cost.
-    """
-
-    __slots__ = ("node_id", "serving", "now", "statuses", "cache")
-
-    def __init__(self, node_id: str, serving, now: int, statuses: dict) -> None:
-        self.node_id = node_id
-        self.serving = serving
-        self.now = now
-        self.statuses = statuses
-        self.cache: dict = {}
-
-    def _replica(self, key: tuple[str, int]) -> tuple:
-        rep = self.serving.get(key)
-        if rep is None:
-            return None, None, None, None
-        # Take the store before the lag: the store can only be newer than the lag says.
-        store = rep.store
-        figures = rep.lag.figures(self.now)
-        seen = (rep, rep.role, rep.restoring, rep.failure, figures)
-        kept = self.statuses.get(key)
-        if kept is not None and kept[0] == seen:
-            return rep, store, figures, kept[1]
-        status = replica_status(self.node_id, rep, *figures)
-        self.statuses[key] = (seen, status)
-        return rep, store, figures, status
-
-    def admit(self, read: store_pb2.KeyRead | store_pb2.GroupRead | store_pb2.RangeRead,
-              out: store_pb2.KeyResult | store_pb2.GroupResult | store_pb2.RangeResult) -> tuple | None:
-        """Fill ``out``'s replica status; (replica, store) when the read may be answered, else None
-        with ``out`` saying why (not hosted, being rebuilt, or outside the caller's bound)."""
-        table, partition = read.table, read.partition
-        key = (table, partition)
-        cached = self.cache.get(key)
-        if cached is None:
-            cached = self.cache[key] = self._replica(key)
-        rep, store, figures, status = cached
-        if rep is None:
-            out.status = _NOT_HOSTED
-            out.message = f"{table}/{partition} is not hosted by {self.node_id}"
-            return None
-        out.replica.CopyFrom(status)
-        why = None
-        if rep.failure is not None:
-            why = f"replica failed: {rep.failure}"
-        elif store is None:
-            why = "replica is being rebuilt from its changelog"
-        elif store.bulk_load:
-            why = "replica is loading its changelog into an empty store; it is read once it has caught up"
-        elif read.HasField("bound"):
-            why = Bound.from_store(table, partition, read.bound).refusal(partition, *figures)
-        if why is not None:
-            out.status = _TOO_STALE
-            out.message = why
-            return None
-        return rep, store
-
-    def read(self, read: store_pb2.KeyRead, out: store_pb2.KeyResult) -> None:
-        """Answer ``read`` into ``out`` (an empty result, usually added to a batch's results in place)."""
-        out.id = read.id
-        admitted = self.admit(read, out)
-        if admitted is None:
-            return
-        rep, store = admitted
-        try:
-            value = store.get(read.key)
-        except StoreCorrupt as e:
-            out.status, out.message = self._failed(rep, store, e)
-            return
-        if value is None:
-            out.status = _NOT_FOUND
-        else:
-            out.status = _OK
-            out.value = value
-
-    def group(self, read: store_pb2.GroupRead, out: store_pb2.GroupResult) -> None:
-        """Answer a group of keys into ``out``: every value, or one refusal for all of them."""
-        out.id = read.id
-        admitted = self.admit(read, out)
-        if admitted is None:
-            return
-        rep, store = admitted
-        try:
-            values = store.get_many(list(read.keys))
-        except StoreCorrupt as e:
-            out.status, out.message = self._failed(rep, store, e)
-            return
-        out.status = _OK
-        out.values.extend([b"" if v is None else v for v in values])
-
-    def range(self, read: store_pb2.RangeRead, out: store_pb2.RangeResult) -> None:
-        """Answer a key range into ``out``: a windowed table's windows with the partition's watermark, or plain rows."""
-        out.id = read.id
-        admitted = self.admit(read, out)
-        if admitted is None:
-            return
-        rep, store = admitted
-        lower, upper = read.start, read.end or None  # an empty end is unbounded
-        try:
-            keep = None
-            if read.HasField("window"):
-                # Read before the rows: the rows can only be as new as the watermark, or newer.
-                watermark = parse_watermark(store.get(WATERMARK_KEY))
-                out.watermark_ms = -1 if watermark is None else watermark
-                w = read.window
-                keep = live_starts(w.from_ms, w.to_ms, w.life_ms, watermark)
-            rows = store.scan(lower, upper, read.limit, keep)
-        except StoreCorrupt as e:
-            out.status, out.message = self._failed(rep, store, e)
-            return
-        out.status = _OK
-        add = out.entries.add
-        for k, v in rows:
-            add(key=k, value=v)
-
-    def results(self, batch: store_pb2.ReadBatch) -> store_pb2.ResultBatch:
-        """One result per read, per group and per range, in order."""
-        answer = store_pb2.ResultBatch()
-        # Filling results added in place: building KeyResults and passing them to
-        # ResultBatch would copy every one (and its replica status) a second time.
-        add = answer.results.add
-        for read in batch.reads:
-            self.read(read, add())
-        if batch.groups:
-            add = answer.groups.add
-            for group in batch.groups:
-                self.group(group, add())
-        if batch.ranges:
-            add = answer.ranges.add
-            for r in batch.ranges:
-                self.range(r, add())
-        return answer
-
-    def _failed(self, rep: "Replica", store, e: StoreCorrupt) -> tuple[int, str]:
-        if rep.store is not store:
-            # Closed under us: moved away or being rebuilt. Not a failure of the data.
-            hosted = self.serving.get(rep.key) is rep
-            return (_TOO_STALE, "replica is being rebuilt") if hosted else (_NOT_HOSTED, "replica moved away")
-        rep.mark_corrupt(e.message)
-        log.error("replica %s/%d: read failed, it will be rebuilt: %s", rep.table, rep.partition, e.message)
-        return _ERROR, "replica store failed a read"
-
-
-class HostedReplicas(Protocol):
-    """What the service reads of its node: its id and the replicas it serves at this moment."""
-
-    node_id: str
-
-    @property
-    def serving(self) -> Mapping[tuple[str, int], "Replica"]: ...
-
 
 class StoreNodeService(store_pb2_grpc.StoreNodeServicer):
-    """Readers of the replicas hosted now (for the read port), and the node's status over gRPC."""
+    """The node's status over gRPC: every hosted replica's lag and counters."""
 
     def __init__(self, node: HostedReplicas, clock: Callable[[], int] = now_ms) -> None:
         self._node = node
         self._node_id = node.node_id
         self._clock = clock
-        self._statuses: dict = {}  # (table, partition) -> (figures, status): touched on the event loop only
-
-    def reader(self) -> _Reader:
-        """A reader over the replicas hosted now, with the clock read once."""
-        return _Reader(self._node_id, self._node.serving, self._clock(), self._statuses)
 
     async def Status(self, request: store_pb2.StatusRequest, context) -> store_pb2.NodeStatus:
         now = self._clock()

@@ -20,13 +20,12 @@ from google.protobuf.message import DecodeError
 
 from freshroute.cluster_access import NodeAccess
 from freshroute.errors import FreshrouteError, ReplicaUnavailable
-from freshroute.framing import FrameError, FrameReader, frame
-from freshroute.routing.attempts import AttemptPlan, launch_due
+from freshroute.routing.attempts import AttemptPlan, Candidate, launch_due
 from freshroute.routing.bound import Bound
-from freshroute.routing.selection import Candidate
 from freshroute.routing.snapshot import SnapshotSource
-from freshroute.routing.store import (GroupResult, RangeResult, ReadResult, WindowFilter, checked, group_read,
-                                      group_result, key_read, range_read, range_result, results)
+from freshroute.routing.store import (FrameError, FrameReader, GroupResult, RangeResult, ReadResult, WindowFilter,
+                                      checked, frame, group_read, group_result, key_read, range_read, range_result,
+                                      results)
 from proto import store_pb2
 
 _ids = itertools.count(1)

@@ -17,12 +17,11 @@ from typing import Any, Coroutine, Iterator, TypeVar
 
 from freshroute.errors import ClientClosed, FreshrouteError, LookupTimeout, ReplicaUnavailable
 from freshroute.position import Position
-from freshroute.routing.attempts import AttemptPlan
+from freshroute.routing.attempts import AttemptPlan, Candidate
 from freshroute.routing.bound import Bound, parse_bound
 from freshroute.routing.core import RoutingCore, lookup_result
 from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.results import ClusterView, KeyLocation, TableInfo
-from freshroute.routing.selection import Candidate
 
 from freshroute.client.arguments import ScanRange, batch_keys
 from freshroute.client.async_client import AsyncClient

@@ -18,13 +18,13 @@ from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, 
 from freshroute.formats import bound_to_bytes, key_from_bytes, key_to_bytes
 from freshroute.keys import deserialize_key, key_bytes, not_a_batch, not_text, partition_for, scan_range
 from freshroute.metadata import Role, TableSpec, now_ms
-from freshroute.routing.attempts import AttemptPlan, Attempts, LatencyWindow, NoMetrics, run, run_many
+from freshroute.routing.attempts import (AttemptPlan, Attempts, Candidate, FreshestFirst, LatencyWindow, LoadTracker,
+                                         NoMetrics, ReplicaSelector, run, run_many)
 from freshroute.routing.bound import NO_BOUND, Bound
 from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.results import (ClusterView, HostedReplica, KeyLocation, LookupResult, MetadataHealth,
                                         NodeState, ReplicaInfo, ScanPage, TableInfo, TablePipeline, WindowPage,
                                         WindowsResult, decode_page_token, encode_page_token, pipeline_doc)
-from freshroute.routing.selection import Candidate, FreshestFirst, LoadTracker, ReplicaSelector
 from freshroute.routing.snapshot import LagOverlay, NodeView, ReplicaView, Snapshot, SnapshotSource
 from freshroute.routing.store import (GroupResult, ReadResult, ReadStatus, ReplicaStatus, StoreClient,
                                       WindowFilter)

@@ -2,45 +2,21 @@
 ``freshroute_client``): lookups by outcome and serving role, their latency, retries by reason.
 
 prometheus_client's Counter and Histogram take a lock per update (three per lookup). Each routing thread counts
-in plain ints of its own instead (:meth:`LookupMetrics.counts`) and a scrape adds them up: the router's event loop
-is one such thread, each thread of the synchronous client another. Imported only where metrics are asked for:
-prometheus_client is not a dependency of the client install.
+in plain ints of its own instead (:class:`~freshroute.routing.attempts.LookupCounts`, from
+:meth:`LookupMetrics.counts`) and a scrape adds them up: the router's event loop is one such thread, each thread
+of the synchronous client another. Imported only where metrics are asked for: prometheus_client is not a
+dependency of the client install.
 """
 
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-OUTCOMES = ("ok", "not_found", "no_replica", "unavailable", "timeout", "invalid", "table_not_found", "error")
-ROLES = ("active", "standby", "none")
-LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
-RETRY_REASONS = ("unavailable", "too_stale", "not_hosted", "error", "slow", "hedge", "position")
-
-
-class LookupCounts:
-    """One routing thread's counts; only that thread updates them."""
-
-    __slots__ = ("lookups", "buckets", "sum_s", "retries")
-
-    def __init__(self) -> None:
-        self.lookups = {(o, r): 0 for o in OUTCOMES for r in ROLES}
-        self.buckets = [0] * (len(LATENCY_BUCKETS) + 1)  # the last one is +Inf
-        self.sum_s = 0.0
-        self.retries = dict.fromkeys(RETRY_REASONS, 0)
-
-    def lookup(self, outcome: str, role: str, seconds: float, count: int = 1) -> None:
-        """``count`` lookups that ended alike (a batch group's keys) after ``seconds``."""
-        self.lookups[(outcome, role)] += count
-        self.buckets[bisect_left(LATENCY_BUCKETS, seconds)] += count
-        self.sum_s += seconds * count
-
-    def retry(self, reason: str) -> None:
-        self.retries[reason] += 1
+from freshroute.routing.attempts import LATENCY_BUCKETS, RETRY_REASONS, LookupCounts
 
 
 class LookupMetrics(Collector):

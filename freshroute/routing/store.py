@@ -1,10 +1,16 @@
-"""How the routing core talks to store nodes: a small Protocol, and its asyncio implementation for real nodes.
+"""How the routing core talks to store nodes: the read port's frames, a small Protocol, and its asyncio
+implementation for real nodes.
+
+The wire: ``ReadBatch`` / ``ResultBatch`` messages (``proto/store.proto``), each as a 4-byte
+big-endian length followed by the serialized message, on a plain TCP connection to a node's read
+port (:mod:`store_node.read_port`); one frame in is answered by one frame out, in order. Frames
+rather than a gRPC stream because every read takes this path: a message on a grpc.aio stream costs
+~150–300 µs of CPU on each side and passes several threads, a frame on an asyncio transport a few µs.
 
 Every read — a key, a batch's group of keys, a range (a key's windows, a page of a scan) —
-travels over one long-lived read stream per node: length-prefixed frames on the node's read
-port (:mod:`freshroute.framing`), results matched back by id. While few reads are unanswered
-on a stream, a read leaves at once; past that, reads wait and leave together as one
-``ReadBatch`` when an earlier batch is answered. Under load a message each way thus carries
+travels over one long-lived read stream per node, results matched back by id. While few reads
+are unanswered on a stream, a read leaves at once; past that, reads wait and leave together as
+one ``ReadBatch`` when an earlier batch is answered. Under load a message each way thus carries
 many lookups, while a lightly used stream adds no wait. If a stream breaks, every read in
 flight on it fails as retryable — the router then asks another replica — and the next read
 opens a new stream. It speaks TLS and presents the cluster secret as the :class:`NodeAccess`
@@ -16,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import struct
 from collections import deque
 from enum import IntEnum
 from typing import Awaitable, Iterator, Mapping, NamedTuple, Protocol
@@ -24,7 +31,6 @@ from google.protobuf.message import DecodeError
 
 from freshroute.cluster_access import NodeAccess
 from freshroute.errors import ReplicaUnavailable
-from freshroute.framing import FrameError, FrameReader, frame
 from freshroute.metadata import ReplicaState, Role
 from freshroute.routing.bound import Bound
 from proto import store_pb2
@@ -119,6 +125,58 @@ class StoreClient(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+# ---- the read port's frames ---------------------------------------------------------------------------
+
+# Far above any batch the router sends (a few hundred reads) or a node answers; a length
+# beyond it means the peer does not speak this protocol, and the connection is dropped.
+MAX_FRAME = 64 << 20
+
+_LENGTH = struct.Struct(">I")
+HEADER = _LENGTH.size
+
+
+class FrameError(Exception):
+    """The byte stream is not a sequence of frames (e.g. a client speaking another protocol)."""
+
+
+def frame(payload: bytes) -> bytes:
+    """``payload`` with its length in front."""
+    return _LENGTH.pack(len(payload)) + payload
+
+
+class FrameReader:
+    """Splits received bytes into payloads; keeps an incomplete frame until the rest arrives."""
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The payloads completed by ``data``, in order. Raises :class:`FrameError` on an oversized length."""
+        buf = self._buffer
+        if not buf and len(data) >= HEADER and _LENGTH.unpack_from(data)[0] == len(data) - HEADER:
+            return [data[HEADER:]]  # the usual case: exactly one whole frame, nothing buffered
+        buf += data
+        payloads = []
+        start = 0
+        end = len(buf)
+        while end - start >= HEADER:
+            (size,) = _LENGTH.unpack_from(buf, start)
+            if size > MAX_FRAME:
+                raise FrameError(f"frame of {size} bytes announced; the limit is {MAX_FRAME}")
+            if end - start - HEADER < size:
+                break
+            start += HEADER
+            payloads.append(bytes(buf[start:start + size]))
+            start += size
+        del buf[:start]
+        return payloads
+
+
+# ---- reads and results as messages --------------------------------------------------------------------
 
 
 _ROLES = {store_pb2.ACTIVE: Role.ACTIVE, store_pb2.STANDBY: Role.STANDBY}
@@ -229,6 +287,9 @@ def results(batch: store_pb2.ResultBatch) -> Iterator[tuple[int, ReadResult]]:
             yield msg.id, ReadResult(_STATUSES.get(msg.status, ReadStatus.ERROR), msg.value, status, msg.message)
         else:
             yield msg.id, ReadResult(_STATUSES.get(msg.status, ReadStatus.ERROR), msg.value, None, msg.message)
+
+
+# ---- the asyncio client -------------------------------------------------------------------------------
 
 
 class _ReadStream(asyncio.Protocol):

@@ -14,11 +14,10 @@ import pytest
 
 from freshroute.client.blocking import BlockingStore, Request, run_blocking
 from freshroute.errors import NoReplicaWithinBound, ReplicaUnavailable
-from freshroute.framing import FrameReader, frame
 from freshroute.keys import serialize_key
 from freshroute.metadata import Role
 from freshroute.routing.bound import NO_BOUND, Bound
-from freshroute.routing.store import ReadStatus
+from freshroute.routing.store import FrameReader, ReadStatus, frame
 from proto import store_pb2
 
 from .test_router_rest import KEYS, TABLE, Cluster, part

@@ -2,7 +2,7 @@
 
 import pytest
 
-from freshroute.framing import MAX_FRAME, FrameError, FrameReader, frame
+from freshroute.routing.store import MAX_FRAME, FrameError, FrameReader, frame
 
 
 def test_frames_are_recovered_whatever_the_chunking():

@@ -8,9 +8,8 @@ from freshroute.errors import ReplicaUnavailable
 from freshroute.metadata import ReplicaState, Role
 from proto import store_pb2
 
-from freshroute.framing import FrameReader, frame
 from freshroute.routing.bound import NO_BOUND, Bound
-from freshroute.routing.store import ReadStatus, StoreNodeClient
+from freshroute.routing.store import FrameReader, ReadStatus, StoreNodeClient, frame
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("one_event_loop")]
 

@@ -19,7 +19,7 @@ from freshroute.routing.store import ReadStatus, StoreNodeClient
 from freshroute.tls import ClientTLS, ServerTLS
 from proto import store_pb2, store_pb2_grpc
 from store_node.access import ClusterSecret
-from store_node.read_port import start_read_port
+from store_node.read_port import ReadPort, start_read_port
 from store_node.replica import Replica
 from store_node.replica_store import ReplicaStore
 from store_node.service import HealthReporter, StoreNodeService, create_server
@@ -58,6 +58,7 @@ class Node:
         self.rep = Replica(SPEC, 1, Role.ACTIVE, store, lambda: 0, evidence_window_ms=1000, caught_up_threshold=0)
         node = SimpleNamespace(node_id="n1", serving=MappingProxyType({("users", 1): self.rep}), draining=False)
         self.service = StoreNodeService(node, lambda: 0)
+        self.reads = ReadPort(node, lambda: 0)
         self.secret_file = self.tmp_path / "cluster.secret"
         self.secret_file.write_text(f"# the cluster's\n{SECRET}\n")
         self.secret = ClusterSecret(self.secret_file if self.with_secret else None)
@@ -69,7 +70,7 @@ class Node:
                                         settings.server_tls(("h2",)))
         await self.grpc.start()
         read_tls = settings.server_tls()
-        self.read_server, read_port = await start_read_port(self.service, "127.0.0.1", 0, self.secret,
+        self.read_server, read_port = await start_read_port(self.reads, "127.0.0.1", 0, self.secret,
                                                              read_tls.context if read_tls else None)
         self.address, self.read_address = f"127.0.0.1:{port}", f"127.0.0.1:{read_port}"
         return self
@@ -135,8 +136,8 @@ async def test_a_peer_with_the_secret_over_tls_reads(tmp_path, pki, port):
 async def test_without_or_with_a_wrong_secret_the_node_refuses_before_any_read(tmp_path, pki, port, monkeypatch):
     async with Node(tmp_path, pki) as node:
         reads = []
-        real = node.service.reader
-        monkeypatch.setattr(node.service, "reader", lambda: reads.append(1) or real())
+        real = node.reads.reader
+        monkeypatch.setattr(node.reads, "reader", lambda: reads.append(1) or real())
         for secret in ("", "not-the-secret-of-the-cluster"):
             with pytest.raises(ReplicaUnavailable) as refused:
                 await read(node, access(pki, secret=secret), port)

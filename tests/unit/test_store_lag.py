@@ -1,4 +1,4 @@
-from store_node.lag import LagTracker
+from store_node.replica import LagTracker
 
 
 class Clock:

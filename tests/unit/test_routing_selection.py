@@ -5,7 +5,7 @@ from freshroute.metadata import NodePositions, ReplicaState, Role
 from freshroute.position import Position
 
 from freshroute.routing.bound import Bound
-from freshroute.routing.selection import FreshestFirst, LoadTracker
+from freshroute.routing.attempts import FreshestFirst, LoadTracker
 from freshroute.routing.snapshot import LagOverlay, MovedPositions, ReplicaView
 
 NOW = 1_000_000

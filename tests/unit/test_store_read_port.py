@@ -1,4 +1,4 @@
-"""Bounded reads as the store node answers them on its read port, called in-process on real replica stores."""
+"""Bounded reads as the store node answers them on its read port, called in-process on real replica stores; its gRPC Status."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from freshroute.metadata import Role, TableSpec
 from proto import store_pb2
 from store_node.replica import Replica
+from store_node.read_port import ReadPort
 from store_node.replica_store import ReplicaStore
 from store_node.service import StoreNodeService
 
@@ -30,14 +31,14 @@ def world(tmp_path):
     store.apply([(b"alice", b'{"age":31}'), (b"bob", b'{"age":40}')], 10)
     rep = Replica(SPEC, 1, Role.STANDBY, store, clock, evidence_window_ms=1000, caught_up_threshold=0)
     node = SimpleNamespace(node_id="n7", serving=MappingProxyType({("users", 1): rep}), draining=False)
-    service = StoreNodeService(node, clock)
-    yield SimpleNamespace(clock=clock, rep=rep, node=node, service=service, store=store)
+    yield SimpleNamespace(clock=clock, rep=rep, node=node, reads=ReadPort(node, clock),
+                          service=StoreNodeService(node, clock), store=store)
     rep.close()
 
 
 def get(world, key: bytes, partition=1, table="users", **bound) -> store_pb2.KeyResult:
     read = store_pb2.KeyRead(id=99, table=table, partition=partition, key=key, bound=store_pb2.ReadBound(**bound))
-    return world.service.reader().results(store_pb2.ReadBatch(reads=[read])).results[0]
+    return world.reads.reader().results(store_pb2.ReadBatch(reads=[read])).results[0]
 
 
 def caught_up(world, end=10):
@@ -136,14 +137,14 @@ def test_batch_get_answers_each_read(world):
         store_pb2.KeyRead(id=3, table="users", partition=3, key=b"bob"),
         store_pb2.KeyRead(id=4, table="users", partition=1, key=b"bob", bound=store_pb2.ReadBound(min_offset=99)),
     ])
-    res = world.service.reader().results(batch)
+    res = world.reads.reader().results(batch)
     assert [(r.id, r.status) for r in res.results] == [
         (1, store_pb2.OK), (2, store_pb2.NOT_FOUND), (3, store_pb2.NOT_HOSTED), (4, store_pb2.TOO_STALE)]
 
 
 def group(world, keys, partition=1, **bound) -> store_pb2.GroupResult:
     read = store_pb2.GroupRead(id=7, table="users", partition=partition, keys=keys, bound=store_pb2.ReadBound(**bound))
-    return world.service.reader().results(store_pb2.ReadBatch(groups=[read])).groups[0]
+    return world.reads.reader().results(store_pb2.ReadBatch(groups=[read])).groups[0]
 
 
 def test_a_group_answers_every_key_in_order_with_one_status(world):
@@ -211,12 +212,12 @@ def test_status_lists_replicas_with_counters(world):
 # the read port: the same answers as frames on TCP
 
 
-async def _read_port_exchange(service, data: bytes, expect: int) -> tuple[list[bytes], bool]:
+async def _read_port_exchange(reads, data: bytes, expect: int) -> tuple[list[bytes], bool]:
     """Send raw bytes to a read port; up to ``expect`` frames answered, and whether the node closed the connection."""
-    from freshroute.framing import FrameReader
+    from freshroute.routing.store import FrameReader
     from store_node.read_port import start_read_port
 
-    server, port = await start_read_port(service, "127.0.0.1", 0)
+    server, port = await start_read_port(reads, "127.0.0.1", 0)
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(data)
@@ -236,7 +237,7 @@ async def _read_port_exchange(service, data: bytes, expect: int) -> tuple[list[b
 
 
 def test_read_port_answers_each_frame_in_order(world):
-    from freshroute.framing import frame
+    from freshroute.routing.store import frame
 
     caught_up(world)
     batches = [store_pb2.ReadBatch(reads=[store_pb2.KeyRead(id=1, table="users", partition=1, key=b"alice"),
@@ -246,7 +247,7 @@ def test_read_port_answers_each_frame_in_order(world):
                store_pb2.ReadBatch(reads=[store_pb2.KeyRead(id=3, table="users", partition=2, key=b"bob")])]
     # Both frames in one write: the node answers each, in order.
     data = b"".join(frame(b.SerializeToString()) for b in batches)
-    answers, closed = asyncio.run(_read_port_exchange(world.service, data, expect=2))
+    answers, closed = asyncio.run(_read_port_exchange(world.reads, data, expect=2))
     assert not closed and len(answers) == 2
     results = [r for a in answers for r in store_pb2.ResultBatch.FromString(a).results]
     assert [(r.id, r.status) for r in results] == [(1, store_pb2.OK), (2, store_pb2.NOT_FOUND),
@@ -257,21 +258,21 @@ def test_read_port_answers_each_frame_in_order(world):
 
 
 def test_read_port_drops_a_peer_that_does_not_send_frames(world):
-    answers, closed = asyncio.run(_read_port_exchange(world.service, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", expect=1))
+    answers, closed = asyncio.run(_read_port_exchange(world.reads, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", expect=1))
     assert answers == [] and closed
 
 
 def test_read_port_drops_a_peer_whose_frame_is_not_a_read_batch(world, caplog):
-    from freshroute.framing import frame
+    from freshroute.routing.store import frame
 
     with caplog.at_level("WARNING", logger="store_node.read_port"):
-        answers, closed = asyncio.run(_read_port_exchange(world.service, frame(b"\xff\xff\xff"), expect=1))
+        answers, closed = asyncio.run(_read_port_exchange(world.reads, frame(b"\xff\xff\xff"), expect=1))
     assert answers == [] and closed
     assert any("read port: dropping" in r.getMessage() for r in caplog.records)
 
 
 def ranges(world, *reads: store_pb2.RangeRead) -> list[store_pb2.RangeResult]:
-    return list(world.service.reader().results(store_pb2.ReadBatch(ranges=list(reads))).ranges)
+    return list(world.reads.reader().results(store_pb2.ReadBatch(ranges=list(reads))).ranges)
 
 
 def test_a_window_range_returns_live_windows_in_range_with_the_partitions_watermark(world):
@@ -312,7 +313,7 @@ def test_a_replica_loading_in_bulk_is_not_read_until_it_has_caught_up(tmp_path):
     store = ReplicaStore.open(tmp_path / "users" / "1", bulk_load=True)
     store.apply([(b"alice", b'{"age":31}')], 10)
     rep = Replica(SPEC, 1, Role.ACTIVE, store, clock, evidence_window_ms=1000, caught_up_threshold=0)
-    world = SimpleNamespace(service=StoreNodeService(SimpleNamespace(
+    world = SimpleNamespace(reads=ReadPort(SimpleNamespace(
         node_id="n7", serving=MappingProxyType({("users", 1): rep}), draining=False), clock))
     try:
         res = get(world, b"alice")
