@@ -1,0 +1,120 @@
+"""The project files a REST point lookup runs code in, from socket to RocksDB and back (docs/architecture.md).
+
+One lookup on a kept-alive connection, traced with a profiler, through the real pieces in one process on loopback:
+the HTTP/1.1 protocol, the router, its store client, a store node's read port, a replica and its RocksDB store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from pathlib import Path
+from types import MappingProxyType, SimpleNamespace
+
+import orjson
+import pytest
+import uvicorn
+
+from freshroute.keys import partition_for, serialize_key
+from freshroute.metadata import Role, TableSpec, now_ms
+from freshroute.routing.fake import InMemoryStoreClient, fake_snapshot
+from freshroute.routing.snapshot import FixedSnapshot
+from freshroute.routing.store import StoreNodeClient
+from router.rest import create_app
+from router.rest_routes import KeyHandlers
+from router.routing import Router
+from router.settings import RouterSettings
+from router.transports.http1 import key_lookup_protocol
+from store_node.read_port import ReadPort, start_read_port
+from store_node.replica import Replica
+from store_node.replica_store import ReplicaStore
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = {"freshroute", "router", "store_node", "pipeline", "proto", "tools", "loadtest"}
+SPEC = TableSpec("users", "users-changelog", 4, "id")
+KEY = "alice"
+# The path's stations: the REST front, the routing core, the store client, the node's read port, replica and store.
+STATIONS = {"router/transports/http1.py", "router/rest_routes.py", "freshroute/routing/core.py",
+            "freshroute/routing/snapshot.py", "freshroute/routing/attempts.py", "freshroute/routing/results.py",
+            "freshroute/routing/store.py", "store_node/read_port.py", "store_node/replica.py",
+            "store_node/replica_store.py"}
+# The modules of the values they pass around (position.py when the answer's position is new).
+VALUES = {"freshroute/routing/bound.py", "freshroute/metadata.py", "freshroute/formats.py", "freshroute/position.py"}
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+async def get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[int, bytes]:
+    writer.write(f"GET /v1/tables/users/keys/{KEY} HTTP/1.1\r\nHost: router\r\n\r\n".encode())
+    status = int((await asyncio.wait_for(reader.readline(), 5)).split()[1])
+    length = 0
+    while (line := await reader.readline()) != b"\r\n":
+        name, _, value = line.decode().partition(":")
+        if name.lower() == "content-length":
+            length = int(value)
+    return status, await reader.readexactly(length)
+
+
+async def test_a_rest_point_lookup_runs_code_in_the_paths_ten_stations_and_the_modules_of_their_values(tmp_path):
+    partition = partition_for(serialize_key(KEY), SPEC.partitions)
+    store = ReplicaStore.open(tmp_path / "users" / str(partition))
+    store.apply([(KEY.encode(), b'{"age":31}')], 10)
+    replica = Replica(SPEC, partition, Role.ACTIVE, store, now_ms, evidence_window_ms=1000, caught_up_threshold=0)
+    replica.lag.observe_end(10, now_ms())
+    node = SimpleNamespace(node_id="n1", serving=MappingProxyType({("users", partition): replica}), draining=False)
+    read_server, read_port = await start_read_port(ReadPort(node), "127.0.0.1", 0)
+
+    nodes = InMemoryStoreClient()  # only the heartbeat the router's snapshot is built from
+    heartbeat = nodes.add_node("n1")
+    heartbeat.host("users", partition, role=Role.ACTIVE, applied=10, end=10)
+    heartbeat.read_address = f"127.0.0.1:{read_port}"
+    settings = RouterSettings(hedge=False)
+    metadata = FixedSnapshot(fake_snapshot(nodes, [SPEC], now_ms()))
+    router = Router(settings, metadata, StoreNodeClient())
+    router.on_snapshot(metadata.current)
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, router), http=key_lookup_protocol(KeyHandlers(router)),
+                                           lifespan="off", log_level="warning"))
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    files: set[str] = set()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            path = Path(frame.f_code.co_filename)
+            if path.is_relative_to(ROOT) and path.relative_to(ROOT).parts[0] in PACKAGES:
+                files.add(path.relative_to(ROOT).as_posix())
+
+    try:
+        for _ in range(200):
+            if server.started:
+                break
+            assert not serving.done(), serving
+            await asyncio.sleep(0.01)
+        reader, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
+        for _ in range(2):  # connected, the store client's stream open, the key's partition located
+            assert (await get(reader, writer))[0] == 200
+        sys.setprofile(profile)
+        try:
+            status, body = await get(reader, writer)
+        finally:
+            sys.setprofile(None)
+        writer.close()
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, 10)
+        sock.close()
+        read_server.close()
+        replica.close()
+
+    assert status == 200 and orjson.loads(body)["value"] == {"age": 31}
+    assert STATIONS <= files, STATIONS - files
+    assert files <= STATIONS | VALUES, files - STATIONS - VALUES
