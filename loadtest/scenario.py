@@ -254,13 +254,16 @@ async def run_load(cfg: LoadConfig, rest_url: str, grpc_address: str, recorder: 
     import grpc
     import httpx
 
-    from freshroute.client import AsyncClient
+    from freshroute.client import AsyncClient, RoutingPolicy
     from proto import router_pb2_grpc
 
     deadline = t0 + cfg.duration_s
     budget = [cfg.max_requests]
     limits = httpx.Limits(max_connections=cfg.concurrency, max_keepalive_connections=cfg.concurrency)
-    direct = AsyncClient(redis_url, router=rest_url, namespace=namespace) if "client" in spoken(cfg.protocol) else None
+    # One per-request timeout for every protocol: the client's request deadline is the one REST and gRPC wait.
+    policy = RoutingPolicy(request_timeout_ms=round(cfg.timeout_s * 1000))
+    direct = AsyncClient(redis_url, router=rest_url, namespace=namespace, policy=policy) \
+        if "client" in spoken(cfg.protocol) else None
     async with httpx.AsyncClient(base_url=rest_url, timeout=cfg.timeout_s, limits=limits) as rest, \
             grpc.aio.insecure_channel(grpc_address) as channel:
         stub = router_pb2_grpc.RouterStub(channel)
@@ -381,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--distribution", choices=("uniform", "zipf"), default="uniform")
     p.add_argument("--zipf-s", type=float, default=1.1)
     p.add_argument("--bounds", default=DEFAULT_BOUND_MIX, help="weighted bound mix, e.g. none:4,max_lag=100:2,session:2")
-    p.add_argument("--timeout", type=float, default=5.0, help="per-request timeout (s)")
+    p.add_argument("--timeout", type=float, default=5.0, help="per-request timeout (s), of every protocol")
     p.add_argument("--window-span-ms", type=int, default=0,
                    help="window lookups of a windowed --table: each the key's windows of this last span (ms)")
     p.add_argument("--out", type=Path, default=None, help="report directory (default reports/<scenario>-<time>)")
