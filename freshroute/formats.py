@@ -1,4 +1,4 @@
-"""How a table's keys and values are written in its topic, and how callers name the keys and receive the values.
+"""How a table's keys and values are written in its topic, and how callers name its keys.
 
 Tables the pipeline writes have ``string`` keys and ``json`` values. A compacted topic served as it is
 (``freshroute table add``) may have:
@@ -7,7 +7,7 @@ Tables the pipeline writes have ``string`` keys and ``json`` values. A compacted
   ``{"id":7}``, and the key is its compact encoding, as Jackson and most JSON serializers write it) or ``bytes``
   (callers give them base64url-encoded, padding optional, and read them so);
 - values ``json`` (served as JSON), ``string`` (UTF-8 text, served as a JSON string) or ``bytes`` (served
-  base64-encoded as ``value_b64`` on REST, as bytes on gRPC and in the client).
+  base64-encoded as ``value_b64`` on REST, as bytes on gRPC and in the client; each answer's renderer does it).
 
 A record whose key or value is not of the table's format is skipped by the store nodes, counted and reported
 at its offset (its key keeps its last valid value), as a pipeline's changelog record would be.
@@ -61,25 +61,6 @@ def key_from_bytes(fmt: str, raw: bytes) -> str:
     if fmt == "bytes":
         return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
     return raw.decode("utf-8", "replace")
-
-
-def value_fields(fmt: str, raw: bytes) -> dict[str, Any]:
-    """A found value as a REST body carries it: ``{"value": …}``, or ``{"value_b64": …}`` for bytes. Store nodes
-    keep only values of the table's format (:func:`value_ok`), so JSON goes into the body as it is."""
-    if fmt == "json":
-        return {"value": orjson.Fragment(raw)}
-    if fmt == "string":
-        return {"value": raw.decode("utf-8")}
-    return {"value_b64": base64.b64encode(raw).decode("ascii")}
-
-
-def value_json(fmt: str, raw: bytes) -> str:
-    """A found value as gRPC's ``value_json`` carries it; empty for bytes (``value_bytes`` carries them)."""
-    if fmt == "json":
-        return raw.decode("utf-8")
-    if fmt == "string":
-        return orjson.dumps(raw.decode("utf-8")).decode("utf-8")
-    return ""
 
 
 def key_problem(fmt: str, raw: bytes) -> str | None:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import struct
 import sys
-import time
 from array import array
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
@@ -44,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Container, Iterable, Sequence
 
 import orjson
 
+from freshroute.freshness import InputEnds, InputLag, ReplicaLag
 from freshroute.windows import WindowSpec
 
 if TYPE_CHECKING:
@@ -60,10 +60,6 @@ class ReplicaState(str, Enum):
     ACTIVE = "ACTIVE"
     STANDBY = "STANDBY"
     FAILED = "FAILED"  # its store cannot be written (e.g. the disk is full): never read; its report says why
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 # A standby per node on the largest clusters anyone runs from one assignor: more is a typo.
@@ -100,110 +96,6 @@ class TableSpec:
         # Fields a newer pipeline added are ignored, so a rolling upgrade keeps older readers working.
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         return cls(**known, window=WindowSpec.from_dict(window) if window else None)
-
-
-@dataclass(frozen=True)
-class InputLag:
-    """Where the pipeline is in a table's input, as the pipeline publishes it after each micro-batch and once a
-    second besides: the input offsets its last batch read to, and when a batch last had read everything there
-    was. With where the input ends (:class:`InputEnds`, read from the broker by a store node) it gives how far the
-    table's changelog is behind its input at any moment — also when the pipeline has stopped: see :func:`input_lag_at`.
-    """
-
-    records: int  # input records beyond the last micro-batch's end, as that batch saw it
-    caught_up_ms: int  # the start of the last micro-batch that read everything there was to read
-    at_ms: int  # when the last micro-batch was seen
-    offsets: dict[int, int] = field(default_factory=dict)  # input partition → the offset the last batch read to
-    alive_ms: int = 0  # when the pipeline last said it is running the table's query (once a second)
-
-    def ms(self, now: int) -> int:
-        """Milliseconds the table's changelog is behind its input at ``now`` by the pipeline's own account."""
-        return max(0, now - self.caught_up_ms) if self.records else 0
-
-    def alive(self, now: int) -> bool:
-        """Whether the pipeline is running the table's query: it has spoken within :data:`PIPELINE_EXPIRY_MS`."""
-        return now - self.alive_ms <= PIPELINE_EXPIRY_MS
-
-    def to_json(self) -> bytes:
-        return orjson.dumps(asdict(self), option=orjson.OPT_NON_STR_KEYS)
-
-    @classmethod
-    def from_json(cls, raw: bytes | str) -> "InputLag":
-        d = orjson.loads(raw)
-        return cls(int(d["records"]), int(d["caught_up_ms"]), int(d["at_ms"]),
-                   {int(p): int(o) for p, o in (d.get("offsets") or {}).items()}, int(d.get("alive_ms", d["at_ms"])))
-
-
-@dataclass(frozen=True)
-class InputEnds:
-    """Where an input topic ends (partition → the offset its next record will get), read from the broker."""
-
-    ends: dict[int, int]
-    at_ms: int
-
-    def to_json(self) -> bytes:
-        return orjson.dumps(asdict(self), option=orjson.OPT_NON_STR_KEYS)
-
-    @classmethod
-    def from_json(cls, raw: bytes | str) -> "InputEnds":
-        d = orjson.loads(raw)
-        return cls({int(p): int(o) for p, o in d["ends"].items()}, int(d["at_ms"]))
-
-
-# A pipeline silent this long (it speaks once a second) is not running; input ends older than this are not trusted.
-PIPELINE_EXPIRY_MS = 3000
-INPUT_ENDS_TRUST_MS = 3000
-
-
-def input_lag_at(lag: "InputLag | None", ends: "InputEnds | None", now: int) -> tuple[int, int]:
-    """(records, ms) a table's changelog is behind its input at ``now``.
-
-    Records: the input's ends (fresh) beyond the offsets the pipeline's last batch read to; without them, what the
-    pipeline said. Milliseconds: 0 when no record is behind, else since the last batch that had read everything.
-    So when the pipeline stops or dies while its input grows, both grow: nothing waits for the pipeline to say so.
-    A silent pipeline whose input's ends are not known is counted as behind since its last catch-up, never fresh.
-    """
-    if lag is None:
-        return (0, 0)
-    if ends is not None and lag.offsets and now - ends.at_ms <= INPUT_ENDS_TRUST_MS:
-        records = sum(max(0, end - lag.offsets.get(p, 0)) for p, end in ends.ends.items())
-    elif lag.alive(now):
-        return (lag.records, lag.ms(now))
-    else:
-        return (lag.records, max(0, now - lag.caught_up_ms))
-    return (records, max(0, now - lag.caught_up_ms)) if records else (0, 0)
-
-
-NO_INPUT_LAG = InputLag(0, 0, 0)
-
-
-@dataclass(frozen=True)
-class ReplicaLag:
-    """Applied offset (next offset to apply) against the partition's end offset; lag never negative.
-
-    ``end`` None: the replica has not learnt its partition's end offset yet, so its offset lag is unknown.
-    """
-
-    applied: int
-    end: int | None
-    staleness_ms: int = 0
-
-    @property
-    def offsets(self) -> int | None:
-        return lag_offsets(self.applied, self.end)
-
-
-def lag_offsets(applied: int, end: int | None) -> int | None:
-    """Offsets a replica at ``applied`` is behind ``end``: never negative, None while the end is unknown."""
-    return None if end is None else max(0, end - applied)
-
-
-UNKNOWN_LAG_RANK = 1 << 62  # an unknown offset lag sorts behind every known one: never preferred for it
-
-
-def rank_lag(offsets: int | None) -> int:
-    """An offset lag as a sort key, freshest first, unknown last."""
-    return UNKNOWN_LAG_RANK if offsets is None else offsets
 
 
 @dataclass(frozen=True)

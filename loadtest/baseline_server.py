@@ -16,8 +16,8 @@ import sys
 
 import orjson
 
+from freshroute.freshness import single
 from freshroute.keys import partition_for, serialize_key
-from freshroute.position import single
 
 
 def demo_responses(table: str, keys: list[str], partitions: int = 8) -> dict[tuple[str, str], object]:

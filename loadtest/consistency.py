@@ -36,8 +36,8 @@ from typing import Any, Iterable
 import orjson
 
 from freshroute.errors import InvalidArgument
+from freshroute.freshness import Position
 from freshroute.keys import partition_for, serialize_key
-from freshroute.position import Position
 from freshroute.windows import WATERMARK_KEY, WindowSpec, split_window_key
 
 _WATERMARK = WATERMARK_KEY.decode()

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 
 import orjson
 
-from freshroute.metadata import InputLag, now_ms
+from freshroute.freshness import InputLag, now_ms
 
 log = logging.getLogger("pipeline")
 

@@ -23,15 +23,13 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from freshroute.errors import ConfigError, FreshrouteError
-from freshroute.formats import value_json as value_json_of
-from proto import router_pb2, router_pb2_grpc
-
-from freshroute.routing.bound import NO_BOUND, Bound
-from freshroute.metadata import TableSpec, rank_lag
+from freshroute.freshness import NO_BOUND, Bound, rank_lag
+from freshroute.metadata import TableSpec
 from freshroute.routing.results import (ClusterView, LookupResult, ReplicaInfo, WindowsResult, key_not_found,
                                         pipeline_doc)
-from freshroute.windows import Window
 from freshroute.tls import ServerTLS
+from freshroute.windows import Window
+from proto import router_pb2, router_pb2_grpc
 from router.auth import Guard
 from router.routing import Router
 from router.settings import RouterSettings
@@ -101,11 +99,20 @@ def _typed(value: bytes) -> Struct | None:
     return struct
 
 
+def value_json(value_format: str, raw: bytes) -> str:
+    """A found value as ``value_json`` carries it; empty for bytes (``value_bytes`` carries them)."""
+    if value_format == "json":
+        return raw.decode("utf-8")
+    if value_format == "string":
+        return orjson.dumps(raw.decode("utf-8")).decode("utf-8")
+    return ""
+
+
 def _get_response(r: LookupResult, typed: bool = False, value_format: str = "json") -> router_pb2.GetResponse:
     if value_format == "json":
         value_json, value_bytes = r.value.decode("utf-8") if r.found else "", b""
     else:
-        value_json, value_bytes = (value_json_of(value_format, r.value), r.value if value_format == "bytes" else b"") \
+        value_json, value_bytes = (value_json(value_format, r.value), r.value if value_format == "bytes" else b"") \
             if r.found else ("", b"")
     return router_pb2.GetResponse(
         table=r.table, key=r.key, value_json=value_json, value_bytes=value_bytes, partition=r.partition,
@@ -289,7 +296,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         async for page in pages.read(lambda size, token: self._router.scan(
                 request.table, request.prefix, request.start, request.end, size, token, bound)):
             for key, value, partition in page.items:
-                yield router_pb2.ScanItem(key=key, value_json=value_json_of(fmt, value), partition=partition,
+                yield router_pb2.ScanItem(key=key, value_json=value_json(fmt, value), partition=partition,
                                           value_bytes=value if fmt == "bytes" else b"",
                                           value=_typed(value) if typed else None)
         yield router_pb2.ScanItem(summary=pages.summary(_input_lag(self._router, request.table)))

@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, unquote_to_bytes
 import orjson
 
 from freshroute.errors import InvalidArgument, foreign
-from freshroute.routing.bound import NO_BOUND, parse_millis, parse_query_bound
+from freshroute.freshness import NO_BOUND, parse_millis, parse_query_bound
 from freshroute.routing.results import key_not_found
 from router.auth import Guard, Principal
 from router.http_errors import error_headers, error_response

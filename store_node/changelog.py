@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
-from freshroute.metadata import now_ms
+from freshroute.freshness import now_ms
 from store_node.applier import Applier
 from store_node.bulk_restore import BulkRestores
 from store_node.end_offsets import EndOffsetWatcher

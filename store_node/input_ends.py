@@ -15,7 +15,8 @@ import threading
 from typing import Any, Callable, Mapping
 
 from freshroute.changelog_reader import end_offsets
-from freshroute.metadata import InputEnds, MetadataStore, TableSpec, now_ms
+from freshroute.freshness import InputEnds, now_ms
+from freshroute.metadata import MetadataStore, TableSpec
 from store_node.settings import StoreNodeSettings
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,9 @@ from typing import Callable, Mapping, Sequence
 
 from redis.exceptions import RedisError
 
-from freshroute.metadata import MetadataStore, NodePositions, NodeReport, ReplicaReport, Role, Round, RoundRequest, TableSpec, now_ms
+from freshroute.freshness import now_ms
+from freshroute.metadata import (MetadataStore, NodePositions, NodeReport, ReplicaReport, Role, Round, RoundRequest,
+                                 TableSpec)
 from store_node.assignor import AssignorLoop
 from store_node.settings import StoreNodeSettings
 

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 from google.protobuf.message import DecodeError
 
 from freshroute.errors import StoreCorrupt
-from freshroute.routing.store import FrameError, FrameReader, frame
-from freshroute.metadata import ReplicaState, Role, now_ms
+from freshroute.freshness import Bound, now_ms
+from freshroute.metadata import ReplicaState, Role
 from freshroute.pacing import PacedByAnswers
-from freshroute.routing.bound import Bound
+from freshroute.routing.store import FrameError, FrameReader, frame
 from freshroute.windows import WATERMARK_KEY, live_starts, parse_watermark
 from proto import store_pb2
 from store_node.access import REFUSAL, ClusterSecret

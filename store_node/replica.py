@@ -31,7 +31,8 @@ from urllib.parse import quote
 
 from freshroute.errors import StoreCorrupt
 from freshroute.formats import value_problem
-from freshroute.metadata import ReplicaLag, ReplicaReport, ReplicaState, Role, TableSpec, lag_offsets
+from freshroute.freshness import ReplicaLag, lag_offsets
+from freshroute.metadata import ReplicaReport, ReplicaState, Role, TableSpec
 from store_node.replica_store import DiskFull, ReplicaStore, StoreMemory
 
 Clock = Callable[[], int]  # milliseconds since the epoch

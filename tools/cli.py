@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from freshroute.errors import ConfigError, FreshrouteError
 
 if TYPE_CHECKING:
-    from freshroute.routing.bound import Bound
+    from freshroute.freshness import Bound
 
 # command → (settings class, run function), imported lazily: the router should not pay
 # for importing pyspark, nor the pipeline for FastAPI.
@@ -77,7 +77,7 @@ def _lookup_any(args: argparse.Namespace) -> int:
     import json
 
     from freshroute.keys import key_bytes
-    from freshroute.routing.bound import parse_bound
+    from freshroute.freshness import parse_bound
 
     try:
         key_bytes(args.table, "table")

@@ -13,9 +13,8 @@ from redis.connection import parse_url
 from freshroute.cluster_access import NodeAccess
 from freshroute.errors import (ClientClosed, ConfigError, FreshrouteError, InvalidArgument, LookupTimeout,
                                ReplicaUnavailable)
-from freshroute.position import Position
+from freshroute.freshness import Bound, Position, parse_bound
 from freshroute.redis_location import RedisLocation, parse_sentinels
-from freshroute.routing.bound import Bound, parse_bound
 from freshroute.routing.core import RoutingCore
 from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.results import ClusterView, KeyLocation, TableInfo

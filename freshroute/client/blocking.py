@@ -20,8 +20,8 @@ from google.protobuf.message import DecodeError
 
 from freshroute.cluster_access import NodeAccess
 from freshroute.errors import FreshrouteError, ReplicaUnavailable
+from freshroute.freshness import Bound
 from freshroute.routing.attempts import AttemptPlan, Candidate, launch_due
-from freshroute.routing.bound import Bound
 from freshroute.routing.snapshot import SnapshotSource
 from freshroute.routing.store import (FrameError, FrameReader, GroupResult, RangeResult, ReadResult, WindowFilter,
                                       checked, frame, group_read, group_result, key_read, range_read, range_result,

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from freshroute.errors import FreshrouteError
-from freshroute.position import Position
+from freshroute.freshness import Position
 from freshroute.routing.core import served_by
 from freshroute.routing.results import LookupResult, WindowsResult, optional_int, position_token
 from freshroute.routing.attempts import Candidate

@@ -14,9 +14,9 @@ import httpx
 import orjson
 
 from freshroute.errors import FreshrouteError, InvalidArgument, LookupTimeout, ReplicaUnavailable, from_body
+from freshroute.freshness import Bound, InputLag, now_ms
 from freshroute.keys import key_bytes, not_a_batch
-from freshroute.metadata import InputLag, ReplicaState, Role, TableSpec, now_ms
-from freshroute.routing.bound import Bound
+from freshroute.metadata import ReplicaState, Role, TableSpec
 from freshroute.routing.results import KeyLocation, TableInfo, optional_int
 from freshroute.routing.snapshot import NodeView, ReplicaView, Snapshot, refresh_until
 from freshroute.windows import WindowSpec

@@ -16,9 +16,8 @@ from concurrent.futures import Future
 from typing import Any, Coroutine, Iterator, TypeVar
 
 from freshroute.errors import ClientClosed, FreshrouteError, LookupTimeout, ReplicaUnavailable
-from freshroute.position import Position
+from freshroute.freshness import Bound, Position, parse_bound
 from freshroute.routing.attempts import AttemptPlan, Candidate
-from freshroute.routing.bound import Bound, parse_bound
 from freshroute.routing.core import RoutingCore, lookup_result
 from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.results import ClusterView, KeyLocation, TableInfo

@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, NamedTuple, Protocol, Sequence, TypeVar
 
 from freshroute.errors import FreshrouteError, LookupTimeout, NoReplicaWithinBound, ReplicaUnavailable
-from freshroute.metadata import ReplicaState, now_ms, rank_lag
-from freshroute.routing.bound import Bound
+from freshroute.freshness import Bound, now_ms, rank_lag
+from freshroute.metadata import ReplicaState
 from freshroute.routing.snapshot import LagOverlay, ReplicaView
 from freshroute.routing.store import ReadStatus, ReplicaStatus
 

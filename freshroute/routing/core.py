@@ -16,11 +16,11 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence, TypeVar
 from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound, NotWindowedTable,
                                ReplicaUnavailable, TableNotFound, WindowedTable)
 from freshroute.formats import bound_to_bytes, key_from_bytes, key_to_bytes
+from freshroute.freshness import NO_BOUND, Bound, now_ms
 from freshroute.keys import deserialize_key, key_bytes, not_a_batch, not_text, partition_for, scan_range
-from freshroute.metadata import Role, TableSpec, now_ms
+from freshroute.metadata import Role, TableSpec
 from freshroute.routing.attempts import (AttemptPlan, Attempts, Candidate, FreshestFirst, LatencyWindow, LoadTracker,
                                          NoMetrics, ReplicaSelector, run, run_many)
-from freshroute.routing.bound import NO_BOUND, Bound
 from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.results import (ClusterView, HostedReplica, KeyLocation, LookupResult, MetadataHealth,
                                         NodeState, ReplicaInfo, ScanPage, TableInfo, TablePipeline, WindowPage,

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Mapping
 
 from freshroute.errors import ReplicaUnavailable
-from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec, lag_offsets
+from freshroute.freshness import Bound, lag_offsets
+from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
 
-from freshroute.routing.bound import Bound
 from freshroute.routing.snapshot import Snapshot, build_snapshot
 from freshroute.routing.store import (GroupResult, RangeResult, ReadResult, ReadStatus, ReplicaStatus,
                                       WindowFilter)

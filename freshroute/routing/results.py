@@ -17,9 +17,8 @@ from typing import Any, NamedTuple, Sequence
 import orjson
 
 from freshroute.errors import FreshrouteError, InvalidArgument, KeyNotFound
-from freshroute.formats import value_fields
-from freshroute.metadata import InputLag, TableSpec, now_ms
-from freshroute.position import Position, single
+from freshroute.freshness import InputLag, Position, now_ms, single
+from freshroute.metadata import TableSpec
 from freshroute.windows import Window
 
 
@@ -52,6 +51,16 @@ class LookupResult(NamedTuple):
         """A found key's REST body."""
         return {"table": self.table, "key": self.key, **value_fields(value_format, self.value),
                 "partition": self.partition, **self.served(), "input_lag": input_lag_doc(input_lag)}
+
+
+def value_fields(fmt: str, raw: bytes) -> dict[str, Any]:
+    """A found value as a REST body carries it: ``{"value": …}``, or ``{"value_b64": …}`` for bytes. Store nodes
+    keep only values of the table's format (:func:`~freshroute.formats.value_problem`), so JSON goes in as it is."""
+    if fmt == "json":
+        return {"value": orjson.Fragment(raw)}
+    if fmt == "string":
+        return {"value": raw.decode("utf-8")}
+    return {"value_b64": base64.b64encode(raw).decode("ascii")}
 
 
 def served_doc(node: str, role: str, lag_offsets: int | None, lag_ms: int | None, position: str) -> dict[str, Any]:

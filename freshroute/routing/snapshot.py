@@ -18,9 +18,9 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
 
 import orjson
 
+from freshroute.freshness import InputEnds, InputLag, input_lag_at, lag_offsets, now_ms
 from freshroute.heartbeats import Liveness, NodeFeed, Rejections
-from freshroute.metadata import (Assignment, InputEnds, InputLag, Keys, NodePositions, NodeReport, ReplicaState, Role,
-                                 TableSpec, input_lag_at, lag_offsets, now_ms, text)
+from freshroute.metadata import Assignment, Keys, NodePositions, NodeReport, ReplicaState, Role, TableSpec, text
 
 log = logging.getLogger("freshroute.routing.snapshot")
 

@@ -31,8 +31,8 @@ from google.protobuf.message import DecodeError
 
 from freshroute.cluster_access import NodeAccess
 from freshroute.errors import ReplicaUnavailable
+from freshroute.freshness import Bound
 from freshroute.metadata import ReplicaState, Role
-from freshroute.routing.bound import Bound
 from proto import store_pb2
 
 log = logging.getLogger("freshroute.routing.store")

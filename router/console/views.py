@@ -17,8 +17,8 @@ from typing import Any, Callable
 import orjson
 
 from freshroute.errors import InvalidArgument
-from freshroute.metadata import ReplicaState, Role, now_ms
-from freshroute.routing.bound import parse_limit
+from freshroute.freshness import now_ms, parse_limit
+from freshroute.metadata import ReplicaState, Role
 from freshroute.routing.core import RoutingCore
 from freshroute.routing.results import ReplicaInfo, pipeline_doc
 from freshroute.routing.snapshot import Snapshot

@@ -16,8 +16,9 @@ import grpc
 import httpx
 import orjson
 
+from freshroute.freshness import now_ms
 from freshroute.keys import partition_for, serialize_key
-from freshroute.metadata import Assignment, MetadataStore, NodeReport, ReplicaState, Role, now_ms
+from freshroute.metadata import Assignment, MetadataStore, NodeReport, ReplicaState, Role
 from freshroute.settings import kafka_client_config
 from loadtest.readport import read_batch
 from proto import store_pb2, store_pb2_grpc

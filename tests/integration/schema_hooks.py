@@ -14,7 +14,7 @@ import os
 import schemathesis
 from hypothesis import strategies as st
 
-from freshroute.position import Position
+from freshroute.freshness import Position
 from freshroute.routing.results import encode_page_token
 from router.openapi import PAGE_TOKEN_FORMAT, POSITION_FORMAT
 

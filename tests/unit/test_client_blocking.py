@@ -14,9 +14,9 @@ import pytest
 
 from freshroute.client.blocking import BlockingStore, Request, run_blocking
 from freshroute.errors import NoReplicaWithinBound, ReplicaUnavailable
+from freshroute.freshness import NO_BOUND, Bound
 from freshroute.keys import serialize_key
 from freshroute.metadata import Role
-from freshroute.routing.bound import NO_BOUND, Bound
 from freshroute.routing.store import FrameReader, ReadStatus, frame
 from proto import store_pb2
 

@@ -1,14 +1,11 @@
-"""Key and value formats of tables served from a topic as it is: how callers name keys, how values are served, and
-which records a store node refuses."""
-
-import base64
+"""Key and value formats of tables served from a topic as it is: how callers name keys, and which records a store
+node refuses (how values are served: test_router_rest, test_router_grpc)."""
 
 import orjson
 import pytest
 
 from freshroute.errors import InvalidArgument
-from freshroute.formats import (bound_to_bytes, key_from_bytes, key_problem, key_to_bytes, value_fields, value_json,
-                                value_problem)
+from freshroute.formats import bound_to_bytes, key_from_bytes, key_problem, key_to_bytes, value_problem
 from freshroute.keys import partition_for
 from freshroute.routing.core import locate
 
@@ -37,13 +34,6 @@ def test_a_key_not_of_its_tables_format_is_an_invalid_argument(fmt, key, says):
 def test_scan_bounds_are_text_but_for_bytes_keys():
     assert bound_to_bytes("json", '{"id"', "prefix") == b'{"id"'
     assert bound_to_bytes("bytes", "AA", "prefix") == b"\x00"
-
-
-def test_values_are_served_in_their_format():
-    assert orjson.dumps(value_fields("json", b'{"a":1}')) == b'{"value":{"a":1}}'
-    assert value_fields("string", "héllo".encode()) == {"value": "héllo"}
-    assert value_fields("bytes", b"\x00\xff") == {"value_b64": base64.b64encode(b"\x00\xff").decode()}
-    assert value_json("string", b"hi") == '"hi"' and value_json("bytes", b"\x00") == ""
 
 
 def test_a_store_node_refuses_records_not_of_the_tables_formats():

@@ -2,8 +2,9 @@ from dataclasses import replace
 
 import pytest
 
+from freshroute.freshness import ReplicaLag
 from freshroute.metadata import (MAX_REPORT_BYTES, Assignment, Keys, NodePositions, NodeReport, OversizedReport,
-                                 ReplicaLag, ReplicaReport, ReplicaState, Role, TableSpec, UnknownReportVersion)
+                                 ReplicaReport, ReplicaState, Role, TableSpec, UnknownReportVersion)
 
 
 def test_table_spec_round_trip():

@@ -6,12 +6,12 @@ from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from freshroute.position import Position
 from proto import router_pb2, router_pb2_grpc
 
-from router.grpc_server import ERROR_TRAILER, PublicGrpc
+from router.grpc_server import ERROR_TRAILER, PublicGrpc, value_json
 from router.routing import Router
 from router.settings import RouterSettings
+from freshroute.freshness import Position
 from freshroute.routing.snapshot import FixedSnapshot, Snapshot
 from freshroute.routing.fake import InMemoryStoreClient
 
@@ -261,3 +261,8 @@ async def test_an_unknown_offset_lag_is_left_unset_not_zero(grpc_cluster):
     assert known.lag.HasField("offsets") and known.lag.offsets == 0
     meta = await stub.KeyMetadata(router_pb2.KeyMetadataRequest(table=TABLE, key="sensor-3"))
     assert not meta.active.lag.HasField("offsets") and not meta.active.HasField("end_offset")
+
+
+def test_values_are_carried_in_value_json_in_their_tables_format():
+    assert value_json("json", b'{"a":1}') == '{"a":1}' and value_json("string", "héllo".encode()) == '"héllo"'
+    assert value_json("bytes", b"\x00") == ""  # value_bytes carries them

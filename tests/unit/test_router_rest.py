@@ -1,15 +1,16 @@
 import asyncio
+import base64
 
 import httpx
 import orjson
 import pytest
 
+from freshroute.freshness import Position, now_ms, single
 from freshroute.keys import partition_for, serialize_key
-from freshroute.metadata import Role, TableSpec, now_ms
-from freshroute.position import Position, single
+from freshroute.metadata import Role, TableSpec
 
 from freshroute.routing.fake import InMemoryStoreClient, fake_snapshot
-from freshroute.routing.results import ClusterView
+from freshroute.routing.results import ClusterView, value_fields
 from router.rest import create_app
 from router.rest_routes import KeyHandlers, key_route
 from router.routing import Router
@@ -463,7 +464,7 @@ async def test_app_wires_its_own_router_when_given_none():
 async def test_every_answer_carries_the_tables_input_lag_while_the_pipeline_is_behind():
     from dataclasses import replace
 
-    from freshroute.metadata import InputLag
+    from freshroute.freshness import InputLag
     from router.grpc_server import answer_get
     from proto import router_pb2
 
@@ -498,7 +499,7 @@ async def test_max_input_lag_ms_refuses_a_table_further_behind_its_input_on_ever
 
     import grpc
 
-    from freshroute.metadata import InputEnds, InputLag
+    from freshroute.freshness import InputEnds, InputLag
     from router.grpc_server import RouterServicer
     from proto import router_pb2
 
@@ -571,3 +572,9 @@ async def test_a_replica_that_has_not_learnt_its_end_offset_answers_with_lag_unk
     unknown = [r for n in view["nodes"] for r in n["replicas"] if r["partition"] == part(key)]
     assert len(unknown) == 2 and all(r["lag"]["offsets"] is None and r["end_offset"] is None for r in unknown)
     assert f'freshroute_router_replica_lag_offsets{{node="n1",partition="{part(key)}"' not in text
+
+
+def test_values_are_served_in_their_tables_format():
+    assert orjson.dumps(value_fields("json", b'{"a":1}')) == b'{"value":{"a":1}}'
+    assert value_fields("string", "héllo".encode()) == {"value": "héllo"}
+    assert value_fields("bytes", b"\x00\xff") == {"value_b64": base64.b64encode(b"\x00\xff").decode()}

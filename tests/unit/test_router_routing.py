@@ -4,10 +4,9 @@ import time
 import pytest
 
 from freshroute.errors import LookupTimeout, NoReplicaWithinBound
+from freshroute.freshness import Bound, Position
 from freshroute.metadata import Role
-from freshroute.position import Position
 
-from freshroute.routing.bound import Bound
 from freshroute.routing.results import decode_page_token, encode_page_token
 from freshroute.routing.attempts import LatencyWindow
 from router.settings import RouterSettings

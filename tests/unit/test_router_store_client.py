@@ -5,10 +5,10 @@ import asyncio
 import pytest
 
 from freshroute.errors import ReplicaUnavailable
+from freshroute.freshness import NO_BOUND, Bound
 from freshroute.metadata import ReplicaState, Role
 from proto import store_pb2
 
-from freshroute.routing.bound import NO_BOUND, Bound
 from freshroute.routing.store import FrameReader, ReadStatus, StoreNodeClient, frame
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("one_event_loop")]

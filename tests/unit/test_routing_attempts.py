@@ -5,8 +5,8 @@ import time
 import pytest
 
 from freshroute.errors import NoReplicaWithinBound, ReplicaUnavailable
+from freshroute.freshness import Bound
 from freshroute.metadata import Role
-from freshroute.routing.bound import Bound
 from router.settings import RouterSettings
 
 from .test_router_rest import TABLE, Cluster, part
@@ -147,7 +147,7 @@ async def test_a_read_behind_only_its_position_waits_for_a_replica_to_catch_up()
     # served. It tails the changelog, so it is asked again after a short wait instead of failing the read.
     import asyncio
 
-    from freshroute.position import Position
+    from freshroute.freshness import Position
 
     cluster = Cluster()
     key = "sensor-11"

@@ -1,10 +1,9 @@
 import random
 from dataclasses import replace
 
+from freshroute.freshness import Bound, Position
 from freshroute.metadata import NodePositions, ReplicaState, Role
-from freshroute.position import Position
 
-from freshroute.routing.bound import Bound
 from freshroute.routing.attempts import FreshestFirst, LoadTracker
 from freshroute.routing.snapshot import LagOverlay, MovedPositions, ReplicaView
 

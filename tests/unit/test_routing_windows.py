@@ -8,9 +8,9 @@ import orjson
 import pytest
 
 from freshroute.errors import InvalidArgument, NotWindowedTable, WindowedTable
+from freshroute.freshness import Bound
 from freshroute.keys import partition_for, serialize_key
 from freshroute.metadata import Role, TableSpec
-from freshroute.routing.bound import Bound
 from freshroute.windows import WATERMARK_KEY, tumbling, watermark_value, window_key
 from router.settings import RouterSettings
 

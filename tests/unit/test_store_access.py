@@ -13,8 +13,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from freshroute.cluster_access import SECRET_METADATA, NodeAccess, read_secrets
 from freshroute.errors import ConfigError, ReplicaUnavailable
 from tools.local.certs import issue, make_ca
+from freshroute.freshness import NO_BOUND
 from freshroute.metadata import Role, TableSpec
-from freshroute.routing.bound import NO_BOUND
 from freshroute.routing.store import ReadStatus, StoreNodeClient
 from freshroute.tls import ClientTLS, ServerTLS
 from proto import store_pb2, store_pb2_grpc

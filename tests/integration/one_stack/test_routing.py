@@ -11,8 +11,8 @@ import httpx
 import orjson
 import pytest
 
+from freshroute.freshness import Position
 from freshroute.keys import partition_for, serialize_key
-from freshroute.position import Position
 from loadtest.readport import read_batch
 from loadtest.scenario import Fault, LoadConfig, run
 from proto import router_pb2, router_pb2_grpc, store_pb2, store_pb2_grpc

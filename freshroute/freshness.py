@@ -1,18 +1,193 @@
-"""A caller's freshness bound: the one type, its one refusal check, and its conversions to and from the wire.
+"""Freshness: how far behind a replica or a table is, the position an answer reflects, and the bound a caller sets.
 
-Every role speaks of the same ``Bound``: the router and the client parse it from a caller,
-the selector skips replicas it knows cannot meet it, and the store node refuses a read it
-cannot answer within it — so a stale routing view can never produce an out-of-bound answer.
+Every role speaks this one vocabulary. A replica's **lag** is offsets behind its changelog's end and milliseconds
+of staleness; a table's **input lag** is how far its changelog is behind the pipeline's input. An answer carries
+the **position** it reflects (table, partition → next offset to apply), and a caller's **bound** limits all three:
+the router and the client parse it, the selector skips replicas it knows cannot meet it, and the store node
+refuses a read it cannot answer within it — so a stale routing view can never produce an out-of-bound answer.
+Passing a position back as ``min_position`` gives monotonic reads and read-your-writes across replicas
+(cf. Kafka Streams IQv2 ``Position``); its tokens are opaque to clients: a version tag plus base64url JSON.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import base64
+import binascii
+import time
+from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+import orjson
+
 from freshroute.errors import InvalidArgument, NoReplicaWithinBound
-from freshroute.position import Position
 from proto import router_pb2, store_pb2
+
+
+# ---- lag ---------------------------------------------------------------------------------------------------
+
+
+def now_ms() -> int:
+    """Milliseconds since the epoch: the clock of every lag and heartbeat."""
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class ReplicaLag:
+    """Applied offset (next offset to apply) against the partition's end offset; lag never negative.
+
+    ``end`` None: the replica has not learnt its partition's end offset yet, so its offset lag is unknown.
+    """
+
+    applied: int
+    end: int | None
+    staleness_ms: int = 0
+
+    @property
+    def offsets(self) -> int | None:
+        return lag_offsets(self.applied, self.end)
+
+
+def lag_offsets(applied: int, end: int | None) -> int | None:
+    """Offsets a replica at ``applied`` is behind ``end``: never negative, None while the end is unknown."""
+    return None if end is None else max(0, end - applied)
+
+
+UNKNOWN_LAG_RANK = 1 << 62  # an unknown offset lag sorts behind every known one: never preferred for it
+
+
+def rank_lag(offsets: int | None) -> int:
+    """An offset lag as a sort key, freshest first, unknown last."""
+    return UNKNOWN_LAG_RANK if offsets is None else offsets
+
+
+@dataclass(frozen=True)
+class InputLag:
+    """Where the pipeline is in a table's input, as the pipeline publishes it after each micro-batch and once a
+    second besides: the input offsets its last batch read to, and when a batch last had read everything there
+    was. With where the input ends (:class:`InputEnds`, read from the broker by a store node) it gives how far the
+    table's changelog is behind its input at any moment — also when the pipeline has stopped: see :func:`input_lag_at`.
+    """
+
+    records: int  # input records beyond the last micro-batch's end, as that batch saw it
+    caught_up_ms: int  # the start of the last micro-batch that read everything there was to read
+    at_ms: int  # when the last micro-batch was seen
+    offsets: dict[int, int] = field(default_factory=dict)  # input partition → the offset the last batch read to
+    alive_ms: int = 0  # when the pipeline last said it is running the table's query (once a second)
+
+    def ms(self, now: int) -> int:
+        """Milliseconds the table's changelog is behind its input at ``now`` by the pipeline's own account."""
+        return max(0, now - self.caught_up_ms) if self.records else 0
+
+    def alive(self, now: int) -> bool:
+        """Whether the pipeline is running the table's query: it has spoken within :data:`PIPELINE_EXPIRY_MS`."""
+        return now - self.alive_ms <= PIPELINE_EXPIRY_MS
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self), option=orjson.OPT_NON_STR_KEYS)
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> "InputLag":
+        d = orjson.loads(raw)
+        return cls(int(d["records"]), int(d["caught_up_ms"]), int(d["at_ms"]),
+                   {int(p): int(o) for p, o in (d.get("offsets") or {}).items()}, int(d.get("alive_ms", d["at_ms"])))
+
+
+@dataclass(frozen=True)
+class InputEnds:
+    """Where an input topic ends (partition → the offset its next record will get), read from the broker."""
+
+    ends: dict[int, int]
+    at_ms: int
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self), option=orjson.OPT_NON_STR_KEYS)
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> "InputEnds":
+        d = orjson.loads(raw)
+        return cls({int(p): int(o) for p, o in d["ends"].items()}, int(d["at_ms"]))
+
+
+# A pipeline silent this long (it speaks once a second) is not running; input ends older than this are not trusted.
+PIPELINE_EXPIRY_MS = 3000
+INPUT_ENDS_TRUST_MS = 3000
+
+
+def input_lag_at(lag: "InputLag | None", ends: "InputEnds | None", now: int) -> tuple[int, int]:
+    """(records, ms) a table's changelog is behind its input at ``now``.
+
+    Records: the input's ends (fresh) beyond the offsets the pipeline's last batch read to; without them, what the
+    pipeline said. Milliseconds: 0 when no record is behind, else since the last batch that had read everything.
+    So when the pipeline stops or dies while its input grows, both grow: nothing waits for the pipeline to say so.
+    A silent pipeline whose input's ends are not known is counted as behind since its last catch-up, never fresh.
+    """
+    if lag is None:
+        return (0, 0)
+    if ends is not None and lag.offsets and now - ends.at_ms <= INPUT_ENDS_TRUST_MS:
+        records = sum(max(0, end - lag.offsets.get(p, 0)) for p, end in ends.ends.items())
+    elif lag.alive(now):
+        return (lag.records, lag.ms(now))
+    else:
+        return (lag.records, max(0, now - lag.caught_up_ms))
+    return (records, max(0, now - lag.caught_up_ms)) if records else (0, 0)
+
+
+NO_INPUT_LAG = InputLag(0, 0, 0)
+
+
+# ---- position ----------------------------------------------------------------------------------------------
+
+_PREFIX = "p1."
+MAX_TOKEN_LENGTH = 8192
+
+
+@dataclass(frozen=True)
+class Position:
+    """Per-partition applied offsets (next offset to apply) of one table."""
+
+    table: str
+    offsets: dict[int, int] = field(default_factory=dict)
+
+    def offset_for(self, partition: int) -> int:
+        return self.offsets.get(partition, 0)
+
+    def merge(self, other: "Position") -> "Position":
+        """The later of two positions, partition by partition (for sessions spanning keys)."""
+        if other.table != self.table:
+            raise InvalidArgument("positions of different tables cannot be merged", tables=[self.table, other.table])
+        merged = dict(self.offsets)
+        for p, o in other.offsets.items():
+            merged[p] = max(merged.get(p, 0), o)
+        return Position(self.table, merged)
+
+    def encode(self) -> str:
+        raw = orjson.dumps({"t": self.table, "o": {str(p): o for p, o in self.offsets.items()}})
+        return _PREFIX + base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+    @classmethod
+    def decode(cls, token: str) -> "Position":
+        """Parse a token; anything malformed is an :class:`InvalidArgument`."""
+        if not isinstance(token, str) or not token.startswith(_PREFIX) or len(token) > MAX_TOKEN_LENGTH:
+            raise InvalidArgument("min_position is not a position token", field="min_position")
+        body = token[len(_PREFIX) :]
+        try:
+            raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+            doc = orjson.loads(raw)
+            table = doc["t"]
+            offsets = {int(p): int(o) for p, o in doc["o"].items()}
+        except (binascii.Error, ValueError, KeyError, TypeError, AttributeError, orjson.JSONDecodeError):
+            raise InvalidArgument("min_position is not a position token", field="min_position") from None
+        if not isinstance(table, str) or any(p < 0 or o < 0 for p, o in offsets.items()):
+            raise InvalidArgument("min_position is not a position token", field="min_position")
+        return cls(table, offsets)
+
+
+def single(table: str, partition: int, offset: int) -> str:
+    """Token for one partition's position, as a lookup response reports it."""
+    return Position(table, {partition: offset}).encode()
+
+
+# ---- bound -------------------------------------------------------------------------------------------------
 
 MAX_LIMIT = (1 << 63) - 1  # a bound or limit is an int64, as on the gRPC wire
 

@@ -1,10 +1,41 @@
+"""The freshness vocabulary: position tokens and a caller's bound."""
+
 import pytest
 
 from freshroute.errors import InvalidArgument
-from freshroute.position import Position
+from freshroute.freshness import NO_BOUND, Bound, Position, parse_bound, parse_limit, parse_query_bound, single
 
-from freshroute.routing.bound import NO_BOUND, Bound, parse_bound, parse_limit, parse_query_bound
 from proto import router_pb2, store_pb2
+
+
+def test_round_trip_and_offset_for():
+    token = single("sensor_stats", 3, 1234)
+    pos = Position.decode(token)
+    assert pos.table == "sensor_stats"
+    assert pos.offset_for(3) == 1234
+    assert pos.offset_for(4) == 0
+
+
+def test_merge_keeps_the_later_offset_per_partition():
+    a = Position("t", {0: 5, 1: 9})
+    b = Position("t", {1: 7, 2: 3})
+    assert a.merge(b).offsets == {0: 5, 1: 9, 2: 3}
+    with pytest.raises(InvalidArgument):
+        a.merge(Position("other", {}))
+
+
+@pytest.mark.parametrize("garbage", ["", "abc", "p1.", "p1.!!!", "p1.e30", "p2.eyJ0IjoidCIsIm8iOnt9fQ", "p1." + "A" * 9000])
+def test_garbage_tokens_are_invalid_argument(garbage):
+    with pytest.raises(InvalidArgument) as e:
+        Position.decode(garbage)
+    assert e.value.code == "INVALID_ARGUMENT"
+
+
+def test_negative_offsets_rejected():
+    bad = Position("t", {0: -1}).encode()
+    with pytest.raises(InvalidArgument):
+        Position.decode(bad)
+
 
 
 @pytest.mark.parametrize("raw", ["-1", "abc", "1.5", "", " ", "+5", "1_000", "٣", "1e3", str(1 << 64), -3, True, 2.5, 1e300, -1.0,
