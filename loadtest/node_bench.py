@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from loadtest.restore import PARTITIONS, cpu_s, produce_changelog, start_node, stop_node, wait_restored

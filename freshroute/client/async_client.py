@@ -11,8 +11,7 @@ import httpx
 from redis.connection import parse_url
 
 from freshroute.cluster_access import NodeAccess
-from freshroute.errors import (ClientClosed, ConfigError, FreshrouteError, InvalidArgument, LookupTimeout,
-                               ReplicaUnavailable)
+from freshroute.errors import ClientClosed, ConfigError, FreshrouteError, LookupTimeout, ReplicaUnavailable
 from freshroute.freshness import Bound, Position, parse_bound
 from freshroute.redis_location import RedisLocation, parse_sentinels
 from freshroute.routing.core import RoutingCore

@@ -13,7 +13,6 @@ import os
 import textwrap
 import time
 from collections import Counter
-from pathlib import Path
 
 import httpx
 import orjson
