@@ -99,7 +99,7 @@ def _typed(value: bytes) -> Struct | None:
     return struct
 
 
-def value_json(value_format: str, raw: bytes) -> str:
+def _value_json(value_format: str, raw: bytes) -> str:
     """A found value as ``value_json`` carries it; empty for bytes (``value_bytes`` carries them)."""
     if value_format == "json":
         return raw.decode("utf-8")
@@ -112,7 +112,7 @@ def _get_response(r: LookupResult, typed: bool = False, value_format: str = "jso
     if value_format == "json":
         value_json, value_bytes = r.value.decode("utf-8") if r.found else "", b""
     else:
-        value_json, value_bytes = (value_json(value_format, r.value), r.value if value_format == "bytes" else b"") \
+        value_json, value_bytes = (_value_json(value_format, r.value), r.value if value_format == "bytes" else b"") \
             if r.found else ("", b"")
     return router_pb2.GetResponse(
         table=r.table, key=r.key, value_json=value_json, value_bytes=value_bytes, partition=r.partition,
@@ -296,7 +296,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         async for page in pages.read(lambda size, token: self._router.scan(
                 request.table, request.prefix, request.start, request.end, size, token, bound)):
             for key, value, partition in page.items:
-                yield router_pb2.ScanItem(key=key, value_json=value_json(fmt, value), partition=partition,
+                yield router_pb2.ScanItem(key=key, value_json=_value_json(fmt, value), partition=partition,
                                           value_bytes=value if fmt == "bytes" else b"",
                                           value=_typed(value) if typed else None)
         yield router_pb2.ScanItem(summary=pages.summary(_input_lag(self._router, request.table)))

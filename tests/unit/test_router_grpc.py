@@ -6,14 +6,14 @@ from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from freshroute.freshness import Position
+from freshroute.routing.fake import InMemoryStoreClient
+from freshroute.routing.results import LookupResult
+from freshroute.routing.snapshot import FixedSnapshot, Snapshot
 from proto import router_pb2, router_pb2_grpc
-
-from router.grpc_server import ERROR_TRAILER, PublicGrpc, value_json
+from router.grpc_server import ERROR_TRAILER, PublicGrpc, _get_response
 from router.routing import Router
 from router.settings import RouterSettings
-from freshroute.freshness import Position
-from freshroute.routing.snapshot import FixedSnapshot, Snapshot
-from freshroute.routing.fake import InMemoryStoreClient
 
 from .test_router_rest import KEYS, TABLE, Cluster, part
 
@@ -263,6 +263,12 @@ async def test_an_unknown_offset_lag_is_left_unset_not_zero(grpc_cluster):
     assert not meta.active.lag.HasField("offsets") and not meta.active.HasField("end_offset")
 
 
-def test_values_are_carried_in_value_json_in_their_tables_format():
-    assert value_json("json", b'{"a":1}') == '{"a":1}' and value_json("string", "héllo".encode()) == '"héllo"'
-    assert value_json("bytes", b"\x00") == ""  # value_bytes carries them
+async def test_a_found_value_is_carried_in_its_tables_format():
+    def get(value_format: str, raw: bytes) -> router_pb2.GetResponse:
+        found = LookupResult("t", "k", 0, True, raw, "n1", "active", 0, 0, 7)
+        return _get_response(found, value_format=value_format)
+
+    assert get("json", b'{"a":1}').value_json == '{"a":1}'
+    assert get("string", "héllo".encode()).value_json == '"héllo"'
+    blob = get("bytes", b"\x00\xff")
+    assert (blob.value_json, blob.value_bytes) == ("", b"\x00\xff")  # value_bytes carries them
