@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
+import time
 import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -149,14 +151,45 @@ def read_kafka_properties(path: Path) -> dict[str, str]:
 
 
 def kafka_client_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
-    """A librdkafka config for tools outside the components' settings (demo producer, benchmarks, tests):
-    ``bootstrap`` plus ``FRESHROUTE_KAFKA_CONFIG``, the same file or JSON the components read."""
+    """A confluent-kafka config for tools outside the components' settings (demo producer, benchmarks, tests):
+    ``bootstrap`` plus ``FRESHROUTE_KAFKA_CONFIG``, the same file or JSON the components read, logging through
+    the logger ``freshroute.kafka`` (:func:`kafka_logging`)."""
     raw = os.environ.get("FRESHROUTE_KAFKA_CONFIG", "")
     try:
         extra = CommonSettings._kafka_config(raw) if raw.strip() else {}
     except ValueError as e:
         raise ConfigError(f"FRESHROUTE_KAFKA_CONFIG: {e}", setting="kafka_config") from None
-    return {"bootstrap.servers": bootstrap, **extra, **overrides}
+    return {"bootstrap.servers": bootstrap, **extra, **kafka_logging("freshroute.kafka"), **overrides}
+
+
+class QuietRepeats(logging.Filter):
+    """librdkafka logs the same connection failure on every reconnect attempt; pass one per interval."""
+
+    def __init__(self, interval_s: float = 60.0) -> None:
+        super().__init__()
+        self._interval = interval_s
+        self._seen: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = re.sub(r"\d+", "#", record.getMessage())[:200]
+        now = time.monotonic()
+        last = self._seen.get(key)
+        if last is not None and now - last < self._interval:
+            return False
+        if len(self._seen) > 1000:
+            self._seen.clear()
+        self._seen[key] = now
+        return True
+
+
+def kafka_logging(name: str) -> dict[str, Any]:
+    """confluent-kafka settings that send a client's librdkafka lines, warnings and worse, to the logger ``name``
+    (in the process's log format, where librdkafka alone prints its own to stderr), a repeated failure once a minute.
+    Python clients only: a Spark option or the bulk reader's config takes strings."""
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, QuietRepeats) for f in logger.filters):
+        logger.addFilter(QuietRepeats())
+    return {"logger": logger, "log_level": 4}
 
 
 def load(cls: type[BaseSettings], **values: Any) -> Any:

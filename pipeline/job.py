@@ -446,6 +446,7 @@ class Pipeline:
             self.queries[name] = QueryRun(name, runs, self._trigger_ms(tables),
                                           rejects=source if frames[1] is not None else None)
             self._start_query(self.queries[name], frames)
+        admin.poll(0)  # the admin client's librdkafka log lines, queued while it worked, to the pipeline's log
         store = MetadataStore.at(s.redis(), s.namespace)
         self._registrar = TableRegistrar(store, [r.spec for r in self.runs.values()], self._stop, str(s.redis()),
                                          s.namespace)

@@ -28,6 +28,7 @@ from confluent_kafka import KafkaError, Producer
 
 from freshroute.errors import RetryableError
 from freshroute.keys import partition_for, serialize_key
+from freshroute.settings import kafka_logging
 from freshroute.windows import WATERMARK_KEY, WindowSpec, split_window_key, watermark_value, window_key
 from pipeline.recompute import Recomputation, describe, stale_keys
 from pipeline.tables import DELETE_COLUMN, QUERY_TABLE_COLUMN, WINDOW_START_COLUMN
@@ -116,6 +117,7 @@ def producer_config(kafka: Mapping[str, Any]) -> dict[str, Any]:
         "allow.auto.create.topics": False,
         # A batch fails (and is replayed) rather than waiting minutes for a broker that is gone.
         "message.timeout.ms": 60_000,
+        **kafka_logging("pipeline.kafka"),
     }
 
 

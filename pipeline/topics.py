@@ -10,6 +10,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from freshroute.errors import ConfigError
+from freshroute.settings import kafka_logging
 from freshroute.topics import TopicInfo, describe_topic
 
 log = logging.getLogger(__name__)
@@ -51,4 +52,4 @@ def check_replication(admin: AdminClient, replication_factor: int, timeout_s: fl
 
 
 def admin_client(kafka: dict[str, Any]) -> AdminClient:
-    return AdminClient(dict(kafka))
+    return AdminClient({**kafka, **kafka_logging("pipeline.kafka")})

@@ -10,7 +10,6 @@ still the one the replicas were built from). It also reports restore progress.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections import defaultdict
@@ -20,6 +19,7 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
 from freshroute.freshness import now_ms
+from freshroute.settings import kafka_logging
 from store_node.applier import Applier
 from store_node.bulk_restore import BulkRestores
 from store_node.end_offsets import EndOffsetWatcher
@@ -28,26 +28,6 @@ from store_node.replica_set import Desired, ReplicaKey, ReplicaSet
 from store_node.settings import StoreNodeSettings
 
 log = logging.getLogger(__name__)
-
-
-class _QuietRepeats(logging.Filter):
-    """librdkafka logs the same connection failure on every reconnect attempt; pass one per interval."""
-
-    def __init__(self, interval_s: float = 60.0) -> None:
-        super().__init__()
-        self._interval = interval_s
-        self._seen: dict[str, float] = {}
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        key = re.sub(r"\d+", "#", record.getMessage())[:200]
-        now = time.monotonic()
-        last = self._seen.get(key)
-        if last is not None and now - last < self._interval:
-            return False
-        if len(self._seen) > 1000:
-            self._seen.clear()
-        self._seen[key] = now
-        return True
 
 
 class ChangelogTailer:
@@ -72,8 +52,7 @@ class ChangelogTailer:
         self._progress_applied: dict[ReplicaKey, int] = {}
         self.started = threading.Event()
         self.failed = False
-        self._kafka_log = logging.getLogger(f"store_node.kafka.{settings.node_id}")
-        self._kafka_log.addFilter(_QuietRepeats())
+        self._kafka_logging = kafka_logging(f"store_node.kafka.{settings.node_id}")
 
     @property
     def serving(self) -> Mapping[ReplicaKey, Replica]:
@@ -135,11 +114,9 @@ class ChangelogTailer:
         try:
             end_offsets = self.end_offsets
             self._consumer = self._consumer_factory(self._settings.consumer_config(
-                stats_cb=end_offsets.on_stats, error_cb=end_offsets.on_client_error,
-                logger=self._kafka_log, log_level=4))
+                stats_cb=end_offsets.on_stats, error_cb=end_offsets.on_client_error, **self._kafka_logging))
             admin = self._admin_factory(self._settings.kafka(
-                **{"client.id": f"freshroute-store-{self._settings.node_id}-admin"},
-                logger=self._kafka_log, log_level=4))
+                **{"client.id": f"freshroute-store-{self._settings.node_id}-admin"}, **self._kafka_logging))
             end_offsets.open(self._consumer, admin)
             self.replicas.open(self._consumer)
         except Exception:

@@ -168,6 +168,7 @@ class EndOffsetWatcher:
 
     def check_topic_ids(self) -> None:
         """Compare each changelog's topic id with the one its replicas' rows came from."""
+        self._admin.poll(0)  # hands librdkafka's log lines to the node's logger; nothing else would
         now = time.monotonic()
         futures = self._topic_futures
         if futures is not None:

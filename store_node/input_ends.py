@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 from freshroute.changelog_reader import end_offsets
 from freshroute.freshness import InputEnds, now_ms
 from freshroute.metadata import MetadataStore, TableSpec
+from freshroute.settings import kafka_logging
 from store_node.settings import StoreNodeSettings
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class InputEndsWatcher:
     def read(self, topics: list[str]) -> dict[str, InputEnds]:
         """Each topic's ends, in one request to the broker."""
         admin = self._admin_client()
+        admin.poll(0)  # hands librdkafka's log lines to the node's logger; nothing else would
         for topic in topics:
             if topic not in self._partitions:
                 meta = admin.list_topics(topic, timeout=_TIMEOUT_S).topics.get(topic)
@@ -86,5 +88,6 @@ class InputEndsWatcher:
 
             factory = self._admin_factory or AdminClient
             self._admin = factory(self._settings.kafka(
-                **{"client.id": f"freshroute-store-{self._settings.node_id}-input-ends"}))
+                **{"client.id": f"freshroute-store-{self._settings.node_id}-input-ends"},
+                **kafka_logging(f"store_node.kafka.{self._settings.node_id}")))
         return self._admin

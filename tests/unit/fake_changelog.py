@@ -108,7 +108,13 @@ class FakeConsumer:
 
 class FakeAdmin:
     def __init__(self, config):
+        self.config = config
         self.topic_ids: dict[str, str] = {}
+        self.polls = 0  # how often its librdkafka log queue was served
+
+    def poll(self, timeout=None):
+        self.polls += 1
+        return 0
 
     def describe_topics(self, collection, request_timeout=None):
         out = {}

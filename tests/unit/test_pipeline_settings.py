@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from freshroute.errors import ConfigError
-from freshroute.settings import load
+from freshroute.settings import kafka_logging, load
 from pipeline.settings import DEMO_TABLES_FILE, PipelineSettings
 
 
@@ -142,7 +142,8 @@ def test_tools_outside_the_components_read_the_same_kafka_config(tmp_path, monke
     path.write_text("socket.timeout.ms=30000\n")
     monkeypatch.setenv("FRESHROUTE_KAFKA_CONFIG", str(path))
     assert kafka_client_config("h:9092", **{"linger.ms": 5}) == {"bootstrap.servers": "h:9092",
-                                                                 "socket.timeout.ms": "30000", "linger.ms": 5}
+                                                                 "socket.timeout.ms": "30000", "linger.ms": 5,
+                                                                 **kafka_logging("freshroute.kafka")}
     monkeypatch.setenv("FRESHROUTE_KAFKA_CONFIG", str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="FRESHROUTE_KAFKA_CONFIG: cannot read"):
         kafka_client_config("h:9092")

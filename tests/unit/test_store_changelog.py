@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from types import SimpleNamespace
 
@@ -239,6 +240,14 @@ def test_records_after_a_reset_in_the_same_batch_are_dropped(env):
     env.tailer.step()
     rep = env.tailer.serving[KEY]
     assert rep.store.get(b"stale") is None and rep.lag.applied == 0
+
+
+def test_librdkafka_lines_go_to_the_nodes_logger_and_the_admin_clients_are_served(env):
+    node_kafka = logging.getLogger("store_node.kafka.n1")
+    assert env.consumer.config["logger"] is node_kafka and env.admin.config["logger"] is node_kafka
+    served = env.admin.polls
+    env.tailer.step()  # an admin client's log lines wait in its queue until it is polled
+    assert env.admin.polls > served
 
 
 def test_recreated_topic_is_detected_by_its_id(env):
