@@ -1,7 +1,8 @@
 """Applying polled changelog records to the replicas, one checkpointed write per partition per poll.
 
 A poison record (null key, key or value not of the table's formats) is skipped with a counted,
-rate-limited warning, and the partition moves on. A restoring replica checks values only when
+rate-limited warning, and the partition moves on. A row older than the one held for its key (a replayed
+Real-time query's, by its input position) is skipped and counted. A restoring replica checks values only when
 it writes its staged changes (the latest per key); a staged window with poison is dropped and
 read again from the checkpoint, each record checked as it is read.
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
+from freshroute import input_position
 from freshroute.formats import key_problem, value_problem
 from store_node.end_offsets import MISSING_TOPIC, EndOffsetWatcher
 from store_node.replica import Clock, Replica, Staged
@@ -136,6 +138,7 @@ class Applier:
             check = True
         count = skipped = 0
         key_format, value_format = rep.spec.key_format, rep.spec.value_format
+        valid = []
         for m in batch:
             key = m.key()
             value = m.value()
@@ -144,8 +147,7 @@ class Applier:
             elif (problem := key_problem(key_format, key)) is not None:
                 pass
             elif not check or value is None or (problem := value_problem(value_format, value)) is None:
-                rows[key] = value
-                count += 1
+                valid.append((key, value, m.headers()))
                 continue
             if not check:
                 staged.poison = True  # reported once, when the window is read again checked
@@ -153,8 +155,10 @@ class Applier:
             skipped += 1
             self._poison(rep, m.offset(), problem,
                          rep.counters.records_skipped + (staged.skipped if staged is not None else 0) + skipped)
+        positions = staged.positions if staged is not None else {}
+        count = self._newer(rep, valid, rows, positions)
         if staged is None:
-            rep.commit(rows.items(), last + 1, count, skipped)
+            rep.commit(rows.items(), last + 1, count, skipped, positions.items())
         else:
             staged.next_offset = last + 1
             staged.records += count
@@ -163,6 +167,41 @@ class Applier:
                 rep.write_staged()
         self._end_offsets.refresh(rep)
         return count
+
+    @staticmethod
+    def _newer(rep: Replica, valid: list, rows: dict, positions: dict) -> int:
+        """Take the valid records (key, value, headers) into ``rows`` and their input positions into ``positions``, in
+        order, except a row whose input position does not cover the one held for its key (a replayed Real-time
+        query's older row, :mod:`freshroute.input_position`); returns how many were taken."""
+        if not any(headers for _, _, headers in valid):
+            rows.update((key, value) for key, value, _ in valid)
+            # A delete forgets its key's position (windows expire so); an upsert leaves it, as rewriting it costs a
+            # write per record of every table whose pipeline writes none.
+            positions.update((key, None) for key, value, _ in valid if value is None)
+            rep.counters.records_unpositioned += len(valid)
+            return len(valid)
+        unknown = list({key for key, _, headers in valid if headers and key not in positions})
+        held = dict(zip(unknown, rep.store.positions_of(unknown))) if unknown and rep.store is not None else {}
+        held.update(positions)
+        taken = 0
+        for key, value, headers in valid:
+            raw = input_position.of_record(headers)
+            new = input_position.decode(raw)
+            if new is None:
+                rep.counters.records_unpositioned += 1
+                rows[key] = value
+                if value is None:
+                    positions[key] = held[key] = None
+                taken += 1
+                continue
+            before = input_position.decode(held.get(key))
+            if before is not None and raw != held.get(key) and not input_position.covers(new, before):
+                rep.counters.records_superseded += 1
+                continue
+            rows[key] = value
+            positions[key] = held[key] = raw
+            taken += 1
+        return taken
 
     def _staged_due(self, rep: Replica, staged: Staged, mono: float | None = None) -> bool:
         """Write a restoring replica's staged changes now? When they are many, old, or reach the end.

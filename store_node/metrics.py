@@ -44,6 +44,12 @@ class ReplicaCollector(Collector):
         poison = CounterMetricFamily("freshroute_replica_records_skipped",
                                      "records skipped: a null key, or a key or value not of the table's formats",
                                      labels=_LABELS)
+        superseded = CounterMetricFamily("freshroute_replica_records_superseded",
+                                         "rows skipped as older than the row held for their key (by input position): "
+                                         "a replayed Real-time pipeline wrote them again", labels=_LABELS)
+        unpositioned = CounterMetricFamily("freshroute_replica_records_unpositioned",
+                                           "records applied without an input position (a micro-batch pipeline's, "
+                                           "a topic served as it is, or written by hand)", labels=_LABELS)
         undecodable = CounterMetricFamily("freshroute_store_undecodable_records",
                                           "records of a table this node skipped since its replicas opened: a null "
                                           "key, or a key or value that does not decode in the table's formats",
@@ -66,10 +72,13 @@ class ReplicaCollector(Collector):
             restoring.add_metric(labels, 1 if rep.restoring else 0)
             records.add_metric(labels, rep.counters.records_applied)
             poison.add_metric(labels, rep.counters.records_skipped)
+            superseded.add_metric(labels, rep.counters.records_superseded)
+            unpositioned.add_metric(labels, rep.counters.records_unpositioned)
             by_table[rep.table] = by_table.get(rep.table, 0) + rep.counters.records_skipped
             restores.add_metric(labels, rep.counters.restores)
         for role, n in roles.items():
             hosted.add_metric([self._node_id, role], n)
         for table, n in sorted(by_table.items()):
             undecodable.add_metric([table], n)
-        yield from (lag, staleness, applied, end, restoring, records, poison, undecodable, restores, hosted)
+        yield from (lag, staleness, applied, end, restoring, records, poison, superseded, unpositioned, undecodable, restores,
+                    hosted)

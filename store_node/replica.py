@@ -164,6 +164,8 @@ class ReplicaCounters:
 
     records_applied: int = 0
     records_skipped: int = 0  # poison records: null key, non-UTF-8 key, non-JSON value
+    records_superseded: int = 0  # rows a replayed Real-time query wrote again, older than the row held for their key
+    records_unpositioned: int = 0  # records without an input position (a micro-batch pipeline's, or by hand)
     restores: int = 0  # wipes followed by a restore from the changelog's start
     resumed_from: int = 0  # the applied offset read from disk when the replica was opened
 
@@ -179,6 +181,7 @@ class Staged:
     """
 
     rows: dict[bytes, bytes | None] = field(default_factory=dict)
+    positions: dict[bytes, bytes | None] = field(default_factory=dict)  # the input position of each row, if any
     next_offset: int = 0
     records: int = 0
     skipped: int = 0
@@ -287,13 +290,14 @@ class Replica:
             return
         self.commit(changes, next_offset, len(changes), skipped)
 
-    def commit(self, rows: Iterable[tuple[bytes, bytes | None]], next_offset: int, applied: int, skipped: int) -> None:
-        """Write ``rows`` (standing for ``applied`` records) with the checkpoint ``next_offset``, then publish the
-        position."""
+    def commit(self, rows: Iterable[tuple[bytes, bytes | None]], next_offset: int, applied: int, skipped: int,
+               positions: Iterable[tuple[bytes, bytes | None]] = ()) -> None:
+        """Write ``rows`` (standing for ``applied`` records) and their keys' input ``positions`` with the checkpoint
+        ``next_offset``, then publish the position."""
         store = self._open_store()
         caught_up_at = self.lag.caught_up_at_after(next_offset)
         try:
-            store.apply(rows, next_offset, caught_up_at or None)
+            store.apply(rows, next_offset, caught_up_at or None, positions)
         except DiskFull as e:
             self.mark_failed(e.message)
             return
@@ -340,7 +344,7 @@ class Replica:
             self.check_until = staged.next_offset
             self.reread = True
             return 0
-        self.commit(staged.rows.items(), staged.next_offset, staged.records, staged.skipped)
+        self.commit(staged.rows.items(), staged.next_offset, staged.records, staged.skipped, staged.positions.items())
         return staged.records
 
     def close(self) -> None:

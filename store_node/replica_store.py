@@ -1,7 +1,8 @@
 """One table-partition's local RocksDB: a cache of its changelog that can always be rebuilt.
 
 Rows live in the default column family (raw key bytes → value bytes, ordered bytewise for
-scans); the replica's checkpoint lives in the ``meta`` column family. The applied offset (next
+scans); the replica's checkpoint lives in the ``meta`` column family, and the input position of each key's row
+(:mod:`freshroute.input_position`, written by the Real-time pipeline) in ``input_positions``. The applied offset (next
 changelog offset to apply) is written with the last of the rows it covers, so a crash can never
 leave the rows behind the checkpoint (ahead of it, a replay from it rewrites them).
 
@@ -27,6 +28,7 @@ from rocksdict import (BlockBasedOptions, Cache, DBCompressionType, IngestExtern
 from freshroute.errors import FatalError, StoreCorrupt
 
 META_CF = "meta"
+POSITIONS_CF = "input_positions"
 _APPLIED = b"applied"
 _TOPIC_ID = b"topic_id"
 _CAUGHT_UP_AT = b"caught_up_at"
@@ -152,6 +154,8 @@ class ReplicaStore:
         self._db: Rdict | None = db
         self._meta_cf = db.get_column_family_handle(META_CF)
         self._meta: Rdict | None = db.get_column_family(META_CF)
+        self._positions_cf = db.get_column_family_handle(POSITIONS_CF)
+        self._positions: Rdict | None = db.get_column_family(POSITIONS_CF)
         self.applied_offset = 0
         self.topic_id: str | None = None
         self.caught_up_at_ms = 0
@@ -169,7 +173,8 @@ class ReplicaStore:
         memory = memory or default_memory()
         cls.drop_table_files(path)
         try:
-            db = Rdict(str(path), _options(memory, bulk_load), column_families={META_CF: Options(raw_mode=True)})
+            db = Rdict(str(path), _options(memory, bulk_load),
+                       column_families={META_CF: Options(raw_mode=True), POSITIONS_CF: Options(raw_mode=True)})
         except Exception as e:  # rocksdict raises bare Exception for every RocksDB status
             if "lock" in str(e).lower() and "LOCK" in str(e):
                 raise StoreBusy(f"replica store {path} is already open: {e}", path=str(path)) from None
@@ -260,8 +265,9 @@ class ReplicaStore:
         return self._db is None
 
     def apply(self, changes: Iterable[tuple[bytes, bytes | None]], next_offset: int,
-              caught_up_at_ms: int | None = None) -> None:
-        """Upsert/delete rows (None = tombstone) and move the checkpoint to ``next_offset``.
+              caught_up_at_ms: int | None = None, positions: Iterable[tuple[bytes, bytes | None]] = ()) -> None:
+        """Upsert/delete rows (None = tombstone) and move the checkpoint to ``next_offset``; ``positions``: the input
+        positions of the rows' keys (None: the key's row has none), written with the checkpoint.
 
         The rows go in WriteBatches of at most WRITE_CHUNK_ROWS, the checkpoint with the last: RocksDB's write keeps
         the interpreter (rocksdict holds the GIL through it), so one big write would hold up every read of the node
@@ -274,7 +280,7 @@ class ReplicaStore:
             if len(chunk) == WRITE_CHUNK_ROWS:
                 self._write(chunk)
                 continue
-            self._write(chunk, next_offset, caught_up_at_ms)
+            self._write(chunk, next_offset, caught_up_at_ms, positions)
             break
         self.applied_offset = next_offset
         if caught_up_at_ms is not None:
@@ -311,7 +317,7 @@ class ReplicaStore:
         return batch
 
     def _write(self, rows: list[tuple[bytes, bytes | None]], next_offset: int | None = None,
-               caught_up_at_ms: int | None = None) -> None:
+               caught_up_at_ms: int | None = None, positions: Iterable[tuple[bytes, bytes | None]] = ()) -> None:
         """Write ``rows``, and the checkpoint with them if given.
 
         A write that would stall (its memtables full while a flush runs) is refused by RocksDB and tried again here
@@ -322,8 +328,14 @@ class ReplicaStore:
         if db is None:
             raise StoreCorrupt(f"replica store {self.path} is closed", path=str(self.path))
         stalled = 0
+        positions = list(positions)
         while True:
             batch = self.batch(rows)  # built again for each try: a write takes its batch
+            for key, position in positions:
+                if position is None:
+                    batch.delete(key, self._positions_cf)
+                else:
+                    batch.put(key, position, self._positions_cf)
             if next_offset is not None:
                 batch.put(_APPLIED, _bytes(next_offset), self._meta_cf)
                 if caught_up_at_ms is not None:
@@ -348,6 +360,16 @@ class ReplicaStore:
 
     def get(self, key: bytes) -> bytes | None:
         return self._read(key)
+
+    def positions_of(self, keys: list[bytes]) -> list[bytes | None]:
+        """The input positions of the rows of ``keys`` (None: none recorded)."""
+        positions = self._positions
+        if positions is None:
+            raise StoreCorrupt(f"replica store {self.path} is closed", path=str(self.path))
+        try:
+            return positions.get(keys)
+        except Exception as e:
+            raise StoreCorrupt(f"cannot read replica store {self.path}: {e}", path=str(self.path)) from None
 
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
         """The values of ``keys`` in order (None: no such key), in one call into RocksDB."""
@@ -404,8 +426,8 @@ class ReplicaStore:
             db.flush_wal(True)
         except Exception:
             pass  # a store that cannot flush is about to be wiped or was cleanly written already
-        self._meta = None
-        self._meta_cf = None  # type: ignore[assignment]
+        self._meta = self._positions = None
+        self._meta_cf = self._positions_cf = None  # type: ignore[assignment]
         try:
             db.close()
         except Exception:

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError
 
+from freshroute import input_position
 from freshroute.metadata import Role, TableSpec
 
 SPEC = TableSpec("counts", "counts-changelog", 2, "k")
@@ -24,9 +25,10 @@ class Clock:
 
 
 class Msg:
-    def __init__(self, offset, key=None, value=None, partition=0, topic=SPEC.topic, error=None):
+    def __init__(self, offset, key=None, value=None, partition=0, topic=SPEC.topic, error=None, headers=None):
         self._offset, self._key, self._value = offset, key, value
         self._partition, self._topic, self._error = partition, topic, error
+        self._headers = headers
 
     def error(self):
         return self._error
@@ -46,6 +48,9 @@ class Msg:
     def value(self):
         return self._value
 
+    def headers(self):
+        return self._headers
+
 
 class Err:
     def __init__(self, code, text="x"):
@@ -58,10 +63,11 @@ class Err:
         return self._text
 
 
-def record(offset, key, value, partition=0):
+def record(offset, key, value, partition=0, position=None):
+    """A changelog record; ``position``: the input position it carries (freshroute.input_position), if any."""
     return Msg(offset, key.encode() if isinstance(key, str) else key,
                None if value is None else (value if isinstance(value, bytes) else json.dumps(value).encode()),
-               partition)
+               partition, headers=None if position is None else [(input_position.HEADER, input_position.encode(position))])
 
 
 def eof(offset, partition=0):

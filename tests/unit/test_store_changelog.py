@@ -658,3 +658,55 @@ def test_a_replica_whose_store_cannot_even_be_opened_is_hosted_failed(env, monke
     env.consumer.queue += [record(0, "a", 1), eof(1)]
     env.tailer.step()
     assert rep.state is ReplicaState.ACTIVE and rep.store.get(b"a") == b"1"
+
+
+def test_a_replayed_row_older_than_the_one_held_is_skipped_and_counted(env):
+    host(env, 0)
+    env.consumer.queue += [record(0, "a", {"count": 1}, position=[None, 7]), eof(1)]
+    env.tailer.step()
+    rep = env.tailer.serving[KEY]
+    assert rep.state is not ReplicaState.RESTORING
+    # The pipeline ran on to count 3, crashed, and its replay writes counts 2 and 3 again, then goes on.
+    env.consumer.queue += [
+        record(1, "a", {"count": 2}, position=[3, 7]),
+        record(2, "a", {"count": 3}, position=[3, 9]),
+        record(3, "a", {"count": 2}, position=[3, 8]),  # the replay: older in partition 1
+        record(4, "a", {"count": 3}, position=[3, 9]),  # the same row again
+        record(5, "b", {"count": 1}, position=[4, None]),
+        record(6, "a", {"count": 4}, position=[5, 9]),
+        eof(7),
+    ]
+    env.tailer.step()
+    assert rep.store.get(b"a") == b'{"count": 4}' and rep.store.get(b"b") == b'{"count": 1}'
+    assert rep.counters.records_superseded == 1
+    assert rep.store.positions_of([b"a", b"b"]) == [b"[5,9]", b"[4,null]"]
+    # Across polls the held position is read from the store: an older row never overwrites a newer one.
+    env.consumer.queue += [record(7, "a", {"count": 3}, position=[4, 9]), eof(8)]
+    env.tailer.step()
+    assert rep.store.get(b"a") == b'{"count": 4}' and rep.counters.records_superseded == 2
+    assert rep.lag.applied == 8  # skipped rows are behind the replica, not blocking it
+
+
+def test_a_record_without_a_position_is_applied_and_counted_and_a_delete_forgets_the_position(env):
+    host(env, 0)
+    env.consumer.queue += [record(0, "a", {"count": 5}, position=[9]), eof(1)]
+    env.tailer.step()
+    rep = env.tailer.serving[KEY]
+    env.consumer.queue += [record(1, "a", {"count": 1}), record(2, "b", {"count": 1}), eof(3)]
+    env.tailer.step()
+    assert rep.store.get(b"a") == b'{"count": 1}' and rep.counters.records_unpositioned == 2
+    assert rep.store.positions_of([b"a"]) == [b"[9]"]  # kept by an upsert without one
+    env.consumer.queue += [record(3, "a", None), record(4, "a", {"count": 2}, position=[1]), eof(5)]
+    env.tailer.step()
+    assert rep.store.get(b"a") == b'{"count": 2}' and rep.store.positions_of([b"a"]) == [b"[1]"]
+
+
+def test_a_restore_keeps_the_newest_row_of_each_key_by_its_position(env):
+    host(env, 0)
+    changelog = [record(0, "a", {"count": 3}, position=[9]), record(1, "a", {"count": 2}, position=[8]),
+                 record(2, "b", {"count": 1}, position=[2]), eof(3)]
+    env.consumer.queue += changelog
+    env.tailer.step()
+    rep = env.tailer.serving[KEY]
+    assert rep.store.get(b"a") == b'{"count": 3}' and rep.store.get(b"b") == b'{"count": 1}'
+    assert rep.counters.records_superseded == 1

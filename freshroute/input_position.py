@@ -1,0 +1,59 @@
+"""Which input records a changelog record reflects: the header the Real-time pipeline writes on every table row.
+
+The header :data:`HEADER` holds, for each partition of the table's input topic, the offset of the latest input
+record folded into the row (a JSON array indexed by input partition; null where none of the row's records came
+from that partition). A query in Spark's Real-time Mode replays up to one checkpoint interval of input after a
+crash, and its Kafka sink writes again rows that older states of their keys produced: such a row reflects less of
+some partition than the row a replica already holds. A replica applies a row only if it :func:`covers` the one it
+holds, so that no lookup ever sees a key go back in time; the replay's last row of each key covers the one held
+before the crash, so the table ends as a recomputation of its input would.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import orjson
+
+HEADER = "freshroute.position"
+
+InputPosition = Sequence[int | None]
+
+
+def encode(position: InputPosition) -> bytes:
+    """The header's bytes, as Spark's ``to_json`` writes them (for tests and hand-written records)."""
+    return orjson.dumps(list(position))
+
+
+def decode(raw: bytes | None) -> InputPosition | None:
+    """The offsets of a header's bytes; None for a missing or unreadable header (the record is applied as written
+    by a pipeline without positions)."""
+    if not raw:
+        return None
+    try:
+        position = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(position, list) or not all(o is None or type(o) is int for o in position):
+        return None
+    return position
+
+
+def covers(new: InputPosition, held: InputPosition) -> bool:
+    """Whether a row at ``new`` reflects every input record the row at ``held`` does: partition by partition, at least
+    as far."""
+    for partition, offset in enumerate(held):
+        if offset is None:
+            continue
+        if partition >= len(new) or new[partition] is None or new[partition] < offset:
+            return False
+    return True
+
+
+def of_record(headers: list[tuple[str, bytes]] | None) -> bytes | None:
+    """The position header's bytes among a Kafka record's headers (None: it has none)."""
+    if headers:
+        for name, value in headers:
+            if name == HEADER:
+                return value
+    return None
