@@ -85,6 +85,7 @@ class TableSpec:
     key_format: str = "string"
     value_format: str = "json"
     origin: str = "pipeline"
+    pipeline_mode: str | None = None  # how the pipeline runs its query: "realtime" or "microbatch" (None: a topic's)
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self))

@@ -68,6 +68,7 @@ class InputLagPublisher(threading.Thread):
         self.stop_event = stop
         self.where = where
         self.latest: dict[str, InputLag] = {}
+        self.started_ms = now_ms()
         self._running: tuple[str, ...] = ()
         self._pending: dict[str, InputLag] = {}
         self._lock = threading.Lock()
@@ -84,6 +85,20 @@ class InputLagPublisher(threading.Thread):
         caught_up = started if behind == 0 or previous is None else previous.caught_up_ms
         offsets = source_offsets(progress.sources[0].endOffset) or {}
         lag = self.latest[table] = InputLag(behind, caught_up, now, offsets, now)
+        with self._lock:
+            self._pending[table] = lag
+        self._wake.set()
+        return lag
+
+    def observe_positions(self, table: str, reached: dict[int, int], ends: dict[int, int], at_ms: int) -> InputLag:
+        """Note where a Real-time table's output says it is in its input (partition → next offset) against where the
+        input ends (read at ``at_ms``); returns the table's figures. Alive while its query runs."""
+        now = now_ms()
+        behind = sum(max(0, end - reached.get(p, 0)) for p, end in ends.items())
+        previous = self.latest.get(table)
+        caught_up = at_ms if behind == 0 else (previous.caught_up_ms if previous is not None else self.started_ms)
+        alive = now if table in self._running else (previous.alive_ms if previous is not None else 0)
+        lag = self.latest[table] = InputLag(behind, caught_up, now, dict(reached), alive)
         with self._lock:
             self._pending[table] = lag
         self._wake.set()

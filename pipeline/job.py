@@ -1,6 +1,9 @@
-"""The pipeline process: one Spark session, a streaming query per table or group of tables, one changelog producer.
+"""The pipeline process: one Spark session, a streaming query per table or group of tables.
 
-Each table runs in its own query, or in one it shares with other tables of its source (``query=`` in the
+A table runs in Spark's Real-time Mode (:mod:`pipeline.realtime`: long-running tasks, each change written by
+Spark's Kafka sink within milliseconds) or in micro-batches (:mod:`pipeline.sink`, for shapes Real-time Mode
+refuses), as the pipeline's ``pipeline_mode`` or the table says. A Real-time table has a query of its own; a
+micro-batch table runs in its own query, or in one it shares with other tables of its source (``query=`` in the
 tables file): one read of the input, one plan and one checkpoint per trigger for all of them. A query's
 checkpoint (``checkpoint_dir/<query>``) holds its offsets, commits and RocksDB state. A query that fails
 is restarted from its checkpoint (which replays the failed batch) a bounded number of times; lost input
@@ -26,13 +29,16 @@ import orjson
 from freshroute.errors import ConfigError, FatalError, FreshrouteError
 from freshroute.metadata import MetadataStore, TableSpec
 from freshroute.settings import is_loopback
-from pipeline.input_lag import InputLagPublisher
+from pipeline.follower import OutputFollower, follow
+from pipeline.input_lag import InputLagPublisher, source_offsets
+from pipeline.realtime import (POSITION_COLUMN, RealtimeRefused, changelog_records, dead_letters, start_query,
+                               task_slots, with_input_position)
 from pipeline.settings import PipelineSettings
 from pipeline.recompute import Recomputation
 from pipeline.sink import ChangelogProducer, ChangelogWriter, QuerySink, RejectWriter
-from pipeline.tables import (DELETE_COLUMN, WINDOW_START_COLUMN, Source, Table, TablesDefinition,
-                             TablesFileError, check_output_columns, check_source_fields, load_tables, queries,
-                             union_tables)
+from pipeline.tables import (DELETE_COLUMN, MICROBATCH, REALTIME, WINDOW_START_COLUMN, Source, Table, TablesDefinition,
+                             TablesFileError, check_modes, check_output_columns, check_source_fields, load_tables,
+                             queries, union_tables)
 from pipeline.validation import RAW_KEY, RAW_VALUE, REJECTED_BRANCH, InvalidInput, required_fields, split
 from pipeline.window_expiry import WindowExpiry
 
@@ -148,8 +154,31 @@ def check_changelog_kept(topic: str, existed: bool, checkpoint: Path) -> None:
                             checkpoint=str(checkpoint))
 
 
-def build_session(settings: PipelineSettings) -> "SparkSession":
-    """A local Spark session tuned for small, frequent micro-batches over RocksDB state."""
+class NotEnoughSlots(ConfigError):
+    """The Spark master cannot run every Real-time query's tasks at once."""
+
+    code = "NOT_ENOUGH_TASK_SLOTS"
+
+
+def local_master(master: str, slots: int) -> str:
+    """The local master that runs ``slots`` tasks at once: ``local[*]`` sized to them (Real-time queries hold their
+    tasks for their life, however few cores there are); an explicit ``local[N]`` is kept if it has room."""
+    found = re.fullmatch(r"local\[(\*|\d+)\](?:\[\d+\])?|local", master)
+    if found is None:
+        return master
+    if found.group(0) == "local" or found.group(1) != "*":
+        have = 1 if found.group(0) == "local" else int(found.group(1))
+        if have < slots:
+            raise NotEnoughSlots(f"spark_master {master} runs {have} task(s) at once, and the Real-time queries hold "
+                                 f"{slots} (a task per input partition, and per shuffle partition of an aggregation): "
+                                 f"use local[*] (sized to them) or local[{slots}]", setting="spark_master")
+        return master
+    return f"local[{slots}]"
+
+
+def build_session(settings: PipelineSettings, slots: int = 0, microbatches: bool = True) -> "SparkSession":
+    """A Spark session for the pipeline's queries: ``slots`` task slots held by Real-time queries (a local master is
+    sized for them and ``microbatches`` more), and the JIT tuned for micro-batches when any table runs them."""
     # Spark's Python workers must run this interpreter (and see this environment's packages).
     # Through a wrapper that keeps Spark's bundled pyspark.zip off their path (see the script).
     local = settings.spark_master.startswith("local")
@@ -163,13 +192,16 @@ def build_session(settings: PipelineSettings) -> "SparkSession":
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
+    # The JIT's client compiler only, for micro-batches: small, frequent batches keep the optimising compiler busy for
+    # minutes after start (about a third of a core), for code that runs a few milliseconds a batch. Real-time tasks
+    # run the same code for hours: it is worth compiling well.
+    jit = " -XX:TieredStopAtLevel=1" if microbatches and not slots else ""
+    master = local_master(settings.spark_master, slots + (2 if microbatches else 0)) if slots else settings.spark_master
     builder = (
-        SparkSession.builder.master(settings.spark_master)
+        SparkSession.builder.master(master)
         .appName(f"freshroute-pipeline-{settings.namespace}")
         .config("spark.driver.memory", settings.spark_driver_memory)
-        # The JIT's client compiler only: small, frequent batches keep the optimising compiler busy for minutes
-        # after start (about a third of a core), for code that runs a few milliseconds a batch.
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_LOG4J2} -XX:TieredStopAtLevel=1")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_LOG4J2}{jit}")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
@@ -191,11 +223,6 @@ def build_session(settings: PipelineSettings) -> "SparkSession":
                 "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager")
         # Streaming disables adaptive execution anyway; saying so up front saves a warning per query.
         .config("spark.sql.adaptive.enabled", "false")
-        # Code generation costs more than it saves at a micro-batch's few hundred rows: every batch plans the query
-        # again and generates each stage's code (whole-stage) and each task's projections anew before the compiled
-        # class cache is even consulted. Interpreted, a batch takes about a third less CPU.
-        .config("spark.sql.codegen.wholeStage", "false")
-        .config("spark.sql.codegen.factoryMode", "NO_CODEGEN")
     )
     if not local:
         builder = builder.config("spark.executor.memory", settings.spark_executor_memory)
@@ -255,8 +282,8 @@ def check_spark_master(master: str, timeout_s: float = 3.0) -> None:
                       setting="spark_master")
 
 
-def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source, tables: Iterable[Table] = ()
-                ) -> tuple["DataFrame", "DataFrame"]:
+def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source, tables: Iterable[Table] = (),
+                realtime: bool = False) -> tuple["DataFrame", "DataFrame"]:
     """The source topic as a stream of valid parsed rows — the schema's fields plus the Kafka record columns — and
     one of its rejected records (:mod:`pipeline.validation`); ``tables``: every table of the source, whose keys and
     window time columns a record must have."""
@@ -271,12 +298,15 @@ def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source, 
         raise TablesFileError(f"source {src.name!r}: schema {src.schema!r} must list fields", source=src.name)
     check_source_fields(src, schema.fieldNames())
     tables = list(tables)
-    return split(kafka_stream(spark, settings, settings.input_topic(src.topic)), src, schema,
+    # A Real-time batch reads the clock once, at its start, and lasts a checkpoint interval: a record's time is
+    # judged against a clock up to that much behind.
+    slack_ms = settings.realtime_checkpoint_ms if realtime else 0
+    return split(kafka_stream(spark, settings, settings.input_topic(src.topic), realtime), src, schema,
                  required_fields(schema, [t.key for t in tables]),
-                 [t.window.time_column for t in tables if t.window is not None])
+                 [t.window.time_column for t in tables if t.window is not None], slack_ms)
 
 
-def kafka_stream(spark: "SparkSession", settings: PipelineSettings, topic: str) -> "DataFrame":
+def kafka_stream(spark: "SparkSession", settings: PipelineSettings, topic: str, realtime: bool = False) -> "DataFrame":
     """The topic through Spark's own Kafka source, offsets in the query's checkpoint.
 
     The deployment's Kafka settings are passed as ``kafka.*`` options: the Java client's names, which are
@@ -286,14 +316,16 @@ def kafka_stream(spark: "SparkSession", settings: PipelineSettings, topic: str) 
     from pyspark.sql import functions as F
 
     reader = (spark.readStream.format("kafka").option("subscribe", topic).option("startingOffsets", "earliest")
-              .option("failOnDataLoss", "true")
-              # A task's consumer fetches ahead of the range it reads; at the partition's end the broker holds
-              # that fetch for fetch.max.wait.ms (500 ms by default) and the task waits on it. Measured on the
-              # demo stack: batches of 570–650 ms became 360–540 ms, and `local up` warm in 18 s, not >90 s.
-              .option("kafka.fetch.max.wait.ms", "10"))
+              .option("failOnDataLoss", "true"))
+    if not realtime:
+        # A task's consumer fetches ahead of the range it reads; at the partition's end the broker holds
+        # that fetch for fetch.max.wait.ms (500 ms by default) and the task waits on it. Measured on the
+        # demo stack: batches of 570–650 ms became 360–540 ms, and `local up` warm in 18 s, not >90 s.
+        # (A Real-time task's fetch returns as soon as a record arrives, and waiting long is what idles it.)
+        reader = reader.option("kafka.fetch.max.wait.ms", "10")
     for key, value in settings.kafka().items():
         reader = reader.option(f"kafka.{key}", str(value))
-    if settings.max_records_per_batch:
+    if settings.max_records_per_batch and not realtime:
         reader = reader.option("maxOffsetsPerTrigger", str(settings.max_records_per_batch))
     # The record's bytes as they came: what a rejected record's dead letter carries.
     return reader.load().select(F.col("key").alias(RAW_KEY), F.col("value").alias(RAW_VALUE),
@@ -319,6 +351,7 @@ class QueryRun:
     name: str
     tables: list[TableRun]
     trigger_ms: int
+    mode: str = MICROBATCH
     query: "StreamingQuery | None" = None
     rejects: RejectWriter | None = None  # its source's rejected records, if this query writes them
     failures: list[float] = field(default_factory=list)
@@ -332,8 +365,14 @@ class QueryRun:
         return next((r for r in self.tables if r.table.window is not None), None)
 
     @property
+    def realtime(self) -> bool:
+        return self.mode == REALTIME
+
+    @property
     def label(self) -> str:
         names = [r.table.name for r in self.tables]
+        if not names:
+            return f"query {self.name}"
         return f"table {self.name}" if names == [self.name] else f"query {self.name} ({', '.join(names)})"
 
 
@@ -357,6 +396,19 @@ def lasting_failure(q: QueryRun, error: str, settings: PipelineSettings) -> Fres
                             f"its tables (Spark: {changed.group(1)}). Delete {checkpoint} to recompute them from "
                             f"the input, or give the changed table a query of its own (query=...).",
                             query=q.name, checkpoint=str(checkpoint))
+    # A shape Real-time Mode cannot run: so it stays.
+    refused = re.search(r"\[(STREAMING_REAL_TIME_MODE[^\]]*)\]\s*([^\n]*)", error)
+    if refused:
+        name = q.tables[0].table.name if q.tables else q.name
+        if "CHECKPOINT_FORMAT_V1" in refused.group(1):
+            checkpoint = settings.query_checkpoint(q.name)
+            return QueryChanged(f"{q.label}: its checkpoint {checkpoint} was written by micro-batches, and Real-time "
+                                f"Mode cannot resume from it (Spark: {refused.group(1)}). Delete {checkpoint} to "
+                                f"recompute the table from its input, or give it pipeline_mode='microbatch'.",
+                                query=q.name, checkpoint=str(checkpoint))
+        return RealtimeRefused(f"table {name!r} cannot run in Real-time Mode (Spark: {refused.group(1)}: "
+                               f"{refused.group(2).strip()}). Give the table pipeline_mode='microbatch' in the tables "
+                               f"file to run it in micro-batches", table=name)
     # A source that fails on invalid input: a restart would meet the same record.
     invalid = re.search(r"INVALID_INPUT: ([^\n]+)", error)
     if invalid:
@@ -391,6 +443,103 @@ def mark_recomputation(admin: Any, settings: PipelineSettings, definition: Table
              ", ".join(changelogs))
 
 
+def codegen(spark: "SparkSession", on: bool) -> None:
+    """Code generation for the next query to start. Off for micro-batches: it costs more than it saves at a batch's
+    few hundred rows (every batch plans the query again and generates each stage's code anew before the compiled
+    class cache is even consulted; interpreted, a batch takes about a third less CPU). On for Real-time queries,
+    planned once and run for hours."""
+    spark.conf.set("spark.sql.codegen.wholeStage", "true" if on else "false")
+    spark.conf.set("spark.sql.codegen.factoryMode", "FALLBACK" if on else "NO_CODEGEN")
+
+
+def check_inputs(settings: PipelineSettings, definition: TablesDefinition, admin: Any) -> None:
+    """Every source's topic exists (or, with ``create_input_topics``, is made): a typo is an error, not an
+    empty table."""
+    from freshroute.topics import describe_topic
+    from pipeline.topics import ensure_topic
+
+    s = settings
+    for src in definition.sources.values():
+        topic = s.input_topic(src.topic)
+        if describe_topic(admin, topic) is not None:
+            continue
+        if not s.create_input_topics:
+            raise InputTopicMissing(f"source {src.name!r}: input topic {topic} does not exist on {s.bootstrap_servers}"
+                                    f"; create it, fix the name in {definition.path}, or set "
+                                    f"create_input_topics", source=src.name, topic=topic)
+        ensure_topic(admin, topic, s.input_partitions, {}, replication_factor=s.changelog_replication_factor)
+        log.info("source %s: created input topic %s (%d partitions)", src.name, topic, s.input_partitions)
+
+
+def reject_writer(settings: PipelineSettings, admin: Any, src: Source, producer: ChangelogProducer) -> RejectWriter:
+    """The writer of the source's rejected records; its dead-letter topic made if need be (with the input's
+    partitions and the changelogs' replication)."""
+    from freshroute.topics import describe_topic
+    from pipeline.topics import ensure_topic
+
+    s = settings
+    topic = s.input_topic(src.rejected_topic)
+    partitions = 1
+    if src.on_invalid == "dead_letter":
+        source = describe_topic(admin, s.input_topic(src.topic))
+        info = ensure_topic(admin, topic, len(source.partitions) if source else 1, {},
+                            replication_factor=s.changelog_replication_factor)
+        partitions = len(info.partitions)
+    log.info("source %s: records that do not fit its schema are %s", src.name,
+             {"dead_letter": f"written to {topic}", "skip": "counted and dropped",
+              "fail": "the end of the pipeline"}[src.on_invalid])
+    return RejectWriter(src.name, src.on_invalid, topic, partitions, producer)
+
+
+def table_run(settings: PipelineSettings, definition: TablesDefinition, t: Table, df: "DataFrame", admin: Any,
+              producer: ChangelogProducer, rejects: RejectWriter | None = None) -> TableRun:
+    """The table's changelog topic (created if need be), spec and writer."""
+    from pipeline.topics import ensure_topic
+
+    s = settings
+    topic = s.changelog_topic(t.name)
+    info = ensure_topic(admin, topic, s.changelog_partitions, s.changelog_config(),
+                        replication_factor=s.changelog_replication_factor)
+    if info.replication_factor != s.changelog_replication_factor:
+        log.warning("changelog %s has replication factor %d (setting says %d); Kafka's partition "
+                    "reassignment changes it", topic, info.replication_factor, s.changelog_replication_factor)
+    if len(info.partitions) != s.changelog_partitions:
+        # Existing records are partitioned by the existing count: keep it.
+        log.warning("changelog %s has %d partitions (setting says %d); keeping %d", topic,
+                    len(info.partitions), s.changelog_partitions, len(info.partitions))
+    value_schema = {f.name: f.dataType.simpleString() for f in df.schema.fields
+                    if f.name not in (t.key, DELETE_COLUMN, WINDOW_START_COLUMN, POSITION_COLUMN)}
+    standbys = s.standby_replicas if t.standby_replicas is None else t.standby_replicas
+    spec = TableSpec(t.name, topic, len(info.partitions), t.key, value_schema, standbys, window=t.window,
+                     input_topic=s.input_topic(definition.sources[t.source].topic),
+                     pipeline_mode=s.mode_of(t))
+    expiry = WindowExpiry(s.window_index(t.name)) if t.window is not None else None
+    return TableRun(t, spec, ChangelogWriter(t.name, topic, spec.partitions, t.key, producer, t.window, expiry,
+                                             t.stale_keys, rejects))
+
+
+def windows_progress(q: QueryRun, run: TableRun, progress: Any, seen: int) -> None:
+    """Count the late rows of every batch since ``seen``, and publish the watermark (expiring windows)."""
+    from pipeline.metrics import late_rows, watermark_ms
+
+    reports = [progress]
+    if progress.batchId > seen + 1 and q.query is not None:
+        # Batches that ended between two reads: Spark keeps the recent ones.
+        reports = [p for p in q.query.recentProgress if seen < p.batchId <= progress.batchId]
+    late = sum(late_rows(p) for p in reports)
+    if late:
+        run.late_rows_dropped += late
+        log.info("table %s: %d input row(s) arrived past their window's grace and were dropped", run.table.name,
+                 late)
+    wm = watermark_ms(progress)
+    if wm is None:
+        return
+    try:
+        run.windows_expired += run.writer.advance_watermark(wm)
+    except FreshrouteError as e:  # the next batch's report tries again
+        log.warning("table %s: watermark not published: %s", run.table.name, e.message)
+
+
 class Pipeline:
     """Wires tables → queries → changelog writers; :func:`run` drives it."""
 
@@ -404,6 +553,8 @@ class Pipeline:
         self._stop = threading.Event()
         self._registrar: TableRegistrar | None = None
         self._input_lag: InputLagPublisher | None = None
+        self._follower: OutputFollower | None = None
+        self._input_partitions: dict[str, int] = {}  # source → partitions of its input topic
         self._warm = False
 
     # start
@@ -417,6 +568,8 @@ class Pipeline:
         # Before Spark starts: a lost changelog or a changed query is known in milliseconds, not after the JVM's
         # warm-up.
         grouped = queries(self.definition)
+        check_modes(self.definition, s.mode_of)
+        modes = {name: s.mode_of(tables[0]) for name, tables in grouped.items()}
         for name, tables in grouped.items():
             checkpoint = s.query_checkpoint(name)
             # First: a table new to the query has no changelog yet, which is not the broker's doing.
@@ -424,24 +577,44 @@ class Pipeline:
             for t in tables:
                 topic = s.changelog_topic(t.name)
                 check_changelog_kept(topic, describe_topic(admin, topic) is not None, checkpoint)
-        self._check_inputs(admin)
+        check_inputs(s, self.definition, admin)
         for name, tables in grouped.items():
-            mark_recomputation(admin, self.settings, self.definition, name, tables)
+            if modes[name] == MICROBATCH:
+                mark_recomputation(admin, self.settings, self.definition, name, tables)
+        used = {t.source for t in self.definition.tables.values()}
+        self._input_partitions = {name: len(describe_topic(admin, s.input_topic(src.topic)).partitions)
+                                  for name, src in self.definition.sources.items() if name in used}
+        # A source whose tables all run in Real-time Mode has a query of its own for its rejected records.
+        rejecting = sorted(src for src in used if self._rejects_query(self.definition.sources[src]) is None
+                           and self.definition.sources[src].on_invalid != "skip")
+        slots = sum(task_slots(self._input_partitions[tables[0].source], True, s.shuffle_partitions)
+                    for name, tables in grouped.items() if modes[name] == REALTIME)
+        slots += sum(task_slots(self._input_partitions[src], False, 0) for src in rejecting)
         check_spark_master(s.spark_master)
         started = time.monotonic()
-        self.spark = build_session(s)
+        self.spark = build_session(s, slots, microbatches=MICROBATCH in modes.values())
         log.info("spark session ready in %.1fs (master %s, %d shuffle partitions)",
-                 time.monotonic() - started, s.spark_master, s.shuffle_partitions)
-        rejects = {name: self._reject_writer(admin, src) for name, src in self.definition.sources.items()
-                   if any(t.source == name for t in self.definition.tables.values())}
+                 time.monotonic() - started, self.spark.sparkContext.master, s.shuffle_partitions)
+        rejects = {name: reject_writer(s, admin, self.definition.sources[name], self.producer) for name in sorted(used)}
         for name, tables in grouped.items():
-            frames = self._table_frames(name, tables)
             source = rejects[tables[0].source]
-            runs = [self._table_run(t, df, admin, source) for t, df in zip(tables, frames[0])]
+            if modes[name] == REALTIME:
+                t = tables[0]
+                run = table_run(s, self.definition, t, self._realtime_frame(t), admin, self.producer, source)
+                self.runs[t.name] = run
+                self.queries[name] = QueryRun(name, [run], self._trigger_ms(tables), REALTIME)
+                self._start_realtime(self.queries[name])
+                continue
+            frames = self._table_frames(name, tables)
+            runs = [table_run(s, self.definition, t, df, admin, self.producer, source) for t, df in zip(tables, frames[0])]
             self.runs.update((r.table.name, r) for r in runs)
             self.queries[name] = QueryRun(name, runs, self._trigger_ms(tables),
                                           rejects=source if frames[1] is not None else None)
             self._start_query(self.queries[name], frames)
+        for src in rejecting:
+            name = f"{src}.rejected"
+            self.queries[name] = QueryRun(name, [], 0, REALTIME, rejects=rejects[src])
+            self._start_realtime(self.queries[name])
         admin.poll(0)  # the admin client's librdkafka log lines, queued while it worked, to the pipeline's log
         store = MetadataStore.at(s.redis(), s.namespace)
         self._registrar = TableRegistrar(store, [r.spec for r in self.runs.values()], self._stop, str(s.redis()),
@@ -449,67 +622,45 @@ class Pipeline:
         self._registrar.start()
         self._input_lag = InputLagPublisher(MetadataStore.at(s.redis(), s.namespace), self._stop, str(s.redis()))
         self._input_lag.start()
+        self._follower = follow(s, [(r, s.query_checkpoint(q.name)) for q in self.queries.values() if q.realtime
+                                    for r in q.tables], list(rejects.values()), self._input_lag, self._stop)
 
-    def _check_inputs(self, admin: Any) -> None:
-        """Every source's topic exists (or, with ``create_input_topics``, is made): a typo is an error, not an
-        empty table."""
-        from freshroute.topics import describe_topic
-        from pipeline.topics import ensure_topic
+    def _realtime_frame(self, t: Table) -> "DataFrame":
+        """A Real-time table's frame over a read of its source of its own, with its rows' input positions."""
+        assert self.spark is not None
+        s, spark = self.settings, self.spark
+        src = self.definition.sources[t.source]
+        rows, _ = source_rows(spark, s, src, [u for u in self.definition.tables.values() if u.source == src.name],
+                              realtime=True)
+        partitions = self._input_partitions[src.name]
+        return self._table_frame(t, rows, lambda df: with_input_position(spark, t.name, df, partitions))
 
+    def _start_realtime(self, q: QueryRun) -> None:
+        """Start a Real-time query: a table's changelog records, or (a query of no table) its source's rejected
+        records, through Spark's Kafka sink."""
+        assert self.spark is not None
         s = self.settings
-        for src in self.definition.sources.values():
-            topic = s.input_topic(src.topic)
-            if describe_topic(admin, topic) is not None:
-                continue
-            if not s.create_input_topics:
-                raise InputTopicMissing(f"source {src.name!r}: input topic {topic} does not exist on {s.bootstrap_servers}"
-                                        f"; create it, fix the name in {self.definition.path}, or set "
-                                        f"create_input_topics", source=src.name, topic=topic)
-            ensure_topic(admin, topic, s.input_partitions, {}, replication_factor=s.changelog_replication_factor)
-            log.info("source %s: created input topic %s (%d partitions)", src.name, topic, s.input_partitions)
-
-    def _reject_writer(self, admin: Any, src: Source) -> RejectWriter:
-        """The writer of the source's rejected records; its dead-letter topic made if need be (with the input's
-        partitions and the changelogs' replication)."""
-        from freshroute.topics import describe_topic
-        from pipeline.topics import ensure_topic
-
-        s = self.settings
-        topic = s.input_topic(src.rejected_topic)
-        partitions = 1
-        if src.on_invalid == "dead_letter":
-            source = describe_topic(admin, s.input_topic(src.topic))
-            info = ensure_topic(admin, topic, len(source.partitions) if source else 1, {},
-                                replication_factor=s.changelog_replication_factor)
-            partitions = len(info.partitions)
-        log.info("source %s: records that do not fit its schema are %s", src.name,
-                 {"dead_letter": f"written to {topic}", "skip": "counted and dropped",
-                  "fail": "the end of the pipeline"}[src.on_invalid])
-        return RejectWriter(src.name, src.on_invalid, topic, partitions, self.producer)
-
-    def _table_run(self, t: Table, df: "DataFrame", admin: Any, rejects: RejectWriter | None = None) -> TableRun:
-        """The table's changelog topic (created if need be), spec and writer."""
-        from pipeline.topics import ensure_topic
-
-        s = self.settings
-        topic = s.changelog_topic(t.name)
-        info = ensure_topic(admin, topic, s.changelog_partitions, s.changelog_config(),
-                            replication_factor=s.changelog_replication_factor)
-        if info.replication_factor != s.changelog_replication_factor:
-            log.warning("changelog %s has replication factor %d (setting says %d); Kafka's partition "
-                        "reassignment changes it", topic, info.replication_factor, s.changelog_replication_factor)
-        if len(info.partitions) != s.changelog_partitions:
-            # Existing records are partitioned by the existing count: keep it.
-            log.warning("changelog %s has %d partitions (setting says %d); keeping %d", topic,
-                        len(info.partitions), s.changelog_partitions, len(info.partitions))
-        value_schema = {f.name: f.dataType.simpleString() for f in df.schema.fields
-                        if f.name not in (t.key, DELETE_COLUMN, WINDOW_START_COLUMN)}
-        standbys = s.standby_replicas if t.standby_replicas is None else t.standby_replicas
-        spec = TableSpec(t.name, topic, len(info.partitions), t.key, value_schema, standbys, window=t.window,
-                         input_topic=s.input_topic(self.definition.sources[t.source].topic))
-        expiry = WindowExpiry(s.window_index(t.name)) if t.window is not None else None
-        return TableRun(t, spec, ChangelogWriter(t.name, topic, spec.partitions, t.key, self.producer, t.window, expiry,
-                                                 t.stale_keys, rejects))
+        if q.tables:
+            run = q.tables[0]
+            src = self.definition.sources[run.table.source]
+            assert run.writer.rejects is not None
+            records = changelog_records(run.table, self._realtime_frame(run.table), run.spec.topic, src,
+                                        run.writer.rejects.topic)
+        else:
+            assert q.rejects is not None
+            src = self.definition.sources[q.rejects.source]
+            _, rejected = source_rows(self.spark, s, src, [t for t in self.definition.tables.values()
+                                                           if t.source == src.name], realtime=True)
+            records = dead_letters(src, rejected, q.rejects.topic, q.rejects.partitions)
+        codegen(self.spark, True)
+        q.query = start_query(records, q.name, s, [r.spec.topic for r in self.runs.values() if r.table.window])
+        source = s.input_topic(src.topic)
+        for r in q.tables:
+            log.info("table %s: streaming %s → %s in Real-time Mode (%d partitions × 1 active + %d standbys, key %s), "
+                     "checkpoint %s every %s", r.table.name, source, r.spec.topic, r.spec.partitions,
+                     r.spec.standby_replicas, r.table.key, s.query_checkpoint(q.name), s.realtime_checkpoint_interval)
+        if not q.tables:
+            log.info("source %s: its rejected records → %s in Real-time Mode", src.name, q.rejects.topic)
 
     def _table_frames(self, query: str, tables: list[Table]) -> tuple[list["DataFrame"], "DataFrame | None"]:
         """The tables' streaming DataFrames over one read of their source, and its rejected records if this query is
@@ -520,20 +671,22 @@ class Pipeline:
                                      [t for t in self.definition.tables.values() if t.source == src.name])
         return [self._table_frame(t, rows) for t in tables], rejected if self._rejects_query(src) == query else None
 
-    def _rejects_query(self, src: Source) -> str:
-        """The query that counts and writes the source's rejected records (every query of the source filters them):
-        the one with the longest trigger, since each batch reads the input once more for them."""
-        own = {name: tables for name, tables in queries(self.definition).items() if tables[0].source == src.name}
-        return min(own, key=lambda name: (-self._trigger_ms(own[name]), name))
+    def _rejects_query(self, src: Source) -> str | None:
+        """The micro-batch query that counts and writes the source's rejected records (every query of the source
+        filters them): the one with the longest trigger, since each batch reads the input once more for them. None
+        when all its tables run in Real-time Mode: they have a query of their own."""
+        own = {name: tables for name, tables in queries(self.definition).items()
+               if tables[0].source == src.name and self.settings.mode_of(tables[0]) == MICROBATCH}
+        return min(own, key=lambda name: (-self._trigger_ms(own[name]), name)) if own else None
 
     def _trigger_ms(self, tables: list[Table]) -> int:
         """A query's trigger: its tables' (they name the same, or none: the pipeline's)."""
         return self.settings.trigger_ms if tables[0].trigger_ms is None else tables[0].trigger_ms
 
-    def _table_frame(self, t: Table, rows: "DataFrame") -> "DataFrame":
+    def _table_frame(self, t: Table, rows: "DataFrame", built: Any = None) -> "DataFrame":
         assert self.spark is not None
         try:
-            df = t.dataframe(self.spark, rows)
+            df = t.dataframe(self.spark, rows, built)
         except TablesFileError:
             raise
         except Exception as e:
@@ -552,6 +705,7 @@ class Pipeline:
         df = union_tables(branches)
         sink = QuerySink([r.writer for r in q.tables], self.producer, s.kafka(),
                          Recomputation.load(s.query_checkpoint(q.name)), q.rejects)
+        codegen(self.spark, False)
         writer = (df.writeStream.queryName(q.name).outputMode("update").foreachBatch(sink.write_batch)
                   .option("checkpointLocation", str(s.query_checkpoint(q.name))))
         writer = writer.trigger(availableNow=True) if s.available_now else writer.trigger(processingTime=f"{q.trigger_ms} milliseconds")
@@ -580,13 +734,19 @@ class Pipeline:
                     progress = q.query.lastProgress
                     seen = q.logged_batch
                     if log_progress(q, progress):
-                        self._note_warmth(q, progress.batchDuration)
+                        if not q.realtime:
+                            self._note_warmth(q, progress.batchDuration)
                         for run in q.tables:
                             run.last_progress = progress
-                            if self._input_lag is not None:
+                            if q.realtime:
+                                # A Real-time batch's end: the checkpoint's offsets, beside what its rows say.
+                                if self._follower is not None and progress.sources:
+                                    self._follower.reached(run.table.name,
+                                                           source_offsets(progress.sources[0].endOffset) or {})
+                            elif self._input_lag is not None:
                                 self._input_lag.observe(run.table.name, progress)
                         if q.windowed is not None:
-                            self._windows_progress(q, q.windowed, progress, seen)
+                            windows_progress(q, q.windowed, progress, seen)
                 if q.finished or q.query is None or q.query.isActive:
                     continue
                 error = q.query.exception()
@@ -597,31 +757,20 @@ class Pipeline:
                 self._restart_or_fail(q, str(error), stop)
             if self.queries and all(q.finished for q in self.queries.values()):
                 return
+            self._note_realtime_warmth()
             if self._input_lag is not None:
                 self._input_lag.running(r.table.name for q in self.queries.values()
                                         if q.query is not None and q.query.isActive for r in q.tables)
             stop.wait(0.5)
 
-    def _windows_progress(self, q: QueryRun, run: TableRun, progress: Any, seen: int) -> None:
-        """Count the late rows of every batch since ``seen``, and publish the watermark (expiring windows)."""
-        from pipeline.metrics import late_rows, watermark_ms
-
-        reports = [progress]
-        if progress.batchId > seen + 1 and q.query is not None:
-            # Batches that ended between two reads: Spark keeps the recent ones.
-            reports = [p for p in q.query.recentProgress if seen < p.batchId <= progress.batchId]
-        late = sum(late_rows(p) for p in reports)
-        if late:
-            run.late_rows_dropped += late
-            log.info("table %s: %d input row(s) arrived past their window's grace and were dropped", run.table.name,
-                     late)
-        wm = watermark_ms(progress)
-        if wm is None:
+    def _note_realtime_warmth(self) -> None:
+        """With only Real-time queries: warm once each one's tasks run (its batch is active)."""
+        if self._warm or any(not q.realtime for q in self.queries.values()):
             return
-        try:
-            run.windows_expired += run.writer.advance_watermark(wm)
-        except FreshrouteError as e:  # the next batch's report tries again
-            log.warning("table %s: watermark not published: %s", run.table.name, e.message)
+        if all(q.query is not None and q.query.isActive and q.query.status.get("isTriggerActive")
+               for q in self.queries.values()):
+            self._warm = True
+            log.info("%s: every Real-time query's tasks are running", WARM_LOG)
 
     def _note_warmth(self, q: QueryRun, batch_ms: int) -> None:
         """Log :data:`WARM_LOG` once the last :data:`WARM_BATCHES` batches of every query ran within the bound, in
@@ -629,8 +778,8 @@ class Pipeline:
         if self._warm:
             return
         q.recent_ms = [*q.recent_ms, batch_ms][-WARM_BATCHES:]
-        if all(len(r.recent_ms) == WARM_BATCHES and sorted(r.recent_ms)[WARM_BATCHES // 2] <= max(r.trigger_ms,
-                                                                                                   WARM_BATCH_MS)
+        if all(r.realtime or (len(r.recent_ms) == WARM_BATCHES and
+                              sorted(r.recent_ms)[WARM_BATCHES // 2] <= max(r.trigger_ms, WARM_BATCH_MS))
                for r in self.queries.values()):
             self._warm = True
             log.info("%s: the median of the last %d micro-batches of every query ran within its trigger interval "
@@ -652,7 +801,10 @@ class Pipeline:
         log.debug("%s: full error:\n%s", q.label, error)
         if stop.wait(delay):
             return
-        self._start_query(q, self._table_frames(q.name, [r.table for r in q.tables]))
+        if q.realtime:
+            self._start_realtime(q)
+        else:
+            self._start_query(q, self._table_frames(q.name, [r.table for r in q.tables]))
 
     # stop
     def stop(self) -> None:
@@ -671,7 +823,7 @@ class Pipeline:
         if self.spark is not None:
             self.spark.stop()
             self.spark = None
-        for thread in (self._registrar, self._input_lag):
+        for thread in (self._registrar, self._input_lag, self._follower):
             if thread is not None:
                 thread.join(timeout=5)
 

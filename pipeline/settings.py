@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from pydantic import Field, model_validator
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
 
 from freshroute.metadata import MAX_STANDBY_REPLICAS
 from freshroute.settings import CommonSettings
+from freshroute.windows import duration_ms
 
 DEMO_TABLES_FILE = Path(__file__).resolve().parent / "demo_tables.py"
 REPO = Path(__file__).resolve().parents[1]
@@ -20,6 +23,14 @@ class PipelineSettings(CommonSettings):
     tables_file: Path = Field(DEMO_TABLES_FILE, description="Python file that defines the input sources and tables")
     checkpoint_dir: Path = Field(Path(".freshroute/pipeline/checkpoints"),
                                  description="Spark checkpoints (offsets, commits, RocksDB state), one subdirectory per query")
+    pipeline_mode: Literal["realtime", "microbatch"] = Field(
+        "realtime", description="how tables' queries run unless a table says (pipeline_mode= in the tables file): "
+                                "realtime (Spark's Real-time Mode: long-running tasks, each change in the changelog "
+                                "within milliseconds) or microbatch (a batch every trigger_ms)")
+    realtime_checkpoint_interval: str = Field(
+        "1 minute", description="how often a Real-time query checkpoints its offsets and state (at least 5 seconds): "
+                                 "a crash replays up to this much input, and each checkpoint pauses processing for "
+                                 "a moment")
     trigger_ms: int = Field(500, ge=0, le=MAX_TRIGGER_MS,
                             description="micro-batch interval in milliseconds (0 = as fast as possible), at most "
                                         f"{MAX_TRIGGER_MS}: lower is fresher and costs more CPU")
@@ -45,7 +56,8 @@ class PipelineSettings(CommonSettings):
     # file, whatever the batch holds: about one per core keeps small batches cheap.
     shuffle_partitions: int = Field(2, ge=1, description="Spark shuffle partitions (state store partitions)")
     max_records_per_batch: int = Field(100_000, ge=0, description="admission control: input records per micro-batch (0 = no limit)")
-    available_now: bool = Field(False, description="process the input present at start, then stop (backfills, tests)")
+    available_now: bool = Field(False, description="process the input present at start, then stop (backfills, tests); "
+                                                   "in micro-batches, whatever pipeline_mode says")
     topic_prefix: str = Field("", description="prefix of every input and changelog topic name")
     create_input_topics: bool = Field(False, description="create a source's input topic that does not exist "
                                                          "(default: refuse to start, naming it)")
@@ -64,6 +76,22 @@ class PipelineSettings(CommonSettings):
                                                  "input rows and rates, watermark) on metrics_host at this port "
                                                  "(0: the OS picks); unset: none")
     metrics_host: str = Field("127.0.0.1", description="interface of the metrics endpoint")
+
+    @field_validator("realtime_checkpoint_interval")
+    @classmethod
+    def _checkpoint_interval(cls, value: str) -> str:
+        if not 5_000 <= duration_ms(value, "realtime_checkpoint_interval") <= 86_400_000:
+            raise ValueError(f"realtime_checkpoint_interval must be from 5 seconds to a day, not {value!r}")
+        return value
+
+    def mode_of(self, table: Any) -> str:
+        """How a table's query runs: as the table says, else ``pipeline_mode``; micro-batches in a run to the input's
+        end (``available_now``: a Real-time query has none)."""
+        return "microbatch" if self.available_now else table.pipeline_mode or self.pipeline_mode
+
+    @property
+    def realtime_checkpoint_ms(self) -> int:
+        return duration_ms(self.realtime_checkpoint_interval, "realtime_checkpoint_interval")
 
     @model_validator(mode="after")
     def _insync_within_factor(self) -> "PipelineSettings":

@@ -68,6 +68,10 @@ WINDOW_START_COLUMN = "_freshroute_window_start"
 # In a query of several tables: the index of the table a row belongs to (its columns are in a struct named after it).
 QUERY_TABLE_COLUMN = "_freshroute_table"
 WINDOW_COLUMN = "window"
+# How a table's query runs: Spark's Real-time Mode (long-running tasks, each change out in milliseconds) or
+# micro-batches (for shapes Real-time Mode refuses).
+REALTIME, MICROBATCH = "realtime", "microbatch"
+PIPELINE_MODES = (REALTIME, MICROBATCH)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -111,14 +115,17 @@ class Table:
     trigger_ms: int | None = None  # None: the pipeline's trigger
     query: str | None = None  # the streaming query it runs in; None: its own, named after it
     stale_keys: str = "report"  # keys a recomputation no longer produces: "report" them or "tombstone" them
+    pipeline_mode: str | None = None  # REALTIME or MICROBATCH; None: the pipeline's
 
     @property
     def query_name(self) -> str:
         return self.query or self.name
 
-    def dataframe(self, spark: "SparkSession", rows: "DataFrame") -> "DataFrame":
+    def dataframe(self, spark: "SparkSession", rows: "DataFrame",
+                  built: "Callable[[DataFrame], DataFrame] | None" = None) -> "DataFrame":
         """The table as a streaming DataFrame over the parsed source rows (with :data:`DELETE_COLUMN`
-        when it has ``delete_when``; a windowed table's rows get their window, its output the window start)."""
+        when it has ``delete_when``; a windowed table's rows get their window, its output the window start);
+        ``built``: what to do with the frame the table's definition makes, before those columns are added."""
         from pyspark.sql import functions as F
 
         w = self.window
@@ -140,6 +147,8 @@ class Table:
             # SQL names the source as a table: expose the parsed stream under that name.
             rows.createOrReplaceTempView(self.source)
             df = spark.sql(self.sql or "")
+        if built is not None:
+            df = built(df)
         if self.delete_when is not None:
             df = df.withColumn(DELETE_COLUMN, F.expr(self.delete_when))
         if w is not None:
@@ -262,9 +271,16 @@ def _check_stale_keys(name: str, stale_keys: str) -> None:
                          f"not {stale_keys!r}")
 
 
+def _check_mode(name: str, pipeline_mode: str | None) -> None:
+    if pipeline_mode is not None and pipeline_mode not in PIPELINE_MODES:
+        raise ValueError(f"table {name!r}: pipeline_mode must be one of {', '.join(map(repr, PIPELINE_MODES))}, "
+                         f"not {pipeline_mode!r}")
+
+
 def _check_table(name: str, standby_replicas: int | None, delete_when: str | None, window: WindowSpec | None,
-                 trigger_ms: int | None, query: str | None, stale_keys: str) -> None:
+                 trigger_ms: int | None, query: str | None, stale_keys: str, pipeline_mode: str | None = None) -> None:
     _check_name("table", name)
+    _check_mode(name, pipeline_mode)
     _check_stale_keys(name, stale_keys)
     _check_standbys(name, standby_replicas)
     _check_delete_when(name, delete_when)
@@ -276,8 +292,8 @@ def _check_table(name: str, standby_replicas: int | None, delete_when: str | Non
 
 def table(name: str, key: str, source: str, *, standby_replicas: int | None = None,
           delete_when: str | None = None, window: WindowSpec | None = None,
-          trigger_ms: int | None = None, query: str | None = None,
-          stale_keys: str = "report") -> Callable[[Callable[["DataFrame"], "DataFrame"]], Table]:
+          trigger_ms: int | None = None, query: str | None = None, stale_keys: str = "report",
+          pipeline_mode: str | None = None) -> Callable[[Callable[["DataFrame"], "DataFrame"]], Table]:
     """Declare a table computed by the decorated function ``(source rows) -> DataFrame``.
 
     ``standby_replicas``: standbys of each partition besides its active (default: the pipeline's setting).
@@ -285,33 +301,37 @@ def table(name: str, key: str, source: str, *, standby_replicas: int | None = No
     ``window``: :func:`tumbling` or :func:`hopping` windows; the function groups by its key and ``window``.
     ``trigger_ms``: this table's micro-batch interval (default: the pipeline's ``--trigger-ms``).
     ``query``: the streaming query the table runs in (default: its own); tables of one source naming the same
-    query share its micro-batches: one read of the input, one plan and one checkpoint per trigger for all of them.
+    query share its micro-batches: one read of the input, one plan and one checkpoint per trigger for all of them
+    (micro-batch tables only: a Real-time query reads its source once and cannot share it).
+    ``pipeline_mode``: ``"realtime"`` (Spark's Real-time Mode: each change in the changelog within milliseconds) or
+    ``"microbatch"`` (for a shape Real-time Mode refuses); default: the pipeline's ``pipeline_mode``.
     ``stale_keys``: what a recomputation (its query started without a checkpoint) does with keys the table held and
     no longer produces, once it has caught up with its input: ``"report"`` them (logged, counted) or
     ``"tombstone"`` them (:mod:`pipeline.recompute`).
     """
-    _check_table(name, standby_replicas, delete_when, window, trigger_ms, query, stale_keys)
+    _check_table(name, standby_replicas, delete_when, window, trigger_ms, query, stale_keys, pipeline_mode)
 
     def register(fn: Callable[["DataFrame"], "DataFrame"]) -> Table:
         if not callable(fn):
             raise ValueError(f"@table({name!r}) must decorate a function (source rows) -> DataFrame")
         return _declared(Table(name, key, source, build=fn, standby_replicas=standby_replicas,
                                delete_when=delete_when, window=window, trigger_ms=trigger_ms, query=query,
-                               stale_keys=stale_keys))
+                               stale_keys=stale_keys, pipeline_mode=pipeline_mode))
 
     return register
 
 
 def sql_table(name: str, key: str, source: str, sql: str, *, standby_replicas: int | None = None,
               delete_when: str | None = None, window: WindowSpec | None = None, trigger_ms: int | None = None,
-              query: str | None = None, stale_keys: str = "report") -> Table:
+              query: str | None = None, stale_keys: str = "report", pipeline_mode: str | None = None) -> Table:
     """Declare a table computed by Spark SQL; the query names the source as a table (with a ``window`` column when
     ``window`` is given: ``GROUP BY key, window``); the other arguments are :func:`table`'s."""
-    _check_table(name, standby_replicas, delete_when, window, trigger_ms, query, stale_keys)
+    _check_table(name, standby_replicas, delete_when, window, trigger_ms, query, stale_keys, pipeline_mode)
     if not isinstance(sql, str) or not sql.strip():
         raise ValueError(f"sql_table {name!r} needs a SQL query")
     return _declared(Table(name, key, source, sql=sql, standby_replicas=standby_replicas, delete_when=delete_when,
-                           window=window, trigger_ms=trigger_ms, query=query, stale_keys=stale_keys))
+                           window=window, trigger_ms=trigger_ms, query=query, stale_keys=stale_keys,
+                           pipeline_mode=pipeline_mode))
 
 
 def load_tables(path: str | Path) -> TablesDefinition:
@@ -373,6 +393,22 @@ def validate(definition: TablesDefinition) -> None:
             raise TablesFileError(f"tables file {path}: windowed tables {windowed} share query {name!r}; a query has "
                                   f"one watermark, so each windowed table needs a query of its own (keyed tables may "
                                   f"join it)", path=str(path), table=windowed[1])
+
+
+def check_modes(definition: TablesDefinition, mode_of: Callable[[Table], str]) -> None:
+    """A query runs in one mode, and a Real-time query holds one table: it reads its source once, and Real-time
+    Mode cannot read one source twice in a query (Spark: IDENTICAL_SOURCES_IN_UNION_NOT_SUPPORTED)."""
+    path = definition.path
+    for name, tables in queries(definition).items():
+        modes = {mode_of(t) for t in tables}
+        if len(modes) > 1:
+            raise TablesFileError(f"tables file {path}: tables {[t.name for t in tables]} share query {name!r} but "
+                                  f"not a pipeline_mode ({sorted(modes)})", path=str(path), table=tables[0].name)
+        if modes == {REALTIME} and len(tables) > 1:
+            raise TablesFileError(f"tables file {path}: tables {[t.name for t in tables]} share query {name!r}, and a "
+                                  f"query in Real-time Mode holds one table (it cannot read its source twice); give "
+                                  f"each its own query, or pipeline_mode='microbatch'", path=str(path),
+                                  table=tables[1].name)
 
 
 def union_tables(frames: list[tuple[str, "DataFrame"]]) -> "DataFrame":

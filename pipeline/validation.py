@@ -56,11 +56,12 @@ def check_topic_name(what: str, topic: Any) -> None:
                          f"not {topic!r}")
 
 
-def split(raw: "DataFrame", src: Any, schema: Any, required: Iterable[str], time_columns: Iterable[str]
-          ) -> tuple["DataFrame", "DataFrame"]:
+def split(raw: "DataFrame", src: Any, schema: Any, required: Iterable[str], time_columns: Iterable[str],
+          clock_slack_ms: int = 0) -> tuple["DataFrame", "DataFrame"]:
     """(valid rows: the schema's fields and the Kafka record columns; rejected records: :data:`REJECT_COLUMNS`) of
     the raw records of source ``src`` (a :class:`pipeline.tables.Source`): its Kafka record columns, with ``key`` and
-    ``value`` also as the bytes they came as in :data:`RAW_KEY` and :data:`RAW_VALUE`."""
+    ``value`` also as the bytes they came as in :data:`RAW_KEY` and :data:`RAW_VALUE`; ``clock_slack_ms``: how far
+    behind the batch's clock may be (a Real-time batch reads it once, at its start)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
@@ -81,7 +82,7 @@ def split(raw: "DataFrame", src: Any, schema: Any, required: Iterable[str], time
         reason = reason.when(value[name].isNull(), "missing_field")
     for column in _number_fields(schema, value):
         reason = reason.when(F.isnan(column) | F.abs(column).eqNullSafe(F.lit(float("inf"))), "non_finite")
-    ahead = F.current_timestamp() + F.expr(f"INTERVAL {src.max_clock_skew_ms} MILLISECONDS")
+    ahead = F.current_timestamp() + F.expr(f"INTERVAL {src.max_clock_skew_ms + clock_slack_ms} MILLISECONDS")
     for name in ["timestamp", *sorted(set(time_columns) - {"timestamp"})]:
         column = F.col("timestamp") if name == "timestamp" else value[name]
         reason = reason.when(column > ahead, "future_timestamp")

@@ -304,7 +304,7 @@ class ListTablesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TableInfo(_message.Message):
-    __slots__ = ("name", "topic", "partitions", "standby_replicas", "key_column", "schema", "window", "input_lag", "pipeline", "key_format", "value_format", "origin")
+    __slots__ = ("name", "topic", "partitions", "standby_replicas", "key_column", "schema", "window", "input_lag", "pipeline", "key_format", "value_format", "origin", "pipeline_mode")
     class SchemaEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -324,6 +324,7 @@ class TableInfo(_message.Message):
     KEY_FORMAT_FIELD_NUMBER: _ClassVar[int]
     VALUE_FORMAT_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_MODE_FIELD_NUMBER: _ClassVar[int]
     name: str
     topic: str
     partitions: int
@@ -336,7 +337,8 @@ class TableInfo(_message.Message):
     key_format: str
     value_format: str
     origin: str
-    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., partitions: _Optional[int] = ..., standby_replicas: _Optional[int] = ..., key_column: _Optional[str] = ..., schema: _Optional[_Mapping[str, str]] = ..., window: _Optional[_Union[TableWindow, _Mapping]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., pipeline: _Optional[_Union[Pipeline, _Mapping]] = ..., key_format: _Optional[str] = ..., value_format: _Optional[str] = ..., origin: _Optional[str] = ...) -> None: ...
+    pipeline_mode: str
+    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., partitions: _Optional[int] = ..., standby_replicas: _Optional[int] = ..., key_column: _Optional[str] = ..., schema: _Optional[_Mapping[str, str]] = ..., window: _Optional[_Union[TableWindow, _Mapping]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., pipeline: _Optional[_Union[Pipeline, _Mapping]] = ..., key_format: _Optional[str] = ..., value_format: _Optional[str] = ..., origin: _Optional[str] = ..., pipeline_mode: _Optional[str] = ...) -> None: ...
 
 class Pipeline(_message.Message):
     __slots__ = ("alive", "last_progress_ms")

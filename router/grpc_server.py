@@ -344,7 +344,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                                  input_lag=router_pb2.InputLag(records=t.input_lag[0], ms=t.input_lag[1]),
                                  pipeline=router_pb2.Pipeline(**pipeline_doc(t.pipeline)),
                                  key_format=t.spec.key_format, value_format=t.spec.value_format,
-                                 origin=t.spec.origin)
+                                 origin=t.spec.origin, pipeline_mode=t.spec.pipeline_mode or "")
             for t in self._router.list_tables() if principal is None or principal.may_read(t.spec.name)])
 
     @answers_errors

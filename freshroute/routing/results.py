@@ -268,7 +268,8 @@ class TableInfo:
                "standby_replicas": s.standby_replicas, "key_column": s.key_column, "schema": dict(s.value_schema),
                "default_bound": {"max_lag": self.default_max_lag, "max_staleness_ms": self.default_max_staleness_ms},
                "input_lag": input_lag_doc(self.input_lag), "pipeline": pipeline_doc(self.pipeline, now),
-               "key_format": s.key_format, "value_format": s.value_format, "origin": s.origin}
+               "key_format": s.key_format, "value_format": s.value_format, "origin": s.origin,
+               "pipeline_mode": s.pipeline_mode}
         if s.window is not None:
             w = s.window
             out["window"] = {"size_ms": w.size_ms, "slide_ms": w.slide_ms, "grace_ms": w.grace_ms,
