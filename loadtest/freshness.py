@@ -25,7 +25,6 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Callable
 
 import httpx
@@ -85,19 +84,36 @@ async def _poll(client: httpx.AsyncClient, table: str, keys: list[str]) -> list[
     return [item["key"] for item in orjson.loads(r.content)["results"] if item.get("found")]
 
 
+async def _poll_windows(client: httpx.AsyncClient, table: str, keys: list[str]) -> list[str]:
+    """The keys among ``keys`` whose window (of the last minute) the router finds: a windowed table's probe."""
+    now = int(time.time() * 1000)
+    found = []
+    for key in keys:
+        try:
+            r = await client.get(f"/v1/tables/{table}/keys/{key}/windows",
+                                 params={"from": now - 60_000, "to": now + 60_000})
+        except httpx.HTTPError:
+            continue
+        if r.status_code == 200 and orjson.loads(r.content)["windows"]:
+            found.append(key)
+    return found
+
+
 async def measure(bootstrap: str, rest_url: str, topic: str = "readings", table: str = "sensor_stats",
-                  probes: int = 40, spacing_s: float = 0.25, timeout_s: float = 30.0, poll_s: float = 0.025,
-                  progress=None) -> dict:
-    """Run ``probes`` probes, ``spacing_s`` apart, polled together every ``poll_s``; return latency percentiles in ms."""
+                  probes: int = 40, spacing_s: float = 0.25, timeout_s: float = 30.0, poll_s: float = 0.01,
+                  progress=None, windows: bool = False) -> dict:
+    """Run ``probes`` probes, ``spacing_s`` apart, polled together every ``poll_s``; return latency percentiles in ms.
+    ``windows``: ``table`` is windowed, and a probe is visible once its key's window is."""
     from confluent_kafka import Producer
 
     producer = Producer(kafka_client_config(bootstrap, **{"enable.idempotence": True, "linger.ms": 0}))
     async with httpx.AsyncClient(base_url=rest_url, timeout=5) as client:
-        return await run_probes(producer, client, topic, table, probes, spacing_s, timeout_s, poll_s, progress)
+        return await run_probes(producer, client, topic, table, probes, spacing_s, timeout_s, poll_s, progress,
+                                _poll_windows if windows else _poll)
 
 
 async def run_probes(producer, client: httpx.AsyncClient, topic: str, table: str, probes: int, spacing_s: float,
-                     timeout_s: float, poll_s: float, progress=None) -> dict:
+                     timeout_s: float, poll_s: float, progress=None, poll=_poll) -> dict:
     """:func:`measure` with its producer and its router client given."""
     state = _Probes(producer, topic, uuid.uuid4().hex[:6])
     started = time.monotonic()
@@ -113,7 +129,7 @@ async def run_probes(producer, client: httpx.AsyncClient, topic: str, table: str
         producer.poll(0)  # delivery reports: a probe the broker refused is not asked for
         keys = list(state.sent_at)
         if keys:
-            state.seen(await _poll(client, table, keys), time.monotonic())
+            state.seen(await poll(client, table, keys), time.monotonic())
         state.expire(time.monotonic(), timeout_s)
         await asyncio.sleep(poll_s)
     producer.flush(5)
@@ -123,43 +139,28 @@ async def run_probes(producer, client: httpx.AsyncClient, topic: str, table: str
             "freshness_mean_ms": round(statistics.fmean(seen), 1) if seen else None}
 
 
-def committed_offsets(checkpoint: Path) -> dict[int, int] | None:
-    """Input partition → end offset of a table's last committed micro-batch, from its checkpoint."""
-    try:
-        done = max((int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()), default=None)
-        if done is None:
-            return None
-        # "v1", the batch's metadata, then one line per source: Spark's Kafka offsets, {"topic": {"0": 12, …}}.
-        lines = (checkpoint / "offsets" / str(done)).read_text().splitlines()
-        (positions,) = orjson.loads(lines[2]).values()
-        return {int(p): int(o) for p, o in positions.items()}
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None  # between a commit and its offsets file, or a checkpoint not written yet
-
-
 class InputLag:
-    """Records of the input topic a table has not processed yet: the topic's end minus its last committed batch."""
+    """Records of the input topic a table has not processed yet, as the router tells any caller (``/v1/tables``): the
+    topic's end, read from the broker, beyond where the pipeline says the table is, in either pipeline mode."""
 
-    def __init__(self, bootstrap: str, topic: str, checkpoint: Path) -> None:
-        from confluent_kafka import Consumer
-
-        self.topic = topic
-        self.checkpoint = checkpoint
-        self._consumer = Consumer(kafka_client_config(bootstrap, **{"group.id": "freshroute-bench-lag",
-                                                                    "enable.auto.commit": False}))
+    def __init__(self, rest_url: str, table: str) -> None:
+        self.table = table
+        self._client = httpx.Client(base_url=rest_url, timeout=5)
 
     def sample(self) -> int | None:
-        from confluent_kafka import TopicPartition
-
-        done = committed_offsets(self.checkpoint)
-        if done is None:
+        try:
+            r = self._client.get("/v1/tables")
+        except httpx.HTTPError:
             return None
-        ends = {p: self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=5, cached=False)[1]
-                for p in done}
-        return sum(max(0, ends[p] - done[p]) for p in done)
+        if r.status_code != 200:
+            return None
+        for t in orjson.loads(r.content)["tables"]:
+            if t["name"] == self.table:
+                return t["input_lag"]["records"] if t["pipeline"]["last_progress_ms"] is not None else None
+        return None
 
     def close(self) -> None:
-        self._consumer.close()
+        self._client.close()
 
 
 def start_input_load(bootstrap: str, topic: str, rate: float, sensors: int, max_s: float) -> subprocess.Popen:
@@ -182,11 +183,11 @@ def stop_input_load(proc: subprocess.Popen) -> int:
     return int(words[words.index("sent") + 1]) if "sent" in words else 0
 
 
-def measure_loaded(bootstrap: str, rest_url: str, topic: str, table: str, checkpoint: Path, rate: float,
+def measure_loaded(bootstrap: str, rest_url: str, topic: str, table: str, rate: float,
                    probes: int = 100, spacing_s: float = 0.25, timeout_s: float = 30.0, settle_s: float = 10.0,
                    drain_timeout_s: float = 120.0, say: Callable[[str], None] = lambda _m: None) -> dict:
     """Freshness while the input runs at ``rate`` readings/s, with the input lag sampled every second."""
-    lag = InputLag(bootstrap, topic, checkpoint)
+    lag = InputLag(rest_url, table)
     lags: list[int] = []
     stop = threading.Event()
     # What the lag is without the load (the input never stops): "drained" is back to that.

@@ -1,4 +1,5 @@
-"""Exactly-once effect: the pipeline is killed -9 mid-stream and restarted; the changelog equals a recomputation.
+"""Exactly-once effect in micro-batches: the pipeline is killed -9 mid-stream and restarted; the changelog equals a
+recomputation (tests/integration/test_pipeline_realtime.py kills a Real-time pipeline).
 
 Real broker, real Redis, real Spark, the pipeline as its own process (``python -m pipeline``).
 """
@@ -73,6 +74,7 @@ def test_kill_9_mid_stream_then_restart_gives_the_recomputed_table(broker, redis
            "FRESHROUTE_BOOTSTRAP_SERVERS": broker, "FRESHROUTE_REDIS_URL": redis_url, "FRESHROUTE_NAMESPACE": namespace,
            "FRESHROUTE_TOPIC_PREFIX": namespace, "FRESHROUTE_CHECKPOINT_DIR": str(checkpoints),
            "FRESHROUTE_CHANGELOG_PARTITIONS": str(CHANGELOG_PARTITIONS), "FRESHROUTE_TRIGGER_MS": "500",
+           "FRESHROUTE_PIPELINE_MODE": "microbatch",
            # Several batches for the backlog, so that the kill lands mid-stream.
            "FRESHROUTE_MAX_RECORDS_PER_BATCH": "1500"}
     started: list[PipelineProcess] = []
@@ -82,7 +84,6 @@ def test_kill_9_mid_stream_then_restart_gives_the_recomputed_table(broker, redis
         started.append(first)
         # Spark's start plus the cold first batch: seconds on an idle machine, minutes on a loaded one.
         deadline = time.monotonic() + 480
-        # The demo's keyed tables share a query: its checkpoint is the one whose record names sensor_stats.
         while committed_batches(query_checkpoint_of(checkpoints, "sensor_stats")) < 1:
             assert first.alive(), f"pipeline exited early:\n{first.tail()}"
             assert time.monotonic() < deadline, f"no batch committed within 480 s:\n{first.tail()}"

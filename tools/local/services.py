@@ -154,8 +154,10 @@ def spark_master_command(host: str, port: int, webui_port: int) -> list[str]:
             "--webui-port", str(webui_port)]
 
 
-def spark_worker_command(master_url: str, host: str, webui_port: int, work_dir: Path, cores: int = 2,
+def spark_worker_command(master_url: str, host: str, webui_port: int, work_dir: Path, cores: int = 32,
                          memory: str = "2g") -> list[str]:
+    """A standalone worker offering ``cores`` task slots: the pipeline's Real-time queries hold a task per input and
+    shuffle partition for their life, mostly waiting for records (the demo's: 22), so slots are not CPU cores here."""
     work_dir.mkdir(parents=True, exist_ok=True)
     return [spark_class(), "org.apache.spark.deploy.worker.Worker", master_url, "--host", host,
             "--webui-port", str(webui_port), "--cores", str(cores), "--memory", memory, "--work-dir", str(work_dir)]

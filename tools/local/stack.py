@@ -64,6 +64,7 @@ class StackConfig:
     namespace: str = "freshroute"
     topic_prefix: str = ""
     trigger_ms: int = 500
+    pipeline_mode: str = "realtime"  # the pipeline's pipeline_mode: realtime or microbatch
     # The pipeline is a batch job sharing the machine with the serving processes: it yields
     # the CPU to lookups (nice), which on a small machine are made of process wake-ups.
     pipeline_nice: int = 5
@@ -334,7 +335,7 @@ class Stack:
             tables = ["--tables-file", c.tables_file] if c.tables_file else []
             return "pipeline", self._freshroute(
                 "pipeline", "--checkpoint-dir", str(c.home / "pipeline" / "checkpoints"),
-                "--trigger-ms", str(c.trigger_ms), "--topic-prefix", c.topic_prefix,
+                "--trigger-ms", str(c.trigger_ms), "--pipeline-mode", c.pipeline_mode, "--topic-prefix", c.topic_prefix,
                 "--standby-replicas", str(c.standby_replicas), "--metrics-host", c.host,
                 "--changelog-replication-factor", str(c.changelog_replication[0]),
                 "--changelog-min-insync-replicas", str(c.changelog_replication[1]),
@@ -620,7 +621,8 @@ class Stack:
         from pipeline.job import WARM_LOG
 
         pipeline = self.components["pipeline"]
-        self._say("waiting for the pipeline to warm up (its micro-batches to run within the trigger interval) …")
+        self._say("waiting for the pipeline to warm up (its Real-time tasks to run, its micro-batches to take their "
+                  "steady time) …")
         try:
             self._wait_alive(pipeline, lambda: _logged(pipeline, WARM_LOG, since), self.config.warmup_timeout_s,
                              tick=lambda waited: self._say(f"  … still warming up ({waited:.0f}s)"))
@@ -779,7 +781,8 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
     return StackConfig(home=Path(args.home), rest_port=args.rest_port, grpc_port=args.grpc_port,
                        broker_port=args.broker_port, brokers=args.brokers, redis_port=args.redis_port,
                        store_ports=store_ports,
-                       trigger_ms=args.trigger_ms, pipeline_nice=args.pipeline_nice, routers=args.routers,
+                       trigger_ms=args.trigger_ms, pipeline_mode=args.pipeline_mode, pipeline_nice=args.pipeline_nice,
+                       routers=args.routers,
                        standby_replicas=args.standby_replicas, redis_sentinel=args.redis_sentinel,
                        kafka_config=str(Path(args.kafka_config).resolve()) if args.kafka_config else "",
                        spread=args.spread, spark_cluster=args.spark_cluster, secure=args.secure,
@@ -844,6 +847,8 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
                     help="router processes sharing the REST and gRPC ports")
     up.add_argument("--trigger-ms", type=_trigger_ms, default=StackConfig.trigger_ms,
                     help="the pipeline's micro-batch interval: lower is fresher and costs more CPU")
+    up.add_argument("--pipeline-mode", choices=("realtime", "microbatch"), default=StackConfig.pipeline_mode,
+                    help="how the pipeline runs tables that do not say: Spark's Real-time Mode, or micro-batches")
     up.add_argument("--pipeline-nice", type=int, default=StackConfig.pipeline_nice, choices=range(0, 20),
                     metavar="0-19", help="the pipeline's CPU priority: it yields to lookups (0: the same priority)")
     up.add_argument("--kafka-config", type=_kafka_config, metavar="FILE",

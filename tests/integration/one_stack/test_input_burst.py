@@ -18,7 +18,6 @@ import orjson
 import pytest
 
 from loadtest.freshness import InputLag
-from pipeline.job import query_checkpoint_of
 from tests.integration.stack_fixture import FIRST_DATA_TIMEOUT_S, wait_until
 
 pytestmark = pytest.mark.integration
@@ -129,7 +128,7 @@ def test_a_burst_far_above_the_pipelines_pace_fails_no_lookup_and_drains(stack):
                 time.sleep(0.01)
 
     lags: list[int] = []
-    input_lag = InputLag(bootstrap, topic, query_checkpoint_of(stack.config.home / "pipeline" / "checkpoints", "sensor_stats"))
+    input_lag = InputLag(stack.config.rest_url, "sensor_stats")
 
     def sample_lag() -> None:
         while not stop.wait(1.0):

@@ -1,0 +1,172 @@
+"""The pipeline in Spark's Real-time Mode (PySpark 4.3.0 with the Kafka connector jvm/pom.xml pins), killed -9 under
+load and restarted: its changelogs end equal to a recomputation of the input, a replica that applies them never
+sees a key go back in time, every record sits where the store nodes and router look for it, and the rejected
+records are dead-lettered exactly once each.
+
+Real broker, real Redis, real Spark, the pipeline as its own process (``python -m pipeline``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+
+import orjson
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+
+from freshroute import input_position
+from freshroute.keys import partition_for
+from freshroute.metadata import MetadataStore
+from freshroute.windows import split_window_key
+from pipeline.job import committed_batches
+from pipeline.topics import ensure_topic
+
+from .pipeline_support import PipelineProcess, materialize, mismatches, read_topic
+from .test_pipeline_exactly_once import AREAS, SENSORS, recompute
+
+pytestmark = pytest.mark.integration
+
+CHANGELOG_PARTITIONS = 8
+BAD = [b"not json", b'{"sensor": "s", "area": "a"}', b'{"sensor": "s", "area": "a", "reading": "x"}']
+
+
+class Load(threading.Thread):
+    """Readings at a steady rate until stopped, and a bad record every 200th."""
+
+    def __init__(self, bootstrap: str, topic: str, rng: random.Random, per_s: float = 200.0) -> None:
+        super().__init__(daemon=True)
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+        self.topic, self.rng, self.per_s = topic, rng, per_s
+        self.stop = threading.Event()
+        self.sent = self.bad = 0
+        self.errors: list = []
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 600  # bounded, whatever the test does
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            if self.sent % 200 == 199:
+                value, self.bad = BAD[self.bad % len(BAD)], self.bad + 1
+                key = b"bad"
+            else:
+                i = self.rng.randrange(SENSORS)
+                key = f"sensor-{i}".encode()
+                value = orjson.dumps({"sensor": f"sensor-{i}", "area": AREAS[i % len(AREAS)],
+                                      "reading": round(self.rng.uniform(-20, 120), 3)})
+            self.producer.produce(self.topic, key=key, value=value,
+                                  on_delivery=lambda err, _m: self.errors.append(err) if err else None)
+            self.producer.poll(0)
+            self.sent += 1
+            self.stop.wait(1 / self.per_s)
+        assert self.producer.flush(30) == 0
+
+
+def applied_in_order(records: list) -> tuple[dict[bytes, dict], int, list[str]]:
+    """What a replica applying ``records`` by their input positions holds (freshroute.input_position, as the store
+    node's applier does), how many rows it skips, and every time a key's count would go back."""
+    held: dict[bytes, tuple[list, dict]] = {}
+    skipped, backwards = 0, []
+    for _p, offset, _ts, key, value, headers in sorted(records, key=lambda r: (r[0], r[1])):
+        position = input_position.decode(input_position.of_record(headers))
+        assert position is not None, f"record at offset {offset} has no input position"
+        before = held.get(key)
+        if before is not None and not input_position.covers(position, before[0]):
+            skipped += 1
+            continue
+        row = orjson.loads(value)
+        if before is not None and row["count"] < before[1]["count"]:
+            backwards.append(f"{key!r}: count {before[1]['count']} then {row['count']} at offset {offset}")
+        held[key] = (position, row)
+    return {k: row for k, (_, row) in held.items()}, skipped, backwards
+
+
+@pytest.mark.timeout(900)
+def test_kill_9_under_load_then_restart_never_goes_back_and_ends_as_the_recomputation(broker, redis_url, namespace,
+                                                                                      tmp_path):
+    rng = random.Random(20261128)
+    input_topic = f"{namespace}readings"
+    topics = {t: f"{namespace}{t}-changelog" for t in ("sensor_stats", "area_counts", "sensor_windows")}
+    rejected_topic = f"{namespace}readings.rejected"
+    checkpoints = tmp_path / "checkpoints"
+    ensure_topic(AdminClient({"bootstrap.servers": broker}), input_topic, 4)
+    env = {**os.environ,
+           "FRESHROUTE_BOOTSTRAP_SERVERS": broker, "FRESHROUTE_REDIS_URL": redis_url, "FRESHROUTE_NAMESPACE": namespace,
+           "FRESHROUTE_TOPIC_PREFIX": namespace, "FRESHROUTE_CHECKPOINT_DIR": str(checkpoints),
+           "FRESHROUTE_CHANGELOG_PARTITIONS": str(CHANGELOG_PARTITIONS), "FRESHROUTE_PIPELINE_MODE": "realtime",
+           "FRESHROUTE_REALTIME_CHECKPOINT_INTERVAL": "5 seconds"}
+    load = Load(broker, input_topic, rng)
+    started: list[PipelineProcess] = []
+    try:
+        first = PipelineProcess(env, tmp_path / "pipeline-1.log")
+        started.append(first)
+        load.start()
+        # Killed between two checkpoints, with rows written since the last: the restart replays them.
+        deadline = time.monotonic() + 300
+        while committed_batches(checkpoints / "sensor_stats") < 1 or committed_batches(checkpoints / "area_counts") < 1:
+            assert first.alive(), f"pipeline exited early:\n{first.tail()}"
+            assert time.monotonic() < deadline, f"no checkpoint within 300 s:\n{first.tail()}"
+            time.sleep(0.2)
+        time.sleep(3)
+        first.kill9()
+        time.sleep(2)
+        second = PipelineProcess(env, tmp_path / "pipeline-2.log")
+        started.append(second)
+        time.sleep(10)
+        load.stop.set()
+        load.join(60)
+        assert not load.errors and load.sent > 1000
+        inputs = read_topic(broker, input_topic)
+        valid = [r for r in inputs if r[3] != b"bad"]
+        want_stats, want_counts = recompute(valid)
+        deadline = time.monotonic() + 240
+        while True:
+            assert second.alive(), f"restarted pipeline exited:\n{second.tail()}"
+            stats = read_topic(broker, topics["sensor_stats"], headers=True)
+            counts = read_topic(broker, topics["area_counts"], headers=True)
+            got_stats, got_counts = materialize([r[:5] for r in stats]), materialize([r[:5] for r in counts])
+            if not mismatches(got_stats, want_stats) and not mismatches(got_counts, want_counts):
+                break
+            assert time.monotonic() < deadline, (
+                f"changelog never matched the recomputation; first differences: "
+                f"{(mismatches(got_stats, want_stats) + mismatches(got_counts, want_counts))[:5]}\n{second.tail()}")
+            time.sleep(2)
+        second.proc.send_signal(signal.SIGTERM)
+        assert second.proc.wait(120) == 0, second.tail()
+        second.wait_group_gone(30)
+    finally:
+        load.stop.set()
+        for p in started:
+            if p.group_alive():
+                os.killpg(p.proc.pid, signal.SIGKILL)
+                p.proc.wait(30)
+
+    # The replay wrote older rows again; a replica applying by input position skips them and never goes back.
+    replayed = 0
+    for records in (stats, counts):
+        held, skipped, backwards = applied_in_order(records)
+        assert not backwards, backwards[:5]
+        replayed += skipped
+        assert {k.decode(): v for k, v in held.items()} == materialize([r[:5] for r in records])
+    assert replayed > 0, "the restart replayed nothing: the kill did not land between two checkpoints"
+
+    # Every record sits in the partition the shared module computes for its table key.
+    for topic in topics.values():
+        for partition, _o, _ts, key, _v in read_topic(broker, topic):
+            table_key = split_window_key(key)[0] if topic == topics["sensor_windows"] else key
+            assert partition == partition_for(table_key, CHANGELOG_PARTITIONS), (topic, key)
+
+    # Each bad record is dead-lettered with its reason and origin: at least once (a replay may repeat one).
+    bad = {(p, o) for p, o, _ts, key, _v in inputs if key == b"bad"}
+    letters = read_topic(broker, rejected_topic, headers=True)
+    origins = {(int(dict(h)["freshroute.partition"]), int(dict(h)["freshroute.offset"])) for *_, h in letters}
+    assert origins == bad and len(bad) == load.bad
+    assert {dict(h)["freshroute.reason"] for *_, h in letters} == {b"not_json", b"missing_field", b"wrong_type"}
+
+    specs = MetadataStore.from_url(redis_url, namespace).tables()
+    assert {specs[t].pipeline_mode for t in topics} == {"realtime"}
+    assert specs["sensor_stats"].value_schema == {"count": "bigint", "sum": "double", "avg": "double",
+                                                  "min": "double", "max": "double", "last": "double"}

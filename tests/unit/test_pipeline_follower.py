@@ -1,0 +1,75 @@
+"""Reading back what the Real-time queries write: where each table is in its input, its windows, its rejects."""
+
+import threading
+
+import orjson
+
+from freshroute import input_position
+from freshroute.windows import WindowSpec, window_key
+from pipeline.follower import FollowedSource, FollowedTable, OutputFollower, committed_offsets
+from pipeline.input_lag import InputLagPublisher
+from tests.unit.fake_changelog import Msg
+
+
+def test_where_a_query_starts_is_the_end_of_its_last_committed_batch(tmp_path):
+    assert committed_offsets(tmp_path) is None  # no checkpoint yet
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "commits").mkdir()
+    for batch, ends in ((4, {"0": 10, "1": 7}), (5, {"0": 12, "1": 9})):
+        (tmp_path / "offsets" / str(batch)).write_text(
+            'v1\n{"batchWatermarkMs":0}\n' + orjson.dumps({"readings": ends}).decode())
+    (tmp_path / "commits" / "4").write_text("v1\n{}")
+    # Batch 5 is planned (its offsets are written) but not committed: it does not count yet.
+    assert committed_offsets(tmp_path) == {0: 10, 1: 7}
+    (tmp_path / "commits" / "5").write_text("v1\n{}")
+    assert committed_offsets(tmp_path) == {0: 12, 1: 9}
+    (tmp_path / "commits" / "6").write_text("v1\n{}")  # its offsets file is missing: no answer, no error
+    assert committed_offsets(tmp_path) is None
+
+
+class Expiry:
+    def __init__(self):
+        self.noted = []
+
+    def note(self, windows):
+        self.noted.extend(windows)
+
+
+def test_rows_and_dead_letters_move_a_tables_position_and_windows_and_rejects_are_noted():
+    window = WindowSpec(10_000, 10_000, 5_000, 3_600_000)
+    expiry = Expiry()
+    stats = FollowedTable("stats", "stats-changelog", "readings", "readings", reached={0: 5})
+    windows = FollowedTable("win", "win-changelog", "readings", "readings", window, expiry)
+    counts = {}
+    source = FollowedSource("readings", "readings.rejected", lambda r: counts.update({r: counts.get(r, 0) + 1}))
+    publisher = InputLagPublisher(None, threading.Event(), "nowhere")
+    f = OutputFollower(None, [stats, windows], [source], publisher, threading.Event())
+
+    def header(position):
+        return [(input_position.HEADER, input_position.encode(position))]
+
+    f._take(Msg(0, b"s1", b"{}", topic="stats-changelog", headers=header([3, 9, None])))  # older than reached in 0
+    f._take(Msg(1, b"s1", b"{}", topic="stats-changelog", headers=header([7, None, None])))
+    f._take(Msg(0, window_key(b"s1", 20_000), b"{}", partition=3, topic="win-changelog", headers=header([None, 2])))
+    f._take(Msg(1, window_key(b"s1", 30_000), None, partition=3, topic="win-changelog", headers=header([None, 3])))
+    f._take(Msg(0, b"bad", b"x", topic="readings.rejected", headers=[
+        ("freshroute.reason", b"not_json"), ("freshroute.partition", b"2"), ("freshroute.offset", b"40")]))
+    assert stats.reached == {0: 8, 1: 10, 2: 41}
+    assert windows.reached == {1: 4, 2: 41}
+    assert expiry.noted == [(20_000 + 10_000 + 3_600_000, 3, window_key(b"s1", 20_000))]  # a tombstone: none
+    assert counts == {"not_json": 1}
+
+    f.reached("stats", {0: 20, 1: 4})  # a checkpoint: never moves a partition back
+    assert stats.reached == {0: 20, 1: 10, 2: 41}
+
+
+def test_a_tables_input_lag_is_its_inputs_ends_beyond_where_its_rows_say_it_is():
+    publisher = InputLagPublisher(None, threading.Event(), "nowhere")
+    publisher.running(["stats"])
+    behind = publisher.observe_positions("stats", {0: 8, 1: 10}, {0: 10, 1: 10, 2: 0}, 1_000)
+    assert behind.records == 2 and behind.offsets == {0: 8, 1: 10} and behind.caught_up_ms == publisher.started_ms
+    caught_up = publisher.observe_positions("stats", {0: 10, 1: 10}, {0: 10, 1: 10}, 2_000)
+    assert caught_up.records == 0 and caught_up.caught_up_ms == 2_000 and caught_up.alive_ms >= caught_up.at_ms
+    publisher.running([])  # its query stopped: no longer said to be alive
+    stopped = publisher.observe_positions("stats", {0: 10, 1: 10}, {0: 12, 1: 10}, 3_000)
+    assert stopped.records == 2 and stopped.caught_up_ms == 2_000 and stopped.alive_ms == caught_up.alive_ms
