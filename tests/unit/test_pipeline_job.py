@@ -237,3 +237,36 @@ def test_the_pipeline_says_warm_once_every_querys_recent_batches_ran_quick_in_th
     pipeline._note_warmth(stats, 5000)
     pipeline._note_warmth(stats, 100)
     assert warm_lines() == 1  # said once, whatever comes after
+
+
+def test_a_shape_realtime_mode_refuses_stops_the_pipeline_naming_the_table_and_sparks_reason(pipeline):
+    from pipeline.realtime import RealtimeRefused
+
+    error = ("[STREAM_FAILED] Query [id = 1] terminated with exception: [STREAMING_REAL_TIME_MODE.OPERATOR_OR_SINK_NOT_"
+             "IN_ALLOWLIST] Streaming real-time mode has the following limitation: The operator(s): "
+             "org.apache.spark.sql.execution.python.ArrowEvalPythonExec is not in the operator allowlist.\n\tat x\n")
+    run = run_of(pipeline)
+    with pytest.raises(RealtimeRefused, match=r"^table 'sensor_stats' cannot run in Real-time Mode \(Spark: "
+                                              r"STREAMING_REAL_TIME_MODE.OPERATOR_OR_SINK_NOT_IN_ALLOWLIST: .*"
+                                              r"ArrowEvalPythonExec.*pipeline_mode='microbatch'") as e:
+        pipeline._restart_or_fail(run, error, threading.Event())
+    assert e.value.code == "REALTIME_REFUSED" and run.failures == []
+    v1 = "[STREAMING_REAL_TIME_MODE.CHECKPOINT_FORMAT_V1_NOT_SUPPORTED] cannot start on a v1 checkpoint\n"
+    with pytest.raises(QueryChanged, match=r"written by micro-batches, and Real-time Mode cannot resume from it"):
+        pipeline._restart_or_fail(run, v1, threading.Event())
+
+
+@pytest.mark.parametrize("master, slots, want", [
+    ("local[*]", 22, "local[22]"), ("local[32]", 22, "local[32]"), ("spark://h:7077", 22, "spark://h:7077")])
+def test_a_local_master_is_sized_to_the_realtime_queries_task_slots(master, slots, want):
+    from pipeline.job import local_master
+
+    assert local_master(master, slots) == want
+
+
+def test_a_local_master_too_small_for_the_realtime_queries_is_refused():
+    from pipeline.job import NotEnoughSlots, local_master
+
+    with pytest.raises(NotEnoughSlots, match=r"spark_master local\[4\] runs 4 task\(s\) at once, and the Real-time "
+                                             r"queries hold 22 .*local\[22\]"):
+        local_master("local[4]", 22)

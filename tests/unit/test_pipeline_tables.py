@@ -306,3 +306,37 @@ def test_a_query_name_must_be_a_plain_identifier(tmp_path):
     ''')
     with pytest.raises(TablesFileError, match=r"line 4: ValueError: query name 'not a name' must be a plain identifier"):
         load_tables(path)
+
+
+def test_a_realtime_query_holds_one_table_and_a_query_runs_in_one_mode(tmp_path):
+    from pipeline.settings import PipelineSettings
+    from pipeline.tables import check_modes
+
+    path = write(tmp_path, '''
+        from pipeline.tables import source, sql_table
+        source("s", schema="a STRING, b STRING")
+        sql_table(name="x", key="a", source="s", sql="SELECT a, count(*) AS n FROM s GROUP BY a", query="q")
+        sql_table(name="y", key="b", source="s", sql="SELECT b, count(*) AS n FROM s GROUP BY b", query="q")
+        sql_table(name="z", key="b", source="s", sql="SELECT b, count(*) AS n FROM s GROUP BY b",
+                  pipeline_mode="microbatch")
+    ''')
+    definition = load_tables(path)
+    assert definition.tables["z"].pipeline_mode == "microbatch" and definition.tables["x"].pipeline_mode is None
+    with pytest.raises(TablesFileError, match=r"tables \['x', 'y'\] share query 'q', and a query in Real-time Mode "
+                                              r"holds one table .*pipeline_mode='microbatch'"):
+        check_modes(definition, PipelineSettings(pipeline_mode="realtime").mode_of)
+    check_modes(definition, PipelineSettings(pipeline_mode="microbatch").mode_of)
+    # A run to the input's end is micro-batches whatever the table says.
+    settings = PipelineSettings(pipeline_mode="realtime", available_now=True)
+    assert {settings.mode_of(t) for t in definition.tables.values()} == {"microbatch"}
+
+
+def test_a_pipeline_mode_is_realtime_or_microbatch(tmp_path):
+    path = write(tmp_path, '''
+        from pipeline.tables import source, sql_table
+        source("s", schema="a STRING")
+        sql_table(name="x", key="a", source="s", sql="SELECT a, count(*) AS n FROM s GROUP BY a", pipeline_mode="fast")
+    ''')
+    with pytest.raises(TablesFileError, match=r"line 4: .*pipeline_mode must be one of 'realtime', 'microbatch', "
+                                              r"not 'fast'"):
+        load_tables(path)
