@@ -93,6 +93,7 @@ def follow(settings: Any, runs: list[tuple[Any, Path]], rejects: list[Any], publ
     consumer = Consumer({**settings.kafka(), "group.id": f"freshroute-pipeline-{settings.namespace}-follower",
                          "enable.auto.commit": False, "fetch.wait.max.ms": 100, **kafka_logging("pipeline.kafka")})
     follower = OutputFollower(consumer, tables, dead, publisher, stop)
+    follower.assign_ends()
     follower.start()
     return follower
 
@@ -121,14 +122,20 @@ class OutputFollower(threading.Thread):
                     for p, o in offsets.items():
                         t.reached[p] = max(t.reached.get(p, 0), o)
 
-    def run(self) -> None:
-        from confluent_kafka import OFFSET_END, TopicPartition
+    def assign_ends(self) -> None:
+        """Read every followed topic from where it ends now (before the queries that write them start)."""
+        from confluent_kafka import TopicPartition
 
+        metadata = self.consumer.list_topics(timeout=10)
+        starts = []
+        for topic in [*self.tables, *self.sources]:
+            for p in (metadata.topics[topic].partitions if topic in metadata.topics else ()):
+                _low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+                starts.append(TopicPartition(topic, p, high))
+        self.consumer.assign(starts)
+
+    def run(self) -> None:
         try:
-            topics = [*self.tables, *self.sources]
-            metadata = self.consumer.list_topics(timeout=10)
-            self.consumer.assign([TopicPartition(topic, p, OFFSET_END) for topic in topics
-                                  for p in (metadata.topics[topic].partitions if topic in metadata.topics else ())])
             published = 0.0
             while not self.stop_event.is_set():
                 for m in self.consumer.consume(num_messages=10_000, timeout=0.1):

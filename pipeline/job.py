@@ -596,14 +596,15 @@ class Pipeline:
         log.info("spark session ready in %.1fs (master %s, %d shuffle partitions)",
                  time.monotonic() - started, self.spark.sparkContext.master, s.shuffle_partitions)
         rejects = {name: reject_writer(s, admin, self.definition.sources[name], self.producer) for name in sorted(used)}
+        frames: dict[str, "DataFrame"] = {}  # a Real-time query's frame, made once for its spec and its start
         for name, tables in grouped.items():
             source = rejects[tables[0].source]
             if modes[name] == REALTIME:
                 t = tables[0]
-                run = table_run(s, self.definition, t, self._realtime_frame(t), admin, self.producer, source)
+                frames[name] = self._realtime_frame(t)
+                run = table_run(s, self.definition, t, frames[name], admin, self.producer, source)
                 self.runs[t.name] = run
                 self.queries[name] = QueryRun(name, [run], self._trigger_ms(tables), REALTIME)
-                self._start_realtime(self.queries[name])
                 continue
             frames = self._table_frames(name, tables)
             runs = [table_run(s, self.definition, t, df, admin, self.producer, source) for t, df in zip(tables, frames[0])]
@@ -614,16 +615,19 @@ class Pipeline:
         for src in rejecting:
             name = f"{src}.rejected"
             self.queries[name] = QueryRun(name, [], 0, REALTIME, rejects=rejects[src])
-            self._start_realtime(self.queries[name])
+        self._input_lag = InputLagPublisher(MetadataStore.at(s.redis(), s.namespace), self._stop, str(s.redis()))
+        self._input_lag.start()
+        # From where the Real-time queries' topics end before they start: it misses none of their records.
+        self._follower = follow(s, [(r, s.query_checkpoint(q.name)) for q in self.queries.values() if q.realtime
+                                    for r in q.tables], list(rejects.values()), self._input_lag, self._stop)
+        for q in self.queries.values():
+            if q.realtime:
+                self._start_realtime(q, frames.get(q.name))
         admin.poll(0)  # the admin client's librdkafka log lines, queued while it worked, to the pipeline's log
         store = MetadataStore.at(s.redis(), s.namespace)
         self._registrar = TableRegistrar(store, [r.spec for r in self.runs.values()], self._stop, str(s.redis()),
                                          s.namespace)
         self._registrar.start()
-        self._input_lag = InputLagPublisher(MetadataStore.at(s.redis(), s.namespace), self._stop, str(s.redis()))
-        self._input_lag.start()
-        self._follower = follow(s, [(r, s.query_checkpoint(q.name)) for q in self.queries.values() if q.realtime
-                                    for r in q.tables], list(rejects.values()), self._input_lag, self._stop)
 
     def _realtime_frame(self, t: Table) -> "DataFrame":
         """A Real-time table's frame over a read of its source of its own, with its rows' input positions."""
@@ -635,17 +639,17 @@ class Pipeline:
         partitions = self._input_partitions[src.name]
         return self._table_frame(t, rows, lambda df: with_input_position(spark, t.name, df, partitions))
 
-    def _start_realtime(self, q: QueryRun) -> None:
-        """Start a Real-time query: a table's changelog records, or (a query of no table) its source's rejected
-        records, through Spark's Kafka sink."""
+    def _start_realtime(self, q: QueryRun, frame: "DataFrame | None" = None) -> None:
+        """Start a Real-time query: a table's changelog records (from ``frame``, else a new one), or (a query of no
+        table) its source's rejected records, through Spark's Kafka sink."""
         assert self.spark is not None
         s = self.settings
         if q.tables:
             run = q.tables[0]
             src = self.definition.sources[run.table.source]
             assert run.writer.rejects is not None
-            records = changelog_records(run.table, self._realtime_frame(run.table), run.spec.topic, src,
-                                        run.writer.rejects.topic)
+            records = changelog_records(run.table, frame if frame is not None else self._realtime_frame(run.table),
+                                        run.spec.topic, src, run.writer.rejects.topic)
         else:
             assert q.rejects is not None
             src = self.definition.sources[q.rejects.source]

@@ -116,6 +116,8 @@ def test_bad_records_are_dead_lettered_with_their_reason_and_the_tables_hold_onl
            "FRESHROUTE_NAMESPACE": namespace, "FRESHROUTE_TOPIC_PREFIX": namespace,
            "FRESHROUTE_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "FRESHROUTE_CHANGELOG_PARTITIONS": "4",
            "FRESHROUTE_TABLES_FILE": str(tables_file), "FRESHROUTE_TRIGGER_MS": "200",
+           # Watermarks move at a Real-time query's checkpoints.
+           "FRESHROUTE_REALTIME_CHECKPOINT_INTERVAL": "5 seconds",
            "FRESHROUTE_METRICS_PORT": str(metrics_port), "FRESHROUTE_METRICS_HOST": "127.0.0.1"}
     pipeline = PipelineProcess(env, tmp_path / "pipeline.log")
     want_counts = Counter({("readings", r): len(v) for r, v in bad_readings.items()})
@@ -165,6 +167,11 @@ def test_bad_records_are_dead_lettered_with_their_reason_and_the_tables_hold_onl
 
         # The reading from half an hour ahead moved nothing: the watermark is where the real readings put it, and
         # the clean sensor's windows are there, the early ones final.
+        def watermarks(topic: str) -> list:
+            return [parse_watermark(v) for _p, _o, _t, k, v in read_topic(broker, topic) if k == WATERMARK_KEY]
+
+        wait_until(lambda: watermarks(f"{namespace}sensor_windows-changelog") and
+                   watermarks(f"{namespace}customer_hours-changelog"), 60, "both watermarks", check=pipeline.check)
         windows = read_topic(broker, f"{namespace}sensor_windows-changelog")
         marks = [parse_watermark(v) for _p, _o, _t, k, v in windows if k == WATERMARK_KEY]
         assert marks and now - 70_000 < max(marks) < now + 60_000, (marks, now)
