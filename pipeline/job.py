@@ -31,8 +31,8 @@ from freshroute.metadata import MetadataStore, TableSpec
 from freshroute.settings import is_loopback
 from pipeline.follower import OutputFollower, follow
 from pipeline.input_lag import InputLagPublisher, source_offsets
-from pipeline.realtime import (POSITION_COLUMN, RealtimeRefused, changelog_records, dead_letters, start_query,
-                               task_slots, with_input_position)
+from pipeline.realtime import (POSITION_COLUMN, RealtimeRefused, aggregates, changelog_records, dead_letters,
+                               start_query, task_slots, with_input_position)
 from pipeline.settings import PipelineSettings
 from pipeline.recompute import Recomputation
 from pipeline.sink import ChangelogProducer, ChangelogWriter, QuerySink, RejectWriter
@@ -555,6 +555,7 @@ class Pipeline:
         self._input_lag: InputLagPublisher | None = None
         self._follower: OutputFollower | None = None
         self._input_partitions: dict[str, int] = {}  # source → partitions of its input topic
+        self._slots = 0  # the task slots the Real-time queries hold
         self._warm = False
 
     # start
@@ -615,6 +616,11 @@ class Pipeline:
         for src in rejecting:
             name = f"{src}.rejected"
             self.queries[name] = QueryRun(name, [], 0, REALTIME, rejects=rejects[src])
+        # The tasks the Real-time queries will run (the local master was sized as if each aggregated).
+        self._slots = sum(task_slots(self._input_partitions[q.tables[0].table.source],
+                                     aggregates(frames[q.name]), s.shuffle_partitions) if q.tables else
+                          task_slots(self._input_partitions[q.rejects.source], False, 0)
+                          for q in self.queries.values() if q.realtime and (q.tables or q.rejects))
         self._input_lag = InputLagPublisher(MetadataStore.at(s.redis(), s.namespace), self._stop, str(s.redis()))
         self._input_lag.start()
         # From where the Real-time queries' topics end before they start: it misses none of their records.
@@ -768,11 +774,15 @@ class Pipeline:
             stop.wait(0.5)
 
     def _note_realtime_warmth(self) -> None:
-        """With only Real-time queries: warm once each one's tasks run (its batch is active)."""
-        if self._warm or any(not q.realtime for q in self.queries.values()):
+        """With only Real-time queries: warm once all their tasks run, every one of the slots they hold."""
+        if self._warm or any(not q.realtime for q in self.queries.values()) or self.spark is None:
             return
-        if all(q.query is not None and q.query.isActive and q.query.status.get("isTriggerActive")
-               for q in self.queries.values()):
+        tracker = self.spark.sparkContext.statusTracker()
+        running = 0
+        for stage in tracker.getActiveStageIds():
+            info = tracker.getStageInfo(stage)
+            running += info.numActiveTasks if info is not None else 0
+        if running >= self._slots and all(q.query is not None and q.query.isActive for q in self.queries.values()):
             self._warm = True
             log.info("%s: every Real-time query's tasks are running", WARM_LOG)
 

@@ -98,6 +98,11 @@ def _reads_source(node: Any) -> bool:
     return node.nodeName() == "Project" and not _aggregates(node.child())
 
 
+def aggregates(df: "DataFrame") -> bool:
+    """Whether a frame aggregates (its Real-time query then runs a shuffle stage beside its source's)."""
+    return _aggregates(df._jdf.queryExecution().analyzed())
+
+
 def _aggregates(node: Any) -> bool:
     if node.nodeName() == "Aggregate":
         return True

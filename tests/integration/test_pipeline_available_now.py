@@ -50,7 +50,9 @@ sql_table(name="orders_per_minute", key="minute", source="orders", query="orders
 def base_env(broker: str, redis_url: str, namespace: str, tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "FRESHROUTE_BOOTSTRAP_SERVERS": broker, "FRESHROUTE_REDIS_URL": redis_url,
             "FRESHROUTE_NAMESPACE": namespace, "FRESHROUTE_TOPIC_PREFIX": namespace,
-            "FRESHROUTE_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "FRESHROUTE_CHANGELOG_PARTITIONS": "4"}
+            "FRESHROUTE_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "FRESHROUTE_CHANGELOG_PARTITIONS": "4",
+            # A backfill runs micro-batches; the runs after it keep the shared queries it wrote.
+            "FRESHROUTE_PIPELINE_MODE": "microbatch"}
 
 
 @pytest.mark.timeout(900)

@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient
 from freshroute import input_position
 from freshroute.keys import partition_for
 from freshroute.metadata import MetadataStore
-from freshroute.windows import split_window_key
+from freshroute.windows import WATERMARK_KEY, parse_watermark, split_window_key
 from pipeline.job import committed_batches
 from pipeline.topics import ensure_topic
 
@@ -165,6 +165,25 @@ def test_kill_9_under_load_then_restart_never_goes_back_and_ends_as_the_recomput
     origins = {(int(dict(h)["freshroute.partition"]), int(dict(h)["freshroute.offset"])) for *_, h in letters}
     assert origins == bad and len(bad) == load.bad
     assert {dict(h)["freshroute.reason"] for *_, h in letters} == {b"not_json", b"missing_field", b"wrong_type"}
+
+    # Each sensor's 10 s windows of record time are exact, and the watermark, moved at checkpoints, has made the
+    # early ones final.
+    want_windows: dict[tuple[bytes, int], list[float]] = {}
+    for _p, _o, ts, _k, value in valid:
+        e = orjson.loads(value)
+        want_windows.setdefault((e["sensor"].encode(), ts - ts % 10_000), []).append(e["reading"])
+    got_windows, marks = {}, []
+    for _p, _o, _ts, key, value in sorted(read_topic(broker, topics["sensor_windows"]), key=lambda r: (r[0], r[1])):
+        if key == WATERMARK_KEY:
+            marks.append(parse_watermark(value))
+        elif value is not None:
+            got_windows[split_window_key(key)] = orjson.loads(value)
+    assert got_windows.keys() == want_windows.keys()
+    for w, readings in want_windows.items():
+        got = got_windows[w]
+        assert (got["count"], got["min"], got["max"]) == (len(readings), min(readings), max(readings)), w
+        assert abs(got["avg"] - sum(readings) / len(readings)) < 1e-9, w
+    assert marks and max(marks) >= min(start for _, start in want_windows) + 10_000 + 5_000
 
     specs = MetadataStore.from_url(redis_url, namespace).tables()
     assert {specs[t].pipeline_mode for t in topics} == {"realtime"}

@@ -83,6 +83,9 @@ def test_windows_are_recomputed_revised_finalised_expired_and_restored(broker, r
            "FRESHROUTE_NAMESPACE": namespace, "FRESHROUTE_TOPIC_PREFIX": namespace,
            "FRESHROUTE_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "FRESHROUTE_CHANGELOG_PARTITIONS": "4",
            "FRESHROUTE_TABLES_FILE": str(tables_file), "FRESHROUTE_TRIGGER_MS": "200",
+           # Batch by batch, as the steps below model the watermark (test_pipeline_realtime has windows in Real-time
+           # Mode, where it moves at checkpoints).
+           "FRESHROUTE_PIPELINE_MODE": "microbatch",
            "FRESHROUTE_STANDBY_REPLICAS": "0"}
     producer = Producer({"bootstrap.servers": broker, "linger.ms": 0})
     accepted: list[tuple[str, int, float, int]] = []  # (sensor, event time, reading, watermark of its batch)
