@@ -16,6 +16,7 @@ source rejects, go to the source's dead-letter topic with their reason, in the s
 
 from __future__ import annotations
 
+from functools import reduce
 from typing import TYPE_CHECKING, Any, Mapping
 
 from freshroute import input_position
@@ -139,9 +140,7 @@ def changelog_records(t: Table, df: "DataFrame", topic: str, source: Source, dea
         start = F.col(WINDOW_START_COLUMN)
         rows = rows.where(start.isNotNull() & (start >= 0))
         key = F.concat(key, F.lit("\x00"), F.lpad(F.lower(F.hex(start)), 16, "0"))
-    deleted = F.lit(False)
-    for c in values:
-        deleted = F.col(c).isNull() if c == values[0] else deleted & F.col(c).isNull()
+    deleted = reduce(lambda a, b: a & b, [F.col(c).isNull() for c in values])
     if DELETE_COLUMN in df.columns:
         deleted = deleted | F.coalesce(F.col(DELETE_COLUMN), F.lit(False))
     # Every column, null ones included, as the micro-batch sink writes them.

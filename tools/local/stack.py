@@ -514,7 +514,7 @@ class Stack:
             topics = sorted(f"{c.topic_prefix}{src.topic}" for src in tables.sources.values())
             self._say(f"{', '.join(names)} registered: produce to {', '.join(topics)} and look your keys up")
         elif c.demo:
-            self._say("waiting for the first micro-batches to reach the store nodes …")
+            self._say("waiting for the first changelog records to reach the store nodes …")
             self._wait_alive(self.components["pipeline"],
                              lambda: self.http_ok("/v1/tables/sensor_stats/keys/sensor-1"), c.startup_timeout_s, tick=tick)
             self._wait_warm(pipeline_since)
