@@ -443,6 +443,20 @@ def mark_recomputation(admin: Any, settings: PipelineSettings, definition: Table
              ", ".join(changelogs))
 
 
+def realtime_warm(spark: "SparkSession", queries: list[QueryRun], lags: dict[str, Any], slots: int) -> bool:
+    """Whether Real-time queries are warm: all their tasks run, every one of the ``slots`` they hold, and every table
+    has caught up with its input (``lags``: each table's last input lag) — what arrived while Spark started, run
+    through a JIT still cold."""
+    if any(lags.get(r.table.name) is None or lags[r.table.name].records for q in queries for r in q.tables):
+        return False
+    tracker = spark.sparkContext.statusTracker()
+    running = 0
+    for stage in tracker.getActiveStageIds():
+        info = tracker.getStageInfo(stage)
+        running += info.numActiveTasks if info is not None else 0
+    return running >= slots and all(q.query is not None and q.query.isActive for q in queries)
+
+
 def codegen(spark: "SparkSession", on: bool) -> None:
     """Code generation for the next query to start. Off for micro-batches: it costs more than it saves at a batch's
     few hundred rows (every batch plans the query again and generates each stage's code anew before the compiled
@@ -774,17 +788,14 @@ class Pipeline:
             stop.wait(0.5)
 
     def _note_realtime_warmth(self) -> None:
-        """With only Real-time queries: warm once all their tasks run, every one of the slots they hold."""
+        """With only Real-time queries: log :data:`WARM_LOG` once they are warm (:func:`realtime_warm`)."""
         if self._warm or any(not q.realtime for q in self.queries.values()) or self.spark is None:
             return
-        tracker = self.spark.sparkContext.statusTracker()
-        running = 0
-        for stage in tracker.getActiveStageIds():
-            info = tracker.getStageInfo(stage)
-            running += info.numActiveTasks if info is not None else 0
-        if running >= self._slots and all(q.query is not None and q.query.isActive for q in self.queries.values()):
+        lags = self._input_lag.latest if self._input_lag is not None else {}
+        if realtime_warm(self.spark, list(self.queries.values()), lags, self._slots):
             self._warm = True
-            log.info("%s: every Real-time query's tasks are running", WARM_LOG)
+            log.info("%s: every Real-time query's tasks are running, and every table has caught up with its input",
+                     WARM_LOG)
 
     def _note_warmth(self, q: QueryRun, batch_ms: int) -> None:
         """Log :data:`WARM_LOG` once the last :data:`WARM_BATCHES` batches of every query ran within the bound, in
