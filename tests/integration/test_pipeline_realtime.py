@@ -8,6 +8,7 @@ Real broker, real Redis, real Spark, the pipeline as its own process (``python -
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import signal
@@ -26,12 +27,17 @@ from freshroute.windows import WATERMARK_KEY, parse_watermark, split_window_key
 from pipeline.job import committed_batches
 from pipeline.topics import ensure_topic
 
-from .pipeline_support import PipelineProcess, materialize, mismatches, read_topic
+from .pipeline_support import REPO, PipelineProcess, materialize, mismatches, read_topic
 from .test_pipeline_exactly_once import AREAS, SENSORS, recompute
 
 pytestmark = pytest.mark.integration
 
 CHANGELOG_PARTITIONS = 8
+# Beside the demo's tables: one keyed by a number, whose key is the number as Spark writes it as a string.
+BUCKETS = """
+sql_table(name="buckets", key="bucket", source="readings",
+          sql="SELECT CAST(floor(reading / 10) AS INT) AS bucket, count(*) AS n FROM readings GROUP BY 1")
+"""
 BAD = [b"not json", b'{"sensor": "s", "area": "a"}', b'{"sensor": "s", "area": "a", "reading": "x"}']
 
 
@@ -89,7 +95,9 @@ def test_kill_9_under_load_then_restart_never_goes_back_and_ends_as_the_recomput
                                                                                       tmp_path):
     rng = random.Random(20261128)
     input_topic = f"{namespace}readings"
-    topics = {t: f"{namespace}{t}-changelog" for t in ("sensor_stats", "area_counts", "sensor_windows")}
+    topics = {t: f"{namespace}{t}-changelog" for t in ("sensor_stats", "area_counts", "sensor_windows", "buckets")}
+    tables_file = tmp_path / "tables.py"
+    tables_file.write_text((REPO / "pipeline" / "demo_tables.py").read_text() + BUCKETS)
     rejected_topic = f"{namespace}readings.rejected"
     checkpoints = tmp_path / "checkpoints"
     ensure_topic(AdminClient({"bootstrap.servers": broker}), input_topic, 4)
@@ -97,7 +105,7 @@ def test_kill_9_under_load_then_restart_never_goes_back_and_ends_as_the_recomput
            "FRESHROUTE_BOOTSTRAP_SERVERS": broker, "FRESHROUTE_REDIS_URL": redis_url, "FRESHROUTE_NAMESPACE": namespace,
            "FRESHROUTE_TOPIC_PREFIX": namespace, "FRESHROUTE_CHECKPOINT_DIR": str(checkpoints),
            "FRESHROUTE_CHANGELOG_PARTITIONS": str(CHANGELOG_PARTITIONS), "FRESHROUTE_PIPELINE_MODE": "realtime",
-           "FRESHROUTE_REALTIME_CHECKPOINT_INTERVAL": "5 seconds"}
+           "FRESHROUTE_REALTIME_CHECKPOINT_INTERVAL": "5 seconds", "FRESHROUTE_TABLES_FILE": str(tables_file)}
     load = Load(broker, input_topic, rng)
     started: list[PipelineProcess] = []
     try:
@@ -122,13 +130,19 @@ def test_kill_9_under_load_then_restart_never_goes_back_and_ends_as_the_recomput
         inputs = read_topic(broker, input_topic)
         valid = [r for r in inputs if r[3] != b"bad"]
         want_stats, want_counts = recompute(valid)
+        # A number's key is its decimal string, where store nodes and the router look for it.
+        want_buckets: dict[str, dict] = {}
+        for _p, _o, _ts, _k, value in valid:
+            bucket = str(math.floor(orjson.loads(value)["reading"] / 10))
+            want_buckets[bucket] = {"n": want_buckets.get(bucket, {"n": 0})["n"] + 1}
         deadline = time.monotonic() + 240
         while True:
             assert second.alive(), f"restarted pipeline exited:\n{second.tail()}"
             stats = read_topic(broker, topics["sensor_stats"], headers=True)
             counts = read_topic(broker, topics["area_counts"], headers=True)
             got_stats, got_counts = materialize([r[:5] for r in stats]), materialize([r[:5] for r in counts])
-            if not mismatches(got_stats, want_stats) and not mismatches(got_counts, want_counts):
+            if not mismatches(got_stats, want_stats) and not mismatches(got_counts, want_counts) and \
+                    materialize(read_topic(broker, topics["buckets"])) == want_buckets:
                 break
             assert time.monotonic() < deadline, (
                 f"changelog never matched the recomputation; first differences: "
