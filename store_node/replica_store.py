@@ -363,21 +363,16 @@ class ReplicaStore:
 
     def positions_of(self, keys: list[bytes]) -> list[bytes | None]:
         """The input positions of the rows of ``keys`` (None: none recorded)."""
-        positions = self._positions
-        if positions is None:
-            raise StoreCorrupt(f"replica store {self.path} is closed", path=str(self.path))
-        try:
-            return positions.get(keys)
-        except Exception as e:
-            raise StoreCorrupt(f"cannot read replica store {self.path}: {e}", path=str(self.path)) from None
+        return self._read(keys, self._positions)
 
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
         """The values of ``keys`` in order (None: no such key), in one call into RocksDB."""
         return self._read(keys)
 
-    def _read(self, keys: bytes | list[bytes]) -> Any:
-        """RocksDB's get of one key or a list of them; a closed or failing store is StoreCorrupt."""
-        db = self._db
+    def _read(self, keys: bytes | list[bytes], family: Rdict | None = None) -> Any:
+        """RocksDB's get of one key or a list of them, of the rows or of ``family``; a closed or failing store is
+        StoreCorrupt."""
+        db = self._db if family is None or self._db is None else family
         if db is None:
             raise StoreCorrupt(f"replica store {self.path} is closed", path=str(self.path))
         try:
