@@ -111,6 +111,7 @@ class OutputFollower(threading.Thread):
         for t in tables:
             self.by_source.setdefault(t.source, []).append(t)
         self.publisher = publisher
+        self.input_partitions: dict[str, list[int]] = {}  # input topic → its partitions (assign_ends)
         self.stop_event = stop
         self._lock = threading.Lock()
 
@@ -127,6 +128,9 @@ class OutputFollower(threading.Thread):
         from confluent_kafka import TopicPartition
 
         metadata = self.consumer.list_topics(timeout=10)
+        # The input topics' partitions, read once: a Real-time query holds a task per partition it started with.
+        self.input_partitions = {t.input_topic: list(metadata.topics[t.input_topic].partitions)
+                                 for t in self.tables.values() if t.input_topic in metadata.topics}
         starts = []
         for topic in [*self.tables, *self.sources]:
             for p in (metadata.topics[topic].partitions if topic in metadata.topics else ()):
@@ -186,8 +190,7 @@ class OutputFollower(threading.Thread):
 
         for t in self.tables.values():
             ends: dict[int, int] = {}
-            metadata = self.consumer.list_topics(t.input_topic, timeout=5).topics.get(t.input_topic)
-            for p in (metadata.partitions if metadata is not None else ()):
+            for p in self.input_partitions.get(t.input_topic, ()):
                 _low, high = self.consumer.get_watermark_offsets(TopicPartition(t.input_topic, p), timeout=5,
                                                                  cached=False)
                 ends[p] = high
