@@ -186,14 +186,18 @@ class OutputFollower(threading.Thread):
                         t.reached[p] = offset + 1
 
     def _publish(self) -> None:
-        from confluent_kafka import TopicPartition
+        from confluent_kafka import KafkaException, TopicPartition
 
+        ends: dict[str, dict[int, int]] = {}  # input topic → partition → end, read once for the tables sharing it
+        for topic, partitions in self.input_partitions.items():
+            try:
+                ends[topic] = {p: self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5,
+                                                                      cached=False)[1] for p in partitions}
+            except KafkaException as e:
+                # A broker too busy to answer in time: this topic's tables keep the lag they showed, until next time.
+                log.warning("where input topic %s ends is unknown for now (%s)", topic, e.args[0] if e.args else e)
         for t in self.tables.values():
-            ends: dict[int, int] = {}
-            for p in self.input_partitions.get(t.input_topic, ()):
-                _low, high = self.consumer.get_watermark_offsets(TopicPartition(t.input_topic, p), timeout=5,
-                                                                 cached=False)
-                ends[p] = high
-            with self._lock:
-                reached = dict(t.reached)
-            self.publisher.observe_positions(t.name, reached, ends, now_ms())
+            if t.input_topic in ends:
+                with self._lock:
+                    reached = dict(t.reached)
+                self.publisher.observe_positions(t.name, reached, ends[t.input_topic], now_ms())

@@ -73,3 +73,35 @@ def test_a_tables_input_lag_is_its_inputs_ends_beyond_where_its_rows_say_it_is()
     publisher.running([])  # its query stopped: no longer said to be alive
     stopped = publisher.observe_positions("stats", {0: 10, 1: 10}, {0: 12, 1: 10}, 3_000)
     assert stopped.records == 2 and stopped.caught_up_ms == 2_000 and stopped.alive_ms == caught_up.alive_ms
+
+
+class Ends:
+    """A consumer that says where input partitions end; the first ask of a topic named ``busy`` times out."""
+
+    def __init__(self, ends):
+        self.ends = ends
+        self.failed = set()
+
+    def get_watermark_offsets(self, tp, timeout, cached):
+        from confluent_kafka import KafkaException
+
+        if tp.topic == "busy" and tp.topic not in self.failed:
+            self.failed.add(tp.topic)
+            raise KafkaException("Local: Timed out")
+        return 0, self.ends[tp.topic][tp.partition]
+
+
+def test_each_input_is_asked_where_it_ends_once_a_round_and_a_broker_too_slow_to_say_skips_only_its_tables():
+    a = FollowedTable("a", "a-changelog", "readings", "readings", reached={0: 4, 1: 10})
+    b = FollowedTable("b", "b-changelog", "readings", "readings", reached={0: 10, 1: 10})
+    c = FollowedTable("c", "c-changelog", "busy", "busy", reached={0: 1})
+    publisher = InputLagPublisher(None, threading.Event(), "nowhere")
+    publisher.running(["a", "b", "c"])
+    f = OutputFollower(Ends({"readings": {0: 10, 1: 10}, "busy": {0: 3}}), [a, b, c], [], publisher,
+                       threading.Event())
+    f.input_partitions = {"readings": [0, 1], "busy": [0]}
+    f._publish()
+    assert publisher.latest["a"].records == 6 and publisher.latest["b"].records == 0
+    assert "c" not in publisher.latest  # unknown this round: not published as anything
+    f._publish()
+    assert publisher.latest["c"].records == 2
