@@ -128,9 +128,13 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, inter
                stack: Stack | None = None, check: Callable[[], None] | None = None) -> None:
     """Wait for ``predicate``; with ``stack``, fail at once when one of its components dies unasked, and with
     ``check`` (which raises when a process the wait depends on is gone), when that says so."""
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
     while time.monotonic() < deadline:
         if predicate():
+            if time.monotonic() - started >= 5:
+                # Shown with a failure's captured output (and with -s): where a slow test spent its time.
+                print(f"waited {time.monotonic() - started:.1f}s for {what}")
             return
         if stack is not None:
             fail_if_died(stack, what)
