@@ -29,6 +29,7 @@ import orjson
 from freshroute.errors import ConfigError, FatalError, FreshrouteError
 from freshroute.metadata import MetadataStore, TableSpec
 from freshroute.settings import is_loopback
+from pipeline import class_archive
 from pipeline.follower import OutputFollower, follow
 from pipeline.input_lag import InputLagPublisher, source_offsets
 from pipeline.realtime import (POSITION_COLUMN, RealtimeRefused, aggregates, changelog_records, dead_letters,
@@ -176,9 +177,12 @@ def local_master(master: str, slots: int) -> str:
     return f"local[{slots}]"
 
 
-def build_session(settings: PipelineSettings, slots: int = 0, microbatches: bool = True) -> "SparkSession":
+def build_session(settings: PipelineSettings, slots: int = 0, microbatches: bool = True,
+                  java_options: str | None = None) -> "SparkSession":
     """A Spark session for the pipeline's queries: ``slots`` task slots held by Real-time queries (a local master is
-    sized for them and ``microbatches`` more), and the JIT tuned for micro-batches when any table runs them."""
+    sized for them and ``microbatches`` more), and the JIT tuned for micro-batches when any table runs them. The
+    driver maps the class archive (:mod:`pipeline.class_archive`) unless ``java_options`` say otherwise."""
+
     # Spark's Python workers must run this interpreter (and see this environment's packages).
     # Through a wrapper that keeps Spark's bundled pyspark.zip off their path (see the script).
     local = settings.spark_master.startswith("local")
@@ -201,7 +205,8 @@ def build_session(settings: PipelineSettings, slots: int = 0, microbatches: bool
         SparkSession.builder.master(master)
         .appName(f"freshroute-pipeline-{settings.namespace}")
         .config("spark.driver.memory", settings.spark_driver_memory)
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_LOG4J2}{jit}")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_LOG4J2}{jit}"
+                f"{java_options if java_options is not None else archive_options(settings.jars_dir)}")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
@@ -244,6 +249,14 @@ class ConnectorMissing(ConfigError):
     """Spark's Kafka connector is not where the settings say."""
 
     code = "CONNECTOR_MISSING"
+
+
+def archive_options(jars_dir: Path) -> str:
+    """The JVM options that map the driver's class archive, when there is one for these jars."""
+    try:
+        return class_archive.java_options(jars_dir, connector_jars(jars_dir))
+    except ConnectorMissing:
+        return ""  # the session says so, in its own words
 
 
 def connector_jars(jars_dir: Path) -> list[Path]:
@@ -443,11 +456,14 @@ def mark_recomputation(admin: Any, settings: PipelineSettings, definition: Table
              ", ".join(changelogs))
 
 
-def realtime_warm(spark: "SparkSession", queries: list[QueryRun], lags: dict[str, Any], slots: int) -> bool:
+def realtime_warm(spark: "SparkSession", queries: list[QueryRun], lags: dict[str, Any], slots: int,
+                  since_ms: int) -> bool:
     """Whether Real-time queries are warm: all their tasks run, every one of the ``slots`` they hold, and every table
-    has caught up with its input (``lags``: each table's last input lag) — what arrived while Spark started, run
-    through a JIT still cold."""
-    if any(lags.get(r.table.name) is None or lags[r.table.name].records for q in queries for r in q.tables):
+    has caught up with its input since ``since_ms`` (``lags``: each table's last input lag) — what arrived while
+    Spark started, run through a JIT still cold. Each on its own: with input arriving all the time, the tables are
+    seldom all at its end at one instant."""
+    if any(lags.get(r.table.name) is None or lags[r.table.name].caught_up_ms <= since_ms
+           for q in queries for r in q.tables):
         return False
     tracker = spark.sparkContext.statusTracker()
     running = 0
@@ -791,8 +807,9 @@ class Pipeline:
         """With only Real-time queries: log :data:`WARM_LOG` once they are warm (:func:`realtime_warm`)."""
         if self._warm or any(not q.realtime for q in self.queries.values()) or self.spark is None:
             return
-        lags = self._input_lag.latest if self._input_lag is not None else {}
-        if realtime_warm(self.spark, list(self.queries.values()), lags, self._slots):
+        lag = self._input_lag
+        if lag is not None and realtime_warm(self.spark, list(self.queries.values()), lag.latest, self._slots,
+                                             lag.started_ms):
             self._warm = True
             log.info("%s: every Real-time query's tasks are running, and every table has caught up with its input",
                      WARM_LOG)

@@ -270,3 +270,23 @@ def test_a_local_master_too_small_for_the_realtime_queries_is_refused():
     with pytest.raises(NotEnoughSlots, match=r"spark_master local\[4\] runs 4 task\(s\) at once, and the Real-time "
                                              r"queries hold 22 .*local\[22\]"):
         local_master("local[4]", 22)
+
+
+def test_realtime_queries_are_warm_once_every_task_runs_and_each_table_has_caught_up_since_they_started():
+    from freshroute.freshness import InputLag
+    from pipeline.job import realtime_warm
+
+    stage = SimpleNamespace(numActiveTasks=6)
+    tracker = SimpleNamespace(getActiveStageIds=lambda: [1], getStageInfo=lambda _id: stage)
+    spark = SimpleNamespace(sparkContext=SimpleNamespace(statusTracker=lambda: tracker))
+    queries = [SimpleNamespace(query=SimpleNamespace(isActive=True),
+                               tables=[SimpleNamespace(table=SimpleNamespace(name=n))]) for n in ("a", "b")]
+    started = 1_000
+    # Each table at its input's end at some moment since the start, never both at once: warm.
+    lags = {"a": InputLag(3, 1_500, 2_000), "b": InputLag(2, 1_800, 2_000)}
+    assert realtime_warm(spark, queries, lags, 6, started)
+    assert not realtime_warm(spark, queries, lags, 7, started)  # a task not running yet
+    lags["b"] = InputLag(4_000, started, 2_000)  # never caught up since the start
+    assert not realtime_warm(spark, queries, lags, 6, started)
+    del lags["b"]  # nothing heard of it yet
+    assert not realtime_warm(spark, queries, lags, 6, started)
