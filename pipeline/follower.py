@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -112,6 +113,10 @@ class OutputFollower(threading.Thread):
             self.by_source.setdefault(t.source, []).append(t)
         self.publisher = publisher
         self.input_partitions: dict[str, list[int]] = {}  # input topic → its partitions (assign_ends)
+        # Where the inputs ended at each of the last rounds (a minute of them): a table has caught up as of the
+        # latest round whose ends its rows have reached, though with input arriving all the time it is seldom at
+        # the very end.
+        self.ends_seen: deque[tuple[int, dict[str, dict[int, int]]]] = deque(maxlen=int(60 / _PUBLISH_EVERY_S))
         self.stop_event = stop
         self._lock = threading.Lock()
 
@@ -188,6 +193,7 @@ class OutputFollower(threading.Thread):
     def _publish(self) -> None:
         from confluent_kafka import KafkaException, TopicPartition
 
+        at = now_ms()
         ends: dict[str, dict[int, int]] = {}  # input topic → partition → end, read once for the tables sharing it
         for topic, partitions in self.input_partitions.items():
             try:
@@ -196,8 +202,17 @@ class OutputFollower(threading.Thread):
             except KafkaException as e:
                 # A broker too busy to answer in time: this topic's tables keep the lag they showed, until next time.
                 log.warning("where input topic %s ends is unknown for now (%s)", topic, e.args[0] if e.args else e)
+        self.ends_seen.append((at, ends))
         for t in self.tables.values():
             if t.input_topic in ends:
                 with self._lock:
                     reached = dict(t.reached)
-                self.publisher.observe_positions(t.name, reached, ends[t.input_topic], now_ms())
+                self.publisher.observe_positions(t.name, reached, ends[t.input_topic], at,
+                                                 caught_up_ms=self._caught_up(t.input_topic, reached))
+
+    def _caught_up(self, topic: str, reached: dict[int, int]) -> int | None:
+        """The latest round whose ends of ``topic`` a table at ``reached`` has got to (None: none of those kept)."""
+        for at, ends in reversed(self.ends_seen):
+            if topic in ends and all(reached.get(p, 0) >= end for p, end in ends[topic].items()):
+                return at
+        return None

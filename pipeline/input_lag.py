@@ -90,13 +90,17 @@ class InputLagPublisher(threading.Thread):
         self._wake.set()
         return lag
 
-    def observe_positions(self, table: str, reached: dict[int, int], ends: dict[int, int], at_ms: int) -> InputLag:
+    def observe_positions(self, table: str, reached: dict[int, int], ends: dict[int, int], at_ms: int,
+                          caught_up_ms: int | None = None) -> InputLag:
         """Note where a Real-time table's output says it is in its input (partition → next offset) against where the
-        input ends (read at ``at_ms``); returns the table's figures. Alive while its query runs."""
+        input ends (read at ``at_ms``), and when it last had everything there was (``caught_up_ms``, if known
+        better than from these ends); returns the table's figures. Alive while its query runs."""
         now = now_ms()
         behind = sum(max(0, end - reached.get(p, 0)) for p, end in ends.items())
         previous = self.latest.get(table)
         caught_up = at_ms if behind == 0 else (previous.caught_up_ms if previous is not None else self.started_ms)
+        if caught_up_ms is not None:
+            caught_up = max(caught_up, caught_up_ms)
         alive = now if table in self._running else (previous.alive_ms if previous is not None else 0)
         lag = self.latest[table] = InputLag(behind, caught_up, now, dict(reached), alive)
         with self._lock:

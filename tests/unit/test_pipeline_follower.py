@@ -105,3 +105,24 @@ def test_each_input_is_asked_where_it_ends_once_a_round_and_a_broker_too_slow_to
     assert "c" not in publisher.latest  # unknown this round: not published as anything
     f._publish()
     assert publisher.latest["c"].records == 2
+
+
+def test_with_input_arriving_all_the_time_a_table_is_caught_up_as_of_the_latest_round_whose_ends_it_reached():
+    t = FollowedTable("a", "a-changelog", "readings", "readings", reached={0: 10, 1: 10})
+    publisher = InputLagPublisher(None, threading.Event(), "nowhere")
+    publisher.running(["a"])
+    consumer = Ends({"readings": {0: 10, 1: 10}})
+    f = OutputFollower(consumer, [t], [], publisher, threading.Event())
+    f.input_partitions = {"readings": [0, 1]}
+    f._publish()
+    first = publisher.latest["a"]
+    assert first.records == 0
+    consumer.ends["readings"] = {0: 12, 1: 11}  # more arrived; the rows have not said so yet
+    t.reached.update({0: 11})
+    f._publish()
+    assert publisher.latest["a"].records == 2 and publisher.latest["a"].caught_up_ms == first.caught_up_ms
+    t.reached.update({0: 12, 1: 11})  # the rows reach the second round's ends as a third round sees more
+    consumer.ends["readings"] = {0: 13, 1: 11}
+    f._publish()
+    second_round = f.ends_seen[1][0]
+    assert publisher.latest["a"].records == 1 and publisher.latest["a"].caught_up_ms == second_round
