@@ -26,10 +26,10 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from freshroute import class_archive
 from freshroute.errors import ConfigError, FatalError, FreshrouteError
 from freshroute.metadata import MetadataStore, TableSpec
 from freshroute.settings import is_loopback
-from pipeline import class_archive
 from pipeline.follower import OutputFollower, follow
 from pipeline.input_lag import InputLagPublisher, source_offsets
 from pipeline.realtime import (POSITION_COLUMN, RealtimeRefused, aggregates, changelog_records, dead_letters,
@@ -181,7 +181,7 @@ def build_session(settings: PipelineSettings, slots: int = 0, microbatches: bool
                   java_options: str | None = None) -> "SparkSession":
     """A Spark session for the pipeline's queries: ``slots`` task slots held by Real-time queries (a local master is
     sized for them and ``microbatches`` more), and the JIT tuned for micro-batches when any table runs them. The
-    driver maps the class archive (:mod:`pipeline.class_archive`) unless ``java_options`` say otherwise."""
+    driver maps its class archive (:mod:`freshroute.class_archive`) unless ``java_options`` say otherwise."""
 
     # Spark's Python workers must run this interpreter (and see this environment's packages).
     # Through a wrapper that keeps Spark's bundled pyspark.zip off their path (see the script).
@@ -251,10 +251,18 @@ class ConnectorMissing(ConfigError):
     code = "CONNECTOR_MISSING"
 
 
+def driver_archive(jars_dir: Path) -> Path:
+    """The Spark driver's class archive (:mod:`freshroute.class_archive`) for this PySpark and connector."""
+    import pyspark
+
+    return class_archive.archive_path(jars_dir / "class-archive", "spark-driver",
+                                      [pyspark.__version__, *(j.name for j in connector_jars(jars_dir))])
+
+
 def archive_options(jars_dir: Path) -> str:
     """The JVM options that map the driver's class archive, when there is one for these jars."""
     try:
-        return class_archive.java_options(jars_dir, connector_jars(jars_dir))
+        return "".join(f" {o}" for o in class_archive.mapping(driver_archive(jars_dir)))
     except ConnectorMissing:
         return ""  # the session says so, in its own words
 

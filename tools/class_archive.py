@@ -1,8 +1,10 @@
-"""Make the Spark driver's class archive (:mod:`pipeline.class_archive`): ``python -m tools.class_archive``.
+"""Make the class archives of the Spark driver and the embedded broker (:mod:`freshroute.class_archive`).
 
-A training session runs the pipeline's kinds of work — JSON in and out, a stateful aggregation in RocksDB, windows
-with a watermark — and its JVM writes every class it loaded as it exits. ``./dev`` runs this once per JVM, PySpark
-and connector; it takes about 30 s.
+``python -m tools.class_archive``: for each archive not made yet, a training run does that JVM's usual work — a
+Spark session runs JSON in and out, a stateful aggregation in RocksDB and windows with a watermark; a broker
+starts, takes a topic and some records, and stops — and the JVM writes every class it loaded as it exits. ``./dev``
+runs it after resolving the jars; the first time takes about 40 s, later ones nothing. Spark's and the JVMs' own
+lines go to ``training.log`` beside the archives; only the outcome is shown.
 """
 
 from __future__ import annotations
@@ -10,18 +12,24 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
+import socket
+import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
-from pipeline.class_archive import archive_path
-from pipeline.job import build_session, connector_jars
+from freshroute import class_archive
+from pipeline.job import build_session, driver_archive
 from pipeline.settings import PipelineSettings
+from tools.local import broker
 
-log = logging.getLogger("pipeline")
+log = logging.getLogger("class-archive")
 
 
-def _train(jars_dir: Path, out: Path) -> None:
+def train_spark_driver(jars_dir: Path, out: Path) -> None:
     """A Spark session whose JVM writes the classes it loaded to ``out`` as it exits, having done the pipeline's
     kinds of work."""
     from pyspark import SparkContext
@@ -29,7 +37,7 @@ def _train(jars_dir: Path, out: Path) -> None:
 
     checkpoints = out.parent / f"training-{os.getpid()}"
     settings = PipelineSettings(jars_dir=jars_dir, spark_master="local[2]", shuffle_partitions=2)
-    spark = build_session(settings, java_options=f" -XX:ArchiveClassesAtExit={out} -Xlog:cds=error")
+    spark = build_session(settings, java_options="".join(f" {o}" for o in class_archive.making(out)))
     jvm = SparkContext._gateway.proc
     try:
         events = (spark.readStream.format("rate").option("rowsPerSecond", 200).load()
@@ -58,38 +66,87 @@ def _train(jars_dir: Path, out: Path) -> None:
         jvm.wait(120)
 
 
-def main() -> int:
-    """Make the archive unless it exists (exit 0), or say why it could not (exit 1: Spark then starts without it)."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    jars_dir = PipelineSettings().jars_dir
-    path = archive_path(jars_dir, connector_jars(jars_dir))
-    if path.is_file():
-        return 0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob("*.jsa*"):
-        stale.unlink()
-    partial = path.with_name(f"{path.name}.{os.getpid()}")
-    started = time.monotonic()
-    # Spark's and the JVM's own lines go to a log beside the archive; only the outcome is shown.
-    training_log = path.with_name("training.log")
+def train_broker(jars_dir: Path, out: Path) -> None:
+    """A one-node broker on a free loopback port that takes a topic and some records, then stops cleanly: its JVM
+    writes the classes it loaded to ``out`` as it exits."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    home = out.parent / f"training-broker-{os.getpid()}"
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    node = broker.BrokerNode(1, "127.0.0.1", ports[0], ports[1], home)
+    cmd = broker.prepare(node, broker.Quorum.of(broker.new_cluster_id(), (node,)), jars_dir)
+    proc = subprocess.Popen([cmd[0], *class_archive.making(out), *cmd[1:]])
+    try:
+        quiet = {"bootstrap.servers": node.address, "log_level": 0}
+        admin = AdminClient(quiet)
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                admin.create_topics([NewTopic("training", 2, 1)])["training"].result(5)
+                break
+            except Exception:  # noqa: BLE001 — not up yet
+                time.sleep(0.2)
+        producer = Producer({**quiet, "enable.idempotence": True})
+        for i in range(100):
+            producer.produce("training", key=str(i).encode(), value=b"x")
+        producer.flush(10)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(120)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """This process's (and its children's) standard output and error written to ``path`` meanwhile."""
     shown = os.dup(1), os.dup(2)
-    with open(training_log, "wb") as out:
+    with open(path, "ab") as out:
         os.dup2(out.fileno(), 1)
         os.dup2(out.fileno(), 2)
         try:
-            _train(jars_dir, partial)
-        except Exception:  # noqa: BLE001 — said below, with the log that has the rest
-            log.exception("the training session failed")
+            yield
         finally:
             os.dup2(shown[0], 1)
             os.dup2(shown[1], 2)
+
+
+def make(path: Path, train: Callable[[Path], None]) -> bool:
+    """Make the archive at ``path`` by ``train`` unless it exists; whether it is there now."""
+    if path.is_file():
+        return True
+    path.parent.mkdir(parents=True, exist_ok=True)
+    name = path.name.rsplit("-", 1)[0]
+    for stale in path.parent.glob(f"{name}-*.jsa*"):
+        stale.unlink()
+    partial = path.with_name(f"{path.name}.{os.getpid()}")
+    training_log = path.with_name("training.log")
+    started = time.monotonic()
+    with _output_to(training_log):
+        try:
+            train(partial)
+        except Exception:  # noqa: BLE001 — said below, with the log that has the rest
+            log.exception("the training run of %s failed", name)
     if not partial.is_file():
-        log.error("the JVM wrote no class archive (see %s): the Spark driver starts without one", training_log)
-        return 1
+        log.error("the JVM wrote no %s class archive (see %s): it starts without one", name, training_log)
+        return False
     partial.rename(path)
-    log.info("the Spark driver's class archive: %s (%.0f MB, made in %.0f s)", path.name,
-             path.stat().st_size / 1e6, time.monotonic() - started)
-    return 0
+    log.info("class archive %s: %.0f MB, made in %.0f s", path.name, path.stat().st_size / 1e6,
+             time.monotonic() - started)
+    return True
+
+
+def main() -> int:
+    """Make every archive not made yet; exit 1 if one could not be (its JVM then only starts slower)."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    jars_dir = PipelineSettings().jars_dir
+    made = [make(driver_archive(jars_dir), lambda out: train_spark_driver(jars_dir, out)),
+            make(broker.archive(jars_dir), lambda out: train_broker(jars_dir, out))]
+    return 0 if all(made) else 1
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from freshroute import class_archive
 from freshroute.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -145,6 +146,12 @@ def classpath(jars: Path = JARS) -> str:
     return f"{folder}/*"
 
 
+def archive(jars: Path = JARS) -> Path:
+    """The broker's class archive (:mod:`freshroute.class_archive`) for these jars, made or not."""
+    return class_archive.archive_path(jars / "class-archive", "kafka-broker",
+                                      [j.name for j in (jars / "broker").glob("*.jar")])
+
+
 def _meta_properties(log_dir: Path) -> dict[str, str] | None:
     """The formatted storage's identity, None when the directory was never formatted."""
     meta = log_dir / "meta.properties"
@@ -186,7 +193,7 @@ def prepare(node: BrokerNode, quorum: Quorum, jars: Path = JARS) -> list[str]:
             raise BrokerSetupError(f"{node.log_dir} holds files but no Kafka storage (no meta.properties): not a "
                                    "broker data directory; give an empty or a broker's own directory",
                                    setting="data_dir")
-        _format(java, cp, node, quorum)
+        _format(java, cp, node, quorum, class_archive.mapping(archive(jars)))
     elif meta["cluster.id"] != quorum.cluster_id:
         raise BrokerSetupError(f"{node.log_dir} belongs to Kafka cluster {meta['cluster.id']}, not "
                                f"{quorum.cluster_id}: give that cluster id, or move the directory away to start "
@@ -194,12 +201,13 @@ def prepare(node: BrokerNode, quorum: Quorum, jars: Path = JARS) -> list[str]:
     elif meta["node.id"] != str(node.node_id):
         raise BrokerSetupError(f"{node.log_dir} is the storage of node {meta['node.id']}, not node {node.node_id}",
                                setting="node_id")
-    return [java, HEAP, "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
+    return [java, *class_archive.mapping(archive(jars)), HEAP, "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile=file:{LOG4J2}", "-cp", cp, MAIN, str(node.config_file)]
 
 
-def _format(java: str, cp: str, node: BrokerNode, quorum: Quorum) -> None:
-    done = subprocess.run([java, f"-Dlog4j2.configurationFile=file:{LOG4J2}", "-cp", cp, "kafka.tools.StorageTool",
+def _format(java: str, cp: str, node: BrokerNode, quorum: Quorum, archive_options: list[str]) -> None:
+    done = subprocess.run([java, *archive_options, f"-Dlog4j2.configurationFile=file:{LOG4J2}", "-cp", cp,
+                           "kafka.tools.StorageTool",
                            "format", f"--cluster-id={quorum.cluster_id}", f"--config={node.config_file}",
                            "--ignore-formatted"], capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
