@@ -69,7 +69,8 @@ FIGURES = ("router_grpc_rps", "router_rest_rps", "direct_store_rps", "baseline_g
            "pipeline_idle_cpu_cores",
            "router_rest_p99_ms_busy", "secure_rest_rps", "secure_grpc_rps", "secure_lookup_cpu_us",
            "bad_token_cpu_us", "secure_rest_p99_ms", "secure_rest_p99_ms_flooded", "window_rps",
-           "console_open_rest_rps", "console_closed_rest_rps", "console_poll_p99_ms", "console_poll_router_cpu_ms")
+           "console_open_rest_rps", "console_closed_rest_rps", "console_poll_p99_ms", "console_poll_router_cpu_ms",
+           "local_up_s")
 
 WINDOW_COUNT = 6  # window_rps: each lookup asks for a key's last this many windows
 BUSY_CONNECTIONS = 32  # router_rest_p99_ms_busy: lookups in flight while the pipeline runs
@@ -151,7 +152,7 @@ def expected_figures(no_restore: bool, restore_only: bool, no_cold: bool = False
     if restore_only:
         return list(RESTORE_FIGURES)
     return [k for k in FIGURES if not (no_restore and k in RESTORE_FIGURES)
-            and not (no_cold and k == "freshness_p99_ms_cold")]
+            and not (no_cold and k in ("freshness_p99_ms_cold", "local_up_s"))]
 
 
 def evaluate_targets(fig: dict[str, Any]) -> list[dict[str, Any]]:
@@ -768,7 +769,10 @@ class Bench:
         self.say("  stopping the local stack and starting it again (--no-cold keeps it running)")
         self.stack.down()
         self.stack = Stack(self.stack.config, lambda m: self.say(f"    {m}"))
+        started = time.monotonic()
         self.stack.up()
+        self.fig["local_up_s"] = round(time.monotonic() - started, 1)
+        self.say(f"  local up: ready for lookups in {self.fig['local_up_s']} s")
         self.fig["freshness_p99_ms_cold"] = self._freshness("cold", "from the moment `local up` returned")[1]
 
     def _age_s(self, component: str) -> float | None:

@@ -81,7 +81,7 @@ def test_a_run_must_produce_the_figures_its_options_ask_for():
     skipped = expected_figures(True, False)
     assert "restore_rps" not in skipped and "raw_consume_rps" not in skipped and len(skipped) == len(FIGURES) - 2
     warm_only = expected_figures(False, False, no_cold=True)
-    assert "freshness_p99_ms_cold" not in warm_only and len(warm_only) == len(FIGURES) - 1
+    assert {"freshness_p99_ms_cold", "local_up_s"}.isdisjoint(warm_only) and len(warm_only) == len(FIGURES) - 2
     assert {"freshness_p99_ms", "freshness_p99_ms_loaded"} <= set(warm_only)
 
 
