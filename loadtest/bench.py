@@ -70,7 +70,7 @@ FIGURES = ("router_grpc_rps", "router_rest_rps", "direct_store_rps", "baseline_g
            "router_rest_p99_ms_busy", "secure_rest_rps", "secure_grpc_rps", "secure_lookup_cpu_us",
            "bad_token_cpu_us", "secure_rest_p99_ms", "secure_rest_p99_ms_flooded", "window_rps",
            "console_open_rest_rps", "console_closed_rest_rps", "console_poll_p99_ms", "console_poll_router_cpu_ms",
-           "local_up_s")
+           "local_up_s", "pipeline_replay_s")
 
 WINDOW_COUNT = 6  # window_rps: each lookup asks for a key's last this many windows
 BUSY_CONNECTIONS = 32  # router_rest_p99_ms_busy: lookups in flight while the pipeline runs
@@ -858,6 +858,38 @@ class Bench:
         self._say_freshness("loaded", f"{self.a.loaded_rate:,.0f} readings/s", out)
         self.fig["freshness_p99_ms_loaded"] = out["freshness_p99_ms"]
 
+    def pipeline_replay(self) -> None:
+        """kill -9 of the pipeline at the demo rate and a new one started at once: seconds from the kill until every
+        table has had its input's end again (``pipeline_replay_s``: Spark's start and the replay from the checkpoint).
+        """
+        import signal
+
+        import httpx
+
+        from loadtest.freshness import InputLag
+
+        tables = [t["name"] for t in httpx.get(f"{self.c.rest_url}/v1/tables", timeout=10).json()["tables"]
+                  if t["pipeline"]["last_progress_ms"] is not None]
+        lags = {t: InputLag(self.c.rest_url, t) for t in tables}
+        try:
+            killed = time.monotonic()
+            self.stack.signal("pipeline", signal.SIGKILL)
+            # Answers say the killed pipeline is behind as soon as input arrives: a 0 after that is the new one's.
+            while time.monotonic() - killed < 10 and any(not lag.sample() for lag in lags.values()):
+                time.sleep(0.1)
+            self.stack.start("pipeline")
+            waiting = set(tables)
+            while waiting and time.monotonic() - killed < 600:
+                waiting -= {t for t in waiting if lags[t].sample() == 0}
+                time.sleep(0.05)
+            if waiting:
+                raise RuntimeError(f"{sorted(waiting)} not caught up 600 s after the pipeline's kill")
+            self.fig["pipeline_replay_s"] = round(time.monotonic() - killed, 1)
+            self.say(f"  every table caught up {self.fig['pipeline_replay_s']} s after kill -9 of the pipeline")
+        finally:
+            for lag in lags.values():
+                lag.close()
+
     def restore_vs_raw(self) -> None:
         """Restore and raw consume of a changelog of ``--restore-records`` records, in alternating rounds.
 
@@ -950,7 +982,7 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
     b = Bench(stack, a, say)
     c = stack.config
     grpc_url = f"http://{c.grpc_address}/freshroute.v1.Router/Get"
-    total = 19
+    total = 20
     fig = b.fig
     baseline: subprocess.Popen | None = None
     restore_step = f"restore vs raw consume of a {a.restore_records:,}-record changelog, {a.rounds} round(s)"
@@ -1052,10 +1084,11 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
         _step(b, 17, total, f"freshness of a reading's window ({a.window_table}), {a.freshness_probes} probes",
               b.freshness_windows)
         _step(b, 18, total, "freshness over the pipeline's checkpoints", b.freshness_checkpoint)
+        _step(b, 19, total, "kill -9 of the pipeline and a new one caught up (pipeline_replay_s)", b.pipeline_replay)
         if a.no_restore:
             say("restore and raw consume: skipped (--no-restore)")
         else:
-            _step(b, 19, total, restore_step, b.restore_vs_raw)
+            _step(b, 20, total, restore_step, b.restore_vs_raw)
     finally:
         if baseline is not None:
             lc.stop_process(baseline)
