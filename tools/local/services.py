@@ -149,6 +149,15 @@ def spark_class() -> str:
     return str(path)
 
 
+def spark_daemon_options() -> str:
+    """JVM options of a standalone master or worker: they run on PySpark's classpath, as the driver does, and map
+    its class archive (:mod:`freshroute.class_archive`) when there is one."""
+    from pipeline.job import archive_options
+    from pipeline.settings import PipelineSettings
+
+    return archive_options(PipelineSettings().jars_dir).strip()
+
+
 def spark_master_command(host: str, port: int, webui_port: int) -> list[str]:
     return [spark_class(), "org.apache.spark.deploy.master.Master", "--host", host, "--port", str(port),
             "--webui-port", str(webui_port)]

@@ -256,6 +256,10 @@ class Stack:
                     "FRESHROUTE_REDIS_URL": self.config.redis_url,
                     "FRESHROUTE_NAMESPACE": self.config.namespace,
                     "PYSPARK_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"})
+        if self.config.spark_cluster:
+            from tools.local.services import spark_daemon_options
+
+            env["SPARK_DAEMON_JAVA_OPTS"] = spark_daemon_options()
         if self.config.kafka_config:
             env["FRESHROUTE_KAFKA_CONFIG"] = self.config.kafka_config
         location = self.config.redis_location()
