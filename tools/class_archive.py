@@ -13,7 +13,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from freshroute import class_archive
 from pipeline.job import build_session, driver_archive
 from pipeline.settings import PipelineSettings
 from tools.local import broker
+from tools.local.services import free_port
 
 log = logging.getLogger("class-archive")
 
@@ -73,12 +73,7 @@ def train_broker(jars_dir: Path, out: Path) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     home = out.parent / f"training-broker-{os.getpid()}"
-    ports = []
-    for _ in range(2):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-    node = broker.BrokerNode(1, "127.0.0.1", ports[0], ports[1], home)
+    node = broker.BrokerNode(1, "127.0.0.1", free_port(), free_port(), home)
     cmd = broker.prepare(node, broker.Quorum.of(broker.new_cluster_id(), (node,)), jars_dir)
     proc = subprocess.Popen([cmd[0], *class_archive.making(out), *cmd[1:]])
     try:
