@@ -75,7 +75,9 @@ def train_broker(jars_dir: Path, out: Path) -> None:
     home = out.parent / f"training-broker-{os.getpid()}"
     node = broker.BrokerNode(1, "127.0.0.1", free_port(), free_port(), home)
     cmd = broker.prepare(node, broker.Quorum.of(broker.new_cluster_id(), (node,)), jars_dir)
-    proc = subprocess.Popen([cmd[0], *class_archive.making(out), *cmd[1:]])
+    # A JVM cannot map one archive and make another: the broker's own, if any, is left out of this run.
+    proc = subprocess.Popen([cmd[0], *class_archive.making(out),
+                             *(o for o in cmd[1:] if not o.startswith("-XX:SharedArchiveFile="))])
     try:
         quiet = {"bootstrap.servers": node.address, "log_level": 0}
         admin = AdminClient(quiet)
