@@ -74,10 +74,8 @@ def train_broker(jars_dir: Path, out: Path) -> None:
 
     home = out.parent / f"training-broker-{os.getpid()}"
     node = broker.BrokerNode(1, "127.0.0.1", free_port(), free_port(), home)
-    cmd = broker.prepare(node, broker.Quorum.of(broker.new_cluster_id(), (node,)), jars_dir)
-    # A JVM cannot map one archive and make another: the broker's own, if any, is left out of this run.
-    proc = subprocess.Popen([cmd[0], *class_archive.making(out),
-                             *(o for o in cmd[1:] if not o.startswith("-XX:SharedArchiveFile="))])
+    proc = subprocess.Popen(broker.prepare(node, broker.Quorum.of(broker.new_cluster_id(), (node,)), jars_dir,
+                                           java_options=class_archive.making(out)))
     try:
         quiet = {"bootstrap.servers": node.address, "log_level": 0}
         admin = AdminClient(quiet)
@@ -122,6 +120,7 @@ def make(path: Path, train: Callable[[Path], None]) -> bool:
         stale.unlink()
     partial = path.with_name(f"{path.name}.{os.getpid()}")
     training_log = path.with_name("training.log")
+    log.info("making class archive %s (once: its JVM then starts in about half the time)", name)
     started = time.monotonic()
     with _output_to(training_log):
         try:

@@ -179,10 +179,12 @@ def _check_port_free(host: str, port: int, what: str) -> None:
                                    "another port", setting="port") from None
 
 
-def prepare(node: BrokerNode, quorum: Quorum, jars: Path = JARS) -> list[str]:
-    """Check everything a start needs, write the config, format new storage; returns the command that runs the node."""
+def prepare(node: BrokerNode, quorum: Quorum, jars: Path = JARS, java_options: list[str] | None = None) -> list[str]:
+    """Check everything a start needs, write the config, format new storage; returns the command that runs the node,
+    which maps the broker's class archive unless ``java_options`` say otherwise."""
     java = java_binary()
     cp = classpath(jars)
+    mapped = class_archive.mapping(archive(jars))
     _check_port_free(node.host, node.port, "the broker's")
     _check_port_free(node.host, node.controller_port, "the controller's")
     node.home.mkdir(parents=True, exist_ok=True)
@@ -193,7 +195,7 @@ def prepare(node: BrokerNode, quorum: Quorum, jars: Path = JARS) -> list[str]:
             raise BrokerSetupError(f"{node.log_dir} holds files but no Kafka storage (no meta.properties): not a "
                                    "broker data directory; give an empty or a broker's own directory",
                                    setting="data_dir")
-        _format(java, cp, node, quorum, class_archive.mapping(archive(jars)))
+        _format(java, cp, node, quorum, mapped)
     elif meta["cluster.id"] != quorum.cluster_id:
         raise BrokerSetupError(f"{node.log_dir} belongs to Kafka cluster {meta['cluster.id']}, not "
                                f"{quorum.cluster_id}: give that cluster id, or move the directory away to start "
@@ -201,8 +203,9 @@ def prepare(node: BrokerNode, quorum: Quorum, jars: Path = JARS) -> list[str]:
     elif meta["node.id"] != str(node.node_id):
         raise BrokerSetupError(f"{node.log_dir} is the storage of node {meta['node.id']}, not node {node.node_id}",
                                setting="node_id")
-    return [java, *class_archive.mapping(archive(jars)), HEAP, "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile=file:{LOG4J2}", "-cp", cp, MAIN, str(node.config_file)]
+    return [java, *(mapped if java_options is None else java_options), HEAP, "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile=file:{LOG4J2}", "-cp", cp, MAIN,
+            str(node.config_file)]
 
 
 def _format(java: str, cp: str, node: BrokerNode, quorum: Quorum, archive_options: list[str]) -> None:
