@@ -171,7 +171,11 @@ class QuietRepeats(logging.Filter):
         self._seen: dict[str, float] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        key = re.sub(r"\d+", "#", record.getMessage())[:200]
+        # librdkafka's parenthesised details (timings, "N identical error(s) suppressed") vary between repeats.
+        key = record.getMessage()
+        while (bare := re.sub(r"\([^()]*\)", "", key)) != key:
+            key = bare
+        key = re.sub(r"\d+", "#", key)[:200]
         now = time.monotonic()
         last = self._seen.get(key)
         if last is not None and now - last < self._interval:

@@ -49,6 +49,7 @@ def test_repeats_pass_once_per_interval_whatever_their_numbers():
 
     assert quiet.filter(record("Connect to 127.0.0.1:9 failed (after 0ms)"))
     assert not quiet.filter(record("Connect to 127.0.0.1:9 failed (after 3ms)"))
+    assert not quiet.filter(record("Connect to 127.0.0.1:9 failed (after 0ms, 1 identical error(s) suppressed)"))
     assert quiet.filter(record("Broker transport failure"))
 
 
