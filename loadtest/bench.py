@@ -70,7 +70,7 @@ FIGURES = ("router_grpc_rps", "router_rest_rps", "direct_store_rps", "baseline_g
            "router_rest_p99_ms_busy", "secure_rest_rps", "secure_grpc_rps", "secure_lookup_cpu_us",
            "bad_token_cpu_us", "secure_rest_p99_ms", "secure_rest_p99_ms_flooded", "window_rps",
            "console_open_rest_rps", "console_closed_rest_rps", "console_poll_p99_ms", "console_poll_router_cpu_ms",
-           "local_up_s", "pipeline_replay_s")
+           "local_up_s", "pipeline_replay_s", "pipeline_max_events_per_s")
 
 WINDOW_COUNT = 6  # window_rps: each lookup asks for a key's last this many windows
 BUSY_CONNECTIONS = 32  # router_rest_p99_ms_busy: lookups in flight while the pipeline runs
@@ -90,6 +90,7 @@ TARGETS = (
     ("freshness_p99_ms_loaded", "freshness_p99_ms_loaded", None, "<=", 300.0),
     ("freshness_p99_ms_windows", "freshness_p99_ms_windows", None, "<=", 1000.0),
     ("freshness_p99_ms_checkpoint", "freshness_p99_ms_checkpoint", None, "<=", 1000.0),
+    ("pipeline_max_events_per_s", "pipeline_max_events_per_s", None, ">=", 10000.0),
     ("restore_rps / raw_consume_rps", "restore_rps", "raw_consume_rps", ">=", 0.6),
     ("client_get_rps / redis_py_get_rps", "client_get_rps", "redis_py_get_rps", ">=", 0.7),
     ("client_get_p50_ms / redis_py_get_p50_ms", "client_get_p50_ms", "redis_py_get_p50_ms", "<=", 1.3),
@@ -130,6 +131,8 @@ LOAD_CLIENTS = {"router_rest_rps": "wrk -t1 (Lua: rotating keys)", "window_rps":
                 "pipeline_idle_cpu_cores": "none: /proc CPU of the pipeline's process tree in the same window",
                 "freshness_windows": "loadtest.freshness, polling each probe key's windows",
                 "freshness_checkpoint": "loadtest.freshness, probes spread over one checkpoint interval and more",
+                "pipeline_max_events_per_s": "loadtest.pipeline_rate: tools.local.demo at each rate of a ladder, "
+                                             "60 s each, every table's input lag from /v1/tables",
                 "router_rest_p99_ms_busy": "wrk -t1 -c32 (Lua: rotating keys), saturation, pipeline running",
                 "secure": "wrk -t1 (HTTPS) and h2load -t1 (TLS, ALPN h2), a bearer token on every request, against "
                           "as many router processes of the bench's own as the stack runs",
@@ -890,6 +893,15 @@ class Bench:
             for lag in lags.values():
                 lag.close()
 
+    def pipeline_max_rate(self) -> None:
+        """The highest input rate at which every table keeps within two seconds of its input for 60 s."""
+        from loadtest.pipeline_rate import measure
+
+        c = self.c
+        out = measure(c.bootstrap, c.rest_url, f"{c.topic_prefix}readings", say=self.say)
+        self.fig["pipeline_max_events_per_s"] = out["pipeline_max_events_per_s"]
+        self.notes["pipeline_rate"] = out["steps"]
+
     def restore_vs_raw(self) -> None:
         """Restore and raw consume of a changelog of ``--restore-records`` records, in alternating rounds.
 
@@ -982,7 +994,7 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
     b = Bench(stack, a, say)
     c = stack.config
     grpc_url = f"http://{c.grpc_address}/freshroute.v1.Router/Get"
-    total = 20
+    total = 21
     fig = b.fig
     baseline: subprocess.Popen | None = None
     restore_step = f"restore vs raw consume of a {a.restore_records:,}-record changelog, {a.rounds} round(s)"
@@ -1085,10 +1097,12 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
               b.freshness_windows)
         _step(b, 18, total, "freshness over the pipeline's checkpoints", b.freshness_checkpoint)
         _step(b, 19, total, "kill -9 of the pipeline and a new one caught up (pipeline_replay_s)", b.pipeline_replay)
+        _step(b, 20, total, "the highest input rate the pipeline holds (pipeline_max_events_per_s)",
+              b.pipeline_max_rate)
         if a.no_restore:
             say("restore and raw consume: skipped (--no-restore)")
         else:
-            _step(b, 20, total, restore_step, b.restore_vs_raw)
+            _step(b, 21, total, restore_step, b.restore_vs_raw)
     finally:
         if baseline is not None:
             lc.stop_process(baseline)

@@ -143,21 +143,24 @@ class InputLag:
     """Records of the input topic a table has not processed yet, as the router tells any caller (``/v1/tables``): the
     topic's end, read from the broker, beyond where the pipeline says the table is, in either pipeline mode."""
 
-    def __init__(self, rest_url: str, table: str) -> None:
+    def __init__(self, rest_url: str, table: str | None = None) -> None:
         self.table = table
         self._client = httpx.Client(base_url=rest_url, timeout=5)
 
     def sample(self) -> int | None:
+        """The table's input lag in records (None: unknown)."""
+        return self.sample_all().get(self.table) if self.table else None
+
+    def sample_all(self) -> dict[str, int | None]:
+        """Every pipeline table's input lag in records (None: unknown, e.g. before the pipeline's first progress)."""
         try:
             r = self._client.get("/v1/tables")
         except httpx.HTTPError:
-            return None
+            return {}
         if r.status_code != 200:
-            return None
-        for t in orjson.loads(r.content)["tables"]:
-            if t["name"] == self.table:
-                return t["input_lag"]["records"] if t["pipeline"]["last_progress_ms"] is not None else None
-        return None
+            return {}
+        return {t["name"]: t["input_lag"]["records"] if t["pipeline"]["last_progress_ms"] is not None else None
+                for t in orjson.loads(r.content)["tables"] if t.get("origin") == "pipeline"}
 
     def close(self) -> None:
         self._client.close()
