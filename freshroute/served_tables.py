@@ -16,7 +16,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
-from freshroute.errors import InvalidArgument, TableNotFound
+from freshroute.errors import InvalidArgument, RetryableError, TableNotFound
 from freshroute.formats import KEY_FORMATS, VALUE_FORMATS, key_problem, value_problem
 from freshroute.keys import partition_for
 from freshroute.metadata import MAX_STANDBY_REPLICAS, MetadataStore, TableSpec
@@ -54,8 +54,11 @@ def add_table(metadata: MetadataStore, admin: Any, bootstrap: str, name: str, to
     try:
         info = describe_topic(admin, topic)
         config = topic_config(admin, topic) if info is not None else {}
-    except KafkaException as e:
-        raise TableRefused(f"cannot describe topic {topic!r} on {bootstrap}: {e}", field="topic") from None
+    except (KafkaException, TimeoutError) as e:
+        error = e.args[0] if e.args else None
+        reason = error.str() if hasattr(error, "str") else str(e) or "no answer in time"
+        raise RetryableError(f"the broker at {bootstrap} (--bootstrap-servers) did not describe topic {topic!r}: "
+                             f"{reason}", setting="bootstrap_servers") from None
     if info is None:
         raise TableRefused(f"topic {topic!r} does not exist on {bootstrap}", field="topic")
     warnings = []

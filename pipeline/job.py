@@ -603,7 +603,7 @@ class Pipeline:
 
         s = self.settings
         admin = admin_client(s.kafka())
-        check_replication(admin, s.changelog_replication_factor)
+        check_replication(admin, s.changelog_replication_factor, s.bootstrap_servers)
         # Before Spark starts: a lost changelog or a changed query is known in milliseconds, not after the JVM's
         # warm-up.
         grouped = queries(self.definition)

@@ -9,7 +9,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from freshroute.errors import ConfigError
+from freshroute.errors import ConfigError, RetryableError
 from freshroute.settings import kafka_logging
 from freshroute.topics import TopicInfo, describe_topic
 
@@ -41,9 +41,16 @@ def ensure_topic(admin: AdminClient, topic: str, partitions: int, config: dict[s
     return info
 
 
-def check_replication(admin: AdminClient, replication_factor: int, timeout_s: float = 10.0) -> int:
-    """The cluster's broker count, if it can hold ``replication_factor`` copies; else a ConfigError naming the setting."""
-    brokers = len(admin.list_topics(timeout=timeout_s).brokers)
+def check_replication(admin: AdminClient, replication_factor: int, bootstrap: str = "", timeout_s: float = 10.0
+                      ) -> int:
+    """The cluster's broker count, if it can hold ``replication_factor`` copies; else a ConfigError naming the setting,
+    or an UNAVAILABLE error naming ``bootstrap`` when no broker answers."""
+    try:
+        brokers = len(admin.list_topics(timeout=timeout_s).brokers)
+    except KafkaException as e:
+        err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+        raise RetryableError(f"the broker at {bootstrap or 'bootstrap_servers'} (bootstrap_servers) does not answer: "
+                             f"{err.str() if err else e}", setting="bootstrap_servers") from None
     if replication_factor > brokers:
         raise ConfigError(f"changelog_replication_factor {replication_factor} is above the cluster's {brokers} "
                           f"broker(s): a topic needs a broker per copy", setting="changelog_replication_factor",

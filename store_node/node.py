@@ -63,7 +63,6 @@ class StoreNode:
     def open(self, timeout_s: float = 30.0) -> None:
         """Claim the data directory and start tailing (nothing is assigned yet)."""
         root = self.settings.replica_root
-        root.mkdir(parents=True, exist_ok=True)
         self._dir_lock = _lock_dir(root)
         self.tailer.start()
         if not self.tailer.started.wait(timeout_s) or self.tailer.failed:
@@ -96,8 +95,15 @@ class StoreNode:
 
 
 def _lock_dir(root: Path) -> IO[bytes]:
-    """An exclusive lock on the data directory: two nodes sharing one would corrupt each other."""
-    f = open(root / ".lock", "ab")
+    """The data directory, made if need be and locked: two nodes sharing one would corrupt each other."""
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"data_dir {root} is a file, not a directory", setting="data_dir", path=str(root))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        f = open(root / ".lock", "ab")
+    except OSError as e:
+        raise ConfigError(f"data_dir {root} cannot hold replica stores: {e.strerror or e}", setting="data_dir",
+                          path=str(root)) from None
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -210,6 +210,7 @@ def _lookup_direct(args: argparse.Namespace, bound: "Bound") -> int:
     from freshroute.cluster_access import read_secrets
     from freshroute.routing.results import served_doc
 
+    client = None
     try:
         secret = read_secrets(args.cluster_secret_file)[0] if args.cluster_secret_file else None
         with Client(redis_url=args.redis_url, router=args.router, namespace=args.namespace,
@@ -229,8 +230,15 @@ def _lookup_direct(args: argparse.Namespace, bound: "Bound") -> int:
             r = client.get(args.table, args.key, max_lag=bound.max_lag, max_staleness_ms=bound.max_staleness_ms,
                            min_position=bound.min_position, max_input_lag_ms=bound.max_input_lag_ms)
     except FreshrouteError as e:
-        print(json.dumps(e.to_body(), separators=(",", ":"), default=str), file=sys.stderr)
+        body = e.to_body()
+        if client is not None and client.fallback_cause:
+            # The router's answer is the fallback's: what kept the read from the store nodes is said beside it.
+            body["error"]["direct_failure"] = client.fallback_cause
+        print(json.dumps(body, separators=(",", ":"), default=str), file=sys.stderr)
         return 2 if e.code == "REPLICA_UNAVAILABLE" else 1
+    if client.fallback_cause:
+        print(f"freshroute: the store nodes were not read ({client.fallback_cause}); the router at {args.router} "
+              f"answered", file=sys.stderr)
     value = {"value_b64": base64.b64encode(r.raw_value).decode()} if r.found and r.value_format == "bytes" \
         else {"value": r.value}
     doc = {"table": r.table, "key": r.key, **value, "partition": r.partition,
@@ -248,15 +256,20 @@ def _table(args: argparse.Namespace) -> int:
 
     from redis import RedisError
 
-    from freshroute.errors import ReplicaUnavailable
+    from freshroute.errors import RetryableError
     from freshroute.metadata import MetadataStore
     from freshroute.served_tables import add_table, describe, remove_table
 
+    # Given before or after the table command, or neither (argparse's parents share their defaults, so they are here).
+    args.redis_url = getattr(args, "redis_url", None) or os.environ.get("FRESHROUTE_REDIS_URL",
+                                                                        "redis://127.0.0.1:16379/0")
+    args.namespace = getattr(args, "namespace", None) or os.environ.get("FRESHROUTE_NAMESPACE", "freshroute")
     metadata = MetadataStore.from_url(args.redis_url, args.namespace, timeout_s=5.0)
     try:
         metadata.redis.ping()
     except RedisError as e:
-        raise ReplicaUnavailable(f"the metadata store at {args.redis_url} does not answer: {e}") from None
+        raise RetryableError(f"the metadata store at {args.redis_url} (--redis-url) does not answer: {e}",
+                             setting="redis_url") from None
     if args.table_command == "list":
         tables = [describe(spec) for _, spec in sorted(metadata.tables().items())]
         if args.json:
@@ -355,12 +368,16 @@ def build_parser() -> argparse.ArgumentParser:
     lookup.add_argument("--redis-master-name", default=os.environ.get("FRESHROUTE_REDIS_MASTER_NAME"))
     lookup.add_argument("--namespace", default=os.environ.get("FRESHROUTE_NAMESPACE", "freshroute"))
 
+    # The metadata store's flags, taken before or after the table command (`table add … --redis-url …`).
+    metadata_flags = argparse.ArgumentParser(add_help=False)
+    metadata_flags.add_argument("--redis-url", default=argparse.SUPPRESS,
+                                help="the metadata store (env FRESHROUTE_REDIS_URL)")
+    metadata_flags.add_argument("--namespace", default=argparse.SUPPRESS, help="env FRESHROUTE_NAMESPACE")
     table = sub.add_parser("table", help="Serve a compacted topic you already have as a table; list and remove "
-                                         "such tables.")
-    table.add_argument("--redis-url", default=os.environ.get("FRESHROUTE_REDIS_URL", "redis://127.0.0.1:16379/0"))
-    table.add_argument("--namespace", default=os.environ.get("FRESHROUTE_NAMESPACE", "freshroute"))
+                                         "such tables.", parents=[metadata_flags])
     table_sub = table.add_subparsers(dest="table_command", required=True)
-    add = table_sub.add_parser("add", help="Register TOPIC as table NAME: store nodes restore it with no restart.")
+    add = table_sub.add_parser("add", help="Register TOPIC as table NAME: store nodes restore it with no restart.",
+                               parents=[metadata_flags])
     add.add_argument("name")
     add.add_argument("--topic", required=True)
     add.add_argument("--key-format", choices=("string", "json", "bytes"), default="string",
@@ -372,9 +389,11 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--allow-uncompacted", action="store_true",
                      help="serve a topic whose cleanup.policy is not compact (its deleted records vanish from restores)")
     add.add_argument("--bootstrap-servers", default=os.environ.get("FRESHROUTE_BOOTSTRAP_SERVERS", "127.0.0.1:19092"))
-    table_list = table_sub.add_parser("list", help="Every table: the pipeline's and the topics served as they are.")
+    table_list = table_sub.add_parser("list", help="Every table: the pipeline's and the topics served as they are.",
+                                      parents=[metadata_flags])
     table_list.add_argument("--json", action="store_true")
-    remove = table_sub.add_parser("remove", help="Stop serving a table added with `table add` (its topic stays).")
+    remove = table_sub.add_parser("remove", help="Stop serving a table added with `table add` (its topic stays).",
+                                  parents=[metadata_flags])
     remove.add_argument("name")
 
     # Its options are the benchmark's own (see main): this entry only documents the command.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import replace
 from typing import Any, AsyncIterator
@@ -86,11 +87,21 @@ class AsyncClient:
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        # Set once the first snapshot is in (threading: the synchronous client waits on it from its callers' threads),
+        # and once the first attempt to read one is over, whatever its outcome.
+        self._loaded = threading.Event()
+        self._attempted = threading.Event()
+        self._wait_until = 0.0  # time.monotonic() until which a read waits for the first snapshot
+        self.fallback_cause: str | None = None  # why the latest read that went to the router did not read the nodes
 
     # ---- life ---------------------------------------------------------------------------
 
     async def start(self) -> "AsyncClient":
-        """Load a first snapshot (waiting up to ``connect_timeout_s``) and keep it fresh in the background."""
+        """Start reading the metadata in the background and keep it fresh; returns at once.
+
+        The first read waits for the first snapshot, up to ``connect_timeout_s`` from here (with a router, only for
+        the first attempt: the router answers meanwhile); then reads fail as unavailable, naming the metadata store
+        and why it did not answer, until it does."""
         if self._closed:
             raise ClientClosed("this client is closed: make a new one")
         if self.core is not None:
@@ -102,23 +113,47 @@ class AsyncClient:
         if self._redis is not None:
             self._metadata_redis = self._redis.async_client(0.5)
             metadata = MetadataRefresher(self._metadata_redis, self._namespace, self._refresh_ms, self.policy.node_expiry_ms,
-                                         on_swap=self._on_swap)
+                                         on_swap=self._on_swap, source=f"the metadata store (Redis, {self._redis})")
         else:
             assert self.router is not None
             metadata = RouterMetadata(self.router, max(self._refresh_ms, 250), on_swap=self._on_swap)
         self.core = RoutingCore(self.direct_policy, metadata, StoreNodeClient(access=self.access),
                                 metrics=self.metrics.counts() if self.metrics is not None else None)
-        deadline = asyncio.get_running_loop().time() + self._connect_timeout_s
-        while not await metadata.refresh_once() and self.router is None:
-            if asyncio.get_running_loop().time() >= deadline:
-                break  # reads fail as unavailable until metadata arrives
-            await asyncio.sleep(0.1)
-        self._task = asyncio.create_task(metadata.run(self._stop), name="freshroute-client-metadata")
+        self._wait_until = time.monotonic() + self._connect_timeout_s
+        self._task = asyncio.create_task(self._keep_fresh(metadata), name="freshroute-client-metadata")
         return self
 
+    async def _keep_fresh(self, metadata: Any) -> None:
+        try:
+            await metadata.refresh_once()
+        finally:
+            self._attempted.set()
+        await metadata.run(self._stop)
+
     def _on_swap(self, snap: Any) -> None:
+        self._loaded.set()
         if self.core is not None:
             self.core.on_snapshot(snap)
+
+    def _awaited(self) -> threading.Event | None:
+        """What a read waits for before it starts (None: nothing, or the wait is over)."""
+        if self._loaded.is_set() or time.monotonic() >= self._wait_until:
+            return None
+        awaited = self._attempted if self.router is not None else self._loaded
+        return None if awaited.is_set() else awaited
+
+    def wait_for_metadata(self) -> None:
+        """Block until the first snapshot (see :meth:`start`): for callers on threads other than the client's loop."""
+        awaited = self._awaited()
+        if awaited is not None:
+            awaited.wait(max(0.0, self._wait_until - time.monotonic()))
+
+    async def _ready(self) -> RoutingCore:
+        """The routing core, once the first snapshot is in or waiting for it is over."""
+        core = self._core()
+        while (awaited := self._awaited()) is not None and not awaited.is_set():
+            await asyncio.sleep(0.02)
+        return core
 
     @property
     def metadata(self) -> SnapshotSource:
@@ -169,11 +204,18 @@ class AsyncClient:
         snap = self._core().metadata.current
         return snap.loaded and bool(snap.tables) or self.router is None
 
-    def via_router(self, operation: str) -> RouterHttp:
-        """The router, for a read the store nodes did not answer (or with no metadata to find them), counted."""
+    def via_router(self, operation: str, cause: BaseException | None = None) -> RouterHttp:
+        """The router, for a read the store nodes did not answer (``cause``) or with no metadata to find them,
+        counted; why is kept in :attr:`fallback_cause`."""
         assert self.router is not None, "direct() is True without a router"
         if self.metrics is not None:
             self.metrics.fell_back(operation)
+        if cause is not None:
+            self.fallback_cause = str(cause)
+        else:
+            core = self._core()
+            self.fallback_cause = "the metadata store lists no tables" if core.metadata.current.loaded \
+                else core.not_loaded()
         return self.router
 
     # ---- reads --------------------------------------------------------------------------
@@ -182,30 +224,34 @@ class AsyncClient:
                   min_position: str | Position | None = None,
                 max_input_lag_ms: int | None = None) -> Lookup:
         """One key from the freshest replica within the bound; ``found`` False when the table has no such key."""
-        core, deadline = self._core(), self.deadline()
+        core, deadline = await self._ready(), self.deadline()
         bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms)
+        cause = None
         if self.direct():
             try:
                 return Lookup.of(await core.get(table, key, bound), core.input_lag(table), core.value_format(table))
-            except _FALL_BACK:
+            except _FALL_BACK as e:
                 if self.router is None:
                     raise
-        return await self.via_router("get").get(table, key, bound, deadline)
+                cause = e
+        return await self.via_router("get", cause).get(table, key, bound, deadline)
 
     async def get_many(self, table: str, keys: list[str], *, max_lag: int | None = None,
                        max_staleness_ms: int | None = None,
                        min_position: str | Position | None = None,
                 max_input_lag_ms: int | None = None) -> list[Lookup | FreshrouteError]:
         """Many keys, one group per partition in parallel; in request order, a key that could not be read as its error."""
-        core, deadline = self._core(), self.deadline()
+        core, deadline = await self._ready(), self.deadline()
         bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms)
         keys = batch_keys(keys)
         if self.direct():
             lag, fmt = core.input_lag(table), core.value_format(table)
             results = await core.batch_get(table, keys, bound, Lookup.group if not lag[0] and fmt == "json" else
                                            lambda *group: Lookup.group(*group, lag, fmt))
-            if self.router is None or not any(isinstance(r, _FALL_BACK) for r in results):
+            cause = next((r for r in results if isinstance(r, _FALL_BACK)), None)
+            if self.router is None or cause is None:
                 return results
+            return await self.via_router("get_many", cause).get_many(table, keys, bound, deadline)
         return await self.via_router("get_many").get_many(table, keys, bound, deadline)
 
     async def windows(self, table: str, key: str, *, from_ms: int, to_ms: int, max_lag: int | None = None,
@@ -213,15 +259,17 @@ class AsyncClient:
                 max_input_lag_ms: int | None = None) -> Windows:
         """A windowed table's windows of ``key`` whose start is in ``[from_ms, to_ms)``, from one replica within the
         bound."""
-        core, deadline = self._core(), self.deadline()
+        core, deadline = await self._ready(), self.deadline()
         bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms)
+        cause = None
         if self.direct():
             try:
                 return Windows.of(await core.windows(table, key, from_ms, to_ms, bound), core.input_lag(table))
-            except _FALL_BACK:
+            except _FALL_BACK as e:
                 if self.router is None:
                     raise
-        return await self.via_router("windows").windows(table, key, from_ms, to_ms, bound, deadline)
+                cause = e
+        return await self.via_router("windows", cause).windows(table, key, from_ms, to_ms, bound, deadline)
 
     async def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
                    limit: int | None = None, page_size: int | None = None, max_lag: int | None = None,
@@ -244,13 +292,15 @@ class AsyncClient:
     async def scan_page(self, table: str, prefix: str, start: str, end: str, limit: int | None, page_token: str | None,
                         bound: Bound) -> tuple[list[Lookup], str | None]:
         """One page of a scan, and the token of the next (None: the last page)."""
-        core = self._core()
+        core = await self._ready()
+        cause = None
         if self.direct():
             try:
                 page = await core.scan(table, prefix, start, end, limit, page_token, bound)
-            except _FALL_BACK:
+            except _FALL_BACK as e:
                 if self.router is None:
                     raise
+                cause = e
             else:
                 rows = []
                 lag, fmt = core.input_lag(table), core.value_format(table)
@@ -258,20 +308,20 @@ class AsyncClient:
                     who = page.served_by[partition]
                     rows.append(Lookup.of(who._replace(key=key, found=True, value=value), lag, fmt))
                 return rows, page.next_page_token
-        return await self.via_router("scan").scan_page(table, prefix, start, end, limit, page_token, bound)
+        return await self.via_router("scan", cause).scan_page(table, prefix, start, end, limit, page_token, bound)
 
     # ---- metadata -----------------------------------------------------------------------
 
     async def key_metadata(self, table: str, key: str) -> KeyLocation:
         """The key's partition, its active replica and its standbys, each with lag."""
-        core = self._core()
+        core = await self._ready()
         if self.direct():
             return core.key_metadata(table, key)
         assert self.router is not None
         return await self.router.key_metadata(table, key)
 
     async def tables(self) -> list[TableInfo]:
-        core = self._core()
+        core = await self._ready()
         if self.direct():
             return core.list_tables()
         assert self.router is not None
@@ -279,7 +329,7 @@ class AsyncClient:
         return table_infos(snapshot_from_router(body, {"nodes": []}, 0))
 
     async def cluster(self) -> ClusterView:
-        core = self._core()
+        core = await self._ready()
         if self.direct():
             return core.cluster()
         assert self.router is not None

@@ -165,6 +165,7 @@ class RouterMetadata:
         self._clock_ms = clock_ms
         self.current = Snapshot()
         self.redis_ok = False
+        self.last_error: str | None = None
         self._failing = False
 
     async def refresh_once(self) -> bool:
@@ -172,11 +173,13 @@ class RouterMetadata:
             tables, cluster = await asyncio.gather(self._http.ok("GET", "/v1/tables"), self._http.ok("GET", "/v1/cluster"))
             snap = snapshot_from_router(tables, cluster, self._clock_ms())
         except (FreshrouteError, KeyError, TypeError, ValueError) as e:
+            self.last_error = f"the router does not describe the cluster ({e})"
             if not self._failing:
                 self._failing = True
                 log.warning("metadata: cannot read the router's metadata (%s); keeping the last snapshot", e)
             return False
         self._failing = False
+        self.last_error = None
         self.redis_ok = bool(cluster.get("metadata", {}).get("redis_ok"))
         self.current = snap
         if self._on_swap is not None:

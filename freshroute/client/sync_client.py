@@ -98,9 +98,15 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def fallback_cause(self) -> str | None:
+        """Why the latest read that the router answered did not read the store nodes (None: none did)."""
+        return self._async.fallback_cause
+
     def _thread_core(self) -> tuple[RoutingCore, BlockingStore]:
         if self._closed:
             raise ClientClosed("this client is closed")
+        self._async.wait_for_metadata()
         mine = getattr(self._local, "core", None)
         if mine is None:
             metadata = self._async.metadata
@@ -122,6 +128,7 @@ class Client:
         """One key from the freshest replica within the bound; ``found`` False when the table has no such key."""
         (core, store), deadline = self._thread_core(), self._async.deadline()
         bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms)
+        cause = None
         if self._async.direct():
             started = time.perf_counter()
             try:
@@ -131,12 +138,13 @@ class Client:
                 core.count(started, e)
                 if self._async.router is None or not isinstance(e, _FALL_BACK):
                     raise
+                cause = e
             else:
                 cand, read = answer
                 result = core.count(started, lookup_result(table, key, plan.partition, cand, read))
                 return Lookup.of(result, core.input_lag(table), core.value_format(table))
         # The store nodes were tried once, here: straight to the router, not through the async client's own attempt.
-        return self._call(self._async.via_router("get").get(table, key, bound, deadline))
+        return self._call(self._async.via_router("get", cause).get(table, key, bound, deadline))
 
     def get_many(self, table: str, keys: list[str], *, max_lag: int | None = None, max_staleness_ms: int | None = None,
                  min_position: str | Position | None = None,
@@ -165,8 +173,10 @@ class Client:
                     cand, group = answer
                     for i, r in zip(idx, Lookup.group(table, [keys[i] for i in idx], p, cand, group, lag, fmt)):
                         out[i] = r
-            if self._async.router is None or not any(isinstance(r, _FALL_BACK) for r in out):
+            cause = next((r for r in out if isinstance(r, _FALL_BACK)), None)
+            if self._async.router is None or cause is None:
                 return out
+            return self._call(self._async.via_router("get_many", cause).get_many(table, keys, bound, deadline))
         return self._call(self._async.via_router("get_many").get_many(table, keys, bound, deadline))
 
     def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
@@ -193,6 +203,7 @@ class Client:
         bound."""
         (core, store), deadline = self._thread_core(), self._async.deadline()
         bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms)
+        cause = None
         if self._async.direct():
             started = time.perf_counter()
             try:
@@ -204,9 +215,11 @@ class Client:
                 core.count(started, e)
                 if self._async.router is None or not isinstance(e, _FALL_BACK):
                     raise
+                cause = e
             else:
                 return Windows.of(core.count(started, r.result(*answer)), core.input_lag(table))
-        return self._call(self._async.via_router("windows").windows(table, key, from_ms, to_ms, bound, deadline))
+        return self._call(self._async.via_router("windows", cause).windows(table, key, from_ms, to_ms, bound,
+                                                                            deadline))
 
     # ---- metadata -----------------------------------------------------------------------
 

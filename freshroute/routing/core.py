@@ -96,12 +96,17 @@ class RoutingCore:
 
     # ---- tables and bounds -------------------------------------------------------------
 
+    def not_loaded(self) -> str:
+        """Why no table can be read yet: no metadata so far, and the reason its source gave."""
+        why = self.metadata.last_error
+        return "routing metadata has not been loaded yet" + (f": {why}" if why else "")
+
     def table(self, name: str) -> TableSpec:
         snap = self.metadata.current
         spec = snap.tables.get(name)
         if spec is None:
             if not snap.loaded:
-                raise ReplicaUnavailable("routing metadata has not been loaded yet", table=name)
+                raise ReplicaUnavailable(self.not_loaded(), table=name)
             raise TableNotFound(f"no table {name!r}", table=name)
         return spec
 
@@ -397,7 +402,7 @@ class RoutingCore:
     def list_tables(self) -> list[TableInfo]:
         snap = self.metadata.current
         if not snap.loaded:
-            raise ReplicaUnavailable("routing metadata has not been loaded yet")
+            raise ReplicaUnavailable(self.not_loaded())
         out = []
         for name in sorted(snap.tables):
             b = self.bound_for(snap.tables[name], NO_BOUND)

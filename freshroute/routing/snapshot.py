@@ -299,12 +299,17 @@ class SnapshotSource(Protocol):
     @property
     def current(self) -> Snapshot: ...
 
+    @property
+    def last_error(self) -> str | None:
+        """Why the latest read of the metadata failed, naming where it was read from (None: it did not fail)."""
+
 
 @dataclass
 class FixedSnapshot:
     """A snapshot that never changes (tests, tools)."""
 
     current: Snapshot = field(default_factory=Snapshot)
+    last_error: str | None = None
 
 
 async def refresh_until(refresh_once: Callable[[], Awaitable[bool]], period_s: float, stop: asyncio.Event) -> None:
@@ -323,8 +328,9 @@ class MetadataRefresher:
     def __init__(self, redis: Any, namespace: str, refresh_ms: int, node_expiry_ms: int,
                  timeout_ms: int = 500, reset_grace_ms: int = 5000,
                  on_swap: Callable[[Snapshot], None] | None = None,
-                 clock_ms: Callable[[], int] = now_ms) -> None:
+                 clock_ms: Callable[[], int] = now_ms, source: str = "Redis") -> None:
         self._redis = redis
+        self._source = source  # where the metadata is read from, as errors name it
         self._keys = Keys(namespace)
         self._refresh_s = refresh_ms / 1000
         self._node_expiry_ms = node_expiry_ms
@@ -335,6 +341,7 @@ class MetadataRefresher:
         self.current = Snapshot()
         self.redis_ok = False
         self.last_ok_ms = 0
+        self.last_error: str | None = None
         self._failing_since: int | None = None
         self._reset_since: int | None = None
         self._tables_lost = False
@@ -364,6 +371,7 @@ class MetadataRefresher:
             self._failing_since = None
         self.redis_ok = True
         self.last_ok_ms = now
+        self.last_error = None
         prev = self.current
         if not tables and prev.tables:
             # No table is ever dropped by emptying the whole hash: an empty one means Redis
@@ -505,6 +513,7 @@ class MetadataRefresher:
 
     def _note_failure(self, e: BaseException) -> None:
         self.redis_ok = False
+        self.last_error = f"{self._source} does not answer ({type(e).__name__}: {e})"
         if self._failing_since is None:
             self._failing_since = self._clock_ms()
             # One line per outage, not per refresh.

@@ -84,3 +84,29 @@ def test_a_client_asked_for_metrics_counts_into_the_registry_given_and_falls_bac
         with pytest.raises(FreshrouteError):
             c.get("t", "k")
     assert registry.get_sample_value("freshroute_client_lookup_seconds_count") == 1
+
+
+def test_a_client_starts_at_once_without_its_metadata_store_and_its_reads_name_it_after_one_wait():
+    import time
+
+    from freshroute.errors import ReplicaUnavailable
+
+    url = nowhere()
+    started = time.monotonic()
+    c = Client(redis_url=url, connect_timeout_s=1.0)
+    try:
+        assert time.monotonic() - started < 0.5  # no read of Redis in the constructor
+        for name, read in reads(c).items():
+            if name == "cluster":
+                continue  # the cluster view answers, saying the metadata store is down (below)
+            t0 = time.monotonic()
+            with pytest.raises(ReplicaUnavailable) as e:
+                read()
+                pytest.fail(f"{name} answered with no metadata")
+            assert "metadata store (Redis, 127.0.0.1:" in e.value.message and "does not answer" in e.value.message, \
+                (name, e.value.message)
+            # The first read waits out the connect timeout for a first snapshot; later ones fail at once.
+            assert time.monotonic() - t0 < (1.5 if name == "get" else 0.3), name
+        assert c.cluster().metadata.redis_ok is False and c.cluster().nodes == []
+    finally:
+        c.close()

@@ -1,0 +1,94 @@
+"""A user's mistakes at the command line end in one named error, exit 2, no traceback, and nothing left running.
+
+Each case runs the real ``freshroute`` command against addresses where nothing listens (or a path that cannot be a
+data directory): the broker, Redis and router a newcomer forgot to start.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tools.local.services import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark session starts, no shared stack
+
+ONE_LINE = re.compile(r"^freshroute: ([A-Z_]+): (.+)$", re.M)
+
+
+def freshroute(*args: str, timeout_s: float = 60.0) -> tuple[int, str, float]:
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "FRESHROUTE_REDIS_URL": nowhere_redis()})
+    out, err = proc.communicate(timeout=timeout_s)
+    return proc.returncode, out + err, time.monotonic() - started
+
+
+def nowhere_redis() -> str:
+    return f"redis://127.0.0.1:{free_port()}/0"
+
+
+def nowhere() -> str:
+    return f"127.0.0.1:{free_port()}"
+
+
+def named(output: str) -> tuple[str, str]:
+    assert "Traceback" not in output, output
+    m = ONE_LINE.search(output)
+    assert m, output
+    return m.group(1), m.group(2)
+
+
+@pytest.mark.parametrize("data_dir, why", [("file", "is a file, not a directory"),
+                                           ("file/below", "Not a directory")])
+def test_a_store_node_whose_data_dir_cannot_hold_stores_says_so_before_it_listens(tmp_path, data_dir, why):
+    (tmp_path / "file").write_text("not a directory")
+    port = free_port()
+    rc, out, took = freshroute("store-node", "--node-id", "n1", "--data-dir", str(tmp_path / data_dir),
+                               "--port", str(port), "--bootstrap-servers", nowhere(), "--redis-url", nowhere_redis())
+    code, message = named(out)
+    assert (rc, code) == (2, "CONFIG_ERROR") and f"data_dir {tmp_path / data_dir}" in message and why in message, out
+    assert took < 20
+
+
+def test_table_add_without_a_broker_names_the_broker_and_its_flag(redis_url, namespace):
+    broker = nowhere()
+    rc, out, took = freshroute("table", "add", "orders", "--topic", "orders", "--bootstrap-servers", broker,
+                               "--redis-url", redis_url, "--namespace", namespace)
+    code, message = named(out)
+    assert (rc, code) == (2, "UNAVAILABLE") and f"the broker at {broker} (--bootstrap-servers)" in message, out
+    assert took < 30
+
+
+def test_table_list_without_redis_names_redis_and_its_flag():
+    redis = nowhere_redis()
+    rc, out, _ = freshroute("table", "list", "--redis-url", redis)
+    code, message = named(out)
+    assert (rc, code) == (2, "UNAVAILABLE") and f"the metadata store at {redis} (--redis-url)" in message, out
+
+
+def test_a_pipeline_without_a_broker_names_it_before_spark_starts(tmp_path):
+    broker = nowhere()
+    rc, out, took = freshroute("pipeline", "--bootstrap-servers", broker, "--redis-url", nowhere_redis(),
+                               "--checkpoint-dir", str(tmp_path / "checkpoint"))
+    code, message = named(out)
+    assert (rc, code) == (2, "UNAVAILABLE") and f"the broker at {broker} (bootstrap_servers)" in message, out
+    assert not (tmp_path / "checkpoint").exists() and took < 30
+
+
+def test_a_direct_lookup_says_why_the_store_nodes_were_not_read_beside_the_routers_failure():
+    redis, router = nowhere_redis(), f"http://{nowhere()}"
+    rc, out, took = freshroute("lookup", "sensor_stats", "sensor-1", "--direct", "--redis-url", redis,
+                               "--router", router)
+    assert rc == 2 and "Traceback" not in out, out
+    import orjson
+
+    error = orjson.loads(out.strip().splitlines()[-1])["error"]
+    assert error["code"] == "REPLICA_UNAVAILABLE" and router in error["message"], error
+    assert "metadata store (Redis, 127.0.0.1:" in error["direct_failure"], error
+    assert took < 20
