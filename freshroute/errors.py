@@ -78,12 +78,6 @@ class ReplicaUnavailable(RetryableError):
     code = "REPLICA_UNAVAILABLE"
 
 
-class ReplicaTooStale(RetryableError):
-    """The replica is behind the caller's bound; a fresher replica may answer."""
-
-    code = "REPLICA_TOO_STALE"
-
-
 class NoReplicaWithinBound(RetryableError):
     """No live replica of the partition meets the caller's bound (details carry the freshest lag seen)."""
 

@@ -308,8 +308,19 @@ def _bench(bench_args: list[str]) -> int:
     return bench_main(bench_args)
 
 
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("freshroute")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="freshroute", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"freshroute {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     broker = sub.add_parser("broker", help="Run Apache Kafka (KRaft, broker and controller in one) with its data under --home.")

@@ -14,7 +14,6 @@ EXPECTED = [
     (errors.TableNotFound, 404, grpc.StatusCode.NOT_FOUND),
     (errors.KeyNotFound, 404, grpc.StatusCode.NOT_FOUND),
     (errors.ReplicaUnavailable, 503, grpc.StatusCode.UNAVAILABLE),
-    (errors.ReplicaTooStale, 503, grpc.StatusCode.UNAVAILABLE),
     (errors.NoReplicaWithinBound, 503, grpc.StatusCode.UNAVAILABLE),
     (errors.LookupTimeout, 504, grpc.StatusCode.DEADLINE_EXCEEDED),
     (errors.StoreCorrupt, 500, grpc.StatusCode.INTERNAL),
