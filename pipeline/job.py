@@ -303,11 +303,8 @@ def check_spark_master(master: str, timeout_s: float = 3.0) -> None:
                       setting="spark_master")
 
 
-def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source, tables: Iterable[Table] = (),
-                realtime: bool = False) -> tuple["DataFrame", "DataFrame"]:
-    """The source topic as a stream of valid parsed rows — the schema's fields plus the Kafka record columns — and
-    one of its rejected records (:mod:`pipeline.validation`); ``tables``: every table of the source, whose keys and
-    window time columns a record must have."""
+def source_schema(src: Source) -> Any:
+    """The source's schema as a Spark ``StructType``; a TablesFileError naming the source when it is not one."""
     from pyspark.sql.types import StructType, _parse_datatype_string
 
     try:
@@ -318,6 +315,31 @@ def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source, 
     if not isinstance(schema, StructType):
         raise TablesFileError(f"source {src.name!r}: schema {src.schema!r} must list fields", source=src.name)
     check_source_fields(src, schema.fieldNames())
+    return schema
+
+
+def table_frame(spark: "SparkSession", definition: TablesDefinition, t: Table, rows: "DataFrame",
+                built: Any = None) -> "DataFrame":
+    """Table ``t``'s frame over its source's parsed ``rows``, its columns checked; whatever its definition gets wrong
+    (a missing column, SQL Spark cannot analyse) a TablesFileError naming the file and the table."""
+    try:
+        df = t.dataframe(spark, rows, built)
+    except TablesFileError:
+        raise
+    except Exception as e:
+        raise TablesFileError(f"table {t.name!r} in {definition.path}: {type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}", table=t.name) from None
+    delete_type = next((f.dataType.simpleString() for f in df.schema.fields if f.name == DELETE_COLUMN), None)
+    check_output_columns(t, df.columns, delete_type, definition.path)
+    return df
+
+
+def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source, tables: Iterable[Table] = (),
+                realtime: bool = False) -> tuple["DataFrame", "DataFrame"]:
+    """The source topic as a stream of valid parsed rows — the schema's fields plus the Kafka record columns — and
+    one of its rejected records (:mod:`pipeline.validation`); ``tables``: every table of the source, whose keys and
+    window time columns a record must have."""
+    schema = source_schema(src)
     tables = list(tables)
     # A Real-time batch reads the clock once, at its start, and lasts a checkpoint interval: a record's time is
     # judged against a clock up to that much behind.
@@ -733,16 +755,7 @@ class Pipeline:
 
     def _table_frame(self, t: Table, rows: "DataFrame", built: Any = None) -> "DataFrame":
         assert self.spark is not None
-        try:
-            df = t.dataframe(self.spark, rows, built)
-        except TablesFileError:
-            raise
-        except Exception as e:
-            raise TablesFileError(f"table {t.name!r} in {self.definition.path}: {type(e).__name__}: "
-                                  f"{str(e).splitlines()[0] if str(e) else ''}", table=t.name) from None
-        delete_type = next((f.dataType.simpleString() for f in df.schema.fields if f.name == DELETE_COLUMN), None)
-        check_output_columns(t, df.columns, delete_type)
-        return df
+        return table_frame(self.spark, self.definition, t, rows, built)
 
     def _start_query(self, q: QueryRun, frames: tuple[list["DataFrame"], "DataFrame | None"]) -> None:
         s = self.settings

@@ -446,16 +446,18 @@ def _every(t: Table) -> str:
     return "the pipeline's trigger" if t.trigger_ms is None else f"{t.trigger_ms} ms"
 
 
-def check_output_columns(t: Table, columns: list[str], delete_type: str | None = None) -> None:
+def check_output_columns(t: Table, columns: list[str], delete_type: str | None = None, path: Path | None = None
+                         ) -> None:
     """A table's DataFrame must have its key column and at least one value column; ``delete_when``, if any, must be
-    a boolean (``delete_type``: the Spark type of :data:`DELETE_COLUMN`)."""
+    a boolean (``delete_type``: the Spark type of :data:`DELETE_COLUMN`); ``path``: the tables file, to name."""
     own = [c for c in columns if c not in (DELETE_COLUMN, WINDOW_START_COLUMN)]
+    table = f"table {t.name!r}" + (f" in {path}" if path else "")
     if t.key not in own:
-        raise TablesFileError(f"table {t.name!r}: key column {t.key!r} is not among its columns {own}", table=t.name)
+        raise TablesFileError(f"{table}: key column {t.key!r} is not among its columns {own}", table=t.name)
     if len(own) < 2:
-        raise TablesFileError(f"table {t.name!r} has no value column besides its key {t.key!r}", table=t.name)
+        raise TablesFileError(f"{table} has no value column besides its key {t.key!r}", table=t.name)
     if t.delete_when is not None and delete_type != "boolean":
-        raise TablesFileError(f"table {t.name!r}: delete_when {t.delete_when!r} is a {delete_type}, not a boolean "
+        raise TablesFileError(f"{table}: delete_when {t.delete_when!r} is a {delete_type}, not a boolean "
                               f"expression", table=t.name)
 
 

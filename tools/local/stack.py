@@ -449,6 +449,21 @@ class Stack:
         self._say(f"{name} ({comp.addresses['node_id']}) on {comp.addresses['address']}  pid {comp.pid}")
         return name
 
+    def _check_tables(self, tables_file: str) -> None:
+        """Spark builds every table of the file over an empty input (:mod:`pipeline.analysis`) before anything starts:
+        a missing column or broken SQL is refused in seconds, naming the file and the table."""
+        from pipeline.tables import TablesFileError
+
+        started = time.monotonic()
+        self._say(f"checking the tables of {tables_file} with Spark …")
+        done = subprocess.run([sys.executable, "-m", "pipeline.analysis", tables_file], capture_output=True, text=True,
+                              timeout=120)
+        if done.returncode != 0:
+            refused = [line for line in done.stderr.splitlines() if line.startswith("freshroute: ")]
+            message = refused[-1].split(": ", 2)[-1] if refused else (done.stderr.strip().splitlines() or ["?"])[-1]
+            raise TablesFileError(message, path=tables_file)
+        self._say(f"  every table builds ({time.monotonic() - started:.1f}s)")
+
     def up(self) -> "Stack":
         """Start every component in dependency order and wait until lookups work."""
         from tools.local.demo import ensure_topic
@@ -457,7 +472,10 @@ class Stack:
         c = self.config
         busy = [f"{name} {host}:{port}" for name, (host, port) in self.ports().items() if _port_open(host, port)]
         if busy:
-            raise RuntimeError(f"already in use: {', '.join(busy)} (pick other ports with flags)")
+            raise ConfigError(f"already in use: {', '.join(busy)} (pick other ports with flags: --rest-port, "
+                              f"--grpc-port, --broker-port, --redis-port, --store-port)", setting="ports")
+        if c.tables_file:
+            self._check_tables(c.tables_file)
         # Every `up` is a fresh demo: the broker's topics, the pipeline's checkpoints and the replica stores
         # go together (a restarted component keeps its own with `local start`).
         for stale in (c.home / "broker", c.home / "pipeline", c.home / "data", c.home / "secure"):
