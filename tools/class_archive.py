@@ -3,7 +3,8 @@
 ``python -m tools.class_archive``: for each archive not made yet, a training run does that JVM's usual work — a
 Spark session runs JSON in and out, a stateful aggregation in RocksDB and windows with a watermark; a broker
 starts, takes a topic and some records, and stops — and the JVM writes every class it loaded as it exits. ``./dev``
-runs it after resolving the jars; the first time takes about 40 s, later ones nothing. Spark's and the JVMs' own
+runs it after resolving the jars (``./dev up`` in the background, once the stack serves); the first time takes about
+40 s, later ones nothing; ``--check`` only says whether both are made. Spark's and the JVMs' own
 lines go to ``training.log`` beside the archives; only the outcome is shown.
 """
 
@@ -136,12 +137,16 @@ def make(path: Path, train: Callable[[Path], None]) -> bool:
     return True
 
 
-def main() -> int:
-    """Make every archive not made yet; exit 1 if one could not be (its JVM then only starts slower)."""
+def main(argv: list[str] | None = None) -> int:
+    """Make every archive not made yet; exit 1 if one could not be (its JVM then only starts slower). With
+    ``--check``, make none: exit 1 if one is missing."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     jars_dir = PipelineSettings().jars_dir
-    made = [make(driver_archive(jars_dir), lambda out: train_spark_driver(jars_dir, out)),
-            make(broker.archive(jars_dir), lambda out: train_broker(jars_dir, out))]
+    archives = {driver_archive(jars_dir): lambda out: train_spark_driver(jars_dir, out),
+                broker.archive(jars_dir): lambda out: train_broker(jars_dir, out)}
+    if "--check" in (sys.argv[1:] if argv is None else argv):
+        return 0 if all(path.is_file() for path in archives) else 1
+    made = [make(path, train) for path, train in archives.items()]
     return 0 if all(made) else 1
 
 
