@@ -10,13 +10,14 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
 
 from tools.local.services import free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark session starts, no shared stack
+pytestmark = [pytest.mark.integration, pytest.mark.light]  # no pipeline (a short Spark analysis at most), no shared stack
 
 ONE_LINE = re.compile(r"^freshroute: ([A-Z_]+): (.+)$", re.M)
 
@@ -92,3 +93,42 @@ def test_a_direct_lookup_says_why_the_store_nodes_were_not_read_beside_the_route
     assert error["code"] == "REPLICA_UNAVAILABLE" and router in error["message"], error
     assert "metadata store (Redis, 127.0.0.1:" in error["direct_failure"], error
     assert took < 20
+
+
+BROKEN = {
+    "key": ('''
+        from pyspark.sql import functions as F
+        from pipeline.tables import source, table
+
+        source("orders", schema="order_id STRING, customer STRING, amount DOUBLE")
+
+        @table(name="by_device", key="device", source="orders")
+        def by_device(orders):
+            return orders.groupBy("customer").agg(F.count("amount").alias("orders"))
+    ''', "table 'by_device' in {path}: key column 'device' is not among its columns ['customer', 'orders']"),
+    "sql": ('''
+        from pipeline.tables import source, sql_table
+
+        source("orders", schema="order_id STRING, customer STRING, amount DOUBLE")
+        sql_table(name="by_region", key="region", source="orders",
+                  sql="SELECT region, count(*) AS orders FROM orders GROUP BY region")
+    ''', "table 'by_region' in {path}: AnalysisException: [UNRESOLVED_COLUMN"),
+}
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN))
+def test_local_up_refuses_a_table_that_cannot_be_built_before_anything_starts(tmp_path, broken):
+    from tools.local.stack import Stack
+
+    text, expected = BROKEN[broken]
+    path = tmp_path / "tables.py"
+    path.write_text(textwrap.dedent(text))
+    home = tmp_path / "home"
+    rc, out, took = freshroute("local", "up", "--home", str(home), "--tables-file", str(path), "--rest-port", "0",
+                               "--grpc-port", "0", "--broker-port", "0", "--redis-port", "0", "--store-port", "0",
+                               timeout_s=120)
+    code, message = named(out)
+    assert (rc, code) == (2, "TABLES_FILE_ERROR") and message.startswith(expected.format(path=path)), out[-2000:]
+    # Refused before anything started, within 30 s: no broker, no component recorded, no component's log.
+    assert took < 30 and "Apache Kafka" not in out and not (home / "logs").exists(), out[-2000:]
+    assert not (home / "state.json").exists() or Stack.load(home).components == {}

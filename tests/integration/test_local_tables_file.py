@@ -72,38 +72,3 @@ def test_local_up_serves_a_tables_file_of_your_own(tmp_path):
         if (home / "state.json").exists():
             discard(Stack.load(home))
 
-
-BROKEN = {
-    "key": ('''
-        from pyspark.sql import functions as F
-        from pipeline.tables import source, table
-
-        source("orders", schema="order_id STRING, customer STRING, amount DOUBLE")
-
-        @table(name="by_device", key="device", source="orders")
-        def by_device(orders):
-            return orders.groupBy("customer").agg(F.count("amount").alias("orders"))
-    ''', "table 'by_device' in {path}: key column 'device' is not among its columns ['customer', 'orders']"),
-    "sql": ('''
-        from pipeline.tables import source, sql_table
-
-        source("orders", schema="order_id STRING, customer STRING, amount DOUBLE")
-        sql_table(name="by_region", key="region", source="orders",
-                  sql="SELECT region, count(*) AS orders FROM orders GROUP BY region")
-    ''', "table 'by_region' in {path}: AnalysisException: [UNRESOLVED_COLUMN"),
-}
-
-
-@pytest.mark.parametrize("broken", sorted(BROKEN))
-def test_local_up_refuses_a_table_that_cannot_be_built_before_anything_starts(tmp_path, broken):
-    text, expected = BROKEN[broken]
-    path = tmp_path / "tables.py"
-    path.write_text(textwrap.dedent(text))
-    home = tmp_path / "home"
-    done = freshroute("local", "up", "--home", str(home), "--tables-file", str(path), "--rest-port", "0",
-                      "--grpc-port", "0", "--broker-port", "0", "--redis-port", "0", "--store-port", "0", timeout=120)
-    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stdout[-2000:] + done.stderr[-2000:]
-    assert f"freshroute: TABLES_FILE_ERROR: {expected.format(path=path)}" in done.stderr, done.stderr[-2000:]
-    # Refused before anything started: no broker, no component recorded, no component's log.
-    assert "Apache Kafka" not in done.stdout and not (home / "logs").exists(), done.stdout
-    assert not (home / "state.json").exists() or Stack.load(home).components == {}
