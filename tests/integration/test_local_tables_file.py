@@ -71,4 +71,3 @@ def test_local_up_serves_a_tables_file_of_your_own(tmp_path):
     finally:
         if (home / "state.json").exists():
             discard(Stack.load(home))
-
