@@ -13,7 +13,7 @@ import asyncio
 import socket
 import time
 
-from freshroute.routing.store import FrameReader, frame
+from freshroute.wire import FrameReader, frame
 from proto import store_pb2
 
 

@@ -1,7 +1,7 @@
 """The store node's read door: every read — keys, groups of keys, key ranges — arrives here as a batch.
 
 Routers and clients send ``ReadBatch`` messages on long-lived connections as length-prefixed frames on
-plain TCP (see :mod:`freshroute.routing.store` for why); each frame is answered, in order, by one
+plain TCP (:mod:`freshroute.wire`); each frame is answered, in order, by one
 ``ResultBatch`` frame. Every answer carries the answering replica's status (role, state, position,
 lag); a read the replica cannot answer within the caller's bound is refused with TOO_STALE, never
 answered out of bound. Each replica's status is computed once per batch and nothing is logged on
@@ -22,10 +22,9 @@ from google.protobuf.message import DecodeError
 
 from freshroute.errors import StoreCorrupt
 from freshroute.freshness import Bound, now_ms
-from freshroute.metadata import ReplicaState, Role
 from freshroute.pacing import PacedByAnswers
-from freshroute.routing.store import FrameError, FrameReader, frame
 from freshroute.windows import WATERMARK_KEY, live_starts, parse_watermark
+from freshroute.wire import FrameError, FrameReader, frame, replica_status_message
 from proto import store_pb2
 from store_node.access import REFUSAL, ClusterSecret
 
@@ -34,23 +33,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_ROLE = {Role.ACTIVE: store_pb2.ACTIVE, Role.STANDBY: store_pb2.STANDBY}
-_STATE = {ReplicaState.RESTORING: store_pb2.RESTORING, ReplicaState.ACTIVE: store_pb2.SERVING_ACTIVE,
-          ReplicaState.STANDBY: store_pb2.SERVING_STANDBY, ReplicaState.FAILED: store_pb2.FAILED}
 _OK, _NOT_FOUND, _TOO_STALE, _NOT_HOSTED, _ERROR = (store_pb2.OK, store_pb2.NOT_FOUND, store_pb2.TOO_STALE,
                                                      store_pb2.NOT_HOSTED, store_pb2.ERROR)
-
-
-def replica_status(node_id: str, rep: "Replica", applied: int, end: int | None,
-                   staleness_ms: int) -> store_pb2.ReplicaStatus:
-    """The replica's status as a read reports it, from its lag's figures (:meth:`LagTracker.figures`);
-    an end offset not learnt yet leaves the end and the offset lag unset."""
-    if end is not None:
-        end = max(end, applied)
-    return store_pb2.ReplicaStatus(node=node_id, role=_ROLE[rep.role], state=_STATE[rep.state],
-                                   applied_offset=applied, end_offset=end,
-                                   lag_offsets=None if end is None else end - applied, staleness_ms=staleness_ms,
-                                   failure=rep.failure or "")
 
 
 class _Reader:
@@ -81,7 +65,8 @@ class _Reader:
         kept = self.statuses.get(key)
         if kept is not None and kept[0] == seen:
             return rep, store, figures, kept[1]
-        status = replica_status(self.node_id, rep, *figures)
+        # From its lag's figures (LagTracker.figures): applied, end, staleness.
+        status = replica_status_message(self.node_id, rep.role, rep.state, *figures, rep.failure)
         self.statuses[key] = (seen, status)
         return rep, store, figures, status
 

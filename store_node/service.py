@@ -15,8 +15,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from freshroute.freshness import now_ms
+from freshroute.wire import replica_status_message
 from proto import store_pb2, store_pb2_grpc
-from store_node.read_port import HostedReplicas, replica_status
+from store_node.read_port import HostedReplicas
 
 if TYPE_CHECKING:
     from freshroute.tls import ServerTLS
@@ -38,7 +39,8 @@ class StoreNodeService(store_pb2_grpc.StoreNodeServicer):
         now = self._clock()
         out = store_pb2.NodeStatus(node=self._node_id, draining=self._node.draining)
         for key, rep in sorted(self._node.serving.items()):
-            out.replicas.append(replica_status(self._node_id, rep, *rep.lag.figures(now)))
+            out.replicas.append(replica_status_message(self._node_id, rep.role, rep.state, *rep.lag.figures(now),
+                                                       rep.failure))
             out.tables.append(f"{key[0]}/{key[1]}")
             c = rep.counters
             out.counters.append(store_pb2.ReplicaCounters(records_applied=c.records_applied,

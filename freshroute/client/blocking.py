@@ -23,9 +23,8 @@ from freshroute.errors import FreshrouteError, ReplicaUnavailable
 from freshroute.freshness import Bound
 from freshroute.routing.attempts import AttemptPlan, Candidate, launch_due
 from freshroute.routing.snapshot import SnapshotSource
-from freshroute.routing.store import (FrameError, FrameReader, GroupResult, RangeResult, ReadResult, WindowFilter,
-                                      checked, frame, group_read, group_result, key_read, range_read, range_result,
-                                      results)
+from freshroute.wire import (FrameError, FrameReader, GroupResult, RangeResult, ReadResult, WindowFilter, checked,
+                             frame, group_read, group_result, key_read, range_read, range_result, results)
 from proto import store_pb2
 
 _ids = itertools.count(1)

@@ -13,7 +13,7 @@ from freshroute.freshness import Position
 from freshroute.routing.core import served_by
 from freshroute.routing.results import LookupResult, WindowsResult, optional_int, position_token
 from freshroute.routing.attempts import Candidate
-from freshroute.routing.store import GroupResult
+from freshroute.wire import GroupResult
 
 
 class Lookup(NamedTuple):

@@ -42,7 +42,7 @@ from freshroute.errors import FreshrouteError, LookupTimeout, NoReplicaWithinBou
 from freshroute.freshness import Bound, now_ms, rank_lag
 from freshroute.metadata import ReplicaState
 from freshroute.routing.snapshot import LagOverlay, ReplicaView
-from freshroute.routing.store import ReadStatus, ReplicaStatus
+from freshroute.wire import ReadStatus, ReplicaStatus
 
 # Timers may fire a hair early; a wake-up this close to its time counts as on time.
 TIMER_SLACK_S = 0.0005

@@ -26,9 +26,9 @@ from freshroute.routing.results import (ClusterView, HostedReplica, KeyLocation,
                                         NodeState, ReplicaInfo, ScanPage, TableInfo, TablePipeline, WindowPage,
                                         WindowsResult, decode_page_token, encode_page_token, pipeline_doc)
 from freshroute.routing.snapshot import LagOverlay, NodeView, ReplicaView, Snapshot, SnapshotSource
-from freshroute.routing.store import (GroupResult, ReadResult, ReadStatus, ReplicaStatus, StoreClient,
-                                      WindowFilter)
+from freshroute.routing.store import StoreClient
 from freshroute.windows import MAX_START_MS, Window, WindowSpec, key_range, split_window_key, windows_of
+from freshroute.wire import GroupResult, ReadResult, ReadStatus, ReplicaStatus, WindowFilter
 
 _Counted = TypeVar("_Counted", LookupResult, WindowsResult, FreshrouteError)
 

@@ -15,9 +15,8 @@ from freshroute.freshness import Bound, lag_offsets
 from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
 
 from freshroute.routing.snapshot import Snapshot, build_snapshot
-from freshroute.routing.store import (GroupResult, RangeResult, ReadResult, ReadStatus, ReplicaStatus,
-                                      WindowFilter)
 from freshroute.windows import WATERMARK_KEY, live_starts, parse_watermark
+from freshroute.wire import GroupResult, RangeResult, ReadResult, ReadStatus, ReplicaStatus, WindowFilter
 
 
 @dataclass

@@ -1,11 +1,5 @@
-"""How the routing core talks to store nodes: the read port's frames, a small Protocol, and its asyncio
-implementation for real nodes.
-
-The wire: ``ReadBatch`` / ``ResultBatch`` messages (``proto/store.proto``), each as a 4-byte
-big-endian length followed by the serialized message, on a plain TCP connection to a node's read
-port (:mod:`store_node.read_port`); one frame in is answered by one frame out, in order. Frames
-rather than a gRPC stream because every read takes this path: a message on a grpc.aio stream costs
-~150–300 µs of CPU on each side and passes several threads, a frame on an asyncio transport a few µs.
+"""How the routing core talks to store nodes: the interface it reads through, and its asyncio implementation over the
+read port's protocol (:mod:`freshroute.wire`).
 
 Every read — a key, a batch's group of keys, a range (a key's windows, a page of a scan) —
 travels over one long-lived read stream per node, results matched back by id. While few reads
@@ -22,83 +16,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import struct
 from collections import deque
-from enum import IntEnum
-from typing import Awaitable, Iterator, Mapping, NamedTuple, Protocol
+from typing import Awaitable, Mapping, NamedTuple, Protocol
 
 from google.protobuf.message import DecodeError
 
 from freshroute.cluster_access import NodeAccess
 from freshroute.errors import ReplicaUnavailable
 from freshroute.freshness import Bound
-from freshroute.metadata import ReplicaState, Role
+from freshroute.wire import (FrameError, FrameReader, GroupResult, RangeResult, ReadResult, WindowFilter, checked,
+                             frame, group_read, group_result, key_read, range_read, range_result, results)
 from proto import store_pb2
 
 log = logging.getLogger("freshroute.routing.store")
-
-
-class ReadStatus(IntEnum):
-    """Outcome of one read on one replica (mirrors ``store.proto``)."""
-
-    OK = 0
-    NOT_FOUND = 1
-    TOO_STALE = 2
-    NOT_HOSTED = 3
-    ERROR = 4
-
-
-class ReplicaStatus(NamedTuple):
-    """Lag and position of the replica that answered, as of the answer."""
-
-    node: str
-    role: Role
-    state: ReplicaState | None
-    applied: int
-    end: int | None  # None: the replica has not learnt its partition's end offset yet
-    lag_offsets: int | None
-    staleness_ms: int
-
-
-class ReadResult(NamedTuple):
-    """One read's answer. Value objects built per read are tuples: far cheaper to make than frozen dataclasses."""
-
-    status: ReadStatus
-    value: bytes = b""  # the changelog value, JSON bytes, passed through untouched
-    replica: ReplicaStatus | None = None
-    message: str = ""
-
-
-class GroupResult(NamedTuple):
-    """Several keys of one partition read from one replica, judged as one: every value, or why none.
-
-    ``values`` holds one entry per key, in order, when ``status`` is OK — the changelog
-    value, or empty bytes when there is no such key; otherwise it is empty and the group
-    is tried elsewhere as a whole.
-    """
-
-    status: ReadStatus
-    values: list[bytes]
-    replica: ReplicaStatus | None = None
-    message: str = ""
-
-
-class RangeResult(NamedTuple):
-    """A key range of one partition read from one replica: its rows (a windowed table's windows), or why none."""
-
-    status: ReadStatus
-    entries: list[tuple[bytes, bytes]]  # (changelog key, value), ascending
-    replica: ReplicaStatus | None = None
-    message: str = ""
-    watermark_ms: int | None = None  # the partition's watermark as of the answer (windowed reads)
-
-
-class WindowFilter(NamedTuple):
-    """Windows starting in ``[from_ms, to_ms)``, not expired (``life_ms``: window size + retention)."""
-
-    from_ms: int
-    to_ms: int
-    life_ms: int
 
 
 class StoreClient(Protocol):
@@ -125,87 +55,6 @@ class StoreClient(Protocol):
         ...
 
     async def close(self) -> None: ...
-
-
-# ---- the read port's frames ---------------------------------------------------------------------------
-
-# Far above any batch the router sends (a few hundred reads) or a node answers; a length
-# beyond it means the peer does not speak this protocol, and the connection is dropped.
-MAX_FRAME = 64 << 20
-
-_LENGTH = struct.Struct(">I")
-HEADER = _LENGTH.size
-
-
-class FrameError(Exception):
-    """The byte stream is not a sequence of frames (e.g. a client speaking another protocol)."""
-
-
-def frame(payload: bytes) -> bytes:
-    """``payload`` with its length in front."""
-    return _LENGTH.pack(len(payload)) + payload
-
-
-class FrameReader:
-    """Splits received bytes into payloads; keeps an incomplete frame until the rest arrives."""
-
-    __slots__ = ("_buffer",)
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-
-    def feed(self, data: bytes) -> list[bytes]:
-        """The payloads completed by ``data``, in order. Raises :class:`FrameError` on an oversized length."""
-        buf = self._buffer
-        if not buf and len(data) >= HEADER and _LENGTH.unpack_from(data)[0] == len(data) - HEADER:
-            return [data[HEADER:]]  # the usual case: exactly one whole frame, nothing buffered
-        buf += data
-        payloads = []
-        start = 0
-        end = len(buf)
-        while end - start >= HEADER:
-            (size,) = _LENGTH.unpack_from(buf, start)
-            if size > MAX_FRAME:
-                raise FrameError(f"frame of {size} bytes announced; the limit is {MAX_FRAME}")
-            if end - start - HEADER < size:
-                break
-            start += HEADER
-            payloads.append(bytes(buf[start:start + size]))
-            start += size
-        del buf[:start]
-        return payloads
-
-
-# ---- reads and results as messages --------------------------------------------------------------------
-
-
-_ROLES = {store_pb2.ACTIVE: Role.ACTIVE, store_pb2.STANDBY: Role.STANDBY}
-_STATES = {store_pb2.RESTORING: ReplicaState.RESTORING, store_pb2.SERVING_ACTIVE: ReplicaState.ACTIVE,
-           store_pb2.SERVING_STANDBY: ReplicaState.STANDBY}
-_STATUSES = {int(s): s for s in ReadStatus}
-
-
-def replica_status(msg: store_pb2.ReplicaStatus) -> ReplicaStatus:
-    state = _STATES.get(msg.state)
-    role = _ROLES.get(msg.role) or (Role.ACTIVE if state is ReplicaState.ACTIVE else Role.STANDBY)
-    if not msg.HasField("end_offset"):
-        return ReplicaStatus(msg.node, role, state, msg.applied_offset, None, None, max(0, msg.staleness_ms))
-    return ReplicaStatus(msg.node, role, state, msg.applied_offset, msg.end_offset,
-                         max(0, msg.lag_offsets), max(0, msg.staleness_ms))
-
-
-def key_read(read_id: int, table: str, partition: int, key: bytes, bound: Bound) -> store_pb2.KeyRead:
-    """One read as it travels; an absent bound reads as "no limit" at the node and costs nothing to build."""
-    if bound.unbounded:
-        return store_pb2.KeyRead(id=read_id, table=table, partition=partition, key=key)
-    return store_pb2.KeyRead(id=read_id, table=table, partition=partition, key=key, bound=bound.to_store(partition))
-
-
-def group_read(read_id: int, table: str, partition: int, keys: list[bytes], bound: Bound) -> store_pb2.GroupRead:
-    if bound.unbounded:
-        return store_pb2.GroupRead(id=read_id, table=table, partition=partition, keys=keys)
-    return store_pb2.GroupRead(id=read_id, table=table, partition=partition, keys=keys,
-                               bound=bound.to_store(partition))
 
 
 class PendingGroup(NamedTuple):
@@ -241,52 +90,6 @@ def merged_groups(groups: list[PendingGroup]) -> tuple[list[store_pb2.GroupRead]
         messages.append(group_read(first.id, first.table, first.partition, keys, first.bound))
         asked[first.id] = [(g.id, len(g.keys)) for g in members]
     return messages, asked
-
-
-def range_read(read_id: int, table: str, partition: int, start: bytes, end: bytes, limit: int,
-               window: WindowFilter | None, bound: Bound) -> store_pb2.RangeRead:
-    msg = store_pb2.RangeRead(id=read_id, table=table, partition=partition, start=start, end=end, limit=limit)
-    if window is not None:
-        msg.window.from_ms, msg.window.to_ms, msg.window.life_ms = window
-    if not bound.unbounded:
-        msg.bound.CopyFrom(bound.to_store(partition))
-    return msg
-
-
-def range_result(msg: store_pb2.RangeResult) -> RangeResult:
-    status = _STATUSES.get(msg.status, ReadStatus.ERROR)
-    replica = replica_status(msg.replica) if msg.HasField("replica") else None
-    entries = [(e.key, e.value) for e in msg.entries] if status is ReadStatus.OK else []
-    return RangeResult(status, entries, replica, msg.message, msg.watermark_ms if msg.watermark_ms >= 0 else None)
-
-
-def group_result(msg: store_pb2.GroupResult) -> GroupResult:
-    status = _STATUSES.get(msg.status, ReadStatus.ERROR)
-    replica = replica_status(msg.replica) if msg.HasField("replica") else None
-    return GroupResult(status, list(msg.values) if status is ReadStatus.OK else [], replica, msg.message)
-
-
-def checked(answer: GroupResult, keys: int, node: str) -> GroupResult:
-    """``answer``, if it answers every key; a node that answers fewer is broken for this read."""
-    if answer.status is ReadStatus.OK and len(answer.values) != keys:
-        raise ReplicaUnavailable(f"store node {node}: answered {len(answer.values)} of {keys} keys",
-                                 address=node)
-    return answer
-
-
-def results(batch: store_pb2.ResultBatch) -> Iterator[tuple[int, ReadResult]]:
-    """(read id, result) of every answer in a batch."""
-    last: store_pb2.ReplicaStatus | None = None
-    status: ReplicaStatus | None = None
-    for msg in batch.results:
-        if msg.HasField("replica"):
-            # Answers from one replica in one batch carry the same status: convert it once.
-            rep = msg.replica
-            if rep != last:
-                last, status = rep, replica_status(rep)
-            yield msg.id, ReadResult(_STATUSES.get(msg.status, ReadStatus.ERROR), msg.value, status, msg.message)
-        else:
-            yield msg.id, ReadResult(_STATUSES.get(msg.status, ReadStatus.ERROR), msg.value, None, msg.message)
 
 
 # ---- the asyncio client -------------------------------------------------------------------------------

@@ -94,7 +94,7 @@ def test_store_node_ports_serve_only_peers_with_tls_and_the_cluster_secret(stack
     # Plaintext to a TLS read port: the handshake fails and nothing is answered.
     import socket
 
-    from freshroute.routing.store import frame
+    from freshroute.wire import frame
 
     host, port = nodes[0].read_address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=5) as sock:

@@ -53,7 +53,7 @@ def value_of(i: int) -> dict:
 
 async def serve_store(node: str, port: int, redis_url: str, namespace: str, active: set[int], standby: set[int],
                       heartbeat_s: float) -> None:
-    from freshroute.routing.store import FrameReader, frame
+    from freshroute.wire import FrameReader, frame
     from freshroute.windows import WATERMARK_KEY, live_starts, watermark_value, window_key
     from proto import store_pb2
 

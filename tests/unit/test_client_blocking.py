@@ -17,7 +17,7 @@ from freshroute.errors import NoReplicaWithinBound, ReplicaUnavailable
 from freshroute.freshness import NO_BOUND, Bound
 from freshroute.keys import serialize_key
 from freshroute.metadata import Role
-from freshroute.routing.store import FrameReader, ReadStatus, frame
+from freshroute.wire import FrameReader, ReadStatus, frame
 from proto import store_pb2
 
 from .test_router_rest import KEYS, TABLE, Cluster, part

@@ -8,7 +8,7 @@ from freshroute.errors import FreshrouteError
 from freshroute.metadata import ReplicaState, Role
 from freshroute.routing.attempts import Candidate
 from freshroute.routing.snapshot import ReplicaView
-from freshroute.routing.store import GroupResult, ReadStatus, ReplicaStatus
+from freshroute.wire import GroupResult, ReadStatus, ReplicaStatus
 
 ROW = {"count": 3, "avg": 1.5, "last": None}
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from freshroute.routing.store import MAX_FRAME, FrameError, FrameReader, frame
+from freshroute.wire import MAX_FRAME, FrameError, FrameReader, frame
 
 
 def test_frames_are_recovered_whatever_the_chunking():

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from freshroute.routing.store import FrameReader, frame
+from freshroute.wire import FrameReader, frame
 from loadtest.readport import latencies, read_batch, throughput
 from proto import store_pb2
 

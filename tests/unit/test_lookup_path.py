@@ -37,10 +37,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"freshroute", "router", "store_node", "pipeline", "proto", "tools", "loadtest"}
 SPEC = TableSpec("users", "users-changelog", 4, "id")
 KEY = "alice"
-# The path's stations: the REST front, the routing core, the store client, the node's read port, replica and store.
+# The path's stations: the REST front, the routing core, the store client, the wire both ends speak, the node's read
+# port, replica and store.
 STATIONS = {"router/transports/http1.py", "router/rest_routes.py", "freshroute/routing/core.py",
             "freshroute/routing/snapshot.py", "freshroute/routing/attempts.py", "freshroute/routing/results.py",
-            "freshroute/routing/store.py", "store_node/read_port.py", "store_node/replica.py",
+            "freshroute/routing/store.py", "freshroute/wire.py", "store_node/read_port.py", "store_node/replica.py",
             "store_node/replica_store.py"}
 # The vocabulary they speak: the clock, the bound, the lag and the position.
 VOCABULARY = {"freshroute/freshness.py"}
@@ -62,7 +63,7 @@ async def get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tup
     return status, await reader.readexactly(length)
 
 
-async def test_a_rest_point_lookup_runs_code_in_the_paths_ten_stations_and_the_freshness_vocabulary(tmp_path):
+async def test_a_rest_point_lookup_runs_code_in_the_paths_stations_and_the_freshness_vocabulary(tmp_path):
     partition = partition_for(serialize_key(KEY), SPEC.partitions)
     store = ReplicaStore.open(tmp_path / "users" / str(partition))
     store.apply([(KEY.encode(), b'{"age":31}')], 10)

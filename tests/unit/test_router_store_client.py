@@ -9,7 +9,9 @@ from freshroute.freshness import NO_BOUND, Bound
 from freshroute.metadata import ReplicaState, Role
 from proto import store_pb2
 
-from freshroute.routing.store import FrameReader, ReadStatus, StoreNodeClient, frame
+from freshroute.routing.store import StoreNodeClient
+
+from freshroute.wire import FrameReader, ReadStatus, frame
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("one_event_loop")]
 

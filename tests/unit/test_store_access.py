@@ -15,7 +15,8 @@ from freshroute.errors import ConfigError, ReplicaUnavailable
 from tools.local.certs import issue, make_ca
 from freshroute.freshness import NO_BOUND
 from freshroute.metadata import Role, TableSpec
-from freshroute.routing.store import ReadStatus, StoreNodeClient
+from freshroute.routing.store import StoreNodeClient
+from freshroute.wire import ReadStatus
 from freshroute.tls import ClientTLS, ServerTLS
 from proto import store_pb2, store_pb2_grpc
 from store_node.access import ClusterSecret

@@ -214,7 +214,7 @@ def test_status_lists_replicas_with_counters(world):
 
 async def _read_port_exchange(reads, data: bytes, expect: int) -> tuple[list[bytes], bool]:
     """Send raw bytes to a read port; up to ``expect`` frames answered, and whether the node closed the connection."""
-    from freshroute.routing.store import FrameReader
+    from freshroute.wire import FrameReader
     from store_node.read_port import start_read_port
 
     server, port = await start_read_port(reads, "127.0.0.1", 0)
@@ -237,7 +237,7 @@ async def _read_port_exchange(reads, data: bytes, expect: int) -> tuple[list[byt
 
 
 def test_read_port_answers_each_frame_in_order(world):
-    from freshroute.routing.store import frame
+    from freshroute.wire import frame
 
     caught_up(world)
     batches = [store_pb2.ReadBatch(reads=[store_pb2.KeyRead(id=1, table="users", partition=1, key=b"alice"),
@@ -263,7 +263,7 @@ def test_read_port_drops_a_peer_that_does_not_send_frames(world):
 
 
 def test_read_port_drops_a_peer_whose_frame_is_not_a_read_batch(world, caplog):
-    from freshroute.routing.store import frame
+    from freshroute.wire import frame
 
     with caplog.at_level("WARNING", logger="store_node.read_port"):
         answers, closed = asyncio.run(_read_port_exchange(world.reads, frame(b"\xff\xff\xff"), expect=1))
