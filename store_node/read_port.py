@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from google.protobuf.message import DecodeError
 
@@ -100,63 +100,20 @@ class _Reader:
             return None
         return rep, store
 
-    def read(self, read: store_pb2.KeyRead, out: store_pb2.KeyResult) -> None:
-        """Answer ``read`` into ``out`` (an empty result, usually added to a batch's results in place)."""
+    def answer(self, read: store_pb2.KeyRead | store_pb2.GroupRead | store_pb2.RangeRead,
+               out: store_pb2.KeyResult | store_pb2.GroupResult | store_pb2.RangeResult,
+               fill: Callable[[Any, Any, Any], None]) -> None:
+        """Answer ``read`` into ``out`` (an empty result, usually added to a batch's results in place): admitted, then
+        filled from the replica's store by ``fill``; a store that fails the read fails the replica, not the node."""
         out.id = read.id
         admitted = self.admit(read, out)
         if admitted is None:
             return
         rep, store = admitted
         try:
-            value = store.get(read.key)
+            fill(store, read, out)
         except StoreCorrupt as e:
             out.status, out.message = self._failed(rep, store, e)
-            return
-        if value is None:
-            out.status = _NOT_FOUND
-        else:
-            out.status = _OK
-            out.value = value
-
-    def group(self, read: store_pb2.GroupRead, out: store_pb2.GroupResult) -> None:
-        """Answer a group of keys into ``out``: every value, or one refusal for all of them."""
-        out.id = read.id
-        admitted = self.admit(read, out)
-        if admitted is None:
-            return
-        rep, store = admitted
-        try:
-            values = store.get_many(list(read.keys))
-        except StoreCorrupt as e:
-            out.status, out.message = self._failed(rep, store, e)
-            return
-        out.status = _OK
-        out.values.extend([b"" if v is None else v for v in values])
-
-    def range(self, read: store_pb2.RangeRead, out: store_pb2.RangeResult) -> None:
-        """Answer a key range into ``out``: a windowed table's windows with the partition's watermark, or plain rows."""
-        out.id = read.id
-        admitted = self.admit(read, out)
-        if admitted is None:
-            return
-        rep, store = admitted
-        lower, upper = read.start, read.end or None  # an empty end is unbounded
-        try:
-            keep = None
-            if read.HasField("window"):
-                # Read before the rows: the rows can only be as new as the watermark, or newer.
-                watermark = parse_watermark(store.get(WATERMARK_KEY))
-                out.watermark_ms = -1 if watermark is None else watermark
-                w = read.window
-                keep = live_starts(w.from_ms, w.to_ms, w.life_ms, watermark)
-            rows = store.scan(lower, upper, read.limit, keep)
-        except StoreCorrupt as e:
-            out.status, out.message = self._failed(rep, store, e)
-            return
-        out.status = _OK
-        add = out.entries.add
-        for k, v in rows:
-            add(key=k, value=v)
 
     def results(self, batch: store_pb2.ReadBatch) -> store_pb2.ResultBatch:
         """One result per read, per group and per range, in order."""
@@ -165,15 +122,15 @@ class _Reader:
         # ResultBatch would copy every one (and its replica status) a second time.
         add = answer.results.add
         for read in batch.reads:
-            self.read(read, add())
+            self.answer(read, add(), _key)
         if batch.groups:
             add = answer.groups.add
             for group in batch.groups:
-                self.group(group, add())
+                self.answer(group, add(), _group)
         if batch.ranges:
             add = answer.ranges.add
             for r in batch.ranges:
-                self.range(r, add())
+                self.answer(r, add(), _range)
         return answer
 
     def _failed(self, rep: "Replica", store, e: StoreCorrupt) -> tuple[int, str]:
@@ -184,6 +141,38 @@ class _Reader:
         rep.mark_corrupt(e.message)
         log.error("replica %s/%d: read failed, it will be rebuilt: %s", rep.table, rep.partition, e.message)
         return _ERROR, "replica store failed a read"
+
+
+def _key(store: Any, read: store_pb2.KeyRead, out: store_pb2.KeyResult) -> None:
+    value = store.get(read.key)
+    if value is None:
+        out.status = _NOT_FOUND
+    else:
+        out.status = _OK
+        out.value = value
+
+
+def _group(store: Any, read: store_pb2.GroupRead, out: store_pb2.GroupResult) -> None:
+    """Every value of a group of keys (empty bytes for a missing key), or one refusal for all of them."""
+    values = store.get_many(list(read.keys))
+    out.status = _OK
+    out.values.extend([b"" if v is None else v for v in values])
+
+
+def _range(store: Any, read: store_pb2.RangeRead, out: store_pb2.RangeResult) -> None:
+    """A key range: a windowed table's windows with the partition's watermark, or plain rows."""
+    keep = None
+    if read.HasField("window"):
+        # Read before the rows: the rows can only be as new as the watermark, or newer.
+        watermark = parse_watermark(store.get(WATERMARK_KEY))
+        out.watermark_ms = -1 if watermark is None else watermark
+        w = read.window
+        keep = live_starts(w.from_ms, w.to_ms, w.life_ms, watermark)
+    rows = store.scan(read.start, read.end or None, read.limit, keep)  # an empty end is unbounded
+    out.status = _OK
+    add = out.entries.add
+    for k, v in rows:
+        add(key=k, value=v)
 
 
 class HostedReplicas(Protocol):
