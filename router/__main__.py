@@ -1,10 +1,15 @@
-"""``python -m router``: ``freshroute router`` — run the router, settings from flags and ``FRESHROUTE_*`` environment variables."""
+"""``python -m router``: ``freshroute router`` — run the component, settings from flags and ``FRESHROUTE_*`` environment
+variables (:mod:`freshroute.launch`)."""
 
 from __future__ import annotations
 
 import sys
 
-from tools.cli import main
+from freshroute.launch import launch
+from router.main import run
+from router.settings import RouterSettings
+
+DESCRIPTION = "Run the router (REST + gRPC)."
 
 if __name__ == "__main__":
-    sys.exit(main(["router", *sys.argv[1:]]))
+    sys.exit(launch("router", DESCRIPTION, RouterSettings, run))

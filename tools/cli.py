@@ -41,22 +41,11 @@ def _resolve(ref: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def _add_settings_flags(parser: argparse.ArgumentParser, settings_cls: Any) -> None:
-    for name, field in settings_cls.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        parser.add_argument(flag, dest=name, default=None, metavar=name.upper(),
-                            help=f"{field.description or name} (env FRESHROUTE_{name.upper()}; default {field.default!r})")
-
-
 def _run_component(command: str, args: argparse.Namespace) -> int:
-    from freshroute.settings import load
+    from freshroute.launch import start
 
     settings_ref, run_ref, _ = COMPONENTS[command]
-    settings_cls = _resolve(settings_ref)
-    values = {k: v for k, v in vars(args).items() if k in settings_cls.model_fields and v is not None}
-    settings = load(settings_cls, **values)
-    settings.redis().check_master_known()
-    _resolve(run_ref)(settings)
+    start(_resolve(settings_ref), _resolve(run_ref), args)
     return 0
 
 
@@ -303,9 +292,10 @@ def _table(args: argparse.Namespace) -> int:
 
 
 def _bench(bench_args: list[str]) -> int:
-    from loadtest.bench import main as bench_main
+    import subprocess
 
-    return bench_main(bench_args)
+    # The benchmarks stand on the tools (the local stack), not under them: run as their own program.
+    return subprocess.call([sys.executable, "-m", "loadtest.bench", *bench_args])
 
 
 def _version() -> str:
@@ -334,10 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--bootstrap", default="", help="with --voters: every broker's client address")
     broker.add_argument("--cluster-id", default="", help="the quorum's id (default: the storage's, else a new one)")
 
+    from freshroute.launch import add_settings_flags
+
     for command, (settings_ref, _, help_text) in COMPONENTS.items():
         p = sub.add_parser(command, help=help_text)
         try:
-            _add_settings_flags(p, _resolve(settings_ref))
+            add_settings_flags(p, _resolve(settings_ref))
         except ImportError as e:  # a client-only install: the server's dependencies are missing
             p.set_defaults(import_error=str(e))
 

@@ -100,9 +100,9 @@ def test_lookup_over_grpc_prints_the_rest_shape_and_errors_on_stderr(capsys):
         loop.close()
 
 
-def test_bench_takes_its_own_options(tmp_path, capsys):
+def test_bench_takes_its_own_options(tmp_path, capfd):
     assert cli.main(["bench", "--home", str(tmp_path), "--no-restore"]) == 2
-    assert "no local stack recorded" in capsys.readouterr().err
+    assert "no local stack recorded" in capfd.readouterr().err
 
 
 def test_state_file_round_trip(tmp_path):
