@@ -54,7 +54,7 @@ def test_lookup_over_grpc_prints_the_rest_shape_and_errors_on_stderr(capsys):
     from router.grpc_server import PublicGrpc
     from router.settings import RouterSettings
 
-    from .test_router_rest import part
+    from .routing_support import part
     from .test_routing_windows import windowed_cluster
 
     ready, done = threading.Event(), None

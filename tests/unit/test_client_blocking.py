@@ -20,7 +20,7 @@ from freshroute.metadata import Role
 from freshroute.wire import FrameReader, ReadStatus, frame
 from proto import store_pb2
 
-from .test_router_rest import KEYS, TABLE, Cluster, part
+from .routing_support import KEYS, TABLE, Cluster, part
 
 
 def _status(s):

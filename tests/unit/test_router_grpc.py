@@ -15,7 +15,7 @@ from router.grpc_server import ERROR_TRAILER, PublicGrpc, _get_response
 from router.routing import Router
 from router.settings import RouterSettings
 
-from .test_router_rest import KEYS, TABLE, Cluster, part
+from .routing_support import KEYS, TABLE, Cluster, part
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("one_event_loop")]
 

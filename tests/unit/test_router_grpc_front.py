@@ -17,7 +17,7 @@ from router.grpc_server import PublicGrpc
 from router.transports import http2 as h2
 from router.settings import RouterSettings
 
-from .test_router_rest import KEYS, TABLE, Cluster, part
+from .routing_support import KEYS, TABLE, Cluster, part
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("one_event_loop")]
 

@@ -11,7 +11,7 @@ from router.transports.http1 import AnswerWriter, answer_writer, key_lookup_prot
 from router.rest_routes import KeyHandlers
 from router.rest import create_app
 
-from .test_router_rest import TABLE, Cluster, part
+from .routing_support import TABLE, Cluster, part
 
 pytestmark = pytest.mark.anyio
 

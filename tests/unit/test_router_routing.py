@@ -11,7 +11,7 @@ from freshroute.routing.results import decode_page_token, encode_page_token
 from freshroute.routing.attempts import LatencyWindow
 from router.settings import RouterSettings
 
-from .test_router_rest import TABLE, Cluster, part
+from .routing_support import TABLE, Cluster, part
 
 pytestmark = pytest.mark.anyio
 

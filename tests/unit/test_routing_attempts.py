@@ -9,7 +9,7 @@ from freshroute.freshness import Bound
 from freshroute.metadata import Role
 from router.settings import RouterSettings
 
-from .test_router_rest import TABLE, Cluster, part
+from .routing_support import TABLE, Cluster, part
 from .test_router_routing import retries, strictly_ordered
 
 pytestmark = pytest.mark.anyio

@@ -14,7 +14,7 @@ from freshroute.metadata import Role, TableSpec
 from freshroute.windows import WATERMARK_KEY, tumbling, watermark_value, window_key
 from router.settings import RouterSettings
 
-from .test_router_rest import SPEC, TABLE, Cluster
+from .routing_support import SPEC, TABLE, Cluster
 from .test_router_routing import retries
 
 pytestmark = pytest.mark.anyio
