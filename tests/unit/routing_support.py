@@ -6,6 +6,7 @@ import orjson
 from freshroute.freshness import now_ms
 from freshroute.keys import partition_for, serialize_key
 from freshroute.metadata import Role, TableSpec
+from freshroute.windows import WATERMARK_KEY, tumbling, watermark_value, window_key
 from freshroute.routing.fake import InMemoryStoreClient, fake_snapshot
 from freshroute.routing.snapshot import FixedSnapshot, Snapshot
 from router.rest import create_app
@@ -50,3 +51,42 @@ class Cluster:
     def client(self, **kw):
         app = create_app(self.settings, self.router, **kw)
         return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router")
+
+
+def strictly_ordered(cluster, key):
+    """Make the active strictly fresher than the standby so it is always tried first."""
+    standby = cluster.node_for(key, Role.STANDBY)
+    standby.replicas[(TABLE, part(key))].end += 1
+    cluster.refresh()
+    return cluster.node_for(key, Role.ACTIVE), standby
+
+
+def retries(cluster, reason):
+    return cluster.router.metrics.registry.get_sample_value("freshroute_router_retries_total", {"reason": reason}) or 0
+
+
+WINDOWED = "sensor_windows"
+W = tumbling("10s", grace="5s", retention="1m")
+WSPEC = TableSpec(WINDOWED, f"{WINDOWED}-changelog", 4, "sensor", {"count": "bigint"}, 1, window=W)
+S = 1000
+
+
+def wpart(key: str) -> int:
+    return partition_for(serialize_key(key), WSPEC.partitions)
+
+
+def windowed_cluster(settings: RouterSettings | None = None, watermark: int = 25 * S) -> Cluster:
+    """Sensors s0..s5 with windows at 0, 10 s, 20 s (count = sensor number + start / 10 s) on both nodes."""
+    cluster = Cluster(settings, tables=(SPEC, WSPEC))
+    for p in range(WSPEC.partitions):
+        for node, active in ((cluster.n1, p % 2 == 0), (cluster.n2, p % 2 == 1)):
+            r = node.host(WINDOWED, p, role=Role.ACTIVE if active else Role.STANDBY, applied=100, end=100)
+            r.data[WATERMARK_KEY] = watermark_value(watermark)
+    for i in range(6):
+        key = f"s{i}"
+        for start in (0, 10 * S, 20 * S):
+            for node in (cluster.n1, cluster.n2):
+                node.replicas[(WINDOWED, wpart(key))].data[window_key(key.encode(), start)] = \
+                    orjson.dumps({"count": i + start // (10 * S)})
+    cluster.refresh()
+    return cluster

@@ -55,7 +55,7 @@ def test_lookup_over_grpc_prints_the_rest_shape_and_errors_on_stderr(capsys):
     from router.settings import RouterSettings
 
     from .routing_support import part
-    from .test_routing_windows import windowed_cluster
+    from .routing_support import windowed_cluster
 
     ready, done = threading.Event(), None
     port: list[int] = []

@@ -188,7 +188,7 @@ def test_a_node_with_no_read_port_is_unavailable_not_a_hang(world):
 def test_a_windows_lookup_reads_its_key_range_over_a_blocking_connection():
     from router.settings import RouterSettings
 
-    from .test_routing_windows import WINDOWED, windowed_cluster
+    from .routing_support import WINDOWED, windowed_cluster
 
     cluster = windowed_cluster(RouterSettings(request_timeout_ms=1000, attempt_timeout_ms=300, hedge=False))
     ports = {n.node: ReadPort(n) for n in (cluster.n1, cluster.n2)}

@@ -12,7 +12,7 @@ from pipeline.recompute import DONE_FILE, MARK_FILE, Recomputation, batch_end_of
 from pipeline.sink import ChangelogProducer, ChangelogWriter, QuerySink
 from pipeline.tables import sql_table
 
-from .test_pipeline_sink import FakeBatch, FakeProducer
+from .sink_support import FakeBatch, FakeProducer
 
 
 def offset_log(checkpoint, batch_id: int, **topics) -> None:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-from types import SimpleNamespace
 
 import orjson
 import pytest
-from confluent_kafka import KafkaError
 
 from freshroute.keys import partition_for, serialize_key
 from pipeline.sink import (ChangelogProducer, ChangelogWriteFailed, ChangelogWriter, QuerySink, changelog_records,
                            encode_key, encode_value, producer_config)
 from pipeline.tables import QUERY_TABLE_COLUMN
+
+from .sink_support import FakeBatch, FakeProducer
 
 
 def test_value_is_compact_json_of_the_non_key_columns_with_floats_kept_floats():
@@ -72,38 +72,6 @@ def test_producer_is_idempotent_acks_all_and_murmur2():
     assert c["enable.idempotence"] is True and c["acks"] == "all" and c["partitioner"] == "murmur2_random"
     assert c["bootstrap.servers"] == "h:1"
     assert c["allow.auto.create.topics"] is False
-
-
-class FakeProducer:
-    """Acknowledges on flush/poll; can fail some deliveries and refuse the first N produces (queue full)."""
-
-    def __init__(self, fail_keys: set[bytes] = frozenset(), fatal: bool = False, full_times: int = 0):
-        self.fail_keys, self.fatal, self.full_times = fail_keys, fatal, full_times
-        self.pending: list = []
-        self.sent: list[tuple[str, bytes, bytes, int]] = []
-
-    def produce(self, topic, key, value, partition, on_delivery, headers=None):
-        if self.full_times:
-            self.full_times -= 1
-            raise BufferError("queue full")
-        self.pending.append((topic, key, value, partition, on_delivery))
-
-    def _serve(self):
-        pending, self.pending = self.pending, []
-        for topic, key, value, partition, cb in pending:
-            if key in self.fail_keys:
-                cb(KafkaError(KafkaError._MSG_TIMED_OUT, "timed out", fatal=self.fatal), None)
-            else:
-                self.sent.append((topic, key, value, partition))
-                cb(None, None)
-
-    def poll(self, timeout=0):
-        self._serve()
-        return 0
-
-    def flush(self, timeout=None):
-        self._serve()
-        return 0
 
 
 def writer_with(fake: FakeProducer) -> tuple[ChangelogWriter, ChangelogProducer]:
@@ -214,16 +182,6 @@ def test_a_failed_watermark_publication_forgets_no_window(tmp_path):
         writer.advance_watermark(60_000)
     fake.fail_keys = set()
     assert writer.advance_watermark(60_000) == 1  # tried again, the window still noted
-
-
-class FakeBatch:
-    """What ``foreachBatch`` hands the sink: a DataFrame that collects to these rows."""
-
-    def __init__(self, rows):
-        self.rows = rows
-
-    def toArrow(self):
-        return SimpleNamespace(to_pylist=lambda: self.rows)
 
 
 def test_a_shared_querys_batch_goes_to_each_tables_changelog_in_one_wait():

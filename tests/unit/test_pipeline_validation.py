@@ -14,7 +14,7 @@ from pipeline.sink import ChangelogProducer, ChangelogWriter, QuerySink, RejectW
 from pipeline.tables import QUERY_TABLE_COLUMN, source
 from pipeline.validation import RAW_KEY, RAW_VALUE, REASON_COLUMN, REJECTED_BRANCH, InvalidInput
 
-from .test_pipeline_sink import FakeBatch, FakeProducer
+from .sink_support import FakeBatch, FakeProducer
 
 WHEN = dt.datetime(2026, 11, 27, 6, 0, tzinfo=dt.timezone.utc)
 

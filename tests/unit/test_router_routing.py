@@ -11,7 +11,7 @@ from freshroute.routing.results import decode_page_token, encode_page_token
 from freshroute.routing.attempts import LatencyWindow
 from router.settings import RouterSettings
 
-from .routing_support import TABLE, Cluster, part
+from .routing_support import TABLE, Cluster, part, retries, strictly_ordered
 
 pytestmark = pytest.mark.anyio
 
@@ -19,18 +19,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend():
     return "asyncio"
-
-
-def strictly_ordered(cluster, key):
-    """Make the active strictly fresher than the standby so it is always tried first."""
-    standby = cluster.node_for(key, Role.STANDBY)
-    standby.replicas[(TABLE, part(key))].end += 1
-    cluster.refresh()
-    return cluster.node_for(key, Role.ACTIVE), standby
-
-
-def retries(cluster, reason):
-    return cluster.router.metrics.registry.get_sample_value("freshroute_router_retries_total", {"reason": reason}) or 0
 
 
 async def test_hedge_goes_to_the_next_replica_when_the_first_is_slower_than_usual():

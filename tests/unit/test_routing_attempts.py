@@ -10,7 +10,7 @@ from freshroute.metadata import Role
 from router.settings import RouterSettings
 
 from .routing_support import TABLE, Cluster, part
-from .test_router_routing import retries, strictly_ordered
+from .routing_support import retries, strictly_ordered
 
 pytestmark = pytest.mark.anyio
 

@@ -9,46 +9,16 @@ import pytest
 
 from freshroute.errors import InvalidArgument, NotWindowedTable, WindowedTable
 from freshroute.freshness import Bound
-from freshroute.keys import partition_for, serialize_key
-from freshroute.metadata import Role, TableSpec
-from freshroute.windows import WATERMARK_KEY, tumbling, watermark_value, window_key
 from router.settings import RouterSettings
 
-from .routing_support import SPEC, TABLE, Cluster
-from .test_router_routing import retries
+from .routing_support import S, TABLE, WINDOWED, retries, windowed_cluster, wpart
 
 pytestmark = pytest.mark.anyio
-
-WINDOWED = "sensor_windows"
-W = tumbling("10s", grace="5s", retention="1m")
-WSPEC = TableSpec(WINDOWED, f"{WINDOWED}-changelog", 4, "sensor", {"count": "bigint"}, 1, window=W)
-S = 1000
 
 
 @pytest.fixture
 def anyio_backend():
     return "asyncio"
-
-
-def wpart(key: str) -> int:
-    return partition_for(serialize_key(key), WSPEC.partitions)
-
-
-def windowed_cluster(settings: RouterSettings | None = None, watermark: int = 25 * S) -> Cluster:
-    """Sensors s0..s5 with windows at 0, 10 s, 20 s (count = sensor number + start / 10 s) on both nodes."""
-    cluster = Cluster(settings, tables=(SPEC, WSPEC))
-    for p in range(WSPEC.partitions):
-        for node, active in ((cluster.n1, p % 2 == 0), (cluster.n2, p % 2 == 1)):
-            r = node.host(WINDOWED, p, role=Role.ACTIVE if active else Role.STANDBY, applied=100, end=100)
-            r.data[WATERMARK_KEY] = watermark_value(watermark)
-    for i in range(6):
-        key = f"s{i}"
-        for start in (0, 10 * S, 20 * S):
-            for node in (cluster.n1, cluster.n2):
-                node.replicas[(WINDOWED, wpart(key))].data[window_key(key.encode(), start)] = \
-                    orjson.dumps({"count": i + start // (10 * S)})
-    cluster.refresh()
-    return cluster
 
 
 async def test_a_keys_windows_in_range_in_start_order_each_saying_whether_it_is_final():
