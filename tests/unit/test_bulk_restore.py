@@ -235,3 +235,34 @@ def test_table_files_never_ingested_are_dropped_when_the_store_opens(tmp_path):
         assert not list(path.glob("load-*.sst")) and store.applied_offset == 0
     finally:
         store.close()
+
+
+def test_the_fake_reader_keeps_to_the_extensions_types():
+    # The extension's stub (native/bulkload/freshroute_bulkload.pyi) is what the store node calls: the fake offers
+    # the same methods, and its chunks the same fields.
+    import ast
+    import inspect
+
+    stub = ast.parse((Path(__file__).resolve().parents[2] / "native/bulkload/freshroute_bulkload.pyi").read_text())
+    classes = {c.name: c for c in stub.body if isinstance(c, ast.ClassDef)}
+    methods = {f.name for f in classes["ChangelogReader"].body if isinstance(f, ast.FunctionDef)} - {"__init__"}
+    assert methods <= {name for name, _ in inspect.getmembers(FakeReader, inspect.isfunction)}
+    fields = {a.target.id for a in classes["Chunk"].body if isinstance(a, ast.AnnAssign)}
+    reader = FakeReader(lambda: 0, {}, "t", [(0, 0, "/nonexistent")], "string", "json")
+    reader.chunk(0, {}, 5)
+    assert fields == set(vars(reader.next_chunk(0.0)))
+
+
+def test_the_extension_keeps_to_its_types():
+    import ast
+
+    import freshroute_bulkload
+
+    stub = ast.parse((Path(__file__).resolve().parents[2] / "native/bulkload/freshroute_bulkload.pyi").read_text())
+    for node in (n for n in stub.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))):
+        assert hasattr(freshroute_bulkload, node.name), node.name
+        if isinstance(node, ast.ClassDef):
+            members = {n.name for n in node.body if isinstance(n, ast.FunctionDef)} | \
+                      {n.target.id for n in node.body if isinstance(n, ast.AnnAssign)}
+            missing = {m for m in members - {"__init__"} if not hasattr(getattr(freshroute_bulkload, node.name), m)}
+            assert not missing, (node.name, missing)
