@@ -19,6 +19,8 @@ from tools.local.services import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.light]  # no pipeline (a short Spark analysis at most), no shared stack
 
+# Each command gives up on what does not answer within its own timeout (10 s or less); far past that it hangs.
+HANG_S = 90
 ONE_LINE = re.compile(r"^freshroute: ([A-Z_]+): (.+)$", re.M)
 
 
@@ -54,7 +56,7 @@ def test_a_store_node_whose_data_dir_cannot_hold_stores_says_so_before_it_listen
                                "--port", str(port), "--bootstrap-servers", nowhere(), "--redis-url", nowhere_redis())
     code, message = named(out)
     assert (rc, code) == (2, "CONFIG_ERROR") and f"data_dir {tmp_path / data_dir}" in message and why in message, out
-    assert took < 20
+    assert took < HANG_S
 
 
 def test_table_add_without_a_broker_names_the_broker_and_its_flag(redis_url, namespace):
@@ -63,7 +65,7 @@ def test_table_add_without_a_broker_names_the_broker_and_its_flag(redis_url, nam
                                "--redis-url", redis_url, "--namespace", namespace)
     code, message = named(out)
     assert (rc, code) == (2, "UNAVAILABLE") and f"the broker at {broker} (--bootstrap-servers)" in message, out
-    assert took < 30
+    assert took < HANG_S
 
 
 def test_table_list_without_redis_names_redis_and_its_flag():
@@ -79,7 +81,7 @@ def test_a_pipeline_without_a_broker_names_it_before_spark_starts(tmp_path):
                                "--checkpoint-dir", str(tmp_path / "checkpoint"))
     code, message = named(out)
     assert (rc, code) == (2, "UNAVAILABLE") and f"the broker at {broker} (bootstrap_servers)" in message, out
-    assert not (tmp_path / "checkpoint").exists() and took < 30
+    assert not (tmp_path / "checkpoint").exists() and took < HANG_S
 
 
 def test_a_direct_lookup_says_why_the_store_nodes_were_not_read_beside_the_routers_failure():
@@ -92,7 +94,7 @@ def test_a_direct_lookup_says_why_the_store_nodes_were_not_read_beside_the_route
     error = orjson.loads(out.strip().splitlines()[-1])["error"]
     assert error["code"] == "REPLICA_UNAVAILABLE" and router in error["message"], error
     assert "metadata store (Redis, 127.0.0.1:" in error["direct_failure"], error
-    assert took < 20
+    assert took < HANG_S
 
 
 BROKEN = {
@@ -129,6 +131,6 @@ def test_local_up_refuses_a_table_that_cannot_be_built_before_anything_starts(tm
                                timeout_s=120)
     code, message = named(out)
     assert (rc, code) == (2, "TABLES_FILE_ERROR") and message.startswith(expected.format(path=path)), out[-2000:]
-    # Refused before anything started, within 30 s: no broker, no component recorded, no component's log.
-    assert took < 30 and "Apache Kafka" not in out and not (home / "logs").exists(), out[-2000:]
+    # Refused before anything started: no broker, no component recorded, no component's log.
+    assert took < HANG_S and "Apache Kafka" not in out and not (home / "logs").exists(), out[-2000:]
     assert not (home / "state.json").exists() or Stack.load(home).components == {}
