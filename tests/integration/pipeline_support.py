@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import orjson
@@ -17,7 +18,11 @@ from confluent_kafka.admin import AdminClient
 from freshroute.keys import deserialize_key
 from pipeline.topics import describe_topic
 
+from .stack_fixture import log_tail
+
 REPO = Path(__file__).resolve().parents[2]
+SENSORS = 50
+AREAS = ("wheel", "engine", "cabin", "brake")
 
 
 def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0, headers: bool = False) -> list:
@@ -129,3 +134,49 @@ class PipelineProcess:
             return ""
 
 
+def recompute(inputs: list) -> tuple[dict[str, dict], dict[str, dict]]:
+    """sensor_stats and area_counts, computed in plain Python from the input records."""
+    readings: dict[str, list] = defaultdict(list)
+    areas: dict[str, int] = defaultdict(int)
+    for partition, offset, ts, _key, value in inputs:
+        e = orjson.loads(value)
+        readings[e["sensor"]].append(((ts, partition, offset), e["reading"]))
+        areas[e["area"]] += 1
+    stats = {}
+    for sensor, rs in readings.items():
+        values = [v for _, v in rs]
+        stats[sensor] = {"count": len(values), "sum": math.fsum(values), "avg": math.fsum(values) / len(values),
+                         "min": min(values), "max": max(values), "last": max(rs)[1]}
+    return stats, {a: {"count": n} for a, n in areas.items()}
+
+
+class Processes:
+    """Component processes a test started with `freshroute <command>`, each with its own log (stopped by pid)."""
+
+    def __init__(self, tmp_path, env) -> None:
+        self.tmp_path, self.env, self.procs = tmp_path, env, {}
+
+    def start(self, name: str, *args: str) -> None:
+        log = open(self.tmp_path / f"{name}.log", "ab")
+        self.procs[name] = subprocess.Popen([sys.executable, "-m", "tools.cli", *args], env=self.env, cwd=REPO,
+                                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            start_new_session=True)
+
+    def check(self) -> None:
+        """Fail with its log's last lines if one of the processes has exited."""
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise AssertionError(f"{name} exited with {proc.returncode}:\n{log_tail(str(self.tmp_path / f'{name}.log'))}")
+
+    def stop(self, name: str) -> None:
+        proc = self.procs.pop(name)
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            self.stop(name)

@@ -8,8 +8,6 @@ after its store node restores the table from the changelog into an empty directo
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import grpc
@@ -24,8 +22,8 @@ from tools.local.services import free_port
 from pipeline.topics import ensure_topic
 from proto import router_pb2, router_pb2_grpc
 
-from .pipeline_support import REPO, PipelineProcess, read_topic
-from .stack_fixture import log_tail, wait_until
+from .pipeline_support import PipelineProcess, Processes, read_topic
+from .stack_fixture import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -46,36 +44,6 @@ TABLES = textwrap.dedent('''
     sql_table(name="device_battery", key="device", source="devices",
               sql="SELECT device, max_by(battery, offset) AS battery FROM devices GROUP BY device")
 ''')
-
-
-class Processes:
-    def __init__(self, tmp_path, env) -> None:
-        self.tmp_path, self.env, self.procs = tmp_path, env, {}
-
-    def start(self, name: str, *args: str) -> None:
-        log = open(self.tmp_path / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "tools.cli", *args], env=self.env, cwd=REPO,
-                                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
-
-    def check(self) -> None:
-        """Fail with its log's last lines if one of the processes has exited."""
-        for name, proc in self.procs.items():
-            if proc.poll() is not None:
-                raise AssertionError(f"{name} exited with {proc.returncode}:\n{log_tail(str(self.tmp_path / f'{name}.log'))}")
-
-    def stop(self, name: str) -> None:
-        proc = self.procs.pop(name)
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-    def stop_all(self) -> None:
-        for name in list(self.procs):
-            self.stop(name)
 
 
 @pytest.mark.timeout(600)

@@ -6,12 +6,10 @@ Real broker, real Redis, real Spark, the pipeline as its own process (``python -
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import signal
 import time
-from collections import defaultdict
 
 import orjson
 import pytest
@@ -23,12 +21,10 @@ from freshroute.metadata import MetadataStore
 from pipeline.job import committed_batches, query_checkpoint_of
 from pipeline.topics import ensure_topic
 
-from .pipeline_support import PipelineProcess, materialize, mismatches, read_topic
+from .pipeline_support import AREAS, SENSORS, PipelineProcess, materialize, mismatches, read_topic, recompute
 
 pytestmark = pytest.mark.integration
 
-SENSORS = 50
-AREAS = ("wheel", "engine", "cabin", "brake")
 CHANGELOG_PARTITIONS = 8
 
 
@@ -42,22 +38,6 @@ def produce_readings(bootstrap: str, topic: str, n: int, rng: random.Random) -> 
                   on_delivery=lambda err, _m: errors.append(err) if err else None)
         p.poll(0)
     assert p.flush(30) == 0 and not errors
-
-
-def recompute(inputs: list) -> tuple[dict[str, dict], dict[str, dict]]:
-    """sensor_stats and area_counts, computed in plain Python from the input records."""
-    readings: dict[str, list] = defaultdict(list)
-    areas: dict[str, int] = defaultdict(int)
-    for partition, offset, ts, _key, value in inputs:
-        e = orjson.loads(value)
-        readings[e["sensor"]].append(((ts, partition, offset), e["reading"]))
-        areas[e["area"]] += 1
-    stats = {}
-    for sensor, rs in readings.items():
-        values = [v for _, v in rs]
-        stats[sensor] = {"count": len(values), "sum": math.fsum(values), "avg": math.fsum(values) / len(values),
-                         "min": min(values), "max": max(values), "last": max(rs)[1]}
-    return stats, {a: {"count": n} for a, n in areas.items()}
 
 
 @pytest.mark.timeout(1500)

@@ -27,8 +27,7 @@ from freshroute.windows import WATERMARK_KEY, parse_watermark, split_window_key
 from pipeline.follower import committed_offsets
 from pipeline.topics import ensure_topic
 
-from .pipeline_support import REPO, PipelineProcess, materialize, mismatches, read_topic
-from .test_pipeline_exactly_once import AREAS, SENSORS, recompute
+from .pipeline_support import AREAS, REPO, SENSORS, PipelineProcess, materialize, mismatches, read_topic, recompute
 
 pytestmark = pytest.mark.integration
 

@@ -27,9 +27,8 @@ from freshroute.windows import WATERMARK_KEY, split_window_key
 from pipeline.topics import ensure_topic
 from proto import router_pb2, router_pb2_grpc
 
-from .pipeline_support import PipelineProcess, read_topic
+from .pipeline_support import PipelineProcess, Processes, read_topic
 from .stack_fixture import wait_until
-from .test_deletes import Processes
 
 pytestmark = pytest.mark.integration
 
