@@ -20,7 +20,7 @@ from freshroute.errors import InvalidArgument, RetryableError, TableNotFound
 from freshroute.formats import KEY_FORMATS, VALUE_FORMATS, key_problem, value_problem
 from freshroute.keys import partition_for
 from freshroute.metadata import MAX_STANDBY_REPLICAS, MetadataStore, TableSpec
-from freshroute.topics import describe_topic, topic_config
+from freshroute.topics import describe_topic, failure, topic_config
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SAMPLE_PER_PARTITION = 100  # records read from the start of each partition to check the formats and placement
@@ -55,10 +55,8 @@ def add_table(metadata: MetadataStore, admin: Any, bootstrap: str, name: str, to
         info = describe_topic(admin, topic)
         config = topic_config(admin, topic) if info is not None else {}
     except (KafkaException, TimeoutError) as e:
-        error = e.args[0] if e.args else None
-        reason = error.str() if hasattr(error, "str") else str(e) or "no answer in time"
         raise RetryableError(f"the broker at {bootstrap} (--bootstrap-servers) did not describe topic {topic!r}: "
-                             f"{reason}", setting="bootstrap_servers") from None
+                             f"{failure(e)}", setting="bootstrap_servers") from None
     if info is None:
         raise TableRefused(f"topic {topic!r} does not exist on {bootstrap}", field="topic")
     warnings = []

@@ -16,6 +16,17 @@ class TopicInfo:
     replication_factor: int = 1
 
 
+def kafka_error(e: BaseException) -> KafkaError | None:
+    """The KafkaError a confluent-kafka exception carries (None: it carries none)."""
+    return e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+
+
+def failure(e: BaseException) -> str:
+    """What a failed call to the broker says went wrong: the broker's error, or that no answer came in time."""
+    err = kafka_error(e)
+    return err.str() if err is not None else str(e) or "no answer in time"
+
+
 def describe_topic(admin: Any, topic: str, timeout_s: float = 10.0) -> TopicInfo | None:
     """The topic's id and partitions, or None when it does not exist."""
     from confluent_kafka import TopicCollection
@@ -23,7 +34,7 @@ def describe_topic(admin: Any, topic: str, timeout_s: float = 10.0) -> TopicInfo
     try:
         desc = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout_s)[topic].result(timeout_s)
     except KafkaException as e:
-        err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+        err = kafka_error(e)
         if err is not None and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
             return None
         raise

@@ -11,7 +11,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from freshroute.errors import ConfigError, RetryableError
 from freshroute.settings import kafka_logging
-from freshroute.topics import TopicInfo, describe_topic
+from freshroute.topics import TopicInfo, describe_topic, failure, kafka_error
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ def ensure_topic(admin: AdminClient, topic: str, partitions: int, config: dict[s
         log.info("created topic %s (%d partitions, replication factor %d%s)", topic, partitions, replication_factor,
                  ", " + ", ".join(f"{k}={v}" for k, v in (config or {}).items()) if config else "")
     except KafkaException as e:
-        err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+        err = kafka_error(e)
         if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise
     # The controller has created it; the broker answering may learn of it a moment later.
@@ -48,9 +48,8 @@ def check_replication(admin: AdminClient, replication_factor: int, bootstrap: st
     try:
         brokers = len(admin.list_topics(timeout=timeout_s).brokers)
     except KafkaException as e:
-        err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
         raise RetryableError(f"the broker at {bootstrap or 'bootstrap_servers'} (bootstrap_servers) does not answer: "
-                             f"{err.str() if err else e}", setting="bootstrap_servers") from None
+                             f"{failure(e)}", setting="bootstrap_servers") from None
     if replication_factor > brokers:
         raise ConfigError(f"changelog_replication_factor {replication_factor} is above the cluster's {brokers} "
                           f"broker(s): a topic needs a broker per copy", setting="changelog_replication_factor",

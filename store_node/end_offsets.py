@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
 
+from freshroute.topics import kafka_error
 from store_node.replica import Clock, Replica
 from store_node.replica_set import ReplicaSet
 from store_node.settings import StoreNodeSettings
@@ -194,7 +195,8 @@ class EndOffsetWatcher:
         try:
             desc = described.result(0)
         except KafkaException as e:
-            if e.args and getattr(e.args[0], "code", lambda: None)() in MISSING_TOPIC:
+            err = kafka_error(e)
+            if err is not None and err.code() in MISSING_TOPIC:
                 self.note_missing(topic)
             return  # missing topic or broker down: nothing learned
         except Exception:
