@@ -32,6 +32,12 @@ def start(settings_cls: Any, run: Callable[[Any], Any], args: argparse.Namespace
     run(settings)
 
 
+def stopped(e: FreshrouteError) -> int:
+    """Say why a command stopped, as one line ``freshroute: CODE: message`` on stderr; its exit status (2)."""
+    print(f"freshroute: {e.code}: {e.message}", file=sys.stderr)
+    return 2
+
+
 def launch(prog: str, description: str, settings_cls: Any, run: Callable[[Any], Any],
            argv: list[str] | None = None) -> int:
     """Parse ``argv`` into ``settings_cls`` and run the component; a named error is one line on stderr and exit 2."""
@@ -41,8 +47,7 @@ def launch(prog: str, description: str, settings_cls: Any, run: Callable[[Any], 
     try:
         start(settings_cls, run, args)
     except FreshrouteError as e:  # a component stopped for a reason it has named (config, lost data …)
-        print(f"freshroute: {e.code}: {e.message}", file=sys.stderr)
-        return 2
+        return stopped(e)
     except KeyboardInterrupt:
         return 130
     return 0

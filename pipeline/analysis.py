@@ -15,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from freshroute.errors import FreshrouteError
+from freshroute.launch import stopped
 from pipeline.tables import TablesDefinition, load_tables
 from pipeline.validation import RAW_KEY, RAW_VALUE, required_fields, split
 
@@ -50,7 +51,7 @@ def session() -> "SparkSession":
     return (SparkSession.builder.master("local[1]").appName("freshroute-tables-check")
             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.session.timeZone", "UTC")
-            .config("spark.driver.extraJavaOptions", archive_options(PipelineSettings.model_fields["jars_dir"].default))
+            .config("spark.driver.extraJavaOptions", archive_options(PipelineSettings().jars_dir))
             .getOrCreate())
 
 
@@ -67,8 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             spark.stop()
     except FreshrouteError as e:
-        print(f"freshroute: {e.code}: {e.message}", file=sys.stderr)
-        return 2
+        return stopped(e)
     print(f"{a.tables_file}: {len(definition.tables)} table(s) built: "
           f"{', '.join(sorted(definition.tables))}")
     return 0

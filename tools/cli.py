@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from freshroute.errors import ConfigError, FreshrouteError
+from freshroute.launch import add_settings_flags, start, stopped
 
 if TYPE_CHECKING:
     from freshroute.freshness import Bound
@@ -42,8 +43,6 @@ def _resolve(ref: str) -> Any:
 
 
 def _run_component(command: str, args: argparse.Namespace) -> int:
-    from freshroute.launch import start
-
     settings_ref, run_ref, _ = COMPONENTS[command]
     start(_resolve(settings_ref), _resolve(run_ref), args)
     return 0
@@ -324,8 +323,6 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--bootstrap", default="", help="with --voters: every broker's client address")
     broker.add_argument("--cluster-id", default="", help="the quorum's id (default: the storage's, else a new one)")
 
-    from freshroute.launch import add_settings_flags
-
     for command, (settings_ref, _, help_text) in COMPONENTS.items():
         p = sub.add_parser(command, help=help_text)
         try:
@@ -431,8 +428,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             raise _server_not_installed(args.command, str(e)) from None
     except FreshrouteError as e:  # a component stopped for a reason it has named (config, lost data …)
-        print(f"freshroute: {e.code}: {e.message}", file=sys.stderr)
-        return 2
+        return stopped(e)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
