@@ -151,7 +151,7 @@ class AsyncClient:
     async def _ready(self) -> RoutingCore:
         """The routing core, once the first snapshot is in or waiting for it is over."""
         core = self._core()
-        while (awaited := self._awaited()) is not None and not awaited.is_set():
+        while self._awaited() is not None:
             await asyncio.sleep(0.02)
         return core
 
@@ -244,6 +244,7 @@ class AsyncClient:
         core, deadline = await self._ready(), self.deadline()
         bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms)
         keys = batch_keys(keys)
+        cause = None
         if self.direct():
             lag, fmt = core.input_lag(table), core.value_format(table)
             results = await core.batch_get(table, keys, bound, Lookup.group if not lag[0] and fmt == "json" else
@@ -251,8 +252,7 @@ class AsyncClient:
             cause = next((r for r in results if isinstance(r, _FALL_BACK)), None)
             if self.router is None or cause is None:
                 return results
-            return await self.via_router("get_many", cause).get_many(table, keys, bound, deadline)
-        return await self.via_router("get_many").get_many(table, keys, bound, deadline)
+        return await self.via_router("get_many", cause).get_many(table, keys, bound, deadline)
 
     async def windows(self, table: str, key: str, *, from_ms: int, to_ms: int, max_lag: int | None = None,
                       max_staleness_ms: int | None = None, min_position: str | Position | None = None,

@@ -153,6 +153,7 @@ class Client:
         (core, store), deadline = self._thread_core(), self._async.deadline()
         bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms)
         keys = batch_keys(keys)
+        cause = None
         if self._async.direct():
             started = time.perf_counter()
             spec, resolved, groups, raw_keys = core.group_keys(table, keys, bound)
@@ -176,8 +177,7 @@ class Client:
             cause = next((r for r in out if isinstance(r, _FALL_BACK)), None)
             if self._async.router is None or cause is None:
                 return out
-            return self._call(self._async.via_router("get_many", cause).get_many(table, keys, bound, deadline))
-        return self._call(self._async.via_router("get_many").get_many(table, keys, bound, deadline))
+        return self._call(self._async.via_router("get_many", cause).get_many(table, keys, bound, deadline))
 
     def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
              limit: int | None = None, page_size: int | None = None, max_lag: int | None = None,
