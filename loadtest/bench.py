@@ -867,31 +867,33 @@ class Bench:
         """
         import signal
 
-        import httpx
-
         from loadtest.freshness import InputLag
 
-        tables = [t["name"] for t in httpx.get(f"{self.c.rest_url}/v1/tables", timeout=10).json()["tables"]
-                  if t["pipeline"]["last_progress_ms"] is not None]
-        lags = {t: InputLag(self.c.rest_url, t) for t in tables}
+        lag = InputLag(self.c.rest_url)
         try:
+            tables = {t for t, n in lag.sample_all().items() if n is not None}
+            if not tables:
+                raise RuntimeError("no pipeline table reports where it is in its input")
             killed = time.monotonic()
             self.stack.signal("pipeline", signal.SIGKILL)
             # Answers say the killed pipeline is behind as soon as input arrives: a 0 after that is the new one's.
-            while time.monotonic() - killed < 10 and any(not lag.sample() for lag in lags.values()):
+            while time.monotonic() - killed < 10:
+                lags = lag.sample_all()
+                if all(lags.get(t) for t in tables):
+                    break
                 time.sleep(0.1)
             self.stack.start("pipeline")
             waiting = set(tables)
             while waiting and time.monotonic() - killed < 600:
-                waiting -= {t for t in waiting if lags[t].sample() == 0}
+                lags = lag.sample_all()
+                waiting -= {t for t in waiting if lags.get(t) == 0}
                 time.sleep(0.05)
             if waiting:
                 raise RuntimeError(f"{sorted(waiting)} not caught up 600 s after the pipeline's kill")
             self.fig["pipeline_replay_s"] = round(time.monotonic() - killed, 1)
             self.say(f"  every table caught up {self.fig['pipeline_replay_s']} s after kill -9 of the pipeline")
         finally:
-            for lag in lags.values():
-                lag.close()
+            lag.close()
 
     def pipeline_max_rate(self) -> None:
         """The highest input rate at which every table keeps within two seconds of its input for 60 s."""
