@@ -84,6 +84,22 @@ class NoReplicaWithinBound(RetryableError):
     code = "NO_REPLICA_WITHIN_BOUND"
 
 
+class NotYetVisible(RetryableError):
+    """A lookup ``after`` a write token found no replica whose answer includes those events within its wait
+    (details say how far the table is behind the token)."""
+
+    code = "NOT_YET_VISIBLE"
+
+
+class WriteRejected(FatalError):
+    """A lookup ``after`` a write token waits for an event the pipeline rejected as bad input: it will never be in
+    the table (details carry the pipeline's reason)."""
+
+    code = "WRITE_REJECTED"
+    http_status = 409
+    grpc_status = "FAILED_PRECONDITION"
+
+
 class LookupTimeout(RetryableError):
     code = "TIMEOUT"
     http_status = 504

@@ -14,13 +14,15 @@ from __future__ import annotations
 import base64
 import binascii
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+import zlib
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable, Mapping, Sequence
 
 import orjson
 
 from freshroute.errors import InvalidArgument, NoReplicaWithinBound
 from proto import router_pb2, store_pb2
+
 
 
 # ---- lag ---------------------------------------------------------------------------------------------------
@@ -135,6 +137,83 @@ def input_lag_at(lag: "InputLag | None", ends: "InputEnds | None", now: int) -> 
 NO_INPUT_LAG = InputLag(0, 0, 0)
 
 
+# ---- what the changelog reflects ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InputMark:
+    """Where a table's changelog ended once its query had processed its input up to ``input`` (partition → next
+    offset): published by the pipeline after each micro-batch, and after each checkpoint of a Real-time query, once
+    the batch's rows are in Kafka. A replica of changelog partition ``c`` that has applied ``changelog[c]`` reflects
+    every input record before ``input``, whichever keys they touched."""
+
+    input: dict[int, int]
+    changelog: dict[int, int]
+    at_ms: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"i": self.input, "c": self.changelog, "t": self.at_ms}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "InputMark":
+        return cls({int(p): int(o) for p, o in d["i"].items()}, {int(p): int(o) for p, o in d["c"].items()},
+                   int(d["t"]))
+
+
+MARKS_KEPT = 64  # a table's latest marks kept in the metadata store: a token older than all of them is long in
+
+
+def marks_to_json(marks: Sequence[InputMark]) -> bytes:
+    return orjson.dumps([m.to_dict() for m in marks], option=orjson.OPT_NON_STR_KEYS)
+
+
+def marks_from_json(raw: bytes | str) -> tuple[InputMark, ...]:
+    return tuple(InputMark.from_dict(d) for d in orjson.loads(raw))
+
+
+def reflected_at(marks: Sequence[InputMark], offsets: Mapping[int, int]) -> dict[int, int] | None:
+    """The changelog offsets from which every input record up to ``offsets`` (partition → offset, inclusive) is
+    reflected: the first mark past all of them; None while no mark is."""
+    for mark in marks:  # oldest first
+        if all(mark.input.get(p, 0) > o for p, o in offsets.items()):
+            return mark.changelog
+    return None
+
+
+REJECTIONS_KEPT = 256  # per input partition: the latest records the pipeline rejected, with their reason
+
+
+def rejections_to_json(rejected: Mapping[int, Sequence[tuple[int, str]]]) -> bytes:
+    return orjson.dumps({str(p): [list(r) for r in rs] for p, rs in rejected.items()})
+
+
+def rejections_from_json(raw: bytes | str) -> dict[int, dict[int, str]]:
+    """Input partition → offset → why the pipeline rejected that record."""
+    return {int(p): {int(o): str(why) for o, why in rs} for p, rs in orjson.loads(raw).items()}
+
+
+@dataclass(frozen=True)
+class ReadAfter:
+    """A write token narrowed to one table: the events of its input topic it names, and how a replica shows it
+    reflects them — its key's row reflects them (the row's input position, written by a Real-time query, is at
+    or past each: :func:`freshroute.input_position.reflects`), or the replica has applied the changelog up to
+    where a mark (:class:`InputMark`) says the input was processed past them (``reflected``; empty while none
+    is)."""
+
+    topic: str
+    offsets: Mapping[int, int]  # input partition → offset of the latest event written there
+    reflected: Mapping[int, int]  # changelog partition → applied offset from which every event named is in
+    # Why the pipeline rejected one of the named events, if it did (read from the latest routing metadata).
+    rejection: Callable[[], str | None] = field(default=lambda: None, compare=False, repr=False)
+
+    def after_offset(self, partition: int) -> int:
+        """The applied offset of ``partition`` from which the replica reflects every event named (0: unknown)."""
+        return self.reflected.get(partition, 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"topic": self.topic, "offsets": {str(p): o for p, o in self.offsets.items()}}
+
+
 # ---- position ----------------------------------------------------------------------------------------------
 
 _PREFIX = "p1."
@@ -187,6 +266,93 @@ def single(table: str, partition: int, offset: int) -> str:
     return Position(table, {partition: offset}).encode()
 
 
+# ---- write tokens ------------------------------------------------------------------------------------------
+# What a writer holds once its input event is in Kafka (:mod:`freshroute.write_token` makes one from a delivery
+# report): per input topic and partition the offset of the latest event written, per table the changelog position
+# of what the session last read. ``w1.`` + base64url(JSON) + ``.`` + the CRC-32 of the JSON: opaque to its holder,
+# and one cut or altered in transit is refused rather than read as another.
+
+WRITE_TOKEN_PREFIX = "w1."
+MAX_OFFSET = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class WriteToken:
+    """Input events written (topic → partition → offset of the latest) and changelog positions read (table →
+    partition → applied offset), and when the latest event was written (its producer's timestamp, ms)."""
+
+    inputs: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    reads: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    written_ms: int = 0
+
+    def combine(self, other: "WriteToken") -> "WriteToken":
+        """Both tokens' events and reads: the later offset per partition."""
+        return WriteToken(_later(self.inputs, other.inputs), _later(self.reads, other.reads),
+                          max(self.written_ms, other.written_ms))
+
+    def read_position(self, table: str) -> Position | None:
+        """What the token says was read of ``table``, as a ``min_position``; None if nothing."""
+        offsets = self.reads.get(table)
+        return Position(table, dict(offsets)) if offsets else None
+
+    def encode(self) -> str:
+        raw = orjson.dumps({"i": {t: {str(p): o for p, o in parts.items()} for t, parts in self.inputs.items()},
+                            "r": {t: {str(p): o for p, o in parts.items()} for t, parts in self.reads.items()},
+                            "t": self.written_ms})
+        body = base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+        return f"{WRITE_TOKEN_PREFIX}{body}.{zlib.crc32(raw):08x}"
+
+    @classmethod
+    def decode(cls, token: str, name: str = "after") -> "WriteToken":
+        """Parse a token; anything malformed, cut or altered is an :class:`InvalidArgument` naming ``name``."""
+        if not isinstance(token, str) or not token.startswith(WRITE_TOKEN_PREFIX) or len(token) > MAX_TOKEN_LENGTH:
+            raise InvalidArgument(f"{name} is not a write token (freshroute.client.write_token makes one)", field=name)
+        body, _, crc = token[len(WRITE_TOKEN_PREFIX):].rpartition(".")
+        try:
+            raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+        except (binascii.Error, ValueError):
+            raise InvalidArgument(f"{name} is not a write token", field=name) from None
+        if len(crc) != 8 or f"{zlib.crc32(raw):08x}" != crc:
+            raise InvalidArgument(f"{name} is not a write token as it was made: its checksum does not match "
+                                  f"(cut or altered)", field=name)
+        try:
+            doc = orjson.loads(raw)
+            token_ = cls(_offsets(doc["i"]), _offsets(doc["r"]), int(doc["t"]))
+        except (KeyError, TypeError, ValueError, AttributeError, orjson.JSONDecodeError):
+            raise InvalidArgument(f"{name} is not a write token", field=name) from None
+        if not token_.inputs and not token_.reads:
+            raise InvalidArgument(f"{name} names no write and no read", field=name)
+        return token_
+
+
+def _offsets(doc: Any) -> dict[str, dict[int, int]]:
+    out = {}
+    for name, parts in doc.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError("a topic or table name")
+        offsets = {int(p): o for p, o in parts.items()}
+        if any(type(o) is not int or not 0 <= o <= MAX_OFFSET or p < 0 for p, o in offsets.items()):
+            raise ValueError("an offset")
+        out[name] = offsets
+    return out
+
+
+def _later(a: Mapping[str, Mapping[int, int]], b: Mapping[str, Mapping[int, int]]) -> dict[str, dict[int, int]]:
+    out = {name: dict(parts) for name, parts in a.items()}
+    for name, parts in b.items():
+        mine = out.setdefault(name, {})
+        for p, o in parts.items():
+            mine[p] = max(mine.get(p, -1), o)
+    return out
+
+
+def parse_after(raw: "str | WriteToken | None") -> "WriteToken | None":
+    """An ``after`` value (a token string, or a token) as a :class:`WriteToken`; None when absent."""
+    if raw is None or raw == "":
+        return None
+    return raw if isinstance(raw, WriteToken) else WriteToken.decode(raw)
+
+
 # ---- bound -------------------------------------------------------------------------------------------------
 
 MAX_LIMIT = (1 << 63) - 1  # a bound or limit is an int64, as on the gRPC wire
@@ -202,11 +368,16 @@ class Bound:
     # How far the table's changelog may be behind its input (the pipeline's lag, not a replica's): checked once per
     # read against the table's input lag, before any replica is asked.
     max_input_lag_ms: int | None = None
+    # Events the answer must include (the caller's write token), how long to wait for a replica that has them, and
+    # the token narrowed to the table read (filled in by the router, who knows the table's input and its marks).
+    after: WriteToken | None = None
+    wait_ms: int | None = None
+    read_after: ReadAfter | None = None
 
     @property
     def unbounded(self) -> bool:
         return (self.max_lag is None and self.max_staleness_ms is None and self.min_position is None
-                and self.max_input_lag_ms is None)
+                and self.max_input_lag_ms is None and self.after is None)
 
     def min_offset(self, partition: int) -> int:
         """The applied offset a replica of ``partition`` must have reached (0 = any)."""
@@ -240,9 +411,8 @@ class Bound:
         """Fill unset limits from the table's defaults."""
         if (self.max_lag is not None or max_lag is None) and (self.max_staleness_ms is not None or max_staleness_ms is None):
             return self
-        return Bound(self.max_lag if self.max_lag is not None else max_lag,
-                     self.max_staleness_ms if self.max_staleness_ms is not None else max_staleness_ms,
-                     self.min_position, self.max_input_lag_ms)
+        return replace(self, max_lag=self.max_lag if self.max_lag is not None else max_lag,
+                       max_staleness_ms=self.max_staleness_ms if self.max_staleness_ms is not None else max_staleness_ms)
 
     def to_dict(self) -> dict[str, Any]:
         """The bound as error details show it."""
@@ -251,6 +421,8 @@ class Bound:
             out["min_position"] = self.min_position.encode()
         if self.max_input_lag_ms is not None:
             out["max_input_lag_ms"] = self.max_input_lag_ms
+        if self.after is not None:
+            out["after"] = self.after.encode()
         return out
 
     def input_lag_refusal(self, table: str, input_lag: tuple[int, int]) -> "NoReplicaWithinBound | None":
@@ -266,8 +438,13 @@ class Bound:
 
     def to_store(self, partition: int) -> store_pb2.ReadBound:
         """The bound as a store node checks it: the position narrowed to ``partition``."""
+        after = self.read_after
+        if after is None:
+            return store_pb2.ReadBound(max_lag=self.max_lag, max_staleness_ms=self.max_staleness_ms,
+                                       min_offset=self.min_offset(partition))
         return store_pb2.ReadBound(max_lag=self.max_lag, max_staleness_ms=self.max_staleness_ms,
-                                   min_offset=self.min_offset(partition))
+                                   min_offset=self.min_offset(partition), after_input=after.offsets,
+                                   after_offset=after.after_offset(partition))
 
     @classmethod
     def from_store(cls, table: str, partition: int, msg: store_pb2.ReadBound) -> "Bound":
@@ -280,7 +457,8 @@ class Bound:
         """The bound in the public gRPC API."""
         return router_pb2.Bound(max_lag=self.max_lag, max_staleness_ms=self.max_staleness_ms,
                                 min_position=self.min_position.encode() if self.min_position is not None else "",
-                                max_input_lag_ms=self.max_input_lag_ms)
+                                max_input_lag_ms=self.max_input_lag_ms,
+                                after=self.after.encode() if self.after is not None else "", wait_ms=self.wait_ms)
 
     @classmethod
     def from_message(cls, msg: router_pb2.Bound) -> "Bound":
@@ -288,7 +466,8 @@ class Bound:
         return parse_bound(msg.max_lag if msg.HasField("max_lag") else None,
                            msg.max_staleness_ms if msg.HasField("max_staleness_ms") else None,
                            msg.min_position or None,
-                           msg.max_input_lag_ms if msg.HasField("max_input_lag_ms") else None)
+                           msg.max_input_lag_ms if msg.HasField("max_input_lag_ms") else None,
+                           msg.after or None, msg.wait_ms if msg.HasField("wait_ms") else None)
 
     def to_query(self) -> dict[str, str]:
         """The bound as REST query parameters."""
@@ -301,6 +480,10 @@ class Bound:
             out["min_position"] = self.min_position.encode()
         if self.max_input_lag_ms is not None:
             out["max_input_lag_ms"] = str(self.max_input_lag_ms)
+        if self.after is not None:
+            out["after"] = self.after.encode()
+        if self.wait_ms is not None:
+            out["wait_ms"] = str(self.wait_ms)
         return out
 
 
@@ -346,16 +529,26 @@ def parse_position(raw: str | Position | None) -> Position | None:
     return raw if isinstance(raw, Position) else Position.decode(raw)
 
 
+MAX_WAIT_MS = 60_000
+
+
 def parse_bound(max_lag: Any = None, max_staleness_ms: Any = None, min_position: str | Position | None = None,
-                max_input_lag_ms: Any = None) -> Bound:
+                max_input_lag_ms: Any = None, after: str | WriteToken | None = None, wait_ms: Any = None) -> Bound:
     """A caller's bound from raw values; anything malformed is an InvalidArgument naming the field."""
-    if max_lag is None and max_staleness_ms is None and not min_position and max_input_lag_ms is None:
+    if (max_lag is None and max_staleness_ms is None and not min_position and max_input_lag_ms is None and not after
+            and wait_ms is None):
         return NO_BOUND
+    token = None
+    if after:
+        token = parse_after(after)
+    wait = parse_limit("wait_ms", wait_ms)
+    if wait is not None and not 1 <= wait <= MAX_WAIT_MS:
+        raise InvalidArgument(f"wait_ms must be from 1 to {MAX_WAIT_MS}, got {wait}", field="wait_ms")
     return Bound(parse_limit("max_lag", max_lag), parse_limit("max_staleness_ms", max_staleness_ms),
-                 parse_position(min_position), parse_limit("max_input_lag_ms", max_input_lag_ms))
+                 parse_position(min_position), parse_limit("max_input_lag_ms", max_input_lag_ms), token, wait)
 
 
 def parse_query_bound(params: Mapping[str, str]) -> Bound:
     """A bound from REST query parameters (already split)."""
     return parse_bound(params.get("max_lag"), params.get("max_staleness_ms"), params.get("min_position"),
-                       params.get("max_input_lag_ms"))
+                       params.get("max_input_lag_ms"), params.get("after"), params.get("wait_ms"))

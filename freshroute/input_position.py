@@ -11,7 +11,7 @@ before the crash, so the table ends as a recomputation of its input would.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import orjson
 
@@ -46,6 +46,22 @@ def covers(new: InputPosition, held: InputPosition) -> bool:
         if offset is None:
             continue
         if partition >= len(new) or new[partition] is None or new[partition] < offset:
+            return False
+    return True
+
+
+def reflects(raw: bytes | None, after: Mapping[int, int]) -> bool:
+    """Whether a row whose position header is ``raw`` reflects every input record of its key up to ``after`` (input
+    partition → offset, inclusive): the query folds a key's records of a partition in offset order, so a row at
+    or past an offset has every earlier one of its key."""
+    position = decode(raw)
+    if position is None:
+        return False
+    for partition, offset in after.items():
+        if partition >= len(position):
+            return False
+        held = position[partition]
+        if held is None or held < offset:
             return False
     return True
 

@@ -39,11 +39,12 @@ import sys
 from array import array
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Container, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Container, Iterable, Mapping, Sequence
 
 import orjson
 
-from freshroute.freshness import InputEnds, InputLag, ReplicaLag
+from freshroute.freshness import (InputEnds, InputLag, InputMark, ReplicaLag, marks_from_json, marks_to_json,
+                                  rejections_from_json, rejections_to_json)
 from freshroute.windows import WindowSpec
 
 if TYPE_CHECKING:
@@ -337,6 +338,14 @@ class Keys:
         return f"{self.ns}:input:ends"
 
     @property
+    def input_marks(self) -> str:
+        return f"{self.ns}:input:marks"
+
+    @property
+    def input_rejected(self) -> str:
+        return f"{self.ns}:input:rejected"
+
+    @property
     def beats(self) -> str:
         return f"{self.ns}:beats"
 
@@ -515,6 +524,20 @@ class MetadataStore:
 
     def input_ends(self) -> dict[str, InputEnds]:
         return {text(k): InputEnds.from_json(v) for k, v in self.redis.hgetall(self.keys.input_ends).items()}
+
+    def publish_input_marks(self, table: str, marks: Sequence[InputMark]) -> None:
+        """A table's latest marks (:class:`freshroute.freshness.InputMark`), oldest first."""
+        self.redis.hset(self.keys.input_marks, table, marks_to_json(marks))
+
+    def input_marks(self) -> dict[str, tuple[InputMark, ...]]:
+        return {text(k): marks_from_json(v) for k, v in self.redis.hgetall(self.keys.input_marks).items()}
+
+    def publish_rejections(self, topic: str, rejected: Mapping[int, Sequence[tuple[int, str]]]) -> None:
+        """The latest input records of ``topic`` the pipeline rejected (partition → (offset, reason)), oldest first."""
+        self.redis.hset(self.keys.input_rejected, topic, rejections_to_json(rejected))
+
+    def rejections(self) -> dict[str, dict[int, dict[int, str]]]:
+        return {text(k): rejections_from_json(v) for k, v in self.redis.hgetall(self.keys.input_rejected).items()}
 
     # nodes
     def _beat_args(self, node_id: str, beat_ms: int, ttl_ms: int, report: bytes | None,

@@ -30,6 +30,7 @@ class ReadStatus(IntEnum):
     TOO_STALE = 2
     NOT_HOSTED = 3
     ERROR = 4
+    NOT_YET_VISIBLE = 5  # within the bound, but the events the read must reflect are not in it yet
 
 
 class ReplicaStatus(NamedTuple):

@@ -8,16 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Bound(_message.Message):
-    __slots__ = ("max_lag", "max_staleness_ms", "min_position", "max_input_lag_ms")
+    __slots__ = ("max_lag", "max_staleness_ms", "min_position", "max_input_lag_ms", "after", "wait_ms")
     MAX_LAG_FIELD_NUMBER: _ClassVar[int]
     MAX_STALENESS_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_POSITION_FIELD_NUMBER: _ClassVar[int]
     MAX_INPUT_LAG_MS_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     max_lag: int
     max_staleness_ms: int
     min_position: str
     max_input_lag_ms: int
-    def __init__(self, max_lag: _Optional[int] = ..., max_staleness_ms: _Optional[int] = ..., min_position: _Optional[str] = ..., max_input_lag_ms: _Optional[int] = ...) -> None: ...
+    after: str
+    wait_ms: int
+    def __init__(self, max_lag: _Optional[int] = ..., max_staleness_ms: _Optional[int] = ..., min_position: _Optional[str] = ..., max_input_lag_ms: _Optional[int] = ..., after: _Optional[str] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class Lag(_message.Message):
     __slots__ = ("offsets", "ms")

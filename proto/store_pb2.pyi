@@ -28,6 +28,7 @@ class ReadStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOO_STALE: _ClassVar[ReadStatus]
     NOT_HOSTED: _ClassVar[ReadStatus]
     ERROR: _ClassVar[ReadStatus]
+    NOT_YET_VISIBLE: _ClassVar[ReadStatus]
 ROLE_UNSPECIFIED: Role
 ACTIVE: Role
 STANDBY: Role
@@ -41,16 +42,28 @@ NOT_FOUND: ReadStatus
 TOO_STALE: ReadStatus
 NOT_HOSTED: ReadStatus
 ERROR: ReadStatus
+NOT_YET_VISIBLE: ReadStatus
 
 class ReadBound(_message.Message):
-    __slots__ = ("max_lag", "max_staleness_ms", "min_offset")
+    __slots__ = ("max_lag", "max_staleness_ms", "min_offset", "after_input", "after_offset")
+    class AfterInputEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     MAX_LAG_FIELD_NUMBER: _ClassVar[int]
     MAX_STALENESS_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    AFTER_INPUT_FIELD_NUMBER: _ClassVar[int]
+    AFTER_OFFSET_FIELD_NUMBER: _ClassVar[int]
     max_lag: int
     max_staleness_ms: int
     min_offset: int
-    def __init__(self, max_lag: _Optional[int] = ..., max_staleness_ms: _Optional[int] = ..., min_offset: _Optional[int] = ...) -> None: ...
+    after_input: _containers.ScalarMap[int, int]
+    after_offset: int
+    def __init__(self, max_lag: _Optional[int] = ..., max_staleness_ms: _Optional[int] = ..., min_offset: _Optional[int] = ..., after_input: _Optional[_Mapping[int, int]] = ..., after_offset: _Optional[int] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
     __slots__ = ("node", "role", "state", "applied_offset", "end_offset", "lag_offsets", "staleness_ms", "failure")

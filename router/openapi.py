@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from freshroute.freshness import MAX_LIMIT, MAX_TOKEN_LENGTH
+from freshroute.freshness import MAX_LIMIT, MAX_TOKEN_LENGTH, MAX_WAIT_MS
 from router.transports.http1 import MAX_HEAD, MAX_REQUEST_LINE_URL
 
 # Tokens are opaque to clients; their formats are named so tools can tell them from free text.
@@ -19,6 +19,11 @@ PAGE_TOKEN_FORMAT = "freshroute-page-token"
 POSITION_SCHEMA: dict[str, Any] = {"type": "string", "format": POSITION_FORMAT, "maxLength": MAX_TOKEN_LENGTH}
 _POSITION_HELP = ("a position token (`p1.…`, opaque) from an earlier response of this table: "
                   "answer at least that fresh")
+WRITE_TOKEN_FORMAT = "freshroute-write-token"
+WRITE_TOKEN_SCHEMA: dict[str, Any] = {"type": "string", "format": WRITE_TOKEN_FORMAT, "maxLength": MAX_TOKEN_LENGTH}
+_AFTER_HELP = ("a write token (`w1.…`, freshroute.client.write_token of a producer's delivery report): answer only "
+               "with a value that includes those input events, waiting for a replica that has them")
+_WAIT_HELP = "how long to wait for a replica with the events (`after`) or the position: the lookup's deadline"
 
 
 class ServedBy(BaseModel):
@@ -71,6 +76,9 @@ class BatchGetRequest(BaseModel):
     min_position: str | None = Field(default=None, description=_POSITION_HELP,
                                      json_schema_extra={"format": POSITION_FORMAT, "maxLength": MAX_TOKEN_LENGTH})
     max_input_lag_ms: int | None = Field(default=None, ge=0, le=MAX_LIMIT)
+    after: str | None = Field(default=None, description=_AFTER_HELP,
+                              json_schema_extra={"format": WRITE_TOKEN_FORMAT, "maxLength": MAX_TOKEN_LENGTH})
+    wait_ms: int | None = Field(default=None, ge=1, le=MAX_WAIT_MS, description=_WAIT_HELP)
 
 
 class BatchItem(BaseModel):
@@ -178,6 +186,9 @@ def bound_parameters(query: bool = True) -> list[dict[str, Any]]:
         {"name": "max_input_lag_ms", "in": "query", "required": False,
          "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LIMIT},
          "description": "at most this many ms between the table's changelog and its input (the pipeline's lag)"},
+        {"name": "after", "in": "query", "required": False, "schema": WRITE_TOKEN_SCHEMA, "description": _AFTER_HELP},
+        {"name": "wait_ms", "in": "query", "required": False,
+         "schema": {"type": "integer", "minimum": 1, "maximum": MAX_WAIT_MS}, "description": _WAIT_HELP},
     ]
 
 
@@ -198,6 +209,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
                          "(WINDOWED_TABLE) or a windows lookup of a plain one (NOT_WINDOWED_TABLE); in plain text, "
                          + _UNREADABLE},
     404: {"model": ErrorBody, "description": "TABLE_NOT_FOUND or KEY_NOT_FOUND (the latter with partition, served_by, lag)"},
-    503: {"model": ErrorBody, "description": "NO_REPLICA_WITHIN_BOUND (with the freshest lag available) or REPLICA_UNAVAILABLE"},
+    409: {"model": ErrorBody, "description": "WRITE_REJECTED: an event `after` names was rejected by the pipeline as "
+                                             "bad input (the reason in the message); it will never be in the table"},
+    503: {"model": ErrorBody, "description": "NO_REPLICA_WITHIN_BOUND (with the freshest lag available), "
+                                             "REPLICA_UNAVAILABLE, or NOT_YET_VISIBLE (no replica had the events "
+                                             "`after` names within `wait_ms`)"},
     504: {"model": ErrorBody, "description": "no replica answered before the deadline (TIMEOUT)"},
 }

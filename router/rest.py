@@ -250,8 +250,11 @@ async def _batch_get(router: Router, table: str, raw_body: bytes) -> dict[str, A
     min_position = doc.get("min_position")
     if min_position is not None and not isinstance(min_position, str):
         raise InvalidArgument("min_position must be a position token", field="min_position")
+    after = doc.get("after")
+    if after is not None and not isinstance(after, str):
+        raise InvalidArgument("after must be a write token", field="after")
     bound: Bound = parse_bound(doc.get("max_lag"), doc.get("max_staleness_ms"), min_position,
-                               doc.get("max_input_lag_ms"))
+                               doc.get("max_input_lag_ms"), after, doc.get("wait_ms"))
     results = await router.batch_get(table, keys, bound)
     return BatchResult(table, keys, [r if isinstance(r, LookupResult) else as_freshroute_error(r) for r in results]) \
         .to_dict(router.input_lag(table), router.value_format(table))

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from google.protobuf.message import DecodeError
 
+from freshroute import input_position
 from freshroute.errors import StoreCorrupt
 from freshroute.freshness import Bound, now_ms
 from freshroute.pacing import PacedByAnswers
@@ -33,8 +34,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_OK, _NOT_FOUND, _TOO_STALE, _NOT_HOSTED, _ERROR = (store_pb2.OK, store_pb2.NOT_FOUND, store_pb2.TOO_STALE,
-                                                     store_pb2.NOT_HOSTED, store_pb2.ERROR)
+_OK, _NOT_FOUND, _TOO_STALE, _NOT_HOSTED, _ERROR, _NOT_YET_VISIBLE = (
+    store_pb2.OK, store_pb2.NOT_FOUND, store_pb2.TOO_STALE, store_pb2.NOT_HOSTED, store_pb2.ERROR,
+    store_pb2.NOT_YET_VISIBLE)
 
 
 class _Reader:
@@ -93,7 +95,18 @@ class _Reader:
         elif store.bulk_load:
             why = "replica is loading its changelog into an empty store; it is read once it has caught up"
         elif read.HasField("bound"):
-            why = Bound.from_store(table, partition, read.bound).refusal(partition, *figures)
+            bound = read.bound
+            why = Bound.from_store(table, partition, bound).refusal(partition, *figures)
+            if why is None and bound.after_input:
+                try:
+                    unseen = _not_yet_visible(store, read, bound, figures[0])
+                except StoreCorrupt as e:
+                    out.status, out.message = self._failed(rep, store, e)
+                    return None
+                if unseen is not None:
+                    out.status = _NOT_YET_VISIBLE
+                    out.message = unseen
+                    return None
         if why is not None:
             out.status = _TOO_STALE
             out.message = why
@@ -141,6 +154,30 @@ class _Reader:
         rep.mark_corrupt(e.message)
         log.error("replica %s/%d: read failed, it will be rebuilt: %s", rep.table, rep.partition, e.message)
         return _ERROR, "replica store failed a read"
+
+
+def _not_yet_visible(store: Any, read: store_pb2.KeyRead | store_pb2.GroupRead | store_pb2.RangeRead,
+                     bound: store_pb2.ReadBound, applied: int) -> str | None:
+    """Why the replica cannot answer ``read`` with every input event its bound names in it yet, or None if it can:
+    it has applied the changelog to where every key reflects them, or each key's row reflects them itself (a range
+    of rows has only the first way: its rows are of many keys, and of windows an event never touched)."""
+    if bound.after_offset and applied >= bound.after_offset:
+        return None
+    after = bound.after_input
+    if isinstance(read, store_pb2.RangeRead):
+        keys: list[bytes] = []
+    else:
+        keys = [read.key] if isinstance(read, store_pb2.KeyRead) else list(read.keys)
+        missing = [k for k, raw in zip(keys, store.positions_of(keys)) if not input_position.reflects(raw, after)]
+        if not missing:
+            return None
+        keys = missing
+    needs = ", ".join(f"partition {p} offset {o}" for p, o in sorted(after.items()))
+    where = (f"applied offset {applied} is below {bound.after_offset}, from which every row reflects them"
+             if bound.after_offset else "no offset yet is known from which every row reflects them")
+    whose = f"the row of key {keys[0][:64]!r}" + (f" (and {len(keys) - 1} more)" if len(keys) > 1 else "")
+    return (f"the input events named ({needs}) are not yet visible: " + (f"{whose} does not reflect them, and "
+                                                                         if keys else "") + where)
 
 
 def _key(store: Any, read: store_pb2.KeyRead, out: store_pb2.KeyResult) -> None:

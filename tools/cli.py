@@ -70,7 +70,8 @@ def _lookup_any(args: argparse.Namespace) -> int:
     try:
         key_bytes(args.table, "table")
         key_bytes(args.key, "key")
-        bound = parse_bound(args.max_lag, args.max_staleness_ms, args.min_position, args.max_input_lag_ms)
+        bound = parse_bound(args.max_lag, args.max_staleness_ms, args.min_position, args.max_input_lag_ms, args.after,
+                            args.wait_ms)
     except FreshrouteError as e:
         print(json.dumps(e.to_body(), separators=(",", ":")), file=sys.stderr)
         return 1
@@ -94,7 +95,7 @@ def _lookup(args: argparse.Namespace, bound: "Bound") -> int:
         url += "?" + urllib.parse.urlencode(params)
     request = urllib.request.Request(url, headers=_auth_headers(args))
     try:
-        with urllib.request.urlopen(request, timeout=10, context=_tls_context(args)) as resp:
+        with urllib.request.urlopen(request, timeout=_timeout_s(bound), context=_tls_context(args)) as resp:
             print(resp.read().decode())
             return 0
     except urllib.error.HTTPError as e:
@@ -140,6 +141,11 @@ def _tls_context(args: argparse.Namespace) -> Any:
     return ClientTLS(args.ca, args.tls_cert, args.tls_key).context()
 
 
+def _timeout_s(bound: "Bound") -> float:
+    """How long a lookup from the command line waits for its answer: 10 s, or longer than it may wait for events."""
+    return max(10.0, (bound.wait_ms or 0) / 1000 + 5)
+
+
 def _lookup_grpc(args: argparse.Namespace, bound: "Bound") -> int:
     import json
 
@@ -162,10 +168,10 @@ def _lookup_grpc(args: argparse.Namespace, bound: "Bound") -> int:
             if span is not None:
                 w = stub.GetWindows(router_pb2.WindowsRequest(table=args.table, key=args.key, from_ms=span[0],
                                                               to_ms=span[1], bound=bound.to_message()),
-                                    timeout=10, metadata=metadata)
+                                    timeout=_timeout_s(bound), metadata=metadata)
             else:
                 resp = stub.Get(router_pb2.GetRequest(table=args.table, key=args.key, bound=bound.to_message()),
-                                timeout=10, metadata=metadata)
+                                timeout=_timeout_s(bound), metadata=metadata)
         except grpc.RpcError as e:
             trailer = dict(e.trailing_metadata() or ()).get("freshroute-error")
             if trailer is None and e.code() is grpc.StatusCode.UNAVAILABLE:
@@ -209,14 +215,15 @@ def _lookup_direct(args: argparse.Namespace, bound: "Bound") -> int:
             if span is not None:
                 w = client.windows(args.table, args.key, from_ms=span[0], to_ms=span[1], max_lag=bound.max_lag,
                                    max_staleness_ms=bound.max_staleness_ms, min_position=bound.min_position,
-                                   max_input_lag_ms=bound.max_input_lag_ms)
+                                   max_input_lag_ms=bound.max_input_lag_ms, after=bound.after, wait_ms=bound.wait_ms)
                 print(json.dumps({"table": w.table, "key": w.key, "windows": [x._asdict() for x in w.windows],
                                   "partition": w.partition,
                                   **served_doc(w.node, w.role, w.lag_offsets, w.lag_ms, w.position),
                                   "watermark_ms": w.watermark_ms}, separators=(",", ":")))
                 return 0
             r = client.get(args.table, args.key, max_lag=bound.max_lag, max_staleness_ms=bound.max_staleness_ms,
-                           min_position=bound.min_position, max_input_lag_ms=bound.max_input_lag_ms)
+                           min_position=bound.min_position, max_input_lag_ms=bound.max_input_lag_ms,
+                           after=bound.after, wait_ms=bound.wait_ms)
     except FreshrouteError as e:
         body = e.to_body()
         if client is not None and client.fallback_cause:
@@ -345,6 +352,10 @@ def build_parser() -> argparse.ArgumentParser:
     lookup.add_argument("--min-position", dest="min_position")
     lookup.add_argument("--max-input-lag-ms", dest="max_input_lag_ms",
                         help="refuse an answer whose table is further behind its input (the pipeline's lag)")
+    lookup.add_argument("--after", metavar="TOKEN",
+                        help="a write token (freshroute.client.write_token): answer only with those events in the value")
+    lookup.add_argument("--wait-ms", dest="wait_ms", metavar="MS",
+                        help="how long to wait for a replica with the events (--after) or the position")
     lookup.add_argument("--last", metavar="DURATION",
                         help="a windowed table: the key's windows that started in the last DURATION (e.g. 1m)")
     lookup.add_argument("--from", dest="from_ms", metavar="MS", help="a windowed table: earliest window start (ms)")

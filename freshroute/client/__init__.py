@@ -10,16 +10,18 @@ package gives :class:`~freshroute.errors.LookupTimeout` and
 """
 
 from freshroute.errors import (ClientClosed, FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound,
-                               NotWindowedTable, ReplicaUnavailable, TableNotFound, WindowedTable)
+                               NotWindowedTable, NotYetVisible, ReplicaUnavailable, TableNotFound, WindowedTable,
+                               WriteRejected)
 from freshroute.routing.policy import RoutingPolicy
 
 from freshroute.client.async_client import AsyncClient, AsyncSession
 from freshroute.client.lookup import Lookup, Windows, WindowValue
 from freshroute.client.sync_client import Client, Session
+from freshroute.write_token import write_token
 
 Timeout = LookupTimeout
 Unavailable = ReplicaUnavailable
 
 __all__ = ["AsyncClient", "AsyncSession", "Client", "ClientClosed", "FreshrouteError", "InvalidArgument", "Lookup",
-           "NoReplicaWithinBound", "NotWindowedTable", "RoutingPolicy", "Session", "TableNotFound", "Timeout",
-           "Unavailable", "WindowedTable", "Windows", "WindowValue"]
+           "NoReplicaWithinBound", "NotWindowedTable", "NotYetVisible", "RoutingPolicy", "Session", "TableNotFound", "Timeout",
+           "Unavailable", "WindowedTable", "Windows", "WindowValue", "WriteRejected", "write_token"]

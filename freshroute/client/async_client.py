@@ -195,9 +195,11 @@ class AsyncClient:
             return self.policy
         return replace(self.policy, request_timeout_ms=max(1, self.policy.request_timeout_ms // 2))
 
-    def deadline(self) -> float:
-        """When a read that starts now must have its answer, the router's included (``time.monotonic()``)."""
-        return time.monotonic() + self.policy.request_timeout_ms / 1000
+    def deadline(self, wait_ms: Any = None) -> float:
+        """When a read that starts now must have its answer, the router's included (``time.monotonic()``): the
+        request timeout, or the caller's ``wait_ms`` for its events or position."""
+        wait = wait_ms if type(wait_ms) is int and wait_ms > 0 else self.policy.request_timeout_ms
+        return time.monotonic() + wait / 1000
 
     def direct(self) -> bool:
         """Whether to read the store nodes (else the router): a snapshot with tables is loaded."""
@@ -222,10 +224,11 @@ class AsyncClient:
 
     async def get(self, table: str, key: str, *, max_lag: int | None = None, max_staleness_ms: int | None = None,
                   min_position: str | Position | None = None,
-                max_input_lag_ms: int | None = None) -> Lookup:
+                max_input_lag_ms: int | None = None, after: str | None = None,
+                wait_ms: int | None = None) -> Lookup:
         """One key from the freshest replica within the bound; ``found`` False when the table has no such key."""
-        core, deadline = await self._ready(), self.deadline()
-        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms)
+        core, deadline = await self._ready(), self.deadline(wait_ms)
+        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms, after, wait_ms)
         cause = None
         if self.direct():
             try:
@@ -239,10 +242,11 @@ class AsyncClient:
     async def get_many(self, table: str, keys: list[str], *, max_lag: int | None = None,
                        max_staleness_ms: int | None = None,
                        min_position: str | Position | None = None,
-                max_input_lag_ms: int | None = None) -> list[Lookup | FreshrouteError]:
+                max_input_lag_ms: int | None = None, after: str | None = None,
+                wait_ms: int | None = None) -> list[Lookup | FreshrouteError]:
         """Many keys, one group per partition in parallel; in request order, a key that could not be read as its error."""
-        core, deadline = await self._ready(), self.deadline()
-        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms)
+        core, deadline = await self._ready(), self.deadline(wait_ms)
+        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms, after, wait_ms)
         keys = batch_keys(keys)
         cause = None
         if self.direct():
@@ -256,11 +260,12 @@ class AsyncClient:
 
     async def windows(self, table: str, key: str, *, from_ms: int, to_ms: int, max_lag: int | None = None,
                       max_staleness_ms: int | None = None, min_position: str | Position | None = None,
-                max_input_lag_ms: int | None = None) -> Windows:
+                max_input_lag_ms: int | None = None, after: str | None = None,
+                wait_ms: int | None = None) -> Windows:
         """A windowed table's windows of ``key`` whose start is in ``[from_ms, to_ms)``, from one replica within the
         bound."""
-        core, deadline = await self._ready(), self.deadline()
-        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms)
+        core, deadline = await self._ready(), self.deadline(wait_ms)
+        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms, after, wait_ms)
         cause = None
         if self.direct():
             try:
@@ -275,9 +280,10 @@ class AsyncClient:
                    limit: int | None = None, page_size: int | None = None, max_lag: int | None = None,
                    max_staleness_ms: int | None = None,
                    min_position: str | Position | None = None,
-                max_input_lag_ms: int | None = None) -> AsyncIterator[Lookup]:
+                max_input_lag_ms: int | None = None, after: str | None = None,
+                wait_ms: int | None = None) -> AsyncIterator[Lookup]:
         """Rows in ascending key order (at most ``limit``), fetched a page at a time as the iteration needs them."""
-        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms)
+        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms, after, wait_ms)
         r = ScanRange.of(prefix, start, end, limit, page_size, self.policy.scan_max_limit)
         token: str | None = None
         sent = 0

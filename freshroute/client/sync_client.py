@@ -124,10 +124,11 @@ class Client:
 
     def get(self, table: str, key: str, *, max_lag: int | None = None, max_staleness_ms: int | None = None,
             min_position: str | Position | None = None,
-                max_input_lag_ms: int | None = None) -> Lookup:
+                max_input_lag_ms: int | None = None, after: str | None = None,
+                wait_ms: int | None = None) -> Lookup:
         """One key from the freshest replica within the bound; ``found`` False when the table has no such key."""
-        (core, store), deadline = self._thread_core(), self._async.deadline()
-        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms)
+        (core, store), deadline = self._thread_core(), self._async.deadline(wait_ms)
+        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms, after, wait_ms)
         cause = None
         if self._async.direct():
             started = time.perf_counter()
@@ -148,10 +149,11 @@ class Client:
 
     def get_many(self, table: str, keys: list[str], *, max_lag: int | None = None, max_staleness_ms: int | None = None,
                  min_position: str | Position | None = None,
-                max_input_lag_ms: int | None = None) -> list[Lookup | FreshrouteError]:
+                max_input_lag_ms: int | None = None, after: str | None = None,
+                wait_ms: int | None = None) -> list[Lookup | FreshrouteError]:
         """Many keys, one group per partition at once; in request order, a key that could not be read as its error."""
-        (core, store), deadline = self._thread_core(), self._async.deadline()
-        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms)
+        (core, store), deadline = self._thread_core(), self._async.deadline(wait_ms)
+        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms, after, wait_ms)
         keys = batch_keys(keys)
         cause = None
         if self._async.direct():
@@ -182,10 +184,11 @@ class Client:
     def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
              limit: int | None = None, page_size: int | None = None, max_lag: int | None = None,
              max_staleness_ms: int | None = None, min_position: str | Position | None = None,
-                max_input_lag_ms: int | None = None) -> Iterator[Lookup]:
+                max_input_lag_ms: int | None = None, after: str | None = None,
+                wait_ms: int | None = None) -> Iterator[Lookup]:
         """Rows in ascending key order (at most ``limit``), fetched a page at a time as the iteration needs them."""
         self._thread_core()
-        bound: Bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms)
+        bound: Bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms, after, wait_ms)
         r = ScanRange.of(prefix, start, end, limit, page_size, self.policy.scan_max_limit)
         token: str | None = None
         sent = 0
@@ -198,11 +201,12 @@ class Client:
 
     def windows(self, table: str, key: str, *, from_ms: int, to_ms: int, max_lag: int | None = None,
                 max_staleness_ms: int | None = None, min_position: str | Position | None = None,
-                max_input_lag_ms: int | None = None) -> Windows:
+                max_input_lag_ms: int | None = None, after: str | None = None,
+                wait_ms: int | None = None) -> Windows:
         """A windowed table's windows of ``key`` whose start is in ``[from_ms, to_ms)``, from one replica within the
         bound."""
-        (core, store), deadline = self._thread_core(), self._async.deadline()
-        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms)
+        (core, store), deadline = self._thread_core(), self._async.deadline(wait_ms)
+        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms, after, wait_ms)
         cause = None
         if self._async.direct():
             started = time.perf_counter()

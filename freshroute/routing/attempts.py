@@ -38,7 +38,8 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, NamedTuple, Protocol, Sequence, TypeVar
 
-from freshroute.errors import FreshrouteError, LookupTimeout, NoReplicaWithinBound, ReplicaUnavailable
+from freshroute.errors import (FreshrouteError, LookupTimeout, NoReplicaWithinBound, NotYetVisible, ReplicaUnavailable,
+                               WriteRejected)
 from freshroute.freshness import Bound, now_ms, rank_lag
 from freshroute.metadata import ReplicaState
 from freshroute.routing.snapshot import LagOverlay, ReplicaView
@@ -47,8 +48,10 @@ from freshroute.wire import ReadStatus, ReplicaStatus
 # Timers may fire a hair early; a wake-up this close to its time counts as on time.
 TIMER_SLACK_S = 0.0005
 
-_RETRY_REASON = {ReadStatus.TOO_STALE: "too_stale", ReadStatus.NOT_HOSTED: "not_hosted", ReadStatus.ERROR: "error"}
-_OK, _NOT_FOUND, _TOO_STALE = ReadStatus.OK, ReadStatus.NOT_FOUND, ReadStatus.TOO_STALE
+_RETRY_REASON = {ReadStatus.TOO_STALE: "too_stale", ReadStatus.NOT_HOSTED: "not_hosted", ReadStatus.ERROR: "error",
+                 ReadStatus.NOT_YET_VISIBLE: "not_yet_visible"}
+_OK, _NOT_FOUND, _TOO_STALE, _NOT_YET_VISIBLE = (ReadStatus.OK, ReadStatus.NOT_FOUND, ReadStatus.TOO_STALE,
+                                                 ReadStatus.NOT_YET_VISIBLE)
 _RESTORING, _FAILED = ReplicaState.RESTORING, ReplicaState.FAILED
 
 
@@ -374,7 +377,8 @@ class AttemptPlan:
 
     __slots__ = ("_attempts", "table", "partition", "bound", "selection", "_cands", "_latency", "deadline",
                  "_hedge_after", "_launched", "_last_launch", "_hedged", "_fallback_used", "inflight", "stale",
-                 "failures", "last_reason", "_catching_up", "_retry_at", "_retries")
+                 "failures", "last_reason", "_catching_up", "_retry_at", "_retries", "_retry_limit", "_retry_first_s",
+                 "_retry_max_s", "unseen", "rejected")
 
     def __init__(self, attempts: Attempts, table: str, partition: int, bound: Bound, selection: Selection,
                  now: float, timeout_s: float, latency: LatencyWindow) -> None:
@@ -398,6 +402,14 @@ class AttemptPlan:
         self._catching_up: list[tuple[int, Candidate]] = []  # (applied, candidate) refused for the position alone
         self._retry_at = 0.0  # when the next of them is asked again (0: no wait under way)
         self._retries = 0
+        if bound.read_after is None:
+            self._retry_limit, self._retry_first_s, self._retry_max_s = (POSITION_RETRIES, POSITION_RETRY_FIRST_S,
+                                                                         POSITION_RETRY_MAX_S)
+        else:  # events on their way through the pipeline: asked again every few ms until the deadline
+            self._retry_limit = int(timeout_s / AFTER_RETRY_MAX_S) + 8
+            self._retry_first_s, self._retry_max_s = AFTER_RETRY_FIRST_S, AFTER_RETRY_MAX_S
+        self.unseen = ""  # why the last replica asked did not yet have the events the read is after
+        self.rejected = ""  # why the pipeline rejected one of them: the read ends
 
     # ---- the driver's questions --------------------------------------------------------
 
@@ -407,7 +419,7 @@ class AttemptPlan:
         if now >= self.deadline:
             return None
         if not self.inflight:
-            if self._launched == len(cands) and self._catching_up and self._retries < POSITION_RETRIES:
+            if self._launched == len(cands) and self._catching_up and self._retries < self._retry_limit:
                 return self._ask_again(now)
             if self._launched == len(cands):
                 if self.stale or self._fallback_used or not cands or not self.selection.fallback:
@@ -471,6 +483,9 @@ class AttemptPlan:
             self.stale.append(rep)
             if self.bound.behind_position_only(self.partition, rep.applied, rep.end, rep.staleness_ms):
                 self._catching_up.append((rep.applied, cand))
+        elif status is _NOT_YET_VISIBLE and rep is not None:
+            self.unseen = outcome.message
+            self._catching_up.append((rep.applied, cand))
         else:
             self.failures.append({"node": node, "reason": f"{status.name}: {outcome.message}"})
         self.last_reason = _RETRY_REASON.get(status, "error")
@@ -484,6 +499,12 @@ class AttemptPlan:
     def error(self, now: float) -> FreshrouteError:
         """Why the read ended without an answer."""
         table, partition = self.table, self.partition
+        if self.rejected:
+            return WriteRejected(self.rejected, table=table, partition=partition)
+        if self.unseen:
+            after = self.bound.read_after
+            return NotYetVisible(f"{table}/{partition}: {self.unseen}", table=table, partition=partition,
+                                 after=after.to_dict() if after is not None else None)
         if not self.selection.candidates:
             return self.no_replica([])
         if self.inflight or (now >= self.deadline and self._launched < len(self._cands)):
@@ -515,12 +536,19 @@ class AttemptPlan:
     def passes(self) -> int:
         """Enough driver passes for every attempt to launch, settle and time out (a loop bound)."""
         asked = len(self.selection.candidates) + len(self.selection.fallback)
-        return 4 * asked + 8 + POSITION_RETRIES * (asked + 2)  # a wait for the position: a pass, then each again
+        return 4 * asked + 8 + self._retry_limit * (asked + 2)  # a wait for the position: a pass, then each again
 
     def _ask_again(self, now: float) -> Candidate | None:
         """Once the wait is over (it doubles each time), the replicas catching up again, nearest the position first."""
         if not self._retry_at:
-            self._retry_at = now + min(POSITION_RETRY_MAX_S, POSITION_RETRY_FIRST_S * (1 << self._retries))
+            after = self.bound.read_after
+            if after is not None:
+                why = after.rejection()
+                if why is not None:
+                    self.rejected = why
+                    self._catching_up.clear()
+                    return None
+            self._retry_at = now + min(self._retry_max_s, self._retry_first_s * (1 << min(self._retries, 16)))
             return None
         if now < self._retry_at:
             return None
@@ -555,6 +583,10 @@ class AttemptPlan:
 POSITION_RETRY_FIRST_S = 0.005
 POSITION_RETRY_MAX_S = 0.1
 POSITION_RETRIES = 20
+# A replica within the bound whose rows do not include the events a read is after yet is asked again after 2 ms,
+# 4, 8, … at most 20 ms apart until the read's deadline: a Real-time query brings an event in tens of ms.
+AFTER_RETRY_FIRST_S = 0.002
+AFTER_RETRY_MAX_S = 0.02
 
 
 # ---- the asyncio driver ---------------------------------------------------------------------

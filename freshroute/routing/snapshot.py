@@ -18,7 +18,8 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
 
 import orjson
 
-from freshroute.freshness import InputEnds, InputLag, input_lag_at, lag_offsets, now_ms
+from freshroute.freshness import (InputEnds, InputLag, InputMark, input_lag_at, lag_offsets, marks_from_json, now_ms,
+                                  rejections_from_json)
 from freshroute.heartbeats import Liveness, NodeFeed, Rejections
 from freshroute.metadata import Assignment, Keys, NodePositions, NodeReport, ReplicaState, Role, TableSpec, text
 
@@ -109,6 +110,9 @@ class Snapshot:
     heard: Mapping[str, int] = field(default_factory=lambda: _EMPTY)  # node → when last heard from (reader's clock)
     input_lag: Mapping[str, InputLag] = field(default_factory=lambda: _EMPTY)  # table → where its query is in its input
     input_ends: Mapping[str, InputEnds] = field(default_factory=lambda: _EMPTY)  # input topic → where it ends
+    # table → where its changelog reflected its input (oldest first); input topic → partition → offset → why rejected
+    input_marks: Mapping[str, tuple[InputMark, ...]] = field(default_factory=lambda: _EMPTY)
+    rejected: Mapping[str, Mapping[int, Mapping[int, str]]] = field(default_factory=lambda: _EMPTY)
     assignor: str | None = None  # the node holding the assignor lease; None: nobody holds it
 
     def input_lag_at(self, table: str, now: int) -> tuple[int, int]:
@@ -354,6 +358,9 @@ class MetadataRefresher:
         self._assignment: tuple[bytes | None, Assignment | None] | None = None
         self.input_lag: Mapping[str, InputLag] = _EMPTY
         self.input_ends: Mapping[str, InputEnds] = _EMPTY
+        self.input_marks: Mapping[str, tuple[InputMark, ...]] = _EMPTY
+        self.rejected: Mapping[str, Mapping[int, Mapping[int, str]]] = _EMPTY
+        self._kept: dict[tuple[str, Any], tuple[Any, Any]] = {}  # (what, name) → (raw, decoded) of the last refresh
         self.assignor: str | None = None
 
     async def refresh_once(self) -> bool:
@@ -388,7 +395,8 @@ class MetadataRefresher:
         snap, dirty = self._builder.build(tables, self.feed.reports, self.liveness.heard, assignment, now,
                                           self.feed.positions, self.feed.take_moved())
         self.current = replace(self._carry_over(prev, snap, now, dirty), input_lag=self.input_lag,
-                               input_ends=self.input_ends, assignor=self.assignor)
+                               input_ends=self.input_ends, input_marks=self.input_marks, rejected=self.rejected,
+                               assignor=self.assignor)
         if self._on_swap is not None:
             self._on_swap(self.current)
         return True
@@ -406,12 +414,16 @@ class MetadataRefresher:
         pipe.mget([keys.tables_version, keys.assignment_version, keys.assignor])
         pipe.hgetall(keys.input_lag)
         pipe.hgetall(keys.input_ends)
+        pipe.hgetall(keys.input_marks)
+        pipe.hgetall(keys.input_rejected)
         replies = await pipe.execute()
         ids = self.feed.changed_ids(*replies[:n])
         tables_version, assignment_version, lease = replies[n]
         self.assignor = text(lease).rpartition(":")[0] or None if lease else None
         self.input_lag = self._decoded(InputLag.from_json, replies[n + 1], "input lag")
         self.input_ends = self._decoded(InputEnds.from_json, replies[n + 2], "input ends")
+        self.input_marks = self._decoded(marks_from_json, replies[n + 3], "input marks")
+        self.rejected = self._decoded(rejections_from_json, replies[n + 4], "rejected input")
         read_tables = self._tables is None or self._tables[0] != tables_version
         read_assignment = self._assignment is None or self._assignment[0] != assignment_version
         out: list[Any] = []
@@ -495,8 +507,18 @@ class MetadataRefresher:
         return replace(snap, replicas=MappingProxyType(replicas), nodes=MappingProxyType(nodes))
 
     def _decoded(self, fn: Callable[[Any], Any], entries: Mapping[Any, Any], what: str) -> Mapping[str, Any]:
-        """A hash's entries decoded by name; malformed ones skipped."""
-        out = {text(name): self._decode(fn, raw, what) for name, raw in entries.items()}
+        """A hash's entries decoded by name; malformed ones skipped. An entry read as it was last time is not decoded
+        again (most entries change far less often than every refresh)."""
+        out = {}
+        for name, raw in entries.items():
+            kept = self._kept.get((what, name))
+            if kept is not None and kept[0] == raw:
+                out[text(name)] = kept[1]
+                continue
+            value = self._decode(fn, raw, what)
+            if len(self._kept) < 10_000:
+                self._kept[(what, name)] = (raw, value)
+            out[text(name)] = value
         return MappingProxyType({name: v for name, v in out.items() if v is not None})
 
     def _decode(self, fn: Callable[[Any], Any], raw: Any, what: str) -> Any:
