@@ -56,6 +56,7 @@ class FollowedSource:
     name: str
     dead_letter_topic: str
     count: Callable[[str], None]  # one more record rejected for that reason
+    noted: Callable[[str, int, int, str], None] = lambda *_: None  # that record (topic, partition, offset, reason)
 
 
 def committed_offsets(checkpoint: Path) -> dict[int, int] | None:
@@ -89,7 +90,7 @@ def follow(settings: Any, runs: list[tuple[Any, Path]], rejects: list[Any], publ
     if not tables:
         return None
     sources = {t.source for t in tables}
-    dead = [FollowedSource(w.source, w.topic, w.counts.update) for w in rejects
+    dead = [FollowedSource(w.source, w.topic, w.counts.update, w.noted) for w in rejects
             if w.source in sources and w.on_invalid == "dead_letter"]
     consumer = Consumer({**settings.kafka(), "group.id": f"freshroute-pipeline-{settings.namespace}-follower",
                          "enable.auto.commit": False, "fetch.wait.max.ms": 100, **kafka_logging("pipeline.kafka")})
@@ -185,6 +186,8 @@ class OutputFollower(threading.Thread):
         if "freshroute.partition" in headers and "freshroute.offset" in headers:
             # The record was read and rejected: its source's tables have got past it.
             p, offset = int(headers["freshroute.partition"]), int(headers["freshroute.offset"])
+            if "freshroute.topic" in headers:
+                source.noted(headers["freshroute.topic"].decode(), p, offset, reason)
             with self._lock:
                 for t in self.by_source.get(source.name, ()):
                     if offset >= t.reached.get(p, 0):

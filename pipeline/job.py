@@ -36,6 +36,7 @@ from pipeline.realtime import (POSITION_COLUMN, RealtimeRefused, aggregates, cha
                                start_query, task_slots, with_input_position)
 from pipeline.settings import PipelineSettings
 from pipeline.recompute import Recomputation
+from pipeline.reflected import ReflectionPublisher
 from pipeline.sink import ChangelogProducer, ChangelogWriter, QuerySink, RejectWriter
 from pipeline.tables import (DELETE_COLUMN, MICROBATCH, REALTIME, WINDOW_START_COLUMN, Source, Table, TablesDefinition,
                              TablesFileError, check_modes, check_output_columns, check_source_fields, load_tables,
@@ -614,6 +615,7 @@ class Pipeline:
         self._registrar: TableRegistrar | None = None
         self._input_lag: InputLagPublisher | None = None
         self._follower: OutputFollower | None = None
+        self._reflected: ReflectionPublisher | None = None
         self._input_partitions: dict[str, int] = {}  # source → partitions of its input topic
         self._slots = 0  # the task slots the Real-time queries hold
         self._warm = False
@@ -657,6 +659,11 @@ class Pipeline:
         log.info("spark session ready in %.1fs (master %s, %d shuffle partitions)",
                  time.monotonic() - started, self.spark.sparkContext.master, s.shuffle_partitions)
         rejects = {name: reject_writer(s, admin, self.definition.sources[name], self.producer) for name in sorted(used)}
+        self._reflected = ReflectionPublisher(MetadataStore.at(s.redis(), s.namespace), lambda: admin_client(s.kafka()),
+                                              self._stop, str(s.redis()))
+        self._reflected.start()
+        for writer in rejects.values():
+            writer.on_rejected = self._reflected.rejected
         frames: dict[str, "DataFrame"] = {}  # a Real-time query's frame, made once for its spec and its start
         for name, tables in grouped.items():
             source = rejects[tables[0].source]
@@ -806,6 +813,9 @@ class Pipeline:
                                                            source_offsets(progress.sources[0].endOffset) or {})
                             elif self._input_lag is not None:
                                 self._input_lag.observe(run.table.name, progress)
+                            if self._reflected is not None and progress.sources:
+                                self._reflected.batch_ended(run.table.name, run.spec.topic, run.spec.partitions,
+                                                            source_offsets(progress.sources[0].endOffset) or {})
                         if q.windowed is not None:
                             windows_progress(q, q.windowed, progress, seen)
                 if q.finished or q.query is None or q.query.isActive:
@@ -886,7 +896,7 @@ class Pipeline:
         if self.spark is not None:
             self.spark.stop()
             self.spark = None
-        for thread in (self._registrar, self._input_lag, self._follower):
+        for thread in (self._registrar, self._input_lag, self._follower, self._reflected):
             if thread is not None:
                 thread.join(timeout=5)
 

@@ -255,6 +255,13 @@ class RejectWriter:
         self.partitions = partitions
         self.producer = producer
         self.counts: Counter[str] = Counter()  # reason → records rejected since the pipeline started
+        # Told of each rejected input record (topic, partition, offset, reason), for lookups waiting for it.
+        self.on_rejected: Callable[[str, int, int, str], None] | None = None
+
+    def noted(self, topic: str, partition: int, offset: int, reason: str) -> None:
+        """An input record of this source was rejected (here, or by a Real-time query read back)."""
+        if self.on_rejected is not None:
+            self.on_rejected(topic, partition, offset, reason)
 
     def _letter(self, key: bytes | None, value: bytes | None, from_partition: int, reason: str,
                 **origin: Any) -> ChangelogRecord:
@@ -305,6 +312,8 @@ class RejectWriter:
     def counted(self, rows: list[Mapping[str, Any]]) -> None:
         batch = Counter(r[REASON_COLUMN] for r in rows)
         self.counts.update(batch)
+        for r in rows:
+            self.noted(r["topic"], r["partition"], r["offset"], r[REASON_COLUMN])
         if rows:
             log.warning("source %s: %d record(s) rejected (%s)%s", self.source, len(rows),
                         ", ".join(f"{n} {reason}" for reason, n in batch.most_common()),

@@ -175,9 +175,11 @@ def _not_yet_visible(store: Any, read: store_pb2.KeyRead | store_pb2.GroupRead |
     needs = ", ".join(f"partition {p} offset {o}" for p, o in sorted(after.items()))
     where = (f"applied offset {applied} is below {bound.after_offset}, from which every row reflects them"
              if bound.after_offset else "no offset yet is known from which every row reflects them")
-    whose = f"the row of key {keys[0][:64]!r}" + (f" (and {len(keys) - 1} more)" if len(keys) > 1 else "")
-    return (f"the input events named ({needs}) are not yet visible: " + (f"{whose} does not reflect them, and "
-                                                                         if keys else "") + where)
+    whose = ""
+    if keys:
+        more = f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
+        whose = f"the row of key {keys[0][:64]!r}{more} does not reflect them, and "
+    return f"the input events named ({needs}) are not yet visible: {whose}{where}"
 
 
 def _key(store: Any, read: store_pb2.KeyRead, out: store_pb2.KeyResult) -> None:

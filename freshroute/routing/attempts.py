@@ -315,10 +315,12 @@ class NoMetrics:
 
 
 # What the lookup counters are labelled by.
-OUTCOMES = ("ok", "not_found", "no_replica", "unavailable", "timeout", "invalid", "table_not_found", "error")
+OUTCOMES = ("ok", "not_found", "no_replica", "unavailable", "timeout", "invalid", "table_not_found", "not_yet_visible",
+            "write_rejected", "error")
 ROLES = ("active", "standby", "none")
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
-RETRY_REASONS = ("unavailable", "too_stale", "not_hosted", "error", "slow", "hedge", "position")
+RETRY_REASONS = ("unavailable", "too_stale", "not_hosted", "error", "slow", "hedge", "position", "not_yet_visible",
+                 "after")
 
 
 class LookupCounts:
@@ -557,7 +559,7 @@ class AttemptPlan:
         self._retry_at = 0.0
         self._retries += 1
         self._cands = [*self._cands, *again]
-        return self._launch(now, "position")
+        return self._launch(now, "position" if self.bound.read_after is None else "after")
 
     def _launch(self, now: float, reason: str | None) -> Candidate:
         cand = self._cands[self._launched]

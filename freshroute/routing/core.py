@@ -15,7 +15,7 @@ from itertools import islice
 from typing import Any, Callable, Mapping, NamedTuple, Sequence, TypeVar
 
 from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound, NotWindowedTable,
-                               ReplicaUnavailable, TableNotFound, WindowedTable)
+                               NotYetVisible, ReplicaUnavailable, TableNotFound, WindowedTable, WriteRejected)
 from freshroute.formats import bound_to_bytes, key_from_bytes, key_to_bytes
 from freshroute.freshness import NO_BOUND, Bound, Position, ReadAfter, now_ms, reflected_at
 from freshroute.keys import deserialize_key, key_bytes, not_a_batch, not_text, partition_for, scan_range
@@ -56,7 +56,8 @@ def locate(key: str, partitions: int, key_format: str = "string") -> tuple[bytes
 
 
 _OUTCOMES = ((NoReplicaWithinBound, "no_replica"), (LookupTimeout, "timeout"), (ReplicaUnavailable, "unavailable"),
-             (InvalidArgument, "invalid"), (TableNotFound, "table_not_found"))
+             (InvalidArgument, "invalid"), (TableNotFound, "table_not_found"), (NotYetVisible, "not_yet_visible"),
+             (WriteRejected, "write_rejected"))
 
 
 def outcome_label(e: FreshrouteError) -> str:

@@ -10,6 +10,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Awaitable, Mapping
 
+from freshroute import input_position
 from freshroute.errors import ReplicaUnavailable
 from freshroute.freshness import Bound, lag_offsets
 from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
@@ -27,6 +28,16 @@ class FakeReplica:
     staleness_ms: int = 0
     restoring: bool = False
     data: dict[bytes, bytes] = field(default_factory=dict)
+    positions: dict[bytes, bytes] = field(default_factory=dict)  # a row's input position header, if it has one
+
+    def unseen(self, partition: int, keys: list[bytes], bound: Bound) -> str | None:
+        """Why these rows do not reflect the events ``bound`` is after yet, as a store node says (None: they do)."""
+        after = bound.read_after
+        if after is None or (after.after_offset(partition) and self.applied >= after.after_offset(partition)):
+            return None
+        if keys and all(input_position.reflects(self.positions.get(k), after.offsets) for k in keys):
+            return None
+        return f"the events named are not yet visible (applied offset {self.applied})"
 
     @property
     def state(self) -> ReplicaState:
@@ -77,6 +88,9 @@ class FakeNode:
         why = self.refusal(table, partition, bound)
         if why is not None:
             return ReadResult(ReadStatus.TOO_STALE, replica=status, message=why)
+        unseen = replica.unseen(partition, [key], bound)
+        if unseen is not None:
+            return ReadResult(ReadStatus.NOT_YET_VISIBLE, replica=status, message=unseen)
         value = replica.data.get(key)
         if value is None:
             return ReadResult(ReadStatus.NOT_FOUND, replica=status)
@@ -153,6 +167,9 @@ class InMemoryStoreClient:
             return RangeResult(ReadStatus.NOT_HOSTED, [])
         if why is not None:
             return RangeResult(ReadStatus.TOO_STALE, [], status, why)
+        unseen = replica.unseen(partition, [], bound)
+        if unseen is not None:
+            return RangeResult(ReadStatus.NOT_YET_VISIBLE, [], status, unseen)
         watermark = parse_watermark(replica.data.get(WATERMARK_KEY)) if window is not None else None
         keep = live_starts(*window, watermark) if window is not None else (lambda _k: True)
         keys = [k for k in sorted(replica.data) if k >= start and (not end or k < end) and keep(k)]
