@@ -70,7 +70,8 @@ FIGURES = ("router_grpc_rps", "router_rest_rps", "direct_store_rps", "baseline_g
            "router_rest_p99_ms_busy", "secure_rest_rps", "secure_grpc_rps", "secure_lookup_cpu_us",
            "bad_token_cpu_us", "secure_rest_p99_ms", "secure_rest_p99_ms_flooded", "window_rps",
            "console_open_rest_rps", "console_closed_rest_rps", "console_poll_p99_ms", "console_poll_router_cpu_ms",
-           "local_up_s", "pipeline_replay_s", "pipeline_max_events_per_s")
+           "local_up_s", "pipeline_replay_s", "pipeline_max_events_per_s", "ryw_wait_p50_ms", "ryw_wait_p99_ms",
+           "ryw_stale_reads", "ryw_not_yet_visible")
 
 WINDOW_COUNT = 6  # window_rps: each lookup asks for a key's last this many windows
 BUSY_CONNECTIONS = 32  # router_rest_p99_ms_busy: lookups in flight while the pipeline runs
@@ -91,6 +92,9 @@ TARGETS = (
     ("freshness_p99_ms_windows", "freshness_p99_ms_windows", None, "<=", 1000.0),
     ("freshness_p99_ms_checkpoint", "freshness_p99_ms_checkpoint", None, "<=", 1000.0),
     ("pipeline_max_events_per_s", "pipeline_max_events_per_s", None, ">=", 10000.0),
+    # Read your writes: what waiting for a write token costs over a plain lookup, and never a value without it.
+    ("ryw_wait_p99_ms", "ryw_wait_p99_ms", None, "<=", 100.0),
+    ("ryw_stale_reads", "ryw_stale_reads", None, "<=", 0.0),
     ("restore_rps / raw_consume_rps", "restore_rps", "raw_consume_rps", ">=", 0.6),
     ("client_get_rps / redis_py_get_rps", "client_get_rps", "redis_py_get_rps", ">=", 0.7),
     ("client_get_p50_ms / redis_py_get_p50_ms", "client_get_p50_ms", "redis_py_get_p50_ms", "<=", 1.3),
@@ -133,6 +137,8 @@ LOAD_CLIENTS = {"router_rest_rps": "wrk -t1 (Lua: rotating keys)", "window_rps":
                 "freshness_checkpoint": "loadtest.freshness, probes spread over one checkpoint interval and more",
                 "pipeline_max_events_per_s": "loadtest.pipeline_rate: tools.local.demo at each rate of a ladder, "
                                              "60 s each, every table's input lag from /v1/tables",
+                "read_your_writes": "loadtest.read_your_writes: 4 threads, confluent-kafka delivery reports → "
+                                    "write_token → httpx REST lookups with after= and without",
                 "router_rest_p99_ms_busy": "wrk -t1 -c32 (Lua: rotating keys), saturation, pipeline running",
                 "secure": "wrk -t1 (HTTPS) and h2load -t1 (TLS, ALPN h2), a bearer token on every request, against "
                           "as many router processes of the bench's own as the stack runs",
@@ -904,6 +910,16 @@ class Bench:
         self.fig["pipeline_max_events_per_s"] = out["pipeline_max_events_per_s"]
         self.notes["pipeline_rate"] = out["steps"]
 
+    def read_your_writes(self) -> None:
+        """Produce-then-read cycles with a write token, beside the same lookup without one."""
+        from loadtest.read_your_writes import measure
+
+        c = self.c
+        out = measure(c.bootstrap, c.rest_url, f"{c.topic_prefix}readings", say=self.say)
+        for k in ("ryw_wait_p50_ms", "ryw_wait_p99_ms", "ryw_stale_reads", "ryw_not_yet_visible"):
+            self.fig[k] = out[k]
+        self.notes["read_your_writes"] = out
+
     def restore_vs_raw(self) -> None:
         """Restore and raw consume of a changelog of ``--restore-records`` records, in alternating rounds.
 
@@ -996,7 +1012,7 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
     b = Bench(stack, a, say)
     c = stack.config
     grpc_url = f"http://{c.grpc_address}/freshroute.v1.Router/Get"
-    total = 21
+    total = 22
     fig = b.fig
     baseline: subprocess.Popen | None = None
     restore_step = f"restore vs raw consume of a {a.restore_records:,}-record changelog, {a.rounds} round(s)"
@@ -1098,13 +1114,14 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
         _step(b, 17, total, f"freshness of a reading's window ({a.window_table}), {a.freshness_probes} probes",
               b.freshness_windows)
         _step(b, 18, total, "freshness over the pipeline's checkpoints", b.freshness_checkpoint)
-        _step(b, 19, total, "kill -9 of the pipeline and a new one caught up (pipeline_replay_s)", b.pipeline_replay)
-        _step(b, 20, total, "the highest input rate the pipeline holds (pipeline_max_events_per_s)",
+        _step(b, 19, total, "read your writes: 1,000 produce-then-read cycles with a write token", b.read_your_writes)
+        _step(b, 20, total, "kill -9 of the pipeline and a new one caught up (pipeline_replay_s)", b.pipeline_replay)
+        _step(b, 21, total, "the highest input rate the pipeline holds (pipeline_max_events_per_s)",
               b.pipeline_max_rate)
         if a.no_restore:
             say("restore and raw consume: skipped (--no-restore)")
         else:
-            _step(b, 21, total, restore_step, b.restore_vs_raw)
+            _step(b, 22, total, restore_step, b.restore_vs_raw)
     finally:
         if baseline is not None:
             lc.stop_process(baseline)

@@ -586,9 +586,10 @@ POSITION_RETRY_FIRST_S = 0.005
 POSITION_RETRY_MAX_S = 0.1
 POSITION_RETRIES = 20
 # A replica within the bound whose rows do not include the events a read is after yet is asked again after 2 ms,
-# 4, 8, … at most 20 ms apart until the read's deadline: a Real-time query brings an event in tens of ms.
+# then every 4 ms until the read's deadline: a Real-time query brings an event in tens of ms, and a read costs
+# the node some 100 µs.
 AFTER_RETRY_FIRST_S = 0.002
-AFTER_RETRY_MAX_S = 0.02
+AFTER_RETRY_MAX_S = 0.004
 
 
 # ---- the asyncio driver ---------------------------------------------------------------------
