@@ -7,12 +7,16 @@ store node, so nothing here waits for the stopped pipeline to say anything."""
 from __future__ import annotations
 
 import signal
+import threading
+import time
 
 import grpc
+import orjson
 import httpx
 import pytest
 
-from freshroute.client import Client
+from freshroute.client import Client, write_token
+from freshroute.settings import kafka_client_config
 from freshroute.errors import NoReplicaWithinBound
 from proto import router_pb2, router_pb2_grpc
 from tests.integration.cluster_support import Readings
@@ -24,6 +28,41 @@ SENSORS = 8
 KEY = "sensor-1"
 BOUND_MS = 1000  # a running pipeline is within it between batches (a trigger plus a batch behind: ~0.5–1.5 s)
 STOPPED_MS = 2000  # a stopped one gets past it within seconds
+
+
+def write_one(stack) -> tuple[str, str]:
+    """One reading of a sensor of its own, produced and delivered; the sensor and a write token of it."""
+    from confluent_kafka import Producer
+
+    sensor = f"lag-ryw-{int(time.time()) % 100000}"
+    event = {"sensor": sensor, "area": "ryw", "reading": 5.0, "ts": int(time.time() * 1000)}
+    delivered: list = []
+    producer = Producer(kafka_client_config(stack.config.bootstrap))
+    producer.produce(f"{stack.config.topic_prefix}readings", key=sensor.encode(), value=orjson.dumps(event),
+                     on_delivery=lambda err, msg: delivered.append(msg))
+    assert producer.flush(10) == 0 and delivered[0].error() is None
+    produced(stack).append(event)
+    return sensor, write_token(delivered[0])
+
+
+class Waiting:
+    """A call run in a thread of its own: its result (or the error it raised) once it returns."""
+
+    def __init__(self, call) -> None:
+        self.outcome = None
+        self._done = threading.Event()
+        threading.Thread(target=self._run, args=(call,), daemon=True).start()
+
+    def _run(self, call) -> None:
+        try:
+            self.outcome = call()
+        except BaseException as e:  # noqa: BLE001 — the test looks at it
+            self.outcome = e
+        self._done.set()
+
+    def result(self, timeout_s: float):
+        assert self._done.wait(timeout_s), "the lookup did not end"
+        return self.outcome
 
 
 def test_a_stopped_or_killed_pipeline_shows_in_every_answers_input_lag_and_max_input_lag_ms_refuses_it(stack):
@@ -87,8 +126,17 @@ def test_a_stopped_or_killed_pipeline_shows_in_every_answers_input_lag_and_max_i
 
             stack.signal("pipeline", signal.SIGKILL)
             behind_everywhere("killed")
+            # A reading written while no pipeline runs: a lookup after it waits for the new one, never answers
+            # without it.
+            sensor, token = write_one(stack)
+            waited = Waiting(lambda: client.get("sensor_stats", sensor, after=token, wait_ms=60_000))
+            time.sleep(1.0)
+            assert waited.outcome is None, f"answered with no pipeline running: {waited.outcome}"
             stack.start("pipeline")
             wait_until(keeping_up, 180, "a new pipeline to catch up from the checkpoint", stack=stack)
+            outcome = waited.result(70)
+            assert not isinstance(outcome, BaseException), outcome
+            assert outcome.found and outcome.value["count"] == 1
         finally:
             readings.stop()
         # Every reading counted once: what was read before the kill, and after it from the checkpoint.
