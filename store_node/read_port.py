@@ -96,7 +96,9 @@ class _Reader:
             why = "replica is loading its changelog into an empty store; it is read once it has caught up"
         elif read.HasField("bound"):
             bound = read.bound
-            why = Bound.from_store(table, partition, bound).refusal(partition, *figures)
+            # A position the replica has reached, and no other limit, refuses nothing: the common bounded read.
+            if bound.min_offset > figures[0] or bound.HasField("max_lag") or bound.HasField("max_staleness_ms"):
+                why = Bound.from_store(table, partition, bound).refusal(partition, *figures)
             if why is None and bound.after_input:
                 try:
                     unseen = _not_yet_visible(store, read, bound, figures[0])

@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 from dataclasses import replace
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, TypeVar
 
 import httpx
 from redis.connection import parse_url
@@ -26,6 +26,8 @@ from freshroute.client.arguments import ScanRange, batch_keys
 from freshroute.client.lookup import Lookup, Positions, Windows
 from freshroute.client.metrics import ClientMetrics
 from freshroute.client.router import RouterHttp, RouterMetadata, snapshot_from_router, table_infos
+
+R = TypeVar("R", Lookup, Windows)
 
 # Errors after which the router may still answer: nothing direct could be reached in time.
 _FALL_BACK = (ReplicaUnavailable, LookupTimeout)
@@ -60,7 +62,7 @@ class AsyncClient:
                  redis_sentinels: str | None = None, redis_master_name: str | None = None,
                  token: str | None = None, ca: str | None = None, cert: str | None = None, key: str | None = None,
                  cluster_secret: str | None = None, policy: RoutingPolicy | None = None, refresh_ms: int = 150,
-                 connect_timeout_s: float = 5.0, metrics: Any = None) -> None:
+                 connect_timeout_s: float = 5.0, metrics: Any = None, monotonic: bool = True) -> None:
         if not redis_url and not redis_sentinels and not router:
             raise ConfigError("give redis_url or redis_sentinels (the metadata store) or router (a router's REST "
                               "address), or both", setting="redis_url")
@@ -93,6 +95,8 @@ class AsyncClient:
         self._attempted = threading.Event()
         self._wait_until = 0.0  # time.monotonic() until which a read waits for the first snapshot
         self.fallback_cause: str | None = None  # why the latest read that went to the router did not read the nodes
+        # Monotonic reads: the highest position read of each table-partition, sent with every later read.
+        self.read_positions: Positions | None = Positions() if monotonic else None
 
     # ---- life ---------------------------------------------------------------------------
 
@@ -201,6 +205,23 @@ class AsyncClient:
         wait = wait_ms if type(wait_ms) is int and wait_ms > 0 else self.policy.request_timeout_ms
         return time.monotonic() + wait / 1000
 
+    def at_least(self, table: str, given: str | Position | None) -> str | Position | None:
+        """The ``min_position`` a read of ``table`` sends: the caller's, and with monotonic reads the highest
+        position this client has read of the table."""
+        kept = self.read_positions
+        return given if kept is None else kept.at_least(table, given)
+
+    def seen(self, result: R) -> R:
+        """Note what a read answered (its position), so that no later read goes back; returns it."""
+        if self.read_positions is not None:
+            self.read_positions.saw([result])  # type: ignore[list-item]
+        return result
+
+    def seen_all(self, results: list[Any]) -> list[Any]:
+        if self.read_positions is not None:
+            self.read_positions.saw([r for r in results if isinstance(r, Lookup)])
+        return results
+
     def direct(self) -> bool:
         """Whether to read the store nodes (else the router): a snapshot with tables is loaded."""
         snap = self._core().metadata.current
@@ -228,16 +249,19 @@ class AsyncClient:
                 wait_ms: int | None = None) -> Lookup:
         """One key from the freshest replica within the bound; ``found`` False when the table has no such key."""
         core, deadline = await self._ready(), self.deadline(wait_ms)
-        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms, after, wait_ms)
+        bound = parse_bound(max_lag, max_staleness_ms, self.at_least(table, min_position), max_input_lag_ms, after,
+                            wait_ms)
         cause = None
         if self.direct():
             try:
-                return Lookup.of(await core.get(table, key, bound), core.input_lag(table), core.value_format(table))
+                result = Lookup.of(await core.get(table, key, bound), core.input_lag(table), core.value_format(table))
             except _FALL_BACK as e:
                 if self.router is None:
                     raise
                 cause = e
-        return await self.via_router("get", cause).get(table, key, bound, deadline)
+            else:
+                return self.seen(result)
+        return self.seen(await self.via_router("get", cause).get(table, key, bound, deadline))
 
     async def get_many(self, table: str, keys: list[str], *, max_lag: int | None = None,
                        max_staleness_ms: int | None = None,
@@ -246,7 +270,8 @@ class AsyncClient:
                 wait_ms: int | None = None) -> list[Lookup | FreshrouteError]:
         """Many keys, one group per partition in parallel; in request order, a key that could not be read as its error."""
         core, deadline = await self._ready(), self.deadline(wait_ms)
-        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms, after, wait_ms)
+        bound = parse_bound(max_lag, max_staleness_ms, self.at_least(table, min_position), max_input_lag_ms, after,
+                            wait_ms)
         keys = batch_keys(keys)
         cause = None
         if self.direct():
@@ -255,8 +280,8 @@ class AsyncClient:
                                            lambda *group: Lookup.group(*group, lag, fmt))
             cause = next((r for r in results if isinstance(r, _FALL_BACK)), None)
             if self.router is None or cause is None:
-                return results
-        return await self.via_router("get_many", cause).get_many(table, keys, bound, deadline)
+                return self.seen_all(results)
+        return self.seen_all(await self.via_router("get_many", cause).get_many(table, keys, bound, deadline))
 
     async def windows(self, table: str, key: str, *, from_ms: int, to_ms: int, max_lag: int | None = None,
                       max_staleness_ms: int | None = None, min_position: str | Position | None = None,
@@ -265,16 +290,19 @@ class AsyncClient:
         """A windowed table's windows of ``key`` whose start is in ``[from_ms, to_ms)``, from one replica within the
         bound."""
         core, deadline = await self._ready(), self.deadline(wait_ms)
-        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms, after, wait_ms)
+        bound = parse_bound(max_lag, max_staleness_ms, self.at_least(table, min_position), max_input_lag_ms, after,
+                            wait_ms)
         cause = None
         if self.direct():
             try:
-                return Windows.of(await core.windows(table, key, from_ms, to_ms, bound), core.input_lag(table))
+                result = Windows.of(await core.windows(table, key, from_ms, to_ms, bound), core.input_lag(table))
             except _FALL_BACK as e:
                 if self.router is None:
                     raise
                 cause = e
-        return await self.via_router("windows", cause).windows(table, key, from_ms, to_ms, bound, deadline)
+            else:
+                return self.seen(result)
+        return self.seen(await self.via_router("windows", cause).windows(table, key, from_ms, to_ms, bound, deadline))
 
     async def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
                    limit: int | None = None, page_size: int | None = None, max_lag: int | None = None,
@@ -283,12 +311,14 @@ class AsyncClient:
                 max_input_lag_ms: int | None = None, after: str | None = None,
                 wait_ms: int | None = None) -> AsyncIterator[Lookup]:
         """Rows in ascending key order (at most ``limit``), fetched a page at a time as the iteration needs them."""
-        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms, after, wait_ms)
+        bound = parse_bound(max_lag, max_staleness_ms, self.at_least(table, min_position), max_input_lag_ms, after,
+                            wait_ms)
         r = ScanRange.of(prefix, start, end, limit, page_size, self.policy.scan_max_limit)
         token: str | None = None
         sent = 0
         while (size := r.next_page(sent)) is not None:
             items, token = await self.scan_page(table, r.prefix, r.start, r.end, size, token, bound)
+            self.seen_all(items)
             for item in items:
                 yield item
             sent += len(items)

@@ -49,11 +49,11 @@ class Client:
                  redis_sentinels: str | None = None, redis_master_name: str | None = None,
                  token: str | None = None, ca: str | None = None, cert: str | None = None, key: str | None = None,
                  cluster_secret: str | None = None, policy: RoutingPolicy | None = None, refresh_ms: int = 150,
-                 connect_timeout_s: float = 5.0, metrics: Any = None) -> None:
+                 connect_timeout_s: float = 5.0, metrics: Any = None, monotonic: bool = True) -> None:
         self._async = AsyncClient(redis_url, router=router, namespace=namespace, redis_sentinels=redis_sentinels,
                                   redis_master_name=redis_master_name, token=token, ca=ca, cert=cert, key=key,
                                   cluster_secret=cluster_secret, policy=policy, refresh_ms=refresh_ms,
-                                  connect_timeout_s=connect_timeout_s, metrics=metrics)
+                                  connect_timeout_s=connect_timeout_s, metrics=metrics, monotonic=monotonic)
         self.policy = self._async.policy
         self._local = threading.local()
         self._stores: list[BlockingStore] = []
@@ -128,7 +128,8 @@ class Client:
                 wait_ms: int | None = None) -> Lookup:
         """One key from the freshest replica within the bound; ``found`` False when the table has no such key."""
         (core, store), deadline = self._thread_core(), self._async.deadline(wait_ms)
-        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms, after, wait_ms)
+        bound = parse_bound(max_lag, max_staleness_ms, self._async.at_least(table, min_position),
+                                    max_input_lag_ms, after, wait_ms)
         cause = None
         if self._async.direct():
             started = time.perf_counter()
@@ -143,9 +144,9 @@ class Client:
             else:
                 cand, read = answer
                 result = core.count(started, lookup_result(table, key, plan.partition, cand, read))
-                return Lookup.of(result, core.input_lag(table), core.value_format(table))
+                return self._async.seen(Lookup.of(result, core.input_lag(table), core.value_format(table)))
         # The store nodes were tried once, here: straight to the router, not through the async client's own attempt.
-        return self._call(self._async.via_router("get", cause).get(table, key, bound, deadline))
+        return self._async.seen(self._call(self._async.via_router("get", cause).get(table, key, bound, deadline)))
 
     def get_many(self, table: str, keys: list[str], *, max_lag: int | None = None, max_staleness_ms: int | None = None,
                  min_position: str | Position | None = None,
@@ -153,7 +154,8 @@ class Client:
                 wait_ms: int | None = None) -> list[Lookup | FreshrouteError]:
         """Many keys, one group per partition at once; in request order, a key that could not be read as its error."""
         (core, store), deadline = self._thread_core(), self._async.deadline(wait_ms)
-        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms, after, wait_ms)
+        bound = parse_bound(max_lag, max_staleness_ms, self._async.at_least(table, min_position),
+                                    max_input_lag_ms, after, wait_ms)
         keys = batch_keys(keys)
         cause = None
         if self._async.direct():
@@ -178,8 +180,9 @@ class Client:
                         out[i] = r
             cause = next((r for r in out if isinstance(r, _FALL_BACK)), None)
             if self._async.router is None or cause is None:
-                return out
-        return self._call(self._async.via_router("get_many", cause).get_many(table, keys, bound, deadline))
+                return self._async.seen_all(out)
+        return self._async.seen_all(self._call(self._async.via_router("get_many", cause).get_many(table, keys, bound,
+                                                                                                 deadline)))
 
     def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
              limit: int | None = None, page_size: int | None = None, max_lag: int | None = None,
@@ -188,13 +191,14 @@ class Client:
                 wait_ms: int | None = None) -> Iterator[Lookup]:
         """Rows in ascending key order (at most ``limit``), fetched a page at a time as the iteration needs them."""
         self._thread_core()
-        bound: Bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms, after, wait_ms)
+        bound: Bound = parse_bound(max_lag, max_staleness_ms, self._async.at_least(table, min_position),
+                                    max_input_lag_ms, after, wait_ms)
         r = ScanRange.of(prefix, start, end, limit, page_size, self.policy.scan_max_limit)
         token: str | None = None
         sent = 0
         while (size := r.next_page(sent)) is not None:
             items, token = self._call(self._async.scan_page(table, r.prefix, r.start, r.end, size, token, bound))
-            yield from items
+            yield from self._async.seen_all(items)
             sent += len(items)
             if token is None:
                 return
@@ -206,7 +210,8 @@ class Client:
         """A windowed table's windows of ``key`` whose start is in ``[from_ms, to_ms)``, from one replica within the
         bound."""
         (core, store), deadline = self._thread_core(), self._async.deadline(wait_ms)
-        bound = parse_bound(max_lag, max_staleness_ms, min_position, max_input_lag_ms, after, wait_ms)
+        bound = parse_bound(max_lag, max_staleness_ms, self._async.at_least(table, min_position),
+                                    max_input_lag_ms, after, wait_ms)
         cause = None
         if self._async.direct():
             started = time.perf_counter()
@@ -221,9 +226,9 @@ class Client:
                     raise
                 cause = e
             else:
-                return Windows.of(core.count(started, r.result(*answer)), core.input_lag(table))
-        return self._call(self._async.via_router("windows", cause).windows(table, key, from_ms, to_ms, bound,
-                                                                            deadline))
+                return self._async.seen(Windows.of(core.count(started, r.result(*answer)), core.input_lag(table)))
+        return self._async.seen(self._call(self._async.via_router("windows", cause).windows(table, key, from_ms, to_ms,
+                                                                                            bound, deadline)))
 
     # ---- metadata -----------------------------------------------------------------------
 

@@ -285,3 +285,23 @@ def test_a_store_node_answers_a_key_whose_row_reflects_the_events_and_no_other(p
 @pytest.fixture
 def anyio_backend():
     return "asyncio"
+
+
+# ---- the client: monotonic reads by default --------------------------------------------------------------------
+
+
+def test_a_client_sends_the_highest_position_it_has_read_with_every_later_read():
+    from freshroute.client import AsyncClient
+    from freshroute.client.lookup import Lookup
+
+    client = AsyncClient(router="http://127.0.0.1:1")
+    assert client.at_least("t", None) is None
+    client.seen(Lookup("t", "k", True, b"{}", 2, "n1", "active", 0, 0, 41))
+    client.seen_all([Lookup("t", "j", True, b"{}", 3, "n2", "standby", 0, 0, 7), InvalidArgument("x")])
+    assert client.at_least("t", None) == Position("t", {2: 41, 3: 7})
+    client.seen(Lookup("t", "k", True, b"{}", 2, "n2", "standby", 3, 0, 30))  # an older answer moves nothing back
+    assert client.at_least("t", Position("t", {2: 50}).encode()) == Position("t", {2: 50, 3: 7})
+    assert client.at_least("other", None) is None
+    free = AsyncClient(router="http://127.0.0.1:1", monotonic=False)
+    free.seen(Lookup("t", "k", True, b"{}", 2, "n1", "active", 0, 0, 41))
+    assert free.at_least("t", None) is None
