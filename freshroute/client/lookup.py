@@ -143,31 +143,41 @@ class Windows(NamedTuple):
 
 
 class Positions:
-    """The highest position seen per table-partition: what a session sends as ``min_position`` (thread-safe)."""
+    """The highest position seen per table-partition: what monotonic reads send as ``min_position`` (thread-safe).
+
+    Kept as plain offsets, with each table's :class:`Position` made again only after one moved: a read notes its
+    position and the next read sends it, so both sit on every lookup's path.
+    """
 
     def __init__(self) -> None:
+        self._offsets: dict[str, dict[int, int]] = {}
         self._by_table: dict[str, Position] = {}
         self._lock = threading.Lock()
 
     def at_least(self, table: str, given: str | Position | None) -> Position | None:
-        """The session's position of ``table``, merged with a caller's own ``min_position``."""
+        """The position seen of ``table``, merged with a caller's own ``min_position``."""
         seen = self._by_table.get(table)
+        if seen is None:
+            with self._lock:
+                offsets = self._offsets.get(table)
+                if offsets:
+                    seen = self._by_table[table] = Position(table, dict(offsets))
         if given is None:
             return seen
         mine = given if isinstance(given, Position) else Position.decode(given)
         return mine if seen is None or mine.table != table else seen.merge(mine)
 
     def saw(self, lookups: "list[Lookup] | list[Windows]") -> None:
-        offsets: dict[str, dict[int, int]] = {}
         for r in lookups:
-            if r.applied_offset:
-                parts = offsets.setdefault(r.table, {})
-                parts[r.partition] = max(parts.get(r.partition, 0), r.applied_offset)
-        with self._lock:
-            for table, parts in offsets.items():
-                seen = self._by_table.get(table)
-                new = Position(table, parts)
-                self._by_table[table] = new if seen is None else seen.merge(new)
+            offsets = self._offsets.get(r.table)
+            applied = r.applied_offset
+            if offsets is not None and offsets.get(r.partition, 0) >= applied:
+                continue  # nothing newer: the usual case between two applied batches
+            with self._lock:
+                offsets = self._offsets.setdefault(r.table, {})
+                if applied > offsets.get(r.partition, 0):
+                    offsets[r.partition] = applied
+                    self._by_table.pop(r.table, None)
 
     def of(self, table: str) -> Position | None:
-        return self._by_table.get(table)
+        return self.at_least(table, None)

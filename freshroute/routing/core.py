@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import replace
 from functools import lru_cache, partial
 from itertools import islice
 from typing import Any, Callable, Mapping, NamedTuple, Sequence, TypeVar
@@ -158,9 +157,9 @@ class RoutingCore:
         if read is not None:
             self._check_partitions(spec.partitions, read.offsets, f"table {spec.name!r}'s changelog")
             position = read if bound.min_position is None else bound.min_position.merge(read)
-            bound = replace(bound, min_position=position)
+            bound = bound._replace(min_position=position)
         if not written:
-            return replace(bound, after=None)
+            return bound._replace(after=None)
         ends = snap.input_ends.get(topic)
         if ends is not None:
             self._check_partitions(len(ends.ends), written, f"input topic {topic!r}")
@@ -173,7 +172,7 @@ class RoutingCore:
                     raise InvalidArgument(f"after names offset {o} of {topic}/{p}, past where that partition ends "
                                           f"({ends.ends.get(p, 0)}): no such write", field="after")
         reflected = reflected_at(snap.input_marks.get(spec.name, ()), written) or {}
-        return replace(bound, read_after=ReadAfter(topic, dict(written), reflected,
+        return bound._replace(read_after=ReadAfter(topic, dict(written), reflected,
                                                    partial(self.rejection, topic, dict(written))))
 
     def rejection(self, topic: str, written: dict[int, int]) -> str | None:
