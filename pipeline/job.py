@@ -30,7 +30,7 @@ from freshroute import class_archive
 from freshroute.errors import ConfigError, FatalError, FreshrouteError
 from freshroute.metadata import MetadataStore, TableSpec
 from freshroute.settings import is_loopback
-from pipeline.follower import OutputFollower, follow
+from pipeline.follower import OutputFollower, committed_offsets, follow
 from pipeline.input_lag import InputLagPublisher, source_offsets
 from pipeline.realtime import (POSITION_COLUMN, RealtimeRefused, aggregates, changelog_records, dead_letters,
                                start_query, task_slots, with_input_position)
@@ -660,10 +660,8 @@ class Pipeline:
                  time.monotonic() - started, self.spark.sparkContext.master, s.shuffle_partitions)
         rejects = {name: reject_writer(s, admin, self.definition.sources[name], self.producer) for name in sorted(used)}
         self._reflected = ReflectionPublisher(MetadataStore.at(s.redis(), s.namespace), lambda: admin_client(s.kafka()),
-                                              self._stop, str(s.redis()))
+                                              self._stop, str(s.redis()), rejects.values())
         self._reflected.start()
-        for writer in rejects.values():
-            writer.on_rejected = self._reflected.rejected
         frames: dict[str, "DataFrame"] = {}  # a Real-time query's frame, made once for its spec and its start
         for name, tables in grouped.items():
             source = rejects[tables[0].source]
@@ -695,6 +693,8 @@ class Pipeline:
                                     for r in q.tables], list(rejects.values()), self._input_lag, self._stop)
         for q in self.queries.values():
             if q.realtime:
+                # What its last committed checkpoint read is in the changelog: a mark from the start.
+                self._reflected.batches_ended(q.tables, committed_offsets(s.query_checkpoint(q.name)))
                 self._start_realtime(q, frames.get(q.name))
         admin.poll(0)  # the admin client's librdkafka log lines, queued while it worked, to the pipeline's log
         store = MetadataStore.at(s.redis(), s.namespace)
@@ -814,8 +814,7 @@ class Pipeline:
                             elif self._input_lag is not None:
                                 self._input_lag.observe(run.table.name, progress)
                             if self._reflected is not None and progress.sources:
-                                self._reflected.batch_ended(run.table.name, run.spec.topic, run.spec.partitions,
-                                                            source_offsets(progress.sources[0].endOffset) or {})
+                                self._reflected.batches_ended([run], source_offsets(progress.sources[0].endOffset))
                         if q.windowed is not None:
                             windows_progress(q, q.windowed, progress, seen)
                 if q.finished or q.query is None or q.query.isActive:

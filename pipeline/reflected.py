@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from freshroute.changelog_reader import end_offsets
 from freshroute.freshness import MARKS_KEPT, REJECTIONS_KEPT, InputMark, now_ms
@@ -30,7 +30,8 @@ _TIMEOUT_S = 5.0
 class ReflectionPublisher(threading.Thread):
     """Publishes each table's marks and each input topic's rejected records to the metadata store."""
 
-    def __init__(self, store: Any, admin: Callable[[], Any], stop: threading.Event, where: str) -> None:
+    def __init__(self, store: Any, admin: Callable[[], Any], stop: threading.Event, where: str,
+                 rejects: Iterable[Any] = ()) -> None:
         super().__init__(name="reflected", daemon=True)
         self.store = store
         self._admin_factory = admin
@@ -44,6 +45,14 @@ class ReflectionPublisher(threading.Thread):
         self.marks: dict[str, deque[InputMark]] = {}
         self.rejections: dict[str, dict[int, deque[tuple[int, str]]]] = {}
         self._failing = False
+        for writer in rejects:  # each source's rejected records (pipeline.sink.RejectWriter), as they are noted
+            writer.on_rejected = self.rejected
+
+    def batches_ended(self, runs: Iterable[Any], input_offsets: dict[int, int] | None) -> None:
+        """The tables of ``runs`` (:class:`pipeline.job.TableRun`) have a batch or checkpoint that read their input to
+        ``input_offsets`` (None: none) in their changelogs."""
+        for run in runs if input_offsets else ():
+            self.batch_ended(run.table.name, run.spec.topic, run.spec.partitions, input_offsets)
 
     def batch_ended(self, table: str, changelog: str, partitions: int, input_offsets: dict[int, int]) -> None:
         """A batch (or a Real-time checkpoint) of ``table`` ended having read its input to ``input_offsets``

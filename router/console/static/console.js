@@ -355,7 +355,8 @@ async function lookup(event) {
   const key = $("lookup-key").value;
   const params = new URLSearchParams();
   for (const [id, name] of [["lookup-max-lag", "max_lag"], ["lookup-max-staleness", "max_staleness_ms"],
-    ["lookup-max-input-lag", "max_input_lag_ms"], ["lookup-min-position", "min_position"]]) {
+    ["lookup-max-input-lag", "max_input_lag_ms"], ["lookup-min-position", "min_position"],
+    ["lookup-after", "after"], ["lookup-wait", "wait_ms"]]) {
     if ($(id).value.trim() !== "") params.set(name, $(id).value.trim());
   }
   const t = tableDoc(table);
