@@ -9,7 +9,10 @@ For every answered lookup of the recording it checks that
     ``lag.ms <= max_staleness_ms``, ``input_lag.ms <= max_input_lag_ms``, position >= ``min_position`` in the
     key's partition;
 (c) a session never read backwards: an answer that asked for ``min_position`` is at least as
-    fresh, partition by partition, as every answer the same session saw before it.
+    fresh, partition by partition, as every answer the same session saw before it;
+(d) an answer after a write token includes the write: its position is past the key's first changelog record
+    whose input position (the header a Real-time query writes) reflects the token's offsets. A key the write did
+    not touch has no such record: that answer is counted as unverifiable, not checked.
 
 A window lookup's answer (a record with ``windows``) is checked as (a) for each window: at the
 reported position, exactly the key's windows starting in ``[from_ms, to_ms)`` that the changelog
@@ -35,6 +38,7 @@ from typing import Any, Iterable
 
 import orjson
 
+from freshroute import input_position
 from freshroute.errors import InvalidArgument
 from freshroute.freshness import Position
 from freshroute.keys import partition_for, serialize_key
@@ -56,15 +60,20 @@ class Changelog:
     # Every offset read, per partition: where compaction removed records, these have gaps.
     _present: dict[int, list[int]] = field(default_factory=dict)
     _windows: dict[tuple[int, str], list[tuple[int, str]]] | None = None  # (partition, key) → (start, window key)
+    # (partition, key) → (offset, input position header) of its records that carry one, in offset order
+    _positions: dict[tuple[int, str], list[tuple[int, bytes]]] = field(default_factory=dict)
 
     @classmethod
     def from_records(cls, topic: str, partitions: int,
-                     records: Iterable[tuple[int, int, str, Any]],
+                     records: Iterable[tuple[Any, ...]],
                      end_offsets: dict[int, int] | None = None) -> "Changelog":
-        """Build from ``(partition, offset, key, value)``; value is JSON bytes/str, a parsed value, or None."""
+        """Build from ``(partition, offset, key, value[, input position header])``; value is JSON bytes/str, a parsed
+        value, or None."""
         log = cls(topic, partitions)
         ends: dict[int, int] = defaultdict(int)
-        for p, offset, key, value in sorted(records, key=lambda r: (r[0], r[1])):
+        for p, offset, key, value, *header in sorted(records, key=lambda r: (r[0], r[1])):
+            if header and header[0]:
+                log._positions.setdefault((p, key), []).append((offset, header[0]))
             if isinstance(value, (bytes, str)):
                 value = orjson.loads(value)
             offsets, values = log._history.setdefault((p, key), ([], []))
@@ -75,6 +84,14 @@ class Changelog:
         # Records read after a partition's EOF (the topic kept growing) only move its end forward.
         log.end_offsets = {p: max((end_offsets or {}).get(p, 0), ends.get(p, 0)) for p in range(partitions)}
         return log
+
+    def reflected_at(self, key: str, partition: int, after: dict[int, int]) -> int | None:
+        """The offset of ``key``'s first record whose input position reflects ``after`` (input partition →
+        offset); None when none does (the writes did not touch the key, or their rows are not read back)."""
+        for offset, header in self._positions.get((partition, key), ()):
+            if input_position.reflects(header, after):
+                return offset
+        return None
 
     def partition_of(self, key: str) -> int:
         return partition_for(serialize_key(key), self.partitions)
@@ -162,6 +179,7 @@ class CheckReport:
     absences_checked: int = 0
     bounds_checked: int = 0
     session_reads_checked: int = 0
+    writes_checked: int = 0  # (d): answers after a write token
     unverifiable: int = 0
     violations: list[Violation] = field(default_factory=list)
 
@@ -176,7 +194,8 @@ class CheckReport:
         return {"ok": self.ok, "table": self.table, "requests": self.requests, "answered": self.answered,
                 "failed": self.failed, "values_checked": self.values_checked,
                 "absences_checked": self.absences_checked, "bounds_checked": self.bounds_checked,
-                "session_reads_checked": self.session_reads_checked, "unverifiable": self.unverifiable,
+                "session_reads_checked": self.session_reads_checked, "writes_checked": self.writes_checked,
+                "unverifiable": self.unverifiable,
                 "violations": len(self.violations), "violations_by_kind": dict(kinds),
                 "offending": [v.to_dict() for v in self.violations[:max_listed]]}
 
@@ -212,7 +231,7 @@ def _position_offset(rec: dict[str, Any], table: str, partition: int) -> tuple[i
 
 def check(records: list[dict[str, Any]], changelog: Changelog, table: str,
           window: WindowSpec | None = None) -> CheckReport:
-    """Check (a) values, (b) bounds and (c) monotonic sessions of ``records`` against ``changelog`` (a windowed
+    """Check (a) values, (b) bounds, (c) monotonic sessions and (d) reads after writes of ``records`` against ``changelog`` (a windowed
     table's window answers against its ``window``)."""
     report = CheckReport(table)
     sessions: dict[str, list[tuple[int, int, dict[str, Any]]]] = defaultdict(list)
@@ -309,6 +328,18 @@ def check(records: list[dict[str, Any]], changelog: Changelog, table: str,
                 elif offset < wanted:
                     bad(i, "bound", f"position {offset} is below min_position {wanted} in partition {partition}")
 
+        # (d) an answer after a write token includes the write
+        after = rec.get("after_offsets")
+        if after and rec.get("outcome") == "ok" and offset is not None:
+            first = changelog.reflected_at(key, partition, {int(p): int(o) for p, o in after.items()})
+            if first is None:
+                report.unverifiable += 1
+            else:
+                report.writes_checked += 1
+                if offset <= first:
+                    bad(i, "read_your_writes", f"answered at position {offset} of partition {partition}, but the "
+                                               f"write is in {key!r}'s row only from changelog offset {first}")
+
         if rec.get("session") is not None and rec.get("seq") is not None:
             sessions[str(rec["session"])].append((int(rec["seq"]), i, rec))
 
@@ -371,11 +402,11 @@ def read_changelog(bootstrap: str, topic: str, timeout_s: float = 120.0,
     """Read every partition of ``topic`` from offset 0 to its true end (see ``freshroute.changelog_reader``)."""
     from freshroute.changelog_reader import consume_to_end
 
-    rows: list[tuple[int, int, str, Any]] = []
+    rows: list[tuple[int, int, str, Any, bytes | None]] = []
 
     def keep(m: Any) -> None:
         key = m.key().decode("utf-8") if m.key() is not None else ""
-        rows.append((m.partition(), m.offset(), key, m.value()))
+        rows.append((m.partition(), m.offset(), key, m.value(), input_position.of_record(m.headers())))
 
     _count, _secs, ends = consume_to_end(bootstrap, topic, keep, timeout_s, kafka_config, progress)
     return Changelog.from_records(topic, len(ends), rows, ends)

@@ -161,6 +161,11 @@ class LoadConfig:
     timeout_s: float = 5.0
     seed: int = 1
     window_span_ms: int = 0  # > 0: window lookups of a windowed table, each the key's windows of this last span
+    # Read your writes: writers each producing readings of a key of their own to the input, every one followed by a
+    # REST lookup after its write token (the consistency check's (d)); their lookups come on top of ``rate``.
+    writers: int = 0
+    bootstrap: str = ""
+    input_topic: str = "readings"
 
 
 class Recorder:
@@ -226,6 +231,36 @@ async def _worker(i: int, cfg: LoadConfig, rest: Any, grpc_stub: Any, client: An
         rec.add(r)
 
 
+async def _writer(i: int, cfg: LoadConfig, rest: Any, rec: Recorder, t0: float, deadline: float) -> None:
+    """Produce a reading of this writer's own sensor, then look it up after its write token; until ``deadline``."""
+    from confluent_kafka import Producer
+
+    from freshroute.settings import kafka_client_config
+    from freshroute.write_token import write_token
+
+    producer = Producer(kafka_client_config(cfg.bootstrap, **{"linger.ms": 0}))
+    key = f"ryw-{cfg.seed}-{i}"
+
+    def produce(n: int) -> Any:
+        delivered: list[Any] = []
+        event = {"sensor": key, "area": "ryw", "reading": float(n)}
+        producer.produce(cfg.input_topic, key=key.encode(), value=orjson.dumps(event),
+                         on_delivery=lambda err, msg: delivered.append(msg))
+        producer.flush(cfg.timeout_s)
+        return delivered[0] if delivered and delivered[0].error() is None else None
+
+    n = 0
+    while time.monotonic() < deadline:
+        n += 1
+        msg = await asyncio.to_thread(produce, n)
+        if msg is None:
+            continue  # not delivered: nothing to wait for
+        bound = {"after": write_token(msg), "wait_ms": round(cfg.timeout_s * 1000)}
+        r = await rest_lookup(rest, cfg.table, key, "after", bound, t0, f"writer-{i}", n)
+        r["after_offsets"] = {str(msg.partition()): msg.offset()}
+        rec.add(r)
+
+
 PROTOCOLS = ("rest", "grpc", "both", "client", "all")
 _TURNS = {"both": ("rest", "grpc"), "all": ("rest", "grpc", "client")}
 
@@ -271,6 +306,7 @@ async def run_load(cfg: LoadConfig, rest_url: str, grpc_address: str, recorder: 
             await direct.start()
         workers = [asyncio.create_task(_worker(i, cfg, rest, stub, direct, recorder, t0, deadline, budget))
                    for i in range(cfg.concurrency)]
+        workers += [asyncio.create_task(_writer(i, cfg, rest, recorder, t0, deadline)) for i in range(cfg.writers)]
         if stop is not None:
             workers.append(asyncio.create_task(_end_when(stop, deadline, budget)))
         fault_tasks = [asyncio.create_task(_fire_at(f, injector, t0, deadline, say))
@@ -387,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=5.0, help="per-request timeout (s), of every protocol")
     p.add_argument("--window-span-ms", type=int, default=0,
                    help="window lookups of a windowed --table: each the key's windows of this last span (ms)")
+    p.add_argument("--writers", type=int, default=0,
+                   help="read your writes: writers producing readings of their own keys, each read back after its "
+                        "write token (checked by the consistency check)")
     p.add_argument("--out", type=Path, default=None, help="report directory (default reports/<scenario>-<time>)")
     p.add_argument("--no-check", action="store_true", help="skip the consistency check")
     p.add_argument("--no-plots", action="store_true")
@@ -404,7 +443,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cfg = LoadConfig(table=a.table, key_prefix=a.key_prefix, keys=a.keys, distribution=a.distribution,
                      zipf_s=a.zipf_s, bound_mix=a.bounds, protocol=a.protocol, concurrency=a.concurrency,
-                     rate=a.rate, duration_s=a.duration, timeout_s=a.timeout, window_span_ms=a.window_span_ms)
+                     rate=a.rate, duration_s=a.duration, timeout_s=a.timeout, window_span_ms=a.window_span_ms,
+                     writers=a.writers, bootstrap=stack.config.bootstrap,
+                     input_topic=f"{stack.config.topic_prefix}readings")
     out = a.out or Path("reports") / f"{a.scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
     faults = faults_for(a.scenario, a.duration, a.node, a.hold)
     summary = run(stack, cfg, faults, out, check=not a.no_check, plots=not a.no_plots,

@@ -39,6 +39,9 @@ _OK, _NOT_FOUND, _TOO_STALE, _NOT_HOSTED, _ERROR, _NOT_YET_VISIBLE = (
     store_pb2.NOT_YET_VISIBLE)
 
 
+_CONSISTENT_TRIES = 3
+
+
 class _Reader:
     """Answers reads against one snapshot of the hosted replicas, taking each table-partition's status once.
 
@@ -59,18 +62,20 @@ class _Reader:
     def _replica(self, key: tuple[str, int]) -> tuple:
         rep = self.serving.get(key)
         if rep is None:
-            return None, None, None, None
-        # Take the store before the lag: the store can only be newer than the lag says.
+            return None, None, None, None, 0
+        # Take the store before the lag: the store can only be newer than the lag says. The replica's write count
+        # first: a read that sees it moved (or odd, a commit under way) may hold rows newer than these figures.
+        writes = rep.writes
         store = rep.store
         figures = rep.lag.figures(self.now)
         seen = (rep, rep.role, rep.restoring, rep.failure, figures)
         kept = self.statuses.get(key)
         if kept is not None and kept[0] == seen:
-            return rep, store, figures, kept[1]
+            return rep, store, figures, kept[1], writes
         # From its lag's figures (LagTracker.figures): applied, end, staleness.
         status = replica_status_message(self.node_id, rep.role, rep.state, *figures, rep.failure)
         self.statuses[key] = (seen, status)
-        return rep, store, figures, status
+        return rep, store, figures, status, writes
 
     def admit(self, read: store_pb2.KeyRead | store_pb2.GroupRead | store_pb2.RangeRead,
               out: store_pb2.KeyResult | store_pb2.GroupResult | store_pb2.RangeResult) -> tuple | None:
@@ -81,7 +86,7 @@ class _Reader:
         cached = self.cache.get(key)
         if cached is None:
             cached = self.cache[key] = self._replica(key)
-        rep, store, figures, status = cached
+        rep, store, figures, status, _ = cached
         if rep is None:
             out.status = _NOT_HOSTED
             out.message = f"{table}/{partition} is not hosted by {self.node_id}"
@@ -120,15 +125,26 @@ class _Reader:
                fill: Callable[[Any, Any, Any], None]) -> None:
         """Answer ``read`` into ``out`` (an empty result, usually added to a batch's results in place): admitted, then
         filled from the replica's store by ``fill``; a store that fails the read fails the replica, not the node."""
-        out.id = read.id
-        admitted = self.admit(read, out)
-        if admitted is None:
-            return
-        rep, store = admitted
-        try:
-            fill(store, read, out)
-        except StoreCorrupt as e:
-            out.status, out.message = self._failed(rep, store, e)
+        for attempt in range(_CONSISTENT_TRIES):
+            out.id = read.id
+            admitted = self.admit(read, out)
+            if admitted is None:
+                return
+            rep, store = admitted
+            try:
+                fill(store, read, out)
+            except StoreCorrupt as e:
+                out.status, out.message = self._failed(rep, store, e)
+                return
+            writes = self.cache[(read.table, read.partition)][4]
+            if rep.writes == writes and not writes & 1:
+                return
+            # A commit ran while this read did: its rows may be newer than the position the answer reports. Read
+            # again with the replica's status taken anew (the last try keeps an answer whose position is older than
+            # its rows at worst, never newer).
+            if attempt < _CONSISTENT_TRIES - 1:
+                del self.cache[(read.table, read.partition)]
+                out.Clear()
 
     def results(self, batch: store_pb2.ReadBatch) -> store_pb2.ResultBatch:
         """One result per read, per group and per range, in order."""

@@ -213,6 +213,7 @@ class Replica:
         self.failure = failure
         self.failed_at = time.monotonic()
         self.counters = ReplicaCounters(resumed_from=applied)
+        self.writes = 0  # commits begun and ended: odd while one writes rows before publishing their position
         self._clock = clock
         self._threshold = caught_up_threshold
         self.restore_started = time.monotonic()
@@ -296,12 +297,14 @@ class Replica:
         ``next_offset``, then publish the position."""
         store = self._open_store()
         caught_up_at = self.lag.caught_up_at_after(next_offset)
+        self.writes += 1  # odd until the position is published: a read meanwhile may see rows newer than it
         try:
             store.apply(rows, next_offset, caught_up_at or None, positions)
+            self._publish(next_offset, applied, skipped)
         except DiskFull as e:
             self.mark_failed(e.message)
-            return
-        self._publish(next_offset, applied, skipped)
+        finally:
+            self.writes += 1
 
     def load(self, table_file: Path | None, next_offset: int, applied: int, skipped: int) -> None:
         """Ingest a bulk restore's table file (standing for ``applied`` records; None: no rows) with the checkpoint

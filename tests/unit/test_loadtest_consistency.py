@@ -238,3 +238,21 @@ def test_a_key_whose_last_record_precedes_the_gap_is_still_decided(log):
     assert log.settled_at(B, part(B), 5)
     report = check([rec(B, 5, {"v": 10}), rec(B, 5, {"v": 11})], log, TABLE)
     assert report.values_checked == 2 and report.unverifiable == 0 and len(report.violations) == 1
+
+
+def test_an_answer_after_a_write_must_be_past_the_first_row_that_reflects_it():
+    from freshroute import input_position
+
+    p = part(A)
+    rows = [(p, 0, A, orjson.dumps({"v": 1}), input_position.encode([3])),
+            (p, 1, A, orjson.dumps({"v": 2}), input_position.encode([7])),
+            (p, 2, B, orjson.dumps({"v": 9}), input_position.encode([8]))]
+    log = Changelog.from_records("t-changelog", P, rows)
+    assert log.reflected_at(A, p, {0: 5}) == 1 and log.reflected_at(A, p, {0: 8}) is None
+    good = rec(A, 2, {"v": 2}) | {"after_offsets": {"0": 7}}
+    stale = rec(A, 1, {"v": 1}) | {"after_offsets": {"0": 7}}
+    other_key = rec(A, 2, {"v": 2}) | {"after_offsets": {"0": 8}}  # the write was B's: not A's to include
+    report = check([good, stale, other_key], log, TABLE)
+    assert report.writes_checked == 2
+    assert [(v.index, v.kind) for v in report.violations] == [(1, "read_your_writes")]
+    assert report.unverifiable == 1

@@ -336,3 +336,33 @@ def test_a_failed_replica_refuses_reads_with_its_reason_and_reports_it(world):
     assert res.status == store_pb2.TOO_STALE and not res.value
     assert res.message == "replica failed: no space left on the device of /data/users/1 (while write)"
     assert res.replica.state == store_pb2.FAILED and res.replica.failure.startswith("no space left")
+
+
+def test_a_read_that_a_commit_overtakes_reports_the_position_of_the_rows_it_returns(world):
+    caught_up(world)
+    store, rep = world.store, world.rep
+
+    class Overtaken:
+        """The store as a commit lands between the status and the read: rows newer than the status said."""
+
+        bulk_load = False
+
+        def __init__(self):
+            self.reads = 0
+
+        def apply(self, *args):
+            store.apply(*args)
+
+        def get(self, key):
+            self.reads += 1
+            if self.reads == 1:
+                rep.commit([(b"alice", b'{"age":32}')], 11, 1, 0)
+            return store.get(key)
+
+    rep.store = Overtaken()
+    try:
+        res = get(world, b"alice")
+    finally:
+        rep.store = store
+    assert res.value == b'{"age":32}' and res.replica.applied_offset == 11
+    assert rep.writes == 2
