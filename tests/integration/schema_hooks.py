@@ -14,9 +14,9 @@ import os
 import schemathesis
 from hypothesis import strategies as st
 
-from freshroute.freshness import Position
+from freshroute.freshness import Position, WriteToken
 from freshroute.routing.results import encode_page_token
-from router.openapi import PAGE_TOKEN_FORMAT, POSITION_FORMAT
+from router.openapi import PAGE_TOKEN_FORMAT, POSITION_FORMAT, WRITE_TOKEN_FORMAT
 
 TABLE = os.environ["FRESHROUTE_SCHEMA_TABLE"]
 WINDOWED = os.environ["FRESHROUTE_SCHEMA_WINDOWED"]
@@ -26,6 +26,11 @@ KEYS = int(os.environ["FRESHROUTE_SCHEMA_KEYS"])  # the table holds sensor-0 …
 
 schemathesis.openapi.format(POSITION_FORMAT, st.dictionaries(
     st.integers(0, 1023), st.integers(0, 1 << 62), max_size=8).map(lambda offsets: Position(TABLE, offsets).encode()))
+# Tokens of what a session read of the table, at positions every replica has: answered at once, as most requests
+# must be (the refusals of tokens naming other topics are the unit tests').
+schemathesis.openapi.format(WRITE_TOKEN_FORMAT, st.dictionaries(st.integers(0, 3), st.integers(0, 5), min_size=1,
+                                                                max_size=4).map(
+    lambda offsets: WriteToken({}, {TABLE: offsets}, 0).encode()))
 schemathesis.openapi.format(PAGE_TOKEN_FORMAT, st.binary(max_size=64).map(lambda after: encode_page_token(TABLE, after)))
 
 
