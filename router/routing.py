@@ -11,7 +11,7 @@ from freshroute.errors import InvalidArgument
 from freshroute.freshness import now_ms
 from freshroute.routing.core import RoutingCore
 from freshroute.routing.policy import RoutingPolicy
-from freshroute.routing.attempts import ReplicaSelector
+from freshroute.routing.selection import ReplicaSelector
 from freshroute.routing.snapshot import Snapshot, SnapshotSource
 from freshroute.routing.store import StoreClient
 

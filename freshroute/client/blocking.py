@@ -21,7 +21,8 @@ from google.protobuf.message import DecodeError
 from freshroute.cluster_access import NodeAccess
 from freshroute.errors import FreshrouteError, ReplicaUnavailable
 from freshroute.freshness import Bound
-from freshroute.routing.attempts import AttemptPlan, Candidate, launch_due
+from freshroute.routing.attempts import AttemptPlan, launch_due
+from freshroute.routing.selection import Candidate
 from freshroute.routing.snapshot import SnapshotSource
 from freshroute.wire import (FrameError, FrameReader, GroupResult, RangeResult, ReadResult, WindowFilter, checked,
                              frame, group_read, group_result, key_read, range_read, range_result, results)

@@ -12,7 +12,7 @@ from freshroute.errors import FreshrouteError
 from freshroute.freshness import Position
 from freshroute.routing.core import served_by
 from freshroute.routing.results import LookupResult, WindowsResult, optional_int, position_token
-from freshroute.routing.attempts import Candidate
+from freshroute.routing.selection import Candidate
 from freshroute.wire import GroupResult
 
 

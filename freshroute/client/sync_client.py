@@ -17,7 +17,8 @@ from typing import Any, Coroutine, Iterator, TypeVar
 
 from freshroute.errors import ClientClosed, FreshrouteError, LookupTimeout, ReplicaUnavailable
 from freshroute.freshness import Bound, Position, parse_bound
-from freshroute.routing.attempts import AttemptPlan, Candidate
+from freshroute.routing.attempts import AttemptPlan
+from freshroute.routing.selection import Candidate
 from freshroute.routing.core import RoutingCore, lookup_result
 from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.results import ClusterView, KeyLocation, TableInfo

@@ -16,11 +16,14 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence, TypeVar
 from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound, NotWindowedTable,
                                NotYetVisible, ReplicaUnavailable, TableNotFound, WindowedTable, WriteRejected)
 from freshroute.formats import bound_to_bytes, key_from_bytes, key_to_bytes
-from freshroute.freshness import NO_BOUND, Bound, Position, ReadAfter, now_ms, reflected_at
+from freshroute.freshness import NO_BOUND, Bound, now_ms
 from freshroute.keys import deserialize_key, key_bytes, not_a_batch, not_text, partition_for, scan_range
 from freshroute.metadata import Role, TableSpec
-from freshroute.routing.attempts import (AttemptPlan, Attempts, Candidate, FreshestFirst, LatencyWindow, LoadTracker,
-                                         NoMetrics, ReplicaSelector, run, run_many)
+from freshroute.routing.attempts import AttemptPlan, Attempts, LatencyWindow
+from freshroute.routing.counts import NoMetrics
+from freshroute.routing.drivers import run, run_many
+from freshroute.routing.read_after import narrowed
+from freshroute.routing.selection import Candidate, FreshestFirst, LoadTracker, ReplicaSelector
 from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.results import (ClusterView, HostedReplica, KeyLocation, LookupResult, MetadataHealth,
                                         NodeState, ReplicaInfo, ScanPage, TableInfo, TablePipeline, WindowPage,
@@ -31,8 +34,6 @@ from freshroute.windows import MAX_START_MS, Window, WindowSpec, key_range, spli
 from freshroute.wire import GroupResult, ReadResult, ReadStatus, ReplicaStatus, WindowFilter
 
 _Counted = TypeVar("_Counted", LookupResult, WindowsResult, FreshrouteError)
-
-_ENDS_SETTLE_MS = 1000  # input ends read this long after a write must include it
 
 
 @lru_cache(maxsize=65536)
@@ -128,71 +129,11 @@ class RoutingCore:
             if refused is not None:
                 raise refused
         if bound.after is not None:
-            bound = self.read_after(spec, bound)
+            bound = narrowed(spec, bound, self.metadata)
         override = self.policy.table_bounds.get(spec.name)
         if override is not None:
             return bound.with_defaults(override.max_lag, override.max_staleness_ms)
         return bound.with_defaults(spec.default_max_lag, spec.default_max_staleness_ms)
-
-    def read_after(self, spec: TableSpec, bound: Bound) -> Bound:
-        """The bound with its write token narrowed to ``spec``'s table: the events of the table's input it names
-        (with the changelog offsets from which every row reflects them, if a mark says so yet), and what it says was
-        read of the table as a ``min_position``. A token naming nothing this table reads, a partition its input does
-        not have, or an offset past where the input ends is a caller's mistake."""
-        token = bound.after
-        assert token is not None
-        snap = self.metadata.current
-        topic = spec.input_topic
-        written = token.inputs.get(topic) if topic else None
-        direct = token.inputs.get(spec.topic)  # a table added from a topic: its input is its changelog
-        read = token.read_position(spec.name)
-        if direct:
-            direct_read = Position(spec.name, {p: o + 1 for p, o in direct.items()})
-            read = direct_read if read is None else read.merge(direct_read)
-        if not written and read is None:
-            reads = ", ".join(repr(t) for t in (topic, spec.topic) if t)
-            named = sorted({*token.inputs, *(f"table {t}" for t in token.reads)})
-            raise InvalidArgument(f"after names writes to or reads of {', '.join(named)}; table {spec.name!r} reads "
-                                  f"{reads}", field="after", reads=[t for t in (topic, spec.topic) if t])
-        if read is not None:
-            self._check_partitions(spec.partitions, read.offsets, f"table {spec.name!r}'s changelog")
-            position = read if bound.min_position is None else bound.min_position.merge(read)
-            bound = bound._replace(min_position=position)
-        if not written:
-            return bound._replace(after=None)
-        ends = snap.input_ends.get(topic)
-        if ends is not None:
-            self._check_partitions(len(ends.ends), written, f"input topic {topic!r}")
-            # Only ends read well after the write can say an offset is past them: a write is in Kafka before its
-            # delivery report, but these ends were read by a store node up to a refresh ago.
-            if ends.at_ms >= token.written_ms + _ENDS_SETTLE_MS:
-                past = {p: o for p, o in written.items() if o >= ends.ends.get(p, 0)}
-                if past:
-                    p, o = min(past.items())
-                    raise InvalidArgument(f"after names offset {o} of {topic}/{p}, past where that partition ends "
-                                          f"({ends.ends.get(p, 0)}): no such write", field="after")
-        reflected = reflected_at(snap.input_marks.get(spec.name, ()), written) or {}
-        return bound._replace(read_after=ReadAfter(topic, dict(written), reflected,
-                                                   partial(self.rejection, topic, dict(written))))
-
-    def rejection(self, topic: str, written: dict[int, int]) -> str | None:
-        """Why the pipeline rejected one of the events ``written`` names, as the latest metadata says; None if it
-        has not (or it is not known yet)."""
-        rejected = self.metadata.current.rejected.get(topic)
-        if not rejected:
-            return None
-        for p, o in written.items():
-            why = rejected.get(p, {}).get(o)
-            if why is not None:
-                return f"input record {topic}/{p} offset {o} was rejected by the pipeline: {why}"
-        return None
-
-    @staticmethod
-    def _check_partitions(count: int, offsets: Mapping[int, int], what: str) -> None:
-        wrong = sorted(p for p in offsets if p >= count)
-        if wrong:
-            raise InvalidArgument(f"after names partition {wrong[0]} of {what}, which has {count} partitions",
-                                  field="after")
 
     def keyed(self, name: str) -> TableSpec:
         """A table read by key: one without windows."""

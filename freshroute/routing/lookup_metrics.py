@@ -2,7 +2,7 @@
 ``freshroute_client``): lookups by outcome and serving role, their latency, retries by reason.
 
 prometheus_client's Counter and Histogram take a lock per update (three per lookup). Each routing thread counts
-in plain ints of its own instead (:class:`~freshroute.routing.attempts.LookupCounts`, from
+in plain ints of its own instead (:class:`~freshroute.routing.counts.LookupCounts`, from
 :meth:`LookupMetrics.counts`) and a scrape adds them up: the router's event loop is one such thread, each thread
 of the synchronous client another. Imported only where metrics are asked for: prometheus_client is not a
 dependency of the client install.
@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from freshroute.routing.attempts import LATENCY_BUCKETS, RETRY_REASONS, LookupCounts
+from freshroute.routing.counts import LATENCY_BUCKETS, RETRY_REASONS, LookupCounts
 
 
 class LookupMetrics(Collector):

@@ -4,7 +4,7 @@ from dataclasses import replace
 from freshroute.freshness import Bound, Position
 from freshroute.metadata import NodePositions, ReplicaState, Role
 
-from freshroute.routing.attempts import FreshestFirst, LoadTracker
+from freshroute.routing.selection import FreshestFirst, LoadTracker
 from freshroute.routing.snapshot import LagOverlay, MovedPositions, ReplicaView
 
 NOW = 1_000_000
