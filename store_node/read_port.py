@@ -182,22 +182,32 @@ def _not_yet_visible(store: Any, read: store_pb2.KeyRead | store_pb2.GroupRead |
     if bound.after_offset and applied >= bound.after_offset:
         return None
     after = bound.after_input
+    held = None
     if isinstance(read, store_pb2.RangeRead):
         keys: list[bytes] = []
     else:
         keys = [read.key] if isinstance(read, store_pb2.KeyRead) else list(read.keys)
-        missing = [k for k, raw in zip(keys, store.positions_of(keys)) if not input_position.reflects(raw, after)]
+        missing = [(k, raw) for k, raw in zip(keys, store.positions_of(keys))
+                   if not input_position.reflects(raw, after)]
         if not missing:
             return None
-        keys = missing
+        keys = [k for k, _ in missing]
+        held = input_position.decode(missing[0][1])
     needs = ", ".join(f"partition {p} offset {o}" for p, o in sorted(after.items()))
     where = (f"applied offset {applied} is below {bound.after_offset}, from which every row reflects them"
              if bound.after_offset else "no offset yet is known from which every row reflects them")
     whose = ""
     if keys:
         more = f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
-        whose = f"the row of key {keys[0][:64]!r}{more} does not reflect them, and "
+        # How far the row is: per named partition, the latest input offset it reflects.
+        at = ", ".join(f"partition {p} to {_offset_in(held, p)}" for p in sorted(after))
+        whose = f"the row of key {keys[0][:64]!r}{more} reflects its input {at}, and "
     return f"the input events named ({needs}) are not yet visible: {whose}{where}"
+
+
+def _offset_in(position: "input_position.InputPosition | None", partition: int) -> str:
+    held = position[partition] if position is not None and partition < len(position) else None
+    return "none" if held is None else str(held)
 
 
 def _key(store: Any, read: store_pb2.KeyRead, out: store_pb2.KeyResult) -> None:

@@ -269,6 +269,7 @@ def test_a_store_node_answers_a_key_whose_row_reflects_the_events_and_no_other(p
     unseen = _ask(port, read(b"alice", {0: 8}))
     assert unseen.status == store_pb2.NOT_YET_VISIBLE and unseen.value == b""
     assert "partition 0 offset 8" in unseen.message and "alice" in unseen.message
+    assert "reflects its input partition 0 to 7" in unseen.message
     assert _ask(port, read(b"bob", {0: 1})).status == store_pb2.NOT_YET_VISIBLE  # no position: not known
     assert _ask(port, read(b"bob", {0: 1}, offset=10)).status == store_pb2.OK  # applied reaches the mark
     assert _ask(port, read(b"bob", {0: 1}, offset=11)).status == store_pb2.NOT_YET_VISIBLE
