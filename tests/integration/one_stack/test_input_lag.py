@@ -17,7 +17,7 @@ import pytest
 
 from freshroute.client import Client, write_token
 from freshroute.settings import kafka_client_config
-from freshroute.errors import NoReplicaWithinBound
+from freshroute.errors import NoReplicaWithinBound, NotYetVisible
 from proto import router_pb2, router_pb2_grpc
 from tests.integration.cluster_support import Readings
 from tests.integration.stack_fixture import all_sensors_served, expected_sensor_stats, produced, wait_until
@@ -43,6 +43,18 @@ def write_one(stack) -> tuple[str, str]:
     assert producer.flush(10) == 0 and delivered[0].error() is None
     produced(stack).append(event)
     return sensor, write_token(delivered[0])
+
+
+def read_after(client, sensor: str, token: str, within_s: float = 180.0):
+    """The sensor's row after ``token``: asked again while no replica has the reading (a new pipeline may take longer
+    than one lookup's longest wait to start), never answered without it."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            return client.get("sensor_stats", sensor, after=token, wait_ms=30_000)
+        except NotYetVisible:
+            if time.monotonic() > deadline:
+                raise
 
 
 class Waiting:
@@ -129,12 +141,12 @@ def test_a_stopped_or_killed_pipeline_shows_in_every_answers_input_lag_and_max_i
             # A reading written while no pipeline runs: a lookup after it waits for the new one, never answers
             # without it.
             sensor, token = write_one(stack)
-            waited = Waiting(lambda: client.get("sensor_stats", sensor, after=token, wait_ms=60_000))
+            waited = Waiting(lambda: read_after(client, sensor, token))
             time.sleep(1.0)
             assert waited.outcome is None, f"answered with no pipeline running: {waited.outcome}"
             stack.start("pipeline")
             wait_until(keeping_up, 180, "a new pipeline to catch up from the checkpoint", stack=stack)
-            outcome = waited.result(70)
+            outcome = waited.result(200)
             assert not isinstance(outcome, BaseException), outcome
             assert outcome.found and outcome.value["count"] == 1
         finally:
