@@ -660,7 +660,7 @@ class Pipeline:
                  time.monotonic() - started, self.spark.sparkContext.master, s.shuffle_partitions)
         rejects = {name: reject_writer(s, admin, self.definition.sources[name], self.producer) for name in sorted(used)}
         self._reflected = ReflectionPublisher(MetadataStore.at(s.redis(), s.namespace), lambda: admin_client(s.kafka()),
-                                              self._stop, str(s.redis()), rejects.values())
+                                              self._stop, rejects.values())
         self._reflected.start()
         frames: dict[str, "DataFrame"] = {}  # a Real-time query's frame, made once for its spec and its start
         for name, tables in grouped.items():

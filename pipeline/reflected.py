@@ -30,14 +30,13 @@ _TIMEOUT_S = 5.0
 class ReflectionPublisher(threading.Thread):
     """Publishes each table's marks and each input topic's rejected records to the metadata store."""
 
-    def __init__(self, store: Any, admin: Callable[[], Any], stop: threading.Event, where: str,
+    def __init__(self, store: Any, admin: Callable[[], Any], stop: threading.Event,
                  rejects: Iterable[Any] = ()) -> None:
         super().__init__(name="reflected", daemon=True)
         self.store = store
         self._admin_factory = admin
         self._admin: Any = None
         self.stop_event = stop
-        self.where = where
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._ended: dict[str, tuple[str, int, dict[int, int]]] = {}  # table → (changelog, partitions, input read to)
@@ -104,17 +103,22 @@ class ReflectionPublisher(threading.Thread):
             topics.add(topic)
         for topic in topics:
             self.store.publish_rejections(topic, self.rejections[topic])
-        if not ended:
+        # Only tables further in their input than their last mark need one, and the changelog's ends read.
+        moved = {table: e for table, e in ended.items() if not self._marked(table, e[2])}
+        if not moved:
             return
         # Read after the batches ended: the changelog can only have grown, so the mark is never ahead of its rows.
         if self._admin is None:
             self._admin = self._admin_factory()
-        ends = end_offsets(self._admin, {changelog: range(partitions) for changelog, partitions, _ in ended.values()},
+        ends = end_offsets(self._admin, {changelog: range(partitions) for changelog, partitions, _ in moved.values()},
                            _TIMEOUT_S)
         at = now_ms()
-        for table, (changelog, _, read_to) in ended.items():
+        for table, (changelog, _, read_to) in moved.items():
             marks = self.marks.setdefault(table, deque(maxlen=MARKS_KEPT))
-            if marks and all(o <= marks[-1].input.get(p, 0) for p, o in read_to.items()):
-                continue  # no further in its input than the last mark
             marks.append(InputMark(read_to, ends[changelog], at))
             self.store.publish_input_marks(table, list(marks))
+
+    def _marked(self, table: str, read_to: dict[int, int]) -> bool:
+        """Whether ``table``'s last mark is already as far in its input as ``read_to``."""
+        marks = self.marks.get(table)
+        return bool(marks) and all(o <= marks[-1].input.get(p, 0) for p, o in read_to.items())
