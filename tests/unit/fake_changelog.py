@@ -25,10 +25,14 @@ class Clock:
 
 
 class Msg:
-    def __init__(self, offset, key=None, value=None, partition=0, topic=SPEC.topic, error=None, headers=None):
+    def __init__(self, offset, key=None, value=None, partition=0, topic=SPEC.topic, error=None, headers=None,
+                 timestamp_ms=0):
         self._offset, self._key, self._value = offset, key, value
         self._partition, self._topic, self._error = partition, topic, error
-        self._headers = headers
+        self._headers, self._timestamp_ms = headers, timestamp_ms
+
+    def timestamp(self):
+        return (1, self._timestamp_ms)  # TIMESTAMP_CREATE_TIME
 
     def error(self):
         return self._error

@@ -21,6 +21,7 @@ from router.settings import RouterSettings
 from store_node.read_port import ReadPort
 from store_node.replica import Replica
 from store_node.replica_store import ReplicaStore
+from tests.unit.fake_changelog import Msg
 from tests.unit.routing_support import Cluster
 
 INPUT = "readings"
@@ -31,26 +32,9 @@ RSPEC = TableSpec("sensor_stats", "sensor_stats-changelog", 4, "sensor_id", {"co
 # ---- tokens ------------------------------------------------------------------------------------------------
 
 
-class Delivered:
+def Delivered(topic, partition, offset, ts=1_700_000_000_000, error=None):
     """What a confluent-kafka delivery report hands its callback."""
-
-    def __init__(self, topic, partition, offset, ts=1_700_000_000_000, error=None):
-        self._t, self._p, self._o, self._ts, self._e = topic, partition, offset, ts, error
-
-    def topic(self):
-        return self._t
-
-    def partition(self):
-        return self._p
-
-    def offset(self):
-        return self._o
-
-    def timestamp(self):
-        return (1, self._ts)
-
-    def error(self):
-        return self._e
+    return Msg(offset, partition=partition, topic=topic, error=error, timestamp_ms=ts)
 
 
 def test_a_token_carries_the_latest_write_per_partition_and_what_was_read():
