@@ -29,6 +29,23 @@ TABLE = "sensor_stats"
 WAIT_MS = 5000
 
 
+class NotDelivered(RuntimeError):
+    """A record the broker did not acknowledge in time: there is no write to read back."""
+
+
+def deliver(producer: Any, topic: str, key: bytes, value: bytes, timeout_s: float = 10.0) -> Any:
+    """Produce one record and wait for its own delivery report (not for other threads' records on a shared
+    producer, as ``flush`` would); the delivered ``Message``, whose token ``write_token`` makes."""
+    reports: list[tuple[Any, Any]] = []
+    producer.produce(topic, key=key, value=value, on_delivery=lambda err, msg: reports.append((err, msg)))
+    deadline = time.monotonic() + timeout_s
+    while not reports and time.monotonic() < deadline:
+        producer.poll(0.001)
+    if not reports or reports[0][0] is not None:
+        raise NotDelivered(f"a record to {topic} was not delivered: {reports[0][0] if reports else 'no report'}")
+    return reports[0][1]
+
+
 class Writer(threading.Thread):
     """One writer: produce a reading, look it up after its token, then without one; ``cycles`` times."""
 
@@ -41,20 +58,8 @@ class Writer(threading.Thread):
         self.errors: dict[str, int] = {}
 
     def produce(self, reading: float) -> Any:
-        delivered: list[Any] = []
-        done = threading.Event()
-
-        def report(err: Any, msg: Any) -> None:
-            delivered.append(err or msg)
-            done.set()
-
         event = {"sensor": self.sensor, "area": "ryw", "reading": reading, "ts": int(time.time() * 1000)}
-        self.producer.produce(self.topic, key=self.sensor.encode(), value=orjson.dumps(event), on_delivery=report)
-        while not done.wait(0.001):
-            self.producer.poll(0)
-        if not hasattr(delivered[0], "offset"):
-            raise RuntimeError(f"a reading was not delivered: {delivered[0]}")
-        return delivered[0]
+        return deliver(self.producer, self.topic, self.sensor.encode(), orjson.dumps(event))
 
     def run(self) -> None:
         path = f"/v1/tables/{TABLE}/keys/{self.sensor}"

@@ -237,24 +237,19 @@ async def _writer(i: int, cfg: LoadConfig, rest: Any, rec: Recorder, t0: float, 
 
     from freshroute.settings import kafka_client_config
     from freshroute.write_token import write_token
+    from loadtest.read_your_writes import NotDelivered, deliver
 
     producer = Producer(kafka_client_config(cfg.bootstrap, **{"linger.ms": 0}))
     key = f"ryw-{cfg.seed}-{i}"
-
-    def produce(n: int) -> Any:
-        delivered: list[Any] = []
-        event = {"sensor": key, "area": "ryw", "reading": float(n)}
-        producer.produce(cfg.input_topic, key=key.encode(), value=orjson.dumps(event),
-                         on_delivery=lambda err, msg: delivered.append(msg))
-        producer.flush(cfg.timeout_s)
-        return delivered[0] if delivered and delivered[0].error() is None else None
-
     n = 0
     while time.monotonic() < deadline:
         n += 1
-        msg = await asyncio.to_thread(produce, n)
-        if msg is None:
-            continue  # not delivered: nothing to wait for
+        event = {"sensor": key, "area": "ryw", "reading": float(n)}
+        try:
+            msg = await asyncio.to_thread(deliver, producer, cfg.input_topic, key.encode(), orjson.dumps(event),
+                                          cfg.timeout_s)
+        except NotDelivered:
+            continue  # nothing to wait for
         bound = {"after": write_token(msg), "wait_ms": round(cfg.timeout_s * 1000)}
         r = await rest_lookup(rest, cfg.table, key, "after", bound, t0, f"writer-{i}", n)
         r["after_offsets"] = {str(msg.partition()): msg.offset()}

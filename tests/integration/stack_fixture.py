@@ -8,7 +8,7 @@ import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import httpx
 import orjson
@@ -89,6 +89,20 @@ def produce_readings(stack: Stack, events: list[dict]) -> None:
         producer.poll(0)
     assert producer.flush(30) == 0
     produced(stack).extend(events)
+
+
+def write_reading(stack: Stack, event: dict, producer: Any = None) -> str:
+    """One reading produced and delivered (through ``producer``, else one of its own); its write token. Counted in
+    what was produced to the stack."""
+    from confluent_kafka import Producer
+
+    from freshroute.write_token import write_token
+    from loadtest.read_your_writes import deliver
+
+    producer = producer or Producer(kafka_client_config(stack.config.bootstrap))
+    msg = deliver(producer, f"{stack.config.topic_prefix}readings", event["sensor"].encode(), orjson.dumps(event))
+    produced(stack).append(event)
+    return write_token(msg)
 
 
 def produce_and_serve(stack: Stack, events: list[dict], headers: dict[str, str] | None = None) -> dict[str, dict]:

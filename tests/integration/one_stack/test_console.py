@@ -21,7 +21,7 @@ import pytest
 from freshroute.client import write_token
 from tests.integration.browser import browser_page
 from tests.integration.cluster_support import balanced, fully_replicated, metadata
-from tests.integration.stack_fixture import fail_if_died, produce_and_serve, produced, wait_until
+from tests.integration.stack_fixture import fail_if_died, produce_and_serve, wait_until, write_reading
 
 pytestmark = pytest.mark.integration
 
@@ -91,22 +91,6 @@ def test_the_console_draws_every_node_and_replica_as_the_cluster_api_has_them(st
             {name: (t["partitions"], "true") for name, t in tables.items()}
 
 
-def write_reading(stack, sensor: str) -> str:
-    """A reading of ``sensor`` produced and delivered; its write token."""
-    from confluent_kafka import Producer
-
-    from freshroute.settings import kafka_client_config
-
-    event = {"sensor": sensor, "area": "north", "reading": 3.0, "ts": int(time.time() * 1000)}
-    delivered: list = []
-    producer = Producer(kafka_client_config(stack.config.bootstrap))
-    producer.produce(f"{stack.config.topic_prefix}readings", key=sensor.encode(), value=json.dumps(event).encode(),
-                     on_delivery=lambda err, msg: delivered.append(msg))
-    assert producer.flush(10) == 0 and delivered[0].error() is None
-    produced(stack).append(event)
-    return write_token(delivered[0])
-
-
 def ask(console, table: str, key: str, **bounds: str) -> tuple[dict | None, str]:
     """Look ``key`` up through the page's form: (the answer's JSON as the page shows it, the status line)."""
     page = console.page
@@ -137,7 +121,8 @@ def test_a_lookup_through_the_console_answers_as_the_rest_api(stack, console):
             assert f"partition {rest['partition']} · served by {shown['served_by']['node']}" in line
         # After a write token: the reading it names is in the answer.
         before = http.get("/v1/tables/sensor_stats/keys/sensor-1").json()["value"]["count"]
-        shown, line = ask(console, "sensor_stats", "sensor-1", wait_ms="5000", after=write_reading(stack, "sensor-1"))
+        shown, line = ask(console, "sensor_stats", "sensor-1", wait_ms="5000", after=write_reading(stack, {
+            "sensor": "sensor-1", "area": "north", "reading": 3.0, "ts": int(time.time() * 1000)}))
         assert line.startswith("partition ") and shown["value"]["count"] > before, line
         # A windowed table: its windows on a time line, the final ones filled.
         shown, _ = ask(console, "sensor_windows", "sensor-3")

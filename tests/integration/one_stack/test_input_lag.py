@@ -11,16 +11,15 @@ import threading
 import time
 
 import grpc
-import orjson
 import httpx
 import pytest
 
-from freshroute.client import Client, write_token
-from freshroute.settings import kafka_client_config
+from freshroute.client import Client
 from freshroute.errors import NoReplicaWithinBound, NotYetVisible
 from proto import router_pb2, router_pb2_grpc
 from tests.integration.cluster_support import Readings
-from tests.integration.stack_fixture import all_sensors_served, expected_sensor_stats, produced, wait_until
+from tests.integration.stack_fixture import (all_sensors_served, expected_sensor_stats, produced, wait_until,
+                                             write_reading)
 
 pytestmark = pytest.mark.integration
 
@@ -32,17 +31,9 @@ STOPPED_MS = 2000  # a stopped one gets past it within seconds
 
 def write_one(stack) -> tuple[str, str]:
     """One reading of a sensor of its own, produced and delivered; the sensor and a write token of it."""
-    from confluent_kafka import Producer
-
     sensor = f"lag-ryw-{int(time.time()) % 100000}"
-    event = {"sensor": sensor, "area": "ryw", "reading": 5.0, "ts": int(time.time() * 1000)}
-    delivered: list = []
-    producer = Producer(kafka_client_config(stack.config.bootstrap))
-    producer.produce(f"{stack.config.topic_prefix}readings", key=sensor.encode(), value=orjson.dumps(event),
-                     on_delivery=lambda err, msg: delivered.append(msg))
-    assert producer.flush(10) == 0 and delivered[0].error() is None
-    produced(stack).append(event)
-    return sensor, write_token(delivered[0])
+    return sensor, write_reading(stack, {"sensor": sensor, "area": "ryw", "reading": 5.0,
+                                         "ts": int(time.time() * 1000)})
 
 
 def read_after(client, sensor: str, token: str, within_s: float = 180.0):

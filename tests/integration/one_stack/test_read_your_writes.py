@@ -25,7 +25,8 @@ from freshroute.keys import partition_for, serialize_key
 from freshroute.settings import kafka_client_config
 from proto import router_pb2, router_pb2_grpc
 from tests.integration.cluster_support import component, fully_replicated, metadata
-from tests.integration.stack_fixture import produce_and_serve, produced, wait_until
+from loadtest.read_your_writes import deliver
+from tests.integration.stack_fixture import produce_and_serve, wait_until, write_reading
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("serving")]
 
@@ -66,18 +67,14 @@ class Writer:
         self.rng = random.Random(sensor)
 
     def write(self, value: bytes | None = None) -> str:
-        """One reading (or these bytes) produced and delivered; its token."""
-        delivered: list[Any] = []
+        """One reading (or these bytes, which are not one) produced and delivered; its token."""
+        if value is not None:
+            return write_token(deliver(self.producer, self.topic, self.sensor.encode(), value))
         event = {"sensor": self.sensor, "area": "ryw", "reading": round(self.rng.uniform(0, 100), 2),
                  "ts": int(time.time() * 1000)}
-        self.producer.produce(self.topic, key=self.sensor.encode(), value=value or orjson.dumps(event),
-                              on_delivery=lambda err, msg: delivered.append(err or msg))
-        assert self.producer.flush(10) == 0 and delivered, "a reading was not delivered"
-        assert delivered[0].error() is None, delivered[0].error()
-        if value is None:
-            self.written += 1
-            produced(self.stack).append(event)
-        return write_token(delivered[0])
+        token = write_reading(self.stack, event, self.producer)
+        self.written += 1
+        return token
 
     def cycles(self, n: int, read: Callable[[str, str], int | None]) -> None:
         """``n`` writes, each read back after its token: ``read(sensor, token)`` answers the sensor's count."""
