@@ -79,14 +79,14 @@ class _Reader:
 
     def admit(self, read: store_pb2.KeyRead | store_pb2.GroupRead | store_pb2.RangeRead,
               out: store_pb2.KeyResult | store_pb2.GroupResult | store_pb2.RangeResult) -> tuple | None:
-        """Fill ``out``'s replica status; (replica, store) when the read may be answered, else None
-        with ``out`` saying why (not hosted, being rebuilt, or outside the caller's bound)."""
+        """Fill ``out``'s replica status; (replica, store, its write count then) when the read may be answered, else
+        None with ``out`` saying why (not hosted, being rebuilt, or outside the caller's bound)."""
         table, partition = read.table, read.partition
         key = (table, partition)
         cached = self.cache.get(key)
         if cached is None:
             cached = self.cache[key] = self._replica(key)
-        rep, store, figures, status, _ = cached
+        rep, store, figures, status, writes = cached
         if rep is None:
             out.status = _NOT_HOSTED
             out.message = f"{table}/{partition} is not hosted by {self.node_id}"
@@ -118,7 +118,7 @@ class _Reader:
             out.status = _TOO_STALE
             out.message = why
             return None
-        return rep, store
+        return rep, store, writes
 
     def answer(self, read: store_pb2.KeyRead | store_pb2.GroupRead | store_pb2.RangeRead,
                out: store_pb2.KeyResult | store_pb2.GroupResult | store_pb2.RangeResult,
@@ -130,13 +130,12 @@ class _Reader:
             admitted = self.admit(read, out)
             if admitted is None:
                 return
-            rep, store = admitted
+            rep, store, writes = admitted
             try:
                 fill(store, read, out)
             except StoreCorrupt as e:
                 out.status, out.message = self._failed(rep, store, e)
                 return
-            writes = self.cache[(read.table, read.partition)][4]
             if rep.writes == writes and not writes & 1:
                 return
             # A commit ran while this read did: its rows may be newer than the position the answer reports. Read
