@@ -327,7 +327,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def KeyMetadata(self, request: router_pb2.KeyMetadataRequest,
                           context: grpc.aio.ServicerContext) -> router_pb2.KeyMetadataResponse:
         await self._cluster(context)
-        loc = self._router.key_metadata(request.table, request.key)
+        loc = self._router.views.key_metadata(request.table, request.key)
         return router_pb2.KeyMetadataResponse(
             table=loc.table, key=loc.key, partition=loc.partition,
             active=_replica_info(loc.active) if loc.active else None,
@@ -345,13 +345,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                                  pipeline=router_pb2.Pipeline(**pipeline_doc(t.pipeline)),
                                  key_format=t.spec.key_format, value_format=t.spec.value_format,
                                  origin=t.spec.origin, pipeline_mode=t.spec.pipeline_mode or "")
-            for t in self._router.list_tables() if principal is None or principal.may_read(t.spec.name)])
+            for t in self._router.views.list_tables() if principal is None or principal.may_read(t.spec.name)])
 
     @answers_errors
     async def Cluster(self, request: router_pb2.ClusterRequest,
                       context: grpc.aio.ServicerContext) -> router_pb2.ClusterResponse:
         await self._cluster(context)
-        return cluster_response(self._router.cluster())
+        return cluster_response(self._router.views.cluster())
 
 
 def create_grpc_server(settings: RouterSettings, router: Router, guard: Guard | None = None,

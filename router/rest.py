@@ -117,7 +117,7 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, guard:
     @app.get("/v1/tables", tags=["tables"], summary="Tables with partition count, replicas and schema")
     async def list_tables(request: Request) -> Response:
         principal = request.scope["state"].get("principal")
-        return json({"tables": [t.to_dict() for t in router.list_tables()
+        return json({"tables": [t.to_dict() for t in router.views.list_tables()
                                 if principal is None or principal.may_read(t.spec.name)]})
 
     async def key_route(request: Request) -> Response:
@@ -187,7 +187,7 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, guard:
 
     @app.get("/v1/cluster", tags=["cluster"], summary="Nodes, liveness, assignment and per-replica lag")
     async def cluster() -> Response:
-        return json(router.cluster().to_dict())
+        return json(router.views.cluster().to_dict())
 
     @app.get("/v1/cluster/summary", tags=["cluster"],
              summary="The cluster per node and per table: replica counts by kind, worst lag, restores in progress")

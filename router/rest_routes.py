@@ -133,7 +133,7 @@ class KeyHandlers:
                 raise foreign("NOT_FOUND", 404, "Not Found")
             table, key = segment(route.table), segment(route.key)
             if route.op == METADATA:
-                body = self.router.key_metadata(table, key).to_dict()
+                body = self.router.views.key_metadata(table, key).to_dict()
             elif route.op == WINDOWS:
                 body = await self._windows(table, key, query_of(query))
             else:

@@ -85,7 +85,7 @@ class Router(RoutingCore):
         for replicas in snap.replicas.values():
             for r in replicas:
                 if r.reported:
-                    c = self.estimate(r, now)
+                    c = self.views.estimate(r, now)
                     out.append(ReplicaGauge(r.table, r.partition, r.node, r.role.value, r.alive,
                                             c.lag_offsets, c.staleness_ms))
         return out

@@ -352,14 +352,14 @@ class AsyncClient:
         """The key's partition, its active replica and its standbys, each with lag."""
         core = await self._ready()
         if self.direct():
-            return core.key_metadata(table, key)
+            return core.views.key_metadata(table, key)
         assert self.router is not None
         return await self.router.key_metadata(table, key)
 
     async def tables(self) -> list[TableInfo]:
         core = await self._ready()
         if self.direct():
-            return core.list_tables()
+            return core.views.list_tables()
         assert self.router is not None
         body = await self.router.ok("GET", "/v1/tables")
         return table_infos(snapshot_from_router(body, {"nodes": []}, 0))
@@ -367,7 +367,7 @@ class AsyncClient:
     async def cluster(self) -> ClusterView:
         core = await self._ready()
         if self.direct():
-            return core.cluster()
+            return core.views.cluster()
         assert self.router is not None
         return ClusterView.from_dict(await self.router.ok("GET", "/v1/cluster"))
 

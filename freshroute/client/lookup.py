@@ -10,7 +10,7 @@ import orjson
 
 from freshroute.errors import FreshrouteError
 from freshroute.freshness import Position
-from freshroute.routing.core import served_by
+from freshroute.routing.answers import served_by
 from freshroute.routing.results import LookupResult, WindowsResult, optional_int, position_token
 from freshroute.routing.selection import Candidate
 from freshroute.wire import GroupResult

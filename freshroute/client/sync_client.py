@@ -19,7 +19,9 @@ from freshroute.errors import ClientClosed, FreshrouteError, LookupTimeout, Repl
 from freshroute.freshness import Bound, Position, parse_bound
 from freshroute.routing.attempts import AttemptPlan
 from freshroute.routing.selection import Candidate
-from freshroute.routing.core import RoutingCore, lookup_result
+from freshroute.routing.answers import lookup_result
+from freshroute.routing.core import RoutingCore
+from freshroute.routing.counts import count, count_group
 from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.results import ClusterView, KeyLocation, TableInfo
 
@@ -138,13 +140,13 @@ class Client:
                 spec, raw_key, plan = core.plan_get(table, key, bound, time.monotonic())
                 answer = _read_one(store, plan, Request.get(table, plan.partition, raw_key, plan.bound))
             except FreshrouteError as e:
-                core.count(started, e)
+                count(core.metrics, started, e)
                 if self._async.router is None or not isinstance(e, _FALL_BACK):
                     raise
                 cause = e
             else:
                 cand, read = answer
-                result = core.count(started, lookup_result(table, key, plan.partition, cand, read))
+                result = count(core.metrics, started, lookup_result(table, key, plan.partition, cand, read))
                 return self._async.seen(Lookup.of(result, core.input_lag(table), core.value_format(table)))
         # The store nodes were tried once, here: straight to the router, not through the async client's own attempt.
         return self._async.seen(self._call(self._async.via_router("get", cause).get(table, key, bound, deadline)))
@@ -171,7 +173,7 @@ class Client:
             answers = run_blocking(store, jobs)
             elapsed = time.perf_counter() - started
             for (p, idx), answer in zip(groups.items(), answers):
-                core.count_group(answer, len(idx), elapsed)
+                count_group(core.metrics, answer, len(idx), elapsed)
                 if isinstance(answer, FreshrouteError):
                     for i in idx:
                         out[i] = answer
@@ -222,12 +224,12 @@ class Client:
                 answer = _read_one(store, plan, Request.range(table, plan.partition, r.lo, r.hi, r.limit, r.live,
                                                               plan.bound))
             except FreshrouteError as e:
-                core.count(started, e)
+                count(core.metrics, started, e)
                 if self._async.router is None or not isinstance(e, _FALL_BACK):
                     raise
                 cause = e
             else:
-                return self._async.seen(Windows.of(core.count(started, r.result(*answer)), core.input_lag(table)))
+                return self._async.seen(Windows.of(count(core.metrics, started, r.result(*answer)), core.input_lag(table)))
         return self._async.seen(self._call(self._async.via_router("windows", cause).windows(table, key, from_ms, to_ms,
                                                                                             bound, deadline)))
 

@@ -11,29 +11,28 @@ import heapq
 import time
 from functools import lru_cache, partial
 from itertools import islice
-from typing import Any, Callable, Mapping, NamedTuple, Sequence, TypeVar
+from typing import Any, Callable, Mapping
 
-from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound, NotWindowedTable,
-                               NotYetVisible, ReplicaUnavailable, TableNotFound, WindowedTable, WriteRejected)
+from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NotWindowedTable, ReplicaUnavailable,
+                               TableNotFound, WindowedTable)
 from freshroute.formats import bound_to_bytes, key_from_bytes, key_to_bytes
 from freshroute.freshness import NO_BOUND, Bound, now_ms
 from freshroute.keys import deserialize_key, key_bytes, not_a_batch, not_text, partition_for, scan_range
-from freshroute.metadata import Role, TableSpec
+from freshroute.metadata import TableSpec
+from freshroute.routing.answers import GroupAnswers, WindowsRead, group_lookups, lookup_result, served_by
 from freshroute.routing.attempts import AttemptPlan, Attempts, LatencyWindow
-from freshroute.routing.counts import NoMetrics
+from freshroute.routing.counts import NoMetrics, count, count_group
 from freshroute.routing.drivers import run, run_many
 from freshroute.routing.read_after import narrowed
 from freshroute.routing.selection import Candidate, FreshestFirst, LoadTracker, ReplicaSelector
 from freshroute.routing.policy import RoutingPolicy
-from freshroute.routing.results import (ClusterView, HostedReplica, KeyLocation, LookupResult, MetadataHealth,
-                                        NodeState, ReplicaInfo, ScanPage, TableInfo, TablePipeline, WindowPage,
-                                        WindowsResult, decode_page_token, encode_page_token, pipeline_doc)
-from freshroute.routing.snapshot import LagOverlay, NodeView, ReplicaView, Snapshot, SnapshotSource
+from freshroute.routing.results import (LookupResult, ScanPage, WindowPage, WindowsResult, decode_page_token,
+                                        encode_page_token)
+from freshroute.routing.snapshot import LagOverlay, NodeView, Snapshot, SnapshotSource
 from freshroute.routing.store import StoreClient
-from freshroute.windows import MAX_START_MS, Window, WindowSpec, key_range, split_window_key, windows_of
-from freshroute.wire import GroupResult, ReadResult, ReadStatus, ReplicaStatus, WindowFilter
-
-_Counted = TypeVar("_Counted", LookupResult, WindowsResult, FreshrouteError)
+from freshroute.routing.views import MetadataViews
+from freshroute.windows import MAX_START_MS, Window, WindowSpec, key_range, split_window_key
+from freshroute.wire import ReadResult, ReadStatus, WindowFilter
 
 
 @lru_cache(maxsize=65536)
@@ -55,16 +54,6 @@ def locate(key: str, partitions: int, key_format: str = "string") -> tuple[bytes
         raise InvalidArgument(not_text(key, "key"), field="key") from None
 
 
-_OUTCOMES = ((NoReplicaWithinBound, "no_replica"), (LookupTimeout, "timeout"), (ReplicaUnavailable, "unavailable"),
-             (InvalidArgument, "invalid"), (TableNotFound, "table_not_found"), (NotYetVisible, "not_yet_visible"),
-             (WriteRejected, "write_rejected"))
-
-
-def outcome_label(e: FreshrouteError) -> str:
-    """A failed read's outcome, as metrics count it."""
-    return next((label for cls, label in _OUTCOMES if isinstance(e, cls)), "error")
-
-
 class RoutingCore:
     """Routes reads over a metadata snapshot and a store client: the one implementation of "which replica, and what if it fails"."""
 
@@ -80,6 +69,7 @@ class RoutingCore:
         self._freshest = FreshestFirst(self.load, self.overlay, policy.freshness_tolerance_offsets,
                                        policy.freshness_tolerance_ms, policy.view_trust_ms, clock_ms)
         self.selector: ReplicaSelector = selector if selector is not None else self._freshest
+        self.views = MetadataViews(self, self._freshest, clock_ms)
         self.attempts = Attempts(policy.attempt_policy(), self.load, self.overlay, clock_ms, self.metrics)
         self._clock_ms = clock_ms
         self._tracked: Mapping[str, NodeView] | None = None
@@ -225,34 +215,9 @@ class RoutingCore:
             read = self.store.read
             cand, answer = await run(plan, lambda c: read(c.replica.address, table, partition, raw_key, bound))
         except FreshrouteError as e:
-            self.count(started, e)
+            count(self.metrics, started, e)
             raise
-        return self.count(started, lookup_result(table, key, partition, cand, answer))
-
-    def count(self, started: float, outcome: _Counted) -> _Counted:
-        """One key's read that ended in ``outcome`` (its result, or the error it raised) since ``started``
-        (``time.perf_counter()``), counted by outcome and serving role; returns ``outcome``."""
-        elapsed = time.perf_counter() - started
-        if type(outcome) is LookupResult:  # the common case first: this runs on every lookup
-            self.metrics.lookup("ok" if outcome.found else "not_found", outcome.role, elapsed)
-        elif isinstance(outcome, WindowsResult):
-            self.metrics.lookup("ok" if outcome.windows else "not_found", outcome.role, elapsed)
-        else:
-            self.metrics.lookup(outcome_label(outcome), "none", elapsed)
-        return outcome
-
-    def count_group(self, outcome: Any, keys: int, elapsed: float) -> None:
-        """One partition's group of ``keys`` keys: its ``(candidate, GroupResult)`` or the error no replica avoided."""
-        if isinstance(outcome, FreshrouteError):
-            self.metrics.lookup(outcome_label(outcome), "none", elapsed, keys)
-            return
-        cand, answer = outcome
-        found = len(answer.values) - answer.values.count(b"")  # an absent key's value is empty
-        role = served_by(cand, answer.replica)[1]
-        if found:
-            self.metrics.lookup("ok", role, elapsed, found)
-        if found < keys:
-            self.metrics.lookup("not_found", role, elapsed, keys - found)
+        return count(self.metrics, started, lookup_result(table, key, partition, cand, answer))
 
     async def batch_get(self, table: str, keys: list[str], bound: Bound = NO_BOUND,
                         answers: "GroupAnswers[Any] | None" = None) -> list[Any]:
@@ -274,7 +239,7 @@ class RoutingCore:
         outcomes = await run_many(plans, lambda j, c: read_many(c.replica.address, table, parts[j][0], sent[j], bound))
         elapsed = time.perf_counter() - started
         for (partition, indices), outcome in zip(parts, outcomes):
-            self.count_group(outcome, len(indices), elapsed)
+            count_group(self.metrics, outcome, len(indices), elapsed)
             if isinstance(outcome, FreshrouteError):
                 for i in indices:
                     results[i] = outcome
@@ -336,9 +301,9 @@ class RoutingCore:
             cand, answer = await run(plan, lambda c: read_range(c.replica.address, table, plan.partition, r.lo, r.hi,
                                                                 r.limit, r.live, plan.bound))
         except FreshrouteError as e:
-            self.count(started, e)
+            count(self.metrics, started, e)
             raise
-        return self.count(started, r.result(cand, answer))
+        return count(self.metrics, started, r.result(cand, answer))
 
     async def scan_windows(self, table: str, from_ms: int, to_ms: int, limit: int | None = None,
                            page_token: str | None = None, bound: Bound = NO_BOUND) -> WindowPage:
@@ -387,109 +352,3 @@ class RoutingCore:
                 raise outcome
             out.append(outcome)
         return out
-
-    # ---- metadata views ----------------------------------------------------------------
-
-    def replica_info(self, r: ReplicaView, now: int) -> ReplicaInfo:
-        if r.reported:
-            c, _ = self._freshest.estimate(r, now)
-            lag, ms, applied, end = c.lag_offsets, c.staleness_ms, c.applied, c.end
-        else:
-            lag, ms, applied, end = None, None, 0, None
-        return ReplicaInfo(r.node, r.address, r.role.value, r.state.value if r.state else None, r.alive,
-                           lag, ms, applied, end, r.failure)
-
-    def key_metadata(self, table: str, key: str) -> KeyLocation:
-        """The key's partition, its active replica and its standbys, each with lag."""
-        spec = self.table(table)
-        partition = self.partition_of(spec, key)
-        now = self._clock_ms()
-        infos = [self.replica_info(r, now) for r in self.metadata.current.replicas_of(table, partition)]
-        active = next((i for i in infos if i.role == Role.ACTIVE.value), None)
-        return KeyLocation(table, key, partition, active, [i for i in infos if i is not active])
-
-    def list_tables(self) -> list[TableInfo]:
-        snap = self.metadata.current
-        if not snap.loaded:
-            raise ReplicaUnavailable(self.not_loaded())
-        out = []
-        for name in sorted(snap.tables):
-            b = self.bound_for(snap.tables[name], NO_BOUND)
-            out.append(TableInfo(snap.tables[name], b.max_lag, b.max_staleness_ms, self.input_lag(name),
-                                 snap.input_lag.get(name)))
-        return out
-
-    def cluster(self) -> ClusterView:
-        """Nodes with liveness and per-replica lag, the assignment, each table's pipeline, and how old this view is."""
-        snap = self.metadata.current
-        now = self._clock_ms()
-        by_node: dict[str, list[HostedReplica]] = {}
-        for (table, partition), replicas in sorted(snap.replicas.items()):
-            for r in replicas:
-                by_node.setdefault(r.node, []).append(HostedReplica(table, partition, self.replica_info(r, now)))
-        nodes = []
-        for node_id in sorted(set(snap.nodes) | set(by_node)):
-            n = snap.nodes.get(node_id)
-            nodes.append(NodeState(node_id, n.address if n else "", n.read_address if n else None, bool(n and n.alive),
-                                   snap.heartbeat_age_ms(node_id) if n else None, bool(n and n.draining),
-                                   by_node.get(node_id, [])))
-        assignment = None
-        if snap.assignment is not None:
-            assignment = [(t, p, tuple(ns)) for (t, p), ns in sorted(snap.assignment.replicas.items())]
-        pipelines = [TablePipeline(name, **pipeline_doc(snap.input_lag.get(name), now),
-                                   input_lag=snap.input_lag_at(name, now)) for name in sorted(snap.tables)]
-        return ClusterView(nodes, snap.generation, assignment, pipelines, self.metadata_health(snap, now))
-
-    def metadata_health(self, snap: Snapshot, now: int) -> MetadataHealth:
-        """How old ``snap`` is at ``now``, and whether Redis answered the last read."""
-        return MetadataHealth(snap.loaded, max(0, now - snap.built_ms) if snap.loaded else None,
-                              bool(getattr(self.metadata, "redis_ok", snap.loaded)))
-
-    def estimate(self, r: ReplicaView, now: int) -> Candidate:
-        """A replica's best-known lag now (heartbeat or a newer response)."""
-        return self._freshest.estimate(r, now)[0]
-
-
-class WindowsRead(NamedTuple):
-    """One windows lookup: the key range of its partition it reads, and how; ``result`` makes the answer."""
-
-    table: str
-    key: str
-    window: WindowSpec
-    raw_key: bytes
-    lo: bytes
-    hi: bytes
-    limit: int
-    live: WindowFilter
-    plan: AttemptPlan
-
-    def result(self, cand: Candidate, answer: Any) -> WindowsResult:
-        windows = list(windows_of(self.window, self.raw_key, answer.entries, answer.watermark_ms))
-        return WindowsResult(self.table, self.key, windows, self.plan.partition, *served_by(cand, answer.replica),
-                             answer.watermark_ms)
-
-
-def served_by(cand: Candidate, rep: ReplicaStatus | None) -> tuple[str, str, int | None, int, int]:
-    """(node, role, lag offsets, lag ms, applied) of the replica that answered: its own report if it sent one, else the view's."""
-    if rep is None:
-        r = cand.replica
-        return r.node, r.role.value, cand.lag_offsets, cand.staleness_ms, cand.applied
-    return rep.node or cand.replica.node, rep.role.value, rep.lag_offsets, rep.staleness_ms, rep.applied
-
-
-T = TypeVar("T")
-# One group's answer → its keys' results, in the group's order: (table, keys, partition, replica tried, answer).
-GroupAnswers = Callable[[str, list[str], int, Candidate, GroupResult], Sequence[T]]
-
-
-def lookup_result(table: str, key: str, partition: int, cand: Candidate, answer: ReadResult) -> LookupResult:
-    """One key's answer, labelled with the replica that gave it."""
-    return LookupResult(table, key, partition, answer.status is ReadStatus.OK, answer.value,
-                        *served_by(cand, answer.replica))
-
-
-def group_lookups(table: str, keys: list[str], partition: int, cand: Candidate,
-                  answer: GroupResult) -> list[LookupResult]:
-    """A group's answers, key by key in the group's order, each labelled with the replica that gave them."""
-    who = served_by(cand, answer.replica)
-    return [LookupResult(table, key, partition, bool(value), value, *who) for key, value in zip(keys, answer.values)]

@@ -7,7 +7,15 @@ prometheus_client, which the client install does not bring.
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
+from typing import Any, TypeVar
+
+from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound, NotYetVisible,
+                               ReplicaUnavailable, TableNotFound, WriteRejected)
+from freshroute.routing.results import LookupResult, WindowsResult
+
+_Counted = TypeVar("_Counted", LookupResult, WindowsResult, FreshrouteError)
 
 
 class NoMetrics:
@@ -49,3 +57,40 @@ class LookupCounts:
 
     def retry(self, reason: str) -> None:
         self.retries[reason] += 1
+
+
+_OUTCOMES = ((NoReplicaWithinBound, "no_replica"), (LookupTimeout, "timeout"), (ReplicaUnavailable, "unavailable"),
+             (InvalidArgument, "invalid"), (TableNotFound, "table_not_found"), (NotYetVisible, "not_yet_visible"),
+             (WriteRejected, "write_rejected"))
+
+
+def outcome_label(e: FreshrouteError) -> str:
+    """A failed read's outcome, as metrics count it."""
+    return next((label for cls, label in _OUTCOMES if isinstance(e, cls)), "error")
+
+
+def count(metrics: Any, started: float, outcome: _Counted) -> _Counted:
+    """One key's read that ended in ``outcome`` (its result, or the error it raised) since ``started``
+    (``time.perf_counter()``), counted by outcome and serving role; returns ``outcome``."""
+    elapsed = time.perf_counter() - started
+    if type(outcome) is LookupResult:  # the common case first: this runs on every lookup
+        metrics.lookup("ok" if outcome.found else "not_found", outcome.role, elapsed)
+    elif isinstance(outcome, WindowsResult):
+        metrics.lookup("ok" if outcome.windows else "not_found", outcome.role, elapsed)
+    else:
+        metrics.lookup(outcome_label(outcome), "none", elapsed)
+    return outcome
+
+
+def count_group(metrics: Any, outcome: Any, keys: int, elapsed: float) -> None:
+    """One partition's group of ``keys`` keys: its ``(candidate, GroupResult)`` or the error no replica avoided."""
+    if isinstance(outcome, FreshrouteError):
+        metrics.lookup(outcome_label(outcome), "none", elapsed, keys)
+        return
+    cand, answer = outcome
+    found = len(answer.values) - answer.values.count(b"")  # an absent key's value is empty
+    role = (cand.replica if answer.replica is None else answer.replica).role.value  # its own report, else the view's
+    if found:
+        metrics.lookup("ok", role, elapsed, found)
+    if found < keys:
+        metrics.lookup("not_found", role, elapsed, keys - found)

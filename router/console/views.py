@@ -107,7 +107,7 @@ def summarise(core: RoutingCore, snap: Snapshot, now: int) -> dict[str, Any]:
                 n.restoring += kind == "restoring"
             if not r.alive or state is None:
                 continue
-            c = core.estimate(r, now)  # as routing and /v1/cluster see the replica
+            c = core.views.estimate(r, now)  # as routing and /v1/cluster see the replica
             applied, end, lag, staleness = c.applied, c.end, c.lag_offsets, c.staleness_ms
             if state == _RESTORING:
                 t.restores.append({"partition": partition, "node": r.node, "applied_offset": applied,
@@ -126,7 +126,7 @@ def summarise(core: RoutingCore, snap: Snapshot, now: int) -> dict[str, Any]:
                       "alive": view.alive, "heartbeat_age_ms": snap.heartbeat_age_ms(node_id),
                       "draining": view.draining, "replicas": n.replicas, "actives": n.actives,
                       "restoring": n.restoring, "max_lag_offsets": n.offsets, "max_lag_ms": n.ms})
-    infos = {t.spec.name: t for t in core.list_tables()} if snap.loaded else {}
+    infos = {t.spec.name: t for t in core.views.list_tables()} if snap.loaded else {}
     tables = []
     for name in sorted(table_sums):
         t, lag = table_sums[name], snap.input_lag.get(name)
@@ -138,7 +138,7 @@ def summarise(core: RoutingCore, snap: Snapshot, now: int) -> dict[str, Any]:
                        "input_offset": sum(lag.offsets.values()) if lag is not None and lag.offsets else None,
                        "restoring": restores[:RESTORING_SHOWN], "restoring_total": len(restores)})
     return {"at_ms": now, "nodes": nodes, "tables": tables, "assignor": snap.assignor,
-            "assignment_generation": snap.generation, "metadata": core.metadata_health(snap, now).to_dict()}
+            "assignment_generation": snap.generation, "metadata": core.views.metadata_health(snap, now).to_dict()}
 
 
 class ClusterViews:
@@ -183,7 +183,7 @@ class ClusterViews:
             raise InvalidArgument(f"limit must be at most {GRID_MAX_LIMIT}", field="limit")
         now, snap = self._clock_ms(), self._core.metadata.current
         end = min(spec.partitions, start + limit)
-        partitions = [{"partition": p, "replicas": [replica_doc(self._core.replica_info(r, now))
+        partitions = [{"partition": p, "replicas": [replica_doc(self._core.views.replica_info(r, now))
                                                     for r in snap.replicas_of(table, p)]} for p in range(start, end)]
         return {"table": table, "partitions_total": spec.partitions, "partitions": partitions,
                 "next_from": end if end < spec.partitions else None, "at_ms": now}

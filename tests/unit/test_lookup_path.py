@@ -45,7 +45,7 @@ LAYERS = {
     "front": {"router/transports/http1.py", "router/rest_routes.py"},
     "routing": {"freshroute/routing/core.py", "freshroute/routing/selection.py", "freshroute/routing/attempts.py",
                 "freshroute/routing/drivers.py", "freshroute/routing/snapshot.py", "freshroute/routing/results.py",
-                "freshroute/routing/counts.py"},
+                "freshroute/routing/counts.py", "freshroute/routing/answers.py"},
     "store client": {"freshroute/routing/store.py"},
     "wire": {"freshroute/wire.py"},
     "store node": {"store_node/read_port.py", "store_node/replica.py", "store_node/replica_store.py"},

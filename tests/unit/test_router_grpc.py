@@ -190,7 +190,7 @@ async def test_metadata_tables_cluster(grpc_cluster):
     c = await stub.Cluster(router_pb2.ClusterRequest())
     assert [n.node for n in c.nodes] == ["n1", "n2"] and all(len(n.replicas) == 4 for n in c.nodes)
     # Everything /v1/cluster says, typed.
-    view = cluster.router.cluster().to_dict()
+    view = cluster.router.views.cluster().to_dict()
     assert [(n.read_address or None, n.draining) for n in c.nodes] == [(n["read_address"], n["draining"])
                                                                         for n in view["nodes"]]
     assert [(a.table, a.partition, list(a.nodes)) for a in c.assignment] == [

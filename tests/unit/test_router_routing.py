@@ -188,7 +188,7 @@ async def test_a_key_that_is_not_unicode_text_is_an_invalid_argument_naming_it_a
         await core.batch_get(TABLE, ["sensor-1", bad])
     assert e.value.details["field"] == "keys" and "keys[1]" in e.value.message
     with pytest.raises(InvalidArgument) as e:
-        core.key_metadata(TABLE, bad)
+        core.views.key_metadata(TABLE, bad)
     assert e.value.details["field"] == "key"
     if isinstance(bad, str):
         for field in ("prefix", "start", "end"):
