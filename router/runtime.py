@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from freshroute.routing.snapshot import MetadataRefresher, Snapshot
+from freshroute.routing.refresher import MetadataRefresher
+from freshroute.routing.snapshot import Snapshot
 from freshroute.routing.store import StoreClient, StoreNodeClient
 from router.routing import Router
 from router.settings import RouterSettings

@@ -2,48 +2,32 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 from dataclasses import replace
 from typing import Any, AsyncIterator, TypeVar
 
 import httpx
-from redis.connection import parse_url
 
 from freshroute.cluster_access import NodeAccess
 from freshroute.errors import ClientClosed, ConfigError, FreshrouteError, LookupTimeout, ReplicaUnavailable
 from freshroute.freshness import Bound, Position, parse_bound
-from freshroute.redis_location import RedisLocation, parse_sentinels
 from freshroute.routing.core import RoutingCore
 from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.results import ClusterView, KeyLocation, TableInfo
-from freshroute.routing.snapshot import MetadataRefresher, SnapshotSource
+from freshroute.routing.snapshot import SnapshotSource
 from freshroute.routing.store import StoreNodeClient
 from freshroute.tls import ClientTLS
 
 from freshroute.client.arguments import ScanRange, batch_keys
 from freshroute.client.lookup import Lookup, Positions, Windows
 from freshroute.client.metrics import ClientMetrics
-from freshroute.client.router import RouterHttp, RouterMetadata, snapshot_from_router, table_infos
+from freshroute.client.metadata_feed import MetadataFeed, metadata_store
+from freshroute.client.router import RouterHttp, snapshot_from_router, table_infos
 
 R = TypeVar("R", Lookup, Windows)
 
 # Errors after which the router may still answer: nothing direct could be reached in time.
 _FALL_BACK = (ReplicaUnavailable, LookupTimeout)
-
-
-def _metadata_store(url: str | None, sentinels: str | None, master_name: str | None) -> RedisLocation:
-    """Where the metadata store is; an address that can never work fails now, naming the argument."""
-    try:
-        where = RedisLocation(url or RedisLocation.url, parse_sentinels(sentinels or ""), master_name or "")
-    except ValueError as e:  # a malformed address, or sentinels without a master name (or the reverse)
-        raise ConfigError(f"redis_sentinels: {e}", setting="redis_sentinels") from None
-    try:
-        parse_url(where.url)
-    except ValueError as e:
-        raise ConfigError(f"redis_url: {where.url!r}: {e}", setting="redis_url") from None
-    return where
 
 
 class AsyncClient:
@@ -66,34 +50,23 @@ class AsyncClient:
         if not redis_url and not redis_sentinels and not router:
             raise ConfigError("give redis_url or redis_sentinels (the metadata store) or router (a router's REST "
                               "address), or both", setting="redis_url")
-        self._redis: RedisLocation | None = None
-        if redis_url or redis_sentinels:
-            self._redis = _metadata_store(redis_url, redis_sentinels, redis_master_name)
+        redis = metadata_store(redis_url, redis_sentinels, redis_master_name) if redis_url or redis_sentinels else None
         if router:
             url = httpx.URL(router)
             if url.scheme not in ("http", "https") or not url.host:
                 raise ConfigError(f"router: {router!r} is not a router's address (http://HOST:PORT or https://…)",
                                   setting="router")
         self.policy = policy if policy is not None else RoutingPolicy()
-        self._router_url, self._namespace = router, namespace
+        self._router_url = router
         self._token = token
         # Built here: a bad certificate file fails at construction, naming the argument. The same TLS
         # context serves the router.
         self.access = NodeAccess(cluster_secret or "", ClientTLS(ca, cert, key))
-        self._refresh_ms = refresh_ms
-        self._connect_timeout_s = connect_timeout_s
+        self._feed = MetadataFeed(redis, namespace, refresh_ms, self.policy.node_expiry_ms, connect_timeout_s)
         self.metrics: ClientMetrics | None = ClientMetrics(metrics) if metrics is not None else None
         self.router: RouterHttp | None = None
         self.core: RoutingCore | None = None
-        self._metadata_redis: Any = None
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self._closed = False
-        # Set once the first snapshot is in (threading: the synchronous client waits on it from its callers' threads),
-        # and once the first attempt to read one is over, whatever its outcome.
-        self._loaded = threading.Event()
-        self._attempted = threading.Event()
-        self._wait_until = 0.0  # time.monotonic() until which a read waits for the first snapshot
         self.fallback_cause: str | None = None  # why the latest read that went to the router did not read the nodes
         # Monotonic reads: the highest position read of each table-partition, sent with every later read.
         self.read_positions: Positions | None = Positions() if monotonic else None
@@ -113,50 +86,19 @@ class AsyncClient:
         if self._router_url:
             self.router = RouterHttp(self._router_url, self.policy.request_timeout_ms / 1000 + 1, self._token,
                                      self.access.ssl_context)
-        metadata: Any
-        if self._redis is not None:
-            self._metadata_redis = self._redis.async_client(0.5)
-            metadata = MetadataRefresher(self._metadata_redis, self._namespace, self._refresh_ms, self.policy.node_expiry_ms,
-                                         on_swap=self._on_swap, source=f"the metadata store (Redis, {self._redis})")
-        else:
-            assert self.router is not None
-            metadata = RouterMetadata(self.router, max(self._refresh_ms, 250), on_swap=self._on_swap)
+        metadata = self._feed.start(self.router, self._on_swap)
         self.core = RoutingCore(self.direct_policy, metadata, StoreNodeClient(access=self.access),
                                 metrics=self.metrics.counts() if self.metrics is not None else None)
-        self._wait_until = time.monotonic() + self._connect_timeout_s
-        self._task = asyncio.create_task(self._keep_fresh(metadata), name="freshroute-client-metadata")
         return self
 
-    async def _keep_fresh(self, metadata: Any) -> None:
-        try:
-            await metadata.refresh_once()
-        finally:
-            self._attempted.set()
-        await metadata.run(self._stop)
-
     def _on_swap(self, snap: Any) -> None:
-        self._loaded.set()
         if self.core is not None:
             self.core.on_snapshot(snap)
-
-    def _awaited(self) -> threading.Event | None:
-        """What a read waits for before it starts (None: nothing, or the wait is over)."""
-        if self._loaded.is_set() or time.monotonic() >= self._wait_until:
-            return None
-        awaited = self._attempted if self.router is not None else self._loaded
-        return None if awaited.is_set() else awaited
-
-    def wait_for_metadata(self) -> None:
-        """Block until the first snapshot (see :meth:`start`): for callers on threads other than the client's loop."""
-        awaited = self._awaited()
-        if awaited is not None:
-            awaited.wait(max(0.0, self._wait_until - time.monotonic()))
 
     async def _ready(self) -> RoutingCore:
         """The routing core, once the first snapshot is in or waiting for it is over."""
         core = self._core()
-        while self._awaited() is not None:
-            await asyncio.sleep(0.02)
+        await self._feed.ready()
         return core
 
     @property
@@ -168,13 +110,9 @@ class AsyncClient:
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._feed.close()
         if self.core is not None:
             await self.core.store.close()
-        if self._metadata_redis is not None:
-            await self._metadata_redis.aclose()
         if self.router is not None:
             await self.router.aclose()
 
@@ -183,6 +121,10 @@ class AsyncClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def wait_for_metadata(self) -> None:
+        """Block until the first snapshot (see :meth:`start`): for callers on threads other than the client's loop."""
+        self._feed.wait()
 
     def _core(self) -> RoutingCore:
         if self._closed:

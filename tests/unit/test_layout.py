@@ -91,10 +91,17 @@ def test_the_store_node_reads_its_wire_not_the_routers_client():
     assert not {d for d in graph["freshroute.wire"] if d.startswith(("freshroute.routing", "freshroute.client"))}
 
 
-def test_no_class_of_a_role_is_over_300_lines():
-    # A class that long does several things; the roles' code is read most, so there it is split.
+def test_no_class_of_a_role_or_the_library_is_over_300_lines():
+    # A class that long does several things; the roles' and the library's code is read most, so there it is split.
     long = sorted((str(p.relative_to(ROOT)), n.name, n.end_lineno - n.lineno + 1)
-                  for role in ROLES for p in (ROOT / role).rglob("*.py")
+                  for package in (*ROLES, "freshroute") for p in (ROOT / package).rglob("*.py")
                   for n in ast.walk(ast.parse(p.read_text(), str(p)))
                   if isinstance(n, ast.ClassDef) and n.end_lineno - n.lineno + 1 > 300)
+    assert long == []
+
+
+def test_no_module_of_the_routing_is_over_450_lines():
+    # Routing is read call by call when a lookup is traced: each of its rooms holds one idea.
+    long = sorted((p.name, n) for p in (ROOT / "freshroute" / "routing").glob("*.py")
+                  if (n := len(p.read_text().splitlines())) > 450)
     assert long == []

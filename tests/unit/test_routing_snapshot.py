@@ -6,7 +6,8 @@ import pytest
 from freshroute.metadata import (MAX_REPORT_BYTES, Assignment, MetadataStore, NodePositions, NodeReport, ReplicaReport,
                                  ReplicaState, Role, RoundRequest, TableSpec)
 
-from freshroute.routing.snapshot import MetadataRefresher, build_snapshot
+from freshroute.routing.refresher import MetadataRefresher
+from freshroute.routing.snapshot import build_snapshot
 
 from .memory_redis import MemoryRedis
 
