@@ -15,7 +15,7 @@ from loadtest.restore import start_node, start_router, stop_node
 
 from .stack_fixture import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.beside]  # no Spark, no shared stack
+pytestmark = [pytest.mark.integration, pytest.mark.light]
 
 KEYS = 100_000
 

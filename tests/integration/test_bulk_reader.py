@@ -19,7 +19,7 @@ from freshroute_bulkload import ChangelogReader, ReadFailed
 from store_node.replica_store import ReplicaStore
 from store_node.settings import StoreNodeSettings
 
-pytestmark = [pytest.mark.integration, pytest.mark.beside]  # no Spark, no shared stack
+pytestmark = [pytest.mark.integration, pytest.mark.light]
 
 PARTITIONS = 3
 

@@ -17,7 +17,7 @@ import pytest
 
 from tools.local.services import free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.beside]  # no pipeline (a short Spark analysis at most), no shared stack
+pytestmark = [pytest.mark.integration, pytest.mark.light]  # no pipeline (a short Spark analysis at most), no shared stack
 
 # Each command gives up on what does not answer within its own timeout (10 s or less); far past that it hangs.
 HANG_S = 90

@@ -16,7 +16,7 @@ from loadtest.restore import start_node, start_router, stop_node
 
 from .stack_fixture import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.beside]  # no Spark, no shared stack
+pytestmark = [pytest.mark.integration, pytest.mark.light]
 
 KEYS = 200_000  # about 50 MB of rows: several times the 8 MB the first node may write
 # unshare -rm: a user and mount namespace of the node's own (no privilege needed, nothing left mounted after it);

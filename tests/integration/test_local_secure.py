@@ -15,7 +15,7 @@ from tools.local.stack import _print_examples
 from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, discard, expected_sensor_stats, produce_readings,
                                              start_stack, wait_until)
 
-pytestmark = [pytest.mark.integration, pytest.mark.beside]  # a pipeline or stack of its own, no lookup load or timing bar
+pytestmark = pytest.mark.integration
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -17,7 +17,7 @@ from confluent_kafka import Producer
 from tools.local.stack import Stack
 from tests.integration.stack_fixture import FIRST_DATA_TIMEOUT_S, discard, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.beside]  # a pipeline or stack of its own, no lookup load or timing bar
+pytestmark = pytest.mark.integration
 
 ORDERS = textwrap.dedent('''
     from pipeline.tables import source, sql_table

@@ -24,7 +24,7 @@ from pipeline.topics import ensure_topic
 
 from .pipeline_support import PipelineProcess, materialize, mismatches, read_topic
 
-pytestmark = [pytest.mark.integration, pytest.mark.beside]  # a pipeline or stack of its own, no lookup load or timing bar
+pytestmark = pytest.mark.integration
 
 TABLES = '''
 from pyspark.sql import functions as F

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.beside]  # a pipeline or stack of its own, no lookup load or timing bar
+pytestmark = pytest.mark.integration
 
 _PROBE = textwrap.dedent('''
     from pipeline.job import build_session

@@ -10,7 +10,7 @@ from tools.local.services import free_port, start_broker
 from pipeline.sink import ChangelogProducer
 from pipeline.topics import describe_topic, ensure_topic
 
-pytestmark = [pytest.mark.integration, pytest.mark.beside]  # no Spark, no shared stack
+pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark, no shared stack: runs beside the others
 
 
 def test_the_producer_never_recreates_a_changelog_a_restarted_broker_lost(tmp_path, namespace):

@@ -17,7 +17,7 @@ import pytest
 
 from .test_router_process import KEYS, ROOT, TABLE, WINDOWED, Deployment, Procs
 
-pytestmark = [pytest.mark.integration, pytest.mark.beside]  # no Spark, no shared stack
+pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark, no shared stack: runs beside the others
 
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 

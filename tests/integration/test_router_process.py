@@ -29,7 +29,7 @@ from freshroute.metadata import Assignment, Keys, MetadataStore, NodeReport, Rep
 from freshroute.windows import tumbling
 from proto import router_pb2, router_pb2_grpc
 
-pytestmark = [pytest.mark.integration, pytest.mark.beside]  # no Spark, no shared stack
+pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark, no shared stack: runs beside the others
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = "sensor_stats"

@@ -34,7 +34,7 @@ from tools.local.services import free_port, start_broker
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 8
 
-pytestmark = [pytest.mark.integration, pytest.mark.beside]  # no Spark, no shared stack
+pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark, no shared stack: runs beside the others
 
 
 def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.2):

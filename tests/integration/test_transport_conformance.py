@@ -35,7 +35,7 @@ from router.transports.http2 import DataReceived, H2Connection, RequestEnded, Re
 
 from .test_router_process import KEYS, PARTITIONS, TABLE, WATERMARK_MS, WINDOW_STARTS, WINDOWED, Deployment, Procs, value_of
 
-pytestmark = [pytest.mark.integration, pytest.mark.beside]  # no Spark, no shared stack
+pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark, no shared stack: runs beside the others
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 GET = "/freshroute.v1.Router/Get"
