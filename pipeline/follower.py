@@ -133,6 +133,8 @@ class OutputFollower(threading.Thread):
         """Read every followed topic from where it ends now (before the queries that write them start)."""
         from confluent_kafka import TopicPartition
 
+        from pipeline.topics import end_offset
+
         metadata = self.consumer.list_topics(timeout=10)
         # The input topics' partitions, read once: a Real-time query holds a task per partition it started with.
         self.input_partitions = {t.input_topic: list(metadata.topics[t.input_topic].partitions)
@@ -140,8 +142,7 @@ class OutputFollower(threading.Thread):
         starts = []
         for topic in [*self.tables, *self.sources]:
             for p in (metadata.topics[topic].partitions if topic in metadata.topics else ()):
-                _low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
-                starts.append(TopicPartition(topic, p, high))
+                starts.append(TopicPartition(topic, p, end_offset(self.consumer, topic, p)))
         self.consumer.assign(starts)
 
     def run(self) -> None:

@@ -41,6 +41,28 @@ def ensure_topic(admin: AdminClient, topic: str, partitions: int, config: dict[s
     return info
 
 
+# What a broker answers for a partition whose leader is being elected or not yet known to it (a topic created a moment
+# ago): asked again, it answers.
+_SETTLING = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+             KafkaError._TIMED_OUT)
+
+
+def end_offset(consumer: Any, topic: str, partition: int, timeout_s: float = 10.0) -> int:
+    """Where the partition ends now, asked again while its leader settles (up to ``timeout_s``)."""
+    from confluent_kafka import TopicPartition
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            left = max(0.1, deadline - time.monotonic())
+            return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=left, cached=False)[1]
+        except KafkaException as e:
+            err = kafka_error(e)
+            if err is None or err.code() not in _SETTLING or time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
+
+
 def check_replication(admin: AdminClient, replication_factor: int, bootstrap: str = "", timeout_s: float = 10.0
                       ) -> int:
     """The cluster's broker count, if it can hold ``replication_factor`` copies; else a ConfigError naming the setting,

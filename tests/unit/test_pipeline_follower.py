@@ -3,11 +3,14 @@
 import threading
 
 import orjson
+import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from freshroute import input_position
 from freshroute.windows import WindowSpec, window_key
 from pipeline.follower import FollowedSource, FollowedTable, OutputFollower, committed_offsets
 from pipeline.input_lag import InputLagPublisher
+from pipeline.topics import end_offset
 from tests.unit.fake_changelog import Msg
 
 
@@ -126,3 +129,28 @@ def test_with_input_arriving_all_the_time_a_table_is_caught_up_as_of_the_latest_
     f._publish()
     second_round = f.ends_seen[1][0]
     assert publisher.latest["a"].records == 1 and publisher.latest["a"].caught_up_ms == second_round
+
+
+class SettlingConsumer:
+    """Answers where a partition ends only after its leader is known: the first ``refusals`` asks are refused."""
+
+    def __init__(self, refusals: int, code: int) -> None:
+        self.refusals, self.code, self.asked = refusals, code, 0
+
+    def get_watermark_offsets(self, tp, timeout, cached):
+        self.asked += 1
+        if self.asked <= self.refusals:
+            raise KafkaException(KafkaError(self.code, "Broker: Not leader for partition"))
+        return 0, 42
+
+
+def test_where_a_new_topics_partition_ends_is_asked_again_while_its_leader_settles():
+    consumer = SettlingConsumer(2, KafkaError.NOT_LEADER_FOR_PARTITION)
+    assert end_offset(consumer, "t-changelog", 3) == 42 and consumer.asked == 3
+    # Anything else is the caller's to handle at once, and so is a leader that never settles.
+    with pytest.raises(KafkaException):
+        end_offset(SettlingConsumer(1, KafkaError.TOPIC_AUTHORIZATION_FAILED), "t-changelog", 3)
+    never = SettlingConsumer(10**6, KafkaError.LEADER_NOT_AVAILABLE)
+    with pytest.raises(KafkaException):
+        end_offset(never, "t-changelog", 3, timeout_s=0.3)
+    assert 2 <= never.asked <= 5
