@@ -96,6 +96,12 @@ def default_memory() -> StoreMemory:
     return _default_memory
 
 
+# The table options the bulk restore reader writes its table files with too (native/bulkload/src/table_file.rs; a unit
+# test holds the two to each other).
+BLOOM_BITS_PER_KEY = 10
+COMPRESSION = "lz4"
+
+
 def _options(memory: StoreMemory, bulk_load: bool) -> Options:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
@@ -125,9 +131,9 @@ def _options(memory: StoreMemory, bulk_load: bool) -> Options:
     # LZ4-compressed: cheap to decompress on a read that misses the cache, and to compact.
     table = BlockBasedOptions()
     table.set_block_cache(memory.cache)
-    table.set_bloom_filter(10, False)
+    table.set_bloom_filter(BLOOM_BITS_PER_KEY, False)
     opts.set_block_based_table_factory(table)
-    opts.set_compression_type(DBCompressionType.lz4())
+    opts.set_compression_type(getattr(DBCompressionType, COMPRESSION)())
     opts.set_write_buffer_manager(memory.write_buffers)
     # Rows and checkpoint are written together (two column families); flushed together, a write-ahead log is
     # released as soon as the rows' memtable is flushed, instead of living until the checkpoint's tiny one is.

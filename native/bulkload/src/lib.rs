@@ -6,7 +6,6 @@
 //! A restore applied record by record in Python spends most of its time creating a message object per record
 //! and calling into it and into RocksDB; here the interpreter sees one call per chunk.
 
-mod formats;
 mod reader;
 mod table_file;
 
@@ -26,7 +25,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use formats::{key_problem, value_problem, Format};
+use freshroute_records::{key_problem, value_problem, Format};
 use reader::{write_all, Chunk, Dropped, Item, Pending, Reading};
 
 /// Threads that check, sort and write chunks: with the reading thread and librdkafka's, they keep two cores busy.
@@ -77,7 +76,7 @@ impl ChangelogReader {
         chunk_bytes: usize,
         queued: usize,
     ) -> PyResult<Self> {
-        let (key_format, value_format) = (Format::parse(key_format)?, Format::parse(value_format)?);
+        let (key_format, value_format) = (parse_format(key_format)?, parse_format(value_format)?);
         let mut client = ClientConfig::new();
         for (k, v) in &config {
             client.set(k, v);
@@ -162,11 +161,15 @@ impl Drop for ChangelogReader {
     }
 }
 
+fn parse_format(name: &str) -> PyResult<Format> {
+    Format::parse(name).map_err(PyValueError::new_err)
+}
+
 /// Why a record (``key``, ``value``) is skipped under the formats, or None: the reader's checks, for tests.
 #[pyfunction]
 #[pyo3(signature = (key_format, value_format, key, value))]
 fn problem(key_format: &str, value_format: &str, key: Option<&[u8]>, value: Option<&[u8]>) -> PyResult<Option<&'static str>> {
-    let (key_format, value_format) = (Format::parse(key_format)?, Format::parse(value_format)?);
+    let (key_format, value_format) = (parse_format(key_format)?, parse_format(value_format)?);
     Ok(key_problem(key_format, key).or_else(|| value_problem(value_format, value)))
 }
 

@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use rdkafka::bindings;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
-use crate::formats::{key_problem, value_problem, Format};
+use freshroute_records::{key_problem, value_problem, Format};
 use crate::table_file::TableOptions;
 
 /// Skipped records reported by offset in each chunk (all are counted).

@@ -1,7 +1,8 @@
 //! A sorted table file (SST) written through RocksDB's C API, for a store to ingest whole: a bulk load's rows
 //! skip the memtable, the write-ahead log and the compactions a write of them would cost.
 //!
-//! Its table options are the replica store's (`store_node/replica_store.py`): whole-key bloom filters of 10 bits
+//! Its table options are the replica store's (`store_node/replica_store.py`, held to these by
+//! `tests/unit/test_bulkload_table_file.py`): whole-key bloom filters of 10 bits
 //! a key, LZ4-compressed blocks. Uncompressed files cost a restore 4.4 times the disk (the demo's 200-byte JSON
 //! rows) for no measurable speed: the compression runs on the writing threads, beside the reading.
 

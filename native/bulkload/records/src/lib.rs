@@ -1,9 +1,7 @@
 //! The checks of `freshroute.formats` (`key_problem`, `value_problem`), word for word: a record that fails them is
-//! skipped and counted, as the store node's tailer does. `tests/unit/test_bulkload_formats.py` holds the two to one
-//! corpus.
-
-use pyo3::exceptions::PyValueError;
-use pyo3::PyResult;
+//! skipped and counted, as the store node's tailer does. One corpus holds the two to each other:
+//! `tests/data/record_corpus.json`, whose expectations `tests/unit/test_bulkload_formats.py` makes from the Python
+//! checks and `cargo test` (below) holds these to. No Python and no Kafka here, so that the tests build in seconds.
 
 #[derive(Clone, Copy)]
 pub enum Format {
@@ -13,12 +11,12 @@ pub enum Format {
 }
 
 impl Format {
-    pub fn parse(name: &str) -> PyResult<Self> {
+    pub fn parse(name: &str) -> Result<Self, String> {
         match name {
             "bytes" => Ok(Format::Bytes),
             "string" => Ok(Format::Text),
             "json" => Ok(Format::Json),
-            other => Err(PyValueError::new_err(format!("unknown format {other:?}"))),
+            other => Err(format!("unknown format {other:?}")),
         }
     }
 
@@ -120,3 +118,44 @@ pub fn value_problem(format: Format, value: Option<&[u8]>) -> Option<&'static st
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unhex(text: &str) -> Vec<u8> {
+        (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap()).collect()
+    }
+
+    /// Every (key format, value format, key, value) of the corpus gets the problem the Python checks give it.
+    #[test]
+    fn the_checks_are_freshroute_formats_on_the_shared_corpus() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../tests/data/record_corpus.json");
+        let corpus: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let bytes = |v: &serde_json::Value| v.as_str().map(unhex);
+        let (keys, values) = (corpus["keys"].as_array().unwrap(), corpus["values"].as_array().unwrap());
+        let mut checked = 0;
+        for case in corpus["expected"].as_array().unwrap() {
+            let key_format = Format::parse(case["key_format"].as_str().unwrap()).unwrap();
+            let value_format = Format::parse(case["value_format"].as_str().unwrap()).unwrap();
+            let mut problems = case["problems"].as_array().unwrap().iter();
+            for key in keys {
+                for value in values {
+                    let (key, value) = (bytes(key), bytes(value));
+                    let got = key_problem(key_format, key.as_deref())
+                        .or_else(|| value_problem(value_format, value.as_deref()));
+                    let want = problems.next().unwrap().as_str();
+                    assert_eq!(got, want, "key {key:?} value {:?}", value.as_deref().map(String::from_utf8_lossy));
+                    checked += 1;
+                }
+            }
+            assert!(problems.next().is_none());
+        }
+        assert!(checked > 3000, "{checked} cases");
+    }
+
+    #[test]
+    fn unknown_formats_are_refused() {
+        assert_eq!(Format::parse("avro").err().unwrap(), "unknown format \"avro\"");
+    }
+}
