@@ -1,6 +1,6 @@
 """The REST API answers what its OpenAPI document says, as schemathesis checks it (`--checks all`).
 
-A real router process over real Redis and in-memory store nodes; schemathesis generates
+A real router process over real Redis and three real store nodes; schemathesis generates
 valid and invalid requests for every operation from the router's own /openapi.json, within
 a bounded number of examples and time.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_router_process import KEYS, ROOT, TABLE, WINDOWED, Deployment, Procs
+from .router_deployment import KEYS, ROOT, TABLE, WINDOWED, Deployment, Procs
 
 pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark, no shared stack: runs beside the others
 
@@ -23,8 +23,8 @@ SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory, redis_service):
-    d = Deployment(Procs(tmp_path_factory.mktemp("schema")), redis_service.address, f"t{uuid.uuid4().hex[:10]}")
+def deployment(tmp_path_factory, broker, redis_service):
+    d = Deployment(Procs(tmp_path_factory.mktemp("schema")), broker, redis_service.address, f"t{uuid.uuid4().hex[:10]}")
     try:
         d.up()
         yield d

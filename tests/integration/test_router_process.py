@@ -1,255 +1,31 @@
-"""The router as a real process, over real Redis, in front of small in-memory store nodes.
-
-The store nodes here are a few lines of asyncio answering a read port's frames from a dict
-and heartbeating to Redis like a real node; each runs as its own process (started
-with ``python -m tests.integration.test_router_process store ...``) so a test can kill it.
-"""
+"""The router as a real process, over real Redis, in front of three real store nodes (tests/integration/
+router_deployment.py): REST and gRPC, two routers sharing the ports, a store node killed, Redis hung and lost."""
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import grpc
 import httpx
-import orjson
 import pytest
 import redis
 
 from freshroute.keys import partition_for, serialize_key
-from tools.local.services import free_port, start_redis, wait_for_port
-from freshroute.metadata import Assignment, Keys, MetadataStore, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
-from freshroute.windows import tumbling
+from freshroute.metadata import Keys
 from proto import router_pb2, router_pb2_grpc
+from tests.integration.router_deployment import KEYS, LAYOUT, NODES, PARTITIONS, TABLE, Deployment, Procs, value_of
+from tools.local.services import free_port, start_redis
 
 pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark, no shared stack: runs beside the others
 
-ROOT = Path(__file__).resolve().parents[2]
-TABLE = "sensor_stats"
-PARTITIONS = 4
-NODES = ("n1", "n2", "n3")
-# Partition p: active on NODES[p % 3], standby on the next node.
-LAYOUT = {p: (NODES[p % 3], NODES[(p + 1) % 3]) for p in range(PARTITIONS)}
-KEYS = 40
-APPLIED = 1000
-# A windowed table beside it: every key has windows starting at 0, 10 s and 20 s; the watermark is at 15 s.
-WINDOWED = "sensor_windows"
-WINDOW_STARTS = (0, 10_000, 20_000)
-WATERMARK_MS = 15_000
-
-
-def value_of(i: int) -> dict:
-    return {"count": i, "sum": i * 1.5}
-
-
-# ---- the in-memory store node (runs in its own process) -----------------------------------
-
-async def serve_store(node: str, port: int, redis_url: str, namespace: str, active: set[int], standby: set[int],
-                      heartbeat_s: float) -> None:
-    from freshroute.wire import FrameReader, frame
-    from freshroute.windows import WATERMARK_KEY, live_starts, watermark_value, window_key
-    from proto import store_pb2
-
-    hosted = active | standby
-    rows: dict[int, dict[bytes, bytes]] = {p: {} for p in hosted}
-    windows: dict[int, dict[bytes, bytes]] = {p: {WATERMARK_KEY: watermark_value(WATERMARK_MS)} for p in hosted}
-    for i in range(KEYS):
-        key = serialize_key(f"sensor-{i}")
-        p = partition_for(key, PARTITIONS)
-        if p in hosted:
-            rows[p][key] = orjson.dumps(value_of(i))
-            for start in WINDOW_STARTS:
-                windows[p][window_key(key, start)] = orjson.dumps({"count": i})
-
-    def status(p: int) -> store_pb2.ReplicaStatus:
-        act = p in active
-        return store_pb2.ReplicaStatus(node=node, role=store_pb2.ACTIVE if act else store_pb2.STANDBY,
-                                       state=store_pb2.SERVING_ACTIVE if act else store_pb2.SERVING_STANDBY,
-                                       applied_offset=APPLIED, end_offset=APPLIED, lag_offsets=0, staleness_ms=0)
-
-    def answer(r: store_pb2.KeyRead) -> store_pb2.KeyResult:
-        if r.table != TABLE or r.partition not in rows:
-            return store_pb2.KeyResult(id=r.id, status=store_pb2.NOT_HOSTED)
-        if r.bound.min_offset > APPLIED:
-            return store_pb2.KeyResult(id=r.id, status=store_pb2.TOO_STALE, replica=status(r.partition))
-        value = rows[r.partition].get(r.key)
-        if value is None:
-            return store_pb2.KeyResult(id=r.id, status=store_pb2.NOT_FOUND, replica=status(r.partition))
-        return store_pb2.KeyResult(id=r.id, status=store_pb2.OK, value=value, replica=status(r.partition))
-
-    def answer_group(g: store_pb2.GroupRead) -> store_pb2.GroupResult:
-        reads = [answer(store_pb2.KeyRead(id=g.id, table=g.table, partition=g.partition, key=k, bound=g.bound))
-                 for k in g.keys]
-        refused = next((r for r in reads if r.status not in (store_pb2.OK, store_pb2.NOT_FOUND)), None)
-        if refused is not None:
-            return store_pb2.GroupResult(id=g.id, status=refused.status, replica=refused.replica)
-        return store_pb2.GroupResult(id=g.id, status=store_pb2.OK, replica=status(g.partition),
-                                     values=[r.value for r in reads])
-
-    def answer_range(r: store_pb2.RangeRead) -> store_pb2.RangeResult:
-        held = {WINDOWED: windows, TABLE: rows}.get(r.table, {})
-        if r.partition not in held:
-            return store_pb2.RangeResult(id=r.id, status=store_pb2.NOT_HOSTED)
-        if r.bound.min_offset > APPLIED:
-            return store_pb2.RangeResult(id=r.id, status=store_pb2.TOO_STALE, replica=status(r.partition))
-        keep = live_starts(r.window.from_ms, r.window.to_ms, r.window.life_ms, WATERMARK_MS) \
-            if r.HasField("window") else (lambda _k: True)
-        entries = [(k, v) for k, v in sorted(held[r.partition].items())
-                   if k >= r.start and (not r.end or k < r.end) and keep(k)][:r.limit]
-        return store_pb2.RangeResult(id=r.id, status=store_pb2.OK, replica=status(r.partition),
-                                     watermark_ms=WATERMARK_MS,
-                                     entries=[store_pb2.ScanEntry(key=k, value=v) for k, v in entries])
-
-    def answer_batch(batch: store_pb2.ReadBatch) -> store_pb2.ResultBatch:
-        return store_pb2.ResultBatch(results=[answer(r) for r in batch.reads],
-                                     groups=[answer_group(g) for g in batch.groups],
-                                     ranges=[answer_range(r) for r in batch.ranges])
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        # The read port: each ReadBatch frame answered by one ResultBatch frame, in order.
-        frames = FrameReader()
-        try:
-            while data := await reader.read(65536):
-                for payload in frames.feed(data):
-                    writer.write(frame(answer_batch(store_pb2.ReadBatch.FromString(payload)).SerializeToString()))
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", port)  # noqa: F841 — serves while this runs
-    md = MetadataStore.from_url(redis_url, namespace, timeout_s=0.3)
-    while True:
-        report = NodeReport(node, f"127.0.0.1:{port}", int(time.time() * 1000), tuple(
-            ReplicaReport(table, p, Role.ACTIVE if p in active else Role.STANDBY,
-                          ReplicaState.ACTIVE if p in active else ReplicaState.STANDBY, APPLIED, APPLIED, 0)
-            for table in (TABLE, WINDOWED) for p in sorted(hosted)), read_address=f"127.0.0.1:{port}")
-        try:
-            await asyncio.to_thread(md.publish_node, report, int(heartbeat_s * 3000))
-        except Exception:  # noqa: BLE001 — Redis may be down; a real node keeps serving too
-            pass
-        await asyncio.sleep(heartbeat_s)
-
-
-def _store_main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--node")
-    p.add_argument("--port", type=int)
-    p.add_argument("--redis-url")
-    p.add_argument("--namespace")
-    p.add_argument("--active", default="")
-    p.add_argument("--standby", default="")
-    p.add_argument("--heartbeat-s", type=float, default=0.1)
-    a = p.parse_args(argv)
-    ints = lambda text: {int(x) for x in text.split(",") if x}  # noqa: E731
-    asyncio.run(serve_store(a.node, a.port, a.redis_url, a.namespace, ints(a.active), ints(a.standby),
-                            a.heartbeat_s))
-
-
-# ---- fixtures -----------------------------------------------------------------------------
-
-class Procs:
-    """Processes this test started, each ended by its own handle."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-        log = open(self.log_dir / f"{name}.log", "ab")
-        proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
-        self.procs[name] = proc
-        return proc
-
-    def log(self, name: str) -> str:
-        return (self.log_dir / f"{name}.log").read_text(errors="replace")
-
-    def stop_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-
-
-class Deployment:
-    def __init__(self, procs: Procs, redis_url: str, namespace: str) -> None:
-        self.procs = procs
-        self.redis_url = redis_url
-        self.namespace = namespace
-        self.store_ports: dict[str, int] = {}
-        self.rest_port = free_port()
-        self.grpc_port = free_port()
-        self.rest = f"http://127.0.0.1:{self.rest_port}"
-
-    def register(self) -> None:
-        """What the pipeline and the assignor would publish."""
-        meta = MetadataStore.from_url(self.redis_url, self.namespace)
-        meta.register_tables([TableSpec(TABLE, f"{TABLE}-changelog", PARTITIONS, "sensor_id",
-                                        {"count": "long", "sum": "double"}, 1),
-                              TableSpec(WINDOWED, f"{WINDOWED}-changelog", PARTITIONS, "sensor_id", {"count": "long"},
-                                        1, window=tumbling("10s"))])
-        generation = self.generation = meta.try_acquire_assignor("test", 600_000)
-        assert generation is not None
-        meta.write_assignment(Assignment(generation, {(t, p): nodes for t in (TABLE, WINDOWED)
-                                                      for p, nodes in LAYOUT.items()}), "test", generation)
-        meta.redis.close()
-
-    def start_store(self, node: str, heartbeat_s: float = 0.1) -> None:
-        port = self.store_ports.setdefault(node, free_port())
-        active = [p for p, nodes in LAYOUT.items() if nodes[0] == node]
-        standby = [p for p, nodes in LAYOUT.items() if node in nodes[1:]]
-        proc = self.procs.start(node, ["-m", "tests.integration.test_router_process", "store", "--node", node,
-                                       "--port", str(port), "--redis-url", self.redis_url,
-                                       "--namespace", self.namespace, "--active", ",".join(map(str, active)),
-                                       "--standby", ",".join(map(str, standby)), "--heartbeat-s", str(heartbeat_s)])
-        wait_for_port("127.0.0.1", port, 20, proc)
-
-    def start_router(self, name: str = "router", reuse_port: bool = False, metrics_port: int | None = None
-                     ) -> subprocess.Popen:
-        env = {"FRESHROUTE_REDIS_URL": self.redis_url, "FRESHROUTE_NAMESPACE": self.namespace,
-               "FRESHROUTE_HOST": "127.0.0.1", "FRESHROUTE_REST_PORT": str(self.rest_port),
-               "FRESHROUTE_GRPC_PORT": str(self.grpc_port), "FRESHROUTE_REFRESH_MS": "100",
-               "FRESHROUTE_NODE_EXPIRY_MS": "2000", "FRESHROUTE_REDIS_TIMEOUT_MS": "300",
-               "FRESHROUTE_REUSE_PORT": "true" if reuse_port else "false",
-               **({"FRESHROUTE_METRICS_PORT": str(metrics_port)} if metrics_port is not None else {})}
-        proc = self.procs.start(name, ["-m", "router"], env)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, self.procs.log(name)
-            try:
-                # With a shared port, the readiness answer may come from another router:
-                # this one is also waited for by its own start-up line.
-                r = httpx.get(f"{self.rest}/readyz", timeout=1)
-                if (r.status_code == 200 and r.json()["nodes"] >= len(self.store_ports)
-                        and "router serving" in self.procs.log(name)):
-                    return proc
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"{name} never became ready:\n" + self.procs.log(name))
-
-    def up(self, slow_heartbeats: tuple[str, ...] = ()) -> None:
-        self.register()
-        for node in NODES:
-            self.start_store(node, 1.0 if node in slow_heartbeats else 0.1)
-        self.start_router()
-
-    def stop_router(self) -> int:
-        proc = self.procs.procs["router"]
-        proc.send_signal(signal.SIGTERM)
-        return proc.wait(15)
-
 
 @pytest.fixture
-def deployment(tmp_path, redis_url, namespace):
+def deployment(tmp_path, broker, redis_url, namespace):
     procs = Procs(tmp_path)
-    d = Deployment(procs, redis_url, namespace)
+    d = Deployment(procs, broker, redis_url, namespace)
     try:
         yield d
     finally:
@@ -359,12 +135,11 @@ def _lookups_ok(url: str) -> int:
 
 def test_routers_sharing_the_ports_both_serve_and_either_can_go(deployment):
     d = deployment
-    d.register()
-    for node in NODES:
-        d.start_store(node)
+    d.nodes_up()
     metrics = [free_port(), free_port()]
     first = d.start_router("router", reuse_port=True, metrics_port=metrics[0])
     second = d.start_router("router-2", reuse_port=True, metrics_port=metrics[1])
+    d.wait_caught_up()
     clients = [httpx.Client(base_url=d.rest, timeout=5) for _ in range(24)]
     try:
         for n, c in enumerate(clients):  # one connection each, kept open
@@ -415,11 +190,11 @@ def test_lookups_fail_over_when_a_store_node_is_killed(deployment):
     d.procs.procs["n1"].wait(5)
 
 
-def test_redis_outage_fails_no_lookup(tmp_path, namespace):
+def test_redis_outage_fails_no_lookup(tmp_path, broker, namespace):
     own_redis = start_redis(tmp_path / "redis")
     port = int(own_redis.address.rsplit(":", 1)[1].split("/")[0])
     procs = Procs(tmp_path)
-    d = Deployment(procs, own_redis.address, namespace)
+    d = Deployment(procs, broker, own_redis.address, namespace)
     restarted = None
     try:
         # n2 and n3 heartbeat only once a second: after Redis comes back empty, partition 1
@@ -437,7 +212,8 @@ def test_redis_outage_fails_no_lookup(tmp_path, namespace):
             os.kill(own_redis.proc.pid, signal.SIGCONT)
         served_b, failures_b = lookup_loop(d, 1.5)
         # 2. Redis dies and comes back empty on the same port; the nodes republish their
-        #    heartbeats, the tables are registered again a second later.
+        #    heartbeats, one of them takes the assignor lease the test's lease went with, and the tables are
+        #    registered again a second later (as the pipeline does), for that node to assign.
         own_redis.stop()
         served_c, failures_c = lookup_loop(d, 2.0)
         restarted = start_redis(tmp_path / "redis-again", port=port)
@@ -447,7 +223,7 @@ def test_redis_outage_fails_no_lookup(tmp_path, namespace):
         def reregister(_):
             if not registered and time.monotonic() > reregister_at:
                 registered.append(True)
-                d.register()
+                d.register_tables()
 
         served_d, failures_d = lookup_loop(d, 3.0, during=reregister)
         assert failures + failures_a + failures_b + failures_c + failures_d == []
@@ -466,5 +242,3 @@ def test_redis_outage_fails_no_lookup(tmp_path, namespace):
                 svc.stop()
 
 
-if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "store":
-    _store_main(sys.argv[2:])

@@ -33,7 +33,7 @@ from freshroute import proc
 from proto import router_pb2, router_pb2_grpc
 from router.transports.http2 import DataReceived, H2Connection, RequestEnded, RequestStarted
 
-from .test_router_process import KEYS, PARTITIONS, TABLE, WATERMARK_MS, WINDOW_STARTS, WINDOWED, Deployment, Procs, value_of
+from .router_deployment import KEYS, PARTITIONS, TABLE, WATERMARK_MS, WINDOW_STARTS, WINDOWED, Deployment, Procs, value_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark, no shared stack: runs beside the others
 
@@ -50,9 +50,10 @@ class Router(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def router(tmp_path_factory, redis_service):
-    """A router process (gRPC front on) over real Redis and three in-memory store nodes."""
-    d = Deployment(Procs(tmp_path_factory.mktemp("conformance")), redis_service.address, f"t{uuid.uuid4().hex[:10]}")
+def router(tmp_path_factory, broker, redis_service):
+    """A router process (gRPC front on) over real Redis and three real store nodes."""
+    d = Deployment(Procs(tmp_path_factory.mktemp("conformance")), broker, redis_service.address,
+                   f"t{uuid.uuid4().hex[:10]}")
     try:
         d.up()
         lookups_answered(d)
