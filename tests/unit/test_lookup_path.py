@@ -1,7 +1,8 @@
 """The project files a REST point lookup runs code in, from socket to RocksDB and back (docs/architecture.md).
 
 One lookup on a kept-alive connection, traced with a profiler, through the real pieces in one process on loopback:
-the HTTP/1.1 protocol, the router, its store client, a store node's read port, a replica and its RocksDB store.
+the HTTP/1.1 protocol, the router, its store client, a store node's read port, a replica and its RocksDB store — as
+production runs it: a caller's token checked against an auth file, and a freshness bound.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from freshroute.metadata import Role, TableSpec
 from freshroute.routing.fake import InMemoryStoreClient, fake_snapshot
 from freshroute.routing.snapshot import FixedSnapshot
 from freshroute.routing.store import StoreNodeClient
+from router.auth import Guard, token_hash
 from router.rest import create_app
 from router.rest_routes import KeyHandlers
 from router.routing import Router
@@ -37,12 +39,14 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"freshroute", "router", "store_node", "pipeline", "proto", "tools", "loadtest"}
 SPEC = TableSpec("users", "users-changelog", 4, "id")
 KEY = "alice"
-# The path's layers, each with the rooms a lookup may pass in it: the REST front, the routing core (selection, the
-# attempt plan and its driver, the snapshot, the results), the store client, the wire both ends speak, the node's
-# read port, replica and store, and the vocabulary they all speak (the clock, the bound, the lag, the position). A
-# lookup must cross every layer and run code nowhere else; how many rooms a layer has is its own business.
+TOKEN = "reader-token"
+# The path's layers, each with the rooms a lookup may pass in it: the REST front (admission by the auth file, the
+# router's parse of the bound), the routing core (selection, the attempt plan and its driver, the snapshot, the
+# results), the store client, the wire both ends speak, the node's read port, replica and store, and the vocabulary
+# they all speak (the clock, the bound, the lag, the position). A lookup must cross every layer and run code nowhere
+# else; how many rooms a layer has is its own business.
 LAYERS = {
-    "front": {"router/transports/http1.py", "router/rest_routes.py"},
+    "front": {"router/transports/http1.py", "router/rest_routes.py", "router/auth.py", "router/routing.py"},
     "routing": {"freshroute/routing/core.py", "freshroute/routing/selection.py", "freshroute/routing/attempts.py",
                 "freshroute/routing/drivers.py", "freshroute/routing/snapshot.py", "freshroute/routing/results.py",
                 "freshroute/routing/counts.py", "freshroute/routing/answers.py"},
@@ -59,7 +63,8 @@ def anyio_backend():
 
 
 async def get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[int, bytes]:
-    writer.write(f"GET /v1/tables/users/keys/{KEY} HTTP/1.1\r\nHost: router\r\n\r\n".encode())
+    writer.write(f"GET /v1/tables/users/keys/{KEY}?max_lag=5&max_staleness_ms=60000 HTTP/1.1\r\nHost: router\r\n"
+                 f"Authorization: Bearer {TOKEN}\r\n\r\n".encode())
     status = int((await asyncio.wait_for(reader.readline(), 5)).split()[1])
     length = 0
     while (line := await reader.readline()) != b"\r\n":
@@ -82,7 +87,9 @@ async def test_a_rest_point_lookup_crosses_every_layer_and_runs_code_in_no_other
     heartbeat = nodes.add_node("n1")
     heartbeat.host("users", partition, role=Role.ACTIVE, applied=10, end=10)
     heartbeat.read_address = f"127.0.0.1:{read_port}"
-    settings = RouterSettings(hedge=False)
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(f"principals:\n  - name: readers\n    token_sha256: {token_hash(TOKEN)}\n    tables: [users]\n")
+    settings = RouterSettings(hedge=False, auth_file=auth)
     metadata = FixedSnapshot(fake_snapshot(nodes, [SPEC], now_ms()))
     router = Router(settings, metadata, StoreNodeClient())
     router.on_snapshot(metadata.current)
@@ -90,7 +97,9 @@ async def test_a_rest_point_lookup_crosses_every_layer_and_runs_code_in_no_other
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(8)
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, router), http=key_lookup_protocol(KeyHandlers(router)),
+    guard = Guard(auth)
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, router, guard=guard),
+                                           http=key_lookup_protocol(KeyHandlers(router, guard)),
                                            lifespan="off", log_level="warning"))
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     files: set[str] = set()
