@@ -92,7 +92,8 @@ def test_the_console_draws_every_node_and_replica_as_the_cluster_api_has_them(st
 
 
 def ask(console, table: str, key: str, **bounds: str) -> tuple[dict | None, str]:
-    """Look ``key`` up through the page's form: (the answer's JSON as the page shows it, the status line)."""
+    """Look ``key`` up through the page's form: (the answer's JSON as the page shows it, the status line); a lookup
+    that may wait (``wait_ms``) is given that long and 10 s more to show."""
     page = console.page
     page.evaluate("document.querySelector('#lookup-result').replaceChildren()")
     page.fill("#lookup-table", table)
@@ -102,7 +103,7 @@ def ask(console, table: str, key: str, **bounds: str) -> tuple[dict | None, str]
                          ("after", "after"), ("wait", "wait_ms")):
         page.fill(f"#lookup-{field}", bounds.get(value, ""))
     page.click("#lookup-form button[type=submit]")
-    page.wait_for_selector("#lookup-result [data-status]", timeout=10_000)
+    page.wait_for_selector("#lookup-result [data-status]", timeout=10_000 + int(bounds.get("wait_ms") or 0))
     status = page.inner_text("#lookup-result [data-status]")
     body = json.loads(page.inner_text("#lookup-json")) if page.query_selector("#lookup-json") else None
     return body, status
@@ -119,9 +120,10 @@ def test_a_lookup_through_the_console_answers_as_the_rest_api(stack, console):
             replicas = {(r["node"], r["role"]) for r in [where["active"], *where["standbys"]]}
             assert (shown["served_by"]["node"], shown["served_by"]["role"]) in replicas
             assert f"partition {rest['partition']} · served by {shown['served_by']['node']}" in line
-        # After a write token: the reading it names is in the answer.
+        # After a write token: the reading it names is in the answer (waited for as long as a pipeline sharing two
+        # busy cores may take; 5 s was once not enough in the suite).
         before = http.get("/v1/tables/sensor_stats/keys/sensor-1").json()["value"]["count"]
-        shown, line = ask(console, "sensor_stats", "sensor-1", wait_ms="5000", after=write_reading(stack, {
+        shown, line = ask(console, "sensor_stats", "sensor-1", wait_ms="30000", after=write_reading(stack, {
             "sensor": "sensor-1", "area": "north", "reading": 3.0, "ts": int(time.time() * 1000)}))
         assert line.startswith("partition ") and shown["value"]["count"] > before, line
         # A windowed table: its windows on a time line, the final ones filled.
