@@ -76,7 +76,10 @@ def test_router_process_serves_rest_and_grpc(deployment):
             assert body["value"] == value_of(i)
             assert body["partition"] == partition_for(serialize_key(f"sensor-{i}"), PARTITIONS)
             p = body["partition"]
-            assert body["served_by"]["node"] in LAYOUT[p] and body["lag"] == {"offsets": 0, "ms": 0}
+            # Caught up: no offset behind; its time behind is known (a node confirms its end with each fetch
+            # response, so it may say a second or so on a busy machine).
+            assert body["served_by"]["node"] in LAYOUT[p] and body["lag"]["offsets"] == 0
+            assert isinstance(body["lag"]["ms"], int) and 0 <= body["lag"]["ms"] < 10_000, body["lag"]
             assert body["served_by"]["role"] == ("active" if body["served_by"]["node"] == LAYOUT[p][0] else "standby")
         missing = c.get(f"/v1/tables/{TABLE}/keys/nope")
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "KEY_NOT_FOUND"

@@ -132,4 +132,5 @@ def test_a_router_that_does_not_answer_in_time_is_a_timeout_at_the_request_timeo
         read()
     took = time.monotonic() - t0
     assert e.value.code == "TIMEOUT" and "no answer within the request timeout" in e.value.message
-    assert len(reads) == 1 and POLICY.request_timeout_ms / 1000 <= took < POLICY.request_timeout_ms / 1000 + 0.3, took
+    # Not before the request timeout, and not a later one's (the upper slack is a loaded machine's scheduling).
+    assert len(reads) == 1 and POLICY.request_timeout_ms / 1000 <= took < POLICY.request_timeout_ms / 1000 + 1.0, took
