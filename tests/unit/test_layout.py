@@ -105,3 +105,12 @@ def test_no_module_of_the_routing_is_over_450_lines():
     long = sorted((p.name, n) for p in (ROOT / "freshroute" / "routing").glob("*.py")
                   if (n := len(p.read_text().splitlines())) > 450)
     assert long == []
+
+
+def test_no_test_module_imports_another():
+    # Shared fixtures live in conftest or support modules: a test module is read, run and moved on its own.
+    importing = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
+                       for n in ast.walk(ast.parse(p.read_text(), str(p)))
+                       if isinstance(n, ast.ImportFrom) and n.module
+                       and n.module.rpartition(".")[2].startswith("test_"))
+    assert importing == []
