@@ -229,7 +229,8 @@ class Client:
                     raise
                 cause = e
             else:
-                return self._async.seen(Windows.of(count(core.metrics, started, r.result(*answer)), core.input_lag(table)))
+                result = count(core.metrics, started, r.result(*answer))
+                return self._async.seen(Windows.of(result, core.input_lag(table)))
         return self._async.seen(self._call(self._async.via_router("windows", cause).windows(table, key, from_ms, to_ms,
                                                                                             bound, deadline)))
 

@@ -1,34 +1,13 @@
 """A replica's answer made the caller's result, labelled with who gave it and how fresh it was: one key's, a batch
-group's, a windows lookup's."""
+group's (a windows lookup's is :class:`freshroute.routing.core.WindowsRead`'s)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 
-from freshroute.routing.attempts import AttemptPlan
-from freshroute.routing.results import LookupResult, WindowsResult
+from freshroute.routing.results import LookupResult
 from freshroute.routing.selection import Candidate
-from freshroute.windows import WindowSpec, windows_of
-from freshroute.wire import GroupResult, ReadResult, ReadStatus, ReplicaStatus, WindowFilter
-
-
-class WindowsRead(NamedTuple):
-    """One windows lookup: the key range of its partition it reads, and how; ``result`` makes the answer."""
-
-    table: str
-    key: str
-    window: WindowSpec
-    raw_key: bytes
-    lo: bytes
-    hi: bytes
-    limit: int
-    live: WindowFilter
-    plan: AttemptPlan
-
-    def result(self, cand: Candidate, answer: Any) -> WindowsResult:
-        windows = list(windows_of(self.window, self.raw_key, answer.entries, answer.watermark_ms))
-        return WindowsResult(self.table, self.key, windows, self.plan.partition, *served_by(cand, answer.replica),
-                             answer.watermark_ms)
+from freshroute.wire import GroupResult, ReadResult, ReadStatus, ReplicaStatus
 
 
 def served_by(cand: Candidate, rep: ReplicaStatus | None) -> tuple[str, str, int | None, int, int]:

@@ -11,7 +11,7 @@ import heapq
 import time
 from functools import lru_cache, partial
 from itertools import islice
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NotWindowedTable, ReplicaUnavailable,
                                TableNotFound, WindowedTable)
@@ -19,7 +19,7 @@ from freshroute.formats import bound_to_bytes, key_from_bytes, key_to_bytes
 from freshroute.freshness import NO_BOUND, Bound, now_ms
 from freshroute.keys import deserialize_key, key_bytes, not_a_batch, not_text, partition_for, scan_range
 from freshroute.metadata import TableSpec
-from freshroute.routing.answers import GroupAnswers, WindowsRead, group_lookups, lookup_result, served_by
+from freshroute.routing.answers import GroupAnswers, group_lookups, lookup_result, served_by
 from freshroute.routing.attempts import AttemptPlan, Attempts, LatencyWindow
 from freshroute.routing.counts import NoMetrics, count, count_group
 from freshroute.routing.drivers import run, run_many
@@ -31,7 +31,7 @@ from freshroute.routing.results import (LookupResult, ScanPage, WindowPage, Wind
 from freshroute.routing.snapshot import LagOverlay, NodeView, Snapshot, SnapshotSource
 from freshroute.routing.store import StoreClient
 from freshroute.routing.views import MetadataViews
-from freshroute.windows import MAX_START_MS, Window, WindowSpec, key_range, split_window_key
+from freshroute.windows import MAX_START_MS, Window, WindowSpec, key_range, split_window_key, windows_of
 from freshroute.wire import ReadResult, ReadStatus, WindowFilter
 
 
@@ -352,3 +352,22 @@ class RoutingCore:
                 raise outcome
             out.append(outcome)
         return out
+
+
+class WindowsRead(NamedTuple):
+    """One windows lookup: the key range of its partition it reads, and how; ``result`` makes the answer."""
+
+    table: str
+    key: str
+    window: WindowSpec
+    raw_key: bytes
+    lo: bytes
+    hi: bytes
+    limit: int
+    live: WindowFilter
+    plan: AttemptPlan
+
+    def result(self, cand: Candidate, answer: Any) -> WindowsResult:
+        windows = list(windows_of(self.window, self.raw_key, answer.entries, answer.watermark_ms))
+        return WindowsResult(self.table, self.key, windows, self.plan.partition, *served_by(cand, answer.replica),
+                             answer.watermark_ms)

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound, NotYetVisible,
                                ReplicaUnavailable, TableNotFound, WriteRejected)
+from freshroute.routing.answers import served_by
 from freshroute.routing.results import LookupResult, WindowsResult
 
 _Counted = TypeVar("_Counted", LookupResult, WindowsResult, FreshrouteError)
@@ -89,7 +90,7 @@ def count_group(metrics: Any, outcome: Any, keys: int, elapsed: float) -> None:
         return
     cand, answer = outcome
     found = len(answer.values) - answer.values.count(b"")  # an absent key's value is empty
-    role = (cand.replica if answer.replica is None else answer.replica).role.value  # its own report, else the view's
+    role = served_by(cand, answer.replica)[1]
     if found:
         metrics.lookup("ok", role, elapsed, found)
     if found < keys:
