@@ -18,7 +18,8 @@ from freshroute.freshness import Bound, InputLag, now_ms
 from freshroute.keys import key_bytes, not_a_batch
 from freshroute.metadata import ReplicaState, Role, TableSpec
 from freshroute.routing.results import KeyLocation, TableInfo, optional_int
-from freshroute.routing.snapshot import NodeView, ReplicaView, Snapshot, refresh_until
+from freshroute.routing.refresher import refresh_until
+from freshroute.routing.snapshot import NodeView, ReplicaView, Snapshot
 from freshroute.windows import WindowSpec
 
 from freshroute.client.lookup import Lookup, Windows

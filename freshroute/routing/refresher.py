@@ -8,16 +8,26 @@ import asyncio
 import logging
 from dataclasses import replace
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 import orjson
 
 from freshroute.freshness import InputEnds, InputLag, InputMark, marks_from_json, now_ms, rejections_from_json
 from freshroute.heartbeats import Liveness, NodeFeed, Rejections
 from freshroute.metadata import Assignment, Keys, TableSpec, text
-from freshroute.routing.snapshot import EMPTY, ReplicaView, Snapshot, SnapshotBuilder, TablePartition, refresh_until
+from freshroute.routing.snapshot import EMPTY, ReplicaView, Snapshot, SnapshotBuilder, TablePartition
 
 log = logging.getLogger(__name__)
+
+
+async def refresh_until(refresh_once: Callable[[], Awaitable[bool]], period_s: float, stop: asyncio.Event) -> None:
+    """Call ``refresh_once`` every ``period_s`` until ``stop`` is set."""
+    while not stop.is_set():
+        await refresh_once()
+        try:
+            await asyncio.wait_for(stop.wait(), period_s)
+        except asyncio.TimeoutError:
+            pass
 
 
 class MetadataRefresher:

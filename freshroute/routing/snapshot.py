@@ -1,20 +1,17 @@
 """The router's view of the cluster: an immutable snapshot rebuilt whole from Redis, plus lag overlay.
 
-The hot path only reads ``current`` of a :class:`SnapshotSource`
-(:class:`freshroute.routing.refresher.MetadataRefresher`); a refresh builds a new :class:`Snapshot` and swaps it in with
-one assignment. Liveness is judged when a snapshot
-is built, so while Redis is unreachable the last good snapshot keeps serving with the
-liveness it had then — heartbeat ages that only grow because the router cannot read them
-never mark a node dead. Per-request failures and the store nodes' own bound checks cover
-what the frozen view misses.
+The hot path only reads ``current`` of a :class:`SnapshotSource` (:class:`freshroute.routing.refresher.MetadataRefresher`);
+a refresh builds a new :class:`Snapshot` and swaps it in with one assignment. Liveness is judged when a snapshot is
+built, so while Redis is unreachable the last good snapshot keeps serving with the liveness it had then — heartbeat
+ages that only grow because the router cannot read them never mark a node dead. Per-request failures and the store
+nodes' own bound checks cover what the frozen view misses.
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
+from typing import Any, Iterable, Mapping, Protocol
 
 from freshroute.freshness import InputEnds, InputLag, InputMark, input_lag_at, lag_offsets
 from freshroute.metadata import Assignment, NodePositions, NodeReport, ReplicaState, Role, TableSpec
@@ -308,13 +305,3 @@ class FixedSnapshot:
 
     current: Snapshot = field(default_factory=Snapshot)
     last_error: str | None = None
-
-
-async def refresh_until(refresh_once: Callable[[], Awaitable[bool]], period_s: float, stop: asyncio.Event) -> None:
-    """Call ``refresh_once`` every ``period_s`` until ``stop`` is set."""
-    while not stop.is_set():
-        await refresh_once()
-        try:
-            await asyncio.wait_for(stop.wait(), period_s)
-        except asyncio.TimeoutError:
-            pass
