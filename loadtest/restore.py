@@ -111,12 +111,14 @@ def start_node(bootstrap: str, redis_url: str, namespace: str, node_id: str, dat
                log_path: Path, timeout_s: float = 60.0, *, env: dict[str, str] | None = None,
                prefix: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str, str]:
     """A store node process of its own in ``namespace``; returns it, its gRPC address and its read port's. ``env`` adds
-    to its environment; ``prefix`` runs it through a command (which must exec it, so that the pid is the node's)."""
-    env = {**os.environ, **(env or {}), "FRESHROUTE_NODE_ID": node_id, "FRESHROUTE_BOOTSTRAP_SERVERS": bootstrap,
-           "FRESHROUTE_REDIS_URL": redis_url, "FRESHROUTE_NAMESPACE": namespace, "FRESHROUTE_DATA_DIR": str(data_dir),
+    to its environment (and may change the node expiry and drain time below); ``prefix`` runs it through a command
+    (which must exec it, so that the pid is the node's)."""
+    env = {**os.environ,
            # The node of the previous round (same id) is declared dead at once, and a node
            # stopped after its restore has no readers to drain.
            "FRESHROUTE_NODE_EXPIRY_MS": "300", "FRESHROUTE_DRAIN_TIMEOUT_MS": "0",
+           **(env or {}), "FRESHROUTE_NODE_ID": node_id, "FRESHROUTE_BOOTSTRAP_SERVERS": bootstrap,
+           "FRESHROUTE_REDIS_URL": redis_url, "FRESHROUTE_NAMESPACE": namespace, "FRESHROUTE_DATA_DIR": str(data_dir),
            "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     with open(log_path, "wb") as log:
         # A session of its own, like a stack component: the kernel's autogroup scheduling then

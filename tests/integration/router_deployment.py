@@ -23,7 +23,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from freshroute.keys import partition_for, serialize_key
 from freshroute.metadata import Assignment, MetadataStore, TableSpec
 from freshroute.windows import WATERMARK_KEY, tumbling, watermark_value, window_key
-from tools.local.services import free_port, wait_for_port
+from loadtest.restore import start_node
+from tools.local.services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = "sensor_stats"
@@ -73,7 +74,7 @@ class Deployment:
         self.bootstrap = bootstrap
         self.redis_url = redis_url
         self.namespace = namespace
-        self.store_ports: dict[str, int] = {}
+        self.store_nodes: set[str] = set()
         self.rest_port = free_port()
         self.grpc_port = free_port()
         self.rest = f"http://127.0.0.1:{self.rest_port}"
@@ -120,15 +121,13 @@ class Deployment:
         assert producer.flush(30) == 0
 
     def start_store(self, node: str, heartbeat_ms: int = 100) -> None:
-        port = self.store_ports.setdefault(node, free_port())
-        read_port = free_port()
-        env = {"FRESHROUTE_BOOTSTRAP_SERVERS": self.bootstrap, "FRESHROUTE_REDIS_URL": self.redis_url,
-               "FRESHROUTE_NAMESPACE": self.namespace, "FRESHROUTE_NODE_ID": node, "FRESHROUTE_HOST": "127.0.0.1",
-               "FRESHROUTE_PORT": str(port), "FRESHROUTE_READ_PORT": str(read_port),
-               "FRESHROUTE_DATA_DIR": str(self.procs.log_dir / "data" / node),
-               "FRESHROUTE_HEARTBEAT_MS": str(heartbeat_ms), "FRESHROUTE_BLOCK_CACHE_MB": "16"}
-        proc = self.procs.start(node, ["-m", "store_node"], env)
-        wait_for_port("127.0.0.1", read_port, 30, proc)
+        # Nodes judge each other dead as the router does (its node_expiry_ms), when one of them holds the lease.
+        proc, _, _ = start_node(self.bootstrap, self.redis_url, self.namespace, node,
+                                self.procs.log_dir / "data" / node, self.procs.log_dir / f"{node}.log",
+                                env={"FRESHROUTE_HOST": "127.0.0.1", "FRESHROUTE_HEARTBEAT_MS": str(heartbeat_ms),
+                                     "FRESHROUTE_NODE_EXPIRY_MS": "2000", "FRESHROUTE_BLOCK_CACHE_MB": "16"})
+        self.procs.procs[node] = proc
+        self.store_nodes.add(node)
 
     def start_router(self, name: str = "router", reuse_port: bool = False, metrics_port: int | None = None
                      ) -> subprocess.Popen:
@@ -146,7 +145,7 @@ class Deployment:
                 # With a shared port, the readiness answer may come from another router:
                 # this one is also waited for by its own start-up line.
                 r = httpx.get(f"{self.rest}/readyz", timeout=1)
-                if (r.status_code == 200 and r.json()["nodes"] >= len(self.store_ports)
+                if (r.status_code == 200 and r.json()["nodes"] >= len(self.store_nodes)
                         and "router serving" in self.procs.log(name)):
                     return proc
             except httpx.TransportError:
@@ -165,7 +164,7 @@ class Deployment:
     def wait_caught_up(self, within_s: float = 60) -> None:
         deadline = time.monotonic() + within_s
         while not self.caught_up():
-            for node in self.store_ports:
+            for node in self.store_nodes:
                 assert self.procs.procs[node].poll() is None, self.procs.log(node)
             assert time.monotonic() < deadline, httpx.get(f"{self.rest}/v1/cluster", timeout=5).text
             time.sleep(0.1)
