@@ -130,18 +130,24 @@ def test_lagging_replica_serves_only_bounds_it_meets(stack, client, readings, tm
             with grpc.insecure_channel(address) as channel:
                 store = store_pb2_grpc.StoreNodeStub(channel)
                 status = store.Status(store_pb2.StatusRequest(), timeout=5)
-                lagging = [r for r, name in zip(status.replicas, status.tables) if r.lag_offsets > 0]
+                lagging = [name for r, name in zip(status.replicas, status.tables) if r.lag_offsets > 0]
                 assert lagging, "the rate-limited node should lag on some partition"
-                table, part = status.tables[list(status.replicas).index(lagging[0])].split("/")
+            answered = []
+            for name in lagging:
+                table, part = name.split("/")
                 key = next(f"sensor-{i}" for i in range(10_000) if partition_for(serialize_key(f"sensor-{i}"), 8) == int(part))
                 strict, loose = read_batch(stack.components[victim].addresses["read_address"], store_pb2.ReadBatch(reads=[
                     store_pb2.KeyRead(id=1, table=table, partition=int(part), key=key.encode(),
                                       bound=store_pb2.ReadBound(max_lag=0)),
                     store_pb2.KeyRead(id=2, table=table, partition=int(part), key=key.encode(),
                                       bound=store_pb2.ReadBound(max_lag=1_000_000))])).results
-                assert strict.status == store_pb2.TOO_STALE
-                assert loose.status in (store_pb2.OK, store_pb2.NOT_FOUND)
-                assert loose.replica.lag_offsets > 0
+                assert strict.status == store_pb2.TOO_STALE, (name, strict)
+                if "loading its changelog into an empty store" in loose.message:
+                    continue  # a replica the restart gave this node anew: read by no bound until caught up
+                assert loose.status in (store_pb2.OK, store_pb2.NOT_FOUND), (name, loose)
+                assert loose.replica.lag_offsets > 0, (name, loose)
+                answered.append(name)
+            assert answered, f"none of {victim}'s lagging replicas {lagging} answered a loose bound"
 
         records = [orjson.loads(line) for line in (tmp_path / "lagging" / "requests.jsonl").read_bytes().splitlines()]
         for rec in records:
