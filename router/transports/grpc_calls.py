@@ -48,6 +48,9 @@ _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b
 # ":status: 200", and "content-type" (static entry 31) as a literal of that name.
 RESPONSE_HEADERS = status(200) + integer(31, 4) + integer(16, 7) + b"application/grpc"
 OK_TRAILERS = literal(b"grpc-status", b"0")
+# What a request that is no gRPC call is answered: 415 and why, in plain text.
+NOT_GRPC_HEADERS = status(415) + literal(b"content-type", b"text/plain; charset=utf-8")
+NOT_GRPC_BODY = b"this port serves gRPC: a call is a POST with content-type application/grpc\n"
 
 
 def status_block(code: grpc.StatusCode, message: str, metadata: tuple[tuple[bytes, bytes], ...] = ()) -> bytes:
@@ -111,6 +114,7 @@ class GrpcCalls:
         self._flush = flush
         self._loop = asyncio.get_running_loop()
         self._calls: dict[int, Call] = {}
+        self._refused: set[int] = set()  # streams of requests that are no gRPC call, answered once they end
 
     def handle(self, events: list[Event]) -> None:
         for e in events:
@@ -145,8 +149,11 @@ class GrpcCalls:
             elif name == b"content-type":
                 content_type = value
         if method != b"POST" or not content_type or not content_type.startswith(b"application/grpc"):
-            # Not a gRPC call: what gRPC's servers answer is a plain 415.
-            self._h2.send_headers(e.stream_id, status(415), end_stream=True)
+            # Not a gRPC call: a plain HTTP 415, as gRPC asks, once the request has ended (its body unread).
+            if e.ended:
+                self._not_grpc(e.stream_id)
+            else:
+                self._refused.add(e.stream_id)
             return
         call = self._calls[e.stream_id] = Call(e.stream_id, path or b"", e.headers, relayed=path != GET_PATH)
         if call.messages is not None:
@@ -199,6 +206,9 @@ class GrpcCalls:
     def _ended(self, stream_id: int) -> None:
         call = self._calls.get(stream_id)
         if call is None:
+            if stream_id in self._refused:
+                self._refused.discard(stream_id)
+                self._not_grpc(stream_id)
             return
         if call.messages is None:
             self._answer_get(call)
@@ -208,6 +218,7 @@ class GrpcCalls:
             call.messages.put_nowait(None)
 
     def _stop(self, stream_id: int) -> None:
+        self._refused.discard(stream_id)
         call = self._calls.pop(stream_id, None)
         if call is not None:
             call.done = True
@@ -262,6 +273,11 @@ class GrpcCalls:
         return status_block(*self._get_calls.status(exc))
 
     # ---- answers ------------------------------------------------------------------------------
+
+    def _not_grpc(self, stream_id: int) -> None:
+        self._h2.send_headers(stream_id, NOT_GRPC_HEADERS)
+        self._h2.send_data(stream_id, NOT_GRPC_BODY, end_stream=True)
+        self._flush()
 
     def _send_headers(self, call: Call, extra: bytes = b"") -> None:
         if not call.headers_sent and not call.done:

@@ -56,9 +56,9 @@ MAX_HEADER_LIST = 64 << 10
 # (SETTINGS, PING). gRPC clients stay far below both; a peer over either is told ENHANCE_YOUR_CALM.
 RESET_BUDGET = (1_000, 200.0)
 CONTROL_BUDGET = (1_000, 100.0)
-# Ids of streams the peer reset, remembered so frames it still sends on them are answered
-# STREAM_CLOSED (§5.1); frames on streams we closed are ignored.
-RESET_MEMORY = 256
+# Ids of streams the peer closed (its END_STREAM or RST_STREAM), remembered so frames it still sends
+# on them are answered STREAM_CLOSED (§5.1); frames on streams we reset are ignored.
+CLOSED_MEMORY = 256
 
 # A request's pseudo-headers (§8.3.1), and headers HTTP/2 forbids (§8.2.2).
 _REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":path", b":authority"))
@@ -161,6 +161,17 @@ def malformed(headers: Headers) -> str | None:
     return f"no {b', '.join(sorted(missing)).decode()}" if missing else None
 
 
+def content_length(headers: Headers) -> tuple[int | None, str | None]:
+    """A request's content-length (None if it gave none), or why it is malformed."""
+    length = None
+    for name, value in headers:
+        if name == b"content-length":
+            if not value.isdigit() or (length is not None and int(value) != length):
+                return None, "a malformed content-length"
+            length = int(value)
+    return length, None
+
+
 def unpad(flags: int, payload: bytes) -> bytes:
     if flags & PADDED:
         if not payload or payload[0] >= len(payload):
@@ -195,7 +206,8 @@ class ProtocolViolation(Exception):
 class Stream:
     """One stream: the windows both ways, and what waits to be sent of its answer."""
 
-    __slots__ = ("id", "send_window", "recv_window", "unacked", "remote_closed", "pending", "trailers", "blocked")
+    __slots__ = ("id", "send_window", "recv_window", "unacked", "remote_closed", "pending", "trailers", "ending",
+                 "blocked", "expected_length", "received_length")
 
     def __init__(self, stream_id: int, send_window: int) -> None:
         self.id = stream_id
@@ -205,7 +217,10 @@ class Stream:
         self.remote_closed = False
         self.pending = bytearray()  # DATA held back by flow control
         self.trailers: bytes | None = None  # sent once ``pending`` is empty
+        self.ending = False  # the answer ends with its last DATA (no trailers)
         self.blocked = False  # waited for a window since its last Drained
+        self.expected_length: int | None = None  # the request's content-length, if it gave one
+        self.received_length = 0
 
 
 class Settings(NamedTuple):
@@ -252,6 +267,8 @@ class Answering:
         self._send_window = DEFAULT_WINDOW
         self._out = bytearray()
         self._events: list[Event] = []
+        # stream -> closed by the peer's RST_STREAM (else by its END_STREAM); insertion-ordered, at most CLOSED_MEMORY
+        self._closed_by_peer: dict[int, bool] = {}
 
     def data_to_send(self) -> bytes:
         out, self._out = bytes(self._out), bytearray()
@@ -281,12 +298,14 @@ class Answering:
         if end_stream:
             self._forget(stream_id, reset=not self.streams[stream_id].remote_closed)
 
-    def send_data(self, stream_id: int, data: bytes) -> None:
-        """Answer body bytes, sent as far as the windows allow and the rest as they open."""
+    def send_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> None:
+        """Answer body bytes, sent as far as the windows allow and the rest as they open; with ``end_stream``, the
+        last of the answer (a plain HTTP answer, without trailers)."""
         stream = self.streams.get(stream_id)
-        if stream is None or stream.trailers is not None:
+        if stream is None or stream.trailers is not None or stream.ending:
             return
         stream.pending += data
+        stream.ending = end_stream
         self._pump(stream)
 
     def send_trailers(self, stream_id: int, block: bytes) -> None:
@@ -323,15 +342,23 @@ class Answering:
         """Sends what flow control lets through; the trailers follow the last DATA. ``opened``: the peer opened a
         window, and a stream it unblocks is reported :class:`Drained` (its owner knows of the others: it sent)."""
         pending = stream.pending
+        if stream.ending and not pending:
+            self._out += frame(DATA, END_STREAM, stream.id)
+            self._forget(stream.id, reset=not stream.remote_closed)
+            return
         while pending:
             n = min(len(pending), stream.send_window, self._send_window, self.peer_frame_size)
             if n <= 0:
                 stream.blocked = True
                 return
-            self._out += frame(DATA, 0, stream.id, bytes(pending[:n]))
+            last = stream.ending and n == len(pending)
+            self._out += frame(DATA, END_STREAM if last else 0, stream.id, bytes(pending[:n]))
             del pending[:n]
             stream.send_window -= n
             self._send_window -= n
+            if last:
+                self._forget(stream.id, reset=not stream.remote_closed)
+                return
         if stream.blocked:
             stream.blocked = False
             if opened:
@@ -347,11 +374,19 @@ class Answering:
             self._pump(stream, opened=True)
 
     def _forget(self, stream_id: int, reset: bool) -> None:
-        self.streams.pop(stream_id, None)
+        stream = self.streams.pop(stream_id, None)
         if reset:
             self._out += frame(RST_STREAM, 0, stream_id, _RST.pack(NO_ERROR))
+        elif stream is not None and stream.remote_closed:
+            self._peer_closed(stream_id, by_reset=False)
         if self.going_away and self.idle:
             self.closed = True
+
+    def _peer_closed(self, stream_id: int, by_reset: bool) -> None:
+        """Remembers a stream the peer closed: DATA it still sends there is a stream error (§5.1, §6.1)."""
+        self._closed_by_peer[stream_id] = by_reset
+        if len(self._closed_by_peer) > CLOSED_MEMORY:
+            del self._closed_by_peer[next(iter(self._closed_by_peer))]
 
 
 class H2Connection(Answering):
@@ -364,14 +399,14 @@ class H2Connection(Answering):
         self._preface_seen = False
         self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
         self.last_id = 0  # the highest stream id the peer has opened
-        self._header_block: tuple[int, int, bytearray] | None = None  # (stream, flags, block) awaiting CONTINUATION
+        # (stream, flags, block, depends on itself) awaiting CONTINUATION
+        self._header_block: tuple[int, int, bytearray, bool] | None = None
         self._peer_stream_window = DEFAULT_WINDOW
         self._unacked = 0  # connection-level bytes received since our last WINDOW_UPDATE
         self._recv_window = CONNECTION_WINDOW  # what the peer may still send before that WINDOW_UPDATE
         now = clock()
         self._resets = Budget(*RESET_BUDGET, now)
         self._control = Budget(*CONTROL_BUDGET, now)
-        self._reset_by_peer: dict[int, None] = {}  # insertion-ordered, at most RESET_MEMORY
         self.violation: str | None = None  # why the peer's connection was ended, if it broke the protocol
 
     # ---- the connection -----------------------------------------------------------------------
@@ -447,12 +482,16 @@ class H2Connection(Answering):
             self._data(flags, stream_id, payload)
         elif kind == HEADERS:
             payload = unpad(flags, payload)
+            self_dependent = False
             if flags & PRIORITY_FLAG:
+                if len(payload) < 5:
+                    raise ProtocolViolation(FRAME_SIZE_ERROR, "a HEADERS frame too short for its priority")
+                self_dependent = _WINDOW.unpack_from(payload)[0] & 0x7FFFFFFF == stream_id
                 payload = payload[5:]
             if flags & END_HEADERS:
-                self._header_block_done(stream_id, flags, payload)
+                self._header_block_done(stream_id, flags, payload, self_dependent)
             else:
-                self._header_block = (stream_id, flags, bytearray(payload))
+                self._header_block = (stream_id, flags, bytearray(payload), self_dependent)
         elif kind == CONTINUATION:
             self._continuation(flags, payload)
         elif kind == RST_STREAM:
@@ -471,20 +510,23 @@ class H2Connection(Answering):
             self.going_away = True  # the peer opens no more streams; those open finish
         elif kind == PUSH_PROMISE:
             raise ProtocolViolation(PROTOCOL_ERROR, "PUSH_PROMISE from a client")
-        elif kind == PRIORITY and len(payload) != 5:
-            self.reset_stream(stream_id, FRAME_SIZE_ERROR)
+        elif kind == PRIORITY:
+            if len(payload) != 5:
+                self.reset_stream(stream_id, FRAME_SIZE_ERROR)
+            elif _WINDOW.unpack_from(payload)[0] & 0x7FFFFFFF == stream_id:
+                self.reset_stream(stream_id, PROTOCOL_ERROR)  # a stream cannot depend on itself (§5.3.1)
         # PRIORITY otherwise, and unknown frame types, are ignored, as RFC 9113 asks.
 
     def _continuation(self, flags: int, payload: bytes) -> None:
         if self._header_block is None:
             raise ProtocolViolation(PROTOCOL_ERROR, "CONTINUATION without HEADERS")
-        sid, first_flags, block = self._header_block
+        sid, first_flags, block, self_dependent = self._header_block
         block += payload
         if len(block) > MAX_HEADER_LIST:
             raise ProtocolViolation(COMPRESSION_ERROR, "a header block larger than advertised, left undecoded")
         if flags & END_HEADERS:
             self._header_block = None
-            self._header_block_done(sid, first_flags, bytes(block))
+            self._header_block_done(sid, first_flags, bytes(block), self_dependent)
 
     def _acknowledging(self) -> None:
         if not self._control.take(self._clock()):
@@ -540,13 +582,11 @@ class H2Connection(Answering):
             return
         self._forget(stream_id, reset=False)
         self._events.append(StreamReset(stream_id))
-        self._reset_by_peer[stream_id] = None
-        if len(self._reset_by_peer) > RESET_MEMORY:
-            del self._reset_by_peer[next(iter(self._reset_by_peer))]
+        self._peer_closed(stream_id, by_reset=True)
         if not self._resets.take(self._clock()):
             raise ProtocolViolation(ENHANCE_YOUR_CALM, "too many calls reset before their answer")
 
-    def _header_block_done(self, stream_id: int, flags: int, block: bytes) -> None:
+    def _header_block_done(self, stream_id: int, flags: int, block: bytes, self_dependent: bool = False) -> None:
         try:
             headers = self._decoder.decode(block, raw=True)
         except hpack.HPACKError as e:
@@ -557,10 +597,12 @@ class H2Connection(Answering):
                 self.reset_stream(stream_id, STREAM_CLOSED)
             elif not flags & END_STREAM:
                 self.reset_stream(stream_id, PROTOCOL_ERROR)  # trailers must end the request
+            elif stream.expected_length not in (None, stream.received_length):
+                self.reset_stream(stream_id, PROTOCOL_ERROR)  # a body its content-length does not match (§8.1.1)
             else:
                 self._remote_end(stream)
             return
-        if stream_id in self._reset_by_peer:
+        if self._closed_by_peer.get(stream_id):  # after the peer's RST_STREAM (else: an id reused, below)
             self.reset_stream(stream_id, STREAM_CLOSED)
             return
         if stream_id % 2 == 0 or stream_id <= self.last_id:
@@ -569,13 +611,20 @@ class H2Connection(Answering):
         if self.going_away or len(self.streams) >= STREAM_LIMIT:
             self.reset_stream(stream_id, REFUSED_STREAM)
             return
-        why = malformed(headers)
+        why = "a stream depending on itself" if self_dependent else malformed(headers)
+        length = None
+        if why is None:
+            length, why = content_length(headers)
         if why is not None:
             log.info("HTTP/2 stream %d reset: %s", stream_id, why)
             self.reset_stream(stream_id, PROTOCOL_ERROR)
             return
         stream = self.streams[stream_id] = Stream(stream_id, self._peer_stream_window)
+        stream.expected_length = length
         ended = bool(flags & END_STREAM)
+        if ended and length:
+            self.reset_stream(stream_id, PROTOCOL_ERROR)  # a content-length its (absent) body does not match
+            return
         stream.remote_closed = ended
         self._events.append(RequestStarted(stream_id, headers, ended))
 
@@ -593,14 +642,21 @@ class H2Connection(Answering):
         if stream is None or stream.remote_closed:
             if stream_id > self.last_id:
                 raise ProtocolViolation(PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
-            if stream is not None or stream_id in self._reset_by_peer:
+            if stream is not None or stream_id in self._closed_by_peer:
                 self.reset_stream(stream_id, STREAM_CLOSED)  # after the peer's own END_STREAM or RST_STREAM
-            return  # a stream we ended: its bytes are dropped
+            return  # a stream we reset: its bytes are dropped
         stream.recv_window -= size
         if stream.recv_window < 0:
             self.reset_stream(stream_id, FLOW_CONTROL_ERROR)
             return
-        self._events.append(DataReceived(stream_id, unpad(flags, payload), size))
+        data = unpad(flags, payload)
+        if stream.expected_length is not None:
+            stream.received_length += len(data)
+            if stream.received_length > stream.expected_length or (
+                    flags & END_STREAM and stream.received_length != stream.expected_length):
+                self.reset_stream(stream_id, PROTOCOL_ERROR)  # a body its content-length does not match (§8.1.1)
+                return
+        self._events.append(DataReceived(stream_id, data, size))
         if flags & END_STREAM:
             self._remote_end(stream)
 

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import socket
 import struct
+import subprocess
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import NamedTuple
+from xml.etree import ElementTree
 
 import grpc
 import hpack
@@ -639,6 +642,33 @@ def test_a_client_that_does_not_read_stalls_only_itself(router):
             n += 1
     finally:
         sock.close()
+
+
+# ---- h2spec: the independent HTTP/2 conformance suite ------------------------------------------
+
+H2SPEC = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "h2spec"
+
+
+def test_h2spec_passes_every_case_it_runs(router, tmp_path):
+    """h2spec (built by ./dev test from tests/h2spec/go.mod) against the router's gRPC port: every case, strict ones too."""
+    assert H2SPEC.is_file(), f"{H2SPEC} is missing: ./dev test builds it (tests/h2spec)"
+    report = tmp_path / "h2spec.xml"
+    done = subprocess.run([str(H2SPEC), "--strict", "-h", "127.0.0.1", "-p", str(router.deployment.grpc_port),
+                           "-o", "3", "-j", str(report)], capture_output=True, text=True, timeout=300)
+    cases = ElementTree.parse(report).getroot().iter("testcase")
+    failed, skipped, passed = [], set(), 0
+    for case in cases:
+        name = f"{case.get('package')} {case.get('classname')}"
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed.append(name)
+        elif case.find("skipped") is not None:
+            skipped.add(name)
+        else:
+            passed += 1
+    assert not failed, f"h2spec failed {len(failed)}: {failed}\n{done.stdout[-4000:]}"
+    assert not skipped, f"h2spec skipped {sorted(skipped)}"
+    assert passed >= 146 and done.returncode == 0, done.stdout[-2000:]
+    lookups_answered(router.deployment)
 
 
 # ---- and nothing was kept ------------------------------------------------------------------------

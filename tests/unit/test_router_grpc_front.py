@@ -220,13 +220,20 @@ async def test_a_compressed_message_is_unimplemented(front):
     await peer.close()
 
 
-async def test_not_grpc_gets_415_and_the_connection_lives_on(front):
+async def test_not_grpc_gets_415_once_its_request_ends_and_the_connection_lives_on(front):
     _, _, port = front
     peer = await Peer.connect(port)
-    peer.send(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 1,
+    peer.send(h2.frame(h2.HEADERS, h2.END_HEADERS, 1,
                        peer.request_block("/freshroute.v1.Router/Get", content_type="application/json")))
+    peer.send(h2.frame(h2.DATA, 0, 1, b'{"key": '))
+    await asyncio.sleep(0.05)
+    peer.send(h2.frame(h2.DATA, h2.END_STREAM, 1, b'"sensor-1"}'))
     kind, flags, _, payload = await peer.until(h2.HEADERS, 1)
-    assert flags & h2.END_STREAM and dict(peer.decoder.decode(payload))[":status"] == "415"
+    headers = dict(peer.decoder.decode(payload))
+    assert not flags & h2.END_STREAM
+    assert headers[":status"] == "415" and headers["content-type"].startswith("text/plain")
+    kind, flags, _, body = await peer.until(h2.DATA, 1)
+    assert flags & h2.END_STREAM and b"application/grpc" in body
     peer.call(3, "/freshroute.v1.Router/Get", get_request("sensor-1"))
     _, _, trailers = await peer.answer(3)
     assert trailers == {"grpc-status": "0"}
