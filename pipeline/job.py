@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
@@ -45,6 +46,7 @@ from pipeline.validation import RAW_KEY, RAW_VALUE, REJECTED_BRANCH, InvalidInpu
 from pipeline.window_expiry import WindowExpiry
 
 if TYPE_CHECKING:
+    from confluent_kafka.admin import NewTopic
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
@@ -621,9 +623,23 @@ class Pipeline:
         self._warm = False
 
     # start
+    def _written_topics(self, sources: set[str]) -> list[NewTopic]:
+        """The topics the pipeline writes: each table's changelog, and each dead-lettering source's rejected records
+        (with its input's partitions)."""
+        from confluent_kafka.admin import NewTopic
+
+        s = self.settings
+        rf = s.changelog_replication_factor
+        topics = [NewTopic(s.changelog_topic(t.name), s.changelog_partitions, rf, config=s.changelog_config())
+                  for t in self.definition.tables.values()]
+        topics += [NewTopic(s.input_topic(src.rejected_topic), self._input_partitions[name], rf)
+                   for name, src in sorted(self.definition.sources.items())
+                   if name in sources and src.on_invalid == "dead_letter"]
+        return topics
+
     def start(self) -> None:
         from freshroute.topics import describe_topic
-        from pipeline.topics import admin_client, check_replication
+        from pipeline.topics import admin_client, check_replication, ensure_topics
 
         s = self.settings
         admin = admin_client(s.kafka())
@@ -655,9 +671,13 @@ class Pipeline:
         slots += sum(task_slots(self._input_partitions[src], False, 0) for src in rejecting)
         check_spark_master(s.spark_master)
         started = time.monotonic()
-        self.spark = build_session(s, slots, microbatches=MICROBATCH in modes.values())
-        log.info("spark session ready in %.1fs (master %s, %d shuffle partitions)",
-                 time.monotonic() - started, self.spark.sparkContext.master, s.shuffle_partitions)
+        # The topics it writes are made while the Spark session starts: the broker's seconds off the start-up.
+        with ThreadPoolExecutor(1, thread_name_prefix="topics") as pool:
+            topics = pool.submit(ensure_topics, admin, self._written_topics(used))
+            self.spark = build_session(s, slots, microbatches=MICROBATCH in modes.values())
+            log.info("spark session ready in %.1fs (master %s, %d shuffle partitions)",
+                     time.monotonic() - started, self.spark.sparkContext.master, s.shuffle_partitions)
+            topics.result()
         rejects = {name: reject_writer(s, admin, self.definition.sources[name], self.producer) for name in sorted(used)}
         self._reflected = ReflectionPublisher(MetadataStore.at(s.redis(), s.namespace), lambda: admin_client(s.kafka()),
                                               self._stop, rejects.values())

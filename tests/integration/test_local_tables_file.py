@@ -47,6 +47,10 @@ def test_local_up_serves_a_tables_file_of_your_own(tmp_path):
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "customer_totals registered: produce to orders" in done.stdout, done.stdout[-3000:]
         assert "demo-producer" not in stack.components
+        # `up`'s steps, as `./dev up` takes them: within twice their budgets even on a busy machine.
+        assert [step.name for step in stack.steps] == ["broker", "redis", "store nodes", "routers",
+                                                      "pipeline to its tables registered"]
+        assert not stack.over_budget(2), [(s.name, s.seconds, s.budget_s) for s in stack.steps]
         status = json.loads(freshroute("local", "status", "--home", str(home), "--json").stdout)
         assert status["tables_file"] == str(path.resolve())
 

@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import orjson
 
@@ -35,6 +35,23 @@ if TYPE_CHECKING:
     from pipeline.tables import TablesDefinition
 
 STATE_FILE = "state.json"
+# What each step of `up` takes at most on an idle 2-core machine, in seconds (the pipeline's steps from its launch,
+# so they overlap the others'): `up` says when one took longer, and the suite fails a stack whose step took twice as
+# long. Measured: docs/benchmarks.md.
+STEP_BUDGETS_S = {"broker": 10.0, "redis": 3.0, "store nodes": 10.0, "routers": 10.0,
+                  "pipeline to its tables registered": 30.0, "pipeline to its first changelog records": 40.0,
+                  "pipeline warm": 60.0}
+
+
+class Step(NamedTuple):
+    """One step of `up` and how long it took."""
+
+    name: str
+    seconds: float
+
+    @property
+    def budget_s(self) -> float:
+        return STEP_BUDGETS_S[self.name]
 
 
 class NoLocalStack(ConfigError):
@@ -215,6 +232,7 @@ class Stack:
         self._progress = progress or (lambda _msg: None)
         self._t0 = time.monotonic()
         self._let_go: set[str] = set()  # components this object stopped or signalled, so not found dead
+        self.steps: list[Step] = []  # of the last `up`
 
     # --- state file -------------------------------------------------------------------
     @property
@@ -224,7 +242,7 @@ class Stack:
     def save(self) -> None:
         self.config.home.mkdir(parents=True, exist_ok=True)
         doc = {"config": {**asdict(self.config), "home": str(self.config.home)},
-               "components": [asdict(c) for c in self.components.values()]}
+               "components": [asdict(c) for c in self.components.values()], "steps": [list(s) for s in self.steps]}
         tmp = self.state_path.with_suffix(".tmp")
         tmp.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
         os.replace(tmp, self.state_path)
@@ -244,11 +262,22 @@ class Stack:
         stack = cls(StackConfig(**cfg), progress)
         for c in doc["components"]:
             stack.components[c["name"]] = Component(**c)
+        stack.steps = [Step(*step) for step in doc.get("steps", [])]
         return stack
 
     # --- processes --------------------------------------------------------------------
     def _say(self, msg: str) -> None:
         self._progress(f"[{time.monotonic() - self._t0:6.1f}s] {msg}")
+
+    def _step(self, name: str, started: float) -> None:
+        step = Step(name, round(time.monotonic() - started, 1))
+        self.steps.append(step)
+        if step.seconds > step.budget_s:
+            self._say(f"  {name} took {step.seconds:.1f}s, over its {step.budget_s:.0f}s budget (a busy machine?)")
+
+    def over_budget(self, factor: float = 1.0) -> list[Step]:
+        """The steps of the last `up` that took longer than ``factor`` times their budget."""
+        return [step for step in self.steps if step.seconds > factor * step.budget_s]
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -486,13 +515,18 @@ class Stack:
             make_secrets(c.home, (c.router_host,))
             self._say(f"secure: a throwaway CA, certificates, a cluster secret and tokens in {c.home / 'secure'}")
         self.save()
+        self.steps = []
+        started = time.monotonic()
         for name in self.broker_names():
             comp = self.start(name)
         self._wait_alive(comp, lambda: _brokers_up(c.bootstrap, c.brokers), 90)
+        self._step("broker", started)
         self._say(f"Apache Kafka (KRaft, {c.brokers} node{'s' if c.brokers > 1 else ''}) on {c.bootstrap}  "
                   f"pid {', '.join(str(self.components[n].pid) for n in self.broker_names())}")
+        started = time.monotonic()
         comp = self.start("redis")
         wait(c.host, c.redis_port, 15, None)
+        self._step("redis", started)
         self._say(f"redis on {c.redis_url}  pid {comp.pid}")
         if c.redis_sentinel:
             self._start_sentinels()
@@ -510,7 +544,9 @@ class Stack:
         pipeline_log = self._log_path("pipeline")
         pipeline_since = pipeline_log.stat().st_size if pipeline_log.exists() else 0
         comp = self.start("pipeline")
+        pipeline_started = time.monotonic()
         self._say(f"pipeline (PySpark) starting at nice {c.pipeline_nice}  pid {comp.pid}")
+        started = time.monotonic()
         for name in self.store_node_names():
             comp = self.start(name)
         for name in self.store_node_names():
@@ -518,6 +554,8 @@ class Stack:
             host, port = comp.addresses["address"].rsplit(":", 1)
             self._wait_alive(comp, lambda: _port_open(host, int(port)), 60)
             self._say(f"{name} ({comp.addresses['node_id']}) on {comp.addresses['address']}  pid {comp.pid}")
+        self._step("store nodes", started)
+        started = time.monotonic()
         for name in self.router_names():
             log = self._log_path(name)
             since = log.stat().st_size if log.exists() else 0
@@ -526,6 +564,7 @@ class Stack:
             # own start-up line (logged once both its ports are bound).
             self._wait_alive(comp, lambda: self.http_ok("/healthz") and _logged(comp, "router serving", since), 60)
             self._say(f"{name} REST {c.rest_url}  gRPC {c.grpc_address}  pid {comp.pid}")
+        self._step("routers", started)
         tick = lambda waited: self._say(f"  … still waiting ({waited:.0f}s): Spark takes 10–60 s to start")  # noqa: E731
         if c.tables_file:
             names = sorted(tables.tables)
@@ -533,14 +572,19 @@ class Stack:
             # Registered is ready: the pipeline warms up on the input it is given, which may not exist yet.
             self._wait_alive(self.components["pipeline"], lambda: self._served_tables() >= set(names),
                              c.startup_timeout_s, tick=tick)
+            self._step("pipeline to its tables registered", pipeline_started)
             topics = sorted(f"{c.topic_prefix}{src.topic}" for src in tables.sources.values())
             self._say(f"{', '.join(names)} registered: produce to {', '.join(topics)} and look your keys up")
         elif c.demo:
             self._say("waiting for the first changelog records to reach the store nodes …")
             self._wait_alive(self.components["pipeline"],
                              lambda: self.http_ok("/v1/tables/sensor_stats/keys/sensor-1"), c.startup_timeout_s, tick=tick)
-            self._wait_warm(pipeline_since)
-            self._say("demo data is served: lookups are ready")
+            self._step("pipeline to its first changelog records", pipeline_started)
+            started = time.monotonic()
+            if self._wait_warm(pipeline_since):
+                self._step("pipeline warm", started)
+            self._say(f"demo data is served: lookups are ready ({time.monotonic() - self._t0:.1f}s)")
+        self.save()
         return self
 
     def tables(self) -> "TablesDefinition":
@@ -638,8 +682,9 @@ class Stack:
         self._say(f"redis replica on {c.host}:{c.redis_replica_port}, sentinels on {c.redis_sentinels} "
                   f"(master {location.master_name!r})")
 
-    def _wait_warm(self, since: int) -> None:
-        """Until the pipeline's batches take their steady time: freshness right after `up` is then the usual."""
+    def _wait_warm(self, since: int) -> bool:
+        """Until the pipeline's batches take their steady time: freshness right after `up` is then the usual. Whether
+        it got there in ``warmup_timeout_s``."""
         from pipeline.job import WARM_LOG
 
         pipeline = self.components["pipeline"]
@@ -648,9 +693,11 @@ class Stack:
         try:
             self._wait_alive(pipeline, lambda: _logged(pipeline, WARM_LOG, since), self.config.warmup_timeout_s,
                              tick=lambda waited: self._say(f"  … still warming up ({waited:.0f}s)"))
+            return True
         except TimeoutError:
             self._say(f"  the pipeline is not warm after {self.config.warmup_timeout_s:.0f}s (a busy machine, or a "
                       f"long trigger): lookups work, and freshness improves over the next minutes")
+            return False
 
     @staticmethod
     def _wait_own(comp: Component, ready: Callable[[], bool], timeout_s: float, not_ready: str,
