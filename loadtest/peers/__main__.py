@@ -1,0 +1,5 @@
+import sys
+
+from loadtest.peers import main
+
+sys.exit(main())
