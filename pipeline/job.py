@@ -554,6 +554,22 @@ def reject_writer(settings: PipelineSettings, admin: Any, src: Source, producer:
     return RejectWriter(src.name, src.on_invalid, topic, partitions, producer)
 
 
+def written_topics(settings: PipelineSettings, definition: TablesDefinition, input_partitions: dict[str, int],
+                   sources: set[str]) -> list[NewTopic]:
+    """The topics the pipeline writes: each table's changelog, and each dead-lettering source's rejected records
+    (with its input's partitions). :meth:`Pipeline.start` makes them while the Spark session starts."""
+    from confluent_kafka.admin import NewTopic
+
+    s = settings
+    rf = s.changelog_replication_factor
+    topics = [NewTopic(s.changelog_topic(t.name), s.changelog_partitions, rf, config=s.changelog_config())
+              for t in definition.tables.values()]
+    topics += [NewTopic(s.input_topic(src.rejected_topic), input_partitions[name], rf)
+               for name, src in sorted(definition.sources.items())
+               if name in sources and src.on_invalid == "dead_letter"]
+    return topics
+
+
 def table_run(settings: PipelineSettings, definition: TablesDefinition, t: Table, df: "DataFrame", admin: Any,
               producer: ChangelogProducer, rejects: RejectWriter | None = None) -> TableRun:
     """The table's changelog topic (created if need be), spec and writer."""
@@ -623,20 +639,6 @@ class Pipeline:
         self._warm = False
 
     # start
-    def _written_topics(self, sources: set[str]) -> list[NewTopic]:
-        """The topics the pipeline writes: each table's changelog, and each dead-lettering source's rejected records
-        (with its input's partitions)."""
-        from confluent_kafka.admin import NewTopic
-
-        s = self.settings
-        rf = s.changelog_replication_factor
-        topics = [NewTopic(s.changelog_topic(t.name), s.changelog_partitions, rf, config=s.changelog_config())
-                  for t in self.definition.tables.values()]
-        topics += [NewTopic(s.input_topic(src.rejected_topic), self._input_partitions[name], rf)
-                   for name, src in sorted(self.definition.sources.items())
-                   if name in sources and src.on_invalid == "dead_letter"]
-        return topics
-
     def start(self) -> None:
         from freshroute.topics import describe_topic
         from pipeline.topics import admin_client, check_replication, ensure_topics
@@ -671,13 +673,12 @@ class Pipeline:
         slots += sum(task_slots(self._input_partitions[src], False, 0) for src in rejecting)
         check_spark_master(s.spark_master)
         started = time.monotonic()
-        # The topics it writes are made while the Spark session starts: the broker's seconds off the start-up.
         with ThreadPoolExecutor(1, thread_name_prefix="topics") as pool:
-            topics = pool.submit(ensure_topics, admin, self._written_topics(used))
+            topics = pool.submit(ensure_topics, admin, written_topics(s, self.definition, self._input_partitions, used))
             self.spark = build_session(s, slots, microbatches=MICROBATCH in modes.values())
-            log.info("spark session ready in %.1fs (master %s, %d shuffle partitions)",
-                     time.monotonic() - started, self.spark.sparkContext.master, s.shuffle_partitions)
             topics.result()
+        log.info("spark session ready in %.1fs (master %s, %d shuffle partitions)", time.monotonic() - started,
+                 self.spark.sparkContext.master, s.shuffle_partitions)
         rejects = {name: reject_writer(s, admin, self.definition.sources[name], self.producer) for name in sorted(used)}
         self._reflected = ReflectionPublisher(MetadataStore.at(s.redis(), s.namespace), lambda: admin_client(s.kafka()),
                                               self._stop, rejects.values())
