@@ -19,7 +19,6 @@ import signal
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
@@ -46,7 +45,6 @@ from pipeline.validation import RAW_KEY, RAW_VALUE, REJECTED_BRANCH, InvalidInpu
 from pipeline.window_expiry import WindowExpiry
 
 if TYPE_CHECKING:
-    from confluent_kafka.admin import NewTopic
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
@@ -554,22 +552,6 @@ def reject_writer(settings: PipelineSettings, admin: Any, src: Source, producer:
     return RejectWriter(src.name, src.on_invalid, topic, partitions, producer)
 
 
-def written_topics(settings: PipelineSettings, definition: TablesDefinition, input_partitions: dict[str, int],
-                   sources: set[str]) -> list[NewTopic]:
-    """The topics the pipeline writes: each table's changelog, and each dead-lettering source's rejected records
-    (with its input's partitions). :meth:`Pipeline.start` makes them while the Spark session starts."""
-    from confluent_kafka.admin import NewTopic
-
-    s = settings
-    rf = s.changelog_replication_factor
-    topics = [NewTopic(s.changelog_topic(t.name), s.changelog_partitions, rf, config=s.changelog_config())
-              for t in definition.tables.values()]
-    topics += [NewTopic(s.input_topic(src.rejected_topic), input_partitions[name], rf)
-               for name, src in sorted(definition.sources.items())
-               if name in sources and src.on_invalid == "dead_letter"]
-    return topics
-
-
 def table_run(settings: PipelineSettings, definition: TablesDefinition, t: Table, df: "DataFrame", admin: Any,
               producer: ChangelogProducer, rejects: RejectWriter | None = None) -> TableRun:
     """The table's changelog topic (created if need be), spec and writer."""
@@ -641,7 +623,7 @@ class Pipeline:
     # start
     def start(self) -> None:
         from freshroute.topics import describe_topic
-        from pipeline.topics import admin_client, check_replication, ensure_topics
+        from pipeline.topics import admin_client, check_replication
 
         s = self.settings
         admin = admin_client(s.kafka())
@@ -673,12 +655,9 @@ class Pipeline:
         slots += sum(task_slots(self._input_partitions[src], False, 0) for src in rejecting)
         check_spark_master(s.spark_master)
         started = time.monotonic()
-        with ThreadPoolExecutor(1, thread_name_prefix="topics") as pool:
-            topics = pool.submit(ensure_topics, admin, written_topics(s, self.definition, self._input_partitions, used))
-            self.spark = build_session(s, slots, microbatches=MICROBATCH in modes.values())
-            topics.result()
-        log.info("spark session ready in %.1fs (master %s, %d shuffle partitions)", time.monotonic() - started,
-                 self.spark.sparkContext.master, s.shuffle_partitions)
+        self.spark = build_session(s, slots, microbatches=MICROBATCH in modes.values())
+        log.info("spark session ready in %.1fs (master %s, %d shuffle partitions)",
+                 time.monotonic() - started, self.spark.sparkContext.master, s.shuffle_partitions)
         rejects = {name: reject_writer(s, admin, self.definition.sources[name], self.producer) for name in sorted(used)}
         self._reflected = ReflectionPublisher(MetadataStore.at(s.redis(), s.namespace), lambda: admin_client(s.kafka()),
                                               self._stop, rejects.values())

@@ -19,35 +19,26 @@ log = logging.getLogger(__name__)
 def ensure_topic(admin: AdminClient, topic: str, partitions: int, config: dict[str, str] | None = None,
                  timeout_s: float = 10.0, replication_factor: int = 1) -> TopicInfo:
     """Create ``topic`` if it is missing (racing creators are fine) and describe it."""
-    return ensure_topics(admin, [NewTopic(topic, partitions, replication_factor, config=config or {})], timeout_s)[0]
-
-
-def ensure_topics(admin: AdminClient, topics: list[NewTopic], timeout_s: float = 10.0) -> list[TopicInfo]:
-    """Create those of ``topics`` that are missing in one request (racing creators are fine); describe each."""
-    infos = {t.topic: describe_topic(admin, t.topic, timeout_s) for t in topics}
-    missing = [t for t in topics if infos[t.topic] is None]
-    if missing:
-        created = admin.create_topics(missing, request_timeout=timeout_s)
-        for t in missing:
-            try:
-                created[t.topic].result(timeout_s)
-                config = t.config or {}
-                log.info("created topic %s (%d partitions, replication factor %d%s)", t.topic, t.num_partitions,
-                         t.replication_factor, ", " + ", ".join(f"{k}={v}" for k, v in config.items()) if config else "")
-            except KafkaException as e:
-                err = kafka_error(e)
-                if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise
-    # The controller has created them; the broker answering may learn of them a moment later.
+    info = describe_topic(admin, topic, timeout_s)
+    if info is not None:
+        return info
+    try:
+        admin.create_topics([NewTopic(topic, partitions, replication_factor, config=config or {})],
+                            request_timeout=timeout_s)[topic].result(timeout_s)
+        log.info("created topic %s (%d partitions, replication factor %d%s)", topic, partitions, replication_factor,
+                 ", " + ", ".join(f"{k}={v}" for k, v in (config or {}).items()) if config else "")
+    except KafkaException as e:
+        err = kafka_error(e)
+        if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
+    # The controller has created it; the broker answering may learn of it a moment later.
     deadline = time.monotonic() + timeout_s
-    for t in missing:
-        while (info := describe_topic(admin, t.topic, timeout_s)) is None:
-            if time.monotonic() > deadline:
-                raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART,
-                                                f"topic {t.topic} missing {timeout_s:.0f}s after its creation"))
-            time.sleep(0.05)
-        infos[t.topic] = info
-    return [infos[t.topic] for t in topics]  # type: ignore[misc]
+    while (info := describe_topic(admin, topic, timeout_s)) is None:
+        if time.monotonic() > deadline:
+            raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                            f"topic {topic} missing {timeout_s:.0f}s after its creation"))
+        time.sleep(0.05)
+    return info
 
 
 # What a broker answers for a partition whose leader is being elected or not yet known to it (a topic created a moment
