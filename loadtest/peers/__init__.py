@@ -33,6 +33,8 @@ from pathlib import Path
 import httpx
 import orjson
 
+from loadtest.stats import percentile
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 FAUST_VERSION = "0.15.3"
@@ -116,11 +118,8 @@ def peers(bootstrap: str, topic: str, partitions: int, logs: Path, say) -> list[
     return [kafka_streams, faust]
 
 
-def produce(bootstrap: str, topic: str, keys: list[str]) -> None:
+def produce(producer, topic: str, keys: list[str]) -> None:
     """A reading for each key, as the demo producer writes them (confluent-kafka, its default partitioner)."""
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
     for key in keys:
         producer.produce(topic, key=key.encode(), value=orjson.dumps({"sensor": key, "area": "probe", "reading": 1.0}))
     assert producer.flush(10) == 0, "readings not delivered"
@@ -137,20 +136,15 @@ async def _visible(client: httpx.AsyncClient, url: str, key: str, started: float
     return None
 
 
-async def freshness(urls: dict[str, str], bootstrap: str, topic: str, probes: int) -> dict[str, list[float | None]]:
+async def freshness(urls: dict[str, str], producer, topic: str, probes: int) -> dict[str, list[float | None]]:
     """Produce → visible, per system, for ``probes`` keys never seen before."""
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
     seen: dict[str, list[float | None]] = {name: [] for name in urls}
     run = uuid.uuid4().hex[:6]
     async with httpx.AsyncClient(timeout=2) as client:
         for i in range(probes):
             key = f"probe-{run}-{i}"
             started = time.monotonic()
-            producer.produce(topic, key=key.encode(),
-                             value=orjson.dumps({"sensor": key, "area": "probe", "reading": 1.0}))
-            producer.flush(5)
+            produce(producer, topic, [key])
             got = await asyncio.gather(*(_visible(client, url, key, started, 10.0) for url in urls.values()))
             for name, ms in zip(urls, got):
                 seen[name].append(ms)
@@ -194,11 +188,6 @@ async def _paced(url: str, rate: float, duration_s: float, kill_at_s: float, kil
     return counts
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    vals = sorted(values)
-    return round(vals[min(len(vals) - 1, int(q * len(vals)))], 1) if vals else None
-
-
 def wait_serving(url: str, timeout_s: float, what: str, alive=lambda: True) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -215,6 +204,8 @@ def wait_serving(url: str, timeout_s: float, what: str, alive=lambda: True) -> N
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
+
+    from confluent_kafka import Producer
 
     from freshroute.topics import describe_topic
     from pipeline.topics import admin_client
@@ -238,17 +229,19 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(2):
                 p.start(i)
         # The peers read the input from their start: every sensor has a reading once they serve it.
-        produce(c.bootstrap, topic, [f"sensor-{i}" for i in range(SENSORS)])
+        producer = Producer({"bootstrap.servers": c.bootstrap, "linger.ms": 0})
+        produce(producer, topic, [f"sensor-{i}" for i in range(SENSORS)])
         for p in others:
             wait_serving(p.url, 180, p.name, lambda p=p: all(proc.poll() is None for proc in p.procs.values()))
             say(f"{p.name} serves every sensor (logs: {logs})")
         urls = {"freshroute": c.rest_url, **{p.name: p.url for p in others}}
 
         say(f"freshness: {args.probes} probes, each a new key, all three asked every 2 ms …")
-        seen = asyncio.run(freshness(urls, c.bootstrap, topic, args.probes))
+        seen = asyncio.run(freshness(urls, producer, topic, args.probes))
         for name, values in seen.items():
             ok = [v for v in values if v is not None]
-            figures[name].update(freshness_p50_ms=percentile(ok, 0.5), freshness_p99_ms=percentile(ok, 0.99),
+            p50, p99 = percentile(ok, 50), percentile(ok, 99)
+            figures[name].update(freshness_p50_ms=p50 and round(p50, 1), freshness_p99_ms=p99 and round(p99, 1),
                                  never_visible=len(values) - len(ok))
         for name, url in urls.items():
             say(f"lookups/s: wrk against {name} …")

@@ -611,20 +611,19 @@ class H2Connection(Answering):
         if self.going_away or len(self.streams) >= STREAM_LIMIT:
             self.reset_stream(stream_id, REFUSED_STREAM)
             return
+        ended = bool(flags & END_STREAM)
         why = "a stream depending on itself" if self_dependent else malformed(headers)
         length = None
         if why is None:
             length, why = content_length(headers)
+            if ended and length:
+                why = "a content-length and no body"
         if why is not None:
             log.info("HTTP/2 stream %d reset: %s", stream_id, why)
             self.reset_stream(stream_id, PROTOCOL_ERROR)
             return
         stream = self.streams[stream_id] = Stream(stream_id, self._peer_stream_window)
         stream.expected_length = length
-        ended = bool(flags & END_STREAM)
-        if ended and length:
-            self.reset_stream(stream_id, PROTOCOL_ERROR)  # a content-length its (absent) body does not match
-            return
         stream.remote_closed = ended
         self._events.append(RequestStarted(stream_id, headers, ended))
 
