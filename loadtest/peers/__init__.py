@@ -1,16 +1,21 @@
 """freshroute beside its peers, measured in one run on one broker and one input: the demo's ``sensor_stats`` served by
 freshroute's router, by Kafka Streams' interactive queries and by Faust's table views.
 
-``python -m loadtest.peers`` runs beside a ``./dev up`` stack. It starts two instances of each peer (one standby copy
-of each partition, as the stack keeps one), reading the stack's ``readings`` from their start, and measures each of
-the three the same way:
+``python -m loadtest.peers`` runs beside a ``./dev up`` stack and measures one system at a time, the others not
+running, so that none takes the others' CPU: freshroute first, then each peer while freshroute's pipeline, store
+nodes and routers are stopped (the broker, Redis and the demo producer keep running; the components are started
+again at the end). A peer runs two instances (one standby copy of each partition, as the stack keeps one), reading
+the stack's ``readings`` from its start. Once a system has run two minutes (as the bench's warm figures ask):
 
-- **freshness**: a reading for a key never seen before is produced; all three are asked for the key every 2 ms until
-  it is there (produce → visible, p50 / p99 over the probes);
+- **CPU at rest**: the cores it uses keeping up with the demo's input over 30 s, no lookups (freshroute: its
+  pipeline, store nodes, routers and Redis; the broker and the demo producer count for none);
+- **freshness**: a reading for a key never seen before is produced every 0.25 s for a minute (the Real-time
+  pipeline's checkpoint interval) and the system asked for each key not yet seen every 10 ms
+  (``loadtest.freshness``'s method, the bench's): produce → visible, p50 / p99;
 - **lookups/s**: wrk, 32 connections for 10 s, over the demo's 100 sensors (their p99 beside);
 - **failed while an instance dies**: 100 lookups/s for 25 s through one door (freshroute's router, a peer's first
   instance), kill -9 of another instance 5 s in (a store node; the peer's second instance); every answer that is not
-  a 200 counts (the killed instance is started again after).
+  a 200 counts.
 
 The peers are built the first time: Kafka Streams with Maven (``kafka_streams/pom.xml``, the broker's Kafka
 version), Faust (faust-streaming) in a virtual environment of its own under ``.freshroute/peers``. Ends with one
@@ -33,13 +38,42 @@ from pathlib import Path
 import httpx
 import orjson
 
-from loadtest.stats import percentile
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 FAUST_VERSION = "0.15.3"
 SENSORS = 100
 PATH = "/v1/tables/sensor_stats/keys/"
+
+
+@dataclass
+class Freshroute:
+    """The ``./dev up`` stack, measured through its router."""
+
+    stack: object
+    name: str = "freshroute"
+
+    @property
+    def url(self) -> str:
+        return self.stack.config.rest_url
+
+    @property
+    def serving(self) -> list[str]:
+        """Its own components: the broker, Redis and the demo producer serve the peers too and keep running."""
+        return ["pipeline", *self.stack.store_node_names(), *self.stack.router_names()]
+
+    def roots(self) -> dict[str, int]:
+        from loadtest.footprint import stack_roots
+
+        shared = {*self.stack.broker_names(), "demo-producer"}
+        return {n: pid for n, pid in stack_roots(self.stack).items() if n not in shared}
+
+    def alive(self) -> bool:
+        return all(self.stack.components[n].alive() for n in self.serving)
+
+    def kill_one(self) -> str:
+        self.stack.signal("store-node-2", signal.SIGKILL)
+        return "store-node-2"
 
 
 @dataclass
@@ -55,6 +89,16 @@ class Peer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.ports[0]}"
+
+    def roots(self) -> dict[str, int]:
+        return {f"{self.name}-{i}": proc.pid for i, proc in self.procs.items()}
+
+    def alive(self) -> bool:
+        return all(proc.poll() is None for proc in self.procs.values())
+
+    def kill_one(self) -> str:
+        self.kill(1)
+        return f"{self.name}-1"
 
     def start(self, i: int) -> None:
         log = open(self.logs / f"{self.name}-{i}.log", "ab")
@@ -125,31 +169,26 @@ def produce(producer, topic: str, keys: list[str]) -> None:
     assert producer.flush(10) == 0, "readings not delivered"
 
 
-async def _visible(client: httpx.AsyncClient, url: str, key: str, started: float, timeout_s: float) -> float | None:
-    while time.monotonic() - started < timeout_s:
+async def _poll_each(client: httpx.AsyncClient, table: str, keys: list[str]) -> list[str]:
+    """The keys among ``keys`` a system serves, one GET each (the peers have no batch lookup; freshroute is asked
+    the same way, so that every system is polled alike)."""
+    found = []
+    for key in keys:
         try:
-            if (await client.get(url + PATH + key)).status_code == 200:
-                return (time.monotonic() - started) * 1000
+            if (await client.get(f"/v1/tables/{table}/keys/{key}")).status_code == 200:
+                found.append(key)
         except httpx.HTTPError:
             pass
-        await asyncio.sleep(0.002)
-    return None
+    return found
 
 
-async def freshness(urls: dict[str, str], producer, topic: str, probes: int) -> dict[str, list[float | None]]:
-    """Produce → visible, per system, for ``probes`` keys never seen before."""
-    seen: dict[str, list[float | None]] = {name: [] for name in urls}
-    run = uuid.uuid4().hex[:6]
-    async with httpx.AsyncClient(timeout=2) as client:
-        for i in range(probes):
-            key = f"probe-{run}-{i}"
-            started = time.monotonic()
-            produce(producer, topic, [key])
-            got = await asyncio.gather(*(_visible(client, url, key, started, 10.0) for url in urls.values()))
-            for name, ms in zip(urls, got):
-                seen[name].append(ms)
-            await asyncio.sleep(0.1)
-    return seen
+async def freshness(url: str, producer, topic: str, probes: int) -> dict:
+    """Produce → visible for ``probes`` keys never seen before, by :mod:`loadtest.freshness`'s method."""
+    from loadtest.freshness import run_probes
+
+    async with httpx.AsyncClient(base_url=url, timeout=2) as client:
+        return await run_probes(producer, client, topic, "sensor_stats", probes, spacing_s=0.25, timeout_s=10.0,
+                                poll_s=0.01, poll=_poll_each)
 
 
 def lookups_per_s(url: str) -> dict[str, float]:
@@ -188,18 +227,57 @@ async def _paced(url: str, rate: float, duration_s: float, kill_at_s: float, kil
     return counts
 
 
-def wait_serving(url: str, timeout_s: float, what: str, alive=lambda: True) -> None:
+def age_s(pid: int) -> float:
+    from freshroute.proc import age_s, stat_fields
+
+    fields = stat_fields(pid)
+    return age_s(fields) if fields else 0.0
+
+
+def wait_warm(system, say) -> None:
+    """Until ``system`` has run as long as the bench's warm figures ask: its JIT done with its start."""
+    from loadtest.bench import WARM_AFTER_S
+
+    wait = WARM_AFTER_S - min(age_s(pid) for pid in system.roots().values())
+    if wait > 0:
+        say(f"  waiting {wait:.0f}s until {system.name} has run {WARM_AFTER_S:.0f}s")
+        time.sleep(wait)
+
+
+def wait_serving(system, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not alive():
-            raise RuntimeError(f"{what} exited while starting")
+        if not system.alive():
+            raise RuntimeError(f"{system.name} exited while starting")
         try:
-            if all(httpx.get(url + PATH + f"sensor-{i}", timeout=2).status_code == 200 for i in range(SENSORS)):
+            if all(httpx.get(system.url + PATH + f"sensor-{i}", timeout=2).status_code == 200
+                   for i in range(SENSORS)):
                 return
         except httpx.HTTPError:
             pass
         time.sleep(1)
-    raise TimeoutError(f"{what} did not serve every sensor in {timeout_s:.0f}s")
+    raise TimeoutError(f"{system.name} did not serve every sensor in {timeout_s:.0f}s")
+
+
+def measure(system, producer, topic: str, args, say) -> dict:
+    """Every figure of one warm system, the others stopped."""
+    from loadtest.footprint import measure as cpu
+
+    out: dict = {}
+    wait_warm(system, say)
+    say(f"  CPU at rest: {args.rest_seconds:.0f}s at the demo's input, no lookups …")
+    out["rest_cores"] = round(cpu(system.roots(), args.rest_seconds).total_cores, 3)
+    say(f"  freshness: {args.probes} probes, each a new key, asked for every 10 ms …")
+    doc = asyncio.run(freshness(system.url, producer, topic, args.probes))
+    out.update(freshness_p50_ms=doc["freshness_p50_ms"], freshness_p99_ms=doc["freshness_p99_ms"],
+               never_visible=doc["probes"] - doc["visible"])
+    say("  lookups/s: wrk, 32 connections, 10 s …")
+    out.update({f"lookups_{k}": v for k, v in lookups_per_s(system.url).items()})
+    say("  failover: 100 lookups/s for 25 s, kill -9 of an instance 5 s in …")
+    counts = asyncio.run(_paced(system.url, 100, 25, 5, system.kill_one))
+    out.update(failover_ok=counts["ok"], failover_failed=counts["failed"])
+    say(f"  {out}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m loadtest.peers", description=__doc__.split("\n\n")[0])
     parser.add_argument("--home", type=Path, default=Path(".freshroute/local"), help="the ./dev up stack's home")
-    parser.add_argument("--probes", type=int, default=100)
+    parser.add_argument("--probes", type=int, default=240,
+                        help="freshness probes of each system, 0.25 s apart (240: a minute, one checkpoint interval)")
+    parser.add_argument("--rest-seconds", type=float, default=30.0, help="how long CPU at rest is measured")
     args = parser.parse_args(argv)
     say = lambda msg: print(msg, flush=True)  # noqa: E731
 
@@ -223,48 +303,38 @@ def main(argv: list[str] | None = None) -> int:
     partitions = len(describe_topic(admin_client({"bootstrap.servers": c.bootstrap}), topic).partitions)
     logs = Path(tempfile.mkdtemp(prefix="freshroute-peers-"))
     others = peers(c.bootstrap, topic, partitions, logs, say)
-    figures: dict[str, dict] = {"freshroute": {}, **{p.name: {} for p in others}}
+    producer = Producer({"bootstrap.servers": c.bootstrap, "linger.ms": 0})
+    ours = Freshroute(stack)
+    figures: dict[str, dict] = {}
+
+    say("freshroute (the peers not running):")
+    wait_serving(ours, 60)
+    figures[ours.name] = measure(ours, producer, topic, args, say)
+    say(f"stopping freshroute's {', '.join(ours.serving)} while the peers are measured (logs: {logs})")
+    stack.stop(*ours.serving)
     try:
         for p in others:
-            for i in range(2):
-                p.start(i)
-        # The peers read the input from their start: every sensor has a reading once they serve it.
-        producer = Producer({"bootstrap.servers": c.bootstrap, "linger.ms": 0})
-        produce(producer, topic, [f"sensor-{i}" for i in range(SENSORS)])
-        for p in others:
-            wait_serving(p.url, 180, p.name, lambda p=p: all(proc.poll() is None for proc in p.procs.values()))
-            say(f"{p.name} serves every sensor (logs: {logs})")
-        urls = {"freshroute": c.rest_url, **{p.name: p.url for p in others}}
-
-        say(f"freshness: {args.probes} probes, each a new key, all three asked every 2 ms …")
-        seen = asyncio.run(freshness(urls, producer, topic, args.probes))
-        for name, values in seen.items():
-            ok = [v for v in values if v is not None]
-            p50, p99 = percentile(ok, 50), percentile(ok, 99)
-            figures[name].update(freshness_p50_ms=p50 and round(p50, 1), freshness_p99_ms=p99 and round(p99, 1),
-                                 never_visible=len(values) - len(ok))
-        for name, url in urls.items():
-            say(f"lookups/s: wrk against {name} …")
-            figures[name].update({f"lookups_{k}": v for k, v in lookups_per_s(url).items()})
-
-        victims = {"freshroute": ("store-node-2", lambda: stack.signal("store-node-2", signal.SIGKILL)),
-                   **{p.name: (f"{p.name}-1", lambda p=p: p.kill(1)) for p in others}}
-        for name, url in urls.items():
-            victim, kill = victims[name]
-            say(f"failover: 100 lookups/s through {name} for 25 s, kill -9 of {victim} 5 s in …")
-            counts = asyncio.run(_paced(url, 100, 25, 5, kill))
-            figures[name].update(failover_ok=counts["ok"], failover_failed=counts["failed"])
-            if name == "freshroute":
-                stack.start("store-node-2")
+            say(f"{p.name} (freshroute's own components stopped):")
+            try:
+                for i in range(2):
+                    p.start(i)
+                # A peer reads the input from its start: every sensor has a reading once it serves it.
+                produce(producer, topic, [f"sensor-{i}" for i in range(SENSORS)])
+                wait_serving(p, 180)
+                figures[p.name] = measure(p, producer, topic, args, say)
+            finally:
+                p.stop()
     finally:
-        for p in others:
-            p.stop()
+        say("starting freshroute's components again …")
+        for name in [*stack.store_node_names(), *stack.router_names(), "pipeline"]:
+            stack.start(name)
 
     say("")
-    say(f"{'':>16} {'freshness p50/p99 ms':>22} {'lookups/s (p99 ms)':>20} {'failed while one dies':>22}")
+    say(f"{'':>16} {'freshness p50/p99 ms':>22} {'lookups/s (p99 ms)':>20} {'failed while one dies':>22} "
+        f"{'cores at rest':>14}")
     for name, f in figures.items():
         say(f"{name:>16} {f['freshness_p50_ms']!s:>10} / {f['freshness_p99_ms']!s:<9} "
             f"{f['lookups_rps']:>9} ({f['lookups_p99_ms']}) "
-            f"{f['failover_failed']:>12} of {f['failover_ok'] + f['failover_failed']}")
+            f"{f['failover_failed']:>12} of {f['failover_ok'] + f['failover_failed']} {f['rest_cores']:>14}")
     print(orjson.dumps(figures).decode())
     return 0
