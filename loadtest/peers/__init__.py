@@ -44,6 +44,7 @@ REPO = HERE.parents[1]
 FAUST_VERSION = "0.15.3"
 SENSORS = 100
 PATH = "/v1/tables/sensor_stats/keys/"
+SYSTEMS = ["freshroute", "kafka-streams", "faust"]
 
 
 @dataclass
@@ -293,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--home", type=Path, default=Path(".freshroute/local"), help="the ./dev up stack's home")
     parser.add_argument("--probes", type=int, default=240,
                         help="freshness probes of each system, 0.25 s apart (240: a minute, one checkpoint interval)")
+    parser.add_argument("--systems", nargs="+", default=SYSTEMS, choices=SYSTEMS, help="which to measure")
     parser.add_argument("--rest-seconds", type=float, default=30.0, help="how long CPU at rest is measured")
     args = parser.parse_args(argv)
     say = lambda msg: print(msg, flush=True)  # noqa: E731
@@ -302,14 +304,15 @@ def main(argv: list[str] | None = None) -> int:
     topic = f"{c.topic_prefix}readings"
     partitions = len(describe_topic(admin_client({"bootstrap.servers": c.bootstrap}), topic).partitions)
     logs = Path(tempfile.mkdtemp(prefix="freshroute-peers-"))
-    others = peers(c.bootstrap, topic, partitions, logs, say)
+    others = [p for p in peers(c.bootstrap, topic, partitions, logs, say) if p.name in args.systems]
     producer = Producer({"bootstrap.servers": c.bootstrap, "linger.ms": 0})
     ours = Freshroute(stack)
     figures: dict[str, dict] = {}
 
-    say("freshroute (the peers not running):")
-    wait_serving(ours, 60)
-    figures[ours.name] = measure(ours, producer, topic, args, say)
+    if ours.name in args.systems:
+        say("freshroute (the peers not running):")
+        wait_serving(ours, 60)
+        figures[ours.name] = measure(ours, producer, topic, args, say)
     say(f"stopping freshroute's {', '.join(ours.serving)} while the peers are measured (logs: {logs})")
     stack.stop(*ours.serving)
     try:

@@ -18,7 +18,6 @@ bootstrap, topic_name, partitions, app_id, data_dir, port = sys.argv[1:7]
 sys.argv[1:] = ["worker", "--web-host", "127.0.0.1", "--web-port", port, "--loglevel", "warn"]
 
 
-
 def produced(key: bytes, partitions: list[int], available: list[int]) -> int:
     """Where the input's producers put a key: the demo producer is confluent-kafka's, whose default partitioner is
     librdkafka's CRC-32 of the key (aiokafka's, like Java's, is murmur2)."""
@@ -28,8 +27,10 @@ def produced(key: bytes, partitions: list[int], available: list[int]) -> int:
 app = faust.App(app_id, producer_partitioner=produced, broker=f"kafka://{bootstrap}", datadir=data_dir, store="memory://",
                 table_standby_replicas=1, consumer_auto_offset_reset="latest", web_enabled=True,
                 broker_commit_every=100, broker_commit_interval=0.1)
-readings = app.topic(topic_name, key_type=str, value_serializer="raw", key_serializer="raw")
-stats = app.Table("sensor_stats", default=None, partitions=int(partitions))  # co-partitioned with the input
+readings = app.topic(topic_name, key_type=bytes, value_serializer="raw", key_serializer="raw")
+# Co-partitioned with the input, its keys the input's bytes: Table.route partitions a key as the table's changelog
+# serializes it (JSON for str keys, a quoted string on another partition than the input's own).
+stats = app.Table("sensor_stats", default=None, partitions=int(partitions), key_type=bytes)
 
 
 @app.agent(readings)
@@ -37,7 +38,6 @@ async def aggregate(stream):
     async for key, value in stream.items():
         if key is None:
             continue
-        key = key.decode() if isinstance(key, bytes) else key
         try:
             r = float(json.loads(value)["reading"])
         except (ValueError, KeyError, TypeError):
@@ -51,7 +51,7 @@ async def aggregate(stream):
 @app.page("/v1/tables/sensor_stats/keys/{key}")
 @app.table_route(table=stats, match_info="key")
 async def lookup(web, request, key):
-    s = stats.get(key)
+    s = stats.get(key.encode())
     if s is None:
         return Response(status=404, text='{"error":"not found"}', content_type="application/json")
     value = {**s, "avg": s["sum"] / s["count"]}
