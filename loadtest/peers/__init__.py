@@ -5,7 +5,7 @@ freshroute's router, by Kafka Streams' interactive queries and by Faust's table 
 running, so that none takes the others' CPU: freshroute first, then each peer while freshroute's pipeline, store
 nodes and routers are stopped (the broker, Redis and the demo producer keep running; the components are started
 again at the end). A peer runs two instances (one standby copy of each partition, as the stack keeps one), reading
-the stack's ``readings`` from its start. Once a system has run two minutes (as the bench's warm figures ask):
+the stack's ``readings`` from its start. Once a system has run five minutes (``--warm-s``):
 
 - **CPU at rest**: the cores it uses keeping up with the demo's input over 30 s, no lookups (freshroute: its
   pipeline, store nodes, routers and Redis; the broker and the demo producer count for none);
@@ -235,13 +235,11 @@ def age_s(pid: int) -> float:
     return age_s(fields) if fields else 0.0
 
 
-def wait_warm(system, say) -> None:
-    """Until ``system`` has run as long as the bench's warm figures ask: its JIT done with its start."""
-    from loadtest.bench import WARM_AFTER_S
-
-    wait = WARM_AFTER_S - min(age_s(pid) for pid in system.roots().values())
+def wait_warm(system, warm_s: float, say) -> None:
+    """Until ``system`` has run ``warm_s``: its JIT done with its start, its first checkpoints behind it."""
+    wait = warm_s - min(age_s(pid) for pid in system.roots().values())
     if wait > 0:
-        say(f"  waiting {wait:.0f}s until {system.name} has run {WARM_AFTER_S:.0f}s")
+        say(f"  waiting {wait:.0f}s until {system.name} has run {warm_s:.0f}s")
         time.sleep(wait)
 
 
@@ -265,7 +263,7 @@ def measure(system, producer, topic: str, args, say) -> dict:
     from loadtest.footprint import measure as cpu
 
     out: dict = {}
-    wait_warm(system, say)
+    wait_warm(system, args.warm_s, say)
     say(f"  CPU at rest: {args.rest_seconds:.0f}s at the demo's input, no lookups …")
     out["rest_cores"] = round(cpu(system.roots(), args.rest_seconds).total_cores, 3)
     say(f"  freshness: {args.probes} probes, each a new key, asked for every 10 ms …")
@@ -295,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probes", type=int, default=240,
                         help="freshness probes of each system, 0.25 s apart (240: a minute, one checkpoint interval)")
     parser.add_argument("--systems", nargs="+", default=SYSTEMS, choices=SYSTEMS, help="which to measure")
+    parser.add_argument("--warm-s", type=float, default=300.0,
+                        help="how long each system has run before it is measured (the first minutes' checkpoints of "
+                             "a Real-time query pause longer)")
     parser.add_argument("--rest-seconds", type=float, default=30.0, help="how long CPU at rest is measured")
     args = parser.parse_args(argv)
     say = lambda msg: print(msg, flush=True)  # noqa: E731
