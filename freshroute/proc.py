@@ -34,6 +34,12 @@ def age_s(fields: list[str]) -> float:
     return max(0.0, uptime - int(fields[19]) / _TICK)
 
 
+def process_age_s(pid: int) -> float | None:
+    """Seconds since process ``pid`` started; None once it exited."""
+    fields = stat_fields(pid)
+    return age_s(fields) if fields else None
+
+
 def children_by_parent() -> dict[int, list[int]]:
     """Every live process's children, from one pass over ``/proc``."""
     out: dict[int, list[int]] = {}

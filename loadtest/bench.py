@@ -786,11 +786,10 @@ class Bench:
 
     def _age_s(self, component: str) -> float | None:
         """Seconds since the stack's ``component`` started; None when it is not running."""
-        from freshroute.proc import age_s, stat_fields
+        from freshroute.proc import process_age_s
 
         c = self.stack.components[component]
-        fields = stat_fields(c.pid) if c.pid else None
-        return age_s(fields) if fields else None
+        return process_age_s(c.pid) if c.pid else None
 
     def wait_warm(self) -> None:
         """Until the pipeline has run ``WARM_AFTER_S``: the warm figures are a stack's usual, not its first minutes'."""

@@ -34,10 +34,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import orjson
 
+if TYPE_CHECKING:
+    from tools.local.stack import Stack
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -51,7 +54,7 @@ SYSTEMS = ["freshroute", "kafka-streams", "faust"]
 class Freshroute:
     """The ``./dev up`` stack, measured through its router."""
 
-    stack: object
+    stack: "Stack"
     name: str = "freshroute"
 
     @property
@@ -228,16 +231,11 @@ async def _paced(url: str, rate: float, duration_s: float, kill_at_s: float, kil
     return counts
 
 
-def age_s(pid: int) -> float:
-    from freshroute.proc import age_s, stat_fields
-
-    fields = stat_fields(pid)
-    return age_s(fields) if fields else 0.0
-
-
 def wait_warm(system, warm_s: float, say) -> None:
     """Until ``system`` has run ``warm_s``: its JIT done with its start, its first checkpoints behind it."""
-    wait = warm_s - min(age_s(pid) for pid in system.roots().values())
+    from freshroute.proc import process_age_s
+
+    wait = warm_s - min(process_age_s(pid) or 0.0 for pid in system.roots().values())
     if wait > 0:
         say(f"  waiting {wait:.0f}s until {system.name} has run {warm_s:.0f}s")
         time.sleep(wait)
@@ -330,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                 p.stop()
     finally:
         say("starting freshroute's components again …")
-        for name in [*stack.store_node_names(), *stack.router_names(), "pipeline"]:
+        for name in ours.serving:
             stack.start(name)
 
     say("")

@@ -4,7 +4,8 @@ import os
 import subprocess
 import sys
 
-from freshroute.proc import children_by_parent, cpu_seconds, lower_priority, process_tree, rss_kib, stat_fields
+from freshroute.proc import (children_by_parent, cpu_seconds, lower_priority, process_age_s, process_tree, rss_kib,
+                             stat_fields)
 
 
 def test_fields_of_a_live_process_and_none_once_it_exited():
@@ -13,6 +14,15 @@ def test_fields_of_a_live_process_and_none_once_it_exited():
     fields = stat_fields(os.getpid())
     assert fields is not None and fields[1] == str(os.getppid()) and fields[0] in "RS"
     assert stat_fields(child.pid) is None  # reaped: gone from /proc
+
+
+def test_a_process_age_grows_and_is_none_once_it_exited():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    first = process_age_s(child.pid)
+    child.wait()
+    assert first is not None and 0.0 <= first < 60
+    assert process_age_s(child.pid) is None  # reaped: gone from /proc
+    assert process_age_s(os.getpid()) > first
 
 
 def test_cpu_seconds_grow_with_work():
