@@ -60,6 +60,12 @@ class NotWindowedTable(InvalidArgument):
     code = "NOT_WINDOWED_TABLE"
 
 
+class TableNotVersioned(InvalidArgument):
+    """A read as of a time, or of a key's versions, on a table that keeps only its latest values."""
+
+    code = "TABLE_NOT_VERSIONED"
+
+
 class TableNotFound(FatalError):
     code = "TABLE_NOT_FOUND"
     http_status = 404
@@ -68,6 +74,14 @@ class TableNotFound(FatalError):
 
 class KeyNotFound(FatalError):
     code = "KEY_NOT_FOUND"
+    http_status = 404
+    grpc_status = "NOT_FOUND"
+
+
+class VersionNotRetained(FatalError):
+    """A read as of a time before the versioned table's history: its versions then have expired."""
+
+    code = "VERSION_NOT_RETAINED"
     http_status = 404
     grpc_status = "NOT_FOUND"
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import orjson
 
 from freshroute.errors import InvalidArgument
-from freshroute.keys import key_bytes, not_text
+from freshroute.keys import key_bytes, not_text, partition_for
 
 KEY_FORMATS = ("string", "json", "bytes")
 VALUE_FORMATS = ("json", "string", "bytes")
@@ -138,3 +138,23 @@ def _nesting(raw: bytes) -> int:
         elif b in (0x5D, 0x7D):
             depth -= 1
     return deepest
+
+
+@lru_cache(maxsize=65536)
+def locate_text(key: str, partitions: int) -> tuple[bytes, int]:
+    """:func:`locate` of a text key (a table of string keys, every pipeline table's)."""
+    # Murmur2 in Python costs more than the rest of the key handling: hot keys are hashed once.
+    raw = key_bytes(key)
+    return raw, partition_for(raw, partitions)
+
+
+def locate(key: str, partitions: int, key_format: str = "string") -> tuple[bytes, int]:
+    """The key's bytes (as the table's topic holds them) and partition; a key that is not Unicode text, or not of the
+    table's key format, is an :class:`InvalidArgument`."""
+    if key_format != "string":
+        raw = key_to_bytes(key_format, key)
+        return raw, partition_for(raw, partitions)
+    try:
+        return locate_text(key, partitions)
+    except TypeError:  # unhashable, so not a string
+        raise InvalidArgument(not_text(key, "key"), field="key") from None

@@ -87,6 +87,13 @@ class TableSpec:
     value_format: str = "json"
     origin: str = "pipeline"
     pipeline_mode: str | None = None  # how the pipeline runs its query: "realtime" or "microbatch" (None: a topic's)
+    # A versioned table keeps every version of a key this long after it stopped being true (store_node/history.py);
+    # 0: only the latest value.
+    history_retention_ms: int = 0
+
+    @property
+    def versioned(self) -> bool:
+        return self.history_retention_ms > 0
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self))

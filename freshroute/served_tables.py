@@ -20,7 +20,7 @@ from freshroute.errors import InvalidArgument, RetryableError, TableNotFound
 from freshroute.formats import KEY_FORMATS, VALUE_FORMATS, key_problem, value_problem
 from freshroute.keys import partition_for
 from freshroute.metadata import MAX_STANDBY_REPLICAS, MetadataStore, TableSpec
-from freshroute.topics import describe_topic, failure, topic_config
+from freshroute.topics import describe_topic, failure, history_topic_config, set_topic_config, topic_config
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SAMPLE_PER_PARTITION = 100  # records read from the start of each partition to check the formats and placement
@@ -33,10 +33,15 @@ class TableRefused(InvalidArgument):
 
 def add_table(metadata: MetadataStore, admin: Any, bootstrap: str, name: str, topic: str, *, key_format: str = "string",
               value_format: str = "json", standby_replicas: int = 1, allow_uncompacted: bool = False,
+              history_retention_ms: int = 0,
               kafka_config: dict[str, str] | None = None) -> tuple[TableSpec, list[str]]:
     """Register ``topic`` as table ``name``; returns the spec and warnings. Refused (TableRefused) when the name is not
     an identifier or is taken, the topic does not exist, is not compacted (unless ``allow_uncompacted``), or a
-    sampled record's key or value is not of the formats given or sits in another partition than its key's."""
+    sampled record's key or value is not of the formats given or sits in another partition than its key's.
+
+    A versioned table (``history_retention_ms`` > 0) keeps every version of a key for that long, each from its
+    record's Kafka timestamp; the topic's compaction is set to keep them (``min.compaction.lag.ms``), and a topic that
+    deletes records sooner by time is refused."""
     if not isinstance(name, str) or not _NAME.match(name):
         raise TableRefused(f"table name {name!r} must be a plain identifier (letters, digits, _)", field="name")
     if key_format not in KEY_FORMATS:
@@ -46,6 +51,9 @@ def add_table(metadata: MetadataStore, admin: Any, bootstrap: str, name: str, to
                            field="value_format")
     if not 0 <= standby_replicas <= MAX_STANDBY_REPLICAS:
         raise TableRefused(f"--standby-replicas must be within 0..{MAX_STANDBY_REPLICAS}", field="standby_replicas")
+    if type(history_retention_ms) is not int or history_retention_ms < 0:
+        raise TableRefused(f"--history-retention must be a positive duration, not {history_retention_ms!r}",
+                           field="history_retention")
     existing = metadata.tables()
     if name in existing:
         taken = existing[name]
@@ -67,13 +75,37 @@ def add_table(metadata: MetadataStore, admin: Any, bootstrap: str, name: str, to
         if not allow_uncompacted:
             raise TableRefused(f"{why}; pass --allow-uncompacted to serve it anyway", field="topic")
         warnings.append(why)
+    if history_retention_ms:
+        warnings += _keep_history(admin, bootstrap, topic, config, history_retention_ms)
     partitions = len(info.partitions)
     for problem in sample_problems(bootstrap, topic, partitions, key_format, value_format, kafka_config or {}):
         raise TableRefused(f"topic {topic!r}: {problem}", field="topic")
     spec = TableSpec(name, topic, partitions, key_column="key", value_schema={}, standby_replicas=standby_replicas,
-                     key_format=key_format, value_format=value_format, origin="topic")
+                     key_format=key_format, value_format=value_format, origin="topic",
+                     history_retention_ms=history_retention_ms)
     metadata.register_tables([spec])
     return spec, warnings
+
+
+def _keep_history(admin: Any, bootstrap: str, topic: str, config: dict[str, str], retention_ms: int) -> list[str]:
+    """Make the topic keep a versioned table's history: refused when it deletes records by time sooner, its
+    compaction set to keep them when it would not; returns what was changed."""
+    policy = config.get("cleanup.policy", "delete").split(",")
+    kept = int(config.get("retention.ms", "-1"))
+    if "delete" in policy and 0 <= kept < retention_ms:
+        raise TableRefused(f"topic {topic!r} deletes records after retention.ms={kept}, sooner than "
+                           f"--history-retention ({retention_ms} ms): its versions would vanish from restores; raise "
+                           f"its retention.ms or shorten the history", field="history_retention")
+    wanted = history_topic_config(retention_ms)
+    if "compact" not in policy or int(config.get("min.compaction.lag.ms", "0")) >= int(wanted["min.compaction.lag.ms"]):
+        return []
+    try:
+        set_topic_config(admin, topic, wanted)
+    except (KafkaException, TimeoutError) as e:
+        raise RetryableError(f"the broker at {bootstrap} (--bootstrap-servers) did not set min.compaction.lag.ms on "
+                             f"topic {topic!r}: {failure(e)}", setting="bootstrap_servers") from None
+    return [f"topic {topic!r}: min.compaction.lag.ms set to {wanted['min.compaction.lag.ms']} (was "
+            f"{config.get('min.compaction.lag.ms', '0')}) so that compaction keeps the table's history"]
 
 
 def remove_table(metadata: MetadataStore, name: str) -> TableSpec:
@@ -142,4 +174,5 @@ def describe(spec: TableSpec) -> dict[str, Any]:
     """One table as ``freshroute table list`` shows it."""
     return {"name": spec.name, "topic": spec.topic, "partitions": spec.partitions, "origin": spec.origin,
             "key_format": spec.key_format, "value_format": spec.value_format,
-            "standby_replicas": spec.standby_replicas, "windowed": spec.window is not None}
+            "standby_replicas": spec.standby_replicas, "windowed": spec.window is not None,
+            "history_retention_ms": spec.history_retention_ms}

@@ -50,3 +50,23 @@ def topic_config(admin: Any, topic: str, timeout_s: float = 10.0) -> dict[str, s
     resource = ConfigResource(ResourceType.TOPIC, topic)
     entries = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout_s)
     return {name: entry.value for name, entry in entries.items() if entry.value is not None}
+
+
+def set_topic_config(admin: Any, topic: str, settings: dict[str, str], timeout_s: float = 10.0) -> None:
+    """Set ``settings`` on the topic, leaving its other settings as they are."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    entries = [ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET) for name, value in settings.items()]
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=entries)
+    admin.incremental_alter_configs([resource], request_timeout=timeout_s)[resource].result(timeout_s)
+
+
+# A versioned table's changelog keeps each record at least this much longer than the table's history retention, as
+# Kafka Streams does for its versioned stores: a restored replica then has the versions it must keep, except one
+# written more than a day before the version that replaced it (docs/tables.md, "Versioned tables").
+HISTORY_COMPACTION_SLACK_MS = 86_400_000
+
+
+def history_topic_config(history_retention_ms: int) -> dict[str, str]:
+    """The settings of a versioned table's changelog that keep its history from compaction."""
+    return {"min.compaction.lag.ms": str(history_retention_ms + HISTORY_COMPACTION_SLACK_MS)}

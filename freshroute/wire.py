@@ -68,14 +68,25 @@ class GroupResult(NamedTuple):
     message: str = ""
 
 
+class Version(NamedTuple):
+    """One version of a versioned table's key: its value (None: the key was absent) over ``[valid_from_ms,
+    valid_to_ms)``."""
+
+    valid_from_ms: int
+    valid_to_ms: int | None  # None: it is the latest
+    value: bytes | None
+
+
 class RangeResult(NamedTuple):
-    """A key range of one partition read from one replica: its rows (a windowed table's windows), or why none."""
+    """A key range of one partition read from one replica: its rows (a windowed table's windows; a key's versions,
+    newest first), or why none."""
 
     status: ReadStatus
     entries: list[tuple[bytes, bytes]]  # (changelog key, value), ascending
     replica: ReplicaStatus | None = None
     message: str = ""
     watermark_ms: int | None = None  # the partition's watermark as of the answer (windowed reads)
+    versions: tuple[Version, ...] = ()  # a versions read's (VersionFilter)
 
 
 class WindowFilter(NamedTuple):
@@ -84,6 +95,13 @@ class WindowFilter(NamedTuple):
     from_ms: int
     to_ms: int
     life_ms: int
+
+
+class VersionFilter(NamedTuple):
+    """A key's versions valid at some time in ``[from_ms, to_ms)``, newest first."""
+
+    from_ms: int
+    to_ms: int
 
 
 # ---- frames ------------------------------------------------------------------------------------------------
@@ -184,9 +202,13 @@ def group_read(read_id: int, table: str, partition: int, keys: list[bytes], boun
 
 
 def range_read(read_id: int, table: str, partition: int, start: bytes, end: bytes, limit: int,
-               window: WindowFilter | None, bound: Bound) -> store_pb2.RangeRead:
+               window: WindowFilter | VersionFilter | None, bound: Bound) -> store_pb2.RangeRead:
+    """A range of rows (``window``: of a windowed table's windows), or of a key's versions (a :class:`VersionFilter`:
+    ``start`` is the key)."""
     msg = store_pb2.RangeRead(id=read_id, table=table, partition=partition, start=start, end=end, limit=limit)
-    if window is not None:
+    if isinstance(window, VersionFilter):
+        msg.versions.from_ms, msg.versions.to_ms = window
+    elif window is not None:
         msg.window.from_ms, msg.window.to_ms, msg.window.life_ms = window
     if not bound.unbounded:
         msg.bound.CopyFrom(bound.to_store(partition))
@@ -196,8 +218,13 @@ def range_read(read_id: int, table: str, partition: int, start: bytes, end: byte
 def range_result(msg: store_pb2.RangeResult) -> RangeResult:
     status = _STATUSES.get(msg.status, ReadStatus.ERROR)
     replica = replica_status(msg.replica) if msg.HasField("replica") else None
+    watermark = msg.watermark_ms if msg.watermark_ms >= 0 else None
+    if status is ReadStatus.OK and msg.entries and msg.entries[0].HasField("valid_from_ms"):
+        versions = tuple(Version(e.valid_from_ms, e.valid_to_ms if e.HasField("valid_to_ms") else None,
+                                 None if e.deleted else e.value) for e in msg.entries)
+        return RangeResult(status, [], replica, msg.message, watermark, versions)
     entries = [(e.key, e.value) for e in msg.entries] if status is ReadStatus.OK else []
-    return RangeResult(status, entries, replica, msg.message, msg.watermark_ms if msg.watermark_ms >= 0 else None)
+    return RangeResult(status, entries, replica, msg.message, watermark)
 
 
 def group_result(msg: store_pb2.GroupResult) -> GroupResult:

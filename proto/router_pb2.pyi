@@ -8,20 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Bound(_message.Message):
-    __slots__ = ("max_lag", "max_staleness_ms", "min_position", "max_input_lag_ms", "after", "wait_ms")
+    __slots__ = ("max_lag", "max_staleness_ms", "min_position", "max_input_lag_ms", "after", "wait_ms", "as_of")
     MAX_LAG_FIELD_NUMBER: _ClassVar[int]
     MAX_STALENESS_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_POSITION_FIELD_NUMBER: _ClassVar[int]
     MAX_INPUT_LAG_MS_FIELD_NUMBER: _ClassVar[int]
     AFTER_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    AS_OF_FIELD_NUMBER: _ClassVar[int]
     max_lag: int
     max_staleness_ms: int
     min_position: str
     max_input_lag_ms: int
     after: str
     wait_ms: int
-    def __init__(self, max_lag: _Optional[int] = ..., max_staleness_ms: _Optional[int] = ..., min_position: _Optional[str] = ..., max_input_lag_ms: _Optional[int] = ..., after: _Optional[str] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    as_of: int
+    def __init__(self, max_lag: _Optional[int] = ..., max_staleness_ms: _Optional[int] = ..., min_position: _Optional[str] = ..., max_input_lag_ms: _Optional[int] = ..., after: _Optional[str] = ..., wait_ms: _Optional[int] = ..., as_of: _Optional[int] = ...) -> None: ...
 
 class Lag(_message.Message):
     __slots__ = ("offsets", "ms")
@@ -60,7 +62,7 @@ class GetRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., bound: _Optional[_Union[Bound, _Mapping]] = ..., typed_values: _Optional[bool] = ...) -> None: ...
 
 class GetResponse(_message.Message):
-    __slots__ = ("table", "key", "value_json", "partition", "served_by", "lag", "position", "found", "error", "value", "input_lag", "value_bytes")
+    __slots__ = ("table", "key", "value_json", "partition", "served_by", "lag", "position", "found", "error", "value", "input_lag", "value_bytes", "valid_from", "valid_to", "final")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +75,9 @@ class GetResponse(_message.Message):
     VALUE_FIELD_NUMBER: _ClassVar[int]
     INPUT_LAG_FIELD_NUMBER: _ClassVar[int]
     VALUE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VALID_FROM_FIELD_NUMBER: _ClassVar[int]
+    VALID_TO_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
     table: str
     key: str
     value_json: str
@@ -85,7 +90,10 @@ class GetResponse(_message.Message):
     value: _struct_pb2.Struct
     input_lag: InputLag
     value_bytes: bytes
-    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., found: _Optional[bool] = ..., error: _Optional[_Union[KeyError, _Mapping]] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., value_bytes: _Optional[bytes] = ...) -> None: ...
+    valid_from: int
+    valid_to: int
+    final: bool
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., found: _Optional[bool] = ..., error: _Optional[_Union[KeyError, _Mapping]] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., value_bytes: _Optional[bytes] = ..., valid_from: _Optional[int] = ..., valid_to: _Optional[int] = ..., final: _Optional[bool] = ...) -> None: ...
 
 class KeyError(_message.Message):
     __slots__ = ("code", "message", "status", "body_json")
@@ -229,6 +237,66 @@ class WindowsResponse(_message.Message):
     input_lag: InputLag
     def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., watermark_ms: _Optional[int] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ...) -> None: ...
 
+class VersionsRequest(_message.Message):
+    __slots__ = ("table", "key", "from_ms", "to_ms", "limit", "page_token", "bound", "typed_values")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    FROM_MS_FIELD_NUMBER: _ClassVar[int]
+    TO_MS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    TYPED_VALUES_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    key: str
+    from_ms: int
+    to_ms: int
+    limit: int
+    page_token: str
+    bound: Bound
+    typed_values: bool
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ..., bound: _Optional[_Union[Bound, _Mapping]] = ..., typed_values: _Optional[bool] = ...) -> None: ...
+
+class Version(_message.Message):
+    __slots__ = ("value_json", "value_bytes", "valid_from", "valid_to", "deleted", "value")
+    VALUE_JSON_FIELD_NUMBER: _ClassVar[int]
+    VALUE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VALID_FROM_FIELD_NUMBER: _ClassVar[int]
+    VALID_TO_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    value_json: str
+    value_bytes: bytes
+    valid_from: int
+    valid_to: int
+    deleted: bool
+    value: _struct_pb2.Struct
+    def __init__(self, value_json: _Optional[str] = ..., value_bytes: _Optional[bytes] = ..., valid_from: _Optional[int] = ..., valid_to: _Optional[int] = ..., deleted: _Optional[bool] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class VersionsResponse(_message.Message):
+    __slots__ = ("table", "key", "versions", "next_page_token", "complete_to", "partition", "served_by", "lag", "position", "input_lag")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_TO_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    SERVED_BY_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_LAG_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    key: str
+    versions: _containers.RepeatedCompositeFieldContainer[Version]
+    next_page_token: str
+    complete_to: int
+    partition: int
+    served_by: ServedBy
+    lag: Lag
+    position: str
+    input_lag: InputLag
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., versions: _Optional[_Iterable[_Union[Version, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., complete_to: _Optional[int] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ...) -> None: ...
+
 class ScanWindowsRequest(_message.Message):
     __slots__ = ("table", "from_ms", "to_ms", "limit", "page_token", "bound", "typed_values")
     TABLE_FIELD_NUMBER: _ClassVar[int]
@@ -308,7 +376,7 @@ class ListTablesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TableInfo(_message.Message):
-    __slots__ = ("name", "topic", "partitions", "standby_replicas", "key_column", "schema", "window", "input_lag", "pipeline", "key_format", "value_format", "origin", "pipeline_mode")
+    __slots__ = ("name", "topic", "partitions", "standby_replicas", "key_column", "schema", "window", "input_lag", "pipeline", "key_format", "value_format", "origin", "pipeline_mode", "history_retention_ms")
     class SchemaEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -329,6 +397,7 @@ class TableInfo(_message.Message):
     VALUE_FORMAT_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_MODE_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
     name: str
     topic: str
     partitions: int
@@ -342,7 +411,8 @@ class TableInfo(_message.Message):
     value_format: str
     origin: str
     pipeline_mode: str
-    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., partitions: _Optional[int] = ..., standby_replicas: _Optional[int] = ..., key_column: _Optional[str] = ..., schema: _Optional[_Mapping[str, str]] = ..., window: _Optional[_Union[TableWindow, _Mapping]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., pipeline: _Optional[_Union[Pipeline, _Mapping]] = ..., key_format: _Optional[str] = ..., value_format: _Optional[str] = ..., origin: _Optional[str] = ..., pipeline_mode: _Optional[str] = ...) -> None: ...
+    history_retention_ms: int
+    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., partitions: _Optional[int] = ..., standby_replicas: _Optional[int] = ..., key_column: _Optional[str] = ..., schema: _Optional[_Mapping[str, str]] = ..., window: _Optional[_Union[TableWindow, _Mapping]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., pipeline: _Optional[_Union[Pipeline, _Mapping]] = ..., key_format: _Optional[str] = ..., value_format: _Optional[str] = ..., origin: _Optional[str] = ..., pipeline_mode: _Optional[str] = ..., history_retention_ms: _Optional[int] = ...) -> None: ...
 
 class Pipeline(_message.Message):
     __slots__ = ("alive", "last_progress_ms")

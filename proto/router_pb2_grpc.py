@@ -54,6 +54,11 @@ class RouterStub:
                 request_serializer=proto_dot_router__pb2.WindowsRequest.SerializeToString,
                 response_deserializer=proto_dot_router__pb2.WindowsResponse.FromString,
                 _registered_method=True)
+        self.GetVersions = channel.unary_unary(
+                '/freshroute.v1.Router/GetVersions',
+                request_serializer=proto_dot_router__pb2.VersionsRequest.SerializeToString,
+                response_deserializer=proto_dot_router__pb2.VersionsResponse.FromString,
+                _registered_method=True)
         self.ScanWindows = channel.unary_stream(
                 '/freshroute.v1.Router/ScanWindows',
                 request_serializer=proto_dot_router__pb2.ScanWindowsRequest.SerializeToString,
@@ -98,6 +103,12 @@ class RouterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetWindows(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetVersions(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -149,6 +160,11 @@ def add_RouterServicer_to_server(servicer, server):
                     servicer.GetWindows,
                     request_deserializer=proto_dot_router__pb2.WindowsRequest.FromString,
                     response_serializer=proto_dot_router__pb2.WindowsResponse.SerializeToString,
+            ),
+            'GetVersions': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetVersions,
+                    request_deserializer=proto_dot_router__pb2.VersionsRequest.FromString,
+                    response_serializer=proto_dot_router__pb2.VersionsResponse.SerializeToString,
             ),
             'ScanWindows': grpc.unary_stream_rpc_method_handler(
                     servicer.ScanWindows,
@@ -279,6 +295,33 @@ class Router:
             '/freshroute.v1.Router/GetWindows',
             proto_dot_router__pb2.WindowsRequest.SerializeToString,
             proto_dot_router__pb2.WindowsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetVersions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/freshroute.v1.Router/GetVersions',
+            proto_dot_router__pb2.VersionsRequest.SerializeToString,
+            proto_dot_router__pb2.VersionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

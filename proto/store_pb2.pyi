@@ -152,7 +152,7 @@ class WindowFilter(_message.Message):
     def __init__(self, from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., life_ms: _Optional[int] = ...) -> None: ...
 
 class RangeRead(_message.Message):
-    __slots__ = ("id", "table", "partition", "start", "end", "limit", "bound", "window")
+    __slots__ = ("id", "table", "partition", "start", "end", "limit", "bound", "window", "versions")
     ID_FIELD_NUMBER: _ClassVar[int]
     TABLE_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +161,7 @@ class RangeRead(_message.Message):
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     BOUND_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
     id: int
     table: str
     partition: int
@@ -169,15 +170,30 @@ class RangeRead(_message.Message):
     limit: int
     bound: ReadBound
     window: WindowFilter
-    def __init__(self, id: _Optional[int] = ..., table: _Optional[str] = ..., partition: _Optional[int] = ..., start: _Optional[bytes] = ..., end: _Optional[bytes] = ..., limit: _Optional[int] = ..., bound: _Optional[_Union[ReadBound, _Mapping]] = ..., window: _Optional[_Union[WindowFilter, _Mapping]] = ...) -> None: ...
+    versions: VersionFilter
+    def __init__(self, id: _Optional[int] = ..., table: _Optional[str] = ..., partition: _Optional[int] = ..., start: _Optional[bytes] = ..., end: _Optional[bytes] = ..., limit: _Optional[int] = ..., bound: _Optional[_Union[ReadBound, _Mapping]] = ..., window: _Optional[_Union[WindowFilter, _Mapping]] = ..., versions: _Optional[_Union[VersionFilter, _Mapping]] = ...) -> None: ...
+
+class VersionFilter(_message.Message):
+    __slots__ = ("from_ms", "to_ms")
+    FROM_MS_FIELD_NUMBER: _ClassVar[int]
+    TO_MS_FIELD_NUMBER: _ClassVar[int]
+    from_ms: int
+    to_ms: int
+    def __init__(self, from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ...) -> None: ...
 
 class ScanEntry(_message.Message):
-    __slots__ = ("key", "value")
+    __slots__ = ("key", "value", "valid_from_ms", "valid_to_ms", "deleted")
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    VALID_FROM_MS_FIELD_NUMBER: _ClassVar[int]
+    VALID_TO_MS_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
     key: bytes
     value: bytes
-    def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ...) -> None: ...
+    valid_from_ms: int
+    valid_to_ms: int
+    deleted: bool
+    def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., valid_from_ms: _Optional[int] = ..., valid_to_ms: _Optional[int] = ..., deleted: _Optional[bool] = ...) -> None: ...
 
 class RangeResult(_message.Message):
     __slots__ = ("id", "status", "entries", "replica", "message", "watermark_ms")

@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from freshroute.errors import ConfigError, FreshrouteError
 from freshroute.freshness import NO_BOUND, Bound, rank_lag
 from freshroute.metadata import TableSpec
+from freshroute.routing.history import Versions, parse_time
 from freshroute.routing.results import (ClusterView, LookupResult, ReplicaInfo, WindowsResult, key_not_found,
                                         pipeline_doc)
 from freshroute.tls import ServerTLS
@@ -214,6 +215,8 @@ def parse_request_bound(router: Router, request: Any) -> Bound:
 
 async def answer_get(router: Router, request: router_pb2.GetRequest) -> router_pb2.GetResponse:
     """``Router.Get``, whichever server carries it; errors are raised, for the caller to translate."""
+    if request.bound.HasField("as_of"):
+        return await _answer_as_of(router, request)
     result = await router.get(request.table, request.key, parse_request_bound(router, request))
     if not result.found:
         raise key_not_found(result, router.input_lag(request.table))
@@ -222,6 +225,41 @@ async def answer_get(router: Router, request: router_pb2.GetRequest) -> router_p
     if lag is not None:
         response.input_lag.CopyFrom(lag)
     return response
+
+
+async def _answer_as_of(router: Router, request: router_pb2.GetRequest) -> router_pb2.GetResponse:
+    """A Get with ``Bound.as_of``: the version valid then (a versioned table's)."""
+    as_of = router.parsed(parse_time, "as_of", request.bound.as_of)
+    answer = await router.history.as_of(request.table, request.key, as_of, parse_request_bound(router, request))
+    version = answer.version
+    if version is None or version.value is None:
+        raise answer.not_found(router.input_lag(request.table))
+    response = _get_response(answer.lookup._replace(found=True, value=version.value), request.typed_values,
+                             router.value_format(request.table))
+    response.valid_from = version.valid_from_ms
+    if version.valid_to_ms is not None:
+        response.valid_to = version.valid_to_ms
+    response.final = answer.final
+    lag = _input_lag(router, request.table)
+    if lag is not None:
+        response.input_lag.CopyFrom(lag)
+    return response
+
+
+def _versions_response(page: Versions, typed: bool, value_format: str,
+                       input_lag: router_pb2.InputLag | None) -> router_pb2.VersionsResponse:
+    r = page.lookup
+    versions = [router_pb2.Version(
+        value_json=_value_json(value_format, v.value) if v.value is not None else "",
+        value_bytes=v.value if value_format == "bytes" and v.value is not None else b"",
+        valid_from=v.valid_from_ms, valid_to=v.valid_to_ms, deleted=v.value is None,
+        value=_typed(v.value) if typed and v.value is not None and value_format == "json" else None)
+        for v in page.versions]
+    return router_pb2.VersionsResponse(
+        table=r.table, key=r.key, versions=versions,
+        next_page_token="" if page.next_to_ms is None else str(page.next_to_ms), complete_to=page.complete_ms,
+        partition=r.partition, served_by=router_pb2.ServedBy(node=r.node, role=r.role),
+        lag=router_pb2.Lag(offsets=r.lag_offsets, ms=r.lag_ms), position=r.position, input_lag=input_lag)
 
 
 def cluster_response(view: ClusterView) -> router_pb2.ClusterResponse:
@@ -310,6 +348,17 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         return _windows_response(result, request.typed_values, _input_lag(self._router, request.table))
 
     @answers_errors
+    async def GetVersions(self, request: router_pb2.VersionsRequest,
+                          context: grpc.aio.ServicerContext) -> router_pb2.VersionsResponse:
+        await self._table(context, request.table)
+        page = await self._router.history.versions(
+            request.table, request.key, request.from_ms if request.HasField("from_ms") else None,
+            request.to_ms if request.HasField("to_ms") else None, request.limit or None, request.page_token or None,
+            self._parse_bound(request))
+        return _versions_response(page, request.typed_values, self._router.value_format(request.table),
+                                  _input_lag(self._router, request.table))
+
+    @answers_errors
     async def ScanWindows(self, request: router_pb2.ScanWindowsRequest,
                           context: grpc.aio.ServicerContext) -> AsyncIterator[router_pb2.WindowItem]:
         await self._table(context, request.table)
@@ -344,7 +393,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                                  input_lag=router_pb2.InputLag(records=t.input_lag[0], ms=t.input_lag[1]),
                                  pipeline=router_pb2.Pipeline(**pipeline_doc(t.pipeline)),
                                  key_format=t.spec.key_format, value_format=t.spec.value_format,
-                                 origin=t.spec.origin, pipeline_mode=t.spec.pipeline_mode or "")
+                                 origin=t.spec.origin, pipeline_mode=t.spec.pipeline_mode or "",
+                                 history_retention_ms=t.spec.history_retention_ms)
             for t in self._router.views.list_tables() if principal is None or principal.may_read(t.spec.name)])
 
     @answers_errors

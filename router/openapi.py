@@ -58,6 +58,11 @@ class KeyValue(BaseModel):
     lag: Lag
     position: str = Field(description="pass back as min_position for monotonic reads")
     input_lag: InputLag = Field(description=_INPUT_LAG_HELP)
+    as_of: int | None = Field(None, description="a versioned table's lookup `as_of`: the time asked for, ms")
+    valid_from: int | None = Field(None, description="as_of: when the value answered became the key's, ms")
+    valid_to: int | None = Field(None, description="as_of: when it stopped being the key's, ms; null: it still is")
+    final: bool | None = Field(None, description="as_of: true when no change can reach the answer any more (the "
+                                                 "replica had every change up to as_of + the table's grace)")
 
 
 class ErrorDetail(BaseModel, extra="allow"):
@@ -141,6 +146,48 @@ class WindowsResponse(BaseModel):
     input_lag: InputLag = Field(description=_INPUT_LAG_HELP)
 
 
+class Version(BaseModel):
+    value: Any = Field(None, description="the key's value over [valid_from, valid_to); null for a deleted version")
+    value_b64: str | None = Field(None, description="a table of bytes values: the value, base64")
+    valid_from: int = Field(description="when this version became the key's, ms since the epoch")
+    valid_to: int | None = Field(description="when the next one did, ms; null: it is the latest")
+    deleted: bool = Field(description="the key was absent over this interval (a delete)")
+
+
+class VersionsResponse(BaseModel):
+    table: str
+    key: str
+    from_: int = Field(alias="from", description="versions valid at some time in [from, to), ms (from: at least the "
+                                                 "oldest time the table's history keeps)")
+    to: int
+    versions: list[Version] = Field(description="newest first")
+    next_page_token: str | None = Field(description="pass as page_token for older versions; null: no more")
+    complete_to: int = Field(description="the serving replica had every version up to this time, ms")
+    partition: int
+    served_by: ServedBy
+    lag: Lag
+    position: str = Field(description="pass back as min_position for monotonic reads")
+    input_lag: InputLag = Field(description=_INPUT_LAG_HELP)
+
+
+def as_of_parameter() -> dict[str, Any]:
+    return {"name": "as_of", "in": "query", "required": False, "schema": {"type": "string", "maxLength": 40},
+            "description": "a versioned table: the key's value at this time (ms since the epoch, or RFC 3339 with its "
+                           "offset); the answer says valid_from, valid_to and whether it is final"}
+
+
+def version_range_parameters(max_limit: int) -> list[dict[str, Any]]:
+    return [*({"name": n, "in": "query", "required": False, "schema": {"type": "string", "maxLength": 40},
+               "description": d + " (ms since the epoch, or RFC 3339 with its offset)"}
+              for n, d in (("from", "versions valid at or after this time (default: the oldest kept)"),
+                           ("to", "versions valid before this time (default: now and on)"))),
+            {"name": "page_token", "in": "query", "required": False, "schema": {"type": "string", "maxLength": 40},
+             "description": "next_page_token of the previous page: older versions"},
+            {"name": "limit", "in": "query", "required": False,
+             "schema": {"type": "integer", "minimum": 0, "maximum": max_limit},
+             "description": "page size (0 or absent: 100)"}]
+
+
 class WindowItem(Window):
     key: str
     partition: int
@@ -206,9 +253,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     **HTTP_REFUSALS,
     400: {"model": ErrorBody, "content": _PLAIN,
           "description": "malformed bound, token or argument (INVALID_ARGUMENT); a key lookup of a windowed table "
-                         "(WINDOWED_TABLE) or a windows lookup of a plain one (NOT_WINDOWED_TABLE); in plain text, "
-                         + _UNREADABLE},
-    404: {"model": ErrorBody, "description": "TABLE_NOT_FOUND or KEY_NOT_FOUND (the latter with partition, served_by, lag)"},
+                         "(WINDOWED_TABLE) or a windows lookup of a plain one (NOT_WINDOWED_TABLE); as_of or versions "
+                         "of a table that keeps no history (TABLE_NOT_VERSIONED); in plain text, " + _UNREADABLE},
+    404: {"model": ErrorBody, "description": "TABLE_NOT_FOUND or KEY_NOT_FOUND (the latter with partition, served_by, "
+                                             "lag); VERSION_NOT_RETAINED: as_of before the oldest time a versioned "
+                                             "table keeps (oldest_retained, ms)"},
     409: {"model": ErrorBody, "description": "WRITE_REJECTED: an event `after` names was rejected by the pipeline as "
                                              "bad input (the reason in the message); it will never be in the table"},
     503: {"model": ErrorBody, "description": "NO_REPLICA_WITHIN_BOUND (with the freshest lag available), "

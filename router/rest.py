@@ -29,8 +29,8 @@ from router.console import HEADERS as CONSOLE_HEADERS, assets as console_assets
 from router.console.views import GRID_DEFAULT_LIMIT, GRID_MAX_LIMIT, ClusterViews
 from router.http_errors import as_freshroute_error, error_headers, error_response
 from router.openapi import (ERROR_RESPONSES, HTTP_REFUSALS, BatchGetRequest, BatchGetResponse, ErrorBody, KeyValue,
-                            ScanResponse, WindowScanResponse, WindowsResponse, bound_parameters, page_parameters,
-                            window_range_parameters)
+                            ScanResponse, VersionsResponse, WindowScanResponse, WindowsResponse, as_of_parameter,
+                            bound_parameters, page_parameters, version_range_parameters, window_range_parameters)
 from router.rate_limit import SharedRates
 from router.rest_routes import KeyHandlers, admit, query_of, route_of
 from router.routing import Router
@@ -127,8 +127,15 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, guard:
 
     @app.get("/v1/tables/{table}/keys/{key}", tags=["lookups"], summary="Look up one key",
              responses={200: {"model": KeyValue}, **ERROR_RESPONSES},
-             openapi_extra={"parameters": bound_parameters()})
+             openapi_extra={"parameters": [as_of_parameter(), *bound_parameters()]})
     async def get_key(table: str, key: str, request: Request) -> Response:
+        return await key_route(request)
+
+    @app.get("/v1/tables/{table}/keys/{key}/versions", tags=["lookups"],
+             summary="A versioned table's key: its versions valid in [from, to), newest first, paged",
+             responses={200: {"model": VersionsResponse}, **ERROR_RESPONSES},
+             openapi_extra={"parameters": [*version_range_parameters(settings.scan_max_limit), *bound_parameters()]})
+    async def key_versions(table: str, key: str, request: Request) -> Response:
         return await key_route(request)
 
     @app.get("/v1/tables/{table}/keys/{key}/metadata", tags=["lookups"],

@@ -18,7 +18,8 @@ from urllib.parse import parse_qsl, unquote_to_bytes
 import orjson
 
 from freshroute.errors import InvalidArgument, foreign
-from freshroute.freshness import NO_BOUND, parse_millis, parse_query_bound
+from freshroute.freshness import NO_BOUND, Bound, parse_limit, parse_millis, parse_query_bound
+from freshroute.routing.history import parse_time
 from freshroute.routing.results import key_not_found
 from router.auth import Guard, Principal
 from router.http_errors import error_headers, error_response
@@ -26,8 +27,8 @@ from router.routing import Router
 
 # What a route needs: nothing, any principal, read access to its table, or the cluster view.
 OPEN, PRINCIPAL, TABLE, CLUSTER = "open", "principal", "table", "cluster"
-# The key routes: /v1/tables/{table}/keys/{key}[/metadata|/windows]
-LOOKUP, METADATA, WINDOWS = b"", b"metadata", b"windows"
+# The key routes: /v1/tables/{table}/keys/{key}[/metadata|/windows|/versions]
+LOOKUP, METADATA, WINDOWS, VERSIONS = b"", b"metadata", b"windows", b"versions"
 
 _PREFIX = b"/v1/tables/"
 # Open to anyone: a load balancer's health checks carry no token, and the console's files hold no data (the page
@@ -43,7 +44,7 @@ class Route(NamedTuple):
     need: str
     table: bytes = b""
     key: bytes | None = None  # set for the key routes only
-    op: bytes = LOOKUP  # of a key route: LOOKUP, METADATA or WINDOWS
+    op: bytes = LOOKUP  # of a key route: LOOKUP, METADATA, WINDOWS or VERSIONS
 
 
 def key_route(raw_path: bytes) -> Route | None:
@@ -56,8 +57,8 @@ def key_route(raw_path: bytes) -> Route | None:
     if len(parts) == 4 and parts[1] == b"keys" and parts[0] and parts[2]:
         if parts[3] == METADATA:
             return Route(CLUSTER, parts[0], parts[2], METADATA)
-        if parts[3] == WINDOWS:
-            return Route(TABLE, parts[0], parts[2], WINDOWS)
+        if parts[3] == WINDOWS or parts[3] == VERSIONS:
+            return Route(TABLE, parts[0], parts[2], parts[3])
     return None
 
 
@@ -136,6 +137,8 @@ class KeyHandlers:
                 body = self.router.views.key_metadata(table, key).to_dict()
             elif route.op == WINDOWS:
                 body = await self._windows(table, key, query_of(query))
+            elif route.op == VERSIONS:
+                body = await self._versions(table, key, query_of(query))
             else:
                 body = await self._lookup(table, key, query)
             return 200, orjson.dumps(body)
@@ -143,11 +146,28 @@ class KeyHandlers:
             return error_response(e)
 
     async def _lookup(self, table: str, key: str, query: bytes) -> dict:
-        bound = self.router.parsed(parse_query_bound, query_of(query)) if query else NO_BOUND
+        q = query_of(query) if query else {}
+        bound = self.router.parsed(parse_query_bound, q) if query else NO_BOUND
+        if "as_of" in q:
+            return await self._as_of(table, key, self.router.parsed(parse_time, "as_of", q["as_of"]), bound)
         result = await self.router.get(table, key, bound)
         if not result.found:
             raise key_not_found(result, self.router.input_lag(table))
         return result.to_dict(self.router.input_lag(table), self.router.value_format(table))
+
+    async def _as_of(self, table: str, key: str, as_of_ms: int, bound: Bound) -> dict:
+        answer = await self.router.history.as_of(table, key, as_of_ms, bound)
+        if answer.version is None or answer.version.value is None:
+            raise answer.not_found(self.router.input_lag(table))
+        return answer.to_dict(self.router.input_lag(table), self.router.value_format(table))
+
+    async def _versions(self, table: str, key: str, q: dict[str, str]) -> dict:
+        parsed = self.router.parsed
+        from_ms = parsed(parse_time, "from", q["from"]) if q.get("from") else None
+        to_ms = parsed(parse_time, "to", q["to"]) if q.get("to") else None
+        page = await self.router.history.versions(table, key, from_ms, to_ms, parsed(parse_limit, "limit", q.get("limit")),
+                                                  q.get("page_token") or None, parsed(parse_query_bound, q))
+        return page.to_dict(self.router.input_lag(table), self.router.value_format(table))
 
     async def _windows(self, table: str, key: str, q: dict[str, str]) -> dict:
         parsed = self.router.parsed

@@ -80,7 +80,7 @@ class Router(RoutingCore):
 
     def _replica_gauges(self) -> list[ReplicaGauge]:
         snap = self.metadata.current
-        now = self._clock_ms()
+        now = self.clock_ms()
         out = []
         for replicas in snap.replicas.values():
             for r in replicas:
@@ -92,4 +92,4 @@ class Router(RoutingCore):
 
     def _metadata_age_s(self) -> float:
         snap = self.metadata.current
-        return max(0, self._clock_ms() - snap.built_ms) / 1000 if snap.loaded else float("nan")
+        return max(0, self.clock_ms() - snap.built_ms) / 1000 if snap.loaded else float("nan")

@@ -125,6 +125,8 @@ class Applier:
             return 0
         if batch[0].offset() < floor:
             batch = [m for m in batch if m.offset() >= floor]  # a re-delivery after a re-assign
+        if rep.spec.versioned:
+            return self._apply_versioned(rep, batch, last)
         if rep.restoring:
             if staged is None:
                 staged = rep.staged = Staged()
@@ -168,12 +170,41 @@ class Applier:
         self._end_offsets.refresh(rep)
         return count
 
+    def _apply_versioned(self, rep: Replica, batch: list, last: int) -> int:
+        """A versioned table's records, each a version of its key at its time (:mod:`store_node.history`), written
+        with the checkpoint: checked one by one, never staged (a restore keeps every version, not the latest)."""
+        valid, times = [], []
+        skipped = 0
+        key_format, value_format = rep.spec.key_format, rep.spec.value_format
+        for m in batch:
+            key = m.key()
+            value = m.value()
+            if key is None:
+                problem = "null key"
+            elif (problem := key_problem(key_format, key)) is None and (
+                    value is None or (problem := value_problem(value_format, value)) is None):
+                valid.append((key, value, m.headers()))
+                times.append(m.timestamp()[1])
+                continue
+            skipped += 1
+            self._poison(rep, m.offset(), problem, rep.counters.records_skipped + skipped)
+        positions: dict = {}
+        taken: list[int] = []
+        self._newer(rep, valid, {}, positions, taken)
+        versions = [(valid[i][0], times[i], valid[i][1]) for i in taken]
+        rep.commit_versions(versions, last + 1, len(versions), skipped, positions.items())
+        self._end_offsets.refresh(rep)
+        return len(versions)
+
     @staticmethod
-    def _newer(rep: Replica, valid: list, rows: dict, positions: dict) -> int:
+    def _newer(rep: Replica, valid: list, rows: dict, positions: dict, taken: list[int] | None = None) -> int:
         """Take the valid records (key, value, headers) into ``rows`` and their input positions into ``positions``, in
         order, except a row whose input position does not cover the one held for its key (a replayed Real-time
-        query's older row, :mod:`freshroute.input_position`); returns how many were taken."""
+        query's older row, :mod:`freshroute.input_position`); returns how many were taken (and their indexes in
+        ``taken``, if given)."""
         if not any(headers for _, _, headers in valid):
+            if taken is not None:
+                taken.extend(range(len(valid)))
             rows.update((key, value) for key, value, _ in valid)
             # A delete forgets its key's position (windows expire so); an upsert leaves it, as rewriting it costs a
             # write per record of every table whose pipeline writes none.
@@ -183,8 +214,8 @@ class Applier:
         unknown = list({key for key, _, headers in valid if headers and key not in positions})
         held = dict(zip(unknown, rep.store.positions_of(unknown))) if unknown and rep.store is not None else {}
         held.update(positions)
-        taken = 0
-        for key, value, headers in valid:
+        count = 0
+        for i, (key, value, headers) in enumerate(valid):
             raw = input_position.of_record(headers)
             new = input_position.decode(raw)
             if new is None:
@@ -192,16 +223,17 @@ class Applier:
                 rows[key] = value
                 if value is None:
                     positions[key] = held[key] = None
-                taken += 1
-                continue
-            before = input_position.decode(held.get(key))
-            if before is not None and raw != held.get(key) and not input_position.covers(new, before):
-                rep.counters.records_superseded += 1
-                continue
-            rows[key] = value
-            positions[key] = held[key] = raw
-            taken += 1
-        return taken
+            else:
+                before = input_position.decode(held.get(key))
+                if before is not None and raw != held.get(key) and not input_position.covers(new, before):
+                    rep.counters.records_superseded += 1
+                    continue
+                rows[key] = value
+                positions[key] = held[key] = raw
+            count += 1
+            if taken is not None:
+                taken.append(i)
+        return count
 
     def _staged_due(self, rep: Replica, staged: Staged, mono: float | None = None) -> bool:
         """Write a restoring replica's staged changes now? When they are many, old, or reach the end.

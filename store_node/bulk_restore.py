@@ -70,9 +70,10 @@ class BulkRestores:
         return bool(self._restores)
 
     def takes(self, rep: Replica) -> bool:
-        """Whether ``rep`` restores in bulk: its store is empty and loading in bulk, and no rate limit applies."""
+        """Whether ``rep`` restores in bulk: its store is empty and loading in bulk, no rate limit applies, and it keeps
+        no history (the reader writes each key's latest row only)."""
         s = self._settings
-        return (s.bulk_restore and not s.apply_rate_limit and self._reader_factory is not None
+        return (s.bulk_restore and not rep.spec.versioned and not s.apply_rate_limit and self._reader_factory is not None
                 and rep.store is not None and rep.store.bulk_load and rep.lag.applied == 0 and rep.failure is None)
 
     def start(self, reps: list[Replica]) -> list[Replica]:

@@ -177,6 +177,7 @@ class ChangelogTailer:
                 self.replicas.reset(rep, f"its store failed a read ({rep.corrupt_reason})")
             elif rep.check_restored(now):
                 self._log_restored(rep)
+            rep.expire_history(now)
         self.end_offsets.check_topic_ids()
         if mono - self._progress_at >= self._settings.restore_log_interval_ms / 1000:
             self._log_progress(mono)

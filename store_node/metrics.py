@@ -50,6 +50,9 @@ class ReplicaCollector(Collector):
         unpositioned = CounterMetricFamily("freshroute_replica_records_unpositioned",
                                            "records applied without an input position (a micro-batch pipeline's, "
                                            "a topic served as it is, or written by hand)", labels=_LABELS)
+        expired = CounterMetricFamily("freshroute_replica_versions_expired",
+                                      "a versioned table's versions deleted for having been replaced longer than its "
+                                      "history retention", labels=_LABELS)
         undecodable = CounterMetricFamily("freshroute_store_undecodable_records",
                                           "records of a table this node skipped since its replicas opened: a null "
                                           "key, or a key or value that does not decode in the table's formats",
@@ -74,11 +77,13 @@ class ReplicaCollector(Collector):
             poison.add_metric(labels, rep.counters.records_skipped)
             superseded.add_metric(labels, rep.counters.records_superseded)
             unpositioned.add_metric(labels, rep.counters.records_unpositioned)
+            if rep.spec.versioned:
+                expired.add_metric(labels, rep.counters.versions_expired)
             by_table[rep.table] = by_table.get(rep.table, 0) + rep.counters.records_skipped
             restores.add_metric(labels, rep.counters.restores)
         for role, n in roles.items():
             hosted.add_metric([self._node_id, role], n)
         for table, n in sorted(by_table.items()):
             undecodable.add_metric([table], n)
-        yield from (lag, staleness, applied, end, restoring, records, poison, superseded, unpositioned, undecodable, restores,
-                    hosted)
+        yield from (lag, staleness, applied, end, restoring, records, poison, superseded, unpositioned, expired,
+                    undecodable, restores, hosted)

@@ -226,7 +226,10 @@ def _group(store: Any, read: store_pb2.GroupRead, out: store_pb2.GroupResult) ->
 
 
 def _range(store: Any, read: store_pb2.RangeRead, out: store_pb2.RangeResult) -> None:
-    """A key range: a windowed table's windows with the partition's watermark, or plain rows."""
+    """A key range: a windowed table's windows with the partition's watermark, a key's versions, or plain rows."""
+    if read.HasField("versions"):
+        _versions(store, read, out)
+        return
     keep = None
     if read.HasField("window"):
         # Read before the rows: the rows can only be as new as the watermark, or newer.
@@ -239,6 +242,16 @@ def _range(store: Any, read: store_pb2.RangeRead, out: store_pb2.RangeResult) ->
     add = out.entries.add
     for k, v in rows:
         add(key=k, value=v)
+
+
+def _versions(store: Any, read: store_pb2.RangeRead, out: store_pb2.RangeResult) -> None:
+    """A versioned table's versions of the key ``read.start`` (newest first)."""
+    out.status = _OK
+    add = out.entries.add
+    for valid_from, valid_to, value in store.history.versions(read.start, read.versions.from_ms, read.versions.to_ms,
+                                                     read.limit):
+        add(key=read.start, value=value or b"", valid_from_ms=valid_from, valid_to_ms=valid_to,
+            deleted=value is None)
 
 
 class HostedReplicas(Protocol):

@@ -33,9 +33,11 @@ from freshroute.errors import StoreCorrupt
 from freshroute.formats import value_problem
 from freshroute.freshness import ReplicaLag, lag_offsets
 from freshroute.metadata import ReplicaReport, ReplicaState, Role, TableSpec
+from store_node.history import Write
 from store_node.replica_store import DiskFull, ReplicaStore, StoreMemory
 
 Clock = Callable[[], int]  # milliseconds since the epoch
+EXPIRE_AT_ONCE = 2_000  # versions deleted in one write: a write holds the interpreter, and every read with it
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +170,7 @@ class ReplicaCounters:
     records_unpositioned: int = 0  # records without an input position (a micro-batch pipeline's, or by hand)
     restores: int = 0  # wipes followed by a restore from the changelog's start
     resumed_from: int = 0  # the applied offset read from disk when the replica was opened
+    versions_expired: int = 0  # a versioned table's versions deleted for their age
 
 
 @dataclass(slots=True)
@@ -223,6 +226,7 @@ class Replica:
         # record checked as it is read up to check_until; reread asks the tailer to fetch it.
         self.check_until = 0
         self.reread = False
+        self._expire_at_ms = 0
 
     @property
     def state(self) -> ReplicaState:
@@ -292,19 +296,46 @@ class Replica:
         self.commit(changes, next_offset, len(changes), skipped)
 
     def commit(self, rows: Iterable[tuple[bytes, bytes | None]], next_offset: int, applied: int, skipped: int,
-               positions: Iterable[tuple[bytes, bytes | None]] = ()) -> None:
-        """Write ``rows`` (standing for ``applied`` records) and their keys' input ``positions`` with the checkpoint
-        ``next_offset``, then publish the position."""
+               positions: Iterable[tuple[bytes, bytes | None]] = (), history_rows: list[Write] = ()) -> None:
+        """Write ``rows`` (standing for ``applied`` records), their keys' input ``positions`` and a versioned table's
+        ``history_rows`` with the checkpoint ``next_offset``, then publish the position."""
         store = self._open_store()
         caught_up_at = self.lag.caught_up_at_after(next_offset)
         self.writes += 1  # odd until the position is published: a read meanwhile may see rows newer than it
         try:
-            store.apply(rows, next_offset, caught_up_at or None, positions)
+            store.apply(rows, next_offset, caught_up_at or None, positions, history_rows)
             self._publish(next_offset, applied, skipped)
         except DiskFull as e:
             self.mark_failed(e.message)
         finally:
             self.writes += 1
+
+    def commit_versions(self, versions: list[tuple[bytes, int, bytes | None]], next_offset: int, applied: int,
+                        skipped: int, positions: Iterable[tuple[bytes, bytes | None]] = ()) -> None:
+        """A versioned table's :meth:`commit`: records' (key, time, value) into its history and latest rows."""
+        rows, writes = self._open_store().history.changes(versions)
+        self.commit(rows, next_offset, applied, skipped, positions, writes)
+
+    def expire_history(self, now_ms: int) -> None:
+        """Delete the versions of a versioned table that have been replaced for its history retention, a bounded
+        number at a time, about once a second."""
+        store = self.store
+        if store is None or not self.spec.versioned or now_ms < self._expire_at_ms:
+            return
+        try:
+            writes = store.history.expiring(now_ms - self.spec.history_retention_ms, EXPIRE_AT_ONCE)
+            if writes:
+                store.apply([], store.applied_offset, history_rows=writes)
+        except DiskFull as e:
+            self.mark_failed(e.message)
+            return
+        except StoreCorrupt as e:
+            self.mark_corrupt(e.message)
+            return
+        expired = len(writes) // 2  # a version and its index entry each
+        self.counters.versions_expired += expired
+        # A full round leaves more to expire: the next poll goes on with them.
+        self._expire_at_ms = now_ms if expired == EXPIRE_AT_ONCE else now_ms + 1_000
 
     def load(self, table_file: Path | None, next_offset: int, applied: int, skipped: int) -> None:
         """Ingest a bulk restore's table file (standing for ``applied`` records; None: no rows) with the checkpoint

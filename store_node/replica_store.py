@@ -2,7 +2,8 @@
 
 Rows live in the default column family (raw key bytes → value bytes, ordered bytewise for
 scans); the replica's checkpoint lives in the ``meta`` column family, and the input position of each key's row
-(:mod:`freshroute.input_position`, written by the Real-time pipeline) in ``input_positions``. The applied offset (next
+(:mod:`freshroute.input_position`, written by the Real-time pipeline) in ``input_positions``. A versioned table's
+history lives in two more (:mod:`store_node.history`). The applied offset (next
 changelog offset to apply) is written with the last of the rows it covers, so a crash can never
 leave the rows behind the checkpoint (ahead of it, a replay from it rewrites them).
 
@@ -26,6 +27,7 @@ from rocksdict import (BlockBasedOptions, Cache, DBCompressionType, IngestExtern
                        Rdict, ReadOptions, WriteBatch, WriteBufferManager, WriteOptions)
 
 from freshroute.errors import FatalError, StoreCorrupt
+from store_node.history import EXPIRY_CF, VERSIONS_CF, History, Write
 
 META_CF = "meta"
 POSITIONS_CF = "input_positions"
@@ -141,6 +143,16 @@ def _options(memory: StoreMemory, bulk_load: bool) -> Options:
     return opts
 
 
+def _history_options(memory: StoreMemory) -> Options:
+    """A versioned table's history: read by seeks within a key's run of versions, cached and compressed as rows are."""
+    opts = Options(raw_mode=True)
+    table = BlockBasedOptions()
+    table.set_block_cache(memory.cache)
+    opts.set_block_based_table_factory(table)
+    opts.set_compression_type(getattr(DBCompressionType, COMPRESSION)())
+    return opts
+
+
 class ReplicaStore:
     """Rows and checkpoint of one replica; every failure to open or read is a :class:`StoreCorrupt`.
 
@@ -162,6 +174,7 @@ class ReplicaStore:
         self._meta: Rdict | None = db.get_column_family(META_CF)
         self._positions_cf = db.get_column_family_handle(POSITIONS_CF)
         self._positions: Rdict | None = db.get_column_family(POSITIONS_CF)
+        self.history = History(path, db)
         self.applied_offset = 0
         self.topic_id: str | None = None
         self.caught_up_at_ms = 0
@@ -180,7 +193,8 @@ class ReplicaStore:
         cls.drop_table_files(path)
         try:
             db = Rdict(str(path), _options(memory, bulk_load),
-                       column_families={META_CF: Options(raw_mode=True), POSITIONS_CF: Options(raw_mode=True)})
+                       column_families={META_CF: Options(raw_mode=True), POSITIONS_CF: Options(raw_mode=True),
+                                        VERSIONS_CF: _history_options(memory), EXPIRY_CF: Options(raw_mode=True)})
         except Exception as e:  # rocksdict raises bare Exception for every RocksDB status
             if "lock" in str(e).lower() and "LOCK" in str(e):
                 raise StoreBusy(f"replica store {path} is already open: {e}", path=str(path)) from None
@@ -271,9 +285,10 @@ class ReplicaStore:
         return self._db is None
 
     def apply(self, changes: Iterable[tuple[bytes, bytes | None]], next_offset: int,
-              caught_up_at_ms: int | None = None, positions: Iterable[tuple[bytes, bytes | None]] = ()) -> None:
-        """Upsert/delete rows (None = tombstone) and move the checkpoint to ``next_offset``; ``positions``: the input
-        positions of the rows' keys (None: the key's row has none), written with the checkpoint.
+              caught_up_at_ms: int | None = None, positions: Iterable[tuple[bytes, bytes | None]] = (),
+              history_rows: list[Write] = ()) -> None:
+        """Upsert/delete rows (None = tombstone) and move the checkpoint to ``next_offset``; ``positions`` (the rows'
+        input positions, None: none) and ``history_rows`` (:mod:`store_node.history`) go with the checkpoint.
 
         The rows go in WriteBatches of at most WRITE_CHUNK_ROWS, the checkpoint with the last: RocksDB's write keeps
         the interpreter (rocksdict holds the GIL through it), so one big write would hold up every read of the node
@@ -286,7 +301,7 @@ class ReplicaStore:
             if len(chunk) == WRITE_CHUNK_ROWS:
                 self._write(chunk)
                 continue
-            self._write(chunk, next_offset, caught_up_at_ms, positions)
+            self._write(chunk, next_offset, caught_up_at_ms, positions, history_rows)
             break
         self.applied_offset = next_offset
         if caught_up_at_ms is not None:
@@ -323,8 +338,9 @@ class ReplicaStore:
         return batch
 
     def _write(self, rows: list[tuple[bytes, bytes | None]], next_offset: int | None = None,
-               caught_up_at_ms: int | None = None, positions: Iterable[tuple[bytes, bytes | None]] = ()) -> None:
-        """Write ``rows``, and the checkpoint with them if given.
+               caught_up_at_ms: int | None = None, positions: Iterable[tuple[bytes, bytes | None]] = (),
+               history_rows: list[Write] = ()) -> None:
+        """Write ``rows`` (and ``history_rows``), and the checkpoint with them if given.
 
         A write that would stall (its memtables full while a flush runs) is refused by RocksDB and tried again here
         every few ms: RocksDB would wait holding the interpreter, and every read of the node with it. A flush that
@@ -342,6 +358,8 @@ class ReplicaStore:
                     batch.delete(key, self._positions_cf)
                 else:
                     batch.put(key, position, self._positions_cf)
+            for family, key, value in history_rows:
+                batch.delete(key, family) if value is None else batch.put(key, value, family)
             if next_offset is not None:
                 batch.put(_APPLIED, _bytes(next_offset), self._meta_cf)
                 if caught_up_at_ms is not None:
@@ -429,6 +447,7 @@ class ReplicaStore:
             pass  # a store that cannot flush is about to be wiped or was cleanly written already
         self._meta = self._positions = None
         self._meta_cf = self._positions_cf = None  # type: ignore[assignment]
+        self.history.close()
         try:
             db.close()
         except Exception:

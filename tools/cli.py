@@ -67,6 +67,9 @@ def _lookup_any(args: argparse.Namespace) -> int:
     from freshroute.keys import key_bytes
     from freshroute.freshness import parse_bound
 
+    if (args.as_of is not None or args.versions) and (args.direct or args.grpc or args.last):
+        raise SystemExit("freshroute lookup: --as-of and --versions ask a router's REST API: leave out --direct, "
+                         "--grpc and --last (the client's get(as_of=) and versions() do the same)")
     try:
         key_bytes(args.table, "table")
         key_bytes(args.key, "key")
@@ -87,7 +90,12 @@ def _lookup(args: argparse.Namespace, bound: "Bound") -> int:
     params: dict[str, Any] = bound.to_query()
     url = (f"{args.router.rstrip('/')}/v1/tables/{urllib.parse.quote(args.table, safe='')}/keys/"
            f"{urllib.parse.quote(args.key, safe='')}")
-    span = _window_span(args)
+    span = None if args.versions else _window_span(args)
+    if args.versions:
+        url += "/versions"
+        params.update({k: v for k, v in (("from", args.from_ms), ("to", args.to_ms)) if v is not None})
+    elif args.as_of is not None:
+        params["as_of"] = args.as_of
     if span is not None:
         url += "/windows"
         params.update({"from": span[0], "to": span[1]})
@@ -288,13 +296,28 @@ def _table(args: argparse.Namespace) -> int:
     spec, warnings = add_table(metadata, admin, args.bootstrap_servers, args.name, args.topic,
                                key_format=args.key_format, value_format=args.value_format,
                                standby_replicas=args.standby_replicas, allow_uncompacted=args.allow_uncompacted,
+                               history_retention_ms=args.history_retention,
                                kafka_config=kafka_client_config(args.bootstrap_servers))
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
+    history = f", history kept {spec.history_retention_ms} ms" if spec.versioned else ""
     print(f"table {spec.name} added: topic {spec.topic}, {spec.partitions} partitions, keys {spec.key_format}, "
-          f"values {spec.value_format}, {spec.standby_replicas} standby(s). Store nodes restore it now; "
+          f"values {spec.value_format}, {spec.standby_replicas} standby(s){history}. Store nodes restore it now; "
           f"`freshroute lookup {spec.name} KEY` once they have.")
     return 0
+
+
+def _history_retention(text: str) -> int:
+    """``--history-retention``: a positive duration (``7d``, ``12h``, milliseconds)."""
+    from freshroute.windows import duration_ms
+
+    try:
+        ms = duration_ms(int(text) if text.isdigit() else text, "--history-retention")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if ms <= 0:
+        raise argparse.ArgumentTypeError(f"--history-retention must be a positive duration, not {text!r}")
+    return ms
 
 
 def _bench(bench_args: list[str]) -> int:
@@ -360,6 +383,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a windowed table: the key's windows that started in the last DURATION (e.g. 1m)")
     lookup.add_argument("--from", dest="from_ms", metavar="MS", help="a windowed table: earliest window start (ms)")
     lookup.add_argument("--to", dest="to_ms", metavar="MS", help="a windowed table: latest window start (ms, exclusive)")
+    lookup.add_argument("--as-of", dest="as_of", metavar="TIME",
+                        help="a versioned table: the key's value at TIME (ms since the epoch, or RFC 3339 such as "
+                             "2026-11-29T10:00:00Z)")
+    lookup.add_argument("--versions", action="store_true",
+                        help="a versioned table: the key's versions, newest first (--from/--to: valid in that range)")
     lookup.add_argument("--grpc", metavar="HOST:PORT", help="use the router's gRPC API at this address instead of REST")
     lookup.add_argument("--direct", action="store_true",
                         help="read the store nodes directly (freshroute.client), metadata from --redis-url; "
@@ -397,6 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--value-format", choices=("json", "string", "bytes"), default="json",
                      help="how its values are written; bytes are served as value_b64 (REST), value_bytes (gRPC)")
     add.add_argument("--standby-replicas", type=int, default=1)
+    add.add_argument("--history-retention", type=_history_retention, default=0, metavar="DURATION",
+                     help="keep every version of a key this long after it was replaced (e.g. 7d), for lookups as of "
+                          "a past time (?as_of=) and a key's versions; default: only the latest")
     add.add_argument("--allow-uncompacted", action="store_true",
                      help="serve a topic whose cleanup.policy is not compact (its deleted records vanish from restores)")
     add.add_argument("--bootstrap-servers", default=os.environ.get("FRESHROUTE_BOOTSTRAP_SERVERS", "127.0.0.1:19092"))

@@ -15,13 +15,13 @@ from freshroute.errors import (ClientClosed, FreshrouteError, InvalidArgument, L
 from freshroute.routing.policy import RoutingPolicy
 
 from freshroute.client.async_client import AsyncClient, AsyncSession
-from freshroute.client.lookup import Lookup, Windows, WindowValue
+from freshroute.client.lookup import AsOfLookup, KeyVersion, KeyVersions, Lookup, Windows, WindowValue
 from freshroute.client.sync_client import Client, Session
 from freshroute.write_token import write_token
 
 Timeout = LookupTimeout
 Unavailable = ReplicaUnavailable
 
-__all__ = ["AsyncClient", "AsyncSession", "Client", "ClientClosed", "FreshrouteError", "InvalidArgument", "Lookup",
+__all__ = ["AsOfLookup", "AsyncClient", "AsyncSession", "Client", "ClientClosed", "FreshrouteError", "InvalidArgument", "KeyVersion", "KeyVersions", "Lookup",
            "NoReplicaWithinBound", "NotWindowedTable", "NotYetVisible", "RoutingPolicy", "Session", "TableNotFound", "Timeout",
            "Unavailable", "WindowedTable", "Windows", "WindowValue", "WriteRejected", "write_token"]

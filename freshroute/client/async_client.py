@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from dataclasses import replace
-from typing import Any, AsyncIterator, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import httpx
 
@@ -12,6 +13,7 @@ from freshroute.cluster_access import NodeAccess
 from freshroute.errors import ClientClosed, ConfigError, FreshrouteError, LookupTimeout, ReplicaUnavailable
 from freshroute.freshness import Bound, Position, parse_bound
 from freshroute.routing.core import RoutingCore
+from freshroute.routing.history import time_ms
 from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.results import ClusterView, KeyLocation, TableInfo
 from freshroute.routing.snapshot import SnapshotSource
@@ -19,18 +21,19 @@ from freshroute.routing.store import StoreNodeClient
 from freshroute.tls import ClientTLS
 
 from freshroute.client.arguments import ScanRange, batch_keys
+from freshroute.client.history import VersionedReads
 from freshroute.client.lookup import Lookup, Positions, Windows
 from freshroute.client.metrics import ClientMetrics
 from freshroute.client.metadata_feed import MetadataFeed, metadata_store
 from freshroute.client.router import RouterHttp, snapshot_from_router, table_infos
 
-R = TypeVar("R", Lookup, Windows)
+R = TypeVar("R")
 
 # Errors after which the router may still answer: nothing direct could be reached in time.
 _FALL_BACK = (ReplicaUnavailable, LookupTimeout)
 
 
-class AsyncClient:
+class AsyncClient(VersionedReads):
     """Reads a freshroute cluster's tables from its store nodes: one network hop, the freshest replica within the bound.
 
     Bootstrapped from the metadata store (``redis_url``, or ``redis_sentinels`` with
@@ -188,11 +191,16 @@ class AsyncClient:
     async def get(self, table: str, key: str, *, max_lag: int | None = None, max_staleness_ms: int | None = None,
                   min_position: str | Position | None = None,
                 max_input_lag_ms: int | None = None, after: str | None = None,
-                wait_ms: int | None = None) -> Lookup:
-        """One key from the freshest replica within the bound; ``found`` False when the table has no such key."""
+                wait_ms: int | None = None, as_of: int | str | dt.datetime | None = None) -> Any:
+        """One key from the freshest replica within the bound; ``found`` False when the table has no such key.
+
+        ``as_of`` (a versioned table; ms since the epoch, RFC 3339 text or an aware datetime): the key's value at that
+        time, as an :class:`AsOfLookup` saying when it became and stopped being the key's, and whether it is final."""
         core, deadline = await self._ready(), self.deadline(wait_ms)
         bound = parse_bound(max_lag, max_staleness_ms, self.at_least(table, min_position), max_input_lag_ms, after,
                             wait_ms)
+        if as_of is not None:
+            return await self._as_of(core, table, key, time_ms("as_of", as_of), bound, deadline)
         cause = None
         if self.direct():
             try:
@@ -204,6 +212,23 @@ class AsyncClient:
             else:
                 return self.seen(result)
         return self.seen(await self.via_router("get", cause).get(table, key, bound, deadline))
+
+    async def _read(self, operation: str, direct: Callable[[], Awaitable[R]],
+                    routed: Callable[[RouterHttp], Awaitable[R]], seen: bool = True) -> R:
+        """A read from the store nodes (``direct``), or through the router when they cannot answer or are unknown;
+        noted as seen (its position) unless ``seen`` is False."""
+        cause = None
+        if self.direct():
+            try:
+                result = await direct()
+            except _FALL_BACK as e:
+                if self.router is None:
+                    raise
+                cause = e
+            else:
+                return self.seen(result) if seen else result
+        result = await routed(self.via_router(operation, cause))
+        return self.seen(result) if seen else result
 
     async def get_many(self, table: str, keys: list[str], *, max_lag: int | None = None,
                        max_staleness_ms: int | None = None,
@@ -234,17 +259,12 @@ class AsyncClient:
         core, deadline = await self._ready(), self.deadline(wait_ms)
         bound = parse_bound(max_lag, max_staleness_ms, self.at_least(table, min_position), max_input_lag_ms, after,
                             wait_ms)
-        cause = None
-        if self.direct():
-            try:
-                result = Windows.of(await core.windows(table, key, from_ms, to_ms, bound), core.input_lag(table))
-            except _FALL_BACK as e:
-                if self.router is None:
-                    raise
-                cause = e
-            else:
-                return self.seen(result)
-        return self.seen(await self.via_router("windows", cause).windows(table, key, from_ms, to_ms, bound, deadline))
+
+        async def direct() -> Windows:
+            return Windows.of(await core.windows(table, key, from_ms, to_ms, bound), core.input_lag(table))
+
+        return await self._read("windows", direct,
+                                lambda router: router.windows(table, key, from_ms, to_ms, bound, deadline))
 
     async def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
                    limit: int | None = None, page_size: int | None = None, max_lag: int | None = None,
@@ -271,22 +291,15 @@ class AsyncClient:
                         bound: Bound) -> tuple[list[Lookup], str | None]:
         """One page of a scan, and the token of the next (None: the last page)."""
         core = await self._ready()
-        cause = None
-        if self.direct():
-            try:
-                page = await core.scan(table, prefix, start, end, limit, page_token, bound)
-            except _FALL_BACK as e:
-                if self.router is None:
-                    raise
-                cause = e
-            else:
-                rows = []
-                lag, fmt = core.input_lag(table), core.value_format(table)
-                for key, value, partition in page.items:
-                    who = page.served_by[partition]
-                    rows.append(Lookup.of(who._replace(key=key, found=True, value=value), lag, fmt))
-                return rows, page.next_page_token
-        return await self.via_router("scan", cause).scan_page(table, prefix, start, end, limit, page_token, bound)
+
+        async def direct() -> tuple[list[Lookup], str | None]:
+            page = await core.scan(table, prefix, start, end, limit, page_token, bound)
+            lag, fmt = core.input_lag(table), core.value_format(table)
+            return [Lookup.of(page.served_by[partition]._replace(key=key, found=True, value=value), lag, fmt)
+                    for key, value, partition in page.items], page.next_page_token
+
+        return await self._read("scan", direct, lambda router: router.scan_page(table, prefix, start, end, limit,
+                                                                                page_token, bound), seen=False)
 
     # ---- metadata -----------------------------------------------------------------------
 

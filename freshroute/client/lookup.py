@@ -11,6 +11,7 @@ import orjson
 from freshroute.errors import FreshrouteError
 from freshroute.freshness import Position
 from freshroute.routing.answers import served_by
+from freshroute.routing.history import AsOf, Versions
 from freshroute.routing.results import LookupResult, WindowsResult, optional_int, position_token
 from freshroute.routing.selection import Candidate
 from freshroute.wire import GroupResult
@@ -47,12 +48,8 @@ class Lookup(NamedTuple):
         raw = self.raw_value
         if raw is None:
             return None
-        if self.value_format == "bytes":
-            return raw
-        if self.value_format == "string":
-            return raw.decode("utf-8")
         try:
-            return orjson.loads(raw)
+            return decoded(self.value_format, raw)
         except orjson.JSONDecodeError as e:
             raise FreshrouteError(f"the row of {self.table}/{self.key!r} is not JSON: {e}", table=self.table,
                                   key=self.key) from None
@@ -92,6 +89,15 @@ class Lookup(NamedTuple):
         return cls(table, doc["key"], found, raw if found else None, partition,
                    served.get("node", ""), served.get("role", ""), optional_int(lag.get("offsets")), int(lag.get("ms", 0)),
                    applied, int(behind.get("records", 0)), int(behind.get("ms", 0)), fmt)
+
+
+def decoded(value_format: str, raw: bytes) -> Any:
+    """A stored value as a client gives it: a JSON table's decoded, a string table's text, a bytes table's bytes."""
+    if value_format == "bytes":
+        return raw
+    if value_format == "string":
+        return raw.decode("utf-8")
+    return orjson.loads(raw)
 
 
 class WindowValue(NamedTuple):
@@ -140,6 +146,84 @@ class Windows(NamedTuple):
                    partition, served.get("node", ""), served.get("role", ""), optional_int(lag.get("offsets")),
                    int(lag.get("ms", 0)), applied, doc.get("watermark_ms"), int(behind.get("records", 0)),
                    int(behind.get("ms", 0)))
+
+
+class AsOfLookup(NamedTuple):
+    """A versioned table's key as of a time: ``lookup`` holds the version valid then (``found`` False: the key was
+    absent), valid over ``[valid_from_ms, valid_to_ms)``; ``final`` when no change can reach it any more."""
+
+    lookup: Lookup
+    as_of_ms: int
+    valid_from_ms: int | None  # None: no version (the key had none then)
+    valid_to_ms: int | None  # None: it is still the key's latest
+    final: bool
+
+    # What a session notes of any answer: where it was read, and how far.
+    table = property(lambda self: self.lookup.table)
+    partition = property(lambda self: self.lookup.partition)
+    applied_offset = property(lambda self: self.lookup.applied_offset)
+    found = property(lambda self: self.lookup.found)
+    value = property(lambda self: self.lookup.value)
+
+    @classmethod
+    def of(cls, answer: AsOf, input_lag: tuple[int, int] = (0, 0), value_format: str = "json") -> "AsOfLookup":
+        v = answer.version
+        found = v is not None and v.value is not None
+        r = answer.lookup._replace(found=found, value=v.value if found else b"")
+        return cls(Lookup.of(r, input_lag, value_format), answer.as_of_ms, v.valid_from_ms if v else None,
+                   v.valid_to_ms if v else None, answer.final)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any], found: bool = True) -> "AsOfLookup":
+        """From a router's REST answer (a 200, or a KEY_NOT_FOUND error's details)."""
+        return cls(Lookup.from_json(doc, found), int(doc["as_of"]), optional_int(doc.get("valid_from")),
+                   optional_int(doc.get("valid_to")), bool(doc.get("final")))
+
+
+class KeyVersion(NamedTuple):
+    """One version of a key: its value (None for a delete) over ``[valid_from_ms, valid_to_ms)``."""
+
+    value: Any
+    valid_from_ms: int
+    valid_to_ms: int | None  # None: the latest
+    deleted: bool
+
+
+class KeyVersions(NamedTuple):
+    """A page of a key's versions, newest first, labelled with who answered and how fresh it was."""
+
+    table: str
+    key: str
+    versions: tuple[KeyVersion, ...]
+    next_page_token: str | None  # pass as page_token for older versions; None: no more
+    complete_to_ms: int  # the serving replica had every version up to this time
+    partition: int
+    node: str
+    role: str
+    lag_offsets: int | None
+    lag_ms: int
+    applied_offset: int
+
+    @classmethod
+    def of(cls, page: Versions, value_format: str = "json") -> "KeyVersions":
+        r = page.lookup
+        versions = tuple(KeyVersion(None if v.value is None else decoded(value_format, v.value), v.valid_from_ms,
+                                    v.valid_to_ms, v.value is None) for v in page.versions)
+        return cls(r.table, r.key, versions, None if page.next_to_ms is None else str(page.next_to_ms),
+                   page.complete_ms, r.partition, r.node, r.role, r.lag_offsets, r.lag_ms, r.applied)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> "KeyVersions":
+        """From a router's REST answer."""
+        partition = int(doc["partition"])
+        applied = Position.decode(doc["position"]).offset_for(partition) if doc.get("position") else 0
+        served, lag = doc.get("served_by") or {}, doc.get("lag") or {}
+        versions = tuple(KeyVersion(base64.b64decode(v["value_b64"]) if "value_b64" in v else v.get("value"),
+                                    int(v["valid_from"]), optional_int(v.get("valid_to")), bool(v["deleted"]))
+                         for v in doc["versions"])
+        return cls(doc["table"], doc["key"], versions, doc.get("next_page_token"), int(doc["complete_to"]), partition,
+                   served.get("node", ""), served.get("role", ""), optional_int(lag.get("offsets")),
+                   int(lag.get("ms", 0)), applied)
 
 
 class Positions:

@@ -22,7 +22,7 @@ from freshroute.routing.refresher import refresh_until
 from freshroute.routing.snapshot import NodeView, ReplicaView, Snapshot
 from freshroute.windows import WindowSpec
 
-from freshroute.client.lookup import Lookup, Windows
+from freshroute.client.lookup import AsOfLookup, KeyVersions, Lookup, Windows
 
 log = logging.getLogger("freshroute.client")
 
@@ -42,7 +42,8 @@ def snapshot_from_router(tables_doc: dict[str, Any], cluster_doc: dict[str, Any]
         tables[t["name"]] = TableSpec(t["name"], t["topic"], int(t["partitions"]), t.get("key_column", ""),
                                       dict(t.get("schema") or {}), int(t.get("standby_replicas", 1)),
                                       default.get("max_lag"), default.get("max_staleness_ms"),
-                                      WindowSpec.from_dict(window) if window else None)
+                                      WindowSpec.from_dict(window) if window else None,
+                                      history_retention_ms=int(t.get("history_retention_ms") or 0))
     nodes: dict[str, NodeView] = {}
     heard: dict[str, int] = {}
     replicas: dict[tuple[str, int], list[ReplicaView]] = {}
@@ -101,6 +102,25 @@ class RouterHttp:
         if err.code == "KEY_NOT_FOUND":
             return Lookup.from_json(err.details | {"key": key}, found=False)
         raise err
+
+    async def as_of(self, table: str, key: str, as_of_ms: int, bound: Bound,
+                    deadline: float | None = None) -> AsOfLookup:
+        status, body = await self.call("GET", f"/v1/tables/{_seg(table, 'table')}/keys/{_seg(key)}", deadline,
+                                       params={"as_of": as_of_ms, **bound.to_query()})
+        if status == 200:
+            return AsOfLookup.from_json(body)
+        err = from_body(body, status)
+        if err.code == "KEY_NOT_FOUND":
+            return AsOfLookup.from_json(err.details | {"key": key}, found=False)
+        raise err
+
+    async def versions(self, table: str, key: str, from_ms: int | None, to_ms: int | None, limit: int | None,
+                       page_token: str | None, bound: Bound, deadline: float | None = None) -> KeyVersions:
+        params = {k: v for k, v in (("from", from_ms), ("to", to_ms), ("limit", limit), ("page_token", page_token))
+                  if v is not None}
+        body = await self.ok("GET", f"/v1/tables/{_seg(table, 'table')}/keys/{_seg(key)}/versions", deadline,
+                             params=params | bound.to_query())
+        return KeyVersions.from_json(body)
 
     async def windows(self, table: str, key: str, from_ms: int, to_ms: int, bound: Bound,
                       deadline: float | None = None) -> Windows:

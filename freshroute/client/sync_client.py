@@ -10,6 +10,7 @@ the snapshot fresh, scans, and the router fallback.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import threading
 import time
 from concurrent.futures import Future
@@ -28,7 +29,7 @@ from freshroute.routing.results import ClusterView, KeyLocation, TableInfo
 from freshroute.client.arguments import ScanRange, batch_keys
 from freshroute.client.async_client import AsyncClient
 from freshroute.client.blocking import BlockingStore, Request, run_blocking
-from freshroute.client.lookup import Lookup, Positions, Windows
+from freshroute.client.lookup import KeyVersions, Lookup, Positions, Windows
 
 T = TypeVar("T")
 _FALL_BACK = (ReplicaUnavailable, LookupTimeout)
@@ -128,8 +129,15 @@ class Client:
     def get(self, table: str, key: str, *, max_lag: int | None = None, max_staleness_ms: int | None = None,
             min_position: str | Position | None = None,
                 max_input_lag_ms: int | None = None, after: str | None = None,
-                wait_ms: int | None = None) -> Lookup:
-        """One key from the freshest replica within the bound; ``found`` False when the table has no such key."""
+                wait_ms: int | None = None, as_of: int | str | dt.datetime | None = None) -> Any:
+        """One key from the freshest replica within the bound; ``found`` False when the table has no such key.
+
+        ``as_of`` (a versioned table): the key's value at that time, an :class:`AsOfLookup` (see
+        :meth:`AsyncClient.get`)."""
+        if as_of is not None:
+            return self._call(self._async.get(table, key, max_lag=max_lag, max_staleness_ms=max_staleness_ms,
+                                              min_position=min_position, max_input_lag_ms=max_input_lag_ms,
+                                              after=after, wait_ms=wait_ms, as_of=as_of))
         (core, store), deadline = self._thread_core(), self._async.deadline(wait_ms)
         bound = parse_bound(max_lag, max_staleness_ms, self._async.at_least(table, min_position),
                                     max_input_lag_ms, after, wait_ms)
@@ -205,6 +213,10 @@ class Client:
             sent += len(items)
             if token is None:
                 return
+
+    def versions(self, table: str, key: str, **kw: Any) -> KeyVersions:
+        """A page of a versioned table's versions of ``key``, newest first (see :meth:`AsyncClient.versions`)."""
+        return self._call(self._async.versions(table, key, **kw))
 
     def windows(self, table: str, key: str, *, from_ms: int, to_ms: int, max_lag: int | None = None,
                 max_staleness_ms: int | None = None, min_position: str | Position | None = None,

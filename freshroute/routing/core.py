@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import heapq
 import time
-from functools import lru_cache, partial
+from functools import partial
 from itertools import islice
 from typing import Any, Callable, Mapping, NamedTuple
 
 from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NotWindowedTable, ReplicaUnavailable,
                                TableNotFound, WindowedTable)
-from freshroute.formats import bound_to_bytes, key_from_bytes, key_to_bytes
+from freshroute.formats import bound_to_bytes, key_from_bytes, locate, locate_text
 from freshroute.freshness import NO_BOUND, Bound, now_ms
-from freshroute.keys import deserialize_key, key_bytes, not_a_batch, not_text, partition_for, scan_range
+from freshroute.keys import deserialize_key, not_a_batch, scan_range
 from freshroute.metadata import TableSpec
 from freshroute.routing.answers import GroupAnswers, group_lookups, lookup_result, served_by
 from freshroute.routing.attempts import AttemptPlan, Attempts, LatencyWindow
 from freshroute.routing.counts import NoMetrics, count, count_group
 from freshroute.routing.drivers import run, run_many
+from freshroute.routing.history import HistoryReads
 from freshroute.routing.read_after import narrowed
 from freshroute.routing.selection import Candidate, FreshestFirst, LoadTracker, ReplicaSelector
 from freshroute.routing.policy import RoutingPolicy
@@ -33,25 +34,6 @@ from freshroute.routing.store import StoreClient
 from freshroute.routing.views import MetadataViews
 from freshroute.windows import MAX_START_MS, Window, WindowSpec, key_range, split_window_key, windows_of
 from freshroute.wire import ReadResult, ReadStatus, WindowFilter
-
-
-@lru_cache(maxsize=65536)
-def _locate(key: str, partitions: int) -> tuple[bytes, int]:
-    # Murmur2 in Python costs more than the rest of the key handling: hot keys are hashed once.
-    raw = key_bytes(key)
-    return raw, partition_for(raw, partitions)
-
-
-def locate(key: str, partitions: int, key_format: str = "string") -> tuple[bytes, int]:
-    """The key's bytes (as the table's topic holds them: :mod:`freshroute.formats`) and partition; a key that is not
-    Unicode text, or not of the table's key format, is an :class:`InvalidArgument`."""
-    if key_format != "string":
-        raw = key_to_bytes(key_format, key)
-        return raw, partition_for(raw, partitions)
-    try:
-        return _locate(key, partitions)
-    except TypeError:  # unhashable, so not a string
-        raise InvalidArgument(not_text(key, "key"), field="key") from None
 
 
 class RoutingCore:
@@ -71,7 +53,7 @@ class RoutingCore:
         self.selector: ReplicaSelector = selector if selector is not None else self._freshest
         self.views = MetadataViews(self, self._freshest, clock_ms)
         self.attempts = Attempts(policy.attempt_policy(), self.load, self.overlay, clock_ms, self.metrics)
-        self._clock_ms = clock_ms
+        self.clock_ms = clock_ms
         self._tracked: Mapping[str, NodeView] | None = None
         self._timeout_s = policy.request_timeout_ms / 1000
         self._scan_timeout_s = policy.scan_timeout_ms / 1000
@@ -79,6 +61,7 @@ class RoutingCore:
         self._group_latency = self.attempts.window()
         self._scan_latency = self.attempts.window()
         self._window_latency = self.attempts.window()
+        self.history = HistoryReads(self, self.attempts.window(), self._timeout_s)  # a versioned table's reads
 
     def on_snapshot(self, snap: Snapshot) -> None:
         """Called after each swap: drop what the new snapshot no longer names."""
@@ -156,11 +139,10 @@ class RoutingCore:
         """(records, ms) the table's changelog is behind its input now: where the input ends against where the
         pipeline has read to, so that a stopped pipeline never looks fresh. A replica's lag says how far it is
         behind the changelog; this is the rest of the way."""
-        return self.metadata.current.input_lag_at(table, self._clock_ms())
+        return self.metadata.current.input_lag_at(table, self.clock_ms())
 
     def value_format(self, table: str) -> str:
-        """How the table's values are written (:mod:`freshroute.formats`): "json" for every table the pipeline
-        writes."""
+        """How the table's values are written (:mod:`freshroute.formats`): "json" for every pipeline table."""
         spec = self.metadata.current.tables.get(table)
         return spec.value_format if spec is not None else "json"
 
@@ -191,7 +173,7 @@ class RoutingCore:
         groups: dict[int, list[int]] = {}
         raw_keys = []
         i = 0
-        where = _locate if spec.key_format == "string" else partial(locate, key_format=spec.key_format)
+        where = locate_text if spec.key_format == "string" else partial(locate, key_format=spec.key_format)
         try:  # costs nothing until a key fails: a batch's per-key work is most of its cost
             for i, key in enumerate(keys):
                 raw, partition = where(key, spec.partitions)

@@ -17,7 +17,8 @@ from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaSt
 
 from freshroute.routing.snapshot import Snapshot, build_snapshot
 from freshroute.windows import WATERMARK_KEY, live_starts, parse_watermark
-from freshroute.wire import GroupResult, RangeResult, ReadResult, ReadStatus, ReplicaStatus, WindowFilter
+from freshroute.wire import (GroupResult, RangeResult, ReadResult, ReadStatus, ReplicaStatus, Version, VersionFilter,
+                             WindowFilter)
 
 
 @dataclass
@@ -29,6 +30,15 @@ class FakeReplica:
     restoring: bool = False
     data: dict[bytes, bytes] = field(default_factory=dict)
     positions: dict[bytes, bytes] = field(default_factory=dict)  # a row's input position header, if it has one
+    history: dict[bytes, dict[int, bytes | None]] = field(default_factory=dict)  # a versioned table's: time → value
+
+    def versions(self, key: bytes, window: VersionFilter, limit: int) -> tuple[Version, ...]:
+        """The key's versions valid at some time in the window, newest first, as a store node reads them."""
+        at = self.history.get(key, {})
+        times = sorted(at)
+        every = [Version(t, n, at[t]) for t, n in zip(times, times[1:] + [None])]
+        return tuple(v for v in reversed(every) if v.valid_from_ms < window.to_ms and
+                     (v.valid_to_ms is None or v.valid_to_ms > window.from_ms))[:limit]
 
     def unseen(self, partition: int, keys: list[bytes], bound: Bound) -> str | None:
         """Why these rows do not reflect the events ``bound`` is after yet, as a store node says (None: they do)."""
@@ -161,7 +171,7 @@ class InMemoryStoreClient:
         return replica, node.status(table, partition), node.refusal(table, partition, bound)
 
     async def read_range(self, address: str, table: str, partition: int, start: bytes, end: bytes, limit: int,
-                         window: WindowFilter | None, bound: Bound) -> RangeResult:
+                         window: WindowFilter | VersionFilter | None, bound: Bound) -> RangeResult:
         replica, status, why = await self._admitted(address, table, partition, bound)
         if replica is None:
             return RangeResult(ReadStatus.NOT_HOSTED, [])
@@ -170,6 +180,8 @@ class InMemoryStoreClient:
         unseen = replica.unseen(partition, [], bound)
         if unseen is not None:
             return RangeResult(ReadStatus.NOT_YET_VISIBLE, [], status, unseen)
+        if isinstance(window, VersionFilter):
+            return RangeResult(ReadStatus.OK, [], status, "", None, replica.versions(start, window, limit))
         watermark = parse_watermark(replica.data.get(WATERMARK_KEY)) if window is not None else None
         keep = live_starts(*window, watermark) if window is not None else (lambda _k: True)
         keys = [k for k in sorted(replica.data) if k >= start and (not end or k < end) and keep(k)]

@@ -24,8 +24,8 @@ from google.protobuf.message import DecodeError
 from freshroute.cluster_access import NodeAccess
 from freshroute.errors import ReplicaUnavailable
 from freshroute.freshness import Bound
-from freshroute.wire import (FrameError, FrameReader, GroupResult, RangeResult, ReadResult, WindowFilter, checked,
-                             frame, group_read, group_result, key_read, range_read, range_result, results)
+from freshroute.wire import (FrameError, FrameReader, GroupResult, RangeResult, ReadResult, VersionFilter, WindowFilter,
+                             checked, frame, group_read, group_result, key_read, range_read, range_result, results)
 from proto import store_pb2
 
 log = logging.getLogger("freshroute.routing.store")
@@ -44,7 +44,7 @@ class StoreClient(Protocol):
         ...
 
     def read_range(self, address: str, table: str, partition: int, start: bytes, end: bytes, limit: int,
-                   window: WindowFilter | None, bound: Bound) -> Awaitable[RangeResult]:
+                   window: WindowFilter | VersionFilter | None, bound: Bound) -> Awaitable[RangeResult]:
         """Up to ``limit`` rows of ``[start, end)`` of one partition from one replica (windows passing ``window``)."""
         ...
 
@@ -370,7 +370,7 @@ class StoreNodeClient:
         return self._stream(address).submit_group(PendingGroup(next(self._ids), table, partition, keys, bound))
 
     def read_range(self, address: str, table: str, partition: int, start: bytes, end: bytes, limit: int,
-                   window: WindowFilter | None, bound: Bound) -> asyncio.Future[RangeResult]:
+                   window: WindowFilter | VersionFilter | None, bound: Bound) -> asyncio.Future[RangeResult]:
         return self._stream(address).submit_range(range_read(next(self._ids), table, partition, start, end, limit,
                                                              window, bound))
 

@@ -7,7 +7,7 @@ import pytest
 from freshroute.errors import InvalidArgument
 from freshroute.formats import bound_to_bytes, key_from_bytes, key_problem, key_to_bytes, value_problem
 from freshroute.keys import partition_for
-from freshroute.routing.core import locate
+from freshroute.formats import locate
 
 
 def test_keys_are_named_in_their_format_and_hash_as_kafka_places_them():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from types import SimpleNamespace
@@ -710,3 +711,35 @@ def test_a_restore_keeps_the_newest_row_of_each_key_by_its_position(env):
     rep = env.tailer.serving[KEY]
     assert rep.store.get(b"a") == b'{"count": 3}' and rep.store.get(b"b") == b'{"count": 1}'
     assert rep.counters.records_superseded == 1
+
+
+def test_a_versioned_table_keeps_each_record_as_a_version_at_its_timestamp_and_expires_old_ones(env):
+    versioned = dataclasses.replace(SPEC, history_retention_ms=1_000)
+    env.clock.now = 1_000
+    env.tailer.set_desired({("counts", 0): (versioned, Role.ACTIVE)})
+    env.tailer.step()
+    env.consumer.queue += [
+        Msg(0, b"a", b'{"n":1}', timestamp_ms=1_100), Msg(1, b"a", b'{"n":2}', timestamp_ms=1_300),
+        Msg(2, b"a", b"not json", timestamp_ms=1_350),  # poison: skipped, never a version
+        Msg(3, b"a", b'{"n":"late"}', timestamp_ms=1_200),  # late: a version of its time, not the latest
+        Msg(4, b"b", None, timestamp_ms=1_150), eof(5),
+    ]
+    env.tailer.step()
+    rep = env.tailer.serving[KEY]
+    assert rep.lag.applied == 5 and rep.counters.records_skipped == 1 and rep.counters.records_applied == 4
+    assert rep.store.get(b"a") == b'{"n":2}' and rep.store.get(b"b") is None
+    assert [(v.valid_from_ms, v.valid_to_ms, v.value) for v in rep.store.history.versions(b"a", 0, 1 << 62, 10)] == [
+        (1_300, None, b'{"n":2}'), (1_200, 1_300, b'{"n":"late"}'), (1_100, 1_200, b'{"n":1}')]
+    # Replaced more than the retention (1 s) ago: a@1100 (replaced at 1200) and b's delete (since 1150)
+    # go, a@1200 later.
+    env.clock.now = 2_250
+    env.tailer.step()
+    assert [v.valid_from_ms for v in rep.store.history.versions(b"a", 0, 1 << 62, 10)] == [1_300, 1_200]
+    env.clock.now = 3_301  # expiry runs once a second
+    env.tailer.step()
+    assert [v.valid_from_ms for v in rep.store.history.versions(b"a", 0, 1 << 62, 10)] == [1_300]
+    assert rep.store.history.versions(b"b", 0, 1 << 62, 10) == []
+    env.clock.now = 2_000_000  # the latest value never expires
+    env.tailer.step()
+    assert [v.valid_from_ms for v in rep.store.history.versions(b"a", 0, 1 << 62, 10)] == [1_300]
+    assert rep.counters.versions_expired == 3

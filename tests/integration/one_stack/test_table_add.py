@@ -94,7 +94,7 @@ def test_a_compacted_topic_is_served_in_each_format_with_no_restart(stack, topic
     by_name = {t["name"]: t for t in listed}
     assert by_name["users"] == {"name": "users", "topic": topics["users"], "partitions": PARTITIONS, "origin": "topic",
                                 "key_format": "string", "value_format": "json", "standby_replicas": 1,
-                                "windowed": False}
+                                "windowed": False, "history_retention_ms": 0}
     assert by_name["sensor_stats"]["origin"] == "pipeline"
 
     c = stack.config

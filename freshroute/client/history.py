@@ -1,0 +1,55 @@
+"""A versioned table's reads in the client: a key as of a time (``get(..., as_of=)``) and a key's versions."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
+
+from freshroute.freshness import Bound, Position, parse_bound
+from freshroute.routing.core import RoutingCore
+from freshroute.routing.history import time_ms
+
+from freshroute.client.lookup import AsOfLookup, KeyVersions
+
+if TYPE_CHECKING:
+    from freshroute.client.router import RouterHttp
+
+R = TypeVar("R")
+
+
+class VersionedReads:
+    """:class:`~freshroute.client.AsyncClient`'s reads of versioned tables, over its core, router and positions."""
+
+    async def _ready(self) -> RoutingCore: ...
+    def deadline(self, wait_ms: Any = None) -> float: ...
+    def at_least(self, table: str, given: str | Position | None) -> str | Position | None: ...
+    async def _read(self, operation: str, direct: Callable[[], Awaitable[R]],
+                    routed: Callable[["RouterHttp"], Awaitable[R]]) -> R: ...
+
+    async def _as_of(self, core: RoutingCore, table: str, key: str, as_of_ms: int, bound: Bound,
+                     deadline: float | None) -> AsOfLookup:
+        async def direct() -> AsOfLookup:
+            answer = await core.history.as_of(table, key, as_of_ms, bound)
+            return AsOfLookup.of(answer, core.input_lag(table), core.value_format(table))
+
+        return await self._read("get", direct, lambda router: router.as_of(table, key, as_of_ms, bound, deadline))
+
+    async def versions(self, table: str, key: str, *, from_ms: int | str | dt.datetime | None = None,
+                       to_ms: int | str | dt.datetime | None = None, limit: int | None = None,
+                       page_token: str | None = None, min_position: str | Position | None = None,
+                       **bound: Any) -> KeyVersions:
+        """A page of a versioned table's versions of ``key`` valid at some time in ``[from_ms, to_ms)`` (default:
+        every one it keeps), newest first; ``page_token`` (a page's ``next_page_token``) goes on with older ones.
+        ``bound``: as :meth:`get`'s."""
+        core, deadline = await self._ready(), self.deadline(bound.get("wait_ms"))
+        read_bound = parse_bound(min_position=self.at_least(table, min_position), **bound)
+        lo = None if from_ms is None else time_ms("from_ms", from_ms)
+        hi = None if to_ms is None else time_ms("to_ms", to_ms)
+
+        async def direct() -> KeyVersions:
+            page = await core.history.versions(table, key, lo, hi, limit, page_token, read_bound)
+            return KeyVersions.of(page, core.value_format(table))
+
+        return await self._read("versions", direct, lambda router: router.versions(table, key, lo, hi, limit,
+                                                                                   page_token, read_bound, deadline))
+

@@ -1,0 +1,189 @@
+"""A versioned table's reads: a key as of a point in time, and a key's versions over a time range.
+
+Both read a key's versions from one replica within the caller's bound (a range read of the key with a
+:class:`~freshroute.wire.VersionFilter`). An answer as of a time is **final** when nothing can change it any more: the
+replica had every changelog record up to that time plus the table's grace when it answered (its staleness, and the
+pipeline's input lag, taken off the answer's time); else it may still change, as a window before its end does.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from freshroute.errors import FreshrouteError, InvalidArgument, TableNotVersioned, VersionNotRetained
+from freshroute.freshness import NO_BOUND, Bound
+from freshroute.formats import locate
+from freshroute.metadata import TableSpec
+from freshroute.routing.answers import lookup_result
+from freshroute.routing.counts import count
+from freshroute.routing.drivers import run
+from freshroute.routing.results import LookupResult, input_lag_doc, key_not_found, value_fields
+from freshroute.wire import ReadResult, ReadStatus, Version, VersionFilter
+
+if TYPE_CHECKING:
+    from freshroute.routing.attempts import LatencyWindow
+
+MAX_TIME_MS = (1 << 63) - 1
+DEFAULT_VERSIONS_LIMIT = 100
+
+
+def parse_time(name: str, raw: Any) -> int:
+    """A point in time from a query value: milliseconds since the epoch, or an RFC 3339 date-time with its offset."""
+    text = raw.strip() if isinstance(raw, str) else raw
+    if isinstance(text, int) and not isinstance(text, bool) and 0 <= text <= MAX_TIME_MS:
+        return text
+    if isinstance(text, str) and text.isascii() and text.isdigit() and len(text) <= 19 and int(text) <= MAX_TIME_MS:
+        return int(text)
+    if isinstance(text, str) and "T" in text.upper():
+        try:
+            at = dt.datetime.fromisoformat(text)
+        except ValueError:
+            at = None
+        if at is not None and at.tzinfo is not None:
+            return max(0, (at - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)) // dt.timedelta(milliseconds=1))
+    raise InvalidArgument(f"{name} must be milliseconds since the epoch or an RFC 3339 date-time with its offset "
+                          f"(e.g. 2026-11-29T10:00:00Z), got {str(raw)[:40]!r}", field=name)
+
+
+def time_ms(name: str, at: int | str | dt.datetime) -> int:
+    """A client's point in time: ms since the epoch, RFC 3339 text, or an aware datetime."""
+    if isinstance(at, dt.datetime):
+        if at.tzinfo is None:
+            raise InvalidArgument(f"{name} must be an aware datetime (with its tzinfo)", field=name)
+        return parse_time(name, at.isoformat())
+    return parse_time(name, at)
+
+
+def rfc3339(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
+class AsOf(NamedTuple):
+    """A key's value as of ``as_of_ms``: the version valid then (``found`` False: the key was absent), and who said so."""
+
+    lookup: LookupResult
+    as_of_ms: int
+    version: Version | None
+    final: bool
+
+    def to_dict(self, input_lag: tuple[int, int], value_format: str) -> dict[str, Any]:
+        r, v = self.lookup, self.version
+        assert v is not None and v.value is not None
+        return {"table": r.table, "key": r.key, **value_fields(value_format, v.value), "as_of": self.as_of_ms,
+                "valid_from": v.valid_from_ms, "valid_to": v.valid_to_ms, "final": self.final,
+                "partition": r.partition, **r.served(), "input_lag": input_lag_doc(input_lag)}
+
+    def not_found(self, input_lag: tuple[int, int]) -> FreshrouteError:
+        e = key_not_found(self.lookup, input_lag)
+        e.details.update(as_of=self.as_of_ms, final=self.final,
+                         valid_from=self.version.valid_from_ms if self.version is not None else None,
+                         valid_to=self.version.valid_to_ms if self.version is not None else None)
+        return e
+
+
+class Versions(NamedTuple):
+    """A page of a key's versions valid at some time in ``[from_ms, to_ms)``, newest first."""
+
+    lookup: LookupResult
+    from_ms: int
+    to_ms: int
+    versions: tuple[Version, ...]
+    next_to_ms: int | None  # the next page's ``to`` (older versions), None: this was the last page
+    complete_ms: int  # the replica had every version up to this time when it answered
+
+    def to_dict(self, input_lag: tuple[int, int], value_format: str) -> dict[str, Any]:
+        r = self.lookup
+        versions = [{**(value_fields(value_format, v.value) if v.value is not None else {"value": None}),
+                     "valid_from": v.valid_from_ms, "valid_to": v.valid_to_ms, "deleted": v.value is None}
+                    for v in self.versions]
+        return {"table": r.table, "key": r.key, "from": self.from_ms, "to": self.to_ms, "versions": versions,
+                "next_page_token": None if self.next_to_ms is None else str(self.next_to_ms),
+                "complete_to": self.complete_ms, "partition": r.partition, **r.served(),
+                "input_lag": input_lag_doc(input_lag)}
+
+
+class HistoryReads:
+    """A versioned table's reads through the routing core: its tables, bounds, plans and attempts."""
+
+    def __init__(self, core: Any, latency: "LatencyWindow", timeout_s: float) -> None:
+        """``core``: the :class:`~freshroute.routing.core.RoutingCore` these reads go through."""
+        self._core = core
+        self._latency = latency
+        self._timeout_s = timeout_s
+
+    def versioned(self, name: str) -> TableSpec:
+        spec = self._core.keyed(name)
+        if not spec.versioned:
+            raise TableNotVersioned(f"table {name!r} keeps only its latest values: give it a history retention "
+                                    f"(history_retention in the tables file, `freshroute table add "
+                                    f"--history-retention`) to read it as of a time", table=name)
+        return spec
+
+    def _retained(self, spec: TableSpec, at_ms: int, now: int) -> None:
+        oldest = now - spec.history_retention_ms
+        if at_ms < oldest:
+            raise VersionNotRetained(f"table {spec.name!r} keeps versions for {spec.history_retention_ms} ms: the "
+                                     f"oldest time it can answer for is {rfc3339(oldest)} ({oldest} ms), not "
+                                     f"{at_ms} ms", table=spec.name, oldest_retained=oldest)
+
+    async def _read(self, spec: TableSpec, key: str, window: VersionFilter, limit: int,
+                    bound: Bound) -> tuple[LookupResult, Any, int]:
+        core = self._core
+        raw, partition = locate(key, spec.partitions, spec.key_format)
+        plan = core.plan(spec.name, partition, core.bound_for(spec, bound), self._latency, self._timeout_s,
+                         time.monotonic())
+        read_range = core.store.read_range
+        cand, answer = await run(plan, lambda c: read_range(c.replica.address, spec.name, partition, raw, b"", limit,
+                                                            window, plan.bound))
+        latest = answer.versions[0] if answer.versions else None
+        status = ReadStatus.OK if latest is not None and latest.value is not None else ReadStatus.NOT_FOUND
+        lookup = lookup_result(spec.name, key, partition, cand, ReadResult(status, b"", answer.replica))
+        staleness = answer.replica.staleness_ms if answer.replica is not None else None
+        now = core.clock_ms()
+        complete = -1 if staleness is None else now - staleness - core.input_lag(spec.name)[1]
+        return lookup, answer, complete
+
+    async def as_of(self, table: str, key: str, as_of_ms: int, bound: Bound = NO_BOUND) -> AsOf:
+        """``key``'s version valid at ``as_of_ms`` from one replica within the bound."""
+        started = time.perf_counter()
+        try:
+            spec = self.versioned(table)
+            self._retained(spec, as_of_ms, self._core.clock_ms())
+            lookup, answer, complete = await self._read(spec, key, VersionFilter(as_of_ms, as_of_ms + 1), 1, bound)
+        except FreshrouteError as e:
+            count(self._core.metrics, started, e)
+            raise
+        version = answer.versions[0] if answer.versions else None
+        grace = spec.window.grace_ms if spec.window is not None else 0
+        count(self._core.metrics, started, lookup)
+        return AsOf(lookup, as_of_ms, version, as_of_ms + grace <= complete)
+
+    async def versions(self, table: str, key: str, from_ms: int | None = None, to_ms: int | None = None,
+                       limit: int | None = None, page_token: str | None = None, bound: Bound = NO_BOUND) -> Versions:
+        """A page of ``key``'s versions valid at some time in ``[from_ms, to_ms)`` (default: all it keeps), newest
+        first; ``page_token`` (a page's ``next_page_token``) goes on with older ones."""
+        started = time.perf_counter()
+        try:
+            spec = self.versioned(table)
+            policy = self._core.policy
+            limit = DEFAULT_VERSIONS_LIMIT if not limit else limit
+            if not 0 < limit <= policy.scan_max_limit:
+                raise InvalidArgument(f"limit must be within 1..{policy.scan_max_limit}", field="limit")
+            from_ms = 0 if from_ms is None else from_ms
+            to_ms = MAX_TIME_MS if to_ms is None else to_ms
+            if page_token:
+                to_ms = min(to_ms, parse_time("page_token", page_token))
+            if from_ms > to_ms:
+                raise InvalidArgument(f"from ({from_ms}) must not be after to ({to_ms})", field="from")
+            from_ms = max(from_ms, self._core.clock_ms() - spec.history_retention_ms)
+            lookup, answer, complete = await self._read(spec, key, VersionFilter(from_ms, to_ms), limit + 1, bound)
+        except FreshrouteError as e:
+            count(self._core.metrics, started, e)
+            raise
+        page = tuple(answer.versions[:limit])
+        more = len(answer.versions) > limit and page[-1].valid_from_ms > from_ms
+        count(self._core.metrics, started, lookup._replace(found=bool(page)))
+        return Versions(lookup, from_ms, to_ms, page, page[-1].valid_from_ms if more else None, complete)

@@ -1,0 +1,130 @@
+"""A versioned table's reads through the router (REST and gRPC answers built by the routing core over fake nodes):
+a key as of a time with its validity and whether it is final, its versions page by page, and each refusal."""
+
+import dataclasses
+
+import orjson
+import pytest
+
+from freshroute.errors import InvalidArgument
+from freshroute.freshness import now_ms
+from freshroute.keys import serialize_key
+from freshroute.routing.history import parse_time, rfc3339
+from proto import router_pb2
+from router.grpc_server import answer_get
+from tests.unit.routing_support import SPEC, TABLE, Cluster, part
+
+pytestmark = pytest.mark.anyio
+
+DAY = 86_400_000
+NOW = now_ms()
+T1, T2, T3 = NOW - 3 * DAY, NOW - 2 * DAY, NOW - 10_000
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture
+def cluster():
+    c = Cluster(tables=(dataclasses.replace(SPEC, history_retention_ms=7 * DAY),))
+    for node in (c.n1, c.n2):
+        rep = node.replicas[(TABLE, part("sensor-1"))]
+        rep.history[serialize_key("sensor-1")] = {T1: b'{"count":1}', T2: None, T3: b'{"count":3}'}
+    return c
+
+
+async def test_a_key_as_of_a_time_is_the_version_valid_then_with_its_interval(cluster):
+    async with cluster.client() as c:
+        r = (await c.get(f"/v1/tables/{TABLE}/keys/sensor-1", params={"as_of": T1 + 5})).json()
+        assert (r["value"], r["as_of"], r["valid_from"], r["valid_to"], r["final"]) == ({"count": 1}, T1 + 5, T1, T2,
+                                                                                        True)
+        assert r["served_by"]["node"] in ("n1", "n2") and r["position"]
+        # An RFC 3339 time names the same instant.
+        named = (await c.get(f"/v1/tables/{TABLE}/keys/sensor-1", params={"as_of": rfc3339(T1 + 5)})).json()
+        assert (named["as_of"], named["valid_from"], named["value"]) == (T1 + 5, T1, {"count": 1})
+        latest = (await c.get(f"/v1/tables/{TABLE}/keys/sensor-1", params={"as_of": NOW + DAY})).json()
+        assert (latest["value"], latest["valid_to"], latest["final"]) == ({"count": 3}, None, False)
+        # Deleted then: absent, saying which delete.
+        gone = await c.get(f"/v1/tables/{TABLE}/keys/sensor-1", params={"as_of": T2})
+        assert gone.status_code == 404
+        assert {k: gone.json()["error"][k] for k in ("code", "as_of", "valid_from", "valid_to")} == \
+            {"code": "KEY_NOT_FOUND", "as_of": T2, "valid_from": T2, "valid_to": T3}
+        before = await c.get(f"/v1/tables/{TABLE}/keys/sensor-1", params={"as_of": T1 - 1})
+        assert before.status_code == 404 and before.json()["error"]["valid_from"] is None
+
+
+async def test_an_answer_is_final_only_when_the_replica_had_every_change_up_to_then(cluster):
+    for node in (cluster.n1, cluster.n2):
+        node.replicas[(TABLE, part("sensor-1"))].staleness_ms = 60_000  # last caught up a minute ago
+    cluster.refresh()
+    async with cluster.client() as c:
+        def final(t):
+            return c.get(f"/v1/tables/{TABLE}/keys/sensor-1", params={"as_of": t})
+
+        assert (await final(T1)).json()["final"] is True
+        assert (await final(T3)).json()["final"] is False  # 10 s ago: after the replica was last complete
+
+
+async def test_versions_come_newest_first_in_pages(cluster):
+    async with cluster.client() as c:
+        everything = (await c.get(f"/v1/tables/{TABLE}/keys/sensor-1/versions")).json()
+        assert [(v["valid_from"], v["valid_to"], v["value"], v["deleted"]) for v in everything["versions"]] == [
+            (T3, None, {"count": 3}, False), (T2, T3, None, True), (T1, T2, {"count": 1}, False)]
+        assert everything["next_page_token"] is None and everything["complete_to"] >= NOW
+        first = (await c.get(f"/v1/tables/{TABLE}/keys/sensor-1/versions", params={"limit": 2})).json()
+        assert [v["valid_from"] for v in first["versions"]] == [T3, T2] and first["next_page_token"] == str(T2)
+        rest = (await c.get(f"/v1/tables/{TABLE}/keys/sensor-1/versions",
+                            params={"limit": 2, "page_token": first["next_page_token"]})).json()
+        assert [v["valid_from"] for v in rest["versions"]] == [T1] and rest["next_page_token"] is None
+        window = (await c.get(f"/v1/tables/{TABLE}/keys/sensor-1/versions",
+                              params={"from": T2 + 1, "to": T3})).json()
+        assert [v["valid_from"] for v in window["versions"]] == [T2]
+        none = (await c.get(f"/v1/tables/{TABLE}/keys/sensor-2/versions")).json()
+        assert none["versions"] == [] and none["partition"] == part("sensor-2")
+
+
+@pytest.mark.parametrize("path, params, status, code, field", [
+    ("keys/sensor-1", {"as_of": "tomorrow"}, 400, "INVALID_ARGUMENT", "as_of"),
+    ("keys/sensor-1", {"as_of": "2026-11-29T10:00:00"}, 400, "INVALID_ARGUMENT", "as_of"),  # no offset
+    ("keys/sensor-1", {"as_of": str(NOW - 8 * DAY)}, 404, "VERSION_NOT_RETAINED", None),
+    ("keys/sensor-1/versions", {"from": "5", "to": "4"}, 400, "INVALID_ARGUMENT", "from"),
+    ("keys/sensor-1/versions", {"limit": "100000"}, 400, "INVALID_ARGUMENT", "limit"),
+    ("keys/sensor-1/versions", {"page_token": "x"}, 400, "INVALID_ARGUMENT", "page_token"),
+])
+async def test_what_cannot_be_answered_is_refused_naming_why(cluster, path, params, status, code, field):
+    async with cluster.client() as c:
+        r = await c.get(f"/v1/tables/{TABLE}/{path}", params=params)
+    body = r.json()["error"]
+    assert (r.status_code, body["code"], body.get("field")) == (status, code, field), body
+    if code == "VERSION_NOT_RETAINED":
+        assert NOW - 7 * DAY <= body["oldest_retained"] <= now_ms() - 7 * DAY
+
+
+async def test_a_table_without_history_refuses_as_of_and_versions():
+    plain = Cluster()
+    async with plain.client() as c:
+        for path, params in (("keys/sensor-1", {"as_of": "1"}), ("keys/sensor-1/versions", {})):
+            r = await c.get(f"/v1/tables/{TABLE}/{path}", params=params)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "TABLE_NOT_VERSIONED"
+        # A plain lookup is untouched.
+        assert (await c.get(f"/v1/tables/{TABLE}/keys/sensor-1")).json()["value"] == {"count": 1, "avg": 0.5}
+
+
+async def test_grpc_get_with_bound_as_of(cluster):
+    got = await answer_get(cluster.router, router_pb2.GetRequest(table=TABLE, key="sensor-1",
+                                                                 bound=router_pb2.Bound(as_of=T1)))
+    assert orjson.loads(got.value_json) == {"count": 1} and (got.valid_from, got.valid_to, got.final) == (T1, T2, True)
+    latest = await answer_get(cluster.router, router_pb2.GetRequest(table=TABLE, key="sensor-1",
+                                                                    bound=router_pb2.Bound(as_of=NOW + DAY)))
+    assert not latest.HasField("valid_to") and not latest.final
+
+
+def test_times_parse_as_ms_or_rfc3339_with_an_offset():
+    assert parse_time("as_of", "1764410400000") == 1764410400000
+    assert parse_time("as_of", "2025-11-29T10:00:00Z") == 1764410400000
+    assert parse_time("as_of", "2025-11-29T11:00:00+01:00") == 1764410400000
+    for bad in ("", "-1", "1e3", "2025-11-29", "2025-11-29T10:00:00", "x" * 50, True):
+        with pytest.raises(InvalidArgument):
+            parse_time("as_of", bad)
