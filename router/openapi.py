@@ -170,18 +170,21 @@ class VersionsResponse(BaseModel):
     input_lag: InputLag = Field(description=_INPUT_LAG_HELP)
 
 
+_TIME_SCHEMA = {"type": "integer", "minimum": 0, "maximum": MAX_LIMIT}
+_TIME_HELP = "ms since the epoch (RFC 3339 text with its offset, such as 2026-11-29T10:00:00Z, is read too)"
+
+
 def as_of_parameter() -> dict[str, Any]:
-    return {"name": "as_of", "in": "query", "required": False, "schema": {"type": "string", "maxLength": 40},
-            "description": "a versioned table: the key's value at this time (ms since the epoch, or RFC 3339 with its "
-                           "offset); the answer says valid_from, valid_to and whether it is final"}
+    return {"name": "as_of", "in": "query", "required": False, "schema": _TIME_SCHEMA,
+            "description": f"a versioned table: the key's value at this time, {_TIME_HELP}; the answer says "
+                           f"valid_from, valid_to and whether it is final"}
 
 
 def version_range_parameters(max_limit: int) -> list[dict[str, Any]]:
-    return [*({"name": n, "in": "query", "required": False, "schema": {"type": "string", "maxLength": 40},
-               "description": d + " (ms since the epoch, or RFC 3339 with its offset)"}
+    return [*({"name": n, "in": "query", "required": False, "schema": _TIME_SCHEMA, "description": f"{d}, {_TIME_HELP}"}
               for n, d in (("from", "versions valid at or after this time (default: the oldest kept)"),
                            ("to", "versions valid before this time (default: now and on)"))),
-            {"name": "page_token", "in": "query", "required": False, "schema": {"type": "string", "maxLength": 40},
+            {"name": "page_token", "in": "query", "required": False, "schema": _TIME_SCHEMA,
              "description": "next_page_token of the previous page: older versions"},
             {"name": "limit", "in": "query", "required": False,
              "schema": {"type": "integer", "minimum": 0, "maximum": max_limit},

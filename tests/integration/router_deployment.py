@@ -37,6 +37,7 @@ KEYS = 40
 WINDOWED = "sensor_windows"
 WINDOW_STARTS = (0, 10_000, 20_000)
 WATERMARK_MS = 15_000
+HISTORY_MS = 7 * 86_400_000  # the table keeps a week of versions (each key has one, from its record's time)
 ASSIGNOR = "test"  # the lease holder: the nodes follow the test's assignment and never write their own
 
 
@@ -87,7 +88,7 @@ class Deployment:
         """What the pipeline would publish: the tables."""
         meta = MetadataStore.from_url(self.redis_url, self.namespace)
         meta.register_tables([TableSpec(TABLE, self.topic(TABLE), PARTITIONS, "sensor_id",
-                                        {"count": "long", "sum": "double"}, 1),
+                                        {"count": "long", "sum": "double"}, 1, history_retention_ms=HISTORY_MS),
                               TableSpec(WINDOWED, self.topic(WINDOWED), PARTITIONS, "sensor_id", {"count": "long"},
                                         1, window=tumbling("10s"))])
         meta.redis.close()

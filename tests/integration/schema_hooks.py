@@ -10,6 +10,7 @@ token of the same range.
 from __future__ import annotations
 
 import os
+import time
 
 import schemathesis
 from hypothesis import strategies as st
@@ -23,6 +24,7 @@ WINDOWED = os.environ["FRESHROUTE_SCHEMA_WINDOWED"]
 WINDOW_MS = 10_000  # the windowed table's slide
 MAX_WINDOWS = 10_000  # the router's default max_windows
 KEYS = int(os.environ["FRESHROUTE_SCHEMA_KEYS"])  # the table holds sensor-0 … sensor-{KEYS-1}
+HISTORY_MS = int(os.environ["FRESHROUTE_SCHEMA_HISTORY_MS"])  # the table keeps its versions this long
 
 schemathesis.openapi.format(POSITION_FORMAT, st.dictionaries(
     st.integers(0, 1023), st.integers(0, 1 << 62), max_size=8).map(lambda offsets: Position(TABLE, offsets).encode()))
@@ -48,6 +50,17 @@ def flatmap_path_parameters(context, path_parameters):
     return st.one_of(variants)
 
 
+def _within_history(query: dict) -> dict:
+    """``as_of``, ``from``, ``to`` and ``page_token`` as times the table keeps (from no later than to): what OpenAPI
+    cannot say, as the table's history ends now."""
+    now = int(time.time() * 1000)
+    times = {k: now - HISTORY_MS + 60_000 + v % (HISTORY_MS + 3_600_000) for k in ("as_of", "from", "to", "page_token")
+             if (v := _millis(query.get(k))) is not None}
+    if "from" in times and "to" in times:
+        times["from"], times["to"] = min(times["from"], times["to"]), max(times["from"], times["to"])
+    return {**query, **times}
+
+
 def _millis(value) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -58,9 +71,12 @@ def _millis(value) -> int | None:
 
 @schemathesis.hook
 def map_query(context, query):
-    """A windows route's range as the router accepts it, when both ends are whole milliseconds."""
-    if context.operation is None or not context.operation.path.endswith("/windows") or not query:
+    """A windows route's range as the router accepts it, when both ends are whole milliseconds; a versioned read's
+    times within the week its table keeps."""
+    if context.operation is None or not query:
         return query
+    if not context.operation.path.endswith("/windows"):
+        return _within_history(query)
     frm, to = _millis(query.get("from")), _millis(query.get("to"))
     if frm is None or to is None:
         return query

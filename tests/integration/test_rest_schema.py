@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .router_deployment import KEYS, ROOT, TABLE, WINDOWED, Deployment, Procs
+from .router_deployment import HISTORY_MS, KEYS, ROOT, TABLE, WINDOWED, Deployment, Procs
 
 pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark, no shared stack: runs beside the others
 
@@ -42,5 +42,5 @@ def test_the_rest_api_keeps_to_its_openapi_document(deployment, tmp_path):
         cwd=tmp_path, capture_output=True, text=True, timeout=400,
         env={**os.environ, "PYTHONPATH": str(ROOT), "SCHEMATHESIS_HOOKS": "tests.integration.schema_hooks",
              "FRESHROUTE_SCHEMA_TABLE": TABLE, "FRESHROUTE_SCHEMA_WINDOWED": WINDOWED,
-             "FRESHROUTE_SCHEMA_KEYS": str(KEYS)})
+             "FRESHROUTE_SCHEMA_KEYS": str(KEYS), "FRESHROUTE_SCHEMA_HISTORY_MS": str(HISTORY_MS)})
     assert run.returncode == 0 and "No issues found" in run.stdout, run.stdout[-20_000:] + run.stderr[-5_000:]
