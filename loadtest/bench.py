@@ -71,7 +71,7 @@ FIGURES = ("router_grpc_rps", "router_rest_rps", "direct_store_rps", "baseline_g
            "bad_token_cpu_us", "secure_rest_p99_ms", "secure_rest_p99_ms_flooded", "window_rps",
            "console_open_rest_rps", "console_closed_rest_rps", "console_poll_p99_ms", "console_poll_router_cpu_ms",
            "local_up_s", "pipeline_replay_s", "pipeline_max_events_per_s", "ryw_wait_p50_ms", "ryw_wait_p99_ms",
-           "ryw_stale_reads", "ryw_not_yet_visible")
+           "ryw_stale_reads", "ryw_not_yet_visible", "asof_rest_rps", "asof_p50_ms", "asof_p99_ms")
 
 WINDOW_COUNT = 6  # window_rps: each lookup asks for a key's last this many windows
 BUSY_CONNECTIONS = 32  # router_rest_p99_ms_busy: lookups in flight while the pipeline runs
@@ -116,12 +116,18 @@ TARGETS = (
      1.5),
     # A key's recent windows cost about what a point get does: one range read on one replica.
     ("window_rps / router_rest_rps", "window_rps", "router_rest_rps", ">=", 0.5),
+    # A versioned table's lookup as of a time: one seek in the key's run of versions beside a point get.
+    ("asof_rest_rps / router_rest_rps", "asof_rest_rps", "router_rest_rps", ">=", 0.8),
+    ("asof_p99_ms / router_rest_p99_ms", "asof_p99_ms", "router_rest_p99_ms", "<=", 1.5),
     # An open console costs lookups nothing beyond this machine's noise.
     ("console_open_rest_rps / console_closed_rest_rps", "console_open_rest_rps", "console_closed_rest_rps", ">=",
      0.95),
 )
 
-LOAD_CLIENTS = {"router_rest_rps": "wrk -t1 (Lua: rotating keys)", "window_rps": "wrk -t1 (Lua: rotating keys, /windows)", "router_grpc_rps": "h2load -t1 (gRPC frames, h2c)",
+LOAD_CLIENTS = {"asof_rest_rps": "wrk -t1 (Lua: rotating keys, ?as_of=) against a versioned table of the bench's "
+                                 "own (loadtest.versioned), interleaved with plain lookups of it",
+                "asof_p99_ms": "h2load -t1 --h1 --rps, rotating keys, ?as_of=",
+                "router_rest_rps": "wrk -t1 (Lua: rotating keys)", "window_rps": "wrk -t1 (Lua: rotating keys, /windows)", "router_grpc_rps": "h2load -t1 (gRPC frames, h2c)",
                 "baseline_grpc_rps": "h2load -t1 (gRPC frames, h2c)", "direct_store_rps": "loadtest.readport (asyncio, frames on the read port)",
                 "redis_get_rps": "redis-benchmark -P 1",
                 "latency": "h2load -t1 --rps (fixed rate) --log-file; REST with --h1 and rotating keys",
@@ -369,9 +375,11 @@ class Bench:
                  f"{conns} conns × {streams} streams)")
         return round(res.rps, 1)
 
-    def throughput_rest(self, label: str = "router_rest", url: str | None = None, headers: tuple[str, ...] = ()) -> float:
+    def throughput_rest(self, label: str = "router_rest", url: str | None = None, headers: tuple[str, ...] = (),
+                        table: str | None = None, query: str = "") -> float:
         cmd = lc.wrk_command((url or self.c.rest_url) + "/", self.a.concurrency, self.a.duration, headers=headers)
-        out = lc.parse_wrk(lc.run(cmd, self.a.duration + 30, lc.wrk_env(self.a.table, self.a.key_prefix, len(self.keys))))
+        out = lc.parse_wrk(lc.run(cmd, self.a.duration + 30, lc.wrk_env(table or self.a.table, self.a.key_prefix,
+                                                                        len(self.keys), query)))
         if out["errors"]:
             self.notes[f"{label}_problems"] = f"{out['errors']} errors (non-2xx or socket) of {out['requests']}"
             self.say(f"  ! {label}: {self.notes[f'{label}_problems']}")
@@ -452,6 +460,32 @@ class Bench:
                                       self.throughput_windows)
         self.fig["window_rps"] = median_of(windows)
         self.notes["window_point_rest_rps"] = median_of(points)
+
+    def versioned_vs_points(self) -> None:
+        """Lookups as of a time on a versioned table of the bench's own (``loadtest.versioned``: each key with 10
+        versions) against plain lookups of the same table and keys, interleaved: throughput (wrk) and latency at the
+        fixed rate (h2load --h1). The targets are against router_rest_rps and router_rest_p99_ms."""
+        from loadtest.versioned import VersionedTable
+
+        with VersionedTable(self.c, self.keys) as table:
+            query = f"as_of={table.as_of_ms}"
+            asof, points = self.paired("asof_rest", lambda: self.throughput_rest("asof_rest", table=table.name,
+                                                                                 query=query),
+                                       "asof_point_rest", lambda: self.throughput_rest("asof_point_rest",
+                                                                                       table=table.name))
+            self.fig["asof_rest_rps"], self.notes["asof_point_rest_rps"] = median_of(asof), median_of(points)
+            base = f"{self.c.rest_url}/v1/tables/{table.name}/keys/"
+            as_of_uris, point_uris = self.work / "asof_uris.txt", self.work / "asof_point_uris.txt"
+            as_of_uris.write_text("".join(f"{base}{k}?{query}\n" for k in self.keys))
+            point_uris.write_text("".join(f"{base}{k}\n" for k in self.keys))
+            asof_lat, point_lat = self.paired(
+                "asof_latency", lambda: self.latency_samples("asof_latency", "", None, None, http1=True,
+                                                             input_file=as_of_uris),
+                "asof_point_latency", lambda: self.latency_samples("asof_point_latency", "", None, None, http1=True,
+                                                                   input_file=point_uris), record=False)
+            self.fig["asof_p50_ms"], self.fig["asof_p99_ms"] = self.p50_p99([x for r in asof_lat if r for x in r])
+            self.notes["asof_point_p50_ms"], self.notes["asof_point_p99_ms"] = self.p50_p99(
+                [x for r in point_lat if r for x in r])
 
     def rest_p99_busy(self) -> float | None:
         """REST p99 (ms) at saturation with BUSY_CONNECTIONS connections, the pipeline running at the
@@ -1093,6 +1127,8 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
                 b.latency_samples("router_rest_latency", "", None, None, http1=True, input_file=uris))
 
         _step(b, 11, total, "latencies (h2load --rps)", latencies)
+        _step(b, 11, total, "lookups as of a time on a versioned table against its plain lookups (wrk, h2load --rps)",
+              b.versioned_vs_points)
         if baseline is not None:
             baseline.terminate()
         if router_body:
