@@ -52,6 +52,7 @@ class ReadResult(NamedTuple):
     value: bytes = b""  # the changelog value, JSON bytes, passed through untouched
     replica: ReplicaStatus | None = None
     message: str = ""
+    version: "Version | None" = None  # a read as of a time: the version valid then (a delete's value is None)
 
 
 class GroupResult(NamedTuple):
@@ -187,11 +188,17 @@ def replica_status_message(node: str, role: Role, state: ReplicaState, applied: 
                                    staleness_ms=staleness_ms, failure=failure or "")
 
 
-def key_read(read_id: int, table: str, partition: int, key: bytes, bound: Bound) -> store_pb2.KeyRead:
-    """One read as it travels; an absent bound reads as "no limit" at the node and costs nothing to build."""
+def key_read(read_id: int, table: str, partition: int, key: bytes, bound: Bound,
+             as_of_ms: int | None = None) -> store_pb2.KeyRead:
+    """One read as it travels (``as_of_ms``: of the version valid then); an absent bound reads as "no limit" at the
+    node and costs nothing to build."""
     if bound.unbounded:
-        return store_pb2.KeyRead(id=read_id, table=table, partition=partition, key=key)
-    return store_pb2.KeyRead(id=read_id, table=table, partition=partition, key=key, bound=bound.to_store(partition))
+        msg = store_pb2.KeyRead(id=read_id, table=table, partition=partition, key=key)
+    else:
+        msg = store_pb2.KeyRead(id=read_id, table=table, partition=partition, key=key, bound=bound.to_store(partition))
+    if as_of_ms is not None:
+        msg.as_of_ms = as_of_ms
+    return msg
 
 
 def group_read(read_id: int, table: str, partition: int, keys: list[bytes], bound: Bound) -> store_pb2.GroupRead:
@@ -251,6 +258,16 @@ def results(batch: store_pb2.ResultBatch) -> Iterator[tuple[int, ReadResult]]:
             rep = msg.replica
             if rep != last:
                 last, status = rep, replica_status(rep)
+            if msg.HasField("valid_from_ms"):
+                yield msg.id, ReadResult(_STATUSES.get(msg.status, ReadStatus.ERROR), msg.value, status, msg.message,
+                                         _version(msg))
+                continue
             yield msg.id, ReadResult(_STATUSES.get(msg.status, ReadStatus.ERROR), msg.value, status, msg.message)
         else:
             yield msg.id, ReadResult(_STATUSES.get(msg.status, ReadStatus.ERROR), msg.value, None, msg.message)
+
+
+def _version(msg: store_pb2.KeyResult) -> Version:
+    """The version a read as of a time answered with (a delete's value None)."""
+    return Version(msg.valid_from_ms, msg.valid_to_ms if msg.HasField("valid_to_ms") else None,
+                   msg.value if msg.status == store_pb2.OK else None)

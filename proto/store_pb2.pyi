@@ -86,32 +86,38 @@ class ReplicaStatus(_message.Message):
     def __init__(self, node: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., applied_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., lag_offsets: _Optional[int] = ..., staleness_ms: _Optional[int] = ..., failure: _Optional[str] = ...) -> None: ...
 
 class KeyRead(_message.Message):
-    __slots__ = ("id", "table", "partition", "key", "bound")
+    __slots__ = ("id", "table", "partition", "key", "bound", "as_of_ms")
     ID_FIELD_NUMBER: _ClassVar[int]
     TABLE_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     BOUND_FIELD_NUMBER: _ClassVar[int]
+    AS_OF_MS_FIELD_NUMBER: _ClassVar[int]
     id: int
     table: str
     partition: int
     key: bytes
     bound: ReadBound
-    def __init__(self, id: _Optional[int] = ..., table: _Optional[str] = ..., partition: _Optional[int] = ..., key: _Optional[bytes] = ..., bound: _Optional[_Union[ReadBound, _Mapping]] = ...) -> None: ...
+    as_of_ms: int
+    def __init__(self, id: _Optional[int] = ..., table: _Optional[str] = ..., partition: _Optional[int] = ..., key: _Optional[bytes] = ..., bound: _Optional[_Union[ReadBound, _Mapping]] = ..., as_of_ms: _Optional[int] = ...) -> None: ...
 
 class KeyResult(_message.Message):
-    __slots__ = ("id", "status", "value", "replica", "message")
+    __slots__ = ("id", "status", "value", "replica", "message", "valid_from_ms", "valid_to_ms")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    VALID_FROM_MS_FIELD_NUMBER: _ClassVar[int]
+    VALID_TO_MS_FIELD_NUMBER: _ClassVar[int]
     id: int
     status: ReadStatus
     value: bytes
     replica: ReplicaStatus
     message: str
-    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[ReadStatus, str]] = ..., value: _Optional[bytes] = ..., replica: _Optional[_Union[ReplicaStatus, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
+    valid_from_ms: int
+    valid_to_ms: int
+    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[ReadStatus, str]] = ..., value: _Optional[bytes] = ..., replica: _Optional[_Union[ReplicaStatus, _Mapping]] = ..., message: _Optional[str] = ..., valid_from_ms: _Optional[int] = ..., valid_to_ms: _Optional[int] = ...) -> None: ...
 
 class GroupRead(_message.Message):
     __slots__ = ("id", "table", "partition", "keys", "bound")

@@ -232,10 +232,9 @@ async def _answer_as_of(router: Router, request: router_pb2.GetRequest) -> route
     as_of = router.parsed(parse_time, "as_of", request.bound.as_of)
     answer = await router.history.as_of(request.table, request.key, as_of, parse_request_bound(router, request))
     version = answer.version
-    if version is None or version.value is None:
+    if version is None or not answer.lookup.found:
         raise answer.not_found(router.input_lag(request.table))
-    response = _get_response(answer.lookup._replace(found=True, value=version.value), request.typed_values,
-                             router.value_format(request.table))
+    response = _get_response(answer.lookup, request.typed_values, router.value_format(request.table))
     response.valid_from = version.valid_from_ms
     if version.valid_to_ms is not None:
         response.valid_to = version.valid_to_ms

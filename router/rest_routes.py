@@ -157,7 +157,7 @@ class KeyHandlers:
 
     async def _as_of(self, table: str, key: str, as_of_ms: int, bound: Bound) -> dict:
         answer = await self.router.history.as_of(table, key, as_of_ms, bound)
-        if answer.version is None or answer.version.value is None:
+        if not answer.lookup.found:
             raise answer.not_found(self.router.input_lag(table))
         return answer.to_dict(self.router.input_lag(table), self.router.value_format(table))
 

@@ -178,6 +178,23 @@ class History:
             raise self._failed(e) from None
         return out
 
+    def at(self, key: bytes, at_ms: int) -> Version | None:
+        """The version of ``key`` valid at ``at_ms`` (None: it had none): one seek, and one step for its end."""
+        family = self._family(self._versions)
+        prefix = key_prefix(key)
+        try:
+            it = family.iter()
+            it.seek_for_prev(version_key(key, at_ms))
+            if not it.valid() or (vkey := it.key())[:-_TIME.size] != prefix:
+                return None
+            value = decode_value(it.value())
+            it.next()
+            valid_to = time_of(it.key()) if it.valid() and it.key()[:-_TIME.size] == prefix else None
+            del it
+        except Exception as e:
+            raise self._failed(e) from None
+        return Version(time_of(vkey), valid_to, value)
+
     def versions(self, key: bytes, from_ms: int, to_ms: int, limit: int) -> list[Version]:
         """Up to ``limit`` versions of ``key`` valid at some time in ``[from_ms, to_ms)``, newest first."""
         family = self._family(self._versions)

@@ -152,7 +152,7 @@ class _Reader:
         # ResultBatch would copy every one (and its replica status) a second time.
         add = answer.results.add
         for read in batch.reads:
-            self.answer(read, add(), _key)
+            self.answer(read, add(), _key_as_of if read.HasField("as_of_ms") else _key)
         if batch.groups:
             add = answer.groups.add
             for group in batch.groups:
@@ -211,6 +211,23 @@ def _offset_in(position: "input_position.InputPosition | None", partition: int) 
 
 def _key(store: Any, read: store_pb2.KeyRead, out: store_pb2.KeyResult) -> None:
     value = store.get(read.key)
+    if value is None:
+        out.status = _NOT_FOUND
+    else:
+        out.status = _OK
+        out.value = value
+
+
+def _key_as_of(store: Any, read: store_pb2.KeyRead, out: store_pb2.KeyResult) -> None:
+    """A versioned table's key as of a time: the version valid then, and when it was."""
+    version = store.history.at(read.key, read.as_of_ms)
+    if version is None:
+        out.status = _NOT_FOUND
+        return
+    valid_from, valid_to, value = version
+    out.valid_from_ms = valid_from
+    if valid_to is not None:
+        out.valid_to_ms = valid_to
     if value is None:
         out.status = _NOT_FOUND
     else:

@@ -168,9 +168,7 @@ class AsOfLookup(NamedTuple):
     @classmethod
     def of(cls, answer: AsOf, input_lag: tuple[int, int] = (0, 0), value_format: str = "json") -> "AsOfLookup":
         v = answer.version
-        found = v is not None and v.value is not None
-        r = answer.lookup._replace(found=found, value=v.value if found else b"")
-        return cls(Lookup.of(r, input_lag, value_format), answer.as_of_ms, v.valid_from_ms if v else None,
+        return cls(Lookup.of(answer.lookup, input_lag, value_format), answer.as_of_ms, v.valid_from_ms if v else None,
                    v.valid_to_ms if v else None, answer.final)
 
     @classmethod

@@ -90,7 +90,7 @@ class FakeNode:
         r = self.replicas[(table, partition)]
         return bound.refusal(partition, r.applied, r.end, r.staleness_ms)
 
-    def answer(self, table: str, partition: int, key: bytes, bound: Bound) -> ReadResult:
+    def answer(self, table: str, partition: int, key: bytes, bound: Bound, as_of_ms: int | None = None) -> ReadResult:
         replica = self.replicas.get((table, partition))
         if replica is None:
             return ReadResult(ReadStatus.NOT_HOSTED, message=f"{self.node} does not host {table}/{partition}")
@@ -101,6 +101,12 @@ class FakeNode:
         unseen = replica.unseen(partition, [key], bound)
         if unseen is not None:
             return ReadResult(ReadStatus.NOT_YET_VISIBLE, replica=status, message=unseen)
+        if as_of_ms is not None:
+            found = replica.versions(key, VersionFilter(as_of_ms, as_of_ms + 1), 1)
+            version = found[0] if found else None
+            if version is None or version.value is None:
+                return ReadResult(ReadStatus.NOT_FOUND, replica=status, version=version)
+            return ReadResult(ReadStatus.OK, version.value, status, version=version)
         value = replica.data.get(key)
         if value is None:
             return ReadResult(ReadStatus.NOT_FOUND, replica=status)
@@ -129,6 +135,16 @@ class InMemoryStoreClient:
         fut.set_result(node.answer(table, partition, key, bound))
         return fut
 
+    def read_version(self, address: str, table: str, partition: int, key: bytes, as_of_ms: int,
+                     bound: Bound) -> Awaitable[ReadResult]:
+        node = self.nodes.get(address)
+        if node is None or node.down or node.delay_s:
+            return self._slow_read(node, address, table, partition, key, bound, as_of_ms)
+        node.reads += 1
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(node.answer(table, partition, key, bound, as_of_ms))
+        return fut
+
     async def _reachable(self, node: FakeNode | None, address: str) -> FakeNode:
         """The node after its delay; a node down (before or during the delay) fails as unreachable."""
         if node is None or node.down:
@@ -140,11 +156,11 @@ class InMemoryStoreClient:
         return node
 
     async def _slow_read(self, node: FakeNode | None, address: str, table: str, partition: int, key: bytes,
-                         bound: Bound) -> ReadResult:
+                         bound: Bound, as_of_ms: int | None = None) -> ReadResult:
         if node is not None and not node.down:
             node.reads += 1
         node = await self._reachable(node, address)
-        return node.answer(table, partition, key, bound)
+        return node.answer(table, partition, key, bound, as_of_ms)
 
     async def read_many(self, address: str, table: str, partition: int, keys: list[bytes],
                         bound: Bound) -> GroupResult:

@@ -71,8 +71,8 @@ class AsOf(NamedTuple):
 
     def to_dict(self, input_lag: tuple[int, int], value_format: str) -> dict[str, Any]:
         r, v = self.lookup, self.version
-        assert v is not None and v.value is not None
-        return {"table": r.table, "key": r.key, **value_fields(value_format, v.value), "as_of": self.as_of_ms,
+        assert v is not None and r.found
+        return {"table": r.table, "key": r.key, **value_fields(value_format, r.value), "as_of": self.as_of_ms,
                 "valid_from": v.valid_from_ms, "valid_to": v.valid_to_ms, "final": self.final,
                 "partition": r.partition, **r.served(), "input_lag": input_lag_doc(input_lag)}
 
@@ -129,37 +129,36 @@ class HistoryReads:
                                      f"oldest time it can answer for is {rfc3339(oldest)} ({oldest} ms), not "
                                      f"{at_ms} ms", table=spec.name, oldest_retained=oldest)
 
-    async def _read(self, spec: TableSpec, key: str, window: VersionFilter, limit: int,
-                    bound: Bound) -> tuple[LookupResult, Any, int]:
+    def _plan(self, spec: TableSpec, key: str, bound: Bound) -> tuple[bytes, Any]:
+        """The key's bytes and the attempt plan of one read of its partition."""
         core = self._core
         raw, partition = locate(key, spec.partitions, spec.key_format)
-        plan = core.plan(spec.name, partition, core.bound_for(spec, bound), self._latency, self._timeout_s,
-                         time.monotonic())
-        read_range = core.store.read_range
-        cand, answer = await run(plan, lambda c: read_range(c.replica.address, spec.name, partition, raw, b"", limit,
-                                                            window, plan.bound))
-        latest = answer.versions[0] if answer.versions else None
-        status = ReadStatus.OK if latest is not None and latest.value is not None else ReadStatus.NOT_FOUND
-        lookup = lookup_result(spec.name, key, partition, cand, ReadResult(status, b"", answer.replica))
-        staleness = answer.replica.staleness_ms if answer.replica is not None else None
-        now = core.clock_ms()
-        complete = -1 if staleness is None else now - staleness - core.input_lag(spec.name)[1]
-        return lookup, answer, complete
+        return raw, core.plan(spec.name, partition, core.bound_for(spec, bound), self._latency, self._timeout_s,
+                              time.monotonic())
+
+    def _complete_ms(self, spec: TableSpec, answer: Any) -> int:
+        """Up to when the replica that answered had every change of the table: its staleness and the pipeline's input
+        lag taken off the answer's time (-1: it did not say)."""
+        if answer.replica is None:
+            return -1
+        return self._core.clock_ms() - answer.replica.staleness_ms - self._core.input_lag(spec.name)[1]
 
     async def as_of(self, table: str, key: str, as_of_ms: int, bound: Bound = NO_BOUND) -> AsOf:
-        """``key``'s version valid at ``as_of_ms`` from one replica within the bound."""
+        """``key``'s version valid at ``as_of_ms`` from one replica within the bound: a point read, as a get is."""
         started = time.perf_counter()
         try:
             spec = self.versioned(table)
             self._retained(spec, as_of_ms, self._core.clock_ms())
-            lookup, answer, complete = await self._read(spec, key, VersionFilter(as_of_ms, as_of_ms + 1), 1, bound)
+            raw, plan = self._plan(spec, key, bound)
+            read = self._core.store.read_version
+            cand, answer = await run(plan, lambda c: read(c.replica.address, table, plan.partition, raw, as_of_ms,
+                                                          plan.bound))
         except FreshrouteError as e:
             count(self._core.metrics, started, e)
             raise
-        version = answer.versions[0] if answer.versions else None
+        lookup = count(self._core.metrics, started, lookup_result(table, key, plan.partition, cand, answer))
         grace = spec.window.grace_ms if spec.window is not None else 0
-        count(self._core.metrics, started, lookup)
-        return AsOf(lookup, as_of_ms, version, as_of_ms + grace <= complete)
+        return AsOf(lookup, as_of_ms, answer.version, as_of_ms + grace <= self._complete_ms(spec, answer))
 
     async def versions(self, table: str, key: str, from_ms: int | None = None, to_ms: int | None = None,
                        limit: int | None = None, page_token: str | None = None, bound: Bound = NO_BOUND) -> Versions:
@@ -179,11 +178,17 @@ class HistoryReads:
             if from_ms > to_ms:
                 raise InvalidArgument(f"from ({from_ms}) must not be after to ({to_ms})", field="from")
             from_ms = max(from_ms, self._core.clock_ms() - spec.history_retention_ms)
-            lookup, answer, complete = await self._read(spec, key, VersionFilter(from_ms, to_ms), limit + 1, bound)
+            raw, plan = self._plan(spec, key, bound)
+            read_range = self._core.store.read_range
+            cand, answer = await run(plan, lambda c: read_range(c.replica.address, table, plan.partition, raw, b"",
+                                                                limit + 1, VersionFilter(from_ms, to_ms), plan.bound))
         except FreshrouteError as e:
             count(self._core.metrics, started, e)
             raise
         page = tuple(answer.versions[:limit])
         more = len(answer.versions) > limit and page[-1].valid_from_ms > from_ms
-        count(self._core.metrics, started, lookup._replace(found=bool(page)))
-        return Versions(lookup, from_ms, to_ms, page, page[-1].valid_from_ms if more else None, complete)
+        status = ReadStatus.OK if page else ReadStatus.NOT_FOUND
+        lookup = count(self._core.metrics, started,
+                       lookup_result(table, key, plan.partition, cand, ReadResult(status, b"", answer.replica)))
+        return Versions(lookup, from_ms, to_ms, page, page[-1].valid_from_ms if more else None,
+                        self._complete_ms(spec, answer))

@@ -38,6 +38,11 @@ class StoreClient(Protocol):
         """One key read; the awaitable resolves when the node answers (no timeout of its own)."""
         ...
 
+    def read_version(self, address: str, table: str, partition: int, key: bytes, as_of_ms: int,
+                     bound: Bound) -> Awaitable[ReadResult]:
+        """A versioned table's key as of ``as_of_ms``: its ``version`` valid then (None: it had none)."""
+        ...
+
     def read_many(self, address: str, table: str, partition: int, keys: list[bytes],
                   bound: Bound) -> Awaitable[GroupResult]:
         """Several keys of one partition from one replica, sent together."""
@@ -364,6 +369,10 @@ class StoreNodeClient:
 
     def read(self, address: str, table: str, partition: int, key: bytes, bound: Bound) -> asyncio.Future[ReadResult]:
         return self._stream(address).submit(key_read(next(self._ids), table, partition, key, bound))
+
+    def read_version(self, address: str, table: str, partition: int, key: bytes, as_of_ms: int,
+                     bound: Bound) -> asyncio.Future[ReadResult]:
+        return self._stream(address).submit(key_read(next(self._ids), table, partition, key, bound, as_of_ms))
 
     def read_many(self, address: str, table: str, partition: int, keys: list[bytes],
                   bound: Bound) -> asyncio.Future[GroupResult]:
