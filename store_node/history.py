@@ -134,8 +134,11 @@ class History:
 
     def _family(self, family: Rdict | None) -> Rdict:
         if family is None:
-            raise StoreCorrupt(f"replica store {self._path} is closed", path=str(self._path))
+            raise self._closed()
         return family
+
+    def _closed(self) -> StoreCorrupt:
+        return StoreCorrupt(f"replica store {self._path} is closed", path=str(self._path))
 
     def _failed(self, e: Exception) -> StoreCorrupt:
         return StoreCorrupt(f"cannot read the history of replica store {self._path}: {e}", path=str(self._path))
@@ -180,20 +183,25 @@ class History:
 
     def at(self, key: bytes, at_ms: int) -> Version | None:
         """The version of ``key`` valid at ``at_ms`` (None: it had none): one seek, and one step for its end."""
-        family = self._family(self._versions)
-        prefix = key_prefix(key)
+        family = self._versions
+        if family is None:
+            raise self._closed()
+        vkey = version_key(key, at_ms)
+        run = len(vkey) - _TIME.size  # the key's run of versions: keys of this length with this prefix
         try:
             it = family.iter()
-            it.seek_for_prev(version_key(key, at_ms))
-            if not it.valid() or (vkey := it.key())[:-_TIME.size] != prefix:
+            it.seek_for_prev(vkey)
+            if not it.valid() or (found := it.key())[:run] != vkey[:run] or len(found) != len(vkey):
                 return None
-            value = decode_value(it.value())
+            value = it.value()
             it.next()
-            valid_to = time_of(it.key()) if it.valid() and it.key()[:-_TIME.size] == prefix else None
+            after = it.key() if it.valid() else None
             del it
         except Exception as e:
             raise self._failed(e) from None
-        return Version(time_of(vkey), valid_to, value)
+        valid_to = _TIME.unpack_from(after, run)[0] if after is not None and after[:run] == vkey[:run] and \
+            len(after) == len(vkey) else None
+        return Version(_TIME.unpack_from(found, run)[0], valid_to, None if value[:1] == _DELETE else value[1:])
 
     def versions(self, key: bytes, from_ms: int, to_ms: int, limit: int) -> list[Version]:
         """Up to ``limit`` versions of ``key`` valid at some time in ``[from_ms, to_ms)``, newest first."""

@@ -99,6 +99,7 @@ def test_random_records_read_as_their_recomputation_and_survive_a_reopen(tmp_pat
             got = store.history.versions(key, t, t + 1, 1)
             expected = as_of(want, t)
             assert (got[0] if got else None) == expected, (key, t)
+            assert store.history.at(key, t) == expected, (key, t)  # the read as of a time: one seek
     # The index holds, for each version, when its expiry clock started: replaced ones then, a latest delete at once.
     wanted_index = sorted((v.valid_to_ms if v.valid_to_ms is not None else v.valid_from_ms, history.version_key(k, v.valid_from_ms))
                           for k in keys for v in model_versions(records, k)
