@@ -4,8 +4,9 @@ until the next one did.
 Two column families beside the rows (which keep the latest version of each key, so that a plain lookup costs what it
 always did):
 
-- ``versions``: (key, valid from) → the value, or a delete (a version too: "absent from then"). The key is length-
-  prefixed so that a key's versions are one contiguous run, in time order.
+- ``versions``: (key, valid from) → the value, or a delete (a version too: "absent from then"). The key is escaped
+  and terminated (``\x00`` → ``\x00\xff``, then ``\x00\x01``), so that a key's versions are one contiguous run in
+  time order and the runs come in the keys' own byte order.
 - ``version_expiry``: (expires at, version key) → nothing. A version expires when it has been replaced for the
   table's history retention; a delete that is the latest version expires once it is that old itself (absent then or
   never held reads the same); a latest value never expires. Expiry reads this index from its start up to now minus
@@ -30,17 +31,18 @@ from freshroute.wire import Version
 VERSIONS_CF = "versions"
 EXPIRY_CF = "version_expiry"
 
-_LENGTH = struct.Struct(">I")
 _TIME = struct.Struct(">Q")
+_END = b"\x00\x01"  # ends a key's escaped bytes: sorts before any escaped byte, so a key before its extensions
 _VALUE, _DELETE = b"\x01", b"\x00"
 
 
-def version_key(key: bytes, at_ms: int) -> bytes:
-    return _LENGTH.pack(len(key)) + key + _TIME.pack(max(0, at_ms))
-
-
 def key_prefix(key: bytes) -> bytes:
-    return _LENGTH.pack(len(key)) + key
+    """The start of every version key of ``key``: its run."""
+    return key.replace(b"\x00", b"\x00\xff") + _END
+
+
+def version_key(key: bytes, at_ms: int) -> bytes:
+    return key_prefix(key) + _TIME.pack(max(0, at_ms))
 
 
 def time_of(vkey: bytes) -> int:
@@ -187,11 +189,11 @@ class History:
         if family is None:
             raise self._closed()
         vkey = version_key(key, at_ms)
-        run = len(vkey) - _TIME.size  # the key's run of versions: keys of this length with this prefix
+        run = len(vkey) - _TIME.size  # the key's run of versions: the keys that start so
         try:
             it = family.iter()
             it.seek_for_prev(vkey)
-            if not it.valid() or (found := it.key())[:run] != vkey[:run] or len(found) != len(vkey):
+            if not it.valid() or (found := it.key())[:-_TIME.size] != vkey[:run]:
                 return None
             value = it.value()
             it.next()
@@ -199,8 +201,8 @@ class History:
             del it
         except Exception as e:
             raise self._failed(e) from None
-        valid_to = _TIME.unpack_from(after, run)[0] if after is not None and after[:run] == vkey[:run] and \
-            len(after) == len(vkey) else None
+        valid_to = _TIME.unpack_from(after, run)[0] if after is not None and after[:-_TIME.size] == vkey[:run] \
+            else None
         return Version(_TIME.unpack_from(found, run)[0], valid_to, None if value[:1] == _DELETE else value[1:])
 
     def versions(self, key: bytes, from_ms: int, to_ms: int, limit: int) -> list[Version]:

@@ -132,3 +132,13 @@ def test_a_versioned_write_goes_with_its_checkpoint_and_unversioned_stores_have_
     apply_versions(store, [(b"k", 10, b"2")], next_offset=2, caught_up_at_ms=77)
     assert (store.applied_offset, store.caught_up_at_ms) == (2, 77)
     store.close()
+
+
+def test_runs_of_versions_come_in_the_keys_own_order_and_never_mix():
+    keys = sorted([b"", b"a", b"a\x00", b"a\x00\x00", b"a\x00\x01", b"a\x01", b"a\xff", b"ab", b"b", b"\x00"])
+    keys_by_run = sorted(keys, key=lambda k: history.version_key(k, 5))
+    assert keys_by_run == keys
+    # The last version of a key sorts before the first of any other key after it.
+    for a, b in zip(keys, keys[1:]):
+        assert history.version_key(a, (1 << 63) - 1) < history.version_key(b, 0)
+        assert not history.version_key(b, 0).startswith(history.key_prefix(a))
