@@ -84,6 +84,9 @@ class BatchGetRequest(BaseModel):
     after: str | None = Field(default=None, description=_AFTER_HELP,
                               json_schema_extra={"format": WRITE_TOKEN_FORMAT, "maxLength": MAX_TOKEN_LENGTH})
     wait_ms: int | None = Field(default=None, ge=1, le=MAX_WAIT_MS, description=_WAIT_HELP)
+    as_of: int | None = Field(default=None, ge=0, le=MAX_LIMIT,
+                              description="a versioned table: every key's value at this time (ms since the epoch; "
+                                          "RFC 3339 text is read too); each item says valid_from, valid_to, final")
 
 
 class BatchItem(BaseModel):
@@ -96,6 +99,9 @@ class BatchItem(BaseModel):
     lag: Lag | None = None
     position: str | None = None
     error: ErrorDetail | None = None
+    valid_from: int | None = Field(None, description="as_of: when the version answered became the key's, ms")
+    valid_to: int | None = Field(None, description="as_of: when it stopped being the key's, ms; null: it still is")
+    final: bool | None = Field(None, description="as_of: no change can reach this answer any more")
 
 
 class BatchGetResponse(BaseModel):

@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from freshroute.errors import FreshrouteError, InvalidArgument
 from freshroute.freshness import MAX_LIMIT, Bound, parse_bound, parse_limit, parse_millis, parse_query_bound
+from freshroute.routing.history import batch_doc, parse_time
 from freshroute.routing.results import BatchResult, LookupResult
 from router.auth import Guard
 from router.console import HEADERS as CONSOLE_HEADERS, assets as console_assets
@@ -262,6 +263,10 @@ async def _batch_get(router: Router, table: str, raw_body: bytes) -> dict[str, A
         raise InvalidArgument("after must be a write token", field="after")
     bound: Bound = parse_bound(doc.get("max_lag"), doc.get("max_staleness_ms"), min_position,
                                doc.get("max_input_lag_ms"), after, doc.get("wait_ms"))
+    if doc.get("as_of") is not None:
+        as_of = parse_time("as_of", doc["as_of"])
+        answers = await router.history.batch_as_of(table, keys, as_of, bound)
+        return batch_doc(table, keys, answers, as_of, router.input_lag(table), router.value_format(table))
     results = await router.batch_get(table, keys, bound)
     return BatchResult(table, keys, [r if isinstance(r, LookupResult) else as_freshroute_error(r) for r in results]) \
         .to_dict(router.input_lag(table), router.value_format(table))

@@ -8,6 +8,7 @@ pipeline's input lag, taken off the answer's time); else it may still change, as
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -19,7 +20,7 @@ from freshroute.metadata import TableSpec
 from freshroute.routing.answers import lookup_result
 from freshroute.routing.counts import count
 from freshroute.routing.drivers import run
-from freshroute.routing.results import LookupResult, input_lag_doc, key_not_found, value_fields
+from freshroute.routing.results import BatchResult, LookupResult, input_lag_doc, key_not_found, value_fields
 from freshroute.wire import ReadResult, ReadStatus, Version, VersionFilter
 
 if TYPE_CHECKING:
@@ -82,6 +83,21 @@ class AsOf(NamedTuple):
                          valid_from=self.version.valid_from_ms if self.version is not None else None,
                          valid_to=self.version.valid_to_ms if self.version is not None else None)
         return e
+
+
+def batch_doc(table: str, keys: list[str], answers: list["AsOf | FreshrouteError"], as_of_ms: int,
+              input_lag: tuple[int, int], value_format: str) -> dict[str, Any]:
+    """A batch lookup as of a time as REST answers it: a batch's body, each found key with its version's interval and
+    whether it is final."""
+    doc = BatchResult(table, keys, [a.lookup if isinstance(a, AsOf) else a for a in answers]).to_dict(input_lag,
+                                                                                                       value_format)
+    for item, answer in zip(doc["results"], answers):
+        if isinstance(answer, AsOf):
+            version = answer.version
+            item.update(valid_from=version.valid_from_ms if version else None,
+                        valid_to=version.valid_to_ms if version else None, final=answer.final)
+    doc["as_of"] = as_of_ms
+    return doc
 
 
 class Versions(NamedTuple):
@@ -159,6 +175,21 @@ class HistoryReads:
         lookup = count(self._core.metrics, started, lookup_result(table, key, plan.partition, cand, answer))
         grace = spec.window.grace_ms if spec.window is not None else 0
         return AsOf(lookup, as_of_ms, answer.version, as_of_ms + grace <= self._complete_ms(spec, answer))
+
+    async def batch_as_of(self, table: str, keys: list[str], as_of_ms: int,
+                          bound: Bound = NO_BOUND) -> list["AsOf | FreshrouteError"]:
+        """Many keys as of one time, in request order: each key's answer, or the error of its key (the table's own
+        refusals refuse the batch)."""
+        spec = self.versioned(table)
+        if len(keys) > self._core.policy.batch_max_keys:
+            raise InvalidArgument(f"at most {self._core.policy.batch_max_keys} keys per batch", field="keys")
+        self._retained(spec, as_of_ms, self._core.clock_ms())
+        outcomes = await asyncio.gather(*(self.as_of(table, key, as_of_ms, bound) for key in keys),
+                                        return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, FreshrouteError):
+                raise outcome
+        return outcomes
 
     async def versions(self, table: str, key: str, from_ms: int | None = None, to_ms: int | None = None,
                        limit: int | None = None, page_token: str | None = None, bound: Bound = NO_BOUND) -> Versions:

@@ -128,3 +128,19 @@ def test_times_parse_as_ms_or_rfc3339_with_an_offset():
     for bad in ("", "-1", "1e3", "2025-11-29", "2025-11-29T10:00:00", "x" * 50, True):
         with pytest.raises(InvalidArgument):
             parse_time("as_of", bad)
+
+
+async def test_a_batch_as_of_a_time_answers_each_key_with_its_version(cluster):
+    async with cluster.client() as c:
+        r = await c.post(f"/v1/tables/{TABLE}/keys:batchGet", json={"keys": ["sensor-1", "sensor-2"], "as_of": T1})
+        body = r.json()
+    assert r.status_code == 200 and body["as_of"] == T1
+    one, two = body["results"]
+    assert (one["found"], one["value"], one["valid_from"], one["valid_to"], one["final"]) == (True, {"count": 1}, T1,
+                                                                                              T2, True)
+    assert (two["found"], two["valid_from"]) == (False, None)  # no version then
+    async with cluster.client() as c:
+        old = await c.post(f"/v1/tables/{TABLE}/keys:batchGet", json={"keys": ["sensor-1"], "as_of": NOW - 8 * DAY})
+        assert old.status_code == 404 and old.json()["error"]["code"] == "VERSION_NOT_RETAINED"
+        bad = await c.post(f"/v1/tables/{TABLE}/keys:batchGet", json={"keys": ["sensor-1"], "as_of": "soon"})
+        assert bad.status_code == 400 and bad.json()["error"]["field"] == "as_of"
