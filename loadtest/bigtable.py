@@ -17,6 +17,11 @@ topic into an empty directory against a plain consumer reading it (records/s); a
 client lookups (failed lookups; strict reads back). Prints every figure, writes ``bigtable.json`` and ``bigtable.png`` (figures against table size) to --out;
 the last line is one JSON object with the figures named ``big_*``. Loopback only; every step ends by itself.
 Each size's topic and table are removed afterwards unless --keep.
+
+``--versions N`` makes each table versioned (``table add --history-retention 7d``): each key written N times, a minute
+apart (the last a minute ago), each time a different value. The figures gain ``_v{N}``, and add the REST latency of a
+lookup as of a time halfway through the history (``big_asof_p50_ms_*``, ``big_asof_p99_ms_*``): run once without
+and once with to compare disk per copy, the restore (served after table add) and lookups.
 """
 
 from __future__ import annotations
@@ -45,16 +50,26 @@ SIZES = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000, "10m": 10_000_000}
 PARTITIONS = 12
 KEY_PREFIX = "big-"
 SAMPLE_KEYS = 20_000  # random keys the latency and throughput runs rotate over
+HISTORY_MS = 7 * 86_400_000  # --versions: the tables' history retention
 
 
 def key_of(i: int) -> bytes:
     return b"big-%d" % i
 
 
-def value_of(i: int) -> bytes:
-    """Key i's row: about 200 bytes of JSON, different for every key."""
-    return b'{"id":%d,"name":"customer %d","segment":"s%d","score":%d.25,"tags":["a%d","b%d"],"note":"%s"}' % (
+def value_of(i: int, version: int = 0) -> bytes:
+    """Key i's row (its ``version``-th): about 200 bytes of JSON, different for every key and version."""
+    row = b'{"id":%d,"name":"customer %d","segment":"s%d","score":%d.25,"tags":["a%d","b%d"],"note":"%s"}' % (
         i, i, i % 97, i % 1000, i % 13, i % 7, b"x" * 64)
+    return row[:-1] + b',"v":%d}' % version if version else row
+
+
+VERSION_STEP_MS = 60_000
+
+
+def version_times(versions: int, now_ms: int) -> list[int]:
+    """The Kafka timestamps of a key's versions: a minute apart, the last a minute before ``now_ms``."""
+    return [now_ms - (versions - v) * VERSION_STEP_MS for v in range(versions)]
 
 
 def topic_name(prefix: str, label: str) -> str:
@@ -66,8 +81,9 @@ def table_name(label: str) -> str:
 
 
 def write_topic(bootstrap: str, topic: str, keys: int, partitions: int = PARTITIONS,
-                say: Callable[[str], None] = print) -> float:
-    """Create ``topic`` (compacted) and write one record per key; returns the seconds the writes took."""
+                say: Callable[[str], None] = print, times: list[int] | None = None) -> float:
+    """Create ``topic`` (compacted) and write one record per key (one per key and time of ``times``, with that Kafka
+    timestamp, oldest first); returns the seconds the writes took."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient
 
@@ -78,19 +94,24 @@ def write_topic(bootstrap: str, topic: str, keys: int, partitions: int = PARTITI
                                                           "compression.type": "lz4",
                                                           "queue.buffering.max.messages": 2_000_000}))
     start = last = time.monotonic()
-    for i in range(keys):
-        key = key_of(i)
-        while True:
-            try:
-                producer.produce(topic, key=key, value=value_of(i), partition=partition_for(key, partitions))
-                break
-            except BufferError:
-                producer.poll(0.05)
-        if i % 20_000 == 0:
-            producer.poll(0)
-            if time.monotonic() - last > 5:
-                last = time.monotonic()
-                say(f"    writing {topic}: {i:,} of {keys:,} keys ({i / (last - start):,.0f}/s)")
+    for n, (v, at) in enumerate([(v, at) for v, at in enumerate(times)] if times else [(0, None)]):
+        stamp = {"timestamp": at} if at is not None else {}
+        for i in range(keys):
+            key = key_of(i)
+            while True:
+                try:
+                    producer.produce(topic, key=key, value=value_of(i, v), partition=partition_for(key, partitions),
+                                     **stamp)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            if i % 20_000 == 0:
+                producer.poll(0)
+                if time.monotonic() - last > 5:
+                    last = time.monotonic()
+                    done = n * keys + i
+                    say(f"    writing {topic}: {done:,} of {keys * max(1, len(times or ())):,} records "
+                        f"({done / (last - start):,.0f}/s)")
     if producer.flush(600):
         raise RuntimeError(f"records to {topic} were not all delivered")
     return time.monotonic() - start
@@ -135,8 +156,9 @@ def settle(stack: Any, quiet_cores: float = 0.15, timeout_s: float = 120.0) -> f
     return time.monotonic() - start
 
 
-def mismatches(rest_url: str, table: str, keys: list[int]) -> list[str]:
-    """Keys whose served value is not the one written (batchGet, 100 keys a request); empty when all agree."""
+def mismatches(rest_url: str, table: str, keys: list[int], version: int = 0) -> list[str]:
+    """Keys whose served value is not the one written last (its ``version``; batchGet, 100 keys a request); empty when
+    all agree."""
     bad: list[str] = []
     with httpx.Client(base_url=rest_url, timeout=30) as http:
         for at in range(0, len(keys), 100):
@@ -144,7 +166,7 @@ def mismatches(rest_url: str, table: str, keys: list[int]) -> list[str]:
             r = http.post(f"/v1/tables/{table}/keys:batchGet", json={"keys": [key_of(i).decode() for i in chunk]})
             r.raise_for_status()
             for i, item in zip(chunk, r.json()["results"]):
-                if not item["found"] or orjson.dumps(item["value"]) != orjson.dumps(orjson.loads(value_of(i))):
+                if not item["found"] or orjson.dumps(item["value"]) != orjson.dumps(orjson.loads(value_of(i, version))):
                     bad.append(f"{key_of(i).decode()}: {item}")
                     if len(bad) >= 10:
                         return bad
@@ -152,10 +174,11 @@ def mismatches(rest_url: str, table: str, keys: list[int]) -> list[str]:
 
 
 def rest_latency(rest_url: str, table: str, keys: int, rate: float, duration_s: float, work: Path,
-                 rng: random.Random) -> tuple[float | None, float | None]:
+                 rng: random.Random, query: str = "") -> tuple[float | None, float | None]:
     """p50, p99 (ms) of REST lookups of random keys at ``rate`` per second (h2load --h1, 4 connections)."""
     uris = work / f"{table}-uris.txt"
-    uris.write_text("".join(f"{rest_url}/v1/tables/{table}/keys/{KEY_PREFIX}{rng.randrange(keys)}\n"
+    tail = f"?{query}" if query else ""
+    uris.write_text("".join(f"{rest_url}/v1/tables/{table}/keys/{KEY_PREFIX}{rng.randrange(keys)}{tail}\n"
                             for _ in range(SAMPLE_KEYS)))
     log = work / f"{table}-h2load.log"
     clients = 4
@@ -395,18 +418,22 @@ def measure(stack: Any, label: str, keys: int, args: argparse.Namespace, work: P
     from proto import router_pb2, router_pb2_grpc
 
     c = stack.config
+    versions = args.versions
+    if versions > 1:
+        label = f"{label}_v{versions}"
     topic, table = topic_name(c.topic_prefix, label), table_name(label)
+    times = version_times(versions, int(time.time() * 1000)) if versions > 1 else None
     md = MetadataStore.from_url(c.redis_url, c.namespace)
     admin = AdminClient(kafka_client_config(c.bootstrap))
     out: dict[str, Any] = {}
     say(f"{label}: {keys:,} keys")
     try:
-        out["write_s"] = write_topic(c.bootstrap, topic, keys, say=say)
+        out["write_s"] = write_topic(c.bootstrap, topic, keys, say=say, times=times)
         neighbour = Neighbour(stack, say) if largest else None
 
         def serve() -> float:
             add_table(md, admin, c.bootstrap, table, topic, standby_replicas=1,
-                      kafka_config=kafka_client_config(c.bootstrap))
+                      history_retention_ms=HISTORY_MS if times else 0, kafka_config=kafka_client_config(c.bootstrap))
             return wait_served(c.rest_url, table, args.restore_timeout, say)
 
         if neighbour is None:
@@ -428,12 +455,16 @@ def measure(stack: Any, label: str, keys: int, args: argparse.Namespace, work: P
         out["settled_after_s"] = settle(stack)
         say(f"  written in {out['write_s']:.0f} s, served (every replica caught up) {out['served_after_s']:.0f} s "
             f"after table add; the nodes' compactions settled {out['settled_after_s']:.0f} s later")
-        bad = mismatches(c.rest_url, table, random.Random(5).sample(range(keys), min(keys, 2000)))
+        bad = mismatches(c.rest_url, table, random.Random(5).sample(range(keys), min(keys, 2000)), versions - 1)
         if bad:
             raise RuntimeError(f"{table} serves values other than the topic's: {bad[:3]}")
         rng = random.Random(7)
         p50, p99 = rest_latency(c.rest_url, table, keys, args.rate, args.duration, work, rng)
         out[f"big_get_p50_ms_{label}"], out[f"big_get_p99_ms_{label}"] = p50, p99
+        if times:
+            halfway = f"as_of={times[versions // 2] + VERSION_STEP_MS // 2}"
+            out[f"big_asof_p50_ms_{label}"], out[f"big_asof_p99_ms_{label}"] = rest_latency(
+                c.rest_url, table, keys, args.rate, args.duration, work, rng, halfway)
         import grpc
 
         with grpc.insecure_channel(c.grpc_address) as channel:
@@ -510,8 +541,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipeline", nargs="*", default=[], choices=list(SIZES), metavar="SIZE",
                    help="also run the pipeline's aggregation with this many distinct keys in its state (1m: minutes; "
                         "10m: tens of minutes)")
+    p.add_argument("--versions", type=int, default=1,
+                   help="versions of each key: more than 1 makes the tables versioned (7 days of history)")
     p.add_argument("--out", type=Path, default=Path("bigtable-results"))
     a = p.parse_args(argv)
+    if not 1 <= a.versions <= 100:
+        p.error("--versions must be within 1..100")
 
     from tools.local.stack import NoLocalStack, Stack
 

@@ -342,6 +342,7 @@ function onLookupTable() {
   const t = tableDoc($("lookup-table").value);
   const windowed = Boolean(t && t.window);
   $("lookup-range").hidden = !windowed;
+  $("lookup-history").hidden = !(t && t.history_retention_ms > 0);
   if (windowed && !$("lookup-from").value) {
     const local = (ms) => new Date(ms - new Date().getTimezoneOffset() * 60000).toISOString().slice(0, 19);
     $("lookup-from").value = local(Date.now() - 3600000);
@@ -365,6 +366,10 @@ async function lookup(event) {
     params.set("from", String(new Date($("lookup-from").value).getTime()));
     params.set("to", String(new Date($("lookup-to").value).getTime()));
     path += "/windows";
+  } else if (t && t.history_retention_ms > 0 && $("lookup-versions").checked) {
+    path += "/versions";
+  } else if (t && t.history_retention_ms > 0 && $("lookup-as-of").value) {
+    params.set("as_of", String(new Date($("lookup-as-of").value).getTime()));
   }
   const out = $("lookup-result");
   out.replaceChildren(h("span", { class: "muted" }, "asking…"));
@@ -383,7 +388,14 @@ async function lookup(event) {
       "data-role": served.role },
     `partition ${b.partition} · served by ${served.node} (${served.role}) · lag ${lagText(b.lag && b.lag.offsets, b.lag && b.lag.ms)}` +
       ` · input lag ${b.input_lag ? `${b.input_lag.records} / ${ago(b.input_lag.ms)}` : "?"} · position ${b.position || "none"}`));
+    if (b.as_of !== undefined) {
+      parts.push(h("p", { id: "lookup-as-of-answer", "data-valid-from": b.valid_from, "data-final": String(b.final) },
+        `as of ${clock(b.as_of)}: the value since ${clock(b.valid_from)}` +
+        `${b.valid_to === null ? ", still the key's" : `, until ${clock(b.valid_to)}`}` +
+        ` · ${b.final ? "final: nothing can change it any more" : "open: a change may still reach it"}`));
+    }
     if (b.windows) parts.push(timeline(b));
+    if (b.versions) parts.push(versionLine(b));
   } else {
     parts.push(h("p", { class: "error", "data-status": r.status, "data-code": b.error ? b.error.code : "" }, errorText(r)));
   }
@@ -419,6 +431,50 @@ function timeline(b) {
     r.setAttribute("data-start", String(w.start));
     const tip = document.createElementNS(ns, "title");
     tip.textContent = `${clock(w.start)}–${clock(w.end)}${w.final ? " final" : " open"}: ${JSON.stringify(w.value)}`;
+    r.append(tip);
+    svg.append(r);
+  }
+  for (const [ms, anchor] of [[lo, "start"], [hi, "end"]]) {
+    const t = document.createElementNS(ns, "text");
+    t.setAttribute("x", String(x(ms))); t.setAttribute("y", "80"); t.setAttribute("text-anchor", anchor);
+    t.textContent = clock(ms);
+    svg.append(t);
+  }
+  return svg;
+}
+
+// A key's versions on a time line, oldest left: each from when it became the key's to when the next did (the latest
+// to now), a delete drawn as a gap.
+function versionLine(b) {
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("class", "timeline versions");
+  svg.setAttribute("viewBox", "0 0 1000 90");
+  svg.setAttribute("preserveAspectRatio", "none");
+  const vs = b.versions;
+  if (!vs.length) {
+    const t = document.createElementNS(ns, "text");
+    t.setAttribute("x", "10"); t.setAttribute("y", "45");
+    t.textContent = "no versions kept";
+    svg.append(t);
+    return svg;
+  }
+  const now = Date.now();
+  const lo = Math.min(...vs.map((v) => v.valid_from));
+  const hi = Math.max(now, ...vs.map((v) => v.valid_to || v.valid_from));
+  const x = (ms) => 10 + ((ms - lo) * 980) / Math.max(1, hi - lo);
+  for (const v of vs) {
+    const end = v.valid_to === null ? hi : v.valid_to;
+    const r = document.createElementNS(ns, "rect");
+    r.setAttribute("x", String(x(v.valid_from)));
+    r.setAttribute("y", "15");
+    r.setAttribute("width", String(Math.max(1, x(end) - x(v.valid_from) - 1)));
+    r.setAttribute("height", "45");
+    r.setAttribute("class", v.deleted ? "deleted" : v.valid_to === null ? "latest" : "final");
+    r.setAttribute("data-valid-from", String(v.valid_from));
+    const tip = document.createElementNS(ns, "title");
+    tip.textContent = `${clock(v.valid_from)}–${v.valid_to === null ? "now" : clock(v.valid_to)}: ` +
+      (v.deleted ? "deleted" : JSON.stringify(v.value));
     r.append(tip);
     svg.append(r);
   }

@@ -30,6 +30,7 @@ from freshroute.topics import topic_config
 from freshroute.wire import FrameReader, VersionFilter, frame, range_result, range_read
 from pipeline.topics import ensure_topic
 from proto import router_pb2, router_pb2_grpc, store_pb2
+from tests.integration.browser import browser_page
 from tests.integration.cluster_support import fully_replicated, metadata, node_id, node_status, scrape
 from tests.integration.pipeline_support import REPO
 from tests.integration.stack_fixture import wait_until
@@ -224,6 +225,37 @@ def test_what_a_versioned_read_cannot_answer_is_refused_naming_why(stack, prices
         assert r.status_code == 400 and r.json()["error"]["field"] == "from"
     refused = freshroute(stack, "table", "add", "p2", "--topic", prices[0], "--history-retention", "-5")
     assert refused.returncode == 2 and "--history-retention" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_the_console_asks_as_of_a_time_and_draws_a_keys_versions(stack, prices):
+    _, model = prices
+    key = "pair-5"
+    versions = model.versions(key)
+    with browser_page(f"{stack.config.rest_url}/console") as console:
+        page = console.page
+        console.wait_for(lambda: page.evaluate("document.querySelectorAll('#nodes tbody tr').length") > 0, 20,
+                         "the console to draw the cluster")
+        page.fill("#lookup-table", "prices")
+        page.dispatch_event("#lookup-table", "input")
+        assert page.is_visible("#lookup-as-of") and not page.is_visible("#lookup-from")
+        page.fill("#lookup-key", key)
+        # The oldest version, asked for by its time in the page's own time zone.
+        at = versions[-1][0]
+        local = page.evaluate(f"new Date({at} - new Date({at}).getTimezoneOffset() * 60000).toISOString().slice(0, 23)")
+        page.fill("#lookup-as-of", local)
+        page.click("#lookup-form button[type=submit]")
+        page.wait_for_selector("#lookup-as-of-answer", timeout=10_000)
+        answer = page.evaluate("""() => { const p = document.querySelector('#lookup-as-of-answer');
+            return [Number(p.dataset.validFrom), p.dataset.final, JSON.parse(
+                document.querySelector('#lookup-json').textContent).value]; }""")
+        assert answer == [at, "true", versions[-1][2]]
+        page.check("#lookup-versions")
+        page.click("#lookup-form button[type=submit]")
+        page.wait_for_selector("svg.versions rect", timeout=10_000)
+        drawn = page.evaluate("[...document.querySelectorAll('svg.versions rect')].map(r => "
+                              "[Number(r.dataset.validFrom), r.getAttribute('class')])")
+        want = [[f, "deleted" if v is None else "latest" if to is None else "final"] for f, to, v in versions]
+        assert drawn == want
 
 
 def node_versions(read_address: str, table: str, key: str) -> list[tuple[int, int | None, bytes | None]] | None:
