@@ -52,10 +52,13 @@ def flatmap_path_parameters(context, path_parameters):
 
 def _within_history(query: dict) -> dict:
     """``as_of``, ``from``, ``to`` and ``page_token`` as times the table keeps (from no later than to): what OpenAPI
-    cannot say, as the table's history ends now."""
+    cannot say, as the table's history ends now. ``as_of`` is from now on, where every key has its version (the
+    deployment wrote them moments ago): an earlier one would mostly find a key absent."""
     now = int(time.time() * 1000)
-    times = {k: now - HISTORY_MS + 60_000 + v % (HISTORY_MS + 3_600_000) for k in ("as_of", "from", "to", "page_token")
+    times = {k: now - HISTORY_MS + 60_000 + v % (HISTORY_MS + 3_600_000) for k in ("from", "to", "page_token")
              if (v := _millis(query.get(k))) is not None}
+    if (v := _millis(query.get("as_of"))) is not None:
+        times["as_of"] = now + v % 3_600_000
     if "from" in times and "to" in times:
         times["from"], times["to"] = min(times["from"], times["to"]), max(times["from"], times["to"])
     return {**query, **times}
