@@ -133,9 +133,9 @@ class HistoryReads:
     def versioned(self, name: str) -> TableSpec:
         spec = self._core.keyed(name)
         if not spec.versioned:
-            raise TableNotVersioned(f"table {name!r} keeps only its latest values: give it a history retention "
-                                    f"(history_retention in the tables file, `freshroute table add "
-                                    f"--history-retention`) to read it as of a time", table=name)
+            raise TableNotVersioned(f"table {name!r} keeps only its latest values: a table added with `freshroute "
+                                    f"table add --history-retention` keeps its versions, to be read as of a time",
+                                    table=name)
         return spec
 
     def _retained(self, spec: TableSpec, at_ms: int, now: int) -> None:
