@@ -25,7 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from freshroute.errors import ConfigError, FreshrouteError
 from freshroute.freshness import NO_BOUND, Bound, rank_lag
 from freshroute.metadata import TableSpec
-from freshroute.routing.history import Versions, parse_time
+from freshroute.routing.history import AsOf, Versions, parse_time
 from freshroute.routing.results import (ClusterView, LookupResult, ReplicaInfo, WindowsResult, key_not_found,
                                         pipeline_doc)
 from freshroute.tls import ServerTLS
@@ -231,17 +231,24 @@ async def _answer_as_of(router: Router, request: router_pb2.GetRequest) -> route
     """A Get with ``Bound.as_of``: the version valid then (a versioned table's)."""
     as_of = router.parsed(parse_time, "as_of", request.bound.as_of)
     answer = await router.history.as_of(request.table, request.key, as_of, parse_request_bound(router, request))
-    version = answer.version
-    if version is None or not answer.lookup.found:
+    if answer.version is None or not answer.lookup.found:
         raise answer.not_found(router.input_lag(request.table))
-    response = _get_response(answer.lookup, request.typed_values, router.value_format(request.table))
-    response.valid_from = version.valid_from_ms
-    if version.valid_to_ms is not None:
-        response.valid_to = version.valid_to_ms
-    response.final = answer.final
+    response = _as_of_response(answer, request.typed_values, router.value_format(request.table))
     lag = _input_lag(router, request.table)
     if lag is not None:
         response.input_lag.CopyFrom(lag)
+    return response
+
+
+def _as_of_response(answer: AsOf, typed: bool, value_format: str) -> router_pb2.GetResponse:
+    """A key as of a time: a get's answer with the version's interval (unset: no version then) and ``final``."""
+    response = _get_response(answer.lookup, typed, value_format)
+    version = answer.version
+    if version is not None:
+        response.valid_from = version.valid_from_ms
+        if version.valid_to_ms is not None:
+            response.valid_to = version.valid_to_ms
+    response.final = answer.final
     return response
 
 
@@ -315,8 +322,14 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                        context: grpc.aio.ServicerContext) -> router_pb2.BatchGetResponse:
         await self._table(context, request.table)
         keys = list(request.keys)
-        results = await self._router.batch_get(request.table, keys, self._parse_bound(request))
         fmt = self._router.value_format(request.table)
+        if request.bound.HasField("as_of"):
+            as_of = self._router.parsed(parse_time, "as_of", request.bound.as_of)
+            answers = await self._router.history.batch_as_of(request.table, keys, as_of, self._parse_bound(request))
+            return router_pb2.BatchGetResponse(input_lag=_input_lag(self._router, request.table), results=[
+                _as_of_response(a, request.typed_values, fmt) if isinstance(a, AsOf)
+                else _key_error(request.table, key, a) for key, a in zip(keys, answers)])
+        results = await self._router.batch_get(request.table, keys, self._parse_bound(request))
         return router_pb2.BatchGetResponse(input_lag=_input_lag(self._router, request.table), results=[
             _get_response(r, request.typed_values, fmt) if isinstance(r, LookupResult)
             else _key_error(request.table, key, r)

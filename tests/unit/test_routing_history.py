@@ -3,6 +3,7 @@ a key as of a time with its validity and whether it is final, its versions page 
 
 import dataclasses
 
+import grpc
 import orjson
 import pytest
 
@@ -21,7 +22,7 @@ NOW = now_ms()
 T1, T2, T3 = NOW - 3 * DAY, NOW - 2 * DAY, NOW - 10_000
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def anyio_backend():
     return "asyncio"
 
@@ -145,3 +146,38 @@ async def test_a_batch_as_of_a_time_answers_each_key_with_its_version(cluster):
         assert old.status_code == 404 and old.json()["error"]["code"] == "VERSION_NOT_RETAINED"
         bad = await c.post(f"/v1/tables/{TABLE}/keys:batchGet", json={"keys": ["sensor-1"], "as_of": "soon"})
         assert bad.status_code == 400 and bad.json()["error"]["field"] == "as_of"
+
+
+@pytest.mark.usefixtures("one_event_loop")
+async def test_grpc_get_versions_and_a_batch_as_of_through_the_public_port():
+    from proto import router_pb2_grpc
+    from router.grpc_server import PublicGrpc
+    from router.settings import RouterSettings
+
+    c = Cluster(RouterSettings(grpc_port=0, request_timeout_ms=500, attempt_timeout_ms=200, hedge=False),
+                tables=(dataclasses.replace(SPEC, history_retention_ms=7 * DAY),))
+    for node in (c.n1, c.n2):
+        node.replicas[(TABLE, part("sensor-1"))].history[serialize_key("sensor-1")] = {T1: b'{"count":1}', T2: None,
+                                                                                       T3: b'{"count":3}'}
+    server = PublicGrpc(c.settings.model_copy(update={"grpc_front": True}), c.router)
+    port = await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = router_pb2_grpc.RouterStub(channel)
+            listed = await stub.GetVersions(router_pb2.VersionsRequest(table=TABLE, key="sensor-1", limit=2))
+            assert [(v.valid_from, v.valid_to if v.HasField("valid_to") else None, v.deleted) for v in
+                    listed.versions] == [(T3, None, False), (T2, T3, True)]
+            assert listed.next_page_token == str(T2) and listed.partition == part("sensor-1")
+            batch = await stub.BatchGet(router_pb2.BatchGetRequest(table=TABLE, keys=["sensor-1", "sensor-2"],
+                                                                   bound=router_pb2.Bound(as_of=T1 + 1)))
+            one, two = batch.results
+            assert (one.found, orjson.loads(one.value_json), one.valid_from, one.valid_to, one.final) == \
+                (True, {"count": 1}, T1, T2, True)
+            assert not two.found and not two.HasField("valid_from")
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.Get(router_pb2.GetRequest(table=TABLE, key="sensor-1",
+                                                     bound=router_pb2.Bound(as_of=NOW - 8 * DAY)))
+            assert refused.value.code() is grpc.StatusCode.NOT_FOUND
+            assert '"code":"VERSION_NOT_RETAINED"' in dict(refused.value.trailing_metadata())["freshroute-error"]
+    finally:
+        await server.stop(None)
