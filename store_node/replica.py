@@ -322,15 +322,14 @@ class Replica:
         store = self.store
         if store is None or not self.spec.versioned or now_ms < self._expire_at_ms:
             return
-        try:
-            writes = store.history.expiring(now_ms - self.spec.history_retention_ms, EXPIRE_AT_ONCE)
+        writes: list[Write] = []
+
+        def expire() -> None:
+            writes.extend(store.history.expiring(now_ms - self.spec.history_retention_ms, EXPIRE_AT_ONCE))
             if writes:
                 store.apply([], store.applied_offset, history_rows=writes)
-        except DiskFull as e:
-            self.mark_failed(e.message)
-            return
-        except StoreCorrupt as e:
-            self.mark_corrupt(e.message)
+
+        if not self._stored(expire):
             return
         expired = len(writes) // 2  # a version and its index entry each
         self.counters.versions_expired += expired
@@ -341,15 +340,20 @@ class Replica:
         """Ingest a bulk restore's table file (standing for ``applied`` records; None: no rows) with the checkpoint
         ``next_offset``, then publish the position."""
         store = self._open_store()
+        if self._stored(lambda: store.ingest(table_file, next_offset)):
+            self._publish(next_offset, applied, skipped)
+
+    def _stored(self, write: Callable[[], None]) -> bool:
+        """Whether ``write`` of the store went through: a full disk fails the replica, another failure has it rebuilt."""
         try:
-            store.ingest(table_file, next_offset)
+            write()
         except DiskFull as e:
             self.mark_failed(e.message)
-            return
+            return False
         except StoreCorrupt as e:
             self.mark_corrupt(e.message)
-            return
-        self._publish(next_offset, applied, skipped)
+            return False
+        return True
 
     def _open_store(self) -> ReplicaStore:
         store = self.store

@@ -405,86 +405,61 @@ async function lookup(event) {
 
 // A key's windows on a time line: final ones filled, open ones (a late record may still change them) dashed.
 function timeline(b) {
+  return timeBars("timeline", "no windows in this range", b.windows.map((w) => ({
+    from: w.start, to: w.end, cls: w.final ? "final" : "open", data: { "data-start": w.start },
+    tip: `${clock(w.start)}–${clock(w.end)}${w.final ? " final" : " open"}: ${JSON.stringify(w.value)}`,
+  })));
+}
+
+// Bars {from, to, cls, data, tip} on a time line from the earliest to the latest, its ends labelled.
+function timeBars(cls, empty, bars) {
   const ns = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(ns, "svg");
-  svg.setAttribute("class", "timeline");
+  svg.setAttribute("class", cls);
   svg.setAttribute("viewBox", "0 0 1000 90");
   svg.setAttribute("preserveAspectRatio", "none");
-  const ws = b.windows;
-  if (!ws.length) {
+  const text = (x, y, content, anchor) => {
     const t = document.createElementNS(ns, "text");
-    t.setAttribute("x", "10"); t.setAttribute("y", "45");
-    t.textContent = "no windows in this range";
+    t.setAttribute("x", String(x)); t.setAttribute("y", String(y));
+    if (anchor) t.setAttribute("text-anchor", anchor);
+    t.textContent = content;
     svg.append(t);
+  };
+  if (!bars.length) {
+    text(10, 45, empty);
     return svg;
   }
-  const lo = Math.min(...ws.map((w) => w.start));
-  const hi = Math.max(...ws.map((w) => w.end));
+  const lo = Math.min(...bars.map((v) => v.from));
+  const hi = Math.max(...bars.map((v) => v.to));
   const x = (ms) => 10 + ((ms - lo) * 980) / Math.max(1, hi - lo);
-  for (const w of ws) {
+  for (const bar of bars) {
     const r = document.createElementNS(ns, "rect");
-    r.setAttribute("x", String(x(w.start)));
+    r.setAttribute("x", String(x(bar.from)));
     r.setAttribute("y", "15");
-    r.setAttribute("width", String(Math.max(1, x(w.end) - x(w.start) - 1)));
+    r.setAttribute("width", String(Math.max(1, x(bar.to) - x(bar.from) - 1)));
     r.setAttribute("height", "45");
-    r.setAttribute("class", w.final ? "final" : "open");
-    r.setAttribute("data-start", String(w.start));
+    r.setAttribute("class", bar.cls);
+    for (const [name, value] of Object.entries(bar.data)) r.setAttribute(name, String(value));
     const tip = document.createElementNS(ns, "title");
-    tip.textContent = `${clock(w.start)}–${clock(w.end)}${w.final ? " final" : " open"}: ${JSON.stringify(w.value)}`;
+    tip.textContent = bar.tip;
     r.append(tip);
     svg.append(r);
   }
-  for (const [ms, anchor] of [[lo, "start"], [hi, "end"]]) {
-    const t = document.createElementNS(ns, "text");
-    t.setAttribute("x", String(x(ms))); t.setAttribute("y", "80"); t.setAttribute("text-anchor", anchor);
-    t.textContent = clock(ms);
-    svg.append(t);
-  }
+  text(x(lo), 80, clock(lo), "start");
+  text(x(hi), 80, clock(hi), "end");
   return svg;
 }
 
 // A key's versions on a time line, oldest left: each from when it became the key's to when the next did (the latest
 // to now), a delete drawn as a gap.
 function versionLine(b) {
-  const ns = "http://www.w3.org/2000/svg";
-  const svg = document.createElementNS(ns, "svg");
-  svg.setAttribute("class", "timeline versions");
-  svg.setAttribute("viewBox", "0 0 1000 90");
-  svg.setAttribute("preserveAspectRatio", "none");
-  const vs = b.versions;
-  if (!vs.length) {
-    const t = document.createElementNS(ns, "text");
-    t.setAttribute("x", "10"); t.setAttribute("y", "45");
-    t.textContent = "no versions kept";
-    svg.append(t);
-    return svg;
-  }
   const now = Date.now();
-  const lo = Math.min(...vs.map((v) => v.valid_from));
-  const hi = Math.max(now, ...vs.map((v) => v.valid_to || v.valid_from));
-  const x = (ms) => 10 + ((ms - lo) * 980) / Math.max(1, hi - lo);
-  for (const v of vs) {
-    const end = v.valid_to === null ? hi : v.valid_to;
-    const r = document.createElementNS(ns, "rect");
-    r.setAttribute("x", String(x(v.valid_from)));
-    r.setAttribute("y", "15");
-    r.setAttribute("width", String(Math.max(1, x(end) - x(v.valid_from) - 1)));
-    r.setAttribute("height", "45");
-    r.setAttribute("class", v.deleted ? "deleted" : v.valid_to === null ? "latest" : "final");
-    r.setAttribute("data-valid-from", String(v.valid_from));
-    const tip = document.createElementNS(ns, "title");
-    tip.textContent = `${clock(v.valid_from)}–${v.valid_to === null ? "now" : clock(v.valid_to)}: ` +
-      (v.deleted ? "deleted" : JSON.stringify(v.value));
-    r.append(tip);
-    svg.append(r);
-  }
-  for (const [ms, anchor] of [[lo, "start"], [hi, "end"]]) {
-    const t = document.createElementNS(ns, "text");
-    t.setAttribute("x", String(x(ms))); t.setAttribute("y", "80"); t.setAttribute("text-anchor", anchor);
-    t.textContent = clock(ms);
-    svg.append(t);
-  }
-  return svg;
+  return timeBars("timeline versions", "no versions kept", b.versions.map((v) => ({
+    from: v.valid_from, to: v.valid_to === null ? Math.max(now, v.valid_from) : v.valid_to,
+    cls: v.deleted ? "deleted" : v.valid_to === null ? "latest" : "final", data: { "data-valid-from": v.valid_from },
+    tip: `${clock(v.valid_from)}–${v.valid_to === null ? "now" : clock(v.valid_to)}: ` +
+      (v.deleted ? "deleted" : JSON.stringify(v.value)),
+  })));
 }
 
 // ---- start ------------------------------------------------------------------------------------------------------

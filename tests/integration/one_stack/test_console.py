@@ -126,7 +126,11 @@ def test_a_lookup_through_the_console_answers_as_the_rest_api(stack, console):
         shown, line = ask(console, "sensor_stats", "sensor-1", wait_ms="30000", after=write_reading(stack, {
             "sensor": "sensor-1", "area": "north", "reading": 3.0, "ts": int(time.time() * 1000)}))
         assert line.startswith("partition ") and shown["value"]["count"] > before, line
-        # A windowed table: its windows on a time line, the final ones filled.
+        # A windowed table: its windows on a time line, the final ones filled (once the pipeline has made some: on a
+        # stack just started its windowed query may not have yet).
+        wait_until(lambda: http.get("/v1/tables/sensor_windows/keys/sensor-3/windows", params={
+            "from": int(time.time() * 1000) - 3_600_000, "to": int(time.time() * 1000) + 60_000}).json().get("windows"),
+                   60, "sensor-3's first windows", stack=stack)
         shown, _ = ask(console, "sensor_windows", "sensor-3")
         rest = http.get("/v1/tables/sensor_windows/keys/sensor-3/windows",
                         params={"from": shown["windows"][0]["start"] if shown["windows"] else 0,
