@@ -146,9 +146,6 @@ class KeyHandlers:
             return error_response(e)
 
     async def _lookup(self, table: str, key: str, query: bytes) -> dict:
-        if query.startswith(b"as_of=") and query[6:].isdigit() and len(query) < 26:
-            # A time and nothing else: the common read of the past, without parsing a query.
-            return await self._as_of(table, key, int(query[6:]), NO_BOUND)
         q = query_of(query) if query else {}
         bound = self.router.parsed(parse_query_bound, q) if query else NO_BOUND
         if "as_of" in q:

@@ -90,6 +90,7 @@ async def test_versions_come_newest_first_in_pages(cluster):
 @pytest.mark.parametrize("path, params, status, code, field", [
     ("keys/sensor-1", {"as_of": "tomorrow"}, 400, "INVALID_ARGUMENT", "as_of"),
     ("keys/sensor-1", {"as_of": "2026-11-29T10:00:00"}, 400, "INVALID_ARGUMENT", "as_of"),  # no offset
+    ("keys/sensor-1", {"as_of": "9" * 19}, 400, "INVALID_ARGUMENT", "as_of"),  # past the largest time
     ("keys/sensor-1", {"as_of": str(NOW - 8 * DAY)}, 404, "VERSION_NOT_RETAINED", None),
     ("keys/sensor-1/versions", {"from": "5", "to": "4"}, 400, "INVALID_ARGUMENT", "from"),
     ("keys/sensor-1/versions", {"limit": "100000"}, 400, "INVALID_ARGUMENT", "limit"),
