@@ -125,9 +125,10 @@ class Applier:
             return 0
         if batch[0].offset() < floor:
             batch = [m for m in batch if m.offset() >= floor]  # a re-delivery after a re-assign
-        if rep.spec.versioned:
-            return self._apply_versioned(rep, batch, last)
-        if rep.restoring:
+        # A versioned table's records are each a version of its key at its time (store_node/history.py): a restore
+        # keeps every one, so none is staged, and each is checked as it is read.
+        versioned = rep.spec.versioned
+        if rep.restoring and not versioned:
             if staged is None:
                 staged = rep.staged = Staged()
             rows = staged.rows
@@ -138,9 +139,9 @@ class Applier:
         else:
             rows = {}
             check = True
-        count = skipped = 0
+        skipped = 0
         key_format, value_format = rep.spec.key_format, rep.spec.value_format
-        valid = []
+        valid, times = [], []
         for m in batch:
             key = m.key()
             value = m.value()
@@ -150,6 +151,8 @@ class Applier:
                 pass
             elif not check or value is None or (problem := value_problem(value_format, value)) is None:
                 valid.append((key, value, m.headers()))
+                if versioned:
+                    times.append(m.timestamp()[1])
                 continue
             if not check:
                 staged.poison = True  # reported once, when the window is read again checked
@@ -158,8 +161,12 @@ class Applier:
             self._poison(rep, m.offset(), problem,
                          rep.counters.records_skipped + (staged.skipped if staged is not None else 0) + skipped)
         positions = staged.positions if staged is not None else {}
-        count = self._newer(rep, valid, rows, positions)
-        if staged is None:
+        taken: list[int] | None = [] if versioned else None
+        count = self._newer(rep, valid, rows, positions, taken)
+        if taken is not None:
+            rep.commit_versions([(valid[i][0], times[i], valid[i][1]) for i in taken], last + 1, count, skipped,
+                                positions.items())
+        elif staged is None:
             rep.commit(rows.items(), last + 1, count, skipped, positions.items())
         else:
             staged.next_offset = last + 1
@@ -169,32 +176,6 @@ class Applier:
                 rep.write_staged()
         self._end_offsets.refresh(rep)
         return count
-
-    def _apply_versioned(self, rep: Replica, batch: list, last: int) -> int:
-        """A versioned table's records, each a version of its key at its time (:mod:`store_node.history`), written
-        with the checkpoint: checked one by one, never staged (a restore keeps every version, not the latest)."""
-        valid, times = [], []
-        skipped = 0
-        key_format, value_format = rep.spec.key_format, rep.spec.value_format
-        for m in batch:
-            key = m.key()
-            value = m.value()
-            if key is None:
-                problem = "null key"
-            elif (problem := key_problem(key_format, key)) is None and (
-                    value is None or (problem := value_problem(value_format, value)) is None):
-                valid.append((key, value, m.headers()))
-                times.append(m.timestamp()[1])
-                continue
-            skipped += 1
-            self._poison(rep, m.offset(), problem, rep.counters.records_skipped + skipped)
-        positions: dict = {}
-        taken: list[int] = []
-        self._newer(rep, valid, {}, positions, taken)
-        versions = [(valid[i][0], times[i], valid[i][1]) for i in taken]
-        rep.commit_versions(versions, last + 1, len(versions), skipped, positions.items())
-        self._end_offsets.refresh(rep)
-        return len(versions)
 
     @staticmethod
     def _newer(rep: Replica, valid: list, rows: dict, positions: dict, taken: list[int] | None = None) -> int:
