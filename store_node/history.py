@@ -42,7 +42,12 @@ def key_prefix(key: bytes) -> bytes:
 
 
 def version_key(key: bytes, at_ms: int) -> bytes:
-    return key_prefix(key) + _TIME.pack(max(0, at_ms))
+    return _in_run(key_prefix(key), at_ms)
+
+
+def _in_run(prefix: bytes, at_ms: int) -> bytes:
+    """The version key at ``at_ms`` in the run ``prefix`` (a key's :func:`key_prefix`)."""
+    return prefix + _TIME.pack(max(0, at_ms))
 
 
 def time_of(vkey: bytes) -> int:
@@ -166,12 +171,13 @@ class History:
         """The key's versions from the last one before ``from_ms`` onward, ascending."""
         family = self._family(self._versions)
         prefix = key_prefix(key)
+        start = _in_run(prefix, from_ms)
         out = []
         try:
             it = family.iter()
-            it.seek_for_prev(version_key(key, from_ms))
+            it.seek_for_prev(start)
             if not (it.valid() and it.key()[:-_TIME.size] == prefix):
-                it.seek(version_key(key, from_ms))
+                it.seek(start)
             while it.valid():
                 vkey = it.key()
                 if vkey[:-_TIME.size] != prefix:
@@ -185,15 +191,12 @@ class History:
 
     def at(self, key: bytes, at_ms: int) -> Version | None:
         """The version of ``key`` valid at ``at_ms`` (None: it had none): one seek, and one step for its end."""
-        family = self._versions
-        if family is None:
-            raise self._closed()
-        vkey = version_key(key, at_ms)
-        run = len(vkey) - _TIME.size  # the key's run of versions: the keys that start so
+        family = self._family(self._versions)
+        prefix = key_prefix(key)
         try:
             it = family.iter()
-            it.seek_for_prev(vkey)
-            if not it.valid() or (found := it.key())[:-_TIME.size] != vkey[:run]:
+            it.seek_for_prev(_in_run(prefix, at_ms))
+            if not it.valid() or (found := it.key())[:-_TIME.size] != prefix:
                 return None
             value = it.value()
             it.next()
@@ -201,9 +204,8 @@ class History:
             del it
         except Exception as e:
             raise self._failed(e) from None
-        valid_to = _TIME.unpack_from(after, run)[0] if after is not None and after[:-_TIME.size] == vkey[:run] \
-            else None
-        return Version(_TIME.unpack_from(found, run)[0], valid_to, None if value[:1] == _DELETE else value[1:])
+        valid_to = time_of(after) if after is not None and after[:-_TIME.size] == prefix else None
+        return Version(time_of(found), valid_to, decode_value(value))
 
     def versions(self, key: bytes, from_ms: int, to_ms: int, limit: int) -> list[Version]:
         """Up to ``limit`` versions of ``key`` valid at some time in ``[from_ms, to_ms)``, newest first."""
@@ -212,9 +214,9 @@ class History:
         out: list[Version] = []
         try:
             it = family.iter()
-            it.seek(version_key(key, to_ms))
+            it.seek(_in_run(prefix, to_ms))
             valid_to = time_of(it.key()) if it.valid() and it.key()[:-_TIME.size] == prefix else None
-            it.seek_for_prev(version_key(key, max(0, to_ms - 1)))
+            it.seek_for_prev(_in_run(prefix, to_ms - 1))
             while len(out) < limit and it.valid() and (valid_to is None or valid_to > from_ms):
                 vkey = it.key()
                 if vkey[:-_TIME.size] != prefix:
