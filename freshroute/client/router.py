@@ -7,7 +7,7 @@ import logging
 import ssl
 import time
 from types import MappingProxyType
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -25,6 +25,7 @@ from freshroute.windows import WindowSpec
 from freshroute.client.lookup import AsOfLookup, KeyVersions, Lookup, Windows
 
 log = logging.getLogger("freshroute.client")
+R = TypeVar("R")
 
 
 def snapshot_from_router(tables_doc: dict[str, Any], cluster_doc: dict[str, Any], now: int) -> Snapshot:
@@ -94,24 +95,23 @@ class RouterHttp:
         return body
 
     async def get(self, table: str, key: str, bound: Bound, deadline: float | None = None) -> Lookup:
-        status, body = await self.call("GET", f"/v1/tables/{_seg(table, 'table')}/keys/{_seg(key)}", deadline,
-                                       params=bound.to_query())
-        if status == 200:
-            return Lookup.from_json(body)
-        err = from_body(body, status)
-        if err.code == "KEY_NOT_FOUND":
-            return Lookup.from_json(err.details | {"key": key}, found=False)
-        raise err
+        return await self._key(table, key, bound.to_query(), deadline, Lookup.from_json)
 
     async def as_of(self, table: str, key: str, as_of_ms: int, bound: Bound,
                     deadline: float | None = None) -> AsOfLookup:
+        return await self._key(table, key, {"as_of": as_of_ms, **bound.to_query()}, deadline, AsOfLookup.from_json)
+
+    async def _key(self, table: str, key: str, params: dict[str, Any], deadline: float | None,
+                   answer: Callable[..., R]) -> R:
+        """A key lookup's answer made by ``answer`` from the body: a 200's, or a KEY_NOT_FOUND's details (found
+        False); any other error raised."""
         status, body = await self.call("GET", f"/v1/tables/{_seg(table, 'table')}/keys/{_seg(key)}", deadline,
-                                       params={"as_of": as_of_ms, **bound.to_query()})
+                                       params=params)
         if status == 200:
-            return AsOfLookup.from_json(body)
+            return answer(body)
         err = from_body(body, status)
         if err.code == "KEY_NOT_FOUND":
-            return AsOfLookup.from_json(err.details | {"key": key}, found=False)
+            return answer(err.details | {"key": key}, found=False)
         raise err
 
     async def versions(self, table: str, key: str, from_ms: int | None, to_ms: int | None, limit: int | None,
