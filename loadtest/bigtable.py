@@ -45,6 +45,7 @@ from freshroute.keys import partition_for
 from freshroute.settings import kafka_client_config
 from loadtest import loadclients as lc
 from loadtest.stats import percentile
+from loadtest.versioned import STEP_MS, version_times
 
 SIZES = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000, "10m": 10_000_000}
 PARTITIONS = 12
@@ -63,13 +64,6 @@ def value_of(i: int, version: int = 0) -> bytes:
         i, i, i % 97, i % 1000, i % 13, i % 7, b"x" * 64)
     return row[:-1] + b',"v":%d}' % version if version else row
 
-
-VERSION_STEP_MS = 60_000
-
-
-def version_times(versions: int, now_ms: int) -> list[int]:
-    """The Kafka timestamps of a key's versions: a minute apart, the last a minute before ``now_ms``."""
-    return [now_ms - (versions - v) * VERSION_STEP_MS for v in range(versions)]
 
 
 def topic_name(prefix: str, label: str) -> str:
@@ -94,7 +88,7 @@ def write_topic(bootstrap: str, topic: str, keys: int, partitions: int = PARTITI
                                                           "compression.type": "lz4",
                                                           "queue.buffering.max.messages": 2_000_000}))
     start = last = time.monotonic()
-    for n, (v, at) in enumerate([(v, at) for v, at in enumerate(times)] if times else [(0, None)]):
+    for v, at in enumerate(times) if times else [(0, None)]:
         stamp = {"timestamp": at} if at is not None else {}
         for i in range(keys):
             key = key_of(i)
@@ -109,7 +103,7 @@ def write_topic(bootstrap: str, topic: str, keys: int, partitions: int = PARTITI
                 producer.poll(0)
                 if time.monotonic() - last > 5:
                     last = time.monotonic()
-                    done = n * keys + i
+                    done = v * keys + i
                     say(f"    writing {topic}: {done:,} of {keys * max(1, len(times or ())):,} records "
                         f"({done / (last - start):,.0f}/s)")
     if producer.flush(600):
@@ -462,7 +456,7 @@ def measure(stack: Any, label: str, keys: int, args: argparse.Namespace, work: P
         p50, p99 = rest_latency(c.rest_url, table, keys, args.rate, args.duration, work, rng)
         out[f"big_get_p50_ms_{label}"], out[f"big_get_p99_ms_{label}"] = p50, p99
         if times:
-            halfway = f"as_of={times[versions // 2] + VERSION_STEP_MS // 2}"
+            halfway = f"as_of={times[versions // 2] + STEP_MS // 2}"
             out[f"big_asof_p50_ms_{label}"], out[f"big_asof_p99_ms_{label}"] = rest_latency(
                 c.rest_url, table, keys, args.rate, args.duration, work, rng, halfway)
         import grpc

@@ -26,6 +26,11 @@ HISTORY_MS = 86_400_000
 STEP_MS = 60_000
 
 
+def version_times(versions: int, now_ms: int) -> list[int]:
+    """The times of a key's versions: a minute apart, the last a minute before ``now_ms``."""
+    return [now_ms - (versions - v) * STEP_MS for v in range(versions)]
+
+
 class VersionedTable:
     """``keys`` × ``versions`` versions, the newest a minute old; ``as_of_ms`` is halfway through them."""
 
@@ -36,7 +41,7 @@ class VersionedTable:
         self.name = name
         self.topic = f"{config.topic_prefix}{name}"
         now = int(time.time() * 1000)
-        self.times = [now - (versions - j) * STEP_MS for j in range(versions)]
+        self.times = version_times(versions, now)
         self.as_of_ms = self.times[versions // 2] + STEP_MS // 2
         self._admin = AdminClient({"bootstrap.servers": config.bootstrap})
 
