@@ -20,7 +20,7 @@ from freshroute.errors import InvalidArgument, RetryableError, TableNotFound
 from freshroute.formats import KEY_FORMATS, VALUE_FORMATS, key_problem, value_problem
 from freshroute.keys import partition_for
 from freshroute.metadata import MAX_STANDBY_REPLICAS, MetadataStore, TableSpec
-from freshroute.topics import describe_topic, failure, history_topic_config, set_topic_config, topic_config
+from freshroute.topics import describe_topic, failure, keep_history, topic_config
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SAMPLE_PER_PARTITION = 100  # records read from the start of each partition to check the formats and placement
@@ -96,16 +96,12 @@ def _keep_history(admin: Any, bootstrap: str, topic: str, config: dict[str, str]
         raise TableRefused(f"topic {topic!r} deletes records after retention.ms={kept}, sooner than "
                            f"--history-retention ({retention_ms} ms): its versions would vanish from restores; raise "
                            f"its retention.ms or shorten the history", field="history_retention")
-    wanted = history_topic_config(retention_ms)
-    if "compact" not in policy or int(config.get("min.compaction.lag.ms", "0")) >= int(wanted["min.compaction.lag.ms"]):
-        return []
     try:
-        set_topic_config(admin, topic, wanted)
+        changed = keep_history(admin, topic, config, retention_ms)
     except (KafkaException, TimeoutError) as e:
         raise RetryableError(f"the broker at {bootstrap} (--bootstrap-servers) did not set min.compaction.lag.ms on "
                              f"topic {topic!r}: {failure(e)}", setting="bootstrap_servers") from None
-    return [f"topic {topic!r}: min.compaction.lag.ms set to {wanted['min.compaction.lag.ms']} (was "
-            f"{config.get('min.compaction.lag.ms', '0')}) so that compaction keeps the table's history"]
+    return [changed] if changed else []
 
 
 def remove_table(metadata: MetadataStore, name: str) -> TableSpec:

@@ -70,3 +70,15 @@ HISTORY_COMPACTION_SLACK_MS = 86_400_000
 def history_topic_config(history_retention_ms: int) -> dict[str, str]:
     """The settings of a versioned table's changelog that keep its history from compaction."""
     return {"min.compaction.lag.ms": str(history_retention_ms + HISTORY_COMPACTION_SLACK_MS)}
+
+
+def keep_history(admin: Any, topic: str, config: dict[str, str], history_retention_ms: int) -> str | None:
+    """Make a compacted topic (whose settings are ``config``) keep a versioned table's history: its
+    min.compaction.lag.ms raised when it is shorter; what changed, or None."""
+    wanted = history_topic_config(history_retention_ms)["min.compaction.lag.ms"]
+    held = config.get("min.compaction.lag.ms", "0")
+    if "compact" not in config.get("cleanup.policy", "delete").split(",") or int(held) >= int(wanted):
+        return None
+    set_topic_config(admin, topic, {"min.compaction.lag.ms": wanted})
+    return f"topic {topic!r}: min.compaction.lag.ms set to {wanted} (was {held}) so that compaction keeps the " \
+           f"table's history"

@@ -32,13 +32,13 @@ from freshroute.metadata import MetadataStore, TableSpec
 from freshroute.settings import is_loopback
 from pipeline.follower import OutputFollower, committed_offsets, follow
 from pipeline.input_lag import InputLagPublisher, source_offsets
-from pipeline.realtime import (POSITION_COLUMN, RealtimeRefused, aggregates, changelog_records, dead_letters,
-                               start_query, task_slots, with_input_position)
+from pipeline.lineage import aggregates, with_lineage
+from pipeline.realtime import RealtimeRefused, changelog_records, dead_letters, refused, start_query, task_slots
 from pipeline.settings import PipelineSettings
 from pipeline.recompute import Recomputation
 from pipeline.reflected import ReflectionPublisher
 from pipeline.sink import ChangelogProducer, ChangelogWriter, QuerySink, RejectWriter
-from pipeline.tables import (DELETE_COLUMN, MICROBATCH, REALTIME, WINDOW_START_COLUMN, Source, Table, TablesDefinition,
+from pipeline.tables import (DELETE_COLUMN, INTERNAL_COLUMNS, MICROBATCH, REALTIME, Source, Table, TablesDefinition,
                              TablesFileError, check_modes, check_output_columns, check_source_fields, load_tables,
                              queries, union_tables)
 from pipeline.validation import RAW_KEY, RAW_VALUE, REJECTED_BRANCH, InvalidInput, required_fields, split
@@ -555,12 +555,16 @@ def reject_writer(settings: PipelineSettings, admin: Any, src: Source, producer:
 def table_run(settings: PipelineSettings, definition: TablesDefinition, t: Table, df: "DataFrame", admin: Any,
               producer: ChangelogProducer, rejects: RejectWriter | None = None) -> TableRun:
     """The table's changelog topic (created if need be), spec and writer."""
+    from freshroute.topics import history_topic_config, keep_history, topic_config
     from pipeline.topics import ensure_topic
 
     s = settings
     topic = s.changelog_topic(t.name)
-    info = ensure_topic(admin, topic, s.changelog_partitions, s.changelog_config(),
+    history = history_topic_config(t.history_retention_ms) if t.versioned else {}
+    info = ensure_topic(admin, topic, s.changelog_partitions, {**s.changelog_config(), **history},
                         replication_factor=s.changelog_replication_factor)
+    if t.versioned and (changed := keep_history(admin, topic, topic_config(admin, topic), t.history_retention_ms)):
+        log.info("table %s: %s", t.name, changed)
     if info.replication_factor != s.changelog_replication_factor:
         log.warning("changelog %s has replication factor %d (setting says %d); Kafka's partition "
                     "reassignment changes it", topic, info.replication_factor, s.changelog_replication_factor)
@@ -569,11 +573,11 @@ def table_run(settings: PipelineSettings, definition: TablesDefinition, t: Table
         log.warning("changelog %s has %d partitions (setting says %d); keeping %d", topic,
                     len(info.partitions), s.changelog_partitions, len(info.partitions))
     value_schema = {f.name: f.dataType.simpleString() for f in df.schema.fields
-                    if f.name not in (t.key, DELETE_COLUMN, WINDOW_START_COLUMN, POSITION_COLUMN)}
+                    if f.name != t.key and f.name not in INTERNAL_COLUMNS}
     standbys = s.standby_replicas if t.standby_replicas is None else t.standby_replicas
     spec = TableSpec(t.name, topic, len(info.partitions), t.key, value_schema, standbys, window=t.window,
                      input_topic=s.input_topic(definition.sources[t.source].topic),
-                     pipeline_mode=s.mode_of(t))
+                     pipeline_mode=s.mode_of(t), history_retention_ms=t.history_retention_ms)
     expiry = WindowExpiry(s.window_index(t.name)) if t.window is not None else None
     return TableRun(t, spec, ChangelogWriter(t.name, topic, spec.partitions, t.key, producer, t.window, expiry,
                                              t.stale_keys, rejects))
@@ -710,7 +714,8 @@ class Pipeline:
         rows, _ = source_rows(spark, s, src, [u for u in self.definition.tables.values() if u.source == src.name],
                               realtime=True)
         partitions = self._input_partitions[src.name]
-        return self._table_frame(t, rows, lambda df: with_input_position(spark, t.name, df, partitions))
+        return self._table_frame(t, rows, lambda df: with_lineage(spark, df, lambda why: refused(t.name, why),
+                                                                  input_partitions=partitions, version_time=t.versioned))
 
     def _start_realtime(self, q: QueryRun, frame: "DataFrame | None" = None) -> None:
         """Start a Real-time query: a table's changelog records (from ``frame``, else a new one), or (a query of no
@@ -746,7 +751,19 @@ class Pipeline:
         src = self.definition.sources[tables[0].source]
         rows, rejected = source_rows(self.spark, self.settings, src,
                                      [t for t in self.definition.tables.values() if t.source == src.name])
-        return [self._table_frame(t, rows) for t in tables], rejected if self._rejects_query(src) == query else None
+        return [self._table_frame(t, rows, self._versions(t)) for t in tables], \
+            rejected if self._rejects_query(src) == query else None
+
+    def _versions(self, t: Table) -> Any:
+        """What a micro-batch table's frame gets besides its definition: a versioned table's version time."""
+        if not t.versioned:
+            return None
+        spark = self.spark
+
+        def refuse(why: str) -> TablesFileError:
+            return TablesFileError(f"table {t.name!r} cannot keep a history: {why}", table=t.name)
+
+        return lambda df: with_lineage(spark, df, refuse, version_time=True)
 
     def _rejects_query(self, src: Source) -> str | None:
         """The micro-batch query that counts and writes the source's rejected records (every query of the source

@@ -8,9 +8,9 @@ path: the record key is the table key's UTF-8 bytes (a windowed table's with its
 and the partition Kafka's murmur2 of the table key, by freshroute's partitioner class
 (``jvm/changelog-partitioner``), exactly as :func:`freshroute.keys.partition_for` computes it.
 
-Each row also carries its input position (:mod:`freshroute.input_position`): the query's aggregation gets one more
-aggregate, per input partition the offset of the latest input record of the row's key, so that a store node can
-skip the older rows a replay after a crash writes again. A row too large for its changelog, and every record its
+Each row also carries its input position (:mod:`freshroute.input_position`, a column :mod:`pipeline.lineage` adds):
+per input partition the offset of the latest input record of the row's key, so that a store node can skip the older
+rows a replay after a crash writes again; a versioned table's row, its version time (:mod:`freshroute.version_time`). A row too large for its changelog, and every record its
 source rejects, go to the source's dead-letter topic with their reason, in the same sink (its ``topic`` column).
 """
 
@@ -19,18 +19,18 @@ from __future__ import annotations
 from functools import reduce
 from typing import TYPE_CHECKING, Any, Mapping
 
-from freshroute import input_position
+from freshroute import input_position, version_time
 from pipeline.sink import MAX_CHANGELOG_RECORD_BYTES
-from pipeline.tables import DELETE_COLUMN, MICROBATCH, REALTIME, WINDOW_START_COLUMN, Source, Table, TablesFileError
+from pipeline.tables import (DELETE_COLUMN, INTERNAL_COLUMNS, MICROBATCH, POSITION_COLUMN, REALTIME,
+                             VERSION_TIME_COLUMN, WINDOW_START_COLUMN, Source, Table, TablesFileError)
 from pipeline.validation import RAW_KEY, RAW_VALUE, REASON_COLUMN
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame
     from pyspark.sql.streaming import StreamingQuery
 
 __all__ = ["MICROBATCH", "REALTIME"]
 
-POSITION_COLUMN = "_freshroute_position"
 PARTITIONER = "io.freshroute.changelog.ChangelogPartitioner"
 WINDOWED_TOPICS = "freshroute.windowed.topics"  # ChangelogPartitioner.WINDOWED_TOPICS
 
@@ -46,82 +46,6 @@ def refused(table: str, why: str) -> RealtimeRefused:
                            f"pipeline_mode='microbatch' in the tables file to run it in micro-batches", table=table)
 
 
-def with_input_position(spark: "SparkSession", table: str, df: "DataFrame", partitions: int) -> "DataFrame":
-    """The table's frame with :data:`POSITION_COLUMN`: per input partition, the offset of the latest input record
-    its row reflects (null where none).
-
-    The position is one more aggregate of the table's own aggregation (or, for a table that aggregates nothing, one
-    more column of its projection), added to Spark's analyzed plan: the table's function stays as the user wrote
-    it, and the aggregate lives in the same state, so it is exactly as old as the row's other columns.
-    """
-    from pyspark.sql import DataFrame, functions as F
-
-    jvm = spark._jvm
-    plan = df._jdf.queryExecution().analyzed()
-    # The plan's top down to the node that reads the source rows or aggregates them: projections and filters of the
-    # aggregated rows pass the position on.
-    above = []
-    node = plan
-    while node.nodeName() in ("Project", "Filter", "SubqueryAlias") and not _reads_source(node):
-        above.append(node)
-        node = node.child()
-    stateful = node.nodeName() == "Aggregate"
-    if not stateful and not _reads_source(node):
-        raise refused(table, f"its frame ends in a {node.nodeName()} over its source, where freshroute can place no "
-                             f"input position (an aggregation, or a projection of the source rows, can)")
-    child = DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, node.child()), spark)
-    if not {"partition", "offset"} <= set(child.columns):
-        raise refused(table, "the rows it aggregates no longer have the source's partition and offset columns")
-    offsets = [F.when(F.col("partition") == p, F.col("offset")) for p in range(partitions)]
-    if stateful:
-        position = child.agg(F.array(*[F.max(o) for o in offsets]).alias(POSITION_COLUMN))
-        expr = position._jdf.queryExecution().analyzed().aggregateExpressions().head()
-    else:
-        position = child.select(F.array(*offsets).alias(POSITION_COLUMN))
-        expr = position._jdf.queryExecution().analyzed().projectList().head()
-    logical = jvm.org.apache.spark.sql.catalyst.plans.logical
-    if stateful:
-        node = logical.Aggregate(node.groupingExpressions(), _appended(jvm, node.aggregateExpressions(), expr),
-                                 node.child(), node.hint())
-    else:
-        node = logical.Project(_appended(jvm, node.projectList(), expr), node.child())
-    attribute = expr.toAttribute()
-    for parent in reversed(above):
-        if parent.nodeName() == "Project":
-            node = logical.Project(_appended(jvm, parent.projectList(), attribute), node)
-        else:
-            node = parent.withNewChildren(_seq(jvm, [node]))
-    return DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, node), spark)
-
-
-def _reads_source(node: Any) -> bool:
-    """Whether a plan node is a projection of the source rows themselves (no aggregation below it)."""
-    return node.nodeName() == "Project" and not _aggregates(node.child())
-
-
-def aggregates(df: "DataFrame") -> bool:
-    """Whether a frame aggregates (its Real-time query then runs a shuffle stage beside its source's)."""
-    return _aggregates(df._jdf.queryExecution().analyzed())
-
-
-def _aggregates(node: Any) -> bool:
-    if node.nodeName() == "Aggregate":
-        return True
-    children = node.children()
-    return any(_aggregates(children.apply(i)) for i in range(children.size()))
-
-
-def _seq(jvm: Any, items: list) -> Any:
-    java = jvm.java.util.ArrayList()
-    for item in items:
-        java.add(item)
-    return jvm.scala.jdk.javaapi.CollectionConverters.asScala(java).toList()
-
-
-def _appended(jvm: Any, seq: Any, item: Any) -> Any:
-    return _seq(jvm, [seq.apply(i) for i in range(seq.size())] + [item])
-
-
 def _header(name: str, value: "Column") -> "Column":
     from pyspark.sql import functions as F
 
@@ -130,10 +54,11 @@ def _header(name: str, value: "Column") -> "Column":
 
 def changelog_records(t: Table, df: "DataFrame", topic: str, source: Source, dead_letter_topic: str) -> "DataFrame":
     """The Kafka sink's rows (``topic``, ``key``, ``value``, ``headers``) of a table's frame (with
-    :data:`POSITION_COLUMN`): its changelog records, and a dead letter for each row too large for the changelog."""
+    :data:`POSITION_COLUMN`, and a versioned table's :data:`VERSION_TIME_COLUMN`): its changelog records, and a dead
+    letter for each row too large for the changelog."""
     from pyspark.sql import functions as F
 
-    values = [c for c in df.columns if c not in (t.key, DELETE_COLUMN, WINDOW_START_COLUMN, POSITION_COLUMN)]
+    values = [c for c in df.columns if c != t.key and c not in INTERNAL_COLUMNS]
     key = F.col(t.key).cast("string")
     rows = df.where(key.isNotNull())
     if t.window is not None:
@@ -145,7 +70,9 @@ def changelog_records(t: Table, df: "DataFrame", topic: str, source: Source, dea
         deleted = deleted | F.coalesce(F.col(DELETE_COLUMN), F.lit(False))
     # Every column, null ones included, as the micro-batch sink writes them.
     value = F.when(~deleted, F.to_json(F.struct(*values), {"ignoreNullFields": "false"}))
-    position = F.array(_header(input_position.HEADER, F.to_json(F.col(POSITION_COLUMN))))
+    lineage = F.array(_header(input_position.HEADER, F.to_json(F.col(POSITION_COLUMN))))
+    if VERSION_TIME_COLUMN in df.columns:
+        lineage = F.concat(lineage, F.array(_header(version_time.HEADER, F.col(VERSION_TIME_COLUMN))))
     size = F.octet_length(key) + F.coalesce(F.octet_length(value), F.lit(0))
     too_large = size > MAX_CHANGELOG_RECORD_BYTES
     if source.on_invalid == "fail":
@@ -161,7 +88,7 @@ def changelog_records(t: Table, df: "DataFrame", topic: str, source: Source, dea
                      _header("freshroute.value_bytes", F.octet_length(value)))
     return rows.select(F.when(too_large, F.lit(dead_letter_topic)).otherwise(F.lit(topic)).alias("topic"),
                        key.alias("key"), F.when(~too_large, value).alias("value"),
-                       F.when(too_large, letter).otherwise(position).alias("headers"))
+                       F.when(too_large, letter).otherwise(lineage).alias("headers"))
 
 
 def dead_letters(source: Source, rejected: "DataFrame", topic: str, partitions: int) -> "DataFrame":

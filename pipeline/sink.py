@@ -26,12 +26,13 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple
 import orjson
 from confluent_kafka import KafkaError, Producer
 
+from freshroute import version_time
 from freshroute.errors import RetryableError
 from freshroute.keys import partition_for, serialize_key
 from freshroute.settings import kafka_logging
 from freshroute.windows import WATERMARK_KEY, WindowSpec, split_window_key, watermark_value, window_key
 from pipeline.recompute import Recomputation, describe, stale_keys
-from pipeline.tables import DELETE_COLUMN, QUERY_TABLE_COLUMN, WINDOW_START_COLUMN
+from pipeline.tables import DELETE_COLUMN, INTERNAL_COLUMNS, QUERY_TABLE_COLUMN, VERSION_TIME_COLUMN, WINDOW_START_COLUMN
 from pipeline.validation import RAW_KEY, RAW_VALUE, REASON_COLUMN, REJECTED_BRANCH, InvalidInput
 from pipeline.window_expiry import WindowExpiry
 
@@ -69,7 +70,7 @@ def encode_key(key: Any) -> bytes:
 def encode_value(row: Mapping[str, Any], key_column: str) -> bytes | None:
     """Compact JSON of every column but the key, numbers keeping their type (a double stays a float); None (a
     tombstone) when the row deletes its key."""
-    values = {k: v for k, v in row.items() if k != key_column and k != DELETE_COLUMN and k != WINDOW_START_COLUMN}
+    values = {k: v for k, v in row.items() if k != key_column and k not in INTERNAL_COLUMNS}
     if row.get(DELETE_COLUMN) is True or all(v is None for v in values.values()):
         return None
     return orjson.dumps(values, default=_json_default, option=orjson.OPT_UTC_Z | orjson.OPT_NON_STR_KEYS)
@@ -80,14 +81,15 @@ class ChangelogRecord:
     key: bytes | None
     value: bytes | None  # None: a tombstone, the key is deleted
     partition: int
-    headers: list[tuple[str, bytes]] | None = None  # a dead letter's reason and origin
+    headers: list[tuple[str, bytes]] | None = None  # a versioned table's version time; a dead letter's reason and origin
 
 
 def changelog_records(rows: Iterable[Mapping[str, Any]], key_column: str, partitions: int,
                       windowed: bool = False) -> tuple[list[ChangelogRecord], int]:
     """Records for the changed rows of a batch, and how many rows had no key (and cannot be addressed).
 
-    A windowed table's record is keyed by (key, window start) and partitioned by the key alone."""
+    A windowed table's record is keyed by (key, window start) and partitioned by the key alone; a versioned table's
+    carries its version time (:mod:`freshroute.version_time`)."""
     out = []
     keyless = 0
     for row in rows:
@@ -98,7 +100,9 @@ def changelog_records(rows: Iterable[Mapping[str, Any]], key_column: str, partit
             continue
         k = encode_key(key)
         partition = partition_for(k, partitions)
-        out.append(ChangelogRecord(window_key(k, start) if windowed else k, encode_value(row, key_column), partition))
+        time = row.get(VERSION_TIME_COLUMN)
+        out.append(ChangelogRecord(window_key(k, start) if windowed else k, encode_value(row, key_column), partition,
+                                   None if time is None else [(version_time.HEADER, version_time.encode(time))]))
     return out, keyless
 
 

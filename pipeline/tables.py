@@ -32,6 +32,10 @@ groups by its key and ``window``::
     def sensor_windows(readings):
         return readings.groupBy("sensor", "window").agg(F.count("reading").alias("count"))
 
+Versioned tables: ``history_retention="7d"`` keeps every version of each key for that long after it was replaced,
+for lookups as of a past time; a version's time is the largest Kafka timestamp of the input records its row reflects
+(:mod:`pipeline.lineage`).
+
 Deletes: a changed row whose value columns are all null, or for which the table's
 ``delete_when`` (a Spark SQL boolean expression over its columns, e.g. ``"status = 'closed'"``)
 is true, is written as a tombstone: the key leaves the table on every store node, and
@@ -67,6 +71,12 @@ DELETE_COLUMN = "_freshroute_delete"
 WINDOW_START_COLUMN = "_freshroute_window_start"
 # In a query of several tables: the index of the table a row belongs to (its columns are in a struct named after it).
 QUERY_TABLE_COLUMN = "_freshroute_table"
+# What a row reflects of its input (pipeline.lineage): per input partition the offset of its latest input record, and
+# a versioned table's version time.
+POSITION_COLUMN = "_freshroute_position"
+VERSION_TIME_COLUMN = "_freshroute_version_time"
+# Columns the pipeline adds to a table's rows: none of them is a value column.
+INTERNAL_COLUMNS = (DELETE_COLUMN, WINDOW_START_COLUMN, POSITION_COLUMN, VERSION_TIME_COLUMN)
 WINDOW_COLUMN = "window"
 # How a table's query runs: Spark's Real-time Mode (long-running tasks, each change out in milliseconds) or
 # micro-batches (for shapes Real-time Mode refuses).
@@ -116,10 +126,15 @@ class Table:
     query: str | None = None  # the streaming query it runs in; None: its own, named after it
     stale_keys: str = "report"  # keys a recomputation no longer produces: "report" them or "tombstone" them
     pipeline_mode: str | None = None  # REALTIME or MICROBATCH; None: the pipeline's
+    history_retention_ms: int = 0  # a versioned table keeps each key's replaced versions this long; 0: not versioned
 
     @property
     def query_name(self) -> str:
         return self.query or self.name
+
+    @property
+    def versioned(self) -> bool:
+        return self.history_retention_ms > 0
 
     def dataframe(self, spark: "SparkSession", rows: "DataFrame",
                   built: "Callable[[DataFrame], DataFrame] | None" = None) -> "DataFrame":
@@ -277,6 +292,20 @@ def _check_mode(name: str, pipeline_mode: str | None) -> None:
                          f"not {pipeline_mode!r}")
 
 
+def _history_retention_ms(name: str, history_retention: Any, window: WindowSpec | None) -> int:
+    """A table's ``history_retention`` in milliseconds: a positive duration, or None (not versioned)."""
+    if history_retention is None:
+        return 0
+    if window is not None:
+        raise ValueError(f"table {name!r}: a windowed table cannot keep a history (history_retention): each window is "
+                         f"a row of its own, read by its time range")
+    what = f"table {name!r}: history_retention"
+    ms = duration_ms(history_retention, what)
+    if ms <= 0:
+        raise ValueError(f"{what} must be a positive duration such as \"7d\", not {history_retention!r}")
+    return ms
+
+
 def _check_table(name: str, standby_replicas: int | None, delete_when: str | None, window: WindowSpec | None,
                  trigger_ms: int | None, query: str | None, stale_keys: str, pipeline_mode: str | None = None) -> None:
     _check_name("table", name)
@@ -293,7 +322,8 @@ def _check_table(name: str, standby_replicas: int | None, delete_when: str | Non
 def table(name: str, key: str, source: str, *, standby_replicas: int | None = None,
           delete_when: str | None = None, window: WindowSpec | None = None,
           trigger_ms: int | None = None, query: str | None = None, stale_keys: str = "report",
-          pipeline_mode: str | None = None) -> Callable[[Callable[["DataFrame"], "DataFrame"]], Table]:
+          pipeline_mode: str | None = None, history_retention: Any = None
+          ) -> Callable[[Callable[["DataFrame"], "DataFrame"]], Table]:
     """Declare a table computed by the decorated function ``(source rows) -> DataFrame``.
 
     ``standby_replicas``: standbys of each partition besides its active (default: the pipeline's setting).
@@ -308,30 +338,35 @@ def table(name: str, key: str, source: str, *, standby_replicas: int | None = No
     ``stale_keys``: what a recomputation (its query started without a checkpoint) does with keys the table held and
     no longer produces, once it has caught up with its input: ``"report"`` them (logged, counted) or
     ``"tombstone"`` them (:mod:`pipeline.recompute`).
+    ``history_retention``: keep every version of a key this long after it was replaced (``"7d"``, ``"12h"``,
+    milliseconds), for lookups as of a past time; default: only the latest.
     """
     _check_table(name, standby_replicas, delete_when, window, trigger_ms, query, stale_keys, pipeline_mode)
+    history_ms = _history_retention_ms(name, history_retention, window)
 
     def register(fn: Callable[["DataFrame"], "DataFrame"]) -> Table:
         if not callable(fn):
             raise ValueError(f"@table({name!r}) must decorate a function (source rows) -> DataFrame")
         return _declared(Table(name, key, source, build=fn, standby_replicas=standby_replicas,
                                delete_when=delete_when, window=window, trigger_ms=trigger_ms, query=query,
-                               stale_keys=stale_keys, pipeline_mode=pipeline_mode))
+                               stale_keys=stale_keys, pipeline_mode=pipeline_mode, history_retention_ms=history_ms))
 
     return register
 
 
 def sql_table(name: str, key: str, source: str, sql: str, *, standby_replicas: int | None = None,
               delete_when: str | None = None, window: WindowSpec | None = None, trigger_ms: int | None = None,
-              query: str | None = None, stale_keys: str = "report", pipeline_mode: str | None = None) -> Table:
+              query: str | None = None, stale_keys: str = "report", pipeline_mode: str | None = None,
+              history_retention: Any = None) -> Table:
     """Declare a table computed by Spark SQL; the query names the source as a table (with a ``window`` column when
     ``window`` is given: ``GROUP BY key, window``); the other arguments are :func:`table`'s."""
     _check_table(name, standby_replicas, delete_when, window, trigger_ms, query, stale_keys, pipeline_mode)
+    history_ms = _history_retention_ms(name, history_retention, window)
     if not isinstance(sql, str) or not sql.strip():
         raise ValueError(f"sql_table {name!r} needs a SQL query")
     return _declared(Table(name, key, source, sql=sql, standby_replicas=standby_replicas, delete_when=delete_when,
                            window=window, trigger_ms=trigger_ms, query=query, stale_keys=stale_keys,
-                           pipeline_mode=pipeline_mode))
+                           pipeline_mode=pipeline_mode, history_retention_ms=history_ms))
 
 
 def load_tables(path: str | Path) -> TablesDefinition:
@@ -450,7 +485,7 @@ def check_output_columns(t: Table, columns: list[str], delete_type: str | None =
                          ) -> None:
     """A table's DataFrame must have its key column and at least one value column; ``delete_when``, if any, must be
     a boolean (``delete_type``: the Spark type of :data:`DELETE_COLUMN`); ``path``: the tables file, to name."""
-    own = [c for c in columns if c not in (DELETE_COLUMN, WINDOW_START_COLUMN)]
+    own = [c for c in columns if c not in INTERNAL_COLUMNS]
     table = f"table {t.name!r}" + (f" in {path}" if path else "")
     if t.key not in own:
         raise TablesFileError(f"{table}: key column {t.key!r} is not among its columns {own}", table=t.name)

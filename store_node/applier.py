@@ -16,7 +16,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
-from freshroute import input_position
+from freshroute import input_position, version_time
 from freshroute.formats import key_problem, value_problem
 from store_node.end_offsets import MISSING_TOPIC, EndOffsetWatcher
 from store_node.replica import Clock, Replica, Staged
@@ -150,10 +150,15 @@ class Applier:
             elif (problem := key_problem(key_format, key)) is not None:
                 pass
             elif not check or value is None or (problem := value_problem(value_format, value)) is None:
-                valid.append((key, value, m.headers()))
-                if versioned:
-                    times.append(m.timestamp()[1])
-                continue
+                headers = m.headers()
+                if not versioned:
+                    valid.append((key, value, headers))
+                    continue
+                if (time := version_time.of_record(headers, m.timestamp()[1])) is not None:
+                    valid.append((key, value, headers))
+                    times.append(time)
+                    continue
+                problem = f"its {version_time.HEADER} header is not a time in milliseconds"
             if not check:
                 staged.poison = True  # reported once, when the window is read again checked
                 continue

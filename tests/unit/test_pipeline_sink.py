@@ -67,6 +67,20 @@ def test_a_row_that_deletes_its_key_is_a_tombstone_in_its_keys_partition():
     assert all(r.partition == partition_for(r.key, 4) for r in records)
 
 
+def test_a_versioned_tables_record_carries_its_version_time_and_a_delete_does_too():
+    from pipeline.tables import DELETE_COLUMN, VERSION_TIME_COLUMN
+
+    rows = [{"sensor": "a", "n": 2, VERSION_TIME_COLUMN: 1_700_000_000_123},
+            {"sensor": "b", "n": 1, VERSION_TIME_COLUMN: 1_700_000_000_456, DELETE_COLUMN: True},
+            {"sensor": "c", "n": 5}]  # a table that keeps no history
+    records, _ = changelog_records(rows, "sensor", 4)
+    got = {r.key: r for r in records}
+    assert orjson.loads(got[b"a"].value) == {"n": 2}  # the time is no value column
+    assert got[b"a"].headers == [("freshroute.version_time", b"1700000000123")]
+    assert got[b"b"].value is None and got[b"b"].headers == [("freshroute.version_time", b"1700000000456")]
+    assert got[b"c"].headers is None
+
+
 def test_producer_is_idempotent_acks_all_and_murmur2():
     c = producer_config({"bootstrap.servers": "h:1"})
     assert c["enable.idempotence"] is True and c["acks"] == "all" and c["partitioner"] == "murmur2_random"

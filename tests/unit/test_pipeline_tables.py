@@ -146,6 +146,34 @@ def test_bad_names_and_arguments_are_refused(tmp_path):
         table(name="t", key="a", source="s")("not a function")  # type: ignore[arg-type]
 
 
+def test_a_table_keeps_a_history_for_its_retention_and_a_bad_one_names_its_line(tmp_path):
+    path = write(tmp_path, '''
+        from pipeline.tables import source, table, sql_table
+
+        source("s", schema="a STRING")
+
+        @table(name="kept", key="a", source="s", history_retention="7d")
+        def kept(df):
+            return df.groupBy("a").count()
+
+        sql_table(name="plain", key="a", source="s", sql="SELECT a, count(*) AS n FROM s GROUP BY a")
+    ''')
+    d = load_tables(path)
+    assert d.tables["kept"].history_retention_ms == 7 * 86_400_000 and d.tables["kept"].versioned
+    assert d.tables["plain"].history_retention_ms == 0 and not d.tables["plain"].versioned
+    for bad, why in [('"-1d"', "must be a duration"), ("-5", "must be a positive duration"),
+                     ('"a week"', "must be a duration"), ('"7d", window=tumbling("10s")', "windowed table cannot keep")]:
+        path = write(tmp_path, f'''
+            from pipeline.tables import source, sql_table, tumbling
+
+            source("s", schema="a STRING")
+            sql_table(name="t", key="a", source="s", sql="SELECT a, count(*) AS n FROM s GROUP BY a",
+                      history_retention={bad})
+        ''')
+        with pytest.raises(TablesFileError, match=rf"tables file {path}, line 5: ValueError: table 't': .*{why}"):
+            load_tables(path)
+
+
 def test_source_fields_may_not_shadow_record_columns():
     s = source("s", schema="timestamp STRING, a STRING")
     with pytest.raises(TablesFileError, match=r"field\(s\) \['timestamp'\] clash with the Kafka record columns"):

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException
 
+from freshroute import version_time
 from freshroute.metadata import ReplicaState, Role
 from store_node.changelog import ChangelogTailer
 from store_node.replica import replica_path
@@ -743,3 +744,26 @@ def test_a_versioned_table_keeps_each_record_as_a_version_at_its_timestamp_and_e
     env.tailer.step()
     assert [v.valid_from_ms for v in rep.store.history.versions(b"a", 0, 1 << 62, 10)] == [1_300]
     assert rep.counters.versions_expired == 3
+
+
+def test_a_versioned_record_stands_at_its_version_time_header_when_it_has_one(env, caplog):
+    """The pipeline's header (the latest input record the row reflects) is the version's time, not the record's own
+    timestamp (when the pipeline wrote it); a header that is no time makes the record poison, never a version."""
+    versioned = dataclasses.replace(SPEC, history_retention_ms=86_400_000)
+    env.clock.now = 10_000
+    env.tailer.set_desired({("counts", 0): (versioned, Role.ACTIVE)})
+    env.tailer.step()
+    stamp = [(version_time.HEADER, version_time.encode(1_000))]
+    env.consumer.queue += [
+        Msg(0, b"a", b'{"n":1}', timestamp_ms=9_000, headers=stamp),
+        Msg(1, b"a", b'{"n":2}', timestamp_ms=9_001, headers=[(version_time.HEADER, version_time.encode(2_000))]),
+        Msg(2, b"a", b'{"n":3}', timestamp_ms=9_002, headers=[(version_time.HEADER, b"soon")]),
+        Msg(3, b"a", b'{"n":4}', timestamp_ms=9_003, headers=[(version_time.HEADER, b"-5")]),
+        Msg(4, b"a", b'{"n":5}', timestamp_ms=3_000), eof(5),
+    ]
+    env.tailer.step()
+    rep = env.tailer.serving[KEY]
+    assert rep.lag.applied == 5 and rep.counters.records_skipped == 2 and rep.counters.records_applied == 3
+    assert [(v.valid_from_ms, v.valid_to_ms, v.value) for v in rep.store.history.versions(b"a", 0, 1 << 62, 10)] == [
+        (3_000, None, b'{"n":5}'), (2_000, 3_000, b'{"n":2}'), (1_000, 2_000, b'{"n":1}')]
+    assert "offset 2 (its freshroute.version_time header is not a time in milliseconds)" in caplog.text
