@@ -676,12 +676,12 @@ class Pipeline:
                 self.runs[t.name] = run
                 self.queries[name] = QueryRun(name, [run], self._trigger_ms(tables), REALTIME)
                 continue
-            frames = self._table_frames(name, tables)
-            runs = [table_run(s, self.definition, t, df, admin, self.producer, source) for t, df in zip(tables, frames[0])]
+            batched, rejected = self._table_frames(name, tables)
+            runs = [table_run(s, self.definition, t, df, admin, self.producer, source) for t, df in zip(tables, batched)]
             self.runs.update((r.table.name, r) for r in runs)
             self.queries[name] = QueryRun(name, runs, self._trigger_ms(tables),
-                                          rejects=source if frames[1] is not None else None)
-            self._start_query(self.queries[name], frames)
+                                          rejects=source if rejected is not None else None)
+            self._start_query(self.queries[name], (batched, rejected))
         for src in rejecting:
             name = f"{src}.rejected"
             self.queries[name] = QueryRun(name, [], 0, REALTIME, rejects=rejects[src])

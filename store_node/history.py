@@ -50,6 +50,11 @@ def _in_run(prefix: bytes, at_ms: int) -> bytes:
     return prefix + _TIME.pack(max(0, at_ms))
 
 
+def key_of(prefix: bytes) -> bytes:
+    """The key whose run :func:`key_prefix` starts."""
+    return prefix[:-len(_END)].replace(b"\x00\xff", b"\x00")
+
+
 def time_of(vkey: bytes) -> int:
     return _TIME.unpack_from(vkey, len(vkey) - _TIME.size)[0]
 
@@ -229,6 +234,44 @@ class History:
         except Exception as e:
             raise self._failed(e) from None
         return out
+
+    def rows_at(self, start: bytes, end: bytes | None, at_ms: int, limit: int) -> list[tuple[bytes, Version]]:
+        """Up to ``limit`` keys in ``[start, end)`` (``end`` None: unbounded), in byte order, each with its version valid
+        at ``at_ms``; a key absent then (no version yet, or a delete) is left out."""
+        family = self._family(self._versions)
+        out: list[tuple[bytes, Version]] = []
+        run, key, found, valid_to = b"", b"", None, None
+
+        def close() -> None:
+            if found is not None and (value := decode_value(found[1])) is not None:
+                out.append((key, Version(found[0], valid_to, value)))
+
+        try:
+            it = family.iter()
+            it.seek(key_prefix(start))
+            while it.valid():
+                vkey = it.key()
+                if vkey[:-_TIME.size] != run:
+                    close()
+                    run, found, valid_to = vkey[:-_TIME.size], None, None
+                    key = key_of(run)
+                    if len(out) >= limit or (end is not None and key >= end):
+                        run = b""
+                        break
+                at = time_of(vkey)
+                if at > at_ms:
+                    # The run's later versions say nothing more: on to the next key's.
+                    valid_to = at
+                    it.seek(run + b"\xff" * (_TIME.size + 1))
+                    continue
+                found = (at, it.value())
+                it.next()
+            del it
+        except Exception as e:
+            raise self._failed(e) from None
+        if run:
+            close()
+        return out[:limit]
 
     def expiring(self, before_ms: int, limit: int) -> list[Write]:
         """The deletes of up to ``limit`` versions whose expiry clock started before ``before_ms``, and of their index

@@ -100,6 +100,14 @@ def test_random_records_read_as_their_recomputation_and_survive_a_reopen(tmp_pat
             expected = as_of(want, t)
             assert (got[0] if got else None) == expected, (key, t)
             assert store.history.at(key, t) == expected, (key, t)  # the read as of a time: one seek
+    # Every key as of a time, between bounds and a page at a time: the keys present then, in byte order.
+    for t in range(0, 1001, 53):
+        present = [(k, as_of(model_versions(records, k), t)) for k in sorted(keys)]
+        present = [(k, v) for k, v in present if v is not None and v.value is not None]
+        assert store.history.rows_at(b"", None, t, 100) == present, t
+        assert store.history.rows_at(b"a\x00", b"b", t, 100) == [(k, v) for k, v in present if b"a\x00" <= k < b"b"], t
+        assert store.history.rows_at(b"", None, t, 2) == present[:2], t
+        assert store.history.rows_at(b"ab", b"ab", t, 5) == [], t
     # The index holds, for each version, when its expiry clock started: replaced ones then, a latest delete at once.
     wanted_index = sorted((v.valid_to_ms if v.valid_to_ms is not None else v.valid_from_ms, history.version_key(k, v.valid_from_ms))
                           for k in keys for v in model_versions(records, k)
@@ -142,3 +150,4 @@ def test_runs_of_versions_come_in_the_keys_own_order_and_never_mix():
     for a, b in zip(keys, keys[1:]):
         assert history.version_key(a, (1 << 63) - 1) < history.version_key(b, 0)
         assert not history.version_key(b, 0).startswith(history.key_prefix(a))
+        assert history.key_of(history.key_prefix(a)) == a
