@@ -87,7 +87,7 @@ class RangeResult(NamedTuple):
     replica: ReplicaStatus | None = None
     message: str = ""
     watermark_ms: int | None = None  # the partition's watermark as of the answer (windowed reads)
-    versions: tuple[Version, ...] = ()  # a versions read's (VersionFilter)
+    versions: tuple[Version, ...] = ()  # a versions read's (VersionFilter), or each entry's version (RowsAsOf)
 
 
 class WindowFilter(NamedTuple):
@@ -103,6 +103,12 @@ class VersionFilter(NamedTuple):
 
     from_ms: int
     to_ms: int
+
+
+class RowsAsOf(NamedTuple):
+    """A versioned table's rows as of a time: each key's version valid at ``at_ms`` (keys absent then left out)."""
+
+    at_ms: int
 
 
 # ---- frames ------------------------------------------------------------------------------------------------
@@ -209,12 +215,14 @@ def group_read(read_id: int, table: str, partition: int, keys: list[bytes], boun
 
 
 def range_read(read_id: int, table: str, partition: int, start: bytes, end: bytes, limit: int,
-               window: WindowFilter | VersionFilter | None, bound: Bound) -> store_pb2.RangeRead:
-    """A range of rows (``window``: of a windowed table's windows), or of a key's versions (a :class:`VersionFilter`:
-    ``start`` is the key)."""
+               window: WindowFilter | VersionFilter | RowsAsOf | None, bound: Bound) -> store_pb2.RangeRead:
+    """A range of rows (``window``: of a windowed table's windows; :class:`RowsAsOf`: a versioned table's rows as of a
+    time), or of a key's versions (a :class:`VersionFilter`: ``start`` is the key)."""
     msg = store_pb2.RangeRead(id=read_id, table=table, partition=partition, start=start, end=end, limit=limit)
     if isinstance(window, VersionFilter):
         msg.versions.from_ms, msg.versions.to_ms = window
+    elif isinstance(window, RowsAsOf):
+        msg.as_of_ms = window.at_ms
     elif window is not None:
         msg.window.from_ms, msg.window.to_ms, msg.window.life_ms = window
     if not bound.unbounded:
@@ -226,11 +234,11 @@ def range_result(msg: store_pb2.RangeResult) -> RangeResult:
     status = _STATUSES.get(msg.status, ReadStatus.ERROR)
     replica = replica_status(msg.replica) if msg.HasField("replica") else None
     watermark = msg.watermark_ms if msg.watermark_ms >= 0 else None
-    if status is ReadStatus.OK and msg.entries and msg.entries[0].HasField("valid_from_ms"):
+    entries = [(e.key, e.value) for e in msg.entries] if status is ReadStatus.OK else []
+    if entries and msg.entries[0].HasField("valid_from_ms"):
         versions = tuple(Version(e.valid_from_ms, e.valid_to_ms if e.HasField("valid_to_ms") else None,
                                  None if e.deleted else e.value) for e in msg.entries)
-        return RangeResult(status, [], replica, msg.message, watermark, versions)
-    entries = [(e.key, e.value) for e in msg.entries] if status is ReadStatus.OK else []
+        return RangeResult(status, entries, replica, msg.message, watermark, versions)
     return RangeResult(status, entries, replica, msg.message, watermark)
 
 

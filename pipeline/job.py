@@ -335,6 +335,18 @@ def table_frame(spark: "SparkSession", definition: TablesDefinition, t: Table, r
     return df
 
 
+def version_times(spark: "SparkSession", t: Table) -> Any:
+    """What a micro-batch table's frame gets besides its definition: a versioned table's version time (None:
+    nothing)."""
+    if not t.versioned:
+        return None
+
+    def refuse(why: str) -> TablesFileError:
+        return TablesFileError(f"table {t.name!r} cannot keep a history: {why}", table=t.name)
+
+    return lambda df: with_lineage(spark, df, refuse, version_time=True)
+
+
 def source_rows(spark: "SparkSession", settings: PipelineSettings, src: Source, tables: Iterable[Table] = (),
                 realtime: bool = False) -> tuple["DataFrame", "DataFrame"]:
     """The source topic as a stream of valid parsed rows — the schema's fields plus the Kafka record columns — and
@@ -751,19 +763,8 @@ class Pipeline:
         src = self.definition.sources[tables[0].source]
         rows, rejected = source_rows(self.spark, self.settings, src,
                                      [t for t in self.definition.tables.values() if t.source == src.name])
-        return [self._table_frame(t, rows, self._versions(t)) for t in tables], \
+        return [self._table_frame(t, rows, version_times(self.spark, t)) for t in tables], \
             rejected if self._rejects_query(src) == query else None
-
-    def _versions(self, t: Table) -> Any:
-        """What a micro-batch table's frame gets besides its definition: a versioned table's version time."""
-        if not t.versioned:
-            return None
-        spark = self.spark
-
-        def refuse(why: str) -> TablesFileError:
-            return TablesFileError(f"table {t.name!r} cannot keep a history: {why}", table=t.name)
-
-        return lambda df: with_lineage(spark, df, refuse, version_time=True)
 
     def _rejects_query(self, src: Source) -> str | None:
         """The micro-batch query that counts and writes the source's rejected records (every query of the source

@@ -148,30 +148,36 @@ class ScanRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., prefix: _Optional[str] = ..., start: _Optional[str] = ..., end: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ..., bound: _Optional[_Union[Bound, _Mapping]] = ..., typed_values: _Optional[bool] = ...) -> None: ...
 
 class ScanItem(_message.Message):
-    __slots__ = ("key", "value_json", "partition", "summary", "value", "value_bytes")
+    __slots__ = ("key", "value_json", "partition", "summary", "value", "value_bytes", "valid_from", "valid_to")
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_JSON_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     VALUE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VALID_FROM_FIELD_NUMBER: _ClassVar[int]
+    VALID_TO_FIELD_NUMBER: _ClassVar[int]
     key: str
     value_json: str
     partition: int
     summary: ScanSummary
     value: _struct_pb2.Struct
     value_bytes: bytes
-    def __init__(self, key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ..., summary: _Optional[_Union[ScanSummary, _Mapping]] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., value_bytes: _Optional[bytes] = ...) -> None: ...
+    valid_from: int
+    valid_to: int
+    def __init__(self, key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ..., summary: _Optional[_Union[ScanSummary, _Mapping]] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., value_bytes: _Optional[bytes] = ..., valid_from: _Optional[int] = ..., valid_to: _Optional[int] = ...) -> None: ...
 
 class ScanSummary(_message.Message):
-    __slots__ = ("partitions", "next_page_token", "input_lag")
+    __slots__ = ("partitions", "next_page_token", "input_lag", "final")
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     INPUT_LAG_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
     partitions: _containers.RepeatedCompositeFieldContainer[ScanPartition]
     next_page_token: str
     input_lag: InputLag
-    def __init__(self, partitions: _Optional[_Iterable[_Union[ScanPartition, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ...) -> None: ...
+    final: bool
+    def __init__(self, partitions: _Optional[_Iterable[_Union[ScanPartition, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., final: _Optional[bool] = ...) -> None: ...
 
 class ScanPartition(_message.Message):
     __slots__ = ("partition", "served_by", "lag", "position")

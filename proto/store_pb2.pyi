@@ -158,7 +158,7 @@ class WindowFilter(_message.Message):
     def __init__(self, from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., life_ms: _Optional[int] = ...) -> None: ...
 
 class RangeRead(_message.Message):
-    __slots__ = ("id", "table", "partition", "start", "end", "limit", "bound", "window", "versions")
+    __slots__ = ("id", "table", "partition", "start", "end", "limit", "bound", "window", "versions", "as_of_ms")
     ID_FIELD_NUMBER: _ClassVar[int]
     TABLE_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +168,7 @@ class RangeRead(_message.Message):
     BOUND_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    AS_OF_MS_FIELD_NUMBER: _ClassVar[int]
     id: int
     table: str
     partition: int
@@ -177,7 +178,8 @@ class RangeRead(_message.Message):
     bound: ReadBound
     window: WindowFilter
     versions: VersionFilter
-    def __init__(self, id: _Optional[int] = ..., table: _Optional[str] = ..., partition: _Optional[int] = ..., start: _Optional[bytes] = ..., end: _Optional[bytes] = ..., limit: _Optional[int] = ..., bound: _Optional[_Union[ReadBound, _Mapping]] = ..., window: _Optional[_Union[WindowFilter, _Mapping]] = ..., versions: _Optional[_Union[VersionFilter, _Mapping]] = ...) -> None: ...
+    as_of_ms: int
+    def __init__(self, id: _Optional[int] = ..., table: _Optional[str] = ..., partition: _Optional[int] = ..., start: _Optional[bytes] = ..., end: _Optional[bytes] = ..., limit: _Optional[int] = ..., bound: _Optional[_Union[ReadBound, _Mapping]] = ..., window: _Optional[_Union[WindowFilter, _Mapping]] = ..., versions: _Optional[_Union[VersionFilter, _Mapping]] = ..., as_of_ms: _Optional[int] = ...) -> None: ...
 
 class VersionFilter(_message.Message):
     __slots__ = ("from_ms", "to_ms")

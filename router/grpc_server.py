@@ -342,14 +342,26 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         bound = self._parse_bound(request)
         fmt = self._router.value_format(request.table)
         typed = request.typed_values and fmt == "json"
+        as_of = self._router.parsed(parse_time, "as_of", request.bound.as_of) if request.bound.HasField("as_of") \
+            else None
         pages = _Pages(request.limit or None, self._router.settings.scan_max_limit, request.page_token or None)
-        async for page in pages.read(lambda size, token: self._router.scan(
-                request.table, request.prefix, request.start, request.end, size, token, bound)):
-            for key, value, partition in page.items:
-                yield router_pb2.ScanItem(key=key, value_json=_value_json(fmt, value), partition=partition,
-                                          value_bytes=value if fmt == "bytes" else b"",
-                                          value=_typed(value) if typed else None)
-        yield router_pb2.ScanItem(summary=pages.summary(_input_lag(self._router, request.table)))
+        final = True
+        async for page in pages.read(lambda size, token: self._router.scans.rows(
+                request.table, request.prefix, request.start, request.end, size, token, bound, as_of)):
+            final = final and page.final
+            versions = page.versions or [None] * len(page.items)
+            for (key, value, partition), version in zip(page.items, versions):
+                item = router_pb2.ScanItem(key=key, value_json=_value_json(fmt, value), partition=partition,
+                                           value_bytes=value if fmt == "bytes" else b"",
+                                           value=_typed(value) if typed else None)
+                if version is not None:
+                    item.valid_from = version.valid_from_ms
+                    if version.valid_to_ms is not None:
+                        item.valid_to = version.valid_to_ms
+                yield item
+        summary = pages.summary(_input_lag(self._router, request.table))
+        summary.final = as_of is not None and final
+        yield router_pb2.ScanItem(summary=summary)
 
     @answers_errors
     async def GetWindows(self, request: router_pb2.WindowsRequest,
@@ -378,7 +390,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         fmt = self._router.value_format(request.table)
         typed = request.typed_values and fmt == "json"
         pages = _Pages(request.limit or None, self._router.settings.scan_max_limit, request.page_token or None)
-        async for page in pages.read(lambda size, token: self._router.scan_windows(
+        async for page in pages.read(lambda size, token: self._router.scans.windows(
                 request.table, request.from_ms, request.to_ms, size, token, bound)):
             for key, w, partition in page.items:
                 yield router_pb2.WindowItem(key=key, window=_window(w, typed), partition=partition)

@@ -116,6 +116,8 @@ class ScanItem(BaseModel):
     value: Any = None
     value_b64: str | None = Field(None, description="as in a lookup's answer")
     partition: int
+    valid_from: int | None = Field(None, description="as_of: when the value became the key's, ms")
+    valid_to: int | None = Field(None, description="as_of: when it stopped being the key's, ms; null: it still is")
 
 
 class ScanPartition(BaseModel):
@@ -131,6 +133,9 @@ class ScanResponse(BaseModel):
     next_page_token: str | None
     partitions: list[ScanPartition]
     input_lag: InputLag = Field(description=_INPUT_LAG_HELP)
+    as_of: int | None = Field(None, description="a versioned table's scan `as_of`: the time asked for, ms")
+    final: bool | None = Field(None, description="as_of: true when every partition's replica had every change up to "
+                                                 "as_of when it answered")
 
 
 class Window(BaseModel):
@@ -180,9 +185,9 @@ _TIME_SCHEMA = {"type": "integer", "minimum": 0, "maximum": MAX_LIMIT}
 _TIME_HELP = "ms since the epoch (RFC 3339 text with its offset, such as 2026-11-29T10:00:00Z, is read too)"
 
 
-def as_of_parameter() -> dict[str, Any]:
+def as_of_parameter(what: str = "the key's value") -> dict[str, Any]:
     return {"name": "as_of", "in": "query", "required": False, "schema": _TIME_SCHEMA,
-            "description": f"a versioned table: the key's value at this time, {_TIME_HELP}; the answer says "
+            "description": f"a versioned table: {what} at this time, {_TIME_HELP}; the answer says "
                            f"valid_from, valid_to and whether it is final"}
 
 

@@ -167,8 +167,8 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, guard:
     async def scan_windows(table: str, request: Request) -> Response:
         q = query_of(request.scope.get("query_string", b""))
         from_ms, to_ms = parse_millis("from", q.get("from")), parse_millis("to", q.get("to"))
-        page = await router.scan_windows(table, from_ms, to_ms, parse_limit("limit", q.get("limit")),
-                                         q.get("page_token") or None, parse_query_bound(q))
+        page = await router.scans.windows(table, from_ms, to_ms, parse_limit("limit", q.get("limit")),
+                                          q.get("page_token") or None, parse_query_bound(q))
         return json(page.to_dict(router.input_lag(table)))
 
     @app.post("/v1/tables/{table}/keys:batchGet", tags=["lookups"], summary="Look up many keys",
@@ -185,12 +185,13 @@ def create_app(settings: RouterSettings, router: Router | None = None, *, guard:
                    for n, d in (("prefix", "keys starting with this"), ("start", "first key (inclusive)"),
                                 ("end", "last key (exclusive)"))),
                  *page_parameters(settings.scan_default_limit, settings.scan_max_limit, "this table's scan"),
-                 *bound_parameters()]})
+                 as_of_parameter("each key's value"), *bound_parameters()]})
     async def scan(table: str, request: Request) -> Response:
         q = query_of(request.scope.get("query_string", b""))
         limit = parse_limit("limit", q.get("limit"))
-        page = await router.scan(table, q.get("prefix", ""), q.get("start", ""), q.get("end", ""), limit,
-                                 q.get("page_token") or None, parse_query_bound(q))
+        as_of = parse_time("as_of", q["as_of"]) if "as_of" in q else None
+        page = await router.scans.rows(table, q.get("prefix", ""), q.get("start", ""), q.get("end", ""), limit,
+                                       q.get("page_token") or None, parse_query_bound(q), as_of)
         return json(page.to_dict(router.input_lag(table), router.value_format(table)))
 
     @app.get("/v1/cluster", tags=["cluster"], summary="Nodes, liveness, assignment and per-replica lag")

@@ -247,6 +247,9 @@ def _range(store: Any, read: store_pb2.RangeRead, out: store_pb2.RangeResult) ->
     if read.HasField("versions"):
         _versions(store, read, out)
         return
+    if read.HasField("as_of_ms"):
+        _rows_as_of(store, read, out)
+        return
     keep = None
     if read.HasField("window"):
         # Read before the rows: the rows can only be as new as the watermark, or newer.
@@ -269,6 +272,15 @@ def _versions(store: Any, read: store_pb2.RangeRead, out: store_pb2.RangeResult)
                                                      read.limit):
         add(key=read.start, value=value or b"", valid_from_ms=valid_from, valid_to_ms=valid_to,
             deleted=value is None)
+
+
+def _rows_as_of(store: Any, read: store_pb2.RangeRead, out: store_pb2.RangeResult) -> None:
+    """A versioned table's keys in ``[start, end)`` as of a time, each with its version's interval."""
+    out.status = _OK
+    add = out.entries.add
+    for key, (valid_from, valid_to, value) in store.history.rows_at(read.start, read.end or None, read.as_of_ms,
+                                                                    read.limit):
+        add(key=key, value=value, valid_from_ms=valid_from, valid_to_ms=valid_to)
 
 
 class HostedReplicas(Protocol):

@@ -293,7 +293,7 @@ class AsyncClient(VersionedReads):
         core = await self._ready()
 
         async def direct() -> tuple[list[Lookup], str | None]:
-            page = await core.scan(table, prefix, start, end, limit, page_token, bound)
+            page = await core.scans.rows(table, prefix, start, end, limit, page_token, bound)
             lag, fmt = core.input_lag(table), core.value_format(table)
             return [Lookup.of(page.served_by[partition]._replace(key=key, found=True, value=value), lag, fmt)
                     for key, value, partition in page.items], page.next_page_token

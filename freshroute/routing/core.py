@@ -7,33 +7,31 @@ drives), so all of them speak the same semantics and raise the same errors.
 
 from __future__ import annotations
 
-import heapq
 import time
 from functools import partial
-from itertools import islice
 from typing import Any, Callable, Mapping, NamedTuple
 
-from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NotWindowedTable, ReplicaUnavailable,
-                               TableNotFound, WindowedTable)
-from freshroute.formats import bound_to_bytes, key_from_bytes, locate, locate_text
+from freshroute.errors import (FreshrouteError, InvalidArgument, NotWindowedTable, ReplicaUnavailable, TableNotFound,
+                               WindowedTable)
+from freshroute.formats import locate, locate_text
 from freshroute.freshness import NO_BOUND, Bound, now_ms
-from freshroute.keys import deserialize_key, not_a_batch, scan_range
+from freshroute.keys import not_a_batch
 from freshroute.metadata import TableSpec
 from freshroute.routing.answers import GroupAnswers, group_lookups, lookup_result, served_by
 from freshroute.routing.attempts import AttemptPlan, Attempts, LatencyWindow
 from freshroute.routing.counts import NoMetrics, count, count_group
 from freshroute.routing.drivers import run, run_many
 from freshroute.routing.history import HistoryReads
+from freshroute.routing.scans import Scans
 from freshroute.routing.read_after import narrowed
 from freshroute.routing.selection import Candidate, FreshestFirst, LoadTracker, ReplicaSelector
 from freshroute.routing.policy import RoutingPolicy
-from freshroute.routing.results import (LookupResult, ScanPage, WindowPage, WindowsResult, decode_page_token,
-                                        encode_page_token)
+from freshroute.routing.results import LookupResult, WindowsResult
 from freshroute.routing.snapshot import LagOverlay, NodeView, Snapshot, SnapshotSource
 from freshroute.routing.store import StoreClient
 from freshroute.routing.views import MetadataViews
-from freshroute.windows import MAX_START_MS, Window, WindowSpec, key_range, split_window_key, windows_of
-from freshroute.wire import ReadResult, ReadStatus, WindowFilter
+from freshroute.windows import MAX_START_MS, WindowSpec, key_range, windows_of
+from freshroute.wire import WindowFilter
 
 
 class RoutingCore:
@@ -56,12 +54,11 @@ class RoutingCore:
         self.clock_ms = clock_ms
         self._tracked: Mapping[str, NodeView] | None = None
         self._timeout_s = policy.request_timeout_ms / 1000
-        self._scan_timeout_s = policy.scan_timeout_ms / 1000
         self.get_latency = self.attempts.window()
         self._group_latency = self.attempts.window()
-        self._scan_latency = self.attempts.window()
         self._window_latency = self.attempts.window()
         self.history = HistoryReads(self, self.attempts.window(), self._timeout_s)  # a versioned table's reads
+        self.scans = Scans(self, self.attempts.window(), policy.scan_timeout_ms / 1000)  # every partition's reads
 
     def on_snapshot(self, snap: Snapshot) -> None:
         """Called after each swap: drop what the new snapshot no longer names."""
@@ -231,40 +228,6 @@ class RoutingCore:
                 results[i] = result
         return results
 
-    async def scan(self, table: str, prefix: str = "", start: str = "", end: str = "", limit: int | None = None,
-                   page_token: str | None = None, bound: Bound = NO_BOUND) -> ScanPage:
-        """Keys in ascending byte order across all partitions, one page at a time."""
-        spec = self.keyed(table)
-        limit = self.policy.scan_default_limit if limit is None or limit == 0 else limit
-        if limit > self.policy.scan_max_limit:
-            raise InvalidArgument(f"limit must be at most {self.policy.scan_max_limit}", field="limit")
-        bound = self.bound_for(spec, bound)
-        fmt = spec.key_format
-        lo = bound_to_bytes(fmt, start, "start")
-        if page_token:
-            # The smallest key after the last one returned.
-            lo = max(lo, decode_page_token(table, page_token) + b"\x00")
-        pre, hi = bound_to_bytes(fmt, prefix, "prefix"), bound_to_bytes(fmt, end, "end")
-        now = time.monotonic()
-        # One more than the page from each partition tells whether another page exists.
-        plans = [self.plan(table, p, bound, self._scan_latency, self._scan_timeout_s, now)
-                 for p in range(spec.partitions)]
-        lower, upper = scan_range(pre, lo, hi)
-        read_range = self.store.read_range
-        outcomes = await run_many(plans, lambda p, c: read_range(c.replica.address, table, p, lower, upper or b"",
-                                                                 limit + 1, None, bound))
-        parts: list[tuple[list[tuple[bytes, bytes]], LookupResult]] = []
-        for p, (cand, answer) in enumerate(self._every_partition(outcomes, f"scan of {table}", table)):
-            parts.append((sorted(answer.entries),
-                          lookup_result(table, "", p, cand, ReadResult(ReadStatus.NOT_FOUND, b"", answer.replica))))
-        streams = [[(k, v, p) for k, v in entries] for p, (entries, _) in enumerate(parts)]
-        merged = list(islice(heapq.merge(*streams, key=lambda e: e[0]), limit + 1))
-        more = len(merged) > limit
-        page = merged[:limit]
-        items = [(key_from_bytes(fmt, k), v, p) for k, v, p in page]
-        token = encode_page_token(table, page[-1][0]) if more and page else None
-        return ScanPage(table, items, token, {p: who for p, (_, who) in enumerate(parts)})
-
     def plan_windows(self, table: str, key: str, from_ms: int, to_ms: int, bound: Bound, now: float) -> WindowsRead:
         """What a windows lookup reads (one key range of one partition) and its attempt plan."""
         spec, w = self.windowed(table, from_ms, to_ms)
@@ -286,54 +249,6 @@ class RoutingCore:
             count(self.metrics, started, e)
             raise
         return count(self.metrics, started, r.result(cand, answer))
-
-    async def scan_windows(self, table: str, from_ms: int, to_ms: int, limit: int | None = None,
-                           page_token: str | None = None, bound: Bound = NO_BOUND) -> WindowPage:
-        """Windows starting in ``[from_ms, to_ms)`` across keys, ordered by (key bytes, start), one page at a time."""
-        spec, w = self.windowed(table, from_ms, to_ms)
-        limit = self.policy.scan_default_limit if limit is None or limit == 0 else limit
-        if limit > self.policy.scan_max_limit:
-            raise InvalidArgument(f"limit must be at most {self.policy.scan_max_limit}", field="limit")
-        bound = self.bound_for(spec, bound)
-        query = f"{from_ms}-{to_ms}"
-        lo = decode_page_token(table, page_token, query) + b"\x00" if page_token else b""
-        live = WindowFilter(from_ms, to_ms, w.size_ms + w.retention_ms)
-        now = time.monotonic()
-        plans = [self.plan(table, p, bound, self._scan_latency, self._scan_timeout_s, now)
-                 for p in range(spec.partitions)]
-        read_range = self.store.read_range
-        # One more than the page from each partition tells whether another page exists.
-        outcomes = await run_many(plans, lambda p, c: read_range(c.replica.address, table, p, lo, b"", limit + 1, live,
-                                                                 bound))
-        streams, served = [], {}
-        for p, (cand, answer) in enumerate(self._every_partition(outcomes, f"windows scan of {table}", table)):
-            served[p] = WindowsResult(table, "", [], p, *served_by(cand, answer.replica), answer.watermark_ms)
-            streams.append([(k, v, p, answer.watermark_ms) for k, v in answer.entries])
-        merged = list(islice(heapq.merge(*streams, key=lambda e: e[0]), limit + 1))
-        more = len(merged) > limit
-        page = merged[:limit]
-        items = []
-        for raw, value, p, watermark in page:
-            split = split_window_key(raw)
-            if split is None:
-                continue
-            key, start = split
-            final = watermark is not None and w.final(start, watermark)
-            items.append((deserialize_key(key), Window(start, start + w.size_ms, value, final), p))
-        token = encode_page_token(table, page[-1][0], query) if more and page else None
-        return WindowPage(table, items, token, served)
-
-    def _every_partition(self, outcomes: list[Any], what: str, table: str) -> list[tuple[Candidate, Any]]:
-        """Each partition's (replica, answer) of a read of every partition; the first that failed fails it all."""
-        out = []
-        for p, outcome in enumerate(outcomes):
-            if isinstance(outcome, LookupTimeout):
-                raise LookupTimeout(f"{what} did not finish within {self.policy.scan_timeout_ms} ms", table=table,
-                                    partition=p)
-            if isinstance(outcome, FreshrouteError):
-                raise outcome
-            out.append(outcome)
-        return out
 
 
 class WindowsRead(NamedTuple):

@@ -17,8 +17,8 @@ from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaSt
 
 from freshroute.routing.snapshot import Snapshot, build_snapshot
 from freshroute.windows import WATERMARK_KEY, live_starts, parse_watermark
-from freshroute.wire import (GroupResult, RangeResult, ReadResult, ReadStatus, ReplicaStatus, Version, VersionFilter,
-                             WindowFilter)
+from freshroute.wire import (GroupResult, RangeResult, ReadResult, ReadStatus, ReplicaStatus, RowsAsOf, Version,
+                             VersionFilter, WindowFilter)
 
 
 @dataclass
@@ -39,6 +39,15 @@ class FakeReplica:
         every = [Version(t, n, at[t]) for t, n in zip(times, times[1:] + [None])]
         return tuple(v for v in reversed(every) if v.valid_from_ms < window.to_ms and
                      (v.valid_to_ms is None or v.valid_to_ms > window.from_ms))[:limit]
+
+    def rows_at(self, start: bytes, end: bytes, at_ms: int, limit: int) -> list[tuple[bytes, Version]]:
+        """The keys in ``[start, end)`` present at ``at_ms``, each with its version then, in byte order."""
+        out = []
+        for key in sorted(self.history):
+            held = self.versions(key, VersionFilter(at_ms, at_ms + 1), 1)
+            if start <= key and (not end or key < end) and held and held[0].value is not None:
+                out.append((key, held[0]))
+        return out[:limit]
 
     def unseen(self, partition: int, keys: list[bytes], bound: Bound) -> str | None:
         """Why these rows do not reflect the events ``bound`` is after yet, as a store node says (None: they do)."""
@@ -187,7 +196,7 @@ class InMemoryStoreClient:
         return replica, node.status(table, partition), node.refusal(table, partition, bound)
 
     async def read_range(self, address: str, table: str, partition: int, start: bytes, end: bytes, limit: int,
-                         window: WindowFilter | VersionFilter | None, bound: Bound) -> RangeResult:
+                         window: WindowFilter | VersionFilter | RowsAsOf | None, bound: Bound) -> RangeResult:
         replica, status, why = await self._admitted(address, table, partition, bound)
         if replica is None:
             return RangeResult(ReadStatus.NOT_HOSTED, [])
@@ -198,6 +207,10 @@ class InMemoryStoreClient:
             return RangeResult(ReadStatus.NOT_YET_VISIBLE, [], status, unseen)
         if isinstance(window, VersionFilter):
             return RangeResult(ReadStatus.OK, [], status, "", None, replica.versions(start, window, limit))
+        if isinstance(window, RowsAsOf):
+            rows = replica.rows_at(start, end, window.at_ms, limit)
+            return RangeResult(ReadStatus.OK, [(k, v.value or b"") for k, v in rows], status, "", None,
+                               tuple(v for _, v in rows))
         watermark = parse_watermark(replica.data.get(WATERMARK_KEY)) if window is not None else None
         keep = live_starts(*window, watermark) if window is not None else (lambda _k: True)
         keys = [k for k in sorted(replica.data) if k >= start and (not end or k < end) and keep(k)]

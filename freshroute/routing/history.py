@@ -138,7 +138,7 @@ class HistoryReads:
                                     table=name)
         return spec
 
-    def _retained(self, spec: TableSpec, at_ms: int, now: int) -> None:
+    def retained(self, spec: TableSpec, at_ms: int, now: int) -> None:
         oldest = now - spec.history_retention_ms
         if at_ms < oldest:
             raise VersionNotRetained(f"table {spec.name!r} keeps versions for {spec.history_retention_ms} ms: the "
@@ -152,7 +152,7 @@ class HistoryReads:
         return raw, core.plan(spec.name, partition, core.bound_for(spec, bound), self._latency, self._timeout_s,
                               time.monotonic())
 
-    def _complete_ms(self, spec: TableSpec, answer: Any) -> int:
+    def complete_ms(self, spec: TableSpec, answer: Any) -> int:
         """Up to when the replica that answered had every change of the table: its staleness and the pipeline's input
         lag taken off the answer's time (-1: it did not say)."""
         if answer.replica is None:
@@ -164,7 +164,7 @@ class HistoryReads:
         started = time.perf_counter()
         try:
             spec = self.versioned(table)
-            self._retained(spec, as_of_ms, self._core.clock_ms())
+            self.retained(spec, as_of_ms, self._core.clock_ms())
             raw, plan = self._plan(spec, key, bound)
             read = self._core.store.read_version
             cand, answer = await run(plan, lambda c: read(c.replica.address, table, plan.partition, raw, as_of_ms,
@@ -174,7 +174,7 @@ class HistoryReads:
             raise
         lookup = count(self._core.metrics, started, lookup_result(table, key, plan.partition, cand, answer))
         grace = spec.window.grace_ms if spec.window is not None else 0
-        return AsOf(lookup, as_of_ms, answer.version, as_of_ms + grace <= self._complete_ms(spec, answer))
+        return AsOf(lookup, as_of_ms, answer.version, as_of_ms + grace <= self.complete_ms(spec, answer))
 
     async def batch_as_of(self, table: str, keys: list[str], as_of_ms: int,
                           bound: Bound = NO_BOUND) -> list["AsOf | FreshrouteError"]:
@@ -183,7 +183,7 @@ class HistoryReads:
         spec = self.versioned(table)
         if len(keys) > self._core.policy.batch_max_keys:
             raise InvalidArgument(f"at most {self._core.policy.batch_max_keys} keys per batch", field="keys")
-        self._retained(spec, as_of_ms, self._core.clock_ms())
+        self.retained(spec, as_of_ms, self._core.clock_ms())
         outcomes = await asyncio.gather(*(self.as_of(table, key, as_of_ms, bound) for key in keys),
                                         return_exceptions=True)
         for outcome in outcomes:
@@ -222,4 +222,4 @@ class HistoryReads:
         lookup = count(self._core.metrics, started,
                        lookup_result(table, key, plan.partition, cand, ReadResult(status, b"", answer.replica)))
         return Versions(lookup, from_ms, to_ms, page, page[-1].valid_from_ms if more else None,
-                        self._complete_ms(spec, answer))
+                        self.complete_ms(spec, answer))

@@ -20,6 +20,7 @@ from freshroute.errors import FreshrouteError, InvalidArgument, KeyNotFound
 from freshroute.freshness import InputLag, Position, now_ms, single
 from freshroute.metadata import TableSpec
 from freshroute.windows import Window
+from freshroute.wire import Version
 
 
 class LookupResult(NamedTuple):
@@ -280,17 +281,26 @@ class TableInfo:
 
 @dataclass(frozen=True)
 class ScanPage:
+    """A page of a table's keys across partitions; as of a time (a versioned table's), each with its version."""
+
     table: str
     items: list[tuple[str, bytes, int]]  # (key, value JSON bytes, partition), ascending by key bytes
     next_page_token: str | None
     served_by: dict[int, LookupResult]  # per partition: who answered, with lag and position (found=False)
+    versions: tuple[Version, ...] = ()  # as of a time: each item's version, in item order
+    as_of_ms: int | None = None
+    final: bool = False  # as of a time: every partition's replica had every change up to it
 
     def to_dict(self, input_lag: tuple[int, int] = (0, 0), value_format: str = "json") -> dict[str, Any]:
-        return {"table": self.table,
-                "items": [{"key": k, **value_fields(value_format, v), "partition": p} for k, v, p in self.items],
-                "next_page_token": self.next_page_token,
-                "partitions": [{"partition": p, **r.served()} for p, r in sorted(self.served_by.items())],
-                "input_lag": input_lag_doc(input_lag)}
+        items = [{"key": k, **value_fields(value_format, v), "partition": p} for k, v, p in self.items]
+        out = {"table": self.table, "items": items, "next_page_token": self.next_page_token,
+               "partitions": [{"partition": p, **r.served()} for p, r in sorted(self.served_by.items())],
+               "input_lag": input_lag_doc(input_lag)}
+        if self.as_of_ms is not None:
+            for item, version in zip(items, self.versions):
+                item["valid_from"], item["valid_to"] = version.valid_from_ms, version.valid_to_ms
+            out["as_of"], out["final"] = self.as_of_ms, self.final
+        return out
 
 
 @dataclass(frozen=True)

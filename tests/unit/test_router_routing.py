@@ -193,7 +193,7 @@ async def test_a_key_that_is_not_unicode_text_is_an_invalid_argument_naming_it_a
     if isinstance(bad, str):
         for field in ("prefix", "start", "end"):
             with pytest.raises(InvalidArgument) as e:
-                await core.scan(TABLE, **{field: bad})
+                await core.scans.rows(TABLE, **{field: bad})
             assert e.value.details["field"] == field
     assert cluster.n1.reads + cluster.n2.reads == 0
     assert (await core.get(TABLE, "sensor-1")).found  # the cache of key locations kept nothing of them

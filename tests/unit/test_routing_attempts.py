@@ -68,10 +68,10 @@ async def test_a_scan_partition_hedges_to_the_next_replica_when_the_first_stalls
     key = "sensor-11"
     first, second = strictly_ordered(cluster, key)
     for _ in range(64):
-        await cluster.router.scan(TABLE, prefix=key, limit=5)
+        await cluster.router.scans.rows(TABLE, prefix=key, limit=5)
     first.delay_s = 1.0
     t0 = time.perf_counter()
-    page = await cluster.router.scan(TABLE, prefix=key, limit=5)
+    page = await cluster.router.scans.rows(TABLE, prefix=key, limit=5)
     assert [k for k, _, _ in page.items] == ["sensor-11"]
     assert page.served_by[part(key)].node == second.node
     assert time.perf_counter() - t0 < 0.5
@@ -94,7 +94,7 @@ async def test_a_refusal_is_retried_on_the_next_replica(kind):
         [r] = await cluster.router.batch_get(TABLE, [key], bound)
         assert (r.node, r.found) == (standby.node, True)
     else:
-        page = await cluster.router.scan(TABLE, prefix=key, bound=bound)
+        page = await cluster.router.scans.rows(TABLE, prefix=key, bound=bound)
         assert page.served_by[p].node == standby.node and [k for k, _, _ in page.items] == [key]
     assert retries(cluster, "too_stale") == 1
 
@@ -115,7 +115,7 @@ async def test_when_every_replica_refuses_the_error_carries_the_freshest_lag_the
             [r] = await cluster.router.batch_get(TABLE, [key], bound)
             raise r
         else:
-            await cluster.router.scan(TABLE, prefix=key, bound=bound)
+            await cluster.router.scans.rows(TABLE, prefix=key, bound=bound)
     freshest = e.value.details["freshest_lag"]
     assert (freshest["offsets"], freshest["node"]) == (21, standby.node)
     assert e.value.details["bound"]["max_lag"] == 10 and e.value.http_status == 503
@@ -136,7 +136,7 @@ async def test_a_batch_fails_only_the_keys_of_the_partition_no_replica_could_ans
 async def test_a_down_node_fails_a_scan_over_to_the_standby():
     cluster = Cluster(RouterSettings(hedge=False))
     cluster.n1.down = True
-    page = await cluster.router.scan(TABLE, limit=1000)
+    page = await cluster.router.scans.rows(TABLE, limit=1000)
     assert len(page.items) == len({k for n in (cluster.n2,) for (_, _), r in n.replicas.items() for k in r.data})
     assert {who.node for who in page.served_by.values()} == {"n2"}
     assert all(who.role in (Role.ACTIVE.value, Role.STANDBY.value) for who in page.served_by.values())

@@ -105,10 +105,42 @@ async def test_what_cannot_be_answered_is_refused_naming_why(cluster, path, para
         assert NOW - 7 * DAY <= body["oldest_retained"] <= now_ms() - 7 * DAY
 
 
+def with_history(cluster, keys):
+    """Each key's versions (time → value or None) on both fake nodes."""
+    for key, versions in keys.items():
+        for node in (cluster.n1, cluster.n2):
+            node.replicas[(TABLE, part(key))].history[serialize_key(key)] = versions
+
+
+async def test_a_scan_as_of_a_time_holds_the_keys_present_then_each_with_its_interval(cluster):
+    with_history(cluster, {"sensor-2": {T2: b'{"count":20}'}, "sensor-3": {T1: b'{"count":30}', T3: None},
+                           "sensor-4": {T3: b'{"count":40}'}})
+    async with cluster.client() as c:
+        def at(t, **params):
+            return c.get(f"/v1/tables/{TABLE}/scan", params={"as_of": t, **params})
+
+        page = (await at(T2 + 1)).json()
+        # sensor-1 deleted at T2, sensor-4 not yet there.
+        assert [(i["key"], i["value"], i["valid_from"], i["valid_to"]) for i in page["items"]] == [
+            ("sensor-2", {"count": 20}, T2, None), ("sensor-3", {"count": 30}, T1, T3)]
+        assert (page["as_of"], page["final"], page["next_page_token"]) == (T2 + 1, True, None)
+        first = (await at(T3, limit=1)).json()
+        assert [i["key"] for i in first["items"]] == ["sensor-1"] and first["next_page_token"]
+        rest = (await at(T3, limit=5, page_token=first["next_page_token"])).json()
+        assert [(i["key"], i["valid_from"]) for i in rest["items"]] == [("sensor-2", T2), ("sensor-4", T3)]
+        # A page token pages one time only; the future is the latest, not final.
+        other = await at(T2, page_token=first["next_page_token"])
+        assert other.status_code == 400 and other.json()["error"]["field"] == "page_token"
+        latest = (await at(NOW + DAY)).json()
+        assert [i["key"] for i in latest["items"]] == ["sensor-1", "sensor-2", "sensor-4"] and not latest["final"]
+        old = await at(NOW - 8 * DAY)
+        assert old.status_code == 404 and old.json()["error"]["code"] == "VERSION_NOT_RETAINED"
+
+
 async def test_a_table_without_history_refuses_as_of_and_versions():
     plain = Cluster()
     async with plain.client() as c:
-        for path, params in (("keys/sensor-1", {"as_of": "1"}), ("keys/sensor-1/versions", {})):
+        for path, params in (("keys/sensor-1", {"as_of": "1"}), ("keys/sensor-1/versions", {}), ("scan", {"as_of": "1"})):
             r = await c.get(f"/v1/tables/{TABLE}/{path}", params=params)
             assert r.status_code == 400 and r.json()["error"]["code"] == "TABLE_NOT_VERSIONED"
         # A plain lookup is untouched.
@@ -175,6 +207,12 @@ async def test_grpc_get_versions_and_a_batch_as_of_through_the_public_port():
             assert (one.found, orjson.loads(one.value_json), one.valid_from, one.valid_to, one.final) == \
                 (True, {"count": 1}, T1, T2, True)
             assert not two.found and not two.HasField("valid_from")
+            scanned = [item async for item in stub.Scan(router_pb2.ScanRequest(
+                table=TABLE, limit=1, bound=router_pb2.Bound(as_of=T1 + 1)))]
+            *items, last = scanned
+            assert [(i.key, orjson.loads(i.value_json), i.valid_from, i.valid_to) for i in items] == [
+                ("sensor-1", {"count": 1}, T1, T2)]
+            assert last.summary.final and last.summary.next_page_token == ""
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await stub.Get(router_pb2.GetRequest(table=TABLE, key="sensor-1",
                                                      bound=router_pb2.Bound(as_of=NOW - 8 * DAY)))

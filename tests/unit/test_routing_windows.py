@@ -73,23 +73,23 @@ async def test_windows_across_keys_page_in_key_then_start_order():
     cluster = windowed_cluster()
     got, token = [], None
     for _ in range(20):
-        page = await cluster.router.scan_windows(WINDOWED, 10 * S, 30 * S, limit=4, page_token=token)
+        page = await cluster.router.scans.windows(WINDOWED, 10 * S, 30 * S, limit=4, page_token=token)
         got += [(k, w.start) for k, w, _ in page.items]
         token = page.next_page_token
         if token is None:
             break
     assert got == [(f"s{i}", s) for i in range(6) for s in (10 * S, 20 * S)]
     assert set(page.served_by) == set(range(4))
-    first = await cluster.router.scan_windows(WINDOWED, 10 * S, 30 * S, limit=1)
+    first = await cluster.router.scans.windows(WINDOWED, 10 * S, 30 * S, limit=1)
     with pytest.raises(InvalidArgument) as e:
-        await cluster.router.scan_windows(WINDOWED, 0, 30 * S, limit=1, page_token=first.next_page_token)
+        await cluster.router.scans.windows(WINDOWED, 0, 30 * S, limit=1, page_token=first.next_page_token)
     assert e.value.details["field"] == "page_token"
 
 
 async def test_key_reads_of_a_windowed_table_and_windows_of_a_plain_one_are_refused():
     cluster = windowed_cluster()
     for read in (cluster.router.get(WINDOWED, "s1"), cluster.router.batch_get(WINDOWED, ["s1"]),
-                 cluster.router.scan(WINDOWED)):
+                 cluster.router.scans.rows(WINDOWED)):
         with pytest.raises(WindowedTable, match="windows"):
             await read
     with pytest.raises(NotWindowedTable):

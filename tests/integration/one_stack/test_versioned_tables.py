@@ -164,6 +164,25 @@ def test_a_key_as_of_any_time_is_the_version_its_records_say_on_every_way_in(sta
             # The plain lookup answers the newest version (never a late record).
             plain = http.get(f"/v1/tables/prices/keys/{key}")
             assert (plain.json().get("value") if plain.status_code == 200 else None) == versions[0][2]
+        # Every key as of a time, page by page across partitions: the keys present then, in key order.
+        for t in sorted(rng.randrange(min(model.versions(k)[-1][0] for k in model.at), now) for _ in range(4)):
+            want = []
+            for k in sorted(model.at):
+                held = model.as_of(k, t)
+                if held is not None and held[2] is not None:
+                    want.append((k, held[2], held[0], held[1]))
+            got, token, finals_of_scan = [], None, []
+            while True:
+                page = http.get("/v1/tables/prices/scan", params={"as_of": t, "limit": 7,
+                                                                  **({"page_token": token} if token else {})}).json()
+                got += [(i["key"], i["value"], i["valid_from"], i["valid_to"]) for i in page["items"]]
+                finals_of_scan.append(page["final"])
+                token = page["next_page_token"]
+                if token is None:
+                    break
+            assert got == want, t
+            assert all(finals_of_scan), t
+            checked += 1
         print(f"AS_OF: {checked} reads, {finals} found answers final")
         assert finals > 0
         # Every answer of the past from a caught-up replica is final; one of the future is the latest, not final.
@@ -187,6 +206,10 @@ def test_a_key_as_of_any_time_is_the_version_its_records_say_on_every_way_in(sta
                        timeout=5)
         assert got.found and orjson.loads(got.value_json) == want_value and got.valid_from == want_from
         assert (got.valid_to if got.HasField("valid_to") else None) == want_to and got.final
+        scanned = list(stub.Scan(router_pb2.ScanRequest(table="prices", start=key, end=key + "\x00",
+                                                        bound=router_pb2.Bound(as_of=want_from)), timeout=5))
+        assert [(i.key, orjson.loads(i.value_json), i.valid_from) for i in scanned[:-1]] == [(key, want_value, want_from)]
+        assert scanned[-1].summary.final
         listed = stub.GetVersions(router_pb2.VersionsRequest(table="prices", key=key), timeout=5)
         assert [(v.valid_from, v.valid_to if v.HasField("valid_to") else None,
                  None if v.deleted else orjson.loads(v.value_json)) for v in listed.versions] == model.versions(key)
