@@ -103,8 +103,19 @@ async def admit(guard: Guard, route: Route, authorization: bytes | None, subject
 
 
 def query_of(raw: bytes) -> dict[str, str]:
-    """A raw query string's parameters (the last of a repeated one)."""
-    return dict(parse_qsl(raw.decode("utf-8", "replace"), keep_blank_values=True)) if raw else {}
+    """A raw query string's parameters (the last of a repeated one), blank ones kept, as ``parse_qsl`` reads them."""
+    if not raw:
+        return {}
+    text = raw.decode("utf-8", "replace")
+    if "%" in text or "+" in text:
+        return dict(parse_qsl(text, keep_blank_values=True))
+    # Nothing to unquote (a lookup's ``as_of=MS``, a bound): split it, several times faster than parse_qsl.
+    out = {}
+    for pair in text.split("&"):
+        if pair:
+            name, _, value = pair.partition("=")
+            out[name] = value
+    return out
 
 
 class KeyHandlers:
