@@ -1,7 +1,7 @@
 """A tables file checked before anything starts: every table built over an empty input of its source's shape.
 
 Spark analyses each table's frame as the pipeline would build it — the source's schema parsed and validated, the
-table's function or SQL, its key and value columns checked — over an empty batch of records instead of the topic,
+table's function or SQL, its key and value columns checked, a versioned table's version time placed — over an empty batch of records instead of the topic,
 so a key column that does not exist or SQL naming a missing column is refused in seconds, naming the file and the
 table, with no broker and nothing started.
 
@@ -29,7 +29,7 @@ RECORD_SHAPE = (f"{RAW_KEY} BINARY, {RAW_VALUE} BINARY, key STRING, topic STRING
 
 def check(spark: "SparkSession", definition: TablesDefinition) -> None:
     """Build every table of ``definition``; a TablesFileError for the first that cannot be built."""
-    from pipeline.job import source_schema, table_frame
+    from pipeline.job import source_schema, table_frame, version_times
 
     for src in definition.sources.values():
         tables = [t for t in definition.tables.values() if t.source == src.name]
@@ -38,7 +38,7 @@ def check(spark: "SparkSession", definition: TablesDefinition) -> None:
         rows, _rejected = split(records, src, schema, required_fields(schema, [t.key for t in tables]),
                                 [t.window.time_column for t in tables if t.window is not None])
         for t in tables:
-            table_frame(spark, definition, t, rows)
+            table_frame(spark, definition, t, rows, version_times(spark, t, definition.path))
 
 
 def session() -> "SparkSession":

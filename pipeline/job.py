@@ -335,14 +335,14 @@ def table_frame(spark: "SparkSession", definition: TablesDefinition, t: Table, r
     return df
 
 
-def version_times(spark: "SparkSession", t: Table) -> Any:
+def version_times(spark: "SparkSession", t: Table, path: Path) -> Any:
     """What a micro-batch table's frame gets besides its definition: a versioned table's version time (None:
-    nothing)."""
+    nothing); ``path``: the tables file, to name."""
     if not t.versioned:
         return None
 
     def refuse(why: str) -> TablesFileError:
-        return TablesFileError(f"table {t.name!r} cannot keep a history: {why}", table=t.name)
+        return TablesFileError(f"table {t.name!r} in {path} cannot keep a history: {why}", table=t.name)
 
     return lambda df: with_lineage(spark, df, refuse, version_time=True)
 
@@ -763,7 +763,7 @@ class Pipeline:
         src = self.definition.sources[tables[0].source]
         rows, rejected = source_rows(self.spark, self.settings, src,
                                      [t for t in self.definition.tables.values() if t.source == src.name])
-        return [self._table_frame(t, rows, version_times(self.spark, t)) for t in tables], \
+        return [self._table_frame(t, rows, version_times(self.spark, t, self.definition.path)) for t in tables], \
             rejected if self._rejects_query(src) == query else None
 
     def _rejects_query(self, src: Source) -> str | None:

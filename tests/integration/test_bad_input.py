@@ -28,7 +28,7 @@ from .cluster_support import scrape
 from .pipeline_support import REPO, PipelineProcess, materialize, mismatches, read_topic
 from .stack_fixture import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.beside]
 
 ORDERS = textwrap.dedent('''
 

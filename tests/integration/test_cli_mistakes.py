@@ -115,6 +115,17 @@ BROKEN = {
         sql_table(name="by_region", key="region", source="orders",
                   sql="SELECT region, count(*) AS orders FROM orders GROUP BY region")
     ''', "table 'by_region' in {path}: AnalysisException: [UNRESOLVED_COLUMN"),
+    "history": ('''
+        from pyspark.sql import functions as F
+        from pipeline.tables import source, table
+
+        source("orders", schema="order_id STRING, customer STRING, amount DOUBLE")
+
+        @table(name="totals", key="customer", source="orders", history_retention="7d")
+        def totals(orders):
+            return orders.select("customer", "amount").groupBy("customer").agg(F.sum("amount").alias("total"))
+    ''', "table 'totals' in {path} cannot keep a history: the rows it aggregates no longer have the source's "
+        "timestamp column"),
 }
 
 

@@ -25,7 +25,7 @@ from proto import router_pb2, router_pb2_grpc
 from .pipeline_support import PipelineProcess, Processes, read_topic
 from .stack_fixture import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.beside]
 
 TABLES = textwrap.dedent('''
     from pyspark.sql import functions as F

@@ -15,7 +15,7 @@ from tools.local.stack import _print_examples
 from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, discard, expected_sensor_stats, produce_readings,
                                              start_stack, wait_until)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.beside]
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

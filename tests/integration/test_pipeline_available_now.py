@@ -24,7 +24,7 @@ from pipeline.topics import ensure_topic
 
 from .pipeline_support import PipelineProcess, materialize, mismatches, read_topic
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.beside]
 
 TABLES = '''
 from pyspark.sql import functions as F

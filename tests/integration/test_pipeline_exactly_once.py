@@ -23,7 +23,7 @@ from pipeline.topics import ensure_topic
 
 from .pipeline_support import AREAS, SENSORS, PipelineProcess, materialize, mismatches, read_topic, recompute
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.beside]
 
 CHANGELOG_PARTITIONS = 8
 
