@@ -62,6 +62,21 @@ def rank_lag(offsets: int | None) -> int:
     return UNKNOWN_LAG_RANK if offsets is None else offsets
 
 
+# A replica never caught up reports its staleness counted from the epoch, more than any replica that ever was caught
+# up, so that routing ranks it last; an answer says its lag in ms is unknown (null), not decades.
+NEVER_CAUGHT_UP_MS = 20 * 365 * 86_400_000
+
+
+def known_staleness(staleness_ms: int | None) -> int | None:
+    """A replica's staleness as answers show it: None (unknown) when it has never been caught up."""
+    return None if staleness_ms is None or staleness_ms >= NEVER_CAUGHT_UP_MS else staleness_ms
+
+
+def rank_staleness(staleness_ms: int | None) -> int:
+    """A shown staleness as a sort key, freshest first, unknown last."""
+    return NEVER_CAUGHT_UP_MS if staleness_ms is None else staleness_ms
+
+
 @dataclass(frozen=True)
 class InputLag:
     """Where the pipeline is in a table's input, as the pipeline publishes it after each micro-batch and once a

@@ -307,7 +307,10 @@ def check(records: list[dict[str, Any]], changelog: Changelog, table: str,
                     bad(i, "bound", f"asked for max_lag {bound['max_lag']}, but the answer's offset lag is unknown")
                 elif "max_lag" in bound and lag["offsets"] > bound["max_lag"]:
                     bad(i, "bound", f"lag {lag['offsets']} offsets exceeds max_lag {bound['max_lag']}")
-                if "max_staleness_ms" in bound and lag["ms"] > bound["max_staleness_ms"]:
+                if "max_staleness_ms" in bound and lag["ms"] is None:
+                    bad(i, "bound", f"asked for max_staleness_ms {bound['max_staleness_ms']}, but the answer's "
+                                    f"staleness is unknown")
+                elif "max_staleness_ms" in bound and lag["ms"] > bound["max_staleness_ms"]:
                     bad(i, "bound", f"staleness {lag['ms']} ms exceeds max_staleness_ms {bound['max_staleness_ms']}")
         if "max_input_lag_ms" in bound and rec.get("outcome") in ("ok", "not_found"):
             behind = rec.get("input_lag")

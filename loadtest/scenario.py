@@ -315,7 +315,7 @@ async def run_load(cfg: LoadConfig, rest_url: str, grpc_address: str, recorder: 
                 seen = len(recorder.records)
                 lat = [r["latency_ms"] for r in recent]
                 bad = sum(r["outcome"] not in ANSWERED for r in recent)
-                lag = max((r["lag"]["ms"] for r in recent if r.get("lag")), default=None)
+                lag = max((r["lag"]["ms"] for r in recent if r.get("lag") and r["lag"]["ms"] is not None), default=None)
                 p50, p99 = percentile(lat, 50), percentile(lat, 99)
                 say(f"[{now:6.1f}s] {len(recent):5d} req/s  p50 {p50 or 0:7.1f} ms  p99 {p99 or 0:7.1f} ms  "
                     f"failed {bad:4d}  max lag served {lag if lag is not None else '-'} ms  total {seen}")

@@ -56,7 +56,7 @@ def summarize(records: list[dict[str, Any]], duration_s: float | None = None,
         duration_s = max((r["t"] + r["latency_ms"] / 1000 for r in records), default=0.0)
     answered = [r for r in records if not failed(r)]
     errors = [r for r in records if failed(r)]
-    lag_ms = [r["lag"]["ms"] for r in answered if r.get("lag")]
+    lag_ms = [r["lag"]["ms"] for r in answered if r.get("lag") and r["lag"]["ms"] is not None]
     lag_offsets = [r["lag"]["offsets"] for r in answered if r.get("lag") and r["lag"]["offsets"] is not None]
     served = Counter(f"{r['served_by']['node']}/{r['served_by']['role']}" for r in answered if r.get("served_by"))
     by_bound: dict[str, dict[str, int]] = {}
@@ -108,7 +108,7 @@ def timeseries(records: list[dict[str, Any]], bucket_s: float = 1.0,
     for i, rs in enumerate(buckets):
         ok = [r for r in rs if not failed(r)]
         lat = [r["latency_ms"] for r in rs]
-        lag_ms = [r["lag"]["ms"] for r in ok if r.get("lag")]
+        lag_ms = [r["lag"]["ms"] for r in ok if r.get("lag") and r["lag"]["ms"] is not None]
         lag_off = [r["lag"]["offsets"] for r in ok if r.get("lag") and r["lag"]["offsets"] is not None]
         # The last bucket may be cut short by the end of the run: rate it over its real width.
         width = min(bucket_s, duration_s - i * bucket_s) if duration_s > i * bucket_s else bucket_s

@@ -23,7 +23,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from freshroute.errors import ConfigError, FreshrouteError
-from freshroute.freshness import NO_BOUND, Bound, rank_lag
+from freshroute.freshness import NO_BOUND, Bound, rank_lag, rank_staleness
 from freshroute.metadata import TableSpec
 from freshroute.routing.history import AsOf, Versions, parse_time
 from freshroute.routing.results import (ClusterView, LookupResult, ReplicaInfo, WindowsResult, key_not_found,
@@ -163,7 +163,8 @@ def _input_lag(router: Router, table: str) -> router_pb2.InputLag | None:
 
 def _staler(a: Served | None, b: Served) -> Served:
     """The less fresh of two answers for one partition: the stream reports what holds for all its pages."""
-    if a is None or (b.lag_ms, rank_lag(b.lag_offsets)) > (a.lag_ms, rank_lag(a.lag_offsets)):
+    if a is None or (rank_staleness(b.lag_ms), rank_lag(b.lag_offsets)) > (rank_staleness(a.lag_ms),
+                                                                          rank_lag(a.lag_offsets)):
         return b
     return a
 

@@ -33,7 +33,7 @@ class Lookup(NamedTuple):
     node: str
     role: str
     lag_offsets: int | None  # None: the serving replica did not know its changelog's end offset yet
-    lag_ms: int
+    lag_ms: int | None  # None: the replica has never been caught up
     applied_offset: int  # the serving replica's position in the partition's changelog
     # How far the table's changelog was behind its input (the pipeline's lag): 0 while it keeps up.
     input_lag_records: int = 0
@@ -87,8 +87,8 @@ class Lookup(NamedTuple):
         raw, fmt = (base64.b64decode(doc["value_b64"]), "bytes") if "value_b64" in doc else \
             (orjson.dumps(doc.get("value")), "json")
         return cls(table, doc["key"], found, raw if found else None, partition,
-                   served.get("node", ""), served.get("role", ""), optional_int(lag.get("offsets")), int(lag.get("ms", 0)),
-                   applied, int(behind.get("records", 0)), int(behind.get("ms", 0)), fmt)
+                   served.get("node", ""), served.get("role", ""), optional_int(lag.get("offsets")),
+                   optional_int(lag.get("ms")), applied, int(behind.get("records", 0)), int(behind.get("ms", 0)), fmt)
 
 
 def decoded(value_format: str, raw: bytes) -> Any:
@@ -119,7 +119,7 @@ class Windows(NamedTuple):
     node: str
     role: str
     lag_offsets: int | None  # None: the serving replica did not know its changelog's end offset yet
-    lag_ms: int
+    lag_ms: int | None  # None: the replica has never been caught up
     applied_offset: int
     watermark_ms: int | None  # the partition's watermark (event time − grace) as of the answer
     input_lag_records: int = 0  # as in Lookup
@@ -144,7 +144,7 @@ class Windows(NamedTuple):
         return cls(doc["table"], doc["key"], tuple(WindowValue(int(w["start"]), int(w["end"]), w["value"],
                                                                bool(w["final"])) for w in doc["windows"]),
                    partition, served.get("node", ""), served.get("role", ""), optional_int(lag.get("offsets")),
-                   int(lag.get("ms", 0)), applied, doc.get("watermark_ms"), int(behind.get("records", 0)),
+                   optional_int(lag.get("ms")), applied, doc.get("watermark_ms"), int(behind.get("records", 0)),
                    int(behind.get("ms", 0)))
 
 
@@ -199,7 +199,7 @@ class KeyVersions(NamedTuple):
     node: str
     role: str
     lag_offsets: int | None
-    lag_ms: int
+    lag_ms: int | None  # None: the replica has never been caught up
     applied_offset: int
 
     @classmethod
@@ -221,7 +221,7 @@ class KeyVersions(NamedTuple):
                          for v in doc["versions"])
         return cls(doc["table"], doc["key"], versions, doc.get("next_page_token"), int(doc["complete_to"]), partition,
                    served.get("node", ""), served.get("role", ""), optional_int(lag.get("offsets")),
-                   int(lag.get("ms", 0)), applied)
+                   optional_int(lag.get("ms")), applied)
 
 
 class Positions:

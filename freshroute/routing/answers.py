@@ -5,17 +5,20 @@ from __future__ import annotations
 
 from typing import Callable, Sequence, TypeVar
 
+from freshroute.freshness import known_staleness
 from freshroute.routing.results import LookupResult
 from freshroute.routing.selection import Candidate
 from freshroute.wire import GroupResult, ReadResult, ReadStatus, ReplicaStatus
 
 
-def served_by(cand: Candidate, rep: ReplicaStatus | None) -> tuple[str, str, int | None, int, int]:
-    """(node, role, lag offsets, lag ms, applied) of the replica that answered: its own report if it sent one, else the view's."""
+def served_by(cand: Candidate, rep: ReplicaStatus | None) -> tuple[str, str, int | None, int | None, int]:
+    """(node, role, lag offsets, lag ms, applied) of the replica that answered: its own report if it sent one, else
+    the view's (lag ms None: it has never been caught up)."""
     if rep is None:
         r = cand.replica
-        return r.node, r.role.value, cand.lag_offsets, cand.staleness_ms, cand.applied
-    return rep.node or cand.replica.node, rep.role.value, rep.lag_offsets, rep.staleness_ms, rep.applied
+        return r.node, r.role.value, cand.lag_offsets, known_staleness(cand.staleness_ms), cand.applied
+    return rep.node or cand.replica.node, rep.role.value, rep.lag_offsets, known_staleness(rep.staleness_ms), \
+        rep.applied
 
 
 T = TypeVar("T")

@@ -27,7 +27,7 @@ from typing import Any, Callable, Protocol, TypeVar
 
 from freshroute.errors import (FreshrouteError, LookupTimeout, NoReplicaWithinBound, NotYetVisible, ReplicaUnavailable,
                                WriteRejected)
-from freshroute.freshness import Bound, rank_lag
+from freshroute.freshness import Bound, known_staleness, rank_lag
 from freshroute.metadata import ReplicaState
 from freshroute.routing.counts import NoMetrics
 from freshroute.routing.selection import Candidate, LoadTracker, Selection
@@ -271,7 +271,7 @@ class AttemptPlan:
         freshest = None
         if views:
             lag, ms, node, role = min(views, key=lambda v: (rank_lag(v[0]), v[1:]))
-            freshest = {"offsets": lag, "ms": ms, "node": node, "role": role}
+            freshest = {"offsets": lag, "ms": known_staleness(ms), "node": node, "role": role}
         return NoReplicaWithinBound(
             f"no live replica of {self.table}/{self.partition} is within the bound", table=self.table,
             partition=self.partition, bound=self.bound.to_dict(), freshest_lag=freshest,

@@ -34,7 +34,7 @@ class LookupResult(NamedTuple):
     node: str
     role: str
     lag_offsets: int | None  # None: the replica does not know its changelog's end offset yet
-    lag_ms: int
+    lag_ms: int | None  # None: the replica has never been caught up
     applied: int
 
     @property
@@ -343,7 +343,7 @@ class WindowsResult(NamedTuple):
     node: str
     role: str
     lag_offsets: int | None  # None: the replica does not know its changelog's end offset yet
-    lag_ms: int
+    lag_ms: int | None  # None: the replica has never been caught up
     applied: int
     watermark_ms: int | None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable, Protocol
 
 from freshroute.errors import ReplicaUnavailable
-from freshroute.freshness import NO_BOUND, Bound
+from freshroute.freshness import NO_BOUND, Bound, known_staleness
 from freshroute.metadata import Role, TableSpec
 from freshroute.routing.results import (ClusterView, HostedReplica, KeyLocation, MetadataHealth, NodeState,
                                         ReplicaInfo, TableInfo, TablePipeline, pipeline_doc)
@@ -41,7 +41,7 @@ class MetadataViews:
     def replica_info(self, r: ReplicaView, now: int) -> ReplicaInfo:
         if r.reported:
             c, _ = self._freshest.estimate(r, now)
-            lag, ms, applied, end = c.lag_offsets, c.staleness_ms, c.applied, c.end
+            lag, ms, applied, end = c.lag_offsets, known_staleness(c.staleness_ms), c.applied, c.end
         else:
             lag, ms, applied, end = None, None, 0, None
         return ReplicaInfo(r.node, r.address, r.role.value, r.state.value if r.state else None, r.alive,

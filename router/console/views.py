@@ -17,7 +17,7 @@ from typing import Any, Callable
 import orjson
 
 from freshroute.errors import InvalidArgument
-from freshroute.freshness import now_ms, parse_limit
+from freshroute.freshness import known_staleness, now_ms, parse_limit
 from freshroute.metadata import ReplicaState, Role
 from freshroute.routing.core import RoutingCore
 from freshroute.routing.results import ReplicaInfo, pipeline_doc
@@ -57,10 +57,10 @@ class _Worst:
         self.offsets: int | None = None
         self.ms: int | None = None
 
-    def take(self, offsets: int | None, ms: int) -> None:
+    def take(self, offsets: int | None, ms: int | None) -> None:
         if offsets is not None and (self.offsets is None or offsets > self.offsets):
             self.offsets = offsets
-        if self.ms is None or ms > self.ms:
+        if ms is not None and (self.ms is None or ms > self.ms):
             self.ms = ms
 
 
@@ -108,13 +108,13 @@ def summarise(core: RoutingCore, snap: Snapshot, now: int) -> dict[str, Any]:
             if not r.alive or state is None:
                 continue
             c = core.views.estimate(r, now)  # as routing and /v1/cluster see the replica
-            applied, end, lag, staleness = c.applied, c.end, c.lag_offsets, c.staleness_ms
+            applied, end, lag, staleness = c.applied, c.end, c.lag_offsets, known_staleness(c.staleness_ms)
             if state == _RESTORING:
                 t.restores.append({"partition": partition, "node": r.node, "applied_offset": applied,
                                    "end_offset": end})
             else:
                 serving = True
-            t.lag_unknown += lag is None
+            t.lag_unknown += lag is None or staleness is None
             t.take(lag, staleness)
             if n is not None:
                 n.take(lag, staleness)

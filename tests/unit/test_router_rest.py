@@ -117,6 +117,26 @@ async def test_503_no_replica_within_bound_with_freshest_lag(cluster):
     assert cluster.n1.reads + cluster.n2.reads == 0  # the recent view was enough to know
 
 
+async def test_a_replica_never_caught_up_says_its_staleness_is_unknown_not_decades(cluster):
+    """A replica that has never been caught up counts its staleness from the epoch (so that routing ranks it last):
+    every answer shows it as unknown (null), in a lookup, a refusal, the key's metadata and the client."""
+    from freshroute.client.lookup import Lookup
+
+    key = "sensor-5"
+    p = part(key)
+    for node in (cluster.n1, cluster.n2):
+        node.replicas[(TABLE, p)].staleness_ms = now_ms()
+    cluster.refresh()
+    async with cluster.client() as c:
+        served = (await c.get(f"/v1/tables/{TABLE}/keys/{key}")).json()
+        refused = (await c.get(f"/v1/tables/{TABLE}/keys/{key}", params={"max_staleness_ms": 60_000})).json()
+        meta = (await c.get(f"/v1/tables/{TABLE}/keys/{key}/metadata")).json()
+    assert served["lag"] == {"offsets": 0, "ms": None}
+    assert Lookup.from_json({"table": TABLE, **served}).lag_ms is None
+    assert refused["error"]["code"] == "NO_REPLICA_WITHIN_BOUND" and refused["error"]["freshest_lag"]["ms"] is None
+    assert meta["active"]["lag"]["ms"] is None
+
+
 async def test_store_enforces_bound_router_view_was_stale(cluster):
     # The router thinks both replicas are caught up; the stores know better.
     key = "sensor-2"
