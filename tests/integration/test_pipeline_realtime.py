@@ -29,7 +29,7 @@ from pipeline.topics import ensure_topic
 
 from .pipeline_support import AREAS, REPO, SENSORS, PipelineProcess, materialize, mismatches, read_topic, recompute
 
-pytestmark = [pytest.mark.integration, pytest.mark.beside]
+pytestmark = pytest.mark.integration
 
 CHANGELOG_PARTITIONS = 8
 # Beside the demo's tables: one keyed by a number, whose key is the number as Spark writes it as a string.
