@@ -143,8 +143,8 @@ def assign(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], pr
     for n in sorted(nodes, key=lambda x: (-(total[x] - quota[x]), x)):
         if total[n] <= quota[n]:
             continue
-        standbys = sorted((k for k in hosted[n] if n in placement[k][1:]),
-                          key=lambda k: (lags.freshness(k, n), k), reverse=True)
+        standbys = _by_turns(sorted((k for k in hosted[n] if n in placement[k][1:]),
+                                    key=lambda k: (lags.freshness(k, n), k), reverse=True))
         actives = sorted((k for k in hosted[n] if placement[k][0] == n),
                          key=lambda k: (not any(lags.warm(k, m) for m in placement[k][1:]), k))
         for k in standbys + actives:
@@ -229,6 +229,17 @@ def repair(tables: Mapping[str, TableSpec], live_nodes: Iterable[NodeReport], pr
                 total[m] += 1
     return Assignment(generation, {k: tuple(ns) if k in affected else previous.replicas[k]
                                    for k, ns in placement.items() if ns})
+
+
+def _by_turns(keys: list[ReplicaKey]) -> list[ReplicaKey]:
+    """``keys`` a table at a time in turn (each table's in the order given, the table with the most first), so that
+    the replicas moved off a node are every table's share of them, not all of one table's: a node that came back
+    empty then holds every table, and each table's actives can spread to it (``_spread_tables``)."""
+    by_table: dict[str, list[ReplicaKey]] = {}
+    for k in keys:
+        by_table.setdefault(k[0], []).append(k)
+    queues = sorted(by_table.values(), key=lambda ks: (-len(ks), ks[0][0]))
+    return [ks[i] for i in range(max(map(len, queues), default=0)) for ks in queues if i < len(ks)]
 
 
 def _keys(tables: Mapping[str, TableSpec]) -> list[ReplicaKey]:

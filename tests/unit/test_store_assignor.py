@@ -156,6 +156,27 @@ def test_each_tables_actives_are_spread_by_hand_overs_alone():
     assert assign(tables, reports_for(after), after, 3).replicas == after.replicas  # and it stays
 
 
+def test_a_node_back_empty_takes_every_tables_share_and_then_leads_each():
+    """n1 dies: n2 and n3 hold everything. It comes back empty: the replicas that move to it are each table's share,
+    not all of one table's (the coldest-first order once took only the tables last in name order), so that once
+    they are warm each table's actives spread to it too."""
+    tables = {"area_counts": spec("area_counts"), "sensor_stats": spec("sensor_stats"),
+              "sensor_windows": spec("sensor_windows")}
+    ids = ["n1", "n2", "n3"]
+    a = assign(tables, [node(n) for n in ids], None, 1)
+    a = assign(tables, [r for r in reports_for(a) if r.node_id != "n1"], a, 2)
+    assert hosts(a) == {"n2", "n3"}
+    back = assign(tables, with_nodes(reports_for(a), ids), a, 3)
+    held = Counter((t, n) for (t, _), ns in back.replicas.items() for n in ns)
+    for table in tables:
+        counts = [held[(table, n)] for n in ids]
+        assert max(counts) - min(counts) <= 2, (table, counts)  # 16 replicas of each: 5 or 6 a node, within a move
+    warm = assign(tables, reports_for(back), back, 4)  # the moved replicas caught up
+    assert_balanced(warm, ids)
+    for table, counts in per_table_actives(warm).items():
+        assert min(counts[n] for n in ids) >= 2, (table, counts)
+
+
 def test_a_table_is_not_spread_onto_a_standby_still_restoring():
     tables = {"A": spec("A", partitions=2), "B": spec("B", partitions=2)}
     before = Assignment(1, {("A", 0): ("n1", "n2"), ("A", 1): ("n1", "n2"),
