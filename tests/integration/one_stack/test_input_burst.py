@@ -155,7 +155,9 @@ def test_a_burst_far_above_the_pipelines_pace_fails_no_lookup_and_drains(stack):
     client.close()
 
     assert not problems, problems[:5]
-    assert burst_lookups >= 100 and answers["loose ok"] >= 100, answers
+    # Lookups went on while the pipeline was behind (the burst itself may take 3 s or 10, as the machine goes).
+    behind_answers = sum(1 for records, _ in answer_lags if records > 0)
+    assert behind_answers >= 100 and answers["loose ok"] >= 100, (behind_answers, burst_lookups, answers)
     # The burst outran the pipeline, and the lag said so; it is back to nothing now.
     assert max(lags, default=0) >= BURST_RATE, lags[-20:]
     # The pipeline reads back every row it wrote to learn how far it is: that lags the tables by a little.
