@@ -1,9 +1,9 @@
 """A tables file checked before anything starts: every table built over an empty input of its source's shape.
 
 Spark analyses each table's frame as the pipeline would build it — the source's schema parsed and validated, the
-table's function or SQL, its key and value columns checked, a versioned table's version time placed — over an empty batch of records instead of the topic,
-so a key column that does not exist or SQL naming a missing column is refused in seconds, naming the file and the
-table, with no broker and nothing started.
+table's function or SQL, its key and value columns checked, a versioned table's version time placed — over an empty
+batch of records instead of the topic, so a key column that does not exist or SQL naming a missing column is refused
+in seconds, naming the file and the table, with no broker and nothing started.
 
     python -m pipeline.analysis TABLES_FILE      (exit 2 and one line ``freshroute: CODE: message`` when refused)
 """

@@ -689,7 +689,8 @@ class Pipeline:
                 self.queries[name] = QueryRun(name, [run], self._trigger_ms(tables), REALTIME)
                 continue
             batched, rejected = self._table_frames(name, tables)
-            runs = [table_run(s, self.definition, t, df, admin, self.producer, source) for t, df in zip(tables, batched)]
+            runs = [table_run(s, self.definition, t, df, admin, self.producer, source)
+                    for t, df in zip(tables, batched)]
             self.runs.update((r.table.name, r) for r in runs)
             self.queries[name] = QueryRun(name, runs, self._trigger_ms(tables),
                                           rejects=source if rejected is not None else None)
@@ -726,8 +727,8 @@ class Pipeline:
         rows, _ = source_rows(spark, s, src, [u for u in self.definition.tables.values() if u.source == src.name],
                               realtime=True)
         partitions = self._input_partitions[src.name]
-        return self._table_frame(t, rows, lambda df: with_lineage(spark, df, lambda why: refused(t.name, why),
-                                                                  input_partitions=partitions, version_time=t.versioned))
+        return self._table_frame(t, rows, lambda df: with_lineage(
+            spark, df, lambda why: refused(t.name, why), input_partitions=partitions, version_time=t.versioned))
 
     def _start_realtime(self, q: QueryRun, frame: "DataFrame | None" = None) -> None:
         """Start a Real-time query: a table's changelog records (from ``frame``, else a new one), or (a query of no

@@ -38,8 +38,8 @@ def with_lineage(spark: "SparkSession", df: "DataFrame", refuse: Callable[[str],
         node = node.child()
     stateful = node.nodeName() == "Aggregate"
     if not stateful and not _reads_source(node):
-        raise refuse(f"its frame ends in a {node.nodeName()} over its source, where freshroute can place no "
-                             f"input position or version time (an aggregation, or a projection of the source rows, can)")
+        raise refuse(f"its frame ends in a {node.nodeName()} over its source, where freshroute can place no input "
+                     f"position or version time (an aggregation, or a projection of the source rows, can)")
     child = DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, node.child()), spark)
     columns: list["Column"] = []
     if input_partitions is not None:

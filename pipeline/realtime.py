@@ -10,8 +10,9 @@ and the partition Kafka's murmur2 of the table key, by freshroute's partitioner 
 
 Each row also carries its input position (:mod:`freshroute.input_position`, a column :mod:`pipeline.lineage` adds):
 per input partition the offset of the latest input record of the row's key, so that a store node can skip the older
-rows a replay after a crash writes again; a versioned table's row, its version time (:mod:`freshroute.version_time`). A row too large for its changelog, and every record its
-source rejects, go to the source's dead-letter topic with their reason, in the same sink (its ``topic`` column).
+rows a replay after a crash writes again; a versioned table's row, its version time (:mod:`freshroute.version_time`).
+A row too large for its changelog, and every record its source rejects, go to the source's dead-letter topic with
+their reason, in the same sink (its ``topic`` column).
 """
 
 from __future__ import annotations

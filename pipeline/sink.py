@@ -32,7 +32,8 @@ from freshroute.keys import partition_for, serialize_key
 from freshroute.settings import kafka_logging
 from freshroute.windows import WATERMARK_KEY, WindowSpec, split_window_key, watermark_value, window_key
 from pipeline.recompute import Recomputation, describe, stale_keys
-from pipeline.tables import DELETE_COLUMN, INTERNAL_COLUMNS, QUERY_TABLE_COLUMN, VERSION_TIME_COLUMN, WINDOW_START_COLUMN
+from pipeline.tables import (DELETE_COLUMN, INTERNAL_COLUMNS, QUERY_TABLE_COLUMN, VERSION_TIME_COLUMN,
+                             WINDOW_START_COLUMN)
 from pipeline.validation import RAW_KEY, RAW_VALUE, REASON_COLUMN, REJECTED_BRANCH, InvalidInput
 from pipeline.window_expiry import WindowExpiry
 
