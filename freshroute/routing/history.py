@@ -1,9 +1,10 @@
 """A versioned table's reads: a key as of a point in time, and a key's versions over a time range.
 
-Both read a key's versions from one replica within the caller's bound (a range read of the key with a
-:class:`~freshroute.wire.VersionFilter`). An answer as of a time is **final** when nothing can change it any more: the
-replica had every changelog record up to that time plus the table's grace when it answered (its staleness, and the
-pipeline's input lag, taken off the answer's time); else it may still change, as a window before its end does.
+Both read one replica within the caller's bound: a key as of a time is a point read (``KeyRead.as_of_ms``), its
+versions a range read of the key with a :class:`~freshroute.wire.VersionFilter`. An answer as of a time is **final**
+when nothing can change it any more: the replica had every changelog record up to that time when it answered (its
+staleness, and the pipeline's input lag, taken off the answer's time); else it may still change, as a window before
+its end does. (A versioned table is keyed, never windowed: no grace is added.)
 """
 
 from __future__ import annotations
@@ -133,9 +134,9 @@ class HistoryReads:
     def versioned(self, name: str) -> TableSpec:
         spec = self._core.keyed(name)
         if not spec.versioned:
-            raise TableNotVersioned(f"table {name!r} keeps only its latest values: a table added with `freshroute "
-                                    f"table add --history-retention` keeps its versions, to be read as of a time",
-                                    table=name)
+            raise TableNotVersioned(f"table {name!r} keeps only its latest values: give it a history retention "
+                                    f"(history_retention in the tables file, `freshroute table add "
+                                    f"--history-retention`) to read it as of a time", table=name)
         return spec
 
     def retained(self, spec: TableSpec, at_ms: int, now: int) -> None:
@@ -151,6 +152,10 @@ class HistoryReads:
         raw, partition = locate(key, spec.partitions, spec.key_format)
         return raw, core.plan(spec.name, partition, core.bound_for(spec, bound), self._latency, self._timeout_s,
                               time.monotonic())
+
+    def final(self, spec: TableSpec, as_of_ms: int, answer: Any) -> bool:
+        """Whether an answer as of ``as_of_ms`` can no longer change: the replica had every change up to then."""
+        return as_of_ms <= self.complete_ms(spec, answer)
 
     def complete_ms(self, spec: TableSpec, answer: Any) -> int:
         """Up to when the replica that answered had every change of the table: its staleness and the pipeline's input
@@ -173,8 +178,7 @@ class HistoryReads:
             count(self._core.metrics, started, e)
             raise
         lookup = count(self._core.metrics, started, lookup_result(table, key, plan.partition, cand, answer))
-        grace = spec.window.grace_ms if spec.window is not None else 0
-        return AsOf(lookup, as_of_ms, answer.version, as_of_ms + grace <= self.complete_ms(spec, answer))
+        return AsOf(lookup, as_of_ms, answer.version, self.final(spec, as_of_ms, answer))
 
     async def batch_as_of(self, table: str, keys: list[str], as_of_ms: int,
                           bound: Bound = NO_BOUND) -> list["AsOf | FreshrouteError"]:

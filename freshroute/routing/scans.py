@@ -81,8 +81,9 @@ class Scans:
         answers = await self._every_partition(
             spec, bound, lambda p, c: read_range(c.replica.address, table, p, lower, upper or b"", limit + 1, rows,
                                                  bound), f"scan of {table}")
-        streams = [[(k, v, p, version) for (k, v), version in zip(answer.entries, answer.versions or [None] * len(
-                   answer.entries))] for p, (_, answer) in enumerate(answers)]
+        streams = [sorted((k, v, p, version) for (k, v), version in
+                          zip(answer.entries, answer.versions or [None] * len(answer.entries)))
+                   for p, (_, answer) in enumerate(answers)]
         merged = list(islice(heapq.merge(*streams, key=lambda e: e[0]), limit + 1))
         page = merged[:limit]
         token = encode_page_token(table, page[-1][0], query) if len(merged) > limit and page else None
@@ -91,7 +92,7 @@ class Scans:
         items = [(key_from_bytes(fmt, k), v, p) for k, v, p, _ in page]
         if as_of_ms is None:
             return ScanPage(table, items, token, served)
-        final = all(as_of_ms <= history.complete_ms(spec, answer) for _, answer in answers)
+        final = all(history.final(spec, as_of_ms, answer) for _, answer in answers)
         return ScanPage(table, items, token, served, tuple(version for *_, version in page), as_of_ms, final)
 
     async def windows(self, table: str, from_ms: int, to_ms: int, limit: int | None = None,
