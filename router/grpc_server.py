@@ -350,8 +350,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         async for page in pages.read(lambda size, token: self._router.scans.rows(
                 request.table, request.prefix, request.start, request.end, size, token, bound, as_of)):
             final = final and page.final
-            versions = page.versions or [None] * len(page.items)
-            for (key, value, partition), version in zip(page.items, versions):
+            for (key, value, partition), version in page.items_with_versions():
                 item = router_pb2.ScanItem(key=key, value_json=_value_json(fmt, value), partition=partition,
                                            value_bytes=value if fmt == "bytes" else b"",
                                            value=_typed(value) if typed else None)

@@ -12,7 +12,7 @@ import base64
 import binascii
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import orjson
 
@@ -291,14 +291,21 @@ class ScanPage:
     as_of_ms: int | None = None
     final: bool = False  # as of a time: every partition's replica had every change up to it
 
+    def items_with_versions(self) -> Iterator[tuple[tuple[str, bytes, int], Version | None]]:
+        """Each item with its version (None: the scan was not as of a time)."""
+        return zip(self.items, self.versions if self.as_of_ms is not None else [None] * len(self.items))
+
     def to_dict(self, input_lag: tuple[int, int] = (0, 0), value_format: str = "json") -> dict[str, Any]:
-        items = [{"key": k, **value_fields(value_format, v), "partition": p} for k, v, p in self.items]
+        items = []
+        for (k, v, p), version in self.items_with_versions():
+            item = {"key": k, **value_fields(value_format, v), "partition": p}
+            if version is not None:
+                item["valid_from"], item["valid_to"] = version.valid_from_ms, version.valid_to_ms
+            items.append(item)
         out = {"table": self.table, "items": items, "next_page_token": self.next_page_token,
                "partitions": [{"partition": p, **r.served()} for p, r in sorted(self.served_by.items())],
                "input_lag": input_lag_doc(input_lag)}
         if self.as_of_ms is not None:
-            for item, version in zip(items, self.versions):
-                item["valid_from"], item["valid_to"] = version.valid_from_ms, version.valid_to_ms
             out["as_of"], out["final"] = self.as_of_ms, self.final
         return out
 
