@@ -1204,6 +1204,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipeline-mode", choices=("realtime", "microbatch"),
                    help="run the stack's pipeline this way (the stack is started again in it if it runs the other); "
                         "default: as it runs")
+    p.add_argument("--spark-jit", choices=("client", "tiered", "auto"),
+                   help="run the stack's pipeline with this JIT (the stack is started again with it if it runs "
+                        "another); default: as it runs")
     # 100: the p99 of 100 samples is the second highest, not just the maximum of one unlucky batch
     p.add_argument("--freshness-probes", type=int, default=100, help="probes of each freshness figure")
     p.add_argument("--loaded-rate", type=float, default=LOADED_RATE,
@@ -1246,16 +1249,18 @@ def main(argv: list[str] | None = None) -> int:
         if not stack.components.get(name) or not stack.components[name].alive():
             print(f"the local stack's {name} is not running", file=sys.stderr)
             return 2
-    if a.pipeline_mode and a.pipeline_mode != stack.config.pipeline_mode:
-        say(f"starting the local stack again with its pipeline in {a.pipeline_mode} mode")
+    wanted = {k: v for k, v in (("pipeline_mode", a.pipeline_mode), ("spark_jit", a.spark_jit))
+              if v and v != getattr(stack.config, k)}
+    if wanted:
+        say(f"starting the local stack again with its pipeline's {', '.join(f'{k} {v}' for k, v in wanted.items())}")
         stack.down()
-        stack = Stack(dataclasses.replace(stack.config, pipeline_mode=a.pipeline_mode), say)
+        stack = Stack(dataclasses.replace(stack.config, **wanted), say)
         stack.up()
     out = run_bench(stack, a, say)
     say(format_table(out["figures"], out["targets"]))
     if a.json_out:
         a.json_out.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
-    last = {**out["figures"], "pipeline_mode": stack.config.pipeline_mode,
+    last = {**out["figures"], "pipeline_mode": stack.config.pipeline_mode, "spark_jit": stack.config.spark_jit,
             "targets": {t["target"]: t["met"] for t in out["targets"]},
             "load_clients": {"rest": "wrk", "grpc": "h2load", "redis": "redis-benchmark", "latency": "h2load --rps"}}
     print(orjson.dumps(last).decode(), flush=True)

@@ -51,7 +51,9 @@ def session() -> "SparkSession":
     return (SparkSession.builder.master("local[1]").appName("freshroute-tables-check")
             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.session.timeZone", "UTC")
-            .config("spark.driver.extraJavaOptions", archive_options(PipelineSettings().jars_dir))
+            # A short life: the optimising compiler would only compete with the analysis for the cores.
+            .config("spark.driver.extraJavaOptions",
+                    f"-XX:TieredStopAtLevel=1{archive_options(PipelineSettings().jars_dir)}")
             .getOrCreate())
 
 

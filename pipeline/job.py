@@ -178,6 +178,15 @@ def local_master(master: str, slots: int) -> str:
     return f"local[{slots}]"
 
 
+def jit_options(spark_jit: str, realtime: bool, microbatches: bool) -> str:
+    """The Spark JVMs' options for the ``spark_jit`` setting, with a leading space ("" for the JVM's default)."""
+    # "auto": the client compiler only for micro-batches, whose small, frequent batches keep the optimising compiler
+    # busy for minutes after start (about a third of a core) for code that runs a few milliseconds a batch.
+    # Real-time tasks run the same code for hours: at high rates it is worth compiling well.
+    client = spark_jit == "client" or (spark_jit == "auto" and microbatches and not realtime)
+    return " -XX:TieredStopAtLevel=1" if client else ""
+
+
 def build_session(settings: PipelineSettings, slots: int = 0, microbatches: bool = True,
                   java_options: str | None = None) -> "SparkSession":
     """A Spark session for the pipeline's queries: ``slots`` task slots held by Real-time queries (a local master is
@@ -197,10 +206,7 @@ def build_session(settings: PipelineSettings, slots: int = 0, microbatches: bool
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    # The JIT's client compiler only, for micro-batches: small, frequent batches keep the optimising compiler busy for
-    # minutes after start (about a third of a core), for code that runs a few milliseconds a batch. Real-time tasks
-    # run the same code for hours: it is worth compiling well.
-    jit = " -XX:TieredStopAtLevel=1" if microbatches and not slots else ""
+    jit = jit_options(settings.spark_jit, realtime=bool(slots), microbatches=microbatches)
     master = local_master(settings.spark_master, slots + (2 if microbatches else 0)) if slots else settings.spark_master
     builder = (
         SparkSession.builder.master(master)
@@ -232,6 +238,8 @@ def build_session(settings: PipelineSettings, slots: int = 0, microbatches: bool
     )
     if not local:
         builder = builder.config("spark.executor.memory", settings.spark_executor_memory)
+        if jit:
+            builder = builder.config("spark.executor.extraJavaOptions", jit.strip())
     # Spark's Kafka connector, resolved by Maven (jvm/pom.xml): spark.jars puts it on the driver's classpath and
     # ships it to a cluster's executors.
     builder = builder.config("spark.jars", ",".join(str(j) for j in connector_jars(settings.jars_dir)))

@@ -31,6 +31,11 @@ class PipelineSettings(CommonSettings):
         "1 minute", description="how often a Real-time query checkpoints its offsets and state (at least 5 seconds): "
                                  "a crash replays up to this much input, and each checkpoint pauses processing for "
                                  "a moment")
+    spark_jit: Literal["auto", "tiered", "client"] = Field(
+        "auto", description="the Spark JVMs' just-in-time compiler: tiered (C1, then C2 for hot code: the lowest cost "
+                            "a row, after minutes of compiling), client (C1 only: the pipeline starts in about half "
+                            "the time and CPU, and a row costs more), auto (client for a pipeline of micro-batches "
+                            "only, tiered once a table runs in Real-time Mode)")
     trigger_ms: int = Field(500, ge=0, le=MAX_TRIGGER_MS,
                             description="micro-batch interval in milliseconds (0 = as fast as possible), at most "
                                         f"{MAX_TRIGGER_MS}: lower is fresher and costs more CPU")

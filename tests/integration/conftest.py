@@ -6,6 +6,7 @@ each other's data even though they share the services.
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
@@ -15,6 +16,11 @@ from tools.local.services import start_broker, start_redis
 from tests.conftest import outlive_modules
 
 pytestmark = pytest.mark.integration
+
+# Every pipeline the suite starts runs the JIT's client compiler only, as a local stack's does
+# (tools.local.stack.StackConfig.spark_jit): each lives minutes at test rates, and the optimising compiler's work at
+# start, about 50 s of CPU a pipeline, would be most of what the suite asks of two cores.
+os.environ.setdefault("FRESHROUTE_SPARK_JIT", "client")
 
 
 def pytest_collection_modifyitems(config, items) -> None:

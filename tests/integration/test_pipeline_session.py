@@ -20,6 +20,8 @@ _PROBE = textwrap.dedent('''
     # What RocksDB's snapshot upload asks for: a ClassCastException unless the class is a LocalFileSystem.
     local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(conf)
     print("local file system:", local.getClass().getName())
+    args = jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
+    print("jit:", "client" if "-XX:TieredStopAtLevel=1" in list(args) else "tiered")
     spark.stop()
 ''')
 
@@ -29,6 +31,8 @@ def test_the_local_file_system_is_the_one_rocksdb_snapshot_uploads_need(tmp_path
     out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "local file system: " in out.stdout, out.stderr[-3000:]
+    # The suite's pipelines run the client compiler only (FRESHROUTE_SPARK_JIT, tests/integration/conftest.py).
+    assert "jit: client" in out.stdout, out.stdout
 
 
 _JVM_KAFKA = textwrap.dedent('''

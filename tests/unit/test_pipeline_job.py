@@ -290,3 +290,16 @@ def test_realtime_queries_are_warm_once_every_task_runs_and_each_table_has_caugh
     assert not realtime_warm(spark, queries, lags, 6, started)
     del lags["b"]  # nothing heard of it yet
     assert not realtime_warm(spark, queries, lags, 6, started)
+
+
+@pytest.mark.parametrize("spark_jit, realtime, microbatches, options", [
+    ("auto", False, True, " -XX:TieredStopAtLevel=1"),  # micro-batches only: compiling well never pays back
+    ("auto", True, True, ""),
+    ("auto", True, False, ""),
+    ("tiered", False, True, ""),
+    ("client", True, False, " -XX:TieredStopAtLevel=1"),
+])
+def test_the_spark_jit_setting_picks_the_jvms_compilers(spark_jit, realtime, microbatches, options):
+    from pipeline.job import jit_options
+
+    assert jit_options(spark_jit, realtime=realtime, microbatches=microbatches) == options

@@ -82,6 +82,10 @@ class StackConfig:
     topic_prefix: str = ""
     trigger_ms: int = 500
     pipeline_mode: str = "realtime"  # the pipeline's pipeline_mode: realtime or microbatch
+    # The pipeline's spark_jit. A local stack's input is a demo's or a test's: the optimising compiler's minutes of
+    # work at start (about 50 s of CPU of two cores) would cost more than it saves; the bench's throughput figures
+    # ask for "tiered".
+    spark_jit: str = "client"
     # The pipeline is a batch job sharing the machine with the serving processes: it yields
     # the CPU to lookups (nice), which on a small machine are made of process wake-ups.
     pipeline_nice: int = 5
@@ -368,7 +372,8 @@ class Stack:
             tables = ["--tables-file", c.tables_file] if c.tables_file else []
             return "pipeline", self._freshroute(
                 "pipeline", "--checkpoint-dir", str(c.home / "pipeline" / "checkpoints"),
-                "--trigger-ms", str(c.trigger_ms), "--pipeline-mode", c.pipeline_mode, "--topic-prefix", c.topic_prefix,
+                "--trigger-ms", str(c.trigger_ms), "--pipeline-mode", c.pipeline_mode, "--spark-jit", c.spark_jit,
+                "--topic-prefix", c.topic_prefix,
                 "--standby-replicas", str(c.standby_replicas), "--metrics-host", c.host,
                 "--changelog-replication-factor", str(c.changelog_replication[0]),
                 "--changelog-min-insync-replicas", str(c.changelog_replication[1]),
@@ -850,7 +855,8 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
     return StackConfig(home=Path(args.home), rest_port=args.rest_port, grpc_port=args.grpc_port,
                        broker_port=args.broker_port, brokers=args.brokers, redis_port=args.redis_port,
                        store_ports=store_ports,
-                       trigger_ms=args.trigger_ms, pipeline_mode=args.pipeline_mode, pipeline_nice=args.pipeline_nice,
+                       trigger_ms=args.trigger_ms, pipeline_mode=args.pipeline_mode, spark_jit=args.spark_jit,
+                       pipeline_nice=args.pipeline_nice,
                        routers=args.routers,
                        standby_replicas=args.standby_replicas, redis_sentinel=args.redis_sentinel,
                        kafka_config=str(Path(args.kafka_config).resolve()) if args.kafka_config else "",
@@ -918,6 +924,9 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
                     help="the pipeline's micro-batch interval: lower is fresher and costs more CPU")
     up.add_argument("--pipeline-mode", choices=("realtime", "microbatch"), default=StackConfig.pipeline_mode,
                     help="how the pipeline runs tables that do not say: Spark's Real-time Mode, or micro-batches")
+    up.add_argument("--spark-jit", choices=("client", "tiered", "auto"), default=StackConfig.spark_jit,
+                    help="the pipeline's JIT: client starts in about half the time; tiered costs less a row at "
+                         "high rates, after minutes of compiling")
     up.add_argument("--pipeline-nice", type=int, default=StackConfig.pipeline_nice, choices=range(0, 20),
                     metavar="0-19", help="the pipeline's CPU priority: it yields to lookups (0: the same priority)")
     up.add_argument("--kafka-config", type=_kafka_config, metavar="FILE",
