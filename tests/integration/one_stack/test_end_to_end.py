@@ -200,9 +200,10 @@ def test_store_nodes_and_the_pipeline_expose_prometheus_metrics(stack, readings)
         return {s.labels["table"]: s.value for s in scrape(pipeline["metrics"])
                 if s.name == "freshroute_pipeline_batch_id"}
 
-    # A batch is counted once it has ended, a moment after its changes are served.
-    wait_until(lambda: set(batches()) == {"sensor_stats", "area_counts", "sensor_windows"}, 10,
-               "every table's last batch in the metrics")
+    # A batch is counted once it has ended: a Real-time query's at its checkpoint, a minute after its start
+    # (realtime_checkpoint_interval), which a stack that started quickly may not have reached yet.
+    wait_until(lambda: set(batches()) == {"sensor_stats", "area_counts", "sensor_windows"}, 90,
+               "every table's last batch in the metrics", stack=stack)
     rows = {s.labels["table"]: s.value for s in scrape(pipeline["metrics"])
             if s.name == "freshroute_pipeline_batch_input_rows"}
     # The last batch seen may have had no input (a windowed table's publishes its watermark; any table's once the
