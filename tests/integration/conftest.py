@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 # Every pipeline the suite starts runs the JIT's client compiler only, as a local stack's does
 # (tools.local.stack.StackConfig.spark_jit): each lives minutes at test rates, and the optimising compiler's work at
-# start, about 50 s of CPU a pipeline, would be most of what the suite asks of two cores.
+# start, about 50 s of CPU a pipeline, would be a large share of what the suite asks of two cores.
 os.environ.setdefault("FRESHROUTE_SPARK_JIT", "client")
 
 

@@ -28,9 +28,6 @@ LOG4J2 = Path(__file__).with_name("broker-log4j2.properties")
 MAIN = "kafka.Kafka"
 # The embedded broker's heap: the demo's topics are small, and the machine is shared with Spark.
 HEAP = "-Xmx512m"
-# Its JIT: the client compiler only. The optimising compiler's work in the broker's first minute takes the cores
-# the pipeline's start needs (the broker runs at a higher priority), for a demo's or a test's few requests a second.
-JIT = "-XX:TieredStopAtLevel=1"
 
 
 class BrokerSetupError(ConfigError):
@@ -206,13 +203,13 @@ def prepare(node: BrokerNode, quorum: Quorum, jars: Path = JARS, java_options: l
     elif meta["node.id"] != str(node.node_id):
         raise BrokerSetupError(f"{node.log_dir} is the storage of node {meta['node.id']}, not node {node.node_id}",
                                setting="node_id")
-    return [java, *(mapped if java_options is None else java_options), HEAP, JIT, "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+    return [java, *(mapped if java_options is None else java_options), HEAP, "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
             "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile=file:{LOG4J2}", "-cp", cp, MAIN,
             str(node.config_file)]
 
 
 def _format(java: str, cp: str, node: BrokerNode, quorum: Quorum, archive_options: list[str]) -> None:
-    done = subprocess.run([java, *archive_options, JIT, f"-Dlog4j2.configurationFile=file:{LOG4J2}", "-cp", cp,
+    done = subprocess.run([java, *archive_options, f"-Dlog4j2.configurationFile=file:{LOG4J2}", "-cp", cp,
                            "kafka.tools.StorageTool",
                            "format", f"--cluster-id={quorum.cluster_id}", f"--config={node.config_file}",
                            "--ignore-formatted"], capture_output=True, text=True, timeout=120)
