@@ -45,7 +45,7 @@ def session() -> "SparkSession":
     """A small local session for analysis only (no task runs)."""
     from pyspark.sql import SparkSession
 
-    from pipeline.job import archive_options
+    from pipeline.job import archive_options, jit_options
     from pipeline.settings import PipelineSettings
 
     return (SparkSession.builder.master("local[1]").appName("freshroute-tables-check")
@@ -53,7 +53,8 @@ def session() -> "SparkSession":
             .config("spark.sql.session.timeZone", "UTC")
             # A short life: the optimising compiler would only compete with the analysis for the cores.
             .config("spark.driver.extraJavaOptions",
-                    f"-XX:TieredStopAtLevel=1{archive_options(PipelineSettings().jars_dir)}")
+                    jit_options("client", realtime=False, microbatches=False).strip()
+                    + archive_options(PipelineSettings().jars_dir))
             .getOrCreate())
 
 
