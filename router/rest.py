@@ -10,8 +10,7 @@ errors by :mod:`router.http_errors`.
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
@@ -32,10 +31,8 @@ from router.http_errors import as_freshroute_error, error_headers, error_respons
 from router.openapi import (ERROR_RESPONSES, HTTP_REFUSALS, BatchGetRequest, BatchGetResponse, ErrorBody, KeyValue,
                             ScanResponse, VersionsResponse, WindowScanResponse, WindowsResponse, as_of_parameter,
                             bound_parameters, page_parameters, version_range_parameters, window_range_parameters)
-from router.rate_limit import SharedRates
 from router.rest_routes import KeyHandlers, admit, query_of, route_of
 from router.routing import Router
-from router.runtime import RouterRuntime
 from router.settings import RouterSettings
 
 _JSON = "application/json"
@@ -82,30 +79,15 @@ class Admission:
 
 # ---- the app ------------------------------------------------------------------------------
 
-def create_app(settings: RouterSettings, router: Router | None = None, *, guard: Guard | None = None) -> FastAPI:
-    """The REST app over ``router``; without one, the app builds and runs its own (Redis, gRPC store client)."""
-    runtime = None
-    if router is None:
-        runtime = RouterRuntime(settings)
-        router = runtime.router
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if runtime is not None:
-            await runtime.start()
-        try:
-            yield
-        finally:
-            if runtime is not None:
-                await runtime.stop()
-
+def create_app(settings: RouterSettings, router: Router, *, guard: Guard | None = None) -> FastAPI:
+    """The REST app over ``router``, which its process has wired and runs (``router.main``)."""
     app = FastAPI(title="freshroute router", version="1.0", responses=HTTP_REFUSALS,
                   description="Key lookups on stream-materialized tables, served by the freshest replica "
-                              "within the caller's staleness bound.", lifespan=lifespan)
+                              "within the caller's staleness bound.")
     for exc_class in (FreshrouteError, RequestValidationError, StarletteHTTPException, Exception):
         app.add_exception_handler(exc_class, handle_error)
     if guard is None and settings.auth_file is not None:
-        guard = Guard(settings.auth_file, SharedRates(runtime.redis, settings.namespace) if runtime else None)
+        guard = Guard(settings.auth_file)
     app.add_middleware(Admission, guard=guard)
     handlers = KeyHandlers(router)  # the caller was admitted by Admission
     app.state.router = router

@@ -14,6 +14,7 @@ from freshroute.routing.results import ClusterView, value_fields
 from router.rest import create_app
 from router.rest_routes import KeyHandlers, key_route
 from router.routing import Router
+from router.runtime import RouterRuntime
 from router.settings import RouterSettings
 from freshroute.routing.snapshot import FixedSnapshot, Snapshot
 
@@ -430,15 +431,18 @@ async def test_concurrent_lookups_share_equally_fresh_replicas(cluster):
     assert roles.count("standby") > 40 and roles.count("active") > 40
 
 
-async def test_app_wires_its_own_router_when_given_none():
-    # Redis is unreachable here: the app starts, is not ready, and says why lookups fail.
+async def test_a_router_whose_redis_does_not_answer_starts_and_says_why_it_is_not_ready():
     settings = RouterSettings(redis_url="redis://127.0.0.1:1/0", redis_timeout_ms=100, refresh_ms=50)
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
+    runtime = RouterRuntime(settings)
+    await runtime.start()
+    try:
+        app = create_app(settings, runtime.router)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r") as c:
             ready = await c.get("/readyz")
             r = await c.get(f"/v1/tables/{TABLE}/keys/x")
             cluster = (await c.get("/v1/cluster")).json()
+    finally:
+        await runtime.stop()
     assert ready.status_code == 503 and ready.json()["reason"] == "no routing metadata loaded yet"
     assert r.status_code == 503 and r.json()["error"]["code"] == "REPLICA_UNAVAILABLE"
     assert cluster["metadata"] == {"loaded": False, "age_ms": None, "redis_ok": False}
