@@ -10,7 +10,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 import httpx
 
 from freshroute.cluster_access import NodeAccess
-from freshroute.errors import ClientClosed, ConfigError, FreshrouteError, LookupTimeout, ReplicaUnavailable
+from freshroute.errors import ClientClosed, ConfigError, FreshrouteError
 from freshroute.freshness import Bound, Position, parse_bound
 from freshroute.routing.core import RoutingCore
 from freshroute.routing.history import time_ms
@@ -22,15 +22,12 @@ from freshroute.tls import ClientTLS
 
 from freshroute.client.arguments import ScanRange, batch_keys
 from freshroute.client.history import VersionedReads
-from freshroute.client.lookup import Lookup, Positions, Windows
+from freshroute.client.lookup import AsOfLookup, Lookup, Positions, Windows, scanned
 from freshroute.client.metrics import ClientMetrics
 from freshroute.client.metadata_feed import MetadataFeed, metadata_store
-from freshroute.client.router import RouterHttp, snapshot_from_router, table_infos
+from freshroute.client.router import FALL_BACK, RouterHttp, snapshot_from_router, table_infos
 
 R = TypeVar("R")
-
-# Errors after which the router may still answer: nothing direct could be reached in time.
-_FALL_BACK = (ReplicaUnavailable, LookupTimeout)
 
 
 class AsyncClient(VersionedReads):
@@ -164,7 +161,7 @@ class AsyncClient(VersionedReads):
 
     def seen_all(self, results: list[Any]) -> list[Any]:
         if self.read_positions is not None:
-            self.read_positions.saw([r for r in results if isinstance(r, Lookup)])
+            self.read_positions.saw([r for r in results if not isinstance(r, FreshrouteError)])
         return results
 
     def direct(self) -> bool:
@@ -205,7 +202,7 @@ class AsyncClient(VersionedReads):
         if self.direct():
             try:
                 result = Lookup.of(await core.get(table, key, bound), core.input_lag(table), core.value_format(table))
-            except _FALL_BACK as e:
+            except FALL_BACK as e:
                 if self.router is None:
                     raise
                 cause = e
@@ -221,7 +218,7 @@ class AsyncClient(VersionedReads):
         if self.direct():
             try:
                 result = await direct()
-            except _FALL_BACK as e:
+            except FALL_BACK as e:
                 if self.router is None:
                     raise
                 cause = e
@@ -231,21 +228,24 @@ class AsyncClient(VersionedReads):
         return self.seen(result) if seen else result
 
     async def get_many(self, table: str, keys: list[str], *, max_lag: int | None = None,
-                       max_staleness_ms: int | None = None,
-                       min_position: str | Position | None = None,
-                max_input_lag_ms: int | None = None, after: str | None = None,
-                wait_ms: int | None = None) -> list[Lookup | FreshrouteError]:
-        """Many keys, one group per partition in parallel; in request order, a key that could not be read as its error."""
+                       max_staleness_ms: int | None = None, min_position: str | Position | None = None,
+                       max_input_lag_ms: int | None = None, after: str | None = None, wait_ms: int | None = None,
+                       as_of: int | str | dt.datetime | None = None) -> list[Any]:
+        """Many keys, one group per partition in parallel; in request order, a key that could not be read as its error.
+
+        ``as_of`` (a versioned table): each key's value at that time, an :class:`AsOfLookup` (see :meth:`get`)."""
         core, deadline = await self._ready(), self.deadline(wait_ms)
         bound = parse_bound(max_lag, max_staleness_ms, self.at_least(table, min_position), max_input_lag_ms, after,
                             wait_ms)
         keys = batch_keys(keys)
+        if as_of is not None:
+            return self.seen_all(await self._many_as_of(core, table, keys, time_ms("as_of", as_of), bound, deadline))
         cause = None
         if self.direct():
             lag, fmt = core.input_lag(table), core.value_format(table)
             results = await core.batch_get(table, keys, bound, Lookup.group if not lag[0] and fmt == "json" else
                                            lambda *group: Lookup.group(*group, lag, fmt))
-            cause = next((r for r in results if isinstance(r, _FALL_BACK)), None)
+            cause = next((r for r in results if isinstance(r, FALL_BACK)), None)
             if self.router is None or cause is None:
                 return self.seen_all(results)
         return self.seen_all(await self.via_router("get_many", cause).get_many(table, keys, bound, deadline))
@@ -268,18 +268,20 @@ class AsyncClient(VersionedReads):
 
     async def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
                    limit: int | None = None, page_size: int | None = None, max_lag: int | None = None,
-                   max_staleness_ms: int | None = None,
-                   min_position: str | Position | None = None,
-                max_input_lag_ms: int | None = None, after: str | None = None,
-                wait_ms: int | None = None) -> AsyncIterator[Lookup]:
-        """Rows in ascending key order (at most ``limit``), fetched a page at a time as the iteration needs them."""
+                   max_staleness_ms: int | None = None, min_position: str | Position | None = None,
+                   max_input_lag_ms: int | None = None, after: str | None = None, wait_ms: int | None = None,
+                   as_of: int | str | dt.datetime | None = None) -> AsyncIterator[Any]:
+        """Rows in ascending key order (at most ``limit``), fetched a page at a time as the iteration needs them.
+
+        ``as_of`` (a versioned table): the keys present at that time, each an :class:`AsOfLookup` (see :meth:`get`)."""
         bound = parse_bound(max_lag, max_staleness_ms, self.at_least(table, min_position), max_input_lag_ms, after,
                             wait_ms)
+        as_of_ms = None if as_of is None else time_ms("as_of", as_of)
         r = ScanRange.of(prefix, start, end, limit, page_size, self.policy.scan_max_limit)
         token: str | None = None
         sent = 0
         while (size := r.next_page(sent)) is not None:
-            items, token = await self.scan_page(table, r.prefix, r.start, r.end, size, token, bound)
+            items, token = await self.scan_page(table, r.prefix, r.start, r.end, size, token, bound, as_of_ms)
             self.seen_all(items)
             for item in items:
                 yield item
@@ -288,18 +290,16 @@ class AsyncClient(VersionedReads):
                 return
 
     async def scan_page(self, table: str, prefix: str, start: str, end: str, limit: int | None, page_token: str | None,
-                        bound: Bound) -> tuple[list[Lookup], str | None]:
-        """One page of a scan, and the token of the next (None: the last page)."""
+                        bound: Bound, as_of_ms: int | None = None) -> tuple[list[Lookup | AsOfLookup], str | None]:
+        """One page of a scan (as of a time: of a versioned table), and the token of the next (None: the last page)."""
         core = await self._ready()
 
-        async def direct() -> tuple[list[Lookup], str | None]:
-            page = await core.scans.rows(table, prefix, start, end, limit, page_token, bound)
-            lag, fmt = core.input_lag(table), core.value_format(table)
-            return [Lookup.of(page.served_by[partition]._replace(key=key, found=True, value=value), lag, fmt)
-                    for key, value, partition in page.items], page.next_page_token
+        async def direct() -> tuple[list[Lookup | AsOfLookup], str | None]:
+            page = await core.scans.rows(table, prefix, start, end, limit, page_token, bound, as_of_ms)
+            return scanned(page, core.input_lag(table), core.value_format(table)), page.next_page_token
 
-        return await self._read("scan", direct, lambda router: router.scan_page(table, prefix, start, end, limit,
-                                                                                page_token, bound), seen=False)
+        return await self._read("scan", direct, lambda router: router.scan_page(
+            table, prefix, start, end, limit, page_token, bound, as_of_ms), seen=False)
 
     # ---- metadata -----------------------------------------------------------------------
 
@@ -344,10 +344,10 @@ class AsyncSession:
         return r
 
     async def get_many(self, table: str, keys: list[str], *, min_position: str | Position | None = None,
-                       **bound: Any) -> list[Lookup | FreshrouteError]:
+                       **bound: Any) -> list[Any]:
         out = await self.client.get_many(table, keys, min_position=self.positions.at_least(table, min_position),
                                          **bound)
-        self.positions.saw([r for r in out if isinstance(r, Lookup)])
+        self.positions.saw([r for r in out if not isinstance(r, FreshrouteError)])
         return out
 
     async def windows(self, table: str, key: str, *, min_position: str | Position | None = None, **kw: Any) -> Windows:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
 
+from freshroute.errors import FreshrouteError
 from freshroute.freshness import Bound, Position, parse_bound
 from freshroute.routing.core import RoutingCore
 from freshroute.routing.history import time_ms
 
 from freshroute.client.lookup import AsOfLookup, KeyVersions
+from freshroute.client.router import FALL_BACK
 
 if TYPE_CHECKING:
     from freshroute.client.router import RouterHttp
@@ -25,6 +27,9 @@ class VersionedReads:
     def at_least(self, table: str, given: str | Position | None) -> str | Position | None: ...
     async def _read(self, operation: str, direct: Callable[[], Awaitable[R]],
                     routed: Callable[["RouterHttp"], Awaitable[R]]) -> R: ...
+    def direct(self) -> bool: ...
+    def via_router(self, operation: str, cause: BaseException | None = None) -> "RouterHttp": ...
+    router: "RouterHttp | None"
 
     async def _as_of(self, core: RoutingCore, table: str, key: str, as_of_ms: int, bound: Bound,
                      deadline: float | None) -> AsOfLookup:
@@ -33,6 +38,19 @@ class VersionedReads:
             return AsOfLookup.of(answer, core.input_lag(table), core.value_format(table))
 
         return await self._read("get", direct, lambda router: router.as_of(table, key, as_of_ms, bound, deadline))
+
+    async def _many_as_of(self, core: RoutingCore, table: str, keys: list[str], as_of_ms: int, bound: Bound,
+                          deadline: float | None) -> list[AsOfLookup | FreshrouteError]:
+        """Many keys as of one time: from the store nodes, or all through the router when some could not be reached."""
+        cause = None
+        if self.direct():
+            lag, fmt = core.input_lag(table), core.value_format(table)
+            answers = [a if isinstance(a, FreshrouteError) else AsOfLookup.of(a, lag, fmt)
+                       for a in await core.history.batch_as_of(table, keys, as_of_ms, bound)]
+            cause = next((a for a in answers if isinstance(a, FALL_BACK)), None)
+            if self.router is None or cause is None:
+                return answers
+        return await self.via_router("get_many", cause).get_many(table, keys, bound, deadline, as_of_ms)
 
     async def versions(self, table: str, key: str, *, from_ms: int | str | dt.datetime | None = None,
                        to_ms: int | str | dt.datetime | None = None, limit: int | None = None,

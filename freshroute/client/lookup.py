@@ -12,7 +12,7 @@ from freshroute.errors import FreshrouteError
 from freshroute.freshness import Position
 from freshroute.routing.answers import served_by
 from freshroute.routing.history import AsOf, Versions
-from freshroute.routing.results import LookupResult, WindowsResult, optional_int, position_token
+from freshroute.routing.results import LookupResult, ScanPage, WindowsResult, optional_int, position_token
 from freshroute.routing.selection import Candidate
 from freshroute.wire import GroupResult
 
@@ -172,10 +172,22 @@ class AsOfLookup(NamedTuple):
                    v.valid_to_ms if v else None, answer.final)
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any], found: bool = True) -> "AsOfLookup":
-        """From a router's REST answer (a 200, or a KEY_NOT_FOUND error's details)."""
-        return cls(Lookup.from_json(doc, found), int(doc["as_of"]), optional_int(doc.get("valid_from")),
+    def from_json(cls, doc: dict[str, Any], found: bool = True,
+                  input_lag: dict[str, Any] | None = None) -> "AsOfLookup":
+        """From a router's REST answer (a 200, a KEY_NOT_FOUND error's details, or a batch's or scan's item with
+        their ``as_of``, ``final`` and ``input_lag``)."""
+        return cls(Lookup.from_json(doc, found, input_lag), int(doc["as_of"]), optional_int(doc.get("valid_from")),
                    optional_int(doc.get("valid_to")), bool(doc.get("final")))
+
+
+def scanned(page: ScanPage, input_lag: tuple[int, int], value_format: str) -> list[Lookup | AsOfLookup]:
+    """A scan page's rows, each labelled by the replica that read its partition; as of a time, with its version."""
+    rows: list[Lookup | AsOfLookup] = []
+    for (key, value, partition), version in page.items_with_versions():
+        row = Lookup.of(page.served_by[partition]._replace(key=key, found=True, value=value), input_lag, value_format)
+        rows.append(row if version is None else
+                    AsOfLookup(row, page.as_of_ms, version.valid_from_ms, version.valid_to_ms, page.final))
+    return rows
 
 
 class KeyVersion(NamedTuple):
@@ -249,7 +261,7 @@ class Positions:
         mine = given if isinstance(given, Position) else Position.decode(given)
         return mine if seen is None or mine.table != table else seen.merge(mine)
 
-    def saw(self, lookups: "list[Lookup] | list[Windows]") -> None:
+    def saw(self, lookups: "list[Lookup] | list[Windows] | list[AsOfLookup]") -> None:
         for r in lookups:
             offsets = self._offsets.get(r.table)
             applied = r.applied_offset

@@ -27,6 +27,9 @@ from freshroute.client.lookup import AsOfLookup, KeyVersions, Lookup, Windows
 log = logging.getLogger("freshroute.client")
 R = TypeVar("R")
 
+# Errors of a direct read after which the router may still answer: nothing direct could be reached in time.
+FALL_BACK = (ReplicaUnavailable, LookupTimeout)
+
 
 def snapshot_from_router(tables_doc: dict[str, Any], cluster_doc: dict[str, Any], now: int) -> Snapshot:
     """The snapshot a router's ``/v1/tables`` and ``/v1/cluster`` describe, as of ``now``."""
@@ -128,33 +131,42 @@ class RouterHttp:
                              params={"from": from_ms, "to": to_ms, **bound.to_query()})
         return Windows.from_json(body)
 
-    async def get_many(self, table: str, keys: list[str], bound: Bound,
-                       deadline: float | None = None) -> list[Lookup | FreshrouteError]:
+    async def get_many(self, table: str, keys: list[str], bound: Bound, deadline: float | None = None,
+                       as_of_ms: int | None = None) -> list[Lookup | AsOfLookup | FreshrouteError]:
         for i, key in enumerate(keys):  # what the JSON body could not carry
             try:
                 key_bytes(key)
             except InvalidArgument:
                 raise not_a_batch(keys, i) from None
         body = await self.ok("POST", f"/v1/tables/{_seg(table, 'table')}/keys:batchGet", deadline,
-                             json={"keys": keys, **bound.to_query()})
-        out: list[Lookup | FreshrouteError] = []
+                             json={"keys": keys, **bound.to_query(), **_as_of(as_of_ms)})
+        out: list[Lookup | AsOfLookup | FreshrouteError] = []
         for item in body["results"]:
             if "error" in item:
                 out.append(from_body(item, 503))
-            else:
+            elif as_of_ms is None:
                 out.append(Lookup.from_json({"table": table, **item}, bool(item["found"]), body.get("input_lag")))
+            else:
+                out.append(AsOfLookup.from_json({"table": table, **item, "as_of": body["as_of"]}, bool(item["found"]),
+                                                body.get("input_lag")))
         return out
 
     async def scan_page(self, table: str, prefix: str, start: str, end: str, limit: int | None,
-                        page_token: str | None, bound: Bound) -> tuple[list[Lookup], str | None]:
+                        page_token: str | None, bound: Bound,
+                        as_of_ms: int | None = None) -> tuple[list[Lookup | AsOfLookup], str | None]:
         for field, text in (("prefix", prefix), ("start", start), ("end", end)):
             key_bytes(text, field)  # what the query string could not carry
         params = {k: v for k, v in (("prefix", prefix), ("start", start), ("end", end), ("page_token", page_token),
                                     ("limit", str(limit) if limit else None)) if v}
-        body = await self.ok("GET", f"/v1/tables/{_seg(table, 'table')}/scan", params=params | bound.to_query())
+        body = await self.ok("GET", f"/v1/tables/{_seg(table, 'table')}/scan",
+                             params=params | bound.to_query() | _as_of(as_of_ms))
         served = {p["partition"]: p for p in body.get("partitions", ())}
-        items = [Lookup.from_json({"table": table, **served.get(i["partition"], {}), **i}, True, body.get("input_lag"))
-                 for i in body["items"]]
+        docs = [{"table": table, **served.get(i["partition"], {}), **i} for i in body["items"]]
+        if as_of_ms is None:
+            items: list[Lookup | AsOfLookup] = [Lookup.from_json(d, True, body.get("input_lag")) for d in docs]
+        else:
+            items = [AsOfLookup.from_json({**d, "as_of": body["as_of"], "final": body["final"]}, True,
+                                          body.get("input_lag")) for d in docs]
         return items, body.get("next_page_token")
 
     async def key_metadata(self, table: str, key: str) -> KeyLocation:
@@ -162,6 +174,11 @@ class RouterHttp:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+def _as_of(as_of_ms: int | None) -> dict[str, int]:
+    """A read's ``as_of`` parameter: none for the latest value."""
+    return {} if as_of_ms is None else {"as_of": as_of_ms}
 
 
 def table_infos(snap: Snapshot) -> list[TableInfo]:

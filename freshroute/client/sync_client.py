@@ -16,24 +16,24 @@ import time
 from concurrent.futures import Future
 from typing import Any, Coroutine, Iterator, TypeVar
 
-from freshroute.errors import ClientClosed, FreshrouteError, LookupTimeout, ReplicaUnavailable
+from freshroute.errors import ClientClosed, FreshrouteError
 from freshroute.freshness import Bound, Position, parse_bound
-from freshroute.routing.attempts import AttemptPlan
-from freshroute.routing.selection import Candidate
 from freshroute.routing.answers import lookup_result
+from freshroute.routing.attempts import AttemptPlan
 from freshroute.routing.core import RoutingCore
 from freshroute.routing.counts import count, count_group
+from freshroute.routing.history import time_ms
 from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.results import ClusterView, KeyLocation, TableInfo
+from freshroute.routing.selection import Candidate
 
 from freshroute.client.arguments import ScanRange, batch_keys
 from freshroute.client.async_client import AsyncClient
 from freshroute.client.blocking import BlockingStore, Request, run_blocking
 from freshroute.client.lookup import KeyVersions, Lookup, Positions, Windows
+from freshroute.client.router import FALL_BACK
 
 T = TypeVar("T")
-_FALL_BACK = (ReplicaUnavailable, LookupTimeout)
-
 
 def _read_one(store: BlockingStore, plan: AttemptPlan, request: Request) -> tuple[Candidate, Any]:
     """One read on the calling thread: the replica's answer, or its typed error raised."""
@@ -149,7 +149,7 @@ class Client:
                 answer = _read_one(store, plan, Request.get(table, plan.partition, raw_key, plan.bound))
             except FreshrouteError as e:
                 count(core.metrics, started, e)
-                if self._async.router is None or not isinstance(e, _FALL_BACK):
+                if self._async.router is None or not isinstance(e, FALL_BACK):
                     raise
                 cause = e
             else:
@@ -160,10 +160,17 @@ class Client:
         return self._async.seen(self._call(self._async.via_router("get", cause).get(table, key, bound, deadline)))
 
     def get_many(self, table: str, keys: list[str], *, max_lag: int | None = None, max_staleness_ms: int | None = None,
-                 min_position: str | Position | None = None,
-                max_input_lag_ms: int | None = None, after: str | None = None,
-                wait_ms: int | None = None) -> list[Lookup | FreshrouteError]:
-        """Many keys, one group per partition at once; in request order, a key that could not be read as its error."""
+                 min_position: str | Position | None = None, max_input_lag_ms: int | None = None,
+                 after: str | None = None, wait_ms: int | None = None,
+                 as_of: int | str | dt.datetime | None = None) -> list[Any]:
+        """Many keys, one group per partition at once; in request order, a key that could not be read as its error.
+
+        ``as_of`` (a versioned table): each key's value at that time, an :class:`AsOfLookup` (see
+        :meth:`AsyncClient.get`)."""
+        if as_of is not None:
+            return self._call(self._async.get_many(table, keys, max_lag=max_lag, max_staleness_ms=max_staleness_ms,
+                                                   min_position=min_position, max_input_lag_ms=max_input_lag_ms,
+                                                   after=after, wait_ms=wait_ms, as_of=as_of))
         (core, store), deadline = self._thread_core(), self._async.deadline(wait_ms)
         bound = parse_bound(max_lag, max_staleness_ms, self._async.at_least(table, min_position),
                                     max_input_lag_ms, after, wait_ms)
@@ -189,7 +196,7 @@ class Client:
                     cand, group = answer
                     for i, r in zip(idx, Lookup.group(table, [keys[i] for i in idx], p, cand, group, lag, fmt)):
                         out[i] = r
-            cause = next((r for r in out if isinstance(r, _FALL_BACK)), None)
+            cause = next((r for r in out if isinstance(r, FALL_BACK)), None)
             if self._async.router is None or cause is None:
                 return self._async.seen_all(out)
         return self._async.seen_all(self._call(self._async.via_router("get_many", cause).get_many(table, keys, bound,
@@ -198,17 +205,21 @@ class Client:
     def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
              limit: int | None = None, page_size: int | None = None, max_lag: int | None = None,
              max_staleness_ms: int | None = None, min_position: str | Position | None = None,
-                max_input_lag_ms: int | None = None, after: str | None = None,
-                wait_ms: int | None = None) -> Iterator[Lookup]:
-        """Rows in ascending key order (at most ``limit``), fetched a page at a time as the iteration needs them."""
+             max_input_lag_ms: int | None = None, after: str | None = None, wait_ms: int | None = None,
+             as_of: int | str | dt.datetime | None = None) -> Iterator[Any]:
+        """Rows in ascending key order (at most ``limit``), fetched a page at a time as the iteration needs them.
+
+        ``as_of`` (a versioned table): the keys present at that time, each an :class:`AsOfLookup`."""
         self._thread_core()
         bound: Bound = parse_bound(max_lag, max_staleness_ms, self._async.at_least(table, min_position),
                                     max_input_lag_ms, after, wait_ms)
+        as_of_ms = None if as_of is None else time_ms("as_of", as_of)
         r = ScanRange.of(prefix, start, end, limit, page_size, self.policy.scan_max_limit)
         token: str | None = None
         sent = 0
         while (size := r.next_page(sent)) is not None:
-            items, token = self._call(self._async.scan_page(table, r.prefix, r.start, r.end, size, token, bound))
+            items, token = self._call(self._async.scan_page(table, r.prefix, r.start, r.end, size, token, bound,
+                                                            as_of_ms))
             yield from self._async.seen_all(items)
             sent += len(items)
             if token is None:
@@ -237,7 +248,7 @@ class Client:
                                                               plan.bound))
             except FreshrouteError as e:
                 count(core.metrics, started, e)
-                if self._async.router is None or not isinstance(e, _FALL_BACK):
+                if self._async.router is None or not isinstance(e, FALL_BACK):
                     raise
                 cause = e
             else:
@@ -279,9 +290,9 @@ class Session:
         return r
 
     def get_many(self, table: str, keys: list[str], *, min_position: str | Position | None = None,
-                 **bound: Any) -> list[Lookup | FreshrouteError]:
+                 **bound: Any) -> list[Any]:
         out = self.client.get_many(table, keys, min_position=self.positions.at_least(table, min_position), **bound)
-        self.positions.saw([r for r in out if isinstance(r, Lookup)])
+        self.positions.saw([r for r in out if not isinstance(r, FreshrouteError)])
         return out
 
     def windows(self, table: str, key: str, *, min_position: str | Position | None = None, **kw: Any) -> Windows:

@@ -223,6 +223,13 @@ def test_a_key_as_of_any_time_is_the_version_its_records_say_on_every_way_in(sta
         assert client.get("prices", key, as_of=aware).valid_from_ms == want_from
         listed = client.versions("prices", key)
         assert [(v.valid_from_ms, v.valid_to_ms, v.value) for v in listed.versions] == model.versions(key)
+        # Many keys and a scan as of the same time, read from the store nodes.
+        many = client.get_many("prices", [key, "no-such-pair"], as_of=want_from)
+        assert [(r.found, r.value, r.valid_from_ms, r.final) for r in many] == \
+            [(True, want_value, want_from, True), (False, None, None, True)]
+        scanned = list(client.scan("prices", start=key, end=key + "\x00", as_of=want_from))
+        assert [(r.lookup.key, r.value, r.valid_from_ms, r.valid_to_ms, r.final) for r in scanned] == \
+            [(key, want_value, want_from, want_to, True)]
 
     cli = freshroute(stack, "lookup", "prices", key, "--as-of", str(want_from))
     assert cli.returncode == 0 and orjson.loads(cli.stdout)["value"] == want_value, cli.stderr
