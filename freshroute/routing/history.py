@@ -146,12 +146,11 @@ class HistoryReads:
                                      f"oldest time it can answer for is {rfc3339(oldest)} ({oldest} ms), not "
                                      f"{at_ms} ms", table=spec.name, oldest_retained=oldest)
 
-    def _plan(self, spec: TableSpec, key: str, bound: Bound) -> tuple[bytes, Any]:
-        """The key's bytes and the attempt plan of one read of its partition."""
+    def _plan(self, spec: TableSpec, partition: int, bound: Bound) -> Any:
+        """The attempt plan of one read of ``partition``."""
         core = self._core
-        raw, partition = locate(key, spec.partitions, spec.key_format)
-        return raw, core.plan(spec.name, partition, core.bound_for(spec, bound), self._latency, self._timeout_s,
-                              time.monotonic())
+        return core.plan(spec.name, partition, core.bound_for(spec, bound), self._latency, self._timeout_s,
+                         time.monotonic())
 
     def final(self, spec: TableSpec, as_of_ms: int, answer: Any) -> bool:
         """Whether an answer as of ``as_of_ms`` can no longer change: the replica had every change up to then."""
@@ -170,25 +169,37 @@ class HistoryReads:
         try:
             spec = self.versioned(table)
             self.retained(spec, as_of_ms, self._core.clock_ms())
-            raw, plan = self._plan(spec, key, bound)
+            raw, partition = locate(key, spec.partitions, spec.key_format)
+        except FreshrouteError as e:
+            count(self._core.metrics, started, e)
+            raise
+        return await self._read_as_of(spec, key, raw, partition, as_of_ms, bound, started)
+
+    async def _read_as_of(self, spec: TableSpec, key: str, raw: bytes, partition: int, as_of_ms: int, bound: Bound,
+                          started: float) -> AsOf:
+        """One key's version at ``as_of_ms``, the table and the time already checked."""
+        try:
+            plan = self._plan(spec, partition, bound)
             read = self._core.store.read_version
-            cand, answer = await run(plan, lambda c: read(c.replica.address, table, plan.partition, raw, as_of_ms,
+            cand, answer = await run(plan, lambda c: read(c.replica.address, spec.name, partition, raw, as_of_ms,
                                                           plan.bound))
         except FreshrouteError as e:
             count(self._core.metrics, started, e)
             raise
-        lookup = count(self._core.metrics, started, lookup_result(table, key, plan.partition, cand, answer))
+        lookup = count(self._core.metrics, started, lookup_result(spec.name, key, partition, cand, answer))
         return AsOf(lookup, as_of_ms, answer.version, self.final(spec, as_of_ms, answer))
 
     async def batch_as_of(self, table: str, keys: list[str], as_of_ms: int,
                           bound: Bound = NO_BOUND) -> list["AsOf | FreshrouteError"]:
-        """Many keys as of one time, in request order: each key's answer, or the error of its key (the table's own
-        refusals refuse the batch)."""
+        """Many keys as of one time, in request order: each key's answer, or the error of its key. The table's own
+        refusals, too many keys or one the table cannot hold refuse the batch, as they refuse any batch."""
         spec = self.versioned(table)
-        if len(keys) > self._core.policy.batch_max_keys:
-            raise InvalidArgument(f"at most {self._core.policy.batch_max_keys} keys per batch", field="keys")
+        _, _, groups, raw_keys = self._core.group_keys(table, keys, bound)
         self.retained(spec, as_of_ms, self._core.clock_ms())
-        outcomes = await asyncio.gather(*(self.as_of(table, key, as_of_ms, bound) for key in keys),
+        partition_of = {i: partition for partition, indices in groups.items() for i in indices}
+        started = time.perf_counter()
+        outcomes = await asyncio.gather(*(self._read_as_of(spec, key, raw_keys[i], partition_of[i], as_of_ms, bound,
+                                                           started) for i, key in enumerate(keys)),
                                         return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException) and not isinstance(outcome, FreshrouteError):
@@ -213,7 +224,8 @@ class HistoryReads:
             if from_ms > to_ms:
                 raise InvalidArgument(f"from ({from_ms}) must not be after to ({to_ms})", field="from")
             from_ms = max(from_ms, self._core.clock_ms() - spec.history_retention_ms)
-            raw, plan = self._plan(spec, key, bound)
+            raw, partition = locate(key, spec.partitions, spec.key_format)
+            plan = self._plan(spec, partition, bound)
             read_range = self._core.store.read_range
             cand, answer = await run(plan, lambda c: read_range(c.replica.address, table, plan.partition, raw, b"",
                                                                 limit + 1, VersionFilter(from_ms, to_ms), plan.bound))

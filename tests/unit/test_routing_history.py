@@ -248,3 +248,15 @@ async def test_the_clients_batch_and_scan_as_of_a_time_read_the_same_through_the
         ("sensor-2", True, {"count": 20}, T1, None, True, at, part("sensor-2"))]
     assert [(k, v) for k, v, _ in page.items] == [(r.lookup.key, r.lookup.raw_value) for r in items]
     await router.aclose()
+
+
+async def test_a_batch_as_of_a_time_is_refused_whole_for_what_refuses_any_batch(cluster):
+    # Too many keys, or a key the table cannot hold: the same refusal as a plain batch's, not an error per key.
+    history = cluster.router.history
+    for keys in (["sensor-1", "k-\ud800"], [f"k{i}" for i in range(cluster.settings.batch_max_keys + 1)]):
+        with pytest.raises(InvalidArgument) as plain:
+            cluster.router.group_keys(TABLE, keys, NO_BOUND)
+        with pytest.raises(InvalidArgument) as as_of:
+            await history.batch_as_of(TABLE, keys, T1)
+        assert (as_of.value.code, str(as_of.value), as_of.value.details) == \
+            (plain.value.code, str(plain.value), plain.value.details)
