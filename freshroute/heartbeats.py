@@ -21,10 +21,12 @@ import logging
 import re
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 import orjson
 
+from freshroute.declared import setting
 from freshroute.metadata import (MAX_REPORT_BYTES, NODE_ID_PATTERN, Keys, NodePositions, NodeReport,
                                  OversizedReport, UnknownReportVersion)
 
@@ -66,6 +68,15 @@ class Rejections:
                         self._reader, self._unwarned[reason], reason, self._interval_s, node, detail[:200])
             self._unwarned[reason] = 0
             self._warned_at[reason] = now
+
+
+@dataclass(frozen=True)
+class NodeExpiry:
+    """When a node is dead: one fact of a deployment, by which routers, clients and the store nodes' assignor all read
+    the heartbeats (each embeds this setting)."""
+
+    # Six store-node heartbeats: a node must miss five in a row (a stall of about a second) to be declared dead.
+    node_expiry_ms: int = setting(1200, "a node whose heartbeat is older is dead", ge=100)
 
 
 class Liveness:

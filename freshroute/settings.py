@@ -206,7 +206,7 @@ def load(cls: type[BaseSettings], **values: Any) -> Any:
 
 
 def embedded(declaration: type, *names: str) -> dict[str, Any]:
-    """Settings declared once in a dataclass of :func:`freshroute.routing.policy.setting` fields (all of them, or
+    """Settings declared once in a dataclass of :func:`freshroute.declared.setting` fields (all of them, or
     ``names``), as the field definitions of ``pydantic.create_model``: a process's settings embed them."""
     hints = typing.get_type_hints(declaration)
     embedded = {}

@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic import Field, create_model, model_validator
 
+from freshroute.heartbeats import NodeExpiry
 from freshroute.metadata import NODE_ID_PATTERN
-from freshroute.routing.policy import RoutingPolicy
 from freshroute.settings import ServingSettings, embedded
 
 
@@ -141,4 +141,4 @@ class _StoreNodeProcess(ServingSettings):
 
 # When a node is dead is one fact of the deployment: routers and the assignor read heartbeats by the same expiry.
 StoreNodeSettings = create_model("StoreNodeSettings", __base__=_StoreNodeProcess, __module__=__name__,
-                                 __doc__=_StoreNodeProcess.__doc__, **embedded(RoutingPolicy, "node_expiry_ms"))
+                                 __doc__=_StoreNodeProcess.__doc__, **embedded(NodeExpiry))

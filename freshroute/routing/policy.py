@@ -1,24 +1,19 @@
 """The routing settings, declared once: deadlines, hedging, freshness tolerances and limits of one routing core.
 
 A client passes a :class:`RoutingPolicy`; the router's settings embed every field of it (flags
-``--request-timeout-ms``, variables ``FRESHROUTE_REQUEST_TIMEOUT_MS``) and a store node embeds
-``node_expiry_ms``, each with the description and limits written here. Standard library only:
-the client installs without pydantic.
+``--request-timeout-ms``, variables ``FRESHROUTE_REQUEST_TIMEOUT_MS``), each with the description and limits
+written here or, for ``node_expiry_ms``, with the heartbeats (:class:`freshroute.heartbeats.NodeExpiry`), which a
+store node embeds too. Standard library only: the client installs without pydantic.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from freshroute.declared import setting
+from freshroute.heartbeats import NodeExpiry
 from freshroute.routing.attempts import AttemptPolicy
-
-
-def setting(default: Any, description: str, **limits: float) -> Any:
-    """A routing setting: its default, what it means, and the limits a value must keep (``ge``, ``gt``, ``le``, ``lt``)."""
-    if callable(default):
-        return field(default_factory=default, metadata={"description": description, "limits": limits})
-    return field(default=default, metadata={"description": description, "limits": limits})
 
 
 @dataclass(frozen=True)
@@ -36,8 +31,9 @@ class TableBound:
 
 
 @dataclass(frozen=True)
-class RoutingPolicy:
-    """How one routing core (the router's, or a client's) waits, hedges, judges freshness and limits requests."""
+class RoutingPolicy(NodeExpiry):
+    """How one routing core (the router's, or a client's) waits, hedges, judges freshness and limits requests, and
+    when it takes a node for dead (``node_expiry_ms``, as every reader of heartbeats does)."""
 
     request_timeout_ms: int = setting(2000, "overall deadline of one lookup", ge=1)
     attempt_timeout_ms: int = setting(500, "after this, a slow replica is joined by the next one", ge=1)
@@ -54,9 +50,6 @@ class RoutingPolicy:
     # store node enforces the bound itself.
     view_trust_ms: int = setting(1000, "older lag views never exclude a replica", ge=0)
     failure_backoff_ms: int = setting(1000, "a replica that just failed is tried last for this long", ge=0)
-    # Six store-node heartbeats: a node must miss five in a row (a stall of about a second) to be
-    # declared dead. Store nodes (whose assignor moves a dead node's actives) embed the same setting.
-    node_expiry_ms: int = setting(1200, "a node whose heartbeat is older is dead", ge=100)
     batch_max_keys: int = setting(1000, "most keys in one batchGet", ge=1)
     scan_default_limit: int = setting(100, "scan page size when none is given", ge=1)
     scan_max_limit: int = setting(1000, "largest scan page", ge=1)
