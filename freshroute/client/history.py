@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, TypeVar
 
 from freshroute.errors import FreshrouteError
 from freshroute.freshness import Bound, Position, parse_bound
@@ -11,10 +11,7 @@ from freshroute.routing.core import RoutingCore
 from freshroute.routing.history import time_ms
 
 from freshroute.client.lookup import AsOfLookup, KeyVersions
-from freshroute.client.router import FALL_BACK
-
-if TYPE_CHECKING:
-    from freshroute.client.router import RouterHttp
+from freshroute.client.router import FALL_BACK, RouterHttp
 
 R = TypeVar("R")
 
@@ -26,10 +23,10 @@ class VersionedReads:
     def deadline(self, wait_ms: Any = None) -> float: ...
     def at_least(self, table: str, given: str | Position | None) -> str | Position | None: ...
     async def _read(self, operation: str, direct: Callable[[], Awaitable[R]],
-                    routed: Callable[["RouterHttp"], Awaitable[R]]) -> R: ...
+                    routed: Callable[[RouterHttp], Awaitable[R]]) -> R: ...
     def direct(self) -> bool: ...
-    def via_router(self, operation: str, cause: BaseException | None = None) -> "RouterHttp": ...
-    router: "RouterHttp | None"
+    def via_router(self, operation: str, cause: BaseException | None = None) -> RouterHttp: ...
+    router: RouterHttp | None
 
     async def _as_of(self, core: RoutingCore, table: str, key: str, as_of_ms: int, bound: Bound,
                      deadline: float | None) -> AsOfLookup:
