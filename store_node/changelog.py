@@ -181,6 +181,7 @@ class ChangelogTailer:
         self.end_offsets.check_topic_ids()
         if mono - self._progress_at >= self._settings.restore_log_interval_ms / 1000:
             self._log_progress(mono)
+        self.replicas.end_moved(mono)
         self.replicas.delete_retired(mono)
 
     # --- restore progress --------------------------------------------------------------------------

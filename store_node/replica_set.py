@@ -2,8 +2,10 @@
 
 A replica's store is opened when its partition is assigned to this node and its changelog
 fetched from the stored applied offset (``assign()`` with explicit offsets: no consumer-group
-rebalancing, no commits). When the partition moves away the store is closed and its files are
-kept for a grace period, in case it comes back; a replica whose changelog cannot be trusted
+rebalancing, no commits). When the partition moves away the replica serves on as a standby for
+``moved_replica_serve_ms`` (a node judged dead a moment too soon gets its placements back within
+it, and the replicas placed elsewhere restore meanwhile); then its store is closed and its files
+are kept for a grace period, in case it comes back. A replica whose changelog cannot be trusted
 any more is wiped and restored from the start.
 """
 
@@ -20,7 +22,7 @@ from urllib.parse import unquote
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
 from freshroute.errors import StoreCorrupt
-from freshroute.metadata import Role, TableSpec
+from freshroute.metadata import ReplicaState, Role, TableSpec
 from store_node.bulk_restore import BulkRestores
 from store_node.replica import Clock, Replica, replica_path
 from store_node.replica_store import DiskFull, ReplicaStore, StoreMemory
@@ -67,6 +69,7 @@ class ReplicaSet:
         self._failed: set[ReplicaKey] = set()
         self._retry_at = 0.0
         self._retired: dict[ReplicaKey, float] = {}
+        self._moved: dict[ReplicaKey, float] = {}  # replicas moved away, serving until then (monotonic)
 
     def set_desired(self, desired: Desired) -> None:
         """The replicas this node should host, with their roles; from any thread."""
@@ -108,6 +111,7 @@ class ReplicaSet:
             except Exception:
                 log.exception("closing replica %s/%d failed", rep.table, rep.partition)
         self.serving = MappingProxyType({})
+        self._moved.clear()
         closed = len(self._replicas)
         self._replicas.clear()
         self.by_tp.clear()
@@ -121,11 +125,13 @@ class ReplicaSet:
         if not changed and not (self._failed and time.monotonic() >= self._retry_at):
             return
         self._failed.clear()
-        for key in [k for k in self._replicas if k not in wanted]:
-            self._remove(key)
+        for key in [k for k in self._replicas if k not in wanted and k not in self._moved]:
+            self._move_away(key)
         opened: list[Replica] = []
         for key, (spec, role) in wanted.items():
             rep = self._replicas.get(key)
+            if self._moved.pop(key, None) is not None and rep is not None:
+                log.info("replica %s/%d: placed here again while it still served", rep.table, rep.partition)
             if rep is not None and rep.topic != spec.topic:
                 self._remove(key)
                 rep = None
@@ -193,6 +199,13 @@ class ReplicaSet:
         self._unassign(rep)
         self._consumer.incremental_assign([_from_checkpoint(rep)])
         rep.reread = False  # only once assigned: a failed assignment is retried after the next poll
+
+    def end_moved(self, mono: float) -> None:
+        """Stop serving the replicas moved away whose time to serve on is over."""
+        for key in [k for k, until in self._moved.items() if mono >= until]:
+            del self._moved[key]
+            if key in self._replicas:
+                self._remove(key)
 
     def delete_retired(self, mono: float) -> None:
         """Delete the files of replicas not assigned here for the grace period."""
@@ -295,7 +308,21 @@ class ReplicaSet:
         self._failed.add(key)
         self._retry_at = time.monotonic() + _RETRY_S
 
+    def _move_away(self, key: ReplicaKey) -> None:
+        """The assignment placed ``key`` elsewhere: a caught-up replica serves on as a standby for a while; one still
+        restoring (or failed) has nothing to answer with and stops at once."""
+        serve_ms = self._settings.moved_replica_serve_ms
+        rep = self._replicas[key]
+        if serve_ms <= 0 or rep.store is None or rep.failure is not None or rep.state is ReplicaState.RESTORING:
+            self._remove(key)
+            return
+        self._moved[key] = time.monotonic() + serve_ms / 1000
+        rep.role = Role.STANDBY
+        log.info("replica %s/%d: no longer assigned here; it serves on as a standby for %.0fs while the replicas "
+                 "placed elsewhere restore", rep.table, rep.partition, serve_ms / 1000)
+
     def _remove(self, key: ReplicaKey) -> None:
+        self._moved.pop(key, None)
         rep = self._replicas.pop(key)
         self.by_tp.pop((rep.topic, rep.partition), None)
         self._publish()  # stop serving it before its store closes

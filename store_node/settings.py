@@ -63,8 +63,12 @@ class _StoreNodeProcess(ServingSettings):
     topic_check_ms: int = Field(2000, gt=0, description="how often changelog topic ids are checked for a "
                                                         "recreated topic")
 
+    # A move the assignor makes (a node judged dead a moment too soon, a rebalance) is not a gap in
+    # service: the replica it leaves answers while the ones it places restore, or until it is placed back.
+    moved_replica_serve_ms: int = Field(10_000, ge=0, description="a replica moved away keeps serving, as a "
+                                        "standby, this long; 0: it stops at once")
     removed_replica_grace_ms: int = Field(30_000, ge=0, description="files of a replica moved away are deleted "
-                                                                    "after this")
+                                                                    "this long after it stops serving")
     drain_timeout_ms: int = Field(1500, ge=0, description="on SIGTERM: announce draining, keep answering this long")
     restore_log_interval_ms: int = Field(5000, gt=0, description="restore progress log period")
 

@@ -36,8 +36,9 @@ def env(tmp_path):
         return made["admin"]
 
     # Record by record: the path a replica that resumes takes (tests/unit/test_bulk_restore.py has the bulk one).
-    settings = StoreNodeSettings(node_id="n1", data_dir=tmp_path, removed_replica_grace_ms=0, topic_check_ms=1,
-                                 caught_up_threshold=0, bulk_restore=False)
+    # A replica moved away stops at once here; test_a_replica_moved_away_serves_on_… gives it time to serve on.
+    settings = StoreNodeSettings(node_id="n1", data_dir=tmp_path, removed_replica_grace_ms=0, moved_replica_serve_ms=0,
+                                 topic_check_ms=1, caught_up_threshold=0, bulk_restore=False)
     tailer = ChangelogTailer(settings, clock, consumer_factory, admin_factory)
     assert tailer.open()
     yield SimpleNamespace(tailer=tailer, clock=clock, consumer=made["consumer"], admin=made["admin"], root=tmp_path)
@@ -313,6 +314,38 @@ def test_moved_back_within_grace_resumes_from_its_files(env, tmp_path):
     host(env, 0)
     assert env.consumer.assigned[(SPEC.topic, 0)] == 2
     assert env.tailer.serving[KEY].store.get(b"b") == b"2"
+
+
+def caught_up_with_time_to_serve_on(env):
+    """Partition 0 hosted here and caught up, with 10 s to serve on once moved away."""
+    env.tailer.replicas._settings = env.tailer.replicas._settings.model_copy(update={"moved_replica_serve_ms": 10_000})
+    host(env, 0)
+    env.consumer.queue += [record(0, "a", 1), eof(1)]
+    env.tailer.step()
+    return env.tailer.serving[KEY]
+
+
+def test_a_replica_moved_away_serves_on_as_a_standby_then_stops(env):
+    rep = caught_up_with_time_to_serve_on(env)
+    host(env, 1)  # partition 0 placed elsewhere: it answers on, as a standby, and follows its changelog
+    assert env.tailer.serving[KEY] is rep and rep.role is Role.STANDBY and rep.store.get(b"a") == b"1"
+    assert (SPEC.topic, 0) in env.consumer.assigned
+    env.consumer.queue += [record(1, "b", 2), eof(2)]
+    env.tailer.step()
+    assert rep.store.get(b"b") == b"2" and rep.state is ReplicaState.STANDBY
+    env.tailer.replicas.end_moved(time.monotonic() + 9)
+    assert env.tailer.serving[KEY] is rep
+    env.tailer.replicas.end_moved(time.monotonic() + 11)  # its time is over: it stops, its files kept
+    assert KEY not in env.tailer.serving and rep.store is None and (SPEC.topic, 0) not in env.consumer.assigned
+
+
+def test_a_replica_placed_back_while_it_serves_on_is_the_same_replica_in_its_new_role(env):
+    rep = caught_up_with_time_to_serve_on(env)
+    host(env)  # moved away (a node judged dead a moment too soon) …
+    host(env, 0)  # … and placed back: not reopened, not restored
+    assert env.tailer.serving[KEY] is rep and rep.role is Role.ACTIVE and rep.state is ReplicaState.ACTIVE
+    env.tailer.replicas.end_moved(time.monotonic() + 11)
+    assert env.tailer.serving[KEY] is rep  # it is placed here: nothing ends it
 
 
 def test_rate_limit_caps_the_batch_size():
