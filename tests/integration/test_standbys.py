@@ -55,6 +55,9 @@ def test_the_metadata_apis_show_two_standbys(stack, readings):
     with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
         tables = {t["name"]: t for t in client.get("/v1/tables").json()["tables"]}
         assert (tables[TABLE]["standby_replicas"], tables[TABLE]["replicas"]) == (STANDBYS, COPIES)
+        # A replica the balancing moved away serves on for a while (moved_replica_serve_ms), listed as a standby.
+        wait_until(lambda: len(client.get(f"/v1/tables/{TABLE}/keys/sensor-1/metadata").json()["standbys"]) ==
+                   STANDBYS, 30, "sensor-1 to have the table's two standbys", stack=stack)
         where = client.get(f"/v1/tables/{TABLE}/keys/sensor-1/metadata").json()
     nodes = [where["active"]["node"], *(s["node"] for s in where["standbys"])]
     assert len(where["standbys"]) == STANDBYS and len(set(nodes)) == COPIES and set(nodes) <= NODES, where
