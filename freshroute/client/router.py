@@ -139,7 +139,7 @@ class RouterHttp:
             except InvalidArgument:
                 raise not_a_batch(keys, i) from None
         body = await self.ok("POST", f"/v1/tables/{_seg(table, 'table')}/keys:batchGet", deadline,
-                             json={"keys": keys, **bound.to_query(), **_as_of(as_of_ms)})
+                             json={"keys": keys, **bound.to_query(), **_as_of_query(as_of_ms)})
         out: list[Lookup | AsOfLookup | FreshrouteError] = []
         for item in body["results"]:
             if "error" in item:
@@ -159,7 +159,7 @@ class RouterHttp:
         params = {k: v for k, v in (("prefix", prefix), ("start", start), ("end", end), ("page_token", page_token),
                                     ("limit", str(limit) if limit else None)) if v}
         body = await self.ok("GET", f"/v1/tables/{_seg(table, 'table')}/scan",
-                             params=params | bound.to_query() | _as_of(as_of_ms))
+                             params=params | bound.to_query() | _as_of_query(as_of_ms))
         served = {p["partition"]: p for p in body.get("partitions", ())}
         docs = [{"table": table, **served.get(i["partition"], {}), **i} for i in body["items"]]
         if as_of_ms is None:
@@ -176,7 +176,7 @@ class RouterHttp:
         await self._http.aclose()
 
 
-def _as_of(as_of_ms: int | None) -> dict[str, int]:
+def _as_of_query(as_of_ms: int | None) -> dict[str, int]:
     """A read's ``as_of`` parameter: none for the latest value."""
     return {} if as_of_ms is None else {"as_of": as_of_ms}
 

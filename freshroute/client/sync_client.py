@@ -35,6 +35,7 @@ from freshroute.client.router import FALL_BACK
 
 T = TypeVar("T")
 
+
 def _read_one(store: BlockingStore, plan: AttemptPlan, request: Request) -> tuple[Candidate, Any]:
     """One read on the calling thread: the replica's answer, or its typed error raised."""
     answer = run_blocking(store, [(plan, request)])[0]
