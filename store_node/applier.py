@@ -203,19 +203,17 @@ class Applier:
         count = 0
         for i, (key, value, headers) in enumerate(valid):
             raw = input_position.of_record(headers)
-            new = input_position.decode(raw)
-            if new is None:
+            before = held.get(key)
+            if not input_position.admits(before, raw):
+                rep.counters.records_superseded += 1
+                continue
+            rows[key] = value
+            after = input_position.held_after(before, raw, value is None)
+            if raw is None or after is not raw:
                 rep.counters.records_unpositioned += 1
-                rows[key] = value
-                if value is None:
-                    positions[key] = held[key] = None
-            else:
-                before = input_position.decode(held.get(key))
-                if before is not None and raw != held.get(key) and not input_position.covers(new, before):
-                    rep.counters.records_superseded += 1
-                    continue
-                rows[key] = value
-                positions[key] = held[key] = raw
+            # A delete is written even when nothing was held here: its key's position was not read for a row without one.
+            if after is not before or value is None:
+                positions[key] = held[key] = after
             count += 1
             if taken is not None:
                 taken.append(i)
