@@ -272,7 +272,10 @@ def test_windows_are_recomputed_revised_finalised_expired_and_restored(broker, r
             # The node again, from an empty directory: the restore brings back neither expired windows nor lost ones.
             procs.stop("node")
             procs.start("node", "store-node", "--node-id", "n1", "--data-dir", str(tmp_path / "n1-b"))
-            wait_until(lambda: served("s4") is not None, 120, "the restored node to serve")
+            # Each key read below is waited for on its own: s1's partition and s4's restore at different moments.
+            for sensor in ("s1", "s4"):
+                wait_until(lambda sensor=sensor: served(sensor) is not None, 120,
+                           f"the restored node to serve {sensor}'s partition")
             assert served("s1") == {} and served("s4") == {T0 + 50 * S: {"count": 1, "min": 7.0, "max": 7.0}}
             assert finals("s4") == {T0 + 50 * S: False}
     finally:
