@@ -17,6 +17,7 @@ from freshroute.keys import partition_for, serialize_key
 from freshroute.metadata import Keys
 from proto import router_pb2, router_pb2_grpc
 from tests.integration.router_deployment import KEYS, LAYOUT, NODES, PARTITIONS, TABLE, Deployment, Procs, value_of
+from tests.integration.stack_fixture import wait_until
 from tools.local.services import free_port, start_redis
 
 pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark, no shared stack: runs beside the others
@@ -187,9 +188,13 @@ def test_lookups_fail_over_when_a_store_node_is_killed(deployment):
     # Right after the kill, n1's partitions are served by their other replica.
     assert served[killed_at + 2:].count("n1") == 0
     assert {"n2", "n3"} <= set(served[killed_at + 2:])
-    # The dead node's heartbeat has expired by now: the router no longer lists it as alive.
-    cluster = httpx.get(f"{d.rest}/v1/cluster", timeout=5).json()
-    assert {x["node"]: x["alive"] for x in cluster["nodes"]}.get("n1", False) is False
+    # The dead node's heartbeat expires (node_expiry_ms, 2 s): the router no longer lists it as alive. Waited for on its
+    # own: the lookups above end 4 s after they start, whenever the kill came among them.
+    def n1_alive() -> bool:
+        cluster = httpx.get(f"{d.rest}/v1/cluster", timeout=5).json()
+        return {x["node"]: x["alive"] for x in cluster["nodes"]}.get("n1", False)
+
+    wait_until(lambda: n1_alive() is False, 10, "the router to list n1 as dead")
     d.procs.procs["n1"].wait(5)
 
 
