@@ -75,10 +75,15 @@ def history_topic_config(history_retention_ms: int) -> dict[str, str]:
 def keep_history(admin: Any, topic: str, config: dict[str, str], history_retention_ms: int) -> str | None:
     """Make a compacted topic (whose settings are ``config``) keep a versioned table's history: its
     min.compaction.lag.ms raised when it is shorter; what changed, or None."""
-    wanted = history_topic_config(history_retention_ms)["min.compaction.lag.ms"]
+    wanted = int(history_topic_config(history_retention_ms)["min.compaction.lag.ms"])
+    return keep_uncompacted(admin, topic, config, wanted, "the table's history")
+
+
+def keep_uncompacted(admin: Any, topic: str, config: dict[str, str], lag_ms: int, what: str) -> str | None:
+    """Raise a compacted topic's min.compaction.lag.ms to ``lag_ms`` when it is shorter (``config``: its settings;
+    ``what``: what the records are kept for); what changed, or None."""
     held = config.get("min.compaction.lag.ms", "0")
-    if "compact" not in config.get("cleanup.policy", "delete").split(",") or int(held) >= int(wanted):
+    if "compact" not in config.get("cleanup.policy", "delete").split(",") or int(held) >= lag_ms:
         return None
-    set_topic_config(admin, topic, {"min.compaction.lag.ms": wanted})
-    return f"topic {topic!r}: min.compaction.lag.ms set to {wanted} (was {held}) so that compaction keeps the " \
-           f"table's history"
+    set_topic_config(admin, topic, {"min.compaction.lag.ms": str(lag_ms)})
+    return f"topic {topic!r}: min.compaction.lag.ms set to {lag_ms} (was {held}) so that compaction keeps {what}"

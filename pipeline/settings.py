@@ -15,6 +15,10 @@ DEMO_TABLES_FILE = Path(__file__).resolve().parent / "demo_tables.py"
 REPO = Path(__file__).resolve().parents[1]
 # A trigger past a minute serves minutes-old tables: a batch job, not an interactive one.
 MAX_TRIGGER_MS = 60_000
+# A replay re-reads at most one checkpoint interval of input, after a restart of a few tens of seconds (27 s measured
+# on the demo stack); ten intervals leave room for a restart that fails and is retried.
+REPLAY_COMPACTION_LAG_INTERVALS = 10
+REPLAY_COMPACTION_LAG_MIN_MS = 600_000
 
 
 class PipelineSettings(CommonSettings):
@@ -55,6 +59,11 @@ class PipelineSettings(CommonSettings):
     changelog_min_cleanable_dirty_ratio: float = Field(
         0.5, gt=0, le=1, description="min.cleanable.dirty.ratio of the changelogs the pipeline creates: the share of "
                                      "superseded records at which the cleaner compacts a changelog")
+    changelog_min_compaction_lag_ms: int | None = Field(
+        None, ge=0, description="min.compaction.lag.ms of the changelogs the pipeline creates: "
+                                "a Real-time query's replay after a crash writes older rows of its keys "
+                                "again, and until it has caught up the cleaner must not drop the newer row they follow "
+                                "(docs/architecture.md); unset: ten checkpoint intervals, at least 10 minutes")
     changelog_partitions: int = Field(8, ge=1, description="partitions of a changelog topic the pipeline creates")
     # Frozen into each table's checkpoint on its first run: changing it later has no effect on that table.
     # Every state store partition costs each micro-batch a task, a RocksDB commit and a changelog
@@ -106,10 +115,18 @@ class PipelineSettings(CommonSettings):
                              f"ever be acknowledged")
         return self
 
+    @property
+    def replay_compaction_lag_ms(self) -> int:
+        """How long a changelog record stays uncompacted: longer than a replay after a crash takes to catch up."""
+        if self.changelog_min_compaction_lag_ms is not None:
+            return self.changelog_min_compaction_lag_ms
+        return max(REPLAY_COMPACTION_LAG_MIN_MS, REPLAY_COMPACTION_LAG_INTERVALS * self.realtime_checkpoint_ms)
+
     def changelog_config(self) -> dict[str, str]:
         """Topic config of a changelog the pipeline creates."""
         config = {"cleanup.policy": "compact", "segment.ms": str(self.changelog_segment_ms),
-                  "min.cleanable.dirty.ratio": str(self.changelog_min_cleanable_dirty_ratio)}
+                  "min.cleanable.dirty.ratio": str(self.changelog_min_cleanable_dirty_ratio),
+                  "min.compaction.lag.ms": str(self.replay_compaction_lag_ms)}
         if self.changelog_replication_factor > 1:
             config["min.insync.replicas"] = str(self.changelog_min_insync_replicas)
         return config

@@ -152,8 +152,11 @@ class BulkRestores:
             if chunk.file:
                 Path(chunk.file).unlink(missing_ok=True)
             return 0
-        applied = chunk.records - chunk.skipped
-        rep.load(chunk.file and Path(chunk.file), chunk.next_offset, applied, chunk.skipped)
+        applied = chunk.records - chunk.skipped - chunk.superseded
+        rep.load(chunk.file and Path(chunk.file), chunk.positions and Path(chunk.positions), chunk.next_offset, applied,
+                 chunk.skipped)
+        rep.counters.records_superseded += chunk.superseded
+        rep.counters.records_unpositioned += chunk.unpositioned
         if chunk.end_offset >= 0:
             # The last chunk's end came with the fetch response that found it (an end-of-partition event, as the
             # tailer's consumer dates one); an earlier chunk's is dated when the restore started, when the end was

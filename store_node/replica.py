@@ -336,11 +336,12 @@ class Replica:
         # A full round leaves more to expire: the next poll goes on with them.
         self._expire_at_ms = now_ms if expired == EXPIRE_AT_ONCE else now_ms + 1_000
 
-    def load(self, table_file: Path | None, next_offset: int, applied: int, skipped: int) -> None:
-        """Ingest a bulk restore's table file (standing for ``applied`` records; None: no rows) with the checkpoint
-        ``next_offset``, then publish the position."""
+    def load(self, table_file: Path | None, positions_file: Path | None, next_offset: int, applied: int,
+             skipped: int) -> None:
+        """Ingest a bulk restore's table file of rows and of their input positions (standing for ``applied`` records;
+        None: none) with the checkpoint ``next_offset``, then publish the position."""
         store = self._open_store()
-        if self._stored(lambda: store.ingest(table_file, next_offset)):
+        if self._stored(lambda: store.ingest(table_file, positions_file, next_offset)):
             self._publish(next_offset, applied, skipped)
 
     def _stored(self, write: Callable[[], None]) -> bool:

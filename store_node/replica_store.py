@@ -307,22 +307,24 @@ class ReplicaStore:
         if caught_up_at_ms is not None:
             self.caught_up_at_ms = caught_up_at_ms
 
-    def ingest(self, table_file: Path | None, next_offset: int) -> None:
-        """Take in a table file written for this store (its keys sorted and distinct; None: no rows) as it is, then
-        move the checkpoint to ``next_offset``. The file is moved into the store, never copied; its rows are newer
-        than every row before them, as a write of them would be."""
+    def ingest(self, table_file: Path | None, positions_file: Path | None, next_offset: int) -> None:
+        """Take in table files written for this store (their keys sorted and distinct; None: none) as they are — rows,
+        and their input positions — then move the checkpoint to ``next_offset``. The files are moved into the store,
+        never copied; their rows are newer than every row before them, as a write of them would be."""
         db = self._db
-        if db is None:
+        if db is None or self._positions is None:
             raise StoreCorrupt(f"replica store {self.path} is closed", path=str(self.path))
-        if table_file is not None:
+        for family, file in ((db, table_file), (self._positions, positions_file)):
+            if file is None:
+                continue
             options = IngestExternalFileOptions()
             options.set_move_files(True)
             try:
-                db.ingest_external_file([str(table_file)], options)
+                family.ingest_external_file([str(file)], options)
             except Exception as e:
                 raise _write_failure(self.path, "ingest a table file", e) from None
             finally:
-                table_file.unlink(missing_ok=True)
+                file.unlink(missing_ok=True)
         self._write([], next_offset)
         self.applied_offset = next_offset
 

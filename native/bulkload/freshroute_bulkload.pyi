@@ -16,8 +16,11 @@ class Chunk:
     records: int  # records read, skipped ones included
     skipped: int  # a null key, or a key or value not of the table's formats
     problems: list[tuple[int, str]]  # the first skipped records: (offset, why)
-    rows: int  # one per key, its latest change (a delete included)
+    superseded: int  # not applied: the input position does not cover the one held for the key (a replayed row)
+    unpositioned: int  # applied without an input position
+    rows: int  # one per key, its latest applied change (a delete included)
     file: Path | None  # the table file (None: no rows)
+    positions: Path | None  # the input positions the rows leave their keys, a table file of the store's positions
     last: bool  # the partition was read to its end: no chunk of it follows
 
 class ChangelogReader:

@@ -16,6 +16,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from freshroute_bulkload import ChangelogReader, ReadFailed
 
+from freshroute import input_position
 from store_node.replica_store import ReplicaStore
 from store_node.settings import StoreNodeSettings
 
@@ -104,11 +105,73 @@ def test_the_files_hold_each_keys_latest_valid_change_and_the_chunks_every_offse
             assert sum(c.records for c in mine) == ends[p]
             assert sum(c.skipped for c in mine) == len(poison[p])
             assert [x for c in mine for x in c.problems] == poison[p]
+            assert sum(c.superseded for c in mine) == 0 and sum(c.unpositioned for c in mine) == sum(
+                c.records - c.skipped for c in mine)  # no row here has an input position
             for c in mine:
-                stores[p].ingest(c.file and Path(c.file), c.next_offset)
+                assert c.positions is None
+                stores[p].ingest(c.file and Path(c.file), None, c.next_offset)
             assert stores[p].applied_offset == ends[p]
             assert dict(stores[p]._db.items()) == expected[p]
         assert not [f for d in dirs.values() for f in d.glob("load-*.sst")]
+    finally:
+        for store in stores.values():
+            store.close()
+
+
+def test_a_replays_older_rows_are_not_applied_across_chunks_and_the_positions_go_with_the_rows(broker, namespace,
+                                                                                                 tmp_path):
+    # A Real-time query's changelog after a crash: each key's row at input offset 9, then the replay's older ones
+    # (4, 6), then for every third key the replay caught up (10); some keys deleted with a position, one without.
+    topic = f"{namespace}-replayed"
+    make_topic(broker, topic)
+    producer = Producer({"bootstrap.servers": broker, "linger.ms": 5})
+    keys = [f"k{i}".encode() for i in range(1_500)]
+
+    def send(key: bytes, value: bytes | None, position: list | None) -> None:
+        headers = None if position is None else [(input_position.HEADER, input_position.encode(position))]
+        producer.produce(topic, key=key, value=value, partition=int(key[1:]) % PARTITIONS, headers=headers)
+
+    pad = "x" * 200
+    for at in (9, 4, 6):
+        for key in keys:
+            send(key, json.dumps({"at": at, "pad": pad}).encode(), [None, at])
+    for key in keys[::3]:
+        send(key, json.dumps({"at": 10, "pad": pad}).encode(), [None, 10])
+    for key in keys[1::50]:
+        send(key, None, [None, 11])  # deleted, its position kept: an older row after it is not applied
+        send(key, json.dumps({"at": 5, "pad": pad}).encode(), [None, 5])
+    send(keys[2], None, None)  # deleted by hand: its position forgotten, the next row applied whatever it says
+    send(keys[2], json.dumps({"at": 1, "pad": pad}).encode(), [None, 1])
+    assert producer.flush(30) == 0
+    want = {key: 10 if i % 3 == 0 else 9 for i, key in enumerate(keys)}
+    for key in keys[1::50]:
+        del want[key]
+    want[keys[2]] = 1
+    held = {key: b"[null,10]" if i % 3 == 0 else b"[null,9]" for i, key in enumerate(keys)}
+    held.update({key: b"[null,11]" for key in keys[1::50]})
+    held[keys[2]] = b"[null,1]"
+
+    dirs = {p: tmp_path / str(p) for p in range(PARTITIONS)}
+    stores = {p: ReplicaStore.open(d, bulk_load=True) for p, d in dirs.items()}
+    try:
+        # Small chunks: a key's newer row and the replay's older ones fall in different files.
+        reader = ChangelogReader(reader_config(broker), topic, [(p, 0, str(d)) for p, d in dirs.items()],
+                                 "string", "json", chunk_bytes=64 * 1024)
+        try:
+            chunks = read_all(reader)
+        finally:
+            reader.close()
+        assert min(sum(1 for c in chunks if c.partition == p) for p in range(PARTITIONS)) >= 5
+        for c in chunks:
+            stores[c.partition].ingest(c.file and Path(c.file), c.positions and Path(c.positions), c.next_offset)
+        served = {key: json.loads(value)["at"] for store in stores.values() for key, value in store._db.items()}
+        assert served == want
+        positions = {key: store.positions_of([key])[0] for store in stores.values() for key in keys
+                     if store.positions_of([key])[0] is not None}
+        assert positions == held
+        # 4 and 6 of every key, and the 5 after a positioned delete; keys[2]'s 1 came after its position was forgotten.
+        assert sum(c.superseded for c in chunks) == 2 * len(keys) + len(keys[1::50])
+        assert sum(c.unpositioned for c in chunks) == 1  # the delete by hand
     finally:
         for store in stores.values():
             store.close()

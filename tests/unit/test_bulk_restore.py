@@ -21,6 +21,21 @@ from store_node.settings import StoreNodeSettings
 from tests.unit.fake_changelog import SPEC, Clock, FakeAdmin, FakeConsumer, eof, host, record, steps_until
 
 
+def table_file(path: Path, rows: dict) -> Path | None:
+    """``rows`` ({key: value or None: a delete}) as a table file at ``path``; None for no rows."""
+    if not rows:
+        return None
+    writer = SstFileWriter(Options(raw_mode=True))
+    writer.open(str(path))
+    for key, value in sorted(rows.items()):
+        if value is None:
+            del writer[key]
+        else:
+            writer[key] = value
+    writer.finish()
+    return path
+
+
 class FakeReader:
     """What the native reader hands over, scripted: per partition, a list of chunks (rows, next offset, records)."""
 
@@ -33,24 +48,19 @@ class FakeReader:
         self.closed = False
         self.dropped: list[int] = []
 
-    def chunk(self, partition, rows, next_offset, records=None, skipped=0, problems=(), end_offset=-1, last=False):
-        """A chunk of ``rows`` ({key: value or None}), its table file written as the native reader would."""
+    def chunk(self, partition, rows, next_offset, records=None, skipped=0, problems=(), end_offset=-1, last=False,
+              positions=None, superseded=0, unpositioned=0):
+        """A chunk of ``rows`` ({key: value or None}) and the input ``positions`` they leave ({key: header or None}),
+        their table files written as the native reader would."""
         _, directory = self.partitions[partition]
-        path = None
-        if rows:
-            path = directory / f"load-{next_offset}.sst"
-            writer = SstFileWriter(Options(raw_mode=True))
-            writer.open(str(path))
-            for key, value in sorted(rows.items()):
-                if value is None:
-                    del writer[key]
-                else:
-                    writer[key] = value
-            writer.finish()
         self.ready.append(SimpleNamespace(partition=partition, next_offset=next_offset, end_offset=end_offset,
                                           end_seen_ms=self.clock() if last else -1,
                                           records=len(rows) if records is None else records, skipped=skipped,
-                                          problems=list(problems), rows=len(rows), file=path, last=last))
+                                          problems=list(problems), superseded=superseded, unpositioned=unpositioned,
+                                          rows=len(rows), file=table_file(directory / f"load-{next_offset}.sst", rows),
+                                          positions=table_file(directory / f"load-{next_offset}.positions.sst",
+                                                               positions or {}),
+                                          last=last))
 
     def next_chunk(self, timeout_s):
         if self.failure is not None:
@@ -124,6 +134,31 @@ def test_an_empty_replica_restores_from_table_files_then_follows_on_by_the_consu
     assert not store.bulk_load  # reopened for reads
     assert store.get_many([b"a", b"b", b"c"]) == [b'{"n":10}', b'{"n": 20}', None]
     assert env.tailer.serving[("counts", 1)].store.get(b"x") == b'"one"'
+
+
+def test_the_positions_a_bulk_restore_leaves_hold_the_tailer_to_the_newer_rows(env):
+    env = env()
+    host(env, 0)
+    [reader] = env.readers
+    # The reader applied a replay's rows by their positions: a's count 9 at [5], its older row at [3] superseded.
+    reader.chunk(0, {b"a": b'{"count":9}', b"b": b'{"count":1}'}, next_offset=6, records=6, superseded=1,
+                 unpositioned=1, positions={b"a": b"[5]"}, end_offset=6, last=True)
+    env.tailer.step()
+    rep = env.tailer.serving[("counts", 0)]
+    assert rep.store.positions_of([b"a", b"b"]) == [b"[5]", None]
+    assert rep.counters.records_applied == 5 and rep.counters.records_superseded == 1
+    assert rep.counters.records_unpositioned == 1
+    assert not list(replica_path(env.root, "counts", 0).glob("load-*.sst"))  # both files moved into the store
+
+    # The replay's rows still to come after the bulk restore: older ones skipped, the catching-up one applied.
+    env.consumer.queue += [record(6, "a", {"count": 4}, position=[3]), record(7, "b", {"count": 2}, position=[4]),
+                           eof(8)]
+    steps_until(env, lambda: rep.lag.applied == 8)
+    assert rep.store.get_many([b"a", b"b"]) == [b'{"count":9}', b'{"count": 2}']
+    assert rep.counters.records_superseded == 2
+    env.consumer.queue += [record(8, "a", {"count": 10}, position=[6]), eof(9)]
+    steps_until(env, lambda: rep.lag.applied == 9)
+    assert rep.store.get(b"a") == b'{"count": 10}'
 
 
 def test_a_replica_read_to_the_end_of_its_changelog_is_caught_up_without_waiting_for_the_consumer(env):

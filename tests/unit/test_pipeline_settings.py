@@ -90,12 +90,22 @@ def test_local_up_refuses_standbys_it_cannot_place_before_starting_anything(flag
 def test_changelog_replication_settings_and_the_topic_config_they_give():
     s = load(PipelineSettings)
     assert (s.changelog_replication_factor, s.changelog_min_insync_replicas) == (1, 1)
-    compaction = {"cleanup.policy": "compact", "segment.ms": "600000", "min.cleanable.dirty.ratio": "0.5"}
+    compaction = {"cleanup.policy": "compact", "segment.ms": "600000", "min.cleanable.dirty.ratio": "0.5",
+                  "min.compaction.lag.ms": "600000"}
     assert s.changelog_config() == compaction
     s = load(PipelineSettings, changelog_replication_factor="3", changelog_min_insync_replicas="2",
-             changelog_segment_ms="60000", changelog_min_cleanable_dirty_ratio="0.1")
+             changelog_segment_ms="60000", changelog_min_cleanable_dirty_ratio="0.1",
+             changelog_min_compaction_lag_ms="0")
     assert s.changelog_config() == {"cleanup.policy": "compact", "segment.ms": "60000",
-                                    "min.cleanable.dirty.ratio": "0.1", "min.insync.replicas": "2"}
+                                    "min.cleanable.dirty.ratio": "0.1", "min.compaction.lag.ms": "0",
+                                    "min.insync.replicas": "2"}
+
+
+def test_a_changelog_keeps_its_records_from_compaction_longer_than_a_replay_takes():
+    assert load(PipelineSettings).replay_compaction_lag_ms == 600_000  # ten 1-minute intervals
+    assert load(PipelineSettings, realtime_checkpoint_interval="5 minutes").replay_compaction_lag_ms == 3_000_000
+    assert load(PipelineSettings, realtime_checkpoint_interval="5 seconds").replay_compaction_lag_ms == 600_000
+    assert load(PipelineSettings, changelog_min_compaction_lag_ms="1000").replay_compaction_lag_ms == 1000
     with pytest.raises(ConfigError, match="changelog_min_insync_replicas 3 is above changelog_replication_factor 2"):
         load(PipelineSettings, changelog_replication_factor="2", changelog_min_insync_replicas="3")
     with pytest.raises(ConfigError, match="changelog_replication_factor"):
@@ -152,7 +162,7 @@ def test_tools_outside_the_components_read_the_same_kafka_config(tmp_path, monke
 def test_a_spark_master_that_does_not_answer_is_refused_naming_the_setting():
     import socket
 
-    from pipeline.job import check_spark_master
+    from pipeline.session import check_spark_master
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

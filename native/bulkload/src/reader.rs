@@ -1,7 +1,8 @@
 //! Reading changelog partitions to their end with librdkafka's batch call, on a thread of its own that gathers
 //! each partition's records until a chunk's worth; then, on one of the writing threads (a partition always on the
-//! same one, so that its chunks keep their order), each record checked, the rows sorted, one per key, and written
-//! as a table file of that partition's store.
+//! same one, so that its chunks keep their order), each record checked, the rows sorted, each key's rows applied by
+//! the input position rule (`freshroute_records::position`: a replayed older row is not), and the latest applied row
+//! of each key written as a table file of that partition's store, the positions they leave as a second one.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString};
@@ -15,6 +16,7 @@ use pyo3::prelude::*;
 use rdkafka::bindings;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
+use freshroute_records::position::{admits, decode, held_after};
 use freshroute_records::{key_problem, value_problem, Format};
 use crate::table_file::TableOptions;
 
@@ -26,6 +28,8 @@ const ROW_OVERHEAD: usize = 32;
 const BATCH: usize = 1000;
 /// How long one batch call waits for messages (the stop flag is looked at in between).
 const BATCH_WAIT_MS: i32 = 10;
+/// The header of a row's input position (`freshroute.input_position.HEADER`).
+const POSITION_HEADER: &CStr = c"freshroute.position";
 
 /// A partition's changes from where its previous chunk ended to ``next_offset``, as one table file.
 #[pyclass(frozen, get_all, module = "freshroute_bulkload")]
@@ -43,10 +47,16 @@ pub struct Chunk {
     skipped: u64,
     /// The first skipped records of the chunk: (offset, why).
     problems: Vec<(i64, &'static str)>,
+    /// Records not applied: a row whose input position does not cover the one held for its key (a replay's).
+    superseded: u64,
+    /// Records applied without an input position (a micro-batch pipeline's, or by hand).
+    unpositioned: u64,
     /// Rows in the file: one per key, its latest change (a delete included).
     rows: usize,
     /// The table file, in the partition's directory (None: no rows).
     file: Option<PathBuf>,
+    /// The input positions the rows leave their keys, as a table file of the store's positions (None: none changed).
+    positions: Option<PathBuf>,
     /// The partition was read to its end: no chunk of it follows.
     last: bool,
 }
@@ -75,12 +85,14 @@ pub enum Item {
     Failed(String),
 }
 
-/// A row of a chunk: its key and value in the chunk's bytes (``value_len`` None: a delete), and its offset.
+/// A row of a chunk: its key, value and input position in the chunk's bytes, one after another (``value_len`` None: a
+/// delete; ``position_len`` None: no position header), and its offset.
 #[derive(Clone, Copy)]
 struct Row {
     at: usize,
     key_len: usize,
     value_len: Option<usize>,
+    position_len: Option<usize>,
     offset: i64,
 }
 
@@ -93,7 +105,15 @@ impl Row {
         let start = self.at + self.key_len;
         self.value_len.map(|len| &data[start..start + len])
     }
+
+    fn position<'a>(&self, data: &'a [u8]) -> Option<&'a [u8]> {
+        let start = self.at + self.key_len + self.value_len.unwrap_or(0);
+        self.position_len.map(|len| &data[start..start + len])
+    }
 }
+
+/// The input position held for each key of a partition whose applied row had one, across its chunks.
+pub type HeldPositions = HashMap<Box<[u8]>, Box<[u8]>>;
 
 /// One partition's rows read and not yet handed over. Their bytes go one after another into one buffer: a
 /// record costs no allocation of its own (allocations contend with librdkafka's fetch thread for malloc's locks).
@@ -114,13 +134,13 @@ impl Pending {
                   rows: Vec::new(), done: false }
     }
 
-    fn push(&mut self, key: &[u8], value: Option<&[u8]>, offset: i64) {
+    fn push(&mut self, key: &[u8], value: Option<&[u8]>, position: Option<&[u8]>, offset: i64) {
         let at = self.data.len();
         self.data.extend_from_slice(key);
-        if let Some(value) = value {
-            self.data.extend_from_slice(value);
-        }
-        self.rows.push(Row { at, key_len: key.len(), value_len: value.map(<[u8]>::len), offset });
+        self.data.extend_from_slice(value.unwrap_or_default());
+        self.data.extend_from_slice(position.unwrap_or_default());
+        self.rows.push(Row { at, key_len: key.len(), value_len: value.map(<[u8]>::len),
+                             position_len: position.map(<[u8]>::len), offset });
     }
 
     fn bytes(&self) -> usize {
@@ -139,8 +159,11 @@ impl Pending {
                 records: std::mem::take(&mut self.records),
                 skipped: std::mem::take(&mut self.skipped),
                 problems: std::mem::take(&mut self.problems),
+                superseded: 0,
+                unpositioned: 0,
                 rows: 0,
                 file: None,
+                positions: None,
                 last,
             },
             directory: self.directory.clone(),
@@ -160,9 +183,11 @@ pub struct Gathered {
 }
 
 impl Gathered {
-    /// The rows that pass the formats' checks written as one table file — sorted by key, the latest change of
-    /// each key.
-    pub fn write(self, table: &TableOptions, key_format: Format, value_format: Format) -> Result<Chunk, String> {
+    /// The rows that pass the formats' checks, applied by the input position rule from what ``held`` holds for
+    /// their partition, written as one table file — sorted by key, the latest applied change of each key — and the
+    /// positions they leave as another.
+    pub fn write(self, table: &TableOptions, key_format: Format, value_format: Format, held: &mut HeldPositions)
+                 -> Result<Chunk, String> {
         let Gathered { mut chunk, directory, data, mut rows } = self;
         rows.retain(|row| {
             match key_problem(key_format, Some(row.key(&data))).or_else(|| value_problem(value_format, row.value(&data))) {
@@ -176,13 +201,40 @@ impl Gathered {
         });
         chunk.problems.sort_by_key(|&(offset, _)| offset);
         chunk.problems.truncate(PROBLEMS_KEPT);
-        // By key, then by place in the changelog: the last of a key's rows is its latest change.
+        // By key, then by place in the changelog: each key's rows in the order the tailer would apply them.
         rows.sort_unstable_by(|a, b| a.key(&data).cmp(b.key(&data)).then(a.at.cmp(&b.at)));
         let mut settled: Vec<Row> = Vec::with_capacity(rows.len());
-        for row in rows {
-            match settled.last_mut() {
-                Some(prev) if prev.key(&data) == row.key(&data) => *prev = row,
-                _ => settled.push(row),
+        let mut moved: Vec<(&[u8], Option<&[u8]>)> = Vec::new();
+        for same_key in rows.chunk_by(|a, b| a.key(&data) == b.key(&data)) {
+            let key = same_key[0].key(&data);
+            let before = held.get(key).map(|p| &p[..]);
+            let mut now = before;
+            // Where the key's position now comes from, when a row moved it: a row's own, or none (forgotten).
+            let mut moved_by: Option<Option<Row>> = None;
+            let mut latest = None;
+            for row in same_key {
+                let raw = row.position(&data);
+                if !admits(now, raw) {
+                    chunk.superseded += 1;
+                    continue;
+                }
+                let after = held_after(now, raw, row.value_len.is_none());
+                let own = matches!((after, raw), (Some(a), Some(r)) if std::ptr::eq(a, r));
+                if !own {
+                    chunk.unpositioned += 1;
+                }
+                if own || after.is_none() {
+                    moved_by = Some(own.then_some(*row));
+                }
+                now = after;
+                latest = Some(*row);
+            }
+            settled.extend(latest);
+            if let Some(by) = moved_by {
+                let position = by.and_then(|row| row.position(&data));
+                if position != before {
+                    moved.push((key, position));
+                }
             }
         }
         chunk.rows = settled.len();
@@ -193,6 +245,17 @@ impl Gathered {
                 .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
             chunk.file = Some(path);
         }
+        if !moved.is_empty() {
+            let path = directory.join(format!("load-{}.positions.sst", chunk.next_offset));
+            table.write(&path, moved.iter().copied()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            chunk.positions = Some(path);
+            for (key, position) in moved {
+                match position {
+                    Some(position) => held.insert(key.into(), position.into()),
+                    None => held.remove(key),
+                };
+            }
+        }
         Ok(chunk)
     }
 }
@@ -201,11 +264,15 @@ impl Gathered {
 pub fn write_all(gathered: Receiver<Gathered>, chunks: SyncSender<Item>, stop: Arc<AtomicBool>, dropped: Arc<Dropped>,
                  key_format: Format, value_format: Format) {
     let table = TableOptions::new();
+    // A partition's chunks all come to one writer: what its earlier ones applied is here for its later ones.
+    let mut held: HashMap<i32, HeldPositions> = HashMap::new();
     for g in gathered {
-        if dropped.contains(g.chunk.partition) {
+        let partition = g.chunk.partition;
+        if dropped.contains(partition) {
+            held.remove(&partition);
             continue;
         }
-        let item = match g.write(&table, key_format, value_format) {
+        let item = match g.write(&table, key_format, value_format, held.entry(partition).or_default()) {
             Ok(taken) => Item::Chunk(taken),
             Err(why) => Item::Failed(why),
         };
@@ -312,7 +379,7 @@ impl Reading {
             }
             Some(key) => {
                 let before = p.bytes();
-                p.push(key, value, m.offset);
+                p.push(key, value, unsafe { position_of(m) }, m.offset);
                 self.held += p.bytes() - before;
             }
         }
@@ -387,6 +454,23 @@ unsafe fn bytes_of<'a>(ptr: *const u8, len: usize) -> Option<&'a [u8]> {
     } else {
         Some(std::slice::from_raw_parts(ptr, len))
     }
+}
+
+/// The bytes of a message's input position header (its first), or None: no such header, or one without a value.
+///
+/// # Safety
+/// ``m`` is a message librdkafka handed over and has not destroyed; the bytes live as long as it does.
+unsafe fn position_of<'a>(m: &bindings::rd_kafka_message_t) -> Option<&'a [u8]> {
+    let mut headers = std::ptr::null_mut();
+    if bindings::rd_kafka_message_headers(m, &mut headers) != bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+        return None; // none at all
+    }
+    let (mut value, mut size) = (std::ptr::null(), 0usize);
+    let found = bindings::rd_kafka_header_get(headers, 0, POSITION_HEADER.as_ptr(), &mut value, &mut size);
+    if found != bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+        return None;
+    }
+    bytes_of(value as *const u8, size)
 }
 
 fn error_text(m: &bindings::rd_kafka_message_t) -> String {
