@@ -106,6 +106,22 @@ def test_a_compacted_topic_is_served_in_each_format_with_no_restart(stack, topic
                    and served("orders", '{"id":3}').status_code == 200, 60, "the three tables to be served",
                    stack=stack)
         print(f"SERVED: three tables added and served {time.monotonic() - started:.1f} s after the first add")
+
+        def caught_up(table: str, copies: int) -> bool:
+            """Every partition of ``table`` with its ``copies`` replicas, each serving at its topic's end: a key
+            served says nothing of another partition's replicas, and a replica serves once within
+            caught_up_threshold of its end."""
+            r = http.get(f"/v1/cluster/tables/{table}")
+            parts = r.json()["partitions"] if r.status_code == 200 else []
+            return len(parts) == PARTITIONS and all(
+                len(p["replicas"]) >= copies and all(x["alive"] and x["kind"] in ("active", "standby")
+                                                     and x["lag"]["offsets"] == 0 for x in p["replicas"])
+                for p in parts)
+
+        # Each table read below, every partition of it: the reads that follow go to any of a partition's replicas.
+        for table, copies in (("users", 2), ("blobs", 1), ("orders", 2)):
+            wait_until(lambda table=table, copies=copies: caught_up(table, copies), 60,
+                       f"every replica of {table} at its topic's end", stack=stack)
         for i in range(USERS):
             r = served("users", f"user-{i}")
             if i % 10 == 0:
