@@ -338,6 +338,9 @@ def test_versions_expire_exactly_when_replaced_longer_ago_than_the_retention(sta
         # Replaced more than 40 s ago: q1's first version, q3's first and its delete; nothing else.
         wait_until(lambda: held("q1") == [[now - 15_000, now - 120_000]] * 2 and held("q3") == [[]] * 2, 25,
                    "the expired versions to go from both copies", stack=stack)
+        # q2's partition is not q1's or q3's: its two copies are waited for on their own (placed and readable).
+        wait_until(lambda: len(holders("q2")) == 2 and None not in held("q2"), 60, "both copies of q2's partition",
+                   stack=stack)
         assert held("q2") == [[now - 300_000]] * 2
 
         def expired_total() -> int:
