@@ -6,6 +6,12 @@ and a probe's latency is the time from its produce call to the answer that first
 key, so it overstates the truth by at most one poll interval (and one request). Probes are
 spread over time so that they sample different points of the pipeline's micro-batch cycle.
 
+With ``hops`` each probe's time is also split where it goes, from the record timestamps the producers set on this
+machine's one clock: *input* — the produce call until the broker acknowledged the reading (the delivery report's
+latency); *pipeline* — the produce call until Spark's Kafka sink created the table's changelog row of it (its
+record timestamp); *serving* — that row until a lookup found it (the sink's linger, the broker, a store node's
+fetch and apply, and up to one poll interval). Timestamps are in milliseconds: each hop is ±1 ms.
+
 Polling is itself load, and on a small machine its CPU is taken from the pipeline whose
 latency is being measured. One request per tick, however many probes are outstanding, keeps
 that load fixed: with a request per probe, a slow pipeline meant more outstanding probes,
@@ -49,23 +55,31 @@ class _Probes:
         self.run = run
         self.sent_at: dict[str, float] = {}  # key → its produce call, for the probes not seen yet
         self.latencies: dict[str, float] = {}
+        self.wall: dict[str, tuple[float, float | None]] = {}  # key → its produce call and when it was seen (epoch s)
+        self.acked_ms: dict[str, float] = {}  # key → the produce call until the broker's acknowledgement
         self.failed = 0  # probes the broker did not take: never visible, and not polled for
 
     def produce(self, i: int) -> None:
         key = f"probe-{self.run}-{i}"
         event = {"sensor": key, "area": "probe", "reading": 1.0}
         self.sent_at[key] = time.monotonic()
+        self.wall[key] = (time.time(), None)
         self.producer.produce(self.topic, key=key.encode(), value=orjson.dumps(event), on_delivery=self._delivered)
 
     def _delivered(self, err, msg) -> None:
-        if err is not None and self.sent_at.pop(msg.key().decode(), None) is not None:
+        key = msg.key().decode()
+        if err is not None and self.sent_at.pop(key, None) is not None:
             self.failed += 1
+        elif err is None and msg.latency() is not None:
+            self.acked_ms[key] = msg.latency() * 1000.0
 
     def seen(self, keys: list[str], at: float) -> None:
+        wall = time.time()
         for key in keys:
             t0 = self.sent_at.pop(key, None)
             if t0 is not None:
                 self.latencies[key] = (at - t0) * 1000.0
+                self.wall[key] = (self.wall[key][0], wall)
 
     def expire(self, now: float, timeout_s: float) -> None:
         """Give up on probes older than ``timeout_s``: they count as never visible."""
@@ -101,20 +115,30 @@ async def _poll_windows(client: httpx.AsyncClient, table: str, keys: list[str]) 
 
 async def measure(bootstrap: str, rest_url: str, topic: str = "readings", table: str = "sensor_stats",
                   probes: int = 40, spacing_s: float = 0.25, timeout_s: float = 30.0, poll_s: float = 0.01,
-                  progress=None, windows: bool = False) -> dict:
+                  progress=None, windows: bool = False, changelog: str | None = None) -> dict:
     """Run ``probes`` probes, ``spacing_s`` apart, polled together every ``poll_s``; return latency percentiles in ms.
-    ``windows``: ``table`` is windowed, and a probe is visible once its key's window is."""
+    ``windows``: ``table`` is windowed, and a probe is visible once its key's window is. ``changelog``: the table's
+    changelog topic, to split each probe's time by hop (``hops`` in the result)."""
     from confluent_kafka import Producer
 
     producer = Producer(kafka_client_config(bootstrap, **{"enable.idempotence": True, "linger.ms": 0}))
+    ends = changelog_ends(bootstrap, changelog) if changelog else None
     async with httpx.AsyncClient(base_url=rest_url, timeout=5) as client:
-        return await run_probes(producer, client, topic, table, probes, spacing_s, timeout_s, poll_s, progress,
+        out, state = await _run(producer, client, topic, table, probes, spacing_s, timeout_s, poll_s, progress,
                                 _poll_windows if windows else _poll)
+    if ends is not None:
+        out["hops"] = hops(state, changelog_times(bootstrap, changelog, ends, set(state.latencies)))
+    return out
 
 
 async def run_probes(producer, client: httpx.AsyncClient, topic: str, table: str, probes: int, spacing_s: float,
                      timeout_s: float, poll_s: float, progress=None, poll=_poll) -> dict:
     """:func:`measure` with its producer and its router client given."""
+    return (await _run(producer, client, topic, table, probes, spacing_s, timeout_s, poll_s, progress, poll))[0]
+
+
+async def _run(producer, client: httpx.AsyncClient, topic: str, table: str, probes: int, spacing_s: float,
+               timeout_s: float, poll_s: float, progress=None, poll=_poll) -> tuple[dict, _Probes]:
     state = _Probes(producer, topic, uuid.uuid4().hex[:6])
     started = time.monotonic()
     made = 0
@@ -136,7 +160,60 @@ async def run_probes(producer, client: httpx.AsyncClient, topic: str, table: str
     seen = list(state.latencies.values())
     return {"probes": probes, "visible": len(seen), "failed_to_produce": state.failed,
             "freshness_p50_ms": round(percentile(seen, 50), 1), "freshness_p99_ms": round(percentile(seen, 99), 1),
-            "freshness_mean_ms": round(statistics.fmean(seen), 1) if seen else None}
+            "freshness_mean_ms": round(statistics.fmean(seen), 1) if seen else None}, state
+
+
+def changelog_ends(bootstrap: str, topic: str) -> dict[int, int]:
+    """Where each partition of ``topic`` ends now: the probes' rows come after."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(kafka_client_config(bootstrap, **{"group.id": "freshness-hops", "enable.auto.commit": False}))
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+    finally:
+        consumer.close()
+
+
+def changelog_times(bootstrap: str, topic: str, ends: dict[int, int], keys: set[str],
+                    timeout_s: float = 20.0) -> dict[str, float]:
+    """Each of ``keys``' first changelog row after ``ends``: its record timestamp (epoch ms)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(kafka_client_config(bootstrap, **{"group.id": "freshness-hops", "enable.auto.commit": False,
+                                                          "enable.partition.eof": True}))
+    found: dict[str, float] = {}
+    try:
+        consumer.assign([TopicPartition(topic, p, offset) for p, offset in ends.items()])
+        open_ = set(ends)
+        deadline = time.monotonic() + timeout_s
+        while open_ and time.monotonic() < deadline and len(found) < len(keys):
+            for m in consumer.consume(1000, timeout=0.5):
+                if m.error() is not None:
+                    open_.discard(m.partition())
+                    continue
+                key = (m.key() or b"").decode(errors="replace")
+                if key in keys and key not in found:
+                    found[key] = float(m.timestamp()[1])
+    finally:
+        consumer.close()
+    return found
+
+
+def hops(state: _Probes, written_ms: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Each hop's p50 and p99 over the probes seen whose row was found (see the module's docstring)."""
+    input_, pipeline, serving = [], [], []
+    for key, ms in written_ms.items():
+        produced, seen = state.wall.get(key, (None, None))
+        if produced is None or seen is None:
+            continue
+        pipeline.append(ms - produced * 1000.0)
+        serving.append(seen * 1000.0 - ms)
+        if key in state.acked_ms:
+            input_.append(state.acked_ms[key])
+    return {name: {"p50_ms": round(percentile(values, 50), 1), "p99_ms": round(percentile(values, 99), 1),
+                   "probes": len(values)}
+            for name, values in (("input", input_), ("pipeline", pipeline), ("serving", serving))}
 
 
 class InputLag:
@@ -242,9 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topic", default="readings")
     p.add_argument("--probes", type=int, default=40)
     p.add_argument("--poll-ms", type=float, default=25.0, help="how often the outstanding probes are asked for")
+    p.add_argument("--hops", default="sensor_stats-changelog", metavar="CHANGELOG",
+                   help="split each probe's time by hop, with the table's changelog ('' : no)")
     a = p.parse_args(argv)
     out = asyncio.run(measure(a.bootstrap, a.router, a.topic, probes=a.probes, poll_s=a.poll_ms / 1000,
-                              progress=lambda i, n: print(f"\rprobe {i}/{n}", end="", file=sys.stderr)))
+                              progress=lambda i, n: print(f"\rprobe {i}/{n}", end="", file=sys.stderr),
+                              changelog=a.hops or None))
     print(file=sys.stderr)
     print(orjson.dumps(out).decode())
     return 0

@@ -8,7 +8,7 @@ import time
 import httpx
 import orjson
 
-from loadtest.freshness import run_probes
+from loadtest.freshness import _Probes, hops, run_probes
 
 
 class FakeMessage:
@@ -17,6 +17,9 @@ class FakeMessage:
 
     def key(self) -> bytes:
         return self._key
+
+    def latency(self) -> float:
+        return 0.002  # the broker acknowledged it 2 ms after the produce call
 
 
 class FakeProducer:
@@ -96,3 +99,23 @@ def test_a_probe_never_seen_or_never_produced_is_not_visible():
     # The never-visible probe was asked for until its timeout, and then no more.
     assert 5 <= sum(k.endswith("-1") for k in asked) <= 0.3 / 0.01 + 2
     assert [k[-2:] for k in router.requests[-1]] == ["-1"]
+
+
+def test_each_probes_time_is_split_by_hop_from_the_record_timestamps():
+    producer = FakeProducer()
+    state = _Probes(producer, "readings", "r")
+    state.produce(0)
+    state.produce(1)
+    state.produce(2)  # never seen: in no hop
+    producer.poll(0)
+    produced = {key: wall for key, (wall, _) in state.wall.items()}
+    state.seen(["probe-r-0", "probe-r-1"], time.monotonic())
+    seen = {key: state.wall[key][1] for key in ("probe-r-0", "probe-r-1")}
+    # The changelog rows were written 8 and 12 ms after their produce calls.
+    written = {"probe-r-0": produced["probe-r-0"] * 1000 + 8, "probe-r-1": produced["probe-r-1"] * 1000 + 12,
+               "probe-r-2": produced["probe-r-2"] * 1000 + 9}
+    out = hops(state, written)
+    assert out["input"] == {"p50_ms": 2.0, "p99_ms": 2.0, "probes": 2}
+    assert out["pipeline"]["probes"] == 2 and {out["pipeline"]["p50_ms"], out["pipeline"]["p99_ms"]} <= {8.0, 12.0}
+    serving = sorted(seen[k] * 1000 - written[k] for k in seen)
+    assert out["serving"]["probes"] == 2 and out["serving"]["p99_ms"] == round(serving[-1], 1)
