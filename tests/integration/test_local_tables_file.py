@@ -92,6 +92,9 @@ def test_local_up_serves_a_tables_file_of_your_own(orders_stack):
             return r.status_code == 200 and r.json()["value"] == {"orders": 2, "total": 20.0}
 
         wait_until(served, FIRST_DATA_TIMEOUT_S, "ada's orders to be served", stack=stack)
+        # bob's row is another partition's (and may come from another input partition): waited for on its own.
+        wait_until(lambda: http.get("/v1/tables/customer_totals/keys/bob", params={"max_lag": 0}).status_code == 200,
+                   60, "bob's order to be served", stack=stack)
         assert http.get("/v1/tables/customer_totals/keys/bob").json()["value"] == {"orders": 1, "total": 3.0}
         assert http.get("/v1/tables/sensor_stats/keys/sensor-1").json()["error"]["code"] == "TABLE_NOT_FOUND"
 
