@@ -28,6 +28,7 @@ from pipeline.follower import committed_offsets
 from pipeline.topics import ensure_topic
 
 from .pipeline_support import AREAS, REPO, SENSORS, PipelineProcess, materialize, mismatches, read_topic, recompute
+from .stack_fixture import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -187,6 +188,34 @@ def test_kill_9_under_load_then_restart_never_goes_back_and_ends_as_the_recomput
                 f"changelog never matched the recomputation; first differences: "
                 f"{(mismatches(got_stats, want_stats) + mismatches(got_counts, want_counts))[:5]}\n{second.tail()}")
             time.sleep(2)
+        # The windows and the dead letters are queries of their own, each pausing at checkpoints of its own: what is
+        # asserted of them below is waited for on its own, before the stop. Each window's latest row reflects the last
+        # input record of its window (its input position), and each bad record has its dead letter.
+        last_inputs: dict[tuple[bytes, int], dict[int, int]] = {}
+        for p, o, ts, _k, value in valid:
+            of_window = last_inputs.setdefault((orjson.loads(value)["sensor"].encode(), ts - ts % 10_000), {})
+            of_window[p] = max(o, of_window.get(p, -1))
+
+        def windows_reflect_their_inputs() -> bool:
+            positions = {}
+            for _p, _o, _ts, key, value, headers in sorted(read_topic(broker, topics["sensor_windows"], headers=True),
+                                                          key=lambda r: (r[0], r[1])):
+                if key != WATERMARK_KEY and value is not None:  # as windows_of takes them
+                    positions[split_window_key(key)] = input_position.decode(input_position.of_record(headers))
+            return all((at := positions.get(w)) is not None and
+                       all(p < len(at) and at[p] is not None and at[p] >= o for p, o in offsets.items())
+                       for w, offsets in last_inputs.items())
+
+        bad = {(p, o) for p, o, _ts, key, _v in inputs if key == b"bad"}
+
+        def dead_lettered() -> set[tuple[int, int]]:
+            return {(int(dict(h)["freshroute.partition"]), int(dict(h)["freshroute.offset"]))
+                    for *_, h in read_topic(broker, rejected_topic, headers=True)}
+
+        wait_until(windows_reflect_their_inputs, 120, "every window's row to reflect its last input record",
+                   interval_s=2, check=second.check)
+        wait_until(lambda: bad <= dead_lettered(), 120, "every bad record's dead letter", interval_s=2,
+                   check=second.check)
         second.proc.send_signal(signal.SIGTERM)
         assert second.proc.wait(120) == 0, second.tail()
         second.wait_group_gone(30)
@@ -215,7 +244,6 @@ def test_kill_9_under_load_then_restart_never_goes_back_and_ends_as_the_recomput
             assert partition == partition_for(table_key, CHANGELOG_PARTITIONS), (topic, key)
 
     # Each bad record is dead-lettered with its reason and origin: at least once (a replay may repeat one).
-    bad = {(p, o) for p, o, _ts, key, _v in inputs if key == b"bad"}
     letters = read_topic(broker, rejected_topic, headers=True)
     origins = {(int(dict(h)["freshroute.partition"]), int(dict(h)["freshroute.offset"])) for *_, h in letters}
     assert origins == bad and len(bad) == load.bad
