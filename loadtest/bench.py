@@ -791,7 +791,7 @@ class Bench:
         tables of a shared query report the same batches)."""
         from prometheus_client.parser import text_string_to_metric_families
 
-        from pipeline.job import query_checkpoint_of
+        from pipeline.checkpoints import query_checkpoint_of
 
         url = self.stack.components["pipeline"].addresses["metrics"]
         with urllib.request.urlopen(url, timeout=5) as r:

@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle-s", type=float, default=15.0, help="latency: CPU measured this long with no input after it")
     args = p.parse_args(argv)
 
-    from pipeline.job import configure_logging
+    from pipeline.logs import configure_logging
 
     configure_logging()
     with ExitStack() as stack:

@@ -22,14 +22,14 @@ from pipeline.validation import RAW_KEY, RAW_VALUE, required_fields, split
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-# The columns of a source's records as pipeline.job.kafka_stream selects them from Spark's Kafka source.
+# The columns of a source's records as pipeline.sources.kafka_stream selects them from Spark's Kafka source.
 RECORD_SHAPE = (f"{RAW_KEY} BINARY, {RAW_VALUE} BINARY, key STRING, topic STRING, partition INT, offset BIGINT, "
                 f"timestamp TIMESTAMP")
 
 
 def check(spark: "SparkSession", definition: TablesDefinition) -> None:
     """Build every table of ``definition``; a TablesFileError for the first that cannot be built."""
-    from pipeline.job import source_schema, table_frame, version_times
+    from pipeline.sources import source_schema, table_frame, version_times
 
     for src in definition.sources.values():
         tables = [t for t in definition.tables.values() if t.source == src.name]
@@ -45,7 +45,7 @@ def session() -> "SparkSession":
     """A small local session for analysis only (no task runs)."""
     from pyspark.sql import SparkSession
 
-    from pipeline.job import archive_options, jit_options
+    from pipeline.session import archive_options, jit_options
     from pipeline.settings import PipelineSettings
 
     return (SparkSession.builder.master("local[1]").appName("freshroute-tables-check")

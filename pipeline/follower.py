@@ -74,7 +74,7 @@ def committed_offsets(checkpoint: Path) -> dict[int, int] | None:
 
 def follow(settings: Any, runs: list[tuple[Any, Path]], rejects: list[Any], publisher: InputLagPublisher,
            stop: threading.Event) -> "OutputFollower | None":
-    """Start reading back what the Real-time tables ``runs`` (each a :class:`pipeline.job.TableRun` and its query's
+    """Start reading back what the Real-time tables ``runs`` (each a :class:`pipeline.outputs.TableRun` and its query's
     checkpoint) and their sources' dead letters (``rejects``: every source's writer) write; None when none runs."""
     from confluent_kafka import Consumer
 

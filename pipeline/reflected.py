@@ -48,7 +48,7 @@ class ReflectionPublisher(threading.Thread):
             writer.on_rejected = self.rejected
 
     def batches_ended(self, runs: Iterable[Any], input_offsets: dict[int, int] | None) -> None:
-        """The tables of ``runs`` (:class:`pipeline.job.TableRun`) have a batch or checkpoint that read their input to
+        """The tables of ``runs`` (:class:`pipeline.outputs.TableRun`) have a batch or checkpoint that read their input to
         ``input_offsets`` (None: none) in their changelogs."""
         for run in runs if input_offsets else ():
             self.batch_ended(run.table.name, run.spec.topic, run.spec.partitions, input_offsets)

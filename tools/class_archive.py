@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from freshroute import class_archive
-from pipeline.job import build_session, driver_archive
+from pipeline.session import build_session, driver_archive
 from pipeline.settings import PipelineSettings
 from tools.local import broker
 from tools.local.services import free_port

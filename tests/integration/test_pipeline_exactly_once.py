@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient
 
 from freshroute.keys import partition_for
 from freshroute.metadata import MetadataStore
-from pipeline.job import committed_batches, query_checkpoint_of
+from pipeline.checkpoints import committed_batches, query_checkpoint_of
 from pipeline.topics import ensure_topic
 
 from .pipeline_support import AREAS, SENSORS, PipelineProcess, materialize, mismatches, read_topic, recompute

@@ -11,7 +11,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 _PROBE = textwrap.dedent('''
-    from pipeline.job import build_session
+    from pipeline.session import build_session
     from pipeline.settings import PipelineSettings
 
     spark = build_session(PipelineSettings())
@@ -36,7 +36,8 @@ def test_the_local_file_system_is_the_one_rocksdb_snapshot_uploads_need(tmp_path
 
 
 _JVM_KAFKA = textwrap.dedent('''
-    from pipeline.job import build_session, kafka_stream
+    from pipeline.session import build_session
+    from pipeline.sources import kafka_stream
     from pipeline.settings import PipelineSettings
 
     settings = PipelineSettings()

@@ -1,7 +1,7 @@
 """Class archives: one per JVM and jars, mapped only once made."""
 
 from freshroute.class_archive import archive_path, making, mapping
-from pipeline.job import archive_options
+from pipeline.session import archive_options
 
 
 def test_an_archive_is_named_for_what_it_was_made_from_and_mapped_only_once_made(tmp_path):

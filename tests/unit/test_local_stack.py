@@ -132,7 +132,7 @@ def test_a_process_in_the_middle_of_exec_is_not_taken_for_dead(monkeypatch):
 def test_up_waits_for_the_pipeline_to_say_warm_and_reports_ready_anyway_after_its_bound(tmp_path, monkeypatch):
     import threading
 
-    from pipeline.job import WARM_LOG
+    from pipeline.logs import WARM_LOG
 
     said: list[str] = []
     stack = Stack(StackConfig(home=tmp_path, warmup_timeout_s=1.0), progress=said.append)

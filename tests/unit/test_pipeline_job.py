@@ -1,4 +1,5 @@
-"""The pipeline's supervision without Spark: Redis registration that survives outages, failure policy."""
+"""The pipeline's supervision without Spark: Redis registration that survives outages, failure policy, progress lines
+and when the pipeline is warm."""
 
 from __future__ import annotations
 
@@ -11,9 +12,14 @@ import pytest
 
 from freshroute.metadata import TableSpec
 from freshroute.settings import load
-from pipeline.job import (QUERY_TABLES_FILE, ChangelogLost, InputDataLost, Pipeline, PipelineFailed, QueryChanged, QueryRun,
-                          TableRegistrar, TableRun, check_changelog_kept, check_query_tables, committed_batches,
-                          log_progress, query_checkpoint_of)
+from pipeline.checkpoints import QueryChanged
+from pipeline.failures import InputDataLost, PipelineFailed
+from pipeline.job import Pipeline
+from pipeline.logs import WARM_LOG, log_progress
+from pipeline.microbatch_query import WARM_BATCHES, MicrobatchQuery
+from pipeline.outputs import TableRun
+from pipeline.realtime_query import RealtimeQuery
+from pipeline.registrar import TableRegistrar
 from pipeline.settings import PipelineSettings
 from pipeline.sink import ChangelogWriter, Written
 
@@ -82,8 +88,10 @@ def table_run(p: Pipeline, name: str = "sensor_stats") -> TableRun:
     return TableRun(t, SPEC, ChangelogWriter(t.name, SPEC.topic, 8, t.key, p.producer))
 
 
-def run_of(p: Pipeline, *tables: str, name: str = "sensor_stats") -> QueryRun:
-    return QueryRun(name, [table_run(p, t) for t in tables or (name,)], 500)
+def run_of(p: Pipeline, *tables: str, name: str = "sensor_stats") -> MicrobatchQuery:
+    q = MicrobatchQuery(p.context, name, [p.definition.tables[t] for t in tables or (name,)])
+    q.runs = [table_run(p, t) for t in tables or (name,)]
+    return q
 
 
 def test_lost_input_data_stops_the_pipeline_with_the_sources_message(pipeline):
@@ -121,24 +129,9 @@ def test_a_failed_query_is_not_restarted_once_stopping(pipeline):
     assert run.query is None and len(run.failures) == 1
 
 
-def test_a_vanished_changelog_with_committed_batches_is_refused(tmp_path):
-    checkpoint = tmp_path / "sensor_stats"
-    check_changelog_kept("t-changelog", existed=False, checkpoint=checkpoint)  # first start: nothing to lose
-    (checkpoint / "commits").mkdir(parents=True)
-    (checkpoint / "commits" / ".0.crc").write_text("")
-    check_changelog_kept("t-changelog", existed=False, checkpoint=checkpoint)
-    for i in range(3):
-        (checkpoint / "commits" / str(i)).write_text("v1")
-    assert committed_batches(checkpoint) == 3
-    check_changelog_kept("t-changelog", existed=True, checkpoint=checkpoint)
-    with pytest.raises(ChangelogLost, match=rf"changelog topic t-changelog does not exist, but the checkpoint "
-                                            rf"{checkpoint} records 3 batch\(es\).*Delete {checkpoint}"):
-        check_changelog_kept("t-changelog", existed=False, checkpoint=checkpoint)
-
-
 def test_progress_line_says_where_the_batch_time_went(pipeline, caplog):
     run = run_of(pipeline)
-    writer = run.tables[0].writer
+    writer = run.runs[0].writer
     writer.written[12] = Written(90, 410.4, 22.6)
     writer.written[13] = Written(70, 300.0, 10.0)  # the next batch ran before Spark reported this one
     progress = SimpleNamespace(name="sensor_stats", batchId=12, numInputRows=80, batchDuration=560,
@@ -155,8 +148,8 @@ def test_progress_line_says_where_the_batch_time_went(pipeline, caplog):
 
 def test_a_shared_querys_progress_line_names_its_tables_and_what_each_wrote(pipeline, caplog):
     run = run_of(pipeline, "area_counts", "sensor_stats", name="readings")
-    run.tables[0].writer.written[4] = Written(3, 120.0, 8.0, deletes=1)
-    run.tables[1].writer.written[4] = Written(20, 120.0, 8.0)
+    run.runs[0].writer.written[4] = Written(3, 120.0, 8.0, deletes=1)
+    run.runs[1].writer.written[4] = Written(20, 120.0, 8.0)
     caplog.set_level(logging.INFO, logger="pipeline")
     log_progress(run, SimpleNamespace(name="readings", batchId=4, numInputRows=25, batchDuration=200,
                                       durationMs={"addBatch": 150}, inputRowsPerSecond=50.0,
@@ -165,41 +158,6 @@ def test_a_shared_querys_progress_line_names_its_tables_and_what_each_wrote(pipe
         "query readings (area_counts, sensor_stats) batch 4: 25 input rows, changelog records area_counts 3 "
         "(1 deletes), sensor_stats 20 in 200 ms (run 150 ms (collect 120 ms, produce 8 ms); input 50 rows/s, "
         "processed 125 rows/s)")
-
-
-def test_a_querys_checkpoint_is_resumed_only_with_the_tables_it_was_written_for(tmp_path):
-    checkpoint = tmp_path / "readings"
-    check_query_tables(checkpoint, "readings", ["area_counts", "sensor_stats"])  # first start: recorded
-    assert (checkpoint / QUERY_TABLES_FILE).read_text() == '{"tables":["area_counts","sensor_stats"]}'
-    (checkpoint / "commits").mkdir()
-    (checkpoint / "commits" / "0").write_text("v1")
-    check_query_tables(checkpoint, "readings", ["area_counts", "sensor_stats"])
-    with pytest.raises(QueryChanged, match=r"query 'readings': its checkpoint .*readings was written for tables "
-                                           r"\['area_counts', 'sensor_stats'\], and the tables file now puts "
-                                           r"\['area_counts', 'sensor_stats', 'sensor_windows'\] in it\. Delete"):
-        check_query_tables(checkpoint, "readings", ["area_counts", "sensor_stats", "sensor_windows"])
-    (checkpoint / QUERY_TABLES_FILE).write_text("{not json")
-    with pytest.raises(QueryChanged, match=r"with an unreadable freshroute-tables\.json"):
-        check_query_tables(checkpoint, "readings", ["area_counts", "sensor_stats"])
-
-
-def test_a_tables_checkpoint_is_found_through_its_querys_record(tmp_path):
-    check_query_tables(tmp_path / "readings", "readings", ["area_counts", "sensor_stats"])
-    assert query_checkpoint_of(tmp_path, "sensor_stats") == tmp_path / "readings"
-    assert query_checkpoint_of(tmp_path, "other") == tmp_path / "other"
-
-
-def test_a_checkpoint_from_before_shared_queries_is_its_one_tables_own(tmp_path):
-    checkpoint = tmp_path / "sensor_stats"
-    (checkpoint / "commits").mkdir(parents=True)
-    (checkpoint / "commits" / "0").write_text("v1")
-    check_query_tables(checkpoint, "sensor_stats", ["sensor_stats"])
-    assert (checkpoint / QUERY_TABLES_FILE).is_file()
-    legacy = tmp_path / "area_counts"
-    (legacy / "commits").mkdir(parents=True)
-    (legacy / "commits" / "0").write_text("v1")
-    with pytest.raises(QueryChanged, match=r"written for tables \['area_counts'\]"):
-        check_query_tables(legacy, "area_counts", ["area_counts", "sensor_stats"])
 
 
 def test_progress_is_logged_once_per_batch_read(pipeline, caplog):
@@ -215,28 +173,32 @@ def test_progress_is_logged_once_per_batch_read(pipeline, caplog):
 
 
 def test_the_pipeline_says_warm_once_every_querys_recent_batches_ran_quick_in_the_median(pipeline, caplog):
-    from pipeline.job import WARM_BATCHES, WARM_LOG
-
     stats, counts = run_of(pipeline), run_of(pipeline, name="area_counts")
     pipeline.queries = {"sensor_stats": stats, "area_counts": counts}
+    pipeline.context.microbatches = True
     caplog.set_level(logging.INFO, logger="pipeline")
 
-    def warm_lines() -> int:
-        return sum(WARM_LOG in r.getMessage() for r in caplog.records)
+    def batches(q: MicrobatchQuery, *ms: int) -> None:
+        for m in ms:
+            q.batch_ended(SimpleNamespace(batchDuration=m, sources=[]))
+            pipeline._note_warmth()
+
+    def warm_lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if WARM_LOG in r.getMessage()]
 
     # Slow batches (JIT still compiling): the median of the last ones is over the bound.
-    for ms in [2400, 2000, 1900, 300, 900]:
-        pipeline._note_warmth(stats, ms)
-    for _ in range(WARM_BATCHES):
-        pipeline._note_warmth(counts, 350)
-    assert warm_lines() == 0  # one query warm is not the pipeline warm
-    pipeline._note_warmth(stats, 400)
-    assert warm_lines() == 0  # 2000, 1900, 300, 900, 400: median 900
-    pipeline._note_warmth(stats, 500)  # the trigger interval itself still counts
-    assert warm_lines() == 1  # 1900, 300, 900, 400, 500: median 500, and counts' are quick: warm, one slow batch or not
-    pipeline._note_warmth(stats, 5000)
-    pipeline._note_warmth(stats, 100)
-    assert warm_lines() == 1  # said once, whatever comes after
+    batches(stats, 2400, 2000, 1900, 300, 900)
+    batches(counts, *[350] * WARM_BATCHES)
+    assert warm_lines() == []  # one query warm is not the pipeline warm
+    batches(stats, 400)
+    assert warm_lines() == []  # 2000, 1900, 300, 900, 400: median 900
+    batches(stats, 500)  # the trigger interval itself still counts
+    # 1900, 300, 900, 400, 500: median 500, and counts' are quick: warm, one slow batch or not
+    assert warm_lines() == [f"{WARM_LOG}: the median of the last 5 micro-batches of every query ran within its trigger "
+                            f"interval (at least 500 ms)"]
+    assert stats.runs[0].last_progress.batchDuration == 500  # each batch's report is its tables' latest
+    batches(stats, 5000, 100)
+    assert len(warm_lines()) == 1  # said once, whatever comes after
 
 
 def test_a_shape_realtime_mode_refuses_stops_the_pipeline_naming_the_table_and_sparks_reason(pipeline):
@@ -256,50 +218,53 @@ def test_a_shape_realtime_mode_refuses_stops_the_pipeline_naming_the_table_and_s
         pipeline._restart_or_fail(run, v1, threading.Event())
 
 
-@pytest.mark.parametrize("master, slots, want", [
-    ("local[*]", 22, "local[22]"), ("local[32]", 22, "local[32]"), ("spark://h:7077", 22, "spark://h:7077")])
-def test_a_local_master_is_sized_to_the_realtime_queries_task_slots(master, slots, want):
-    from pipeline.job import local_master
-
-    assert local_master(master, slots) == want
-
-
-def test_a_local_master_too_small_for_the_realtime_queries_is_refused():
-    from pipeline.job import NotEnoughSlots, local_master
-
-    with pytest.raises(NotEnoughSlots, match=r"spark_master local\[4\] runs 4 task\(s\) at once, and the Real-time "
-                                             r"queries hold 22 .*local\[22\]"):
-        local_master("local[4]", 22)
-
-
-def test_realtime_queries_are_warm_once_every_task_runs_and_each_table_has_caught_up_since_they_started():
+def test_realtime_queries_are_warm_once_every_task_runs_and_each_table_has_caught_up_since_they_started(pipeline,
+                                                                                                        caplog):
     from freshroute.freshness import InputLag
-    from pipeline.job import realtime_warm
 
+    c = pipeline.context
     stage = SimpleNamespace(numActiveTasks=6)
     tracker = SimpleNamespace(getActiveStageIds=lambda: [1], getStageInfo=lambda _id: stage)
-    spark = SimpleNamespace(sparkContext=SimpleNamespace(statusTracker=lambda: tracker))
-    queries = [SimpleNamespace(query=SimpleNamespace(isActive=True),
-                               tables=[SimpleNamespace(table=SimpleNamespace(name=n))]) for n in ("a", "b")]
-    started = 1_000
+    c.spark = SimpleNamespace(sparkContext=SimpleNamespace(statusTracker=lambda: tracker))
+    c.input_lag = SimpleNamespace(latest={}, started_ms=1_000)
+    c.slots = 6
+    queries = {n: RealtimeQuery(c, n, [pipeline.definition.tables[n]]) for n in ("area_counts", "sensor_stats")}
+    for q in queries.values():
+        q.query = SimpleNamespace(isActive=True)
+
+    def warm() -> bool:
+        return all(q.warm() for q in queries.values())
+
     # Each table at its input's end at some moment since the start, never both at once: warm.
-    lags = {"a": InputLag(3, 1_500, 2_000), "b": InputLag(2, 1_800, 2_000)}
-    assert realtime_warm(spark, queries, lags, 6, started)
-    assert not realtime_warm(spark, queries, lags, 7, started)  # a task not running yet
-    lags["b"] = InputLag(4_000, started, 2_000)  # never caught up since the start
-    assert not realtime_warm(spark, queries, lags, 6, started)
-    del lags["b"]  # nothing heard of it yet
-    assert not realtime_warm(spark, queries, lags, 6, started)
+    lags = c.input_lag.latest
+    lags.update(area_counts=InputLag(3, 1_500, 2_000), sensor_stats=InputLag(2, 1_800, 2_000))
+    assert warm()
+    c.slots = 7
+    assert not warm()  # a task not running yet
+    c.slots = 6
+    lags["sensor_stats"] = InputLag(4_000, 1_000, 2_000)  # never caught up since the start
+    assert not warm()
+    del lags["sensor_stats"]  # nothing heard of it yet
+    assert not warm()
+    queries["area_counts"].query = SimpleNamespace(isActive=False)
+    lags["sensor_stats"] = InputLag(2, 1_800, 2_000)
+    assert not warm()  # a query stopped
+    queries["area_counts"].query = SimpleNamespace(isActive=True)
+    caplog.set_level(logging.INFO, logger="pipeline")
+    pipeline.queries = dict(queries)
+    pipeline._note_warmth()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{WARM_LOG}: every Real-time query's tasks are running, and every table has caught up with its input"]
 
 
-@pytest.mark.parametrize("spark_jit, realtime, microbatches, options", [
-    ("auto", False, True, " -XX:TieredStopAtLevel=1"),  # micro-batches only: compiling well never pays back
-    ("auto", True, True, ""),
-    ("auto", True, False, ""),
-    ("tiered", False, True, ""),
-    ("client", True, False, " -XX:TieredStopAtLevel=1"),
-])
-def test_the_spark_jit_setting_picks_the_jvms_compilers(spark_jit, realtime, microbatches, options):
-    from pipeline.job import jit_options
-
-    assert jit_options(spark_jit, realtime=realtime, microbatches=microbatches) == options
+def test_beside_micro_batches_the_pipeline_is_warm_when_they_are(pipeline):
+    c = pipeline.context
+    c.microbatches = True
+    realtime = RealtimeQuery(c, "sensor_stats", [pipeline.definition.tables["sensor_stats"]])
+    batched = run_of(pipeline, name="area_counts")
+    pipeline.queries = {"sensor_stats": realtime, "area_counts": batched}
+    assert realtime.warm() and not batched.warm()  # the session's task count says nothing of Real-time tasks here
+    for _ in range(WARM_BATCHES):
+        batched.batch_ended(SimpleNamespace(batchDuration=100, sources=[]))
+    pipeline._note_warmth()
+    assert pipeline._warm

@@ -152,7 +152,7 @@ def spark_class() -> str:
 def spark_daemon_options() -> str:
     """JVM options of a standalone master or worker: they run on PySpark's classpath, as the driver does, and map
     its class archive (:mod:`freshroute.class_archive`) when there is one."""
-    from pipeline.job import archive_options
+    from pipeline.session import archive_options
     from pipeline.settings import PipelineSettings
 
     return archive_options(PipelineSettings().jars_dir).strip()

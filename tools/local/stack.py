@@ -690,7 +690,7 @@ class Stack:
     def _wait_warm(self, since: int) -> bool:
         """Until the pipeline's batches take their steady time: freshness right after `up` is then the usual. Whether
         it got there in ``warmup_timeout_s``."""
-        from pipeline.job import WARM_LOG
+        from pipeline.logs import WARM_LOG
 
         pipeline = self.components["pipeline"]
         self._say("waiting for the pipeline to warm up (its Real-time tasks to run, its micro-batches to take their "

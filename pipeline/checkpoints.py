@@ -1,0 +1,88 @@
+"""A query's checkpoint as the pipeline guards it: which tables it holds, whether it has batches, and whether the
+changelogs it wrote to are still there.
+
+Spark's own files (offsets, commits, state) are its business; beside them the pipeline records the tables whose
+state the query holds (:data:`QUERY_TABLES_FILE`), so that a query resumed with other tables is refused rather than
+started on another table's state, and a changelog lost under a checkpoint is refused rather than silently left
+with only the keys that change from now on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from freshroute.errors import ConfigError, FatalError
+
+# Beside Spark's own files in a query's checkpoint: the tables whose state it holds.
+QUERY_TABLES_FILE = "freshroute-tables.json"
+
+
+def committed_batches(checkpoint: Path) -> int:
+    """Micro-batches a query's checkpoint records as done (Spark's ``commits`` log)."""
+    commits = checkpoint / "commits"
+    return sum(1 for p in commits.iterdir() if p.name.isdigit()) if commits.is_dir() else 0
+
+
+class QueryChanged(ConfigError):
+    """A query's checkpoint holds the state of other tables, or of another definition of its tables, than the tables
+    file now gives it."""
+
+    code = "QUERY_CHANGED"
+
+
+def check_query_tables(checkpoint: Path, query: str, tables: list[str]) -> None:
+    """Refuse to resume a query whose tables changed, then record its tables in its checkpoint.
+
+    A query's state is per operator, in plan order: resumed with a table added or removed, its
+    tables would start without their history or read another table's. A checkpoint without the
+    record predates shared queries: it is its one table's own.
+    """
+    record = checkpoint / QUERY_TABLES_FILE
+    if committed_batches(checkpoint):
+        had = recorded_tables(checkpoint) if record.is_file() else [query]
+        if had != tables:
+            was = f"for tables {had}" if had is not None else f"with an unreadable {QUERY_TABLES_FILE}"
+            raise QueryChanged(f"query {query!r}: its checkpoint {checkpoint} was written {was}, and the tables file "
+                               f"now puts {tables} in it. Delete {checkpoint} to recompute them all from the input, "
+                               f"or give a new table a query of its own.", query=query, checkpoint=str(checkpoint))
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    record.write_bytes(orjson.dumps({"tables": tables}))
+
+
+def recorded_tables(checkpoint: Path) -> list[str] | None:
+    """The tables a query's checkpoint records; None when it records none that can be read."""
+    try:
+        return orjson.loads((checkpoint / QUERY_TABLES_FILE).read_bytes())["tables"]
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+
+
+def query_checkpoint_of(checkpoint_dir: Path, table: str) -> Path:
+    """The checkpoint of the query a table runs in: the one whose record names it, else the table's own."""
+    for record in sorted(checkpoint_dir.glob(f"*/{QUERY_TABLES_FILE}")):
+        if table in (recorded_tables(record.parent) or ()):
+            return record.parent
+    return checkpoint_dir / table
+
+
+class ChangelogLost(FatalError):
+    """A table's changelog topic is gone while its checkpoint says batches were written to it."""
+
+    code = "CHANGELOG_LOST"
+
+
+def check_changelog_kept(topic: str, existed: bool, checkpoint: Path) -> None:
+    """Refuse to resume a table whose changelog vanished (deleted, or a broker that lost its storage).
+
+    The query would carry on from its checkpoint and write only the keys that change from
+    now on, so a restored replica would silently miss every other key.
+    """
+    done = committed_batches(checkpoint)
+    if not existed and done:
+        raise ChangelogLost(f"changelog topic {topic} does not exist, but the checkpoint {checkpoint} records {done} "
+                            f"batch(es) written to it: the broker lost it (deleted, or a broker restarted without its storage?). Delete "
+                            f"{checkpoint} to recompute the table from its input.", topic=topic,
+                            checkpoint=str(checkpoint))
+

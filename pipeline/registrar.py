@@ -1,0 +1,53 @@
+"""The table specs kept in Redis, for store nodes and routers to find: registered at start, and again while Redis is
+down or after it lost them."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from freshroute.metadata import TableSpec
+from pipeline.logs import first_line
+
+log = logging.getLogger("pipeline")
+
+_REGISTER_EVERY_S = 10.0
+
+
+class TableRegistrar(threading.Thread):
+    """Keeps the table specs in Redis: retried while Redis is down, rewritten after it loses them.
+
+    Redis holds soft state only, and the stream does not depend on it: a Redis outage
+    costs store nodes and routers the news of a new table, never a micro-batch.
+    """
+
+    def __init__(self, store: Any, specs: list[TableSpec], stop: threading.Event, where: str, namespace: str,
+                 every_s: float = _REGISTER_EVERY_S) -> None:
+        super().__init__(name="table-registrar", daemon=True)
+        self.store = store
+        self.specs = specs
+        self.stop_event = stop
+        self.where = where
+        self.namespace = namespace
+        self.every_s = every_s
+
+    def run(self) -> None:
+        healthy: bool | None = None
+        backoff = min(1.0, self.every_s)
+        while not self.stop_event.is_set():
+            try:
+                self.store.register_tables(self.specs)
+            except Exception as e:  # any Redis trouble: logged once per outage, retried with backoff
+                if healthy is not False:
+                    log.warning("Redis at %s is unavailable (%s): table specs not registered; retrying, the "
+                                "stream keeps running", self.where, first_line(str(e)))
+                healthy = False
+                self.stop_event.wait(backoff)
+                backoff = min(backoff * 2, self.every_s)
+                continue
+            if healthy is not True:
+                log.info("registered tables %s in Redis at %s (namespace %s)",
+                         ", ".join(s.name for s in self.specs), self.where, self.namespace)
+            healthy, backoff = True, min(1.0, self.every_s)
+            self.stop_event.wait(self.every_s)

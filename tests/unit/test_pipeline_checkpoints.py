@@ -1,0 +1,58 @@
+"""A query's checkpoint as the pipeline guards it: the tables it holds, and the changelogs it wrote to."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.checkpoints import (QUERY_TABLES_FILE, ChangelogLost, QueryChanged, check_changelog_kept,
+                                  check_query_tables, committed_batches, query_checkpoint_of)
+
+
+def test_a_vanished_changelog_with_committed_batches_is_refused(tmp_path):
+    checkpoint = tmp_path / "sensor_stats"
+    check_changelog_kept("t-changelog", existed=False, checkpoint=checkpoint)  # first start: nothing to lose
+    (checkpoint / "commits").mkdir(parents=True)
+    (checkpoint / "commits" / ".0.crc").write_text("")
+    check_changelog_kept("t-changelog", existed=False, checkpoint=checkpoint)
+    for i in range(3):
+        (checkpoint / "commits" / str(i)).write_text("v1")
+    assert committed_batches(checkpoint) == 3
+    check_changelog_kept("t-changelog", existed=True, checkpoint=checkpoint)
+    with pytest.raises(ChangelogLost, match=rf"changelog topic t-changelog does not exist, but the checkpoint "
+                                            rf"{checkpoint} records 3 batch\(es\).*Delete {checkpoint}"):
+        check_changelog_kept("t-changelog", existed=False, checkpoint=checkpoint)
+
+
+def test_a_querys_checkpoint_is_resumed_only_with_the_tables_it_was_written_for(tmp_path):
+    checkpoint = tmp_path / "readings"
+    check_query_tables(checkpoint, "readings", ["area_counts", "sensor_stats"])  # first start: recorded
+    assert (checkpoint / QUERY_TABLES_FILE).read_text() == '{"tables":["area_counts","sensor_stats"]}'
+    (checkpoint / "commits").mkdir()
+    (checkpoint / "commits" / "0").write_text("v1")
+    check_query_tables(checkpoint, "readings", ["area_counts", "sensor_stats"])
+    with pytest.raises(QueryChanged, match=r"query 'readings': its checkpoint .*readings was written for tables "
+                                           r"\['area_counts', 'sensor_stats'\], and the tables file now puts "
+                                           r"\['area_counts', 'sensor_stats', 'sensor_windows'\] in it\. Delete"):
+        check_query_tables(checkpoint, "readings", ["area_counts", "sensor_stats", "sensor_windows"])
+    (checkpoint / QUERY_TABLES_FILE).write_text("{not json")
+    with pytest.raises(QueryChanged, match=r"with an unreadable freshroute-tables\.json"):
+        check_query_tables(checkpoint, "readings", ["area_counts", "sensor_stats"])
+
+
+def test_a_tables_checkpoint_is_found_through_its_querys_record(tmp_path):
+    check_query_tables(tmp_path / "readings", "readings", ["area_counts", "sensor_stats"])
+    assert query_checkpoint_of(tmp_path, "sensor_stats") == tmp_path / "readings"
+    assert query_checkpoint_of(tmp_path, "other") == tmp_path / "other"
+
+
+def test_a_checkpoint_from_before_shared_queries_is_its_one_tables_own(tmp_path):
+    checkpoint = tmp_path / "sensor_stats"
+    (checkpoint / "commits").mkdir(parents=True)
+    (checkpoint / "commits" / "0").write_text("v1")
+    check_query_tables(checkpoint, "sensor_stats", ["sensor_stats"])
+    assert (checkpoint / QUERY_TABLES_FILE).is_file()
+    legacy = tmp_path / "area_counts"
+    (legacy / "commits").mkdir(parents=True)
+    (legacy / "commits" / "0").write_text("v1")
+    with pytest.raises(QueryChanged, match=r"written for tables \['area_counts'\]"):
+        check_query_tables(legacy, "area_counts", ["area_counts", "sensor_stats"])
