@@ -28,14 +28,9 @@ from rocksdict import (BlockBasedOptions, Cache, DBCompressionType, IngestExtern
 
 from freshroute.errors import FatalError, StoreCorrupt
 from store_node.history import EXPIRY_CF, VERSIONS_CF, History, Write
+from store_node.store_checkpoint import FORMAT, FORMAT_VERSION, META_CF, TOPIC_ID, put_checkpoint, read_checkpoint
 
-META_CF = "meta"
 POSITIONS_CF = "input_positions"
-_APPLIED = b"applied"
-_TOPIC_ID = b"topic_id"
-_CAUGHT_UP_AT = b"caught_up_at"
-_FORMAT = b"format"
-_FORMAT_VERSION = b"1"
 _FLUSH_AT_ONCE_BYTES = 1 << 20
 WRITE_CHUNK_ROWS = 2_000
 _STALL_WAIT_S = 0.005
@@ -62,16 +57,6 @@ def _write_failure(path: Path, doing: str, e: Exception) -> StoreCorrupt:
     if "No space left" in text or "NoSpace" in text:
         return DiskFull(f"no space left on the device of {path} (while {doing})", path=str(path))
     return StoreCorrupt(f"cannot {doing} replica store {path}: {text}", path=str(path))
-
-
-def _int(raw: bytes) -> int:
-    if len(raw) != 8:
-        raise ValueError(f"expected 8 bytes, got {len(raw)}")
-    return int.from_bytes(raw, "big", signed=True)
-
-
-def _bytes(value: int) -> bytes:
-    return value.to_bytes(8, "big", signed=True)
 
 
 class StoreMemory:
@@ -227,7 +212,7 @@ class ReplicaStore:
                 db.flush(wait=small)
             if db.property_int_value("rocksdb.background-errors"):
                 # A failed flush stops the database's writes; the next one says why.
-                self._meta.put(_FORMAT, _FORMAT_VERSION)
+                self._meta.put(FORMAT, FORMAT_VERSION)
             return db.property_int_value("rocksdb.num-immutable-mem-table") == 0
         except Exception as e:
             raise _write_failure(self.path, "flush", e) from None
@@ -252,33 +237,18 @@ class ReplicaStore:
 
     def _load_meta(self) -> None:
         assert self._meta is not None and self._db is not None
-        try:
-            fmt = self._meta.get(_FORMAT)
-            applied = self._meta.get(_APPLIED)
-            topic_id = self._meta.get(_TOPIC_ID)
-            caught_up = self._meta.get(_CAUGHT_UP_AT)
-            if fmt is None:
-                # A store without a format marker is either brand new or was never checkpointed:
-                # rows without a checkpoint cannot be trusted.
-                it = self._db.iter()
-                it.seek_to_first()
-                has_rows = it.valid()
-                del it
-                if has_rows or applied is not None:
-                    raise StoreCorrupt(f"replica store {self.path} has rows but no checkpoint", path=str(self.path))
-                self._meta.put(_FORMAT, _FORMAT_VERSION)
-                return
-            if fmt != _FORMAT_VERSION:
-                raise StoreCorrupt(f"replica store {self.path} has unknown format {fmt!r}", path=str(self.path))
-            self.applied_offset = _int(applied) if applied is not None else 0
-            self.topic_id = topic_id.decode() if topic_id else None
-            self.caught_up_at_ms = _int(caught_up) if caught_up is not None else 0
-        except StoreCorrupt:
-            raise
-        except Exception as e:
-            raise StoreCorrupt(f"cannot read checkpoint of {self.path}: {e}", path=str(self.path)) from None
-        if self.applied_offset < 0:
-            raise StoreCorrupt(f"replica store {self.path} has a negative checkpoint", path=str(self.path))
+        db = self._db
+
+        def has_rows() -> bool:
+            it = db.iter()
+            it.seek_to_first()
+            found = it.valid()
+            del it
+            return found
+
+        checkpoint = read_checkpoint(self.path, self._meta, has_rows)
+        self.applied_offset, self.topic_id = checkpoint.applied_offset, checkpoint.topic_id
+        self.caught_up_at_ms = checkpoint.caught_up_at_ms
 
     @property
     def closed(self) -> bool:
@@ -363,9 +333,7 @@ class ReplicaStore:
             for family, key, value in history_rows:
                 batch.delete(key, family) if value is None else batch.put(key, value, family)
             if next_offset is not None:
-                batch.put(_APPLIED, _bytes(next_offset), self._meta_cf)
-                if caught_up_at_ms is not None:
-                    batch.put(_CAUGHT_UP_AT, _bytes(caught_up_at_ms), self._meta_cf)
+                put_checkpoint(batch, self._meta_cf, next_offset, caught_up_at_ms)
             try:
                 db.write(batch, self._write_options)
                 return
@@ -381,7 +349,7 @@ class ReplicaStore:
     def set_topic_id(self, topic_id: str) -> None:
         """Remember which incarnation of the changelog topic these rows came from."""
         assert self._meta is not None
-        self._meta.put(_TOPIC_ID, topic_id.encode())
+        self._meta.put(TOPIC_ID, topic_id.encode())
         self.topic_id = topic_id
 
     def get(self, key: bytes) -> bytes | None:
