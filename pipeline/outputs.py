@@ -57,15 +57,20 @@ def reject_writer(settings: PipelineSettings, admin: Any, src: Source, producer:
 def table_run(settings: PipelineSettings, definition: TablesDefinition, t: Table, df: "DataFrame", admin: Any,
               producer: ChangelogProducer, rejects: RejectWriter | None = None) -> TableRun:
     """The table's changelog topic (created if need be), spec and writer."""
-    from freshroute.topics import history_topic_config, keep_history, topic_config
+    from freshroute.topics import history_topic_config, keep_uncompacted, topic_config
     from pipeline.topics import ensure_topic
 
     s = settings
     topic = s.changelog_topic(t.name)
-    history = history_topic_config(t.history_retention_ms) if t.versioned else {}
-    info = ensure_topic(admin, topic, s.changelog_partitions, {**s.changelog_config(), **history},
+    # Records stay uncompacted longer than a replay takes (a versioned table's, as long as its history).
+    lag_ms, kept = s.replay_compaction_lag_ms, "a replay's newer rows"
+    if t.versioned:
+        history_ms = int(history_topic_config(t.history_retention_ms)["min.compaction.lag.ms"])
+        lag_ms, kept = max(lag_ms, history_ms), "the table's history"
+    info = ensure_topic(admin, topic, s.changelog_partitions, {**s.changelog_config(), "min.compaction.lag.ms":
+                                                                str(lag_ms)},
                         replication_factor=s.changelog_replication_factor)
-    if t.versioned and (changed := keep_history(admin, topic, topic_config(admin, topic), t.history_retention_ms)):
+    if changed := keep_uncompacted(admin, topic, topic_config(admin, topic), lag_ms, kept):
         log.info("table %s: %s", t.name, changed)
     if info.replication_factor != s.changelog_replication_factor:
         log.warning("changelog %s has replication factor %d (setting says %d); Kafka's partition "

@@ -60,7 +60,8 @@ class PipelineSettings(CommonSettings):
         0.5, gt=0, le=1, description="min.cleanable.dirty.ratio of the changelogs the pipeline creates: the share of "
                                      "superseded records at which the cleaner compacts a changelog")
     changelog_min_compaction_lag_ms: int | None = Field(
-        None, ge=0, description="min.compaction.lag.ms of the changelogs the pipeline creates: "
+        None, ge=0, description="min.compaction.lag.ms of the changelogs the pipeline writes (raised at start on "
+                                "those that hold less): "
                                 "a Real-time query's replay after a crash writes older rows of its keys "
                                 "again, and until it has caught up the cleaner must not drop the newer row they follow "
                                 "(docs/architecture.md); unset: ten checkpoint intervals, at least 10 minutes")
