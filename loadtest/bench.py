@@ -60,7 +60,8 @@ from loadtest.stats import percentile
 FIGURES = ("router_grpc_rps", "router_rest_rps", "direct_store_rps", "baseline_grpc_rps", "redis_get_rps",
            "router_grpc_p50_ms", "router_grpc_p99_ms", "router_rest_p50_ms", "router_rest_p99_ms",
            "direct_store_p50_ms", "freshness_p50_ms", "freshness_p99_ms", "freshness_p99_ms_cold",
-           "freshness_p99_ms_loaded", "freshness_p99_ms_windows", "freshness_p99_ms_checkpoint", "restore_rps",
+           "freshness_p99_ms_loaded", "freshness_p99_ms_windows", "freshness_p99_ms_checkpoint",
+           "freshness_max_ms_checkpoint", "restore_rps",
            "raw_consume_rps",
            "client_get_rps", "redis_py_get_rps", "client_get_p50_ms", "redis_py_get_p50_ms",
            "client_get_many_keys_per_s", "redis_py_mget_keys_per_s", "client_sync_get_rps", "redis_py_sync_get_rps",
@@ -70,7 +71,7 @@ FIGURES = ("router_grpc_rps", "router_rest_rps", "direct_store_rps", "baseline_g
            "router_rest_p99_ms_busy", "secure_rest_rps", "secure_grpc_rps", "secure_lookup_cpu_us",
            "bad_token_cpu_us", "secure_rest_p99_ms", "secure_rest_p99_ms_flooded", "window_rps",
            "console_open_rest_rps", "console_closed_rest_rps", "console_poll_p99_ms", "console_poll_router_cpu_ms",
-           "local_up_s", "pipeline_replay_s", "pipeline_max_events_per_s", "ryw_wait_p50_ms", "ryw_wait_p99_ms",
+           "local_up_s", "pipeline_replay_s", "pipeline_burst_s", "pipeline_max_events_per_s", "ryw_wait_p50_ms", "ryw_wait_p99_ms",
            "ryw_stale_reads", "ryw_not_yet_visible", "asof_rest_rps", "asof_p50_ms", "asof_p99_ms")
 
 WINDOW_COUNT = 6  # window_rps: each lookup asks for a key's last this many windows
@@ -85,15 +86,20 @@ TARGETS = (
     ("router_grpc_rps / baseline_grpc_rps", "router_grpc_rps", "baseline_grpc_rps", ">=", 0.75),
     ("router_grpc_p50_ms / direct_store_p50_ms", "router_grpc_p50_ms", "direct_store_p50_ms", "<=", 1.5),
     # Event → visible: right after `local up` returns, on a warm stack, with the input at 5,000/s, a reading in its
-    # window, and over a Real-time query's checkpoint (when it pauses).
-    ("freshness_p99_ms_cold", "freshness_p99_ms_cold", None, "<=", 500.0),
-    ("freshness_p99_ms", "freshness_p99_ms", None, "<=", 100.0),
-    ("freshness_p99_ms_loaded", "freshness_p99_ms_loaded", None, "<=", 300.0),
-    ("freshness_p99_ms_windows", "freshness_p99_ms_windows", None, "<=", 1000.0),
-    ("freshness_p99_ms_checkpoint", "freshness_p99_ms_checkpoint", None, "<=", 1000.0),
+    # window, and over a Real-time query's checkpoint (when it pauses). Kafka Streams shows an event in 12 ms at
+    # p99 on this machine (docs/benchmarks.md, beside its peers).
+    ("freshness_p99_ms_cold", "freshness_p99_ms_cold", None, "<=", 200.0),
+    ("freshness_p50_ms", "freshness_p50_ms", None, "<=", 10.0),
+    ("freshness_p99_ms", "freshness_p99_ms", None, "<=", 25.0),
+    ("freshness_p99_ms_loaded", "freshness_p99_ms_loaded", None, "<=", 100.0),
+    ("freshness_p99_ms_windows", "freshness_p99_ms_windows", None, "<=", 500.0),
+    ("freshness_p99_ms_checkpoint", "freshness_p99_ms_checkpoint", None, "<=", 50.0),
+    ("freshness_max_ms_checkpoint", "freshness_max_ms_checkpoint", None, "<=", 250.0),
+    # Processing: 100,000 readings written at once, and the rate held for a minute.
+    ("pipeline_burst_s", "pipeline_burst_s", None, "<=", 10.0),
     ("pipeline_max_events_per_s", "pipeline_max_events_per_s", None, ">=", 10000.0),
     # Read your writes: what waiting for a write token costs over a plain lookup, and never a value without it.
-    ("ryw_wait_p99_ms", "ryw_wait_p99_ms", None, "<=", 100.0),
+    ("ryw_wait_p99_ms", "ryw_wait_p99_ms", None, "<=", 50.0),
     ("ryw_stale_reads", "ryw_stale_reads", None, "<=", 0.0),
     ("restore_rps / raw_consume_rps", "restore_rps", "raw_consume_rps", ">=", 0.6),
     ("client_get_rps / redis_py_get_rps", "client_get_rps", "redis_py_get_rps", ">=", 0.7),
@@ -104,8 +110,8 @@ TARGETS = (
     ("transports_rest_rps / uvicorn_rest_rps", "transports_rest_rps", "uvicorn_rest_rps", ">=", 1.0),
     ("transports_grpc_rps / grpcaio_grpc_rps", "transports_grpc_rps", "grpcaio_grpc_rps", ">=", 1.0),
     # What the stack takes from lookups on a small machine while it only keeps up with its input.
-    ("stack_idle_cpu_cores", "stack_idle_cpu_cores", None, "<=", 0.5),
-    ("pipeline_idle_cpu_cores", "pipeline_idle_cpu_cores", None, "<=", 0.35),
+    ("stack_idle_cpu_cores", "stack_idle_cpu_cores", None, "<=", 0.4),
+    ("pipeline_idle_cpu_cores", "pipeline_idle_cpu_cores", None, "<=", 0.15),
     ("router_rest_p99_ms_busy", "router_rest_p99_ms_busy", None, "<=", 12.0),
     # TLS and a bearer token on keep-alive connections must cost a few percent, not a factor.
     ("secure_rest_rps / router_rest_rps", "secure_rest_rps", "router_rest_rps", ">=", 0.75),
@@ -854,15 +860,19 @@ class Bench:
         span_s = 1.2 * duration_ms(interval_s, "realtime_checkpoint_interval") / 1000.0
         self.fig["freshness_p99_ms_checkpoint"] = self._freshness(
             "checkpoint", f"probes over {span_s:.0f}s", spacing_s=span_s / self.a.freshness_probes)[1]
+        self.fig["freshness_max_ms_checkpoint"] = self.notes["freshness_checkpoint"]["freshness_max_ms"]
 
     def _freshness(self, kind: str, detail: str = "", table: str | None = None,
                    spacing_s: float = 0.25) -> tuple[float | None, float | None]:
         from loadtest.freshness import measure
 
         windowed = table is not None and table != self.a.table
+        # Where a probe's time goes, by hop, from the table's changelog (a windowed table's rows are its windows').
+        changelog = None if windowed else f"{self.c.topic_prefix}{self.a.table}-changelog"
         out = self._observed(lambda: asyncio.run(measure(
             self.c.bootstrap, self.c.rest_url, f"{self.c.topic_prefix}readings", table or self.a.table,
-            probes=self.a.freshness_probes, spacing_s=spacing_s, timeout_s=20, windows=windowed)))
+            probes=self.a.freshness_probes, spacing_s=spacing_s, timeout_s=20, windows=windowed,
+            changelog=changelog)))
         self._say_freshness(kind, detail, out)
         return out["freshness_p50_ms"], out["freshness_p99_ms"]
 
@@ -879,7 +889,11 @@ class Bench:
     def _say_freshness(self, kind: str, detail: str, out: dict[str, Any]) -> None:
         """Print one freshness figure and keep its probes' summary in the notes as ``freshness_<kind>``."""
         self.say(f"  freshness ({kind}{', ' + detail if detail else ''}): p50 {out['freshness_p50_ms']} ms  "
-                 f"p99 {out['freshness_p99_ms']} ms ({out['visible']}/{out['probes']} probes visible)")
+                 f"p99 {out['freshness_p99_ms']} ms  max {out.get('freshness_max_ms')} ms "
+                 f"({out['visible']}/{out['probes']} probes visible)")
+        if out.get("hops"):
+            self.say("    by hop, p50/p99 ms: " + ", ".join(f"{name} {h['p50_ms']}/{h['p99_ms']}"
+                                                           for name, h in out["hops"].items()))
         cores = out.get("cores_by_component") or {}
         if out.get("stack_age_s") is not None and cores:
             self.say(f"    the stack had run {out['stack_age_s'] / 60:.1f} min; meanwhile the pipeline used "
@@ -933,6 +947,15 @@ class Bench:
             self.say(f"  every table caught up {self.fig['pipeline_replay_s']} s after kill -9 of the pipeline")
         finally:
             lag.close()
+
+    def pipeline_burst(self) -> None:
+        """100,000 demo readings written at once by one producer → every table caught up (``pipeline_burst_s``)."""
+        from loadtest.burst import measure
+
+        c = self.c
+        out = measure(c.bootstrap, c.rest_url, f"{c.topic_prefix}readings", say=self.say)
+        self.fig["pipeline_burst_s"] = out["pipeline_burst_s"]
+        self.notes["pipeline_burst"] = out
 
     def pipeline_max_rate(self) -> None:
         """The highest input rate at which every table keeps within two seconds of its input for 60 s."""
@@ -1045,7 +1068,7 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
     b = Bench(stack, a, say)
     c = stack.config
     grpc_url = f"http://{c.grpc_address}/freshroute.v1.Router/Get"
-    total = 22
+    total = 23
     fig = b.fig
     baseline: subprocess.Popen | None = None
     restore_step = f"restore vs raw consume of a {a.restore_records:,}-record changelog, {a.rounds} round(s)"
@@ -1151,12 +1174,14 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
         _step(b, 18, total, "freshness over the pipeline's checkpoints", b.freshness_checkpoint)
         _step(b, 19, total, "read your writes: 1,000 produce-then-read cycles with a write token", b.read_your_writes)
         _step(b, 20, total, "kill -9 of the pipeline and a new one caught up (pipeline_replay_s)", b.pipeline_replay)
-        _step(b, 21, total, "the highest input rate the pipeline holds (pipeline_max_events_per_s)",
+        _step(b, 21, total, "100,000 readings written at once → every table caught up (pipeline_burst_s)",
+              b.pipeline_burst)
+        _step(b, 22, total, "the highest input rate the pipeline holds (pipeline_max_events_per_s)",
               b.pipeline_max_rate)
         if a.no_restore:
             say("restore and raw consume: skipped (--no-restore)")
         else:
-            _step(b, 22, total, restore_step, b.restore_vs_raw)
+            _step(b, 23, total, restore_step, b.restore_vs_raw)
     finally:
         if baseline is not None:
             lc.stop_process(baseline)

@@ -160,7 +160,8 @@ async def _run(producer, client: httpx.AsyncClient, topic: str, table: str, prob
     seen = list(state.latencies.values())
     return {"probes": probes, "visible": len(seen), "failed_to_produce": state.failed,
             "freshness_p50_ms": round(percentile(seen, 50), 1), "freshness_p99_ms": round(percentile(seen, 99), 1),
-            "freshness_mean_ms": round(statistics.fmean(seen), 1) if seen else None}, state
+            "freshness_mean_ms": round(statistics.fmean(seen), 1) if seen else None,
+            "freshness_max_ms": round(max(seen), 1) if seen else None}, state
 
 
 def changelog_ends(bootstrap: str, topic: str) -> dict[int, int]:
