@@ -7,10 +7,11 @@ key, so it overstates the truth by at most one poll interval (and one request). 
 spread over time so that they sample different points of the pipeline's micro-batch cycle.
 
 With ``hops`` each probe's time is also split where it goes, from the record timestamps the producers set on this
-machine's one clock: *input* — the produce call until the broker acknowledged the reading (the delivery report's
-latency); *pipeline* — the produce call until Spark's Kafka sink created the table's changelog row of it (its
-record timestamp); *serving* — that row until a lookup found it (the sink's linger, the broker, a store node's
-fetch and apply, and up to one poll interval). Timestamps are in milliseconds: each hop is ±1 ms.
+machine's one clock: *pipeline* — the produce call until Spark's Kafka sink created the table's changelog row of it
+(its record timestamp: the input's broker, Spark's source, shuffle and state, and the sink); *serving* — that row
+until a lookup found it (the sink's linger, the broker, a store node's fetch and apply, and up to one poll
+interval). Timestamps are in milliseconds: each hop is ±1 ms. (The broker acknowledges a reading in under a
+millisecond at the median here; a delivery report's latency would count the wait for the probe loop's next poll.)
 
 Polling is itself load, and on a small machine its CPU is taken from the pipeline whose
 latency is being measured. One request per tick, however many probes are outstanding, keeps
@@ -56,7 +57,6 @@ class _Probes:
         self.sent_at: dict[str, float] = {}  # key → its produce call, for the probes not seen yet
         self.latencies: dict[str, float] = {}
         self.wall: dict[str, tuple[float, float | None]] = {}  # key → its produce call and when it was seen (epoch s)
-        self.acked_ms: dict[str, float] = {}  # key → the produce call until the broker's acknowledgement
         self.failed = 0  # probes the broker did not take: never visible, and not polled for
 
     def produce(self, i: int) -> None:
@@ -67,11 +67,8 @@ class _Probes:
         self.producer.produce(self.topic, key=key.encode(), value=orjson.dumps(event), on_delivery=self._delivered)
 
     def _delivered(self, err, msg) -> None:
-        key = msg.key().decode()
-        if err is not None and self.sent_at.pop(key, None) is not None:
+        if err is not None and self.sent_at.pop(msg.key().decode(), None) is not None:
             self.failed += 1
-        elif err is None and msg.latency() is not None:
-            self.acked_ms[key] = msg.latency() * 1000.0
 
     def seen(self, keys: list[str], at: float) -> None:
         wall = time.time()
@@ -203,18 +200,16 @@ def changelog_times(bootstrap: str, topic: str, ends: dict[int, int], keys: set[
 
 def hops(state: _Probes, written_ms: dict[str, float]) -> dict[str, dict[str, float]]:
     """Each hop's p50 and p99 over the probes seen whose row was found (see the module's docstring)."""
-    input_, pipeline, serving = [], [], []
+    pipeline, serving = [], []
     for key, ms in written_ms.items():
         produced, seen = state.wall.get(key, (None, None))
         if produced is None or seen is None:
             continue
         pipeline.append(ms - produced * 1000.0)
         serving.append(seen * 1000.0 - ms)
-        if key in state.acked_ms:
-            input_.append(state.acked_ms[key])
     return {name: {"p50_ms": round(percentile(values, 50), 1), "p99_ms": round(percentile(values, 99), 1),
                    "probes": len(values)}
-            for name, values in (("input", input_), ("pipeline", pipeline), ("serving", serving))}
+            for name, values in (("pipeline", pipeline), ("serving", serving))}
 
 
 class InputLag:

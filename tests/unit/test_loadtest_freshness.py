@@ -18,9 +18,6 @@ class FakeMessage:
     def key(self) -> bytes:
         return self._key
 
-    def latency(self) -> float:
-        return 0.002  # the broker acknowledged it 2 ms after the produce call
-
 
 class FakeProducer:
     """Takes every record except those whose key ends in one of ``refuse``; reports deliveries on poll."""
@@ -115,7 +112,7 @@ def test_each_probes_time_is_split_by_hop_from_the_record_timestamps():
     written = {"probe-r-0": produced["probe-r-0"] * 1000 + 8, "probe-r-1": produced["probe-r-1"] * 1000 + 12,
                "probe-r-2": produced["probe-r-2"] * 1000 + 9}
     out = hops(state, written)
-    assert out["input"] == {"p50_ms": 2.0, "p99_ms": 2.0, "probes": 2}
+    assert set(out) == {"pipeline", "serving"}
     assert out["pipeline"]["probes"] == 2 and {out["pipeline"]["p50_ms"], out["pipeline"]["p99_ms"]} <= {8.0, 12.0}
     serving = sorted(seen[k] * 1000 - written[k] for k in seen)
     assert out["serving"]["probes"] == 2 and out["serving"]["p99_ms"] == round(serving[-1], 1)
