@@ -45,9 +45,11 @@ def log_progress(q: Query, p: Any) -> bool:
         changed = (f", {records(seen[0])} changelog records" if len(q.runs) == 1 else
                    ", changelog records " + ", ".join(f"{name} {records(w)}" for name, w in written if w))
         sink = f"collect {seen[0].collect_ms:.0f} ms, produce {seen[0].produce_ms:.0f} ms"
-    log.info("%s batch %d: %d input rows%s in %d ms (%s; input %.0f rows/s, processed %.0f rows/s)",
+    pause = q.pause_ms(p)
+    log.info("%s batch %d: %d input rows%s in %d ms (%s; input %.0f rows/s, processed %.0f rows/s)%s",
              q.label, p.batchId, p.numInputRows, changed, p.batchDuration, batch_phases(p.durationMs, sink),
-             p.inputRowsPerSecond or 0.0, p.processedRowsPerSecond or 0.0)
+             p.inputRowsPerSecond or 0.0, p.processedRowsPerSecond or 0.0,
+             "" if pause is None else f"; processing stopped {pause} ms")
     return True
 
 

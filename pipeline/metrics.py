@@ -45,6 +45,8 @@ class PipelineCollector(Collector):
 
         batch = gauge("batch_id", "id of the last micro-batch seen")
         duration = gauge("batch_duration_ms", "the last micro-batch's duration (ms)")
+        pause = gauge("checkpoint_pause_ms", "how long the last checkpoint of the table's Real-time query stopped "
+                      "processing (ms): its batch's duration beyond the checkpoint interval")
         rows = gauge("batch_input_rows", "input rows of the last micro-batch")
         input_rate = gauge("input_rows_per_second", "input rows per second, as Spark reports it for the last batch")
         processed = gauge("processed_rows_per_second", "rows processed per second in the last batch")
@@ -66,6 +68,8 @@ class PipelineCollector(Collector):
                 continue
             batch.add_metric(name, p.batchId)
             duration.add_metric(name, p.batchDuration)
+            if run.last_pause_ms is not None:
+                pause.add_metric(name, run.last_pause_ms)
             rows.add_metric(name, p.numInputRows)
             input_rate.add_metric(name, p.inputRowsPerSecond or 0.0)
             processed.add_metric(name, p.processedRowsPerSecond or 0.0)
@@ -85,5 +89,5 @@ class PipelineCollector(Collector):
         for writer in list(self._rejects()):
             for reason, n in sorted(writer.counts.items()):
                 rejected.add_metric([writer.source, reason], n)
-        yield from (batch, duration, rows, input_rate, processed, changes, deletes, watermark, late, expired, stale,
+        yield from (batch, duration, pause, rows, input_rate, processed, changes, deletes, watermark, late, expired, stale,
                     rejected)

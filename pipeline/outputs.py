@@ -30,6 +30,7 @@ class TableRun:
     spec: TableSpec
     writer: ChangelogWriter
     last_progress: Any = None  # its query's last micro-batch's progress report seen (for metrics)
+    last_pause_ms: int | None = None  # how long its Real-time query's last checkpoint stopped processing
     late_rows_dropped: int = 0  # input rows past their window's grace, since start
     windows_expired: int = 0  # windows tombstoned after their retention, since start
 

@@ -103,12 +103,17 @@ class Query(ABC):
     def warm(self) -> bool:
         """Whether it runs at its steady pace: the JIT has compiled its hot paths and its workers are up."""
 
+    def pause_ms(self, progress: Any) -> int | None:
+        """How long the batch of ``progress`` stopped processing: nothing of a kind that is idle between batches."""
+        return None
+
     def batch_ended(self, progress: Any) -> None:
         """A batch ended (in Real-time Mode, a checkpoint): its report is its tables' latest, and says how far each
         has read its input."""
         reflected = self.context.reflected
+        pause = self.pause_ms(progress)
         for run in self.runs:
-            run.last_progress = progress
+            run.last_progress, run.last_pause_ms = progress, pause
             self.input_reached(run, progress)
             if reflected is not None and progress.sources:
                 reflected.batches_ended([run], source_offsets(progress.sources[0].endOffset))

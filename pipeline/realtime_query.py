@@ -37,6 +37,11 @@ class RealtimeQuery(Query):
     def __init__(self, context: QueryContext, name: str, tables: list[Table]) -> None:
         super().__init__(context, name, tables[0].source, tables)
 
+    def pause_ms(self, progress: Any) -> int | None:
+        # Its tasks process for one checkpoint interval; the rest of the batch they are stopped: the state committed,
+        # the logs written, the next batch planned and its tasks launched.
+        return max(0, progress.batchDuration - self.context.settings.realtime_checkpoint_ms)
+
     def most_slots(self) -> int:
         # As if it aggregated: whether it does is known once its frame is planned, in the session this sizes.
         return task_slots(self.context.input_partitions[self.source], True, self.context.settings.shuffle_partitions)

@@ -268,3 +268,18 @@ def test_beside_micro_batches_the_pipeline_is_warm_when_they_are(pipeline):
         batched.batch_ended(SimpleNamespace(batchDuration=100, sources=[]))
     pipeline._note_warmth()
     assert pipeline._warm
+
+
+def test_a_realtime_checkpoint_says_how_long_it_stopped_processing_and_a_micro_batch_nothing(pipeline, caplog):
+    c = pipeline.context
+    realtime = RealtimeQuery(c, "sensor_stats", [pipeline.definition.tables["sensor_stats"]])
+    interval = c.settings.realtime_checkpoint_ms
+    report = SimpleNamespace(batchId=3, batchDuration=interval + 640, numInputRows=10, durationMs={},
+                             inputRowsPerSecond=1.0, processedRowsPerSecond=1.0, sources=[])
+    assert realtime.pause_ms(report) == 640
+    assert realtime.pause_ms(SimpleNamespace(batchDuration=interval - 5)) == 0  # stopped early: no pause beyond it
+    caplog.set_level(logging.INFO, logger="pipeline")
+    assert log_progress(realtime, report)
+    assert caplog.records[-1].getMessage().endswith("; processing stopped 640 ms")
+    batched = run_of(pipeline, name="area_counts")
+    assert batched.pause_ms(report) is None

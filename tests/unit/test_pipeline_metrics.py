@@ -18,17 +18,19 @@ def progress(batch_id: int, watermark: str | None = None):
 
 def test_a_scrape_reports_each_tables_last_batch_and_a_watermark_only_where_there_is_one():
     runs = [SimpleNamespace(table=SimpleNamespace(name="sensor_stats", window=None), last_progress=progress(41),
-                            writer=SimpleNamespace(written={41: Written(12, 3.0, 4.0, 2)}, stale_found=3)),
+                            last_pause_ms=640, writer=SimpleNamespace(written={41: Written(12, 3.0, 4.0, 2)},
+                                                                      stale_found=3)),
             SimpleNamespace(table=SimpleNamespace(name="windows", window=tumbling("10s")), late_rows_dropped=3,
                             windows_expired=5, last_progress=progress(7, "2026-11-24T10:00:05.000Z"),
-                            writer=SimpleNamespace(written={}, stale_found=None)),
+                            last_pause_ms=None, writer=SimpleNamespace(written={}, stale_found=None)),
             SimpleNamespace(table=SimpleNamespace(name="not_started", window=None), last_progress=None,
-                            writer=SimpleNamespace(written={}, stale_found=None))]
+                            last_pause_ms=None, writer=SimpleNamespace(written={}, stale_found=None))]
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PipelineCollector(lambda: runs))
     text = generate_latest(registry).decode()
     for line in ['freshroute_pipeline_batch_id{table="sensor_stats"} 41.0',
                  'freshroute_pipeline_batch_duration_ms{table="sensor_stats"} 180.0',
+                 'freshroute_pipeline_checkpoint_pause_ms{table="sensor_stats"} 640.0',
                  'freshroute_pipeline_batch_input_rows{table="sensor_stats"} 25.0',
                  'freshroute_pipeline_input_rows_per_second{table="sensor_stats"} 50.0',
                  'freshroute_pipeline_batch_changelog_records{table="sensor_stats"} 12.0',
@@ -39,6 +41,7 @@ def test_a_scrape_reports_each_tables_last_batch_and_a_watermark_only_where_ther
                  'freshroute_pipeline_stale_keys{table="sensor_stats"} 3.0']:
         assert line in text, (line, text)
     assert 'watermark_ms{table="sensor_stats"}' not in text and "not_started" not in text
+    assert 'checkpoint_pause_ms{table="windows"}' not in text  # a micro-batch query's: none
     assert 'late_rows_dropped_total{table="sensor_stats"}' not in text and 'stale_keys{table="windows"}' not in text
 
 
