@@ -112,6 +112,8 @@ def build_session(settings: PipelineSettings, slots: int = 0, microbatches: bool
     # Spark's Kafka connector, resolved by Maven (jvm/pom.xml): spark.jars puts it on the driver's classpath and
     # ships it to a cluster's executors.
     builder = builder.config("spark.jars", ",".join(str(j) for j in connector_jars(settings.jars_dir)))
+    for key, value in settings.spark_conf.items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     if not local:
