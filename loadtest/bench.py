@@ -47,6 +47,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -858,9 +859,15 @@ class Bench:
         from freshroute.windows import duration_ms
 
         span_s = 1.2 * duration_ms(interval_s, "realtime_checkpoint_interval") / 1000.0
-        self.fig["freshness_p99_ms_checkpoint"] = self._freshness(
-            "checkpoint", f"probes over {span_s:.0f}s", spacing_s=span_s / self.a.freshness_probes)[1]
+        url = self.stack.components["pipeline"].addresses.get("metrics")
+        with CheckpointPauses(url) as pauses:
+            self.fig["freshness_p99_ms_checkpoint"] = self._freshness(
+                "checkpoint", f"probes over {span_s:.0f}s", spacing_s=span_s / self.a.freshness_probes)[1]
         self.fig["freshness_max_ms_checkpoint"] = self.notes["freshness_checkpoint"]["freshness_max_ms"]
+        self.notes["checkpoint_pauses_ms"] = pauses.seen
+        if pauses.seen:
+            self.say("    the checkpoints meanwhile stopped processing for " + ", ".join(
+                f"{table} {ms} ms" for table, ms in sorted(pauses.seen.items())))
 
     def _freshness(self, kind: str, detail: str = "", table: str | None = None,
                    spacing_s: float = 0.25) -> tuple[float | None, float | None]:
@@ -1031,6 +1038,49 @@ class Bench:
         finally:
             say(f"  removing topic {scratch.spec.topic} and namespace {scratch.namespace}")
             scratch.remove()
+
+
+class CheckpointPauses:
+    """Each table's Real-time checkpoints while it is open: how long each stopped processing (ms), read from the
+    pipeline's ``freshroute_pipeline_checkpoint_pause_ms`` every second (a query checkpoints once an interval)."""
+
+    def __init__(self, metrics_url: str | None) -> None:
+        self.url = metrics_url
+        self.seen: dict[str, list[int]] = {}
+        self._batches: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="checkpoint-pauses", daemon=True)
+
+    def __enter__(self) -> "CheckpointPauses":
+        if self.url:
+            self._batches = self._scrape()[0]  # the checkpoints before: not this window's
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(1.0):
+            batches, pauses = self._scrape()
+            for table, batch in batches.items():
+                if batch != self._batches.get(table) and table in pauses:
+                    self.seen.setdefault(table, []).append(int(pauses[table]))
+                self._batches[table] = batch
+
+    def _scrape(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Each table's last batch id and checkpoint pause, from one scrape (none when the pipeline does not answer)."""
+        import httpx
+
+        try:
+            text = httpx.get(self.url, timeout=2).text
+        except httpx.HTTPError:
+            return {}, {}
+        return tuple({m[1]: float(m[2]) for m in re.finditer(rf'^freshroute_pipeline_{gauge}{{table="([^"]+)"}} (\S+)$',
+                                                             text, re.M)}
+                     for gauge in ("batch_id", "checkpoint_pause_ms"))  # type: ignore[return-value]
 
 
 def _step(bench: Bench, n: int, total: int, what: str, fn: Callable[[], Any]) -> Any:

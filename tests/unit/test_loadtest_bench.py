@@ -139,3 +139,32 @@ def test_the_client_bench_counts_only_reads_that_found_their_key():
             _check("client", missed)
     with pytest.raises(RuntimeError, match="not every bench key"):
         _check("redis", [b"x", None])
+
+
+def test_each_checkpoint_during_the_window_is_noted_once_with_its_pause():
+    import time
+
+    import httpx
+
+    from loadtest.bench import CheckpointPauses
+
+    scrapes = iter([(7, 500), (7, 500), (8, 640), (8, 640), (9, 2100)] + [(9, 2100)] * 100)
+
+    def scrape(_request: httpx.Request) -> httpx.Response:
+        batch, pause = next(scrapes)
+        return httpx.Response(200, text=f'freshroute_pipeline_batch_id{{table="t"}} {batch}.0\n'
+                                        f'freshroute_pipeline_checkpoint_pause_ms{{table="t"}} {pause}.0\n')
+
+    real_get = httpx.get
+    httpx.get = lambda url, timeout: httpx.Client(transport=httpx.MockTransport(scrape)).get(url)
+    try:
+        with CheckpointPauses("http://pipeline/metrics") as pauses:
+            deadline = time.monotonic() + 10
+            while pauses.seen.get("t", []) != [640, 2100] and time.monotonic() < deadline:
+                time.sleep(0.1)
+    finally:
+        httpx.get = real_get
+    assert pauses.seen == {"t": [640, 2100]}  # batch 7 ended before the window opened
+    with CheckpointPauses(None) as none:  # no metrics port: nothing seen, nothing asked
+        pass
+    assert none.seen == {}
