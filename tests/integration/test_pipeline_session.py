@@ -14,8 +14,10 @@ _PROBE = textwrap.dedent('''
     from pipeline.session import build_session
     from pipeline.settings import PipelineSettings
 
-    spark = build_session(PipelineSettings())
+    spark = build_session(PipelineSettings(spark_conf={"spark.sql.streaming.stateStore.minDeltasForSnapshot": "7"}))
     jvm = spark.sparkContext._jvm
+    for key in ("spark.shuffle.streaming.networkBufferMaxWaitTimeMs", "spark.sql.streaming.stateStore.minDeltasForSnapshot"):
+        print(key, spark.conf.get(key))
     conf = spark.sparkContext._jsc.hadoopConfiguration()
     # What RocksDB's snapshot upload asks for: a ClassCastException unless the class is a LocalFileSystem.
     local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(conf)
@@ -33,6 +35,9 @@ def test_the_local_file_system_is_the_one_rocksdb_snapshot_uploads_need(tmp_path
     assert "local file system: " in out.stdout, out.stderr[-3000:]
     # The suite's pipelines run the client compiler only (FRESHROUTE_SPARK_JIT, tests/integration/conftest.py).
     assert "jit: client" in out.stdout, out.stdout
+    # A Real-time shuffle sends a partly filled buffer on after 5 ms, not Spark's 50; spark_conf adds settings.
+    assert "spark.shuffle.streaming.networkBufferMaxWaitTimeMs 5\n" in out.stdout, out.stdout
+    assert "spark.sql.streaming.stateStore.minDeltasForSnapshot 7\n" in out.stdout, out.stdout
 
 
 _JVM_KAFKA = textwrap.dedent('''
