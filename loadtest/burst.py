@@ -3,8 +3,8 @@ caught up.
 
 Once every table's input lag (``/v1/tables``, as any caller sees it) is back at its level without the load, one
 producer (confluent-kafka, as fast as it goes) writes ``readings`` demo readings over ``sensors`` sensors to the
-input; the figure is the seconds from its first reading until every table's input lag is back within ``floor``
-records of the input's end. How long the producer itself took is printed beside it: a system that keeps pace
+input; the figure is the seconds from its first reading until every table's input lag, once it has shown the burst,
+is back within ``floor`` records of the input's end. How long the producer itself took is printed beside it: a system that keeps pace
 finishes soon after its producer.
 
     python -m loadtest.burst [--readings 100000] [--router http://127.0.0.1:8080]
@@ -68,7 +68,8 @@ def measure(bootstrap: str, rest_url: str, topic: str, readings: int = 100_000, 
         worst = 0
         while time.monotonic() - started < timeout_s:
             lags = lag.sample_all()
-            if caught_up(lags, floor):
+            # The input's ends reach /v1/tables a few times a second: caught up counts once the burst has shown.
+            if worst > floor and caught_up(lags, floor):
                 took = round(time.monotonic() - started, 1)
                 say(f"  every table caught up {took} s after the burst's first reading (most behind: {worst:,} "
                     f"records)")
