@@ -86,3 +86,18 @@ def check_changelog_kept(topic: str, existed: bool, checkpoint: Path) -> None:
                             f"{checkpoint} to recompute the table from its input.", topic=topic,
                             checkpoint=str(checkpoint))
 
+
+
+def frozen_shuffle_partitions(checkpoint: Path) -> int | None:
+    """The shuffle partitions a query's checkpoint froze (Spark's offset log keeps the setting its first batch ran
+    with, and every restart runs with it), or None before its first batch."""
+    offsets = checkpoint / "offsets"
+    batches = sorted((int(p.name) for p in offsets.iterdir() if p.name.isdigit()), reverse=True) \
+        if offsets.is_dir() else []
+    for batch in batches:
+        try:
+            lines = (offsets / str(batch)).read_bytes().splitlines()
+            return int(orjson.loads(lines[1])["conf"]["spark.sql.shuffle.partitions"])
+        except (OSError, IndexError, KeyError, TypeError, ValueError):
+            continue  # a log being written, or of another form: an earlier one says the same
+    return None

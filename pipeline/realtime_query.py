@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from pipeline.checkpoints import frozen_shuffle_partitions
 from pipeline.follower import committed_offsets
 from pipeline.input_lag import source_offsets
 from pipeline.lineage import aggregates, with_lineage
@@ -44,14 +45,19 @@ class RealtimeQuery(Query):
 
     def most_slots(self) -> int:
         # As if it aggregated: whether it does is known once its frame is planned, in the session this sizes.
-        return task_slots(self.context.input_partitions[self.source], True, self.context.settings.shuffle_partitions)
+        return task_slots(self.context.input_partitions[self.source], True, self.shuffle_partitions)
+
+    @property
+    def shuffle_partitions(self) -> int:
+        """Its shuffle's partitions: as its checkpoint froze them, else as the settings say (its first start)."""
+        settings = self.context.settings
+        return frozen_shuffle_partitions(settings.query_checkpoint(self.name)) or settings.shuffle_partitions
 
     def build(self, admin: Any, rejects: RejectWriter) -> None:
         c = self.context
         self._frame = self._table_frame()
         self.runs = [table_run(c.settings, c.definition, self.tables[0], self._frame, admin, c.producer, rejects)]
-        self.task_slots = task_slots(c.input_partitions[self.source], aggregates(self._frame),
-                                     c.settings.shuffle_partitions)
+        self.task_slots = task_slots(c.input_partitions[self.source], aggregates(self._frame), self.shuffle_partitions)
         if c.reflected is not None:
             # What its last committed checkpoint read is in the changelog: a mark from the start.
             c.reflected.batches_ended(self.runs, committed_offsets(c.settings.query_checkpoint(self.name)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.checkpoints import (QUERY_TABLES_FILE, ChangelogLost, QueryChanged, check_changelog_kept,
-                                  check_query_tables, committed_batches, query_checkpoint_of)
+                                  check_query_tables, committed_batches, frozen_shuffle_partitions, query_checkpoint_of)
 
 
 def test_a_vanished_changelog_with_committed_batches_is_refused(tmp_path):
@@ -56,3 +56,16 @@ def test_a_checkpoint_from_before_shared_queries_is_its_one_tables_own(tmp_path)
     (legacy / "commits" / "0").write_text("v1")
     with pytest.raises(QueryChanged, match=r"written for tables \['area_counts'\]"):
         check_query_tables(legacy, "area_counts", ["area_counts", "sensor_stats"])
+
+
+def test_a_checkpoints_shuffle_partitions_are_read_from_its_latest_offset_log(tmp_path):
+    assert frozen_shuffle_partitions(tmp_path / "none") is None  # never started
+    offsets = tmp_path / "offsets"
+    offsets.mkdir()
+    assert frozen_shuffle_partitions(tmp_path) is None
+    meta = b'{"batchWatermarkMs":0,"conf":{"spark.sql.shuffle.partitions":"%d"}}'
+    (offsets / "0").write_bytes(b"v1\n" + meta % 2 + b'\n{"readings":{"0":5}}')
+    (offsets / "1").write_bytes(b"v1\n" + meta % 2 + b'\n{"readings":{"0":9}}')
+    (offsets / ".1.crc").write_bytes(b"x")
+    (offsets / "2").write_bytes(b"v1\n")  # being written
+    assert frozen_shuffle_partitions(tmp_path) == 2

@@ -24,8 +24,9 @@ def sensor_name(i: int) -> str:
     return f"sensor-{i}"
 
 
-def ensure_topic(bootstrap: str, topic: str, partitions: int = 4, replication_factor: int = 1) -> None:
-    """Create the input topic if it does not exist yet (idempotent)."""
+def ensure_topic(bootstrap: str, topic: str, partitions: int = 2, replication_factor: int = 1) -> None:
+    """Create the input topic if it does not exist yet (idempotent). Two partitions: on two cores the Real-time
+    queries' tasks, one per input partition each, cost more than they spread (docs/benchmarks.md)."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
