@@ -72,7 +72,8 @@ FIGURES = ("router_grpc_rps", "router_rest_rps", "direct_store_rps", "baseline_g
            "router_rest_p99_ms_busy", "secure_rest_rps", "secure_grpc_rps", "secure_lookup_cpu_us",
            "bad_token_cpu_us", "secure_rest_p99_ms", "secure_rest_p99_ms_flooded", "window_rps",
            "console_open_rest_rps", "console_closed_rest_rps", "console_poll_p99_ms", "console_poll_router_cpu_ms",
-           "local_up_s", "pipeline_replay_s", "pipeline_burst_s", "pipeline_max_events_per_s", "ryw_wait_p50_ms", "ryw_wait_p99_ms",
+           "local_up_s", "pipeline_replay_s", "pipeline_burst_s", "pipeline_max_events_per_s",
+           "ryw_wait_p50_ms", "ryw_wait_p99_ms",
            "ryw_stale_reads", "ryw_not_yet_visible", "asof_rest_rps", "asof_p50_ms", "asof_p99_ms")
 
 WINDOW_COUNT = 6  # window_rps: each lookup asks for a key's last this many windows

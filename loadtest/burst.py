@@ -4,8 +4,8 @@ caught up.
 Once every table's input lag (``/v1/tables``, as any caller sees it) is back at its level without the load, one
 producer (confluent-kafka, as fast as it goes) writes ``readings`` demo readings over ``sensors`` sensors to the
 input; the figure is the seconds from its first reading until every table's input lag, once it has shown the burst,
-is back within ``floor`` records of the input's end. How long the producer itself took is printed beside it: a system that keeps pace
-finishes soon after its producer.
+is back within ``floor`` records of the input's end. How long the producer itself took is printed beside it: a
+system that keeps pace finishes soon after its producer.
 
     python -m loadtest.burst [--readings 100000] [--router http://127.0.0.1:8080]
 """

@@ -89,5 +89,5 @@ class PipelineCollector(Collector):
         for writer in list(self._rejects()):
             for reason, n in sorted(writer.counts.items()):
                 rejected.add_metric([writer.source, reason], n)
-        yield from (batch, duration, pause, rows, input_rate, processed, changes, deletes, watermark, late, expired, stale,
-                    rejected)
+        yield from (batch, duration, pause, rows, input_rate, processed, changes, deletes, watermark, late, expired,
+                    stale, rejected)

@@ -106,8 +106,8 @@ def build_session(settings: PipelineSettings, slots: int = 0, microbatches: bool
         # Streaming disables adaptive execution anyway; saying so up front saves a warning per query.
         .config("spark.sql.adaptive.enabled", "false")
         # A Real-time shuffle holds a partly filled buffer this long before sending it on (50 ms by default): at the
-        # demo's rate every row waited for it. 5 ms took an event → changelog row from 28–31 ms to 8 ms at the median,
-        # 2 ms no further, 10 ms 10 ms; at high rates buffers fill before it (docs/benchmarks.md).
+        # demo's rate every row waited for it. 5 ms took an event → changelog row from 28–31 ms to 8 ms at the
+        # median, 2 ms no further, 10 ms 10 ms; at high rates buffers fill before it (docs/benchmarks.md).
         .config("spark.shuffle.streaming.networkBufferMaxWaitTimeMs", str(SHUFFLE_FLUSH_MS))
     )
     if not local:

@@ -87,8 +87,9 @@ class PipelineSettings(CommonSettings):
                                                       "connector is read from its spark-kafka folder")
     spark_driver_memory: str = Field("1g", description="Spark driver JVM heap")
     spark_conf: dict[str, str] = Field(
-        default_factory=dict, description="more Spark settings, as JSON (FRESHROUTE_SPARK_CONF='{\"spark.x\": \"1\"}'), "
-                                          "applied over freshroute's own: for tuning a deployment's Spark")
+        default_factory=dict, description="more Spark settings, as JSON "
+                                          "(FRESHROUTE_SPARK_CONF='{\"spark.x\": \"1\"}'), applied over "
+                                          "freshroute's own: for tuning a deployment's Spark")
     spark_executor_memory: str = Field("1g", description="heap of each executor, on a Spark cluster")
     spark_worker_python: str = Field("", description="on a Spark cluster: the Python every worker runs, with "
                                                      "freshroute's dependencies installed (default: this process's "

@@ -211,7 +211,7 @@ class Applier:
             after = input_position.held_after(before, raw, value is None)
             if raw is None or after is not raw:
                 rep.counters.records_unpositioned += 1
-            # A delete is written even when nothing was held here: its key's position was not read for a row without one.
+            # A delete is written even when nothing was held here: a row without a position read none of its key.
             if after is not before or value is None:
                 positions[key] = held[key] = after
             count += 1

@@ -16,7 +16,8 @@ _PROBE = textwrap.dedent('''
 
     spark = build_session(PipelineSettings(spark_conf={"spark.sql.streaming.stateStore.minDeltasForSnapshot": "7"}))
     jvm = spark.sparkContext._jvm
-    for key in ("spark.shuffle.streaming.networkBufferMaxWaitTimeMs", "spark.sql.streaming.stateStore.minDeltasForSnapshot"):
+    for key in ("spark.shuffle.streaming.networkBufferMaxWaitTimeMs",
+                "spark.sql.streaming.stateStore.minDeltasForSnapshot"):
         print(key, spark.conf.get(key))
     conf = spark.sparkContext._jsc.hadoopConfiguration()
     # What RocksDB's snapshot upload asks for: a ClassCastException unless the class is a LocalFileSystem.

@@ -31,8 +31,8 @@ def test_a_header_decodes_as_spark_writes_it_and_anything_else_is_no_position():
     assert input_position.of_record(None) is None
 
 
-# Histories of one replica's rows, (key, value — None: a delete —, position header bytes — None: none), in changelog
-# order: the corpus the bulk restore reader's rule (native/bulkload/records) is held to.
+# Histories of one replica's rows, (key, value — None: a delete —, position header bytes — None: none), in
+# changelog order: the corpus the bulk restore reader's rule (native/bulkload/records) is held to.
 HISTORIES: dict[str, list[tuple[bytes, bytes | None, bytes | None]]] = {
     "in order": [(b"a", b"1", b"[1]"), (b"a", b"2", b"[2]"), (b"a", b"3", b"[3]")],
     "a replay writes older rows again, then catches up": [
