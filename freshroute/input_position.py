@@ -50,23 +50,20 @@ def covers(new: InputPosition, held: InputPosition) -> bool:
     return True
 
 
-def admits(held: bytes | None, raw: bytes | None) -> bool:
+def applies(held: bytes | None, raw: bytes | None, delete: bool) -> tuple[bool, bytes | None]:
     """Whether a replica holding a key's row at position ``held`` (header bytes; None: none) applies the key's next
-    row, at ``raw``: unless both are readable positions and the new one does not cover the held one. The one rule
-    of every path that applies a changelog row — the live tail, a record-by-record restore and the bulk restore
-    reader (``native/bulkload/records``, held to it by ``tests/data/position_corpus.json``)."""
-    if held is None or raw is None or raw == held:
-        return True
-    new, before = decode(raw), decode(held)
-    return new is None or before is None or covers(new, before)
+    row, at ``raw`` (``delete``: a tombstone), and the position the key then holds. The row is applied unless both
+    are readable positions and the new one does not cover the held one; an applied row's key holds the row's own
+    position — for a row without one, the held position stays, and a delete forgets it (windows expire so).
 
-
-def held_after(held: bytes | None, raw: bytes | None, delete: bool) -> bytes | None:
-    """The position held for a key once its row at ``raw`` is applied: the row's own; for a row without one, the held
-    position stays, and a delete forgets it (windows expire so)."""
-    if decode(raw) is not None:
-        return raw
-    return None if delete else held
+    The one rule of every path that applies a changelog row: the live tail, a record-by-record restore and the bulk
+    restore reader (``native/bulkload/records``, held to it by ``tests/data/position_corpus.json``)."""
+    new = decode(raw)
+    if new is not None and held is not None and raw != held:
+        before = decode(held)
+        if before is not None and not covers(new, before):
+            return False, held
+    return True, raw if new is not None else None if delete else held
 
 
 def reflects(raw: bytes | None, after: Mapping[int, int]) -> bool:

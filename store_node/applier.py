@@ -204,11 +204,11 @@ class Applier:
         for i, (key, value, headers) in enumerate(valid):
             raw = input_position.of_record(headers)
             before = held.get(key)
-            if not input_position.admits(before, raw):
+            applied, after = input_position.applies(before, raw, value is None)
+            if not applied:
                 rep.counters.records_superseded += 1
                 continue
             rows[key] = value
-            after = input_position.held_after(before, raw, value is None)
             if raw is None or after is not raw:
                 rep.counters.records_unpositioned += 1
             # A delete is written even when nothing was held here: a row without a position read none of its key.

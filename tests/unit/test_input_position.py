@@ -70,10 +70,10 @@ def replay(rows: list[tuple[bytes, bytes | None, bytes | None]]) -> tuple[list[b
     held: dict[bytes, bytes | None] = {}
     taken = []
     for key, value, raw in rows:
-        admitted = input_position.admits(held.get(key), raw)
-        taken.append(admitted)
-        if admitted:
-            held[key] = input_position.held_after(held.get(key), raw, value is None)
+        applied, after = input_position.applies(held.get(key), raw, value is None)
+        taken.append(applied)
+        if applied:
+            held[key] = after
     return taken, held
 
 

@@ -16,7 +16,7 @@ use pyo3::prelude::*;
 use rdkafka::bindings;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
-use freshroute_records::position::{admits, decode, held_after};
+use freshroute_records::position::applies;
 use freshroute_records::{key_problem, value_problem, Format};
 use crate::table_file::TableOptions;
 
@@ -214,11 +214,10 @@ impl Gathered {
             let mut latest = None;
             for row in same_key {
                 let raw = row.position(&data);
-                if !admits(now, raw) {
+                let Some(after) = applies(now, raw, row.value_len.is_none()) else {
                     chunk.superseded += 1;
                     continue;
-                }
-                let after = held_after(now, raw, row.value_len.is_none());
+                };
                 let own = matches!((after, raw), (Some(a), Some(r)) if std::ptr::eq(a, r));
                 if !own {
                     chunk.unpositioned += 1;

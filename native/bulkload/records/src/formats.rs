@@ -122,20 +122,12 @@ pub fn value_problem(format: Format, value: Option<&[u8]>) -> Option<&'static st
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn unhex(text: &str) -> Vec<u8> {
-        (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap()).collect()
-    }
+    use crate::corpus::{bytes, corpus};
 
     /// Every (key format, value format, key, value) of the corpus gets the problem the Python checks give it.
     #[test]
     fn the_checks_are_freshroute_formats_on_the_shared_corpus() {
-        // Where cargo runs the test from, read when it runs: a build kept in a shared target directory may have been
-        // made in another checkout.
-        let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap();
-        let path = format!("{dir}/../../../tests/data/record_corpus.json");
-        let corpus: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        let bytes = |v: &serde_json::Value| v.as_str().map(unhex);
+        let corpus = corpus("record_corpus.json");
         let (keys, values) = (corpus["keys"].as_array().unwrap(), corpus["values"].as_array().unwrap());
         let mut checked = 0;
         for case in corpus["expected"].as_array().unwrap() {

@@ -2,6 +2,8 @@
 //! under `tests/data/`: the record checks of `freshroute.formats` and the input position rule of
 //! `freshroute.input_position`. No Python and no Kafka here, so that the tests build in seconds.
 
+#[cfg(test)]
+mod corpus;
 mod formats;
 pub mod position;
 

@@ -1,4 +1,4 @@
-//! The input position rule of `freshroute.input_position` (`admits`, `held_after`), word for word: a changelog row
+//! The input position rule of `freshroute.input_position` (`applies`), word for word: a changelog row
 //! whose position does not cover the one held for its key is a replayed Real-time query's older row, and is not
 //! applied. One corpus holds the two to each other: `tests/data/position_corpus.json`, whose expectations
 //! `tests/unit/test_position_rule.py` makes from the Python rule and `cargo test` (below) holds this one to.
@@ -69,46 +69,30 @@ pub fn covers(new: &[Option<i128>], held: &[Option<i128>]) -> bool {
     })
 }
 
-/// Whether a replica holding a key's row at ``held`` applies the key's next row, at ``raw``.
-pub fn admits(held: Option<&[u8]>, raw: Option<&[u8]>) -> bool {
-    let (Some(held), Some(raw)) = (held, raw) else { return true };
-    if raw == held {
-        return true;
+/// Whether a replica holding a key's row at ``held`` applies the key's next row, at ``raw`` (``delete``: a
+/// tombstone), and if so the position the key then holds: None when it is not applied. An applied row's key holds
+/// the row's own position; for a row without one, the held position stays, and a delete forgets it.
+pub fn applies<'a>(held: Option<&'a [u8]>, raw: Option<&'a [u8]>, delete: bool) -> Option<Option<&'a [u8]>> {
+    let new = raw.and_then(decode);
+    if let (Some(new), Some(held)) = (&new, held) {
+        if raw != Some(held) && decode(held).is_some_and(|before| !covers(new, &before)) {
+            return None;
+        }
     }
-    match (decode(raw), decode(held)) {
-        (Some(new), Some(before)) => covers(&new, &before),
-        _ => true,
-    }
-}
-
-/// The position held for a key once its row at ``raw`` is applied: the row's own; for a row without one, the held
-/// position stays, and a delete forgets it.
-pub fn held_after<'a>(held: Option<&'a [u8]>, raw: Option<&'a [u8]>, delete: bool) -> Option<&'a [u8]> {
-    match raw {
-        Some(raw) if decode(raw).is_some() => Some(raw),
-        _ if delete => None,
-        _ => held,
-    }
+    Some(if new.is_some() { raw } else if delete { None } else { held })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::Value;
+    use crate::corpus::{bytes, corpus, unhex};
     use std::collections::HashMap;
-
-    fn unhex(text: &str) -> Vec<u8> {
-        (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap()).collect()
-    }
 
     /// Every history of the corpus, replayed row by row: the rows taken and each key's position held at the end are
     /// the Python rule's.
     #[test]
     fn the_rule_is_freshroute_input_position_on_the_shared_corpus() {
-        let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap();
-        let path = format!("{dir}/../../../tests/data/position_corpus.json");
-        let corpus: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        let bytes = |v: &Value| v.as_str().map(unhex);
+        let corpus = corpus("position_corpus.json");
         let mut checked = 0;
         for history in corpus["histories"].as_array().unwrap() {
             let mut held: HashMap<Vec<u8>, Option<Vec<u8>>> = HashMap::new();
@@ -117,11 +101,10 @@ mod tests {
                 let key = bytes(&row["key"]).unwrap();
                 let raw = bytes(&row["position"]);
                 let before = held.get(&key).cloned().flatten();
-                let admitted = admits(before.as_deref(), raw.as_deref());
-                taken.push(admitted);
-                if admitted {
-                    let after = held_after(before.as_deref(), raw.as_deref(), row["value"].is_null()).map(<[u8]>::to_vec);
-                    held.insert(key, after);
+                let after = applies(before.as_deref(), raw.as_deref(), row["value"].is_null());
+                taken.push(after.is_some());
+                if let Some(after) = after {
+                    held.insert(key, after.map(<[u8]>::to_vec));
                 }
                 checked += 1;
             }
