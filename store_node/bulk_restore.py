@@ -149,8 +149,9 @@ class BulkRestores:
     def _load(self, restore: _Restore, chunk: Any, done: list[Replica]) -> int:
         rep = restore.replicas.get(chunk.partition)
         if rep is None:  # it left the restore
-            if chunk.file:
-                Path(chunk.file).unlink(missing_ok=True)
+            for file in (chunk.file, chunk.positions):
+                if file:
+                    Path(file).unlink(missing_ok=True)
             return 0
         applied = chunk.records - chunk.skipped - chunk.superseded
         rep.load(chunk.file and Path(chunk.file), chunk.positions and Path(chunk.positions), chunk.next_offset, applied,

@@ -249,7 +249,8 @@ def test_a_replica_moved_away_leaves_its_restore_and_the_last_one_closes_the_rea
     env = env(removed_replica_grace_ms=60_000)
     host(env, 0, 1)
     [reader] = env.readers
-    reader.chunk(0, {b"a": b"1"}, next_offset=3, last=True)  # written before it left: deleted when it comes
+    # Written before it left, rows and positions: deleted when they come.
+    reader.chunk(0, {b"a": b"1"}, next_offset=3, last=True, positions={b"a": b"[2]"})
     host(env, 1)
     assert reader.dropped == [0] and not reader.closed
     reader.chunk(1, {b"b": b"2"}, next_offset=4)
