@@ -48,6 +48,16 @@ def read_all(reader: ChangelogReader, timeout_s: float = 60.0) -> list:
     return chunks
 
 
+def read_from_start(broker: str, topic: str, dirs: dict[int, Path], chunk_bytes: int) -> list:
+    """Every chunk of the partitions of ``dirs`` (partition → its table files' directory), read from their start."""
+    reader = ChangelogReader(reader_config(broker), topic, [(p, 0, str(d)) for p, d in dirs.items()], "string", "json",
+                             chunk_bytes=chunk_bytes)
+    try:
+        return read_all(reader)
+    finally:
+        reader.close()
+
+
 def test_the_files_hold_each_keys_latest_valid_change_and_the_chunks_every_offset(broker, namespace, tmp_path):
     topic = f"{namespace}-bulk"
     make_topic(broker, topic)
@@ -91,12 +101,7 @@ def test_the_files_hold_each_keys_latest_valid_change_and_the_chunks_every_offse
     stores = {p: ReplicaStore.open(d, bulk_load=True) for p, d in dirs.items()}
     try:
         # Small chunks: every partition is written in several files, each key's changes spread over them.
-        reader = ChangelogReader(reader_config(broker), topic, [(p, 0, str(d)) for p, d in dirs.items()],
-                                 "string", "json", chunk_bytes=256 * 1024)
-        try:
-            chunks = read_all(reader)
-        finally:
-            reader.close()
+        chunks = read_from_start(broker, topic, dirs, chunk_bytes=256 * 1024)
         for p in range(PARTITIONS):
             mine = [c for c in chunks if c.partition == p]
             assert len(mine) >= 3 and mine[-1].last and not any(c.last for c in mine[:-1])
@@ -124,7 +129,8 @@ def test_a_replays_older_rows_are_not_applied_across_chunks_and_the_positions_go
     # (4, 6), then for every third key the replay caught up (10); some keys deleted with a position, one without.
     topic = f"{namespace}-replayed"
     make_topic(broker, topic)
-    producer = Producer({"bootstrap.servers": broker, "linger.ms": 5})
+    # Idempotent: a retried batch keeps its place, so each partition holds the rows in the order they were sent.
+    producer = Producer({"bootstrap.servers": broker, "linger.ms": 5, "enable.idempotence": True})
     keys = [f"k{i}".encode() for i in range(1_500)]
 
     def send(key: bytes, value: bytes | None, position: list | None) -> None:
@@ -155,12 +161,7 @@ def test_a_replays_older_rows_are_not_applied_across_chunks_and_the_positions_go
     stores = {p: ReplicaStore.open(d, bulk_load=True) for p, d in dirs.items()}
     try:
         # Small chunks: a key's newer row and the replay's older ones fall in different files.
-        reader = ChangelogReader(reader_config(broker), topic, [(p, 0, str(d)) for p, d in dirs.items()],
-                                 "string", "json", chunk_bytes=64 * 1024)
-        try:
-            chunks = read_all(reader)
-        finally:
-            reader.close()
+        chunks = read_from_start(broker, topic, dirs, chunk_bytes=64 * 1024)
         assert min(sum(1 for c in chunks if c.partition == p) for p in range(PARTITIONS)) >= 5
         for c in chunks:
             stores[c.partition].ingest(c.file and Path(c.file), c.positions and Path(c.positions), c.next_offset)
