@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,8 +49,17 @@ def topic_config(admin: Any, topic: str, timeout_s: float = 10.0) -> dict[str, s
     from confluent_kafka.admin import ConfigResource, ResourceType
 
     resource = ConfigResource(ResourceType.TOPIC, topic)
-    entries = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout_s)
-    return {name: entry.value for name, entry in entries.items() if entry.value is not None}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            entries = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout_s)
+            return {name: entry.value for name, entry in entries.items() if entry.value is not None}
+        except KafkaException as e:
+            # Of a topic created a moment ago, the broker asked may not have heard yet: asked again, it answers.
+            err = kafka_error(e)
+            if err is None or err.code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def set_topic_config(admin: Any, topic: str, settings: dict[str, str], timeout_s: float = 10.0) -> None:
