@@ -115,9 +115,9 @@ class ChangelogTailer:
             end_offsets = self.end_offsets
             self._consumer = self._consumer_factory(self._settings.consumer_config(
                 stats_cb=end_offsets.on_stats, error_cb=end_offsets.on_client_error, **self._kafka_logging))
-            admin = self._admin_factory(self._settings.kafka(
-                **{"client.id": f"freshroute-store-{self._settings.node_id}-admin"}, **self._kafka_logging))
-            end_offsets.open(self._consumer, admin)
+            admin_config = self._settings.kafka(**{"client.id": f"freshroute-store-{self._settings.node_id}-admin"},
+                                                **self._kafka_logging)
+            end_offsets.open(self._consumer, lambda: self._admin_factory(admin_config))
             self.replicas.open(self._consumer)
         except Exception:
             log.exception("cannot create the changelog consumer")

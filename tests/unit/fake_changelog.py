@@ -8,7 +8,7 @@ import time
 from concurrent.futures import Future
 from types import SimpleNamespace
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException
 
 from freshroute import input_position
 from freshroute.metadata import Role, TableSpec
@@ -121,16 +121,21 @@ class FakeAdmin:
         self.config = config
         self.topic_ids: dict[str, str] = {}
         self.polls = 0  # how often its librdkafka log queue was served
+        self.described = 0
+        self.controller_down = False  # its DescribeTopics time out, waiting for the controller it knows of
 
     def poll(self, timeout=None):
         self.polls += 1
         return 0
 
     def describe_topics(self, collection, request_timeout=None):
+        self.described += 1
         out = {}
         for topic in collection.topic_names:
             f: Future = Future()
-            if topic in self.topic_ids:
+            if self.controller_down:
+                f.set_exception(KafkaException(KafkaError(KafkaError._TIMED_OUT, "waiting for controller")))
+            elif topic in self.topic_ids:
                 f.set_result(SimpleNamespace(topic_id=self.topic_ids[topic]))
             else:
                 f.set_exception(RuntimeError("unknown topic"))

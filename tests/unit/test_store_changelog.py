@@ -41,8 +41,15 @@ def env(tmp_path):
                                  topic_check_ms=1, caught_up_threshold=0, bulk_restore=False)
     tailer = ChangelogTailer(settings, clock, consumer_factory, admin_factory)
     assert tailer.open()
-    yield SimpleNamespace(tailer=tailer, clock=clock, consumer=made["consumer"], admin=made["admin"], root=tmp_path)
+    yield SimpleNamespace(tailer=tailer, clock=clock, consumer=made["consumer"], admin=made["admin"], root=tmp_path,
+                          made=made)
     tailer.close()
+
+
+@pytest.fixture
+def made(env):
+    """The fakes the tailer made, the latest of each kind."""
+    return env.made
 
 
 def test_new_replica_restores_from_the_beginning(env):
@@ -266,6 +273,20 @@ def test_recreated_topic_is_detected_by_its_id(env):
     assert rep.counters.restores == 1
 
 
+def test_an_admin_client_waiting_for_a_dead_controller_is_replaced(env, made):
+    # librdkafka's DescribeTopics waits for the controller of its last metadata, reconnecting without pause.
+    made["admin"].controller_down = True
+    made["admin"].topic_ids[SPEC.topic] = "id-1"
+    host(env, 0)
+    stale = made["admin"]
+    steps_until(env, lambda: made["admin"] is not stale)
+    assert stale.described >= 1
+    made["admin"].topic_ids[SPEC.topic] = "id-1"
+    rep = env.tailer.serving[KEY]
+    steps_until(env, lambda: rep.store.topic_id == "id-1")
+    assert made["admin"].described >= 1
+
+
 def test_corrupt_store_on_open_is_wiped(env):
     path = replica_path(env.root, "counts", 0)
     store = ReplicaStore.open(path)
@@ -327,13 +348,14 @@ def caught_up_with_time_to_serve_on(env):
 
 def test_a_replica_moved_away_serves_on_as_a_standby_then_stops(env):
     rep = caught_up_with_time_to_serve_on(env)
+    moved_at = time.monotonic()  # its 10 s count from here or later, however long the steps below take
     host(env, 1)  # partition 0 placed elsewhere: it answers on, as a standby, and follows its changelog
     assert env.tailer.serving[KEY] is rep and rep.role is Role.STANDBY and rep.store.get(b"a") == b"1"
     assert (SPEC.topic, 0) in env.consumer.assigned
     env.consumer.queue += [record(1, "b", 2), eof(2)]
     env.tailer.step()
     assert rep.store.get(b"b") == b"2" and rep.state is ReplicaState.STANDBY
-    env.tailer.replicas.end_moved(time.monotonic() + 9)
+    env.tailer.replicas.end_moved(moved_at + 9)
     assert env.tailer.serving[KEY] is rep
     env.tailer.replicas.end_moved(time.monotonic() + 11)  # its time is over: it stops, its files kept
     assert KEY not in env.tailer.serving and rep.store is None and (SPEC.topic, 0) not in env.consumer.assigned
