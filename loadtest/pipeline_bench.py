@@ -87,7 +87,8 @@ def _settings(bootstrap: str, redis_url: str, work: Path, prefix: str | None = N
 
 def _demo_stats_only(settings: PipelineSettings) -> Any:
     """The demo file's ``sensor_stats`` alone: one query, as a single-table deployment runs it."""
-    from pipeline.tables import TablesDefinition, load_tables
+    from pipeline.tables import TablesDefinition
+    from pipeline.tables_file import load_tables
 
     d = load_tables(settings.tables_file)
     return TablesDefinition(d.path, dict(d.sources), {"sensor_stats": replace(d.tables["sensor_stats"], query=None)})

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from freshroute.errors import FreshrouteError
 from freshroute.launch import stopped
-from pipeline.tables import TablesDefinition, load_tables
+from pipeline.tables import TablesDefinition
+from pipeline.tables_file import load_tables
 from pipeline.validation import RAW_KEY, RAW_VALUE, required_fields, split
 
 if TYPE_CHECKING:

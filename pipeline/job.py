@@ -36,7 +36,8 @@ from pipeline.session import build_session, check_spark_master
 from pipeline.settings import PipelineSettings
 from pipeline.sink import ChangelogProducer
 from pipeline.sources import check_inputs
-from pipeline.tables import MICROBATCH, REALTIME, TablesDefinition, check_modes, load_tables, queries
+from pipeline.tables import MICROBATCH, REALTIME, TablesDefinition
+from pipeline.tables_file import check_modes, load_tables, queries
 
 log = logging.getLogger("pipeline")
 

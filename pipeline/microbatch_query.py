@@ -14,7 +14,8 @@ from pipeline.recompute import MARK_FILE, Recomputation
 from pipeline.session import codegen
 from pipeline.sink import QuerySink, RejectWriter
 from pipeline.sources import source_rows, table_frame, version_times
-from pipeline.tables import MICROBATCH, Source, Table, TablesDefinition, queries, union_tables
+from pipeline.tables import MICROBATCH, QUERY_TABLE_COLUMN, Source, Table, TablesDefinition
+from pipeline.tables_file import queries
 from pipeline.validation import REJECTED_BRANCH
 
 if TYPE_CHECKING:
@@ -150,3 +151,25 @@ class MicrobatchQuery(Query):
         frames = [table_frame(c.spark, c.definition, t, rows, version_times(c.spark, t, c.definition.path))
                   for t in self.tables]
         return frames, rejected if rejects_query(c.settings, c.definition, src) == self.name else None
+
+
+def union_tables(frames: list[tuple[str, "DataFrame"]]) -> "DataFrame":
+    """One streaming DataFrame of several tables' frames (name, frame), for one query: each row is
+    (:data:`QUERY_TABLE_COLUMN`, one struct column per table), its table's struct set, the others null. One
+    frame stays as it is."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructField, StructType
+
+    if len(frames) == 1:
+        return frames[0][1]
+    # Every field nullable: a row's other tables' structs are null, and Arrow refuses a null struct whose
+    # fields say they never are (a count, or a window of a non-null timestamp).
+    types = [StructType([StructField(f.name, f.dataType, True) for f in df.schema.fields]) for _, df in frames]
+    branches = [df.select(F.lit(i).alias(QUERY_TABLE_COLUMN),
+                          *[(F.struct(*df.columns).cast(types[i]) if j == i else F.lit(None).cast(types[j])).alias(other)
+                            for j, (other, _) in enumerate(frames)])
+                for i, (_, df) in enumerate(frames)]
+    union = branches[0]
+    for branch in branches[1:]:
+        union = union.union(branch)
+    return union

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.settings import DEMO_TABLES_FILE
-from pipeline.tables import (TablesFileError, Table, check_output_columns, check_source_fields, hopping, load_tables,
-                             queries, source, sql_table, table, tumbling)
+from pipeline.tables import (TablesFileError, Table, check_output_columns, check_source_fields, hopping, source,
+                             sql_table, table, tumbling)
+from pipeline.tables_file import load_tables, queries
 
 
 def write(tmp_path: Path, body: str, name: str = "tables.py") -> Path:
@@ -338,7 +339,7 @@ def test_a_query_name_must_be_a_plain_identifier(tmp_path):
 
 def test_a_realtime_query_holds_one_table_and_a_query_runs_in_one_mode(tmp_path):
     from pipeline.settings import PipelineSettings
-    from pipeline.tables import check_modes
+    from pipeline.tables_file import check_modes
 
     path = write(tmp_path, '''
         from pipeline.tables import source, sql_table

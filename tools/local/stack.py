@@ -595,7 +595,7 @@ class Stack:
     def tables(self) -> "TablesDefinition":
         """What the pipeline runs: the tables file's declarations (the demo's without one)."""
         from pipeline.settings import DEMO_TABLES_FILE
-        from pipeline.tables import load_tables
+        from pipeline.tables_file import load_tables
 
         return load_tables(self.config.tables_file or DEMO_TABLES_FILE)
 
@@ -845,7 +845,7 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
     store_ports = tuple(args.store_port + i if args.store_port else 0 for i in range(args.store_nodes))
     tables_file, demo = "", not args.no_demo
     if args.tables_file:
-        from pipeline.tables import load_tables
+        from pipeline.tables_file import load_tables
 
         # Refused before anything starts, naming the file and line; the demo producer writes the demo's input, so
         # it runs only for a file that reads that topic (an edited copy of the demo's tables).
