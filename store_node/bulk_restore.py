@@ -22,10 +22,13 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from store_node.replica import Clock, Replica
 from store_node.settings import StoreNodeSettings
+
+if TYPE_CHECKING:
+    from freshroute_bulkload import ChangelogReader, Chunk
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +37,7 @@ _ROUND_S = 0.2
 _POISON_LOG_INTERVAL_S = 10.0
 
 
-def _native_reader() -> Callable[..., Any] | None:
+def _native_reader() -> "Callable[..., ChangelogReader] | None":
     try:
         from freshroute_bulkload import ChangelogReader
     except ImportError:
@@ -46,7 +49,7 @@ def _native_reader() -> Callable[..., Any] | None:
 class _Restore:
     """One reader and the replicas it restores: those of one changelog topic."""
 
-    reader: Any
+    reader: "ChangelogReader"
     replicas: dict[int, Replica]
     started_ms: int
     poison_logged: float = field(default=0.0)
@@ -56,7 +59,7 @@ class BulkRestores:
     """The bulk restores running on a node; every method runs on the tailer's thread."""
 
     def __init__(self, settings: StoreNodeSettings, clock: Clock,
-                 reader_factory: Callable[..., Any] | None = None) -> None:
+                 reader_factory: "Callable[..., ChangelogReader] | None" = None) -> None:
         self._settings = settings
         self._clock = clock
         self._reader_factory = reader_factory or _native_reader()
@@ -146,7 +149,7 @@ class BulkRestores:
 
     # --- inside ------------------------------------------------------------------------------------
 
-    def _load(self, restore: _Restore, chunk: Any, done: list[Replica]) -> int:
+    def _load(self, restore: _Restore, chunk: "Chunk", done: list[Replica]) -> int:
         rep = restore.replicas.get(chunk.partition)
         if rep is None:  # it left the restore
             for file in (chunk.file, chunk.positions):
@@ -188,7 +191,7 @@ class BulkRestores:
             restore.reader.drop_partition(partition)
         return rep
 
-    def _report_poison(self, restore: _Restore, rep: Replica, chunk: Any) -> None:
+    def _report_poison(self, restore: _Restore, rep: Replica, chunk: "Chunk") -> None:
         now = time.monotonic()
         if now - restore.poison_logged < _POISON_LOG_INTERVAL_S:
             return

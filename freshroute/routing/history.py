@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 
 from freshroute.errors import FreshrouteError, InvalidArgument, TableNotVersioned, VersionNotRetained
 from freshroute.freshness import NO_BOUND, Bound
@@ -26,6 +26,8 @@ from freshroute.wire import ReadResult, ReadStatus, Version, VersionFilter
 
 if TYPE_CHECKING:
     from freshroute.routing.attempts import LatencyWindow
+    from freshroute.routing.policy import RoutingPolicy
+    from freshroute.routing.store import StoreClient
 
 MAX_TIME_MS = (1 << 63) - 1
 DEFAULT_VERSIONS_LIMIT = 100
@@ -122,11 +124,27 @@ class Versions(NamedTuple):
                 "input_lag": input_lag_doc(input_lag)}
 
 
+class HistoryCore(Protocol):
+    """What a versioned table's reads ask of the routing core (:class:`~freshroute.routing.core.RoutingCore`)."""
+
+    policy: "RoutingPolicy"
+    store: "StoreClient"
+    metrics: Any
+    clock_ms: Callable[[], int]
+
+    def keyed(self, name: str) -> TableSpec: ...
+
+    def input_lag(self, table: str) -> tuple[int, int]: ...
+
+    def group_keys(self, table: str, keys: list[str], bound: Bound
+                   ) -> tuple[TableSpec, Bound, dict[int, list[int]], list[bytes]]: ...
+
+
 class HistoryReads:
     """A versioned table's reads through the routing core: its tables, bounds, plans and attempts."""
 
-    def __init__(self, core: Any, latency: "LatencyWindow", timeout_s: float) -> None:
-        """``core``: the :class:`~freshroute.routing.core.RoutingCore` these reads go through."""
+    def __init__(self, core: HistoryCore, latency: "LatencyWindow", timeout_s: float) -> None:
+        """``core``: the routing core these reads go through."""
         self._core = core
         self._latency = latency
         self._timeout_s = timeout_s

@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 import time
 from itertools import islice
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 from freshroute.errors import FreshrouteError, InvalidArgument, LookupTimeout
 from freshroute.formats import bound_to_bytes, key_from_bytes
@@ -18,19 +18,42 @@ from freshroute.freshness import NO_BOUND, Bound
 from freshroute.keys import deserialize_key, scan_range
 from freshroute.metadata import TableSpec
 from freshroute.routing.answers import lookup_result, served_by
-from freshroute.routing.attempts import LatencyWindow
+from freshroute.routing.attempts import AttemptPlan, LatencyWindow
+from freshroute.routing.history import HistoryReads
 from freshroute.routing.drivers import run_many
 from freshroute.routing.results import (ScanPage, WindowPage, WindowsResult, decode_page_token, encode_page_token)
 from freshroute.routing.selection import Candidate
-from freshroute.windows import Window, split_window_key
+from freshroute.windows import Window, WindowSpec, split_window_key
 from freshroute.wire import ReadResult, ReadStatus, RowsAsOf, WindowFilter
+
+if TYPE_CHECKING:
+    from freshroute.routing.policy import RoutingPolicy
+    from freshroute.routing.store import StoreClient
+
+
+class ScanCore(Protocol):
+    """What a scan asks of the routing core (:class:`~freshroute.routing.core.RoutingCore`)."""
+
+    policy: "RoutingPolicy"
+    store: "StoreClient"
+    history: HistoryReads
+    clock_ms: Callable[[], int]
+
+    def keyed(self, name: str) -> TableSpec: ...
+
+    def windowed(self, name: str, from_ms: int, to_ms: int) -> tuple[TableSpec, WindowSpec]: ...
+
+    def bound_for(self, spec: TableSpec, bound: Bound) -> Bound: ...
+
+    def plan(self, table: str, partition: int, bound: Bound, latency: LatencyWindow, timeout_s: float,
+             now: float) -> AttemptPlan: ...
 
 
 class Scans:
     """A table's scans through the routing core: its tables, bounds, plans, and the merge of its partitions."""
 
-    def __init__(self, core: Any, latency: LatencyWindow, timeout_s: float) -> None:
-        """``core``: the :class:`~freshroute.routing.core.RoutingCore` these reads go through."""
+    def __init__(self, core: ScanCore, latency: LatencyWindow, timeout_s: float) -> None:
+        """``core``: the routing core these reads go through."""
         self._core = core
         self._latency = latency
         self._timeout_s = timeout_s
