@@ -193,7 +193,7 @@ class EndOffsetWatcher:
             return
         self._topic_check_at = now
         topics = sorted({r.topic for r in self._replicas.hosted()})
-        if topics:
+        if topics and not self._broker_outage:  # with no broker answering, a description would only time out
             try:
                 self._topic_futures = self._admin.describe_topics(TopicCollection(topics),
                                                                   request_timeout=_DESCRIBE_TIMEOUT_S)

@@ -287,6 +287,19 @@ def test_an_admin_client_waiting_for_a_dead_controller_is_replaced(env, made):
     assert made["admin"].described >= 1
 
 
+def test_topic_ids_wait_while_no_broker_answers(env, made):
+    made["admin"].topic_ids[SPEC.topic] = "id-1"
+    host(env, 0)
+    env.tailer.end_offsets.on_client_error(KafkaError(KafkaError._ALL_BROKERS_DOWN))
+    asked = made["admin"].described
+    for _ in range(5):
+        time.sleep(0.002)  # topic_check_ms=1
+        env.tailer.step()
+    assert made["admin"].described == asked
+    env.consumer.pending_stats.append(stats({0: 0}, rx=3))
+    steps_until(env, lambda: made["admin"].described > asked)
+
+
 def test_corrupt_store_on_open_is_wiped(env):
     path = replica_path(env.root, "counts", 0)
     store = ReplicaStore.open(path)
