@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Collection, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -20,6 +20,24 @@ class TopicInfo:
 def kafka_error(e: BaseException) -> KafkaError | None:
     """The KafkaError a confluent-kafka exception carries (None: it carries none)."""
     return e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+
+
+T = TypeVar("T")
+
+
+def settled(ask: Callable[[float], T], settling: Collection[int], timeout_s: float, pause_s: float) -> T:
+    """What ``ask(seconds left)`` answers, asked again while the broker answers one of the ``settling`` errors — what
+    it says of a topic created a moment ago until it has heard of it, or of a partition whose leader is being
+    elected — for up to ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ask(max(0.1, deadline - time.monotonic()))
+        except KafkaException as e:
+            err = kafka_error(e)
+            if err is None or err.code() not in settling or time.monotonic() > deadline:
+                raise
+        time.sleep(pause_s)
 
 
 def failure(e: BaseException) -> str:
@@ -49,17 +67,9 @@ def topic_config(admin: Any, topic: str, timeout_s: float = 10.0) -> dict[str, s
     from confluent_kafka.admin import ConfigResource, ResourceType
 
     resource = ConfigResource(ResourceType.TOPIC, topic)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            entries = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout_s)
-            return {name: entry.value for name, entry in entries.items() if entry.value is not None}
-        except KafkaException as e:
-            # Of a topic created a moment ago, the broker asked may not have heard yet: asked again, it answers.
-            err = kafka_error(e)
-            if err is None or err.code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    entries = settled(lambda _left: admin.describe_configs([resource], request_timeout=timeout_s)[resource]
+                      .result(timeout_s), (KafkaError.UNKNOWN_TOPIC_OR_PART,), timeout_s, 0.05)
+    return {name: entry.value for name, entry in entries.items() if entry.value is not None}
 
 
 def set_topic_config(admin: Any, topic: str, settings: dict[str, str], timeout_s: float = 10.0) -> None:

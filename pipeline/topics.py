@@ -11,7 +11,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from freshroute.errors import ConfigError, RetryableError
 from freshroute.settings import kafka_logging
-from freshroute.topics import TopicInfo, describe_topic, failure, kafka_error
+from freshroute.topics import TopicInfo, describe_topic, failure, kafka_error, settled
 
 log = logging.getLogger(__name__)
 
@@ -51,16 +51,9 @@ def end_offset(consumer: Any, topic: str, partition: int, timeout_s: float = 10.
     """Where the partition ends now, asked again while its leader settles (up to ``timeout_s``)."""
     from confluent_kafka import TopicPartition
 
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            left = max(0.1, deadline - time.monotonic())
-            return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=left, cached=False)[1]
-        except KafkaException as e:
-            err = kafka_error(e)
-            if err is None or err.code() not in _SETTLING or time.monotonic() > deadline:
-                raise
-        time.sleep(0.1)
+    tp = TopicPartition(topic, partition)
+    return settled(lambda left: consumer.get_watermark_offsets(tp, timeout=left, cached=False)[1], _SETTLING,
+                   timeout_s, 0.1)
 
 
 def check_replication(admin: AdminClient, replication_factor: int, bootstrap: str = "", timeout_s: float = 10.0

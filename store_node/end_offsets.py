@@ -183,7 +183,7 @@ class EndOffsetWatcher:
             timed_out = [topic for topic, f in futures.items() if f.done() and not self._learn_topic_id(topic, f)]
             if timed_out:
                 # librdkafka sends DescribeTopics to the controller its last metadata named, and waits for a
-                # controller that died by reconnecting without pause (0.6 of a core a node, measured) and without
+                # controller that died by reconnecting without pause (0.3-1.0 of a core a node, measured) and without
                 # asking for new metadata. A new client learns a live one from its bootstrap.
                 log.info("changelog topics were not described in time (the controller the admin client knew of "
                          "may be down); asking with a new admin client")
