@@ -87,6 +87,7 @@ class TableSpec:
     value_format: str = "json"
     origin: str = "pipeline"
     pipeline_mode: str | None = None  # how the pipeline runs its query: "realtime" or "microbatch" (None: a topic's)
+    query: str | None = None  # the pipeline's streaming query that computes it (None: a topic's)
     # A versioned table keeps every version of a key this long after it stopped being true (store_node/history.py);
     # 0: only the latest value.
     history_retention_ms: int = 0

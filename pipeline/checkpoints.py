@@ -67,6 +67,32 @@ def query_checkpoint_of(checkpoint_dir: Path, table: str) -> Path:
     return checkpoint_dir / table
 
 
+def retire_superseded(checkpoint: Path, tables: list[str], current: set[str]) -> list[Path]:
+    """Move aside the checkpoints of earlier queries that computed some of ``tables``, when the query of
+    ``checkpoint`` now computes them and has no batch of its own yet (``current``: every query's name this run,
+    whose checkpoints stay). Spark cannot carry their state into another query's: the query recomputes its tables
+    from the input. Returns where they went: ``.superseded/<query>`` beside them, which no query reads."""
+    if committed_batches(checkpoint):
+        return []
+    root = checkpoint.parent
+    moved = []
+    for other in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        if other.name in current or other.name.startswith(".") or not committed_batches(other):
+            continue
+        held = recorded_tables(other) if (other / QUERY_TABLES_FILE).is_file() else [other.name]
+        if not set(held or ()) & set(tables):
+            continue
+        target = root / ".superseded" / other.name
+        n = 1
+        while target.exists():
+            n += 1
+            target = root / ".superseded" / f"{other.name}.{n}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        other.rename(target)
+        moved.append(target)
+    return moved
+
+
 class ChangelogLost(FatalError):
     """A table's changelog topic is gone while its checkpoint says batches were written to it."""
 

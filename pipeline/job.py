@@ -2,9 +2,10 @@
 
 A table runs in Spark's Real-time Mode (:mod:`pipeline.realtime_query`: long-running tasks, each change written by
 Spark's Kafka sink within milliseconds) or in micro-batches (:mod:`pipeline.microbatch_query`, for shapes Real-time
-Mode refuses), as the pipeline's ``pipeline_mode`` or the table says. A Real-time table has a query of its own; a
-micro-batch table runs in its own query, or in one it shares with other tables of its source (``query=`` in the
-tables file): one read of the input, one plan and one checkpoint per trigger for all of them. A query's
+Mode refuses), as the pipeline's ``pipeline_mode`` or the table says. The Real-time tables of a source share one
+query, which parses each record once and computes them in one aggregation (:mod:`pipeline.fusion`); a micro-batch
+table runs in its own query, or in one it shares with other tables of its source (``query=`` in the tables file):
+one read of the input, one plan and one checkpoint per trigger for all of them. A query's
 checkpoint (``checkpoint_dir/<query>``) holds its offsets, commits and RocksDB state. A query that fails
 is restarted from its checkpoint (which replays the failed batch) a bounded number of times; lost input
 data is not retried, it stops the pipeline with a message saying what happened (:mod:`pipeline.failures`).
@@ -21,7 +22,7 @@ from typing import Any
 
 from freshroute.errors import FreshrouteError
 from freshroute.metadata import MetadataStore
-from pipeline.checkpoints import check_changelog_kept, check_query_tables
+from pipeline.checkpoints import check_changelog_kept, check_query_tables, retire_superseded
 from pipeline.failures import restart_delay
 from pipeline.follower import follow
 from pipeline.input_lag import InputLagPublisher
@@ -69,11 +70,17 @@ class Pipeline:
         check_replication(admin, s.changelog_replication_factor, s.bootstrap_servers)
         # Before Spark starts: a lost changelog or a changed query is known in milliseconds, not after the JVM's
         # warm-up.
-        grouped = queries(self.definition)
+        grouped = queries(self.definition, s.mode_of)
         check_modes(self.definition, s.mode_of)
         modes = {name: s.mode_of(tables[0]) for name, tables in grouped.items()}
         for name, tables in grouped.items():
             checkpoint = s.query_checkpoint(name)
+            retired = retire_superseded(checkpoint, [t.name for t in tables], set(grouped))
+            if retired:
+                log.warning("query %s: computes %s, which earlier queries computed (their checkpoints, moved to %s, "
+                            "hold state this query cannot resume): recomputing them from the input the broker still "
+                            "holds; a store node skips each row older than the one it serves", name,
+                            ", ".join(t.name for t in tables), ", ".join(map(str, retired)))
             # First: a table new to the query has no changelog yet, which is not the broker's doing.
             check_query_tables(checkpoint, name, [t.name for t in tables])
             for t in tables:

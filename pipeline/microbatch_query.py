@@ -44,7 +44,7 @@ def rejects_query(settings: PipelineSettings, definition: TablesDefinition, src:
     """The micro-batch query that counts and writes the source's rejected records (every query of the source
     filters them): the one with the longest trigger, since each batch reads the input once more for them. None
     when all its tables run in Real-time Mode: they have a query of their own."""
-    own = {name: tables for name, tables in queries(definition).items()
+    own = {name: tables for name, tables in queries(definition, settings.mode_of).items()
            if tables[0].source == src.name and settings.mode_of(tables[0]) == MICROBATCH}
     return min(own, key=lambda name: (-trigger_ms(settings, own[name]), name)) if own else None
 
@@ -91,7 +91,7 @@ class MicrobatchQuery(Query):
     def build(self, admin: Any, rejects: RejectWriter) -> None:
         c = self.context
         self._frames = batched, rejected = self._table_frames()
-        self.runs = [table_run(c.settings, c.definition, t, df, admin, c.producer, rejects)
+        self.runs = [table_run(c.settings, c.definition, t, df, admin, c.producer, rejects, self.name)
                      for t, df in zip(self.tables, batched)]
         self.rejects = rejects if rejected is not None else None
 

@@ -17,13 +17,14 @@ their reason, in the same sink (its ``topic`` column).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import reduce
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from freshroute import input_position, version_time
 from pipeline.sink import MAX_CHANGELOG_RECORD_BYTES
-from pipeline.tables import (DELETE_COLUMN, INTERNAL_COLUMNS, MICROBATCH, POSITION_COLUMN, REALTIME,
-                             VERSION_TIME_COLUMN, WINDOW_START_COLUMN, Source, Table, TablesFileError)
+from pipeline.tables import (DELETE_COLUMN, INTERNAL_COLUMNS, MICROBATCH, POSITION_COLUMN, QUERY_TABLE_COLUMN,
+                             REALTIME, VERSION_TIME_COLUMN, WINDOW_START_COLUMN, Source, Table, TablesFileError)
 from pipeline.validation import RAW_KEY, RAW_VALUE, REASON_COLUMN
 
 if TYPE_CHECKING:
@@ -53,27 +54,66 @@ def _header(name: str, value: "Column") -> "Column":
     return F.struct(F.lit(name).alias("key"), value.cast("string").cast("binary").alias("value"))
 
 
-def changelog_records(t: Table, df: "DataFrame", topic: str, source: Source, dead_letter_topic: str) -> "DataFrame":
-    """The Kafka sink's rows (``topic``, ``key``, ``value``, ``headers``) of a table's frame (with
-    :data:`POSITION_COLUMN`, and a versioned table's :data:`VERSION_TIME_COLUMN`): its changelog records, and a dead
-    letter for each row too large for the changelog."""
+@dataclass(frozen=True)
+class _Records:
+    """A table's changelog records as the sink's columns, and which of its rows make one."""
+
+    kept: "Column"
+    topic: "Column"
+    key: "Column"
+    value: "Column"
+    headers: "Column"
+
+
+def changelog_records(tables: list[tuple[Table, str]], frame: "DataFrame", source: Source,
+                      dead_letter_topic: str) -> "DataFrame":
+    """The Kafka sink's rows (``topic``, ``key``, ``value``, ``headers``) of a query's frame: its tables' changelog
+    records, and a dead letter for each row too large for its changelog. ``tables``: each table and its changelog
+    topic; ``frame``: one table's own (with :data:`POSITION_COLUMN`, and a versioned table's
+    :data:`VERSION_TIME_COLUMN`), or several tables' (:data:`QUERY_TABLE_COLUMN` and a struct of each table's columns
+    named after it, :mod:`pipeline.fusion`)."""
     from pyspark.sql import functions as F
 
-    values = [c for c in df.columns if c != t.key and c not in INTERNAL_COLUMNS]
-    key = F.col(t.key).cast("string")
-    rows = df.where(key.isNotNull())
+    if len(tables) == 1:
+        (t, topic), = tables
+        one = _records(t, frame.columns, F.col, topic, source, dead_letter_topic)
+        return frame.where(one.kept).select(one.topic.alias("topic"), one.key.alias("key"),
+                                            one.value.alias("value"), one.headers.alias("headers"))
+    index = F.col(QUERY_TABLE_COLUMN)
+    records = [_records(t, frame.schema[t.name].dataType.fieldNames(), F.col(t.name).getField, topic, source,
+                        dead_letter_topic) for t, topic in tables]
+
+    def picked(column: str) -> "Column":
+        # Each table's column only on its own rows: another's may raise (on_invalid='fail') on a null struct.
+        out = F.when(index == 0, getattr(records[0], column))
+        for i, r in enumerate(records[1:], 1):
+            out = out.when(index == i, getattr(r, column))
+        return out.alias(column)
+
+    kept = reduce(lambda a, b: a | b, [(index == i) & r.kept for i, r in enumerate(records)])
+    return frame.where(kept).select(*map(picked, ("topic", "key", "value", "headers")))
+
+
+def _records(t: Table, columns: list[str], column: Callable[[str], "Column"], topic: str, source: Source,
+             dead_letter_topic: str) -> _Records:
+    """Table ``t``'s records, from its row's ``columns`` (``column(name)``: one of them)."""
+    from pyspark.sql import functions as F
+
+    values = [c for c in columns if c != t.key and c not in INTERNAL_COLUMNS]
+    key = column(t.key).cast("string")
+    kept = key.isNotNull()
     if t.window is not None:
-        start = F.col(WINDOW_START_COLUMN)
-        rows = rows.where(start.isNotNull() & (start >= 0))
+        start = column(WINDOW_START_COLUMN)
+        kept = kept & start.isNotNull() & (start >= 0)
         key = F.concat(key, F.lit("\x00"), F.lpad(F.lower(F.hex(start)), 16, "0"))
-    deleted = reduce(lambda a, b: a & b, [F.col(c).isNull() for c in values])
-    if DELETE_COLUMN in df.columns:
-        deleted = deleted | F.coalesce(F.col(DELETE_COLUMN), F.lit(False))
+    deleted = reduce(lambda a, b: a & b, [column(c).isNull() for c in values])
+    if DELETE_COLUMN in columns:
+        deleted = deleted | F.coalesce(column(DELETE_COLUMN), F.lit(False))
     # Every column, null ones included, as the micro-batch sink writes them.
-    value = F.when(~deleted, F.to_json(F.struct(*values), {"ignoreNullFields": "false"}))
-    lineage = F.array(_header(input_position.HEADER, F.to_json(F.col(POSITION_COLUMN))))
-    if VERSION_TIME_COLUMN in df.columns:
-        lineage = F.concat(lineage, F.array(_header(version_time.HEADER, F.col(VERSION_TIME_COLUMN))))
+    value = F.when(~deleted, F.to_json(F.struct(*[column(c).alias(c) for c in values]), {"ignoreNullFields": "false"}))
+    lineage = F.array(_header(input_position.HEADER, F.to_json(column(POSITION_COLUMN))))
+    if VERSION_TIME_COLUMN in columns:
+        lineage = F.concat(lineage, F.array(_header(version_time.HEADER, column(VERSION_TIME_COLUMN))))
     size = F.octet_length(key) + F.coalesce(F.octet_length(value), F.lit(0))
     too_large = size > MAX_CHANGELOG_RECORD_BYTES
     if source.on_invalid == "fail":
@@ -83,13 +123,12 @@ def changelog_records(t: Table, df: "DataFrame", topic: str, source: Source, dea
             F.lit(f" cannot go to its changelog, and its source {source.name} says on_invalid='fail'"))).cast("string")
         ).otherwise(value)
     elif source.on_invalid == "skip":
-        rows, too_large = rows.where(~(size > MAX_CHANGELOG_RECORD_BYTES)), F.lit(False)
+        kept, too_large = kept & ~too_large, F.lit(False)
     letter = F.array(_header("freshroute.reason", F.lit("output_too_large")),
                      _header("freshroute.source", F.lit(source.name)), _header("freshroute.table", F.lit(t.name)),
                      _header("freshroute.value_bytes", F.octet_length(value)))
-    return rows.select(F.when(too_large, F.lit(dead_letter_topic)).otherwise(F.lit(topic)).alias("topic"),
-                       key.alias("key"), F.when(~too_large, value).alias("value"),
-                       F.when(too_large, letter).otherwise(lineage).alias("headers"))
+    return _Records(kept, F.when(too_large, F.lit(dead_letter_topic)).otherwise(F.lit(topic)), key,
+                    F.when(~too_large, value), F.when(too_large, letter).otherwise(lineage))
 
 
 def dead_letters(source: Source, rejected: "DataFrame", topic: str, partitions: int) -> "DataFrame":

@@ -1,5 +1,8 @@
-"""A Real-time query: one table's changelog records made in the JVM (:mod:`pipeline.realtime`) and written by Spark's
+"""A Real-time query: its tables' changelog records made in the JVM (:mod:`pipeline.realtime`) and written by Spark's
 Kafka sink, from long-running tasks; or, for a source whose tables all run in Real-time Mode, its rejected records.
+
+A source's Real-time tables share one query (:func:`pipeline.tables_file.queries`), which reads and parses each
+record once and computes them all in one aggregation (:mod:`pipeline.fusion`).
 
 Its progress comes only at its checkpoints (every ``realtime_checkpoint_interval``), so between them the pipeline
 learns how far its table has got from what it wrote (:mod:`pipeline.follower`).
@@ -12,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.checkpoints import frozen_shuffle_partitions
 from pipeline.follower import committed_offsets
+from pipeline.fusion import fuse
 from pipeline.input_lag import source_offsets
 from pipeline.lineage import aggregates, with_lineage
 from pipeline.outputs import TableRun, table_run
@@ -30,13 +34,14 @@ log = logging.getLogger("pipeline")
 
 
 class RealtimeQuery(Query):
-    """A Real-time table's query, whose tasks run for as long as it does."""
+    """A Real-time query of one or more tables of a source, whose tasks run for as long as it does."""
 
     WARM_REASON = "every Real-time query's tasks are running, and every table has caught up with its input"
-    _frame: DataFrame | None = None  # built for its table's spec, for its first start
+    _frame: DataFrame | None = None  # built for its tables' specs, for its first start
 
     def __init__(self, context: QueryContext, name: str, tables: list[Table]) -> None:
         super().__init__(context, name, tables[0].source, tables)
+        self._tables: list[tuple[Table, DataFrame]] = []  # each table's frame, as its spec was made from
 
     def pause_ms(self, progress: Any) -> int | None:
         # Its tasks process for one checkpoint interval; the rest of the batch they are stopped: the state committed,
@@ -55,21 +60,22 @@ class RealtimeQuery(Query):
 
     def build(self, admin: Any, rejects: RejectWriter) -> None:
         c = self.context
-        self._frame = self._table_frame()
-        self.runs = [table_run(c.settings, c.definition, self.tables[0], self._frame, admin, c.producer, rejects)]
+        self._frame = self._query_frame()
+        self.runs = [table_run(c.settings, c.definition, t, df, admin, c.producer, rejects, self.name)
+                     for t, df in self._tables]
         self.task_slots = task_slots(c.input_partitions[self.source], aggregates(self._frame), self.shuffle_partitions)
         if c.reflected is not None:
             # What its last committed checkpoint read is in the changelog: a mark from the start.
             c.reflected.batches_ended(self.runs, committed_offsets(c.settings.query_checkpoint(self.name)))
 
     def start(self) -> None:
-        """Start the query: its table's changelog records, from the frame built for its spec, else a new one."""
+        """Start the query: its tables' changelog records, from the frame built for their specs, else a new one."""
         c = self.context
-        run = self.runs[0]
-        frame, self._frame = self._frame if self._frame is not None else self._table_frame(), None
-        assert run.writer.rejects is not None
-        self._start(changelog_records(run.table, frame, run.spec.topic, c.definition.sources[self.source],
-                                      run.writer.rejects.topic))
+        frame, self._frame = self._frame if self._frame is not None else self._query_frame(), None
+        rejects = self.runs[0].writer.rejects
+        assert rejects is not None
+        self._start(changelog_records([(r.table, r.spec.topic) for r in self.runs], frame,
+                                      c.definition.sources[self.source], rejects.topic))
         s = c.settings
         source = s.input_topic(c.definition.sources[self.source].topic)
         for r in self.runs:
@@ -111,16 +117,22 @@ class RealtimeQuery(Query):
         codegen(self.context.spark, True)
         self.query = start_query(records, self.name, self.context.settings, self.context.windowed_changelogs)
 
-    def _table_frame(self) -> "DataFrame":
-        """Its table's frame over a read of its source of its own, with its rows' input positions."""
+    def _query_frame(self) -> "DataFrame":
+        """Its tables' frames over one read of its source, with their rows' input positions: one table's own, or
+        several fused into one aggregation (:mod:`pipeline.fusion`)."""
         c = self.context
-        spark, t = c.spark, self.tables[0]
+        spark = c.spark
         assert spark is not None
         src = c.definition.sources[self.source]
         rows, _ = source_rows(spark, c.settings, src, c.source_tables(src.name), realtime=True)
         partitions = c.input_partitions[src.name]
-        return table_frame(spark, c.definition, t, rows, lambda df: with_lineage(
-            spark, df, lambda why: refused(t.name, why), input_partitions=partitions, version_time=t.versioned))
+
+        def frame(t: Table) -> "DataFrame":
+            return table_frame(spark, c.definition, t, rows, lambda df: with_lineage(
+                spark, df, lambda why: refused(t.name, why), input_partitions=partitions, version_time=t.versioned))
+
+        self._tables = [(t, frame(t)) for t in self.tables]
+        return self._tables[0][1] if len(self._tables) == 1 else fuse(spark, self.name, rows, self._tables)
 
 
 class RealtimeRejectsQuery(RealtimeQuery):

@@ -328,9 +328,10 @@ def table(name: str, key: str, source: str, *, standby_replicas: int | None = No
     ``delete_when``: a Spark SQL boolean expression; a changed row for which it is true deletes its key.
     ``window``: :func:`tumbling` or :func:`hopping` windows; the function groups by its key and ``window``.
     ``trigger_ms``: this table's micro-batch interval (default: the pipeline's ``--trigger-ms``).
-    ``query``: the streaming query the table runs in (default: its own); tables of one source naming the same
-    query share its micro-batches: one read of the input, one plan and one checkpoint per trigger for all of them
-    (micro-batch tables only: a Real-time query reads its source once and cannot share it).
+    ``query``: the streaming query the table runs in; tables of one source naming the same query share it: one read
+    of the input, one plan and one checkpoint for all of them. Default: a micro-batch table's own; a Real-time
+    table's, the one the source's Real-time tables share (``<source>.tables``), which computes them in one
+    aggregation (a table that query cannot take runs in a query it names for itself).
     ``pipeline_mode``: ``"realtime"`` (Spark's Real-time Mode: each change in the changelog within milliseconds) or
     ``"microbatch"`` (for a shape Real-time Mode refuses); default: the pipeline's ``pipeline_mode``.
     ``stale_keys``: what a recomputation (its query started without a checkpoint) does with keys the table held and

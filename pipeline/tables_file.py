@@ -67,36 +67,64 @@ def validate(definition: TablesDefinition) -> None:
                                       f"so they must read the same source with the same trigger_ms (they read "
                                       f"{first.source!r} every {_every(first)} and {t.source!r} every {_every(t)})",
                                       path=str(path), table=t.name)
-        windowed = [t.name for t in tables if t.window is not None]
-        if len(windowed) > 1:
-            raise TablesFileError(f"tables file {path}: windowed tables {windowed} share query {name!r}; a query has "
-                                  f"one watermark, so each windowed table needs a query of its own (keyed tables may "
-                                  f"join it)", path=str(path), table=windowed[1])
 
 
 def check_modes(definition: TablesDefinition, mode_of: Callable[[Table], str]) -> None:
-    """A query runs in one mode, and a Real-time query holds one table: it reads its source once, and Real-time
-    Mode cannot read one source twice in a query (Spark: IDENTICAL_SOURCES_IN_UNION_NOT_SUPPORTED)."""
+    """A query runs in one mode, and has one watermark: a micro-batch query holds at most one windowed table (each
+    table's frame has its own), a Real-time query windowed tables of one time column and grace (its tables' rows go
+    through one aggregation, :mod:`pipeline.fusion`)."""
     path = definition.path
-    for name, tables in queries(definition).items():
+    for name, tables in queries(definition, mode_of).items():
         modes = {mode_of(t) for t in tables}
         if len(modes) > 1:
             raise TablesFileError(f"tables file {path}: tables {[t.name for t in tables]} share query {name!r} but "
                                   f"not a pipeline_mode ({sorted(modes)})", path=str(path), table=tables[0].name)
-        if modes == {REALTIME} and len(tables) > 1:
-            raise TablesFileError(f"tables file {path}: tables {[t.name for t in tables]} share query {name!r}, and a "
-                                  f"query in Real-time Mode holds one table (it cannot read its source twice); give "
-                                  f"each its own query, or pipeline_mode='microbatch'", path=str(path),
-                                  table=tables[1].name)
+        windowed = [t for t in tables if t.window is not None]
+        if modes == {REALTIME}:
+            other = next((t for t in windowed if not fusable_window(windowed[0], t)), None)
+            if other is not None:
+                raise TablesFileError(f"tables file {path}: windowed tables {windowed[0].name!r} and {other.name!r} "
+                                      f"share Real-time query {name!r}, which has one watermark: their windows must "
+                                      f"be tumbling ones of one time column and grace. Give {other.name!r} a query "
+                                      f"of its own", path=str(path), table=other.name)
+        elif len(windowed) > 1:
+            raise TablesFileError(f"tables file {path}: windowed tables {[t.name for t in windowed]} share query "
+                                  f"{name!r}; a query has one watermark, so each windowed table needs a query of its "
+                                  f"own (keyed tables may join it)", path=str(path), table=windowed[1].name)
 
 
-def queries(definition: TablesDefinition) -> dict[str, list[Table]]:
+def fusable_window(first: Table, t: Table) -> bool:
+    """Whether windowed table ``t`` can share a Real-time query (its watermark) with windowed table ``first``."""
+    a, b = first.window, t.window
+    assert a is not None and b is not None
+    return b.slide_ms == b.size_ms and a.slide_ms == a.size_ms and (b.time_column, b.grace_ms) == (a.time_column,
+                                                                                                  a.grace_ms)
+
+
+def queries(definition: TablesDefinition, mode_of: Callable[[Table], str] | None = None) -> dict[str, list[Table]]:
     """The streaming queries the tables run in, by name, each with its tables in name order: the order of their
-    union, which the query's state in its checkpoint follows, whatever the order of the tables file."""
+    union, which the query's state in its checkpoint follows, whatever the order of the tables file.
+
+    A table runs in the query it names, else in its own; but with ``mode_of`` (how each table runs, as the
+    pipeline's settings say), the Real-time tables of a source that name none share one query,
+    ``<source>.tables`` (:mod:`pipeline.fusion`): each record parsed once, shuffled once, one state. A windowed
+    table joins it when its window can share the query's watermark (:func:`fusable_window`), else runs in its own.
+    """
+    tables = sorted(definition.tables.values(), key=lambda t: t.name)
+    shared: dict[str, list[Table]] = {}
+    for t in tables:
+        if t.query is None and mode_of is not None and mode_of(t) == REALTIME:
+            members = shared.setdefault(t.source, [])
+            window = next((m for m in members if m.window is not None), None)
+            if t.window is None or (window is None and fusable_window(t, t)) or \
+                    (window is not None and fusable_window(window, t)):
+                members.append(t)
+    query_of = {t.name: f"{source}.tables" if len(members) > 1 else t.name
+                for source, members in shared.items() for t in members}
     out: dict[str, list[Table]] = {}
-    for t in definition.tables.values():
-        out.setdefault(t.query_name, []).append(t)
-    return {name: sorted(tables, key=lambda t: t.name) for name, tables in out.items()}
+    for t in tables:
+        out.setdefault(query_of.get(t.name, t.query_name), []).append(t)
+    return out
 
 
 def _every(t: Table) -> str:

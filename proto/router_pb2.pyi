@@ -382,7 +382,7 @@ class ListTablesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TableInfo(_message.Message):
-    __slots__ = ("name", "topic", "partitions", "standby_replicas", "key_column", "schema", "window", "input_lag", "pipeline", "key_format", "value_format", "origin", "pipeline_mode", "history_retention_ms")
+    __slots__ = ("name", "topic", "partitions", "standby_replicas", "key_column", "schema", "window", "input_lag", "pipeline", "key_format", "value_format", "origin", "pipeline_mode", "history_retention_ms", "query")
     class SchemaEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -404,6 +404,7 @@ class TableInfo(_message.Message):
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_MODE_FIELD_NUMBER: _ClassVar[int]
     HISTORY_RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
     name: str
     topic: str
     partitions: int
@@ -418,7 +419,8 @@ class TableInfo(_message.Message):
     origin: str
     pipeline_mode: str
     history_retention_ms: int
-    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., partitions: _Optional[int] = ..., standby_replicas: _Optional[int] = ..., key_column: _Optional[str] = ..., schema: _Optional[_Mapping[str, str]] = ..., window: _Optional[_Union[TableWindow, _Mapping]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., pipeline: _Optional[_Union[Pipeline, _Mapping]] = ..., key_format: _Optional[str] = ..., value_format: _Optional[str] = ..., origin: _Optional[str] = ..., pipeline_mode: _Optional[str] = ..., history_retention_ms: _Optional[int] = ...) -> None: ...
+    query: str
+    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., partitions: _Optional[int] = ..., standby_replicas: _Optional[int] = ..., key_column: _Optional[str] = ..., schema: _Optional[_Mapping[str, str]] = ..., window: _Optional[_Union[TableWindow, _Mapping]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., pipeline: _Optional[_Union[Pipeline, _Mapping]] = ..., key_format: _Optional[str] = ..., value_format: _Optional[str] = ..., origin: _Optional[str] = ..., pipeline_mode: _Optional[str] = ..., history_retention_ms: _Optional[int] = ..., query: _Optional[str] = ...) -> None: ...
 
 class Pipeline(_message.Message):
     __slots__ = ("alive", "last_progress_ms")

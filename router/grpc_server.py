@@ -417,7 +417,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                                  input_lag=router_pb2.InputLag(records=t.input_lag[0], ms=t.input_lag[1]),
                                  pipeline=router_pb2.Pipeline(**pipeline_doc(t.pipeline)),
                                  key_format=t.spec.key_format, value_format=t.spec.value_format,
-                                 origin=t.spec.origin, pipeline_mode=t.spec.pipeline_mode or "",
+                                 origin=t.spec.origin, pipeline_mode=t.spec.pipeline_mode or "", query=t.spec.query or "",
                                  history_retention_ms=t.spec.history_retention_ms)
             for t in self._router.views.list_tables() if principal is None or principal.may_read(t.spec.name)])
 

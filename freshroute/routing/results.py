@@ -270,7 +270,7 @@ class TableInfo:
                "default_bound": {"max_lag": self.default_max_lag, "max_staleness_ms": self.default_max_staleness_ms},
                "input_lag": input_lag_doc(self.input_lag), "pipeline": pipeline_doc(self.pipeline, now),
                "key_format": s.key_format, "value_format": s.value_format, "origin": s.origin,
-               "pipeline_mode": s.pipeline_mode, "history_retention_ms": s.history_retention_ms}
+               "pipeline_mode": s.pipeline_mode, "query": s.query, "history_retention_ms": s.history_retention_ms}
         if s.window is not None:
             w = s.window
             out["window"] = {"size_ms": w.size_ms, "slide_ms": w.slide_ms, "grace_ms": w.grace_ms,

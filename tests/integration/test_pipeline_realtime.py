@@ -1,7 +1,8 @@
 """The pipeline in Spark's Real-time Mode (PySpark 4.3.0 with the Kafka connector jvm/pom.xml pins), killed -9 under
 load and restarted: its changelogs end equal to a recomputation of the input, a replica that applies them never
 sees a key go back in time, every record sits where the store nodes and router look for it, and the rejected
-records are dead-lettered exactly once each.
+records are dead-lettered exactly once each. The source's tables — keyed, windowed, versioned, by DataFrame function
+and by SQL — are computed by one query (pipeline.fusion).
 
 Real broker, real Redis, real Spark, the pipeline as its own process (``python -m pipeline``).
 """
@@ -20,7 +21,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from freshroute import input_position
+from freshroute import input_position, version_time
 from freshroute.keys import partition_for
 from freshroute.metadata import MetadataStore
 from freshroute.topics import topic_config
@@ -34,11 +35,16 @@ from .stack_fixture import wait_until
 pytestmark = pytest.mark.integration
 
 CHANGELOG_PARTITIONS = 8
-# Beside the demo's tables: one keyed by a number, whose key is the number as Spark writes it as a string.
+# Beside the demo's tables: one keyed by a number, whose key is the number as Spark writes it as a string, and a
+# versioned one.
 BUCKETS = """
 sql_table(name="buckets", key="bucket", source="readings",
           sql="SELECT CAST(floor(reading / 10) AS INT) AS bucket, count(*) AS n FROM readings GROUP BY 1")
+sql_table(name="area_max", key="area", source="readings", history_retention="1h",
+          sql="SELECT area, max(reading) AS max FROM readings GROUP BY area")
 """
+# The one query that computes them all.
+QUERY = "readings.tables"
 BAD = [b"not json", b'{"sensor": "s", "area": "a"}', b'{"sensor": "s", "area": "a", "reading": "x"}']
 
 
@@ -121,7 +127,8 @@ def test_kill_9_under_load_then_restart_never_goes_back_and_ends_as_the_recomput
                                                                                       tmp_path):
     rng = random.Random(20261128)
     input_topic = f"{namespace}readings"
-    topics = {t: f"{namespace}{t}-changelog" for t in ("sensor_stats", "area_counts", "sensor_windows", "buckets")}
+    topics = {t: f"{namespace}{t}-changelog"
+              for t in ("sensor_stats", "area_counts", "sensor_windows", "buckets", "area_max")}
     tables_file = tmp_path / "tables.py"
     tables_file.write_text((REPO / "pipeline" / "demo_tables.py").read_text() + BUCKETS)
     rejected_topic = f"{namespace}readings.rejected"
@@ -151,12 +158,12 @@ def test_kill_9_under_load_then_restart_never_goes_back_and_ends_as_the_recomput
         # dead decides, and the next pipeline is killed in its turn (three tries at most).
         for _ in range(3):
             deadline = time.monotonic() + 300
-            while rows_past_checkpoint(broker, topics["sensor_stats"], checkpoints / "sensor_stats") < 100:
+            while rows_past_checkpoint(broker, topics["sensor_stats"], checkpoints / QUERY) < 100:
                 assert victim.alive(), f"pipeline exited early:\n{victim.tail()}"
                 assert time.monotonic() < deadline, f"no rows past a checkpoint within 300 s:\n{victim.tail()}"
                 time.sleep(0.2)
             victim.kill9()
-            landed = rows_past_checkpoint(broker, topics["sensor_stats"], checkpoints / "sensor_stats")
+            landed = rows_past_checkpoint(broker, topics["sensor_stats"], checkpoints / QUERY)
             time.sleep(2)
             second = start()
             if landed:
@@ -173,9 +180,12 @@ def test_kill_9_under_load_then_restart_never_goes_back_and_ends_as_the_recomput
         want_stats, want_counts = recompute(valid)
         # A number's key is its decimal string, where store nodes and the router look for it.
         want_buckets: dict[str, dict] = {}
+        want_max: dict[str, dict] = {}
         for _p, _o, _ts, _k, value in valid:
-            bucket = str(math.floor(orjson.loads(value)["reading"] / 10))
+            e = orjson.loads(value)
+            bucket = str(math.floor(e["reading"] / 10))
             want_buckets[bucket] = {"n": want_buckets.get(bucket, {"n": 0})["n"] + 1}
+            want_max[e["area"]] = {"max": max(e["reading"], want_max.get(e["area"], {"max": -math.inf})["max"])}
         want_windows: dict[tuple[bytes, int], list[float]] = {}
         for _p, _o, ts, _k, value in valid:
             e = orjson.loads(value)
@@ -188,14 +198,15 @@ def test_kill_9_under_load_then_restart_never_goes_back_and_ends_as_the_recomput
             got_stats, got_counts = materialize([r[:5] for r in stats]), materialize([r[:5] for r in counts])
             if not mismatches(got_stats, want_stats) and not mismatches(got_counts, want_counts) and \
                     materialize(read_topic(broker, topics["buckets"])) == want_buckets and \
+                    materialize(read_topic(broker, topics["area_max"])) == want_max and \
                     windows_of(broker, topics["sensor_windows"])[0].keys() == want_windows.keys():
                 break
             assert time.monotonic() < deadline, (
                 f"changelog never matched the recomputation; first differences: "
                 f"{(mismatches(got_stats, want_stats) + mismatches(got_counts, want_counts))[:5]}\n{second.tail()}")
             time.sleep(2)
-        # The windows and the dead letters are queries of their own, each pausing at checkpoints of its own: what is
-        # asserted of them below is waited for on its own, before the stop. Each window's latest row reflects the last
+        # The dead letters are a query of their own, pausing at checkpoints of its own: what is asserted of them and
+        # of the windows below is waited for on its own, before the stop. Each window's latest row reflects the last
         # input record of its window (its input position), and each bad record has its dead letter.
         last_inputs: dict[tuple[bytes, int], dict[int, int]] = {}
         for p, o, ts, _k, value in valid:
@@ -232,9 +243,10 @@ def test_kill_9_under_load_then_restart_never_goes_back_and_ends_as_the_recomput
                 os.killpg(p.proc.pid, signal.SIGKILL)
                 p.proc.wait(30)
 
-    # Every changelog keeps its records from compaction longer than a replay takes (ten 5 s intervals, at least 10 min).
-    assert {t: topic_config(admin, t)["min.compaction.lag.ms"] for t in topics.values()} == \
-        {t: "600000" for t in topics.values()}
+    # Every changelog keeps its records from compaction longer than a replay takes (ten 5 s intervals, at least 10 min);
+    # a versioned table's, longer than its history.
+    lags = {t: int(topic_config(admin, topic)["min.compaction.lag.ms"]) for t, topic in topics.items()}
+    assert lags.pop("area_max") > 3_600_000 and lags == {t: 600_000 for t in lags}
 
     # The replay wrote older rows again; a replica applying by input position skips them and never goes back.
     replayed = 0
@@ -269,6 +281,10 @@ def test_kill_9_under_load_then_restart_never_goes_back_and_ends_as_the_recomput
         assert abs(got["avg"] - sum(readings) / len(readings)) < 1e-9, w
 
     specs = MetadataStore.from_url(redis_url, namespace).tables()
-    assert {specs[t].pipeline_mode for t in topics} == {"realtime"}
+    assert {specs[t].pipeline_mode for t in topics} == {"realtime"} and {specs[t].query for t in topics} == {QUERY}
+    assert not (checkpoints / "sensor_stats").exists()
+    # A versioned table's every row carries its version's time: the largest record time it reflects.
+    assert all(version_time.HEADER in dict(h)
+               for *_, value, h in read_topic(broker, topics["area_max"], headers=True) if value is not None)
     assert specs["sensor_stats"].value_schema == {"count": "bigint", "sum": "double", "avg": "double",
                                                   "min": "double", "max": "double", "last": "double"}

@@ -312,7 +312,6 @@ def test_tables_naming_one_query_share_it_in_name_order(tmp_path):
     ('source="other"', r"tables 'a' and 'b' share query 'q', so they must read the same source with the same "
                        r"trigger_ms \(they read 's' every the pipeline's trigger and 'other' every the pipeline's"),
     ('source="s", trigger_ms=2000', r"they read 's' every the pipeline's trigger and 's' every 2000 ms"),
-    ('source="s", window=tumbling("10s")', r"windowed tables \['a', 'b'\] share query 'q'; a query has one watermark"),
 ])
 def test_a_shared_query_its_tables_cannot_run_together_is_refused(tmp_path, second, message):
     first_window = ', window=tumbling("10s")' if "window" in second else ""
@@ -337,24 +336,29 @@ def test_a_query_name_must_be_a_plain_identifier(tmp_path):
         load_tables(path)
 
 
-def test_a_realtime_query_holds_one_table_and_a_query_runs_in_one_mode(tmp_path):
+def test_a_query_runs_in_one_mode_and_has_one_watermark(tmp_path):
     from pipeline.settings import PipelineSettings
     from pipeline.tables_file import check_modes
 
     path = write(tmp_path, '''
-        from pipeline.tables import source, sql_table
+        from pipeline.tables import source, sql_table, tumbling
         source("s", schema="a STRING, b STRING")
         sql_table(name="x", key="a", source="s", sql="SELECT a, count(*) AS n FROM s GROUP BY a", query="q")
         sql_table(name="y", key="b", source="s", sql="SELECT b, count(*) AS n FROM s GROUP BY b", query="q")
         sql_table(name="z", key="b", source="s", sql="SELECT b, count(*) AS n FROM s GROUP BY b",
                   pipeline_mode="microbatch")
+        for name, grace in (("w1", "5s"), ("w2", "5s"), ("w3", "9s")):
+            sql_table(name=name, key="a", source="s", sql="SELECT a, window, count(*) AS n FROM s GROUP BY a, window",
+                      window=tumbling("10s", grace=grace), query="windows")
     ''')
     definition = load_tables(path)
     assert definition.tables["z"].pipeline_mode == "microbatch" and definition.tables["x"].pipeline_mode is None
-    with pytest.raises(TablesFileError, match=r"tables \['x', 'y'\] share query 'q', and a query in Real-time Mode "
-                                              r"holds one table .*pipeline_mode='microbatch'"):
+    with pytest.raises(TablesFileError, match=r"windowed tables 'w1' and 'w3' share Real-time query 'windows', which "
+                                              r"has one watermark: .* Give 'w3' a query of its own"):
         check_modes(definition, PipelineSettings(pipeline_mode="realtime").mode_of)
-    check_modes(definition, PipelineSettings(pipeline_mode="microbatch").mode_of)
+    with pytest.raises(TablesFileError, match=r"windowed tables \['w1', 'w2', 'w3'\] share query 'windows'; a "
+                                              r"query has one watermark"):
+        check_modes(definition, PipelineSettings(pipeline_mode="microbatch").mode_of)
     # A run to the input's end is micro-batches whatever the table says.
     settings = PipelineSettings(pipeline_mode="realtime", available_now=True)
     assert {settings.mode_of(t) for t in definition.tables.values()} == {"microbatch"}
@@ -369,3 +373,30 @@ def test_a_pipeline_mode_is_realtime_or_microbatch(tmp_path):
     with pytest.raises(TablesFileError, match=r"line 4: .*pipeline_mode must be one of 'realtime', 'microbatch', "
                                               r"not 'fast'"):
         load_tables(path)
+
+
+def test_a_sources_realtime_tables_share_one_query_each_window_that_can(tmp_path):
+    from pipeline.settings import PipelineSettings
+
+    path = write(tmp_path, '''
+        from pipeline.tables import hopping, source, sql_table, tumbling
+        source("s", schema="a STRING, b STRING")
+        source("lone", schema="a STRING")
+        agg = "SELECT a, window, count(*) AS n FROM s GROUP BY a, window"
+        sql_table(name="keyed", key="a", source="s", sql="SELECT a, count(*) AS n FROM s GROUP BY a")
+        sql_table(name="w5", key="a", source="s", sql=agg, window=tumbling("10s", grace="5s"))
+        sql_table(name="w5_minute", key="a", source="s", sql=agg, window=tumbling("1m", grace="5s"))
+        sql_table(name="w9", key="a", source="s", sql=agg, window=tumbling("10s", grace="9s"))
+        sql_table(name="hop", key="a", source="s", sql=agg, window=hopping("10s", "5s", grace="5s"))
+        sql_table(name="batched", key="b", source="s", sql="SELECT b, count(*) AS n FROM s GROUP BY b",
+                  pipeline_mode="microbatch")
+        sql_table(name="named", key="b", source="s", sql="SELECT b, count(*) AS n FROM s GROUP BY b", query="own")
+        sql_table(name="only", key="a", source="lone", sql="SELECT a, count(*) AS n FROM lone GROUP BY a")
+    ''')
+    definition = load_tables(path)
+    grouped = queries(definition, PipelineSettings(pipeline_mode="realtime").mode_of)
+    assert {name: [t.name for t in tables] for name, tables in grouped.items()} == {
+        "s.tables": ["keyed", "w5", "w5_minute"], "hop": ["hop"], "w9": ["w9"], "batched": ["batched"],
+        "own": ["named"], "only": ["only"]}
+    # In micro-batches every table names its query or has its own.
+    assert len(queries(definition, PipelineSettings(pipeline_mode="microbatch").mode_of)) == 8

@@ -342,7 +342,7 @@ async def test_key_metadata_tables_cluster(cluster):
                        "input_lag": {"records": 0, "ms": 0},
                        "pipeline": {"alive": False, "last_progress_ms": None},
                        "key_format": "string", "value_format": "json", "origin": "pipeline", "pipeline_mode": None,
-                       "history_retention_ms": 0}]
+                       "query": None, "history_retention_ms": 0}]
     assert [n["node"] for n in view["nodes"]] == ["n1", "n2"]
     assert all(n["alive"] and len(n["replicas"]) == 4 for n in view["nodes"])
     assert view["metadata"]["loaded"] is True

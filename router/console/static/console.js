@@ -208,7 +208,8 @@ function renderTables(s) {
     h("td", { class: lagClass(t.max_lag_offsets, t.max_lag_ms) }, lagText(t.max_lag_offsets, t.max_lag_ms)),
     h("td", { class: p.alive ? "alive" : "dead", "data-pipeline-alive": Boolean(p.alive) },
       h("span", { class: "dot" }), p.alive ? "running" : "not running",
-      t.pipeline_mode ? h("span", { class: "muted", "data-pipeline-mode": t.pipeline_mode }, ` ${t.pipeline_mode === "realtime" ? "real-time" : "micro-batches"}`) : null),
+      t.pipeline_mode ? h("span", { class: "muted", "data-pipeline-mode": t.pipeline_mode }, ` ${t.pipeline_mode === "realtime" ? "real-time" : "micro-batches"}`) : null,
+      t.query ? h("span", { class: "muted", "data-query": t.query, title: "the pipeline's streaming query that computes it" }, ` in ${t.query}`) : null),
     h("td", { class: "num" }, p.last_progress_ms ? `${ago(s.at_ms - p.last_progress_ms)} ago` : "never"),
     // A table no pipeline has ever written to (a topic served as it is) has no input lag to tell.
     h("td", { class: "num" }, p.last_progress_ms && t.input_lag ? `${t.input_lag.records} / ${ago(t.input_lag.ms)}` : "unknown"),
