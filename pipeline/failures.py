@@ -68,9 +68,15 @@ def lasting_failure(q: Query, error: str, settings: PipelineSettings) -> Freshro
                                 f"Mode cannot resume from it (Spark: {refused.group(1)}). Delete {checkpoint} to "
                                 f"recompute the table from its input, or give it pipeline_mode='microbatch'.",
                                 query=q.name, checkpoint=str(checkpoint))
-        return RealtimeRefused(f"table {name!r} cannot run in Real-time Mode (Spark: {refused.group(1)}: "
-                               f"{refused.group(2).strip()}). Give the table pipeline_mode='microbatch' in the tables "
-                               f"file to run it in micro-batches", table=name)
+        spark = f"(Spark: {refused.group(1)}: {refused.group(2).strip()})"
+        if len(q.tables) > 1:
+            # One aggregation computes them all (pipeline.fusion): Spark names the operator, not the table.
+            return RealtimeRefused(f"{q.label} cannot run in Real-time Mode {spark}. Give the table whose shape Spark "
+                                   f"refuses pipeline_mode='microbatch' in the tables file to run it in micro-batches "
+                                   f"(or query='<its name>' to run it alone and find which)", query=q.name,
+                                   tables=[t.name for t in q.tables])
+        return RealtimeRefused(f"table {name!r} cannot run in Real-time Mode {spark}. Give the table "
+                               f"pipeline_mode='microbatch' in the tables file to run it in micro-batches", table=name)
     # A source that fails on invalid input: a restart would meet the same record.
     invalid = re.search(r"INVALID_INPUT: ([^\n]+)", error)
     if invalid:

@@ -15,6 +15,7 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from freshroute import input_position
 from freshroute.keys import deserialize_key
 from pipeline.topics import describe_topic
 
@@ -180,3 +181,23 @@ class Processes:
     def stop_all(self) -> None:
         for name in list(self.procs):
             self.stop(name)
+
+
+def applied_in_order(records: list) -> tuple[dict[bytes, dict], int, list[str]]:
+    """What a replica applying ``records`` by their input positions holds (freshroute.input_position, as the store
+    node's applier does), how many rows it skips, and every time a key's count would go back."""
+    held: dict[bytes, tuple[bytes | None, dict]] = {}
+    skipped, backwards = 0, []
+    for _p, offset, _ts, key, value, headers in sorted(records, key=lambda r: (r[0], r[1])):
+        raw = input_position.of_record(headers)
+        assert input_position.decode(raw) is not None, f"record at offset {offset} has no input position"
+        before = held.get(key)
+        applied, position = input_position.applies(before and before[0], raw, value is None)
+        if not applied:
+            skipped += 1
+            continue
+        row = orjson.loads(value)
+        if before is not None and row["count"] < before[1]["count"]:
+            backwards.append(f"{key!r}: count {before[1]['count']} then {row['count']} at offset {offset}")
+        held[key] = (position, row)
+    return {k: row for k, (_, row) in held.items()}, skipped, backwards

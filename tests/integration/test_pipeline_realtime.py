@@ -29,7 +29,8 @@ from freshroute.windows import WATERMARK_KEY, parse_watermark, split_window_key
 from pipeline.follower import committed_offsets
 from pipeline.topics import ensure_topic
 
-from .pipeline_support import AREAS, REPO, SENSORS, PipelineProcess, materialize, mismatches, read_topic, recompute
+from .pipeline_support import (AREAS, REPO, SENSORS, PipelineProcess, applied_in_order, materialize, mismatches,
+                               read_topic, recompute)
 from .stack_fixture import wait_until
 
 pytestmark = pytest.mark.integration
@@ -100,26 +101,6 @@ def windows_of(bootstrap: str, topic: str) -> tuple[dict, list[int]]:
         elif value is not None:
             windows[split_window_key(key)] = orjson.loads(value)
     return windows, marks
-
-
-def applied_in_order(records: list) -> tuple[dict[bytes, dict], int, list[str]]:
-    """What a replica applying ``records`` by their input positions holds (freshroute.input_position, as the store
-    node's applier does), how many rows it skips, and every time a key's count would go back."""
-    held: dict[bytes, tuple[bytes | None, dict]] = {}
-    skipped, backwards = 0, []
-    for _p, offset, _ts, key, value, headers in sorted(records, key=lambda r: (r[0], r[1])):
-        raw = input_position.of_record(headers)
-        assert input_position.decode(raw) is not None, f"record at offset {offset} has no input position"
-        before = held.get(key)
-        applied, position = input_position.applies(before and before[0], raw, value is None)
-        if not applied:
-            skipped += 1
-            continue
-        row = orjson.loads(value)
-        if before is not None and row["count"] < before[1]["count"]:
-            backwards.append(f"{key!r}: count {before[1]['count']} then {row['count']} at offset {offset}")
-        held[key] = (position, row)
-    return {k: row for k, (_, row) in held.items()}, skipped, backwards
 
 
 @pytest.mark.timeout(900)

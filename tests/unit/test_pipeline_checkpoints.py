@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline.checkpoints import (QUERY_TABLES_FILE, ChangelogLost, QueryChanged, check_changelog_kept,
-                                  check_query_tables, committed_batches, frozen_shuffle_partitions, query_checkpoint_of)
+                                  check_query_tables, committed_batches, frozen_shuffle_partitions, query_checkpoint_of,
+                                  retire_superseded)
 
 
 def test_a_vanished_changelog_with_committed_batches_is_refused(tmp_path):
@@ -69,3 +70,37 @@ def test_a_checkpoints_shuffle_partitions_are_read_from_its_latest_offset_log(tm
     (offsets / ".1.crc").write_bytes(b"x")
     (offsets / "2").write_bytes(b"v1\n")  # being written
     assert frozen_shuffle_partitions(tmp_path) == 2
+
+
+def committed(checkpoint, tables=None):
+    """A checkpoint with one committed batch, recording ``tables`` (None: no record, as before shared queries)."""
+    (checkpoint / "commits").mkdir(parents=True)
+    (checkpoint / "commits" / "0").write_text("v1")
+    if tables is not None:
+        (checkpoint / QUERY_TABLES_FILE).write_text('{"tables": %s}' % str(tables).replace("'", '"'))
+    return checkpoint
+
+
+def test_checkpoints_of_tables_a_new_query_now_computes_are_moved_aside_once(tmp_path):
+    committed(tmp_path / "sensor_stats", ["sensor_stats"])
+    committed(tmp_path / "area_counts")  # its one table's own
+    committed(tmp_path / "other", ["other"])
+    committed(tmp_path / "readings.rejected", [])
+    (tmp_path / "sensor_windows").mkdir()  # started, never committed: nothing to say
+    fused = tmp_path / "readings.tables"
+    moved = retire_superseded(fused, ["area_counts", "sensor_stats", "sensor_windows"], {"readings.tables", "other"})
+    assert moved == [tmp_path / ".superseded" / "area_counts", tmp_path / ".superseded" / "sensor_stats"]
+    assert committed_batches(moved[1]) == 1 and not (tmp_path / "sensor_stats").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".superseded", "other", "readings.rejected", "sensor_windows"]
+    # No table is found in a checkpoint moved aside.
+    assert query_checkpoint_of(tmp_path, "sensor_stats") == tmp_path / "sensor_stats"
+    # Once the query has its own batches, or for a query of this run, nothing moves.
+    committed(tmp_path / "sensor_stats", ["sensor_stats"])
+    assert retire_superseded(tmp_path / "area_counts", ["sensor_stats"], {"area_counts", "sensor_stats"}) == []
+    committed(fused, ["area_counts", "sensor_stats", "sensor_windows"])
+    assert retire_superseded(fused, ["sensor_stats"], {"readings.tables"}) == []
+    # A second move aside of one name keeps the first.
+    root = tmp_path / "again"
+    for n in ("", ".2"):
+        committed(root / "x", ["t"])
+        assert retire_superseded(root / "y", ["t"], {"y"}) == [root / ".superseded" / f"x{n}"]

@@ -213,6 +213,14 @@ def test_a_shape_realtime_mode_refuses_stops_the_pipeline_naming_the_table_and_s
                                               r"ArrowEvalPythonExec.*pipeline_mode='microbatch'") as e:
         pipeline._restart_or_fail(run, error, threading.Event())
     assert e.value.code == "REALTIME_REFUSED" and run.failures == []
+    # A source's tables in one query: Spark names the operator, the error every table the query computes.
+    shared = run_of(pipeline, "area_counts", "sensor_stats", name="readings.tables")
+    with pytest.raises(RealtimeRefused, match=r"^query readings.tables \(area_counts, sensor_stats\) cannot run in "
+                                              r"Real-time Mode \(Spark: STREAMING_REAL_TIME_MODE.OPERATOR_OR_SINK_NOT_"
+                                              r"IN_ALLOWLIST: .*ArrowEvalPythonExec.*\)\. Give the table whose shape "
+                                              r"Spark refuses pipeline_mode='microbatch'") as e:
+        pipeline._restart_or_fail(shared, error, threading.Event())
+    assert e.value.details == {"query": "readings.tables", "tables": ["area_counts", "sensor_stats"]}
     v1 = "[STREAMING_REAL_TIME_MODE.CHECKPOINT_FORMAT_V1_NOT_SUPPORTED] cannot start on a v1 checkpoint\n"
     with pytest.raises(QueryChanged, match=r"written by micro-batches, and Real-time Mode cannot resume from it"):
         pipeline._restart_or_fail(run, v1, threading.Event())

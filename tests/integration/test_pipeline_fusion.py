@@ -1,0 +1,130 @@
+"""A source's Real-time tables in one query (pipeline.fusion), met by a stack that ran them in queries of their own:
+the new query recomputes them, moves the old checkpoints aside saying so, ends equal to a recomputation of the input,
+and no replica applying the changelog ever sees a key go back. A table one aggregation cannot compute is refused by
+name before any task runs.
+
+Real broker, real Redis, real Spark, the pipeline as its own process (``python -m pipeline``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from freshroute.metadata import MetadataStore
+from pipeline.checkpoints import committed_batches
+from pipeline.topics import ensure_topic
+
+from .pipeline_support import PipelineProcess, applied_in_order, materialize, mismatches, read_topic, recompute
+from .stack_fixture import wait_until
+from .test_pipeline_exactly_once import produce_readings
+
+pytestmark = pytest.mark.integration
+
+TABLES = '''
+from pyspark.sql import functions as F
+from pipeline.tables import source, sql_table, table
+
+source("readings", schema="sensor STRING NOT NULL, area STRING NOT NULL, reading DOUBLE NOT NULL")
+
+
+@table(name="sensor_stats", key="sensor", source="readings"{stats})
+def sensor_stats(readings):
+    return readings.groupBy("sensor").agg(
+        F.count("reading").alias("count"), F.sum("reading").alias("sum"), F.avg("reading").alias("avg"),
+        F.min("reading").alias("min"), F.max("reading").alias("max"),
+        F.max_by("reading", F.struct("timestamp", "partition", "offset")).alias("last"))
+
+
+sql_table(name="area_counts", key="area", source="readings"{counts},
+          sql="SELECT area, count(*) AS count FROM readings GROUP BY area")
+'''
+# Each table in a query of its own, as the pipeline ran Real-time tables before they shared their source's.
+APART = TABLES.format(stats=', query="sensor_stats"', counts=', query="area_counts"')
+TOGETHER = TABLES.format(stats="", counts="")
+STATELESS = TOGETHER + '''
+sql_table(name="raw", key="sensor", source="readings", sql="SELECT sensor, reading FROM readings")
+'''
+
+
+@pytest.mark.timeout(600)
+def test_tables_that_ran_apart_are_recomputed_together_and_never_go_back(broker, redis_url, namespace, tmp_path):
+    rng = random.Random(20261202)
+    input_topic = f"{namespace}readings"
+    stats_topic, counts_topic = f"{namespace}sensor_stats-changelog", f"{namespace}area_counts-changelog"
+    checkpoints = tmp_path / "checkpoints"
+    ensure_topic(AdminClient({"bootstrap.servers": broker}), input_topic, 2)
+    tables = tmp_path / "tables.py"
+    env = {**os.environ,
+           "FRESHROUTE_BOOTSTRAP_SERVERS": broker, "FRESHROUTE_REDIS_URL": redis_url, "FRESHROUTE_NAMESPACE": namespace,
+           "FRESHROUTE_TOPIC_PREFIX": namespace, "FRESHROUTE_CHECKPOINT_DIR": str(checkpoints),
+           "FRESHROUTE_CHANGELOG_PARTITIONS": "4", "FRESHROUTE_PIPELINE_MODE": "realtime",
+           "FRESHROUTE_REALTIME_CHECKPOINT_INTERVAL": "5 seconds", "FRESHROUTE_TABLES_FILE": str(tables)}
+    started: list[PipelineProcess] = []
+
+    def run(text: str) -> PipelineProcess:
+        tables.write_text(text)
+        started.append(PipelineProcess(env, tmp_path / f"pipeline-{len(started) + 1}.log"))
+        return started[-1]
+
+    def caught_up(pipeline: PipelineProcess) -> None:
+        want_stats, want_counts = recompute(read_topic(broker, input_topic))
+
+        def equal() -> bool:
+            return not mismatches(materialize(read_topic(broker, stats_topic)), want_stats) and \
+                not mismatches(materialize(read_topic(broker, counts_topic)), want_counts)
+
+        wait_until(equal, 180, "the changelogs to equal a recomputation of the input", interval_s=2,
+                   check=pipeline.check)
+
+    def stopped(pipeline: PipelineProcess) -> None:
+        pipeline.proc.send_signal(signal.SIGTERM)
+        assert pipeline.wait_exit(120) == 0, pipeline.tail()
+
+    try:
+        produce_readings(broker, input_topic, 2000, rng)
+        apart = run(APART)
+        caught_up(apart)
+        wait_until(lambda: all(committed_batches(checkpoints / q) for q in ("sensor_stats", "area_counts")), 60,
+                   "a checkpoint of each table's query", check=apart.check)
+        stopped(apart)
+
+        together = run(TOGETHER)
+        produce_readings(broker, input_topic, 1000, rng)
+        caught_up(together)
+        moved = checkpoints / ".superseded"
+        assert sorted(p.name for p in moved.iterdir()) == ["area_counts", "sensor_stats"]
+        assert not (checkpoints / "sensor_stats").exists()
+        wait_until(lambda: committed_batches(checkpoints / "readings.tables"), 60, "the shared query's checkpoint",
+                   check=together.check)
+        assert (f"query readings.tables: computes area_counts, sensor_stats, which earlier queries computed (their "
+                f"checkpoints, moved to {moved / 'area_counts'}, {moved / 'sensor_stats'}, hold state this query "
+                f"cannot resume): recomputing them") in together.log.read_text()
+        specs = MetadataStore.from_url(redis_url, namespace).tables()
+        assert {specs[t].query for t in ("sensor_stats", "area_counts")} == {"readings.tables"}
+        stopped(together)
+
+        # The recomputation wrote every key again from the input's start: a replica applying by input position
+        # skipped those rows until they passed what it held, and no count went back.
+        for topic in (stats_topic, counts_topic):
+            records = read_topic(broker, topic, headers=True)
+            held, skipped, backwards = applied_in_order(records)
+            assert not backwards, backwards[:5]
+            assert skipped > 0 and {k.decode(): v for k, v in held.items()} == materialize([r[:5] for r in records])
+
+        # A table of source rows beside them: one aggregation cannot compute it, and the pipeline says so by name. (Over
+        # the shared query's checkpoint, a table added to it is refused before that: QUERY_CHANGED.)
+        env["FRESHROUTE_CHECKPOINT_DIR"] = str(tmp_path / "fresh")
+        refused = run(STATELESS)
+        assert refused.wait_exit(240) != 0
+        assert ("FUSION_REFUSED: table 'raw' cannot share Real-time query 'readings.tables' with the other tables of "
+                "source 'readings': it aggregates nothing") in refused.log.read_text(), refused.tail()
+    finally:
+        for p in started:
+            if p.group_alive():
+                os.killpg(p.proc.pid, signal.SIGKILL)
+                p.proc.wait(30)
