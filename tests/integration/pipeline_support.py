@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from freshroute import input_position
@@ -201,3 +202,15 @@ def applied_in_order(records: list) -> tuple[dict[bytes, dict], int, list[str]]:
             backwards.append(f"{key!r}: count {before[1]['count']} then {row['count']} at offset {offset}")
         held[key] = (position, row)
     return {k: row for k, (_, row) in held.items()}, skipped, backwards
+
+
+def produce_readings(bootstrap: str, topic: str, n: int, rng: random.Random) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
+    errors: list = []
+    for _ in range(n):
+        i = rng.randrange(SENSORS)
+        event = {"sensor": f"sensor-{i}", "area": AREAS[i % len(AREAS)], "reading": round(rng.uniform(-20, 120), 3)}
+        p.produce(topic, key=event["sensor"].encode(), value=orjson.dumps(event),
+                  on_delivery=lambda err, _m: errors.append(err) if err else None)
+        p.poll(0)
+    assert p.flush(30) == 0 and not errors

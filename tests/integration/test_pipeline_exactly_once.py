@@ -11,9 +11,7 @@ import random
 import signal
 import time
 
-import orjson
 import pytest
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from freshroute.keys import partition_for
@@ -21,23 +19,12 @@ from freshroute.metadata import MetadataStore
 from pipeline.checkpoints import committed_batches, query_checkpoint_of
 from pipeline.topics import ensure_topic
 
-from .pipeline_support import AREAS, SENSORS, PipelineProcess, materialize, mismatches, read_topic, recompute
+from .pipeline_support import (SENSORS, PipelineProcess, materialize, mismatches, produce_readings, read_topic,
+                               recompute)
 
 pytestmark = [pytest.mark.integration, pytest.mark.beside]
 
 CHANGELOG_PARTITIONS = 8
-
-
-def produce_readings(bootstrap: str, topic: str, n: int, rng: random.Random) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
-    errors: list = []
-    for _ in range(n):
-        i = rng.randrange(SENSORS)
-        event = {"sensor": f"sensor-{i}", "area": AREAS[i % len(AREAS)], "reading": round(rng.uniform(-20, 120), 3)}
-        p.produce(topic, key=event["sensor"].encode(), value=orjson.dumps(event),
-                  on_delivery=lambda err, _m: errors.append(err) if err else None)
-        p.poll(0)
-    assert p.flush(30) == 0 and not errors
 
 
 @pytest.mark.timeout(1500)

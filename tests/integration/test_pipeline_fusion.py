@@ -11,23 +11,27 @@ from __future__ import annotations
 import os
 import random
 import signal
+import time
 
+import orjson
 import pytest
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from freshroute.metadata import MetadataStore
+from freshroute.windows import split_window_key
 from pipeline.checkpoints import committed_batches
 from pipeline.topics import ensure_topic
 
-from .pipeline_support import PipelineProcess, applied_in_order, materialize, mismatches, read_topic, recompute
+from .pipeline_support import (PipelineProcess, applied_in_order, materialize, mismatches, produce_readings, read_topic,
+                               recompute)
 from .stack_fixture import wait_until
-from .test_pipeline_exactly_once import produce_readings
 
 pytestmark = pytest.mark.integration
 
 TABLES = '''
 from pyspark.sql import functions as F
-from pipeline.tables import source, sql_table, table
+from pipeline.tables import source, sql_table, table, tumbling
 
 source("readings", schema="sensor STRING NOT NULL, area STRING NOT NULL, reading DOUBLE NOT NULL")
 
@@ -42,10 +46,16 @@ def sensor_stats(readings):
 
 sql_table(name="area_counts", key="area", source="readings"{counts},
           sql="SELECT area, count(*) AS count FROM readings GROUP BY area")
+
+
+@table(name="sensor_windows", key="sensor", source="readings", window=tumbling("10 seconds", grace="5 seconds"){windows})
+def sensor_windows(readings):
+    return readings.groupBy("sensor", "window").agg(F.count("reading").alias("count"))
 '''
 # Each table in a query of its own, as the pipeline ran Real-time tables before they shared their source's.
-APART = TABLES.format(stats=', query="sensor_stats"', counts=', query="area_counts"')
-TOGETHER = TABLES.format(stats="", counts="")
+APART = TABLES.format(stats=', query="sensor_stats"', counts=', query="area_counts"',
+                      windows=', query="sensor_windows"')
+TOGETHER = TABLES.format(stats="", counts="", windows="")
 STATELESS = TOGETHER + '''
 sql_table(name="raw", key="sensor", source="readings", sql="SELECT sensor, reading FROM readings")
 '''
@@ -56,6 +66,7 @@ def test_tables_that_ran_apart_are_recomputed_together_and_never_go_back(broker,
     rng = random.Random(20261202)
     input_topic = f"{namespace}readings"
     stats_topic, counts_topic = f"{namespace}sensor_stats-changelog", f"{namespace}area_counts-changelog"
+    windows_topic = f"{namespace}sensor_windows-changelog"
     checkpoints = tmp_path / "checkpoints"
     ensure_topic(AdminClient({"bootstrap.servers": broker}), input_topic, 2)
     tables = tmp_path / "tables.py"
@@ -89,23 +100,36 @@ def test_tables_that_ran_apart_are_recomputed_together_and_never_go_back(broker,
         produce_readings(broker, input_topic, 2000, rng)
         apart = run(APART)
         caught_up(apart)
-        wait_until(lambda: all(committed_batches(checkpoints / q) for q in ("sensor_stats", "area_counts")), 60,
+        wait_until(lambda: all(committed_batches(checkpoints / q)
+                               for q in ("sensor_stats", "area_counts", "sensor_windows")), 60,
                    "a checkpoint of each table's query", check=apart.check)
         stopped(apart)
 
         together = run(TOGETHER)
         produce_readings(broker, input_topic, 1000, rng)
         caught_up(together)
-        moved = checkpoints / ".superseded"
-        assert sorted(p.name for p in moved.iterdir()) == ["area_counts", "sensor_stats"]
-        assert not (checkpoints / "sensor_stats").exists()
         wait_until(lambda: committed_batches(checkpoints / "readings.tables"), 60, "the shared query's checkpoint",
                    check=together.check)
-        assert (f"query readings.tables: computes area_counts, sensor_stats, which earlier queries computed (their "
-                f"checkpoints, moved to {moved / 'area_counts'}, {moved / 'sensor_stats'}, hold state this query "
-                f"cannot resume): recomputing them") in together.log.read_text()
+        # An hour late, after a checkpoint: the keyed tables, which have no watermark, count it whatever the windows'
+        # watermark does with it (in Real-time Mode it does not yet move reliably: docs/tables.md).
+        late = Producer({"bootstrap.servers": broker})
+        late.produce(input_topic, key=b"sensor-1", value=orjson.dumps({"sensor": "sensor-1", "area": "late-area",
+                                                                      "reading": 1.0}),
+                     timestamp=int(time.time() * 1000) - 3_600_000)
+        assert late.flush(30) == 0
+        caught_up(together)
+        assert materialize(read_topic(broker, counts_topic))["late-area"] == {"count": 1}
+        windows = [split_window_key(k) for *_, k, _v in read_topic(broker, windows_topic)]
+        assert any(w is not None and w[0] == b"sensor-1" for w in windows)
+        moved = checkpoints / ".superseded"
+        assert sorted(p.name for p in moved.iterdir()) == ["area_counts", "sensor_stats", "sensor_windows"]
+        assert not (checkpoints / "sensor_stats").exists()
+        assert (f"query readings.tables: computes area_counts, sensor_stats, sensor_windows, which earlier queries "
+                f"computed (their checkpoints, moved to {moved / 'area_counts'}, {moved / 'sensor_stats'}, "
+                f"{moved / 'sensor_windows'}, hold state this query cannot resume): recomputing them") \
+            in together.log.read_text()
         specs = MetadataStore.from_url(redis_url, namespace).tables()
-        assert {specs[t].query for t in ("sensor_stats", "area_counts")} == {"readings.tables"}
+        assert {specs[t].query for t in ("sensor_stats", "area_counts", "sensor_windows")} == {"readings.tables"}
         stopped(together)
 
         # The recomputation wrote every key again from the input's start: a replica applying by input position
