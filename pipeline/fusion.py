@@ -10,7 +10,8 @@ and each adds its own. The fused plan, built from those analysed plans (Catalyst
    projection's new columns are null on other tables' rows, a filter passes them;
 3. one aggregation grouped by the table index, key columns shared among the tables (each table's grouping values in
    them on its own rows, null on others) and the window, kept whole so that the watermark evicts finished windows;
-   each table's aggregates count only its own rows (``FILTER (WHERE table = i)``);
+   each distinct aggregate computed once over the rows of the tables that have it (``FILTER (WHERE table IN …)``):
+   the demo's tables share their counts, minima, maxima and input positions;
 4. each table's steps after its aggregation, again for its own rows;
 5. one row per changed group: the table index, and per table a struct of its columns named after it (null but for the
    row's own table) — the shape :func:`pipeline.microbatch_query.union_tables` gives a micro-batch query's tables.
@@ -73,6 +74,7 @@ class _Fusion:
         self.x = self.jvm.org.apache.spark.sql.catalyst.expressions
         self.logical = self.jvm.org.apache.spark.sql.catalyst.plans.logical
         self.delay_key = self.logical.EventTimeWatermark.delayKey()
+        self._shared: list[tuple[Any, Any]] = []  # each distinct aggregate, and its fused form
 
     # The plan, step by step.
     def fused(self, frames: list[tuple[Table, "DataFrame"]]) -> "DataFrame":
@@ -173,6 +175,7 @@ class _Fusion:
         for slot, members in zip(slots, list(keys.values()) + ([window] if window else [])):
             for i, g in members:
                 slot_of.setdefault(i, []).append((g, slot.toAttribute()))
+        self._shared = self._shared_aggregates(shapes)
         outputs, renamed = [self.table], {}
         for i, s in enumerate(shapes):
             for e in self._list(s.aggregate.aggregateExpressions()):
@@ -186,13 +189,38 @@ class _Fusion:
         return (self.logical.Aggregate(self._seq(groups), self._seq(outputs), plan, shapes[0].aggregate.hint()),
                 renamed)
 
-    def _per_table(self, e: Any, i: int, slots: list[tuple[Any, Any]]) -> Any:
-        """An aggregate output of table ``i``: its aggregates over its own rows, its grouping values from its slots."""
+    def _shared_aggregates(self, shapes: list[_Shape]) -> list[tuple[Any, Any]]:
+        """Each distinct aggregate of the tables, and the one expression that computes it for every table that has
+        it: over the rows of those tables only (a group's rows are one table's, so it is that table's value), one
+        buffer in the state however many tables ask for it — the demo's tables share count, min, max, avg and the
+        input position."""
+        found: list[tuple[Any, list[int]]] = []
+        for i, s in enumerate(shapes):
+            for e in self._list(s.aggregate.aggregateExpressions()):
+                for ae in self._aggregates_in(e):
+                    same = next((f for f in found if f[0].semanticEquals(ae)), None)
+                    if same is None:
+                        found.append((ae, [i]))
+                    elif i not in same[1]:
+                        same[1].append(i)
+        shared = []
+        for ae, tables in found:
+            own = self._any_of(tables)
+            kept = own if ae.filter().isEmpty() else self.x.And(ae.filter().get(), own)
+            shared.append((ae, ae.copy(ae.aggregateFunction(), ae.mode(), ae.isDistinct(),
+                                       self.jvm.scala.Option.apply(kept), ae.resultId())))
+        return shared
+
+    def _aggregates_in(self, e: Any) -> list[Any]:
         if e.nodeName() == "AggregateExpression":
-            own = self._is(i)
-            kept = own if e.filter().isEmpty() else self.x.And(e.filter().get(), own)
-            return e.copy(e.aggregateFunction(), e.mode(), e.isDistinct(), self.jvm.scala.Option.apply(kept),
-                          e.resultId())
+            return [e]
+        return [a for c in self._list(e.children()) for a in self._aggregates_in(c)]
+
+    def _per_table(self, e: Any, i: int, slots: list[tuple[Any, Any]]) -> Any:
+        """An aggregate output of table ``i``: its aggregates over its tables' rows (:meth:`_shared_aggregates`), its
+        grouping values from its slots."""
+        if e.nodeName() == "AggregateExpression":
+            return next(fused for ae, fused in self._shared if ae.semanticEquals(e))
         for g, slot in slots:
             if e.semanticEquals(g):
                 return slot
@@ -221,6 +249,12 @@ class _Fusion:
             fields += [self.x.Literal.create(a.name(), self.jvm.org.apache.spark.sql.types.DataTypes.StringType),
                        self._renamed(a, renamed)]
         return self.x.CreateNamedStruct(self._seq(fields))
+
+    def _any_of(self, tables: list[int]) -> Any:
+        test = self._is(tables[0])
+        for i in tables[1:]:
+            test = self.x.Or(test, self._is(i))
+        return test
 
     def _is(self, i: int) -> Any:
         return self.x.EqualTo(self.table, self.x.Literal(i, self.jvm.org.apache.spark.sql.types.DataTypes.IntegerType))

@@ -68,10 +68,11 @@ class PipelineSettings(CommonSettings):
     changelog_partitions: int = Field(8, ge=1, description="partitions of a changelog topic the pipeline creates")
     # Frozen into each query's checkpoint on its first run: changing it later has no effect on that query. A
     # Real-time query holds a task per shuffle partition for its life beside one per input partition, and each
-    # checkpoint commits every partition's state; on the demo stack one took the pipeline at rest from 0.35–0.40 to
-    # 0.30 cores and an event's p99 from 56–74 ms to 25 with no slower burst (docs/benchmarks.md). A micro-batch
-    # query pays a task, a commit and a state file per partition per batch, whatever it holds.
-    shuffle_partitions: int = Field(1, ge=1, description="Spark shuffle partitions (state store partitions) of a "
+    # checkpoint commits every partition's state. A source's tables share one aggregation (pipeline.fusion), which
+    # one partition leaves on one core: on the demo stack a 100,000-reading burst took 68–88 s with one and 41 s
+    # with two, at the same CPU at rest (docs/benchmarks.md). A micro-batch query pays a task, a commit and a state
+    # file per partition per batch, whatever it holds.
+    shuffle_partitions: int = Field(2, ge=1, description="Spark shuffle partitions (state store partitions) of a "
                                                          "query's first start: more spread a stateful query over "
                                                          "more cores")
     max_records_per_batch: int = Field(100_000, ge=0, description="admission control: input records per micro-batch (0 = no limit)")

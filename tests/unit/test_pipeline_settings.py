@@ -17,7 +17,7 @@ def test_defaults(monkeypatch):
     s = load(PipelineSettings)
     assert s.tables_file == DEMO_TABLES_FILE and DEMO_TABLES_FILE.name == "demo_tables.py"
     assert s.checkpoint_dir == Path(".freshroute/pipeline/checkpoints")
-    assert (s.trigger_ms, s.changelog_partitions, s.shuffle_partitions) == (500, 8, 1)
+    assert (s.trigger_ms, s.changelog_partitions, s.shuffle_partitions) == (500, 8, 2)
     assert s.available_now is False and s.topic_prefix == "" and s.spark_master == "local[*]"
 
 

@@ -86,9 +86,10 @@ def test_the_console_draws_every_node_and_replica_as_the_cluster_api_has_them(st
             assert sum(role == "active" for _, _, role, _ in drawn) == tables[table]["partitions"]
         rows = page.evaluate("[...document.querySelectorAll('#tables tbody tr')].map(tr => "
                              "[tr.dataset.table, tr.cells[1].textContent, tr.querySelector('[data-pipeline-alive]')"
-                             ".dataset.pipelineAlive])")
-        assert {name: (int(n), alive) for name, n, alive in rows} == \
-            {name: (t["partitions"], "true") for name, t in tables.items()}
+                             ".dataset.pipelineAlive, tr.querySelector('[data-query]')?.dataset.query])")
+        # The demo's tables are computed by one query, which each row names.
+        assert {name: (int(n), alive, query) for name, n, alive, query in rows} == \
+            {name: (t["partitions"], "true", "readings.tables") for name, t in tables.items()}
 
 
 def ask(console, table: str, key: str, **bounds: str) -> tuple[dict | None, str]:
