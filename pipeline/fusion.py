@@ -66,6 +66,8 @@ def fuse(spark: "SparkSession", query: str, rows: "DataFrame", frames: list[tupl
 
 
 class _Fusion:
+    """One fused plan in the making, from Catalyst's nodes through py4j (the module says what it is)."""
+
     def __init__(self, spark: "SparkSession", query: str, rows: "DataFrame") -> None:
         self.spark = spark
         self.jvm = spark._jvm
@@ -74,6 +76,7 @@ class _Fusion:
         self.x = self.jvm.org.apache.spark.sql.catalyst.expressions
         self.logical = self.jvm.org.apache.spark.sql.catalyst.plans.logical
         self.delay_key = self.logical.EventTimeWatermark.delayKey()
+        self.table: Any = None  # the table index column, once the rows are exploded
         self._shared: list[tuple[Any, Any]] = []  # each distinct aggregate, and its fused form
 
     # The plan, step by step.
@@ -93,10 +96,11 @@ class _Fusion:
         for i, shape in enumerate(shapes):
             for step in reversed(shape.after):
                 plan = self._step(step, i, plan, renamed)
-        columns = [self._alias(self.x.If(self._is(i), self._struct(shape, renamed),
-                                         self.x.Literal(None, self._struct(shape, renamed).dataType())),
-                               shape.table.name)
-                   for i, shape in enumerate(shapes)]
+        columns = []
+        for i, shape in enumerate(shapes):
+            struct = self._struct(shape, renamed)
+            columns.append(self._alias(self.x.If(self._is(i), struct, self.x.Literal(None, struct.dataType())),
+                                       shape.table.name))
         return self._frame(self.logical.Project(self._seq([self.table] + columns), plan))
 
     def _shape(self, t: Table, df: "DataFrame") -> _Shape:
@@ -104,24 +108,24 @@ class _Fusion:
         after, node = [], plan
         while node.nodeName() != "Aggregate":
             if node.equals(self.base):
-                raise refused(t, self.query, "it aggregates nothing, and one aggregation computes the tables of a "
-                                             "query (a row of source rows has no group to keep)")
-            self._check_step(t, node, "after their aggregation")
+                raise refused(t, self.query, "it aggregates nothing (each of its rows is a source row's), and one "
+                                             "aggregation computes the tables of a query")
+            self._check_step(t, node, before=False)
             after.append(node)
             node = node.child()
         aggregate, before, node = node, [], node.child()
         while not node.equals(self.base):
-            self._check_step(t, node, "before their aggregation")
+            self._check_step(t, node, before=True)
             before.append(node)
             node = node.child()
         return _Shape(t, after, aggregate, before, plan.output())
 
-    def _check_step(self, t: Table, node: Any, where: str) -> None:
+    def _check_step(self, t: Table, node: Any, before: bool) -> None:
         name = node.nodeName()
-        if name in _ROW_STEPS + _NAMES or (name == "EventTimeWatermark" and where.startswith("before")):
+        if name in _ROW_STEPS + _NAMES or (name == "EventTimeWatermark" and before):
             return
         why = ("its window is a hopping one, whose rows each fall in several windows" if name == "Expand"
-               else f"its rows go through a {name} {where}")
+               else f"its rows go through a {name} {'before' if before else 'after'} their aggregation")
         raise refused(t, self.query, why)
 
     def _watermarked(self, shapes: list[_Shape]) -> Any:

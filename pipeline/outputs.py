@@ -86,7 +86,8 @@ def table_run(settings: PipelineSettings, definition: TablesDefinition, t: Table
     standbys = s.standby_replicas if t.standby_replicas is None else t.standby_replicas
     spec = TableSpec(t.name, topic, len(info.partitions), t.key, value_schema, standbys, window=t.window,
                      input_topic=s.input_topic(definition.sources[t.source].topic),
-                     pipeline_mode=s.mode_of(t), query=query or t.query_name, history_retention_ms=t.history_retention_ms)
+                     pipeline_mode=s.mode_of(t), query=query or t.query_name,
+                     history_retention_ms=t.history_retention_ms)
     expiry = WindowExpiry(s.window_index(t.name)) if t.window is not None else None
     return TableRun(t, spec, ChangelogWriter(t.name, topic, spec.partitions, t.key, producer, t.window, expiry,
                                              t.stale_keys, rejects))

@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 
 import orjson
@@ -23,8 +26,8 @@ from freshroute.windows import split_window_key
 from pipeline.checkpoints import committed_batches
 from pipeline.topics import ensure_topic
 
-from .pipeline_support import (PipelineProcess, applied_in_order, materialize, mismatches, produce_readings, read_topic,
-                               recompute)
+from .pipeline_support import (REPO, PipelineProcess, applied_in_order, materialize, mismatches, produce_readings,
+                               read_topic, recompute)
 from .stack_fixture import wait_until
 
 pytestmark = pytest.mark.integration
@@ -48,7 +51,8 @@ sql_table(name="area_counts", key="area", source="readings"{counts},
           sql="SELECT area, count(*) AS count FROM readings GROUP BY area")
 
 
-@table(name="sensor_windows", key="sensor", source="readings", window=tumbling("10 seconds", grace="5 seconds"){windows})
+@table(name="sensor_windows", key="sensor", source="readings",
+       window=tumbling("10 seconds", grace="5 seconds"){windows})
 def sensor_windows(readings):
     return readings.groupBy("sensor", "window").agg(F.count("reading").alias("count"))
 '''
@@ -152,3 +156,78 @@ def test_tables_that_ran_apart_are_recomputed_together_and_never_go_back(broker,
             if p.group_alive():
                 os.killpg(p.proc.pid, signal.SIGKILL)
                 p.proc.wait(30)
+
+
+_SHAPES = textwrap.dedent('''
+    import pathlib, random, sys
+    from pyspark.sql import SparkSession, functions as F
+    from pipeline.fusion import FusionRefused, fuse
+    from pipeline.lineage import with_lineage
+    from pipeline.tables_file import load_tables
+
+    spark = (SparkSession.builder.master("local[2]").config("spark.sql.shuffle.partitions", "2")
+             .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC").getOrCreate())
+    definition = load_tables(pathlib.Path(sys.argv[1]))
+    rng = random.Random(7)
+    data = [(f"s{rng.randrange(12)}", rng.choice(["Wheel", "wheel", "Cabin", "brake"]), float(rng.randrange(100)),
+             None, "readings", i % 2, i, 1_700_000_000_000 + i * 700) for i in range(600)]
+    rows = (spark.createDataFrame(data, "sensor string, area string, reading double, key string, topic string, "
+                                        "partition int, offset long, ms long")
+            .withColumn("timestamp", F.timestamp_millis("ms")).drop("ms"))
+
+    def frame(t):
+        return with_lineage(spark, t.dataframe(spark, rows), ValueError, input_partitions=2, version_time=t.versioned)
+
+    kept = [t for t in definition.tables.values() if t.name != "raw"]
+    frames = [(t, frame(t)) for t in kept]
+    fused = fuse(spark, "readings.tables", rows, frames)
+    for i, (t, df) in enumerate(frames):
+        own = sorted(map(tuple, df.collect()))
+        via = sorted(tuple(r[t.name]) for r in fused.where(F.col("_freshroute_table") == i).collect())
+        print(t.name, len(own), "equal" if own == via else f"differs: {own[:2]} {via[:2]}")
+    try:
+        fuse(spark, "readings.tables", rows, frames + [(definition.tables["raw"], frame(definition.tables["raw"]))])
+    except FusionRefused as e:
+        print(e.code, e.message)
+    spark.stop()
+''')
+
+_MIX = TOGETHER + '''
+sql_table(name="buckets", key="bucket", source="readings",
+          sql="SELECT CAST(floor(reading / 10) AS INT) AS bucket, count(*) AS n FROM readings GROUP BY 1")
+sql_table(name="area_max", key="area", source="readings", history_retention="1h",
+          sql="SELECT area, max(reading) AS max, min(reading) AS min FROM readings GROUP BY area")
+sql_table(name="pairs", key="pair", source="readings", delete_when="n > 40",
+          sql="SELECT concat(area, '/', sensor) AS pair, count(*) AS n, avg(reading) AS avg FROM readings "
+              "WHERE reading > 20 GROUP BY area, sensor HAVING count(*) > 1")
+
+
+@table(name="areas_lower", key="area", source="readings")
+def areas_lower(readings):
+    return (readings.where(F.col("reading") < 90).groupBy(F.lower("area").alias("area"))
+            .agg(F.count("reading").alias("count"), F.max("reading").alias("max")).where(F.col("count") > 0))
+
+
+sql_table(name="raw", key="sensor", source="readings", sql="SELECT sensor, reading FROM readings")
+'''
+
+
+@pytest.mark.timeout(300)
+def test_the_fused_plan_computes_every_shape_as_its_table_alone(tmp_path):
+    # Batch frames over the same rows: what each table computes alone, and what the fused plan gives it. Keyed,
+    # windowed, versioned, SQL and functions, a number key, filters before and after the aggregation, a grouping by an
+    # expression and by two columns, delete_when, aggregates the tables share.
+    tables = tmp_path / "tables.py"
+    tables.write_text(_MIX)
+    out = subprocess.run([sys.executable, "-c", _SHAPES, str(tables)], capture_output=True, text=True, timeout=240,
+                         cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    results = {line.split()[0]: line.split(maxsplit=2)[1:] for line in lines[:-1]}
+    assert results.keys() == {"sensor_stats", "area_counts", "sensor_windows", "buckets", "area_max", "pairs",
+                              "areas_lower"}, out.stdout
+    assert all(rest[1] == "equal" and int(rest[0]) > 0 for rest in results.values()), out.stdout
+    assert lines[-1] == ("FUSION_REFUSED table 'raw' cannot share Real-time query 'readings.tables' with the other "
+                         "tables of source 'readings': it aggregates nothing (each of its rows is a source row's), and "
+                         "one aggregation computes the tables of a query. Give it query='raw' in the tables file to "
+                         "run it in a query of its own"), out.stdout
