@@ -39,16 +39,21 @@ def check_query_tables(checkpoint: Path, query: str, tables: list[str]) -> None:
     tables would start without their history or read another table's. A checkpoint without the
     record predates shared queries: it is its one table's own.
     """
-    record = checkpoint / QUERY_TABLES_FILE
     if committed_batches(checkpoint):
-        had = recorded_tables(checkpoint) if record.is_file() else [query]
+        had = held_tables(checkpoint)
         if had != tables:
             was = f"for tables {had}" if had is not None else f"with an unreadable {QUERY_TABLES_FILE}"
             raise QueryChanged(f"query {query!r}: its checkpoint {checkpoint} was written {was}, and the tables file "
                                f"now puts {tables} in it. Delete {checkpoint} to recompute them all from the input, "
                                f"or give a new table a query of its own.", query=query, checkpoint=str(checkpoint))
     checkpoint.mkdir(parents=True, exist_ok=True)
-    record.write_bytes(orjson.dumps({"tables": tables}))
+    (checkpoint / QUERY_TABLES_FILE).write_bytes(orjson.dumps({"tables": tables}))
+
+
+def held_tables(checkpoint: Path) -> list[str] | None:
+    """The tables whose state a query's checkpoint holds: those it records, or, without a record (from before shared
+    queries), its one table's, named as the checkpoint is; None when its record cannot be read."""
+    return recorded_tables(checkpoint) if (checkpoint / QUERY_TABLES_FILE).is_file() else [checkpoint.name]
 
 
 def recorded_tables(checkpoint: Path) -> list[str] | None:
@@ -79,8 +84,7 @@ def retire_superseded(checkpoint: Path, tables: list[str], current: set[str]) ->
     for other in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
         if other.name in current or other.name.startswith(".") or not committed_batches(other):
             continue
-        held = recorded_tables(other) if (other / QUERY_TABLES_FILE).is_file() else [other.name]
-        if not set(held or ()) & set(tables):
+        if not set(held_tables(other) or ()) & set(tables):
             continue
         target = root / ".superseded" / other.name
         n = 1

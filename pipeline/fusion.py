@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pipeline.catalyst import frame_of, python_list, scala_list
 from pipeline.tables import QUERY_TABLE_COLUMN, Table, TablesFileError
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ class _Fusion:
         if name == "Project":
             have = {a.exprId().id() for a in self._output(plan)}
             added = []
-            for e in self._list(step.projectList()):
+            for e in python_list(step.projectList()):
                 if e.exprId().id() in have or e.nodeName() != "Alias":
                     continue  # a column passed on: every column is
                 child = self._renamed(e.child(), renamed)
@@ -162,7 +163,7 @@ class _Fusion:
         window: list[tuple[int, Any]] = []
         for i, s in enumerate(shapes):
             place = 0
-            for g in self._list(s.aggregate.groupingExpressions()):
+            for g in python_list(s.aggregate.groupingExpressions()):
                 if g.nodeName() == "AttributeReference" and g.metadata().contains(self.delay_key):
                     window.append((i, g))
                     continue
@@ -182,7 +183,7 @@ class _Fusion:
         self._shared = self._shared_aggregates(shapes)
         outputs, renamed = [self.table], {}
         for i, s in enumerate(shapes):
-            for e in self._list(s.aggregate.aggregateExpressions()):
+            for e in python_list(s.aggregate.aggregateExpressions()):
                 if e.nodeName() == "Alias":
                     outputs.append(e.withNewChildren(self._seq([self._per_table(e.child(), i, slot_of[i])])))
                 else:  # a grouping column passed on: its slot's value, named as it was
@@ -200,7 +201,7 @@ class _Fusion:
         input position."""
         found: list[tuple[Any, list[int]]] = []
         for i, s in enumerate(shapes):
-            for e in self._list(s.aggregate.aggregateExpressions()):
+            for e in python_list(s.aggregate.aggregateExpressions()):
                 for ae in self._aggregates_in(e):
                     same = next((f for f in found if f[0].semanticEquals(ae)), None)
                     if same is None:
@@ -218,7 +219,7 @@ class _Fusion:
     def _aggregates_in(self, e: Any) -> list[Any]:
         if e.nodeName() == "AggregateExpression":
             return [e]
-        return [a for c in self._list(e.children()) for a in self._aggregates_in(c)]
+        return [a for c in python_list(e.children()) for a in self._aggregates_in(c)]
 
     def _per_table(self, e: Any, i: int, slots: list[tuple[Any, Any]]) -> Any:
         """An aggregate output of table ``i``: its aggregates over its tables' rows (:meth:`_shared_aggregates`), its
@@ -228,7 +229,7 @@ class _Fusion:
         for g, slot in slots:
             if e.semanticEquals(g):
                 return slot
-        children = self._list(e.children())
+        children = python_list(e.children())
         return e.withNewChildren(self._seq([self._per_table(c, i, slots) for c in children])) if children else e
 
     # Expressions.
@@ -244,12 +245,12 @@ class _Fusion:
             return e
         if e.nodeName() == "AttributeReference":
             return renamed.get(e.exprId().id(), e)
-        children = self._list(e.children())
+        children = python_list(e.children())
         return e.withNewChildren(self._seq([self._renamed(c, renamed) for c in children])) if children else e
 
     def _struct(self, shape: _Shape, renamed: dict[int, Any]) -> Any:
         fields = []
-        for a in self._list(shape.output):
+        for a in python_list(shape.output):
             fields += [self.x.Literal.create(a.name(), self.jvm.org.apache.spark.sql.types.DataTypes.StringType),
                        self._renamed(a, renamed)]
         return self.x.CreateNamedStruct(self._seq(fields))
@@ -269,20 +270,10 @@ class _Fusion:
 
     # py4j.
     def _frame(self, plan: Any) -> "DataFrame":
-        from pyspark.sql import DataFrame
-
-        return DataFrame(self.jvm.org.apache.spark.sql.classic.Dataset.ofRows(self.spark._jsparkSession, plan),
-                         self.spark)
+        return frame_of(self.spark, plan)
 
     def _output(self, plan: Any) -> list[Any]:
-        return self._list(plan.output())
-
-    @staticmethod
-    def _list(seq: Any) -> list[Any]:
-        return [seq.apply(i) for i in range(seq.size())]
+        return python_list(plan.output())
 
     def _seq(self, items: list[Any]) -> Any:
-        java = self.jvm.java.util.ArrayList()
-        for item in items:
-            java.add(item)
-        return self.jvm.scala.jdk.javaapi.CollectionConverters.asScala(java).toList()
+        return scala_list(self.jvm, items)

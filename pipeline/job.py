@@ -74,15 +74,15 @@ class Pipeline:
         check_modes(self.definition, s.mode_of)
         modes = {name: s.mode_of(tables[0]) for name, tables in grouped.items()}
         for name, tables in grouped.items():
-            checkpoint = s.query_checkpoint(name)
-            retired = retire_superseded(checkpoint, [t.name for t in tables], set(grouped))
+            checkpoint, names = s.query_checkpoint(name), [t.name for t in tables]
+            retired = retire_superseded(checkpoint, names, set(grouped))
             if retired:
                 log.warning("query %s: computes %s, which earlier queries computed (their checkpoints, moved to %s, "
                             "hold state this query cannot resume): recomputing them from the input the broker still "
                             "holds; a store node skips each row older than the one it serves", name,
-                            ", ".join(t.name for t in tables), ", ".join(map(str, retired)))
+                            ", ".join(names), ", ".join(map(str, retired)))
             # First: a table new to the query has no changelog yet, which is not the broker's doing.
-            check_query_tables(checkpoint, name, [t.name for t in tables])
+            check_query_tables(checkpoint, name, names)
             for t in tables:
                 topic = s.changelog_topic(t.name)
                 check_changelog_kept(topic, describe_topic(admin, topic) is not None, checkpoint)

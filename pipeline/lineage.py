@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
+from pipeline.catalyst import frame_of, python_list, scala_list
 from pipeline.tables import POSITION_COLUMN, VERSION_TIME_COLUMN, TablesFileError
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ def with_lineage(spark: "SparkSession", df: "DataFrame", refuse: Callable[[str],
     """The table's frame with :data:`POSITION_COLUMN` (when ``input_partitions`` is given: its source's partitions)
     and :data:`VERSION_TIME_COLUMN` (when ``version_time``); ``refuse(why)``: the error to raise when its frame has a
     shape neither fits."""
-    from pyspark.sql import DataFrame, functions as F
+    from pyspark.sql import functions as F
 
     jvm = spark._jvm
     plan = df._jdf.queryExecution().analyzed()
@@ -40,7 +41,7 @@ def with_lineage(spark: "SparkSession", df: "DataFrame", refuse: Callable[[str],
     if not stateful and not _reads_source(node):
         raise refuse(f"its frame ends in a {node.nodeName()} over its source, where freshroute can place no input "
                      f"position or version time (an aggregation, or a projection of the source rows, can)")
-    child = DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, node.child()), spark)
+    child = frame_of(spark, node.child())
     columns: list["Column"] = []
     if input_partitions is not None:
         if not {"partition", "offset"} <= set(child.columns):
@@ -59,7 +60,7 @@ def with_lineage(spark: "SparkSession", df: "DataFrame", refuse: Callable[[str],
         exprs = child.agg(*columns)._jdf.queryExecution().analyzed().aggregateExpressions()
     else:
         exprs = child.select(*columns)._jdf.queryExecution().analyzed().projectList()
-    added = [exprs.apply(i) for i in range(exprs.size())]
+    added = python_list(exprs)
     logical = jvm.org.apache.spark.sql.catalyst.plans.logical
     if stateful:
         node = logical.Aggregate(node.groupingExpressions(), _appended(jvm, node.aggregateExpressions(), added),
@@ -71,8 +72,8 @@ def with_lineage(spark: "SparkSession", df: "DataFrame", refuse: Callable[[str],
         if parent.nodeName() == "Project":
             node = logical.Project(_appended(jvm, parent.projectList(), attributes), node)
         else:
-            node = parent.withNewChildren(_seq(jvm, [node]))
-    return DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, node), spark)
+            node = parent.withNewChildren(scala_list(jvm, [node]))
+    return frame_of(spark, node)
 
 
 def aggregates(df: "DataFrame") -> bool:
@@ -88,16 +89,8 @@ def _reads_source(node: Any) -> bool:
 def _aggregates(node: Any) -> bool:
     if node.nodeName() == "Aggregate":
         return True
-    children = node.children()
-    return any(_aggregates(children.apply(i)) for i in range(children.size()))
-
-
-def _seq(jvm: Any, items: list) -> Any:
-    java = jvm.java.util.ArrayList()
-    for item in items:
-        java.add(item)
-    return jvm.scala.jdk.javaapi.CollectionConverters.asScala(java).toList()
+    return any(_aggregates(c) for c in python_list(node.children()))
 
 
 def _appended(jvm: Any, seq: Any, items: list) -> Any:
-    return _seq(jvm, [seq.apply(i) for i in range(seq.size())] + items)
+    return scala_list(jvm, python_list(seq) + items)

@@ -56,9 +56,9 @@ def reject_writer(settings: PipelineSettings, admin: Any, src: Source, producer:
 
 
 def table_run(settings: PipelineSettings, definition: TablesDefinition, t: Table, df: "DataFrame", admin: Any,
-              producer: ChangelogProducer, rejects: RejectWriter | None = None, query: str | None = None) -> TableRun:
-    """The table's changelog topic (created if need be), spec and writer; ``query``: the streaming query computing it
-    (by default its own)."""
+              producer: ChangelogProducer, rejects: RejectWriter | None, query: str) -> TableRun:
+    """The table's changelog topic (created if need be), spec and writer; ``query``: the streaming query computing
+    it."""
     from freshroute.topics import history_topic_config, keep_uncompacted, topic_config
     from pipeline.topics import ensure_topic
 
@@ -86,7 +86,7 @@ def table_run(settings: PipelineSettings, definition: TablesDefinition, t: Table
     standbys = s.standby_replicas if t.standby_replicas is None else t.standby_replicas
     spec = TableSpec(t.name, topic, len(info.partitions), t.key, value_schema, standbys, window=t.window,
                      input_topic=s.input_topic(definition.sources[t.source].topic),
-                     pipeline_mode=s.mode_of(t), query=query or t.query_name,
+                     pipeline_mode=s.mode_of(t), query=query,
                      history_retention_ms=t.history_retention_ms)
     expiry = WindowExpiry(s.window_index(t.name)) if t.window is not None else None
     return TableRun(t, spec, ChangelogWriter(t.name, topic, spec.partitions, t.key, producer, t.window, expiry,

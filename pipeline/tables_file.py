@@ -115,9 +115,8 @@ def queries(definition: TablesDefinition, mode_of: Callable[[Table], str] | None
     for t in tables:
         if t.query is None and mode_of is not None and mode_of(t) == REALTIME:
             members = shared.setdefault(t.source, [])
-            window = next((m for m in members if m.window is not None), None)
-            if t.window is None or (window is None and fusable_window(t, t)) or \
-                    (window is not None and fusable_window(window, t)):
+            window = next((m for m in members if m.window is not None), t)
+            if t.window is None or fusable_window(window, t):
                 members.append(t)
     query_of = {t.name: f"{source}.tables" if len(members) > 1 else t.name
                 for source, members in shared.items() for t in members}
