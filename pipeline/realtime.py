@@ -55,14 +55,14 @@ def _header(name: str, value: "Column") -> "Column":
 
 
 @dataclass(frozen=True)
-class _Records:
-    """A table's changelog records as the sink's columns, and which of its rows make one."""
+class _Rows:
+    """A table's rows as changelog records before their size is judged: which rows make one, and each one's key,
+    value (null: a tombstone) and lineage headers."""
 
     kept: "Column"
-    topic: "Column"
     key: "Column"
     value: "Column"
-    headers: "Column"
+    lineage: "Column"
 
 
 def changelog_records(tables: list[tuple[Table, str]], frame: "DataFrame", source: Source,
@@ -76,27 +76,30 @@ def changelog_records(tables: list[tuple[Table, str]], frame: "DataFrame", sourc
 
     if len(tables) == 1:
         (t, topic), = tables
-        one = _records(t, frame.columns, F.col, topic, source, dead_letter_topic)
-        return frame.where(one.kept).select(one.topic.alias("topic"), one.key.alias("key"),
-                                            one.value.alias("value"), one.headers.alias("headers"))
+        one = _rows(t, frame.columns, F.col)
+        staged = frame.where(one.kept).select(F.lit(t.name).alias("table"), F.lit(topic).alias("topic"),
+                                              one.key.alias("key"), one.value.alias("value"),
+                                              one.lineage.alias("lineage"))
+        return _judged(staged, source, dead_letter_topic)
     index = F.col(QUERY_TABLE_COLUMN)
-    records = [_records(t, frame.schema[t.name].dataType.fieldNames(), F.col(t.name).getField, topic, source,
-                        dead_letter_topic) for t, topic in tables]
+    rows = [_rows(t, frame.schema[t.name].dataType.fieldNames(), F.col(t.name).getField) for t, _ in tables]
 
-    def picked(column: str) -> "Column":
+    def picked(name: str, each: list["Column"]) -> "Column":
         # Each table's column only on its own rows: another's may raise (on_invalid='fail') on a null struct.
-        out = F.when(index == 0, getattr(records[0], column))
-        for i, r in enumerate(records[1:], 1):
-            out = out.when(index == i, getattr(r, column))
-        return out.alias(column)
+        out = F.when(index == 0, each[0])
+        for i, c in enumerate(each[1:], 1):
+            out = out.when(index == i, c)
+        return out.alias(name)
 
-    kept = reduce(lambda a, b: a | b, [(index == i) & r.kept for i, r in enumerate(records)])
-    return frame.where(kept).select(*map(picked, ("topic", "key", "value", "headers")))
+    kept = reduce(lambda a, b: a | b, [(index == i) & r.kept for i, r in enumerate(rows)])
+    staged = frame.where(kept).select(picked("table", [F.lit(t.name) for t, _ in tables]),
+                                      picked("topic", [F.lit(topic) for _, topic in tables]),
+                                      *(picked(c, [getattr(r, c) for r in rows]) for c in ("key", "value", "lineage")))
+    return _judged(staged, source, dead_letter_topic)
 
 
-def _records(t: Table, columns: list[str], column: Callable[[str], "Column"], topic: str, source: Source,
-             dead_letter_topic: str) -> _Records:
-    """Table ``t``'s records, from its row's ``columns`` (``column(name)``: one of them)."""
+def _rows(t: Table, columns: list[str], column: Callable[[str], "Column"]) -> _Rows:
+    """Table ``t``'s rows as records, from its row's ``columns`` (``column(name)``: one of them)."""
     from pyspark.sql import functions as F
 
     values = [c for c in columns if c != t.key and c not in INTERNAL_COLUMNS]
@@ -105,7 +108,8 @@ def _records(t: Table, columns: list[str], column: Callable[[str], "Column"], to
     if t.window is not None:
         start = column(WINDOW_START_COLUMN)
         kept = kept & start.isNotNull() & (start >= 0)
-        key = F.concat(key, F.lit("\x00"), F.lpad(F.lower(F.hex(start)), 16, "0"))
+        # translate, not lower: Spark's lower() maps case with ICU, a word break iterator made for every row.
+        key = F.concat(key, F.lit("\x00"), F.lpad(F.translate(F.hex(start), "ABCDEF", "abcdef"), 16, "0"))
     deleted = reduce(lambda a, b: a & b, [column(c).isNull() for c in values])
     if DELETE_COLUMN in columns:
         deleted = deleted | F.coalesce(column(DELETE_COLUMN), F.lit(False))
@@ -114,21 +118,32 @@ def _records(t: Table, columns: list[str], column: Callable[[str], "Column"], to
     lineage = F.array(_header(input_position.HEADER, F.to_json(column(POSITION_COLUMN))))
     if VERSION_TIME_COLUMN in columns:
         lineage = F.concat(lineage, F.array(_header(version_time.HEADER, column(VERSION_TIME_COLUMN))))
+    return _Rows(kept, key, value, lineage)
+
+
+def _judged(staged: "DataFrame", source: Source, dead_letter_topic: str) -> "DataFrame":
+    """The sink's rows of records made once each (``staged``: a table's name, its changelog topic, the key, value and
+    lineage): a record too large for its changelog becomes a dead letter, is skipped or fails the query, as its
+    source's ``on_invalid`` says."""
+    from pyspark.sql import functions as F
+
+    table, key, value = F.col("table"), F.col("key"), F.col("value")
     size = F.octet_length(key) + F.coalesce(F.octet_length(value), F.lit(0))
     too_large = size > MAX_CHANGELOG_RECORD_BYTES
     if source.on_invalid == "fail":
         value = F.when(too_large, F.raise_error(F.concat(
-            F.lit(f"INVALID_INPUT: table {t.name}: a row of "), size.cast("string"),
+            F.lit("INVALID_INPUT: table "), table, F.lit(": a row of "), size.cast("string"),
             F.lit(" bytes for key "), F.substring(key, 1, 100),
             F.lit(f" cannot go to its changelog, and its source {source.name} says on_invalid='fail'"))).cast("string")
         ).otherwise(value)
     elif source.on_invalid == "skip":
-        kept, too_large = kept & ~too_large, F.lit(False)
+        staged, too_large = staged.where(~too_large), F.lit(False)
     letter = F.array(_header("freshroute.reason", F.lit("output_too_large")),
-                     _header("freshroute.source", F.lit(source.name)), _header("freshroute.table", F.lit(t.name)),
+                     _header("freshroute.source", F.lit(source.name)), _header("freshroute.table", table),
                      _header("freshroute.value_bytes", F.octet_length(value)))
-    return _Records(kept, F.when(too_large, F.lit(dead_letter_topic)).otherwise(F.lit(topic)), key,
-                    F.when(~too_large, value), F.when(too_large, letter).otherwise(lineage))
+    return staged.select(F.when(too_large, F.lit(dead_letter_topic)).otherwise(F.col("topic")).alias("topic"),
+                         key.alias("key"), F.when(~too_large, value).alias("value"),
+                         F.when(too_large, letter).otherwise(F.col("lineage")).alias("headers"))
 
 
 def dead_letters(source: Source, rejected: "DataFrame", topic: str, partitions: int) -> "DataFrame":
