@@ -39,6 +39,10 @@ import orjson
 
 from freshroute.settings import kafka_client_config
 
+# How often the outstanding probes are asked for, for every system alike: a probe overstates its latency by up to one
+# interval and one request, and at 10 ms that was half of freshroute's ~11 ms at the median (docs/benchmarks.md).
+POLL_S = 0.002
+
 
 def percentile(values: list[float], q: float) -> float:
     if not values:
@@ -111,7 +115,7 @@ async def _poll_windows(client: httpx.AsyncClient, table: str, keys: list[str]) 
 
 
 async def measure(bootstrap: str, rest_url: str, topic: str = "readings", table: str = "sensor_stats",
-                  probes: int = 40, spacing_s: float = 0.25, timeout_s: float = 30.0, poll_s: float = 0.01,
+                  probes: int = 40, spacing_s: float = 0.25, timeout_s: float = 30.0, poll_s: float = POLL_S,
                   progress=None, windows: bool = False, changelog: str | None = None) -> dict:
     """Run ``probes`` probes, ``spacing_s`` apart, polled together every ``poll_s``; return latency percentiles in ms.
     ``windows``: ``table`` is windowed, and a probe is visible once its key's window is. ``changelog``: the table's
@@ -314,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--router", default="http://127.0.0.1:8080")
     p.add_argument("--topic", default="readings")
     p.add_argument("--probes", type=int, default=40)
-    p.add_argument("--poll-ms", type=float, default=25.0, help="how often the outstanding probes are asked for")
+    p.add_argument("--poll-ms", type=float, default=POLL_S * 1000,
+                   help="how often the outstanding probes are asked for")
     p.add_argument("--hops", default="sensor_stats-changelog", metavar="CHANGELOG",
                    help="split each probe's time by hop, with the table's changelog ('' : no)")
     a = p.parse_args(argv)

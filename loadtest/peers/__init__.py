@@ -188,11 +188,11 @@ async def _poll_each(client: httpx.AsyncClient, table: str, keys: list[str]) -> 
 
 async def freshness(url: str, producer, topic: str, probes: int) -> dict:
     """Produce → visible for ``probes`` keys never seen before, by :mod:`loadtest.freshness`'s method."""
-    from loadtest.freshness import run_probes
+    from loadtest.freshness import POLL_S, run_probes
 
     async with httpx.AsyncClient(base_url=url, timeout=2) as client:
         return await run_probes(producer, client, topic, "sensor_stats", probes, spacing_s=0.25, timeout_s=10.0,
-                                poll_s=0.01, poll=_poll_each)
+                                poll_s=POLL_S, poll=_poll_each)
 
 
 def lookups_per_s(url: str) -> dict[str, float]:
