@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pipeline")
 
 _LOG4J2 = Path(__file__).resolve().parent / "log4j2.properties"
-SHUFFLE_FLUSH_MS = 5  # spark.shuffle.streaming.networkBufferMaxWaitTimeMs: see build_session
+SHUFFLE_FLUSH_MS = 1  # spark.shuffle.streaming.networkBufferMaxWaitTimeMs: see build_session
 
 
 class NotEnoughSlots(ConfigError):
@@ -107,7 +107,8 @@ def build_session(settings: PipelineSettings, slots: int = 0, microbatches: bool
         .config("spark.sql.adaptive.enabled", "false")
         # A Real-time shuffle holds a partly filled buffer this long before sending it on (50 ms by default): at the
         # demo's rate every row waited for it. 5 ms took an event → changelog row from 28–31 ms to 8 ms at the
-        # median, 2 ms no further, 10 ms 10 ms; at high rates buffers fill before it (docs/benchmarks.md).
+        # median, 1 ms a millisecond further at no cost at rest; at high rates buffers fill before it
+        # (docs/benchmarks.md).
         .config("spark.shuffle.streaming.networkBufferMaxWaitTimeMs", str(SHUFFLE_FLUSH_MS))
     )
     if not local:

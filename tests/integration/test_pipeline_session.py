@@ -36,8 +36,8 @@ def test_the_local_file_system_is_the_one_rocksdb_snapshot_uploads_need(tmp_path
     assert "local file system: " in out.stdout, out.stderr[-3000:]
     # The suite's pipelines run the client compiler only (FRESHROUTE_SPARK_JIT, tests/integration/conftest.py).
     assert "jit: client" in out.stdout, out.stdout
-    # A Real-time shuffle sends a partly filled buffer on after 5 ms, not Spark's 50; spark_conf adds settings.
-    assert "spark.shuffle.streaming.networkBufferMaxWaitTimeMs 5\n" in out.stdout, out.stdout
+    # A Real-time shuffle sends a partly filled buffer on after 1 ms, not Spark's 50; spark_conf adds settings.
+    assert "spark.shuffle.streaming.networkBufferMaxWaitTimeMs 1\n" in out.stdout, out.stdout
     assert "spark.sql.streaming.stateStore.minDeltasForSnapshot 7\n" in out.stdout, out.stdout
 
 
