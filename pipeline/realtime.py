@@ -77,25 +77,23 @@ def changelog_records(tables: list[tuple[Table, str]], frame: "DataFrame", sourc
     if len(tables) == 1:
         (t, topic), = tables
         one = _rows(t, frame.columns, F.col)
-        staged = frame.where(one.kept).select(F.lit(t.name).alias("table"), F.lit(topic).alias("topic"),
-                                              one.key.alias("key"), one.value.alias("value"),
-                                              one.lineage.alias("lineage"))
-        return _judged(staged, source, dead_letter_topic)
-    index = F.col(QUERY_TABLE_COLUMN)
-    rows = [_rows(t, frame.schema[t.name].dataType.fieldNames(), F.col(t.name).getField) for t, _ in tables]
+        kept, staged = one.kept, [F.lit(t.name), F.lit(topic), one.key, one.value, one.lineage]
+    else:
+        index = F.col(QUERY_TABLE_COLUMN)
+        rows = [_rows(t, frame.schema[t.name].dataType.fieldNames(), F.col(t.name).getField) for t, _ in tables]
 
-    def picked(name: str, each: list["Column"]) -> "Column":
-        # Each table's column only on its own rows: another's may raise (on_invalid='fail') on a null struct.
-        out = F.when(index == 0, each[0])
-        for i, c in enumerate(each[1:], 1):
-            out = out.when(index == i, c)
-        return out.alias(name)
+        def picked(each: list["Column"]) -> "Column":
+            # Each table's column only on its own rows: another's may raise (on_invalid='fail') on a null struct.
+            out = F.when(index == 0, each[0])
+            for i, c in enumerate(each[1:], 1):
+                out = out.when(index == i, c)
+            return out
 
-    kept = reduce(lambda a, b: a | b, [(index == i) & r.kept for i, r in enumerate(rows)])
-    staged = frame.where(kept).select(picked("table", [F.lit(t.name) for t, _ in tables]),
-                                      picked("topic", [F.lit(topic) for _, topic in tables]),
-                                      *(picked(c, [getattr(r, c) for r in rows]) for c in ("key", "value", "lineage")))
-    return _judged(staged, source, dead_letter_topic)
+        kept = reduce(lambda a, b: a | b, [(index == i) & r.kept for i, r in enumerate(rows)])
+        staged = [picked([F.lit(t.name) for t, _ in tables]), picked([F.lit(topic) for _, topic in tables]),
+                  *(picked([getattr(r, c) for r in rows]) for c in ("key", "value", "lineage"))]
+    names = ("table", "topic", "key", "value", "lineage")
+    return _judged(frame.where(kept).select(*(c.alias(n) for c, n in zip(staged, names))), source, dead_letter_topic)
 
 
 def _rows(t: Table, columns: list[str], column: Callable[[str], "Column"]) -> _Rows:
