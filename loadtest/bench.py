@@ -959,18 +959,28 @@ class Bench:
     def pipeline_burst(self) -> None:
         """100,000 demo readings written at once by one producer → every table caught up (``pipeline_burst_s``)."""
         from loadtest.burst import measure
+        from loadtest.freshness import InputLag
 
         c = self.c
-        out = measure(c.bootstrap, c.rest_url, f"{c.topic_prefix}readings", say=self.say)
+        lag = InputLag(c.rest_url)
+        try:
+            out = measure(c.bootstrap, lag, f"{c.topic_prefix}readings", say=self.say)
+        finally:
+            lag.close()
         self.fig["pipeline_burst_s"] = out["pipeline_burst_s"]
         self.notes["pipeline_burst"] = out
 
     def pipeline_max_rate(self) -> None:
         """The highest input rate at which every table keeps within two seconds of its input for 60 s."""
+        from loadtest.freshness import InputLag
         from loadtest.pipeline_rate import measure
 
         c = self.c
-        out = measure(c.bootstrap, c.rest_url, f"{c.topic_prefix}readings", say=self.say)
+        lag = InputLag(c.rest_url)
+        try:
+            out = measure(c.bootstrap, lag, f"{c.topic_prefix}readings", say=self.say)
+        finally:
+            lag.close()
         self.fig["pipeline_max_events_per_s"] = out["pipeline_max_events_per_s"]
         self.notes["pipeline_rate"] = out["steps"]
 

@@ -22,7 +22,7 @@ import orjson
 
 from freshroute.settings import kafka_client_config
 from loadtest.freshness import InputLag
-from loadtest.pipeline_rate import settle
+from loadtest.pipeline_rate import Lag, settle
 from tools.local.demo import reading_for
 
 SAMPLE_S = 0.1  # how often the input lag is read while the burst drains
@@ -54,33 +54,28 @@ def caught_up(lags: dict[str, int | None], floor: int) -> bool:
     return bool(lags) and all(n is not None and n <= floor for n in lags.values())
 
 
-def measure(bootstrap: str, rest_url: str, topic: str, readings: int = 100_000, sensors: int = 1000,
+def measure(bootstrap: str, lag: Lag, topic: str, readings: int = 100_000, sensors: int = 1000,
             floor: int = 100, timeout_s: float = 300.0, say: Callable[[str], None] = lambda _m: None) -> dict:
     """One burst: ``pipeline_burst_s`` and the producer's own seconds (None: not caught up within ``timeout_s``)."""
-    lag = InputLag(rest_url)
-    try:
-        if not settle(lag, 180.0, floor):
-            say("  the pipeline was not at its input's end before the burst; no figure")
-            return {"pipeline_burst_s": None, "readings": readings, "producer_s": None}
-        started = time.monotonic()
-        producer_s = produce(bootstrap, topic, readings, sensors)
-        say(f"  {readings:,} readings written in {producer_s:.1f} s by one producer")
-        worst = 0
-        while time.monotonic() - started < timeout_s:
-            lags = lag.sample_all()
-            # The input's ends reach /v1/tables a few times a second: caught up counts once the burst has shown.
-            if worst > floor and caught_up(lags, floor):
-                took = round(time.monotonic() - started, 1)
-                say(f"  every table caught up {took} s after the burst's first reading (most behind: {worst:,} "
-                    f"records)")
-                return {"pipeline_burst_s": took, "readings": readings, "producer_s": round(producer_s, 1),
-                        "lag_max": worst}
-            worst = max([worst, *(n for n in lags.values() if n is not None)])
-            time.sleep(SAMPLE_S)
-        say(f"  NOT caught up within {timeout_s:.0f} s of the burst")
-        return {"pipeline_burst_s": None, "readings": readings, "producer_s": round(producer_s, 1), "lag_max": worst}
-    finally:
-        lag.close()
+    if not settle(lag, 180.0, floor):
+        say("  the pipeline was not at its input's end before the burst; no figure")
+        return {"pipeline_burst_s": None, "readings": readings, "producer_s": None}
+    started = time.monotonic()
+    producer_s = produce(bootstrap, topic, readings, sensors)
+    say(f"  {readings:,} readings written in {producer_s:.1f} s by one producer")
+    worst = 0
+    while time.monotonic() - started < timeout_s:
+        lags = lag.sample_all()
+        # The input's ends reach /v1/tables a few times a second: caught up counts once the burst has shown.
+        if worst > floor and caught_up(lags, floor):
+            took = round(time.monotonic() - started, 1)
+            say(f"  every table caught up {took} s after the burst's first reading (most behind: {worst:,} records)")
+            return {"pipeline_burst_s": took, "readings": readings, "producer_s": round(producer_s, 1),
+                    "lag_max": worst}
+        worst = max([worst, *(n for n in lags.values() if n is not None)])
+        time.sleep(SAMPLE_S)
+    say(f"  NOT caught up within {timeout_s:.0f} s of the burst")
+    return {"pipeline_burst_s": None, "readings": readings, "producer_s": round(producer_s, 1), "lag_max": worst}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topic", default="readings")
     p.add_argument("--readings", type=int, default=100_000)
     a = p.parse_args(argv)
-    out = measure(a.bootstrap, a.router, a.topic, a.readings, say=print)
+    lag = InputLag(a.router)
+    try:
+        out = measure(a.bootstrap, lag, a.topic, a.readings, say=print)
+    finally:
+        lag.close()
     print(orjson.dumps(out).decode())
     return 0 if out["pipeline_burst_s"] is not None else 1
 

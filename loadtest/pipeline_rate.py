@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import orjson
 
@@ -26,6 +26,13 @@ from loadtest.freshness import InputLag, start_input_load, stop_input_load
 RATES = (1000, 2000, 3500, 5000, 7000, 10000, 14000)
 BEHIND_S = 2.0  # a rate is held while every table's median lag is within this many seconds of input
 PAUSE_S = 10.0  # ... and its worst (a query's checkpoint pauses it) within this many
+
+
+class Lag(Protocol):
+    """Where a system is in its input: records behind the input's end by table (None: unknown). freshroute's is
+    :class:`loadtest.freshness.InputLag`; a peer's is its consumer group's (:class:`loadtest.consumer_lag.GroupLag`)."""
+
+    def sample_all(self) -> dict[str, int | None]: ...
 
 
 @dataclass(frozen=True)
@@ -37,7 +44,7 @@ class Step:
     held: bool
 
 
-def settle(lag: InputLag, timeout_s: float, floor: int = 100) -> bool:
+def settle(lag: Lag, timeout_s: float, floor: int = 100) -> bool:
     """Wait until every table's input lag is at most ``floor`` records; whether it got there in time."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -48,7 +55,7 @@ def settle(lag: InputLag, timeout_s: float, floor: int = 100) -> bool:
     return False
 
 
-def hold(lag: InputLag, bootstrap: str, topic: str, rate: float, hold_s: float, judged_s: float) -> Step:
+def hold(lag: Lag, bootstrap: str, topic: str, rate: float, hold_s: float, judged_s: float) -> Step:
     """One step: the input at ``rate`` for ``hold_s``, each table's lag sampled every second."""
     load = start_input_load(bootstrap, topic, rate, sensors=1000, max_s=hold_s + 30)
     started = time.monotonic()
@@ -77,26 +84,22 @@ def held(p50: dict[str, int], worst: dict[str, int], sent_per_s: float) -> bool:
             and all(n <= PAUSE_S * sent_per_s for n in worst.values()))
 
 
-def measure(bootstrap: str, rest_url: str, topic: str, rates: tuple[float, ...] = RATES, hold_s: float = 60.0,
+def measure(bootstrap: str, lag: Lag, topic: str, rates: tuple[float, ...] = RATES, hold_s: float = 60.0,
             judged_s: float = 30.0, settle_s: float = 180.0, say: Callable[[str], None] = lambda _m: None) -> dict:
     """Steps up the ladder until a rate is not held; ``pipeline_max_events_per_s`` and every step."""
-    lag = InputLag(rest_url)
     steps: list[Step] = []
-    try:
-        for rate in rates:
-            if not settle(lag, settle_s):
-                say(f"  the pipeline did not get back to its input's end within {settle_s:.0f} s; stopping")
-                break
-            step = hold(lag, bootstrap, topic, rate, hold_s, judged_s)
-            steps.append(step)
-            lags = ", ".join(f"{t} {step.lag_p50[t]:,}/{n:,}" for t, n in sorted(step.lag_max.items()))
-            say(f"  {step.sent_per_s:,.0f} readings/s for {hold_s:.0f} s: input lag p50/max {lags} records in its "
-                f"last {judged_s:.0f} s — {'held' if step.held else 'NOT held'}")
-            if not step.held:
-                break
-        settle(lag, settle_s)
-    finally:
-        lag.close()
+    for rate in rates:
+        if not settle(lag, settle_s):
+            say(f"  the pipeline did not get back to its input's end within {settle_s:.0f} s; stopping")
+            break
+        step = hold(lag, bootstrap, topic, rate, hold_s, judged_s)
+        steps.append(step)
+        lags = ", ".join(f"{t} {step.lag_p50[t]:,}/{n:,}" for t, n in sorted(step.lag_max.items()))
+        say(f"  {step.sent_per_s:,.0f} readings/s for {hold_s:.0f} s: input lag p50/max {lags} records in its "
+            f"last {judged_s:.0f} s — {'held' if step.held else 'NOT held'}")
+        if not step.held:
+            break
+    settle(lag, settle_s)
     held = [s.sent_per_s for s in steps if s.held]
     return {"pipeline_max_events_per_s": max(held) if held else 0.0, "steps": [asdict(s) for s in steps]}
 
@@ -109,7 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", type=float, nargs="+", default=list(RATES))
     p.add_argument("--hold-s", type=float, default=60.0)
     a = p.parse_args(argv)
-    out = measure(a.bootstrap, a.router, a.topic, tuple(a.rates), a.hold_s, say=print)
+    lag = InputLag(a.router)
+    try:
+        out = measure(a.bootstrap, lag, a.topic, tuple(a.rates), a.hold_s, say=print)
+    finally:
+        lag.close()
     print(orjson.dumps(out).decode())
     return 0
 

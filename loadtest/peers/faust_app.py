@@ -15,7 +15,8 @@ import faust
 from aiohttp.web import Response
 
 bootstrap, topic_name, partitions, app_id, data_dir, port = sys.argv[1:7]
-sys.argv[1:] = ["worker", "--web-host", "127.0.0.1", "--web-port", port, "--loglevel", "warn"]
+# uvloop, as Faust's documentation recommends for speed (its `faust[uvloop]` extra).
+sys.argv[1:] = ["--loop", "uvloop", "worker", "--web-host", "127.0.0.1", "--web-port", port, "--loglevel", "warn"]
 
 
 def produced(key: bytes, partitions: list[int], available: list[int]) -> int:

@@ -1,35 +1,38 @@
 package io.freshroute.peers;
 
-import com.sun.net.httpserver.HttpExchange;
-import com.sun.net.httpserver.HttpServer;
+import io.javalin.Javalin;
+import io.javalin.http.Context;
 import java.io.IOException;
-import java.io.OutputStream;
-import java.net.InetSocketAddress;
 import java.net.URI;
-import java.net.URLDecoder;
 import java.net.URLEncoder;
 import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
+import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Map;
 import java.util.Optional;
 import java.util.Properties;
 import java.util.Set;
-import java.util.concurrent.Executors;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 import java.util.zip.CRC32;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
+import org.apache.kafka.common.serialization.Deserializer;
+import org.apache.kafka.common.serialization.Serde;
 import org.apache.kafka.common.serialization.Serdes;
+import org.apache.kafka.common.serialization.Serializer;
 import org.apache.kafka.common.utils.Bytes;
 import org.apache.kafka.streams.KafkaStreams;
 import org.apache.kafka.streams.KeyQueryMetadata;
 import org.apache.kafka.streams.StoreQueryParameters;
 import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.StreamsConfig;
+import org.apache.kafka.streams.errors.InvalidStateStoreException;
 import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.processor.StreamPartitioner;
@@ -40,8 +43,9 @@ import org.apache.kafka.streams.state.ReadOnlyKeyValueStore;
 
 /**
  * The demo's sensor_stats (count, sum, min, max, last of each sensor's readings) in Kafka Streams, served by
- * interactive queries the way its documentation shows (KIP-535): a key is read where its active replica is, forwarded
- * there over HTTP when that is another instance, and read from a standby when the active cannot be reached.
+ * interactive queries the way its documentation shows (KIP-535), as a team would run it in production: Javalin on
+ * Jetty answers, a key is read where its active replica is, forwarded there once over a pooled keep-alive HTTP/1.1
+ * client when that is another instance, and read from a standby when the active cannot be reached.
  *
  * <p>Arguments: bootstrap servers, input topic, application id, state directory, HTTP port (on 127.0.0.1).
  */
@@ -60,16 +64,45 @@ public final class SensorStats {
     return Optional.of(Set.of((int) (crc.getValue() % partitions)));
   };
 
+  /** A sensor's aggregate, stored as five fixed-width numbers (no text to parse on each update). */
+  record Stats(long count, double sum, double min, double max, double last) {
+    static final int BYTES = 40;
+
+    Stats add(double r) {
+      return new Stats(count + 1, sum + r, Math.min(min, r), Math.max(max, r), r);
+    }
+
+    String json(String key) {
+      return "{\"key\":\"" + key + "\",\"value\":{\"count\":" + count + ",\"sum\":" + sum + ",\"avg\":" + (sum / count)
+          + ",\"min\":" + min + ",\"max\":" + max + ",\"last\":" + last + "}}";
+    }
+  }
+
+  static final Serde<Stats> STATS = Serdes.serdeFrom(
+      (Serializer<Stats>) (topic, s) -> s == null ? null : ByteBuffer.allocate(Stats.BYTES).putLong(s.count())
+          .putDouble(s.sum()).putDouble(s.min()).putDouble(s.max()).putDouble(s.last()).array(),
+      (Deserializer<Stats>) (topic, b) -> {
+        if (b == null) {
+          return null;
+        }
+        ByteBuffer in = ByteBuffer.wrap(b);
+        return new Stats(in.getLong(), in.getDouble(), in.getDouble(), in.getDouble(), in.getDouble());
+      });
+
   private final KafkaStreams streams;
   private final int port;
-  private final HttpClient http = HttpClient.newBuilder().connectTimeout(Duration.ofMillis(500)).build();
+  private final Map<Integer, ReadOnlyKeyValueStore<String, Stats>> activeStores = new ConcurrentHashMap<>();
+  private final Map<Integer, ReadOnlyKeyValueStore<String, Stats>> staleStores = new ConcurrentHashMap<>();
+  // HTTP/1.1 so that connections are kept alive and pooled (the JDK's default, HTTP/2, would try an upgrade).
+  private final HttpClient http = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1)
+      .connectTimeout(Duration.ofMillis(500)).build();
 
   private SensorStats(KafkaStreams streams, int port) {
     this.streams = streams;
     this.port = port;
   }
 
-  public static void main(String[] args) throws IOException {
+  public static void main(String[] args) {
     String bootstrap = args[0], topic = args[1], appId = args[2], stateDir = args[3];
     int port = Integer.parseInt(args[4]);
     Properties p = new Properties();
@@ -89,60 +122,51 @@ public final class SensorStats {
     builder.stream(topic, Consumed.with(Serdes.String(), Serdes.String()))
         .filter((k, v) -> k != null && v != null)
         .groupByKey()
-        .aggregate(() -> "", (k, v, agg) -> add(agg, v),
-            Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as(STORE)
-                .withKeySerde(Serdes.String()).withValueSerde(Serdes.String()));
+        .aggregate(() -> null, (k, v, agg) -> add(agg, v),
+            Materialized.<String, Stats, KeyValueStore<Bytes, byte[]>>as(STORE)
+                .withKeySerde(Serdes.String()).withValueSerde(STATS));
     KafkaStreams streams = new KafkaStreams(builder.build(), p);
     Runtime.getRuntime().addShutdownHook(new Thread(streams::close));
     streams.start();
 
     SensorStats app = new SensorStats(streams, port);
-    HttpServer server = HttpServer.create(new InetSocketAddress("127.0.0.1", port), 1024);
-    server.setExecutor(Executors.newFixedThreadPool(8));
-    server.createContext(PREFIX, app::lookup);
-    server.createContext("/healthz", ex -> answer(ex, streams.state().isRunningOrRebalancing() ? 200 : 503,
-        "{\"state\":\"" + streams.state() + "\"}"));
-    server.start();
+    Javalin.create(config -> {
+      config.showJavalinBanner = false;
+      config.jetty.defaultHost = "127.0.0.1";
+    })
+        .get(PREFIX + "{key}", app::lookup)
+        .get("/healthz", ctx -> ctx.status(streams.state().isRunningOrRebalancing() ? 200 : 503)
+            .json("{\"state\":\"" + streams.state() + "\"}"))
+        .start(port);
     System.out.println("sensor_stats serving on 127.0.0.1:" + port);
   }
 
-  /** count,sum,min,max,last with one more reading. */
-  static String add(String agg, String value) {
+  /** The aggregate with one more reading (a reading without a number leaves it as it was). */
+  static Stats add(Stats agg, String value) {
     Matcher m = READING.matcher(value);
     if (!m.find()) {
       return agg;
     }
     double r = Double.parseDouble(m.group(1));
-    if (agg.isEmpty()) {
-      return "1," + r + "," + r + "," + r + "," + r;
-    }
-    String[] f = agg.split(",");
-    return (Long.parseLong(f[0]) + 1) + "," + (Double.parseDouble(f[1]) + r) + ","
-        + Math.min(Double.parseDouble(f[2]), r) + "," + Math.max(Double.parseDouble(f[3]), r) + "," + r;
+    return agg == null ? new Stats(1, r, r, r, r) : agg.add(r);
   }
 
-  static String json(String key, String agg) {
-    String[] f = agg.split(",");
-    long count = Long.parseLong(f[0]);
-    double sum = Double.parseDouble(f[1]);
-    return "{\"key\":\"" + key + "\",\"value\":{\"count\":" + count + ",\"sum\":" + sum + ",\"avg\":" + (sum / count)
-        + ",\"min\":" + f[2] + ",\"max\":" + f[3] + ",\"last\":" + f[4] + "}}";
-  }
-
-  private void lookup(HttpExchange ex) throws IOException {
+  private void lookup(Context ctx) {
+    ctx.contentType("application/json");
     try {
-      String key = URLDecoder.decode(ex.getRequestURI().getRawPath().substring(PREFIX.length()), StandardCharsets.UTF_8);
-      boolean forwarded = "forwarded".equals(ex.getRequestURI().getQuery());
-      boolean stale = "stale".equals(ex.getRequestURI().getQuery());
+      String key = ctx.pathParam("key");
+      String mode = ctx.queryString();
+      boolean forwarded = "forwarded".equals(mode);
+      boolean stale = "stale".equals(mode);
       KeyQueryMetadata md = streams.queryMetadataForKey(STORE, key, PRODUCED);
       if (md == null || md.equals(KeyQueryMetadata.NOT_AVAILABLE)) {
-        answer(ex, 503, "{\"error\":\"no metadata for the key yet\"}");
+        ctx.status(503).result("{\"error\":\"no metadata for the key yet\"}");
         return;
       }
       if (forwarded || stale || md.activeHost().port() == port) {
-        String agg = local(key, md.partition(), stale);
-        if (agg != null || !stale) {
-          answer(ex, agg == null ? 404 : 200, agg == null ? "{\"error\":\"not found\"}" : json(key, agg));
+        Stats s = local(key, md.partition(), stale);
+        if (s != null || !stale) {
+          ctx.status(s == null ? 404 : 200).result(s == null ? "{\"error\":\"not found\"}" : s.json(key));
           return;
         }
       }
@@ -154,40 +178,44 @@ public final class SensorStats {
       }
       for (String target : tries) {
         try {
-          HttpResponse<String> r = http.send(HttpRequest.newBuilder(URI.create(target)).timeout(Duration.ofSeconds(2))
-              .build(), HttpResponse.BodyHandlers.ofString());
+          HttpResponse<byte[]> r = http.send(HttpRequest.newBuilder(URI.create(target))
+              .timeout(Duration.ofSeconds(2)).build(), HttpResponse.BodyHandlers.ofByteArray());
           if (r.statusCode() == 200 || r.statusCode() == 404) {
-            answer(ex, r.statusCode(), r.body());
+            ctx.status(r.statusCode()).result(r.body());
             return;
           }
-        } catch (IOException | InterruptedException e) {
+        } catch (IOException e) {
           // the next copy
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt();
+          break;
         }
       }
-      answer(ex, 503, "{\"error\":\"no copy of the key's partition answered\"}");
+      ctx.status(503).result("{\"error\":\"no copy of the key's partition answered\"}");
     } catch (RuntimeException e) {
-      answer(ex, 503, "{\"error\":\"" + e.getClass().getSimpleName() + "\"}");
+      ctx.status(503).result("{\"error\":\"" + e.getClass().getSimpleName() + "\"}");
     }
   }
 
-  private String local(String key, int partition, boolean stale) {
-    StoreQueryParameters<ReadOnlyKeyValueStore<String, String>> q =
-        StoreQueryParameters.fromNameAndType(STORE, QueryableStoreTypes.<String, String>keyValueStore())
-            .withPartition(partition);
-    return streams.store(stale ? q.enableStaleStores() : q).get(key);
+  /** The key's value in this instance's copy of its partition, the store handle kept until a rebalance moves it. */
+  private Stats local(String key, int partition, boolean stale) {
+    Map<Integer, ReadOnlyKeyValueStore<String, Stats>> handles = stale ? staleStores : activeStores;
+    ReadOnlyKeyValueStore<String, Stats> store = handles.computeIfAbsent(partition, p -> {
+      StoreQueryParameters<ReadOnlyKeyValueStore<String, Stats>> q =
+          StoreQueryParameters.fromNameAndType(STORE, QueryableStoreTypes.<String, Stats>keyValueStore())
+              .withPartition(p);
+      return streams.store(stale ? q.enableStaleStores() : q);
+    });
+    try {
+      return store.get(key);
+    } catch (InvalidStateStoreException e) {
+      handles.remove(partition);
+      throw e;
+    }
   }
 
   private String url(HostInfo host, String key, String query) {
     return "http://" + host.host() + ":" + host.port() + PREFIX
         + URLEncoder.encode(key, StandardCharsets.UTF_8) + "?" + query;
-  }
-
-  private static void answer(HttpExchange ex, int status, String body) throws IOException {
-    byte[] bytes = body.getBytes(StandardCharsets.UTF_8);
-    ex.getResponseHeaders().set("content-type", "application/json");
-    ex.sendResponseHeaders(status, bytes.length);
-    try (OutputStream out = ex.getResponseBody()) {
-      out.write(bytes);
-    }
   }
 }

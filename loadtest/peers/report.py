@@ -1,0 +1,56 @@
+"""The side-by-side table ``loadtest.peers`` ends with, as the README shows it: a figure a row, each system's in its
+column, bold on the row's winner only (ties all bold; a figure not measured is a dash and wins nothing)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    figure: Callable[[Mapping[str, Any]], float | None]
+    higher_wins: bool
+    shown: Callable[[float], str] = lambda v: f"{v:,.0f}"
+
+
+def _get(key: str) -> Callable[[Mapping[str, Any]], float | None]:
+    return lambda f: f.get(key)
+
+
+ROWS = (
+    Row("lookups/s through one door (wrk, 32 connections), its JIT cold", _get("lookups_rps_1"), True),
+    Row("the same once warm", _get("lookups_rps_2"), True),
+    Row("lookup p99 once warm (ms)", _get("lookups_p99_ms_2"), False, lambda v: f"{v:,.1f}"),
+    Row("a new event → visible in a lookup, p50 (ms)", _get("freshness_p50_ms"), False, lambda v: f"{v:,.1f}"),
+    Row("the same, p99 (ms)", _get("freshness_p99_ms"), False, lambda v: f"{v:,.1f}"),
+    Row("{burst_readings:,} readings written at once → caught up (s)", _get("burst_s"), False, lambda v: f"{v:,.1f}"),
+    Row("readings/s held for {hold_s:.0f} s with bounded lag", _get("max_events_per_s"), True),
+    Row("lookups failed while an instance is killed", _get("failover_failed"), False),
+    Row("CPU at rest at the demo's 50 readings/s (cores)", _get("rest_cores"), False, lambda v: f"{v:.2f}"),
+)
+
+
+def winners(values: Mapping[str, float | None], higher_wins: bool) -> set[str]:
+    """The systems with the row's best figure (none when no system has one)."""
+    known = {name: v for name, v in values.items() if v is not None}
+    if not known:
+        return set()
+    best = max(known.values()) if higher_wins else min(known.values())
+    return {name for name, v in known.items() if v == best}
+
+
+def table(figures: Mapping[str, Mapping[str, Any]], plan: Any) -> str:
+    """The markdown table of every row for the systems in ``figures`` (in its order), labelled with ``plan``'s
+    sizes."""
+    names = list(figures)
+    lines = ["| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for row in ROWS:
+        values = {n: row.figure(figures[n]) for n in names}
+        best = winners(values, row.higher_wins)
+        cells = ["—" if values[n] is None else (f"**{row.shown(values[n])}**" if n in best else row.shown(values[n]))
+                 for n in names]
+        lines.append(f"| {row.label.format(**vars(plan))} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
