@@ -151,6 +151,11 @@ async def paced(url: str, plan: Plan, kill) -> dict[str, int]:
     return counts
 
 
+def held_every_rate(steps: list[dict], rates: tuple[float, ...]) -> bool:
+    """Whether the system held the ladder's every rate: its figure is then a floor, not its limit."""
+    return len(steps) == len(rates) and all(s["held"] for s in steps)
+
+
 def measure(system, producer, bootstrap: str, topic: str, plan: Plan, say) -> dict:
     """Every figure of one serving system, the others stopped. The failover step comes last: it kills an instance."""
     from loadtest import burst, pipeline_rate
@@ -174,7 +179,8 @@ def measure(system, producer, bootstrap: str, topic: str, plan: Plan, say) -> di
         out.update(burst_s=doc["pipeline_burst_s"], burst_producer_s=doc["producer_s"])
         say(f"  the highest rate held {plan.hold_s:.0f} s with bounded lag …")
         doc = pipeline_rate.measure(bootstrap, lag, topic, plan.rates, plan.hold_s, plan.judged_s, say=say)
-        out.update(max_events_per_s=doc["pipeline_max_events_per_s"], rate_steps=doc["steps"])
+        out.update(max_events_per_s=doc["pipeline_max_events_per_s"], rate_steps=doc["steps"],
+                   max_events_capped=held_every_rate(doc["steps"], plan.rates))
     finally:
         lag.close()
     say(f"  failover: {plan.failover_rate:.0f} lookups/s for {plan.failover_s:.0f} s, kill -9 of an instance "
