@@ -5,7 +5,7 @@ Once every table's input lag (``/v1/tables``, as any caller sees it) is back at 
 producer (confluent-kafka, as fast as it goes) writes ``readings`` demo readings over ``sensors`` sensors to the
 input; the figure is the seconds from its first reading until every table's input lag, once it has shown the burst,
 is back within ``floor`` records of the input's end. How long the producer itself took is printed beside it: a
-system that keeps pace finishes soon after its producer.
+system that keeps pace finishes soon after its producer. ``loadtest.peers`` judges a peer by its consumer group's lag.
 
     python -m loadtest.burst [--readings 100000] [--router http://127.0.0.1:8080]
 """

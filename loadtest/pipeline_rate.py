@@ -5,7 +5,7 @@ pipeline holds a rate when every table's input lag, as ``/v1/tables`` tells any 
 input through the step's last ``judged_s`` seconds: it may fall behind while the rate starts, but not keep falling.
 The ladder stops at the first rate not held; before each step the lag comes back to its level without the load.
 The figure is the rate the producer really sent in the highest step held (a Python producer on a small machine may
-send less than asked).
+send less than asked). ``loadtest.peers`` judges a peer the same way by its consumer group's lag (:class:`Lag`).
 
     python -m loadtest.pipeline_rate [--router http://127.0.0.1:8080] [--rates 1000 2000 ...]
 """
