@@ -87,14 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     redis_get = redis_get_rps(c.host, c.redis_port)
     say(f"Redis GET/s (redis-benchmark -t get, 50 clients): {redis_get:,.0f}")
 
-    if ours.name in args.systems:
-        say("freshroute (the peers not running):")
-        wait_serving(ours, producer, topic, plan.keys, 120)
-        figures[ours.name] = measure(ours, producer, c.bootstrap, topic, plan, say)
-    if others:
-        say(f"stopping freshroute's {', '.join(ours.serving)} while the peers are measured (logs: {logs})")
-        stack.stop(*ours.serving)
     try:
+        if ours.name in args.systems:
+            say("freshroute (the peers not running):")
+            wait_serving(ours, producer, topic, plan.keys, 120)
+            figures[ours.name] = measure(ours, producer, c.bootstrap, topic, plan, say)
+        if others:
+            say(f"stopping freshroute's {', '.join(ours.serving)} while the peers are measured (logs: {logs})")
+            stack.stop(*ours.serving)
         for p in others:
             say(f"{p.name} (freshroute's own components stopped):")
             try:
@@ -104,9 +104,11 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 p.stop()
     finally:
-        if others:
-            say("starting freshroute's components again …")
-            for name in ours.serving:
+        # The peers' turn stopped them, and freshroute's failover step killed a store node.
+        stopped = [name for name in ours.serving if not stack.components[name].alive()]
+        if stopped:
+            say(f"starting freshroute's {', '.join(stopped)} again …")
+            for name in stopped:
                 stack.start(name)
 
     say("")

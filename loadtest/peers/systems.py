@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from loadtest.consumer_lag import GroupLag
+    from loadtest.freshness import InputLag
     from tools.local.stack import Stack
 
 HERE = Path(__file__).resolve().parent
@@ -52,7 +54,7 @@ class Freshroute:
         self.stack.signal("store-node-2", signal.SIGKILL)
         return "store-node-2"
 
-    def lag(self):
+    def lag(self) -> "InputLag":
         """Every table's input lag as ``/v1/tables`` says it (the pipeline computes the demo's three tables)."""
         from loadtest.freshness import InputLag
 
@@ -86,7 +88,7 @@ class Peer:
         self.kill(1)
         return f"{self.name}-1"
 
-    def lag(self):
+    def lag(self) -> "GroupLag":
         """Its consumer group's committed offsets behind the input's end: how far it says it has processed."""
         from loadtest.consumer_lag import GroupLag
 
