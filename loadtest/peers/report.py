@@ -3,6 +3,7 @@ column, bold on the row's winner only (ties all bold; a figure not measured is a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,11 @@ class Row:
 
 
 def _get(key: str) -> Callable[[Mapping[str, Any]], float | None]:
-    return lambda f: f.get(key)
+    """The figure, None when not measured (a percentile of no samples, e.g. no probe became visible, is NaN)."""
+    def figure(f: Mapping[str, Any]) -> float | None:
+        v = f.get(key)
+        return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
+    return figure
 
 
 ROWS = (
@@ -27,6 +32,7 @@ ROWS = (
     Row("lookup p99 once warm (ms)", _get("lookups_p99_ms_2"), False, lambda v: f"{v:,.1f}"),
     Row("a new event → visible in a lookup, p50 (ms)", _get("freshness_p50_ms"), False, lambda v: f"{v:,.1f}"),
     Row("the same, p99 (ms)", _get("freshness_p99_ms"), False, lambda v: f"{v:,.1f}"),
+    Row("of {probes} probes, never visible within 10 s", _get("never_visible"), False),
     Row("{burst_readings:,} readings written at once → caught up (s)", _get("burst_s"), False, lambda v: f"{v:,.1f}"),
     Row("readings/s held for {hold_s:.0f} s with bounded lag", _get("max_events_per_s"), True,
         at_least="max_events_capped"),

@@ -51,6 +51,7 @@ def test_the_table_bolds_only_each_rows_winner():
     assert rows["lookups failed while an instance is killed"] == ["**0**", "2 |"]
     assert rows["CPU at rest at the demo's 50 readings/s (cores)"] == ["0.60", "**0.18** |"]
     assert rows["readings/s held for 60 s with bounded lag"] == ["990", "**≥ 10,000** |"]
+    assert rows["of 240 probes, never visible within 10 s"] == ["—", "— |"]
     assert sum(line.count("**") for line in lines) == 2 * 9
     assert "3,000 readings written at once" in table(figures, SMOKE)
 
@@ -72,3 +73,9 @@ def test_a_system_that_held_the_ladders_every_rate_has_a_floor_not_a_limit():
     assert held_every_rate([{"held": True}, {"held": True}], rates)
     assert not held_every_rate([{"held": True}, {"held": False}], rates)
     assert not held_every_rate([{"held": True}], rates)  # stopped early (its lag did not settle)
+
+
+def test_a_percentile_of_no_samples_is_shown_as_not_measured_and_wins_nothing():
+    figures = {"a": {"freshness_p99_ms": float("nan"), "never_visible": 8}, "b": {"freshness_p99_ms": 40.0}}
+    row = next(line for line in table(figures, SMOKE).splitlines() if line.startswith("| the same, p99"))
+    assert row == "| the same, p99 (ms) | — | **40.0** |"
