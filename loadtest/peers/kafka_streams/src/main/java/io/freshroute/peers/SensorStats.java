@@ -52,6 +52,8 @@ import org.apache.kafka.streams.state.ReadOnlyKeyValueStore;
 public final class SensorStats {
   private static final String STORE = "sensor_stats";
   private static final String PREFIX = "/v1/tables/sensor_stats/keys/";
+  private static final int STORE_RETRIES = 20;
+  private static final long STORE_RETRY_MS = 50;
   private static final Pattern READING = Pattern.compile("\"reading\"\\s*:\\s*(-?[0-9.eE+-]+)");
 
   /**
@@ -151,50 +153,64 @@ public final class SensorStats {
     return agg == null ? new Stats(1, r, r, r, r) : agg.add(r);
   }
 
-  private void lookup(Context ctx) {
+  private void lookup(Context ctx) throws InterruptedException {
     ctx.contentType("application/json");
-    try {
-      String key = ctx.pathParam("key");
-      String mode = ctx.queryString();
-      boolean forwarded = "forwarded".equals(mode);
-      boolean stale = "stale".equals(mode);
-      KeyQueryMetadata md = streams.queryMetadataForKey(STORE, key, PRODUCED);
-      if (md == null || md.equals(KeyQueryMetadata.NOT_AVAILABLE)) {
-        ctx.status(503).result("{\"error\":\"no metadata for the key yet\"}");
+    String key = ctx.pathParam("key");
+    String mode = ctx.queryString();
+    for (int attempt = 1; ; attempt++) {
+      try {
+        answer(ctx, key, "forwarded".equals(mode), "stale".equals(mode));
         return;
-      }
-      if (forwarded || stale || md.activeHost().port() == port) {
-        Stats s = local(key, md.partition(), stale);
-        if (s != null || !stale) {
-          ctx.status(s == null ? 404 : 200).result(s == null ? "{\"error\":\"not found\"}" : s.json(key));
+      } catch (InvalidStateStoreException e) {
+        // A store migrating in a rebalance: Kafka Streams' documentation says to ask again shortly.
+        if (attempt == STORE_RETRIES) {
+          ctx.status(503).result("{\"error\":\"" + e.getClass().getSimpleName() + "\"}");
           return;
         }
+        Thread.sleep(STORE_RETRY_MS);
+      } catch (RuntimeException e) {
+        ctx.status(503).result("{\"error\":\"" + e.getClass().getSimpleName() + "\"}");
+        return;
       }
-      // The active elsewhere, then each standby: the first that answers.
-      List<String> tries = new ArrayList<>();
-      tries.add(url(md.activeHost(), key, "forwarded"));
-      for (HostInfo standby : md.standbyHosts()) {
-        tries.add(url(standby, key, "stale"));
-      }
-      for (String target : tries) {
-        try {
-          HttpResponse<byte[]> r = http.send(HttpRequest.newBuilder(URI.create(target))
-              .timeout(Duration.ofSeconds(2)).build(), HttpResponse.BodyHandlers.ofByteArray());
-          if (r.statusCode() == 200 || r.statusCode() == 404) {
-            ctx.status(r.statusCode()).result(r.body());
-            return;
-          }
-        } catch (IOException e) {
-          // the next copy
-        } catch (InterruptedException e) {
-          Thread.currentThread().interrupt();
-          break;
-        }
-      }
-      ctx.status(503).result("{\"error\":\"no copy of the key's partition answered\"}");
-    } catch (RuntimeException e) {
-      ctx.status(503).result("{\"error\":\"" + e.getClass().getSimpleName() + "\"}");
     }
+  }
+
+  /** The key's answer from this instance's copy, or forwarded to the active, then to each standby. */
+  private void answer(Context ctx, String key, boolean forwarded, boolean stale) {
+    KeyQueryMetadata md = streams.queryMetadataForKey(STORE, key, PRODUCED);
+    if (md == null || md.equals(KeyQueryMetadata.NOT_AVAILABLE)) {
+      ctx.status(503).result("{\"error\":\"no metadata for the key yet\"}");
+      return;
+    }
+    if (forwarded || stale || md.activeHost().port() == port) {
+      Stats s = local(key, md.partition(), stale);
+      if (s != null || !stale) {
+        ctx.status(s == null ? 404 : 200).result(s == null ? "{\"error\":\"not found\"}" : s.json(key));
+        return;
+      }
+    }
+    // The active elsewhere, then each standby: the first that answers.
+    List<String> tries = new ArrayList<>();
+    tries.add(url(md.activeHost(), key, "forwarded"));
+    for (HostInfo standby : md.standbyHosts()) {
+      tries.add(url(standby, key, "stale"));
+    }
+    for (String target : tries) {
+      try {
+        HttpResponse<byte[]> r = http.send(HttpRequest.newBuilder(URI.create(target))
+            .timeout(Duration.ofSeconds(2)).build(), HttpResponse.BodyHandlers.ofByteArray());
+        if (r.statusCode() == 200 || r.statusCode() == 404) {
+          ctx.status(r.statusCode()).result(r.body());
+          return;
+        }
+      } catch (IOException e) {
+        // the next copy
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        break;
+      }
+    }
+    ctx.status(503).result("{\"error\":\"no copy of the key's partition answered\"}");
   }
 
   /** The key's value in this instance's copy of its partition, the store handle kept until a rebalance moves it. */
