@@ -25,9 +25,10 @@ def produced(key: bytes, partitions: list[int], available: list[int]) -> int:
     return partitions[zlib.crc32(key) % len(partitions)]
 
 
-app = faust.App(app_id, producer_partitioner=produced, broker=f"kafka://{bootstrap}", datadir=data_dir, store="memory://",
-                table_standby_replicas=1, consumer_auto_offset_reset="latest", web_enabled=True,
-                broker_commit_every=100, broker_commit_interval=0.1)
+# A killed worker's partitions move after the session timeout: 10 s, as the Kafka Streams peer's (Faust's is 60 s).
+app = faust.App(app_id, producer_partitioner=produced, broker=f"kafka://{bootstrap}", datadir=data_dir,
+                store="memory://", table_standby_replicas=1, consumer_auto_offset_reset="latest", web_enabled=True,
+                broker_commit_every=100, broker_commit_interval=0.1, broker_session_timeout=10.0)
 readings = app.topic(topic_name, key_type=bytes, value_serializer="raw", key_serializer="raw")
 # Co-partitioned with the input, its keys the input's bytes: Table.route partitions a key as the table's changelog
 # serializes it (JSON for str keys, a quoted string on another partition than the input's own).
