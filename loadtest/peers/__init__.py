@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                 p.start()
                 wait_serving(p, producer, topic, plan.keys, 180)
                 figures[p.name] = measure(p, producer, c.bootstrap, topic, plan, say)
+            except (RuntimeError, TimeoutError) as e:  # a peer that does not serve is reported, the rest measured
+                say(f"  {p.name} NOT measured: {e} (its logs: {logs})")
             finally:
                 p.stop()
     finally:
