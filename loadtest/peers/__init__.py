@@ -23,7 +23,7 @@ Each system's 10,000 keys are written, and once it has run five minutes (``--war
   a 200 counts.
 
 ``--smoke`` runs a few seconds of each step for every system (under 3 minutes), to check the harness before the full
-run (about an hour). The peers are built the first time: Kafka Streams with Maven (``kafka_streams/pom.xml``, the
+run (about 40 minutes). The peers are built the first time: Kafka Streams with Maven (``kafka_streams/pom.xml``, the
 broker's Kafka version, Javalin on Jetty), Faust (faust-streaming) in a virtual environment of its own under
 ``.freshroute/peers``. Ends with the side-by-side table (:mod:`loadtest.peers.report`) and one JSON line.
 """
