@@ -50,6 +50,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from contextlib import closing
 from pathlib import Path
 from typing import Any, Callable
 
@@ -962,11 +963,8 @@ class Bench:
         from loadtest.freshness import InputLag
 
         c = self.c
-        lag = InputLag(c.rest_url)
-        try:
+        with closing(InputLag(c.rest_url)) as lag:
             out = measure(c.bootstrap, lag, f"{c.topic_prefix}readings", say=self.say)
-        finally:
-            lag.close()
         self.fig["pipeline_burst_s"] = out["pipeline_burst_s"]
         self.notes["pipeline_burst"] = out
 
@@ -976,11 +974,8 @@ class Bench:
         from loadtest.pipeline_rate import measure
 
         c = self.c
-        lag = InputLag(c.rest_url)
-        try:
+        with closing(InputLag(c.rest_url)) as lag:
             out = measure(c.bootstrap, lag, f"{c.topic_prefix}readings", say=self.say)
-        finally:
-            lag.close()
         self.fig["pipeline_max_events_per_s"] = out["pipeline_max_events_per_s"]
         self.notes["pipeline_rate"] = out["steps"]
 

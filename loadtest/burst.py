@@ -16,6 +16,7 @@ import argparse
 import random
 import sys
 import time
+from contextlib import closing
 from typing import Callable
 
 import orjson
@@ -85,11 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topic", default="readings")
     p.add_argument("--readings", type=int, default=100_000)
     a = p.parse_args(argv)
-    lag = InputLag(a.router)
-    try:
+    with closing(InputLag(a.router)) as lag:
         out = measure(a.bootstrap, lag, a.topic, a.readings, say=print)
-    finally:
-        lag.close()
     print(orjson.dumps(out).decode())
     return 0 if out["pipeline_burst_s"] is not None else 1
 

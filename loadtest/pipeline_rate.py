@@ -16,6 +16,7 @@ import argparse
 import statistics
 import sys
 import time
+from contextlib import closing
 from dataclasses import asdict, dataclass
 from typing import Callable, Protocol
 
@@ -112,11 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", type=float, nargs="+", default=list(RATES))
     p.add_argument("--hold-s", type=float, default=60.0)
     a = p.parse_args(argv)
-    lag = InputLag(a.router)
-    try:
+    with closing(InputLag(a.router)) as lag:
         out = measure(a.bootstrap, lag, a.topic, tuple(a.rates), a.hold_s, say=print)
-    finally:
-        lag.close()
     print(orjson.dumps(out).decode())
     return 0
 

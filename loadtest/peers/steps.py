@@ -13,6 +13,7 @@ import httpx
 import orjson
 
 from loadtest.peers.systems import TABLE
+from loadtest.pipeline_rate import RATES
 
 PATH = f"/v1/tables/{TABLE}/keys/"
 PREFIX = "sensor-"
@@ -28,7 +29,7 @@ class Plan:
     probes: int = 240  # freshness probes, 0.25 s apart: a minute, one Real-time checkpoint interval
     wrk_s: float = 20.0
     burst_readings: int = 100_000
-    rates: tuple[float, ...] = (1000, 2000, 3500, 5000, 7000, 10000, 14000)
+    rates: tuple[float, ...] = RATES
     hold_s: float = 60.0
     judged_s: float = 30.0
     failover_s: float = 25.0
@@ -158,6 +159,8 @@ def held_every_rate(steps: list[dict], rates: tuple[float, ...]) -> bool:
 
 def measure(system, producer, bootstrap: str, topic: str, plan: Plan, say) -> dict:
     """Every figure of one serving system, the others stopped. The failover step comes last: it kills an instance."""
+    from contextlib import closing
+
     from loadtest import burst, pipeline_rate
     from loadtest.footprint import measure as cpu
 
@@ -172,8 +175,7 @@ def measure(system, producer, bootstrap: str, topic: str, plan: Plan, say) -> di
     for run in (1, 2):
         say(f"  lookups/s, run {run}: wrk, 32 connections, {plan.wrk_s:.0f} s over {plan.keys:,} keys …")
         out.update({f"lookups_{k}_{run}": v for k, v in lookups(system.url, plan.keys, plan.wrk_s).items()})
-    lag = system.lag()
-    try:
+    with closing(system.lag()) as lag:
         say(f"  burst: {plan.burst_readings:,} readings written at once → caught up …")
         doc = burst.measure(bootstrap, lag, topic, plan.burst_readings, plan.keys, say=say)
         out.update(burst_s=doc["pipeline_burst_s"], burst_producer_s=doc["producer_s"])
@@ -181,8 +183,6 @@ def measure(system, producer, bootstrap: str, topic: str, plan: Plan, say) -> di
         doc = pipeline_rate.measure(bootstrap, lag, topic, plan.rates, plan.hold_s, plan.judged_s, say=say)
         out.update(max_events_per_s=doc["pipeline_max_events_per_s"], rate_steps=doc["steps"],
                    max_events_capped=held_every_rate(doc["steps"], plan.rates))
-    finally:
-        lag.close()
     say(f"  failover: {plan.failover_rate:.0f} lookups/s for {plan.failover_s:.0f} s, kill -9 of an instance "
         f"{plan.kill_at_s:.0f} s in …")
     counts = asyncio.run(paced(system.url, plan, system.kill_one))
