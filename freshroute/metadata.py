@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Any, Container, Iterable, Mapping, Sequence
 
 import orjson
 
-from freshroute.freshness import (InputEnds, InputLag, InputMark, ReplicaLag, marks_from_json, marks_to_json,
-                                  rejections_from_json, rejections_to_json)
+from freshroute.lag import ReplicaLag
+from freshroute.progress import InputEnds, InputLag, InputMark, marks_from_json, marks_to_json, rejections_from_json, rejections_to_json
 from freshroute.windows import WindowSpec
 
 if TYPE_CHECKING:
@@ -534,7 +534,7 @@ class MetadataStore:
         return {text(k): InputEnds.from_json(v) for k, v in self.redis.hgetall(self.keys.input_ends).items()}
 
     def publish_input_marks(self, table: str, marks: Sequence[InputMark]) -> None:
-        """A table's latest marks (:class:`freshroute.freshness.InputMark`), oldest first."""
+        """A table's latest marks (:class:`freshroute.progress.InputMark`), oldest first."""
         self.redis.hset(self.keys.input_marks, table, marks_to_json(marks))
 
     def input_marks(self) -> dict[str, tuple[InputMark, ...]]:

@@ -15,7 +15,7 @@ from enum import IntEnum
 from typing import Iterator, NamedTuple
 
 from freshroute.errors import ReplicaUnavailable
-from freshroute.freshness import Bound
+from freshroute.bound import Bound
 from freshroute.metadata import ReplicaState, Role
 from proto import store_pb2
 

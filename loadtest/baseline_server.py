@@ -16,7 +16,7 @@ import sys
 
 import orjson
 
-from freshroute.freshness import single
+from freshroute.position import single
 from freshroute.keys import partition_for, serialize_key
 
 

@@ -40,7 +40,7 @@ import orjson
 
 from freshroute import input_position
 from freshroute.errors import InvalidArgument
-from freshroute.freshness import Position
+from freshroute.position import Position
 from freshroute.keys import partition_for, serialize_key
 from freshroute.windows import WATERMARK_KEY, WindowSpec, split_window_key
 

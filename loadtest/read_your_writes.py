@@ -22,7 +22,7 @@ from typing import Any, Callable
 import httpx
 import orjson
 
-from freshroute.write_token import write_token
+from freshroute.write_tokens.make import write_token
 from loadtest.stats import percentile
 
 TABLE = "sensor_stats"

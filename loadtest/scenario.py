@@ -236,7 +236,7 @@ async def _writer(i: int, cfg: LoadConfig, rest: Any, rec: Recorder, t0: float, 
     from confluent_kafka import Producer
 
     from freshroute.settings import kafka_client_config
-    from freshroute.write_token import write_token
+    from freshroute.write_tokens.make import write_token
     from loadtest.read_your_writes import NotDelivered, deliver
 
     producer = Producer(kafka_client_config(cfg.bootstrap, **{"linger.ms": 0}))

@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from freshroute.freshness import Position
+from freshroute.position import Position
 
 DEFAULT_BOUND_MIX = "none:4,max_lag=100:2,max_staleness_ms=5000:2,session:2"
 BOUND_KINDS = ("none", "max_lag", "max_staleness_ms", "max_input_lag_ms", "session")

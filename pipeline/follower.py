@@ -26,7 +26,7 @@ from typing import Any, Callable
 import orjson
 
 from freshroute import input_position
-from freshroute.freshness import now_ms
+from freshroute.lag import now_ms
 from freshroute.windows import WindowSpec, split_window_key
 from pipeline.input_lag import InputLagPublisher
 from pipeline.window_expiry import WindowExpiry

@@ -21,7 +21,8 @@ from typing import Any, Iterable
 
 import orjson
 
-from freshroute.freshness import InputLag, now_ms
+from freshroute.lag import now_ms
+from freshroute.progress import InputLag
 
 log = logging.getLogger("pipeline")
 

@@ -23,7 +23,8 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from freshroute.errors import ConfigError, FreshrouteError
-from freshroute.freshness import NO_BOUND, Bound, rank_lag, rank_staleness
+from freshroute.bound import NO_BOUND, Bound
+from freshroute.lag import rank_lag, rank_staleness
 from freshroute.metadata import TableSpec
 from freshroute.routing.history import AsOf, Versions, parse_time
 from freshroute.routing.results import (ClusterView, LookupResult, ReplicaInfo, WindowsResult, key_not_found,

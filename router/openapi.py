@@ -10,7 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from freshroute.freshness import MAX_LIMIT, MAX_TOKEN_LENGTH, MAX_WAIT_MS
+from freshroute.bound import MAX_LIMIT, MAX_WAIT_MS
+from freshroute.position import MAX_TOKEN_LENGTH
 from router.transports.http1 import MAX_HEAD, MAX_REQUEST_LINE_URL
 
 # Tokens are opaque to clients; their formats are named so tools can tell them from free text.

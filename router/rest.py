@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from freshroute.errors import FreshrouteError, InvalidArgument
-from freshroute.freshness import MAX_LIMIT, Bound, parse_bound, parse_limit, parse_millis, parse_query_bound
+from freshroute.bound import MAX_LIMIT, Bound, parse_bound, parse_limit, parse_millis, parse_query_bound
 from freshroute.routing.history import batch_doc, parse_time
 from freshroute.routing.results import BatchResult, LookupResult
 from router.auth import Guard

@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, unquote_to_bytes
 import orjson
 
 from freshroute.errors import InvalidArgument, foreign
-from freshroute.freshness import NO_BOUND, Bound, parse_limit, parse_millis, parse_query_bound
+from freshroute.bound import NO_BOUND, Bound, parse_limit, parse_millis, parse_query_bound
 from freshroute.routing.history import parse_time
 from freshroute.routing.results import key_not_found
 from router.auth import Guard, Principal

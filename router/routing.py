@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, TypeVar
 
 from freshroute.errors import InvalidArgument
-from freshroute.freshness import now_ms
+from freshroute.lag import now_ms
 from freshroute.routing.core import RoutingCore
 from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.selection import ReplicaSelector

@@ -30,7 +30,7 @@ from collections import deque
 from contextlib import contextmanager
 from typing import Any, Callable, Container, Iterable, Iterator, Mapping, Protocol
 
-from freshroute.freshness import rank_lag
+from freshroute.lag import rank_lag
 from freshroute.heartbeats import Liveness, NodeFeed, Rejections
 from freshroute.metadata import UNREAD, Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
 

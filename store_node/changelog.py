@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
-from freshroute.freshness import now_ms
+from freshroute.lag import now_ms
 from freshroute.settings import kafka_logging
 from store_node.applier import Applier
 from store_node.bulk_restore import BulkRestores

@@ -15,7 +15,8 @@ import threading
 from typing import Any, Callable, Mapping
 
 from freshroute.changelog_reader import end_offsets
-from freshroute.freshness import InputEnds, now_ms
+from freshroute.lag import now_ms
+from freshroute.progress import InputEnds
 from freshroute.metadata import MetadataStore, TableSpec
 from freshroute.settings import kafka_logging
 from store_node.settings import StoreNodeSettings

@@ -15,7 +15,7 @@ from typing import Callable, Mapping, Sequence
 
 from redis.exceptions import RedisError
 
-from freshroute.freshness import now_ms
+from freshroute.lag import now_ms
 from freshroute.metadata import (MetadataStore, NodePositions, NodeReport, ReplicaReport, Role, Round, RoundRequest,
                                  TableSpec)
 from store_node.assignor import AssignorLoop

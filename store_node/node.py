@@ -22,7 +22,7 @@ from typing import IO, Any, Mapping
 import grpc
 
 from freshroute.errors import ConfigError
-from freshroute.freshness import now_ms
+from freshroute.lag import now_ms
 from freshroute.metadata import MetadataStore
 from store_node.access import ClusterSecret
 from store_node.changelog import ChangelogTailer

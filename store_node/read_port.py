@@ -22,7 +22,8 @@ from google.protobuf.message import DecodeError
 
 from freshroute import input_position
 from freshroute.errors import StoreCorrupt
-from freshroute.freshness import Bound, now_ms
+from freshroute.bound import Bound
+from freshroute.lag import now_ms
 from freshroute.pacing import PacedByAnswers
 from freshroute.windows import WATERMARK_KEY, live_starts, parse_watermark
 from freshroute.wire import FrameError, FrameReader, frame, replica_status_message

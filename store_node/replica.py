@@ -31,7 +31,7 @@ from urllib.parse import quote
 
 from freshroute.errors import StoreCorrupt
 from freshroute.formats import value_problem
-from freshroute.freshness import ReplicaLag, lag_offsets
+from freshroute.lag import lag_offsets, ReplicaLag
 from freshroute.metadata import ReplicaReport, ReplicaState, Role, TableSpec
 from store_node.history import Write
 from store_node.replica_store import DiskFull, ReplicaStore, StoreMemory

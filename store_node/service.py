@@ -14,7 +14,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from freshroute.freshness import now_ms
+from freshroute.lag import now_ms
 from freshroute.wire import replica_status_message
 from proto import store_pb2, store_pb2_grpc
 from store_node.read_port import HostedReplicas

@@ -20,7 +20,7 @@ from freshroute.errors import ConfigError, FreshrouteError
 from freshroute.launch import add_settings_flags, start, stopped
 
 if TYPE_CHECKING:
-    from freshroute.freshness import Bound
+    from freshroute.bound import Bound
 
 # command → (settings class, run function), imported lazily: the router should not pay
 # for importing pyspark, nor the pipeline for FastAPI.
@@ -65,7 +65,7 @@ def _lookup_any(args: argparse.Namespace) -> int:
     import json
 
     from freshroute.keys import key_bytes
-    from freshroute.freshness import parse_bound
+    from freshroute.bound import parse_bound
 
     if (args.as_of is not None or args.versions) and (args.direct or args.grpc or args.last):
         raise SystemExit("freshroute lookup: --as-of and --versions ask a router's REST API: leave out --direct, "

@@ -17,7 +17,7 @@ from freshroute.routing.policy import RoutingPolicy
 from freshroute.client.async_client import AsyncClient, AsyncSession
 from freshroute.client.lookup import AsOfLookup, KeyVersion, KeyVersions, Lookup, Windows, WindowValue
 from freshroute.client.sync_client import Client, Session
-from freshroute.write_token import write_token
+from freshroute.write_tokens.make import write_token
 
 Timeout = LookupTimeout
 Unavailable = ReplicaUnavailable

@@ -11,7 +11,8 @@ import httpx
 
 from freshroute.cluster_access import NodeAccess
 from freshroute.errors import ClientClosed, ConfigError, FreshrouteError
-from freshroute.freshness import Bound, Position, parse_bound
+from freshroute.bound import Bound, parse_bound
+from freshroute.position import Position
 from freshroute.routing.core import RoutingCore
 from freshroute.routing.history import time_ms
 from freshroute.routing.policy import RoutingPolicy

@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 
 from freshroute.cluster_access import NodeAccess
 from freshroute.errors import FreshrouteError, ReplicaUnavailable
-from freshroute.freshness import Bound
+from freshroute.bound import Bound
 from freshroute.routing.attempts import AttemptPlan, launch_due
 from freshroute.routing.selection import Candidate
 from freshroute.routing.snapshot import SnapshotSource

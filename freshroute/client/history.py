@@ -6,7 +6,8 @@ import datetime as dt
 from typing import Any, Awaitable, Callable, TypeVar
 
 from freshroute.errors import FreshrouteError
-from freshroute.freshness import Bound, Position, parse_bound
+from freshroute.bound import Bound, parse_bound
+from freshroute.position import Position
 from freshroute.routing.core import RoutingCore
 from freshroute.routing.history import time_ms
 

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from freshroute.errors import FreshrouteError
-from freshroute.freshness import Position
+from freshroute.position import Position
 from freshroute.routing.answers import served_by
 from freshroute.routing.history import AsOf, Versions
 from freshroute.routing.results import LookupResult, ScanPage, WindowsResult, optional_int, position_token

@@ -14,7 +14,9 @@ import httpx
 import orjson
 
 from freshroute.errors import FreshrouteError, InvalidArgument, LookupTimeout, ReplicaUnavailable, from_body
-from freshroute.freshness import Bound, InputLag, now_ms
+from freshroute.bound import Bound
+from freshroute.lag import now_ms
+from freshroute.progress import InputLag
 from freshroute.keys import key_bytes, not_a_batch
 from freshroute.metadata import ReplicaState, Role, TableSpec
 from freshroute.routing.results import KeyLocation, TableInfo, optional_int

@@ -17,7 +17,8 @@ from concurrent.futures import Future
 from typing import Any, Coroutine, Iterator, TypeVar
 
 from freshroute.errors import ClientClosed, FreshrouteError
-from freshroute.freshness import Bound, Position, parse_bound
+from freshroute.bound import Bound, parse_bound
+from freshroute.position import Position
 from freshroute.routing.answers import lookup_result
 from freshroute.routing.attempts import AttemptPlan
 from freshroute.routing.core import RoutingCore

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence, TypeVar
 
-from freshroute.freshness import known_staleness
+from freshroute.lag import known_staleness
 from freshroute.routing.results import LookupResult
 from freshroute.routing.selection import Candidate
 from freshroute.wire import GroupResult, ReadResult, ReadStatus, ReplicaStatus

@@ -27,7 +27,8 @@ from typing import Any, Callable, Protocol, TypeVar
 
 from freshroute.errors import (FreshrouteError, LookupTimeout, NoReplicaWithinBound, NotYetVisible, ReplicaUnavailable,
                                WriteRejected)
-from freshroute.freshness import Bound, known_staleness, rank_lag
+from freshroute.bound import Bound
+from freshroute.lag import known_staleness, rank_lag
 from freshroute.metadata import ReplicaState
 from freshroute.routing.counts import NoMetrics
 from freshroute.routing.selection import Candidate, LoadTracker, Selection

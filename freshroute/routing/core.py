@@ -14,7 +14,8 @@ from typing import Any, Callable, Mapping, NamedTuple
 from freshroute.errors import (FreshrouteError, InvalidArgument, NotWindowedTable, ReplicaUnavailable, TableNotFound,
                                WindowedTable)
 from freshroute.formats import locate, locate_text
-from freshroute.freshness import NO_BOUND, Bound, now_ms
+from freshroute.bound import NO_BOUND, Bound
+from freshroute.lag import now_ms
 from freshroute.keys import not_a_batch
 from freshroute.metadata import TableSpec
 from freshroute.routing.answers import GroupAnswers, group_lookups, lookup_result, served_by
@@ -23,7 +24,7 @@ from freshroute.routing.counts import NoMetrics, count, count_group
 from freshroute.routing.drivers import run, run_many
 from freshroute.routing.history import HistoryReads
 from freshroute.routing.scans import Scans
-from freshroute.routing.read_after import narrowed
+from freshroute.write_tokens.read_after import narrowed
 from freshroute.routing.selection import Candidate, FreshestFirst, LoadTracker, ReplicaSelector
 from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.results import LookupResult, WindowsResult

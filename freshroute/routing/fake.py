@@ -12,7 +12,8 @@ from typing import Awaitable, Mapping
 
 from freshroute import input_position
 from freshroute.errors import ReplicaUnavailable
-from freshroute.freshness import Bound, lag_offsets
+from freshroute.bound import Bound
+from freshroute.lag import lag_offsets
 from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
 
 from freshroute.routing.snapshot import Snapshot, build_snapshot

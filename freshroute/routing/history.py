@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 
 from freshroute.errors import FreshrouteError, InvalidArgument, TableNotVersioned, VersionNotRetained
-from freshroute.freshness import NO_BOUND, Bound
+from freshroute.bound import NO_BOUND, Bound
 from freshroute.formats import locate
 from freshroute.metadata import TableSpec
 from freshroute.routing.answers import lookup_result

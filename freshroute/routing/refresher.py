@@ -12,7 +12,8 @@ from typing import Any, Awaitable, Callable, Mapping
 
 import orjson
 
-from freshroute.freshness import InputEnds, InputLag, InputMark, marks_from_json, now_ms, rejections_from_json
+from freshroute.lag import now_ms
+from freshroute.progress import InputEnds, InputLag, InputMark, marks_from_json, rejections_from_json
 from freshroute.heartbeats import Liveness, NodeFeed, Rejections
 from freshroute.metadata import Assignment, Keys, TableSpec, text
 from freshroute.routing.snapshot import EMPTY, ReplicaView, Snapshot, SnapshotBuilder, TablePartition

@@ -17,7 +17,9 @@ from typing import Any, Iterator, NamedTuple, Sequence
 import orjson
 
 from freshroute.errors import FreshrouteError, InvalidArgument, KeyNotFound
-from freshroute.freshness import InputLag, Position, now_ms, single
+from freshroute.lag import now_ms
+from freshroute.position import Position, single
+from freshroute.progress import InputLag
 from freshroute.metadata import TableSpec
 from freshroute.windows import Window
 from freshroute.wire import Version

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 from freshroute.errors import FreshrouteError, InvalidArgument, LookupTimeout
 from freshroute.formats import bound_to_bytes, key_from_bytes
-from freshroute.freshness import NO_BOUND, Bound
+from freshroute.bound import NO_BOUND, Bound
 from freshroute.keys import deserialize_key, scan_range
 from freshroute.metadata import TableSpec
 from freshroute.routing.answers import lookup_result, served_by

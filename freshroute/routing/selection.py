@@ -13,7 +13,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Protocol, Sequence
 
-from freshroute.freshness import Bound, now_ms, rank_lag
+from freshroute.bound import Bound
+from freshroute.lag import now_ms, rank_lag
 from freshroute.metadata import ReplicaState
 from freshroute.routing.snapshot import LagOverlay, ReplicaView
 

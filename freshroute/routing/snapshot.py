@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Protocol
 
-from freshroute.freshness import InputEnds, InputLag, InputMark, input_lag_at, lag_offsets
+from freshroute.lag import lag_offsets
+from freshroute.progress import input_lag_at, InputEnds, InputLag, InputMark
 from freshroute.metadata import Assignment, NodePositions, NodeReport, ReplicaState, Role, TableSpec
 
 TablePartition = tuple[str, int]

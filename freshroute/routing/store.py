@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError
 
 from freshroute.cluster_access import NodeAccess
 from freshroute.errors import ReplicaUnavailable
-from freshroute.freshness import Bound
+from freshroute.bound import Bound
 from freshroute.wire import (FrameError, FrameReader, GroupResult, RangeResult, ReadResult, VersionFilter, WindowFilter,
                              checked, frame, group_read, group_result, key_read, range_read, range_result, results)
 from proto import store_pb2

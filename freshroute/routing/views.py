@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Callable, Protocol
 
 from freshroute.errors import ReplicaUnavailable
-from freshroute.freshness import NO_BOUND, Bound, known_staleness
+from freshroute.bound import NO_BOUND, Bound
+from freshroute.lag import known_staleness
 from freshroute.metadata import Role, TableSpec
 from freshroute.routing.results import (ClusterView, HostedReplica, KeyLocation, MetadataHealth, NodeState,
                                         ReplicaInfo, TableInfo, TablePipeline, pipeline_doc)

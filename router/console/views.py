@@ -17,7 +17,8 @@ from typing import Any, Callable
 import orjson
 
 from freshroute.errors import InvalidArgument
-from freshroute.freshness import known_staleness, now_ms, parse_limit
+from freshroute.bound import parse_limit
+from freshroute.lag import known_staleness, now_ms
 from freshroute.metadata import ReplicaState, Role
 from freshroute.routing.core import RoutingCore
 from freshroute.routing.results import ReplicaInfo, pipeline_doc

@@ -16,7 +16,7 @@ import grpc
 import httpx
 import orjson
 
-from freshroute.freshness import now_ms
+from freshroute.lag import now_ms
 from freshroute.keys import partition_for, serialize_key
 from freshroute.metadata import Assignment, MetadataStore, NodeReport, ReplicaState, Role
 from freshroute.settings import kafka_client_config

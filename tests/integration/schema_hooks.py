@@ -15,7 +15,8 @@ import time
 import schemathesis
 from hypothesis import strategies as st
 
-from freshroute.freshness import Position, WriteToken
+from freshroute.position import Position
+from freshroute.write_tokens.token import WriteToken
 from freshroute.routing.results import encode_page_token
 from router.openapi import PAGE_TOKEN_FORMAT, POSITION_FORMAT, WRITE_TOKEN_FORMAT
 

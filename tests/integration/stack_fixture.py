@@ -96,7 +96,7 @@ def write_reading(stack: Stack, event: dict, producer: Any = None) -> str:
     what was produced to the stack."""
     from confluent_kafka import Producer
 
-    from freshroute.write_token import write_token
+    from freshroute.write_tokens.make import write_token
     from loadtest.read_your_writes import deliver
 
     producer = producer or Producer(kafka_client_config(stack.config.bootstrap))

@@ -3,7 +3,7 @@
 import httpx
 import orjson
 
-from freshroute.freshness import now_ms
+from freshroute.lag import now_ms
 from freshroute.keys import partition_for, serialize_key
 from freshroute.metadata import Role, TableSpec
 from freshroute.windows import WATERMARK_KEY, tumbling, watermark_value, window_key

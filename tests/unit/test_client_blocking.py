@@ -14,7 +14,7 @@ import pytest
 
 from freshroute.client.blocking import BlockingStore, Request, run_blocking
 from freshroute.errors import NoReplicaWithinBound, ReplicaUnavailable
-from freshroute.freshness import NO_BOUND, Bound
+from freshroute.bound import NO_BOUND, Bound
 from freshroute.keys import serialize_key
 from freshroute.metadata import Role
 from freshroute.wire import FrameReader, ReadStatus, frame

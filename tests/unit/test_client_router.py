@@ -9,7 +9,7 @@ import pytest
 
 from freshroute.client.router import RouterHttp
 from freshroute.errors import InvalidArgument
-from freshroute.freshness import NO_BOUND
+from freshroute.bound import NO_BOUND
 
 
 def router_seeing(sent: list[httpx.Request]) -> RouterHttp:

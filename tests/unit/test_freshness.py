@@ -3,7 +3,8 @@
 import pytest
 
 from freshroute.errors import InvalidArgument
-from freshroute.freshness import NO_BOUND, Bound, Position, parse_bound, parse_limit, parse_query_bound, single
+from freshroute.bound import NO_BOUND, Bound, parse_bound, parse_limit, parse_query_bound
+from freshroute.position import Position, single
 
 from proto import router_pb2, store_pb2
 

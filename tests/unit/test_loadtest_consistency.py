@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from freshroute.freshness import Position, single
+from freshroute.position import Position, single
 from freshroute.keys import partition_for, serialize_key
 from loadtest.consistency import Changelog, check, same_value
 

@@ -8,7 +8,7 @@ import grpc
 import httpx
 import orjson
 
-from freshroute.freshness import single
+from freshroute.position import single
 from loadtest.lookups import grpc_lookup, rest_lookup
 from proto import router_pb2
 

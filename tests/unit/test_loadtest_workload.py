@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from freshroute.freshness import Position, single
+from freshroute.position import Position, single
 from loadtest.workload import BoundChoice, BoundMixer, KeyChooser, Session, bound_params, parse_bound_mix
 
 

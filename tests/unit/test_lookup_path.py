@@ -17,7 +17,7 @@ import orjson
 import pytest
 import uvicorn
 
-from freshroute.freshness import now_ms
+from freshroute.lag import now_ms
 from freshroute.keys import partition_for, serialize_key
 from freshroute.metadata import Role, TableSpec
 from freshroute.routing.fake import InMemoryStoreClient, fake_snapshot
@@ -43,7 +43,7 @@ TOKEN = "reader-token"
 # The path's layers, each with the rooms a lookup may pass in it: the REST front (admission by the auth file, the
 # router's parse of the bound), the routing core (selection, the attempt plan and its driver, the snapshot, the
 # results), the store client, the wire both ends speak, the node's read port, replica and store, and the vocabulary
-# they all speak (the clock, the bound, the lag, the position; a key's bytes and partition). A lookup must cross every layer and run code nowhere
+# they all speak (the clock, the bound, the lag, the position, the input lag; a key's bytes and partition). A lookup must cross every layer and run code nowhere
 # else; how many rooms a layer has is its own business.
 LAYERS = {
     "front": {"router/transports/http1.py", "router/rest_routes.py", "router/auth.py", "router/routing.py"},
@@ -53,7 +53,8 @@ LAYERS = {
     "store client": {"freshroute/routing/store.py"},
     "wire": {"freshroute/wire.py"},
     "store node": {"store_node/read_port.py", "store_node/replica.py", "store_node/replica_store.py"},
-    "vocabulary": {"freshroute/freshness.py", "freshroute/formats.py"},
+    "vocabulary": {"freshroute/bound.py", "freshroute/lag.py", "freshroute/position.py", "freshroute/progress.py",
+                   "freshroute/formats.py"},
 }
 
 

@@ -2,7 +2,7 @@ from dataclasses import replace
 
 import pytest
 
-from freshroute.freshness import ReplicaLag
+from freshroute.lag import ReplicaLag
 from freshroute.metadata import (MAX_REPORT_BYTES, Assignment, Keys, NodePositions, NodeReport, OversizedReport,
                                  ReplicaReport, ReplicaState, Role, TableSpec, UnknownReportVersion)
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import orjson
 
-from freshroute.freshness import InputEnds, InputLag, input_lag_at
+from freshroute.progress import input_lag_at, InputEnds, InputLag
 from pipeline.input_lag import InputLagPublisher, records_behind, source_offsets
 
 

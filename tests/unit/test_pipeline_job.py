@@ -228,7 +228,7 @@ def test_a_shape_realtime_mode_refuses_stops_the_pipeline_naming_the_table_and_s
 
 def test_realtime_queries_are_warm_once_every_task_runs_and_each_table_has_caught_up_since_they_started(pipeline,
                                                                                                         caplog):
-    from freshroute.freshness import InputLag
+    from freshroute.progress import InputLag
 
     c = pipeline.context
     stage = SimpleNamespace(numActiveTasks=6)

@@ -13,7 +13,11 @@ import pytest
 from freshroute import input_position
 from freshroute.client import write_token
 from freshroute.errors import InvalidArgument, NotYetVisible, WriteRejected
-from freshroute.freshness import InputEnds, InputMark, Position, WriteToken, now_ms, parse_bound, reflected_at
+from freshroute.bound import parse_bound
+from freshroute.lag import now_ms
+from freshroute.position import Position
+from freshroute.progress import InputEnds, InputMark, reflected_at
+from freshroute.write_tokens.token import WriteToken
 from freshroute.keys import partition_for, serialize_key
 from freshroute.metadata import Role, TableSpec
 from proto import store_pb2

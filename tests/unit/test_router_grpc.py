@@ -6,7 +6,7 @@ from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from freshroute.freshness import Position
+from freshroute.position import Position
 from freshroute.routing.fake import InMemoryStoreClient
 from freshroute.routing.results import LookupResult
 from freshroute.routing.snapshot import FixedSnapshot, Snapshot

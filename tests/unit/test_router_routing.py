@@ -4,7 +4,8 @@ import time
 import pytest
 
 from freshroute.errors import LookupTimeout, NoReplicaWithinBound
-from freshroute.freshness import Bound, Position
+from freshroute.bound import Bound
+from freshroute.position import Position
 from freshroute.metadata import Role
 
 from freshroute.routing.results import decode_page_token, encode_page_token

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from freshroute.errors import NoReplicaWithinBound, ReplicaUnavailable
-from freshroute.freshness import Bound
+from freshroute.bound import Bound
 from freshroute.metadata import Role
 from router.settings import RouterSettings
 
@@ -147,7 +147,7 @@ async def test_a_read_behind_only_its_position_waits_for_a_replica_to_catch_up()
     # served. It tails the changelog, so it is asked again after a short wait instead of failing the read.
     import asyncio
 
-    from freshroute.freshness import Position
+    from freshroute.position import Position
 
     cluster = Cluster()
     key = "sensor-11"

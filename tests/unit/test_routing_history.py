@@ -10,7 +10,8 @@ import pytest
 from freshroute.client.lookup import AsOfLookup
 from freshroute.client.router import RouterHttp
 from freshroute.errors import InvalidArgument
-from freshroute.freshness import NO_BOUND, now_ms
+from freshroute.bound import NO_BOUND
+from freshroute.lag import now_ms
 from freshroute.keys import serialize_key
 from freshroute.routing.history import parse_time, rfc3339
 from proto import router_pb2

@@ -1,7 +1,8 @@
 import random
 from dataclasses import replace
 
-from freshroute.freshness import Bound, Position
+from freshroute.bound import Bound
+from freshroute.position import Position
 from freshroute.metadata import NodePositions, ReplicaState, Role
 
 from freshroute.routing.selection import FreshestFirst, LoadTracker

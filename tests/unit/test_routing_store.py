@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from freshroute.errors import ReplicaUnavailable
-from freshroute.freshness import NO_BOUND, Bound
+from freshroute.bound import NO_BOUND, Bound
 from freshroute.metadata import ReplicaState, Role
 from proto import store_pb2
 

@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from freshroute.errors import InvalidArgument, NotWindowedTable, WindowedTable
-from freshroute.freshness import Bound
+from freshroute.bound import Bound
 from router.settings import RouterSettings
 
 from .routing_support import S, TABLE, WINDOWED, retries, windowed_cluster, wpart

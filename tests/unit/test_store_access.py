@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from freshroute.cluster_access import SECRET_METADATA, NodeAccess, read_secrets
 from freshroute.errors import ConfigError, ReplicaUnavailable
 from tools.local.certs import issue, make_ca
-from freshroute.freshness import NO_BOUND
+from freshroute.bound import NO_BOUND
 from freshroute.metadata import Role, TableSpec
 from freshroute.routing.store import StoreNodeClient
 from freshroute.wire import ReadStatus

@@ -11,7 +11,7 @@ import httpx
 import orjson
 import pytest
 
-from freshroute.freshness import Position
+from freshroute.position import Position
 from freshroute.keys import partition_for, serialize_key
 from loadtest.readport import read_batch
 from loadtest.scenario import Fault, LoadConfig, run

@@ -24,7 +24,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from freshroute.client import Client
-from freshroute.freshness import NO_BOUND
+from freshroute.bound import NO_BOUND
 from freshroute.keys import partition_for, serialize_key
 from freshroute.topics import topic_config
 from freshroute.wire import FrameReader, VersionFilter, frame, range_result, range_read

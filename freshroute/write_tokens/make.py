@@ -1,25 +1,13 @@
-"""Write tokens: what a writer holds once its input event is in Kafka, handed to a lookup that must include it.
-
-A token names, for each input topic and partition, the offset of the latest event the writer produced (its
-producer's delivery report says where it went), and for each table the changelog position of what the session
-last read (a lookup's ``position``). Tokens combine: the later offset per partition wins, so one token can carry
-"everything I wrote and everything I read". A lookup given one (``after=``) answers only with a value that
-reflects those events (:class:`freshroute.freshness.ReadAfter` says how a replica knows).
-
-A token is ``w1.`` + base64url(JSON) + ``.`` + the CRC-32 of that JSON in hex: opaque to its holder, and one cut
-or altered in transit is refused rather than read as another. It proves nothing about who wrote the events: a
-token names offsets anyone may read.
-"""
+"""A write token made from what a writer holds: delivery reports, (topic, partition, offset) tuples, tokens and
+the positions of what a session read."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from freshroute.errors import InvalidArgument
-from freshroute.freshness import MAX_OFFSET, WRITE_TOKEN_PREFIX, Position, WriteToken, parse_after
-
-__all__ = ["WriteToken", "parse_after", "write_token"]
-
+from freshroute.position import Position
+from freshroute.write_tokens.token import MAX_OFFSET, WRITE_TOKEN_PREFIX, WriteToken
 
 def write_token(*items: Any) -> str:
     """One token for everything given: a confluent-kafka ``Message`` from a delivery report (or the producer's

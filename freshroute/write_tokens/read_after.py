@@ -1,7 +1,7 @@
 """A write token narrowed to the table a lookup reads (read your writes; docs/architecture.md says what it guarantees).
 
 The token names input events (and what a session read); a table reads one input topic. Narrowed, it is the events
-of that topic (:class:`freshroute.freshness.ReadAfter`, with the changelog offsets from which every row reflects
+of that topic (:class:`freshroute.write_tokens.token.ReadAfter`, with the changelog offsets from which every row reflects
 them once a mark says so) and a ``min_position`` of the table's changelog for what was read of it — or, for a table
 added from a topic, whose input is its changelog, for what was written to it. A token naming nothing the table
 reads, a partition its input does not have, or an offset past where the input ends is a caller's mistake.
@@ -12,10 +12,18 @@ from __future__ import annotations
 from functools import partial
 from typing import Mapping
 
+from typing import TYPE_CHECKING
+
 from freshroute.errors import InvalidArgument
-from freshroute.freshness import Bound, Position, ReadAfter, reflected_at
-from freshroute.metadata import TableSpec
-from freshroute.routing.snapshot import SnapshotSource
+from freshroute.position import Position
+from freshroute.progress import reflected_at
+from freshroute.write_tokens.token import ReadAfter
+
+if TYPE_CHECKING:
+    from freshroute.bound import Bound
+    from freshroute.metadata import TableSpec
+    from freshroute.routing.snapshot import SnapshotSource
+
 
 ENDS_SETTLE_MS = 1000  # input ends read this long after a write must include it
 
