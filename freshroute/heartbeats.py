@@ -5,7 +5,7 @@ A reader (a router, the assignor) keeps a :class:`NodeFeed`. Each poll reads eve
 beat time (an id and a number each) and the ids whose report changed since the last poll,
 then only those reports: at a thousand nodes a poll moves kilobytes, not megabytes. A reader
 that routes by lag also follows the positions nodes publish between reports, kept packed
-(:class:`freshroute.metadata.NodePositions`) for the views that read them. A bad
+(:class:`freshroute.metadata.reports.NodePositions`) for the views that read them. A bad
 report — malformed, of an unknown version, too large, or naming another node — is skipped
 and counted, with at most one warning per reason per interval: one broken node never
 stalls a reader, and never floods its log.
@@ -27,8 +27,9 @@ from typing import Any, Callable, Iterable, Mapping
 import orjson
 
 from freshroute.declared import setting
-from freshroute.metadata import (MAX_REPORT_BYTES, NODE_ID_PATTERN, Keys, NodePositions, NodeReport,
-                                 OversizedReport, UnknownReportVersion)
+from freshroute.metadata.reports import (MAX_REPORT_BYTES, NODE_ID_PATTERN, NodePositions, NodeReport, OversizedReport,
+                                         UnknownReportVersion)
+from freshroute.metadata.schema import Keys
 
 log = logging.getLogger("freshroute.heartbeats")
 

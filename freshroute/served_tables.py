@@ -19,7 +19,8 @@ from confluent_kafka import KafkaException
 from freshroute.errors import InvalidArgument, RetryableError, TableNotFound
 from freshroute.formats import KEY_FORMATS, VALUE_FORMATS, key_problem, value_problem
 from freshroute.keys import partition_for
-from freshroute.metadata import MAX_STANDBY_REPLICAS, MetadataStore, TableSpec
+from freshroute.metadata.store import MetadataStore
+from freshroute.metadata.tables import MAX_STANDBY_REPLICAS, TableSpec
 from freshroute.topics import describe_topic, failure, keep_history, topic_config
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -16,7 +16,7 @@ from typing import Iterator, NamedTuple
 
 from freshroute.errors import ReplicaUnavailable
 from freshroute.bound import Bound
-from freshroute.metadata import ReplicaState, Role
+from freshroute.metadata.roles import ReplicaState, Role
 from proto import store_pb2
 
 

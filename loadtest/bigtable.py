@@ -308,7 +308,7 @@ class Neighbour:
     def __init__(self, stack: Any, say: Callable[[str], None]) -> None:
         from confluent_kafka.admin import AdminClient
 
-        from freshroute.metadata import MetadataStore
+        from freshroute.metadata.store import MetadataStore
         from freshroute.served_tables import add_table
 
         c = stack.config
@@ -407,7 +407,7 @@ def measure(stack: Any, label: str, keys: int, args: argparse.Namespace, work: P
     from confluent_kafka.admin import AdminClient
 
     from freshroute.client import Client
-    from freshroute.metadata import MetadataStore
+    from freshroute.metadata.store import MetadataStore
     from freshroute.served_tables import add_table, remove_table
     from proto import router_pb2, router_pb2_grpc
 

@@ -377,7 +377,7 @@ def changelog_topic(table: str, redis_url: str | None = None, namespace: str = "
     """The table's changelog topic from its spec in Redis, else ``{prefix}{table}-changelog``."""
     if redis_url:
         try:
-            from freshroute.metadata import MetadataStore
+            from freshroute.metadata.store import MetadataStore
 
             spec = MetadataStore.from_url(redis_url, namespace).tables().get(table)
             if spec is not None:
@@ -392,7 +392,7 @@ def table_window(table: str, redis_url: str | None, namespace: str = "freshroute
     if not redis_url:
         return None
     try:
-        from freshroute.metadata import MetadataStore
+        from freshroute.metadata.store import MetadataStore
 
         spec = MetadataStore.from_url(redis_url, namespace).tables().get(table)
     except Exception:  # noqa: BLE001 - without it a window answer is reported as unverifiable by definition

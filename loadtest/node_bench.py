@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from freshroute.keys import partition_for
-    from freshroute.metadata import MetadataStore, TableSpec
+    from freshroute.metadata.store import MetadataStore
+    from freshroute.metadata.tables import TableSpec
     from loadtest.readport import read_batch, throughput
     from proto import store_pb2
     from tools.local.services import start_broker, start_redis

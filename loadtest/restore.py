@@ -218,7 +218,7 @@ class ScratchChangelog:
 
     def __init__(self, bootstrap: str, redis_url: str, work: Path, prefix: str = "",
                  partitions: int = PARTITIONS) -> None:
-        from freshroute.metadata import TableSpec
+        from freshroute.metadata.tables import TableSpec
 
         tag = uuid.uuid4().hex[:8]
         self.bootstrap = bootstrap
@@ -238,7 +238,7 @@ class ScratchChangelog:
         topic alone."""
         from dataclasses import replace
 
-        from freshroute.metadata import MetadataStore
+        from freshroute.metadata.store import MetadataStore
 
         scratch = cls(bootstrap, redis_url, work, prefix, partitions)
         scratch.spec = replace(scratch.spec, topic=topic)
@@ -250,7 +250,7 @@ class ScratchChangelog:
         """Create the topic, produce ``records`` records over ``keys`` keys, register the table; returns seconds."""
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        from freshroute.metadata import MetadataStore
+        from freshroute.metadata.store import MetadataStore
 
         admin = AdminClient(kafka_client_config(self.bootstrap))
         admin.create_topics([NewTopic(self.spec.topic, self.spec.partitions, 1)])[self.spec.topic].result(30)

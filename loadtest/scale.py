@@ -37,7 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from tools.local.services import free_port, start_redis
-from freshroute.metadata import UNREAD, text, MetadataStore, ReplicaReport, ReplicaState, Role, TableSpec
+from freshroute.metadata.reports import ReplicaReport
+from freshroute.metadata.roles import ReplicaState, Role
+from freshroute.metadata.rounds import UNREAD
+from freshroute.metadata.store import text, MetadataStore
+from freshroute.metadata.tables import TableSpec
 from freshroute.proc import cpu_seconds, rss_kib, stat_fields
 
 NAMESPACE = "scale"

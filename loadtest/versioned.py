@@ -17,7 +17,7 @@ import orjson
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from freshroute.metadata import MetadataStore
+from freshroute.metadata.store import MetadataStore
 from freshroute.served_tables import add_table, remove_table
 
 NAME = "bench_versions"

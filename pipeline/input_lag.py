@@ -3,7 +3,7 @@
 A micro-batch's progress names the source's latest offsets (what was there to read when it started) and the
 batch's end offsets (what it read). A batch that read everything there was leaves the table caught up as of
 its start. The end offsets, with where the input ends now (read from the broker by a store node), are what
-routers and clients work the input lag out from (:func:`freshroute.metadata.input_lag_at`), so that a stopped
+routers and clients work the input lag out from (:func:`freshroute.metadata.progress.input_lag_at`), so that a stopped
 pipeline never looks fresh. Besides each batch, the figures of every table whose query is running are
 published again once a second: a pipeline that has gone silent is known to be not running.
 
@@ -22,7 +22,7 @@ from typing import Any, Iterable
 import orjson
 
 from freshroute.lag import now_ms
-from freshroute.progress import InputLag
+from freshroute.metadata.progress import InputLag
 
 log = logging.getLogger("pipeline")
 

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from freshroute.errors import FreshrouteError
-from freshroute.metadata import MetadataStore
+from freshroute.metadata.store import MetadataStore
 from pipeline.checkpoints import check_changelog_kept, check_query_tables, retire_superseded
 from pipeline.failures import restart_delay
 from pipeline.follower import follow

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from freshroute.errors import FreshrouteError
-from freshroute.metadata import TableSpec
+from freshroute.metadata.tables import TableSpec
 from pipeline.sink import ChangelogProducer, ChangelogWriter, RejectWriter
 from pipeline.tables import INTERNAL_COLUMNS, Source, Table, TablesDefinition
 from pipeline.window_expiry import WindowExpiry

@@ -3,8 +3,8 @@
 Two kinds of news. A **mark** after each micro-batch, and after each checkpoint of a Real-time query: once the
 batch's rows are in Kafka (the micro-batch sink waits for every acknowledgement; Spark's Kafka sink flushes before
 a task commits), where the table's changelog ends, against where the batch read its input to
-(:class:`freshroute.progress.InputMark`). A replica that has applied that far reflects every earlier input record,
-whichever key it touched. And each input record the pipeline **rejected**, with its reason: a lookup waiting for
+(:class:`freshroute.metadata.progress.InputMark`). A replica that has applied that far reflects every earlier input
+record, whichever key it touched. And each input record the pipeline **rejected**, with its reason: a lookup waiting for
 it ends at once with WRITE_REJECTED rather than at its deadline.
 
 Written by a thread of its own, as the input lag is: a slow broker or Redis never holds up the supervising loop;
@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable
 
 from freshroute.changelog_reader import end_offsets
 from freshroute.lag import now_ms
-from freshroute.progress import MARKS_KEPT, REJECTIONS_KEPT, InputMark
+from freshroute.metadata.progress import MARKS_KEPT, REJECTIONS_KEPT, InputMark
 
 log = logging.getLogger("pipeline")
 

@@ -7,7 +7,7 @@ import logging
 import threading
 from typing import Any
 
-from freshroute.metadata import TableSpec
+from freshroute.metadata.tables import TableSpec
 from pipeline.logs import first_line
 
 log = logging.getLogger("pipeline")

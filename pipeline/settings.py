@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from freshroute.metadata import MAX_STANDBY_REPLICAS
+from freshroute.metadata.tables import MAX_STANDBY_REPLICAS
 from freshroute.settings import CommonSettings
 from freshroute.windows import duration_ms
 

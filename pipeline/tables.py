@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from freshroute.errors import ConfigError
-from freshroute.metadata import MAX_STANDBY_REPLICAS
+from freshroute.metadata.tables import MAX_STANDBY_REPLICAS
 from freshroute.windows import WindowSpec, duration_ms, hopping, tumbling
 
 __all__ = ["source", "table", "sql_table", "tumbling", "hopping"]

@@ -25,7 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from freshroute.errors import ConfigError, FreshrouteError
 from freshroute.bound import NO_BOUND, Bound
 from freshroute.lag import rank_lag, rank_staleness
-from freshroute.metadata import TableSpec
+from freshroute.metadata.tables import TableSpec
 from freshroute.routing.history import AsOf, Versions, parse_time
 from freshroute.routing.results import (ClusterView, LookupResult, ReplicaInfo, WindowsResult, key_not_found,
                                         pipeline_doc)

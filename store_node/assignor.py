@@ -32,7 +32,11 @@ from typing import Any, Callable, Container, Iterable, Iterator, Mapping, Protoc
 
 from freshroute.lag import rank_lag
 from freshroute.heartbeats import Liveness, NodeFeed, Rejections
-from freshroute.metadata import UNREAD, Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
+from freshroute.metadata.assignment import Assignment
+from freshroute.metadata.reports import NodeReport, ReplicaReport
+from freshroute.metadata.roles import ReplicaState, Role
+from freshroute.metadata.rounds import UNREAD
+from freshroute.metadata.tables import TableSpec
 
 log = logging.getLogger(__name__)
 
@@ -571,7 +575,7 @@ def _trade_actives(keys: list[ReplicaKey], nodes: list[str], placement: dict[Rep
 
 
 class AssignorStore(Protocol):
-    """The slice of :class:`freshroute.metadata.MetadataStore` the assignor loop needs."""
+    """The slice of :class:`freshroute.metadata.store.MetadataStore` the assignor loop needs."""
 
     def try_acquire_assignor(self, node_id: str, lease_ms: int, current: Any = UNREAD) -> int | None: ...
     def versions(self) -> tuple[bytes | None, bytes | None]: ...

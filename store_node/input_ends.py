@@ -5,7 +5,7 @@ read to; if it were also the one to say where the input ends, a pipeline that st
 answer saying it is caught up. So a store node — the assignor lease holder, one per cluster — reads the input
 topics' ends from the broker a few times a second and writes them to the metadata store
 (``{ns}:input:ends``), where routers and clients set them against the pipeline's progress
-(:func:`freshroute.metadata.input_lag_at`).
+(:func:`freshroute.metadata.progress.input_lag_at`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from typing import Any, Callable, Mapping
 
 from freshroute.changelog_reader import end_offsets
 from freshroute.lag import now_ms
-from freshroute.progress import InputEnds
-from freshroute.metadata import MetadataStore, TableSpec
+from freshroute.metadata.progress import InputEnds
+from freshroute.metadata.store import MetadataStore
+from freshroute.metadata.tables import TableSpec
 from freshroute.settings import kafka_logging
 from store_node.settings import StoreNodeSettings
 

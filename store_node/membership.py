@@ -16,8 +16,11 @@ from typing import Callable, Mapping, Sequence
 from redis.exceptions import RedisError
 
 from freshroute.lag import now_ms
-from freshroute.metadata import (MetadataStore, NodePositions, NodeReport, ReplicaReport, Role, Round, RoundRequest,
-                                 TableSpec)
+from freshroute.metadata.reports import NodePositions, NodeReport, ReplicaReport
+from freshroute.metadata.roles import Role
+from freshroute.metadata.rounds import Round, RoundRequest
+from freshroute.metadata.store import MetadataStore
+from freshroute.metadata.tables import TableSpec
 from store_node.assignor import AssignorLoop
 from store_node.settings import StoreNodeSettings
 

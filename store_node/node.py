@@ -23,7 +23,7 @@ import grpc
 
 from freshroute.errors import ConfigError
 from freshroute.lag import now_ms
-from freshroute.metadata import MetadataStore
+from freshroute.metadata.store import MetadataStore
 from store_node.access import ClusterSecret
 from store_node.changelog import ChangelogTailer
 from store_node.input_ends import InputEndsWatcher

@@ -32,7 +32,9 @@ from urllib.parse import quote
 from freshroute.errors import StoreCorrupt
 from freshroute.formats import value_problem
 from freshroute.lag import lag_offsets, ReplicaLag
-from freshroute.metadata import ReplicaReport, ReplicaState, Role, TableSpec
+from freshroute.metadata.reports import ReplicaReport
+from freshroute.metadata.roles import ReplicaState, Role
+from freshroute.metadata.tables import TableSpec
 from store_node.history import Write
 from store_node.replica_store import DiskFull, ReplicaStore, StoreMemory
 

@@ -22,7 +22,8 @@ from urllib.parse import unquote
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
 from freshroute.errors import StoreCorrupt
-from freshroute.metadata import ReplicaState, Role, TableSpec
+from freshroute.metadata.roles import ReplicaState, Role
+from freshroute.metadata.tables import TableSpec
 from store_node.bulk_restore import BulkRestores
 from store_node.replica import Clock, Replica, replica_path
 from store_node.replica_store import DiskFull, ReplicaStore, StoreMemory

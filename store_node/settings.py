@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import Field, create_model, model_validator
 
 from freshroute.heartbeats import NodeExpiry
-from freshroute.metadata import NODE_ID_PATTERN
+from freshroute.metadata.reports import NODE_ID_PATTERN
 from freshroute.settings import ServingSettings, embedded
 
 

@@ -260,7 +260,7 @@ def _table(args: argparse.Namespace) -> int:
     from redis import RedisError
 
     from freshroute.errors import RetryableError
-    from freshroute.metadata import MetadataStore
+    from freshroute.metadata.store import MetadataStore
     from freshroute.served_tables import add_table, describe, remove_table
 
     # Given before or after the table command, or neither (argparse's parents share their defaults, so they are here).

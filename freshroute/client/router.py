@@ -16,9 +16,10 @@ import orjson
 from freshroute.errors import FreshrouteError, InvalidArgument, LookupTimeout, ReplicaUnavailable, from_body
 from freshroute.bound import Bound
 from freshroute.lag import now_ms
-from freshroute.progress import InputLag
 from freshroute.keys import key_bytes, not_a_batch
-from freshroute.metadata import ReplicaState, Role, TableSpec
+from freshroute.metadata.progress import InputLag
+from freshroute.metadata.roles import ReplicaState, Role
+from freshroute.metadata.tables import TableSpec
 from freshroute.routing.results import KeyLocation, TableInfo, optional_int
 from freshroute.routing.refresher import refresh_until
 from freshroute.routing.snapshot import NodeView, ReplicaView, Snapshot

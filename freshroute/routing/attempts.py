@@ -29,7 +29,7 @@ from freshroute.errors import (FreshrouteError, LookupTimeout, NoReplicaWithinBo
                                WriteRejected)
 from freshroute.bound import Bound
 from freshroute.lag import known_staleness, rank_lag
-from freshroute.metadata import ReplicaState
+from freshroute.metadata.roles import ReplicaState
 from freshroute.routing.counts import NoMetrics
 from freshroute.routing.selection import Candidate, LoadTracker, Selection
 from freshroute.routing.snapshot import LagOverlay

@@ -17,7 +17,7 @@ from freshroute.formats import locate, locate_text
 from freshroute.bound import NO_BOUND, Bound
 from freshroute.lag import now_ms
 from freshroute.keys import not_a_batch
-from freshroute.metadata import TableSpec
+from freshroute.metadata.tables import TableSpec
 from freshroute.routing.answers import GroupAnswers, group_lookups, lookup_result, served_by
 from freshroute.routing.attempts import AttemptPlan, Attempts, LatencyWindow
 from freshroute.routing.counts import NoMetrics, count, count_group

@@ -14,7 +14,10 @@ from freshroute import input_position
 from freshroute.errors import ReplicaUnavailable
 from freshroute.bound import Bound
 from freshroute.lag import lag_offsets
-from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
+from freshroute.metadata.assignment import Assignment
+from freshroute.metadata.reports import NodeReport, ReplicaReport
+from freshroute.metadata.roles import ReplicaState, Role
+from freshroute.metadata.tables import TableSpec
 
 from freshroute.routing.snapshot import Snapshot, build_snapshot
 from freshroute.windows import WATERMARK_KEY, live_starts, parse_watermark

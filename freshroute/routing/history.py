@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 from freshroute.errors import FreshrouteError, InvalidArgument, TableNotVersioned, VersionNotRetained
 from freshroute.bound import NO_BOUND, Bound
 from freshroute.formats import locate
-from freshroute.metadata import TableSpec
+from freshroute.metadata.tables import TableSpec
 from freshroute.routing.answers import lookup_result
 from freshroute.routing.counts import count
 from freshroute.routing.drivers import run

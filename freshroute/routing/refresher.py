@@ -13,9 +13,12 @@ from typing import Any, Awaitable, Callable, Mapping
 import orjson
 
 from freshroute.lag import now_ms
-from freshroute.progress import InputEnds, InputLag, InputMark, marks_from_json, rejections_from_json
 from freshroute.heartbeats import Liveness, NodeFeed, Rejections
-from freshroute.metadata import Assignment, Keys, TableSpec, text
+from freshroute.metadata.assignment import Assignment
+from freshroute.metadata.progress import InputEnds, InputLag, InputMark, marks_from_json, rejections_from_json
+from freshroute.metadata.schema import Keys
+from freshroute.metadata.store import text
+from freshroute.metadata.tables import TableSpec
 from freshroute.routing.snapshot import EMPTY, ReplicaView, Snapshot, SnapshotBuilder, TablePartition
 
 log = logging.getLogger(__name__)

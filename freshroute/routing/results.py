@@ -19,8 +19,8 @@ import orjson
 from freshroute.errors import FreshrouteError, InvalidArgument, KeyNotFound
 from freshroute.lag import now_ms
 from freshroute.position import Position, single
-from freshroute.progress import InputLag
-from freshroute.metadata import TableSpec
+from freshroute.metadata.progress import InputLag
+from freshroute.metadata.tables import TableSpec
 from freshroute.windows import Window
 from freshroute.wire import Version
 

@@ -16,7 +16,7 @@ from freshroute.errors import FreshrouteError, InvalidArgument, LookupTimeout
 from freshroute.formats import bound_to_bytes, key_from_bytes
 from freshroute.bound import NO_BOUND, Bound
 from freshroute.keys import deserialize_key, scan_range
-from freshroute.metadata import TableSpec
+from freshroute.metadata.tables import TableSpec
 from freshroute.routing.answers import lookup_result, served_by
 from freshroute.routing.attempts import AttemptPlan, LatencyWindow
 from freshroute.routing.history import HistoryReads

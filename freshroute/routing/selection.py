@@ -15,7 +15,7 @@ from typing import Callable, NamedTuple, Protocol, Sequence
 
 from freshroute.bound import Bound
 from freshroute.lag import now_ms, rank_lag
-from freshroute.metadata import ReplicaState
+from freshroute.metadata.roles import ReplicaState
 from freshroute.routing.snapshot import LagOverlay, ReplicaView
 
 _RESTORING, _FAILED = ReplicaState.RESTORING, ReplicaState.FAILED

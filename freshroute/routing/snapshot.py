@@ -14,8 +14,11 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Protocol
 
 from freshroute.lag import lag_offsets
-from freshroute.progress import input_lag_at, InputEnds, InputLag, InputMark
-from freshroute.metadata import Assignment, NodePositions, NodeReport, ReplicaState, Role, TableSpec
+from freshroute.metadata.assignment import Assignment
+from freshroute.metadata.progress import input_lag_at, InputEnds, InputLag, InputMark
+from freshroute.metadata.reports import NodePositions, NodeReport
+from freshroute.metadata.roles import ReplicaState, Role
+from freshroute.metadata.tables import TableSpec
 
 TablePartition = tuple[str, int]
 
@@ -108,7 +111,8 @@ class Snapshot:
     assignor: str | None = None  # the node holding the assignor lease; None: nobody holds it
 
     def input_lag_at(self, table: str, now: int) -> tuple[int, int]:
-        """(records, ms) the table's changelog is behind its input at ``now`` (:func:`freshroute.metadata.input_lag_at`)."""
+        """(records, ms) the table's changelog is behind its input at ``now``
+        (:func:`freshroute.metadata.progress.input_lag_at`)."""
         spec = self.tables.get(table)
         ends = self.input_ends.get(spec.input_topic) if spec is not None and spec.input_topic else None
         return input_lag_at(self.input_lag.get(table), ends, now)

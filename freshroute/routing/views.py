@@ -8,7 +8,8 @@ from typing import Callable, Protocol
 from freshroute.errors import ReplicaUnavailable
 from freshroute.bound import NO_BOUND, Bound
 from freshroute.lag import known_staleness
-from freshroute.metadata import Role, TableSpec
+from freshroute.metadata.roles import Role
+from freshroute.metadata.tables import TableSpec
 from freshroute.routing.results import (ClusterView, HostedReplica, KeyLocation, MetadataHealth, NodeState,
                                         ReplicaInfo, TableInfo, TablePipeline, pipeline_doc)
 from freshroute.routing.selection import Candidate, FreshestFirst

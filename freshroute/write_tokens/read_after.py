@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 
 from freshroute.errors import InvalidArgument
 from freshroute.position import Position
-from freshroute.progress import reflected_at
+from freshroute.metadata.progress import reflected_at
 from freshroute.write_tokens.token import ReadAfter
 
 if TYPE_CHECKING:
     from freshroute.bound import Bound
-    from freshroute.metadata import TableSpec
+    from freshroute.metadata.tables import TableSpec
     from freshroute.routing.snapshot import SnapshotSource
 
 

@@ -100,8 +100,8 @@ class ReadAfter:
     """A write token narrowed to one table: the events of its input topic it names, and how a replica shows it
     reflects them — its key's row reflects them (the row's input position, written by a Real-time query, is at
     or past each: :func:`freshroute.input_position.reflects`), or the replica has applied the changelog up to
-    where a mark (:class:`freshroute.progress.InputMark`) says the input was processed past them (``reflected``; empty while none
-    is)."""
+    where a mark (:class:`freshroute.metadata.progress.InputMark`) says the input was processed past them
+    (``reflected``; empty while none is)."""
 
     topic: str
     offsets: Mapping[int, int]  # input partition → offset of the latest event written there

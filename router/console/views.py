@@ -19,7 +19,7 @@ import orjson
 from freshroute.errors import InvalidArgument
 from freshroute.bound import parse_limit
 from freshroute.lag import known_staleness, now_ms
-from freshroute.metadata import ReplicaState, Role
+from freshroute.metadata.roles import ReplicaState, Role
 from freshroute.routing.core import RoutingCore
 from freshroute.routing.results import ReplicaInfo, pipeline_doc
 from freshroute.routing.snapshot import Snapshot

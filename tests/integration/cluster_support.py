@@ -18,7 +18,10 @@ import orjson
 
 from freshroute.lag import now_ms
 from freshroute.keys import partition_for, serialize_key
-from freshroute.metadata import Assignment, MetadataStore, NodeReport, ReplicaState, Role
+from freshroute.metadata.assignment import Assignment
+from freshroute.metadata.reports import NodeReport
+from freshroute.metadata.roles import ReplicaState, Role
+from freshroute.metadata.store import MetadataStore
 from freshroute.settings import kafka_client_config
 from loadtest.readport import read_batch
 from proto import store_pb2, store_pb2_grpc

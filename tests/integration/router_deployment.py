@@ -21,7 +21,9 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from freshroute.keys import partition_for, serialize_key
-from freshroute.metadata import Assignment, MetadataStore, TableSpec
+from freshroute.metadata.assignment import Assignment
+from freshroute.metadata.store import MetadataStore
+from freshroute.metadata.tables import TableSpec
 from freshroute.windows import WATERMARK_KEY, tumbling, watermark_value, window_key
 from loadtest.restore import start_node
 from tools.local.services import free_port

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from freshroute.metadata import MetadataStore
+from freshroute.metadata.store import MetadataStore
 from freshroute.served_tables import add_table, remove_table
 from loadtest.bigtable import mismatches, table_name, topic_name, wait_served, write_topic
 from loadtest.loadclients import stop_process

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from freshroute.metadata import MetadataStore
+from freshroute.metadata.store import MetadataStore
 from freshroute.served_tables import add_table
 from loadtest.bigtable import mismatches, table_name, topic_name, write_topic
 from loadtest.loadclients import stop_process

@@ -4,7 +4,10 @@ import time
 
 import pytest
 
-from freshroute.metadata import Assignment, MetadataStore, NodeReport, TableSpec
+from freshroute.metadata.assignment import Assignment
+from freshroute.metadata.reports import NodeReport
+from freshroute.metadata.store import MetadataStore
+from freshroute.metadata.tables import TableSpec
 
 pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark, no shared stack: runs beside the others
 
@@ -37,7 +40,9 @@ def test_assignor_lease_is_exclusive_and_fenced(redis_url, namespace):
 
 def test_positions_between_reports_are_logged_read_and_forgotten(redis_url, namespace):
     from freshroute.heartbeats import NodeFeed, Rejections
-    from freshroute.metadata import NodePositions, ReplicaReport, ReplicaState, Role, RoundRequest
+    from freshroute.metadata.reports import NodePositions, ReplicaReport
+    from freshroute.metadata.roles import ReplicaState, Role
+    from freshroute.metadata.rounds import RoundRequest
 
     store = MetadataStore.from_url(redis_url, namespace)
     report = NodeReport("n1", "127.0.0.1:1", 1000, (ReplicaReport("t", 0, Role.ACTIVE, ReplicaState.ACTIVE, 5, 5, 0),))

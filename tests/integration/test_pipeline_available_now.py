@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient
 
 from freshroute.keys import partition_for
 from tools.local.services import free_port, start_broker
-from freshroute.metadata import MetadataStore
+from freshroute.metadata.store import MetadataStore
 from pipeline.topics import ensure_topic
 
 from .pipeline_support import PipelineProcess, materialize, mismatches, read_topic

@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from freshroute.keys import partition_for
-from freshroute.metadata import MetadataStore
+from freshroute.metadata.store import MetadataStore
 from pipeline.checkpoints import committed_batches, query_checkpoint_of
 from pipeline.topics import ensure_topic
 

@@ -21,7 +21,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from freshroute.metadata import MetadataStore
+from freshroute.metadata.store import MetadataStore
 from freshroute.windows import split_window_key
 from pipeline.checkpoints import committed_batches
 from pipeline.topics import ensure_topic

@@ -23,7 +23,7 @@ from confluent_kafka.admin import AdminClient
 
 from freshroute import input_position, version_time
 from freshroute.keys import partition_for
-from freshroute.metadata import MetadataStore
+from freshroute.metadata.store import MetadataStore
 from freshroute.topics import topic_config
 from freshroute.windows import WATERMARK_KEY, parse_watermark, split_window_key
 from pipeline.follower import committed_offsets

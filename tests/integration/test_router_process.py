@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from freshroute.keys import partition_for, serialize_key
-from freshroute.metadata import Keys
+from freshroute.metadata.schema import Keys
 from proto import router_pb2, router_pb2_grpc
 from tests.integration.router_deployment import KEYS, LAYOUT, NODES, PARTITIONS, TABLE, Deployment, Procs, value_of
 from tests.integration.stack_fixture import wait_until

@@ -27,7 +27,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from freshroute import input_position
 from freshroute.keys import partition_for, serialize_key
-from freshroute.metadata import MetadataStore, TableSpec
+from freshroute.metadata.store import MetadataStore
+from freshroute.metadata.tables import TableSpec
 from loadtest.readport import read_batch
 from proto import store_pb2, store_pb2_grpc
 from tools.local.services import free_port, start_broker

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException
 
 from freshroute import input_position
-from freshroute.metadata import Role, TableSpec
+from freshroute.metadata.roles import Role
+from freshroute.metadata.tables import TableSpec
 
 SPEC = TableSpec("counts", "counts-changelog", 2, "k")
 

@@ -5,7 +5,8 @@ import orjson
 
 from freshroute.lag import now_ms
 from freshroute.keys import partition_for, serialize_key
-from freshroute.metadata import Role, TableSpec
+from freshroute.metadata.roles import Role
+from freshroute.metadata.tables import TableSpec
 from freshroute.windows import WATERMARK_KEY, tumbling, watermark_value, window_key
 from freshroute.routing.fake import InMemoryStoreClient, fake_snapshot
 from freshroute.routing.snapshot import FixedSnapshot, Snapshot

@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING
 from rocksdict import Options, SstFileWriter
 
-from freshroute.metadata import ReplicaState
+from freshroute.metadata.roles import ReplicaState
 from store_node.changelog import ChangelogTailer
 from store_node.replica import replica_path
 from store_node.replica_store import DiskFull, ReplicaStore

@@ -16,7 +16,7 @@ from freshroute.client.blocking import BlockingStore, Request, run_blocking
 from freshroute.errors import NoReplicaWithinBound, ReplicaUnavailable
 from freshroute.bound import NO_BOUND, Bound
 from freshroute.keys import serialize_key
-from freshroute.metadata import Role
+from freshroute.metadata.roles import Role
 from freshroute.wire import FrameReader, ReadStatus, frame
 from proto import store_pb2
 

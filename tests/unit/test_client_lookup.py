@@ -5,7 +5,7 @@ import pytest
 
 from freshroute.client import Lookup
 from freshroute.errors import FreshrouteError
-from freshroute.metadata import ReplicaState, Role
+from freshroute.metadata.roles import ReplicaState, Role
 from freshroute.routing.selection import Candidate
 from freshroute.routing.snapshot import ReplicaView
 from freshroute.wire import GroupResult, ReadStatus, ReplicaStatus

@@ -48,8 +48,8 @@ def test_an_unknown_code_keeps_its_status_and_is_not_retryable():
 
 
 def test_the_shared_package_and_the_pipeline_import_no_transport_library():
-    code = ("import sys, freshroute.errors, freshroute.keys, freshroute.metadata, freshroute.bound, freshroute.lag, "
-            "freshroute.progress, pipeline.job; "
+    code = ("import sys, freshroute.errors, freshroute.keys, freshroute.metadata.store, freshroute.metadata.progress, "
+            "freshroute.bound, freshroute.lag, pipeline.job; "
             "print(sorted(m for m in ('grpc', 'fastapi', 'uvicorn', 'httpx') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -19,7 +19,8 @@ import uvicorn
 
 from freshroute.lag import now_ms
 from freshroute.keys import partition_for, serialize_key
-from freshroute.metadata import Role, TableSpec
+from freshroute.metadata.roles import Role
+from freshroute.metadata.tables import TableSpec
 from freshroute.routing.fake import InMemoryStoreClient, fake_snapshot
 from freshroute.routing.snapshot import FixedSnapshot
 from freshroute.routing.store import StoreNodeClient
@@ -53,8 +54,8 @@ LAYERS = {
     "store client": {"freshroute/routing/store.py"},
     "wire": {"freshroute/wire.py"},
     "store node": {"store_node/read_port.py", "store_node/replica.py", "store_node/replica_store.py"},
-    "vocabulary": {"freshroute/bound.py", "freshroute/lag.py", "freshroute/position.py", "freshroute/progress.py",
-                   "freshroute/formats.py"},
+    "vocabulary": {"freshroute/bound.py", "freshroute/lag.py", "freshroute/position.py",
+                   "freshroute/metadata/progress.py", "freshroute/formats.py"},
 }
 
 

@@ -3,8 +3,12 @@ from dataclasses import replace
 import pytest
 
 from freshroute.lag import ReplicaLag
-from freshroute.metadata import (MAX_REPORT_BYTES, Assignment, Keys, NodePositions, NodeReport, OversizedReport,
-                                 ReplicaReport, ReplicaState, Role, TableSpec, UnknownReportVersion)
+from freshroute.metadata.assignment import Assignment
+from freshroute.metadata.reports import (MAX_REPORT_BYTES, NodePositions, NodeReport, OversizedReport, ReplicaReport,
+                                         UnknownReportVersion)
+from freshroute.metadata.roles import ReplicaState, Role
+from freshroute.metadata.schema import Keys
+from freshroute.metadata.tables import TableSpec
 
 
 def test_table_spec_round_trip():

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import orjson
 
-from freshroute.progress import input_lag_at, InputEnds, InputLag
+from freshroute.metadata.progress import input_lag_at, InputEnds, InputLag
 from pipeline.input_lag import InputLagPublisher, records_behind, source_offsets
 
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from freshroute.metadata import TableSpec
+from freshroute.metadata.tables import TableSpec
 from freshroute.settings import load
 from pipeline.checkpoints import QueryChanged
 from pipeline.failures import InputDataLost, PipelineFailed
@@ -228,7 +228,7 @@ def test_a_shape_realtime_mode_refuses_stops_the_pipeline_naming_the_table_and_s
 
 def test_realtime_queries_are_warm_once_every_task_runs_and_each_table_has_caught_up_since_they_started(pipeline,
                                                                                                         caplog):
-    from freshroute.progress import InputLag
+    from freshroute.metadata.progress import InputLag
 
     c = pipeline.context
     stage = SimpleNamespace(numActiveTasks=6)

@@ -7,7 +7,7 @@ import threading
 import time
 from types import SimpleNamespace
 
-from freshroute.progress import MARKS_KEPT, InputMark
+from freshroute.metadata.progress import MARKS_KEPT, InputMark
 from pipeline.reflected import ReflectionPublisher
 
 

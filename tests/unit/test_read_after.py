@@ -16,10 +16,11 @@ from freshroute.errors import InvalidArgument, NotYetVisible, WriteRejected
 from freshroute.bound import parse_bound
 from freshroute.lag import now_ms
 from freshroute.position import Position
-from freshroute.progress import InputEnds, InputMark, reflected_at
 from freshroute.write_tokens.token import WriteToken
 from freshroute.keys import partition_for, serialize_key
-from freshroute.metadata import Role, TableSpec
+from freshroute.metadata.progress import InputEnds, InputMark, reflected_at
+from freshroute.metadata.roles import Role
+from freshroute.metadata.tables import TableSpec
 from proto import store_pb2
 from router.settings import RouterSettings
 from store_node.read_port import ReadPort

@@ -11,7 +11,9 @@ import orjson
 import pytest
 
 from freshroute.errors import InvalidArgument, TableNotFound
-from freshroute.metadata import Assignment, Role, TableSpec
+from freshroute.metadata.assignment import Assignment
+from freshroute.metadata.roles import Role
+from freshroute.metadata.tables import TableSpec
 from freshroute.routing.fake import InMemoryStoreClient
 from freshroute.routing.snapshot import FixedSnapshot, build_snapshot
 from router.console.views import BUILD_SHARE, GRID_MAX_LIMIT, SUMMARY_MAX_AGE_MS, ClusterViews

@@ -8,7 +8,7 @@ import pytest
 from freshroute.lag import now_ms
 from freshroute.position import Position, single
 from freshroute.keys import serialize_key
-from freshroute.metadata import Role
+from freshroute.metadata.roles import Role
 
 from freshroute.routing.fake import InMemoryStoreClient
 from freshroute.routing.results import ClusterView, value_fields
@@ -452,7 +452,7 @@ async def test_a_router_whose_redis_does_not_answer_starts_and_says_why_it_is_no
 async def test_every_answer_carries_the_tables_input_lag_while_the_pipeline_is_behind():
     from dataclasses import replace
 
-    from freshroute.progress import InputLag
+    from freshroute.metadata.progress import InputLag
     from router.grpc_server import answer_get
     from proto import router_pb2
 
@@ -487,7 +487,7 @@ async def test_max_input_lag_ms_refuses_a_table_further_behind_its_input_on_ever
 
     import grpc
 
-    from freshroute.progress import InputEnds, InputLag
+    from freshroute.metadata.progress import InputEnds, InputLag
     from router.grpc_server import RouterServicer
     from proto import router_pb2
 

@@ -6,7 +6,7 @@ import pytest
 from freshroute.errors import LookupTimeout, NoReplicaWithinBound
 from freshroute.bound import Bound
 from freshroute.position import Position
-from freshroute.metadata import Role
+from freshroute.metadata.roles import Role
 
 from freshroute.routing.results import decode_page_token, encode_page_token
 from freshroute.routing.attempts import LatencyWindow

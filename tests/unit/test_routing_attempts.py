@@ -6,7 +6,7 @@ import pytest
 
 from freshroute.errors import NoReplicaWithinBound, ReplicaUnavailable
 from freshroute.bound import Bound
-from freshroute.metadata import Role
+from freshroute.metadata.roles import Role
 from router.settings import RouterSettings
 
 from .routing_support import TABLE, Cluster, part

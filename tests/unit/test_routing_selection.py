@@ -3,7 +3,8 @@ from dataclasses import replace
 
 from freshroute.bound import Bound
 from freshroute.position import Position
-from freshroute.metadata import NodePositions, ReplicaState, Role
+from freshroute.metadata.reports import NodePositions
+from freshroute.metadata.roles import ReplicaState, Role
 
 from freshroute.routing.selection import FreshestFirst, LoadTracker
 from freshroute.routing.snapshot import LagOverlay, MovedPositions, ReplicaView

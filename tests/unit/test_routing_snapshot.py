@@ -3,8 +3,12 @@ import asyncio
 import orjson
 import pytest
 
-from freshroute.metadata import (MAX_REPORT_BYTES, Assignment, MetadataStore, NodePositions, NodeReport, ReplicaReport,
-                                 ReplicaState, Role, RoundRequest, TableSpec)
+from freshroute.metadata.assignment import Assignment
+from freshroute.metadata.reports import MAX_REPORT_BYTES, NodePositions, NodeReport, ReplicaReport
+from freshroute.metadata.roles import ReplicaState, Role
+from freshroute.metadata.rounds import RoundRequest
+from freshroute.metadata.store import MetadataStore
+from freshroute.metadata.tables import TableSpec
 
 from freshroute.routing.refresher import MetadataRefresher
 from freshroute.routing.snapshot import build_snapshot

@@ -6,7 +6,7 @@ import pytest
 
 from freshroute.errors import ReplicaUnavailable
 from freshroute.bound import NO_BOUND, Bound
-from freshroute.metadata import ReplicaState, Role
+from freshroute.metadata.roles import ReplicaState, Role
 from proto import store_pb2
 
 from freshroute.routing.store import StoreNodeClient

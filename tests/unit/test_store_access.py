@@ -14,7 +14,8 @@ from freshroute.cluster_access import SECRET_METADATA, NodeAccess, read_secrets
 from freshroute.errors import ConfigError, ReplicaUnavailable
 from tools.local.certs import issue, make_ca
 from freshroute.bound import NO_BOUND
-from freshroute.metadata import Role, TableSpec
+from freshroute.metadata.roles import Role
+from freshroute.metadata.tables import TableSpec
 from freshroute.routing.store import StoreNodeClient
 from freshroute.wire import ReadStatus
 from freshroute.tls import ClientTLS, ServerTLS

@@ -5,7 +5,10 @@ from dataclasses import replace
 
 import pytest
 
-from freshroute.metadata import Assignment, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
+from freshroute.metadata.assignment import Assignment
+from freshroute.metadata.reports import NodeReport, ReplicaReport
+from freshroute.metadata.roles import ReplicaState, Role
+from freshroute.metadata.tables import TableSpec
 from store_node.assignor import AssignorLoop, assign, repair
 
 

@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException
 
 from freshroute import version_time
-from freshroute.metadata import ReplicaState, Role
+from freshroute.metadata.roles import ReplicaState, Role
 from store_node.changelog import ChangelogTailer
 from store_node.replica import replica_path
 from store_node.replica_store import ReplicaStore

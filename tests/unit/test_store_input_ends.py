@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from freshroute.metadata import TableSpec
+from freshroute.metadata.tables import TableSpec
 from store_node.input_ends import InputEndsWatcher
 from store_node.settings import StoreNodeSettings
 

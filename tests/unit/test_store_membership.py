@@ -5,7 +5,10 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from freshroute.metadata import MetadataStore, NodePositions, NodeReport, ReplicaReport, ReplicaState, Role, TableSpec
+from freshroute.metadata.reports import NodePositions, NodeReport, ReplicaReport
+from freshroute.metadata.roles import ReplicaState, Role
+from freshroute.metadata.store import MetadataStore
+from freshroute.metadata.tables import TableSpec
 from store_node.membership import Membership, News, desired_replicas, news
 from store_node.settings import StoreNodeSettings
 

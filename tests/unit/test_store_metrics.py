@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from freshroute.metadata import Role
+from freshroute.metadata.roles import Role
 from store_node.replica import LagSnapshot
 from store_node.metrics import ReplicaCollector
 from store_node.replica import ReplicaCounters

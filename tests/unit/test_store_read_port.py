@@ -7,7 +7,8 @@ from types import MappingProxyType, SimpleNamespace
 
 import pytest
 
-from freshroute.metadata import Role, TableSpec
+from freshroute.metadata.roles import Role
+from freshroute.metadata.tables import TableSpec
 from proto import store_pb2
 from store_node.replica import Replica
 from store_node.read_port import ReadPort

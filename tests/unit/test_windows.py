@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from freshroute.metadata import TableSpec
+from freshroute.metadata.tables import TableSpec
 from freshroute.windows import (WATERMARK_KEY, WindowSpec, duration_ms, hopping, key_range, live_starts,
                                 split_window_key, tumbling, window_key, windows_of)
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 import orjson
 
 from freshroute.errors import ConfigError
-from freshroute.metadata import MAX_STANDBY_REPLICAS
+from freshroute.metadata.tables import MAX_STANDBY_REPLICAS
 from freshroute.redis_location import RedisLocation, parse_sentinels
 from tools.local.broker import BrokerNode, Quorum
 from tools.local.services import free_port, wait_for_port
