@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 import orjson
 
@@ -14,6 +15,10 @@ from freshroute.errors import InvalidArgument
 
 _PREFIX = "p1."
 MAX_TOKEN_LENGTH = 8192
+# Tokens are opaque to clients; their format is named so that tools can tell them from free text.
+POSITION_FORMAT = "freshroute-position"
+POSITION_SCHEMA: Mapping[str, Any] = {"type": "string", "format": POSITION_FORMAT,
+                                      "maxLength": MAX_TOKEN_LENGTH}
 
 
 @dataclass(frozen=True)

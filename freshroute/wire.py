@@ -14,8 +14,9 @@ import struct
 from enum import IntEnum
 from typing import Iterator, NamedTuple
 
+from freshroute.bound import REPLICA_LIMITS, Bound
 from freshroute.errors import ReplicaUnavailable
-from freshroute.bound import Bound
+from freshroute.position import Position
 from freshroute.metadata.roles import ReplicaState, Role
 from proto import store_pb2
 
@@ -194,6 +195,37 @@ def replica_status_message(node: str, role: Role, state: ReplicaState, applied: 
                                    staleness_ms=staleness_ms, failure=failure or "")
 
 
+# ---- the bound as a replica judges it ---------------------------------------------------------------------
+# A read carries its bound's replica limits under their own names, its position narrowed to the partition read
+# (``min_offset``) and its write token narrowed to the table (``after_input``, ``after_offset``).
+
+_NARROWED = frozenset({"min_offset", "after_input", "after_offset"})
+
+
+def read_bound(bound: Bound, partition: int) -> store_pb2.ReadBound:
+    """``bound`` as the replica of ``partition`` that answers judges it."""
+    msg = store_pb2.ReadBound(min_offset=bound.min_offset(partition),
+                              **{name: value for name in REPLICA_LIMITS if (value := getattr(bound, name)) is not None})
+    after = bound.read_after
+    if after is not None:
+        msg.after_input.update(after.offsets)
+        msg.after_offset = after.after_offset(partition)
+    return msg
+
+
+def limits_only_position(msg: store_pb2.ReadBound) -> bool:
+    """Whether a read's bound limits nothing but its position and events: the common bounded read, judged by one
+    comparison of offsets (whatever fields the message has, any other is judged by :func:`bound_of_read`'s bound)."""
+    return all(field.name in _NARROWED for field, _ in msg.ListFields())
+
+
+def bound_of_read(table: str, partition: int, msg: store_pb2.ReadBound) -> Bound:
+    """The bound a read carries, as :meth:`Bound.refusal` judges it: the replica limits by name, the position of the
+    one partition read. (The events it must reflect the store node checks against its rows.)"""
+    limits = {field.name: value for field, value in msg.ListFields() if field.name not in _NARROWED}
+    return Bound(**limits, min_position=Position(table, {partition: msg.min_offset}) if msg.min_offset else None)
+
+
 def key_read(read_id: int, table: str, partition: int, key: bytes, bound: Bound,
              as_of_ms: int | None = None) -> store_pb2.KeyRead:
     """One read as it travels (``as_of_ms``: of the version valid then); an absent bound reads as "no limit" at the
@@ -201,7 +233,7 @@ def key_read(read_id: int, table: str, partition: int, key: bytes, bound: Bound,
     if bound.unbounded:
         msg = store_pb2.KeyRead(id=read_id, table=table, partition=partition, key=key)
     else:
-        msg = store_pb2.KeyRead(id=read_id, table=table, partition=partition, key=key, bound=bound.to_store(partition))
+        msg = store_pb2.KeyRead(id=read_id, table=table, partition=partition, key=key, bound=read_bound(bound, partition))
     if as_of_ms is not None:
         msg.as_of_ms = as_of_ms
     return msg
@@ -211,7 +243,7 @@ def group_read(read_id: int, table: str, partition: int, keys: list[bytes], boun
     if bound.unbounded:
         return store_pb2.GroupRead(id=read_id, table=table, partition=partition, keys=keys)
     return store_pb2.GroupRead(id=read_id, table=table, partition=partition, keys=keys,
-                               bound=bound.to_store(partition))
+                               bound=read_bound(bound, partition))
 
 
 def range_read(read_id: int, table: str, partition: int, start: bytes, end: bytes, limit: int,
@@ -226,7 +258,7 @@ def range_read(read_id: int, table: str, partition: int, start: bytes, end: byte
     elif window is not None:
         msg.window.from_ms, msg.window.to_ms, msg.window.life_ms = window
     if not bound.unbounded:
-        msg.bound.CopyFrom(bound.to_store(partition))
+        msg.bound.CopyFrom(read_bound(bound, partition))
     return msg
 
 

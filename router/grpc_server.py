@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 
 from freshroute.errors import ConfigError, FreshrouteError
 from freshroute.bound import NO_BOUND, Bound
+from router.bound_message import bound_of_message
 from freshroute.lag import rank_lag, rank_staleness
 from freshroute.metadata.tables import TableSpec
 from freshroute.routing.history import AsOf, Versions, parse_time
@@ -212,7 +213,7 @@ def _replica_info(i: ReplicaInfo) -> router_pb2.ReplicaInfo:
 
 def parse_request_bound(router: Router, request: Any) -> Bound:
     """The request's bound (counted as an invalid lookup if malformed, as on REST)."""
-    return router.parsed(Bound.from_message, request.bound) if request.HasField("bound") else NO_BOUND
+    return router.parsed(bound_of_message, request.bound) if request.HasField("bound") else NO_BOUND
 
 
 async def answer_get(router: Router, request: router_pb2.GetRequest) -> router_pb2.GetResponse:

@@ -15,9 +15,9 @@ import uvicorn
 from freshroute.settings import is_loopback
 from router.auth import Guard
 from router.grpc_server import PublicGrpc
-from router.rest_routes import KeyHandlers
+from router.rest.routes import KeyHandlers
 from router.rate_limit import SharedRates
-from router.rest import create_app
+from router.rest.app import create_app
 from router.runtime import RouterRuntime
 from router.settings import RouterSettings
 from router.transports.http1 import httptools_with_tls_extension, key_lookup_protocol

@@ -8,23 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
-from freshroute.bound import MAX_LIMIT, MAX_WAIT_MS
-from freshroute.position import MAX_TOKEN_LENGTH
+from freshroute.bound import MAX_LIMIT, PARAMETERS, Parameter
 from router.transports.http1 import MAX_HEAD, MAX_REQUEST_LINE_URL
 
-# Tokens are opaque to clients; their formats are named so tools can tell them from free text.
-POSITION_FORMAT = "freshroute-position"
-PAGE_TOKEN_FORMAT = "freshroute-page-token"
-POSITION_SCHEMA: dict[str, Any] = {"type": "string", "format": POSITION_FORMAT, "maxLength": MAX_TOKEN_LENGTH}
-_POSITION_HELP = ("a position token (`p1.…`, opaque) from an earlier response of this table: "
-                  "answer at least that fresh")
-WRITE_TOKEN_FORMAT = "freshroute-write-token"
-WRITE_TOKEN_SCHEMA: dict[str, Any] = {"type": "string", "format": WRITE_TOKEN_FORMAT, "maxLength": MAX_TOKEN_LENGTH}
-_AFTER_HELP = ("a write token (`w1.…`, freshroute.client.write_token of a producer's delivery report): answer only "
-               "with a value that includes those input events, waiting for a replica that has them")
-_WAIT_HELP = "how long to wait for a replica with the events (`after`) or the position: the lookup's deadline"
+PAGE_TOKEN_FORMAT = "freshroute-page-token"  # tokens are opaque; their formats are named for tools
 
 
 class ServedBy(BaseModel):
@@ -75,19 +64,21 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
-class BatchGetRequest(BaseModel):
-    keys: list[str] = Field(description="at most batch_max_keys (default 1000) keys")
-    max_lag: int | None = Field(default=None, ge=0, le=MAX_LIMIT)
-    max_staleness_ms: int | None = Field(default=None, ge=0, le=MAX_LIMIT)
-    min_position: str | None = Field(default=None, description=_POSITION_HELP,
-                                     json_schema_extra={"format": POSITION_FORMAT, "maxLength": MAX_TOKEN_LENGTH})
-    max_input_lag_ms: int | None = Field(default=None, ge=0, le=MAX_LIMIT)
-    after: str | None = Field(default=None, description=_AFTER_HELP,
-                              json_schema_extra={"format": WRITE_TOKEN_FORMAT, "maxLength": MAX_TOKEN_LENGTH})
-    wait_ms: int | None = Field(default=None, ge=1, le=MAX_WAIT_MS, description=_WAIT_HELP)
-    as_of: int | None = Field(default=None, ge=0, le=MAX_LIMIT,
-                              description="a versioned table: every key's value at this time (ms since the epoch; "
-                                          "RFC 3339 text is read too); each item says valid_from, valid_to, final")
+def _body_field(parameter: Parameter) -> Any:
+    """A bound parameter as a field of a JSON body: its schema, nullable."""
+    schema = dict(parameter.schema)
+    if schema.pop("type") == "integer":
+        return (int | None, Field(default=None, ge=schema["minimum"], le=schema["maximum"], description=parameter.doc))
+    return (str | None, Field(default=None, description=parameter.doc, json_schema_extra=schema))
+
+
+BatchGetRequest = create_model(
+    "BatchGetRequest",
+    keys=(list[str], Field(description="at most batch_max_keys (default 1000) keys")),
+    **{name: _body_field(parameter) for name, parameter in PARAMETERS.items()},
+    as_of=(int | None, Field(default=None, ge=0, le=MAX_LIMIT,
+                             description="a versioned table: every key's value at this time (ms since the epoch; "
+                                         "RFC 3339 text is read too); each item says valid_from, valid_to, final")))
 
 
 class BatchItem(BaseModel):
@@ -234,24 +225,10 @@ def window_range_parameters(maximum_windows: int) -> list[dict[str, Any]]:
                          ("to", "latest window start, ms since the epoch (exclusive)"))]
 
 
-def bound_parameters(query: bool = True) -> list[dict[str, Any]]:
-    """The freshness-bound query parameters, documented by hand because they are parsed by hand."""
-    return [
-        {"name": "max_lag", "in": "query", "required": False,
-         "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LIMIT},
-         "description": "at most this many changelog offsets behind (default: the table's)"},
-        {"name": "max_staleness_ms", "in": "query", "required": False,
-         "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LIMIT},
-         "description": "at most this many ms since the replica was caught up (default: the table's)"},
-        {"name": "min_position", "in": "query", "required": False, "schema": POSITION_SCHEMA,
-         "description": _POSITION_HELP},
-        {"name": "max_input_lag_ms", "in": "query", "required": False,
-         "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LIMIT},
-         "description": "at most this many ms between the table's changelog and its input (the pipeline's lag)"},
-        {"name": "after", "in": "query", "required": False, "schema": WRITE_TOKEN_SCHEMA, "description": _AFTER_HELP},
-        {"name": "wait_ms", "in": "query", "required": False,
-         "schema": {"type": "integer", "minimum": 1, "maximum": MAX_WAIT_MS}, "description": _WAIT_HELP},
-    ]
+def bound_parameters() -> list[dict[str, Any]]:
+    """The freshness bound's query parameters, as the bound defines them."""
+    return [{"name": name, "in": "query", "required": False, "schema": dict(parameter.schema),
+             "description": parameter.doc} for name, parameter in PARAMETERS.items()]
 
 
 _PLAIN = {"text/plain": {"schema": {"type": "string"}}}

@@ -22,11 +22,10 @@ from google.protobuf.message import DecodeError
 
 from freshroute import input_position
 from freshroute.errors import StoreCorrupt
-from freshroute.bound import Bound
 from freshroute.lag import now_ms
 from freshroute.pacing import PacedByAnswers
 from freshroute.windows import WATERMARK_KEY, live_starts, parse_watermark
-from freshroute.wire import FrameError, FrameReader, frame, replica_status_message
+from freshroute.wire import FrameError, FrameReader, bound_of_read, frame, limits_only_position, replica_status_message
 from proto import store_pb2
 from store_node.access import REFUSAL, ClusterSecret
 
@@ -103,8 +102,8 @@ class _Reader:
         elif read.HasField("bound"):
             bound = read.bound
             # A position the replica has reached, and no other limit, refuses nothing: the common bounded read.
-            if bound.min_offset > figures[0] or bound.HasField("max_lag") or bound.HasField("max_staleness_ms"):
-                why = Bound.from_store(table, partition, bound).refusal(partition, *figures)
+            if bound.min_offset > figures[0] or not limits_only_position(bound):
+                why = bound_of_read(table, partition, bound).refusal(partition, *figures)
             if why is None and bound.after_input:
                 try:
                     unseen = _not_yet_visible(store, read, bound, figures[0])

@@ -64,8 +64,8 @@ def _lookup_any(args: argparse.Namespace) -> int:
     exit 1), then asked through the client, gRPC or REST."""
     import json
 
+    from freshroute.bound import Bound
     from freshroute.keys import key_bytes
-    from freshroute.bound import parse_bound
 
     if (args.as_of is not None or args.versions) and (args.direct or args.grpc or args.last):
         raise SystemExit("freshroute lookup: --as-of and --versions ask a router's REST API: leave out --direct, "
@@ -73,8 +73,7 @@ def _lookup_any(args: argparse.Namespace) -> int:
     try:
         key_bytes(args.table, "table")
         key_bytes(args.key, "key")
-        bound = parse_bound(args.max_lag, args.max_staleness_ms, args.min_position, args.max_input_lag_ms, args.after,
-                            args.wait_ms)
+        bound = Bound.parse(vars(args))
     except FreshrouteError as e:
         print(json.dumps(e.to_body(), separators=(",", ":")), file=sys.stderr)
         return 1
@@ -162,6 +161,7 @@ def _lookup_grpc(args: argparse.Namespace, bound: "Bound") -> int:
     from freshroute.routing.results import lag_message_doc, served_doc
     from freshroute.tls import ClientTLS
     from proto import router_pb2, router_pb2_grpc
+    from router.bound_message import bound_message
 
     tls = ClientTLS(args.ca, args.tls_cert, args.tls_key)
     if tls.enabled:
@@ -175,10 +175,10 @@ def _lookup_grpc(args: argparse.Namespace, bound: "Bound") -> int:
             stub = router_pb2_grpc.RouterStub(channel)
             if span is not None:
                 w = stub.GetWindows(router_pb2.WindowsRequest(table=args.table, key=args.key, from_ms=span[0],
-                                                              to_ms=span[1], bound=bound.to_message()),
+                                                              to_ms=span[1], bound=bound_message(bound)),
                                     timeout=_timeout_s(bound), metadata=metadata)
             else:
-                resp = stub.Get(router_pb2.GetRequest(table=args.table, key=args.key, bound=bound.to_message()),
+                resp = stub.Get(router_pb2.GetRequest(table=args.table, key=args.key, bound=bound_message(bound)),
                                 timeout=_timeout_s(bound), metadata=metadata)
         except grpc.RpcError as e:
             trailer = dict(e.trailing_metadata() or ()).get("freshroute-error")
@@ -221,17 +221,13 @@ def _lookup_direct(args: argparse.Namespace, bound: "Bound") -> int:
                     connect_timeout_s=3.0) as client:
             span = _window_span(args)
             if span is not None:
-                w = client.windows(args.table, args.key, from_ms=span[0], to_ms=span[1], max_lag=bound.max_lag,
-                                   max_staleness_ms=bound.max_staleness_ms, min_position=bound.min_position,
-                                   max_input_lag_ms=bound.max_input_lag_ms, after=bound.after, wait_ms=bound.wait_ms)
+                w = client.windows(args.table, args.key, from_ms=span[0], to_ms=span[1], bound=bound)
                 print(json.dumps({"table": w.table, "key": w.key, "windows": [x._asdict() for x in w.windows],
                                   "partition": w.partition,
                                   **served_doc(w.node, w.role, w.lag_offsets, w.lag_ms, w.position),
                                   "watermark_ms": w.watermark_ms}, separators=(",", ":")))
                 return 0
-            r = client.get(args.table, args.key, max_lag=bound.max_lag, max_staleness_ms=bound.max_staleness_ms,
-                           min_position=bound.min_position, max_input_lag_ms=bound.max_input_lag_ms,
-                           after=bound.after, wait_ms=bound.wait_ms)
+            r = client.get(args.table, args.key, bound=bound)
     except FreshrouteError as e:
         body = e.to_body()
         if client is not None and client.fallback_cause:
@@ -370,15 +366,10 @@ def build_parser() -> argparse.ArgumentParser:
     lookup.add_argument("table")
     lookup.add_argument("key")
     lookup.add_argument("--router", default=os.environ.get("FRESHROUTE_ROUTER_URL", "http://127.0.0.1:8080"))
-    lookup.add_argument("--max-lag", dest="max_lag")
-    lookup.add_argument("--max-staleness-ms", dest="max_staleness_ms")
-    lookup.add_argument("--min-position", dest="min_position")
-    lookup.add_argument("--max-input-lag-ms", dest="max_input_lag_ms",
-                        help="refuse an answer whose table is further behind its input (the pipeline's lag)")
-    lookup.add_argument("--after", metavar="TOKEN",
-                        help="a write token (freshroute.client.write_token): answer only with those events in the value")
-    lookup.add_argument("--wait-ms", dest="wait_ms", metavar="MS",
-                        help="how long to wait for a replica with the events (--after) or the position")
+    from freshroute.bound import PARAMETERS
+
+    for name, parameter in PARAMETERS.items():  # the bound's parameters, as it defines them
+        lookup.add_argument("--" + name.replace("_", "-"), dest=name, help=parameter.doc)
     lookup.add_argument("--last", metavar="DURATION",
                         help="a windowed table: the key's windows that started in the last DURATION (e.g. 1m)")
     lookup.add_argument("--from", dest="from_ms", metavar="MS", help="a windowed table: earliest window start (ms)")

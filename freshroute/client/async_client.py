@@ -5,14 +5,13 @@ from __future__ import annotations
 import datetime as dt
 import time
 from dataclasses import replace
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar, Unpack
 
 import httpx
 
 from freshroute.cluster_access import NodeAccess
 from freshroute.errors import ClientClosed, ConfigError, FreshrouteError
-from freshroute.bound import Bound, parse_bound
-from freshroute.position import Position
+from freshroute.bound import Bound, BoundArgs
 from freshroute.routing.core import RoutingCore
 from freshroute.routing.history import time_ms
 from freshroute.routing.policy import RoutingPolicy
@@ -142,17 +141,17 @@ class AsyncClient(VersionedReads):
             return self.policy
         return replace(self.policy, request_timeout_ms=max(1, self.policy.request_timeout_ms // 2))
 
-    def deadline(self, wait_ms: Any = None) -> float:
+    def deadline(self, bound: Bound) -> float:
         """When a read that starts now must have its answer, the router's included (``time.monotonic()``): the
         request timeout, or the caller's ``wait_ms`` for its events or position."""
-        wait = wait_ms if type(wait_ms) is int and wait_ms > 0 else self.policy.request_timeout_ms
-        return time.monotonic() + wait / 1000
+        return time.monotonic() + (bound.wait_ms or self.policy.request_timeout_ms) / 1000
 
-    def at_least(self, table: str, given: str | Position | None) -> str | Position | None:
-        """The ``min_position`` a read of ``table`` sends: the caller's, and with monotonic reads the highest
-        position this client has read of the table."""
+    def bound_of(self, table: str, bound: Bound | None, limits: BoundArgs) -> Bound:
+        """The bound a read of ``table`` sends: the caller's with its keyword shorthands over it, and with monotonic
+        reads at least the highest position this client has read of the table."""
+        read_bound = Bound.of(bound, limits)
         kept = self.read_positions
-        return given if kept is None else kept.at_least(table, given)
+        return read_bound if kept is None else kept.at_least(table, read_bound)
 
     def seen(self, result: R) -> R:
         """Note what a read answered (its position), so that no later read goes back; returns it."""
@@ -186,17 +185,15 @@ class AsyncClient(VersionedReads):
 
     # ---- reads --------------------------------------------------------------------------
 
-    async def get(self, table: str, key: str, *, max_lag: int | None = None, max_staleness_ms: int | None = None,
-                  min_position: str | Position | None = None,
-                max_input_lag_ms: int | None = None, after: str | None = None,
-                wait_ms: int | None = None, as_of: int | str | dt.datetime | None = None) -> Any:
+    async def get(self, table: str, key: str, *, bound: Bound | None = None,
+            as_of: int | str | dt.datetime | None = None, **limits: Unpack[BoundArgs]) -> Any:
         """One key from the freshest replica within the bound; ``found`` False when the table has no such key.
 
         ``as_of`` (a versioned table; ms since the epoch, RFC 3339 text or an aware datetime): the key's value at that
         time, as an :class:`AsOfLookup` saying when it became and stopped being the key's, and whether it is final."""
-        core, deadline = await self._ready(), self.deadline(wait_ms)
-        bound = parse_bound(max_lag, max_staleness_ms, self.at_least(table, min_position), max_input_lag_ms, after,
-                            wait_ms)
+        core = await self._ready()
+        bound = self.bound_of(table, bound, limits)
+        deadline = self.deadline(bound)
         if as_of is not None:
             return await self._as_of(core, table, key, time_ms("as_of", as_of), bound, deadline)
         cause = None
@@ -228,16 +225,14 @@ class AsyncClient(VersionedReads):
         result = await routed(self.via_router(operation, cause))
         return self.seen(result) if seen else result
 
-    async def get_many(self, table: str, keys: list[str], *, max_lag: int | None = None,
-                       max_staleness_ms: int | None = None, min_position: str | Position | None = None,
-                       max_input_lag_ms: int | None = None, after: str | None = None, wait_ms: int | None = None,
-                       as_of: int | str | dt.datetime | None = None) -> list[Any]:
+    async def get_many(self, table: str, keys: list[str], *, bound: Bound | None = None,
+                       as_of: int | str | dt.datetime | None = None, **limits: Unpack[BoundArgs]) -> list[Any]:
         """Many keys, one group per partition in parallel; in request order, a key that could not be read as its error.
 
         ``as_of`` (a versioned table): each key's value at that time, an :class:`AsOfLookup` (see :meth:`get`)."""
-        core, deadline = await self._ready(), self.deadline(wait_ms)
-        bound = parse_bound(max_lag, max_staleness_ms, self.at_least(table, min_position), max_input_lag_ms, after,
-                            wait_ms)
+        core = await self._ready()
+        bound = self.bound_of(table, bound, limits)
+        deadline = self.deadline(bound)
         keys = batch_keys(keys)
         if as_of is not None:
             return self.seen_all(await self._many_as_of(core, table, keys, time_ms("as_of", as_of), bound, deadline))
@@ -251,15 +246,13 @@ class AsyncClient(VersionedReads):
                 return self.seen_all(results)
         return self.seen_all(await self.via_router("get_many", cause).get_many(table, keys, bound, deadline))
 
-    async def windows(self, table: str, key: str, *, from_ms: int, to_ms: int, max_lag: int | None = None,
-                      max_staleness_ms: int | None = None, min_position: str | Position | None = None,
-                max_input_lag_ms: int | None = None, after: str | None = None,
-                wait_ms: int | None = None) -> Windows:
+    async def windows(self, table: str, key: str, *, from_ms: int, to_ms: int, bound: Bound | None = None,
+                **limits: Unpack[BoundArgs]) -> Windows:
         """A windowed table's windows of ``key`` whose start is in ``[from_ms, to_ms)``, from one replica within the
         bound."""
-        core, deadline = await self._ready(), self.deadline(wait_ms)
-        bound = parse_bound(max_lag, max_staleness_ms, self.at_least(table, min_position), max_input_lag_ms, after,
-                            wait_ms)
+        core = await self._ready()
+        bound = self.bound_of(table, bound, limits)
+        deadline = self.deadline(bound)
 
         async def direct() -> Windows:
             return Windows.of(await core.windows(table, key, from_ms, to_ms, bound), core.input_lag(table))
@@ -268,15 +261,12 @@ class AsyncClient(VersionedReads):
                                 lambda router: router.windows(table, key, from_ms, to_ms, bound, deadline))
 
     async def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
-                   limit: int | None = None, page_size: int | None = None, max_lag: int | None = None,
-                   max_staleness_ms: int | None = None, min_position: str | Position | None = None,
-                   max_input_lag_ms: int | None = None, after: str | None = None, wait_ms: int | None = None,
-                   as_of: int | str | dt.datetime | None = None) -> AsyncIterator[Any]:
+                   limit: int | None = None, page_size: int | None = None, bound: Bound | None = None,
+                   as_of: int | str | dt.datetime | None = None, **limits: Unpack[BoundArgs]) -> AsyncIterator[Any]:
         """Rows in ascending key order (at most ``limit``), fetched a page at a time as the iteration needs them.
 
         ``as_of`` (a versioned table): the keys present at that time, each an :class:`AsOfLookup` (see :meth:`get`)."""
-        bound = parse_bound(max_lag, max_staleness_ms, self.at_least(table, min_position), max_input_lag_ms, after,
-                            wait_ms)
+        bound = self.bound_of(table, bound, limits)
         as_of_ms = None if as_of is None else time_ms("as_of", as_of)
         r = ScanRange.of(prefix, start, end, limit, page_size, self.policy.scan_max_limit)
         token: str | None = None
@@ -339,24 +329,30 @@ class AsyncSession:
         self.client = client
         self.positions = Positions()
 
-    async def get(self, table: str, key: str, *, min_position: str | Position | None = None, **bound: Any) -> Lookup:
-        r = await self.client.get(table, key, min_position=self.positions.at_least(table, min_position), **bound)
+    async def get(self, table: str, key: str, *, bound: Bound | None = None, **limits: Unpack[BoundArgs]) -> Lookup:
+        r = await self.client.get(table, key, bound=self._bound(table, bound, limits))
         self.positions.saw([r])
         return r
 
-    async def get_many(self, table: str, keys: list[str], *, min_position: str | Position | None = None,
-                       **bound: Any) -> list[Any]:
-        out = await self.client.get_many(table, keys, min_position=self.positions.at_least(table, min_position),
-                                         **bound)
+    async def get_many(self, table: str, keys: list[str], *, bound: Bound | None = None,
+                       **limits: Unpack[BoundArgs]) -> list[Any]:
+        out = await self.client.get_many(table, keys, bound=self._bound(table, bound, limits))
         self.positions.saw([r for r in out if not isinstance(r, FreshrouteError)])
         return out
 
-    async def windows(self, table: str, key: str, *, min_position: str | Position | None = None, **kw: Any) -> Windows:
-        r = await self.client.windows(table, key, min_position=self.positions.at_least(table, min_position), **kw)
+    async def windows(self, table: str, key: str, *, from_ms: int, to_ms: int, bound: Bound | None = None,
+                      **limits: Unpack[BoundArgs]) -> Windows:
+        r = await self.client.windows(table, key, from_ms=from_ms, to_ms=to_ms, bound=self._bound(table, bound, limits))
         self.positions.saw([r])
         return r
 
-    async def scan(self, table: str, *, min_position: str | Position | None = None, **kw: Any) -> AsyncIterator[Lookup]:
-        async for r in self.client.scan(table, min_position=self.positions.at_least(table, min_position), **kw):
+    async def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
+                   limit: int | None = None, page_size: int | None = None, bound: Bound | None = None,
+                   **limits: Unpack[BoundArgs]) -> AsyncIterator[Lookup]:
+        async for r in self.client.scan(table, prefix=prefix, start=start, end=end, limit=limit, page_size=page_size,
+                                         bound=self._bound(table, bound, limits)):
             self.positions.saw([r])
             yield r
+
+    def _bound(self, table: str, bound: Bound | None, limits: BoundArgs) -> Bound:
+        return self.positions.at_least(table, Bound.of(bound, limits))

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, TypeVar, Unpack
 
 from freshroute.errors import FreshrouteError
-from freshroute.bound import Bound, parse_bound
-from freshroute.position import Position
+from freshroute.bound import Bound, BoundArgs
 from freshroute.routing.core import RoutingCore
 from freshroute.routing.history import time_ms
 
@@ -21,8 +20,8 @@ class VersionedReads:
     """:class:`~freshroute.client.AsyncClient`'s reads of versioned tables, over its core, router and positions."""
 
     async def _ready(self) -> RoutingCore: ...
-    def deadline(self, wait_ms: Any = None) -> float: ...
-    def at_least(self, table: str, given: str | Position | None) -> str | Position | None: ...
+    def deadline(self, bound: Bound) -> float: ...
+    def bound_of(self, table: str, bound: Bound | None, limits: BoundArgs) -> Bound: ...
     async def _read(self, operation: str, direct: Callable[[], Awaitable[R]],
                     routed: Callable[[RouterHttp], Awaitable[R]]) -> R: ...
     def direct(self) -> bool: ...
@@ -52,13 +51,14 @@ class VersionedReads:
 
     async def versions(self, table: str, key: str, *, from_ms: int | str | dt.datetime | None = None,
                        to_ms: int | str | dt.datetime | None = None, limit: int | None = None,
-                       page_token: str | None = None, min_position: str | Position | None = None,
-                       **bound: Any) -> KeyVersions:
+                       page_token: str | None = None, bound: Bound | None = None,
+                       **limits: Unpack[BoundArgs]) -> KeyVersions:
         """A page of a versioned table's versions of ``key`` valid at some time in ``[from_ms, to_ms)`` (default:
         every one it keeps), newest first; ``page_token`` (a page's ``next_page_token``) goes on with older ones.
         ``bound``: as :meth:`get`'s."""
-        core, deadline = await self._ready(), self.deadline(bound.get("wait_ms"))
-        read_bound = parse_bound(min_position=self.at_least(table, min_position), **bound)
+        core = await self._ready()
+        read_bound = self.bound_of(table, bound, limits)
+        deadline = self.deadline(read_bound)
         lo = None if from_ms is None else time_ms("from_ms", from_ms)
         hi = None if to_ms is None else time_ms("to_ms", to_ms)
 

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from freshroute.errors import FreshrouteError
+from freshroute.bound import Bound
 from freshroute.position import Position
 from freshroute.routing.answers import served_by
 from freshroute.routing.history import AsOf, Versions
@@ -248,18 +249,13 @@ class Positions:
         self._by_table: dict[str, Position] = {}
         self._lock = threading.Lock()
 
-    def at_least(self, table: str, given: str | Position | None) -> Position | None:
-        """The position seen of ``table``, merged with a caller's own ``min_position``."""
-        seen = self._by_table.get(table)
-        if seen is None:
-            with self._lock:
-                offsets = self._offsets.get(table)
-                if offsets:
-                    seen = self._by_table[table] = Position(table, dict(offsets))
-        if given is None:
-            return seen
-        mine = given if isinstance(given, Position) else Position.decode(given)
-        return mine if seen is None or mine.table != table else seen.merge(mine)
+    def at_least(self, table: str, bound: Bound) -> Bound:
+        """``bound`` raised to the position seen of ``table``, merged with the caller's own ``min_position``."""
+        seen = self.of(table)
+        mine = bound.min_position
+        if seen is None or (mine is not None and mine.table != table):
+            return bound
+        return bound._replace(min_position=seen if mine is None else seen.merge(mine))
 
     def saw(self, lookups: "list[Lookup] | list[Windows] | list[AsOfLookup]") -> None:
         for r in lookups:
@@ -274,4 +270,11 @@ class Positions:
                     self._by_table.pop(r.table, None)
 
     def of(self, table: str) -> Position | None:
-        return self.at_least(table, None)
+        """The position seen of ``table``: per partition, the latest applied offset of any answer."""
+        seen = self._by_table.get(table)
+        if seen is None:
+            with self._lock:
+                offsets = self._offsets.get(table)
+                if offsets:
+                    seen = self._by_table[table] = Position(table, dict(offsets))
+        return seen

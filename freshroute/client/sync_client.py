@@ -14,11 +14,10 @@ import datetime as dt
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Coroutine, Iterator, TypeVar
+from typing import Any, Coroutine, Iterator, TypeVar, Unpack
 
 from freshroute.errors import ClientClosed, FreshrouteError
-from freshroute.bound import Bound, parse_bound
-from freshroute.position import Position
+from freshroute.bound import Bound, BoundArgs
 from freshroute.routing.answers import lookup_result
 from freshroute.routing.attempts import AttemptPlan
 from freshroute.routing.core import RoutingCore
@@ -128,21 +127,17 @@ class Client:
 
     # ---- reads --------------------------------------------------------------------------
 
-    def get(self, table: str, key: str, *, max_lag: int | None = None, max_staleness_ms: int | None = None,
-            min_position: str | Position | None = None,
-                max_input_lag_ms: int | None = None, after: str | None = None,
-                wait_ms: int | None = None, as_of: int | str | dt.datetime | None = None) -> Any:
+    def get(self, table: str, key: str, *, bound: Bound | None = None,
+            as_of: int | str | dt.datetime | None = None, **limits: Unpack[BoundArgs]) -> Any:
         """One key from the freshest replica within the bound; ``found`` False when the table has no such key.
 
         ``as_of`` (a versioned table): the key's value at that time, an :class:`AsOfLookup` (see
         :meth:`AsyncClient.get`)."""
         if as_of is not None:
-            return self._call(self._async.get(table, key, max_lag=max_lag, max_staleness_ms=max_staleness_ms,
-                                              min_position=min_position, max_input_lag_ms=max_input_lag_ms,
-                                              after=after, wait_ms=wait_ms, as_of=as_of))
-        (core, store), deadline = self._thread_core(), self._async.deadline(wait_ms)
-        bound = parse_bound(max_lag, max_staleness_ms, self._async.at_least(table, min_position),
-                                    max_input_lag_ms, after, wait_ms)
+            return self._call(self._async.get(table, key, bound=bound, as_of=as_of, **limits))
+        core, store = self._thread_core()
+        bound = self._async.bound_of(table, bound, limits)
+        deadline = self._async.deadline(bound)
         cause = None
         if self._async.direct():
             started = time.perf_counter()
@@ -161,21 +156,17 @@ class Client:
         # The store nodes were tried once, here: straight to the router, not through the async client's own attempt.
         return self._async.seen(self._call(self._async.via_router("get", cause).get(table, key, bound, deadline)))
 
-    def get_many(self, table: str, keys: list[str], *, max_lag: int | None = None, max_staleness_ms: int | None = None,
-                 min_position: str | Position | None = None, max_input_lag_ms: int | None = None,
-                 after: str | None = None, wait_ms: int | None = None,
-                 as_of: int | str | dt.datetime | None = None) -> list[Any]:
+    def get_many(self, table: str, keys: list[str], *, bound: Bound | None = None,
+                 as_of: int | str | dt.datetime | None = None, **limits: Unpack[BoundArgs]) -> list[Any]:
         """Many keys, one group per partition at once; in request order, a key that could not be read as its error.
 
         ``as_of`` (a versioned table): each key's value at that time, an :class:`AsOfLookup` (see
         :meth:`AsyncClient.get`)."""
         if as_of is not None:
-            return self._call(self._async.get_many(table, keys, max_lag=max_lag, max_staleness_ms=max_staleness_ms,
-                                                   min_position=min_position, max_input_lag_ms=max_input_lag_ms,
-                                                   after=after, wait_ms=wait_ms, as_of=as_of))
-        (core, store), deadline = self._thread_core(), self._async.deadline(wait_ms)
-        bound = parse_bound(max_lag, max_staleness_ms, self._async.at_least(table, min_position),
-                                    max_input_lag_ms, after, wait_ms)
+            return self._call(self._async.get_many(table, keys, bound=bound, as_of=as_of, **limits))
+        core, store = self._thread_core()
+        bound = self._async.bound_of(table, bound, limits)
+        deadline = self._async.deadline(bound)
         keys = batch_keys(keys)
         cause = None
         if self._async.direct():
@@ -205,16 +196,13 @@ class Client:
                                                                                                  deadline)))
 
     def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
-             limit: int | None = None, page_size: int | None = None, max_lag: int | None = None,
-             max_staleness_ms: int | None = None, min_position: str | Position | None = None,
-             max_input_lag_ms: int | None = None, after: str | None = None, wait_ms: int | None = None,
-             as_of: int | str | dt.datetime | None = None) -> Iterator[Any]:
+             limit: int | None = None, page_size: int | None = None, bound: Bound | None = None,
+             as_of: int | str | dt.datetime | None = None, **limits: Unpack[BoundArgs]) -> Iterator[Any]:
         """Rows in ascending key order (at most ``limit``), fetched a page at a time as the iteration needs them.
 
         ``as_of`` (a versioned table): the keys present at that time, each an :class:`AsOfLookup`."""
         self._thread_core()
-        bound: Bound = parse_bound(max_lag, max_staleness_ms, self._async.at_least(table, min_position),
-                                    max_input_lag_ms, after, wait_ms)
+        bound: Bound = self._async.bound_of(table, bound, limits)
         as_of_ms = None if as_of is None else time_ms("as_of", as_of)
         r = ScanRange.of(prefix, start, end, limit, page_size, self.policy.scan_max_limit)
         token: str | None = None
@@ -231,15 +219,13 @@ class Client:
         """A page of a versioned table's versions of ``key``, newest first (see :meth:`AsyncClient.versions`)."""
         return self._call(self._async.versions(table, key, **kw))
 
-    def windows(self, table: str, key: str, *, from_ms: int, to_ms: int, max_lag: int | None = None,
-                max_staleness_ms: int | None = None, min_position: str | Position | None = None,
-                max_input_lag_ms: int | None = None, after: str | None = None,
-                wait_ms: int | None = None) -> Windows:
+    def windows(self, table: str, key: str, *, from_ms: int, to_ms: int, bound: Bound | None = None,
+                **limits: Unpack[BoundArgs]) -> Windows:
         """A windowed table's windows of ``key`` whose start is in ``[from_ms, to_ms)``, from one replica within the
         bound."""
-        (core, store), deadline = self._thread_core(), self._async.deadline(wait_ms)
-        bound = parse_bound(max_lag, max_staleness_ms, self._async.at_least(table, min_position),
-                                    max_input_lag_ms, after, wait_ms)
+        core, store = self._thread_core()
+        bound = self._async.bound_of(table, bound, limits)
+        deadline = self._async.deadline(bound)
         cause = None
         if self._async.direct():
             started = time.perf_counter()
@@ -286,23 +272,30 @@ class Session:
         self.client = client
         self.positions = Positions()
 
-    def get(self, table: str, key: str, *, min_position: str | Position | None = None, **bound: Any) -> Lookup:
-        r = self.client.get(table, key, min_position=self.positions.at_least(table, min_position), **bound)
+    def get(self, table: str, key: str, *, bound: Bound | None = None, **limits: Unpack[BoundArgs]) -> Lookup:
+        r = self.client.get(table, key, bound=self._bound(table, bound, limits))
         self.positions.saw([r])
         return r
 
-    def get_many(self, table: str, keys: list[str], *, min_position: str | Position | None = None,
-                 **bound: Any) -> list[Any]:
-        out = self.client.get_many(table, keys, min_position=self.positions.at_least(table, min_position), **bound)
+    def get_many(self, table: str, keys: list[str], *, bound: Bound | None = None,
+                 **limits: Unpack[BoundArgs]) -> list[Any]:
+        out = self.client.get_many(table, keys, bound=self._bound(table, bound, limits))
         self.positions.saw([r for r in out if not isinstance(r, FreshrouteError)])
         return out
 
-    def windows(self, table: str, key: str, *, min_position: str | Position | None = None, **kw: Any) -> Windows:
-        r = self.client.windows(table, key, min_position=self.positions.at_least(table, min_position), **kw)
+    def windows(self, table: str, key: str, *, from_ms: int, to_ms: int, bound: Bound | None = None,
+                **limits: Unpack[BoundArgs]) -> Windows:
+        r = self.client.windows(table, key, from_ms=from_ms, to_ms=to_ms, bound=self._bound(table, bound, limits))
         self.positions.saw([r])
         return r
 
-    def scan(self, table: str, *, min_position: str | Position | None = None, **kw: Any) -> Iterator[Lookup]:
-        for r in self.client.scan(table, min_position=self.positions.at_least(table, min_position), **kw):
+    def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
+             limit: int | None = None, page_size: int | None = None, bound: Bound | None = None,
+             **limits: Unpack[BoundArgs]) -> Iterator[Lookup]:
+        for r in self.client.scan(table, prefix=prefix, start=start, end=end, limit=limit, page_size=page_size,
+                                   bound=self._bound(table, bound, limits)):
             self.positions.saw([r])
             yield r
+
+    def _bound(self, table: str, bound: Bound | None, limits: BoundArgs) -> Bound:
+        return self.positions.at_least(table, Bound.of(bound, limits))

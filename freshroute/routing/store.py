@@ -21,11 +21,12 @@ from typing import Awaitable, Mapping, NamedTuple, Protocol
 
 from google.protobuf.message import DecodeError
 
+from freshroute.bound import Bound
 from freshroute.cluster_access import NodeAccess
 from freshroute.errors import ReplicaUnavailable
-from freshroute.bound import Bound
 from freshroute.wire import (FrameError, FrameReader, GroupResult, RangeResult, ReadResult, VersionFilter, WindowFilter,
-                             checked, frame, group_read, group_result, key_read, range_read, range_result, results)
+                             checked, frame, group_read, group_result, key_read, range_read, range_result, read_bound,
+                             results)
 from proto import store_pb2
 
 log = logging.getLogger("freshroute.routing.store")
@@ -82,7 +83,7 @@ def merged_groups(groups: list[PendingGroup]) -> tuple[list[store_pb2.GroupRead]
     alike: dict[tuple, list[PendingGroup]] = {}
     for g in groups:
         b, p = g.bound, g.partition
-        same = (g.table, p, None if b.unbounded else (b.max_lag, b.max_staleness_ms, b.min_offset(p)))
+        same = (g.table, p, None if b.unbounded else read_bound(b, p).SerializeToString(deterministic=True))
         members = alike.get(same)
         if members is None:
             alike[same] = [g]

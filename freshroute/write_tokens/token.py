@@ -15,6 +15,9 @@ from freshroute.errors import InvalidArgument
 from freshroute.position import MAX_TOKEN_LENGTH, Position
 
 WRITE_TOKEN_PREFIX = "w1."
+WRITE_TOKEN_FORMAT = "freshroute-write-token"  # as the REST schema names it
+WRITE_TOKEN_SCHEMA: Mapping[str, Any] = {"type": "string", "format": WRITE_TOKEN_FORMAT,
+                                         "maxLength": MAX_TOKEN_LENGTH}
 MAX_OFFSET = (1 << 63) - 1
 
 

@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 from freshroute.position import Position
 from freshroute.write_tokens.token import WriteToken
 from freshroute.routing.results import encode_page_token
-from router.openapi import PAGE_TOKEN_FORMAT, POSITION_FORMAT, WRITE_TOKEN_FORMAT
+from freshroute.position import POSITION_FORMAT
+from freshroute.write_tokens.token import WRITE_TOKEN_FORMAT
+from router.openapi import PAGE_TOKEN_FORMAT
 
 TABLE = os.environ["FRESHROUTE_SCHEMA_TABLE"]
 WINDOWED = os.environ["FRESHROUTE_SCHEMA_WINDOWED"]

@@ -10,7 +10,7 @@ from freshroute.metadata.tables import TableSpec
 from freshroute.windows import WATERMARK_KEY, tumbling, watermark_value, window_key
 from freshroute.routing.fake import InMemoryStoreClient, fake_snapshot
 from freshroute.routing.snapshot import FixedSnapshot, Snapshot
-from router.rest import create_app
+from router.rest.app import create_app
 from router.routing import Router
 from router.settings import RouterSettings
 

@@ -25,8 +25,8 @@ from freshroute.routing.fake import InMemoryStoreClient, fake_snapshot
 from freshroute.routing.snapshot import FixedSnapshot
 from freshroute.routing.store import StoreNodeClient
 from router.auth import Guard, token_hash
-from router.rest import create_app
-from router.rest_routes import KeyHandlers
+from router.rest.app import create_app
+from router.rest.routes import KeyHandlers
 from router.routing import Router
 from router.settings import RouterSettings
 from router.transports.http1 import key_lookup_protocol
@@ -47,7 +47,7 @@ TOKEN = "reader-token"
 # they all speak (the clock, the bound, the lag, the position, the input lag; a key's bytes and partition). A lookup must cross every layer and run code nowhere
 # else; how many rooms a layer has is its own business.
 LAYERS = {
-    "front": {"router/transports/http1.py", "router/rest_routes.py", "router/auth.py", "router/routing.py"},
+    "front": {"router/transports/http1.py", "router/rest/routes.py", "router/auth.py", "router/routing.py"},
     "routing": {"freshroute/routing/core.py", "freshroute/routing/selection.py", "freshroute/routing/attempts.py",
                 "freshroute/routing/drivers.py", "freshroute/routing/snapshot.py", "freshroute/routing/results.py",
                 "freshroute/routing/counts.py", "freshroute/routing/answers.py"},

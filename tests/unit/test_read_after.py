@@ -13,7 +13,7 @@ import pytest
 from freshroute import input_position
 from freshroute.client import write_token
 from freshroute.errors import InvalidArgument, NotYetVisible, WriteRejected
-from freshroute.bound import parse_bound
+from freshroute.bound import Bound
 from freshroute.lag import now_ms
 from freshroute.position import Position
 from freshroute.write_tokens.token import WriteToken
@@ -116,7 +116,7 @@ def replicas(c: Cluster, key: str):
 @anyio
 async def test_a_row_that_reflects_the_event_answers_at_once():
     c = cluster()
-    r = await c.router.get(RSPEC.name, "s1", parse_bound(after=write_token((INPUT, 0, 40))))
+    r = await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token((INPUT, 0, 40)))))
     assert r.found and r.value == b'{"count":1}'
 
 
@@ -132,7 +132,7 @@ async def test_a_row_not_yet_reflecting_the_event_is_asked_again_until_it_does()
 
     started = time.monotonic()
     catching_up = asyncio.create_task(pipeline_catches_up())
-    r = await c.router.get(RSPEC.name, "s1", parse_bound(after=write_token((INPUT, 0, 45)), wait_ms=2000))
+    r = await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token((INPUT, 0, 45)), wait_ms=2000)))
     await catching_up
     assert r.value == b'{"count":2}'
     assert 0.05 <= time.monotonic() - started < 1.0
@@ -143,7 +143,7 @@ async def test_no_replica_with_the_event_by_wait_ms_is_not_yet_visible_never_an_
     c = cluster()
     started = time.monotonic()
     with pytest.raises(NotYetVisible) as e:
-        await c.router.get(RSPEC.name, "s1", parse_bound(after=write_token((INPUT, 0, 45)), wait_ms=150))
+        await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token((INPUT, 0, 45)), wait_ms=150)))
     assert 0.14 <= time.monotonic() - started < 1.0
     assert e.value.details["after"] == {"topic": INPUT, "offsets": {"0": 45}}
     assert "not yet visible" in e.value.message
@@ -155,7 +155,7 @@ async def test_a_rejected_event_ends_the_wait_at_once_with_its_reason():
     c = cluster(rejected=rejected)
     started = time.monotonic()
     with pytest.raises(WriteRejected) as e:
-        await c.router.get(RSPEC.name, "s1", parse_bound(after=write_token((INPUT, 0, 45)), wait_ms=5000))
+        await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token((INPUT, 0, 45)), wait_ms=5000)))
     assert time.monotonic() - started < 0.5
     assert "invalid_json" in e.value.message and e.value.http_status == 409
 
@@ -165,7 +165,7 @@ async def test_a_mark_past_the_event_lets_a_replica_answer_for_a_key_the_event_d
     marks = MappingProxyType({RSPEC.name: (InputMark({0: 46, 1: 0}, {p: 90 for p in range(4)}, 1),)})
     c = cluster(input_marks=marks)
     # s1's row reflects partition 0 only to 40: the event at 45 was another key's, and the mark says it is in.
-    r = await c.router.get(RSPEC.name, "s1", parse_bound(after=write_token((INPUT, 0, 45))))
+    r = await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token((INPUT, 0, 45)))))
     assert r.value == b'{"count":1}'
     for rep in replicas(c, "s1"):
         rep.applied = 80  # below the mark's changelog offset: not yet
@@ -173,24 +173,24 @@ async def test_a_mark_past_the_event_lets_a_replica_answer_for_a_key_the_event_d
     c.metadata.current = replace(c.metadata.current, input_marks=marks,
                                  input_ends=MappingProxyType({INPUT: InputEnds({0: 50, 1: 50}, now_ms())}))
     with pytest.raises(NotYetVisible):
-        await c.router.get(RSPEC.name, "s1", parse_bound(after=write_token((INPUT, 0, 45)), wait_ms=100))
+        await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token((INPUT, 0, 45)), wait_ms=100)))
 
 
 @anyio
 async def test_tokens_naming_nothing_the_table_reads_or_no_such_write_are_refused():
     c = cluster()
     with pytest.raises(InvalidArgument) as e:
-        await c.router.get(RSPEC.name, "s1", parse_bound(after=write_token(("orders", 0, 1))))
+        await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token(("orders", 0, 1)))))
     assert e.value.details["field"] == "after" and e.value.details["reads"] == [INPUT, RSPEC.topic]
     with pytest.raises(InvalidArgument, match="partition 7"):
-        await c.router.get(RSPEC.name, "s1", parse_bound(after=write_token((INPUT, 7, 1))))
+        await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token((INPUT, 7, 1)))))
     old_write = WriteToken({INPUT: {0: 60}}, {}, now_ms() - 10_000).encode()
     with pytest.raises(InvalidArgument, match="past where that partition ends"):
-        await c.router.get(RSPEC.name, "s1", parse_bound(after=old_write))
+        await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=old_write)))
     # A write just made may be past ends read a moment before it: that is waited for, not refused.
     with pytest.raises(NotYetVisible):
-        await c.router.get(RSPEC.name, "s1", parse_bound(after=WriteToken({INPUT: {0: 60}}, {}, now_ms()).encode(),
-                                                         wait_ms=50))
+        await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=WriteToken({INPUT: {0: 60}}, {}, now_ms()).encode(),
+                                                         wait_ms=50)))
 
 
 @anyio
@@ -198,9 +198,9 @@ async def test_a_token_carrying_a_read_of_the_table_is_a_position_to_reach():
     c = cluster()
     token = write_token(Position(RSPEC.name, {part("s1"): 120}).encode())
     with pytest.raises(Exception) as e:
-        await c.router.get(RSPEC.name, "s1", parse_bound(after=token, wait_ms=100))
+        await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=token, wait_ms=100)))
     assert e.value.code in ("NO_REPLICA_WITHIN_BOUND", "TIMEOUT")
-    r = await c.router.get(RSPEC.name, "s1", parse_bound(after=write_token(Position(RSPEC.name, {0: 100}).encode())))
+    r = await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token(Position(RSPEC.name, {0: 100}).encode()))))
     assert r.found
 
 
@@ -285,13 +285,13 @@ def test_a_client_sends_the_highest_position_it_has_read_with_every_later_read()
     from freshroute.client.lookup import Lookup
 
     client = AsyncClient(router="http://127.0.0.1:1")
-    assert client.at_least("t", None) is None
+    assert client.bound_of("t", None, {}).min_position is None
     client.seen(Lookup("t", "k", True, b"{}", 2, "n1", "active", 0, 0, 41))
     client.seen_all([Lookup("t", "j", True, b"{}", 3, "n2", "standby", 0, 0, 7), InvalidArgument("x")])
-    assert client.at_least("t", None) == Position("t", {2: 41, 3: 7})
+    assert client.bound_of("t", None, {}).min_position == Position("t", {2: 41, 3: 7})
     client.seen(Lookup("t", "k", True, b"{}", 2, "n2", "standby", 3, 0, 30))  # an older answer moves nothing back
-    assert client.at_least("t", Position("t", {2: 50}).encode()) == Position("t", {2: 50, 3: 7})
-    assert client.at_least("other", None) is None
+    assert client.bound_of("t", None, {"min_position": Position("t", {2: 50}).encode()}).min_position == Position("t", {2: 50, 3: 7})
+    assert client.bound_of("other", None, {}).min_position is None
     free = AsyncClient(router="http://127.0.0.1:1", monotonic=False)
     free.seen(Lookup("t", "k", True, b"{}", 2, "n1", "active", 0, 0, 41))
-    assert free.at_least("t", None) is None
+    assert free.bound_of("t", None, {}).min_position is None

@@ -158,7 +158,7 @@ def test_a_missing_auth_file_is_named(tmp_path):
     (b"/metrics", "cluster"), (b"/docs", "cluster"), (b"/openapi.json", "cluster"), (b"/no/such/route", "cluster"),
 ])
 def test_each_rest_path_needs_what_its_kind_of_request_needs(tmp_path, path, needs):
-    from router.rest_routes import admit, route_of
+    from router.rest.routes import admit, route_of
 
     guard = Guard(write(tmp_path, auth_yaml()))
     route = route_of(path)

@@ -17,7 +17,7 @@ from freshroute.metadata.tables import TableSpec
 from freshroute.routing.fake import InMemoryStoreClient
 from freshroute.routing.snapshot import FixedSnapshot, build_snapshot
 from router.console.views import BUILD_SHARE, GRID_MAX_LIMIT, SUMMARY_MAX_AGE_MS, ClusterViews
-from router.rest import create_app
+from router.rest.app import create_app
 from router.routing import Router
 from router.settings import RouterSettings
 

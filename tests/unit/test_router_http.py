@@ -8,8 +8,8 @@ import pytest
 import uvicorn
 
 from router.transports.http1 import AnswerWriter, answer_writer, key_lookup_protocol
-from router.rest_routes import KeyHandlers
-from router.rest import create_app
+from router.rest.routes import KeyHandlers
+from router.rest.app import create_app
 
 from .routing_support import TABLE, Cluster, part
 

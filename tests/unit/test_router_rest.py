@@ -12,8 +12,8 @@ from freshroute.metadata.roles import Role
 
 from freshroute.routing.fake import InMemoryStoreClient
 from freshroute.routing.results import ClusterView, value_fields
-from router.rest import create_app
-from router.rest_routes import KeyHandlers, key_route
+from router.rest.app import create_app
+from router.rest.routes import KeyHandlers, key_route
 from router.routing import Router
 from router.runtime import RouterRuntime
 from router.settings import RouterSettings

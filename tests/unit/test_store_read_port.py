@@ -7,6 +7,7 @@ from types import MappingProxyType, SimpleNamespace
 
 import pytest
 
+from freshroute.bound import Bound
 from freshroute.metadata.roles import Role
 from freshroute.metadata.tables import TableSpec
 from proto import store_pb2
@@ -107,6 +108,21 @@ def test_staleness_bound(world):
     res = get(world, b"alice", max_staleness_ms=4999)
     assert res.status == store_pb2.TOO_STALE and res.replica.staleness_ms == 5000
     assert get(world, b"alice", max_staleness_ms=5000).status == store_pb2.OK
+
+
+@pytest.mark.parametrize("field", [f for f in store_pb2.ReadBound.DESCRIPTOR.fields
+                                   if f.name not in ("min_offset", "after_input", "after_offset")])
+def test_every_limit_a_read_carries_reaches_the_one_judgement(world, field, monkeypatch):
+    """Whatever limits the read port's message has, now or later, the node judges each with Bound.refusal: its fast
+    path (a position reached) lists no field of the bound."""
+    caught_up(world)
+    judged = []
+    monkeypatch.setattr(Bound, "refusal", lambda bound, *figures: judged.append(bound) or "judged")
+    res = get(world, b"alice", **{field.name: 0})
+    assert (res.status, res.message) == (store_pb2.TOO_STALE, "judged")
+    assert getattr(judged[0], field.name) == 0
+    monkeypatch.undo()
+    assert get(world, b"alice", min_offset=10).status == store_pb2.OK
 
 
 def test_position_bound(world):

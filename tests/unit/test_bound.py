@@ -1,12 +1,16 @@
-"""The freshness vocabulary: position tokens and a caller's bound."""
+"""Position tokens and a caller's bound: its definition, parsing, judgement and every encoding of it."""
 
 import pytest
 
 from freshroute.errors import InvalidArgument
-from freshroute.bound import NO_BOUND, Bound, parse_bound, parse_limit, parse_query_bound
-from freshroute.position import Position, single
+import typing
 
+from freshroute.bound import NO_BOUND, PARAMETERS, REPLICA_LIMITS, Bound, BoundArgs, parse_limit
+from freshroute.position import Position, single
+from freshroute.wire import bound_of_read, read_bound
+from freshroute.write_tokens.token import WriteToken
 from proto import router_pb2, store_pb2
+from router.bound_message import bound_message, bound_of_message
 
 
 def test_round_trip_and_offset_for():
@@ -57,16 +61,16 @@ def test_well_formed_limits(raw, expected):
 @pytest.mark.parametrize("token", ["garbage", "p1.!!!", "p1." + "A" * 10, "p2.abc"])
 def test_garbage_position_token_is_invalid(token):
     with pytest.raises(InvalidArgument) as e:
-        parse_bound(min_position=token)
+        Bound.parse({"min_position": token})
     assert e.value.details["field"] == "min_position"
 
 
 def test_query_bound_parses_all_three():
     token = Position("t", {0: 10, 3: 7}).encode()
-    b = parse_query_bound({"max_lag": "5", "max_staleness_ms": "2000", "min_position": token, "x": "ignored"})
+    b = Bound.parse({"max_lag": "5", "max_staleness_ms": "2000", "min_position": token, "x": "ignored"})
     assert (b.max_lag, b.max_staleness_ms) == (5, 2000)
     assert (b.min_offset(0), b.min_offset(3), b.min_offset(1)) == (10, 7, 0)
-    assert parse_query_bound({}) is NO_BOUND
+    assert Bound.parse({}) is NO_BOUND
 
 
 def test_defaults_fill_only_unset_limits():
@@ -89,17 +93,64 @@ def test_refusal_rules():
 
 def test_store_wire_narrows_the_position_to_the_partition_and_back():
     bound = Bound(max_lag=0, min_position=Position("t", {1: 7, 2: 9}))
-    msg = bound.to_store(2)
+    msg = read_bound(bound, 2)
     assert msg.max_lag == 0 and not msg.HasField("max_staleness_ms") and msg.min_offset == 9
-    back = Bound.from_store("t", 2, store_pb2.ReadBound.FromString(msg.SerializeToString()))
+    back = bound_of_read("t", 2, store_pb2.ReadBound.FromString(msg.SerializeToString()))
     assert back == Bound(max_lag=0, max_staleness_ms=None, min_position=Position("t", {2: 9}))
-    assert Bound.from_store("t", 2, store_pb2.ReadBound()) == NO_BOUND
+    assert bound_of_read("t", 2, store_pb2.ReadBound()) == NO_BOUND
 
 
 def test_public_wire_and_query_round_trip():
     bound = Bound(max_lag=3, max_staleness_ms=50, min_position=Position("t", {0: 4}))
-    assert Bound.from_message(bound.to_message()) == bound
-    assert parse_query_bound(bound.to_query()) == bound
+    assert bound_of_message(bound_message(bound)) == bound
+    assert Bound.parse(bound.to_query()) == bound
     with pytest.raises(InvalidArgument) as e:
-        Bound.from_message(router_pb2.Bound(min_position="garbage"))
+        bound_of_message(router_pb2.Bound(min_position="garbage"))
     assert e.value.details["field"] == "min_position"
+
+
+# ---- the definition: every parameter declared once ---------------------------------------------------------
+
+EVERY = Bound(max_lag=3, max_staleness_ms=50, min_position=Position("t", {0: 4}), max_input_lag_ms=900,
+              after=WriteToken({"readings": {0: 7}}, {}, 1), wait_ms=250)
+
+
+def test_the_parameters_are_the_leading_fields_and_the_keywords_a_type_checker_sees():
+    assert tuple(PARAMETERS) == Bound._fields[:len(PARAMETERS)] == tuple(typing.get_type_hints(BoundArgs))
+    assert Bound._fields[len(PARAMETERS):] == ("read_after",)  # filled in by the router, never a caller's
+    assert all(v is not None for v in EVERY[:len(PARAMETERS)])  # the bound below sets every parameter
+
+
+def test_every_parameter_survives_every_encoding():
+    assert bound_of_message(bound_message(EVERY)) == EVERY
+    assert Bound.parse(EVERY.to_query()) == EVERY
+    assert Bound.parse(EVERY.shown()) == EVERY  # a JSON body's values
+    assert Bound.of(None, dict(EVERY.shown())) == EVERY  # the clients' keywords
+    assert Bound.of(Bound(max_lag=1, wait_ms=5), {"max_lag": 3}) == Bound(max_lag=3, wait_ms=5)
+
+
+def test_every_parameter_is_in_the_public_proto_under_its_own_name():
+    assert set(PARAMETERS) <= set(router_pb2.Bound.DESCRIPTOR.fields_by_name)
+
+
+def test_every_replica_limit_travels_to_the_replica_under_its_own_name():
+    fields = store_pb2.ReadBound.DESCRIPTOR.fields_by_name
+    assert REPLICA_LIMITS and set(REPLICA_LIMITS) <= set(fields)
+    for name in REPLICA_LIMITS:
+        bound = Bound(**{name: 0})
+        assert bound_of_read("t", 0, read_bound(bound, 0)) == bound
+
+
+def test_error_details_show_what_limits_the_answer():
+    assert NO_BOUND.to_dict() == {"max_lag": None, "max_staleness_ms": None}
+    details = EVERY.to_dict()
+    assert details["after"] == EVERY.after.encode() and details["max_input_lag_ms"] == 900
+    assert "wait_ms" not in details  # how long to look is not a limit of the answer
+
+
+@pytest.mark.parametrize("raw", [{"max_lag": "x"}, {"wait_ms": "0"}, {"wait_ms": 60_001}, {"after": "w1.garbage"},
+                                 {"min_position": 5}, {"after": 7}])
+def test_a_malformed_parameter_is_refused_naming_it(raw):
+    with pytest.raises(InvalidArgument) as e:
+        Bound.parse(raw)
+    assert e.value.details["field"] == next(iter(raw))

@@ -4,7 +4,7 @@ needs; and the key routes' answers — a key's lookup, windows and metadata — 
 Both doors parse with :func:`route_of` (the HTTP/1.1 path asks :func:`key_route` of every request it
 reads) and admit with :func:`admit`. The HTTP/1.1 path (:mod:`router.transports.http1`) answers key
 routes on the connection with :meth:`KeyHandlers.answer`; the FastAPI app (every route, through
-uvicorn) with :meth:`KeyHandlers.respond`. Paths are split raw, so a key holding ``/`` (sent as
+uvicorn: :mod:`router.rest.app`) with :meth:`KeyHandlers.respond`. Paths are split raw, so a key holding ``/`` (sent as
 ``%2F``) is one segment. A path not named here needs what the cluster view needs: access is denied
 by default.
 """
@@ -12,13 +12,14 @@ by default.
 from __future__ import annotations
 
 import re
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 import orjson
+from fastapi.responses import Response
 
+from freshroute.bound import NO_BOUND, Bound, parse_limit, parse_millis
 from freshroute.errors import InvalidArgument, foreign
-from freshroute.bound import NO_BOUND, Bound, parse_limit, parse_millis, parse_query_bound
 from freshroute.routing.history import parse_time
 from freshroute.routing.results import key_not_found
 from router.auth import Guard, Principal
@@ -31,6 +32,7 @@ OPEN, PRINCIPAL, TABLE, CLUSTER = "open", "principal", "table", "cluster"
 LOOKUP, METADATA, WINDOWS, VERSIONS = b"", b"metadata", b"windows", b"versions"
 
 _PREFIX = b"/v1/tables/"
+JSON = "application/json"
 # Open to anyone: a load balancer's health checks carry no token, and the console's files hold no data (the page
 # asks for a token and sends it with every read of the API).
 _OPEN = frozenset((b"/healthz", b"/readyz", b"/console"))
@@ -102,6 +104,10 @@ async def admit(guard: Guard, route: Route, authorization: bytes | None, subject
     return await guard.cluster(authorization, subject)
 
 
+def json_response(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status, media_type=JSON)
+
+
 def query_of(raw: bytes) -> dict[str, str]:
     """A raw query string's parameters (the last of a repeated one), blank ones kept, as ``parse_qsl`` reads them."""
     if not raw:
@@ -158,7 +164,7 @@ class KeyHandlers:
 
     async def _lookup(self, table: str, key: str, query: bytes) -> dict:
         q = query_of(query) if query else {}
-        bound = self.router.parsed(parse_query_bound, q) if query else NO_BOUND
+        bound = self.router.parsed(Bound.parse, q) if query else NO_BOUND
         if "as_of" in q:
             return await self._as_of(table, key, self.router.parsed(parse_time, "as_of", q["as_of"]), bound)
         result = await self.router.get(table, key, bound)
@@ -177,11 +183,11 @@ class KeyHandlers:
         from_ms = parsed(parse_time, "from", q["from"]) if q.get("from") else None
         to_ms = parsed(parse_time, "to", q["to"]) if q.get("to") else None
         page = await self.router.history.versions(table, key, from_ms, to_ms, parsed(parse_limit, "limit", q.get("limit")),
-                                                  q.get("page_token") or None, parsed(parse_query_bound, q))
+                                                  q.get("page_token") or None, parsed(Bound.parse, q))
         return page.to_dict(self.router.input_lag(table), self.router.value_format(table))
 
     async def _windows(self, table: str, key: str, q: dict[str, str]) -> dict:
         parsed = self.router.parsed
         from_ms, to_ms = parsed(parse_millis, "from", q.get("from")), parsed(parse_millis, "to", q.get("to"))
-        result = await self.router.windows(table, key, from_ms, to_ms, parsed(parse_query_bound, q))
+        result = await self.router.windows(table, key, from_ms, to_ms, parsed(Bound.parse, q))
         return result.to_dict(self.router.input_lag(table))

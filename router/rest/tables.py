@@ -1,0 +1,21 @@
+"""The tables a caller may read."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from router.rest.routes import json_response
+from router.routing import Router
+
+
+def routes(router: Router) -> APIRouter:
+    api = APIRouter(tags=["tables"])
+
+    @api.get("/v1/tables", summary="Tables with partition count, replicas and schema")
+    async def list_tables(request: Request) -> Response:
+        principal = request.scope["state"].get("principal")
+        return json_response({"tables": [t.to_dict() for t in router.views.list_tables()
+                                         if principal is None or principal.may_read(t.spec.name)]})
+
+    return api
