@@ -1,6 +1,6 @@
 """gRPC over one HTTP/2 connection's events: ``Router.Get`` answered in place, every other call relayed to grpc.aio.
 
-:class:`GrpcCalls` takes the events of an :class:`~router.transports.http2.H2Connection`
+:class:`GrpcCalls` takes the events of an :class:`~router.transports.http2.connection.H2Connection`
 (a request's headers, its bytes, its end, its reset) and answers through the same machine:
 gRPC's message framing, its statuses in trailers, its metadata. ``Router.Get`` is answered
 with the code grpc.aio would run (:class:`router.transports.GetCalls`); any other call — BatchGet,
@@ -24,8 +24,9 @@ from google.protobuf.message import DecodeError
 from freshroute.errors import InvalidArgument
 from proto import router_pb2
 from router.transports import GetCalls
-from router.transports.http2 import (DataReceived, Drained, Event, H2Connection, RequestEnded, RequestStarted,
-                                     StreamReset, integer, literal, status)
+from router.transports.http2.connection import H2Connection
+from router.transports.http2.events import DataReceived, Drained, Event, RequestEnded, RequestStarted, StreamReset
+from router.transports.http2.frames import integer, literal, status
 
 log = logging.getLogger("freshroute.router.grpc")
 

@@ -6,7 +6,7 @@ the same way. On a small machine shared with the pipeline every one of those han
 waits for a core, and a routed lookup paid them on top of the store node's own. Lookups are
 the product, so the port speaks HTTP/2 itself: :class:`GrpcConnection` is the thin asyncio
 adapter that feeds a connection's bytes to its protocol machine
-(:class:`router.transports.http2.H2Connection`), hands the machine's events to the gRPC
+(:class:`router.transports.http2.connection.H2Connection`), hands the machine's events to the gRPC
 layer (:class:`router.transports.grpc_calls.GrpcCalls`: Get in place, every other call
 relayed to the full grpc.aio server) and writes what the machine has to send, once per
 loop turn. The front knows the Router service only through :class:`router.transports.GetCalls`.
@@ -24,7 +24,7 @@ from freshroute.pacing import PacedByAnswers
 from freshroute.tls import peer_subject
 from router.transports import GetCalls
 from router.transports.grpc_calls import GrpcCalls, Relay
-from router.transports.http2 import H2Connection
+from router.transports.http2.connection import H2Connection
 
 log = logging.getLogger("freshroute.router.grpc")
 

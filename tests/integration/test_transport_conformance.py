@@ -3,7 +3,7 @@
 HTTP/2 (the gRPC port): frames built and parsed by the h2 project's own framing and HPACK
 (``hyperframe``, ``hpack``), covering what RFC 9113 requires of a server — each case twice:
 over a socket to the router process, and as byte strings fed straight to the protocol machine
-(:class:`router.transports.http2.H2Connection`), whose answers to Get a stand-in writes here.
+(:class:`router.transports.http2.connection.H2Connection`), whose answers to Get a stand-in writes here.
 gRPC: grpcio's client for every method. HTTP/1.1 (the REST port): raw sockets. Every case
 asserts its defined answer (GOAWAY code, RST_STREAM code, gRPC status, HTTP status) and that
 the router still answers lookups afterwards; the router's memory is compared before and after
@@ -34,7 +34,8 @@ from hyperframe.frame import (ContinuationFrame, DataFrame, Frame, GoAwayFrame, 
 
 from freshroute import proc
 from proto import router_pb2, router_pb2_grpc
-from router.transports.http2 import DataReceived, H2Connection, RequestEnded, RequestStarted
+from router.transports.http2.connection import H2Connection
+from router.transports.http2.events import DataReceived, RequestEnded, RequestStarted
 
 from .router_deployment import KEYS, PARTITIONS, TABLE, WATERMARK_MS, WINDOW_STARTS, WINDOWED, Deployment, Procs, value_of
 

@@ -14,7 +14,8 @@ import pytest
 
 from proto import router_pb2
 from router.grpc_server import PublicGrpc
-from router.transports import http2 as h2
+from router.transports.http2 import frames as h2
+from router.transports.http2.state import STREAM_WINDOW
 from router.settings import RouterSettings
 
 from .routing_support import KEYS, TABLE, Cluster, part
@@ -119,7 +120,7 @@ async def test_server_settings_first_and_pings_answered(front):
     kind, flags, sid, payload = await peer.frame()
     assert (kind, flags, sid) == (h2.SETTINGS, 0, 0)
     settings = dict(struct.unpack_from(">HI", payload, i) for i in range(0, len(payload), 6))
-    assert settings[h2.INITIAL_WINDOW_SIZE] == h2.STREAM_WINDOW and settings[h2.MAX_CONCURRENT_STREAMS] == 1000
+    assert settings[h2.INITIAL_WINDOW_SIZE] == STREAM_WINDOW and settings[h2.MAX_CONCURRENT_STREAMS] == 1000
     await peer.until(h2.SETTINGS)  # the acknowledgement of ours
     peer.send(h2.frame(h2.PING, 0, 0, b"12345678"))
     kind, flags, sid, payload = await peer.until(h2.PING)
