@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from importlib.resources import files
 
+import orjson
+
+from freshroute.bound import PARAMETERS
+
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
           ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
 
@@ -21,4 +25,7 @@ def assets() -> dict[str, tuple[bytes, str]]:
         if f.is_file() and suffix in _TYPES:
             out[f.name] = (f.read_bytes(), _TYPES[suffix])
     out[""] = out["index.html"]
+    # The lookup form's bound fields, as the bound defines its parameters: a new one appears without a page change.
+    out["bound.json"] = (orjson.dumps([{"name": name, "doc": p.doc, "numeric": p.schema.get("type") == "integer"}
+                                       for name, p in PARAMETERS.items()]), "application/json")
     return out

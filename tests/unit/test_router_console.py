@@ -10,6 +10,7 @@ import httpx
 import orjson
 import pytest
 
+from freshroute.bound import PARAMETERS
 from freshroute.errors import InvalidArgument, TableNotFound
 from freshroute.metadata.assignment import Assignment
 from freshroute.metadata.roles import Role
@@ -140,3 +141,8 @@ async def test_the_rest_app_serves_the_views_and_the_page_its_files_under_a_stri
         script = await c.get("/console/console.js")
         assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
         assert (await c.get("/console/nothing.js")).status_code == 404
+        # The lookup form's bound fields, one per parameter the bound defines.
+        fields = (await c.get("/console/bound.json")).json()
+        assert [f["name"] for f in fields] == list(PARAMETERS) and all(f["doc"] for f in fields)
+        assert {f["name"] for f in fields if f["numeric"]} == {"max_lag", "max_staleness_ms", "max_input_lag_ms",
+                                                                  "wait_ms"}

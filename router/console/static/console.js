@@ -356,10 +356,8 @@ async function lookup(event) {
   const table = $("lookup-table").value;
   const key = $("lookup-key").value;
   const params = new URLSearchParams();
-  for (const [id, name] of [["lookup-max-lag", "max_lag"], ["lookup-max-staleness", "max_staleness_ms"],
-    ["lookup-max-input-lag", "max_input_lag_ms"], ["lookup-min-position", "min_position"],
-    ["lookup-after", "after"], ["lookup-wait", "wait_ms"]]) {
-    if ($(id).value.trim() !== "") params.set(name, $(id).value.trim());
+  for (const input of $("lookup-bound").querySelectorAll("input")) {
+    if (input.value.trim() !== "") params.set(input.name, input.value.trim());
   }
   const t = tableDoc(table);
   let path = `/v1/tables/${encodeURIComponent(table)}/keys/${encodeURIComponent(key)}`;
@@ -465,6 +463,15 @@ function versionLine(b) {
 
 // ---- start ------------------------------------------------------------------------------------------------------
 
+// The bound's fields of the lookup form, one per parameter the router's bound defines (bound.json, beside this file).
+async function boundFields() {
+  const resp = await fetch("/console/bound.json");
+  if (!resp.ok) return;
+  $("lookup-bound").replaceChildren(...(await resp.json()).map((p) => h("label", { title: p.doc }, p.name + " ",
+    h("input", { id: "lookup-" + p.name.replaceAll("_", "-"), name: p.name, size: p.numeric ? 6 : 14,
+      inputmode: p.numeric ? "numeric" : null }))));
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   $("login-form").addEventListener("submit", (e) => {
     e.preventDefault();
@@ -477,5 +484,6 @@ document.addEventListener("DOMContentLoaded", () => {
   $("lookup-table").addEventListener("input", onLookupTable);
   $("grid-table").addEventListener("change", (e) => selectTable(e.target.value));
   $("nodes-filter").addEventListener("change", () => state.summary && renderNodes(state.summary));
+  boundFields();
   poll();
 });

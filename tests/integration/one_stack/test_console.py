@@ -18,6 +18,7 @@ import time
 import httpx
 import pytest
 
+from freshroute.bound import PARAMETERS
 from freshroute.client import write_token
 from tests.integration.browser import browser_page
 from tests.integration.cluster_support import balanced, fully_replicated, metadata
@@ -99,10 +100,11 @@ def ask(console, table: str, key: str, **bounds: str) -> tuple[dict | None, str]
     page.evaluate("document.querySelector('#lookup-result').replaceChildren()")
     page.fill("#lookup-table", table)
     page.fill("#lookup-key", key)
-    for field, value in (("max-lag", "max_lag"), ("max-staleness", "max_staleness_ms"),
-                         ("max-input-lag", "max_input_lag_ms"), ("min-position", "min_position"),
-                         ("after", "after"), ("wait", "wait_ms")):
-        page.fill(f"#lookup-{field}", bounds.get(value, ""))
+    # The form has a field for each of the bound's parameters, as the bound defines them.
+    page.wait_for_selector("#lookup-bound input[name=wait_ms]")
+    assert page.eval_on_selector_all("#lookup-bound input", "inputs => inputs.map(i => i.name)") == list(PARAMETERS)
+    for name in PARAMETERS:
+        page.fill(f"#lookup-bound input[name={name}]", bounds.get(name, ""))
     page.click("#lookup-form button[type=submit]")
     page.wait_for_selector("#lookup-result [data-status]", timeout=10_000 + int(bounds.get("wait_ms") or 0))
     status = page.inner_text("#lookup-result [data-status]")
