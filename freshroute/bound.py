@@ -190,14 +190,16 @@ class Bound(NamedTuple):
 
     def with_defaults(self, max_lag: int | None, max_staleness_ms: int | None) -> "Bound":
         """Fill unset limits from the table's defaults."""
-        if (self.max_lag is not None or max_lag is None) and (self.max_staleness_ms is not None or max_staleness_ms is None):
+        if ((self.max_lag is not None or max_lag is None)
+                and (self.max_staleness_ms is not None or max_staleness_ms is None)):
             return self
         return self._replace(max_lag=self.max_lag if self.max_lag is not None else max_lag,
                              max_staleness_ms=self.max_staleness_ms if self.max_staleness_ms is not None
                              else max_staleness_ms)
 
     def input_lag_refusal(self, table: str, input_lag: tuple[int, int]) -> "NoReplicaWithinBound | None":
-        """The refusal of a read of ``table`` whose changelog is ``input_lag`` (records, ms) behind its input, or None."""
+        """The refusal of a read of ``table`` whose changelog is ``input_lag`` (records, ms) behind its input, or
+        None."""
         if self.max_input_lag_ms is None or input_lag[1] <= self.max_input_lag_ms:
             return None
         return NoReplicaWithinBound(

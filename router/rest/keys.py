@@ -44,8 +44,8 @@ def routes(settings: RouterSettings, handlers: KeyHandlers) -> APIRouter:
     async def key_versions(table: str, key: str, request: Request) -> Response:
         return await key_route(request)
 
-    @api.get("/v1/tables/{table}/keys/{key}/metadata", summary="Where a key lives: partition, active and standbys with lag",
-             responses={404: {"model": ErrorBody}})
+    @api.get("/v1/tables/{table}/keys/{key}/metadata",
+             summary="Where a key lives: partition, active and standbys with lag", responses={404: {"model": ErrorBody}})
     async def key_metadata(table: str, key: str, request: Request) -> Response:
         return await key_route(request)
 
