@@ -9,7 +9,8 @@ from freshroute.metadata.assignment import Assignment
 from freshroute.metadata.reports import NodeReport, ReplicaReport
 from freshroute.metadata.roles import ReplicaState, Role
 from freshroute.metadata.tables import TableSpec
-from store_node.assignor import AssignorLoop, assign, repair
+from store_node.assignor import AssignorLoop
+from store_node.placement.assign import assign, repair
 
 
 def spec(name="t", partitions=8, standby=1) -> TableSpec:
