@@ -17,19 +17,23 @@ import asyncio
 import itertools
 import logging
 from collections import deque
-from typing import Awaitable, Mapping, NamedTuple, Protocol
+from typing import Awaitable, Mapping, NamedTuple, Protocol, TypeVar, cast
 
 from google.protobuf.message import DecodeError
 
 from freshroute.bound import Bound
 from freshroute.cluster_access import NodeAccess
 from freshroute.errors import ReplicaUnavailable
-from freshroute.wire import (FrameError, FrameReader, GroupResult, RangeResult, ReadResult, VersionFilter, WindowFilter,
-                             checked, frame, group_read, group_result, key_read, range_read, range_result, read_bound,
-                             results)
+from freshroute.wire import (FrameError, FrameReader, GroupResult, RangeResult, ReadResult, RowsAsOf, VersionFilter,
+                             WindowFilter, checked, frame, group_read, group_result, key_read, range_read, range_result,
+                             read_bound, results)
 from proto import store_pb2
 
 log = logging.getLogger("freshroute.routing.store")
+
+# What a read stream's futures resolve to, by the kind of read sent.
+_Answer = ReadResult | GroupResult | RangeResult
+_A = TypeVar("_A", ReadResult, GroupResult, RangeResult)
 
 
 class StoreClient(Protocol):
@@ -50,7 +54,7 @@ class StoreClient(Protocol):
         ...
 
     def read_range(self, address: str, table: str, partition: int, start: bytes, end: bytes, limit: int,
-                   window: WindowFilter | VersionFilter | None, bound: Bound) -> Awaitable[RangeResult]:
+                   window: WindowFilter | VersionFilter | RowsAsOf | None, bound: Bound) -> Awaitable[RangeResult]:
         """Up to ``limit`` rows of ``[start, end)`` of one partition from one replica (windows passing ``window``)."""
         ...
 
@@ -73,6 +77,10 @@ class PendingGroup(NamedTuple):
     bound: Bound
 
 
+# What waits in a stream's outbox.
+_R = TypeVar("_R", store_pb2.KeyRead, PendingGroup, store_pb2.RangeRead)
+
+
 def merged_groups(groups: list[PendingGroup]) -> tuple[list[store_pb2.GroupRead], dict[int, list[tuple[int, int]]]]:
     """Groups alike (same partition, same bound as the node checks it) as one message each, under the first one's id;
     and for each message, its groups' (id, number of keys) in the order their keys were joined.
@@ -80,7 +88,7 @@ def merged_groups(groups: list[PendingGroup]) -> tuple[list[store_pb2.GroupRead]
     A node judges a group as one — every value, or one refusal — so groups it would judge alike
     lose nothing by travelling together, and a message costs a node far more than one more key in it.
     """
-    alike: dict[tuple, list[PendingGroup]] = {}
+    alike: dict[tuple[str, int, bytes | None], list[PendingGroup]] = {}
     for g in groups:
         b, p = g.bound, g.partition
         same = (g.table, p, None if b.unbounded else read_bound(b, p).SerializeToString(deterministic=True))
@@ -122,7 +130,7 @@ class _ReadStream(asyncio.Protocol):
         self.address = address
         self.read_address = read_address
         self.broken = False
-        self._pending: dict[int, asyncio.Future] = {}
+        self._pending: dict[int, asyncio.Future[_Answer]] = {}
         self._outbox: list[store_pb2.KeyRead] = []
         self._groups: list[PendingGroup] = []
         self._ranges: list[store_pb2.RangeRead] = []
@@ -143,18 +151,19 @@ class _ReadStream(asyncio.Protocol):
 
     def submit(self, read: store_pb2.KeyRead) -> asyncio.Future[ReadResult]:
         self._outbox.append(read)
-        return self._expect(read.id)
+        return cast("asyncio.Future[ReadResult]", self._expect(read.id))
 
     def submit_group(self, group: PendingGroup) -> asyncio.Future[GroupResult]:
         self._groups.append(group)
-        return self._expect(group.id)
+        return cast("asyncio.Future[GroupResult]", self._expect(group.id))
 
     def submit_range(self, read: store_pb2.RangeRead) -> asyncio.Future[RangeResult]:
         self._ranges.append(read)
-        return self._expect(read.id)
+        return cast("asyncio.Future[RangeResult]", self._expect(read.id))
 
-    def _expect(self, read_id: int) -> asyncio.Future:
-        fut = self._loop.create_future()
+    def _expect(self, read_id: int) -> asyncio.Future[_Answer]:
+        """The future of read ``read_id``: it resolves to the answer of the kind of read sent under that id."""
+        fut: asyncio.Future[_Answer] = self._loop.create_future()
         if len(self._pending) >= self._SWEEP_AT:
             self._pending = {i: f for i, f in self._pending.items() if not f.done()}
         self._pending[read_id] = fut
@@ -175,7 +184,7 @@ class _ReadStream(asyncio.Protocol):
         self._sent.append((len(reads), asked, [r.id for r in ranges]))
         return store_pb2.ReadBatch(reads=reads, groups=messages, ranges=ranges)
 
-    def _live(self, reads: list) -> list:
+    def _live(self, reads: list[_R]) -> list[_R]:
         """The reads still awaited: one given up on while it waited (a timeout, a hedge lost) is not sent."""
         pending = self._pending
         live = []
@@ -253,15 +262,19 @@ class _ReadStream(asyncio.Protocol):
 
     async def _connect(self, host: str, port: int, access: NodeAccess) -> None:
         loop = asyncio.get_running_loop()
-        tls = {"ssl": access.ssl_context, "server_hostname": host} if access.ssl_context is not None else {}
+        context = access.ssl_context
         try:
-            await asyncio.wait_for(loop.create_connection(lambda: self, host, port, **tls), self._CONNECT_TIMEOUT_S)
+            await asyncio.wait_for(loop.create_connection(lambda: self, host, port, ssl=context,
+                                                          server_hostname=host if context is not None else None),
+                                   self._CONNECT_TIMEOUT_S)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 — refused, unreachable: the reads fail retryable
             self._break(e)
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # create_connection makes a stream transport (plain or TLS): an asyncio.Transport
+        transport = cast(asyncio.Transport, transport)
         if self.broken:
             transport.abort()
             return
@@ -332,8 +345,8 @@ class _NoReadPort:
     def __init__(self, address: str) -> None:
         self.address = address
 
-    def _failed(self, read: object) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
+    def _failed(self, read: object) -> asyncio.Future[_A]:
+        fut: asyncio.Future[_A] = asyncio.get_running_loop().create_future()
         fut.set_exception(ReplicaUnavailable(f"store node {self.address} advertises no read port",
                                              address=self.address))
         return fut
@@ -380,7 +393,7 @@ class StoreNodeClient:
         return self._stream(address).submit_group(PendingGroup(next(self._ids), table, partition, keys, bound))
 
     def read_range(self, address: str, table: str, partition: int, start: bytes, end: bytes, limit: int,
-                   window: WindowFilter | VersionFilter | None, bound: Bound) -> asyncio.Future[RangeResult]:
+                   window: WindowFilter | VersionFilter | RowsAsOf | None, bound: Bound) -> asyncio.Future[RangeResult]:
         return self._stream(address).submit_range(range_read(next(self._ids), table, partition, start, end, limit,
                                                              window, bound))
 
