@@ -30,7 +30,7 @@ from freshroute.errors import (FreshrouteError, LookupTimeout, NoReplicaWithinBo
 from freshroute.bound import Bound
 from freshroute.lag import known_staleness, rank_lag
 from freshroute.metadata.roles import ReplicaState
-from freshroute.routing.counts import NoMetrics
+from freshroute.routing.counts import Metrics, NoMetrics
 from freshroute.routing.selection import Candidate, LoadTracker, Selection
 from freshroute.routing.snapshot import LagOverlay
 from freshroute.wire import ReadStatus, ReplicaStatus
@@ -49,11 +49,17 @@ _RESTORING = ReplicaState.RESTORING
 
 
 class Answer(Protocol):
-    """What one attempt returns: a status, the answering replica's lag, and a message."""
+    """What one attempt returns: a status, the answering replica's lag, and a message (read-only: the answers are
+    named tuples)."""
 
-    status: ReadStatus
-    replica: ReplicaStatus | None
-    message: str
+    @property
+    def status(self) -> ReadStatus: ...
+
+    @property
+    def replica(self) -> ReplicaStatus | None: ...
+
+    @property
+    def message(self) -> str: ...
 
 
 A = TypeVar("A", bound=Answer)
@@ -93,12 +99,12 @@ class Attempts:
     """What every read of one routing core shares: node load, the lag overlay, latency windows, the hedge budget."""
 
     def __init__(self, policy: AttemptPolicy, load: LoadTracker, overlay: LagOverlay,
-                 clock_ms: Callable[[], int], metrics: Any = None) -> None:
+                 clock_ms: Callable[[], int], metrics: Metrics | None = None) -> None:
         self.policy = policy
         self.load = load
         self.overlay = overlay
         self.clock_ms = clock_ms
-        self.metrics = metrics if metrics is not None else NoMetrics()
+        self.metrics: Metrics = metrics if metrics is not None else NoMetrics()
         self.attempt_s = policy.attempt_timeout_ms / 1000
         self.hedge_tokens = 0.0
 

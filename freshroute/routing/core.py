@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Callable, Mapping, NamedTuple, TypeVar, cast, overload
 
 from freshroute.errors import (FreshrouteError, InvalidArgument, NotWindowedTable, ReplicaUnavailable, TableNotFound,
                                WindowedTable)
@@ -20,7 +20,7 @@ from freshroute.keys import not_a_batch
 from freshroute.metadata.tables import TableSpec
 from freshroute.routing.answers import GroupAnswers, group_lookups, lookup_result, served_by
 from freshroute.routing.attempts import AttemptPlan, Attempts, LatencyWindow
-from freshroute.routing.counts import NoMetrics, count, count_group
+from freshroute.routing.counts import Metrics, NoMetrics, count, count_group
 from freshroute.routing.drivers import run, run_many
 from freshroute.routing.history import HistoryReads
 from freshroute.routing.scans import Scans
@@ -32,19 +32,21 @@ from freshroute.routing.snapshot import LagOverlay, NodeView, Snapshot, Snapshot
 from freshroute.routing.store import StoreClient
 from freshroute.routing.views import MetadataViews
 from freshroute.windows import MAX_START_MS, WindowSpec, key_range, windows_of
-from freshroute.wire import WindowFilter
+from freshroute.wire import RangeResult, WindowFilter
+
+T = TypeVar("T")
 
 
 class RoutingCore:
     """Routes reads over a metadata snapshot and a store client: the one implementation of "which replica, and what if it fails"."""
 
     def __init__(self, policy: RoutingPolicy, metadata: SnapshotSource, store: StoreClient, *,
-                 selector: ReplicaSelector | None = None, metrics: Any = None,
+                 selector: ReplicaSelector | None = None, metrics: Metrics | None = None,
                  clock_ms: Callable[[], int] = now_ms) -> None:
         self.policy = policy
         self.metadata = metadata
         self.store = store
-        self.metrics = metrics if metrics is not None else NoMetrics()
+        self.metrics: Metrics = metrics if metrics is not None else NoMetrics()
         self.overlay = LagOverlay()
         self.load = LoadTracker(policy.failure_backoff_ms, clock_ms=clock_ms)
         self._freshest = FreshestFirst(self.load, self.overlay, policy.freshness_tolerance_offsets,
@@ -199,8 +201,16 @@ class RoutingCore:
             raise
         return count(self.metrics, started, lookup_result(table, key, partition, cand, answer))
 
+    @overload
     async def batch_get(self, table: str, keys: list[str], bound: Bound = NO_BOUND,
-                        answers: "GroupAnswers[Any] | None" = None) -> list[Any]:
+                        answers: None = None) -> list[LookupResult | FreshrouteError]: ...
+
+    @overload
+    async def batch_get(self, table: str, keys: list[str], bound: Bound,
+                        answers: GroupAnswers[T]) -> list[T | FreshrouteError]: ...
+
+    async def batch_get(self, table: str, keys: list[str], bound: Bound = NO_BOUND,
+                        answers: GroupAnswers[T] | None = None) -> list[T | FreshrouteError]:
         """Read many keys, one group per partition in parallel; per-key results (or errors) in request order.
 
         ``answers`` turns one group's answer into its keys' results (default: :func:`group_lookups`,
@@ -208,10 +218,10 @@ class RoutingCore:
         """
         started = time.perf_counter()
         spec, bound, groups, raw_keys = self.group_keys(table, keys, bound)
-        results: list[Any] = [None] * len(keys)
+        results: list[T | FreshrouteError | None] = [None] * len(keys)
         now = time.monotonic()
         deadline = now + self._timeout_s
-        make = answers or group_lookups
+        make = answers or cast("GroupAnswers[T]", group_lookups)  # without answers, T is LookupResult
         parts = list(groups.items())
         plans = [self.plan_group(table, p, bound, now, deadline) for p, _ in parts]
         sent = [[raw_keys[i] for i in indices] for _, indices in parts]
@@ -227,7 +237,8 @@ class RoutingCore:
             cand, answer = outcome
             for i, result in zip(indices, make(table, [keys[i] for i in indices], partition, cand, answer)):
                 results[i] = result
-        return results
+        # every key is in one partition's group: none is left None
+        return cast("list[T | FreshrouteError]", results)
 
     def plan_windows(self, table: str, key: str, from_ms: int, to_ms: int, bound: Bound, now: float) -> WindowsRead:
         """What a windows lookup reads (one key range of one partition) and its attempt plan."""
@@ -265,7 +276,7 @@ class WindowsRead(NamedTuple):
     live: WindowFilter
     plan: AttemptPlan
 
-    def result(self, cand: Candidate, answer: Any) -> WindowsResult:
+    def result(self, cand: Candidate, answer: RangeResult) -> WindowsResult:
         windows = list(windows_of(self.window, self.raw_key, answer.entries, answer.watermark_ms))
         return WindowsResult(self.table, self.key, windows, self.plan.partition, *served_by(cand, answer.replica),
                              answer.watermark_ms)

@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from typing import Any, TypeVar
+from typing import Protocol, cast, overload
 
 from freshroute.errors import (FreshrouteError, InvalidArgument, LookupTimeout, NoReplicaWithinBound, NotYetVisible,
                                ReplicaUnavailable, TableNotFound, WriteRejected)
 from freshroute.routing.answers import served_by
 from freshroute.routing.results import LookupResult, WindowsResult
+from freshroute.routing.selection import Candidate
+from freshroute.wire import GroupResult
 
-_Counted = TypeVar("_Counted", LookupResult, WindowsResult, FreshrouteError)
+
+class Metrics(Protocol):
+    """The metrics seam of the routing core: what it tells of each lookup and each extra attempt."""
+
+    def lookup(self, outcome: str, role: str, seconds: float, count: int = 1) -> None: ...
+
+    def retry(self, reason: str) -> None: ...
 
 
 class NoMetrics:
@@ -70,7 +78,20 @@ def outcome_label(e: FreshrouteError) -> str:
     return next((label for cls, label in _OUTCOMES if isinstance(e, cls)), "error")
 
 
-def count(metrics: Any, started: float, outcome: _Counted) -> _Counted:
+@overload
+def count(metrics: Metrics, started: float, outcome: LookupResult) -> LookupResult: ...
+
+
+@overload
+def count(metrics: Metrics, started: float, outcome: WindowsResult) -> WindowsResult: ...
+
+
+@overload
+def count(metrics: Metrics, started: float, outcome: FreshrouteError) -> FreshrouteError: ...
+
+
+def count(metrics: Metrics, started: float,
+          outcome: LookupResult | WindowsResult | FreshrouteError) -> LookupResult | WindowsResult | FreshrouteError:
     """One key's read that ended in ``outcome`` (its result, or the error it raised) since ``started``
     (``time.perf_counter()``), counted by outcome and serving role; returns ``outcome``."""
     elapsed = time.perf_counter() - started
@@ -78,12 +99,13 @@ def count(metrics: Any, started: float, outcome: _Counted) -> _Counted:
         metrics.lookup("ok" if outcome.found else "not_found", outcome.role, elapsed)
     elif isinstance(outcome, WindowsResult):
         metrics.lookup("ok" if outcome.windows else "not_found", outcome.role, elapsed)
-    else:
-        metrics.lookup(outcome_label(outcome), "none", elapsed)
+    else:  # an error (a LookupResult is always one exactly, never a subclass)
+        metrics.lookup(outcome_label(cast(FreshrouteError, outcome)), "none", elapsed)
     return outcome
 
 
-def count_group(metrics: Any, outcome: Any, keys: int, elapsed: float) -> None:
+def count_group(metrics: Metrics, outcome: tuple[Candidate, GroupResult] | FreshrouteError, keys: int,
+                elapsed: float) -> None:
     """One partition's group of ``keys`` keys: its ``(candidate, GroupResult)`` or the error no replica avoided."""
     if isinstance(outcome, FreshrouteError):
         metrics.lookup(outcome_label(outcome), "none", elapsed, keys)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Awaitable, Mapping
+from typing import Awaitable, Mapping, TypedDict, Unpack
 
 from freshroute import input_position
 from freshroute.errors import ReplicaUnavailable
@@ -73,6 +73,19 @@ class FakeReplica:
         return lag_offsets(self.applied, self.end)
 
 
+class ReplicaFields(TypedDict, total=False):
+    """A :class:`FakeReplica`'s fields, as :meth:`FakeNode.host` takes them."""
+
+    role: Role
+    applied: int
+    end: int | None
+    staleness_ms: int
+    restoring: bool
+    data: dict[bytes, bytes]
+    positions: dict[bytes, bytes]
+    history: dict[bytes, dict[int, bytes | None]]
+
+
 @dataclass
 class FakeNode:
     node: str
@@ -85,7 +98,7 @@ class FakeNode:
     batches: int = 0
     scans: int = 0
 
-    def host(self, table: str, partition: int, **kw) -> FakeReplica:
+    def host(self, table: str, partition: int, **kw: Unpack[ReplicaFields]) -> FakeReplica:
         replica = self.replicas[(table, partition)] = FakeReplica(**kw)
         return replica
 

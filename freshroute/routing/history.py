@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol, cast
 
 from freshroute.errors import FreshrouteError, InvalidArgument, TableNotVersioned, VersionNotRetained
 from freshroute.bound import NO_BOUND, Bound
@@ -22,10 +22,11 @@ from freshroute.routing.answers import lookup_result
 from freshroute.routing.counts import count
 from freshroute.routing.drivers import run
 from freshroute.routing.results import BatchResult, LookupResult, input_lag_doc, key_not_found, value_fields
-from freshroute.wire import ReadResult, ReadStatus, Version, VersionFilter
+from freshroute.wire import RangeResult, ReadResult, ReadStatus, Version, VersionFilter
 
 if TYPE_CHECKING:
-    from freshroute.routing.attempts import LatencyWindow
+    from freshroute.routing.attempts import AttemptPlan, LatencyWindow
+    from freshroute.routing.counts import Metrics
     from freshroute.routing.policy import RoutingPolicy
     from freshroute.routing.store import StoreClient
 
@@ -129,10 +130,15 @@ class HistoryCore(Protocol):
 
     policy: "RoutingPolicy"
     store: "StoreClient"
-    metrics: Any
+    metrics: "Metrics"
     clock_ms: Callable[[], int]
 
     def keyed(self, name: str) -> TableSpec: ...
+
+    def bound_for(self, spec: TableSpec, bound: Bound) -> Bound: ...
+
+    def plan(self, table: str, partition: int, bound: Bound, latency: "LatencyWindow", timeout_s: float,
+             now: float) -> "AttemptPlan": ...
 
     def input_lag(self, table: str) -> tuple[int, int]: ...
 
@@ -164,17 +170,17 @@ class HistoryReads:
                                      f"oldest time it can answer for is {rfc3339(oldest)} ({oldest} ms), not "
                                      f"{at_ms} ms", table=spec.name, oldest_retained=oldest)
 
-    def _plan(self, spec: TableSpec, partition: int, bound: Bound) -> Any:
+    def _plan(self, spec: TableSpec, partition: int, bound: Bound) -> "AttemptPlan":
         """The attempt plan of one read of ``partition``."""
         core = self._core
         return core.plan(spec.name, partition, core.bound_for(spec, bound), self._latency, self._timeout_s,
                          time.monotonic())
 
-    def final(self, spec: TableSpec, as_of_ms: int, answer: Any) -> bool:
+    def final(self, spec: TableSpec, as_of_ms: int, answer: ReadResult | RangeResult) -> bool:
         """Whether an answer as of ``as_of_ms`` can no longer change: the replica had every change up to then."""
         return as_of_ms <= self.complete_ms(spec, answer)
 
-    def complete_ms(self, spec: TableSpec, answer: Any) -> int:
+    def complete_ms(self, spec: TableSpec, answer: ReadResult | RangeResult) -> int:
         """Up to when the replica that answered had every change of the table: its staleness and the pipeline's input
         lag taken off the answer's time (-1: it did not say)."""
         if answer.replica is None:
@@ -222,7 +228,7 @@ class HistoryReads:
         for outcome in outcomes:
             if isinstance(outcome, BaseException) and not isinstance(outcome, FreshrouteError):
                 raise outcome
-        return outcomes
+        return cast("list[AsOf | FreshrouteError]", outcomes)  # any other exception was raised just above
 
     async def versions(self, table: str, key: str, from_ms: int | None = None, to_ms: int | None = None,
                        limit: int | None = None, page_token: str | None = None, bound: Bound = NO_BOUND) -> Versions:

@@ -11,9 +11,10 @@ dependency of the client install.
 from __future__ import annotations
 
 import threading
+from typing import Iterator
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from freshroute.routing.counts import LATENCY_BUCKETS, RETRY_REASONS, LookupCounts
@@ -36,7 +37,7 @@ class LookupMetrics(Collector):
             self._threads.append(counts)
         return counts
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         with self._lock:
             threads = list(self._threads)
         p = self.prefix

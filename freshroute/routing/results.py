@@ -2,7 +2,7 @@
 
 Each result becomes a REST body one way, its ``to_dict`` (the CLI prints the same shape); who
 answered and how fresh is :func:`served_doc` wherever an answer carries it. The gRPC messages
-are made in :mod:`router.grpc_server`, one function per result; the client's values in
+are made in :mod:`router.grpc_messages`, one function per result; the client's values in
 :mod:`freshroute.client.lookup`.
 """
 
@@ -304,9 +304,10 @@ class ScanPage:
             if version is not None:
                 item["valid_from"], item["valid_to"] = version.valid_from_ms, version.valid_to_ms
             items.append(item)
-        out = {"table": self.table, "items": items, "next_page_token": self.next_page_token,
-               "partitions": [{"partition": p, **r.served()} for p, r in sorted(self.served_by.items())],
-               "input_lag": input_lag_doc(input_lag)}
+        out: dict[str, Any] = {
+            "table": self.table, "items": items, "next_page_token": self.next_page_token,
+            "partitions": [{"partition": p, **r.served()} for p, r in sorted(self.served_by.items())],
+            "input_lag": input_lag_doc(input_lag)}
         if self.as_of_ms is not None:
             out["as_of"], out["final"] = self.as_of_ms, self.final
         return out

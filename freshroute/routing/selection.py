@@ -161,7 +161,7 @@ class FreshestFirst:
         return Selection(ordered, freshest, len(live), self._order(behind, now) if behind else [])
 
     @staticmethod
-    def _rank(c: Candidate, load: NodeLoad, lag_cut: int, ms_cut: int, now: int) -> tuple:
+    def _rank(c: Candidate, load: NodeLoad, lag_cut: int, ms_cut: int, now: int) -> tuple[bool, bool, int, int, int, int]:
         """Sort key: replicas backing off last, restoring ones after serving ones, then fresher first
         (an unknown offset lag after every known one); equally fresh ones by requests in flight."""
         backoff = c.replica.draining or load.failing_until_ms > now
