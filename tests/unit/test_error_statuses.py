@@ -7,7 +7,7 @@ import grpc
 import pytest
 
 from freshroute import errors
-from router.grpc_server import grpc_status
+from router.grpc_errors import grpc_status
 
 EXPECTED = [
     (errors.InvalidArgument, 400, grpc.StatusCode.INVALID_ARGUMENT),

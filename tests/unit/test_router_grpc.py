@@ -11,7 +11,9 @@ from freshroute.routing.fake import InMemoryStoreClient
 from freshroute.routing.results import LookupResult
 from freshroute.routing.snapshot import FixedSnapshot, Snapshot
 from proto import router_pb2, router_pb2_grpc
-from router.grpc_server import ERROR_TRAILER, PublicGrpc, _get_response
+from router.grpc_errors import ERROR_TRAILER
+from router.grpc_messages import get_response
+from router.grpc_server import PublicGrpc
 from router.routing import Router
 from router.settings import RouterSettings
 
@@ -266,7 +268,7 @@ async def test_an_unknown_offset_lag_is_left_unset_not_zero(grpc_cluster):
 async def test_a_found_value_is_carried_in_its_tables_format():
     def get(value_format: str, raw: bytes) -> router_pb2.GetResponse:
         found = LookupResult("t", "k", 0, True, raw, "n1", "active", 0, 0, 7)
-        return _get_response(found, value_format=value_format)
+        return get_response(found, value_format=value_format)
 
     assert get("json", b'{"a":1}').value_json == '{"a":1}'
     assert get("string", "héllo".encode()).value_json == '"héllo"'

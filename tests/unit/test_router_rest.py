@@ -453,7 +453,7 @@ async def test_every_answer_carries_the_tables_input_lag_while_the_pipeline_is_b
     from dataclasses import replace
 
     from freshroute.metadata.progress import InputLag
-    from router.grpc_server import answer_get
+    from router.grpc_get import answer_get
     from proto import router_pb2
 
     cluster = Cluster()
@@ -488,7 +488,7 @@ async def test_max_input_lag_ms_refuses_a_table_further_behind_its_input_on_ever
     import grpc
 
     from freshroute.metadata.progress import InputEnds, InputLag
-    from router.grpc_server import RouterServicer
+    from router.grpc_servicer import RouterServicer
     from proto import router_pb2
 
     cluster = Cluster()

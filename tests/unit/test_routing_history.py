@@ -15,7 +15,7 @@ from freshroute.lag import now_ms
 from freshroute.keys import serialize_key
 from freshroute.routing.history import parse_time, rfc3339
 from proto import router_pb2
-from router.grpc_server import answer_get
+from router.grpc_get import answer_get
 from tests.unit.routing_support import SPEC, TABLE, Cluster, part
 
 pytestmark = pytest.mark.anyio
