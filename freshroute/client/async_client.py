@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from dataclasses import replace
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar, Unpack
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar, Unpack, overload
 
 import httpx
 
@@ -22,12 +22,13 @@ from freshroute.tls import ClientTLS
 
 from freshroute.client.arguments import ScanRange, batch_keys
 from freshroute.client.history import VersionedReads
-from freshroute.client.lookup import AsOfLookup, Lookup, Positions, Windows, scanned
+from freshroute.client.lookup import AsOfLookup, Lookup, Positioned, Positions, Windows, scanned
 from freshroute.client.metrics import ClientMetrics
 from freshroute.client.metadata_feed import MetadataFeed, metadata_store
 from freshroute.client.router import FALL_BACK, RouterHttp, snapshot_from_router, table_infos
 
 R = TypeVar("R")
+P = TypeVar("P", bound=Positioned)  # an answer with a position
 
 
 class AsyncClient(VersionedReads):
@@ -153,10 +154,10 @@ class AsyncClient(VersionedReads):
         kept = self.read_positions
         return read_bound if kept is None else kept.at_least(table, read_bound)
 
-    def seen(self, result: R) -> R:
+    def seen(self, result: P) -> P:
         """Note what a read answered (its position), so that no later read goes back; returns it."""
         if self.read_positions is not None:
-            self.read_positions.saw([result])  # type: ignore[list-item]
+            self.read_positions.saw([result])
         return result
 
     def seen_all(self, results: list[Any]) -> list[Any]:
@@ -185,8 +186,20 @@ class AsyncClient(VersionedReads):
 
     # ---- reads --------------------------------------------------------------------------
 
+    @overload
+    async def get(self, table: str, key: str, *, bound: Bound | None = None, as_of: None = None,
+                  **limits: Unpack[BoundArgs]) -> Lookup: ...
+
+    @overload
+    async def get(self, table: str, key: str, *, bound: Bound | None = None, as_of: int | str | dt.datetime,
+                  **limits: Unpack[BoundArgs]) -> AsOfLookup: ...
+
+    @overload
     async def get(self, table: str, key: str, *, bound: Bound | None = None,
-            as_of: int | str | dt.datetime | None = None, **limits: Unpack[BoundArgs]) -> Any:
+                  as_of: int | str | dt.datetime | None = None, **limits: Unpack[BoundArgs]) -> Lookup | AsOfLookup: ...
+
+    async def get(self, table: str, key: str, *, bound: Bound | None = None,
+            as_of: int | str | dt.datetime | None = None, **limits: Unpack[BoundArgs]) -> Lookup | AsOfLookup:
         """One key from the freshest replica within the bound; ``found`` False when the table has no such key.
 
         ``as_of`` (a versioned table; ms since the epoch, RFC 3339 text or an aware datetime): the key's value at that
@@ -209,9 +222,9 @@ class AsyncClient(VersionedReads):
         return self.seen(await self.via_router("get", cause).get(table, key, bound, deadline))
 
     async def _read(self, operation: str, direct: Callable[[], Awaitable[R]],
-                    routed: Callable[[RouterHttp], Awaitable[R]], seen: bool = True) -> R:
-        """A read from the store nodes (``direct``), or through the router when they cannot answer or are unknown;
-        noted as seen (its position) unless ``seen`` is False."""
+                    routed: Callable[[RouterHttp], Awaitable[R]]) -> R:
+        """A read from the store nodes (``direct``), or through the router when they cannot answer or are unknown.
+        The caller notes what it answered as seen (:meth:`seen`), where it has a position."""
         cause = None
         if self.direct():
             try:
@@ -221,9 +234,8 @@ class AsyncClient(VersionedReads):
                     raise
                 cause = e
             else:
-                return self.seen(result) if seen else result
-        result = await routed(self.via_router(operation, cause))
-        return self.seen(result) if seen else result
+                return result
+        return await routed(self.via_router(operation, cause))
 
     async def get_many(self, table: str, keys: list[str], *, bound: Bound | None = None,
                        as_of: int | str | dt.datetime | None = None, **limits: Unpack[BoundArgs]) -> list[Any]:
@@ -240,7 +252,7 @@ class AsyncClient(VersionedReads):
         if self.direct():
             lag, fmt = core.input_lag(table), core.value_format(table)
             results = await core.batch_get(table, keys, bound, Lookup.group if not lag[0] and fmt == "json" else
-                                           lambda *group: Lookup.group(*group, lag, fmt))
+                                           lambda t, k, p, c, a: Lookup.group(t, k, p, c, a, lag, fmt))
             cause = next((r for r in results if isinstance(r, FALL_BACK)), None)
             if self.router is None or cause is None:
                 return self.seen_all(results)
@@ -257,8 +269,8 @@ class AsyncClient(VersionedReads):
         async def direct() -> Windows:
             return Windows.of(await core.windows(table, key, from_ms, to_ms, bound), core.input_lag(table))
 
-        return await self._read("windows", direct,
-                                lambda router: router.windows(table, key, from_ms, to_ms, bound, deadline))
+        return self.seen(await self._read("windows", direct,
+                                          lambda router: router.windows(table, key, from_ms, to_ms, bound, deadline)))
 
     async def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
                    limit: int | None = None, page_size: int | None = None, bound: Bound | None = None,
@@ -290,7 +302,7 @@ class AsyncClient(VersionedReads):
             return scanned(page, core.input_lag(table), core.value_format(table)), page.next_page_token
 
         return await self._read("scan", direct, lambda router: router.scan_page(
-            table, prefix, start, end, limit, page_token, bound, as_of_ms), seen=False)
+            table, prefix, start, end, limit, page_token, bound, as_of_ms))
 
     # ---- metadata -----------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import select
 import socket
 import ssl
 import time
+from typing import Generic, TypeVar, cast
 
 from google.protobuf.message import DecodeError
 
@@ -30,6 +31,9 @@ from proto import store_pb2
 
 _ids = itertools.count(1)
 
+# What a request's answer is: a get's, a group's or a range's.
+R = TypeVar("R", ReadResult, GroupResult, RangeResult)
+
 
 class _Connection:
     """One TCP connection to a read port, carrying one attempt at a time."""
@@ -40,13 +44,13 @@ class _Connection:
         self.node = node
         self.sock = sock
         self.frames = FrameReader()
-        self.request: Request | None = None
+        self.request: AnyRequest | None = None
         self.hello = hello  # merged into the first frame: serialized messages concatenate as a merge
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def send(self, request: "Request") -> None:
+    def send(self, request: AnyRequest) -> None:
         self.request = request
         if self.hello:
             self.sock.sendall(frame(request.payload + self.hello))
@@ -73,8 +77,9 @@ class _Connection:
         return self.request.answer(store_pb2.ResultBatch.FromString(payloads[0]), self.node)
 
 
-class Request:
-    """What every attempt of one job sends (framed once, the same to every replica) and how it reads the answer."""
+class Request(Generic[R]):
+    """What every attempt of one job sends (framed once, the same to every replica) and how it reads the answer
+    (``R``: the answer's type, as the constructor that made it says)."""
 
     __slots__ = ("payload", "frame", "keys")
 
@@ -85,19 +90,19 @@ class Request:
         self.frame = frame(self.payload)
         self.keys = keys  # None: a get (one read); _RANGE: a key range; else a group of this many keys
 
-    @classmethod
-    def get(cls, table: str, partition: int, key: bytes, bound: Bound) -> "Request":
-        return cls(store_pb2.ReadBatch(reads=[key_read(next(_ids), table, partition, key, bound)]), None)
+    @staticmethod
+    def get(table: str, partition: int, key: bytes, bound: Bound) -> "Request[ReadResult]":
+        return Request(store_pb2.ReadBatch(reads=[key_read(next(_ids), table, partition, key, bound)]), None)
 
-    @classmethod
-    def group(cls, table: str, partition: int, keys: list[bytes], bound: Bound) -> "Request":
-        return cls(store_pb2.ReadBatch(groups=[group_read(next(_ids), table, partition, keys, bound)]), len(keys))
+    @staticmethod
+    def group(table: str, partition: int, keys: list[bytes], bound: Bound) -> "Request[GroupResult]":
+        return Request(store_pb2.ReadBatch(groups=[group_read(next(_ids), table, partition, keys, bound)]), len(keys))
 
-    @classmethod
-    def range(cls, table: str, partition: int, start: bytes, end: bytes, limit: int, window: WindowFilter | None,
-              bound: Bound) -> "Request":
-        return cls(store_pb2.ReadBatch(ranges=[range_read(next(_ids), table, partition, start, end, limit, window,
-                                                          bound)]), cls._RANGE)
+    @staticmethod
+    def range(table: str, partition: int, start: bytes, end: bytes, limit: int, window: WindowFilter | None,
+              bound: Bound) -> "Request[RangeResult]":
+        return Request(store_pb2.ReadBatch(ranges=[range_read(next(_ids), table, partition, start, end, limit, window,
+                                                              bound)]), Request._RANGE)
 
     def answer(self, batch: store_pb2.ResultBatch, node: str) -> ReadResult | GroupResult | RangeResult:
         if batch.refused:
@@ -115,6 +120,9 @@ class Request:
         return checked(group_result(batch.groups[0]), self.keys, node)
 
 
+AnyRequest = Request[ReadResult] | Request[GroupResult] | Request[RangeResult]
+
+
 class BlockingStore:
     """One thread's connections to store nodes' read ports."""
 
@@ -126,7 +134,7 @@ class BlockingStore:
         self._connect_timeout_s = connect_timeout_s
         self._idle: dict[str, list[_Connection]] = {}
 
-    def send(self, node: str, request: Request, deadline: float) -> _Connection:
+    def send(self, node: str, request: AnyRequest, deadline: float) -> _Connection:
         """A connection to ``node`` carrying ``request``; any failure is :class:`ReplicaUnavailable`."""
         idle = self._idle.get(node)
         conn = idle.pop() if idle else None
@@ -168,12 +176,12 @@ class BlockingStore:
         self._idle.clear()
 
 
-Job = tuple[AttemptPlan, Request]
+Job = tuple[AttemptPlan, Request[R]]
 
 
-def run_blocking(store: BlockingStore, jobs: list[Job]) -> list[tuple[Candidate, ReadResult | GroupResult] | FreshrouteError]:
+def run_blocking(store: BlockingStore, jobs: list[Job[R]]) -> list[tuple[Candidate, R] | FreshrouteError]:
     """Drive each job's plan to an answer or its error, all at once on this thread."""
-    out: list[tuple[Candidate, ReadResult | GroupResult] | FreshrouteError | None] = [None] * len(jobs)
+    out: list[tuple[Candidate, R] | FreshrouteError | None] = [None] * len(jobs)
     inflight: dict[_Connection, tuple[int, Candidate, float]] = {}
     plans = [plan for plan, _ in jobs]
     now = time.monotonic()
@@ -213,7 +221,7 @@ def run_blocking(store: BlockingStore, jobs: list[Job]) -> list[tuple[Candidate,
                 store.release(conn)
                 got = plan.settle(cand, answer, (time.monotonic() - t0) * 1000)
                 if got is not None:
-                    out[i] = (cand, got)
+                    out[i] = (cand, cast(R, got))  # the answer of jobs[i]'s request: an R
                     _abandon(inflight, plan, i)
     finally:
         for conn, (i, cand, _) in inflight.items():

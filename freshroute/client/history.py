@@ -3,41 +3,57 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Awaitable, Callable, TypeVar, Unpack
+from typing import Awaitable, Callable, Protocol, TypeVar, Unpack
 
 from freshroute.errors import FreshrouteError
 from freshroute.bound import Bound, BoundArgs
 from freshroute.routing.core import RoutingCore
 from freshroute.routing.history import time_ms
 
-from freshroute.client.lookup import AsOfLookup, KeyVersions
+from freshroute.client.lookup import AsOfLookup, KeyVersions, Positioned
 from freshroute.client.router import FALL_BACK, RouterHttp
 
 R = TypeVar("R")
+P = TypeVar("P", bound=Positioned)
+
+
+class HostClient(Protocol):
+    """What the versioned reads ask of the client they are part of (:class:`~freshroute.client.AsyncClient`): its
+    core, router and positions."""
+
+    router: RouterHttp | None
+
+    async def _ready(self) -> RoutingCore: ...
+
+    def deadline(self, bound: Bound) -> float: ...
+
+    def bound_of(self, table: str, bound: Bound | None, limits: BoundArgs) -> Bound: ...
+
+    async def _read(self, operation: str, direct: Callable[[], Awaitable[R]],
+                    routed: Callable[[RouterHttp], Awaitable[R]]) -> R: ...
+
+    def seen(self, result: P) -> P: ...
+
+    def direct(self) -> bool: ...
+
+    def via_router(self, operation: str, cause: BaseException | None = None) -> RouterHttp: ...
 
 
 class VersionedReads:
-    """:class:`~freshroute.client.AsyncClient`'s reads of versioned tables, over its core, router and positions."""
+    """:class:`~freshroute.client.AsyncClient`'s reads of versioned tables, over its core, router and positions (a
+    mixin: each method's ``self`` is the :class:`HostClient` it is part of)."""
 
-    async def _ready(self) -> RoutingCore: ...
-    def deadline(self, bound: Bound) -> float: ...
-    def bound_of(self, table: str, bound: Bound | None, limits: BoundArgs) -> Bound: ...
-    async def _read(self, operation: str, direct: Callable[[], Awaitable[R]],
-                    routed: Callable[[RouterHttp], Awaitable[R]]) -> R: ...
-    def direct(self) -> bool: ...
-    def via_router(self, operation: str, cause: BaseException | None = None) -> RouterHttp: ...
-    router: RouterHttp | None
-
-    async def _as_of(self, core: RoutingCore, table: str, key: str, as_of_ms: int, bound: Bound,
+    async def _as_of(self: HostClient, core: RoutingCore, table: str, key: str, as_of_ms: int, bound: Bound,
                      deadline: float | None) -> AsOfLookup:
         async def direct() -> AsOfLookup:
             answer = await core.history.as_of(table, key, as_of_ms, bound)
             return AsOfLookup.of(answer, core.input_lag(table), core.value_format(table))
 
-        return await self._read("get", direct, lambda router: router.as_of(table, key, as_of_ms, bound, deadline))
+        return self.seen(await self._read("get", direct,
+                                          lambda router: router.as_of(table, key, as_of_ms, bound, deadline)))
 
-    async def _many_as_of(self, core: RoutingCore, table: str, keys: list[str], as_of_ms: int, bound: Bound,
-                          deadline: float | None) -> list[AsOfLookup | FreshrouteError]:
+    async def _many_as_of(self: HostClient, core: RoutingCore, table: str, keys: list[str], as_of_ms: int,
+                          bound: Bound, deadline: float | None) -> list[AsOfLookup | FreshrouteError]:
         """Many keys as of one time: from the store nodes, or all through the router when some could not be reached."""
         cause = None
         if self.direct():
@@ -49,7 +65,7 @@ class VersionedReads:
                 return answers
         return await self.via_router("get_many", cause).get_many(table, keys, bound, deadline, as_of_ms)
 
-    async def versions(self, table: str, key: str, *, from_ms: int | str | dt.datetime | None = None,
+    async def versions(self: HostClient, table: str, key: str, *, from_ms: int | str | dt.datetime | None = None,
                        to_ms: int | str | dt.datetime | None = None, limit: int | None = None,
                        page_token: str | None = None, bound: Bound | None = None,
                        **limits: Unpack[BoundArgs]) -> KeyVersions:
@@ -66,6 +82,6 @@ class VersionedReads:
             page = await core.history.versions(table, key, lo, hi, limit, page_token, read_bound)
             return KeyVersions.of(page, core.value_format(table))
 
-        return await self._read("versions", direct, lambda router: router.versions(table, key, lo, hi, limit,
-                                                                                   page_token, read_bound, deadline))
+        return self.seen(await self._read("versions", direct, lambda router: router.versions(
+            table, key, lo, hi, limit, page_token, read_bound, deadline)))
 

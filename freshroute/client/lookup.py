@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import threading
-from typing import Any, NamedTuple
+from typing import Any, Iterable, NamedTuple, Protocol
 
 import orjson
 
@@ -160,11 +160,25 @@ class AsOfLookup(NamedTuple):
     final: bool
 
     # What a session notes of any answer: where it was read, and how far.
-    table = property(lambda self: self.lookup.table)
-    partition = property(lambda self: self.lookup.partition)
-    applied_offset = property(lambda self: self.lookup.applied_offset)
-    found = property(lambda self: self.lookup.found)
-    value = property(lambda self: self.lookup.value)
+    @property
+    def table(self) -> str:
+        return self.lookup.table
+
+    @property
+    def partition(self) -> int:
+        return self.lookup.partition
+
+    @property
+    def applied_offset(self) -> int:
+        return self.lookup.applied_offset
+
+    @property
+    def found(self) -> bool:
+        return self.lookup.found
+
+    @property
+    def value(self) -> Any:
+        return self.lookup.value
 
     @classmethod
     def of(cls, answer: AsOf, input_lag: tuple[int, int] = (0, 0), value_format: str = "json") -> "AsOfLookup":
@@ -184,10 +198,11 @@ class AsOfLookup(NamedTuple):
 def scanned(page: ScanPage, input_lag: tuple[int, int], value_format: str) -> list[Lookup | AsOfLookup]:
     """A scan page's rows, each labelled by the replica that read its partition; as of a time, with its version."""
     rows: list[Lookup | AsOfLookup] = []
+    as_of_ms = page.as_of_ms  # not None where a row has a version
     for (key, value, partition), version in page.items_with_versions():
         row = Lookup.of(page.served_by[partition]._replace(key=key, found=True, value=value), input_lag, value_format)
-        rows.append(row if version is None else
-                    AsOfLookup(row, page.as_of_ms, version.valid_from_ms, version.valid_to_ms, page.final))
+        rows.append(row if version is None or as_of_ms is None else
+                    AsOfLookup(row, as_of_ms, version.valid_from_ms, version.valid_to_ms, page.final))
     return rows
 
 
@@ -237,6 +252,20 @@ class KeyVersions(NamedTuple):
                    optional_int(lag.get("ms")), applied)
 
 
+class Positioned(Protocol):
+    """An answer as a session notes it: where it was read (table, partition), and how far (the replica's applied
+    offset)."""
+
+    @property
+    def table(self) -> str: ...
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def applied_offset(self) -> int: ...
+
+
 class Positions:
     """The highest position seen per table-partition: what monotonic reads send as ``min_position`` (thread-safe).
 
@@ -257,7 +286,7 @@ class Positions:
             return bound
         return bound._replace(min_position=seen if mine is None else seen.merge(mine))
 
-    def saw(self, lookups: "list[Lookup] | list[Windows] | list[AsOfLookup]") -> None:
+    def saw(self, lookups: Iterable[Positioned]) -> None:
         for r in lookups:
             offsets = self._offsets.get(r.table)
             applied = r.applied_offset

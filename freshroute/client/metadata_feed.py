@@ -56,7 +56,7 @@ class MetadataFeed:
     def start(self, router: RouterHttp | None, on_swap: Callable[[Snapshot], None]) -> SnapshotSource:
         """Start keeping the metadata fresh in the background (from Redis, else ``router``); returns the source."""
         self._router = router is not None
-        source: Any
+        source: MetadataRefresher | RouterMetadata
         if self.redis is not None:
             self._redis_client = self.redis.async_client(0.5)
             source = MetadataRefresher(self._redis_client, self._namespace, self._refresh_ms, self._node_expiry_ms,
@@ -74,7 +74,7 @@ class MetadataFeed:
         self._loaded.set()
         on_swap(snap)
 
-    async def _keep_fresh(self, source: Any) -> None:
+    async def _keep_fresh(self, source: MetadataRefresher | RouterMetadata) -> None:
         try:
             await source.refresh_once()
         finally:

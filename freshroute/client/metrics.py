@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from freshroute.errors import ConfigError
+from freshroute.routing.counts import LookupCounts
 
 
 class ClientMetrics:
@@ -25,7 +26,7 @@ class ClientMetrics:
                                   "store node could be read, or no metadata was loaded", ["operation"],
                                   registry=registry)
 
-    def counts(self) -> Any:
+    def counts(self) -> LookupCounts:
         """Lookup counts for one more routing thread (what a :class:`RoutingCore` counts into)."""
         return self._lookups.counts()
 

@@ -7,7 +7,7 @@ import logging
 import ssl
 import time
 from types import MappingProxyType
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, TypeVar, overload
 from urllib.parse import quote
 
 import httpx
@@ -134,8 +134,19 @@ class RouterHttp:
                              params={"from": from_ms, "to": to_ms, **bound.to_query()})
         return Windows.from_json(body)
 
+    @overload
     async def get_many(self, table: str, keys: list[str], bound: Bound, deadline: float | None = None,
-                       as_of_ms: int | None = None) -> list[Lookup | AsOfLookup | FreshrouteError]:
+                       as_of_ms: None = None) -> list[Lookup | FreshrouteError]: ...
+
+    @overload
+    async def get_many(self, table: str, keys: list[str], bound: Bound, deadline: float | None,
+                       as_of_ms: int) -> list[AsOfLookup | FreshrouteError]: ...
+
+    async def get_many(self, table: str, keys: list[str], bound: Bound, deadline: float | None = None,
+                       as_of_ms: int | None = None
+                       ) -> list[Lookup | FreshrouteError] | list[AsOfLookup | FreshrouteError]:
+        """Many keys through the router: each a :class:`Lookup` (as of a time, an :class:`AsOfLookup`), or the
+        error of its key."""
         for i, key in enumerate(keys):  # what the JSON body could not carry
             try:
                 key_bytes(key)
@@ -143,16 +154,13 @@ class RouterHttp:
                 raise not_a_batch(keys, i) from None
         body = await self.ok("POST", f"/v1/tables/{_seg(table, 'table')}/keys:batchGet", deadline,
                              json={"keys": keys, **bound.to_query(), **_as_of_query(as_of_ms)})
-        out: list[Lookup | AsOfLookup | FreshrouteError] = []
-        for item in body["results"]:
-            if "error" in item:
-                out.append(from_body(item, 503))
-            elif as_of_ms is None:
-                out.append(Lookup.from_json({"table": table, **item}, bool(item["found"]), body.get("input_lag")))
-            else:
-                out.append(AsOfLookup.from_json({"table": table, **item, "as_of": body["as_of"]}, bool(item["found"]),
-                                                body.get("input_lag")))
-        return out
+        lag = body.get("input_lag")
+        if as_of_ms is None:
+            return [from_body(item, 503) if "error" in item else
+                    Lookup.from_json({"table": table, **item}, bool(item["found"]), lag) for item in body["results"]]
+        return [from_body(item, 503) if "error" in item else
+                AsOfLookup.from_json({"table": table, **item, "as_of": body["as_of"]}, bool(item["found"]), lag)
+                for item in body["results"]]
 
     async def scan_page(self, table: str, prefix: str, start: str, end: str, limit: int | None,
                         page_token: str | None, bound: Bound,

@@ -14,7 +14,7 @@ import datetime as dt
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Coroutine, Iterator, TypeVar, Unpack
+from typing import Any, Coroutine, Iterator, TypeVar, Unpack, overload
 
 from freshroute.errors import ClientClosed, FreshrouteError
 from freshroute.bound import Bound, BoundArgs
@@ -29,14 +29,14 @@ from freshroute.routing.selection import Candidate
 
 from freshroute.client.arguments import ScanRange, batch_keys
 from freshroute.client.async_client import AsyncClient
-from freshroute.client.blocking import BlockingStore, Request, run_blocking
-from freshroute.client.lookup import KeyVersions, Lookup, Positions, Windows
+from freshroute.client.blocking import R, BlockingStore, Request, run_blocking
+from freshroute.client.lookup import AsOfLookup, KeyVersions, Lookup, Positions, Windows
 from freshroute.client.router import FALL_BACK
 
 T = TypeVar("T")
 
 
-def _read_one(store: BlockingStore, plan: AttemptPlan, request: Request) -> tuple[Candidate, Any]:
+def _read_one(store: BlockingStore, plan: AttemptPlan, request: Request[R]) -> tuple[Candidate, R]:
     """One read on the calling thread: the replica's answer, or its typed error raised."""
     answer = run_blocking(store, [(plan, request)])[0]
     if isinstance(answer, FreshrouteError):
@@ -118,6 +118,7 @@ class Client:
             store = BlockingStore(metadata, self._async.access)
             # The core's own (asyncio) store is never used on this thread: reads go through ``store``.
             metrics = self._async.metrics.counts() if self._async.metrics is not None else None
+            assert self._async.core is not None  # started: the client's constructor started it
             mine = self._local.core = (RoutingCore(self._async.direct_policy, metadata, self._async.core.store,
                                                    metrics=metrics),
                                        store)
@@ -127,8 +128,20 @@ class Client:
 
     # ---- reads --------------------------------------------------------------------------
 
+    @overload
+    def get(self, table: str, key: str, *, bound: Bound | None = None, as_of: None = None,
+            **limits: Unpack[BoundArgs]) -> Lookup: ...
+
+    @overload
+    def get(self, table: str, key: str, *, bound: Bound | None = None, as_of: int | str | dt.datetime,
+            **limits: Unpack[BoundArgs]) -> AsOfLookup: ...
+
+    @overload
+    def get(self, table: str, key: str, *, bound: Bound | None = None, as_of: int | str | dt.datetime | None = None,
+            **limits: Unpack[BoundArgs]) -> Lookup | AsOfLookup: ...
+
     def get(self, table: str, key: str, *, bound: Bound | None = None,
-            as_of: int | str | dt.datetime | None = None, **limits: Unpack[BoundArgs]) -> Any:
+            as_of: int | str | dt.datetime | None = None, **limits: Unpack[BoundArgs]) -> Lookup | AsOfLookup:
         """One key from the freshest replica within the bound; ``found`` False when the table has no such key.
 
         ``as_of`` (a versioned table): the key's value at that time, an :class:`AsOfLookup` (see
@@ -176,7 +189,7 @@ class Client:
             direct_deadline = now + self._async.direct_policy.request_timeout_ms / 1000
             jobs = [(core.plan_group(table, p, resolved, now, direct_deadline),
                      Request.group(table, p, [raw_keys[i] for i in idx], resolved)) for p, idx in groups.items()]
-            out: list[Lookup | FreshrouteError] = [None] * len(keys)  # type: ignore[list-item]
+            out: list[Lookup | FreshrouteError | None] = [None] * len(keys)
             lag, fmt = core.input_lag(table), core.value_format(table)
             answers = run_blocking(store, jobs)
             elapsed = time.perf_counter() - started
@@ -202,7 +215,7 @@ class Client:
 
         ``as_of`` (a versioned table): the keys present at that time, each an :class:`AsOfLookup`."""
         self._thread_core()
-        bound: Bound = self._async.bound_of(table, bound, limits)
+        bound = self._async.bound_of(table, bound, limits)
         as_of_ms = None if as_of is None else time_ms("as_of", as_of)
         r = ScanRange.of(prefix, start, end, limit, page_size, self.policy.scan_max_limit)
         token: str | None = None
