@@ -122,7 +122,7 @@ class NodePositions:
     observed_ms: int  # when these positions were true (the node's clock)
     # (applied, end, staleness_ms) for each replica, in the report's order. An array: decoding
     # is a copy of the bytes, and the garbage collector never walks it.
-    values: array
+    values: array[int]
 
     def __post_init__(self) -> None:
         if not isinstance(self.values, array):

@@ -19,6 +19,7 @@ from freshroute.metadata.schema import Keys
 from freshroute.metadata.tables import TableSpec
 
 if TYPE_CHECKING:
+    from freshroute.heartbeats import NodeFeed
     from freshroute.redis_location import RedisLocation
 
 
@@ -151,7 +152,7 @@ class MetadataStore:
 
     # nodes
     def _beat_args(self, node_id: str, beat_ms: int, ttl_ms: int, report: bytes | None,
-                   positions: bytes | None = None) -> dict[str, list]:
+                   positions: bytes | None = None) -> dict[str, list[str | int | bytes]]:
         keys = self.keys
         return {"keys": [keys.beats, keys.node(node_id), keys.reports, keys.reports_seq,
                          keys.node_positions(node_id), keys.positions],
@@ -276,7 +277,7 @@ class MetadataStore:
             args=[f"{node_id}:{generation}", assignment.to_json(), len(changed) // 2, *changed, *dropped])
         return version or None
 
-    def poll(self, feed: Any) -> set[str]:
+    def poll(self, feed: NodeFeed) -> set[str]:
         """Bring ``feed`` (a :class:`freshroute.heartbeats.NodeFeed`) up to date; returns the nodes
         whose report changed or is gone."""
         return feed.poll(self.redis, self.keys)
