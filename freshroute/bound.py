@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Mapping, NamedTuple, TypedDict
+from typing import Annotated, Any, Callable, Mapping, NamedTuple, TypedDict, cast
 
 from freshroute.errors import InvalidArgument, NoReplicaWithinBound
 from freshroute.position import POSITION_SCHEMA, Position
@@ -138,12 +138,15 @@ class Bound(NamedTuple):
         parsed = cls.parse(shorthand)
         if bound is None:
             return parsed
-        return bound._replace(**{n: v for n, v in zip(PARAMETERS, parsed) if v is not None})
+        # Field by field, the shorthand's where it gives one (it gives none but parameters), else the bound's.
+        return cls._make(p if p is not None else b for p, b in zip(parsed, bound))
 
     def shown(self) -> dict[str, int | str]:
         """The parameters set, as every wire shows them: numbers, and tokens as text."""
+        # The parameters are the fields before read_after: zip stops there.
+        parameters = cast("tuple[int | Position | WriteToken | None, ...]", self)
         return {name: value if isinstance(value, int) else value.encode()
-                for name, value in zip(PARAMETERS, self) if value is not None}
+                for name, value in zip(PARAMETERS, parameters) if value is not None}
 
     def to_query(self) -> dict[str, str]:
         """The bound as REST query parameters."""

@@ -69,9 +69,11 @@ def consume_to_end(bootstrap: str, topic: str, on_message: Callable[[Any], None]
                 if err is not None:
                     if err.code() != KafkaError._PARTITION_EOF:
                         raise RuntimeError(f"reading {topic}[{m.partition()}]: {err}")
-                    _lo, high = consumer.get_watermark_offsets(TopicPartition(topic, m.partition()), cached=True)
-                    if m.offset() >= high and m.partition() not in ends:
-                        ends[m.partition()] = m.offset()
+                    partition, offset = m.partition(), m.offset()
+                    assert partition is not None and offset is not None  # a partition's EOF names both
+                    _lo, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+                    if offset >= high and partition not in ends:
+                        ends[partition] = offset
                         last_end = time.monotonic()
                     continue
                 count += 1

@@ -45,7 +45,10 @@ def covers(new: InputPosition, held: InputPosition) -> bool:
     for partition, offset in enumerate(held):
         if offset is None:
             continue
-        if partition >= len(new) or new[partition] is None or new[partition] < offset:
+        if partition >= len(new):
+            return False
+        at = new[partition]
+        if at is None or at < offset:
             return False
     return True
 

@@ -105,6 +105,7 @@ class RedisLocation:
                 continue
             finally:
                 conn.close()
+            assert isinstance(masters, dict)  # by name, as every protocol's reply is parsed
             if self.master_name in masters:
                 return
             answered.append((f"{host}:{port}", sorted(masters)))

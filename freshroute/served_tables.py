@@ -130,7 +130,7 @@ def sample_problems(bootstrap: str, topic: str, partitions: int, key_format: str
     try:
         consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         seen = {p: 0 for p in range(partitions)}
-        done: set[int] = set()
+        done: set[int | None] = set()  # None: an error of no partition
         deadline = time.monotonic() + SAMPLE_TIMEOUT_S
         while len(done) < partitions and time.monotonic() < deadline:
             # A short wait: consume() waits for its whole count or its timeout, and a sample is often smaller.
@@ -141,6 +141,7 @@ def sample_problems(bootstrap: str, topic: str, partitions: int, key_format: str
                 if m.error() is not None:
                     done.add(p)  # the end (partition EOF) or an error: the sample of this partition is over
                     continue
+                assert p is not None  # a record names its partition
                 problem = _record_problem(m.key(), m.value(), p, partitions, key_format, value_format)
                 seen[p] += 1
                 if problem is not None:

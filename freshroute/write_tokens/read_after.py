@@ -50,6 +50,7 @@ def narrowed(spec: TableSpec, bound: Bound, metadata: SnapshotSource) -> Bound:
         bound = bound._replace(min_position=read if bound.min_position is None else bound.min_position.merge(read))
     if not written:
         return bound._replace(after=None)
+    assert topic is not None  # writes are only found under the table's input topic
     ends = snap.input_ends.get(topic)
     if ends is not None:
         _check_partitions(len(ends.ends), written, f"input topic {topic!r}")
