@@ -189,11 +189,9 @@ class AsyncClient(VersionedReads):
     @overload
     async def get(self, table: str, key: str, *, bound: Bound | None = None, as_of: None = None,
                   **limits: Unpack[BoundArgs]) -> Lookup: ...
-
     @overload
     async def get(self, table: str, key: str, *, bound: Bound | None = None, as_of: int | str | dt.datetime,
                   **limits: Unpack[BoundArgs]) -> AsOfLookup: ...
-
     @overload
     async def get(self, table: str, key: str, *, bound: Bound | None = None,
                   as_of: int | str | dt.datetime | None = None, **limits: Unpack[BoundArgs]) -> Lookup | AsOfLookup: ...

@@ -131,11 +131,9 @@ class Client:
     @overload
     def get(self, table: str, key: str, *, bound: Bound | None = None, as_of: None = None,
             **limits: Unpack[BoundArgs]) -> Lookup: ...
-
     @overload
     def get(self, table: str, key: str, *, bound: Bound | None = None, as_of: int | str | dt.datetime,
             **limits: Unpack[BoundArgs]) -> AsOfLookup: ...
-
     @overload
     def get(self, table: str, key: str, *, bound: Bound | None = None, as_of: int | str | dt.datetime | None = None,
             **limits: Unpack[BoundArgs]) -> Lookup | AsOfLookup: ...
