@@ -19,8 +19,9 @@ from confluent_kafka import KafkaError
 from freshroute import input_position, version_time
 from freshroute.formats import key_problem, value_problem
 from store_node.end_offsets import MISSING_TOPIC, EndOffsetWatcher
+from store_node.hosted_replicas import ReplicaKey
 from store_node.replica import Clock, Replica, Staged
-from store_node.replica_set import ReplicaKey, ReplicaSet
+from store_node.replica_set import ReplicaSet
 from store_node.settings import StoreNodeSettings
 
 log = logging.getLogger(__name__)

@@ -21,10 +21,12 @@ from confluent_kafka.admin import AdminClient
 from freshroute.lag import now_ms
 from freshroute.settings import kafka_logging
 from store_node.applier import Applier
+from store_node.assignment_follower import Desired
 from store_node.bulk_restore import BulkRestores
 from store_node.end_offsets import EndOffsetWatcher
+from store_node.hosted_replicas import ReplicaKey
 from store_node.replica import Clock, Replica
-from store_node.replica_set import Desired, ReplicaKey, ReplicaSet
+from store_node.replica_set import ReplicaSet
 from store_node.settings import StoreNodeSettings
 
 log = logging.getLogger(__name__)

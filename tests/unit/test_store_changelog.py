@@ -23,7 +23,7 @@ KEY = ("counts", 0)
 
 
 @pytest.fixture
-def env(tmp_path):
+def env(tmp_path, request):
     clock = Clock()
     made = {}
 
@@ -37,8 +37,10 @@ def env(tmp_path):
 
     # Record by record: the path a replica that resumes takes (tests/unit/test_bulk_restore.py has the bulk one).
     # A replica moved away stops at once here; test_a_replica_moved_away_serves_on_… gives it time to serve on.
-    settings = StoreNodeSettings(node_id="n1", data_dir=tmp_path, removed_replica_grace_ms=0, moved_replica_serve_ms=0,
-                                 topic_check_ms=1, caught_up_threshold=0, bulk_restore=False)
+    # A test changes these through indirect parametrization: @pytest.mark.parametrize("env", [{...}], indirect=True).
+    settings = StoreNodeSettings(**{"node_id": "n1", "data_dir": tmp_path, "removed_replica_grace_ms": 0,
+                                    "moved_replica_serve_ms": 0, "topic_check_ms": 1, "caught_up_threshold": 0,
+                                    "bulk_restore": False, **getattr(request, "param", {})})
     tailer = ChangelogTailer(settings, clock, consumer_factory, admin_factory)
     assert tailer.open()
     yield SimpleNamespace(tailer=tailer, clock=clock, consumer=made["consumer"], admin=made["admin"], root=tmp_path,
@@ -73,14 +75,16 @@ def test_new_replicas_are_opened_first_and_assigned_together(env, monkeypatch):
 
 
 def test_replicas_whose_assignment_fails_are_closed_and_retried(env, monkeypatch):
+    import store_node.assignment_follower as assignment_follower
+
     def refuse(tps):
         raise KafkaException(KafkaError(KafkaError._STATE))
 
     monkeypatch.setattr(env.consumer, "incremental_assign", refuse)
+    monkeypatch.setattr(assignment_follower, "_RETRY_S", 0.0)  # the retry delay has passed by the next round
     host(env, 0, 1)
     assert dict(env.tailer.serving) == {}
     monkeypatch.undo()
-    env.tailer.replicas._retry_at = 0  # the retry delay has passed
     env.tailer.step()  # the stores were closed: reopening them is not refused as locked
     assert set(env.tailer.serving) == {("counts", 0), ("counts", 1)}
     assert env.consumer.assigned == {(SPEC.topic, 0): OFFSET_BEGINNING, (SPEC.topic, 1): OFFSET_BEGINNING}
@@ -339,8 +343,8 @@ def test_role_changes_and_removal(env):
     assert not path.exists()
 
 
+@pytest.mark.parametrize("env", [{"removed_replica_grace_ms": 60_000}], indirect=True)
 def test_moved_back_within_grace_resumes_from_its_files(env, tmp_path):
-    env.tailer.replicas._settings = env.tailer.replicas._settings.model_copy(update={"removed_replica_grace_ms": 60_000})
     host(env, 0)
     env.consumer.queue += [record(0, "a", 1), record(1, "b", 2), eof(2)]
     env.tailer.step()
@@ -350,15 +354,19 @@ def test_moved_back_within_grace_resumes_from_its_files(env, tmp_path):
     assert env.tailer.serving[KEY].store.get(b"b") == b"2"
 
 
+# Replicas moved away serve on for 10 s.
+serve_on_10_s = pytest.mark.parametrize("env", [{"moved_replica_serve_ms": 10_000}], indirect=True)
+
+
 def caught_up_with_time_to_serve_on(env):
-    """Partition 0 hosted here and caught up, with 10 s to serve on once moved away."""
-    env.tailer.replicas._settings = env.tailer.replicas._settings.model_copy(update={"moved_replica_serve_ms": 10_000})
+    """Partition 0 hosted here and caught up, with 10 s to serve on once moved away (an env made serve_on_10_s)."""
     host(env, 0)
     env.consumer.queue += [record(0, "a", 1), eof(1)]
     env.tailer.step()
     return env.tailer.serving[KEY]
 
 
+@serve_on_10_s
 def test_a_replica_moved_away_serves_on_as_a_standby_then_stops(env):
     rep = caught_up_with_time_to_serve_on(env)
     moved_at = time.monotonic()  # its 10 s count from here or later, however long the steps below take
@@ -374,6 +382,7 @@ def test_a_replica_moved_away_serves_on_as_a_standby_then_stops(env):
     assert KEY not in env.tailer.serving and rep.store is None and (SPEC.topic, 0) not in env.consumer.assigned
 
 
+@serve_on_10_s
 def test_a_replica_placed_back_while_it_serves_on_is_the_same_replica_in_its_new_role(env):
     rep = caught_up_with_time_to_serve_on(env)
     host(env)  # moved away (a node judged dead a moment too soon) …
@@ -488,8 +497,8 @@ def test_staged_changes_are_written_when_old_or_many(env, monkeypatch):
     assert rep.lag.applied == 6 and rep.store.get(b"k5") == b"5" and rep.staged is None
 
 
+@pytest.mark.parametrize("env", [{"removed_replica_grace_ms": 60_000}], indirect=True)
 def test_staged_changes_of_a_replica_moved_away_are_dropped_with_the_checkpoint_before_them(env, tmp_path):
-    env.tailer.replicas._settings = env.tailer.replicas._settings.model_copy(update={"removed_replica_grace_ms": 60_000})
     host(env, 0)
     env.consumer.queue += [record(0, "a", 1), record(1, "b", 2)]
     env.tailer.step()
@@ -672,7 +681,7 @@ def test_a_fetch_wait_outside_its_range_fails_naming_it(wait_ms):
 
 
 def test_a_replica_whose_disk_is_full_fails_with_its_reason_and_tries_again_later(env, monkeypatch):
-    import store_node.replica_set as replica_set
+    import store_node.replica_resets as replica_resets
     from store_node.replica_store import DiskFull
 
     host(env, 0, 1)
@@ -699,7 +708,7 @@ def test_a_replica_whose_disk_is_full_fails_with_its_reason_and_tries_again_late
     monkeypatch.undo()
     env.tailer.step()
     assert rep.state is ReplicaState.FAILED  # not before its time
-    monkeypatch.setattr(replica_set, "FAILED_RETRY_S", 0.0)
+    monkeypatch.setattr(replica_resets, "FAILED_RETRY_S", 0.0)
     env.tailer.step()
     assert rep.failure is None and rep.state is ReplicaState.RESTORING
     assert env.consumer.assigned[(SPEC.topic, 0)] == OFFSET_BEGINNING
@@ -709,7 +718,7 @@ def test_a_replica_whose_disk_is_full_fails_with_its_reason_and_tries_again_late
 
 
 def test_a_replica_whose_store_cannot_even_be_opened_is_hosted_failed(env, monkeypatch):
-    import store_node.replica_set as replica_set
+    import store_node.replica_resets as replica_resets
     from store_node.replica_store import DiskFull
 
     def no_space(path, memory=None):
@@ -722,7 +731,7 @@ def test_a_replica_whose_store_cannot_even_be_opened_is_hosted_failed(env, monke
     assert [(r.state, r.failure) for r in env.tailer.reports()] == [(ReplicaState.FAILED, rep.failure)]
     assert (SPEC.topic, 0) not in env.consumer.assigned
     monkeypatch.undo()
-    monkeypatch.setattr(replica_set, "FAILED_RETRY_S", 0.0)
+    monkeypatch.setattr(replica_resets, "FAILED_RETRY_S", 0.0)
     env.tailer.step()
     assert rep.state is ReplicaState.RESTORING and env.consumer.assigned[(SPEC.topic, 0)] == OFFSET_BEGINNING
     env.consumer.queue += [record(0, "a", 1), eof(1)]
