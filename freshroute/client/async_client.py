@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from dataclasses import replace
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar, Unpack, overload
+from typing import Any, AsyncIterator, Unpack, overload
 
 import httpx
 
@@ -22,13 +22,13 @@ from freshroute.tls import ClientTLS
 
 from freshroute.client.arguments import ScanRange, batch_keys
 from freshroute.client.history import VersionedReads
-from freshroute.client.lookup import AsOfLookup, Lookup, Positioned, Positions, Windows, scanned
+from freshroute.client.fallback import Fallback
+from freshroute.client.lookup import AsOfLookup, Lookup, Windows, scanned
 from freshroute.client.metrics import ClientMetrics
 from freshroute.client.metadata_feed import MetadataFeed, metadata_store
+from freshroute.client.positions import Positions
 from freshroute.client.router import FALL_BACK, RouterHttp, snapshot_from_router, table_infos
 
-R = TypeVar("R")
-P = TypeVar("P", bound=Positioned)  # an answer with a position
 
 
 class AsyncClient(VersionedReads):
@@ -68,9 +68,9 @@ class AsyncClient(VersionedReads):
         self.router: RouterHttp | None = None
         self.core: RoutingCore | None = None
         self._closed = False
-        self.fallback_cause: str | None = None  # why the latest read that went to the router did not read the nodes
         # Monotonic reads: the highest position read of each table-partition, sent with every later read.
-        self.read_positions: Positions | None = Positions() if monotonic else None
+        self.read_positions = Positions(keep=monotonic)
+        self._fallback: Fallback | None = None
 
     # ---- life ---------------------------------------------------------------------------
 
@@ -90,6 +90,7 @@ class AsyncClient(VersionedReads):
         metadata = self._feed.start(self.router, self._on_swap)
         self.core = RoutingCore(self.direct_policy, metadata, StoreNodeClient(access=self.access),
                                 metrics=self.metrics.counts() if self.metrics is not None else None)
+        self._fallback = Fallback(self.core, self.router, self.metrics)
         return self
 
     def _on_swap(self, snap: Any) -> None:
@@ -135,6 +136,18 @@ class AsyncClient(VersionedReads):
         return self.core
 
     @property
+    def fallback(self) -> Fallback:
+        """Where the next read goes (the client started: refused alike when not started or closed)."""
+        self._core()
+        assert self._fallback is not None
+        return self._fallback
+
+    @property
+    def fallback_cause(self) -> str | None:
+        """Why the latest read that went to the router did not read the store nodes."""
+        return self._fallback.cause if self._fallback is not None else None
+
+    @property
     def direct_policy(self) -> RoutingPolicy:
         """The policy of reads of the store nodes: with a router to fall back on, half the request timeout, so that
         the router has the other half when they do not answer."""
@@ -146,43 +159,6 @@ class AsyncClient(VersionedReads):
         """When a read that starts now must have its answer, the router's included (``time.monotonic()``): the
         request timeout, or the caller's ``wait_ms`` for its events or position."""
         return time.monotonic() + (bound.wait_ms or self.policy.request_timeout_ms) / 1000
-
-    def bound_of(self, table: str, bound: Bound | None, limits: BoundArgs) -> Bound:
-        """The bound a read of ``table`` sends: the caller's with its keyword shorthands over it, and with monotonic
-        reads at least the highest position this client has read of the table."""
-        read_bound = Bound.of(bound, limits)
-        kept = self.read_positions
-        return read_bound if kept is None else kept.at_least(table, read_bound)
-
-    def seen(self, result: P) -> P:
-        """Note what a read answered (its position), so that no later read goes back; returns it."""
-        if self.read_positions is not None:
-            self.read_positions.saw([result])
-        return result
-
-    def seen_all(self, results: list[Any]) -> list[Any]:
-        if self.read_positions is not None:
-            self.read_positions.saw([r for r in results if not isinstance(r, FreshrouteError)])
-        return results
-
-    def direct(self) -> bool:
-        """Whether to read the store nodes (else the router): a snapshot with tables is loaded."""
-        snap = self._core().metadata.current
-        return snap.loaded and bool(snap.tables) or self.router is None
-
-    def via_router(self, operation: str, cause: BaseException | None = None) -> RouterHttp:
-        """The router, for a read the store nodes did not answer (``cause``) or with no metadata to find them,
-        counted; why is kept in :attr:`fallback_cause`."""
-        assert self.router is not None, "direct() is True without a router"
-        if self.metrics is not None:
-            self.metrics.fell_back(operation)
-        if cause is not None:
-            self.fallback_cause = str(cause)
-        else:
-            core = self._core()
-            self.fallback_cause = "the metadata store lists no tables" if core.metadata.current.loaded \
-                else core.not_loaded()
-        return self.router
 
     # ---- reads --------------------------------------------------------------------------
 
@@ -203,12 +179,12 @@ class AsyncClient(VersionedReads):
         ``as_of`` (a versioned table; ms since the epoch, RFC 3339 text or an aware datetime): the key's value at that
         time, as an :class:`AsOfLookup` saying when it became and stopped being the key's, and whether it is final."""
         core = await self._ready()
-        bound = self.bound_of(table, bound, limits)
+        bound = self.read_positions.bound(table, bound, limits)
         deadline = self.deadline(bound)
         if as_of is not None:
             return await self._as_of(core, table, key, time_ms("as_of", as_of), bound, deadline)
         cause = None
-        if self.direct():
+        if self.fallback.direct():
             try:
                 result = Lookup.of(await core.get(table, key, bound), core.input_lag(table), core.value_format(table))
             except FALL_BACK as e:
@@ -216,24 +192,8 @@ class AsyncClient(VersionedReads):
                     raise
                 cause = e
             else:
-                return self.seen(result)
-        return self.seen(await self.via_router("get", cause).get(table, key, bound, deadline))
-
-    async def _read(self, operation: str, direct: Callable[[], Awaitable[R]],
-                    routed: Callable[[RouterHttp], Awaitable[R]]) -> R:
-        """A read from the store nodes (``direct``), or through the router when they cannot answer or are unknown.
-        The caller notes what it answered as seen (:meth:`seen`), where it has a position."""
-        cause = None
-        if self.direct():
-            try:
-                result = await direct()
-            except FALL_BACK as e:
-                if self.router is None:
-                    raise
-                cause = e
-            else:
-                return result
-        return await routed(self.via_router(operation, cause))
+                return self.read_positions.seen(result)
+        return self.read_positions.seen(await self.fallback.via("get", cause).get(table, key, bound, deadline))
 
     async def get_many(self, table: str, keys: list[str], *, bound: Bound | None = None,
                        as_of: int | str | dt.datetime | None = None, **limits: Unpack[BoundArgs]) -> list[Any]:
@@ -241,33 +201,33 @@ class AsyncClient(VersionedReads):
 
         ``as_of`` (a versioned table): each key's value at that time, an :class:`AsOfLookup` (see :meth:`get`)."""
         core = await self._ready()
-        bound = self.bound_of(table, bound, limits)
+        bound = self.read_positions.bound(table, bound, limits)
         deadline = self.deadline(bound)
         keys = batch_keys(keys)
         if as_of is not None:
-            return self.seen_all(await self._many_as_of(core, table, keys, time_ms("as_of", as_of), bound, deadline))
+            return self.read_positions.seen_all(await self._many_as_of(core, table, keys, time_ms("as_of", as_of), bound, deadline))
         cause = None
-        if self.direct():
+        if self.fallback.direct():
             lag, fmt = core.input_lag(table), core.value_format(table)
             results = await core.batch_get(table, keys, bound, Lookup.group if not lag[0] and fmt == "json" else
                                            lambda t, k, p, c, a: Lookup.group(t, k, p, c, a, lag, fmt))
             cause = next((r for r in results if isinstance(r, FALL_BACK)), None)
             if self.router is None or cause is None:
-                return self.seen_all(results)
-        return self.seen_all(await self.via_router("get_many", cause).get_many(table, keys, bound, deadline))
+                return self.read_positions.seen_all(results)
+        return self.read_positions.seen_all(await self.fallback.via("get_many", cause).get_many(table, keys, bound, deadline))
 
     async def windows(self, table: str, key: str, *, from_ms: int, to_ms: int, bound: Bound | None = None,
                 **limits: Unpack[BoundArgs]) -> Windows:
         """A windowed table's windows of ``key`` whose start is in ``[from_ms, to_ms)``, from one replica within the
         bound."""
         core = await self._ready()
-        bound = self.bound_of(table, bound, limits)
+        bound = self.read_positions.bound(table, bound, limits)
         deadline = self.deadline(bound)
 
         async def direct() -> Windows:
             return Windows.of(await core.windows(table, key, from_ms, to_ms, bound), core.input_lag(table))
 
-        return self.seen(await self._read("windows", direct,
+        return self.read_positions.seen(await self.fallback.read("windows", direct,
                                           lambda router: router.windows(table, key, from_ms, to_ms, bound, deadline)))
 
     async def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
@@ -276,14 +236,14 @@ class AsyncClient(VersionedReads):
         """Rows in ascending key order (at most ``limit``), fetched a page at a time as the iteration needs them.
 
         ``as_of`` (a versioned table): the keys present at that time, each an :class:`AsOfLookup` (see :meth:`get`)."""
-        bound = self.bound_of(table, bound, limits)
+        bound = self.read_positions.bound(table, bound, limits)
         as_of_ms = None if as_of is None else time_ms("as_of", as_of)
         r = ScanRange.of(prefix, start, end, limit, page_size, self.policy.scan_max_limit)
         token: str | None = None
         sent = 0
         while (size := r.next_page(sent)) is not None:
             items, token = await self.scan_page(table, r.prefix, r.start, r.end, size, token, bound, as_of_ms)
-            self.seen_all(items)
+            self.read_positions.seen_all(items)
             for item in items:
                 yield item
             sent += len(items)
@@ -299,7 +259,7 @@ class AsyncClient(VersionedReads):
             page = await core.scans.rows(table, prefix, start, end, limit, page_token, bound, as_of_ms)
             return scanned(page, core.input_lag(table), core.value_format(table)), page.next_page_token
 
-        return await self._read("scan", direct, lambda router: router.scan_page(
+        return await self.fallback.read("scan", direct, lambda router: router.scan_page(
             table, prefix, start, end, limit, page_token, bound, as_of_ms))
 
     # ---- metadata -----------------------------------------------------------------------
@@ -307,14 +267,14 @@ class AsyncClient(VersionedReads):
     async def key_metadata(self, table: str, key: str) -> KeyLocation:
         """The key's partition, its active replica and its standbys, each with lag."""
         core = await self._ready()
-        if self.direct():
+        if self.fallback.direct():
             return core.views.key_metadata(table, key)
         assert self.router is not None
         return await self.router.key_metadata(table, key)
 
     async def tables(self) -> list[TableInfo]:
         core = await self._ready()
-        if self.direct():
+        if self.fallback.direct():
             return core.views.list_tables()
         assert self.router is not None
         body = await self.router.ok("GET", "/v1/tables")
@@ -322,7 +282,7 @@ class AsyncClient(VersionedReads):
 
     async def cluster(self) -> ClusterView:
         core = await self._ready()
-        if self.direct():
+        if self.fallback.direct():
             return core.views.cluster()
         assert self.router is not None
         return ClusterView.from_dict(await self.router.ok("GET", "/v1/cluster"))
@@ -340,19 +300,19 @@ class AsyncSession:
         self.positions = Positions()
 
     async def get(self, table: str, key: str, *, bound: Bound | None = None, **limits: Unpack[BoundArgs]) -> Lookup:
-        r = await self.client.get(table, key, bound=self._bound(table, bound, limits))
+        r = await self.client.get(table, key, bound=self.positions.bound(table, bound, limits))
         self.positions.saw([r])
         return r
 
     async def get_many(self, table: str, keys: list[str], *, bound: Bound | None = None,
                        **limits: Unpack[BoundArgs]) -> list[Any]:
-        out = await self.client.get_many(table, keys, bound=self._bound(table, bound, limits))
+        out = await self.client.get_many(table, keys, bound=self.positions.bound(table, bound, limits))
         self.positions.saw([r for r in out if not isinstance(r, FreshrouteError)])
         return out
 
     async def windows(self, table: str, key: str, *, from_ms: int, to_ms: int, bound: Bound | None = None,
                       **limits: Unpack[BoundArgs]) -> Windows:
-        r = await self.client.windows(table, key, from_ms=from_ms, to_ms=to_ms, bound=self._bound(table, bound, limits))
+        r = await self.client.windows(table, key, from_ms=from_ms, to_ms=to_ms, bound=self.positions.bound(table, bound, limits))
         self.positions.saw([r])
         return r
 
@@ -360,9 +320,7 @@ class AsyncSession:
                    limit: int | None = None, page_size: int | None = None, bound: Bound | None = None,
                    **limits: Unpack[BoundArgs]) -> AsyncIterator[Lookup]:
         async for r in self.client.scan(table, prefix=prefix, start=start, end=end, limit=limit, page_size=page_size,
-                                         bound=self._bound(table, bound, limits)):
+                                         bound=self.positions.bound(table, bound, limits)):
             self.positions.saw([r])
             yield r
 
-    def _bound(self, table: str, bound: Bound | None, limits: BoundArgs) -> Bound:
-        return self.positions.at_least(table, Bound.of(bound, limits))

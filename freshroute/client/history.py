@@ -3,40 +3,33 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Awaitable, Callable, Protocol, TypeVar, Unpack
+from typing import Protocol, Unpack
 
 from freshroute.errors import FreshrouteError
 from freshroute.bound import Bound, BoundArgs
 from freshroute.routing.core import RoutingCore
 from freshroute.routing.history import time_ms
 
-from freshroute.client.lookup import AsOfLookup, KeyVersions, Positioned
+from freshroute.client.fallback import Fallback
+from freshroute.client.lookup import AsOfLookup, KeyVersions
+from freshroute.client.positions import Positions
 from freshroute.client.router import FALL_BACK, RouterHttp
 
-R = TypeVar("R")
-P = TypeVar("P", bound=Positioned)
 
 
 class HostClient(Protocol):
     """What the versioned reads ask of the client they are part of (:class:`~freshroute.client.AsyncClient`): its
-    core, router and positions."""
+    core, router, where a read goes and what it has read."""
 
     router: RouterHttp | None
+    read_positions: Positions
 
     async def _ready(self) -> RoutingCore: ...
 
     def deadline(self, bound: Bound) -> float: ...
 
-    def bound_of(self, table: str, bound: Bound | None, limits: BoundArgs) -> Bound: ...
-
-    async def _read(self, operation: str, direct: Callable[[], Awaitable[R]],
-                    routed: Callable[[RouterHttp], Awaitable[R]]) -> R: ...
-
-    def seen(self, result: P) -> P: ...
-
-    def direct(self) -> bool: ...
-
-    def via_router(self, operation: str, cause: BaseException | None = None) -> RouterHttp: ...
+    @property
+    def fallback(self) -> Fallback: ...
 
 
 class VersionedReads:
@@ -49,21 +42,21 @@ class VersionedReads:
             answer = await core.history.as_of(table, key, as_of_ms, bound)
             return AsOfLookup.of(answer, core.input_lag(table), core.value_format(table))
 
-        return self.seen(await self._read("get", direct,
+        return self.read_positions.seen(await self.fallback.read("get", direct,
                                           lambda router: router.as_of(table, key, as_of_ms, bound, deadline)))
 
     async def _many_as_of(self: HostClient, core: RoutingCore, table: str, keys: list[str], as_of_ms: int,
                           bound: Bound, deadline: float | None) -> list[AsOfLookup | FreshrouteError]:
         """Many keys as of one time: from the store nodes, or all through the router when some could not be reached."""
         cause = None
-        if self.direct():
+        if self.fallback.direct():
             lag, fmt = core.input_lag(table), core.value_format(table)
             answers = [a if isinstance(a, FreshrouteError) else AsOfLookup.of(a, lag, fmt)
                        for a in await core.history.batch_as_of(table, keys, as_of_ms, bound)]
             cause = next((a for a in answers if isinstance(a, FALL_BACK)), None)
             if self.router is None or cause is None:
                 return answers
-        return await self.via_router("get_many", cause).get_many(table, keys, bound, deadline, as_of_ms)
+        return await self.fallback.via("get_many", cause).get_many(table, keys, bound, deadline, as_of_ms)
 
     async def versions(self: HostClient, table: str, key: str, *, from_ms: int | str | dt.datetime | None = None,
                        to_ms: int | str | dt.datetime | None = None, limit: int | None = None,
@@ -73,7 +66,7 @@ class VersionedReads:
         every one it keeps), newest first; ``page_token`` (a page's ``next_page_token``) goes on with older ones.
         ``bound``: as :meth:`get`'s."""
         core = await self._ready()
-        read_bound = self.bound_of(table, bound, limits)
+        read_bound = self.read_positions.bound(table, bound, limits)
         deadline = self.deadline(read_bound)
         lo = None if from_ms is None else time_ms("from_ms", from_ms)
         hi = None if to_ms is None else time_ms("to_ms", to_ms)
@@ -82,6 +75,6 @@ class VersionedReads:
             page = await core.history.versions(table, key, lo, hi, limit, page_token, read_bound)
             return KeyVersions.of(page, core.value_format(table))
 
-        return self.seen(await self._read("versions", direct, lambda router: router.versions(
+        return self.read_positions.seen(await self.fallback.read("versions", direct, lambda router: router.versions(
             table, key, lo, hi, limit, page_token, read_bound, deadline)))
 

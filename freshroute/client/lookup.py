@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import base64
-import threading
-from typing import Any, Iterable, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import orjson
 
 from freshroute.errors import FreshrouteError
-from freshroute.bound import Bound
 from freshroute.position import Position
 from freshroute.routing.answers import served_by
 from freshroute.routing.history import AsOf, Versions
@@ -250,60 +248,3 @@ class KeyVersions(NamedTuple):
         return cls(doc["table"], doc["key"], versions, doc.get("next_page_token"), int(doc["complete_to"]), partition,
                    served.get("node", ""), served.get("role", ""), optional_int(lag.get("offsets")),
                    optional_int(lag.get("ms")), applied)
-
-
-class Positioned(Protocol):
-    """An answer as a session notes it: where it was read (table, partition), and how far (the replica's applied
-    offset)."""
-
-    @property
-    def table(self) -> str: ...
-
-    @property
-    def partition(self) -> int: ...
-
-    @property
-    def applied_offset(self) -> int: ...
-
-
-class Positions:
-    """The highest position seen per table-partition: what monotonic reads send as ``min_position`` (thread-safe).
-
-    Kept as plain offsets, with each table's :class:`Position` made again only after one moved: a read notes its
-    position and the next read sends it, so both sit on every lookup's path.
-    """
-
-    def __init__(self) -> None:
-        self._offsets: dict[str, dict[int, int]] = {}
-        self._by_table: dict[str, Position] = {}
-        self._lock = threading.Lock()
-
-    def at_least(self, table: str, bound: Bound) -> Bound:
-        """``bound`` raised to the position seen of ``table``, merged with the caller's own ``min_position``."""
-        seen = self.of(table)
-        mine = bound.min_position
-        if seen is None or (mine is not None and mine.table != table):
-            return bound
-        return bound._replace(min_position=seen if mine is None else seen.merge(mine))
-
-    def saw(self, lookups: Iterable[Positioned]) -> None:
-        for r in lookups:
-            offsets = self._offsets.get(r.table)
-            applied = r.applied_offset
-            if offsets is not None and offsets.get(r.partition, 0) >= applied:
-                continue  # nothing newer: the usual case between two applied batches
-            with self._lock:
-                offsets = self._offsets.setdefault(r.table, {})
-                if applied > offsets.get(r.partition, 0):
-                    offsets[r.partition] = applied
-                    self._by_table.pop(r.table, None)
-
-    def of(self, table: str) -> Position | None:
-        """The position seen of ``table``: per partition, the latest applied offset of any answer."""
-        seen = self._by_table.get(table)
-        if seen is None:
-            with self._lock:
-                offsets = self._offsets.get(table)
-                if offsets:
-                    seen = self._by_table[table] = Position(table, dict(offsets))
-        return seen

@@ -30,7 +30,8 @@ from freshroute.routing.selection import Candidate
 from freshroute.client.arguments import ScanRange, batch_keys
 from freshroute.client.async_client import AsyncClient
 from freshroute.client.blocking import R, BlockingStore, Request, run_blocking
-from freshroute.client.lookup import AsOfLookup, KeyVersions, Lookup, Positions, Windows
+from freshroute.client.lookup import AsOfLookup, KeyVersions, Lookup, Windows
+from freshroute.client.positions import Positions
 from freshroute.client.router import FALL_BACK
 
 T = TypeVar("T")
@@ -60,6 +61,7 @@ class Client:
                                   cluster_secret=cluster_secret, policy=policy, refresh_ms=refresh_ms,
                                   connect_timeout_s=connect_timeout_s, metrics=metrics, monotonic=monotonic)
         self.policy = self._async.policy
+        self._positions = self._async.read_positions  # the async client's: one client, one memory of what it read
         self._local = threading.local()
         self._stores: list[BlockingStore] = []
         self._lock = threading.Lock()
@@ -147,10 +149,10 @@ class Client:
         if as_of is not None:
             return self._call(self._async.get(table, key, bound=bound, as_of=as_of, **limits))
         core, store = self._thread_core()
-        bound = self._async.bound_of(table, bound, limits)
+        bound = self._positions.bound(table, bound, limits)
         deadline = self._async.deadline(bound)
         cause = None
-        if self._async.direct():
+        if self._async.fallback.direct():
             started = time.perf_counter()
             try:
                 spec, raw_key, plan = core.plan_get(table, key, bound, time.monotonic())
@@ -163,9 +165,10 @@ class Client:
             else:
                 cand, read = answer
                 result = count(core.metrics, started, lookup_result(table, key, plan.partition, cand, read))
-                return self._async.seen(Lookup.of(result, core.input_lag(table), core.value_format(table)))
+                return self._positions.seen(Lookup.of(result, core.input_lag(table), core.value_format(table)))
         # The store nodes were tried once, here: straight to the router, not through the async client's own attempt.
-        return self._async.seen(self._call(self._async.via_router("get", cause).get(table, key, bound, deadline)))
+        router = self._async.fallback.via("get", cause)
+        return self._positions.seen(self._call(router.get(table, key, bound, deadline)))
 
     def get_many(self, table: str, keys: list[str], *, bound: Bound | None = None,
                  as_of: int | str | dt.datetime | None = None, **limits: Unpack[BoundArgs]) -> list[Any]:
@@ -176,11 +179,11 @@ class Client:
         if as_of is not None:
             return self._call(self._async.get_many(table, keys, bound=bound, as_of=as_of, **limits))
         core, store = self._thread_core()
-        bound = self._async.bound_of(table, bound, limits)
+        bound = self._positions.bound(table, bound, limits)
         deadline = self._async.deadline(bound)
         keys = batch_keys(keys)
         cause = None
-        if self._async.direct():
+        if self._async.fallback.direct():
             started = time.perf_counter()
             spec, resolved, groups, raw_keys = core.group_keys(table, keys, bound)
             now = time.monotonic()
@@ -202,9 +205,9 @@ class Client:
                         out[i] = r
             cause = next((r for r in out if isinstance(r, FALL_BACK)), None)
             if self._async.router is None or cause is None:
-                return self._async.seen_all(out)
-        return self._async.seen_all(self._call(self._async.via_router("get_many", cause).get_many(table, keys, bound,
-                                                                                                 deadline)))
+                return self._positions.seen_all(out)
+        router = self._async.fallback.via("get_many", cause)
+        return self._positions.seen_all(self._call(router.get_many(table, keys, bound, deadline)))
 
     def scan(self, table: str, *, prefix: str | None = None, start: str | None = None, end: str | None = None,
              limit: int | None = None, page_size: int | None = None, bound: Bound | None = None,
@@ -213,7 +216,7 @@ class Client:
 
         ``as_of`` (a versioned table): the keys present at that time, each an :class:`AsOfLookup`."""
         self._thread_core()
-        bound = self._async.bound_of(table, bound, limits)
+        bound = self._positions.bound(table, bound, limits)
         as_of_ms = None if as_of is None else time_ms("as_of", as_of)
         r = ScanRange.of(prefix, start, end, limit, page_size, self.policy.scan_max_limit)
         token: str | None = None
@@ -221,7 +224,7 @@ class Client:
         while (size := r.next_page(sent)) is not None:
             items, token = self._call(self._async.scan_page(table, r.prefix, r.start, r.end, size, token, bound,
                                                             as_of_ms))
-            yield from self._async.seen_all(items)
+            yield from self._positions.seen_all(items)
             sent += len(items)
             if token is None:
                 return
@@ -235,10 +238,10 @@ class Client:
         """A windowed table's windows of ``key`` whose start is in ``[from_ms, to_ms)``, from one replica within the
         bound."""
         core, store = self._thread_core()
-        bound = self._async.bound_of(table, bound, limits)
+        bound = self._positions.bound(table, bound, limits)
         deadline = self._async.deadline(bound)
         cause = None
-        if self._async.direct():
+        if self._async.fallback.direct():
             started = time.perf_counter()
             try:
                 r = core.plan_windows(table, key, from_ms, to_ms, bound, time.monotonic())
@@ -252,9 +255,9 @@ class Client:
                 cause = e
             else:
                 result = count(core.metrics, started, r.result(*answer))
-                return self._async.seen(Windows.of(result, core.input_lag(table)))
-        return self._async.seen(self._call(self._async.via_router("windows", cause).windows(table, key, from_ms, to_ms,
-                                                                                            bound, deadline)))
+                return self._positions.seen(Windows.of(result, core.input_lag(table)))
+        router = self._async.fallback.via("windows", cause)
+        return self._positions.seen(self._call(router.windows(table, key, from_ms, to_ms, bound, deadline)))
 
     # ---- metadata -----------------------------------------------------------------------
 
@@ -284,19 +287,19 @@ class Session:
         self.positions = Positions()
 
     def get(self, table: str, key: str, *, bound: Bound | None = None, **limits: Unpack[BoundArgs]) -> Lookup:
-        r = self.client.get(table, key, bound=self._bound(table, bound, limits))
+        r = self.client.get(table, key, bound=self.positions.bound(table, bound, limits))
         self.positions.saw([r])
         return r
 
     def get_many(self, table: str, keys: list[str], *, bound: Bound | None = None,
                  **limits: Unpack[BoundArgs]) -> list[Any]:
-        out = self.client.get_many(table, keys, bound=self._bound(table, bound, limits))
+        out = self.client.get_many(table, keys, bound=self.positions.bound(table, bound, limits))
         self.positions.saw([r for r in out if not isinstance(r, FreshrouteError)])
         return out
 
     def windows(self, table: str, key: str, *, from_ms: int, to_ms: int, bound: Bound | None = None,
                 **limits: Unpack[BoundArgs]) -> Windows:
-        r = self.client.windows(table, key, from_ms=from_ms, to_ms=to_ms, bound=self._bound(table, bound, limits))
+        r = self.client.windows(table, key, from_ms=from_ms, to_ms=to_ms, bound=self.positions.bound(table, bound, limits))
         self.positions.saw([r])
         return r
 
@@ -304,9 +307,7 @@ class Session:
              limit: int | None = None, page_size: int | None = None, bound: Bound | None = None,
              **limits: Unpack[BoundArgs]) -> Iterator[Lookup]:
         for r in self.client.scan(table, prefix=prefix, start=start, end=end, limit=limit, page_size=page_size,
-                                   bound=self._bound(table, bound, limits)):
+                                   bound=self.positions.bound(table, bound, limits)):
             self.positions.saw([r])
             yield r
 
-    def _bound(self, table: str, bound: Bound | None, limits: BoundArgs) -> Bound:
-        return self.positions.at_least(table, Bound.of(bound, limits))

@@ -285,13 +285,15 @@ def test_a_client_sends_the_highest_position_it_has_read_with_every_later_read()
     from freshroute.client.lookup import Lookup
 
     client = AsyncClient(router="http://127.0.0.1:1")
-    assert client.bound_of("t", None, {}).min_position is None
-    client.seen(Lookup("t", "k", True, b"{}", 2, "n1", "active", 0, 0, 41))
-    client.seen_all([Lookup("t", "j", True, b"{}", 3, "n2", "standby", 0, 0, 7), InvalidArgument("x")])
-    assert client.bound_of("t", None, {}).min_position == Position("t", {2: 41, 3: 7})
-    client.seen(Lookup("t", "k", True, b"{}", 2, "n2", "standby", 3, 0, 30))  # an older answer moves nothing back
-    assert client.bound_of("t", None, {"min_position": Position("t", {2: 50}).encode()}).min_position == Position("t", {2: 50, 3: 7})
-    assert client.bound_of("other", None, {}).min_position is None
+    read = client.read_positions  # what a read of the client sends, and notes once answered
+    assert read.bound("t", None, {}).min_position is None
+    read.seen(Lookup("t", "k", True, b"{}", 2, "n1", "active", 0, 0, 41))
+    read.seen_all([Lookup("t", "j", True, b"{}", 3, "n2", "standby", 0, 0, 7), InvalidArgument("x")])
+    assert read.bound("t", None, {}).min_position == Position("t", {2: 41, 3: 7})
+    read.seen(Lookup("t", "k", True, b"{}", 2, "n2", "standby", 3, 0, 30))  # an older answer moves nothing back
+    mine = Position("t", {2: 50}).encode()
+    assert read.bound("t", None, {"min_position": mine}).min_position == Position("t", {2: 50, 3: 7})
+    assert read.bound("other", None, {}).min_position is None
     free = AsyncClient(router="http://127.0.0.1:1", monotonic=False)
-    free.seen(Lookup("t", "k", True, b"{}", 2, "n1", "active", 0, 0, 41))
-    assert free.bound_of("t", None, {}).min_position is None
+    free.read_positions.seen(Lookup("t", "k", True, b"{}", 2, "n1", "active", 0, 0, 41))
+    assert free.read_positions.bound("t", None, {}).min_position is None

@@ -1,0 +1,89 @@
+"""Monotonic reads: the highest position a client (or a session) has read of each table-partition, sent as the
+``min_position`` of every later read of the table, so that no answer is older than one already given."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterable, Protocol, TypeVar
+
+from freshroute.bound import Bound, BoundArgs
+from freshroute.errors import FreshrouteError
+from freshroute.position import Position
+
+
+class Positioned(Protocol):
+    """An answer as a session notes it: where it was read (table, partition), and how far (the replica's applied
+    offset)."""
+
+    @property
+    def table(self) -> str: ...
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def applied_offset(self) -> int: ...
+
+
+P = TypeVar("P", bound=Positioned)  # an answer with a position
+
+
+class Positions:
+    """The highest position seen per table-partition: what monotonic reads send as ``min_position`` (thread-safe).
+
+    Kept as plain offsets, with each table's :class:`Position` made again only after one moved: a read notes its
+    position and the next read sends it, so both sit on every lookup's path.
+    """
+
+    def __init__(self, keep: bool = True) -> None:
+        self.keep = keep  # False: reads are not monotonic, and nothing is kept
+        self._offsets: dict[str, dict[int, int]] = {}
+        self._by_table: dict[str, Position] = {}
+        self._lock = threading.Lock()
+
+    def bound(self, table: str, bound: Bound | None, limits: BoundArgs) -> Bound:
+        """The bound a read of ``table`` sends: the caller's with its keyword shorthands over it, at least as fresh
+        as what was seen of the table."""
+        return self.at_least(table, Bound.of(bound, limits))
+
+    def at_least(self, table: str, bound: Bound) -> Bound:
+        """``bound`` raised to the position seen of ``table``, merged with the caller's own ``min_position``."""
+        seen = self.of(table)
+        mine = bound.min_position
+        if seen is None or (mine is not None and mine.table != table):
+            return bound
+        return bound._replace(min_position=seen if mine is None else seen.merge(mine))
+
+    def seen(self, result: P) -> P:
+        """Note what a read answered (its position), so that no later read goes back; returns it."""
+        self.saw((result,))
+        return result
+
+    def seen_all(self, results: list[Any]) -> list[Any]:
+        """Note what a read of many answered (its errors aside); returns them."""
+        self.saw([r for r in results if not isinstance(r, FreshrouteError)])
+        return results
+
+    def saw(self, lookups: Iterable[Positioned]) -> None:
+        if not self.keep:
+            return
+        for r in lookups:
+            offsets = self._offsets.get(r.table)
+            applied = r.applied_offset
+            if offsets is not None and offsets.get(r.partition, 0) >= applied:
+                continue  # nothing newer: the usual case between two applied batches
+            with self._lock:
+                offsets = self._offsets.setdefault(r.table, {})
+                if applied > offsets.get(r.partition, 0):
+                    offsets[r.partition] = applied
+                    self._by_table.pop(r.table, None)
+
+    def of(self, table: str) -> Position | None:
+        """The position seen of ``table``: per partition, the latest applied offset of any answer."""
+        seen = self._by_table.get(table)  # never filled while nothing is kept
+        if seen is None:
+            with self._lock:
+                offsets = self._offsets.get(table)
+                if offsets:
+                    seen = self._by_table[table] = Position(table, dict(offsets))
+        return seen
