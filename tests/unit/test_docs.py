@@ -76,3 +76,13 @@ def test_every_repository_path_the_docs_name_exists():
             if not any(ch in named for ch in "*{<") and not (REPO / named).exists():
                 missing.append(f"{page.relative_to(REPO)}: {named}")
     assert not missing
+
+
+def test_the_architecture_names_every_module_of_the_library_and_the_roles():
+    # A newcomer reads the layout to find a module's room: each module has its line there (generated code aside).
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    layout = doc[doc.index("## Layout"):doc.index("A REST point lookup")]
+    unnamed = sorted(str(p.relative_to(REPO)) for room in ("freshroute", "pipeline", "store_node", "router")
+                     for p in (REPO / room).rglob("*.py")
+                     if p.name not in ("__init__.py", "__main__.py") and "_pb2" not in p.name and p.name not in layout)
+    assert unnamed == []
