@@ -12,10 +12,12 @@ import logging
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-
-import grpc
+from typing import TYPE_CHECKING
 
 from freshroute.errors import ConfigError
+
+if TYPE_CHECKING:
+    import grpc
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,8 @@ class ServerTLS:
 
 def grpc_server_credentials(tls: ServerTLS) -> grpc.ServerCredentials:
     """Credentials of a grpc.aio port that follow ``tls``: the first handshake after a reload gets the new files."""
+    import grpc  # the server's: a client's install has no gRPC
+
     def configuration() -> grpc.ServerCertificateConfiguration:
         cert, key, ca = tls.pem
         return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
@@ -147,6 +151,8 @@ class ClientTLS:
 
     def grpc_credentials(self) -> grpc.ChannelCredentials:
         """The same trust and certificate for a gRPC channel (checked by :meth:`context` first)."""
+        import grpc  # the server's: a client's install has no gRPC
+
         self.context()
         return grpc.ssl_channel_credentials(self._read(0), self._read(2), self._read(1))
 

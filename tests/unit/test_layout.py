@@ -2,6 +2,8 @@
 back through others."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,6 +107,14 @@ def test_no_module_of_a_role_or_the_library_is_over_450_lines():
     long = sorted((str(p.relative_to(ROOT)), n) for package in (*ROLES, "freshroute")
                   for p in (ROOT / package).rglob("*.py") if (n := len(p.read_text().splitlines())) > 450)
     assert long == []
+
+
+def test_the_client_loads_neither_the_routers_stubs_nor_grpc():
+    # The light client reads store nodes and routers over their own wires: gRPC is the server's, not its install's.
+    code = ("import sys, freshroute.client\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('grpc', 'proto.router'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]"
 
 
 def test_no_test_module_imports_another():

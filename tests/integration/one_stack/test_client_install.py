@@ -17,8 +17,8 @@ from tests.integration.stack_fixture import produce_and_serve, same_stats
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[3]
-# What the server runs on and a client must not bring: Spark, RocksDB, the web servers, Kafka's client.
-SERVER_ONLY = ("pyspark", "pyarrow", "pandas", "rocksdict", "fastapi", "uvicorn", "confluent_kafka", "pydantic")
+# What the server runs on and a client must not bring: Spark, RocksDB, the web servers, Kafka's client, gRPC.
+SERVER_ONLY = ("pyspark", "pyarrow", "pandas", "rocksdict", "fastapi", "uvicorn", "confluent_kafka", "pydantic", "grpc")
 
 READ = """
 import asyncio, importlib.util, json, sys
