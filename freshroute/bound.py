@@ -123,12 +123,14 @@ class Bound(NamedTuple):
     def parse(cls, raw: Mapping[str, Any]) -> "Bound":
         """A caller's bound from raw values by name — REST query parameters, a JSON body, keywords, a gRPC message's
         fields — where other names are not the bound's; anything malformed is an InvalidArgument naming it."""
-        values = {}
-        for name, parameter in PARAMETERS.items():
+        values: list[Any] | None = None
+        for i, name, parse in _PARSERS:
             value = raw.get(name)
-            if value is not None and (value := parameter.parse(name, value)) is not None:
-                values[name] = value
-        return cls(**values) if values else NO_BOUND
+            if value is not None and (value := parse(name, value)) is not None:
+                if values is None:
+                    values = [None] * len(cls._fields)
+                values[i] = value
+        return NO_BOUND if values is None else cls._make(values)
 
     @classmethod
     def of(cls, bound: "Bound | None", shorthand: Mapping[str, Any]) -> "Bound":
@@ -228,5 +230,6 @@ PARAMETERS: dict[str, Parameter] = {
     name: next(m for m in hint.__metadata__ if isinstance(m, Parameter))
     for name, hint in typing.get_type_hints(Bound, include_extras=True).items() if hasattr(hint, "__metadata__")}
 REPLICA_LIMITS = tuple(name for name, p in PARAMETERS.items() if p.replica)
+_PARSERS = tuple((i, name, p.parse) for i, (name, p) in enumerate(PARAMETERS.items()))
 _LIMITING = tuple(i for i, p in enumerate(PARAMETERS.values()) if p.limits)
 NO_BOUND = Bound()

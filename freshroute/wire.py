@@ -200,12 +200,16 @@ def replica_status_message(node: str, role: Role, state: ReplicaState, applied: 
 # (``min_offset``) and its write token narrowed to the table (``after_input``, ``after_offset``).
 
 _NARROWED = frozenset({"min_offset", "after_input", "after_offset"})
+_REPLICA_LIMITS = tuple((Bound._fields.index(name), name) for name in REPLICA_LIMITS)
 
 
 def read_bound(bound: Bound, partition: int) -> store_pb2.ReadBound:
     """``bound`` as the replica of ``partition`` that answers judges it."""
-    msg = store_pb2.ReadBound(min_offset=bound.min_offset(partition),
-                              **{name: value for name in REPLICA_LIMITS if (value := getattr(bound, name)) is not None})
+    msg = store_pb2.ReadBound(min_offset=bound.min_offset(partition))
+    for i, name in _REPLICA_LIMITS:
+        value = bound[i]
+        if value is not None:
+            setattr(msg, name, value)
     after = bound.read_after
     if after is not None:
         msg.after_input.update(after.offsets)
