@@ -10,6 +10,7 @@ never produce an out-of-bound answer.
 
 from __future__ import annotations
 
+import operator
 import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Mapping, NamedTuple, TypedDict, cast
@@ -124,12 +125,12 @@ class Bound(NamedTuple):
         """A caller's bound from raw values by name — REST query parameters, a JSON body, keywords, a gRPC message's
         fields — where other names are not the bound's; anything malformed is an InvalidArgument naming it."""
         values: list[Any] | None = None
-        for i, name, parse in _PARSERS:
-            value = raw.get(name)
-            if value is not None and (value := parse(name, value)) is not None:
+        for name, value in raw.items():  # a caller gives few, if any: their names, not every parameter's, are looked up
+            parser = _PARSERS.get(name)
+            if parser is not None and value is not None and (value := parser[1](name, value)) is not None:
                 if values is None:
                     values = [None] * len(cls._fields)
-                values[i] = value
+                values[parser[0]] = value
         return NO_BOUND if values is None else cls._make(values)
 
     @classmethod
@@ -161,7 +162,7 @@ class Bound(NamedTuple):
 
     @property
     def unbounded(self) -> bool:
-        return all(self[i] is None for i in _LIMITING)
+        return bool(_limiting(self) == _UNLIMITED)
 
     def min_offset(self, partition: int) -> int:
         """The applied offset a replica of ``partition`` must have reached (0 = any)."""
@@ -230,6 +231,10 @@ PARAMETERS: dict[str, Parameter] = {
     name: next(m for m in hint.__metadata__ if isinstance(m, Parameter))
     for name, hint in typing.get_type_hints(Bound, include_extras=True).items() if hasattr(hint, "__metadata__")}
 REPLICA_LIMITS = tuple(name for name, p in PARAMETERS.items() if p.replica)
-_PARSERS = tuple((i, name, p.parse) for i, (name, p) in enumerate(PARAMETERS.items()))
+_PARSERS = {name: (i, p.parse) for i, (name, p) in enumerate(PARAMETERS.items())}
+# What limits an answer, read at once: a bound has several limits (one alone would read as a value, not a tuple).
 _LIMITING = tuple(i for i, p in enumerate(PARAMETERS.values()) if p.limits)
+assert len(_LIMITING) > 1
+_limiting: Callable[[Bound], tuple[Any, ...]] = operator.itemgetter(*_LIMITING)
+_UNLIMITED = (None,) * len(_LIMITING)
 NO_BOUND = Bound()
