@@ -277,7 +277,7 @@ class Replica:
 
     def mark_failed(self, reason: str) -> None:
         """Its store cannot be written: FAILED from now on, and the tailer drops its files (see
-        ReplicaSet.follow_failure)."""
+        ReplicaResets.follow_failure)."""
         if self.failure is None:
             self.failure = reason
         self.failed_at = time.monotonic()  # its next try counts from the latest failure
