@@ -217,6 +217,14 @@ def read_bound(bound: Bound, partition: int) -> store_pb2.ReadBound:
     return msg
 
 
+def judged_alike(bound: Bound, partition: int) -> tuple[object, ...] | None:
+    """What the replica of ``partition`` judges of ``bound`` (:func:`read_bound`), as a key: bounds with equal keys
+    are judged alike; None for no bound. A write token counts by identity (one request's groups share it)."""
+    if bound.unbounded:
+        return None
+    return (bound.min_offset(partition), id(bound.read_after), *(bound[i] for i, _ in _REPLICA_LIMITS))
+
+
 def limits_only_position(msg: store_pb2.ReadBound) -> bool:
     """Whether a read's bound limits nothing but its position and events: the common bounded read, judged by one
     comparison of offsets (whatever fields the message has, any other is judged by :func:`bound_of_read`'s bound)."""

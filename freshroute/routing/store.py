@@ -25,8 +25,8 @@ from freshroute.bound import Bound
 from freshroute.cluster_access import NodeAccess
 from freshroute.errors import ReplicaUnavailable
 from freshroute.wire import (FrameError, FrameReader, GroupResult, RangeResult, ReadResult, RowsAsOf, VersionFilter,
-                             WindowFilter, checked, frame, group_read, group_result, key_read, range_read, range_result,
-                             read_bound, results)
+                             WindowFilter, checked, frame, group_read, group_result, judged_alike, key_read, range_read,
+                             range_result, results)
 from proto import store_pb2
 
 log = logging.getLogger("freshroute.routing.store")
@@ -88,10 +88,10 @@ def merged_groups(groups: list[PendingGroup]) -> tuple[list[store_pb2.GroupRead]
     A node judges a group as one — every value, or one refusal — so groups it would judge alike
     lose nothing by travelling together, and a message costs a node far more than one more key in it.
     """
-    alike: dict[tuple[str, int, bytes | None], list[PendingGroup]] = {}
+    alike: dict[tuple[str, int, tuple[object, ...] | None], list[PendingGroup]] = {}
     for g in groups:
         b, p = g.bound, g.partition
-        same = (g.table, p, None if b.unbounded else read_bound(b, p).SerializeToString(deterministic=True))
+        same = (g.table, p, judged_alike(b, p))
         members = alike.get(same)
         if members is None:
             alike[same] = [g]

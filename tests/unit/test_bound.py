@@ -154,3 +154,15 @@ def test_a_malformed_parameter_is_refused_naming_it(raw):
     with pytest.raises(InvalidArgument) as e:
         Bound.parse(raw)
     assert e.value.details["field"] == next(iter(raw))
+
+
+def test_bounds_a_replica_judges_alike_share_a_key_and_others_do_not():
+    from freshroute.wire import judged_alike
+
+    position = Position("t", {1: 7, 2: 9})
+    assert judged_alike(NO_BOUND, 1) is None
+    bound = Bound(max_lag=3, min_position=position)
+    assert judged_alike(bound, 1) == judged_alike(Bound(max_lag=3, min_position=Position("t", {1: 7})), 1)
+    assert judged_alike(bound, 1) != judged_alike(bound, 2)  # the position narrowed to each partition differs
+    assert judged_alike(Bound(max_lag=3), 1) != judged_alike(Bound(max_lag=4), 1)
+    assert judged_alike(Bound(max_staleness_ms=3), 1) != judged_alike(Bound(max_lag=3), 1)
