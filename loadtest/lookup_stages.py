@@ -27,7 +27,7 @@ from typing import Any, Mapping
 import orjson
 
 from loadtest import loadclients as lc
-from loadtest.footprint import tree_cpu_seconds
+from loadtest.footprint import stack_roots, tree_cpu_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the figures as one JSON line after the table")
     a = p.parse_args(argv)
     stack = Stack.load(Path(a.home))
-    pid = {c.name: c.pid for c in stack.components.values() if c.pid and c.alive()}
+    pid = stack_roots(stack)
     routers = {n: pid[n] for n in stack.router_names() if n in pid}
     nodes = {n: pid[n] for n in stack.store_node_names() if n in pid}
     fig = measure(stack.config.rest_url, routers, nodes, a.table, a.key_prefix, a.keys, a.seconds, a.connections,
