@@ -30,9 +30,12 @@ log = logging.getLogger(__name__)
 
 MISSING_TOPIC = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
 _BROKER_DOWN = {KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE}
-# A changelog end below the applied offset must be seen this often, for this long, to wipe a replica.
+# A changelog end below the applied offset must be seen this often, for this long, to wipe a replica. A new leader's
+# high watermark trails the records the old one served until every in-sync follower has fetched from it, and a follower
+# that stalls leaves the ISR only after the broker's replica.lag.time.max.ms (30 s by default): a lower end that
+# outlasts that is a loss.
 _SHRUNK_CONFIRMATIONS = 3
-_SHRUNK_CONFIRM_S = 1.0
+_SHRUNK_CONFIRM_MS = 35_000
 _DESCRIBE_TIMEOUT_S = 2
 
 
@@ -56,8 +59,8 @@ class EndOffsetWatcher:
         self._brokers: dict[int, _BrokerSeen] = {}
         self._broker_outage = False
         self._responding_at: int | None = None  # the last broker response the statistics saw
-        # Replicas whose changelog end looks lower than their applied offset: (first seen, times, reason).
-        self._shrunk: dict[tuple[str, int], tuple[float, int, str]] = {}
+        # Replicas whose changelog end looks lower than their applied offset: (first seen in ms, times, reason).
+        self._shrunk: dict[tuple[str, int], tuple[int, int, str]] = {}
         self._topic_futures: dict[str, Any] | None = None
         self._topic_check_at = 0.0
         self._missing_topics: set[str] = set()
@@ -128,7 +131,7 @@ class EndOffsetWatcher:
         old one served. Only a low end that persists is a loss (:meth:`confirm_shrunk`).
         """
         if end < rep.lag.applied:
-            first, times, _ = self._shrunk.get(rep.key, (time.monotonic(), 0, what))
+            first, times, _ = self._shrunk.get(rep.key, (self._clock(), 0, what))
             self._shrunk[rep.key] = (first, times + 1, what)
             return False
         self._shrunk.pop(rep.key, None)
@@ -160,14 +163,14 @@ class EndOffsetWatcher:
 
     def confirm_shrunk(self) -> None:
         """Wipe the replicas whose changelog has stayed below their applied offset long enough."""
-        now = time.monotonic()
+        now = self._clock()
         for key, (first, times, what) in list(self._shrunk.items()):
             rep = self._replicas.get(key)
             if rep is None:
                 del self._shrunk[key]
-            elif times >= _SHRUNK_CONFIRMATIONS and now - first >= _SHRUNK_CONFIRM_S:
+            elif times >= _SHRUNK_CONFIRMATIONS and now - first >= _SHRUNK_CONFIRM_MS:
                 del self._shrunk[key]
-                self._replicas.reset(rep, f"{what} for {now - first:.1f}s (the broker lost the partition: "
+                self._replicas.reset(rep, f"{what} for {(now - first) / 1000:.1f}s (the broker lost the partition: "
                                           "its storage was wiped, or the topic was recreated)")
 
     def check_topic_ids(self) -> None:

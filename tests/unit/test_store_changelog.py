@@ -218,14 +218,27 @@ def test_high_watermark_below_applied_wipes_and_restores(env):
     env.consumer.pending_stats.append(stats({0: 20}, rx=9))
     env.tailer.step()
     assert rep.counters.restores == 0 and rep.lag.applied == 20
-    # A memory-only broker restarted: the recreated changelog has only 3 records, and stays so.
     rx = 10
-    deadline = time.monotonic() + 5
-    while rep.counters.restores == 0 and time.monotonic() < deadline:
-        env.consumer.pending_stats.append(stats({0: 3}, rx=rx))
-        rx += 1
-        env.tailer.step()
-        time.sleep(0.05)
+
+    def low_watermark_for(ms: int, hi: int) -> None:
+        nonlocal rx
+        for _ in range(ms // 500):
+            env.clock.now += 500
+            env.consumer.pending_stats.append(stats({0: hi}, rx=rx))
+            rx += 1
+            env.tailer.step()
+
+    # A new leader whose high watermark waits 30 s for a stalled follower to leave the ISR: not a loss either, and
+    # the replica's staleness grows meanwhile (the low watermark is no evidence of being caught up).
+    low_watermark_for(30_000, 18)
+    assert rep.counters.restores == 0 and rep.lag.applied == 20
+    assert rep.snapshot().staleness_ms >= 30_000
+    env.consumer.pending_stats.append(stats({0: 20}, rx=rx))
+    rx += 1
+    env.tailer.step()
+    assert rep.snapshot().staleness_ms == 0
+    # A memory-only broker restarted: the recreated changelog has only 3 records, and stays so past the window.
+    low_watermark_for(36_000, 3)
     assert rep.counters.restores == 1
     assert rep.lag.applied == 0 and rep.state is ReplicaState.RESTORING
     assert rep.store.get(b"k5") is None
