@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Iterable, Protocol, TypeVar
 
-from freshroute.bound import Bound, BoundArgs
+from freshroute.bound import NO_BOUND, Bound, BoundArgs
 from freshroute.errors import FreshrouteError
 from freshroute.position import Position
 
@@ -31,20 +31,38 @@ P = TypeVar("P", bound=Positioned)  # an answer with a position
 class Positions:
     """The highest position seen per table-partition: what monotonic reads send as ``min_position`` (thread-safe).
 
-    Kept as plain offsets, with each table's :class:`Position` made again only after one moved: a read notes its
-    position and the next read sends it, so both sit on every lookup's path.
+    Kept as plain offsets, with each table's :class:`Position` — and the bound a read of no bound of its own sends —
+    made again only after one moved: a read notes its position and the next read sends it, so both sit on every
+    lookup's path.
     """
 
     def __init__(self, keep: bool = True) -> None:
         self.keep = keep  # False: reads are not monotonic, and nothing is kept
         self._offsets: dict[str, dict[int, int]] = {}
         self._by_table: dict[str, Position] = {}
+        self._unbounded: dict[str, Bound] = {}  # table → the bound of the position seen, for a read of no bound
         self._lock = threading.Lock()
 
     def bound(self, table: str, bound: Bound | None, limits: BoundArgs) -> Bound:
         """The bound a read of ``table`` sends: the caller's with its keyword shorthands over it, at least as fresh
         as what was seen of the table."""
+        if bound is None and not limits:
+            raised = self._unbounded.get(table)
+            return raised if raised is not None else self._raised(table)
         return self.at_least(table, Bound.of(bound, limits))
+
+    def _raised(self, table: str) -> Bound:
+        """The bound of the position seen of ``table``, kept until a read moves it (made under the lock, so a kept one
+        is never older than what was seen when it was kept)."""
+        if not self._offsets.get(table):
+            return NO_BOUND
+        with self._lock:
+            offsets = self._offsets[table]
+            seen = self._by_table.get(table)
+            if seen is None:
+                seen = self._by_table[table] = Position(table, dict(offsets))
+            raised = self._unbounded[table] = NO_BOUND._replace(min_position=seen)
+        return raised
 
     def at_least(self, table: str, bound: Bound) -> Bound:
         """``bound`` raised to the position seen of ``table``, merged with the caller's own ``min_position``."""
@@ -77,6 +95,7 @@ class Positions:
                 if applied > offsets.get(r.partition, 0):
                     offsets[r.partition] = applied
                     self._by_table.pop(r.table, None)
+                    self._unbounded.pop(r.table, None)
 
     def of(self, table: str) -> Position | None:
         """The position seen of ``table``: per partition, the latest applied offset of any answer."""
