@@ -10,9 +10,10 @@ and passes several threads, a frame on an asyncio transport a few µs.
 
 from __future__ import annotations
 
+import operator
 import struct
 from enum import IntEnum
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 from freshroute.bound import REPLICA_LIMITS, Bound
 from freshroute.errors import ReplicaUnavailable
@@ -201,6 +202,8 @@ def replica_status_message(node: str, role: Role, state: ReplicaState, applied: 
 
 _NARROWED = frozenset({"min_offset", "after_input", "after_offset"})
 _REPLICA_LIMITS = tuple((Bound._fields.index(name), name) for name in REPLICA_LIMITS)
+# The replica limits' values, as a key of what a replica judges (of one limit, its value alone: a key all the same).
+_replica_limits: Callable[[Bound], object] = operator.itemgetter(*(i for i, _ in _REPLICA_LIMITS))
 
 
 def read_bound(bound: Bound, partition: int) -> store_pb2.ReadBound:
@@ -222,7 +225,7 @@ def judged_alike(bound: Bound, partition: int) -> tuple[object, ...] | None:
     are judged alike; None for no bound. A write token counts by identity (one request's groups share it)."""
     if bound.unbounded:
         return None
-    return (bound.min_offset(partition), id(bound.read_after), *(bound[i] for i, _ in _REPLICA_LIMITS))
+    return bound.min_offset(partition), id(bound.read_after), _replica_limits(bound)
 
 
 def limits_only_position(msg: store_pb2.ReadBound) -> bool:

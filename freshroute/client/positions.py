@@ -61,7 +61,7 @@ class Positions:
             seen = self._by_table.get(table)
             if seen is None:
                 seen = self._by_table[table] = Position(table, dict(offsets))
-            raised = self._unbounded[table] = NO_BOUND._replace(min_position=seen)
+            raised = self._unbounded[table] = Bound(min_position=seen)
         return raised
 
     def at_least(self, table: str, bound: Bound) -> Bound:

@@ -17,7 +17,7 @@ import asyncio
 import itertools
 import logging
 from collections import deque
-from typing import Awaitable, Mapping, NamedTuple, Protocol, TypeVar, cast
+from typing import Any, Awaitable, Mapping, NamedTuple, Protocol, TypeVar, cast
 
 from google.protobuf.message import DecodeError
 
@@ -32,7 +32,6 @@ from proto import store_pb2
 log = logging.getLogger("freshroute.routing.store")
 
 # What a read stream's futures resolve to, by the kind of read sent.
-_Answer = ReadResult | GroupResult | RangeResult
 _A = TypeVar("_A", ReadResult, GroupResult, RangeResult)
 
 
@@ -130,7 +129,7 @@ class _ReadStream(asyncio.Protocol):
         self.address = address
         self.read_address = read_address
         self.broken = False
-        self._pending: dict[int, asyncio.Future[_Answer]] = {}
+        self._pending: dict[int, asyncio.Future[Any]] = {}  # each of its read's kind (see _expect)
         self._outbox: list[store_pb2.KeyRead] = []
         self._groups: list[PendingGroup] = []
         self._ranges: list[store_pb2.RangeRead] = []
@@ -151,19 +150,20 @@ class _ReadStream(asyncio.Protocol):
 
     def submit(self, read: store_pb2.KeyRead) -> asyncio.Future[ReadResult]:
         self._outbox.append(read)
-        return cast("asyncio.Future[ReadResult]", self._expect(read.id))
+        return self._expect(read.id)
 
     def submit_group(self, group: PendingGroup) -> asyncio.Future[GroupResult]:
         self._groups.append(group)
-        return cast("asyncio.Future[GroupResult]", self._expect(group.id))
+        return self._expect(group.id)
 
     def submit_range(self, read: store_pb2.RangeRead) -> asyncio.Future[RangeResult]:
         self._ranges.append(read)
-        return cast("asyncio.Future[RangeResult]", self._expect(read.id))
+        return self._expect(read.id)
 
-    def _expect(self, read_id: int) -> asyncio.Future[_Answer]:
-        """The future of read ``read_id``: it resolves to the answer of the kind of read sent under that id."""
-        fut: asyncio.Future[_Answer] = self._loop.create_future()
+    def _expect(self, read_id: int) -> asyncio.Future[Any]:
+        """The future of read ``read_id``: it resolves to the answer of the kind of read sent under that id (a
+        ReadResult, GroupResult or RangeResult, as the submit that asked for it declares)."""
+        fut: asyncio.Future[Any] = self._loop.create_future()
         if len(self._pending) >= self._SWEEP_AT:
             self._pending = {i: f for i, f in self._pending.items() if not f.done()}
         self._pending[read_id] = fut
