@@ -178,6 +178,10 @@ class Bound(NamedTuple):
         min_offset = self.min_offset(partition)
         if min_offset > applied:
             return f"applied offset {applied} is below the requested position {min_offset}"
+        return self.lag_refusal(applied, end, staleness_ms)
+
+    def lag_refusal(self, applied: int, end: int | None, staleness_ms: int) -> str | None:
+        """Why a replica at this lag is outside the bound's lag limits, its position aside, or None if it is not."""
         if self.max_lag is not None:
             if end is None:
                 return "the partition's end offset is not known yet"
@@ -191,8 +195,7 @@ class Bound(NamedTuple):
     def behind_position_only(self, partition: int, applied: int, end: int | None, staleness_ms: int) -> bool:
         """Whether a replica of ``partition`` at this lag is refused for the position alone: below it, and within
         every other limit (one tailing its changelog gets there)."""
-        return (self.min_offset(partition) > applied
-                and self._replace(min_position=None).refusal(partition, applied, end, staleness_ms) is None)
+        return self.min_offset(partition) > applied and self.lag_refusal(applied, end, staleness_ms) is None
 
     def with_defaults(self, max_lag: int | None, max_staleness_ms: int | None) -> "Bound":
         """Fill unset limits from the table's defaults."""
