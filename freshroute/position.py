@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import orjson
 
@@ -21,12 +20,14 @@ POSITION_SCHEMA: Mapping[str, Any] = {"type": "string", "format": POSITION_FORMA
                                       "maxLength": MAX_TOKEN_LENGTH}
 
 
-@dataclass(frozen=True)
-class Position:
-    """Per-partition applied offsets (next offset to apply) of one table."""
+class Position(NamedTuple):
+    """Per-partition applied offsets (next offset to apply) of one table.
+
+    A tuple: a session's reads send one with every bound, and a bound asks whether it limits anything by comparing
+    its fields with None, which a tuple answers without a call into Python (a dataclass's ``__eq__`` is one)."""
 
     table: str
-    offsets: dict[int, int] = field(default_factory=dict)
+    offsets: dict[int, int]
 
     def offset_for(self, partition: int) -> int:
         return self.offsets.get(partition, 0)
