@@ -50,7 +50,7 @@ class GrpcConnection(PacedByAnswers):
 
     def data_received(self, data: bytes) -> None:
         h2 = self.h2
-        if h2.closed:
+        if h2.state.closed:
             return
         events = h2.receive(data)
         if h2.violation is not None and self._transport is not None:
@@ -94,7 +94,7 @@ class GrpcConnection(PacedByAnswers):
             return
         if data:
             transport.write(data)
-        if self.h2.closed:
+        if self.h2.state.closed:
             transport.close()
 
 

@@ -217,7 +217,7 @@ class MachinePeer(Peer):
 
     def goaway(self) -> int:
         code = super().goaway()
-        assert self.machine.closed  # the server's side: the connection is to be closed
+        assert self.machine.state.closed  # the server's side: the connection is to be closed
         return code
 
 

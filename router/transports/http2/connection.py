@@ -31,7 +31,9 @@ class H2Connection:
     :class:`~router.transports.http2.writer.AnswerWriter` the owner's answers go to."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        state = self._state = ConnectionState()
+        # What the owner reads of the connection (``state.closed``: send what waits, then close it), an attribute
+        # rather than a property: the gRPC front asks it for every read and every write.
+        state = self.state = ConnectionState()
         writer = AnswerWriter(state)
         self._reader = FrameReader(state, writer, clock)
         self._out = state.out
@@ -46,13 +48,8 @@ class H2Connection:
         self.reset_stream = writer.reset_stream
 
     @property
-    def closed(self) -> bool:
-        """The connection is over: its owner sends what waits, then closes it."""
-        return self._state.closed
-
-    @property
     def idle(self) -> bool:
-        return not self._state.streams
+        return not self.state.streams
 
     def initiate(self) -> None:
         """Our SETTINGS and connection window, the first bytes a server sends."""
@@ -64,7 +61,7 @@ class H2Connection:
 
     def go_away(self) -> None:
         """Graceful shutdown: streams already opened finish; newer ones are refused; closed once idle."""
-        state = self._state
+        state = self.state
         if not state.going_away and not state.closed:
             state.going_away = True
             self._out += frame(GOAWAY, 0, 0, GOAWAY_FIELDS.pack(self._reader.last_id, NO_ERROR))
@@ -72,7 +69,7 @@ class H2Connection:
 
     def receive(self, data: bytes) -> list[Event]:
         """What ``data`` from the peer gave rise to, in order; nothing more once the connection is closed."""
-        state = self._state
+        state = self.state
         if state.closed:
             return []
         try:
