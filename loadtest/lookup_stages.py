@@ -44,6 +44,10 @@ ROUTER_STAGES: Mapping[str, str] = {
     "freshroute/routing/store.py": "forward", "freshroute/wire.py": "forward",
     "freshroute/routing/results.py": "answer", "freshroute/routing/answers.py": "answer",
     "freshroute/position.py": "answer", "freshroute/metadata/progress.py": "answer",
+    # The loop's own work (asyncio's selector and callbacks, below the process's entry frame) is the event loop's.
+    "router/main.py": "event loop", "router/runtime.py": "event loop",
+    "freshroute/routing/refresher.py": "control plane", "freshroute/heartbeats.py": "control plane",
+    "freshroute/metadata/store.py": "control plane", "router/metrics.py": "control plane",
 }
 ROUTER_FUNCTIONS: Mapping[tuple[str, str], str] = {
     # The key route's answer is its JSON body (orjson) and the error's translation.
@@ -55,15 +59,23 @@ STORE_STAGES: Mapping[str, str] = {
     "freshroute/bound.py": "judge", "store_node/replica.py": "judge", "freshroute/lag.py": "judge",
     "freshroute/position.py": "judge",
     "store_node/replica_store.py": "read", "store_node/history.py": "read",
+    "store_node/node.py": "event loop", "store_node/service.py": "event loop",
+    # What a node does whether or not it is asked: tail its changelogs, and keep its membership and assignment.
+    **dict.fromkeys(("store_node/changelog.py", "store_node/changelog_fetch.py", "store_node/applier.py",
+                     "store_node/end_offsets.py", "store_node/bulk_restore.py", "store_node/store_checkpoint.py",
+                     "freshroute/changelog_reader.py"), "changelog"),
+    **dict.fromkeys(("store_node/membership.py", "store_node/input_ends.py", "store_node/assignor.py",
+                     "store_node/assignment_follower.py", "freshroute/metadata/store.py", "freshroute/heartbeats.py",
+                     "store_node/metrics.py"), "control plane"),
 }
 STAGE_ORDER = ("http", "admit", "parse", "route", "forward", "answer", "read port", "wire", "judge", "read",
-               "event loop", "elsewhere")
+               "event loop", "changelog", "control plane", "elsewhere")
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*):\d+\)$")
 
 
 def stage_of(stack: str, files: Mapping[str, str], functions: Mapping[tuple[str, str], str]) -> str:
     """The stage of one collapsed py-spy stack (outermost frame first): its innermost project frame's, "event loop"
-    when it has none, "elsewhere" when that frame is project code of no stage (the control plane, the changelog)."""
+    when it has none, "elsewhere" when that frame is project code of no stage."""
     for frame in reversed(stack.split(";")):
         m = _FRAME.match(frame)
         if m is None:

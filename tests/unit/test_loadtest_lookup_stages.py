@@ -26,8 +26,17 @@ def test_a_function_of_a_file_may_have_a_stage_of_its_own():
 
 def test_no_project_frame_is_the_event_loop_and_unstaged_project_code_is_elsewhere():
     assert stage_of(LOOP, ROUTER_STAGES, ROUTER_FUNCTIONS) == "event loop"
-    assert stage_of(";".join([LOOP, frame("refresh", "freshroute/routing/refresher.py")]), ROUTER_STAGES,
+    # Below the process's entry frame, asyncio's own work is the loop's too.
+    assert stage_of(";".join([frame("run", "router/main.py"), LOOP]), ROUTER_STAGES, ROUTER_FUNCTIONS) == "event loop"
+    assert stage_of(";".join([LOOP, frame("unknown", "freshroute/settings.py")]), ROUTER_STAGES,
                     ROUTER_FUNCTIONS) == "elsewhere"
+
+
+def test_what_a_process_does_unasked_has_stages_of_its_own():
+    assert stage_of(";".join([LOOP, frame("refresh", "freshroute/routing/refresher.py")]), ROUTER_STAGES,
+                    ROUTER_FUNCTIONS) == "control plane"
+    assert stage_of(frame("step", "store_node/changelog.py"), STORE_STAGES, {}) == "changelog"
+    assert stage_of(frame("_run", "store_node/membership.py"), STORE_STAGES, {}) == "control plane"
 
 
 def test_samples_are_counted_by_stage_from_raw_output():
