@@ -75,7 +75,8 @@ FIGURES = ("router_grpc_rps", "router_rest_rps", "direct_store_rps", "baseline_g
            "console_open_rest_rps", "console_closed_rest_rps", "console_poll_p99_ms", "console_poll_router_cpu_ms",
            "local_up_s", "pipeline_replay_s", "pipeline_burst_s", "pipeline_max_events_per_s",
            "ryw_wait_p50_ms", "ryw_wait_p99_ms",
-           "ryw_stale_reads", "ryw_not_yet_visible", "asof_rest_rps", "asof_p50_ms", "asof_p99_ms")
+           "ryw_stale_reads", "ryw_not_yet_visible", "asof_rest_rps", "asof_p50_ms", "asof_p99_ms",
+           "router_cpu_us_per_lookup", "store_node_cpu_us_per_lookup")
 
 WINDOW_COUNT = 6  # window_rps: each lookup asks for a key's last this many windows
 BUSY_CONNECTIONS = 32  # router_rest_p99_ms_busy: lookups in flight while the pipeline runs
@@ -776,6 +777,21 @@ class Bench:
             r.delete(*names)
 
     # freshness, restore, raw consume --------------------------------------------------------------
+    def lookup_stages(self) -> None:
+        """The routers' and the store nodes' CPU per lookup under wrk's saturation, by stage (loadtest.lookup_stages)."""
+        from loadtest.footprint import stack_roots
+        from loadtest.lookup_stages import measure, report
+
+        st, a = self.stack, self.a
+        pid = stack_roots(st)
+        out = measure(st.config.rest_url, {n: pid[n] for n in st.router_names() if n in pid},
+                      {n: pid[n] for n in st.store_node_names() if n in pid}, a.table, a.key_prefix, len(self.keys),
+                      a.duration, a.concurrency, work=self.work / "stages")
+        for role in ("router", "store_node"):
+            self.fig[f"{role}_cpu_us_per_lookup"] = out[role]["cpu_us_per_lookup"]
+            self.notes[f"{role}_stages_us_per_lookup"] = out[role]["stages_us"]
+        self.say("  " + report(out).replace("\n", "\n  "))
+
     def footprint(self) -> None:
         """CPU of every process of the stack while it only keeps up with its input (no lookups)."""
         from loadtest.footprint import measure, stack_roots
@@ -1169,6 +1185,8 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
         _step(b, 8, total, f"window lookups ({WINDOW_COUNT} windows of {a.window_table}) against point gets (wrk)",
               b.windows_vs_points)
         _step(b, 8, total, "REST lookups with one console open against none (wrk)", b.console_open_vs_closed)
+        _step(b, 8, total, "where a lookup's CPU goes: the routers' and store nodes' by stage (wrk, py-spy)",
+              b.lookup_stages)
         if router_body and started:
             # The baseline answers the same request with a response of the same shape.
             base_url = f"http://{base_address}/freshroute.v1.Router/Get"

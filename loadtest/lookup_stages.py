@@ -127,6 +127,7 @@ def measure(rest_url: str, routers: Mapping[str, int], store_nodes: Mapping[str,
             rate: int = 250, work: Path | None = None) -> dict[str, Any]:
     """Load the REST port for ``seconds`` while sampling every process; the figures as one dict."""
     work = work or Path(tempfile.mkdtemp(prefix="freshroute-stages-"))
+    work.mkdir(parents=True, exist_ok=True)
     spy = py_spy()
     processes = {**routers, **store_nodes}
     recorders = {name: subprocess.Popen(
