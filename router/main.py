@@ -14,6 +14,7 @@ import uvicorn
 
 from freshroute.settings import is_loopback
 from router.auth import Guard
+from router.data_plane import DataPlane, why_not
 from router.grpc_server import PublicGrpc
 from router.rest.routes import KeyHandlers
 from router.rate_limit import SharedRates
@@ -56,6 +57,10 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
     if guard is None and not is_loopback(settings.host):
         log.warning("router bound to %s without --auth-file: anyone who reaches it reads every table", settings.host)
     rest_sock = _listen(settings.host, settings.rest_port, settings.reuse_port)
+    compiled_not = why_not(settings)
+    plane = DataPlane(settings, runtime.router.metrics) if compiled_not is None else None
+    # With the compiled path, the Python front serves the requests it leaves on a loopback port of its own.
+    python_sock = _listen("127.0.0.1", 0) if plane is not None else rest_sock
     grpc_server: PublicGrpc | None = None
     rest_task: asyncio.Task[None] | None = None
     metrics: Any = None
@@ -83,7 +88,10 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
             config.load()
             config.ssl = rest_tls.context  # ours, so that SIGHUP can reload it in place
         rest = _RestServer(config)
-        rest_task = asyncio.create_task(rest.serve(sockets=[rest_sock]), name="rest")
+        rest_task = asyncio.create_task(rest.serve(sockets=[python_sock]), name="rest")
+        if plane is not None:
+            plane.start(rest_sock, python_sock.getsockname()[1], runtime.router.metadata.current)
+            runtime.snapshot_listeners.append(plane.on_snapshot)
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
@@ -102,9 +110,10 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
         # them are freed by reference counting anyway.
         gc.freeze()
         gc.set_threshold(10_000)
-        log.info("router serving REST on %s://%s:%d and gRPC on %s:%d%s", "https" if rest_tls else "http",
-                 settings.host, rest_port, settings.host, grpc_port,
-                 " (TLS" + (", client certificates required)" if settings.tls_client_ca else ")") if rest_tls else "")
+        log.info("router serving REST on %s://%s:%d and gRPC on %s:%d%s; REST lookups by the %s", "https" if rest_tls
+                 else "http", settings.host, rest_port, settings.host, grpc_port,
+                 " (TLS" + (", client certificates required)" if settings.tls_client_ca else ")") if rest_tls else "",
+                 "compiled path" if plane is not None else f"Python front ({compiled_not})")
         stop_wait = asyncio.create_task(stop.wait())
         await asyncio.wait({stop_wait, rest_task}, return_when=asyncio.FIRST_COMPLETED)
         stop_wait.cancel()
@@ -115,6 +124,8 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
             loop.remove_signal_handler(sig)
         log.info("router stopping")
         runtime.router.stop_serving()
+        if plane is not None:
+            await asyncio.to_thread(plane.stop, settings.graceful_shutdown_s)
         if rest_task is not None:
             rest.should_exit = True
         if grpc_server is not None:
@@ -122,6 +133,7 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
         if rest_task is not None:
             await asyncio.gather(rest_task, return_exceptions=True)
         rest_sock.close()
+        python_sock.close()
         if metrics is not None:
             metrics.shutdown()
         await runtime.stop()

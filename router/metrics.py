@@ -60,7 +60,8 @@ class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         # The event loop is the router's one routing thread: one set of counts, its methods bound once.
-        counts = LookupMetrics("freshroute_router", self.registry).counts()
+        self.lookups = LookupMetrics("freshroute_router", self.registry)
+        counts = self.lookups.counts()
         self.lookup = counts.lookup
         self.retry = counts.retry
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Callable
 
 from freshroute.routing.refresher import MetadataRefresher
 from freshroute.routing.snapshot import Snapshot
@@ -23,11 +23,14 @@ class RouterRuntime:
                                            settings.redis_timeout_ms, settings.redis_reset_grace_ms,
                                            on_swap=self._on_swap)
         self.router = Router(settings, self.refresher, self.store)
+        self.snapshot_listeners: list[Callable[[Snapshot], None]] = []  # told of every snapshot after the router
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     def _on_swap(self, snap: Snapshot) -> None:
         self.router.on_snapshot(snap)
+        for listener in self.snapshot_listeners:
+            listener(snap)
 
     async def start(self) -> None:
         """Load a first snapshot (if Redis answers) and keep refreshing in the background."""

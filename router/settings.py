@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from pydantic import Field, create_model, field_validator, model_validator
@@ -26,6 +26,12 @@ class _RouterProcess(ServingSettings):
                              "the event loop) and relay every other call to grpc.aio; false: grpc.aio serves the port")
     rest_fast_path: bool = Field(default=True, description="answer key lookups on the REST connection itself "
                                  "(HTTP/1.1 on the event loop); off: uvicorn's own protocol serves every request")
+    data_plane: Literal["compiled", "python"] = Field(
+        default="compiled", description="compiled: the REST port's key lookups are answered by the compiled path "
+        "(native/dataplane) on threads of its own, everything else by the Python front behind it; python: the Python "
+        "front serves the port (also where the compiled path is not built, or with auth_file or TLS)")
+    data_plane_threads: int = Field(default=1, ge=1, le=64, description="threads of the compiled path, each "
+                                    "accepting on the REST port")
     auth_file: Path | None = Field(default=None, description="principals, their token hashes, tables and rates "
                                    "(YAML or JSON; see docs/security.md); reloaded on SIGHUP; unset: no "
                                    "authentication")

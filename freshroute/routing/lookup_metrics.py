@@ -11,7 +11,7 @@ dependency of the client install.
 from __future__ import annotations
 
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -27,19 +27,26 @@ class LookupMetrics(Collector):
     def __init__(self, prefix: str, registry: CollectorRegistry) -> None:
         self.prefix = prefix
         self._threads: list[LookupCounts] = []
+        self._fills: list[tuple[LookupCounts, Callable[[LookupCounts], None]]] = []
         self._lock = threading.Lock()
         registry.register(self)
 
-    def counts(self) -> LookupCounts:
-        """Counts for one more routing thread."""
+    def counts(self, fill: Callable[[LookupCounts], None] | None = None) -> LookupCounts:
+        """Counts for one more routing thread; ``fill`` brings them up to date at each scrape, for counts kept
+        elsewhere (the compiled lookup path's)."""
         counts = LookupCounts()
         with self._lock:
             self._threads.append(counts)
+            if fill is not None:
+                self._fills.append((counts, fill))
         return counts
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             threads = list(self._threads)
+            fills = list(self._fills)
+        for counts, fill in fills:
+            fill(counts)
         p = self.prefix
         lookups = CounterMetricFamily(f"{p}_lookups", "Key lookups by outcome and role of the replica that served",
                                       labels=["outcome", "role"])

@@ -132,14 +132,20 @@ class Deployment:
         self.procs.procs[node] = proc
         self.store_nodes.add(node)
 
-    def start_router(self, name: str = "router", reuse_port: bool = False, metrics_port: int | None = None
-                     ) -> subprocess.Popen:
+    def start_router(self, name: str = "router", reuse_port: bool = False, metrics_port: int | None = None,
+                     rest_port: int | None = None, grpc_port: int | None = None,
+                     settings: dict[str, str] | None = None) -> subprocess.Popen:
+        """A router process on the deployment's ports (or ``rest_port`` and ``grpc_port``), with ``settings`` (as
+        ``FRESHROUTE_*`` variables) over the deployment's, once it answers as ready."""
+        rest_port = rest_port if rest_port is not None else self.rest_port
         env = {"FRESHROUTE_REDIS_URL": self.redis_url, "FRESHROUTE_NAMESPACE": self.namespace,
-               "FRESHROUTE_HOST": "127.0.0.1", "FRESHROUTE_REST_PORT": str(self.rest_port),
-               "FRESHROUTE_GRPC_PORT": str(self.grpc_port), "FRESHROUTE_REFRESH_MS": "100",
+               "FRESHROUTE_HOST": "127.0.0.1", "FRESHROUTE_REST_PORT": str(rest_port),
+               "FRESHROUTE_GRPC_PORT": str(grpc_port if grpc_port is not None else self.grpc_port),
+               "FRESHROUTE_REFRESH_MS": "100",
                "FRESHROUTE_NODE_EXPIRY_MS": "2000", "FRESHROUTE_REDIS_TIMEOUT_MS": "300",
                "FRESHROUTE_REUSE_PORT": "true" if reuse_port else "false",
-               **({"FRESHROUTE_METRICS_PORT": str(metrics_port)} if metrics_port is not None else {})}
+               **({"FRESHROUTE_METRICS_PORT": str(metrics_port)} if metrics_port is not None else {}),
+               **(settings or {})}
         proc = self.procs.start(name, ["-m", "router"], env)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -147,7 +153,7 @@ class Deployment:
             try:
                 # With a shared port, the readiness answer may come from another router:
                 # this one is also waited for by its own start-up line.
-                r = httpx.get(f"{self.rest}/readyz", timeout=1)
+                r = httpx.get(f"http://127.0.0.1:{rest_port}/readyz", timeout=1)
                 if (r.status_code == 200 and r.json()["nodes"] >= len(self.store_nodes)
                         and "router serving" in self.procs.log(name)):
                     return proc

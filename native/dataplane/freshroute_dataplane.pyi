@@ -1,0 +1,22 @@
+"""The router's compiled lookup path (native/dataplane), as router/data_plane.py uses it."""
+
+from typing import Any
+
+class Front:
+    """The compiled REST front of one router process."""
+
+    def __init__(self, listen_fd: int, python_port: int, config: str) -> None:
+        """``listen_fd``: the REST port's listening socket (kept open by the caller until :meth:`stop` returns);
+        ``python_port``: the loopback port of the router's Python front; ``config``: the routing settings as JSON."""
+    def update(self, doc: bytes) -> None:
+        """Swap in a new routing view (router.data_plane.snapshot_doc); a malformed one is a ValueError."""
+    def start(self, threads: int) -> None:
+        """Serve on ``threads`` threads, each accepting on the listening socket."""
+    def stop(self, grace_s: float) -> None:
+        """Stop accepting; connections close once idle, and those open after ``grace_s`` are dropped."""
+    def counts(self) -> dict[str, Any]:
+        """Lookups answered by outcome and role, latency buckets, hedges, requests relayed, connections handed over."""
+
+def order(doc: bytes, config: str, table: str, partition: int, max_lag: int | None, max_staleness_ms: int | None,
+          now_ms: int) -> list[str]:
+    """The nodes of a partition's replicas in the order the path would ask them (no load, no answers seen)."""

@@ -1,0 +1,130 @@
+//! Answers as the REST API writes them (freshroute.routing.results): a found key's body and KEY_NOT_FOUND's, byte
+//! for byte what the Python path's orjson writes — tests/integration/test_data_plane.py compares the two.
+
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::Engine;
+
+use crate::snapshot::ValueFormat;
+
+/// A replica's staleness at or past this is "never caught up": shown as unknown (freshroute.lag).
+pub const NEVER_CAUGHT_UP_MS: i64 = 20 * 365 * 86_400_000;
+
+/// Who answered and how fresh it was.
+pub struct Served<'a> {
+    pub node: &'a str,
+    pub role: &'static str,
+    pub lag_offsets: Option<i64>,
+    pub lag_ms: Option<i64>,
+    pub applied: i64,
+}
+
+fn string(out: &mut Vec<u8>, s: &str) {
+    serde_json::to_writer(&mut *out, s).expect("a string serializes");
+}
+
+fn number(out: &mut Vec<u8>, n: Option<i64>) {
+    match n {
+        Some(n) => out.extend_from_slice(n.to_string().as_bytes()),
+        None => out.extend_from_slice(b"null"),
+    }
+}
+
+/// freshroute.position.single: the position token of one partition's applied offset.
+pub fn position_token(table: &str, partition: usize, applied: i64) -> String {
+    let mut doc = Vec::with_capacity(table.len() + 32);
+    doc.extend_from_slice(b"{\"t\":");
+    string(&mut doc, table);
+    doc.extend_from_slice(format!(",\"o\":{{\"{partition}\":{applied}}}}}").as_bytes());
+    format!("p1.{}", URL_SAFE_NO_PAD.encode(doc))
+}
+
+/// The "table", "key", … fields shared by a found key's body and KEY_NOT_FOUND's details, without braces.
+fn where_fields(out: &mut Vec<u8>, table: &str, key: &str) {
+    out.extend_from_slice(b"\"table\":");
+    string(out, table);
+    out.extend_from_slice(b",\"key\":");
+    string(out, key);
+}
+
+fn served_fields(out: &mut Vec<u8>, table: &str, partition: usize, who: &Served, input_lag: (i64, i64)) {
+    out.extend_from_slice(format!(",\"partition\":{partition},\"served_by\":{{\"node\":").as_bytes());
+    string(out, who.node);
+    out.extend_from_slice(b",\"role\":\"");
+    out.extend_from_slice(who.role.as_bytes());
+    out.extend_from_slice(b"\"},\"lag\":{\"offsets\":");
+    number(out, who.lag_offsets);
+    out.extend_from_slice(b",\"ms\":");
+    number(out, who.lag_ms);
+    out.extend_from_slice(b"},\"position\":");
+    string(out, &position_token(table, partition, who.applied));
+    out.extend_from_slice(format!(",\"input_lag\":{{\"records\":{},\"ms\":{}}}", input_lag.0, input_lag.1).as_bytes());
+}
+
+/// A found key's body; None when its value is not of the table's format (the Python path says why).
+pub fn found(table: &str, key: &str, partition: usize, value: &[u8], format: ValueFormat, who: &Served,
+             input_lag: (i64, i64)) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(value.len() + table.len() + key.len() + 256);
+    out.push(b'{');
+    where_fields(&mut out, table, key);
+    match format {
+        ValueFormat::Json => {
+            out.extend_from_slice(b",\"value\":");
+            out.extend_from_slice(value);
+        }
+        ValueFormat::Text => {
+            out.extend_from_slice(b",\"value\":");
+            string(&mut out, std::str::from_utf8(value).ok()?);
+        }
+        ValueFormat::Bytes => {
+            out.extend_from_slice(b",\"value_b64\":\"");
+            out.extend_from_slice(STANDARD.encode(value).as_bytes());
+            out.push(b'"');
+        }
+    }
+    served_fields(&mut out, table, partition, who, input_lag);
+    out.push(b'}');
+    Some(out)
+}
+
+/// Python's repr of a string, where it is simply the text in single quotes; None where repr would escape or
+/// switch quotes (the Python path answers those).
+fn plain_repr(s: &str) -> Option<String> {
+    s.bytes().all(|b| (0x20..0x7f).contains(&b) && b != b'\'' && b != b'\\').then(|| format!("'{s}'"))
+}
+
+/// KEY_NOT_FOUND's body (freshroute.routing.results.key_not_found), or None where its message needs Python's repr.
+pub fn not_found(table: &str, key: &str, partition: usize, who: &Served, input_lag: (i64, i64)) -> Option<Vec<u8>> {
+    let message = format!("key {} not found in table {}", plain_repr(key)?, plain_repr(table)?);
+    let mut out = Vec::with_capacity(table.len() * 2 + key.len() * 2 + 320);
+    out.extend_from_slice(b"{\"error\":{\"code\":\"KEY_NOT_FOUND\",\"message\":");
+    string(&mut out, &message);
+    out.push(b',');
+    where_fields(&mut out, table, key);
+    served_fields(&mut out, table, partition, who, input_lag);
+    out.extend_from_slice(b"}}");
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn position_tokens_are_the_python_ones() {
+        // freshroute.position.single("sensor_stats", 3, 42)
+        assert_eq!(position_token("sensor_stats", 3, 42), "p1.eyJ0Ijoic2Vuc29yX3N0YXRzIiwibyI6eyIzIjo0Mn19");
+    }
+
+    #[test]
+    fn a_found_body_and_a_not_found_body() {
+        let who = Served { node: "n1", role: "active", lag_offsets: Some(0), lag_ms: None, applied: 7 };
+        let body = found("t", "k\"1", 2, b"{\"a\":1}", ValueFormat::Json, &who, (3, 4)).unwrap();
+        assert_eq!(String::from_utf8(body).unwrap(),
+                   format!("{{\"table\":\"t\",\"key\":\"k\\\"1\",\"value\":{{\"a\":1}},\"partition\":2,\"served_by\":\
+                            {{\"node\":\"n1\",\"role\":\"active\"}},\"lag\":{{\"offsets\":0,\"ms\":null}},\"position\":\
+                            \"{}\",\"input_lag\":{{\"records\":3,\"ms\":4}}}}", position_token("t", 2, 7)));
+        assert!(not_found("t", "it's", 2, &who, (0, 0)).is_none());
+        let body = String::from_utf8(not_found("t", "k", 2, &who, (0, 0)).unwrap()).unwrap();
+        assert!(body.starts_with("{\"error\":{\"code\":\"KEY_NOT_FOUND\",\"message\":\"key 'k' not found in table 't'\",\"table\""));
+    }
+}

@@ -1,0 +1,231 @@
+//! freshroute's compiled lookup path, in the router process: threads of their own serve the REST port's key lookups
+//! — HTTP/1.1, the key's partition, the freshest replica within the bound, the read over the read port, the answer
+//! with its labels — while the Python control plane pushes the routing view (`Front.update`) and serves everything
+//! else (router/data_plane.py wires it).
+
+mod answer;
+mod counts;
+mod http1;
+mod lookup;
+mod messages;
+mod relay;
+mod selection;
+mod snapshot;
+mod store;
+
+use std::os::fd::{BorrowedFd, RawFd};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use serde::Deserialize;
+use tokio::sync::Notify;
+
+use counts::{Counts, LATENCY_BUCKETS};
+use snapshot::Snapshot;
+
+/// The routing policy's settings this path follows (freshroute.routing.policy.RoutingPolicy), and the front's own.
+#[derive(Deserialize, Clone, Debug)]
+pub struct Config {
+    pub attempt_timeout_ms: u64,
+    pub hedge: bool,
+    pub hedge_quantile: f64,
+    pub hedge_min_ms: f64,
+    pub hedge_budget: f64,
+    pub freshness_tolerance_offsets: i64,
+    pub freshness_tolerance_ms: i64,
+    pub view_trust_ms: i64,
+    pub failure_backoff_ms: i64,
+    pub node_expiry_ms: i64,
+    pub cluster_secret: String,
+    pub keep_alive_s: f64,
+}
+
+/// What every thread of the front shares: the routing view, the counts, and the stop signal.
+pub struct Shared {
+    pub config: Config,
+    snapshot: Mutex<Arc<Snapshot>>,
+    pub counts: Counts,
+    stopping: AtomicBool,
+    forced: AtomicBool,  // past the grace: connections still open are dropped
+    pub stop: Notify,
+    open: AtomicU64,
+}
+
+impl Shared {
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.lock().expect("never poisoned: nothing panics holding it").clone()
+    }
+
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(Relaxed)
+    }
+}
+
+/// The compiled REST front of one router process.
+#[pyclass(frozen)]
+struct Front {
+    shared: Arc<Shared>,
+    listen_fd: RawFd,
+    python_port: u16,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+#[pymethods]
+impl Front {
+    /// `listen_fd`: the REST port's listening socket (the caller keeps it open); `python_port`: the loopback port of
+    /// the router's Python front; `config`: the routing policy's settings as JSON.
+    #[new]
+    fn new(listen_fd: RawFd, python_port: u16, config: &str) -> PyResult<Front> {
+        let config: Config = serde_json::from_str(config).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(Front {
+            shared: Arc::new(Shared {
+                config,
+                snapshot: Mutex::new(Arc::new(Snapshot::default())),
+                counts: Counts::default(),
+                stopping: AtomicBool::new(false),
+                forced: AtomicBool::new(false),
+                stop: Notify::new(),
+                open: AtomicU64::new(0),
+            }),
+            listen_fd,
+            python_port,
+            threads: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Swap in a new routing view (router.data_plane.snapshot_doc's JSON).
+    fn update(&self, doc: &[u8]) -> PyResult<()> {
+        let snap = Snapshot::parse(doc).map_err(PyValueError::new_err)?;
+        *self.shared.snapshot.lock().expect("never poisoned") = Arc::new(snap);
+        Ok(())
+    }
+
+    /// Start serving on `threads` threads, each accepting on the listening socket.
+    fn start(&self, threads: usize) -> PyResult<()> {
+        let mut handles = self.threads.lock().expect("never poisoned");
+        for i in 0..threads.max(1) {
+            // SAFETY: the caller keeps the listening socket open until stop() returns.
+            let fd = unsafe { BorrowedFd::borrow_raw(self.listen_fd) }
+                .try_clone_to_owned()
+                .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+            let listener = std::net::TcpListener::from(fd);
+            listener.set_nonblocking(true).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+            let (shared, port) = (self.shared.clone(), self.python_port);
+            let handle = std::thread::Builder::new()
+                .name(format!("rest-front-{i}"))
+                .spawn(move || run(shared, listener, port, i as u64))
+                .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+            handles.push(handle);
+        }
+        Ok(())
+    }
+
+    /// Stop accepting; connections close once idle, and those still open after `grace_s` are dropped.
+    fn stop(&self, py: Python<'_>, grace_s: f64) {
+        self.shared.stopping.store(true, Relaxed);
+        self.shared.stop.notify_waiters();
+        let handles: Vec<JoinHandle<()>> = self.threads.lock().expect("never poisoned").drain(..).collect();
+        let grace = Duration::from_secs_f64(grace_s.max(0.0));
+        py.allow_threads(|| {
+            let until = std::time::Instant::now() + grace;
+            while self.shared.open.load(Relaxed) > 0 && std::time::Instant::now() < until {
+                self.shared.stop.notify_waiters();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            self.shared.forced.store(true, Relaxed);
+            self.shared.stop.notify_waiters();
+            for h in handles {
+                let _ = h.join();
+            }
+        });
+    }
+
+    /// What the path has counted so far (router.data_plane adds it to the router's metrics).
+    fn counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = &self.shared.counts;
+        let d = PyDict::new(py);
+        let lookups = PyDict::new(py);
+        for (i, outcome) in ["ok", "not_found"].iter().enumerate() {
+            for (j, role) in ["active", "standby"].iter().enumerate() {
+                lookups.set_item((*outcome, *role), c.lookups[i][j].load(Relaxed))?;
+            }
+        }
+        d.set_item("lookups", lookups)?;
+        let buckets: Vec<u64> = c.buckets.iter().map(|b| b.load(Relaxed)).collect();
+        d.set_item("buckets", buckets)?;
+        d.set_item("bucket_bounds", LATENCY_BUCKETS.to_vec())?;
+        d.set_item("sum_s", c.sum_us.load(Relaxed) as f64 / 1e6)?;
+        d.set_item("hedges", c.hedges.load(Relaxed))?;
+        d.set_item("relayed", c.relayed.load(Relaxed))?;
+        d.set_item("handed_over", c.handed_over.load(Relaxed))?;
+        d.set_item("connections", c.connections.load(Relaxed))?;
+        Ok(d)
+    }
+}
+
+fn run(shared: Arc<Shared>, listener: std::net::TcpListener, python_port: u16, seed: u64) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
+        let conns = Rc::new(http1::Conns::new(lookup::Routing::new(shared.clone(), seed),
+                                              relay::Python::new(python_port)));
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => {
+                    let Ok((stream, _)) = accepted else { continue };
+                    shared.counts.connections.fetch_add(1, Relaxed);
+                    shared.open.fetch_add(1, Relaxed);
+                    let (conns, shared) = (conns.clone(), shared.clone());
+                    tokio::task::spawn_local(async move {
+                        http1::serve(conns, stream).await;
+                        shared.open.fetch_sub(1, Relaxed);
+                    });
+                }
+                _ = shared.stop.notified() => {}
+            }
+            if shared.stopping() {
+                break;
+            }
+        }
+        drop(listener);
+        // Connections finish the requests they have; stop() waits for them within its grace.
+        while shared.open.load(Relaxed) > 0 && !shared.forced.load(Relaxed) {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                _ = shared.stop.notified() => {}
+            }
+        }
+    });
+}
+
+/// The nodes of a partition's replicas in the order this path would ask them, for a bound of lag and staleness at
+/// `now_ms`, with no load and no answers seen: what tests/unit/test_data_plane.py holds to FreshestFirst's order.
+#[pyfunction]
+#[pyo3(signature = (doc, config, table, partition, max_lag, max_staleness_ms, now_ms))]
+fn order(doc: &[u8], config: &str, table: &str, partition: usize, max_lag: Option<i64>, max_staleness_ms: Option<i64>,
+         now_ms: i64) -> PyResult<Vec<String>> {
+    use rand::SeedableRng;
+    let snap = Snapshot::parse(doc).map_err(PyValueError::new_err)?;
+    let c: Config = serde_json::from_str(config).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let replicas = snap.tables.get(table).and_then(|t| t.partitions.get(partition)).cloned().unwrap_or_default();
+    let tol = selection::Tolerances { offsets: c.freshness_tolerance_offsets, ms: c.freshness_tolerance_ms,
+                                      view_trust_ms: c.view_trust_ms };
+    let cands = selection::select(&replicas, table, partition, selection::Bound { max_lag, max_staleness_ms },
+                                  &selection::Overlay::default(), &selection::Load::new(c.failure_backoff_ms), tol,
+                                  now_ms, &mut rand::rngs::SmallRng::seed_from_u64(0));
+    Ok(cands.into_iter().map(|c| replicas[c.index].node.clone()).collect())
+}
+
+#[pymodule]
+fn freshroute_dataplane(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Front>()?;
+    m.add_function(wrap_pyfunction!(order, m)?)?;
+    Ok(())
+}

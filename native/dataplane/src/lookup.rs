@@ -1,0 +1,321 @@
+//! One key lookup on the compiled path: the key's partition, the freshest replica within the bound, the read over
+//! the read port (hedged to a second replica when slow), and the answer with its labels. Whatever it does not
+//! serve — another bound parameter, a table with other keys, no replica the view trusts, a refusal, a failure — it
+//! leaves to the Python path (`None`), which answers it with every rule of freshroute.routing.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rand::rngs::SmallRng;
+
+use crate::answer::{self, Served, NEVER_CAUGHT_UP_MS};
+use crate::counts::Counts;
+use crate::messages::{KeyRead, KeyResult, ReadBound, NOT_FOUND, OK, ROLE_ACTIVE, ROLE_STANDBY, SERVING_ACTIVE};
+use crate::selection::{self, Bound, Candidate, LatencyWindow, Load, Observation, Overlay, Tolerances};
+use crate::snapshot::{Replica, Snapshot, State};
+use crate::store::{Answer, Stores};
+use crate::Shared;
+
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// What one runtime thread keeps of its lookups: connections, load, lag answers, latency, the hedge budget.
+pub struct Routing {
+    pub shared: std::sync::Arc<Shared>,
+    pub stores: Rc<Stores>,
+    overlay: RefCell<Overlay>,
+    load: RefCell<Load>,
+    latency: RefCell<LatencyWindow>,
+    rng: RefCell<SmallRng>,
+    hedge_tokens: RefCell<f64>,
+    pruned_at: RefCell<i64>,
+}
+
+/// A lookup's answer: HTTP status and JSON body.
+pub type Answered = (u16, Vec<u8>);
+
+impl Routing {
+    pub fn new(shared: std::sync::Arc<Shared>, seed: u64) -> Routing {
+        use rand::SeedableRng;
+        let c = &shared.config;
+        let stores = Stores::new(c.cluster_secret.clone(), Duration::from_millis(c.attempt_timeout_ms));
+        let load = Load::new(c.failure_backoff_ms);
+        let latency = LatencyWindow::new(c.hedge_quantile);
+        Routing { shared, stores, overlay: RefCell::default(), load: RefCell::new(load),
+                  latency: RefCell::new(latency), rng: RefCell::new(SmallRng::seed_from_u64(seed)),
+                  hedge_tokens: RefCell::new(0.0), pruned_at: RefCell::new(0) }
+    }
+
+    fn counts(&self) -> &Counts {
+        &self.shared.counts
+    }
+
+    /// The answer to GET /v1/tables/{table}/keys/{key}?{query} (raw, percent-encoded), or None for the Python path.
+    pub async fn lookup(&self, table: &[u8], key: &[u8], query: &[u8]) -> Option<Answered> {
+        let started = Instant::now();
+        let bound = parse_query(query)?;
+        let (table, key) = (segment(table)?, segment(key)?);
+        let snap = self.shared.snapshot();
+        let spec = snap.tables.get(&table).filter(|t| t.served)?;
+        let partition = (murmur2(key.as_bytes()) & 0x7fff_ffff) as usize % spec.partitions.len().max(1);
+        let replicas = spec.partitions.get(partition)?;
+        let bound = bound.with_defaults(spec.max_lag, spec.max_staleness_ms);
+        let now = now_ms();
+        self.prune(&snap, now);
+        let c = &self.shared.config;
+        let tol = Tolerances { offsets: c.freshness_tolerance_offsets, ms: c.freshness_tolerance_ms,
+                               view_trust_ms: c.view_trust_ms };
+        let cands = selection::select(replicas, &table, partition, bound, &self.overlay.borrow(), &self.load.borrow(),
+                                      tol, now, &mut self.rng.borrow_mut());
+        cands.first()?;
+        let read = KeyRead {
+            id: 0,
+            table: table.clone(),
+            partition: partition as i32,
+            key: key.as_bytes().to_vec(),
+            bound: (!bound.unbounded()).then_some(ReadBound { max_lag: bound.max_lag,
+                                                             max_staleness_ms: bound.max_staleness_ms,
+                                                             min_offset: 0 }),
+        };
+        let (cand, result) = self.attempts(replicas, &table, partition, &cands, read).await?;
+        let replica = &replicas[cand.index];
+        let rep = result.replica.as_ref()?;
+        let (lag_offsets, staleness) = match rep.end_offset {
+            Some(_) => (Some(rep.lag_offsets.unwrap_or(0).max(0)), rep.staleness_ms.max(0)),
+            None => (None, rep.staleness_ms.max(0)),
+        };
+        let role = match rep.role {
+            ROLE_ACTIVE => "active",
+            ROLE_STANDBY => "standby",
+            _ if rep.state == SERVING_ACTIVE => "active",
+            _ => "standby",
+        };
+        let who = Served {
+            node: if rep.node.is_empty() { &replica.node } else { &rep.node },
+            role,
+            lag_offsets,
+            lag_ms: (staleness < NEVER_CAUGHT_UP_MS).then_some(staleness),
+            applied: rep.applied_offset,
+        };
+        let input_lag = spec.input_lag_at(now_ms());
+        let found = result.status == OK;
+        let body = if found {
+            answer::found(&table, &key, partition, &result.value, spec.value_format, &who, input_lag)?
+        } else {
+            answer::not_found(&table, &key, partition, &who, input_lag)?
+        };
+        self.counts().lookup(found, role == "active", started.elapsed());
+        Some((if found { 200 } else { 404 }, body))
+    }
+
+    fn prune(&self, snap: &Snapshot, now: i64) {
+        // Heartbeats published since then carry newer lag than these answers did (RoutingCore.on_snapshot).
+        let mut at = self.pruned_at.borrow_mut();
+        if now - *at > 1000 {
+            *at = now;
+            self.overlay.borrow_mut().prune(snap.built_ms - 2 * self.shared.config.node_expiry_ms);
+        }
+    }
+
+    /// The first candidate's answer, or the second's when the first is slower than recent reads (a hedge, within the
+    /// hedge budget); None when neither gave an answer this path may serve.
+    async fn attempts(&self, replicas: &[Replica], table: &str, partition: usize, cands: &[Candidate],
+                      read: KeyRead) -> Option<(Candidate, KeyResult)> {
+        let c = &self.shared.config;
+        let attempt = Duration::from_millis(c.attempt_timeout_ms);
+        let second = cands.get(1).filter(|s| c.hedge && replicas[s.index].state != State::Restoring).copied();
+        {
+            let mut tokens = self.hedge_tokens.borrow_mut();
+            *tokens = (*tokens + c.hedge_budget).min(10.0);
+        }
+        let first = cands[0];
+        let hedge_after = match (second, self.latency.borrow().value_ms) {
+            (Some(_), Some(ms)) => Duration::from_secs_f64(ms.max(c.hedge_min_ms) / 1000.0).min(attempt),
+            _ => attempt,
+        };
+        let mut one = Box::pin(self.attempt(replicas, table, partition, first, read.clone()));
+        if let Ok(outcome) = tokio::time::timeout(hedge_after, &mut one).await {
+            return outcome.map(|r| (first, r));
+        }
+        let second = second.filter(|_| hedge_after < attempt && *self.hedge_tokens.borrow() >= 1.0)?;
+        *self.hedge_tokens.borrow_mut() -= 1.0;
+        self.counts().hedge();
+        let mut two = Box::pin(self.attempt(replicas, table, partition, second, read));
+        let deadline = tokio::time::sleep(attempt);
+        tokio::pin!(deadline);
+        let (mut one_done, mut two_done) = (false, false);
+        loop {
+            tokio::select! {
+                r = &mut one, if !one_done => match r { Some(r) => return Some((first, r)), None => one_done = true },
+                r = &mut two, if !two_done => match r { Some(r) => return Some((second, r)), None => two_done = true },
+                _ = &mut deadline => return None,
+            }
+            if one_done && two_done {
+                return None;
+            }
+        }
+    }
+
+    /// One read of one replica: its result if it is an answer (found or not), else None.
+    async fn attempt(&self, replicas: &[Replica], table: &str, partition: usize, cand: Candidate,
+                     read: KeyRead) -> Option<KeyResult> {
+        let replica = &replicas[cand.index];
+        let address = replica.read_address.as_deref()?;
+        self.load.borrow_mut().started(&replica.node);
+        let guard = InFlight { routing: self, node: &replica.node, done: false };
+        let sent = Instant::now();
+        let answer: Answer = self.stores.read(address, read).await;
+        let ms = sent.elapsed().as_secs_f64() * 1000.0;
+        guard.finish();
+        match answer {
+            Err(_) => {
+                let mut load = self.load.borrow_mut();
+                load.finished(&replica.node, None);
+                load.failed(&replica.node, now_ms());
+                None
+            }
+            Ok(result) => {
+                self.load.borrow_mut().finished(&replica.node, Some(ms));
+                if let Some(rep) = &result.replica {
+                    self.overlay.borrow_mut().observe(&replica.node, table, partition, Observation {
+                        applied: rep.applied_offset,
+                        end: rep.end_offset,
+                        staleness_ms: rep.staleness_ms.max(0),
+                        observed_ms: now_ms(),
+                    });
+                }
+                if result.status == OK || result.status == NOT_FOUND {
+                    self.latency.borrow_mut().record(ms);
+                    return Some(result);
+                }
+                None
+            }
+        }
+    }
+}
+
+/// An attempt in flight, counted in its node's load until it ends — also when a hedge's winner drops it.
+struct InFlight<'a> {
+    routing: &'a Routing,
+    node: &'a str,
+    done: bool,
+}
+
+impl InFlight<'_> {
+    fn finish(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.routing.load.borrow_mut().finished(self.node, None);
+        }
+    }
+}
+
+/// The bound of a query this path serves (max_lag, max_staleness_ms as plain numbers), or None.
+pub fn parse_query(query: &[u8]) -> Option<Bound> {
+    let mut bound = Bound::default();
+    for pair in query.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
+        let eq = pair.iter().position(|&b| b == b'=')?;
+        let (name, value) = (&pair[..eq], &pair[eq + 1..]);
+        if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        let value: u64 = std::str::from_utf8(value).ok()?.parse().ok()?;
+        let value = i64::try_from(value).ok()?;
+        match name {
+            b"max_lag" => bound.max_lag = Some(value),
+            b"max_staleness_ms" => bound.max_staleness_ms = Some(value),
+            _ => return None,
+        }
+    }
+    Some(bound)
+}
+
+/// A raw path segment as text (router.rest.routes.segment), or None where that raises.
+pub fn segment(raw: &[u8]) -> Option<String> {
+    if !raw.contains(&b'%') {
+        return String::from_utf8(raw.to_vec()).ok();
+    }
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] == b'%' {
+            let hex = raw.get(i + 1..i + 3)?;
+            let text = std::str::from_utf8(hex).ok()?;
+            if !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return None;
+            }
+            out.push(u8::from_str_radix(text, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(raw[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// Kafka's murmur2 (freshroute.keys.murmur2) as an unsigned 32-bit value.
+pub fn murmur2(data: &[u8]) -> u32 {
+    const M: u32 = 0x5bd1_e995;
+    let mut h: u32 = 0x9747_b28c ^ data.len() as u32;
+    let mut chunks = data.chunks_exact(4);
+    for c in &mut chunks {
+        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> 24;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    let tail = chunks.remainder();
+    if tail.len() == 3 {
+        h ^= (tail[2] as u32) << 16;
+    }
+    if tail.len() >= 2 {
+        h ^= (tail[1] as u32) << 8;
+    }
+    if !tail.is_empty() {
+        h ^= tail[0] as u32;
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn murmur2_is_kafkas() {
+        // freshroute.keys.murmur2 of the same bytes (as unsigned).
+        for (key, want) in [(&b"sensor-42"[..], 2894623485u32), (b"", 275646681), (b"a", 2731586172),
+                            (b"abc", 479470107), (b"abcd", 2971317748),
+                            ("\u{e9}t\u{e9}-12345".as_bytes(), 3015333513)] {
+            assert_eq!(murmur2(key), want);
+        }
+    }
+
+    #[test]
+    fn queries_and_segments() {
+        assert_eq!(parse_query(b""), Some(Bound::default()));
+        assert_eq!(parse_query(b"max_lag=5&max_staleness_ms=007"),
+                   Some(Bound { max_lag: Some(5), max_staleness_ms: Some(7) }));
+        assert_eq!(parse_query(b"max_lag="), None);
+        assert_eq!(parse_query(b"max_lag=-1"), None);
+        assert_eq!(parse_query(b"max_lag=9223372036854775808"), None);
+        assert_eq!(parse_query(b"as_of=5"), None);
+        assert_eq!(segment(b"a%2Fb"), Some("a/b".into()));
+        assert_eq!(segment(b"%zz"), None);
+        assert_eq!(segment(b"%ff"), None);
+    }
+}

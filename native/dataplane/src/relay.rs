@@ -1,0 +1,102 @@
+//! The way to the Python path: the router's own HTTP/1.1 front (router.transports.http1 under uvicorn) on a
+//! loopback port of its own. A key route this path does not answer goes there as one request over a kept-alive
+//! connection, its answer relayed back; a connection whose request is anything else is handed over whole, every
+//! byte not yet answered included, and spliced through from then on — so the Python app serves the rest of the
+//! API exactly as it does without this path.
+
+use std::cell::RefCell;
+use std::io;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Larger than any answer head the Python front writes.
+const MAX_ANSWER_HEAD: usize = 64 << 10;
+
+pub struct Python {
+    port: u16,
+    idle: RefCell<Vec<TcpStream>>,
+}
+
+impl Python {
+    pub fn new(port: u16) -> Python {
+        Python { port, idle: RefCell::new(Vec::new()) }
+    }
+
+    async fn connect(&self) -> io::Result<TcpStream> {
+        let s = TcpStream::connect(("127.0.0.1", self.port)).await?;
+        s.set_nodelay(true)?;
+        Ok(s)
+    }
+
+    /// From `pending` (the request not answered yet, and all after it) on, the client talks to the Python front.
+    pub async fn hand_over(&self, mut client: TcpStream, pending: &[u8]) {
+        let Ok(mut python) = self.connect().await else { return };
+        if python.write_all(pending).await.is_err() {
+            return;
+        }
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut python).await;
+    }
+
+    /// The Python front's answer to one request (its whole head, no body): the answer's bytes, and whether it
+    /// closes the connection.
+    pub async fn answer(&self, request: &[u8]) -> io::Result<(Vec<u8>, bool)> {
+        let pooled = self.idle.borrow_mut().pop();
+        if let Some(conn) = pooled {
+            // A kept-alive connection the Python front closed meanwhile fails before any answer: asked again anew.
+            if let Ok(answer) = self.exchange(conn, request).await {
+                return Ok(answer);
+            }
+        }
+        let conn = self.connect().await?;
+        self.exchange(conn, request).await
+    }
+
+    async fn exchange(&self, mut conn: TcpStream, request: &[u8]) -> io::Result<(Vec<u8>, bool)> {
+        conn.write_all(request).await?;
+        let mut buf = BytesMut::with_capacity(4096);
+        let (head, length, closes) = loop {
+            if conn.read_buf(&mut buf).await? == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            let mut headers = [httparse::EMPTY_HEADER; 32];
+            let mut answer = httparse::Response::new(&mut headers);
+            match answer.parse(&buf) {
+                Ok(httparse::Status::Complete(head)) => {
+                    let mut length = None;
+                    let mut closes = false;
+                    for h in answer.headers.iter() {
+                        if h.name.eq_ignore_ascii_case("content-length") {
+                            length = std::str::from_utf8(h.value).ok().and_then(|v| v.trim().parse::<usize>().ok());
+                        } else if h.name.eq_ignore_ascii_case("connection") {
+                            closes = h.value.eq_ignore_ascii_case(b"close");
+                        }
+                    }
+                    break (head, length, closes);
+                }
+                Ok(httparse::Status::Partial) if buf.len() < MAX_ANSWER_HEAD => continue,
+                _ => return Err(io::Error::new(io::ErrorKind::InvalidData, "not an HTTP/1.1 answer")),
+            }
+        };
+        match length {
+            Some(length) => {
+                while buf.len() < head + length {
+                    if conn.read_buf(&mut buf).await? == 0 {
+                        return Err(io::ErrorKind::UnexpectedEof.into());
+                    }
+                }
+                buf.truncate(head + length);
+            }
+            None => {
+                // No length: the answer ends with the connection.
+                while conn.read_buf(&mut buf).await? != 0 {}
+                return Ok((buf.to_vec(), true));
+            }
+        }
+        if !closes {
+            self.idle.borrow_mut().push(conn);
+        }
+        Ok((buf.to_vec(), closes))
+    }
+}

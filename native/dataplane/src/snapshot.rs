@@ -1,0 +1,160 @@
+//! The routing view the Python control plane pushes at every metadata refresh (router/data_plane.py writes it):
+//! the tables this path serves and every replica's latest known lag, swapped in whole.
+
+use std::collections::HashMap;
+
+use serde::Deserialize;
+
+/// A replica's state as its node reports it; `Unreported` (the assignment names it, no heartbeat does) cannot serve.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum State {
+    Unreported,
+    Restoring,
+    Active,
+    Standby,
+    Failed,
+}
+
+#[derive(Clone, Debug)]
+pub struct Replica {
+    pub node: String,
+    pub read_address: Option<String>,
+    pub active: bool,
+    pub state: State,
+    pub applied: i64,
+    pub end: Option<i64>,
+    pub staleness_ms: i64,
+    pub observed_ms: i64,
+    pub alive: bool,
+    pub draining: bool,
+}
+
+/// Where the pipeline is in a table's input and where that input ends (freshroute.metadata.progress).
+#[derive(Clone, Debug, Deserialize)]
+pub struct InputLag {
+    pub records: i64,
+    pub caught_up_ms: i64,
+    pub at_ms: i64,
+    pub alive_ms: i64,
+    pub offsets: HashMap<i32, i64>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct InputEnds {
+    pub at_ms: i64,
+    pub ends: HashMap<i32, i64>,
+}
+
+pub const PIPELINE_EXPIRY_MS: i64 = 3000;
+pub const INPUT_ENDS_TRUST_MS: i64 = 3000;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ValueFormat {
+    Json,
+    Text,
+    Bytes,
+}
+
+#[derive(Debug)]
+pub struct Table {
+    /// Keyed, with string keys: its key lookups are answered here (others go to the Python path).
+    pub served: bool,
+    pub value_format: ValueFormat,
+    /// The table's default bound (the router's per-table override, else the pipeline's).
+    pub max_lag: Option<i64>,
+    pub max_staleness_ms: Option<i64>,
+    pub input_lag: Option<InputLag>,
+    pub input_ends: Option<InputEnds>,
+    /// Replicas by partition, the active one first.
+    pub partitions: Vec<Vec<Replica>>,
+}
+
+impl Table {
+    /// (records, ms) the table's changelog is behind its input at `now`: freshroute.metadata.progress.input_lag_at.
+    pub fn input_lag_at(&self, now: i64) -> (i64, i64) {
+        let Some(lag) = &self.input_lag else { return (0, 0) };
+        let alive = now - lag.alive_ms <= PIPELINE_EXPIRY_MS;
+        let records = match &self.input_ends {
+            Some(ends) if !lag.offsets.is_empty() && now - ends.at_ms <= INPUT_ENDS_TRUST_MS => ends
+                .ends
+                .iter()
+                .map(|(p, end)| (end - lag.offsets.get(p).copied().unwrap_or(0)).max(0))
+                .sum::<i64>(),
+            _ if alive => {
+                let ms = if lag.records != 0 { (now - lag.caught_up_ms).max(0) } else { 0 };
+                return (lag.records, ms);
+            }
+            _ => return (lag.records, (now - lag.caught_up_ms).max(0)),
+        };
+        if records != 0 { (records, (now - lag.caught_up_ms).max(0)) } else { (0, 0) }
+    }
+}
+
+#[derive(Default, Debug)]
+pub struct Snapshot {
+    pub tables: HashMap<String, Table>,
+    pub built_ms: i64,
+}
+
+// ---- the pushed document -------------------------------------------------------------------------------------
+
+#[derive(Deserialize)]
+struct TableDoc {
+    partitions: usize,
+    served: bool,
+    value_format: String,
+    max_lag: Option<i64>,
+    max_staleness_ms: Option<i64>,
+    input_lag: Option<InputLag>,
+    input_ends: Option<InputEnds>,
+}
+
+/// (node, read address, role, state, applied, end, staleness ms, observed ms, alive, draining)
+type ReplicaDoc = (String, Option<String>, String, Option<String>, i64, Option<i64>, i64, i64, bool, bool);
+
+#[derive(Deserialize)]
+struct SnapshotDoc {
+    tables: HashMap<String, TableDoc>,
+    replicas: Vec<(String, usize, Vec<ReplicaDoc>)>,
+    built_ms: i64,
+}
+
+impl Snapshot {
+    pub fn parse(doc: &[u8]) -> Result<Snapshot, String> {
+        let doc: SnapshotDoc = serde_json::from_slice(doc).map_err(|e| format!("routing snapshot: {e}"))?;
+        let mut tables = HashMap::with_capacity(doc.tables.len());
+        for (name, t) in doc.tables {
+            let value_format = match t.value_format.as_str() {
+                "json" => ValueFormat::Json,
+                "string" => ValueFormat::Text,
+                "bytes" => ValueFormat::Bytes,
+                other => return Err(format!("routing snapshot: table {name}: value format {other:?}")),
+            };
+            tables.insert(name, Table {
+                served: t.served,
+                value_format,
+                max_lag: t.max_lag,
+                max_staleness_ms: t.max_staleness_ms,
+                input_lag: t.input_lag,
+                input_ends: t.input_ends,
+                partitions: vec![Vec::new(); t.partitions],
+            });
+        }
+        for (table, partition, replicas) in doc.replicas {
+            let Some(t) = tables.get_mut(&table) else { continue };
+            let Some(slot) = t.partitions.get_mut(partition) else { continue };
+            for (node, read_address, role, state, applied, end, staleness_ms, observed_ms, alive, draining) in replicas {
+                let state = match state.as_deref() {
+                    None => State::Unreported,
+                    Some("RESTORING") => State::Restoring,
+                    Some("ACTIVE") => State::Active,
+                    Some("STANDBY") => State::Standby,
+                    Some(_) => State::Failed,
+                };
+                slot.push(Replica { node, read_address, active: role == "active", state, applied, end, staleness_ms,
+                                    observed_ms, alive, draining });
+            }
+        }
+        Ok(Snapshot { tables, built_ms: doc.built_ms })
+    }
+}

@@ -1,0 +1,159 @@
+//! Reads over store nodes' read ports (freshroute.wire): one connection per node and thread, results matched back
+//! by id. Reads asked for in one turn of the runtime leave together as one ReadBatch frame: under load a frame
+//! carries many lookups, while a lone read waits for nothing. A broken connection fails every read in flight on it,
+//! and the next read opens a new one.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use prost::Message;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{oneshot, Notify};
+
+use crate::messages::{KeyRead, KeyResult, ReadBatch, ResultBatch};
+
+/// Far above any batch a node answers; a longer frame means the peer does not speak this protocol.
+const MAX_FRAME: usize = 64 << 20;
+
+pub type Answer = Result<KeyResult, String>;
+
+struct Conn {
+    address: String,
+    outbox: RefCell<Vec<KeyRead>>,
+    waiting: RefCell<HashMap<u64, oneshot::Sender<Answer>>>,
+    wake: Notify,
+    dead: Cell<bool>,
+}
+
+pub struct Stores {
+    conns: RefCell<HashMap<String, Rc<Conn>>>,
+    secret: String,
+    connect_timeout: Duration,
+    next_id: Cell<u64>,
+}
+
+impl Stores {
+    pub fn new(secret: String, connect_timeout: Duration) -> Rc<Stores> {
+        Rc::new(Stores { conns: RefCell::new(HashMap::new()), secret, connect_timeout, next_id: Cell::new(1) })
+    }
+
+    /// Send `read` to the node at `address`; resolves with its result, or why the connection failed.
+    pub async fn read(self: &Rc<Self>, address: &str, mut read: KeyRead) -> Answer {
+        let conn = self.conn(address);
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        read.id = id;
+        let (tx, rx) = oneshot::channel();
+        conn.waiting.borrow_mut().insert(id, tx);
+        conn.outbox.borrow_mut().push(read);
+        conn.wake.notify_one();
+        rx.await.unwrap_or_else(|_| Err(format!("store node {address}: connection closed")))
+    }
+
+    fn conn(self: &Rc<Self>, address: &str) -> Rc<Conn> {
+        if let Some(c) = self.conns.borrow().get(address) {
+            if !c.dead.get() {
+                return c.clone();
+            }
+        }
+        let conn = Rc::new(Conn {
+            address: address.to_owned(),
+            outbox: RefCell::new(Vec::new()),
+            waiting: RefCell::new(HashMap::new()),
+            wake: Notify::new(),
+            dead: Cell::new(false),
+        });
+        self.conns.borrow_mut().insert(address.to_owned(), conn.clone());
+        tokio::task::spawn_local(run(self.clone(), conn.clone()));
+        conn
+    }
+
+    fn kill(&self, conn: &Rc<Conn>, why: String) {
+        if conn.dead.replace(true) {
+            return;
+        }
+        let mut conns = self.conns.borrow_mut();
+        if conns.get(&conn.address).is_some_and(|c| Rc::ptr_eq(c, conn)) {
+            conns.remove(&conn.address);
+        }
+        drop(conns);
+        conn.outbox.borrow_mut().clear();
+        for (_, tx) in conn.waiting.borrow_mut().drain() {
+            let _ = tx.send(Err(why.clone()));
+        }
+        conn.wake.notify_one();
+    }
+}
+
+async fn run(stores: Rc<Stores>, conn: Rc<Conn>) {
+    let stream = match tokio::time::timeout(stores.connect_timeout, TcpStream::connect(conn.address.as_str())).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return stores.kill(&conn, format!("store node {}: {e}", conn.address)),
+        Err(_) => return stores.kill(&conn, format!("store node {}: connect timed out", conn.address)),
+    };
+    let _ = stream.set_nodelay(true);
+    let (reader, writer) = stream.into_split();
+    tokio::task::spawn_local(read_results(stores.clone(), conn.clone(), reader));
+    write_batches(&stores, &conn, writer).await;
+}
+
+async fn write_batches(stores: &Rc<Stores>, conn: &Rc<Conn>, mut writer: OwnedWriteHalf) {
+    let mut frame = Vec::with_capacity(4096);
+    loop {
+        // Every connection task the runtime polled this turn has put its read in the outbox by now.
+        conn.wake.notified().await;
+        if conn.dead.get() {
+            return;
+        }
+        let reads = std::mem::take(&mut *conn.outbox.borrow_mut());
+        if reads.is_empty() {
+            continue;
+        }
+        let batch = ReadBatch { reads, cluster_secret: stores.secret.clone() };
+        frame.clear();
+        frame.extend_from_slice(&(batch.encoded_len() as u32).to_be_bytes());
+        batch.encode(&mut frame).expect("a Vec grows");
+        if let Err(e) = writer.write_all(&frame).await {
+            return stores.kill(conn, format!("store node {}: {e}", conn.address));
+        }
+    }
+}
+
+async fn read_results(stores: Rc<Stores>, conn: Rc<Conn>, mut reader: OwnedReadHalf) {
+    let why = loop {
+        let mut head = [0u8; 4];
+        if let Err(e) = reader.read_exact(&mut head).await {
+            break format!("store node {}: {e}", conn.address);
+        }
+        let size = u32::from_be_bytes(head) as usize;
+        if size > MAX_FRAME {
+            break format!("store node {}: frame of {size} bytes announced", conn.address);
+        }
+        let mut payload = BytesMut::zeroed(size);
+        if let Err(e) = reader.read_exact(&mut payload).await {
+            break format!("store node {}: {e}", conn.address);
+        }
+        let batch = match ResultBatch::decode(payload.freeze()) {
+            Ok(b) => b,
+            Err(e) => break format!("store node {}: not a result batch ({e})", conn.address),
+        };
+        if !batch.refused.is_empty() {
+            break format!("store node {} refused the read: {}", conn.address, batch.refused);
+        }
+        let mut waiting = conn.waiting.borrow_mut();
+        for result in batch.results {
+            if let Some(tx) = waiting.remove(&result.id) {
+                let _ = tx.send(Ok(result));
+            }
+        }
+        if conn.dead.get() {
+            return;
+        }
+    };
+    stores.kill(&conn, why);
+}

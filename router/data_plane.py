@@ -1,0 +1,151 @@
+"""The compiled lookup path (``native/dataplane``), wired into the router process: it owns the REST port, answers key
+lookups on threads of its own, and sends every other request to the Python front on a loopback port.
+
+The Python side keeps the control plane: at every metadata refresh it pushes the routing view (:func:`snapshot_doc`:
+the tables the path serves, every replica's latest lag) and it counts the path's lookups into the router's metrics at
+a scrape. What the path does not serve — a bound of a position or a write token, an as-of read, a windows, versions
+or metadata route, a table of JSON or bytes keys, a read no replica the view trusts can answer at the first try (or
+the hedge's), every refusal — it relays to the Python path, which answers it with every rule of
+:mod:`freshroute.routing`. Where the path cannot be used at all (not built, or the router authenticates or speaks
+TLS, which it does not do yet) the Python front serves the REST port itself, as it did before the path existed.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any, Iterator
+
+import orjson
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from freshroute.routing.counts import LookupCounts
+from freshroute.routing.policy import RoutingPolicy
+from freshroute.routing.snapshot import Snapshot
+from router.metrics import RouterMetrics
+from router.settings import RouterSettings
+
+
+def why_not(settings: RouterSettings) -> str | None:
+    """Why this router serves REST from its Python front alone (None: the compiled path serves it)."""
+    if settings.data_plane != "compiled":
+        return "data_plane is python"
+    if settings.auth_file is not None:
+        return "the router authenticates (auth_file), which the compiled path does not do yet"
+    if settings.tls_cert is not None:
+        return "the router speaks TLS (tls_cert), which the compiled path does not do yet"
+    if settings.cluster_ca is not None:
+        return "store nodes are reached over TLS (cluster_ca), which the compiled path does not do yet"
+    try:
+        import freshroute_dataplane  # noqa: F401
+    except ImportError:
+        return "the compiled path is not built here (native/dataplane: ./dev builds it)"
+    return None
+
+
+def config_doc(settings: RouterSettings) -> str:
+    """The routing policy's settings the compiled path follows, as JSON."""
+    policy = RoutingPolicy.from_settings(settings)
+    return orjson.dumps({
+        "attempt_timeout_ms": policy.attempt_timeout_ms, "hedge": policy.hedge,
+        "hedge_quantile": policy.hedge_quantile, "hedge_min_ms": float(policy.hedge_min_ms),
+        "hedge_budget": policy.hedge_budget, "freshness_tolerance_offsets": policy.freshness_tolerance_offsets,
+        "freshness_tolerance_ms": policy.freshness_tolerance_ms, "view_trust_ms": policy.view_trust_ms,
+        "failure_backoff_ms": policy.failure_backoff_ms, "node_expiry_ms": policy.node_expiry_ms,
+        "cluster_secret": settings.node_access().secret, "keep_alive_s": 5.0,
+    }).decode()
+
+
+def snapshot_doc(snap: Snapshot, policy: RoutingPolicy) -> bytes:
+    """The routing view the compiled path reads, as JSON: each table's partitions, whether the path serves its key
+    lookups, its value format, its default bound (as :meth:`RoutingCore.bound_for` fills it in) and its input lag;
+    each replica's latest known lag (the heartbeat's, or the positions published since)."""
+    tables = {}
+    for name, spec in snap.tables.items():
+        override = policy.table_bounds.get(name)
+        max_lag, max_ms = ((override.max_lag, override.max_staleness_ms) if override is not None
+                           else (spec.default_max_lag, spec.default_max_staleness_ms))
+        lag = snap.input_lag.get(name)
+        ends = snap.input_ends.get(spec.input_topic) if spec.input_topic else None
+        tables[name] = {
+            "partitions": spec.partitions, "served": spec.window is None and spec.key_format == "string",
+            "value_format": spec.value_format, "max_lag": max_lag, "max_staleness_ms": max_ms,
+            "input_lag": None if lag is None else {"records": lag.records, "caught_up_ms": lag.caught_up_ms,
+                                                   "at_ms": lag.at_ms, "alive_ms": lag.alive_ms,
+                                                   "offsets": lag.offsets},
+            "input_ends": None if ends is None else {"at_ms": ends.at_ms, "ends": ends.ends}}
+    nodes = snap.nodes
+    replicas = []
+    for (table, partition), views in snap.replicas.items():
+        row = []
+        for r in views:
+            applied, end, staleness_ms, observed_ms = r.latest()
+            node = nodes.get(r.node)
+            row.append((r.node, node.read_address if node is not None else None, r.role.value,
+                        r.state.value if r.state is not None else None, applied, end, staleness_ms, observed_ms,
+                        r.alive, r.draining))
+        replicas.append((table, partition, row))
+    return orjson.dumps({"tables": tables, "replicas": replicas, "built_ms": snap.built_ms},
+                        option=orjson.OPT_NON_STR_KEYS)
+
+
+class DataPlane:
+    """The compiled REST front of this process: started on the REST port's socket, fed each snapshot, counted in the
+    router's metrics, stopped."""
+
+    def __init__(self, settings: RouterSettings, metrics: RouterMetrics) -> None:
+        from freshroute_dataplane import Front
+
+        self.policy = RoutingPolicy.from_settings(settings)
+        self.threads = settings.data_plane_threads
+        self._config = config_doc(settings)
+        self._make = Front
+        self._front: Any = None
+        metrics.lookups.counts(fill=self._fill)
+        metrics.registry.register(_PathCollector(self))
+
+    def start(self, rest: socket.socket, python_port: int, snap: Snapshot) -> None:
+        """Serve the REST port (``rest``, listening) on the path's threads; ``python_port``: the Python front's."""
+        self._front = self._make(rest.fileno(), python_port, self._config)
+        self.on_snapshot(snap)
+        self._front.start(self.threads)
+
+    def on_snapshot(self, snap: Snapshot) -> None:
+        if self._front is not None:
+            self._front.update(snapshot_doc(snap, self.policy))
+
+    def stop(self, grace_s: float) -> None:
+        """Stop accepting; connections close once idle or after ``grace_s``."""
+        if self._front is not None:
+            self._front.stop(grace_s)
+
+    def counts(self) -> dict[str, Any]:
+        """What the path has counted so far (``Front.counts``); empty before it starts."""
+        return self._front.counts() if self._front is not None else {}
+
+    def _fill(self, mine: LookupCounts) -> None:
+        c = self.counts()
+        if c:
+            for (outcome, role), n in c["lookups"].items():
+                mine.lookups[(outcome, role)] = n
+            mine.buckets[:] = c["buckets"]
+            mine.sum_s = c["sum_s"]
+            mine.retries["hedge"] = c["hedges"]
+
+
+class _PathCollector(Collector):
+    """Requests the compiled path left to the Python path, and the connections it accepted."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self._plane = plane
+
+    def collect(self) -> Iterator[Metric]:
+        c = self._plane.counts()
+        requests = CounterMetricFamily("freshroute_router_compiled_path_handoffs", "REST requests the compiled path "
+                                       "relayed to the Python path (relayed) and connections it handed over whole "
+                                       "(handed_over)", labels=["how"])
+        requests.add_metric(["relayed"], c.get("relayed", 0))
+        requests.add_metric(["handed_over"], c.get("handed_over", 0))
+        yield requests
+        yield CounterMetricFamily("freshroute_router_compiled_path_connections", "REST connections the compiled path "
+                                  "accepted", value=c.get("connections", 0))

@@ -1,0 +1,119 @@
+"""The compiled lookup path against the Python path, side by side over the same store nodes: every REST request
+answered alike — lookups it serves itself, and everything it relays or hands over — and its work counted."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+
+import httpx
+import orjson
+import pytest
+
+from tools.local.services import free_port
+
+from .router_deployment import KEYS, LAYOUT, TABLE, WINDOWED, Deployment, Procs, value_of
+
+pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark, no shared stack: runs beside the others
+
+
+@pytest.fixture(scope="module")
+def routers(tmp_path_factory, broker, redis_service):
+    """(the compiled path's REST address, the Python path's) in front of one deployment's store nodes."""
+    d = Deployment(Procs(tmp_path_factory.mktemp("data-plane")), broker, redis_service.address,
+                   f"t{uuid.uuid4().hex[:10]}")
+    try:
+        d.up()
+        python_port = free_port()
+        d.start_router("router-python", rest_port=python_port, grpc_port=free_port(),
+                       settings={"FRESHROUTE_DATA_PLANE": "python"})
+        assert "REST lookups by the compiled path" in d.procs.log("router")
+        assert "REST lookups by the Python front (data_plane is python)" in d.procs.log("router-python")
+        yield d, f"http://127.0.0.1:{python_port}"
+    finally:
+        d.procs.stop_all()
+
+
+REQUESTS = [
+    *(f"/v1/tables/{TABLE}/keys/sensor-{i}" for i in range(KEYS)),
+    f"/v1/tables/{TABLE}/keys/sensor%2D1", f"/v1/tables/{TABLE}/keys/nope", f"/v1/tables/{TABLE}/keys/it's",
+    f"/v1/tables/{TABLE}/keys/caf%C3%A9", f"/v1/tables/{TABLE}/keys/%ZZ", f"/v1/tables/{TABLE}/keys/%FF%FE",
+    f"/v1/tables/{TABLE}/keys/sensor-2?max_lag=0", f"/v1/tables/{TABLE}/keys/sensor-2?max_staleness_ms=600000",
+    f"/v1/tables/{TABLE}/keys/sensor-2?max_lag=0&max_staleness_ms=600000", f"/v1/tables/{TABLE}/keys/sensor-2?max_lag=",
+    f"/v1/tables/{TABLE}/keys/sensor-2?max_lag=-1", f"/v1/tables/{TABLE}/keys/sensor-2?max_lag=x",
+    f"/v1/tables/{TABLE}/keys/sensor-2?max_lag=99999999999999999999", f"/v1/tables/{TABLE}/keys/sensor-2?other=1",
+    f"/v1/tables/{TABLE}/keys/sensor-2?min_position=nonsense", f"/v1/tables/{TABLE}/keys/sensor-2?max_input_lag_ms=0",
+    f"/v1/tables/{TABLE}/keys/sensor-2?as_of=now", "/v1/tables/nope/keys/k", f"/v1/tables/{WINDOWED}/keys/sensor-1",
+    f"/v1/tables/{WINDOWED}/keys/sensor-1/windows?from=0&to=30000", f"/v1/tables/{TABLE}/keys/sensor-1/versions",
+    f"/v1/tables/{TABLE}/keys/sensor-1/nothing", "/v1/tables", "/v1/tables/", "/nowhere", "/readyz",
+]
+
+
+def served_elsewhere(body: dict) -> dict:
+    """A body without the replica that served it (equally fresh replicas are picked at random) and what depends on
+    the moment it was asked (the table's input lag; where a page of versions starts by default, and is complete to)."""
+    inner = body.get("error", body)
+    for name in ("served_by", "input_lag", "from", "complete_to"):
+        inner.pop(name, None)
+    return body
+
+
+@pytest.mark.parametrize("path", REQUESTS)
+def test_every_request_is_answered_as_the_python_path_answers_it(routers, path):
+    d, python = routers
+    compiled, reference = httpx.get(d.rest + path, timeout=10), httpx.get(python + path, timeout=10)
+    assert compiled.status_code == reference.status_code, (compiled.text, reference.text)
+    assert compiled.headers.get("content-type") == reference.headers.get("content-type")
+    if compiled.headers.get("content-type") != "application/json":
+        return
+    got, want = compiled.json(), reference.json()
+    served = got.get("error", got).get("served_by")
+    if served is not None:
+        assert served["node"] in LAYOUT[got.get("error", got)["partition"]]
+    assert served_elsewhere(got) == served_elsewhere(want)
+
+
+def test_a_connection_mixing_what_is_answered_relayed_and_handed_over_keeps_its_order(routers):
+    d, _ = routers
+    port = int(d.rest.rsplit(":", 1)[1])
+    raw = b"".join(f"GET {p} HTTP/1.1\r\nHost: r\r\n\r\n".encode() for p in (
+        f"/v1/tables/{TABLE}/keys/sensor-1", f"/v1/tables/{TABLE}/keys/sensor-2?max_lag=x",
+        f"/v1/tables/{TABLE}/keys/sensor-3", f"/v1/tables/{TABLE}/keys/sensor-1/metadata", "/v1/tables",
+        f"/v1/tables/{TABLE}/keys/sensor-4"))
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(raw)
+        f = sock.makefile("rb")
+        answers = []
+        for _ in range(6):
+            status = int(f.readline().split()[1])
+            length = 0
+            while (line := f.readline()) != b"\r\n":
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            answers.append((status, orjson.loads(f.read(length))))
+    assert [s for s, _ in answers] == [200, 400, 200, 200, 200, 200]
+    assert [answers[i][1]["value"] for i in (0, 2, 5)] == [value_of(1), value_of(3), value_of(4)]
+    assert answers[1][1]["error"]["field"] == "max_lag"
+    assert answers[3][1]["partition"] in LAYOUT and {t["name"] for t in answers[4][1]["tables"]} == {TABLE, WINDOWED}
+
+
+def test_the_paths_work_is_counted_in_the_routers_metrics(routers):
+    d, _ = routers
+    before = metrics(d.rest)
+    for i in range(20):
+        assert httpx.get(f"{d.rest}/v1/tables/{TABLE}/keys/sensor-{i}", timeout=5).status_code == 200
+    assert httpx.get(f"{d.rest}/v1/tables/{TABLE}/keys/sensor-1?max_lag=x", timeout=5).status_code == 400
+    after = metrics(d.rest)
+    ok = 'freshroute_router_lookups_total{outcome="ok",role="%s"}'
+    assert sum(after[ok % r] - before[ok % r] for r in ("active", "standby")) >= 20
+    invalid = 'freshroute_router_lookups_total{outcome="invalid",role="none"}'
+    assert after[invalid] == before[invalid] + 1  # counted by the Python path it was relayed to
+    relayed = 'freshroute_router_compiled_path_handoffs_total{how="relayed"}'
+    assert after[relayed] == before[relayed] + 1
+    assert after['freshroute_router_lookup_seconds_count'] - before['freshroute_router_lookup_seconds_count'] >= 21
+
+
+def metrics(base: str) -> dict[str, float]:
+    text = httpx.get(f"{base}/metrics", timeout=5).text
+    return {name: float(value) for line in text.splitlines() if line and not line.startswith("#")
+            for name, _, value in [line.rpartition(" ")]}

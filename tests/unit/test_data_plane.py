@@ -1,0 +1,104 @@
+"""The compiled lookup path's routing view and its replica order, held to the Python routing's (freshroute.routing)."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import orjson
+import pytest
+
+from freshroute.metadata.progress import InputEnds, InputLag
+from freshroute.metadata.roles import ReplicaState, Role
+from freshroute.metadata.tables import TableSpec
+from freshroute.routing.policy import RoutingPolicy, TableBound
+from freshroute.routing.selection import FreshestFirst, LoadTracker
+from freshroute.routing.snapshot import LagOverlay, NodeView, ReplicaView, Snapshot
+from freshroute.bound import Bound
+from router.data_plane import snapshot_doc
+
+dataplane = pytest.importorskip("freshroute_dataplane", reason="the compiled path is built by ./dev (native/dataplane)")
+ROOT = Path(__file__).resolve().parents[2]
+NOW = 1_000_000
+CONFIG = {"attempt_timeout_ms": 500, "hedge": True, "hedge_quantile": 0.95, "hedge_min_ms": 5.0, "hedge_budget": 0.1,
+          "freshness_tolerance_offsets": 0, "freshness_tolerance_ms": 0, "view_trust_ms": 1000,
+          "failure_backoff_ms": 1000, "node_expiry_ms": 2000, "cluster_secret": "", "keep_alive_s": 5.0}
+
+
+def view(node: str, table: str = "t", partition: int = 0, role: Role = Role.STANDBY,
+         state: ReplicaState | None = ReplicaState.STANDBY, applied: int = 10, end: int | None = 10,
+         staleness_ms: int = 0, observed_ms: int = NOW, alive: bool = True, draining: bool = False) -> ReplicaView:
+    return ReplicaView(node, f"{node}:7000", table, partition, role, state, applied, end, staleness_ms, observed_ms,
+                       alive, draining)
+
+
+def snapshot(tables: list[TableSpec], views: list[ReplicaView], **kw) -> Snapshot:
+    replicas: dict[tuple[str, int], tuple[ReplicaView, ...]] = {}
+    for v in views:
+        replicas[(v.table, v.partition)] = (*replicas.get((v.table, v.partition), ()), v)
+    nodes = {v.node: NodeView(v.node, v.address, v.alive, v.draining, None, f"127.0.0.1:{7100 + i}")
+             for i, v in enumerate(views)}
+    return Snapshot({t.name: t for t in tables}, replicas, nodes, None, NOW, True, **kw)
+
+
+def test_the_view_serves_keyed_string_tables_with_their_default_bounds_and_input_lag():
+    tables = [TableSpec("plain", "plain-changelog", 2, "k", default_max_lag=7, input_topic="in"),
+              TableSpec("bounded", "b-changelog", 1, "k", default_max_lag=3, default_max_staleness_ms=9),
+              TableSpec("json_keys", "j", 1, "k", key_format="json", value_format="bytes")]
+    snap = snapshot(tables, [view("n1", "plain", 1, applied=4, end=None)],
+                    input_lag={"plain": InputLag(5, NOW - 100, NOW - 50, {0: 11}, NOW)},
+                    input_ends={"in": InputEnds({0: 16}, NOW - 10)})
+    policy = RoutingPolicy(table_bounds={"bounded": TableBound(max_staleness_ms=100)})
+    doc = orjson.loads(snapshot_doc(snap, policy))
+    assert doc["tables"]["plain"] == {
+        "partitions": 2, "served": True, "value_format": "json", "max_lag": 7, "max_staleness_ms": None,
+        "input_lag": {"records": 5, "caught_up_ms": NOW - 100, "at_ms": NOW - 50, "alive_ms": NOW,
+                      "offsets": {"0": 11}},
+        "input_ends": {"at_ms": NOW - 10, "ends": {"0": 16}}}
+    # The router's override replaces the pipeline's defaults whole, as RoutingCore.bound_for does.
+    assert (doc["tables"]["bounded"]["max_lag"], doc["tables"]["bounded"]["max_staleness_ms"]) == (None, 100)
+    assert doc["tables"]["json_keys"]["served"] is False and doc["tables"]["json_keys"]["value_format"] == "bytes"
+    assert doc["replicas"] == [["plain", 1, [["n1", "127.0.0.1:7100", "standby", "STANDBY", 4, None, 0, NOW, True,
+                                              False]]]]
+    dataplane.Front(-1, 1, orjson.dumps(CONFIG).decode()).update(snapshot_doc(snap, policy))
+    with pytest.raises(ValueError, match="routing snapshot"):
+        dataplane.Front(-1, 1, orjson.dumps(CONFIG).decode()).update(b"{}")
+
+
+def test_the_compiled_order_is_freshest_firsts():
+    """Random partitions of up to four replicas, random lags, views, states and liveness, random bounds: the compiled
+    path asks the replicas FreshestFirst would put within the bound or cannot judge, in its order."""
+    rng = random.Random(11)
+    spec = TableSpec("t", "t-changelog", 1, "k")
+    for case in range(400):
+        end = rng.randrange(100, 200)
+        views = []
+        for i in range(rng.randrange(1, 5)):
+            known = rng.random() < 0.85
+            views.append(view(f"n{i}", applied=end - rng.randrange(0, 25) * 4 - i, end=end if known else None,
+                              staleness_ms=rng.choice((0, 0, 50, 400, 5000)) + i,
+                              observed_ms=NOW - rng.choice((0, 10, 900, 1500, 4000)),
+                              state=rng.choice((ReplicaState.ACTIVE, ReplicaState.STANDBY, ReplicaState.STANDBY,
+                                                ReplicaState.RESTORING, ReplicaState.FAILED, None)),
+                              alive=rng.random() < 0.85))
+        bound = Bound(max_lag=rng.choice((None, None, 0, 5, 30)), max_staleness_ms=rng.choice((None, None, 100, 2000)))
+        python = FreshestFirst(LoadTracker(), LagOverlay(), clock_ms=lambda: NOW, rng=random.Random(1))
+        want = [c.replica.node for c in python.select(views, bound).candidates]
+        got = dataplane.order(snapshot_doc(snapshot([spec], views), RoutingPolicy()), orjson.dumps(CONFIG).decode(),
+                              "t", 0, bound.max_lag, bound.max_staleness_ms, NOW)
+        assert got == want, (case, views, bound)
+
+
+@pytest.mark.skipif(not os.environ.get("PATH"), reason="no PATH")
+def test_the_crates_own_tests_pass():
+    """``cargo test`` of native/dataplane: its parsers, bodies, hash and order against values of the Python code."""
+    cargo = next((str(p) for p in (Path.home() / ".cargo/bin/cargo",) if p.exists()), "cargo")
+    env = {**os.environ, "CARGO_TARGET_DIR": str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+                                                 / "freshroute" / "cargo-test")}
+    done = subprocess.run([cargo, "test", "--release", "--quiet", "--manifest-path",
+                           str(ROOT / "native/dataplane/Cargo.toml")], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "test result: ok" in done.stdout
