@@ -76,7 +76,9 @@ FIGURES = ("router_grpc_rps", "router_rest_rps", "direct_store_rps", "baseline_g
            "local_up_s", "pipeline_replay_s", "pipeline_burst_s", "pipeline_max_events_per_s",
            "ryw_wait_p50_ms", "ryw_wait_p99_ms",
            "ryw_stale_reads", "ryw_not_yet_visible", "asof_rest_rps", "asof_p50_ms", "asof_p99_ms",
-           "router_cpu_us_per_lookup", "store_node_cpu_us_per_lookup")
+           "router_cpu_us_per_lookup", "store_node_cpu_us_per_lookup",
+           "compiled_rest_rps", "python_rest_rps", "compiled_rest_p99_ms", "python_rest_p99_ms",
+           "compiled_router_cpu_us", "python_router_cpu_us")
 
 WINDOW_COUNT = 6  # window_rps: each lookup asks for a key's last this many windows
 BUSY_CONNECTIONS = 32  # router_rest_p99_ms_busy: lookups in flight while the pipeline runs
@@ -113,6 +115,10 @@ TARGETS = (
     # The hand-written transports stay only while they pay for themselves.
     ("transports_rest_rps / uvicorn_rest_rps", "transports_rest_rps", "uvicorn_rest_rps", ">=", 1.0),
     ("transports_grpc_rps / grpcaio_grpc_rps", "transports_grpc_rps", "grpcaio_grpc_rps", ">=", 1.0),
+    # The compiled lookup path: twice the Python path's lookups, a tail no longer, a fifth of its router CPU.
+    ("compiled_rest_rps / python_rest_rps", "compiled_rest_rps", "python_rest_rps", ">=", 2.0),
+    ("compiled_rest_p99_ms / python_rest_p99_ms", "compiled_rest_p99_ms", "python_rest_p99_ms", "<=", 1.0),
+    ("compiled_router_cpu_us", "compiled_router_cpu_us", None, "<=", 25.0),
     # What the stack takes from lookups on a small machine while it only keeps up with its input.
     ("stack_idle_cpu_cores", "stack_idle_cpu_cores", None, "<=", 0.4),
     ("pipeline_idle_cpu_cores", "pipeline_idle_cpu_cores", None, "<=", 0.15),
@@ -137,7 +143,14 @@ TARGETS = (
 LOAD_CLIENTS = {"asof_rest_rps": "wrk -t1 (Lua: rotating keys, ?as_of=) against a versioned table of the bench's "
                                  "own (loadtest.versioned), interleaved with plain lookups of it",
                 "asof_p99_ms": "h2load -t1 --h1 --rps, rotating keys, ?as_of=",
-                "router_rest_rps": "wrk -t1 (Lua: rotating keys)", "window_rps": "wrk -t1 (Lua: rotating keys, /windows)", "router_grpc_rps": "h2load -t1 (gRPC frames, h2c)",
+                "router_rest_rps": "wrk -t1 (Lua: rotating keys)",
+                "compiled_rest_rps": "wrk -t1 (Lua: rotating keys), a router with the compiled path, interleaved with "
+                                     "python_rest_rps",
+                "python_rest_rps": "wrk -t1 (Lua: rotating keys), a router whose Python front serves REST",
+                "compiled_rest_p99_ms": "wrk -t1 (as compiled_rest_rps), its p99", "python_rest_p99_ms": "wrk -t1 (as "
+                "python_rest_rps), its p99", "compiled_router_cpu_us": "wrk -t1 (as compiled_rest_rps): the router "
+                "process's /proc CPU over lookups answered", "python_router_cpu_us": "wrk -t1 (as python_rest_rps): the "
+                "router process's /proc CPU over lookups answered", "window_rps": "wrk -t1 (Lua: rotating keys, /windows)", "router_grpc_rps": "h2load -t1 (gRPC frames, h2c)",
                 "baseline_grpc_rps": "h2load -t1 (gRPC frames, h2c)", "direct_store_rps": "loadtest.readport (asyncio, frames on the read port)",
                 "redis_get_rps": "redis-benchmark -P 1",
                 "latency": "h2load -t1 --rps (fixed rate) --log-file; REST with --h1 and rotating keys",
@@ -587,11 +600,53 @@ class Bench:
         finally:
             lc.stop_process(with_transports[0])
 
-    def start_router(self, name: str, transports: bool) -> tuple[subprocess.Popen, str, str]:
-        """A router process over the stack's Redis namespace on ports of its own: (process, REST url, gRPC Get url)."""
+    def start_router(self, name: str, transports: bool,
+                     data_plane: str = "python") -> tuple[subprocess.Popen, str, str]:
+        """A router process over the stack's Redis namespace on ports of its own: (process, REST url, gRPC Get url).
+        Its REST port is the Python front's unless ``data_plane`` is "compiled"."""
         procs, rest, grpc_url = self.start_routers(name, {"FRESHROUTE_GRPC_FRONT": str(transports).lower(),
-                                                          "FRESHROUTE_REST_FAST_PATH": str(transports).lower()})
+                                                          "FRESHROUTE_REST_FAST_PATH": str(transports).lower(),
+                                                          "FRESHROUTE_DATA_PLANE": data_plane})
         return procs[0], rest, grpc_url
+
+    def compiled_vs_python(self) -> None:
+        """A router process with the compiled lookup path against one whose Python front serves REST (the path
+        before it), wrk's runs interleaved: lookups/s and p99 at the bench's connections, and each process's CPU
+        per lookup from /proc over its runs."""
+        from loadtest.footprint import tree_cpu_seconds
+
+        fig = self.fig
+        compiled = self.start_router("compiled", transports=True, data_plane="compiled")
+        try:
+            python = self.start_router("python", transports=True)
+            try:
+                def run(label: str, router: tuple[subprocess.Popen, str, str]) -> Callable[[], dict[str, float]]:
+                    def measured() -> dict[str, float]:
+                        before = tree_cpu_seconds({label: router[0].pid})[label]
+                        cmd = lc.wrk_command(router[1] + "/", self.a.concurrency, self.a.duration)
+                        out = lc.parse_wrk(lc.run(cmd, self.a.duration + 30, lc.wrk_env(
+                            self.a.table, self.a.key_prefix, len(self.keys))))
+                        used = tree_cpu_seconds({label: router[0].pid})[label] - before
+                        answered = out["requests"] - out["errors"]
+                        if out["errors"]:
+                            self.notes[f"{label}_problems"] = f"{out['errors']} errors of {out['requests']}"
+                        self.say(f"  {label}: {out['rps']:,.0f} req/s, p99 {out['p99_us'] / 1000:.2f} ms, "
+                                 f"{used / max(answered, 1) * 1e6:.1f} µs of router CPU per lookup")
+                        return {"rps": round(out["rps"], 1), "p99_ms": out["p99_us"] / 1000,
+                                "cpu_us": round(used / max(answered, 1) * 1e6, 1)}
+                    return measured
+
+                xs, ys = self.paired("compiled_rest", run("compiled_rest", compiled), "python_rest",
+                                     run("python_rest", python))
+                for side, runs in (("compiled", xs), ("python", ys)):
+                    done = [r for r in runs if r]
+                    fig[f"{side}_rest_rps"] = median_of([r["rps"] for r in done])
+                    fig[f"{side}_rest_p99_ms"] = median_of([r["p99_ms"] for r in done])
+                    fig[f"{side}_router_cpu_us"] = median_of([r["cpu_us"] for r in done])
+            finally:
+                lc.stop_process(python[0])
+        finally:
+            lc.stop_process(compiled[0])
 
     def start_routers(self, name: str, env_extra: dict[str, str], count: int = 1, scheme: str = "http",
                       headers: dict[str, str] | None = None,
@@ -1232,6 +1287,8 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
             say("router/transports against uvicorn's httptools protocol and grpc.aio, a router process each:")
             _step(b, 12, total, "hand-written transports against the libraries (wrk, h2load)",
                   lambda: b.transports_vs_libraries(*router_body))
+        say("the compiled lookup path against the Python front it took over from, a router process each:")
+        _step(b, 12, total, "compiled path against the Python front (wrk, /proc)", b.compiled_vs_python)
         if router_body:
             say("TLS and a bearer token against the stack's plain routers, interleaved:")
             _step(b, 13, total, "secured REST and gRPC throughput, and a flood of bad tokens (wrk, h2load over TLS)",

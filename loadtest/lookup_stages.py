@@ -5,7 +5,8 @@ meanwhile ``/proc`` gives each process's CPU and py-spy samples every router and
 A sample is charged to the stage of its innermost frame in the project's code — the C code a frame calls (httptools,
 orjson, rocksdict, the kernel's sockets) counts for the frame that called it — and a sample with no project frame
 to the event loop. CPU per lookup is a process's CPU over the lookups answered; a stage's share is its share of the
-process's samples.
+process's samples. The router's compiled lookup path (native/dataplane) runs on threads py-spy does not sample: its
+CPU is read per thread from ``/proc`` and shown as a stage of its own.
 
     python -m loadtest.lookup_stages [--home .freshroute/local] [--seconds 10] [--query max_lag=100]
 """
@@ -13,6 +14,7 @@ process's samples.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -68,7 +70,7 @@ STORE_STAGES: Mapping[str, str] = {
                      "store_node/assignment_follower.py", "freshroute/metadata/store.py", "freshroute/heartbeats.py",
                      "store_node/metrics.py"), "control plane"),
 }
-STAGE_ORDER = ("http", "admit", "parse", "route", "forward", "answer", "read port", "wire", "judge", "read",
+STAGE_ORDER = ("compiled path", "http", "admit", "parse", "route", "forward", "answer", "read port", "wire", "judge", "read",
                "event loop", "changelog", "control plane", "elsewhere")
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*):\d+\)$")
 
@@ -108,18 +110,41 @@ def py_spy() -> str:
     return found
 
 
+# The router's compiled lookup path runs on threads of its own (native/dataplane names them so), which py-spy does
+# not sample: their CPU is read from /proc as a stage of its own.
+COMPILED_THREADS = "rest-front-"
+
+
+def thread_cpu_seconds(pid: int, prefix: str) -> float:
+    """CPU seconds used so far by the threads of process ``pid`` whose name starts with ``prefix``."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            raw = (task / "stat").read_text()
+        except OSError:  # the thread ended
+            continue
+        name, after = raw[raw.index("(") + 1:raw.rindex(")")], raw[raw.rindex(")") + 2:].split()
+        if name.startswith(prefix):
+            total += int(after[11]) + int(after[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass(frozen=True)
 class RoleCost:
-    """One role's processes under the load: CPU per lookup, and its samples by stage."""
+    """One role's processes under the load: CPU per lookup, its compiled path's part, and its samples by stage."""
 
     role: str
     cpu_us_per_lookup: float
     samples: Counter[str]
+    compiled_us_per_lookup: float = 0.0
 
     def by_stage(self) -> dict[str, float]:
-        """µs per lookup of each stage, in the order a lookup meets them."""
+        """µs per lookup of each stage, in the order a lookup meets them: the compiled path's as measured, the rest
+        of the CPU by the Python threads' samples."""
         total = sum(self.samples.values()) or 1
-        return {s: round(self.cpu_us_per_lookup * self.samples[s] / total, 1) for s in STAGE_ORDER if self.samples[s]}
+        python_us = self.cpu_us_per_lookup - self.compiled_us_per_lookup
+        out = {"compiled path": round(self.compiled_us_per_lookup, 1)} if self.compiled_us_per_lookup else {}
+        return {**out, **{s: round(python_us * self.samples[s] / total, 1) for s in STAGE_ORDER if self.samples[s]}}
 
 
 def measure(rest_url: str, routers: Mapping[str, int], store_nodes: Mapping[str, int], table: str, key_prefix: str,
@@ -136,9 +161,11 @@ def measure(rest_url: str, routers: Mapping[str, int], store_nodes: Mapping[str,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for name, pid in processes.items()}
     time.sleep(0.5)  # every sampler attached before the load starts
     before = tree_cpu_seconds(processes)
+    compiled_before = sum(thread_cpu_seconds(pid, COMPILED_THREADS) for pid in routers.values())
     cmd = lc.wrk_command(rest_url + "/", connections, seconds, headers=headers)
     out = lc.parse_wrk(lc.run(cmd, seconds + 30, lc.wrk_env(table, key_prefix, keys, query)))
     used = {n: s - before[n] for n, s in tree_cpu_seconds(processes).items()}
+    compiled = sum(thread_cpu_seconds(pid, COMPILED_THREADS) for pid in routers.values()) - compiled_before
     for name, proc in recorders.items():
         _, err = proc.communicate(timeout=seconds + 30)
         if proc.returncode != 0:
@@ -148,13 +175,14 @@ def measure(rest_url: str, routers: Mapping[str, int], store_nodes: Mapping[str,
         raise RuntimeError(f"no lookup was answered: {out}")
 
     def role(name: str, members: Mapping[str, int], files: Mapping[str, str],
-             functions: Mapping[tuple[str, str], str]) -> RoleCost:
+             functions: Mapping[tuple[str, str], str], compiled_s: float = 0.0) -> RoleCost:
         samples: Counter[str] = Counter()
         for member in members:
             samples += stages_of_samples((work / f"{member}.txt").read_text(), files, functions)
-        return RoleCost(name, sum(used[m] for m in members) / lookups * 1e6, samples)
+        return RoleCost(name, sum(used[m] for m in members) / lookups * 1e6, samples, compiled_s / lookups * 1e6)
 
-    costs = [role("router", routers, ROUTER_STAGES, ROUTER_FUNCTIONS), role("store node", store_nodes, STORE_STAGES, {})]
+    costs = [role("router", routers, ROUTER_STAGES, ROUTER_FUNCTIONS, compiled),
+             role("store node", store_nodes, STORE_STAGES, {})]
     return {"lookups_per_s": round(out["rps"], 1), "lookups": lookups, "errors": out["errors"],
             "connections": connections, "seconds": seconds, "query": query,
             **{c.role.replace(" ", "_"): {"cpu_us_per_lookup": round(c.cpu_us_per_lookup, 1), "stages_us": c.by_stage(),

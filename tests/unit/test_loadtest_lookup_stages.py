@@ -57,3 +57,21 @@ def test_a_roles_cost_is_split_by_its_samples_in_the_order_a_lookup_meets_them()
            "store_node": {"cpu_us_per_lookup": 50.0, "samples": 1, "stages_us": {"read": 50.0}}}
     assert "router: 200.0 µs of CPU per lookup" in report(fig)
     assert "    read           50.0 µs" in report(fig)
+
+
+def test_the_compiled_paths_cpu_is_its_own_stage_and_the_rest_is_split_by_samples():
+    cost = RoleCost("router", 30.0, Counter({"event loop": 3, "control plane": 1}), compiled_us_per_lookup=22.0)
+    assert list(cost.by_stage().items()) == [("compiled path", 22.0), ("event loop", 6.0), ("control plane", 2.0)]
+
+
+def test_a_threads_cpu_is_read_by_its_name():
+    import os
+
+    from loadtest.lookup_stages import thread_cpu_seconds
+
+    before = thread_cpu_seconds(os.getpid(), "")  # every thread's
+    end = os.times().elapsed + 0.3
+    while os.times().elapsed < end:
+        pass
+    assert thread_cpu_seconds(os.getpid(), "") - before >= 0.15
+    assert thread_cpu_seconds(os.getpid(), "no-such-thread-") == 0.0
