@@ -18,5 +18,5 @@ class Front:
         """Lookups answered by outcome and role, latency buckets, hedges, requests relayed, connections handed over."""
 
 def order(doc: bytes, config: str, table: str, partition: int, max_lag: int | None, max_staleness_ms: int | None,
-          now_ms: int) -> list[str]:
+          min_offset: int, now_ms: int) -> list[str]:
     """The nodes of a partition's replicas in the order the path would ask them (no load, no answers seen)."""

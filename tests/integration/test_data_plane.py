@@ -10,6 +10,7 @@ import httpx
 import orjson
 import pytest
 
+from freshroute.position import Position
 from tools.local.services import free_port
 
 from .router_deployment import KEYS, LAYOUT, TABLE, WINDOWED, Deployment, Procs, value_of
@@ -117,3 +118,24 @@ def metrics(base: str) -> dict[str, float]:
     text = httpx.get(f"{base}/metrics", timeout=5).text
     return {name: float(value) for line in text.splitlines() if line and not line.startswith("#")
             for name, _, value in [line.rpartition(" ")]}
+
+
+def test_positions_are_served_here_and_what_they_refuse_is_answered_as_the_python_path_does(routers):
+    d, python = routers
+    first = httpx.get(f"{d.rest}/v1/tables/{TABLE}/keys/sensor-3", timeout=5).json()
+    before = metrics(d.rest)
+    again = httpx.get(f"{d.rest}/v1/tables/{TABLE}/keys/sensor-3", params={"min_position": first["position"]},
+                      timeout=5)
+    assert again.status_code == 200 and again.json()["position"] == first["position"]
+    relayed = 'freshroute_router_compiled_path_handoffs_total{how="relayed"}'
+    assert metrics(d.rest)[relayed] == before[relayed]  # answered by the compiled path itself
+    partition = first["partition"]
+    ahead = Position(TABLE, {partition: 10**9}).encode()
+    other = Position(WINDOWED, {partition: 1}).encode()
+    for token in (ahead, other):
+        compiled = httpx.get(f"{d.rest}/v1/tables/{TABLE}/keys/sensor-3", params={"min_position": token}, timeout=10)
+        reference = httpx.get(f"{python}/v1/tables/{TABLE}/keys/sensor-3", params={"min_position": token}, timeout=10)
+        assert compiled.status_code == reference.status_code, (compiled.text, reference.text)
+        got, want = compiled.json()["error"], reference.json()["error"]
+        assert (got["code"], got.get("field")) == (want["code"], want.get("field"))
+    assert metrics(d.rest)[relayed] == before[relayed] + 2

@@ -17,6 +17,7 @@ from freshroute.routing.policy import RoutingPolicy, TableBound
 from freshroute.routing.selection import FreshestFirst, LoadTracker
 from freshroute.routing.snapshot import LagOverlay, NodeView, ReplicaView, Snapshot
 from freshroute.bound import Bound
+from freshroute.position import Position
 from router.data_plane import snapshot_doc
 
 dataplane = pytest.importorskip("freshroute_dataplane", reason="the compiled path is built by ./dev (native/dataplane)")
@@ -69,7 +70,8 @@ def test_the_view_serves_keyed_string_tables_with_their_default_bounds_and_input
 
 def test_the_compiled_order_is_freshest_firsts():
     """Random partitions of up to four replicas, random lags, views, states and liveness, random bounds: the compiled
-    path asks the replicas FreshestFirst would put within the bound or cannot judge, in its order."""
+    path asks the replicas FreshestFirst would put within the bound or cannot judge (an old view, or one behind the
+    position alone), in its order."""
     rng = random.Random(11)
     spec = TableSpec("t", "t-changelog", 1, "k")
     for case in range(400):
@@ -83,11 +85,13 @@ def test_the_compiled_order_is_freshest_firsts():
                               state=rng.choice((ReplicaState.ACTIVE, ReplicaState.STANDBY, ReplicaState.STANDBY,
                                                 ReplicaState.RESTORING, ReplicaState.FAILED, None)),
                               alive=rng.random() < 0.85))
-        bound = Bound(max_lag=rng.choice((None, None, 0, 5, 30)), max_staleness_ms=rng.choice((None, None, 100, 2000)))
+        position = rng.choice((None, None, Position("t", {0: end - rng.randrange(0, 60)}), Position("t", {1: 5})))
+        bound = Bound(max_lag=rng.choice((None, None, 0, 5, 30)), max_staleness_ms=rng.choice((None, None, 100, 2000)),
+                      min_position=position)
         python = FreshestFirst(LoadTracker(), LagOverlay(), clock_ms=lambda: NOW, rng=random.Random(1))
         want = [c.replica.node for c in python.select(views, bound).candidates]
         got = dataplane.order(snapshot_doc(snapshot([spec], views), RoutingPolicy()), orjson.dumps(CONFIG).decode(),
-                              "t", 0, bound.max_lag, bound.max_staleness_ms, NOW)
+                              "t", 0, bound.max_lag, bound.max_staleness_ms, bound.min_offset(0), NOW)
         assert got == want, (case, views, bound)
 
 

@@ -208,16 +208,17 @@ fn run(shared: Arc<Shared>, listener: std::net::TcpListener, python_port: u16, s
 /// The nodes of a partition's replicas in the order this path would ask them, for a bound of lag and staleness at
 /// `now_ms`, with no load and no answers seen: what tests/unit/test_data_plane.py holds to FreshestFirst's order.
 #[pyfunction]
-#[pyo3(signature = (doc, config, table, partition, max_lag, max_staleness_ms, now_ms))]
+#[pyo3(signature = (doc, config, table, partition, max_lag, max_staleness_ms, min_offset, now_ms))]
+#[allow(clippy::too_many_arguments)]
 fn order(doc: &[u8], config: &str, table: &str, partition: usize, max_lag: Option<i64>, max_staleness_ms: Option<i64>,
-         now_ms: i64) -> PyResult<Vec<String>> {
+         min_offset: i64, now_ms: i64) -> PyResult<Vec<String>> {
     use rand::SeedableRng;
     let snap = Snapshot::parse(doc).map_err(PyValueError::new_err)?;
     let c: Config = serde_json::from_str(config).map_err(|e| PyValueError::new_err(e.to_string()))?;
     let replicas = snap.tables.get(table).and_then(|t| t.partitions.get(partition)).cloned().unwrap_or_default();
     let tol = selection::Tolerances { offsets: c.freshness_tolerance_offsets, ms: c.freshness_tolerance_ms,
                                       view_trust_ms: c.view_trust_ms };
-    let cands = selection::select(&replicas, table, partition, selection::Bound { max_lag, max_staleness_ms },
+    let cands = selection::select(&replicas, table, partition, selection::Bound { max_lag, max_staleness_ms, min_offset },
                                   &selection::Overlay::default(), &selection::Load::new(c.failure_backoff_ms), tol,
                                   now_ms, &mut rand::rngs::SmallRng::seed_from_u64(0));
     Ok(cands.into_iter().map(|c| replicas[c.index].node.clone()).collect())

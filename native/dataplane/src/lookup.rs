@@ -4,6 +4,7 @@
 //! leaves to the Python path (`None`), which answers it with every rule of freshroute.routing.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -55,13 +56,19 @@ impl Routing {
     /// The answer to GET /v1/tables/{table}/keys/{key}?{query} (raw, percent-encoded), or None for the Python path.
     pub async fn lookup(&self, table: &[u8], key: &[u8], query: &[u8]) -> Option<Answered> {
         let started = Instant::now();
-        let bound = parse_query(query)?;
+        let query = parse_query(query)?;
         let (table, key) = (segment(table)?, segment(key)?);
         let snap = self.shared.snapshot();
         let spec = snap.tables.get(&table).filter(|t| t.served)?;
         let partition = (murmur2(key.as_bytes()) & 0x7fff_ffff) as usize % spec.partitions.len().max(1);
         let replicas = spec.partitions.get(partition)?;
-        let bound = bound.with_defaults(spec.max_lag, spec.max_staleness_ms);
+        // A position of another table is the caller's mistake, which the Python path names.
+        let min_offset = match &query.position {
+            Some(p) if p.table != table => return None,
+            Some(p) => p.offsets.get(&(partition as i64)).copied().unwrap_or(0),
+            None => 0,
+        };
+        let bound = Bound { min_offset, ..query.bound }.with_defaults(spec.max_lag, spec.max_staleness_ms);
         let now = now_ms();
         self.prune(&snap, now);
         let c = &self.shared.config;
@@ -77,7 +84,7 @@ impl Routing {
             key: key.as_bytes().to_vec(),
             bound: (!bound.unbounded()).then_some(ReadBound { max_lag: bound.max_lag,
                                                              max_staleness_ms: bound.max_staleness_ms,
-                                                             min_offset: 0 }),
+                                                             min_offset: bound.min_offset }),
         };
         let (cand, result) = self.attempts(replicas, &table, partition, &cands, read).await?;
         let replica = &replicas[cand.index];
@@ -217,24 +224,69 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// The bound of a query this path serves (max_lag, max_staleness_ms as plain numbers), or None.
-pub fn parse_query(query: &[u8]) -> Option<Bound> {
-    let mut bound = Bound::default();
+/// A position token's table and applied offsets by partition (freshroute.position.Position).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Position {
+    pub table: String,
+    pub offsets: HashMap<i64, i64>,
+}
+
+/// The bound of a query this path serves: limits as plain numbers, and a position.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Query {
+    pub bound: Bound,
+    pub position: Option<Position>,
+}
+
+/// The bound a query gives (max_lag, max_staleness_ms, min_position), or None for any other query, or one the Python
+/// path would refuse (it says why).
+pub fn parse_query(query: &[u8]) -> Option<Query> {
+    let mut q = Query::default();
     for pair in query.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
         let eq = pair.iter().position(|&b| b == b'=')?;
         let (name, value) = (&pair[..eq], &pair[eq + 1..]);
+        if name == b"min_position" {
+            q.position = Some(position(value)?);
+            continue;
+        }
         if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
             return None;
         }
         let value: u64 = std::str::from_utf8(value).ok()?.parse().ok()?;
         let value = i64::try_from(value).ok()?;
         match name {
-            b"max_lag" => bound.max_lag = Some(value),
-            b"max_staleness_ms" => bound.max_staleness_ms = Some(value),
+            b"max_lag" => q.bound.max_lag = Some(value),
+            b"max_staleness_ms" => q.bound.max_staleness_ms = Some(value),
             _ => return None,
         }
     }
-    Some(bound)
+    Some(q)
+}
+
+/// Position.decode: `p1.` and base64url of {"t": table, "o": {partition: offset}}; None where it raises.
+fn position(token: &[u8]) -> Option<Position> {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
+
+    #[derive(serde::Deserialize)]
+    struct Doc {
+        t: String,
+        o: HashMap<String, serde_json::Value>,
+    }
+    let body = token.strip_prefix(b"p1.").filter(|_| token.len() <= 8192)?;
+    let raw = URL_SAFE_NO_PAD.decode(body.strip_suffix(b"==").or(body.strip_suffix(b"=")).unwrap_or(body)).ok()?;
+    let doc: Doc = serde_json::from_slice(&raw).ok()?;
+    let mut offsets = HashMap::with_capacity(doc.o.len());
+    for (p, o) in doc.o {
+        // int() of each: plain decimal text for a partition, a JSON integer for an offset (others: the Python path).
+        let p: i64 = p.parse().ok().filter(|_| p.bytes().all(|b| b.is_ascii_digit()))?;
+        let o = o.as_i64()?;
+        if o < 0 {
+            return None;
+        }
+        offsets.insert(p, o);
+    }
+    Some(Position { table: doc.t, offsets })
 }
 
 /// A raw path segment as text (router.rest.routes.segment), or None where that raises.
@@ -307,9 +359,15 @@ mod tests {
 
     #[test]
     fn queries_and_segments() {
-        assert_eq!(parse_query(b""), Some(Bound::default()));
-        assert_eq!(parse_query(b"max_lag=5&max_staleness_ms=007"),
-                   Some(Bound { max_lag: Some(5), max_staleness_ms: Some(7) }));
+        assert_eq!(parse_query(b""), Some(Query::default()));
+        assert_eq!(parse_query(b"max_lag=5&max_staleness_ms=007").map(|q| q.bound),
+                   Some(Bound { max_lag: Some(5), max_staleness_ms: Some(7), min_offset: 0 }));
+        // freshroute.position.Position("sensor_stats", {3: 42, 1: 7}).encode()
+        let q = parse_query(b"min_position=p1.eyJ0Ijoic2Vuc29yX3N0YXRzIiwibyI6eyIzIjo0MiwiMSI6N319").unwrap();
+        assert_eq!(q.position, Some(Position { table: "sensor_stats".into(),
+                                               offsets: HashMap::from([(3, 42), (1, 7)]) }));
+        assert_eq!(parse_query(b"min_position=p1.nonsense"), None);
+        assert_eq!(parse_query(b"min_position=x"), None);
         assert_eq!(parse_query(b"max_lag="), None);
         assert_eq!(parse_query(b"max_lag=-1"), None);
         assert_eq!(parse_query(b"max_lag=9223372036854775808"), None);

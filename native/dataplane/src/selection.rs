@@ -12,20 +12,34 @@ use crate::snapshot::{Replica, State};
 
 pub const UNKNOWN_LAG_RANK: i64 = 1 << 62;
 
-/// A caller's limits on lag and staleness (None: no limit).
+/// A caller's limits on lag and staleness (None: no limit), and the applied offset its position asks of the
+/// partition read (0: any).
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub struct Bound {
     pub max_lag: Option<i64>,
     pub max_staleness_ms: Option<i64>,
+    pub min_offset: i64,
 }
 
 impl Bound {
+    /// Whether nothing limits the answer (a position of 0 still limits: the caller gave one).
     pub fn unbounded(&self) -> bool {
-        self.max_lag.is_none() && self.max_staleness_ms.is_none()
+        self.max_lag.is_none() && self.max_staleness_ms.is_none() && self.min_offset == 0
+    }
+
+    /// freshroute.bound.Bound.refusal, as a yes or no.
+    pub fn refuses(&self, applied: i64, end: Option<i64>, staleness_ms: i64) -> bool {
+        self.min_offset > applied || self.lag_refuses(applied, end, staleness_ms)
+    }
+
+    /// Refused for the position alone: below it, within every other limit (a replica tailing its changelog gets
+    /// there; freshroute.bound.Bound.behind_position_only).
+    pub fn behind_position_only(&self, applied: i64, end: Option<i64>, staleness_ms: i64) -> bool {
+        self.min_offset > applied && !self.lag_refuses(applied, end, staleness_ms)
     }
 
     /// freshroute.bound.Bound.lag_refusal, as a yes or no.
-    pub fn refuses(&self, applied: i64, end: Option<i64>, staleness_ms: i64) -> bool {
+    pub fn lag_refuses(&self, applied: i64, end: Option<i64>, staleness_ms: i64) -> bool {
         if let Some(max_lag) = self.max_lag {
             match end {
                 None => return true,
@@ -37,7 +51,8 @@ impl Bound {
     }
 
     pub fn with_defaults(self, max_lag: Option<i64>, max_staleness_ms: Option<i64>) -> Bound {
-        Bound { max_lag: self.max_lag.or(max_lag), max_staleness_ms: self.max_staleness_ms.or(max_staleness_ms) }
+        Bound { max_lag: self.max_lag.or(max_lag), max_staleness_ms: self.max_staleness_ms.or(max_staleness_ms),
+                ..self }
     }
 }
 
@@ -175,7 +190,8 @@ pub fn estimate(r: &Replica, index: usize, table: &str, partition: usize, overla
 }
 
 /// The replicas to try, in order: those the view puts within the bound, then those it cannot judge (a view older
-/// than `view_trust_ms`). Replicas it knows to be outside the bound are not tried here (the Python path's fallback).
+/// than `view_trust_ms`, or one behind the caller's position alone: the position came from an answer, so the view
+/// is what is old). Replicas it knows to be outside the bound are not tried here (the Python path's fallback).
 pub fn select(replicas: &[Replica], table: &str, partition: usize, bound: Bound, overlay: &Overlay, load: &Load,
               tol: Tolerances, now: i64, rng: &mut SmallRng) -> Vec<Candidate> {
     let usable = |r: &Replica| r.state != State::Unreported && r.state != State::Failed;
@@ -188,9 +204,10 @@ pub fn select(replicas: &[Replica], table: &str, partition: usize, bound: Bound,
             continue;
         }
         let (c, age) = estimate(r, i, table, partition, overlay, now);
-        if unbounded || !bound.refuses(c.applied, c.lag.map(|l| c.applied + l), c.staleness_ms) {
+        let end = c.lag.map(|l| c.applied + l);
+        if unbounded || !bound.refuses(c.applied, end, c.staleness_ms) {
             within.push(c);
-        } else if age > tol.view_trust_ms {
+        } else if age > tol.view_trust_ms || bound.behind_position_only(c.applied, end, c.staleness_ms) {
             unsure.push(c);
         }
     }
@@ -310,7 +327,7 @@ mod tests {
         let load = Load::new(1000);
         let got = select(&rs, "t", 0, Bound::default(), &Overlay::default(), &load, TOL, 1000, &mut rng);
         assert_eq!(got.iter().map(|c| c.index).collect::<Vec<_>>(), vec![1, 0]);
-        let bound = Bound { max_lag: Some(2), max_staleness_ms: None };
+        let bound = Bound { max_lag: Some(2), ..Bound::default() };
         let got = select(&rs, "t", 0, bound, &Overlay::default(), &load, TOL, 1000, &mut rng);
         assert_eq!(got.iter().map(|c| c.index).collect::<Vec<_>>(), vec![1]);
         // An old view never excludes a replica: it is tried after those within the bound.
@@ -326,7 +343,13 @@ mod tests {
         let got = select(&rs, "t", 0, Bound::default(), &Overlay::default(), &load, TOL, 1000, &mut rng);
         assert_eq!(got.iter().map(|c| c.index).collect::<Vec<_>>(), vec![1]);
         assert_eq!(got[0].lag, None);
-        let bound = Bound { max_lag: Some(100), max_staleness_ms: None };
+        let bound = Bound { max_lag: Some(100), ..Bound::default() };
+        assert!(select(&rs, "t", 0, bound, &Overlay::default(), &load, TOL, 1000, &mut rng).is_empty());
+        // A position the view says no live replica has reached: asked all the same, the node judges it.
+        let bound = Bound { min_offset: 7, ..Bound::default() };
+        let got = select(&rs, "t", 0, bound, &Overlay::default(), &load, TOL, 1000, &mut rng);
+        assert_eq!(got.iter().map(|c| c.index).collect::<Vec<_>>(), vec![1]);
+        let bound = Bound { min_offset: 7, max_lag: Some(100), ..Bound::default() };
         assert!(select(&rs, "t", 0, bound, &Overlay::default(), &load, TOL, 1000, &mut rng).is_empty());
     }
 

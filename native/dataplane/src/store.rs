@@ -157,3 +157,65 @@ async fn read_results(stores: Rc<Stores>, conn: Rc<Conn>, mut reader: OwnedReadH
     };
     stores.kill(&conn, why);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpListener;
+
+    fn run_local<F: std::future::Future<Output = ()>>(f: F) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        tokio::task::LocalSet::new().block_on(&rt, f);
+    }
+
+    async fn node_answering(answer: Vec<u8>) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        tokio::task::spawn_local(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut head = [0u8; 4];
+            s.read_exact(&mut head).await.unwrap();
+            let mut read = vec![0u8; u32::from_be_bytes(head) as usize];
+            s.read_exact(&mut read).await.unwrap();
+            s.write_all(&answer).await.unwrap();
+        });
+        address
+    }
+
+    fn read() -> KeyRead {
+        KeyRead { id: 0, table: "t".into(), partition: 0, key: b"k".to_vec(), bound: None }
+    }
+
+    #[test]
+    fn a_node_answering_garbage_fails_the_read_and_the_next_read_connects_anew() {
+        run_local(async {
+            let stores = Stores::new(String::new(), Duration::from_secs(1));
+            let garbage = node_answering(b"\x00\x00\x00\x05\xff\xff\xff\xff\xff".to_vec()).await;
+            let got = stores.read(&garbage, read()).await;
+            assert!(got.unwrap_err().contains("not a result batch"));
+            let oversized = node_answering(b"\xff\xff\xff\xff".to_vec()).await;
+            assert!(stores.read(&oversized, read()).await.unwrap_err().contains("announced"));
+            let closed = node_answering(Vec::new()).await;
+            assert!(stores.read(&closed, read()).await.is_err());
+            assert!(stores.read("127.0.0.1:1", read()).await.is_err());
+            assert!(stores.conns.borrow().is_empty(), "broken connections are dropped");
+        });
+    }
+
+    #[test]
+    fn a_result_is_matched_to_its_read_by_id() {
+        run_local(async {
+            let stores = Stores::new("s3cret".into(), Duration::from_secs(1));
+            let batch = ResultBatch { results: vec![KeyResult { id: 1, status: crate::messages::OK,
+                                                               value: bytes::Bytes::from_static(b"{}"),
+                                                               replica: None, message: String::new() }],
+                                      refused: String::new() };
+            let mut frame = (batch.encoded_len() as u32).to_be_bytes().to_vec();
+            batch.encode(&mut frame).unwrap();
+            let node = node_answering(frame).await;
+            let got = stores.read(&node, read()).await.unwrap();
+            assert_eq!((got.id, &got.value[..]), (1, &b"{}"[..]));
+        });
+    }
+}
