@@ -3,9 +3,9 @@ lookups on threads of its own, and sends every other request to the Python front
 
 The Python side keeps the control plane: at every metadata refresh it pushes the routing view (:func:`snapshot_doc`:
 the tables the path serves, every replica's latest lag) and it counts the path's lookups into the router's metrics at
-a scrape. What the path does not serve — a bound of a position or a write token, an as-of read, a windows, versions
-or metadata route, a table of JSON or bytes keys, a read no replica the view trusts can answer at the first try (or
-the hedge's), every refusal — it relays to the Python path, which answers it with every rule of
+a scrape. What the path does not serve — a bound of a write token or the input's lag, a wait, an as-of read, a
+windows, versions or metadata route, a table of JSON or bytes keys, a read no replica the view trusts can answer at
+the first try (or the hedge's), every refusal — it relays to the Python path, which answers it with every rule of
 :mod:`freshroute.routing`. Where the path cannot be used at all (not built, or the router authenticates or speaks
 TLS, which it does not do yet) the Python front serves the REST port itself, as it did before the path existed.
 """
@@ -43,16 +43,16 @@ def why_not(settings: RouterSettings) -> str | None:
     return None
 
 
-def config_doc(settings: RouterSettings) -> str:
-    """The routing policy's settings the compiled path follows, as JSON."""
-    policy = RoutingPolicy.from_settings(settings)
+def config_doc(settings: RouterSettings, policy: RoutingPolicy, keep_alive_s: float) -> str:
+    """The routing policy's settings the compiled path follows, the cluster secret it presents to store nodes, and how
+    long it keeps an idle connection (the Python front's keep-alive timeout), as JSON."""
     return orjson.dumps({
         "attempt_timeout_ms": policy.attempt_timeout_ms, "hedge": policy.hedge,
         "hedge_quantile": policy.hedge_quantile, "hedge_min_ms": float(policy.hedge_min_ms),
         "hedge_budget": policy.hedge_budget, "freshness_tolerance_offsets": policy.freshness_tolerance_offsets,
         "freshness_tolerance_ms": policy.freshness_tolerance_ms, "view_trust_ms": policy.view_trust_ms,
         "failure_backoff_ms": policy.failure_backoff_ms, "node_expiry_ms": policy.node_expiry_ms,
-        "cluster_secret": settings.node_access().secret, "keep_alive_s": 5.0,
+        "cluster_secret": settings.node_access().secret, "keep_alive_s": keep_alive_s,
     }).decode()
 
 
@@ -96,19 +96,19 @@ class DataPlane:
     def __init__(self, settings: RouterSettings, metrics: RouterMetrics) -> None:
         from freshroute_dataplane import Front
 
+        self.settings = settings
         self.policy = RoutingPolicy.from_settings(settings)
-        self.threads = settings.data_plane_threads
-        self._config = config_doc(settings)
         self._make = Front
         self._front: Any = None
         metrics.lookups.counts(fill=self._fill)
         metrics.registry.register(_PathCollector(self))
 
-    def start(self, rest: socket.socket, python_port: int, snap: Snapshot) -> None:
-        """Serve the REST port (``rest``, listening) on the path's threads; ``python_port``: the Python front's."""
-        self._front = self._make(rest.fileno(), python_port, self._config)
+    def start(self, rest: socket.socket, python_port: int, keep_alive_s: float, snap: Snapshot) -> None:
+        """Serve the REST port (``rest``, listening) on the path's threads; ``python_port``: the Python front's, whose
+        keep-alive timeout the path's idle connections keep too."""
+        self._front = self._make(rest.fileno(), python_port, config_doc(self.settings, self.policy, keep_alive_s))
         self.on_snapshot(snap)
-        self._front.start(self.threads)
+        self._front.start(self.settings.data_plane_threads)
 
     def on_snapshot(self, snap: Snapshot) -> None:
         if self._front is not None:

@@ -90,7 +90,8 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
         rest = _RestServer(config)
         rest_task = asyncio.create_task(rest.serve(sockets=[python_sock]), name="rest")
         if plane is not None:
-            plane.start(rest_sock, python_sock.getsockname()[1], runtime.router.metadata.current)
+            plane.start(rest_sock, python_sock.getsockname()[1], config.timeout_keep_alive,
+                        runtime.router.metadata.current)
             runtime.snapshot_listeners.append(plane.on_snapshot)
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -13,6 +13,7 @@ import pytest
 from freshroute.metadata.progress import InputEnds, InputLag
 from freshroute.metadata.roles import ReplicaState, Role
 from freshroute.metadata.tables import TableSpec
+from freshroute.routing.counts import LATENCY_BUCKETS, OUTCOMES, ROLES
 from freshroute.routing.policy import RoutingPolicy, TableBound
 from freshroute.routing.selection import FreshestFirst, LoadTracker
 from freshroute.routing.snapshot import LagOverlay, NodeView, ReplicaView, Snapshot
@@ -93,6 +94,15 @@ def test_the_compiled_order_is_freshest_firsts():
         got = dataplane.order(snapshot_doc(snapshot([spec], views), RoutingPolicy()), orjson.dumps(CONFIG).decode(),
                               "t", 0, bound.max_lag, bound.max_staleness_ms, bound.min_offset(0), NOW)
         assert got == want, (case, views, bound)
+
+
+def test_the_compiled_counts_are_labelled_and_bucketed_as_the_routers_metrics():
+    """The path counts lookups into the same series as the Python path (freshroute.routing.counts): the same
+    latency buckets, outcomes and roles."""
+    counts = dataplane.Front(-1, 1, orjson.dumps(CONFIG).decode()).counts()
+    assert tuple(counts["bucket_bounds"]) == LATENCY_BUCKETS
+    assert len(counts["buckets"]) == len(LATENCY_BUCKETS) + 1
+    assert set(counts["lookups"]) <= {(o, r) for o in OUTCOMES for r in ROLES}
 
 
 def test_the_crates_own_tests_pass():

@@ -78,31 +78,43 @@ pub struct Observation {
     pub observed_ms: i64,
 }
 
-/// Lag piggy-backed on answers, newer than heartbeats between refreshes: (node, table, partition) → observation.
+/// Lag piggy-backed on answers, newer than heartbeats between refreshes: node → table → by partition. Nested, so
+/// that a lookup's reads of it borrow its names rather than build a key.
 #[derive(Default)]
 pub struct Overlay {
-    by_replica: HashMap<(String, String, usize), Observation>,
+    by_node: HashMap<String, HashMap<String, Vec<Option<Observation>>>>,
 }
 
 impl Overlay {
     pub fn observe(&mut self, node: &str, table: &str, partition: usize, o: Observation) {
-        match self.by_replica.get_mut(&(node.to_owned(), table.to_owned(), partition)) {
-            Some(slot) => *slot = o,
-            None => {
-                self.by_replica.insert((node.to_owned(), table.to_owned(), partition), o);
-            }
+        if !self.by_node.contains_key(node) {
+            self.by_node.insert(node.to_owned(), HashMap::new());
         }
+        let tables = self.by_node.get_mut(node).expect("inserted above");
+        if !tables.contains_key(table) {
+            tables.insert(table.to_owned(), Vec::new());
+        }
+        let slots = tables.get_mut(table).expect("inserted above");
+        if slots.len() <= partition {
+            slots.resize(partition + 1, None);
+        }
+        slots[partition] = Some(o);
     }
 
     pub fn get(&self, node: &str, table: &str, partition: usize) -> Option<&Observation> {
-        if self.by_replica.is_empty() {
-            return None;
-        }
-        self.by_replica.get(&(node.to_owned(), table.to_owned(), partition))
+        self.by_node.get(node)?.get(table)?.get(partition)?.as_ref()
     }
 
     pub fn prune(&mut self, older_than_ms: i64) {
-        self.by_replica.retain(|_, o| o.observed_ms >= older_than_ms);
+        for tables in self.by_node.values_mut() {
+            for slots in tables.values_mut() {
+                for slot in slots.iter_mut() {
+                    if slot.is_some_and(|o| o.observed_ms < older_than_ms) {
+                        *slot = None;
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -362,5 +374,8 @@ mod tests {
         overlay.observe("a", "t", 0, Observation { applied: 10, end: Some(10), staleness_ms: 0, observed_ms: 1200 });
         let (c, _) = estimate(&rs[0], 0, "t", 0, &overlay, 1300);
         assert_eq!((c.lag, c.staleness_ms, c.applied), (Some(0), 0, 10));
+        // Observations older than a heartbeat since are forgotten: the report speaks again.
+        overlay.prune(1201);
+        assert!(overlay.get("a", "t", 0).is_none());
     }
 }
