@@ -6,14 +6,22 @@ the tables the path serves, every replica's latest lag) and it counts the path's
 a scrape. What the path does not serve — a bound of a write token or the input's lag, a wait, an as-of read, a
 windows, versions or metadata route, a table of JSON or bytes keys, a read no replica the view trusts can answer at
 the first try (or the hedge's), every refusal — it relays to the Python path, which answers it with every rule of
-:mod:`freshroute.routing`. Where the path cannot be used at all (not built, or the router authenticates or speaks
-TLS, which it does not do yet) the Python front serves the REST port itself, as it did before the path existed.
+:mod:`freshroute.routing`. Where the path cannot be used at all (not built, or the router speaks TLS, which it does
+not do yet) the Python front serves the REST port itself, as it did before the path existed.
+
+When the router authenticates, the path judges a lookup's bearer token by the principals :class:`router.auth.Guard`
+loaded, pushed with the tables each may read as the guard judged them (:func:`principals_doc`); a rated principal's
+lookups spend reads the control plane leases for the path from the principal's shared bucket ahead of its demand
+(:meth:`DataPlane.lease`). A table not judged for the principal, a lease spent, an unusual header: the Python path.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import math
 import socket
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import orjson
 from prometheus_client.core import CounterMetricFamily, Metric
@@ -22,16 +30,18 @@ from prometheus_client.registry import Collector
 from freshroute.routing.counts import LookupCounts
 from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.snapshot import Snapshot
+from router.auth import Guard, Principals
 from router.metrics import RouterMetrics
+from router.rate_limit import LEASE_S
 from router.settings import RouterSettings
+
+log = logging.getLogger(__name__)
 
 
 def why_not(settings: RouterSettings) -> str | None:
     """Why this router serves REST from its Python front alone (None: the compiled path serves it)."""
     if settings.data_plane != "compiled":
         return "data_plane is python"
-    if settings.auth_file is not None:
-        return "the router authenticates (auth_file), which the compiled path does not do yet"
     if settings.tls_cert is not None:
         return "the router speaks TLS (tls_cert), which the compiled path does not do yet"
     if settings.cluster_ca is not None:
@@ -44,8 +54,8 @@ def why_not(settings: RouterSettings) -> str | None:
 
 
 def config_doc(settings: RouterSettings, policy: RoutingPolicy, keep_alive_s: float) -> str:
-    """The routing policy's settings the compiled path follows, the cluster secret it presents to store nodes, and how
-    long it keeps an idle connection (the Python front's keep-alive timeout), as JSON."""
+    """The routing policy's settings the compiled path follows, the cluster secret it presents to store nodes, how
+    long it keeps an idle connection (the Python front's keep-alive timeout) and whether it authenticates, as JSON."""
     return orjson.dumps({
         "attempt_timeout_ms": policy.attempt_timeout_ms, "hedge": policy.hedge,
         "hedge_quantile": policy.hedge_quantile, "hedge_min_ms": float(policy.hedge_min_ms),
@@ -53,7 +63,20 @@ def config_doc(settings: RouterSettings, policy: RoutingPolicy, keep_alive_s: fl
         "freshness_tolerance_ms": policy.freshness_tolerance_ms, "view_trust_ms": policy.view_trust_ms,
         "failure_backoff_ms": policy.failure_backoff_ms, "node_expiry_ms": policy.node_expiry_ms,
         "cluster_secret": settings.node_access().secret, "keep_alive_s": keep_alive_s,
+        "authenticates": settings.auth_file is not None,
     }).decode()
+
+
+def principals_doc(principals: Principals, tables: Iterable[str]) -> bytes:
+    """The principals the compiled path judges tokens by, as JSON: each token's SHA-256, the ``tables`` (of those the
+    routing view names) the guard lets it read, and its rate."""
+    every = {id(p): p for p in principals.by_token_hash.values()}
+    hashes = {id(p): digest for digest, p in principals.by_token_hash.items()}
+    tables = sorted(tables)
+    return orjson.dumps({"principals": [
+        {"name": p.name, "token_sha256": hashes[key], "tables": [t for t in tables if p.may_read(t)],
+         "rate": None if p.rate is None else {"reads_per_s": p.rate.reads_per_s, "burst": p.rate.burst}}
+        for key, p in every.items()]})
 
 
 def snapshot_doc(snap: Snapshot, policy: RoutingPolicy) -> bytes:
@@ -93,29 +116,74 @@ class DataPlane:
     """The compiled REST front of this process: started on the REST port's socket, fed each snapshot, counted in the
     router's metrics, stopped."""
 
-    def __init__(self, settings: RouterSettings, metrics: RouterMetrics) -> None:
+    def __init__(self, settings: RouterSettings, metrics: RouterMetrics, guard: Guard | None = None) -> None:
         from freshroute_dataplane import Front
 
         self.settings = settings
         self.policy = RoutingPolicy.from_settings(settings)
+        self.guard = guard
         self._make = Front
         self._front: Any = None
+        self._tables: frozenset[str] = frozenset()
+        self._leasing: asyncio.Task[None] | None = None
         metrics.lookups.counts(fill=self._fill)
         metrics.registry.register(_PathCollector(self))
 
     def start(self, rest: socket.socket, python_port: int, keep_alive_s: float, snap: Snapshot) -> None:
         """Serve the REST port (``rest``, listening) on the path's threads; ``python_port``: the Python front's, whose
-        keep-alive timeout the path's idle connections keep too."""
+        keep-alive timeout the path's idle connections keep too. Called on the event loop the leases are kept on."""
         self._front = self._make(rest.fileno(), python_port, config_doc(self.settings, self.policy, keep_alive_s))
         self.on_snapshot(snap)
+        if self.guard is not None:
+            self.on_principals()
+            self._leasing = asyncio.get_running_loop().create_task(self.lease(), name="compiled-path-leases")
         self._front.start(self.settings.data_plane_threads)
 
     def on_snapshot(self, snap: Snapshot) -> None:
-        if self._front is not None:
-            self._front.update(snapshot_doc(snap, self.policy))
+        if self._front is None:
+            return
+        self._front.update(snapshot_doc(snap, self.policy))
+        if self.guard is not None and frozenset(snap.tables) != self._tables:
+            self._tables = frozenset(snap.tables)
+            self.on_principals()
+
+    def on_principals(self) -> None:
+        """Push the guard's principals (at the start, after the auth file is reloaded, when the tables change)."""
+        if self._front is not None and self.guard is not None:
+            self._front.principals(principals_doc(self.guard.principals, self._tables))
+
+    async def lease(self) -> None:
+        """Keep each rated principal's reads on the path leased a little ahead of its demand there: about
+        ``LEASE_S`` of it, asked for every half of that, from the shared bucket the Python path draws on too."""
+        assert self.guard is not None
+        guard, interval = self.guard, LEASE_S / 2
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while True:
+            await asyncio.sleep(interval)
+            now = loop.time()
+            elapsed, last = max(now - last, 1e-3), now
+            rates = {p.name: p.rate for p in guard.principals.by_token_hash.values() if p.rate is not None}
+            for name, (left, asked) in self._front.rates().items():
+                rate = rates.get(name)
+                if rate is None or not asked:
+                    continue
+                ahead = math.ceil(asked / elapsed * LEASE_S)
+                if left >= ahead:
+                    continue
+                try:
+                    granted = await guard.rates.lease(name, rate, max(1, min(2 * ahead - left, int(rate.burst // 2))))
+                except Exception:  # noqa: BLE001 — the Python path admits the principal's reads meanwhile
+                    log.exception("a lease for the compiled path failed; principal %r is admitted by the Python path",
+                                  name)
+                    continue
+                if granted:
+                    self._front.grant(name, granted)
 
     def stop(self, grace_s: float) -> None:
         """Stop accepting; connections close once idle or after ``grace_s``."""
+        if self._leasing is not None:
+            self._leasing.get_loop().call_soon_threadsafe(self._leasing.cancel)
         if self._front is not None:
             self._front.stop(grace_s)
 

@@ -58,7 +58,7 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
         log.warning("router bound to %s without --auth-file: anyone who reaches it reads every table", settings.host)
     rest_sock = _listen(settings.host, settings.rest_port, settings.reuse_port)
     compiled_not = why_not(settings)
-    plane = DataPlane(settings, runtime.router.metrics) if compiled_not is None else None
+    plane = DataPlane(settings, runtime.router.metrics, guard) if compiled_not is None else None
     # With the compiled path, the Python front serves the requests it leaves on a loopback port of its own.
     python_sock = _listen("127.0.0.1", 0) if plane is not None else rest_sock
     grpc_server: PublicGrpc | None = None
@@ -98,6 +98,8 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
                 loop.add_signal_handler(sig, stop.set)
                 handled.append(sig)
         reloads = [x.reload for x in (guard, rest_tls, grpc_tls) if x is not None]
+        if plane is not None and guard is not None:
+            reloads.insert(1, plane.on_principals)  # the principals guard.reload just loaded
         if reloads:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 # New principals and certificates for new requests and handshakes; connections stay open.

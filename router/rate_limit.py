@@ -60,6 +60,9 @@ class RateLimits(Protocol):
     def keep(self, names: Collection[str]) -> None:
         """Forget the principals not in ``names`` (an auth file reloaded without them)."""
 
+    async def lease(self, name: str, rate: Rate, want: int) -> int:
+        """Up to ``want`` reads of principal ``name`` granted at once (the compiled path spends them): how many."""
+
 
 def refused(name: str, rate: Rate, wait_s: float) -> RateLimited:
     return RateLimited(f"principal {name!r} is over its rate of {rate.reads_per_s:g} reads/s",
@@ -74,14 +77,24 @@ class _Bucket:
     def __init__(self, rate: Rate, now: float) -> None:
         self.rate, self.tokens, self.stamp = rate, rate.burst, now
 
-    def take(self, now: float) -> float:
-        """0 if a read is admitted now, else the seconds until one would be."""
+    def _refill(self, now: float) -> None:
         self.tokens = min(self.rate.burst, self.tokens + (now - self.stamp) * self.rate.reads_per_s)
         self.stamp = now
+
+    def take(self, now: float) -> float:
+        """0 if a read is admitted now, else the seconds until one would be."""
+        self._refill(now)
         if self.tokens >= 1.0:
             self.tokens -= 1.0
             return 0.0
         return (1.0 - self.tokens) / self.rate.reads_per_s
+
+    def take_up_to(self, now: float, want: int) -> int:
+        """As many whole reads as are there now, at most ``want``."""
+        self._refill(now)
+        granted = min(want, int(self.tokens))
+        self.tokens -= granted
+        return granted
 
 
 class LocalRates:
@@ -91,17 +104,27 @@ class LocalRates:
         self._clock = clock
         self._buckets: dict[str, _Bucket] = {}
 
-    def take(self, name: str, rate: Rate) -> None:
-        now = self._clock()
+    def _bucket(self, name: str, rate: Rate, now: float) -> _Bucket:
         bucket = self._buckets.get(name)
         if bucket is None or bucket.rate != rate:
             bucket = self._buckets[name] = _Bucket(rate, now)
-        wait = bucket.take(now)
+        return bucket
+
+    def take(self, name: str, rate: Rate) -> None:
+        now = self._clock()
+        wait = self._bucket(name, rate, now).take(now)
         if wait:
             raise refused(name, rate, wait)
 
+    def take_up_to(self, name: str, rate: Rate, want: int) -> int:
+        now = self._clock()
+        return self._bucket(name, rate, now).take_up_to(now, want)
+
     async def admit(self, name: str, rate: Rate) -> None:
         self.take(name, rate)
+
+    async def lease(self, name: str, rate: Rate, want: int) -> int:
+        return self.take_up_to(name, rate, want)
 
     def keep(self, names: Collection[str]) -> None:
         self._buckets = {n: b for n, b in self._buckets.items() if n in names}
@@ -164,6 +187,23 @@ class SharedRates:
         self._leases = {n: lease for n, lease in self._leases.items() if n in names}
         self._alone.keep(names)
 
+    async def lease(self, name: str, rate: Rate, want: int) -> int:
+        if self._clock() < self._alone_until:
+            return self._alone.take_up_to(name, rate, want)
+        try:
+            granted, _ = await self._script(keys=[self._prefix + name],
+                                            args=[repr(rate.reads_per_s), repr(rate.burst), want])
+            return int(granted)
+        except Exception as e:  # noqa: BLE001 — any failure of Redis: limit alone for a while
+            self._unreachable(e)
+            return self._alone.take_up_to(name, rate, want)
+
+    def _unreachable(self, e: Exception) -> None:
+        if self._clock() >= self._alone_until:
+            log.warning("rate limits: the shared buckets in Redis cannot be reached (%s); each router process "
+                        "limits principals on its own for %g s", e, SHARED_RETRY_S)
+        self._alone_until = self._clock() + SHARED_RETRY_S
+
     def _ask(self, name: str, lease: _Lease, now: float) -> None:
         elapsed = now - lease.asked_at
         # Spent faster than a lease should last: twice as many next time; else what the demand was.
@@ -185,9 +225,6 @@ class SharedRates:
                 lease.refused_until = self._clock() + float(wait)
                 lease.want = max(1, lease.want // 2)
         except Exception as e:  # noqa: BLE001 — any failure of Redis: limit alone for a while
-            if self._clock() >= self._alone_until:
-                log.warning("rate limits: the shared buckets in Redis cannot be reached (%s); each router process "
-                            "limits principals on its own for %g s", e, SHARED_RETRY_S)
-            self._alone_until = self._clock() + SHARED_RETRY_S
+            self._unreachable(e)
         finally:
             lease.pending = None

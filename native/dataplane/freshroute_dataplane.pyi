@@ -10,6 +10,12 @@ class Front:
         ``python_port``: the loopback port of the router's Python front; ``config``: the routing settings as JSON."""
     def update(self, doc: bytes) -> None:
         """Swap in a new routing view (router.data_plane.snapshot_doc); a malformed one is a ValueError."""
+    def principals(self, doc: bytes) -> None:
+        """Swap in the principals tokens are judged by (router.data_plane.principals_doc); malformed: ValueError."""
+    def rates(self) -> dict[str, tuple[int, int]]:
+        """Each rated principal's (reads leased and not spent, its lookups asked here since the last call)."""
+    def grant(self, name: str, tokens: int) -> bool:
+        """Add ``tokens`` leased reads to principal ``name`` (False if it has no rate here any more)."""
     def start(self, threads: int) -> None:
         """Serve on ``threads`` threads, each accepting on the listening socket."""
     def stop(self, grace_s: float) -> None:

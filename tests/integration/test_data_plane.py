@@ -3,7 +3,9 @@ answered alike — lookups it serves itself, and everything it relays or hands o
 
 from __future__ import annotations
 
+import signal
 import socket
+import time
 import uuid
 
 import httpx
@@ -11,6 +13,7 @@ import orjson
 import pytest
 
 from freshroute.position import Position
+from router.auth import token_hash
 from tools.local.services import free_port
 
 from .router_deployment import KEYS, LAYOUT, TABLE, WINDOWED, Deployment, Procs, value_of
@@ -139,3 +142,134 @@ def test_positions_are_served_here_and_what_they_refuse_is_answered_as_the_pytho
         got, want = compiled.json()["error"], reference.json()["error"]
         assert (got["code"], got.get("field")) == (want["code"], want.get("field"))
     assert metrics(d.rest)[relayed] == before[relayed] + 2
+
+
+GOOD, RATED, NARROW = "good-token-71c3", "rated-token-0d4e", "narrow-token-9a2b"
+RATE, BURST = 20, 10
+
+
+def write_auth_file(path, *, good: str = GOOD) -> None:
+    path.write_text(orjson.dumps({"principals": [
+        {"name": "good", "token_sha256": token_hash(good), "tables": ["*"], "cluster": True},
+        {"name": "rated", "token_sha256": token_hash(RATED), "tables": [TABLE],
+         "rate": {"reads_per_s": RATE, "burst": BURST}},
+        {"name": "narrow", "token_sha256": token_hash(NARROW), "tables": [WINDOWED]}]}).decode())
+
+
+@pytest.fixture(scope="module")
+def secured(routers, tmp_path_factory):
+    """(the compiled path's REST address, the Python path's, the compiled router's process, the auth file) of two
+    routers that authenticate by one auth file."""
+    d, _ = routers
+    path = tmp_path_factory.mktemp("data-plane-auth") / "auth.json"
+    write_auth_file(path)
+    compiled, python = free_port(), free_port()
+    proc = d.start_router("router-auth", rest_port=compiled, grpc_port=free_port(),
+                          settings={"FRESHROUTE_AUTH_FILE": str(path)})
+    d.start_router("router-auth-python", rest_port=python, grpc_port=free_port(),
+                   settings={"FRESHROUTE_AUTH_FILE": str(path), "FRESHROUTE_DATA_PLANE": "python"})
+    assert "REST lookups by the compiled path" in d.procs.log("router-auth")
+    return f"http://127.0.0.1:{compiled}", f"http://127.0.0.1:{python}", proc, path
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"}
+
+
+# Written as they are sent, spaces and a tab included (httpx would refuse the last ones).
+CREDENTIALS = [b"", b"Authorization: Bearer " + GOOD.encode(), b"Authorization: Bearer wrong-token",
+               b"Authorization: Basic Z29vZA==", b"Authorization: Bearer ", b"authorization: bearer   " +
+               GOOD.encode(), b"Authorization: Bearer " + GOOD.encode() + b"\t", b"Authorization: Bearer " +
+               NARROW.encode(), b"Authorization: Bearer wrong\r\nAuthorization: Bearer " + GOOD.encode(),
+               b"Authorization: Bearer caf\xc3\xa9"]
+
+
+def raw_get(base: str, path: str, header: bytes) -> tuple[int, dict[str, str], dict]:
+    """(status, headers, JSON body) of one GET with ``header`` as written, on a connection of its own."""
+    port = int(base.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET %s HTTP/1.1\r\nHost: r\r\n%sConnection: close\r\n\r\n"
+                     % (path.encode(), header + b"\r\n" if header else b""))
+        raw = b"".join(iter(lambda: sock.recv(65536), b""))
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, orjson.loads(body)
+
+
+@pytest.mark.parametrize("header", CREDENTIALS, ids=[f"credentials{i}" for i in range(len(CREDENTIALS))])
+@pytest.mark.parametrize("path", [f"/v1/tables/{TABLE}/keys/sensor-1", f"/v1/tables/{TABLE}/keys/nope",
+                                  "/v1/tables/nope/keys/k", f"/v1/tables/{TABLE}/keys/sensor-1?max_lag=x",
+                                  f"/v1/tables/{TABLE}/keys/sensor-1/metadata"])
+def test_credentials_are_judged_as_the_python_path_judges_them(secured, path, header):
+    compiled, python, _, _ = secured
+    (status, headers, got), (reference, reference_headers, want) = raw_get(compiled, path, header), \
+        raw_get(python, path, header)
+    assert status == reference, (got, want)
+    assert headers.get("www-authenticate") == reference_headers.get("www-authenticate")
+    assert served_elsewhere(got) == served_elsewhere(want)
+
+
+def test_good_tokens_are_served_here_and_bad_ones_refused_here(secured):
+    compiled, _, _, _ = secured
+    before = metrics_as(compiled, GOOD)
+    with httpx.Client(base_url=compiled, timeout=10) as client:
+        for i in range(20):
+            assert client.get(f"/v1/tables/{TABLE}/keys/sensor-{i}", headers=bearer(GOOD)).json()["value"] == \
+                value_of(i)
+        for i in range(20):
+            refused = client.get(f"/v1/tables/{TABLE}/keys/sensor-{i}", headers=bearer(f"bad-{i}"))
+            assert refused.status_code == 401 and refused.json()["error"] == {
+                "code": "UNAUTHENTICATED", "message": "the token is not valid"}
+    after = metrics_as(compiled, GOOD)
+    relayed = 'freshroute_router_compiled_path_handoffs_total{how="relayed"}'
+    assert after[relayed] == before[relayed]  # the metrics' own request is handed over, not relayed
+    ok = 'freshroute_router_lookups_total{outcome="ok",role="%s"}'
+    assert sum(after[ok % r] - before[ok % r] for r in ("active", "standby")) == 20
+
+
+def test_a_rated_principal_is_served_what_its_bucket_holds_here_and_refused_the_rest(secured):
+    compiled, _, _, _ = secured
+    before = metrics_as(compiled, GOOD)
+    statuses = []
+    with httpx.Client(base_url=compiled, timeout=10, headers=bearer(RATED)) as client:
+        time.sleep(BURST / RATE + 0.2)  # a full bucket
+        start = time.monotonic()
+        for _ in range(150):  # about 3 s of lookups at 50/s: 2.5 times the rate
+            statuses.append(client.get(f"/v1/tables/{TABLE}/keys/sensor-1"))
+            time.sleep(0.02)
+        elapsed = time.monotonic() - start
+    served = sum(r.status_code == 200 for r in statuses)
+    refused = [r for r in statuses if r.status_code != 200]
+    assert all(r.status_code == 429 and r.json()["error"]["code"] == "RATE_LIMITED" and
+               int(r.headers["retry-after"]) >= 1 for r in refused)
+    granted = BURST + RATE * elapsed
+    assert 0.8 * granted <= served <= granted + 1, (served, granted)
+    after = metrics_as(compiled, GOOD)
+    relayed = after['freshroute_router_compiled_path_handoffs_total{how="relayed"}'] - \
+        before['freshroute_router_compiled_path_handoffs_total{how="relayed"}']
+    assert relayed - len(refused) < served / 2, (relayed, served)  # most served lookups spent a lease here
+
+
+def test_a_reloaded_auth_file_takes_effect_on_the_path_at_once(secured):
+    compiled, _, proc, path = secured
+    with httpx.Client(base_url=compiled, timeout=10) as client:
+        assert client.get(f"/v1/tables/{TABLE}/keys/sensor-1", headers=bearer(GOOD)).status_code == 200
+        write_auth_file(path, good="renewed-token-55aa")
+        try:
+            proc.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 10
+            while client.get(f"/v1/tables/{TABLE}/keys/sensor-1", headers=bearer(GOOD)).status_code != 401:
+                assert time.monotonic() < deadline, "the old token still served after a reload"
+                time.sleep(0.05)
+            assert client.get(f"/v1/tables/{TABLE}/keys/sensor-1",
+                              headers=bearer("renewed-token-55aa")).json()["value"] == value_of(1)
+        finally:
+            write_auth_file(path)
+            proc.send_signal(signal.SIGHUP)
+
+
+def metrics_as(base: str, token: str) -> dict[str, float]:
+    text = httpx.get(f"{base}/metrics", headers=bearer(token), timeout=5).text
+    return {name: float(value) for line in text.splitlines() if line and not line.startswith("#")
+            for name, _, value in [line.rpartition(" ")]}

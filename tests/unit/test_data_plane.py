@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 NOW = 1_000_000
 CONFIG = {"attempt_timeout_ms": 500, "hedge": True, "hedge_quantile": 0.95, "hedge_min_ms": 5.0, "hedge_budget": 0.1,
           "freshness_tolerance_offsets": 0, "freshness_tolerance_ms": 0, "view_trust_ms": 1000,
-          "failure_backoff_ms": 1000, "node_expiry_ms": 2000, "cluster_secret": "", "keep_alive_s": 5.0}
+          "failure_backoff_ms": 1000, "node_expiry_ms": 2000, "cluster_secret": "", "keep_alive_s": 5.0,
+          "authenticates": False}
 
 
 def view(node: str, table: str = "t", partition: int = 0, role: Role = Role.STANDBY,
@@ -116,3 +117,63 @@ def test_the_crates_own_tests_pass():
                           timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "test result: ok" in done.stdout
+
+
+def test_principals_are_pushed_with_the_tables_the_guard_lets_them_read(tmp_path):
+    from router.auth import load_auth_file, token_hash
+    from router.data_plane import principals_doc
+
+    path = tmp_path / "auth.json"
+    path.write_text(orjson.dumps({"principals": [
+        {"name": "dash", "token_sha256": token_hash("d"), "tables": ["sensor_*", "area_counts"],
+         "rate": {"reads_per_s": 5, "burst": 8}},
+        {"name": "ops", "token_sha256": token_hash("o"), "tables": ["*"], "cluster": True},
+        {"name": "billing", "certificate_subject": "CN=billing", "tables": ["invoices"]}]}).decode())
+    doc = orjson.loads(principals_doc(load_auth_file(path), {"sensor_stats", "area_counts", "invoices", "sensors"}))
+    assert doc == {"principals": [
+        {"name": "dash", "token_sha256": token_hash("d"), "tables": ["area_counts", "sensor_stats"],
+         "rate": {"reads_per_s": 5.0, "burst": 8.0}},
+        {"name": "ops", "token_sha256": token_hash("o"), "tables": ["area_counts", "invoices", "sensor_stats",
+                                                                    "sensors"], "rate": None}]}
+
+
+def test_the_path_is_leased_about_a_tenth_of_a_second_of_its_demand_from_the_principals_bucket(tmp_path):
+    import asyncio
+
+    from router.auth import Guard, token_hash
+    from router.data_plane import DataPlane
+    from router.metrics import RouterMetrics
+    from router.rate_limit import LocalRates
+    from router.settings import RouterSettings
+
+    path = tmp_path / "auth.json"
+    path.write_text(orjson.dumps({"principals": [
+        {"name": "dash", "token_sha256": token_hash("d"), "tables": ["*"], "rate": {"reads_per_s": 1000, "burst": 50}},
+        {"name": "idle", "token_sha256": token_hash("i"), "tables": ["*"], "rate": {"reads_per_s": 9, "burst": 9}}
+    ]}).decode())
+
+    class Front:
+        """What the compiled front reports: dash asked for 100 lookups since each look, spent what it was leased."""
+        def __init__(self) -> None:
+            self.granted: list[tuple[str, int]] = []
+
+        def rates(self) -> dict[str, tuple[int, int]]:
+            return {"dash": (0, 100), "idle": (3, 0), "gone": (0, 100)}
+
+        def grant(self, name: str, tokens: int) -> bool:
+            self.granted.append((name, tokens))
+            return True
+
+    async def main() -> list[tuple[str, int]]:
+        guard = Guard(path, LocalRates())
+        plane = DataPlane(RouterSettings(auth_file=path), RouterMetrics(), guard)
+        plane._front = front = Front()
+        task = asyncio.create_task(plane.lease())
+        await asyncio.sleep(0.16)
+        task.cancel()
+        return front.granted
+
+    granted = asyncio.run(main())
+    assert granted and {name for name, _ in granted} == {"dash"}  # the idle one asked nothing, "gone" has no rate
+    # 100 asked per 50 ms is 2,000/s: 200 a lease, capped at half the burst; the burst refills by 50 per 50 ms.
+    assert all(1 <= tokens <= 25 for _, tokens in granted) and granted[0] == ("dash", 25), granted

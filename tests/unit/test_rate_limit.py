@@ -135,3 +135,19 @@ def test_a_reload_forgets_principals_no_longer_in_the_file():
         await rates.admit("gone", rate)  # a new principal of that name starts with a full bucket
 
     asyncio.run(main())
+
+
+def test_a_lease_grants_what_the_shared_bucket_holds_and_limits_alone_without_redis():
+    async def main() -> None:
+        server = fakeredis.FakeServer()
+        shared = SharedRates(fakeredis.FakeAsyncRedis(server=server), "ns")
+        rate = Rate(reads_per_s=0.5, burst=10)
+        assert [await shared.lease("p", rate, 4) for _ in range(4)] == [4, 4, 2, 0]
+        assert not await attempts(shared, "p", rate)  # what was leased is gone from the one bucket
+        server.connected = False
+        alone = SharedRates(fakeredis.FakeAsyncRedis(server=server), "ns")
+        assert [await alone.lease("p", rate, 6) for _ in range(3)] == [6, 4, 0]  # a bucket of this process's own
+        local = LocalRates()
+        assert [await local.lease("p", rate, 7) for _ in range(2)] == [7, 3]
+
+    asyncio.run(main())

@@ -13,7 +13,8 @@ use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::lookup::Routing;
+use crate::guard::{Guard, Judgement};
+use crate::lookup::{segment, Routing};
 use crate::relay::Python;
 
 /// What a request's head may take before it is the Python front's to judge (router.transports.http1: 32 KiB).
@@ -27,12 +28,21 @@ const PREFIX: &[u8] = b"/v1/tables/";
 pub struct Conns {
     pub routing: Routing,
     pub python: Python,
+    guard: Guard,
     date: RefCell<(u64, Vec<u8>)>,
 }
 
 enum Request {
-    /// A key lookup: (table, key, query) as ranges of the head, and whether the connection stays open after it.
-    Lookup { head: usize, table: (usize, usize), key: (usize, usize), query: (usize, usize), keep_alive: bool },
+    /// A key lookup: (table, key, query, its last Authorization value) as ranges of the head, and whether the
+    /// connection stays open after it.
+    Lookup {
+        head: usize,
+        table: (usize, usize),
+        key: (usize, usize),
+        query: (usize, usize),
+        authorization: Option<(usize, usize)>,
+        keep_alive: bool,
+    },
     /// Another key route (metadata, windows, versions): one request for the Python path.
     KeyRoute { head: usize },
     /// Anything else: the connection is the Python front's from here on.
@@ -52,8 +62,13 @@ fn parse(buf: &[u8]) -> Request {
         return Request::Other;
     }
     let mut keep_alive = req.version == Some(1);
+    let mut authorization = None;
     for h in req.headers.iter() {
         let name = h.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"authorization") {
+            let at = h.value.as_ptr() as usize - buf.as_ptr() as usize;
+            authorization = Some((at, at + h.value.len()));
+        }
         if [&b"content-length"[..], b"transfer-encoding", b"expect", b"upgrade"]
             .iter()
             .any(|n| name.eq_ignore_ascii_case(n))
@@ -94,12 +109,12 @@ fn parse(buf: &[u8]) -> Request {
     }
     let table = (rest, rest + parts[0].len());
     let key_start = table.1 + 1 + parts[1].len() + 1;
-    Request::Lookup { head, table, key: (key_start, key_start + parts[2].len()), query, keep_alive }
+    Request::Lookup { head, table, key: (key_start, key_start + parts[2].len()), query, authorization, keep_alive }
 }
 
 impl Conns {
     pub fn new(routing: Routing, python: Python) -> Conns {
-        Conns { routing, python, date: RefCell::new((0, Vec::new())) }
+        Conns { routing, python, guard: Guard::default(), date: RefCell::new((0, Vec::new())) }
     }
 
     fn date(&self) -> Vec<u8> {
@@ -115,9 +130,13 @@ impl Conns {
     fn write_answer(&self, out: &mut Vec<u8>, status: u16, body: &[u8], keep_alive: bool) {
         out.extend_from_slice(match status {
             200 => b"HTTP/1.1 200 OK\r\n",
+            401 => b"HTTP/1.1 401 Unauthorized\r\n",
             _ => b"HTTP/1.1 404 Not Found\r\n",
         });
         out.extend_from_slice(&self.date());
+        if status == 401 {
+            out.extend_from_slice(b"www-authenticate: Bearer realm=\"freshroute\"\r\n");  // router.auth
+        }
         out.extend_from_slice(format!("content-type: application/json\r\ncontent-length: {}\r\n", body.len()).as_bytes());
         out.extend_from_slice(if keep_alive { b"\r\n" } else { b"connection: close\r\n\r\n" });
         out.extend_from_slice(body);
@@ -157,9 +176,17 @@ pub async fn serve(conns: Rc<Conns>, mut stream: TcpStream) {
                         }
                     }
                 }
-                Request::Lookup { head, table, key, query, keep_alive } => {
-                    let answered = conns.routing.lookup(&buf[table.0..table.1], &buf[key.0..key.1],
-                                                        &buf[query.0..query.1]).await;
+                Request::Lookup { head, table, key, query, authorization, keep_alive } => {
+                    let judged = judge(&conns, &buf, table, authorization);
+                    let answered = match &judged {
+                        Judgement::Admitted(_) => conns.routing.lookup(&buf[table.0..table.1], &buf[key.0..key.1],
+                                                                       &buf[query.0..query.1]).await,
+                        Judgement::Unauthenticated(message) => Some((401, unauthenticated(message))),
+                        Judgement::Python => None,
+                    };
+                    if let (None, Judgement::Admitted(Some(lease))) = (&answered, &judged) {
+                        lease.give_back();  // the Python path admits the lookup again
+                    }
                     let request = buf.split_to(head);
                     head_since = None;
                     let closes = match answered {
@@ -206,6 +233,21 @@ pub async fn serve(conns: Rc<Conns>, mut stream: TcpStream) {
     }
 }
 
+/// Whether the lookup may be answered here, when the router authenticates.
+fn judge(conns: &Conns, buf: &[u8], table: (usize, usize), authorization: Option<(usize, usize)>) -> Judgement {
+    let shared = &conns.routing.shared;
+    if !shared.config.authenticates {
+        return Judgement::Admitted(None);
+    }
+    let Some(table) = segment(&buf[table.0..table.1]) else { return Judgement::Python };
+    conns.guard.judge(&shared.principals(), authorization.map(|(a, b)| &buf[a..b]), &table)
+}
+
+/// UNAUTHENTICATED's body (freshroute.errors.Unauthenticated); the messages need no escaping.
+fn unauthenticated(message: &str) -> Vec<u8> {
+    format!("{{\"error\":{{\"code\":\"UNAUTHENTICATED\",\"message\":\"{message}\"}}}}").into_bytes()
+}
+
 /// The Python path's answer to one key route request appended to `out`; whether it closes the connection (None: the
 /// Python front could not be reached, and the client is told so).
 async fn relayed(conns: &Conns, request: &[u8], out: &mut Vec<u8>) -> Option<bool> {
@@ -233,8 +275,9 @@ mod tests {
     fn requests_are_told_apart() {
         let r = b"GET /v1/tables/t/keys/k%2F1?max_lag=5 HTTP/1.1\r\nHost: x\r\n\r\n";
         match parse(r) {
-            Request::Lookup { head, table, key, query, keep_alive } => {
+            Request::Lookup { head, table, key, query, authorization, keep_alive } => {
                 assert_eq!(head, r.len());
+                assert_eq!(authorization, None);
                 assert_eq!(&r[table.0..table.1], b"t");
                 assert_eq!(&r[key.0..key.1], b"k%2F1");
                 assert_eq!(&r[query.0..query.1], b"max_lag=5");
@@ -244,6 +287,11 @@ mod tests {
         }
         assert!(matches!(parse(b"GET /v1/tables/t/keys/k/windows?from=1 HTTP/1.1\r\n\r\n"), Request::KeyRoute { .. }));
         assert!(matches!(parse(b"GET /v1/tables HTTP/1.1\r\n\r\n"), Request::Other));
+        let r = b"GET /v1/tables/t/keys/k HTTP/1.1\r\nAuthorization: Bearer a\r\nauthorization: Bearer b\r\n\r\n";
+        match parse(r) {
+            Request::Lookup { authorization: Some((a, b)), .. } => assert_eq!(&r[a..b], b"Bearer b", "the last one"),
+            _ => panic!("a lookup with its authorization"),
+        }
         assert!(matches!(parse(b"POST /v1/tables/t/keys/k HTTP/1.1\r\n\r\n"), Request::Other));
         assert!(matches!(parse(b"GET /v1/tables/t/keys/k HTTP/1.1\r\nContent-Length: 0\r\n\r\n"), Request::Other));
         assert!(matches!(parse(b"GET /v1/tables/t/keys/k HTTP/1.1\r\nHost"), Request::Partial));

@@ -5,6 +5,7 @@
 
 mod answer;
 mod counts;
+mod guard;
 mod http1;
 mod lookup;
 mod messages;
@@ -15,6 +16,7 @@ mod store;
 
 use std::os::fd::{BorrowedFd, RawFd};
 use std::rc::Rc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -27,6 +29,7 @@ use serde::Deserialize;
 use tokio::sync::Notify;
 
 use counts::{Counts, LATENCY_BUCKETS};
+use guard::{Lease, Principals};
 use snapshot::Snapshot;
 
 /// The routing policy's settings this path follows (freshroute.routing.policy.RoutingPolicy), and the front's own.
@@ -44,12 +47,16 @@ pub struct Config {
     pub node_expiry_ms: i64,
     pub cluster_secret: String,
     pub keep_alive_s: f64,
+    /// The router authenticates (router.auth): every lookup is judged against the principals pushed.
+    pub authenticates: bool,
 }
 
 /// What every thread of the front shares: the routing view, the counts, and the stop signal.
 pub struct Shared {
     pub config: Config,
     snapshot: Mutex<Arc<Snapshot>>,
+    principals: Mutex<Arc<Principals>>,
+    leases: Mutex<HashMap<String, Arc<Lease>>>,
     pub counts: Counts,
     stopping: AtomicBool,
     forced: AtomicBool,  // past the grace: connections still open are dropped
@@ -60,6 +67,10 @@ pub struct Shared {
 impl Shared {
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.snapshot.lock().expect("never poisoned: nothing panics holding it").clone()
+    }
+
+    pub fn principals(&self) -> Arc<Principals> {
+        self.principals.lock().expect("never poisoned").clone()
     }
 
     pub fn stopping(&self) -> bool {
@@ -87,6 +98,8 @@ impl Front {
             shared: Arc::new(Shared {
                 config,
                 snapshot: Mutex::new(Arc::new(Snapshot::default())),
+                principals: Mutex::new(Arc::new(Principals::default())),
+                leases: Mutex::new(HashMap::new()),
                 counts: Counts::default(),
                 stopping: AtomicBool::new(false),
                 forced: AtomicBool::new(false),
@@ -104,6 +117,29 @@ impl Front {
         let snap = Snapshot::parse(doc).map_err(PyValueError::new_err)?;
         *self.shared.snapshot.lock().expect("never poisoned") = Arc::new(snap);
         Ok(())
+    }
+
+    /// Swap in the principals in force (router.data_plane.principals_doc's JSON): at the start, after the auth file
+    /// is reloaded, and when the tables change.
+    fn principals(&self, doc: &[u8]) -> PyResult<()> {
+        let mut leases = self.shared.leases.lock().expect("never poisoned");
+        let mut principals = self.shared.principals.lock().expect("never poisoned");
+        let fresh = Principals::parse(doc, principals.generation() + 1, &mut leases).map_err(PyValueError::new_err)?;
+        *principals = Arc::new(fresh);
+        Ok(())
+    }
+
+    /// Each rated principal's tokens leased and not spent yet, and the lookups of it asked since the last call:
+    /// what the control plane sizes the next lease by.
+    fn rates(&self) -> HashMap<String, (i64, u64)> {
+        let leases = self.shared.leases.lock().expect("never poisoned");
+        leases.iter().map(|(name, l)| (name.clone(), (l.tokens.load(Relaxed), l.asked.swap(0, Relaxed)))).collect()
+    }
+
+    /// Add `tokens` leased from principal `name`'s shared bucket (false if it has no rate here any more).
+    fn grant(&self, name: &str, tokens: i64) -> bool {
+        let leases = self.shared.leases.lock().expect("never poisoned");
+        leases.get(name).map(|l| l.tokens.fetch_add(tokens, Relaxed)).is_some()
     }
 
     /// Start serving on `threads` threads, each accepting on the listening socket.
