@@ -31,6 +31,7 @@ from freshroute.routing.counts import LookupCounts
 from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.snapshot import Snapshot
 from router.auth import Guard, Principals
+from freshroute.tls import ServerTLS
 from router.metrics import RouterMetrics
 from router.rate_limit import LEASE_S
 from router.settings import RouterSettings
@@ -38,18 +39,22 @@ from router.settings import RouterSettings
 log = logging.getLogger(__name__)
 
 
-def why_not(settings: RouterSettings) -> str | None:
-    """Why this router serves REST from its Python front alone (None: the compiled path serves it)."""
+def why_not(settings: RouterSettings, tls: ServerTLS | None = None) -> str | None:
+    """Why this router serves REST from its Python front alone (None: the compiled path serves it); ``tls``: the REST
+    port's certificate, as loaded."""
     if settings.data_plane != "compiled":
         return "data_plane is python"
-    if settings.tls_cert is not None:
-        return "the router speaks TLS (tls_cert), which the compiled path does not do yet"
+    if settings.tls_client_ca is not None:
+        return "the router requires client certificates (tls_client_ca), which the compiled path does not take yet"
     if settings.cluster_ca is not None:
         return "store nodes are reached over TLS (cluster_ca), which the compiled path does not do yet"
     try:
-        import freshroute_dataplane  # noqa: F401
+        from freshroute_dataplane import tls_problem
     except ImportError:
         return "the compiled path is not built here (native/dataplane: ./dev builds it)"
+    problem = tls_problem(tls.pem[0], tls.pem[1]) if tls is not None else None
+    if problem is not None:
+        return f"rustls cannot serve tls_cert and tls_key: {problem}"
     return None
 
 
@@ -116,12 +121,13 @@ class DataPlane:
     """The compiled REST front of this process: started on the REST port's socket, fed each snapshot, counted in the
     router's metrics, stopped."""
 
-    def __init__(self, settings: RouterSettings, metrics: RouterMetrics, guard: Guard | None = None) -> None:
+    def __init__(self, settings: RouterSettings, metrics: RouterMetrics, guard: Guard | None = None,
+                 tls: ServerTLS | None = None) -> None:
         from freshroute_dataplane import Front
 
         self.settings = settings
         self.policy = RoutingPolicy.from_settings(settings)
-        self.guard = guard
+        self.guard, self.tls = guard, tls
         self._make = Front
         self._front: Any = None
         self._tables: frozenset[str] = frozenset()
@@ -134,8 +140,8 @@ class DataPlane:
         keep-alive timeout the path's idle connections keep too. Called on the event loop the leases are kept on."""
         self._front = self._make(rest.fileno(), python_port, config_doc(self.settings, self.policy, keep_alive_s))
         self.on_snapshot(snap)
+        self.reloaded()
         if self.guard is not None:
-            self.on_principals()
             self._leasing = asyncio.get_running_loop().create_task(self.lease(), name="compiled-path-leases")
         self._front.start(self.settings.data_plane_threads)
 
@@ -151,6 +157,15 @@ class DataPlane:
         """Push the guard's principals (at the start, after the auth file is reloaded, when the tables change)."""
         if self._front is not None and self.guard is not None:
             self._front.principals(principals_doc(self.guard.principals, self._tables))
+
+    def reloaded(self) -> None:
+        """Push the principals and the certificate in force (at the start, and after SIGHUP reloaded them)."""
+        self.on_principals()
+        if self._front is not None and self.tls is not None:
+            try:
+                self._front.tls(*self.tls.pem[:2])
+            except ValueError as e:
+                log.error("TLS files not reloaded by the compiled path, its previous certificate stays in use: %s", e)
 
     async def lease(self) -> None:
         """Keep each rated principal's reads on the path leased a little ahead of its demand there: about

@@ -57,9 +57,10 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
     if guard is None and not is_loopback(settings.host):
         log.warning("router bound to %s without --auth-file: anyone who reaches it reads every table", settings.host)
     rest_sock = _listen(settings.host, settings.rest_port, settings.reuse_port)
-    compiled_not = why_not(settings)
-    plane = DataPlane(settings, runtime.router.metrics, guard) if compiled_not is None else None
-    # With the compiled path, the Python front serves the requests it leaves on a loopback port of its own.
+    compiled_not = why_not(settings, rest_tls)
+    plane = DataPlane(settings, runtime.router.metrics, guard, rest_tls) if compiled_not is None else None
+    # With the compiled path, the Python front serves the requests it leaves on a loopback port of its own, in plain
+    # HTTP: the path terminates TLS.
     python_sock = _listen("127.0.0.1", 0) if plane is not None else rest_sock
     grpc_server: PublicGrpc | None = None
     rest_task: asyncio.Task[None] | None = None
@@ -84,7 +85,7 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
         config = uvicorn.Config(app, http=http, access_log=False, proxy_headers=False, server_header=False,
                                 lifespan="on", log_level=settings.log_level.lower(),
                                 timeout_graceful_shutdown=max(1, int(settings.graceful_shutdown_s)))
-        if rest_tls is not None:
+        if rest_tls is not None and plane is None:
             config.load()
             config.ssl = rest_tls.context  # ours, so that SIGHUP can reload it in place
         rest = _RestServer(config)
@@ -98,8 +99,8 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
                 loop.add_signal_handler(sig, stop.set)
                 handled.append(sig)
         reloads = [x.reload for x in (guard, rest_tls, grpc_tls) if x is not None]
-        if plane is not None and guard is not None:
-            reloads.insert(1, plane.on_principals)  # the principals guard.reload just loaded
+        if plane is not None and reloads:
+            reloads.append(plane.reloaded)  # what the reloads before it loaded
         if reloads:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 # New principals and certificates for new requests and handshakes; connections stay open.

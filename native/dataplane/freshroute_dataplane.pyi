@@ -12,6 +12,8 @@ class Front:
         """Swap in a new routing view (router.data_plane.snapshot_doc); a malformed one is a ValueError."""
     def principals(self, doc: bytes) -> None:
         """Swap in the principals tokens are judged by (router.data_plane.principals_doc); malformed: ValueError."""
+    def tls(self, cert_pem: bytes, key_pem: bytes) -> None:
+        """Speak TLS on the REST port with this chain and key from now on (new handshakes); unusable: ValueError."""
     def rates(self) -> dict[str, tuple[int, int]]:
         """Each rated principal's (reads leased and not spent, its lookups asked here since the last call)."""
     def grant(self, name: str, tokens: int) -> bool:
@@ -22,6 +24,9 @@ class Front:
         """Stop accepting; connections close once idle, and those open after ``grace_s`` are dropped."""
     def counts(self) -> dict[str, Any]:
         """Lookups answered by outcome and role, latency buckets, hedges, requests relayed, connections handed over."""
+
+def tls_problem(cert_pem: bytes, key_pem: bytes) -> str | None:
+    """What keeps rustls from serving this certificate chain and key, or None."""
 
 def order(doc: bytes, config: str, table: str, partition: int, max_lag: int | None, max_staleness_ms: int | None,
           min_offset: int, now_ms: int) -> list[str]:

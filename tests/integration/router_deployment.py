@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -134,9 +135,9 @@ class Deployment:
 
     def start_router(self, name: str = "router", reuse_port: bool = False, metrics_port: int | None = None,
                      rest_port: int | None = None, grpc_port: int | None = None,
-                     settings: dict[str, str] | None = None) -> subprocess.Popen:
+                     settings: dict[str, str] | None = None, verify: ssl.SSLContext | None = None) -> subprocess.Popen:
         """A router process on the deployment's ports (or ``rest_port`` and ``grpc_port``), with ``settings`` (as
-        ``FRESHROUTE_*`` variables) over the deployment's, once it answers as ready."""
+        ``FRESHROUTE_*`` variables) over the deployment's, once it answers as ready (over TLS trusting ``verify``)."""
         rest_port = rest_port if rest_port is not None else self.rest_port
         env = {"FRESHROUTE_REDIS_URL": self.redis_url, "FRESHROUTE_NAMESPACE": self.namespace,
                "FRESHROUTE_HOST": "127.0.0.1", "FRESHROUTE_REST_PORT": str(rest_port),
@@ -153,7 +154,8 @@ class Deployment:
             try:
                 # With a shared port, the readiness answer may come from another router:
                 # this one is also waited for by its own start-up line.
-                r = httpx.get(f"http://127.0.0.1:{rest_port}/readyz", timeout=1)
+                r = httpx.get(f"{'https' if verify else 'http'}://127.0.0.1:{rest_port}/readyz", timeout=1,
+                              verify=verify if verify is not None else True)
                 if (r.status_code == 200 and r.json()["nodes"] >= len(self.store_nodes)
                         and "router serving" in self.procs.log(name)):
                     return proc

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import ssl
 import time
 import uuid
 
@@ -14,6 +15,7 @@ import pytest
 
 from freshroute.position import Position
 from router.auth import token_hash
+from tools.local.certs import issue, make_ca
 from tools.local.services import free_port
 
 from .router_deployment import KEYS, LAYOUT, TABLE, WINDOWED, Deployment, Procs, value_of
@@ -269,7 +271,98 @@ def test_a_reloaded_auth_file_takes_effect_on_the_path_at_once(secured):
             proc.send_signal(signal.SIGHUP)
 
 
-def metrics_as(base: str, token: str) -> dict[str, float]:
-    text = httpx.get(f"{base}/metrics", headers=bearer(token), timeout=5).text
+def metrics_as(base: str, token: str, verify: ssl.SSLContext | None = None) -> dict[str, float]:
+    text = httpx.get(f"{base}/metrics", headers=bearer(token), timeout=5,
+                     verify=verify if verify is not None else True).text
     return {name: float(value) for line in text.splitlines() if line and not line.startswith("#")
             for name, _, value in [line.rpartition(" ")]}
+
+
+@pytest.fixture(scope="module")
+def over_tls(routers, secured, tmp_path_factory):
+    """(the compiled path's https address, the Python path's, the compiled router's process, its certificate files,
+    the CA's certificate) of two routers speaking TLS, authenticating by the auth file of ``secured``."""
+    d, _ = routers
+    pki = tmp_path_factory.mktemp("data-plane-tls")
+    ca = make_ca(pki)
+    server = issue(ca, pki, "router", "router one")
+    tls = {"FRESHROUTE_TLS_CERT": str(server.cert), "FRESHROUTE_TLS_KEY": str(server.key),
+           "FRESHROUTE_AUTH_FILE": str(secured[3])}
+    compiled, python = free_port(), free_port()
+    verify = ssl.create_default_context(cafile=str(ca.cert))
+    proc = d.start_router("router-tls", rest_port=compiled, grpc_port=free_port(), settings=tls, verify=verify)
+    d.start_router("router-tls-python", rest_port=python, grpc_port=free_port(),
+                   settings={**tls, "FRESHROUTE_DATA_PLANE": "python"}, verify=verify)
+    assert "REST lookups by the compiled path" in d.procs.log("router-tls")
+    return f"https://127.0.0.1:{compiled}", f"https://127.0.0.1:{python}", proc, server, ca
+
+
+@pytest.mark.parametrize("path", [f"/v1/tables/{TABLE}/keys/sensor-1", f"/v1/tables/{TABLE}/keys/nope",
+                                  f"/v1/tables/{TABLE}/keys/sensor-1?max_lag=x", "/v1/tables", "/healthz",
+                                  f"/v1/tables/{TABLE}/keys/sensor-1/metadata", "/nowhere"])
+@pytest.mark.parametrize("token", [GOOD, "wrong-token"])
+def test_over_tls_every_request_is_answered_as_the_python_path_answers_it(over_tls, path, token):
+    compiled, python, _, _, ca = over_tls
+    verify = ssl.create_default_context(cafile=str(ca.cert))
+    got, want = (httpx.get(base + path, headers=bearer(token), verify=verify, timeout=10) for base in (compiled, python))
+    assert got.status_code == want.status_code, (got.text, want.text)
+    assert got.headers.get("content-type") == want.headers.get("content-type")
+    if got.headers.get("content-type") == "application/json":
+        assert served_elsewhere(got.json()) == served_elsewhere(want.json())
+
+
+def test_over_tls_lookups_are_served_here_on_kept_alive_connections(over_tls):
+    compiled, _, _, _, ca = over_tls
+    verify = ssl.create_default_context(cafile=str(ca.cert))
+    before = metrics_as(compiled, GOOD, verify)
+    with httpx.Client(base_url=compiled, verify=verify, headers=bearer(GOOD), timeout=10) as client:
+        for i in range(KEYS):
+            assert client.get(f"/v1/tables/{TABLE}/keys/sensor-{i}").json()["value"] == value_of(i)
+    after = metrics_as(compiled, GOOD, verify)
+    relayed = 'freshroute_router_compiled_path_handoffs_total{how="relayed"}'
+    connections = "freshroute_router_compiled_path_connections_total"
+    assert after[relayed] == before[relayed]
+    assert after[connections] - before[connections] == 2  # one for the lookups, one for the metrics
+    with socket.create_connection(("127.0.0.1", int(compiled.rsplit(":", 1)[1])), timeout=10) as raw:
+        context = ssl.create_default_context(cafile=str(ca.cert))
+        context.set_alpn_protocols(["h2", "http/1.1"])
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            assert tls.selected_alpn_protocol() == "http/1.1" and tls.version() in ("TLSv1.3", "TLSv1.2")
+
+
+def test_plain_http_on_the_tls_port_is_closed_and_lookups_go_on(over_tls):
+    compiled, _, _, _, ca = over_tls
+    with socket.create_connection(("127.0.0.1", int(compiled.rsplit(":", 1)[1])), timeout=10) as sock:
+        sock.sendall(f"GET /v1/tables/{TABLE}/keys/sensor-1 HTTP/1.1\r\nHost: r\r\n\r\n".encode())
+        answer = b"".join(iter(lambda: sock.recv(65536), b""))
+    assert not answer.startswith(b"HTTP/1.1 200")  # a TLS alert, or nothing: never a value in the clear
+    verify = ssl.create_default_context(cafile=str(ca.cert))
+    assert httpx.get(f"{compiled}/v1/tables/{TABLE}/keys/sensor-1", headers=bearer(GOOD), verify=verify,
+                     timeout=10).status_code == 200
+
+
+def test_a_reloaded_certificate_is_presented_by_new_handshakes(over_tls, tmp_path):
+    compiled, _, proc, server, ca = over_tls
+    port = int(compiled.rsplit(":", 1)[1])
+
+    def presented() -> str:
+        context = ssl.create_default_context(cafile=str(ca.cert))
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+                context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            return dict(x[0] for x in tls.getpeercert()["subject"])["commonName"]
+
+    assert presented() == "router one"
+    original = server.cert.read_bytes(), server.key.read_bytes()
+    renewed = issue(ca, tmp_path, "renewed", "router two")
+    try:
+        server.cert.write_bytes(renewed.cert.read_bytes())
+        server.key.write_bytes(renewed.key.read_bytes())
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while presented() != "router two":
+            assert time.monotonic() < deadline, "the old certificate still presented after a reload"
+            time.sleep(0.05)
+    finally:
+        server.cert.write_bytes(original[0])
+        server.key.write_bytes(original[1])
+        proc.send_signal(signal.SIGHUP)

@@ -10,8 +10,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::guard::{Guard, Judgement};
 use crate::lookup::{segment, Routing};
@@ -143,9 +142,15 @@ impl Conns {
     }
 }
 
-pub async fn serve(conns: Rc<Conns>, mut stream: TcpStream) {
+/// Bytes written, and sent: a TLS stream holds them until flushed.
+async fn send<S: AsyncWrite + Unpin>(stream: &mut S, out: &[u8]) -> std::io::Result<()> {
+    stream.write_all(out).await?;
+    stream.flush().await
+}
+
+/// Serve one connection (plain, or TLS already accepted) until it closes, idles out or is handed over.
+pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(conns: Rc<Conns>, mut stream: S) {
     let shared = conns.routing.shared.clone();
-    let _ = stream.set_nodelay(true);
     let mut buf = BytesMut::with_capacity(4096);
     let mut out: Vec<u8> = Vec::with_capacity(4096);
     let keep_alive_for = Duration::from_secs_f64(shared.config.keep_alive_s);
@@ -159,7 +164,7 @@ pub async fn serve(conns: Rc<Conns>, mut stream: TcpStream) {
             match parse(&buf) {
                 Request::Partial if buf.len() <= MAX_HEAD => break,
                 Request::Partial | Request::Other => {
-                    if !out.is_empty() && stream.write_all(&out).await.is_err() {
+                    if !out.is_empty() && send(&mut stream, &out).await.is_err() {
                         return;
                     }
                     shared.counts.handed_over.fetch_add(1, Relaxed);
@@ -171,7 +176,7 @@ pub async fn serve(conns: Rc<Conns>, mut stream: TcpStream) {
                     match relayed(&conns, &request, &mut out).await {
                         Some(false) => {}
                         _ => {
-                            let _ = stream.write_all(&out).await;
+                            let _ = send(&mut stream, &out).await;
                             return;
                         }
                     }
@@ -197,14 +202,14 @@ pub async fn serve(conns: Rc<Conns>, mut stream: TcpStream) {
                         None => relayed(&conns, &request, &mut out).await.unwrap_or(true),
                     };
                     if closes {
-                        let _ = stream.write_all(&out).await;
+                        let _ = send(&mut stream, &out).await;
                         return;
                     }
                 }
             }
         }
         if !out.is_empty() {
-            if stream.write_all(&out).await.is_err() {
+            if send(&mut stream, &out).await.is_err() {
                 return;
             }
             out.clear();

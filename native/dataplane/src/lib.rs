@@ -13,6 +13,7 @@ mod relay;
 mod selection;
 mod snapshot;
 mod store;
+mod tls;
 
 use std::os::fd::{BorrowedFd, RawFd};
 use std::rc::Rc;
@@ -56,6 +57,8 @@ pub struct Shared {
     pub config: Config,
     snapshot: Mutex<Arc<Snapshot>>,
     principals: Mutex<Arc<Principals>>,
+    /// The REST port's TLS, when the router speaks it.
+    tls: Mutex<Option<tokio_rustls::TlsAcceptor>>,
     leases: Mutex<HashMap<String, Arc<Lease>>>,
     pub counts: Counts,
     stopping: AtomicBool,
@@ -99,6 +102,7 @@ impl Front {
                 config,
                 snapshot: Mutex::new(Arc::new(Snapshot::default())),
                 principals: Mutex::new(Arc::new(Principals::default())),
+                tls: Mutex::new(None),
                 leases: Mutex::new(HashMap::new()),
                 counts: Counts::default(),
                 stopping: AtomicBool::new(false),
@@ -126,6 +130,14 @@ impl Front {
         let mut principals = self.shared.principals.lock().expect("never poisoned");
         let fresh = Principals::parse(doc, principals.generation() + 1, &mut leases).map_err(PyValueError::new_err)?;
         *principals = Arc::new(fresh);
+        Ok(())
+    }
+
+    /// Speak TLS on the REST port from now on with this certificate chain and key (PEM): at the start, and after
+    /// the files are reloaded; handshakes already done keep theirs. Files rustls cannot use are a ValueError.
+    fn tls(&self, cert_pem: &[u8], key_pem: &[u8]) -> PyResult<()> {
+        let acceptor = tls::acceptor(cert_pem, key_pem).map_err(PyValueError::new_err)?;
+        *self.shared.tls.lock().expect("never poisoned") = Some(acceptor);
         Ok(())
     }
 
@@ -216,11 +228,20 @@ fn run(shared: Arc<Shared>, listener: std::net::TcpListener, python_port: u16, s
             tokio::select! {
                 accepted = listener.accept() => {
                     let Ok((stream, _)) = accepted else { continue };
+                    let _ = stream.set_nodelay(true);
                     shared.counts.connections.fetch_add(1, Relaxed);
                     shared.open.fetch_add(1, Relaxed);
+                    let tls = shared.tls.lock().expect("never poisoned").clone();
                     let (conns, shared) = (conns.clone(), shared.clone());
                     tokio::task::spawn_local(async move {
-                        http1::serve(conns, stream).await;
+                        match tls {
+                            None => http1::serve(conns, stream).await,
+                            Some(tls) => {
+                                if let Ok(Ok(stream)) = tokio::time::timeout(tls::HANDSHAKE, tls.accept(stream)).await {
+                                    http1::serve(conns, stream).await;
+                                }
+                            }
+                        }
                         shared.open.fetch_sub(1, Relaxed);
                     });
                 }
@@ -260,9 +281,16 @@ fn order(doc: &[u8], config: &str, table: &str, partition: usize, max_lag: Optio
     Ok(cands.into_iter().map(|c| replicas[c.index].node.clone()).collect())
 }
 
+/// What keeps rustls from serving this certificate chain and key (PEM), or None: the path is not used then.
+#[pyfunction]
+fn tls_problem(cert_pem: &[u8], key_pem: &[u8]) -> Option<String> {
+    tls::acceptor(cert_pem, key_pem).err()
+}
+
 #[pymodule]
 fn freshroute_dataplane(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Front>()?;
+    m.add_function(wrap_pyfunction!(tls_problem, m)?)?;
     m.add_function(wrap_pyfunction!(order, m)?)?;
     Ok(())
 }

@@ -8,7 +8,7 @@ use std::cell::RefCell;
 use std::io;
 
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Larger than any answer head the Python front writes.
@@ -31,7 +31,7 @@ impl Python {
     }
 
     /// From `pending` (the request not answered yet, and all after it) on, the client talks to the Python front.
-    pub async fn hand_over(&self, mut client: TcpStream, pending: &[u8]) {
+    pub async fn hand_over<S: AsyncRead + AsyncWrite + Unpin>(&self, mut client: S, pending: &[u8]) {
         let Ok(mut python) = self.connect().await else { return };
         if python.write_all(pending).await.is_err() {
             return;

@@ -1,0 +1,45 @@
+//! TLS of the REST port (freshroute.tls.ServerTLS's files, as loaded): rustls with ring's primitives, TLS 1.2 and
+//! 1.3, ALPN `http/1.1`. A reload swaps the acceptor: new handshakes get the new certificate, open connections stay.
+
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::ServerConfig;
+use tokio_rustls::TlsAcceptor;
+
+/// How long a client may take over its handshake before its connection is closed.
+pub const HANDSHAKE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// An acceptor presenting `cert_pem` (the chain, leaf first) with `key_pem`, or what is wrong with them.
+pub fn acceptor(cert_pem: &[u8], key_pem: &[u8]) -> Result<TlsAcceptor, String> {
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("the certificate file is not PEM certificates ({e})"))?;
+    if chain.is_empty() {
+        return Err("the certificate file holds no certificate".into());
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| format!("the key file holds no private key ({e})"))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| format!("the certificate and key are not usable together ({e})"))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_that_are_not_a_certificate_and_its_key_are_named() {
+        let problem = |cert: &[u8], key: &[u8]| acceptor(cert, key).err().expect("refused");
+        assert!(problem(b"", b"").contains("no certificate"));
+        let not_a_cert = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        assert!(problem(not_a_cert, b"nothing").contains("no private key"));
+    }
+}
