@@ -29,7 +29,7 @@ class _RouterProcess(ServingSettings):
     data_plane: Literal["compiled", "python"] = Field(
         default="compiled", description="compiled: the REST port's key lookups are answered by the compiled path "
         "(native/dataplane) on threads of its own, everything else by the Python front behind it; python: the Python "
-        "front serves the port (also where the compiled path is not built, or with auth_file or TLS)")
+        "front serves the port (also where the compiled path is not built, or with tls_client_ca or cluster_ca)")
     data_plane_threads: int = Field(default=1, ge=1, le=64, description="threads of the compiled path, each "
                                     "accepting on the REST port")
     auth_file: Path | None = Field(default=None, description="principals, their token hashes, tables and rates "
