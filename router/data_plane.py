@@ -64,7 +64,7 @@ def config_doc(settings: RouterSettings, policy: RoutingPolicy, keep_alive_s: fl
     return orjson.dumps({
         "attempt_timeout_ms": policy.attempt_timeout_ms, "hedge": policy.hedge,
         "hedge_quantile": policy.hedge_quantile, "hedge_min_ms": float(policy.hedge_min_ms),
-        "hedge_budget": policy.hedge_budget, "freshness_tolerance_offsets": policy.freshness_tolerance_offsets,
+        "hedge_budget": policy.hedge_budget, "max_windows": policy.max_windows, "freshness_tolerance_offsets": policy.freshness_tolerance_offsets,
         "freshness_tolerance_ms": policy.freshness_tolerance_ms, "view_trust_ms": policy.view_trust_ms,
         "failure_backoff_ms": policy.failure_backoff_ms, "node_expiry_ms": policy.node_expiry_ms,
         "cluster_secret": settings.node_access().secret, "keep_alive_s": keep_alive_s,
@@ -86,8 +86,9 @@ def principals_doc(principals: Principals, tables: Iterable[str]) -> bytes:
 
 def snapshot_doc(snap: Snapshot, policy: RoutingPolicy) -> bytes:
     """The routing view the compiled path reads, as JSON: each table's partitions, whether the path serves its key
-    lookups, its value format, its default bound (as :meth:`RoutingCore.bound_for` fills it in) and its input lag;
-    each replica's latest known lag (the heartbeat's, or the positions published since)."""
+    lookups, or its keys' windows (the window's size, slide and retention), its value format, its default bound (as
+    :meth:`RoutingCore.bound_for` fills it in) and its input lag; each replica's latest known lag (the heartbeat's, or
+    the positions published since)."""
     tables = {}
     for name, spec in snap.tables.items():
         override = policy.table_bounds.get(name)
@@ -95,8 +96,11 @@ def snapshot_doc(snap: Snapshot, policy: RoutingPolicy) -> bytes:
                            else (spec.default_max_lag, spec.default_max_staleness_ms))
         lag = snap.input_lag.get(name)
         ends = snap.input_ends.get(spec.input_topic) if spec.input_topic else None
+        w = spec.window if spec.key_format == "string" else None
         tables[name] = {
             "partitions": spec.partitions, "served": spec.window is None and spec.key_format == "string",
+            "window": None if w is None else {"size_ms": w.size_ms, "slide_ms": w.slide_ms,
+                                              "retention_ms": w.retention_ms},
             "value_format": spec.value_format, "max_lag": max_lag, "max_staleness_ms": max_ms,
             "input_lag": None if lag is None else {"records": lag.records, "caught_up_ms": lag.caught_up_ms,
                                                    "at_ms": lag.at_ms, "alive_ms": lag.alive_ms,

@@ -18,7 +18,7 @@ from router.auth import token_hash
 from tools.local.certs import issue, make_ca
 from tools.local.services import free_port
 
-from .router_deployment import KEYS, LAYOUT, TABLE, WINDOWED, Deployment, Procs, value_of
+from .router_deployment import KEYS, LAYOUT, TABLE, WATERMARK_MS, WINDOW_STARTS, WINDOWED, Deployment, Procs, value_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark, no shared stack: runs beside the others
 
@@ -51,6 +51,13 @@ REQUESTS = [
     f"/v1/tables/{TABLE}/keys/sensor-2?min_position=nonsense", f"/v1/tables/{TABLE}/keys/sensor-2?max_input_lag_ms=0",
     f"/v1/tables/{TABLE}/keys/sensor-2?as_of=now", "/v1/tables/nope/keys/k", f"/v1/tables/{WINDOWED}/keys/sensor-1",
     f"/v1/tables/{WINDOWED}/keys/sensor-1/windows?from=0&to=30000", f"/v1/tables/{TABLE}/keys/sensor-1/versions",
+    *(f"/v1/tables/{WINDOWED}/keys/{key}/windows?{q}" for key, q in (
+        ("sensor-2", "from=10000&to=20000"), ("sensor-2", "from=10001&to=20001&max_lag=0"), ("nope", "from=0&to=30000"),
+        ("sensor%2D3", "to=30000&from=0&max_staleness_ms=600000"), ("sensor-3", "from=20000&to=10000"),
+        ("sensor-3", "from=0&to=99999999999"), ("sensor-3", "from=0"), ("sensor-3", "from=x&to=1"),
+        ("sensor-3", "from=%30&to=30000"), ("sensor-3", "from=0&to=30000&max_input_lag_ms=0"),
+        ("sensor-3", "from=0&to=9223372036854775808"), ("sensor-3", "from=0&to=30000&max_lag=x"))),
+    f"/v1/tables/{TABLE}/keys/sensor-1/windows?from=0&to=30000",
     f"/v1/tables/{TABLE}/keys/sensor-1/nothing", "/v1/tables", "/v1/tables/", "/nowhere", "/readyz",
 ]
 
@@ -123,6 +130,19 @@ def metrics(base: str) -> dict[str, float]:
     text = httpx.get(f"{base}/metrics", timeout=5).text
     return {name: float(value) for line in text.splitlines() if line and not line.startswith("#")
             for name, _, value in [line.rpartition(" ")]}
+
+
+def test_windows_are_served_here_with_each_windows_end_and_finality(routers):
+    d, python = routers
+    before = metrics(d.rest)
+    for i in range(KEYS):
+        got = httpx.get(f"{d.rest}/v1/tables/{WINDOWED}/keys/sensor-{i}/windows", params={"from": 0, "to": 30_000},
+                        timeout=5).json()
+        assert [(w["start"], w["end"], w["value"], w["final"]) for w in got["windows"]] == [
+            (start, start + 10_000, {"count": i}, start + 10_000 <= WATERMARK_MS) for start in WINDOW_STARTS]
+        assert got["watermark_ms"] == WATERMARK_MS and got["served_by"]["node"] in LAYOUT[got["partition"]]
+    relayed = 'freshroute_router_compiled_path_handoffs_total{how="relayed"}'
+    assert metrics(d.rest)[relayed] == before[relayed]  # answered by the compiled path itself
 
 
 def test_positions_are_served_here_and_what_they_refuse_is_answered_as_the_python_path_does(routers):

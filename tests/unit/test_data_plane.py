@@ -25,6 +25,7 @@ dataplane = pytest.importorskip("freshroute_dataplane", reason="the compiled pat
 ROOT = Path(__file__).resolve().parents[2]
 NOW = 1_000_000
 CONFIG = {"attempt_timeout_ms": 500, "hedge": True, "hedge_quantile": 0.95, "hedge_min_ms": 5.0, "hedge_budget": 0.1,
+          "max_windows": 1000,
           "freshness_tolerance_offsets": 0, "freshness_tolerance_ms": 0, "view_trust_ms": 1000,
           "failure_backoff_ms": 1000, "node_expiry_ms": 2000, "cluster_secret": "", "keep_alive_s": 5.0,
           "authenticates": False}

@@ -46,7 +46,7 @@ fn where_fields(out: &mut Vec<u8>, table: &str, key: &str) {
     string(out, key);
 }
 
-fn served_fields(out: &mut Vec<u8>, table: &str, partition: usize, who: &Served, input_lag: (i64, i64)) {
+fn served_fields(out: &mut Vec<u8>, table: &str, partition: usize, who: &Served) {
     out.extend_from_slice(format!(",\"partition\":{partition},\"served_by\":{{\"node\":").as_bytes());
     string(out, who.node);
     out.extend_from_slice(b",\"role\":\"");
@@ -57,6 +57,9 @@ fn served_fields(out: &mut Vec<u8>, table: &str, partition: usize, who: &Served,
     number(out, who.lag_ms);
     out.extend_from_slice(b"},\"position\":");
     string(out, &position_token(table, partition, who.applied));
+}
+
+fn input_lag_field(out: &mut Vec<u8>, input_lag: (i64, i64)) {
     out.extend_from_slice(format!(",\"input_lag\":{{\"records\":{},\"ms\":{}}}", input_lag.0, input_lag.1).as_bytes());
 }
 
@@ -81,7 +84,8 @@ pub fn found(table: &str, key: &str, partition: usize, value: &[u8], format: Val
             out.push(b'"');
         }
     }
-    served_fields(&mut out, table, partition, who, input_lag);
+    served_fields(&mut out, table, partition, who);
+    input_lag_field(&mut out, input_lag);
     out.push(b'}');
     Some(out)
 }
@@ -100,9 +104,43 @@ pub fn not_found(table: &str, key: &str, partition: usize, who: &Served, input_l
     string(&mut out, &message);
     out.push(b',');
     where_fields(&mut out, table, key);
-    served_fields(&mut out, table, partition, who, input_lag);
+    served_fields(&mut out, table, partition, who);
+    input_lag_field(&mut out, input_lag);
     out.extend_from_slice(b"}}");
     Some(out)
+}
+
+/// One window of a key as its windows' body lists it.
+pub struct Window<'a> {
+    pub start: i64,
+    pub end: i64,
+    /// The changelog value, JSON as stored (empty: null).
+    pub value: &'a [u8],
+    pub is_final: bool,
+}
+
+/// A key's windows' body (freshroute.routing.results.WindowsResult.to_dict).
+pub fn windows(table: &str, key: &str, partition: usize, windows: &[Window], watermark_ms: Option<i64>, who: &Served,
+               input_lag: (i64, i64)) -> Vec<u8> {
+    let mut out = Vec::with_capacity(windows.iter().map(|w| w.value.len() + 64).sum::<usize>() + 320);
+    out.push(b'{');
+    where_fields(&mut out, table, key);
+    out.extend_from_slice(b",\"windows\":[");
+    for (i, w) in windows.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(format!("{{\"start\":{},\"end\":{},\"value\":", w.start, w.end).as_bytes());
+        out.extend_from_slice(if w.value.is_empty() { b"null" } else { w.value });
+        out.extend_from_slice(if w.is_final { b",\"final\":true}" } else { b",\"final\":false}" });
+    }
+    out.push(b']');
+    served_fields(&mut out, table, partition, who);
+    out.extend_from_slice(b",\"watermark_ms\":");
+    number(&mut out, watermark_ms);
+    input_lag_field(&mut out, input_lag);
+    out.push(b'}');
+    out
 }
 
 #[cfg(test)]
@@ -126,5 +164,20 @@ mod tests {
         assert!(not_found("t", "it's", 2, &who, (0, 0)).is_none());
         let body = String::from_utf8(not_found("t", "k", 2, &who, (0, 0)).unwrap()).unwrap();
         assert!(body.starts_with("{\"error\":{\"code\":\"KEY_NOT_FOUND\",\"message\":\"key 'k' not found in table 't'\",\"table\""));
+    }
+
+    #[test]
+    fn a_windows_body() {
+        let who = Served { node: "n1", role: "standby", lag_offsets: None, lag_ms: Some(5), applied: 3 };
+        let listed = [Window { start: 0, end: 10, value: b"{\"n\":1}", is_final: true },
+                      Window { start: 10, end: 20, value: b"", is_final: false }];
+        let body = String::from_utf8(windows("w", "k", 1, &listed, Some(12), &who, (0, 0))).unwrap();
+        assert_eq!(body, format!("{{\"table\":\"w\",\"key\":\"k\",\"windows\":[{{\"start\":0,\"end\":10,\"value\":\
+                                  {{\"n\":1}},\"final\":true}},{{\"start\":10,\"end\":20,\"value\":null,\"final\":false}}],\
+                                  \"partition\":1,\"served_by\":{{\"node\":\"n1\",\"role\":\"standby\"}},\"lag\":\
+                                  {{\"offsets\":null,\"ms\":5}},\"position\":\"{}\",\"watermark_ms\":12,\"input_lag\":\
+                                  {{\"records\":0,\"ms\":0}}}}", position_token("w", 1, 3)));
+        assert!(String::from_utf8(windows("w", "k", 1, &[], None, &who, (0, 0))).unwrap()
+            .contains("\"windows\":[],\"partition\":1"));
     }
 }

@@ -32,9 +32,10 @@ pub struct Conns {
 }
 
 enum Request {
-    /// A key lookup: (table, key, query, its last Authorization value) as ranges of the head, and whether the
-    /// connection stays open after it.
+    /// A key lookup or a key's windows: (table, key, query, its last Authorization value) as ranges of the head, and
+    /// whether the connection stays open after it.
     Lookup {
+        windows: bool,
         head: usize,
         table: (usize, usize),
         key: (usize, usize),
@@ -42,7 +43,7 @@ enum Request {
         authorization: Option<(usize, usize)>,
         keep_alive: bool,
     },
-    /// Another key route (metadata, windows, versions): one request for the Python path.
+    /// Another key route (metadata, versions): one request for the Python path.
     KeyRoute { head: usize },
     /// Anything else: the connection is the Python front's from here on.
     Other,
@@ -99,16 +100,14 @@ fn parse(buf: &[u8]) -> Request {
     if parts.len() < 3 || parts.len() > 4 || parts[1] != b"keys" || parts[0].is_empty() || parts[2].is_empty() {
         return Request::Other;
     }
-    if parts.len() == 4 {
-        return if matches!(parts[3], b"metadata" | b"windows" | b"versions") {
-            Request::KeyRoute { head }
-        } else {
-            Request::Other
-        };
+    let windows = parts.get(3) == Some(&&b"windows"[..]);
+    if parts.len() == 4 && !windows {
+        return if matches!(parts[3], b"metadata" | b"versions") { Request::KeyRoute { head } } else { Request::Other };
     }
     let table = (rest, rest + parts[0].len());
     let key_start = table.1 + 1 + parts[1].len() + 1;
-    Request::Lookup { head, table, key: (key_start, key_start + parts[2].len()), query, authorization, keep_alive }
+    Request::Lookup { windows, head, table, key: (key_start, key_start + parts[2].len()), query, authorization,
+                      keep_alive }
 }
 
 impl Conns {
@@ -181,11 +180,12 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(conns: Rc<Conns>, mut stre
                         }
                     }
                 }
-                Request::Lookup { head, table, key, query, authorization, keep_alive } => {
+                Request::Lookup { windows, head, table, key, query, authorization, keep_alive } => {
                     let judged = judge(&conns, &buf, table, authorization);
+                    let (t, k, q) = (&buf[table.0..table.1], &buf[key.0..key.1], &buf[query.0..query.1]);
                     let answered = match &judged {
-                        Judgement::Admitted(_) => conns.routing.lookup(&buf[table.0..table.1], &buf[key.0..key.1],
-                                                                       &buf[query.0..query.1]).await,
+                        Judgement::Admitted(_) if windows => conns.routing.windows(t, k, q).await,
+                        Judgement::Admitted(_) => conns.routing.lookup(t, k, q).await,
                         Judgement::Unauthenticated(message) => Some((401, unauthenticated(message))),
                         Judgement::Python => None,
                     };
@@ -280,7 +280,8 @@ mod tests {
     fn requests_are_told_apart() {
         let r = b"GET /v1/tables/t/keys/k%2F1?max_lag=5 HTTP/1.1\r\nHost: x\r\n\r\n";
         match parse(r) {
-            Request::Lookup { head, table, key, query, authorization, keep_alive } => {
+            Request::Lookup { windows, head, table, key, query, authorization, keep_alive } => {
+                assert!(!windows);
                 assert_eq!(head, r.len());
                 assert_eq!(authorization, None);
                 assert_eq!(&r[table.0..table.1], b"t");
@@ -290,7 +291,9 @@ mod tests {
             }
             _ => panic!("a lookup"),
         }
-        assert!(matches!(parse(b"GET /v1/tables/t/keys/k/windows?from=1 HTTP/1.1\r\n\r\n"), Request::KeyRoute { .. }));
+        assert!(matches!(parse(b"GET /v1/tables/t/keys/k/windows?from=1 HTTP/1.1\r\n\r\n"),
+                         Request::Lookup { windows: true, .. }));
+        assert!(matches!(parse(b"GET /v1/tables/t/keys/k/metadata HTTP/1.1\r\n\r\n"), Request::KeyRoute { .. }));
         assert!(matches!(parse(b"GET /v1/tables HTTP/1.1\r\n\r\n"), Request::Other));
         let r = b"GET /v1/tables/t/keys/k HTTP/1.1\r\nAuthorization: Bearer a\r\nauthorization: Bearer b\r\n\r\n";
         match parse(r) {

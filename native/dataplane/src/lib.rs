@@ -14,6 +14,7 @@ mod selection;
 mod snapshot;
 mod store;
 mod tls;
+mod windows;
 
 use std::os::fd::{BorrowedFd, RawFd};
 use std::rc::Rc;
@@ -41,6 +42,8 @@ pub struct Config {
     pub hedge_quantile: f64,
     pub hedge_min_ms: f64,
     pub hedge_budget: f64,
+    /// The most windows one windows read may span (RoutingPolicy.max_windows).
+    pub max_windows: i64,
     pub freshness_tolerance_offsets: i64,
     pub freshness_tolerance_ms: i64,
     pub view_trust_ms: i64,

@@ -12,9 +12,10 @@ use rand::rngs::SmallRng;
 
 use crate::answer::{self, Served, NEVER_CAUGHT_UP_MS};
 use crate::counts::Counts;
-use crate::messages::{KeyRead, KeyResult, ReadBound, NOT_FOUND, OK, ROLE_ACTIVE, ROLE_STANDBY, SERVING_ACTIVE};
+use crate::messages::{KeyRead, Read, ReadBound, Reply, ReplicaStatus, NOT_FOUND, OK, ROLE_ACTIVE, ROLE_STANDBY,
+                      SERVING_ACTIVE};
 use crate::selection::{self, Bound, Candidate, LatencyWindow, Load, Observation, Overlay, Tolerances};
-use crate::snapshot::{Replica, Snapshot, State};
+use crate::snapshot::{Replica, Snapshot, State, Table};
 use crate::store::{Answer, Stores};
 use crate::Shared;
 
@@ -29,6 +30,8 @@ pub struct Routing {
     overlay: RefCell<Overlay>,
     load: RefCell<Load>,
     latency: RefCell<LatencyWindow>,
+    /// Windows reads' latency, which hedges them (RoutingCore keeps one apart from key reads').
+    pub(crate) window_latency: RefCell<LatencyWindow>,
     rng: RefCell<SmallRng>,
     hedge_tokens: RefCell<f64>,
     pruned_at: RefCell<i64>,
@@ -43,23 +46,47 @@ impl Routing {
         let c = &shared.config;
         let stores = Stores::new(c.cluster_secret.clone(), Duration::from_millis(c.attempt_timeout_ms));
         let load = Load::new(c.failure_backoff_ms);
-        let latency = LatencyWindow::new(c.hedge_quantile);
+        let (latency, window_latency) = (LatencyWindow::new(c.hedge_quantile), LatencyWindow::new(c.hedge_quantile));
         Routing { shared, stores, overlay: RefCell::default(), load: RefCell::new(load),
-                  latency: RefCell::new(latency), rng: RefCell::new(SmallRng::seed_from_u64(seed)),
-                  hedge_tokens: RefCell::new(0.0), pruned_at: RefCell::new(0) }
+                  latency: RefCell::new(latency), window_latency: RefCell::new(window_latency),
+                  rng: RefCell::new(SmallRng::seed_from_u64(seed)), hedge_tokens: RefCell::new(0.0),
+                  pruned_at: RefCell::new(0) }
     }
 
-    fn counts(&self) -> &Counts {
+    pub(crate) fn counts(&self) -> &Counts {
         &self.shared.counts
     }
 
     /// The answer to GET /v1/tables/{table}/keys/{key}?{query} (raw, percent-encoded), or None for the Python path.
     pub async fn lookup(&self, table: &[u8], key: &[u8], query: &[u8]) -> Option<Answered> {
         let started = Instant::now();
-        let query = parse_query(query)?;
+        let query = parse_query(query).filter(|q| q.from_ms.is_none() && q.to_ms.is_none())?;
+        let r = self.route(table, key, &query, |t| t.served)?;
+        let spec = &r.snap.tables[&r.table];
+        let replicas = &spec.partitions[r.partition];
+        let read = Read::Key(KeyRead { id: 0, table: r.table.clone(), partition: r.partition as i32,
+                                       key: r.key.as_bytes().to_vec(), bound: r.read_bound() });
+        let (cand, reply) = self.attempts(replicas, &r.table, r.partition, &r.cands, read, &self.latency).await?;
+        let Reply::Key(result) = reply else { return None };
+        let who = served_by(&replicas[cand.index], result.replica.as_ref()?);
+        let input_lag = spec.input_lag_at(now_ms());
+        let found = result.status == OK;
+        let body = if found {
+            answer::found(&r.table, &r.key, r.partition, &result.value, spec.value_format, &who, input_lag)?
+        } else {
+            answer::not_found(&r.table, &r.key, r.partition, &who, input_lag)?
+        };
+        self.counts().lookup(found, who.role == "active", started.elapsed());
+        Some((if found { 200 } else { 404 }, body))
+    }
+
+    /// A read of one key routed: its table's view, partition and bound, and the replicas to ask in order; None when
+    /// the table is not one `serves` says this path answers, or no replica the view trusts can answer.
+    pub(crate) fn route(&self, table: &[u8], key: &[u8], query: &Query, serves: impl Fn(&Table) -> bool)
+                        -> Option<Routed> {
         let (table, key) = (segment(table)?, segment(key)?);
         let snap = self.shared.snapshot();
-        let spec = snap.tables.get(&table).filter(|t| t.served)?;
+        let spec = snap.tables.get(&table).filter(|t| serves(t))?;
         let partition = (murmur2(key.as_bytes()) & 0x7fff_ffff) as usize % spec.partitions.len().max(1);
         let replicas = spec.partitions.get(partition)?;
         // A position of another table is the caller's mistake, which the Python path names.
@@ -77,44 +104,7 @@ impl Routing {
         let cands = selection::select(replicas, &table, partition, bound, &self.overlay.borrow(), &self.load.borrow(),
                                       tol, now, &mut self.rng.borrow_mut());
         cands.first()?;
-        let read = KeyRead {
-            id: 0,
-            table: table.clone(),
-            partition: partition as i32,
-            key: key.as_bytes().to_vec(),
-            bound: (!bound.unbounded()).then_some(ReadBound { max_lag: bound.max_lag,
-                                                             max_staleness_ms: bound.max_staleness_ms,
-                                                             min_offset: bound.min_offset }),
-        };
-        let (cand, result) = self.attempts(replicas, &table, partition, &cands, read).await?;
-        let replica = &replicas[cand.index];
-        let rep = result.replica.as_ref()?;
-        let (lag_offsets, staleness) = match rep.end_offset {
-            Some(_) => (Some(rep.lag_offsets.unwrap_or(0).max(0)), rep.staleness_ms.max(0)),
-            None => (None, rep.staleness_ms.max(0)),
-        };
-        let role = match rep.role {
-            ROLE_ACTIVE => "active",
-            ROLE_STANDBY => "standby",
-            _ if rep.state == SERVING_ACTIVE => "active",
-            _ => "standby",
-        };
-        let who = Served {
-            node: if rep.node.is_empty() { &replica.node } else { &rep.node },
-            role,
-            lag_offsets,
-            lag_ms: (staleness < NEVER_CAUGHT_UP_MS).then_some(staleness),
-            applied: rep.applied_offset,
-        };
-        let input_lag = spec.input_lag_at(now_ms());
-        let found = result.status == OK;
-        let body = if found {
-            answer::found(&table, &key, partition, &result.value, spec.value_format, &who, input_lag)?
-        } else {
-            answer::not_found(&table, &key, partition, &who, input_lag)?
-        };
-        self.counts().lookup(found, role == "active", started.elapsed());
-        Some((if found { 200 } else { 404 }, body))
+        Some(Routed { snap: snap.clone(), table, key, partition, bound, cands })
     }
 
     fn prune(&self, snap: &Snapshot, now: i64) {
@@ -126,10 +116,10 @@ impl Routing {
         }
     }
 
-    /// The first candidate's answer, or the second's when the first is slower than recent reads (a hedge, within the
-    /// hedge budget); None when neither gave an answer this path may serve.
-    async fn attempts(&self, replicas: &[Replica], table: &str, partition: usize, cands: &[Candidate],
-                      read: KeyRead) -> Option<(Candidate, KeyResult)> {
+    /// The first candidate's answer, or the second's when the first is slower than reads of its kind lately (a hedge,
+    /// within the hedge budget); None when neither gave an answer this path may serve.
+    pub(crate) async fn attempts(&self, replicas: &[Replica], table: &str, partition: usize, cands: &[Candidate],
+                                 read: Read, latency: &RefCell<LatencyWindow>) -> Option<(Candidate, Reply)> {
         let c = &self.shared.config;
         let attempt = Duration::from_millis(c.attempt_timeout_ms);
         let second = cands.get(1).filter(|s| c.hedge && replicas[s.index].state != State::Restoring).copied();
@@ -138,18 +128,18 @@ impl Routing {
             *tokens = (*tokens + c.hedge_budget).min(10.0);
         }
         let first = cands[0];
-        let hedge_after = match (second, self.latency.borrow().value_ms) {
+        let hedge_after = match (second, latency.borrow().value_ms) {
             (Some(_), Some(ms)) => Duration::from_secs_f64(ms.max(c.hedge_min_ms) / 1000.0).min(attempt),
             _ => attempt,
         };
-        let mut one = Box::pin(self.attempt(replicas, table, partition, first, read.clone()));
+        let mut one = Box::pin(self.attempt(replicas, table, partition, first, read.clone(), latency));
         if let Ok(outcome) = tokio::time::timeout(hedge_after, &mut one).await {
             return outcome.map(|r| (first, r));
         }
         let second = second.filter(|_| hedge_after < attempt && *self.hedge_tokens.borrow() >= 1.0)?;
         *self.hedge_tokens.borrow_mut() -= 1.0;
         self.counts().hedge();
-        let mut two = Box::pin(self.attempt(replicas, table, partition, second, read));
+        let mut two = Box::pin(self.attempt(replicas, table, partition, second, read, latency));
         let deadline = tokio::time::sleep(attempt);
         tokio::pin!(deadline);
         let (mut one_done, mut two_done) = (false, false);
@@ -166,8 +156,8 @@ impl Routing {
     }
 
     /// One read of one replica: its result if it is an answer (found or not), else None.
-    async fn attempt(&self, replicas: &[Replica], table: &str, partition: usize, cand: Candidate,
-                     read: KeyRead) -> Option<KeyResult> {
+    async fn attempt(&self, replicas: &[Replica], table: &str, partition: usize, cand: Candidate, read: Read,
+                     latency: &RefCell<LatencyWindow>) -> Option<Reply> {
         let replica = &replicas[cand.index];
         let address = replica.read_address.as_deref()?;
         self.load.borrow_mut().started(&replica.node);
@@ -185,7 +175,7 @@ impl Routing {
             }
             Ok(result) => {
                 self.load.borrow_mut().finished(&replica.node, Some(ms));
-                if let Some(rep) = &result.replica {
+                if let Some(rep) = result.replica() {
                     self.overlay.borrow_mut().observe(&replica.node, table, partition, Observation {
                         applied: rep.applied_offset,
                         end: rep.end_offset,
@@ -193,13 +183,53 @@ impl Routing {
                         observed_ms: now_ms(),
                     });
                 }
-                if result.status == OK || result.status == NOT_FOUND {
-                    self.latency.borrow_mut().record(ms);
+                if result.status() == OK || result.status() == NOT_FOUND {
+                    latency.borrow_mut().record(ms);
                     return Some(result);
                 }
                 None
             }
         }
+    }
+}
+
+/// A read of one key routed (Routing::route).
+pub(crate) struct Routed {
+    pub snap: std::sync::Arc<Snapshot>,
+    pub table: String,
+    pub key: String,
+    pub partition: usize,
+    pub bound: Bound,
+    pub cands: Vec<Candidate>,
+}
+
+impl Routed {
+    /// The bound the node checks (None: unbounded).
+    pub fn read_bound(&self) -> Option<ReadBound> {
+        let b = self.bound;
+        (!b.unbounded()).then_some(ReadBound { max_lag: b.max_lag, max_staleness_ms: b.max_staleness_ms,
+                                               min_offset: b.min_offset })
+    }
+}
+
+/// Who answered, and how fresh it was, as the answer says.
+pub(crate) fn served_by<'a>(replica: &'a Replica, rep: &'a ReplicaStatus) -> Served<'a> {
+    let (lag_offsets, staleness) = match rep.end_offset {
+        Some(_) => (Some(rep.lag_offsets.unwrap_or(0).max(0)), rep.staleness_ms.max(0)),
+        None => (None, rep.staleness_ms.max(0)),
+    };
+    let role = match rep.role {
+        ROLE_ACTIVE => "active",
+        ROLE_STANDBY => "standby",
+        _ if rep.state == SERVING_ACTIVE => "active",
+        _ => "standby",
+    };
+    Served {
+        node: if rep.node.is_empty() { &replica.node } else { &rep.node },
+        role,
+        lag_offsets,
+        lag_ms: (staleness < NEVER_CAUGHT_UP_MS).then_some(staleness),
+        applied: rep.applied_offset,
     }
 }
 
@@ -231,15 +261,17 @@ pub struct Position {
     pub offsets: HashMap<i64, i64>,
 }
 
-/// The bound of a query this path serves: limits as plain numbers, and a position.
+/// A query this path serves: the bound's limits as plain numbers, a position, and a windows read's time range.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Query {
     pub bound: Bound,
     pub position: Option<Position>,
+    pub from_ms: Option<i64>,
+    pub to_ms: Option<i64>,
 }
 
-/// The bound a query gives (max_lag, max_staleness_ms, min_position), or None for any other query, or one the Python
-/// path would refuse (it says why).
+/// The bound a query gives (max_lag, max_staleness_ms, min_position) and the window range (from, to), or None for
+/// any other query, or one the Python path would refuse (it says why).
 pub fn parse_query(query: &[u8]) -> Option<Query> {
     let mut q = Query::default();
     for pair in query.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
@@ -249,7 +281,7 @@ pub fn parse_query(query: &[u8]) -> Option<Query> {
             q.position = Some(position(value)?);
             continue;
         }
-        if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+        if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
             return None;
         }
         let value: u64 = std::str::from_utf8(value).ok()?.parse().ok()?;
@@ -257,6 +289,8 @@ pub fn parse_query(query: &[u8]) -> Option<Query> {
         match name {
             b"max_lag" => q.bound.max_lag = Some(value),
             b"max_staleness_ms" => q.bound.max_staleness_ms = Some(value),
+            b"from" => q.from_ms = Some(value),
+            b"to" => q.to_ms = Some(value),
             _ => return None,
         }
     }
@@ -371,6 +405,8 @@ mod tests {
         assert_eq!(parse_query(b"max_lag="), None);
         assert_eq!(parse_query(b"max_lag=-1"), None);
         assert_eq!(parse_query(b"max_lag=9223372036854775808"), None);
+        assert_eq!(parse_query(b"from=00000000000000000001"), None, "more than 19 digits, as parse_millis says");
+        assert_eq!(parse_query(b"from=10&to=20").map(|q| (q.from_ms, q.to_ms)), Some((Some(10), Some(20))));
         assert_eq!(parse_query(b"as_of=5"), None);
         assert_eq!(segment(b"a%2Fb"), Some("a/b".into()));
         assert_eq!(segment(b"%zz"), None);

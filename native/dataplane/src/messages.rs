@@ -1,6 +1,6 @@
-//! The read port's messages this path sends and receives (`proto/store.proto`, by field number): key reads out,
-//! key results back. Fields of the protocol it does not use (groups, ranges, versions) are left out: prost skips
-//! them on the way in.
+//! The read port's messages this path sends and receives (`proto/store.proto`, by field number): key reads and a
+//! key's windows out, their results back. Fields of the protocol it does not use (groups, versions, rows as of a
+//! time) are left out: prost skips them on the way in.
 
 use bytes::Bytes;
 
@@ -62,12 +62,71 @@ pub struct KeyResult {
     pub message: String,
 }
 
+/// Windows starting in [from_ms, to_ms), not expired (life_ms: window size + retention).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WindowFilter {
+    #[prost(int64, tag = "1")]
+    pub from_ms: i64,
+    #[prost(int64, tag = "2")]
+    pub to_ms: i64,
+    #[prost(int64, tag = "3")]
+    pub life_ms: i64,
+}
+
+/// Rows of one table-partition in [start, end), in key order, from one replica.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RangeRead {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(string, tag = "2")]
+    pub table: String,
+    #[prost(int32, tag = "3")]
+    pub partition: i32,
+    #[prost(bytes = "vec", tag = "4")]
+    pub start: Vec<u8>,
+    #[prost(bytes = "vec", tag = "5")]
+    pub end: Vec<u8>,
+    #[prost(uint32, tag = "6")]
+    pub limit: u32,
+    #[prost(message, optional, tag = "7")]
+    pub bound: Option<ReadBound>,
+    #[prost(message, optional, tag = "8")]
+    pub window: Option<WindowFilter>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ScanEntry {
+    #[prost(bytes = "vec", tag = "1")]
+    pub key: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    pub value: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RangeResult {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(int32, tag = "2")]
+    pub status: i32,
+    #[prost(message, repeated, tag = "3")]
+    pub entries: Vec<ScanEntry>,
+    #[prost(message, optional, tag = "4")]
+    pub replica: Option<ReplicaStatus>,
+    #[prost(string, tag = "5")]
+    pub message: String,
+    /// The partition's watermark as of the answer; -1: none yet.
+    #[prost(int64, tag = "6")]
+    pub watermark_ms: i64,
+}
+
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ReadBatch {
     #[prost(message, repeated, tag = "1")]
     pub reads: Vec<KeyRead>,
     #[prost(string, tag = "3")]
     pub cluster_secret: String,
+    #[prost(message, repeated, tag = "4")]
+    pub ranges: Vec<RangeRead>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -76,6 +135,38 @@ pub struct ResultBatch {
     pub results: Vec<KeyResult>,
     #[prost(string, tag = "3")]
     pub refused: String,
+    #[prost(message, repeated, tag = "4")]
+    pub ranges: Vec<RangeResult>,
+}
+
+/// A read this path sends a node: one key, or one key's windows.
+#[derive(Clone, Debug)]
+pub enum Read {
+    Key(KeyRead),
+    Range(RangeRead),
+}
+
+/// A node's answer to a [Read].
+#[derive(Debug)]
+pub enum Reply {
+    Key(KeyResult),
+    Range(RangeResult),
+}
+
+impl Reply {
+    pub fn status(&self) -> i32 {
+        match self {
+            Reply::Key(r) => r.status,
+            Reply::Range(r) => r.status,
+        }
+    }
+
+    pub fn replica(&self) -> Option<&ReplicaStatus> {
+        match self {
+            Reply::Key(r) => r.replica.as_ref(),
+            Reply::Range(r) => r.replica.as_ref(),
+        }
+    }
 }
 
 // ReadStatus, Role and ReplicaState values (store.proto).

@@ -48,6 +48,14 @@ pub struct InputEnds {
 pub const PIPELINE_EXPIRY_MS: i64 = 3000;
 pub const INPUT_ENDS_TRUST_MS: i64 = 3000;
 
+/// A windowed table's windows (freshroute.windows.WindowSpec), in milliseconds.
+#[derive(Clone, Copy, Debug, Deserialize)]
+pub struct WindowSpec {
+    pub size_ms: i64,
+    pub slide_ms: i64,
+    pub retention_ms: i64,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum ValueFormat {
     Json,
@@ -59,6 +67,8 @@ pub enum ValueFormat {
 pub struct Table {
     /// Keyed, with string keys: its key lookups are answered here (others go to the Python path).
     pub served: bool,
+    /// Windowed, with string keys: its keys' windows are answered here.
+    pub window: Option<WindowSpec>,
     pub value_format: ValueFormat,
     /// The table's default bound (the router's per-table override, else the pipeline's).
     pub max_lag: Option<i64>,
@@ -102,6 +112,7 @@ pub struct Snapshot {
 struct TableDoc {
     partitions: usize,
     served: bool,
+    window: Option<WindowSpec>,
     value_format: String,
     max_lag: Option<i64>,
     max_staleness_ms: Option<i64>,
@@ -132,6 +143,7 @@ impl Snapshot {
             };
             tables.insert(name, Table {
                 served: t.served,
+                window: t.window.filter(|w| w.size_ms > 0 && w.slide_ms > 0 && w.retention_ms >= 0),
                 value_format,
                 max_lag: t.max_lag,
                 max_staleness_ms: t.max_staleness_ms,

@@ -15,16 +15,16 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Notify};
 
-use crate::messages::{KeyRead, KeyResult, ReadBatch, ResultBatch};
+use crate::messages::{Read, ReadBatch, Reply, ResultBatch};
 
 /// Far above any batch a node answers; a longer frame means the peer does not speak this protocol.
 const MAX_FRAME: usize = 64 << 20;
 
-pub type Answer = Result<KeyResult, String>;
+pub type Answer = Result<Reply, String>;
 
 struct Conn {
     address: String,
-    outbox: RefCell<Vec<KeyRead>>,
+    outbox: RefCell<Vec<Read>>,
     waiting: RefCell<HashMap<u64, oneshot::Sender<Answer>>>,
     wake: Notify,
     dead: Cell<bool>,
@@ -43,11 +43,14 @@ impl Stores {
     }
 
     /// Send `read` to the node at `address`; resolves with its result, or why the connection failed.
-    pub async fn read(self: &Rc<Self>, address: &str, mut read: KeyRead) -> Answer {
+    pub async fn read(self: &Rc<Self>, address: &str, mut read: Read) -> Answer {
         let conn = self.conn(address);
         let id = self.next_id.get();
         self.next_id.set(id + 1);
-        read.id = id;
+        match &mut read {
+            Read::Key(r) => r.id = id,
+            Read::Range(r) => r.id = id,
+        }
         let (tx, rx) = oneshot::channel();
         conn.waiting.borrow_mut().insert(id, tx);
         conn.outbox.borrow_mut().push(read);
@@ -110,11 +113,17 @@ async fn write_batches(stores: &Rc<Stores>, conn: &Rc<Conn>, mut writer: OwnedWr
         if conn.dead.get() {
             return;
         }
-        let reads = std::mem::take(&mut *conn.outbox.borrow_mut());
-        if reads.is_empty() {
+        let out = std::mem::take(&mut *conn.outbox.borrow_mut());
+        if out.is_empty() {
             continue;
         }
-        let batch = ReadBatch { reads, cluster_secret: stores.secret.clone() };
+        let mut batch = ReadBatch { cluster_secret: stores.secret.clone(), ..Default::default() };
+        for read in out {
+            match read {
+                Read::Key(r) => batch.reads.push(r),
+                Read::Range(r) => batch.ranges.push(r),
+            }
+        }
         frame.clear();
         frame.extend_from_slice(&(batch.encoded_len() as u32).to_be_bytes());
         batch.encode(&mut frame).expect("a Vec grows");
@@ -146,9 +155,11 @@ async fn read_results(stores: Rc<Stores>, conn: Rc<Conn>, mut reader: OwnedReadH
             break format!("store node {} refused the read: {}", conn.address, batch.refused);
         }
         let mut waiting = conn.waiting.borrow_mut();
-        for result in batch.results {
-            if let Some(tx) = waiting.remove(&result.id) {
-                let _ = tx.send(Ok(result));
+        let replies = batch.results.into_iter().map(|r| (r.id, Reply::Key(r)))
+            .chain(batch.ranges.into_iter().map(|r| (r.id, Reply::Range(r))));
+        for (id, reply) in replies {
+            if let Some(tx) = waiting.remove(&id) {
+                let _ = tx.send(Ok(reply));
             }
         }
         if conn.dead.get() {
@@ -183,8 +194,8 @@ mod tests {
         address
     }
 
-    fn read() -> KeyRead {
-        KeyRead { id: 0, table: "t".into(), partition: 0, key: b"k".to_vec(), bound: None }
+    fn read() -> Read {
+        Read::Key(crate::messages::KeyRead { id: 0, table: "t".into(), partition: 0, key: b"k".to_vec(), bound: None })
     }
 
     #[test]
@@ -207,15 +218,24 @@ mod tests {
     fn a_result_is_matched_to_its_read_by_id() {
         run_local(async {
             let stores = Stores::new("s3cret".into(), Duration::from_secs(1));
+            use crate::messages::{KeyResult, RangeRead, RangeResult};
             let batch = ResultBatch { results: vec![KeyResult { id: 1, status: crate::messages::OK,
                                                                value: bytes::Bytes::from_static(b"{}"),
                                                                replica: None, message: String::new() }],
+                                      ranges: vec![RangeResult { id: 2, watermark_ms: 7, ..Default::default() }],
                                       refused: String::new() };
             let mut frame = (batch.encoded_len() as u32).to_be_bytes().to_vec();
             batch.encode(&mut frame).unwrap();
             let node = node_answering(frame).await;
-            let got = stores.read(&node, read()).await.unwrap();
-            assert_eq!((got.id, &got.value[..]), (1, &b"{}"[..]));
+            let range = Read::Range(RangeRead { table: "t".into(), ..Default::default() });
+            let (key, range) = tokio::join!(stores.read(&node, read()), stores.read(&node, range));
+            match (key.unwrap(), range.unwrap()) {
+                (Reply::Key(k), Reply::Range(r)) => {
+                    assert_eq!((k.id, &k.value[..]), (1, &b"{}"[..]));
+                    assert_eq!((r.id, r.watermark_ms), (2, 7));
+                }
+                other => panic!("each reply to its read: {other:?}"),
+            }
         });
     }
 }
