@@ -19,6 +19,7 @@ from freshroute.routing.selection import FreshestFirst, LoadTracker
 from freshroute.routing.snapshot import LagOverlay, NodeView, ReplicaView, Snapshot
 from freshroute.bound import Bound
 from freshroute.position import Position
+from freshroute.windows import hopping
 from router.data_plane import snapshot_doc
 
 dataplane = pytest.importorskip("freshroute_dataplane", reason="the compiled path is built by ./dev (native/dataplane)")
@@ -50,20 +51,26 @@ def snapshot(tables: list[TableSpec], views: list[ReplicaView], **kw) -> Snapsho
 def test_the_view_serves_keyed_string_tables_with_their_default_bounds_and_input_lag():
     tables = [TableSpec("plain", "plain-changelog", 2, "k", default_max_lag=7, input_topic="in"),
               TableSpec("bounded", "b-changelog", 1, "k", default_max_lag=3, default_max_staleness_ms=9),
-              TableSpec("json_keys", "j", 1, "k", key_format="json", value_format="bytes")]
+              TableSpec("json_keys", "j", 1, "k", key_format="json", value_format="bytes"),
+              TableSpec("windowed", "w", 1, "k", window=hopping("10s", "5s", retention="1h")),
+              TableSpec("windowed_json_keys", "wj", 1, "k", key_format="json", window=hopping("10s", "5s"))]
     snap = snapshot(tables, [view("n1", "plain", 1, applied=4, end=None)],
                     input_lag={"plain": InputLag(5, NOW - 100, NOW - 50, {0: 11}, NOW)},
                     input_ends={"in": InputEnds({0: 16}, NOW - 10)})
     policy = RoutingPolicy(table_bounds={"bounded": TableBound(max_staleness_ms=100)})
     doc = orjson.loads(snapshot_doc(snap, policy))
     assert doc["tables"]["plain"] == {
-        "partitions": 2, "served": True, "value_format": "json", "max_lag": 7, "max_staleness_ms": None,
+        "partitions": 2, "served": True, "window": None, "value_format": "json", "max_lag": 7, "max_staleness_ms": None,
         "input_lag": {"records": 5, "caught_up_ms": NOW - 100, "at_ms": NOW - 50, "alive_ms": NOW,
                       "offsets": {"0": 11}},
         "input_ends": {"at_ms": NOW - 10, "ends": {"0": 16}}}
     # The router's override replaces the pipeline's defaults whole, as RoutingCore.bound_for does.
     assert (doc["tables"]["bounded"]["max_lag"], doc["tables"]["bounded"]["max_staleness_ms"]) == (None, 100)
     assert doc["tables"]["json_keys"]["served"] is False and doc["tables"]["json_keys"]["value_format"] == "bytes"
+    # Windows of string keys are served, as their window says; of other keys, not at all.
+    assert (doc["tables"]["windowed"]["served"], doc["tables"]["windowed"]["window"]) == (
+        False, {"size_ms": 10_000, "slide_ms": 5_000, "retention_ms": 3_600_000})
+    assert doc["tables"]["windowed_json_keys"]["window"] is None
     assert doc["replicas"] == [["plain", 1, [["n1", "127.0.0.1:7100", "standby", "STANDBY", 4, None, 0, NOW, True,
                                               False]]]]
     dataplane.Front(-1, 1, orjson.dumps(CONFIG).decode()).update(snapshot_doc(snap, policy))
