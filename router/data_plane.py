@@ -86,7 +86,8 @@ def principals_doc(principals: Principals, tables: Iterable[str]) -> bytes:
 
 def snapshot_doc(snap: Snapshot, policy: RoutingPolicy) -> bytes:
     """The routing view the compiled path reads, as JSON: each table's partitions, whether the path serves its key
-    lookups, or its keys' windows (the window's size, slide and retention), its value format, its default bound (as
+    lookups, or its keys' windows (the window's size, slide and retention), how long it keeps versions (for reads as
+    of a time), its value format, its default bound (as
     :meth:`RoutingCore.bound_for` fills it in) and its input lag; each replica's latest known lag (the heartbeat's, or
     the positions published since)."""
     tables = {}
@@ -101,6 +102,7 @@ def snapshot_doc(snap: Snapshot, policy: RoutingPolicy) -> bytes:
             "partitions": spec.partitions, "served": spec.window is None and spec.key_format == "string",
             "window": None if w is None else {"size_ms": w.size_ms, "slide_ms": w.slide_ms,
                                               "retention_ms": w.retention_ms},
+            "history_retention_ms": spec.history_retention_ms if spec.versioned else None,
             "value_format": spec.value_format, "max_lag": max_lag, "max_staleness_ms": max_ms,
             "input_lag": None if lag is None else {"records": lag.records, "caught_up_ms": lag.caught_up_ms,
                                                    "at_ms": lag.at_ms, "alive_ms": lag.alive_ms,

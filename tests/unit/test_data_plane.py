@@ -50,7 +50,8 @@ def snapshot(tables: list[TableSpec], views: list[ReplicaView], **kw) -> Snapsho
 
 def test_the_view_serves_keyed_string_tables_with_their_default_bounds_and_input_lag():
     tables = [TableSpec("plain", "plain-changelog", 2, "k", default_max_lag=7, input_topic="in"),
-              TableSpec("bounded", "b-changelog", 1, "k", default_max_lag=3, default_max_staleness_ms=9),
+              TableSpec("bounded", "b-changelog", 1, "k", default_max_lag=3, default_max_staleness_ms=9,
+                        history_retention_ms=60_000),
               TableSpec("json_keys", "j", 1, "k", key_format="json", value_format="bytes"),
               TableSpec("windowed", "w", 1, "k", window=hopping("10s", "5s", retention="1h")),
               TableSpec("windowed_json_keys", "wj", 1, "k", key_format="json", window=hopping("10s", "5s"))]
@@ -60,12 +61,14 @@ def test_the_view_serves_keyed_string_tables_with_their_default_bounds_and_input
     policy = RoutingPolicy(table_bounds={"bounded": TableBound(max_staleness_ms=100)})
     doc = orjson.loads(snapshot_doc(snap, policy))
     assert doc["tables"]["plain"] == {
-        "partitions": 2, "served": True, "window": None, "value_format": "json", "max_lag": 7, "max_staleness_ms": None,
+        "partitions": 2, "served": True, "window": None, "history_retention_ms": None, "value_format": "json",
+        "max_lag": 7, "max_staleness_ms": None,
         "input_lag": {"records": 5, "caught_up_ms": NOW - 100, "at_ms": NOW - 50, "alive_ms": NOW,
                       "offsets": {"0": 11}},
         "input_ends": {"at_ms": NOW - 10, "ends": {"0": 16}}}
     # The router's override replaces the pipeline's defaults whole, as RoutingCore.bound_for does.
     assert (doc["tables"]["bounded"]["max_lag"], doc["tables"]["bounded"]["max_staleness_ms"]) == (None, 100)
+    assert doc["tables"]["bounded"]["history_retention_ms"] == 60_000  # read as of a time within it
     assert doc["tables"]["json_keys"]["served"] is False and doc["tables"]["json_keys"]["value_format"] == "bytes"
     # Windows of string keys are served, as their window says; of other keys, not at all.
     assert (doc["tables"]["windowed"]["served"], doc["tables"]["windowed"]["window"]) == (

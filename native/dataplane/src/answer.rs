@@ -63,9 +63,29 @@ fn input_lag_field(out: &mut Vec<u8>, input_lag: (i64, i64)) {
     out.extend_from_slice(format!(",\"input_lag\":{{\"records\":{},\"ms\":{}}}", input_lag.0, input_lag.1).as_bytes());
 }
 
-/// A found key's body; None when its value is not of the table's format (the Python path says why).
+/// What an answer as of a time adds (freshroute.routing.history.AsOf): the time, the version's interval (none: the
+/// key had no version then) and whether it can still change.
+pub struct AsOf {
+    pub at: i64,
+    pub valid_from: Option<i64>,
+    pub valid_to: Option<i64>,
+    pub settled: bool,
+}
+
+impl AsOf {
+    fn interval(&self) -> (Option<i64>, Option<i64>) {
+        match self.valid_from {
+            Some(from) => (Some(from), self.valid_to),
+            None => (None, None),
+        }
+    }
+}
+
+/// A found key's body (as of a time, with `as_of`); None when its value is not of the table's format (the Python path
+/// says why).
+#[allow(clippy::too_many_arguments)]
 pub fn found(table: &str, key: &str, partition: usize, value: &[u8], format: ValueFormat, who: &Served,
-             input_lag: (i64, i64)) -> Option<Vec<u8>> {
+             input_lag: (i64, i64), as_of: Option<&AsOf>) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(value.len() + table.len() + key.len() + 256);
     out.push(b'{');
     where_fields(&mut out, table, key);
@@ -84,6 +104,14 @@ pub fn found(table: &str, key: &str, partition: usize, value: &[u8], format: Val
             out.push(b'"');
         }
     }
+    if let Some(v) = as_of {
+        let (from, to) = v.interval();
+        out.extend_from_slice(format!(",\"as_of\":{},\"valid_from\":", v.at).as_bytes());
+        number(&mut out, from);
+        out.extend_from_slice(b",\"valid_to\":");
+        number(&mut out, to);
+        out.extend_from_slice(if v.settled { b",\"final\":true" } else { b",\"final\":false" });
+    }
     served_fields(&mut out, table, partition, who);
     input_lag_field(&mut out, input_lag);
     out.push(b'}');
@@ -96,8 +124,10 @@ fn plain_repr(s: &str) -> Option<String> {
     s.bytes().all(|b| (0x20..0x7f).contains(&b) && b != b'\'' && b != b'\\').then(|| format!("'{s}'"))
 }
 
-/// KEY_NOT_FOUND's body (freshroute.routing.results.key_not_found), or None where its message needs Python's repr.
-pub fn not_found(table: &str, key: &str, partition: usize, who: &Served, input_lag: (i64, i64)) -> Option<Vec<u8>> {
+/// KEY_NOT_FOUND's body (freshroute.routing.results.key_not_found; as of a time, AsOf.not_found), or None where its
+/// message needs Python's repr.
+pub fn not_found(table: &str, key: &str, partition: usize, who: &Served, input_lag: (i64, i64),
+                 as_of: Option<&AsOf>) -> Option<Vec<u8>> {
     let message = format!("key {} not found in table {}", plain_repr(key)?, plain_repr(table)?);
     let mut out = Vec::with_capacity(table.len() * 2 + key.len() * 2 + 320);
     out.extend_from_slice(b"{\"error\":{\"code\":\"KEY_NOT_FOUND\",\"message\":");
@@ -106,6 +136,13 @@ pub fn not_found(table: &str, key: &str, partition: usize, who: &Served, input_l
     where_fields(&mut out, table, key);
     served_fields(&mut out, table, partition, who);
     input_lag_field(&mut out, input_lag);
+    if let Some(v) = as_of {
+        let (from, to) = v.interval();
+        out.extend_from_slice(format!(",\"as_of\":{},\"final\":{},\"valid_from\":", v.at, v.settled).as_bytes());
+        number(&mut out, from);
+        out.extend_from_slice(b",\"valid_to\":");
+        number(&mut out, to);
+    }
     out.extend_from_slice(b"}}");
     Some(out)
 }
@@ -156,13 +193,13 @@ mod tests {
     #[test]
     fn a_found_body_and_a_not_found_body() {
         let who = Served { node: "n1", role: "active", lag_offsets: Some(0), lag_ms: None, applied: 7 };
-        let body = found("t", "k\"1", 2, b"{\"a\":1}", ValueFormat::Json, &who, (3, 4)).unwrap();
+        let body = found("t", "k\"1", 2, b"{\"a\":1}", ValueFormat::Json, &who, (3, 4), None).unwrap();
         assert_eq!(String::from_utf8(body).unwrap(),
                    format!("{{\"table\":\"t\",\"key\":\"k\\\"1\",\"value\":{{\"a\":1}},\"partition\":2,\"served_by\":\
                             {{\"node\":\"n1\",\"role\":\"active\"}},\"lag\":{{\"offsets\":0,\"ms\":null}},\"position\":\
                             \"{}\",\"input_lag\":{{\"records\":3,\"ms\":4}}}}", position_token("t", 2, 7)));
-        assert!(not_found("t", "it's", 2, &who, (0, 0)).is_none());
-        let body = String::from_utf8(not_found("t", "k", 2, &who, (0, 0)).unwrap()).unwrap();
+        assert!(not_found("t", "it's", 2, &who, (0, 0), None).is_none());
+        let body = String::from_utf8(not_found("t", "k", 2, &who, (0, 0), None).unwrap()).unwrap();
         assert!(body.starts_with("{\"error\":{\"code\":\"KEY_NOT_FOUND\",\"message\":\"key 'k' not found in table 't'\",\"table\""));
     }
 

@@ -61,20 +61,37 @@ impl Routing {
     pub async fn lookup(&self, table: &[u8], key: &[u8], query: &[u8]) -> Option<Answered> {
         let started = Instant::now();
         let query = parse_query(query).filter(|q| q.from_ms.is_none() && q.to_ms.is_none())?;
-        let r = self.route(table, key, &query, |t| t.served)?;
+        let as_of = query.as_of_ms;
+        let r = self.route(table, key, &query, |t| t.served && (as_of.is_none() || t.history_retention_ms.is_some()))?;
         let spec = &r.snap.tables[&r.table];
+        // A time older than the table keeps versions for is refused by the Python path, which says since when.
+        if let (Some(at), Some(kept)) = (as_of, spec.history_retention_ms) {
+            if at < now_ms().saturating_sub(kept) {
+                return None;
+            }
+        }
         let replicas = &spec.partitions[r.partition];
         let read = Read::Key(KeyRead { id: 0, table: r.table.clone(), partition: r.partition as i32,
-                                       key: r.key.as_bytes().to_vec(), bound: r.read_bound() });
+                                       key: r.key.as_bytes().to_vec(), bound: r.read_bound(), as_of_ms: as_of });
         let (cand, reply) = self.attempts(replicas, &r.table, r.partition, &r.cands, read, &self.latency).await?;
         let Reply::Key(result) = reply else { return None };
-        let who = served_by(&replicas[cand.index], result.replica.as_ref()?);
-        let input_lag = spec.input_lag_at(now_ms());
+        let rep = result.replica.as_ref()?;
+        let who = served_by(&replicas[cand.index], rep);
+        let now = now_ms();
+        let input_lag = spec.input_lag_at(now);
         let found = result.status == OK;
+        // Final once the replica had every change up to then (HistoryReads.final).
+        let version = as_of.map(|at| answer::AsOf { at, valid_from: result.valid_from_ms,
+                                                   valid_to: result.valid_to_ms,
+                                                   settled: at <= now - rep.staleness_ms - input_lag.1 });
+        if found && version.as_ref().is_some_and(|v| v.valid_from.is_none()) {
+            return None;  // a version without its time: the Python path says what is wrong
+        }
         let body = if found {
-            answer::found(&r.table, &r.key, r.partition, &result.value, spec.value_format, &who, input_lag)?
+            answer::found(&r.table, &r.key, r.partition, &result.value, spec.value_format, &who, input_lag,
+                          version.as_ref())?
         } else {
-            answer::not_found(&r.table, &r.key, r.partition, &who, input_lag)?
+            answer::not_found(&r.table, &r.key, r.partition, &who, input_lag, version.as_ref())?
         };
         self.counts().lookup(found, who.role == "active", started.elapsed());
         Some((if found { 200 } else { 404 }, body))
@@ -268,6 +285,8 @@ pub struct Query {
     pub position: Option<Position>,
     pub from_ms: Option<i64>,
     pub to_ms: Option<i64>,
+    /// A versioned table's key as of this time (ms since the epoch; RFC 3339 text goes to the Python path).
+    pub as_of_ms: Option<i64>,
 }
 
 /// The bound a query gives (max_lag, max_staleness_ms, min_position) and the window range (from, to), or None for
@@ -291,6 +310,7 @@ pub fn parse_query(query: &[u8]) -> Option<Query> {
             b"max_staleness_ms" => q.bound.max_staleness_ms = Some(value),
             b"from" => q.from_ms = Some(value),
             b"to" => q.to_ms = Some(value),
+            b"as_of" => q.as_of_ms = Some(value),
             _ => return None,
         }
     }
@@ -407,7 +427,9 @@ mod tests {
         assert_eq!(parse_query(b"max_lag=9223372036854775808"), None);
         assert_eq!(parse_query(b"from=00000000000000000001"), None, "more than 19 digits, as parse_millis says");
         assert_eq!(parse_query(b"from=10&to=20").map(|q| (q.from_ms, q.to_ms)), Some((Some(10), Some(20))));
-        assert_eq!(parse_query(b"as_of=5"), None);
+        assert_eq!(parse_query(b"as_of=1700000000000").map(|q| q.as_of_ms), Some(Some(1_700_000_000_000)));
+        assert_eq!(parse_query(b"as_of=2026-12-03T10:00:00Z"), None);
+        assert_eq!(parse_query(b"other=5"), None);
         assert_eq!(segment(b"a%2Fb"), Some("a/b".into()));
         assert_eq!(segment(b"%zz"), None);
         assert_eq!(segment(b"%ff"), None);

@@ -46,6 +46,9 @@ pub struct KeyRead {
     pub key: Vec<u8>,
     #[prost(message, optional, tag = "5")]
     pub bound: Option<ReadBound>,
+    /// A versioned table's key as of this time, not its latest value.
+    #[prost(int64, optional, tag = "6")]
+    pub as_of_ms: Option<i64>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -60,6 +63,11 @@ pub struct KeyResult {
     pub replica: Option<ReplicaStatus>,
     #[prost(string, tag = "5")]
     pub message: String,
+    /// An as-of read's version: when it became the key's, and when the next one did (unset: the latest).
+    #[prost(int64, optional, tag = "6")]
+    pub valid_from_ms: Option<i64>,
+    #[prost(int64, optional, tag = "7")]
+    pub valid_to_ms: Option<i64>,
 }
 
 /// Windows starting in [from_ms, to_ms), not expired (life_ms: window size + retention).

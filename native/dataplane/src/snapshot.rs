@@ -69,6 +69,8 @@ pub struct Table {
     pub served: bool,
     /// Windowed, with string keys: its keys' windows are answered here.
     pub window: Option<WindowSpec>,
+    /// Versioned: how long it keeps a key's versions, which as-of reads are answered within.
+    pub history_retention_ms: Option<i64>,
     pub value_format: ValueFormat,
     /// The table's default bound (the router's per-table override, else the pipeline's).
     pub max_lag: Option<i64>,
@@ -113,6 +115,7 @@ struct TableDoc {
     partitions: usize,
     served: bool,
     window: Option<WindowSpec>,
+    history_retention_ms: Option<i64>,
     value_format: String,
     max_lag: Option<i64>,
     max_staleness_ms: Option<i64>,
@@ -144,6 +147,7 @@ impl Snapshot {
             tables.insert(name, Table {
                 served: t.served,
                 window: t.window.filter(|w| w.size_ms > 0 && w.slide_ms > 0 && w.retention_ms >= 0),
+                history_retention_ms: t.history_retention_ms.filter(|&ms| ms > 0),
                 value_format,
                 max_lag: t.max_lag,
                 max_staleness_ms: t.max_staleness_ms,

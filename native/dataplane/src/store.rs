@@ -195,7 +195,8 @@ mod tests {
     }
 
     fn read() -> Read {
-        Read::Key(crate::messages::KeyRead { id: 0, table: "t".into(), partition: 0, key: b"k".to_vec(), bound: None })
+        Read::Key(crate::messages::KeyRead { id: 0, table: "t".into(), partition: 0, key: b"k".to_vec(), bound: None,
+                                                  as_of_ms: None })
     }
 
     #[test]
@@ -221,7 +222,7 @@ mod tests {
             use crate::messages::{KeyResult, RangeRead, RangeResult};
             let batch = ResultBatch { results: vec![KeyResult { id: 1, status: crate::messages::OK,
                                                                value: bytes::Bytes::from_static(b"{}"),
-                                                               replica: None, message: String::new() }],
+                                                               ..Default::default() }],
                                       ranges: vec![RangeResult { id: 2, watermark_ms: 7, ..Default::default() }],
                                       refused: String::new() };
             let mut frame = (batch.encoded_len() as u32).to_be_bytes().to_vec();
