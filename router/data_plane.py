@@ -3,11 +3,14 @@ lookups on threads of its own, and sends every other request to the Python front
 
 The Python side keeps the control plane: at every metadata refresh it pushes the routing view (:func:`snapshot_doc`:
 the tables the path serves, every replica's latest lag) and it counts the path's lookups into the router's metrics at
-a scrape. What the path does not serve — a bound of a write token or the input's lag, a wait, an as-of read, a
-windows, versions or metadata route, a table of JSON or bytes keys, a read no replica the view trusts can answer at
-the first try (or the hedge's), every refusal — it relays to the Python path, which answers it with every rule of
-:mod:`freshroute.routing`. Where the path cannot be used at all (not built, or the router speaks TLS, which it does
-not do yet) the Python front serves the REST port itself, as it did before the path existed.
+a scrape. The path answers key lookups, a key's windows and reads as of a time (in milliseconds); what it does not
+serve — a bound of a write token or the input's lag, a wait, a time in RFC 3339, a versions or metadata route, a
+table of JSON or bytes keys, a read no replica the view trusts can answer at the first try (or the hedge's), every
+refusal but a 401 — it relays to the Python path, which answers it with every rule of :mod:`freshroute.routing`.
+Where the path cannot be used at all (not built; client certificates required, or TLS to the store nodes, which it
+does not do yet) the Python front serves the REST port itself, as it did before the path existed. With TLS, the path
+terminates it (rustls, from the files :class:`freshroute.tls.ServerTLS` loaded) and the Python front behind it speaks
+plain HTTP on loopback.
 
 When the router authenticates, the path judges a lookup's bearer token by the principals :class:`router.auth.Guard`
 loaded, pushed with the tables each may read as the guard judged them (:func:`principals_doc`); a rated principal's
