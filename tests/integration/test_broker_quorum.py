@@ -76,11 +76,11 @@ def test_kill_9_of_a_broker_under_lookups_and_input(stack, tmp_path):
     input_.start()
     victim = "broker-2"
     try:
-        # REST, gRPC and client workers in turn; the broker killed 4 s in, started again 6 s later, and 4 s of
+        # REST, gRPC and client workers in turn; the broker killed 2 s in, started again 6 s later, and 4 s of
         # lookups with it back.
-        cfg = LoadConfig(keys=SENSORS, protocol="all", concurrency=6, rate=100.0, duration_s=14.0, timeout_s=5.0,
+        cfg = LoadConfig(keys=SENSORS, protocol="all", concurrency=6, rate=100.0, duration_s=12.0, timeout_s=5.0,
                          bound_mix="none:2,max_lag=100000:1,max_staleness_ms=120000:1,session:2", seed=3)
-        summary = run(stack, cfg, [Fault(4.0, "kill", victim, 6.0)], tmp_path / "kill", check=True, plots=False,
+        summary = run(stack, cfg, [Fault(2.0, "kill", victim, 6.0)], tmp_path / "kill", check=True, plots=False,
                       title=f"kill-{victim}")
     finally:
         input_.stop.set()
@@ -92,8 +92,8 @@ def test_kill_9_of_a_broker_under_lookups_and_input(stack, tmp_path):
     events = [f["event"] for f in summary["faults"]]
     assert any(e.startswith(f"kill -9 {victim}") for e in events), events
     assert any(e.startswith(f"start {victim}") for e in events), events
-    # 1,400 asked for; the client's pacing falls behind on 2 busy cores (541–562 seen in the suite): enough to have
-    # read through the whole outage is what counts.
+    # 1,200 asked for; the client's pacing falls behind on 2 busy cores (541–562 seen in the suite in 14 s): enough to
+    # have read through the whole outage is what counts.
     assert summary["requests"] >= 300, summary
     assert summary["failed"] == 0, (summary["errors_by_code"], summary["first_failures"])
     assert set(summary["by_protocol"]) == {"rest", "grpc", "client"}, summary["by_protocol"]

@@ -185,7 +185,7 @@ def test_kill_9_under_load_then_restart_never_goes_back_and_ends_as_the_recomput
             assert time.monotonic() < deadline, (
                 f"changelog never matched the recomputation; first differences: "
                 f"{(mismatches(got_stats, want_stats) + mismatches(got_counts, want_counts))[:5]}\n{second.tail()}")
-            time.sleep(2)
+            time.sleep(1)
         # The dead letters are a query of their own, pausing at checkpoints of its own: what is asserted of them and
         # of the windows below is waited for on its own, before the stop. Each window's latest row reflects the last
         # input record of its window (its input position), and each bad record has its dead letter.
@@ -211,8 +211,8 @@ def test_kill_9_under_load_then_restart_never_goes_back_and_ends_as_the_recomput
                     for *_, h in read_topic(broker, rejected_topic, headers=True)}
 
         wait_until(windows_reflect_their_inputs, 120, "every window's row to reflect its last input record",
-                   interval_s=2, check=second.check)
-        wait_until(lambda: bad <= dead_lettered(), 120, "every bad record's dead letter", interval_s=2,
+                   interval_s=1, check=second.check)
+        wait_until(lambda: bad <= dead_lettered(), 120, "every bad record's dead letter", interval_s=1,
                    check=second.check)
         second.proc.send_signal(signal.SIGTERM)
         assert second.proc.wait(120) == 0, second.tail()

@@ -8,7 +8,9 @@ import textwrap
 
 import pytest
 
-pytestmark = pytest.mark.integration
+# Two Spark sessions, no pipeline, no broker: settings read back, no timing held to a bound. They run in the
+# background lane with the pipeline modules of end results (./dev test), not in the foreground's turn.
+pytestmark = [pytest.mark.integration, pytest.mark.beside]
 
 _PROBE = textwrap.dedent('''
     from pipeline.session import build_session

@@ -24,15 +24,22 @@ def stack(request, tmp_path_factory):
     discard(s)
 
 
-# A burst leaves the stack digesting its backlog for a minute after its test ends: run it after the modules that
-# need a pipeline keeping up, not before them.
-_LAST = Path(__file__).with_name("test_input_burst.py")
+# Run first: the client install builds a wheel and a virtual environment (about 13 s) while the stack's pipeline is
+# still starting, which the first module waits for anyway.
+_FIRST = Path(__file__).with_name("test_client_install.py")
+# Run last, in this order. Failover's wiped-disk test produces thousands of sensors of its own: every module after it
+# that checks the tables against everything produced (produce_and_serve in routing, read your writes, router auth and
+# TLS; input lag's last check) would look each of them up again, one lookup at a time (8.5 s a check at 4,000). A
+# burst leaves the stack digesting its backlog for a minute after its test ends: after the modules that need a
+# pipeline keeping up, not before them.
+_LAST = [Path(__file__).with_name(name) for name in ("test_failover.py", "test_input_burst.py")]
 
 
 def pytest_collection_modifyitems(items: list) -> None:
-    here = [i for i, item in enumerate(items) if Path(item.path).parent == _LAST.parent]
+    here = [i for i, item in enumerate(items) if Path(item.path).parent == _LAST[0].parent]
     if not here:
         return
-    burst = [item for item in items if Path(item.path) == _LAST]
-    rest = [item for item in items[here[0]:here[-1] + 1] if Path(item.path) != _LAST]
-    items[here[0]:here[-1] + 1] = rest + burst
+    first = [item for item in items if Path(item.path) == _FIRST]
+    last = [item for module in _LAST for item in items if Path(item.path) == module]
+    rest = [item for item in items[here[0]:here[-1] + 1] if Path(item.path) not in (_FIRST, *_LAST)]
+    items[here[0]:here[-1] + 1] = first + rest + last

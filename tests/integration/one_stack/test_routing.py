@@ -84,8 +84,8 @@ def test_min_position_never_reads_backwards(stack, client, readings):
     sensor = "sensor-3"
     partition = partition_for(serialize_key(sensor), 8)
     token, last_count, last_offset, served = None, 0, 0, set()
-    with Writer(stack, rate=60, duration_s=12, seed=9):
-        deadline = time.monotonic() + 12
+    with Writer(stack, rate=60, duration_s=6, seed=9):
+        deadline = time.monotonic() + 6
         while time.monotonic() < deadline:
             params = {"min_position": token} if token else {}
             r = client.get(f"/v1/tables/sensor_stats/keys/{sensor}", params=params)
@@ -120,7 +120,7 @@ def test_lagging_replica_serves_only_bounds_it_meets(stack, client, readings, tm
 
     try:
         strict_by_node: dict[str, int] = {}
-        cfg = LoadConfig(keys=SENSORS, protocol="both", concurrency=4, rate=60.0, duration_s=10.0, timeout_s=5.0,
+        cfg = LoadConfig(keys=SENSORS, protocol="both", concurrency=4, rate=60.0, duration_s=5.0, timeout_s=5.0,
                          bound_mix="max_lag=0:3,none:1", seed=4)
         # Many distinct keys, so that every micro-batch puts many records on the changelog.
         with Writer(stack, rate=150, duration_s=40, seed=10, keys=3000):
@@ -164,10 +164,10 @@ def test_lagging_replica_serves_only_bounds_it_meets(stack, client, readings, tm
 
 
 def test_redis_stopped_for_10s_under_lookups(stack, client, readings, tmp_path):
-    # Redis stopped 4 s in, started again 10 s later, and 4 s of lookups with it back.
-    cfg = LoadConfig(keys=SENSORS, protocol="both", concurrency=6, rate=80.0, duration_s=18.0, timeout_s=5.0,
+    # Redis stopped 2 s in, started again 10 s later, and 3 s of lookups with it back.
+    cfg = LoadConfig(keys=SENSORS, protocol="both", concurrency=6, rate=80.0, duration_s=15.0, timeout_s=5.0,
                      bound_mix="none:2,max_lag=100000:1,max_staleness_ms=120000:1,session:2", seed=8)
-    summary = run(stack, cfg, [Fault(4.0, "redis-outage", "redis", 10.0)], tmp_path / "redis", check=True,
+    summary = run(stack, cfg, [Fault(2.0, "redis-outage", "redis", 10.0)], tmp_path / "redis", check=True,
                   plots=True, title="redis-outage")
     assert any(f["event"].startswith("stop redis") for f in summary["faults"])
     assert summary["requests"] >= 650, summary

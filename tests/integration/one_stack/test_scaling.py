@@ -39,7 +39,7 @@ def _load(duration_s: float) -> LoadConfig:
 
 
 def _under_load(stack, duration_s: float, out, title: str, steps) -> dict:
-    """Run ``steps()`` while a lookup load runs, from 4 s into it until 4 s after they are done (``duration_s`` at
+    """Run ``steps()`` while a lookup load runs, from 2 s into it until 2 s after they are done (``duration_s`` at
     most); returns the load's summary (with its consistency check)."""
     summary: dict = {}
     done = threading.Event()
@@ -47,9 +47,9 @@ def _under_load(stack, duration_s: float, out, title: str, steps) -> dict:
                                                               plots=False, title=title, stop=done)))
     load.start()
     try:
-        time.sleep(4)
+        time.sleep(2)
         steps()
-        time.sleep(4)
+        time.sleep(2)
     finally:
         done.set()
         load.join(duration_s + 120)

@@ -315,10 +315,10 @@ def test_versions_expire_exactly_when_replaced_longer_ago_than_the_retention(sta
     topic = f"{c.topic_prefix}quotes"
     ensure_topic(AdminClient({"bootstrap.servers": c.bootstrap}), topic, PARTITIONS, {"cleanup.policy": "compact"})
     now = int(time.time() * 1000)
-    # Kept 40 s after replaced. q1: replaced 120 s ago (expires at once), then 15 s ago (expires 25 s from now: time
-    # enough to see it held first); q2: one version, never expires; q3: deleted 90 s ago (a delete that old reads as
-    # never held).
-    records = [(b"q1", b'{"v":1}', now - 150_000), (b"q1", b'{"v":2}', now - 120_000), (b"q1", b'{"v":3}', now - 15_000),
+    # Kept 40 s after replaced. q1: replaced 120 s ago (expires at once), then 22 s ago (expires 18 s from now: time
+    # enough to see it held first, which takes 3-5 s); q2: one version, never expires; q3: deleted 90 s ago (a delete
+    # that old reads as never held).
+    records = [(b"q1", b'{"v":1}', now - 150_000), (b"q1", b'{"v":2}', now - 120_000), (b"q1", b'{"v":3}', now - 22_000),
                (b"q2", b'{"v":1}', now - 300_000), (b"q3", b'{"v":1}', now - 200_000), (b"q3", None, now - 90_000)]
     produce(c.bootstrap, topic, records)
     md = metadata(stack)
@@ -336,7 +336,7 @@ def test_versions_expire_exactly_when_replaced_longer_ago_than_the_retention(sta
                     for n in holders(key)]
 
         # Replaced more than 40 s ago: q1's first version, q3's first and its delete; nothing else.
-        wait_until(lambda: held("q1") == [[now - 15_000, now - 120_000]] * 2 and held("q3") == [[]] * 2, 25,
+        wait_until(lambda: held("q1") == [[now - 22_000, now - 120_000]] * 2 and held("q3") == [[]] * 2, 18,
                    "the expired versions to go from both copies", stack=stack)
         # q2's partition is not q1's or q3's: its two copies are waited for on their own (placed and readable).
         wait_until(lambda: len(holders("q2")) == 2 and None not in held("q2"), 60, "both copies of q2's partition",
@@ -349,8 +349,8 @@ def test_versions_expire_exactly_when_replaced_longer_ago_than_the_retention(sta
                        if s.name == "freshroute_replica_versions_expired_total" and s.labels.get("table") == "quotes")
 
         assert expired_total() == 2 * 3
-        # q1's second version was replaced 15 s before the start: it goes 40 s after that, and q1 keeps its latest.
-        wait_until(lambda: held("q1") == [[now - 15_000]] * 2, 60, "q1's second version to expire", stack=stack)
+        # q1's second version was replaced 22 s before the start: it goes 40 s after that, and q1 keeps its latest.
+        wait_until(lambda: held("q1") == [[now - 22_000]] * 2, 60, "q1's second version to expire", stack=stack)
         assert expired_total() == 2 * 4
         with httpx.Client(base_url=c.rest_url, timeout=10) as http:
             assert http.get("/v1/tables/quotes/keys/q1").json()["value"] == {"v": 3}
