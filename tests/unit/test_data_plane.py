@@ -123,7 +123,8 @@ def test_the_crates_own_tests_pass():
     cargo = str(rustup) if rustup.exists() else "cargo"
     env = {**os.environ, "CARGO_TARGET_DIR": str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
                                                  / "freshroute" / "cargo-test")}
-    done = subprocess.run([cargo, "test", "--release", "--quiet", "--manifest-path",
+    # The dev profile: the tests time nothing, and it compiles in half the CPU of --release (53 s against 113).
+    done = subprocess.run([cargo, "test", "--quiet", "--manifest-path",
                            str(ROOT / "native/dataplane/Cargo.toml")], capture_output=True, text=True, env=env,
                           timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
