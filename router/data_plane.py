@@ -78,13 +78,11 @@ def config_doc(settings: RouterSettings, policy: RoutingPolicy, keep_alive_s: fl
 def principals_doc(principals: Principals, tables: Iterable[str]) -> bytes:
     """The principals the compiled path judges tokens by, as JSON: each token's SHA-256, the ``tables`` (of those the
     routing view names) the guard lets it read, and its rate."""
-    every = {id(p): p for p in principals.by_token_hash.values()}
-    hashes = {id(p): digest for digest, p in principals.by_token_hash.items()}
     tables = sorted(tables)
     return orjson.dumps({"principals": [
-        {"name": p.name, "token_sha256": hashes[key], "tables": [t for t in tables if p.may_read(t)],
+        {"name": p.name, "token_sha256": digest, "tables": [t for t in tables if p.may_read(t)],
          "rate": None if p.rate is None else {"reads_per_s": p.rate.reads_per_s, "burst": p.rate.burst}}
-        for key, p in every.items()]})
+        for digest, p in principals.by_token_hash.items()]})
 
 
 def snapshot_doc(snap: Snapshot, policy: RoutingPolicy) -> bytes:

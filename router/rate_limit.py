@@ -191,12 +191,16 @@ class SharedRates:
         if self._clock() < self._alone_until:
             return self._alone.take_up_to(name, rate, want)
         try:
-            granted, _ = await self._script(keys=[self._prefix + name],
-                                            args=[repr(rate.reads_per_s), repr(rate.burst), want])
-            return int(granted)
+            return (await self._draw(name, rate, want))[0]
         except Exception as e:  # noqa: BLE001 — any failure of Redis: limit alone for a while
             self._unreachable(e)
             return self._alone.take_up_to(name, rate, want)
+
+    async def _draw(self, name: str, rate: Rate, want: int) -> tuple[int, float]:
+        """Up to ``want`` reads from the principal's shared bucket: (granted, seconds until ``want`` would be there)."""
+        granted, wait = await self._script(keys=[self._prefix + name],
+                                           args=[repr(rate.reads_per_s), repr(rate.burst), want])
+        return int(granted), float(wait)
 
     def _unreachable(self, e: Exception) -> None:
         if self._clock() >= self._alone_until:
@@ -213,16 +217,13 @@ class SharedRates:
         lease.pending = asyncio.ensure_future(self._lease(name, lease))
 
     async def _lease(self, name: str, lease: _Lease) -> None:
-        rate = lease.rate
         try:
-            granted, wait = await self._script(keys=[self._prefix + name],
-                                               args=[repr(rate.reads_per_s), repr(rate.burst), lease.want])
-            granted = int(granted)
+            granted, wait = await self._draw(name, lease.rate, lease.want)
             lease.tokens += granted
             if granted < lease.want:
                 # Others draw on the bucket too: ask again only when what was missing could be there, and for
                 # less, so that processes contending for one principal's rate ask about as often as each other.
-                lease.refused_until = self._clock() + float(wait)
+                lease.refused_until = self._clock() + wait
                 lease.want = max(1, lease.want // 2)
         except Exception as e:  # noqa: BLE001 — any failure of Redis: limit alone for a while
             self._unreachable(e)

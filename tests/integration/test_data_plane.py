@@ -136,8 +136,10 @@ def test_the_paths_work_is_counted_in_the_routers_metrics(routers):
     assert after['freshroute_router_lookup_seconds_count'] - before['freshroute_router_lookup_seconds_count'] >= 21
 
 
-def metrics(base: str) -> dict[str, float]:
-    text = httpx.get(f"{base}/metrics", timeout=5).text
+def metrics(base: str, token: str | None = None, verify: ssl.SSLContext | None = None) -> dict[str, float]:
+    """The router's metrics (asked with ``token``, over TLS trusting ``verify``), by series."""
+    text = httpx.get(f"{base}/metrics", headers=bearer(token) if token else None, timeout=5,
+                     verify=verify if verify is not None else True).text
     return {name: float(value) for line in text.splitlines() if line and not line.startswith("#")
             for name, _, value in [line.rpartition(" ")]}
 
@@ -259,7 +261,7 @@ def test_credentials_are_judged_as_the_python_path_judges_them(secured, path, he
 
 def test_good_tokens_are_served_here_and_bad_ones_refused_here(secured):
     compiled, _, _, _ = secured
-    before = metrics_as(compiled, GOOD)
+    before = metrics(compiled, GOOD)
     with httpx.Client(base_url=compiled, timeout=10) as client:
         for i in range(20):
             assert client.get(f"/v1/tables/{TABLE}/keys/sensor-{i}", headers=bearer(GOOD)).json()["value"] == \
@@ -268,7 +270,7 @@ def test_good_tokens_are_served_here_and_bad_ones_refused_here(secured):
             refused = client.get(f"/v1/tables/{TABLE}/keys/sensor-{i}", headers=bearer(f"bad-{i}"))
             assert refused.status_code == 401 and refused.json()["error"] == {
                 "code": "UNAUTHENTICATED", "message": "the token is not valid"}
-    after = metrics_as(compiled, GOOD)
+    after = metrics(compiled, GOOD)
     relayed = 'freshroute_router_compiled_path_handoffs_total{how="relayed"}'
     assert after[relayed] == before[relayed]  # the metrics' own request is handed over, not relayed
     ok = 'freshroute_router_lookups_total{outcome="ok",role="%s"}'
@@ -277,7 +279,7 @@ def test_good_tokens_are_served_here_and_bad_ones_refused_here(secured):
 
 def test_a_rated_principal_is_served_what_its_bucket_holds_here_and_refused_the_rest(secured):
     compiled, _, _, _ = secured
-    before = metrics_as(compiled, GOOD)
+    before = metrics(compiled, GOOD)
     statuses = []
     with httpx.Client(base_url=compiled, timeout=10, headers=bearer(RATED)) as client:
         time.sleep(BURST / RATE + 0.2)  # a full bucket
@@ -292,7 +294,7 @@ def test_a_rated_principal_is_served_what_its_bucket_holds_here_and_refused_the_
                int(r.headers["retry-after"]) >= 1 for r in refused)
     granted = BURST + RATE * elapsed
     assert 0.8 * granted <= served <= granted + 1, (served, granted)
-    after = metrics_as(compiled, GOOD)
+    after = metrics(compiled, GOOD)
     relayed = after['freshroute_router_compiled_path_handoffs_total{how="relayed"}'] - \
         before['freshroute_router_compiled_path_handoffs_total{how="relayed"}']
     assert relayed - len(refused) < served / 2, (relayed, served)  # most served lookups spent a lease here
@@ -314,13 +316,6 @@ def test_a_reloaded_auth_file_takes_effect_on_the_path_at_once(secured):
         finally:
             write_auth_file(path)
             proc.send_signal(signal.SIGHUP)
-
-
-def metrics_as(base: str, token: str, verify: ssl.SSLContext | None = None) -> dict[str, float]:
-    text = httpx.get(f"{base}/metrics", headers=bearer(token), timeout=5,
-                     verify=verify if verify is not None else True).text
-    return {name: float(value) for line in text.splitlines() if line and not line.startswith("#")
-            for name, _, value in [line.rpartition(" ")]}
 
 
 @pytest.fixture(scope="module")
@@ -359,11 +354,11 @@ def test_over_tls_every_request_is_answered_as_the_python_path_answers_it(over_t
 def test_over_tls_lookups_are_served_here_on_kept_alive_connections(over_tls):
     compiled, _, _, _, ca = over_tls
     verify = ssl.create_default_context(cafile=str(ca.cert))
-    before = metrics_as(compiled, GOOD, verify)
+    before = metrics(compiled, GOOD, verify)
     with httpx.Client(base_url=compiled, verify=verify, headers=bearer(GOOD), timeout=10) as client:
         for i in range(KEYS):
             assert client.get(f"/v1/tables/{TABLE}/keys/sensor-{i}").json()["value"] == value_of(i)
-    after = metrics_as(compiled, GOOD, verify)
+    after = metrics(compiled, GOOD, verify)
     relayed = 'freshroute_router_compiled_path_handoffs_total{how="relayed"}'
     connections = "freshroute_router_compiled_path_connections_total"
     assert after[relayed] == before[relayed]

@@ -147,6 +147,14 @@ pub fn not_found(table: &str, key: &str, partition: usize, who: &Served, input_l
     Some(out)
 }
 
+/// UNAUTHENTICATED's body (freshroute.errors.Unauthenticated).
+pub fn unauthenticated(message: &str) -> Vec<u8> {
+    let mut out = b"{\"error\":{\"code\":\"UNAUTHENTICATED\",\"message\":".to_vec();
+    string(&mut out, message);
+    out.extend_from_slice(b"}}");
+    out
+}
+
 /// One window of a key as its windows' body lists it.
 pub struct Window<'a> {
     pub start: i64,

@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::answer;
 use crate::guard::{Guard, Judgement};
 use crate::lookup::{segment, Routing};
 use crate::relay::Python;
@@ -186,7 +187,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(conns: Rc<Conns>, mut stre
                     let answered = match &judged {
                         Judgement::Admitted(_) if windows => conns.routing.windows(t, k, q).await,
                         Judgement::Admitted(_) => conns.routing.lookup(t, k, q).await,
-                        Judgement::Unauthenticated(message) => Some((401, unauthenticated(message))),
+                        Judgement::Unauthenticated(message) => Some((401, answer::unauthenticated(message))),
                         Judgement::Python => None,
                     };
                     if let (None, Judgement::Admitted(Some(lease))) = (&answered, &judged) {
@@ -246,11 +247,6 @@ fn judge(conns: &Conns, buf: &[u8], table: (usize, usize), authorization: Option
     }
     let Some(table) = segment(&buf[table.0..table.1]) else { return Judgement::Python };
     conns.guard.judge(&shared.principals(), authorization.map(|(a, b)| &buf[a..b]), &table)
-}
-
-/// UNAUTHENTICATED's body (freshroute.errors.Unauthenticated); the messages need no escaping.
-fn unauthenticated(message: &str) -> Vec<u8> {
-    format!("{{\"error\":{{\"code\":\"UNAUTHENTICATED\",\"message\":\"{message}\"}}}}").into_bytes()
 }
 
 /// The Python path's answer to one key route request appended to `out`; whether it closes the connection (None: the
