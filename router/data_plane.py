@@ -142,10 +142,13 @@ class DataPlane:
         metrics.lookups.counts(fill=self._fill)
         metrics.registry.register(_PathCollector(self))
 
-    def start(self, rest: socket.socket, python_port: int, keep_alive_s: float, snap: Snapshot) -> None:
+    def start(self, rest: socket.socket, python_port: int, keep_alive_s: float, snap: Snapshot,
+              grpc: tuple[socket.socket, int] | None = None) -> None:
         """Serve the REST port (``rest``, listening) on the path's threads; ``python_port``: the Python front's, whose
-        keep-alive timeout the path's idle connections keep too. Called on the event loop the leases are kept on."""
-        self._front = self._make(rest.fileno(), python_port, config_doc(self.settings, self.policy, keep_alive_s))
+        keep-alive timeout the path's idle connections keep too; ``grpc``: the gRPC port (listening) and the Python
+        gRPC front's loopback port, when the path serves gRPC too. Called on the event loop the leases are kept on."""
+        self._front = self._make(rest.fileno(), python_port, config_doc(self.settings, self.policy, keep_alive_s),
+                                 None if grpc is None else (grpc[0].fileno(), grpc[1]))
         self.on_snapshot(snap)
         self.reloaded()
         if self.guard is not None:
@@ -233,9 +236,14 @@ class _PathCollector(Collector):
         c = self._plane.counts()
         requests = CounterMetricFamily("freshroute_router_compiled_path_handoffs", "REST requests the compiled path "
                                        "relayed to the Python path (relayed) and connections it handed over whole "
-                                       "(handed_over)", labels=["how"])
+                                       "(handed_over); gRPC calls it relayed to the Python gRPC front "
+                                       "(grpc_relayed)", labels=["how"])
         requests.add_metric(["relayed"], c.get("relayed", 0))
         requests.add_metric(["handed_over"], c.get("handed_over", 0))
+        requests.add_metric(["grpc_relayed"], c.get("grpc_relayed", 0))
         yield requests
-        yield CounterMetricFamily("freshroute_router_compiled_path_connections", "REST connections the compiled path "
-                                  "accepted", value=c.get("connections", 0))
+        connections = CounterMetricFamily("freshroute_router_compiled_path_connections", "connections the compiled "
+                                          "path accepted, by port", labels=["port"])
+        connections.add_metric(["rest"], c.get("connections", 0))
+        connections.add_metric(["grpc"], c.get("grpc_connections", 0))
+        yield connections

@@ -60,10 +60,14 @@ def create_grpc_server(settings: RouterSettings, router: Router, guard: Guard | 
 
 class PublicGrpc:
     """The router's public gRPC port as the settings ask: the front (``Router.Get`` in place, every other
-    call relayed to a grpc.aio server on a port only this process knows of), or grpc.aio alone."""
+    call relayed to a grpc.aio server on a port only this process knows of), or grpc.aio alone.
+
+    ``behind_compiled_path``: the compiled path owns the public port (and its TLS) and relays to the front, which
+    then listens in plain HTTP/2 on a loopback port of its own.
+    """
 
     def __init__(self, settings: RouterSettings, router: Router, guard: Guard | None = None,
-                 tls: ServerTLS | None = None) -> None:
+                 tls: ServerTLS | None = None, behind_compiled_path: bool = False) -> None:
         self.front: GrpcFront | None = None
         if tls is not None and not settings.grpc_front:
             raise ConfigError("TLS on the gRPC port needs grpc_front (the default): set grpc_front true",
@@ -74,8 +78,10 @@ class PublicGrpc:
             # for by a key only this process knows: the inner servicer checks them.
             relay_key = secrets.token_urlsafe(24)
             self._server, inner_port = create_grpc_server(inner, router, guard, relay_key)
-            self.front = GrpcFront(RouterGetCalls(router, guard), f"127.0.0.1:{inner_port}", settings.host,
-                                   settings.grpc_port, settings.reuse_port, tls.context if tls else None, relay_key)
+            public = inner if behind_compiled_path else settings
+            self.front = GrpcFront(RouterGetCalls(router, guard), f"127.0.0.1:{inner_port}", public.host,
+                                   public.grpc_port, public.reuse_port,
+                                   tls.context if tls and not behind_compiled_path else None, relay_key)
         else:
             self._server, self.port = create_grpc_server(settings, router, guard)
 

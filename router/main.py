@@ -63,6 +63,7 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
     # HTTP: the path terminates TLS.
     python_sock = _listen("127.0.0.1", 0) if plane is not None else rest_sock
     grpc_server: PublicGrpc | None = None
+    grpc_sock: socket.socket | None = None
     rest_task: asyncio.Task[None] | None = None
     metrics: Any = None
     handled: list[int] = []
@@ -74,8 +75,16 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
             metrics = serve_metrics(runtime.router.metrics.registry, settings.host, settings.metrics_port)
             log.info("router metrics (this process's) on http://%s:%d/metrics", settings.host,
                      metrics.server_address[1])
-        grpc_server = PublicGrpc(settings, runtime.router, guard, grpc_tls)
+        # With the compiled path, it owns the gRPC port too (the front of grpc.aio behind it, on loopback).
+        if plane is not None and settings.grpc_front:
+            try:
+                grpc_sock = _listen(settings.host, settings.grpc_port, settings.reuse_port)
+            except OSError as e:
+                raise RuntimeError(f"cannot bind gRPC to {settings.host}:{settings.grpc_port}: {e}") from None
+        grpc_server = PublicGrpc(settings, runtime.router, guard, grpc_tls, behind_compiled_path=grpc_sock is not None)
         grpc_port = await grpc_server.start()
+        if grpc_sock is not None:
+            grpc_port = grpc_sock.getsockname()[1]
         app = create_app(settings, runtime.router, guard=guard)
         # Key lookups are answered by the connection's own protocol (router.transports.http1); uvicorn's
         # serves everything else. No X-Forwarded-* rewriting: nothing here reads the client
@@ -92,7 +101,8 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
         rest_task = asyncio.create_task(rest.serve(sockets=[python_sock]), name="rest")
         if plane is not None:
             plane.start(rest_sock, python_sock.getsockname()[1], config.timeout_keep_alive,
-                        runtime.router.metadata.current)
+                        runtime.router.metadata.current,
+                        None if grpc_sock is None else (grpc_sock, grpc_server.port))
             runtime.snapshot_listeners.append(plane.on_snapshot)
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -117,7 +127,8 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
         log.info("router serving REST on %s://%s:%d and gRPC on %s:%d%s; REST lookups by the %s", "https" if rest_tls
                  else "http", settings.host, rest_port, settings.host, grpc_port,
                  " (TLS" + (", client certificates required)" if settings.tls_client_ca else ")") if rest_tls else "",
-                 "compiled path" if plane is not None else f"Python front ({compiled_not})")
+                 ("compiled path" + (" (gRPC's Router.Get too)" if grpc_sock is not None else "")) if plane is not None
+                 else f"Python front ({compiled_not})")
         stop_wait = asyncio.create_task(stop.wait())
         await asyncio.wait({stop_wait, rest_task}, return_when=asyncio.FIRST_COMPLETED)
         stop_wait.cancel()
@@ -138,6 +149,8 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
             await asyncio.gather(rest_task, return_exceptions=True)
         rest_sock.close()
         python_sock.close()
+        if grpc_sock is not None:
+            grpc_sock.close()
         if metrics is not None:
             metrics.shutdown()
         await runtime.stop()

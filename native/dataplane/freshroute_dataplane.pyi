@@ -5,15 +5,17 @@ from typing import Any
 class Front:
     """The compiled REST front of one router process."""
 
-    def __init__(self, listen_fd: int, python_port: int, config: str) -> None:
+    def __init__(self, listen_fd: int, python_port: int, config: str, grpc: tuple[int, int] | None = None) -> None:
         """``listen_fd``: the REST port's listening socket (kept open by the caller until :meth:`stop` returns);
-        ``python_port``: the loopback port of the router's Python front; ``config``: the routing settings as JSON."""
+        ``python_port``: the loopback port of the router's Python front; ``config``: the routing settings as JSON;
+        ``grpc``: the gRPC port's listening socket and the loopback port of the Python gRPC front, when the path
+        answers ``Router.Get`` too."""
     def update(self, doc: bytes) -> None:
         """Swap in a new routing view (router.data_plane.snapshot_doc); a malformed one is a ValueError."""
     def principals(self, doc: bytes) -> None:
         """Swap in the principals tokens are judged by (router.data_plane.principals_doc); malformed: ValueError."""
     def tls(self, cert_pem: bytes, key_pem: bytes) -> None:
-        """Speak TLS on the REST port with this chain and key from now on (new handshakes); unusable: ValueError."""
+        """Speak TLS on the ports with this chain and key from now on (new handshakes); unusable: ValueError."""
     def rates(self) -> dict[str, tuple[int, int]]:
         """Each rated principal's (reads leased and not spent, its lookups asked here since the last call)."""
     def grant(self, name: str, tokens: int) -> bool:
@@ -23,7 +25,8 @@ class Front:
     def stop(self, grace_s: float) -> None:
         """Stop accepting; connections close once idle, and those open after ``grace_s`` are dropped."""
     def counts(self) -> dict[str, Any]:
-        """Lookups answered by outcome and role, latency buckets, hedges, requests relayed, connections handed over."""
+        """Lookups answered by outcome and role, latency buckets, hedges, requests relayed, connections handed over,
+        gRPC calls relayed, connections accepted on each port."""
 
 def tls_problem(cert_pem: bytes, key_pem: bytes) -> str | None:
     """What keeps rustls from serving this certificate chain and key, or None."""

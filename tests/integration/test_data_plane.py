@@ -14,10 +14,10 @@ import orjson
 import pytest
 
 from freshroute.position import Position
-from router.auth import token_hash
 from tools.local.certs import issue, make_ca
 from tools.local.services import free_port
 
+from .data_plane_support import BURST, GOOD, NARROW, RATE, RATED, bearer, metrics, write_auth_file
 from .router_deployment import KEYS, LAYOUT, TABLE, WATERMARK_MS, WINDOW_STARTS, WINDOWED, Deployment, Procs, value_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark, no shared stack: runs beside the others
@@ -136,14 +136,6 @@ def test_the_paths_work_is_counted_in_the_routers_metrics(routers):
     assert after['freshroute_router_lookup_seconds_count'] - before['freshroute_router_lookup_seconds_count'] >= 21
 
 
-def metrics(base: str, token: str | None = None, verify: ssl.SSLContext | None = None) -> dict[str, float]:
-    """The router's metrics (asked with ``token``, over TLS trusting ``verify``), by series."""
-    text = httpx.get(f"{base}/metrics", headers=bearer(token) if token else None, timeout=5,
-                     verify=verify if verify is not None else True).text
-    return {name: float(value) for line in text.splitlines() if line and not line.startswith("#")
-            for name, _, value in [line.rpartition(" ")]}
-
-
 def test_windows_are_served_here_with_each_windows_end_and_finality(routers):
     d, python = routers
     before = metrics(d.rest)
@@ -193,18 +185,6 @@ def test_positions_are_served_here_and_what_they_refuse_is_answered_as_the_pytho
     assert metrics(d.rest)[relayed] == before[relayed] + 2
 
 
-GOOD, RATED, NARROW = "good-token-71c3", "rated-token-0d4e", "narrow-token-9a2b"
-RATE, BURST = 20, 10
-
-
-def write_auth_file(path, *, good: str = GOOD) -> None:
-    path.write_text(orjson.dumps({"principals": [
-        {"name": "good", "token_sha256": token_hash(good), "tables": ["*"], "cluster": True},
-        {"name": "rated", "token_sha256": token_hash(RATED), "tables": [TABLE],
-         "rate": {"reads_per_s": RATE, "burst": BURST}},
-        {"name": "narrow", "token_sha256": token_hash(NARROW), "tables": [WINDOWED]}]}).decode())
-
-
 @pytest.fixture(scope="module")
 def secured(routers, tmp_path_factory):
     """(the compiled path's REST address, the Python path's, the compiled router's process, the auth file) of two
@@ -219,10 +199,6 @@ def secured(routers, tmp_path_factory):
                    settings={"FRESHROUTE_AUTH_FILE": str(path), "FRESHROUTE_DATA_PLANE": "python"})
     assert "REST lookups by the compiled path" in d.procs.log("router-auth")
     return f"http://127.0.0.1:{compiled}", f"http://127.0.0.1:{python}", proc, path
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {token}"}
 
 
 # Written as they are sent, spaces and a tab included (httpx would refuse the last ones).

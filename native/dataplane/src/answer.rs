@@ -124,11 +124,16 @@ fn plain_repr(s: &str) -> Option<String> {
     s.bytes().all(|b| (0x20..0x7f).contains(&b) && b != b'\'' && b != b'\\').then(|| format!("'{s}'"))
 }
 
+/// KEY_NOT_FOUND's message, or None where it needs Python's repr.
+pub fn not_found_message(table: &str, key: &str) -> Option<String> {
+    Some(format!("key {} not found in table {}", plain_repr(key)?, plain_repr(table)?))
+}
+
 /// KEY_NOT_FOUND's body (freshroute.routing.results.key_not_found; as of a time, AsOf.not_found), or None where its
 /// message needs Python's repr.
 pub fn not_found(table: &str, key: &str, partition: usize, who: &Served, input_lag: (i64, i64),
                  as_of: Option<&AsOf>) -> Option<Vec<u8>> {
-    let message = format!("key {} not found in table {}", plain_repr(key)?, plain_repr(table)?);
+    let message = not_found_message(table, key)?;
     let mut out = Vec::with_capacity(table.len() * 2 + key.len() * 2 + 320);
     out.extend_from_slice(b"{\"error\":{\"code\":\"KEY_NOT_FOUND\",\"message\":");
     string(&mut out, &message);

@@ -18,6 +18,9 @@ pub struct Counts {
     pub relayed: AtomicU64,
     pub handed_over: AtomicU64,
     pub connections: AtomicU64,
+    /// gRPC calls relayed to the Python front, and connections the gRPC port accepted.
+    pub grpc_relayed: AtomicU64,
+    pub grpc_connections: AtomicU64,
 }
 
 impl Counts {

@@ -26,7 +26,7 @@ const HEAD_GRACE: Duration = Duration::from_secs(1);
 const PREFIX: &[u8] = b"/v1/tables/";
 
 pub struct Conns {
-    pub routing: Routing,
+    pub routing: Rc<Routing>,
     pub python: Python,
     guard: Guard,
     date: RefCell<(u64, Vec<u8>)>,
@@ -112,7 +112,7 @@ fn parse(buf: &[u8]) -> Request {
 }
 
 impl Conns {
-    pub fn new(routing: Routing, python: Python) -> Conns {
+    pub fn new(routing: Rc<Routing>, python: Python) -> Conns {
         Conns { routing, python, guard: Guard::default(), date: RefCell::new((0, Vec::new())) }
     }
 

@@ -1,14 +1,18 @@
 //! freshroute's compiled lookup path, in the router process: threads of their own serve the REST port's key lookups
-//! — HTTP/1.1, the key's partition, the freshest replica within the bound, the read over the read port, the answer
-//! with its labels — while the Python control plane pushes the routing view (`Front.update`) and serves everything
-//! else (router/data_plane.py wires it).
+//! and the gRPC port's `Router.Get` — HTTP/1.1 or HTTP/2, the key's partition, the freshest replica within the
+//! bound, the read over the read port, the answer with its labels — while the Python control plane pushes the
+//! routing view (`Front.update`) and serves everything else (router/data_plane.py wires it).
 
 mod answer;
 mod counts;
+mod grpc;
+mod grpc_answer;
+mod grpc_relay;
 mod guard;
 mod http1;
 mod lookup;
 mod messages;
+mod peer_frames;
 mod relay;
 mod selection;
 mod snapshot;
@@ -60,8 +64,8 @@ pub struct Shared {
     pub config: Config,
     snapshot: Mutex<Arc<Snapshot>>,
     principals: Mutex<Arc<Principals>>,
-    /// The REST port's TLS, when the router speaks it.
-    tls: Mutex<Option<tokio_rustls::TlsAcceptor>>,
+    /// The REST and gRPC ports' TLS, when the router speaks it.
+    tls: Mutex<Option<Acceptors>>,
     leases: Mutex<HashMap<String, Arc<Lease>>>,
     pub counts: Counts,
     stopping: AtomicBool,
@@ -82,23 +86,42 @@ impl Shared {
     pub fn stopping(&self) -> bool {
         self.stopping.load(Relaxed)
     }
+
+    pub fn forced(&self) -> bool {
+        self.forced.load(Relaxed)
+    }
 }
 
-/// The compiled REST front of one router process.
+#[derive(Clone)]
+struct Acceptors {
+    rest: tokio_rustls::TlsAcceptor,
+    grpc: tokio_rustls::TlsAcceptor,
+}
+
+/// The listening sockets a thread accepts on: the REST port's, and the gRPC port's when the path serves it.
+struct Listeners {
+    rest: tokio::net::TcpListener,
+    grpc: Option<tokio::net::TcpListener>,
+}
+
+/// The compiled front of one router process: its REST port, and its gRPC port when it serves that too.
 #[pyclass(frozen)]
 struct Front {
     shared: Arc<Shared>,
     listen_fd: RawFd,
     python_port: u16,
+    grpc: Option<(RawFd, u16)>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 #[pymethods]
 impl Front {
     /// `listen_fd`: the REST port's listening socket (the caller keeps it open); `python_port`: the loopback port of
-    /// the router's Python front; `config`: the routing policy's settings as JSON.
+    /// the router's Python front; `config`: the routing policy's settings as JSON; `grpc`: the gRPC port's listening
+    /// socket and the loopback port of the router's Python gRPC front, when the path serves gRPC too.
     #[new]
-    fn new(listen_fd: RawFd, python_port: u16, config: &str) -> PyResult<Front> {
+    #[pyo3(signature = (listen_fd, python_port, config, grpc=None))]
+    fn new(listen_fd: RawFd, python_port: u16, config: &str, grpc: Option<(RawFd, u16)>) -> PyResult<Front> {
         let config: Config = serde_json::from_str(config).map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(Front {
             shared: Arc::new(Shared {
@@ -115,6 +138,7 @@ impl Front {
             }),
             listen_fd,
             python_port,
+            grpc,
             threads: Mutex::new(Vec::new()),
         })
     }
@@ -136,11 +160,12 @@ impl Front {
         Ok(())
     }
 
-    /// Speak TLS on the REST port from now on with this certificate chain and key (PEM): at the start, and after
-    /// the files are reloaded; handshakes already done keep theirs. Files rustls cannot use are a ValueError.
+    /// Speak TLS on the ports from now on with this certificate chain and key (PEM): at the start, and after the
+    /// files are reloaded; handshakes already done keep theirs. Files rustls cannot use are a ValueError.
     fn tls(&self, cert_pem: &[u8], key_pem: &[u8]) -> PyResult<()> {
-        let acceptor = tls::acceptor(cert_pem, key_pem).map_err(PyValueError::new_err)?;
-        *self.shared.tls.lock().expect("never poisoned") = Some(acceptor);
+        let rest = tls::acceptor(cert_pem, key_pem, b"http/1.1").map_err(PyValueError::new_err)?;
+        let grpc = tls::acceptor(cert_pem, key_pem, b"h2").map_err(PyValueError::new_err)?;
+        *self.shared.tls.lock().expect("never poisoned") = Some(Acceptors { rest, grpc });
         Ok(())
     }
 
@@ -157,20 +182,16 @@ impl Front {
         leases.get(name).map(|l| l.tokens.fetch_add(tokens, Relaxed)).is_some()
     }
 
-    /// Start serving on `threads` threads, each accepting on the listening socket.
+    /// Start serving on `threads` threads, each accepting on the listening sockets.
     fn start(&self, threads: usize) -> PyResult<()> {
         let mut handles = self.threads.lock().expect("never poisoned");
         for i in 0..threads.max(1) {
-            // SAFETY: the caller keeps the listening socket open until stop() returns.
-            let fd = unsafe { BorrowedFd::borrow_raw(self.listen_fd) }
-                .try_clone_to_owned()
-                .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-            let listener = std::net::TcpListener::from(fd);
-            listener.set_nonblocking(true).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-            let (shared, port) = (self.shared.clone(), self.python_port);
+            let rest = listener(self.listen_fd)?;
+            let grpc = self.grpc.map(|(fd, _)| listener(fd)).transpose()?;
+            let (shared, ports) = (self.shared.clone(), (self.python_port, self.grpc.map_or(0, |(_, port)| port)));
             let handle = std::thread::Builder::new()
-                .name(format!("rest-front-{i}"))
-                .spawn(move || run(shared, listener, port, i as u64))
+                .name(format!("front-{i}"))
+                .spawn(move || run(shared, rest, grpc, ports, i as u64))
                 .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
             handles.push(handle);
         }
@@ -216,37 +237,57 @@ impl Front {
         d.set_item("relayed", c.relayed.load(Relaxed))?;
         d.set_item("handed_over", c.handed_over.load(Relaxed))?;
         d.set_item("connections", c.connections.load(Relaxed))?;
+        d.set_item("grpc_relayed", c.grpc_relayed.load(Relaxed))?;
+        d.set_item("grpc_connections", c.grpc_connections.load(Relaxed))?;
         Ok(d)
     }
 }
 
-fn run(shared: Arc<Shared>, listener: std::net::TcpListener, python_port: u16, seed: u64) {
+/// A thread's own handle on a listening socket the caller keeps open.
+fn listener(fd: RawFd) -> PyResult<std::net::TcpListener> {
+    // SAFETY: the caller keeps the listening socket open until stop() returns.
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned()
+        .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    let listener = std::net::TcpListener::from(fd);
+    listener.set_nonblocking(true).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    Ok(listener)
+}
+
+/// The next connection on `listener`, or never without one.
+async fn next(listener: &Option<tokio::net::TcpListener>) -> std::io::Result<tokio::net::TcpStream> {
+    match listener {
+        Some(l) => l.accept().await.map(|(stream, _)| stream),
+        None => std::future::pending().await,
+    }
+}
+
+/// One thread of the front: its lookups' routing, shared by its REST and gRPC connections.
+fn run(shared: Arc<Shared>, rest: std::net::TcpListener, grpc: Option<std::net::TcpListener>,
+       (python_port, python_grpc_port): (u16, u16), seed: u64) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
-        let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
-        let conns = Rc::new(http1::Conns::new(lookup::Routing::new(shared.clone(), seed),
-                                              relay::Python::new(python_port)));
+        let Ok(rest) = tokio::net::TcpListener::from_std(rest) else { return };
+        let Ok(grpc) = grpc.map(tokio::net::TcpListener::from_std).transpose() else { return };
+        let listeners = Listeners { rest, grpc };
+        let routing = Rc::new(lookup::Routing::new(shared.clone(), seed));
+        let rest_conns = Rc::new(http1::Conns::new(routing.clone(), relay::Python::new(python_port)));
+        let grpc_conns = Rc::new(grpc::Conns::new(routing, python_grpc_port));
         loop {
             tokio::select! {
-                accepted = listener.accept() => {
+                accepted = listeners.rest.accept() => {
                     let Ok((stream, _)) = accepted else { continue };
-                    let _ = stream.set_nodelay(true);
                     shared.counts.connections.fetch_add(1, Relaxed);
-                    shared.open.fetch_add(1, Relaxed);
-                    let tls = shared.tls.lock().expect("never poisoned").clone();
-                    let (conns, shared) = (conns.clone(), shared.clone());
-                    tokio::task::spawn_local(async move {
-                        match tls {
-                            None => http1::serve(conns, stream).await,
-                            Some(tls) => {
-                                if let Ok(Ok(stream)) = tokio::time::timeout(tls::HANDSHAKE, tls.accept(stream)).await {
-                                    http1::serve(conns, stream).await;
-                                }
-                            }
-                        }
-                        shared.open.fetch_sub(1, Relaxed);
-                    });
+                    let tls = shared.tls.lock().expect("never poisoned").clone().map(|t| t.rest);
+                    let conns = rest_conns.clone();
+                    spawn_connection(&shared, stream, tls, move |s| http1::serve(conns, s));
+                }
+                accepted = next(&listeners.grpc) => {
+                    let Ok(stream) = accepted else { continue };
+                    shared.counts.grpc_connections.fetch_add(1, Relaxed);
+                    let tls = shared.tls.lock().expect("never poisoned").clone().map(|t| t.grpc);
+                    let conns = grpc_conns.clone();
+                    spawn_connection(&shared, stream, tls, move |s| grpc::serve(conns, s));
                 }
                 _ = shared.stop.notified() => {}
             }
@@ -254,7 +295,7 @@ fn run(shared: Arc<Shared>, listener: std::net::TcpListener, python_port: u16, s
                 break;
             }
         }
-        drop(listener);
+        drop(listeners);
         // Connections finish the requests they have; stop() waits for them within its grace.
         while shared.open.load(Relaxed) > 0 && !shared.forced.load(Relaxed) {
             tokio::select! {
@@ -264,6 +305,33 @@ fn run(shared: Arc<Shared>, listener: std::net::TcpListener, python_port: u16, s
         }
     });
 }
+
+/// A connection served by `serve` on this thread, over TLS when the port speaks it, counted open until it ends.
+fn spawn_connection<F, R>(shared: &Arc<Shared>, stream: tokio::net::TcpStream, tls: Option<tokio_rustls::TlsAcceptor>,
+                          serve: F)
+where
+    F: FnOnce(Box<dyn Connection>) -> R + 'static,
+    R: std::future::Future<Output = ()> + 'static,
+{
+    let _ = stream.set_nodelay(true);
+    shared.open.fetch_add(1, Relaxed);
+    let shared = shared.clone();
+    tokio::task::spawn_local(async move {
+        match tls {
+            None => serve(Box::new(stream)).await,
+            Some(tls) => {
+                if let Ok(Ok(stream)) = tokio::time::timeout(tls::HANDSHAKE, tls.accept(stream)).await {
+                    serve(Box::new(stream)).await;
+                }
+            }
+        }
+        shared.open.fetch_sub(1, Relaxed);
+    });
+}
+
+/// A client's connection, plain or TLS.
+pub trait Connection: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> Connection for T {}
 
 /// The nodes of a partition's replicas in the order this path would ask them, for a bound of lag and staleness at
 /// `now_ms`, with no load and no answers seen: what tests/unit/test_data_plane.py holds to FreshestFirst's order.
@@ -287,7 +355,7 @@ fn order(doc: &[u8], config: &str, table: &str, partition: usize, max_lag: Optio
 /// What keeps rustls from serving this certificate chain and key (PEM), or None: the path is not used then.
 #[pyfunction]
 fn tls_problem(cert_pem: &[u8], key_pem: &[u8]) -> Option<String> {
-    tls::acceptor(cert_pem, key_pem).err()
+    tls::acceptor(cert_pem, key_pem, b"http/1.1").err()
 }
 
 #[pymodule]

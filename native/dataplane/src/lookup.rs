@@ -15,7 +15,7 @@ use crate::counts::Counts;
 use crate::messages::{KeyRead, Read, ReadBound, Reply, ReplicaStatus, NOT_FOUND, OK, ROLE_ACTIVE, ROLE_STANDBY,
                       SERVING_ACTIVE};
 use crate::selection::{self, Bound, Candidate, LatencyWindow, Load, Observation, Overlay, Tolerances};
-use crate::snapshot::{Replica, Snapshot, State, Table};
+use crate::snapshot::{Replica, Snapshot, State, Table, ValueFormat};
 use crate::store::{Answer, Stores};
 use crate::Shared;
 
@@ -59,8 +59,25 @@ impl Routing {
 
     /// The answer to GET /v1/tables/{table}/keys/{key}?{query} (raw, percent-encoded), or None for the Python path.
     pub async fn lookup(&self, table: &[u8], key: &[u8], query: &[u8]) -> Option<Answered> {
+        let (table, key, query) = (segment(table)?, segment(key)?, parse_query(query)?);
+        self.key(table, key, query, |a| {
+            let body = match a.value {
+                Some(value) => answer::found(a.table, a.key, a.partition, value, a.format, &a.who, a.input_lag,
+                                             a.version.as_ref())?,
+                None => answer::not_found(a.table, a.key, a.partition, &a.who, a.input_lag, a.version.as_ref())?,
+            };
+            Some((if a.value.is_some() { 200 } else { 404 }, body))
+        }).await
+    }
+
+    /// One key read from the freshest replica within the query's bound, its answer written by `write` (REST's body
+    /// or gRPC's message), or None for the Python path — also when `write` finds it cannot write it.
+    pub(crate) async fn key<T>(&self, table: String, key: String, query: Query,
+                               write: impl FnOnce(&KeyAnswer) -> Option<T>) -> Option<T> {
         let started = Instant::now();
-        let query = parse_query(query).filter(|q| q.from_ms.is_none() && q.to_ms.is_none())?;
+        if query.from_ms.is_some() || query.to_ms.is_some() {
+            return None;
+        }
         let as_of = query.as_of_ms;
         let r = self.route(table, key, &query, |t| t.served && (as_of.is_none() || t.history_retention_ms.is_some()))?;
         let spec = &r.snap.tables[&r.table];
@@ -76,7 +93,6 @@ impl Routing {
         let (cand, reply) = self.attempts(replicas, &r.table, r.partition, &r.cands, read, &self.latency).await?;
         let Reply::Key(result) = reply else { return None };
         let rep = result.replica.as_ref()?;
-        let who = served_by(&replicas[cand.index], rep);
         let now = now_ms();
         let input_lag = spec.input_lag_at(now);
         let found = result.status == OK;
@@ -87,21 +103,18 @@ impl Routing {
         if found && version.as_ref().is_some_and(|v| v.valid_from.is_none()) {
             return None;  // a version without its time: the Python path says what is wrong
         }
-        let body = if found {
-            answer::found(&r.table, &r.key, r.partition, &result.value, spec.value_format, &who, input_lag,
-                          version.as_ref())?
-        } else {
-            answer::not_found(&r.table, &r.key, r.partition, &who, input_lag, version.as_ref())?
-        };
-        self.counts().lookup(found, who.role == "active", started.elapsed());
-        Some((if found { 200 } else { 404 }, body))
+        let answered = KeyAnswer { table: &r.table, key: &r.key, partition: r.partition,
+                                   value: found.then_some(&result.value[..]), format: spec.value_format,
+                                   who: served_by(&replicas[cand.index], rep), input_lag, version };
+        let written = write(&answered)?;
+        self.counts().lookup(found, answered.who.role == "active", started.elapsed());
+        Some(written)
     }
 
     /// A read of one key routed: its table's view, partition and bound, and the replicas to ask in order; None when
     /// the table is not one `serves` says this path answers, or no replica the view trusts can answer.
-    pub(crate) fn route(&self, table: &[u8], key: &[u8], query: &Query, serves: impl Fn(&Table) -> bool)
+    pub(crate) fn route(&self, table: String, key: String, query: &Query, serves: impl Fn(&Table) -> bool)
                         -> Option<Routed> {
-        let (table, key) = (segment(table)?, segment(key)?);
         let snap = self.shared.snapshot();
         let spec = snap.tables.get(&table).filter(|t| serves(t))?;
         let partition = (murmur2(key.as_bytes()) & 0x7fff_ffff) as usize % spec.partitions.len().max(1);
@@ -208,6 +221,21 @@ impl Routing {
             }
         }
     }
+}
+
+/// A key's answer as the path read it: what REST's body and gRPC's message are written from.
+pub(crate) struct KeyAnswer<'a> {
+    pub table: &'a str,
+    pub key: &'a str,
+    pub partition: usize,
+    /// The value, when the key was found.
+    pub value: Option<&'a [u8]>,
+    pub format: ValueFormat,
+    pub who: Served<'a>,
+    /// (records, ms) the table's changelog is behind its input.
+    pub input_lag: (i64, i64),
+    /// A read as of a time: the version answered.
+    pub version: Option<answer::AsOf>,
 }
 
 /// A read of one key routed (Routing::route).
@@ -318,7 +346,7 @@ pub fn parse_query(query: &[u8]) -> Option<Query> {
 }
 
 /// Position.decode: `p1.` and base64url of {"t": table, "o": {partition: offset}}; None where it raises.
-fn position(token: &[u8]) -> Option<Position> {
+pub(crate) fn position(token: &[u8]) -> Option<Position> {
     use base64::engine::general_purpose::URL_SAFE_NO_PAD;
     use base64::Engine;
 

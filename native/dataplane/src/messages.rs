@@ -183,3 +183,89 @@ pub const NOT_FOUND: i32 = 1;
 pub const ROLE_ACTIVE: i32 = 1;
 pub const ROLE_STANDBY: i32 = 2;
 pub const SERVING_ACTIVE: i32 = 2;
+
+// The public gRPC API's Router.Get (`proto/router.proto`, by field number): what the gRPC port answers itself.
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct GetBound {
+    #[prost(int64, optional, tag = "1")]
+    pub max_lag: Option<i64>,
+    #[prost(int64, optional, tag = "2")]
+    pub max_staleness_ms: Option<i64>,
+    #[prost(string, tag = "3")]
+    pub min_position: String,
+    #[prost(int64, optional, tag = "4")]
+    pub max_input_lag_ms: Option<i64>,
+    #[prost(string, tag = "5")]
+    pub after: String,
+    #[prost(int64, optional, tag = "6")]
+    pub wait_ms: Option<i64>,
+    #[prost(int64, optional, tag = "7")]
+    pub as_of: Option<i64>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct GetRequest {
+    #[prost(string, tag = "1")]
+    pub table: String,
+    #[prost(string, tag = "2")]
+    pub key: String,
+    #[prost(message, optional, tag = "3")]
+    pub bound: Option<GetBound>,
+    #[prost(bool, tag = "4")]
+    pub typed_values: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ServedBy {
+    #[prost(string, tag = "1")]
+    pub node: String,
+    #[prost(string, tag = "2")]
+    pub role: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Lag {
+    #[prost(int64, optional, tag = "1")]
+    pub offsets: Option<i64>,
+    #[prost(int64, optional, tag = "2")]
+    pub ms: Option<i64>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct InputLag {
+    #[prost(int64, tag = "1")]
+    pub records: i64,
+    #[prost(int64, tag = "2")]
+    pub ms: i64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct GetResponse {
+    #[prost(string, tag = "1")]
+    pub table: String,
+    #[prost(string, tag = "2")]
+    pub key: String,
+    #[prost(string, tag = "3")]
+    pub value_json: String,
+    #[prost(int32, tag = "4")]
+    pub partition: i32,
+    #[prost(message, optional, tag = "5")]
+    pub served_by: Option<ServedBy>,
+    #[prost(message, optional, tag = "6")]
+    pub lag: Option<Lag>,
+    #[prost(string, tag = "7")]
+    pub position: String,
+    #[prost(bool, tag = "8")]
+    pub found: bool,
+    #[prost(message, optional, tag = "11")]
+    pub input_lag: Option<InputLag>,
+    #[prost(bytes = "vec", tag = "12")]
+    pub value_bytes: Vec<u8>,
+    #[prost(int64, optional, tag = "13")]
+    pub valid_from: Option<i64>,
+    #[prost(int64, optional, tag = "14")]
+    pub valid_to: Option<i64>,
+    #[prost(bool, tag = "15")]
+    pub r#final: bool,
+}

@@ -1,5 +1,6 @@
-//! TLS of the REST port (freshroute.tls.ServerTLS's files, as loaded): rustls with ring's primitives, TLS 1.2 and
-//! 1.3, ALPN `http/1.1`. A reload swaps the acceptor: new handshakes get the new certificate, open connections stay.
+//! TLS of the REST and gRPC ports (freshroute.tls.ServerTLS's files, as loaded): rustls with ring's primitives,
+//! TLS 1.2 and 1.3, ALPN `http/1.1` or `h2`. A reload swaps the acceptors: new handshakes get the new certificate,
+//! open connections stay.
 
 use std::sync::Arc;
 
@@ -11,8 +12,9 @@ use tokio_rustls::TlsAcceptor;
 /// How long a client may take over its handshake before its connection is closed.
 pub const HANDSHAKE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// An acceptor presenting `cert_pem` (the chain, leaf first) with `key_pem`, or what is wrong with them.
-pub fn acceptor(cert_pem: &[u8], key_pem: &[u8]) -> Result<TlsAcceptor, String> {
+/// An acceptor presenting `cert_pem` (the chain, leaf first) with `key_pem` and offering `alpn`, or what is wrong
+/// with them.
+pub fn acceptor(cert_pem: &[u8], key_pem: &[u8], alpn: &[u8]) -> Result<TlsAcceptor, String> {
     let chain = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("the certificate file is not PEM certificates ({e})"))?;
@@ -27,7 +29,7 @@ pub fn acceptor(cert_pem: &[u8], key_pem: &[u8]) -> Result<TlsAcceptor, String> 
         .with_no_client_auth()
         .with_single_cert(chain, key)
         .map_err(|e| format!("the certificate and key are not usable together ({e})"))?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = vec![alpn.to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
@@ -37,7 +39,7 @@ mod tests {
 
     #[test]
     fn files_that_are_not_a_certificate_and_its_key_are_named() {
-        let problem = |cert: &[u8], key: &[u8]| acceptor(cert, key).err().expect("refused");
+        let problem = |cert: &[u8], key: &[u8]| acceptor(cert, key, b"h2").err().expect("refused");
         assert!(problem(b"", b"").contains("no certificate"));
         let not_a_cert = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
         assert!(problem(not_a_cert, b"nothing").contains("no private key"));

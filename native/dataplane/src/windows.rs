@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use crate::answer;
-use crate::lookup::{now_ms, parse_query, served_by, Answered, Routing};
+use crate::lookup::{now_ms, parse_query, segment, served_by, Answered, Routing};
 use crate::messages::{RangeRead, Read, Reply, WindowFilter};
 use crate::snapshot::ValueFormat;
 
@@ -42,7 +42,7 @@ impl Routing {
         let started = Instant::now();
         let query = parse_query(query).filter(|q| q.as_of_ms.is_none())?;
         let (from_ms, to_ms) = (query.from_ms?, query.to_ms?);
-        let r = self.route(table, key, &query, |t| t.window.is_some() && t.value_format == ValueFormat::Json)?;
+        let r = self.route(segment(table)?, segment(key)?, &query, |t| t.window.is_some() && t.value_format == ValueFormat::Json)?;
         let spec = &r.snap.tables[&r.table];
         let w = spec.window?;
         let spans = windows_in(w.slide_ms, from_ms, to_ms);
