@@ -78,7 +78,8 @@ FIGURES = ("router_grpc_rps", "router_rest_rps", "direct_store_rps", "baseline_g
            "ryw_stale_reads", "ryw_not_yet_visible", "asof_rest_rps", "asof_p50_ms", "asof_p99_ms",
            "router_cpu_us_per_lookup", "store_node_cpu_us_per_lookup",
            "compiled_rest_rps", "python_rest_rps", "compiled_rest_p99_ms", "python_rest_p99_ms",
-           "compiled_router_cpu_us", "python_router_cpu_us")
+           "compiled_router_cpu_us", "python_router_cpu_us", "compiled_grpc_rps", "python_grpc_rps",
+           "compiled_grpc_cpu_us", "python_grpc_cpu_us")
 
 WINDOW_COUNT = 6  # window_rps: each lookup asks for a key's last this many windows
 BUSY_CONNECTIONS = 32  # router_rest_p99_ms_busy: lookups in flight while the pipeline runs
@@ -119,6 +120,7 @@ TARGETS = (
     ("compiled_rest_rps / python_rest_rps", "compiled_rest_rps", "python_rest_rps", ">=", 2.0),
     ("compiled_rest_p99_ms / python_rest_p99_ms", "compiled_rest_p99_ms", "python_rest_p99_ms", "<=", 1.0),
     ("compiled_router_cpu_us", "compiled_router_cpu_us", None, "<=", 25.0),
+    ("compiled_grpc_rps / python_grpc_rps", "compiled_grpc_rps", "python_grpc_rps", ">=", 2.0),
     # What the stack takes from lookups on a small machine while it only keeps up with its input.
     ("stack_idle_cpu_cores", "stack_idle_cpu_cores", None, "<=", 0.4),
     ("pipeline_idle_cpu_cores", "pipeline_idle_cpu_cores", None, "<=", 0.15),
@@ -149,7 +151,14 @@ LOAD_CLIENTS = {"asof_rest_rps": "wrk -t1 (Lua: rotating keys, ?as_of=) against 
                 "python_rest_rps": "wrk -t1 (Lua: rotating keys), a router whose Python front serves REST",
                 "compiled_rest_p99_ms": "wrk -t1 (as compiled_rest_rps), its p99", "python_rest_p99_ms": "wrk -t1 (as "
                 "python_rest_rps), its p99", "compiled_router_cpu_us": "wrk -t1 (as compiled_rest_rps): the router "
-                "process's /proc CPU over lookups answered", "python_router_cpu_us": "wrk -t1 (as python_rest_rps): the "
+                "process's /proc CPU over lookups answered",
+                "compiled_grpc_rps": "h2load -t1 (gRPC frames, h2c), the router with the compiled path, interleaved "
+                                     "with python_grpc_rps",
+                "python_grpc_rps": "h2load -t1 (gRPC frames, h2c), a router whose Python front serves gRPC",
+                "compiled_grpc_cpu_us": "h2load -t1 (as compiled_grpc_rps): the router process's /proc CPU over calls "
+                                        "answered",
+                "python_grpc_cpu_us": "h2load -t1 (as python_grpc_rps): the router process's /proc CPU over calls "
+                                      "answered", "python_router_cpu_us": "wrk -t1 (as python_rest_rps): the "
                 "router process's /proc CPU over lookups answered", "window_rps": "wrk -t1 (Lua: rotating keys, /windows)", "router_grpc_rps": "h2load -t1 (gRPC frames, h2c)",
                 "baseline_grpc_rps": "h2load -t1 (gRPC frames, h2c)", "direct_store_rps": "loadtest.readport (asyncio, frames on the read port)",
                 "redis_get_rps": "redis-benchmark -P 1",
@@ -643,6 +652,27 @@ class Bench:
                     fig[f"{side}_rest_rps"] = median_of([r["rps"] for r in done])
                     fig[f"{side}_rest_p99_ms"] = median_of([r["p99_ms"] for r in done])
                     fig[f"{side}_router_cpu_us"] = median_of([r["cpu_us"] for r in done])
+                body = self.grpc_body()
+                ok_size = self.ok_size(compiled[2].split("//", 1)[1].split("/", 1)[0], body)
+
+                def grpc_run(label: str, router: tuple[subprocess.Popen, str, str]) -> Callable[[], dict[str, float]]:
+                    def measured() -> dict[str, float]:
+                        before = tree_cpu_seconds({label: router[0].pid})[label]
+                        conns, streams = self.grpc_shape()
+                        res, _ = self.run_h2load(label, router[2], body, ok_size, conns, streams, self.a.duration)
+                        used = tree_cpu_seconds({label: router[0].pid})[label] - before
+                        cpu_us = used / max(res.succeeded, 1) * 1e6
+                        self.say(f"  {label}: {res.rps:,.0f} calls/s, {cpu_us:.1f} µs of router CPU per call")
+                        return {"rps": round(res.rps, 1), "cpu_us": round(cpu_us, 1)}
+                    return measured
+
+                if ok_size:
+                    xs, ys = self.paired("compiled_grpc", grpc_run("compiled_grpc", compiled), "python_grpc",
+                                         grpc_run("python_grpc", python))
+                    for side, runs in (("compiled", xs), ("python", ys)):
+                        done = [r for r in runs if r]
+                        fig[f"{side}_grpc_rps"] = median_of([r["rps"] for r in done])
+                        fig[f"{side}_grpc_cpu_us"] = median_of([r["cpu_us"] for r in done])
             finally:
                 lc.stop_process(python[0])
         finally:
@@ -1288,7 +1318,7 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
             _step(b, 12, total, "hand-written transports against the libraries (wrk, h2load)",
                   lambda: b.transports_vs_libraries(*router_body))
         say("the compiled lookup path against the Python front it took over from, a router process each:")
-        _step(b, 12, total, "compiled path against the Python front (wrk, /proc)", b.compiled_vs_python)
+        _step(b, 12, total, "compiled path against the Python front (wrk, h2load, /proc)", b.compiled_vs_python)
         if router_body:
             say("TLS and a bearer token against the stack's plain routers, interleaved:")
             _step(b, 13, total, "secured REST and gRPC throughput, and a flood of bad tokens (wrk, h2load over TLS)",

@@ -336,7 +336,7 @@ def test_over_tls_lookups_are_served_here_on_kept_alive_connections(over_tls):
             assert client.get(f"/v1/tables/{TABLE}/keys/sensor-{i}").json()["value"] == value_of(i)
     after = metrics(compiled, GOOD, verify)
     relayed = 'freshroute_router_compiled_path_handoffs_total{how="relayed"}'
-    connections = "freshroute_router_compiled_path_connections_total"
+    connections = 'freshroute_router_compiled_path_connections_total{port="rest"}'
     assert after[relayed] == before[relayed]
     assert after[connections] - before[connections] == 2  # one for the lookups, one for the metrics
     with socket.create_connection(("127.0.0.1", int(compiled.rsplit(":", 1)[1])), timeout=10) as raw:
