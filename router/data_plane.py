@@ -1,5 +1,6 @@
-"""The compiled lookup path (``native/dataplane``), wired into the router process: it owns the REST port, answers key
-lookups on threads of its own, and sends every other request to the Python front on a loopback port.
+"""The compiled lookup path (``native/dataplane``), wired into the router process: it owns the REST port (and the gRPC
+port, with the gRPC front on), answers key lookups and ``Router.Get`` on threads of its own, and sends every other
+request and call to the Python fronts on loopback ports.
 
 The Python side keeps the control plane: at every metadata refresh it pushes the routing view (:func:`snapshot_doc`:
 the tables the path serves, every replica's latest lag) and it counts the path's lookups into the router's metrics at
@@ -8,9 +9,9 @@ serve — a bound of a write token or the input's lag, a wait, a time in RFC 333
 table of JSON or bytes keys, a read no replica the view trusts can answer at the first try (or the hedge's), every
 refusal but a 401 — it relays to the Python path, which answers it with every rule of :mod:`freshroute.routing`.
 Where the path cannot be used at all (not built; client certificates required, or TLS to the store nodes, which it
-does not do yet) the Python front serves the REST port itself, as it did before the path existed. With TLS, the path
-terminates it (rustls, from the files :class:`freshroute.tls.ServerTLS` loaded) and the Python front behind it speaks
-plain HTTP on loopback.
+does not do yet) the Python fronts serve the ports themselves, as they did before the path existed. With TLS, the
+path terminates it (rustls, from the files :class:`freshroute.tls.ServerTLS` loaded) and the Python fronts behind it
+speak plain HTTP on loopback.
 
 When the router authenticates, the path judges a lookup's bearer token by the principals :class:`router.auth.Guard`
 loaded, pushed with the tables each may read as the guard judged them (:func:`principals_doc`); a rated principal's
