@@ -53,15 +53,15 @@ def test_a_worker_killed_mid_stream_and_replaced_loses_and_doubles_nothing(stack
         worker_dir = c.home / "spark" / "spark-worker"
         wait_until(lambda: list(worker_dir.rglob("freshroute-pyfiles.zip")), 30, "the shipped py-file on the worker")
 
-        time.sleep(3)
+        time.sleep(1)
         victim = stack.components["spark-worker"]
         stack.signal("spark-worker", signal.SIGKILL)  # the worker and its executor, as when the host dies
         wait_until(lambda: not victim.alive(), 10, "the worker to die")
-        time.sleep(3)  # readings keep arriving while the cluster has no worker
+        time.sleep(1)  # readings keep arriving while the cluster has no worker
         replacement = stack.add_spark_worker()
         wait_until(lambda: any(e.get("appid") == apps[0]["id"] for e in _executors(stack, replacement)), 60,
                    "an executor of the pipeline on the new worker")
-        time.sleep(5)
+        time.sleep(2)
     finally:
         events = readings.stop()
 
