@@ -8,8 +8,8 @@ a scrape. The path answers key lookups, a key's windows and reads as of a time (
 serve — a bound of a write token or the input's lag, a wait, a time in RFC 3339, a versions or metadata route, a
 table of JSON or bytes keys, a read no replica the view trusts can answer at the first try (or the hedge's), every
 refusal but a 401 — it relays to the Python path, which answers it with every rule of :mod:`freshroute.routing`.
-Where the path cannot be used at all (not built; client certificates required, or TLS to the store nodes, which it
-does not do yet) the Python fronts serve the ports themselves, as they did before the path existed. With TLS, the
+Where the path cannot be used at all (not built; client certificates required, which it does not take yet) the
+Python fronts serve the ports themselves, as they did before the path existed. With TLS, the
 path terminates it (rustls, from the files :class:`freshroute.tls.ServerTLS` loaded) and the Python fronts behind it
 speak plain HTTP on loopback.
 
@@ -50,16 +50,30 @@ def why_not(settings: RouterSettings, tls: ServerTLS | None = None) -> str | Non
         return "data_plane is python"
     if settings.tls_client_ca is not None:
         return "the router requires client certificates (tls_client_ca), which the compiled path does not take yet"
-    if settings.cluster_ca is not None:
-        return "store nodes are reached over TLS (cluster_ca), which the compiled path does not do yet"
+    if settings.cluster_cert is not None and settings.cluster_ca is None:
+        return "store nodes are trusted by the system's CAs (cluster_cert without cluster_ca), which the compiled " \
+               "path does not read"
     try:
-        from freshroute_dataplane import tls_problem
+        from freshroute_dataplane import cluster_tls_problem, tls_problem
     except ImportError:
         return "the compiled path is not built here (native/dataplane: ./dev builds it)"
     problem = tls_problem(tls.pem[0], tls.pem[1]) if tls is not None else None
     if problem is not None:
         return f"rustls cannot serve tls_cert and tls_key: {problem}"
+    cluster = cluster_files(settings)
+    problem = cluster_tls_problem(*cluster) if cluster is not None else None
+    if problem is not None:
+        return f"rustls cannot reach store nodes with these files: {problem}"
     return None
+
+
+def cluster_files(settings: RouterSettings) -> tuple[bytes, bytes | None, bytes | None] | None:
+    """The PEM files the router reaches store nodes over TLS with (cluster_ca, cluster_cert, cluster_key), or None."""
+    if settings.cluster_ca is None:
+        return None
+    cert, key = settings.cluster_cert, settings.cluster_key
+    return (settings.cluster_ca.read_bytes(), cert.read_bytes() if cert is not None else None,
+            (key or cert).read_bytes() if cert is not None else None)
 
 
 def config_doc(settings: RouterSettings, policy: RoutingPolicy, keep_alive_s: float) -> str:
@@ -150,6 +164,9 @@ class DataPlane:
         gRPC front's loopback port, when the path serves gRPC too. Called on the event loop the leases are kept on."""
         self._front = self._make(rest.fileno(), python_port, config_doc(self.settings, self.policy, keep_alive_s),
                                  None if grpc is None else (grpc[0].fileno(), grpc[1]))
+        cluster = cluster_files(self.settings)
+        if cluster is not None:
+            self._front.cluster_tls(*cluster)
         self.on_snapshot(snap)
         self.reloaded()
         if self.guard is not None:

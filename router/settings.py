@@ -27,11 +27,12 @@ class _RouterProcess(ServingSettings):
     rest_fast_path: bool = Field(default=True, description="answer key lookups on the REST connection itself "
                                  "(HTTP/1.1 on the event loop); off: uvicorn's own protocol serves every request")
     data_plane: Literal["compiled", "python"] = Field(
-        default="compiled", description="compiled: the REST port's key lookups are answered by the compiled path "
-        "(native/dataplane) on threads of its own, everything else by the Python front behind it; python: the Python "
-        "front serves the port (also where the compiled path is not built, or with tls_client_ca or cluster_ca)")
+        default="compiled", description="compiled: the REST port's key lookups (and, with grpc_front, the gRPC port's "
+        "Router.Get) are answered by the compiled path (native/dataplane) on threads of its own, everything else by "
+        "the Python fronts behind it; python: the Python fronts serve the ports (also where the compiled path is not "
+        "built, or with tls_client_ca)")
     data_plane_threads: int = Field(default=1, ge=1, le=64, description="threads of the compiled path, each "
-                                    "accepting on the REST port")
+                                    "accepting on the REST port and the gRPC port")
     auth_file: Path | None = Field(default=None, description="principals, their token hashes, tables and rates "
                                    "(YAML or JSON; see docs/security.md); reloaded on SIGHUP; unset: no "
                                    "authentication")

@@ -16,6 +16,9 @@ class Front:
         """Swap in the principals tokens are judged by (router.data_plane.principals_doc); malformed: ValueError."""
     def tls(self, cert_pem: bytes, key_pem: bytes) -> None:
         """Speak TLS on the ports with this chain and key from now on (new handshakes); unusable: ValueError."""
+    def cluster_tls(self, ca_pem: bytes, cert_pem: bytes | None = None, key_pem: bytes | None = None) -> None:
+        """Reach store nodes over TLS trusting ``ca_pem``, presenting ``cert_pem``/``key_pem`` where asked; call before
+        :meth:`start`; unusable files: ValueError."""
     def rates(self) -> dict[str, tuple[int, int]]:
         """Each rated principal's (reads leased and not spent, its lookups asked here since the last call)."""
     def grant(self, name: str, tokens: int) -> bool:
@@ -30,6 +33,9 @@ class Front:
 
 def tls_problem(cert_pem: bytes, key_pem: bytes) -> str | None:
     """What keeps rustls from serving this certificate chain and key, or None."""
+
+def cluster_tls_problem(ca_pem: bytes, cert_pem: bytes | None = None, key_pem: bytes | None = None) -> str | None:
+    """What keeps rustls from reaching store nodes with these files, or None."""
 
 def order(doc: bytes, config: str, table: str, partition: int, max_lag: int | None, max_staleness_ms: int | None,
           min_offset: int, now_ms: int) -> list[str]:

@@ -70,6 +70,45 @@ def test_a_secure_stack_serves_over_tls_with_tokens_and_its_printed_examples_wor
     assert rc6 == 0 and '"key":"sensor-1"' in out6 and '"node":"node-' in out6, (c6, out6)
 
 
+def test_the_routers_compiled_path_reads_the_store_nodes_over_tls(stack):
+    """REST lookups and gRPC Gets are answered by the compiled path, which reaches the nodes' read ports over TLS
+    with the cluster secret: none relayed to the Python path."""
+    import grpc
+
+    from proto import router_pb2, router_pb2_grpc
+
+    secure = stack.status()["router"]["secure"]
+    log = (stack.config.home / "logs" / "router.log").read_text()
+    assert "REST lookups by the compiled path (gRPC's Router.Get too)" in log, log[-2000:]
+    produce_readings(stack, [{"sensor": "sensor-3", "area": "cabin", "reading": 3.0}])
+    token = secure["tokens"]["admin"]
+    verify = ssl.create_default_context(cafile=secure["ca"])
+
+    def relayed() -> dict[str, float]:
+        """The requests and calls the compiled path relayed, asked on a connection of its own (a /metrics request
+        hands its connection over to the Python front, counted as handed over)."""
+        text = httpx.get(f"{stack.config.rest_url}/metrics", verify=verify, timeout=10,
+                         headers={"authorization": f"Bearer {token}"}).text
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith("freshroute_router_compiled_path_handoffs_total") and "handed_over" not in line}
+
+    with httpx.Client(base_url=stack.config.rest_url, verify=verify, timeout=10,
+                      headers={"authorization": f"Bearer {token}"}) as admin:
+        wait_until(lambda: admin.get("/v1/tables/sensor_stats/keys/sensor-3").status_code == 200, FIRST_DATA_TIMEOUT_S,
+                   "sensor-3 to be served", stack=stack)
+        before = relayed()
+        assert before, "the compiled path's counters are among the router's metrics"
+        for _ in range(20):
+            r = admin.get("/v1/tables/sensor_stats/keys/sensor-3")
+            assert r.status_code == 200 and r.json()["value"]["count"] >= 1
+        ca = open(secure["ca"], "rb").read()
+        with grpc.secure_channel(stack.config.grpc_address, grpc.ssl_channel_credentials(ca)) as channel:
+            got = router_pb2_grpc.RouterStub(channel).Get(router_pb2.GetRequest(table="sensor_stats", key="sensor-3"),
+                                                          metadata=(("authorization", f"Bearer {token}"),), timeout=10)
+        assert got.found and got.served_by.node.startswith("node-")
+        assert relayed() == before, "every lookup and Get answered by the compiled path"
+
+
 def test_store_node_ports_serve_only_peers_with_tls_and_the_cluster_secret(stack):
     import grpc
 

@@ -189,3 +189,23 @@ def test_the_path_is_leased_about_a_tenth_of_a_second_of_its_demand_from_the_pri
     assert granted and {name for name, _ in granted} == {"dash"}  # the idle one asked nothing, "gone" has no rate
     # 100 asked per 50 ms is 2,000/s: 200 a lease, capped at half the burst; the burst refills by 50 per 50 ms.
     assert all(1 <= tokens <= 25 for _, tokens in granted) and granted[0] == ("dash", 25), granted
+
+
+def test_store_nodes_over_tls_keep_the_compiled_path_unless_rustls_cannot_use_the_files(tmp_path):
+    from router.data_plane import cluster_files, why_not
+    from router.settings import RouterSettings
+    from tools.local.certs import issue, make_ca
+
+    ca = make_ca(tmp_path)
+    client = issue(ca, tmp_path, "router", "router", server=False)
+    plain = RouterSettings()
+    assert why_not(plain) is None and cluster_files(plain) is None
+    trusted = RouterSettings(cluster_ca=ca.cert, cluster_cert=client.cert, cluster_key=client.key)
+    assert why_not(trusted) is None
+    assert cluster_files(trusted) == (ca.cert.read_bytes(), client.cert.read_bytes(), client.key.read_bytes())
+    not_a_ca = tmp_path / "not-a-ca.pem"
+    not_a_ca.write_text("nothing here\n")
+    assert "rustls cannot reach store nodes with these files: cluster_ca holds no certificate" in \
+        why_not(RouterSettings(cluster_ca=not_a_ca))
+    assert "cluster_cert without cluster_ca" in why_not(RouterSettings(cluster_cert=client.cert,
+                                                                       cluster_key=client.key))

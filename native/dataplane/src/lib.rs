@@ -66,6 +66,8 @@ pub struct Shared {
     principals: Mutex<Arc<Principals>>,
     /// The REST and gRPC ports' TLS, when the router speaks it.
     tls: Mutex<Option<Acceptors>>,
+    /// TLS to store nodes, when the router reaches them so (cluster_ca).
+    cluster_tls: Mutex<Option<tokio_rustls::TlsConnector>>,
     leases: Mutex<HashMap<String, Arc<Lease>>>,
     pub counts: Counts,
     stopping: AtomicBool,
@@ -129,6 +131,7 @@ impl Front {
                 snapshot: Mutex::new(Arc::new(Snapshot::default())),
                 principals: Mutex::new(Arc::new(Principals::default())),
                 tls: Mutex::new(None),
+                cluster_tls: Mutex::new(None),
                 leases: Mutex::new(HashMap::new()),
                 counts: Counts::default(),
                 stopping: AtomicBool::new(false),
@@ -166,6 +169,15 @@ impl Front {
         let rest = tls::acceptor(cert_pem, key_pem, b"http/1.1").map_err(PyValueError::new_err)?;
         let grpc = tls::acceptor(cert_pem, key_pem, b"h2").map_err(PyValueError::new_err)?;
         *self.shared.tls.lock().expect("never poisoned") = Some(Acceptors { rest, grpc });
+        Ok(())
+    }
+
+    /// Reach store nodes over TLS, trusting the CA certificates of `ca_pem` and presenting `cert_pem` with `key_pem`
+    /// to nodes that require a client certificate: called before start(). Files rustls cannot use are a ValueError.
+    #[pyo3(signature = (ca_pem, cert_pem=None, key_pem=None))]
+    fn cluster_tls(&self, ca_pem: &[u8], cert_pem: Option<&[u8]>, key_pem: Option<&[u8]>) -> PyResult<()> {
+        let connector = tls::connector(ca_pem, cert_pem.zip(key_pem)).map_err(PyValueError::new_err)?;
+        *self.shared.cluster_tls.lock().expect("never poisoned") = Some(connector);
         Ok(())
     }
 
@@ -358,10 +370,19 @@ fn tls_problem(cert_pem: &[u8], key_pem: &[u8]) -> Option<String> {
     tls::acceptor(cert_pem, key_pem, b"http/1.1").err()
 }
 
+/// What keeps rustls from reaching store nodes with these files (cluster_ca, and cluster_cert with cluster_key), or
+/// None: the path is not used then.
+#[pyfunction]
+#[pyo3(signature = (ca_pem, cert_pem=None, key_pem=None))]
+fn cluster_tls_problem(ca_pem: &[u8], cert_pem: Option<&[u8]>, key_pem: Option<&[u8]>) -> Option<String> {
+    tls::connector(ca_pem, cert_pem.zip(key_pem)).err()
+}
+
 #[pymodule]
 fn freshroute_dataplane(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Front>()?;
     m.add_function(wrap_pyfunction!(tls_problem, m)?)?;
+    m.add_function(wrap_pyfunction!(cluster_tls_problem, m)?)?;
     m.add_function(wrap_pyfunction!(order, m)?)?;
     Ok(())
 }

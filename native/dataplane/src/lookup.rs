@@ -44,7 +44,8 @@ impl Routing {
     pub fn new(shared: std::sync::Arc<Shared>, seed: u64) -> Routing {
         use rand::SeedableRng;
         let c = &shared.config;
-        let stores = Stores::new(c.cluster_secret.clone(), Duration::from_millis(c.attempt_timeout_ms));
+        let tls = shared.cluster_tls.lock().expect("never poisoned").clone();
+        let stores = Stores::new(c.cluster_secret.clone(), Duration::from_millis(c.attempt_timeout_ms), tls);
         let load = Load::new(c.failure_backoff_ms);
         let (latency, window_latency) = (LatencyWindow::new(c.hedge_quantile), LatencyWindow::new(c.hedge_quantile));
         Routing { shared, stores, overlay: RefCell::default(), load: RefCell::new(load),

@@ -1,7 +1,7 @@
-//! Reads over store nodes' read ports (freshroute.wire): one connection per node and thread, results matched back
-//! by id. Reads asked for in one turn of the runtime leave together as one ReadBatch frame: under load a frame
-//! carries many lookups, while a lone read waits for nothing. A broken connection fails every read in flight on it,
-//! and the next read opens a new one.
+//! Reads over store nodes' read ports (freshroute.wire): one connection per node and thread — over TLS when the
+//! router reaches the nodes so (cluster_ca) — results matched back by id. Reads asked for in one turn of the runtime
+//! leave together as one ReadBatch frame: under load a frame carries many lookups, while a lone read waits for
+//! nothing. A broken connection fails every read in flight on it, and the next read opens a new one.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use prost::Message;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Notify};
+use tokio_rustls::TlsConnector;
 
 use crate::messages::{Read, ReadBatch, Reply, ResultBatch};
 
@@ -34,12 +35,13 @@ pub struct Stores {
     conns: RefCell<HashMap<String, Rc<Conn>>>,
     secret: String,
     connect_timeout: Duration,
+    tls: Option<TlsConnector>,
     next_id: Cell<u64>,
 }
 
 impl Stores {
-    pub fn new(secret: String, connect_timeout: Duration) -> Rc<Stores> {
-        Rc::new(Stores { conns: RefCell::new(HashMap::new()), secret, connect_timeout, next_id: Cell::new(1) })
+    pub fn new(secret: String, connect_timeout: Duration, tls: Option<TlsConnector>) -> Rc<Stores> {
+        Rc::new(Stores { conns: RefCell::new(HashMap::new()), secret, connect_timeout, tls, next_id: Cell::new(1) })
     }
 
     /// Send `read` to the node at `address`; resolves with its result, or why the connection failed.
@@ -94,18 +96,42 @@ impl Stores {
 }
 
 async fn run(stores: Rc<Stores>, conn: Rc<Conn>) {
-    let stream = match tokio::time::timeout(stores.connect_timeout, TcpStream::connect(conn.address.as_str())).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => return stores.kill(&conn, format!("store node {}: {e}", conn.address)),
-        Err(_) => return stores.kill(&conn, format!("store node {}: connect timed out", conn.address)),
-    };
-    let _ = stream.set_nodelay(true);
-    let (reader, writer) = stream.into_split();
-    tokio::task::spawn_local(read_results(stores.clone(), conn.clone(), reader));
-    write_batches(&stores, &conn, writer).await;
+    let connected = tokio::time::timeout(stores.connect_timeout, async {
+        let stream = TcpStream::connect(conn.address.as_str()).await.map_err(|e| e.to_string())?;
+        let _ = stream.set_nodelay(true);
+        match &stores.tls {
+            None => Ok::<Connected, String>(Connected::Plain(stream)),
+            Some(tls) => {
+                // The certificate must name the host the node advertises, as the Python path checks it.
+                let host = conn.address.rsplit_once(':').map_or(conn.address.as_str(), |(h, _)| h);
+                let name = ServerName::try_from(host.trim_matches(['[', ']']).to_owned()).map_err(|e| e.to_string())?;
+                let stream = tls.connect(name, stream).await.map_err(|e| format!("TLS: {e}"))?;
+                Ok(Connected::Tls(Box::new(stream)))
+            }
+        }
+    }).await;
+    match connected {
+        Ok(Ok(Connected::Plain(stream))) => {
+            let (reader, writer) = stream.into_split();
+            tokio::task::spawn_local(read_results(stores.clone(), conn.clone(), reader));
+            write_batches(&stores, &conn, writer).await;
+        }
+        Ok(Ok(Connected::Tls(stream))) => {
+            let (reader, writer) = tokio::io::split(*stream);
+            tokio::task::spawn_local(read_results(stores.clone(), conn.clone(), reader));
+            write_batches(&stores, &conn, writer).await;
+        }
+        Ok(Err(e)) => stores.kill(&conn, format!("store node {}: {e}", conn.address)),
+        Err(_) => stores.kill(&conn, format!("store node {}: connect timed out", conn.address)),
+    }
 }
 
-async fn write_batches(stores: &Rc<Stores>, conn: &Rc<Conn>, mut writer: OwnedWriteHalf) {
+enum Connected {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+async fn write_batches<W: AsyncWrite + Unpin>(stores: &Rc<Stores>, conn: &Rc<Conn>, mut writer: W) {
     let mut frame = Vec::with_capacity(4096);
     loop {
         // Every connection task the runtime polled this turn has put its read in the outbox by now.
@@ -127,13 +153,14 @@ async fn write_batches(stores: &Rc<Stores>, conn: &Rc<Conn>, mut writer: OwnedWr
         frame.clear();
         frame.extend_from_slice(&(batch.encoded_len() as u32).to_be_bytes());
         batch.encode(&mut frame).expect("a Vec grows");
-        if let Err(e) = writer.write_all(&frame).await {
+        // Flushed: a TLS stream holds what it was given until then.
+        if let Err(e) = async { writer.write_all(&frame).await?; writer.flush().await }.await {
             return stores.kill(conn, format!("store node {}: {e}", conn.address));
         }
     }
 }
 
-async fn read_results(stores: Rc<Stores>, conn: Rc<Conn>, mut reader: OwnedReadHalf) {
+async fn read_results<R: AsyncRead + Unpin>(stores: Rc<Stores>, conn: Rc<Conn>, mut reader: R) {
     let why = loop {
         let mut head = [0u8; 4];
         if let Err(e) = reader.read_exact(&mut head).await {
@@ -202,7 +229,7 @@ mod tests {
     #[test]
     fn a_node_answering_garbage_fails_the_read_and_the_next_read_connects_anew() {
         run_local(async {
-            let stores = Stores::new(String::new(), Duration::from_secs(1));
+            let stores = Stores::new(String::new(), Duration::from_secs(1), None);
             let garbage = node_answering(b"\x00\x00\x00\x05\xff\xff\xff\xff\xff".to_vec()).await;
             let got = stores.read(&garbage, read()).await;
             assert!(got.unwrap_err().contains("not a result batch"));
@@ -218,7 +245,7 @@ mod tests {
     #[test]
     fn a_result_is_matched_to_its_read_by_id() {
         run_local(async {
-            let stores = Stores::new("s3cret".into(), Duration::from_secs(1));
+            let stores = Stores::new("s3cret".into(), Duration::from_secs(1), None);
             use crate::messages::{KeyResult, RangeRead, RangeResult};
             let batch = ResultBatch { results: vec![KeyResult { id: 1, status: crate::messages::OK,
                                                                value: bytes::Bytes::from_static(b"{}"),

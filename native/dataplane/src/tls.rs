@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::ServerConfig;
-use tokio_rustls::TlsAcceptor;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 /// How long a client may take over its handshake before its connection is closed.
 pub const HANDSHAKE: std::time::Duration = std::time::Duration::from_secs(10);
@@ -31,6 +31,36 @@ pub fn acceptor(cert_pem: &[u8], key_pem: &[u8], alpn: &[u8]) -> Result<TlsAccep
         .map_err(|e| format!("the certificate and key are not usable together ({e})"))?;
     config.alpn_protocols = vec![alpn.to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// A connector to store nodes trusting the CA certificates of `ca_pem` (cluster_ca), presenting `cert_pem` with
+/// `key_pem` (cluster_cert, cluster_key) to nodes that require a client certificate; or what is wrong with them.
+pub fn connector(ca_pem: &[u8], client: Option<(&[u8], &[u8])>) -> Result<TlsConnector, String> {
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem) {
+        let cert = cert.map_err(|e| format!("cluster_ca is not PEM certificates ({e})"))?;
+        roots.add(cert).map_err(|e| format!("cluster_ca holds a certificate rustls cannot use ({e})"))?;
+    }
+    if roots.is_empty() {
+        return Err("cluster_ca holds no certificate".into());
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots);
+    let config = match client {
+        None => builder.with_no_client_auth(),
+        Some((cert_pem, key_pem)) => {
+            let chain = CertificateDer::pem_slice_iter(cert_pem).collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("cluster_cert is not PEM certificates ({e})"))?;
+            let key = PrivateKeyDer::from_pem_slice(key_pem)
+                .map_err(|e| format!("cluster_key holds no private key ({e})"))?;
+            builder.with_client_auth_cert(chain, key)
+                .map_err(|e| format!("cluster_cert and cluster_key are not usable together ({e})"))?
+        }
+    };
+    Ok(TlsConnector::from(Arc::new(config)))
 }
 
 #[cfg(test)]
