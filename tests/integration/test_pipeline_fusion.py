@@ -219,6 +219,7 @@ sql_table(name="raw", key="sensor", source="readings", sql="SELECT sensor, readi
 '''
 
 
+@pytest.mark.beside  # a batch job of its own, asserting only results: it runs beside the timed modules
 @pytest.mark.timeout(300)
 def test_the_fused_plan_computes_every_shape_as_its_table_alone(tmp_path):
     # Batch frames over the same rows: what each table computes alone, and what the fused plan gives it. Keyed,

@@ -133,19 +133,36 @@ def test_components_follow_a_sentinel_failover_and_a_node_killed_afterwards_is_s
     assert_clean_load(summary, per_s=40)
 
 
-@pytest.mark.parametrize("role", ["store-node", "router", "pipeline"])
-@pytest.mark.parametrize("entry", ["cli", "module"])
-def test_a_master_name_no_sentinel_knows_stops_a_component_at_start_naming_the_setting(stack, role, entry, tmp_path):
-    """``freshroute <role>`` and ``python -m <package>`` are one entry point, and check alike."""
+ROLES, ENTRIES = ["store-node", "router", "pipeline"], ["cli", "module"]
+
+
+@pytest.fixture(scope="module")
+def unknown_master(stack, tmp_path_factory):
+    """Each role started by each entry point with a master name no sentinel knows, all at once: (return code, stderr)
+    by (role, entry)."""
     import subprocess
     import sys
 
     c = stack.config
-    own = ["--node-id", "node-x"] if role == "store-node" else []
-    command = ["tools.cli", role] if entry == "cli" else [role.replace("-", "_")]
-    proc = subprocess.run([sys.executable, "-m", *command, *own, "--redis-sentinels", c.redis_sentinels,
-                           "--redis-master-name", "no-such-master", "--namespace", "never-used"],
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "CONFIG_ERROR" in proc.stderr and "redis_master_name" in proc.stderr and "'no-such-master'" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    cwd = tmp_path_factory.mktemp("no-such-master")
+    started = {}
+    for role in ROLES:
+        for entry in ENTRIES:
+            own = ["--node-id", "node-x"] if role == "store-node" else []
+            command = ["tools.cli", role] if entry == "cli" else [role.replace("-", "_")]
+            started[(role, entry)] = subprocess.Popen(
+                [sys.executable, "-m", *command, *own, "--redis-sentinels", c.redis_sentinels,
+                 "--redis-master-name", "no-such-master", "--namespace", "never-used"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=cwd)
+    stderrs = {key: proc.communicate(timeout=60)[1] for key, proc in started.items()}
+    return {key: (started[key].returncode, stderr) for key, stderr in stderrs.items()}
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_master_name_no_sentinel_knows_stops_a_component_at_start_naming_the_setting(unknown_master, role, entry):
+    """``freshroute <role>`` and ``python -m <package>`` are one entry point, and check alike."""
+    returncode, stderr = unknown_master[(role, entry)]
+    assert returncode == 2, stderr[-2000:]
+    assert "CONFIG_ERROR" in stderr and "redis_master_name" in stderr and "'no-such-master'" in stderr
+    assert "Traceback" not in stderr
