@@ -92,10 +92,12 @@ async fn call(conns: Rc<Conns>, request: http::Request<RecvStream>, mut respond:
         return respond.send_reset(h2::Reason::PROTOCOL_ERROR);
     }
     if !is_grpc(&head) {
-        // Answered once the request has ended well (its body unread): a malformed one is reset by h2 meanwhile.
+        // Answered once the request has ended well: a malformed one is reset by h2 meanwhile. Its body is not read
+        // (no window is given back), so a peer can make it hold no more than the stream's window.
         while let Some(chunk) = body.data().await {
-            let Ok(chunk) = chunk else { return };
-            let _ = body.flow_control().release_capacity(chunk.len());
+            if chunk.is_err() {
+                return;
+            }
         }
         if body.trailers().await.is_err() {
             return;
