@@ -14,6 +14,7 @@ Each system's 10,000 keys are written, and once it has run five minutes (``--war
   pipeline's checkpoint interval) and the system asked for each key not yet seen every 2 ms
   (``loadtest.freshness``'s method, the bench's): produce → visible, p50 / p99;
 - **lookups/s**: wrk, one thread and 32 connections for 20 s over the 10,000 keys, twice: its JIT cold, then warm;
+  freshroute's gRPC ``Router.Get`` too (h2load, 32 connections of one call each; the peers serve HTTP only);
 - **a burst**: 100,000 readings written at once by one producer → caught up (``loadtest.burst``: freshroute's every
   table by ``/v1/tables``' input lag, a peer by its consumer group's committed offsets);
 - **the highest rate held**: the input at 1,000, 2,000, 3,500 … readings/s for 60 s each until its lag keeps growing

@@ -28,6 +28,8 @@ ROWS = (
     Row("lookups/s through one door (wrk, 32 connections), its JIT cold", "lookups_rps_1", True),
     Row("the same once warm", "lookups_rps_2", True),
     Row("lookup p99 once warm (ms)", "lookups_p99_ms_2", False, lambda v: f"{v:,.1f}"),
+    Row("gRPC Get calls/s once warm (h2load, 32 connections)", "grpc_rps", True),
+    Row("its p99 (ms)", "grpc_p99_ms", False, lambda v: f"{v:,.1f}"),
     Row("a new event → visible in a lookup, p50 (ms)", "freshness_p50_ms", False, lambda v: f"{v:,.1f}"),
     Row("the same, p99 (ms)", "freshness_p99_ms", False, lambda v: f"{v:,.1f}"),
     Row("of {probes} probes, never visible within 10 s", "never_visible", False),

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import random
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import orjson
@@ -123,6 +125,24 @@ def lookups(url: str, keys: int, seconds: float) -> dict:
             "p99_ms": round(doc["p99_us"] / 1000, 2), "errors": doc["errors"]}
 
 
+def grpc_gets(url: str, keys: int, seconds: float) -> dict:
+    """h2load, one thread and 32 connections of one call in flight each, ``Router.Get`` of one served key (h2load
+    sends the same request every time): calls/s, p50 and p99."""
+    from loadtest.loadclients import GRPC_HEADERS, grpc_frame, h2load_command, parse_h2load, parse_h2load_log
+    from proto import router_pb2
+
+    with tempfile.TemporaryDirectory() as work:
+        body, log = Path(work) / "get.bin", Path(work) / "h2load.log"
+        body.write_bytes(grpc_frame(router_pb2.GetRequest(table=TABLE, key=f"{PREFIX}{keys // 2}").SerializeToString()))
+        done = subprocess.run(h2load_command(url, 32, 1, seconds, body_file=body, headers=GRPC_HEADERS, log_file=log),
+                              capture_output=True, text=True, timeout=seconds + 60)
+        res = parse_h2load(done.stdout)
+        latencies = sorted(parse_h2load_log(log)[0])
+    pick = (lambda q: round(latencies[min(len(latencies) - 1, int(q * len(latencies)))], 2)) if latencies else None
+    return {"rps": round(res.rps), "p50_ms": pick(0.5) if pick else None, "p99_ms": pick(0.99) if pick else None,
+            "errors": res.failed + res.errored + res.timeout}
+
+
 async def paced(url: str, plan: Plan, kill) -> dict[str, int]:
     """``plan.failover_rate`` lookups/s for ``plan.failover_s`` through one door; ``kill()`` at ``plan.kill_at_s``.
     Every answer but a 200 counts as failed."""
@@ -175,6 +195,9 @@ def measure(system, producer, bootstrap: str, topic: str, plan: Plan, say) -> di
     for run in (1, 2):
         say(f"  lookups/s, run {run}: wrk, 32 connections, {plan.wrk_s:.0f} s over {plan.keys:,} keys …")
         out.update({f"lookups_{k}_{run}": v for k, v in lookups(system.url, plan.keys, plan.wrk_s).items()})
+    if system.grpc_get is not None:
+        say(f"  gRPC Get/s once warm: h2load, 32 connections, {plan.wrk_s:.0f} s …")
+        out.update({f"grpc_{k}": v for k, v in grpc_gets(system.grpc_get, plan.keys, plan.wrk_s).items()})
     with closing(system.lag()) as lag:
         say(f"  burst: {plan.burst_readings:,} readings written at once → caught up …")
         doc = burst.measure(bootstrap, lag, topic, plan.burst_readings, plan.keys, say=say)

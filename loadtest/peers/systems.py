@@ -37,6 +37,11 @@ class Freshroute:
         return self.stack.config.rest_url
 
     @property
+    def grpc_get(self) -> str | None:
+        """Its gRPC ``Router.Get`` (the peers serve lookups over HTTP only)."""
+        return f"http://{self.stack.config.grpc_address}/freshroute.v1.Router/Get"
+
+    @property
     def serving(self) -> list[str]:
         """Its own components: the broker, Redis and the demo producer serve the peers too and keep running."""
         return ["pipeline", *self.stack.store_node_names(), *self.stack.router_names()]
@@ -77,6 +82,8 @@ class Peer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.ports[0]}"
+
+    grpc_get: str | None = None  # the peers' applications serve lookups over HTTP only
 
     def roots(self) -> dict[str, int]:
         return {f"{self.name}-{i}": proc.pid for i, proc in self.procs.items()}
