@@ -168,3 +168,4 @@ def test_calls_of_every_other_method_are_relayed(ports):
         tables = stub.ListTables(router_pb2.ListTablesRequest(), timeout=10)
         assert {t.name for t in tables.tables} == {TABLE, WINDOWED}
     assert metrics(d.rest)[RELAYED] - before == 2
+

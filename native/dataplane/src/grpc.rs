@@ -33,13 +33,13 @@ const CLOSING: Duration = Duration::from_secs(1);
 
 pub struct Conns {
     pub routing: Rc<Routing>,
-    python: PythonGrpc,
+    python_port: u16,
     guard: Guard,
 }
 
 impl Conns {
     pub fn new(routing: Rc<Routing>, python_port: u16) -> Conns {
-        Conns { routing, python: PythonGrpc::new(python_port), guard: Guard::default() }
+        Conns { routing, python_port, guard: Guard::default() }
     }
 }
 
@@ -50,6 +50,9 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin + 'static>(conns: Rc<Conns>
         return;
     }
     let verdict = Rc::new(Verdict::default());
+    // A connection of its own to the Python front for this client's relayed calls, opened at the first: a client
+    // that stops reading its answers holds up only its own calls, under the Python front's limits for one client.
+    let python = Rc::new(PythonGrpc::new(conns.python_port));
     // The settings router.transports.http2 advertises.
     let handshake = h2::server::Builder::new()
         .max_concurrent_streams(1_000)
@@ -63,7 +66,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin + 'static>(conns: Rc<Conns>
         tokio::select! {
             next = connection.accept() => match next {
                 Some(Ok((request, respond))) => {
-                    tokio::task::spawn_local(call(conns.clone(), request, respond));
+                    tokio::task::spawn_local(call(conns.clone(), python.clone(), request, respond));
                 }
                 _ => return,
             },
@@ -85,18 +88,23 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin + 'static>(conns: Rc<Conns>
     let _ = tokio::time::timeout(CLOSING, std::future::poll_fn(|cx| connection.poll_closed(cx))).await;
 }
 
-async fn call(conns: Rc<Conns>, request: http::Request<RecvStream>, mut respond: SendResponse<Bytes>) {
+async fn call(conns: Rc<Conns>, python: Rc<PythonGrpc>, request: http::Request<RecvStream>,
+              mut respond: SendResponse<Bytes>) {
     let (head, mut body) = request.into_parts();
     if head.uri.path().is_empty() {
         // A request without :path, which h2 passes on (RFC 9113 §8.3.1: malformed).
         return respond.send_reset(h2::Reason::PROTOCOL_ERROR);
     }
     if !is_grpc(&head) {
-        // Answered once the request has ended well: a malformed one is reset by h2 meanwhile. Its body is not read
-        // (no window is given back), so a peer can make it hold no more than the stream's window.
+        // Answered once the request has ended well (a malformed one is reset by h2 meanwhile), or once it has sent
+        // more than a request of its kind needs: then the rest of its body is refused with the answer.
+        let mut read = 0;
         while let Some(chunk) = body.data().await {
-            if chunk.is_err() {
-                return;
+            let Ok(chunk) = chunk else { return };
+            let _ = body.flow_control().release_capacity(chunk.len());
+            read += chunk.len();
+            if read > MAX_GET {
+                return not_grpc(&mut respond, head.method == Method::HEAD);
             }
         }
         if body.trailers().await.is_err() {
@@ -106,7 +114,7 @@ async fn call(conns: Rc<Conns>, request: http::Request<RecvStream>, mut respond:
     }
     if !is_get(&head) {
         conns.routing.counts().grpc_relayed.fetch_add(1, Relaxed);
-        return conns.python.call(head, Pending { read: Bytes::new(), rest: Some(body) }, respond).await;
+        return python.call(head, Pending { read: Bytes::new(), rest: Some(body) }, respond).await;
     }
     let mut read = BytesMut::new();
     let mut ended = true;
@@ -127,7 +135,7 @@ async fn call(conns: Rc<Conns>, request: http::Request<RecvStream>, mut respond:
     }
     conns.routing.counts().grpc_relayed.fetch_add(1, Relaxed);
     let rest = (!ended).then_some(body);
-    conns.python.call(head, Pending { read, rest }, respond).await
+    python.call(head, Pending { read, rest }, respond).await
 }
 
 /// A gRPC call: a POST of gRPC's content type.

@@ -1,7 +1,8 @@
 //! The way to the router's Python gRPC front (router.transports.grpc_front, on a loopback port of its own): a call
-//! this path does not answer goes there as it came — headers, messages, its end — on one HTTP/2 connection per
-//! thread, and its answer comes back the same way as it arrives, with flow control both ways. So every other
-//! method, and every Get this path leaves, is answered by the one implementation the router has without this path.
+//! this path does not answer goes there as it came — headers, messages, its end — on an HTTP/2 connection of the
+//! client connection's own, and its answer comes back the same way as it arrives, with flow control both ways and
+//! a reset on either side passed on. So every other method, and every Get this path leaves, is answered by the one
+//! implementation the router has without this path.
 
 use std::cell::RefCell;
 use std::future::poll_fn;
@@ -86,7 +87,13 @@ impl PythonGrpc {
             }
         };
         let down = async {
-            let (parts, body) = response.await?.into_parts();
+            let answer = tokio::select! {
+                answer = response => answer?,
+                // The client gave up on the call before its answer began: so does the Python front, as the
+                // dropped stream is reset.
+                reset = poll_fn(|cx| respond.poll_reset(cx)) => return Err(reset.map_or_else(|e| e, h2::Error::from)),
+            };
+            let (parts, body) = answer.into_parts();
             let end = body.is_end_stream();
             let mut downstream = respond.send_response(Response::from_parts(parts, ()), end)?;
             *answered = true;
@@ -124,15 +131,25 @@ impl Broken {
     }
 }
 
-/// A stream's data and its end (trailers, or an empty last frame) from `body` to `to`, as `to`'s window opens.
+/// A stream's data and its end (trailers, or an empty last frame) from `body` to `to`, as `to`'s window opens; a
+/// reset of `to` while `body` is quiet ends it too.
 async fn pipe(mut body: RecvStream, to: &mut SendStream<Bytes>) -> Result<(), Broken> {
-    while let Some(chunk) = body.data().await {
+    loop {
+        let next = tokio::select! {
+            next = body.data() => next,
+            reset = poll_fn(|cx| to.poll_reset(cx)) => return Err(Broken::To(reset.map_or_else(|e| e, h2::Error::from))),
+        };
+        let Some(chunk) = next else { break };
         let chunk = chunk.map_err(Broken::From)?;
         let n = chunk.len();
         send_all(to, chunk, false).await.map_err(Broken::To)?;
         let _ = body.flow_control().release_capacity(n);
     }
-    match body.trailers().await.map_err(Broken::From)? {
+    let trailers = tokio::select! {
+        trailers = body.trailers() => trailers.map_err(Broken::From)?,
+        reset = poll_fn(|cx| to.poll_reset(cx)) => return Err(Broken::To(reset.map_or_else(|e| e, h2::Error::from))),
+    };
+    match trailers {
         Some(trailers) => to.send_trailers(trailers),
         None => to.send_data(Bytes::new(), true),
     }

@@ -288,14 +288,14 @@ fn run(shared: Arc<Shared>, rest: std::net::TcpListener, grpc: Option<std::net::
         loop {
             tokio::select! {
                 accepted = listeners.rest.accept() => {
-                    let Ok((stream, _)) = accepted else { continue };
+                    let Ok((stream, _)) = accepted else { pause_after_refused_accept().await; continue };
                     shared.counts.connections.fetch_add(1, Relaxed);
                     let tls = shared.tls.lock().expect("never poisoned").clone().map(|t| t.rest);
                     let conns = rest_conns.clone();
                     spawn_connection(&shared, stream, tls, move |s| http1::serve(conns, s));
                 }
                 accepted = next(&listeners.grpc) => {
-                    let Ok(stream) = accepted else { continue };
+                    let Ok(stream) = accepted else { pause_after_refused_accept().await; continue };
                     shared.counts.grpc_connections.fetch_add(1, Relaxed);
                     let tls = shared.tls.lock().expect("never poisoned").clone().map(|t| t.grpc);
                     let conns = grpc_conns.clone();
@@ -316,6 +316,11 @@ fn run(shared: Arc<Shared>, rest: std::net::TcpListener, grpc: Option<std::net::
             }
         }
     });
+}
+
+/// After an accept the kernel refused (out of file descriptors, say): a pause rather than a loop spinning on it.
+async fn pause_after_refused_accept() {
+    tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
 /// A connection served by `serve` on this thread, over TLS when the port speaks it, counted open until it ends.

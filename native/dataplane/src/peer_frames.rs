@@ -1,6 +1,6 @@
 //! What a gRPC peer sends, watched before h2 reads it: a connection that does not open with HTTP/2's preface is
 //! told PROTOCOL_ERROR; one that floods the port with frames the server must acknowledge (SETTINGS, PING) or with
-//! streams it resets is told ENHANCE_YOUR_CALM; one whose header block grows past the header list size the port
+//! RST_STREAM frames (any, where the Python reader counts resets of streams still open) is told ENHANCE_YOUR_CALM; one whose header block grows past the header list size the port
 //! advertises is told COMPRESSION_ERROR; a frame of the wrong size, FRAME_SIZE_ERROR — limits h2 keeps otherwise
 //! (with other error codes than RFC 9113 names) or not at all, kept as router.transports.http2.reader keeps them.
 
@@ -22,6 +22,8 @@ pub const COMPRESSION_ERROR: u32 = 0x9;
 pub const ENHANCE_YOUR_CALM: u32 = 0xb;
 /// The header list size the port advertises (router.transports.http2.state.MAX_HEADER_LIST).
 pub const MAX_HEADER_LIST: usize = 64 << 10;
+/// The largest frame the port takes (HTTP/2's default, never raised): h2 refuses a longer one itself.
+const MAX_FRAME: usize = 16_384;
 
 /// (burst, per second) of streams a peer may reset, and of SETTINGS and PING frames it may send.
 const RESET_BUDGET: (f64, f64) = (1_000.0, 200.0);
@@ -139,7 +141,7 @@ impl<S> Watched<S> {
             if let Some(reason) = self.frame(h[3], h[4], self.skip) {
                 return Some((start, reason));
             }
-            if h[3] == SETTINGS && h[4] & ACK == 0 && self.skip > 0 {
+            if h[3] == SETTINGS && h[4] & ACK == 0 && self.skip > 0 && self.skip <= MAX_FRAME {
                 self.settings = Some(Vec::with_capacity(self.skip));
             }
         }
@@ -204,6 +206,15 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
 impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>])
+                           -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
