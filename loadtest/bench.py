@@ -255,6 +255,14 @@ def median_of(values: list[float | None]) -> float | None:
     return round(statistics.median(got), 1) if got else None
 
 
+def medians_into(fig: dict[str, Any], compiled: list[Any], python: list[Any], names: dict[str, str]) -> None:
+    """Each side's median of each measured field over its runs that completed, as ``{side}_{name}`` figures."""
+    for side, runs in (("compiled", compiled), ("python", python)):
+        done = [r for r in runs if r]
+        for field, name in names.items():
+            fig[f"{side}_{name}"] = median_of([r[field] for r in done])
+
+
 # --- the steps --------------------------------------------------------------------------------
 class Bench:
     """One benchmark run against a loaded local stack."""
@@ -647,11 +655,7 @@ class Bench:
 
                 xs, ys = self.paired("compiled_rest", run("compiled_rest", compiled), "python_rest",
                                      run("python_rest", python))
-                for side, runs in (("compiled", xs), ("python", ys)):
-                    done = [r for r in runs if r]
-                    fig[f"{side}_rest_rps"] = median_of([r["rps"] for r in done])
-                    fig[f"{side}_rest_p99_ms"] = median_of([r["p99_ms"] for r in done])
-                    fig[f"{side}_router_cpu_us"] = median_of([r["cpu_us"] for r in done])
+                medians_into(fig, xs, ys, {"rps": "rest_rps", "p99_ms": "rest_p99_ms", "cpu_us": "router_cpu_us"})
                 body = self.grpc_body()
                 ok_size = self.ok_size(compiled[2].split("//", 1)[1].split("/", 1)[0], body)
 
@@ -669,10 +673,7 @@ class Bench:
                 if ok_size:
                     xs, ys = self.paired("compiled_grpc", grpc_run("compiled_grpc", compiled), "python_grpc",
                                          grpc_run("python_grpc", python))
-                    for side, runs in (("compiled", xs), ("python", ys)):
-                        done = [r for r in runs if r]
-                        fig[f"{side}_grpc_rps"] = median_of([r["rps"] for r in done])
-                        fig[f"{side}_grpc_cpu_us"] = median_of([r["cpu_us"] for r in done])
+                    medians_into(fig, xs, ys, {"rps": "grpc_rps", "cpu_us": "grpc_cpu_us"})
             finally:
                 lc.stop_process(python[0])
         finally:

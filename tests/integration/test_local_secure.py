@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tools.local.stack import _print_examples
+from tests.integration.data_plane_support import metrics
 from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, discard, expected_sensor_stats, produce_readings,
                                              start_stack, wait_until)
 
@@ -87,10 +88,8 @@ def test_the_routers_compiled_path_reads_the_store_nodes_over_tls(stack):
     def relayed() -> dict[str, float]:
         """The requests and calls the compiled path relayed, asked on a connection of its own (a /metrics request
         hands its connection over to the Python front, counted as handed over)."""
-        text = httpx.get(f"{stack.config.rest_url}/metrics", verify=verify, timeout=10,
-                         headers={"authorization": f"Bearer {token}"}).text
-        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                if line.startswith("freshroute_router_compiled_path_handoffs_total") and "handed_over" not in line}
+        return {name: value for name, value in metrics(stack.config.rest_url, token, verify).items()
+                if name.startswith("freshroute_router_compiled_path_handoffs_total") and "handed_over" not in name}
 
     with httpx.Client(base_url=stack.config.rest_url, verify=verify, timeout=10,
                       headers={"authorization": f"Bearer {token}"}) as admin:

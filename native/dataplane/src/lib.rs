@@ -100,12 +100,6 @@ struct Acceptors {
     grpc: tokio_rustls::TlsAcceptor,
 }
 
-/// The listening sockets a thread accepts on: the REST port's, and the gRPC port's when the path serves it.
-struct Listeners {
-    rest: tokio::net::TcpListener,
-    grpc: Option<tokio::net::TcpListener>,
-}
-
 /// The compiled front of one router process: its REST port, and its gRPC port when it serves that too.
 #[pyclass(frozen)]
 struct Front {
@@ -281,20 +275,19 @@ fn run(shared: Arc<Shared>, rest: std::net::TcpListener, grpc: Option<std::net::
     local.block_on(&rt, async move {
         let Ok(rest) = tokio::net::TcpListener::from_std(rest) else { return };
         let Ok(grpc) = grpc.map(tokio::net::TcpListener::from_std).transpose() else { return };
-        let listeners = Listeners { rest, grpc };
         let routing = Rc::new(lookup::Routing::new(shared.clone(), seed));
         let rest_conns = Rc::new(http1::Conns::new(routing.clone(), relay::Python::new(python_port)));
         let grpc_conns = Rc::new(grpc::Conns::new(routing, python_grpc_port));
         loop {
             tokio::select! {
-                accepted = listeners.rest.accept() => {
+                accepted = rest.accept() => {
                     let Ok((stream, _)) = accepted else { pause_after_refused_accept().await; continue };
                     shared.counts.connections.fetch_add(1, Relaxed);
                     let tls = shared.tls.lock().expect("never poisoned").clone().map(|t| t.rest);
                     let conns = rest_conns.clone();
                     spawn_connection(&shared, stream, tls, move |s| http1::serve(conns, s));
                 }
-                accepted = next(&listeners.grpc) => {
+                accepted = next(&grpc) => {
                     let Ok(stream) = accepted else { pause_after_refused_accept().await; continue };
                     shared.counts.grpc_connections.fetch_add(1, Relaxed);
                     let tls = shared.tls.lock().expect("never poisoned").clone().map(|t| t.grpc);
@@ -307,7 +300,7 @@ fn run(shared: Arc<Shared>, rest: std::net::TcpListener, grpc: Option<std::net::
                 break;
             }
         }
-        drop(listeners);
+        drop((rest, grpc));
         // Connections finish the requests they have; stop() waits for them within its grace.
         while shared.open.load(Relaxed) > 0 && !shared.forced.load(Relaxed) {
             tokio::select! {
