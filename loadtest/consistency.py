@@ -12,7 +12,10 @@ For every answered lookup of the recording it checks that
     fresh, partition by partition, as every answer the same session saw before it;
 (d) an answer after a write token includes the write: its position is past the key's first changelog record
     whose input position (the header a Real-time query writes) reflects the token's offsets. A key the write did
-    not touch has no such record: that answer is counted as unverifiable, not checked.
+    not touch has no such record: that answer is counted as unverifiable, not checked;
+(e) the answer's lag labels are true: by the changelog records' timestamps, no more records lay past its position
+    than its ``lag.offsets`` says, and none that was there ``lag.ms`` before the request, give or take a slack for a
+    label to trail the truth (``loadtest.label_truth``).
 
 A window lookup's answer (a record with ``windows``) is checked as (a) for each window: at the
 reported position, exactly the key's windows starting in ``[from_ms, to_ms)`` that the changelog
@@ -43,6 +46,7 @@ from freshroute.errors import InvalidArgument
 from freshroute.position import Position
 from freshroute.keys import partition_for, serialize_key
 from freshroute.windows import WATERMARK_KEY, WindowSpec, split_window_key
+from loadtest.label_truth import LABEL_SLACK_MS, Timeline, check_labels
 
 _WATERMARK = WATERMARK_KEY.decode()
 
@@ -62,18 +66,22 @@ class Changelog:
     _windows: dict[tuple[int, str], list[tuple[int, str]]] | None = None  # (partition, key) → (start, window key)
     # (partition, key) → (offset, input position header) of its records that carry one, in offset order
     _positions: dict[tuple[int, str], list[tuple[int, bytes]]] = field(default_factory=dict)
+    # partition → its records (of any key) that carry a timestamp, with when each was in the changelog, for (e)
+    _timelines: dict[int, Timeline] = field(default_factory=dict)
 
     @classmethod
     def from_records(cls, topic: str, partitions: int,
                      records: Iterable[tuple[Any, ...]],
                      end_offsets: dict[int, int] | None = None) -> "Changelog":
-        """Build from ``(partition, offset, key, value[, input position header])``; value is JSON bytes/str, a parsed
-        value, or None."""
+        """Build from ``(partition, offset, key, value[, input position header[, timestamp ms]])``; value is JSON
+        bytes/str, a parsed value, or None; a None header or timestamp is absent."""
         log = cls(topic, partitions)
         ends: dict[int, int] = defaultdict(int)
-        for p, offset, key, value, *header in sorted(records, key=lambda r: (r[0], r[1])):
-            if header and header[0]:
-                log._positions.setdefault((p, key), []).append((offset, header[0]))
+        for p, offset, key, value, *extra in sorted(records, key=lambda r: (r[0], r[1])):
+            if extra and extra[0]:
+                log._positions.setdefault((p, key), []).append((offset, extra[0]))
+            if len(extra) > 1 and extra[1] is not None:
+                log._timelines.setdefault(p, Timeline()).append(offset, extra[1])
             if isinstance(value, (bytes, str)):
                 value = orjson.loads(value)
             offsets, values = log._history.setdefault((p, key), ([], []))
@@ -92,6 +100,10 @@ class Changelog:
             if input_position.reflects(header, after):
                 return offset
         return None
+
+    def timeline(self, partition: int) -> Timeline | None:
+        """The partition's records with their times; None when none was read with a timestamp."""
+        return self._timelines.get(partition)
 
     def partition_of(self, key: str) -> int:
         return partition_for(serialize_key(key), self.partitions)
@@ -180,6 +192,7 @@ class CheckReport:
     bounds_checked: int = 0
     session_reads_checked: int = 0
     writes_checked: int = 0  # (d): answers after a write token
+    labels_checked: int = 0  # (e): lag labels (offsets and staleness count one each) held against the changelog
     unverifiable: int = 0
     violations: list[Violation] = field(default_factory=list)
 
@@ -195,6 +208,7 @@ class CheckReport:
                 "failed": self.failed, "values_checked": self.values_checked,
                 "absences_checked": self.absences_checked, "bounds_checked": self.bounds_checked,
                 "session_reads_checked": self.session_reads_checked, "writes_checked": self.writes_checked,
+                "labels_checked": self.labels_checked,
                 "unverifiable": self.unverifiable,
                 "violations": len(self.violations), "violations_by_kind": dict(kinds),
                 "offending": [v.to_dict() for v in self.violations[:max_listed]]}
@@ -229,10 +243,11 @@ def _position_offset(rec: dict[str, Any], table: str, partition: int) -> tuple[i
     return pos.offsets[partition], None
 
 
-def check(records: list[dict[str, Any]], changelog: Changelog, table: str,
-          window: WindowSpec | None = None) -> CheckReport:
-    """Check (a) values, (b) bounds, (c) monotonic sessions and (d) reads after writes of ``records`` against ``changelog`` (a windowed
-    table's window answers against its ``window``)."""
+def check(records: list[dict[str, Any]], changelog: Changelog, table: str, window: WindowSpec | None = None,
+          label_slack_ms: int = LABEL_SLACK_MS) -> CheckReport:
+    """Check (a) values, (b) bounds, (c) monotonic sessions, (d) reads after writes and (e) lag labels of ``records``
+    against ``changelog`` (a windowed table's window answers against its ``window``; a label may trail the truth by
+    ``label_slack_ms``)."""
     report = CheckReport(table)
     sessions: dict[str, list[tuple[int, int, dict[str, Any]]]] = defaultdict(list)
 
@@ -343,6 +358,13 @@ def check(records: list[dict[str, Any]], changelog: Changelog, table: str,
                     bad(i, "read_your_writes", f"answered at position {offset} of partition {partition}, but the "
                                                f"write is in {key!r}'s row only from changelog offset {first}")
 
+        # (e) the answer's lag labels are true
+        if offset is not None:
+            checked, refuted = check_labels(rec, offset, changelog.timeline(partition), label_slack_ms)
+            report.labels_checked += checked
+            for kind, message in refuted:
+                bad(i, kind, message)
+
         if rec.get("session") is not None and rec.get("seq") is not None:
             sessions[str(rec["session"])].append((int(rec["seq"]), i, rec))
 
@@ -403,13 +425,17 @@ def table_window(table: str, redis_url: str | None, namespace: str = "freshroute
 def read_changelog(bootstrap: str, topic: str, timeout_s: float = 120.0,
                    kafka_config: dict[str, Any] | None = None, progress=None) -> Changelog:
     """Read every partition of ``topic`` from offset 0 to its true end (see ``freshroute.changelog_reader``)."""
+    from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
+
     from freshroute.changelog_reader import consume_to_end
 
-    rows: list[tuple[int, int, str, Any, bytes | None]] = []
+    rows: list[tuple[int, int, str, Any, bytes | None, int | None]] = []
 
     def keep(m: Any) -> None:
         key = m.key().decode("utf-8") if m.key() is not None else ""
-        rows.append((m.partition(), m.offset(), key, m.value(), input_position.of_record(m.headers())))
+        kind, ms = m.timestamp()
+        rows.append((m.partition(), m.offset(), key, m.value(), input_position.of_record(m.headers()),
+                     None if kind == TIMESTAMP_NOT_AVAILABLE else ms))
 
     _count, _secs, ends = consume_to_end(bootstrap, topic, keep, timeout_s, kafka_config, progress)
     return Changelog.from_records(topic, len(ends), rows, ends)
@@ -422,11 +448,12 @@ def load_recording(path: Path) -> list[dict[str, Any]]:
 
 def check_recording(recording: Path | list[dict[str, Any]], bootstrap: str, table: str = "sensor_stats",
                     topic: str | None = None, redis_url: str | None = None, namespace: str = "freshroute",
-                    topic_prefix: str = "") -> CheckReport:
+                    topic_prefix: str = "", label_slack_ms: int = LABEL_SLACK_MS) -> CheckReport:
     """Read the changelog back and check a recording (a JSONL path or loaded records) against it."""
     records = load_recording(recording) if isinstance(recording, Path) else recording
     topic = topic or changelog_topic(table, redis_url, namespace, topic_prefix)
-    return check(records, read_changelog(bootstrap, topic), table, table_window(table, redis_url, namespace))
+    return check(records, read_changelog(bootstrap, topic), table, table_window(table, redis_url, namespace),
+                 label_slack_ms)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -438,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--namespace", help="metadata namespace in Redis (default: from the state file)")
     p.add_argument("--table", default="sensor_stats")
     p.add_argument("--topic", help="changelog topic (default: the table spec's, else {prefix}{table}-changelog)")
+    p.add_argument("--label-slack-ms", type=int, default=LABEL_SLACK_MS,
+                   help="how long a lag label may trail the truth before the changelog refutes it")
     p.add_argument("--max-listed", type=int, default=50, help="how many offending requests to print")
     p.add_argument("--json-out", type=Path, help="also write the report as JSON here")
     a = p.parse_args(argv)
@@ -460,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     changelog = read_changelog(bootstrap, topic, progress=lambda n, done, total: print(
         f"\r  {n} records, {done}/{total} partitions at end", end="", file=sys.stderr))
     print(file=sys.stderr)
-    report = check(records, changelog, a.table, table_window(a.table, redis_url, namespace or "freshroute"))
+    report = check(records, changelog, a.table, table_window(a.table, redis_url, namespace or "freshroute"),
+                   a.label_slack_ms)
     doc = report.to_dict(a.max_listed)
     if a.json_out:
         a.json_out.write_bytes(orjson.dumps(report.to_dict(len(report.violations)), option=orjson.OPT_INDENT_2))
@@ -475,7 +505,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"CONSISTENCY CHECK FAILED: {why}", file=sys.stderr)
         return 1
     print(f"consistency check passed: {report.values_checked} values, {report.absences_checked} absences, "
-          f"{report.bounds_checked} bounds, {report.session_reads_checked} session reads", file=sys.stderr)
+          f"{report.bounds_checked} bounds, {report.session_reads_checked} session reads, "
+          f"{report.labels_checked} lag labels", file=sys.stderr)
     return 0
 
 
