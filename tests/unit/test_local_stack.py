@@ -255,6 +255,36 @@ def test_a_spread_stack_gives_each_store_node_and_the_routers_a_loopback_address
     assert c.rest_url == f"http://127.0.0.2:{c.rest_port}" and c.grpc_address == f"127.0.0.2:{c.grpc_port}"
 
 
+def test_a_stack_in_network_namespaces_places_each_component_in_its_own_on_the_usual_ports(tmp_path, monkeypatch):
+    monkeypatch.setattr(stack_mod, "free_port", lambda host="": pytest.fail("no port is picked in a namespace"))
+    stack = Stack(StackConfig(home=tmp_path, netns="frp1", store_ports=(0, 0, 0), rest_port=0, grpc_port=0,
+                              broker_port=0, redis_port=0).resolved())
+    c = stack.config
+    assert c.places() == {"frp1-router": "10.77.0.2", "frp1-redis": "10.77.0.3", "frp1-pipeline": "10.77.0.4",
+                          "frp1-store-node-1": "10.77.0.11", "frp1-store-node-2": "10.77.0.12",
+                          "frp1-store-node-3": "10.77.0.13", "frp1-broker": "10.77.0.21",
+                          "frp1-demo-producer": "10.77.0.5"}
+    assert c.place_of("router-2") == c.place_of("router") == "frp1-router"
+    assert c.store_ports == (7101, 7101, 7101) and c.bootstrap == "10.77.0.21:9092"
+    assert c.redis_url == "redis://10.77.0.3:6379/0" and c.rest_url == "http://10.77.0.2:8080"
+    _, command, addresses = stack.command_for("store-node-2")
+    assert command[command.index("--host") + 1] == "10.77.0.12" and addresses["read_address"] == "10.77.0.12:7201"
+    redis = stack.command_for("redis")[1]
+    assert redis[redis.index("--protected-mode") + 1] == "no"  # only the stack's namespaces reach it
+    assert stack.command_for("pipeline")[2]["metrics"] == "http://10.77.0.4:9100/metrics"
+
+
+def test_a_process_entering_its_network_namespace_is_not_taken_for_dead():
+    """`ip netns exec NS cmd` execs cmd: until it has, the pid still shows ip's own command line."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert stack_mod._pid_runs(child.pid, ["ip", "netns", "exec", "frp1-router", sys.executable, "-m", "x"])
+        assert not stack_mod._pid_runs(child.pid, ["ip", "netns", "exec", "frp1-router", "/usr/bin/other"])
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_three_brokers_form_one_quorum_each_on_its_own_address_and_replicate_changelogs(tmp_path):
     stack = Stack(StackConfig(home=tmp_path, brokers=3, store_ports=(0, 0, 0), rest_port=0, grpc_port=0,
                               broker_port=0, redis_port=0).resolved())

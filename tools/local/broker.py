@@ -10,6 +10,7 @@ checked first and reported as one :class:`BrokerSetupError` line saying how to f
 from __future__ import annotations
 
 import base64
+import errno
 import os
 import shutil
 import socket
@@ -175,6 +176,8 @@ def _check_port_free(host: str, port: int, what: str) -> None:
         try:
             s.bind((host, port))
         except OSError as e:
+            if e.errno == errno.EADDRNOTAVAIL:
+                return  # the address of a network namespace of its own (a partition harness's): nothing else there
             raise BrokerSetupError(f"{what} port {host}:{port} is taken ({e.strerror}): stop what uses it or pick "
                                    "another port", setting="port") from None
 

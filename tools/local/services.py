@@ -133,10 +133,12 @@ def redis_server_binary() -> str:
     return path
 
 
-def redis_command(port: int, data_dir: Path, host: str = "127.0.0.1") -> list[str]:
-    # Soft state only: no persistence, so a restarted Redis starts empty, as it would after a loss.
+def redis_command(port: int, data_dir: Path, host: str = "127.0.0.1", protected: bool = True) -> list[str]:
+    """Soft state only: no persistence, so a restarted Redis starts empty, as it would after a loss. Unprotected only
+    where nothing but the stack can reach it (a private network namespace's address): protected, Redis refuses every
+    client that is not on loopback."""
     return [redis_server_binary(), "--bind", host, "--port", str(port), "--save", "", "--appendonly", "no",
-            "--dir", str(data_dir), "--protected-mode", "yes"]
+            "--dir", str(data_dir), "--protected-mode", "yes" if protected else "no"]
 
 
 def spark_class() -> str:

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from pipeline.tables import TablesDefinition
 
 STATE_FILE = "state.json"
+NETNS_EXEC = ["ip", "netns", "exec"]
+NETNS_SUBNET = "10.77.0"  # the /24 of a stack in network namespaces: private, and only inside them
 # What each step of `up` takes at most on an idle 2-core machine, in seconds (the pipeline's steps from its launch,
 # so they overlap the others'): `up` says when one took longer, and the suite fails a stack whose step took twice as
 # long. Measured: docs/benchmarks.md.
@@ -94,6 +96,10 @@ class StackConfig:
     # more than one.
     routers: int = 2
     standby_replicas: int = 1
+    # Every component in a network namespace of its own, ``<netns>-<place>`` (the routers share one), on an address of
+    # NETNS_SUBNET, the namespaces joined by a bridge: the partition harness (loadtest.partitions) makes them and cuts
+    # the links between them. "": the host's own network.
+    netns: str = ""
     # Redis Sentinel: a primary (redis_port), a replica and three sentinels, and every component
     # finds the primary through them.
     # Each store node on a loopback address of its own (127.0.0.11, .12, …) and the routers on
@@ -123,32 +129,66 @@ class StackConfig:
     warmup_timeout_s: float = 90.0
 
     def resolved(self) -> "StackConfig":
-        """Replace 0 ports by free ones, so tests can run stacks side by side."""
-        pick = lambda p, host=self.host: p or free_port(host)  # noqa: E731
+        """Replace 0 ports by free ones, so tests can run stacks side by side; in namespaces of their own, where
+        nothing else listens, by the usual ones."""
         from tools.local.broker import new_cluster_id
 
-        return replace(self, home=self.home.resolve(), broker_port=pick(self.broker_port),
-                       broker_controller_port=pick(self.broker_controller_port),
+        def pick(port: int, usual: int, host: str = self.host) -> int:
+            return port or (usual if self.netns else free_port(host))
+
+        return replace(self, home=self.home.resolve(), broker_port=pick(self.broker_port, 9092),
+                       broker_controller_port=pick(self.broker_controller_port, 9093),
                        cluster_id=self.cluster_id or new_cluster_id(),
-                       redis_port=pick(self.redis_port), redis_replica_port=pick(self.redis_replica_port),
-                       sentinel_ports=tuple(pick(p) for p in self.sentinel_ports),
-                       spark_master_port=pick(self.spark_master_port),
-                       spark_master_ui_port=pick(self.spark_master_ui_port),
-                       rest_port=pick(self.rest_port, self.router_host),
-                       grpc_port=pick(self.grpc_port, self.router_host),
-                       store_ports=tuple(pick(p, self.node_host(i)) for i, p in enumerate(self.store_ports, 1)))
+                       redis_port=pick(self.redis_port, 6379), redis_replica_port=pick(self.redis_replica_port, 6380),
+                       sentinel_ports=tuple(pick(p, 26379 + i) for i, p in enumerate(self.sentinel_ports)),
+                       spark_master_port=pick(self.spark_master_port, 7077),
+                       spark_master_ui_port=pick(self.spark_master_ui_port, 8079),
+                       rest_port=pick(self.rest_port, 8080, self.router_host),
+                       grpc_port=pick(self.grpc_port, 50051, self.router_host),
+                       store_ports=tuple(pick(p, 7101, self.node_host(i)) for i, p in enumerate(self.store_ports, 1)))
+
+    def port(self, host: str, usual: int) -> int:
+        """A port for a component's own listener (metrics, read port): the usual one alone in a namespace."""
+        return usual if self.netns else free_port(host)
 
     def node_host(self, i: int) -> str:
         """The address store node ``i`` (from 1) binds and advertises."""
+        if self.netns:
+            return f"{NETNS_SUBNET}.{10 + i}"
         return f"127.0.0.{10 + i}" if self.spread else self.host
 
     @property
     def router_host(self) -> str:
+        if self.netns:
+            return f"{NETNS_SUBNET}.2"
         return "127.0.0.2" if self.spread else self.host
+
+    @property
+    def redis_host(self) -> str:
+        return f"{NETNS_SUBNET}.3" if self.netns else self.host
+
+    @property
+    def pipeline_host(self) -> str:
+        return f"{NETNS_SUBNET}.4" if self.netns else self.host
 
     def broker_host(self, i: int) -> str:
         """The address broker ``i`` (from 1) binds and advertises."""
+        if self.netns:
+            return f"{NETNS_SUBNET}.{20 + i}"
         return f"127.0.0.{20 + i}" if self.brokers > 1 else self.host
+
+    def place_of(self, name: str) -> str:
+        """The network namespace component ``name`` runs in (with ``netns``): its own; the routers share one."""
+        return f"{self.netns}-{'router' if name.startswith('router') else name}"
+
+    def places(self) -> dict[str, str]:
+        """Every namespace of the stack (with ``netns``) and its address."""
+        brokers = ["broker", *(f"broker-{i}" for i in range(2, self.brokers + 1))]
+        return {self.place_of("router"): self.router_host, self.place_of("redis"): self.redis_host,
+                self.place_of("pipeline"): self.pipeline_host,
+                **{self.place_of(f"store-node-{i}"): self.node_host(i) for i in range(1, len(self.store_ports) + 1)},
+                **{self.place_of(name): self.broker_host(i) for i, name in enumerate(brokers, 1)},
+                **({self.place_of("demo-producer"): f"{NETNS_SUBNET}.5"} if self.demo else {})}
 
     @property
     def bootstrap(self) -> str:
@@ -161,7 +201,7 @@ class StackConfig:
 
     @property
     def redis_url(self) -> str:
-        return f"redis://{self.host}:{self.redis_port}/0"
+        return f"redis://{self.redis_host}:{self.redis_port}/0"
 
     @property
     def spark_master_url(self) -> str:
@@ -209,6 +249,11 @@ class Component:
 
 def _pid_runs(pid: int, command: list[str]) -> bool:
     """True if ``pid`` still runs the command we started (guards against pid reuse)."""
+    if command[:3] == NETNS_EXEC:
+        # Started in a network namespace: `ip netns exec NS` execs the command itself, so the pid shows either.
+        command = command[4:]
+        if _cmdline(pid).split(b"\0")[:3] == [w.encode() for w in NETNS_EXEC]:
+            return True
     for _ in range(50):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -225,6 +270,13 @@ def _pid_runs(pid: int, command: list[str]) -> bool:
         # A process in the middle of exec() shows no command line for a moment: look again.
         time.sleep(0.002)
     return False
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 class Stack:
@@ -307,6 +359,9 @@ class Stack:
         with open(log_path, "ab") as log:
             # A session of its own: the stack outlives `local up`, and a signal to one
             # component never reaches the others.
+            # In a namespace by `ip netns exec`, which execs the command: the pid is the component's.
+            if self.config.netns:
+                command = [*NETNS_EXEC, self.config.place_of(name), *command]
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=self._env(), cwd=os.getcwd(), start_new_session=True)
         if role == "pipeline" and self.config.pipeline_nice:
@@ -340,7 +395,7 @@ class Stack:
 
             data = c.home / "redis"
             data.mkdir(parents=True, exist_ok=True)
-            return "redis", redis_command(c.redis_port, data, c.host), {"url": c.redis_url}
+            return "redis", redis_command(c.redis_port, data, c.redis_host, protected=not c.netns), {"url": c.redis_url}
         if name == "redis-replica":
             from tools.local.services import redis_replica_command
 
@@ -367,25 +422,25 @@ class Stack:
                 "master": c.spark_master_url, "web_ui": f"http://{c.host}:{ui}"}
         if name == "pipeline":
             # Metrics ports are picked afresh at each start: nothing dials them but whoever reads the state file.
-            metrics = free_port(c.host)
+            metrics = c.port(c.pipeline_host, 9100)
             cluster = ["--spark-master", c.spark_master_url] if c.spark_cluster else []
             tables = ["--tables-file", c.tables_file] if c.tables_file else []
             return "pipeline", self._freshroute(
                 "pipeline", "--checkpoint-dir", str(c.home / "pipeline" / "checkpoints"),
                 "--trigger-ms", str(c.trigger_ms), "--pipeline-mode", c.pipeline_mode, "--spark-jit", c.spark_jit,
                 "--topic-prefix", c.topic_prefix,
-                "--standby-replicas", str(c.standby_replicas), "--metrics-host", c.host,
+                "--standby-replicas", str(c.standby_replicas), "--metrics-host", c.pipeline_host,
                 "--changelog-replication-factor", str(c.changelog_replication[0]),
                 "--changelog-min-insync-replicas", str(c.changelog_replication[1]),
                 # Compaction that runs within a demo: segments cleaned once a tenth of their records are superseded.
                 "--changelog-segment-ms", str(c.changelog_segment_ms), "--changelog-min-cleanable-dirty-ratio", "0.1",
-                "--metrics-port", str(metrics), *cluster, *tables), {"metrics": f"http://{c.host}:{metrics}/metrics"}
+                "--metrics-port", str(metrics), *cluster, *tables), {"metrics": f"http://{c.pipeline_host}:{metrics}/metrics"}
         if name.startswith("store-node-"):
             i = int(name.rsplit("-", 1)[1])
             port = c.store_ports[i - 1]
             node_id = f"node-{i}"
             host = c.node_host(i)
-            metrics = free_port(host)
+            metrics = c.port(host, 9100)
             secured: list[str] = []
             if c.secure:
                 from tools.local.secure import node_certificate
@@ -394,7 +449,7 @@ class Stack:
                 cert = node_certificate(s, node_id, host)
                 secured = ["--tls-cert", str(cert.cert), "--tls-key", str(cert.key),
                            "--cluster-secret-file", str(s.cluster_secret_file)]
-            read = free_port(host)
+            read = c.port(host, 7201)
             return "store-node", self._freshroute(
                 "store-node", "--node-id", node_id, "--host", host, "--port", str(port), "--read-port", str(read),
                 "--metrics-port", str(metrics), "--data-dir", str(c.home / "data" / node_id), *secured), {
@@ -403,7 +458,7 @@ class Stack:
         if name == "router" or name.startswith("router-"):  # one past --routers needs ports of its own, as flags
             shared = ["--reuse-port", "true"] if c.routers > 1 else []
             # Each process's own metrics: /metrics on the shared REST port reaches one process at random.
-            metrics = free_port(c.router_host)
+            metrics = c.port(c.router_host, 9100 + (1 if name == "router" else int(name.rsplit("-", 1)[1])))
             secured = []
             if c.secure:
                 s = self._secrets()
@@ -437,7 +492,7 @@ class Stack:
         c = self.config
         sentinel = {"redis-replica": c.redis_replica_port,
                     **{n: p for n, p in zip(self.sentinel_names(), c.sentinel_ports)}} if c.redis_sentinel else {}
-        ports = {n: (c.host, p) for n, p in {"redis": c.redis_port, **sentinel}.items()}
+        ports = {n: (c.redis_host, p) for n, p in {"redis": c.redis_port, **sentinel}.items()}
         ports.update({name: (n.host, n.port) for name, n in zip(self.broker_names(), self.broker_nodes())})
         ports.update({"router REST": (c.router_host, c.rest_port), "router gRPC": (c.router_host, c.grpc_port)})
         nodes = zip(self.store_node_names(), c.store_ports)
@@ -530,7 +585,7 @@ class Stack:
                   f"pid {', '.join(str(self.components[n].pid) for n in self.broker_names())}")
         started = time.monotonic()
         comp = self.start("redis")
-        wait(c.host, c.redis_port, 15, None)
+        wait(c.redis_host, c.redis_port, 15, None)
         self._step("redis", started)
         self._say(f"redis on {c.redis_url}  pid {comp.pid}")
         if c.redis_sentinel:
