@@ -8,9 +8,10 @@ position ahead of the data it returns.
 **Lag** (:class:`LagTracker`): how far behind its changelog a replica is: in offsets, and in time.
 
 Offset lag is ``end − applied`` where the end offset is the high watermark of the Fetch
-responses the tailer reads anyway (no request of its own). Time staleness is how long ago
-the replica last held every record the broker had: 0 while caught up, otherwise
-``now − caught_up_at``. "Caught up" needs fresh evidence from the broker — an end offset the
+responses the tailer reads anyway (no request of its own); without a broker response within
+the evidence window it is unknown: a replica cut off from its broker cannot know how far
+behind it is. Time staleness is how long ago the replica last held every record the broker
+had: 0 while caught up, otherwise ``now − caught_up_at``. "Caught up" needs fresh evidence from the broker — an end offset the
 broker reported recently — so staleness keeps growing while the broker is unreachable
 instead of freezing at an optimistic value.
 
@@ -136,7 +137,10 @@ class LagTracker:
     def figures(self, now_ms: int) -> tuple[int, int | None, int]:
         """(applied, end, staleness_ms) at ``now_ms``: a snapshot's numbers without building one (a read's path)."""
         applied, end = self.applied, self.end
-        if end is not None and end <= applied and self.evidence_fresh(now_ms):
+        if not self.evidence_fresh(now_ms):
+            # With no broker response this recent the end is a memory, not a measurement: the offset lag is unknown.
+            return applied, None, max(0, now_ms - self.caught_up_at_ms)
+        if end is not None and end <= applied:
             return applied, end, 0
         return applied, end, max(0, now_ms - self.caught_up_at_ms)
 

@@ -59,7 +59,8 @@ class _StoreNodeProcess(ServingSettings):
                                                           "per wait per node while idle")
     statistics_interval_ms: int = Field(100, gt=0, description="consumer statistics (end offsets, broker state)")
     evidence_window_ms: int = Field(1000, gt=0, description="a caught-up confirmation needs a broker response "
-                                                            "at most this old")
+                                                            "at most this old; without one a replica's offset lag "
+                                                            "is unknown")
     topic_check_ms: int = Field(2000, gt=0, description="how often changelog topic ids are checked for a "
                                                         "recreated topic")
 

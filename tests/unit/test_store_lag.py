@@ -54,6 +54,21 @@ def test_staleness_grows_when_evidence_stops():
     assert lag.staleness_ms() == clock.now - last_evidence
 
 
+def test_offset_lag_is_unknown_when_evidence_stops():
+    """Cut off from the broker, a replica cannot know how far behind it is: its last end offset is no measurement."""
+    clock = Clock()
+    lag = tracker(clock, applied=40, window=1000)
+    lag.observe_end(100, clock.now)
+    clock.now += 1000
+    assert lag.snapshot().lag_offsets == 60 and lag.figures(clock.now) == (40, 100, clock.now - 0)
+    clock.now += 1
+    snap = lag.snapshot()
+    assert snap.end is None and snap.lag_offsets is None and not snap.caught_up
+    assert lag.figures(clock.now)[1] is None
+    lag.observe_end(120, clock.now)  # the broker answers again: measured again
+    assert lag.snapshot().lag_offsets == 80
+
+
 def test_catching_up_dates_the_replica_to_when_the_end_was_seen():
     clock = Clock()
     lag = tracker(clock, applied=0, caught_up_at=clock.now - 60_000)
