@@ -3,7 +3,8 @@
 A record's version time is its Kafka timestamp, unless it carries the header :data:`HEADER` (decimal milliseconds
 since the epoch). The pipeline writes the header on a versioned table's rows — the largest Kafka timestamp of the
 input records the row reflects (:mod:`pipeline.lineage`) — since Spark's Kafka sink cannot set a record's timestamp;
-a record's own timestamp is then when the pipeline wrote it.
+a record's own timestamp is then when the broker appended it (the changelogs the pipeline creates keep
+``LogAppendTime``).
 """
 
 from __future__ import annotations

@@ -6,9 +6,13 @@ held every record that was in the changelog at ``t − S``. The records' broker 
 offsets label when more than ``k`` records at or past ``pos`` were in the changelog by ``t − slack``, the staleness
 label when any was by ``t − S − slack``.
 
-``LABEL_SLACK_MS`` is how long a label may trail the truth: a replica learns its partition's end from fetches and
-beats a few hundred ms apart, the answer takes its time to travel, a record's timestamp (the producer's clock under
-the default CreateTime) precedes its append, and the broker's clock is not the load generator's.
+A record's timestamp says when it was in the changelog only where the broker set it: the changelogs the pipeline
+creates keep ``LogAppendTime``. (Under CreateTime a record held up in its producer's buffer, by a broker's failover,
+would be dated to before it existed, and refute true labels.)
+
+``LABEL_SLACK_MS`` is how long a label may trail the truth: a replica's end offset is evidence up to its evidence
+window old (1 s by default), it learns the end from fetches and statistics a hundred ms apart, and the answer takes
+its time to travel.
 
 Counting records rather than subtracting offsets only undercounts: transaction markers and records that compaction
 removed make the true lag larger, never smaller. A null label (unknown) claims nothing and is never refuted.

@@ -134,7 +134,11 @@ class PipelineSettings(CommonSettings):
 
     def changelog_config(self) -> dict[str, str]:
         """Topic config of a changelog the pipeline creates."""
-        config = {"cleanup.policy": "compact", "segment.ms": str(self.changelog_segment_ms),
+        # A record's timestamp is when the broker appended it: when the change entered the changelog, which is what
+        # a replica's staleness is reckoned against (a producer's clock at send would date a row held up in its
+        # buffer, by a broker's failover, to before it existed).
+        config = {"cleanup.policy": "compact", "message.timestamp.type": "LogAppendTime",
+                  "segment.ms": str(self.changelog_segment_ms),
                   "min.cleanable.dirty.ratio": str(self.changelog_min_cleanable_dirty_ratio),
                   "min.compaction.lag.ms": str(self.replay_compaction_lag_ms)}
         if self.changelog_replication_factor > 1:

@@ -90,13 +90,14 @@ def test_local_up_refuses_standbys_it_cannot_place_before_starting_anything(flag
 def test_changelog_replication_settings_and_the_topic_config_they_give():
     s = load(PipelineSettings)
     assert (s.changelog_replication_factor, s.changelog_min_insync_replicas) == (1, 1)
-    compaction = {"cleanup.policy": "compact", "segment.ms": "600000", "min.cleanable.dirty.ratio": "0.5",
-                  "min.compaction.lag.ms": "600000"}
+    compaction = {"cleanup.policy": "compact", "message.timestamp.type": "LogAppendTime", "segment.ms": "600000",
+                  "min.cleanable.dirty.ratio": "0.5", "min.compaction.lag.ms": "600000"}
     assert s.changelog_config() == compaction
     s = load(PipelineSettings, changelog_replication_factor="3", changelog_min_insync_replicas="2",
              changelog_segment_ms="60000", changelog_min_cleanable_dirty_ratio="0.1",
              changelog_min_compaction_lag_ms="0")
-    assert s.changelog_config() == {"cleanup.policy": "compact", "segment.ms": "60000",
+    assert s.changelog_config() == {"cleanup.policy": "compact", "message.timestamp.type": "LogAppendTime",
+                                    "segment.ms": "60000",
                                     "min.cleanable.dirty.ratio": "0.1", "min.compaction.lag.ms": "0",
                                     "min.insync.replicas": "2"}
 
