@@ -1,5 +1,5 @@
-"""Three Kafka nodes (KRaft) under the stack: kill -9 of a broker under lookup load and input fails no lookup,
-counts every reading once, and the broker rejoins."""
+"""Three Kafka nodes (KRaft) under the stack: kill -9 of a broker under lookup load and input fails no lookup whose
+bound can be judged, counts every reading once, and the broker rejoins."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from freshroute.settings import kafka_client_config
+from loadtest.label_truth import LABEL_SLACK_MS
 from loadtest.scenario import Fault, LoadConfig, run
 from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, discard, all_sensors_served, expected_sensor_stats,
                                              produce_readings, start_stack, wait_until)
@@ -80,8 +81,11 @@ def test_kill_9_of_a_broker_under_lookups_and_input(stack, tmp_path):
         # lookups with it back.
         cfg = LoadConfig(keys=SENSORS, protocol="all", concurrency=6, rate=100.0, duration_s=12.0, timeout_s=5.0,
                          bound_mix="none:2,max_lag=100000:1,max_staleness_ms=120000:1,session:2", seed=3)
+        # A record a leader appended while a dead follower was still in sync becomes readable only once the broker is
+        # fenced (3 s) and the high watermark passes it: until then "0 behind" is the truth of what anyone can read,
+        # so the labels are held to the changelog with that much more slack.
         summary = run(stack, cfg, [Fault(2.0, "kill", victim, 6.0)], tmp_path / "kill", check=True, plots=False,
-                      title=f"kill-{victim}")
+                      title=f"kill-{victim}", check_options={"label_slack_ms": LABEL_SLACK_MS + 4000})
     finally:
         input_.stop.set()
         input_.join(90)
@@ -95,7 +99,12 @@ def test_kill_9_of_a_broker_under_lookups_and_input(stack, tmp_path):
     # 1,200 asked for; the client's pacing falls behind on 2 busy cores (541–562 seen in the suite in 14 s): enough to
     # have read through the whole outage is what counts.
     assert summary["requests"] >= 300, summary
-    assert summary["failed"] == 0, (summary["errors_by_code"], summary["first_failures"])
+    # A read bounded by max_lag is refused while no replica of its partition can measure its lag (its leader gone and
+    # no broker response since): the end it last saw is no measurement. Every other read is answered.
+    failed = [r for r in map(orjson.loads, (tmp_path / "kill" / "requests.jsonl").read_bytes().splitlines())
+              if r["outcome"] not in ("ok", "not_found")]
+    assert all(r["bound_kind"] == "max_lag" and r["code"] == "NO_REPLICA_WITHIN_BOUND" for r in failed), failed[:3]
+    assert len(failed) <= summary["requests"] // 20, (summary["errors_by_code"], summary["first_failures"])
     assert set(summary["by_protocol"]) == {"rest", "grpc", "client"}, summary["by_protocol"]
     consistency = summary["consistency"]
     assert consistency["ok"], orjson.dumps(consistency, option=orjson.OPT_INDENT_2).decode()
