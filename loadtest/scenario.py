@@ -355,9 +355,12 @@ async def _fire_at(fault: Fault, injector: FaultInjector | None, t0: float, dead
 
 def run(stack: Stack, cfg: LoadConfig, faults: list[Fault], out_dir: Path, check: bool = True,
         plots: bool = True, say: Callable[[str], None] = print, title: str = "",
-        stop: threading.Event | None = None) -> dict[str, Any]:
+        stop: threading.Event | None = None, injector_for: Callable[..., Any] | None = None,
+        check_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one scenario against ``stack`` and write its report; returns the summary (with ``consistency``).
-    ``stop``, when set, ends the load before ``cfg.duration_s``: a load that lasts as long as what it measures."""
+    ``stop``, when set, ends the load before ``cfg.duration_s``: a load that lasts as long as what it measures.
+    ``injector_for(stack, t0, say)`` makes what applies the faults (default: :class:`FaultInjector`'s processes);
+    ``check_options`` go to the consistency check."""
     from loadtest.report import write_report
 
     if cfg.protocol not in PROTOCOLS:
@@ -368,7 +371,7 @@ def run(stack: Stack, cfg: LoadConfig, faults: list[Fault], out_dir: Path, check
     out_dir.mkdir(parents=True, exist_ok=True)
     recorder = Recorder(out_dir / "requests.jsonl")
     t0 = time.monotonic()
-    injector = FaultInjector(stack, t0, say)
+    injector = (injector_for or FaultInjector)(stack, t0, say)
     c = stack.config
     say(f"{title or 'scenario'}: {cfg.protocol} load, {cfg.concurrency} workers, "
         f"{'%g req/s' % cfg.rate if cfg.rate else 'unpaced'}, {cfg.duration_s:g}s, keys {cfg.distribution}, "
@@ -388,7 +391,7 @@ def run(stack: Stack, cfg: LoadConfig, faults: list[Fault], out_dir: Path, check
         topic = changelog_topic(cfg.table, c.redis_url, c.namespace, c.topic_prefix)
         try:
             report = check_records(recorder.records, read_changelog(c.bootstrap, topic), cfg.table,
-                                   table_window(cfg.table, c.redis_url, c.namespace))
+                                   table_window(cfg.table, c.redis_url, c.namespace), **(check_options or {}))
             extra["consistency"] = report.to_dict()
         except Exception as e:  # noqa: BLE001 - the run's report still gets written, with the reason
             extra["consistency"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}

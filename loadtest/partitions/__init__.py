@@ -1,0 +1,1 @@
+"""Partitions, not only kills: the stack in network namespaces, links cut between its components under load."""

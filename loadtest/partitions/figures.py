@@ -1,0 +1,75 @@
+"""A scenario's row of the partitions table, from its summary and its recording: lookups failed, answers the checker
+refuted, how soon the cut showed in the answers' labels, how soon after healing the answers were whole again, and
+keys whose caught-up value differs from the changelog's after healing."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from loadtest.stats import ANSWERED
+
+
+def _fault_times(summary: dict[str, Any]) -> tuple[float | None, float | None]:
+    cut = heal = None
+    failed = [e["event"] for e in summary.get("faults", []) if e["event"].startswith("FAILED")]
+    if failed:
+        raise RuntimeError(f"the scenario's fault was not applied: {failed[0]}")
+    for e in summary.get("faults", []):
+        if re.match(r"(cut|slow) ", e["event"]) and cut is None:
+            cut = e["t"]
+        elif re.match(r"heal ", e["event"]):
+            heal = e["t"]
+    return cut, heal
+
+
+def _labelled_stale(rec: dict[str, Any], slack_ms: int) -> bool:
+    """An answer that says it is behind: its offset lag unknown, or it or its input stale by more than a label may
+    trail."""
+    lag, input_lag = rec.get("lag") or {}, rec.get("input_lag") or {}
+    return (lag.get("offsets") is None or lag.get("ms") is None or lag["ms"] > slack_ms
+            or input_lag.get("ms") is None or input_lag["ms"] > slack_ms)
+
+
+def shows_and_recovers(records: list[dict[str, Any]], cut: float | None, heal: float | None,
+                       slack_ms: int) -> tuple[float | None, float | None]:
+    """(s from the cut to the first answer labelled behind or lookup failed, s from healing to the last one); None
+    where there was none."""
+    shows = recovered = None
+    for r in records:
+        t = r["t"]
+        troubled = r["outcome"] not in ANSWERED or _labelled_stale(r, slack_ms)
+        if not troubled or cut is None or t < cut:
+            continue
+        if shows is None:
+            shows = round(t - cut, 2)
+        if heal is not None and t >= heal:
+            recovered = round(t - heal, 2)
+    return shows, recovered
+
+
+def scenario_row(scenario: Any, summary: dict[str, Any], recording: Path, slack_ms: int,
+                 lost: list[str]) -> dict[str, Any]:
+    records = [orjson.loads(line) for line in recording.read_bytes().splitlines() if line]
+    cut, heal = _fault_times(summary)
+    shows, recovered = shows_and_recovers(records, cut, heal, slack_ms)
+    consistency = summary.get("consistency", {})
+    return {"scenario": scenario.name, "lookups": len(records),
+            "failed": sum(r["outcome"] not in ANSWERED for r in records),
+            "refuted": consistency.get("violations", 0) if "error" not in consistency else None,
+            "refuted_by_kind": consistency.get("violations_by_kind", {}),
+            "labels_checked": consistency.get("labels_checked", 0),
+            "shows_s": shows, "recovered_s": recovered, "data_lost": len(lost), "keys_lost": lost[:10]}
+
+
+def table_lines(rows: list[dict[str, Any]]) -> list[str]:
+    head = "| scenario | lookups | failed | refuted | in labels after (s) | whole again after healing (s) | keys lost |"
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        cells = [r["scenario"], r["lookups"], r["failed"], r["refuted"], r["shows_s"], r["recovered_s"],
+                 r["data_lost"]]
+        lines.append("| " + " | ".join("–" if c is None else str(c) for c in cells) + " |")
+    return lines

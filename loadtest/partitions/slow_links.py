@@ -1,0 +1,104 @@
+"""A store node's slow, lossy links: delay by Shopify's toxiproxy in front of its ports, loss by the kernel.
+
+toxiproxy (``loadtest/partitions/toxiproxy/go.mod``, built into the venv by ``./dev test``) runs in the node's
+namespace with a proxy in front of each of its ports; nftables redirects the connections that come from other
+namespaces to the proxies from the start, so that the router's pooled connections go through them too, and the
+proxies pass everything through until a fault adds a ``latency`` toxic. toxiproxy relays TCP streams, where a lost
+packet is only a retransmission's delay, so loss is made where packets are: an nftables rule on the node's interface
+drops a share of them at random (``numgen random``) both ways.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from loadtest.partitions.network import run_ip
+
+API_PORT = 8474
+PROXY_OFFSET = 10_000  # the proxy in front of port p listens on p + this
+_LOSS_TABLE = "freshroute_loss"
+
+
+def toxiproxy_binary() -> Path:
+    return Path(sys.executable).parent / "toxiproxy-server"
+
+
+class SlowLinks:
+    """The proxies of one node (namespace ``ns``, address ``address``) in front of ``ports``."""
+
+    def __init__(self, ns: str, address: str, ports: dict[str, int], log: Path) -> None:
+        self.ns = ns
+        self.address = address
+        self.ports = ports
+        self.log = log
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._api = f"http://{address}:{API_PORT}"
+
+    def start(self) -> None:
+        """Start toxiproxy, make a proxy per port and send the node's incoming connections through them."""
+        binary = toxiproxy_binary()
+        if not binary.exists():
+            raise FileNotFoundError(f"{binary} is missing: `./dev test` builds it (loadtest/partitions/toxiproxy)")
+        with open(self.log, "ab") as log:
+            self._proc = subprocess.Popen(["ip", "netns", "exec", self.ns, str(binary), "-host", self.address,
+                                           "-port", str(API_PORT)], stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True,
+                                          env={**os.environ, "LOG_LEVEL": "warn"})
+        with httpx.Client(base_url=self._api, timeout=2) as api:
+            for _ in range(100):
+                try:
+                    api.get("/version").raise_for_status()
+                    break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+            for name, port in self.ports.items():
+                api.post("/proxies", json={"name": name, "listen": f"{self.address}:{port + PROXY_OFFSET}",
+                                           "upstream": f"{self.address}:{port}", "enabled": True}).raise_for_status()
+        redirects = " ".join(f"tcp dport {port} redirect to :{port + PROXY_OFFSET};" for port in self.ports.values())
+        # prerouting sees only what arrives from other namespaces: the proxies' own upstream connections are local.
+        run_ip("nft", "-f", "-", ns=self.ns, stdin=f"table ip freshroute_proxied {{\n  chain prerouting {{ type nat "
+                                                    f"hook prerouting priority dstnat; {redirects} }}\n}}\n")
+
+    def slow(self, delay_ms: int, loss_percent: int) -> None:
+        with httpx.Client(base_url=self._api, timeout=2) as api:
+            for name in self.ports:
+                for stream in ("upstream", "downstream"):
+                    api.post(f"/proxies/{name}/toxics", json={
+                        "name": f"delay_{stream}", "type": "latency", "stream": stream, "toxicity": 1.0,
+                        "attributes": {"latency": delay_ms // 2, "jitter": 0}}).raise_for_status()
+        if loss_percent:
+            drop = f"numgen random mod 100 < {loss_percent} drop;"
+            run_ip("nft", "-f", "-", ns=self.ns, stdin=(
+                f"table inet {_LOSS_TABLE} {{\n"
+                f"  chain input {{ type filter hook input priority 0; iifname \"eth0\" {drop} }}\n"
+                f"  chain output {{ type filter hook output priority 0; oifname \"eth0\" {drop} }}\n}}\n"))
+
+    def heal(self) -> None:
+        try:
+            run_ip("nft", "delete", "table", "inet", _LOSS_TABLE, ns=self.ns)
+        except Exception:  # noqa: BLE001 - no loss was added
+            pass
+        with httpx.Client(base_url=self._api, timeout=2) as api:
+            for name in self.ports:
+                for stream in ("upstream", "downstream"):
+                    api.delete(f"/proxies/{name}/toxics/delay_{stream}")
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"namespace": self.ns, "proxies": {n: p + PROXY_OFFSET for n, p in self.ports.items()}}

@@ -1,0 +1,80 @@
+"""The partition harness's parts that need no namespaces: the rules a cut writes, what a dead run leaves, and how a
+scenario's row reads its recording."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from loadtest.partitions import network
+from loadtest.partitions.faults import SCENARIOS, NetworkFaults
+from loadtest.partitions.figures import scenario_row, shows_and_recovers
+from loadtest.partitions.network import Link, Network
+
+
+def answer(t: float, offsets: int | None = 0, ms: int | None = 0, outcome: str = "ok", input_ms: int = 0) -> dict:
+    return {"t": t, "outcome": outcome, "lag": {"offsets": offsets, "ms": ms},
+            "input_lag": {"records": 0, "ms": input_ms}}
+
+
+def test_the_cut_shows_at_the_first_answer_labelled_behind_and_ends_at_the_last_one_after_healing():
+    records = [answer(1.0), answer(5.0, ms=3000),  # stale before the cut: not the cut's
+               answer(10.2), answer(11.1, offsets=None, ms=900), answer(12.0, ms=2500),
+               answer(20.5, outcome="unavailable"), answer(23.4, ms=2100), answer(24.0)]
+    assert shows_and_recovers(records, cut=10.0, heal=20.0, slack_ms=2000) == (1.1, 3.4)
+
+
+def test_an_input_that_stopped_reaching_the_tables_shows_in_the_input_lag():
+    records = [answer(9.0), answer(11.0, input_ms=1500), answer(12.5, input_ms=2600), answer(21.0, input_ms=9000),
+               answer(22.0, input_ms=300)]
+    assert shows_and_recovers(records, cut=10.0, heal=20.0, slack_ms=2000) == (2.5, 1.0)
+
+
+def test_a_cut_nobody_noticed_shows_never():
+    assert shows_and_recovers([answer(t) for t in (9.0, 11.0, 25.0)], 10.0, 20.0, 2000) == (None, None)
+
+
+def test_a_row_refuses_a_scenario_whose_cut_was_never_made(tmp_path):
+    (tmp_path / "r.jsonl").write_bytes(b"")
+    summary = {"faults": [{"t": 10.0, "event": "FAILED cut-both store-node-2>broker: nft: not found"}]}
+    with pytest.raises(RuntimeError, match="not applied"):
+        scenario_row(SCENARIOS["node-broker"], summary, tmp_path / "r.jsonl", 2000, [])
+
+
+def test_a_cut_drops_the_peers_packets_in_the_places_namespace_and_healing_deletes_its_table(monkeypatch):
+    calls = []
+    monkeypatch.setattr(network, "run_ip", lambda *args, ns=None, stdin=None: calls.append((args, ns, stdin)) or "")
+    net = Network("frp7", {"frp7-store-node-2": "10.77.0.12", "frp7-broker": "10.77.0.21"}, "10.77.0.100")
+    net.cut(Link("frp7-store-node-2", "frp7-broker", "out"))
+    (args, ns, rules), = calls
+    assert args == ("nft", "-f", "-") and ns == "frp7-store-node-2"
+    assert "hook output" in rules and "ip daddr 10.77.0.21 drop" in rules and "hook input" not in rules
+    net.cut(Link("frp7-store-node-2", "frp7-broker", "out"))  # cut already: nothing more
+    assert len(calls) == 1
+    net.heal_all()
+    assert calls[-1] == (("nft", "delete", "table", "inet", "freshroute_cut_0"), "frp7-store-node-2", None)
+    with pytest.raises(ValueError):
+        Link("a", "b", "sideways")
+
+
+def test_only_namespaces_of_runs_whose_harness_is_gone_are_leftovers():
+    dead = 2 ** 22 + 12345  # above any pid_max this machine hands out
+    assert not os.path.exists(f"/proc/{dead}")
+    names = [f"frp{os.getpid()}-hub", f"frp{dead}-hub", f"frp{dead}-store-node-1", "other-ns", "frpx-hub"]
+    assert network.leftover_tags(names) == {f"frp{dead}"}
+
+
+def test_a_scenario_names_components_and_the_injector_maps_them_to_their_namespaces():
+    class Config:
+        @staticmethod
+        def place_of(name: str) -> str:
+            return f"frp7-{name}"
+
+    class Stack:
+        config = Config()
+
+    faults = NetworkFaults(Stack(), 0.0, print, network=None)  # type: ignore[arg-type]
+    (fault,) = SCENARIOS["node-broker-in"].faults(10.0, 5.0)
+    assert (fault.at_s, fault.hold_s) == (10.0, 5.0)
+    assert faults.link(fault) == Link("frp7-store-node-2", "frp7-broker", "in")
