@@ -15,7 +15,10 @@ For every answered lookup of the recording it checks that
     not touch has no such record: that answer is counted as unverifiable, not checked;
 (e) the answer's lag labels are true: by the changelog records' timestamps, no more records lay past its position
     than its ``lag.offsets`` says, and none that was there ``lag.ms`` before the request, give or take a slack for a
-    label to trail the truth (``loadtest.label_truth``).
+    label to trail the truth (``loadtest.label_truth``);
+(f) with the input topic read back too, the answer's input-lag label is true: every input record (that produced a row)
+    in the input ``input_lag.ms`` before the request, give or take the same slack, was reflected by the changelog by
+    the time the answer came back (``loadtest.input_truth``).
 
 A window lookup's answer (a record with ``windows``) is checked as (a) for each window: at the
 reported position, exactly the key's windows starting in ``[from_ms, to_ms)`` that the changelog
@@ -37,7 +40,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator, Sequence
 
 import orjson
 
@@ -46,6 +49,7 @@ from freshroute.errors import InvalidArgument
 from freshroute.position import Position
 from freshroute.keys import partition_for, serialize_key
 from freshroute.windows import WATERMARK_KEY, WindowSpec, split_window_key
+from loadtest.input_truth import InputLog, InputTruth, check_input_label
 from loadtest.label_truth import LABEL_SLACK_MS, Timeline, check_labels
 
 _WATERMARK = WATERMARK_KEY.decode()
@@ -104,6 +108,16 @@ class Changelog:
     def timeline(self, partition: int) -> Timeline | None:
         """The partition's records with their times; None when none was read with a timestamp."""
         return self._timelines.get(partition)
+
+    def positions(self) -> Iterator[tuple[int, int, bytes]]:
+        """(partition, offset, input position header) of every record read with one, for (f)."""
+        for (p, _key), records in self._positions.items():
+            for offset, header in records:
+                yield p, offset, header
+
+    def present(self, partition: int) -> Sequence[int]:
+        """Every offset of the partition read, in order: gaps are records compaction removed."""
+        return self._present.get(partition, ())
 
     def partition_of(self, key: str) -> int:
         return partition_for(serialize_key(key), self.partitions)
@@ -193,6 +207,7 @@ class CheckReport:
     session_reads_checked: int = 0
     writes_checked: int = 0  # (d): answers after a write token
     labels_checked: int = 0  # (e): lag labels (offsets and staleness count one each) held against the changelog
+    input_labels_checked: int = 0  # (f): input-lag labels held against the input and the changelog
     unverifiable: int = 0
     violations: list[Violation] = field(default_factory=list)
 
@@ -208,7 +223,7 @@ class CheckReport:
                 "failed": self.failed, "values_checked": self.values_checked,
                 "absences_checked": self.absences_checked, "bounds_checked": self.bounds_checked,
                 "session_reads_checked": self.session_reads_checked, "writes_checked": self.writes_checked,
-                "labels_checked": self.labels_checked,
+                "labels_checked": self.labels_checked, "input_labels_checked": self.input_labels_checked,
                 "unverifiable": self.unverifiable,
                 "violations": len(self.violations), "violations_by_kind": dict(kinds),
                 "offending": [v.to_dict() for v in self.violations[:max_listed]]}
@@ -244,11 +259,12 @@ def _position_offset(rec: dict[str, Any], table: str, partition: int) -> tuple[i
 
 
 def check(records: list[dict[str, Any]], changelog: Changelog, table: str, window: WindowSpec | None = None,
-          label_slack_ms: int = LABEL_SLACK_MS) -> CheckReport:
-    """Check (a) values, (b) bounds, (c) monotonic sessions, (d) reads after writes and (e) lag labels of ``records``
-    against ``changelog`` (a windowed table's window answers against its ``window``; a label may trail the truth by
-    ``label_slack_ms``)."""
+          label_slack_ms: int = LABEL_SLACK_MS, inputs: InputLog | None = None) -> CheckReport:
+    """Check (a) values, (b) bounds, (c) monotonic sessions, (d) reads after writes, (e) lag labels and, given the
+    table's input read back (``inputs``), (f) input-lag labels of ``records`` against ``changelog`` (a windowed table's
+    window answers against its ``window``; a label may trail the truth by ``label_slack_ms``)."""
     report = CheckReport(table)
+    truth = InputTruth.of(changelog, inputs) if inputs is not None else None
     sessions: dict[str, list[tuple[int, int, dict[str, Any]]]] = defaultdict(list)
 
     def bad(i: int, kind: str, message: str) -> None:
@@ -364,6 +380,13 @@ def check(records: list[dict[str, Any]], changelog: Changelog, table: str, windo
             report.labels_checked += checked
             for kind, message in refuted:
                 bad(i, kind, message)
+
+        # (f) the answer's input-lag label is true
+        checked, undecided, refuted = check_input_label(rec, truth, label_slack_ms)
+        report.input_labels_checked += checked
+        report.unverifiable += undecided
+        for kind, message in refuted:
+            bad(i, kind, message)
 
         if rec.get("session") is not None and rec.get("seq") is not None:
             sessions[str(rec["session"])].append((int(rec["seq"]), i, rec))

@@ -386,13 +386,21 @@ def run(stack: Stack, cfg: LoadConfig, faults: list[Fault], out_dir: Path, check
     extra: dict[str, Any] = {"scenario": title, "load": cfg.__dict__, "recording": str(recorder.path)}
     if check:
         from loadtest.consistency import changelog_topic, check as check_records, read_changelog, table_window
+        from loadtest.input_truth import read_input
 
         say("consistency check: reading the changelog back …")
         topic = changelog_topic(cfg.table, c.redis_url, c.namespace, c.topic_prefix)
+        inputs, read = None, "unread: no input topic"
+        if cfg.input_topic:
+            try:
+                inputs, read = read_input(c.bootstrap, cfg.input_topic), f"read: {cfg.input_topic}"
+            except Exception as e:  # noqa: BLE001 - without its input only (f) goes unchecked
+                read = f"unread: {type(e).__name__}: {e}"
         try:
             report = check_records(recorder.records, read_changelog(c.bootstrap, topic), cfg.table,
-                                   table_window(cfg.table, c.redis_url, c.namespace), **(check_options or {}))
-            extra["consistency"] = report.to_dict()
+                                   table_window(cfg.table, c.redis_url, c.namespace), **(check_options or {}),
+                                   inputs=inputs)
+            extra["consistency"] = report.to_dict() | {"inputs": read}
         except Exception as e:  # noqa: BLE001 - the run's report still gets written, with the reason
             extra["consistency"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
         (out_dir / "consistency.json").write_bytes(orjson.dumps(extra["consistency"], option=orjson.OPT_INDENT_2))
