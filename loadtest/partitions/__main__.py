@@ -23,10 +23,11 @@ from typing import Any
 
 import orjson
 
-from loadtest.partitions.faults import SCENARIOS, NetworkFaults
-from loadtest.partitions.figures import scenario_row, table_lines
+from loadtest.partitions.faults import SCENARIOS, NetworkFaults, Scenario
+from loadtest.partitions.figures import fault_times, scenario_row, table_lines
 from loadtest.partitions.settled import keys_lost
 from loadtest.partitions.slow_links import SlowLinks
+from loadtest.partitions.watch import ClusterWatch
 from loadtest.partitions.network import (Network, NetworkError, leftover_tags, namespaces, run_tag, sweep,
                                          why_not_here)
 from tools.local.stack import NETNS_SUBNET, Stack, StackConfig
@@ -35,15 +36,25 @@ HARNESS_ADDRESS = f"{NETNS_SUBNET}.100"
 BOUNDS = "none:3,max_lag=0:2,max_lag=100:1,max_staleness_ms=1000:2,session:2"
 
 
-def stack_config(out: Path, tag: str) -> StackConfig:
-    """The stack a run partitions: three store nodes, one router, the demo's input; changelogs kept whole (hour-long
-    segments) so that the checker decides every answer."""
-    return StackConfig(home=out / "stack", netns=tag, routers=1, changelog_segment_ms=3_600_000,
-                       store_ports=(0, 0, 0), rest_port=0, grpc_port=0, broker_port=0, redis_port=0).resolved()
+def stack_config(out: Path, tag: str, sentinel: bool = False) -> StackConfig:
+    """The stack a run partitions: three store nodes, one router, the demo's input (with ``sentinel``, Redis behind
+    Sentinel: a replica and three sentinels); changelogs kept whole (hour-long segments) so that the checker decides
+    every answer."""
+    return StackConfig(home=out / ("stack-sentinel" if sentinel else "stack"), netns=tag, routers=1,
+                       changelog_segment_ms=3_600_000, store_ports=(0, 0, 0), rest_port=0, grpc_port=0,
+                       broker_port=0, redis_port=0, redis_sentinel=sentinel).resolved()
 
 
 def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def interrupt_on_term() -> None:
+    """SIGTERM ends a run as Ctrl-C does, through every ``finally`` that stops the stack and removes the network."""
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def outside(a: argparse.Namespace, argv: list[str]) -> int:
@@ -56,8 +67,9 @@ def outside(a: argparse.Namespace, argv: list[str]) -> int:
     if swept:
         say(f"removed {len(swept)} namespaces of an earlier run that ended without removing them")
     tag = run_tag()
-    network = Network(tag, stack_config(a.out, tag).places(), HARNESS_ADDRESS)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    sentinel = any(SCENARIOS[name].sentinel for name in a.scenarios)
+    network = Network(tag, stack_config(a.out, tag, sentinel).places(), HARNESS_ADDRESS)
+    interrupt_on_term()
     child: subprocess.Popen[bytes] | None = None
     try:
         network.create(say)
@@ -66,7 +78,8 @@ def outside(a: argparse.Namespace, argv: list[str]) -> int:
         return child.wait()
     except KeyboardInterrupt:
         if child is not None:
-            child.send_signal(signal.SIGINT)
+            # SIGTERM, not SIGINT: a run started in the background of a shell ignores SIGINT.
+            child.send_signal(signal.SIGTERM)
             child.wait(timeout=120)
         return 130
     except NetworkError as e:
@@ -77,48 +90,79 @@ def outside(a: argparse.Namespace, argv: list[str]) -> int:
 
 
 def inside(a: argparse.Namespace, tag: str) -> int:
-    """Start the stack, run every scenario, write the table; stop the stack."""
-    from loadtest.scenario import LoadConfig, run
-
-    config = stack_config(a.out, tag)
-    network = Network(tag, config.places(), HARNESS_ADDRESS)
-    stack = Stack(config, progress=say)
+    """Run the scenarios on a stack of each kind they need; write the table."""
+    interrupt_on_term()
     rows: list[dict[str, Any]] = []
-    slow: dict[str, SlowLinks] = {}
-    for scenario in (SCENARIOS[name] for name in a.scenarios if SCENARIOS[name].way == "slow"):
-        addresses = stack.command_for(scenario.component)[2]
-        host, grpc = addresses["address"].rsplit(":", 1)
-        ports = {"grpc": int(grpc), "read": int(addresses["read_address"].rsplit(":", 1)[1])}
-        (config.home / "logs").mkdir(parents=True, exist_ok=True)
-        slow[scenario.component] = SlowLinks(config.place_of(scenario.component), host, ports,
-                                             config.home / "logs" / f"toxiproxy-{scenario.component}.log")
-    try:
-        for links in slow.values():
-            links.start()
-        stack.up()
-        for name in a.scenarios:
-            scenario = SCENARIOS[name]
-            at = a.warm
-            load = LoadConfig(keys=100, bound_mix=BOUNDS, protocol=a.protocol, concurrency=16, rate=a.rate,
-                              duration_s=at + a.hold + a.recover, timeout_s=5.0, bootstrap=config.bootstrap,
-                              input_topic=f"{config.topic_prefix}readings")
-            summary = run(stack, load, scenario.faults(at, a.hold), a.out / name, plots=not a.no_plots, say=say,
-                          title=f"{name}: {scenario.story}",
-                          injector_for=lambda s, t0, talk: NetworkFaults(s, t0, talk, network, slow),
-                          check_options={"label_slack_ms": a.label_slack_ms})
-            lost = keys_lost(stack, load.table, [f"{load.key_prefix}{i}" for i in range(load.keys)])
-            rows.append(scenario_row(scenario, summary, a.out / name / "requests.jsonl", a.label_slack_ms, lost))
-            say("  ".join(f"{k} {v}" for k, v in rows[-1].items()))
-    finally:
-        network.heal_all()
-        stack.down()
-        for links in slow.values():
-            links.stop()
+    for sentinel in (False, True):
+        names = [name for name in a.scenarios if SCENARIOS[name].sentinel == sentinel]
+        if names:
+            rows += on_a_stack(a, tag, names, sentinel)
     (a.out / "partitions.json").write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2))
     for line in table_lines(rows):
         print(line)
     print(orjson.dumps({"partitions": rows}).decode())
     return 0 if all(r["refuted"] == 0 and r["data_lost"] == 0 for r in rows) else 1
+
+
+def on_a_stack(a: argparse.Namespace, tag: str, names: list[str], sentinel: bool) -> list[dict[str, Any]]:
+    """Start a stack, run each scenario on it and judge it; stop the stack whatever happens."""
+    config = stack_config(a.out, tag, sentinel)
+    network = Network(tag, config.places(), HARNESS_ADDRESS)
+    stack = Stack(config, progress=say)
+    slow = {s.component: slow_links(stack, s.component) for s in map(SCENARIOS.get, names) if s and s.way == "slow"}
+    rows = []
+    try:
+        for links in slow.values():
+            links.start()
+        stack.up()
+        for name in names:
+            rows.append(one_scenario(a, stack, SCENARIOS[name], network, slow))
+            say("  ".join(f"{k} {v}" for k, v in rows[-1].items()))
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the stack's orderly stop is not cut short by a second one
+        network.heal_all()
+        stack.down()
+        for links in slow.values():
+            links.stop()
+        interrupt_on_term()
+    return rows
+
+
+def slow_links(stack: Stack, component: str) -> SlowLinks:
+    """Proxies in front of a store node's two ports (gRPC and the read port), in its namespace."""
+    config = stack.config
+    addresses = stack.command_for(component)[2]
+    host, grpc = addresses["address"].rsplit(":", 1)
+    ports = {"grpc": int(grpc), "read": int(addresses["read_address"].rsplit(":", 1)[1])}
+    (config.home / "logs").mkdir(parents=True, exist_ok=True)
+    return SlowLinks(config.place_of(component), host, ports, config.home / "logs" / f"toxiproxy-{component}.log")
+
+
+def one_scenario(a: argparse.Namespace, stack: Stack, scenario: Scenario, network: Network,
+                 slow: dict[str, SlowLinks]) -> dict[str, Any]:
+    """Load, fault, heal, check; the scenario's row."""
+    from loadtest.scenario import LoadConfig, run
+
+    config = stack.config
+    load = LoadConfig(keys=100, bound_mix=BOUNDS, protocol=a.protocol, concurrency=16, rate=a.rate,
+                      duration_s=a.warm + a.hold + a.recover, timeout_s=5.0, bootstrap=config.bootstrap,
+                      input_topic=f"{config.topic_prefix}readings")
+    injectors: list[NetworkFaults] = []
+
+    def injector(s: Stack, t0: float, talk: Any) -> NetworkFaults:
+        injectors.append(NetworkFaults(s, t0, talk, network, slow))
+        return injectors[-1]
+
+    with ClusterWatch(config.rest_url) as watch:
+        summary = run(stack, load, scenario.faults(a.warm, a.hold), a.out / scenario.name, plots=not a.no_plots,
+                      say=say, title=f"{scenario.name}: {scenario.story}", injector_for=injector,
+                      check_options={"label_slack_ms": a.label_slack_ms})
+    lost = keys_lost(stack, load.table, [f"{load.key_prefix}{i}" for i in range(load.keys)])
+    row = scenario_row(scenario, summary, a.out / scenario.name / "requests.jsonl", a.label_slack_ms, lost)
+    sign = scenario.sign(a.label_slack_ms)
+    shown = watch.shows(sign, injectors[0].t0, *fault_times(summary)) if sign else (None, None)
+    row.update(operator_s=shown[0], operator_cleared_s=shown[1])
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from loadtest.partitions.network import Link, Network
 from loadtest.partitions.slow_links import SlowLinks
+from loadtest.partitions.watch import Sign, metadata_lost, node_dead, replicas_behind
 from loadtest.scenario import Fault
 from tools.local.stack import Stack
 
@@ -26,9 +27,21 @@ SLOW_LOSS_PERCENT = 30
 class Scenario:
     name: str
     component: str  # the component cut off
-    peer: str  # from this one ("" for slow links: all of them)
+    peer: str  # from these (comma-separated; "" for slow links: all of them)
     way: str  # both | out | in | slow
     story: str
+    watch: str = ""  # what shows it in the router's cluster view: behind | dead | metadata ("": nothing there)
+
+    @property
+    def sentinel(self) -> bool:
+        """Whether the scenario needs Redis behind Sentinel."""
+        return "redis-sentinel" in self.peer
+
+    def sign(self, slack_ms: int) -> Sign | None:
+        """The scenario's sign of trouble in the router's cluster view, if it has one."""
+        node = self.component.removeprefix("store-")  # store-node-2's node id is node-2
+        return {"behind": replicas_behind(node, slack_ms), "dead": node_dead(node),
+                "metadata": metadata_lost}.get(self.watch)
 
     def faults(self, at_s: float, hold_s: float) -> list[Fault]:
         if self.way == "slow":
@@ -38,19 +51,22 @@ class Scenario:
 
 SCENARIOS = {s.name: s for s in (
     Scenario("node-broker", "store-node-2", "broker", "both",
-             "a store node cut off from the broker, not from Redis or the routers"),
+             "a store node cut off from the broker, not from Redis or the routers", watch="behind"),
     Scenario("node-broker-out", "store-node-2", "broker", "out",
-             "a store node whose requests to the broker are lost (the broker's packets still arrive)"),
+             "a store node whose requests to the broker are lost (the broker's packets still arrive)", watch="behind"),
     Scenario("node-broker-in", "store-node-2", "broker", "in",
-             "a store node that no longer hears the broker (its requests still arrive)"),
+             "a store node that no longer hears the broker (its requests still arrive)", watch="behind"),
     Scenario("node-redis", "store-node-2", "redis", "both",
-             "a store node cut off from Redis, not from the routers or the broker"),
-    Scenario("router-redis", "router", "redis", "both", "the router cut off from Redis"),
+             "a store node cut off from Redis, not from the routers or the broker", watch="dead"),
+    Scenario("router-redis", "router", "redis", "both", "the router cut off from Redis", watch="metadata"),
     Scenario("router-node", "router", "store-node-2", "both", "the router cut off from one store node"),
     Scenario("pipeline-broker", "pipeline", "broker", "both", "the pipeline cut off from the broker"),
     Scenario("pipeline-redis", "pipeline", "redis", "both", "the pipeline cut off from Redis"),
+    Scenario("redis-sentinel", "redis", "redis-sentinel-1,redis-sentinel-2,redis-replica", "both",
+             "the Redis primary cut off from Sentinel's majority and its replica, not from the store nodes or the "
+             "router (a stack with --redis-sentinel)", watch="metadata"),
     Scenario("slow-node", "store-node-2", "", "slow",
-             f"{SLOW_LOSS_PERCENT} % loss and {SLOW_DELAY_MS} ms delay on one store node's links"),
+             f"{SLOW_LOSS_PERCENT} % loss and {SLOW_DELAY_MS} ms delay on one store node's links", watch="behind"),
 )}
 
 
@@ -71,12 +87,13 @@ class NetworkFaults:
         self.events.append({"t": t, "event": text})
         self.say(f"[{t:6.1f}s] FAULT {text}")
 
-    def link(self, fault: Fault) -> Link:
+    def links(self, fault: Fault) -> list[Link]:
+        """The links a cut breaks: the component's to each of its peers (``a>b,c``)."""
         if not fault.action.startswith("cut-"):
             raise ValueError(f"unknown network fault {fault.action!r}")
-        component, peer = fault.target.split(">")
+        component, peers = fault.target.split(">")
         place = self.stack.config.place_of
-        return Link(place(component), place(peer), fault.action.removeprefix("cut-"))
+        return [Link(place(component), place(peer), fault.action.removeprefix("cut-")) for peer in peers.split(",")]
 
     def apply(self, fault: Fault) -> None:
         """Cut (or slow), hold, heal (blocking: :func:`loadtest.scenario.run` calls it in a thread)."""
@@ -89,14 +106,16 @@ class NetworkFaults:
             links.heal()
             self._event(f"heal {fault.target}'s links")
             return
-        link = self.link(fault)
-        component, peer = fault.target.split(">")
-        arrow = {"both": "<-/->", "out": "-/->", "in": "<-/-"}[link.way]
-        self.network.cut(link)
-        self._event(f"cut {component} {arrow} {peer} for {fault.hold_s:g}s")
+        links = self.links(fault)
+        component, peers = fault.target.split(">")
+        arrow = {"both": "<-/->", "out": "-/->", "in": "<-/-"}[links[0].way]
+        for link in links:
+            self.network.cut(link)
+        self._event(f"cut {component} {arrow} {peers} for {fault.hold_s:g}s")
         time.sleep(fault.hold_s)
-        self.network.heal(link)
-        self._event(f"heal {component} {arrow} {peer}")
+        for link in links:
+            self.network.heal(link)
+        self._event(f"heal {component} {arrow} {peers}")
 
     def undo_all(self) -> None:
         self.network.heal_all()

@@ -13,7 +13,8 @@ import orjson
 from loadtest.stats import ANSWERED
 
 
-def _fault_times(summary: dict[str, Any]) -> tuple[float | None, float | None]:
+def fault_times(summary: dict[str, Any]) -> tuple[float, float]:
+    """When the scenario's fault was made and healed, in s from the run's start; an error if it never was."""
     cut = heal = None
     failed = [e["event"] for e in summary.get("faults", []) if e["event"].startswith("FAILED")]
     if failed:
@@ -23,6 +24,8 @@ def _fault_times(summary: dict[str, Any]) -> tuple[float | None, float | None]:
             cut = e["t"]
         elif re.match(r"heal ", e["event"]):
             heal = e["t"]
+    if cut is None or heal is None:
+        raise RuntimeError(f"the scenario's fault was not made and healed: {summary.get('faults')}")
     return cut, heal
 
 
@@ -34,7 +37,7 @@ def _labelled_stale(rec: dict[str, Any], slack_ms: int) -> bool:
             or input_lag.get("ms") is None or input_lag["ms"] > slack_ms)
 
 
-def shows_and_recovers(records: list[dict[str, Any]], cut: float | None, heal: float | None,
+def shows_and_recovers(records: list[dict[str, Any]], cut: float, heal: float,
                        slack_ms: int) -> tuple[float | None, float | None]:
     """(s from the cut to the first answer labelled behind or lookup failed, s from healing to the last one); None
     where there was none."""
@@ -42,11 +45,11 @@ def shows_and_recovers(records: list[dict[str, Any]], cut: float | None, heal: f
     for r in records:
         t = r["t"]
         troubled = r["outcome"] not in ANSWERED or _labelled_stale(r, slack_ms)
-        if not troubled or cut is None or t < cut:
+        if not troubled or t < cut:
             continue
         if shows is None:
             shows = round(t - cut, 2)
-        if heal is not None and t >= heal:
+        if t >= heal:
             recovered = round(t - heal, 2)
     return shows, recovered
 
@@ -54,7 +57,7 @@ def shows_and_recovers(records: list[dict[str, Any]], cut: float | None, heal: f
 def scenario_row(scenario: Any, summary: dict[str, Any], recording: Path, slack_ms: int,
                  lost: list[str]) -> dict[str, Any]:
     records = [orjson.loads(line) for line in recording.read_bytes().splitlines() if line]
-    cut, heal = _fault_times(summary)
+    cut, heal = fault_times(summary)
     shows, recovered = shows_and_recovers(records, cut, heal, slack_ms)
     consistency = summary.get("consistency", {})
     return {"scenario": scenario.name, "lookups": len(records),
@@ -66,10 +69,11 @@ def scenario_row(scenario: Any, summary: dict[str, Any], recording: Path, slack_
 
 
 def table_lines(rows: list[dict[str, Any]]) -> list[str]:
-    head = "| scenario | lookups | failed | refuted | in labels after (s) | whole again after healing (s) | keys lost |"
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|"]
+    head = ("| scenario | lookups | failed | refuted | in answers after (s) | in the cluster view after (s) "
+            "| answers whole again after healing (s) | the view after healing (s) | keys lost |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        cells = [r["scenario"], r["lookups"], r["failed"], r["refuted"], r["shows_s"], r["recovered_s"],
-                 r["data_lost"]]
+        cells = [r["scenario"], r["lookups"], r["failed"], r["refuted"], r["shows_s"], r.get("operator_s"),
+                 r["recovered_s"], r.get("operator_cleared_s"), r["data_lost"]]
         lines.append("| " + " | ".join("–" if c is None else str(c) for c in cells) + " |")
     return lines

@@ -77,4 +77,27 @@ def test_a_scenario_names_components_and_the_injector_maps_them_to_their_namespa
     faults = NetworkFaults(Stack(), 0.0, print, network=None)  # type: ignore[arg-type]
     (fault,) = SCENARIOS["node-broker-in"].faults(10.0, 5.0)
     assert (fault.at_s, fault.hold_s) == (10.0, 5.0)
-    assert faults.link(fault) == Link("frp7-store-node-2", "frp7-broker", "in")
+    assert faults.links(fault) == [Link("frp7-store-node-2", "frp7-broker", "in")]
+    (fault,) = SCENARIOS["redis-sentinel"].faults(10.0, 5.0)
+    assert [link.peer for link in faults.links(fault)] == ["frp7-redis-sentinel-1", "frp7-redis-sentinel-2",
+                                                           "frp7-redis-replica"]
+    assert SCENARIOS["redis-sentinel"].sentinel and not SCENARIOS["node-redis"].sentinel
+
+
+def test_the_cluster_view_shows_a_node_behind_dead_or_the_metadata_lost_and_when_it_clears():
+    from loadtest.partitions.watch import ClusterWatch, metadata_lost
+
+    def view(offsets: int | None, ms: int, alive: bool = True, redis_ok: bool = True) -> dict:
+        replica = {"table": "t", "partition": 0, "lag": {"offsets": offsets, "ms": ms}}
+        return {"nodes": [{"node": "node-1", "alive": True, "replicas": [dict(replica, lag={"offsets": 0, "ms": 0})]},
+                          {"node": "node-2", "alive": alive, "replicas": [replica]}],
+                "metadata": {"redis_ok": redis_ok}}
+
+    watch = ClusterWatch("http://unused")
+    watch.seen = [(100.0, view(0, 0)), (110.5, view(0, 0)), (111.2, view(None, 1200)), (120.4, view(None, 9000)),
+                  (121.0, view(0, 0, redis_ok=False)), (122.0, view(0, 0, alive=False))]
+    behind = SCENARIOS["node-broker"].sign(2000)
+    assert watch.shows(behind, t0=100.0, cut=10.0, heal=20.0) == (1.2, 1.0)
+    assert watch.shows(SCENARIOS["node-redis"].sign(2000), 100.0, 10.0, 20.0) == (22.0 - 10.0, None)
+    assert watch.shows(metadata_lost, 100.0, 10.0, 20.0) == (11.0, 2.0)
+    assert SCENARIOS["router-node"].sign(2000) is None

@@ -177,10 +177,11 @@ def spark_worker_command(master_url: str, host: str, webui_port: int, work_dir: 
 SENTINEL_MASTER_NAME = "freshroute"
 
 
-def redis_replica_command(port: int, data_dir: Path, primary: str, host: str = "127.0.0.1") -> list[str]:
+def redis_replica_command(port: int, data_dir: Path, primary: str, host: str = "127.0.0.1",
+                          protected: bool = True) -> list[str]:
     """A replica of ``primary`` (HOST:PORT), for Sentinel to promote when the primary dies."""
     primary_host, primary_port = primary.rsplit(":", 1)
-    return [*redis_command(port, data_dir, host), "--replicaof", primary_host, primary_port]
+    return [*redis_command(port, data_dir, host, protected), "--replicaof", primary_host, primary_port]
 
 
 def redis_sentinel_command(port: int, data_dir: Path, primary: str, host: str = "127.0.0.1",

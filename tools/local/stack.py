@@ -168,6 +168,14 @@ class StackConfig:
         return f"{NETNS_SUBNET}.3" if self.netns else self.host
 
     @property
+    def redis_replica_host(self) -> str:
+        return f"{NETNS_SUBNET}.6" if self.netns else self.host
+
+    def sentinel_host(self, i: int) -> str:
+        """The address sentinel ``i`` (from 1) binds."""
+        return f"{NETNS_SUBNET}.{30 + i}" if self.netns else self.host
+
+    @property
     def pipeline_host(self) -> str:
         return f"{NETNS_SUBNET}.4" if self.netns else self.host
 
@@ -188,7 +196,10 @@ class StackConfig:
                 self.place_of("pipeline"): self.pipeline_host,
                 **{self.place_of(f"store-node-{i}"): self.node_host(i) for i in range(1, len(self.store_ports) + 1)},
                 **{self.place_of(name): self.broker_host(i) for i, name in enumerate(brokers, 1)},
-                **({self.place_of("demo-producer"): f"{NETNS_SUBNET}.5"} if self.demo else {})}
+                **({self.place_of("demo-producer"): f"{NETNS_SUBNET}.5"} if self.demo else {}),
+                **({self.place_of("redis-replica"): self.redis_replica_host,
+                    **{self.place_of(f"redis-sentinel-{i}"): self.sentinel_host(i)
+                       for i in range(1, len(self.sentinel_ports) + 1)}} if self.redis_sentinel else {})}
 
     @property
     def bootstrap(self) -> str:
@@ -213,7 +224,8 @@ class StackConfig:
 
     @property
     def redis_sentinels(self) -> str:
-        return ",".join(f"{self.host}:{p}" for p in self.sentinel_ports) if self.redis_sentinel else ""
+        return ",".join(f"{self.sentinel_host(i)}:{p}" for i, p in enumerate(self.sentinel_ports, 1)) \
+            if self.redis_sentinel else ""
 
     def redis_location(self) -> RedisLocation:
         """Where the stack's metadata store is: the primary, or whichever Redis the sentinels name now."""
@@ -401,14 +413,16 @@ class Stack:
 
             data = c.home / "redis-replica"
             data.mkdir(parents=True, exist_ok=True)
-            return "redis-replica", redis_replica_command(c.redis_replica_port, data, f"{c.host}:{c.redis_port}",
-                                                          c.host), {"address": f"{c.host}:{c.redis_replica_port}"}
+            return "redis-replica", redis_replica_command(
+                c.redis_replica_port, data, f"{c.redis_host}:{c.redis_port}", c.redis_replica_host,
+                protected=not c.netns), {"address": f"{c.redis_replica_host}:{c.redis_replica_port}"}
         if name.startswith("redis-sentinel-"):
             from tools.local.services import redis_sentinel_command
 
-            port = c.sentinel_ports[int(name.rsplit("-", 1)[1]) - 1]
-            return "redis-sentinel", redis_sentinel_command(port, c.home / "sentinel", f"{c.host}:{c.redis_port}",
-                                                            c.host), {"address": f"{c.host}:{port}"}
+            i = int(name.rsplit("-", 1)[1])
+            host, port = c.sentinel_host(i), c.sentinel_ports[i - 1]
+            return "redis-sentinel", redis_sentinel_command(port, c.home / "sentinel", f"{c.redis_host}:{c.redis_port}",
+                                                            host), {"address": f"{host}:{port}"}
         if name == "spark-master":
             from tools.local.services import spark_master_command
 
@@ -490,9 +504,11 @@ class Stack:
     def ports(self) -> dict[str, tuple[str, int]]:
         """Every listening component's (host, port)."""
         c = self.config
-        sentinel = {"redis-replica": c.redis_replica_port,
-                    **{n: p for n, p in zip(self.sentinel_names(), c.sentinel_ports)}} if c.redis_sentinel else {}
-        ports = {n: (c.redis_host, p) for n, p in {"redis": c.redis_port, **sentinel}.items()}
+        ports = {"redis": (c.redis_host, c.redis_port)}
+        if c.redis_sentinel:
+            ports["redis-replica"] = (c.redis_replica_host, c.redis_replica_port)
+            ports.update({n: (c.sentinel_host(i), p)
+                          for i, (n, p) in enumerate(zip(self.sentinel_names(), c.sentinel_ports), 1)})
         ports.update({name: (n.host, n.port) for name, n in zip(self.broker_names(), self.broker_nodes())})
         ports.update({"router REST": (c.router_host, c.rest_port), "router gRPC": (c.router_host, c.grpc_port)})
         nodes = zip(self.store_node_names(), c.store_ports)
@@ -718,13 +734,14 @@ class Stack:
 
         c = self.config
         comp = self.start("redis-replica")
-        self._wait_alive(comp, lambda: _port_open(c.host, c.redis_replica_port), 15)
+        self._wait_alive(comp, lambda: _port_open(c.redis_replica_host, c.redis_replica_port), 15)
         for name in self.sentinel_names():
             self.start(name)
         for name in self.sentinel_names():
             comp = self.components[name]
-            self._wait_alive(comp, lambda: _port_open(c.host, int(comp.addresses["address"].rsplit(":", 1)[1])), 15)
-        primary = redis.Redis(host=c.host, port=c.redis_port, socket_timeout=1)
+            host, port = comp.addresses["address"].rsplit(":", 1)
+            self._wait_alive(comp, lambda: _port_open(host, int(port)), 15)
+        primary = redis.Redis(host=c.redis_host, port=c.redis_port, socket_timeout=1)
         location = c.redis_location()
 
         def can_fail_over() -> bool:
@@ -741,7 +758,7 @@ class Stack:
                 return False
 
         self._wait_alive(self.components["redis"], can_fail_over, 30)
-        self._say(f"redis replica on {c.host}:{c.redis_replica_port}, sentinels on {c.redis_sentinels} "
+        self._say(f"redis replica on {c.redis_replica_host}:{c.redis_replica_port}, sentinels on {c.redis_sentinels} "
                   f"(master {location.master_name!r})")
 
     def _wait_warm(self, since: int) -> bool:
