@@ -274,6 +274,20 @@ def test_a_stack_in_network_namespaces_places_each_component_in_its_own_on_the_u
     assert stack.command_for("pipeline")[2]["metrics"] == "http://10.77.0.4:9100/metrics"
 
 
+def test_sentinel_in_network_namespaces_gives_the_replica_and_each_sentinel_a_place_of_its_own(tmp_path):
+    stack = Stack(StackConfig(home=tmp_path, netns="frp1", redis_sentinel=True, demo=False, store_ports=(0,),
+                              rest_port=0, grpc_port=0, broker_port=0, redis_port=0).resolved())
+    c = stack.config
+    assert {k: v for k, v in c.places().items() if "redis" in k} == {
+        "frp1-redis": "10.77.0.3", "frp1-redis-replica": "10.77.0.6", "frp1-redis-sentinel-1": "10.77.0.31",
+        "frp1-redis-sentinel-2": "10.77.0.32", "frp1-redis-sentinel-3": "10.77.0.33"}
+    assert c.redis_sentinels == "10.77.0.31:26379,10.77.0.32:26380,10.77.0.33:26381"
+    replica = stack.command_for("redis-replica")[1]
+    assert replica[replica.index("--replicaof") + 1:] == ["10.77.0.3", "6379"]
+    assert replica[replica.index("--bind") + 1] == "10.77.0.6"
+    assert stack.command_for("redis-sentinel-2")[2] == {"address": "10.77.0.32:26380"}
+
+
 def test_a_process_entering_its_network_namespace_is_not_taken_for_dead():
     """`ip netns exec NS cmd` execs cmd: until it has, the pid still shows ip's own command line."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
