@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from loadtest.partitions.faults import SCENARIOS, NetworkFaults, Scenario
+from loadtest.partitions.faults import SCENARIOS, TABLE, NetworkFaults, Scenario
 from loadtest.partitions.figures import fault_times, scenario_row, table_lines
 from loadtest.partitions.settled import keys_lost
 from loadtest.partitions.slow_links import SlowLinks
@@ -145,7 +145,7 @@ def one_scenario(a: argparse.Namespace, stack: Stack, scenario: Scenario, networ
 
     config = stack.config
     load = LoadConfig(keys=100, bound_mix=BOUNDS, protocol=a.protocol, concurrency=16, rate=a.rate,
-                      duration_s=a.warm + a.hold + a.recover, timeout_s=5.0, bootstrap=config.bootstrap,
+                      table=TABLE, duration_s=a.warm + a.hold + a.recover, timeout_s=5.0, bootstrap=config.bootstrap,
                       input_topic=f"{config.topic_prefix}readings")
     injectors: list[NetworkFaults] = []
 

@@ -14,11 +14,12 @@ from typing import Any, Callable
 
 from loadtest.partitions.network import Link, Network
 from loadtest.partitions.slow_links import SlowLinks
-from loadtest.partitions.watch import Sign, metadata_lost, node_dead, replicas_behind
+from loadtest.partitions.watch import Sign, input_behind, metadata_lost, node_dead, replicas_behind
 from loadtest.scenario import Fault
 from tools.local.stack import Stack
 
 
+TABLE = "sensor_stats"  # the table the load reads
 SLOW_DELAY_MS = 200
 SLOW_LOSS_PERCENT = 30
 
@@ -30,7 +31,7 @@ class Scenario:
     peer: str  # from these (comma-separated; "" for slow links: all of them)
     way: str  # both | out | in | slow
     story: str
-    watch: str = ""  # what shows it in the router's cluster view: behind | dead | metadata ("": nothing there)
+    watch: str = ""  # what shows it in the router's view: behind | dead | metadata | input ("": nothing there)
 
     @property
     def sentinel(self) -> bool:
@@ -40,8 +41,8 @@ class Scenario:
     def sign(self, slack_ms: int) -> Sign | None:
         """The scenario's sign of trouble in the router's cluster view, if it has one."""
         node = self.component.removeprefix("store-")  # store-node-2's node id is node-2
-        return {"behind": replicas_behind(node, slack_ms), "dead": node_dead(node),
-                "metadata": metadata_lost}.get(self.watch)
+        return {"behind": replicas_behind(node, slack_ms), "dead": node_dead(node), "metadata": metadata_lost,
+                "input": input_behind(TABLE, slack_ms)}.get(self.watch)
 
     def faults(self, at_s: float, hold_s: float) -> list[Fault]:
         if self.way == "slow":
@@ -60,8 +61,8 @@ SCENARIOS = {s.name: s for s in (
              "a store node cut off from Redis, not from the routers or the broker", watch="dead"),
     Scenario("router-redis", "router", "redis", "both", "the router cut off from Redis", watch="metadata"),
     Scenario("router-node", "router", "store-node-2", "both", "the router cut off from one store node"),
-    Scenario("pipeline-broker", "pipeline", "broker", "both", "the pipeline cut off from the broker"),
-    Scenario("pipeline-redis", "pipeline", "redis", "both", "the pipeline cut off from Redis"),
+    Scenario("pipeline-broker", "pipeline", "broker", "both", "the pipeline cut off from the broker", watch="input"),
+    Scenario("pipeline-redis", "pipeline", "redis", "both", "the pipeline cut off from Redis", watch="input"),
     Scenario("redis-sentinel", "redis", "redis-sentinel-1,redis-sentinel-2,redis-replica", "both",
              "the Redis primary cut off from Sentinel's majority and its replica, not from the store nodes or the "
              "router (a stack with --redis-sentinel)", watch="metadata"),

@@ -51,6 +51,8 @@ def shows_and_recovers(records: list[dict[str, Any]], cut: float, heal: float,
             shows = round(t - cut, 2)
         if t >= heal:
             recovered = round(t - heal, 2)
+    if shows is not None and recovered is None:
+        recovered = 0.0  # no answer after healing was behind
     return shows, recovered
 
 

@@ -1,5 +1,5 @@
-"""What an operator sees of a fault: the router's cluster view (``/v1/cluster``), read every 200 ms while a scenario
-runs, judged by the scenario's sign of trouble."""
+"""What an operator sees of a fault: the router's cluster view (``/v1/cluster``, with ``/v1/tables``' tables under
+``tables``), read every 200 ms while a scenario runs, judged by the scenario's sign of trouble."""
 
 from __future__ import annotations
 
@@ -31,6 +31,17 @@ def node_dead(node: str) -> Sign:
     return sign
 
 
+def input_behind(table: str, slack_ms: int) -> Sign:
+    """The table's input lag is unknown or past the slack: the pipeline's progress is not reaching the router."""
+    def sign(cluster: dict[str, Any]) -> bool:
+        for t in cluster.get("tables", []):
+            if t.get("name") == table:
+                lag = t.get("input_lag") or {}
+                return lag.get("ms") is None or lag["ms"] > slack_ms
+        return False
+    return sign
+
+
 def metadata_lost(cluster: dict[str, Any]) -> bool:
     """The router cannot read Redis."""
     return not cluster.get("metadata", {}).get("redis_ok", True)
@@ -40,7 +51,7 @@ class ClusterWatch:
     """Reads the cluster view in a thread of its own until stopped; ``seen`` holds (monotonic time, view)."""
 
     def __init__(self, rest_url: str) -> None:
-        self._url = f"{rest_url}/v1/cluster"
+        self._url = rest_url
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="cluster-watch")
         self.seen: list[tuple[float, dict[str, Any]]] = []
@@ -57,7 +68,10 @@ class ClusterWatch:
         with httpx.Client(timeout=1) as client:
             while not self._stop.is_set():
                 try:
-                    self.seen.append((time.monotonic(), client.get(self._url).json()))
+                    at = time.monotonic()
+                    view = client.get(f"{self._url}/v1/cluster").json()
+                    view["tables"] = client.get(f"{self._url}/v1/tables").json()["tables"]
+                    self.seen.append((at, view))
                 except (httpx.HTTPError, ValueError):
                     pass  # the router's own trouble shows in the lookups
                 self._stop.wait(POLL_S)

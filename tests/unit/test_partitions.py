@@ -31,8 +31,9 @@ def test_an_input_that_stopped_reaching_the_tables_shows_in_the_input_lag():
     assert shows_and_recovers(records, cut=10.0, heal=20.0, slack_ms=2000) == (2.5, 1.0)
 
 
-def test_a_cut_nobody_noticed_shows_never():
+def test_a_cut_nobody_noticed_shows_never_and_one_gone_by_the_heal_is_whole_at_once():
     assert shows_and_recovers([answer(t) for t in (9.0, 11.0, 25.0)], 10.0, 20.0, 2000) == (None, None)
+    assert shows_and_recovers([answer(11.0, ms=3000), answer(21.0)], 10.0, 20.0, 2000) == (1.0, 0.0)
 
 
 def test_a_row_refuses_a_scenario_whose_cut_was_never_made(tmp_path):
@@ -101,3 +102,6 @@ def test_the_cluster_view_shows_a_node_behind_dead_or_the_metadata_lost_and_when
     assert watch.shows(SCENARIOS["node-redis"].sign(2000), 100.0, 10.0, 20.0) == (22.0 - 10.0, None)
     assert watch.shows(metadata_lost, 100.0, 10.0, 20.0) == (11.0, 2.0)
     assert SCENARIOS["router-node"].sign(2000) is None
+    lagging = {"tables": [{"name": "sensor_stats", "input_lag": {"records": 40, "ms": 2500}}]}
+    assert SCENARIOS["pipeline-broker"].sign(2000)(lagging)
+    assert not SCENARIOS["pipeline-redis"].sign(3000)(lagging)
