@@ -170,9 +170,11 @@ class AttemptPlan:
         cands = self._cands
         if now >= self.deadline:
             return None
+        if self._launched == len(cands) and self._catching_up and self._retries < self._retry_limit:
+            # Also while another attempt is out: one to a replica gone silent (a partition drops its packets) would
+            # otherwise keep the replica catching up from being asked again until the deadline.
+            return self._ask_again(now)
         if not self.inflight:
-            if self._launched == len(cands) and self._catching_up and self._retries < self._retry_limit:
-                return self._ask_again(now)
             if self._launched == len(cands):
                 if self.stale or self._fallback_used or not cands or not self.selection.fallback:
                     return None

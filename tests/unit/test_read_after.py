@@ -139,6 +139,30 @@ async def test_a_row_not_yet_reflecting_the_event_is_asked_again_until_it_does()
 
 
 @anyio
+async def test_a_replica_catching_up_is_asked_again_while_another_gone_silent_has_not_answered():
+    """A partition drops a replica's packets: its attempt never ends, and must not keep the replica that will have the
+    event from being asked again (found by loadtest.partitions, the router cut off from a store node)."""
+    c = cluster()
+    silent, catching_up = replicas(c, "s1")
+    catching_up.applied = 99  # a hair behind: the silent one is asked first
+    c.n1.delay_s = 30.0
+    c.refresh()
+
+    async def pipeline_catches_up():
+        await asyncio.sleep(0.8)  # after the second replica was first asked (at the attempt timeout, 0.5 s)
+        catching_up.data[serialize_key("s1")] = b'{"count":2}'
+        catching_up.positions[serialize_key("s1")] = input_position.encode([45, None])
+
+    started = time.monotonic()
+    caught_up = asyncio.create_task(pipeline_catches_up())
+    r = await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token((INPUT, 0, 45)), wait_ms=1900)))
+    await caught_up
+    assert r.value == b'{"count":2}'
+    assert time.monotonic() - started < 1.2  # asked again every few ms from 0.5 s on
+    assert c.n1.reads == 1 and c.n2.reads > 2
+
+
+@anyio
 async def test_no_replica_with_the_event_by_wait_ms_is_not_yet_visible_never_an_old_value():
     c = cluster()
     started = time.monotonic()
