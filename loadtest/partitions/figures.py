@@ -5,6 +5,7 @@ keys whose caught-up value differs from the changelog's after healing."""
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,9 @@ def scenario_row(scenario: Any, summary: dict[str, Any], recording: Path, slack_
     cut, heal = fault_times(summary)
     shows, recovered = shows_and_recovers(records, cut, heal, slack_ms)
     consistency = summary.get("consistency", {})
-    return {"scenario": scenario.name, "lookups": len(records),
-            "failed": sum(r["outcome"] not in ANSWERED for r in records),
+    failed = Counter(f"{r['bound_kind']} {r['code'] or r['outcome']}" for r in records if r["outcome"] not in ANSWERED)
+    return {"scenario": scenario.name, "lookups": len(records), "failed": sum(failed.values()),
+            "failed_by_bound_and_code": dict(failed), "writes_checked": consistency.get("writes_checked", 0),
             "refuted": consistency.get("violations", 0) if "error" not in consistency else None,
             "refuted_by_kind": consistency.get("violations_by_kind", {}),
             "labels_checked": consistency.get("labels_checked", 0),

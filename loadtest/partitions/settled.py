@@ -1,8 +1,11 @@
-"""After healing: does every key, read caught up (``max_lag=0``), hold the value its changelog ends with?
+"""After healing: does every key, read caught up (``max_lag=0``), hold what a recomputation of the table from its
+input gives, and what its changelog ends with?
 
-The input is paused meanwhile (the demo producer stopped with SIGSTOP), so that the changelog comes to an end the
-answers can reach; a key whose caught-up answer still differs from it (or that is not served caught up) when the
-time is up counts as lost.
+The input is paused meanwhile (the demo producer stopped with SIGSTOP), so that the pipeline and the changelog come
+to an end the answers can reach; a key whose caught-up answer still differs from either (or that is not served
+caught up) when the time is up counts as lost. The recomputation is the demo's ``sensor_stats``, the table the
+harness's load reads (``pipeline/demo_tables.py``): count, sum, avg, min, max, and the last reading by record time,
+partition and offset.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ import signal
 import time
 
 import httpx
+
+import orjson
 
 from loadtest.consistency import changelog_topic, read_changelog, same_value
 from tools.local.stack import Stack
@@ -33,19 +38,45 @@ def _answers(client: httpx.Client, table: str, keys: list[str]) -> dict[str, obj
     return answers
 
 
+def sensor_stats_recomputed(bootstrap: str, topic: str) -> dict[str, dict[str, float]]:
+    """``sensor_stats`` of every reading in the input topic, as the pipeline's definition computes it."""
+    from freshroute.changelog_reader import consume_to_end
+
+    readings: dict[str, list[tuple[tuple[int, int, int], float]]] = {}
+
+    def keep(m: object) -> None:
+        reading = orjson.loads(m.value())  # type: ignore[attr-defined]
+        order = (m.timestamp()[1], m.partition(), m.offset())  # type: ignore[attr-defined]
+        readings.setdefault(reading["sensor"], []).append((order, float(reading["reading"])))
+
+    consume_to_end(bootstrap, topic, keep)
+    stats = {}
+    for sensor, rows in readings.items():
+        values = [v for _, v in rows]
+        stats[sensor] = {"count": len(values), "sum": sum(values), "avg": sum(values) / len(values),
+                         "min": min(values), "max": max(values), "last": max(rows)[1]}
+    return stats
+
+
+def _same_stats(got: object, want: dict[str, float]) -> bool:
+    return isinstance(got, dict) and all(
+        k in got and abs(float(got[k]) - v) <= 1e-6 * max(1.0, abs(v)) for k, v in want.items())
+
+
 def _differing(stack: Stack, table: str, keys: list[str], answers: dict[str, object]) -> list[str]:
     c = stack.config
     changelog = read_changelog(c.bootstrap, changelog_topic(table, c.redis_url, c.namespace, c.topic_prefix))
+    recomputed = sensor_stats_recomputed(c.bootstrap, f"{c.topic_prefix}readings")
     differing = []
     for key in keys:
         partition = changelog.partition_of(key)
         live, value, _ = changelog.state_at(key, partition, changelog.end_offsets.get(partition, 0))
-        if key not in answers:
+        answer = answers.get(key, "unanswered")
+        if answer == "unanswered" or (key in recomputed) != live:
             differing.append(key)
-        elif not live:
-            if answers[key] is not None:
-                differing.append(key)
-        elif answers[key] is None or not same_value(answers[key], value):
+        elif live and (answer is None or not same_value(answer, value) or not _same_stats(answer, recomputed[key])):
+            differing.append(key)
+        elif not live and answer is not None:
             differing.append(key)
     return differing
 

@@ -105,3 +105,33 @@ def test_the_cluster_view_shows_a_node_behind_dead_or_the_metadata_lost_and_when
     lagging = {"tables": [{"name": "sensor_stats", "input_lag": {"records": 40, "ms": 2500}}]}
     assert SCENARIOS["pipeline-broker"].sign(2000)(lagging)
     assert not SCENARIOS["pipeline-redis"].sign(3000)(lagging)
+
+
+def test_the_recomputation_is_the_demo_tables_definition_last_by_record_time_then_partition_and_offset(monkeypatch):
+    import orjson
+
+    from freshroute import changelog_reader
+    from loadtest.partitions.settled import sensor_stats_recomputed
+
+    class Message:
+        def __init__(self, sensor: str, reading: float, ts: int, partition: int, offset: int) -> None:
+            self._v = orjson.dumps({"sensor": sensor, "reading": reading})
+            self._ts, self._p, self._o = ts, partition, offset
+
+        def value(self): return self._v
+        def timestamp(self): return (1, self._ts)
+        def partition(self): return self._p
+        def offset(self): return self._o
+
+    messages = [Message("s1", 3.0, 100, 0, 0), Message("s1", 1.0, 300, 0, 2), Message("s1", 7.0, 200, 0, 1),
+                Message("s2", 5.0, 100, 1, 0)]
+
+    def consume(bootstrap, topic, on_message, *args, **kwargs):
+        for m in messages:
+            on_message(m)
+        return len(messages), 0.0, {}
+
+    monkeypatch.setattr(changelog_reader, "consume_to_end", consume)
+    assert sensor_stats_recomputed("b", "readings") == {
+        "s1": {"count": 3, "sum": 11.0, "avg": 11.0 / 3, "min": 1.0, "max": 7.0, "last": 1.0},
+        "s2": {"count": 1, "sum": 5.0, "avg": 5.0, "min": 5.0, "max": 5.0, "last": 5.0}}
