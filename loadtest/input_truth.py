@@ -29,13 +29,23 @@ import bisect
 import math
 from array import array
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 from freshroute import input_position
-from loadtest.label_truth import LABEL_SLACK_MS
+from loadtest.label_truth import LABEL_SLACK_MS, Timeline
 
-if TYPE_CHECKING:
-    from loadtest.consistency import Changelog
+
+class Changelog(Protocol):
+    """What (f) reads of the changelog read back (:class:`loadtest.consistency.Changelog`)."""
+
+    partitions: int
+    end_offsets: dict[int, int]
+
+    def present(self, partition: int) -> Sequence[int]: ...
+
+    def timeline(self, partition: int) -> Timeline | None: ...
+
+    def positions(self) -> Iterator[tuple[int, int, bytes]]: ...
 
 _NEVER = 1 << 62  # later than any time: an interval open at its end
 
@@ -124,7 +134,7 @@ class InputTruth:
     unknown_to: list[int]
 
     @classmethod
-    def of(cls, changelog: "Changelog", inputs: InputLog) -> "InputTruth | None":
+    def of(cls, changelog: Changelog, inputs: InputLog) -> "InputTruth | None":
         """None when a changelog record has no timestamp: then when it reflected its input is not known."""
         dated: dict[int, tuple[array[int], array[int]]] = {}
         intervals: list[tuple[int, int]] = []
