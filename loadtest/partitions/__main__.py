@@ -7,8 +7,8 @@ answer judged afterwards.
 The process makes the network (:mod:`loadtest.partitions.network`) and runs itself again inside the harness's own
 namespace, which starts the stack (every component in a namespace of its own), runs each scenario
 (:mod:`loadtest.partitions.faults`) with :func:`loadtest.scenario.run` and checks its recording against the
-changelog (:mod:`loadtest.consistency`, labels included). The stack is stopped and every namespace deleted at the
-end, also on Ctrl-C; a run that was killed outright is swept by the next.
+changelog (:mod:`loadtest.consistency`, labels included). The stack (thrown away with the run) is killed and every
+namespace deleted at the end, also on Ctrl-C or SIGTERM; a run that was killed outright is swept by the next.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def inside(a: argparse.Namespace, tag: str) -> int:
 
 
 def on_a_stack(a: argparse.Namespace, tag: str, names: list[str], sentinel: bool) -> list[dict[str, Any]]:
-    """Start a stack, run each scenario on it and judge it; stop the stack whatever happens."""
+    """Start a stack, run each scenario on it and judge it; kill the stack whatever happens."""
     config = stack_config(a.out, tag, sentinel)
     network = Network(tag, config.places(), HARNESS_ADDRESS)
     stack = Stack(config, progress=say)
@@ -120,9 +120,9 @@ def on_a_stack(a: argparse.Namespace, tag: str, names: list[str], sentinel: bool
             rows.append(one_scenario(a, stack, SCENARIOS[name], network, slow))
             say("  ".join(f"{k} {v}" for k, v in rows[-1].items()))
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the stack's orderly stop is not cut short by a second one
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the stack's end is not cut short by a second one
         network.heal_all()
-        stack.down()
+        stack.discard()
         for links in slow.values():
             links.stop()
         interrupt_on_term()

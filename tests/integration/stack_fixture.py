@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 import uuid
 from collections import defaultdict
@@ -33,28 +31,9 @@ def start_stack(home: Path, nodes: int = 3, **overrides) -> Stack:
     try:
         stack.up()
     except BaseException:
-        discard(stack)
+        stack.discard()
         raise
     return stack
-
-
-def discard(stack: Stack) -> None:
-    """End a test's stack at once: kill -9 every component (its process group) and reap it.
-
-    A test's stack is thrown away with its directory, so nothing is gained by ``down()``'s orderly stop — the
-    routers first, store nodes draining and handing their actives over, Spark and the brokers shutting down
-    cleanly — which took 5–13 s a stack; ``local down`` keeps that order for the stacks people use.
-    """
-    for name in stack.components:
-        stack.signal(name, signal.SIGKILL)
-    for comp in stack.components.values():
-        try:
-            os.waitpid(comp.pid, 0)
-        except ChildProcessError:  # not ours to reap (started by another Stack object) or reaped already
-            for _ in range(200):  # 10 s at most: SIGKILL has nothing to wait for
-                if not comp.alive():
-                    break
-                time.sleep(0.05)
 
 
 _PRODUCED: dict[str, list[dict]] = {}

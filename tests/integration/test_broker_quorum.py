@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient
 from freshroute.settings import kafka_client_config
 from loadtest.label_truth import LABEL_SLACK_MS
 from loadtest.scenario import Fault, LoadConfig, run
-from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, discard, all_sensors_served, expected_sensor_stats,
+from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, all_sensors_served, expected_sensor_stats,
                                              produce_readings, start_stack, wait_until)
 
 SENSORS = 30
@@ -26,7 +26,7 @@ DEMO_RATE = 50.0
 def stack(tmp_path_factory):
     s = start_stack(tmp_path_factory.mktemp("quorum"), brokers=3)
     yield s
-    discard(s)
+    s.discard()
 
 
 class PacedReadings(threading.Thread):

@@ -13,7 +13,7 @@ import pytest
 
 from tools.local.stack import _print_examples
 from tests.integration.data_plane_support import metrics
-from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, discard, expected_sensor_stats, produce_readings,
+from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, expected_sensor_stats, produce_readings,
                                              start_stack, wait_until)
 
 pytestmark = [pytest.mark.integration, pytest.mark.beside]
@@ -25,7 +25,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def stack(tmp_path_factory):
     s = start_stack(tmp_path_factory.mktemp("secure"), routers=1, secure=True)
     yield s
-    discard(s)
+    s.discard()
 
 
 def test_a_secure_stack_serves_over_tls_with_tokens_and_its_printed_examples_work(stack, capsys):

@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient
 
 from freshroute.topics import topic_config
 from tools.local.stack import Stack
-from tests.integration.stack_fixture import FIRST_DATA_TIMEOUT_S, discard, wait_until
+from tests.integration.stack_fixture import FIRST_DATA_TIMEOUT_S, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +61,7 @@ def orders_stack(tmp_path_factory):
         yield stack, done, path
     finally:
         if (home / "state.json").exists():
-            discard(Stack.load(home))
+            Stack.load(home).discard()
 
 
 @pytest.mark.timeout(900)

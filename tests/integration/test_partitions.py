@@ -4,8 +4,10 @@ every answer judged against the changelog afterwards (loadtest.partitions, brief
 - a store node cut off from the broker (not from Redis or the router) answers on, and within the label bound its
   offset lag is unknown and its staleness grows: no answer labelled fresher than the changelog allows, no bound
   broken;
-- the router cut off from one store node sends its keys to the other replicas: no lookup fails;
-- after healing, every key read caught up holds the changelog's last value.
+- the router cut off from one store node sends its keys to the other replicas: no lookup fails, reads after a
+  write token included;
+- after healing, every key read caught up holds the changelog's last value and what a recomputation from the input
+  gives.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def rows(tmp_path_factory):
         pytest.skip(f"no network namespaces here: {why}")
     out = tmp_path_factory.mktemp("partitions")
     done = subprocess.run([sys.executable, "-m", "loadtest.partitions", "--scenarios", "node-broker", "router-node",
-                           "--warm", "4", "--hold", "6", "--recover", "6", "--no-plots", "--out", str(out)],
+                           "--warm", "3", "--hold", "5", "--recover", "4", "--no-plots", "--out", str(out)],
                           capture_output=True, text=True, timeout=420)
     assert done.returncode in (0, 1), done.stderr[-3000:]
     found = orjson.loads((out / "partitions.json").read_bytes())
@@ -39,7 +41,7 @@ def rows(tmp_path_factory):
 
 def test_a_store_node_cut_off_from_the_broker_says_so_in_its_labels_and_no_answer_lies(rows):
     r = rows["node-broker"]
-    assert r["lookups"] > 1500 and r["labels_checked"] > 1500
+    assert r["lookups"] > 1200 and r["labels_checked"] > 1200
     assert r["failed"] == 0
     assert r["refuted"] == 0, r["refuted_by_kind"]
     assert r["shows_s"] is not None and r["shows_s"] <= LABEL_BOUND_S
@@ -48,7 +50,8 @@ def test_a_store_node_cut_off_from_the_broker_says_so_in_its_labels_and_no_answe
 
 def test_the_router_cut_off_from_a_store_node_fails_no_lookup(rows):
     r = rows["router-node"]
-    assert r["lookups"] > 1500
+    assert r["lookups"] > 1200
+    assert r["writes_checked"] > 20  # reads after write tokens, through the cut too
     assert r["failed"] == 0
     assert r["refuted"] == 0, r["refuted_by_kind"]
     assert r["data_lost"] == 0, r["keys_lost"]

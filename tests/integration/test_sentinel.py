@@ -22,7 +22,7 @@ import redis
 from loadtest.scenario import LoadConfig, run
 from tests.integration.cluster_support import (assert_clean_load, TABLE, Readings, StrictProbe, Watch, fully_replicated, keys_by_partition,
                                                lease_holder, metadata, node_id, wait_every_sensor_served)
-from tests.integration.stack_fixture import discard, start_stack, wait_until
+from tests.integration.stack_fixture import start_stack, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ STRICT_WITHIN_S = 2.0
 def stack(tmp_path_factory):
     s = start_stack(tmp_path_factory.mktemp("sentinel"), nodes=3, redis_sentinel=True)
     yield s
-    discard(s)
+    s.discard()
 
 
 def master_address(stack) -> tuple[str, int] | None:

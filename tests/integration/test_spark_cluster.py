@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.integration.cluster_support import Readings
-from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, discard, all_sensors_served, expected_sensor_stats,
+from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, all_sensors_served, expected_sensor_stats,
                                              start_stack, wait_until)
 
 pytestmark = pytest.mark.integration
@@ -28,7 +28,7 @@ SENSORS = 30
 def stack(tmp_path_factory):
     s = start_stack(tmp_path_factory.mktemp("spark-cluster"), nodes=2, spark_cluster=True, routers=1)
     yield s
-    discard(s)
+    s.discard()
 
 
 def master_state(stack) -> dict:

@@ -22,7 +22,7 @@ import pytest
 from loadtest.scenario import LoadConfig, run
 from tests.integration.cluster_support import (assert_clean_load, TABLE, Readings, StrictProbe, Watch, balanced, fully_replicated,
                                                keys_by_partition, metadata, node_id, wait_every_sensor_served)
-from tests.integration.stack_fixture import discard, start_stack, wait_until
+from tests.integration.stack_fixture import start_stack, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +37,7 @@ STRICT_WITHIN_S = 2.0
 def stack(tmp_path_factory):
     s = start_stack(tmp_path_factory.mktemp("standbys"), nodes=4, standby_replicas=STANDBYS)
     yield s
-    discard(s)
+    s.discard()
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import outlive_modules
-from tests.integration.stack_fixture import discard, start_stack
+from tests.integration.stack_fixture import start_stack
 
 
 @pytest.fixture(scope="package")
@@ -21,7 +21,7 @@ def stack(request, tmp_path_factory):
     s = start_stack(tmp_path_factory.mktemp("one-stack"), routers=1)
     outlive_modules(request.config, lambda: [c.pid for c in s.components.values()])
     yield s
-    discard(s)
+    s.discard()
 
 
 # Run first: the client install builds a wheel and a virtual environment (about 13 s) while the stack's pipeline is
