@@ -11,7 +11,9 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+import uuid
 
 import pytest
 
@@ -47,6 +49,53 @@ def named(output: str) -> tuple[str, str]:
     return m.group(1), m.group(2)
 
 
+class Started:
+    """A ``freshroute`` command run on a thread of its own from now on; ``outcome()`` is what ``freshroute`` returned
+    (or raised), its time counted to its own end."""
+
+    def __init__(self, *args: str) -> None:
+        self._got: tuple[int, str, float] | BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=args, daemon=True)
+        self._thread.start()
+
+    def _run(self, *args: str) -> None:
+        try:
+            self._got = freshroute(*args)
+        except BaseException as e:  # noqa: BLE001 — raised in the test that reads it
+            self._got = e
+
+    def join(self) -> None:
+        self._thread.join(HANG_S)
+
+    def outcome(self) -> tuple[int, str, float]:
+        self.join()
+        if isinstance(self._got, BaseException):
+            raise self._got
+        assert self._got is not None, "the command did not end"
+        return self._got
+
+
+@pytest.fixture(scope="module", autouse=True)
+def without_a_broker(redis_service, tmp_path_factory):
+    """The two commands that wait out their broker timeout (10 s each), started together as the module starts: they
+    wait beside each other and beside the module's first tests, not one after the other (about 20 s of the module's
+    time). By test: the broker address it was given, its checkpoint directory (the pipeline's), and the command."""
+    table_broker, pipeline_broker = nowhere(), nowhere()
+    namespace = f"t{uuid.uuid4().hex[:10]}"
+    checkpoint = tmp_path_factory.mktemp("pipeline-without-a-broker") / "checkpoint"
+    started = {
+        "table add": (table_broker, None,
+                      Started("table", "add", "orders", "--topic", "orders", "--bootstrap-servers", table_broker,
+                              "--redis-url", redis_service.address, "--namespace", namespace)),
+        "pipeline": (pipeline_broker, checkpoint,
+                     Started("pipeline", "--bootstrap-servers", pipeline_broker, "--redis-url", nowhere_redis(),
+                             "--checkpoint-dir", str(checkpoint))),
+    }
+    yield started
+    for _, _, command in started.values():  # a test deselected or failed early: its command still ends here
+        command.join()
+
+
 @pytest.mark.parametrize("data_dir, why", [("file", "is a file, not a directory"),
                                            ("file/below", "Not a directory")])
 def test_a_store_node_whose_data_dir_cannot_hold_stores_says_so_before_it_listens(tmp_path, data_dir, why):
@@ -59,10 +108,9 @@ def test_a_store_node_whose_data_dir_cannot_hold_stores_says_so_before_it_listen
     assert took < HANG_S
 
 
-def test_table_add_without_a_broker_names_the_broker_and_its_flag(redis_url, namespace):
-    broker = nowhere()
-    rc, out, took = freshroute("table", "add", "orders", "--topic", "orders", "--bootstrap-servers", broker,
-                               "--redis-url", redis_url, "--namespace", namespace)
+def test_table_add_without_a_broker_names_the_broker_and_its_flag(without_a_broker):
+    broker, _, started = without_a_broker["table add"]
+    rc, out, took = started.outcome()
     code, message = named(out)
     assert (rc, code) == (2, "UNAVAILABLE") and f"the broker at {broker} (--bootstrap-servers)" in message, out
     assert took < HANG_S
@@ -75,13 +123,12 @@ def test_table_list_without_redis_names_redis_and_its_flag():
     assert (rc, code) == (2, "UNAVAILABLE") and f"the metadata store at {redis} (--redis-url)" in message, out
 
 
-def test_a_pipeline_without_a_broker_names_it_before_spark_starts(tmp_path):
-    broker = nowhere()
-    rc, out, took = freshroute("pipeline", "--bootstrap-servers", broker, "--redis-url", nowhere_redis(),
-                               "--checkpoint-dir", str(tmp_path / "checkpoint"))
+def test_a_pipeline_without_a_broker_names_it_before_spark_starts(without_a_broker):
+    broker, checkpoint, started = without_a_broker["pipeline"]
+    rc, out, took = started.outcome()
     code, message = named(out)
     assert (rc, code) == (2, "UNAVAILABLE") and f"the broker at {broker} (bootstrap_servers)" in message, out
-    assert not (tmp_path / "checkpoint").exists() and took < HANG_S
+    assert not checkpoint.exists() and took < HANG_S
 
 
 def test_a_direct_lookup_says_why_the_store_nodes_were_not_read_beside_the_routers_failure():

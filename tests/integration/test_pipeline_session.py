@@ -8,8 +8,9 @@ import textwrap
 
 import pytest
 
-# Two Spark sessions, no pipeline, no broker: settings read back, no timing held to a bound. They run in the
-# background lane with the pipeline modules of end results (./dev test), not in the foreground's turn.
+# One Spark session for both tests (a session's start is most of their time), no pipeline, no broker: settings read
+# back, no timing held to a bound. They run in the background lane with the pipeline modules of end results
+# (./dev test), not in the foreground's turn.
 pytestmark = [pytest.mark.integration, pytest.mark.beside]
 
 _PROBE = textwrap.dedent('''
@@ -27,13 +28,28 @@ _PROBE = textwrap.dedent('''
     print("local file system:", local.getClass().getName())
     args = jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
     print("jit:", "client" if "-XX:TieredStopAtLevel=1" in list(args) else "tiered")
+''')
+
+_JVM_KAFKA = textwrap.dedent('''
+    from pipeline.sources import kafka_stream
+
+    df = kafka_stream(spark, PipelineSettings(), "readings")
+    print("columns:", ",".join(df.columns), "streaming:", df.isStreaming)
     spark.stop()
 ''')
 
 
+@pytest.fixture(scope="module")
+def session_output(tmp_path_factory) -> subprocess.CompletedProcess:
+    """The probe, then the Kafka source read through the same session (the settings the source is given are the
+    default ones, as a pipeline's): what the process printed."""
+    return subprocess.run([sys.executable, "-c", _PROBE + _JVM_KAFKA], capture_output=True, text=True, timeout=240,
+                          cwd=tmp_path_factory.mktemp("session"))
+
+
 @pytest.mark.timeout(300)
-def test_the_local_file_system_is_the_one_rocksdb_snapshot_uploads_need(tmp_path):
-    out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+def test_the_local_file_system_is_the_one_rocksdb_snapshot_uploads_need(session_output):
+    out = session_output
     assert out.returncode == 0, out.stderr[-3000:]
     assert "local file system: " in out.stdout, out.stderr[-3000:]
     # The suite's pipelines run the client compiler only (FRESHROUTE_SPARK_JIT, tests/integration/conftest.py).
@@ -43,22 +59,9 @@ def test_the_local_file_system_is_the_one_rocksdb_snapshot_uploads_need(tmp_path
     assert "spark.sql.streaming.stateStore.minDeltasForSnapshot 7\n" in out.stdout, out.stdout
 
 
-_JVM_KAFKA = textwrap.dedent('''
-    from pipeline.session import build_session
-    from pipeline.sources import kafka_stream
-    from pipeline.settings import PipelineSettings
-
-    settings = PipelineSettings()
-    spark = build_session(settings)
-    df = kafka_stream(spark, settings, "readings")
-    print("columns:", ",".join(df.columns), "streaming:", df.isStreaming)
-    spark.stop()
-''')
-
-
 @pytest.mark.timeout(300)
-def test_the_session_reads_kafka_through_sparks_own_connector(tmp_path):
-    out = subprocess.run([sys.executable, "-c", _JVM_KAFKA], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+def test_the_session_reads_kafka_through_sparks_own_connector(session_output):
+    out = session_output
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == ("columns: _freshroute_raw_key,_freshroute_raw_value,key,topic,partition,"
                                                    "offset,timestamp streaming: True")
