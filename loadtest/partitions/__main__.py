@@ -94,24 +94,25 @@ def inside(a: argparse.Namespace, tag: str) -> int:
     """Run the scenarios on a stack of each kind they need; write the table."""
     interrupt_on_term()
     rows: list[dict[str, Any]] = []
-    for sentinel in (False, True):
-        names = [name for name in a.scenarios if SCENARIOS[name].sentinel == sentinel]
-        if names:
-            rows += on_a_stack(a, tag, names, sentinel)
-    (a.out / "partitions.json").write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2))
+    try:
+        for sentinel in (False, True):
+            names = [name for name in a.scenarios if SCENARIOS[name].sentinel == sentinel]
+            if names:
+                on_a_stack(a, tag, names, sentinel, rows)
+    finally:  # what was measured is kept, also when a later stack fails to start
+        (a.out / "partitions.json").write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2))
     for line in table_lines(rows):
         print(line)
     print(orjson.dumps({"partitions": rows}).decode())
     return 0 if all(r["refuted"] == 0 and r["data_lost"] == 0 for r in rows) else 1
 
 
-def on_a_stack(a: argparse.Namespace, tag: str, names: list[str], sentinel: bool) -> list[dict[str, Any]]:
-    """Start a stack, run each scenario on it and judge it; kill the stack whatever happens."""
+def on_a_stack(a: argparse.Namespace, tag: str, names: list[str], sentinel: bool, rows: list[dict[str, Any]]) -> None:
+    """Start a stack, run each scenario on it and judge it into ``rows``; kill the stack whatever happens."""
     config = stack_config(a.out, tag, sentinel)
     network = Network(tag, config.places(), HARNESS_ADDRESS)
     stack = Stack(config, progress=say)
     slow = {s.component: slow_links(stack, s.component) for s in map(SCENARIOS.get, names) if s and s.way == "slow"}
-    rows = []
     try:
         for links in slow.values():
             links.start()
@@ -126,7 +127,6 @@ def on_a_stack(a: argparse.Namespace, tag: str, names: list[str], sentinel: bool
         for links in slow.values():
             links.stop()
         interrupt_on_term()
-    return rows
 
 
 def slow_links(stack: Stack, component: str) -> SlowLinks:

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from loadtest.partitions.network import run_ip
+from loadtest.partitions.network import NetworkError, run_ip
 
 API_PORT = 8474
 PROXY_OFFSET = 10_000  # the proxy in front of port p listens on p + this
@@ -91,6 +91,11 @@ class SlowLinks:
                     api.delete(f"/proxies/{name}/toxics/delay_{stream}")
 
     def stop(self) -> None:
+        """Stop the proxies and the redirect to them: the namespace may host the node of another stack next."""
+        try:
+            run_ip("nft", "delete", "table", "ip", "freshroute_proxied", ns=self.ns)
+        except NetworkError:
+            pass  # never made (the run ended before)
         if self._proc is not None:
             self._proc.terminate()
             try:
