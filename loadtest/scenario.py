@@ -161,6 +161,10 @@ class LoadConfig:
     timeout_s: float = 5.0
     seed: int = 1
     window_span_ms: int = 0  # > 0: window lookups of a windowed table, each the key's windows of this last span
+    # With a windowed ``window_table``: the last ``window_workers`` workers read its windows of ``window_span_ms``
+    # while the others read ``table``'s keys; both are checked.
+    window_table: str = ""
+    window_workers: int = 0
     # Read your writes: writers each producing readings of a key of their own to the input, every one followed by a
     # REST lookup after its write token (the consistency check's (d)); their lookups come on top of ``rate``.
     writers: int = 0
@@ -197,6 +201,10 @@ async def _worker(i: int, cfg: LoadConfig, rest: Any, grpc_stub: Any, client: An
     mixer = BoundMixer(parse_bound_mix(cfg.bound_mix), rng)
     session = Session(f"w{i}")
     proto = worker_protocol(cfg.protocol, i)
+    table, span_ms = cfg.table, cfg.window_span_ms
+    if cfg.window_table:
+        table, span_ms = (cfg.window_table, cfg.window_span_ms) if i >= cfg.concurrency - cfg.window_workers \
+            else (cfg.table, 0)
     interval = cfg.concurrency / cfg.rate if cfg.rate > 0 else 0.0
     # Spread the workers' first requests over one interval so that a paced load is smooth.
     next_at = time.monotonic() + (interval * i / cfg.concurrency if interval else 0.0)
@@ -213,21 +221,21 @@ async def _worker(i: int, cfg: LoadConfig, rest: Any, grpc_stub: Any, client: An
         budget[0] -= 1
         key = chooser.choose()
         choice = mixer.choose()
-        bound = bound_params(choice, session, cfg.table)
+        bound = bound_params(choice, session, table)
         seq = session.next_seq()
         span = None
-        if cfg.window_span_ms:
+        if span_ms:
             now = int(time.time() * 1000)
-            span = (now - cfg.window_span_ms, now + 1)
+            span = (now - span_ms, now + 1)
         if proto == "rest":
-            r = await rest_lookup(rest, cfg.table, key, choice.kind, bound, t0, session.name, seq, span)
+            r = await rest_lookup(rest, table, key, choice.kind, bound, t0, session.name, seq, span)
         elif proto == "client":
-            r = await client_lookup(client, cfg.table, key, choice.kind, bound, t0, session.name, seq, span)
+            r = await client_lookup(client, table, key, choice.kind, bound, t0, session.name, seq, span)
         else:
-            r = await grpc_lookup(grpc_stub, cfg.table, key, choice.kind, bound, t0, session.name, seq, cfg.timeout_s,
+            r = await grpc_lookup(grpc_stub, table, key, choice.kind, bound, t0, session.name, seq, cfg.timeout_s,
                                   span)
         if r["outcome"] in ANSWERED:
-            session.observe(cfg.table, r.get("position"))
+            session.observe(table, r.get("position"))
         rec.add(r)
 
 
@@ -389,23 +397,42 @@ def run(stack: Stack, cfg: LoadConfig, faults: list[Fault], out_dir: Path, check
         from loadtest.input_truth import read_input
 
         say("consistency check: reading the changelog back …")
-        topic = changelog_topic(cfg.table, c.redis_url, c.namespace, c.topic_prefix)
         inputs, read = None, "unread: no input topic"
         if cfg.input_topic:
             try:
                 inputs, read = read_input(c.bootstrap, cfg.input_topic), f"read: {cfg.input_topic}"
             except Exception as e:  # noqa: BLE001 - without its input only (f) goes unchecked
                 read = f"unread: {type(e).__name__}: {e}"
+        reports = []
         try:
-            report = check_records(recorder.records, read_changelog(c.bootstrap, topic), cfg.table,
-                                   table_window(cfg.table, c.redis_url, c.namespace), **(check_options or {}),
-                                   inputs=inputs)
-            extra["consistency"] = report.to_dict() | {"inputs": read}
+            for table in [cfg.table, *([cfg.window_table] if cfg.window_table and cfg.window_workers else [])]:
+                topic = changelog_topic(table, c.redis_url, c.namespace, c.topic_prefix)
+                reports.append(check_records(recorder.records, read_changelog(c.bootstrap, topic), table,
+                                             table_window(table, c.redis_url, c.namespace), **(check_options or {}),
+                                             inputs=inputs).to_dict())
+            extra["consistency"] = merged(reports) | {"inputs": read}
         except Exception as e:  # noqa: BLE001 - the run's report still gets written, with the reason
             extra["consistency"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
         (out_dir / "consistency.json").write_bytes(orjson.dumps(extra["consistency"], option=orjson.OPT_INDENT_2))
     summary = write_report(recorder.records, injector.events, duration, out_dir, title, extra, plots)
     return summary
+
+
+def merged(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """One check report of several tables' (:meth:`loadtest.consistency.CheckReport.to_dict`): counts summed, each
+    table's own under ``tables``; a single table's as it is."""
+    if len(reports) == 1:
+        return reports[0]
+    out: dict[str, Any] = {"ok": all(r["ok"] for r in reports), "table": "+".join(r["table"] for r in reports),
+                           "violations_by_kind": {}, "offending": [], "tables": {r["table"]: r for r in reports}}
+    for r in reports:
+        for k, v in r.items():
+            if isinstance(v, int) and not isinstance(v, bool):
+                out[k] = out.get(k, 0) + v
+        for kind, n in r["violations_by_kind"].items():
+            out["violations_by_kind"][kind] = out["violations_by_kind"].get(kind, 0) + n
+        out["offending"] += r["offending"]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

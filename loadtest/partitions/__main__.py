@@ -35,6 +35,7 @@ from tools.local.stack import NETNS_SUBNET, Stack, StackConfig
 HARNESS_ADDRESS = f"{NETNS_SUBNET}.100"
 BOUNDS = "none:3,max_lag=0:2,max_lag=100:1,max_staleness_ms=1000:2,session:2"
 WRITERS = 2
+WINDOW_TABLE = "sensor_windows"
 
 
 def stack_config(out: Path, tag: str, sentinel: bool = False) -> StackConfig:
@@ -145,9 +146,11 @@ def one_scenario(a: argparse.Namespace, stack: Stack, scenario: Scenario, networ
     from loadtest.scenario import LoadConfig, run
 
     config = stack.config
-    # Two writers read each of their readings back after its write token (the check's read-your-writes).
+    # Two writers read each of their readings back after its write token (the check's read-your-writes); a quarter
+    # of the workers read a key's windows of the last minute, each with its final flag.
     load = LoadConfig(keys=100, bound_mix=BOUNDS, protocol=a.protocol, concurrency=16, rate=a.rate,
                       table=TABLE, duration_s=a.warm + a.hold + a.recover, timeout_s=5.0, writers=WRITERS,
+                      window_table=WINDOW_TABLE, window_workers=4, window_span_ms=60_000,
                       bootstrap=config.bootstrap, input_topic=f"{config.topic_prefix}readings")
     injectors: list[NetworkFaults] = []
 

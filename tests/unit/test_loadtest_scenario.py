@@ -113,3 +113,17 @@ def test_a_load_given_a_stop_event_ends_when_it_is_set_and_not_before():
     budget = [1000]
     asyncio.run(_end_when(threading.Event(), time.monotonic() + 0.1, budget))  # the deadline ends it: budget kept
     assert budget == [1000]
+
+
+def test_the_check_of_two_tables_sums_their_counts_and_keeps_each_one():
+    from loadtest.scenario import merged
+
+    keys = {"ok": True, "table": "sensor_stats", "requests": 10, "labels_checked": 20, "violations": 0,
+            "violations_by_kind": {}, "offending": []}
+    windows = {"ok": False, "table": "sensor_windows", "requests": 4, "labels_checked": 8, "violations": 1,
+               "violations_by_kind": {"value": 1}, "offending": [{"index": 3, "kind": "value"}]}
+    both = merged([keys, windows])
+    assert both["ok"] is False and both["table"] == "sensor_stats+sensor_windows"
+    assert (both["requests"], both["labels_checked"], both["violations"]) == (14, 28, 1)
+    assert both["violations_by_kind"] == {"value": 1} and both["offending"] == [{"index": 3, "kind": "value"}]
+    assert both["tables"]["sensor_windows"] is windows and merged([keys]) is keys
