@@ -162,7 +162,7 @@ def one_scenario(a: argparse.Namespace, stack: Stack, scenario: Scenario, networ
         summary = run(stack, load, scenario.faults(a.warm, a.hold), a.out / scenario.name, plots=not a.no_plots,
                       say=say, title=f"{scenario.name}: {scenario.story}", injector_for=injector,
                       check_options={"label_slack_ms": a.label_slack_ms})
-    lost = keys_lost(stack, load.table, [f"{load.key_prefix}{i}" for i in range(load.keys)])
+    lost = keys_lost(stack, {load.table: [f"{load.key_prefix}{i}" for i in range(load.keys)]})
     row = scenario_row(scenario, summary, a.out / scenario.name / "requests.jsonl", a.label_slack_ms, lost)
     sign = scenario.sign(a.label_slack_ms)
     shown = watch.shows(sign, injectors[0].t0, *fault_times(summary)) if sign else (None, None)

@@ -107,15 +107,16 @@ def test_the_cluster_view_shows_a_node_behind_dead_or_the_metadata_lost_and_when
     assert not SCENARIOS["pipeline-redis"].sign(3000)(lagging)
 
 
-def test_the_recomputation_is_the_demo_tables_definition_last_by_record_time_then_partition_and_offset(monkeypatch):
+def test_the_recomputation_is_the_demo_tables_definitions_last_by_record_time_then_partition_and_offset(monkeypatch):
     import orjson
 
     from freshroute import changelog_reader
-    from loadtest.partitions.settled import sensor_stats_recomputed
+    from loadtest.partitions.settled import recomputed
 
     class Message:
         def __init__(self, sensor: str, reading: float, ts: int, partition: int, offset: int) -> None:
-            self._v = orjson.dumps({"sensor": sensor, "reading": reading})
+            self._v = orjson.dumps({"sensor": sensor, "area": "east" if sensor == "s1" else "west",
+                                    "reading": reading})
             self._ts, self._p, self._o = ts, partition, offset
 
         def value(self): return self._v
@@ -132,6 +133,7 @@ def test_the_recomputation_is_the_demo_tables_definition_last_by_record_time_the
         return len(messages), 0.0, {}
 
     monkeypatch.setattr(changelog_reader, "consume_to_end", consume)
-    assert sensor_stats_recomputed("b", "readings") == {
-        "s1": {"count": 3, "sum": 11.0, "avg": 11.0 / 3, "min": 1.0, "max": 7.0, "last": 1.0},
-        "s2": {"count": 1, "sum": 5.0, "avg": 5.0, "min": 5.0, "max": 5.0, "last": 5.0}}
+    assert recomputed("b", "readings") == {
+        "sensor_stats": {"s1": {"count": 3, "sum": 11.0, "avg": 11.0 / 3, "min": 1.0, "max": 7.0, "last": 1.0},
+                         "s2": {"count": 1, "sum": 5.0, "avg": 5.0, "min": 5.0, "max": 5.0, "last": 5.0}},
+        "area_counts": {"east": {"count": 3}, "west": {"count": 1}}}
