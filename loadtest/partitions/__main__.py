@@ -158,15 +158,17 @@ def one_scenario(a: argparse.Namespace, stack: Stack, scenario: Scenario, networ
         injectors.append(NetworkFaults(s, t0, talk, network, slow))
         return injectors[-1]
 
-    with ClusterWatch(config.rest_url) as watch:
+    with ClusterWatch(config.rest_url, stack.components["router"].addresses["metrics"]) as watch:
         summary = run(stack, load, scenario.faults(a.warm, a.hold), a.out / scenario.name, plots=not a.no_plots,
                       say=say, title=f"{scenario.name}: {scenario.story}", injector_for=injector,
                       check_options={"label_slack_ms": a.label_slack_ms})
     lost = keys_lost(stack, {load.table: [f"{load.key_prefix}{i}" for i in range(load.keys)]})
     row = scenario_row(scenario, summary, a.out / scenario.name / "requests.jsonl", a.label_slack_ms, lost)
-    sign = scenario.sign(a.label_slack_ms)
-    shown = watch.shows(sign, injectors[0].t0, *fault_times(summary)) if sign else (None, None)
-    row.update(operator_s=shown[0], operator_cleared_s=shown[1])
+    times = (injectors[0].t0, *fault_times(summary))
+    view, metrics = scenario.sign(a.label_slack_ms), scenario.metrics_sign(a.label_slack_ms)
+    shown = watch.shows(view, *times) if view else (None, None)
+    counted = watch.shows(metrics, *times) if metrics else (None, None)
+    row.update(operator_s=shown[0], operator_cleared_s=shown[1], metrics_s=counted[0], metrics_cleared_s=counted[1])
     return row
 
 

@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 from loadtest.partitions.network import Link, Network
 from loadtest.partitions.slow_links import SlowLinks
-from loadtest.partitions.watch import Sign, input_behind, metadata_lost, node_dead, replicas_behind
+from loadtest.partitions.watch import (Sign, input_behind, metadata_lost, metrics_metadata_lost, metrics_node_dead,
+                                       metrics_replicas_behind, node_dead, replicas_behind)
 from loadtest.scenario import Fault
 from tools.local.stack import Stack
 
@@ -43,6 +44,12 @@ class Scenario:
         node = self.component.removeprefix("store-")  # store-node-2's node id is node-2
         return {"behind": replicas_behind(node, slack_ms), "dead": node_dead(node), "metadata": metadata_lost,
                 "input": input_behind(TABLE, slack_ms)}.get(self.watch)
+
+    def metrics_sign(self, slack_ms: int) -> Sign | None:
+        """The same in the router's Prometheus metrics, where they have it (no input lag there)."""
+        node = self.component.removeprefix("store-")
+        return {"behind": metrics_replicas_behind(node, slack_ms), "dead": metrics_node_dead(node),
+                "metadata": metrics_metadata_lost}.get(self.watch)
 
     def faults(self, at_s: float, hold_s: float) -> list[Fault]:
         if self.way == "slow":

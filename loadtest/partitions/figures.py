@@ -72,12 +72,19 @@ def scenario_row(scenario: Any, summary: dict[str, Any], recording: Path, slack_
             "shows_s": shows, "recovered_s": recovered, "data_lost": len(lost), "keys_lost": lost[:10]}
 
 
+def _pair(view: float | None, metrics: float | None) -> str:
+    if view is None and metrics is None:
+        return "–"
+    return f"{'–' if view is None else view} / {'–' if metrics is None else metrics}"
+
+
 def table_lines(rows: list[dict[str, Any]]) -> list[str]:
-    head = ("| scenario | lookups | failed | refuted | in answers after (s) | in the cluster view after (s) "
-            "| answers whole again after healing (s) | the view after healing (s) | keys lost |")
+    head = ("| scenario | lookups | failed | refuted | in answers after (s) | in the cluster view / metrics after (s) "
+            "| answers whole again after healing (s) | the view / metrics after healing (s) | keys lost |")
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        cells = [r["scenario"], r["lookups"], r["failed"], r["refuted"], r["shows_s"], r.get("operator_s"),
-                 r["recovered_s"], r.get("operator_cleared_s"), r["data_lost"]]
+        cells = [r["scenario"], r["lookups"], r["failed"], r["refuted"], r["shows_s"],
+                 _pair(r.get("operator_s"), r.get("metrics_s")), r["recovered_s"],
+                 _pair(r.get("operator_cleared_s"), r.get("metrics_cleared_s")), r["data_lost"]]
         lines.append("| " + " | ".join("–" if c is None else str(c) for c in cells) + " |")
     return lines

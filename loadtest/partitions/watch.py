@@ -1,5 +1,6 @@
 """What an operator sees of a fault: the router's cluster view (``/v1/cluster``, with ``/v1/tables``' tables under
-``tables``), read every 200 ms while a scenario runs, judged by the scenario's sign of trouble."""
+``tables``) and its Prometheus metrics (under ``metrics``: each sample's name, labels and value), read every 200 ms
+while a scenario runs, judged by the scenario's signs of trouble."""
 
 from __future__ import annotations
 
@@ -47,11 +48,46 @@ def metadata_lost(cluster: dict[str, Any]) -> bool:
     return not cluster.get("metadata", {}).get("redis_ok", True)
 
 
+def _samples(view: dict[str, Any], name: str, node: str | None = None) -> list[tuple[dict[str, str], float]]:
+    return [(labels, value) for n, labels, value in view.get("metrics", ())
+            if n == name and (node is None or labels.get("node") == node)]
+
+
+def metrics_replicas_behind(node: str, slack_ms: int) -> Sign:
+    """In the router's metrics: the node's replicas stale past the slack, or with no offset lag sample (unknown)."""
+    def sign(view: dict[str, Any]) -> bool:
+        known = {(labels["table"], labels["partition"])
+                 for labels, _ in _samples(view, "freshroute_router_replica_lag_offsets", node)}
+        stale = _samples(view, "freshroute_router_replica_staleness_ms", node)
+        return any(value > slack_ms or (labels["table"], labels["partition"]) not in known for labels, value in stale)
+    return sign
+
+
+def metrics_node_dead(node: str) -> Sign:
+    def sign(view: dict[str, Any]) -> bool:
+        return any(value == 0 for _, value in _samples(view, "freshroute_router_replica_alive", node))
+    return sign
+
+
+def metrics_metadata_lost(view: dict[str, Any]) -> bool:
+    return any(value == 0 for _, value in _samples(view, "freshroute_router_redis_up"))
+
+
+def router_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """The router's own gauges of a Prometheus exposition: replicas' lag, staleness and liveness, Redis."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = ("freshroute_router_replica_", "freshroute_router_redis_up")
+    return [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name.startswith(wanted)]
+
+
 class ClusterWatch:
     """Reads the cluster view in a thread of its own until stopped; ``seen`` holds (monotonic time, view)."""
 
-    def __init__(self, rest_url: str) -> None:
+    def __init__(self, rest_url: str, metrics_url: str) -> None:
         self._url = rest_url
+        self._metrics_url = metrics_url
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="cluster-watch")
         self.seen: list[tuple[float, dict[str, Any]]] = []
@@ -71,6 +107,7 @@ class ClusterWatch:
                     at = time.monotonic()
                     view = client.get(f"{self._url}/v1/cluster").json()
                     view["tables"] = client.get(f"{self._url}/v1/tables").json()["tables"]
+                    view["metrics"] = router_samples(client.get(self._metrics_url).text)
                     self.seen.append((at, view))
                 except (httpx.HTTPError, ValueError):
                     pass  # the router's own trouble shows in the lookups

@@ -94,7 +94,7 @@ def test_the_cluster_view_shows_a_node_behind_dead_or_the_metadata_lost_and_when
                           {"node": "node-2", "alive": alive, "replicas": [replica]}],
                 "metadata": {"redis_ok": redis_ok}}
 
-    watch = ClusterWatch("http://unused")
+    watch = ClusterWatch("http://unused", "http://unused/metrics")
     watch.seen = [(100.0, view(0, 0)), (110.5, view(0, 0)), (111.2, view(None, 1200)), (120.4, view(None, 9000)),
                   (121.0, view(0, 0, redis_ok=False)), (122.0, view(0, 0, alive=False))]
     behind = SCENARIOS["node-broker"].sign(2000)
@@ -137,3 +137,26 @@ def test_the_recomputation_is_the_demo_tables_definitions_last_by_record_time_th
         "sensor_stats": {"s1": {"count": 3, "sum": 11.0, "avg": 11.0 / 3, "min": 1.0, "max": 7.0, "last": 1.0},
                          "s2": {"count": 1, "sum": 5.0, "avg": 5.0, "min": 5.0, "max": 5.0, "last": 5.0}},
         "area_counts": {"east": {"count": 3}, "west": {"count": 1}}}
+
+
+def test_the_routers_metrics_show_a_node_behind_dead_or_redis_lost():
+    from loadtest.partitions.watch import router_samples
+
+    exposition = "\n".join([
+        '# TYPE freshroute_router_replica_lag_offsets gauge',
+        'freshroute_router_replica_lag_offsets{table="t",partition="0",node="node-1",role="active"} 0.0',
+        '# TYPE freshroute_router_replica_staleness_ms gauge',
+        'freshroute_router_replica_staleness_ms{table="t",partition="0",node="node-1",role="active"} 0.0',
+        'freshroute_router_replica_staleness_ms{table="t",partition="0",node="node-2",role="standby"} 300.0',
+        '# TYPE freshroute_router_replica_alive gauge',
+        'freshroute_router_replica_alive{table="t",partition="0",node="node-1",role="active"} 1.0',
+        'freshroute_router_replica_alive{table="t",partition="0",node="node-2",role="standby"} 0.0',
+        '# TYPE freshroute_router_redis_up gauge', 'freshroute_router_redis_up 1.0',
+        '# TYPE freshroute_router_lookups_total counter', 'freshroute_router_lookups_total{outcome="ok"} 5.0', ""])
+    view = {"metrics": router_samples(exposition)}
+    assert len(view["metrics"]) == 6  # the router's own gauges only
+    behind, dead = SCENARIOS["node-broker"].metrics_sign(2000), SCENARIOS["node-redis"].metrics_sign(2000)
+    assert behind(view)  # node-2's offset lag has no sample: unknown
+    assert dead(view)
+    assert not SCENARIOS["router-redis"].metrics_sign(2000)(view)
+    assert SCENARIOS["pipeline-broker"].metrics_sign(2000) is None
