@@ -11,9 +11,9 @@ Offset lag is ``end − applied`` where the end offset is the high watermark of 
 responses the tailer reads anyway (no request of its own); without a broker response within
 the evidence window it is unknown: a replica cut off from its broker cannot know how far
 behind it is. Time staleness is how long ago the replica last held every record the broker
-had: 0 while caught up, otherwise ``now − caught_up_at``. "Caught up" needs fresh evidence from the broker — an end offset the
-broker reported recently — so staleness keeps growing while the broker is unreachable
-instead of freezing at an optimistic value.
+had: 0 while caught up, otherwise ``now − caught_up_at``. "Caught up" needs fresh evidence
+from the broker — an end offset the broker reported recently — so staleness keeps growing
+while the broker is unreachable instead of freezing at an optimistic value.
 
 Each end offset the broker reports is remembered with the time it was seen; when the
 applied offset passes it, the replica is known to have been complete as of that time. This
