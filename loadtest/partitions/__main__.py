@@ -30,6 +30,8 @@ from loadtest.partitions.slow_links import SlowLinks
 from loadtest.partitions.watch import ClusterWatch
 from loadtest.partitions.network import (Network, NetworkError, leftover_tags, namespaces, run_tag, sweep,
                                          why_not_here)
+from loadtest.label_truth import LABEL_SLACK_MS
+from loadtest.scenario import PROTOCOLS, LoadConfig, run
 from tools.local.stack import NETNS_SUBNET, Stack, StackConfig
 
 HARNESS_ADDRESS = f"{NETNS_SUBNET}.100"
@@ -113,7 +115,7 @@ def on_a_stack(a: argparse.Namespace, tag: str, names: list[str], sentinel: bool
     config = stack_config(a.out, tag, sentinel)
     network = Network(tag, config.places(), HARNESS_ADDRESS)
     stack = Stack(config, progress=say)
-    slow = {s.component: slow_links(stack, s.component) for s in map(SCENARIOS.get, names) if s and s.way == "slow"}
+    slow = {s.component: slow_links(stack, s.component) for s in (SCENARIOS[n] for n in names) if s.way == "slow"}
     try:
         for links in slow.values():
             links.start()
@@ -143,8 +145,6 @@ def slow_links(stack: Stack, component: str) -> SlowLinks:
 def one_scenario(a: argparse.Namespace, stack: Stack, scenario: Scenario, network: Network,
                  slow: dict[str, SlowLinks]) -> dict[str, Any]:
     """Load, fault, heal, check; the scenario's row."""
-    from loadtest.scenario import LoadConfig, run
-
     config = stack.config
     # Two writers read each of their readings back after its write token (the check's read-your-writes); a quarter
     # of the workers read a key's windows of the last minute, each with its final flag.
@@ -181,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hold", type=float, default=15.0, help="seconds the cut holds")
     p.add_argument("--recover", type=float, default=15.0, help="seconds of load after healing")
     p.add_argument("--rate", type=float, default=200.0, help="lookups/s through the router (bounded load)")
-    p.add_argument("--protocol", choices=("rest", "grpc", "both", "client", "all"), default="rest")
-    p.add_argument("--label-slack-ms", type=int, default=2000,
+    p.add_argument("--protocol", choices=PROTOCOLS, default="rest")
+    p.add_argument("--label-slack-ms", type=int, default=LABEL_SLACK_MS,
                    help="how far a label may trail the truth before the checker refutes it")
     p.add_argument("--out", type=Path, default=None, help="report directory (default reports/partitions-<time>)")
     p.add_argument("--no-plots", action="store_true")

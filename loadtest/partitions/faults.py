@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from loadtest.partitions.network import Link, Network
 from loadtest.partitions.slow_links import SlowLinks
 from loadtest.partitions.watch import (Sign, input_behind, metadata_lost, metrics_metadata_lost, metrics_node_dead,
                                        metrics_replicas_behind, node_dead, replicas_behind)
-from loadtest.scenario import Fault
+from loadtest.scenario import Fault, FaultInjector
 from tools.local.stack import Stack
 
 
@@ -78,22 +78,15 @@ SCENARIOS = {s.name: s for s in (
 )}
 
 
-class NetworkFaults:
-    """Applies a scenario's cuts to ``network`` (the injector :func:`loadtest.scenario.run` drives) and heals them."""
+class NetworkFaults(FaultInjector):
+    """Applies a scenario's cuts to ``network`` (the injector :func:`loadtest.scenario.run` drives) and heals them,
+    recording its events as the process faults' injector does."""
 
     def __init__(self, stack: Stack, t0: float, say: Callable[[str], None], network: Network,
                  slow_links: dict[str, SlowLinks] | None = None) -> None:
-        self.stack = stack
-        self.t0 = t0
-        self.say = say
+        super().__init__(stack, t0, say)
         self.network = network
         self.slow_links = slow_links or {}
-        self.events: list[dict[str, Any]] = []
-
-    def _event(self, text: str) -> None:
-        t = round(time.monotonic() - self.t0, 3)
-        self.events.append({"t": t, "event": text})
-        self.say(f"[{t:6.1f}s] FAULT {text}")
 
     def links(self, fault: Fault) -> list[Link]:
         """The links a cut breaks: the component's to each of its peers (``a>b,c``)."""

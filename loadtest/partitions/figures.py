@@ -1,6 +1,6 @@
 """A scenario's row of the partitions table, from its summary and its recording: lookups failed, answers the checker
 refuted, how soon the cut showed in the answers' labels, how soon after healing the answers were whole again, and
-keys whose caught-up value differs from the changelog's after healing."""
+the keys lost (:mod:`loadtest.partitions.settled`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from loadtest.partitions.watch import lag_behind, past
 from loadtest.stats import ANSWERED
 
 
@@ -33,9 +34,7 @@ def fault_times(summary: dict[str, Any]) -> tuple[float, float]:
 def _labelled_stale(rec: dict[str, Any], slack_ms: int) -> bool:
     """An answer that says it is behind: its offset lag unknown, or it or its input stale by more than a label may
     trail."""
-    lag, input_lag = rec.get("lag") or {}, rec.get("input_lag") or {}
-    return (lag.get("offsets") is None or lag.get("ms") is None or lag["ms"] > slack_ms
-            or input_lag.get("ms") is None or input_lag["ms"] > slack_ms)
+    return lag_behind(rec.get("lag") or {}, slack_ms) or past((rec.get("input_lag") or {}).get("ms"), slack_ms)
 
 
 def shows_and_recovers(records: list[dict[str, Any]], cut: float, heal: float,

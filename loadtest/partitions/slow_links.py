@@ -13,17 +13,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from loadtest.partitions.network import NetworkError, run_ip
+from tools.local.services import Service, wait_for_port
 
 API_PORT = 8474
 PROXY_OFFSET = 10_000  # the proxy in front of port p listens on p + this
 _LOSS_TABLE = "freshroute_loss"
+_PROXIED_TABLE = "freshroute_proxied"
 
 
 def toxiproxy_binary() -> Path:
@@ -38,7 +38,7 @@ class SlowLinks:
         self.address = address
         self.ports = ports
         self.log = log
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proxy: Service | None = None
         self._api = f"http://{address}:{API_PORT}"
 
     def start(self) -> None:
@@ -47,23 +47,19 @@ class SlowLinks:
         if not binary.exists():
             raise FileNotFoundError(f"{binary} is missing: `./dev test` builds it (loadtest/partitions/toxiproxy)")
         with open(self.log, "ab") as log:
-            self._proc = subprocess.Popen(["ip", "netns", "exec", self.ns, str(binary), "-host", self.address,
-                                           "-port", str(API_PORT)], stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True,
-                                          env={**os.environ, "LOG_LEVEL": "warn"})
+            proc = subprocess.Popen(["ip", "netns", "exec", self.ns, str(binary), "-host", self.address,
+                                     "-port", str(API_PORT)], stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    env={**os.environ, "LOG_LEVEL": "warn"})
+        self._proxy = Service("toxiproxy", proc, f"{self.address}:{API_PORT}")
+        wait_for_port(self.address, API_PORT, 10, proc)
         with httpx.Client(base_url=self._api, timeout=2) as api:
-            for _ in range(100):
-                try:
-                    api.get("/version").raise_for_status()
-                    break
-                except httpx.HTTPError:
-                    time.sleep(0.1)
             for name, port in self.ports.items():
                 api.post("/proxies", json={"name": name, "listen": f"{self.address}:{port + PROXY_OFFSET}",
                                            "upstream": f"{self.address}:{port}", "enabled": True}).raise_for_status()
         redirects = " ".join(f"tcp dport {port} redirect to :{port + PROXY_OFFSET};" for port in self.ports.values())
         # prerouting sees only what arrives from other namespaces: the proxies' own upstream connections are local.
-        run_ip("nft", "-f", "-", ns=self.ns, stdin=f"table ip freshroute_proxied {{\n  chain prerouting {{ type nat "
+        run_ip("nft", "-f", "-", ns=self.ns, stdin=f"table ip {_PROXIED_TABLE} {{\n  chain prerouting {{ type nat "
                                                     f"hook prerouting priority dstnat; {redirects} }}\n}}\n")
 
     def slow(self, delay_ms: int, loss_percent: int) -> None:
@@ -83,8 +79,8 @@ class SlowLinks:
     def heal(self) -> None:
         try:
             run_ip("nft", "delete", "table", "inet", _LOSS_TABLE, ns=self.ns)
-        except Exception:  # noqa: BLE001 - no loss was added
-            pass
+        except NetworkError:
+            pass  # no loss was added
         with httpx.Client(base_url=self._api, timeout=2) as api:
             for name in self.ports:
                 for stream in ("upstream", "downstream"):
@@ -93,17 +89,9 @@ class SlowLinks:
     def stop(self) -> None:
         """Stop the proxies and the redirect to them: the namespace may host the node of another stack next."""
         try:
-            run_ip("nft", "delete", "table", "ip", "freshroute_proxied", ns=self.ns)
+            run_ip("nft", "delete", "table", "ip", _PROXIED_TABLE, ns=self.ns)
         except NetworkError:
             pass  # never made (the run ended before)
-        if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-            self._proc = None
-
-    def describe(self) -> dict[str, Any]:
-        return {"namespace": self.ns, "proxies": {n: p + PROXY_OFFSET for n, p in self.ports.items()}}
+        if self._proxy is not None:
+            self._proxy.stop(10)
+            self._proxy = None

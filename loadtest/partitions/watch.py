@@ -14,13 +14,23 @@ POLL_S = 0.2
 Sign = Callable[[dict[str, Any]], bool]
 
 
+def past(ms: int | None, slack_ms: int) -> bool:
+    """A time behind (staleness, input lag) that is unknown, or longer than a label may trail."""
+    return ms is None or ms > slack_ms
+
+
+def lag_behind(lag: dict[str, Any], slack_ms: int) -> bool:
+    """A lag (an answer's label or a replica's in the cluster view) that says behind: its offsets unknown, or its
+    staleness past the slack."""
+    return lag.get("offsets") is None or past(lag.get("ms"), slack_ms)
+
+
 def replicas_behind(node: str, slack_ms: int) -> Sign:
     """The node's replicas show an unknown offset lag, or staleness past the slack."""
     def sign(cluster: dict[str, Any]) -> bool:
         for n in cluster.get("nodes", []):
             if n.get("node") == node:
-                return any(r["lag"]["offsets"] is None or r["lag"]["ms"] is None or r["lag"]["ms"] > slack_ms
-                           for r in n.get("replicas", []))
+                return any(lag_behind(r["lag"], slack_ms) for r in n.get("replicas", []))
         return False
     return sign
 
@@ -37,8 +47,7 @@ def input_behind(table: str, slack_ms: int) -> Sign:
     def sign(cluster: dict[str, Any]) -> bool:
         for t in cluster.get("tables", []):
             if t.get("name") == table:
-                lag = t.get("input_lag") or {}
-                return lag.get("ms") is None or lag["ms"] > slack_ms
+                return past((t.get("input_lag") or {}).get("ms"), slack_ms)
         return False
     return sign
 

@@ -120,18 +120,19 @@ async def test_a_row_that_reflects_the_event_answers_at_once():
     assert r.found and r.value == b'{"count":1}'
 
 
+async def pipeline_catches_up(after_s: float, *reps) -> None:
+    """``after_s`` from now, s1's row on ``reps`` reflects the event at offset 45 of input partition 0."""
+    await asyncio.sleep(after_s)
+    for rep in reps:
+        rep.data[serialize_key("s1")] = b'{"count":2}'
+        rep.positions[serialize_key("s1")] = input_position.encode([45, None])
+
+
 @anyio
 async def test_a_row_not_yet_reflecting_the_event_is_asked_again_until_it_does():
     c = cluster()
-
-    async def pipeline_catches_up():
-        await asyncio.sleep(0.05)
-        for rep in replicas(c, "s1"):
-            rep.data[serialize_key("s1")] = b'{"count":2}'
-            rep.positions[serialize_key("s1")] = input_position.encode([45, None])
-
     started = time.monotonic()
-    catching_up = asyncio.create_task(pipeline_catches_up())
+    catching_up = asyncio.create_task(pipeline_catches_up(0.05, *replicas(c, "s1")))
     r = await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token((INPUT, 0, 45)), wait_ms=2000)))
     await catching_up
     assert r.value == b'{"count":2}'
@@ -143,18 +144,14 @@ async def test_a_replica_catching_up_is_asked_again_while_another_gone_silent_ha
     """A partition drops a replica's packets: its attempt never ends, and must not keep the replica that will have the
     event from being asked again (found by loadtest.partitions, the router cut off from a store node)."""
     c = cluster()
-    silent, catching_up = replicas(c, "s1")
+    catching_up = replicas(c, "s1")[1]  # node 2's; node 1's goes silent
     catching_up.applied = 99  # a hair behind: the silent one is asked first
     c.n1.delay_s = 30.0
     c.refresh()
 
-    async def pipeline_catches_up():
-        await asyncio.sleep(0.8)  # after the second replica was first asked (at the attempt timeout, 0.5 s)
-        catching_up.data[serialize_key("s1")] = b'{"count":2}'
-        catching_up.positions[serialize_key("s1")] = input_position.encode([45, None])
-
     started = time.monotonic()
-    caught_up = asyncio.create_task(pipeline_catches_up())
+    # after the second replica was first asked (at the attempt timeout, 0.5 s)
+    caught_up = asyncio.create_task(pipeline_catches_up(0.8, catching_up))
     r = await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token((INPUT, 0, 45)), wait_ms=1900)))
     await caught_up
     assert r.value == b'{"count":2}'

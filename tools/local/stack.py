@@ -134,7 +134,7 @@ class StackConfig:
         from tools.local.broker import new_cluster_id
 
         def pick(port: int, usual: int, host: str = self.host) -> int:
-            return port or (usual if self.netns else free_port(host))
+            return port or self.port(host, usual)
 
         return replace(self, home=self.home.resolve(), broker_port=pick(self.broker_port, 9092),
                        broker_controller_port=pick(self.broker_controller_port, 9093),
@@ -261,11 +261,10 @@ class Component:
 
 def _pid_runs(pid: int, command: list[str]) -> bool:
     """True if ``pid`` still runs the command we started (guards against pid reuse)."""
-    if command[:3] == NETNS_EXEC:
-        # Started in a network namespace: `ip netns exec NS` execs the command itself, so the pid shows either.
+    # Started in a network namespace: `ip netns exec NS` execs the command itself, so the pid shows either.
+    entering = command[:3] == NETNS_EXEC
+    if entering:
         command = command[4:]
-        if _cmdline(pid).split(b"\0")[:3] == [w.encode() for w in NETNS_EXEC]:
-            return True
     for _ in range(50):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -274,6 +273,8 @@ def _pid_runs(pid: int, command: list[str]) -> bool:
         except OSError:
             return False
         if cmdline:
+            if entering and cmdline.split(b"\0")[:3] == [w.encode() for w in NETNS_EXEC]:
+                return True
             if command[0].endswith("/spark-class"):
                 # A shell script that execs a JVM: the main class names the process in both.
                 return command[1].encode() in cmdline.split(b"\0")
@@ -282,13 +283,6 @@ def _pid_runs(pid: int, command: list[str]) -> bool:
         # A process in the middle of exec() shows no command line for a moment: look again.
         time.sleep(0.002)
     return False
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
 
 
 class Stack:
