@@ -242,6 +242,12 @@ def same_value(a: Any, b: Any, rel_tol: float = 1e-9) -> bool:
     return a == b
 
 
+def same_fields(got: Any, want: dict[str, float], rel_tol: float = 1e-6) -> bool:
+    """Whether ``got`` holds each of ``want``'s numbers, as equal as sums taken in another order can be."""
+    return isinstance(got, dict) and all(
+        k in got and abs(float(got[k]) - float(v)) <= rel_tol * max(1.0, abs(float(v))) for k, v in want.items())
+
+
 def _position_offset(rec: dict[str, Any], table: str, partition: int) -> tuple[int | None, str | None]:
     """The response's position in the key's partition, or why it has none."""
     token = rec.get("position")

@@ -25,7 +25,7 @@ import orjson
 
 from loadtest.partitions.faults import SCENARIOS, TABLE, NetworkFaults, Scenario
 from loadtest.partitions.figures import fault_times, scenario_row, table_lines
-from loadtest.partitions.settled import keys_lost
+from loadtest.partitions.settled import WINDOW_TABLE, settle
 from loadtest.partitions.slow_links import SlowLinks
 from loadtest.partitions.watch import ClusterWatch
 from loadtest.partitions.network import (Network, NetworkError, leftover_tags, namespaces, run_tag, sweep,
@@ -37,16 +37,15 @@ from tools.local.stack import NETNS_SUBNET, Stack, StackConfig
 HARNESS_ADDRESS = f"{NETNS_SUBNET}.100"
 BOUNDS = "none:3,max_lag=0:2,max_lag=100:1,max_staleness_ms=1000:2,session:2"
 WRITERS = 2
-WINDOW_TABLE = "sensor_windows"
 
 
-def stack_config(out: Path, tag: str, sentinel: bool = False) -> StackConfig:
+def stack_config(out: Path, tag: str, sentinel: bool = False, pipeline_mode: str = "realtime") -> StackConfig:
     """The stack a run partitions: three store nodes, one router, the demo's input (with ``sentinel``, Redis behind
     Sentinel: a replica and three sentinels); changelogs kept whole (hour-long segments) so that the checker decides
     every answer."""
     return StackConfig(home=out / ("stack-sentinel" if sentinel else "stack"), netns=tag, routers=1,
                        changelog_segment_ms=3_600_000, store_ports=(0, 0, 0), rest_port=0, grpc_port=0,
-                       broker_port=0, redis_port=0, redis_sentinel=sentinel).resolved()
+                       broker_port=0, redis_port=0, redis_sentinel=sentinel, pipeline_mode=pipeline_mode).resolved()
 
 
 def say(msg: str) -> None:
@@ -112,7 +111,7 @@ def inside(a: argparse.Namespace, tag: str) -> int:
 
 def on_a_stack(a: argparse.Namespace, tag: str, names: list[str], sentinel: bool, rows: list[dict[str, Any]]) -> None:
     """Start a stack, run each scenario on it and judge it into ``rows``; kill the stack whatever happens."""
-    config = stack_config(a.out, tag, sentinel)
+    config = stack_config(a.out, tag, sentinel, a.pipeline_mode)
     network = Network(tag, config.places(), HARNESS_ADDRESS)
     stack = Stack(config, progress=say)
     slow = {s.component: slow_links(stack, s.component) for s in (SCENARIOS[n] for n in names) if s.way == "slow"}
@@ -162,8 +161,9 @@ def one_scenario(a: argparse.Namespace, stack: Stack, scenario: Scenario, networ
         summary = run(stack, load, scenario.faults(a.warm, a.hold), a.out / scenario.name, plots=not a.no_plots,
                       say=say, title=f"{scenario.name}: {scenario.story}", injector_for=injector,
                       check_options={"label_slack_ms": a.label_slack_ms})
-    lost = keys_lost(stack, {load.table: [f"{load.key_prefix}{i}" for i in range(load.keys)]})
-    row = scenario_row(scenario, summary, a.out / scenario.name / "requests.jsonl", a.label_slack_ms, lost)
+    recording = a.out / scenario.name / "requests.jsonl"
+    settled = settle(stack, {load.table: [f"{load.key_prefix}{i}" for i in range(load.keys)]}, recording)
+    row = scenario_row(scenario, summary, recording, a.label_slack_ms, settled)
     times = (injectors[0].t0, *fault_times(summary))
     view, metrics = scenario.sign(a.label_slack_ms), scenario.metrics_sign(a.label_slack_ms)
     shown = watch.shows(view, *times) if view else (None, None)
@@ -182,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recover", type=float, default=15.0, help="seconds of load after healing")
     p.add_argument("--rate", type=float, default=200.0, help="lookups/s through the router (bounded load)")
     p.add_argument("--protocol", choices=PROTOCOLS, default="rest")
+    p.add_argument("--pipeline-mode", choices=("realtime", "microbatch"), default="realtime",
+                   help="the stack's pipeline_mode: microbatch to see windows become final (architecture.md)")
     p.add_argument("--label-slack-ms", type=int, default=LABEL_SLACK_MS,
                    help="how far a label may trail the truth before the checker refutes it")
     p.add_argument("--out", type=Path, default=None, help="report directory (default reports/partitions-<time>)")

@@ -1,6 +1,7 @@
 """A scenario's row of the partitions table, from its summary and its recording: lookups failed, answers the checker
-refuted, how soon the cut showed in the answers' labels, how soon after healing the answers were whole again, and
-the keys lost (:mod:`loadtest.partitions.settled`)."""
+refuted (a window labelled final that changed afterwards among them), how soon the cut showed in the answers' labels,
+how soon after healing the answers were whole again, and the keys and windows lost (:mod:`loadtest.partitions.settled`).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from loadtest.partitions.settled import Settled
 from loadtest.partitions.watch import lag_behind, past
 from loadtest.stats import ANSWERED
 
@@ -57,18 +59,22 @@ def shows_and_recovers(records: list[dict[str, Any]], cut: float, heal: float,
 
 
 def scenario_row(scenario: Any, summary: dict[str, Any], recording: Path, slack_ms: int,
-                 lost: list[str]) -> dict[str, Any]:
+                 settled: Settled) -> dict[str, Any]:
+    """The row; an answer that labelled a window final before it changed counts as refuted, of kind ``final``."""
     records = [orjson.loads(line) for line in recording.read_bytes().splitlines() if line]
     cut, heal = fault_times(summary)
     shows, recovered = shows_and_recovers(records, cut, heal, slack_ms)
     consistency = summary.get("consistency", {})
     failed = Counter(f"{r['bound_kind']} {r['code'] or r['outcome']}" for r in records if r["outcome"] not in ANSWERED)
+    refuted = consistency.get("violations", 0) + len(settled.finals_refuted) if "error" not in consistency else None
+    by_kind = {**consistency.get("violations_by_kind", {}),
+               **({"final": len(settled.finals_refuted)} if settled.finals_refuted else {})}
     return {"scenario": scenario.name, "lookups": len(records), "failed": sum(failed.values()),
             "failed_by_bound_and_code": dict(failed), "writes_checked": consistency.get("writes_checked", 0),
-            "refuted": consistency.get("violations", 0) if "error" not in consistency else None,
-            "refuted_by_kind": consistency.get("violations_by_kind", {}),
-            "labels_checked": consistency.get("labels_checked", 0),
-            "shows_s": shows, "recovered_s": recovered, "data_lost": len(lost), "keys_lost": lost[:10]}
+            "refuted": refuted, "refuted_by_kind": by_kind, "labels_checked": consistency.get("labels_checked", 0),
+            "finals_checked": settled.finals_checked, "finals_refuted": settled.finals_refuted[:10],
+            "shows_s": shows, "recovered_s": recovered, "data_lost": len(settled.lost), "keys_lost": settled.lost[:10],
+            "late_readings": settled.late}
 
 
 def _pair(view: float | None, metrics: float | None) -> str:
@@ -79,7 +85,7 @@ def _pair(view: float | None, metrics: float | None) -> str:
 
 def table_lines(rows: list[dict[str, Any]]) -> list[str]:
     head = ("| scenario | lookups | failed | refuted | in answers after (s) | in the cluster view / metrics after (s) "
-            "| answers whole again after healing (s) | the view / metrics after healing (s) | keys lost |")
+            "| answers whole again after healing (s) | the view / metrics after healing (s) | keys or windows lost |")
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         cells = [r["scenario"], r["lookups"], r["failed"], r["refuted"], r["shows_s"],

@@ -13,6 +13,7 @@ import orjson
 
 from tools.local.stack import Stack, StackConfig
 from freshroute.settings import kafka_client_config
+from loadtest.consistency import same_fields as same_stats
 
 
 def start_stack(home: Path, nodes: int = 3, **overrides) -> Stack:
@@ -102,10 +103,6 @@ def expected_sensor_stats(events: list[dict]) -> dict[str, dict]:
         readings[e["sensor"]].append(float(e["reading"]))
     return {s: {"count": len(r), "sum": sum(r), "avg": sum(r) / len(r), "min": min(r), "max": max(r), "last": r[-1]}
             for s, r in readings.items()}
-
-
-def same_stats(got: dict, want: dict) -> bool:
-    return all(abs(float(got[k]) - float(want[k])) <= 1e-6 * max(1.0, abs(float(want[k]))) for k in want)
 
 
 def all_sensors_served(client, expected: dict[str, dict], **params) -> bool:

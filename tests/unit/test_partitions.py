@@ -4,13 +4,17 @@ scenario's row reads its recording."""
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
+
+from freshroute.windows import hopping, tumbling
 
 from loadtest.partitions import network
 from loadtest.partitions.faults import SCENARIOS, NetworkFaults
 from loadtest.partitions.figures import scenario_row, shows_and_recovers
 from loadtest.partitions.network import Link, Network
+from loadtest.partitions.settled import Settled
 
 
 def answer(t: float, offsets: int | None = 0, ms: int | None = 0, outcome: str = "ok", input_ms: int = 0) -> dict:
@@ -40,7 +44,7 @@ def test_a_row_refuses_a_scenario_whose_cut_was_never_made(tmp_path):
     (tmp_path / "r.jsonl").write_bytes(b"")
     summary = {"faults": [{"t": 10.0, "event": "FAILED cut-both store-node-2>broker: nft: not found"}]}
     with pytest.raises(RuntimeError, match="not applied"):
-        scenario_row(SCENARIOS["node-broker"], summary, tmp_path / "r.jsonl", 2000, [])
+        scenario_row(SCENARIOS["node-broker"], summary, tmp_path / "r.jsonl", 2000, Settled([]))
 
 
 def test_a_cut_drops_the_peers_packets_in_the_places_namespace_and_healing_deletes_its_table(monkeypatch):
@@ -133,10 +137,71 @@ def test_the_recomputation_is_the_demo_tables_definitions_last_by_record_time_th
         return len(messages), 0.0, {}
 
     monkeypatch.setattr(changelog_reader, "consume_to_end", consume)
-    assert recomputed("b", "readings") == {
-        "sensor_stats": {"s1": {"count": 3, "sum": 11.0, "avg": 11.0 / 3, "min": 1.0, "max": 7.0, "last": 1.0},
-                         "s2": {"count": 1, "sum": 5.0, "avg": 5.0, "min": 5.0, "max": 5.0, "last": 5.0}},
-        "area_counts": {"east": {"count": 3}, "west": {"count": 1}}}
+    stats = {"s1": {"count": 3, "sum": 11.0, "avg": 11.0 / 3, "min": 1.0, "max": 7.0, "last": 1.0},
+             "s2": {"count": 1, "sum": 5.0, "avg": 5.0, "min": 5.0, "max": 5.0, "last": 5.0}}
+    areas = {"east": {"count": 3}, "west": {"count": 1}}
+    assert recomputed("b", "readings", None) == {"sensor_stats": stats, "area_counts": areas}
+    # Windows of 200 ms by record time: s1's readings at 100 and 200 ms fall in two.
+    assert recomputed("b", "readings", tumbling(200))["sensor_windows"] == {
+        "s1": {0: {"count": 1, "avg": 3.0, "min": 3.0, "max": 3.0}, 200: {"count": 2, "avg": 4.0, "min": 1.0, "max": 7.0}},
+        "s2": {0: {"count": 1, "avg": 5.0, "min": 5.0, "max": 5.0}}}
+    assert sorted(recomputed("b", "readings", hopping(200, 100))["sensor_windows"]["s1"]) == [0, 100, 200, 300]
+
+
+class Windows:
+    """A router's windows endpoint of one key, as an ``httpx.Client`` is asked for it."""
+
+    def __init__(self, windows: dict[int, tuple[dict, bool]], watermark: int) -> None:
+        self.windows, self.watermark, self.asked = windows, watermark, []
+
+    def get(self, path: str, params: dict) -> SimpleNamespace:
+        self.asked.append((params["from"], params["to"], params["max_lag"]))
+        served = [{"start": s, "value": v, "final": f} for s, (v, f) in sorted(self.windows.items())
+                  if params["from"] <= s < params["to"]]
+        return SimpleNamespace(status_code=200, json=lambda: {"windows": served, "watermark_ms": self.watermark})
+
+
+def w(count: int, low: float, high: float) -> dict:
+    return {"count": count, "avg": (low + high) / 2 if count == 2 else low, "min": low, "max": high}
+
+
+def test_settled_windows_equal_their_recomputation_or_lack_exactly_the_readings_dropped_late():
+    from loadtest.partitions.settled import settled_windows
+
+    spec = tumbling(10_000, grace=5_000, retention=3_600_000)
+    want = {"s1": {0: w(2, 1.0, 3.0), 10_000: w(1, 5.0, 5.0), 20_000: w(1, 9.0, 9.0)}}
+    whole = Windows({0: (w(2, 1.0, 3.0), True), 10_000: (w(1, 5.0, 5.0), True), 20_000: (w(1, 9.0, 9.0), False)},
+                    watermark=20_000)
+    settled = settled_windows(whole, spec, want, dropped=0, keys=["s1"])  # type: ignore[arg-type]
+    assert settled.differing == [] and settled.late == 0 and settled.served[("s1", 10_000)] == w(1, 5.0, 5.0)
+    assert whole.asked == [(0, 30_000, 0)]
+    # A final window a reading came too late for: no loss when the pipeline counted it dropped, a loss when not.
+    short = Windows({**whole.windows, 0: (w(1, 1.0, 1.0), True)}, watermark=20_000)
+    assert settled_windows(short, spec, want, dropped=1, keys=["s1"]).differing == []  # type: ignore[arg-type]
+    assert settled_windows(short, spec, want, dropped=0, keys=["s1"]).differing == ["sensor_windows/s1@0"]  # type: ignore[arg-type]
+    # An open window short of a reading, a window missing that is not final, one with a reading too many: lost.
+    lost = Windows({0: (w(2, 1.0, 3.0), True), 10_000: (w(2, 5.0, 6.0), True), 20_000: (w(1, 8.0, 8.0), False)},
+                   watermark=20_000)
+    assert settled_windows(lost, spec, want, dropped=0, keys=["s1"]).differing == [  # type: ignore[arg-type]
+        "sensor_windows/s1@10000", "sensor_windows/s1@20000"]
+    missing = Windows({0: (w(2, 1.0, 3.0), True), 10_000: (w(1, 5.0, 5.0), True)}, watermark=20_000)
+    assert settled_windows(missing, spec, want, dropped=1, keys=["s1"]).differing == [  # type: ignore[arg-type]
+        "sensor_windows/s1@20000"]
+
+
+def test_a_window_labelled_final_that_changed_afterwards_is_refuted(tmp_path):
+    import orjson
+
+    from loadtest.partitions.settled import finals_refuted
+
+    recording = tmp_path / "requests.jsonl"
+    answers = [{"t": 1.0, "key": "s1", "windows": [{"start": 0, "value": w(1, 1.0, 1.0), "final": False}]},
+               {"t": 2.0, "key": "s1", "windows": [{"start": 0, "value": w(2, 1.0, 3.0), "final": True}]},
+               {"t": 3.0, "key": "s2", "windows": [{"start": 0, "value": w(1, 4.0, 4.0), "final": True}]},
+               {"t": 3.5, "key": "s1", "outcome": "unavailable"}]
+    recording.write_bytes(b"\n".join(orjson.dumps(a) for a in answers) + b"\n")
+    checked, refuted = finals_refuted(recording, {("s1", 0): w(2, 1.0, 3.0), ("s2", 0): w(2, 4.0, 6.0)})
+    assert checked == 2 and len(refuted) == 1 and refuted[0].startswith("s2@0:")
 
 
 def test_the_routers_metrics_show_a_node_behind_dead_or_redis_lost():
