@@ -62,9 +62,15 @@ def narrowed(spec: TableSpec, bound: Bound, metadata: SnapshotSource) -> Bound:
                 p, o = min(past.items())
                 raise InvalidArgument(f"after names offset {o} of {topic}/{p}, past where that partition ends "
                                       f"({ends.ends.get(p, 0)}): no such write", field="after")
-    reflected = reflected_at(snap.input_marks.get(spec.name, ()), written) or {}
-    return bound._replace(read_after=ReadAfter(topic, dict(written), reflected,
+    return bound._replace(read_after=ReadAfter(topic, dict(written),
+                                               partial(reflected, metadata, spec.name, dict(written)),
                                                partial(rejection, metadata, topic, dict(written))))
+
+
+def reflected(metadata: SnapshotSource, table: str, written: dict[int, int]) -> Mapping[int, int]:
+    """The changelog offsets from which every row of ``table`` reflects the events ``written``, as the latest
+    metadata's marks say; empty while none does."""
+    return reflected_at(metadata.current.input_marks.get(table, ()), written) or {}
 
 
 def rejection(metadata: SnapshotSource, topic: str, written: dict[int, int]) -> str | None:

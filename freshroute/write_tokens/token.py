@@ -104,17 +104,19 @@ class ReadAfter:
     reflects them — its key's row reflects them (the row's input position, written by a Real-time query, is at
     or past each: :func:`freshroute.input_position.reflects`), or the replica has applied the changelog up to
     where a mark (:class:`freshroute.metadata.progress.InputMark`) says the input was processed past them
-    (``reflected``; empty while none is)."""
+    (``reflected``: read from the latest routing metadata at each attempt, since the mark that speaks for a fresh
+    write is mostly published while the read waits; empty while none is)."""
 
     topic: str
     offsets: Mapping[int, int]  # input partition → offset of the latest event written there
-    reflected: Mapping[int, int]  # changelog partition → applied offset from which every event named is in
+    # Changelog partition → applied offset from which every event named is in.
+    reflected: Callable[[], Mapping[int, int]] = field(default=dict, compare=False, repr=False)
     # Why the pipeline rejected one of the named events, if it did (read from the latest routing metadata).
     rejection: Callable[[], str | None] = field(default=lambda: None, compare=False, repr=False)
 
     def after_offset(self, partition: int) -> int:
         """The applied offset of ``partition`` from which the replica reflects every event named (0: unknown)."""
-        return self.reflected.get(partition, 0)
+        return self.reflected().get(partition, 0)
 
     def to_dict(self) -> dict[str, Any]:
         return {"topic": self.topic, "offsets": {str(p): o for p, o in self.offsets.items()}}

@@ -198,6 +198,28 @@ async def test_a_mark_past_the_event_lets_a_replica_answer_for_a_key_the_event_d
 
 
 @anyio
+async def test_a_mark_published_while_the_read_waits_lets_a_replica_answer():
+    """A micro-batch table's rows carry no input position: a fresh write is in only once the next batch's mark is
+    published, mostly after the read began (found by loadtest.partitions on a micro-batch stack: every such read
+    waited out its wait_ms)."""
+    c = cluster()
+    for rep in replicas(c, "s1"):
+        rep.positions.clear()
+    marked = InputMark({0: 46, 1: 0}, {p: 90 for p in range(4)}, 1)
+
+    async def batch_ends() -> None:
+        await asyncio.sleep(0.1)
+        c.metadata.current = replace(c.metadata.current, input_marks=MappingProxyType({RSPEC.name: (marked,)}))
+
+    started = time.monotonic()
+    marking = asyncio.create_task(batch_ends())
+    r = await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token((INPUT, 0, 45)), wait_ms=2000)))
+    await marking
+    assert r.value == b'{"count":1}'
+    assert 0.1 <= time.monotonic() - started < 1.0
+
+
+@anyio
 async def test_tokens_naming_nothing_the_table_reads_or_no_such_write_are_refused():
     c = cluster()
     with pytest.raises(InvalidArgument) as e:
