@@ -74,7 +74,7 @@ def scenario_row(scenario: Any, summary: dict[str, Any], recording: Path, slack_
             "refuted": refuted, "refuted_by_kind": by_kind, "labels_checked": consistency.get("labels_checked", 0),
             "finals_checked": settled.finals_checked, "finals_refuted": settled.finals_refuted[:10],
             "shows_s": shows, "recovered_s": recovered, "data_lost": len(settled.lost), "keys_lost": settled.lost[:10],
-            "late_readings": settled.late}
+            "windows_checked": settled.windows_checked, "late_readings": settled.late}
 
 
 def _pair(view: float | None, metrics: float | None) -> str:

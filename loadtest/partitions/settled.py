@@ -112,6 +112,7 @@ class SettledWindows:
     differing: list[str] = field(default_factory=list)
     served: dict[tuple[str, int], Any] = field(default_factory=dict)
     late: int = 0  # readings short of the recomputation in final windows
+    checked: int = 0  # windows held to their recomputation
 
 
 def settled_windows(client: httpx.Client, window: WindowSpec, expected: dict[str, dict[int, dict[str, float]]],
@@ -142,6 +143,7 @@ def settled_windows(client: httpx.Client, window: WindowSpec, expected: dict[str
         mark = -1 if watermark is None else watermark
         for start in sorted(set(got) | {s for s in want if not window.expired(s, mark)}):
             value, final = got.get(start, (None, window.final(start, mark)))
+            out.checked += 1
             if value is not None:
                 out.served[(key, start)] = value
             if start in want and value is not None and same_fields(value, want[start]):
@@ -189,12 +191,14 @@ class Settled:
     """What healing left: ``lost`` names ``table/key`` (``table/key@start`` of a window) of each key or window whose
     caught-up answer differs from its recomputation or its changelog's last value; ``finals_refuted`` each window an
     answer labelled final that changed afterwards, of ``finals_checked``; ``late`` the readings final windows hold
-    fewer of than their recomputation, as many as the pipeline counted dropped."""
+    fewer of than their recomputation, as many as the pipeline counted dropped; ``windows_checked`` how many windows
+    were held to their recomputation."""
 
     lost: list[str]
     finals_checked: int = 0
     finals_refuted: list[str] = field(default_factory=list)
     late: int = 0
+    windows_checked: int = 0
 
 
 def settle(stack: Stack, keys: dict[str, list[str]], recording: Path, within_s: float = 60.0) -> Settled:
@@ -223,7 +227,7 @@ def settle(stack: Stack, keys: dict[str, list[str]], recording: Path, within_s: 
                     differing += _differing(stack, table, asked, _answers(client, table, asked), rows)
                 if not differing or time.monotonic() >= deadline:
                     checked, refuted = finals_refuted(recording, windows.served) if window else (0, [])
-                    return Settled(differing, checked, refuted, windows.late)
+                    return Settled(differing, checked, refuted, windows.late, windows.checked)
                 time.sleep(1.0)
     finally:
         if paused:

@@ -173,7 +173,8 @@ def test_settled_windows_equal_their_recomputation_or_lack_exactly_the_readings_
     whole = Windows({0: (w(2, 1.0, 3.0), True), 10_000: (w(1, 5.0, 5.0), True), 20_000: (w(1, 9.0, 9.0), False)},
                     watermark=20_000)
     settled = settled_windows(whole, spec, want, dropped=0, keys=["s1"])  # type: ignore[arg-type]
-    assert settled.differing == [] and settled.late == 0 and settled.served[("s1", 10_000)] == w(1, 5.0, 5.0)
+    assert settled.differing == [] and settled.late == 0 and settled.checked == 3
+    assert settled.served[("s1", 10_000)] == w(1, 5.0, 5.0)
     assert whole.asked == [(0, 30_000, 0)]
     # A final window a reading came too late for: no loss when the pipeline counted it dropped, a loss when not.
     short = Windows({**whole.windows, 0: (w(1, 1.0, 1.0), True)}, watermark=20_000)
