@@ -20,11 +20,12 @@ def test_a_local_master_too_small_for_the_realtime_queries_is_refused():
 
 
 @pytest.mark.parametrize("spark_jit, realtime, microbatches, options", [
-    ("auto", False, True, " -XX:TieredStopAtLevel=1"),  # micro-batches only: compiling well never pays back
+    # micro-batches only: compiling well never pays back
+    ("auto", False, True, " -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"),
     ("auto", True, True, ""),
     ("auto", True, False, ""),
     ("tiered", False, True, ""),
-    ("client", True, False, " -XX:TieredStopAtLevel=1"),
+    ("client", True, False, " -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"),
 ])
 def test_the_spark_jit_setting_picks_the_jvms_compilers(spark_jit, realtime, microbatches, options):
     assert jit_options(spark_jit, realtime=realtime, microbatches=microbatches) == options
