@@ -1,4 +1,4 @@
-"""An input burst far above the pipeline's pace (50,000 readings/s for 3 s) breaks nothing.
+"""An input burst far above the pipeline's pace (50,000 readings in a second) breaks nothing.
 
 Real broker, Redis, Spark, store nodes and router (the shared stack; the burst's sensors are its own). While the burst runs, lookups go on: loose
 reads are always answered, strict reads (``max_lag=0``) are answered caught up or refused with
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 SENSORS = 200
 BURST_RATE = 50_000
-BURST_S = 2  # leaves the pipeline (~4,000 readings/s a table here) well over 50,000 records and seconds behind
+BURST_S = 1  # leaves the pipeline (~4,000 readings/s a table here) tens of thousands of records and seconds behind
 SLICE_S = 0.01
 
 
@@ -161,11 +161,11 @@ def test_a_burst_far_above_the_pipelines_pace_fails_no_lookup_and_drains(stack):
     behind_answers = sum(1 for records, _ in answer_lags if records > 0)
     assert behind_answers >= 100 and answers["loose ok"] >= 100, (behind_answers, burst_lookups, answers)
     # The burst outran the pipeline, and the lag said so; it is back to nothing now.
-    assert max(lags, default=0) >= BURST_RATE, lags[-20:]
+    assert max(lags, default=0) >= BURST_RATE * BURST_S // 2, lags[-20:]
     # The pipeline reads back every row it wrote to learn how far it is: that lags the tables by a little.
     wait_until(lambda: input_lag.sample() == 0, 60, "the pipeline's input lag to be back to nothing", stack=stack)
     # ... and so did the answers themselves, seconds behind at the worst; caught up, they say nothing is.
-    assert max(records for records, _ in answer_lags) >= BURST_RATE, answer_lags[-20:]
+    assert max(records for records, _ in answer_lags) >= BURST_RATE * BURST_S // 2, answer_lags[-20:]
     assert max(ms for _, ms in answer_lags) >= 5000, answer_lags[-20:]
     with httpx.Client(base_url=stack.config.rest_url, timeout=10) as c:
         wait_until(lambda: c.get(f"/v1/tables/sensor_stats/keys/{served[0]}").json()["input_lag"]
