@@ -254,7 +254,7 @@ class Applier:
             if end > rep.lag.applied:
                 # Nothing between: offsets skipped by compaction or control records.
                 rep.apply([], end, 0)
-            rep.lag.observe_end(end, now)  # an EOF is a Fetch response just received
+            rep.lag.observe_end(end, self._end_offsets.answered_at(rep, now))
             return False
         if code in _OUT_OF_RANGE:
             if rep is not None:

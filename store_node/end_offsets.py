@@ -43,7 +43,7 @@ _DESCRIBE_TIMEOUT_S = 2
 class _BrokerSeen:
     state: str
     rx: int
-    last_response_ms: int
+    last_response_ms: int  # no later than the broker sent its latest response (see on_stats)
 
 
 class EndOffsetWatcher:
@@ -59,6 +59,8 @@ class EndOffsetWatcher:
         self._brokers: dict[int, _BrokerSeen] = {}
         self._broker_outage = False
         self._responding_at: int | None = None  # the last broker response the statistics saw
+        self._stats_at: int | None = None
+        self._leaders: dict[tuple[str, int], int] = {}  # (topic, partition) → the broker leading it, by the statistics
         # Replicas whose changelog end looks lower than their applied offset: (first seen in ms, times, reason).
         self._shrunk: dict[tuple[str, int], tuple[int, int, str]] = {}
         self._topic_futures: dict[str, Any] | None = None
@@ -83,6 +85,11 @@ class EndOffsetWatcher:
 
     def on_stats(self, raw: str) -> None:
         now = self._clock()
+        # A response counted since the last statistics arrived after them, and answers a request sent at most the
+        # window's longest round trip before: what the broker says in it is no older than that. Dated by its arrival
+        # instead, a response the network held back (retransmitted through loss) passes an old end offset off as new.
+        since = self._stats_at if self._stats_at is not None else now - self._settings.statistics_interval_ms
+        self._stats_at = now
         stats = orjson.loads(raw)
         window = self._settings.evidence_window_ms
         brokers = self._brokers
@@ -92,11 +99,12 @@ class EndOffsetWatcher:
             if nid < 0:
                 continue  # bootstrap and coordinator pseudo-brokers
             rx = b.get("rx", 0)
+            answered = since - (b.get("rtt") or {}).get("max", 0) // 1000
             seen = brokers.get(nid)
             if seen is None:
-                brokers[nid] = seen = _BrokerSeen(b.get("state", ""), rx, now if rx else 0)
+                brokers[nid] = seen = _BrokerSeen(b.get("state", ""), rx, answered if rx else 0)
             elif rx > seen.rx:
-                seen.last_response_ms = now
+                seen.last_response_ms = max(seen.last_response_ms, answered)
             seen.state = b.get("state", "")
             seen.rx = rx
             if seen.state == "UP" and now - seen.last_response_ms <= window:
@@ -112,6 +120,7 @@ class EndOffsetWatcher:
                 rep = by_tp.get((topic, int(pid)))
                 if rep is None or rep.store is None:
                     continue
+                self._leaders[rep.key] = p.get("leader", -1)
                 hi = p.get("hi_offset", -1)
                 if hi < 0 or p.get("fetch_state") != "active":
                     continue
@@ -122,6 +131,14 @@ class EndOffsetWatcher:
                     rep.lag.observe_end(hi, leader.last_response_ms)
 
     # --- evidence from the records' side ----------------------------------------------------------
+
+    def answered_at(self, rep: Replica, now: int) -> int:
+        """A time no later than the broker sent the response behind an end-of-partition event of ``rep``: the
+        consumer's events come in the order its responses arrived, and a leader's responses arrive in the order it
+        sent them, so after the responses of that leader the statistics already counted. ``now`` before the first
+        statistics."""
+        leader = self._brokers.get(self._leaders.get(rep.key, -1))
+        return now if leader is None else min(now, leader.last_response_ms)
 
     def plausible(self, rep: Replica, end: int, what: str) -> bool:
         """Is ``end`` a possible end of ``rep``'s changelog? A lower one is noted as a suspected loss.

@@ -15,7 +15,8 @@ had: 0 while caught up, otherwise ``now − caught_up_at``. "Caught up" needs fr
 from the broker — an end offset the broker reported recently — so staleness keeps growing
 while the broker is unreachable instead of freezing at an optimistic value.
 
-Each end offset the broker reports is remembered with the time it was seen; when the
+Each end offset the broker reports is remembered with a time no later than the broker sent
+it (by its request, not its arrival: a response the network held back is old news); when the
 applied offset passes it, the replica is known to have been complete as of that time. This
 keeps staleness honest under a steady write load, where ``applied == end`` at one instant
 may never be observed even though the replica trails by only milliseconds.

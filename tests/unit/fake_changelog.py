@@ -144,9 +144,11 @@ class FakeAdmin:
         return out
 
 
-def stats(hi: dict[int, int], rx: int, state="UP", topic=SPEC.topic) -> str:
+def stats(hi: dict[int, int], rx: int, state="UP", topic=SPEC.topic, rtt_max_ms=0) -> str:
+    """librdkafka's statistics: broker 1 (``rx`` responses so far, the window's longest round trip) leading ``hi``."""
     return json.dumps({
-        "brokers": {"b/1": {"nodeid": 1, "state": state, "rx": rx}, "bootstrap": {"nodeid": -1, "state": "UP", "rx": 1}},
+        "brokers": {"b/1": {"nodeid": 1, "state": state, "rx": rx, "rtt": {"max": rtt_max_ms * 1000}},
+                    "bootstrap": {"nodeid": -1, "state": "UP", "rx": 1}},
         "topics": {topic: {"partitions": {str(p): {"leader": 1, "fetch_state": "active", "hi_offset": h}
                                           for p, h in hi.items()} | {"-1": {"leader": -1, "hi_offset": -1001}}}},
     })

@@ -20,6 +20,7 @@ from tests.unit.fake_changelog import (SPEC, Clock, Err, FakeAdmin, FakeConsumer
                                        steps_until)
 
 KEY = ("counts", 0)
+STATS_INTERVAL_MS = StoreNodeSettings.model_fields["statistics_interval_ms"].default
 
 
 @pytest.fixture
@@ -185,7 +186,8 @@ def test_stats_evidence_needs_a_responding_broker(env):
     env.tailer.step()
     assert rep.state is ReplicaState.ACTIVE
     assert rep.snapshot().lag_offsets == 0
-    caught_up_at = env.clock.now
+    # Complete as of the statistics before (the first: an interval before): the response came after them.
+    caught_up_at = env.clock.now - STATS_INTERVAL_MS
     # The broker stops answering: rx stays put, so there is no new evidence.
     for _ in range(5):
         env.clock.now += 1000
@@ -197,6 +199,35 @@ def test_stats_evidence_needs_a_responding_broker(env):
     env.consumer.pending_stats.append(stats({0: 10}, rx=6))
     env.tailer.step()
     assert rep.snapshot().staleness_ms == 0
+
+
+def test_a_response_the_network_held_back_is_no_evidence_of_now(env):
+    """Found by loadtest.partitions (a store node's links 200 ms slower and 30 % lossy): a Fetch response
+    retransmitted for seconds carried an end offset seconds old, and dated by its arrival the replica said it had
+    been caught up 5 s ago where it had been behind for 10."""
+    host(env, 0)
+    rep = env.tailer.serving[KEY]
+    env.consumer.queue += [record(i, f"k{i}", i) for i in range(10)]
+    env.tailer.step()
+    env.consumer.pending_stats.append(stats({0: 10}, rx=5))
+    env.tailer.step()
+    caught_up_at = env.clock.now - STATS_INTERVAL_MS
+    env.clock.now += 5000
+    env.consumer.pending_stats.append(stats({0: 10}, rx=5))  # silence
+    env.tailer.step()
+    # One response comes through, 4.5 s after its request, then the end of the records it carried.
+    env.clock.now += 100
+    env.consumer.pending_stats.append(stats({0: 10}, rx=6, rtt_max_ms=4500))
+    env.consumer.queue += [eof(10)]
+    env.tailer.step()
+    snap = rep.snapshot()
+    assert snap.lag_offsets is None  # the broker said so 4.6 s ago, past the evidence window
+    assert snap.staleness_ms == env.clock.now - max(caught_up_at, env.clock.now - 100 - 4500)
+    # Answers the broker sends at once are evidence again.
+    env.clock.now += 100
+    env.consumer.pending_stats.append(stats({0: 10}, rx=7, rtt_max_ms=2))
+    env.tailer.step()
+    assert rep.snapshot().lag_offsets == 0 and rep.snapshot().staleness_ms == 0
 
 
 def test_broker_down_gives_no_evidence(env):
