@@ -257,8 +257,9 @@ class AttemptPlan:
             return WriteRejected(self.rejected, table=table, partition=partition)
         if self.unseen:
             after = self.bound.read_after
+            # The replicas that failed otherwise are named: the wait ended early without them.
             return NotYetVisible(f"{table}/{partition}: {self.unseen}", table=table, partition=partition,
-                                 after=after.to_dict() if after is not None else None)
+                                 after=after.to_dict() if after is not None else None, attempts=self.failures)
         if not self.selection.candidates:
             return self.no_replica([])
         if self.inflight or (now >= self.deadline and self._launched < len(self._cands)):
