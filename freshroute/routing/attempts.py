@@ -35,8 +35,9 @@ from freshroute.routing.selection import Candidate, LoadTracker, Selection
 from freshroute.routing.snapshot import LagOverlay
 from freshroute.wire import ReadStatus, ReplicaStatus
 
-# Timers may fire a hair early; a wake-up this close to its time counts as on time.
-TIMER_SLACK_S = 0.0005
+# Timers may fire early: uvloop's (libuv's) count whole milliseconds, so a wake-up up to one before its time counts as
+# on time; waited for to the microsecond, each early wake-up would be another pass of the driver's bounded loop.
+TIMER_SLACK_S = 0.001
 
 _RETRY_REASON = {ReadStatus.TOO_STALE: "too_stale", ReadStatus.NOT_HOSTED: "not_hosted", ReadStatus.ERROR: "error",
                  ReadStatus.NOT_YET_VISIBLE: "not_yet_visible"}
@@ -157,8 +158,9 @@ class AttemptPlan:
         if bound.read_after is None:
             self._retry_limit, self._retry_first_s, self._retry_max_s = (POSITION_RETRIES, POSITION_RETRY_FIRST_S,
                                                                          POSITION_RETRY_MAX_S)
-        else:  # events on their way through the pipeline: asked again every few ms until the deadline
-            self._retry_limit = int(timeout_s / AFTER_RETRY_MAX_S) + 8
+        else:  # events on their way through the pipeline: asked again every few ms until the deadline (each retry
+            # due a timer's slack early at most, so the count outlasts the deadline)
+            self._retry_limit = int(timeout_s / (AFTER_RETRY_MAX_S - TIMER_SLACK_S)) + 8
             self._retry_first_s, self._retry_max_s = AFTER_RETRY_FIRST_S, AFTER_RETRY_MAX_S
         self.unseen = ""  # why the last replica asked did not yet have the events the read is after
         self.rejected = ""  # why the pipeline rejected one of them: the read ends
@@ -168,7 +170,7 @@ class AttemptPlan:
     def launch(self, now: float) -> Candidate | None:
         """The next replica to ask now, counted in its node's load; None while no attempt is due."""
         cands = self._cands
-        if now >= self.deadline:
+        if self.expired(now):
             return None
         if self._launched == len(cands) and self._catching_up and self._retries < self._retry_limit:
             # Also while another attempt is out: one to a replica gone silent (a partition drops its packets) would
@@ -192,6 +194,10 @@ class AttemptPlan:
                 self._attempts.hedge_tokens -= 1.0
                 return self._launch(now, "hedge")
         return None
+
+    def expired(self, now: float) -> bool:
+        """The read's deadline has come (within a timer's slack)."""
+        return now + TIMER_SLACK_S >= self.deadline
 
     @property
     def waiting(self) -> bool:
@@ -262,7 +268,7 @@ class AttemptPlan:
                                  after=after.to_dict() if after is not None else None, attempts=self.failures)
         if not self.selection.candidates:
             return self.no_replica([])
-        if self.inflight or (now >= self.deadline and self._launched < len(self._cands)):
+        if self.inflight or (self.expired(now) and self._launched < len(self._cands)):
             return LookupTimeout(f"no replica of {table}/{partition} answered in time", table=table,
                                  partition=partition, attempts=[f["node"] for f in self.failures])
         if self.stale:
@@ -305,7 +311,7 @@ class AttemptPlan:
                     return None
             self._retry_at = now + min(self._retry_max_s, self._retry_first_s * (1 << min(self._retries, 16)))
             return None
-        if now < self._retry_at:
+        if now + TIMER_SLACK_S < self._retry_at:
             return None
         again = [cand for _, cand in sorted(self._catching_up, key=lambda t: -t[0])]
         self._catching_up.clear()
@@ -356,7 +362,7 @@ def launch_due(plans: list[AttemptPlan], out: list[Any], now: float, send: Calla
             continue
         while (cand := plan.launch(now)) is not None:
             send(i, cand)
-        if (not plan.inflight and not plan.waiting) or now >= plan.deadline:
+        if (not plan.inflight and not plan.waiting) or plan.expired(now):
             out[i] = plan.error(now)
             end(i)
         else:

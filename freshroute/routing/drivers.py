@@ -88,7 +88,7 @@ async def _keep_trying(plan: AttemptPlan, start: Callable[[Candidate], Awaitable
         while (cand := plan.launch(now)) is not None:
             fut = start(cand)
             inflight[fut if isinstance(fut, asyncio.Future) else asyncio.ensure_future(fut)] = (cand, now)
-        if (not inflight and not plan.waiting) or now >= plan.deadline:
+        if (not inflight and not plan.waiting) or plan.expired(now):
             break
         for fut in await _first_done(loop, inflight, plan.wake_at() - now):
             cand, t0 = inflight.pop(fut)
