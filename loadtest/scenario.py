@@ -258,7 +258,8 @@ async def _writer(i: int, cfg: LoadConfig, rest: Any, rec: Recorder, t0: float, 
                                           cfg.timeout_s)
         except NotDelivered:
             continue  # nothing to wait for
-        bound = {"after": write_token(msg), "wait_ms": round(cfg.timeout_s * 1000)}
+        # The wait ends within the request's own timeout, so that the router's answer comes before the client gives up.
+        bound = {"after": write_token(msg), "wait_ms": round(cfg.timeout_s * 800)}
         r = await rest_lookup(rest, cfg.table, key, "after", bound, t0, f"writer-{i}", n)
         r["after_offsets"] = {str(msg.partition()): msg.offset()}
         rec.add(r)
