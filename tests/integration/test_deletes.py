@@ -123,9 +123,13 @@ def test_deleted_keys_answer_key_not_found_on_every_path_and_after_a_restore(bro
             # The node again, from an empty directory: it restores both tables from their changelogs.
             procs.stop("node")
             procs.start("node", "store-node", "--node-id", "n1", "--data-dir", str(tmp_path / "n1-b"))
-            # Strict reads are refused (503) until every replica of both tables has caught up.
+            # Strict reads are refused (503) until every replica of both tables has caught up: the keys' partitions,
+            # and through a strict scan every partition (no key of d0-d5 is in partition 3).
             wait_until(lambda: all(status(t, f"d{i}") in (200, 404) for t in ("device_status", "device_battery")
-                                   for i in range(6)), 120, "the restored node to serve both tables")
+                                   for i in range(6))
+                       and all(http.get(f"/v1/tables/{t}/scan", params={"max_lag": 0}).status_code == 200
+                               for t in ("device_status", "device_battery")),
+                       120, "the restored node to serve every partition of both tables")
             check_every_path()
     finally:
         procs.stop_all()
