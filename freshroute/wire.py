@@ -10,10 +10,11 @@ and passes several threads, a frame on an asyncio transport a few µs.
 
 from __future__ import annotations
 
+import functools
 import operator
 import struct
 from enum import IntEnum
-from typing import Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 from freshroute.bound import REPLICA_LIMITS, Bound
 from freshroute.errors import ReplicaUnavailable
@@ -200,7 +201,6 @@ def replica_status_message(node: str, role: Role, state: ReplicaState, applied: 
 # A read carries its bound's replica limits under their own names, its position narrowed to the partition read
 # (``min_offset``) and its write token narrowed to the table (``after_input``, ``after_offset``).
 
-_NARROWED = frozenset({"min_offset", "after_input", "after_offset"})
 _REPLICA_LIMITS = tuple((Bound._fields.index(name), name) for name in REPLICA_LIMITS)
 # The replica limits' values, as a key of what a replica judges (of one limit, its value alone: a key all the same).
 _replica_limits: Callable[[Bound], object] = operator.itemgetter(*(i for i, _ in _REPLICA_LIMITS))
@@ -230,15 +230,28 @@ def judged_alike(bound: Bound, partition: int) -> tuple[object, ...] | None:
 
 def limits_only_position(msg: store_pb2.ReadBound) -> bool:
     """Whether a read's bound limits nothing but its position and events: the common bounded read, judged by one
-    comparison of offsets (whatever fields the message has, any other is judged by :func:`bound_of_read`'s bound)."""
-    return all(field.name in _NARROWED for field, _ in msg.ListFields())
+    comparison of offsets. The limits asked for are the definition's replica limits, by name (a field of the message
+    that is none of them fails the test that every limit a read carries is judged)."""
+    has = msg.HasField
+    for name in REPLICA_LIMITS:  # HasField by name: a third of the cost of ListFields on every bounded read
+        if has(name):
+            return False
+    return True
 
 
 def bound_of_read(table: str, partition: int, msg: store_pb2.ReadBound) -> Bound:
     """The bound a read carries, as :meth:`Bound.refusal` judges it: the replica limits by name, the position of the
     one partition read. (The events it must reflect the store node checks against its rows.)"""
-    limits = {field.name: value for field, value in msg.ListFields() if field.name not in _NARROWED}
-    return Bound(**limits, min_position=Position(table, {partition: msg.min_offset}) if msg.min_offset else None)
+    has = msg.HasField
+    bound = _limited(tuple([getattr(msg, name) if has(name) else None for name in REPLICA_LIMITS]))
+    return bound._replace(min_position=Position(table, {partition: msg.min_offset})) if msg.min_offset else bound
+
+
+@functools.lru_cache(maxsize=256)
+def _limited(values: tuple[int | None, ...]) -> Bound:
+    """The bound of these replica limits: reads mostly carry a few, and building one costs a bounded read a third."""
+    limits: dict[str, Any] = {name: value for name, value in zip(REPLICA_LIMITS, values) if value is not None}
+    return Bound(**limits)
 
 
 def key_read(read_id: int, table: str, partition: int, key: bytes, bound: Bound,
