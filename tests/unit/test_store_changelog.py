@@ -177,17 +177,23 @@ def test_eof_is_fresh_evidence_and_skips_gaps(env):
     assert rep.snapshot().staleness_ms == 0
 
 
-def test_stats_evidence_needs_a_responding_broker(env):
+def caught_up_by_statistics(env):
+    """A replica of partition 0 that applied 10 records, which the broker's statistics then said was its end:
+    (the replica, when it was complete as of). That is the statistics before (the first: an interval before), since
+    the response came after them."""
     host(env, 0)
     rep = env.tailer.serving[KEY]
     env.consumer.queue += [record(i, f"k{i}", i) for i in range(10)]
     env.tailer.step()
     env.consumer.pending_stats.append(stats({0: 10}, rx=5))
     env.tailer.step()
+    return rep, env.clock.now - STATS_INTERVAL_MS
+
+
+def test_stats_evidence_needs_a_responding_broker(env):
+    rep, caught_up_at = caught_up_by_statistics(env)
     assert rep.state is ReplicaState.ACTIVE
     assert rep.snapshot().lag_offsets == 0
-    # Complete as of the statistics before (the first: an interval before): the response came after them.
-    caught_up_at = env.clock.now - STATS_INTERVAL_MS
     # The broker stops answering: rx stays put, so there is no new evidence.
     for _ in range(5):
         env.clock.now += 1000
@@ -205,13 +211,7 @@ def test_a_response_the_network_held_back_is_no_evidence_of_now(env):
     """Found by loadtest.partitions (a store node's links 200 ms slower and 30 % lossy): a Fetch response
     retransmitted for seconds carried an end offset seconds old, and dated by its arrival the replica said it had
     been caught up 5 s ago where it had been behind for 10."""
-    host(env, 0)
-    rep = env.tailer.serving[KEY]
-    env.consumer.queue += [record(i, f"k{i}", i) for i in range(10)]
-    env.tailer.step()
-    env.consumer.pending_stats.append(stats({0: 10}, rx=5))
-    env.tailer.step()
-    caught_up_at = env.clock.now - STATS_INTERVAL_MS
+    rep, caught_up_at = caught_up_by_statistics(env)
     env.clock.now += 5000
     env.consumer.pending_stats.append(stats({0: 10}, rx=5))  # silence
     env.tailer.step()
