@@ -32,6 +32,10 @@ from tests.unit.routing_support import Cluster
 
 INPUT = "readings"
 anyio = pytest.mark.anyio
+# The suite runs these beside Spark on two cores, which has held this process for over a second: a wait that should
+# end early is given far longer than it needs, and "soon" is still well before it would have run out.
+WAIT_MS = 15_000
+SOON_S = 5.0
 RSPEC = TableSpec("sensor_stats", "sensor_stats-changelog", 4, "sensor_id", {"count": "long"}, 1, input_topic=INPUT)
 
 
@@ -134,10 +138,10 @@ async def test_a_row_not_yet_reflecting_the_event_is_asked_again_until_it_does()
     c = cluster()
     started = time.monotonic()
     catching_up = asyncio.create_task(pipeline_catches_up(0.05, *replicas(c, "s1")))
-    r = await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token((INPUT, 0, 45)), wait_ms=2000)))
+    r = await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token((INPUT, 0, 45)), wait_ms=WAIT_MS)))
     await catching_up
     assert r.value == b'{"count":2}'
-    assert 0.05 <= time.monotonic() - started < 1.0
+    assert 0.05 <= time.monotonic() - started < SOON_S
 
 
 @anyio
@@ -151,13 +155,11 @@ async def test_a_replica_catching_up_is_asked_again_while_another_gone_silent_ha
     c.refresh()
 
     started = time.monotonic()
-    # half a second after the second replica was first asked (at the attempt timeout, 0.5 s): a busy machine may
-    # hold the test's process for a few hundred ms (a suite run saw only one retry in a window of 0.3 s)
     caught_up = asyncio.create_task(pipeline_catches_up(1.0, catching_up))
-    r = await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token((INPUT, 0, 45)), wait_ms=2500)))
+    r = await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token((INPUT, 0, 45)), wait_ms=WAIT_MS)))
     await caught_up
     assert r.value == b'{"count":2}'
-    assert time.monotonic() - started < 1.5  # asked again every few ms from 0.5 s on
+    assert time.monotonic() - started < SOON_S  # asked again every few ms from the attempt timeout (0.5 s) on
     assert c.n1.reads == 1 and c.n2.reads > 2
 
 
@@ -167,7 +169,7 @@ async def test_no_replica_with_the_event_by_wait_ms_is_not_yet_visible_never_an_
     started = time.monotonic()
     with pytest.raises(NotYetVisible) as e:
         await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token((INPUT, 0, 45)), wait_ms=150)))
-    assert 0.14 <= time.monotonic() - started < 1.0
+    assert 0.14 <= time.monotonic() - started < SOON_S
     assert e.value.details["after"] == {"topic": INPUT, "offsets": {"0": 45}}
     assert "not yet visible" in e.value.message
 
@@ -192,7 +194,7 @@ def test_the_wait_lasts_its_wait_ms_where_timers_fire_up_to_a_millisecond_early(
         return time.monotonic() - started
 
     with asyncio.Runner(loop_factory=MillisecondTimers) as runner:
-        assert 0.59 <= runner.run(wait_out()) < 1.0
+        assert 0.59 <= runner.run(wait_out()) < SOON_S
 
 
 @anyio
@@ -201,8 +203,8 @@ async def test_a_rejected_event_ends_the_wait_at_once_with_its_reason():
     c = cluster(rejected=rejected)
     started = time.monotonic()
     with pytest.raises(WriteRejected) as e:
-        await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token((INPUT, 0, 45)), wait_ms=5000)))
-    assert time.monotonic() - started < 0.5
+        await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token((INPUT, 0, 45)), wait_ms=WAIT_MS)))
+    assert time.monotonic() - started < SOON_S
     assert "invalid_json" in e.value.message and e.value.http_status == 409
 
 
@@ -238,10 +240,10 @@ async def test_a_mark_published_while_the_read_waits_lets_a_replica_answer():
 
     started = time.monotonic()
     marking = asyncio.create_task(batch_ends())
-    r = await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token((INPUT, 0, 45)), wait_ms=2000)))
+    r = await c.router.get(RSPEC.name, "s1", Bound.parse(dict(after=write_token((INPUT, 0, 45)), wait_ms=WAIT_MS)))
     await marking
     assert r.value == b'{"count":1}'
-    assert 0.1 <= time.monotonic() - started < 1.0
+    assert 0.1 <= time.monotonic() - started < SOON_S
 
 
 @anyio
