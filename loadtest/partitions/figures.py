@@ -58,12 +58,27 @@ def shows_and_recovers(records: list[dict[str, Any]], cut: float, heal: float,
     return shows, recovered
 
 
+def fresh_claims_end(records: list[dict[str, Any]], node: str, cut: float, heal: float, slack_ms: int) -> float | None:
+    """s from the cut to the arrival of the last answer the cut-off store node ``node`` labelled fresh before healing:
+    how long its labels went on vouching for what it could no longer confirm (None: none after the cut)."""
+    last = None
+    for r in records:
+        arrived = r["t"] + (r.get("latency_ms") or 0) / 1000
+        served = r.get("served_by") or {}
+        if (cut <= arrived < heal and served.get("node") == node and r["outcome"] in ANSWERED
+                and not lag_behind(r.get("lag") or {}, slack_ms)):
+            last = max(last or 0.0, round(arrived - cut, 2))
+    return last
+
+
 def scenario_row(scenario: Any, summary: dict[str, Any], recording: Path, slack_ms: int,
                  settled: Settled) -> dict[str, Any]:
     """The row; an answer that labelled a window final before it changed counts as refuted, of kind ``final``."""
     records = [orjson.loads(line) for line in recording.read_bytes().splitlines() if line]
     cut, heal = fault_times(summary)
     shows, recovered = shows_and_recovers(records, cut, heal, slack_ms)
+    node = scenario.component.removeprefix("store-") if scenario.component.startswith("store-node") else None
+    claims = fresh_claims_end(records, node, cut, heal, slack_ms) if node else None
     consistency = summary.get("consistency", {})
     failed = Counter(f"{r['bound_kind']} {r['code'] or r['outcome']}" for r in records if r["outcome"] not in ANSWERED)
     refuted = consistency.get("violations", 0) + len(settled.finals_refuted) if "error" not in consistency else None
@@ -73,7 +88,7 @@ def scenario_row(scenario: Any, summary: dict[str, Any], recording: Path, slack_
             "failed_by_bound_and_code": dict(failed), "writes_checked": consistency.get("writes_checked", 0),
             "refuted": refuted, "refuted_by_kind": by_kind, "labels_checked": consistency.get("labels_checked", 0),
             "finals_checked": settled.finals_checked, "finals_refuted": settled.finals_refuted[:10],
-            "shows_s": shows, "recovered_s": recovered, "data_lost": len(settled.lost), "keys_lost": settled.lost[:10],
+            "shows_s": shows, "fresh_claims_s": claims, "recovered_s": recovered, "data_lost": len(settled.lost), "keys_lost": settled.lost[:10],
             "windows_checked": settled.windows_checked, "late_readings": settled.late}
 
 

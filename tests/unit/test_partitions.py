@@ -12,7 +12,7 @@ from freshroute.windows import hopping, tumbling
 
 from loadtest.partitions import network
 from loadtest.partitions.faults import SCENARIOS, NetworkFaults
-from loadtest.partitions.figures import scenario_row, shows_and_recovers
+from loadtest.partitions.figures import fresh_claims_end, scenario_row, shows_and_recovers
 from loadtest.partitions.network import Link, Network
 from loadtest.partitions.settled import Settled
 
@@ -38,6 +38,20 @@ def test_an_input_that_stopped_reaching_the_tables_shows_in_the_input_lag():
 def test_a_cut_nobody_noticed_shows_never_and_one_gone_by_the_heal_is_whole_at_once():
     assert shows_and_recovers([answer(t) for t in (9.0, 11.0, 25.0)], 10.0, 20.0, 2000) == (None, None)
     assert shows_and_recovers([answer(11.0, ms=3000), answer(21.0)], 10.0, 20.0, 2000) == (1.0, 0.0)
+
+
+def test_the_cut_off_node_vouches_until_its_last_answer_labelled_fresh_arrives():
+    def served(t: float, node: str, latency_ms: float = 10, **lag) -> dict:
+        return {**answer(t, **lag), "served_by": {"node": node}, "latency_ms": latency_ms}
+
+    records = [served(9.0, "node-2"),  # before the cut
+               served(10.5, "node-2", latency_ms=400),  # asked before its labels could know, arrived at 10.9
+               served(11.0, "node-1"),  # another node's: not the cut's
+               served(11.2, "node-2", offsets=None, ms=1200),  # unknown: not vouching
+               served(11.4, "node-2", outcome="unavailable"),
+               served(21.0, "node-2")]  # after healing
+    assert fresh_claims_end(records, "node-2", cut=10.0, heal=20.0, slack_ms=2000) == 0.9
+    assert fresh_claims_end(records[3:], "node-2", cut=10.0, heal=20.0, slack_ms=2000) is None
 
 
 def test_a_row_refuses_a_scenario_whose_cut_was_never_made(tmp_path):
