@@ -58,7 +58,6 @@ class EndOffsetWatcher:
         self._admin: Any = None
         self._brokers: dict[int, _BrokerSeen] = {}
         self._broker_outage = False
-        self._responding_at: int | None = None  # the last broker response the statistics saw
         self._stats_at: int | None = None
         self._leaders: dict[tuple[str, int], int] = {}  # (topic, partition) → the broker leading it, by the statistics
         # Replicas whose changelog end looks lower than their applied offset: (first seen in ms, times, reason).
@@ -109,12 +108,12 @@ class EndOffsetWatcher:
             seen.rx = rx
             if seen.state == "UP" and now - seen.last_response_ms <= window:
                 responding = True
-        if responding:
-            self._responding_at = max(b.last_response_ms for b in brokers.values() if b.state == "UP")
         if responding and self._broker_outage:
             self._broker_outage = False
             log.info("changelog broker reachable again")
         by_tp = self._replicas.by_tp
+        for gone in self._leaders.keys() - by_tp.keys():
+            del self._leaders[gone]
         for topic, t in stats.get("topics", {}).items():
             for pid, p in t.get("partitions", {}).items():
                 rep = by_tp.get((topic, int(pid)))
@@ -137,8 +136,12 @@ class EndOffsetWatcher:
         consumer's events come in the order its responses arrived, and a leader's responses arrive in the order it
         sent them, so after the responses of that leader the statistics already counted. ``now`` before the first
         statistics."""
-        leader = self._brokers.get(self._leaders.get(rep.key, -1))
+        leader = self._leader_of(rep)
         return now if leader is None else min(now, leader.last_response_ms)
+
+    def _leader_of(self, rep: Replica) -> _BrokerSeen | None:
+        """The broker leading ``rep``'s partition, by the statistics; None before they named one."""
+        return self._brokers.get(self._leaders.get(rep.key, -1))
 
     def plausible(self, rep: Replica, end: int, what: str) -> bool:
         """Is ``end`` a possible end of ``rep``'s changelog? A lower one is noted as a suspected loss.
@@ -157,12 +160,15 @@ class EndOffsetWatcher:
     def refresh(self, rep: Replica) -> None:
         """Take the end offset of the latest Fetch response now, rather than at the next statistics.
 
-        It is dated to the broker's last response the statistics saw, which is no later than the
+        It is dated to the leader's last response the statistics saw, which is no later than the
         Fetch that carried it: the end offset at that time was at most this, so the replica, once
-        past it, was complete as of then.
+        past it, was complete as of then. Another broker's answers say nothing of this partition's end.
         """
-        seen = self._responding_at
-        if seen is None or self._clock() - seen > self._settings.evidence_window_ms:
+        leader = self._leader_of(rep)
+        if leader is None or leader.state != "UP":
+            return
+        seen = leader.last_response_ms
+        if self._clock() - seen > self._settings.evidence_window_ms:
             return
         try:
             _, hi = self._consumer.get_watermark_offsets(TopicPartition(rep.topic, rep.partition), cached=True)

@@ -144,10 +144,14 @@ class FakeAdmin:
         return out
 
 
-def stats(hi: dict[int, int], rx: int, state="UP", topic=SPEC.topic, rtt_max_ms=0) -> str:
-    """librdkafka's statistics: broker 1 (``rx`` responses so far, the window's longest round trip) leading ``hi``."""
+def stats(hi: dict[int, int], rx: int, state="UP", topic=SPEC.topic, rtt_max_ms=0,
+          others: dict[int, int] | None = None) -> str:
+    """librdkafka's statistics: broker 1 (``rx`` responses so far, the window's longest round trip) leading ``hi``;
+    ``others``: more brokers, up, leading nothing here (node id → responses so far)."""
+    more = {f"b/{n}": {"nodeid": n, "state": "UP", "rx": others_rx, "rtt": {"max": 0}}
+            for n, others_rx in (others or {}).items()}
     return json.dumps({
-        "brokers": {"b/1": {"nodeid": 1, "state": state, "rx": rx, "rtt": {"max": rtt_max_ms * 1000}},
+        "brokers": {"b/1": {"nodeid": 1, "state": state, "rx": rx, "rtt": {"max": rtt_max_ms * 1000}}, **more,
                     "bootstrap": {"nodeid": -1, "state": "UP", "rx": 1}},
         "topics": {topic: {"partitions": {str(p): {"leader": 1, "fetch_state": "active", "hi_offset": h}
                                           for p, h in hi.items()} | {"-1": {"leader": -1, "hi_offset": -1001}}}},

@@ -230,6 +230,27 @@ def test_a_response_the_network_held_back_is_no_evidence_of_now(env):
     assert rep.snapshot().lag_offsets == 0 and rep.snapshot().staleness_ms == 0
 
 
+def test_a_batch_dates_its_end_offset_by_the_partitions_leader_not_by_another_broker(env):
+    """With several brokers, one that answers for other partitions says nothing of a silent leader's end offset: a
+    batch applied from what the consumer had fetched must not make the replica look caught up as of now."""
+    rep, caught_up_at = caught_up_by_statistics(env)
+    for answered in range(10, 30):  # 2 s of the leader silent, broker 2 answering
+        env.clock.now += STATS_INTERVAL_MS
+        env.consumer.pending_stats.append(stats({0: 10}, rx=5, others={2: answered}))
+        env.tailer.step()
+    env.consumer.watermarks[(SPEC.topic, 0)] = 12
+    env.consumer.queue += [record(i, f"k{i}", i) for i in range(10, 12)]
+    env.tailer.step()
+    snap = rep.snapshot()
+    assert rep.lag.applied == 12
+    assert snap.lag_offsets is None and snap.staleness_ms == env.clock.now - caught_up_at
+    # The leader answers again: the batch's end is its news.
+    env.clock.now += 100
+    env.consumer.pending_stats.append(stats({0: 12}, rx=6, others={2: 30}))
+    env.tailer.step()
+    assert rep.snapshot().lag_offsets == 0 and rep.snapshot().staleness_ms == 0
+
+
 def test_broker_down_gives_no_evidence(env):
     host(env, 0)
     env.consumer.pending_stats.append(stats({0: 0}, rx=3, state="DOWN"))
