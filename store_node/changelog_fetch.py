@@ -28,20 +28,28 @@ class ChangelogFetch:
     def __init__(self, bulk: BulkRestores | None = None) -> None:
         self._bulk = bulk
         self._consumer: Any = None
+        # What the consumer fetches: librdkafka refuses to unassign a partition it was not given (_INVALID_ARG), as
+        # a replica's is while it restores in bulk or once it failed.
+        self._assigned: set[tuple[str, int]] = set()
 
     def open(self, consumer: Any) -> None:
         """Fetch with ``consumer`` from now on."""
         self._consumer = consumer
+        self._assigned.clear()
 
     def start(self, reps: list[Replica]) -> None:
         """Fetch the changelogs of ``reps`` from their checkpoints: empty stores in bulk, the others by the consumer."""
         rest = self._bulk.start(reps) if self._bulk is not None else reps
         if rest:
-            self._consumer.incremental_assign([_from_checkpoint(rep) for rep in rest])
+            self._assign(rest)
 
     def resume(self, rep: Replica) -> None:
         """Fetch ``rep``'s changelog by the consumer, from its checkpoint."""
-        self._consumer.incremental_assign([_from_checkpoint(rep)])
+        self._assign([rep])
+
+    def _assign(self, reps: list[Replica]) -> None:
+        self._consumer.incremental_assign([_from_checkpoint(rep) for rep in reps])
+        self._assigned.update((rep.topic, rep.partition) for rep in reps)
 
     def reread(self, rep: Replica) -> None:
         """Fetch again, from the checkpoint, the staged window ``rep`` dropped for holding poison."""
@@ -52,8 +60,11 @@ class ChangelogFetch:
         rep.reread = False  # only once assigned: a failed assignment is retried after the next poll
 
     def stop(self, rep: Replica) -> None:
-        """Stop fetching ``rep``'s changelog; a failure is logged (the partition may not be assigned)."""
+        """Stop fetching ``rep``'s changelog, in bulk or by the consumer, whichever does; a failure is logged."""
         self.cancel_bulk(rep)
+        if (rep.topic, rep.partition) not in self._assigned:
+            return
+        self._assigned.discard((rep.topic, rep.partition))
         try:
             self._consumer.incremental_unassign([TopicPartition(rep.topic, rep.partition)])
         except KafkaException as e:

@@ -96,6 +96,11 @@ class FakeConsumer:
 
     def incremental_unassign(self, tps):
         for tp in tps:
+            if (tp.topic, tp.partition) not in self.assigned:  # as librdkafka refuses it
+                raise KafkaException(KafkaError(KafkaError._INVALID_ARG,
+                                                f"{tp.topic} [{tp.partition}] can't be unassigned since it is not in "
+                                                "the current assignment"))
+        for tp in tps:
             self.assigned.pop((tp.topic, tp.partition), None)
 
     def _serve_stats(self):

@@ -745,7 +745,7 @@ def test_a_fetch_wait_outside_its_range_fails_naming_it(wait_ms):
     assert load(StoreNodeSettings, node_id="n1", fetch_wait_max_ms=999).fetch_wait_max_ms == 999
 
 
-def test_a_replica_whose_disk_is_full_fails_with_its_reason_and_tries_again_later(env, monkeypatch):
+def test_a_replica_whose_disk_is_full_fails_with_its_reason_and_tries_again_later(env, monkeypatch, caplog):
     import store_node.replica_resets as replica_resets
     from store_node.replica_store import DiskFull
 
@@ -780,6 +780,8 @@ def test_a_replica_whose_disk_is_full_fails_with_its_reason_and_tries_again_late
     env.consumer.queue += [record(0, "a", 1), eof(1)]
     env.tailer.step()
     assert rep.state is ReplicaState.ACTIVE and rep.store.get(b"a") == b"1"
+    # Its fetch was stopped once: the restart did not ask the consumer to unassign it again (librdkafka refuses).
+    assert not [r.getMessage() for r in caplog.records if "unassigning" in r.getMessage()]
 
 
 def test_a_replica_whose_store_cannot_even_be_opened_is_hosted_failed(env, monkeypatch):
