@@ -72,6 +72,29 @@ class TableNotFound(FatalError):
     grpc_status = "NOT_FOUND"
 
 
+class TableVersionNotFound(TableNotFound):
+    """A table version asked for by number that the table does not have, or no longer serves (failed, retired)."""
+
+    code = "TABLE_VERSION_NOT_FOUND"
+
+
+class NoPreviousTableVersion(FatalError):
+    """A rollback of a table that serves the only version it keeps."""
+
+    code = "NO_PREVIOUS_TABLE_VERSION"
+    http_status = 409
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class TableDeployInProgress(FatalError):
+    """A new table version while another is still building: one builds at a time (it takes the pipeline's spare
+    task slots)."""
+
+    code = "TABLE_DEPLOY_IN_PROGRESS"
+    http_status = 409
+    grpc_status = "FAILED_PRECONDITION"
+
+
 class KeyNotFound(FatalError):
     code = "KEY_NOT_FOUND"
     http_status = 404

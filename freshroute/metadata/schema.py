@@ -7,7 +7,10 @@ is a version or a change log, never the whole cluster.
 Keys (``ns`` is the namespace, ``freshroute`` by default):
 
 - ``{ns}:tables``              hash  table name → TableSpec JSON (written by the pipeline)
-- ``{ns}:tables:version``      str   changes with every write of the table specs
+- ``{ns}:tables:version``      str   changes with every write of the table specs or of a table's versions
+- ``{ns}:table-versions``      hash  table name → VersionedTable JSON: which version is served, what became of
+                                     the others (freshroute.metadata.version_store)
+- ``{ns}:table-versions:building`` str the physical name of the one version being built, while one is
 - ``{ns}:input``               hash  table name → InputLag JSON: where the pipeline is in the table's input
                                      (written by the pipeline after every micro-batch it sees)
 - ``{ns}:input:ends``          hash  input topic → InputEnds JSON: where it ends
@@ -49,6 +52,14 @@ class Keys:
     @property
     def tables_version(self) -> str:
         return f"{self.ns}:tables:version"
+
+    @property
+    def table_versions(self) -> str:
+        return f"{self.ns}:table-versions"
+
+    @property
+    def table_versions_building(self) -> str:
+        return f"{self.ns}:table-versions:building"
 
     @property
     def input_lag(self) -> str:

@@ -23,10 +23,11 @@ if TYPE_CHECKING:
     from freshroute.redis_location import RedisLocation
 
 
-# Numbers that never repeat, even after Redis lost its state, start from the server's clock in µs.
+# Numbers that never repeat, even after Redis lost its state, start from the server's clock in µs (for every script
+# that moves a version).
 # A version differs from every earlier one: the clock, or one more than the last version if the
 # clock went back.
-_CLOCK = """
+CLOCK_LUA = """
 local function clock_us()
     local t = redis.call('TIME')
     return t[1] * 1000000 + t[2]
@@ -51,7 +52,7 @@ class MetadataStore:
     # A beat renews the node's liveness and its report's TTL; with a report (or positions), it
     # also replaces the report (or the positions) and logs the change. Returns 0 when Redis has
     # lost the report.
-    _BEAT = _CLOCK + """
+    _BEAT = CLOCK_LUA + """
     redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
     local function log_change(key, log, value)
         if redis.call('EXISTS', KEYS[4]) == 0 then
@@ -73,7 +74,7 @@ class MetadataStore:
     # Write the assignment only while holding the lease of the given generation: a
     # deposed assignor that wakes up late can never overwrite its successor's work.
     # ARGV: lease value, assignment JSON, n, then n (node, placement) pairs to set, then nodes to drop.
-    _FENCED_WRITE = _CLOCK + """
+    _FENCED_WRITE = CLOCK_LUA + """
     if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
     redis.call('SET', KEYS[2], ARGV[2])
     local n = tonumber(ARGV[3])
@@ -82,12 +83,12 @@ class MetadataStore:
     return new_version(KEYS[3])
     """
 
-    _REGISTER_TABLES = _CLOCK + """
+    _REGISTER_TABLES = CLOCK_LUA + """
     for i = 1, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
     new_version(KEYS[2])
     """
 
-    _REMOVE_TABLE = _CLOCK + """
+    _REMOVE_TABLE = CLOCK_LUA + """
     if redis.call('HDEL', KEYS[1], ARGV[1]) == 1 then new_version(KEYS[2]) end
     """
 
