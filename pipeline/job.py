@@ -22,8 +22,10 @@ from typing import Any
 
 from freshroute.errors import FreshrouteError
 from freshroute.metadata.store import MetadataStore
+from freshroute.metadata.version_store import TableVersionStore
 from pipeline.checkpoints import check_changelog_kept, check_query_tables, retire_superseded
 from pipeline.failures import restart_delay
+from pipeline.fingerprint import fingerprint
 from pipeline.follower import follow
 from pipeline.input_lag import InputLagPublisher
 from pipeline.logs import WARM_LOG, configure_logging, first_line, log_progress
@@ -123,8 +125,16 @@ class Pipeline:
         admin.poll(0)  # the admin client's librdkafka log lines, queued while it worked, to the pipeline's log
         store = MetadataStore.at(s.redis(), s.namespace)
         self._registrar = TableRegistrar(store, [r.spec for r in self.runs.values()], self._stop, str(s.redis()),
-                                         s.namespace)
+                                         s.namespace, versions=TableVersionStore(store.redis, s.namespace),
+                                         fingerprints=self.fingerprints())
         self._registrar.start()
+
+    def fingerprints(self) -> dict[str, str]:
+        """Each table's definition's fingerprint, in the mode the table asks for (a run to the input's end in
+        micro-batches computes the same table)."""
+        s, d = self.settings, self.definition
+        return {name: fingerprint(t, d.sources[t.source], t.pipeline_mode or s.pipeline_mode)
+                for name, t in d.tables.items()}
 
     # run
     def wait(self, stop: threading.Event) -> None:

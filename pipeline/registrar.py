@@ -1,5 +1,5 @@
 """The table specs kept in Redis, for store nodes and routers to find: registered at start, and again while Redis is
-down or after it lost them."""
+down or after it lost them; with each, its version record (freshroute.metadata.table_versions)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import logging
 import threading
 from typing import Any
 
+from freshroute.lag import now_ms
 from freshroute.metadata.tables import TableSpec
+from freshroute.metadata.version_store import TableVersionStore
 from pipeline.logs import first_line
 
 log = logging.getLogger("pipeline")
@@ -23,10 +25,15 @@ class TableRegistrar(threading.Thread):
     """
 
     def __init__(self, store: Any, specs: list[TableSpec], stop: threading.Event, where: str, namespace: str,
-                 every_s: float = _REGISTER_EVERY_S) -> None:
+                 every_s: float = _REGISTER_EVERY_S, versions: TableVersionStore | None = None,
+                 fingerprints: dict[str, str] | None = None) -> None:
+        """``fingerprints``: each table's definition's (pipeline.fingerprint), for its record in ``versions``."""
         super().__init__(name="table-registrar", daemon=True)
         self.store = store
         self.specs = specs
+        self.versions = versions
+        self.fingerprints = fingerprints or {}
+        self._changed: set[str] = set()  # tables whose definition differs from their served version's: said once
         self.stop_event = stop
         self.where = where
         self.namespace = namespace
@@ -38,6 +45,7 @@ class TableRegistrar(threading.Thread):
         while not self.stop_event.is_set():
             try:
                 self.store.register_tables(self.specs)
+                self._adopt()
             except Exception as e:  # any Redis trouble: logged once per outage, retried with backoff
                 if healthy is not False:
                     log.warning("Redis at %s is unavailable (%s): table specs not registered; retrying, the "
@@ -51,3 +59,18 @@ class TableRegistrar(threading.Thread):
                          ", ".join(s.name for s in self.specs), self.where, self.namespace)
             healthy, backoff = True, min(1.0, self.every_s)
             self.stop_event.wait(self.every_s)
+
+    def _adopt(self) -> None:
+        """Give each table a version record, made from this definition where it has none; say once of a table whose
+        served version was built from another definition that its rows now mix the two."""
+        if self.versions is None:
+            return
+        for name, fingerprint in self.fingerprints.items():
+            record = self.versions.adopt(name, fingerprint, now_ms())
+            served = record.versions[record.serving]
+            if served.fingerprint != fingerprint and name not in self._changed:
+                self._changed.add(name)
+                log.warning("table %s: its definition changed since version %d was built (fingerprint %s, now %s): "
+                            "its query goes on from the state of the old one, so its rows mix both definitions "
+                            "until it is recomputed (delete its checkpoint)", name, record.serving,
+                            served.fingerprint, fingerprint)

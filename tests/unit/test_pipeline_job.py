@@ -68,6 +68,44 @@ def test_registrar_retries_while_redis_is_down_with_one_clear_line_per_outage(ca
     assert infos == ["registered tables sensor_stats in Redis at 127.0.0.1:6379 (namespace ns)"]
 
 
+def test_registrar_gives_each_table_a_version_record_and_says_once_when_its_definition_changed(caplog):
+    from freshroute.metadata.store import MetadataStore
+    from freshroute.metadata.version_store import TableVersionStore
+    from tests.unit.memory_redis import MemoryRedis
+
+    redis = MemoryRedis()
+    store, versions = MetadataStore(redis.sync, "ns"), TableVersionStore(redis.sync, "ns")
+
+    def registered(fingerprint: str) -> None:
+        stop = threading.Event()
+        registrar = TableRegistrar(store, [SPEC], stop, "h:1", "ns", every_s=0.02, versions=versions,
+                                   fingerprints={"sensor_stats": fingerprint})
+        registrar.start()
+        try:
+            wait_for(lambda: versions.record("sensor_stats") is not None)
+            time.sleep(0.1)  # a few rounds more
+        finally:
+            stop.set()
+            registrar.join(timeout=5)
+
+    registered("fp1")
+    first = versions.record("sensor_stats")
+    assert first.serving == 1 and first.versions[1].fingerprint == "fp1"
+    caplog.set_level(logging.WARNING, logger="pipeline")
+    registered("fp2")  # the pipeline restarted with another definition of the table
+    assert versions.record("sensor_stats") == first  # what is served is still what version 1 computed
+    changed = [r.getMessage() for r in caplog.records if "definition changed" in r.getMessage()]
+    assert changed == ["table sensor_stats: its definition changed since version 1 was built (fingerprint fp1, now "
+                       "fp2): its query goes on from the state of the old one, so its rows mix both definitions until "
+                       "it is recomputed (delete its checkpoint)"]
+
+
+def test_the_pipeline_fingerprints_each_table_of_its_tables_file(pipeline):
+    prints = pipeline.fingerprints()
+    assert set(prints) == set(pipeline.definition.tables)
+    assert all(len(fp) == 16 for fp in prints.values()) and len(set(prints.values())) == len(prints)
+
+
 def test_registrar_stops_promptly_even_while_redis_is_down():
     stop = threading.Event()
     registrar = TableRegistrar(FlakyStore(failures=10**9), [SPEC], stop, "h:1", "ns", every_s=10)
