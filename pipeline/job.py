@@ -23,7 +23,7 @@ from typing import Any
 from freshroute.errors import FreshrouteError
 from freshroute.metadata.store import MetadataStore
 from freshroute.metadata.version_store import TableVersionStore
-from pipeline.checkpoints import check_changelog_kept, check_query_tables, retire_superseded
+from pipeline.checkpoints import check_changelog_kept, check_query_tables, committed_batches, retire_superseded
 from pipeline.failures import restart_delay
 from pipeline.fingerprint import fingerprint
 from pipeline.follower import follow
@@ -60,6 +60,7 @@ class Pipeline:
         self.queries: dict[str, Query] = {}
         self._stop = threading.Event()
         self._registrar: TableRegistrar | None = None
+        self._recomputed: set[str] = set()  # tables whose queries start without a checkpoint
         self._warm = False
 
     # start
@@ -85,6 +86,8 @@ class Pipeline:
                             ", ".join(names), ", ".join(map(str, retired)))
             # First: a table new to the query has no changelog yet, which is not the broker's doing.
             check_query_tables(checkpoint, name, names)
+            if not committed_batches(checkpoint):
+                self._recomputed.update(names)
             for t in tables:
                 topic = s.changelog_topic(t.name)
                 check_changelog_kept(topic, describe_topic(admin, topic) is not None, checkpoint)
@@ -126,7 +129,7 @@ class Pipeline:
         store = MetadataStore.at(s.redis(), s.namespace)
         self._registrar = TableRegistrar(store, [r.spec for r in self.runs.values()], self._stop, str(s.redis()),
                                          s.namespace, versions=TableVersionStore(store.redis, s.namespace),
-                                         fingerprints=self.fingerprints())
+                                         fingerprints=self.fingerprints(), recomputed=self._recomputed)
         self._registrar.start()
 
     def fingerprints(self) -> dict[str, str]:

@@ -26,13 +26,15 @@ class TableRegistrar(threading.Thread):
 
     def __init__(self, store: Any, specs: list[TableSpec], stop: threading.Event, where: str, namespace: str,
                  every_s: float = _REGISTER_EVERY_S, versions: TableVersionStore | None = None,
-                 fingerprints: dict[str, str] | None = None) -> None:
-        """``fingerprints``: each table's definition's (pipeline.fingerprint), for its record in ``versions``."""
+                 fingerprints: dict[str, str] | None = None, recomputed: set[str] | None = None) -> None:
+        """``fingerprints``: each table's definition's (pipeline.fingerprint), for its record in ``versions``;
+        ``recomputed``: the tables whose queries started without a checkpoint, computed afresh from the input."""
         super().__init__(name="table-registrar", daemon=True)
         self.store = store
         self.specs = specs
         self.versions = versions
         self.fingerprints = fingerprints or {}
+        self.recomputed = recomputed or set()
         self._changed: set[str] = set()  # tables whose definition differs from their served version's: said once
         self.stop_event = stop
         self.where = where
@@ -61,14 +63,21 @@ class TableRegistrar(threading.Thread):
             self.stop_event.wait(self.every_s)
 
     def _adopt(self) -> None:
-        """Give each table a version record, made from this definition where it has none; say once of a table whose
-        served version was built from another definition that its rows now mix the two."""
+        """Give each table a version record, made from this definition where it has none. A table whose served
+        version another definition computed is this one's if its query starts afresh; otherwise its rows now mix the
+        two, which is said once."""
         if self.versions is None:
             return
         for name, fingerprint in self.fingerprints.items():
             record = self.versions.adopt(name, fingerprint, now_ms())
             served = record.versions[record.serving]
-            if served.fingerprint != fingerprint and name not in self._changed:
+            if served.fingerprint == fingerprint:
+                continue
+            if name in self.recomputed:
+                self.versions.recompute(name, fingerprint)
+                log.info("table %s: version %d is computed afresh from the input by its new definition (fingerprint "
+                         "%s, was %s)", name, record.serving, fingerprint, served.fingerprint)
+            elif name not in self._changed:
                 self._changed.add(name)
                 log.warning("table %s: its definition changed since version %d was built (fingerprint %s, now %s): "
                             "its query goes on from the state of the old one, so its rows mix both definitions "

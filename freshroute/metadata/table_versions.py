@@ -122,6 +122,11 @@ class VersionedTable:
                                          f"version {self.serving})", table=self.name, serving=self.serving)
         return self.switched(previous.version, now_ms, retain_ms)
 
+    def recomputed(self, fingerprint: str) -> "VersionedTable":
+        """The served version, computed again in place from the input under another definition (its query started
+        without a checkpoint)."""
+        return self._with({self.serving: replace(self.versions[self.serving], fingerprint=fingerprint)})
+
     def failed(self, version: int, reason: str) -> "VersionedTable":
         """A version that could not be built, with why; the served one is untouched."""
         return self._with({version: replace(self.version(version), state=VersionState.FAILED, reason=reason)})

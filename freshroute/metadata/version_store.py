@@ -105,6 +105,10 @@ class TableVersionStore:
 
         return self._change(table, back)
 
+    def recompute(self, table: str, fingerprint: str) -> VersionedTable:
+        """The served version of ``table`` is computed again from the input by the definition of ``fingerprint``."""
+        return self._change(table, lambda r: _Change(self._existing(table, r).recomputed(fingerprint)))
+
     def fail(self, table: str, version: int, reason: str) -> VersionedTable:
         """Version ``version`` could not be built: ``reason`` says why, and the next may start."""
         return self._change(table, lambda r: _Change(self._existing(table, r).failed(version, reason), "clear",

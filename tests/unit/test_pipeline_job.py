@@ -76,10 +76,11 @@ def test_registrar_gives_each_table_a_version_record_and_says_once_when_its_defi
     redis = MemoryRedis()
     store, versions = MetadataStore(redis.sync, "ns"), TableVersionStore(redis.sync, "ns")
 
-    def registered(fingerprint: str) -> None:
+    def registered(fingerprint: str, recomputed: bool = False) -> None:
         stop = threading.Event()
         registrar = TableRegistrar(store, [SPEC], stop, "h:1", "ns", every_s=0.02, versions=versions,
-                                   fingerprints={"sensor_stats": fingerprint})
+                                   fingerprints={"sensor_stats": fingerprint},
+                                   recomputed={"sensor_stats"} if recomputed else set())
         registrar.start()
         try:
             wait_for(lambda: versions.record("sensor_stats") is not None)
@@ -98,6 +99,10 @@ def test_registrar_gives_each_table_a_version_record_and_says_once_when_its_defi
     assert changed == ["table sensor_stats: its definition changed since version 1 was built (fingerprint fp1, now "
                        "fp2): its query goes on from the state of the old one, so its rows mix both definitions until "
                        "it is recomputed (delete its checkpoint)"]
+    registered("fp2", recomputed=True)  # its checkpoint deleted: the table is computed afresh by the new definition
+    assert versions.record("sensor_stats").versions[1].fingerprint == "fp2"
+    registered("fp2")
+    assert len([r for r in caplog.records if "definition changed" in r.getMessage()]) == 1
 
 
 def test_the_pipeline_fingerprints_each_table_of_its_tables_file(pipeline):
