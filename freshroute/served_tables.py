@@ -20,6 +20,7 @@ from freshroute.errors import InvalidArgument, RetryableError, TableNotFound
 from freshroute.formats import KEY_FORMATS, VALUE_FORMATS, key_problem, value_problem
 from freshroute.keys import partition_for
 from freshroute.metadata.store import MetadataStore
+from freshroute.metadata.table_versions import VersionedTable
 from freshroute.metadata.tables import MAX_STANDBY_REPLICAS, TableSpec
 from freshroute.topics import describe_topic, failure, keep_history, topic_config
 
@@ -168,9 +169,12 @@ def _record_problem(key: bytes | None, value: bytes | None, partition: int, part
     return None
 
 
-def describe(spec: TableSpec) -> dict[str, Any]:
-    """One table as ``freshroute table list`` shows it."""
+def describe(spec: TableSpec, versions: VersionedTable | None = None) -> dict[str, Any]:
+    """One table as ``freshroute table list`` shows it, with its versions where the pipeline keeps a record of them
+    (a topic served as it is has one version and no record)."""
     return {"name": spec.name, "topic": spec.topic, "partitions": spec.partitions, "origin": spec.origin,
             "key_format": spec.key_format, "value_format": spec.value_format,
             "standby_replicas": spec.standby_replicas, "windowed": spec.window is not None,
-            "history_retention_ms": spec.history_retention_ms}
+            "history_retention_ms": spec.history_retention_ms,
+            "version": versions.serving if versions is not None else 1,
+            "versions": [v.to_dict() for v in versions.listed()] if versions is not None else []}

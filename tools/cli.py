@@ -257,6 +257,7 @@ def _table(args: argparse.Namespace) -> int:
 
     from freshroute.errors import RetryableError
     from freshroute.metadata.store import MetadataStore
+    from freshroute.metadata.version_store import TableVersionStore
     from freshroute.served_tables import add_table, describe, remove_table
 
     # Given before or after the table command, or neither (argparse's parents share their defaults, so they are here).
@@ -270,13 +271,17 @@ def _table(args: argparse.Namespace) -> int:
         raise RetryableError(f"the metadata store at {args.redis_url} (--redis-url) does not answer: {e}",
                              setting="redis_url") from None
     if args.table_command == "list":
-        tables = [describe(spec) for _, spec in sorted(metadata.tables().items())]
+        records = TableVersionStore(metadata.redis, args.namespace).records()
+        listed = sorted(metadata.tables().items())
+        tables = [describe(spec, records.get(name)) for name, spec in listed]
         if args.json:
             print(json.dumps({"tables": tables}, separators=(",", ":")))
             return 0
-        print(f"{'table':<24} {'origin':<9} {'partitions':>10} {'standbys':>8}  {'key':<7} {'value':<7} topic")
-        for t in tables:
-            print(f"{t['name']:<24} {t['origin']:<9} {t['partitions']:>10} {t['standby_replicas']:>8}  "
+        print(f"{'table':<24} {'origin':<9} {'version':<24} {'partitions':>10} {'standbys':>8}  {'key':<7} "
+              f"{'value':<7} topic")
+        for (name, _), t in zip(listed, tables):
+            version = records[name].summary() if name in records else "1"
+            print(f"{t['name']:<24} {t['origin']:<9} {version:<24} {t['partitions']:>10} {t['standby_replicas']:>8}  "
                   f"{t['key_format']:<7} {t['value_format']:<7} {t['topic']}")
         return 0
     if args.table_command == "remove":

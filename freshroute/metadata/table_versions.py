@@ -52,6 +52,15 @@ class TableVersion:
     retire_at_ms: int | None = None  # a previous version's: when it is retired
     reason: str | None = None  # a failed version's: why (the tables file, the table, Spark's words)
 
+    def to_dict(self) -> dict[str, Any]:
+        """As the record keeps it and listings show it (what is not known or not set is left out)."""
+        doc: dict[str, Any] = {"version": self.version, "state": self.state.value, "fingerprint": self.fingerprint,
+                               "created_ms": self.created_ms}
+        for name in ("switched_ms", "retire_at_ms", "reason"):
+            if getattr(self, name) is not None:
+                doc[name] = getattr(self, name)
+        return doc
+
 
 @dataclass(frozen=True)
 class VersionedTable:
@@ -65,6 +74,16 @@ class VersionedTable:
     def first(cls, name: str, fingerprint: str, now_ms: int) -> "VersionedTable":
         """A table as it was before it had versions: its one definition, served."""
         return cls(name, 1, MappingProxyType({1: TableVersion(1, VersionState.SERVING, fingerprint, now_ms, now_ms)}))
+
+    def listed(self) -> list[TableVersion]:
+        """Its versions, oldest first."""
+        return [self.versions[n] for n in sorted(self.versions)]
+
+    def summary(self) -> str:
+        """The served version, and what the others are doing that is not over: ``2 (1 previous, 3 building)``."""
+        others = [f"{v.version} {v.state.value}" for v in self.listed()
+                  if v.version != self.serving and v.state in (VersionState.BUILDING, VersionState.PREVIOUS)]
+        return f"{self.serving} ({', '.join(others)})" if others else str(self.serving)
 
     def physical(self, version: int | None = None) -> str:
         """The physical name of ``version`` (default: the one served)."""
@@ -142,8 +161,7 @@ class VersionedTable:
 
     def to_json(self) -> bytes:
         return orjson.dumps({"name": self.name, "serving": self.serving,
-                             "versions": [_version_doc(v) for v in sorted(self.versions.values(),
-                                                                          key=lambda v: v.version)]})
+                             "versions": [v.to_dict() for v in self.listed()]})
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> "VersionedTable":
@@ -154,11 +172,3 @@ class VersionedTable:
                     for d in doc["versions"]}
         return cls(doc["name"], int(doc["serving"]), MappingProxyType(versions))
 
-
-def _version_doc(v: TableVersion) -> dict[str, Any]:
-    doc: dict[str, Any] = {"version": v.version, "state": v.state.value, "fingerprint": v.fingerprint,
-                           "created_ms": v.created_ms}
-    for field in ("switched_ms", "retire_at_ms", "reason"):
-        if getattr(v, field) is not None:
-            doc[field] = getattr(v, field)
-    return doc

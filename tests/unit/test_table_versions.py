@@ -49,6 +49,18 @@ def test_a_record_round_trips_through_its_json():
     assert VersionedTable.from_json(record.to_json()) == record
 
 
+def test_a_listing_says_the_served_version_and_what_the_others_are_doing():
+    record = VersionedTable.first("t", "fp1", 1_000)
+    assert record.summary() == "1"
+    record, _ = record.begun("fp2", 2_000)
+    assert record.summary() == "1 (2 building)"
+    record = record.switched(2, 3_000, HOUR_MS)
+    record, _ = record.begun("fp3", 4_000)
+    assert record.summary() == "2 (1 previous, 3 building)"
+    assert [v.to_dict() for v in record.listed()][1] == {"version": 2, "state": "serving", "fingerprint": "fp2",
+                                                         "created_ms": 2_000, "switched_ms": 3_000}
+
+
 def test_a_new_version_builds_beside_the_served_one_and_the_switch_is_one_write_readers_see(redis, store):
     version_before = redis.sync.get("t:tables:version")
     first = store.adopt("sensor_stats", "fp1", 1_000)

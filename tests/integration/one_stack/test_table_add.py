@@ -94,8 +94,12 @@ def test_a_compacted_topic_is_served_in_each_format_with_no_restart(stack, topic
     by_name = {t["name"]: t for t in listed}
     assert by_name["users"] == {"name": "users", "topic": topics["users"], "partitions": PARTITIONS, "origin": "topic",
                                 "key_format": "string", "value_format": "json", "standby_replicas": 1,
-                                "windowed": False, "history_retention_ms": 0}
+                                "windowed": False, "history_retention_ms": 0, "version": 1, "versions": []}
     assert by_name["sensor_stats"]["origin"] == "pipeline"
+    # The pipeline's tables have a version record: one version, served, of the definition the pipeline runs.
+    served, = by_name["sensor_stats"]["versions"]
+    assert by_name["sensor_stats"]["version"] == 1 and (served["version"], served["state"]) == (1, "serving")
+    assert len(served["fingerprint"]) == 16 and served["switched_ms"] == served["created_ms"] > 0
 
     c = stack.config
     with httpx.Client(base_url=c.rest_url, timeout=10) as http:
