@@ -382,7 +382,7 @@ class ListTablesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TableInfo(_message.Message):
-    __slots__ = ("name", "topic", "partitions", "standby_replicas", "key_column", "schema", "window", "input_lag", "pipeline", "key_format", "value_format", "origin", "pipeline_mode", "history_retention_ms", "query")
+    __slots__ = ("name", "topic", "partitions", "standby_replicas", "key_column", "schema", "window", "input_lag", "pipeline", "key_format", "value_format", "origin", "pipeline_mode", "history_retention_ms", "query", "version", "versions")
     class SchemaEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -405,6 +405,8 @@ class TableInfo(_message.Message):
     PIPELINE_MODE_FIELD_NUMBER: _ClassVar[int]
     HISTORY_RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
     name: str
     topic: str
     partitions: int
@@ -420,7 +422,27 @@ class TableInfo(_message.Message):
     pipeline_mode: str
     history_retention_ms: int
     query: str
-    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., partitions: _Optional[int] = ..., standby_replicas: _Optional[int] = ..., key_column: _Optional[str] = ..., schema: _Optional[_Mapping[str, str]] = ..., window: _Optional[_Union[TableWindow, _Mapping]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., pipeline: _Optional[_Union[Pipeline, _Mapping]] = ..., key_format: _Optional[str] = ..., value_format: _Optional[str] = ..., origin: _Optional[str] = ..., pipeline_mode: _Optional[str] = ..., history_retention_ms: _Optional[int] = ..., query: _Optional[str] = ...) -> None: ...
+    version: int
+    versions: _containers.RepeatedCompositeFieldContainer[TableVersionInfo]
+    def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., partitions: _Optional[int] = ..., standby_replicas: _Optional[int] = ..., key_column: _Optional[str] = ..., schema: _Optional[_Mapping[str, str]] = ..., window: _Optional[_Union[TableWindow, _Mapping]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., pipeline: _Optional[_Union[Pipeline, _Mapping]] = ..., key_format: _Optional[str] = ..., value_format: _Optional[str] = ..., origin: _Optional[str] = ..., pipeline_mode: _Optional[str] = ..., history_retention_ms: _Optional[int] = ..., query: _Optional[str] = ..., version: _Optional[int] = ..., versions: _Optional[_Iterable[_Union[TableVersionInfo, _Mapping]]] = ...) -> None: ...
+
+class TableVersionInfo(_message.Message):
+    __slots__ = ("version", "state", "fingerprint", "created_ms", "switched_ms", "retire_at_ms", "reason")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    SWITCHED_MS_FIELD_NUMBER: _ClassVar[int]
+    RETIRE_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    state: str
+    fingerprint: str
+    created_ms: int
+    switched_ms: int
+    retire_at_ms: int
+    reason: str
+    def __init__(self, version: _Optional[int] = ..., state: _Optional[str] = ..., fingerprint: _Optional[str] = ..., created_ms: _Optional[int] = ..., switched_ms: _Optional[int] = ..., retire_at_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Pipeline(_message.Message):
     __slots__ = ("alive", "last_progress_ms")

@@ -197,7 +197,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                                  pipeline=router_pb2.Pipeline(**pipeline_doc(t.pipeline)),
                                  key_format=t.spec.key_format, value_format=t.spec.value_format,
                                  origin=t.spec.origin, pipeline_mode=t.spec.pipeline_mode or "", query=t.spec.query or "",
-                                 history_retention_ms=t.spec.history_retention_ms)
+                                 history_retention_ms=t.spec.history_retention_ms,
+                                 version=t.versions.serving if t.versions is not None else 1,
+                                 versions=[router_pb2.TableVersionInfo(**v.to_dict()) for v in t.versions.listed()]
+                                 if t.versions is not None else [])
             for t in self._router.views.list_tables() if principal is None or principal.may_read(t.spec.name)])
 
     @answers_errors

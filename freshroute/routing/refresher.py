@@ -18,6 +18,7 @@ from freshroute.metadata.assignment import Assignment
 from freshroute.metadata.progress import InputEnds, InputLag, InputMark, marks_from_json, rejections_from_json
 from freshroute.metadata.schema import Keys
 from freshroute.metadata.store import text
+from freshroute.metadata.table_versions import VersionedTable
 from freshroute.metadata.tables import TableSpec
 from freshroute.routing.snapshot import EMPTY, ReplicaView, Snapshot, SnapshotBuilder, TablePartition
 
@@ -63,6 +64,7 @@ class MetadataRefresher:
         self.liveness = Liveness()
         self._builder = SnapshotBuilder(node_expiry_ms)
         self._tables: tuple[bytes | None, dict[str, TableSpec]] | None = None
+        self.versions: Mapping[str, VersionedTable] = EMPTY  # read with the tables, whose version moves with them
         self._assignment: tuple[bytes | None, Assignment | None] | None = None
         self.input_lag: Mapping[str, InputLag] = EMPTY
         self.input_ends: Mapping[str, InputEnds] = EMPTY
@@ -102,9 +104,13 @@ class MetadataRefresher:
             return False
         snap, dirty = self._builder.build(tables, self.feed.reports, self.liveness.heard, assignment, now,
                                           self.feed.positions, self.feed.take_moved())
+        # A record is never deleted while its table is there: one that vanished went with a Redis that lost its state.
+        versions = self.versions
+        if any(t in tables and t not in versions for t in prev.versions):
+            versions = MappingProxyType({**{t: v for t, v in prev.versions.items() if t in tables}, **versions})
         self.current = replace(self._carry_over(prev, snap, now, dirty), input_lag=self.input_lag,
                                input_ends=self.input_ends, input_marks=self.input_marks, rejected=self.rejected,
-                               assignor=self.assignor)
+                               assignor=self.assignor, versions=versions)
         if self._on_swap is not None:
             self._on_swap(self.current)
         return True
@@ -139,6 +145,7 @@ class MetadataRefresher:
         n = self.feed.ask_reports(pipe, keys, ids)
         if read_tables:
             pipe.hgetall(keys.tables)
+            pipe.hgetall(keys.table_versions)
         if read_assignment:
             pipe.get(keys.assignment)
         if n or read_tables or read_assignment:
@@ -151,6 +158,7 @@ class MetadataRefresher:
                 if spec is not None:
                     tables[text(name)] = spec
             self._tables = (tables_version, tables)
+            self.versions = self._decoded(VersionedTable.from_json, out[n + 1], "table versions")
         if read_assignment:
             raw_assignment = out[-1]
             self._assignment = (assignment_version, self._decode(Assignment.from_json, raw_assignment, "assignment")

@@ -20,6 +20,7 @@ from freshroute.errors import FreshrouteError, InvalidArgument, KeyNotFound
 from freshroute.lag import now_ms
 from freshroute.position import Position, single
 from freshroute.metadata.progress import InputLag
+from freshroute.metadata.table_versions import VersionedTable
 from freshroute.metadata.tables import TableSpec
 from freshroute.windows import Window
 from freshroute.wire import Version
@@ -264,6 +265,7 @@ class TableInfo:
     default_max_staleness_ms: int | None
     input_lag: tuple[int, int] = (0, 0)  # (records, ms) the table's changelog is behind its input
     pipeline: InputLag | None = None  # what the pipeline last published for the table; None: nothing
+    versions: VersionedTable | None = None  # its version record; None: one version, unrecorded (a topic served)
 
     def to_dict(self, now: int | None = None) -> dict[str, Any]:
         s = self.spec
@@ -272,7 +274,9 @@ class TableInfo:
                "default_bound": {"max_lag": self.default_max_lag, "max_staleness_ms": self.default_max_staleness_ms},
                "input_lag": input_lag_doc(self.input_lag), "pipeline": pipeline_doc(self.pipeline, now),
                "key_format": s.key_format, "value_format": s.value_format, "origin": s.origin,
-               "pipeline_mode": s.pipeline_mode, "query": s.query, "history_retention_ms": s.history_retention_ms}
+               "pipeline_mode": s.pipeline_mode, "query": s.query, "history_retention_ms": s.history_retention_ms,
+               "version": self.versions.serving if self.versions is not None else 1,
+               "versions": [v.to_dict() for v in self.versions.listed()] if self.versions is not None else []}
         if s.window is not None:
             w = s.window
             out["window"] = {"size_ms": w.size_ms, "slide_ms": w.slide_ms, "grace_ms": w.grace_ms,

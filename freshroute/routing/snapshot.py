@@ -18,6 +18,7 @@ from freshroute.metadata.assignment import Assignment
 from freshroute.metadata.progress import input_lag_at, InputEnds, InputLag, InputMark
 from freshroute.metadata.reports import NodePositions, NodeReport
 from freshroute.metadata.roles import ReplicaState, Role
+from freshroute.metadata.table_versions import VersionedTable
 from freshroute.metadata.tables import TableSpec
 
 TablePartition = tuple[str, int]
@@ -109,6 +110,7 @@ class Snapshot:
     input_marks: Mapping[str, tuple[InputMark, ...]] = field(default_factory=lambda: EMPTY)
     rejected: Mapping[str, Mapping[int, Mapping[int, str]]] = field(default_factory=lambda: EMPTY)
     assignor: str | None = None  # the node holding the assignor lease; None: nobody holds it
+    versions: Mapping[str, VersionedTable] = field(default_factory=lambda: EMPTY)  # table → its versions, if recorded
 
     def input_lag_at(self, table: str, now: int) -> tuple[int, int]:
         """(records, ms) the table's changelog is behind its input at ``now``

@@ -66,7 +66,7 @@ class MetadataViews:
         for name in sorted(snap.tables):
             b = self._core.bound_for(snap.tables[name], NO_BOUND)
             out.append(TableInfo(snap.tables[name], b.max_lag, b.max_staleness_ms, self._core.input_lag(name),
-                                 snap.input_lag.get(name)))
+                                 snap.input_lag.get(name), snap.versions.get(name)))
         return out
 
     def cluster(self) -> ClusterView:

@@ -1,4 +1,6 @@
 import json
+from dataclasses import replace
+from types import MappingProxyType
 
 import grpc
 import pytest
@@ -6,6 +8,7 @@ from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from freshroute.metadata.table_versions import VersionedTable
 from freshroute.position import Position
 from freshroute.routing.fake import InMemoryStoreClient
 from freshroute.routing.results import LookupResult
@@ -189,6 +192,15 @@ async def test_metadata_tables_cluster(grpc_cluster):
     assert m.active.alive and m.active.applied_offset == 100
     t = await stub.ListTables(router_pb2.ListTablesRequest())
     assert [(x.name, x.partitions, x.standby_replicas, x.schema["count"]) for x in t.tables] == [(TABLE, 4, 1, "long")]
+    assert (t.tables[0].version, list(t.tables[0].versions)) == (1, [])  # no record: its one version
+    record, _ = VersionedTable.first(TABLE, "fp1", 1_000).begun("fp2", 2_000)
+    record = record.switched(2, 3_000, 3_600_000)
+    cluster.metadata.current = replace(cluster.metadata.current, versions=MappingProxyType({TABLE: record}))
+    t = await stub.ListTables(router_pb2.ListTablesRequest())
+    assert t.tables[0].version == 2
+    assert [(v.version, v.state, v.fingerprint, v.created_ms, v.switched_ms, v.HasField("retire_at_ms"))
+            for v in t.tables[0].versions] == [(1, "previous", "fp1", 1_000, 1_000, True),
+                                               (2, "serving", "fp2", 2_000, 3_000, False)]
     c = await stub.Cluster(router_pb2.ClusterRequest())
     assert [n.node for n in c.nodes] == ["n1", "n2"] and all(len(n.replicas) == 4 for n in c.nodes)
     # Everything /v1/cluster says, typed.

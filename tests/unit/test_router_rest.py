@@ -1,5 +1,7 @@
 import asyncio
 import base64
+from dataclasses import replace
+from types import MappingProxyType
 
 import httpx
 import orjson
@@ -9,6 +11,7 @@ from freshroute.lag import now_ms
 from freshroute.position import Position, single
 from freshroute.keys import serialize_key
 from freshroute.metadata.roles import Role
+from freshroute.metadata.table_versions import VersionedTable
 
 from freshroute.routing.fake import InMemoryStoreClient
 from freshroute.routing.results import ClusterView, value_fields
@@ -343,7 +346,14 @@ async def test_key_metadata_tables_cluster(cluster):
                        "input_lag": {"records": 0, "ms": 0},
                        "pipeline": {"alive": False, "last_progress_ms": None},
                        "key_format": "string", "value_format": "json", "origin": "pipeline", "pipeline_mode": None,
-                       "query": None, "history_retention_ms": 0}]
+                       "query": None, "history_retention_ms": 0, "version": 1, "versions": []}]
+    record, _ = VersionedTable.first(TABLE, "fp1", 1_000).begun("fp2", 2_000)
+    cluster.metadata.current = replace(cluster.metadata.current, versions=MappingProxyType({TABLE: record}))
+    async with cluster.client() as c:
+        listed, = (await c.get("/v1/tables")).json()["tables"]
+    assert listed["version"] == 1 and listed["versions"] == [
+        {"version": 1, "state": "serving", "fingerprint": "fp1", "created_ms": 1_000, "switched_ms": 1_000},
+        {"version": 2, "state": "building", "fingerprint": "fp2", "created_ms": 2_000}]
     assert [n["node"] for n in view["nodes"]] == ["n1", "n2"]
     assert all(n["alive"] and len(n["replicas"]) == 4 for n in view["nodes"])
     assert view["metadata"]["loaded"] is True

@@ -1,4 +1,5 @@
 import asyncio
+from dataclasses import replace
 
 import orjson
 import pytest
@@ -115,6 +116,30 @@ def test_the_snapshot_names_the_assignor_lease_holder():
     fake.md.redis.set(fake.keys.assignor, "node-2:5")
     asyncio.run(r.refresh_once())
     assert r.current.assignor == "node-2"
+
+
+def test_the_snapshot_reads_the_tables_versions_when_they_change_and_keeps_them_through_a_reset():
+    from freshroute.metadata.version_store import TableVersionStore
+
+    fake, clock = FakeRedis("ns"), Clock(T0)
+    fake.load(T0)
+    r, _ = refresher(fake, clock)
+    asyncio.run(r.refresh_once())
+    assert dict(r.current.versions) == {}  # no record: one version, as a topic served has
+    versions = TableVersionStore(fake.sync, "ns")
+    versions.adopt("sensor_stats", "fp1", T0)
+    versions.begin("sensor_stats", "fp2", T0 + 1)
+    asyncio.run(r.refresh_once())
+    record = r.current.versions["sensor_stats"]
+    assert record.summary() == "1 (2 building)" and record == versions.record("sensor_stats")
+    fake.load(T0)  # Redis lost its state, and the pipeline registered the tables again before their versions
+    clock.t = T0 + 100
+    asyncio.run(r.refresh_once())
+    assert r.current.versions["sensor_stats"] == record
+    fake.md.register_tables([replace(SPEC, name="other", topic="other-changelog")])
+    fake.md.remove_table("sensor_stats")  # a table removed takes its record with it
+    asyncio.run(r.refresh_once())
+    assert "sensor_stats" not in r.current.versions
 
 
 def test_redis_down_keeps_last_snapshot_and_freezes_liveness():

@@ -201,7 +201,9 @@ function renderTables(s) {
     if (t.restoring_total > t.restoring.length) restores.push(h("div", { class: "muted" }, `${t.restoring_total - t.restoring.length} more`));
     return h("tr", { "data-table": t.name, class: t.name === state.gridTable ? "selected" : "",
       onclick: () => selectTable(t.name) },
-    h("td", {}, t.name, t.window ? h("span", { class: "muted" }, " windowed") : null),
+    h("td", {}, t.name, t.window ? h("span", { class: "muted" }, " windowed") : null,
+      h("span", { class: "muted", "data-table-version": t.version ?? 1, title: "the version served, and the others under way" },
+        ` v${t.version ?? 1}${versionsUnderWay(t)}`)),
     h("td", { class: "num" }, t.partitions ?? ""),
     h("td", { class: "num" }, t.standby_replicas ?? ""),
     h("td", {}, kinds, t.unserved_partitions ? h("span", { class: "error" }, ` ${t.unserved_partitions} partitions unserved`) : null),
@@ -217,6 +219,12 @@ function renderTables(s) {
     h("td", {}, restores.length ? restores : h("span", { class: "muted" }, "none")));
   });
   $("tables").tBodies[0].replaceChildren(...rows);
+}
+
+// A table's versions building beside the served one, or kept for a rollback: " (v3 building)".
+function versionsUnderWay(t) {
+  const others = (t.versions || []).filter((v) => v.version !== t.version && (v.state === "building" || v.state === "previous"));
+  return others.length ? ` (${others.map((v) => `v${v.version} ${v.state}`).join(", ")})` : "";
 }
 
 // A select's (or a datalist's) options made the table names, keeping what was chosen.

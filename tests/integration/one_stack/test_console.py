@@ -87,10 +87,11 @@ def test_the_console_draws_every_node_and_replica_as_the_cluster_api_has_them(st
             assert sum(role == "active" for _, _, role, _ in drawn) == tables[table]["partitions"]
         rows = page.evaluate("[...document.querySelectorAll('#tables tbody tr')].map(tr => "
                              "[tr.dataset.table, tr.cells[1].textContent, tr.querySelector('[data-pipeline-alive]')"
-                             ".dataset.pipelineAlive, tr.querySelector('[data-query]')?.dataset.query])")
-        # The demo's tables are computed by one query, which each row names.
-        assert {name: (int(n), alive, query) for name, n, alive, query in rows} == \
-            {name: (t["partitions"], "true", "readings.tables") for name, t in tables.items()}
+                             ".dataset.pipelineAlive, tr.querySelector('[data-query]')?.dataset.query, "
+                             "tr.querySelector('[data-table-version]').textContent])")
+        # The demo's tables are computed by one query, which each row names, each in its first version.
+        assert {name: (int(n), alive, query, version) for name, n, alive, query, version in rows} == \
+            {name: (t["partitions"], "true", "readings.tables", " v1") for name, t in tables.items()}
 
 
 def ask(console, table: str, key: str, **bounds: str) -> tuple[dict | None, str]:
