@@ -24,6 +24,7 @@ from freshroute.errors import FreshrouteError
 from freshroute.metadata.store import MetadataStore
 from freshroute.metadata.version_store import TableVersionStore
 from pipeline.checkpoints import check_changelog_kept, check_query_tables, committed_batches, retire_superseded
+from pipeline.definitions import keep
 from pipeline.failures import restart_delay
 from pipeline.fingerprint import fingerprint
 from pipeline.follower import follow
@@ -129,7 +130,8 @@ class Pipeline:
         store = MetadataStore.at(s.redis(), s.namespace)
         self._registrar = TableRegistrar(store, [r.spec for r in self.runs.values()], self._stop, str(s.redis()),
                                          s.namespace, versions=TableVersionStore(store.redis, s.namespace),
-                                         fingerprints=self.fingerprints(), recomputed=self._recomputed)
+                                         fingerprints=self.fingerprints(), recomputed=self._recomputed,
+                                         definition=keep(s.checkpoint_dir, self.definition.path))
         self._registrar.start()
 
     def fingerprints(self) -> dict[str, str]:

@@ -26,15 +26,18 @@ class TableRegistrar(threading.Thread):
 
     def __init__(self, store: Any, specs: list[TableSpec], stop: threading.Event, where: str, namespace: str,
                  every_s: float = _REGISTER_EVERY_S, versions: TableVersionStore | None = None,
-                 fingerprints: dict[str, str] | None = None, recomputed: set[str] | None = None) -> None:
+                 fingerprints: dict[str, str] | None = None, recomputed: set[str] | None = None,
+                 definition: str | None = None) -> None:
         """``fingerprints``: each table's definition's (pipeline.fingerprint), for its record in ``versions``;
-        ``recomputed``: the tables whose queries started without a checkpoint, computed afresh from the input."""
+        ``recomputed``: the tables whose queries started without a checkpoint, computed afresh from the input;
+        ``definition``: the digest of the tables file they are defined in, as pipeline.definitions keeps it."""
         super().__init__(name="table-registrar", daemon=True)
         self.store = store
         self.specs = specs
         self.versions = versions
         self.fingerprints = fingerprints or {}
         self.recomputed = recomputed or set()
+        self.definition = definition
         self._changed: set[str] = set()  # tables whose definition differs from their served version's: said once
         self.stop_event = stop
         self.where = where
@@ -69,12 +72,12 @@ class TableRegistrar(threading.Thread):
         if self.versions is None:
             return
         for name, fingerprint in self.fingerprints.items():
-            record = self.versions.adopt(name, fingerprint, now_ms())
+            record = self.versions.adopt(name, fingerprint, now_ms(), self.definition)
             served = record.versions[record.serving]
             if served.fingerprint == fingerprint:
                 continue
             if name in self.recomputed:
-                self.versions.recompute(name, fingerprint)
+                self.versions.recompute(name, fingerprint, self.definition)
                 log.info("table %s: version %d is computed afresh from the input by its new definition (fingerprint "
                          "%s, was %s)", name, record.serving, fingerprint, served.fingerprint)
             elif name not in self._changed:

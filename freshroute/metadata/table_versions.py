@@ -51,12 +51,13 @@ class TableVersion:
     switched_ms: int | None = None  # when it last began to be served
     retire_at_ms: int | None = None  # a previous version's: when it is retired
     reason: str | None = None  # a failed version's: why (the tables file, the table, Spark's words)
+    definition: str | None = None  # the digest of the tables file it was defined in, as the pipeline keeps it
 
     def to_dict(self) -> dict[str, Any]:
         """As the record keeps it and listings show it (what is not known or not set is left out)."""
         doc: dict[str, Any] = {"version": self.version, "state": self.state.value, "fingerprint": self.fingerprint,
                                "created_ms": self.created_ms}
-        for name in ("switched_ms", "retire_at_ms", "reason"):
+        for name in ("switched_ms", "retire_at_ms", "reason", "definition"):
             if getattr(self, name) is not None:
                 doc[name] = getattr(self, name)
         return doc
@@ -71,9 +72,10 @@ class VersionedTable:
     versions: Mapping[int, TableVersion]
 
     @classmethod
-    def first(cls, name: str, fingerprint: str, now_ms: int) -> "VersionedTable":
+    def first(cls, name: str, fingerprint: str, now_ms: int, definition: str | None = None) -> "VersionedTable":
         """A table as it was before it had versions: its one definition, served."""
-        return cls(name, 1, MappingProxyType({1: TableVersion(1, VersionState.SERVING, fingerprint, now_ms, now_ms)}))
+        return cls(name, 1, MappingProxyType({1: TableVersion(1, VersionState.SERVING, fingerprint, now_ms, now_ms,
+                                                              definition=definition)}))
 
     def listed(self) -> list[TableVersion]:
         """Its versions, oldest first."""
@@ -114,9 +116,10 @@ class VersionedTable:
 
     # ---- transitions: each gives the record the one write stores ----------------------------------
 
-    def begun(self, fingerprint: str, now_ms: int) -> tuple["VersionedTable", TableVersion]:
+    def begun(self, fingerprint: str, now_ms: int, definition: str | None = None
+              ) -> tuple["VersionedTable", TableVersion]:
         """A new version of another definition, building beside the served one; its number is never reused."""
-        new = TableVersion(max(self.versions) + 1, VersionState.BUILDING, fingerprint, now_ms)
+        new = TableVersion(max(self.versions) + 1, VersionState.BUILDING, fingerprint, now_ms, definition=definition)
         return self._with({new.version: new}), new
 
     def switched(self, to: int, now_ms: int, retain_ms: int) -> "VersionedTable":
@@ -141,10 +144,11 @@ class VersionedTable:
                                          f"version {self.serving})", table=self.name, serving=self.serving)
         return self.switched(previous.version, now_ms, retain_ms)
 
-    def recomputed(self, fingerprint: str) -> "VersionedTable":
+    def recomputed(self, fingerprint: str, definition: str | None = None) -> "VersionedTable":
         """The served version, computed again in place from the input under another definition (its query started
         without a checkpoint)."""
-        return self._with({self.serving: replace(self.versions[self.serving], fingerprint=fingerprint)})
+        return self._with({self.serving: replace(self.versions[self.serving], fingerprint=fingerprint,
+                                                 definition=definition)})
 
     def failed(self, version: int, reason: str) -> "VersionedTable":
         """A version that could not be built, with why; the served one is untouched."""
@@ -168,7 +172,7 @@ class VersionedTable:
         doc = orjson.loads(raw)
         versions = {int(d["version"]): TableVersion(int(d["version"]), VersionState(d["state"]), d["fingerprint"],
                                                     int(d["created_ms"]), d.get("switched_ms"),
-                                                    d.get("retire_at_ms"), d.get("reason"))
+                                                    d.get("retire_at_ms"), d.get("reason"), d.get("definition"))
                     for d in doc["versions"]}
         return cls(doc["name"], int(doc["serving"]), MappingProxyType(versions))
 

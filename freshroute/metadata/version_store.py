@@ -70,12 +70,12 @@ class TableVersionStore:
         raw = self.redis.get(self.keys.table_versions_building)
         return None if raw is None else text(raw)
 
-    def adopt(self, table: str, fingerprint: str, now_ms: int) -> VersionedTable:
+    def adopt(self, table: str, fingerprint: str, now_ms: int, definition: str | None = None) -> VersionedTable:
         """The table's record, made for a table that has none (one served version of this definition)."""
         return self._change(table, lambda r: _Change(r if r is not None else
-                                                     VersionedTable.first(table, fingerprint, now_ms)))
+                                                     VersionedTable.first(table, fingerprint, now_ms, definition)))
 
-    def begin(self, table: str, fingerprint: str, now_ms: int) -> TableVersion:
+    def begin(self, table: str, fingerprint: str, now_ms: int, definition: str | None = None) -> TableVersion:
         """Start a new version of ``table`` computing the definition of ``fingerprint``; refused while another
         version builds anywhere in the cluster (TABLE_DEPLOY_IN_PROGRESS naming it)."""
         begun: list[TableVersion] = []
@@ -84,7 +84,7 @@ class TableVersionStore:
             if r is None:
                 raise TableVersionNotFound(f"table {table!r} has no version record: it is not served yet",
                                            table=table)
-            record, new = r.begun(fingerprint, now_ms)
+            record, new = r.begun(fingerprint, now_ms, definition)
             begun[:] = [new]
             return _Change(record, "set", record.physical(new.version))
 
@@ -105,9 +105,9 @@ class TableVersionStore:
 
         return self._change(table, back)
 
-    def recompute(self, table: str, fingerprint: str) -> VersionedTable:
+    def recompute(self, table: str, fingerprint: str, definition: str | None = None) -> VersionedTable:
         """The served version of ``table`` is computed again from the input by the definition of ``fingerprint``."""
-        return self._change(table, lambda r: _Change(self._existing(table, r).recomputed(fingerprint)))
+        return self._change(table, lambda r: _Change(self._existing(table, r).recomputed(fingerprint, definition)))
 
     def fail(self, table: str, version: int, reason: str) -> VersionedTable:
         """Version ``version`` could not be built: ``reason`` says why, and the next may start."""

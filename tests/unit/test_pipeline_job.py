@@ -80,7 +80,8 @@ def test_registrar_gives_each_table_a_version_record_and_says_once_when_its_defi
         stop = threading.Event()
         registrar = TableRegistrar(store, [SPEC], stop, "h:1", "ns", every_s=0.02, versions=versions,
                                    fingerprints={"sensor_stats": fingerprint},
-                                   recomputed={"sensor_stats"} if recomputed else set())
+                                   recomputed={"sensor_stats"} if recomputed else set(),
+                                   definition=f"file-of-{fingerprint}")
         registrar.start()
         try:
             wait_for(lambda: versions.record("sensor_stats") is not None)
@@ -92,6 +93,7 @@ def test_registrar_gives_each_table_a_version_record_and_says_once_when_its_defi
     registered("fp1")
     first = versions.record("sensor_stats")
     assert first.serving == 1 and first.versions[1].fingerprint == "fp1"
+    assert first.versions[1].definition == "file-of-fp1"  # the tables file it was defined in, kept by the pipeline
     caplog.set_level(logging.WARNING, logger="pipeline")
     registered("fp2")  # the pipeline restarted with another definition of the table
     assert versions.record("sensor_stats") == first  # what is served is still what version 1 computed
@@ -101,6 +103,7 @@ def test_registrar_gives_each_table_a_version_record_and_says_once_when_its_defi
                        "it is recomputed (delete its checkpoint)"]
     registered("fp2", recomputed=True)  # its checkpoint deleted: the table is computed afresh by the new definition
     assert versions.record("sensor_stats").versions[1].fingerprint == "fp2"
+    assert versions.record("sensor_stats").versions[1].definition == "file-of-fp2"
     registered("fp2")
     assert len([r for r in caplog.records if "definition changed" in r.getMessage()]) == 1
 
