@@ -8,7 +8,7 @@ start is refused naming it.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from freshroute.errors import FreshrouteError, TableDeployInProgress, TableVersionNotFound
 from freshroute.metadata.schema import Keys
@@ -42,11 +42,14 @@ return {1}
 """
 
 
-class _Change:
-    """What one change writes: the new record, and what becomes of the building marker."""
+class _Change(NamedTuple):
+    """What one change writes: the new record, what becomes of the building marker ("", "set" or "clear" for the
+    version of ``physical``), and the physical table whose spec must be registered first ("": none)."""
 
-    def __init__(self, record: VersionedTable, marker: str = "", physical: str = "", needs_spec: str = "") -> None:
-        self.record, self.marker, self.physical, self.needs_spec = record, marker, physical, needs_spec
+    record: VersionedTable
+    marker: str = ""
+    physical: str = ""
+    needs_spec: str = ""
 
 
 class TableVersionStore:
