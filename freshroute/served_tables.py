@@ -20,7 +20,7 @@ from freshroute.errors import InvalidArgument, RetryableError, TableNotFound
 from freshroute.formats import KEY_FORMATS, VALUE_FORMATS, key_problem, value_problem
 from freshroute.keys import partition_for
 from freshroute.metadata.store import MetadataStore
-from freshroute.metadata.table_versions import VersionedTable
+from freshroute.metadata.table_versions import VersionedTable, listing
 from freshroute.metadata.tables import MAX_STANDBY_REPLICAS, TableSpec
 from freshroute.topics import describe_topic, failure, keep_history, topic_config
 
@@ -175,6 +175,4 @@ def describe(spec: TableSpec, versions: VersionedTable | None = None) -> dict[st
     return {"name": spec.name, "topic": spec.topic, "partitions": spec.partitions, "origin": spec.origin,
             "key_format": spec.key_format, "value_format": spec.value_format,
             "standby_replicas": spec.standby_replicas, "windowed": spec.window is not None,
-            "history_retention_ms": spec.history_retention_ms,
-            "version": versions.serving if versions is not None else 1,
-            "versions": [v.to_dict() for v in versions.listed()] if versions is not None else []}
+            "history_retention_ms": spec.history_retention_ms, **listing(versions)}

@@ -11,9 +11,10 @@ import orjson
 from google.protobuf.struct_pb2 import Struct
 
 from freshroute.errors import FreshrouteError
+from freshroute.metadata.table_versions import listing
 from freshroute.metadata.tables import TableSpec
 from freshroute.routing.history import AsOf, Versions
-from freshroute.routing.results import ClusterView, LookupResult, ReplicaInfo, WindowsResult
+from freshroute.routing.results import ClusterView, LookupResult, ReplicaInfo, TableInfo, WindowsResult, pipeline_doc
 from freshroute.windows import Window
 from proto import router_pb2
 from router.grpc_errors import grpc_status
@@ -83,6 +84,20 @@ def table_window(spec: TableSpec) -> router_pb2.TableWindow | None:
     w = spec.window
     return None if w is None else router_pb2.TableWindow(size_ms=w.size_ms, slide_ms=w.slide_ms, grace_ms=w.grace_ms,
                                                          retention_ms=w.retention_ms)
+
+
+def table_info(t: TableInfo) -> router_pb2.TableInfo:
+    """A table as ``ListTables`` gives it: what ``/v1/tables`` says of it, typed."""
+    s, versions = t.spec, listing(t.versions)
+    return router_pb2.TableInfo(name=s.name, topic=s.topic, partitions=s.partitions,
+                                standby_replicas=s.standby_replicas, key_column=s.key_column,
+                                schema=dict(s.value_schema), window=table_window(s),
+                                input_lag=router_pb2.InputLag(records=t.input_lag[0], ms=t.input_lag[1]),
+                                pipeline=router_pb2.Pipeline(**pipeline_doc(t.pipeline)),
+                                key_format=s.key_format, value_format=s.value_format, origin=s.origin,
+                                pipeline_mode=s.pipeline_mode or "", query=s.query or "",
+                                history_retention_ms=s.history_retention_ms, version=versions["version"],
+                                versions=[router_pb2.TableVersionInfo(**v) for v in versions["versions"]])
 
 
 def input_lag_message(router: Router, table: str) -> router_pb2.InputLag | None:

@@ -15,13 +15,13 @@ import grpc
 from freshroute.bound import Bound
 from freshroute.lag import rank_lag, rank_staleness
 from freshroute.routing.history import AsOf, parse_time
-from freshroute.routing.results import LookupResult, pipeline_doc
+from freshroute.routing.results import LookupResult
 from proto import router_pb2, router_pb2_grpc
 from router.auth import Guard
 from router.grpc_errors import answers_errors
 from router.grpc_get import answer_get, parse_request_bound
 from router.grpc_messages import (Served, as_of_response, cluster_response, get_response, input_lag_message,
-                                  key_error, replica_info, scan_summary, table_window, typed_value, value_json_of,
+                                  key_error, replica_info, scan_summary, table_info, typed_value, value_json_of,
                                   versions_response, window_message, windows_response)
 from router.routing import Router
 from router.transports.grpc_calls import CLIENT_SUBJECT, RELAY_KEY
@@ -189,19 +189,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def ListTables(self, request: router_pb2.ListTablesRequest,
                          context: grpc.aio.ServicerContext) -> router_pb2.ListTablesResponse:
         principal = await self._guard.principal(*self._caller(context)) if self._guard is not None else None
-        return router_pb2.ListTablesResponse(tables=[
-            router_pb2.TableInfo(name=t.spec.name, topic=t.spec.topic, partitions=t.spec.partitions,
-                                 standby_replicas=t.spec.standby_replicas, key_column=t.spec.key_column,
-                                 schema=dict(t.spec.value_schema), window=table_window(t.spec),
-                                 input_lag=router_pb2.InputLag(records=t.input_lag[0], ms=t.input_lag[1]),
-                                 pipeline=router_pb2.Pipeline(**pipeline_doc(t.pipeline)),
-                                 key_format=t.spec.key_format, value_format=t.spec.value_format,
-                                 origin=t.spec.origin, pipeline_mode=t.spec.pipeline_mode or "", query=t.spec.query or "",
-                                 history_retention_ms=t.spec.history_retention_ms,
-                                 version=t.versions.serving if t.versions is not None else 1,
-                                 versions=[router_pb2.TableVersionInfo(**v.to_dict()) for v in t.versions.listed()]
-                                 if t.versions is not None else [])
-            for t in self._router.views.list_tables() if principal is None or principal.may_read(t.spec.name)])
+        return router_pb2.ListTablesResponse(tables=[table_info(t) for t in self._router.views.list_tables()
+                                                     if principal is None or principal.may_read(t.spec.name)])
 
     @answers_errors
     async def Cluster(self, request: router_pb2.ClusterRequest,

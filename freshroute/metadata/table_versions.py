@@ -36,6 +36,14 @@ def physical_name(table: str, version: int) -> str:
     return table if version == 1 else f"{table}-v{version}"
 
 
+def listing(record: "VersionedTable | None") -> dict[str, Any]:
+    """A table's ``version`` served and its ``versions``, as every listing gives them (no record: a topic served as it
+    is, one version)."""
+    if record is None:
+        return {"version": 1, "versions": []}
+    return {"version": record.serving, "versions": [v.to_dict() for v in record.listed()]}
+
+
 def logical_of(physical: str) -> tuple[str, int]:
     """(table, version) of a physical name: ``t-v3`` is version 3 of ``t``; any other name is its own version 1."""
     m = _PHYSICAL.fullmatch(physical)

@@ -62,8 +62,12 @@ class TableVersionStore:
         self._write = client.register_script(_WRITE)
 
     def record(self, table: str) -> VersionedTable | None:
+        return self._read(table)[1]
+
+    def _read(self, table: str) -> tuple[bytes | None, VersionedTable | None]:
+        """The table's record as Redis holds it, and decoded."""
         raw = self.redis.hget(self.keys.table_versions, table)
-        return None if raw is None else VersionedTable.from_json(raw)
+        return raw, None if raw is None else VersionedTable.from_json(raw)
 
     def records(self) -> dict[str, VersionedTable]:
         return {text(k): VersionedTable.from_json(v) for k, v in self.redis.hgetall(self.keys.table_versions).items()}
@@ -81,18 +85,15 @@ class TableVersionStore:
     def begin(self, table: str, fingerprint: str, now_ms: int, definition: str | None = None) -> TableVersion:
         """Start a new version of ``table`` computing the definition of ``fingerprint``; refused while another
         version builds anywhere in the cluster (TABLE_DEPLOY_IN_PROGRESS naming it)."""
-        begun: list[TableVersion] = []
-
         def start(r: VersionedTable | None) -> _Change:
             if r is None:
                 raise TableVersionNotFound(f"table {table!r} has no version record: it is not served yet",
                                            table=table)
             record, new = r.begun(fingerprint, now_ms, definition)
-            begun[:] = [new]
             return _Change(record, "set", record.physical(new.version))
 
-        self._change(table, start)
-        return begun[0]
+        record = self._change(table, start)
+        return record.versions[max(record.versions)]  # a new version takes the next number
 
     def switch(self, table: str, to: int, now_ms: int, retain_ms: int) -> VersionedTable:
         """Serve version ``to`` of ``table``: the one write every read of the table follows (once its spec is
@@ -132,8 +133,7 @@ class TableVersionStore:
         keys = [self.keys.table_versions, self.keys.tables_version, self.keys.table_versions_building,
                 self.keys.tables]
         for _ in range(_CHANGE_TRIES):
-            raw = self.redis.hget(self.keys.table_versions, table)
-            current = None if raw is None else VersionedTable.from_json(raw)
+            raw, current = self._read(table)
             change = make(current)
             if current is not None and change.record == current:
                 return current  # nothing to write

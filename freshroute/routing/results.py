@@ -20,7 +20,7 @@ from freshroute.errors import FreshrouteError, InvalidArgument, KeyNotFound
 from freshroute.lag import now_ms
 from freshroute.position import Position, single
 from freshroute.metadata.progress import InputLag
-from freshroute.metadata.table_versions import VersionedTable
+from freshroute.metadata.table_versions import VersionedTable, listing
 from freshroute.metadata.tables import TableSpec
 from freshroute.windows import Window
 from freshroute.wire import Version
@@ -275,8 +275,7 @@ class TableInfo:
                "input_lag": input_lag_doc(self.input_lag), "pipeline": pipeline_doc(self.pipeline, now),
                "key_format": s.key_format, "value_format": s.value_format, "origin": s.origin,
                "pipeline_mode": s.pipeline_mode, "query": s.query, "history_retention_ms": s.history_retention_ms,
-               "version": self.versions.serving if self.versions is not None else 1,
-               "versions": [v.to_dict() for v in self.versions.listed()] if self.versions is not None else []}
+               **listing(self.versions)}
         if s.window is not None:
             w = s.window
             out["window"] = {"size_ms": w.size_ms, "slide_ms": w.slide_ms, "grace_ms": w.grace_ms,

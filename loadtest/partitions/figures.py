@@ -88,7 +88,8 @@ def scenario_row(scenario: Any, summary: dict[str, Any], recording: Path, slack_
             "failed_by_bound_and_code": dict(failed), "writes_checked": consistency.get("writes_checked", 0),
             "refuted": refuted, "refuted_by_kind": by_kind, "labels_checked": consistency.get("labels_checked", 0),
             "finals_checked": settled.finals_checked, "finals_refuted": settled.finals_refuted[:10],
-            "shows_s": shows, "fresh_claims_s": claims, "recovered_s": recovered, "data_lost": len(settled.lost), "keys_lost": settled.lost[:10],
+            "shows_s": shows, "fresh_claims_s": claims, "recovered_s": recovered, "data_lost": len(settled.lost),
+            "keys_lost": settled.lost[:10],
             "windows_checked": settled.windows_checked, "late_readings": settled.late}
 
 
