@@ -21,12 +21,13 @@ import time
 from typing import Any
 
 from freshroute.errors import FreshrouteError
+from freshroute.lag import now_ms
 from freshroute.metadata.store import MetadataStore
+from freshroute.metadata.table_versions import logical_of
 from freshroute.metadata.version_store import TableVersionStore
+from pipeline import definitions, version_mirror
 from pipeline.checkpoints import check_changelog_kept, check_query_tables, committed_batches, retire_superseded
-from pipeline.definitions import keep
 from pipeline.failures import restart_delay
-from pipeline.fingerprint import fingerprint
 from pipeline.follower import follow
 from pipeline.input_lag import InputLagPublisher
 from pipeline.logs import WARM_LOG, configure_logging, first_line, log_progress
@@ -40,8 +41,9 @@ from pipeline.session import build_session, check_spark_master
 from pipeline.settings import PipelineSettings
 from pipeline.sink import ChangelogProducer
 from pipeline.sources import check_inputs
-from pipeline.tables import MICROBATCH, REALTIME, TablesDefinition
+from pipeline.tables import MICROBATCH, REALTIME, Table, TablesDefinition
 from pipeline.tables_file import check_modes, load_tables, queries
+from pipeline.versions import Planner, VersionPlan
 
 log = logging.getLogger("pipeline")
 
@@ -61,6 +63,8 @@ class Pipeline:
         self.queries: dict[str, Query] = {}
         self._stop = threading.Event()
         self._registrar: TableRegistrar | None = None
+        self._versions: TableVersionStore | None = None
+        self.plan = VersionPlan(self.definition)  # the versions of its tables it runs, once started
         self._recomputed: set[str] = set()  # tables whose queries start without a checkpoint
         self._warm = False
 
@@ -72,6 +76,12 @@ class Pipeline:
         s, c = self.settings, self.context
         admin = admin_client(s.kafka())
         check_replication(admin, s.changelog_replication_factor, s.bootstrap_servers)
+        store = MetadataStore.at(s.redis(), s.namespace)
+        self._versions = TableVersionStore(store.redis, s.namespace)
+        digest = definitions.keep(s.checkpoint_dir, self.definition.path)
+        self.plan = self._plan(self._versions, digest)
+        self.definition = c.definition = self.plan.definition
+        c.beside = self.plan.beside
         # Before Spark starts: a lost changelog or a changed query is known in milliseconds, not after the JVM's
         # warm-up.
         grouped = queries(self.definition, s.mode_of)
@@ -94,15 +104,15 @@ class Pipeline:
                 check_changelog_kept(topic, describe_topic(admin, topic) is not None, checkpoint)
         check_inputs(s, self.definition, admin)
         self.queries = {name: QUERY_KINDS[modes[name]](c, name, tables) for name, tables in grouped.items()}
-        for q in self.queries.values():
-            q.prepare(admin)
+        for q in list(self.queries.values()):
+            self._beside_or_fail(q, lambda: q.prepare(admin))
         used = {t.source for t in self.definition.tables.values()}
         c.input_partitions = {name: len(describe_topic(admin, s.input_topic(src.topic)).partitions)
                               for name, src in self.definition.sources.items() if name in used}
         # A source whose tables all run in Real-time Mode has a query of its own for its rejected records.
         for src in sorted(used):
             source = self.definition.sources[src]
-            if rejects_query(s, self.definition, source) is None and source.on_invalid != "skip":
+            if rejects_query(s, self.definition, source, c.beside) is None and source.on_invalid != "skip":
                 self.queries[f"{src}.rejected"] = RealtimeRejectsQuery(c, src)
         check_spark_master(s.spark_master)
         started = time.monotonic()
@@ -114,9 +124,9 @@ class Pipeline:
         c.reflected = ReflectionPublisher(MetadataStore.at(s.redis(), s.namespace), lambda: admin_client(s.kafka()),
                                           self._stop, rejects.values())
         c.reflected.start()
-        for q in self.queries.values():
-            q.build(admin, rejects[q.source])
-            self.runs.update((r.table.name, r) for r in q.runs)
+        for q in list(self.queries.values()):
+            if self._beside_or_fail(q, lambda: q.build(admin, rejects[q.source])):
+                self.runs.update((r.table.name, r) for r in q.runs)
         c.windowed_changelogs = [r.spec.topic for r in self.runs.values() if r.table.window]
         c.slots = sum(q.task_slots for q in self.queries.values())
         c.input_lag = InputLagPublisher(MetadataStore.at(s.redis(), s.namespace), self._stop, str(s.redis()))
@@ -124,28 +134,76 @@ class Pipeline:
         # From where the topics of the queries it reads back end before they start: it misses none of their records.
         c.follower = follow(s, [(r, s.query_checkpoint(q.name)) for q in self.queries.values()
                                 for r in q.runs_read_back()], list(rejects.values()), c.input_lag, self._stop)
-        for q in self.queries.values():
-            q.start()
+        for q in list(self.queries.values()):
+            self._beside_or_fail(q, q.start)
         admin.poll(0)  # the admin client's librdkafka log lines, queued while it worked, to the pipeline's log
-        store = MetadataStore.at(s.redis(), s.namespace)
         self._registrar = TableRegistrar(store, [r.spec for r in self.runs.values()], self._stop, str(s.redis()),
-                                         s.namespace, versions=TableVersionStore(store.redis, s.namespace),
-                                         fingerprints=self.fingerprints(), recomputed=self._recomputed,
-                                         definition=keep(s.checkpoint_dir, self.definition.path))
+                                         s.namespace, versions=self._versions, fingerprints=self.plan.fingerprints,
+                                         recomputed=self._recomputed, definition=digest, mirror=s.checkpoint_dir)
         self._registrar.start()
 
-    def fingerprints(self) -> dict[str, str]:
-        """Each table's definition's fingerprint, in the mode the table asks for (a run to the input's end in
-        micro-batches computes the same table)."""
-        s, d = self.settings, self.definition
-        return {name: fingerprint(t, d.sources[t.source], t.pipeline_mode or s.pipeline_mode)
-                for name, t in d.tables.items()}
+    def _plan(self, versions: TableVersionStore, digest: str) -> VersionPlan:
+        """The versions of its tables to run: by their records in Redis, or as the pipeline kept them on disk when
+        Redis cannot be read (a version then begins at a later start)."""
+        s = self.settings
+        records = version_mirror.saved(s.checkpoint_dir)
+        try:
+            records.update(versions.records())
+        except Exception as e:  # Redis away: the stream does not depend on it
+            log.warning("Redis at %s is unavailable (%s): the tables' versions are those the pipeline kept in %s",
+                        s.redis(), first_line(str(e)), s.checkpoint_dir / version_mirror.MIRROR)
+        query_of = {t.name: name for name, tables in queries(self.definition, s.mode_of).items() for t in tables}
+
+        def resumes(physical: str) -> bool:
+            table, version = logical_of(physical)
+            return committed_batches(s.query_checkpoint(physical if version > 1 else query_of[table])) > 0
+
+        def mode(t: Table) -> str:
+            # A run to the input's end in micro-batches computes the same table as the mode it asks for.
+            return t.pipeline_mode or s.pipeline_mode
+
+        planner = Planner(mode, resumes, lambda d: definitions.load(s.checkpoint_dir, d),
+                          lambda table, fp: versions.begin(table, fp, now_ms(), digest),
+                          versions.fail)
+        return planner.plan(self.definition, records)
+
+    def _beside_or_fail(self, q: Query, step: Any) -> bool:
+        """Take a step of query ``q``; when it is a query of versions beside the served ones, a failure of the step
+        fails those versions and drops the query, and the pipeline goes on. Whether the query is still there."""
+        if not all(t.name in self.context.beside for t in q.tables):
+            step()
+            return True
+        try:
+            step()
+            return True
+        except Exception as e:
+            self._versions_failed(q, first_line(e.message if isinstance(e, FreshrouteError) else str(e)))
+            return False
+
+    def _versions_failed(self, q: Query, reason: str) -> None:
+        """The versions query ``q`` builds or keeps failed: their records say why, and the query is dropped."""
+        self.queries.pop(q.name, None)
+        if q.query is not None and q.query.isActive:
+            try:
+                q.query.stop()
+            except Exception as e:  # what stopped it is said below
+                log.debug("%s: stopping it failed: %s", q.label, first_line(str(e)))
+        for t in q.tables:
+            v = self.plan.versions[t.name]
+            why = f"tables file {self.settings.tables_file}, table {v.table!r}: {reason}"
+            log.error("table %s: version %d failed, version served goes on: %s", v.table, v.version, why)
+            try:
+                if self._versions is not None:
+                    self._versions.fail(v.table, v.version, why)
+            except Exception as e:  # Redis away: the version is built again at the next start, and fails again
+                log.warning("table %s: version %d's failure not recorded (%s)", v.table, v.version,
+                            first_line(str(e)))
 
     # run
     def wait(self, stop: threading.Event) -> None:
         """Supervise the queries until ``stop`` is set, or (available-now) every query is done."""
         while not stop.is_set():
-            for q in self.queries.values():
+            for q in list(self.queries.values()):
                 if q.query is not None and not q.finished:
                     progress = q.query.lastProgress
                     seen = q.logged_batch
@@ -160,7 +218,7 @@ class Pipeline:
                     q.finished = True
                     log.info("%s: caught up with its input, query finished", q.label)
                     continue
-                self._restart_or_fail(q, str(error), stop)
+                self._beside_or_fail(q, lambda: self._restart_or_fail(q, str(error), stop))
             self._note_warmth()
             if self.queries and all(q.finished for q in self.queries.values()):
                 return

@@ -40,12 +40,15 @@ def trigger_ms(settings: PipelineSettings, tables: list[Table]) -> int:
     return settings.trigger_ms if tables[0].trigger_ms is None else tables[0].trigger_ms
 
 
-def rejects_query(settings: PipelineSettings, definition: TablesDefinition, src: Source) -> str | None:
+def rejects_query(settings: PipelineSettings, definition: TablesDefinition, src: Source,
+                  beside: frozenset[str] = frozenset()) -> str | None:
     """The micro-batch query that counts and writes the source's rejected records (every query of the source
     filters them): the one with the longest trigger, since each batch reads the input once more for them. None
-    when all its tables run in Real-time Mode: they have a query of their own."""
+    when all its tables run in Real-time Mode: they have a query of their own. A query of versions built or kept
+    beside the served ones (``beside``) writes none: they would be written twice."""
     own = {name: tables for name, tables in queries(definition, settings.mode_of).items()
-           if tables[0].source == src.name and settings.mode_of(tables[0]) == MICROBATCH}
+           if tables[0].source == src.name and settings.mode_of(tables[0]) == MICROBATCH
+           and not all(t.name in beside for t in tables)}
     return min(own, key=lambda name: (-trigger_ms(settings, own[name]), name)) if own else None
 
 
@@ -147,10 +150,10 @@ class MicrobatchQuery(Query):
         c = self.context
         assert c.spark is not None
         src = c.definition.sources[self.source]
-        rows, rejected = source_rows(c.spark, c.settings, src, c.source_tables(src.name))
+        rows, rejected = source_rows(c.spark, c.settings, src, c.source_tables(src.name, self.tables))
         frames = [table_frame(c.spark, c.definition, t, rows, version_times(c.spark, t, c.definition.path))
                   for t in self.tables]
-        return frames, rejected if rejects_query(c.settings, c.definition, src) == self.name else None
+        return frames, rejected if rejects_query(c.settings, c.definition, src, c.beside) == self.name else None
 
 
 def union_tables(frames: list[tuple[str, "DataFrame"]]) -> "DataFrame":

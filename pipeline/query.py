@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from pipeline.input_lag import source_offsets
 from pipeline.sink import ChangelogProducer, RejectWriter
@@ -40,14 +40,19 @@ class QueryContext:
     microbatches: bool = False  # whether any query runs micro-batches
     slots: int = 0  # the task slots the queries hold for their life
     input_partitions: dict[str, int] = field(default_factory=dict)  # source → partitions of its input topic
+    beside: frozenset[str] = frozenset()  # tables that are versions built or kept beside the served ones
     windowed_changelogs: list[str] = field(default_factory=list)  # the changelog topics of windowed tables
     input_lag: InputLagPublisher | None = None
     follower: OutputFollower | None = None
     reflected: ReflectionPublisher | None = None
 
-    def source_tables(self, source: str) -> list[Table]:
-        """Every table of ``source``, whose keys and window time columns its records must have."""
-        return [t for t in self.definition.tables.values() if t.source == source]
+    def source_tables(self, source: str, own: Iterable[Table] = ()) -> list[Table]:
+        """Every table of ``source`` whose keys and window time columns its records must have: those served, and
+        ``own``, the asking query's. A version built beside the served ones takes the records they take, and
+        changes nothing of what is rejected."""
+        own_names = {t.name for t in own}
+        return [t for t in self.definition.tables.values()
+                if t.source == source and (t.name not in self.beside or t.name in own_names)]
 
 
 class Query(ABC):

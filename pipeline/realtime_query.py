@@ -124,7 +124,7 @@ class RealtimeQuery(Query):
         spark = c.spark
         assert spark is not None
         src = c.definition.sources[self.source]
-        rows, _ = source_rows(spark, c.settings, src, c.source_tables(src.name), realtime=True)
+        rows, _ = source_rows(spark, c.settings, src, c.source_tables(src.name, self.tables), realtime=True)
         partitions = c.input_partitions[src.name]
 
         def frame(t: Table) -> "DataFrame":

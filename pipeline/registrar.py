@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 from typing import Any
 
 from freshroute.lag import now_ms
 from freshroute.metadata.tables import TableSpec
 from freshroute.metadata.version_store import TableVersionStore
+from pipeline import version_mirror
 from pipeline.logs import first_line
 
 log = logging.getLogger("pipeline")
@@ -27,10 +29,11 @@ class TableRegistrar(threading.Thread):
     def __init__(self, store: Any, specs: list[TableSpec], stop: threading.Event, where: str, namespace: str,
                  every_s: float = _REGISTER_EVERY_S, versions: TableVersionStore | None = None,
                  fingerprints: dict[str, str] | None = None, recomputed: set[str] | None = None,
-                 definition: str | None = None) -> None:
-        """``fingerprints``: each table's definition's (pipeline.fingerprint), for its record in ``versions``;
-        ``recomputed``: the tables whose queries started without a checkpoint, computed afresh from the input;
-        ``definition``: the digest of the tables file they are defined in, as pipeline.definitions keeps it."""
+                 definition: str | None = None, mirror: Path | None = None) -> None:
+        """``fingerprints``: what each table's served version computes (pipeline.fingerprint), for its record in
+        ``versions``; ``recomputed``: the tables whose queries started without a checkpoint, computed afresh from
+        the input (by the names they run under); ``definition``: the digest of the tables file they are defined in, as pipeline.definitions keeps
+        it; ``mirror``: the directory where their records are kept on disk as well (pipeline.version_mirror)."""
         super().__init__(name="table-registrar", daemon=True)
         self.store = store
         self.specs = specs
@@ -38,6 +41,7 @@ class TableRegistrar(threading.Thread):
         self.fingerprints = fingerprints or {}
         self.recomputed = recomputed or set()
         self.definition = definition
+        self.mirror = mirror
         self._changed: set[str] = set()  # tables whose definition differs from their served version's: said once
         self.stop_event = stop
         self.where = where
@@ -71,12 +75,14 @@ class TableRegistrar(threading.Thread):
         two, which is said once."""
         if self.versions is None:
             return
+        if self.mirror is not None:
+            self._restore(self.versions, self.mirror)
         for name, fingerprint in self.fingerprints.items():
             record = self.versions.adopt(name, fingerprint, now_ms(), self.definition)
             served = record.versions[record.serving]
             if served.fingerprint == fingerprint:
                 continue
-            if name in self.recomputed:
+            if record.physical() in self.recomputed:
                 self.versions.recompute(name, fingerprint, self.definition)
                 log.info("table %s: version %d is computed afresh from the input by its new definition (fingerprint "
                          "%s, was %s)", name, record.serving, fingerprint, served.fingerprint)
@@ -86,3 +92,16 @@ class TableRegistrar(threading.Thread):
                             "its query goes on from the state of the old one, so its rows mix both definitions "
                             "until it is recomputed (delete its checkpoint)", name, record.serving,
                             served.fingerprint, fingerprint)
+        if self.mirror is not None:
+            records = self.versions.records()
+            version_mirror.save(self.mirror, {name: records[name] for name in self.fingerprints if name in records})
+
+    def _restore(self, versions: TableVersionStore, mirror: Path) -> None:
+        """Give back to Redis the records it lost (a restart without its data): otherwise a table that serves its
+        second version would be taken for a new one, served by its first."""
+        known = versions.records()
+        for name, record in version_mirror.saved(mirror).items():
+            if name in self.fingerprints and name not in known:
+                versions.restore(record)
+                log.warning("table %s: Redis had lost its version record; restored as the pipeline kept it in %s "
+                            "(version %d served)", name, mirror / version_mirror.MIRROR, record.serving)

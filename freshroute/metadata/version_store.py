@@ -13,7 +13,7 @@ from typing import Any, Callable, NamedTuple
 from freshroute.errors import FreshrouteError, TableDeployInProgress, TableVersionNotFound
 from freshroute.metadata.schema import Keys
 from freshroute.metadata.store import CLOCK_LUA, text
-from freshroute.metadata.table_versions import TableVersion, VersionedTable, physical_name
+from freshroute.metadata.table_versions import TableVersion, VersionedTable, VersionState, physical_name
 
 # Tries of a change whose record moved under it; each retry follows another writer's completed change.
 _CHANGE_TRIES = 8
@@ -81,6 +81,18 @@ class TableVersionStore:
         """The table's record, made for a table that has none (one served version of this definition)."""
         return self._change(table, lambda r: _Change(r if r is not None else
                                                      VersionedTable.first(table, fingerprint, now_ms, definition)))
+
+    def restore(self, record: VersionedTable) -> VersionedTable:
+        """A record Redis lost, as the pipeline kept it (its version building marked again); kept as it is where
+        the table has one."""
+        building = record.of_state(VersionState.BUILDING)
+
+        def back(r: VersionedTable | None) -> _Change:
+            if r is not None or building is None:
+                return _Change(r if r is not None else record)
+            return _Change(record, "set", record.physical(building.version))
+
+        return self._change(record.name, back)
 
     def begin(self, table: str, fingerprint: str, now_ms: int, definition: str | None = None) -> TableVersion:
         """Start a new version of ``table`` computing the definition of ``fingerprint``; refused while another

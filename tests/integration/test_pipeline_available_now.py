@@ -143,9 +143,10 @@ def backfill(broker: str, redis_url: str, namespace: str, tmp_path: Path) -> dic
            "FRESHROUTE_AVAILABLE_NOW": "true", "FRESHROUTE_MAX_RECORDS_PER_BATCH": "1200"}
     run = PipelineProcess(env, tmp_path / "pipeline.log")
     assert run.wait_exit(600) == 0, run.tail()
-    # Both tables ran as one query: one checkpoint, which records them; beside it, the tables file that defined them.
+    # Both tables ran as one query: one checkpoint, which records them; beside it, the tables file that defined them
+    # and their version records.
     kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert kept == [".definitions", "orders"]
+    assert kept == [".definitions", ".versions.json", "orders"]
     copy, = (tmp_path / "checkpoints" / ".definitions").iterdir()
     assert copy.read_text() == TABLES
     assert orjson.loads((tmp_path / "checkpoints" / "orders" / "freshroute-tables.json").read_bytes()) == {

@@ -169,3 +169,13 @@ def test_a_change_made_from_a_record_that_moved_meanwhile_is_made_again_from_the
     assert store.record("t1") == record
     with pytest.raises(TableVersionNotFound, match="no version 9"):
         store.fail("t1", 9, "no such build")
+
+
+def test_a_record_redis_lost_is_restored_whole_with_its_building_marker_and_a_present_one_is_kept(redis, store):
+    building = VersionedTable.first("a", "fa", 1_000).begun("fa2", 2_000)[0]
+    assert store.restore(building) == building
+    assert store.building() == "a-v2"  # a second deploy is refused again, naming it
+    with pytest.raises(TableDeployInProgress):
+        store.begin("a", "fa3", 3_000)
+    other = VersionedTable.first("a", "other", 5_000)
+    assert store.restore(other) == building  # what Redis holds is newer than any copy of it

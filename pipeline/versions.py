@@ -1,0 +1,162 @@
+"""Which versions of each table a pipeline runs, and by which definition (freshroute.metadata.table_versions).
+
+The served version goes on computing the definition it was built with — its tables file is kept beside the
+checkpoints (:mod:`pipeline.definitions`) — so its rows never mix two definitions. A version building, or kept for a
+rollback, computes its own. A table the tables file now defines otherwise gets a new version, begun beside the one
+served: a table of its own (``<name>-vN``) in a query of its own, computed from the input's beginning as the broker
+holds it. Where the served version cannot go on by its own definition (none kept, or a source the tables file has
+since changed), the table's query goes on with the new one in place, as before tables had versions, and the
+registrar says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
+
+from freshroute.errors import FreshrouteError
+from freshroute.metadata.table_versions import TableVersion, VersionedTable, VersionState, physical_name
+from pipeline.fingerprint import fingerprint
+from pipeline.logs import first_line
+from pipeline.tables import Table, TablesDefinition
+
+log = logging.getLogger("pipeline")
+
+_LIVE = (VersionState.SERVING, VersionState.BUILDING, VersionState.PREVIOUS)
+
+
+@dataclass(frozen=True)
+class PlannedVersion:
+    """A version the pipeline runs: which table and number, and what it is doing."""
+
+    table: str
+    version: int
+    state: VersionState
+
+    @property
+    def physical(self) -> str:
+        return physical_name(self.table, self.version)
+
+
+@dataclass(frozen=True)
+class VersionPlan:
+    """The tables a pipeline runs, by the names they are built under, and what each is a version of."""
+
+    definition: TablesDefinition  # its tables by physical name, each with the definition it computes
+    versions: dict[str, PlannedVersion] = field(default_factory=dict)  # physical name → its version
+    fingerprints: dict[str, str] = field(default_factory=dict)  # table → the fingerprint its served version runs
+
+    @property
+    def beside(self) -> frozenset[str]:
+        """The physical tables built or kept beside the served ones: they write no rejected records, and a failure
+        of theirs fails their version, not the pipeline."""
+        return frozenset(p for p, v in self.versions.items() if v.state is not VersionState.SERVING)
+
+
+class Planner:
+    """Plans the versions a pipeline runs from its tables file, the tables' version records and the definitions kept.
+
+    ``mode``: a table's pipeline mode as its fingerprint counts it; ``resumes``: whether the query of a physical table
+    has batches to resume from (one without is computed afresh, in place); ``kept``: the tables file kept under a
+    digest; ``begin``/``fail``: the version store's, for a new version and for one that cannot run.
+    """
+
+    def __init__(self, mode: Callable[[Table], str], resumes: Callable[[str], bool],
+                 kept: Callable[[str], TablesDefinition], begin: Callable[[str, str], TableVersion],
+                 fail: Callable[[str, int, str], Any]) -> None:
+        self.mode = mode
+        self.resumes = resumes
+        self.kept = kept
+        self.begin = begin
+        self.fail = fail
+
+    def plan(self, definition: TablesDefinition, records: Mapping[str, VersionedTable]) -> VersionPlan:
+        tables: dict[str, Table] = {}
+        versions: dict[str, PlannedVersion] = {}
+        fingerprints: dict[str, str] = {}
+        for name, t in definition.tables.items():
+            fp = fingerprint(t, definition.sources[t.source], self.mode(t))
+            record = records.get(name)
+            runs = self._versions_of(definition, t, fp, record)
+            for v, table in runs.items():
+                physical = physical_name(name, v.version)
+                tables[physical] = table if v.version == 1 else replace(table, name=physical, query=physical)
+                versions[physical] = v
+            served = next(v for v in runs if v.state is VersionState.SERVING)
+            # What the served version computes: this definition, or the one it was built with.
+            fingerprints[name] = fp if record is None or runs[served] is t \
+                else record.versions[served.version].fingerprint
+        return VersionPlan(replace(definition, tables=tables), versions, fingerprints)
+
+    def _versions_of(self, definition: TablesDefinition, t: Table, fp: str, record: VersionedTable | None
+                     ) -> dict[PlannedVersion, Table]:
+        """The versions of table ``t`` (of fingerprint ``fp``) to run, each with the table it computes."""
+        name = t.name
+        if record is None:
+            return {PlannedVersion(name, 1, VersionState.SERVING): t}
+        live = [v for v in record.listed() if v.state in _LIVE]
+        ours = next((v for v in live if v.fingerprint == fp), None)
+        served = record.versions[record.serving]
+        if ours is None and not self.resumes(record.physical()):
+            ours = served  # computed afresh from the input: by the new definition, in place
+        runs: dict[PlannedVersion, Table] = {}
+        for v in live:
+            table: Table | str = t if v is ours else self._kept(definition, name, v)
+            if isinstance(table, str) and v is served:
+                # Its own definition cannot be had: the new one goes on in its query, as the registrar says.
+                log.warning("table %s: version %d cannot go on by the definition it was built with (%s): the new "
+                            "definition runs in its place", name, v.version, table)
+                table, ours = t, ours or served
+            if isinstance(table, str):
+                self._failed(name, v.version, f"its definition cannot be run again: {table}")
+                continue
+            runs[PlannedVersion(name, v.version, v.state)] = table
+        if ours is None:
+            begun = self._begun(name, fp, record)
+            if begun is not None:
+                runs[PlannedVersion(name, begun.version, VersionState.BUILDING)] = t
+        return runs
+
+    def _kept(self, definition: TablesDefinition, name: str, v: TableVersion) -> Table | str:
+        """Version ``v`` of table ``name`` as the tables file it was built from defines it, or why it cannot run."""
+        if v.definition is None:
+            return "no tables file of it is kept"
+        try:
+            kept = self.kept(v.definition)
+        except FreshrouteError as e:
+            return e.message
+        t = kept.tables.get(name)
+        if t is None:
+            return f"the tables file kept of it ({v.definition}) no longer declares it"
+        source = kept.sources[t.source]
+        if definition.sources.get(t.source) != source:
+            return f"its source {t.source!r} is declared otherwise in the tables file now"
+        if fingerprint(t, source, self.mode(t)) != v.fingerprint:
+            return f"the tables file kept of it ({v.definition}) computes something else under this release"
+        return t
+
+    def _begun(self, name: str, fp: str, record: VersionedTable) -> TableVersion | None:
+        """A new version of the table computing ``fp``, unless one of it failed already or none can begin now."""
+        failed = next((v for v in record.listed() if v.state is VersionState.FAILED and v.fingerprint == fp), None)
+        if failed is not None:
+            log.warning("table %s: its definition in the tables file is that of version %d, which failed (%s): not "
+                        "built again; version %d is served", name, failed.version, failed.reason, record.serving)
+            return None
+        try:
+            begun = self.begin(name, fp)
+        except Exception as e:  # another version building, or Redis away: the served one goes on as it is
+            log.warning("table %s: its new definition is not built now (%s): version %d goes on being served by "
+                        "its own; start the pipeline again to build it", name, first_line(str(e)), record.serving)
+            return None
+        log.info("table %s: its definition changed (fingerprint %s): version %d is built beside version %d as "
+                 "table %s, from the input's beginning as the broker holds it", name, fp, begun.version,
+                 record.serving, physical_name(name, begun.version))
+        return begun
+
+    def _failed(self, name: str, version: int, reason: str) -> None:
+        log.error("table %s: version %d failed: %s", name, version, reason)
+        try:
+            self.fail(name, version, reason)
+        except Exception as e:  # Redis away: said again at the next start
+            log.warning("table %s: version %d's failure not recorded (%s)", name, version, first_line(str(e)))
