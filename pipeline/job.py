@@ -18,7 +18,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from freshroute.errors import FreshrouteError
 from freshroute.lag import now_ms
@@ -167,18 +167,20 @@ class Pipeline:
                           versions.fail)
         return planner.plan(self.definition, records)
 
-    def _beside_or_fail(self, q: Query, step: Any) -> bool:
+    def _beside_or_fail(self, q: Query, step: Callable[[], Any]) -> bool:
         """Take a step of query ``q``; when it is a query of versions beside the served ones, a failure of the step
         fails those versions and drops the query, and the pipeline goes on. Whether the query is still there."""
-        if not all(t.name in self.context.beside for t in q.tables):
+        if not q.tables or not all(t.name in self.context.beside for t in q.tables):
             step()
             return True
         try:
             step()
             return True
+        except FreshrouteError as e:  # the pipeline's own errors name the tables file and the table
+            self._versions_failed(q, first_line(e.message))
         except Exception as e:
-            self._versions_failed(q, first_line(e.message if isinstance(e, FreshrouteError) else str(e)))
-            return False
+            self._versions_failed(q, f"tables file {self.settings.tables_file}, {q.label}: {first_line(str(e))}")
+        return False
 
     def _versions_failed(self, q: Query, reason: str) -> None:
         """The versions query ``q`` builds or keeps failed: their records say why, and the query is dropped."""
@@ -190,11 +192,10 @@ class Pipeline:
                 log.debug("%s: stopping it failed: %s", q.label, first_line(str(e)))
         for t in q.tables:
             v = self.plan.versions[t.name]
-            why = f"tables file {self.settings.tables_file}, table {v.table!r}: {reason}"
-            log.error("table %s: version %d failed, version served goes on: %s", v.table, v.version, why)
+            log.error("table %s: version %d failed, the version served goes on: %s", v.table, v.version, reason)
             try:
                 if self._versions is not None:
-                    self._versions.fail(v.table, v.version, why)
+                    self._versions.fail(v.table, v.version, reason)
             except Exception as e:  # Redis away: the version is built again at the next start, and fails again
                 log.warning("table %s: version %d's failure not recorded (%s)", v.table, v.version,
                             first_line(str(e)))

@@ -377,3 +377,34 @@ def test_a_realtime_checkpoint_says_how_long_it_stopped_processing_and_a_micro_b
     assert caplog.records[-1].getMessage().endswith("; processing stopped 640 ms")
     batched = run_of(pipeline, name="area_counts")
     assert batched.pause_ms(report) is None
+
+
+def test_a_failing_query_of_a_version_beside_fails_that_version_and_any_other_query_stops_the_pipeline(pipeline):
+    from dataclasses import replace
+
+    from freshroute.metadata.table_versions import VersionState
+    from pipeline.versions import PlannedVersion, VersionPlan
+
+    failed = []
+    pipeline._versions = SimpleNamespace(fail=lambda table, version, why: failed.append((table, version, why)))
+    t = replace(pipeline.definition.tables["sensor_stats"], name="sensor_stats-v2", query="sensor_stats-v2")
+    pipeline.plan = VersionPlan(pipeline.definition, {"sensor_stats-v2": PlannedVersion("sensor_stats", 2,
+                                                                                         VersionState.BUILDING)})
+    pipeline.context.beside = pipeline.plan.beside
+    beside = MicrobatchQuery(pipeline.context, "sensor_stats-v2", [t])
+    pipeline.queries = {"sensor_stats-v2": beside}
+
+    def refused():
+        raise RuntimeError("[UNRESOLVED_COLUMN] top")
+
+    assert pipeline._beside_or_fail(beside, refused) is False
+    assert failed == [("sensor_stats", 2, f"tables file {pipeline.settings.tables_file}, table sensor_stats-v2: "
+                                          f"[UNRESOLVED_COLUMN] top")]
+    assert pipeline.queries == {}  # dropped; the pipeline goes on
+    served = run_of(pipeline)
+    with pytest.raises(RuntimeError):
+        pipeline._beside_or_fail(served, refused)
+    rejects = RealtimeQuery.__new__(RealtimeQuery)
+    rejects.tables = []  # a source's rejected records: no table, never a version's
+    with pytest.raises(RuntimeError):
+        pipeline._beside_or_fail(rejects, refused)
