@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Bound(_message.Message):
-    __slots__ = ("max_lag", "max_staleness_ms", "min_position", "max_input_lag_ms", "after", "wait_ms", "as_of")
+    __slots__ = ("max_lag", "max_staleness_ms", "min_position", "max_input_lag_ms", "after", "wait_ms", "as_of", "version")
     MAX_LAG_FIELD_NUMBER: _ClassVar[int]
     MAX_STALENESS_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_POSITION_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class Bound(_message.Message):
     AFTER_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     AS_OF_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     max_lag: int
     max_staleness_ms: int
     min_position: str
@@ -23,7 +24,8 @@ class Bound(_message.Message):
     after: str
     wait_ms: int
     as_of: int
-    def __init__(self, max_lag: _Optional[int] = ..., max_staleness_ms: _Optional[int] = ..., min_position: _Optional[str] = ..., max_input_lag_ms: _Optional[int] = ..., after: _Optional[str] = ..., wait_ms: _Optional[int] = ..., as_of: _Optional[int] = ...) -> None: ...
+    version: int
+    def __init__(self, max_lag: _Optional[int] = ..., max_staleness_ms: _Optional[int] = ..., min_position: _Optional[str] = ..., max_input_lag_ms: _Optional[int] = ..., after: _Optional[str] = ..., wait_ms: _Optional[int] = ..., as_of: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
 
 class Lag(_message.Message):
     __slots__ = ("offsets", "ms")
@@ -62,7 +64,7 @@ class GetRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., bound: _Optional[_Union[Bound, _Mapping]] = ..., typed_values: _Optional[bool] = ...) -> None: ...
 
 class GetResponse(_message.Message):
-    __slots__ = ("table", "key", "value_json", "partition", "served_by", "lag", "position", "found", "error", "value", "input_lag", "value_bytes", "valid_from", "valid_to", "final")
+    __slots__ = ("table", "key", "value_json", "partition", "served_by", "lag", "position", "found", "error", "value", "input_lag", "value_bytes", "valid_from", "valid_to", "final", "table_version")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +80,7 @@ class GetResponse(_message.Message):
     VALID_FROM_FIELD_NUMBER: _ClassVar[int]
     VALID_TO_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
+    TABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
     table: str
     key: str
     value_json: str
@@ -93,7 +96,8 @@ class GetResponse(_message.Message):
     valid_from: int
     valid_to: int
     final: bool
-    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., found: _Optional[bool] = ..., error: _Optional[_Union[KeyError, _Mapping]] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., value_bytes: _Optional[bytes] = ..., valid_from: _Optional[int] = ..., valid_to: _Optional[int] = ..., final: _Optional[bool] = ...) -> None: ...
+    table_version: int
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., found: _Optional[bool] = ..., error: _Optional[_Union[KeyError, _Mapping]] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., value_bytes: _Optional[bytes] = ..., valid_from: _Optional[int] = ..., valid_to: _Optional[int] = ..., final: _Optional[bool] = ..., table_version: _Optional[int] = ...) -> None: ...
 
 class KeyError(_message.Message):
     __slots__ = ("code", "message", "status", "body_json")
@@ -120,12 +124,14 @@ class BatchGetRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., bound: _Optional[_Union[Bound, _Mapping]] = ..., typed_values: _Optional[bool] = ...) -> None: ...
 
 class BatchGetResponse(_message.Message):
-    __slots__ = ("results", "input_lag")
+    __slots__ = ("results", "input_lag", "table_version")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     INPUT_LAG_FIELD_NUMBER: _ClassVar[int]
+    TABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[GetResponse]
     input_lag: InputLag
-    def __init__(self, results: _Optional[_Iterable[_Union[GetResponse, _Mapping]]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ...) -> None: ...
+    table_version: int
+    def __init__(self, results: _Optional[_Iterable[_Union[GetResponse, _Mapping]]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., table_version: _Optional[int] = ...) -> None: ...
 
 class ScanRequest(_message.Message):
     __slots__ = ("table", "prefix", "start", "end", "limit", "page_token", "bound", "typed_values")
@@ -168,16 +174,18 @@ class ScanItem(_message.Message):
     def __init__(self, key: _Optional[str] = ..., value_json: _Optional[str] = ..., partition: _Optional[int] = ..., summary: _Optional[_Union[ScanSummary, _Mapping]] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., value_bytes: _Optional[bytes] = ..., valid_from: _Optional[int] = ..., valid_to: _Optional[int] = ...) -> None: ...
 
 class ScanSummary(_message.Message):
-    __slots__ = ("partitions", "next_page_token", "input_lag", "final")
+    __slots__ = ("partitions", "next_page_token", "input_lag", "final", "table_version")
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     INPUT_LAG_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
+    TABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
     partitions: _containers.RepeatedCompositeFieldContainer[ScanPartition]
     next_page_token: str
     input_lag: InputLag
     final: bool
-    def __init__(self, partitions: _Optional[_Iterable[_Union[ScanPartition, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., final: _Optional[bool] = ...) -> None: ...
+    table_version: int
+    def __init__(self, partitions: _Optional[_Iterable[_Union[ScanPartition, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., final: _Optional[bool] = ..., table_version: _Optional[int] = ...) -> None: ...
 
 class ScanPartition(_message.Message):
     __slots__ = ("partition", "served_by", "lag", "position")
@@ -222,7 +230,7 @@ class Window(_message.Message):
     def __init__(self, start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., value_json: _Optional[str] = ..., final: _Optional[bool] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class WindowsResponse(_message.Message):
-    __slots__ = ("table", "key", "windows", "partition", "served_by", "lag", "position", "watermark_ms", "input_lag")
+    __slots__ = ("table", "key", "windows", "partition", "served_by", "lag", "position", "watermark_ms", "input_lag", "table_version")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
@@ -232,6 +240,7 @@ class WindowsResponse(_message.Message):
     POSITION_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_MS_FIELD_NUMBER: _ClassVar[int]
     INPUT_LAG_FIELD_NUMBER: _ClassVar[int]
+    TABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
     table: str
     key: str
     windows: _containers.RepeatedCompositeFieldContainer[Window]
@@ -241,7 +250,8 @@ class WindowsResponse(_message.Message):
     position: str
     watermark_ms: int
     input_lag: InputLag
-    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., watermark_ms: _Optional[int] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ...) -> None: ...
+    table_version: int
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., watermark_ms: _Optional[int] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., table_version: _Optional[int] = ...) -> None: ...
 
 class VersionsRequest(_message.Message):
     __slots__ = ("table", "key", "from_ms", "to_ms", "limit", "page_token", "bound", "typed_values")
@@ -280,7 +290,7 @@ class Version(_message.Message):
     def __init__(self, value_json: _Optional[str] = ..., value_bytes: _Optional[bytes] = ..., valid_from: _Optional[int] = ..., valid_to: _Optional[int] = ..., deleted: _Optional[bool] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class VersionsResponse(_message.Message):
-    __slots__ = ("table", "key", "versions", "next_page_token", "complete_to", "partition", "served_by", "lag", "position", "input_lag")
+    __slots__ = ("table", "key", "versions", "next_page_token", "complete_to", "partition", "served_by", "lag", "position", "input_lag", "table_version")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
@@ -291,6 +301,7 @@ class VersionsResponse(_message.Message):
     LAG_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     INPUT_LAG_FIELD_NUMBER: _ClassVar[int]
+    TABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
     table: str
     key: str
     versions: _containers.RepeatedCompositeFieldContainer[Version]
@@ -301,7 +312,8 @@ class VersionsResponse(_message.Message):
     lag: Lag
     position: str
     input_lag: InputLag
-    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., versions: _Optional[_Iterable[_Union[Version, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., complete_to: _Optional[int] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ...) -> None: ...
+    table_version: int
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[str] = ..., versions: _Optional[_Iterable[_Union[Version, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., complete_to: _Optional[int] = ..., partition: _Optional[int] = ..., served_by: _Optional[_Union[ServedBy, _Mapping]] = ..., lag: _Optional[_Union[Lag, _Mapping]] = ..., position: _Optional[str] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., table_version: _Optional[int] = ...) -> None: ...
 
 class ScanWindowsRequest(_message.Message):
     __slots__ = ("table", "from_ms", "to_ms", "limit", "page_token", "bound", "typed_values")
