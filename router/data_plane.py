@@ -31,6 +31,7 @@ import orjson
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from freshroute.metadata.table_versions import logical_of
 from freshroute.routing.counts import LookupCounts
 from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.snapshot import Snapshot
@@ -104,29 +105,42 @@ def snapshot_doc(snap: Snapshot, policy: RoutingPolicy) -> bytes:
     """The routing view the compiled path reads, as JSON: each table's partitions, whether the path serves its key
     lookups, or its keys' windows (the window's size, slide and retention), how long it keeps versions (for reads as
     of a time), its value format, its default bound (as
-    :meth:`RoutingCore.bound_for` fills it in) and its input lag; each replica's latest known lag (the heartbeat's, or
-    the positions published since)."""
+    :meth:`RoutingCore.bound_for` fills it in), its input lag and the table version it serves (which every answer
+    names); each replica's latest known lag (the heartbeat's, or the positions published since).
+
+    Only version 1 of a table is read by its own name, so the path serves a table only while version 1 is the one
+    served: a table serving another version is listed with nothing served (its reads go to the Python path, which
+    resolves versions), and a version's own name (``t-v2``) is left out with its replicas (the Python path refuses a
+    read of it)."""
     tables = {}
     for name, spec in snap.tables.items():
+        if logical_of(name)[1] > 1:
+            continue
+        record = snap.versions.get(name)
+        version = record.serving if record is not None else 1
         override = policy.table_bounds.get(name)
         max_lag, max_ms = ((override.max_lag, override.max_staleness_ms) if override is not None
                            else (spec.default_max_lag, spec.default_max_staleness_ms))
         lag = snap.input_lag.get(name)
         ends = snap.input_ends.get(spec.input_topic) if spec.input_topic else None
-        w = spec.window if spec.key_format == "string" else None
+        own = version == 1
+        w = spec.window if spec.key_format == "string" and own else None
         tables[name] = {
-            "partitions": spec.partitions, "served": spec.window is None and spec.key_format == "string",
+            "partitions": spec.partitions, "served": own and spec.window is None and spec.key_format == "string",
             "window": None if w is None else {"size_ms": w.size_ms, "slide_ms": w.slide_ms,
                                               "retention_ms": w.retention_ms},
-            "history_retention_ms": spec.history_retention_ms if spec.versioned else None,
+            "history_retention_ms": spec.history_retention_ms if spec.versioned and own else None,
             "value_format": spec.value_format, "max_lag": max_lag, "max_staleness_ms": max_ms,
             "input_lag": None if lag is None else {"records": lag.records, "caught_up_ms": lag.caught_up_ms,
                                                    "at_ms": lag.at_ms, "alive_ms": lag.alive_ms,
                                                    "offsets": lag.offsets},
-            "input_ends": None if ends is None else {"at_ms": ends.at_ms, "ends": ends.ends}}
+            "input_ends": None if ends is None else {"at_ms": ends.at_ms, "ends": ends.ends},
+            "version": version}
     nodes = snap.nodes
     replicas = []
     for (table, partition), views in snap.replicas.items():
+        if table not in tables:
+            continue
         row = []
         for r in views:
             applied, end, staleness_ms, observed_ms = r.latest()

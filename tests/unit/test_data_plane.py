@@ -12,6 +12,7 @@ import pytest
 
 from freshroute.metadata.progress import InputEnds, InputLag
 from freshroute.metadata.roles import ReplicaState, Role
+from freshroute.metadata.table_versions import TableVersion, VersionedTable, VersionState
 from freshroute.metadata.tables import TableSpec
 from freshroute.routing.counts import LATENCY_BUCKETS, OUTCOMES, ROLES
 from freshroute.routing.policy import RoutingPolicy, TableBound
@@ -65,7 +66,7 @@ def test_the_view_serves_keyed_string_tables_with_their_default_bounds_and_input
         "max_lag": 7, "max_staleness_ms": None,
         "input_lag": {"records": 5, "caught_up_ms": NOW - 100, "at_ms": NOW - 50, "alive_ms": NOW,
                       "offsets": {"0": 11}},
-        "input_ends": {"at_ms": NOW - 10, "ends": {"0": 16}}}
+        "input_ends": {"at_ms": NOW - 10, "ends": {"0": 16}}, "version": 1}
     # The router's override replaces the pipeline's defaults whole, as RoutingCore.bound_for does.
     assert (doc["tables"]["bounded"]["max_lag"], doc["tables"]["bounded"]["max_staleness_ms"]) == (None, 100)
     assert doc["tables"]["bounded"]["history_retention_ms"] == 60_000  # read as of a time within it
@@ -79,6 +80,32 @@ def test_the_view_serves_keyed_string_tables_with_their_default_bounds_and_input
     dataplane.Front(-1, 1, orjson.dumps(CONFIG).decode()).update(snapshot_doc(snap, policy))
     with pytest.raises(ValueError, match="routing snapshot"):
         dataplane.Front(-1, 1, orjson.dumps(CONFIG).decode()).update(b"{}")
+
+
+def test_the_view_serves_a_table_by_its_name_only_while_its_version_1_is_served():
+    """A table serving another version is listed with nothing served, so every read of it (its served version, one by
+    number) reaches the Python path, which resolves versions; a version's own name is not listed at all."""
+    def record(name: str, serving: int) -> VersionedTable:
+        return VersionedTable(name, serving, {n: TableVersion(n, VersionState.SERVING if n == serving
+                                                              else VersionState.PREVIOUS, f"f{n}", NOW)
+                                              for n in range(1, serving + 1)})
+    tables = [TableSpec("t", "t-changelog", 1, "k", history_retention_ms=60_000),
+              TableSpec("t-v2", "t-v2-changelog", 1, "k", history_retention_ms=60_000),
+              TableSpec("w", "w-changelog", 1, "k", window=hopping("10s", "5s")),
+              TableSpec("w-v3", "w-v3-changelog", 1, "k", window=hopping("10s", "5s")),
+              TableSpec("kept", "kept-changelog", 1, "k", history_retention_ms=60_000),
+              TableSpec("plain", "plain-changelog", 1, "k")]
+    snap = snapshot(tables, [view("n1", t.name) for t in tables],
+                    versions={"t": record("t", 2), "w": record("w", 3), "kept": record("kept", 1)})
+    doc = orjson.loads(snapshot_doc(snap, RoutingPolicy()))
+    assert set(doc["tables"]) == {"t", "w", "kept", "plain"}
+    assert {row[0] for row in doc["replicas"]} == {"t", "w", "kept", "plain"}
+    for name, version in (("t", 2), ("w", 3)):
+        assert {k: doc["tables"][name][k] for k in ("served", "window", "history_retention_ms", "version")} == {
+            "served": False, "window": None, "history_retention_ms": None, "version": version}
+    assert (doc["tables"]["kept"]["served"], doc["tables"]["kept"]["history_retention_ms"]) == (True, 60_000)
+    assert (doc["tables"]["kept"]["version"], doc["tables"]["plain"]["version"]) == (1, 1)
+    dataplane.Front(-1, 1, orjson.dumps(CONFIG).decode()).update(snapshot_doc(snap, RoutingPolicy()))
 
 
 def test_the_compiled_order_is_freshest_firsts():

@@ -38,10 +38,22 @@ pub fn position_token(table: &str, partition: usize, applied: i64) -> String {
     format!("p1.{}", URL_SAFE_NO_PAD.encode(doc))
 }
 
-/// The "table", "key", … fields shared by a found key's body and KEY_NOT_FOUND's details, without braces.
+/// The "table" and "key" fields KEY_NOT_FOUND's details open with, without braces.
 fn where_fields(out: &mut Vec<u8>, table: &str, key: &str) {
     out.extend_from_slice(b"\"table\":");
     string(out, table);
+    key_field(out, key);
+}
+
+/// The "table", "table_version" and "key" fields an answer opens with (an error's details name no version).
+fn answer_fields(out: &mut Vec<u8>, table: &str, version: i32, key: &str) {
+    out.extend_from_slice(b"\"table\":");
+    string(out, table);
+    out.extend_from_slice(format!(",\"table_version\":{version}").as_bytes());
+    key_field(out, key);
+}
+
+fn key_field(out: &mut Vec<u8>, key: &str) {
     out.extend_from_slice(b",\"key\":");
     string(out, key);
 }
@@ -81,14 +93,14 @@ impl AsOf {
     }
 }
 
-/// A found key's body (as of a time, with `as_of`); None when its value is not of the table's format (the Python path
-/// says why).
+/// A found key's body (as of a time, with `as_of`) from version `version` of the table; None when its value is not of
+/// the table's format (the Python path says why).
 #[allow(clippy::too_many_arguments)]
-pub fn found(table: &str, key: &str, partition: usize, value: &[u8], format: ValueFormat, who: &Served,
+pub fn found(table: &str, version: i32, key: &str, partition: usize, value: &[u8], format: ValueFormat, who: &Served,
              input_lag: (i64, i64), as_of: Option<&AsOf>) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(value.len() + table.len() + key.len() + 256);
     out.push(b'{');
-    where_fields(&mut out, table, key);
+    answer_fields(&mut out, table, version, key);
     match format {
         ValueFormat::Json => {
             out.extend_from_slice(b",\"value\":");
@@ -169,12 +181,13 @@ pub struct Window<'a> {
     pub is_final: bool,
 }
 
-/// A key's windows' body (freshroute.routing.results.WindowsResult.to_dict).
-pub fn windows(table: &str, key: &str, partition: usize, windows: &[Window], watermark_ms: Option<i64>, who: &Served,
-               input_lag: (i64, i64)) -> Vec<u8> {
+/// A key's windows' body (freshroute.routing.results.WindowsResult.to_dict) from version `version` of the table.
+#[allow(clippy::too_many_arguments)]
+pub fn windows(table: &str, version: i32, key: &str, partition: usize, windows: &[Window], watermark_ms: Option<i64>,
+               who: &Served, input_lag: (i64, i64)) -> Vec<u8> {
     let mut out = Vec::with_capacity(windows.iter().map(|w| w.value.len() + 64).sum::<usize>() + 320);
     out.push(b'{');
-    where_fields(&mut out, table, key);
+    answer_fields(&mut out, table, version, key);
     out.extend_from_slice(b",\"windows\":[");
     for (i, w) in windows.iter().enumerate() {
         if i > 0 {
@@ -206,14 +219,33 @@ mod tests {
     #[test]
     fn a_found_body_and_a_not_found_body() {
         let who = Served { node: "n1", role: "active", lag_offsets: Some(0), lag_ms: None, applied: 7 };
-        let body = found("t", "k\"1", 2, b"{\"a\":1}", ValueFormat::Json, &who, (3, 4), None).unwrap();
+        let body = found("t", 1, "k\"1", 2, b"{\"a\":1}", ValueFormat::Json, &who, (3, 4), None).unwrap();
         assert_eq!(String::from_utf8(body).unwrap(),
-                   format!("{{\"table\":\"t\",\"key\":\"k\\\"1\",\"value\":{{\"a\":1}},\"partition\":2,\"served_by\":\
-                            {{\"node\":\"n1\",\"role\":\"active\"}},\"lag\":{{\"offsets\":0,\"ms\":null}},\"position\":\
-                            \"{}\",\"input_lag\":{{\"records\":3,\"ms\":4}}}}", position_token("t", 2, 7)));
+                   format!("{{\"table\":\"t\",\"table_version\":1,\"key\":\"k\\\"1\",\"value\":{{\"a\":1}},\
+                            \"partition\":2,\"served_by\":{{\"node\":\"n1\",\"role\":\"active\"}},\"lag\":\
+                            {{\"offsets\":0,\"ms\":null}},\"position\":\"{}\",\"input_lag\":\
+                            {{\"records\":3,\"ms\":4}}}}", position_token("t", 2, 7)));
         assert!(not_found("t", "it's", 2, &who, (0, 0), None).is_none());
         let body = String::from_utf8(not_found("t", "k", 2, &who, (0, 0), None).unwrap()).unwrap();
         assert!(body.starts_with("{\"error\":{\"code\":\"KEY_NOT_FOUND\",\"message\":\"key 'k' not found in table 't'\",\"table\""));
+        // An error's details name the table and key, never a version.
+        assert!(body.contains(",\"table\":\"t\",\"key\":\"k\",\"partition\":2,"));
+        assert!(!body.contains("table_version"));
+        let as_of = AsOf { at: 50, valid_from: Some(40), valid_to: None, settled: true };
+        let body = String::from_utf8(not_found("t", "k", 2, &who, (0, 0), Some(&as_of)).unwrap()).unwrap();
+        assert!(!body.contains("table_version"));
+    }
+
+    #[test]
+    fn an_answer_names_the_tables_version_after_the_table() {
+        let who = Served { node: "n1", role: "active", lag_offsets: Some(0), lag_ms: Some(0), applied: 7 };
+        let as_of = AsOf { at: 50, valid_from: Some(40), valid_to: None, settled: false };
+        let body = found("t", 3, "k", 0, b"v", ValueFormat::Text, &who, (0, 0), Some(&as_of)).unwrap();
+        assert!(String::from_utf8(body).unwrap().starts_with("{\"table\":\"t\",\"table_version\":3,\"key\":\"k\",\
+                                                               \"value\":\"v\",\"as_of\":50,\"valid_from\":40,"));
+        let body = found("t", 2, "k", 0, b"\x01", ValueFormat::Bytes, &who, (0, 0), None).unwrap();
+        assert!(String::from_utf8(body).unwrap().starts_with("{\"table\":\"t\",\"table_version\":2,\"key\":\"k\",\
+                                                               \"value_b64\":\"AQ==\","));
     }
 
     #[test]
@@ -221,13 +253,14 @@ mod tests {
         let who = Served { node: "n1", role: "standby", lag_offsets: None, lag_ms: Some(5), applied: 3 };
         let listed = [Window { start: 0, end: 10, value: b"{\"n\":1}", is_final: true },
                       Window { start: 10, end: 20, value: b"", is_final: false }];
-        let body = String::from_utf8(windows("w", "k", 1, &listed, Some(12), &who, (0, 0))).unwrap();
-        assert_eq!(body, format!("{{\"table\":\"w\",\"key\":\"k\",\"windows\":[{{\"start\":0,\"end\":10,\"value\":\
-                                  {{\"n\":1}},\"final\":true}},{{\"start\":10,\"end\":20,\"value\":null,\"final\":false}}],\
+        let body = String::from_utf8(windows("w", 1, "k", 1, &listed, Some(12), &who, (0, 0))).unwrap();
+        assert_eq!(body, format!("{{\"table\":\"w\",\"table_version\":1,\"key\":\"k\",\"windows\":[{{\"start\":0,\
+                                  \"end\":10,\"value\":{{\"n\":1}},\"final\":true}},{{\"start\":10,\"end\":20,\
+                                  \"value\":null,\"final\":false}}],\
                                   \"partition\":1,\"served_by\":{{\"node\":\"n1\",\"role\":\"standby\"}},\"lag\":\
                                   {{\"offsets\":null,\"ms\":5}},\"position\":\"{}\",\"watermark_ms\":12,\"input_lag\":\
                                   {{\"records\":0,\"ms\":0}}}}", position_token("w", 1, 3)));
-        assert!(String::from_utf8(windows("w", "k", 1, &[], None, &who, (0, 0))).unwrap()
-            .contains("\"windows\":[],\"partition\":1"));
+        assert!(String::from_utf8(windows("w", 4, "k", 1, &[], None, &who, (0, 0))).unwrap()
+            .starts_with("{\"table\":\"w\",\"table_version\":4,\"key\":\"k\",\"windows\":[],\"partition\":1,"));
     }
 }

@@ -1,7 +1,7 @@
 //! The gRPC port's connections, HTTP/2 by the h2 crate: `Router.Get` answered here — the same key read as REST's,
 //! written as a GetResponse — and every other call, or a Get this path does not serve (typed values, a bound of a
-//! write token, the input's lag or a wait, anything the Python path would refuse), relayed to the router's Python
-//! gRPC front (grpc_relay), which answers it exactly as it does without this path.
+//! write token, the input's lag or a wait, a version by number, anything the Python path would refuse), relayed to
+//! the router's Python gRPC front (grpc_relay), which answers it exactly as it does without this path.
 
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -200,13 +200,13 @@ fn known_fields(message: &[u8]) -> Option<GetRequest> {
 }
 
 /// The bound of a Get this path serves, or None: a typed answer, a bound of a write token, the input's lag or a
-/// wait, and limits the Python path refuses are its to answer.
+/// wait, a version named by number, and limits the Python path refuses are its to answer.
 fn query(request: &GetRequest) -> Option<Query> {
     if request.typed_values {
         return None;
     }
     let b = request.bound.clone().unwrap_or_default();
-    if b.max_input_lag_ms.is_some() || !b.after.is_empty() || b.wait_ms.is_some() {
+    if b.max_input_lag_ms.is_some() || !b.after.is_empty() || b.wait_ms.is_some() || b.version.is_some() {
         return None;
     }
     if [b.max_lag, b.max_staleness_ms, b.as_of].iter().any(|v| v.is_some_and(|v| v < 0)) {
@@ -258,18 +258,31 @@ pub fn trailers_only(respond: &mut SendResponse<Bytes>, status: &Status) {
 
 #[cfg(test)]
 mod tests {
-    use super::known_fields;
+    use super::{known_fields, query};
 
     #[test]
     fn a_get_with_a_field_unknown_here_is_left_to_the_python_front() {
         // table "t", key "k", bound {max_lag: 1}
         let known = [0x0a, 1, b't', 0x12, 1, b'k', 0x1a, 2, 0x08, 0x01];
         assert_eq!(known_fields(&known).and_then(|r| r.bound).and_then(|b| b.max_lag), Some(1));
-        // the same bound with a field 8 (a varint 5) that router.proto might add
-        let newer = [0x0a, 1, b't', 0x12, 1, b'k', 0x1a, 4, 0x08, 0x01, 0x40, 0x05];
+        assert!(known_fields(&known).and_then(|r| query(&r)).is_some());
+        // the same bound with a field 9 (a varint 5) that router.proto might add
+        let newer = [0x0a, 1, b't', 0x12, 1, b'k', 0x1a, 4, 0x08, 0x01, 0x48, 0x05];
         assert!(known_fields(&newer).is_none());
         // and a field 9 of the request itself
         let newer = [0x0a, 1, b't', 0x12, 1, b'k', 0x48, 0x01];
         assert!(known_fields(&newer).is_none());
+    }
+
+    #[test]
+    fn a_get_of_a_version_by_number_is_left_to_the_python_front() {
+        // bound {max_lag: 1, version: 2}, and {version: 1}: the Python path resolves every version named
+        for bound in [&[0x08, 0x01, 0x40, 0x02][..], &[0x40, 0x01]] {
+            let mut get = vec![0x0a, 1, b't', 0x12, 1, b'k', 0x1a, bound.len() as u8];
+            get.extend_from_slice(bound);
+            let request = known_fields(&get).expect("a field router.proto has");
+            assert!(request.bound.as_ref().is_some_and(|b| b.version.is_some()));
+            assert!(query(&request).is_none());
+        }
     }
 }

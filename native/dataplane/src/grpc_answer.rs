@@ -70,6 +70,7 @@ pub fn get(a: &KeyAnswer) -> Option<Outcome> {
         valid_from,
         valid_to,
         r#final: a.version.as_ref().is_some_and(|v| v.settled),
+        table_version: a.table_version,
     };
     Some(Outcome::Message(framed(&response)))
 }
@@ -108,6 +109,21 @@ pub fn ascii_json(body: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::answer::Served;
+
+    #[test]
+    fn a_get_response_names_the_tables_version() {
+        let who = Served { node: "n1", role: "active", lag_offsets: Some(0), lag_ms: Some(0), applied: 7 };
+        let mut a = KeyAnswer { table: "t", table_version: 2, key: "k", partition: 0, value: Some(b"1"),
+                                format: ValueFormat::Json, who, input_lag: (0, 0), version: None };
+        let Some(Outcome::Message(framed)) = get(&a) else { panic!("a found key's message") };
+        // Field 16 as a varint, last: as Python's protobuf writes it.
+        assert!(framed.ends_with(&[0x80, 0x01, 0x02]));
+        assert_eq!(GetResponse::decode(&framed[5..]).unwrap().table_version, 2);
+        a.value = None;
+        let Some(Outcome::Status(status)) = get(&a) else { panic!("KEY_NOT_FOUND") };
+        assert!(!String::from_utf8(status.body.unwrap()).unwrap().contains("table_version"));
+    }
 
     #[test]
     fn messages_and_bodies_as_python_writes_them() {

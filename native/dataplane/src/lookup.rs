@@ -63,8 +63,8 @@ impl Routing {
         let (table, key, query) = (segment(table)?, segment(key)?, parse_query(query)?);
         self.key(table, key, query, |a| {
             let body = match a.value {
-                Some(value) => answer::found(a.table, a.key, a.partition, value, a.format, &a.who, a.input_lag,
-                                             a.version.as_ref())?,
+                Some(value) => answer::found(a.table, a.table_version, a.key, a.partition, value, a.format, &a.who,
+                                             a.input_lag, a.version.as_ref())?,
                 None => answer::not_found(a.table, a.key, a.partition, &a.who, a.input_lag, a.version.as_ref())?,
             };
             Some((if a.value.is_some() { 200 } else { 404 }, body))
@@ -104,8 +104,9 @@ impl Routing {
         if found && version.as_ref().is_some_and(|v| v.valid_from.is_none()) {
             return None;  // a version without its time: the Python path says what is wrong
         }
-        let answered = KeyAnswer { table: &r.table, key: &r.key, partition: r.partition,
-                                   value: found.then_some(&result.value[..]), format: spec.value_format,
+        let answered = KeyAnswer { table: &r.table, table_version: spec.version, key: &r.key,
+                                   partition: r.partition, value: found.then_some(&result.value[..]),
+                                   format: spec.value_format,
                                    who: served_by(&replicas[cand.index], rep), input_lag, version };
         let written = write(&answered)?;
         self.counts().lookup(found, answered.who.role == "active", started.elapsed());
@@ -227,6 +228,8 @@ impl Routing {
 /// A key's answer as the path read it: what REST's body and gRPC's message are written from.
 pub(crate) struct KeyAnswer<'a> {
     pub table: &'a str,
+    /// The table's version that answered (the one served: a read of another goes to the Python path).
+    pub table_version: i32,
     pub key: &'a str,
     pub partition: usize,
     /// The value, when the key was found.
@@ -459,6 +462,9 @@ mod tests {
         assert_eq!(parse_query(b"as_of=1700000000000").map(|q| q.as_of_ms), Some(Some(1_700_000_000_000)));
         assert_eq!(parse_query(b"as_of=2026-12-03T10:00:00Z"), None);
         assert_eq!(parse_query(b"other=5"), None);
+        // A version by number is resolved by the Python path alone.
+        assert_eq!(parse_query(b"version=2"), None);
+        assert_eq!(parse_query(b"max_lag=5&version=1"), None);
         assert_eq!(segment(b"a%2Fb"), Some("a/b".into()));
         assert_eq!(segment(b"%zz"), None);
         assert_eq!(segment(b"%ff"), None);

@@ -202,6 +202,9 @@ pub struct GetBound {
     pub wait_ms: Option<i64>,
     #[prost(int64, optional, tag = "7")]
     pub as_of: Option<i64>,
+    /// A version of the table by number (building, serving or previous), which the Python path alone resolves.
+    #[prost(int64, optional, tag = "8")]
+    pub version: Option<i64>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -268,4 +271,6 @@ pub struct GetResponse {
     pub valid_to: Option<i64>,
     #[prost(bool, tag = "15")]
     pub r#final: bool,
+    #[prost(int32, tag = "16")]
+    pub table_version: i32,
 }

@@ -79,6 +79,8 @@ pub struct Table {
     pub input_ends: Option<InputEnds>,
     /// Replicas by partition, the active one first.
     pub partitions: Vec<Vec<Replica>>,
+    /// The table's version read by its name (freshroute.metadata.table_versions), which every answer names.
+    pub version: i32,
 }
 
 impl Table {
@@ -121,6 +123,13 @@ struct TableDoc {
     max_staleness_ms: Option<i64>,
     input_lag: Option<InputLag>,
     input_ends: Option<InputEnds>,
+    /// A view written before tables had versions names none: the table as it always was.
+    #[serde(default = "first_version")]
+    version: i32,
+}
+
+fn first_version() -> i32 {
+    1
 }
 
 /// (node, read address, role, state, applied, end, staleness ms, observed ms, alive, draining)
@@ -154,6 +163,7 @@ impl Snapshot {
                 input_lag: t.input_lag,
                 input_ends: t.input_ends,
                 partitions: vec![Vec::new(); t.partitions],
+                version: t.version,
             });
         }
         for (table, partition, replicas) in doc.replicas {
@@ -172,5 +182,22 @@ impl Snapshot {
             }
         }
         Ok(Snapshot { tables, built_ms: doc.built_ms })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tables_version_is_read_and_is_1_where_the_view_names_none() {
+        let table = serde_json::json!({"partitions": 1, "served": true, "window": null, "history_retention_ms": null,
+                                       "value_format": "json", "max_lag": null, "max_staleness_ms": null,
+                                       "input_lag": null, "input_ends": null});
+        let mut third = table.clone();
+        third["version"] = 3.into();
+        let doc = serde_json::json!({"tables": {"a": table, "b": third}, "replicas": [], "built_ms": 0});
+        let snap = Snapshot::parse(doc.to_string().as_bytes()).unwrap();
+        assert_eq!((snap.tables["a"].version, snap.tables["b"].version), (1, 3));
     }
 }

@@ -76,7 +76,7 @@ impl Routing {
                 })
             })
             .collect();
-        let body = answer::windows(&r.table, &r.key, r.partition, &windows, watermark, &who,
+        let body = answer::windows(&r.table, spec.version, &r.key, r.partition, &windows, watermark, &who,
                                    spec.input_lag_at(now_ms()));
         self.counts().lookup(!windows.is_empty(), who.role == "active", started.elapsed());
         Some((200, body))
