@@ -21,6 +21,7 @@ from freshroute.write_tokens.token import WRITE_TOKEN_SCHEMA, ReadAfter, WriteTo
 
 MAX_LIMIT = (1 << 63) - 1  # a bound or limit is an int64, as on the gRPC wire
 MAX_WAIT_MS = 60_000
+MAX_VERSION = (1 << 31) - 1  # an int32, as answers carry it
 
 
 def parse_limit(name: str, raw: Any) -> int | None:
@@ -73,6 +74,13 @@ def _wait(name: str, raw: Any) -> int | None:
     return wait
 
 
+def _version(name: str, raw: Any) -> int | None:
+    version = parse_limit(name, raw)
+    if version is not None and not 1 <= version <= MAX_VERSION:
+        raise InvalidArgument(f"{name} must be a table version from 1 to {MAX_VERSION}, got {version}", field=name)
+    return version
+
+
 LIMIT_SCHEMA: Mapping[str, Any] = {"type": "integer", "minimum": 0, "maximum": MAX_LIMIT}
 
 
@@ -116,6 +124,11 @@ class Bound(NamedTuple):
     wait_ms: Annotated[int | None, Parameter(
         "how long to wait for a replica with the events (`after`) or the position: the lookup's deadline", _wait,
         {"type": "integer", "minimum": 1, "maximum": MAX_WAIT_MS}, limits=False)] = None
+    # Not how fresh, but which table: the router reads that version's own table (freshroute.metadata.table_versions).
+    version: Annotated[int | None, Parameter(
+        "the table's version to read: one building or kept for a rollback, to compare it with the one served "
+        "(default: the one served)", _version, {"type": "integer", "minimum": 1, "maximum": MAX_VERSION},
+        limits=False)] = None
     # Not a parameter: the token narrowed to the table read, filled in by the router, who knows the table's input
     # and its marks.
     read_after: ReadAfter | None = None
@@ -227,6 +240,7 @@ class BoundArgs(TypedDict, total=False):
     max_input_lag_ms: int
     after: str | WriteToken
     wait_ms: int
+    version: int
 
 
 # Every parameter of a bound by name, in the order of its fields: what the fields' annotations declare.

@@ -29,11 +29,13 @@ async def answer_get(router: Router, request: router_pb2.GetRequest) -> router_p
     """``Router.Get``, whichever server carries it; errors are raised, for the caller to translate."""
     if request.bound.HasField("as_of"):
         return await _answer_as_of(router, request)
-    result = await router.get(request.table, request.key, parse_request_bound(router, request))
+    bound = parse_request_bound(router, request)
+    table = router.resolved(request.table, bound)  # the version read: its answer, input lag and format
+    result = await router.get(table, request.key, bound)
     if not result.found:
-        raise key_not_found(result, router.input_lag(request.table))
-    response = get_response(result, request.typed_values, router.value_format(request.table))
-    lag = input_lag_message(router, request.table)
+        raise key_not_found(result, router.input_lag(table))
+    response = get_response(result, request.typed_values, router.value_format(table))
+    lag = input_lag_message(router, table)
     if lag is not None:
         response.input_lag.CopyFrom(lag)
     return response
@@ -42,11 +44,13 @@ async def answer_get(router: Router, request: router_pb2.GetRequest) -> router_p
 async def _answer_as_of(router: Router, request: router_pb2.GetRequest) -> router_pb2.GetResponse:
     """A Get with ``Bound.as_of``: the version valid then (a versioned table's)."""
     as_of = router.parsed(parse_time, "as_of", request.bound.as_of)
-    answer = await router.history.as_of(request.table, request.key, as_of, parse_request_bound(router, request))
+    bound = parse_request_bound(router, request)
+    table = router.resolved(request.table, bound)
+    answer = await router.history.as_of(table, request.key, as_of, bound)
     if answer.version is None or not answer.lookup.found:
-        raise answer.not_found(router.input_lag(request.table))
-    response = as_of_response(answer, request.typed_values, router.value_format(request.table))
-    lag = input_lag_message(router, request.table)
+        raise answer.not_found(router.input_lag(table))
+    response = as_of_response(answer, request.typed_values, router.value_format(table))
+    lag = input_lag_message(router, table)
     if lag is not None:
         response.input_lag.CopyFrom(lag)
     return response

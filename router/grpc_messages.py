@@ -11,7 +11,7 @@ import orjson
 from google.protobuf.struct_pb2 import Struct
 
 from freshroute.errors import FreshrouteError
-from freshroute.metadata.table_versions import listing
+from freshroute.metadata.table_versions import listing, named
 from freshroute.metadata.tables import TableSpec
 from freshroute.routing.history import AsOf, Versions
 from freshroute.routing.results import ClusterView, LookupResult, ReplicaInfo, TableInfo, WindowsResult, pipeline_doc
@@ -47,7 +47,7 @@ def get_response(r: LookupResult, typed: bool = False, value_format: str = "json
         value_json, value_bytes = (value_json_of(value_format, r.value), r.value if value_format == "bytes" else b"") \
             if r.found else ("", b"")
     return router_pb2.GetResponse(
-        table=r.table, key=r.key, value_json=value_json, value_bytes=value_bytes, partition=r.partition,
+        **named(r.table), key=r.key, value_json=value_json, value_bytes=value_bytes, partition=r.partition,
         served_by=router_pb2.ServedBy(node=r.node, role=r.role),
         lag=router_pb2.Lag(offsets=r.lag_offsets, ms=r.lag_ms), position=r.position, found=r.found,
         value=typed_value(r.value) if typed and r.found and value_format == "json" else None)
@@ -58,8 +58,8 @@ Served = LookupResult | WindowsResult
 
 
 def scan_summary(served: dict[int, Served], next_page_token: str | None,
-                  input_lag: router_pb2.InputLag | None) -> router_pb2.ScanSummary:
-    return router_pb2.ScanSummary(input_lag=input_lag,
+                 input_lag: router_pb2.InputLag | None, table_version: int = 1) -> router_pb2.ScanSummary:
+    return router_pb2.ScanSummary(input_lag=input_lag, table_version=table_version,
         partitions=[router_pb2.ScanPartition(partition=p, served_by=router_pb2.ServedBy(node=r.node, role=r.role),
                                              lag=router_pb2.Lag(offsets=r.lag_offsets, ms=r.lag_ms),
                                              position=r.position)
@@ -75,7 +75,7 @@ def window_message(w: Window, typed: bool) -> router_pb2.Window:
 def windows_response(r: WindowsResult, typed: bool,
                       input_lag: router_pb2.InputLag | None) -> router_pb2.WindowsResponse:
     return router_pb2.WindowsResponse(input_lag=input_lag,
-        table=r.table, key=r.key, windows=[window_message(w, typed) for w in r.windows], partition=r.partition,
+        **named(r.table), key=r.key, windows=[window_message(w, typed) for w in r.windows], partition=r.partition,
         served_by=router_pb2.ServedBy(node=r.node, role=r.role),
         lag=router_pb2.Lag(offsets=r.lag_offsets, ms=r.lag_ms), position=r.position, watermark_ms=r.watermark_ms)
 
@@ -143,7 +143,7 @@ def versions_response(page: Versions, typed: bool, value_format: str,
         value=typed_value(v.value) if typed and v.value is not None and value_format == "json" else None)
         for v in page.versions]
     return router_pb2.VersionsResponse(
-        table=r.table, key=r.key, versions=versions,
+        **named(r.table), key=r.key, versions=versions,
         next_page_token="" if page.next_to_ms is None else str(page.next_to_ms), complete_to=page.complete_ms,
         partition=r.partition, served_by=router_pb2.ServedBy(node=r.node, role=r.role),
         lag=router_pb2.Lag(offsets=r.lag_offsets, ms=r.lag_ms), position=r.position, input_lag=input_lag)

@@ -14,6 +14,7 @@ import grpc
 
 from freshroute.bound import Bound
 from freshroute.lag import rank_lag, rank_staleness
+from freshroute.metadata.table_versions import logical_of
 from freshroute.routing.history import AsOf, parse_time
 from freshroute.routing.results import LookupResult
 from proto import router_pb2, router_pb2_grpc
@@ -60,8 +61,8 @@ class _Pages:
             if self.token is None or (self.wanted is not None and sent >= self.wanted):
                 return
 
-    def summary(self, input_lag: router_pb2.InputLag | None) -> router_pb2.ScanSummary:
-        return scan_summary(self.served, self.token, input_lag)
+    def summary(self, table: str, input_lag: router_pb2.InputLag | None) -> router_pb2.ScanSummary:
+        return scan_summary(self.served, self.token, input_lag, logical_of(table)[1])
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
@@ -102,17 +103,20 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                        context: grpc.aio.ServicerContext) -> router_pb2.BatchGetResponse:
         await self._table(context, request.table)
         keys = list(request.keys)
-        fmt = self._router.value_format(request.table)
+        bound = self._parse_bound(request)
+        table = self._router.resolved(request.table, bound)  # the version read: its answers, input lag and format
+        fmt = self._router.value_format(table)
+        lag, version = input_lag_message(self._router, table), logical_of(table)[1]
         if request.bound.HasField("as_of"):
             as_of = self._router.parsed(parse_time, "as_of", request.bound.as_of)
-            answers = await self._router.history.batch_as_of(request.table, keys, as_of, self._parse_bound(request))
-            return router_pb2.BatchGetResponse(input_lag=input_lag_message(self._router, request.table), results=[
+            answers = await self._router.history.batch_as_of(table, keys, as_of, bound)
+            return router_pb2.BatchGetResponse(input_lag=lag, table_version=version, results=[
                 as_of_response(a, request.typed_values, fmt) if isinstance(a, AsOf)
-                else key_error(request.table, key, a) for key, a in zip(keys, answers)])
-        results = await self._router.batch_get(request.table, keys, self._parse_bound(request))
-        return router_pb2.BatchGetResponse(input_lag=input_lag_message(self._router, request.table), results=[
+                else key_error(table, key, a) for key, a in zip(keys, answers)])
+        results = await self._router.batch_get(table, keys, bound)
+        return router_pb2.BatchGetResponse(input_lag=lag, table_version=version, results=[
             get_response(r, request.typed_values, fmt) if isinstance(r, LookupResult)
-            else key_error(request.table, key, r)
+            else key_error(table, key, r)
             for key, r in zip(keys, results)])
 
     @answers_errors
@@ -120,14 +124,15 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                    context: grpc.aio.ServicerContext) -> AsyncIterator[router_pb2.ScanItem]:
         await self._table(context, request.table)
         bound = self._parse_bound(request)
-        fmt = self._router.value_format(request.table)
+        table = self._router.resolved(request.table, bound)
+        fmt = self._router.value_format(table)
         typed = request.typed_values and fmt == "json"
         as_of = self._router.parsed(parse_time, "as_of", request.bound.as_of) if request.bound.HasField("as_of") \
             else None
         pages = _Pages(request.limit or None, self._router.settings.scan_max_limit, request.page_token or None)
         final = True
         async for page in pages.read(lambda size, token: self._router.scans.rows(
-                request.table, request.prefix, request.start, request.end, size, token, bound, as_of)):
+                table, request.prefix, request.start, request.end, size, token, bound, as_of)):
             final = final and page.final
             for (key, value, partition), version in page.items_with_versions():
                 item = router_pb2.ScanItem(key=key, value_json=value_json_of(fmt, value), partition=partition,
@@ -138,7 +143,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     if version.valid_to_ms is not None:
                         item.valid_to = version.valid_to_ms
                 yield item
-        summary = pages.summary(input_lag_message(self._router, request.table))
+        summary = pages.summary(table, input_lag_message(self._router, table))
         summary.final = as_of is not None and final
         yield router_pb2.ScanItem(summary=summary)
 
@@ -146,34 +151,38 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def GetWindows(self, request: router_pb2.WindowsRequest,
                          context: grpc.aio.ServicerContext) -> router_pb2.WindowsResponse:
         await self._table(context, request.table)
-        result = await self._router.windows(request.table, request.key, request.from_ms, request.to_ms,
-                                            self._parse_bound(request))
-        return windows_response(result, request.typed_values, input_lag_message(self._router, request.table))
+        bound = self._parse_bound(request)
+        table = self._router.resolved(request.table, bound)
+        result = await self._router.windows(table, request.key, request.from_ms, request.to_ms, bound)
+        return windows_response(result, request.typed_values, input_lag_message(self._router, table))
 
     @answers_errors
     async def GetVersions(self, request: router_pb2.VersionsRequest,
                           context: grpc.aio.ServicerContext) -> router_pb2.VersionsResponse:
         await self._table(context, request.table)
+        bound = self._parse_bound(request)
+        table = self._router.resolved(request.table, bound)
         page = await self._router.history.versions(
-            request.table, request.key, request.from_ms if request.HasField("from_ms") else None,
+            table, request.key, request.from_ms if request.HasField("from_ms") else None,
             request.to_ms if request.HasField("to_ms") else None, request.limit or None, request.page_token or None,
-            self._parse_bound(request))
-        return versions_response(page, request.typed_values, self._router.value_format(request.table),
-                                  input_lag_message(self._router, request.table))
+            bound)
+        return versions_response(page, request.typed_values, self._router.value_format(table),
+                                  input_lag_message(self._router, table))
 
     @answers_errors
     async def ScanWindows(self, request: router_pb2.ScanWindowsRequest,
                           context: grpc.aio.ServicerContext) -> AsyncIterator[router_pb2.WindowItem]:
         await self._table(context, request.table)
         bound = self._parse_bound(request)
-        fmt = self._router.value_format(request.table)
+        table = self._router.resolved(request.table, bound)
+        fmt = self._router.value_format(table)
         typed = request.typed_values and fmt == "json"
         pages = _Pages(request.limit or None, self._router.settings.scan_max_limit, request.page_token or None)
         async for page in pages.read(lambda size, token: self._router.scans.windows(
-                request.table, request.from_ms, request.to_ms, size, token, bound)):
+                table, request.from_ms, request.to_ms, size, token, bound)):
             for key, w, partition in page.items:
                 yield router_pb2.WindowItem(key=key, window=window_message(w, typed), partition=partition)
-        yield router_pb2.WindowItem(summary=pages.summary(input_lag_message(self._router, request.table)))
+        yield router_pb2.WindowItem(summary=pages.summary(table, input_lag_message(self._router, table)))
 
     @answers_errors
     async def KeyMetadata(self, request: router_pb2.KeyMetadataRequest,

@@ -44,8 +44,16 @@ def listing(record: "VersionedTable | None") -> dict[str, Any]:
     return {"version": record.serving, "versions": [v.to_dict() for v in record.listed()]}
 
 
+def named(physical: str) -> dict[str, Any]:
+    """How an answer names the table it came from: the table, and the version of it that answered."""
+    table, version = logical_of(physical)
+    return {"table": table, "table_version": version}
+
+
 def logical_of(physical: str) -> tuple[str, int]:
     """(table, version) of a physical name: ``t-v3`` is version 3 of ``t``; any other name is its own version 1."""
+    if "-" not in physical:  # no table name has a hyphen: the usual case, at the cost of a test
+        return physical, 1
     m = _PHYSICAL.fullmatch(physical)
     return (m["table"], int(m["version"])) if m else (physical, 1)
 

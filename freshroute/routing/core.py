@@ -17,6 +17,7 @@ from freshroute.formats import locate, locate_text
 from freshroute.bound import NO_BOUND, Bound
 from freshroute.lag import now_ms
 from freshroute.keys import not_a_batch
+from freshroute.metadata.table_versions import logical_of
 from freshroute.metadata.tables import TableSpec
 from freshroute.routing.answers import GroupAnswers, group_lookups, lookup_result, served_by
 from freshroute.routing.attempts import AttemptPlan, Attempts, LatencyWindow
@@ -78,6 +79,12 @@ class RoutingCore:
         why = self.metadata.last_error
         return "routing metadata has not been loaded yet" + (f": {why}" if why else "")
 
+    def resolved(self, name: str, bound: Bound) -> str:
+        """The table a read of ``name`` reads: the served version's own, or that of ``bound.version``
+        (:meth:`Snapshot.physical`); every read resolves its table first, and names it so from then on."""
+        snap = self.metadata.current
+        return snap.physical(name, bound.version) if snap.loaded else name
+
     def table(self, name: str) -> TableSpec:
         snap = self.metadata.current
         spec = snap.tables.get(name)
@@ -95,15 +102,18 @@ class RoutingCore:
         """
         position = bound.min_position
         if position is not None and position.table != spec.name:
-            raise InvalidArgument(f"min_position is a position of table {position.table!r}, not {spec.name!r}",
-                                  field="min_position")
+            if logical_of(position.table)[0] != logical_of(spec.name)[0]:
+                raise InvalidArgument(f"min_position is a position of table {position.table!r}, not {spec.name!r}",
+                                      field="min_position")
+            # Another version's: its changelog's offsets say nothing of this one's (the answer names its version).
+            bound = bound._replace(min_position=None)
         if bound.max_input_lag_ms is not None:
             refused = bound.input_lag_refusal(spec.name, self.input_lag(spec.name))
             if refused is not None:
                 raise refused
         if bound.after is not None:
             bound = narrowed(spec, bound, self.metadata)
-        override = self.policy.table_bounds.get(spec.name)
+        override = self.policy.table_bounds.get(logical_of(spec.name)[0])
         if override is not None:
             return bound.with_defaults(override.max_lag, override.max_staleness_ms)
         return bound.with_defaults(spec.default_max_lag, spec.default_max_staleness_ms)
@@ -159,15 +169,16 @@ class RoutingCore:
         return self.attempts.plan(table, partition, bound, selection, timeout_s, latency, now)
 
     def plan_get(self, table: str, key: str, bound: Bound, now: float) -> tuple[TableSpec, bytes, AttemptPlan]:
-        """(spec, key bytes, plan) of a point get."""
-        spec = self.keyed(table)
+        """(spec, key bytes, plan) of a point get; the spec's name is the table read."""
+        spec = self.keyed(self.resolved(table, bound))
         raw_key, partition = locate(key, spec.partitions, spec.key_format)
-        return spec, raw_key, self.plan(table, partition, self.bound_for(spec, bound), self.get_latency,
+        return spec, raw_key, self.plan(spec.name, partition, self.bound_for(spec, bound), self.get_latency,
                                         self._timeout_s, now)
 
     def group_keys(self, table: str, keys: list[str], bound: Bound) -> tuple[TableSpec, Bound, dict[int, list[int]], list[bytes]]:
-        """A batch's table, bound, and key indices grouped by partition (with the keys' bytes)."""
-        spec = self.keyed(table)
+        """A batch's table (its name the table read), bound, and key indices grouped by partition (with the keys'
+        bytes)."""
+        spec = self.keyed(self.resolved(table, bound))
         if len(keys) > self.policy.batch_max_keys:
             raise InvalidArgument(f"at most {self.policy.batch_max_keys} keys per batch", field="keys")
         groups: dict[int, list[int]] = {}
@@ -193,7 +204,7 @@ class RoutingCore:
         started = time.perf_counter()
         try:
             spec, raw_key, plan = self.plan_get(table, key, bound, time.monotonic())
-            partition, bound = plan.partition, plan.bound
+            partition, bound, table = plan.partition, plan.bound, spec.name
             read = self.store.read
             cand, answer = await run(plan, lambda c: read(c.replica.address, table, partition, raw_key, bound))
         except FreshrouteError as e:
@@ -218,6 +229,7 @@ class RoutingCore:
         """
         started = time.perf_counter()
         spec, bound, groups, raw_keys = self.group_keys(table, keys, bound)
+        table = spec.name
         results: list[T | FreshrouteError | None] = [None] * len(keys)
         now = time.monotonic()
         deadline = now + self._timeout_s
@@ -242,11 +254,12 @@ class RoutingCore:
 
     def plan_windows(self, table: str, key: str, from_ms: int, to_ms: int, bound: Bound, now: float) -> WindowsRead:
         """What a windows lookup reads (one key range of one partition) and its attempt plan."""
-        spec, w = self.windowed(table, from_ms, to_ms)
+        spec, w = self.windowed(self.resolved(table, bound), from_ms, to_ms)
         raw, partition = locate(key, spec.partitions)
         lo, hi = key_range(raw, from_ms, to_ms)
-        plan = self.plan(table, partition, self.bound_for(spec, bound), self._window_latency, self._timeout_s, now)
-        return WindowsRead(table, key, w, raw, lo, hi, max(1, w.windows_in(from_ms, to_ms)),
+        plan = self.plan(spec.name, partition, self.bound_for(spec, bound), self._window_latency, self._timeout_s,
+                         now)
+        return WindowsRead(spec.name, key, w, raw, lo, hi, max(1, w.windows_in(from_ms, to_ms)),
                            WindowFilter(from_ms, to_ms, w.size_ms + w.retention_ms), plan)
 
     async def windows(self, table: str, key: str, from_ms: int, to_ms: int, bound: Bound = NO_BOUND) -> WindowsResult:
@@ -255,8 +268,8 @@ class RoutingCore:
         try:
             r = self.plan_windows(table, key, from_ms, to_ms, bound, time.monotonic())
             plan, read_range = r.plan, self.store.read_range
-            cand, answer = await run(plan, lambda c: read_range(c.replica.address, table, plan.partition, r.lo, r.hi,
-                                                                r.limit, r.live, plan.bound))
+            cand, answer = await run(plan, lambda c: read_range(c.replica.address, r.table, plan.partition, r.lo,
+                                                                r.hi, r.limit, r.live, plan.bound))
         except FreshrouteError as e:
             count(self.metrics, started, e)
             raise

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol, cast
 from freshroute.errors import FreshrouteError, InvalidArgument, TableNotVersioned, VersionNotRetained
 from freshroute.bound import NO_BOUND, Bound
 from freshroute.formats import locate
+from freshroute.metadata.table_versions import named
 from freshroute.metadata.tables import TableSpec
 from freshroute.routing.answers import lookup_result
 from freshroute.routing.counts import count
@@ -77,7 +78,7 @@ class AsOf(NamedTuple):
     def to_dict(self, input_lag: tuple[int, int], value_format: str) -> dict[str, Any]:
         r, v = self.lookup, self.version
         assert v is not None and r.found
-        return {"table": r.table, "key": r.key, **value_fields(value_format, r.value), "as_of": self.as_of_ms,
+        return {**named(r.table), "key": r.key, **value_fields(value_format, r.value), "as_of": self.as_of_ms,
                 "valid_from": v.valid_from_ms, "valid_to": v.valid_to_ms, "final": self.final,
                 "partition": r.partition, **r.served(), "input_lag": input_lag_doc(input_lag)}
 
@@ -119,7 +120,7 @@ class Versions(NamedTuple):
         versions = [{**(value_fields(value_format, v.value) if v.value is not None else {"value": None}),
                      "valid_from": v.valid_from_ms, "valid_to": v.valid_to_ms, "deleted": v.value is None}
                     for v in self.versions]
-        return {"table": r.table, "key": r.key, "from": self.from_ms, "to": self.to_ms, "versions": versions,
+        return {**named(r.table), "key": r.key, "from": self.from_ms, "to": self.to_ms, "versions": versions,
                 "next_page_token": None if self.next_to_ms is None else str(self.next_to_ms),
                 "complete_to": self.complete_ms, "partition": r.partition, **r.served(),
                 "input_lag": input_lag_doc(input_lag)}
@@ -132,6 +133,8 @@ class HistoryCore(Protocol):
     store: "StoreClient"
     metrics: "Metrics"
     clock_ms: Callable[[], int]
+
+    def resolved(self, name: str, bound: Bound) -> str: ...
 
     def keyed(self, name: str) -> TableSpec: ...
 
@@ -155,8 +158,9 @@ class HistoryReads:
         self._latency = latency
         self._timeout_s = timeout_s
 
-    def versioned(self, name: str) -> TableSpec:
-        spec = self._core.keyed(name)
+    def versioned(self, name: str, bound: Bound) -> TableSpec:
+        """The versioned table a read of ``name`` reads (its name the table read)."""
+        spec = self._core.keyed(self._core.resolved(name, bound))
         if not spec.versioned:
             raise TableNotVersioned(f"table {name!r} keeps only its latest values: give it a history retention "
                                     f"(history_retention in the tables file, `freshroute table add "
@@ -191,7 +195,7 @@ class HistoryReads:
         """``key``'s version valid at ``as_of_ms`` from one replica within the bound: a point read, as a get is."""
         started = time.perf_counter()
         try:
-            spec = self.versioned(table)
+            spec = self.versioned(table, bound)
             self.retained(spec, as_of_ms, self._core.clock_ms())
             raw, partition = locate(key, spec.partitions, spec.key_format)
         except FreshrouteError as e:
@@ -217,8 +221,8 @@ class HistoryReads:
                           bound: Bound = NO_BOUND) -> list["AsOf | FreshrouteError"]:
         """Many keys as of one time, in request order: each key's answer, or the error of its key. The table's own
         refusals, too many keys or one the table cannot hold refuse the batch, as they refuse any batch."""
-        spec = self.versioned(table)
-        _, _, groups, raw_keys = self._core.group_keys(table, keys, bound)
+        spec = self.versioned(table, bound)
+        _, _, groups, raw_keys = self._core.group_keys(spec.name, keys, bound)
         self.retained(spec, as_of_ms, self._core.clock_ms())
         partition_of = {i: partition for partition, indices in groups.items() for i in indices}
         started = time.perf_counter()
@@ -236,7 +240,8 @@ class HistoryReads:
         first; ``page_token`` (a page's ``next_page_token``) goes on with older ones."""
         started = time.perf_counter()
         try:
-            spec = self.versioned(table)
+            spec = self.versioned(table, bound)
+            table = spec.name
             policy = self._core.policy
             limit = DEFAULT_VERSIONS_LIMIT if not limit else limit
             if not 0 < limit <= policy.scan_max_limit:

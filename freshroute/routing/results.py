@@ -20,7 +20,7 @@ from freshroute.errors import FreshrouteError, InvalidArgument, KeyNotFound
 from freshroute.lag import now_ms
 from freshroute.position import Position, single
 from freshroute.metadata.progress import InputLag
-from freshroute.metadata.table_versions import VersionedTable, listing
+from freshroute.metadata.table_versions import VersionedTable, listing, named
 from freshroute.metadata.tables import TableSpec
 from freshroute.windows import Window
 from freshroute.wire import Version
@@ -53,7 +53,7 @@ class LookupResult(NamedTuple):
 
     def to_dict(self, input_lag: tuple[int, int] = (0, 0), value_format: str = "json") -> dict[str, Any]:
         """A found key's REST body."""
-        return {"table": self.table, "key": self.key, **value_fields(value_format, self.value),
+        return {**named(self.table), "key": self.key, **value_fields(value_format, self.value),
                 "partition": self.partition, **self.served(), "input_lag": input_lag_doc(input_lag)}
 
 
@@ -308,7 +308,7 @@ class ScanPage:
                 item["valid_from"], item["valid_to"] = version.valid_from_ms, version.valid_to_ms
             items.append(item)
         out: dict[str, Any] = {
-            "table": self.table, "items": items, "next_page_token": self.next_page_token,
+            **named(self.table), "items": items, "next_page_token": self.next_page_token,
             "partitions": [{"partition": p, **r.served()} for p, r in sorted(self.served_by.items())],
             "input_lag": input_lag_doc(input_lag)}
         if self.as_of_ms is not None:
@@ -342,7 +342,7 @@ class BatchResult:
                 items.append(item)
             else:
                 items.append({"key": key, "found": False, **r.to_body()})
-        return {"table": self.table, "results": items, "position": self.position(),
+        return {**named(self.table), "results": items, "position": self.position(),
                 "input_lag": input_lag_doc(input_lag)}
 
 
@@ -368,7 +368,7 @@ class WindowsResult(NamedTuple):
         return served_doc(self.node, self.role, self.lag_offsets, self.lag_ms, self.position)
 
     def to_dict(self, input_lag: tuple[int, int] = (0, 0)) -> dict[str, Any]:
-        return {"table": self.table, "key": self.key,
+        return {**named(self.table), "key": self.key,
                 "windows": [{"start": w.start, "end": w.end, "value": json_value(w.value), "final": w.final}
                             for w in self.windows],
                 "partition": self.partition, **self.served(), "watermark_ms": self.watermark_ms,
@@ -385,7 +385,7 @@ class WindowPage:
     served_by: dict[int, WindowsResult]  # per partition: who answered, with lag, position and watermark (no windows)
 
     def to_dict(self, input_lag: tuple[int, int] = (0, 0)) -> dict[str, Any]:
-        return {"table": self.table,
+        return {**named(self.table),
                 "items": [{"key": k, "start": w.start, "end": w.end, "value": json_value(w.value), "final": w.final,
                            "partition": p} for k, w, p in self.items],
                 "next_page_token": self.next_page_token,

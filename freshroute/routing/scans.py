@@ -39,6 +39,8 @@ class ScanCore(Protocol):
     history: HistoryReads
     clock_ms: Callable[[], int]
 
+    def resolved(self, name: str, bound: Bound) -> str: ...
+
     def keyed(self, name: str) -> TableSpec: ...
 
     def windowed(self, name: str, from_ms: int, to_ms: int) -> tuple[TableSpec, WindowSpec]: ...
@@ -86,10 +88,11 @@ class Scans:
         table's keys as of that time, each with its version's interval."""
         core = self._core
         history = core.history
+        table = core.resolved(table, bound)
         if as_of_ms is None:
             spec = core.keyed(table)
         else:
-            spec = history.versioned(table)
+            spec = history.versioned(table, bound)
             history.retained(spec, as_of_ms, core.clock_ms())
         limit = self._limit(limit)
         bound = core.bound_for(spec, bound)
@@ -122,6 +125,7 @@ class Scans:
                       page_token: str | None = None, bound: Bound = NO_BOUND) -> WindowPage:
         """Windows starting in ``[from_ms, to_ms)`` across keys, ordered by (key bytes, start), one page at a time."""
         core = self._core
+        table = core.resolved(table, bound)
         spec, w = core.windowed(table, from_ms, to_ms)
         limit = self._limit(limit)
         bound = core.bound_for(spec, bound)

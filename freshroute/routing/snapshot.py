@@ -18,6 +18,7 @@ from freshroute.metadata.assignment import Assignment
 from freshroute.metadata.progress import input_lag_at, InputEnds, InputLag, InputMark
 from freshroute.metadata.reports import NodePositions, NodeReport
 from freshroute.metadata.roles import ReplicaState, Role
+from freshroute.errors import TableVersionNotFound
 from freshroute.metadata.table_versions import VersionedTable
 from freshroute.metadata.tables import TableSpec
 
@@ -130,6 +131,25 @@ class Snapshot:
 
     def replicas_of(self, table: str, partition: int) -> tuple[ReplicaView, ...]:
         return self.replicas.get((table, partition), ())
+
+    def physical(self, name: str, version: int | None = None) -> str:
+        """The table a read of table ``name`` reads: its served version's, or version ``version``'s
+        (freshroute.metadata.table_versions); a named error for a version it cannot read. A version's own name
+        (``t-v2``) reads that version, so a name resolved once resolves to itself."""
+        record = self.versions.get(name)
+        if record is None:
+            if version is None or version == 1:
+                return name
+            raise TableVersionNotFound(f"table {name!r} has one version, not {version}", table=name,
+                                       table_version=version)
+        if version is None:
+            return record.physical()
+        record.readable(version)
+        physical = record.physical(version)
+        if physical not in self.tables:
+            raise TableVersionNotFound(f"version {version} of table {name!r} is not placed on the store nodes yet",
+                                       table=name, table_version=version)
+        return physical
 
 
 def build_snapshot(tables: Mapping[str, TableSpec], reports: Iterable[NodeReport],

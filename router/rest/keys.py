@@ -82,6 +82,7 @@ async def _batch_get(router: Router, table: str, raw_body: bytes) -> dict[str, A
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
         raise InvalidArgument("keys must be a list of strings", field="keys")
     bound = Bound.parse(doc)
+    table = router.resolved(table, bound)  # the version read: its answers, input lag and format
     if doc.get("as_of") is not None:
         as_of = parse_time("as_of", doc["as_of"])
         answers = await router.history.batch_as_of(table, keys, as_of, bound)

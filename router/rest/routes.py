@@ -165,6 +165,7 @@ class KeyHandlers:
     async def _lookup(self, table: str, key: str, query: bytes) -> dict:
         q = query_of(query) if query else {}
         bound = self.router.parsed(Bound.parse, q) if query else NO_BOUND
+        table = self.router.resolved(table, bound)  # the version read: its answer, input lag and format
         if "as_of" in q:
             return await self._as_of(table, key, self.router.parsed(parse_time, "as_of", q["as_of"]), bound)
         result = await self.router.get(table, key, bound)
@@ -182,12 +183,16 @@ class KeyHandlers:
         parsed = self.router.parsed
         from_ms = parsed(parse_time, "from", q["from"]) if q.get("from") else None
         to_ms = parsed(parse_time, "to", q["to"]) if q.get("to") else None
+        bound = parsed(Bound.parse, q)
+        table = self.router.resolved(table, bound)
         page = await self.router.history.versions(table, key, from_ms, to_ms, parsed(parse_limit, "limit", q.get("limit")),
-                                                  q.get("page_token") or None, parsed(Bound.parse, q))
+                                                  q.get("page_token") or None, bound)
         return page.to_dict(self.router.input_lag(table), self.router.value_format(table))
 
     async def _windows(self, table: str, key: str, q: dict[str, str]) -> dict:
         parsed = self.router.parsed
         from_ms, to_ms = parsed(parse_millis, "from", q.get("from")), parsed(parse_millis, "to", q.get("to"))
-        result = await self.router.windows(table, key, from_ms, to_ms, parsed(Bound.parse, q))
+        bound = parsed(Bound.parse, q)
+        table = self.router.resolved(table, bound)
+        result = await self.router.windows(table, key, from_ms, to_ms, bound)
         return result.to_dict(self.router.input_lag(table))

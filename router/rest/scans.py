@@ -27,8 +27,10 @@ def routes(settings: RouterSettings, router: Router) -> APIRouter:
     async def scan_windows(table: str, request: Request) -> Response:
         q = query_of(request.scope.get("query_string", b""))
         from_ms, to_ms = parse_millis("from", q.get("from")), parse_millis("to", q.get("to"))
+        bound = Bound.parse(q)
+        table = router.resolved(table, bound)  # the version read: its answer and input lag
         page = await router.scans.windows(table, from_ms, to_ms, parse_limit("limit", q.get("limit")),
-                                          q.get("page_token") or None, Bound.parse(q))
+                                          q.get("page_token") or None, bound)
         return json_response(page.to_dict(router.input_lag(table)))
 
     @api.get("/v1/tables/{table}/scan", summary="Keys in order across partitions, paged",
@@ -43,8 +45,10 @@ def routes(settings: RouterSettings, router: Router) -> APIRouter:
         q = query_of(request.scope.get("query_string", b""))
         limit = parse_limit("limit", q.get("limit"))
         as_of = parse_time("as_of", q["as_of"]) if "as_of" in q else None
+        bound = Bound.parse(q)
+        table = router.resolved(table, bound)
         page = await router.scans.rows(table, q.get("prefix", ""), q.get("start", ""), q.get("end", ""), limit,
-                                       q.get("page_token") or None, Bound.parse(q), as_of)
+                                       q.get("page_token") or None, bound, as_of)
         return json_response(page.to_dict(router.input_lag(table), router.value_format(table)))
 
     return api

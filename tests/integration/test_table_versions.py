@@ -13,8 +13,8 @@ from freshroute.metadata.store import MetadataStore
 from freshroute.metadata.version_store import TableVersionStore
 from pipeline.version_mirror import MIRROR
 
+from .backfill_support import TABLES, backfill
 from .pipeline_support import PipelineProcess, materialize, mismatches, read_topic
-from .test_pipeline_available_now import TABLES, backfill
 
 pytestmark = [pytest.mark.integration, pytest.mark.beside]
 

@@ -112,7 +112,7 @@ def test_public_wire_and_query_round_trip():
 # ---- the definition: every parameter declared once ---------------------------------------------------------
 
 EVERY = Bound(max_lag=3, max_staleness_ms=50, min_position=Position("t", {0: 4}), max_input_lag_ms=900,
-              after=WriteToken({"readings": {0: 7}}, {}, 1), wait_ms=250)
+              after=WriteToken({"readings": {0: 7}}, {}, 1), wait_ms=250, version=2)
 
 
 def test_the_parameters_are_the_leading_fields_and_the_keywords_a_type_checker_sees():
@@ -146,10 +146,11 @@ def test_error_details_show_what_limits_the_answer():
     details = EVERY.to_dict()
     assert details["after"] == EVERY.after.encode() and details["max_input_lag_ms"] == 900
     assert "wait_ms" not in details  # how long to look is not a limit of the answer
+    assert "version" not in details  # which table is read, not how fresh
 
 
 @pytest.mark.parametrize("raw", [{"max_lag": "x"}, {"wait_ms": "0"}, {"wait_ms": 60_001}, {"after": "w1.garbage"},
-                                 {"min_position": 5}, {"after": 7}])
+                                 {"min_position": 5}, {"after": 7}, {"version": "0"}, {"version": 1 << 31}])
 def test_a_malformed_parameter_is_refused_naming_it(raw):
     with pytest.raises(InvalidArgument) as e:
         Bound.parse(raw)

@@ -55,7 +55,7 @@ LAYERS = {
     "wire": {"freshroute/wire.py"},
     "store node": {"store_node/read_port.py", "store_node/replica.py", "store_node/replica_store.py"},
     "vocabulary": {"freshroute/bound.py", "freshroute/lag.py", "freshroute/position.py",
-                   "freshroute/metadata/progress.py", "freshroute/formats.py"},
+                   "freshroute/metadata/progress.py", "freshroute/formats.py", "freshroute/metadata/table_versions.py"},
 }
 
 

@@ -145,4 +145,4 @@ async def test_the_rest_app_serves_the_views_and_the_page_its_files_under_a_stri
         fields = (await c.get("/console/bound.json")).json()
         assert [f["name"] for f in fields] == list(PARAMETERS) and all(f["doc"] for f in fields)
         assert {f["name"] for f in fields if f["numeric"]} == {"max_lag", "max_staleness_ms", "max_input_lag_ms",
-                                                                  "wait_ms"}
+                                                                  "wait_ms", "version"}

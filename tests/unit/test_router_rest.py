@@ -42,7 +42,9 @@ async def test_lookup_200_body_shape(cluster):
         r = await c.get(f"/v1/tables/{TABLE}/keys/{key}")
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
     body = r.json()
-    assert set(body) == {"table", "key", "value", "partition", "served_by", "lag", "position", "input_lag"}
+    assert set(body) == {"table", "table_version", "key", "value", "partition", "served_by", "lag", "position",
+                         "input_lag"}
+    assert list(body)[:2] == ["table", "table_version"] and body["table_version"] == 1
     assert body["input_lag"] == {"records": 0, "ms": 0}  # no input lag published: the pipeline keeps up
     assert body["table"] == TABLE and body["key"] == key and body["value"] == {"count": 3, "avg": 1.5}
     assert body["partition"] == part(key)

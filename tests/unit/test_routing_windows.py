@@ -111,8 +111,8 @@ async def test_rest_windows_body_and_refusals():
         r = await c.get(f"/v1/tables/{WINDOWED}/keys/s1/windows", params={"from": 0, "to": 20 * S})
         assert r.status_code == 200, r.text
         body = r.json()
-        assert set(body) == {"table", "key", "windows", "partition", "served_by", "lag", "position", "watermark_ms",
-                             "input_lag"}
+        assert set(body) == {"table", "table_version", "key", "windows", "partition", "served_by", "lag", "position",
+                             "watermark_ms", "input_lag"}
         assert body["windows"] == [{"start": 0, "end": 10 * S, "value": {"count": 1}, "final": True},
                                    {"start": 10 * S, "end": 20 * S, "value": {"count": 2}, "final": True}]
         r = await c.get(f"/v1/tables/{WINDOWED}/keys/s1")
