@@ -180,6 +180,7 @@ class AsyncClient(VersionedReads):
         time, as an :class:`AsOfLookup` saying when it became and stopped being the key's, and whether it is final."""
         core = await self._ready()
         bound = self.read_positions.bound(table, bound, limits)
+        table = core.resolved(table, bound)  # the version read: its input lag and format label the answer
         deadline = self.deadline(bound)
         if as_of is not None:
             return await self._as_of(core, table, key, time_ms("as_of", as_of), bound, deadline)
@@ -202,6 +203,7 @@ class AsyncClient(VersionedReads):
         ``as_of`` (a versioned table): each key's value at that time, an :class:`AsOfLookup` (see :meth:`get`)."""
         core = await self._ready()
         bound = self.read_positions.bound(table, bound, limits)
+        table = core.resolved(table, bound)
         deadline = self.deadline(bound)
         keys = batch_keys(keys)
         if as_of is not None:
@@ -222,6 +224,7 @@ class AsyncClient(VersionedReads):
         bound."""
         core = await self._ready()
         bound = self.read_positions.bound(table, bound, limits)
+        table = core.resolved(table, bound)
         deadline = self.deadline(bound)
 
         async def direct() -> Windows:
@@ -254,6 +257,7 @@ class AsyncClient(VersionedReads):
                         bound: Bound, as_of_ms: int | None = None) -> tuple[list[Lookup | AsOfLookup], str | None]:
         """One page of a scan (as of a time: of a versioned table), and the token of the next (None: the last page)."""
         core = await self._ready()
+        table = core.resolved(table, bound)
 
         async def direct() -> tuple[list[Lookup | AsOfLookup], str | None]:
             page = await core.scans.rows(table, prefix, start, end, limit, page_token, bound, as_of_ms)

@@ -67,6 +67,7 @@ class VersionedReads:
         ``bound``: as :meth:`get`'s."""
         core = await self._ready()
         read_bound = self.read_positions.bound(table, bound, limits)
+        table = core.resolved(table, read_bound)  # the version read: its format decodes the answer
         deadline = self.deadline(read_bound)
         lo = None if from_ms is None else time_ms("from_ms", from_ms)
         hi = None if to_ms is None else time_ms("to_ms", to_ms)

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from freshroute.errors import FreshrouteError
+from freshroute.metadata.table_versions import logical_of, physical_name
 from freshroute.position import Position
 from freshroute.routing.answers import served_by
 from freshroute.routing.history import AsOf, Versions
@@ -58,6 +59,11 @@ class Lookup(NamedTuple):
         """A position token: pass it as ``min_position`` to read at least this fresh later."""
         return position_token(self.table, self.partition, self.applied_offset)
 
+    @property
+    def table_version(self) -> int:
+        """The version of the table that answered (``table`` is its own name: ``t``, or ``t-vN`` for N ≥ 2)."""
+        return logical_of(self.table)[1]
+
     @classmethod
     def of(cls, r: LookupResult, input_lag: tuple[int, int] = (0, 0), value_format: str = "json") -> "Lookup":
         return cls(r.table, r.key, r.found, r.value if r.found else None, r.partition,
@@ -79,7 +85,7 @@ class Lookup(NamedTuple):
     def from_json(cls, doc: dict[str, Any], found: bool = True, input_lag: dict[str, Any] | None = None) -> "Lookup":
         """From a router's REST answer (a 200, a batch item with its batch's ``input_lag``, or a KEY_NOT_FOUND
         error's details)."""
-        table, partition = doc["table"], int(doc["partition"])
+        table, partition = answered(doc), int(doc["partition"])
         applied = Position.decode(doc["position"]).offset_for(partition) if doc.get("position") else 0
         served, lag = doc.get("served_by") or {}, doc.get("lag") or {}
         behind = input_lag or doc.get("input_lag") or {}
@@ -88,6 +94,11 @@ class Lookup(NamedTuple):
         return cls(table, doc["key"], found, raw if found else None, partition,
                    served.get("node", ""), served.get("role", ""), optional_int(lag.get("offsets")),
                    optional_int(lag.get("ms")), applied, int(behind.get("records", 0)), int(behind.get("ms", 0)), fmt)
+
+
+def answered(doc: dict[str, Any]) -> str:
+    """The name of the table version a router's answer came from, as the client's answers name it."""
+    return physical_name(doc["table"], int(doc.get("table_version") or 1))
 
 
 def decoded(value_format: str, raw: bytes) -> Any:
@@ -128,6 +139,11 @@ class Windows(NamedTuple):
     def position(self) -> str:
         return position_token(self.table, self.partition, self.applied_offset)
 
+    @property
+    def table_version(self) -> int:
+        """As :attr:`Lookup.table_version`."""
+        return logical_of(self.table)[1]
+
     @classmethod
     def of(cls, r: WindowsResult, input_lag: tuple[int, int] = (0, 0)) -> "Windows":
         return cls(r.table, r.key, tuple(WindowValue(w.start, w.end, orjson.loads(w.value), w.final) for w in r.windows),
@@ -140,7 +156,7 @@ class Windows(NamedTuple):
         applied = Position.decode(doc["position"]).offset_for(partition) if doc.get("position") else 0
         served, lag = doc.get("served_by") or {}, doc.get("lag") or {}
         behind = doc.get("input_lag") or {}
-        return cls(doc["table"], doc["key"], tuple(WindowValue(int(w["start"]), int(w["end"]), w["value"],
+        return cls(answered(doc), doc["key"], tuple(WindowValue(int(w["start"]), int(w["end"]), w["value"],
                                                                bool(w["final"])) for w in doc["windows"]),
                    partition, served.get("node", ""), served.get("role", ""), optional_int(lag.get("offsets")),
                    optional_int(lag.get("ms")), applied, doc.get("watermark_ms"), int(behind.get("records", 0)),
@@ -161,6 +177,10 @@ class AsOfLookup(NamedTuple):
     @property
     def table(self) -> str:
         return self.lookup.table
+
+    @property
+    def table_version(self) -> int:
+        return self.lookup.table_version
 
     @property
     def partition(self) -> int:
@@ -228,6 +248,11 @@ class KeyVersions(NamedTuple):
     lag_ms: int | None  # None: the replica has never been caught up
     applied_offset: int
 
+    @property
+    def table_version(self) -> int:
+        """As :attr:`Lookup.table_version`."""
+        return logical_of(self.table)[1]
+
     @classmethod
     def of(cls, page: Versions, value_format: str = "json") -> "KeyVersions":
         r = page.lookup
@@ -245,6 +270,6 @@ class KeyVersions(NamedTuple):
         versions = tuple(KeyVersion(base64.b64decode(v["value_b64"]) if "value_b64" in v else v.get("value"),
                                     int(v["valid_from"]), optional_int(v.get("valid_to")), bool(v["deleted"]))
                          for v in doc["versions"])
-        return cls(doc["table"], doc["key"], versions, doc.get("next_page_token"), int(doc["complete_to"]), partition,
+        return cls(answered(doc), doc["key"], versions, doc.get("next_page_token"), int(doc["complete_to"]), partition,
                    served.get("node", ""), served.get("role", ""), optional_int(lag.get("offsets")),
                    optional_int(lag.get("ms")), applied)

@@ -8,6 +8,7 @@ from typing import Any, Iterable, Protocol, TypeVar
 
 from freshroute.bound import NO_BOUND, Bound, BoundArgs
 from freshroute.errors import FreshrouteError
+from freshroute.metadata.table_versions import logical_of
 from freshroute.position import Position
 
 
@@ -41,11 +42,16 @@ class Positions:
         self._offsets: dict[str, dict[int, int]] = {}
         self._by_table: dict[str, Position] = {}
         self._unbounded: dict[str, Bound] = {}  # table → the bound of the position seen, for a read of no bound
+        # table → the version's own name it was last answered by, where that is not its own (a version N ≥ 2): the
+        # positions a read sends are of the version that answers it (another's are set aside by the router).
+        self._answered_by: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def bound(self, table: str, bound: Bound | None, limits: BoundArgs) -> Bound:
         """The bound a read of ``table`` sends: the caller's with its keyword shorthands over it, at least as fresh
         as what was seen of the table."""
+        if self._answered_by:
+            table = self._answered_by.get(table, table)
         if bound is None and not limits:
             raised = self._unbounded.get(table)
             return raised if raised is not None else self._raised(table)
@@ -86,6 +92,10 @@ class Positions:
         if not self.keep:
             return
         for r in lookups:
+            if "-" in r.table:  # a version N ≥ 2 answered (no table name has a hyphen)
+                self._answered_by[logical_of(r.table)[0]] = r.table
+            elif self._answered_by:
+                self._answered_by.pop(r.table, None)
             offsets = self._offsets.get(r.table)
             applied = r.applied_offset
             if offsets is not None and offsets.get(r.partition, 0) >= applied:

@@ -154,12 +154,12 @@ class RouterHttp:
                 raise not_a_batch(keys, i) from None
         body = await self.ok("POST", f"/v1/tables/{_seg(table, 'table')}/keys:batchGet", deadline,
                              json={"keys": keys, **bound.to_query(), **_as_of_query(as_of_ms)})
-        lag = body.get("input_lag")
+        lag, which = body.get("input_lag"), _which(body)
         if as_of_ms is None:
             return [from_body(item, 503) if "error" in item else
-                    Lookup.from_json({"table": table, **item}, bool(item["found"]), lag) for item in body["results"]]
+                    Lookup.from_json({**which, **item}, bool(item["found"]), lag) for item in body["results"]]
         return [from_body(item, 503) if "error" in item else
-                AsOfLookup.from_json({"table": table, **item, "as_of": body["as_of"]}, bool(item["found"]), lag)
+                AsOfLookup.from_json({**which, **item, "as_of": body["as_of"]}, bool(item["found"]), lag)
                 for item in body["results"]]
 
     async def scan_page(self, table: str, prefix: str, start: str, end: str, limit: int | None,
@@ -172,7 +172,7 @@ class RouterHttp:
         body = await self.ok("GET", f"/v1/tables/{_seg(table, 'table')}/scan",
                              params=params | bound.to_query() | _as_of_query(as_of_ms))
         served = {p["partition"]: p for p in body.get("partitions", ())}
-        docs = [{"table": table, **served.get(i["partition"], {}), **i} for i in body["items"]]
+        docs = [{**_which(body), **served.get(i["partition"], {}), **i} for i in body["items"]]
         if as_of_ms is None:
             items: list[Lookup | AsOfLookup] = [Lookup.from_json(d, True, body.get("input_lag")) for d in docs]
         else:
@@ -238,3 +238,8 @@ class RouterMetadata:
     async def run(self, stop: asyncio.Event) -> None:
         """Refresh until ``stop`` is set."""
         await refresh_until(self.refresh_once, self._refresh_s, stop)
+
+
+def _which(body: dict[str, Any]) -> dict[str, Any]:
+    """The table and version a batch's or a page's answer names, for each of its items."""
+    return {"table": body["table"], "table_version": body.get("table_version", 1)}

@@ -150,6 +150,7 @@ class Client:
             return self._call(self._async.get(table, key, bound=bound, as_of=as_of, **limits))
         core, store = self._thread_core()
         bound = self._positions.bound(table, bound, limits)
+        table = core.resolved(table, bound)  # the version read: its input lag and format label the answer
         deadline = self._async.deadline(bound)
         cause = None
         if self._async.fallback.direct():
@@ -180,6 +181,7 @@ class Client:
             return self._call(self._async.get_many(table, keys, bound=bound, as_of=as_of, **limits))
         core, store = self._thread_core()
         bound = self._positions.bound(table, bound, limits)
+        table = core.resolved(table, bound)
         deadline = self._async.deadline(bound)
         keys = batch_keys(keys)
         cause = None
@@ -239,6 +241,7 @@ class Client:
         bound."""
         core, store = self._thread_core()
         bound = self._positions.bound(table, bound, limits)
+        table = core.resolved(table, bound)
         deadline = self._async.deadline(bound)
         cause = None
         if self._async.fallback.direct():

@@ -19,7 +19,7 @@ from freshroute.metadata.progress import input_lag_at, InputEnds, InputLag, Inpu
 from freshroute.metadata.reports import NodePositions, NodeReport
 from freshroute.metadata.roles import ReplicaState, Role
 from freshroute.errors import TableVersionNotFound
-from freshroute.metadata.table_versions import VersionedTable
+from freshroute.metadata.table_versions import VersionedTable, logical_of
 from freshroute.metadata.tables import TableSpec
 
 TablePartition = tuple[str, int]
@@ -138,7 +138,7 @@ class Snapshot:
         (``t-v2``) reads that version, so a name resolved once resolves to itself."""
         record = self.versions.get(name)
         if record is None:
-            if version is None or version == 1:
+            if version is None or version == logical_of(name)[1]:
                 return name
             raise TableVersionNotFound(f"table {name!r} has one version, not {version}", table=name,
                                        table_version=version)

@@ -63,3 +63,12 @@ def test_no_thread_is_sent_a_position_older_than_one_it_saw():
         t.join(30)
     assert stale == []
     assert p.bound("t", None, {}).min_position == Position("t", {i: 2000 for i in range(4)})
+
+
+def test_a_table_answered_by_another_version_is_sent_that_versions_position():
+    positions = Positions()
+    positions.saw([answer("t", 0, 10)])
+    positions.saw([answer("t-v2", 0, 3)])  # switched: version 2 answers reads of t now
+    assert positions.bound("t", None, {}).min_position == Position("t-v2", {0: 3})
+    positions.saw([answer("t", 0, 11)])  # rolled back
+    assert positions.bound("t", None, {}).min_position == Position("t", {0: 11})

@@ -1,0 +1,104 @@
+"""Reads of a table with versions: the served one by the table's name, another by its number (REST ``version=``,
+gRPC ``Bound.version``), each answer naming the version it came from; versions that cannot be read are named."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import MappingProxyType
+
+import orjson
+import pytest
+
+from freshroute.bound import Bound
+from freshroute.errors import TableVersionNotFound
+from freshroute.keys import serialize_key
+from freshroute.metadata.roles import Role
+from freshroute.metadata.table_versions import VersionedTable
+from freshroute.position import Position
+from router.grpc_get import answer_get
+from proto import router_pb2
+
+from .routing_support import KEYS, SPEC, TABLE, Cluster, part
+
+pytestmark = pytest.mark.anyio
+V2 = f"{TABLE}-v2"
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def versioned(record: VersionedTable) -> Cluster:
+    """The table's rows as version 1 holds them, and version 2's — each key's count ×100 — on its own replicas."""
+    cluster = Cluster(tables=(SPEC, replace(SPEC, name=V2, topic=f"{V2}-changelog")))
+    for p in range(SPEC.partitions):
+        for node, active in ((cluster.n1, p % 2 == 0), (cluster.n2, p % 2 == 1)):
+            node.host(V2, p, role=Role.ACTIVE if active else Role.STANDBY, applied=7, end=7)
+    for i, key in enumerate(KEYS):
+        for node in (cluster.n1, cluster.n2):
+            node.replicas[(V2, part(key))].data[serialize_key(key)] = orjson.dumps({"count": i * 100})
+    cluster.refresh()
+    cluster.metadata.current = replace(cluster.metadata.current, versions=MappingProxyType({TABLE: record}))
+    return cluster
+
+
+def building() -> VersionedTable:
+    return VersionedTable.first(TABLE, "fp1", 1_000).begun("fp2", 2_000)[0]
+
+
+async def test_the_served_version_answers_by_name_and_another_by_its_number():
+    cluster = versioned(building())
+    key, i = KEYS[3], 3
+    async with cluster.client() as c:
+        served = (await c.get(f"/v1/tables/{TABLE}/keys/{key}")).json()
+        second = (await c.get(f"/v1/tables/{TABLE}/keys/{key}?version=2")).json()
+        first = (await c.get(f"/v1/tables/{TABLE}/keys/{key}?version=1")).json()
+        batch = (await c.post(f"/v1/tables/{TABLE}/keys:batchGet", json={"keys": [key], "version": 2})).json()
+    assert (served["table"], served["table_version"], served["value"]["count"]) == (TABLE, 1, i)
+    assert (second["table"], second["table_version"], second["value"]) == (TABLE, 2, {"count": i * 100})
+    assert first["value"] == served["value"] and first["table_version"] == 1
+    assert (batch["table"], batch["table_version"], batch["results"][0]["value"]) == (TABLE, 2, {"count": i * 100})
+    # A position names the version's own changelog: version 2's offsets, not version 1's.
+    assert Position.decode(second["position"]).table == V2
+
+
+async def test_after_the_switch_the_name_reads_the_new_version_and_the_old_one_stays_readable():
+    cluster = versioned(building().switched(2, 3_000, 3_600_000))
+    key = KEYS[2]
+    async with cluster.client() as c:
+        served = (await c.get(f"/v1/tables/{TABLE}/keys/{key}")).json()
+        previous = (await c.get(f"/v1/tables/{TABLE}/keys/{key}?version=1")).json()
+        # A session's position of version 1 says nothing of version 2's changelog: set aside, not refused.
+        after = await c.get(f"/v1/tables/{TABLE}/keys/{key}", params={"min_position": previous["position"]})
+    assert served["table_version"] == 2 and served["value"] == {"count": 200}
+    assert previous["table_version"] == 1 and previous["value"]["count"] == 2
+    assert after.status_code == 200 and after.json()["table_version"] == 2
+    response = await answer_get(cluster.router, router_pb2.GetRequest(table=TABLE, key=key))
+    assert (response.table, response.table_version, orjson.loads(response.value_json)) == (TABLE, 2, {"count": 200})
+    response = await answer_get(cluster.router, router_pb2.GetRequest(table=TABLE, key=key,
+                                                                      bound=router_pb2.Bound(version=1)))
+    assert response.table_version == 1
+
+
+@pytest.mark.parametrize("record, version, says", [
+    (building(), 3, "table 'sensor_stats' has no version 3 (versions: 1, 2)"),
+    (building().failed(2, "Spark: [UNRESOLVED_COLUMN] top"),
+     2, "version 2 of table 'sensor_stats' is failed: Spark: [UNRESOLVED_COLUMN] top"),
+    (None, 2, "table 'sensor_stats' has one version, not 2"),
+])
+async def test_a_version_that_cannot_be_read_is_named(record, version, says):
+    cluster = versioned(record) if record is not None else Cluster()
+    async with cluster.client() as c:
+        r = await c.get(f"/v1/tables/{TABLE}/keys/{KEYS[0]}?version={version}")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "TABLE_VERSION_NOT_FOUND"
+    assert r.json()["error"]["message"] == says
+
+
+async def test_a_version_not_placed_on_the_store_nodes_yet_is_named():
+    cluster = Cluster()  # version 2 begun, its table spec not registered yet
+    cluster.metadata.current = replace(cluster.metadata.current, versions=MappingProxyType({TABLE: building()}))
+    with pytest.raises(TableVersionNotFound, match="version 2 of table 'sensor_stats' is not placed on the store "
+                                                   "nodes yet"):
+        await cluster.router.get(TABLE, KEYS[0], Bound(version=2))
+    assert (await cluster.router.get(TABLE, KEYS[0])).table == TABLE  # the served version answers meanwhile
