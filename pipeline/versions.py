@@ -16,15 +16,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from freshroute.errors import FreshrouteError
-from freshroute.metadata.table_versions import TableVersion, VersionedTable, VersionState, physical_name
+from freshroute.metadata.table_versions import LIVE, TableVersion, VersionedTable, VersionState, physical_name
 from pipeline.fingerprint import fingerprint
 from pipeline.logs import first_line
 from pipeline.tables import Table, TablesDefinition
 
 log = logging.getLogger("pipeline")
-
-_LIVE = (VersionState.SERVING, VersionState.BUILDING, VersionState.PREVIOUS)
-
 
 @dataclass(frozen=True)
 class PlannedVersion:
@@ -95,7 +92,7 @@ class Planner:
         name = t.name
         if record is None:
             return {PlannedVersion(name, 1, VersionState.SERVING): t}
-        live = [v for v in record.listed() if v.state in _LIVE]
+        live = [v for v in record.listed() if v.state in LIVE]
         ours = next((v for v in live if v.fingerprint == fp), None)
         served = record.versions[record.serving]
         if ours is None and not self.resumes(record.physical()):

@@ -14,7 +14,8 @@ from freshroute.errors import FreshrouteError
 from freshroute.metadata.table_versions import listing, named
 from freshroute.metadata.tables import TableSpec
 from freshroute.routing.history import AsOf, Versions
-from freshroute.routing.results import ClusterView, LookupResult, ReplicaInfo, TableInfo, WindowsResult, pipeline_doc
+from freshroute.routing.results import (ClusterView, LookupResult, ReplicaInfo, TableInfo, WindowsResult, input_lag_doc,
+                                        pipeline_doc)
 from freshroute.windows import Window
 from proto import router_pb2
 from router.grpc_errors import grpc_status
@@ -88,7 +89,7 @@ def table_window(spec: TableSpec) -> router_pb2.TableWindow | None:
 
 def table_info(t: TableInfo) -> router_pb2.TableInfo:
     """A table as ``ListTables`` gives it: what ``/v1/tables`` says of it, typed."""
-    s, versions = t.spec, listing(t.versions)
+    s, versions = t.spec, listing(t.versions, {v: input_lag_doc(lag) for v, lag in t.version_lags.items()})
     return router_pb2.TableInfo(name=s.name, topic=s.topic, partitions=s.partitions,
                                 standby_replicas=s.standby_replicas, key_column=s.key_column,
                                 schema=dict(s.value_schema), window=table_window(s),

@@ -38,6 +38,8 @@ _INPUT_LAG_HELP = ("how far the table's changelog is behind its input (the pipel
 
 class KeyValue(BaseModel):
     table: str
+    table_version: int = Field(description="the version of the table that answered: the one served, or the one "
+                                           "asked for with version")
     key: str
     value: Any = Field(None, description="the table row, as the changelog holds it (absent for a table of bytes "
                                          "values: value_b64)")
@@ -98,6 +100,8 @@ class BatchItem(BaseModel):
 
 class BatchGetResponse(BaseModel):
     table: str
+    table_version: int = Field(description="the version of the table that answered: the one served, or the one "
+                                           "asked for with version")
     results: list[BatchItem]
     position: str | None = Field(default=None, description="the latest position of every partition read")
     input_lag: InputLag = Field(description=_INPUT_LAG_HELP)
@@ -121,6 +125,8 @@ class ScanPartition(BaseModel):
 
 class ScanResponse(BaseModel):
     table: str
+    table_version: int = Field(description="the version of the table that answered: the one served, or the one "
+                                           "asked for with version")
     items: list[ScanItem]
     next_page_token: str | None
     partitions: list[ScanPartition]
@@ -139,6 +145,8 @@ class Window(BaseModel):
 
 class WindowsResponse(BaseModel):
     table: str
+    table_version: int = Field(description="the version of the table that answered: the one served, or the one "
+                                           "asked for with version")
     key: str
     windows: list[Window] = Field(description="the key's windows starting in [from, to), in start order")
     partition: int
@@ -159,6 +167,8 @@ class Version(BaseModel):
 
 class VersionsResponse(BaseModel):
     table: str
+    table_version: int = Field(description="the version of the table that answered: the one served, or the one "
+                                           "asked for with version")
     key: str
     from_: int = Field(alias="from", description="versions valid at some time in [from, to), ms (from: at least the "
                                                  "oldest time the table's history keeps)")
@@ -201,6 +211,8 @@ class WindowItem(Window):
 
 class WindowScanResponse(BaseModel):
     table: str
+    table_version: int = Field(description="the version of the table that answered: the one served, or the one "
+                                           "asked for with version")
     items: list[WindowItem] = Field(description="windows starting in [from, to), ordered by key, then start")
     next_page_token: str | None
     partitions: list[ScanPartition]

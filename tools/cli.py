@@ -253,10 +253,13 @@ def _table(args: argparse.Namespace) -> int:
     """``freshroute table add|list|remove``: compacted topics served as they are (freshroute/served_tables.py)."""
     import json
 
+    from dataclasses import replace
+
     from redis import RedisError
 
     from freshroute.errors import RetryableError
     from freshroute.metadata.store import MetadataStore
+    from freshroute.metadata.table_versions import served_specs
     from freshroute.metadata.version_store import TableVersionStore
     from freshroute.served_tables import add_table, describe, remove_table
 
@@ -272,7 +275,8 @@ def _table(args: argparse.Namespace) -> int:
                              setting="redis_url") from None
     if args.table_command == "list":
         records = TableVersionStore(metadata.redis, args.namespace).records()
-        listed = sorted(metadata.tables().items())
+        # A version's own table is shown as a version of its table (its state in the version column).
+        listed = sorted(served_specs(metadata.tables(), records, lambda spec, name: replace(spec, name=name)).items())
         tables = [describe(spec, records.get(name)) for name, spec in listed]
         if args.json:
             print(json.dumps({"tables": tables}, separators=(",", ":")))

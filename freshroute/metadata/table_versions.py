@@ -14,12 +14,13 @@ import re
 from dataclasses import dataclass, replace
 from enum import Enum
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 import orjson
 
 from freshroute.errors import NoPreviousTableVersion, TableVersionNotFound
 
+T = TypeVar("T")
 _PHYSICAL = re.compile(r"(?P<table>.+)-v(?P<version>[1-9][0-9]*)")
 
 
@@ -31,17 +32,40 @@ class VersionState(str, Enum):
     RETIRED = "retired"  # its query stopped, its changelog and replicas deleted
 
 
+# The states of a version whose query runs: what a pipeline computes, and a read may ask for by number.
+LIVE = (VersionState.SERVING, VersionState.BUILDING, VersionState.PREVIOUS)
+
+
 def physical_name(table: str, version: int) -> str:
     """The name version ``version`` of ``table`` is built, placed and stored under."""
     return table if version == 1 else f"{table}-v{version}"
 
 
-def listing(record: "VersionedTable | None") -> dict[str, Any]:
+def listing(record: "VersionedTable | None", input_lags: Mapping[int, Mapping[str, int]] | None = None
+            ) -> dict[str, Any]:
     """A table's ``version`` served and its ``versions``, as every listing gives them (no record: a topic served as it
-    is, one version)."""
+    is, one version); ``input_lags``: how far each version's changelog is behind its input, where known."""
     if record is None:
         return {"version": 1, "versions": []}
-    return {"version": record.serving, "versions": [v.to_dict() for v in record.listed()]}
+    lags = input_lags or {}
+    return {"version": record.serving, "versions": [
+        {**v.to_dict(), **({"input_lag": dict(lags[v.version])} if v.version in lags else {})}
+        for v in record.listed()]}
+
+
+def served_specs(specs: Mapping[str, T], records: Mapping[str, "VersionedTable"],
+                 renamed: Callable[[T, str], T]) -> dict[str, T]:
+    """Each table by its name, as its served version's spec (``renamed`` to the table's name): a version's own table
+    is listed as a version of its table, not as a table of its own."""
+    out: dict[str, T] = {}
+    for name in sorted({logical_of(n)[0] if logical_of(n)[0] in records else n for n in specs}):
+        record = records.get(name)
+        served = specs.get(record.physical()) if record is not None else None
+        if served is None:
+            served = specs.get(name)
+        if served is not None:
+            out[name] = served if record is None or record.serving == 1 else renamed(served, name)
+    return out
 
 
 def named(physical: str) -> dict[str, Any]:

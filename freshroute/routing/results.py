@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 import orjson
 
@@ -266,6 +266,7 @@ class TableInfo:
     input_lag: tuple[int, int] = (0, 0)  # (records, ms) the table's changelog is behind its input
     pipeline: InputLag | None = None  # what the pipeline last published for the table; None: nothing
     versions: VersionedTable | None = None  # its version record; None: one version, unrecorded (a topic served)
+    version_lags: Mapping[int, tuple[int, int]] = field(default_factory=dict)  # version → its input lag, where known
 
     def to_dict(self, now: int | None = None) -> dict[str, Any]:
         s = self.spec
@@ -275,7 +276,7 @@ class TableInfo:
                "input_lag": input_lag_doc(self.input_lag), "pipeline": pipeline_doc(self.pipeline, now),
                "key_format": s.key_format, "value_format": s.value_format, "origin": s.origin,
                "pipeline_mode": s.pipeline_mode, "query": s.query, "history_retention_ms": s.history_retention_ms,
-               **listing(self.versions)}
+               **listing(self.versions, {v: input_lag_doc(lag) for v, lag in self.version_lags.items()})}
         if s.window is not None:
             w = s.window
             out["window"] = {"size_ms": w.size_ms, "slide_ms": w.slide_ms, "grace_ms": w.grace_ms,

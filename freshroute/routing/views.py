@@ -3,12 +3,14 @@ with the lag routing would estimate for it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Protocol
 
 from freshroute.errors import ReplicaUnavailable
 from freshroute.bound import NO_BOUND, Bound
 from freshroute.lag import known_staleness
 from freshroute.metadata.roles import Role
+from freshroute.metadata.table_versions import LIVE, served_specs
 from freshroute.metadata.tables import TableSpec
 from freshroute.routing.results import (ClusterView, HostedReplica, KeyLocation, MetadataHealth, NodeState,
                                         ReplicaInfo, TableInfo, TablePipeline, pipeline_doc)
@@ -63,10 +65,15 @@ class MetadataViews:
         if not snap.loaded:
             raise ReplicaUnavailable(self._core.not_loaded())
         out = []
-        for name in sorted(snap.tables):
-            b = self._core.bound_for(snap.tables[name], NO_BOUND)
-            out.append(TableInfo(snap.tables[name], b.max_lag, b.max_staleness_ms, self._core.input_lag(name),
-                                 snap.input_lag.get(name), snap.versions.get(name)))
+        for name, spec in served_specs(snap.tables, snap.versions, lambda s, n: replace(s, name=n)).items():
+            b = self._core.bound_for(spec, NO_BOUND)
+            record = snap.versions.get(name)
+            served = record.physical() if record is not None else name
+            lags = {} if record is None else {v.version: self._core.input_lag(record.physical(v.version))
+                                              for v in record.listed()
+                                              if v.state in LIVE and record.physical(v.version) in snap.tables}
+            out.append(TableInfo(spec, b.max_lag, b.max_staleness_ms, self._core.input_lag(served),
+                                 snap.input_lag.get(served), record, lags))
         return out
 
     def cluster(self) -> ClusterView:

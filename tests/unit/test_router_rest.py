@@ -354,8 +354,9 @@ async def test_key_metadata_tables_cluster(cluster):
     async with cluster.client() as c:
         listed, = (await c.get("/v1/tables")).json()["tables"]
     assert listed["version"] == 1 and listed["versions"] == [
-        {"version": 1, "state": "serving", "fingerprint": "fp1", "created_ms": 1_000, "switched_ms": 1_000},
-        {"version": 2, "state": "building", "fingerprint": "fp2", "created_ms": 2_000}]
+        {"version": 1, "state": "serving", "fingerprint": "fp1", "created_ms": 1_000, "switched_ms": 1_000,
+         "input_lag": {"records": 0, "ms": 0}},
+        {"version": 2, "state": "building", "fingerprint": "fp2", "created_ms": 2_000}]  # not placed yet: unknown
     assert [n["node"] for n in view["nodes"]] == ["n1", "n2"]
     assert all(n["alive"] and len(n["replicas"]) == 4 for n in view["nodes"])
     assert view["metadata"]["loaded"] is True

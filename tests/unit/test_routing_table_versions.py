@@ -102,3 +102,13 @@ async def test_a_version_not_placed_on_the_store_nodes_yet_is_named():
                                                    "nodes yet"):
         await cluster.router.get(TABLE, KEYS[0], Bound(version=2))
     assert (await cluster.router.get(TABLE, KEYS[0])).table == TABLE  # the served version answers meanwhile
+
+
+async def test_the_tables_listing_shows_a_table_once_by_its_served_version_with_each_versions_input_lag():
+    cluster = versioned(building().switched(2, 3_000, 3_600_000))
+    async with cluster.client() as c:
+        tables = (await c.get("/v1/tables")).json()["tables"]
+    listed, = tables  # version 2's own table is a version of the table, not a table of its own
+    assert (listed["name"], listed["topic"], listed["version"]) == (TABLE, f"{V2}-changelog", 2)
+    assert [(v["version"], v["state"], v["input_lag"]) for v in listed["versions"]] == [
+        (1, "previous", {"records": 0, "ms": 0}), (2, "serving", {"records": 0, "ms": 0})]
