@@ -86,6 +86,14 @@ class NoPreviousTableVersion(FatalError):
     grpc_status = "FAILED_PRECONDITION"
 
 
+class TableVersionNotReady(FatalError):
+    """A switch to a version that has not caught up with its input yet (``--force`` switches all the same)."""
+
+    code = "TABLE_VERSION_NOT_READY"
+    http_status = 409
+    grpc_status = "FAILED_PRECONDITION"
+
+
 class TableDeployInProgress(FatalError):
     """A new table version while another is still building: one builds at a time (it takes the pipeline's spare
     task slots)."""

@@ -139,7 +139,9 @@ class Pipeline:
         admin.poll(0)  # the admin client's librdkafka log lines, queued while it worked, to the pipeline's log
         self._registrar = TableRegistrar(store, [r.spec for r in self.runs.values()], self._stop, str(s.redis()),
                                          s.namespace, versions=self._versions, fingerprints=self.plan.fingerprints,
-                                         recomputed=self._recomputed, definition=digest, mirror=s.checkpoint_dir)
+                                         recomputed=self._recomputed, definition=digest, mirror=s.checkpoint_dir,
+                                         switch_lag=s.switch_lag if s.auto_switch else None,
+                                         retain_ms=s.retain_previous_ms)
         self._registrar.start()
 
     def _plan(self, versions: TableVersionStore, digest: str) -> VersionPlan:

@@ -8,9 +8,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from freshroute.errors import TableVersionNotReady
 from freshroute.lag import now_ms
+from freshroute.metadata.table_versions import VersionState
 from freshroute.metadata.tables import TableSpec
 from freshroute.metadata.version_store import TableVersionStore
+from freshroute.metadata.version_switch import switch
 from pipeline import version_mirror
 from pipeline.logs import first_line
 
@@ -29,11 +32,14 @@ class TableRegistrar(threading.Thread):
     def __init__(self, store: Any, specs: list[TableSpec], stop: threading.Event, where: str, namespace: str,
                  every_s: float = _REGISTER_EVERY_S, versions: TableVersionStore | None = None,
                  fingerprints: dict[str, str] | None = None, recomputed: set[str] | None = None,
-                 definition: str | None = None, mirror: Path | None = None) -> None:
+                 definition: str | None = None, mirror: Path | None = None, switch_lag: int | None = None,
+                 retain_ms: int = 3_600_000) -> None:
         """``fingerprints``: what each table's served version computes (pipeline.fingerprint), for its record in
         ``versions``; ``recomputed``: the tables whose queries started without a checkpoint, computed afresh from
         the input (by the names they run under); ``definition``: the digest of the tables file they are defined in, as pipeline.definitions keeps
-        it; ``mirror``: the directory where their records are kept on disk as well (pipeline.version_mirror)."""
+        it; ``mirror``: the directory where their records are kept on disk as well (pipeline.version_mirror);
+        ``switch_lag``: serve each version it builds once it is that close to its input (None: never by itself),
+        keeping the one served until then ``retain_ms`` for a rollback."""
         super().__init__(name="table-registrar", daemon=True)
         self.store = store
         self.specs = specs
@@ -42,6 +48,8 @@ class TableRegistrar(threading.Thread):
         self.recomputed = recomputed or set()
         self.definition = definition
         self.mirror = mirror
+        self.switch_lag = switch_lag
+        self.retain_ms = retain_ms
         self._changed: set[str] = set()  # tables whose definition differs from their served version's: said once
         self.stop_event = stop
         self.where = where
@@ -92,6 +100,8 @@ class TableRegistrar(threading.Thread):
                             "its query goes on from the state of the old one, so its rows mix both definitions "
                             "until it is recomputed (delete its checkpoint)", name, record.serving,
                             served.fingerprint, fingerprint)
+        if self.switch_lag is not None:
+            self._switch_caught_up(self.versions, self.switch_lag)
         if self.mirror is not None:
             records = self.versions.records()
             version_mirror.save(self.mirror, {name: records[name] for name in self.fingerprints if name in records})
@@ -105,3 +115,20 @@ class TableRegistrar(threading.Thread):
                 versions.restore(record)
                 log.warning("table %s: Redis had lost its version record; restored as the pipeline kept it in %s "
                             "(version %d served)", name, mirror / version_mirror.MIRROR, record.serving)
+
+    def _switch_caught_up(self, versions: TableVersionStore, switch_lag: int) -> None:
+        """Serve each version this pipeline builds once it has caught up with its input (auto_switch)."""
+        built = {spec.name for spec in self.specs}
+        for name in self.fingerprints:
+            record = versions.record(name)
+            building = record.of_state(VersionState.BUILDING) if record is not None else None
+            if record is None or building is None or record.physical(building.version) not in built:
+                continue
+            try:
+                switch(self.store, versions, name, building.version, now_ms(), switch_lag, self.retain_ms)
+            except TableVersionNotReady as e:
+                log.debug("table %s: version %d not switched to yet: %s", name, building.version, e.message)
+                continue
+            log.info("table %s: version %d has caught up with its input: it is served now; version %d is kept for a "
+                     "rollback for %d s (`freshroute table rollback %s`)", name, building.version, record.serving,
+                     self.retain_ms // 1000, name)

@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from freshroute.metadata.version_switch import DEFAULT_SWITCH_LAG
+
 from freshroute.metadata.tables import MAX_STANDBY_REPLICAS
 from freshroute.settings import CommonSettings
 from freshroute.windows import duration_ms
@@ -76,6 +78,12 @@ class PipelineSettings(CommonSettings):
                                                          "query's first start: more spread a stateful query over "
                                                          "more cores")
     max_records_per_batch: int = Field(100_000, ge=0, description="admission control: input records per micro-batch (0 = no limit)")
+    auto_switch: bool = Field(True, description="serve a table's new version as soon as it has caught up with its "
+                              "input (within switch_lag); off: `freshroute table switch` does it")
+    switch_lag: int = Field(DEFAULT_SWITCH_LAG, ge=0, description="how far behind its input (records) and its changelog (offsets) "
+                            "a table's new version may be when it is switched to")
+    retain_previous_ms: int = Field(3_600_000, ge=0, description="how long the version served before a switch is "
+                                    "kept up to date for a rollback")
     available_now: bool = Field(False, description="process the input present at start, then stop (backfills, tests); "
                                                    "in micro-batches, whatever pipeline_mode says")
     topic_prefix: str = Field("", description="prefix of every input and changelog topic name")

@@ -250,7 +250,8 @@ def _lookup_direct(args: argparse.Namespace, bound: "Bound") -> int:
 
 
 def _table(args: argparse.Namespace) -> int:
-    """``freshroute table add|list|remove``: compacted topics served as they are (freshroute/served_tables.py)."""
+    """``freshroute table add|list|remove``: compacted topics served as they are (freshroute/served_tables.py);
+    ``switch|rollback``: which version of a table is served (tools/versions_cli.py)."""
     import json
 
     from dataclasses import replace
@@ -288,6 +289,10 @@ def _table(args: argparse.Namespace) -> int:
             print(f"{t['name']:<24} {t['origin']:<9} {version:<24} {t['partitions']:>10} {t['standby_replicas']:>8}  "
                   f"{t['key_format']:<7} {t['value_format']:<7} {t['topic']}")
         return 0
+    if args.table_command in ("switch", "rollback"):
+        from tools import versions_cli
+
+        return versions_cli.run(args, metadata)
     if args.table_command == "remove":
         spec = remove_table(metadata, args.name)
         print(f"table {spec.name} removed: store nodes let its replicas go at their next assignment; "
@@ -437,6 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
     remove = table_sub.add_parser("remove", help="Stop serving a table added with `table add` (its topic stays).",
                                   parents=[metadata_flags])
     remove.add_argument("name")
+    from tools import versions_cli
+
+    versions_cli.add_parsers(table_sub, metadata_flags)
 
     # Its options are the benchmark's own (see main): this entry only documents the command.
     sub.add_parser("bench", help="Side-by-side benchmarks against the local stack (last line: JSON).", add_help=False)
