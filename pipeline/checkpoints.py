@@ -25,6 +25,13 @@ def committed_batches(checkpoint: Path) -> int:
     return sum(1 for p in commits.iterdir() if p.name.isdigit()) if commits.is_dir() else 0
 
 
+def resumable(checkpoint: Path) -> bool:
+    """Whether a query started on ``checkpoint`` goes on from it: Spark has logged its first batch's offsets (a
+    Real-time query commits only at its checkpoint interval, but resumes, state and all, from its offsets)."""
+    offsets = checkpoint / "offsets"
+    return committed_batches(checkpoint) > 0 or (offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir()))
+
+
 class QueryChanged(ConfigError):
     """A query's checkpoint holds the state of other tables, or of another definition of its tables, than the tables
     file now gives it."""

@@ -26,7 +26,7 @@ from freshroute.metadata.store import MetadataStore
 from freshroute.metadata.table_versions import logical_of
 from freshroute.metadata.version_store import TableVersionStore
 from pipeline import definitions, version_mirror
-from pipeline.checkpoints import check_changelog_kept, check_query_tables, committed_batches, retire_superseded
+from pipeline.checkpoints import check_changelog_kept, check_query_tables, resumable, retire_superseded
 from pipeline.failures import restart_delay
 from pipeline.follower import follow
 from pipeline.input_lag import InputLagPublisher
@@ -37,6 +37,7 @@ from pipeline.query import Query, QueryContext
 from pipeline.realtime_query import RealtimeQuery, RealtimeRejectsQuery
 from pipeline.reflected import ReflectionPublisher
 from pipeline.registrar import TableRegistrar
+from pipeline.retirement import Retirement
 from pipeline.session import build_session, check_spark_master
 from pipeline.settings import PipelineSettings
 from pipeline.sink import ChangelogProducer
@@ -97,7 +98,7 @@ class Pipeline:
                             ", ".join(names), ", ".join(map(str, retired)))
             # First: a table new to the query has no changelog yet, which is not the broker's doing.
             check_query_tables(checkpoint, name, names)
-            if not committed_batches(checkpoint):
+            if not resumable(checkpoint):
                 self._recomputed.update(names)
             for t in tables:
                 topic = s.changelog_topic(t.name)
@@ -141,7 +142,9 @@ class Pipeline:
                                          s.namespace, versions=self._versions, fingerprints=self.plan.fingerprints,
                                          recomputed=self._recomputed, definition=digest, mirror=s.checkpoint_dir,
                                          switch_lag=s.switch_lag if s.auto_switch else None,
-                                         retain_ms=s.retain_previous_ms)
+                                         retain_ms=s.retain_previous_ms,
+                                         retirement=Retirement(self.queries, self.runs, s.query_checkpoint,
+                                                               s.changelog_topic, lambda: admin_client(s.kafka())))
         self._registrar.start()
 
     def _plan(self, versions: TableVersionStore, digest: str) -> VersionPlan:
@@ -158,7 +161,7 @@ class Pipeline:
 
         def resumes(physical: str) -> bool:
             table, version = logical_of(physical)
-            return committed_batches(s.query_checkpoint(physical if version > 1 else query_of[table])) > 0
+            return resumable(s.query_checkpoint(physical if version > 1 else query_of[table]))
 
         def mode(t: Table) -> str:
             # A run to the input's end in micro-batches computes the same table as the mode it asks for.

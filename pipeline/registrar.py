@@ -16,6 +16,7 @@ from freshroute.metadata.version_store import TableVersionStore
 from freshroute.metadata.version_switch import switch
 from pipeline import version_mirror
 from pipeline.logs import first_line
+from pipeline.retirement import Retirement
 
 log = logging.getLogger("pipeline")
 
@@ -33,13 +34,14 @@ class TableRegistrar(threading.Thread):
                  every_s: float = _REGISTER_EVERY_S, versions: TableVersionStore | None = None,
                  fingerprints: dict[str, str] | None = None, recomputed: set[str] | None = None,
                  definition: str | None = None, mirror: Path | None = None, switch_lag: int | None = None,
-                 retain_ms: int = 3_600_000) -> None:
+                 retain_ms: int = 3_600_000, retirement: Retirement | None = None) -> None:
         """``fingerprints``: what each table's served version computes (pipeline.fingerprint), for its record in
         ``versions``; ``recomputed``: the tables whose queries started without a checkpoint, computed afresh from
         the input (by the names they run under); ``definition``: the digest of the tables file they are defined in, as pipeline.definitions keeps
         it; ``mirror``: the directory where their records are kept on disk as well (pipeline.version_mirror);
         ``switch_lag``: serve each version it builds once it is that close to its input (None: never by itself),
-        keeping the one served until then ``retain_ms`` for a rollback."""
+        keeping the one served until then ``retain_ms`` for a rollback; ``retirement``: stops a version whose time
+        for a rollback is over (pipeline.retirement)."""
         super().__init__(name="table-registrar", daemon=True)
         self.store = store
         self.specs = specs
@@ -50,6 +52,7 @@ class TableRegistrar(threading.Thread):
         self.mirror = mirror
         self.switch_lag = switch_lag
         self.retain_ms = retain_ms
+        self.retirement = retirement
         self._changed: set[str] = set()  # tables whose definition differs from their served version's: said once
         self.stop_event = stop
         self.where = where
@@ -102,6 +105,8 @@ class TableRegistrar(threading.Thread):
                             served.fingerprint, fingerprint)
         if self.switch_lag is not None:
             self._switch_caught_up(self.versions, self.switch_lag)
+        if self.retirement is not None:
+            self._retire_due(self.versions, self.retirement)
         if self.mirror is not None:
             records = self.versions.records()
             version_mirror.save(self.mirror, {name: records[name] for name in self.fingerprints if name in records})
@@ -132,3 +137,19 @@ class TableRegistrar(threading.Thread):
             log.info("table %s: version %d has caught up with its input: it is served now; version %d is kept for a "
                      "rollback for %d s (`freshroute table rollback %s`)", name, building.version, record.serving,
                      self.retain_ms // 1000, name)
+
+    def _retire_due(self, versions: TableVersionStore, retirement: Retirement) -> None:
+        """Retire each previous version whose time for a rollback is over: its query, spec, checkpoint and changelog."""
+        now = now_ms()
+        for name in self.fingerprints:
+            record = versions.record(name)
+            for v in record.listed() if record is not None else ():
+                if v.state is not VersionState.PREVIOUS or v.retire_at_ms is None or v.retire_at_ms > now:
+                    continue
+                if not retirement.stop(name, v.version):
+                    continue
+                physical = record.physical(v.version)
+                self.specs = [spec for spec in self.specs if spec.name != physical]
+                self.store.remove_table(physical)
+                versions.retire(name, v.version)
+        retirement.delete_due()

@@ -104,3 +104,15 @@ def test_checkpoints_of_tables_a_new_query_now_computes_are_moved_aside_once(tmp
     for n in ("", ".2"):
         committed(root / "x", ["t"])
         assert retire_superseded(root / "y", ["t"], {"y"}) == [root / ".superseded" / f"x{n}"]
+
+
+def test_a_query_resumes_from_its_first_batchs_offsets_before_any_commit(tmp_path):
+    from pipeline.checkpoints import resumable
+
+    cp = tmp_path / "q"
+    assert not resumable(cp)  # never started
+    (cp / "offsets").mkdir(parents=True)
+    (cp / "offsets" / ".0.crc").write_text("")
+    assert not resumable(cp)  # a file being written is not a batch
+    (cp / "offsets" / "0").write_text("v1")
+    assert resumable(cp)  # a Real-time query commits at its checkpoint interval, but resumes from here

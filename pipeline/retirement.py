@@ -1,0 +1,82 @@
+"""A table version retired: once a previous version's time for a rollback is over, its query stops, its table spec
+goes (store nodes let its replicas go, and delete their files after their grace), its checkpoint is deleted, and so is
+its changelog — a little later, once store nodes have stopped reading it.
+
+A version whose query computes other tables as well (a Real-time query a source's tables share, ``pipeline.fusion``)
+cannot stop alone: it is kept, computed and served by number, until that query starts afresh, which the log says.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from typing import Any, Callable
+
+from freshroute.metadata.table_versions import physical_name
+from pipeline.logs import first_line
+
+log = logging.getLogger("pipeline")
+
+TOPIC_DELETE_AFTER_S = 30.0  # store nodes stop reading a table's changelog within an assignment round of its removal
+
+
+class Retirement:
+    """Retires the versions a pipeline runs in queries of their own (called from the registrar's thread)."""
+
+    def __init__(self, queries: dict[str, Any], runs: dict[str, Any], checkpoint: Callable[[str], Any],
+                 changelog_topic: Callable[[str], str], admin: Callable[[], Any]) -> None:
+        """``queries``/``runs``: the pipeline's, by name; ``checkpoint``: a query's checkpoint directory;
+        ``changelog_topic``: a table's changelog; ``admin``: a Kafka admin client."""
+        self.queries = queries
+        self.runs = runs
+        self.checkpoint = checkpoint
+        self.changelog_topic = changelog_topic
+        self.admin = admin
+        self._lock = threading.Lock()
+        self._topics: list[tuple[float, str]] = []  # (when, topic) of changelogs to delete
+        self._kept: set[str] = set()  # versions kept for their shared query: said once
+
+    def stop(self, table: str, version: int) -> bool:
+        """Stop the query of version ``version`` of ``table`` and let go of what it wrote; whether it is retired
+        (False: it shares its query, and is kept until that query starts afresh)."""
+        physical = physical_name(table, version)
+        with self._lock:
+            q = next((q for q in self.queries.values() if any(t.name == physical for t in q.tables)), None)
+            if q is not None and [t.name for t in q.tables] != [physical]:
+                if physical not in self._kept:
+                    self._kept.add(physical)
+                    log.warning("table %s: version %d is due to be retired, but query %s computes it with %s: it "
+                                "is kept, computed and readable by number, until that query starts afresh", table,
+                                version, q.name, ", ".join(t.name for t in q.tables if t.name != physical))
+                return False
+            if q is not None:
+                q.finished = True  # the supervising loop restarts it no more
+                if q.query is not None and q.query.isActive:
+                    q.query.stop()
+                self.queries.pop(q.name, None)
+            run = self.runs.pop(physical, None)
+            if run is not None and run.writer.expiry is not None:
+                run.writer.expiry.close()
+            shutil.rmtree(self.checkpoint(q.name if q is not None else physical), ignore_errors=True)
+            self._topics.append((time.monotonic() + TOPIC_DELETE_AFTER_S, self.changelog_topic(physical)))
+        log.info("table %s: version %d retired: its query stopped, its checkpoint deleted; its changelog %s goes in "
+                 "%.0f s", table, version, self.changelog_topic(physical), TOPIC_DELETE_AFTER_S)
+        return True
+
+    def delete_due(self) -> None:
+        """Delete the changelogs of retired versions whose time has come."""
+        now = time.monotonic()
+        with self._lock:
+            due = [topic for at, topic in self._topics if at <= now]
+            self._topics = [(at, topic) for at, topic in self._topics if at > now]
+        if not due:
+            return
+        try:
+            for topic, future in self.admin().delete_topics(due, operation_timeout=30).items():
+                future.result(30)
+                log.info("changelog %s of a retired table version deleted", topic)
+        except Exception as e:  # the broker away: a topic left behind costs disk, never a read
+            log.warning("deleting the changelogs %s of retired table versions failed: %s", ", ".join(due),
+                        first_line(str(e)))

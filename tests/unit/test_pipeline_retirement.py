@@ -1,0 +1,93 @@
+"""A previous table version retired once its time for a rollback is over: its query stopped, its spec, checkpoint and
+changelog gone — unless it shares its query with other tables, when it is kept and the log says why."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from types import SimpleNamespace
+
+from freshroute.metadata.store import MetadataStore
+from freshroute.metadata.table_versions import VersionedTable
+from freshroute.metadata.tables import TableSpec
+from freshroute.metadata.version_store import TableVersionStore
+from pipeline import retirement as retirement_module
+from pipeline.registrar import TableRegistrar
+from pipeline.retirement import Retirement
+from tests.unit.memory_redis import MemoryRedis
+
+
+class Admin:
+    def __init__(self) -> None:
+        self.deleted: list[str] = []
+
+    def delete_topics(self, topics, operation_timeout):
+        self.deleted.extend(topics)
+        done = {}
+        for t in topics:
+            done[t] = Future()
+            done[t].set_result(None)
+        return done
+
+
+def query(name: str, *tables: str) -> SimpleNamespace:
+    stopped = []
+    q = SimpleNamespace(name=name, tables=[SimpleNamespace(name=t) for t in tables], finished=False, stopped=stopped,
+                        query=SimpleNamespace(isActive=True, stop=lambda: stopped.append(name)))
+    return q
+
+
+def retirement(tmp_path, queries, admin) -> Retirement:
+    return Retirement(queries, {}, lambda q: tmp_path / q, lambda t: f"{t}-changelog", lambda: admin)
+
+
+def test_a_version_in_a_query_of_its_own_is_stopped_and_its_checkpoint_and_changelog_deleted(tmp_path, monkeypatch):
+    admin = Admin()
+    own, shared = query("t-v2", "t-v2"), query("readings.tables", "t", "u")
+    queries = {"t-v2": own, "readings.tables": shared}
+    (tmp_path / "t-v2" / "commits").mkdir(parents=True)
+    r = retirement(tmp_path, queries, admin)
+    monkeypatch.setattr(retirement_module, "TOPIC_DELETE_AFTER_S", 0.0)
+    assert r.stop("t", 2) is True
+    assert own.finished and own.stopped == ["t-v2"] and queries == {"readings.tables": shared}
+    assert not (tmp_path / "t-v2").exists()
+    r.delete_due()
+    assert admin.deleted == ["t-v2-changelog"]
+
+
+def test_a_version_sharing_its_query_is_kept_and_said_once(tmp_path, caplog):
+    shared = query("readings.tables", "t", "u")
+    r = retirement(tmp_path, {"readings.tables": shared}, Admin())
+    assert r.stop("t", 1) is False and r.stop("t", 1) is False
+    assert shared.stopped == [] and not shared.finished
+    assert caplog.messages == ["table t: version 1 is due to be retired, but query readings.tables computes it with "
+                               "u: it is kept, computed and readable by number, until that query starts afresh"]
+
+
+def test_the_pipeline_retires_a_previous_version_once_its_time_for_a_rollback_is_over(tmp_path, monkeypatch):
+    redis = MemoryRedis()
+    store, versions = MetadataStore(redis.sync, "ns"), TableVersionStore(redis.sync, "ns")
+    specs = [TableSpec(n, f"{n}-changelog", 2, "id", {"n": "long"}, 1) for n in ("t", "t-v2")]
+    store.register_tables(specs)
+    record = VersionedTable.first("t", "fp1", 1_000).begun("fp2", 2_000)[0].switched(2, 3_000, 0)  # due at once
+    versions.restore(record)
+    admin = Admin()
+    monkeypatch.setattr(retirement_module, "TOPIC_DELETE_AFTER_S", 0.0)
+    r = retirement(tmp_path, {"t": query("t", "t"), "t-v2": query("t-v2", "t-v2")}, admin)
+    stop = threading.Event()
+    registrar = TableRegistrar(store, specs, stop, "h:1", "ns", every_s=0.02, versions=versions,
+                               fingerprints={"t": "fp2"}, retirement=r)
+    registrar.start()
+    try:
+        deadline = time.monotonic() + 5
+        while admin.deleted != ["t-changelog"]:
+            assert time.monotonic() < deadline, (versions.record("t"), admin.deleted)
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        registrar.join(timeout=5)
+    assert {n: v.state.value for n, v in versions.record("t").versions.items()} == {1: "retired", 2: "serving"}
+    assert set(store.tables()) == {"t-v2"}  # version 1's replicas are let go; version 2 is the table's now
+    assert [s.name for s in registrar.specs] == ["t-v2"]  # and it is registered no more
