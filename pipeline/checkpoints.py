@@ -26,10 +26,14 @@ def committed_batches(checkpoint: Path) -> int:
 
 
 def resumable(checkpoint: Path) -> bool:
-    """Whether a query started on ``checkpoint`` goes on from it: Spark has logged its first batch's offsets (a
-    Real-time query commits only at its checkpoint interval, but resumes, state and all, from its offsets)."""
-    offsets = checkpoint / "offsets"
-    return committed_batches(checkpoint) > 0 or (offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir()))
+    """Whether a query started on ``checkpoint`` goes on from what it holds: a batch's offsets, or its operators'
+    state — a Real-time query logs its first batch's offsets only when that batch ends, and one stopped before
+    leaves the state's schema behind, which a changed definition cannot resume."""
+    if committed_batches(checkpoint):
+        return True
+    offsets, state = checkpoint / "offsets", checkpoint / "state"
+    return (offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir())) or \
+        (state.is_dir() and any(state.iterdir()))
 
 
 class QueryChanged(ConfigError):

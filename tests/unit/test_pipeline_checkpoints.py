@@ -106,7 +106,7 @@ def test_checkpoints_of_tables_a_new_query_now_computes_are_moved_aside_once(tmp
         assert retire_superseded(root / "y", ["t"], {"y"}) == [root / ".superseded" / f"x{n}"]
 
 
-def test_a_query_resumes_from_its_first_batchs_offsets_before_any_commit(tmp_path):
+def test_a_query_resumes_from_its_first_batchs_offsets_or_state_before_any_commit(tmp_path):
     from pipeline.checkpoints import resumable
 
     cp = tmp_path / "q"
@@ -116,3 +116,6 @@ def test_a_query_resumes_from_its_first_batchs_offsets_before_any_commit(tmp_pat
     assert not resumable(cp)  # a file being written is not a batch
     (cp / "offsets" / "0").write_text("v1")
     assert resumable(cp)  # a Real-time query commits at its checkpoint interval, but resumes from here
+    other = tmp_path / "r"
+    (other / "state" / "0").mkdir(parents=True)
+    assert resumable(other)  # stopped in its first batch: its state's schema is left, which it resumes with
