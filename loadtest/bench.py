@@ -79,7 +79,9 @@ FIGURES = ("router_grpc_rps", "router_rest_rps", "direct_store_rps", "baseline_g
            "router_cpu_us_per_lookup", "store_node_cpu_us_per_lookup",
            "compiled_rest_rps", "python_rest_rps", "compiled_rest_p99_ms", "python_rest_p99_ms",
            "compiled_router_cpu_us", "python_router_cpu_us", "compiled_grpc_rps", "python_grpc_rps",
-           "compiled_grpc_cpu_us", "python_grpc_cpu_us")
+           "compiled_grpc_cpu_us", "python_grpc_cpu_us",
+           "version_lookups_failed", "version_answers_mixed", "version_switch_visible_ms", "version_rollback_ms",
+           "version_build_s_per_million", "version_build_cpu_s_per_million")
 
 WINDOW_COUNT = 6  # window_rps: each lookup asks for a key's last this many windows
 BUSY_CONNECTIONS = 32  # router_rest_p99_ms_busy: lookups in flight while the pipeline runs
@@ -108,6 +110,11 @@ TARGETS = (
     # Read your writes: what waiting for a write token costs over a plain lookup, and never a value without it.
     ("ryw_wait_p99_ms", "ryw_wait_p99_ms", None, "<=", 50.0),
     ("ryw_stale_reads", "ryw_stale_reads", None, "<=", 0.0),
+    # A table redefined under lookups: built beside, switched to, rolled back; no answer failed or mixed.
+    ("version_lookups_failed", "version_lookups_failed", None, "<=", 0.0),
+    ("version_answers_mixed", "version_answers_mixed", None, "<=", 0.0),
+    ("version_switch_visible_ms", "version_switch_visible_ms", None, "<=", 1000.0),
+    ("version_rollback_ms", "version_rollback_ms", None, "<=", 1000.0),
     ("restore_rps / raw_consume_rps", "restore_rps", "raw_consume_rps", ">=", 0.6),
     ("client_get_rps / redis_py_get_rps", "client_get_rps", "redis_py_get_rps", ">=", 0.7),
     ("client_get_p50_ms / redis_py_get_p50_ms", "client_get_p50_ms", "redis_py_get_p50_ms", "<=", 1.3),
@@ -188,18 +195,22 @@ LOAD_CLIENTS = {"asof_rest_rps": "wrk -t1 (Lua: rotating keys, ?as_of=) against 
                 "console_closed_rest_rps": "wrk -t1 (Lua: rotating keys), interleaved with console_open_rest_rps",
                 "console_poll_p99_ms": "loadtest.console_poller, under console_open_rest_rps's load",
                 "console_poll_router_cpu_ms": "none: the routers' /proc CPU with loadtest.console_poller against "
-                                              "without, per poll"}
+                                              "without, per poll",
+                "version": "loadtest.table_versions: a stack of its own, httpx (asyncio) lookups at a fixed rate"}
 
 
 RESTORE_FIGURES = ("restore_rps", "raw_consume_rps")
+VERSION_FIGURES = tuple(k for k in FIGURES if k.startswith("version_"))
 
 
-def expected_figures(no_restore: bool, restore_only: bool, no_cold: bool = False) -> list[str]:
+def expected_figures(no_restore: bool, restore_only: bool, no_cold: bool = False,
+                     no_versions: bool = False) -> list[str]:
     """The figures a run with these options must produce (its exit code says whether it did)."""
     if restore_only:
         return list(RESTORE_FIGURES)
     return [k for k in FIGURES if not (no_restore and k in RESTORE_FIGURES)
-            and not (no_cold and k in ("freshness_p99_ms_cold", "local_up_s"))]
+            and not (no_cold and k in ("freshness_p99_ms_cold", "local_up_s"))
+            and not (no_versions and k in VERSION_FIGURES)]
 
 
 def evaluate_targets(fig: dict[str, Any]) -> list[dict[str, Any]]:
@@ -1091,6 +1102,22 @@ class Bench:
             self.fig[k] = out[k]
         self.notes["read_your_writes"] = out
 
+    def table_versions(self) -> None:
+        """A table redefined under lookups, on a stack of its own (loadtest.table_versions)."""
+        from loadtest.table_versions import measure
+
+        a = self.a
+        out = measure(self.work / "versions", a.version_records, 1_000, a.version_rate, self.say)
+        self.notes["table_versions"] = out
+        for k in VERSION_FIGURES:
+            self.fig[k] = out.get(k)
+        self.say(f"  lookups {out['version_lookups']:,} ({out['version_lookups_per_s']:,}/s): failed "
+                 f"{out['version_lookups_failed']}, mixing versions {out['version_answers_mixed']}; first answer of "
+                 f"the new version {out['version_switch_visible_ms']} ms after the switch, of the old one "
+                 f"{out['version_rollback_ms']} ms after the rollback; build {out['version_build_s_per_million']} s "
+                 f"and {out['version_build_cpu_s_per_million']} CPU s per million readings; disk (MB) "
+                 f"{out['version_disk_mb']}")
+
     def restore_vs_raw(self) -> None:
         """Restore and raw consume of a changelog of ``--restore-records`` records, in alternating rounds.
 
@@ -1226,7 +1253,7 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
     b = Bench(stack, a, say)
     c = stack.config
     grpc_url = f"http://{c.grpc_address}/freshroute.v1.Router/Get"
-    total = 23
+    total = 24
     fig = b.fig
     baseline: subprocess.Popen | None = None
     restore_step = f"restore vs raw consume of a {a.restore_records:,}-record changelog, {a.rounds} round(s)"
@@ -1344,6 +1371,11 @@ def run_bench(stack: Any, a: argparse.Namespace, say: Callable[[str], None]) -> 
             say("restore and raw consume: skipped (--no-restore)")
         else:
             _step(b, 23, total, restore_step, b.restore_vs_raw)
+        if a.no_versions:
+            say("a table redefined under lookups: skipped (--no-versions)")
+        else:
+            _step(b, 24, total, f"a table redefined under {a.version_rate:,.0f} lookups/s on a stack of its own: "
+                  f"built from {a.version_records:,} readings, switched to, rolled back, retired", b.table_versions)
     finally:
         if baseline is not None:
             lc.stop_process(baseline)
@@ -1356,6 +1388,7 @@ def format_table(fig: dict[str, Any], targets: list[dict[str, Any]]) -> str:
     for k in FIGURES:
         v = fig.get(k)
         client = LOAD_CLIENTS.get(k) or (LOAD_CLIENTS["client"] if k.startswith(("client_", "redis_py_"))
+                                         else LOAD_CLIENTS["version"] if k.startswith("version_")
                                          else LOAD_CLIENTS["latency"] if k.endswith("_ms") and "fresh" not in k
                                          else LOAD_CLIENTS["freshness"] if "fresh" in k else "")
         lines.append(f"{k:<26} {'n/a' if v is None else f'{v:,.2f}':>12}  {client}")
@@ -1408,6 +1441,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--restore-keys", type=int, default=100_000, help="distinct keys among those records")
     p.add_argument("--restore-timeout", type=float, default=180.0, help="seconds one restore may take")
     p.add_argument("--no-restore", action="store_true", help="skip the restore and raw consume figures")
+    p.add_argument("--no-versions", action="store_true", help="skip the table versions figures (a stack of their own)")
+    p.add_argument("--version-records", type=int, default=200_000, help="input readings a new table version is "
+                   "built from")
+    p.add_argument("--version-rate", type=float, default=2_000.0, help="lookups/s while a table is redefined")
     p.add_argument("--restore-only", action="store_true", help="measure only the restore and raw consume figures")
     p.add_argument("--json-out", type=Path, help="also write {figures, targets, notes} here")
     a = p.parse_args(argv)
@@ -1451,7 +1488,8 @@ def main(argv: list[str] | None = None) -> int:
             "targets": {t["target"]: t["met"] for t in out["targets"]},
             "load_clients": {"rest": "wrk", "grpc": "h2load", "redis": "redis-benchmark", "latency": "h2load --rps"}}
     print(orjson.dumps(last).decode(), flush=True)
-    return 0 if all(out["figures"][k] is not None for k in expected_figures(a.no_restore, a.restore_only, a.no_cold)) else 1
+    return 0 if all(out["figures"][k] is not None
+                    for k in expected_figures(a.no_restore, a.restore_only, a.no_cold, a.no_versions)) else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,217 @@
+"""Table versions measured on a stack of its own: a table redefined (a new aggregate column) under lookups is built
+beside the served version, switched to once it has caught up, rolled back, and the version left behind retired.
+
+Figures: lookups failed and answers mixing versions (an answer whose fields are not its ``table_version``'s) over
+all of it; how long after the switch's metadata write, and after a rollback's, the first answer of the new version
+came (the load's lookups are its probes); what the build cost (seconds and pipeline CPU seconds per million input
+records, from the version's start to its switch); the stack's disk before, at the switch and after the retirement.
+
+``python -m loadtest.table_versions`` (``--records``, ``--rate``); ``freshroute bench`` runs it as a step. The stack
+lives in a directory of its own and is thrown away afterwards: the user's stack is never touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+import orjson
+
+from freshroute.lag import now_ms
+from loadtest.footprint import tree_cpu_seconds
+
+TABLE = "sensor_stats"
+V1 = '''
+from pyspark.sql import functions as F
+
+from pipeline.tables import source, table
+
+source("readings", schema="sensor STRING NOT NULL, area STRING NOT NULL, reading DOUBLE NOT NULL")
+
+
+@table(name="sensor_stats", key="sensor", source="readings")
+def sensor_stats(readings):
+    return readings.groupBy("sensor").agg(F.count("reading").alias("count"), F.sum("reading").alias("sum"))
+'''
+V2 = V1.replace('F.sum("reading").alias("sum"))', 'F.sum("reading").alias("sum"), F.max("reading").alias("max"))')
+FIELDS = {1: frozenset({"count", "sum"}), 2: frozenset({"count", "sum", "max"})}
+RETAIN_AFTER_SWITCH_MS = 120_000  # the pipeline keeps version 1 this long: the rollback comes well before
+RETAIN_AFTER_ROLLBACK_MS = 10_000  # version 2, rolled back from, is retired this soon
+
+
+class Load(threading.Thread):
+    """Lookups of random sensors through the router at ``rate`` a second until stopped: each answer's arrival time
+    (ms since the epoch), status and version, and whether its fields are its version's."""
+
+    def __init__(self, url: str, sensors: list[str], rate: float, workers: int = 16) -> None:
+        super().__init__(daemon=True)
+        self.url, self.sensors, self.rate, self.workers = url, sensors, rate, workers
+        self.answers: list[tuple[int, int, int | None, bool]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        async with httpx.AsyncClient(base_url=self.url, timeout=10,
+                                     limits=httpx.Limits(max_connections=self.workers)) as client:
+            await asyncio.gather(*(self._worker(client, i) for i in range(self.workers)))
+
+    async def _worker(self, client: httpx.AsyncClient, i: int) -> None:
+        rng = random.Random(i)
+        every = self.workers / self.rate
+        due = time.monotonic()
+        for _ in range(10_000_000):  # bounded; stopped long before
+            if self.stop.is_set():
+                return
+            due += every
+            r = await client.get(f"/v1/tables/{TABLE}/keys/{rng.choice(self.sensors)}")
+            body = orjson.loads(r.content) if r.status_code == 200 else {}
+            version = body.get("table_version")
+            whole = r.status_code != 200 or frozenset(body.get("value") or ()) == FIELDS.get(version or 0)
+            self.answers.append((now_ms(), r.status_code, version, whole))
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+
+    def first(self, version: int, since_ms: int) -> int | None:
+        """When the first answer of ``version`` arrived at or after ``since_ms``."""
+        return next((t for t, status, v, _ in self.answers if t >= since_ms and status == 200 and v == version), None)
+
+
+def disk_mb(home: Path) -> float:
+    """The stack's disk: broker logs, checkpoints and replica stores (its logs aside)."""
+    total = 0
+    for part in ("broker", "pipeline", "data"):
+        for p in (home / part).rglob("*"):
+            try:
+                if p.is_file():
+                    total += p.stat().st_size
+            except OSError:
+                continue  # deleted while counted
+    return round(total / 1e6, 1)
+
+
+def wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not within {timeout_s:.0f} s")
+        time.sleep(0.05)
+
+
+def measure(home: Path, records: int, sensors: int, rate: float, say: Callable[[str], None]) -> dict[str, Any]:
+    from confluent_kafka import Producer
+
+    from freshroute.metadata.store import MetadataStore
+    from freshroute.metadata.table_versions import VersionState
+    from freshroute.metadata.version_store import TableVersionStore
+    from freshroute.settings import kafka_client_config
+    from tools.local.demo import ensure_topic
+    from tools.local.stack import Stack, StackConfig
+
+    home.mkdir(parents=True, exist_ok=True)
+    v1, v2 = home / "tables_v1.py", home / "tables_v2.py"
+    v1.write_text(V1)
+    v2.write_text(V2)
+    config = StackConfig(home=home / "stack", broker_port=0, redis_port=0, rest_port=0, grpc_port=0,
+                         store_ports=(0, 0), namespace="versions", topic_prefix="versions-", demo=False,
+                         tables_file=str(v1)).resolved()
+    stack = Stack(config, progress=say)
+    stack.up()
+    try:
+        names = [f"s{i}" for i in range(sensors)]
+        topic = f"{config.topic_prefix}readings"
+        ensure_topic(config.bootstrap, topic)
+        producer = Producer(kafka_client_config(config.bootstrap, **{"linger.ms": 20}))
+        rng = random.Random(1)
+        for i in range(records):
+            s = names[i % sensors]
+            producer.produce(topic, key=s.encode(), value=orjson.dumps({"sensor": s, "area": "a",
+                                                                        "reading": rng.uniform(0, 100)}))
+            if i % 10_000 == 0:
+                producer.poll(0)
+        assert producer.flush(60) == 0
+        say(f"  {records:,} readings over {sensors:,} sensors produced")
+        metadata = MetadataStore.from_url(config.redis_url, config.namespace)
+        versions = TableVersionStore(metadata.redis, config.namespace)
+        with httpx.Client(base_url=config.rest_url, timeout=10) as client:
+            def computed() -> bool:
+                r = client.get(f"/v1/tables/{TABLE}/keys/{names[-1]}", params={"max_lag": 0})
+                return r.status_code == 200 and r.json()["value"]["count"] == records // sensors
+
+            wait(computed, 600, "version 1 computed")
+        before = disk_mb(config.home)
+        load = Load(config.rest_url, names, rate)
+        load.start()
+        time.sleep(3)
+        stack.stop("pipeline")
+        stack.start("pipeline", "--tables-file", str(v2), "--retain-previous-ms", str(RETAIN_AFTER_SWITCH_MS))
+        pipeline = {"pipeline": stack.components["pipeline"].pid}
+        cpu0 = tree_cpu_seconds(pipeline)["pipeline"]
+        say("  the pipeline started again with a new aggregate column: version 2 builds beside version 1")
+        wait(lambda: (r := versions.record(TABLE)) is not None and 2 in r.versions, 120, "version 2 begun")
+        wait(lambda: versions.record(TABLE).serving == 2, 1800, "version 2 served")  # type: ignore[union-attr]
+        record = versions.record(TABLE)
+        assert record is not None
+        cpu1 = tree_cpu_seconds(pipeline)["pipeline"]
+        built, switched = record.versions[2], record.versions[2].switched_ms or 0
+        at_switch = disk_mb(config.home)
+        wait(lambda: load.first(2, switched) is not None, 30, "an answer of version 2")
+        say(f"  version 2 served {(switched - built.created_ms) / 1000:.1f} s after it began")
+        time.sleep(3)
+        rolled_back = now_ms()
+        versions.rollback(TABLE, rolled_back, RETAIN_AFTER_ROLLBACK_MS)
+        wait(lambda: load.first(1, rolled_back) is not None, 30, "an answer of version 1 after the rollback")
+        say("  rolled back to version 1; version 2 is retired in 10 s")
+        wait(lambda: versions.record(TABLE).versions[2].state is VersionState.RETIRED,  # type: ignore[union-attr]
+             120, "version 2 retired")
+        wait(lambda: disk_mb(config.home) <= before * 1.05 + 1, 180, "the disk back to its level")
+        after = disk_mb(config.home)
+        time.sleep(2)
+        load.stop.set()
+        load.join(30)
+        answers = load.answers
+        span_s = (answers[-1][0] - answers[0][0]) / 1000 if answers else 0.0
+        return {
+            "version_lookups": len(answers),
+            "version_lookups_per_s": round(len(answers) / span_s) if span_s else 0,
+            "version_lookups_failed": sum(1 for _, status, _, _ in answers if status != 200),
+            "version_answers_mixed": sum(1 for *_, whole in answers if not whole),
+            "version_switch_visible_ms": (load.first(2, switched) or switched) - switched,
+            "version_rollback_ms": (load.first(1, rolled_back) or rolled_back) - rolled_back,
+            "version_build_s_per_million": round((switched - built.created_ms) / 1000 * 1e6 / records, 1),
+            "version_build_cpu_s_per_million": round((cpu1 - cpu0) * 1e6 / records, 1),
+            "version_disk_mb": {"before": before, "at_switch": at_switch, "after_retirement": after},
+        }
+    finally:
+        stack.discard()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--records", type=int, default=200_000, help="input readings the new version is built from")
+    p.add_argument("--sensors", type=int, default=1_000, help="keys of the table")
+    p.add_argument("--rate", type=float, default=2_000.0, help="lookups a second through the router meanwhile")
+    p.add_argument("--home", type=Path, help="where its stack lives (default: a temporary directory, removed)")
+    a = p.parse_args(argv)
+    home = a.home or Path(tempfile.mkdtemp(prefix="freshroute-versions-"))
+    try:
+        figures = measure(home, a.records, a.sensors, a.rate, print)
+    finally:
+        if a.home is None:
+            shutil.rmtree(home, ignore_errors=True)
+    for name, value in figures.items():
+        print(f"{name}: {value}")
+    print(orjson.dumps(figures).decode())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
