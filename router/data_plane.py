@@ -105,41 +105,45 @@ def snapshot_doc(snap: Snapshot, policy: RoutingPolicy) -> bytes:
     """The routing view the compiled path reads, as JSON: each table's partitions, whether the path serves its key
     lookups, or its keys' windows (the window's size, slide and retention), how long it keeps versions (for reads as
     of a time), its value format, its default bound (as
-    :meth:`RoutingCore.bound_for` fills it in), its input lag and the table version it serves (which every answer
-    names); each replica's latest known lag (the heartbeat's, or the positions published since).
+    :meth:`RoutingCore.bound_for` fills it in), its input lag, the table version it serves (which every answer
+    names) and that version's own table (``physical``: what store reads and positions name); each replica's latest
+    known lag (the heartbeat's, or the positions published since).
 
-    Only version 1 of a table is read by its own name, so the path serves a table only while version 1 is the one
-    served: a table serving another version is listed with nothing served (its reads go to the Python path, which
-    resolves versions), and a version's own name (``t-v2``) is left out with its replicas (the Python path refuses a
-    read of it)."""
-    tables = {}
-    for name, spec in snap.tables.items():
-        if logical_of(name)[1] > 1:
-            continue
+    A table is listed by its name as the version its record serves (:meth:`Snapshot.physical`): that version's own
+    table's spec, input lag and replicas (listed under the table's name, which the path reads them by). A version's
+    own name (``t-v2``) is left out, served or not, with the replicas of every version not served: the Python path
+    answers a read of it, and a read naming a version by number."""
+    tables: dict[str, dict[str, Any]] = {}
+    served: dict[str, str] = {}  # the physical table served → the table whose reads it answers
+    for name in dict.fromkeys(logical_of(n)[0] for n in snap.tables):
         record = snap.versions.get(name)
-        version = record.serving if record is not None else 1
+        physical = record.physical() if record is not None else name
+        spec = snap.tables.get(physical)
+        if spec is None:
+            continue  # a version not placed yet, or a table retired: the Python path says which
+        served[physical] = name
         override = policy.table_bounds.get(name)
         max_lag, max_ms = ((override.max_lag, override.max_staleness_ms) if override is not None
                            else (spec.default_max_lag, spec.default_max_staleness_ms))
-        lag = snap.input_lag.get(name)
+        lag = snap.input_lag.get(physical)
         ends = snap.input_ends.get(spec.input_topic) if spec.input_topic else None
-        own = version == 1
-        w = spec.window if spec.key_format == "string" and own else None
+        w = spec.window if spec.key_format == "string" else None
         tables[name] = {
-            "partitions": spec.partitions, "served": own and spec.window is None and spec.key_format == "string",
+            "partitions": spec.partitions, "served": spec.window is None and spec.key_format == "string",
             "window": None if w is None else {"size_ms": w.size_ms, "slide_ms": w.slide_ms,
                                               "retention_ms": w.retention_ms},
-            "history_retention_ms": spec.history_retention_ms if spec.versioned and own else None,
+            "history_retention_ms": spec.history_retention_ms if spec.versioned else None,
             "value_format": spec.value_format, "max_lag": max_lag, "max_staleness_ms": max_ms,
             "input_lag": None if lag is None else {"records": lag.records, "caught_up_ms": lag.caught_up_ms,
                                                    "at_ms": lag.at_ms, "alive_ms": lag.alive_ms,
                                                    "offsets": lag.offsets},
             "input_ends": None if ends is None else {"at_ms": ends.at_ms, "ends": ends.ends},
-            "version": version}
+            "version": record.serving if record is not None else 1, "physical": physical}
     nodes = snap.nodes
     replicas = []
     for (table, partition), views in snap.replicas.items():
-        if table not in tables:
+        name = served.get(table)
+        if name is None:
             continue
         row = []
         for r in views:
@@ -148,7 +152,7 @@ def snapshot_doc(snap: Snapshot, policy: RoutingPolicy) -> bytes:
             row.append((r.node, node.read_address if node is not None else None, r.role.value,
                         r.state.value if r.state is not None else None, applied, end, staleness_ms, observed_ms,
                         r.alive, r.draining))
-        replicas.append((table, partition, row))
+        replicas.append((name, partition, row))
     return orjson.dumps({"tables": tables, "replicas": replicas, "built_ms": snap.built_ms},
                         option=orjson.OPT_NON_STR_KEYS)
 
@@ -191,8 +195,12 @@ class DataPlane:
         if self._front is None:
             return
         self._front.update(snapshot_doc(snap, self.policy))
-        if self.guard is not None and frozenset(snap.tables) != self._tables:
-            self._tables = frozenset(snap.tables)
+        if self.guard is None:
+            return
+        # By the names reads give: a version's own table (t-v2) is read as its table's, also once version 1 is retired.
+        tables = frozenset(logical_of(n)[0] for n in snap.tables)
+        if tables != self._tables:
+            self._tables = tables
             self.on_principals()
 
     def on_principals(self) -> None:

@@ -58,7 +58,8 @@ fn key_field(out: &mut Vec<u8>, key: &str) {
     string(out, key);
 }
 
-fn served_fields(out: &mut Vec<u8>, table: &str, partition: usize, who: &Served) {
+/// Who answered, its lag and its position, which names the table read on the store nodes (`physical`).
+fn served_fields(out: &mut Vec<u8>, physical: &str, partition: usize, who: &Served) {
     out.extend_from_slice(format!(",\"partition\":{partition},\"served_by\":{{\"node\":").as_bytes());
     string(out, who.node);
     out.extend_from_slice(b",\"role\":\"");
@@ -68,7 +69,7 @@ fn served_fields(out: &mut Vec<u8>, table: &str, partition: usize, who: &Served)
     out.extend_from_slice(b",\"ms\":");
     number(out, who.lag_ms);
     out.extend_from_slice(b"},\"position\":");
-    string(out, &position_token(table, partition, who.applied));
+    string(out, &position_token(physical, partition, who.applied));
 }
 
 fn input_lag_field(out: &mut Vec<u8>, input_lag: (i64, i64)) {
@@ -93,11 +94,12 @@ impl AsOf {
     }
 }
 
-/// A found key's body (as of a time, with `as_of`) from version `version` of the table; None when its value is not of
-/// the table's format (the Python path says why).
+/// A found key's body (as of a time, with `as_of`) from version `version` of the table, read from its own table
+/// `physical` (which the position names); None when its value is not of the table's format (the Python path says
+/// why).
 #[allow(clippy::too_many_arguments)]
-pub fn found(table: &str, version: i32, key: &str, partition: usize, value: &[u8], format: ValueFormat, who: &Served,
-             input_lag: (i64, i64), as_of: Option<&AsOf>) -> Option<Vec<u8>> {
+pub fn found(table: &str, version: i32, physical: &str, key: &str, partition: usize, value: &[u8], format: ValueFormat,
+             who: &Served, input_lag: (i64, i64), as_of: Option<&AsOf>) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(value.len() + table.len() + key.len() + 256);
     out.push(b'{');
     answer_fields(&mut out, table, version, key);
@@ -124,7 +126,7 @@ pub fn found(table: &str, version: i32, key: &str, partition: usize, value: &[u8
         number(&mut out, to);
         out.extend_from_slice(if v.settled { b",\"final\":true" } else { b",\"final\":false" });
     }
-    served_fields(&mut out, table, partition, who);
+    served_fields(&mut out, physical, partition, who);
     input_lag_field(&mut out, input_lag);
     out.push(b'}');
     Some(out)
@@ -142,7 +144,8 @@ pub fn not_found_message(table: &str, key: &str) -> Option<String> {
 }
 
 /// KEY_NOT_FOUND's body (freshroute.routing.results.key_not_found; as of a time, AsOf.not_found), or None where its
-/// message needs Python's repr.
+/// message needs Python's repr. `table` is the table read on the store nodes (`t-v2`), which the Python path's
+/// error names throughout.
 pub fn not_found(table: &str, key: &str, partition: usize, who: &Served, input_lag: (i64, i64),
                  as_of: Option<&AsOf>) -> Option<Vec<u8>> {
     let message = not_found_message(table, key)?;
@@ -181,10 +184,11 @@ pub struct Window<'a> {
     pub is_final: bool,
 }
 
-/// A key's windows' body (freshroute.routing.results.WindowsResult.to_dict) from version `version` of the table.
+/// A key's windows' body (freshroute.routing.results.WindowsResult.to_dict) from version `version` of the table, read
+/// from its own table `physical` (which the position names).
 #[allow(clippy::too_many_arguments)]
-pub fn windows(table: &str, version: i32, key: &str, partition: usize, windows: &[Window], watermark_ms: Option<i64>,
-               who: &Served, input_lag: (i64, i64)) -> Vec<u8> {
+pub fn windows(table: &str, version: i32, physical: &str, key: &str, partition: usize, windows: &[Window],
+               watermark_ms: Option<i64>, who: &Served, input_lag: (i64, i64)) -> Vec<u8> {
     let mut out = Vec::with_capacity(windows.iter().map(|w| w.value.len() + 64).sum::<usize>() + 320);
     out.push(b'{');
     answer_fields(&mut out, table, version, key);
@@ -198,7 +202,7 @@ pub fn windows(table: &str, version: i32, key: &str, partition: usize, windows: 
         out.extend_from_slice(if w.is_final { b",\"final\":true}" } else { b",\"final\":false}" });
     }
     out.push(b']');
-    served_fields(&mut out, table, partition, who);
+    served_fields(&mut out, physical, partition, who);
     out.extend_from_slice(b",\"watermark_ms\":");
     number(&mut out, watermark_ms);
     input_lag_field(&mut out, input_lag);
@@ -219,7 +223,7 @@ mod tests {
     #[test]
     fn a_found_body_and_a_not_found_body() {
         let who = Served { node: "n1", role: "active", lag_offsets: Some(0), lag_ms: None, applied: 7 };
-        let body = found("t", 1, "k\"1", 2, b"{\"a\":1}", ValueFormat::Json, &who, (3, 4), None).unwrap();
+        let body = found("t", 1, "t", "k\"1", 2, b"{\"a\":1}", ValueFormat::Json, &who, (3, 4), None).unwrap();
         assert_eq!(String::from_utf8(body).unwrap(),
                    format!("{{\"table\":\"t\",\"table_version\":1,\"key\":\"k\\\"1\",\"value\":{{\"a\":1}},\
                             \"partition\":2,\"served_by\":{{\"node\":\"n1\",\"role\":\"active\"}},\"lag\":\
@@ -240,12 +244,14 @@ mod tests {
     fn an_answer_names_the_tables_version_after_the_table() {
         let who = Served { node: "n1", role: "active", lag_offsets: Some(0), lag_ms: Some(0), applied: 7 };
         let as_of = AsOf { at: 50, valid_from: Some(40), valid_to: None, settled: false };
-        let body = found("t", 3, "k", 0, b"v", ValueFormat::Text, &who, (0, 0), Some(&as_of)).unwrap();
+        let body = found("t", 3, "t-v3", "k", 0, b"v", ValueFormat::Text, &who, (0, 0), Some(&as_of)).unwrap();
         assert!(String::from_utf8(body).unwrap().starts_with("{\"table\":\"t\",\"table_version\":3,\"key\":\"k\",\
                                                                \"value\":\"v\",\"as_of\":50,\"valid_from\":40,"));
-        let body = found("t", 2, "k", 0, b"\x01", ValueFormat::Bytes, &who, (0, 0), None).unwrap();
-        assert!(String::from_utf8(body).unwrap().starts_with("{\"table\":\"t\",\"table_version\":2,\"key\":\"k\",\
-                                                               \"value_b64\":\"AQ==\","));
+        let body = found("t", 2, "t-v2", "k", 0, b"\x01", ValueFormat::Bytes, &who, (0, 0), None).unwrap();
+        let body = String::from_utf8(body).unwrap();
+        assert!(body.starts_with("{\"table\":\"t\",\"table_version\":2,\"key\":\"k\",\"value_b64\":\"AQ==\","));
+        // Its position names version 2's own table, whose changelog's offsets it holds.
+        assert!(body.contains(&format!(",\"position\":\"{}\",", position_token("t-v2", 0, 7))));
     }
 
     #[test]
@@ -253,14 +259,15 @@ mod tests {
         let who = Served { node: "n1", role: "standby", lag_offsets: None, lag_ms: Some(5), applied: 3 };
         let listed = [Window { start: 0, end: 10, value: b"{\"n\":1}", is_final: true },
                       Window { start: 10, end: 20, value: b"", is_final: false }];
-        let body = String::from_utf8(windows("w", 1, "k", 1, &listed, Some(12), &who, (0, 0))).unwrap();
+        let body = String::from_utf8(windows("w", 1, "w", "k", 1, &listed, Some(12), &who, (0, 0))).unwrap();
         assert_eq!(body, format!("{{\"table\":\"w\",\"table_version\":1,\"key\":\"k\",\"windows\":[{{\"start\":0,\
                                   \"end\":10,\"value\":{{\"n\":1}},\"final\":true}},{{\"start\":10,\"end\":20,\
                                   \"value\":null,\"final\":false}}],\
                                   \"partition\":1,\"served_by\":{{\"node\":\"n1\",\"role\":\"standby\"}},\"lag\":\
                                   {{\"offsets\":null,\"ms\":5}},\"position\":\"{}\",\"watermark_ms\":12,\"input_lag\":\
                                   {{\"records\":0,\"ms\":0}}}}", position_token("w", 1, 3)));
-        assert!(String::from_utf8(windows("w", 4, "k", 1, &[], None, &who, (0, 0))).unwrap()
-            .starts_with("{\"table\":\"w\",\"table_version\":4,\"key\":\"k\",\"windows\":[],\"partition\":1,"));
+        let body = String::from_utf8(windows("w", 4, "w-v4", "k", 1, &[], None, &who, (0, 0))).unwrap();
+        assert!(body.starts_with("{\"table\":\"w\",\"table_version\":4,\"key\":\"k\",\"windows\":[],\"partition\":1,"));
+        assert!(body.contains(&format!(",\"position\":\"{}\",", position_token("w-v4", 1, 3))));
     }
 }

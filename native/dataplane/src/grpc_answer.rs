@@ -39,11 +39,13 @@ pub fn framed(message: &impl Message) -> Bytes {
 }
 
 /// Get's answer to a key read (router.grpc_get.answer_get): the GetResponse, or KEY_NOT_FOUND's status; None where
-/// the Python front would write something else (a value not of the table's format, a message needing repr).
+/// the Python front would write something else (a value not of the table's format, a message needing repr). The
+/// response names the table as the call did, and its position the version's own table; the status, as the Python
+/// front's does, names the version's own table.
 pub fn get(a: &KeyAnswer) -> Option<Outcome> {
     let Some(value) = a.value else {
-        let body = answer::not_found(a.table, a.key, a.partition, &a.who, a.input_lag, a.version.as_ref())?;
-        return Some(Outcome::Status(Status { code: NOT_FOUND, message: answer::not_found_message(a.table, a.key)?,
+        let body = answer::not_found(a.physical, a.key, a.partition, &a.who, a.input_lag, a.version.as_ref())?;
+        return Some(Outcome::Status(Status { code: NOT_FOUND, message: answer::not_found_message(a.physical, a.key)?,
                                              body: Some(body) }));
     };
     let (value_json, value_bytes) = match a.format {
@@ -62,7 +64,7 @@ pub fn get(a: &KeyAnswer) -> Option<Outcome> {
         partition: a.partition as i32,
         served_by: Some(ServedBy { node: a.who.node.to_owned(), role: a.who.role.to_owned() }),
         lag: Some(Lag { offsets: a.who.lag_offsets, ms: a.who.lag_ms }),
-        position: position_token(a.table, a.partition, a.who.applied),
+        position: position_token(a.physical, a.partition, a.who.applied),
         found: true,
         // Unset while the pipeline is caught up (router.grpc_messages.input_lag_message).
         input_lag: (a.input_lag.0 != 0).then_some(InputLag { records: a.input_lag.0, ms: a.input_lag.1 }),
@@ -114,14 +116,18 @@ mod tests {
     #[test]
     fn a_get_response_names_the_tables_version() {
         let who = Served { node: "n1", role: "active", lag_offsets: Some(0), lag_ms: Some(0), applied: 7 };
-        let mut a = KeyAnswer { table: "t", table_version: 2, key: "k", partition: 0, value: Some(b"1"),
-                                format: ValueFormat::Json, who, input_lag: (0, 0), version: None };
+        let mut a = KeyAnswer { table: "t", table_version: 2, physical: "t-v2", key: "k", partition: 0,
+                                value: Some(b"1"), format: ValueFormat::Json, who, input_lag: (0, 0), version: None };
         let Some(Outcome::Message(framed)) = get(&a) else { panic!("a found key's message") };
         // Field 16 as a varint, last: as Python's protobuf writes it.
         assert!(framed.ends_with(&[0x80, 0x01, 0x02]));
-        assert_eq!(GetResponse::decode(&framed[5..]).unwrap().table_version, 2);
+        let response = GetResponse::decode(&framed[5..]).unwrap();
+        assert_eq!((response.table.as_str(), response.table_version), ("t", 2));
+        assert_eq!(response.position, position_token("t-v2", 0, 7));
         a.value = None;
         let Some(Outcome::Status(status)) = get(&a) else { panic!("KEY_NOT_FOUND") };
+        // As router.grpc_get's: the error of the read of version 2's own table.
+        assert_eq!(status.message, "key 'k' not found in table 't-v2'");
         assert!(!String::from_utf8(status.body.unwrap()).unwrap().contains("table_version"));
     }
 

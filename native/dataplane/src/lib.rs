@@ -77,6 +77,23 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// A front's shared state before its first routing view and principals.
+    fn new(config: Config) -> Shared {
+        Shared {
+            config,
+            snapshot: Mutex::new(Arc::new(Snapshot::default())),
+            principals: Mutex::new(Arc::new(Principals::default())),
+            tls: Mutex::new(None),
+            cluster_tls: Mutex::new(None),
+            leases: Mutex::new(HashMap::new()),
+            counts: Counts::default(),
+            stopping: AtomicBool::new(false),
+            forced: AtomicBool::new(false),
+            stop: Notify::new(),
+            open: AtomicU64::new(0),
+        }
+    }
+
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.snapshot.lock().expect("never poisoned: nothing panics holding it").clone()
     }
@@ -120,19 +137,7 @@ impl Front {
     fn new(listen_fd: RawFd, python_port: u16, config: &str, grpc: Option<(RawFd, u16)>) -> PyResult<Front> {
         let config: Config = serde_json::from_str(config).map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(Front {
-            shared: Arc::new(Shared {
-                config,
-                snapshot: Mutex::new(Arc::new(Snapshot::default())),
-                principals: Mutex::new(Arc::new(Principals::default())),
-                tls: Mutex::new(None),
-                cluster_tls: Mutex::new(None),
-                leases: Mutex::new(HashMap::new()),
-                counts: Counts::default(),
-                stopping: AtomicBool::new(false),
-                forced: AtomicBool::new(false),
-                stop: Notify::new(),
-                open: AtomicU64::new(0),
-            }),
+            shared: Arc::new(Shared::new(config)),
             listen_fd,
             python_port,
             grpc,

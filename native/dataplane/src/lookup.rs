@@ -63,9 +63,9 @@ impl Routing {
         let (table, key, query) = (segment(table)?, segment(key)?, parse_query(query)?);
         self.key(table, key, query, |a| {
             let body = match a.value {
-                Some(value) => answer::found(a.table, a.table_version, a.key, a.partition, value, a.format, &a.who,
-                                             a.input_lag, a.version.as_ref())?,
-                None => answer::not_found(a.table, a.key, a.partition, &a.who, a.input_lag, a.version.as_ref())?,
+                Some(value) => answer::found(a.table, a.table_version, a.physical, a.key, a.partition, value, a.format,
+                                             &a.who, a.input_lag, a.version.as_ref())?,
+                None => answer::not_found(a.physical, a.key, a.partition, &a.who, a.input_lag, a.version.as_ref())?,
             };
             Some((if a.value.is_some() { 200 } else { 404 }, body))
         }).await
@@ -89,9 +89,9 @@ impl Routing {
             }
         }
         let replicas = &spec.partitions[r.partition];
-        let read = Read::Key(KeyRead { id: 0, table: r.table.clone(), partition: r.partition as i32,
+        let read = Read::Key(KeyRead { id: 0, table: spec.physical.clone(), partition: r.partition as i32,
                                        key: r.key.as_bytes().to_vec(), bound: r.read_bound(), as_of_ms: as_of });
-        let (cand, reply) = self.attempts(replicas, &r.table, r.partition, &r.cands, read, &self.latency).await?;
+        let (cand, reply) = self.attempts(replicas, &spec.physical, r.partition, &r.cands, read, &self.latency).await?;
         let Reply::Key(result) = reply else { return None };
         let rep = result.replica.as_ref()?;
         let now = now_ms();
@@ -104,8 +104,8 @@ impl Routing {
         if found && version.as_ref().is_some_and(|v| v.valid_from.is_none()) {
             return None;  // a version without its time: the Python path says what is wrong
         }
-        let answered = KeyAnswer { table: &r.table, table_version: spec.version, key: &r.key,
-                                   partition: r.partition, value: found.then_some(&result.value[..]),
+        let answered = KeyAnswer { table: &r.table, table_version: spec.version, physical: &spec.physical,
+                                   key: &r.key, partition: r.partition, value: found.then_some(&result.value[..]),
                                    format: spec.value_format,
                                    who: served_by(&replicas[cand.index], rep), input_lag, version };
         let written = write(&answered)?;
@@ -114,16 +114,18 @@ impl Routing {
     }
 
     /// A read of one key routed: its table's view, partition and bound, and the replicas to ask in order; None when
-    /// the table is not one `serves` says this path answers, or no replica the view trusts can answer.
+    /// the table is not one `serves` says this path answers, or no replica the view trusts can answer. Replicas,
+    /// their lag and positions are those of the table's served version (`Table::physical`).
     pub(crate) fn route(&self, table: String, key: String, query: &Query, serves: impl Fn(&Table) -> bool)
                         -> Option<Routed> {
         let snap = self.shared.snapshot();
         let spec = snap.tables.get(&table).filter(|t| serves(t))?;
         let partition = (murmur2(key.as_bytes()) & 0x7fff_ffff) as usize % spec.partitions.len().max(1);
         let replicas = spec.partitions.get(partition)?;
-        // A position of another table is the caller's mistake, which the Python path names.
+        // A position of another table is the caller's mistake, which the Python path names; one of another version of
+        // this table holds offsets of another changelog, which the Python path sets aside.
         let min_offset = match &query.position {
-            Some(p) if p.table != table => return None,
+            Some(p) if p.table != spec.physical => return None,
             Some(p) => p.offsets.get(&(partition as i64)).copied().unwrap_or(0),
             None => 0,
         };
@@ -133,8 +135,9 @@ impl Routing {
         let c = &self.shared.config;
         let tol = Tolerances { offsets: c.freshness_tolerance_offsets, ms: c.freshness_tolerance_ms,
                                view_trust_ms: c.view_trust_ms };
-        let cands = selection::select(replicas, &table, partition, bound, &self.overlay.borrow(), &self.load.borrow(),
-                                      tol, now, &mut self.rng.borrow_mut());
+        // By the version's own table: lag answers of the version served before the switch say nothing of its lag.
+        let cands = selection::select(replicas, &spec.physical, partition, bound, &self.overlay.borrow(),
+                                      &self.load.borrow(), tol, now, &mut self.rng.borrow_mut());
         cands.first()?;
         Some(Routed { snap: snap.clone(), table, key, partition, bound, cands })
     }
@@ -227,9 +230,12 @@ impl Routing {
 
 /// A key's answer as the path read it: what REST's body and gRPC's message are written from.
 pub(crate) struct KeyAnswer<'a> {
+    /// The table as the read named it.
     pub table: &'a str,
     /// The table's version that answered (the one served: a read of another goes to the Python path).
     pub table_version: i32,
+    /// That version's own table, read on the store nodes: what the position and KEY_NOT_FOUND's details name.
+    pub physical: &'a str,
     pub key: &'a str,
     pub partition: usize,
     /// The value, when the key was found.
@@ -245,6 +251,7 @@ pub(crate) struct KeyAnswer<'a> {
 /// A read of one key routed (Routing::route).
 pub(crate) struct Routed {
     pub snap: std::sync::Arc<Snapshot>,
+    /// The table as the read named it (its view's key in the snapshot).
     pub table: String,
     pub key: String,
     pub partition: usize,
@@ -468,5 +475,122 @@ mod tests {
         assert_eq!(segment(b"a%2Fb"), Some("a/b".into()));
         assert_eq!(segment(b"%zz"), None);
         assert_eq!(segment(b"%ff"), None);
+    }
+
+    fn run_local<F: std::future::Future<Output = ()>>(f: F) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        tokio::task::LocalSet::new().block_on(&rt, f);
+    }
+
+    /// A store node on loopback finding every key (applied offset 9) and every range's window at 0, keeping each
+    /// read's table and time.
+    async fn node(seen: Rc<RefCell<Vec<(String, Option<i64>)>>>) -> String {
+        use crate::messages::{KeyResult, RangeResult, ReadBatch, ResultBatch, ScanEntry};
+        use prost::Message;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        tokio::task::spawn_local(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut head = [0u8; 4];
+            while s.read_exact(&mut head).await.is_ok() {
+                let mut frame = vec![0u8; u32::from_be_bytes(head) as usize];
+                s.read_exact(&mut frame).await.unwrap();
+                let batch = ReadBatch::decode(&frame[..]).unwrap();
+                let replica = ReplicaStatus { node: "n1".into(), role: ROLE_ACTIVE, state: SERVING_ACTIVE,
+                                              applied_offset: 9, end_offset: Some(9), lag_offsets: Some(0),
+                                              ..Default::default() };
+                let mut out = ResultBatch::default();
+                for r in batch.reads {
+                    seen.borrow_mut().push((r.table, r.as_of_ms));
+                    out.results.push(KeyResult { id: r.id, status: OK, value: bytes::Bytes::from_static(b"{\"n\":1}"),
+                                                 replica: Some(replica.clone()),
+                                                 valid_from_ms: r.as_of_ms.map(|at| at - 10), ..Default::default() });
+                }
+                for r in batch.ranges {
+                    seen.borrow_mut().push((r.table, None));
+                    let entry = ScanEntry { key: crate::windows::window_key(b"k", 0), value: b"{\"n\":2}".to_vec() };
+                    out.ranges.push(RangeResult { id: r.id, status: OK, entries: vec![entry],
+                                                  replica: Some(replica.clone()), watermark_ms: -1,
+                                                  ..Default::default() });
+                }
+                let mut reply = (out.encoded_len() as u32).to_be_bytes().to_vec();
+                out.encode(&mut reply).unwrap();
+                s.write_all(&reply).await.unwrap();
+            }
+        });
+        address
+    }
+
+    /// A routing view as router/data_plane.py writes it: t serving version 2 (versioned), w serving version 3
+    /// (windowed), each read from its version's own table on the node at `address`.
+    fn routing(address: &str, now: i64) -> Routing {
+        let replica = serde_json::json!([["n1", address, "active", "ACTIVE", 9, 9, 0, now, true, false]]);
+        let doc = serde_json::json!({"tables": {
+            "t": {"partitions": 1, "served": true, "window": null, "history_retention_ms": 3_600_000,
+                  "value_format": "json", "max_lag": null, "max_staleness_ms": null, "input_lag": null,
+                  "input_ends": null, "version": 2, "physical": "t-v2"},
+            "w": {"partitions": 1, "served": false,
+                  "window": {"size_ms": 10_000, "slide_ms": 5_000, "retention_ms": 3_600_000},
+                  "history_retention_ms": null, "value_format": "json", "max_lag": null, "max_staleness_ms": null,
+                  "input_lag": null, "input_ends": null, "version": 3, "physical": "w-v3"}},
+            "replicas": [["t", 0, replica], ["w", 0, replica]], "built_ms": now});
+        let config = serde_json::from_value(serde_json::json!({
+            "attempt_timeout_ms": 2000, "hedge": false, "hedge_quantile": 0.95, "hedge_min_ms": 5.0,
+            "hedge_budget": 0.1, "max_windows": 1000, "freshness_tolerance_offsets": 0, "freshness_tolerance_ms": 0,
+            "view_trust_ms": 60_000, "failure_backoff_ms": 1000, "node_expiry_ms": 2000, "cluster_secret": "",
+            "keep_alive_s": 5.0, "authenticates": false})).unwrap();
+        let shared = crate::Shared::new(config);
+        *shared.snapshot.lock().unwrap() = std::sync::Arc::new(Snapshot::parse(doc.to_string().as_bytes()).unwrap());
+        Routing::new(std::sync::Arc::new(shared), 1)
+    }
+
+    #[test]
+    fn a_table_serving_another_version_is_read_from_that_versions_own_table_and_answered_by_its_name() {
+        use crate::answer::position_token;
+        use crate::grpc_answer::{self, Outcome};
+        use crate::messages::GetResponse;
+        use prost::Message;
+
+        run_local(async {
+            let seen = Rc::new(RefCell::new(Vec::new()));
+            let now = now_ms();
+            let routing = routing(&node(seen.clone()).await, now);
+            let v2 = position_token("t-v2", 0, 9);
+            let text = |answered: Option<Answered>| String::from_utf8(answered.expect("served here").1).unwrap();
+
+            let body = text(routing.lookup(b"t", b"k", b"").await);
+            assert!(body.starts_with("{\"table\":\"t\",\"table_version\":2,\"key\":\"k\",\"value\":{\"n\":1},"));
+            assert!(body.contains(&format!(",\"position\":\"{v2}\",")));
+            // What the answer said of the replica's lag is kept as version 2's own table's.
+            assert!(routing.overlay.borrow().get("n1", "t-v2", 0).is_some());
+            assert!(routing.overlay.borrow().get("n1", "t", 0).is_none());
+            let at = now - 1000;
+            let body = text(routing.lookup(b"t", b"k", format!("as_of={at}").as_bytes()).await);
+            assert!(body.starts_with(&format!("{{\"table\":\"t\",\"table_version\":2,\"key\":\"k\",\
+                                               \"value\":{{\"n\":1}},\"as_of\":{at},\"valid_from\":{},", at - 10)));
+            let body = text(routing.windows(b"w", b"k", b"from=0&to=10000").await);
+            assert!(body.starts_with("{\"table\":\"w\",\"table_version\":3,\"key\":\"k\",\"windows\":[{\"start\":0,"));
+            assert!(body.contains(&format!(",\"position\":\"{}\",", position_token("w-v3", 0, 9))));
+            let reads = [("t-v2".to_owned(), None), ("t-v2".to_owned(), Some(at)), ("w-v3".to_owned(), None)];
+            assert_eq!(*seen.borrow(), reads);
+
+            // A position of version 2 bounds a read here; one of version 1 (which the Python path sets aside) or of
+            // another table (which it refuses) goes there unread.
+            assert!(routing.lookup(b"t", b"k", format!("min_position={v2}").as_bytes()).await.is_some());
+            for other in [position_token("t", 0, 9), position_token("w-v3", 0, 9)] {
+                assert!(routing.lookup(b"t", b"k", format!("min_position={other}").as_bytes()).await.is_none());
+            }
+            // A version's own name is no table of the view: the Python path reads it.
+            assert!(routing.lookup(b"t-v2", b"k", b"").await.is_none());
+            assert_eq!(seen.borrow().len(), 4);
+
+            let got = routing.key("t".into(), "k".into(), Query::default(), grpc_answer::get).await;
+            let Some(Outcome::Message(framed)) = got else { panic!("a found key's message") };
+            let response = GetResponse::decode(&framed[5..]).unwrap();
+            assert_eq!((response.table.as_str(), response.table_version, response.position), ("t", 2, v2));
+            assert_eq!(seen.borrow().last(), Some(&("t-v2".to_owned(), None)));
+        });
     }
 }

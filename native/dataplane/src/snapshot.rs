@@ -81,6 +81,8 @@ pub struct Table {
     pub partitions: Vec<Vec<Replica>>,
     /// The table's version read by its name (freshroute.metadata.table_versions), which every answer names.
     pub version: i32,
+    /// That version's own table (`t-v2`; the table's name for version 1): what store reads and positions name.
+    pub physical: String,
 }
 
 impl Table {
@@ -126,6 +128,8 @@ struct TableDoc {
     /// A view written before tables had versions names none: the table as it always was.
     #[serde(default = "first_version")]
     version: i32,
+    /// None in a view written before versions other than 1 were served here: the table's name.
+    physical: Option<String>,
 }
 
 fn first_version() -> i32 {
@@ -153,6 +157,7 @@ impl Snapshot {
                 "bytes" => ValueFormat::Bytes,
                 other => return Err(format!("routing snapshot: table {name}: value format {other:?}")),
             };
+            let physical = t.physical.unwrap_or_else(|| name.clone());
             tables.insert(name, Table {
                 served: t.served,
                 window: t.window.filter(|w| w.size_ms > 0 && w.slide_ms > 0 && w.retention_ms >= 0),
@@ -164,6 +169,7 @@ impl Snapshot {
                 input_ends: t.input_ends,
                 partitions: vec![Vec::new(); t.partitions],
                 version: t.version,
+                physical,
             });
         }
         for (table, partition, replicas) in doc.replicas {
@@ -199,5 +205,22 @@ mod tests {
         let doc = serde_json::json!({"tables": {"a": table, "b": third}, "replicas": [], "built_ms": 0});
         let snap = Snapshot::parse(doc.to_string().as_bytes()).unwrap();
         assert_eq!((snap.tables["a"].version, snap.tables["b"].version), (1, 3));
+    }
+
+    #[test]
+    fn a_table_is_read_from_its_served_versions_own_table_and_from_its_own_name_where_the_view_names_none() {
+        let table = serde_json::json!({"partitions": 1, "served": true, "window": null, "history_retention_ms": null,
+                                       "value_format": "json", "max_lag": null, "max_staleness_ms": null,
+                                       "input_lag": null, "input_ends": null, "version": 1});
+        let mut second = table.clone();
+        second["version"] = 2.into();
+        second["physical"] = "b-v2".into();
+        let replica = serde_json::json!(["n1", "127.0.0.1:7100", "active", "ACTIVE", 4, 4, 0, 0, true, false]);
+        let doc = serde_json::json!({"tables": {"a": table, "b": second}, "replicas": [["b", 0, [replica]]],
+                                     "built_ms": 0});
+        let snap = Snapshot::parse(doc.to_string().as_bytes()).unwrap();
+        assert_eq!((snap.tables["a"].physical.as_str(), snap.tables["b"].physical.as_str()), ("a", "b-v2"));
+        // The served version's replicas, listed under the table's name, are the ones its reads go to.
+        assert_eq!(snap.tables["b"].partitions[0].iter().map(|r| r.node.as_str()).collect::<Vec<_>>(), ["n1"]);
     }
 }

@@ -52,7 +52,7 @@ impl Routing {
         let replicas = &spec.partitions[r.partition];
         let read = Read::Range(RangeRead {
             id: 0,
-            table: r.table.clone(),
+            table: spec.physical.clone(),
             partition: r.partition as i32,
             start: window_key(r.key.as_bytes(), from_ms),
             end: window_key(r.key.as_bytes(), to_ms),
@@ -60,7 +60,7 @@ impl Routing {
             bound: r.read_bound(),
             window: Some(WindowFilter { from_ms, to_ms, life_ms: w.size_ms.saturating_add(w.retention_ms) }),
         });
-        let (cand, reply) = self.attempts(replicas, &r.table, r.partition, &r.cands, read, &self.window_latency)
+        let (cand, reply) = self.attempts(replicas, &spec.physical, r.partition, &r.cands, read, &self.window_latency)
             .await?;
         let Reply::Range(result) = reply else { return None };
         let who = served_by(&replicas[cand.index], result.replica.as_ref()?);
@@ -76,8 +76,8 @@ impl Routing {
                 })
             })
             .collect();
-        let body = answer::windows(&r.table, spec.version, &r.key, r.partition, &windows, watermark, &who,
-                                   spec.input_lag_at(now_ms()));
+        let body = answer::windows(&r.table, spec.version, &spec.physical, &r.key, r.partition, &windows, watermark,
+                                   &who, spec.input_lag_at(now_ms()));
         self.counts().lookup(!windows.is_empty(), who.role == "active", started.elapsed());
         Some((200, body))
     }
