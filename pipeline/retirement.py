@@ -73,10 +73,15 @@ class Retirement:
             self._topics = [(at, topic) for at, topic in self._topics if at > now]
         if not due:
             return
-        try:
-            for topic, future in self.admin().delete_topics(due, operation_timeout=30).items():
+        admin = self.admin()  # held until its futures are done: a client let go ends its requests
+        for topic, future in admin.delete_topics(due, operation_timeout=30).items():
+            try:
                 future.result(30)
                 log.info("changelog %s of a retired table version deleted", topic)
-        except Exception as e:  # the broker away: a topic left behind costs disk, never a read
-            log.warning("deleting the changelogs %s of retired table versions failed: %s", ", ".join(due),
-                        first_line(str(e)))
+            except Exception as e:  # the broker away: tried again at the next round
+                if "UNKNOWN_TOPIC" in str(e):
+                    continue  # gone already
+                log.warning("deleting the changelog %s of a retired table version failed (%s): trying again",
+                            topic, first_line(str(e)))
+                with self._lock:
+                    self._topics.append((time.monotonic() + TOPIC_DELETE_AFTER_S, topic))

@@ -66,7 +66,7 @@ def test_the_view_serves_keyed_string_tables_with_their_default_bounds_and_input
         "max_lag": 7, "max_staleness_ms": None,
         "input_lag": {"records": 5, "caught_up_ms": NOW - 100, "at_ms": NOW - 50, "alive_ms": NOW,
                       "offsets": {"0": 11}},
-        "input_ends": {"at_ms": NOW - 10, "ends": {"0": 16}}, "version": 1}
+        "input_ends": {"at_ms": NOW - 10, "ends": {"0": 16}}, "version": 1, "physical": "plain"}
     # The router's override replaces the pipeline's defaults whole, as RoutingCore.bound_for does.
     assert (doc["tables"]["bounded"]["max_lag"], doc["tables"]["bounded"]["max_staleness_ms"]) == (None, 100)
     assert doc["tables"]["bounded"]["history_retention_ms"] == 60_000  # read as of a time within it
@@ -82,30 +82,55 @@ def test_the_view_serves_keyed_string_tables_with_their_default_bounds_and_input
         dataplane.Front(-1, 1, orjson.dumps(CONFIG).decode()).update(b"{}")
 
 
-def test_the_view_serves_a_table_by_its_name_only_while_its_version_1_is_served():
-    """A table serving another version is listed with nothing served, so every read of it (its served version, one by
-    number) reaches the Python path, which resolves versions; a version's own name is not listed at all."""
-    def record(name: str, serving: int) -> VersionedTable:
-        return VersionedTable(name, serving, {n: TableVersion(n, VersionState.SERVING if n == serving
-                                                              else VersionState.PREVIOUS, f"f{n}", NOW)
-                                              for n in range(1, serving + 1)})
-    tables = [TableSpec("t", "t-changelog", 1, "k", history_retention_ms=60_000),
-              TableSpec("t-v2", "t-v2-changelog", 1, "k", history_retention_ms=60_000),
+def test_the_view_serves_a_table_by_its_name_from_the_version_it_serves():
+    """A table serving version N is listed by its name as version N's own table (``t-v2``): that table's spec, input
+    lag and replicas, read by the name ``physical``; no version's own name is listed, served or not, nor are the
+    replicas of a version not served (the Python path reads those, and a version named by number)."""
+    def record(name: str, serving: int, building: int | None = None) -> VersionedTable:
+        versions = {n: TableVersion(n, VersionState.SERVING if n == serving else VersionState.PREVIOUS, f"f{n}", NOW)
+                    for n in range(1, serving + 1)}
+        if building is not None:
+            versions[building] = TableVersion(building, VersionState.BUILDING, f"f{building}", NOW)
+        return VersionedTable(name, serving, versions)
+    tables = [TableSpec("t", "t-changelog", 1, "k", default_max_lag=1, input_topic="in"),
+              TableSpec("t-v2", "t-v2-changelog", 4, "k", default_max_lag=2, history_retention_ms=60_000,
+                        value_format="string", input_topic="in2"),
               TableSpec("w", "w-changelog", 1, "k", window=hopping("10s", "5s")),
-              TableSpec("w-v3", "w-v3-changelog", 1, "k", window=hopping("10s", "5s")),
+              TableSpec("w-v3", "w-v3-changelog", 1, "k", window=hopping("20s", "10s", retention="1h")),
               TableSpec("kept", "kept-changelog", 1, "k", history_retention_ms=60_000),
+              TableSpec("kept-v2", "kept-v2-changelog", 1, "k"),
+              TableSpec("retired-v2", "retired-v2-changelog", 1, "k"),
               TableSpec("plain", "plain-changelog", 1, "k")]
-    snap = snapshot(tables, [view("n1", t.name) for t in tables],
-                    versions={"t": record("t", 2), "w": record("w", 3), "kept": record("kept", 1)})
-    doc = orjson.loads(snapshot_doc(snap, RoutingPolicy()))
-    assert set(doc["tables"]) == {"t", "w", "kept", "plain"}
-    assert {row[0] for row in doc["replicas"]} == {"t", "w", "kept", "plain"}
-    for name, version in (("t", 2), ("w", 3)):
-        assert {k: doc["tables"][name][k] for k in ("served", "window", "history_retention_ms", "version")} == {
-            "served": False, "window": None, "history_retention_ms": None, "version": version}
-    assert (doc["tables"]["kept"]["served"], doc["tables"]["kept"]["history_retention_ms"]) == (True, 60_000)
-    assert (doc["tables"]["kept"]["version"], doc["tables"]["plain"]["version"]) == (1, 1)
-    dataplane.Front(-1, 1, orjson.dumps(CONFIG).decode()).update(snapshot_doc(snap, RoutingPolicy()))
+    # The replicas of versions not served are on node "old".
+    views = [view("old" if t.name in ("t", "w", "kept-v2") else "n1", t.name) for t in tables] + [view("n2", "t-v2", 3)]
+    snap = snapshot(tables, views, versions={"t": record("t", 2), "w": record("w", 3), "kept": record("kept", 1, 2),
+                                             "retired": record("retired", 2)},
+                    input_lag={"t": InputLag(1, NOW, NOW, {0: 1}, NOW), "t-v2": InputLag(5, NOW - 100, NOW - 50,
+                                                                                        {0: 11}, NOW)},
+                    input_ends={"in": InputEnds({0: 1}, NOW), "in2": InputEnds({0: 16}, NOW - 10)})
+    policy = RoutingPolicy(table_bounds={"w": TableBound(max_lag=9)})
+    doc = orjson.loads(snapshot_doc(snap, policy))
+    assert set(doc["tables"]) == {"t", "w", "kept", "retired", "plain"}
+    assert doc["tables"]["t"] == {
+        "partitions": 4, "served": True, "window": None, "history_retention_ms": 60_000, "value_format": "string",
+        "max_lag": 2, "max_staleness_ms": None,
+        "input_lag": {"records": 5, "caught_up_ms": NOW - 100, "at_ms": NOW - 50, "alive_ms": NOW,
+                      "offsets": {"0": 11}},
+        "input_ends": {"at_ms": NOW - 10, "ends": {"0": 16}}, "version": 2, "physical": "t-v2"}
+    # Windows of version 3's spec; the router's override, by the table's name, over that spec's defaults.
+    assert {k: doc["tables"]["w"][k] for k in ("served", "window", "max_lag", "version", "physical")} == {
+        "served": False, "window": {"size_ms": 20_000, "slide_ms": 10_000, "retention_ms": 3_600_000}, "max_lag": 9,
+        "version": 3, "physical": "w-v3"}
+    # Version 1 served while version 2 is built beside it; version 1 retired, its table gone.
+    assert {k: doc["tables"]["kept"][k] for k in ("served", "history_retention_ms", "version", "physical")} == {
+        "served": True, "history_retention_ms": 60_000, "version": 1, "physical": "kept"}
+    assert (doc["tables"]["retired"]["version"], doc["tables"]["retired"]["physical"]) == (2, "retired-v2")
+    assert (doc["tables"]["plain"]["version"], doc["tables"]["plain"]["physical"]) == (1, "plain")
+    # Each table's reads go to its served version's replicas, listed under its name.
+    replicas = {(table, partition): [r[0] for r in row] for table, partition, row in doc["replicas"]}
+    assert replicas == {("t", 0): ["n1"], ("t", 3): ["n2"], ("w", 0): ["n1"], ("kept", 0): ["n1"],
+                        ("retired", 0): ["n1"], ("plain", 0): ["n1"]}
+    dataplane.Front(-1, 1, orjson.dumps(CONFIG).decode()).update(snapshot_doc(snap, policy))
 
 
 def test_the_compiled_order_is_freshest_firsts():
@@ -174,6 +199,37 @@ def test_principals_are_pushed_with_the_tables_the_guard_lets_them_read(tmp_path
          "rate": {"reads_per_s": 5.0, "burst": 8.0}},
         {"name": "ops", "token_sha256": token_hash("o"), "tables": ["area_counts", "invoices", "sensor_stats",
                                                                     "sensors"], "rate": None}]}
+
+
+def test_principals_are_pushed_with_the_tables_by_the_names_reads_give(tmp_path):
+    """Once version 1 of a table is retired only its version 2's own table (``t-v2``) is left, and reads still name
+    the table: a principal that may read it is pushed with the table's name."""
+    from router.auth import Guard, token_hash
+    from router.data_plane import DataPlane
+    from router.metrics import RouterMetrics
+    from router.rate_limit import LocalRates
+    from router.settings import RouterSettings
+
+    path = tmp_path / "auth.json"
+    path.write_text(orjson.dumps({"principals": [
+        {"name": "dash", "token_sha256": token_hash("d"), "tables": ["t"]}]}).decode())
+
+    class Front:
+        def __init__(self) -> None:
+            self.pushed: list[list[str]] = []
+
+        def update(self, doc: bytes) -> None:
+            pass
+
+        def principals(self, doc: bytes) -> None:
+            self.pushed.append(orjson.loads(doc)["principals"][0]["tables"])
+
+    plane = DataPlane(RouterSettings(auth_file=path), RouterMetrics(), Guard(path, LocalRates()))
+    plane._front = front = Front()
+    record = VersionedTable("t", 2, {1: TableVersion(1, VersionState.RETIRED, "f1", NOW),
+                                     2: TableVersion(2, VersionState.SERVING, "f2", NOW)})
+    plane.on_snapshot(snapshot([TableSpec("t-v2", "t-v2-changelog", 1, "k")], [], versions={"t": record}))
+    assert front.pushed == [["t"]]
 
 
 def test_the_path_is_leased_about_a_tenth_of_a_second_of_its_demand_from_the_principals_bucket(tmp_path):

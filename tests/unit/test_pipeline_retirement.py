@@ -20,15 +20,22 @@ from tests.unit.memory_redis import MemoryRedis
 
 
 class Admin:
-    def __init__(self) -> None:
+    """Deletes topics, the first ``failures`` times failing as a broker away does."""
+
+    def __init__(self, failures: int = 0) -> None:
         self.deleted: list[str] = []
+        self.failures = failures
 
     def delete_topics(self, topics, operation_timeout):
-        self.deleted.extend(topics)
         done = {}
         for t in topics:
             done[t] = Future()
-            done[t].set_result(None)
+            if self.failures:
+                self.failures -= 1
+                done[t].set_exception(RuntimeError("KafkaError{code=_TRANSPORT}"))
+            else:
+                self.deleted.append(t)
+                done[t].set_result(None)
         return done
 
 
@@ -53,6 +60,17 @@ def test_a_version_in_a_query_of_its_own_is_stopped_and_its_checkpoint_and_chang
     assert r.stop("t", 2) is True
     assert own.finished and own.stopped == ["t-v2"] and queries == {"readings.tables": shared}
     assert not (tmp_path / "t-v2").exists()
+    r.delete_due()
+    assert admin.deleted == ["t-v2-changelog"]
+
+
+def test_a_changelog_the_broker_did_not_delete_is_deleted_at_a_later_round(tmp_path, monkeypatch):
+    admin = Admin(failures=1)
+    r = retirement(tmp_path, {"t-v2": query("t-v2", "t-v2")}, admin)
+    monkeypatch.setattr(retirement_module, "TOPIC_DELETE_AFTER_S", 0.0)
+    assert r.stop("t", 2)
+    r.delete_due()
+    assert admin.deleted == []  # refused: kept for the next round
     r.delete_due()
     assert admin.deleted == ["t-v2-changelog"]
 
