@@ -56,6 +56,7 @@ class Load(threading.Thread):
         super().__init__(daemon=True)
         self.url, self.sensors, self.rate, self.workers = url, sensors, rate, workers
         self.answers: list[tuple[int, int, int | None, bool]] = []
+        self.mixed: list[tuple[int, int | None, tuple[str, ...], str]] = []  # when, version, fields, who answered
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -77,8 +78,11 @@ class Load(threading.Thread):
             r = await client.get(f"/v1/tables/{TABLE}/keys/{rng.choice(self.sensors)}")
             body = orjson.loads(r.content) if r.status_code == 200 else {}
             version = body.get("table_version")
-            whole = r.status_code != 200 or frozenset(body.get("value") or ()) == FIELDS.get(version or 0)
+            fields = frozenset(body.get("value") or ())
+            whole = r.status_code != 200 or fields == FIELDS.get(version or 0)
             self.answers.append((now_ms(), r.status_code, version, whole))
+            if not whole and len(self.mixed) < 1000:
+                self.mixed.append((now_ms(), version, tuple(sorted(fields)), str(body.get("served_by"))))
             await asyncio.sleep(max(0.0, due - time.monotonic()))
 
     def first(self, version: int, since_ms: int) -> int | None:
@@ -196,6 +200,8 @@ def measure(home: Path, records: int, sensors: int, rate: float, say: Callable[[
             "version_build_s_per_million": round((switched - built.created_ms) / 1000 * 1e6 / records, 1),
             "version_build_cpu_s_per_million": round((cpu1 - cpu0) * 1e6 / records, 1),
             "version_disk_mb": {"at_switch": at_switch, "after_retirement": after},
+            "version_mixed_examples": [(t - switched, v, f, who) for t, v, f, who in load.mixed[:5]]
+            + [(t - rolled_back, v, f, who) for t, v, f, who in load.mixed[-3:]],
             "version_retired_disk_s": round((now_ms() - retired_ms) / 1000, 1),
         }
     finally:
