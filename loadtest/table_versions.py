@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import shutil
 import tempfile
@@ -95,12 +96,14 @@ def disk_mb(home: Path, physical: str) -> float:
     checkpoint and its replicas' stores (every path that names it)."""
     total = 0
     for part in ("broker", "pipeline", "data"):
-        for p in (home / part).rglob("*"):
-            try:
-                if physical in str(p.relative_to(home)) and p.is_file():
-                    total += p.stat().st_size
-            except OSError:
-                continue  # deleted while counted
+        for root, _dirs, files in os.walk(home / part):  # files deleted meanwhile are skipped, as os.walk does
+            if physical not in root:
+                continue
+            for f in files:
+                try:
+                    total += os.stat(os.path.join(root, f)).st_size
+                except OSError:
+                    continue
     return round(total / 1e6, 1)
 
 
