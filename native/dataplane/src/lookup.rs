@@ -482,9 +482,12 @@ mod tests {
         tokio::task::LocalSet::new().block_on(&rt, f);
     }
 
+    /// The reads a node was sent: each one's table, and its time (as_of).
+    type Seen = Rc<RefCell<Vec<(String, Option<i64>)>>>;
+
     /// A store node on loopback finding every key (applied offset 9) and every range's window at 0, keeping each
     /// read's table and time.
-    async fn node(seen: Rc<RefCell<Vec<(String, Option<i64>)>>>) -> String {
+    async fn node(seen: Seen) -> String {
         use crate::messages::{KeyResult, RangeResult, ReadBatch, ResultBatch, ScanEntry};
         use prost::Message;
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
