@@ -19,6 +19,7 @@ import pytest
 
 from freshroute.metadata.store import MetadataStore
 from freshroute.metadata.version_store import TableVersionStore
+from loadtest.table_versions import FIELDS, V1, V2
 from pipeline.version_mirror import MIRROR
 
 from .backfill_support import TABLES, backfill
@@ -106,20 +107,6 @@ def test_a_redefined_table_is_built_beside_the_served_one_and_a_refused_one_fail
 
 
 
-STATS_V1 = '''
-from pyspark.sql import functions as F
-
-from pipeline.tables import source, table
-
-source("readings", schema="sensor STRING NOT NULL, area STRING NOT NULL, reading DOUBLE NOT NULL")
-
-
-@table(name="sensor_stats", key="sensor", source="readings")
-def sensor_stats(readings):
-    return readings.groupBy("sensor").agg(F.count("reading").alias("count"), F.sum("reading").alias("sum"))
-'''
-STATS_V2 = STATS_V1.replace('F.sum("reading").alias("sum"))', 'F.sum("reading").alias("sum"), F.max("reading").alias("max"))')
-FIELDS = {1: {"count", "sum"}, 2: {"count", "sum", "max"}}
 
 
 class Lookups(threading.Thread):
@@ -150,9 +137,9 @@ def served_version(client: httpx.Client) -> dict:
 @pytest.mark.timeout(900)
 def test_a_table_redefined_under_load_is_built_switched_to_and_rolled_back_with_no_answer_failed_or_mixed(tmp_path):
     v1, v2 = tmp_path / "stats_v1.py", tmp_path / "stats_v2.py"
-    v1.write_text(STATS_V1)
-    v2.write_text(STATS_V2)
-    assert STATS_V2 != STATS_V1
+    v1.write_text(V1)
+    v2.write_text(V2)
+    assert V2 != V1
     stack = start_stack(tmp_path / "stack", nodes=2, tables_file=str(v1))
     try:
         rng = random.Random(3)
