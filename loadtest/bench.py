@@ -80,8 +80,8 @@ FIGURES = ("router_grpc_rps", "router_rest_rps", "direct_store_rps", "baseline_g
            "compiled_rest_rps", "python_rest_rps", "compiled_rest_p99_ms", "python_rest_p99_ms",
            "compiled_router_cpu_us", "python_router_cpu_us", "compiled_grpc_rps", "python_grpc_rps",
            "compiled_grpc_cpu_us", "python_grpc_cpu_us",
-           "version_lookups_failed", "version_answers_mixed", "version_switch_visible_ms", "version_rollback_ms",
-           "version_build_s_per_million", "version_build_cpu_s_per_million")
+           "version_lookups_per_s", "version_lookups_failed", "version_answers_mixed", "version_switch_visible_ms",
+           "version_rollback_ms", "version_build_s_per_million", "version_build_cpu_s_per_million")
 
 WINDOW_COUNT = 6  # window_rps: each lookup asks for a key's last this many windows
 BUSY_CONNECTIONS = 32  # router_rest_p99_ms_busy: lookups in flight while the pipeline runs
@@ -110,7 +110,9 @@ TARGETS = (
     # Read your writes: what waiting for a write token costs over a plain lookup, and never a value without it.
     ("ryw_wait_p99_ms", "ryw_wait_p99_ms", None, "<=", 50.0),
     ("ryw_stale_reads", "ryw_stale_reads", None, "<=", 0.0),
-    # A table redefined under lookups: built beside, switched to, rolled back; no answer failed or mixed.
+    # A table redefined under lookups: built beside, switched to, rolled back; no answer failed or mixed. The rate
+    # is the product's (2,000/s) less 5%; visibility is the slowest router's.
+    ("version_lookups_per_s", "version_lookups_per_s", None, ">=", 1900.0),
     ("version_lookups_failed", "version_lookups_failed", None, "<=", 0.0),
     ("version_answers_mixed", "version_answers_mixed", None, "<=", 0.0),
     ("version_switch_visible_ms", "version_switch_visible_ms", None, "<=", 1000.0),
@@ -196,7 +198,8 @@ LOAD_CLIENTS = {"asof_rest_rps": "wrk -t1 (Lua: rotating keys, ?as_of=) against 
                 "console_poll_p99_ms": "loadtest.console_poller, under console_open_rest_rps's load",
                 "console_poll_router_cpu_ms": "none: the routers' /proc CPU with loadtest.console_poller against "
                                               "without, per poll",
-                "version": "loadtest.table_versions: a stack of its own, httpx (asyncio) lookups at a fixed rate"}
+                "version": "loadtest.table_versions: a stack of its own, lookups at a fixed rate over keep-alive "
+                           "connections spread evenly over its routers (loadtest.http_load: uvloop, httptools)"}
 
 
 RESTORE_FIGURES = ("restore_rps", "raw_consume_rps")
@@ -1111,10 +1114,12 @@ class Bench:
         self.notes["table_versions"] = out
         for k in VERSION_FIGURES:
             self.fig[k] = out.get(k)
-        self.say(f"  lookups {out['version_lookups']:,} ({out['version_lookups_per_s']:,}/s): failed "
-                 f"{out['version_lookups_failed']}, mixing versions {out['version_answers_mixed']}; first answer of "
-                 f"the new version {out['version_switch_visible_ms']} ms after the switch, of the old one "
-                 f"{out['version_rollback_ms']} ms after the rollback; build {out['version_build_s_per_million']} s "
+        self.say(f"  lookups {out['version_lookups']:,} ({out['version_lookups_per_s']:,}/s, the slowest second "
+                 f"{out['version_lookups_per_s_slowest']:,}): failed {out['version_lookups_failed']}, mixing versions "
+                 f"{out['version_answers_mixed']}; first answer of the new version, per router, "
+                 f"{out['version_switch_visible_ms_by_router']} ms after the switch, of the old one "
+                 f"{out['version_rollback_ms_by_router']} ms after the rollback; build "
+                 f"{out['version_build_s_per_million']} s "
                  f"and {out['version_build_cpu_s_per_million']} CPU s per million readings; disk (MB) "
                  f"{out['version_disk_mb']}")
 

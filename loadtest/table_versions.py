@@ -1,34 +1,41 @@
 """Table versions measured on a stack of its own: a table redefined (a new aggregate column) under lookups is built
 beside the served version, switched to once it has caught up, rolled back, and the version left behind retired.
 
-Figures: lookups failed and answers mixing versions (an answer whose fields are not its ``table_version``'s) over
-all of it; how long after the switch's metadata write, and after a rollback's, the first answer of the new version
-came (the load's lookups are its probes); what the build cost (seconds and pipeline CPU seconds per million input
-records, from the version's start to its switch); the disk the new version held at the switch, and how long after its
-retirement all of it was given back.
+Figures: the rate of lookups held (over keep-alive connections spread evenly over the stack's routers, which share
+one port: loadtest.http_load), lookups failed and answers mixing versions (an answer whose fields are not its
+``table_version``'s) over all of it; how long after the switch's metadata write, and after a rollback's, the first
+answer of the new version came from each router (the load's lookups are its probes; the figure is the slowest
+router's); what the build cost (seconds and pipeline CPU seconds per million input records, from the version's start
+to its switch); the disk the new version held at the switch, and how long after its retirement all of it was given
+back.
 
-``python -m loadtest.table_versions`` (``--records``, ``--rate``); ``freshroute bench`` runs it as a step. The stack
-lives in a directory of its own and is thrown away afterwards: the user's stack is never touched.
+``python -m loadtest.table_versions`` (``--records``, ``--rate`` or ``--version-rate``); ``freshroute bench`` runs it
+as a step. The stack lives in a directory of its own and is thrown away afterwards: the user's stack is never touched.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import bisect
 import os
 import random
 import shutil
 import tempfile
 import threading
 import time
+from collections import Counter
+from itertools import islice
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
+import uvloop
 
 from freshroute.lag import now_ms
 from loadtest.footprint import tree_cpu_seconds
+from loadtest.http_load import RateLoad
 
 TABLE = "sensor_stats"
 V1 = '''
@@ -50,45 +57,65 @@ RETAIN_AFTER_ROLLBACK_MS = 10_000  # version 2, rolled back from, is retired thi
 
 
 class Load(threading.Thread):
-    """Lookups of random sensors through the router at ``rate`` a second until stopped: each answer's arrival time
-    (ms since the epoch), status and version, and whether its fields are its version's."""
+    """Lookups of random sensors through the routers at ``rate`` a second until stopped (loadtest.http_load: keep-alive
+    connections, spread evenly over ``routers``, name → pid, when given): each answer's arrival time (ms since the
+    epoch), status and version, and whether its fields are its version's; per router, when each answer came and its
+    version."""
 
-    def __init__(self, url: str, sensors: list[str], rate: float, workers: int = 16) -> None:
+    def __init__(self, url: str, sensors: list[str], rate: float, workers: int = 64,
+                 routers: Mapping[str, int] | None = None) -> None:
         super().__init__(daemon=True)
         self.url, self.sensors, self.rate, self.workers = url, sensors, rate, workers
+        self.routers = dict(routers or {})
         self.answers: list[tuple[int, int, int | None, bool]] = []
+        self.by_router: dict[str, list[tuple[int, int | None]]] = {}  # router → (when, version) of its 200 answers
         self.mixed: list[tuple[int, int | None, tuple[str, ...], str]] = []  # when, version, fields, who answered
         self.stop = threading.Event()
+        self.cpu_s = 0.0  # the load's own CPU (its thread's)
+        self.reconnects = 0
 
     def run(self) -> None:
-        asyncio.run(self._run())
+        split = urlsplit(self.url)
+        paths = [f"/v1/tables/{TABLE}/keys/{s}".encode() for s in self.sensors]
+        load = RateLoad(split.hostname or "", split.port or 80, self.rate, self.workers, lambda rng: rng.choice(paths),
+                        self._answer, self.stop.is_set, self.routers)
+        started = time.thread_time()
+        try:
+            uvloop.run(load.run())
+        finally:
+            self.cpu_s, self.reconnects = time.thread_time() - started, load.reconnects
 
-    async def _run(self) -> None:
-        async with httpx.AsyncClient(base_url=self.url, timeout=10,
-                                     limits=httpx.Limits(max_connections=self.workers)) as client:
-            await asyncio.gather(*(self._worker(client, i) for i in range(self.workers)))
+    def _answer(self, router: str, status: int, content: bytes) -> None:
+        t = now_ms()
+        body = orjson.loads(content) if status == 200 else {}
+        version = body.get("table_version")
+        fields = frozenset(body.get("value") or ())
+        whole = status != 200 or fields == FIELDS.get(version or 0)
+        self.answers.append((t, status, version, whole))
+        if status == 200:
+            self.by_router.setdefault(router, []).append((t, version))
+        if not whole and len(self.mixed) < 1000:
+            self.mixed.append((t, version, tuple(sorted(fields)), str(body.get("served_by"))))
 
-    async def _worker(self, client: httpx.AsyncClient, i: int) -> None:
-        rng = random.Random(i)
-        every = self.workers / self.rate
-        due = time.monotonic()
-        for _ in range(10_000_000):  # bounded; stopped long before
-            if self.stop.is_set():
-                return
-            due += every
-            r = await client.get(f"/v1/tables/{TABLE}/keys/{rng.choice(self.sensors)}")
-            body = orjson.loads(r.content) if r.status_code == 200 else {}
-            version = body.get("table_version")
-            fields = frozenset(body.get("value") or ())
-            whole = r.status_code != 200 or fields == FIELDS.get(version or 0)
-            self.answers.append((now_ms(), r.status_code, version, whole))
-            if not whole and len(self.mixed) < 1000:
-                self.mixed.append((now_ms(), version, tuple(sorted(fields)), str(body.get("served_by"))))
-            await asyncio.sleep(max(0.0, due - time.monotonic()))
+    def first(self, version: int, since_ms: int, router: str | None = None) -> int | None:
+        """When the first answer of ``version`` arrived at or after ``since_ms`` (from ``router``: of its answers)."""
+        if router is not None:
+            answers = self.by_router.get(router, [])
+            start = bisect.bisect_left(answers, since_ms, key=lambda a: a[0])  # in the order they came
+            return next((t for t, v in islice(answers, start, None) if v == version), None)
+        start = bisect.bisect_left(self.answers, since_ms, key=lambda a: a[0])
+        return next((t for t, status, v, _ in islice(self.answers, start, None) if status == 200 and v == version),
+                    None)
 
-    def first(self, version: int, since_ms: int) -> int | None:
-        """When the first answer of ``version`` arrived at or after ``since_ms``."""
-        return next((t for t, status, v, _ in self.answers if t >= since_ms and status == 200 and v == version), None)
+    def first_everywhere(self, version: int, since_ms: int) -> dict[str, int | None]:
+        """Per router, when its first answer of ``version`` arrived at or after ``since_ms``."""
+        return {r: self.first(version, since_ms, r) for r in self.routers or self.by_router}
+
+    def slowest_second(self) -> int:
+        """The fewest answers in one whole second of the load's (its first and last, partial, left out)."""
+        per_second = Counter(t // 1000 for t, *_ in self.answers)
+        whole = sorted(per_second)[1:-1]
+        return min((per_second[s] for s in whole), default=0)
 
 
 def disk_mb(home: Path, physical: str) -> float:
@@ -107,12 +134,12 @@ def disk_mb(home: Path, physical: str) -> float:
     return round(total / 1e6, 1)
 
 
-def wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+def wait(predicate: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.05) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not within {timeout_s:.0f} s")
-        time.sleep(0.05)
+        time.sleep(interval_s)
 
 
 def measure(home: Path, records: int, sensors: int, rate: float, say: Callable[[str], None]) -> dict[str, Any]:
@@ -157,7 +184,8 @@ def measure(home: Path, records: int, sensors: int, rate: float, say: Callable[[
 
             wait(computed, 600, "version 1 computed")
         built_name = f"{TABLE}-v2"
-        load = Load(config.rest_url, names, rate)
+        routers = {name: stack.components[name].pid for name in stack.router_names()}
+        load = Load(config.rest_url, names, rate, routers=routers)
         load.start()
         time.sleep(3)
         stack.stop("pipeline")
@@ -172,19 +200,22 @@ def measure(home: Path, records: int, sensors: int, rate: float, say: Callable[[
         cpu1 = tree_cpu_seconds(pipeline)["pipeline"]
         built, switched = record.versions[2], record.versions[2].switched_ms or 0
         at_switch = disk_mb(config.home, built_name)
-        wait(lambda: load.first(2, switched) is not None, 30, "an answer of version 2")
+        wait(lambda: None not in load.first_everywhere(2, switched).values(), 30, "an answer of version 2 from every "
+             "router")
         say(f"  version 2 served {(switched - built.created_ms) / 1000:.1f} s after it began")
         time.sleep(3)
         rolled_back = now_ms()
         versions.rollback(TABLE, rolled_back, RETAIN_AFTER_ROLLBACK_MS)
-        wait(lambda: load.first(1, rolled_back) is not None, 30, "an answer of version 1 after the rollback")
+        wait(lambda: None not in load.first_everywhere(1, rolled_back).values(), 30,
+             "an answer of version 1 after the rollback from every router")
         say("  rolled back to version 1; version 2 is retired in 10 s")
         wait(lambda: versions.record(TABLE).versions[2].state is VersionState.RETIRED,  # type: ignore[union-attr]
              120, "version 2 retired")
         retired_ms = now_ms()
         # Kafka deletes a topic's files a minute after the topic; store nodes, a replica's after their grace.
         try:
-            wait(lambda: disk_mb(config.home, built_name) == 0, 300, "the disk of version 2 given back")
+            # Polled every half second: a walk of the stack's files every 50 ms would take the load's interpreter.
+            wait(lambda: disk_mb(config.home, built_name) == 0, 300, "the disk of version 2 given back", 0.5)
         except TimeoutError as e:
             say(f"  ! {e}")  # what is left is the figure
         after = disk_mb(config.home, built_name)
@@ -193,13 +224,21 @@ def measure(home: Path, records: int, sensors: int, rate: float, say: Callable[[
         load.join(30)
         answers = load.answers
         span_s = (answers[-1][0] - answers[0][0]) / 1000 if answers else 0.0
+        switch_ms = {r: (t or switched) - switched for r, t in load.first_everywhere(2, switched).items()}
+        rollback_ms = {r: (t or rolled_back) - rolled_back for r, t in load.first_everywhere(1, rolled_back).items()}
         return {
             "version_lookups": len(answers),
             "version_lookups_per_s": round(len(answers) / span_s) if span_s else 0,
+            "version_lookups_per_s_slowest": load.slowest_second(),
+            "version_lookups_by_router": {r: len(a) for r, a in load.by_router.items()},
+            "version_load_cpu_us_per_lookup": round(load.cpu_s * 1e6 / len(answers), 1) if answers else None,
+            "version_load_reconnects": load.reconnects,
             "version_lookups_failed": sum(1 for _, status, _, _ in answers if status != 200),
             "version_answers_mixed": sum(1 for *_, whole in answers if not whole),
-            "version_switch_visible_ms": (load.first(2, switched) or switched) - switched,
-            "version_rollback_ms": (load.first(1, rolled_back) or rolled_back) - rolled_back,
+            "version_switch_visible_ms": max(switch_ms.values()),
+            "version_switch_visible_ms_by_router": switch_ms,
+            "version_rollback_ms": max(rollback_ms.values()),
+            "version_rollback_ms_by_router": rollback_ms,
             "version_build_s_per_million": round((switched - built.created_ms) / 1000 * 1e6 / records, 1),
             "version_build_cpu_s_per_million": round((cpu1 - cpu0) * 1e6 / records, 1),
             "version_disk_mb": {"at_switch": at_switch, "after_retirement": after},
@@ -215,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--records", type=int, default=200_000, help="input readings the new version is built from")
     p.add_argument("--sensors", type=int, default=1_000, help="keys of the table")
-    p.add_argument("--rate", type=float, default=2_000.0, help="lookups a second through the router meanwhile")
+    p.add_argument("--rate", "--version-rate", dest="rate", type=float, default=2_000.0,
+                   help="lookups a second through the routers meanwhile (spread evenly over them)")
     p.add_argument("--home", type=Path, help="where its stack lives (default: a temporary directory, removed)")
     a = p.parse_args(argv)
     home = a.home or Path(tempfile.mkdtemp(prefix="freshroute-versions-"))
