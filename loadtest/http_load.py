@@ -169,23 +169,27 @@ class RateLoad:
     async def _worker(self, i: int, router: str) -> None:
         rng = random.Random(i)
         every = self.connections / self.rate
-        conn = await self._connect(router)
+        conn: Connection | None = None
         due = time.monotonic() + every * rng.random()  # the connections' requests interleaved, not in lockstep
-        await asyncio.sleep(max(0.0, due - time.monotonic()))
         try:
             while not self.stopped():
-                due += every
                 try:
+                    if conn is None:
+                        conn = await self._connect(router)
+                        due = max(due, time.monotonic())  # no burst to make up for the time it took
+                        await asyncio.sleep(due - time.monotonic())
                     answer = await conn.get(self.target(rng), self.timeout_s)
                     self.on_answer(router, answer.status, answer.body)
-                    keep = answer.keep_alive
-                except (ConnectionError, TimeoutError):
+                    if not answer.keep_alive or conn.closed:
+                        conn.close()
+                        conn, self.reconnects = None, self.reconnects + 1
+                except (OSError, TimeoutError):  # refused, closed, no answer in time: a lookup failed
                     self.on_answer(router, NO_ANSWER, b"")
-                    keep = False
-                if not keep or conn.closed:
-                    conn.close()
-                    self.reconnects += 1
-                    conn = await self._connect(router)
+                    if conn is not None:
+                        conn.close()
+                        conn, self.reconnects = None, self.reconnects + 1
+                due += every
                 await asyncio.sleep(max(0.0, due - time.monotonic()))
         finally:
-            conn.close()
+            if conn is not None:
+                conn.close()

@@ -152,3 +152,16 @@ def test_the_rate_is_held_over_every_connection_and_a_closed_one_is_opened_again
     assert set(answers) == {("this", 200, b'{"a": 1234}')}
     assert NO_ANSWER not in {status for _, status, _ in answers}
     assert load.reconnects >= 30  # every 10th answer closed its connection
+
+
+def test_a_router_refusing_connections_fails_each_lookup_due_and_the_load_goes_on():
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+    answers: list[tuple[str, int, bytes]] = []
+    until = time.monotonic() + 0.5
+    load = RateLoad("127.0.0.1", port, 100, 2, lambda rng: b"/k", lambda *a: answers.append(a),
+                    lambda: time.monotonic() > until)
+    asyncio.run(load.run())
+    assert 35 <= len(answers) <= 55, len(answers)  # 100/s for half a second, each a failure
+    assert set(answers) == {(f"127.0.0.1:{port}", NO_ANSWER, b"")}
