@@ -15,10 +15,22 @@ from typing import Any, Callable, Iterable, Mapping
 def end_offsets(admin: Any, partitions: Mapping[str, Iterable[int]], timeout_s: float = 10.0) -> dict[str, dict[int, int]]:
     """Each listed partition's high watermark (where its next record will go), topic by topic, in one request of
     ``admin`` (a confluent-kafka ``AdminClient``)."""
+    return _list_offsets(admin, partitions, timeout_s, earliest=False)
+
+
+def start_offsets(admin: Any, partitions: Mapping[str, Iterable[int]], timeout_s: float = 10.0) -> dict[str, dict[int, int]]:
+    """Each listed partition's log start offset (its oldest record the broker still holds), topic by topic, in one
+    request of ``admin``."""
+    return _list_offsets(admin, partitions, timeout_s, earliest=True)
+
+
+def _list_offsets(admin: Any, partitions: Mapping[str, Iterable[int]], timeout_s: float,
+                  earliest: bool) -> dict[str, dict[int, int]]:
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import OffsetSpec
 
-    wanted = {TopicPartition(t, p): OffsetSpec.latest() for t, ps in partitions.items() for p in ps}
+    spec = OffsetSpec.earliest() if earliest else OffsetSpec.latest()
+    wanted = {TopicPartition(t, p): spec for t, ps in partitions.items() for p in ps}
     out: dict[str, dict[int, int]] = {t: {} for t in partitions}
     if wanted:
         for tp, future in admin.list_offsets(wanted, request_timeout=timeout_s).items():

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from confluent_kafka import KafkaException
 
 from freshroute.errors import InvalidArgument, RetryableError, TableNotFound
 from freshroute.formats import KEY_FORMATS, VALUE_FORMATS, key_problem, value_problem
 from freshroute.keys import partition_for
+from freshroute.metadata.catch_up import CatchUp
 from freshroute.metadata.store import MetadataStore
 from freshroute.metadata.table_versions import VersionedTable, listing
 from freshroute.metadata.tables import MAX_STANDBY_REPLICAS, TableSpec
@@ -169,10 +170,15 @@ def _record_problem(key: bytes | None, value: bytes | None, partition: int, part
     return None
 
 
-def describe(spec: TableSpec, versions: VersionedTable | None = None) -> dict[str, Any]:
+def describe(spec: TableSpec, versions: VersionedTable | None = None,
+             input_lags: Mapping[int, tuple[int, int]] | None = None,
+             catch_ups: Mapping[int, CatchUp] | None = None) -> dict[str, Any]:
     """One table as ``freshroute table list`` shows it, with its versions where the pipeline keeps a record of them
-    (a topic served as it is has one version and no record)."""
+    (a topic served as it is has one version and no record): each with its input lag (``input_lags``, where known)
+    and, building, its progress and estimate (``catch_ups``; :func:`freshroute.metadata.catch_up.version_figures`)."""
     return {"name": spec.name, "topic": spec.topic, "partitions": spec.partitions, "origin": spec.origin,
             "key_format": spec.key_format, "value_format": spec.value_format,
             "standby_replicas": spec.standby_replicas, "windowed": spec.window is not None,
-            "history_retention_ms": spec.history_retention_ms, **listing(versions)}
+            "history_retention_ms": spec.history_retention_ms,
+            **listing(versions, {v: {"records": r, "ms": ms} for v, (r, ms) in (input_lags or {}).items()},
+                      {v: way.to_dict() for v, way in (catch_ups or {}).items()})}

@@ -7,6 +7,11 @@ routers and clients work the input lag out from (:func:`freshroute.metadata.prog
 pipeline never looks fresh. Besides each batch, the figures of every table whose query is running are
 published again once a second: a pipeline that has gone silent is known to be not running.
 
+Each observation is also a sample of the table's records behind: the rate they have been falling at over the last
+minute or so (:class:`freshroute.metadata.catch_up.LagTrend`) is published beside them, with the pipeline's
+``switch_lag``, so that listings can say when a version building will have caught up
+(:func:`freshroute.metadata.catch_up.catch_up`).
+
 Written by a thread of its own, so that a Redis outage never slows the supervising loop: it keeps only the
 latest figures and writes them when it can.
 """
@@ -22,6 +27,7 @@ from typing import Any, Iterable
 import orjson
 
 from freshroute.lag import now_ms
+from freshroute.metadata.catch_up import LagTrend
 from freshroute.metadata.progress import InputLag
 
 log = logging.getLogger("pipeline")
@@ -63,12 +69,15 @@ def batch_start_ms(progress: Any) -> int | None:
 class InputLagPublisher(threading.Thread):
     """Keeps each table's :class:`InputLag` in Redis, as the supervising loop observes its batches."""
 
-    def __init__(self, store: Any, stop: threading.Event, where: str) -> None:
+    def __init__(self, store: Any, stop: threading.Event, where: str, switch_lag: int | None = None) -> None:
+        """``switch_lag``: the pipeline's, published with each table's figures (None: not said)."""
         super().__init__(name="input-lag", daemon=True)
         self.store = store
         self.stop_event = stop
         self.where = where
+        self.switch_lag = switch_lag
         self.latest: dict[str, InputLag] = {}
+        self._trends: dict[str, LagTrend] = {}
         self.started_ms = now_ms()
         self._running: tuple[str, ...] = ()
         self._pending: dict[str, InputLag] = {}
@@ -85,7 +94,8 @@ class InputLagPublisher(threading.Thread):
         previous = self.latest.get(table)
         caught_up = started if behind == 0 or previous is None else previous.caught_up_ms
         offsets = source_offsets(progress.sources[0].endOffset) or {}
-        lag = self.latest[table] = InputLag(behind, caught_up, now, offsets, now)
+        lag = self.latest[table] = InputLag(behind, caught_up, now, offsets, now, self._falling(table, now, behind),
+                                            self.switch_lag)
         with self._lock:
             self._pending[table] = lag
         self._wake.set()
@@ -103,11 +113,20 @@ class InputLagPublisher(threading.Thread):
         if caught_up_ms is not None:
             caught_up = max(caught_up, caught_up_ms)
         alive = now if table in self._running else (previous.alive_ms if previous is not None else 0)
-        lag = self.latest[table] = InputLag(behind, caught_up, now, dict(reached), alive)
+        lag = self.latest[table] = InputLag(behind, caught_up, now, dict(reached), alive,
+                                            self._falling(table, now, behind), self.switch_lag)
         with self._lock:
             self._pending[table] = lag
         self._wake.set()
         return lag
+
+    def _falling(self, table: str, now: int, behind: int) -> float | None:
+        """The table's records behind noted as a sample; the rate they have been falling at (None: unknown)."""
+        trend = self._trends.get(table)
+        if trend is None:
+            trend = self._trends[table] = LagTrend()
+        trend.add(now, behind)
+        return trend.falling_per_s()
 
     def running(self, tables: Iterable[str]) -> None:
         """The tables whose queries are running now (the supervising loop says so every round)."""

@@ -130,7 +130,8 @@ class Pipeline:
                 self.runs.update((r.table.name, r) for r in q.runs)
         c.windowed_changelogs = [r.spec.topic for r in self.runs.values() if r.table.window]
         c.slots = sum(q.task_slots for q in self.queries.values())
-        c.input_lag = InputLagPublisher(MetadataStore.at(s.redis(), s.namespace), self._stop, str(s.redis()))
+        c.input_lag = InputLagPublisher(MetadataStore.at(s.redis(), s.namespace), self._stop, str(s.redis()),
+                                        s.switch_lag)
         c.input_lag.start()
         # From where the topics of the queries it reads back end before they start: it misses none of their records.
         c.follower = follow(s, [(r, s.query_checkpoint(q.name)) for q in self.queries.values()

@@ -439,7 +439,7 @@ class TableInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., topic: _Optional[str] = ..., partitions: _Optional[int] = ..., standby_replicas: _Optional[int] = ..., key_column: _Optional[str] = ..., schema: _Optional[_Mapping[str, str]] = ..., window: _Optional[_Union[TableWindow, _Mapping]] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., pipeline: _Optional[_Union[Pipeline, _Mapping]] = ..., key_format: _Optional[str] = ..., value_format: _Optional[str] = ..., origin: _Optional[str] = ..., pipeline_mode: _Optional[str] = ..., history_retention_ms: _Optional[int] = ..., query: _Optional[str] = ..., version: _Optional[int] = ..., versions: _Optional[_Iterable[_Union[TableVersionInfo, _Mapping]]] = ...) -> None: ...
 
 class TableVersionInfo(_message.Message):
-    __slots__ = ("version", "state", "fingerprint", "created_ms", "switched_ms", "retire_at_ms", "reason", "definition", "input_lag")
+    __slots__ = ("version", "state", "fingerprint", "created_ms", "switched_ms", "retire_at_ms", "reason", "definition", "input_lag", "progress", "caught_up_in_ms")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -449,6 +449,8 @@ class TableVersionInfo(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     DEFINITION_FIELD_NUMBER: _ClassVar[int]
     INPUT_LAG_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    CAUGHT_UP_IN_MS_FIELD_NUMBER: _ClassVar[int]
     version: int
     state: str
     fingerprint: str
@@ -458,7 +460,9 @@ class TableVersionInfo(_message.Message):
     reason: str
     definition: str
     input_lag: InputLag
-    def __init__(self, version: _Optional[int] = ..., state: _Optional[str] = ..., fingerprint: _Optional[str] = ..., created_ms: _Optional[int] = ..., switched_ms: _Optional[int] = ..., retire_at_ms: _Optional[int] = ..., reason: _Optional[str] = ..., definition: _Optional[str] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ...) -> None: ...
+    progress: float
+    caught_up_in_ms: int
+    def __init__(self, version: _Optional[int] = ..., state: _Optional[str] = ..., fingerprint: _Optional[str] = ..., created_ms: _Optional[int] = ..., switched_ms: _Optional[int] = ..., retire_at_ms: _Optional[int] = ..., reason: _Optional[str] = ..., definition: _Optional[str] = ..., input_lag: _Optional[_Union[InputLag, _Mapping]] = ..., progress: _Optional[float] = ..., caught_up_in_ms: _Optional[int] = ...) -> None: ...
 
 class Pipeline(_message.Message):
     __slots__ = ("alive", "last_progress_ms")

@@ -11,11 +11,10 @@ import orjson
 from google.protobuf.struct_pb2 import Struct
 
 from freshroute.errors import FreshrouteError
-from freshroute.metadata.table_versions import listing, named
+from freshroute.metadata.table_versions import named
 from freshroute.metadata.tables import TableSpec
 from freshroute.routing.history import AsOf, Versions
-from freshroute.routing.results import (ClusterView, LookupResult, ReplicaInfo, TableInfo, WindowsResult, input_lag_doc,
-                                        pipeline_doc)
+from freshroute.routing.results import ClusterView, LookupResult, ReplicaInfo, TableInfo, WindowsResult, pipeline_doc
 from freshroute.windows import Window
 from proto import router_pb2
 from router.grpc_errors import grpc_status
@@ -89,7 +88,7 @@ def table_window(spec: TableSpec) -> router_pb2.TableWindow | None:
 
 def table_info(t: TableInfo) -> router_pb2.TableInfo:
     """A table as ``ListTables`` gives it: what ``/v1/tables`` says of it, typed."""
-    s, versions = t.spec, listing(t.versions, {v: input_lag_doc(lag) for v, lag in t.version_lags.items()})
+    s, versions = t.spec, t.versions_doc()
     return router_pb2.TableInfo(name=s.name, topic=s.topic, partitions=s.partitions,
                                 standby_replicas=s.standby_replicas, key_column=s.key_column,
                                 schema=dict(s.value_schema), window=table_window(s),
@@ -98,7 +97,9 @@ def table_info(t: TableInfo) -> router_pb2.TableInfo:
                                 key_format=s.key_format, value_format=s.value_format, origin=s.origin,
                                 pipeline_mode=s.pipeline_mode or "", query=s.query or "",
                                 history_retention_ms=s.history_retention_ms, version=versions["version"],
-                                versions=[router_pb2.TableVersionInfo(**v) for v in versions["versions"]])
+                                # Unknown (null) is unset: a progress or estimate never reads as 0 for want of one.
+                                versions=[router_pb2.TableVersionInfo(**{k: x for k, x in v.items() if x is not None})
+                                          for v in versions["versions"]])
 
 
 def input_lag_message(router: Router, table: str) -> router_pb2.InputLag | None:

@@ -66,6 +66,69 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+class DefaultBound(BaseModel):
+    max_lag: int | None = Field(description="the table's default max_lag (null: none)")
+    max_staleness_ms: int | None = Field(description="the table's default max_staleness_ms (null: none)")
+
+
+class TablePipeline(BaseModel):
+    alive: bool = Field(description="a pipeline is running the table's query (it speaks once a second)")
+    last_progress_ms: int | None = Field(description="when its last micro-batch was seen; null: never")
+
+
+class TableWindow(BaseModel):
+    size_ms: int
+    slide_ms: int
+    grace_ms: int
+    retention_ms: int
+
+
+class TableVersionInfo(BaseModel):
+    version: int
+    state: str = Field(description='"building", "serving", "previous", "failed" or "retired"')
+    fingerprint: str = Field(description="of the definition it computes")
+    created_ms: int
+    switched_ms: int | None = Field(None, description="when it last began to be served")
+    retire_at_ms: int | None = Field(None, description="a previous version's: when it is retired")
+    reason: str | None = Field(None, description="a failed version's: why")
+    definition: str | None = Field(None, description="the digest of the tables file it was defined in")
+    input_lag: InputLag | None = Field(None, description="how far its changelog is behind its input (a building, "
+                                                         "serving or previous version placed on the store nodes)")
+    progress: float | None = Field(None, ge=0, le=1, description=(
+        "a building version's: the share of its input it has consumed, 0..1 (summed over the input's partitions, "
+        "what it read past the log start over that and the records it has yet to read); null: unknown"))
+    caught_up_in_ms: int | None = Field(None, ge=0, description=(
+        "a building version's: ms until its input lag is within switch_lag records, at the rate the lag has been "
+        "falling; 0: it is; null: unknown (too few samples, the lag not falling, the pipeline silent)"))
+
+
+class TableInfo(BaseModel):
+    name: str
+    topic: str = Field(description="the changelog topic its replicas are restored from (its served version's)")
+    partitions: int
+    replicas: int
+    standby_replicas: int
+    key_column: str
+    schema_: dict[str, str] = Field(alias="schema", description="column → type of its values")
+    default_bound: DefaultBound
+    input_lag: InputLag = Field(description="how far its served version's changelog is behind its input")
+    pipeline: TablePipeline
+    key_format: str
+    value_format: str
+    origin: str = Field(description='"pipeline", or "topic": a compacted topic served as it is')
+    pipeline_mode: str | None = Field(description='"realtime" or "microbatch"; null: a topic served as it is')
+    query: str | None = Field(description="the pipeline's streaming query that computes it; null: a topic's")
+    history_retention_ms: int
+    version: int = Field(description="the version served")
+    versions: list[TableVersionInfo] = Field(description="every version the pipeline keeps a record of, oldest "
+                                                         "first; none for a topic served as it is")
+    window: TableWindow | None = Field(None, description="a windowed table's windows")
+
+
+class TablesResponse(BaseModel):
+    tables: list[TableInfo]
+
+
 def _body_field(parameter: Parameter) -> Any:
     """A bound parameter as a field of a JSON body: its schema, nullable."""
     schema = dict(parameter.schema)

@@ -5,16 +5,19 @@ read to; if it were also the one to say where the input ends, a pipeline that st
 answer saying it is caught up. So a store node — the assignor lease holder, one per cluster — reads the input
 topics' ends from the broker a few times a second and writes them to the metadata store
 (``{ns}:input:ends``), where routers and clients set them against the pipeline's progress
-(:func:`freshroute.metadata.progress.input_lag_at`).
+(:func:`freshroute.metadata.progress.input_lag_at`). Where the topics start (their log start offsets, which move only
+as the broker's retention deletes) is read every few seconds and published with them: how much of its input a
+table version building has consumed is counted from there (:mod:`freshroute.metadata.catch_up`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Callable, Mapping
 
-from freshroute.changelog_reader import end_offsets
+from freshroute.changelog_reader import end_offsets, start_offsets
 from freshroute.lag import now_ms
 from freshroute.metadata.progress import InputEnds
 from freshroute.metadata.store import MetadataStore
@@ -25,6 +28,7 @@ from store_node.settings import StoreNodeSettings
 log = logging.getLogger(__name__)
 
 READ_EVERY_S = 0.25
+STARTS_EVERY_S = 5.0  # the log starts: they move only when the broker deletes by retention
 _TIMEOUT_S = 2.0
 
 
@@ -40,6 +44,8 @@ class InputEndsWatcher:
         self._admin_factory = admin_factory
         self._admin: Any = None
         self._partitions: dict[str, list[int]] = {}
+        self._starts: dict[str, dict[int, int]] = {}
+        self._starts_read = float("-inf")  # when (monotonic s) the log starts were last read
         self._failing = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -82,7 +88,23 @@ class InputEndsWatcher:
                 self._partitions[topic] = sorted(meta.partitions)
         now = now_ms()
         known = {t: self._partitions[t] for t in topics if t in self._partitions}
-        return {topic: InputEnds(ends, now) for topic, ends in end_offsets(admin, known, _TIMEOUT_S).items()}
+        ends = end_offsets(admin, known, _TIMEOUT_S)
+        self._read_starts(admin, known)
+        return {topic: InputEnds(e, now, self._starts.get(topic, {})) for topic, e in ends.items()}
+
+    def _read_starts(self, admin: Any, known: dict[str, list[int]]) -> None:
+        """The topics' log starts, read again every :data:`STARTS_EVERY_S` (and for a topic not read yet); a failed
+        read leaves them as they were (none known: no progress is said, the ends are published all the same)."""
+        due = time.monotonic() - self._starts_read >= STARTS_EVERY_S
+        wanted = known if due else {t: ps for t, ps in known.items() if t not in self._starts}
+        if not wanted:
+            return
+        try:
+            self._starts.update(start_offsets(admin, wanted, _TIMEOUT_S))
+        except Exception as e:  # noqa: BLE001 — the ends matter more: they go on
+            log.debug("cannot read the input topics' log starts (%s); retrying", e)
+        if due:
+            self._starts_read = time.monotonic()
 
     def _admin_client(self) -> Any:
         if self._admin is None:

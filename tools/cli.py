@@ -251,7 +251,8 @@ def _lookup_direct(args: argparse.Namespace, bound: "Bound") -> int:
 
 def _table(args: argparse.Namespace) -> int:
     """``freshroute table add|list|remove``: compacted topics served as they are (freshroute/served_tables.py);
-    ``switch|rollback``: which version of a table is served (tools/versions_cli.py)."""
+    ``switch|rollback``: which version of a table is served (tools/versions_cli.py); ``progress``: a version building
+    followed (tools/progress_cli.py)."""
     import json
 
     from dataclasses import replace
@@ -275,10 +276,18 @@ def _table(args: argparse.Namespace) -> int:
         raise RetryableError(f"the metadata store at {args.redis_url} (--redis-url) does not answer: {e}",
                              setting="redis_url") from None
     if args.table_command == "list":
+        from freshroute.lag import now_ms
+        from freshroute.metadata.catch_up import version_figures
+        from tools.progress_cli import version_lines
+
         records = TableVersionStore(metadata.redis, args.namespace).records()
+        specs, lags, ends, now = metadata.tables(), metadata.input_lags(), metadata.input_ends(), now_ms()
         # A version's own table is shown as a version of its table (its state in the version column).
-        listed = sorted(served_specs(metadata.tables(), records, lambda spec, name: replace(spec, name=name)).items())
-        tables = [describe(spec, records.get(name)) for name, spec in listed]
+        listed = sorted(served_specs(specs, records, lambda spec, name: replace(spec, name=name)).items())
+        # Each version with its input lag and, building, its progress and when it will have caught up.
+        tables = [describe(spec, records.get(name),
+                           *(version_figures(records[name], specs, lags, ends, now) if name in records else ()))
+                  for name, spec in listed]
         if args.json:
             print(json.dumps({"tables": tables}, separators=(",", ":")))
             return 0
@@ -288,8 +297,10 @@ def _table(args: argparse.Namespace) -> int:
             version = records[name].summary() if name in records else "1"
             print(f"{t['name']:<24} {t['origin']:<9} {version:<24} {t['partitions']:>10} {t['standby_replicas']:>8}  "
                   f"{t['key_format']:<7} {t['value_format']:<7} {t['topic']}")
+            for line in version_lines(t):
+                print(f"  {line}")
         return 0
-    if args.table_command in ("switch", "rollback"):
+    if args.table_command in ("switch", "rollback", "progress"):
         from tools import versions_cli
 
         return versions_cli.run(args, metadata)

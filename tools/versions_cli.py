@@ -1,5 +1,6 @@
 """``freshroute table switch|rollback``: which version of a table reads are served from
-(freshroute.metadata.table_versions), changed by hand."""
+(freshroute.metadata.table_versions), changed by hand; ``freshroute table progress``: a version building followed
+(tools/progress_cli.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from freshroute.metadata.table_versions import VersionedTable, VersionState
 from freshroute.metadata.version_store import TableVersionStore
 from freshroute.metadata.version_switch import DEFAULT_SWITCH_LAG, switch
 from freshroute.windows import duration_ms
+from tools import progress_cli
 
 DEFAULT_RETAIN_PREVIOUS = "1h"
 
@@ -31,9 +33,12 @@ def add_parsers(table_sub: Any, metadata_flags: argparse.ArgumentParser) -> None
     back.add_argument("name")
     back.add_argument("--retain-previous", type=_duration, default=_duration(DEFAULT_RETAIN_PREVIOUS),
                       metavar="DURATION", help="how long the version served until now is kept")
+    progress_cli.add_parser(table_sub, metadata_flags)
 
 
 def run(args: argparse.Namespace, metadata: MetadataStore) -> int:
+    if args.table_command == "progress":
+        return progress_cli.run(args, metadata)
     versions = TableVersionStore(metadata.redis, args.namespace)
     if args.table_command == "switch":
         record = switch(metadata, versions, args.name, args.version, now_ms(), args.switch_lag, args.retain_previous,

@@ -282,7 +282,7 @@ class AsyncClient(VersionedReads):
             return core.views.list_tables()
         assert self.router is not None
         body = await self.router.ok("GET", "/v1/tables")
-        return table_infos(snapshot_from_router(body, {"nodes": []}, 0))
+        return table_infos(snapshot_from_router(body, {"nodes": []}, 0), body)
 
     async def cluster(self) -> ClusterView:
         core = await self._ready()

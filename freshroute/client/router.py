@@ -6,6 +6,7 @@ import asyncio
 import logging
 import ssl
 import time
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Callable, TypeVar, overload
 from urllib.parse import quote
@@ -17,8 +18,10 @@ from freshroute.errors import FreshrouteError, InvalidArgument, LookupTimeout, R
 from freshroute.bound import Bound
 from freshroute.lag import now_ms
 from freshroute.keys import key_bytes, not_a_batch
+from freshroute.metadata.catch_up import CatchUp
 from freshroute.metadata.progress import InputLag
 from freshroute.metadata.roles import ReplicaState, Role
+from freshroute.metadata.table_versions import VersionedTable
 from freshroute.metadata.tables import TableSpec
 from freshroute.routing.results import KeyLocation, TableInfo, optional_int
 from freshroute.routing.refresher import refresh_until
@@ -192,8 +195,25 @@ def _as_of_query(as_of_ms: int | None) -> dict[str, int]:
     return {} if as_of_ms is None else {"as_of": as_of_ms}
 
 
-def table_infos(snap: Snapshot) -> list[TableInfo]:
-    return [TableInfo(s, s.default_max_lag, s.default_max_staleness_ms) for _, s in sorted(snap.tables.items())]
+def table_infos(snap: Snapshot, tables_doc: dict[str, Any] | None = None) -> list[TableInfo]:
+    """The tables of ``snap``; with the router's ``/v1/tables`` body it was made from, each with its versions as the
+    router listed them (state, input lag and, building, progress and estimate)."""
+    docs = {t["name"]: t for t in (tables_doc or {}).get("tables", ())}
+    return [_with_versions(TableInfo(s, s.default_max_lag, s.default_max_staleness_ms), docs.get(name))
+            for name, s in sorted(snap.tables.items())]
+
+
+def _with_versions(info: TableInfo, doc: dict[str, Any] | None) -> TableInfo:
+    if not doc or not doc.get("versions"):
+        return info
+    listed = doc["versions"]
+    record = VersionedTable.from_json(orjson.dumps({"name": doc["name"], "serving": doc["version"],
+                                                    "versions": listed}))
+    lags = {int(v["version"]): (int(v["input_lag"]["records"]), int(v["input_lag"]["ms"]))
+            for v in listed if v.get("input_lag")}
+    ways = {int(v["version"]): CatchUp(v.get("progress"), v.get("caught_up_in_ms"))
+            for v in listed if "progress" in v or "caught_up_in_ms" in v}
+    return replace(info, versions=record, version_lags=lags, version_catch_ups=ways)
 
 
 def _seg(text: str, field: str = "key") -> str:

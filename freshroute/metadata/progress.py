@@ -23,6 +23,12 @@ class InputLag:
     at_ms: int  # when the last micro-batch was seen
     offsets: dict[int, int] = field(default_factory=dict)  # input partition → the offset the last batch read to
     alive_ms: int = 0  # when the pipeline last said it is running the table's query (once a second)
+    # Input records a second by which ``records`` has been falling over the pipeline's recent samples of it
+    # (freshroute.metadata.catch_up.LagTrend); None: unknown (too few samples, or not falling).
+    falling_per_s: float | None = None
+    # The records behind its input at which the pipeline counts a version of the table caught up (its switch_lag);
+    # None: not said (readers take the default).
+    switch_lag: int | None = None
 
     def ms(self, now: int) -> int:
         """Milliseconds the table's changelog is behind its input at ``now`` by the pipeline's own account."""
@@ -33,29 +39,41 @@ class InputLag:
         return now - self.alive_ms <= PIPELINE_EXPIRY_MS
 
     def to_json(self) -> bytes:
-        return orjson.dumps(asdict(self), option=orjson.OPT_NON_STR_KEYS)
+        doc = asdict(self)
+        for name in ("falling_per_s", "switch_lag"):  # unknown: left out, as older pipelines wrote it
+            if doc[name] is None:
+                del doc[name]
+        return orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS)
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> "InputLag":
         d = orjson.loads(raw)
+        falling, switch_lag = d.get("falling_per_s"), d.get("switch_lag")
         return cls(int(d["records"]), int(d["caught_up_ms"]), int(d["at_ms"]),
-                   {int(p): int(o) for p, o in (d.get("offsets") or {}).items()}, int(d.get("alive_ms", d["at_ms"])))
+                   {int(p): int(o) for p, o in (d.get("offsets") or {}).items()}, int(d.get("alive_ms", d["at_ms"])),
+                   None if falling is None else float(falling), None if switch_lag is None else int(switch_lag))
 
 
 @dataclass(frozen=True)
 class InputEnds:
-    """Where an input topic ends (partition → the offset its next record will get), read from the broker."""
+    """Where an input topic ends (partition → the offset its next record will get), read from the broker, and where
+    it starts (partition → its log start offset: the oldest record the broker still holds), read less often."""
 
     ends: dict[int, int]
     at_ms: int
+    starts: dict[int, int] = field(default_factory=dict)  # empty: not known
 
     def to_json(self) -> bytes:
-        return orjson.dumps(asdict(self), option=orjson.OPT_NON_STR_KEYS)
+        doc = asdict(self)
+        if not doc["starts"]:
+            del doc["starts"]
+        return orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS)
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> "InputEnds":
         d = orjson.loads(raw)
-        return cls({int(p): int(o) for p, o in d["ends"].items()}, int(d["at_ms"]))
+        return cls({int(p): int(o) for p, o in d["ends"].items()}, int(d["at_ms"]),
+                   {int(p): int(o) for p, o in (d.get("starts") or {}).items()})
 
 
 # A pipeline silent this long (it speaks once a second) is not running; input ends older than this are not trusted.

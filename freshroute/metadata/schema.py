@@ -11,9 +11,10 @@ Keys (``ns`` is the namespace, ``freshroute`` by default):
 - ``{ns}:table-versions``      hash  table name → VersionedTable JSON: which version is served, what became of
                                      the others (freshroute.metadata.version_store)
 - ``{ns}:table-versions:building`` str the physical name of the one version being built, while one is
-- ``{ns}:input``               hash  table name → InputLag JSON: where the pipeline is in the table's input
-                                     (written by the pipeline after every micro-batch it sees)
-- ``{ns}:input:ends``          hash  input topic → InputEnds JSON: where it ends
+- ``{ns}:input``               hash  table name → InputLag JSON: where the pipeline is in the table's input, and
+                                     the rate its lag has been falling at (written by the pipeline after every
+                                     micro-batch it sees)
+- ``{ns}:input:ends``          hash  input topic → InputEnds JSON: where it ends, and where it starts
                                      (written by the assignor lease holder)
 - ``{ns}:input:marks``         hash  table name → its latest InputMarks, oldest first (written by the pipeline)
 - ``{ns}:input:rejected``      hash  input topic → the latest records the pipeline rejected, with their reason

@@ -41,16 +41,25 @@ def physical_name(table: str, version: int) -> str:
     return table if version == 1 else f"{table}-v{version}"
 
 
-def listing(record: "VersionedTable | None", input_lags: Mapping[int, Mapping[str, int]] | None = None
-            ) -> dict[str, Any]:
+def listing(record: "VersionedTable | None", input_lags: Mapping[int, Mapping[str, int]] | None = None,
+            catch_ups: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """A table's ``version`` served and its ``versions``, as every listing gives them (no record: a topic served as it
-    is, one version); ``input_lags``: how far each version's changelog is behind its input, where known."""
+    is, one version); ``input_lags``: how far each version's changelog is behind its input, where known. A version
+    building also has its ``progress`` (0..1) and ``caught_up_in_ms``, from ``catch_ups``
+    (:meth:`freshroute.metadata.catch_up.CatchUp.to_dict`): null where unknown, never 0."""
     if record is None:
         return {"version": 1, "versions": []}
-    lags = input_lags or {}
-    return {"version": record.serving, "versions": [
-        {**v.to_dict(), **({"input_lag": dict(lags[v.version])} if v.version in lags else {})}
-        for v in record.listed()]}
+    lags, ways = input_lags or {}, catch_ups or {}
+    versions = []
+    for v in record.listed():
+        doc = v.to_dict()
+        if v.version in lags:
+            doc["input_lag"] = dict(lags[v.version])
+        if v.state is VersionState.BUILDING:
+            way = ways.get(v.version) or {}
+            doc["progress"], doc["caught_up_in_ms"] = way.get("progress"), way.get("caught_up_in_ms")
+        versions.append(doc)
+    return {"version": record.serving, "versions": versions}
 
 
 def served_specs(specs: Mapping[str, T], records: Mapping[str, "VersionedTable"],

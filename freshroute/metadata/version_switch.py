@@ -12,14 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from freshroute.errors import TableVersionNotFound, TableVersionNotReady
+# Records behind its input, and offsets behind its changelog, a version may switch at (re-exported here, its home of old)
+from freshroute.metadata.catch_up import DEFAULT_SWITCH_LAG as DEFAULT_SWITCH_LAG
 from freshroute.metadata.progress import input_lag_at
 from freshroute.metadata.roles import ReplicaState, Role
 from freshroute.metadata.store import MetadataStore
 from freshroute.metadata.table_versions import VersionedTable, VersionState
 from freshroute.metadata.tables import TableSpec
 from freshroute.metadata.version_store import TableVersionStore
-
-DEFAULT_SWITCH_LAG = 1_000  # records behind its input, and offsets behind its changelog, a version may switch at
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import orjson
 from freshroute.errors import FreshrouteError, InvalidArgument, KeyNotFound
 from freshroute.lag import now_ms
 from freshroute.position import Position, single
+from freshroute.metadata.catch_up import CatchUp
 from freshroute.metadata.progress import InputLag
 from freshroute.metadata.table_versions import VersionedTable, listing, named
 from freshroute.metadata.tables import TableSpec
@@ -267,6 +268,13 @@ class TableInfo:
     pipeline: InputLag | None = None  # what the pipeline last published for the table; None: nothing
     versions: VersionedTable | None = None  # its version record; None: one version, unrecorded (a topic served)
     version_lags: Mapping[int, tuple[int, int]] = field(default_factory=dict)  # version → its input lag, where known
+    # A version building → its progress and when it will have caught up (freshroute.metadata.catch_up)
+    version_catch_ups: Mapping[int, CatchUp] = field(default_factory=dict)
+
+    def versions_doc(self) -> dict[str, Any]:
+        """``version`` served and ``versions``, each with its input lag and, building, its progress and estimate."""
+        return listing(self.versions, {v: input_lag_doc(lag) for v, lag in self.version_lags.items()},
+                       {v: way.to_dict() for v, way in self.version_catch_ups.items()})
 
     def to_dict(self, now: int | None = None) -> dict[str, Any]:
         s = self.spec
@@ -276,7 +284,7 @@ class TableInfo:
                "input_lag": input_lag_doc(self.input_lag), "pipeline": pipeline_doc(self.pipeline, now),
                "key_format": s.key_format, "value_format": s.value_format, "origin": s.origin,
                "pipeline_mode": s.pipeline_mode, "query": s.query, "history_retention_ms": s.history_retention_ms,
-               **listing(self.versions, {v: input_lag_doc(lag) for v, lag in self.version_lags.items()})}
+               **self.versions_doc()}
         if s.window is not None:
             w = s.window
             out["window"] = {"size_ms": w.size_ms, "slide_ms": w.slide_ms, "grace_ms": w.grace_ms,

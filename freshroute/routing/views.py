@@ -9,8 +9,9 @@ from typing import Callable, Protocol
 from freshroute.errors import ReplicaUnavailable
 from freshroute.bound import NO_BOUND, Bound
 from freshroute.lag import known_staleness
+from freshroute.metadata.catch_up import version_figures
 from freshroute.metadata.roles import Role
-from freshroute.metadata.table_versions import LIVE, served_specs
+from freshroute.metadata.table_versions import served_specs
 from freshroute.metadata.tables import TableSpec
 from freshroute.routing.results import (ClusterView, HostedReplica, KeyLocation, MetadataHealth, NodeState,
                                         ReplicaInfo, TableInfo, TablePipeline, pipeline_doc)
@@ -64,16 +65,17 @@ class MetadataViews:
         snap = self._core.metadata.current
         if not snap.loaded:
             raise ReplicaUnavailable(self._core.not_loaded())
+        now = self._clock_ms()
         out = []
         for name, spec in served_specs(snap.tables, snap.versions, lambda s, n: replace(s, name=n)).items():
             b = self._core.bound_for(spec, NO_BOUND)
             record = snap.versions.get(name)
             served = record.physical() if record is not None else name
-            lags = {} if record is None else {v.version: self._core.input_lag(record.physical(v.version))
-                                              for v in record.listed()
-                                              if v.state in LIVE and record.physical(v.version) in snap.tables}
+            # Each version's input lag, and the building one's progress and estimate (freshroute.metadata.catch_up).
+            lags, ways = ({}, {}) if record is None else \
+                version_figures(record, snap.tables, snap.input_lag, snap.input_ends, now)
             out.append(TableInfo(spec, b.max_lag, b.max_staleness_ms, self._core.input_lag(served),
-                                 snap.input_lag.get(served), record, lags))
+                                 snap.input_lag.get(served), record, lags, ways))
         return out
 
     def cluster(self) -> ClusterView:

@@ -20,8 +20,9 @@ from freshroute.errors import InvalidArgument
 from freshroute.bound import parse_limit
 from freshroute.lag import known_staleness, now_ms
 from freshroute.metadata.roles import ReplicaState, Role
+from freshroute.metadata.table_versions import named
 from freshroute.routing.core import RoutingCore
-from freshroute.routing.results import ReplicaInfo, pipeline_doc
+from freshroute.routing.results import ReplicaInfo, input_lag_doc, pipeline_doc
 from freshroute.routing.snapshot import Snapshot
 
 SUMMARY_MAX_AGE_MS = 500
@@ -132,7 +133,11 @@ def summarise(core: RoutingCore, snap: Snapshot, now: int) -> dict[str, Any]:
     for name in sorted(table_sums):
         t, lag = table_sums[name], snap.input_lag.get(name)
         restores = sorted(t.restores, key=lambda r: (r["partition"], r["node"]))
-        doc = infos[name].to_dict(now) if name in infos else {"name": name, "pipeline": pipeline_doc(lag, now)}
+        # A version's own table (NAME-vN, its replicas in the grid) says whose version it is; its table's row lists
+        # it with its state, input lag, progress and estimate.
+        doc = infos[name].to_dict(now) if name in infos else {
+            "name": name, "pipeline": pipeline_doc(lag, now), "input_lag": input_lag_doc(snap.input_lag_at(name, now)),
+            **named(name)}
         tables.append({**doc, "replica_kinds": t.kinds, "max_lag_offsets": t.offsets, "max_lag_ms": t.ms,
                        "lag_unknown": t.lag_unknown,
                        "unserved_partitions": t.unserved + snap.tables[name].partitions - t.hosted,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from router.openapi import TablesResponse
 from router.rest.routes import json_response
 from router.routing import Router
 
@@ -12,7 +13,9 @@ from router.routing import Router
 def routes(router: Router) -> APIRouter:
     api = APIRouter(tags=["tables"])
 
-    @api.get("/v1/tables", summary="Tables with partition count, replicas and schema")
+    @api.get("/v1/tables", summary="Tables with partition count, replicas and schema, and each one's versions: "
+                                   "state, input lag and, building, progress and when it will have caught up",
+             responses={200: {"model": TablesResponse}})
     async def list_tables(request: Request) -> Response:
         principal = request.scope["state"].get("principal")
         return json_response({"tables": [t.to_dict() for t in router.views.list_tables()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from types import MappingProxyType
 
 import httpx
 import orjson
@@ -13,7 +14,9 @@ import pytest
 from freshroute.bound import PARAMETERS
 from freshroute.errors import InvalidArgument, TableNotFound
 from freshroute.metadata.assignment import Assignment
+from freshroute.metadata.progress import InputEnds, InputLag
 from freshroute.metadata.roles import Role
+from freshroute.metadata.table_versions import VersionedTable
 from freshroute.metadata.tables import TableSpec
 from freshroute.routing.fake import InMemoryStoreClient
 from freshroute.routing.snapshot import FixedSnapshot, build_snapshot
@@ -146,3 +149,26 @@ async def test_the_rest_app_serves_the_views_and_the_page_its_files_under_a_stri
         assert [f["name"] for f in fields] == list(PARAMETERS) and all(f["doc"] for f in fields)
         assert {f["name"] for f in fields if f["numeric"]} == {"max_lag", "max_staleness_ms", "max_input_lag_ms",
                                                                   "wait_ms", "version"}
+
+
+def test_the_summary_lists_each_version_with_its_state_input_lag_progress_and_estimate():
+    """A table whose version 2 builds beside version 1: its row lists both, the building one with how much of its
+    input it has consumed and when it will have caught up; version 2's own table (its replicas in the grid) says
+    whose version it is."""
+    clock = Clock()
+    router = cluster(clock)
+    v2 = replace(SPEC, name="sensor_stats-v2", topic="sensor_stats-v2-changelog", input_topic="readings")
+    record = VersionedTable.first("sensor_stats", "fp1", 1_000).begun("fp2", 2_000)[0]
+    snap = router.metadata.current
+    router.metadata.current = replace(
+        snap, tables=MappingProxyType({**snap.tables, v2.name: v2}),
+        versions=MappingProxyType({"sensor_stats": record}),
+        input_lag=MappingProxyType({v2.name: InputLag(900, NOW - 5_000, NOW, {0: 400, 1: 200}, NOW, 100.0, 100)}),
+        input_ends=MappingProxyType({"readings": InputEnds({0: 1_000, 1: 500}, NOW, {0: 100, 1: 0})}))
+    doc = orjson.loads(asyncio.run(ClusterViews(router, clock).summary()))
+    rows = {t["name"]: t for t in doc["tables"]}
+    assert [(v["version"], v["state"]) for v in rows["sensor_stats"]["versions"]] == [(1, "serving"), (2, "building")]
+    building = rows["sensor_stats"]["versions"][1]
+    assert building["input_lag"] == {"records": 900, "ms": 5_000}
+    assert building["progress"] == pytest.approx(500 / 1400, abs=1e-4) and building["caught_up_in_ms"] == 8_000
+    assert (rows["sensor_stats-v2"]["table"], rows["sensor_stats-v2"]["table_version"]) == ("sensor_stats", 2)

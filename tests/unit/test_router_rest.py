@@ -356,7 +356,9 @@ async def test_key_metadata_tables_cluster(cluster):
     assert listed["version"] == 1 and listed["versions"] == [
         {"version": 1, "state": "serving", "fingerprint": "fp1", "created_ms": 1_000, "switched_ms": 1_000,
          "input_lag": {"records": 0, "ms": 0}},
-        {"version": 2, "state": "building", "fingerprint": "fp2", "created_ms": 2_000}]  # not placed yet: unknown
+        # Not placed yet, nothing published of it: its input lag unknown, and its progress and estimate null (not 0).
+        {"version": 2, "state": "building", "fingerprint": "fp2", "created_ms": 2_000, "progress": None,
+         "caught_up_in_ms": None}]
     assert [n["node"] for n in view["nodes"]] == ["n1", "n2"]
     assert all(n["alive"] and len(n["replicas"]) == 4 for n in view["nodes"])
     assert view["metadata"]["loaded"] is True

@@ -11,11 +11,16 @@ import pytest
 
 from freshroute.bound import Bound
 from freshroute.errors import TableVersionNotFound
+from freshroute.client.router import snapshot_from_router, table_infos
 from freshroute.keys import serialize_key
+from freshroute.lag import now_ms
+from freshroute.metadata.catch_up import CatchUp
+from freshroute.metadata.progress import InputEnds, InputLag
 from freshroute.metadata.roles import Role
 from freshroute.metadata.table_versions import VersionedTable
 from freshroute.position import Position
 from router.grpc_get import answer_get
+from router.openapi import TablesResponse
 from proto import router_pb2
 
 from .routing_support import KEYS, SPEC, TABLE, Cluster, part
@@ -112,3 +117,59 @@ async def test_the_tables_listing_shows_a_table_once_by_its_served_version_with_
     assert (listed["name"], listed["topic"], listed["version"]) == (TABLE, f"{V2}-changelog", 2)
     assert [(v["version"], v["state"], v["input_lag"]) for v in listed["versions"]] == [
         (1, "previous", {"records": 0, "ms": 0}), (2, "serving", {"records": 0, "ms": 0})]
+
+
+def building_with_figures(starts: dict[int, int] | None = None, falling: float | None = 100.0) -> Cluster:
+    """Version 2 building from input topic ``readings``: 900 records behind (600 + 300) of the 1,400 the broker holds
+    past its log starts, its lag falling 100 records a second, the pipeline's switch_lag 100."""
+    cluster = versioned(building())
+    now = now_ms()
+    snap = cluster.metadata.current
+    tables = {**snap.tables, V2: replace(snap.tables[V2], input_topic="readings")}
+    lag = InputLag(900, now - 5_000, now, {0: 400, 1: 200}, now, falling, 100)
+    ends = InputEnds({0: 1_000, 1: 500}, now, {0: 100, 1: 0} if starts is None else starts)
+    cluster.metadata.current = replace(snap, tables=MappingProxyType(tables),
+                                       input_lag=MappingProxyType({V2: lag}),
+                                       input_ends=MappingProxyType({"readings": ends}))
+    return cluster
+
+
+async def test_a_building_version_is_listed_with_its_progress_and_when_it_will_have_caught_up():
+    cluster = building_with_figures()
+    async with cluster.client() as c:
+        body = (await c.get("/v1/tables")).json()
+    TablesResponse.model_validate(body)  # as the OpenAPI document says
+    serving, second = body["tables"][0]["versions"]
+    assert (second["state"], second["input_lag"]["records"]) == ("building", 900)
+    assert second["progress"] == pytest.approx(500 / 1400, abs=1e-4)
+    assert 7_000 < second["caught_up_in_ms"] <= 8_000  # (900 − 100) records at 100 a second, from now
+    assert serving["state"] == "serving" and "progress" not in serving and "caught_up_in_ms" not in serving
+    # ListTables says the same, typed.
+    t = (await answer_list_tables(cluster)).tables[0]
+    served, built = t.versions
+    assert built.progress == pytest.approx(second["progress"]) and 7_000 < built.caught_up_in_ms <= 8_000
+    assert built.input_lag.records == 900
+    assert not served.HasField("progress") and not served.HasField("caught_up_in_ms")
+    # A client through the router reads the same into its typed listing.
+    [info] = table_infos(snapshot_from_router(body, {"nodes": []}, 0), body)
+    assert info.versions is not None and info.versions.serving == 1
+    assert info.version_lags[2] == (900, second["input_lag"]["ms"])
+    assert info.version_catch_ups[2] == CatchUp(second["progress"], second["caught_up_in_ms"])
+    assert info.to_dict()["versions"] == body["tables"][0]["versions"]
+
+
+async def test_what_is_not_known_of_a_building_version_is_null_in_rest_and_unset_in_grpc():
+    cluster = building_with_figures(starts={}, falling=None)  # no log starts read yet; the lag not falling
+    async with cluster.client() as c:
+        body = (await c.get("/v1/tables")).json()
+    TablesResponse.model_validate(body)
+    building_doc = body["tables"][0]["versions"][1]
+    assert (building_doc["progress"], building_doc["caught_up_in_ms"]) == (None, None)
+    built = (await answer_list_tables(cluster)).tables[0].versions[1]
+    assert not built.HasField("progress") and not built.HasField("caught_up_in_ms")
+
+
+async def answer_list_tables(cluster: Cluster) -> router_pb2.ListTablesResponse:
+    from router.grpc_messages import table_info
+
+    return router_pb2.ListTablesResponse(tables=[table_info(t) for t in cluster.router.views.list_tables()])

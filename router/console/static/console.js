@@ -202,8 +202,11 @@ function renderTables(s) {
     return h("tr", { "data-table": t.name, class: t.name === state.gridTable ? "selected" : "",
       onclick: () => selectTable(t.name) },
     h("td", {}, t.name, t.window ? h("span", { class: "muted" }, " windowed") : null,
-      h("span", { class: "muted", "data-table-version": t.version ?? 1, title: "the version served, and the others under way" },
-        ` v${t.version ?? 1}${versionsUnderWay(t)}`)),
+      t.table && t.table !== t.name
+        ? h("span", { class: "muted", "data-table-version": t.table_version, title: "a version's own table" },
+          ` v${t.table_version} of ${t.table}`)
+        : h("span", { class: "muted", "data-table-version": t.version ?? 1, title: "the version served, and the others under way" },
+          ` v${t.version ?? 1}${versionsUnderWay(t)}`)),
     h("td", { class: "num" }, t.partitions ?? ""),
     h("td", { class: "num" }, t.standby_replicas ?? ""),
     h("td", {}, kinds, t.unserved_partitions ? h("span", { class: "error" }, ` ${t.unserved_partitions} partitions unserved`) : null),
@@ -216,9 +219,53 @@ function renderTables(s) {
     // A table no pipeline has ever written to (a topic served as it is) has no input lag to tell.
     h("td", { class: "num" }, p.last_progress_ms && t.input_lag ? `${t.input_lag.records} / ${ago(t.input_lag.ms)}` : "unknown"),
     h("td", { class: "num" }, rate === null || rate === undefined ? "" : rate.toFixed(1)),
-    h("td", {}, restores.length ? restores : h("span", { class: "muted" }, "none")));
+    h("td", {}, restores.length ? restores : h("span", { class: "muted" }, "none")),
+    h("td", { class: "versions" }, versionList(t)));
   });
   $("tables").tBodies[0].replaceChildren(...rows);
+}
+
+// A duration as a person reads an estimate: "45 s", "3 min", "2 h 5 min", "3 d" (as `freshroute table list` says it).
+function durationText(ms) {
+  const seconds = ms / 1000;
+  if (seconds < 60) return `${Math.max(1, Math.ceil(seconds))} s`;
+  const minutes = Math.round(seconds / 60);
+  if (minutes < 60) return `${minutes} min`;
+  const hours = Math.floor(minutes / 60);
+  const rest = minutes % 60;
+  if (hours < 48) return rest ? `${hours} h ${rest} min` : `${hours} h`;
+  return `${Math.round(hours / 24)} d`;
+}
+
+// When a building version will be within switch_lag of its input; unknown (null) is said so, never 0.
+function estimateText(ms) {
+  if (ms === null || ms === undefined) return "catch-up time unknown";
+  return ms === 0 ? "caught up" : `caught up in ~${durationText(ms)}`;
+}
+
+// Each version of a table but the retired ones: its state and input lag; a building one's progress (a bar, empty and
+// moving while unknown) and when it will have caught up; a failed one's reason.
+function versionList(t) {
+  if (t.table && t.table !== t.name) return h("span", { class: "muted" }, `listed under ${t.table}`);
+  const versions = (t.versions || []).filter((v) => v.state !== "retired");
+  if (!versions.length) return h("span", { class: "muted" }, "one version");
+  return versions.map((v) => {
+    const known = v.progress !== null && v.progress !== undefined;
+    const parts = [h("span", { class: `kind ${v.state}` }, `v${v.version} ${v.state}`)];
+    if (v.state === "failed") {
+      parts.push(h("span", { class: "error reason" }, ` ${v.reason || "no reason recorded"}`));
+    } else {
+      parts.push(h("span", { class: "input-lag" }, v.input_lag ? ` input lag ${v.input_lag.records} / ${ago(v.input_lag.ms)}`
+        : " input lag unknown"));
+    }
+    if (v.state === "building") {
+      parts.push(h("div", { class: "way" }, h("progress", { max: 1, value: known ? v.progress : null }),
+        h("span", { class: "progress" }, ` ${known ? Math.floor(v.progress * 100) : "?"}%`),
+        h("span", { class: "estimate" }, ` · ${estimateText(v.caught_up_in_ms)}`)));
+    }
+    return h("div", { class: `version ${v.state}`, "data-version": v.version, "data-state": v.state,
+      "data-progress": known ? v.progress : "", "data-caught-up-in-ms": v.caught_up_in_ms ?? "" }, parts);
+  });
 }
 
 // A table's versions building beside the served one, or kept for a rollback: " (v3 building)".
