@@ -200,8 +200,8 @@ def measure(home: Path, records: int, sensors: int, rate: float, say: Callable[[
         cpu1 = tree_cpu_seconds(pipeline)["pipeline"]
         built, switched = record.versions[2], record.versions[2].switched_ms or 0
         at_switch = disk_mb(config.home, built_name)
-        wait(lambda: None not in load.first_everywhere(2, switched).values(), 30, "an answer of version 2 from every "
-             "router")
+        wait(lambda: None not in load.first_everywhere(2, switched).values(), 30,
+             "an answer of version 2 from every router")
         say(f"  version 2 served {(switched - built.created_ms) / 1000:.1f} s after it began")
         time.sleep(3)
         rolled_back = now_ms()
