@@ -1,11 +1,15 @@
 """A table redefined on the real broker and Spark: the new definition is built beside the served one as a table of
 its own, from the input's beginning, while the served one goes on by its own definition; a definition Spark refuses
-fails its version only. On a whole stack under lookups: the switch once it has caught up, and a rollback, with no
-lookup failed and no answer mixing two versions."""
+fails its version only. On a whole stack under lookups: kill -9 of the pipeline and of a store node in the middle of a
+build, which goes on from its checkpoint and its replicas; the switch once it has caught up, a rollback, and a switch
+by hand to a version behind its input, refused unless forced; with no lookup failed and no answer mixing two
+versions."""
 
 from __future__ import annotations
 
 import random
+import re
+import signal
 import subprocess
 import sys
 import threading
@@ -17,9 +21,13 @@ import httpx
 import orjson
 import pytest
 
+from freshroute.lag import now_ms
+from freshroute.metadata.roles import ReplicaState
 from freshroute.metadata.store import MetadataStore
 from freshroute.metadata.version_store import TableVersionStore
+from freshroute.metadata.version_switch import DEFAULT_SWITCH_LAG, readiness
 from loadtest.table_versions import FIELDS, V1, V2
+from pipeline.checkpoints import committed_batches
 from pipeline.version_mirror import MIRROR
 
 from .backfill_support import TABLES, backfill
@@ -134,8 +142,37 @@ def served_version(client: httpx.Client) -> dict:
     return tables["sensor_stats"]
 
 
+def recomputed(events: list[dict]) -> dict[str, dict]:
+    """Every field of either version per sensor, as Python computes it from ``events``."""
+    want: dict[str, dict] = defaultdict(lambda: {"count": 0, "sum": 0.0, "max": float("-inf")})
+    for e in events:
+        row = want[e["sensor"]]
+        row["count"] += 1
+        row["sum"] += e["reading"]
+        row["max"] = max(row["max"], e["reading"])
+    return dict(want)
+
+
+def readings(rng: random.Random, sensors: list[str], n: int) -> list[dict]:
+    return [{"sensor": rng.choice(sensors), "area": "a", "reading": round(rng.uniform(0, 100), 2)} for _ in range(n)]
+
+
+def table_command(stack, *args: str) -> subprocess.CompletedProcess:
+    """``freshroute table ARGS`` against the stack's metadata store."""
+    return subprocess.run([sys.executable, "-m", "tools.cli", "table", *args, "--redis-url", stack.config.redis_url,
+                           "--namespace", stack.config.namespace], capture_output=True, text=True, timeout=60)
+
+
+# A switch by hand of a version behind its input by more than the default switch_lag.
+NOT_READY = re.compile(r"^freshroute: TABLE_VERSION_NOT_READY: not switched: sensor_stats-v2 is (\d+) input records "
+                       r"\((\d+) ms\) behind its input, switch_lag is 1000 \(--force switches all the same\)$",
+                       re.MULTILINE)
+LATE = 1200  # readings produced while the pipeline is dead: more than the default switch_lag
+
+
 @pytest.mark.timeout(900)
-def test_a_table_redefined_under_load_is_built_switched_to_and_rolled_back_with_no_answer_failed_or_mixed(tmp_path):
+def test_a_table_redefined_under_load_is_built_through_kills_switched_rolled_back_and_forced_with_no_answer_failed(
+        tmp_path):
     v1, v2 = tmp_path / "stats_v1.py", tmp_path / "stats_v2.py"
     v1.write_text(V1)
     v2.write_text(V2)
@@ -144,59 +181,121 @@ def test_a_table_redefined_under_load_is_built_switched_to_and_rolled_back_with_
     try:
         rng = random.Random(3)
         sensors = [f"s{i}" for i in range(20)]
-        events = [{"sensor": rng.choice(sensors), "area": "a", "reading": round(rng.uniform(0, 100), 2)}
-                  for _ in range(400)]
+        events = readings(rng, sensors, 400)
         produce_readings(stack, events)
+        metadata = MetadataStore.from_url(stack.config.redis_url, stack.config.namespace)
+        versions = TableVersionStore(metadata.redis, stack.config.namespace)
+        pipeline_log = Path(stack.components["pipeline"].log)
         with httpx.Client(base_url=stack.config.rest_url, timeout=10) as client:
-            wait_until(lambda: all(client.get(f"/v1/tables/sensor_stats/keys/{s}", params={"max_lag": 0}).status_code
-                                   == 200 for s in sensors), 300, "every sensor served", stack=stack)
-            load = Lookups(stack.config.rest_url, sensors)
-            load.start()
-            # The pipeline started again with a new aggregate column: version 2 is built beside version 1, then served.
-            stack.stop("pipeline")
-            stack.start("pipeline", "--tables-file", str(v2))
-            wait_until(lambda: served_version(client)["version"] == 2, 300, "version 2 to be served", stack=stack)
-            listed = served_version(client)
-            assert [(v["version"], v["state"]) for v in listed["versions"]] == [(1, "previous"), (2, "serving")]
-            more = [{"sensor": s, "area": "a", "reading": 200.0 + i} for i, s in enumerate(sensors)]
-            produce_readings(stack, more)  # both versions are kept up to date
-            want = defaultdict(lambda: {"count": 0, "sum": 0.0, "max": float("-inf")})
-            for e in events + more:
-                row = want[e["sensor"]]
-                row["count"] += 1
-                row["sum"] += e["reading"]
-                row["max"] = max(row["max"], e["reading"])
-
-            def every_key(version: int | None) -> bool:
+            def every_key(want: dict[str, dict], version: int | None, served: int = 2) -> bool:
                 params = {"max_lag": 0, **({"version": version} if version else {})}
                 got = {s: client.get(f"/v1/tables/sensor_stats/keys/{s}", params=params).json() for s in sensors}
-                expected_version = version or 2
+                expected_version = version or served
                 return all(g.get("table_version") == expected_version and
                            not mismatches({s: g["value"]}, {s: {k: want[s][k] for k in FIELDS[expected_version]}})
                            for s, g in got.items())
 
-            wait_until(lambda: every_key(None), 120, "every key of version 2 as recomputed", stack=stack)
-            wait_until(lambda: every_key(1), 120, "every key of version 1 as recomputed", stack=stack)
+            def behind() -> int:
+                """Input records version 2 is behind its input, as a switch reads it."""
+                spec = metadata.tables()["sensor_stats-v2"]
+                lag = readiness(metadata, spec, now_ms(), DEFAULT_SWITCH_LAG).input_lag
+                return 0 if lag is None else lag[0]
+
+            wait_until(lambda: all(client.get(f"/v1/tables/sensor_stats/keys/{s}", params={"max_lag": 0}).status_code
+                                   == 200 for s in sensors), 300, "every sensor served", stack=stack)
+            load = Lookups(stack.config.rest_url, sensors)
+            load.start()
+            # The pipeline started again with a new aggregate column and auto_switch off: version 2 is built beside
+            # version 1 and stays building, so that the kills below land in its build. Checkpoints every 5 s: the
+            # pipeline killed after one goes on from it.
+            stack.stop("pipeline")
+            flags = ("--tables-file", str(v2), "--realtime-checkpoint-interval", "5 seconds")
+            stack.start("pipeline", *flags, "--auto-switch", "false")
+            wait_until(lambda: every_key(recomputed(events), 2), 300, "version 2 built as recomputed", stack=stack)
+            checkpoint = stack.config.home / "pipeline" / "checkpoints" / "sensor_stats-v2"
+            wait_until(lambda: committed_batches(checkpoint) > 0, 60, "a checkpoint of version 2's query", stack=stack)
+            assert states(versions, "sensor_stats") == {1: "serving", 2: "building"}
+            committed = {p.name: p.stat().st_ino for p in (checkpoint / "commits").iterdir() if p.name.isdigit()}
+
+            # kill -9 of the pipeline and of a store node in the middle of the build, input produced meanwhile.
+            killed_at = len(load.answers)
+            stack.signal("pipeline", signal.SIGKILL)
+            stack.signal("store-node-1", signal.SIGKILL)
+            late = readings(rng, sensors, LATE)
+            produce_readings(stack, late)
+            # A switch by hand is refused while version 2 is behind its input, naming how far.
+            wait_until(lambda: behind() >= LATE, 30, "version 2's input lag to show the readings produced",
+                       stack=stack)
+            refused = table_command(stack, "switch", "sensor_stats", "--version", "2")
+            found = NOT_READY.search(refused.stderr)
+            assert refused.returncode == 2 and found and int(found[1]) >= LATE, (refused.returncode, refused.stderr)
+            assert states(versions, "sensor_stats") == {1: "serving", 2: "building"}
+            # Version 1 is served throughout the build; with the store node dead, by the other node's replicas.
+            wait_until(lambda: len(load.answers) >= killed_at + 300, 30, "lookups while the store node is dead",
+                       stack=stack)
+            building = load.answers[:]
+            assert all(a[:2] == (200, 1) for a in building), Counter(a[:2] for a in building)
+
+            # Both started again: the pipeline goes on building version 2 from its checkpoint (nothing new begun,
+            # nothing failed) and serves it once it has caught up; the store node restores its replicas of both.
+            stack.start("store-node-1")
+            stack.start("pipeline", *flags)
+            wait_until(lambda: served_version(client)["version"] == 2, 300, "version 2 to be served", stack=stack)
+            listed = served_version(client)
+            assert [(v["version"], v["state"]) for v in listed["versions"]] == [(1, "previous"), (2, "serving")]
+            text = pipeline_log.read_text()
+            assert text.count("is built beside") == 1 and "version 2 failed" not in text, text[-3000:]
+            assert {p.name: p.stat().st_ino for p in (checkpoint / "commits").iterdir()
+                    if p.name in committed} == committed  # its batches kept, not done again
+            more = [{"sensor": s, "area": "a", "reading": 200.0 + i} for i, s in enumerate(sensors)]
+            produce_readings(stack, more)  # both versions are kept up to date
+            want = recomputed(events + late + more)
+            wait_until(lambda: every_key(want, None), 120, "every key of version 2 as recomputed", stack=stack)
+            wait_until(lambda: every_key(want, 1), 120, "every key of version 1 as recomputed", stack=stack)
+            partitions = metadata.tables()["sensor_stats-v2"].partitions
+
+            def restored() -> bool:
+                report = metadata.nodes().get("node-1")
+                held = {(r.table, r.partition) for r in report.replicas
+                        if r.state in (ReplicaState.ACTIVE, ReplicaState.STANDBY) and r.within(0)} if report else set()
+                return held >= {(t, p) for t in ("sensor_stats", "sensor_stats-v2") for p in range(partitions)}
+
+            wait_until(restored, 60, "store node 1 to restore its replicas of both versions", stack=stack)
 
             # A rollback serves version 1 again at once.
             started = time.monotonic()
-            done = subprocess.run([sys.executable, "-m", "tools.cli", "table", "rollback", "sensor_stats",
-                                   "--redis-url", stack.config.redis_url, "--namespace", stack.config.namespace],
-                                  capture_output=True, text=True, timeout=60)
+            done = table_command(stack, "rollback", "sensor_stats")
             assert done.returncode == 0, done.stderr
             assert "table sensor_stats: version 1 is served; version 2 is kept for a rollback" in done.stdout
             wait_until(lambda: client.get(f"/v1/tables/sensor_stats/keys/{sensors[0]}").json()["table_version"] == 1,
                        10, "the rollback to reach the router", stack=stack, interval_s=0.05)
             rolled_back_s = time.monotonic() - started
+
+            # A forced switch: with the pipeline killed and input produced meanwhile, version 2 is behind its input;
+            # a switch to it is refused, and --force switches all the same.
+            stack.signal("pipeline", signal.SIGKILL)
+            produce_readings(stack, readings(rng, sensors, LATE))
+            wait_until(lambda: behind() >= LATE, 30, "version 2's input lag to show the readings produced",
+                       stack=stack)
+            refused = table_command(stack, "switch", "sensor_stats", "--version", "2")
+            found = NOT_READY.search(refused.stderr)
+            assert refused.returncode == 2 and found and int(found[1]) >= LATE, (refused.returncode, refused.stderr)
+            forced = table_command(stack, "switch", "sensor_stats", "--version", "2", "--force")
+            assert forced.returncode == 0, forced.stderr
+            assert "table sensor_stats: version 2 is served; version 1 is kept for a rollback" in forced.stdout
+            wait_until(lambda: all(client.get(f"/v1/tables/sensor_stats/keys/{s}").json()["table_version"] == 2
+                                   for s in sensors), 10, "the forced switch to reach the router", stack=stack)
+            since = len(load.answers)
             time.sleep(1)
             load.stop.set()
             load.join(timeout=30)
         failed = [a for a in load.answers if a[0] != 200]
         mixed = [a for a in load.answers if a[0] == 200 and a[2] != FIELDS.get(a[1] or 0)]
-        versions = Counter(a[1] for a in load.answers)
+        seen = Counter(a[1] for a in load.answers)
         assert failed == [] and mixed == [], (failed[:5], mixed[:5])
-        assert versions[1] > 0 and versions[2] > 0, versions  # the load saw both, each whole
+        assert seen[1] > 0 and seen[2] > 0, seen  # the load saw both, each whole
+        assert {a[1] for a in load.answers[since:]} == {2}  # after the forced switch, version 2 only
         assert rolled_back_s < 5, rolled_back_s
-        assert "Traceback" not in Path(stack.components["pipeline"].log).read_text()
+        assert "Traceback" not in pipeline_log.read_text()
     finally:
         stack.discard()
