@@ -3,7 +3,9 @@ can build a new version of the table beside the served one, and one started with
 
 In it: the key, the source as the table reads it, the window, deletes, history, the mode and the computation — the
 SQL, or the function's code as Python parses it (comments and layout aside). Not in it: what changes how a table is
-run or served but not its rows (standby replicas, the trigger, the query it shares). Text is compared line by line,
+run or served but not its rows (standby replicas, the trigger, the query it shares). In it too: how this release lays
+out a query of the table's mode (:data:`QUERY_LAYOUTS`), so that a release which computes tables otherwise builds each
+again as a new version beside the one served, instead of resuming state it cannot read. Text is compared line by line,
 each stripped: a difference the fingerprint cannot tell apart costs a rebuild, never a table quietly left as it was.
 Code a function calls in another module is beyond it.
 """
@@ -19,7 +21,11 @@ from typing import Any, Callable
 
 import orjson
 
-from pipeline.tables import Source, Table
+from pipeline.tables import MICROBATCH, REALTIME, Source, Table
+
+# How this release lays out the state and output of a query in each mode. A release that changes them raises the
+# number: every table of that mode then gets a new version, built beside the one served (pipeline.versions).
+QUERY_LAYOUTS = {REALTIME: 1, MICROBATCH: 1}
 
 
 def fingerprint(t: Table, source: Source, mode: str) -> str:
@@ -36,6 +42,9 @@ def fingerprint(t: Table, source: Source, mode: str) -> str:
         "sql": _lines(t.sql),
         "build": _code(t.build),
     }
+    layout = QUERY_LAYOUTS.get(mode, 1)
+    if layout > 1:  # the first layouts are no field: fingerprints made before releases counted them stay as they were
+        doc["layout"] = layout
     return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 

@@ -24,6 +24,7 @@ from freshroute.errors import FreshrouteError
 from freshroute.lag import now_ms
 from freshroute.metadata.store import MetadataStore
 from freshroute.metadata.table_versions import logical_of
+from freshroute.metadata.tables import TableSpec
 from freshroute.metadata.version_store import TableVersionStore
 from pipeline import definitions, version_mirror
 from pipeline.checkpoints import check_changelog_kept, check_query_tables, resumable, retire_superseded
@@ -139,14 +140,32 @@ class Pipeline:
         for q in list(self.queries.values()):
             self._beside_or_fail(q, q.start)
         admin.poll(0)  # the admin client's librdkafka log lines, queued while it worked, to the pipeline's log
-        self._registrar = TableRegistrar(store, [r.spec for r in self.runs.values()], self._stop, str(s.redis()),
+        held = self._held_specs(store)
+        self._registrar = TableRegistrar(store, [r.spec for r in self.runs.values()] + held, self._stop, str(s.redis()),
                                          s.namespace, versions=self._versions, fingerprints=self.plan.fingerprints,
                                          recomputed=self._recomputed, definition=digest, mirror=s.checkpoint_dir,
                                          switch_lag=s.switch_lag if s.auto_switch else None,
                                          retain_ms=s.retain_previous_ms,
                                          retirement=Retirement(self.queries, self.runs, s.query_checkpoint,
-                                                               s.changelog_topic, lambda: admin_client(s.kafka())))
+                                                               s.changelog_topic, lambda: admin_client(s.kafka()),
+                                                               {h.name: h.query or h.name for h in held}))
         self._registrar.start()
+
+    def _held_specs(self, store: MetadataStore) -> list[TableSpec]:
+        """The specs of the served versions held as they stand (:mod:`pipeline.versions`), as an earlier run
+        registered them: kept registered, so that store nodes go on serving their replicas."""
+        if not self.plan.held:
+            return []
+        try:
+            known = store.tables()
+        except Exception as e:  # Redis away: it serves them by the specs it still has
+            log.warning("Redis at %s is unavailable (%s): the specs of the versions held (%s) are not registered "
+                        "again", self.settings.redis(), first_line(str(e)), ", ".join(self.plan.held))
+            return []
+        if lost := [p for p in self.plan.held if p not in known]:
+            log.error("tables %s: held as they stand, but Redis has lost their specs: not served until the versions "
+                      "built beside them are switched to", ", ".join(lost))
+        return [known[p] for p in self.plan.held if p in known]
 
     def _plan(self, versions: TableVersionStore, digest: str) -> VersionPlan:
         """The versions of its tables to run: by their records in Redis, or as the pipeline kept them on disk when

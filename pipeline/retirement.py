@@ -4,6 +4,8 @@ its changelog — a little later, once store nodes have stopped reading it.
 
 A version whose query computes other tables as well (a Real-time query a source's tables share, ``pipeline.fusion``)
 cannot stop alone: it is kept, computed and served by number, until that query starts afresh, which the log says.
+A version held as it stands (``pipeline.versions``) has no query running: its query's checkpoint goes with the last
+version that query computed.
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ class Retirement:
     """Retires the versions a pipeline runs in queries of their own (called from the registrar's thread)."""
 
     def __init__(self, queries: dict[str, Any], runs: dict[str, Any], checkpoint: Callable[[str], Any],
-                 changelog_topic: Callable[[str], str], admin: Callable[[], Any]) -> None:
+                 changelog_topic: Callable[[str], str], admin: Callable[[], Any],
+                 held: dict[str, str] | None = None) -> None:
         """``queries``/``runs``: the pipeline's, by name; ``checkpoint``: a query's checkpoint directory;
-        ``changelog_topic``: a table's changelog; ``admin``: a Kafka admin client."""
+        ``changelog_topic``: a table's changelog; ``admin``: a Kafka admin client; ``held``: the versions held as
+        they stand, each with the query that computed it."""
         self.queries = queries
+        self.held = dict(held or {})
         self.runs = runs
         self.checkpoint = checkpoint
         self.changelog_topic = changelog_topic
@@ -59,7 +64,9 @@ class Retirement:
             run = self.runs.pop(physical, None)
             if run is not None and run.writer.expiry is not None:
                 run.writer.expiry.close()
-            shutil.rmtree(self.checkpoint(q.name if q is not None else physical), ignore_errors=True)
+            query = q.name if q is not None else self.held.pop(physical, physical)
+            if query not in self.held.values():  # else another version held still has its state there
+                shutil.rmtree(self.checkpoint(query), ignore_errors=True)
             self._topics.append((time.monotonic() + TOPIC_DELETE_AFTER_S, self.changelog_topic(physical)))
         log.info("table %s: version %d retired: its query stopped, its checkpoint deleted; its changelog %s goes in "
                  "%.0f s", table, version, self.changelog_topic(physical), TOPIC_DELETE_AFTER_S)

@@ -4,9 +4,10 @@ The served version goes on computing the definition it was built with — its ta
 checkpoints (:mod:`pipeline.definitions`) — so its rows never mix two definitions. A version building, or kept for a
 rollback, computes its own. A table the tables file now defines otherwise gets a new version, begun beside the one
 served: a table of its own (``<name>-vN``) in a query of its own, computed from the input's beginning as the broker
-holds it. Where the served version cannot go on by its own definition (none kept, or a source the tables file has
-since changed), the table's query goes on with the new one in place, as before tables had versions, and the
-registrar says so.
+holds it. Where the served version cannot go on by its own definition — none kept, a source the tables file has
+since changed, or a release that computes tables otherwise (``pipeline.fingerprint.QUERY_LAYOUTS``) — it is *held*: served
+as it stands, its input lag growing, no query computing it, until the version built beside it by the new definition
+is switched to. Only a served version whose query has nothing to resume from is computed by the new one in place.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class VersionPlan:
     definition: TablesDefinition  # its tables by physical name, each with the definition it computes
     versions: dict[str, PlannedVersion] = field(default_factory=dict)  # physical name → its version
     fingerprints: dict[str, str] = field(default_factory=dict)  # table → the fingerprint its served version runs
+    held: dict[str, PlannedVersion] = field(default_factory=dict)  # physical name → a served version no query runs
 
     @property
     def beside(self) -> frozenset[str]:
@@ -72,23 +74,28 @@ class Planner:
         tables: dict[str, Table] = {}
         versions: dict[str, PlannedVersion] = {}
         fingerprints: dict[str, str] = {}
+        held: dict[str, PlannedVersion] = {}
         for name, t in definition.tables.items():
             fp = fingerprint(t, definition.sources[t.source], self.mode(t))
             record = records.get(name)
             runs = self._versions_of(definition, t, fp, record)
             for v, table in runs.items():
                 physical = physical_name(name, v.version)
+                if table is None:
+                    held[physical] = v
+                    continue
                 tables[physical] = table if v.version == 1 else replace(table, name=physical, query=physical)
                 versions[physical] = v
             served = next(v for v in runs if v.state is VersionState.SERVING)
             # What the served version computes: this definition, or the one it was built with.
             fingerprints[name] = fp if record is None or runs[served] is t \
                 else record.versions[served.version].fingerprint
-        return VersionPlan(replace(definition, tables=tables), versions, fingerprints)
+        return VersionPlan(replace(definition, tables=tables), versions, fingerprints, held)
 
     def _versions_of(self, definition: TablesDefinition, t: Table, fp: str, record: VersionedTable | None
-                     ) -> dict[PlannedVersion, Table]:
-        """The versions of table ``t`` (of fingerprint ``fp``) to run, each with the table it computes."""
+                     ) -> dict[PlannedVersion, Table | None]:
+        """The versions of table ``t`` (of fingerprint ``fp``) to run, each with the table it computes (None: the
+        served version, held as it stands)."""
         name = t.name
         if record is None:
             return {PlannedVersion(name, 1, VersionState.SERVING): t}
@@ -97,20 +104,24 @@ class Planner:
         served = record.versions[record.serving]
         if ours is None and not self.resumes(record.physical()):
             ours = served  # computed afresh from the input: by the new definition, in place
-        runs: dict[PlannedVersion, Table] = {}
+        runs: dict[PlannedVersion, Table | None] = {}
+        held = False
         for v in live:
             table: Table | str = t if v is ours else self._kept(definition, name, v)
             if isinstance(table, str) and v is served:
-                # Its own definition cannot be had: the new one goes on in its query, as the registrar says.
-                log.warning("table %s: version %d cannot go on by the definition it was built with (%s): the new "
-                            "definition runs in its place", name, v.version, table)
-                table, ours = t, ours or served
+                # Its query's state is of another definition: resumed by this one, its rows would mix the two.
+                log.warning("table %s: version %d cannot go on by the definition it was built with (%s): it is held, "
+                            "served as it stands with its input lag growing, until the version of the new definition "
+                            "is switched to", name, v.version, table)
+                runs[PlannedVersion(name, v.version, v.state)] = None
+                held = True
+                continue
             if isinstance(table, str):
                 self._failed(name, v.version, f"its definition cannot be run again: {table}")
                 continue
             runs[PlannedVersion(name, v.version, v.state)] = table
         if ours is None:
-            begun = self._begun(name, fp, record)
+            begun = self._begun(name, fp, record, held)
             if begun is not None:
                 runs[PlannedVersion(name, begun.version, VersionState.BUILDING)] = t
         return runs
@@ -133,18 +144,21 @@ class Planner:
             return f"the tables file kept of it ({v.definition}) computes something else under this release"
         return t
 
-    def _begun(self, name: str, fp: str, record: VersionedTable) -> TableVersion | None:
-        """A new version of the table computing ``fp``, unless one of it failed already or none can begin now."""
+    def _begun(self, name: str, fp: str, record: VersionedTable, held: bool) -> TableVersion | None:
+        """A new version of the table computing ``fp``, unless one of it failed already or none can begin now
+        (``held``: the served version is held meanwhile)."""
+        how = "held as it stands" if held else "by its own definition"
         failed = next((v for v in record.listed() if v.state is VersionState.FAILED and v.fingerprint == fp), None)
         if failed is not None:
             log.warning("table %s: its definition in the tables file is that of version %d, which failed (%s): not "
-                        "built again; version %d is served", name, failed.version, failed.reason, record.serving)
+                        "built again; version %d is served %s", name, failed.version, failed.reason, record.serving,
+                        how)
             return None
         try:
             begun = self.begin(name, fp)
         except Exception as e:  # another version building, or Redis away: the served one goes on as it is
-            log.warning("table %s: its new definition is not built now (%s): version %d goes on being served by "
-                        "its own; start the pipeline again to build it", name, first_line(str(e)), record.serving)
+            log.warning("table %s: its new definition is not built now (%s): version %d goes on being served %s; "
+                        "start the pipeline again to build it", name, first_line(str(e)), record.serving, how)
             return None
         log.info("table %s: its definition changed (fingerprint %s): version %d is built beside version %d as "
                  "table %s, from the input's beginning as the broker holds it", name, fp, begun.version,

@@ -77,3 +77,18 @@ def test_the_source_schema_and_the_mode_are_part_of_every_table_of_the_source(tm
     wider = replace(d.sources[t.source], schema=d.sources[t.source].schema + ", unit STRING")
     assert fingerprint(t, wider, "realtime") != fingerprint(t, d.sources[t.source], "realtime")
     assert fingerprint(t, wider, "realtime") == fingerprint(t, replace(wider, dead_letter_topic="x"), "realtime")
+
+
+def test_a_release_that_lays_out_a_modes_queries_otherwise_changes_the_fingerprints_of_that_mode_only(tmp_path,
+                                                                                                     monkeypatch):
+    from pipeline import fingerprint as fingerprinting
+
+    realtime, microbatch = prints(tmp_path), prints(tmp_path, mode="microbatch")
+    # The demo table's fingerprint under this release's layouts.
+    d = load_tables(DEMO_TABLES_FILE)
+    t = d.tables["sensor_stats"]
+    before = fingerprint(t, d.sources[t.source], "realtime")
+    monkeypatch.setitem(fingerprinting.QUERY_LAYOUTS, "realtime", 2)
+    assert all(a != b for a, b in zip(realtime.values(), prints(tmp_path).values()))
+    assert prints(tmp_path, mode="microbatch") == microbatch
+    assert fingerprint(t, d.sources[t.source], "realtime") != before

@@ -408,3 +408,23 @@ def test_a_failing_query_of_a_version_beside_fails_that_version_and_any_other_qu
     rejects.tables = []  # a source's rejected records: no table, never a version's
     with pytest.raises(RuntimeError):
         pipeline._beside_or_fail(rejects, refused)
+
+
+def test_the_specs_of_versions_held_as_they_stand_are_registered_as_redis_has_them(pipeline, caplog):
+    from freshroute.metadata.table_versions import VersionState
+    from pipeline.versions import PlannedVersion, VersionPlan
+
+    held = {n: PlannedVersion(n, 1, VersionState.SERVING) for n in ("sensor_stats", "lost")}
+    pipeline.plan = VersionPlan(pipeline.definition, held=held)
+    other = TableSpec("other", "other-changelog", 8, "k", {"n": "bigint"})
+    store = SimpleNamespace(tables=lambda: {"sensor_stats": SPEC, "other": other})
+    assert pipeline._held_specs(store) == [SPEC]
+    assert caplog.messages == ["tables lost: held as they stand, but Redis has lost their specs: not served until the "
+                               "versions built beside them are switched to"]
+
+    def away():
+        raise ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    assert pipeline._held_specs(SimpleNamespace(tables=away)) == []
+    pipeline.plan = VersionPlan(pipeline.definition)
+    assert pipeline._held_specs(SimpleNamespace(tables=away)) == []  # nothing held: Redis not even asked

@@ -84,6 +84,20 @@ def test_a_version_sharing_its_query_is_kept_and_said_once(tmp_path, caplog):
                                "u: it is kept, computed and readable by number, until that query starts afresh"]
 
 
+def test_held_versions_no_query_computes_let_their_query_s_checkpoint_go_with_the_last_of_them(tmp_path, monkeypatch):
+    admin = Admin()
+    (tmp_path / "readings.tables" / "state").mkdir(parents=True)  # the Real-time query t and u were computed in
+    r = Retirement({}, {}, lambda q: tmp_path / q, lambda t: f"{t}-changelog", lambda: admin,
+                   held={"t": "readings.tables", "u": "readings.tables"})
+    monkeypatch.setattr(retirement_module, "TOPIC_DELETE_AFTER_S", 0.0)
+    assert r.stop("t", 1) is True
+    assert (tmp_path / "readings.tables" / "state").exists()  # u's state: the release before resumes it after a rollback
+    assert r.stop("u", 1) is True
+    assert not (tmp_path / "readings.tables").exists()
+    r.delete_due()
+    assert admin.deleted == ["t-changelog", "u-changelog"]
+
+
 def test_the_pipeline_retires_a_previous_version_once_its_time_for_a_rollback_is_over(tmp_path, monkeypatch):
     redis = MemoryRedis()
     store, versions = MetadataStore(redis.sync, "ns"), TableVersionStore(redis.sync, "ns")

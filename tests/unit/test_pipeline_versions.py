@@ -11,6 +11,7 @@ import pytest
 
 from freshroute.errors import TableDeployInProgress
 from freshroute.metadata.table_versions import TableVersion, VersionedTable, VersionState
+from pipeline import fingerprint as fingerprinting
 from pipeline.fingerprint import fingerprint
 from pipeline.tables import Source, Table, TablesDefinition, TablesFileError
 from pipeline.versions import PlannedVersion, Planner
@@ -27,6 +28,13 @@ def definition(*tables: Table, source: Source = SOURCE) -> TablesDefinition:
 
 def fp(t: Table, source: Source = SOURCE) -> str:
     return fingerprint(t, source, "realtime")
+
+
+def fp_before_release(t: Table) -> str:
+    """The fingerprint of ``t`` as the release before a change of layouts made it."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(fingerprinting, "QUERY_LAYOUTS", {"realtime": 1, "microbatch": 1})
+        return fp(t)
 
 
 KEPT = {"old-file": definition(OLD, OTHER), "new-file": definition(NEW, OTHER)}
@@ -125,20 +133,45 @@ def test_a_query_started_afresh_computes_the_new_definition_in_place():
     assert versions.begun == [] and plan.fingerprints["stats"] == fp(NEW)  # the registrar records it recomputed
 
 
-def test_a_served_version_whose_definition_is_not_kept_goes_on_with_the_new_one_in_place(caplog):
+def test_a_served_version_whose_definition_is_not_kept_is_held_while_the_new_one_is_built_beside(caplog):
     versions = Versions()
     plan = planner(versions, kept={}).plan(definition(NEW, OTHER), {"stats": served_old()})
-    assert plan.definition.tables["stats"] == NEW and versions.begun == []
-    assert plan.fingerprints["stats"] == fp(NEW)  # the registrar says the rows now mix both
+    assert "stats" not in plan.definition.tables and plan.held == {"stats": PlannedVersion("stats", 1,
+                                                                                           VersionState.SERVING)}
+    assert versions.begun == [("stats", fp(NEW))] and plan.definition.tables["stats-v2"].sql == NEW.sql
+    assert plan.fingerprints["stats"] == fp(OLD)  # what the version served was built by, as its record says
     assert ("table stats: version 1 cannot go on by the definition it was built with (the tables file of digest "
-            "old-file is not kept): the new definition runs in its place") in caplog.messages
+            "old-file is not kept): it is held, served as it stands with its input lag growing, until the version "
+            "of the new definition is switched to") in caplog.messages
 
 
-def test_a_source_declared_otherwise_now_leaves_the_new_definition_in_place():
+def test_a_source_declared_otherwise_now_holds_the_served_version_and_builds_the_new_one_beside():
     changed = replace(SOURCE, schema="sensor STRING, value DOUBLE, site STRING")
     versions = Versions()
     plan = planner(versions).plan(definition(NEW, OTHER, source=changed), {"stats": served_old()})
-    assert plan.definition.tables["stats"] == NEW and versions.begun == []
+    assert set(plan.held) == {"stats"} and set(plan.definition.tables) == {"stats-v2", "peaks"}
+    assert versions.begun == [("stats", fp(NEW, changed))]
+
+
+def test_a_release_that_lays_out_queries_otherwise_builds_each_table_again_beside_the_one_held(monkeypatch):
+    # The same tables file under a release whose Real-time queries keep their state otherwise.
+    monkeypatch.setitem(fingerprinting.QUERY_LAYOUTS, "realtime", 2)
+    versions = Versions()
+    records = {t.name: VersionedTable.first(t.name, fp_before_release(t), 1_000, definition="old-file")
+               for t in (OLD, OTHER)}
+    assert fp(OLD) != fp_before_release(OLD)
+    plan = planner(versions).plan(definition(OLD, OTHER), records)
+    assert set(plan.held) == {"stats", "peaks"} and set(plan.definition.tables) == {"stats-v2", "peaks-v2"}
+    assert versions.begun == [("stats", fp(OLD)), ("peaks", fp(OTHER))]
+    assert plan.fingerprints == {"stats": fp_before_release(OLD), "peaks": fp_before_release(OTHER)}
+
+
+def test_a_held_version_that_cannot_be_followed_now_stays_held(caplog):
+    versions = Versions(refuse=TableDeployInProgress("version peaks-v3 is still building"))
+    plan = planner(versions, kept={}).plan(definition(NEW, OTHER), {"stats": served_old()})
+    assert set(plan.held) == {"stats"} and "stats-v2" not in plan.definition.tables
+    assert ("table stats: its new definition is not built now (version peaks-v3 is still building): version 1 goes "
+            "on being served held as it stands; start the pipeline again to build it") in caplog.messages
 
 
 def test_a_version_that_cannot_begin_leaves_the_served_one_by_its_own_definition(caplog):
@@ -146,7 +179,7 @@ def test_a_version_that_cannot_begin_leaves_the_served_one_by_its_own_definition
     plan = planner(versions).plan(definition(NEW, OTHER), {"stats": served_old()})
     assert plan.definition.tables == {"stats": OLD, "peaks": OTHER}
     assert ("table stats: its new definition is not built now (version peaks-v3 is still building): version 1 goes "
-            "on being served by its own; start the pipeline again to build it") in caplog.messages
+            "on being served by its own definition; start the pipeline again to build it") in caplog.messages
 
 
 def test_a_definition_that_failed_is_not_built_again():
