@@ -5,9 +5,9 @@ checkpoints (:mod:`pipeline.definitions`) — so its rows never mix two definiti
 rollback, computes its own. A table the tables file now defines otherwise gets a new version, begun beside the one
 served: a table of its own (``<name>-vN``) in a query of its own, computed from the input's beginning as the broker
 holds it. Where the served version cannot go on by its own definition — none kept, a source the tables file has
-since changed, or a release that computes tables otherwise (``pipeline.fingerprint.QUERY_LAYOUTS``) — it is *held*: served
-as it stands, its input lag growing, no query computing it, until the version built beside it by the new definition
-is switched to. Only a served version whose query has nothing to resume from is computed by the new one in place.
+since changed, or a release that computes tables otherwise (``pipeline.fingerprint.QUERY_LAYOUTS``) — it is *held*:
+served as it stands, its input lag growing, no query computing it, until the version built beside it by the new
+definition is switched to. Only a served version whose query has nothing to resume from is computed by the new one in place.
 """
 
 from __future__ import annotations
