@@ -42,6 +42,8 @@ def fingerprint(t: Table, source: Source, mode: str) -> str:
         "sql": _lines(t.sql),
         "build": _code(t.build),
     }
+    if t.versions_from != "beginning":  # a version refused for its expired input is built once the table says so
+        doc["versions_from"] = t.versions_from
     layout = QUERY_LAYOUTS.get(mode, 1)
     if layout > 1:  # the first layouts are no field: fingerprints made before releases counted them stay as they were
         doc["layout"] = layout

@@ -30,6 +30,7 @@ from pipeline import definitions, version_mirror
 from pipeline.checkpoints import check_changelog_kept, check_query_tables, resumable, retire_superseded
 from pipeline.failures import restart_delay
 from pipeline.follower import follow
+from pipeline.input_held import held_input
 from pipeline.input_lag import InputLagPublisher
 from pipeline.logs import WARM_LOG, configure_logging, first_line, log_progress
 from pipeline.microbatch_query import MicrobatchQuery, rejects_query
@@ -189,8 +190,27 @@ class Pipeline:
 
         planner = Planner(mode, resumes, lambda d: definitions.load(s.checkpoint_dir, d),
                           lambda table, fp: versions.begin(table, fp, now_ms(), digest),
-                          versions.fail)
+                          versions.fail, self._expired)
         return planner.plan(self.definition, records)
+
+    def _expired(self, t: Table) -> str | None:
+        """Why table ``t``'s input no longer goes back to its beginning on the broker (None: it does, or the broker
+        cannot say now, and the version is built: the pipeline's own checks of its inputs come next)."""
+        from confluent_kafka import Consumer
+
+        s = self.settings
+        topic = s.input_topic(self.definition.sources[t.source].topic)
+        consumer = Consumer({**s.kafka(), "group.id": f"freshroute-pipeline-{s.namespace}-versions",
+                             "enable.auto.commit": False})
+        try:
+            held = held_input(consumer, topic)
+        except Exception as e:  # the broker away or the topic missing: said by check_inputs, which stops the start
+            log.warning("table %s: how far back its input %s goes is not known (%s)", t.name, topic,
+                        first_line(str(e)))
+            return None
+        finally:
+            consumer.close()
+        return held.refusal() if held.expired else None
 
     def _beside_or_fail(self, q: Query, step: Callable[[], Any]) -> bool:
         """Take a step of query ``q``; when it is a query of versions beside the served ones, a failure of the step

@@ -123,6 +123,7 @@ class Table:
     stale_keys: str = "report"  # keys a recomputation no longer produces: "report" them or "tombstone" them
     pipeline_mode: str | None = None  # REALTIME or MICROBATCH; None: the pipeline's
     history_retention_ms: int = 0  # a versioned table keeps each key's replaced versions this long; 0: not versioned
+    versions_from: str = "beginning"  # a new version's input: "beginning" (refused once it has expired) or "held"
 
     @property
     def query_name(self) -> str:
@@ -284,6 +285,15 @@ def _check_stale_keys(name: str, stale_keys: str) -> None:
                          f"not {stale_keys!r}")
 
 
+VERSIONS_FROM = ("beginning", "held")
+
+
+def _check_versions_from(name: str, versions_from: str) -> None:
+    if versions_from not in VERSIONS_FROM:
+        raise ValueError(f"table {name!r}: versions_from must be one of {', '.join(map(repr, VERSIONS_FROM))}, "
+                         f"not {versions_from!r}")
+
+
 def _check_mode(name: str, pipeline_mode: str | None) -> None:
     if pipeline_mode is not None and pipeline_mode not in PIPELINE_MODES:
         raise ValueError(f"table {name!r}: pipeline_mode must be one of {', '.join(map(repr, PIPELINE_MODES))}, "
@@ -305,10 +315,12 @@ def _history_retention_ms(name: str, history_retention: Any, window: WindowSpec 
 
 
 def _check_table(name: str, standby_replicas: int | None, delete_when: str | None, window: WindowSpec | None,
-                 trigger_ms: int | None, query: str | None, stale_keys: str, pipeline_mode: str | None = None) -> None:
+                 trigger_ms: int | None, query: str | None, stale_keys: str, pipeline_mode: str | None = None,
+                 versions_from: str = "beginning") -> None:
     _check_name("table", name)
     _check_mode(name, pipeline_mode)
     _check_stale_keys(name, stale_keys)
+    _check_versions_from(name, versions_from)
     _check_standbys(name, standby_replicas)
     _check_delete_when(name, delete_when)
     _check_window(name, window)
@@ -320,7 +332,7 @@ def _check_table(name: str, standby_replicas: int | None, delete_when: str | Non
 def table(name: str, key: str, source: str, *, standby_replicas: int | None = None,
           delete_when: str | None = None, window: WindowSpec | None = None,
           trigger_ms: int | None = None, query: str | None = None, stale_keys: str = "report",
-          pipeline_mode: str | None = None, history_retention: Any = None
+          pipeline_mode: str | None = None, history_retention: Any = None, versions_from: str = "beginning"
           ) -> Callable[[Callable[["DataFrame"], "DataFrame"]], Table]:
     """Declare a table computed by the decorated function ``(source rows) -> DataFrame``.
 
@@ -339,8 +351,12 @@ def table(name: str, key: str, source: str, *, standby_replicas: int | None = No
     ``"tombstone"`` them (:mod:`pipeline.recompute`).
     ``history_retention``: keep every version of a key this long after it was replaced (``"7d"``, ``"12h"``,
     milliseconds), for lookups as of a past time; default: only the latest.
+    ``versions_from``: what a new version of the table (its definition changed) is computed from: ``"beginning"``,
+    the input's beginning, refused before it starts once the broker no longer holds it; or ``"held"``, whatever
+    the broker holds (:mod:`pipeline.input_held`).
     """
-    _check_table(name, standby_replicas, delete_when, window, trigger_ms, query, stale_keys, pipeline_mode)
+    _check_table(name, standby_replicas, delete_when, window, trigger_ms, query, stale_keys, pipeline_mode,
+                 versions_from)
     history_ms = _history_retention_ms(name, history_retention, window)
 
     def register(fn: Callable[["DataFrame"], "DataFrame"]) -> Table:
@@ -348,7 +364,8 @@ def table(name: str, key: str, source: str, *, standby_replicas: int | None = No
             raise ValueError(f"@table({name!r}) must decorate a function (source rows) -> DataFrame")
         return _declared(Table(name, key, source, build=fn, standby_replicas=standby_replicas,
                                delete_when=delete_when, window=window, trigger_ms=trigger_ms, query=query,
-                               stale_keys=stale_keys, pipeline_mode=pipeline_mode, history_retention_ms=history_ms))
+                               stale_keys=stale_keys, pipeline_mode=pipeline_mode, history_retention_ms=history_ms,
+                               versions_from=versions_from))
 
     return register
 
@@ -356,16 +373,17 @@ def table(name: str, key: str, source: str, *, standby_replicas: int | None = No
 def sql_table(name: str, key: str, source: str, sql: str, *, standby_replicas: int | None = None,
               delete_when: str | None = None, window: WindowSpec | None = None, trigger_ms: int | None = None,
               query: str | None = None, stale_keys: str = "report", pipeline_mode: str | None = None,
-              history_retention: Any = None) -> Table:
+              history_retention: Any = None, versions_from: str = "beginning") -> Table:
     """Declare a table computed by Spark SQL; the query names the source as a table (with a ``window`` column when
     ``window`` is given: ``GROUP BY key, window``); the other arguments are :func:`table`'s."""
-    _check_table(name, standby_replicas, delete_when, window, trigger_ms, query, stale_keys, pipeline_mode)
+    _check_table(name, standby_replicas, delete_when, window, trigger_ms, query, stale_keys, pipeline_mode,
+                 versions_from)
     history_ms = _history_retention_ms(name, history_retention, window)
     if not isinstance(sql, str) or not sql.strip():
         raise ValueError(f"sql_table {name!r} needs a SQL query")
     return _declared(Table(name, key, source, sql=sql, standby_replicas=standby_replicas, delete_when=delete_when,
                            window=window, trigger_ms=trigger_ms, query=query, stale_keys=stale_keys,
-                           pipeline_mode=pipeline_mode, history_retention_ms=history_ms))
+                           pipeline_mode=pipeline_mode, history_retention_ms=history_ms, versions_from=versions_from))
 
 
 def check_output_columns(t: Table, columns: list[str], delete_type: str | None = None, path: Path | None = None

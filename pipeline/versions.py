@@ -7,7 +7,9 @@ served: a table of its own (``<name>-vN``) in a query of its own, computed from 
 holds it. Where the served version cannot go on by its own definition — none kept, a source the tables file has
 since changed, or a release that computes tables otherwise (``pipeline.fingerprint.QUERY_LAYOUTS``) — it is *held*:
 served as it stands, its input lag growing, no query computing it, until the version built beside it by the new
-definition is switched to. Only a served version whose query has nothing to resume from is computed by the new one in place.
+definition is switched to. Only a served version whose query has nothing to resume from is computed by the new one
+in place. A new version's input must go back to its beginning on the broker (:mod:`pipeline.input_held`), unless its
+table says to compute it from what the broker holds.
 """
 
 from __future__ import annotations
@@ -58,17 +60,20 @@ class Planner:
 
     ``mode``: a table's pipeline mode as its fingerprint counts it; ``resumes``: whether the query of a physical table
     has batches to resume from (one without is computed afresh, in place); ``kept``: the tables file kept under a
-    digest; ``begin``/``fail``: the version store's, for a new version and for one that cannot run.
+    digest; ``begin``/``fail``: the version store's, for a new version and for one that cannot run; ``expired``: why
+    a table's input can no longer be read from its beginning (None: it can; :mod:`pipeline.input_held`).
     """
 
     def __init__(self, mode: Callable[[Table], str], resumes: Callable[[str], bool],
                  kept: Callable[[str], TablesDefinition], begin: Callable[[str, str], TableVersion],
-                 fail: Callable[[str, int, str], Any]) -> None:
+                 fail: Callable[[str, int, str], Any], expired: Callable[[Table], str | None] = lambda t: None
+                 ) -> None:
         self.mode = mode
         self.resumes = resumes
         self.kept = kept
         self.begin = begin
         self.fail = fail
+        self.expired = expired
 
     def plan(self, definition: TablesDefinition, records: Mapping[str, VersionedTable]) -> VersionPlan:
         tables: dict[str, Table] = {}
@@ -121,7 +126,7 @@ class Planner:
                 continue
             runs[PlannedVersion(name, v.version, v.state)] = table
         if ours is None:
-            begun = self._begun(name, fp, record, held)
+            begun = self._begun(t, fp, record, held)
             if begun is not None:
                 runs[PlannedVersion(name, begun.version, VersionState.BUILDING)] = t
         return runs
@@ -144,9 +149,10 @@ class Planner:
             return f"the tables file kept of it ({v.definition}) computes something else under this release"
         return t
 
-    def _begun(self, name: str, fp: str, record: VersionedTable, held: bool) -> TableVersion | None:
-        """A new version of the table computing ``fp``, unless one of it failed already or none can begin now
-        (``held``: the served version is held meanwhile)."""
+    def _begun(self, t: Table, fp: str, record: VersionedTable, held: bool) -> TableVersion | None:
+        """A new version of table ``t`` computing ``fp``, unless one of it failed already, none can begin now, or its
+        input no longer goes back to its beginning (``held``: the served version is held meanwhile)."""
+        name = t.name
         how = "held as it stands" if held else "by its own definition"
         failed = next((v for v in record.listed() if v.state is VersionState.FAILED and v.fingerprint == fp), None)
         if failed is not None:
@@ -159,6 +165,10 @@ class Planner:
         except Exception as e:  # another version building, or Redis away: the served one goes on as it is
             log.warning("table %s: its new definition is not built now (%s): version %d goes on being served %s; "
                         "start the pipeline again to build it", name, first_line(str(e)), record.serving, how)
+            return None
+        expired = self.expired(t) if t.versions_from == "beginning" else None
+        if expired is not None:  # refused before it starts: its record says why, and the served version goes on
+            self._failed(name, begun.version, expired)
             return None
         log.info("table %s: its definition changed (fingerprint %s): version %d is built beside version %d as "
                  "table %s, from the input's beginning as the broker holds it", name, fp, begun.version,

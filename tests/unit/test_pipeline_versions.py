@@ -207,3 +207,21 @@ def test_versions_over_are_not_run(state):
     record = record.retired(2) if state is VersionState.RETIRED else record.failed(2, "refused")
     plan = planner(Versions()).plan(definition(OLD, OTHER), {"stats": record})
     assert set(plan.definition.tables) == {"stats", "peaks"} and plan.beside == frozenset()
+
+
+def test_a_version_whose_input_has_expired_is_refused_before_it_starts_and_the_served_one_goes_on():
+    versions = Versions()
+    why = "its input has expired from the broker: topic readings holds records from 2026-12-01 10:00:00 UTC on"
+    p = Planner(lambda t: "realtime", lambda physical: True, KEPT.__getitem__, versions.begin, versions.fail,
+                lambda t: why)
+    plan = p.plan(definition(NEW, OTHER), {"stats": served_old()})
+    assert versions.begun == [("stats", fp(NEW))] and versions.failed == [("stats", 2, why)]
+    assert plan.definition.tables == {"stats": OLD, "peaks": OTHER} and plan.beside == frozenset()
+    # Declared to be computed from what the broker holds: a definition of its own, built.
+    held = replace(NEW, versions_from="held")
+    versions = Versions()
+    p = Planner(lambda t: "realtime", lambda physical: True, KEPT.__getitem__, versions.begin, versions.fail,
+                lambda t: why)
+    plan = p.plan(definition(held, OTHER), {"stats": building_new().failed(2, why)})
+    assert fp(held) != fp(NEW) and versions.begun == [("stats", fp(held))] and versions.failed == []
+    assert plan.definition.tables["stats-v2"].versions_from == "held"
