@@ -146,7 +146,7 @@ class Pipeline:
                                          s.namespace, versions=self._versions, fingerprints=self.plan.fingerprints,
                                          recomputed=self._recomputed, definition=digest, mirror=s.checkpoint_dir,
                                          switch_lag=s.switch_lag if s.auto_switch else None,
-                                         retain_ms=s.retain_previous_ms,
+                                         retain_ms=s.retain_previous_ms, proposed=self.plan.proposed,
                                          retirement=Retirement(self.queries, self.runs, s.query_checkpoint,
                                                                s.changelog_topic, lambda: admin_client(s.kafka()),
                                                                {h.name: h.query or h.name for h in held}))
@@ -189,7 +189,7 @@ class Pipeline:
             return t.pipeline_mode or s.pipeline_mode
 
         planner = Planner(mode, resumes, lambda d: definitions.load(s.checkpoint_dir, d),
-                          lambda table, fp: versions.begin(table, fp, now_ms(), digest),
+                          lambda table, fp, defined_in: versions.begin(table, fp, now_ms(), defined_in or digest),
                           versions.fail, self._expired)
         return planner.plan(self.definition, records)
 

@@ -34,14 +34,16 @@ class TableRegistrar(threading.Thread):
                  every_s: float = _REGISTER_EVERY_S, versions: TableVersionStore | None = None,
                  fingerprints: dict[str, str] | None = None, recomputed: set[str] | None = None,
                  definition: str | None = None, mirror: Path | None = None, switch_lag: int | None = None,
-                 retain_ms: int = 3_600_000, retirement: Retirement | None = None) -> None:
+                 retain_ms: int = 3_600_000, retirement: Retirement | None = None,
+                 proposed: dict[str, str] | None = None) -> None:
         """``fingerprints``: what each table's served version computes (pipeline.fingerprint), for its record in
         ``versions``; ``recomputed``: the tables whose queries started without a checkpoint, computed afresh from
         the input (by the names they run under); ``definition``: the digest of the tables file they are defined in, as pipeline.definitions keeps
         it; ``mirror``: the directory where their records are kept on disk as well (pipeline.version_mirror);
         ``switch_lag``: serve each version it builds once it is that close to its input (None: never by itself),
         keeping the one served until then ``retain_ms`` for a rollback; ``retirement``: stops a version whose time
-        for a rollback is over (pipeline.retirement)."""
+        for a rollback is over (pipeline.retirement); ``proposed``: each table's fingerprint as the tables file
+        defines it, which its record keeps for the next start (pipeline.versions)."""
         super().__init__(name="table-registrar", daemon=True)
         self.store = store
         self.specs = specs
@@ -53,6 +55,7 @@ class TableRegistrar(threading.Thread):
         self.switch_lag = switch_lag
         self.retain_ms = retain_ms
         self.retirement = retirement
+        self.proposed = proposed or {}
         self._changed: set[str] = set()  # tables whose definition differs from their served version's: said once
         self.stop_event = stop
         self.where = where
@@ -90,6 +93,8 @@ class TableRegistrar(threading.Thread):
             self._restore(self.versions, self.mirror)
         for name, fingerprint in self.fingerprints.items():
             record = self.versions.adopt(name, fingerprint, now_ms(), self.definition)
+            if name in self.proposed and record.proposed != self.proposed[name]:
+                record = self.versions.propose(name, self.proposed[name])
             served = record.versions[record.serving]
             if served.fingerprint == fingerprint:
                 continue

@@ -47,6 +47,8 @@ class VersionPlan:
     versions: dict[str, PlannedVersion] = field(default_factory=dict)  # physical name → its version
     fingerprints: dict[str, str] = field(default_factory=dict)  # table → the fingerprint its served version runs
     held: dict[str, PlannedVersion] = field(default_factory=dict)  # physical name → a served version no query runs
+    proposed: dict[str, str] = field(default_factory=dict)  # table → its fingerprint as the tables file defines it
+    refused: dict[str, str] = field(default_factory=dict)  # table → why the new definition it was given did not begin
 
     @property
     def beside(self) -> frozenset[str]:
@@ -60,12 +62,13 @@ class Planner:
 
     ``mode``: a table's pipeline mode as its fingerprint counts it; ``resumes``: whether the query of a physical table
     has batches to resume from (one without is computed afresh, in place); ``kept``: the tables file kept under a
-    digest; ``begin``/``fail``: the version store's, for a new version and for one that cannot run; ``expired``: why
-    a table's input can no longer be read from its beginning (None: it can; :mod:`pipeline.input_held`).
+    digest; ``begin``/``fail``: the version store's, for a new version (of a fingerprint, defined in the tables file
+    of a digest, None: the pipeline's) and for one that cannot run; ``expired``: why a table's input can no longer be
+    read from its beginning (None: it can; :mod:`pipeline.input_held`).
     """
 
     def __init__(self, mode: Callable[[Table], str], resumes: Callable[[str], bool],
-                 kept: Callable[[str], TablesDefinition], begin: Callable[[str, str], TableVersion],
+                 kept: Callable[[str], TablesDefinition], begin: Callable[[str, str, str | None], TableVersion],
                  fail: Callable[[str, int, str], Any], expired: Callable[[Table], str | None] = lambda t: None
                  ) -> None:
         self.mode = mode
@@ -74,16 +77,27 @@ class Planner:
         self.begin = begin
         self.fail = fail
         self.expired = expired
+        self._refused: dict[str, str] = {}  # of the plan being made
 
-    def plan(self, definition: TablesDefinition, records: Mapping[str, VersionedTable]) -> VersionPlan:
+    def plan(self, definition: TablesDefinition, records: Mapping[str, VersionedTable],
+             deployed: Mapping[str, tuple[Table, str]] | None = None) -> VersionPlan:
+        """``deployed``: tables given a new definition by ``freshroute table deploy`` (each with the digest of the
+        tables file it came in), which it proposes in the place of the tables file's."""
         tables: dict[str, Table] = {}
         versions: dict[str, PlannedVersion] = {}
         fingerprints: dict[str, str] = {}
         held: dict[str, PlannedVersion] = {}
+        proposed: dict[str, str] = {}
+        self._refused = {}
         for name, t in definition.tables.items():
-            fp = fingerprint(t, definition.sources[t.source], self.mode(t))
+            fp = proposed[name] = fingerprint(t, definition.sources[t.source], self.mode(t))
             record = records.get(name)
-            runs = self._versions_of(definition, t, fp, record)
+            # A tables file proposes a new version only once it defines the table otherwise than it did.
+            proposing, digest = record is None or record.proposal() != fp, None
+            if deployed and name in deployed:
+                t, digest = deployed[name]
+                fp, proposing = fingerprint(t, definition.sources[t.source], self.mode(t)), True
+            runs = self._versions_of(definition, t, fp, record, proposing, digest)
             for v, table in runs.items():
                 physical = physical_name(name, v.version)
                 if table is None:
@@ -95,19 +109,20 @@ class Planner:
             # What the served version computes: this definition, or the one it was built with.
             fingerprints[name] = fp if record is None or runs[served] is t \
                 else record.versions[served.version].fingerprint
-        return VersionPlan(replace(definition, tables=tables), versions, fingerprints, held)
+        return VersionPlan(replace(definition, tables=tables), versions, fingerprints, held, proposed, self._refused)
 
-    def _versions_of(self, definition: TablesDefinition, t: Table, fp: str, record: VersionedTable | None
-                     ) -> dict[PlannedVersion, Table | None]:
-        """The versions of table ``t`` (of fingerprint ``fp``) to run, each with the table it computes (None: the
-        served version, held as it stands)."""
+    def _versions_of(self, definition: TablesDefinition, t: Table, fp: str, record: VersionedTable | None,
+                     proposing: bool, digest: str | None) -> dict[PlannedVersion, Table | None]:
+        """The versions of table ``t`` (of fingerprint ``fp``, defined in the tables file of ``digest``) to run, each
+        with the table it computes (None: the served version, held as it stands); ``proposing``: whether ``t`` is
+        to be built if no version computes it."""
         name = t.name
         if record is None:
             return {PlannedVersion(name, 1, VersionState.SERVING): t}
         live = [v for v in record.listed() if v.state in LIVE]
         ours = next((v for v in live if v.fingerprint == fp), None)
         served = record.versions[record.serving]
-        if ours is None and not self.resumes(record.physical()):
+        if ours is None and proposing and not self.resumes(record.physical()):
             ours = served  # computed afresh from the input: by the new definition, in place
         runs: dict[PlannedVersion, Table | None] = {}
         held = False
@@ -125,8 +140,12 @@ class Planner:
                 self._failed(name, v.version, f"its definition cannot be run again: {table}")
                 continue
             runs[PlannedVersion(name, v.version, v.state)] = table
-        if ours is None:
-            begun = self._begun(t, fp, record, held)
+        if ours is None and not proposing:
+            log.info("table %s: the tables file defines it as when the pipeline last started (fingerprint %s), which "
+                     "no version computes now: not built again; version %d is served (change the table in the tables "
+                     "file, or `freshroute table deploy` it, to build a new version)", name, fp, record.serving)
+        elif ours is None:
+            begun = self._begun(t, fp, record, held, digest)
             if begun is not None:
                 runs[PlannedVersion(name, begun.version, VersionState.BUILDING)] = t
         return runs
@@ -149,25 +168,28 @@ class Planner:
             return f"the tables file kept of it ({v.definition}) computes something else under this release"
         return t
 
-    def _begun(self, t: Table, fp: str, record: VersionedTable, held: bool) -> TableVersion | None:
+    def _begun(self, t: Table, fp: str, record: VersionedTable, held: bool, digest: str | None
+               ) -> TableVersion | None:
         """A new version of table ``t`` computing ``fp``, unless one of it failed already, none can begin now, or its
         input no longer goes back to its beginning (``held``: the served version is held meanwhile)."""
         name = t.name
         how = "held as it stands" if held else "by its own definition"
         failed = next((v for v in record.listed() if v.state is VersionState.FAILED and v.fingerprint == fp), None)
         if failed is not None:
-            log.warning("table %s: its definition in the tables file is that of version %d, which failed (%s): not "
-                        "built again; version %d is served %s", name, failed.version, failed.reason, record.serving,
-                        how)
+            self._refused[name] = f"this definition is that of version {failed.version}, which failed: {failed.reason}"
+            log.warning("table %s: its new definition is that of version %d, which failed (%s): not built again; "
+                        "version %d is served %s", name, failed.version, failed.reason, record.serving, how)
             return None
         try:
-            begun = self.begin(name, fp)
+            begun = self.begin(name, fp, digest)
         except Exception as e:  # another version building, or Redis away: the served one goes on as it is
+            self._refused[name] = first_line(str(e))
             log.warning("table %s: its new definition is not built now (%s): version %d goes on being served %s; "
                         "start the pipeline again to build it", name, first_line(str(e)), record.serving, how)
             return None
         expired = self.expired(t) if t.versions_from == "beginning" else None
         if expired is not None:  # refused before it starts: its record says why, and the served version goes on
+            self._refused[name] = f"version {begun.version} failed: {expired}"
             self._failed(name, begun.version, expired)
             return None
         log.info("table %s: its definition changed (fingerprint %s): version %d is built beside version %d as "

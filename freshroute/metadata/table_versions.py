@@ -119,12 +119,19 @@ class VersionedTable:
     name: str
     serving: int
     versions: Mapping[int, TableVersion]
+    # The fingerprint of the table as the tables file defined it when the pipeline last started: a start whose tables
+    # file still defines it so begins no version (one rolled back from is not built again); None: the newest's.
+    proposed: str | None = None
 
     @classmethod
     def first(cls, name: str, fingerprint: str, now_ms: int, definition: str | None = None) -> "VersionedTable":
         """A table as it was before it had versions: its one definition, served."""
         return cls(name, 1, MappingProxyType({1: TableVersion(1, VersionState.SERVING, fingerprint, now_ms, now_ms,
                                                               definition=definition)}))
+
+    def proposal(self) -> str:
+        """The fingerprint of the definition the tables file last proposed for the table."""
+        return self.proposed if self.proposed is not None else self.versions[max(self.versions)].fingerprint
 
     def listed(self) -> list[TableVersion]:
         """Its versions, oldest first."""
@@ -207,14 +214,21 @@ class VersionedTable:
         """A previous (or failed) version whose query, changelog and replicas are gone."""
         return self._with({version: replace(self.version(version), state=VersionState.RETIRED, retire_at_ms=None)})
 
+    def proposing(self, fingerprint: str) -> "VersionedTable":
+        """The table as a tables file defines it now: what a later start compares its tables file with."""
+        return replace(self, proposed=fingerprint)
+
     def _with(self, changes: Mapping[int, TableVersion]) -> "VersionedTable":
         return replace(self, versions=MappingProxyType({**self.versions, **changes}))
 
     # ---- JSON, as Redis keeps it ---------------------------------------------------------------
 
     def to_json(self) -> bytes:
-        return orjson.dumps({"name": self.name, "serving": self.serving,
-                             "versions": [v.to_dict() for v in self.listed()]})
+        doc: dict[str, Any] = {"name": self.name, "serving": self.serving,
+                               "versions": [v.to_dict() for v in self.listed()]}
+        if self.proposed is not None:
+            doc["proposed"] = self.proposed
+        return orjson.dumps(doc)
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> "VersionedTable":
@@ -223,5 +237,5 @@ class VersionedTable:
                                                     int(d["created_ms"]), d.get("switched_ms"),
                                                     d.get("retire_at_ms"), d.get("reason"), d.get("definition"))
                     for d in doc["versions"]}
-        return cls(doc["name"], int(doc["serving"]), MappingProxyType(versions))
+        return cls(doc["name"], int(doc["serving"]), MappingProxyType(versions), doc.get("proposed"))
 

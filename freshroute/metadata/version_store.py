@@ -125,6 +125,10 @@ class TableVersionStore:
         """The served version of ``table`` is computed again from the input by the definition of ``fingerprint``."""
         return self._change(table, lambda r: _Change(self._existing(table, r).recomputed(fingerprint, definition)))
 
+    def propose(self, table: str, fingerprint: str) -> VersionedTable:
+        """The tables file the pipeline started with defines ``table`` as ``fingerprint`` (no write if it did)."""
+        return self._change(table, lambda r: _Change(self._existing(table, r).proposing(fingerprint)))
+
     def fail(self, table: str, version: int, reason: str) -> VersionedTable:
         """Version ``version`` could not be built: ``reason`` says why, and the next may start."""
         return self._change(table, lambda r: _Change(self._existing(table, r).failed(version, reason), "clear",

@@ -428,3 +428,23 @@ def test_the_specs_of_versions_held_as_they_stand_are_registered_as_redis_has_th
     assert pipeline._held_specs(SimpleNamespace(tables=away)) == []
     pipeline.plan = VersionPlan(pipeline.definition)
     assert pipeline._held_specs(SimpleNamespace(tables=away)) == []  # nothing held: Redis not even asked
+
+
+def test_registrar_keeps_how_the_tables_file_defines_each_table_for_the_next_start():
+    from freshroute.metadata.store import MetadataStore
+    from freshroute.metadata.version_store import TableVersionStore
+    from tests.unit.memory_redis import MemoryRedis
+
+    redis = MemoryRedis()
+    store, versions = MetadataStore(redis.sync, "ns"), TableVersionStore(redis.sync, "ns")
+    stop = threading.Event()
+    registrar = TableRegistrar(store, [SPEC], stop, "h:1", "ns", every_s=0.02, versions=versions,
+                               fingerprints={"sensor_stats": "fp1"}, proposed={"sensor_stats": "fp2"})
+    registrar.start()
+    try:
+        wait_for(lambda: (r := versions.record("sensor_stats")) is not None and r.proposed == "fp2")
+    finally:
+        stop.set()
+        registrar.join(timeout=5)
+    record = versions.record("sensor_stats")
+    assert record.versions[1].fingerprint == "fp1" and record.proposal() == "fp2"

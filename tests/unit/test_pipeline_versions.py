@@ -49,11 +49,12 @@ class Versions:
         self.begun: list[tuple[str, str]] = []
         self.failed: list[tuple[str, int, str]] = []
 
-    def begin(self, table: str, fingerprint_: str) -> TableVersion:
+    def begin(self, table: str, fingerprint_: str, digest: str | None) -> TableVersion:
         if self.refuse is not None:
             raise self.refuse
         self.begun.append((table, fingerprint_))
-        return TableVersion(self.next_version, VersionState.BUILDING, fingerprint_, 2_000, definition="new-file")
+        return TableVersion(self.next_version, VersionState.BUILDING, fingerprint_, 2_000,
+                            definition=digest or "new-file")
 
     def fail(self, table: str, version: int, reason: str) -> None:
         self.failed.append((table, version, reason))
@@ -225,3 +226,31 @@ def test_a_version_whose_input_has_expired_is_refused_before_it_starts_and_the_s
     plan = p.plan(definition(held, OTHER), {"stats": building_new().failed(2, why)})
     assert fp(held) != fp(NEW) and versions.begun == [("stats", fp(held))] and versions.failed == []
     assert plan.definition.tables["stats-v2"].versions_from == "held"
+
+
+def test_a_definition_rolled_back_from_and_retired_is_not_built_again_until_the_tables_file_changes_it(caplog):
+    caplog.set_level(logging.INFO, "pipeline")
+    record = building_new().switched(2, 3_000, 60_000).rolled_back(4_000, 60_000).retired(2)
+    assert record.serving == 1 and record.proposal() == fp(NEW)  # a record of before proposals: its newest's
+    versions = Versions(next_version=3)
+    plan = planner(versions).plan(definition(NEW, OTHER), {"stats": record})
+    assert versions.begun == [] and plan.definition.tables == {"stats": OLD, "peaks": OTHER}
+    assert plan.proposed == {"stats": fp(NEW), "peaks": fp(OTHER)}
+    assert any("the tables file defines it as when the pipeline last started" in m for m in caplog.messages)
+    # The tables file changed since (the pipeline last started with the one it was rolled back to): built.
+    plan = planner(versions).plan(definition(NEW, OTHER), {"stats": record.proposing(fp(OLD))})
+    assert versions.begun == [("stats", fp(NEW))] and set(plan.definition.tables) == {"stats", "stats-v3", "peaks"}
+
+
+def test_a_deployed_definition_is_built_beside_in_the_place_of_the_tables_file_s():
+    versions = Versions()
+    record = served_old().proposing(fp(OLD))
+    plan = planner(versions).plan(definition(OLD, OTHER), {"stats": record}, {"stats": (NEW, "deployed-file")})
+    assert versions.begun == [("stats", fp(NEW))] and plan.definition.tables["stats-v2"].sql == NEW.sql
+    assert plan.definition.tables["stats"] == OLD
+    assert plan.proposed["stats"] == fp(OLD)  # the tables file still says what it said: no version of its own next
+    assert plan.refused == {}
+    # Deployed while another version builds: refused, saying why.
+    versions = Versions(refuse=TableDeployInProgress("version peaks-v3 is still building"))
+    plan = planner(versions).plan(definition(OLD, OTHER), {"stats": record}, {"stats": (NEW, "deployed-file")})
+    assert plan.refused == {"stats": "version peaks-v3 is still building"} and "stats-v2" not in plan.definition.tables

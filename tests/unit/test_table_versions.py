@@ -46,7 +46,10 @@ def test_a_record_round_trips_through_its_json():
     record = VersionedTable.first("t", "fp1", 1_000)
     record, _ = record.begun("fp2", 2_000)
     record = record.failed(2, "key column 'id' is missing").switched(1, 3_000, HOUR_MS)
-    assert VersionedTable.from_json(record.to_json()) == record
+    assert VersionedTable.from_json(record.to_json()) == record and record.proposed is None
+    assert record.proposal() == "fp2"  # a record of before proposals proposed its newest version
+    proposed = record.proposing("fp1")
+    assert VersionedTable.from_json(proposed.to_json()) == proposed and proposed.proposal() == "fp1"
 
 
 def test_a_listing_says_the_served_version_and_what_the_others_are_doing():
