@@ -18,7 +18,11 @@ DEFINITIONS = ".definitions"  # under the checkpoint directory; a dot-directory,
 
 def keep(checkpoint_dir: Path, tables_file: Path) -> str:
     """Keep a copy of ``tables_file`` (once for each content); its digest."""
-    body = tables_file.read_bytes()
+    return keep_text(checkpoint_dir, tables_file.read_bytes())
+
+
+def keep_text(checkpoint_dir: Path, body: bytes) -> str:
+    """Keep a tables file of content ``body`` (a deployed one, :mod:`pipeline.deploys`); its digest."""
     digest = hashlib.sha256(body).hexdigest()[:16]
     copy = checkpoint_dir / DEFINITIONS / f"{digest}.py"
     if not copy.is_file():

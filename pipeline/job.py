@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from freshroute.errors import FreshrouteError
 from freshroute.lag import now_ms
+from freshroute.metadata.deploys import Deploys
 from freshroute.metadata.store import MetadataStore
 from freshroute.metadata.table_versions import logical_of
 from freshroute.metadata.tables import TableSpec
@@ -30,6 +31,7 @@ from pipeline import definitions, version_mirror
 from pipeline.checkpoints import check_changelog_kept, check_query_tables, resumable, retire_superseded
 from pipeline.failures import restart_delay
 from pipeline.follower import follow
+from pipeline.deploys import DeployWatcher, Taken
 from pipeline.input_held import held_input
 from pipeline.input_lag import InputLagPublisher
 from pipeline.logs import WARM_LOG, configure_logging, first_line, log_progress
@@ -50,6 +52,8 @@ from pipeline.versions import Planner, VersionPlan
 
 log = logging.getLogger("pipeline")
 
+MAX_STARTS = 100_000  # starts of one process: one, and one more after each deploy
+
 # One kind of query per mode.
 QUERY_KINDS = {REALTIME: RealtimeQuery, MICROBATCH: MicrobatchQuery}
 
@@ -69,6 +73,9 @@ class Pipeline:
         self._versions: TableVersionStore | None = None
         self.plan = VersionPlan(self.definition)  # the versions of its tables it runs, once started
         self._recomputed: set[str] = set()  # tables whose queries start without a checkpoint
+        self._failed: dict[str, str] = {}  # table → why the version of it begun or kept beside failed
+        self._deploys = Taken(None)  # the deploys taken at the start
+        self._watcher: DeployWatcher | None = None
         self._warm = False
 
     # start
@@ -82,6 +89,8 @@ class Pipeline:
         store = MetadataStore.at(s.redis(), s.namespace)
         self._versions = TableVersionStore(store.redis, s.namespace)
         digest = definitions.keep(s.checkpoint_dir, self.definition.path)
+        deploys = self._deploys.deploys = Deploys(store.redis, s.namespace)
+        self._deploys.take(self.definition, s.checkpoint_dir)
         self.plan = self._plan(self._versions, digest)
         self.definition = c.definition = self.plan.definition
         c.beside = self.plan.beside
@@ -151,6 +160,9 @@ class Pipeline:
                                                                s.changelog_topic, lambda: admin_client(s.kafka()),
                                                                {h.name: h.query or h.name for h in held}))
         self._registrar.start()
+        self._deploys.answer(self.plan, self._failed)
+        self._watcher = DeployWatcher(deploys, self._stop, frozenset(self._deploys.seen))
+        self._watcher.start()
 
     def _held_specs(self, store: MetadataStore) -> list[TableSpec]:
         """The specs of the served versions held as they stand (:mod:`pipeline.versions`), as an earlier run
@@ -191,7 +203,7 @@ class Pipeline:
         planner = Planner(mode, resumes, lambda d: definitions.load(s.checkpoint_dir, d),
                           lambda table, fp, defined_in: versions.begin(table, fp, now_ms(), defined_in or digest),
                           versions.fail, self._expired)
-        return planner.plan(self.definition, records)
+        return planner.plan(self.definition, records, self._deploys.definitions)
 
     def _expired(self, t: Table) -> str | None:
         """Why table ``t``'s input no longer goes back to its beginning on the broker (None: it does, or the broker
@@ -237,6 +249,7 @@ class Pipeline:
                 log.debug("%s: stopping it failed: %s", q.label, first_line(str(e)))
         for t in q.tables:
             v = self.plan.versions[t.name]
+            self._failed[v.table] = reason
             log.error("table %s: version %d failed, the version served goes on: %s", v.table, v.version, reason)
             try:
                 if self._versions is not None:
@@ -246,9 +259,12 @@ class Pipeline:
                             first_line(str(e)))
 
     # run
-    def wait(self, stop: threading.Event) -> None:
-        """Supervise the queries until ``stop`` is set, or (available-now) every query is done."""
+    def wait(self, stop: threading.Event) -> bool:
+        """Supervise the queries until ``stop`` is set, (available-now) every query is done, or a deploy asks for a
+        start with its new definition: whether one does."""
         while not stop.is_set():
+            if self._watcher is not None and self._watcher.due.is_set():
+                return True
             for q in list(self.queries.values()):
                 if q.query is not None and not q.finished:
                     progress = q.query.lastProgress
@@ -267,11 +283,12 @@ class Pipeline:
                 self._beside_or_fail(q, lambda: self._restart_or_fail(q, str(error), stop))
             self._note_warmth()
             if self.queries and all(q.finished for q in self.queries.values()):
-                return
+                return False
             if self.context.input_lag is not None:
                 self.context.input_lag.running(r.table.name for q in self.queries.values()
                                                if q.query is not None and q.query.isActive for r in q.runs)
             stop.wait(0.5)
+        return False
 
     def _note_warmth(self) -> None:
         """Log :data:`WARM_LOG` once every query runs at its steady pace (:meth:`Query.warm`)."""
@@ -291,6 +308,8 @@ class Pipeline:
     # stop
     def stop(self) -> None:
         """Stop every query (an interrupted batch is replayed on the next start), then the producer and Spark."""
+        if self._stop.is_set():
+            return  # stopped already
         self._stop.set()
         for q in self.queries.values():
             if q.query is not None:
@@ -306,7 +325,7 @@ class Pipeline:
         if c.spark is not None:
             c.spark.stop()
             c.spark = None
-        for thread in (self._registrar, c.input_lag, c.follower, c.reflected):
+        for thread in (self._registrar, c.input_lag, c.follower, c.reflected, self._watcher):
             if thread is not None:
                 thread.join(timeout=5)
 
@@ -326,23 +345,29 @@ def run(settings: PipelineSettings) -> None:
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, on_signal)
-    pipeline: Pipeline | None = None
+    current: list[Pipeline] = []  # the pipeline running: another after each deploy
     metrics: Any = None
     try:
-        pipeline = Pipeline(settings)
-        log.info("pipeline: %d table(s) from %s: %s", len(pipeline.definition.tables), pipeline.definition.path,
-                 ", ".join(pipeline.definition.tables))
-        pipeline.start()
-        if settings.metrics_port is not None:
-            from freshroute.prometheus import serve_metrics
-            from pipeline.metrics import PipelineCollector
+        for _ in range(MAX_STARTS):
+            pipeline = Pipeline(settings)
+            current[:] = [pipeline]
+            log.info("pipeline: %d table(s) from %s: %s", len(pipeline.definition.tables), pipeline.definition.path,
+                     ", ".join(pipeline.definition.tables))
+            pipeline.start()
+            if settings.metrics_port is not None and metrics is None:
+                from freshroute.prometheus import serve_metrics
+                from pipeline.metrics import PipelineCollector
 
-            runs, queries_ = pipeline.runs, pipeline.queries
-            metrics = serve_metrics(PipelineCollector(runs.values, lambda: [q.rejects for q in queries_.values()
-                                                                           if q.rejects is not None]),
-                                    settings.metrics_host, settings.metrics_port)
-            log.info("pipeline metrics on http://%s:%d/metrics", settings.metrics_host, metrics.server_address[1])
-        pipeline.wait(stop)
+                metrics = serve_metrics(PipelineCollector(lambda: current[0].runs.values(),
+                                                          lambda: [q.rejects for q in current[0].queries.values()
+                                                                   if q.rejects is not None]),
+                                        settings.metrics_host, settings.metrics_port)
+                log.info("pipeline metrics on http://%s:%d/metrics", settings.metrics_host,
+                         metrics.server_address[1])
+            if not pipeline.wait(stop):
+                break
+            # A deploy: the queries stop (a batch cut short is replayed) and start again with its new version.
+            pipeline.stop()
     except FreshrouteError as e:
         # The one line an operator needs, whatever the caller does with the exception.
         log.error("pipeline stopped: %s: %s", e.code, e.message)
@@ -350,8 +375,8 @@ def run(settings: PipelineSettings) -> None:
     finally:
         if metrics is not None:
             metrics.shutdown()
-        if pipeline is not None:
-            pipeline.stop()
+        if current:
+            current[0].stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     log.info("pipeline stopped")

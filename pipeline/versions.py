@@ -49,6 +49,7 @@ class VersionPlan:
     held: dict[str, PlannedVersion] = field(default_factory=dict)  # physical name → a served version no query runs
     proposed: dict[str, str] = field(default_factory=dict)  # table → its fingerprint as the tables file defines it
     refused: dict[str, str] = field(default_factory=dict)  # table → why the new definition it was given did not begin
+    begun: dict[str, int] = field(default_factory=dict)  # table → the version this plan began of it
 
     @property
     def beside(self) -> frozenset[str]:
@@ -77,7 +78,8 @@ class Planner:
         self.begin = begin
         self.fail = fail
         self.expired = expired
-        self._refused: dict[str, str] = {}  # of the plan being made
+        self._refused: dict[str, str] = {}  # of the plan being made: why a new definition did not begin
+        self._begun_now: dict[str, int] = {}  # of the plan being made: the versions it began
 
     def plan(self, definition: TablesDefinition, records: Mapping[str, VersionedTable],
              deployed: Mapping[str, tuple[Table, str]] | None = None) -> VersionPlan:
@@ -88,7 +90,7 @@ class Planner:
         fingerprints: dict[str, str] = {}
         held: dict[str, PlannedVersion] = {}
         proposed: dict[str, str] = {}
-        self._refused = {}
+        self._refused, self._begun_now = {}, {}
         for name, t in definition.tables.items():
             fp = proposed[name] = fingerprint(t, definition.sources[t.source], self.mode(t))
             record = records.get(name)
@@ -109,7 +111,8 @@ class Planner:
             # What the served version computes: this definition, or the one it was built with.
             fingerprints[name] = fp if record is None or runs[served] is t \
                 else record.versions[served.version].fingerprint
-        return VersionPlan(replace(definition, tables=tables), versions, fingerprints, held, proposed, self._refused)
+        return VersionPlan(replace(definition, tables=tables), versions, fingerprints, held, proposed, self._refused,
+                           self._begun_now)
 
     def _versions_of(self, definition: TablesDefinition, t: Table, fp: str, record: VersionedTable | None,
                      proposing: bool, digest: str | None) -> dict[PlannedVersion, Table | None]:
@@ -147,6 +150,7 @@ class Planner:
         elif ours is None:
             begun = self._begun(t, fp, record, held, digest)
             if begun is not None:
+                self._begun_now[name] = begun.version
                 runs[PlannedVersion(name, begun.version, VersionState.BUILDING)] = t
         return runs
 

@@ -309,6 +309,10 @@ def _table(args: argparse.Namespace) -> int:
         print(f"table {spec.name} removed: store nodes let its replicas go at their next assignment; "
               f"topic {spec.topic} is untouched")
         return 0
+    if args.table_command == "deploy":
+        from tools import deploy_cli
+
+        return deploy_cli.run(args, metadata)
     from confluent_kafka.admin import AdminClient
 
     from freshroute.settings import kafka_client_config
@@ -456,6 +460,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tools import versions_cli
 
     versions_cli.add_parsers(table_sub, metadata_flags)
+    from tools import deploy_cli
+
+    deploy_cli.add_parser(table_sub, metadata_flags)
 
     # Its options are the benchmark's own (see main): this entry only documents the command.
     sub.add_parser("bench", help="Side-by-side benchmarks against the local stack (last line: JSON).", add_help=False)

@@ -63,6 +63,14 @@ class Keys:
         return f"{self.ns}:table-versions:building"
 
     @property
+    def table_deploys(self) -> str:
+        return f"{self.ns}:table-versions:deploys"
+
+    @property
+    def table_deploy_answers(self) -> str:
+        return f"{self.ns}:table-versions:deploy-answers"
+
+    @property
     def input_lag(self) -> str:
         return f"{self.ns}:input"
 

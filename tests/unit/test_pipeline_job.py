@@ -448,3 +448,14 @@ def test_registrar_keeps_how_the_tables_file_defines_each_table_for_the_next_sta
         registrar.join(timeout=5)
     record = versions.record("sensor_stats")
     assert record.versions[1].fingerprint == "fp1" and record.proposal() == "fp2"
+
+
+def test_a_deploy_asked_for_ends_the_wait_for_a_start_with_it(pipeline):
+    due = threading.Event()
+    pipeline._watcher = SimpleNamespace(due=due)
+    stop = threading.Event()
+    due.set()
+    assert pipeline.wait(stop) is True
+    due.clear()
+    stop.set()
+    assert pipeline.wait(stop) is False
