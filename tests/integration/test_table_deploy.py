@@ -92,7 +92,13 @@ def test_a_table_deployed_while_the_pipeline_runs_is_built_beside_switched_to_an
         assert run.wait_exit(120) == 0, run.tail()
 
     # Started again with its own tables file, which says what it said: the deployed version stays served.
-    again = PipelineProcess(env, tmp_path / "pipeline-again.log")
-    assert again.wait_exit(600) == 0, again.tail()
-    assert "is built beside" not in again.log.read_text()
-    assert states(versions, "customer_totals") == {1: "previous", 2: "serving"}
+    again = PipelineProcess(running, tmp_path / "pipeline-again.log")
+    try:
+        wait_until(lambda: "registered tables" in again.log.read_text(), 300, "the pipeline to run again",
+                   check=again.check)
+        assert "is built beside" not in again.log.read_text()
+        assert states(versions, "customer_totals") == {1: "previous", 2: "serving"}
+    finally:
+        if again.alive():
+            again.proc.send_signal(signal.SIGTERM)
+        assert again.wait_exit(120) == 0, again.tail()
