@@ -9,20 +9,43 @@ with only the keys that change from now on.
 
 from __future__ import annotations
 
+import logging
+import re
 from pathlib import Path
 
 import orjson
 
 from freshroute.errors import ConfigError, FatalError
 
+log = logging.getLogger("pipeline")
+
 # Beside Spark's own files in a query's checkpoint: the tables whose state it holds.
 QUERY_TABLES_FILE = "freshroute-tables.json"
+# A file of a checkpoint's log as Spark writes it, under a name of its own until it is renamed whole, with the local
+# file system's checksum of it.
+_UNFINISHED = re.compile(r"\.\.?\d+\.[0-9a-f-]{36}\.tmp(\.crc)?")
 
 
 def committed_batches(checkpoint: Path) -> int:
     """Micro-batches a query's checkpoint records as done (Spark's ``commits`` log)."""
     commits = checkpoint / "commits"
     return sum(1 for p in commits.iterdir() if p.name.isdigit()) if commits.is_dir() else 0
+
+
+def drop_unfinished_writes(checkpoint: Path, query: str) -> None:
+    """Remove from the offsets and commits logs of ``checkpoint`` (query ``query``'s) the files a process killed
+    while writing them left half-written.
+
+    Spark reads none of them, but starts a query whose logs hold no batch only if they hold no file at all
+    (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY): a pipeline killed as a Real-time query wrote its first checkpoint
+    could otherwise never start that query again. Called before the query starts, when nothing writes them."""
+    left = [p for name in ("offsets", "commits") if (checkpoint / name).is_dir()
+            for p in (checkpoint / name).iterdir() if _UNFINISHED.fullmatch(p.name)]
+    for p in left:
+        p.unlink(missing_ok=True)
+    if left:
+        log.warning("query %s: removed %d half-written file(s) of its checkpoint's logs, left by a pipeline killed "
+                    "while it wrote them: %s", query, len(left), ", ".join(str(p) for p in sorted(left)))
 
 
 def resumable(checkpoint: Path) -> bool:

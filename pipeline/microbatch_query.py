@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from pipeline.checkpoints import committed_batches
+from pipeline.checkpoints import committed_batches, drop_unfinished_writes
 from pipeline.outputs import TableRun, table_run
 from pipeline.query import Query, QueryContext
 from pipeline.recompute import MARK_FILE, Recomputation
@@ -119,6 +119,7 @@ class MicrobatchQuery(Query):
         # windows still become final. Only when the watermark moved: a query of keyed tables never runs one.
         no_data = "spark.sql.streaming.noDataMicroBatches.enabled"
         spark.conf.set(no_data, "true" if self.windowed is not None else "false")
+        drop_unfinished_writes(s.query_checkpoint(self.name), self.name)
         try:
             self.query = writer.start()
         finally:

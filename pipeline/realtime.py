@@ -22,6 +22,7 @@ from functools import reduce
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from freshroute import input_position, version_time
+from pipeline.checkpoints import drop_unfinished_writes
 from pipeline.sink import MAX_CHANGELOG_RECORD_BYTES
 from pipeline.tables import (DELETE_COLUMN, INTERNAL_COLUMNS, MICROBATCH, POSITION_COLUMN, QUERY_TABLE_COLUMN,
                              REALTIME, VERSION_TIME_COLUMN, WINDOW_START_COLUMN, Source, Table, TablesFileError)
@@ -173,6 +174,7 @@ def dead_letters(source: Source, rejected: "DataFrame", topic: str, partitions: 
 def start_query(records: "DataFrame", name: str, settings: Any, windowed_topics: list[str]) -> "StreamingQuery":
     """Start the Real-time query ``name`` writing ``records`` through Spark's Kafka sink, checkpointed every
     ``realtime_checkpoint_interval`` (``settings``: the pipeline's)."""
+    drop_unfinished_writes(settings.query_checkpoint(name), name)
     return (records.writeStream.queryName(name).outputMode("update").format("kafka")
             .options(**sink_options(settings.kafka(), windowed_topics))
             .option("checkpointLocation", str(settings.query_checkpoint(name)))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline.checkpoints import (QUERY_TABLES_FILE, ChangelogLost, QueryChanged, check_changelog_kept,
-                                  check_query_tables, committed_batches, frozen_shuffle_partitions, query_checkpoint_of,
-                                  retire_superseded)
+                                  check_query_tables, committed_batches, drop_unfinished_writes,
+                                  frozen_shuffle_partitions, query_checkpoint_of, retire_superseded)
 
 
 def test_a_vanished_changelog_with_committed_batches_is_refused(tmp_path):
@@ -119,3 +119,33 @@ def test_a_query_resumes_from_its_first_batchs_offsets_or_state_before_any_commi
     other = tmp_path / "r"
     (other / "state" / "0").mkdir(parents=True)
     assert resumable(other)  # stopped in its first batch: its state's schema is left, which it resumes with
+
+
+def test_the_half_written_log_files_a_killed_pipeline_left_are_removed_before_its_query_starts(tmp_path, caplog):
+    # As a pipeline killed -9 while a Real-time query wrote its first checkpoint leaves it: Spark would refuse to
+    # start the query afresh on logs holding any file (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY).
+    checkpoint = tmp_path / "readings.rejected"
+    for name in ("offsets", "commits", "sources/0"):
+        (checkpoint / name).mkdir(parents=True)
+    uuid = "5b7ab129-2013-4995-bbd4-302683ac8449"
+    left = [checkpoint / "commits" / f".0.{uuid}.tmp", checkpoint / "commits" / f"..0.{uuid}.tmp.crc",
+            checkpoint / "offsets" / f".0.{uuid}.tmp"]
+    sources = checkpoint / "sources" / "0"
+    kept = [checkpoint / "metadata", sources / "0", sources / f".1.{uuid}.tmp"]  # not the logs Spark checks
+    for p in left + kept:
+        p.write_text("")
+    drop_unfinished_writes(checkpoint, "readings.rejected")
+    assert list((checkpoint / "offsets").iterdir()) == [] and list((checkpoint / "commits").iterdir()) == []
+    assert all(p.exists() for p in kept)
+    assert "query readings.rejected: removed 3 half-written file(s)" in caplog.text
+
+    # A checkpoint with batches: its batches' files are its own, whatever a kill left beside them.
+    for i in range(2):
+        (checkpoint / "offsets" / str(i)).write_text("v1")
+        (checkpoint / "offsets" / f".{i}.crc").write_text("")
+        (checkpoint / "commits" / str(i)).write_text("v1")
+    (checkpoint / "offsets" / f".2.{uuid}.tmp").write_text("")
+    drop_unfinished_writes(checkpoint, "readings.rejected")
+    assert sorted(p.name for p in (checkpoint / "offsets").iterdir()) == [".0.crc", ".1.crc", "0", "1"]
+    assert committed_batches(checkpoint) == 2
+    drop_unfinished_writes(tmp_path / "never-started", "q")  # no checkpoint yet: nothing to do
