@@ -1,5 +1,5 @@
-"""Table versions measured on a stack of its own: a table redefined (a new aggregate column) under lookups is built
-beside the served version, switched to once it has caught up, rolled back, and the version left behind retired.
+"""Table versions measured on a stack of its own: a table redefined (a new aggregate column, by ``freshroute table
+deploy`` while the pipeline runs) under lookups is built beside the served version, switched to once it has caught up, rolled back, and the version left behind retired.
 
 Figures: the rate of lookups held (over keep-alive connections spread evenly over the stack's routers, which share
 one port: loadtest.http_load), lookups failed and answers mixing versions (an answer whose fields are not its
@@ -20,6 +20,8 @@ import bisect
 import os
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -52,7 +54,6 @@ def sensor_stats(readings):
 '''
 V2 = V1.replace('F.sum("reading").alias("sum"))', 'F.sum("reading").alias("sum"), F.max("reading").alias("max"))')
 FIELDS = {1: frozenset({"count", "sum"}), 2: frozenset({"count", "sum", "max"})}
-RETAIN_AFTER_SWITCH_MS = 120_000  # the pipeline keeps version 1 this long: the rollback comes well before
 RETAIN_AFTER_ROLLBACK_MS = 10_000  # version 2, rolled back from, is retired this soon
 
 
@@ -188,11 +189,15 @@ def measure(home: Path, records: int, sensors: int, rate: float, say: Callable[[
         load = Load(config.rest_url, names, rate, routers=routers)
         load.start()
         time.sleep(3)
-        stack.stop("pipeline")
-        stack.start("pipeline", "--tables-file", str(file_v2), "--retain-previous-ms", str(RETAIN_AFTER_SWITCH_MS))
         pipeline = {"pipeline": stack.components["pipeline"].pid}
         cpu0 = tree_cpu_seconds(pipeline)["pipeline"]
-        say("  the pipeline started again with a new aggregate column: version 2 builds beside version 1")
+        # Deployed while the pipeline runs: its queries start again in the same process with version 2 beside.
+        deployed = subprocess.run([sys.executable, "-m", "tools.cli", "table", "deploy", TABLE, "--tables",
+                                   str(file_v2), "--redis-url", config.redis_url, "--namespace", config.namespace],
+                                  capture_output=True, text=True, timeout=300)
+        if deployed.returncode != 0:
+            raise RuntimeError(f"the deploy of version 2 failed: {deployed.stderr.strip()}")
+        say(f"  {deployed.stdout.strip()}")
         wait(lambda: (r := versions.record(TABLE)) is not None and 2 in r.versions, 120, "version 2 begun")
         wait(lambda: versions.record(TABLE).serving == 2, 1800, "version 2 served")  # type: ignore[union-attr]
         record = versions.record(TABLE)
