@@ -254,7 +254,9 @@ class Applier:
             if end > rep.lag.applied:
                 # Nothing between: offsets skipped by compaction or control records.
                 rep.apply([], end, 0)
-            rep.lag.observe_end(end, self._end_offsets.answered_at(rep, now))
+            answered = self._end_offsets.answered_at(rep, now)
+            if answered is not None:
+                rep.lag.observe_end(end, answered)
             return False
         if code in _OUT_OF_RANGE:
             if rep is not None:

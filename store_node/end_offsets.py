@@ -3,7 +3,9 @@
 A replica's lag needs the end offset of its partition, dated by a broker response that is
 fresh: the consumer's statistics carry each partition's high watermark from Fetch responses
 and each broker's state and response count, which together are the evidence a caught-up
-confirmation needs.
+confirmation needs. Only responses of the partition's leader to fetches sent while the
+consumer was fetching the partition from it carry its end: after a leader change the high
+watermark in the statistics is the old leader's until the new one has answered such a fetch.
 
 Two surprises are judged here and acted on by the replica set, never silently:
 - an end offset that stays below the applied offset: the broker lost the partition (its storage
@@ -59,7 +61,10 @@ class EndOffsetWatcher:
         self._brokers: dict[int, _BrokerSeen] = {}
         self._broker_outage = False
         self._stats_at: int | None = None
-        self._leaders: dict[tuple[str, int], int] = {}  # (topic, partition) → the broker leading it, by the statistics
+        self._leaders: dict[tuple[str, int], int] = {}  # replica key → the broker leading it, by the statistics
+        # Replica key → (leader, leader epoch, since when in ms) while the statistics say the consumer fetches the
+        # partition from its leader: only that leader's responses to requests sent since then carry its end.
+        self._fetching: dict[tuple[str, int], tuple[int, int, int]] = {}
         # Replicas whose changelog end looks lower than their applied offset: (first seen in ms, times, reason).
         self._shrunk: dict[tuple[str, int], tuple[int, int, str]] = {}
         self._topic_futures: dict[str, Any] | None = None
@@ -112,36 +117,70 @@ class EndOffsetWatcher:
             self._broker_outage = False
             log.info("changelog broker reachable again")
         by_tp = self._replicas.by_tp
-        for gone in self._leaders.keys() - by_tp.keys():
+        hosted = {rep.key for rep in by_tp.values()}
+        for gone in self._leaders.keys() - hosted:
             del self._leaders[gone]
+        for gone in self._fetching.keys() - hosted:
+            del self._fetching[gone]
         for topic, t in stats.get("topics", {}).items():
             for pid, p in t.get("partitions", {}).items():
                 rep = by_tp.get((topic, int(pid)))
                 if rep is None or rep.store is None:
                     continue
                 self._leaders[rep.key] = p.get("leader", -1)
+                self._follow_fetching(rep, p, now)
                 hi = p.get("hi_offset", -1)
-                if hi < 0 or p.get("fetch_state") != "active":
-                    continue
-                leader = brokers.get(p.get("leader", -1))
-                if leader is None or leader.state != "UP" or now - leader.last_response_ms > window:
+                sent = self._evidence_ms(rep)
+                if hi < 0 or sent is None or now - sent > window:
                     continue
                 if self.plausible(rep, hi, f"the changelog's high watermark {hi} is below the applied offset"):
-                    rep.lag.observe_end(hi, leader.last_response_ms)
+                    rep.lag.observe_end(hi, sent)
+
+    def _follow_fetching(self, rep: Replica, p: dict[str, Any], now: int) -> None:
+        """Note since when the statistics say ``rep``'s partition is fetched from its leader (``p``: the
+        partition's statistics), or that it is not.
+
+        A partition moves to its new leader's fetches only after the metadata named that leader and the consumer
+        validated its offset there; meanwhile the leader answers fetches of other partitions, and requests already
+        on their way when the partition joined them carry nothing of it either.
+        """
+        leader_id = p.get("leader", -1)
+        leader = self._brokers.get(leader_id)
+        if (leader is None or leader.state != "UP" or p.get("broker", -1) != leader_id
+                or p.get("fetch_state") != "active"):
+            self._fetching.pop(rep.key, None)
+            return
+        epoch = p.get("leader_epoch", -1)
+        seen = self._fetching.get(rep.key)
+        if seen is None or seen[:2] != (leader_id, epoch):
+            self._fetching[rep.key] = (leader_id, epoch, now)
+
+    def _evidence_ms(self, rep: Replica) -> int | None:
+        """When ``rep``'s leader sent, at the latest, its last response that answered a fetch of ``rep``'s partition
+        (what its high watermark is as of); None while no response is known to have."""
+        fetching = self._fetching.get(rep.key)
+        if fetching is None:
+            return None
+        leader_id, _, since = fetching
+        leader = self._brokers.get(leader_id)
+        # A response dated from ``since`` on answered a request sent no earlier (see on_stats), which then held
+        # the partition.
+        if leader is None or leader.state != "UP" or leader.last_response_ms < since:
+            return None
+        return leader.last_response_ms
 
     # --- evidence from the records' side ----------------------------------------------------------
 
-    def answered_at(self, rep: Replica, now: int) -> int:
+    def answered_at(self, rep: Replica, now: int) -> int | None:
         """A time no later than the broker sent the response behind an end-of-partition event of ``rep``: the
         consumer's events come in the order its responses arrived, and a leader's responses arrive in the order it
         sent them, so after the responses of that leader the statistics already counted. ``now`` before the first
-        statistics."""
-        leader = self._leader_of(rep)
-        return now if leader is None else min(now, leader.last_response_ms)
-
-    def _leader_of(self, rep: Replica) -> _BrokerSeen | None:
-        """The broker leading ``rep``'s partition, by the statistics; None before they named one."""
-        return self._brokers.get(self._leaders.get(rep.key, -1))
+        statistics; None while the statistics do not show the partition fetched from its leader (the event may be
+        the old leader's, and no response of the new one is known to date it by)."""
+        if rep.key not in self._leaders:
+            return now
+        seen = self._evidence_ms(rep)
+        return None if seen is None else min(now, seen)
 
     def plausible(self, rep: Replica, end: int, what: str) -> bool:
         """Is ``end`` a possible end of ``rep``'s changelog? A lower one is noted as a suspected loss.
@@ -162,13 +201,11 @@ class EndOffsetWatcher:
 
         It is dated to the leader's last response the statistics saw, which is no later than the
         Fetch that carried it: the end offset at that time was at most this, so the replica, once
-        past it, was complete as of then. Another broker's answers say nothing of this partition's end.
+        past it, was complete as of then. Another broker's answers say nothing of this partition's end,
+        nor do its leader's before it fetched the partition from there.
         """
-        leader = self._leader_of(rep)
-        if leader is None or leader.state != "UP":
-            return
-        seen = leader.last_response_ms
-        if self._clock() - seen > self._settings.evidence_window_ms:
+        seen = self._evidence_ms(rep)
+        if seen is None or self._clock() - seen > self._settings.evidence_window_ms:
             return
         try:
             _, hi = self._consumer.get_watermark_offsets(TopicPartition(rep.topic, rep.partition), cached=True)

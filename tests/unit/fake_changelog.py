@@ -150,16 +150,21 @@ class FakeAdmin:
 
 
 def stats(hi: dict[int, int], rx: int, state="UP", topic=SPEC.topic, rtt_max_ms=0,
-          others: dict[int, int] | None = None) -> str:
-    """librdkafka's statistics: broker 1 (``rx`` responses so far, the window's longest round trip) leading ``hi``;
-    ``others``: more brokers, up, leading nothing here (node id → responses so far)."""
+          others: dict[int, int] | None = None, leader=1, fetched_from: int | None = None, leader_epoch=0,
+          fetch_state="active") -> str:
+    """librdkafka's statistics: broker 1 (``rx`` responses so far, the window's longest round trip) and ``others``,
+    more brokers, up (node id → responses so far); ``hi``'s partitions led by ``leader`` (in ``leader_epoch``) and
+    fetched from ``fetched_from`` (default: the leader) in ``fetch_state``."""
     more = {f"b/{n}": {"nodeid": n, "state": "UP", "rx": others_rx, "rtt": {"max": 0}}
             for n, others_rx in (others or {}).items()}
+    broker = leader if fetched_from is None else fetched_from
     return json.dumps({
         "brokers": {"b/1": {"nodeid": 1, "state": state, "rx": rx, "rtt": {"max": rtt_max_ms * 1000}}, **more,
                     "bootstrap": {"nodeid": -1, "state": "UP", "rx": 1}},
-        "topics": {topic: {"partitions": {str(p): {"leader": 1, "fetch_state": "active", "hi_offset": h}
-                                          for p, h in hi.items()} | {"-1": {"leader": -1, "hi_offset": -1001}}}},
+        "topics": {topic: {"partitions": {str(p): {"leader": leader, "broker": broker, "leader_epoch": leader_epoch,
+                                                   "fetch_state": fetch_state, "hi_offset": h}
+                                          for p, h in hi.items()}
+                                         | {"-1": {"leader": -1, "broker": -1, "hi_offset": -1001}}}},
     })
 
 

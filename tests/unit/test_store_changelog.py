@@ -179,12 +179,17 @@ def test_eof_is_fresh_evidence_and_skips_gaps(env):
 
 def caught_up_by_statistics(env):
     """A replica of partition 0 that applied 10 records, which the broker's statistics then said was its end:
-    (the replica, when it was complete as of). That is the statistics before (the first: an interval before), since
-    the response came after them."""
+    (the replica, when it was complete as of). That is the statistics before, since the response came after them;
+    the first statistics only show the partition fetched from its leader, whose responses counted by then may
+    answer requests sent before."""
     host(env, 0)
     rep = env.tailer.serving[KEY]
     env.consumer.queue += [record(i, f"k{i}", i) for i in range(10)]
     env.tailer.step()
+    env.consumer.pending_stats.append(stats({0: 10}, rx=4))
+    env.tailer.step()
+    assert rep.snapshot().lag_offsets is None
+    env.clock.now += STATS_INTERVAL_MS
     env.consumer.pending_stats.append(stats({0: 10}, rx=5))
     env.tailer.step()
     return rep, env.clock.now - STATS_INTERVAL_MS
@@ -247,6 +252,57 @@ def test_a_batch_dates_its_end_offset_by_the_partitions_leader_not_by_another_br
     # The leader answers again: the batch's end is its news.
     env.clock.now += 100
     env.consumer.pending_stats.append(stats({0: 12}, rx=6, others={2: 30}))
+    env.tailer.step()
+    assert rep.snapshot().lag_offsets == 0 and rep.snapshot().staleness_ms == 0
+
+
+@pytest.mark.parametrize("moving", [
+    {"fetched_from": 1},  # the metadata names the new leader; the partition is still with the dead one's fetcher
+    {"fetched_from": -1},  # … or with none
+    {"fetch_state": "validate-epoch-wait"},  # the consumer validates its position with the new leader
+    {},  # fetched from the new leader: the responses counted so far answer requests sent before it was
+], ids=["old-fetcher", "no-fetcher", "validating", "just-joined"])
+def test_a_new_leaders_answers_do_not_date_the_old_leaders_end(env, moving):
+    """The kill -9 of a broker under load: its partitions' new leader answers fetches of other partitions all along,
+    while the statistics keep the dead leader's high watermark until the new one answers a fetch of the partition. Dated
+    by the new leader's answers, that old end made a replica say "0 behind, 0 ms" of records it had not seen."""
+    rep, caught_up_at = caught_up_by_statistics(env)
+    rx2 = 100
+    env.clock.now += 3000  # broker 1 died; the controller has not moved its partitions yet
+    env.consumer.pending_stats.append(stats({0: 10}, rx=5, state="DOWN", others={2: rx2}))
+    env.tailer.step()
+    assert rep.snapshot().lag_offsets is None
+    new_leader = {"leader": 2, "leader_epoch": 1, "state": "DOWN"}
+    for _ in range(5 if moving else 1):
+        env.clock.now += STATS_INTERVAL_MS
+        rx2 += 1
+        env.consumer.pending_stats.append(stats({0: 10}, rx=5, others={2: rx2}, **new_leader, **moving))
+        env.consumer.queue += [eof(10)]  # the end of what the old leader served, seen late
+        env.tailer.step()
+        snap = rep.snapshot()
+        assert snap.lag_offsets is None and snap.staleness_ms == env.clock.now - caught_up_at
+    # The new leader's answer to a fetch of the partition: 2 records were appended meanwhile.
+    for _ in range(2):
+        env.clock.now += STATS_INTERVAL_MS
+        rx2 += 1
+        env.consumer.pending_stats.append(stats({0: 12}, rx=5, others={2: rx2}, **new_leader))
+        env.tailer.step()
+    snap = rep.snapshot()
+    assert snap.lag_offsets == 2 and snap.staleness_ms == env.clock.now - caught_up_at
+    env.consumer.queue += [record(10, "k10", 10), record(11, "k11", 11)]
+    env.tailer.step()
+    assert rep.snapshot().lag_offsets == 0 and rep.snapshot().staleness_ms == 0
+
+
+def test_a_leader_elected_again_in_a_new_epoch_dates_the_end_only_by_its_answers_since(env):
+    rep, caught_up_at = caught_up_by_statistics(env)
+    env.clock.now += 3000  # its only answers for 3 s, in epoch 0, were before it lost the leadership and won it back
+    env.consumer.pending_stats.append(stats({0: 10}, rx=6, leader_epoch=1))
+    env.tailer.step()
+    snap = rep.snapshot()
+    assert snap.lag_offsets is None and snap.staleness_ms == env.clock.now - caught_up_at
+    env.clock.now += STATS_INTERVAL_MS
+    env.consumer.pending_stats.append(stats({0: 10}, rx=7, leader_epoch=1))
     env.tailer.step()
     assert rep.snapshot().lag_offsets == 0 and rep.snapshot().staleness_ms == 0
 
@@ -467,8 +523,9 @@ def test_rate_limit_caps_the_batch_size():
 
 def test_end_offset_is_refreshed_after_each_batch(env):
     host(env, 0)
-    env.consumer.pending_stats.append(stats({0: 0}, rx=1))
-    env.tailer.step()
+    for rx in (1, 2):  # the leader's responses to fetches of the partition
+        env.consumer.pending_stats.append(stats({0: 0}, rx=rx))
+        env.tailer.step()
     rep = env.tailer.serving[KEY]
     env.consumer.watermarks[(SPEC.topic, 0)] = 50
     env.consumer.queue += [record(i, f"k{i}", i) for i in range(10)]
