@@ -265,11 +265,29 @@ def _position_offset(rec: dict[str, Any], table: str, partition: int) -> tuple[i
 
 
 def check(records: list[dict[str, Any]], changelog: Changelog, table: str, window: WindowSpec | None = None,
-          label_slack_ms: int = LABEL_SLACK_MS, inputs: InputLog | None = None) -> CheckReport:
+          label_slack_ms: int = LABEL_SLACK_MS, inputs: InputLog | None = None,
+          held: Sequence[tuple[int, int]] = ()) -> CheckReport:
     """Check (a) values, (b) bounds, (c) monotonic sessions, (d) reads after writes, (e) lag labels and, given the
     table's input read back (``inputs``), (f) input-lag labels of ``records`` against ``changelog`` (a windowed table's
-    window answers against its ``window``; a label may trail the truth by ``label_slack_ms``)."""
+    window answers against its ``window``; a label may trail the truth by ``label_slack_ms``; records appended within
+    a ``held`` window (from_ms, until_ms) were readable only from its end, or from the first answer past them,
+    :meth:`Timeline.held`)."""
     report = CheckReport(table)
+    timelines: dict[int, Timeline | None] = {}
+    shown: dict[int, list[tuple[int, int]]] = defaultdict(list)  # partition → (position, by when an answer was there)
+    for rec in records if held else ():
+        if rec.get("table") == table and rec.get("outcome") in ANSWERED and rec.get("ts_ms") is not None:
+            partition = changelog.partition_of(rec["key"])
+            offset, _ = _position_offset(rec, table, partition)
+            if offset is not None:
+                shown[partition].append((offset, rec["ts_ms"] + math.ceil(rec.get("latency_ms") or 0)))
+
+    def timeline(partition: int) -> Timeline | None:
+        if partition not in timelines:
+            t = changelog.timeline(partition)
+            timelines[partition] = t.held(held, shown[partition]) if t is not None and held else t
+        return timelines[partition]
+
     truth = InputTruth.of(changelog, inputs) if inputs is not None else None
     sessions: dict[str, list[tuple[int, int, dict[str, Any]]]] = defaultdict(list)
 
@@ -382,7 +400,7 @@ def check(records: list[dict[str, Any]], changelog: Changelog, table: str, windo
 
         # (e) the answer's lag labels are true
         if offset is not None:
-            checked, refuted = check_labels(rec, offset, changelog.timeline(partition), label_slack_ms)
+            checked, refuted = check_labels(rec, offset, timeline(partition), label_slack_ms)
             report.labels_checked += checked
             for kind, message in refuted:
                 bad(i, kind, message)

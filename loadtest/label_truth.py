@@ -8,7 +8,11 @@ label when any was by ``t − S − slack``.
 
 A record's timestamp says when it was in the changelog only where the broker set it: the changelogs the pipeline
 creates keep ``LogAppendTime``. (Under CreateTime a record held up in its producer's buffer, by a broker's failover,
-would be dated to before it existed, and refute true labels.)
+would be dated to before it existed, and refute true labels.) Even so it says when the leader appended it, not when
+it could be read: a consumer reads up to the high watermark, which passes a record only once every in-sync replica has
+it. A record appended while a killed broker was still in sync waits for the cluster to fence that broker (seconds,
+more on a loaded machine or when the killed broker was the active controller); until then "0 behind" is the truth of
+what anyone can read. A run that killed a broker gives those windows (:meth:`Timeline.held`), as measured.
 
 ``LABEL_SLACK_MS`` is how long a label may trail the truth: a replica's end offset is evidence up to its evidence
 window old (1 s by default), it learns the end from fetches and statistics a hundred ms apart, and the answer takes
@@ -23,7 +27,8 @@ from __future__ import annotations
 import bisect
 from array import array
 from dataclasses import dataclass, field
-from typing import Any
+from itertools import accumulate
+from typing import Any, Sequence
 
 # How long a lag label may trail the truth before the changelog refutes it.
 LABEL_SLACK_MS = 2000
@@ -44,6 +49,23 @@ class Timeline:
         """Add the next record; records come in offset order."""
         self.offsets.append(offset)
         self.there_by_ms.append(max(timestamp_ms, self.there_by_ms[-1]) if self.there_by_ms else timestamp_ms)
+
+    def held(self, windows: Sequence[tuple[int, int]], shown: Sequence[tuple[int, int]] = ()) -> "Timeline":
+        """This timeline with each record appended within a window ``(from_ms, until_ms)`` in the changelog only by
+        ``until_ms`` (the window's records waited for a dead replica to leave the in-sync set), or by the time an
+        answer ``shown`` (position, ms) was past it, if earlier: a replica applies only what could be read."""
+        ordered = sorted(shown)
+        positions = [position for position, _ in ordered]
+        # earliest[i]: the first time an answer was at ordered[i]'s position or past it
+        earliest = list(accumulate(reversed([ms for _, ms in ordered]), min))[::-1]
+        out = Timeline(array("q", self.offsets))
+        for offset, ms in zip(self.offsets, self.there_by_ms):
+            there = max([until for start, until in windows if start <= ms <= until], default=ms)
+            past = bisect.bisect_right(positions, offset)  # the first answer past the record
+            if past < len(earliest):
+                there = max(ms, min(there, earliest[past]))
+            out.there_by_ms.append(max(there, out.there_by_ms[-1]) if out.there_by_ms else there)
+        return out
 
     def past(self, position: int, by_ms: int) -> tuple[int, int | None]:
         """How many records at or past ``position`` were in the changelog by ``by_ms``, and when the first of them

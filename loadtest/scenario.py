@@ -65,14 +65,48 @@ def faults_for(scenario: str, duration_s: float, node: str, hold_s: float) -> li
 SCENARIOS = ("kill-node", "pause-node", "restart-node", "redis-outage", "all", "steady")
 
 
-class FaultInjector:
-    """Applies faults to processes recorded in the stack's state file, and undoes them."""
+# A follower's fetch waits for new records at most the broker's replica.fetch.wait.max.ms (500 ms by default): what a
+# leader appended that long before a follower died may not have reached it, and waits for its fencing too.
+FOLLOWER_FETCH_WAIT_MS = 500
+# How long after a broker's kill its leaving every in-sync set is watched for.
+ISR_WATCH_S = 30.0
 
-    def __init__(self, stack: Stack, t0: float, say: Callable[[str], None]) -> None:
+# (replicas, in-sync replicas) of every partition of the cluster
+PartitionReplicas = list[tuple[list[int], list[int]]]
+
+
+def cluster_isrs(bootstrap: str) -> Callable[[], PartitionReplicas]:
+    """What reads the replicas and in-sync replicas of every partition, from the cluster's metadata."""
+    from confluent_kafka.admin import AdminClient
+
+    from freshroute.settings import kafka_client_config
+
+    admin = AdminClient(kafka_client_config(bootstrap))
+
+    def read() -> PartitionReplicas:
+        md = admin.list_topics(timeout=2)
+        return [(list(p.replicas), list(p.isrs)) for t in md.topics.values() for p in t.partitions.values()]
+
+    return read
+
+
+class FaultInjector:
+    """Applies faults to processes recorded in the stack's state file, and undoes them.
+
+    A killed broker's fencing is watched: ``held`` gets a window (from_ms, until_ms) of wall-clock time from just
+    before the kill until the broker was in no in-sync set, within which records a leader appended were readable only
+    at its end (:meth:`loadtest.label_truth.Timeline.held`).
+    """
+
+    def __init__(self, stack: Stack, t0: float, say: Callable[[str], None],
+                 isrs: Callable[[], PartitionReplicas] | None = None) -> None:
         self.stack = stack
         self.t0 = t0
         self.say = say
         self.events: list[dict[str, Any]] = []
+        self.held: list[tuple[int, int]] = []
+        self._isrs = isrs
+        self._watches: list[threading.Thread] = []
         self._undo: dict[str, Callable[[], None]] = {}
 
     def _event(self, text: str) -> None:
@@ -108,7 +142,9 @@ class FaultInjector:
         if fault.action == "kill":
             self._event(f"kill -9 {name} (pid {self._pid(name)})")
             self._undo[name] = lambda: self._start(name)
+            killed_ms = int(time.time() * 1000)
             self.stack.signal(name, signal.SIGKILL)
+            self._watch_fencing(name, killed_ms)
             self._wait_gone(name)
             time.sleep(fault.hold_s)
             self._undo.pop(name)()
@@ -131,6 +167,41 @@ class FaultInjector:
             self._undo.pop(name)()
         else:
             raise ValueError(f"unknown fault action {fault.action!r}")
+
+    def _watch_fencing(self, name: str, killed_ms: int) -> None:
+        """If ``name`` is a broker of the stack, note in the background when it has left every in-sync set."""
+        brokers = getattr(self.stack, "broker_names", None)
+        if brokers is None or name not in brokers():
+            return
+        node = dict(zip(brokers(), self.stack.broker_nodes()))[name].node_id
+        if self._isrs is None:
+            self._isrs = cluster_isrs(self.stack.config.bootstrap)
+        read = self._isrs
+
+        def watch() -> None:
+            deadline = time.monotonic() + ISR_WATCH_S
+            while time.monotonic() < deadline:
+                try:
+                    # A partition the broker alone holds keeps it as its last in-sync replica: it waits for no other.
+                    mine = [isr for replicas, isr in read() if node in replicas and len(replicas) > 1]
+                except Exception:  # noqa: BLE001 - a broker that does not answer now may the next time
+                    mine = None
+                if mine is not None and not any(node in isr for isr in mine):
+                    self.held.append((killed_ms - FOLLOWER_FETCH_WAIT_MS, int(time.time() * 1000)))
+                    self._event(f"{name} is in no in-sync replica set")
+                    return
+                time.sleep(0.1)
+            self._event(f"{name} still in an in-sync replica set {ISR_WATCH_S:g} s after its kill")
+
+        thread = threading.Thread(target=watch, name=f"fencing-{name}", daemon=True)
+        thread.start()
+        self._watches.append(thread)
+
+    def settle(self, timeout_s: float = ISR_WATCH_S) -> None:
+        """Wait for the watches of killed brokers' fencing to end."""
+        deadline = time.monotonic() + timeout_s
+        for thread in self._watches:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def undo_all(self) -> None:
         """Resume or restart whatever a fault left down (after an interruption)."""
@@ -392,6 +463,8 @@ def run(stack: Stack, cfg: LoadConfig, faults: list[Fault], out_dir: Path, check
         injector.undo_all()
         recorder.close()
     duration = time.monotonic() - t0
+    if hasattr(injector, "settle"):
+        injector.settle()
     extra: dict[str, Any] = {"scenario": title, "load": cfg.__dict__, "recording": str(recorder.path)}
     if check:
         from loadtest.consistency import changelog_topic, check as check_records, read_changelog, table_window
@@ -405,11 +478,12 @@ def run(stack: Stack, cfg: LoadConfig, faults: list[Fault], out_dir: Path, check
             except Exception as e:  # noqa: BLE001 - without its input only (f) goes unchecked
                 read = f"unread: {type(e).__name__}: {e}"
         reports = []
+        options = {"held": list(getattr(injector, "held", ())), **(check_options or {})}
         try:
             for table in [cfg.table, *([cfg.window_table] if cfg.window_table and cfg.window_workers else [])]:
                 topic = changelog_topic(table, c.redis_url, c.namespace, c.topic_prefix)
                 reports.append(check_records(recorder.records, read_changelog(c.bootstrap, topic), table,
-                                             table_window(table, c.redis_url, c.namespace), **(check_options or {}),
+                                             table_window(table, c.redis_url, c.namespace), **options,
                                              inputs=inputs).to_dict())
             extra["consistency"] = merged(reports) | {"inputs": read}
         except Exception as e:  # noqa: BLE001 - the run's report still gets written, with the reason

@@ -13,7 +13,6 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from freshroute.settings import kafka_client_config
-from loadtest.label_truth import LABEL_SLACK_MS
 from loadtest.scenario import Fault, LoadConfig, run
 from tests.integration.stack_fixture import (FIRST_DATA_TIMEOUT_S, all_sensors_served, expected_sensor_stats,
                                              produce_readings, same_stats, start_stack, wait_until)
@@ -82,10 +81,11 @@ def test_kill_9_of_a_broker_under_lookups_and_input(stack, tmp_path):
         cfg = LoadConfig(keys=SENSORS, protocol="all", concurrency=6, rate=100.0, duration_s=12.0, timeout_s=5.0,
                          bound_mix="none:2,max_lag=100000:1,max_staleness_ms=120000:1,session:2", seed=3)
         # A record a leader appended while a dead follower was still in sync becomes readable only once the broker is
-        # fenced (3 s) and the high watermark passes it: until then "0 behind" is the truth of what anyone can read,
-        # so the labels are held to the changelog with that much more slack.
+        # fenced and the high watermark passes it: until then "0 behind" is the truth of what anyone can read. The
+        # fence took 3.5 s on a quiet machine and 6 s in a loaded suite run, so the injector measures it and the
+        # check holds those records until then.
         summary = run(stack, cfg, [Fault(2.0, "kill", victim, 6.0)], tmp_path / "kill", check=True, plots=False,
-                      title=f"kill-{victim}", check_options={"label_slack_ms": LABEL_SLACK_MS + 4000})
+                      title=f"kill-{victim}")
     finally:
         input_.stop.set()
         input_.join(90)

@@ -128,3 +128,36 @@ def test_check_counts_labels_and_reports_refuted_ones_by_kind():
     # With a slack longer than the records' age no label is refuted.
     relaxed = check(records, log, TABLE, label_slack_ms=31_000)
     assert relaxed.ok and relaxed.labels_checked == 8
+
+
+def test_records_appended_while_a_killed_broker_was_still_in_sync_count_from_its_fencing():
+    """test_broker_quorum's kill -9 on a loaded machine: records a live leader appended just after the kill were
+    readable only once the cluster fenced the dead follower, 6 s later, and the answers meanwhile said "0 behind"."""
+    killed, fenced = SENT_MS - 7_000, SENT_MS - 100
+    rows = [(part(A), 0, A, orjson.dumps(1), None, killed - 10_000),
+            (part(A), 1, A, orjson.dumps(2), None, killed + 35),
+            (part(A), 2, A, orjson.dumps(3), None, killed + 50),
+            (part(A), 3, A, orjson.dumps(4), None, fenced + 10)]
+    log = Changelog.from_records("t-changelog", P, rows)
+    records = [rec(A, 1, 1, (0, 0))]
+    assert [v.kind for v in check(records, log, TABLE).violations] == ["lag_label", "staleness_label"]
+    assert check(records, log, TABLE, held=[(killed - 500, fenced)]).ok
+    # Before the window, and after it, a record counts from its own time.
+    held = log.timeline(part(A)).held([(killed - 500, fenced)])
+    assert list(held.there_by_ms) == [killed - 10_000, fenced, fenced, fenced + 10]
+    assert [v.kind for v in check([rec(A, 0, None, (0, 0)) | {"outcome": "not_found"}], log, TABLE,
+                                  held=[(killed - 500, fenced)]).violations] == ["lag_label", "staleness_label"]
+
+
+def test_an_answer_past_held_records_shows_them_readable_from_then():
+    """A replica applies only records below the high watermark: one that answered past the held records 5 s before
+    the request shows they could be read then, whatever the fencing, so "0 behind" at the request is refuted."""
+    killed, fenced = SENT_MS - 7_000, SENT_MS - 100
+    rows = [(part(A), 0, A, orjson.dumps(1), None, killed - 10_000),
+            (part(A), 1, A, orjson.dumps(2), None, killed + 35),
+            (part(A), 2, A, orjson.dumps(3), None, killed + 50)]
+    log = Changelog.from_records("t-changelog", P, rows)
+    ahead = rec(A, 3, 3, (0, 0)) | {"ts_ms": SENT_MS - 5_000, "latency_ms": 2.5}
+    report = check([ahead, rec(A, 1, 1, (0, 0))], log, TABLE, held=[(killed - 500, fenced)])
+    assert [(v.index, v.kind) for v in report.violations] == [(1, "lag_label"), (1, "staleness_label")]
+    assert report.violations[1].message.endswith("(the first of them 4997 ms before)")

@@ -62,6 +62,46 @@ def test_kill_then_start_again_recording_both_events():
     assert stack.components["store-node-2"].alive()
 
 
+@dataclass
+class _Broker:
+    node_id: int
+
+
+@dataclass
+class _Brokers(_Stack):
+    components: dict = field(default_factory=lambda: {"broker": _Comp(300), "broker-2": _Comp(400),
+                                                      "store-node-2": _Comp(100)})
+
+    def broker_names(self):
+        return ["broker", "broker-2"]
+
+    def broker_nodes(self):
+        return (_Broker(1), _Broker(2))
+
+
+def test_a_killed_brokers_fencing_is_watched_and_held_for_the_check():
+    reads = []
+
+    def isrs():
+        reads.append(time.time())
+        in_sync = [1, 2] if len(reads) < 3 else [1]  # fenced at the third read
+        return [([1, 2], in_sync), ([2], [2])]  # the partition broker-2 alone holds keeps it in sync
+
+    stack = _Brokers()
+    inj = FaultInjector(stack, time.monotonic(), lambda _m: None, isrs=isrs)
+    before = int(time.time() * 1000)
+    inj.apply(Fault(0, "kill", "broker-2", 0.0))
+    inj.settle(5)
+    assert len(reads) == 3
+    assert [e["event"] for e in inj.events][-1] == "broker-2 is in no in-sync replica set"
+    [(start, until)] = inj.held
+    assert before - 500 <= start <= before - 500 + 1000 and int(reads[-1] * 1000) <= until
+    # A store node's kill holds nothing.
+    inj.apply(Fault(0, "kill", "store-node-2", 0.0))
+    inj.settle(5)
+    assert len(reads) == 3 and len(inj.held) == 1
+
+
 def test_pause_resumes_and_redis_outage_restarts():
     stack = _Stack()
     inj = _injector(stack)
