@@ -297,6 +297,8 @@ def test_a_table_redefined_under_load_is_built_through_kills_switched_rolled_bac
         assert {a[1] for a in load.answers[since:]} == {2}  # after the forced switch, version 2 only
         assert rolled_back_s < 5, rolled_back_s
         text = pipeline_log.read_text()
-        assert "Traceback" not in text and "query failed" not in text, text[-3000:]  # each start went on cleanly
+        assert "Traceback" not in text, text[-3000:]
+        # A query killed as it wrote its first checkpoint starts again (the half-written file does not stop it).
+        assert "CHECKPOINT_LOCATION_NOT_EMPTY" not in text, text[-3000:]
     finally:
         stack.discard()
