@@ -48,7 +48,7 @@ from pipeline.sink import ChangelogProducer
 from pipeline.sources import check_inputs
 from pipeline.tables import MICROBATCH, REALTIME, Table, TablesDefinition
 from pipeline.tables_file import check_modes, load_tables, queries
-from pipeline.versions import Planner, VersionPlan
+from pipeline.versions import Planner, VersionPlan, record_failure
 
 log = logging.getLogger("pipeline")
 
@@ -250,13 +250,8 @@ class Pipeline:
         for t in q.tables:
             v = self.plan.versions[t.name]
             self._failed[v.table] = reason
-            log.error("table %s: version %d failed, the version served goes on: %s", v.table, v.version, reason)
-            try:
-                if self._versions is not None:
-                    self._versions.fail(v.table, v.version, reason)
-            except Exception as e:  # Redis away: the version is built again at the next start, and fails again
-                log.warning("table %s: version %d's failure not recorded (%s)", v.table, v.version,
-                            first_line(str(e)))
+            if self._versions is not None:
+                record_failure(self._versions.fail, v.table, v.version, reason)
 
     # run
     def wait(self, stop: threading.Event) -> bool:

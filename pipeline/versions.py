@@ -140,7 +140,7 @@ class Planner:
                 held = True
                 continue
             if isinstance(table, str):
-                self._failed(name, v.version, f"its definition cannot be run again: {table}")
+                record_failure(self.fail, name, v.version, f"its definition cannot be run again: {table}")
                 continue
             runs[PlannedVersion(name, v.version, v.state)] = table
         if ours is None and not proposing:
@@ -194,16 +194,19 @@ class Planner:
         expired = self.expired(t) if t.versions_from == "beginning" else None
         if expired is not None:  # refused before it starts: its record says why, and the served version goes on
             self._refused[name] = f"version {begun.version} failed: {expired}"
-            self._failed(name, begun.version, expired)
+            record_failure(self.fail, name, begun.version, expired)
             return None
         log.info("table %s: its definition changed (fingerprint %s): version %d is built beside version %d as "
                  "table %s, from the input's beginning as the broker holds it", name, fp, begun.version,
                  record.serving, physical_name(name, begun.version))
         return begun
 
-    def _failed(self, name: str, version: int, reason: str) -> None:
-        log.error("table %s: version %d failed: %s", name, version, reason)
-        try:
-            self.fail(name, version, reason)
-        except Exception as e:  # Redis away: said again at the next start
-            log.warning("table %s: version %d's failure not recorded (%s)", name, version, first_line(str(e)))
+
+def record_failure(fail: Callable[[str, int, str], Any], table: str, version: int, reason: str) -> None:
+    """Say that version ``version`` of ``table`` failed, and record it with ``fail`` (the version store's) where
+    Redis can be reached; where not, it is said again at the next start, which fails it again."""
+    log.error("table %s: version %d failed, the version served goes on: %s", table, version, reason)
+    try:
+        fail(table, version, reason)
+    except Exception as e:  # Redis away: said again at the next start
+        log.warning("table %s: version %d's failure not recorded (%s)", table, version, first_line(str(e)))
