@@ -139,7 +139,9 @@ def test_a_principals_rate_holds_across_router_processes(stack):
             c.close()
         granted = SHARED_BURST + SHARED_RATE * elapsed  # what one bucket gives over the run
         assert 0.85 * granted <= sum(served) <= granted + 1, (served, refused, elapsed)
-        assert min(served) >= 0.3 * sum(served), served  # both processes drew on the one bucket
+        # Both processes drew on the one bucket. Not evenly: each leases ahead of its demand (up to half a burst,
+        # every 50 ms), and whichever asks first after a refill takes more; 27% was seen for one on a loaded machine.
+        assert min(served) >= 0.15 * sum(served), served
         assert sum(refused) >= 0.8 * (sum(served) + sum(refused) - granted), refused
     finally:
         stack.stop("router-2")
