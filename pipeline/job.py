@@ -18,6 +18,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from freshroute.errors import FreshrouteError
@@ -28,7 +29,8 @@ from freshroute.metadata.table_versions import logical_of
 from freshroute.metadata.tables import TableSpec
 from freshroute.metadata.version_store import TableVersionStore
 from pipeline import definitions, version_mirror
-from pipeline.checkpoints import check_changelog_kept, check_query_tables, resumable, retire_superseded
+from pipeline.checkpoints import (check_changelog_kept, check_query_tables, recorded_tables, resumable,
+                                  retire_superseded)
 from pipeline.failures import restart_delay
 from pipeline.follower import follow
 from pipeline.deploys import DeployWatcher, Taken
@@ -77,6 +79,8 @@ class Pipeline:
         self._deploys = Taken(None)  # the deploys taken at the start
         self._watcher: DeployWatcher | None = None
         self._warm = False
+        # Set by a retirement that leaves a version in its shared query, to run it there as a ghost.
+        self.restart = threading.Event()
 
     # start
     def start(self) -> None:
@@ -93,12 +97,13 @@ class Pipeline:
         self._deploys.take(self.definition, s.checkpoint_dir)
         self.plan = self._plan(self._versions, digest)
         self.definition = c.definition = self.plan.definition
-        c.beside = self.plan.beside
+        c.beside, c.ghosts = self.plan.beside, self.plan.ghosts
         # Before Spark starts: a lost changelog or a changed query is known in milliseconds, not after the JVM's
         # warm-up.
         grouped = queries(self.definition, s.mode_of)
         check_modes(self.definition, s.mode_of)
         modes = {name: s.mode_of(tables[0]) for name, tables in grouped.items()}
+        ghost_topics: list[str] = []  # the changelogs of retired versions a shared query still computes
         for name, tables in grouped.items():
             checkpoint, names = s.query_checkpoint(name), [t.name for t in tables]
             retired = retire_superseded(checkpoint, names, set(grouped))
@@ -113,7 +118,13 @@ class Pipeline:
                 self._recomputed.update(names)
             for t in tables:
                 topic = s.changelog_topic(t.name)
-                check_changelog_kept(topic, describe_topic(admin, topic) is not None, checkpoint)
+                exists = describe_topic(admin, topic) is not None
+                if t.name in c.ghosts:
+                    # Its retirement asked for it to go, in a pipeline since stopped: this one deletes it.
+                    if exists:
+                        ghost_topics.append(topic)
+                    continue
+                check_changelog_kept(topic, exists, checkpoint)
         check_inputs(s, self.definition, admin)
         self.queries = {name: QUERY_KINDS[modes[name]](c, name, tables) for name, tables in grouped.items()}
         for q in list(self.queries.values()):
@@ -138,7 +149,7 @@ class Pipeline:
         c.reflected.start()
         for q in list(self.queries.values()):
             if self._beside_or_fail(q, lambda: q.build(admin, rejects[q.source])):
-                self.runs.update((r.table.name, r) for r in q.runs)
+                self.runs.update((r.table.name, r) for r in q.runs if not r.ghost)
         c.windowed_changelogs = [r.spec.topic for r in self.runs.values() if r.table.window]
         c.slots = sum(q.task_slots for q in self.queries.values())
         c.input_lag = InputLagPublisher(MetadataStore.at(s.redis(), s.namespace), self._stop, str(s.redis()),
@@ -151,14 +162,17 @@ class Pipeline:
             self._beside_or_fail(q, q.start)
         admin.poll(0)  # the admin client's librdkafka log lines, queued while it worked, to the pipeline's log
         held = self._held_specs(store)
+        retirement = Retirement(self.queries, self.runs, s.query_checkpoint, s.changelog_topic,
+                                lambda: admin_client(s.kafka()), {h.name: h.query or h.name for h in held},
+                                self.restart)
+        for topic in ghost_topics:
+            retirement.delete_later(topic)
         self._registrar = TableRegistrar(store, [r.spec for r in self.runs.values()] + held, self._stop, str(s.redis()),
                                          s.namespace, versions=self._versions, fingerprints=self.plan.fingerprints,
                                          recomputed=self._recomputed, definition=digest, mirror=s.checkpoint_dir,
                                          switch_lag=s.switch_lag if s.auto_switch else None,
                                          retain_ms=s.retain_previous_ms, proposed=self.plan.proposed,
-                                         retirement=Retirement(self.queries, self.runs, s.query_checkpoint,
-                                                               s.changelog_topic, lambda: admin_client(s.kafka()),
-                                                               {h.name: h.query or h.name for h in held}))
+                                         retirement=retirement)
         self._registrar.start()
         self._deploys.answer(self.plan, self._failed)
         self._watcher = DeployWatcher(deploys, self._stop, frozenset(self._deploys.seen))
@@ -196,13 +210,21 @@ class Pipeline:
             table, version = logical_of(physical)
             return resumable(s.query_checkpoint(physical if version > 1 else query_of[table]))
 
+        def shared(physical: str) -> Path | None:
+            # A retired version's state stays in the checkpoint of a query it shared until that query starts afresh.
+            table, version = logical_of(physical)
+            query = physical if version > 1 else query_of.get(table)
+            checkpoint = s.query_checkpoint(query) if query is not None else None
+            tables = recorded_tables(checkpoint) if checkpoint is not None else None
+            return checkpoint if tables and physical in tables and len(tables) > 1 and resumable(checkpoint) else None
+
         def mode(t: Table) -> str:
             # A run to the input's end in micro-batches computes the same table as the mode it asks for.
             return t.pipeline_mode or s.pipeline_mode
 
         planner = Planner(mode, resumes, lambda d: definitions.load(s.checkpoint_dir, d),
                           lambda table, fp, defined_in: versions.begin(table, fp, now_ms(), defined_in or digest),
-                          versions.fail, self._expired)
+                          versions.fail, self._expired, shared)
         return planner.plan(self.definition, records, self._deploys.definitions)
 
     def _expired(self, t: Table) -> str | None:
@@ -249,16 +271,22 @@ class Pipeline:
                 log.debug("%s: stopping it failed: %s", q.label, first_line(str(e)))
         for t in q.tables:
             v = self.plan.versions[t.name]
+            if t.name in self.plan.ghosts:
+                continue  # retired already: no failure to record
             self._failed[v.table] = reason
             if self._versions is not None:
                 record_failure(self._versions.fail, v.table, v.version, reason)
 
     # run
     def wait(self, stop: threading.Event) -> bool:
-        """Supervise the queries until ``stop`` is set, (available-now) every query is done, or a deploy asks for a
-        start with its new definition: whether one does."""
+        """Supervise the queries until ``stop`` is set, (available-now) every query is done, a deploy asks for a
+        start with its new definition, or a retirement for one without the version it retired: whether one does."""
         while not stop.is_set():
             if self._watcher is not None and self._watcher.due.is_set():
+                return True
+            if self.restart.is_set():
+                log.info("a retired version shares its query with other tables: the queries start again, computing "
+                         "it there for the query's state only")
                 return True
             for q in list(self.queries.values()):
                 if q.query is not None and not q.finished:
@@ -281,7 +309,8 @@ class Pipeline:
                 return False
             if self.context.input_lag is not None:
                 self.context.input_lag.running(r.table.name for q in self.queries.values()
-                                               if q.query is not None and q.query.isActive for r in q.runs)
+                                               if q.query is not None and q.query.isActive for r in q.runs
+                                               if not r.ghost)
             stop.wait(0.5)
         return False
 
@@ -361,7 +390,8 @@ def run(settings: PipelineSettings) -> None:
                          metrics.server_address[1])
             if not pipeline.wait(stop):
                 break
-            # A deploy: the queries stop (a batch cut short is replayed) and start again with its new version.
+            # A deploy or a retirement: the queries stop (a batch cut short is replayed) and start again with the
+            # versions as they are now.
             pipeline.stop()
     except FreshrouteError as e:
         # The one line an operator needs, whatever the caller does with the exception.

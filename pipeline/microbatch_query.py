@@ -76,7 +76,8 @@ class MicrobatchQuery(Query):
         checkpoint = s.query_checkpoint(self.name)
         if committed_batches(checkpoint) or (checkpoint / MARK_FILE).exists():
             return
-        topics = {t.name: describe_topic(admin, s.changelog_topic(t.name)) for t in self.tables if t.window is None}
+        topics = {t.name: describe_topic(admin, s.changelog_topic(t.name)) for t in self.tables
+                  if t.window is None and t.name not in self.context.ghosts}
         ends = end_offsets(admin, {info.name: info.partitions for info in topics.values() if info is not None})
         changelogs = {name: ends[info.name] for name, info in topics.items() if info is not None}
         if not any(any(e.values()) for e in changelogs.values()):
@@ -94,8 +95,8 @@ class MicrobatchQuery(Query):
     def build(self, admin: Any, rejects: RejectWriter) -> None:
         c = self.context
         self._frames = batched, rejected = self._table_frames()
-        self.runs = [table_run(c.settings, c.definition, t, df, admin, c.producer, rejects, self.name)
-                     for t, df in zip(self.tables, batched)]
+        self.runs = [table_run(c.settings, c.definition, t, df, admin, c.producer, rejects, self.name,
+                               t.name in c.ghosts) for t, df in zip(self.tables, batched)]
         self.rejects = rejects if rejected is not None else None
 
     def start(self) -> None:
@@ -108,7 +109,8 @@ class MicrobatchQuery(Query):
             branches.append((REJECTED_BRANCH, rejected))
         df = union_tables(branches)
         sink = QuerySink([r.writer for r in self.runs], c.producer, s.kafka(),
-                         Recomputation.load(s.query_checkpoint(self.name)), self.rejects)
+                         Recomputation.load(s.query_checkpoint(self.name)), self.rejects,
+                         frozenset(r.table.name for r in self.runs if r.ghost))
         codegen(spark, False)
         writer = (df.writeStream.queryName(self.name).outputMode("update").foreachBatch(sink.write_batch)
                   .option("checkpointLocation", str(s.query_checkpoint(self.name))))
@@ -126,6 +128,10 @@ class MicrobatchQuery(Query):
             spark.conf.set(no_data, "false")
         source = s.input_topic(c.definition.sources[self.source].topic)
         for r in self.runs:
+            if r.ghost:
+                log.info("table %s: retired, computed in query %s for its state only, written nowhere",
+                         r.table.name, self.name)
+                continue
             log.info("table %s: streaming %s → %s (%d partitions × 1 active + %d standbys, key %s), query %s, "
                      "checkpoint %s", r.table.name, source, r.spec.topic, r.spec.partitions, r.spec.standby_replicas,
                      r.table.key, self.name, s.query_checkpoint(self.name))

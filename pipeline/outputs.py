@@ -33,6 +33,7 @@ class TableRun:
     last_pause_ms: int | None = None  # how long its Real-time query's last checkpoint stopped processing
     late_rows_dropped: int = 0  # input rows past their window's grace, since start
     windows_expired: int = 0  # windows tombstoned after their retention, since start
+    ghost: bool = False  # a retired version its shared query computes for its state: no changelog, nothing written
 
 
 def reject_writer(settings: PipelineSettings, admin: Any, src: Source, producer: ChangelogProducer) -> RejectWriter:
@@ -56,14 +57,21 @@ def reject_writer(settings: PipelineSettings, admin: Any, src: Source, producer:
 
 
 def table_run(settings: PipelineSettings, definition: TablesDefinition, t: Table, df: "DataFrame", admin: Any,
-              producer: ChangelogProducer, rejects: RejectWriter | None, query: str) -> TableRun:
+              producer: ChangelogProducer, rejects: RejectWriter | None, query: str, ghost: bool = False) -> TableRun:
     """The table's changelog topic (created if need be), spec and writer; ``query``: the streaming query computing
-    it."""
+    it; ``ghost``: a retired version computed only for its query's state (:mod:`pipeline.versions`), whose changelog
+    is neither made nor written: its spec says the settings' partitions."""
     from freshroute.topics import history_topic_config, keep_uncompacted, topic_config
     from pipeline.topics import ensure_topic
 
     s = settings
     topic = s.changelog_topic(t.name)
+    if ghost:
+        spec = TableSpec(t.name, topic, s.changelog_partitions, t.key, {}, 0, window=t.window,
+                         input_topic=s.input_topic(definition.sources[t.source].topic), pipeline_mode=s.mode_of(t),
+                         query=query, history_retention_ms=t.history_retention_ms)
+        return TableRun(t, spec, ChangelogWriter(t.name, topic, spec.partitions, t.key, producer, t.window),
+                        ghost=True)
     # Records stay uncompacted longer than a replay takes (a versioned table's, as long as its history).
     lag_ms, kept = s.replay_compaction_lag_ms, "a replay's newer rows"
     if t.versioned:

@@ -41,6 +41,7 @@ class QueryContext:
     slots: int = 0  # the task slots the queries hold for their life
     input_partitions: dict[str, int] = field(default_factory=dict)  # source → partitions of its input topic
     beside: frozenset[str] = frozenset()  # tables that are versions built or kept beside the served ones
+    ghosts: frozenset[str] = frozenset()  # retired versions a shared query computes for its state, written nowhere
     windowed_changelogs: list[str] = field(default_factory=list)  # the changelog topics of windowed tables
     input_lag: InputLagPublisher | None = None
     follower: OutputFollower | None = None
@@ -87,7 +88,7 @@ class Query(ABC):
     @property
     def windowed(self) -> TableRun | None:
         """The query's windowed table: its watermark is the query's."""
-        return next((r for r in self.runs if r.table.window is not None), None)
+        return next((r for r in self.runs if r.table.window is not None and not r.ghost), None)
 
     def prepare(self, admin: Any) -> None:
         """Before Spark starts: what the query needs of the broker (nothing, unless its kind says)."""
@@ -119,6 +120,8 @@ class Query(ABC):
         pause = self.pause_ms(progress)
         for run in self.runs:
             run.last_progress, run.last_pause_ms = progress, pause
+            if run.ghost:
+                continue  # it writes nothing: no lag, and no mark of what it wrote
             self.input_reached(run, progress)
             if reflected is not None and progress.sources:
                 reflected.batches_ended([run], source_offsets(progress.sources[0].endOffset))

@@ -67,18 +67,20 @@ class _Rows:
 
 
 def changelog_records(tables: list[tuple[Table, str]], frame: "DataFrame", source: Source,
-                      dead_letter_topic: str) -> "DataFrame":
+                      dead_letter_topic: str, ghosts: frozenset[str] = frozenset()) -> "DataFrame":
     """The Kafka sink's rows (``topic``, ``key``, ``value``, ``headers``) of a query's frame: its tables' changelog
     records, and a dead letter for each row too large for its changelog. ``tables``: each table and its changelog
     topic; ``frame``: one table's own (with :data:`POSITION_COLUMN`, and a versioned table's
     :data:`VERSION_TIME_COLUMN`), or several tables' (:data:`QUERY_TABLE_COLUMN` and a struct of each table's columns
-    named after it, :mod:`pipeline.fusion`)."""
+    named after it, :mod:`pipeline.fusion`); ``ghosts``: tables whose rows are never kept (retired versions computed
+    only for the query's state), left out after the aggregation, which a checkpoint allows."""
     from pyspark.sql import functions as F
 
     if len(tables) == 1:
         (t, topic), = tables
         one = _rows(t, frame.columns, F.col)
-        kept, staged = one.kept, [F.lit(t.name), F.lit(topic), one.key, one.value, one.lineage]
+        kept = F.lit(False) if t.name in ghosts else one.kept
+        staged = [F.lit(t.name), F.lit(topic), one.key, one.value, one.lineage]
     else:
         index = F.col(QUERY_TABLE_COLUMN)
         rows = [_rows(t, frame.schema[t.name].dataType.fieldNames(), F.col(t.name).getField) for t, _ in tables]
@@ -90,7 +92,8 @@ def changelog_records(tables: list[tuple[Table, str]], frame: "DataFrame", sourc
                 out = out.when(index == i, c)
             return out
 
-        kept = reduce(lambda a, b: a | b, [(index == i) & r.kept for i, r in enumerate(rows)])
+        own = [(index == i) & r.kept for i, (r, (t, _)) in enumerate(zip(rows, tables)) if t.name not in ghosts]
+        kept = reduce(lambda a, b: a | b, own) if own else F.lit(False)
         staged = [picked([F.lit(t.name) for t, _ in tables]), picked([F.lit(topic) for _, topic in tables]),
                   *(picked([getattr(r, c) for r in rows]) for c in ("key", "value", "lineage"))]
     names = ("table", "topic", "key", "value", "lineage")

@@ -61,12 +61,12 @@ class RealtimeQuery(Query):
     def build(self, admin: Any, rejects: RejectWriter) -> None:
         c = self.context
         self._frame = self._query_frame()
-        self.runs = [table_run(c.settings, c.definition, t, df, admin, c.producer, rejects, self.name)
-                     for t, df in self._tables]
+        self.runs = [table_run(c.settings, c.definition, t, df, admin, c.producer, rejects, self.name,
+                               t.name in c.ghosts) for t, df in self._tables]
         self.task_slots = task_slots(c.input_partitions[self.source], aggregates(self._frame), self.shuffle_partitions)
         if c.reflected is not None:
             # What its last committed checkpoint read is in the changelog: a mark from the start.
-            c.reflected.batches_ended(self.runs, committed_offsets(c.settings.query_checkpoint(self.name)))
+            c.reflected.batches_ended(self.runs_read_back(), committed_offsets(c.settings.query_checkpoint(self.name)))
 
     def start(self) -> None:
         """Start the query: its tables' changelog records, from the frame built for their specs, else a new one."""
@@ -75,10 +75,15 @@ class RealtimeQuery(Query):
         rejects = self.runs[0].writer.rejects
         assert rejects is not None
         self._start(changelog_records([(r.table, r.spec.topic) for r in self.runs], frame,
-                                      c.definition.sources[self.source], rejects.topic))
+                                      c.definition.sources[self.source], rejects.topic,
+                                      frozenset(r.table.name for r in self.runs if r.ghost)))
         s = c.settings
         source = s.input_topic(c.definition.sources[self.source].topic)
         for r in self.runs:
+            if r.ghost:
+                log.info("table %s: retired, computed in Real-time query %s for its state only, written nowhere",
+                         r.table.name, self.name)
+                continue
             log.info("table %s: streaming %s → %s in Real-time Mode (%d partitions × 1 active + %d standbys, "
                      "key %s), checkpoint %s every %s", r.table.name, source, r.spec.topic, r.spec.partitions,
                      r.spec.standby_replicas, r.table.key, s.query_checkpoint(self.name),
@@ -90,7 +95,7 @@ class RealtimeQuery(Query):
             self.context.follower.reached(run.table.name, source_offsets(progress.sources[0].endOffset) or {})
 
     def runs_read_back(self) -> list[TableRun]:
-        return self.runs
+        return [r for r in self.runs if not r.ghost]
 
     def warm(self) -> bool:
         """Its tasks all running, and each of its tables caught up with its input since the pipeline started."""
@@ -105,7 +110,7 @@ class RealtimeQuery(Query):
         # Since the start: what arrived while Spark started ran through a JIT still cold. Each table on its own: with
         # input arriving all the time, the tables are seldom all at its end at one instant.
         if any(lag.latest.get(t.name) is None or lag.latest[t.name].caught_up_ms <= lag.started_ms
-               for t in self.tables):
+               for t in self.tables if t.name not in c.ghosts):
             return False
         # Every one of the slots the session's queries hold.
         return self.query is not None and self.query.isActive and running_tasks(c.spark) >= c.slots

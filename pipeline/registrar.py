@@ -157,4 +157,5 @@ class TableRegistrar(threading.Thread):
                 self.specs = [spec for spec in self.specs if spec.name != physical]
                 self.store.remove_table(physical)
                 versions.retire(name, v.version)
+        retirement.restart_if_due()
         retirement.delete_due()

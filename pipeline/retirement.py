@@ -2,8 +2,12 @@
 goes (store nodes let its replicas go, and delete their files after their grace), its checkpoint is deleted, and so is
 its changelog — a little later, once store nodes have stopped reading it.
 
-A version whose query computes other tables as well (a Real-time query a source's tables share, ``pipeline.fusion``)
-cannot stop alone: it is kept, computed and served by number, until that query starts afresh, which the log says.
+A version whose query computes other tables as well (a Real-time query a source's tables share, ``pipeline.fusion``,
+or ``query=`` in the tables file) cannot stop alone: that query's checkpoint holds its state with theirs. It is
+retired all the same — its spec goes, and its changelog — and the pipeline starts its queries again, in-process, so
+that the shared query computes it as a *ghost* (:mod:`pipeline.versions`): by the definition it was built with, its
+state kept, its rows written nowhere, until that query starts afresh. A changelog whose deletion a pipeline stopped
+before is deleted by the next start.
 A version held as it stands (``pipeline.versions``) has no query running: its query's checkpoint goes with the last
 version that query computed.
 """
@@ -25,14 +29,15 @@ TOPIC_DELETE_AFTER_S = 30.0  # store nodes stop reading a table's changelog with
 
 
 class Retirement:
-    """Retires the versions a pipeline runs in queries of their own (called from the registrar's thread)."""
+    """Retires the versions a pipeline runs (called from the registrar's thread)."""
 
     def __init__(self, queries: dict[str, Any], runs: dict[str, Any], checkpoint: Callable[[str], Any],
                  changelog_topic: Callable[[str], str], admin: Callable[[], Any],
-                 held: dict[str, str] | None = None) -> None:
+                 held: dict[str, str] | None = None, restart: threading.Event | None = None) -> None:
         """``queries``/``runs``: the pipeline's, by name; ``checkpoint``: a query's checkpoint directory;
         ``changelog_topic``: a table's changelog; ``admin``: a Kafka admin client; ``held``: the versions held as
-        they stand, each with the query that computed it."""
+        they stand, each with the query that computed it; ``restart``: set to have the pipeline start its queries
+        again, once a version that shares its query is retired."""
         self.queries = queries
         self.held = dict(held or {})
         self.runs = runs
@@ -41,22 +46,17 @@ class Retirement:
         self.admin = admin
         self._lock = threading.Lock()
         self._topics: list[tuple[float, str]] = []  # (when, topic) of changelogs to delete
-        self._kept: set[str] = set()  # versions kept for their shared query: said once
+        self.restart = restart
+        self._restart_due = False  # a version left in its shared query: the queries start again after this round
 
     def stop(self, table: str, version: int) -> bool:
         """Stop the query of version ``version`` of ``table`` and let go of what it wrote; whether it is retired
-        (False: it shares its query, and is kept until that query starts afresh)."""
+        (always, now: one that shares its query goes on there as a ghost once the queries start again)."""
         physical = physical_name(table, version)
         with self._lock:
             q = next((q for q in self.queries.values() if any(t.name == physical for t in q.tables)), None)
-            if q is not None and [t.name for t in q.tables] != [physical]:
-                if physical not in self._kept:
-                    self._kept.add(physical)
-                    log.warning("table %s: version %d is due to be retired, but query %s computes it with %s: it "
-                                "is kept, computed and readable by number, until that query starts afresh", table,
-                                version, q.name, ", ".join(t.name for t in q.tables if t.name != physical))
-                return False
-            if q is not None:
+            shared = q is not None and [t.name for t in q.tables] != [physical]
+            if q is not None and not shared:
                 q.finished = True  # the supervising loop restarts it no more
                 if q.query is not None and q.query.isActive:
                     q.query.stop()
@@ -64,13 +64,39 @@ class Retirement:
             run = self.runs.pop(physical, None)
             if run is not None and run.writer.expiry is not None:
                 run.writer.expiry.close()
-            query = q.name if q is not None else self.held.pop(physical, physical)
-            if query not in self.held.values():  # else another version held still has its state there
-                shutil.rmtree(self.checkpoint(query), ignore_errors=True)
-            self._topics.append((time.monotonic() + TOPIC_DELETE_AFTER_S, self.changelog_topic(physical)))
-        log.info("table %s: version %d retired: its query stopped, its checkpoint deleted; its changelog %s goes in "
-                 "%.0f s", table, version, self.changelog_topic(physical), TOPIC_DELETE_AFTER_S)
+            if shared:
+                self._restart_due = True  # its query keeps its state, and is started again computing it as a ghost
+            else:
+                query = q.name if q is not None else self.held.pop(physical, physical)
+                if query not in self.held.values():  # else another version held still has its state there
+                    shutil.rmtree(self.checkpoint(query), ignore_errors=True)
+            self._delete_later(self.changelog_topic(physical))
+        if q is not None and shared:
+            log.info("table %s: version %d retired: query %s computes it with %s, and goes on computing it for its "
+                     "state only, written nowhere, once the queries start again; its changelog %s goes in %.0f s",
+                     table, version, q.name, ", ".join(t.name for t in q.tables if t.name != physical),
+                     self.changelog_topic(physical), TOPIC_DELETE_AFTER_S)
+        else:
+            log.info("table %s: version %d retired: its query stopped, its checkpoint deleted; its changelog %s goes "
+                     "in %.0f s", table, version, self.changelog_topic(physical), TOPIC_DELETE_AFTER_S)
         return True
+
+    def delete_later(self, topic: str) -> None:
+        """Delete ``topic``, the changelog of a retired version, in :data:`TOPIC_DELETE_AFTER_S`."""
+        with self._lock:
+            self._delete_later(topic)
+
+    def _delete_later(self, topic: str) -> None:
+        if all(t != topic for _, t in self._topics):
+            self._topics.append((time.monotonic() + TOPIC_DELETE_AFTER_S, topic))
+
+    def restart_if_due(self) -> None:
+        """Have the pipeline start its queries again if a version retired this round shares its query: called once
+        its retirement is recorded, so that the next start plans it as a ghost."""
+        with self._lock:
+            due, self._restart_due = self._restart_due, False
+        if due and self.restart is not None:
+            self.restart.set()
 
     def delete_due(self) -> None:
         """Delete the changelogs of retired versions whose time has come."""

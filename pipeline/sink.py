@@ -381,8 +381,10 @@ class QuerySink:
     """
 
     def __init__(self, writers: list[ChangelogWriter], producer: ChangelogProducer, kafka: Mapping[str, Any] | None = None,
-                 recomputation: Recomputation | None = None, rejects: RejectWriter | None = None) -> None:
+                 recomputation: Recomputation | None = None, rejects: RejectWriter | None = None,
+                 ghosts: frozenset[str] = frozenset()) -> None:
         self.writers = writers
+        self.ghosts = ghosts  # retired versions the query computes for its state only: their rows are dropped
         self.rejects = rejects  # the source's rejected records, the union's last branch, in one query per source
         self.producer = producer
         self.kafka = dict(kafka or {})
@@ -420,7 +422,8 @@ class QuerySink:
                     per_table[i].append(row[names[i]])
                 else:
                     rejected.append(row[REJECTED_BRANCH])
-        sends = [(w, w.changes(t_rows, batch_id)) for w, t_rows in zip(self.writers, per_table)]
+        sends = [(w, w.changes(t_rows, batch_id)) for w, t_rows in zip(self.writers, per_table)
+                 if w.table not in self.ghosts]
         recomputation = self.recomputation
         if recomputation is not None and recomputation.caught_up(batch_id):
             sends = [(w, records + self.stale(w, records, recomputation)) for w, records in sends]

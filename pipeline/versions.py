@@ -10,12 +10,17 @@ served as it stands, its input lag growing, no query computing it, until the ver
 definition is switched to. Only a served version whose query has nothing to resume from is computed by the new one
 in place. A new version's input must go back to its beginning on the broker (:mod:`pipeline.input_held`), unless its
 table says to compute it from what the broker holds.
+
+A retired version whose query computes other tables too (a Real-time query of a source's tables, or ``query=`` in
+the tables file) and whose checkpoint holds its state is a *ghost*: computed by the definition it was built with, so
+that the query's plan and state stay those its checkpoint holds, but written nowhere — no changelog, no spec.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from freshroute.errors import FreshrouteError
@@ -57,6 +62,12 @@ class VersionPlan:
         of theirs fails their version, not the pipeline."""
         return frozenset(p for p, v in self.versions.items() if v.state is not VersionState.SERVING)
 
+    @property
+    def ghosts(self) -> frozenset[str]:
+        """The retired versions computed only so that the query they share keeps its plan and state: written
+        nowhere."""
+        return frozenset(p for p, v in self.versions.items() if v.state is VersionState.RETIRED)
+
 
 class Planner:
     """Plans the versions a pipeline runs from its tables file, the tables' version records and the definitions kept.
@@ -65,19 +76,22 @@ class Planner:
     has batches to resume from (one without is computed afresh, in place); ``kept``: the tables file kept under a
     digest; ``begin``/``fail``: the version store's, for a new version (of a fingerprint, defined in the tables file
     of a digest, None: the pipeline's) and for one that cannot run; ``expired``: why a table's input can no longer be
-    read from its beginning (None: it can; :mod:`pipeline.input_held`).
+    read from its beginning (None: it can; :mod:`pipeline.input_held`); ``shared``: the checkpoint of the query of a
+    physical table when it records that table among others and has state to resume (None: it does not), where a
+    retired version goes on as a ghost.
     """
 
     def __init__(self, mode: Callable[[Table], str], resumes: Callable[[str], bool],
                  kept: Callable[[str], TablesDefinition], begin: Callable[[str, str, str | None], TableVersion],
-                 fail: Callable[[str, int, str], Any], expired: Callable[[Table], str | None] = lambda t: None
-                 ) -> None:
+                 fail: Callable[[str, int, str], Any], expired: Callable[[Table], str | None] = lambda t: None,
+                 shared: Callable[[str], Path | None] = lambda physical: None) -> None:
         self.mode = mode
         self.resumes = resumes
         self.kept = kept
         self.begin = begin
         self.fail = fail
         self.expired = expired
+        self.shared = shared
         self._refused: dict[str, str] = {}  # of the plan being made: why a new definition did not begin
         self._begun_now: dict[str, int] = {}  # of the plan being made: the versions it began
 
@@ -143,6 +157,11 @@ class Planner:
                 record_failure(self.fail, name, v.version, f"its definition cannot be run again: {table}")
                 continue
             runs[PlannedVersion(name, v.version, v.state)] = table
+        for v in record.listed():
+            if v.state is VersionState.RETIRED and (checkpoint := self.shared(physical_name(name, v.version))):
+                ghost = self._ghost(definition, name, v, checkpoint)
+                if ghost is not None:
+                    runs[PlannedVersion(name, v.version, v.state)] = ghost
         if ours is None and not proposing:
             log.info("table %s: the tables file defines it as when the pipeline last started (fingerprint %s), which "
                      "no version computes now: not built again; version %d is served (change the table in the tables "
@@ -153,6 +172,20 @@ class Planner:
                 self._begun_now[name] = begun.version
                 runs[PlannedVersion(name, begun.version, VersionState.BUILDING)] = t
         return runs
+
+    def _ghost(self, definition: TablesDefinition, name: str, v: TableVersion, checkpoint: Path) -> Table | None:
+        """Retired version ``v`` of ``name`` as its shared query (of ``checkpoint``) computed it, or None (said) when
+        its definition cannot be run again: that query then cannot resume."""
+        table = self._kept(definition, name, v)
+        if isinstance(table, str):
+            log.error("table %s: version %d is retired, but the checkpoint %s of the query it shares still holds its "
+                      "state, and its definition cannot be run again (%s): that query cannot resume; delete %s to "
+                      "recompute its other tables from the input", name, v.version, checkpoint, table, checkpoint)
+            return None
+        log.info("table %s: version %d is retired, computed in the query it shares (checkpoint %s) by its own "
+                 "definition so that the query's state stays as it is, and written nowhere", name, v.version,
+                 checkpoint)
+        return table
 
     def _kept(self, definition: TablesDefinition, name: str, v: TableVersion) -> Table | str:
         """Version ``v`` of table ``name`` as the tables file it was built from defines it, or why it cannot run."""

@@ -459,3 +459,63 @@ def test_a_deploy_asked_for_ends_the_wait_for_a_start_with_it(pipeline):
     due.clear()
     stop.set()
     assert pipeline.wait(stop) is False
+
+
+def test_a_retirement_leaving_a_version_in_its_shared_query_ends_the_wait_for_a_start_without_it(pipeline, caplog):
+    caplog.set_level(logging.INFO, logger="pipeline")
+    pipeline.restart.set()
+    assert pipeline.wait(threading.Event()) is True
+    assert caplog.messages == ["a retired version shares its query with other tables: the queries start again, "
+                               "computing it there for the query's state only"]
+
+
+def test_a_ghost_has_no_input_lag_no_reflected_mark_no_read_back_and_warmth_does_not_wait_for_it(pipeline):
+    from freshroute.metadata.progress import InputLag
+
+    c = pipeline.context
+    c.ghosts = frozenset({"sensor_stats"})
+    marked, reached, running = [], [], []
+    c.reflected = SimpleNamespace(batches_ended=lambda runs, offsets: marked.extend(r.table.name for r in runs))
+    c.input_lag = SimpleNamespace(latest={"area_counts": InputLag(3, 1_500, 2_000)}, started_ms=1_000,
+                                  running=lambda names: running.extend(names))
+    c.follower = SimpleNamespace(reached=lambda table, offsets: reached.append(table))
+    c.spark = SimpleNamespace(sparkContext=SimpleNamespace(statusTracker=lambda: SimpleNamespace(
+        getActiveStageIds=lambda: [1], getStageInfo=lambda _id: SimpleNamespace(numActiveTasks=2))))
+    c.slots = 2
+    tables = [pipeline.definition.tables[n] for n in ("area_counts", "sensor_stats")]
+    q = RealtimeQuery(c, "readings.tables", tables)
+    q.runs = [table_run(pipeline, "area_counts"), TableRun(tables[1], SPEC, table_run(pipeline).writer, ghost=True)]
+    q.query = SimpleNamespace(isActive=True, lastProgress=None)
+    offsets = '{"readings": {"0": 5}}'
+    q.batch_ended(SimpleNamespace(batchDuration=100, sources=[SimpleNamespace(endOffset=offsets)]))
+    assert marked == ["area_counts"] and reached == ["area_counts"]
+    assert [r.table.name for r in q.runs_read_back()] == ["area_counts"]
+    assert q.warm()  # sensor_stats never gets an input lag: it is not waited for
+    pipeline.queries = {q.name: q}
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    assert pipeline.wait(stop) is False
+    assert set(running) == {"area_counts"}
+
+
+def test_a_ghosts_checkpoint_is_the_shared_query_that_records_it_among_others_and_has_state(tmp_path, monkeypatch):
+    import orjson
+
+    from pipeline import job
+    from pipeline.checkpoints import QUERY_TABLES_FILE
+
+    pipeline = Pipeline(load(PipelineSettings, redis_url="redis://127.0.0.1:1/0", checkpoint_dir=str(tmp_path)))
+    given = {}
+    monkeypatch.setattr(job, "Planner", lambda *args: given.setdefault("shared", args[-1]) and SimpleNamespace(
+        plan=lambda *a: None))
+    pipeline._plan(SimpleNamespace(records=lambda: {}, fail=None), "digest")
+    shared = given["shared"]
+    query = pipeline.settings.query_checkpoint("readings.tables")
+    assert shared("sensor_stats") is None  # no checkpoint yet: the query starts without it
+    query.mkdir(parents=True)
+    (query / QUERY_TABLES_FILE).write_bytes(orjson.dumps({"tables": ["area_counts", "sensor_stats"]}))
+    assert shared("sensor_stats") is None  # nothing to resume: the query starts afresh without it
+    (query / "commits").mkdir()
+    (query / "commits" / "0").write_text("v1")
+    assert shared("sensor_stats") == query and shared("area_counts") == query
+    assert shared("sensor_stats-v2") is None  # a query of its own

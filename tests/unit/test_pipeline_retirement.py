@@ -1,5 +1,6 @@
 """A previous table version retired once its time for a rollback is over: its query stopped, its spec, checkpoint and
-changelog gone — unless it shares its query with other tables, when it is kept and the log says why."""
+changelog gone; one that shares its query with other tables leaves that query running, and has the pipeline start its
+queries again, computing it there as a ghost."""
 
 from __future__ import annotations
 
@@ -75,13 +76,41 @@ def test_a_changelog_the_broker_did_not_delete_is_deleted_at_a_later_round(tmp_p
     assert admin.deleted == ["t-v2-changelog"]
 
 
-def test_a_version_sharing_its_query_is_kept_and_said_once(tmp_path, caplog):
+def test_a_version_sharing_its_query_is_retired_its_query_left_running_and_the_pipeline_asked_to_start_again(
+        tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, "pipeline")
+    admin, restart = Admin(), threading.Event()
     shared = query("readings.tables", "t", "u")
-    r = retirement(tmp_path, {"readings.tables": shared}, Admin())
-    assert r.stop("t", 1) is False and r.stop("t", 1) is False
-    assert shared.stopped == [] and not shared.finished
-    assert caplog.messages == ["table t: version 1 is due to be retired, but query readings.tables computes it with "
-                               "u: it is kept, computed and readable by number, until that query starts afresh"]
+    (tmp_path / "readings.tables" / "state").mkdir(parents=True)
+    runs = {"t": SimpleNamespace(writer=SimpleNamespace(expiry=None)), "u": object()}
+    r = Retirement({"readings.tables": shared}, runs, lambda q: tmp_path / q, lambda t: f"{t}-changelog",
+                   lambda: admin, restart=restart)
+    monkeypatch.setattr(retirement_module, "TOPIC_DELETE_AFTER_S", 0.0)
+    assert r.stop("t", 1) is True
+    # The query goes on with its state: the start asked for computes t there as a ghost.
+    assert shared.stopped == [] and not shared.finished and (tmp_path / "readings.tables" / "state").exists()
+    assert list(runs) == ["u"]
+    assert not restart.is_set()  # not before the registrar has recorded the retirement
+    r.restart_if_due()
+    assert restart.is_set()
+    r.delete_due()
+    assert admin.deleted == ["t-changelog"]
+    assert caplog.messages == ["table t: version 1 retired: query readings.tables computes it with u, and goes on "
+                               "computing it for its state only, written nowhere, once the queries start again; its "
+                               "changelog t-changelog goes in 0 s", "changelog t-changelog of a retired table version "
+                               "deleted"]
+
+
+def test_a_start_deletes_the_changelog_a_stopped_pipeline_had_yet_to_delete_once_and_later(tmp_path, monkeypatch):
+    admin = Admin()
+    r = retirement(tmp_path, {}, admin)
+    r.delete_later("t-changelog")
+    r.delete_later("t-changelog")
+    r.delete_due()
+    assert admin.deleted == []  # not before store nodes have stopped reading it
+    monkeypatch.setattr(time, "monotonic", lambda: 1e12)
+    r.delete_due()
+    assert admin.deleted == ["t-changelog"]
 
 
 def test_held_versions_no_query_computes_let_their_query_s_checkpoint_go_with_the_last_of_them(tmp_path, monkeypatch):

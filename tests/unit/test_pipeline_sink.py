@@ -218,6 +218,18 @@ def test_a_shared_querys_batch_goes_to_each_tables_changelog_in_one_wait():
     assert (stats.written[9].records, stats.written[9].deletes) == (2, 0)
 
 
+def test_a_ghosts_rows_in_a_shared_query_are_written_nowhere():
+    fake = FakeProducer()
+    shared = ChangelogProducer({"bootstrap.servers": "h:1"}, factory=lambda cfg: fake)
+    counts = ChangelogWriter("area_counts", "area_counts-changelog", 4, "area", shared)
+    stats = ChangelogWriter("sensor_stats", "sensor_stats-changelog", 8, "sensor", shared)
+    rows = [{QUERY_TABLE_COLUMN: 1, "area_counts": None, "sensor_stats": {"sensor": "s1", "count": 3}},
+            {QUERY_TABLE_COLUMN: 0, "area_counts": {"area": "cabin", "count": 2}, "sensor_stats": None}]
+    QuerySink([counts, stats], shared, ghosts=frozenset({"sensor_stats"})).write_batch(FakeBatch(rows), 9)
+    assert [(t, k, v) for t, k, v, _ in fake.sent] == [("area_counts-changelog", b"cabin", b'{"count":2}')]
+    assert counts.written[9].records == 1 and stats.written == {}
+
+
 def test_a_tables_own_query_hands_its_rows_over_as_they_are():
     fake = FakeProducer()
     writer, shared = writer_with(fake)

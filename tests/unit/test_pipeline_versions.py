@@ -60,7 +60,8 @@ class Versions:
         self.failed.append((table, version, reason))
 
 
-def planner(versions: Versions, resumes: bool = True, kept: dict[str, TablesDefinition] | None = None) -> Planner:
+def planner(versions: Versions, resumes: bool = True, kept: dict[str, TablesDefinition] | None = None,
+            shared: dict[str, Path] | None = None) -> Planner:
     kept = KEPT if kept is None else kept
 
     def load(digest: str) -> TablesDefinition:
@@ -68,7 +69,8 @@ def planner(versions: Versions, resumes: bool = True, kept: dict[str, TablesDefi
             raise TablesFileError(f"the tables file of digest {digest} is not kept")
         return kept[digest]
 
-    return Planner(lambda t: "realtime", lambda physical: resumes, load, versions.begin, versions.fail)
+    return Planner(lambda t: "realtime", lambda physical: resumes, load, versions.begin, versions.fail,
+                   shared=lambda physical: (shared or {}).get(physical))
 
 
 def served_old() -> VersionedTable:
@@ -254,3 +256,40 @@ def test_a_deployed_definition_is_built_beside_in_the_place_of_the_tables_file_s
     versions = Versions(refuse=TableDeployInProgress("version peaks-v3 is still building"))
     plan = planner(versions).plan(definition(OLD, OTHER), {"stats": record}, {"stats": (NEW, "deployed-file")})
     assert plan.refused == {"stats": "version peaks-v3 is still building"} and "stats-v2" not in plan.definition.tables
+
+
+def retired_old() -> VersionedTable:
+    return building_new().switched(2, 3_000, 0).retired(1)
+
+
+def test_a_retired_version_its_shared_query_still_holds_is_a_ghost_computed_by_its_own_definition(caplog):
+    caplog.set_level(logging.INFO, logger="pipeline")
+    checkpoint = Path("/checkpoints/sensors.tables")
+    plan = planner(Versions(), shared={"stats": checkpoint}).plan(definition(NEW, OTHER), {"stats": retired_old()})
+    # The shared query's tables and their definitions stay those its checkpoint holds the state of.
+    assert plan.definition.tables["stats"] == OLD and plan.definition.tables["peaks"] == OTHER
+    assert plan.versions["stats"] == PlannedVersion("stats", 1, VersionState.RETIRED)
+    assert plan.ghosts == frozenset({"stats"}) and "stats" in plan.beside
+    assert plan.versions["stats-v2"] == PlannedVersion("stats", 2, VersionState.SERVING)
+    assert plan.fingerprints["stats"] == fp(NEW)
+    assert ("table stats: version 1 is retired, computed in the query it shares (checkpoint "
+            "/checkpoints/sensors.tables) by its own definition so that the query's state stays as it is, and "
+            "written nowhere") in caplog.messages
+
+
+def test_a_retired_version_no_shared_query_holds_is_not_computed():
+    plan = planner(Versions()).plan(definition(NEW, OTHER), {"stats": retired_old()})
+    assert set(plan.definition.tables) == {"stats-v2", "peaks"} and plan.ghosts == frozenset()
+
+
+def test_a_ghost_whose_definition_is_lost_names_the_checkpoint_to_delete(caplog):
+    versions = Versions()
+    checkpoint = Path("/checkpoints/sensors.tables")
+    plan = planner(versions, kept={}, shared={"stats": checkpoint}).plan(definition(NEW, OTHER),
+                                                                         {"stats": retired_old()})
+    assert set(plan.definition.tables) == {"stats-v2", "peaks"} and plan.ghosts == frozenset()
+    assert versions.failed == []  # retired it stays
+    assert ("table stats: version 1 is retired, but the checkpoint /checkpoints/sensors.tables of the query it shares "
+            "still holds its state, and its definition cannot be run again (the tables file of digest old-file is not "
+            "kept): that query cannot resume; delete /checkpoints/sensors.tables to recompute its other tables from "
+            "the input") in caplog.messages
