@@ -70,7 +70,8 @@ def table_run(settings: PipelineSettings, definition: TablesDefinition, t: Table
         spec = TableSpec(t.name, topic, s.changelog_partitions, t.key, {}, 0, window=t.window,
                          input_topic=s.input_topic(definition.sources[t.source].topic), pipeline_mode=s.mode_of(t),
                          query=query, history_retention_ms=t.history_retention_ms)
-        return TableRun(t, spec, ChangelogWriter(t.name, topic, spec.partitions, t.key, producer, t.window),
+        return TableRun(t, spec, ChangelogWriter(t.name, topic, spec.partitions, t.key, producer, t.window,
+                                                 rejects=rejects),
                         ghost=True)
     # Records stay uncompacted longer than a replay takes (a versioned table's, as long as its history).
     lag_ms, kept = s.replay_compaction_lag_ms, "a replay's newer rows"
