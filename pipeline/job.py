@@ -25,7 +25,7 @@ from freshroute.errors import FreshrouteError
 from freshroute.lag import now_ms
 from freshroute.metadata.deploys import Deploys
 from freshroute.metadata.store import MetadataStore
-from freshroute.metadata.table_versions import logical_of
+from freshroute.metadata.table_versions import VersionState, logical_of
 from freshroute.metadata.tables import TableSpec
 from freshroute.metadata.version_store import TableVersionStore
 from pipeline import definitions, version_mirror
@@ -172,11 +172,16 @@ class Pipeline:
                                          recomputed=self._recomputed, definition=digest, mirror=s.checkpoint_dir,
                                          switch_lag=s.switch_lag if s.auto_switch else None,
                                          retain_ms=s.retain_previous_ms, proposed=self.plan.proposed,
-                                         retirement=retirement)
+                                         retirement=retirement, serving=self._serving())
         self._registrar.start()
         self._deploys.answer(self.plan, self._failed)
         self._watcher = DeployWatcher(deploys, self._stop, frozenset(self._deploys.seen))
         self._watcher.start()
+
+    def _serving(self) -> dict[str, int]:
+        """The version of each table the plan serves, computed or held."""
+        return {v.table: v.version for v in [*self.plan.versions.values(), *self.plan.held.values()]
+                if v.state is VersionState.SERVING}
 
     def _held_specs(self, store: MetadataStore) -> list[TableSpec]:
         """The specs of the served versions held as they stand (:mod:`pipeline.versions`), as an earlier run
@@ -280,7 +285,8 @@ class Pipeline:
     # run
     def wait(self, stop: threading.Event) -> bool:
         """Supervise the queries until ``stop`` is set, (available-now) every query is done, a deploy asks for a
-        start with its new definition, or a retirement for one without the version it retired: whether one does."""
+        start with its new definition, or a retirement for one that computes the version it retired as a ghost: whether
+        one does."""
         while not stop.is_set():
             if self._watcher is not None and self._watcher.due.is_set():
                 return True

@@ -35,7 +35,7 @@ class TableRegistrar(threading.Thread):
                  fingerprints: dict[str, str] | None = None, recomputed: set[str] | None = None,
                  definition: str | None = None, mirror: Path | None = None, switch_lag: int | None = None,
                  retain_ms: int = 3_600_000, retirement: Retirement | None = None,
-                 proposed: dict[str, str] | None = None) -> None:
+                 proposed: dict[str, str] | None = None, serving: dict[str, int] | None = None) -> None:
         """``fingerprints``: what each table's served version computes (pipeline.fingerprint), for its record in
         ``versions``; ``recomputed``: the tables whose queries started without a checkpoint, computed afresh from
         the input (by the names they run under); ``definition``: the digest of the tables file they are defined in, as pipeline.definitions keeps
@@ -43,7 +43,8 @@ class TableRegistrar(threading.Thread):
         ``switch_lag``: serve each version it builds once it is that close to its input (None: never by itself),
         keeping the one served until then ``retain_ms`` for a rollback; ``retirement``: stops a version whose time
         for a rollback is over (pipeline.retirement); ``proposed``: each table's fingerprint as the tables file
-        defines it, which its record keeps for the next start (pipeline.versions)."""
+        defines it, which its record keeps for the next start (pipeline.versions); ``serving``: the version of each
+        table served when the pipeline started, the one ``fingerprints`` speak of (None: whichever is served)."""
         super().__init__(name="table-registrar", daemon=True)
         self.store = store
         self.specs = specs
@@ -56,6 +57,7 @@ class TableRegistrar(threading.Thread):
         self.retain_ms = retain_ms
         self.retirement = retirement
         self.proposed = proposed or {}
+        self.serving = serving
         self._changed: set[str] = set()  # tables whose definition differs from their served version's: said once
         self.stop_event = stop
         self.where = where
@@ -98,6 +100,8 @@ class TableRegistrar(threading.Thread):
             served = record.versions[record.serving]
             if served.fingerprint == fingerprint:
                 continue
+            if self.serving is not None and self.serving.get(name) != record.serving:
+                continue  # switched to since the start: it computes the definition it was begun with
             if record.physical() in self.recomputed:
                 self.versions.recompute(name, fingerprint, self.definition)
                 log.info("table %s: version %d is computed afresh from the input by its new definition (fingerprint "

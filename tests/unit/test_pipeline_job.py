@@ -519,3 +519,27 @@ def test_a_ghosts_checkpoint_is_the_shared_query_that_records_it_among_others_an
     (query / "commits" / "0").write_text("v1")
     assert shared("sensor_stats") == query and shared("area_counts") == query
     assert shared("sensor_stats-v2") is None  # a query of its own
+
+
+def test_registrar_leaves_the_fingerprint_of_a_version_switched_to_since_the_start_as_it_was_begun():
+    from freshroute.metadata.store import MetadataStore
+    from freshroute.metadata.table_versions import VersionedTable
+    from freshroute.metadata.version_store import TableVersionStore
+    from tests.unit.memory_redis import MemoryRedis
+
+    redis = MemoryRedis()
+    store, versions = MetadataStore(redis.sync, "ns"), TableVersionStore(redis.sync, "ns")
+    # Started serving version 1 (fp1) with version 2 (fp2) built beside from the input; then switched to by hand.
+    versions.restore(VersionedTable.first("sensor_stats", "fp1", 1_000).begun("fp2", 2_000)[0].switched(2, 3_000,
+                                                                                                        60_000))
+    stop = threading.Event()
+    registrar = TableRegistrar(store, [SPEC], stop, "h:1", "ns", every_s=0.02, versions=versions,
+                               fingerprints={"sensor_stats": "fp1"}, recomputed={"sensor_stats-v2"},
+                               serving={"sensor_stats": 1})
+    registrar.start()
+    try:
+        time.sleep(0.2)  # a few rounds
+    finally:
+        stop.set()
+        registrar.join(timeout=5)
+    assert versions.record("sensor_stats").versions[2].fingerprint == "fp2"
