@@ -82,8 +82,8 @@ class PipelineSettings(CommonSettings):
                               "input (within switch_lag); off: `freshroute table switch` does it")
     switch_lag: int = Field(DEFAULT_SWITCH_LAG, ge=0, description="how far behind its input (records) and its changelog (offsets) "
                             "a table's new version may be when it is switched to")
-    retain_previous_ms: int = Field(3_600_000, ge=0, description="how long the version served before a switch is "
-                                    "kept up to date for a rollback")
+    retain_previous: str = Field("1h", description="how long the version served before a switch is kept up to date "
+                                 "for a rollback (a duration: 1h, 30m, 10s)")
     available_now: bool = Field(False, description="process the input present at start, then stop (backfills, tests); "
                                                    "in micro-batches, whatever pipeline_mode says")
     topic_prefix: str = Field("", description="prefix of every input and changelog topic name")
@@ -109,6 +109,13 @@ class PipelineSettings(CommonSettings):
                                                  "(0: the OS picks); unset: none")
     metrics_host: str = Field("127.0.0.1", description="interface of the metrics endpoint")
 
+    @field_validator("retain_previous")
+    @classmethod
+    def _retain_previous(cls, value: str) -> str:
+        if duration_ms(value, "retain_previous") < 0:
+            raise ValueError(f"retain_previous must be a duration such as 1h, not {value!r}")
+        return value
+
     @field_validator("realtime_checkpoint_interval")
     @classmethod
     def _checkpoint_interval(cls, value: str) -> str:
@@ -120,6 +127,10 @@ class PipelineSettings(CommonSettings):
         """How a table's query runs: as the table says, else ``pipeline_mode``; micro-batches in a run to the input's
         end (``available_now``: a Real-time query has none)."""
         return "microbatch" if self.available_now else table.pipeline_mode or self.pipeline_mode
+
+    @property
+    def retain_previous_ms(self) -> int:
+        return duration_ms(self.retain_previous, "retain_previous")
 
     @property
     def realtime_checkpoint_ms(self) -> int:

@@ -70,7 +70,7 @@ def test_a_version_retired_in_its_shared_query_goes_with_its_changelog_and_the_q
            "FRESHROUTE_BOOTSTRAP_SERVERS": broker, "FRESHROUTE_REDIS_URL": redis_url, "FRESHROUTE_NAMESPACE": namespace,
            "FRESHROUTE_TOPIC_PREFIX": namespace, "FRESHROUTE_CHECKPOINT_DIR": str(checkpoints),
            "FRESHROUTE_CHANGELOG_PARTITIONS": "4", "FRESHROUTE_PIPELINE_MODE": "realtime",
-           "FRESHROUTE_REALTIME_CHECKPOINT_INTERVAL": "5 seconds", "FRESHROUTE_RETAIN_PREVIOUS_MS": "1000",
+           "FRESHROUTE_REALTIME_CHECKPOINT_INTERVAL": "5 seconds", "FRESHROUTE_RETAIN_PREVIOUS": "1s",
            "FRESHROUTE_TABLES_FILE": str(tables)}
     versions = TableVersionStore(MetadataStore.from_url(redis_url, namespace).redis, namespace)
     metadata = MetadataStore.from_url(redis_url, namespace)

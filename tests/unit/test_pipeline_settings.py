@@ -177,3 +177,10 @@ def test_a_spark_master_that_does_not_answer_is_refused_naming_the_setting():
     check_spark_master("local[*]")
     with pytest.raises(ConfigError, match="not spark://HOST:PORT"):
         check_spark_master("spark://host:port")
+
+
+def test_retain_previous_is_a_duration_of_an_hour_by_default():
+    assert PipelineSettings().retain_previous_ms == 3_600_000
+    assert PipelineSettings(retain_previous="30m").retain_previous_ms == 1_800_000
+    with pytest.raises(ValueError, match="retain_previous must be a duration"):
+        PipelineSettings(retain_previous="soon")
