@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from freshroute.errors import ConfigError, FreshrouteError
 from freshroute.launch import add_settings_flags, start, stopped
+from tools.durations import duration_arg
 
 if TYPE_CHECKING:
     from freshroute.bound import Bound
@@ -332,19 +333,6 @@ def _table(args: argparse.Namespace) -> int:
     return 0
 
 
-def _history_retention(text: str) -> int:
-    """``--history-retention``: a positive duration (``7d``, ``12h``, milliseconds)."""
-    from freshroute.windows import duration_ms
-
-    try:
-        ms = duration_ms(int(text) if text.isdigit() else text, "--history-retention")
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    if ms <= 0:
-        raise argparse.ArgumentTypeError(f"--history-retention must be a positive duration, not {text!r}")
-    return ms
-
-
 def _bench(bench_args: list[str]) -> int:
     import subprocess
 
@@ -445,7 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--value-format", choices=("json", "string", "bytes"), default="json",
                      help="how its values are written; bytes are served as value_b64 (REST), value_bytes (gRPC)")
     add.add_argument("--standby-replicas", type=int, default=1)
-    add.add_argument("--history-retention", type=_history_retention, default=0, metavar="DURATION",
+    add.add_argument("--history-retention", type=duration_arg("--history-retention", positive=True), default=0,
+                     metavar="DURATION",
                      help="keep every version of a key this long after it was replaced (e.g. 7d), for lookups as of "
                           "a past time (?as_of=) and a key's versions; default: only the latest")
     add.add_argument("--allow-uncompacted", action="store_true",

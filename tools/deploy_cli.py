@@ -16,7 +16,7 @@ from freshroute.errors import ConfigError
 from freshroute.lag import now_ms
 from freshroute.metadata.deploys import DeployRequest, Deploys
 from freshroute.metadata.store import MetadataStore
-from freshroute.windows import duration_ms
+from tools.durations import duration_arg
 
 NOT_TAKEN = 3  # the exit status of a deploy the pipeline has not answered in time (it stays asked for)
 
@@ -28,7 +28,8 @@ def add_parser(table_sub: Any, metadata_flags: argparse.ArgumentParser) -> None:
     deploy.add_argument("name")
     deploy.add_argument("--tables", required=True, type=Path, metavar="FILE",
                         help="a tables file declaring the table (and its source, as the pipeline's declares it)")
-    deploy.add_argument("--timeout", type=_duration, default=_duration("2m"), metavar="DURATION",
+    deploy.add_argument("--timeout", type=duration_arg("--timeout", positive=True),
+                        default=duration_arg("--timeout", positive=True)("2m"), metavar="DURATION",
                         help="how long to wait for the pipeline to take it")
     deploy.add_argument("--no-wait", action="store_true", help="ask for it, and return at once")
 
@@ -70,13 +71,3 @@ def run(args: argparse.Namespace, metadata: MetadataStore) -> int:
     print(f"freshroute: table {args.name}: no pipeline has taken the deploy of {args.tables} within "
           f"{args.timeout // 1000} s: it stays asked for, and a pipeline takes it when it runs", file=sys.stderr)
     return NOT_TAKEN
-
-
-def _duration(text: str) -> int:
-    try:
-        ms = duration_ms(int(text) if text.isdigit() else text, "--timeout")
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    if ms <= 0:
-        raise argparse.ArgumentTypeError(f"--timeout must be a positive duration, not {text!r}")
-    return ms

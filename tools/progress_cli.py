@@ -24,7 +24,7 @@ from freshroute.metadata.store import MetadataStore
 from freshroute.metadata.table_versions import VersionedTable, VersionState, listing
 from freshroute.metadata.version_store import TableVersionStore
 from freshroute.metadata.version_switch import readiness
-from freshroute.windows import duration_ms
+from tools.durations import duration_arg
 
 BAR_WIDTH = 20
 
@@ -104,9 +104,10 @@ def add_parser(table_sub: Any, metadata_flags: argparse.ArgumentParser) -> None:
                                   "--timeout is up: its progress as a bar, and when it will have caught up.")
     p.add_argument("name")
     p.add_argument("--version", type=int, help="the version to follow (default: the one building)")
-    p.add_argument("--every", type=_duration("--every", positive=True), default=_duration("--every")("1s"),
+    p.add_argument("--every", type=duration_arg("--every", positive=True),
+                   default=duration_arg("--every")("1s"),
                    metavar="DURATION", help="how often to look (default 1s)")
-    p.add_argument("--timeout", type=_duration("--timeout"), default=_duration("--timeout")("1h"),
+    p.add_argument("--timeout", type=duration_arg("--timeout"), default=duration_arg("--timeout")("1h"),
                    metavar="DURATION", help="give up after this long, exit status 3 (default 1h)")
     p.add_argument("--switch-lag", type=int, default=None, metavar="RECORDS",
                    help="how far behind its input (records) and its changelog (offsets) counts as caught up "
@@ -217,18 +218,3 @@ def follow(metadata: MetadataStore, versions: TableVersionStore, table: str, ver
     print(f"table {table}: version {version} is still building after {duration_text(timeout_ms)} (--timeout)",
           file=err)
     return TIMED_OUT
-
-
-def _duration(flag: str, positive: bool = False) -> Callable[[str], int]:
-    """A duration flag's parser: ``1s``, ``5m``, ``1h``, or milliseconds."""
-    def parse(text: str) -> int:
-        try:
-            ms = duration_ms(int(text) if text.isdigit() else text, flag)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-        if ms < 0 or (positive and ms == 0):
-            raise argparse.ArgumentTypeError(f"{flag} must be a {'positive ' if positive else ''}duration, not "
-                                             f"{text!r}")
-        return ms
-
-    return parse

@@ -12,7 +12,7 @@ from freshroute.metadata.store import MetadataStore
 from freshroute.metadata.table_versions import VersionedTable, VersionState
 from freshroute.metadata.version_store import TableVersionStore
 from freshroute.metadata.version_switch import DEFAULT_SWITCH_LAG, switch
-from freshroute.windows import duration_ms
+from tools.durations import duration_arg
 from tools import progress_cli
 
 DEFAULT_RETAIN_PREVIOUS = "1h"
@@ -26,12 +26,14 @@ def add_parsers(table_sub: Any, metadata_flags: argparse.ArgumentParser) -> None
     to.add_argument("--force", action="store_true", help="switch even if it has not caught up with its input")
     to.add_argument("--switch-lag", type=int, default=DEFAULT_SWITCH_LAG, metavar="RECORDS",
                     help="how far behind its input (records) and its changelog (offsets) it may be")
-    to.add_argument("--retain-previous", type=_duration, default=_duration(DEFAULT_RETAIN_PREVIOUS),
+    to.add_argument("--retain-previous", type=duration_arg("--retain-previous"),
+                    default=duration_arg("--retain-previous")(DEFAULT_RETAIN_PREVIOUS),
                     metavar="DURATION", help="how long the version served until now is kept for a rollback")
     back = table_sub.add_parser("rollback", parents=[metadata_flags],
                                 help="Serve the previous version of a table again, at once.")
     back.add_argument("name")
-    back.add_argument("--retain-previous", type=_duration, default=_duration(DEFAULT_RETAIN_PREVIOUS),
+    back.add_argument("--retain-previous", type=duration_arg("--retain-previous"),
+                    default=duration_arg("--retain-previous")(DEFAULT_RETAIN_PREVIOUS),
                       metavar="DURATION", help="how long the version served until now is kept")
     progress_cli.add_parser(table_sub, metadata_flags)
 
@@ -55,13 +57,3 @@ def served(record: VersionedTable) -> str:
     kept = "" if previous is None or previous.retire_at_ms is None else \
         f"; version {previous.version} is kept for a rollback for {(previous.retire_at_ms - now_ms()) // 1000} s"
     return f"table {record.name}: version {record.serving} is served{kept}"
-
-
-def _duration(text: str) -> int:
-    try:
-        ms = duration_ms(int(text) if text.isdigit() else text, "--retain-previous")
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    if ms < 0:
-        raise argparse.ArgumentTypeError(f"--retain-previous must be a duration, not {text!r}")
-    return ms
