@@ -163,13 +163,11 @@ def one_scenario(a: argparse.Namespace, stack: Stack, scenario: Scenario, networ
                       check_options={"label_slack_ms": a.label_slack_ms})
     recording = a.out / scenario.name / "requests.jsonl"
     settled = settle(stack, {load.table: [f"{load.key_prefix}{i}" for i in range(load.keys)]}, recording)
-    row = scenario_row(scenario, summary, recording, a.label_slack_ms, settled)
     times = (injectors[0].t0, *fault_times(summary))
     view, metrics = scenario.sign(a.label_slack_ms), scenario.metrics_sign(a.label_slack_ms)
     shown = watch.shows(view, *times) if view else (None, None)
     counted = watch.shows(metrics, *times) if metrics else (None, None)
-    row.update(operator_s=shown[0], operator_cleared_s=shown[1], metrics_s=counted[0], metrics_cleared_s=counted[1])
-    return row
+    return scenario_row(scenario, summary, recording, a.label_slack_ms, settled, shown, counted)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """A scenario's row of the partitions table, from its summary and its recording: lookups failed, answers the checker
-refuted (a window labelled final that changed afterwards among them), how soon the cut showed in the answers' labels,
-how soon after healing the answers were whole again, and the keys and windows lost (:mod:`loadtest.partitions.settled`).
+refuted (a window labelled final that changed afterwards among them), how soon the cut showed in the answers' labels
+and in the router's view, how soon after healing each was whole again, and the keys and windows lost
+(:mod:`loadtest.partitions.settled`).
 """
 
 from __future__ import annotations
@@ -71,14 +72,39 @@ def fresh_claims_end(records: list[dict[str, Any]], node: str, cut: float, heal:
     return last
 
 
-def scenario_row(scenario: Any, summary: dict[str, Any], recording: Path, slack_ms: int,
-                 settled: Settled) -> dict[str, Any]:
-    """The row; an answer that labelled a window final before it changed counts as refuted, of kind ``final``."""
+def labelled_behind_first(records: list[dict[str, Any]], node: str, cut: float, slack_ms: int) -> float | None:
+    """s from the cut to the arrival of the first answer the cut-off store node ``node`` labelled behind (None: none
+    did, as when the router sent every read elsewhere first)."""
+    first = None
+    for r in records:
+        arrived = r["t"] + (r.get("latency_ms") or 0) / 1000
+        served = r.get("served_by") or {}
+        if (arrived >= cut and served.get("node") == node and r["outcome"] in ANSWERED
+                and lag_behind(r.get("lag") or {}, slack_ms)):
+            behind = round(arrived - cut, 2)
+            first = behind if first is None else min(first, behind)
+    return first
+
+
+def _earliest(*times: float | None) -> float | None:
+    return min((t for t in times if t is not None), default=None)
+
+
+def scenario_row(scenario: Any, summary: dict[str, Any], recording: Path, slack_ms: int, settled: Settled,
+                 view: tuple[float | None, float | None] = (None, None),
+                 metrics: tuple[float | None, float | None] = (None, None)) -> dict[str, Any]:
+    """The row; ``view`` and ``metrics`` are (s from the cut to the first showing the scenario's sign, s from healing
+    to the first without) in the router's cluster view and its metrics. An answer that labelled a window final before
+    it changed counts as refuted, of kind ``final``. For a cut-off store node the row says when it was first shown
+    behind: in its answers' labels, or in the view where the scenario's sign is its replicas behind, whichever came
+    first."""
     records = [orjson.loads(line) for line in recording.read_bytes().splitlines() if line]
     cut, heal = fault_times(summary)
     shows, recovered = shows_and_recovers(records, cut, heal, slack_ms)
     node = scenario.component.removeprefix("store-") if scenario.component.startswith("store-node") else None
     claims = fresh_claims_end(records, node, cut, heal, slack_ms) if node else None
+    labelled = labelled_behind_first(records, node, cut, slack_ms) if node else None
+    shown = _earliest(labelled, view[0] if scenario.watch == "behind" else None) if node else None
     consistency = summary.get("consistency", {})
     failed = Counter(f"{r['bound_kind']} {r['code'] or r['outcome']}" for r in records if r["outcome"] not in ANSWERED)
     refuted = consistency.get("violations", 0) + len(settled.finals_refuted) if "error" not in consistency else None
@@ -88,8 +114,9 @@ def scenario_row(scenario: Any, summary: dict[str, Any], recording: Path, slack_
             "failed_by_bound_and_code": dict(failed), "writes_checked": consistency.get("writes_checked", 0),
             "refuted": refuted, "refuted_by_kind": by_kind, "labels_checked": consistency.get("labels_checked", 0),
             "finals_checked": settled.finals_checked, "finals_refuted": settled.finals_refuted[:10],
-            "shows_s": shows, "fresh_claims_s": claims, "recovered_s": recovered, "data_lost": len(settled.lost),
-            "keys_lost": settled.lost[:10],
+            "shows_s": shows, "fresh_claims_s": claims, "labelled_behind_s": labelled, "shown_behind_s": shown,
+            "recovered_s": recovered, "operator_s": view[0], "operator_cleared_s": view[1], "metrics_s": metrics[0],
+            "metrics_cleared_s": metrics[1], "data_lost": len(settled.lost), "keys_lost": settled.lost[:10],
             "windows_checked": settled.windows_checked, "late_readings": settled.late}
 
 

@@ -54,6 +54,31 @@ def test_the_cut_off_node_vouches_until_its_last_answer_labelled_fresh_arrives()
     assert fresh_claims_end(records[3:], "node-2", cut=10.0, heal=20.0, slack_ms=2000) is None
 
 
+def test_a_cut_off_node_shows_behind_in_its_labels_or_in_the_view_whichever_comes_first(tmp_path):
+    import orjson
+
+    def served(t: float, node: str, **lag) -> dict:
+        return {**answer(t, **lag), "served_by": {"node": node}, "latency_ms": 10}
+
+    def row(records: list[dict], scenario: str, view: float | None) -> dict:
+        (tmp_path / "r.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+        summary = {"faults": [{"t": 10.0, "event": "cut store-node-2 <-/-> broker for 10s"},
+                              {"t": 20.0, "event": "heal store-node-2 <-/-> broker"}]}
+        return scenario_row(SCENARIOS[scenario], summary, tmp_path / "r.jsonl", 2000, Settled([]), (view, 1.0))
+
+    # The router sent every read elsewhere before one reached the node: its labels never said behind, the view did.
+    fresh = [served(9.0, "node-2", offsets=None), served(10.3, "node-2"), served(11.5, "node-1", offsets=None)]
+    r = row(fresh, "node-broker", view=1.2)
+    assert (r["labelled_behind_s"], r["shown_behind_s"], r["fresh_claims_s"]) == (None, 1.2, 0.31)
+    assert (r["operator_s"], r["operator_cleared_s"]) == (1.2, 1.0)
+    r = row([*fresh, served(10.8, "node-2", offsets=None, ms=900)], "node-broker", view=1.2)
+    assert (r["labelled_behind_s"], r["shown_behind_s"]) == (0.81, 0.81)
+    assert row(fresh, "node-broker", view=None)["shown_behind_s"] is None  # shown nowhere
+    # Where the view's sign is not the node's replicas behind (a node cut off from Redis shows dead), only labels.
+    assert row(fresh, "node-redis", view=1.17)["shown_behind_s"] is None
+    assert row(fresh, "router-node", view=None)["labelled_behind_s"] is None
+
+
 def test_a_row_refuses_a_scenario_whose_cut_was_never_made(tmp_path):
     (tmp_path / "r.jsonl").write_bytes(b"")
     summary = {"faults": [{"t": 10.0, "event": "FAILED cut-both store-node-2>broker: nft: not found"}]}
