@@ -2,8 +2,8 @@
 every answer judged against the changelog afterwards (loadtest.partitions, briefly).
 
 - a store node cut off from the broker (not from Redis or the router) answers on, and within the label bound its
-  offset lag is unknown and its staleness grows (no answer of its arrives labelled fresh later): no answer labelled
-  fresher than the changelog allows, no bound broken;
+  offset lag is unknown and its staleness grows (no answer of its arrives labelled fresh later), which its answers'
+  labels or the router's view show: no answer labelled fresher than the changelog allows, no bound broken;
 - the router cut off from one store node sends its keys to the other replicas: no lookup fails, reads after a
   write token included;
 - after healing, every key read caught up holds the changelog's last value and what a recomputation from the input
@@ -45,11 +45,11 @@ def test_a_store_node_cut_off_from_the_broker_says_so_in_its_labels_and_no_answe
     assert r["lookups"] > 300 and r["labels_checked"] > 300
     assert r["failed"] == 0
     assert r["refuted"] == 0, r["refuted_by_kind"]
-    # Its labels vouch for no more than they can: no answer it served arrived labelled fresh past the bound. (When
-    # the first answer labelled behind came is up to the load: once the router sees the node behind, it sends the
-    # reads elsewhere, and on the suite's busy cores a few lookups a second reach it.)
+    # Its labels vouch for no more than they can: no answer it served arrived labelled fresh past the bound.
     assert r["fresh_claims_s"] is not None and r["fresh_claims_s"] <= LABEL_BOUND_S
-    assert r["shows_s"] is not None
+    # And the cut shows: in an answer of its labelled behind, or in the router's view of its replicas, since once the
+    # router sees the node behind it sends the reads elsewhere, and on busy cores none may reach it before.
+    assert r["shown_behind_s"] is not None, (r["labelled_behind_s"], r["operator_s"])
     assert r["data_lost"] == 0, r["keys_lost"]
 
 
