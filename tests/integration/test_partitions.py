@@ -45,8 +45,9 @@ def test_a_store_node_cut_off_from_the_broker_says_so_in_its_labels_and_no_answe
     assert r["lookups"] > 300 and r["labels_checked"] > 300
     assert r["failed"] == 0
     assert r["refuted"] == 0, r["refuted_by_kind"]
-    # Its labels vouch for no more than they can: no answer it served arrived labelled fresh past the bound.
-    assert r["fresh_claims_s"] is not None and r["fresh_claims_s"] <= LABEL_BOUND_S
+    # Its labels vouch for no more than they can: no answer it served arrived labelled fresh past the bound (None: it
+    # labelled none fresh after the cut, the router having sent its reads elsewhere first).
+    assert r["fresh_claims_s"] is None or r["fresh_claims_s"] <= LABEL_BOUND_S
     # And the cut shows: in an answer of its labelled behind, or in the router's view of its replicas, since once the
     # router sees the node behind it sends the reads elsewhere, and on busy cores none may reach it before.
     assert r["shown_behind_s"] is not None, (r["labelled_behind_s"], r["operator_s"])
