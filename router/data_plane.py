@@ -2,7 +2,7 @@
 port, with the gRPC front on), answers key lookups and ``Router.Get`` on threads of its own, and sends every other
 request and call to the Python fronts on loopback ports.
 
-The Python side keeps the control plane: at every metadata refresh it pushes the routing view (:func:`snapshot_doc`:
+The Python side keeps the control plane: at every metadata refresh it pushes the routing view (:func:`~freshroute.routing.compiled_view.snapshot_doc`:
 the tables the path serves, every replica's latest lag) and it counts the path's lookups into the router's metrics at
 a scrape. The path answers key lookups, a key's windows and reads as of a time (in milliseconds); what it does not
 serve — a bound of a write token or the input's lag, a wait, a time in RFC 3339, a versions or metadata route, a
@@ -32,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from freshroute.metadata.table_versions import logical_of
+from freshroute.routing.compiled_view import policy_doc, snapshot_doc
 from freshroute.routing.counts import LookupCounts
 from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.snapshot import Snapshot
@@ -78,17 +79,11 @@ def cluster_files(settings: RouterSettings) -> tuple[bytes, bytes | None, bytes 
 
 
 def config_doc(settings: RouterSettings, policy: RoutingPolicy, keep_alive_s: float) -> str:
-    """The routing policy's settings the compiled path follows, the cluster secret it presents to store nodes, how
-    long it keeps an idle connection (the Python front's keep-alive timeout) and whether it authenticates, as JSON."""
-    return orjson.dumps({
-        "attempt_timeout_ms": policy.attempt_timeout_ms, "hedge": policy.hedge,
-        "hedge_quantile": policy.hedge_quantile, "hedge_min_ms": float(policy.hedge_min_ms),
-        "hedge_budget": policy.hedge_budget, "max_windows": policy.max_windows, "freshness_tolerance_offsets": policy.freshness_tolerance_offsets,
-        "freshness_tolerance_ms": policy.freshness_tolerance_ms, "view_trust_ms": policy.view_trust_ms,
-        "failure_backoff_ms": policy.failure_backoff_ms, "node_expiry_ms": policy.node_expiry_ms,
-        "cluster_secret": settings.node_access().secret, "keep_alive_s": keep_alive_s,
-        "authenticates": settings.auth_file is not None,
-    }).decode()
+    """The routing policy's settings the compiled path follows (:func:`policy_doc`), the cluster secret it presents to
+    store nodes, how long it keeps an idle connection (the Python front's keep-alive timeout) and whether it
+    authenticates, as JSON."""
+    return orjson.dumps({**policy_doc(policy, settings.node_access().secret), "keep_alive_s": keep_alive_s,
+                         "authenticates": settings.auth_file is not None}).decode()
 
 
 def principals_doc(principals: Principals, tables: Iterable[str]) -> bytes:
@@ -99,62 +94,6 @@ def principals_doc(principals: Principals, tables: Iterable[str]) -> bytes:
         {"name": p.name, "token_sha256": digest, "tables": [t for t in tables if p.may_read(t)],
          "rate": None if p.rate is None else {"reads_per_s": p.rate.reads_per_s, "burst": p.rate.burst}}
         for digest, p in principals.by_token_hash.items()]})
-
-
-def snapshot_doc(snap: Snapshot, policy: RoutingPolicy) -> bytes:
-    """The routing view the compiled path reads, as JSON: each table's partitions, whether the path serves its key
-    lookups, or its keys' windows (the window's size, slide and retention), how long it keeps versions (for reads as
-    of a time), its value format, its default bound (as
-    :meth:`RoutingCore.bound_for` fills it in), its input lag, the table version it serves (which every answer
-    names) and that version's own table (``physical``: what store reads and positions name); each replica's latest
-    known lag (the heartbeat's, or the positions published since).
-
-    A table is listed by its name as the version its record serves (:meth:`Snapshot.physical`): that version's own
-    table's spec, input lag and replicas (listed under the table's name, which the path reads them by). A version's
-    own name (``t-v2``) is left out, served or not, with the replicas of every version not served: the Python path
-    answers a read of it, and a read naming a version by number."""
-    tables: dict[str, dict[str, Any]] = {}
-    served: dict[str, str] = {}  # the physical table served → the table whose reads it answers
-    for name in dict.fromkeys(logical_of(n)[0] for n in snap.tables):
-        record = snap.versions.get(name)
-        physical = record.physical() if record is not None else name
-        spec = snap.tables.get(physical)
-        if spec is None:
-            continue  # a version not placed yet, or a table retired: the Python path says which
-        served[physical] = name
-        override = policy.table_bounds.get(name)
-        max_lag, max_ms = ((override.max_lag, override.max_staleness_ms) if override is not None
-                           else (spec.default_max_lag, spec.default_max_staleness_ms))
-        lag = snap.input_lag.get(physical)
-        ends = snap.input_ends.get(spec.input_topic) if spec.input_topic else None
-        w = spec.window if spec.key_format == "string" else None
-        tables[name] = {
-            "partitions": spec.partitions, "served": spec.window is None and spec.key_format == "string",
-            "window": None if w is None else {"size_ms": w.size_ms, "slide_ms": w.slide_ms,
-                                              "retention_ms": w.retention_ms},
-            "history_retention_ms": spec.history_retention_ms if spec.versioned else None,
-            "value_format": spec.value_format, "max_lag": max_lag, "max_staleness_ms": max_ms,
-            "input_lag": None if lag is None else {"records": lag.records, "caught_up_ms": lag.caught_up_ms,
-                                                   "at_ms": lag.at_ms, "alive_ms": lag.alive_ms,
-                                                   "offsets": lag.offsets},
-            "input_ends": None if ends is None else {"at_ms": ends.at_ms, "ends": ends.ends},
-            "version": record.serving if record is not None else 1, "physical": physical}
-    nodes = snap.nodes
-    replicas = []
-    for (table, partition), views in snap.replicas.items():
-        name = served.get(table)
-        if name is None:
-            continue
-        row = []
-        for r in views:
-            applied, end, staleness_ms, observed_ms = r.latest()
-            node = nodes.get(r.node)
-            row.append((r.node, node.read_address if node is not None else None, r.role.value,
-                        r.state.value if r.state is not None else None, applied, end, staleness_ms, observed_ms,
-                        r.alive, r.draining))
-        replicas.append((name, partition, row))
-    return orjson.dumps({"tables": tables, "replicas": replicas, "built_ms": snap.built_ms},
-                        option=orjson.OPT_NON_STR_KEYS)
 
 
 class DataPlane:

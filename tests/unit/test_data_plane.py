@@ -21,7 +21,7 @@ from freshroute.routing.snapshot import LagOverlay, NodeView, ReplicaView, Snaps
 from freshroute.bound import Bound
 from freshroute.position import Position
 from freshroute.windows import hopping
-from router.data_plane import snapshot_doc
+from freshroute.routing.compiled_view import snapshot_doc
 
 dataplane = pytest.importorskip("freshroute_dataplane", reason="the compiled path is built by ./dev (native/dataplane)")
 ROOT = Path(__file__).resolve().parents[2]
