@@ -96,6 +96,8 @@ class Parameter:
     # judges it against its own lag (with :meth:`Bound.refusal`) and refuses the read it cannot answer within it.
     replica: bool = False
     limits: bool = True  # whether it limits the answer at all (a wait only says for how long to look)
+    # Whether the compiled read paths (native/dataplane) judge it: a bound with any other set is the Python path's.
+    compiled: bool = False
 
 
 class Bound(NamedTuple):
@@ -104,13 +106,13 @@ class Bound(NamedTuple):
 
     max_lag: Annotated[int | None, Parameter(
         "at most this many changelog offsets behind (default: the table's)", parse_limit, LIMIT_SCHEMA,
-        replica=True)] = None
+        replica=True, compiled=True)] = None
     max_staleness_ms: Annotated[int | None, Parameter(
         "at most this many ms since the replica was caught up (default: the table's)", parse_limit, LIMIT_SCHEMA,
-        replica=True)] = None
+        replica=True, compiled=True)] = None
     min_position: Annotated[Position | None, Parameter(
         "a position token (`p1.…`, opaque) from an earlier response of this table: answer at least that fresh",
-        parse_position, POSITION_SCHEMA)] = None
+        parse_position, POSITION_SCHEMA, compiled=True)] = None
     # How far the table's changelog may be behind its input (the pipeline's lag, not a replica's): checked once per
     # read against the table's input lag, before any replica is asked.
     max_input_lag_ms: Annotated[int | None, Parameter(
@@ -172,6 +174,12 @@ class Bound(NamedTuple):
         """The bound as error details show it: what limits the answer, the replica's limits also when unset."""
         return {**dict.fromkeys(REPLICA_LIMITS), **{name: value for name, value in self.shown().items()
                                                     if PARAMETERS[name].limits}}
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the compiled read paths judge this whole bound: it sets none of the parameters they leave to the
+        Python path (nor a narrowed write token)."""
+        return bool(_uncompiled(self) == _UNCOMPILED_UNSET)
 
     @property
     def unbounded(self) -> bool:
@@ -254,4 +262,8 @@ _LIMITING = tuple(i for i, p in enumerate(PARAMETERS.values()) if p.limits)
 assert len(_LIMITING) > 1
 _limiting: Callable[[Bound], tuple[Any, ...]] = operator.itemgetter(*_LIMITING)
 _UNLIMITED = (None,) * len(_LIMITING)
+# The fields the compiled read paths leave to the Python path: every parameter not marked compiled, and read_after.
+_UNCOMPILED = tuple(i for i, p in enumerate(PARAMETERS.values()) if not p.compiled) + (len(PARAMETERS),)
+_uncompiled: Callable[[Bound], tuple[Any, ...]] = operator.itemgetter(*_UNCOMPILED)
+_UNCOMPILED_UNSET = (None,) * len(_UNCOMPILED)
 NO_BOUND = Bound()

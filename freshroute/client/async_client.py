@@ -22,6 +22,7 @@ from freshroute.tls import ClientTLS
 
 from freshroute.client.arguments import ScanRange, batch_keys
 from freshroute.client.history import VersionedReads
+from freshroute.client.compiled import CompiledReads, compiled_reads
 from freshroute.client.fallback import Fallback
 from freshroute.client.lookup import AsOfLookup, Lookup, Windows, scanned
 from freshroute.client.metrics import ClientMetrics
@@ -71,6 +72,7 @@ class AsyncClient(VersionedReads):
         # Monotonic reads: the highest position read of each table-partition, sent with every later read.
         self.read_positions = Positions(keep=monotonic)
         self._fallback: Fallback | None = None
+        self._compiled: CompiledReads | None = None
 
     # ---- life ---------------------------------------------------------------------------
 
@@ -91,11 +93,17 @@ class AsyncClient(VersionedReads):
         self.core = RoutingCore(self.direct_policy, metadata, StoreNodeClient(access=self.access),
                                 metrics=self.metrics.counts() if self.metrics is not None else None)
         self._fallback = Fallback(self.core, self.router, self.metrics)
+        self._compiled = compiled_reads(self.direct_policy, self.access,
+                                        self.metrics.counts() if self.metrics is not None else None)
+        if metadata.current.loaded and self._compiled is not None:
+            self._compiled.update(metadata.current)
         return self
 
     def _on_swap(self, snap: Any) -> None:
         if self.core is not None:
             self.core.on_snapshot(snap)
+        if self._compiled is not None:
+            self._compiled.update(snap)
 
     async def _ready(self) -> RoutingCore:
         """The routing core, once the first snapshot is in or waiting for it is over."""
@@ -113,6 +121,8 @@ class AsyncClient(VersionedReads):
             return
         self._closed = True
         await self._feed.close()
+        if self._compiled is not None:
+            self._compiled.close()
         if self.core is not None:
             await self.core.store.close()
         if self.router is not None:
@@ -180,7 +190,11 @@ class AsyncClient(VersionedReads):
         time, as an :class:`AsOfLookup` saying when it became and stopped being the key's, and whether it is final."""
         core = await self._ready()
         bound = self.read_positions.bound(table, bound, limits)
-        table = core.resolved(table, bound)  # the version read: its input lag and format label the answer
+        name, table = table, core.resolved(table, bound)  # the version read: its input lag and format label the answer
+        compiled = self._compiled
+        if as_of is None and compiled is not None and self.fallback.direct() and \
+                (answer := await compiled.get(name, table, key, bound)) is not None:
+            return self.read_positions.seen(answer)
         deadline = self.deadline(bound)
         if as_of is not None:
             return await self._as_of(core, table, key, time_ms("as_of", as_of), bound, deadline)

@@ -40,3 +40,47 @@ def cluster_tls_problem(ca_pem: bytes, cert_pem: bytes | None = None, key_pem: b
 def order(doc: bytes, config: str, table: str, partition: int, max_lag: int | None, max_staleness_ms: int | None,
           min_offset: int, now_ms: int) -> list[str]:
     """The nodes of a partition's replicas in the order the path would ask them (no load, no answers seen)."""
+
+
+class DirectReads:
+    """A client's direct key reads on the compiled path, with no I/O of its own (freshroute.client.compiled drives
+    it): the caller's asyncio loop owns the read ports' transports and the one timer."""
+
+    due: float | None
+    """When the caller's timer is due (loop time), while a lookup waits on one."""
+
+    def __init__(self, config: str, lookup_cls: type) -> None:
+        """``config``: the routing policy as JSON (freshroute.routing.compiled_view.policy_doc); ``lookup_cls``: the
+        named tuple answers are made as."""
+
+    def update(self, doc: bytes) -> None:
+        """Swap in a new routing view (freshroute.routing.compiled_view.snapshot_doc)."""
+
+    def connected(self, address: str, transport: Any) -> None:
+        """The read port at ``address`` is reached by ``transport`` (an asyncio transport) from now on."""
+
+    def reaches(self, address: str) -> bool:
+        """Whether a transport to ``address`` is known."""
+
+    def get(self, table: str, physical: str, key: str, max_lag: int | None, max_staleness_ms: int | None,
+            position: tuple[str, dict[int, int]] | None, fut: Any, now: float) -> int:
+        """Read ``key``; flags SERVED (1: ``fut`` resolves to a Lookup, or None for the Python path), FLUSH (2: call
+        :meth:`flush` soon), TIMER (4: arm the timer at :attr:`due`); 0: the Python path reads it."""
+
+    def flush(self) -> None:
+        """Write every outbox's reads, one batch per node."""
+
+    def received(self, address: str, data: bytes, now: float) -> int:
+        """Bytes from the read port at ``address``; flags as :meth:`get`'s."""
+
+    def lost(self, address: str, why: str | None = None, now: float = 0.0) -> int:
+        """The read port at ``address`` is gone: its attempts in flight failed; flags as :meth:`get`'s."""
+
+    def expire(self, now: float) -> int:
+        """The timer fired: hedges due leave, lookups past their deadline resolve to None; flags as :meth:`get`'s."""
+
+    def in_flight(self) -> int:
+        """Lookups in flight."""
+
+    def hedges(self) -> int:
+        """Hedges sent so far."""

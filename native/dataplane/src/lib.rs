@@ -5,6 +5,7 @@
 
 mod answer;
 mod counts;
+mod direct;
 mod grpc;
 mod grpc_answer;
 mod grpc_relay;
@@ -54,8 +55,11 @@ pub struct Config {
     pub failure_backoff_ms: i64,
     pub node_expiry_ms: i64,
     pub cluster_secret: String,
+    /// The router's front alone: how long it keeps an idle connection, and whether it authenticates (router.auth),
+    /// judging every lookup against the principals pushed. A client's direct reads have neither.
+    #[serde(default)]
     pub keep_alive_s: f64,
-    /// The router authenticates (router.auth): every lookup is judged against the principals pushed.
+    #[serde(default)]
     pub authenticates: bool,
 }
 
@@ -384,6 +388,7 @@ fn cluster_tls_problem(ca_pem: &[u8], cert_pem: Option<&[u8]>, key_pem: Option<&
 #[pymodule]
 fn freshroute_dataplane(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Front>()?;
+    m.add_class::<direct::DirectReads>()?;
     m.add_function(wrap_pyfunction!(tls_problem, m)?)?;
     m.add_function(wrap_pyfunction!(cluster_tls_problem, m)?)?;
     m.add_function(wrap_pyfunction!(order, m)?)?;
