@@ -217,9 +217,13 @@ class AsyncClient(VersionedReads):
         ``as_of`` (a versioned table): each key's value at that time, an :class:`AsOfLookup` (see :meth:`get`)."""
         core = await self._ready()
         bound = self.read_positions.bound(table, bound, limits)
-        table = core.resolved(table, bound)
-        deadline = self.deadline(bound)
+        name, table = table, core.resolved(table, bound)
         keys = batch_keys(keys)
+        compiled = self._compiled
+        if as_of is None and compiled is not None and self.fallback.direct() and \
+                (answers := await compiled.get_many(name, table, keys, bound)) is not None:
+            return self.read_positions.seen_all(answers)
+        deadline = self.deadline(bound)
         if as_of is not None:
             return self.read_positions.seen_all(await self._many_as_of(core, table, keys, time_ms("as_of", as_of), bound, deadline))
         cause = None

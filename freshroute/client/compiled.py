@@ -94,6 +94,27 @@ class CompiledReads:
             self._metrics.lookup("ok" if answer.found else "not_found", answer.role, time.perf_counter() - started)
         return answer
 
+    async def get_many(self, table: str, physical: str, keys: list[str], bound: Bound) -> list[Lookup] | None:
+        """``keys`` of ``table`` as :meth:`get` reads one, in their order; None for the Python path (which also says
+        what is wrong with a batch: too many keys, keys not text)."""
+        if not bound.compiled or not keys or len(keys) > self._policy.batch_max_keys:
+            return None
+        position = bound.min_position
+        fut = self._loop.create_future()
+        started = time.perf_counter()
+        flags = self._engine.get_many(table, physical, keys, bound.max_lag, bound.max_staleness_ms,
+                                      None if position is None else (position.table, position.offsets), fut,
+                                      self._loop.time())
+        if not flags:
+            return None
+        self._after(flags)
+        answers: list[Lookup] | None = await fut
+        if answers is not None and self._metrics is not None:
+            elapsed = time.perf_counter() - started
+            for answer in answers:
+                self._metrics.lookup("ok" if answer.found else "not_found", answer.role, elapsed)
+        return answers
+
     def _after(self, flags: int) -> None:
         if flags & _FLUSH and not self._flush_due:
             self._flush_due = True

@@ -67,6 +67,11 @@ class DirectReads:
         """Read ``key``; flags SERVED (1: ``fut`` resolves to a Lookup, or None for the Python path), FLUSH (2: call
         :meth:`flush` soon), TIMER (4: arm the timer at :attr:`due`); 0: the Python path reads it."""
 
+    def get_many(self, table: str, physical: str, keys: list[str], max_lag: int | None, max_staleness_ms: int | None,
+                 position: tuple[str, dict[int, int]] | None, fut: Any, now: float) -> int:
+        """Read ``keys``, one group per partition: ``fut`` resolves to their Lookups in order, or None for the Python
+        path; flags as :meth:`get`'s (0: some partition has no replica this path reaches, and nothing was sent)."""
+
     def flush(self) -> None:
         """Write every outbox's reads, one batch per node."""
 

@@ -13,11 +13,13 @@ use std::sync::Arc;
 use prost::Message;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyTuple, PyType};
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple, PyType};
 use rand::rngs::SmallRng;
 
+use crate::answer::Served;
 use crate::lookup::{murmur2, now_ms, served_by};
-use crate::messages::{KeyRead, ReadBatch, ReadBound, ResultBatch, NOT_FOUND, OK};
+use crate::messages::{GroupRead, GroupResult, KeyRead, KeyResult, ReadBatch, ReadBound, ReplicaStatus, ResultBatch,
+                      NOT_FOUND, OK};
 use crate::selection::{self, Bound as ReadLimits, Candidate, LatencyWindow, Load, Observation, Overlay, Tolerances};
 use crate::snapshot::{Snapshot, State, ValueFormat};
 use crate::Config;
@@ -39,14 +41,24 @@ pub const TIMER: u8 = 4;
 /// One store node's read port, as the client's transport to it carries it.
 struct Conn {
     transport: PyObject,
-    outbox: Vec<KeyRead>,
+    /// Reads waiting to leave as one batch (its secret and the other fields set when written).
+    outbox: ReadBatch,
     /// Batches written and not answered yet: while there are none, a read leaves at once.
     unanswered: usize,
     /// The first batch of a connection carries the cluster secret.
     secret_due: bool,
     inbuf: Vec<u8>,
-    /// Attempt id → its lookup, the replica it asked, and when it was sent (loop time).
-    waiting: HashMap<u64, (u64, Candidate, f64)>,
+    /// Attempt id → whose read it is.
+    waiting: HashMap<u64, Waiter>,
+}
+
+/// An attempt in flight: its lookup (a key's, or a batch's group), the replica it asked, when it left (loop time).
+#[derive(Clone, Copy)]
+struct Waiter {
+    owner: u64,
+    group: Option<usize>,
+    cand: Candidate,
+    sent: f64,
 }
 
 /// A lookup in flight.
@@ -65,12 +77,26 @@ struct Pending {
     deadline: f64,
 }
 
+/// A batch of keys in flight: one group read per partition, answered when every group is (no hedges: a group that
+/// fails sends the whole batch to the Python path).
+struct Batch {
+    fut: PyObject,
+    keys: Py<PyList>,
+    snap: Arc<Snapshot>,
+    table: String,
+    /// Each partition's group: (partition, the keys' indices in the batch).
+    groups: Vec<(usize, Vec<usize>)>,
+    answers: Vec<Option<PyObject>>,
+    left: usize,
+}
+
 #[pyclass(unsendable, module = "freshroute_dataplane")]
 pub struct DirectReads {
     config: Config,
     snapshot: Arc<Snapshot>,
     conns: HashMap<String, Conn>,
     pending: HashMap<u64, Pending>,
+    batches: HashMap<u64, Batch>,
     timers: BinaryHeap<Reverse<(u64, u64)>>, // (due in µs of loop time, lookup id)
     armed_us: Option<u64>,
     next_id: u64,
@@ -106,6 +132,7 @@ impl DirectReads {
             snapshot: Arc::new(Snapshot::default()),
             conns: HashMap::new(),
             pending: HashMap::new(),
+            batches: HashMap::new(),
             timers: BinaryHeap::new(),
             armed_us: None,
             next_id: 1,
@@ -127,7 +154,7 @@ impl DirectReads {
 
     /// The read port at `address` is reached by `transport` (an asyncio transport) from now on.
     fn connected(&mut self, address: String, transport: PyObject) {
-        self.conns.insert(address, Conn { transport, outbox: Vec::new(), unanswered: 0, secret_due: true,
+        self.conns.insert(address, Conn { transport, outbox: ReadBatch::default(), unanswered: 0, secret_due: true,
                                           inbuf: Vec::new(), waiting: HashMap::new() });
     }
 
@@ -195,10 +222,78 @@ impl DirectReads {
         Ok(flags)
     }
 
+    /// Read `keys` of `table` (as `get`), one group per partition, each from the freshest replica within the bound;
+    /// `fut` resolves to their Lookups in the keys' order, or None for the Python path (any group unanswered). Flags
+    /// as `get`'s; 0 when some partition has no replica this path reaches (nothing is sent then).
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (table, physical, keys, max_lag, max_staleness_ms, position, fut, now))]
+    fn get_many(&mut self, py: Python<'_>, table: &str, physical: &str, keys: Bound<'_, PyList>,
+                max_lag: Option<i64>, max_staleness_ms: Option<i64>, position: Option<(String, HashMap<i64, i64>)>,
+                fut: PyObject, now: f64) -> PyResult<u8> {
+        let snap = self.snapshot.clone();
+        let Some(spec) = snap.tables.get(table).filter(|t| t.served && t.physical == physical) else { return Ok(0) };
+        if matches!(&position, Some((t, _)) if t != physical) {
+            return Ok(0);
+        }
+        let n = spec.partitions.len().max(1);
+        let mut by_partition: HashMap<usize, (Vec<usize>, Vec<Vec<u8>>)> = HashMap::new();
+        for (i, key) in keys.iter().enumerate() {
+            let Ok(text) = key.downcast::<PyString>() else { return Ok(0) };
+            let raw = text.to_str()?.as_bytes();
+            let group = by_partition.entry((murmur2(raw) & 0x7fff_ffff) as usize % n).or_default();
+            group.0.push(i);
+            group.1.push(raw.to_vec());
+        }
+        let wall = now_ms();
+        let c = &self.config;
+        let tol = Tolerances { offsets: c.freshness_tolerance_offsets, ms: c.freshness_tolerance_ms,
+                               view_trust_ms: c.view_trust_ms };
+        // Every group planned before any leaves: a batch this path cannot read whole is the Python path's.
+        let mut plans = Vec::with_capacity(by_partition.len());
+        for (partition, (indices, raw)) in by_partition {
+            let Some(replicas) = spec.partitions.get(partition) else { return Ok(0) };
+            let min_offset = position.as_ref().and_then(|(_, o)| o.get(&(partition as i64)).copied()).unwrap_or(0);
+            let bound = ReadLimits { max_lag, max_staleness_ms, min_offset }
+                .with_defaults(spec.max_lag, spec.max_staleness_ms);
+            let cands = selection::select(replicas, physical, partition, bound, &self.overlay, &self.load, tol, wall,
+                                          &mut self.rng);
+            let Some(first) = cands.first().copied() else { return Ok(0) };
+            let Some(address) = replicas[first.index].read_address.clone().filter(|a| self.conns.contains_key(a))
+            else { return Ok(0) };
+            let read = GroupRead { id: 0, table: physical.to_owned(), partition: partition as i32, keys: raw,
+                                   bound: (!bound.unbounded()).then_some(ReadBound {
+                                       max_lag: bound.max_lag, max_staleness_ms: bound.max_staleness_ms,
+                                       min_offset: bound.min_offset }) };
+            plans.push((partition, indices, first, address, read));
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let deadline = now + c.attempt_timeout_ms as f64 / 1000.0;
+        let answers = (0..keys.len()).map(|_| None).collect();
+        self.batches.insert(id, Batch { fut, keys: keys.unbind(), snap: snap.clone(), table: table.to_owned(),
+                                        groups: Vec::with_capacity(plans.len()), answers, left: plans.len() });
+        let mut flags = SERVED;
+        for (group, (partition, indices, cand, address, mut read)) in plans.into_iter().enumerate() {
+            self.batches.get_mut(&id).expect("inserted above").groups.push((partition, indices));
+            let attempt = self.next_id;
+            self.next_id += 1;
+            read.id = attempt;
+            self.load.started(&spec.partitions[partition][cand.index].node);
+            let conn = self.conns.get_mut(&address).expect("planned only for a node reached");
+            conn.waiting.insert(attempt, Waiter { owner: id, group: Some(group), cand, sent: now });
+            conn.outbox.groups.push(read);
+            if conn.unanswered == 0 {
+                self.write(py, &address)?;
+            } else {
+                flags |= FLUSH;
+            }
+        }
+        Ok(flags | self.timer(id, deadline))
+    }
+
     /// Write every outbox's reads, one batch per node.
     fn flush(&mut self, py: Python<'_>) -> PyResult<()> {
-        let addresses: Vec<String> = self.conns.iter().filter(|(_, c)| !c.outbox.is_empty()).map(|(a, _)| a.clone())
-            .collect();
+        let addresses: Vec<String> = self.conns.iter().filter(|(_, c)| queued(c)).map(|(a, _)| a.clone()).collect();
         for address in addresses {
             self.write(py, &address)?;
         }
@@ -237,14 +332,17 @@ impl DirectReads {
                 conn.unanswered = conn.unanswered.saturating_sub(1);
             }
             for result in batch.results {
-                let Some((lookup, cand, sent)) = self.conns.get_mut(address).and_then(|c| c.waiting.remove(&result.id))
-                else { continue };
-                flags |= self.settle(py, lookup, cand, sent, Some(result), now)?;
+                let Some(w) = self.conns.get_mut(address).and_then(|c| c.waiting.remove(&result.id)) else { continue };
+                flags |= self.settle(py, w, Some(result), now)?;
+            }
+            for result in batch.groups {
+                let Some(w) = self.conns.get_mut(address).and_then(|c| c.waiting.remove(&result.id)) else { continue };
+                self.settle_group(py, w, Some(result), now)?;
             }
         }
         if let Some(why) = broken {
             self.lost(py, address, Some(why), now)?;
-        } else if self.conns.get(address).is_some_and(|c| !c.outbox.is_empty() && c.unanswered == 0) {
+        } else if self.conns.get(address).is_some_and(|c| queued(c) && c.unanswered == 0) {
             self.write(py, address)?;
         }
         Ok(flags)
@@ -258,8 +356,11 @@ impl DirectReads {
             let _ = conn.transport.call_method0(py, "abort");
         }
         let mut flags = 0;
-        for (_, (lookup, cand, sent)) in conn.waiting {
-            flags |= self.settle(py, lookup, cand, sent, None, now)?;
+        for (_, w) in conn.waiting {
+            match w.group {
+                None => flags |= self.settle(py, w, None, now)?,
+                Some(_) => self.settle_group(py, w, None, now)?,
+            }
         }
         Ok(flags)
     }
@@ -275,6 +376,10 @@ impl DirectReads {
                 break;
             }
             self.timers.pop();
+            if self.batches.contains_key(&id) {
+                self.give_up_batch(py, id)?;  // a batch's only timer is its deadline
+                continue;
+            }
             let Some(p) = self.pending.get_mut(&id) else { continue };
             if micros(now) + EARLY_US >= micros(p.deadline) {
                 self.give_up(py, id)?;
@@ -334,8 +439,8 @@ impl DirectReads {
         let mut read = p.read.clone();
         read.id = attempt;
         let conn = self.conns.get_mut(address).expect("sent only to a node reached");
-        conn.waiting.insert(attempt, (id, cand, now));
-        conn.outbox.push(read);
+        conn.waiting.insert(attempt, Waiter { owner: id, group: None, cand, sent: now });
+        conn.outbox.reads.push(read);
         self.load.started(&node);
         if conn.unanswered == 0 {
             self.write(py, address)?;
@@ -346,10 +451,10 @@ impl DirectReads {
 
     fn write(&mut self, py: Python<'_>, address: &str) -> PyResult<()> {
         let conn = self.conns.get_mut(address).expect("written only to a node reached");
-        let mut batch = ReadBatch { reads: std::mem::take(&mut conn.outbox), ..Default::default() };
-        if batch.reads.is_empty() {
+        if !queued(conn) {
             return Ok(());
         }
+        let mut batch = std::mem::take(&mut conn.outbox);
         if std::mem::replace(&mut conn.secret_due, false) {
             batch.cluster_secret = self.config.cluster_secret.clone();
         }
@@ -372,9 +477,9 @@ impl DirectReads {
     }
 
     /// An attempt ended: with the node's result, or without (its connection failed).
-    fn settle(&mut self, py: Python<'_>, id: u64, cand: Candidate, sent: f64,
-              result: Option<crate::messages::KeyResult>, now: f64) -> PyResult<u8> {
-        let ms = ((now - sent) * 1000.0).max(0.0);
+    fn settle(&mut self, py: Python<'_>, w: Waiter, result: Option<KeyResult>, now: f64) -> PyResult<u8> {
+        let (id, cand) = (w.owner, w.cand);
+        let ms = ((now - w.sent) * 1000.0).max(0.0);
         let Some(p) = self.pending.get(&id) else { return Ok(0) };
         let (snap, partition) = (p.snap.clone(), p.partition);
         let spec = &snap.tables[&p.table];
@@ -386,33 +491,15 @@ impl DirectReads {
         };
         self.load.finished(&replica.node, Some(ms));
         let Some(rep) = result.replica.as_ref() else { return self.attempt_failed(py, id) };
-        self.overlay.observe(&replica.node, &spec.physical, partition, Observation {
-            applied: rep.applied_offset, end: rep.end_offset, staleness_ms: rep.staleness_ms.max(0),
-            observed_ms: now_ms() });
+        self.observe(&replica.node, &spec.physical, partition, rep);
         if result.status != OK && result.status != NOT_FOUND {
             return self.attempt_failed(py, id);
         }
         self.latency.record(ms);
         let p = self.pending.remove(&id).expect("looked up above");
-        let who = served_by(replica, rep);
-        let (records, behind_ms) = spec.input_lag_at(now_ms());
-        let found = result.status == OK;
-        let format = match spec.value_format {
-            ValueFormat::Json => "json",
-            ValueFormat::Text => "string",
-            ValueFormat::Bytes => "bytes",
-        };
-        let value = if found { PyBytes::new(py, &result.value).into_any() } else { py.None().into_bound(py) };
-        let fields = PyTuple::new(py, [
-            spec.physical.as_str().into_pyobject(py)?.into_any(), p.key.into_bound(py),
-            found.into_pyobject(py)?.to_owned().into_any(), value,
-            partition.into_pyobject(py)?.into_any(), who.node.into_pyobject(py)?.into_any(),
-            who.role.into_pyobject(py)?.into_any(), who.lag_offsets.into_pyobject(py)?.into_any(),
-            who.lag_ms.into_pyobject(py)?.into_any(), who.applied.into_pyobject(py)?.into_any(),
-            records.into_pyobject(py)?.into_any(), behind_ms.into_pyobject(py)?.into_any(),
-            format.into_pyobject(py)?.into_any(),
-        ])?;
-        let answer = self.tuple_new.call1(py, (self.lookup_cls.clone_ref(py), fields))?;
+        let value = (result.status == OK).then_some(&result.value[..]);
+        let labels = self.labels(py, spec, partition, served_by(replica, rep))?;
+        let answer = self.answer(py, &spec.physical, p.key.into_bound(py), value, &labels)?;
         resolve(py, &p.fut, answer)?;
         Ok(0)
     }
@@ -433,6 +520,97 @@ impl DirectReads {
         }
         Ok(())
     }
+
+    fn give_up_batch(&mut self, py: Python<'_>, id: u64) -> PyResult<()> {
+        if let Some(b) = self.batches.remove(&id) {
+            resolve(py, &b.fut, py.None())?;
+        }
+        Ok(())
+    }
+
+    /// A replica's report of itself, newer than the view's until the next view.
+    fn observe(&mut self, node: &str, table: &str, partition: usize, rep: &ReplicaStatus) {
+        self.overlay.observe(node, table, partition, Observation {
+            applied: rep.applied_offset, end: rep.end_offset, staleness_ms: rep.staleness_ms.max(0),
+            observed_ms: now_ms() });
+    }
+
+    /// What every key read from one replica of `partition` shares, from the partition on (Lookup's fields after the
+    /// value): partition, node, role, lag offsets, lag ms, applied offset, input lag records and ms, value format.
+    fn labels<'py>(&self, py: Python<'py>, spec: &crate::snapshot::Table, partition: usize, who: Served<'_>)
+                   -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let (records, behind_ms) = spec.input_lag_at(now_ms());
+        let format = match spec.value_format {
+            ValueFormat::Json => "json",
+            ValueFormat::Text => "string",
+            ValueFormat::Bytes => "bytes",
+        };
+        Ok(vec![partition.into_pyobject(py)?.into_any(), who.node.into_pyobject(py)?.into_any(),
+                who.role.into_pyobject(py)?.into_any(), who.lag_offsets.into_pyobject(py)?.into_any(),
+                who.lag_ms.into_pyobject(py)?.into_any(), who.applied.into_pyobject(py)?.into_any(),
+                records.into_pyobject(py)?.into_any(), behind_ms.into_pyobject(py)?.into_any(),
+                format.into_pyobject(py)?.into_any()])
+    }
+
+    /// One key's Lookup, made as the Python path makes it (tuple.__new__ of the named tuple).
+    fn answer<'py>(&self, py: Python<'py>, physical: &str, key: Bound<'py, PyAny>, value: Option<&[u8]>,
+                   labels: &[Bound<'py, PyAny>]) -> PyResult<PyObject> {
+        let head = [physical.into_pyobject(py)?.into_any(), key, value.is_some().into_pyobject(py)?.to_owned().into_any(),
+                    match value {
+                        Some(v) => PyBytes::new(py, v).into_any(),
+                        None => py.None().into_bound(py),
+                    }];
+        let fields: Vec<&Bound<'py, PyAny>> = head.iter().chain(labels.iter()).collect();
+        let fields = PyTuple::new(py, fields)?;
+        self.tuple_new.call1(py, (self.lookup_cls.clone_ref(py), fields))
+    }
+
+    /// A batch's group ended: with the node's answer, or without (its connection failed).
+    fn settle_group(&mut self, py: Python<'_>, w: Waiter, result: Option<GroupResult>, now: f64) -> PyResult<()> {
+        let ms = ((now - w.sent) * 1000.0).max(0.0);
+        let Some(b) = self.batches.get(&w.owner) else { return Ok(()) };
+        let snap = b.snap.clone();
+        let spec = &snap.tables[&b.table];
+        let (partition, _) = b.groups[w.group.expect("a group's waiter")];
+        let replica = &spec.partitions[partition][w.cand.index];
+        let Some(result) = result else {
+            self.load.finished(&replica.node, None);
+            self.load.failed(&replica.node, now_ms());
+            return self.give_up_batch(py, w.owner);
+        };
+        self.load.finished(&replica.node, Some(ms));
+        let Some(rep) = result.replica.as_ref() else { return self.give_up_batch(py, w.owner) };
+        self.observe(&replica.node, &spec.physical, partition, rep);
+        let b = self.batches.get(&w.owner).expect("looked up above");
+        let (_, indices) = &b.groups[w.group.expect("a group's waiter")];
+        if result.status != OK || result.values.len() != indices.len() {
+            return self.give_up_batch(py, w.owner);
+        }
+        let labels = self.labels(py, spec, partition, served_by(replica, rep))?;
+        let keys = b.keys.bind(py).clone();
+        let mut made = Vec::with_capacity(indices.len());
+        for (&i, value) in indices.iter().zip(&result.values) {
+            // A group answers an absent key with empty bytes (a stored value is never empty).
+            let value = (!value.is_empty()).then_some(&value[..]);
+            made.push((i, self.answer(py, &spec.physical, keys.get_item(i)?, value, &labels)?));
+        }
+        let b = self.batches.get_mut(&w.owner).expect("looked up above");
+        for (i, answer) in made {
+            b.answers[i] = Some(answer);
+        }
+        b.left -= 1;
+        if b.left == 0 {
+            let b = self.batches.remove(&w.owner).expect("looked up above");
+            let answers: Vec<PyObject> = b.answers.into_iter().map(|a| a.expect("every group answered")).collect();
+            resolve(py, &b.fut, PyList::new(py, answers)?.into_any().unbind())?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether reads wait in the connection's outbox.
+fn queued(conn: &Conn) -> bool {
+    !conn.outbox.reads.is_empty() || !conn.outbox.groups.is_empty()
 }
 
 /// The future's result, unless its caller gave up on it (cancelled).

@@ -1,6 +1,6 @@
-//! The read port's messages this path sends and receives (`proto/store.proto`, by field number): key reads and a
-//! key's windows out, their results back. Fields of the protocol it does not use (groups, versions, rows as of a
-//! time) are left out: prost skips them on the way in.
+//! The read port's messages this path sends and receives (`proto/store.proto`, by field number): key reads, a
+//! partition's group of keys and a key's windows out, their results back. Fields of the protocol it does not use
+//! (versions, rows as of a time) are left out: prost skips them on the way in.
 
 use bytes::Bytes;
 
@@ -127,10 +127,42 @@ pub struct RangeResult {
     pub watermark_ms: i64,
 }
 
+/// Several keys of one table-partition, read from one replica under one bound check.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct GroupRead {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(string, tag = "2")]
+    pub table: String,
+    #[prost(int32, tag = "3")]
+    pub partition: i32,
+    #[prost(bytes = "vec", repeated, tag = "4")]
+    pub keys: Vec<Vec<u8>>,
+    #[prost(message, optional, tag = "5")]
+    pub bound: Option<ReadBound>,
+}
+
+/// A group's answer: OK with one value per key (empty: no such key), or why none was read.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct GroupResult {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(int32, tag = "2")]
+    pub status: i32,
+    #[prost(bytes = "bytes", repeated, tag = "3")]
+    pub values: Vec<Bytes>,
+    #[prost(message, optional, tag = "4")]
+    pub replica: Option<ReplicaStatus>,
+    #[prost(string, tag = "5")]
+    pub message: String,
+}
+
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ReadBatch {
     #[prost(message, repeated, tag = "1")]
     pub reads: Vec<KeyRead>,
+    #[prost(message, repeated, tag = "2")]
+    pub groups: Vec<GroupRead>,
     #[prost(string, tag = "3")]
     pub cluster_secret: String,
     #[prost(message, repeated, tag = "4")]
@@ -141,6 +173,8 @@ pub struct ReadBatch {
 pub struct ResultBatch {
     #[prost(message, repeated, tag = "1")]
     pub results: Vec<KeyResult>,
+    #[prost(message, repeated, tag = "2")]
+    pub groups: Vec<GroupResult>,
     #[prost(string, tag = "3")]
     pub refused: String,
     #[prost(message, repeated, tag = "4")]

@@ -247,7 +247,7 @@ mod tests {
         run_local(async {
             let stores = Stores::new("s3cret".into(), Duration::from_secs(1), None);
             use crate::messages::{KeyResult, RangeRead, RangeResult};
-            let batch = ResultBatch { results: vec![KeyResult { id: 1, status: crate::messages::OK,
+            let batch = ResultBatch { groups: vec![], results: vec![KeyResult { id: 1, status: crate::messages::OK,
                                                                value: bytes::Bytes::from_static(b"{}"),
                                                                ..Default::default() }],
                                       ranges: vec![RangeResult { id: 2, watermark_ms: 7, ..Default::default() }],
