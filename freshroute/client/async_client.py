@@ -41,6 +41,8 @@ class AsyncClient(VersionedReads):
     or TLS takes ``token``, ``ca`` (the CA to trust) and ``cert``/``key`` (mTLS); the same TLS settings reach
     the store nodes, and ``cluster_secret`` is presented to nodes that require it. ``metrics``, a
     prometheus_client ``CollectorRegistry``, gets the client's counters (:mod:`freshroute.client.metrics`).
+    ``compiled`` (default True): key reads and batches take the compiled path where it is built
+    (:mod:`freshroute.client.compiled`); False reads by the Python path alone.
     Use as ``async with AsyncClient(...) as client`` (or call :meth:`start` and :meth:`close`).
     """
 
@@ -48,7 +50,8 @@ class AsyncClient(VersionedReads):
                  redis_sentinels: str | None = None, redis_master_name: str | None = None,
                  token: str | None = None, ca: str | None = None, cert: str | None = None, key: str | None = None,
                  cluster_secret: str | None = None, policy: RoutingPolicy | None = None, refresh_ms: int = 150,
-                 connect_timeout_s: float = 5.0, metrics: Any = None, monotonic: bool = True) -> None:
+                 connect_timeout_s: float = 5.0, metrics: Any = None, monotonic: bool = True,
+                 compiled: bool = True) -> None:
         if not redis_url and not redis_sentinels and not router:
             raise ConfigError("give redis_url or redis_sentinels (the metadata store) or router (a router's REST "
                               "address), or both", setting="redis_url")
@@ -73,6 +76,7 @@ class AsyncClient(VersionedReads):
         self.read_positions = Positions(keep=monotonic)
         self._fallback: Fallback | None = None
         self._compiled: CompiledReads | None = None
+        self._use_compiled = compiled
 
     # ---- life ---------------------------------------------------------------------------
 
@@ -93,8 +97,9 @@ class AsyncClient(VersionedReads):
         self.core = RoutingCore(self.direct_policy, metadata, StoreNodeClient(access=self.access),
                                 metrics=self.metrics.counts() if self.metrics is not None else None)
         self._fallback = Fallback(self.core, self.router, self.metrics)
-        self._compiled = compiled_reads(self.direct_policy, self.access,
-                                        self.metrics.counts() if self.metrics is not None else None)
+        if self._use_compiled:
+            self._compiled = compiled_reads(self.direct_policy, self.access,
+                                            self.metrics.counts() if self.metrics is not None else None)
         if metadata.current.loaded and self._compiled is not None:
             self._compiled.update(metadata.current)
         return self

@@ -59,7 +59,8 @@ class Client:
         self._async = AsyncClient(redis_url, router=router, namespace=namespace, redis_sentinels=redis_sentinels,
                                   redis_master_name=redis_master_name, token=token, ca=ca, cert=cert, key=key,
                                   cluster_secret=cluster_secret, policy=policy, refresh_ms=refresh_ms,
-                                  connect_timeout_s=connect_timeout_s, metrics=metrics, monotonic=monotonic)
+                                  connect_timeout_s=connect_timeout_s, metrics=metrics, monotonic=monotonic,
+                                  compiled=False)  # this client reads by its own blocking driver
         self.policy = self._async.policy
         self._positions = self._async.read_positions  # the async client's: one client, one memory of what it read
         self._local = threading.local()
