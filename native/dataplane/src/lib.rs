@@ -1,7 +1,9 @@
-//! freshroute's compiled lookup path, in the router process: threads of their own serve the REST port's key lookups
-//! and the gRPC port's `Router.Get` — HTTP/1.1 or HTTP/2, the key's partition, the freshest replica within the
-//! bound, the read over the read port, the answer with its labels — while the Python control plane pushes the
-//! routing view (`Front.update`) and serves everything else (router/data_plane.py wires it).
+//! freshroute's compiled lookup path. In the router process (`Front`), threads of their own serve the REST port's key
+//! lookups and the gRPC port's `Router.Get` — HTTP/1.1 or HTTP/2, the key's partition, the freshest replica within
+//! the bound, the read over the read port, the answer with its labels — while the Python control plane pushes the
+//! routing view (`Front.update`) and serves everything else (router/data_plane.py wires it). In a client process
+//! (`DirectReads`, direct.rs), the same routing decides `AsyncClient`'s key reads, whose bytes its event loop
+//! carries (freshroute/client/compiled.py).
 
 mod answer;
 mod counts;
