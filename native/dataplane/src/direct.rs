@@ -61,6 +61,13 @@ struct Waiter {
     sent: f64,
 }
 
+/// An attempt a lookup keeps open: where it went, under which id, and the node whose load counts it.
+struct Attempt {
+    address: String,
+    id: u64,
+    node: String,
+}
+
 /// A lookup in flight.
 struct Pending {
     fut: PyObject,
@@ -70,8 +77,9 @@ struct Pending {
     partition: usize,
     cands: Vec<Candidate>,
     read: KeyRead,
-    /// Attempts still open (first, hedge).
-    open: u8,
+    /// Attempts still open (first, hedge): each ends its node's load count once — answered, lost, or abandoned when
+    /// the lookup resolves or gives up (as lookup.rs's InFlight does).
+    attempts: Vec<Attempt>,
     /// When to hedge (None: no second replica to hedge to, or hedged already) and when to give up.
     hedge_at: Option<f64>,
     deadline: f64,
@@ -88,6 +96,7 @@ struct Batch {
     groups: Vec<(usize, Vec<usize>)>,
     answers: Vec<Option<PyObject>>,
     left: usize,
+    attempts: Vec<Attempt>,
 }
 
 #[pyclass(unsendable, module = "freshroute_dataplane")]
@@ -173,7 +182,8 @@ impl DirectReads {
            now: f64) -> PyResult<u8> {
         let snap = self.snapshot.clone();
         let Some(spec) = snap.tables.get(table).filter(|t| t.served && t.physical == physical) else { return Ok(0) };
-        let text = key.downcast::<pyo3::types::PyString>()?.to_str()?;
+        // Not text, or text that is not UTF-8 (a lone surrogate): the Python path says what is wrong with it.
+        let Ok(text) = key.downcast::<PyString>().map_err(PyErr::from).and_then(|k| k.to_str()) else { return Ok(0) };
         let partition = (murmur2(text.as_bytes()) & 0x7fff_ffff) as usize % spec.partitions.len().max(1);
         let Some(replicas) = spec.partitions.get(partition) else { return Ok(0) };
         // A position of another table, or another version's, is the Python path's to refuse or set aside.
@@ -216,7 +226,7 @@ impl DirectReads {
         let deadline = now + attempt_s;
         let hedge_at = (hedge_after < attempt_s).then_some(now + hedge_after);
         self.pending.insert(id, Pending { fut, key: key.unbind(), snap: snap.clone(), table: table.to_owned(),
-                                          partition, cands, read, open: 1, hedge_at, deadline });
+                                          partition, cands, read, attempts: Vec::new(), hedge_at, deadline });
         let mut flags = SERVED | self.send(py, &address, id, first, now)?;
         flags |= self.timer(id, hedge_at.unwrap_or(deadline));
         Ok(flags)
@@ -238,8 +248,8 @@ impl DirectReads {
         let n = spec.partitions.len().max(1);
         let mut by_partition: HashMap<usize, (Vec<usize>, Vec<Vec<u8>>)> = HashMap::new();
         for (i, key) in keys.iter().enumerate() {
-            let Ok(text) = key.downcast::<PyString>() else { return Ok(0) };
-            let raw = text.to_str()?.as_bytes();
+            let Ok(text) = key.downcast::<PyString>().map_err(PyErr::from).and_then(|k| k.to_str()) else { return Ok(0) };
+            let raw = text.as_bytes();
             let group = by_partition.entry((murmur2(raw) & 0x7fff_ffff) as usize % n).or_default();
             group.0.push(i);
             group.1.push(raw.to_vec());
@@ -271,14 +281,18 @@ impl DirectReads {
         let deadline = now + c.attempt_timeout_ms as f64 / 1000.0;
         let answers = (0..keys.len()).map(|_| None).collect();
         self.batches.insert(id, Batch { fut, keys: keys.unbind(), snap: snap.clone(), table: table.to_owned(),
-                                        groups: Vec::with_capacity(plans.len()), answers, left: plans.len() });
+                                        groups: Vec::with_capacity(plans.len()), answers, left: plans.len(),
+                                        attempts: Vec::new() });
         let mut flags = SERVED;
         for (group, (partition, indices, cand, address, mut read)) in plans.into_iter().enumerate() {
             self.batches.get_mut(&id).expect("inserted above").groups.push((partition, indices));
             let attempt = self.next_id;
             self.next_id += 1;
             read.id = attempt;
-            self.load.started(&spec.partitions[partition][cand.index].node);
+            let node = spec.partitions[partition][cand.index].node.clone();
+            self.load.started(&node);
+            let b = self.batches.get_mut(&id).expect("inserted above");
+            b.attempts.push(Attempt { address: address.clone(), id: attempt, node });
             let conn = self.conns.get_mut(&address).expect("planned only for a node reached");
             conn.waiting.insert(attempt, Waiter { owner: id, group: Some(group), cand, sent: now });
             conn.outbox.groups.push(read);
@@ -333,11 +347,11 @@ impl DirectReads {
             }
             for result in batch.results {
                 let Some(w) = self.conns.get_mut(address).and_then(|c| c.waiting.remove(&result.id)) else { continue };
-                flags |= self.settle(py, w, Some(result), now)?;
+                flags |= self.settle(py, result.id, w, Some(result), now)?;
             }
             for result in batch.groups {
                 let Some(w) = self.conns.get_mut(address).and_then(|c| c.waiting.remove(&result.id)) else { continue };
-                self.settle_group(py, w, Some(result), now)?;
+                self.settle_group(py, result.id, w, Some(result), now)?;
             }
         }
         if let Some(why) = broken {
@@ -356,10 +370,10 @@ impl DirectReads {
             let _ = conn.transport.call_method0(py, "abort");
         }
         let mut flags = 0;
-        for (_, w) in conn.waiting {
+        for (attempt, w) in conn.waiting {
             match w.group {
-                None => flags |= self.settle(py, w, None, now)?,
-                Some(_) => self.settle_group(py, w, None, now)?,
+                None => flags |= self.settle(py, attempt, w, None, now)?,
+                Some(_) => self.settle_group(py, attempt, w, None, now)?,
             }
         }
         Ok(flags)
@@ -398,7 +412,6 @@ impl DirectReads {
                 Some((second, address)) if self.hedge_tokens >= 1.0 && self.conns.contains_key(&address) => {
                     self.hedge_tokens -= 1.0;
                     self.hedges += 1;
-                    p.open += 1;
                     flags |= self.send(py, &address, id, second, now)?;
                     self.timers.push(Reverse((micros(deadline), id)));
                 }
@@ -434,8 +447,9 @@ impl DirectReads {
     fn send(&mut self, py: Python<'_>, address: &str, id: u64, cand: Candidate, now: f64) -> PyResult<u8> {
         let attempt = self.next_id;
         self.next_id += 1;
-        let p = &self.pending[&id];
+        let p = self.pending.get_mut(&id).expect("sent only for a lookup in flight");
         let node = p.snap.tables[&p.table].partitions[p.partition][cand.index].node.clone();
+        p.attempts.push(Attempt { address: address.to_owned(), id: attempt, node: node.clone() });
         let mut read = p.read.clone();
         read.id = attempt;
         let conn = self.conns.get_mut(address).expect("sent only to a node reached");
@@ -477,10 +491,11 @@ impl DirectReads {
     }
 
     /// An attempt ended: with the node's result, or without (its connection failed).
-    fn settle(&mut self, py: Python<'_>, w: Waiter, result: Option<KeyResult>, now: f64) -> PyResult<u8> {
+    fn settle(&mut self, py: Python<'_>, attempt: u64, w: Waiter, result: Option<KeyResult>, now: f64) -> PyResult<u8> {
         let (id, cand) = (w.owner, w.cand);
         let ms = ((now - w.sent) * 1000.0).max(0.0);
-        let Some(p) = self.pending.get(&id) else { return Ok(0) };
+        let Some(p) = self.pending.get_mut(&id) else { return Ok(0) };  // never: its waiters went with it
+        p.attempts.retain(|a| a.id != attempt);
         let (snap, partition) = (p.snap.clone(), p.partition);
         let spec = &snap.tables[&p.table];
         let replica = &spec.partitions[partition][cand.index];
@@ -497,6 +512,7 @@ impl DirectReads {
         }
         self.latency.record(ms);
         let p = self.pending.remove(&id).expect("looked up above");
+        self.abandon(&p.attempts);  // the hedge's other attempt
         let value = (result.status == OK).then_some(&result.value[..]);
         let labels = self.labels(py, spec, partition, served_by(replica, rep))?;
         let answer = self.answer(py, &spec.physical, p.key.into_bound(py), value, &labels)?;
@@ -505,10 +521,9 @@ impl DirectReads {
     }
 
     fn attempt_failed(&mut self, py: Python<'_>, id: u64) -> PyResult<u8> {
-        let Some(p) = self.pending.get_mut(&id) else { return Ok(0) };
-        p.open = p.open.saturating_sub(1);
+        let Some(p) = self.pending.get(&id) else { return Ok(0) };
         // The first attempt failing before the hedge, or both failing: the Python path, which tries the others.
-        if p.open == 0 {
+        if p.attempts.is_empty() {
             self.give_up(py, id)?;
         }
         Ok(0)
@@ -516,6 +531,7 @@ impl DirectReads {
 
     fn give_up(&mut self, py: Python<'_>, id: u64) -> PyResult<()> {
         if let Some(p) = self.pending.remove(&id) {
+            self.abandon(&p.attempts);
             resolve(py, &p.fut, py.None())?;
         }
         Ok(())
@@ -523,9 +539,20 @@ impl DirectReads {
 
     fn give_up_batch(&mut self, py: Python<'_>, id: u64) -> PyResult<()> {
         if let Some(b) = self.batches.remove(&id) {
+            self.abandon(&b.attempts);
             resolve(py, &b.fut, py.None())?;
         }
         Ok(())
+    }
+
+    /// Attempts whose lookup no longer waits for them: their answers, should they come, are dropped unread, and each
+    /// ends its count in its node's load now.
+    fn abandon(&mut self, attempts: &[Attempt]) {
+        for a in attempts {
+            if self.conns.get_mut(&a.address).and_then(|c| c.waiting.remove(&a.id)).is_some() {
+                self.load.finished(&a.node, None);
+            }
+        }
     }
 
     /// A replica's report of itself, newer than the view's until the next view.
@@ -566,9 +593,11 @@ impl DirectReads {
     }
 
     /// A batch's group ended: with the node's answer, or without (its connection failed).
-    fn settle_group(&mut self, py: Python<'_>, w: Waiter, result: Option<GroupResult>, now: f64) -> PyResult<()> {
+    fn settle_group(&mut self, py: Python<'_>, attempt: u64, w: Waiter, result: Option<GroupResult>, now: f64)
+                    -> PyResult<()> {
         let ms = ((now - w.sent) * 1000.0).max(0.0);
-        let Some(b) = self.batches.get(&w.owner) else { return Ok(()) };
+        let Some(b) = self.batches.get_mut(&w.owner) else { return Ok(()) };  // never: its waiters went with it
+        b.attempts.retain(|a| a.id != attempt);
         let snap = b.snap.clone();
         let spec = &snap.tables[&b.table];
         let (partition, _) = b.groups[w.group.expect("a group's waiter")];
