@@ -197,9 +197,10 @@ class AsyncClient(VersionedReads):
         bound = self.read_positions.bound(table, bound, limits)
         name, table = table, core.resolved(table, bound)  # the version read: its input lag and format label the answer
         compiled = self._compiled
-        if as_of is None and compiled is not None and self.fallback.direct() and \
-                (answer := await compiled.get(name, table, key, bound)) is not None:
-            return self.read_positions.seen(answer)
+        if as_of is None and compiled is not None and self.fallback.direct():
+            pending = compiled.get(name, table, key, bound)
+            if pending is not None and (answer := await pending) is not None:
+                return self.read_positions.seen(answer)
         deadline = self.deadline(bound)
         if as_of is not None:
             return await self._as_of(core, table, key, time_ms("as_of", as_of), bound, deadline)
@@ -225,9 +226,10 @@ class AsyncClient(VersionedReads):
         name, table = table, core.resolved(table, bound)
         keys = batch_keys(keys)
         compiled = self._compiled
-        if as_of is None and compiled is not None and self.fallback.direct() and \
-                (answers := await compiled.get_many(name, table, keys, bound)) is not None:
-            return self.read_positions.seen_all(answers)
+        if as_of is None and compiled is not None and self.fallback.direct():
+            batch = compiled.get_many(name, table, keys, bound)
+            if batch is not None and (answers := await batch) is not None:
+                return self.read_positions.seen_all(answers)
         deadline = self.deadline(bound)
         if as_of is not None:
             return self.read_positions.seen_all(await self._many_as_of(core, table, keys, time_ms("as_of", as_of), bound, deadline))
