@@ -192,7 +192,8 @@ impl DirectReads {
             Some((_, offsets)) => offsets.get(&(partition as i64)).copied().unwrap_or(0),
             None => 0,
         };
-        let bound = ReadLimits { max_lag, max_staleness_ms, min_offset }.with_defaults(spec.max_lag, spec.max_staleness_ms);
+        let bound = ReadLimits { max_lag, max_staleness_ms, min_offset }
+            .with_defaults(spec.max_lag, spec.max_staleness_ms);
         let wall = now_ms();
         if wall - self.pruned_at > 1000 {
             // Heartbeats published since then carry newer lag than these answers did.
@@ -217,9 +218,7 @@ impl DirectReads {
         };
         let read = KeyRead { id: 0, table: physical.to_owned(), partition: partition as i32,
                              key: text.as_bytes().to_vec(),
-                             bound: (!bound.unbounded()).then_some(ReadBound { max_lag: bound.max_lag,
-                                                                                max_staleness_ms: bound.max_staleness_ms,
-                                                                                min_offset: bound.min_offset }),
+                             bound: ReadBound::of(bound),
                              as_of_ms: None };
         let id = self.next_id;
         self.next_id += 1;
@@ -248,8 +247,8 @@ impl DirectReads {
         let n = spec.partitions.len().max(1);
         let mut by_partition: HashMap<usize, (Vec<usize>, Vec<Vec<u8>>)> = HashMap::new();
         for (i, key) in keys.iter().enumerate() {
-            let Ok(text) = key.downcast::<PyString>().map_err(PyErr::from).and_then(|k| k.to_str()) else { return Ok(0) };
-            let raw = text.as_bytes();
+            let Ok(raw) = key.downcast::<PyString>().map_err(PyErr::from).and_then(|k| k.to_str()).map(str::as_bytes)
+            else { return Ok(0) };
             let group = by_partition.entry((murmur2(raw) & 0x7fff_ffff) as usize % n).or_default();
             group.0.push(i);
             group.1.push(raw.to_vec());
@@ -271,9 +270,7 @@ impl DirectReads {
             let Some(address) = replicas[first.index].read_address.clone().filter(|a| self.conns.contains_key(a))
             else { return Ok(0) };
             let read = GroupRead { id: 0, table: physical.to_owned(), partition: partition as i32, keys: raw,
-                                   bound: (!bound.unbounded()).then_some(ReadBound {
-                                       max_lag: bound.max_lag, max_staleness_ms: bound.max_staleness_ms,
-                                       min_offset: bound.min_offset }) };
+                                   bound: ReadBound::of(bound) };
             plans.push((partition, indices, first, address, read));
         }
         let id = self.next_id;
@@ -582,11 +579,12 @@ impl DirectReads {
     /// One key's Lookup, made as the Python path makes it (tuple.__new__ of the named tuple).
     fn answer<'py>(&self, py: Python<'py>, physical: &str, key: Bound<'py, PyAny>, value: Option<&[u8]>,
                    labels: &[Bound<'py, PyAny>]) -> PyResult<PyObject> {
-        let head = [physical.into_pyobject(py)?.into_any(), key, value.is_some().into_pyobject(py)?.to_owned().into_any(),
-                    match value {
-                        Some(v) => PyBytes::new(py, v).into_any(),
-                        None => py.None().into_bound(py),
-                    }];
+        let found = value.is_some().into_pyobject(py)?.to_owned().into_any();
+        let raw = match value {
+            Some(v) => PyBytes::new(py, v).into_any(),
+            None => py.None().into_bound(py),
+        };
+        let head = [physical.into_pyobject(py)?.into_any(), key, found, raw];
         let fields: Vec<&Bound<'py, PyAny>> = head.iter().chain(labels.iter()).collect();
         let fields = PyTuple::new(py, fields)?;
         self.tuple_new.call1(py, (self.lookup_cls.clone_ref(py), fields))

@@ -262,9 +262,7 @@ pub(crate) struct Routed {
 impl Routed {
     /// The bound the node checks (None: unbounded).
     pub fn read_bound(&self) -> Option<ReadBound> {
-        let b = self.bound;
-        (!b.unbounded()).then_some(ReadBound { max_lag: b.max_lag, max_staleness_ms: b.max_staleness_ms,
-                                               min_offset: b.min_offset })
+        ReadBound::of(self.bound)
     }
 }
 

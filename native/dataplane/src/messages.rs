@@ -14,6 +14,14 @@ pub struct ReadBound {
     pub min_offset: i64,
 }
 
+impl ReadBound {
+    /// The bound a node checks of a read under `bound`; None: unbounded.
+    pub fn of(bound: crate::selection::Bound) -> Option<ReadBound> {
+        (!bound.unbounded()).then_some(ReadBound { max_lag: bound.max_lag, max_staleness_ms: bound.max_staleness_ms,
+                                                   min_offset: bound.min_offset })
+    }
+}
+
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ReplicaStatus {
     #[prost(string, tag = "1")]
