@@ -8,7 +8,7 @@ import typing
 from freshroute.bound import NO_BOUND, PARAMETERS, REPLICA_LIMITS, Bound, BoundArgs, parse_limit
 from freshroute.position import Position, single
 from freshroute.wire import bound_of_read, read_bound
-from freshroute.write_tokens.token import WriteToken
+from freshroute.write_tokens.token import ReadAfter, WriteToken
 from proto import router_pb2, store_pb2
 from router.bound_message import bound_message, bound_of_message
 
@@ -167,3 +167,25 @@ def test_bounds_a_replica_judges_alike_share_a_key_and_others_do_not():
     assert judged_alike(bound, 1) != judged_alike(bound, 2)  # the position narrowed to each partition differs
     assert judged_alike(Bound(max_lag=3), 1) != judged_alike(Bound(max_lag=4), 1)
     assert judged_alike(Bound(max_staleness_ms=3), 1) != judged_alike(Bound(max_lag=3), 1)
+
+
+@pytest.mark.parametrize("bound", [NO_BOUND, Bound(max_lag=0), Bound(max_staleness_ms=500),
+                                   Bound(min_position=Position("t", {0: 3})),
+                                   Bound(max_lag=5, max_staleness_ms=500, min_position=Position("t", {1: 3}))],
+                         ids=["none", "max_lag", "max_staleness_ms", "min_position", "all three"])
+def test_a_bound_of_lag_staleness_and_position_alone_is_judged_by_the_compiled_paths(bound):
+    assert bound.compiled is True
+
+
+@pytest.mark.parametrize("bound", [Bound(wait_ms=100), Bound(after=WriteToken({"readings": {0: 7}}, {}, 1)),
+                                   Bound(version=1), Bound(max_input_lag_ms=1000),
+                                   Bound(max_lag=5, version=2),
+                                   Bound(read_after=ReadAfter("in", {0: 1}))],
+                         ids=["wait_ms", "after", "version", "max_input_lag_ms", "max_lag and version", "read_after"])
+def test_a_bound_with_any_other_parameter_is_left_to_the_python_path(bound):
+    assert bound.compiled is False
+
+
+def test_every_parameter_the_compiled_paths_judge_is_named():
+    """A new parameter is the Python path's until a compiled path judges it and says so."""
+    assert [name for name, p in PARAMETERS.items() if p.compiled] == ["max_lag", "max_staleness_ms", "min_position"]
