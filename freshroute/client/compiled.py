@@ -81,7 +81,7 @@ class CompiledReads:
         """The future of ``key`` of ``table`` (read as ``physical``, the version resolved): its Lookup, or None for
         the Python path; None at once when the Python path reads it. A future, not a coroutine: a get's every
         frame counts at 200 reads a second."""
-        if not bound.compiled or type(key) is not str:
+        if self._closed or not bound.compiled or type(key) is not str:
             return None
         position = bound.min_position
         fut: asyncio.Future[Lookup | None] = self._loop.create_future()
@@ -100,7 +100,7 @@ class CompiledReads:
                  bound: Bound) -> asyncio.Future[list[Lookup] | None] | None:
         """The future of ``keys`` of ``table`` as :meth:`get` reads one, in their order; None for the Python path
         (which also says what is wrong with a batch: too many keys, keys not text)."""
-        if not bound.compiled or not keys or len(keys) > self._policy.batch_max_keys:
+        if self._closed or not bound.compiled or not keys or len(keys) > self._policy.batch_max_keys:
             return None
         position = bound.min_position
         fut: asyncio.Future[list[Lookup] | None] = self._loop.create_future()
@@ -135,20 +135,25 @@ class CompiledReads:
 
     def _flush(self) -> None:
         self._flush_due = False
-        self._engine.flush()
+        if not self._closed:
+            self._engine.flush()
 
     def _expire(self) -> None:
         self._timer = None
-        self._after(self._engine.expire(self._loop.time()))
+        if not self._closed:
+            self._after(self._engine.expire(self._loop.time()))
 
     def received(self, address: str, data: bytes) -> None:
+        if self._closed:
+            return
         flags = self._engine.received(address, data, self._loop.time())
         if flags:
             self._after(flags)
 
     def lost(self, address: str) -> None:
         self._transports.pop(address, None)
-        self._after(self._engine.lost(address, None, self._loop.time()))
+        if not self._closed:
+            self._after(self._engine.lost(address, None, self._loop.time()))
 
     def connected(self, address: str, transport: asyncio.Transport) -> None:
         if self._closed:
@@ -158,14 +163,21 @@ class CompiledReads:
         self._engine.connected(address, transport)
 
     def close(self) -> None:
-        """Every connection closed; a read in flight goes to the Python path."""
+        """Every connection closed; a read in flight goes to the Python path at once. Called on the loop's thread."""
+        if self._closed:
+            return
         self._closed = True
         for task in self._connecting.values():
             task.cancel()
-        for transport in list(self._transports.values()):
-            transport.abort()  # connection_lost settles its reads
+        now = self._loop.time()
+        for address, transport in list(self._transports.items()):
+            self._engine.lost(address, None, now)  # its reads resolve to None
+            transport.abort()
+        self._transports.clear()
         if self._timer is not None:
             self._timer.cancel()
+            self._timer = None
+        self._engine = None  # its routing view and its transports go with it now, not with the client
 
 
 class _ReadPort(asyncio.Protocol):
