@@ -36,6 +36,8 @@ SECRET = "s3cret"
 ACTIVE_AT, STANDBY_AT = "127.0.0.1:7101", "127.0.0.1:7102"
 # No hedge unless a test asks for one: a read's timer is then its attempt's deadline.
 POLICY = RoutingPolicy(hedge=False)
+# DirectReads.get's flags (native/dataplane/src/direct.rs).
+SERVED, FLUSH, TIMER = 1, 2, 4
 
 
 class FakeTransport:
@@ -146,7 +148,7 @@ def test_a_read_goes_to_the_freshest_replica_with_its_partition_key_and_the_tabl
         r = Reads()
         flags, fut = r.get("sensor-1")
         # Written at once (the connection had no batch unanswered): no flush asked for, the deadline's timer is.
-        assert flags == dataplane_flags(served=True, timer=True)
+        assert flags == SERVED | TIMER
         assert r.ports[ACTIVE_AT].frames == [], "the active is 5 offsets behind, the standby caught up"
         [batch] = r.ports[STANDBY_AT].batches()
         [read] = batch.reads
@@ -158,17 +160,13 @@ def test_a_read_goes_to_the_freshest_replica_with_its_partition_key_and_the_tabl
     run(main)
 
 
-def dataplane_flags(served: bool = False, flush: bool = False, timer: bool = False) -> int:
-    return (1 if served else 0) | (2 if flush else 0) | (4 if timer else 0)
-
-
 def test_every_keys_partition_is_kafkas_murmur2_partition_as_freshroute_keys_computes_it():
     async def main() -> None:
         r = Reads(tables=[TableSpec("t", "t-changelog", 7, "k")])
         keys = [f"sensor-{i}" for i in range(60)] + ["", "é", "ключ", "🙂 key", "a" * 300]
         for key in keys:
             flags, fut = r.get(key)
-            assert flags & 1, key
+            assert flags & SERVED, key
             fut.cancel()  # a read its caller gave up on still leaves: the engine resolves only futures not done
         r.engine.flush()
         got = [(read.key.decode(), read.partition) for read in r.reads()]
@@ -204,7 +202,7 @@ def test_a_table_serving_a_later_version_is_read_as_that_versions_own_table():
         r = Reads(tables=tables, replicas=views("t-v2", 2, now), versions={"t": VersionedTable("t", 2, versions)})
         assert r.get("k", "t", "t")[0] == 0, "the name of the version asked is not the one served"
         flags, _ = r.get("k", "t", "t-v2")
-        assert flags & 1
+        assert flags & SERVED
         [read] = r.reads()
         assert (read.table, read.partition) == ("t-v2", partition_for(b"k", 2))
     run(main)
@@ -279,7 +277,7 @@ def test_a_read_no_replica_the_view_trusts_can_answer_within_its_bound_is_not_se
     async def main() -> None:
         r = Reads(replicas=[v for v in views("t", 4, now_ms(), active_applied=5, end=10) if v.node == "active"])
         assert r.get("k", max_lag=1)[0] == 0, "the only replica is 5 behind and its view is fresh"
-        assert r.get("k")[0] & 1, "within the table's default of 7"
+        assert r.get("k")[0] & SERVED, "within the table's default of 7"
     run(main)
 
 
@@ -422,7 +420,7 @@ def test_a_garbage_frame_or_a_refusal_of_the_connection_gives_its_reads_up_and_a
         assert r.engine.in_flight() == 0
         assert not r.engine.reaches(STANDBY_AT)
         # The next read goes to the active: the standby's connection is gone and the node backed off.
-        assert r.get("c")[0] & 1 and [read.key for read in r.reads(ACTIVE_AT)] == [b"c"]
+        assert r.get("c")[0] & SERVED and [read.key for read in r.reads(ACTIVE_AT)] == [b"c"]
     run(main)
 
 
@@ -455,9 +453,9 @@ def test_a_read_unanswered_by_its_attempt_timeout_resolves_to_none_at_due_and_no
         r = Reads(policy=RoutingPolicy(hedge=False, attempt_timeout_ms=200))
         t0 = r.loop.time()
         flags, fut = r.get("k", now=t0)
-        assert flags & 4 and r.engine.due == pytest.approx(t0 + 0.2, abs=1e-6)
+        assert flags & TIMER and r.engine.due == pytest.approx(t0 + 0.2, abs=1e-6)
         # Earlier than a millisecond before it is due: not on time, and the timer is asked for again.
-        assert r.engine.expire(t0 + 0.2 - 0.0015) == 4
+        assert r.engine.expire(t0 + 0.2 - 0.0015) == TIMER
         assert not fut.done() and r.engine.due == pytest.approx(t0 + 0.2, abs=1e-6)
         assert r.engine.expire(t0 + 0.2) == 0
         assert fut.result() is None
@@ -484,8 +482,8 @@ def test_the_timer_is_due_at_the_earliest_reads_deadline():
         t0 = r.loop.time()
         f1, first = r.get("a", now=t0)
         f2, second = r.get("b", now=t0 + 0.05)
-        assert f1 & 4 and not f2 & 4, "the timer armed for the first read is earlier"
-        assert r.engine.expire(t0 + 0.2) == 4
+        assert f1 & TIMER and not f2 & TIMER, "the timer armed for the first read is earlier"
+        assert r.engine.expire(t0 + 0.2) == TIMER
         assert first.result() is None and not second.done()
         assert r.engine.due == pytest.approx(t0 + 0.25, abs=1e-6)
         r.engine.expire(t0 + 0.25)
@@ -514,7 +512,7 @@ def test_reads_issued_while_a_batch_is_unanswered_leave_together_as_one_batch_on
         assert len(r.ports[STANDBY_AT].frames) == 1
         f2, second = r.get("b")
         f3, third = r.get("c")
-        assert f2 & 2 and f3 & 2, "each asks for a flush"
+        assert f2 & FLUSH and f3 & FLUSH, "each asks for a flush"
         assert len(r.ports[STANDBY_AT].frames) == 1, "nothing written before the flush"
         r.engine.flush()
         batches = r.ports[STANDBY_AT].batches()
@@ -556,7 +554,7 @@ def test_a_slow_read_is_hedged_to_the_next_replica_and_the_first_answer_wins():
         r.engine.expire(t0)  # the warm reads' timers, all past
         assert r.engine.due is None
         flags, fut = r.get("slow", now=t0)
-        assert flags & 4 and r.engine.due == pytest.approx(t0 + 0.02, abs=1e-6)
+        assert flags & TIMER and r.engine.due == pytest.approx(t0 + 0.02, abs=1e-6)
         r.engine.expire(t0 + 0.02)
         [hedge] = r.reads(ACTIVE_AT)
         assert hedge.key == b"slow" and r.engine.hedges() == 1
