@@ -3,6 +3,7 @@ answered alike — lookups it serves itself, and everything it relays or hands o
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import ssl
@@ -13,12 +14,15 @@ import httpx
 import orjson
 import pytest
 
+from freshroute.bound import NO_BOUND
+from freshroute.client import AsyncClient
 from freshroute.position import Position
 from tools.local.certs import issue, make_ca
 from tools.local.services import free_port
 
 from .data_plane_support import BURST, GOOD, NARROW, RATE, RATED, bearer, metrics, write_auth_file
-from .router_deployment import KEYS, LAYOUT, TABLE, WATERMARK_MS, WINDOW_STARTS, WINDOWED, Deployment, Procs, value_of
+from .router_deployment import (KEYS, LAYOUT, NODES, TABLE, WATERMARK_MS, WINDOW_STARTS, WINDOWED, Deployment, Procs,
+                                value_of)
 
 pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark, no shared stack: runs beside the others
 
@@ -183,6 +187,51 @@ def test_positions_are_served_here_and_what_they_refuse_is_answered_as_the_pytho
         got, want = compiled.json()["error"], reference.json()["error"]
         assert (got["code"], got.get("field")) == (want["code"], want.get("field"))
     assert metrics(d.rest)[relayed] == before[relayed] + 2
+
+
+def test_the_clients_compiled_reads_answer_as_its_python_path_does(routers):
+    """A client reading the store nodes through DirectReads (freshroute.client.compiled) and one reading them by its
+    Python path give the same answers, labelled with a replica of the key's partition; a bound the compiled path does
+    not judge is still answered, by the Python path."""
+    d, _ = routers
+    keys = [f"sensor-{i}" for i in range(KEYS)] + [f"absent-{i}" for i in range(10)]
+
+    async def main() -> None:
+        async with AsyncClient(d.redis_url, namespace=d.namespace) as compiled, \
+                AsyncClient(d.redis_url, namespace=d.namespace) as python:
+            assert compiled._compiled is not None, "the extension is built: the compiled path is on"
+            if python._compiled is not None:
+                python._compiled.close()
+            python._compiled = None  # every read by the Python path
+            await compiled.get(TABLE, "sensor-0")  # the first view is in, and the read ports are being connected
+            deadline = time.monotonic() + 10
+            while len(compiled._compiled._transports) < len(NODES):
+                assert time.monotonic() < deadline, "the client never reached every node's read port"
+                await asyncio.sleep(0.05)
+            # Asked directly, the compiled path answers every key itself (None would hand it to the Python path).
+            direct = [await compiled._compiled.get(TABLE, TABLE, key, NO_BOUND) for key in keys]
+            assert all(answer is not None for answer in direct), [k for k, a in zip(keys, direct) if a is None]
+            got = [await compiled.get(TABLE, key) for key in keys]
+            want = [await python.get(TABLE, key) for key in keys]
+            for key, a, b, c in zip(keys, direct, got, want):
+                fields = [(x.table, x.key, x.found, x.value, x.partition, x.value_format) for x in (a, b, c)]
+                assert fields[0] == fields[1] == fields[2], key
+                assert (a.found, a.value) == ((True, value_of(int(key[7:]))) if key.startswith("sensor-")
+                                              else (False, None))
+                for x in (a, b, c):
+                    # Replicas of the layout, caught up: either may answer, with its own labels.
+                    assert x.node in LAYOUT[x.partition] and x.role in ("active", "standby"), x
+                    assert x.lag_offsets is not None and x.lag_offsets >= 0 and x.lag_ms is not None, x
+                    assert x.applied_offset > 0 and x.table_version == 1, x
+            assert compiled._compiled._engine.in_flight() == 0
+            # A wait and a version are the Python path's to judge: the compiled client still answers them.
+            for limits in ({"wait_ms": 500}, {"version": 1}, {"max_input_lag_ms": 60_000}):
+                answer = await compiled.get(TABLE, "sensor-5", **limits)
+                assert (answer.found, answer.value, answer.node in LAYOUT[answer.partition]) == (
+                    True, value_of(5), True), limits
+            assert compiled._compiled._engine.in_flight() == 0
+
+    asyncio.run(main())
 
 
 @pytest.fixture(scope="module")
