@@ -198,18 +198,20 @@ def test_the_clients_compiled_reads_answer_as_its_python_path_does(routers):
 
     async def main() -> None:
         async with AsyncClient(d.redis_url, namespace=d.namespace) as compiled, \
-                AsyncClient(d.redis_url, namespace=d.namespace) as python:
+                AsyncClient(d.redis_url, namespace=d.namespace, compiled=False) as python:
             assert compiled._compiled is not None, "the extension is built: the compiled path is on"
-            if python._compiled is not None:
-                python._compiled.close()
-            python._compiled = None  # every read by the Python path
+            assert python._compiled is None  # every read by the Python path
             await compiled.get(TABLE, "sensor-0")  # the first view is in, and the read ports are being connected
             deadline = time.monotonic() + 10
             while len(compiled._compiled._transports) < len(NODES):
                 assert time.monotonic() < deadline, "the client never reached every node's read port"
                 await asyncio.sleep(0.05)
             # Asked directly, the compiled path answers every key itself (None would hand it to the Python path).
-            direct = [await compiled._compiled.get(TABLE, TABLE, key, NO_BOUND) for key in keys]
+            direct = []
+            for key in keys:
+                pending = compiled._compiled.get(TABLE, TABLE, key, NO_BOUND)
+                assert pending is not None, f"the compiled path took {key}"
+                direct.append(await pending)
             assert all(answer is not None for answer in direct), [k for k, a in zip(keys, direct) if a is None]
             got = [await compiled.get(TABLE, key) for key in keys]
             want = [await python.get(TABLE, key) for key in keys]
@@ -223,6 +225,13 @@ def test_the_clients_compiled_reads_answer_as_its_python_path_does(routers):
                     assert x.node in LAYOUT[x.partition] and x.role in ("active", "standby"), x
                     assert x.lag_offsets is not None and x.lag_offsets >= 0 and x.lag_ms is not None, x
                     assert x.applied_offset > 0 and x.table_version == 1, x
+            # A batch, likewise: the compiled path reads it whole, and it answers as the Python path's does.
+            batch = compiled._compiled.get_many(TABLE, TABLE, keys, NO_BOUND)
+            assert batch is not None
+            many = await batch
+            assert many is not None, "every group answered"
+            assert [(x.key, x.found, x.value, x.partition) for x in many] == \
+                [(x.key, x.found, x.value, x.partition) for x in await python.get_many(TABLE, keys)]
             assert compiled._compiled._engine.in_flight() == 0
             # A wait and a version are the Python path's to judge: the compiled client still answers them.
             for limits in ({"wait_ms": 500}, {"version": 1}, {"max_input_lag_ms": 60_000}):

@@ -99,7 +99,9 @@ struct Batch {
     attempts: Vec<Attempt>,
 }
 
-#[pyclass(unsendable, module = "freshroute_dataplane")]
+/// Sendable: a client may be dropped on another thread than its loop's (a blocking client's caller), and pyo3's borrow
+/// check keeps two threads from using one at once.
+#[pyclass(module = "freshroute_dataplane")]
 pub struct DirectReads {
     config: Config,
     snapshot: Arc<Snapshot>,
