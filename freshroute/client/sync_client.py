@@ -30,6 +30,7 @@ from freshroute.routing.selection import Candidate
 from freshroute.client.arguments import ScanRange, batch_keys
 from freshroute.client.async_client import AsyncClient
 from freshroute.client.blocking import R, BlockingStore, Request, run_blocking
+from freshroute.client.compiled_blocking import BlockingCompiledReads, blocking_compiled_reads
 from freshroute.client.lookup import AsOfLookup, KeyVersions, Lookup, Windows
 from freshroute.client.positions import Positions
 from freshroute.client.router import FALL_BACK
@@ -49,22 +50,27 @@ class Client:
     """Reads a freshroute cluster's tables from its store nodes (see :class:`AsyncClient`), from any number of threads.
 
     ``with Client(redis_url="redis://…") as client: client.get("table", "key")``
+
+    ``compiled`` (default True): key reads and batches take the compiled path where it is built, on the calling
+    thread (:mod:`freshroute.client.compiled_blocking`); False reads by the Python path alone.
     """
 
     def __init__(self, redis_url: str | None = None, *, router: str | None = None, namespace: str = "freshroute",
                  redis_sentinels: str | None = None, redis_master_name: str | None = None,
                  token: str | None = None, ca: str | None = None, cert: str | None = None, key: str | None = None,
                  cluster_secret: str | None = None, policy: RoutingPolicy | None = None, refresh_ms: int = 150,
-                 connect_timeout_s: float = 5.0, metrics: Any = None, monotonic: bool = True) -> None:
+                 connect_timeout_s: float = 5.0, metrics: Any = None, monotonic: bool = True,
+                 compiled: bool = True) -> None:
         self._async = AsyncClient(redis_url, router=router, namespace=namespace, redis_sentinels=redis_sentinels,
                                   redis_master_name=redis_master_name, token=token, ca=ca, cert=cert, key=key,
                                   cluster_secret=cluster_secret, policy=policy, refresh_ms=refresh_ms,
                                   connect_timeout_s=connect_timeout_s, metrics=metrics, monotonic=monotonic,
-                                  compiled=False)  # this client reads by its own blocking driver
+                                  compiled=False)  # this client reads on the calling thread, by its own drivers
         self.policy = self._async.policy
         self._positions = self._async.read_positions  # the async client's: one client, one memory of what it read
         self._local = threading.local()
-        self._stores: list[BlockingStore] = []
+        self._stores: list[BlockingStore | BlockingCompiledReads] = []
+        self._use_compiled, self._connect_timeout_s = compiled, connect_timeout_s
         self._lock = threading.Lock()
         self._closed = False
         self._loop = asyncio.new_event_loop()
@@ -111,7 +117,7 @@ class Client:
         """Why the latest read that the router answered did not read the store nodes (None: none did)."""
         return self._async.fallback_cause
 
-    def _thread_core(self) -> tuple[RoutingCore, BlockingStore]:
+    def _thread_core(self) -> tuple[RoutingCore, BlockingStore, BlockingCompiledReads | None]:
         if self._closed:
             raise ClientClosed("this client is closed")
         self._async.wait_for_metadata()
@@ -122,11 +128,15 @@ class Client:
             # The core's own (asyncio) store is never used on this thread: reads go through ``store``.
             metrics = self._async.metrics.counts() if self._async.metrics is not None else None
             assert self._async.core is not None  # started: the client's constructor started it
+            compiled = blocking_compiled_reads(self._async.direct_policy, self._async.access, metadata, metrics,
+                                               self._connect_timeout_s) if self._use_compiled else None
             mine = self._local.core = (RoutingCore(self._async.direct_policy, metadata, self._async.core.store,
                                                    metrics=metrics),
-                                       store)
+                                       store, compiled)
             with self._lock:
                 self._stores.append(store)
+                if compiled is not None:
+                    self._stores.append(compiled)
         return mine
 
     # ---- reads --------------------------------------------------------------------------
@@ -149,9 +159,12 @@ class Client:
         :meth:`AsyncClient.get`)."""
         if as_of is not None:
             return self._call(self._async.get(table, key, bound=bound, as_of=as_of, **limits))
-        core, store = self._thread_core()
+        core, store, compiled = self._thread_core()
         bound = self._positions.bound(table, bound, limits)
-        table = core.resolved(table, bound)  # the version read: its input lag and format label the answer
+        name, table = table, core.resolved(table, bound)  # the version read: its input lag and format label the answer
+        if compiled is not None and self._async.fallback.direct() and \
+                (lookup := compiled.get(name, table, key, bound)) is not None:
+            return self._positions.seen(lookup)
         deadline = self._async.deadline(bound)
         cause = None
         if self._async.fallback.direct():
@@ -180,11 +193,14 @@ class Client:
         :meth:`AsyncClient.get`)."""
         if as_of is not None:
             return self._call(self._async.get_many(table, keys, bound=bound, as_of=as_of, **limits))
-        core, store = self._thread_core()
+        core, store, compiled = self._thread_core()
         bound = self._positions.bound(table, bound, limits)
-        table = core.resolved(table, bound)
-        deadline = self._async.deadline(bound)
+        name, table = table, core.resolved(table, bound)
         keys = batch_keys(keys)
+        if compiled is not None and self._async.fallback.direct() and \
+                (read := compiled.get_many(name, table, keys, bound)) is not None:
+            return self._positions.seen_all(read)
+        deadline = self._async.deadline(bound)
         cause = None
         if self._async.fallback.direct():
             started = time.perf_counter()
@@ -240,7 +256,7 @@ class Client:
                 **limits: Unpack[BoundArgs]) -> Windows:
         """A windowed table's windows of ``key`` whose start is in ``[from_ms, to_ms)``, from one replica within the
         bound."""
-        core, store = self._thread_core()
+        core, store, _ = self._thread_core()
         bound = self._positions.bound(table, bound, limits)
         table = core.resolved(table, bound)
         deadline = self._async.deadline(bound)

@@ -282,7 +282,8 @@ impl DirectReads {
         self.batches.insert(id, Batch { fut, keys: keys.unbind(), snap: snap.clone(), table: table.to_owned(),
                                         groups: Vec::with_capacity(plans.len()), answers, left: plans.len(),
                                         attempts: Vec::new() });
-        let mut flags = SERVED;
+        // Every group queued before any leaves: a node's groups travel in one frame.
+        let mut touched: Vec<String> = Vec::new();
         for (group, (partition, indices, cand, address, mut read)) in plans.into_iter().enumerate() {
             self.batches.get_mut(&id).expect("inserted above").groups.push((partition, indices));
             let attempt = self.next_id;
@@ -295,7 +296,13 @@ impl DirectReads {
             let conn = self.conns.get_mut(&address).expect("planned only for a node reached");
             conn.waiting.insert(attempt, Waiter { owner: id, group: Some(group), cand, sent: now });
             conn.outbox.groups.push(read);
-            if conn.unanswered == 0 {
+            if !touched.contains(&address) {
+                touched.push(address);
+            }
+        }
+        let mut flags = SERVED;
+        for address in touched {
+            if self.conns[&address].unanswered == 0 {
                 self.write(py, &address)?;
             } else {
                 flags |= FLUSH;
