@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import time
 
+import orjson
 import pytest
 
 from freshroute.cluster_access import NodeAccess
 from freshroute.bound import NO_BOUND, Bound
 from freshroute.metadata.roles import Role
 
+from .read_port_support import ReadPort
 from .routing_support import KEYS, TABLE, Cluster, part
-from .test_client_blocking import ReadPort, value
 
 pytest.importorskip("freshroute_dataplane", reason="the compiled path is built by ./dev (native/dataplane)")
+
+
+def value(i):
+    return orjson.dumps({"count": i, "avg": i / 2})
 
 
 @pytest.fixture
