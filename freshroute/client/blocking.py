@@ -13,12 +13,12 @@ from __future__ import annotations
 import itertools
 import select
 import socket
-import ssl
 import time
 from typing import Generic, TypeVar, cast
 
 from google.protobuf.message import DecodeError
 
+from freshroute.client import nonblocking
 from freshroute.cluster_access import NodeAccess
 from freshroute.errors import FreshrouteError, ReplicaUnavailable
 from freshroute.bound import Bound
@@ -38,11 +38,12 @@ R = TypeVar("R", ReadResult, GroupResult, RangeResult)
 class _Connection:
     """One TCP connection to a read port, carrying one attempt at a time."""
 
-    __slots__ = ("node", "sock", "frames", "request", "hello")
+    __slots__ = ("node", "sock", "frames", "request", "hello", "write_timeout_s")
 
-    def __init__(self, node: str, sock: socket.socket, hello: bytes = b"") -> None:
+    def __init__(self, node: str, sock: socket.socket, write_timeout_s: float, hello: bytes = b"") -> None:
         self.node = node
-        self.sock = sock
+        self.sock = nonblocking.connected(sock)
+        self.write_timeout_s = write_timeout_s
         self.frames = FrameReader()
         self.request: AnyRequest | None = None
         self.hello = hello  # merged into the first frame: serialized messages concatenate as a merge
@@ -53,21 +54,20 @@ class _Connection:
     def send(self, request: AnyRequest) -> None:
         self.request = request
         if self.hello:
-            self.sock.sendall(frame(request.payload + self.hello))
+            nonblocking.send(self.sock, frame(request.payload + self.hello), self.write_timeout_s)
             self.hello = b""
         else:
-            self.sock.sendall(request.frame)
+            nonblocking.send(self.sock, request.frame, self.write_timeout_s)
 
     def receive(self) -> ReadResult | GroupResult | RangeResult | None:
         """The answer, once all of it has arrived (None: not yet).
 
         Raises OSError, FrameError, DecodeError, or ReplicaUnavailable for an answer that does not fit the request."""
-        data = self.sock.recv(1 << 16)
+        data = nonblocking.receive(self.sock)
+        if data is None:
+            return None
         if not data:
             raise ConnectionResetError("connection closed by the node")
-        if isinstance(self.sock, ssl.SSLSocket):
-            while self.sock.pending():  # decrypted already, so select() would not report it
-                data += self.sock.recv(1 << 16)
         payloads = self.frames.feed(data)
         if not payloads:
             return None
@@ -140,7 +140,7 @@ class BlockingStore:
         conn = idle.pop() if idle else None
         try:
             if conn is None:
-                conn = _Connection(node, self._connect(node, deadline), self._hello)
+                conn = _Connection(node, self._connect(node, deadline), self._connect_timeout_s, self._hello)
             conn.send(request)
             return conn
         except OSError as e:

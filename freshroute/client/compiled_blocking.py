@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import select
 import socket
-import ssl
 import time
 from typing import Any
 
@@ -16,6 +15,7 @@ import orjson
 
 from freshroute.bound import Bound
 from freshroute.cluster_access import NodeAccess
+from freshroute.client import nonblocking
 from freshroute.client.lookup import Lookup
 from freshroute.routing.compiled_view import policy_doc, snapshot_doc
 from freshroute.routing.counts import Metrics
@@ -42,17 +42,17 @@ class _Answer:
 
 
 class _Port:
-    """A blocking socket to one read port as the engine's transport: it writes whole frames, and is aborted by
-    closing (a write that fails closes it too: the next wait finds it gone and tells the engine)."""
+    """A socket to one read port as the engine's transport: it writes whole frames, and is aborted by closing (a write
+    that fails closes it too: the next wait finds it gone and tells the engine)."""
 
-    __slots__ = ("address", "sock")
+    __slots__ = ("address", "sock", "write_timeout_s")
 
-    def __init__(self, address: str, sock: socket.socket) -> None:
-        self.address, self.sock = address, sock
+    def __init__(self, address: str, sock: socket.socket, write_timeout_s: float) -> None:
+        self.address, self.sock, self.write_timeout_s = address, sock, write_timeout_s
 
     def write(self, data: bytes) -> None:
         try:
-            self.sock.sendall(data)
+            nonblocking.send(self.sock, data, self.write_timeout_s)
         except OSError:
             self.sock.close()
 
@@ -109,8 +109,7 @@ class BlockingCompiledReads:
             except BaseException:
                 sock.close()
                 raise
-        sock.settimeout(None)  # select() says when it is readable; a frame's write does not wait long
-        self._ports[address] = _Port(address, sock)
+        self._ports[address] = _Port(address, nonblocking.connected(sock), self._connect_timeout_s)
         self._engine.connected(address, self._ports[address])
 
     def get(self, table: str, physical: str, key: str, bound: Bound) -> Lookup | None:
@@ -170,12 +169,11 @@ class BlockingCompiledReads:
 
     def _receive(self, port: _Port, now: float) -> None:
         try:
-            data = port.sock.recv(1 << 16)
-            if isinstance(port.sock, ssl.SSLSocket):
-                while port.sock.pending():  # decrypted already, so select() would not report it
-                    data += port.sock.recv(1 << 16)
+            data = nonblocking.receive(port.sock)
         except OSError:
             data = b""
+        if data is None:
+            return
         if not data:
             self._lost(port)
             return

@@ -46,25 +46,28 @@ def answer(node, batch):
 
 
 class ReadPort:
-    """A thread serving one fake node's read port; ``mode`` is how it answers: ok, garbage, close or silent."""
+    """A thread serving one fake node's read port; ``mode`` is how it answers: ok, garbage, close or silent. With
+    ``tls`` (a server's SSLContext) it speaks TLS, as a secure node's does: TLS 1.3 sends session tickets after the
+    handshake, bytes that hold no data."""
 
-    def __init__(self, node, mode="ok"):
+    def __init__(self, node, mode="ok", tls=None):
         self.node, self.mode, self.requests = node, mode, 0
         port_self = self
 
         class Handler(socketserver.BaseRequestHandler):
             def handle(self):
                 frames = FrameReader()
-                while data := self.request.recv(65536):
+                sock = self.request if tls is None else tls.wrap_socket(self.request, server_side=True)
+                while data := sock.recv(65536):
                     for payload in frames.feed(data):
                         port_self.requests += 1
                         if port_self.mode == "garbage":
-                            self.request.sendall(frame(b"\xff\xff\xff"))
+                            sock.sendall(frame(b"\xff\xff\xff"))
                         elif port_self.mode == "close":
                             return
                         elif port_self.mode == "ok":
                             batch = store_pb2.ReadBatch.FromString(payload)
-                            self.request.sendall(frame(answer(port_self.node, batch).SerializeToString()))
+                            sock.sendall(frame(answer(port_self.node, batch).SerializeToString()))
 
         self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True

@@ -11,11 +11,15 @@ import orjson
 import pytest
 
 from freshroute.client.blocking import BlockingStore, Request, run_blocking
+from freshroute.cluster_access import NodeAccess
 from freshroute.errors import NoReplicaWithinBound, ReplicaUnavailable
 from freshroute.bound import NO_BOUND, Bound
 from freshroute.keys import serialize_key
 from freshroute.metadata.roles import Role
+from freshroute.tls import ClientTLS, ServerTLS
 from freshroute.wire import ReadStatus
+
+from tools.local.certs import issue, make_ca
 
 from .read_port_support import ReadPort
 from .routing_support import KEYS, TABLE, Cluster, part
@@ -42,6 +46,27 @@ def value(i):
 def get(cluster, store, key, bound=NO_BOUND):
     _, raw, plan = cluster.router.plan_get(TABLE, key, bound, time.monotonic())
     return run_blocking(store, [(plan, Request.get(TABLE, plan.partition, raw, plan.bound))])[0]
+
+
+@pytest.mark.timeout(20)
+def test_over_tls_each_read_is_answered_on_its_own_connection(tmp_path):
+    from router.settings import RouterSettings
+
+    ca = make_ca(tmp_path)
+    cert = issue(ca, tmp_path, "node", "127.0.0.1")
+    cluster = Cluster(RouterSettings(request_timeout_ms=1000, attempt_timeout_ms=300, hedge=False))
+    ports = [ReadPort(n, tls=ServerTLS(cert.cert, cert.key).context) for n in (cluster.n1, cluster.n2)]
+    cluster.refresh()
+    store = BlockingStore(cluster.metadata, NodeAccess("", ClientTLS(ca=ca.cert)))
+    try:
+        for i in range(6):  # the connections kept, each with a session ticket read before an answer
+            cand, r = get(cluster, store, KEYS[i])
+            assert (r.status, r.value) == (ReadStatus.OK, value(i))
+        assert sum(p.requests for p in ports) == 6
+    finally:
+        store.close()
+        for p in ports:
+            p.close()
 
 
 def test_a_get_and_a_batch_read_every_key_from_the_read_ports(world):

@@ -11,6 +11,8 @@ import pytest
 from freshroute.cluster_access import NodeAccess
 from freshroute.bound import NO_BOUND, Bound
 from freshroute.metadata.roles import Role
+from freshroute.tls import ClientTLS, ServerTLS
+from tools.local.certs import issue, make_ca
 
 from .read_port_support import ReadPort
 from .routing_support import KEYS, TABLE, Cluster, part
@@ -24,13 +26,24 @@ def value(i):
 
 @pytest.fixture
 def world():
+    yield from reads_over(None, NodeAccess(""))
+
+
+@pytest.fixture
+def tls_world(tmp_path):
+    ca = make_ca(tmp_path)
+    node = issue(ca, tmp_path, "node", "127.0.0.1")
+    yield from reads_over(ServerTLS(node.cert, node.key).context, NodeAccess("", ClientTLS(ca=ca.cert)))
+
+
+def reads_over(tls, access):
     from freshroute.client.compiled_blocking import blocking_compiled_reads
     from router.settings import RouterSettings
 
     cluster = Cluster(RouterSettings(request_timeout_ms=1000, attempt_timeout_ms=300, hedge=False))
-    ports = {n.node: ReadPort(n) for n in (cluster.n1, cluster.n2)}
+    ports = {n.node: ReadPort(n, tls=tls) for n in (cluster.n1, cluster.n2)}
     cluster.refresh()
-    reads = blocking_compiled_reads(cluster.router.policy, NodeAccess(""), cluster.metadata, None, 1.0)
+    reads = blocking_compiled_reads(cluster.router.policy, access, cluster.metadata, None, 1.0)
     assert reads is not None
     yield cluster, ports, reads
     reads.close()
@@ -51,6 +64,20 @@ def test_a_get_and_a_batch_read_their_keys_on_the_calling_thread(world):
     assert [(x.key, x.raw_value) for x in batch] == [(k, value(i)) for i, k in enumerate(KEYS[:6])] + [("nobody", None)]
     # One connection per node, kept: a get's one frame, a batch's groups one frame per node they go to.
     assert sum(p.requests for p in ports.values()) == 2 + len({x.node for x in batch})
+
+
+@pytest.mark.timeout(20)  # a blocking read of a ticket's bytes waits for ever
+def test_over_tls_a_read_waits_only_on_data_not_on_the_bytes_a_session_ticket_sends(tls_world):
+    # Every node's connection is open and waited on; those a read did not go to have only their tickets to read.
+    _, ports, reads = tls_world
+    t0 = time.monotonic()
+    for i in range(4):
+        got = reads.get(TABLE, TABLE, KEYS[i], NO_BOUND)
+        assert got is not None and got.raw_value == value(i)
+    batch = reads.get_many(TABLE, TABLE, KEYS[:6], NO_BOUND)
+    assert batch is not None and [x.raw_value for x in batch] == [value(i) for i in range(6)]
+    assert time.monotonic() - t0 < 0.25  # no attempt timed out (300 ms each)
+    assert sum(p.requests for p in ports.values()) == 4 + len({x.node for x in batch})
 
 
 def test_a_bound_it_does_not_judge_is_left_to_the_python_path(world):
