@@ -170,10 +170,11 @@ class AsyncClient(VersionedReads):
             return self.policy
         return replace(self.policy, request_timeout_ms=max(1, self.policy.request_timeout_ms // 2))
 
-    def deadline(self, bound: Bound) -> float:
-        """When a read that starts now must have its answer, the router's included (``time.monotonic()``): the
-        request timeout, or the caller's ``wait_ms`` for its events or position."""
-        return time.monotonic() + (bound.wait_ms or self.policy.request_timeout_ms) / 1000
+    def deadline(self, bound: Bound, since: float | None = None) -> float:
+        """When a read that starts now (or began ``since``) must have its answer, the router's included
+        (``time.monotonic()``): the request timeout, or the caller's ``wait_ms`` for its events or position."""
+        start = time.monotonic() if since is None else since
+        return start + (bound.wait_ms or self.policy.request_timeout_ms) / 1000
 
     # ---- reads --------------------------------------------------------------------------
 
@@ -196,18 +197,19 @@ class AsyncClient(VersionedReads):
         core = await self._ready()
         bound = self.read_positions.bound(table, bound, limits)
         name, table = table, core.resolved(table, bound)  # the version read: its input lag and format label the answer
-        compiled = self._compiled
+        compiled, since = self._compiled, time.monotonic()  # a compiled attempt and what follows it share one budget
         if as_of is None and compiled is not None and self.fallback.direct():
             pending = compiled.get(name, table, key, bound)
             if pending is not None and (answer := await pending) is not None:
                 return self.read_positions.seen(answer)
-        deadline = self.deadline(bound)
+        deadline = self.deadline(bound, since)
         if as_of is not None:
             return await self._as_of(core, table, key, time_ms("as_of", as_of), bound, deadline)
         cause = None
         if self.fallback.direct():
             try:
-                result = Lookup.of(await core.get(table, key, bound), core.input_lag(table), core.value_format(table))
+                result = Lookup.of(await core.get(table, key, bound, since), core.input_lag(table),
+                                   core.value_format(table))
             except FALL_BACK as e:
                 if self.router is None:
                     raise
@@ -225,19 +227,19 @@ class AsyncClient(VersionedReads):
         bound = self.read_positions.bound(table, bound, limits)
         name, table = table, core.resolved(table, bound)
         keys = batch_keys(keys)
-        compiled = self._compiled
+        compiled, since = self._compiled, time.monotonic()
         if as_of is None and compiled is not None and self.fallback.direct():
             batch = compiled.get_many(name, table, keys, bound)
             if batch is not None and (answers := await batch) is not None:
                 return self.read_positions.seen_all(answers)
-        deadline = self.deadline(bound)
+        deadline = self.deadline(bound, since)
         if as_of is not None:
             return self.read_positions.seen_all(await self._many_as_of(core, table, keys, time_ms("as_of", as_of), bound, deadline))
         cause = None
         if self.fallback.direct():
             lag, fmt = core.input_lag(table), core.value_format(table)
             results = await core.batch_get(table, keys, bound, Lookup.group if not lag[0] and fmt == "json" else
-                                           lambda t, k, p, c, a: Lookup.group(t, k, p, c, a, lag, fmt))
+                                           lambda t, k, p, c, a: Lookup.group(t, k, p, c, a, lag, fmt), since)
             cause = next((r for r in results if isinstance(r, FALL_BACK)), None)
             if self.router is None or cause is None:
                 return self.read_positions.seen_all(results)

@@ -162,15 +162,16 @@ class Client:
         core, store, compiled = self._thread_core()
         bound = self._positions.bound(table, bound, limits)
         name, table = table, core.resolved(table, bound)  # the version read: its input lag and format label the answer
+        since = time.monotonic()  # a compiled attempt and what follows it share one budget
         if compiled is not None and self._async.fallback.direct() and \
                 (lookup := compiled.get(name, table, key, bound)) is not None:
             return self._positions.seen(lookup)
-        deadline = self._async.deadline(bound)
+        deadline = self._async.deadline(bound, since)
         cause = None
         if self._async.fallback.direct():
             started = time.perf_counter()
             try:
-                spec, raw_key, plan = core.plan_get(table, key, bound, time.monotonic())
+                spec, raw_key, plan = core.plan_get(table, key, bound, time.monotonic(), since)
                 answer = _read_one(store, plan, Request.get(table, plan.partition, raw_key, plan.bound))
             except FreshrouteError as e:
                 count(core.metrics, started, e)
@@ -197,16 +198,17 @@ class Client:
         bound = self._positions.bound(table, bound, limits)
         name, table = table, core.resolved(table, bound)
         keys = batch_keys(keys)
+        since = time.monotonic()
         if compiled is not None and self._async.fallback.direct() and \
                 (read := compiled.get_many(name, table, keys, bound)) is not None:
             return self._positions.seen_all(read)
-        deadline = self._async.deadline(bound)
+        deadline = self._async.deadline(bound, since)
         cause = None
         if self._async.fallback.direct():
             started = time.perf_counter()
             spec, resolved, groups, raw_keys = core.group_keys(table, keys, bound)
             now = time.monotonic()
-            direct_deadline = now + self._async.direct_policy.request_timeout_ms / 1000
+            direct_deadline = since + self._async.direct_policy.request_timeout_ms / 1000
             jobs = [(core.plan_group(table, p, resolved, now, direct_deadline),
                      Request.group(table, p, [raw_keys[i] for i in idx], resolved)) for p, idx in groups.items()]
             out: list[Lookup | FreshrouteError | None] = [None] * len(keys)

@@ -168,12 +168,15 @@ class RoutingCore:
         selection = self.selector.select(self.metadata.current.replicas_of(table, partition), bound)
         return self.attempts.plan(table, partition, bound, selection, timeout_s, latency, now)
 
-    def plan_get(self, table: str, key: str, bound: Bound, now: float) -> tuple[TableSpec, bytes, AttemptPlan]:
-        """(spec, key bytes, plan) of a point get; the spec's name is the table read."""
+    def plan_get(self, table: str, key: str, bound: Bound, now: float,
+                 since: float | None = None) -> tuple[TableSpec, bytes, AttemptPlan]:
+        """(spec, key bytes, plan) of a point get; the spec's name is the table read. ``since``: when the read began,
+        if before ``now`` (a compiled attempt first), so that it keeps one budget."""
         spec = self.keyed(self.resolved(table, bound))
         raw_key, partition = locate(key, spec.partitions, spec.key_format)
+        timeout_s = self._timeout_s if since is None else max(0.0, since + self._timeout_s - now)
         return spec, raw_key, self.plan(spec.name, partition, self.bound_for(spec, bound), self.get_latency,
-                                        self._timeout_s, now)
+                                        timeout_s, now)
 
     def group_keys(self, table: str, keys: list[str], bound: Bound) -> tuple[TableSpec, Bound, dict[int, list[int]], list[bytes]]:
         """A batch's table (its name the table read), bound, and key indices grouped by partition (with the keys'
@@ -199,11 +202,12 @@ class RoutingCore:
 
     # ---- reads ---------------------------------------------------------------------------
 
-    async def get(self, table: str, key: str, bound: Bound = NO_BOUND) -> LookupResult:
-        """Read one key from the freshest live replica within the bound; ``found`` False if absent."""
+    async def get(self, table: str, key: str, bound: Bound = NO_BOUND, since: float | None = None) -> LookupResult:
+        """Read one key from the freshest live replica within the bound; ``found`` False if absent. ``since``: when
+        the read began (``time.monotonic()``), if earlier than now, its budget counted from then."""
         started = time.perf_counter()
         try:
-            spec, raw_key, plan = self.plan_get(table, key, bound, time.monotonic())
+            spec, raw_key, plan = self.plan_get(table, key, bound, time.monotonic(), since)
             partition, bound, table = plan.partition, plan.bound, spec.name
             read = self.store.read
             cand, answer = await run(plan, lambda c: read(c.replica.address, table, partition, raw_key, bound))
@@ -214,25 +218,27 @@ class RoutingCore:
 
     @overload
     async def batch_get(self, table: str, keys: list[str], bound: Bound = NO_BOUND,
-                        answers: None = None) -> list[LookupResult | FreshrouteError]: ...
+                        answers: None = None, since: float | None = None) -> list[LookupResult | FreshrouteError]: ...
 
     @overload
     async def batch_get(self, table: str, keys: list[str], bound: Bound,
-                        answers: GroupAnswers[T]) -> list[T | FreshrouteError]: ...
+                        answers: GroupAnswers[T], since: float | None = None) -> list[T | FreshrouteError]: ...
 
     async def batch_get(self, table: str, keys: list[str], bound: Bound = NO_BOUND,
-                        answers: GroupAnswers[T] | None = None) -> list[T | FreshrouteError]:
+                        answers: GroupAnswers[T] | None = None,
+                        since: float | None = None) -> list[T | FreshrouteError]:
         """Read many keys, one group per partition in parallel; per-key results (or errors) in request order.
 
         ``answers`` turns one group's answer into its keys' results (default: :func:`group_lookups`,
-        giving :class:`LookupResult`); a key no replica could answer is its :class:`FreshrouteError`.
+        giving :class:`LookupResult`); a key no replica could answer is its :class:`FreshrouteError`. ``since``: as
+        :meth:`get`'s.
         """
         started = time.perf_counter()
         spec, bound, groups, raw_keys = self.group_keys(table, keys, bound)
         table = spec.name
         results: list[T | FreshrouteError | None] = [None] * len(keys)
         now = time.monotonic()
-        deadline = now + self._timeout_s
+        deadline = (now if since is None else since) + self._timeout_s
         make = answers or cast("GroupAnswers[T]", group_lookups)  # without answers, T is LookupResult
         parts = list(groups.items())
         plans = [self.plan_group(table, p, bound, now, deadline) for p, _ in parts]

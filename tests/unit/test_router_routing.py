@@ -67,6 +67,22 @@ async def test_deadline_raises_lookup_timeout_and_releases_in_flight_counts():
     assert all(load.in_flight == 0 for load in cluster.router.load.snapshot().values())
 
 
+async def test_a_read_begun_earlier_keeps_one_budget_counted_from_when_it_began():
+    # A compiled attempt that gave up hands the read on: what remains of its budget, not a fresh one.
+    cluster = Cluster(RouterSettings(request_timeout_ms=300, attempt_timeout_ms=100, hedge=False))
+    cluster.n1.delay_s = cluster.n2.delay_s = 1.0
+    t0 = time.monotonic()
+    with pytest.raises(LookupTimeout):
+        await cluster.router.get(TABLE, "sensor-1", since=t0 - 0.2)
+    assert time.monotonic() - t0 < 0.2  # 100 ms left, not 300
+    t0 = time.monotonic()
+    batch = await cluster.router.batch_get(TABLE, ["sensor-1", "sensor-2"], since=t0 - 0.2)
+    assert time.monotonic() - t0 < 0.2 and all(isinstance(r, LookupTimeout) for r in batch), batch
+    with pytest.raises(LookupTimeout):
+        await cluster.router.get(TABLE, "sensor-1", since=time.monotonic() - 1.0)  # spent: no replica is asked
+    assert all(load.in_flight == 0 for load in cluster.router.load.snapshot().values())
+
+
 async def test_response_lag_updates_the_overlay():
     cluster = Cluster()
     key = "sensor-14"
