@@ -148,7 +148,9 @@ def test_the_rate_is_held_over_every_connection_and_a_closed_one_is_opened_again
         return load
 
     load = asyncio.run(go())
-    assert 330 <= len(answers) <= 420, len(answers)  # 400/s for a second, each connection's first request staggered
+    # 400/s for a second, each connection's first request staggered; never over the rate. A reconnect's time is not
+    # made up (no burst after it): 40 of them on 2 busy cores cost up to a quarter of the second.
+    assert 300 <= len(answers) <= 420, len(answers)
     assert set(answers) == {("this", 200, b'{"a": 1234}')}
     assert NO_ANSWER not in {status for _, status, _ in answers}
     assert load.reconnects >= 30  # every 10th answer closed its connection
