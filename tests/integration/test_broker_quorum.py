@@ -96,15 +96,20 @@ def test_kill_9_of_a_broker_under_lookups_and_input(stack, tmp_path):
     events = [f["event"] for f in summary["faults"]]
     assert any(e.startswith(f"kill -9 {victim}") for e in events), events
     assert any(e.startswith(f"start {victim}") for e in events), events
+    at = {f["event"].split(" (")[0]: f["t"] for f in summary["faults"]}
     # 1,200 asked for; the client's pacing falls behind on 2 busy cores (541–562 seen in the suite in 14 s): enough to
     # have read through the whole outage is what counts.
     assert summary["requests"] >= 300, summary
     # A read bounded by max_lag is refused while no replica of its partition can measure its lag (its leader gone and
-    # no broker response since): the end it last saw is no measurement. Every other read is answered.
+    # no broker response since): the end it last saw is no measurement. That lasts from the kill until the broker is
+    # fenced or back, as measured (4-6 s on a quiet machine, longer in a loaded suite), and a few seconds more while
+    # the store nodes' consumers find the partitions' leaders. Every other read is answered, and most max_lag reads.
     failed = [r for r in map(orjson.loads, (tmp_path / "kill" / "requests.jsonl").read_bytes().splitlines())
               if r["outcome"] not in ("ok", "not_found")]
     assert all(r["bound_kind"] == "max_lag" and r["code"] == "NO_REPLICA_WITHIN_BOUND" for r in failed), failed[:3]
-    assert len(failed) <= summary["requests"] // 20, (summary["errors_by_code"], summary["first_failures"])
+    outage_ends = max(at.get(f"{victim} is in no in-sync replica set", 0.0), at[f"start {victim}"]) + 3.0
+    assert all(at[f"kill -9 {victim}"] <= r["t"] <= outage_ends for r in failed), (outage_ends, failed[-1])
+    assert len(failed) <= summary["requests"] // 10, (summary["errors_by_code"], summary["first_failures"])
     assert set(summary["by_protocol"]) == {"rest", "grpc", "client"}, summary["by_protocol"]
     consistency = summary["consistency"]
     assert consistency["ok"], orjson.dumps(consistency, option=orjson.OPT_INDENT_2).decode()
