@@ -168,15 +168,18 @@ class RoutingCore:
         selection = self.selector.select(self.metadata.current.replicas_of(table, partition), bound)
         return self.attempts.plan(table, partition, bound, selection, timeout_s, latency, now)
 
+    def _deadline(self, now: float, since: float | None) -> float:
+        """When a read must have its answer: the request timeout from ``since`` (when it began, if before ``now``)."""
+        return (now if since is None else since) + self._timeout_s
+
     def plan_get(self, table: str, key: str, bound: Bound, now: float,
                  since: float | None = None) -> tuple[TableSpec, bytes, AttemptPlan]:
         """(spec, key bytes, plan) of a point get; the spec's name is the table read. ``since``: when the read began,
         if before ``now`` (a compiled attempt first), so that it keeps one budget."""
         spec = self.keyed(self.resolved(table, bound))
         raw_key, partition = locate(key, spec.partitions, spec.key_format)
-        timeout_s = self._timeout_s if since is None else max(0.0, since + self._timeout_s - now)
         return spec, raw_key, self.plan(spec.name, partition, self.bound_for(spec, bound), self.get_latency,
-                                        timeout_s, now)
+                                        self._deadline(now, since) - now, now)
 
     def group_keys(self, table: str, keys: list[str], bound: Bound) -> tuple[TableSpec, Bound, dict[int, list[int]], list[bytes]]:
         """A batch's table (its name the table read), bound, and key indices grouped by partition (with the keys'
@@ -238,7 +241,7 @@ class RoutingCore:
         table = spec.name
         results: list[T | FreshrouteError | None] = [None] * len(keys)
         now = time.monotonic()
-        deadline = (now if since is None else since) + self._timeout_s
+        deadline = self._deadline(now, since)
         make = answers or cast("GroupAnswers[T]", group_lookups)  # without answers, T is LookupResult
         parts = list(groups.items())
         plans = [self.plan_group(table, p, bound, now, deadline) for p, _ in parts]

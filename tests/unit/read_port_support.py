@@ -6,9 +6,12 @@ import socketserver
 import threading
 
 from freshroute.bound import NO_BOUND, Bound
+from freshroute.cluster_access import NodeAccess
 from freshroute.metadata.roles import Role
 from freshroute.wire import FrameReader, frame
+from freshroute.tls import ClientTLS, ServerTLS
 from proto import store_pb2
+from tools.local.certs import issue, make_ca
 
 
 def _status(s):
@@ -43,6 +46,13 @@ def answer(node, batch):
                        watermark_ms=-1 if watermark is None else watermark,
                        entries=[store_pb2.ScanEntry(key=k, value=v) for k, v in rows])
     return out
+
+
+def tls_pair(directory):
+    """(a read port's server SSLContext, a peer's NodeAccess trusting it): a throwaway CA in ``directory``."""
+    ca = make_ca(directory)
+    node = issue(ca, directory, "node", "127.0.0.1")
+    return ServerTLS(node.cert, node.key).context, NodeAccess("", ClientTLS(ca=ca.cert))
 
 
 class ReadPort:

@@ -11,17 +11,13 @@ import orjson
 import pytest
 
 from freshroute.client.blocking import BlockingStore, Request, run_blocking
-from freshroute.cluster_access import NodeAccess
 from freshroute.errors import NoReplicaWithinBound, ReplicaUnavailable
 from freshroute.bound import NO_BOUND, Bound
 from freshroute.keys import serialize_key
 from freshroute.metadata.roles import Role
-from freshroute.tls import ClientTLS, ServerTLS
 from freshroute.wire import ReadStatus
 
-from tools.local.certs import issue, make_ca
-
-from .read_port_support import ReadPort
+from .read_port_support import ReadPort, tls_pair
 from .routing_support import KEYS, TABLE, Cluster, part
 
 
@@ -52,12 +48,11 @@ def get(cluster, store, key, bound=NO_BOUND):
 def test_over_tls_each_read_is_answered_on_its_own_connection(tmp_path):
     from router.settings import RouterSettings
 
-    ca = make_ca(tmp_path)
-    cert = issue(ca, tmp_path, "node", "127.0.0.1")
+    tls, access = tls_pair(tmp_path)
     cluster = Cluster(RouterSettings(request_timeout_ms=1000, attempt_timeout_ms=300, hedge=False))
-    ports = [ReadPort(n, tls=ServerTLS(cert.cert, cert.key).context) for n in (cluster.n1, cluster.n2)]
+    ports = [ReadPort(n, tls=tls) for n in (cluster.n1, cluster.n2)]
     cluster.refresh()
-    store = BlockingStore(cluster.metadata, NodeAccess("", ClientTLS(ca=ca.cert)))
+    store = BlockingStore(cluster.metadata, access)
     try:
         for i in range(6):  # the connections kept, each with a session ticket read before an answer
             cand, r = get(cluster, store, KEYS[i])

@@ -11,10 +11,8 @@ import pytest
 from freshroute.cluster_access import NodeAccess
 from freshroute.bound import NO_BOUND, Bound
 from freshroute.metadata.roles import Role
-from freshroute.tls import ClientTLS, ServerTLS
-from tools.local.certs import issue, make_ca
 
-from .read_port_support import ReadPort
+from .read_port_support import ReadPort, tls_pair
 from .routing_support import KEYS, TABLE, Cluster, part
 
 pytest.importorskip("freshroute_dataplane", reason="the compiled path is built by ./dev (native/dataplane)")
@@ -31,9 +29,7 @@ def world():
 
 @pytest.fixture
 def tls_world(tmp_path):
-    ca = make_ca(tmp_path)
-    node = issue(ca, tmp_path, "node", "127.0.0.1")
-    yield from reads_over(ServerTLS(node.cert, node.key).context, NodeAccess("", ClientTLS(ca=ca.cert)))
+    yield from reads_over(*tls_pair(tmp_path))
 
 
 def reads_over(tls, access):
