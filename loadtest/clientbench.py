@@ -82,12 +82,12 @@ def run_sync(a: argparse.Namespace, get: Callable[[int], Any], many: Callable[[l
         counts[w] = n
 
     threads = [threading.Thread(target=worker, args=(w,)) for w in range(a.concurrency)]
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return _rate(a, sum(counts), time.perf_counter() - t0)
+    return _rate(a, sum(counts), time.perf_counter() - t0, time.process_time() - cpu0)
 
 
 async def run_async(a: argparse.Namespace, get: Callable[[int], Any], many: Callable[[list[int]], Any]) -> dict[str, Any]:
@@ -119,9 +119,9 @@ async def run_async(a: argparse.Namespace, get: Callable[[int], Any], many: Call
             n += 1
         counts[w] = n
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     await asyncio.gather(*(worker(w) for w in range(a.concurrency)))
-    return _rate(a, sum(counts), time.perf_counter() - t0)
+    return _rate(a, sum(counts), time.perf_counter() - t0, time.process_time() - cpu0)
 
 
 def _schedule(a: argparse.Namespace) -> Iterator[tuple[int, float]]:
@@ -144,9 +144,11 @@ def _paced(a: argparse.Namespace, op: Callable[[int], None]) -> dict[str, Any]:
     return {"latencies_ms": lat}
 
 
-def _rate(a: argparse.Namespace, ops: int, seconds: float) -> dict[str, Any]:
+def _rate(a: argparse.Namespace, ops: int, seconds: float, cpu_s: float) -> dict[str, Any]:
+    """The run's rate (keys a second), and the side's own CPU per operation meanwhile (µs, every thread's)."""
     per_op = a.batch if a.measure == "many" else 1
-    return {"ops": ops, "seconds": round(seconds, 3), "rate": round(ops * per_op / seconds, 1)}
+    return {"ops": ops, "seconds": round(seconds, 3), "rate": round(ops * per_op / seconds, 1),
+            "cpu_us_per_op": round(cpu_s / ops * 1e6, 1) if ops else None}
 
 
 async def _main_async(a: argparse.Namespace) -> dict[str, Any]:
