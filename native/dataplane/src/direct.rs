@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use prost::Message;
 use pyo3::exceptions::PyValueError;
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple, PyType};
 use rand::rngs::SmallRng;
@@ -117,9 +118,9 @@ pub struct DirectReads {
     rng: SmallRng,
     hedge_tokens: f64,
     pruned_at: i64,
-    /// The answer's type (freshroute.client.lookup.Lookup), made by tuple.__new__ as the Python path makes it.
+    /// The answer's type (freshroute.client.lookup.Lookup), a tuple subclass, and its allocator.
     lookup_cls: Py<PyType>,
-    tuple_new: PyObject,
+    lookup_alloc: ffi::allocfunc,
     hedges: u64,
 }
 
@@ -132,10 +133,17 @@ impl DirectReads {
     /// `config`: the routing policy's settings as JSON (freshroute.routing.compiled_view.policy_doc); `lookup_cls`:
     /// the named tuple every answer is made as.
     #[new]
-    fn new(py: Python<'_>, config: &str, lookup_cls: Bound<'_, PyType>) -> PyResult<DirectReads> {
+    fn new(config: &str, lookup_cls: Bound<'_, PyType>) -> PyResult<DirectReads> {
         use rand::SeedableRng;
         let config: Config = serde_json::from_str(config).map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let tuple_new = py.get_type::<PyTuple>().getattr("__new__")?.unbind();
+        if !lookup_cls.is_subclass_of::<PyTuple>()? {
+            return Err(PyValueError::new_err("the answer's type must be a named tuple"));
+        }
+        // SAFETY: a type object's slot, read by the limited API's accessor; a tuple subclass has tp_alloc.
+        let lookup_alloc = unsafe {
+            let slot = ffi::PyType_GetSlot(lookup_cls.as_type_ptr(), ffi::Py_tp_alloc);
+            if slot.is_null() { ffi::PyType_GenericAlloc } else { std::mem::transmute::<_, ffi::allocfunc>(slot) }
+        };
         Ok(DirectReads {
             load: Load::new(config.failure_backoff_ms),
             latency: LatencyWindow::new(config.hedge_quantile),
@@ -152,7 +160,7 @@ impl DirectReads {
             hedge_tokens: 0.0,
             pruned_at: 0,
             lookup_cls: lookup_cls.unbind(),
-            tuple_new,
+            lookup_alloc,
             hedges: 0,
         })
     }
@@ -521,7 +529,8 @@ impl DirectReads {
         self.abandon(&p.attempts);  // the hedge's other attempt
         let value = (result.status == OK).then_some(&result.value[..]);
         let labels = self.labels(py, spec, partition, served_by(replica, rep))?;
-        let answer = self.answer(py, &spec.physical, p.key.into_bound(py), value, &labels)?;
+        let physical = PyString::new(py, &spec.physical).into_any();
+        let answer = self.answer(py, &physical, p.key.into_bound(py), value, &labels)?;
         resolve(py, &p.fut, answer)?;
         Ok(0)
     }
@@ -585,18 +594,33 @@ impl DirectReads {
                 format.into_pyobject(py)?.into_any()])
     }
 
-    /// One key's Lookup, made as the Python path makes it (tuple.__new__ of the named tuple).
-    fn answer<'py>(&self, py: Python<'py>, physical: &str, key: Bound<'py, PyAny>, value: Option<&[u8]>,
-                   labels: &[Bound<'py, PyAny>]) -> PyResult<PyObject> {
+    /// One key's Lookup: the named tuple allocated by its type and filled, as tuple.__new__ makes it, without the
+    /// tuple of fields and the call that one would take (a batch makes one per key). `physical`: the table's name,
+    /// one string for all the keys of an answer.
+    fn answer<'py>(&self, py: Python<'py>, physical: &Bound<'py, PyAny>, key: Bound<'py, PyAny>,
+                   value: Option<&[u8]>, labels: &[Bound<'py, PyAny>]) -> PyResult<PyObject> {
         let found = value.is_some().into_pyobject(py)?.to_owned().into_any();
         let raw = match value {
             Some(v) => PyBytes::new(py, v).into_any(),
             None => py.None().into_bound(py),
         };
-        let head = [physical.into_pyobject(py)?.into_any(), key, found, raw];
-        let fields: Vec<&Bound<'py, PyAny>> = head.iter().chain(labels.iter()).collect();
-        let fields = PyTuple::new(py, fields)?;
-        self.tuple_new.call1(py, (self.lookup_cls.clone_ref(py), fields))
+        let head = [physical.clone(), key, found, raw];
+        let len = head.len() + labels.len();
+        // SAFETY: the type's own allocator gives a tuple of `len` empty items with one reference, ours; each item is
+        // set once, its reference given to the tuple (PyTuple_SetItem steals it).
+        unsafe {
+            let obj = (self.lookup_alloc)(self.lookup_cls.as_ptr().cast(), len as ffi::Py_ssize_t);
+            if obj.is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            let obj = PyObject::from_owned_ptr(py, obj);
+            for (i, item) in head.into_iter().chain(labels.iter().cloned()).enumerate() {
+                if ffi::PyTuple_SetItem(obj.as_ptr(), i as ffi::Py_ssize_t, item.into_ptr()) != 0 {
+                    return Err(PyErr::fetch(py));
+                }
+            }
+            Ok(obj)
+        }
     }
 
     /// A batch's group ended: with the node's answer, or without (its connection failed).
@@ -624,11 +648,12 @@ impl DirectReads {
         }
         let labels = self.labels(py, spec, partition, served_by(replica, rep))?;
         let keys = b.keys.bind(py).clone();
+        let physical = PyString::new(py, &spec.physical).into_any();
         let mut made = Vec::with_capacity(indices.len());
         for (&i, value) in indices.iter().zip(&result.values) {
             // A group answers an absent key with empty bytes (a stored value is never empty).
             let value = (!value.is_empty()).then_some(&value[..]);
-            made.push((i, self.answer(py, &spec.physical, keys.get_item(i)?, value, &labels)?));
+            made.push((i, self.answer(py, &physical, keys.get_item(i)?, value, &labels)?));
         }
         let b = self.batches.get_mut(&w.owner).expect("looked up above");
         for (i, answer) in made {
