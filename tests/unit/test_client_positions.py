@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 from freshroute.bound import NO_BOUND, Bound
 from freshroute.client.positions import Positions
+from freshroute.errors import InvalidArgument
 from freshroute.position import Position
 
 
@@ -26,6 +27,15 @@ def test_a_read_of_no_bound_sends_the_position_seen_and_a_newer_answer_moves_it(
     p.saw([answer("t", 1, 8)])
     assert p.bound("t", None, {}) == Bound(min_position=Position("t", {0: 5, 1: 8}))
     assert p.bound("u", None, {}) == Bound(min_position=Position("u", {0: 9}))
+
+
+def test_a_batch_notes_each_partitions_highest_answer_whatever_their_order_and_its_errors():
+    p = Positions()
+    batch = [answer("t", 1, 5), answer("t", 1, 9), answer("t", 2, 3), answer("t", 1, 5), answer("t", 2, 3)]
+    assert p.seen_all(batch) is batch
+    assert p.bound("t", None, {}) == Bound(min_position=Position("t", {1: 9, 2: 3}))
+    p.seen_all([answer("t", 2, 6), InvalidArgument("no key"), answer("t", 1, 4)])  # an error has no position
+    assert p.bound("t", None, {}) == Bound(min_position=Position("t", {1: 9, 2: 6}))
 
 
 def test_a_callers_bound_and_shorthands_keep_their_limits_and_merge_their_position():
