@@ -6,12 +6,12 @@ and a probe's latency is the time from its produce call to the answer that first
 key, so it overstates the truth by at most one poll interval (and one request). Probes are
 spread over time so that they sample different points of the pipeline's micro-batch cycle.
 
-With ``hops`` each probe's time is also split where it goes, from the record timestamps the producers set on this
-machine's one clock: *pipeline* — the produce call until the broker appended the table's changelog row of it
-(its record timestamp, a changelog's being the broker's append time: the input's broker, Spark's source, shuffle
-and state, the sink and its linger); *serving* — that row until a lookup found it (a store node's fetch and apply,
-and up to one poll interval). Timestamps are in milliseconds: each hop is ±1 ms. (The broker acknowledges a reading in under a
-millisecond at the median here; a delivery report's latency would count the wait for the probe loop's next poll.)
+With ``hops`` each probe's time is also split where it goes, from record timestamps on this machine's one clock:
+*pipeline* — the produce call until the broker appended the table's changelog row of it (its record timestamp, a
+changelog's being the broker's append time: the input's broker, Spark's source, shuffle and state, the sink and its
+linger); *serving* — that row until a lookup found it (a store node's fetch and apply, and up to one poll interval).
+Timestamps are in milliseconds: each hop is ±1 ms. (The broker acknowledges a reading in under a millisecond at the
+median here; a delivery report's latency would count the wait for the probe loop's next poll.)
 
 Polling is itself load, and on a small machine its CPU is taken from the pipeline whose
 latency is being measured. One request per tick, however many probes are outstanding, keeps

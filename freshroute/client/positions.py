@@ -90,7 +90,7 @@ class Positions:
         if self.keep:
             try:
                 # Each distinct position once, gathered at C speed: a batch's answers of one partition were read
-                # from one replica, and share theirs (a loop over a hundred answers was a fifth of a batch's cost).
+                # from one replica and share theirs, so a Python step per answer would be mostly repeats.
                 positions = set(map(_POSITION, results))
             except AttributeError:  # an error among them, which has no position
                 positions = {_POSITION(r) for r in results if not isinstance(r, FreshrouteError)}
