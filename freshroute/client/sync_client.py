@@ -208,7 +208,7 @@ class Client:
             started = time.perf_counter()
             spec, resolved, groups, raw_keys = core.group_keys(table, keys, bound)
             now = time.monotonic()
-            direct_deadline = since + self._async.direct_policy.request_timeout_ms / 1000
+            direct_deadline = core.deadline(now, since)
             jobs = [(core.plan_group(table, p, resolved, now, direct_deadline),
                      Request.group(table, p, [raw_keys[i] for i in idx], resolved)) for p, idx in groups.items()]
             out: list[Lookup | FreshrouteError | None] = [None] * len(keys)

@@ -168,7 +168,7 @@ class RoutingCore:
         selection = self.selector.select(self.metadata.current.replicas_of(table, partition), bound)
         return self.attempts.plan(table, partition, bound, selection, timeout_s, latency, now)
 
-    def _deadline(self, now: float, since: float | None) -> float:
+    def deadline(self, now: float, since: float | None = None) -> float:
         """When a read must have its answer: the request timeout from ``since`` (when it began, if before ``now``)."""
         return (now if since is None else since) + self._timeout_s
 
@@ -179,7 +179,7 @@ class RoutingCore:
         spec = self.keyed(self.resolved(table, bound))
         raw_key, partition = locate(key, spec.partitions, spec.key_format)
         return spec, raw_key, self.plan(spec.name, partition, self.bound_for(spec, bound), self.get_latency,
-                                        self._deadline(now, since) - now, now)
+                                        self.deadline(now, since) - now, now)
 
     def group_keys(self, table: str, keys: list[str], bound: Bound) -> tuple[TableSpec, Bound, dict[int, list[int]], list[bytes]]:
         """A batch's table (its name the table read), bound, and key indices grouped by partition (with the keys'
@@ -241,7 +241,7 @@ class RoutingCore:
         table = spec.name
         results: list[T | FreshrouteError | None] = [None] * len(keys)
         now = time.monotonic()
-        deadline = self._deadline(now, since)
+        deadline = self.deadline(now, since)
         make = answers or cast("GroupAnswers[T]", group_lookups)  # without answers, T is LookupResult
         parts = list(groups.items())
         plans = [self.plan_group(table, p, bound, now, deadline) for p, _ in parts]
