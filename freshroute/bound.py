@@ -96,7 +96,8 @@ class Parameter:
     # judges it against its own lag (with :meth:`Bound.refusal`) and refuses the read it cannot answer within it.
     replica: bool = False
     limits: bool = True  # whether it limits the answer at all (a wait only says for how long to look)
-    # Whether the compiled read paths (native/dataplane) judge it: a bound with any other set is the Python path's.
+    # Whether the compiled read paths (native/dataplane) judge it: a bound with any other set is the Python path's (but
+    # for the router's REST lookups, which also wait for a write token's events: after, wait_ms).
     compiled: bool = False
 
 

@@ -15,7 +15,8 @@ from freshroute.routing.snapshot import Snapshot
 def policy_doc(policy: RoutingPolicy, cluster_secret: str) -> dict[str, Any]:
     """The routing policy's settings a compiled path follows, and the cluster secret it presents to store nodes."""
     return {
-        "attempt_timeout_ms": policy.attempt_timeout_ms, "hedge": policy.hedge,
+        "attempt_timeout_ms": policy.attempt_timeout_ms, "request_timeout_ms": policy.request_timeout_ms,
+        "hedge": policy.hedge,
         "hedge_quantile": policy.hedge_quantile, "hedge_min_ms": float(policy.hedge_min_ms),
         "hedge_budget": policy.hedge_budget, "max_windows": policy.max_windows,
         "freshness_tolerance_offsets": policy.freshness_tolerance_offsets,
@@ -30,8 +31,9 @@ def snapshot_doc(snap: Snapshot, policy: RoutingPolicy) -> bytes:
     lookups, or its keys' windows (the window's size, slide and retention), how long it keeps versions (for reads as
     of a time), its value format, its default bound (as
     :meth:`RoutingCore.bound_for` fills it in), its input lag, the table version it serves (which every answer
-    names) and that version's own table (``physical``: what store reads and positions name); each replica's latest
-    known lag (the heartbeat's, or the positions published since).
+    names) and that version's own table (``physical``: what store reads and positions name), its input and changelog
+    topics, its input marks and the input records the pipeline rejected (what a read after a write token needs); each
+    replica's latest known lag (the heartbeat's, or the positions published since).
 
     A table is listed by its name as the version its record serves (:meth:`Snapshot.physical`): that version's own
     table's spec, input lag and replicas (listed under the table's name, which the path reads them by). A version's
@@ -62,7 +64,10 @@ def snapshot_doc(snap: Snapshot, policy: RoutingPolicy) -> bytes:
                                                    "at_ms": lag.at_ms, "alive_ms": lag.alive_ms,
                                                    "offsets": lag.offsets},
             "input_ends": None if ends is None else {"at_ms": ends.at_ms, "ends": ends.ends},
-            "version": record.serving if record is not None else 1, "physical": physical}
+            "version": record.serving if record is not None else 1, "physical": physical,
+            "input_topic": spec.input_topic, "changelog_topic": spec.topic,
+            "marks": [(m.input, m.changelog) for m in snap.input_marks.get(physical, ())],
+            "rejected": {p: list(rs) for p, rs in snap.rejected.get(spec.input_topic or "", {}).items()}}
     nodes = snap.nodes
     replicas = []
     for (table, partition), views in snap.replicas.items():

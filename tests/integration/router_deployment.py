@@ -41,6 +41,10 @@ WINDOWED = "sensor_windows"
 WINDOW_STARTS = (0, 10_000, 20_000)
 WATERMARK_MS = 15_000
 HISTORY_MS = 7 * 86_400_000  # the table keeps a week of versions (each key has one, from its record's time)
+# Optionally a table computed from an input topic (its rows TABLE's, carrying no input positions): what
+# a read after a write token's input events waits on, and the marks and rejections that end the wait.
+FED = "sensor_fed"
+FED_INPUT_RECORDS = 10  # on each partition of its input topic
 ASSIGNOR = "test"  # the lease holder: the nodes follow the test's assignment and never write their own
 
 
@@ -73,8 +77,9 @@ class Procs:
 
 
 class Deployment:
-    def __init__(self, procs: Procs, bootstrap: str, redis_url: str, namespace: str) -> None:
+    def __init__(self, procs: Procs, bootstrap: str, redis_url: str, namespace: str, fed: bool = False) -> None:
         self.procs = procs
+        self.tables = (TABLE, WINDOWED, FED) if fed else (TABLE, WINDOWED)
         self.bootstrap = bootstrap
         self.redis_url = redis_url
         self.namespace = namespace
@@ -87,13 +92,21 @@ class Deployment:
     def topic(self, table: str) -> str:
         return f"{self.namespace}-{table}-changelog"
 
+    @property
+    def input_topic(self) -> str:
+        """FED's input topic."""
+        return f"{self.namespace}-readings"
+
     def register_tables(self) -> None:
         """What the pipeline would publish: the tables."""
         meta = MetadataStore.from_url(self.redis_url, self.namespace)
         meta.register_tables([TableSpec(TABLE, self.topic(TABLE), PARTITIONS, "sensor_id",
                                         {"count": "long", "sum": "double"}, 1, history_retention_ms=HISTORY_MS),
                               TableSpec(WINDOWED, self.topic(WINDOWED), PARTITIONS, "sensor_id", {"count": "long"},
-                                        1, window=tumbling("10s"))])
+                                        1, window=tumbling("10s")),
+                              *([TableSpec(FED, self.topic(FED), PARTITIONS, "sensor_id",
+                                           {"count": "long", "sum": "double"}, 1, input_topic=self.input_topic)]
+                                if FED in self.tables else [])])
         meta.redis.close()
 
     def register(self) -> None:
@@ -103,20 +116,26 @@ class Deployment:
         generation = meta.try_acquire_assignor(ASSIGNOR, 600_000)
         assert generation is not None, "a store node holds the assignor lease"
         self.generation = generation
-        meta.write_assignment(Assignment(generation, {(t, p): nodes for t in (TABLE, WINDOWED)
+        meta.write_assignment(Assignment(generation, {(t, p): nodes for t in self.tables
                                                       for p, nodes in LAYOUT.items()}), ASSIGNOR, generation)
         meta.redis.close()
 
     def write_changelogs(self) -> None:
         """Every key's row and windows, and each windowed partition's watermark, as the pipeline writes them."""
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        for f in admin.create_topics([NewTopic(self.topic(t), PARTITIONS, 1) for t in (TABLE, WINDOWED)]).values():
+        topics = [self.topic(t) for t in self.tables] + ([self.input_topic] if FED in self.tables else [])
+        for f in admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in topics]).values():
             f.result(30)
         producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True})
+        if FED in self.tables:
+            for p in range(PARTITIONS):
+                for n in range(FED_INPUT_RECORDS):
+                    producer.produce(self.input_topic, key=b"s", value=b"{}", partition=p)
         for i in range(KEYS):
             key = serialize_key(f"sensor-{i}")
             p = partition_for(key, PARTITIONS)
-            producer.produce(self.topic(TABLE), key=key, value=orjson.dumps(value_of(i)), partition=p)
+            for table in {TABLE, FED} & set(self.tables):
+                producer.produce(self.topic(table), key=key, value=orjson.dumps(value_of(i)), partition=p)
             for start in WINDOW_STARTS:
                 producer.produce(self.topic(WINDOWED), key=window_key(key, start), value=orjson.dumps({"count": i}),
                                  partition=p)
@@ -170,7 +189,7 @@ class Deployment:
         seen = {(r["table"], r["partition"], n["node"]): r for n in nodes for r in n["replicas"]}
         return all((r := seen.get((t, p, node))) is not None and r["lag"]["offsets"] == 0
                    and r["state"] == ("ACTIVE" if node == hosts[0] else "STANDBY")
-                   for t in (TABLE, WINDOWED) for p, hosts in LAYOUT.items() for node in hosts)
+                   for t in self.tables for p, hosts in LAYOUT.items() for node in hosts)
 
     def wait_caught_up(self, within_s: float = 60) -> None:
         deadline = time.monotonic() + within_s

@@ -16,13 +16,16 @@ import pytest
 
 from freshroute.bound import NO_BOUND
 from freshroute.client import AsyncClient
+from freshroute.metadata.progress import InputMark
+from freshroute.metadata.store import MetadataStore
 from freshroute.position import Position
+from freshroute.write_tokens.token import WriteToken
 from tools.local.certs import issue, make_ca
 from tools.local.services import free_port
 
 from .data_plane_support import BURST, GOOD, NARROW, RATE, RATED, bearer, metrics, write_auth_file
-from .router_deployment import (KEYS, LAYOUT, NODES, TABLE, WATERMARK_MS, WINDOW_STARTS, WINDOWED, Deployment, Procs,
-                                value_of)
+from .router_deployment import (FED, FED_INPUT_RECORDS, KEYS, LAYOUT, NODES, PARTITIONS, TABLE, WATERMARK_MS,
+                                WINDOW_STARTS, WINDOWED, Deployment, Procs, value_of)
 
 pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark, no shared stack: runs beside the others
 
@@ -31,7 +34,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark, no shared
 def routers(tmp_path_factory, broker, redis_service):
     """(the compiled path's REST address, the Python path's) in front of one deployment's store nodes."""
     d = Deployment(Procs(tmp_path_factory.mktemp("data-plane")), broker, redis_service.address,
-                   f"t{uuid.uuid4().hex[:10]}")
+                   f"t{uuid.uuid4().hex[:10]}", fed=True)
     try:
         d.up()
         python_port = free_port()
@@ -45,6 +48,7 @@ def routers(tmp_path_factory, broker, redis_service):
 
 
 IMPORTED_MS, LATER_MS = int(time.time() * 1000), 4_102_444_800_000  # 2100-01-01
+READ_0 = WriteToken(reads={TABLE: {0: 1}}).encode()  # a session's token that read partition 0 of the table
 REQUESTS = [
     *(f"/v1/tables/{TABLE}/keys/sensor-{i}" for i in range(KEYS)),
     f"/v1/tables/{TABLE}/keys/sensor%2D1", f"/v1/tables/{TABLE}/keys/nope", f"/v1/tables/{TABLE}/keys/it's",
@@ -70,6 +74,15 @@ REQUESTS = [
         ("it's", LATER_MS))),
     f"/v1/tables/{WINDOWED}/keys/sensor-4?as_of={LATER_MS}",
     f"/v1/tables/{TABLE}/keys/sensor-1/nothing", "/v1/tables", "/v1/tables/", "/nowhere", "/readyz",
+    # Write tokens: what a session read of the table is served here, the rest is the Python path's to refuse.
+    *(f"/v1/tables/{TABLE}/keys/sensor-2?{q}" for q in (
+        f"after={WriteToken(reads={TABLE: {0: 1, 1: 1, 2: 1, 3: 1}}).encode()}",
+        f"after={READ_0}&wait_ms=500&max_lag=5", f"after={WriteToken(reads={TABLE: {9: 1}}).encode()}",
+        f"after={WriteToken(reads={WINDOWED: {0: 1}}).encode()}", f"after={WriteToken({'elsewhere': {0: 1}}).encode()}",
+        "after=nonsense", "after=w1.e30.00000000", f"after={READ_0[:-1]}0", f"after={READ_0}&as_of=1", "wait_ms=100",
+        "wait_ms=0", "wait_ms=60001", f"after={READ_0}&wait_ms=x")),
+    f"/v1/tables/{WINDOWED}/keys/sensor-2/windows?from=0&to=30000&after={WriteToken(reads={WINDOWED: {0: 1}}).encode()}"
+    f"&wait_ms=100",
 ]
 
 
@@ -121,7 +134,7 @@ def test_a_connection_mixing_what_is_answered_relayed_and_handed_over_keeps_its_
     assert [s for s, _ in answers] == [200, 400, 200, 200, 200, 200]
     assert [answers[i][1]["value"] for i in (0, 2, 5)] == [value_of(1), value_of(3), value_of(4)]
     assert answers[1][1]["error"]["field"] == "max_lag"
-    assert answers[3][1]["partition"] in LAYOUT and {t["name"] for t in answers[4][1]["tables"]} == {TABLE, WINDOWED}
+    assert answers[3][1]["partition"] in LAYOUT and {t["name"] for t in answers[4][1]["tables"]} == set(d.tables)
 
 
 def test_the_paths_work_is_counted_in_the_routers_metrics(routers):
@@ -187,6 +200,61 @@ def test_positions_are_served_here_and_what_they_refuse_is_answered_as_the_pytho
         got, want = compiled.json()["error"], reference.json()["error"]
         assert (got["code"], got.get("field")) == (want["code"], want.get("field"))
     assert metrics(d.rest)[relayed] == before[relayed] + 2
+
+
+def test_reads_after_a_write_token_wait_here_for_its_events_and_end_as_the_python_path_ends_them(routers):
+    d, python = routers
+    key = "sensor-3"
+    partition = httpx.get(f"{d.rest}/v1/tables/{FED}/keys/{key}", timeout=5).json()["partition"]
+
+    def asked(base: str, table: str, token: WriteToken, wait_ms: int | None = None) -> tuple[httpx.Response, float]:
+        params = {"after": token.encode(), **({"wait_ms": wait_ms} if wait_ms is not None else {})}
+        started = time.monotonic()
+        got = httpx.get(f"{base}/v1/tables/{table}/keys/{key}", params=params, timeout=10)
+        return got, time.monotonic() - started
+
+    relayed = 'freshroute_router_compiled_path_handoffs_total{how="relayed"}'
+    before = metrics(d.rest)
+    # Written straight to the table's changelog: a position one past the write.
+    for table in (TABLE, FED):
+        direct = WriteToken({d.topic(table): {partition: 0}})
+        (compiled, _), (reference, _) = (asked(base, table, direct) for base in (d.rest, python))
+        assert compiled.status_code == reference.status_code == 200, (compiled.text, reference.text)
+        assert served_elsewhere(compiled.json()) == served_elsewhere(reference.json())
+    # Input events no row reflects and no mark speaks for: both wait out wait_ms and say the same.
+    events = WriteToken({d.input_topic: {0: 4, 1: FED_INPUT_RECORDS - 1}}, written_ms=int(time.time() * 1000))
+    (compiled, took), (reference, _) = asked(d.rest, FED, events, 300), asked(python, FED, events, 300)
+    assert compiled.status_code == reference.status_code == 503, (compiled.text, reference.text)
+    assert compiled.json() == reference.json()
+    assert compiled.json()["error"]["code"] == "NOT_YET_VISIBLE"
+    assert 0.29 <= took < 1.5, took
+    assert metrics(d.rest)[relayed] == before[relayed], "answered here, the wait too"
+    # A mark past the events: answered at once, from a replica that applied the changelog to where it says.
+    meta = MetadataStore.from_url(d.redis_url, d.namespace)
+    try:
+        meta.publish_input_marks(FED, [InputMark({0: 5, 1: FED_INPUT_RECORDS}, {p: 1 for p in range(PARTITIONS)},
+                                                 int(time.time() * 1000))])
+        deadline = time.monotonic() + 10
+        while asked(d.rest, FED, events, 50)[0].status_code != 200:
+            assert time.monotonic() < deadline, "the mark never reached the compiled path"
+            time.sleep(0.05)
+        (compiled, took), (reference, _) = asked(d.rest, FED, events), asked(python, FED, events)
+        assert compiled.status_code == reference.status_code == 200
+        assert served_elsewhere(compiled.json()) == served_elsewhere(reference.json())
+        assert took < 0.5
+        assert metrics(d.rest)[relayed] == before[relayed]
+        # An event the pipeline rejected: the Python path says why, as it would have.
+        meta.publish_rejections(d.input_topic, {0: [(7, "not JSON")]})
+        rejected = WriteToken({d.input_topic: {0: 7}}, written_ms=int(time.time() * 1000))
+        deadline = time.monotonic() + 10
+        while (compiled := asked(d.rest, FED, rejected, 2000)[0]).status_code != 409:
+            assert time.monotonic() < deadline, compiled.text
+        reference = asked(python, FED, rejected, 2000)[0]
+        assert compiled.json() == reference.json()
+        assert compiled.json()["error"]["code"] == "WRITE_REJECTED"
+        assert metrics(d.rest)[relayed] > before[relayed]
+    finally:
+        meta.redis.close()
 
 
 def test_the_clients_compiled_reads_answer_as_its_python_path_does(routers):

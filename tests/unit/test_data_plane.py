@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from freshroute.metadata.progress import InputEnds, InputLag
+from freshroute.metadata.progress import InputEnds, InputLag, InputMark
 from freshroute.metadata.roles import ReplicaState, Role
 from freshroute.metadata.table_versions import TableVersion, VersionedTable, VersionState
 from freshroute.metadata.tables import TableSpec
@@ -58,7 +58,9 @@ def test_the_view_serves_keyed_string_tables_with_their_default_bounds_and_input
               TableSpec("windowed_json_keys", "wj", 1, "k", key_format="json", window=hopping("10s", "5s"))]
     snap = snapshot(tables, [view("n1", "plain", 1, applied=4, end=None)],
                     input_lag={"plain": InputLag(5, NOW - 100, NOW - 50, {0: 11}, NOW)},
-                    input_ends={"in": InputEnds({0: 16}, NOW - 10)})
+                    input_ends={"in": InputEnds({0: 16}, NOW - 10)},
+                    input_marks={"plain": (InputMark({0: 3}, {0: 5, 1: 2}, NOW - 30), InputMark({0: 9}, {0: 8}, NOW))},
+                    rejected={"in": {0: {4: "not JSON", 6: "no sensor"}}, "other": {0: {1: "x"}}})
     policy = RoutingPolicy(table_bounds={"bounded": TableBound(max_staleness_ms=100)})
     doc = orjson.loads(snapshot_doc(snap, policy))
     assert doc["tables"]["plain"] == {
@@ -66,7 +68,10 @@ def test_the_view_serves_keyed_string_tables_with_their_default_bounds_and_input
         "max_lag": 7, "max_staleness_ms": None,
         "input_lag": {"records": 5, "caught_up_ms": NOW - 100, "at_ms": NOW - 50, "alive_ms": NOW,
                       "offsets": {"0": 11}},
-        "input_ends": {"at_ms": NOW - 10, "ends": {"0": 16}}, "version": 1, "physical": "plain"}
+        "input_ends": {"at_ms": NOW - 10, "ends": {"0": 16}}, "version": 1, "physical": "plain",
+        # What a read after a write token narrows it by: its topics, its marks (oldest first), the input's rejections.
+        "input_topic": "in", "changelog_topic": "plain-changelog",
+        "marks": [[{"0": 3}, {"0": 5, "1": 2}], [{"0": 9}, {"0": 8}]], "rejected": {"0": [4, 6]}}
     # The router's override replaces the pipeline's defaults whole, as RoutingCore.bound_for does.
     assert (doc["tables"]["bounded"]["max_lag"], doc["tables"]["bounded"]["max_staleness_ms"]) == (None, 100)
     assert doc["tables"]["bounded"]["history_retention_ms"] == 60_000  # read as of a time within it
@@ -116,7 +121,8 @@ def test_the_view_serves_a_table_by_its_name_from_the_version_it_serves():
         "max_lag": 2, "max_staleness_ms": None,
         "input_lag": {"records": 5, "caught_up_ms": NOW - 100, "at_ms": NOW - 50, "alive_ms": NOW,
                       "offsets": {"0": 11}},
-        "input_ends": {"at_ms": NOW - 10, "ends": {"0": 16}}, "version": 2, "physical": "t-v2"}
+        "input_ends": {"at_ms": NOW - 10, "ends": {"0": 16}}, "version": 2, "physical": "t-v2",
+        "input_topic": "in2", "changelog_topic": "t-v2-changelog", "marks": [], "rejected": {}}
     # Windows of version 3's spec; the router's override, by the table's name, over that spec's defaults.
     assert {k: doc["tables"]["w"][k] for k in ("served", "window", "max_lag", "version", "physical")} == {
         "served": False, "window": {"size_ms": 20_000, "slide_ms": 10_000, "retention_ms": 3_600_000}, "max_lag": 9,

@@ -185,7 +185,7 @@ async fn get(conns: &Conns, headers: &HeaderMap, body: &[u8]) -> Option<Outcome>
         }
         Judgement::Python => return None,
     };
-    let outcome = conns.routing.key(request.table, request.key, query, grpc_answer::get).await;
+    let outcome = conns.routing.key(request.table, request.key, query, grpc_answer::get, |_, _, _, _| None).await;
     if let (None, Some(lease)) = (&outcome, lease) {
         lease.give_back();  // the Python path admits the call again
     }
@@ -214,7 +214,7 @@ fn query(request: &GetRequest) -> Option<Query> {
     }
     let position = if b.min_position.is_empty() { None } else { Some(position(b.min_position.as_bytes())?) };
     Some(Query { bound: Bound { max_lag: b.max_lag, max_staleness_ms: b.max_staleness_ms, min_offset: 0 },
-                 position, from_ms: None, to_ms: None, as_of_ms: b.as_of })
+                 position, as_of_ms: b.as_of, ..Query::default() })
 }
 
 fn answer(respond: &mut SendResponse<Bytes>, outcome: Outcome) {

@@ -130,6 +130,7 @@ impl Conns {
         out.extend_from_slice(match status {
             200 => b"HTTP/1.1 200 OK\r\n",
             401 => b"HTTP/1.1 401 Unauthorized\r\n",
+            503 => b"HTTP/1.1 503 Service Unavailable\r\n",
             _ => b"HTTP/1.1 404 Not Found\r\n",
         });
         out.extend_from_slice(&self.date());

@@ -16,6 +16,7 @@ mod http1;
 mod lookup;
 mod messages;
 mod peer_frames;
+mod read_after;
 mod relay;
 mod selection;
 mod snapshot;
@@ -45,6 +46,9 @@ use snapshot::Snapshot;
 #[derive(Deserialize, Clone, Debug)]
 pub struct Config {
     pub attempt_timeout_ms: u64,
+    /// A read's deadline, unless it names one (`wait_ms`): a read after a write token waits until then.
+    #[serde(default = "request_timeout_ms")]
+    pub request_timeout_ms: u64,
     pub hedge: bool,
     pub hedge_quantile: f64,
     pub hedge_min_ms: f64,
@@ -63,6 +67,10 @@ pub struct Config {
     pub keep_alive_s: f64,
     #[serde(default)]
     pub authenticates: bool,
+}
+
+fn request_timeout_ms() -> u64 {
+    2000
 }
 
 /// What every thread of the front shares: the routing view, the counts, and the stop signal.

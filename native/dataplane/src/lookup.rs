@@ -12,12 +12,16 @@ use rand::rngs::SmallRng;
 
 use crate::answer::{self, Served, NEVER_CAUGHT_UP_MS};
 use crate::counts::Counts;
-use crate::messages::{KeyRead, Read, ReadBound, Reply, ReplicaStatus, NOT_FOUND, OK, ROLE_ACTIVE, ROLE_STANDBY,
-                      SERVING_ACTIVE};
+use crate::messages::{KeyRead, Read, ReadBound, Reply, ReplicaStatus, NOT_FOUND, NOT_YET_VISIBLE, OK, ROLE_ACTIVE,
+                      ROLE_STANDBY, SERVING_ACTIVE};
+use crate::read_after::{self, After, WriteToken};
 use crate::selection::{self, Bound, Candidate, LatencyWindow, Load, Observation, Overlay, Tolerances};
 use crate::snapshot::{Replica, Snapshot, State, Table, ValueFormat};
 use crate::store::{Answer, Stores};
 use crate::Shared;
+
+/// freshroute.bound.MAX_WAIT_MS.
+const MAX_WAIT_MS: i64 = 60_000;
 
 pub fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
@@ -60,6 +64,9 @@ impl Routing {
 
     /// The answer to GET /v1/tables/{table}/keys/{key}?{query} (raw, percent-encoded), or None for the Python path.
     pub async fn lookup(&self, table: &[u8], key: &[u8], query: &[u8]) -> Option<Answered> {
+        let unseen = |physical: &str, partition, said: &str, after: &After| {
+            Some((503, read_after::not_yet_visible(physical, partition, said, after)))
+        };
         let (table, key, query) = (segment(table)?, segment(key)?, parse_query(query)?);
         self.key(table, key, query, |a| {
             let body = match a.value {
@@ -68,15 +75,20 @@ impl Routing {
                 None => answer::not_found(a.physical, a.key, a.partition, &a.who, a.input_lag, a.version.as_ref())?,
             };
             Some((if a.value.is_some() { 200 } else { 404 }, body))
-        }).await
+        }, unseen).await
     }
 
     /// One key read from the freshest replica within the query's bound, its answer written by `write` (REST's body
-    /// or gRPC's message), or None for the Python path — also when `write` finds it cannot write it.
+    /// or gRPC's message) — or, for a read after a write token whose events no replica reflected within its wait, by
+    /// `unseen` (the table, partition, what the last replica said, the events) — or None for the Python path, also
+    /// when `write` finds it cannot write it.
     pub(crate) async fn key<T>(&self, table: String, key: String, query: Query,
-                               write: impl FnOnce(&KeyAnswer) -> Option<T>) -> Option<T> {
+                               write: impl FnOnce(&KeyAnswer) -> Option<T>,
+                               unseen: impl FnOnce(&str, usize, &str, &After) -> Option<T>) -> Option<T> {
         let started = Instant::now();
-        if query.from_ms.is_some() || query.to_ms.is_some() {
+        // A wait is a deadline for a write token's events (a position's wait is the Python path's).
+        if query.from_ms.is_some() || query.to_ms.is_some() || query.after.is_none() && query.wait_ms.is_some()
+            || query.after.is_some() && query.as_of_ms.is_some() {
             return None;
         }
         let as_of = query.as_of_ms;
@@ -89,10 +101,23 @@ impl Routing {
             }
         }
         let replicas = &spec.partitions[r.partition];
-        let read = Read::Key(KeyRead { id: 0, table: spec.physical.clone(), partition: r.partition as i32,
-                                       key: r.key.as_bytes().to_vec(), bound: r.read_bound(), as_of_ms: as_of });
-        let (cand, reply) = self.attempts(replicas, &spec.physical, r.partition, &r.cands, read, &self.latency).await?;
+        let read = |bound| Read::Key(KeyRead { id: 0, table: spec.physical.clone(), partition: r.partition as i32,
+                                               key: r.key.as_bytes().to_vec(), bound, as_of_ms: as_of });
+        let (cand, reply) = match &r.after {
+            None => self.attempts(replicas, &spec.physical, r.partition, &r.cands, read(r.read_bound()),
+                                  &self.latency).await?,
+            Some(after) => {
+                let wait = query.wait_ms.map_or(self.shared.config.request_timeout_ms, |ms| ms as u64);
+                match self.wait_for(&r, after, started + Duration::from_millis(wait), read).await? {
+                    Ok(answered) => answered,
+                    Err(said) => return unseen(&spec.physical, r.partition, &said, after),
+                }
+            }
+        };
         let Reply::Key(result) = reply else { return None };
+        if result.status == NOT_YET_VISIBLE {
+            return None;
+        }
         let rep = result.replica.as_ref()?;
         let now = now_ms();
         let input_lag = spec.input_lag_at(now);
@@ -113,6 +138,55 @@ impl Routing {
         Some(written)
     }
 
+    /// A read after a write token (attempts.AttemptPlan's rules for one): the candidates in turn, then those whose rows
+    /// did not reflect the events yet asked again, the nearest first, after 2 ms and then every 4, each time with the
+    /// offset the latest marks say reflects them, until `deadline`. Ok: an answer; Err: what the last replica asked
+    /// said when the deadline came; None for the Python path — a failure, a refusal, an event the pipeline rejected.
+    async fn wait_for(&self, r: &Routed, after: &After, deadline: Instant, read: impl Fn(Option<ReadBound>) -> Read)
+                      -> Option<Result<(Candidate, Reply), String>> {
+        let spec = &r.snap.tables[&r.table];
+        let replicas = &spec.partitions[r.partition];
+        let input = after.input();
+        let mut cands = r.cands.clone();
+        let mut said = String::new();
+        let rounds = read_after::retry_limit(deadline.saturating_duration_since(Instant::now()));
+        for round in 0..=rounds {
+            let mut catching_up: Vec<(i64, Candidate)> = Vec::with_capacity(cands.len());
+            let mut i = 0;
+            while i < cands.len() {
+                let reflected = after.reflected(self.shared.snapshot().tables.get(&r.table), r.partition);
+                let bound = ReadBound { max_lag: r.bound.max_lag, max_staleness_ms: r.bound.max_staleness_ms,
+                                        min_offset: r.bound.min_offset, after_input: input.clone(),
+                                        after_offset: reflected };
+                let asked = self.attempts(replicas, &spec.physical, r.partition, &cands[i..], read(Some(bound)),
+                                          &self.latency);
+                let (cand, reply) = match tokio::time::timeout_at(deadline.into(), asked).await {
+                    Ok(answered) => answered?,
+                    Err(_) => return (!said.is_empty()).then_some(Err(said)),
+                };
+                if reply.status() != NOT_YET_VISIBLE {
+                    return Some(Ok((cand, reply)));
+                }
+                if let Reply::Key(k) = &reply {
+                    said.clone_from(&k.message);
+                }
+                catching_up.push((reply.replica().map_or(0, |rep| rep.applied_offset), cand));
+                i = cands.iter().position(|c| c.index == cand.index).map_or(cands.len(), |at| at + 1);
+            }
+            if after.rejected(self.shared.snapshot().tables.get(&r.table)) {
+                return None;  // the Python path says why the pipeline rejected it
+            }
+            let wait = if round == 0 { read_after::RETRY_FIRST } else { read_after::RETRY_MAX };
+            tokio::time::sleep_until((Instant::now() + wait).min(deadline).into()).await;
+            if Instant::now() + read_after::TIMER_SLACK >= deadline {
+                break;
+            }
+            catching_up.sort_by_key(|&(applied, _)| std::cmp::Reverse(applied));
+            cands = catching_up.into_iter().map(|(_, cand)| cand).collect();
+        }
+        Some(Err(said))
+    }
+
     /// A read of one key routed: its table's view, partition and bound, and the replicas to ask in order; None when
     /// the table is not one `serves` says this path answers, or no replica the view trusts can answer. Replicas,
     /// their lag and positions are those of the table's served version (`Table::physical`).
@@ -124,11 +198,14 @@ impl Routing {
         let replicas = spec.partitions.get(partition)?;
         // A position of another table is the caller's mistake, which the Python path names; one of another version of
         // this table holds offsets of another changelog, which the Python path sets aside.
-        let min_offset = match &query.position {
-            Some(p) if p.table != spec.physical => return None,
-            Some(p) => p.offsets.get(&(partition as i64)).copied().unwrap_or(0),
-            None => 0,
+        if query.position.as_ref().is_some_and(|p| p.table != spec.physical) {
+            return None;
+        }
+        let narrowed = match &query.after {
+            Some(token) => read_after::narrow(token, &spec.physical, spec)?,
+            None => read_after::Narrowed::default(),
         };
+        let min_offset = read_after::merged(query.position.as_ref(), narrowed.read.as_ref(), partition as i64);
         let bound = Bound { min_offset, ..query.bound }.with_defaults(spec.max_lag, spec.max_staleness_ms);
         let now = now_ms();
         self.prune(&snap, now);
@@ -139,7 +216,7 @@ impl Routing {
         let cands = selection::select(replicas, &spec.physical, partition, bound, &self.overlay.borrow(),
                                       &self.load.borrow(), tol, now, &mut self.rng.borrow_mut());
         cands.first()?;
-        Some(Routed { snap: snap.clone(), table, key, partition, bound, cands })
+        Some(Routed { snap: snap.clone(), table, key, partition, bound, cands, after: narrowed.after })
     }
 
     fn prune(&self, snap: &Snapshot, now: i64) {
@@ -222,7 +299,8 @@ impl Routing {
                     latency.borrow_mut().record(ms);
                     return Some(result);
                 }
-                None
+                // Not yet reflecting a write token's events: the read waits for them (Routing::wait_for).
+                (result.status() == NOT_YET_VISIBLE).then_some(result)
             }
         }
     }
@@ -257,6 +335,8 @@ pub(crate) struct Routed {
     pub partition: usize,
     pub bound: Bound,
     pub cands: Vec<Candidate>,
+    /// A write token's events the answer must reflect.
+    pub after: Option<After>,
 }
 
 impl Routed {
@@ -315,19 +395,22 @@ pub struct Position {
     pub offsets: HashMap<i64, i64>,
 }
 
-/// A query this path serves: the bound's limits as plain numbers, a position, and a windows read's time range.
+/// A query this path serves: the bound's limits as plain numbers, a position, a write token and how long to wait for
+/// its events, and a windows read's time range.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Query {
     pub bound: Bound,
     pub position: Option<Position>,
+    pub after: Option<WriteToken>,
+    pub wait_ms: Option<i64>,
     pub from_ms: Option<i64>,
     pub to_ms: Option<i64>,
     /// A versioned table's key as of this time (ms since the epoch; RFC 3339 text goes to the Python path).
     pub as_of_ms: Option<i64>,
 }
 
-/// The bound a query gives (max_lag, max_staleness_ms, min_position) and the window range (from, to), or None for
-/// any other query, or one the Python path would refuse (it says why).
+/// The bound a query gives (max_lag, max_staleness_ms, min_position, after, wait_ms) and the window range (from, to),
+/// or None for any other query, or one the Python path would refuse (it says why).
 pub fn parse_query(query: &[u8]) -> Option<Query> {
     let mut q = Query::default();
     for pair in query.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
@@ -335,6 +418,10 @@ pub fn parse_query(query: &[u8]) -> Option<Query> {
         let (name, value) = (&pair[..eq], &pair[eq + 1..]);
         if name == b"min_position" {
             q.position = Some(position(value)?);
+            continue;
+        }
+        if name == b"after" {
+            q.after = Some(read_after::decode(value)?);
             continue;
         }
         if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
@@ -348,6 +435,7 @@ pub fn parse_query(query: &[u8]) -> Option<Query> {
             b"from" => q.from_ms = Some(value),
             b"to" => q.to_ms = Some(value),
             b"as_of" => q.as_of_ms = Some(value),
+            b"wait_ms" if (1..=MAX_WAIT_MS).contains(&value) => q.wait_ms = Some(value),
             _ => return None,
         }
     }
@@ -587,7 +675,7 @@ mod tests {
             assert!(routing.lookup(b"t-v2", b"k", b"").await.is_none());
             assert_eq!(seen.borrow().len(), 4);
 
-            let got = routing.key("t".into(), "k".into(), Query::default(), grpc_answer::get).await;
+            let got = routing.key("t".into(), "k".into(), Query::default(), grpc_answer::get, |_, _, _, _| None).await;
             let Some(Outcome::Message(framed)) = got else { panic!("a found key's message") };
             let response = GetResponse::decode(&framed[5..]).unwrap();
             assert_eq!((response.table.as_str(), response.table_version, response.position), ("t", 2, v2));

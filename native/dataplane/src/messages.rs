@@ -12,13 +12,19 @@ pub struct ReadBound {
     pub max_staleness_ms: Option<i64>,
     #[prost(int64, tag = "3")]
     pub min_offset: i64,
+    /// A write token's input events (partition → offset) the answer must reflect: its row's input position is at or
+    /// past each, or the replica has applied `after_offset` (0: no such offset known yet).
+    #[prost(map = "int32, int64", tag = "4")]
+    pub after_input: std::collections::HashMap<i32, i64>,
+    #[prost(int64, tag = "5")]
+    pub after_offset: i64,
 }
 
 impl ReadBound {
     /// The bound a node checks of a read under `bound`; None: unbounded.
     pub fn of(bound: crate::selection::Bound) -> Option<ReadBound> {
-        (!bound.unbounded()).then_some(ReadBound { max_lag: bound.max_lag, max_staleness_ms: bound.max_staleness_ms,
-                                                   min_offset: bound.min_offset })
+        (!bound.unbounded()).then(|| ReadBound { max_lag: bound.max_lag, max_staleness_ms: bound.max_staleness_ms,
+                                                 min_offset: bound.min_offset, ..ReadBound::default() })
     }
 }
 
@@ -222,6 +228,7 @@ impl Reply {
 // ReadStatus, Role and ReplicaState values (store.proto).
 pub const OK: i32 = 0;
 pub const NOT_FOUND: i32 = 1;
+pub const NOT_YET_VISIBLE: i32 = 5;
 pub const ROLE_ACTIVE: i32 = 1;
 pub const ROLE_STANDBY: i32 = 2;
 pub const SERVING_ACTIVE: i32 = 2;

@@ -1,7 +1,7 @@
 //! The routing view the Python control plane pushes at every metadata refresh (router/data_plane.py writes it):
 //! the tables this path serves and every replica's latest known lag, swapped in whole.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde::Deserialize;
 
@@ -45,6 +45,14 @@ pub struct InputEnds {
     pub ends: HashMap<i32, i64>,
 }
 
+/// Where a table's changelog ended once its query had processed its input up to `input` (partition → next offset):
+/// a replica that applied `changelog` reflects every input record before it (freshroute.metadata.progress.InputMark).
+#[derive(Clone, Debug, Deserialize)]
+pub struct Mark {
+    pub input: HashMap<i32, i64>,
+    pub changelog: HashMap<i32, i64>,
+}
+
 pub const PIPELINE_EXPIRY_MS: i64 = 3000;
 pub const INPUT_ENDS_TRUST_MS: i64 = 3000;
 
@@ -83,6 +91,12 @@ pub struct Table {
     pub version: i32,
     /// That version's own table (`t-v2`; the table's name for version 1): what store reads and positions name.
     pub physical: String,
+    /// The topic its pipeline reads, and its changelog's: what a write token's events name.
+    pub input_topic: Option<String>,
+    pub changelog_topic: Option<String>,
+    /// Its latest marks, oldest first, and the input records the pipeline rejected (partition → offsets).
+    pub marks: Vec<Mark>,
+    pub rejected: HashMap<i32, HashSet<i64>>,
 }
 
 impl Table {
@@ -130,6 +144,16 @@ struct TableDoc {
     version: i32,
     /// None in a view written before versions other than 1 were served here: the table's name.
     physical: Option<String>,
+    /// None in a view written before write tokens were read here (a read after one goes to the Python path).
+    #[serde(default)]
+    input_topic: Option<String>,
+    #[serde(default)]
+    changelog_topic: Option<String>,
+    /// (input, changelog) of each mark.
+    #[serde(default)]
+    marks: Vec<(HashMap<i32, i64>, HashMap<i32, i64>)>,
+    #[serde(default)]
+    rejected: HashMap<i32, HashSet<i64>>,
 }
 
 fn first_version() -> i32 {
@@ -170,6 +194,10 @@ impl Snapshot {
                 partitions: vec![Vec::new(); t.partitions],
                 version: t.version,
                 physical,
+                input_topic: t.input_topic,
+                changelog_topic: t.changelog_topic,
+                marks: t.marks.into_iter().map(|(input, changelog)| Mark { input, changelog }).collect(),
+                rejected: t.rejected,
             });
         }
         for (table, partition, replicas) in doc.replicas {

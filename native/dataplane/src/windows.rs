@@ -40,7 +40,7 @@ impl Routing {
     /// The answer to GET /v1/tables/{table}/keys/{key}/windows?{query}, or None for the Python path.
     pub async fn windows(&self, table: &[u8], key: &[u8], query: &[u8]) -> Option<Answered> {
         let started = Instant::now();
-        let query = parse_query(query).filter(|q| q.as_of_ms.is_none())?;
+        let query = parse_query(query).filter(|q| q.as_of_ms.is_none() && q.after.is_none() && q.wait_ms.is_none())?;
         let (from_ms, to_ms) = (query.from_ms?, query.to_ms?);
         let r = self.route(segment(table)?, segment(key)?, &query, |t| t.window.is_some() && t.value_format == ValueFormat::Json)?;
         let spec = &r.snap.tables[&r.table];
