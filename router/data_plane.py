@@ -4,8 +4,9 @@ request and call to the Python fronts on loopback ports.
 
 The Python side keeps the control plane: at every metadata refresh it pushes the routing view (:func:`~freshroute.routing.compiled_view.snapshot_doc`:
 the tables the path serves, every replica's latest lag) and it counts the path's lookups into the router's metrics at
-a scrape. The path answers key lookups, a key's windows and reads as of a time (in milliseconds); what it does not
-serve — a bound of a write token or the input's lag, a wait, a time in RFC 3339, a versions or metadata route, a
+a scrape. The path answers key lookups (also after a write token, waiting for its events), a key's windows and reads
+as of a time (in milliseconds); what it does not serve — a bound of the input's lag, a wait for a position, a refusal
+of a write token, a time in RFC 3339, a versions or metadata route, a
 table of JSON or bytes keys, a read no replica the view trusts can answer at the first try (or the hedge's), every
 refusal but a 401 — it relays to the Python path, which answers it with every rule of :mod:`freshroute.routing`.
 Where the path cannot be used at all (not built; client certificates required, which it does not take yet) the

@@ -12,10 +12,11 @@ import orjson
 import pytest
 
 from freshroute.position import Position
+from freshroute.write_tokens.token import WriteToken
 from proto import router_pb2, router_pb2_grpc
 from tools.local.services import free_port
 
-from .router_deployment import KEYS, LAYOUT, TABLE, WINDOWED, Deployment, Procs, value_of
+from .router_deployment import FED, FED_INPUT_RECORDS, KEYS, LAYOUT, TABLE, WINDOWED, Deployment, Procs, value_of
 from .data_plane_support import GOOD, NARROW, metrics, write_auth_file
 
 pytestmark = [pytest.mark.integration, pytest.mark.light]  # no Spark, no shared stack: runs beside the others
@@ -27,7 +28,7 @@ RELAYED = 'freshroute_router_compiled_path_handoffs_total{how="grpc_relayed"}'
 def ports(tmp_path_factory, broker, redis_service):
     """(the deployment, the compiled router's gRPC port, the Python front's, the secured routers' in that order)."""
     d = Deployment(Procs(tmp_path_factory.mktemp("data-plane-grpc")), broker, redis_service.address,
-                   f"t{uuid.uuid4().hex[:10]}")
+                   f"t{uuid.uuid4().hex[:10]}", fed=True)
     auth = tmp_path_factory.mktemp("data-plane-grpc-auth") / "auth.json"
     write_auth_file(auth)
     try:
@@ -54,6 +55,7 @@ def bound(**fields) -> router_pb2.Bound:
 
 
 POSITION = Position(TABLE, {p: 0 for p in range(4)}).encode()
+READ = WriteToken(reads={TABLE: {p: 1 for p in range(4)}}).encode()  # a session's token that read every partition
 HERE, RELAYED_THERE = True, False
 # Each Get, and whether the compiled path answers it itself.
 REQUESTS = [
@@ -71,6 +73,12 @@ REQUESTS = [
      RELAYED_THERE),
     (router_pb2.GetRequest(table=TABLE, key="sensor-2", bound=bound(max_input_lag_ms=0)), RELAYED_THERE),
     (router_pb2.GetRequest(table=TABLE, key="sensor-2", bound=bound(after="nonsense")), RELAYED_THERE),
+    (router_pb2.GetRequest(table=TABLE, key="sensor-2", bound=bound(after=READ)), HERE),
+    (router_pb2.GetRequest(table=TABLE, key="sensor-2", bound=bound(after=READ, wait_ms=500, max_lag=3)), HERE),
+    (router_pb2.GetRequest(table=TABLE, key="sensor-2", bound=bound(after=READ, wait_ms=0)), RELAYED_THERE),
+    (router_pb2.GetRequest(table=TABLE, key="sensor-2", bound=bound(after=READ, wait_ms=60_001)), RELAYED_THERE),
+    (router_pb2.GetRequest(table=TABLE, key="sensor-2", bound=bound(after=WriteToken({"elsewhere": {0: 1}}).encode())),
+     RELAYED_THERE),
     (router_pb2.GetRequest(table=TABLE, key="sensor-2", bound=bound(wait_ms=10)), RELAYED_THERE),
     (router_pb2.GetRequest(table=TABLE, key="sensor-2", typed_values=True), RELAYED_THERE),
     (router_pb2.GetRequest(table=TABLE, key="sensor-4", bound=bound(as_of=LATER_MS)), HERE),
@@ -130,6 +138,20 @@ def test_every_get_is_answered_as_the_python_front_answers_it(ports, request_, h
     assert relayed == (0 if here else 1), got[:2]
 
 
+def test_a_get_after_input_events_no_replica_reflects_waits_here_and_ends_as_the_python_front_ends_it(ports):
+    d, compiled, python, _, _ = ports
+    events = WriteToken({d.input_topic: {0: 4, 1: FED_INPUT_RECORDS - 1}}, written_ms=int(time.time() * 1000))
+    request = router_pb2.GetRequest(table=FED, key="sensor-3", bound=bound(after=events.encode(), wait_ms=300))
+    before = metrics(d.rest)[RELAYED]
+    started = time.monotonic()
+    got = call(compiled, request)
+    took = time.monotonic() - started
+    assert metrics(d.rest)[RELAYED] == before, "answered here, the wait too"
+    same(got, call(python, request))
+    assert (got[0], got[2]["error"]["code"]) == (grpc.StatusCode.UNAVAILABLE, "NOT_YET_VISIBLE")
+    assert 0.29 <= took < 1.5, took
+
+
 def test_a_found_key_says_who_served_it_and_how_fresh(ports):
     d, compiled, _, _, _ = ports
     for i in range(KEYS):
@@ -166,6 +188,6 @@ def test_calls_of_every_other_method_are_relayed(ports):
         got = stub.BatchGet(router_pb2.BatchGetRequest(table=TABLE, keys=["sensor-1", "nope"]), timeout=10)
         assert [r.found for r in got.results] == [True, False]
         tables = stub.ListTables(router_pb2.ListTablesRequest(), timeout=10)
-        assert {t.name for t in tables.tables} == {TABLE, WINDOWED}
+        assert {t.name for t in tables.tables} == set(d.tables)
     assert metrics(d.rest)[RELAYED] - before == 2
 

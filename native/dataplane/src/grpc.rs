@@ -17,7 +17,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use crate::grpc_answer::{self, Outcome, Status, UNAUTHENTICATED};
 use crate::grpc_relay::{Pending, PythonGrpc};
 use crate::guard::{Guard, Judgement};
-use crate::lookup::{position, Query, Routing};
+use crate::lookup::{position, Query, Routing, MAX_WAIT_MS};
+use crate::read_after;
 use crate::messages::GetRequest;
 use crate::peer_frames::{self, Verdict, Watched};
 use crate::selection::Bound;
@@ -185,7 +186,8 @@ async fn get(conns: &Conns, headers: &HeaderMap, body: &[u8]) -> Option<Outcome>
         }
         Judgement::Python => return None,
     };
-    let outcome = conns.routing.key(request.table, request.key, query, grpc_answer::get, |_, _, _, _| None).await;
+    let outcome = conns.routing.key(request.table, request.key, query, grpc_answer::get, grpc_answer::not_yet_visible)
+        .await;
     if let (None, Some(lease)) = (&outcome, lease) {
         lease.give_back();  // the Python path admits the call again
     }
@@ -199,22 +201,26 @@ fn known_fields(message: &[u8]) -> Option<GetRequest> {
     (request.encoded_len() == message.len()).then_some(request)
 }
 
-/// The bound of a Get this path serves, or None: a typed answer, a bound of a write token, the input's lag or a
-/// wait, a version named by number, and limits the Python path refuses are its to answer.
+/// The bound of a Get this path serves, or None: a typed answer, the input's lag, a version named by number, a wait
+/// for anything but a write token's events, and limits the Python path refuses are its to answer.
 fn query(request: &GetRequest) -> Option<Query> {
     if request.typed_values {
         return None;
     }
     let b = request.bound.clone().unwrap_or_default();
-    if b.max_input_lag_ms.is_some() || !b.after.is_empty() || b.wait_ms.is_some() || b.version.is_some() {
+    if b.max_input_lag_ms.is_some() || b.version.is_some() || b.after.is_empty() && b.wait_ms.is_some() {
         return None;
     }
     if [b.max_lag, b.max_staleness_ms, b.as_of].iter().any(|v| v.is_some_and(|v| v < 0)) {
         return None;
     }
+    if b.wait_ms.is_some_and(|ms| !(1..=MAX_WAIT_MS).contains(&ms)) {
+        return None;
+    }
     let position = if b.min_position.is_empty() { None } else { Some(position(b.min_position.as_bytes())?) };
+    let after = if b.after.is_empty() { None } else { Some(read_after::decode(b.after.as_bytes())?) };
     Some(Query { bound: Bound { max_lag: b.max_lag, max_staleness_ms: b.max_staleness_ms, min_offset: 0 },
-                 position, as_of_ms: b.as_of, ..Query::default() })
+                 position, after, wait_ms: b.wait_ms, as_of_ms: b.as_of, ..Query::default() })
 }
 
 fn answer(respond: &mut SendResponse<Bytes>, outcome: Outcome) {

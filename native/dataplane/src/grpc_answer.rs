@@ -8,6 +8,7 @@ use prost::Message;
 use crate::answer::{self, position_token};
 use crate::lookup::KeyAnswer;
 use crate::messages::{GetResponse, InputLag, Lag, ServedBy};
+use crate::read_after::{self, After};
 use crate::snapshot::ValueFormat;
 
 // gRPC status codes.
@@ -36,6 +37,12 @@ pub fn framed(message: &impl Message) -> Bytes {
     out.put_u32(len as u32);
     message.encode(&mut out).expect("a buffer of the message's length");
     out.freeze()
+}
+
+/// A Get after a write token whose events no replica reflected within its wait: NOT_YET_VISIBLE as UNAVAILABLE.
+pub fn not_yet_visible(physical: &str, partition: usize, said: &str, after: &After) -> Option<Outcome> {
+    Some(Outcome::Status(Status { code: UNAVAILABLE, message: format!("{physical}/{partition}: {said}"),
+                                  body: Some(read_after::not_yet_visible(physical, partition, said, after)) }))
 }
 
 /// Get's answer to a key read (router.grpc_get.answer_get): the GetResponse, or KEY_NOT_FOUND's status; None where

@@ -21,7 +21,7 @@ use crate::store::{Answer, Stores};
 use crate::Shared;
 
 /// freshroute.bound.MAX_WAIT_MS.
-const MAX_WAIT_MS: i64 = 60_000;
+pub const MAX_WAIT_MS: i64 = 60_000;
 
 pub fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)

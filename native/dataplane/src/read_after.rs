@@ -170,15 +170,15 @@ pub fn retry_limit(timeout: Duration) -> u64 {
     (timeout.as_millis() / (RETRY_MAX - TIMER_SLACK).as_millis()) as u64 + 8
 }
 
-/// NotYetVisible's body (router.http_errors of freshroute.errors.NotYetVisible): the table's partition, what the last
-/// replica asked said, and the events waited for.
+/// NotYetVisible's body (router.http_errors of freshroute.errors.NotYetVisible), its fields in Python's order: the
+/// table's partition, what the last replica asked said, and the events waited for.
 pub fn not_yet_visible(physical: &str, partition: usize, unseen: &str, after: &After) -> Vec<u8> {
-    let offsets: serde_json::Map<String, serde_json::Value> =
-        after.written.iter().map(|(p, o)| (p.to_string(), (*o).into())).collect();
-    let body = serde_json::json!({"error": {
-        "code": "NOT_YET_VISIBLE", "message": format!("{physical}/{partition}: {unseen}"), "table": physical,
-        "partition": partition, "after": {"topic": after.topic, "offsets": offsets}, "attempts": []}});
-    serde_json::to_vec(&body).unwrap_or_default()
+    let text = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    let offsets: Vec<String> = after.written.iter().map(|(p, o)| format!("\"{p}\":{o}")).collect();
+    format!("{{\"error\":{{\"code\":\"NOT_YET_VISIBLE\",\"message\":{},\"table\":{},\"partition\":{partition},\
+             \"after\":{{\"topic\":{},\"offsets\":{{{}}}}},\"attempts\":[]}}}}",
+            text(&format!("{physical}/{partition}: {unseen}")), text(physical), text(&after.topic), offsets.join(","))
+        .into_bytes()
 }
 
 #[cfg(test)]
@@ -281,9 +281,10 @@ mod tests {
     #[test]
     fn a_wait_that_ends_says_what_python_says() {
         let after = After { topic: "readings".into(), written: Offsets::from([(0, 41)]) };
-        let body: serde_json::Value = serde_json::from_slice(&not_yet_visible("t", 1, "no row yet", &after)).unwrap();
-        assert_eq!(body, serde_json::json!({"error": {"code": "NOT_YET_VISIBLE", "message": "t/1: no row yet",
-            "table": "t", "partition": 1, "after": {"topic": "readings", "offsets": {"0": 41}}, "attempts": []}}));
+        let body = not_yet_visible("t", 1, "the row of key b'k\"' is behind", &after);
+        assert_eq!(String::from_utf8(body).unwrap(), "{\"error\":{\"code\":\"NOT_YET_VISIBLE\",\"message\":\"t/1: the row of \
+            key b'k\\\"' is behind\",\"table\":\"t\",\"partition\":1,\"after\":{\"topic\":\"readings\",\"offsets\":{\"0\":41}},\
+            \"attempts\":[]}}");
         assert_eq!(retry_limit(Duration::from_secs(2)), 674);
     }
 }
