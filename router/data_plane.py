@@ -26,7 +26,7 @@ import asyncio
 import logging
 import math
 import socket
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import orjson
 from prometheus_client.core import CounterMetricFamily, Metric
@@ -38,6 +38,7 @@ from freshroute.routing.counts import LookupCounts
 from freshroute.routing.policy import RoutingPolicy
 from freshroute.routing.snapshot import Snapshot
 from router.auth import Guard, Principals
+from router.handover import Inbox, ProtocolFactory
 from freshroute.tls import ServerTLS
 from router.metrics import RouterMetrics
 from router.rate_limit import LEASE_S
@@ -112,16 +113,25 @@ class DataPlane:
         self._front: Any = None
         self._tables: frozenset[str] = frozenset()
         self._leasing: asyncio.Task[None] | None = None
+        self._inbox: Inbox | None = None
         metrics.lookups.counts(fill=self._fill)
         metrics.registry.register(_PathCollector(self))
 
     def start(self, rest: socket.socket, python_port: int, keep_alive_s: float, snap: Snapshot,
-              grpc: tuple[socket.socket, int] | None = None) -> None:
+              grpc: tuple[socket.socket, int] | None = None,
+              protocol: Callable[[], ProtocolFactory | None] | None = None) -> None:
         """Serve the REST port (``rest``, listening) on the path's threads; ``python_port``: the Python front's, whose
         keep-alive timeout the path's idle connections keep too; ``grpc``: the gRPC port (listening) and the Python
-        gRPC front's loopback port, when the path serves gRPC too. Called on the event loop the leases are kept on."""
+        gRPC front's loopback port, when the path serves gRPC too; ``protocol``: the Python front's protocol for a
+        connection (None until it has started), which adopts the sockets of the plain connections the path hands
+        over (without it, they are spliced through to ``python_port``). Called on the event loop the leases are kept
+        on."""
+        if protocol is not None:
+            self._inbox = Inbox()
+            self._inbox.start(protocol)
         self._front = self._make(rest.fileno(), python_port, config_doc(self.settings, self.policy, keep_alive_s),
-                                 None if grpc is None else (grpc[0].fileno(), grpc[1]))
+                                 None if grpc is None else (grpc[0].fileno(), grpc[1]),
+                                 None if self._inbox is None else self._inbox.path_end)
         cluster = cluster_files(self.settings)
         if cluster is not None:
             self._front.cluster_tls(*cluster)
@@ -191,6 +201,8 @@ class DataPlane:
             self._leasing.get_loop().call_soon_threadsafe(self._leasing.cancel)
         if self._front is not None:
             self._front.stop(grace_s)
+        if self._inbox is not None and self._inbox.loop is not None:
+            self._inbox.loop.call_soon_threadsafe(self._inbox.close)
 
     def counts(self) -> dict[str, Any]:
         """What the path has counted so far (``Front.counts``); empty before it starts."""
@@ -215,11 +227,13 @@ class _PathCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         c = self._plane.counts()
         requests = CounterMetricFamily("freshroute_router_compiled_path_handoffs", "REST requests the compiled path "
-                                       "relayed to the Python path (relayed) and connections it handed over whole "
-                                       "(handed_over); gRPC calls it relayed to the Python gRPC front "
+                                       "relayed to the Python path (relayed) and connections it handed over whole, "
+                                       "their sockets adopted by the Python front (adopted) or spliced through to it "
+                                       "(handed_over: TLS); gRPC calls it relayed to the Python gRPC front "
                                        "(grpc_relayed)", labels=["how"])
         requests.add_metric(["relayed"], c.get("relayed", 0))
         requests.add_metric(["handed_over"], c.get("handed_over", 0))
+        requests.add_metric(["adopted"], c.get("adopted", 0))
         requests.add_metric(["grpc_relayed"], c.get("grpc_relayed", 0))
         yield requests
         connections = CounterMetricFamily("freshroute_router_compiled_path_connections", "connections the compiled "

@@ -8,7 +8,8 @@ import gc
 import logging
 import signal
 import socket
-from typing import Any, Iterator
+from functools import partial
+from typing import Any, Callable, Iterator
 
 import uvicorn
 
@@ -43,6 +44,16 @@ def _listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     sock.listen(2048)
     sock.setblocking(False)
     return sock
+
+
+def _front_protocol(rest: uvicorn.Server) -> Callable[[], asyncio.Protocol] | None:
+    """The Python front's protocol for a connection, as uvicorn makes one for each it accepts; None until it has
+    started."""
+    if not rest.started:
+        return None
+    config = rest.config
+    return partial(config.http_protocol_class, config=config, server_state=rest.server_state,
+                   app_state=rest.lifespan.state)
 
 
 async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> None:
@@ -102,7 +113,7 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
         if plane is not None:
             plane.start(rest_sock, python_sock.getsockname()[1], config.timeout_keep_alive,
                         runtime.router.metadata.current,
-                        None if grpc_sock is None else (grpc_sock, grpc_server.port))
+                        None if grpc_sock is None else (grpc_sock, grpc_server.port), partial(_front_protocol, rest))
             runtime.snapshot_listeners.append(plane.on_snapshot)
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -120,6 +120,7 @@ def test_a_connection_mixing_what_is_answered_relayed_and_handed_over_keeps_its_
         f"/v1/tables/{TABLE}/keys/sensor-1", f"/v1/tables/{TABLE}/keys/sensor-2?max_lag=x",
         f"/v1/tables/{TABLE}/keys/sensor-3", f"/v1/tables/{TABLE}/keys/sensor-1/metadata", "/v1/tables",
         f"/v1/tables/{TABLE}/keys/sensor-4"))
+    before = metrics(d.rest)
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(raw)
         f = sock.makefile("rb")
@@ -135,6 +136,12 @@ def test_a_connection_mixing_what_is_answered_relayed_and_handed_over_keeps_its_
     assert [answers[i][1]["value"] for i in (0, 2, 5)] == [value_of(1), value_of(3), value_of(4)]
     assert answers[1][1]["error"]["field"] == "max_lag"
     assert answers[3][1]["partition"] in LAYOUT and {t["name"] for t in answers[4][1]["tables"]} == set(d.tables)
+    # The connection's socket went to the Python front with the last request unread there (as did the metrics
+    # request's after it): nothing spliced.
+    handoffs = 'freshroute_router_compiled_path_handoffs_total{how="%s"}'
+    after = metrics(d.rest)
+    assert (after[handoffs % "adopted"] - before[handoffs % "adopted"],
+            after[handoffs % "handed_over"] - before[handoffs % "handed_over"]) == (2, 0)
 
 
 def test_the_paths_work_is_counted_in_the_routers_metrics(routers):
@@ -465,6 +472,9 @@ def test_over_tls_lookups_are_served_here_on_kept_alive_connections(over_tls):
     connections = 'freshroute_router_compiled_path_connections_total{port="rest"}'
     assert after[relayed] == before[relayed]
     assert after[connections] - before[connections] == 2  # one for the lookups, one for the metrics
+    # The metrics request's connection, whose TLS session is the path's, was spliced through to the Python front.
+    handoffs = 'freshroute_router_compiled_path_handoffs_total{how="%s"}'
+    assert (after[handoffs % "handed_over"] - before[handoffs % "handed_over"], after[handoffs % "adopted"]) == (1, 0)
     with socket.create_connection(("127.0.0.1", int(compiled.rsplit(":", 1)[1])), timeout=10) as raw:
         context = ssl.create_default_context(cafile=str(ca.cert))
         context.set_alpn_protocols(["h2", "http/1.1"])

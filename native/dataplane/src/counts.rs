@@ -17,6 +17,8 @@ pub struct Counts {
     /// Key route requests answered by the Python path, and connections handed to it.
     pub relayed: AtomicU64,
     pub handed_over: AtomicU64,
+    /// Connections whose socket the Python front adopted (the rest of handed_over's: spliced).
+    pub adopted: AtomicU64,
     pub connections: AtomicU64,
     /// gRPC calls relayed to the Python front, and connections the gRPC port accepted.
     pub grpc_relayed: AtomicU64,

@@ -16,6 +16,7 @@ use crate::answer;
 use crate::guard::{Guard, Judgement};
 use crate::lookup::{segment, Routing};
 use crate::relay::Python;
+use std::os::fd::RawFd;
 
 /// What a request's head may take before it is the Python front's to judge (router.transports.http1: 32 KiB).
 const MAX_HEAD: usize = 32 << 10;
@@ -149,8 +150,9 @@ async fn send<S: AsyncWrite + Unpin>(stream: &mut S, out: &[u8]) -> std::io::Res
     stream.flush().await
 }
 
-/// Serve one connection (plain, or TLS already accepted) until it closes, idles out or is handed over.
-pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(conns: Rc<Conns>, mut stream: S) {
+/// Serve one connection (plain, its socket `plain`; or TLS already accepted) until it closes, idles out or is handed
+/// over.
+pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(conns: Rc<Conns>, mut stream: S, plain: Option<RawFd>) {
     let shared = conns.routing.shared.clone();
     let mut buf = BytesMut::with_capacity(4096);
     let mut out: Vec<u8> = Vec::with_capacity(4096);
@@ -168,8 +170,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(conns: Rc<Conns>, mut stre
                     if !out.is_empty() && send(&mut stream, &out).await.is_err() {
                         return;
                     }
-                    shared.counts.handed_over.fetch_add(1, Relaxed);
-                    return conns.python.hand_over(stream, &buf).await;
+                    return hand_over(&conns, stream, plain, &buf).await;
                 }
                 Request::KeyRoute { head } => {
                     let request = buf.split_to(head);
@@ -231,13 +232,23 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(conns: Rc<Conns>, mut stre
                 Ok(Ok(_)) => {}
                 Err(_) if buf.is_empty() => return,  // idle past the keep-alive timeout
                 Err(_) => {
-                    shared.counts.handed_over.fetch_add(1, Relaxed);
-                    return conns.python.hand_over(stream, &buf).await;
+                    return hand_over(&conns, stream, plain, &buf).await;
                 }
             },
             _ = shared.stop.notified(), if buf.is_empty() => return,
         }
     }
+}
+
+/// The connection, from `pending` on, the Python front's: its socket adopted there when plain, else spliced through.
+async fn hand_over<S: AsyncRead + AsyncWrite + Unpin>(conns: &Conns, stream: S, plain: Option<RawFd>, pending: &[u8]) {
+    let counts = &conns.routing.shared.counts;
+    if plain.is_some_and(|fd| conns.python.adopt(fd, pending)) {
+        counts.adopted.fetch_add(1, Relaxed);
+        return;  // dropping the stream closes this path's descriptor alone
+    }
+    counts.handed_over.fetch_add(1, Relaxed);
+    conns.python.hand_over(stream, pending).await
 }
 
 /// Whether the lookup may be answered here, when the router authenticates.

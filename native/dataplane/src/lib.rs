@@ -138,6 +138,7 @@ struct Front {
     listen_fd: RawFd,
     python_port: u16,
     grpc: Option<(RawFd, u16)>,
+    inbox: Option<RawFd>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -145,16 +146,20 @@ struct Front {
 impl Front {
     /// `listen_fd`: the REST port's listening socket (the caller keeps it open); `python_port`: the loopback port of
     /// the router's Python front; `config`: the routing policy's settings as JSON; `grpc`: the gRPC port's listening
-    /// socket and the loopback port of the router's Python gRPC front, when the path serves gRPC too.
+    /// socket and the loopback port of the router's Python gRPC front, when the path serves gRPC too; `inbox`: the
+    /// datagram socket the Python front adopts handed-over connections' sockets from (router/handover.py), kept open
+    /// by the caller (without one, they are spliced through to `python_port`).
     #[new]
-    #[pyo3(signature = (listen_fd, python_port, config, grpc=None))]
-    fn new(listen_fd: RawFd, python_port: u16, config: &str, grpc: Option<(RawFd, u16)>) -> PyResult<Front> {
+    #[pyo3(signature = (listen_fd, python_port, config, grpc=None, inbox=None))]
+    fn new(listen_fd: RawFd, python_port: u16, config: &str, grpc: Option<(RawFd, u16)>, inbox: Option<RawFd>)
+           -> PyResult<Front> {
         let config: Config = serde_json::from_str(config).map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(Front {
             shared: Arc::new(Shared::new(config)),
             listen_fd,
             python_port,
             grpc,
+            inbox,
             threads: Mutex::new(Vec::new()),
         })
     }
@@ -214,9 +219,10 @@ impl Front {
             let rest = listener(self.listen_fd)?;
             let grpc = self.grpc.map(|(fd, _)| listener(fd)).transpose()?;
             let (shared, ports) = (self.shared.clone(), (self.python_port, self.grpc.map_or(0, |(_, port)| port)));
+            let python = relay::Python::new(self.python_port, self.inbox);
             let handle = std::thread::Builder::new()
                 .name(format!("front-{i}"))
-                .spawn(move || run(shared, rest, grpc, ports, i as u64))
+                .spawn(move || run(shared, rest, grpc, python, ports.1, i as u64))
                 .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
             handles.push(handle);
         }
@@ -261,6 +267,7 @@ impl Front {
         d.set_item("hedges", c.hedges.load(Relaxed))?;
         d.set_item("relayed", c.relayed.load(Relaxed))?;
         d.set_item("handed_over", c.handed_over.load(Relaxed))?;
+        d.set_item("adopted", c.adopted.load(Relaxed))?;
         d.set_item("connections", c.connections.load(Relaxed))?;
         d.set_item("grpc_relayed", c.grpc_relayed.load(Relaxed))?;
         d.set_item("grpc_connections", c.grpc_connections.load(Relaxed))?;
@@ -287,15 +294,15 @@ async fn next(listener: &Option<tokio::net::TcpListener>) -> std::io::Result<tok
 }
 
 /// One thread of the front: its lookups' routing, shared by its REST and gRPC connections.
-fn run(shared: Arc<Shared>, rest: std::net::TcpListener, grpc: Option<std::net::TcpListener>,
-       (python_port, python_grpc_port): (u16, u16), seed: u64) {
+fn run(shared: Arc<Shared>, rest: std::net::TcpListener, grpc: Option<std::net::TcpListener>, python: relay::Python,
+       python_grpc_port: u16, seed: u64) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
         let Ok(rest) = tokio::net::TcpListener::from_std(rest) else { return };
         let Ok(grpc) = grpc.map(tokio::net::TcpListener::from_std).transpose() else { return };
         let routing = Rc::new(lookup::Routing::new(shared.clone(), seed));
-        let rest_conns = Rc::new(http1::Conns::new(routing.clone(), relay::Python::new(python_port)));
+        let rest_conns = Rc::new(http1::Conns::new(routing.clone(), python));
         let grpc_conns = Rc::new(grpc::Conns::new(routing, python_grpc_port));
         loop {
             tokio::select! {
@@ -304,14 +311,14 @@ fn run(shared: Arc<Shared>, rest: std::net::TcpListener, grpc: Option<std::net::
                     shared.counts.connections.fetch_add(1, Relaxed);
                     let tls = shared.tls.lock().expect("never poisoned").clone().map(|t| t.rest);
                     let conns = rest_conns.clone();
-                    spawn_connection(&shared, stream, tls, move |s| http1::serve(conns, s));
+                    spawn_connection(&shared, stream, tls, move |s, plain| http1::serve(conns, s, plain));
                 }
                 accepted = next(&grpc) => {
                     let Ok(stream) = accepted else { pause_after_refused_accept().await; continue };
                     shared.counts.grpc_connections.fetch_add(1, Relaxed);
                     let tls = shared.tls.lock().expect("never poisoned").clone().map(|t| t.grpc);
                     let conns = grpc_conns.clone();
-                    spawn_connection(&shared, stream, tls, move |s| grpc::serve(conns, s));
+                    spawn_connection(&shared, stream, tls, move |s, _| grpc::serve(conns, s));
                 }
                 _ = shared.stop.notified() => {}
             }
@@ -335,11 +342,12 @@ async fn pause_after_refused_accept() {
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
-/// A connection served by `serve` on this thread, over TLS when the port speaks it, counted open until it ends.
+/// A connection served by `serve` on this thread, over TLS when the port speaks it (else with its socket), counted
+/// open until it ends.
 fn spawn_connection<F, R>(shared: &Arc<Shared>, stream: tokio::net::TcpStream, tls: Option<tokio_rustls::TlsAcceptor>,
                           serve: F)
 where
-    F: FnOnce(Box<dyn Connection>) -> R + 'static,
+    F: FnOnce(Box<dyn Connection>, Option<RawFd>) -> R + 'static,
     R: std::future::Future<Output = ()> + 'static,
 {
     let _ = stream.set_nodelay(true);
@@ -347,10 +355,13 @@ where
     let shared = shared.clone();
     tokio::task::spawn_local(async move {
         match tls {
-            None => serve(Box::new(stream)).await,
+            None => {
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+                serve(Box::new(stream), Some(fd)).await
+            }
             Some(tls) => {
                 if let Ok(Ok(stream)) = tokio::time::timeout(tls::HANDSHAKE, tls.accept(stream)).await {
-                    serve(Box::new(stream)).await;
+                    serve(Box::new(stream), None).await;
                 }
             }
         }
