@@ -170,8 +170,12 @@ impl Routing {
                 if let Reply::Key(k) = &reply {
                     said.clone_from(&k.message);
                 }
+                // A hedge's answer leaves the slower attempts before it unanswered: they are asked again with it (a
+                // replica not yet reflecting the events may answer first, the one that will reflect them later).
+                let at = cands[i..].iter().position(|c| c.index == cand.index).map_or(i, |at| i + at);
+                catching_up.extend(cands[i..at].iter().map(|c| (c.applied, *c)));
                 catching_up.push((reply.replica().map_or(0, |rep| rep.applied_offset), cand));
-                i = cands.iter().position(|c| c.index == cand.index).map_or(cands.len(), |at| at + 1);
+                i = at + 1;
             }
             if after.rejected(self.shared.snapshot().tables.get(&r.table)) {
                 return None;  // the Python path says why the pipeline rejected it
