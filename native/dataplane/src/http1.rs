@@ -243,9 +243,13 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(conns: Rc<Conns>, mut stre
 /// The connection, from `pending` on, the Python front's: its socket adopted there when plain, else spliced through.
 async fn hand_over<S: AsyncRead + AsyncWrite + Unpin>(conns: &Conns, stream: S, plain: Option<RawFd>, pending: &[u8]) {
     let counts = &conns.routing.shared.counts;
-    if plain.is_some_and(|fd| conns.python.adopt(fd, pending)) {
+    if let Some(fd) = plain {
+        // Counted first: the Python front may answer a scrape of the counts on this very connection.
         counts.adopted.fetch_add(1, Relaxed);
-        return;  // dropping the stream closes this path's descriptor alone
+        if conns.python.adopt(fd, pending) {
+            return;  // dropping the stream closes this path's descriptor alone
+        }
+        counts.adopted.fetch_sub(1, Relaxed);
     }
     counts.handed_over.fetch_add(1, Relaxed);
     conns.python.hand_over(stream, pending).await
