@@ -1,5 +1,6 @@
 //! What the compiled path counts, read by the router's metrics at a scrape (freshroute.routing.counts' labels and
-//! buckets): lookups it answered by outcome and serving role, their latency, its hedges; requests it left to the
+//! buckets): lookups it answered by outcome and serving role, their latency, its hedges and the replicas it asked
+//! again for a write token's events; requests it left to the
 //! Python path.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -14,6 +15,8 @@ pub struct Counts {
     pub buckets: [AtomicU64; 14],
     pub sum_us: AtomicU64,
     pub hedges: AtomicU64,
+    /// Replicas asked again for the events a read after a write token waits for (the retries' reason "after").
+    pub after_retries: AtomicU64,
     /// Key route requests answered by the Python path, and connections handed to it.
     pub relayed: AtomicU64,
     pub handed_over: AtomicU64,

@@ -265,6 +265,7 @@ impl Front {
         d.set_item("bucket_bounds", LATENCY_BUCKETS.to_vec())?;
         d.set_item("sum_s", c.sum_us.load(Relaxed) as f64 / 1e6)?;
         d.set_item("hedges", c.hedges.load(Relaxed))?;
+        d.set_item("after_retries", c.after_retries.load(Relaxed))?;
         d.set_item("relayed", c.relayed.load(Relaxed))?;
         d.set_item("handed_over", c.handed_over.load(Relaxed))?;
         d.set_item("adopted", c.adopted.load(Relaxed))?;

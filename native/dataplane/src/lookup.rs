@@ -154,6 +154,9 @@ impl Routing {
             let mut catching_up: Vec<(i64, Candidate)> = Vec::with_capacity(cands.len());
             let mut i = 0;
             while i < cands.len() {
+                if round > 0 {
+                    self.counts().after_retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 let reflected = after.reflected(self.shared.snapshot().tables.get(&r.table), r.partition);
                 let bound = ReadBound { max_lag: r.bound.max_lag, max_staleness_ms: r.bound.max_staleness_ms,
                                         min_offset: r.bound.min_offset, after_input: input.clone(),
