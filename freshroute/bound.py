@@ -97,7 +97,7 @@ class Parameter:
     replica: bool = False
     limits: bool = True  # whether it limits the answer at all (a wait only says for how long to look)
     # Whether the compiled read paths (native/dataplane) judge it: a bound with any other set is the Python path's (but
-    # for the router's REST lookups, which also wait for a write token's events: after, wait_ms).
+    # for the router's key lookups and Get, which also wait for a write token's events: after, wait_ms).
     compiled: bool = False
 
 

@@ -17,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use crate::grpc_answer::{self, Outcome, Status, UNAUTHENTICATED};
 use crate::grpc_relay::{Pending, PythonGrpc};
 use crate::guard::{Guard, Judgement};
-use crate::lookup::{position, Query, Routing, MAX_WAIT_MS};
+use crate::lookup::{position, Query, Routing};
 use crate::read_after;
 use crate::messages::GetRequest;
 use crate::peer_frames::{self, Verdict, Watched};
@@ -201,20 +201,17 @@ fn known_fields(message: &[u8]) -> Option<GetRequest> {
     (request.encoded_len() == message.len()).then_some(request)
 }
 
-/// The bound of a Get this path serves, or None: a typed answer, the input's lag, a version named by number, a wait
-/// for anything but a write token's events, and limits the Python path refuses are its to answer.
+/// The bound of a Get this path serves, or None: a typed answer, the input's lag, a version named by number, and
+/// limits the Python path refuses are its to answer (a wait, Routing::key judges).
 fn query(request: &GetRequest) -> Option<Query> {
     if request.typed_values {
         return None;
     }
     let b = request.bound.clone().unwrap_or_default();
-    if b.max_input_lag_ms.is_some() || b.version.is_some() || b.after.is_empty() && b.wait_ms.is_some() {
+    if b.max_input_lag_ms.is_some() || b.version.is_some() {
         return None;
     }
     if [b.max_lag, b.max_staleness_ms, b.as_of].iter().any(|v| v.is_some_and(|v| v < 0)) {
-        return None;
-    }
-    if b.wait_ms.is_some_and(|ms| !(1..=MAX_WAIT_MS).contains(&ms)) {
         return None;
     }
     let position = if b.min_position.is_empty() { None } else { Some(position(b.min_position.as_bytes())?) };

@@ -21,7 +21,7 @@ use crate::store::{Answer, Stores};
 use crate::Shared;
 
 /// freshroute.bound.MAX_WAIT_MS.
-pub const MAX_WAIT_MS: i64 = 60_000;
+const MAX_WAIT_MS: i64 = 60_000;
 
 pub fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
@@ -86,8 +86,13 @@ impl Routing {
                                write: impl FnOnce(&KeyAnswer) -> Option<T>,
                                unseen: impl FnOnce(&str, usize, &str, &After) -> Option<T>) -> Option<T> {
         let started = Instant::now();
-        // A wait is a deadline for a write token's events (a position's wait is the Python path's).
-        if query.from_ms.is_some() || query.to_ms.is_some() || query.after.is_none() && query.wait_ms.is_some()
+        // A wait is a deadline for a write token's events (a position's wait, and one the Python path refuses, are
+        // its own).
+        let wait_served = match query.wait_ms {
+            Some(ms) => query.after.is_some() && (1..=MAX_WAIT_MS).contains(&ms),
+            None => true,
+        };
+        if query.from_ms.is_some() || query.to_ms.is_some() || !wait_served
             || query.after.is_some() && query.as_of_ms.is_some() {
             return None;
         }
@@ -442,7 +447,7 @@ pub fn parse_query(query: &[u8]) -> Option<Query> {
             b"from" => q.from_ms = Some(value),
             b"to" => q.to_ms = Some(value),
             b"as_of" => q.as_of_ms = Some(value),
-            b"wait_ms" if (1..=MAX_WAIT_MS).contains(&value) => q.wait_ms = Some(value),
+            b"wait_ms" => q.wait_ms = Some(value),
             _ => return None,
         }
     }
@@ -465,7 +470,7 @@ pub(crate) fn position(token: &[u8]) -> Option<Position> {
     let mut offsets = HashMap::with_capacity(doc.o.len());
     for (p, o) in doc.o {
         // int() of each: plain decimal text for a partition, a JSON integer for an offset (others: the Python path).
-        let p: i64 = p.parse().ok().filter(|_| p.bytes().all(|b| b.is_ascii_digit()))?;
+        let p = partition(&p)?;
         let o = o.as_i64()?;
         if o < 0 {
             return None;
@@ -473,6 +478,12 @@ pub(crate) fn position(token: &[u8]) -> Option<Position> {
         offsets.insert(p, o);
     }
     Some(Position { table: doc.t, offsets })
+}
+
+/// A partition named in a token's JSON as Python's int() reads it, where it is plain decimal text (None otherwise:
+/// the Python path reads the rest).
+pub(crate) fn partition(text: &str) -> Option<i64> {
+    text.parse().ok().filter(|_| text.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// A raw path segment as text (router.rest.routes.segment), or None where that raises.

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use crate::lookup::Position;
+use crate::lookup::{partition, Position};
 use crate::snapshot::Table;
 
 const PREFIX: &[u8] = b"w1.";
@@ -65,8 +65,8 @@ fn offsets(doc: HashMap<String, HashMap<String, serde_json::Value>>) -> Option<H
         }
         let mut offsets = Offsets::new();
         for (p, o) in parts {
-            // int() of a partition's text, an offset a JSON integer in [0, 2^63): plain decimal digits alone here.
-            let p: i64 = p.parse().ok().filter(|_| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))?;
+            // An offset a JSON integer in [0, 2^63).
+            let p = partition(&p)?;
             let o = o.as_i64().filter(|&o| o >= 0)?;
             if offsets.insert(p, o).is_some() {
                 return None;  // "1" and "01": which one Python keeps is its to say
@@ -184,7 +184,7 @@ pub fn not_yet_visible(physical: &str, partition: usize, unseen: &str, after: &A
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::{InputEnds, Mark, Snapshot};
+    use crate::snapshot::{InputEnds, Snapshot};
 
     fn encode(doc: &serde_json::Value) -> String {
         use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -275,16 +275,15 @@ mod tests {
         assert_eq!(after(&[(0, 4)]).reflected(None, 0), 0);
         assert!(after(&[(1, 12)]).rejected(Some(&t)));
         assert!(!after(&[(0, 12)]).rejected(Some(&t)));
-        let _ = Mark { input: HashMap::new(), changelog: HashMap::new() };
     }
 
     #[test]
     fn a_wait_that_ends_says_what_python_says() {
         let after = After { topic: "readings".into(), written: Offsets::from([(0, 41)]) };
         let body = not_yet_visible("t", 1, "the row of key b'k\"' is behind", &after);
-        assert_eq!(String::from_utf8(body).unwrap(), "{\"error\":{\"code\":\"NOT_YET_VISIBLE\",\"message\":\"t/1: the row of \
-            key b'k\\\"' is behind\",\"table\":\"t\",\"partition\":1,\"after\":{\"topic\":\"readings\",\"offsets\":{\"0\":41}},\
-            \"attempts\":[]}}");
+        let want = [r#"{"error":{"code":"NOT_YET_VISIBLE","message":"t/1: the row of key b'k\"' is behind","#,
+                    r#""table":"t","partition":1,"after":{"topic":"readings","offsets":{"0":41}},"attempts":[]}}"#];
+        assert_eq!(String::from_utf8(body).unwrap(), want.concat());
         assert_eq!(retry_limit(Duration::from_secs(2)), 674);
     }
 }
