@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from functools import partial
+
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from freshroute.bound import MAX_LIMIT
@@ -12,20 +14,20 @@ from router.rest.routes import JSON, json_response, query_of
 from router.routing import Router
 
 
-def routes(router: Router) -> APIRouter:
-    api = APIRouter(tags=["cluster"])
+def routes(app: FastAPI, router: Router) -> None:
+    get = partial(app.get, tags=["cluster"])
     views = ClusterViews(router)
 
-    @api.get("/v1/cluster", summary="Nodes, liveness, assignment and per-replica lag")
+    @get("/v1/cluster", summary="Nodes, liveness, assignment and per-replica lag")
     async def cluster() -> Response:
         return json_response(router.views.cluster().to_dict())
 
-    @api.get("/v1/cluster/summary",
+    @get("/v1/cluster/summary",
              summary="The cluster per node and per table: replica counts by kind, worst lag, restores in progress")
     async def cluster_summary() -> Response:
         return Response(await views.summary(), media_type=JSON)
 
-    @api.get("/v1/cluster/tables/{table}",
+    @get("/v1/cluster/tables/{table}",
              summary="One table's partitions, each with every replica's role, state and lag, a page at a time",
              responses={404: {"model": ErrorBody}, 400: {"model": ErrorBody}},
              openapi_extra={"parameters": [
@@ -38,4 +40,3 @@ def routes(router: Router) -> APIRouter:
     async def cluster_table(table: str, request: Request) -> Response:
         return json_response(views.table_replicas(table, query_of(request.scope.get("query_string", b""))))
 
-    return api

@@ -4,10 +4,11 @@ as on the HTTP/1.1 path), so a key holding ``/``, sent as ``%2F``, is one key wh
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from freshroute.bound import Bound
@@ -23,33 +24,34 @@ from router.routing import Router
 from router.settings import RouterSettings
 
 
-def routes(settings: RouterSettings, handlers: KeyHandlers) -> APIRouter:
-    api = APIRouter(tags=["lookups"])
+def routes(app: FastAPI, settings: RouterSettings, handlers: KeyHandlers) -> None:
+    get = partial(app.get, tags=["lookups"])
+    post = partial(app.post, tags=["lookups"])
 
     async def key_route(request: Request) -> Response:
         # The caller was admitted by the app's Admission, for the route parsed from the raw path.
         status, body = await handlers.respond(request.scope["state"]["route"], request.scope.get("query_string", b""))
         return Response(body, status, media_type=JSON)
 
-    @api.get("/v1/tables/{table}/keys/{key}", summary="Look up one key",
+    @get("/v1/tables/{table}/keys/{key}", summary="Look up one key",
              responses={200: {"model": KeyValue}, **ERROR_RESPONSES},
              openapi_extra={"parameters": [as_of_parameter(), *bound_parameters()]})
     async def get_key(table: str, key: str, request: Request) -> Response:
         return await key_route(request)
 
-    @api.get("/v1/tables/{table}/keys/{key}/versions",
+    @get("/v1/tables/{table}/keys/{key}/versions",
              summary="A versioned table's key: its versions valid in [from, to), newest first, paged",
              responses={200: {"model": VersionsResponse}, **ERROR_RESPONSES},
              openapi_extra={"parameters": [*version_range_parameters(settings.scan_max_limit), *bound_parameters()]})
     async def key_versions(table: str, key: str, request: Request) -> Response:
         return await key_route(request)
 
-    @api.get("/v1/tables/{table}/keys/{key}/metadata",
+    @get("/v1/tables/{table}/keys/{key}/metadata",
              summary="Where a key lives: partition, active and standbys with lag", responses={404: {"model": ErrorBody}})
     async def key_metadata(table: str, key: str, request: Request) -> Response:
         return await key_route(request)
 
-    @api.get("/v1/tables/{table}/keys/{key}/windows",
+    @get("/v1/tables/{table}/keys/{key}/windows",
              summary="A key's windows whose start is in [from, to), each saying whether it is final",
              responses={200: {"model": WindowsResponse}, **ERROR_RESPONSES},
              openapi_extra={"parameters": [*window_range_parameters(settings.max_windows), *bound_parameters()]})
@@ -57,18 +59,17 @@ def routes(settings: RouterSettings, handlers: KeyHandlers) -> APIRouter:
         return await key_route(request)
 
     # A key holding "/" (sent as %2F) reaches FastAPI's routing decoded, as more segments than a key route has.
-    @api.get("/v1/tables/{table}/keys/{rest:path}", include_in_schema=False)
+    @get("/v1/tables/{table}/keys/{rest:path}", include_in_schema=False)
     async def key_with_slash(table: str, rest: str, request: Request) -> Response:
         return await key_route(request)
 
-    @api.post("/v1/tables/{table}/keys:batchGet", summary="Look up many keys",
+    @post("/v1/tables/{table}/keys:batchGet", summary="Look up many keys",
               responses={200: {"model": BatchGetResponse}, **ERROR_RESPONSES},
               openapi_extra={"requestBody": {"required": True, "content": {JSON: {
                   "schema": BatchGetRequest.model_json_schema()}}}})
     async def batch_get(table: str, request: Request) -> Response:
         return json_response(await _batch_get(handlers.router, table, await request.body()))
 
-    return api
 
 
 async def _batch_get(router: Router, table: str, raw_body: bytes) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from functools import partial
+
+from fastapi import FastAPI
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -10,14 +12,14 @@ from router.rest.routes import json_response
 from router.routing import Router
 
 
-def routes(router: Router) -> APIRouter:
-    api = APIRouter(tags=["ops"])
+def routes(app: FastAPI, router: Router) -> None:
+    get = partial(app.get, tags=["ops"])
 
-    @api.get("/healthz", summary="The process is up")
+    @get("/healthz", summary="The process is up")
     async def healthz() -> Response:
         return json_response({"status": "ok"})
 
-    @api.get("/readyz", summary="Ready once routing metadata with tables is loaded")
+    @get("/readyz", summary="Ready once routing metadata with tables is loaded")
     async def readyz() -> Response:
         snap = router.metadata.current
         if router.ready:
@@ -26,10 +28,9 @@ def routes(router: Router) -> APIRouter:
                   else "no tables registered yet")
         return json_response({"status": "not ready", "reason": reason}, 503)
 
-    @api.get("/metrics", summary="Prometheus metrics", response_class=Response,
+    @get("/metrics", summary="Prometheus metrics", response_class=Response,
              responses={200: {"description": "the Prometheus text exposition format",
                               "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}})
     async def metrics() -> Response:
         return Response(generate_latest(router.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return api

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from functools import partial
+
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from freshroute.bound import Bound, parse_limit, parse_millis
@@ -14,10 +16,10 @@ from router.routing import Router
 from router.settings import RouterSettings
 
 
-def routes(settings: RouterSettings, router: Router) -> APIRouter:
-    api = APIRouter(tags=["lookups"])
+def routes(app: FastAPI, settings: RouterSettings, router: Router) -> None:
+    get = partial(app.get, tags=["lookups"])
 
-    @api.get("/v1/tables/{table}/windows",
+    @get("/v1/tables/{table}/windows",
              summary="Windows whose start is in [from, to) across keys, in key order, paged",
              responses={200: {"model": WindowScanResponse}, **ERROR_RESPONSES},
              openapi_extra={"parameters": [
@@ -33,7 +35,7 @@ def routes(settings: RouterSettings, router: Router) -> APIRouter:
                                           q.get("page_token") or None, bound)
         return json_response(page.to_dict(router.input_lag(table)))
 
-    @api.get("/v1/tables/{table}/scan", summary="Keys in order across partitions, paged",
+    @get("/v1/tables/{table}/scan", summary="Keys in order across partitions, paged",
              responses={200: {"model": ScanResponse}, **ERROR_RESPONSES},
              openapi_extra={"parameters": [
                  *({"name": n, "in": "query", "required": False, "schema": {"type": "string"}, "description": d}
@@ -51,4 +53,3 @@ def routes(settings: RouterSettings, router: Router) -> APIRouter:
                                        q.get("page_token") or None, bound, as_of)
         return json_response(page.to_dict(router.input_lag(table), router.value_format(table)))
 
-    return api

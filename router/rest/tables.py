@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from functools import partial
+
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from router.openapi import TablesResponse
@@ -10,10 +12,10 @@ from router.rest.routes import json_response
 from router.routing import Router
 
 
-def routes(router: Router) -> APIRouter:
-    api = APIRouter(tags=["tables"])
+def routes(app: FastAPI, router: Router) -> None:
+    get = partial(app.get, tags=["tables"])
 
-    @api.get("/v1/tables", summary="Tables with partition count, replicas and schema, and each one's versions: "
+    @get("/v1/tables", summary="Tables with partition count, replicas and schema, and each one's versions: "
                                    "state, input lag and, building, progress and when it will have caught up",
              responses={200: {"model": TablesResponse}})
     async def list_tables(request: Request) -> Response:
@@ -21,4 +23,3 @@ def routes(router: Router) -> APIRouter:
         return json_response({"tables": [t.to_dict() for t in router.views.list_tables()
                                          if principal is None or principal.may_read(t.spec.name)]})
 
-    return api
