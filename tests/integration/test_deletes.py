@@ -126,22 +126,25 @@ def test_deleted_keys_answer_key_not_found_on_every_path_and_after_a_restore(bro
             procs.start("node", "store-node", "--node-id", "n1", "--data-dir", str(tmp_path / "n1-b"))
             # Strict reads are refused (503) until every replica of both tables has caught up: the keys' partitions,
             # and through a strict scan every partition (no key of d0-d5 is in partition 3) — by the router, and by a
-            # client, whose view has only the node's heartbeats until it reads (one may still say it restores).
-            with Client(redis_url=redis_url, namespace=namespace) as client:
-                def client_scans() -> bool:
-                    try:
+            # new client, as the check makes one, whose view has only the node's heartbeats until it reads (one may
+            # still say it restores).
+            def client_reads() -> bool:
+                try:
+                    with Client(redis_url=redis_url, namespace=namespace) as client:
                         for t in ("device_status", "device_battery"):
                             list(client.scan(t, max_lag=0))
-                    except FreshrouteError:
-                        return False
-                    return True
+                            for i in range(6):
+                                client.get(t, f"d{i}", max_lag=0)
+                except FreshrouteError:
+                    return False
+                return True
 
-                wait_until(lambda: all(status(t, f"d{i}") in (200, 404) for t in ("device_status", "device_battery")
-                                       for i in range(6))
-                           and all(http.get(f"/v1/tables/{t}/scan", params={"max_lag": 0}).status_code == 200
-                                   for t in ("device_status", "device_battery"))
-                           and client_scans(),
-                           120, "the restored node to serve every partition of both tables")
+            wait_until(lambda: all(status(t, f"d{i}") in (200, 404) for t in ("device_status", "device_battery")
+                                   for i in range(6))
+                       and all(http.get(f"/v1/tables/{t}/scan", params={"max_lag": 0}).status_code == 200
+                               for t in ("device_status", "device_battery"))
+                       and client_reads(),
+                       120, "the restored node to serve every partition of both tables")
             check_every_path()
     finally:
         procs.stop_all()
