@@ -216,7 +216,7 @@ class DataPlane:
             mine.buckets[:] = c["buckets"]
             mine.sum_s = c["sum_s"]
             mine.retries["hedge"] = c["hedges"]
-            mine.retries["after"] = c.get("after_retries", 0)
+            mine.retries["after"] = c["after_retries"]
 
 
 class _PathCollector(Collector):

@@ -23,20 +23,19 @@ def routes(app: FastAPI, router: Router) -> None:
         return json_response(router.views.cluster().to_dict())
 
     @get("/v1/cluster/summary",
-             summary="The cluster per node and per table: replica counts by kind, worst lag, restores in progress")
+         summary="The cluster per node and per table: replica counts by kind, worst lag, restores in progress")
     async def cluster_summary() -> Response:
         return Response(await views.summary(), media_type=JSON)
 
     @get("/v1/cluster/tables/{table}",
-             summary="One table's partitions, each with every replica's role, state and lag, a page at a time",
-             responses={404: {"model": ErrorBody}, 400: {"model": ErrorBody}},
-             openapi_extra={"parameters": [
-                 {"name": "from", "in": "query", "required": False,
-                  "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LIMIT},
-                  "description": "first partition (default 0)"},
-                 {"name": "limit", "in": "query", "required": False,
-                  "schema": {"type": "integer", "minimum": 0, "maximum": GRID_MAX_LIMIT},
-                  "description": f"partitions in the page (0 or absent: {GRID_DEFAULT_LIMIT})"}]})
+         summary="One table's partitions, each with every replica's role, state and lag, a page at a time",
+         responses={404: {"model": ErrorBody}, 400: {"model": ErrorBody}},
+         openapi_extra={"parameters": [
+             {"name": "from", "in": "query", "required": False,
+              "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LIMIT},
+              "description": "first partition (default 0)"},
+             {"name": "limit", "in": "query", "required": False,
+              "schema": {"type": "integer", "minimum": 0, "maximum": GRID_MAX_LIMIT},
+              "description": f"partitions in the page (0 or absent: {GRID_DEFAULT_LIMIT})"}]})
     async def cluster_table(table: str, request: Request) -> Response:
         return json_response(views.table_replicas(table, query_of(request.scope.get("query_string", b""))))
-

@@ -22,4 +22,3 @@ def routes(app: FastAPI) -> None:
         if asset is None:
             raise StarletteHTTPException(404, f"no console file {name!r}")
         return Response(asset[0], media_type=asset[1], headers=HEADERS)
-

@@ -34,27 +34,27 @@ def routes(app: FastAPI, settings: RouterSettings, handlers: KeyHandlers) -> Non
         return Response(body, status, media_type=JSON)
 
     @get("/v1/tables/{table}/keys/{key}", summary="Look up one key",
-             responses={200: {"model": KeyValue}, **ERROR_RESPONSES},
-             openapi_extra={"parameters": [as_of_parameter(), *bound_parameters()]})
+         responses={200: {"model": KeyValue}, **ERROR_RESPONSES},
+         openapi_extra={"parameters": [as_of_parameter(), *bound_parameters()]})
     async def get_key(table: str, key: str, request: Request) -> Response:
         return await key_route(request)
 
     @get("/v1/tables/{table}/keys/{key}/versions",
-             summary="A versioned table's key: its versions valid in [from, to), newest first, paged",
-             responses={200: {"model": VersionsResponse}, **ERROR_RESPONSES},
-             openapi_extra={"parameters": [*version_range_parameters(settings.scan_max_limit), *bound_parameters()]})
+         summary="A versioned table's key: its versions valid in [from, to), newest first, paged",
+         responses={200: {"model": VersionsResponse}, **ERROR_RESPONSES},
+         openapi_extra={"parameters": [*version_range_parameters(settings.scan_max_limit), *bound_parameters()]})
     async def key_versions(table: str, key: str, request: Request) -> Response:
         return await key_route(request)
 
     @get("/v1/tables/{table}/keys/{key}/metadata",
-             summary="Where a key lives: partition, active and standbys with lag", responses={404: {"model": ErrorBody}})
+         summary="Where a key lives: partition, active and standbys with lag", responses={404: {"model": ErrorBody}})
     async def key_metadata(table: str, key: str, request: Request) -> Response:
         return await key_route(request)
 
     @get("/v1/tables/{table}/keys/{key}/windows",
-             summary="A key's windows whose start is in [from, to), each saying whether it is final",
-             responses={200: {"model": WindowsResponse}, **ERROR_RESPONSES},
-             openapi_extra={"parameters": [*window_range_parameters(settings.max_windows), *bound_parameters()]})
+         summary="A key's windows whose start is in [from, to), each saying whether it is final",
+         responses={200: {"model": WindowsResponse}, **ERROR_RESPONSES},
+         openapi_extra={"parameters": [*window_range_parameters(settings.max_windows), *bound_parameters()]})
     async def key_windows(table: str, key: str, request: Request) -> Response:
         return await key_route(request)
 
@@ -64,12 +64,11 @@ def routes(app: FastAPI, settings: RouterSettings, handlers: KeyHandlers) -> Non
         return await key_route(request)
 
     @post("/v1/tables/{table}/keys:batchGet", summary="Look up many keys",
-              responses={200: {"model": BatchGetResponse}, **ERROR_RESPONSES},
-              openapi_extra={"requestBody": {"required": True, "content": {JSON: {
-                  "schema": BatchGetRequest.model_json_schema()}}}})
+          responses={200: {"model": BatchGetResponse}, **ERROR_RESPONSES},
+          openapi_extra={"requestBody": {"required": True, "content": {JSON: {
+              "schema": BatchGetRequest.model_json_schema()}}}})
     async def batch_get(table: str, request: Request) -> Response:
         return json_response(await _batch_get(handlers.router, table, await request.body()))
-
 
 
 async def _batch_get(router: Router, table: str, raw_body: bytes) -> dict[str, Any]:

@@ -29,8 +29,7 @@ def routes(app: FastAPI, router: Router) -> None:
         return json_response({"status": "not ready", "reason": reason}, 503)
 
     @get("/metrics", summary="Prometheus metrics", response_class=Response,
-             responses={200: {"description": "the Prometheus text exposition format",
-                              "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}})
+         responses={200: {"description": "the Prometheus text exposition format",
+                          "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}})
     async def metrics() -> Response:
         return Response(generate_latest(router.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-

@@ -20,12 +20,12 @@ def routes(app: FastAPI, settings: RouterSettings, router: Router) -> None:
     get = partial(app.get, tags=["lookups"])
 
     @get("/v1/tables/{table}/windows",
-             summary="Windows whose start is in [from, to) across keys, in key order, paged",
-             responses={200: {"model": WindowScanResponse}, **ERROR_RESPONSES},
-             openapi_extra={"parameters": [
-                 *window_range_parameters(settings.max_windows),
-                 *page_parameters(settings.scan_default_limit, settings.scan_max_limit, "this query"),
-                 *bound_parameters()]})
+         summary="Windows whose start is in [from, to) across keys, in key order, paged",
+         responses={200: {"model": WindowScanResponse}, **ERROR_RESPONSES},
+         openapi_extra={"parameters": [
+             *window_range_parameters(settings.max_windows),
+             *page_parameters(settings.scan_default_limit, settings.scan_max_limit, "this query"),
+             *bound_parameters()]})
     async def scan_windows(table: str, request: Request) -> Response:
         q = query_of(request.scope.get("query_string", b""))
         from_ms, to_ms = parse_millis("from", q.get("from")), parse_millis("to", q.get("to"))
@@ -36,13 +36,13 @@ def routes(app: FastAPI, settings: RouterSettings, router: Router) -> None:
         return json_response(page.to_dict(router.input_lag(table)))
 
     @get("/v1/tables/{table}/scan", summary="Keys in order across partitions, paged",
-             responses={200: {"model": ScanResponse}, **ERROR_RESPONSES},
-             openapi_extra={"parameters": [
-                 *({"name": n, "in": "query", "required": False, "schema": {"type": "string"}, "description": d}
-                   for n, d in (("prefix", "keys starting with this"), ("start", "first key (inclusive)"),
-                                ("end", "last key (exclusive)"))),
-                 *page_parameters(settings.scan_default_limit, settings.scan_max_limit, "this table's scan"),
-                 as_of_parameter("each key's value"), *bound_parameters()]})
+         responses={200: {"model": ScanResponse}, **ERROR_RESPONSES},
+         openapi_extra={"parameters": [
+             *({"name": n, "in": "query", "required": False, "schema": {"type": "string"}, "description": d}
+               for n, d in (("prefix", "keys starting with this"), ("start", "first key (inclusive)"),
+                            ("end", "last key (exclusive)"))),
+             *page_parameters(settings.scan_default_limit, settings.scan_max_limit, "this table's scan"),
+             as_of_parameter("each key's value"), *bound_parameters()]})
     async def scan(table: str, request: Request) -> Response:
         q = query_of(request.scope.get("query_string", b""))
         limit = parse_limit("limit", q.get("limit"))
@@ -52,4 +52,3 @@ def routes(app: FastAPI, settings: RouterSettings, router: Router) -> None:
         page = await router.scans.rows(table, q.get("prefix", ""), q.get("start", ""), q.get("end", ""), limit,
                                        q.get("page_token") or None, bound, as_of)
         return json_response(page.to_dict(router.input_lag(table), router.value_format(table)))
-

@@ -6,6 +6,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rand::rngs::SmallRng;
@@ -160,7 +161,7 @@ impl Routing {
             let mut i = 0;
             while i < cands.len() {
                 if round > 0 {
-                    self.counts().after_retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.counts().after_retries.fetch_add(1, Relaxed);
                 }
                 let reflected = after.reflected(self.shared.snapshot().tables.get(&r.table), r.partition);
                 let bound = ReadBound { max_lag: r.bound.max_lag, max_staleness_ms: r.bound.max_staleness_ms,
