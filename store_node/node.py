@@ -29,7 +29,8 @@ from store_node.changelog import ChangelogTailer
 from store_node.input_ends import InputEndsWatcher
 from store_node.membership import Membership
 from store_node.replica import Clock, Replica
-from store_node.read_port import ReadPort, start_read_port
+from store_node.read_port import ReadPort
+from store_node.read_port_front import ReadDoor, start_read_port
 from store_node.service import HealthReporter, StoreNodeService, create_server
 from store_node.settings import StoreNodeSettings
 
@@ -118,17 +119,18 @@ async def serve(settings: StoreNodeSettings, stop: asyncio.Event | None = None) 
     # Before anything listens: a broken file stops the start, naming its setting.
     secret = ClusterSecret(settings.cluster_secret_file)
     grpc_tls, read_tls = settings.server_tls(("h2",)), settings.server_tls()
+    read_door: ReadDoor | None = None
     if stop is None:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         # New secrets and certificates for new connections; those open stay as they are.
         reloads = [x.reload for x in (secret, grpc_tls, read_tls) if x is not None]
+        reloads.append(lambda: read_door.reloaded() if read_door is not None else None)
         loop.add_signal_handler(signal.SIGHUP, lambda: [reload() for reload in reloads])
     node = StoreNode(settings)
     await loop.run_in_executor(None, node.open)
     server: grpc.aio.Server | None = None
-    read_server: asyncio.Server | None = None
     metrics: Any = None
     health_task: asyncio.Task | None = None
     try:
@@ -141,8 +143,9 @@ async def serve(settings: StoreNodeSettings, stop: asyncio.Event | None = None) 
         # batch die by reference counting before a collection promotes it.
         gc.freeze()
         gc.set_threshold(10_000)
-        read_server, read_port = await start_read_port(ReadPort(node), settings.host, settings.read_port, secret,
-                                                       read_tls.context if read_tls is not None else None)
+        read_door = await start_read_port(ReadPort(node), settings.host, settings.read_port, secret, read_tls,
+                                          settings.read_port_front)
+        read_port = read_door.port
         if settings.metrics_port is not None:
             from freshroute.prometheus import serve_metrics
             from store_node.metrics import ReplicaCollector
@@ -170,8 +173,8 @@ async def serve(settings: StoreNodeSettings, stop: asyncio.Event | None = None) 
             health_task.cancel()
         if metrics is not None:
             metrics.shutdown()
-        if read_server is not None:
-            read_server.close()
+        if read_door is not None:
+            read_door.close()
         if server is not None:
             await server.stop(grace=1.0)
         await loop.run_in_executor(None, node.close)

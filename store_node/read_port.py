@@ -1,21 +1,17 @@
 """The store node's read door: every read — keys, groups of keys, key ranges — arrives here as a batch.
 
-Routers and clients send ``ReadBatch`` messages on long-lived connections as length-prefixed frames on
-plain TCP (:mod:`freshroute.wire`); each frame is answered, in order, by one
-``ResultBatch`` frame. Every answer carries the answering replica's status (role, state, position,
-lag); a read the replica cannot answer within the caller's bound is refused with TOO_STALE, never
-answered out of bound. Each replica's status is computed once per batch and nothing is logged on
-success; RocksDB point reads take microseconds, so batches are answered synchronously on the event
-loop. A peer that sends something other than frames is disconnected; on a node with a cluster
-secret, so is one whose first batch does not carry it, answered only by a batch that says why. With
-TLS settings the port speaks only TLS.
+Routers and clients send ``ReadBatch`` messages on long-lived connections as length-prefixed frames
+(:mod:`freshroute.wire`); each frame is answered, in order, by one ``ResultBatch`` frame. Every answer carries the
+answering replica's status (role, state, position, lag); a read the replica cannot answer within the caller's bound is
+refused with TOO_STALE, never answered out of bound. Each replica's status is computed once per batch and nothing is
+logged on success; RocksDB point reads take microseconds, so batches are answered synchronously, as the port's front
+hands them over (store_node/read_port_front.py). A peer that sends something other than frames is disconnected; on a
+node with a cluster secret, so is one whose first batch does not carry it, answered only by a batch that says why.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import ssl
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from google.protobuf.message import DecodeError
@@ -23,9 +19,8 @@ from google.protobuf.message import DecodeError
 from freshroute import input_position
 from freshroute.errors import StoreCorrupt
 from freshroute.lag import now_ms
-from freshroute.pacing import PacedByAnswers
 from freshroute.windows import WATERMARK_KEY, live_starts, parse_watermark
-from freshroute.wire import FrameError, FrameReader, bound_of_read, frame, limits_only_position, replica_status_message
+from freshroute.wire import bound_of_read, frame, limits_only_position, replica_status_message
 from proto import store_pb2
 from store_node.access import REFUSAL, ClusterSecret
 
@@ -296,62 +291,47 @@ class ReadPort:
     """The read door of a node: readers over the replicas it hosts at each moment, sharing their kept statuses."""
 
     def __init__(self, node: HostedReplicas, clock: Callable[[], int] = now_ms) -> None:
-        self._node = node
+        self.node = node
+        self.clock = clock
         self._node_id = node.node_id
-        self._clock = clock
-        self._statuses: dict = {}  # (table, partition) -> (figures, status): touched on the event loop only
+        self._statuses: dict = {}  # (table, partition) -> (figures, status): touched by the port's front alone
 
     def reader(self) -> _Reader:
         """A reader over the replicas hosted now, with the clock read once."""
-        return _Reader(self._node_id, self._node.serving, self._clock(), self._statuses)
+        return _Reader(self._node_id, self.node.serving, self.clock(), self._statuses)
 
 
-class ReadPortConnection(PacedByAnswers):
-    """One router connection: every complete frame is answered before the next bytes are read."""
+class Answers:
+    """A connection's frames answered in order: what either front of the port (store_node/read_port_front.py) asks of
+    the node, with the bytes it read split into frames."""
 
-    def __init__(self, reads: "ReadPort", secret: ClusterSecret) -> None:
+    def __init__(self, reads: ReadPort, secret: ClusterSecret) -> None:
         self._reads = reads
-        self._frames = FrameReader()
-        self._transport: asyncio.Transport | None = None
-        self._secret: ClusterSecret | None = secret if secret.required else None  # None once admitted
+        self._secret = secret
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self._transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        transport = self._transport
-        if transport is None or transport.is_closing():
-            return
-        try:
-            payloads = self._frames.feed(data)
-            for payload in payloads:
+    def answer(self, peer: str, payloads: list[bytes], admitted: bool) -> tuple[bytes, bool]:
+        """The frames answering ``payloads`` and whether the connection stays open (``admitted``: its peer was, by an
+        earlier batch). A first batch without the cluster secret the node requires is answered by a refusal, nothing
+        read, and the connection closed; so is one that is not a ``ReadBatch``, after the answers to those before."""
+        out = []
+        for payload in payloads:
+            try:
                 batch = store_pb2.ReadBatch.FromString(payload)
-                if self._secret is not None and not self._admit(batch, transport):
-                    return
-                transport.write(frame(self._reads.reader().results(batch).SerializeToString()))
-        except (FrameError, DecodeError) as e:
-            log.warning("read port: dropping %s: %s", transport.get_extra_info("peername"), e)
-            transport.abort()
+            except DecodeError as e:
+                self.refuse(peer, str(e))
+                return b"".join(out), False
+            if not admitted:
+                if self._secret.required and not self._secret.admits(batch.cluster_secret):
+                    log.warning("read port: refused %s: %s", peer, REFUSAL)
+                    out.append(_REFUSED)
+                    return b"".join(out), False
+                admitted = True
+            out.append(frame(self._reads.reader().results(batch).SerializeToString()))
+        return out[0] if len(out) == 1 else b"".join(out), True
 
-    def _admit(self, batch: store_pb2.ReadBatch, transport: asyncio.Transport) -> bool:
-        assert self._secret is not None
-        if self._secret.admits(batch.cluster_secret):
-            self._secret = None
-            return True
-        log.warning("read port: refused %s: %s", transport.get_extra_info("peername"), REFUSAL)
-        transport.write(frame(store_pb2.ResultBatch(refused=REFUSAL).SerializeToString()))
-        transport.close()  # after the refusal is written; nothing was read
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._transport = None
+    def refuse(self, peer: str, why: str) -> None:
+        """A peer that does not speak the port's frames: said here, its connection dropped by the front."""
+        log.warning("read port: dropping %s: %s", peer, why)
 
 
-async def start_read_port(reads: ReadPort, host: str, port: int, secret: ClusterSecret = ClusterSecret(None),
-                          tls: ssl.SSLContext | None = None) -> tuple[asyncio.Server, int]:
-    """Listen on ``host:port`` (0 lets the OS pick); returns the server and the bound port."""
-    loop = asyncio.get_running_loop()
-    factory: Callable[[], asyncio.Protocol] = lambda: ReadPortConnection(reads, secret)  # noqa: E731
-    server = await loop.create_server(factory, host, port, ssl=tls)
-    bound = server.sockets[0].getsockname()[1]
-    return server, bound
+_REFUSED = frame(store_pb2.ResultBatch(refused=REFUSAL).SerializeToString())

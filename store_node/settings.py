@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, create_model, model_validator
 
@@ -19,7 +19,11 @@ class _StoreNodeProcess(ServingSettings):
     host: str = Field("127.0.0.1", description="interface the gRPC server binds")
     port: int = Field(0, ge=0, le=65535, description="gRPC port; 0 lets the OS pick (the bound port is printed)")
     read_port: int = Field(0, ge=0, le=65535, description="read port: the router's lookups as length-prefixed "
-                                                          "frames on plain TCP; 0 lets the OS pick")
+                                                          "frames on TCP (TLS with tls_cert); 0 lets the OS pick")
+    read_port_front: Literal["compiled", "python"] = Field(
+        "compiled", description="compiled: a thread of the compiled path (native/dataplane) accepts and reads the "
+        "read port's connections, the GIL taken only to answer; python: the event loop serves the port (also where "
+        "the compiled path is not built, or rustls cannot serve tls_cert and tls_key)")
     metrics_port: int | None = Field(None, ge=0, le=65535,
                                      description="serve Prometheus /metrics (every replica's lag, progress and "
                                                  "counters) on this port of host; 0 lets the OS pick; unset: none")

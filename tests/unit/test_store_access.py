@@ -21,7 +21,8 @@ from freshroute.wire import ReadStatus
 from freshroute.tls import ClientTLS, ServerTLS
 from proto import store_pb2, store_pb2_grpc
 from store_node.access import ClusterSecret
-from store_node.read_port import ReadPort, start_read_port
+from store_node.read_port import ReadPort
+from store_node.read_port_front import start_read_port
 from store_node.replica import Replica
 from store_node.replica_store import ReplicaStore
 from store_node.service import HealthReporter, StoreNodeService, create_server
@@ -38,6 +39,12 @@ def anyio_backend():
     return "asyncio", {"use_uvloop": True}
 
 
+@pytest.fixture(params=["compiled", "python"])
+def front(request):
+    """Each front of the read port (store_node/read_port_front.py)."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     d = tmp_path_factory.mktemp("pki")
@@ -51,8 +58,9 @@ def pki(tmp_path_factory):
 class Node:
     """A node's two ports over one real replica store, with the access settings given."""
 
-    def __init__(self, tmp_path, pki, *, secret: bool = True, tls: bool = True, mtls: bool = False) -> None:
+    def __init__(self, tmp_path, pki, *, front: str, secret: bool = True, tls: bool = True, mtls: bool = False) -> None:
         self.tmp_path, self.pki, self.with_secret, self.tls, self.mtls = tmp_path, pki, secret, tls, mtls
+        self.front = front
 
     async def __aenter__(self) -> "Node":
         store = ReplicaStore.open(self.tmp_path / "users" / "1")
@@ -72,13 +80,13 @@ class Node:
                                         settings.server_tls(("h2",)))
         await self.grpc.start()
         read_tls = settings.server_tls()
-        self.read_server, read_port = await start_read_port(self.reads, "127.0.0.1", 0, self.secret,
-                                                             read_tls.context if read_tls else None)
-        self.address, self.read_address = f"127.0.0.1:{port}", f"127.0.0.1:{read_port}"
+        self.read_door = await start_read_port(self.reads, "127.0.0.1", 0, self.secret, read_tls, self.front)
+        assert self.read_door.front == self.front
+        self.address, self.read_address = f"127.0.0.1:{port}", f"127.0.0.1:{self.read_door.port}"
         return self
 
     async def __aexit__(self, *exc) -> None:
-        self.read_server.close()
+        self.read_door.close()
         await self.grpc.stop(None)
         self.rep.close()
 
@@ -121,8 +129,8 @@ def answered(got) -> bool:
 
 
 @pytest.mark.parametrize("port", ["read_port", "grpc"])
-async def test_a_peer_with_the_secret_over_tls_reads(tmp_path, pki, port):
-    async with Node(tmp_path, pki) as node:
+async def test_a_peer_with_the_secret_over_tls_reads(tmp_path, pki, front, port):
+    async with Node(tmp_path, pki, front=front) as node:
         got = await read(node, access(pki), port)
         assert answered(got)
         if port == "read_port":
@@ -135,8 +143,9 @@ async def test_a_peer_with_the_secret_over_tls_reads(tmp_path, pki, port):
 
 
 @pytest.mark.parametrize("port", ["read_port", "grpc"])
-async def test_without_or_with_a_wrong_secret_the_node_refuses_before_any_read(tmp_path, pki, port, monkeypatch):
-    async with Node(tmp_path, pki) as node:
+async def test_without_or_with_a_wrong_secret_the_node_refuses_before_any_read(tmp_path, pki, front, port,
+                                                                              monkeypatch):
+    async with Node(tmp_path, pki, front=front) as node:
         reads = []
         real = node.reads.reader
         monkeypatch.setattr(node.reads, "reader", lambda: reads.append(1) or real())
@@ -153,8 +162,8 @@ async def test_without_or_with_a_wrong_secret_the_node_refuses_before_any_read(t
 
 
 @pytest.mark.parametrize("port", ["read_port", "grpc"])
-async def test_a_node_with_an_unknown_ca_or_a_plaintext_peer_is_refused_at_the_handshake(tmp_path, pki, port):
-    async with Node(tmp_path, pki) as node:
+async def test_a_node_with_an_unknown_ca_or_a_plaintext_peer_is_refused_at_the_handshake(tmp_path, pki, front, port):
+    async with Node(tmp_path, pki, front=front) as node:
         with pytest.raises(ReplicaUnavailable):
             await read(node, access(pki, ca=pki.other.cert), port)
         with pytest.raises(ReplicaUnavailable):
@@ -162,22 +171,22 @@ async def test_a_node_with_an_unknown_ca_or_a_plaintext_peer_is_refused_at_the_h
 
 
 @pytest.mark.parametrize("port", ["read_port", "grpc"])
-async def test_with_client_certificates_required_only_the_cluster_cas_peers_read(tmp_path, pki, port):
-    async with Node(tmp_path, pki, secret=False, mtls=True) as node:
+async def test_with_client_certificates_required_only_the_cluster_cas_peers_read(tmp_path, pki, front, port):
+    async with Node(tmp_path, pki, front=front, secret=False, mtls=True) as node:
         assert answered(await read(node, access(pki, secret="", cert=pki.client), port))
         for stranger in (None, pki.stranger):
             with pytest.raises(ReplicaUnavailable):
                 await read(node, access(pki, secret="", cert=stranger), port)
 
 
-async def test_a_node_without_settings_serves_any_peer_and_ignores_a_secret(tmp_path, pki):
-    async with Node(tmp_path, pki, secret=False, tls=False) as node:
+async def test_a_node_without_settings_serves_any_peer_and_ignores_a_secret(tmp_path, pki, front):
+    async with Node(tmp_path, pki, front=front, secret=False, tls=False) as node:
         for secret in ("", SECRET):
             assert (await read(node, NodeAccess(secret))).status is ReadStatus.OK
 
 
-async def test_sighup_reload_takes_a_new_secret_and_keeps_the_old_ones_when_the_file_is_broken(tmp_path, pki):
-    async with Node(tmp_path, pki) as node:
+async def test_sighup_reload_takes_a_new_secret_and_keeps_the_old_ones_when_the_file_is_broken(tmp_path, pki, front):
+    async with Node(tmp_path, pki, front=front) as node:
         rotated = "the-next-secret-of-the-cluster-42"
         node.secret_file.write_text(f"{SECRET}\n{rotated}\n")
         assert node.secret.reload()

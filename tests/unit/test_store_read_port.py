@@ -39,8 +39,23 @@ def world(tmp_path):
 
 
 def get(world, key: bytes, partition=1, table="users", **bound) -> store_pb2.KeyResult:
+    """A key read as the node answers it: by the Python reader and, where it answers the read, by the compiled key reads
+    (the compiled front's, tried first as it does), byte for byte the same."""
     read = store_pb2.KeyRead(id=99, table=table, partition=partition, key=key, bound=store_pb2.ReadBound(**bound))
-    return world.reads.reader().results(store_pb2.ReadBatch(reads=[read])).results[0]
+    batch = store_pb2.ReadBatch(reads=[read])
+    compiled = compiled_answer(world.reads, batch)
+    answer = world.reads.reader().results(batch)
+    assert compiled is None or compiled == answer.SerializeToString()
+    return answer.results[0]
+
+
+def compiled_answer(reads: ReadPort, batch: store_pb2.ReadBatch) -> bytes | None:
+    """The compiled key reads' answer to ``batch`` (None: left to the Python reader), where the path is built."""
+    try:
+        from freshroute_dataplane import KeyReads
+    except ImportError:
+        return None
+    return KeyReads(reads.node, reads.clock).answer(batch.SerializeToString())
 
 
 def caught_up(world, end=10):
@@ -118,11 +133,27 @@ def test_every_limit_a_read_carries_reaches_the_one_judgement(world, field, monk
     caught_up(world)
     judged = []
     monkeypatch.setattr(Bound, "refusal", lambda bound, *figures: judged.append(bound) or "judged")
-    res = get(world, b"alice", **{field.name: 0})
+    read = store_pb2.KeyRead(id=1, table="users", partition=1, key=b"alice",
+                             bound=store_pb2.ReadBound(**{field.name: 0}))
+    res = world.reads.reader().results(store_pb2.ReadBatch(reads=[read])).results[0]
     assert (res.status, res.message) == (store_pb2.TOO_STALE, "judged")
     assert getattr(judged[0], field.name) == 0
     monkeypatch.undo()
     assert get(world, b"alice", min_offset=10).status == store_pb2.OK
+
+
+@pytest.mark.parametrize("field", [f for f in store_pb2.ReadBound.DESCRIPTOR.fields
+                                   if f.name not in ("min_offset", "after_input", "after_offset")])
+def test_every_limit_a_read_carries_is_judged_by_the_compiled_key_reads_too(world, field):
+    """A limit the compiled path did not know would be a limit it ignored: each refuses there as it does here."""
+    pytest.importorskip("freshroute_dataplane", reason="the compiled path is built by ./dev (native/dataplane)")
+    world.rep.lag.observe_end(25, world.clock.now)  # 15 offsets behind, never caught up: every limit of 0 refuses
+    world.clock.now += 1
+    res = get(world, b"alice", **{field.name: 0})
+    assert res.status == store_pb2.TOO_STALE
+    read = store_pb2.KeyRead(id=1, table="users", partition=1, key=b"alice",
+                             bound=store_pb2.ReadBound(**{field.name: 0}))
+    assert compiled_answer(world.reads, store_pb2.ReadBatch(reads=[read])) is None
 
 
 def test_position_bound(world):
@@ -229,14 +260,21 @@ def test_status_lists_replicas_with_counters(world):
 # the read port: the same answers as frames on TCP
 
 
-async def _read_port_exchange(reads, data: bytes, expect: int) -> tuple[list[bytes], bool]:
+@pytest.fixture(params=["compiled", "python"])
+def front(request):
+    """Each front of the read port (store_node/read_port_front.py)."""
+    return request.param
+
+
+async def _read_port_exchange(reads, data: bytes, expect: int, front: str) -> tuple[list[bytes], bool]:
     """Send raw bytes to a read port; up to ``expect`` frames answered, and whether the node closed the connection."""
     from freshroute.wire import FrameReader
-    from store_node.read_port import start_read_port
+    from store_node.read_port_front import start_read_port
 
-    server, port = await start_read_port(reads, "127.0.0.1", 0)
+    door = await start_read_port(reads, "127.0.0.1", 0, front=front)
+    assert door.front == front
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", door.port)
         writer.write(data)
         await writer.drain()
         frames, answers, closed = FrameReader(), [], False
@@ -249,11 +287,10 @@ async def _read_port_exchange(reads, data: bytes, expect: int) -> tuple[list[byt
         writer.close()
         return answers, closed
     finally:
-        server.close()
-        await server.wait_closed()
+        door.close()
 
 
-def test_read_port_answers_each_frame_in_order(world):
+def test_read_port_answers_each_frame_in_order(world, front):
     from freshroute.wire import frame
 
     caught_up(world)
@@ -264,7 +301,7 @@ def test_read_port_answers_each_frame_in_order(world):
                store_pb2.ReadBatch(reads=[store_pb2.KeyRead(id=3, table="users", partition=2, key=b"bob")])]
     # Both frames in one write: the node answers each, in order.
     data = b"".join(frame(b.SerializeToString()) for b in batches)
-    answers, closed = asyncio.run(_read_port_exchange(world.reads, data, expect=2))
+    answers, closed = asyncio.run(_read_port_exchange(world.reads, data, expect=2, front=front))
     assert not closed and len(answers) == 2
     results = [r for a in answers for r in store_pb2.ResultBatch.FromString(a).results]
     assert [(r.id, r.status) for r in results] == [(1, store_pb2.OK), (2, store_pb2.NOT_FOUND),
@@ -274,16 +311,17 @@ def test_read_port_answers_each_frame_in_order(world):
     assert (answered.id, answered.status, list(answered.values)) == (4, store_pb2.OK, [b"", b'{"age":40}'])
 
 
-def test_read_port_drops_a_peer_that_does_not_send_frames(world):
-    answers, closed = asyncio.run(_read_port_exchange(world.reads, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", expect=1))
+def test_read_port_drops_a_peer_that_does_not_send_frames(world, front):
+    answers, closed = asyncio.run(_read_port_exchange(world.reads, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", expect=1,
+                                                           front=front))
     assert answers == [] and closed
 
 
-def test_read_port_drops_a_peer_whose_frame_is_not_a_read_batch(world, caplog):
+def test_read_port_drops_a_peer_whose_frame_is_not_a_read_batch(world, caplog, front):
     from freshroute.wire import frame
 
     with caplog.at_level("WARNING", logger="store_node.read_port"):
-        answers, closed = asyncio.run(_read_port_exchange(world.reads, frame(b"\xff\xff\xff"), expect=1))
+        answers, closed = asyncio.run(_read_port_exchange(world.reads, frame(b"\xff\xff\xff"), expect=1, front=front))
     assert answers == [] and closed
     assert any("read port: dropping" in r.getMessage() for r in caplog.records)
 
@@ -383,3 +421,38 @@ def test_a_read_that_a_commit_overtakes_reports_the_position_of_the_rows_it_retu
         rep.store = store
     assert res.value == b'{"age":32}' and res.replica.applied_offset == 11
     assert rep.writes == 2
+
+
+def test_the_compiled_key_reads_answer_plain_reads_and_leave_every_other_batch_to_the_python_reader(world):
+    pytest.importorskip("freshroute_dataplane", reason="the compiled path is built by ./dev (native/dataplane)")
+
+    def answered(*reads: store_pb2.KeyRead, **batch) -> bool:
+        whole = store_pb2.ReadBatch(reads=list(reads), **batch)
+        compiled = compiled_answer(world.reads, whole)
+        assert compiled is None or compiled == world.reads.reader().results(whole).SerializeToString()
+        return compiled is not None
+
+    def key(k=b"alice", partition=1, **fields) -> store_pb2.KeyRead:
+        return store_pb2.KeyRead(id=7, table="users", partition=partition, key=k, **fields)
+
+    world.rep.lag.observe_end(25, world.clock.now)
+    assert answered(key())  # restoring, no bound: answered, labelled so
+    caught_up(world, 10)
+    world.rep.role = Role.ACTIVE
+    assert answered(key(), key(b"carol"), key(bound=store_pb2.ReadBound(max_lag=0, max_staleness_ms=0, min_offset=10)))
+    assert answered(key(bound=store_pb2.ReadBound(after_offset=5)))  # no events named: nothing to check
+    assert not answered(key(), key(partition=2))  # one read the Python reader refuses: the whole batch is its
+    assert not answered(key(bound=store_pb2.ReadBound(min_offset=11)))
+    assert not answered(key(as_of_ms=5))
+    assert not answered(key(bound=store_pb2.ReadBound(after_input={0: 3})))
+    assert not answered(key(), groups=[store_pb2.GroupRead(id=1, table="users", partition=1, keys=[b"bob"])])
+    assert not answered(ranges=[store_pb2.RangeRead(id=1, table="users", partition=1, limit=1)])
+    world.rep.writes += 1  # a commit under way
+    assert not answered(key())
+    world.rep.writes += 1
+    world.rep.store = None
+    assert not answered(key())
+    world.rep.store = world.store
+    world.rep.mark_failed("no space left on the device")
+    assert not answered(key())
+    assert compiled_answer(world.reads, store_pb2.ReadBatch()) is None

@@ -3,7 +3,8 @@
 //! the bound, the read over the read port, the answer with its labels — while the Python control plane pushes the
 //! routing view (`Front.update`) and serves everything else (router/data_plane.py wires it). In a client process
 //! (`DirectReads`, direct.rs), the same routing decides `AsyncClient`'s key reads, whose bytes its event loop
-//! carries (freshroute/client/compiled.py).
+//! carries (freshroute/client/compiled.py). In a store node (`ReadPortFront`, read_port.rs), a thread of its own
+//! serves the read port, answering plain key reads itself (`KeyReads`, key_reads.rs).
 
 mod answer;
 mod counts;
@@ -13,9 +14,11 @@ mod grpc_answer;
 mod grpc_relay;
 mod guard;
 mod http1;
+mod key_reads;
 mod lookup;
 mod messages;
 mod peer_frames;
+mod read_port;
 mod read_after;
 mod relay;
 mod selection;
@@ -411,6 +414,8 @@ fn cluster_tls_problem(ca_pem: &[u8], cert_pem: Option<&[u8]>, key_pem: Option<&
 fn freshroute_dataplane(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Front>()?;
     m.add_class::<direct::DirectReads>()?;
+    m.add_class::<read_port::ReadPortFront>()?;
+    m.add_class::<key_reads::KeyReads>()?;
     m.add_function(wrap_pyfunction!(tls_problem, m)?)?;
     m.add_function(wrap_pyfunction!(cluster_tls_problem, m)?)?;
     m.add_function(wrap_pyfunction!(order, m)?)?;
