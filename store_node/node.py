@@ -156,8 +156,8 @@ async def serve(settings: StoreNodeSettings, stop: asyncio.Event | None = None) 
                      settings.advertise_host or settings.host, metrics.server_address[1])
         host = settings.advertise_host or settings.host
         address, read_address = f"{host}:{port}", f"{host}:{read_port}"
-        log.info("store node %s serving on %s, read port %s (data in %s)%s%s", settings.node_id, address,
-                 read_address, settings.replica_root, " over TLS" if grpc_tls else "",
+        log.info("store node %s serving on %s, read port %s on the %s front (data in %s)%s%s", settings.node_id,
+                 address, read_address, read_door.front, settings.replica_root, " over TLS" if grpc_tls else "",
                  " to peers with the cluster secret" if settings.cluster_secret_file else "")
         print(f"store-node {settings.node_id} listening on {address}, read port {read_address}", flush=True)
         await loop.run_in_executor(None, node.join, address, read_address)
