@@ -67,7 +67,9 @@ impl KeyReads {
         let bound = match &read.bound {
             _ if read.as_of_ms.is_some() => return Ok(None),
             Some(b) if !b.after_input.is_empty() => return Ok(None),
-            Some(b) => selection::Bound { max_lag: b.max_lag, max_staleness_ms: b.max_staleness_ms, min_offset: b.min_offset },
+            Some(b) => {
+                selection::Bound { max_lag: b.max_lag, max_staleness_ms: b.max_staleness_ms, min_offset: b.min_offset }
+            }
             None => selection::Bound::default(),
         };
         let rep = serving.call_method1(intern!(py, "get"), ((read.table.as_str(), read.partition),))?;
@@ -79,7 +81,8 @@ impl KeyReads {
         let figures = rep.getattr(intern!(py, "lag"))?.call_method1(intern!(py, "figures"), (now,))?;
         let (applied, end, staleness_ms): (i64, Option<i64>, i64) = figures.extract()?;
         if writes & 1 == 1 || !rep.getattr(intern!(py, "failure"))?.is_none() || store.is_none()
-            || store.getattr(intern!(py, "bulk_load"))?.is_truthy()? || bound.refuses(applied, end, staleness_ms) {
+            || store.getattr(intern!(py, "bulk_load"))?.is_truthy()?
+            || bound.refuses(applied, end, staleness_ms) {
             return Ok(None);
         }
         let active = rep.getattr(intern!(py, "role"))?.is(&self.active);

@@ -157,6 +157,9 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(shared: &Shared, mut stre
     let mut buf = BytesMut::with_capacity(64 << 10);
     let mut admitted = false;
     loop {
+        if buf.capacity() - buf.len() < 16 << 10 {
+            buf.reserve(64 << 10); // else a full buffer grows 64 bytes a read
+        }
         match stream.read_buf(&mut buf).await {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
