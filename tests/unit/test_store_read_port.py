@@ -443,7 +443,7 @@ def test_the_compiled_key_reads_answer_plain_reads_and_leave_every_other_batch_t
     assert answered(key(bound=store_pb2.ReadBound(after_offset=5)))  # no events named: nothing to check
     assert not answered(key(), key(partition=2))  # one read the Python reader refuses: the whole batch is its
     assert not answered(key(bound=store_pb2.ReadBound(min_offset=11)))
-    assert not answered(key(as_of_ms=5))
+    assert answered(key(as_of_ms=5))  # a key with no version then: NOT_FOUND
     assert not answered(key(bound=store_pb2.ReadBound(after_input={0: 3})))
     assert not answered(key(), groups=[store_pb2.GroupRead(id=1, table="users", partition=1, keys=[b"bob"])])
     assert not answered(ranges=[store_pb2.RangeRead(id=1, table="users", partition=1, limit=1)])
@@ -456,3 +456,24 @@ def test_the_compiled_key_reads_answer_plain_reads_and_leave_every_other_batch_t
     world.rep.mark_failed("no space left on the device")
     assert not answered(key())
     assert compiled_answer(world.reads, store_pb2.ReadBatch()) is None
+
+
+def test_as_of_reads_are_answered_by_either_reader_alike(world):
+    pytest.importorskip("freshroute_dataplane", reason="the compiled path is built by ./dev (native/dataplane)")
+    versions = [(b"k", 100, b'{"v":1}'), (b"k", 200, None), (b"k", 300, b'{"v":3}')]
+    rows, writes = world.store.history.changes(versions)
+    world.store.apply(rows, 10, history_rows=writes)
+    caught_up(world, 10)
+    got = {}
+    for at in (50, 100, 150, 250, 300, 10_000):
+        read = store_pb2.KeyRead(id=at, table="users", partition=1, key=b"k", as_of_ms=at)
+        batch = store_pb2.ReadBatch(reads=[read])
+        compiled = compiled_answer(world.reads, batch)
+        answer = world.reads.reader().results(batch)
+        assert compiled == answer.SerializeToString()
+        r = answer.results[0]
+        got[at] = (r.status, r.value, r.valid_from_ms if r.HasField("valid_from_ms") else None,
+                   r.valid_to_ms if r.HasField("valid_to_ms") else None)
+    NF, OK = store_pb2.NOT_FOUND, store_pb2.OK
+    assert got == {50: (NF, b"", None, None), 100: (OK, b'{"v":1}', 100, 200), 150: (OK, b'{"v":1}', 100, 200),
+                   250: (NF, b"", 200, 300), 300: (OK, b'{"v":3}', 300, None), 10_000: (OK, b'{"v":3}', 300, None)}

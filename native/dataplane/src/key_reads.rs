@@ -1,10 +1,10 @@
-//! A store node's plain key reads answered in compiled code, the read port's common case (read_port.rs): a batch of
-//! key reads of the latest values, each within its bound on a replica that is readable, answered as the node's Python
-//! reader (store_node.read_port) answers it, byte for byte — each replica's figures from its own `LagTracker`, its
-//! value from its own store, under the GIL held once for the batch. A batch with anything else — an as-of read, a
-//! write token's events, groups, ranges, a replica not hosted, failed, rebuilt or loading in bulk, a bound it is
-//! outside of, a commit running while a read did — is left to the Python reader whole (None): its refusals, their
-//! messages and the retries of a read a commit overlapped have one implementation.
+//! A store node's key reads answered in compiled code, the read port's common case (read_port.rs): a batch of
+//! key reads — of the latest values, or of a versioned table's as of a time — each within its bound on a replica
+//! that is readable, answered as the node's Python reader (store_node.read_port) answers it, byte for byte: each
+//! replica's figures from its own `LagTracker`, its row from its own store, under the GIL held once for the batch.
+//! A batch with anything else — a write token's events, groups, ranges, a replica not hosted, failed, rebuilt or
+//! loading in bulk, a bound it is outside of, a commit running while a read did — is left to the Python reader
+//! whole (None): its refusals, their messages and the retries of a read a commit overlapped have one implementation.
 
 use prost::Message;
 use pyo3::intern;
@@ -65,7 +65,6 @@ impl KeyReads {
     fn key(&self, py: Python<'_>, serving: &Bound<'_, PyAny>, read: &KeyRead, now: i64)
            -> PyResult<Option<KeyResult>> {
         let bound = match &read.bound {
-            _ if read.as_of_ms.is_some() => return Ok(None),
             Some(b) if !b.after_input.is_empty() => return Ok(None),
             Some(b) => {
                 selection::Bound { max_lag: b.max_lag, max_staleness_ms: b.max_staleness_ms, min_offset: b.min_offset }
@@ -94,7 +93,15 @@ impl KeyReads {
         } else {
             SERVING_STANDBY
         };
-        let Ok(value) = store.call_method1(intern!(py, "get"), (PyBytes::new(py, &read.key),)) else {
+        let key = PyBytes::new(py, &read.key);
+        // A versioned table's version valid then (store_node.read_port._key_as_of), or the latest value.
+        let row = match read.as_of_ms {
+            None => store.call_method1(intern!(py, "get"), (key,)),
+            Some(at) => {
+                store.getattr(intern!(py, "history")).and_then(|h| h.call_method1(intern!(py, "at"), (key, at)))
+            }
+        };
+        let Ok(row) = row else {
             return Ok(None); // StoreCorrupt: the Python reader fails the replica, or says it moved
         };
         if rep.getattr(intern!(py, "writes"))?.extract::<i64>()? != writes {
@@ -111,11 +118,22 @@ impl KeyReads {
             staleness_ms,
             failure: String::new(),
         };
+        let (mut valid_from_ms, mut valid_to_ms) = (None, None);
+        let value = match read.as_of_ms {
+            Some(_) if !row.is_none() => {
+                let (from, to, value): (i64, Option<i64>, Bound<'_, PyAny>) = row.extract()?;
+                (valid_from_ms, valid_to_ms) = (Some(from), to);
+                value // None: a delete's version
+            }
+            _ => row, // None: no such key, or no version then
+        };
         let (status, value) = if value.is_none() {
             (NOT_FOUND, bytes::Bytes::new())
         } else {
             (OK, bytes::Bytes::copy_from_slice(value.downcast::<PyBytes>()?.as_bytes()))
         };
-        Ok(Some(KeyResult { id: read.id, status, value, replica: Some(replica), ..Default::default() }))
+        let result = KeyResult { id: read.id, status, value, replica: Some(replica), valid_from_ms, valid_to_ms,
+                                 ..Default::default() };
+        Ok(Some(result))
     }
 }
