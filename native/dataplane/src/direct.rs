@@ -20,13 +20,11 @@ use rand::rngs::SmallRng;
 use crate::answer::Served;
 use crate::lookup::{murmur2, now_ms, served_by};
 use crate::messages::{GroupRead, GroupResult, KeyRead, KeyResult, ReadBatch, ReadBound, ReplicaStatus, ResultBatch,
-                      NOT_FOUND, OK};
+                      MAX_FRAME, NOT_FOUND, OK};
 use crate::selection::{self, Bound as ReadLimits, Candidate, LatencyWindow, Load, Observation, Overlay, Tolerances};
 use crate::snapshot::{Snapshot, State, ValueFormat};
 use crate::Config;
 
-/// Far above any batch a node answers; a longer frame means the peer does not speak this protocol.
-const MAX_FRAME: usize = 64 << 20;
 
 /// How early a timer of the caller's loop may fire and still be on time.
 const EARLY_US: u64 = 1000;

@@ -11,12 +11,9 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::messages::{KeyRead, KeyResult, ReadBatch, ReplicaStatus, ResultBatch, NOT_FOUND, OK, ROLE_ACTIVE,
-                      ROLE_STANDBY, SERVING_ACTIVE};
+use crate::messages::{KeyRead, KeyResult, ReadBatch, ReplicaStatus, ResultBatch, NOT_FOUND, OK, RESTORING,
+                      ROLE_ACTIVE, ROLE_STANDBY, SERVING_ACTIVE, SERVING_STANDBY};
 use crate::selection;
-
-const RESTORING: i32 = 1;
-const SERVING_STANDBY: i32 = 3;
 
 /// The node's replicas as its key reads see them.
 #[pyclass(frozen)]

@@ -231,7 +231,13 @@ pub const NOT_FOUND: i32 = 1;
 pub const NOT_YET_VISIBLE: i32 = 5;
 pub const ROLE_ACTIVE: i32 = 1;
 pub const ROLE_STANDBY: i32 = 2;
+pub const RESTORING: i32 = 1;
 pub const SERVING_ACTIVE: i32 = 2;
+pub const SERVING_STANDBY: i32 = 3;
+
+/// The longest frame of the read port (freshroute.wire.MAX_FRAME), far above any batch a router sends or a node
+/// answers: a longer one means the peer does not speak this protocol.
+pub const MAX_FRAME: usize = 64 << 20;
 
 // The public gRPC API's Router.Get (`proto/router.proto`, by field number): what the gRPC port answers itself.
 

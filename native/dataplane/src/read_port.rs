@@ -17,9 +17,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
 
 use crate::key_reads::KeyReads;
+use crate::messages::MAX_FRAME;
 
-/// The longest frame a peer may announce (freshroute.wire.MAX_FRAME): a longer one means it speaks another protocol.
-pub const MAX_FRAME: usize = 64 << 20;
 const HEADER: usize = 4;
 
 struct Shared {
@@ -105,11 +104,7 @@ fn serve_port(shared: Arc<Shared>, listener: std::net::TcpListener) {
             }
             tokio::select! {
                 accepted = listener.accept() => {
-                    let Ok((stream, peer)) = accepted else {
-                        // Out of file descriptors, say: a pause rather than a loop spinning on the refusal.
-                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                        continue;
-                    };
+                    let Ok((stream, peer)) = accepted else { crate::pause_after_refused_accept().await; continue };
                     let _ = stream.set_nodelay(true);
                     let tls = shared.tls.lock().expect("never poisoned").clone();
                     let shared = shared.clone();

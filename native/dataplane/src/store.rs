@@ -16,10 +16,8 @@ use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Notify};
 use tokio_rustls::TlsConnector;
 
-use crate::messages::{Read, ReadBatch, Reply, ResultBatch};
+use crate::messages::{Read, ReadBatch, Reply, ResultBatch, MAX_FRAME};
 
-/// Far above any batch a node answers; a longer frame means the peer does not speak this protocol.
-const MAX_FRAME: usize = 64 << 20;
 
 pub type Answer = Result<Reply, String>;
 
